@@ -1,0 +1,305 @@
+"""Typed, frozen configuration: every default has exactly one home, here.
+
+`ModelConfig.from_hf(dict)` converts a Hugging Face `config.json` once; wrappers (multimodal models such as
+Kimi-K2.5) keep their language model's fields under `text_config`, which is read transparently while the wrapper's own
+`architectures` and the raw dict stay available. Architecture-specific groups (MLA, MoE, EAGLE-3) are optional
+sub-dataclasses, so a model file only reads the groups it needs.
+
+`SpecConfig` holds the speculative-decoding shape (steps S, topk K, draft tokens D) and `EngineConfig` the runtime
+limits; `SamplingParams` (per request) lives in `eaglespec.sampling_params`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Mapping
+
+from .errors import ConfigError
+
+
+@dataclass(frozen=True)
+class RopeConfig:
+    """Rotary embedding. `type` is one of default, linear, llama3, yarn."""
+
+    theta: float = 10000.0
+    type: str = "default"
+    factor: float = 1.0
+    # llama3
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+    # yarn
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    mscale: float = 1.0
+    mscale_all_dim: float = 0.0
+    attention_factor: float | None = None  # yarn cos/sin scale; None: derived from mscale as transformers does
+    truncate: bool = True  # yarn: round the correction range to whole dims
+
+    @staticmethod
+    def from_hf(d: Mapping[str, Any]) -> "RopeConfig":
+        theta = float(d.get("rope_theta", 10000.0))
+        rs = d.get("rope_scaling") or d.get("rope_parameters") or {}
+        if "rope_theta" in rs:  # transformers 5 folds theta into rope_parameters
+            theta = float(rs["rope_theta"])
+        rtype = rs.get("rope_type", rs.get("type", "default")) or "default"
+        known = ("default", "linear", "llama3", "yarn")
+        if rtype not in known:
+            raise ConfigError(f"rope_scaling type {rtype!r} is not supported (supported: {', '.join(known)})")
+        return RopeConfig(
+            theta=theta,
+            type=rtype,
+            factor=float(rs.get("factor", 1.0)),
+            low_freq_factor=float(rs.get("low_freq_factor", 1.0)),
+            high_freq_factor=float(rs.get("high_freq_factor", 4.0)),
+            original_max_position_embeddings=int(
+                rs.get("original_max_position_embeddings", d.get("max_position_embeddings", 8192))
+            ),
+            beta_fast=float(rs.get("beta_fast", 32.0)),
+            beta_slow=float(rs.get("beta_slow", 1.0)),
+            mscale=float(rs.get("mscale", 1.0)),
+            mscale_all_dim=float(rs.get("mscale_all_dim", 0.0)),
+            attention_factor=float(rs["attention_factor"]) if rs.get("attention_factor") is not None else None,
+            truncate=bool(rs.get("truncate", True)),
+        )
+
+    def to_hf(self) -> dict[str, Any] | None:
+        if self.type == "default":
+            return None
+        out: dict[str, Any] = {"rope_type": self.type, "factor": self.factor}
+        if self.type == "llama3":
+            out.update(
+                low_freq_factor=self.low_freq_factor,
+                high_freq_factor=self.high_freq_factor,
+                original_max_position_embeddings=self.original_max_position_embeddings,
+            )
+        if self.type == "yarn":
+            out.update(
+                beta_fast=self.beta_fast,
+                beta_slow=self.beta_slow,
+                mscale=self.mscale,
+                mscale_all_dim=self.mscale_all_dim,
+                original_max_position_embeddings=self.original_max_position_embeddings,
+            )
+        return out
+
+
+@dataclass(frozen=True)
+class MLAConfig:
+    """DeepSeek multi-head latent attention."""
+
+    q_lora_rank: int | None
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    """DeepSeek-V3 mixture of experts (noaux_tc router)."""
+
+    n_routed_experts: int
+    num_experts_per_tok: int
+    n_shared_experts: int
+    moe_intermediate_size: int
+    first_k_dense_replace: int = 0
+    moe_layer_freq: int = 1
+    n_group: int = 1
+    topk_group: int = 1
+    routed_scaling_factor: float = 1.0
+    norm_topk_prob: bool = True
+    scoring_func: str = "sigmoid"
+    topk_method: str = "noaux_tc"
+
+
+@dataclass(frozen=True)
+class Eagle3Config:
+    """Fields only an EAGLE-3 drafter has."""
+
+    draft_vocab_size: int | None  # None: the drafter uses the target vocabulary and the target's lm_head
+    target_hidden_size: int
+    aux_layer_ids: tuple[int, ...] | None  # None: the target's default capture layers
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    architecture: str
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-6
+    max_position_embeddings: int = 4096
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+    mlp_bias: bool = False
+    hidden_act: str = "silu"
+    rope: RopeConfig = field(default_factory=RopeConfig)
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+    pad_token_id: int | None = None
+    torch_dtype: str | None = None
+    mla: MLAConfig | None = None
+    moe: MoEConfig | None = None
+    eagle: Eagle3Config | None = None
+    # The whole original dict (wrapper included): model files read extra groups such as vision_config from it.
+    raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @staticmethod
+    def from_hf(d: Mapping[str, Any]) -> "ModelConfig":
+        """Convert a HF config dict (a wrapper's `text_config` is read for the language model fields)."""
+        archs = d.get("architectures") or []
+        if not archs:
+            raise ConfigError("config.json has no 'architectures' entry, so the model class cannot be chosen")
+        text = dict(d.get("text_config") or d)
+        try:
+            hidden = int(text["hidden_size"])
+            heads = int(text["num_attention_heads"])
+            n_layers = int(text["num_hidden_layers"])
+            vocab = int(text["vocab_size"])
+        except KeyError as e:
+            raise ConfigError(f"config.json lacks the field {e.args[0]!r}") from None
+        kv_heads = int(text.get("num_key_value_heads") or heads)
+        head_dim = int(text.get("head_dim") or hidden // heads)
+        eos = text.get("eos_token_id", d.get("eos_token_id"))
+        eos_ids = tuple(int(x) for x in (eos if isinstance(eos, (list, tuple)) else [eos] if eos is not None else []))
+        mla = None
+        if "kv_lora_rank" in text:
+            mla = MLAConfig(
+                q_lora_rank=text.get("q_lora_rank"),
+                kv_lora_rank=int(text["kv_lora_rank"]),
+                qk_nope_head_dim=int(text["qk_nope_head_dim"]),
+                qk_rope_head_dim=int(text["qk_rope_head_dim"]),
+                v_head_dim=int(text["v_head_dim"]),
+            )
+        moe = None
+        if text.get("n_routed_experts"):
+            moe = MoEConfig(
+                n_routed_experts=int(text["n_routed_experts"]),
+                num_experts_per_tok=int(text["num_experts_per_tok"]),
+                n_shared_experts=int(text.get("n_shared_experts") or 0),
+                moe_intermediate_size=int(text["moe_intermediate_size"]),
+                first_k_dense_replace=int(text.get("first_k_dense_replace", 0)),
+                moe_layer_freq=int(text.get("moe_layer_freq", 1)),
+                n_group=int(text.get("n_group") or 1),
+                topk_group=int(text.get("topk_group") or 1),
+                routed_scaling_factor=float(text.get("routed_scaling_factor", 1.0)),
+                norm_topk_prob=bool(text.get("norm_topk_prob", True)),
+                scoring_func=str(text.get("scoring_func", "sigmoid")),
+                topk_method=str(text.get("topk_method", "noaux_tc")),
+            )
+        eagle = None
+        if any("eagle3" in a.lower() for a in archs):
+            ec = text.get("eagle_config") or {}
+            ids = ec.get("eagle_aux_hidden_state_layer_ids")
+            draft_vocab = text.get("draft_vocab_size")
+            eagle = Eagle3Config(
+                draft_vocab_size=int(draft_vocab) if draft_vocab else None,
+                target_hidden_size=int(text.get("target_hidden_size") or hidden),
+                aux_layer_ids=tuple(int(i) for i in ids) if ids else None,
+            )
+        return ModelConfig(
+            architecture=archs[0],
+            model_type=str(d.get("model_type", "")),
+            vocab_size=vocab,
+            hidden_size=hidden,
+            intermediate_size=int(text.get("intermediate_size") or 4 * hidden),
+            num_hidden_layers=n_layers,
+            num_attention_heads=heads,
+            num_key_value_heads=kv_heads,
+            head_dim=head_dim,
+            rms_norm_eps=float(text.get("rms_norm_eps", 1e-6)),
+            max_position_embeddings=int(text.get("max_position_embeddings", 4096)),
+            tie_word_embeddings=bool(text.get("tie_word_embeddings", d.get("tie_word_embeddings", False))),
+            attention_bias=bool(text.get("attention_bias", text.get("bias", False))),
+            mlp_bias=bool(text.get("mlp_bias", False)),
+            hidden_act=str(text.get("hidden_act", "silu")),
+            rope=RopeConfig.from_hf(text),
+            bos_token_id=text.get("bos_token_id", d.get("bos_token_id")),
+            eos_token_ids=eos_ids,
+            pad_token_id=text.get("pad_token_id", d.get("pad_token_id")),
+            torch_dtype=text.get("torch_dtype", text.get("dtype", d.get("torch_dtype"))),
+            mla=mla,
+            moe=moe,
+            eagle=eagle,
+            raw=dict(d),
+        )
+
+    @staticmethod
+    def from_file(path: str | Path) -> "ModelConfig":
+        p = Path(path)
+        try:
+            d = json.loads(p.read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"{p} does not exist") from None
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{p} is not valid JSON ({e.msg} at line {e.lineno})") from None
+        return ModelConfig.from_hf(d)
+
+    def with_(self, **kw: Any) -> "ModelConfig":
+        return replace(self, **kw)
+
+    def default_aux_layer_ids(self) -> tuple[int, ...]:
+        """EAGLE-3 default capture layers `[1, N//2 - 1, N - 4]` (outputs of these 0-based layers)."""
+        n = self.num_hidden_layers
+        ids = (1, n // 2 - 1, n - 4)
+        return tuple(min(max(i, 0), n - 1) for i in ids)
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    """Speculative decoding shape: S draft steps, K branches per node, D verified tokens (root included)."""
+
+    steps: int = 5
+    topk: int = 4
+    draft_tokens: int = 16
+
+    def __post_init__(self) -> None:
+        if self.steps < 1:
+            raise ConfigError(f"--steps must be >= 1 (got {self.steps})")
+        if self.topk < 1:
+            raise ConfigError(f"--topk must be >= 1 (got {self.topk})")
+        hi = 1 + self.steps * self.topk
+        if not 1 <= self.draft_tokens <= hi:
+            raise ConfigError(
+                f"--draft-tokens must be between 1 and 1 + steps*topk = {hi} (got {self.draft_tokens})"
+            )
+
+    @property
+    def max_accept(self) -> int:
+        """Most tokens one verification can commit (accepted drafts plus the bonus)."""
+        return min(self.steps, self.draft_tokens - 1) + 1
+
+    @staticmethod
+    def chain(steps: int) -> "SpecConfig":
+        return SpecConfig(steps=steps, topk=1, draft_tokens=steps + 1)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Runtime limits and placement."""
+
+    device: str = "auto"  # auto, cpu, cuda, cuda:N
+    dtype: str = "auto"  # auto, float32, bfloat16, float16
+    max_batch_size: int = 8
+    max_seq_len: int | None = None  # None: the model's context, capped for memory
+    seed: int = 0
+    # Capture convention for aux layer ids: "sglang" (id i = output of layer i) or "vllm" (id k = after k layers,
+    # i.e. the output of layer k-1).
+    aux_convention: str = "sglang"
+    cuda_graphs: bool = True
+
+    def __post_init__(self) -> None:
+        if self.aux_convention not in ("sglang", "vllm"):
+            raise ConfigError(f"aux convention must be 'sglang' or 'vllm' (got {self.aux_convention!r})")
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ConfigError(f"--dtype must be auto, float32, bfloat16 or float16 (got {self.dtype!r})")
+        if self.max_batch_size < 1:
+            raise ConfigError(f"max batch size must be >= 1 (got {self.max_batch_size})")

@@ -1,0 +1,111 @@
+"""Grouped-query attention over the engine's preallocated KV cache.
+
+`attend(q, k, v, ctx, cache)` is the one attention entry point for cached forwards: it writes the new K/V into the
+cache at `ctx.write_index`, reads cache positions [0, ctx.kv_len) of the rows in use and runs SDPA under
+`ctx.attn_mask` (prefill, decode, tree verify and drafter levels differ only in that metadata, see `context.py`).
+Without a cache (`ctx.write_index is None`) it attends within the given tokens under the [B, T, T] mask.
+
+Cache layout per layer: k and v as [Bc, S_max, H_kv, head_dim] (row-major by position so that a row's prefix is
+one contiguous slice and compaction after verification is a single index copy over all layers).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .context import ForwardContext
+from .rotary import apply_rotary
+
+
+def write_cache(cache: torch.Tensor, new: torch.Tensor, ctx: ForwardContext) -> None:
+    """cache [Bc, S, ...] <- new [B, T, ...] at (rows[b], write_index[b, t])."""
+    B = new.shape[0]
+    rows = ctx.rows if ctx.rows is not None else torch.arange(B, device=new.device)
+    cache[rows[:, None], ctx.write_index] = new.to(cache.dtype)
+
+
+def read_cache(cache: torch.Tensor, ctx: ForwardContext, batch: int) -> torch.Tensor:
+    """The [B, kv_len, ...] prefix of the rows in use (a view when rows are 0..B-1)."""
+    if ctx.rows is None:
+        return cache[:batch, : ctx.kv_len]
+    return cache[ctx.rows, : ctx.kv_len]
+
+
+def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float | None) -> torch.Tensor:
+    """q [B, T, H, D], k/v [B, K, H_kv, D*], mask [B, T, K] bool -> [B, T, H, Dv]."""
+    out = F.scaled_dot_product_attention(
+        q.transpose(1, 2),
+        k.transpose(1, 2),
+        v.transpose(1, 2),
+        attn_mask=mask[:, None],
+        scale=scale,
+        enable_gqa=q.shape[2] != k.shape[2],
+    )
+    return out.transpose(1, 2)
+
+
+def attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    ctx: ForwardContext,
+    cache: Sequence[torch.Tensor] | None,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """q [B, T, H, D], k/v [B, T, H_kv, D] (RoPE applied) -> [B, T, H, Dv]."""
+    assert ctx.attn_mask is not None
+    if ctx.write_index is None or cache is None:
+        return sdpa(q, k, v, ctx.attn_mask, scale)
+    k_cache, v_cache = cache
+    write_cache(k_cache, k, ctx)
+    write_cache(v_cache, v, ctx)
+    B = q.shape[0]
+    kk = read_cache(k_cache, ctx, B).to(q.dtype)
+    vv = read_cache(v_cache, ctx, B).to(q.dtype)
+    return sdpa(q, kk, vv, ctx.attn_mask, scale)
+
+
+class GQAAttention(nn.Module):
+    """Llama-style attention: q/k/v/o projections (checkpoint names kept), RoPE on halves, GQA.
+
+    `in_features` may differ from the model width: the EAGLE-3 drafter feeds 2H (embedding and hidden) into q/k/v.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        hidden_size: int,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        bias: bool = False,
+    ) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.q_proj = nn.Linear(in_features, num_heads * head_dim, bias=bias)
+        self.k_proj = nn.Linear(in_features, num_kv_heads * head_dim, bias=bias)
+        self.v_proj = nn.Linear(in_features, num_kv_heads * head_dim, bias=bias)
+        self.o_proj = nn.Linear(num_heads * head_dim, hidden_size, bias=bias)
+
+    def kv_shapes(self) -> list[tuple[int, ...]]:
+        return [(self.num_kv_heads, self.head_dim), (self.num_kv_heads, self.head_dim)]
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        ctx: ForwardContext,
+        cache: Sequence[torch.Tensor] | None,
+    ) -> torch.Tensor:
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(B, T, self.num_kv_heads, self.head_dim)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        out = attend(q, k, v, ctx, cache)  # [B, T, H, D]
+        return self.o_proj(out.reshape(B, T, self.num_heads * self.head_dim))

@@ -1,0 +1,63 @@
+"""Per-forward metadata, carried in one explicit object (never in globals).
+
+A forward runs B rows of T new tokens each. Row b lives in cache row `rows[b]`; token t of row b has the RoPE position
+`positions[b, t]` and writes its K/V into cache position `write_index[b, t]`. The attention of token t may read cache
+positions `[0, kv_len)` wherever `attn_mask[b, t, j]` is true. This one shape covers every forward the engine runs:
+
+- prefill of a prompt (write 0..n-1, causal), and batched prefill of prompts of different lengths (right padding:
+  padded queries compute garbage that is never read, and no real query sees a padded key);
+- decode (T = 1);
+- tree verification (write L..L+D-1 in tree order, positions L + depth, mask = prefix + ancestors);
+- drafter tree levels (scratch entries after the committed drafter prefix, mask = prefix + ancestor entries).
+
+`ForwardContext.plain(B, T)` is the cache-free causal forward used for parity tests and training.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+
+@dataclass
+class ForwardContext:
+    positions: torch.Tensor  # [B, T] int64, RoPE positions
+    write_index: torch.Tensor | None = None  # [B, T] int64 cache positions; None: no cache (plain forward)
+    attn_mask: torch.Tensor | None = None  # [B, T, kv_len] bool over cache positions, or [B, T, T] without cache
+    kv: Sequence[Sequence[torch.Tensor]] | None = None  # per layer: cache tensors [Bc, S_max, ...]
+    rows: torch.Tensor | None = None  # [B] int64 cache rows; None: rows 0..B-1
+    logits_index: torch.Tensor | None = None  # [B, R] positions whose logits are wanted; None: all T
+
+    @property
+    def kv_len(self) -> int:
+        assert self.attn_mask is not None
+        return self.attn_mask.shape[-1]
+
+    @staticmethod
+    def plain(batch: int, length: int, device: torch.device | str = "cpu") -> "ForwardContext":
+        """Cache-free causal forward over `length` tokens starting at position 0."""
+        pos = torch.arange(length, device=device).expand(batch, length)
+        causal = torch.ones(length, length, dtype=torch.bool, device=device).tril()
+        return ForwardContext(positions=pos, attn_mask=causal.expand(batch, length, length))
+
+
+def prefix_tail_mask(prefix_lens: torch.Tensor, tail_mask: torch.Tensor, kv_len: int) -> torch.Tensor:
+    """Dense visibility mask over cache positions.
+
+    prefix_lens [B]: positions < prefix_lens[b] are visible to every query of row b.
+    tail_mask [B, T, W]: visibility of cache positions prefix_lens[b] + w, for w < W.
+    Returns [B, T, kv_len] bool.
+    """
+    B, T, W = tail_mask.shape
+    j = torch.arange(kv_len, device=tail_mask.device)  # [K]
+    rel = j[None, :] - prefix_lens[:, None]  # [B, K] offset into the tail
+    in_tail = (rel >= 0) & (rel < W)
+    gathered = torch.gather(tail_mask, 2, rel.clamp(0, W - 1)[:, None, :].expand(B, T, kv_len))  # [B, T, K]
+    return (rel < 0)[:, None, :] | (in_tail[:, None, :] & gathered)
+
+
+def causal_tail(batch: int, length: int, device: torch.device | str) -> torch.Tensor:
+    """[B, T, T] lower-triangular tail mask for T new tokens appended in order."""
+    return torch.ones(length, length, dtype=torch.bool, device=device).tril().expand(batch, length, length)

@@ -1,0 +1,104 @@
+"""Rotary position embeddings: inverse frequencies for default / linear / llama3 / yarn, and their application.
+
+`Rotary(dim, cfg)` turns positions [B, T] into (cos, sin) [B, T, dim/2] (yarn's attention factor folded in), computed
+from the positions on the fly: no table bounded by the context length. `apply_rotary` rotates halves (the HF / Llama
+layout); `interleaved=True` rotates adjacent pairs (DeepSeek's reference layout). The frequency formulas follow
+transformers' `rope_utils` so logits agree with it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from ..config import RopeConfig
+
+
+def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def inv_freq_and_scale(dim: int, cfg: RopeConfig) -> tuple[torch.Tensor, float]:
+    """Inverse frequencies [dim/2] (float32) and the factor applied to cos/sin."""
+    base = cfg.theta
+    inv = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    if cfg.type in ("default",) or cfg.factor == 1.0 and cfg.type != "yarn":
+        return inv, 1.0
+    if cfg.type == "linear":
+        return inv / cfg.factor, 1.0
+    if cfg.type == "llama3":
+        old = cfg.original_max_position_embeddings
+        low_wl = old / cfg.low_freq_factor
+        high_wl = old / cfg.high_freq_factor
+        wl = 2 * math.pi / inv
+        scaled = torch.where(wl > low_wl, inv / cfg.factor, inv)
+        smooth = (old / wl - cfg.low_freq_factor) / (cfg.high_freq_factor - cfg.low_freq_factor)
+        smoothed = (1 - smooth) * scaled / cfg.factor + smooth * scaled
+        medium = ~(wl < high_wl) & ~(wl > low_wl)
+        return torch.where(medium, smoothed, scaled), 1.0
+    if cfg.type == "yarn":
+        factor = cfg.factor
+        if cfg.attention_factor is not None:
+            attn_factor = cfg.attention_factor
+        elif cfg.mscale and cfg.mscale_all_dim:
+            attn_factor = _yarn_mscale(factor, cfg.mscale) / _yarn_mscale(factor, cfg.mscale_all_dim)
+        else:
+            attn_factor = _yarn_mscale(factor)
+        orig = cfg.original_max_position_embeddings
+
+        def corr_dim(rot: float) -> float:
+            return (dim * math.log(orig / (rot * 2 * math.pi))) / (2 * math.log(base))
+
+        low, high = corr_dim(cfg.beta_fast), corr_dim(cfg.beta_slow)
+        if cfg.truncate:
+            low, high = math.floor(low), math.ceil(high)
+        low, high = max(low, 0), min(high, dim - 1)
+        if low == high:
+            high += 0.001
+        ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+        extrap = 1 - ramp  # 1 where frequencies are kept as they are
+        pos_freqs = base ** (torch.arange(0, dim, 2).float() / dim)
+        inv = (1.0 / (factor * pos_freqs)) * (1 - extrap) + (1.0 / pos_freqs) * extrap
+        return inv, attn_factor
+    raise ValueError(f"unknown rope type {cfg.type}")
+
+
+def yarn_softmax_mscale(cfg: RopeConfig) -> float:
+    """DeepSeek's extra softmax factor mscale^2 (1 when yarn is off); applied at every length."""
+    if cfg.type != "yarn" or not cfg.mscale_all_dim:
+        return 1.0
+    m = _yarn_mscale(cfg.factor, cfg.mscale_all_dim)
+    return m * m
+
+
+class Rotary(nn.Module):
+    def __init__(self, dim: int, cfg: RopeConfig) -> None:
+        super().__init__()
+        self.dim = dim
+        self.cfg = cfg
+        inv, self.attn_factor = inv_freq_and_scale(dim, cfg)
+        self.register_buffer("inv_freq", inv, persistent=False)
+
+    def reset_buffers(self) -> None:
+        """Recompute the frequencies after the module was materialized from the meta device."""
+        inv, _ = inv_freq_and_scale(self.dim, self.cfg)
+        self.inv_freq = inv.to(self.inv_freq.device)
+
+    def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = positions.float()[..., None] * self.inv_freq  # [B, T, dim/2]
+        return freqs.cos() * self.attn_factor, freqs.sin() * self.attn_factor
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool = False) -> torch.Tensor:
+    """x [B, T, H, dim]; cos/sin [B, T, dim/2]. Computed in float32, returned in x's dtype."""
+    dtype = x.dtype
+    c, s = cos[:, :, None, :], sin[:, :, None, :]
+    xf = x.float()
+    if interleaved:
+        x1, x2 = xf[..., 0::2], xf[..., 1::2]
+        return torch.stack((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).flatten(-2).to(dtype)
+    half = x.shape[-1] // 2
+    x1, x2 = xf[..., :half], xf[..., half:]
+    return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).to(dtype)

@@ -1,0 +1,62 @@
+"""Token sampling as tensor functions (no host synchronisation, CUDA-graph friendly).
+
+`target_probs(logits, temperature, top_k, top_p)` turns logits [N, V] into the distribution a request samples from,
+per row: temperature 0 gives the one-hot of the argmax (so greedy is the degenerate case of sampling and every
+verification rule treats both alike), otherwise softmax(logits / T) restricted to the top-k tokens (k = 0: off) and
+then to the smallest top-p nucleus (p = 1: off; the most likely token always stays), renormalised.
+
+`sample(probs, generator)` draws one token per row with the exponential-race trick (argmax of p / Exp(1)), which
+needs no cumulative sums and no sync.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def target_probs(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+) -> torch.Tensor:
+    """logits [N, V]; temperature/top_p [N] float; top_k [N] int -> probs [N, V] float32."""
+    logits = logits.float()
+    N, V = logits.shape
+    greedy = temperature <= 0
+    t = torch.where(greedy, torch.ones_like(temperature), temperature).float()
+    scaled = logits / t[:, None]
+    # top-k: keep logits >= the k-th largest (k = 0 or k >= V: keep all)
+    k = torch.where((top_k <= 0) | (top_k >= V), torch.full_like(top_k, V), top_k).clamp(min=1)
+    sorted_logits, sorted_idx = scaled.sort(dim=-1, descending=True)
+    kth = sorted_logits.gather(1, (k - 1)[:, None])
+    scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+    probs = torch.softmax(scaled, dim=-1)
+    # top-p on the sorted probabilities: drop a token when the mass before it already reaches p
+    sorted_probs = probs.gather(1, sorted_idx)
+    before = sorted_probs.cumsum(-1) - sorted_probs
+    drop_sorted = before >= top_p.float()[:, None]
+    drop_sorted[:, 0] = False
+    drop = torch.zeros_like(drop_sorted).scatter(1, sorted_idx, drop_sorted)
+    probs = probs.masked_fill(drop, 0.0)
+    probs = probs / probs.sum(-1, keepdim=True)
+    onehot = torch.zeros_like(probs).scatter_(1, logits.argmax(-1, keepdim=True), 1.0)
+    return torch.where(greedy[:, None], onehot, probs)
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """probs [N, V] -> token ids [N] (int64). One-hot rows return their token exactly."""
+    e = torch.empty_like(probs).exponential_(generator=generator)
+    return (probs / e).argmax(-1)
+
+
+def validate_sampling(temperature: float, top_p: float, top_k: int) -> None:
+    """Raise RequestError for out-of-range sampling parameters."""
+    from ..errors import RequestError
+
+    if not temperature >= 0:
+        raise RequestError(f"temperature must be >= 0 (got {temperature}); use 0 for greedy decoding")
+    if not 0 < top_p <= 1:
+        raise RequestError(f"top_p must be in (0, 1] (got {top_p})")
+    if top_k < 0:
+        raise RequestError(f"top_k must be >= 0 (got {top_k}); 0 turns it off")

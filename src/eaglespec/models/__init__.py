@@ -1,0 +1,35 @@
+"""Registry: HF `architectures` names -> model classes (imported lazily, so adding one is one line here)."""
+
+from __future__ import annotations
+
+import importlib
+
+from ..errors import ConfigError
+
+_REGISTRY: dict[str, str] = {
+    "LlamaForCausalLM": "eaglespec.models.llama:LlamaForCausalLM",
+    "MistralForCausalLM": "eaglespec.models.llama:LlamaForCausalLM",
+    "LlamaForCausalLMEagle3": "eaglespec.models.eagle3:LlamaForCausalLMEagle3",
+    "DeepseekV3ForCausalLM": "eaglespec.models.deepseek_v3:DeepseekV3ForCausalLM",
+    "KimiK25ForConditionalGeneration": "eaglespec.models.kimi_k25:KimiK25ForConditionalGeneration",
+}
+
+
+def supported_architectures() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def register(architecture: str, target: str) -> None:
+    """Register `module:Class` under an `architectures` name (for user models)."""
+    _REGISTRY[architecture] = target
+
+
+def get_model_class(architecture: str) -> type:
+    try:
+        target = _REGISTRY[architecture]
+    except KeyError:
+        raise ConfigError(
+            f"unknown architecture {architecture!r} (supported: {', '.join(supported_architectures())})"
+        ) from None
+    module, _, name = target.partition(":")
+    return getattr(importlib.import_module(module), name)

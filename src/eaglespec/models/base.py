@@ -1,0 +1,96 @@
+"""The decoder-only skeleton shared by every target architecture, with the EAGLE-3 target protocol built in.
+
+A concrete model (llama.py, deepseek_v3.py) builds `self.model.embed_tokens`, `self.model.layers` (each called as
+`layer(h, cos, sin, ctx, cache)`), `self.model.norm`, `self.model.rotary` and `self.lm_head`; this class runs them,
+captures the aux states and implements the protocol (REFERENCE.md §2, names as in SGLang):
+
+- `get_embed_and_head()` -> the live (embed_tokens.weight, lm_head.weight), not copies;
+- `set_embed_and_head(embed, head)` replaces both;
+- `set_eagle3_layers_to_capture(ids)`: from then on `forward` also returns `aux_hidden`, the outputs (residual stream,
+  before the final norm) of the 0-based layers `ids`, concatenated in that order on the last dim: [B, T, len(ids)*H].
+  `None` turns capture off. This is the SGLang convention; the engine maps the vLLM one (id k = after k layers) onto it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+from torch import nn
+
+from ..config import ModelConfig
+from ..layers.context import ForwardContext
+
+
+@dataclass
+class ModelOutput:
+    logits: torch.Tensor  # [B, R, V] at ctx.logits_index (R = T when it is None)
+    aux_hidden: torch.Tensor | None = None  # [B, T, n_aux * H] when capture is on
+
+
+class DecoderOnlyLM(nn.Module):
+    config: ModelConfig
+    model: nn.Module
+    lm_head: nn.Module
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self._capture_after: tuple[int, ...] = ()  # capture after this many layers (id i -> i + 1)
+
+    # --- EAGLE-3 target protocol -------------------------------------------------------------------------------
+    def get_embed_and_head(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.model.embed_tokens.weight, self.lm_head.weight
+
+    def set_embed_and_head(self, embed: torch.Tensor, head: torch.Tensor) -> None:
+        del self.model.embed_tokens.weight
+        del self.lm_head.weight
+        self.model.embed_tokens.weight = embed if isinstance(embed, nn.Parameter) else nn.Parameter(embed, False)
+        self.lm_head.weight = head if isinstance(head, nn.Parameter) else nn.Parameter(head, False)
+
+    def set_eagle3_layers_to_capture(self, layer_ids: Sequence[int] | None) -> None:
+        n = self.config.num_hidden_layers
+        if layer_ids is None:
+            self._capture_after = ()
+            return
+        for i in layer_ids:
+            if not -1 <= int(i) < n:
+                raise ValueError(f"aux layer id {i} is outside the target's {n} layers")
+        self._capture_after = tuple(int(i) + 1 for i in layer_ids)
+
+    # --- engine interface -----------------------------------------------------------------------------------------
+    def kv_cache_shapes(self) -> list[tuple[int, ...]]:
+        """Per-token trailing shapes of one layer's cache tensors (the same for every layer)."""
+        return self.model.layers[0].self_attn.kv_shapes()
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model.embed_tokens(input_ids)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None,
+        ctx: ForwardContext,
+        inputs_embeds: torch.Tensor | None = None,
+    ) -> ModelOutput:
+        h = inputs_embeds if inputs_embeds is not None else self.model.embed_tokens(input_ids)  # [B, T, H]
+        cos, sin = self.model.rotary(ctx.positions)
+        capture = self._capture_after
+        aux: dict[int, torch.Tensor] = {}
+        if 0 in capture:
+            aux[0] = h
+        for i, layer in enumerate(self.model.layers):
+            h = layer(h, cos, sin, ctx, ctx.kv[i] if ctx.kv is not None else None)
+            if i + 1 in capture:
+                aux[i + 1] = h
+        if ctx.logits_index is not None:
+            h = torch.gather(h, 1, ctx.logits_index[..., None].expand(-1, -1, h.shape[-1]))
+        logits = self.lm_head(self.model.norm(h))
+        aux_hidden = torch.cat([aux[k] for k in capture], dim=-1) if capture else None
+        return ModelOutput(logits=logits, aux_hidden=aux_hidden)
+
+    def reset_buffers(self) -> None:
+        """Recompute non-persistent buffers after materializing from the meta device."""
+        for m in self.modules():
+            if m is not self and hasattr(m, "reset_buffers"):
+                m.reset_buffers()

@@ -1,0 +1,56 @@
+"""Llama (SmolLM2, Llama 2/3): pre-norm RMSNorm decoder, GQA, RoPE (incl. Llama-3 scaling), SwiGLU, tied or untied.
+
+Parameter names are the HF checkpoint's (`model.layers.N.self_attn.q_proj.weight`, ...), so the rename table is
+empty; GGUF names are mapped in `loading/gguf_names.py`.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..config import ModelConfig
+from ..layers.attention import GQAAttention
+from ..layers.context import ForwardContext
+from ..layers.mlp import GatedMLP
+from ..layers.norm import RMSNorm
+from ..layers.rotary import Rotary
+from .base import DecoderOnlyLM
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = GQAAttention(
+            cfg.hidden_size, cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
+            bias=cfg.attention_bias,
+        )
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias, act=cfg.hidden_act)
+
+    def forward(self, h, cos, sin, ctx: ForwardContext, cache) -> torch.Tensor:
+        h = h + self.self_attn(self.input_layernorm(h), cos, sin, ctx, cache)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.rotary = Rotary(cfg.head_dim, cfg.rope)
+
+
+class LlamaForCausalLM(DecoderOnlyLM):
+    checkpoint_renames: tuple[tuple[str, str], ...] = ()
+    # Keys a checkpoint may carry that we do not use.
+    checkpoint_ignore: tuple[str, ...] = (r"rotary_emb\.inv_freq$",)
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__(config)
+        self.model = LlamaModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
