@@ -46,7 +46,7 @@ def target_probs(
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
     """probs [N, V] -> token ids [N] (int64). One-hot rows return their token exactly."""
-    e = torch.empty_like(probs).exponential_(generator=generator)
+    e = torch.empty_like(probs).exponential_(generator=generator).clamp_min_(1e-30)  # exponential_ may return 0
     return (probs / e).argmax(-1)
 
 
