@@ -1,0 +1,250 @@
+"""The engine: requests in, tokens and text out, plain or speculative, for a batch of any mix of prompts.
+
+`Engine(target, tokenizer, config, drafter, spec)` checks, when a drafter is given, that the target implements the
+EAGLE-3 protocol (`protocol.require_target`) and that the drafter fits it, wires the target's embedding (and head) into
+the drafter, and turns on aux capture. Then:
+
+- `add_request(prompt, params)` / `step()` / `has_work()`: the continuous-batching loop a server drives;
+- `generate(prompts, params)`: a batch to completion, outputs in input order;
+- `stream(prompt, params)`: text deltas of one request as they are committed.
+
+Each `step()` runs one scheduler batch: a prefill of admitted requests, or one decode / speculative step over all
+running requests; its only host synchronisation is reading the committed tokens (and, speculating, their count).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Iterator, Sequence, Union
+
+import torch
+
+from ..config import EngineConfig, SpecConfig
+from ..errors import RequestError
+from ..models.eagle3 import check_drafter_fits
+from ..protocol import require_target
+from ..sampling_params import SamplingParams
+from ..spec.stats import SpecStats
+from .request import Request
+from .runner import ModelRunner
+from .scheduler import Scheduler
+
+if TYPE_CHECKING:
+    from ..loading.tokenizer import BaseTokenizer
+
+Prompt = Union[str, Sequence[int], Sequence[dict]]
+
+SERVE_LEN = 4096  # default cache positions per row for a long-lived engine, unless EngineConfig.max_seq_len says
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise RequestError("--device cuda was asked for but no CUDA device is available")
+    return dev
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return _DTYPES[dtype]
+
+
+@dataclass
+class GenerationOutput:
+    text: str
+    token_ids: list[int]
+    prompt_tokens: int
+    finish_reason: str
+    seconds: float
+    stats: SpecStats
+
+    def to_dict(self) -> dict:
+        return {
+            "text": self.text,
+            "tokens": len(self.token_ids),
+            "prompt_tokens": self.prompt_tokens,
+            "finish_reason": self.finish_reason,
+            "seconds": round(self.seconds, 4),
+            **(self.stats.to_dict() if self.stats.verify_steps else {}),
+        }
+
+
+class Engine:
+    def __init__(
+        self,
+        target: torch.nn.Module,
+        tokenizer: "BaseTokenizer | None",
+        config: EngineConfig = EngineConfig(),
+        drafter: torch.nn.Module | None = None,
+        spec: SpecConfig | None = None,
+    ) -> None:
+        self.config = config
+        self.device = next(target.parameters()).device
+        self.dtype = next(target.parameters()).dtype
+        self.target, self.tokenizer = target, tokenizer
+        self.target_config = target.config
+        self.spec = (spec or SpecConfig()) if drafter is not None else None
+        self.drafter = drafter
+        if drafter is not None:
+            self._wire_drafter(drafter)
+        self.runner = ModelRunner(target, drafter, self.spec, self.device, self.dtype, seed=config.seed)
+        self.context_len = min(self.target_config.max_position_embeddings, config.max_seq_len or 1 << 30)
+        self.scheduler: Scheduler | None = None
+        self.eos_ids = tuple(tokenizer.eos_token_ids) if tokenizer is not None else self.target_config.eos_token_ids
+        self.stats = SpecStats()
+        self._next_id = 0
+
+    # --- construction -------------------------------------------------------------------------------------------
+    def _wire_drafter(self, drafter: torch.nn.Module) -> None:
+        require_target(self.target)
+        ec = drafter.config.eagle
+        ids = ec.aux_layer_ids if ec.aux_layer_ids is not None else self.target_config.default_aux_layer_ids()
+        if ec.aux_layer_ids is not None and self.config.aux_convention == "vllm":
+            ids = tuple(i - 1 for i in ids)  # vLLM: id k = after k layers = output of layer k-1
+        embed, head = self.target.get_embed_and_head()
+        check_drafter_fits(drafter, self.target_config, embed.shape[0], ids)
+        drafter.set_embed_and_head(embed, head)
+        self.target.set_eagle3_layers_to_capture(list(ids))
+        self.aux_layer_ids = tuple(ids)
+
+    @property
+    def speculative(self) -> bool:
+        return self.spec is not None
+
+    # --- prompts ------------------------------------------------------------------------------------------------
+    def encode_prompt(self, prompt: Prompt, chat: bool = True) -> list[int]:
+        """Text (chat template applied when `chat` and the tokenizer has one), messages, or token ids -> ids."""
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise RequestError("this model has no tokenizer: pass token ids")
+            if chat and self.tokenizer.has_chat_template:
+                text = self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
+            else:
+                text = prompt
+            return self.tokenizer.encode(text)
+        items = list(prompt)
+        if items and isinstance(items[0], dict):
+            if self.tokenizer is None or not self.tokenizer.has_chat_template:
+                raise RequestError("chat messages need a tokenizer with a chat template")
+            return self.tokenizer.encode(self.tokenizer.apply_chat_template(items))
+        return [int(t) for t in items]
+
+    # --- the loop -----------------------------------------------------------------------------------------------
+    def _ensure_capacity(self, rows: int, max_len: int) -> None:
+        r = self.runner
+        if r.kv is not None and r.rows >= rows and r.max_len >= max_len:
+            return
+        if self.scheduler is not None and self.scheduler.has_work():
+            raise RequestError("the engine is busy; cannot grow its caches while requests are running")
+        rows = max(rows, r.rows)
+        max_len = max(max_len, r.max_len)
+        r.allocate(rows, max_len)
+        self.scheduler = Scheduler(rows)
+
+    def add_request(self, prompt: Prompt, params: SamplingParams = SamplingParams(), chat: bool = True) -> Request:
+        ids = self.encode_prompt(prompt, chat)
+        if not ids:
+            raise RequestError("the prompt is empty")
+        room = self.context_len - self.runner.headroom()
+        if len(ids) >= room:
+            raise RequestError(
+                f"the prompt has {len(ids)} tokens but the model's context is {self.context_len} tokens"
+            )
+        max_new = min(params.max_new_tokens, room - len(ids))
+        if max_new != params.max_new_tokens:
+            params = SamplingParams(**{**params.__dict__, "max_new_tokens": max_new})
+        need = len(ids) + max_new
+        if self.scheduler is None:
+            # first request of a long-lived engine (a server): rows and lengths from the config, not this request
+            self._ensure_capacity(self.config.max_batch_size, max(need, min(self.context_len, SERVE_LEN)))
+        elif need > self.runner.max_len:
+            if self.has_work():
+                raise RequestError(
+                    f"the prompt ({len(ids)} tokens) plus max_new_tokens ({max_new}) exceed the engine's cache of "
+                    f"{self.runner.max_len} positions per sequence (EngineConfig.max_seq_len)"
+                )
+            self._ensure_capacity(self.runner.rows, need)
+        assert self.scheduler is not None
+        req = Request(self._next_id, ids, params, self.eos_ids, self.tokenizer)
+        self._next_id += 1
+        self.scheduler.add(req)
+        return req
+
+    def has_work(self) -> bool:
+        return self.scheduler is not None and self.scheduler.has_work()
+
+    def step(self) -> list[Request]:
+        """Run one batch; returns the requests that received tokens."""
+        assert self.scheduler is not None
+        batch = self.scheduler.schedule()
+        if batch is None:
+            return []
+        reqs, rows = batch.requests, batch.rows
+        greedy = all(q.params.greedy for q in reqs)
+        if batch.kind == "prefill":
+            for q in reqs:
+                self.runner.set_sampling(q.slot, q.params)
+            toks = self.runner.prefill(rows, [q.prompt_ids for q in reqs], greedy).tolist()
+            for q, t in zip(reqs, toks):
+                q.append([t])
+        elif self.runner.speculative:
+            m, tokens = self.runner.spec_step(rows, greedy)
+            m_host, tok_host = m.tolist(), tokens.tolist()  # the step's one sync
+            self.runner.commit_lengths(rows, [k + 1 for k in m_host])
+            S = self.spec.steps
+            for q, k, toks in zip(reqs, m_host, tok_host):
+                q.stats.add(k + 1, S)  # S drafter forwards: S-1 tree levels and the catch-up
+                self.stats.add(k + 1, S)
+                q.append(toks[: k + 1])
+        else:
+            toks = self.runner.decode(rows, greedy).tolist()
+            for q, t in zip(reqs, toks):
+                q.append([t])
+        self.scheduler.release_finished()
+        return reqs
+
+    # --- conveniences -------------------------------------------------------------------------------------------
+    def generate(
+        self,
+        prompts: Sequence[Prompt],
+        params: SamplingParams | Sequence[SamplingParams] = SamplingParams(),
+        chat: bool = True,
+    ) -> list[GenerationOutput]:
+        plist = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
+        if len(plist) != len(prompts):
+            raise RequestError(f"{len(prompts)} prompts but {len(plist)} sampling parameter sets")
+        encoded = [self.encode_prompt(p, chat) for p in prompts]
+        need = max(len(e) + p.max_new_tokens for e, p in zip(encoded, plist)) if encoded else 1
+        self._ensure_capacity(min(len(prompts), self.config.max_batch_size), min(self.context_len, need))
+        reqs = [self.add_request(e, p, chat=False) for e, p in zip(encoded, plist)]
+        while self.has_work():
+            self.step()
+        return [
+            GenerationOutput(
+                text=q.text,
+                token_ids=q.output_ids,
+                prompt_tokens=len(q.prompt_ids),
+                finish_reason=q.finish_reason or "length",
+                seconds=(q.t_end or time.perf_counter()) - q.t_start,
+                stats=q.stats,
+            )
+            for q in reqs
+        ]
+
+    def stream(self, prompt: Prompt, params: SamplingParams = SamplingParams(), chat: bool = True) -> Iterator[str]:
+        """Yield text deltas of one request (other queued requests advance too)."""
+        req = self.add_request(prompt, params, chat)
+        while not req.finished:
+            self.step()
+            delta = req.take_delta()
+            if delta:
+                yield delta
+        tail = req.take_delta()
+        if tail:
+            yield tail
+        self.last_request = req

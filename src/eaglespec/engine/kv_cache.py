@@ -1,0 +1,44 @@
+"""Preallocated KV caches: one tensor per cache kind holding every layer, [L, rows, S_max, *per_token_shape].
+
+A model declares its per-token cache shapes (`kv_cache_shapes()`: Llama -> k and v as (H_kv, head_dim); MLA ->
+one latent (kv_lora_rank + rope_dim,)). Each cache row belongs to one sequence; position p of a row holds token p.
+`compact` moves accepted tree entries into contiguous positions for every layer at once (one gather and one scatter
+per cache kind), which is how the target keeps only the accepted path after verification.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+
+class KVCache:
+    def __init__(
+        self,
+        num_layers: int,
+        shapes: Sequence[tuple[int, ...]],
+        rows: int,
+        max_len: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ) -> None:
+        self.num_layers, self.rows, self.max_len = num_layers, rows, max_len
+        self.tensors = [torch.zeros(num_layers, rows, max_len, *s, dtype=dtype, device=device) for s in shapes]
+        self._layers = [[t[i] for t in self.tensors] for i in range(num_layers)]
+
+    def layers(self) -> list[list[torch.Tensor]]:
+        """Per layer, the views [rows, S_max, ...] of each cache kind."""
+        return self._layers
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors)
+
+    def compact(self, rows: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """For each b: positions src[b, i] -> dst[b, i] (all layers). rows [B]; src/dst [B, N].
+
+        The whole source is gathered before anything is written, so overlapping ranges are safe.
+        """
+        r = rows[:, None]
+        for t in self.tensors:
+            t[:, r, dst] = t[:, r, src]

@@ -1,0 +1,97 @@
+"""A generation request and its host-side bookkeeping: output tokens, streamed text, stop handling.
+
+`Request.append(tokens)` takes the tokens one step committed (one for plain decoding, up to S+1 for speculation) and
+stops at exactly the right token: EOS (unless ignored; the EOS is not part of the text), the token budget, or the
+token that completes a stop string (the text is cut before the stop string). Tokens after that point are dropped.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Sequence
+
+from ..loading.detokenizer import IncrementalDetokenizer
+from ..sampling_params import SamplingParams
+from ..spec.stats import SpecStats
+
+if TYPE_CHECKING:
+    from ..loading.tokenizer import BaseTokenizer
+
+
+@dataclass
+class Request:
+    rid: int
+    prompt_ids: list[int]
+    params: SamplingParams
+    eos_ids: tuple[int, ...]
+    tokenizer: "BaseTokenizer | None" = None
+    output_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    finish_reason: str | None = None  # "stop" (EOS or stop string) or "length"
+    stats: SpecStats = field(default_factory=SpecStats)
+    slot: int | None = None
+    t_start: float = field(default_factory=time.perf_counter)
+    t_first: float | None = None
+    t_end: float | None = None
+    _detok: IncrementalDetokenizer | None = None
+    _emitted: int = 0  # characters of `text` already returned by take_delta
+
+    def __post_init__(self) -> None:
+        if self.tokenizer is not None:
+            self._detok = IncrementalDetokenizer(self.tokenizer)
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def append(self, tokens: Sequence[int]) -> int:
+        """Commit tokens in order until the request finishes; returns how many were taken."""
+        if self.t_first is None:
+            self.t_first = time.perf_counter()
+        taken = 0
+        for tok in tokens:
+            if self.finished:
+                break
+            taken += 1
+            if tok in self.eos_ids and not self.params.ignore_eos:
+                self.finish_reason = "stop"
+                break
+            self.output_ids.append(tok)
+            if self._detok is not None:
+                old_len = len(self.text)
+                self.text += self._detok.add([tok])
+                if self.params.stop and self._cut_at_stop(old_len):
+                    self.finish_reason = "stop"
+                    break
+            if len(self.output_ids) >= self.params.max_new_tokens:
+                self.finish_reason = "length"
+        if self.finished:
+            self.t_end = time.perf_counter()
+            if self._detok is not None and not (self.params.stop and self.finish_reason == "stop"):
+                self.text += self._detok.finish()
+        return taken
+
+    def _cut_at_stop(self, old_len: int) -> bool:
+        # the text before old_len held no stop string, so a new one ends after old_len
+        start = max(0, old_len - max(len(s) for s in self.params.stop) + 1)
+        hits = [i for s in self.params.stop if (i := self.text.find(s, start)) >= 0]
+        if not hits:
+            return False
+        self.text = self.text[: min(hits)]
+        return True
+
+    def take_delta(self) -> str:
+        """Text produced since the last call. While a stop string may still be forming, its possible prefix is held
+        back so that streamed text never shows part of a stop string."""
+        hold = 0
+        if self.params.stop and not self.finished:
+            for s in self.params.stop:
+                for k in range(min(len(s) - 1, len(self.text)), 0, -1):
+                    if self.text.endswith(s[:k]):
+                        hold = max(hold, k)
+                        break
+        end = max(self._emitted, len(self.text) - hold)
+        delta = self.text[self._emitted : end]
+        self._emitted = end
+        return delta

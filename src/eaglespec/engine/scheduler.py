@@ -1,0 +1,64 @@
+"""Batching policy, in plain Python: which requests run next, and in which cache rows.
+
+Requests wait in FIFO order. A step either prefills waiting requests (as many as there are free rows and as fit the
+prefill token budget) or, when none can be admitted, advances every running request by one decode or speculative
+step. A finished request frees its row at once, so a server can admit new work between steps (continuous batching).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from .request import Request
+
+
+@dataclass
+class Batch:
+    kind: str  # "prefill" or "decode"
+    requests: list[Request]
+
+    @property
+    def rows(self) -> list[int]:
+        return [r.slot for r in self.requests]  # type: ignore[misc]
+
+
+class Scheduler:
+    def __init__(self, rows: int, prefill_token_budget: int = 8192) -> None:
+        self.free: list[int] = list(range(rows))
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.prefill_token_budget = prefill_token_budget
+
+    def add(self, req: Request) -> None:
+        self.waiting.append(req)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> Batch | None:
+        admitted: list[Request] = []
+        budget = self.prefill_token_budget
+        while self.waiting and self.free:
+            req = self.waiting[0]
+            n = len(req.prompt_ids)
+            if admitted and n > budget:
+                break
+            self.waiting.popleft()
+            req.slot = self.free.pop(0)
+            admitted.append(req)
+            budget -= n
+        if admitted:
+            self.running.extend(admitted)
+            return Batch("prefill", admitted)
+        if self.running:
+            return Batch("decode", sorted(self.running, key=lambda q: q.slot))
+        return None
+
+    def release_finished(self) -> list[Request]:
+        done = [r for r in self.running if r.finished]
+        for r in done:
+            self.free.append(r.slot)  # type: ignore[arg-type]
+            self.free.sort()
+        self.running = [r for r in self.running if not r.finished]
+        return done

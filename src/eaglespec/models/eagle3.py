@@ -1,0 +1,148 @@
+"""The EAGLE-3 drafter `LlamaForCausalLMEagle3`, in the published checkpoint format (REFERENCE.md §3).
+
+One draft step, for token t at position p with incoming hidden h ([.., 3*H_target] target aux states, or [.., H] the
+drafter's own previous output):
+
+    e = embed(t);  h = fc(h) if h is 3*H_target wide
+    x = cat(input_layernorm(e), hidden_norm(h))            # [.., 2H]
+    r = h + attn(x)                                        # RoPE at p, causal over the drafter's KV
+    r = r + mlp(post_attention_layernorm(r))
+    logits = lm_head(norm(r))                              # [.., draft_vocab]; target id = id + d2t[id]
+    r is returned as the next step's hidden (pre-norm, width H, so fc is skipped there)
+
+Weights are unprefixed: fc, midlayer.*, norm, lm_head, d2t, t2d. There is no embed_tokens: the embedding comes from the
+target through `set_embed_and_head` (and the lm_head too when the checkpoint has no draft vocabulary).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..config import ModelConfig
+from ..layers.attention import GQAAttention
+from ..layers.context import ForwardContext
+from ..layers.mlp import GatedMLP
+from ..layers.norm import RMSNorm
+from ..layers.rotary import Rotary
+
+
+class Eagle3MidLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        H = cfg.hidden_size
+        self.input_layernorm = RMSNorm(H, cfg.rms_norm_eps)
+        self.hidden_norm = RMSNorm(H, cfg.rms_norm_eps)
+        self.self_attn = GQAAttention(
+            2 * H, H, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, bias=cfg.attention_bias
+        )
+        self.post_attention_layernorm = RMSNorm(H, cfg.rms_norm_eps)
+        self.mlp = GatedMLP(H, cfg.intermediate_size, bias=cfg.mlp_bias, act=cfg.hidden_act)
+
+    def forward(self, e, h, cos, sin, ctx: ForwardContext, cache) -> torch.Tensor:
+        x = torch.cat((self.input_layernorm(e), self.hidden_norm(h)), dim=-1)  # [B, T, 2H]
+        r = h + self.self_attn(x, cos, sin, ctx, cache)
+        return r + self.mlp(self.post_attention_layernorm(r))
+
+
+class LlamaForCausalLMEagle3(nn.Module):
+    checkpoint_renames: tuple[tuple[str, str], ...] = ((r"^model\.", ""),)  # some exports prefix "model."
+    checkpoint_ignore: tuple[str, ...] = (r"^embed_tokens\.weight$", r"rotary_emb\.inv_freq$")
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        assert config.eagle is not None, "not an EAGLE-3 drafter config"
+        self.config = config
+        H, Ht = config.hidden_size, config.eagle.target_hidden_size
+        self.n_aux = 3
+        self.fc = nn.Linear(self.n_aux * Ht, H, bias=False)
+        self.midlayer = Eagle3MidLayer(config)
+        self.norm = RMSNorm(H, config.rms_norm_eps)
+        self.rotary = Rotary(config.head_dim, config.rope)
+        self.draft_vocab_size = config.eagle.draft_vocab_size or config.vocab_size
+        self.has_own_head = config.eagle.draft_vocab_size is not None
+        self.lm_head = nn.Linear(H, self.draft_vocab_size, bias=False)
+        self.register_buffer("d2t", torch.zeros(self.draft_vocab_size, dtype=torch.int64))
+        self.register_buffer("t2d", torch.ones(config.vocab_size, dtype=torch.bool))
+        self.embed_tokens: nn.Embedding | None = None
+
+    # --- wiring to the target -----------------------------------------------------------------------------------
+    def set_embed_and_head(self, embed: torch.Tensor, head: torch.Tensor | None) -> None:
+        """Use the target's embedding (always) and its lm_head (only when there is no draft vocabulary)."""
+        self.embed_tokens = nn.Embedding.from_pretrained(embed, freeze=True)
+        self.embed_tokens.weight = embed if isinstance(embed, nn.Parameter) else nn.Parameter(embed, False)
+        if not self.has_own_head and head is not None:
+            del self.lm_head.weight
+            self.lm_head.weight = head if isinstance(head, nn.Parameter) else nn.Parameter(head, False)
+
+    def kv_cache_shapes(self) -> list[tuple[int, ...]]:
+        return self.midlayer.self_attn.kv_shapes()
+
+    @property
+    def num_layers(self) -> int:
+        return 1
+
+    def reset_buffers(self) -> None:
+        self.rotary.reset_buffers()
+
+    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary ids -> target ids."""
+        return draft_ids + self.d2t[draft_ids]
+
+    # --- forward ------------------------------------------------------------------------------------------------
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        hidden: torch.Tensor,
+        ctx: ForwardContext,
+        from_target: bool,
+        need_logits: bool = True,
+    ) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """input_ids [B, T] target ids; hidden [B, T, 3*Ht] target aux states (`from_target`) or [B, T, H] the
+        drafter's own outputs -> (logits [B, R, Vd] or None, next hidden [B, T, H])."""
+        assert self.embed_tokens is not None, "call set_embed_and_head with the target's embedding first"
+        e = self.embed_tokens(input_ids)
+        if from_target:
+            hidden = self.fc(hidden.to(self.fc.weight.dtype))
+        cos, sin = self.rotary(ctx.positions)
+        r = self.midlayer(e, hidden, cos, sin, ctx, ctx.kv[0] if ctx.kv is not None else None)
+        if not need_logits:
+            return None, r
+        sel = r
+        if ctx.logits_index is not None:
+            sel = torch.gather(r, 1, ctx.logits_index[..., None].expand(-1, -1, r.shape[-1]))
+        return self.lm_head(self.norm(sel)), r
+
+
+def check_drafter_fits(drafter: LlamaForCausalLMEagle3, target_config: ModelConfig, embed_rows: int,
+                       aux_ids: tuple[int, ...]) -> None:
+    """Raise DrafterMismatchError (naming both values) unless the drafter fits the target."""
+    from ..errors import DrafterMismatchError
+
+    ec = drafter.config.eagle
+    assert ec is not None
+    if ec.target_hidden_size != target_config.hidden_size:
+        raise DrafterMismatchError(
+            f"the drafter expects target_hidden_size {ec.target_hidden_size} but the target's hidden size is "
+            f"{target_config.hidden_size}"
+        )
+    if drafter.config.vocab_size != embed_rows:
+        raise DrafterMismatchError(
+            f"the drafter's vocab_size is {drafter.config.vocab_size} but the target's vocabulary has {embed_rows} "
+            "tokens"
+        )
+    if len(aux_ids) != drafter.n_aux:
+        raise DrafterMismatchError(
+            f"the drafter's fc takes {drafter.n_aux} aux layers but {len(aux_ids)} aux layer ids were given "
+            f"({list(aux_ids)})"
+        )
+    n = target_config.num_hidden_layers
+    bad = [i for i in aux_ids if not 0 <= i < n]
+    if bad:
+        raise DrafterMismatchError(
+            f"the drafter's aux layer ids {list(aux_ids)} include {bad}, outside the target's {n} layers"
+        )
+    if ec.draft_vocab_size is not None and not ec.draft_vocab_size <= embed_rows:
+        raise DrafterMismatchError(
+            f"the drafter's draft_vocab_size {ec.draft_vocab_size} exceeds the target's vocabulary of {embed_rows}"
+        )

@@ -1,0 +1,31 @@
+"""Per-request generation parameters (frozen, validated at construction: a bad value is a `RequestError`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .errors import RequestError
+from .layers.sampling import validate_sampling
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_new_tokens: int = 256
+    temperature: float = 0.0  # 0 = greedy
+    top_p: float = 1.0  # 1 = off
+    top_k: int = 0  # 0 = off
+    stop: tuple[str, ...] = ()  # stop strings (not included in the output text)
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        validate_sampling(self.temperature, self.top_p, self.top_k)
+        if self.max_new_tokens < 1:
+            raise RequestError(f"max_new_tokens must be >= 1 (got {self.max_new_tokens})")
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+        if any(not s for s in self.stop):
+            raise RequestError("stop strings must not be empty")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0

@@ -1,0 +1,133 @@
+"""The drafting loop (REFERENCE.md §4, DESIGN.md step 2) over an abstract drafter step.
+
+The engine passes `step(tokens, hidden, positions, write_index, attn_mask, from_target) -> (logits, hidden_out)`,
+one drafter forward over [B, T] tokens with its own KV cache (rows and the KV tensors are bound by the engine), and
+`to_target(ids)` mapping draft-vocabulary ids to target ids. This module never sees a model class.
+
+Conventions (L = committed length of row b, equal for the target and the drafter):
+- the drafter entry at position i pairs the target hidden at position i with the token at position i+1 and predicts
+  the token at i+2; after a catch-up, `DraftState` holds the top-K draft ids / log-probs of the last committed entry
+  (candidates for position L+1, depth 1 under the root at position L) and that entry's output hidden;
+- tree level k >= 2 runs the drafter once on the K frontier nodes of depth k-1, at position L-1+(k-1), writing K
+  scratch entries at L + (k-2)K + j; each entry sees the committed prefix, the scratch entries of its ancestors and
+  itself (`vis`, a [B, K, (S-1)K] mask over the scratch); children score = parent score + log-prob, and the global
+  top-K of the K^2 children is the next frontier.
+- `catch_up` runs the drafter over committed tokens with the target's aux states (after prefill or verification) and
+  returns the next `DraftState`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from ..layers.context import causal_tail, prefix_tail_mask
+
+DrafterStep = Callable[..., tuple[torch.Tensor, torch.Tensor]]
+
+
+@dataclass
+class DraftState:
+    top_ids: torch.Tensor  # [B, K] draft-vocab ids of the best next tokens (depth 1)
+    top_logp: torch.Tensor  # [B, K] their log-probabilities
+    hidden: torch.Tensor  # [B, H] output hidden of the last committed drafter entry
+
+
+@dataclass
+class Candidates:
+    tokens: torch.Tensor  # [B, N] target ids
+    scores: torch.Tensor  # [B, N] cumulative log-prob
+    parents: torch.Tensor  # [B, N] candidate index of the parent, -1 = root
+    depth: torch.Tensor  # [B, N]
+
+
+def topk_logp(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits [..., Vd] -> (ids [..., k], log-probs [..., k]) in float32."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    vals, ids = logp.topk(k, dim=-1)
+    return ids, vals
+
+
+def catch_up(
+    step: DrafterStep,
+    tokens: torch.Tensor,
+    aux: torch.Tensor,
+    start: torch.Tensor,
+    lengths: torch.Tensor,
+    kv_len: int,
+    topk: int,
+) -> DraftState:
+    """Feed T committed (token, target hidden) pairs per row at positions start..start+T-1.
+
+    tokens [B, T]: the token at position p+1 for each hidden at p; aux [B, T, n_aux*Ht]; start [B] (= committed
+    length before these pairs); lengths [B] real pairs per row (1..T; the rest is padding that later writes
+    overwrite). Returns the state at each row's last real pair.
+    """
+    B, T = tokens.shape
+    dev = tokens.device
+    offs = torch.arange(T, device=dev)[None, :]
+    positions = start[:, None] + offs
+    mask = prefix_tail_mask(start, causal_tail(B, T, dev), kv_len)
+    last = (lengths - 1)[:, None]
+    logits, hidden = step(tokens, aux, positions, positions, mask, True, last)
+    ids, logp = topk_logp(logits[:, 0], topk)
+    h_last = torch.gather(hidden, 1, last[..., None].expand(B, 1, hidden.shape[-1])).squeeze(1)
+    return DraftState(top_ids=ids, top_logp=logp, hidden=h_last)
+
+
+def draft_tree(
+    step: DrafterStep,
+    to_target: Callable[[torch.Tensor], torch.Tensor],
+    state: DraftState,
+    seq_len: torch.Tensor,
+    steps: int,
+    topk: int,
+    kv_len: int,
+) -> Candidates:
+    """Run S-1 batched drafter forwards and return all K + (S-1)K^2 candidates in level order."""
+    B, K = state.top_ids.shape
+    dev = state.top_ids.device
+    W = max((steps - 1) * K, 1)  # scratch entries
+    c_tokens = [to_target(state.top_ids)]
+    c_scores = [state.top_logp]
+    c_parents = [torch.full((B, K), -1, dtype=torch.int64, device=dev)]
+    c_depth = [torch.ones(B, K, dtype=torch.int64, device=dev)]
+    f_idx = torch.arange(K, device=dev).expand(B, K)  # candidate ids of the frontier
+    f_tok, f_score = c_tokens[0], state.top_logp
+    f_hidden = state.hidden[:, None, :].expand(B, K, state.hidden.shape[-1])
+    eye = torch.eye(K, W, dtype=torch.bool, device=dev)  # frontier slot j -> its level-2 entry j
+    vis = eye.expand(B, K, W)
+    base = K
+    for level in range(2, steps + 1):
+        entry = (level - 2) * K
+        positions = (seq_len - 1 + (level - 1))[:, None].expand(B, K)
+        write = (seq_len + entry)[:, None] + torch.arange(K, device=dev)[None, :]
+        mask = prefix_tail_mask(seq_len, vis, kv_len)
+        logits, hidden = step(f_tok, f_hidden, positions, write, mask, False, None)
+        ids, logp = topk_logp(logits, K)  # [B, K, K]
+        scores = (f_score[:, :, None] + logp).reshape(B, K * K)
+        toks = to_target(ids).reshape(B, K * K)
+        c_tokens.append(toks)
+        c_scores.append(scores)
+        c_parents.append(f_idx[:, :, None].expand(B, K, K).reshape(B, K * K))
+        c_depth.append(torch.full((B, K * K), level, dtype=torch.int64, device=dev))
+        if level == steps:
+            break
+        f_best = scores.topk(K, dim=-1).indices  # [B, K] among the K^2 children
+        f_parent_slot = f_best // K
+        f_idx = base + f_best
+        f_tok = torch.gather(toks, 1, f_best)
+        f_score = torch.gather(scores, 1, f_best)
+        f_hidden = torch.gather(hidden, 1, f_parent_slot[..., None].expand(B, K, hidden.shape[-1]))
+        own = torch.zeros(K, W, dtype=torch.bool, device=dev)
+        own[torch.arange(K), (level - 1) * K + torch.arange(K)] = True
+        vis = torch.gather(vis, 1, f_parent_slot[..., None].expand(B, K, W)) | own
+        base += K * K
+    return Candidates(
+        tokens=torch.cat(c_tokens, 1),
+        scores=torch.cat(c_scores, 1),
+        parents=torch.cat(c_parents, 1),
+        depth=torch.cat(c_depth, 1),
+    )

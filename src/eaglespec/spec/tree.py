@@ -1,0 +1,111 @@
+"""Draft trees as tensors: from scored candidates to the verify batch (REFERENCE.md §4, DESIGN.md step 3).
+
+Input, per row b, the N = K + (S-1)K^2 candidates the drafting loop produced, in level order:
+    cand_tokens [B, N] target ids, cand_scores [B, N] cumulative log-probabilities,
+    cand_parents [B, N] index of the parent candidate (-1: the root), cand_depth [B, N] (1-based).
+`build_tree` keeps the best D-1 candidates (a stable sort by score, so that on ties a parent, which always has the
+smaller index, wins over its child and every kept node's parent is kept too), orders them by candidate index (parents
+before children) and puts the root first. Output `DraftTree` (node 0 = root = the last committed token):
+    tokens [B, D], parents [B, D] (root: -1), depth [B, D] (root: 0),
+    ancestors [B, D, D] bool: ancestors[b, i, j] iff node j is node i or one of its ancestors (the verify mask),
+    children [B, D, K]: the children of each node in node order, -1 padded,
+    paths [B, D, S+1]: for each node, its root-to-node path (node ids by depth, -1 padded); the rows of leaves are
+    the root-to-leaf paths.
+Everything is a fixed-shape tensor op: no host synchronisation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class DraftTree:
+    tokens: torch.Tensor  # [B, D]
+    parents: torch.Tensor  # [B, D]
+    depth: torch.Tensor  # [B, D]
+    ancestors: torch.Tensor  # [B, D, D]
+    children: torch.Tensor  # [B, D, K]
+    paths: torch.Tensor  # [B, D, S+1]
+
+    @property
+    def size(self) -> int:
+        return self.tokens.shape[1]
+
+    def is_leaf(self) -> torch.Tensor:
+        """[B, D] bool: nodes without children."""
+        return self.children[..., 0] < 0
+
+
+def ancestor_matrix(parents: torch.Tensor, max_depth: int) -> torch.Tensor:
+    """parents [B, D] (-1 root) -> [B, D, D] ancestor-or-self matrix (max_depth propagation steps)."""
+    B, D = parents.shape
+    eye = torch.eye(D, dtype=torch.bool, device=parents.device).expand(B, D, D)
+    anc = eye.clone()
+    p = parents.clamp(min=0)
+    has_parent = (parents >= 0)[..., None]
+    for _ in range(max_depth):
+        # anc[i] = {i} | anc[parent(i)]
+        anc = eye | (has_parent & torch.gather(anc, 1, p[..., None].expand(B, D, D)))
+    return anc
+
+
+def children_table(parents: torch.Tensor, k: int) -> torch.Tensor:
+    """parents [B, D] -> children [B, D, k]: node ids of each node's children in node order, -1 padded."""
+    B, D = parents.shape
+    dev = parents.device
+    onehot = torch.zeros(B, D, D + 1, dtype=torch.int64, device=dev)
+    # column D collects the root's "parent" (-1) so it never counts as anybody's child
+    onehot.scatter_(2, torch.where(parents >= 0, parents, D)[..., None], 1)
+    rank = torch.gather(onehot.cumsum(1), 2, torch.where(parents >= 0, parents, D)[..., None]).squeeze(-1) - 1
+    children = torch.full((B, D + 1, k + 1), -1, dtype=torch.int64, device=dev)
+    node = torch.arange(D, device=dev).expand(B, D)
+    row = torch.where(parents >= 0, parents, D)
+    col = torch.where(parents >= 0, rank.clamp(max=k), k)
+    children[torch.arange(B, device=dev)[:, None], row, col] = node
+    return children[:, :D, :k]
+
+
+def paths_table(ancestors: torch.Tensor, depth: torch.Tensor, max_depth: int) -> torch.Tensor:
+    """[B, D, S+1]: paths[b, i, d] = the ancestor of node i at depth d (-1 beyond node i's depth)."""
+    cols = []
+    for d in range(max_depth + 1):
+        match = ancestors & (depth == d)[:, None, :]  # [B, D, D]: ancestors of i at depth d (at most one)
+        cols.append(torch.where(match.any(-1), match.int().argmax(-1), -1))
+    return torch.stack(cols, dim=-1)
+
+
+def build_tree(
+    root_tokens: torch.Tensor,
+    cand_tokens: torch.Tensor,
+    cand_scores: torch.Tensor,
+    cand_parents: torch.Tensor,
+    cand_depth: torch.Tensor,
+    num_draft_tokens: int,
+    topk: int,
+    max_depth: int,
+) -> DraftTree:
+    """Select the best D-1 candidates and lay them out as a tree with the root first (see module docstring)."""
+    B, N = cand_tokens.shape
+    dev = cand_tokens.device
+    keep = num_draft_tokens - 1
+    order = torch.sort(cand_scores, dim=1, descending=True, stable=True).indices[:, :keep]  # [B, D-1]
+    sel = order.sort(dim=1).values  # candidate ids in index order: parents precede children
+    pos_of_cand = torch.full((B, N), -1, dtype=torch.int64, device=dev)
+    pos_of_cand.scatter_(1, sel, torch.arange(1, keep + 1, device=dev).expand(B, keep))
+    cpar = torch.gather(cand_parents, 1, sel)  # [B, D-1] candidate id of the parent, -1 = root
+    npar = torch.where(cpar >= 0, torch.gather(pos_of_cand, 1, cpar.clamp(min=0)), torch.zeros_like(cpar))
+    tokens = torch.cat((root_tokens[:, None], torch.gather(cand_tokens, 1, sel)), dim=1)
+    parents = torch.cat((torch.full((B, 1), -1, dtype=torch.int64, device=dev), npar), dim=1)
+    depth = torch.cat((torch.zeros(B, 1, dtype=torch.int64, device=dev), torch.gather(cand_depth, 1, sel)), dim=1)
+    ancestors = ancestor_matrix(parents, max_depth)
+    return DraftTree(
+        tokens=tokens,
+        parents=parents,
+        depth=depth,
+        ancestors=ancestors,
+        children=children_table(parents, topk),
+        paths=paths_table(ancestors, depth, max_depth),
+    )

@@ -1,0 +1,91 @@
+"""Verification of a draft tree against the target's output (REFERENCE.md §4, DESIGN.md step 5).
+
+Both rules return a `VerifyResult` per row: the deepest accepted node, the accepted path and the committed tokens
+(accepted draft tokens followed by the bonus token), with fixed shapes [B, S+1] so a step has no host sync.
+
+- `verify_greedy(tree, logits)`: a node is accepted when every node on its path (root excluded) carries the token the
+  target's argmax chose at its parent; the bonus is the argmax at the deepest accepted node. Siblings carry distinct
+  tokens, so the accepted nodes form a single path. Equals plain greedy decoding token for token.
+- `verify_sampling(tree, probs, generator)`: lossless sampling for deterministic (top-k) proposals: at the current
+  node with target distribution q, try the children in node order; accept child x with probability
+  q(x) / remaining mass, else zero q(x) and go on; when every child is rejected, the bonus is drawn from what is left
+  of q (at a leaf: from q). The committed tokens are distributed exactly as the target's. Rows whose q is one-hot
+  (temperature 0) behave exactly as greedy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..layers.sampling import sample
+from .tree import DraftTree
+
+
+@dataclass
+class VerifyResult:
+    accept_len: torch.Tensor  # [B] accepted draft tokens m (0..S); tau = m + 1
+    best: torch.Tensor  # [B] node id of the deepest accepted node (0 = root)
+    path: torch.Tensor  # [B, S+1] node ids root..best, padded with best
+    tokens: torch.Tensor  # [B, S+1] the m accepted draft tokens, then the bonus at index m, padded with the bonus
+    bonus: torch.Tensor  # [B]
+
+
+def _result(tree: DraftTree, best: torch.Tensor, bonus: torch.Tensor) -> VerifyResult:
+    B = best.shape[0]
+    S1 = tree.paths.shape[-1]
+    m = torch.gather(tree.depth, 1, best[:, None]).squeeze(1)  # [B]
+    path = torch.gather(tree.paths, 1, best[:, None, None].expand(B, 1, S1)).squeeze(1)  # [B, S+1]
+    path = torch.where(path >= 0, path, best[:, None])
+    path_tokens = torch.gather(tree.tokens, 1, path)  # [B, S+1] root token first
+    idx = torch.arange(S1, device=best.device)[None, :]
+    drafted = torch.cat((path_tokens[:, 1:], path_tokens[:, :1]), dim=1)  # accepted tokens shifted to index 0
+    tokens = torch.where(idx < m[:, None], drafted, bonus[:, None])
+    return VerifyResult(accept_len=m, best=best, path=path, tokens=tokens, bonus=bonus)
+
+
+def verify_greedy(tree: DraftTree, logits: torch.Tensor) -> VerifyResult:
+    """logits [B, D, V] of the target at each tree node."""
+    pred = logits.argmax(-1)  # [B, D]
+    parent_pred = torch.gather(pred, 1, tree.parents.clamp(min=0))
+    correct = (tree.tokens == parent_pred) | (tree.parents < 0)  # [B, D]
+    path_ok = ~(tree.ancestors & ~correct[:, None, :]).any(-1)  # every node on the path is correct
+    best = torch.where(path_ok, tree.depth, -1).argmax(-1)  # deepest accepted node
+    bonus = torch.gather(pred, 1, best[:, None]).squeeze(1)
+    return _result(tree, best, bonus)
+
+
+def verify_sampling(tree: DraftTree, probs: torch.Tensor, generator: torch.Generator | None = None) -> VerifyResult:
+    """probs [B, D, V]: the target's processed distribution (temperature, top-k, top-p) at each node."""
+    B, D, V = probs.shape
+    K = tree.children.shape[-1]
+    S = tree.paths.shape[-1] - 1
+    dev = probs.device
+    rows = torch.arange(B, device=dev)
+    cur = torch.zeros(B, dtype=torch.int64, device=dev)
+    active = torch.ones(B, dtype=torch.bool, device=dev)
+    bonus = torch.zeros(B, dtype=torch.int64, device=dev)
+    for _ in range(S):
+        res = probs[rows, cur].clone()  # [B, V] what is left of q at the current node
+        moved = torch.zeros(B, dtype=torch.bool, device=dev)
+        nxt = cur.clone()
+        kids = tree.children[rows, cur]  # [B, K]
+        for j in range(K):
+            c = kids[:, j]
+            live = active & ~moved & (c >= 0)
+            x = tree.tokens[rows, c.clamp(min=0)]
+            px = res[rows, x]
+            mass = res.sum(-1)
+            u = torch.rand(B, generator=generator, device=dev)
+            acc = live & (u * mass < px)
+            rej = live & ~acc
+            res[rows, x] = torch.where(rej, torch.zeros_like(px), px)
+            nxt = torch.where(acc, c, nxt)
+            moved = moved | acc
+        stopped = active & ~moved
+        bonus = torch.where(stopped, sample(res, generator), bonus)
+        active = active & moved
+        cur = nxt
+    bonus = torch.where(active, sample(probs[rows, cur], generator), bonus)
+    return _result(tree, cur, bonus)

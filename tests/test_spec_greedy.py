@@ -1,0 +1,131 @@
+"""The central invariant: greedy speculative output equals plain greedy output, token for token (float32, CPU)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tiny import CharTokenizer, tiny_drafter, tiny_llama
+
+from eaglespec.config import EngineConfig, SpecConfig
+from eaglespec.engine.engine import Engine
+from eaglespec.sampling_params import SamplingParams
+from eaglespec.spec.oracle import OracleDrafter
+
+CONFIGS = [SpecConfig(1, 1, 2), SpecConfig(3, 1, 4), SpecConfig(5, 4, 8), SpecConfig(6, 8, 32)]
+PROMPTS = [[1, 2, 3, 4, 5], [7, 8, 9], list(range(10, 40)), [5]]
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_llama(seed=0)
+
+
+@pytest.fixture(scope="module")
+def drafter(target):
+    return tiny_drafter(target, seed=1)
+
+
+@pytest.fixture(scope="module")
+def reference(target):
+    params = SamplingParams(max_new_tokens=48, ignore_eos=True)
+    return [o.token_ids for o in Engine(target, None).generate(PROMPTS, params)]
+
+
+def test_reference_is_not_degenerate(reference):
+    # the invariant means little if the target repeats one token
+    assert all(len(set(r)) > 8 for r in reference)
+
+
+@pytest.mark.parametrize("spec", CONFIGS, ids=lambda s: f"S{s.steps}K{s.topk}D{s.draft_tokens}")
+@pytest.mark.parametrize("batch", [1, 4])
+def test_greedy_spec_equals_plain(target, drafter, reference, spec, batch):
+    eng = Engine(target, None, EngineConfig(), drafter=drafter, spec=spec)
+    outs = eng.generate(PROMPTS[:batch], SamplingParams(max_new_tokens=48, ignore_eos=True))
+    for o, ref in zip(outs, reference):
+        assert o.token_ids == ref
+    assert eng.stats.verify_steps > 0
+
+
+@pytest.mark.parametrize("spec", CONFIGS[1:], ids=lambda s: f"S{s.steps}K{s.topk}D{s.draft_tokens}")
+def test_eos_inside_accepted_run(target, reference, spec):
+    """With the oracle every draft is accepted, so the EOS lands inside an accepted run; output stops right before."""
+    refs = [p + r for p, r in zip(PROMPTS, reference)]
+    # choose as EOS a token first appearing late in row 0; other rows stop at their first occurrence of it
+    eos = next(t for i, t in enumerate(reference[0]) if i >= 10 and t not in reference[0][:i])
+    eng = Engine(target, None, drafter=OracleDrafter(target.config, refs), spec=spec)
+    eng.eos_ids = (eos,)
+    outs = eng.generate(PROMPTS, SamplingParams(max_new_tokens=48))
+    for o, ref in zip(outs, reference):
+        expected = ref[: ref.index(eos)] if eos in ref else ref
+        assert o.token_ids == expected
+        assert o.finish_reason == ("stop" if eos in ref else "length")
+    assert eng.stats.accept_length_mean > 2
+
+
+@pytest.mark.parametrize("spec", CONFIGS[1:], ids=lambda s: f"S{s.steps}K{s.topk}D{s.draft_tokens}")
+def test_max_tokens_and_stop_string_inside_accepted_run(target, reference, spec):
+    tok = CharTokenizer(target.config.vocab_size)
+    refs = [p + r for p, r in zip(PROMPTS, reference)]
+    eng = Engine(target, tok, drafter=OracleDrafter(target.config, refs), spec=spec)
+    # max tokens: 7 is not a multiple of any tau, so the budget ends inside a run
+    outs = eng.generate(PROMPTS, SamplingParams(max_new_tokens=7, ignore_eos=True))
+    assert [o.token_ids for o in outs] == [r[:7] for r in reference]
+    assert all(o.finish_reason == "length" for o in outs)
+    # stop string: the text of tokens 9..10 of row 0
+    full = tok.decode(reference[0])
+    stop = tok.decode(reference[0][9:11])
+    cut = full.index(stop)
+    eng2 = Engine(target, tok, drafter=OracleDrafter(target.config, refs[:1]), spec=spec)
+    o = eng2.generate(PROMPTS[:1], SamplingParams(max_new_tokens=48, stop=(stop,), ignore_eos=True))[0]
+    assert o.text == full[:cut]
+    assert o.finish_reason == "stop"
+    assert o.token_ids == reference[0][: cut + len(stop)]
+
+
+@pytest.mark.parametrize("spec", CONFIGS[1:], ids=lambda s: f"S{s.steps}K{s.topk}D{s.draft_tokens}")
+def test_oracle_reaches_max_acceptance(target, reference, spec):
+    refs = [p + r for p, r in zip(PROMPTS, reference)]
+    eng = Engine(target, None, drafter=OracleDrafter(target.config, refs), spec=spec)
+    n = 6 * spec.max_accept + 1  # prefill token + whole steps, never reaching the reference's end
+    outs = eng.generate(PROMPTS, SamplingParams(max_new_tokens=n, ignore_eos=True))
+    assert [o.token_ids for o in outs] == [r[:n] for r in reference]
+    for o in outs:
+        assert o.stats.hist[spec.max_accept] == o.stats.verify_steps == 6
+    assert eng.stats.accept_length_mean == spec.max_accept
+    assert eng.stats.depth_rates() == [1.0] * (spec.max_accept - 1)
+
+
+def test_continuous_batching_admits_new_requests(target, drafter, reference):
+    """Requests added while others run (more requests than rows) still give the plain greedy output."""
+    eng = Engine(target, None, EngineConfig(max_batch_size=2), drafter=drafter, spec=SpecConfig(4, 2, 6))
+    reqs = [eng.add_request(p, SamplingParams(max_new_tokens=48, ignore_eos=True)) for p in PROMPTS]
+    while eng.has_work():
+        eng.step()
+    assert [r.output_ids for r in reqs] == reference
+
+
+def test_mixed_greedy_and_sampling_batch(target, drafter, reference):
+    """A greedy row in a batch that also samples still gets exactly the greedy output."""
+    eng = Engine(target, None, drafter=drafter, spec=SpecConfig(5, 4, 8))
+    params = [SamplingParams(max_new_tokens=48, ignore_eos=True),
+              SamplingParams(max_new_tokens=48, ignore_eos=True, temperature=1.0)]
+    outs = eng.generate(PROMPTS[:2], params)
+    assert outs[0].token_ids == reference[0]
+    assert len(outs[1].token_ids) == 48
+
+
+def test_spec_stream_equals_generate(target, drafter, reference):
+    tok = CharTokenizer(target.config.vocab_size)
+    eng = Engine(target, tok, drafter=drafter, spec=SpecConfig(3, 1, 4))
+    text = "".join(eng.stream(PROMPTS[2], SamplingParams(max_new_tokens=48, ignore_eos=True)))
+    assert text == tok.decode(reference[2])
+
+
+def test_untied_and_full_vocab_drafter(reference):
+    """A drafter without a draft vocabulary uses the target's lm_head; still lossless."""
+    t = tiny_llama(seed=0)
+    d = tiny_drafter(t, seed=3, draft_vocab=None)
+    eng = Engine(t, None, drafter=d, spec=SpecConfig(4, 3, 10))
+    outs = eng.generate(PROMPTS, SamplingParams(max_new_tokens=48, ignore_eos=True))
+    assert [o.token_ids for o in outs] == reference
+    assert d.lm_head.weight is t.lm_head.weight

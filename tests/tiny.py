@@ -1,0 +1,81 @@
+"""Tiny random models and a character tokenizer for CPU tests (no downloads)."""
+
+from __future__ import annotations
+
+import torch
+
+from eaglespec.config import ModelConfig
+from eaglespec.models.eagle3 import LlamaForCausalLMEagle3
+from eaglespec.models.llama import LlamaForCausalLM
+
+
+def _init(model: torch.nn.Module, std: float, seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.copy_(torch.randn(p.shape, generator=g) * std)
+
+
+def llama_config(vocab: int = 97, layers: int = 6, hidden: int = 64, tie: bool = False, **kw) -> ModelConfig:
+    d = dict(
+        architectures=["LlamaForCausalLM"], model_type="llama", vocab_size=vocab, hidden_size=hidden,
+        intermediate_size=2 * hidden, num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+        max_position_embeddings=512, tie_word_embeddings=tie, eos_token_id=kw.pop("eos_token_id", None),
+    )
+    d.update(kw)
+    return ModelConfig.from_hf(d)
+
+
+def tiny_llama(seed: int = 0, std: float = 0.2, **kw) -> LlamaForCausalLM:
+    """A random Llama whose greedy output varies (std 0.2 keeps logits peaky but not constant)."""
+    m = LlamaForCausalLM(llama_config(**kw)).eval()
+    _init(m, std, seed)
+    return m
+
+
+def drafter_config(target: ModelConfig, draft_vocab: int | None = 50, hidden: int = 64, **kw) -> ModelConfig:
+    d = dict(
+        architectures=["LlamaForCausalLMEagle3"], model_type="llama", vocab_size=target.vocab_size,
+        hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=1, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=512, target_hidden_size=target.hidden_size,
+        tie_word_embeddings=False,
+    )
+    if draft_vocab is not None:
+        d["draft_vocab_size"] = draft_vocab
+    d.update(kw)
+    return ModelConfig.from_hf(d)
+
+
+def tiny_drafter(target: LlamaForCausalLM, seed: int = 1, draft_vocab: int | None = 50, std: float = 0.2,
+                 **kw) -> LlamaForCausalLMEagle3:
+    cfg = drafter_config(target.config, draft_vocab, **kw)
+    m = LlamaForCausalLMEagle3(cfg).eval()
+    _init(m, std, seed)
+    if draft_vocab is not None:
+        g = torch.Generator().manual_seed(seed)
+        keep = torch.randperm(target.config.vocab_size, generator=g)[:draft_vocab].sort().values
+        m.d2t.copy_(keep - torch.arange(draft_vocab))
+        m.t2d.zero_()
+        m.t2d[keep] = True
+    return m
+
+
+class CharTokenizer:
+    """id i <-> one printable character; enough for stop-string tests."""
+
+    alphabet = "abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,;:!?-+*/=()[]{}<>@#$%^&_~'\"|\\`\n\t"
+
+    def __init__(self, vocab: int, eos: int | None = None) -> None:
+        self.vocab_size = vocab
+        self.eos_token_ids = (eos,) if eos is not None else ()
+        self.bos_token_id = None
+        self.pad_token_id = None
+        self.has_chat_template = False
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return [self.alphabet.index(c) for c in text]
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        return "".join(self.alphabet[i % len(self.alphabet)] for i in ids
+                       if not (skip_special_tokens and i in self.eos_token_ids))
