@@ -81,6 +81,14 @@ class Rotary(nn.Module):
         inv, self.attn_factor = inv_freq_and_scale(dim, cfg)
         self.register_buffer("inv_freq", inv, persistent=False)
 
+    def _apply(self, fn, recurse: bool = True):  # type: ignore[no-untyped-def]
+        # `.to(bfloat16)` would round the frequencies (positions * inv_freq loses the angle at long positions):
+        # moves follow fn, the dtype stays float32.
+        super()._apply(fn, recurse)
+        if self.inv_freq.dtype != torch.float32:
+            self.inv_freq = self.inv_freq.float()
+        return self
+
     def reset_buffers(self) -> None:
         """Recompute the frequencies after the module was materialized from the meta device."""
         inv, _ = inv_freq_and_scale(self.dim, self.cfg)

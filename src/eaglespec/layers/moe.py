@@ -1,0 +1,108 @@
+"""DeepSeek-V3 mixture of experts: the noaux_tc router, routed SwiGLU experts and unscaled shared experts.
+
+Contract (REFERENCE.md §6), checkpoint names kept: `gate.weight` [E, H] and `gate.e_score_correction_bias` [E]
+(both float32, kept so under `.to(dtype)` as transformers' `_keep_in_fp32_modules_strict` does: the bias decides
+between near-equal scores), `experts.E.{gate,up,down}_proj.weight`, `shared_experts.{gate,up,down}_proj.weight`.
+
+Router, in float32: `s = sigmoid(x @ gate^T)`; choose with `s + bias`: when n_group > 1 a group scores the sum of its
+top-2 biased scores and only the best `topk_group` groups stay eligible; take the top-k eligible experts; their
+weights are the *unbiased* `s`, divided by their sum when `norm_topk_prob`, times `routed_scaling_factor`.
+
+Experts run per expert over the tokens routed to it: the (token, expert) pairs are sorted by expert, each expert with
+tokens runs once on its contiguous slice, and the weighted outputs are scattered back with `index_add_` in float32.
+The per-expert split reads the counts on the host (one sync per MoE layer): fine on the CPU and for prefill; a
+grouped-GEMM kernel would replace `_routed` for CUDA graphs.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..config import MoEConfig
+from .mlp import GatedMLP
+
+
+class NoAuxRouter(nn.Module):
+    """noaux_tc top-k router; checkpoint name `gate`. Returns (weights [N, k] fp32, expert ids [N, k] int64)."""
+
+    def __init__(self, hidden_size: int, moe: MoEConfig) -> None:
+        super().__init__()
+        if moe.scoring_func != "sigmoid" or moe.topk_method != "noaux_tc":
+            raise ValueError(
+                f"only sigmoid / noaux_tc routing is implemented (got {moe.scoring_func} / {moe.topk_method})"
+            )
+        if moe.n_routed_experts % moe.n_group:
+            raise ValueError(f"{moe.n_routed_experts} experts do not split into {moe.n_group} groups")
+        self.num_experts, self.top_k = moe.n_routed_experts, moe.num_experts_per_tok
+        self.n_group, self.topk_group = moe.n_group, moe.topk_group
+        self.norm_topk_prob, self.scaling = moe.norm_topk_prob, moe.routed_scaling_factor
+        self.weight = nn.Parameter(torch.empty(self.num_experts, hidden_size, dtype=torch.float32))
+        nn.init.normal_(self.weight, std=0.02)  # a usable random router when nothing is loaded (tiny test models)
+        self.e_score_correction_bias = nn.Parameter(torch.zeros(self.num_experts, dtype=torch.float32), False)
+
+    def _apply(self, fn, recurse: bool = True):  # type: ignore[no-untyped-def]
+        super()._apply(fn, recurse)
+        for p in (self.weight, self.e_score_correction_bias):  # moves follow fn; dtype stays float32
+            if p.is_floating_point() and p.dtype != torch.float32:
+                p.data = p.data.float()
+        return self
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        scores = torch.sigmoid(x.float() @ self.weight.float().t())  # [N, E]
+        choice = scores + self.e_score_correction_bias.float()  # [N, E] biased, for choosing only
+        if self.n_group > 1:
+            N = x.shape[0]
+            grouped = choice.view(N, self.n_group, -1)  # [N, G, E/G]
+            group_scores = grouped.topk(min(2, grouped.shape[-1]), dim=-1).values.sum(-1)  # [N, G]
+            keep = torch.zeros_like(group_scores, dtype=torch.bool)
+            keep.scatter_(1, group_scores.topk(self.topk_group, dim=-1).indices, True)
+            choice = choice.masked_fill(~keep[:, :, None].expand_as(grouped).reshape(N, -1), float("-inf"))
+        ids = choice.topk(self.top_k, dim=-1).indices  # [N, k]
+        weights = scores.gather(1, ids)  # [N, k] unbiased
+        if self.norm_topk_prob:
+            weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
+        return weights * self.scaling, ids
+
+
+class MoE(nn.Module):
+    """Routed experts + shared experts: x [..., H] -> [..., H]."""
+
+    def __init__(self, hidden_size: int, moe: MoEConfig, act: str = "silu") -> None:
+        super().__init__()
+        self.gate = NoAuxRouter(hidden_size, moe)
+        self.experts = nn.ModuleList(
+            GatedMLP(hidden_size, moe.moe_intermediate_size, act=act) for _ in range(moe.n_routed_experts)
+        )
+        self.shared_experts = (
+            GatedMLP(hidden_size, moe.moe_intermediate_size * moe.n_shared_experts, act=act)
+            if moe.n_shared_experts
+            else None
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        flat = x.reshape(-1, shape[-1])  # [N, H]
+        weights, ids = self.gate(flat)
+        out = self._routed(flat, weights, ids)
+        if self.shared_experts is not None:
+            out = out + self.shared_experts(flat)
+        return out.view(shape)
+
+    def _routed(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """x [N, H], weights/ids [N, k] -> sum_k weights * expert_ids(x), [N, H] in x's dtype."""
+        k = ids.shape[1]
+        flat_ids = ids.reshape(-1)  # [N*k]: pair p is (token p // k, expert flat_ids[p])
+        order = flat_ids.argsort(stable=True)
+        token = order // k  # [N*k] token of each pair, grouped by expert
+        pair_w = weights.reshape(-1)[order]  # [N*k]
+        counts = torch.bincount(flat_ids, minlength=len(self.experts)).tolist()
+        xs = x[token]  # [N*k, H] the routed copies, grouped by expert
+        acc = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+        start = 0
+        for e, n in enumerate(counts):
+            if n:
+                y = self.experts[e](xs[start : start + n]).float() * pair_w[start : start + n, None]
+                acc.index_add_(0, token[start : start + n], y)
+                start += n
+        return acc.to(x.dtype)
