@@ -57,8 +57,7 @@ class Scheduler:
 
     def release_finished(self) -> list[Request]:
         done = [r for r in self.running if r.finished]
-        for r in done:
-            self.free.append(r.slot)  # type: ignore[arg-type]
-            self.free.sort()
+        if done:
+            self.free = sorted(self.free + [r.slot for r in done])  # type: ignore[misc]
         self.running = [r for r in self.running if not r.finished]
         return done

@@ -1,0 +1,137 @@
+"""Lossless sampling: the distribution of speculative output equals the target's (statistical tests, tiny vocab)."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from scipy.stats import chisquare
+from tiny import tiny_drafter, tiny_llama
+
+from eaglespec.config import EngineConfig, SpecConfig
+from eaglespec.engine.engine import Engine
+from eaglespec.layers.context import ForwardContext
+from eaglespec.layers.sampling import target_probs
+from eaglespec.sampling_params import SamplingParams
+from eaglespec.spec.tree import build_tree
+from eaglespec.spec.verify import verify_greedy, verify_sampling
+
+V = 8
+PROMPT = [1, 2, 3]
+N_TOKENS = 3
+
+
+@pytest.fixture(scope="module")
+def models():
+    target = tiny_llama(seed=5, vocab=V, hidden=32, layers=2, std=0.35)
+    drafter = tiny_drafter(target, seed=6, draft_vocab=None, hidden=32, std=0.35)
+    return target, drafter
+
+
+def exact_distribution(target, params: SamplingParams) -> dict[tuple[int, ...], float]:
+    """P(x1..x3) by enumeration with the processed target distribution at every prefix."""
+    def q(prefix):
+        ids = torch.tensor([PROMPT + list(prefix)])
+        with torch.no_grad():
+            logits = target(ids, ForwardContext.plain(1, ids.shape[1])).logits[0, -1:]
+        return target_probs(logits, torch.tensor([params.temperature]), torch.tensor([params.top_k]),
+                            torch.tensor([params.top_p]))[0].double()
+
+    out = {}
+    for seq in itertools.product(range(V), repeat=N_TOKENS):
+        p = 1.0
+        for i in range(N_TOKENS):
+            p *= q(seq[:i])[seq[i]].item() if p > 0 else 0.0
+        out[seq] = p
+    return out
+
+
+def sampled_counts(engine: Engine, params: SamplingParams, n: int, rows: int) -> dict[tuple[int, ...], int]:
+    counts: dict[tuple[int, ...], int] = {}
+    for _ in range(n // rows):
+        for o in engine.generate([PROMPT] * rows, params):
+            counts[tuple(o.token_ids)] = counts.get(tuple(o.token_ids), 0) + 1
+    return counts
+
+
+def assert_same_distribution(counts, exact, n):
+    assert sum(counts.values()) == n
+    assert set(counts) <= {k for k, p in exact.items() if p > 0}, "sampled a sequence the target cannot produce"
+    keys = sorted(exact, key=lambda k: -exact[k])
+    obs, exp, rest_o, rest_e = [], [], 0, 0.0
+    for k in keys:
+        e = exact[k] * n
+        if e >= 5:
+            obs.append(counts.get(k, 0))
+            exp.append(e)
+        else:
+            rest_o += counts.get(k, 0)
+            rest_e += e
+    if rest_e > 0:
+        obs.append(rest_o)
+        exp.append(rest_e)
+    exp = [e * n / sum(exp) for e in exp]
+    p_value = chisquare(obs, exp).pvalue
+    assert p_value > 1e-3, f"chi-square p = {p_value:.2e}"
+
+
+CASES = [
+    ("chain-T1", SpecConfig(3, 1, 4), SamplingParams(max_new_tokens=N_TOKENS, temperature=1.0, ignore_eos=True)),
+    ("tree-T0.8-topk5", SpecConfig(3, 3, 8),
+     SamplingParams(max_new_tokens=N_TOKENS, temperature=0.8, top_k=5, ignore_eos=True)),
+    ("tree-T1.2-topp0.8", SpecConfig(3, 2, 6),
+     SamplingParams(max_new_tokens=N_TOKENS, temperature=1.2, top_p=0.8, ignore_eos=True)),
+]
+
+
+@pytest.mark.parametrize("name,spec,params", CASES, ids=[c[0] for c in CASES])
+def test_spec_sampling_matches_target_distribution(models, name, spec, params):
+    target, drafter = models
+    n, rows = 8000, 4000
+    exact = exact_distribution(target, params)
+    eng = Engine(target, None, EngineConfig(max_batch_size=rows, seed=11), drafter=drafter, spec=spec)
+    counts = sampled_counts(eng, params, n, rows)
+    assert_same_distribution(counts, exact, n)
+    # the drafts were really used: hundreds of verification steps accepted draft tokens, some two in a row
+    hist = eng.stats.hist
+    assert sum(hist[2:]) >= 100 and sum(hist[3:]) > 0
+
+
+def test_plain_sampling_matches_target_distribution(models):
+    target, _ = models
+    params = CASES[1][2]
+    n, rows = 8000, 4000
+    eng = Engine(target, None, EngineConfig(max_batch_size=rows, seed=3))
+    assert_same_distribution(sampled_counts(eng, params, n, rows), exact_distribution(target, params), n)
+
+
+def test_one_hot_sampling_verification_is_greedy():
+    """With temperature 0 the sampling rule must give exactly the greedy rule's result."""
+    gen = torch.Generator().manual_seed(0)
+    B, S, K, D, Vv = 6, 4, 3, 9, 11
+    from test_tree import random_candidates
+
+    tok, sc, par, dep = random_candidates(B, S, K, gen)
+    tok = tok % Vv
+    # make siblings distinct after the modulo by re-drawing tokens per sibling group
+    tree = build_tree(torch.zeros(B, dtype=torch.int64), tok, sc, par, dep, D, K, S)
+    tokens = tree.tokens.clone()
+    for b in range(B):
+        for i in range(D):
+            kids = [c for c in tree.children[b, i].tolist() if c >= 0]
+            for r, c in enumerate(kids):
+                tokens[b, c] = r + i % 3
+    tree.tokens = tokens
+    for trial in range(20):
+        logits = torch.randn(B, D, Vv, generator=gen)
+        # bias the logits toward the drafted tokens so that some paths are accepted
+        logits.scatter_add_(2, torch.gather(tokens, 1, tree.children[..., 0].clamp(min=0))[..., None],
+                            torch.full((B, D, 1), 3.0))
+        g = verify_greedy(tree, logits)
+        probs = target_probs(logits.view(B * D, Vv), torch.zeros(B * D), torch.zeros(B * D, dtype=torch.int64),
+                             torch.ones(B * D)).view(B, D, Vv)
+        s = verify_sampling(tree, probs, gen)
+        assert torch.equal(g.accept_len, s.accept_len)
+        assert torch.equal(g.tokens, s.tokens)
+        assert torch.equal(g.path, s.path)

@@ -1,0 +1,150 @@
+"""Tree construction and the drafting loop against brute-force references."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tiny import tiny_drafter, tiny_llama
+
+from eaglespec.layers.context import ForwardContext
+from eaglespec.spec.draft import DraftState, catch_up, draft_tree
+from eaglespec.spec.tree import build_tree
+from eaglespec.engine.kv_cache import KVCache
+
+
+def random_candidates(B, S, K, gen):
+    """Level-order candidates as the drafting loop makes them, with random log-probs (cumulative scores)."""
+    toks, scores, parents, depth = [], [], [], []
+    for b in range(B):
+        t, s, p, d = [], [], [], []
+        lvl = torch.rand(K, generator=gen).log()
+        t += torch.randperm(100, generator=gen)[:K].tolist()
+        s += lvl.tolist()
+        p += [-1] * K
+        d += [1] * K
+        frontier = list(range(K))
+        for level in range(2, S + 1):
+            base = len(t)
+            for f in frontier:
+                t += torch.randperm(100, generator=gen)[:K].tolist()
+                s += (s[f] + torch.rand(K, generator=gen).log()).tolist()
+                p += [f] * K
+                d += [level] * K
+            children = list(range(base, len(t)))
+            frontier = sorted(children, key=lambda c: -s[c])[:K]
+        toks.append(t), scores.append(s), parents.append(p), depth.append(d)
+    f = lambda x, dt: torch.tensor(x, dtype=dt)
+    return f(toks, torch.int64), f(scores, torch.float32), f(parents, torch.int64), f(depth, torch.int64)
+
+
+def brute_force_tree(root, tokens, scores, parents, depth, D):
+    """Plain-Python reference: best D-1 by score (ties: lower index), index order, root first."""
+    N = len(tokens)
+    keep = sorted(sorted(range(N), key=lambda i: (-scores[i], i))[: D - 1])
+    pos = {c: i + 1 for i, c in enumerate(keep)}
+    node_tok = [root] + [tokens[c] for c in keep]
+    node_par = [-1] + [pos[parents[c]] if parents[c] >= 0 else 0 for c in keep]
+    node_depth = [0] + [depth[c] for c in keep]
+    anc = []
+    for i in range(D):
+        a, j = set(), i
+        while j >= 0:
+            a.add(j)
+            j = node_par[j]
+        anc.append(a)
+    children = [[j for j in range(D) if node_par[j] == i] for i in range(D)]
+    return node_tok, node_par, node_depth, anc, children
+
+
+@pytest.mark.parametrize("S,K,D", [(1, 1, 2), (3, 1, 4), (4, 2, 7), (5, 4, 8), (6, 8, 32), (3, 3, 10)])
+def test_build_tree_matches_brute_force(S, K, D):
+    gen = torch.Generator().manual_seed(S * 100 + K * 10 + D)
+    B = 3
+    tok, sc, par, dep = random_candidates(B, S, K, gen)
+    root = torch.tensor([7, 8, 9])
+    tree = build_tree(root, tok, sc, par, dep, D, K, S)
+    for b in range(B):
+        nt, npar, nd, anc, ch = brute_force_tree(root[b].item(), tok[b].tolist(), sc[b].tolist(), par[b].tolist(),
+                                                dep[b].tolist(), D)
+        assert tree.tokens[b].tolist() == nt
+        assert tree.parents[b].tolist() == npar
+        assert tree.depth[b].tolist() == nd
+        for i in range(D):
+            assert {j for j in range(D) if tree.ancestors[b, i, j]} == anc[i]
+            assert [c for c in tree.children[b, i].tolist() if c >= 0] == ch[i]
+            path = [n for n in tree.paths[b, i].tolist() if n >= 0]
+            assert path == sorted(anc[i], key=lambda j: nd[j])
+        for leaf in range(D):
+            if not ch[leaf]:
+                assert tree.is_leaf()[b, leaf]
+
+
+def test_ties_keep_parents():
+    """Children with probability 1 tie with their parent; the parent must still be kept before the child."""
+    tok = torch.tensor([[1, 2, 3, 4]])
+    sc = torch.tensor([[-0.5, -0.5, -0.5, -0.5]])  # every child has the parent's score
+    par = torch.tensor([[-1, 0, 1, 2]])
+    dep = torch.tensor([[1, 2, 3, 4]])
+    tree = build_tree(torch.tensor([0]), tok, sc, par, dep, 4, 1, 4)
+    assert tree.tokens[0].tolist() == [0, 1, 2, 3]
+    assert tree.parents[0].tolist() == [-1, 0, 1, 2]
+
+
+def _sequential_path_logp(drafter, prefix_tokens, prefix_aux, path_tokens):
+    """Reference: run the drafter token by token along one path (no tree mask), summing log-probs of the path.
+
+    prefix: the committed pairs (aux at i, token at i+1); then the path's tokens one at a time, each with the hidden
+    the previous step returned, exactly as inference without a tree would.
+    """
+    L = prefix_tokens.shape[1]
+    H = drafter.config.hidden_size
+    n = L + len(path_tokens) + 1
+    kv = KVCache(1, drafter.kv_cache_shapes(), 1, n, torch.float32, "cpu")
+    pos = torch.arange(L)[None]
+    mask = torch.ones(L, L, dtype=torch.bool).tril()[None]
+    ctx = ForwardContext(positions=pos, write_index=pos, attn_mask=mask, kv=kv.layers())
+    logits, hidden = drafter(prefix_tokens, prefix_aux, ctx, from_target=True)
+    logp = torch.log_softmax(logits[0, -1], -1)
+    h = hidden[:, -1:]
+    total = 0.0
+    for i, t in enumerate(path_tokens):
+        d = (t - drafter.d2t).eq(torch.arange(len(drafter.d2t))).nonzero()  # draft id of target id t
+        total += logp[d.item()].item()
+        if i == len(path_tokens) - 1:
+            break
+        p = L + i
+        ctx = ForwardContext(positions=torch.tensor([[p]]), write_index=torch.tensor([[p]]),
+                             attn_mask=torch.ones(1, 1, p + 1, dtype=torch.bool), kv=kv.layers())
+        logits, h = drafter(torch.tensor([[t]]), h, ctx, from_target=False)
+        logp = torch.log_softmax(logits[0, -1], -1)
+    return total
+
+
+@pytest.mark.parametrize("S,K", [(3, 1), (4, 3)])
+def test_draft_tree_scores_equal_sequential_drafting(S, K):
+    """Every candidate's score from the batched, tree-masked loop equals running the drafter along its path alone."""
+    torch.manual_seed(0)
+    target = tiny_llama(seed=0)
+    drafter = tiny_drafter(target, seed=1)
+    drafter.set_embed_and_head(*target.get_embed_and_head())
+    L = 9
+    tokens = torch.randint(0, 97, (1, L))
+    aux = torch.randn(1, L, 3 * 64)
+    kv = KVCache(1, drafter.kv_cache_shapes(), 1, L + S * K + S + 2, torch.float32, "cpu")
+
+    def step(tok, hid, pos, write, mask, from_target, logits_index):
+        ctx = ForwardContext(positions=pos, write_index=write, attn_mask=mask, kv=kv.layers(),
+                             logits_index=logits_index)
+        return drafter(tok, hid, ctx, from_target=from_target)
+
+    Lt = torch.tensor([L])
+    st = catch_up(step, tokens, aux, torch.tensor([0]), Lt, L, K)
+    c = draft_tree(step, drafter.to_target_ids, st, Lt, S, K, L + (S - 1) * K)
+    assert c.tokens.shape[1] == K + (S - 1) * K * K
+    for i in range(c.tokens.shape[1]):
+        path, j = [], i
+        while j >= 0:
+            path.append(c.tokens[0, j].item())
+            j = c.parents[0, j].item()
+        ref = _sequential_path_logp(drafter, tokens, aux, path[::-1])
+        assert c.scores[0, i].item() == pytest.approx(ref, abs=1e-4)
