@@ -36,22 +36,6 @@ if TYPE_CHECKING:
 Prompt = Union[str, Sequence[int], Sequence[dict]]
 
 SERVE_LEN = 4096  # default cache positions per row for a long-lived engine, unless EngineConfig.max_seq_len says
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def resolve_device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(device)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise RequestError("--device cuda was asked for but no CUDA device is available")
-    return dev
-
-
-def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    if dtype == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return _DTYPES[dtype]
 
 
 @dataclass

@@ -1,0 +1,54 @@
+"""The Python API, the same path the CLI takes.
+
+    engine = eaglespec.load()                                   # embedded SmolLM2 (+ its shipped drafter)
+    engine = eaglespec.load("path/to/model", draft="path/to/eagle3", spec=SpecConfig(5, 4, 16))
+    outs = engine.generate(["What is the capital of France?"], SamplingParams(max_new_tokens=64))
+
+`draft="auto"` (the default) speculates with the shipped drafter when the model is the embedded default and plainly
+otherwise; `draft=None` never speculates; a path loads that EAGLE-3 drafter checkpoint.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from .config import EngineConfig, SpecConfig
+from .engine.engine import Engine
+from .errors import ConfigError
+from .loading.checkpoint import load_model, resolve_device, resolve_dtype
+from .assets import default_drafter_path
+
+
+def load_drafter(path: str | Path, device: torch.device | str, dtype: torch.dtype) -> torch.nn.Module:
+    """An EAGLE-3 drafter checkpoint (config.json with LlamaForCausalLMEagle3 + safetensors)."""
+    loaded = load_model(path, device=device, dtype=dtype)
+    if loaded.config.eagle is None:
+        raise ConfigError(
+            f"{path} is not an EAGLE-3 drafter (its architectures is {loaded.config.architecture!r}, "
+            "expected LlamaForCausalLMEagle3)"
+        )
+    return loaded.model
+
+
+def load(
+    model: str | Path | None = None,
+    draft: str | Path | None = "auto",
+    spec: SpecConfig | None = None,
+    config: EngineConfig = EngineConfig(),
+) -> Engine:
+    """Load a target (None: the embedded default) and, optionally, its drafter, and build an engine."""
+    device = resolve_device(config.device)
+    loaded = load_model(model, device=device, dtype=None if config.dtype == "auto" else config.dtype)
+    dtype = next(loaded.model.parameters()).dtype
+    draft_path: Path | None
+    if draft == "auto":
+        draft_path = default_drafter_path() if model is None else None
+    else:
+        draft_path = Path(draft) if draft is not None else None
+    drafter = load_drafter(draft_path, device, dtype) if draft_path is not None else None
+    return Engine(loaded.model, loaded.tokenizer, config, drafter=drafter, spec=spec)
+
+
+__all__ = ["load", "load_drafter", "resolve_device", "resolve_dtype"]

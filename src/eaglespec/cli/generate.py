@@ -1,0 +1,55 @@
+"""`eaglespec generate PROMPT`: stream the answer to stdout, statistics to stderr (and `--stats-json`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from .. import api
+from .options import add_model_options, add_sampling_options, draft_arg, engine_config, sampling_params, spec_config
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("generate", help="generate an answer to one prompt")
+    p.add_argument("prompt")
+    add_model_options(p)
+    add_sampling_options(p)
+    p.add_argument("--no-chat-template", action="store_true", help="feed the prompt as raw text")
+    p.add_argument("--stats-json", default=None, metavar="PATH", help="write the statistics as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    params = sampling_params(args)  # validate before the (slow) model load
+    spec = spec_config(args)
+    engine = api.load(args.model, draft=draft_arg(args), spec=spec, config=engine_config(args, max_batch_size=1))
+    t0 = time.perf_counter()
+    for delta in engine.stream(args.prompt, params, chat=not args.no_chat_template):
+        sys.stdout.write(delta)
+        sys.stdout.flush()
+    seconds = time.perf_counter() - t0
+    sys.stdout.write("\n")
+    req = engine.last_request
+    n = len(req.output_ids)
+    stats = {
+        "tokens": n,
+        "prompt_tokens": len(req.prompt_ids),
+        "seconds": round(seconds, 4),
+        "tok_per_s": round(n / seconds, 2) if seconds > 0 else 0.0,
+        "ttft_s": round((req.t_first or t0) - req.t_start, 4),
+        "finish_reason": req.finish_reason,
+        "speculative": engine.speculative,
+        "device": str(engine.device),
+        "dtype": str(engine.dtype).removeprefix("torch."),
+    }
+    line = f"[eaglespec] {n} tokens in {seconds:.2f} s ({stats['tok_per_s']:.1f} tok/s)"
+    if engine.speculative:
+        s = engine.spec
+        stats.update(steps=s.steps, topk=s.topk, draft_tokens=s.draft_tokens, **req.stats.to_dict())
+        line += f", accept length {req.stats.accept_length_mean:.2f} (S={s.steps} K={s.topk} D={s.draft_tokens})"
+    print(line, file=sys.stderr)
+    if args.stats_json:
+        with open(args.stats_json, "w") as f:
+            json.dump(stats, f, indent=2)
+    return 0

@@ -1,0 +1,62 @@
+"""Options shared by the commands that load a model (generate, chat, serve, bench): one definition each."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..config import EngineConfig, SpecConfig
+from ..sampling_params import SamplingParams
+
+
+def add_model_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, help="HF model folder or .gguf file (default: embedded SmolLM2-135M)")
+    p.add_argument("--draft", default="auto",
+                   help="EAGLE-3 drafter folder (default: the shipped drafter for the embedded model)")
+    p.add_argument("--no-spec", action="store_true", help="plain decoding, no speculation")
+    p.add_argument("--steps", type=int, default=None, help="draft depth S")
+    p.add_argument("--topk", type=int, default=None, help="branching K (1 = chain)")
+    p.add_argument("--draft-tokens", type=int, default=None, help="verified tokens D, root included")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--aux-convention", default="sglang", choices=["sglang", "vllm"],
+                   help="how the drafter's eagle_aux_hidden_state_layer_ids are read (vllm: id k = after k layers)")
+
+
+def add_sampling_options(p: argparse.ArgumentParser, max_new_tokens: int = 256) -> None:
+    p.add_argument("--max-new-tokens", type=int, default=max_new_tokens)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--ignore-eos", action="store_true")
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+
+
+def sampling_params(args: argparse.Namespace) -> SamplingParams:
+    return SamplingParams(
+        max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+        stop=tuple(args.stop), ignore_eos=args.ignore_eos,
+    )
+
+
+def spec_config(args: argparse.Namespace) -> SpecConfig | None:
+    """The speculative shape asked for; unset fields take SpecConfig's defaults (a chain when only --steps)."""
+    if args.steps is None and args.topk is None and args.draft_tokens is None:
+        return None
+    d = SpecConfig()
+    steps = args.steps if args.steps is not None else d.steps
+    topk = args.topk if args.topk is not None else d.topk
+    if args.draft_tokens is not None:
+        tokens = args.draft_tokens
+    else:
+        tokens = min(d.draft_tokens, 1 + steps * topk)
+    return SpecConfig(steps=steps, topk=topk, draft_tokens=tokens)
+
+
+def engine_config(args: argparse.Namespace, **kw) -> EngineConfig:
+    return EngineConfig(device=args.device, dtype=args.dtype, seed=args.seed, aux_convention=args.aux_convention,
+                        **kw)
+
+
+def draft_arg(args: argparse.Namespace) -> str | None:
+    return None if args.no_spec else args.draft
