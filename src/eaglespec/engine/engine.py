@@ -130,8 +130,28 @@ class Engine:
         r.allocate(rows, max_len)
         self.scheduler = Scheduler(rows)
 
-    def add_request(self, prompt: Prompt, params: SamplingParams = SamplingParams(), chat: bool = True) -> Request:
-        ids = self.encode_prompt(prompt, chat)
+    def _prepare(self, prompt: Prompt, chat: bool, images: Sequence[object] | None) -> tuple[list[int], object]:
+        """Prompt ids (placeholders expanded for images) and the target's multimodal inputs (or None)."""
+        if not images:
+            return self.encode_prompt(prompt, chat), None
+        if not hasattr(self.target, "prepare_multimodal"):
+            raise RequestError(f"{type(self.target).__name__} does not take images")
+        return self.target.prepare_multimodal(self.tokenizer, prompt, list(images), chat)
+
+    def add_request(
+        self,
+        prompt: Prompt,
+        params: SamplingParams = SamplingParams(),
+        chat: bool = True,
+        images: Sequence[object] | None = None,
+    ) -> Request:
+        """Queue one request. `images` (PIL images or paths) need a multimodal target, which provides
+        `prepare_multimodal(tokenizer, prompt, images, chat) -> (prompt ids with expanded placeholders, mm_inputs)`
+        and `embed_multimodal(input_ids, mm_inputs per row) -> inputs_embeds` (used at prefill)."""
+        ids, mm = self._prepare(prompt, chat, images)
+        return self._enqueue(ids, mm, params)
+
+    def _enqueue(self, ids: list[int], mm: object, params: SamplingParams) -> Request:
         if not ids:
             raise RequestError("the prompt is empty")
         room = self.context_len - self.runner.headroom()
@@ -154,7 +174,7 @@ class Engine:
                 )
             self._ensure_capacity(self.runner.rows, need)
         assert self.scheduler is not None
-        req = Request(self._next_id, ids, params, self.eos_ids, self.tokenizer)
+        req = Request(self._next_id, ids, params, self.eos_ids, self.tokenizer, mm_inputs=mm)
         self._next_id += 1
         self.scheduler.add(req)
         return req
@@ -173,7 +193,9 @@ class Engine:
         if batch.kind == "prefill":
             for q in reqs:
                 self.runner.set_sampling(q.slot, q.params)
-            toks = self.runner.prefill(rows, [q.prompt_ids for q in reqs], greedy).tolist()
+            mm = [q.mm_inputs for q in reqs]
+            toks = self.runner.prefill(rows, [q.prompt_ids for q in reqs], greedy,
+                                       mm if any(m is not None for m in mm) else None).tolist()
             for q, t in zip(reqs, toks):
                 q.append([t])
         elif self.runner.speculative:
@@ -198,14 +220,17 @@ class Engine:
         prompts: Sequence[Prompt],
         params: SamplingParams | Sequence[SamplingParams] = SamplingParams(),
         chat: bool = True,
+        images: Sequence[Sequence[object] | None] | None = None,
     ) -> list[GenerationOutput]:
+        """Run a batch to completion; `images[i]` are the images of prompt i (multimodal targets)."""
         plist = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
         if len(plist) != len(prompts):
             raise RequestError(f"{len(prompts)} prompts but {len(plist)} sampling parameter sets")
-        encoded = [self.encode_prompt(p, chat) for p in prompts]
-        need = max(len(e) + p.max_new_tokens for e, p in zip(encoded, plist)) if encoded else 1
+        imgs = list(images) if images is not None else [None] * len(prompts)
+        prepared = [self._prepare(p, chat, im) for p, im in zip(prompts, imgs)]
+        need = max(len(ids) + p.max_new_tokens for (ids, _), p in zip(prepared, plist)) if prepared else 1
         self._ensure_capacity(min(len(prompts), self.config.max_batch_size), min(self.context_len, need))
-        reqs = [self.add_request(e, p, chat=False) for e, p in zip(encoded, plist)]
+        reqs = [self._enqueue(ids, mm, p) for (ids, mm), p in zip(prepared, plist)]
         while self.has_work():
             self.step()
         return [
@@ -220,9 +245,10 @@ class Engine:
             for q in reqs
         ]
 
-    def stream(self, prompt: Prompt, params: SamplingParams = SamplingParams(), chat: bool = True) -> Iterator[str]:
+    def stream(self, prompt: Prompt, params: SamplingParams = SamplingParams(), chat: bool = True,
+               images: Sequence[object] | None = None) -> Iterator[str]:
         """Yield text deltas of one request (other queued requests advance too)."""
-        req = self.add_request(prompt, params, chat)
+        req = self.add_request(prompt, params, chat, images=images)
         while not req.finished:
             self.step()
             delta = req.take_delta()

@@ -26,6 +26,7 @@ class Request:
     params: SamplingParams
     eos_ids: tuple[int, ...]
     tokenizer: "BaseTokenizer | None" = None
+    mm_inputs: object | None = None  # a multimodal target's prepared images (see Engine.add_request)
     output_ids: list[int] = field(default_factory=list)
     text: str = ""
     finish_reason: str | None = None  # "stop" (EOS or stop string) or "length"

@@ -113,8 +113,13 @@ class ModelRunner:
 
     # --- steps --------------------------------------------------------------------------------------------------
     @torch.inference_mode()
-    def prefill(self, rows: Sequence[int], prompts: Sequence[Sequence[int]], greedy: bool) -> torch.Tensor:
-        """Prefill fresh rows; returns the first generated token per row [B] (on the device)."""
+    def prefill(self, rows: Sequence[int], prompts: Sequence[Sequence[int]], greedy: bool,
+                mm_inputs: Sequence[object | None] | None = None) -> torch.Tensor:
+        """Prefill fresh rows; returns the first generated token per row [B] (on the device).
+
+        `mm_inputs` (one per row, None for text-only rows) are the opaque objects a multimodal target's
+        `prepare_multimodal` returned; the target turns them into input embeddings (`embed_multimodal`).
+        """
         r, ctx_rows = self._rows(rows)
         B, dev = len(rows), self.device
         lens = [len(p) for p in prompts]
@@ -128,7 +133,10 @@ class ModelRunner:
         zeros = torch.zeros(B, dtype=torch.int64, device=dev)
         ctx = ForwardContext(positions=pos, write_index=pos, attn_mask=prefix_tail_mask(zeros, causal_tail(B, T, dev), T),
                              kv=self.kv.layers(), rows=ctx_rows, logits_index=(lens_t - 1)[:, None])
-        out = self.target(ids, ctx)
+        if mm_inputs is not None and any(m is not None for m in mm_inputs):
+            out = self.target(None, ctx, inputs_embeds=self.target.embed_multimodal(ids, list(mm_inputs)))
+        else:
+            out = self.target(ids, ctx)
         tok = self._sample(out.logits[:, 0], r, greedy)
         self.seq_len[r] = lens_t
         self.last_token[r] = tok
