@@ -40,7 +40,8 @@ def load(
 ) -> Engine:
     """Load a target (None: the embedded default) and, optionally, its drafter, and build an engine."""
     device = resolve_device(config.device)
-    loaded = load_model(model, device=device, dtype=None if config.dtype == "auto" else config.dtype)
+    dtype_name = config.dtype if config.dtype != "auto" else ("bfloat16" if device.type == "cuda" else "float32")
+    loaded = load_model(model, device=device, dtype=dtype_name)
     dtype = next(loaded.model.parameters()).dtype
     draft_path: Path | None
     if draft == "auto":

@@ -79,7 +79,8 @@ class Engine:
         self.runner = ModelRunner(target, drafter, self.spec, self.device, self.dtype, seed=config.seed)
         self.context_len = min(self.target_config.max_position_embeddings, config.max_seq_len or 1 << 30)
         self.scheduler: Scheduler | None = None
-        self.eos_ids = tuple(tokenizer.eos_token_ids) if tokenizer is not None else self.target_config.eos_token_ids
+        tok_eos = tuple(tokenizer.eos_token_ids) if tokenizer is not None else ()
+        self.eos_ids = tuple(dict.fromkeys(tok_eos + tuple(self.target_config.eos_token_ids)))
         self.stats = SpecStats()
         self._next_id = 0
 

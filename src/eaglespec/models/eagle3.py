@@ -61,6 +61,8 @@ class LlamaForCausalLMEagle3(nn.Module):
         self.rotary = Rotary(config.head_dim, config.rope)
         self.draft_vocab_size = config.eagle.draft_vocab_size or config.vocab_size
         self.has_own_head = config.eagle.draft_vocab_size is not None
+        # Without a draft vocabulary the head comes from the target and d2t/t2d are trivial: all may be absent.
+        self.checkpoint_optional: tuple[str, ...] = () if self.has_own_head else (r"^lm_head\.weight$", r"^d2t$", r"^t2d$")
         self.lm_head = nn.Linear(H, self.draft_vocab_size, bias=False)
         self.register_buffer("d2t", torch.zeros(self.draft_vocab_size, dtype=torch.int64))
         self.register_buffer("t2d", torch.ones(config.vocab_size, dtype=torch.bool))
@@ -84,6 +86,9 @@ class LlamaForCausalLMEagle3(nn.Module):
 
     def reset_buffers(self) -> None:
         self.rotary.reset_buffers()
+        if not self.has_own_head:  # identity vocabulary map (the checkpoint may not carry one)
+            self.d2t = torch.zeros(self.draft_vocab_size, dtype=torch.int64, device=self.rotary.inv_freq.device)
+            self.t2d = torch.ones(self.config.vocab_size, dtype=torch.bool, device=self.rotary.inv_freq.device)
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary ids -> target ids."""
