@@ -1,0 +1,121 @@
+"""The command line: the happy path on the real SmolLM2, and each user mistake as one line with a non-zero exit."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from test_loading_gguf import Q, write_tiny_gguf
+from tiny import tiny_llama
+
+from eaglespec.cli import main
+from eaglespec.loading.safetensors_io import save_safetensors
+
+
+def write_tiny_folder(folder: Path, max_pos: int = 64, arch: str = "LlamaForCausalLM") -> Path:
+    m = tiny_llama(max_position_embeddings=max_pos)
+    cfg = dict(architectures=[arch], model_type="llama", vocab_size=97, hidden_size=64, intermediate_size=128,
+               num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_pos,
+               tie_word_embeddings=False, rms_norm_eps=1e-6, rope_theta=10000.0)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(cfg))
+    save_safetensors({k: v.contiguous() for k, v in m.state_dict().items()}, folder / "model.safetensors")
+    return folder
+
+
+def run_cli(args, capsys):
+    code = main(args)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def assert_one_line_error(code, err, *needles):
+    assert code == 2
+    lines = [l for l in err.strip().splitlines() if l]
+    assert len(lines) == 1 and lines[0].startswith("eaglespec: error: "), err
+    for n in needles:
+        assert n in lines[0], lines[0]
+
+
+def test_generate_default_model(tmp_path, capsys):
+    stats = tmp_path / "stats.json"
+    code, out, err = run_cli(["generate", "What is the capital of France?", "--max-new-tokens", "12",
+                              "--stats-json", str(stats)], capsys)
+    assert code == 0
+    assert "Paris" in out
+    assert "tok/s" in err and "Paris" not in err
+    s = json.loads(stats.read_text())
+    assert s["tokens"] > 0 and s["seconds"] > 0 and s["tok_per_s"] > 0
+
+
+def test_missing_model_path(capsys):
+    code, _, err = run_cli(["generate", "hi", "--model", "/no/such/model"], capsys)
+    assert_one_line_error(code, err, "/no/such/model", "does not exist")
+
+
+def test_corrupt_safetensors_header(tmp_path, capsys):
+    folder = write_tiny_folder(tmp_path / "m")
+    data = (folder / "model.safetensors").read_bytes()
+    (folder / "model.safetensors").write_bytes(data[:8] + b"{not json" + data[17:200])
+    code, _, err = run_cli(["generate", "hi", "--model", str(folder), "--no-chat-template"], capsys)
+    assert_one_line_error(code, err, "model.safetensors")
+
+
+def test_unknown_architecture(tmp_path, capsys):
+    folder = write_tiny_folder(tmp_path / "m", arch="FancyNewForCausalLM")
+    code, _, err = run_cli(["generate", "hi", "--model", str(folder)], capsys)
+    assert_one_line_error(code, err, "FancyNewForCausalLM", "LlamaForCausalLM")
+
+
+def test_gguf_unsupported_tensor_type(tmp_path, capsys):
+    path = tmp_path / "bad.gguf"
+    write_tiny_gguf(path, types={"ffn_up": Q.Q5_0})
+    code, _, err = run_cli(["generate", "hi", "--model", str(path)], capsys)
+    assert_one_line_error(code, err, "Q5_0")
+
+
+def test_prompt_longer_than_context(tmp_path, capsys):
+    folder = write_tiny_folder(tmp_path / "m", max_pos=32)
+    code, _, err = run_cli(["generate", "hello " * 40, "--model", str(folder), "--no-chat-template"], capsys)
+    # this folder has no tokenizer: that is reported first, as one line
+    assert_one_line_error(code, err, "tokenizer")
+    from eaglespec import api
+    from eaglespec.errors import RequestError
+
+    engine = api.load(str(folder), draft=None)
+    with pytest.raises(RequestError, match="the prompt has 40 tokens but the model's context is 32 tokens"):
+        engine.generate([list(range(40))])
+
+
+def test_prompt_longer_than_context_cli(capsys):
+    code, _, err = run_cli(["generate", "word " * 9000, "--no-chat-template"], capsys)
+    assert_one_line_error(code, err, "context is 8192 tokens")
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--temperature", "-1"], "temperature must be >= 0"),
+    (["--top-p", "1.5"], "top_p must be in (0, 1]"),
+    (["--top-k", "-3"], "top_k must be >= 0"),
+    (["--max-new-tokens", "0"], "max_new_tokens must be >= 1"),
+    (["--steps", "3", "--topk", "2", "--draft-tokens", "9"], "between 1 and 1 + steps*topk = 7"),
+])
+def test_bad_sampling_and_spec_parameters(args, needle, capsys):
+    code, _, err = run_cli(["generate", "hi", *args], capsys)
+    assert_one_line_error(code, err, needle)
+
+
+def test_convert_then_generate_from_folder(tmp_path, capsys, smollm2_gguf):
+    out_dir = tmp_path / "hf"
+    code, _, _ = run_cli(["convert", str(smollm2_gguf), str(out_dir)], capsys)
+    assert code == 0 and (out_dir / "config.json").exists() and (out_dir / "tokenizer.json").exists()
+    code, out, _ = run_cli(["generate", "What is the capital of France?", "--model", str(out_dir),
+                            "--max-new-tokens", "8", "--no-spec"], capsys)
+    assert code == 0 and "Paris" in out
+
+
+def test_check_folder(tmp_path, capsys):
+    folder = write_tiny_folder(tmp_path / "m")
+    code, out, _ = run_cli(["check", str(folder)], capsys)
+    assert code == 0 and "LlamaForCausalLM implements the EAGLE-3 target protocol" in out

@@ -1,0 +1,67 @@
+"""The engine on the real SmolLM2-135M-Instruct (float32, CPU): batching and speculation change nothing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from eaglespec.config import EngineConfig, ModelConfig, SpecConfig
+from eaglespec.engine.engine import Engine
+from eaglespec.models.eagle3 import LlamaForCausalLMEagle3
+from eaglespec.sampling_params import SamplingParams
+
+MT_BENCH = Path(__file__).resolve().parents[2] / "shared" / "data" / "mt_bench_question.jsonl"
+
+
+def mt_bench_prompts(n: int) -> list[str]:
+    rows = [json.loads(l) for l in MT_BENCH.read_text().splitlines() if l.strip()]
+    return [r["turns"][0] for r in rows[:n]]
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    return mt_bench_prompts(3)
+
+
+@pytest.fixture(scope="module")
+def reference(smollm2, prompts):
+    eng = Engine(smollm2.model, smollm2.tokenizer, EngineConfig(max_batch_size=1))
+    return [eng.generate([p], SamplingParams(max_new_tokens=24))[0].token_ids for p in prompts]
+
+
+def random_drafter(target_cfg: ModelConfig, seed: int = 0, draft_vocab: int = 4096) -> LlamaForCausalLMEagle3:
+    cfg = ModelConfig.from_hf(dict(
+        architectures=["LlamaForCausalLMEagle3"], model_type="llama", vocab_size=target_cfg.vocab_size,
+        hidden_size=target_cfg.hidden_size, intermediate_size=1536, num_hidden_layers=1, num_attention_heads=9,
+        num_key_value_heads=3, head_dim=64, max_position_embeddings=8192, rope_theta=100000.0,
+        draft_vocab_size=draft_vocab, target_hidden_size=target_cfg.hidden_size,
+    ))
+    torch.manual_seed(seed)
+    d = LlamaForCausalLMEagle3(cfg).eval()
+    keep = torch.randperm(target_cfg.vocab_size)[:draft_vocab].sort().values
+    d.d2t.copy_(keep - torch.arange(draft_vocab))
+    return d
+
+
+def test_batched_equals_one_by_one(smollm2, prompts, reference):
+    eng = Engine(smollm2.model, smollm2.tokenizer, EngineConfig(max_batch_size=3))
+    outs = eng.generate(prompts, SamplingParams(max_new_tokens=24))
+    assert [o.token_ids for o in outs] == reference
+    assert all(len(r) > 0 for r in reference)
+
+
+@pytest.mark.parametrize("spec", [SpecConfig(3, 1, 4), SpecConfig(4, 4, 12)], ids=["chain", "tree"])
+def test_speculative_equals_plain_with_random_drafter(smollm2, prompts, reference, spec):
+    drafter = random_drafter(smollm2.config)
+    eng = Engine(smollm2.model, smollm2.tokenizer, EngineConfig(max_batch_size=3), drafter=drafter, spec=spec)
+    outs = eng.generate(prompts, SamplingParams(max_new_tokens=24))
+    assert [o.token_ids for o in outs] == reference
+    assert eng.stats.verify_steps > 0
+    smollm2.model.set_eagle3_layers_to_capture(None)  # the fixture is shared
+
+
+def test_default_aux_layers(smollm2):
+    assert smollm2.config.default_aux_layer_ids() == (1, 14, 26)
