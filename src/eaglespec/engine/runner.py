@@ -26,6 +26,7 @@ from ..spec.draft import DraftState, catch_up, draft_tree
 from ..spec.tree import build_tree
 from ..spec.verify import verify_greedy, verify_sampling
 from .kv_cache import KVCache
+from .timing import PhaseTimer
 
 
 class ModelRunner:
@@ -47,6 +48,7 @@ class ModelRunner:
         self.kv: KVCache | None = None
         self.dkv: KVCache | None = None
         self.host_len: list[int] = []
+        self.timer = PhaseTimer(device)
 
     @property
     def speculative(self) -> bool:
@@ -133,11 +135,12 @@ class ModelRunner:
         zeros = torch.zeros(B, dtype=torch.int64, device=dev)
         ctx = ForwardContext(positions=pos, write_index=pos, attn_mask=prefix_tail_mask(zeros, causal_tail(B, T, dev), T),
                              kv=self.kv.layers(), rows=ctx_rows, logits_index=(lens_t - 1)[:, None])
-        if mm_inputs is not None and any(m is not None for m in mm_inputs):
-            out = self.target(None, ctx, inputs_embeds=self.target.embed_multimodal(ids, list(mm_inputs)))
-        else:
-            out = self.target(ids, ctx)
-        tok = self._sample(out.logits[:, 0], r, greedy)
+        with self.timer.phase("prefill"):
+            if mm_inputs is not None and any(m is not None for m in mm_inputs):
+                out = self.target(None, ctx, inputs_embeds=self.target.embed_multimodal(ids, list(mm_inputs)))
+            else:
+                out = self.target(ids, ctx)
+            tok = self._sample(out.logits[:, 0], r, greedy)
         self.seq_len[r] = lens_t
         self.last_token[r] = tok
         for row, n in zip(rows, lens):
@@ -146,7 +149,8 @@ class ModelRunner:
             # drafter pairs (hidden at i, token at i+1): the prompt shifted left, the new token at the end
             shifted = torch.cat((ids[:, 1:], ids[:, :1]), dim=1)
             shifted.scatter_(1, (lens_t - 1)[:, None], tok[:, None])
-            st = catch_up(self._draft_step(ctx_rows), shifted, out.aux_hidden, zeros, lens_t, T, self.spec.topk)
+            with self.timer.phase("draft"):
+                st = catch_up(self._draft_step(ctx_rows), shifted, out.aux_hidden, zeros, lens_t, T, self.spec.topk)
             self._store_draft(r, st)
         return tok
 
@@ -160,8 +164,9 @@ class ModelRunner:
         ctx = ForwardContext(positions=L[:, None], write_index=L[:, None],
                              attn_mask=prefix_tail_mask(L, torch.ones(B, 1, 1, dtype=torch.bool, device=dev), kv_len),
                              kv=self.kv.layers(), rows=ctx_rows)
-        out = self.target(self.last_token[r][:, None], ctx)
-        tok = self._sample(out.logits[:, 0], r, greedy)
+        with self.timer.phase("decode"):
+            out = self.target(self.last_token[r][:, None], ctx)
+            tok = self._sample(out.logits[:, 0], r, greedy)
         self.seq_len[r] = L + 1
         self.last_token[r] = tok
         for i in rows:
@@ -182,27 +187,31 @@ class ModelRunner:
         Lmax = max(self.host_len[i] for i in rows)
         step = self._draft_step(ctx_rows)
         state = DraftState(self.d_top_ids[r], self.d_top_logp[r], self.d_hidden[r])
-        cands = draft_tree(step, self.drafter.to_target_ids, state, L, S, K, Lmax + max((S - 1) * K, 1))
-        tree = build_tree(self.last_token[r], cands.tokens, cands.scores, cands.parents, cands.depth, D, K, S)
+        with self.timer.phase("draft"):
+            cands = draft_tree(step, self.drafter.to_target_ids, state, L, S, K, Lmax + max((S - 1) * K, 1))
+            tree = build_tree(self.last_token[r], cands.tokens, cands.scores, cands.parents, cands.depth, D, K, S)
         # verify: D tree tokens at positions L + depth, written at L..L+D-1, each seeing the prefix and its ancestors
         write = L[:, None] + torch.arange(D, device=dev)[None, :]
         ctx = ForwardContext(positions=L[:, None] + tree.depth, write_index=write,
                              attn_mask=prefix_tail_mask(L, tree.ancestors, Lmax + D), kv=self.kv.layers(),
                              rows=ctx_rows)
-        out = self.target(tree.tokens, ctx)
-        if greedy:
-            res = verify_greedy(tree, out.logits)
-        else:
-            V = out.logits.shape[-1]
-            probs = target_probs(out.logits.reshape(B * D, V), self.temperature[r].repeat_interleave(D),
-                                 self.top_k[r].repeat_interleave(D), self.top_p[r].repeat_interleave(D))
-            res = verify_sampling(tree, probs.view(B, D, V), self.generator)
-        # keep only the accepted path in the target KV: tree slots L + path[i] -> L + i
+        with self.timer.phase("verify"):
+            out = self.target(tree.tokens, ctx)
+            if greedy:
+                res = verify_greedy(tree, out.logits)
+            else:
+                V = out.logits.shape[-1]
+                probs = target_probs(out.logits.reshape(B * D, V), self.temperature[r].repeat_interleave(D),
+                                     self.top_k[r].repeat_interleave(D), self.top_p[r].repeat_interleave(D))
+                res = verify_sampling(tree, probs.view(B, D, V), self.generator)
         S1 = S + 1
-        self.kv.compact(r, L[:, None] + res.path, L[:, None] + torch.arange(S1, device=dev)[None, :])
-        aux = torch.gather(out.aux_hidden, 1, res.path[..., None].expand(B, S1, out.aux_hidden.shape[-1]))
-        n_new = res.accept_len + 1
-        st = catch_up(step, res.tokens, aux, L, n_new, Lmax + S1, K)
+        with self.timer.phase("commit"):
+            # keep only the accepted path in the target KV: tree slots L + path[i] -> L + i
+            self.kv.compact(r, L[:, None] + res.path, L[:, None] + torch.arange(S1, device=dev)[None, :])
+            aux = torch.gather(out.aux_hidden, 1, res.path[..., None].expand(B, S1, out.aux_hidden.shape[-1]))
+            n_new = res.accept_len + 1
+        with self.timer.phase("draft"):
+            st = catch_up(step, res.tokens, aux, L, n_new, Lmax + S1, K)
         self._store_draft(r, st)
         self.seq_len[r] = L + n_new
         self.last_token[r] = res.bonus
