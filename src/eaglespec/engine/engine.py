@@ -200,19 +200,17 @@ class Engine:
             for q, t in zip(reqs, toks):
                 q.append([t])
         elif self.runner.speculative:
-            m, tokens = self.runner.spec_step(rows, greedy)
-            m_host, tok_host = m.tolist(), tokens.tolist()  # the step's one sync
-            self.runner.commit_lengths(rows, [k + 1 for k in m_host])
+            m_host, tok_host = self.runner.spec_step(rows, greedy)
             S = self.spec.steps
             for q, k, toks in zip(reqs, m_host, tok_host):
                 q.stats.add(k + 1, S)  # S drafter forwards: S-1 tree levels and the catch-up
                 self.stats.add(k + 1, S)
                 q.append(toks[: k + 1])
         else:
-            toks = self.runner.decode(rows, greedy).tolist()
-            for q, t in zip(reqs, toks):
+            for q, t in zip(reqs, self.runner.decode(rows, greedy)):
                 q.append([t])
-        self.scheduler.release_finished()
+        for q in self.scheduler.release_finished():
+            self.runner.release(q.slot)
         return reqs
 
     # --- conveniences -------------------------------------------------------------------------------------------

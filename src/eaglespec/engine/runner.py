@@ -2,14 +2,19 @@
 three kinds of step as tensor programs (DESIGN.md "One speculative step, as data"):
 
 - `prefill(rows, prompts)`: one batched target forward over right-padded prompts (capturing aux states when
-  speculating), the first sampled token, and the drafter's catch-up over the prompt;
+  speculating), the first sampled token, and the drafter's catch-up over the prompt (always eager);
 - `decode(rows)`: one target token per row;
 - `spec_step(rows)`: draft (S-1 drafter forwards over the tree frontier), build the tree, verify D tokens in one
   target forward, accept per row, compact the target KV to the accepted path and catch the drafter up.
 
-Per-row state lives on the device (`seq_len`, `last_token`, sampling parameters, the drafter's top-K and hidden);
-the host keeps only the committed lengths, which it learns when it reads the accepted lengths: that read is the one
-synchronisation of a step. Policy (which rows run) is the scheduler's; this class never decides.
+Per-row state lives on the device (`seq_len`, `last_token`, `active`, sampling parameters, the drafter's top-K and
+hidden); the host keeps only the committed lengths, which it learns when it reads the accepted lengths: that read is
+the one synchronisation of a step. Policy (which rows run) is the scheduler's; this class never decides.
+
+Each step is written over explicit tensors with a static key length (`_decode_core`; the speculative step as three
+phases `_spec_draft`, `_spec_verify`, `_spec_commit`). Eagerly it runs on exactly the requested rows with the smallest
+key length; on CUDA `GraphCache` (cuda_graphs.py) captures it once per (batch bucket, length bucket, greedy) over rows
+0..B-1, and rows of the bucket that hold no running request are kept inert by `active`.
 """
 
 from __future__ import annotations
@@ -23,8 +28,8 @@ from ..layers.context import ForwardContext, causal_tail, prefix_tail_mask
 from ..layers.sampling import sample, target_probs
 from ..sampling_params import SamplingParams
 from ..spec.draft import DraftState, catch_up, draft_tree
-from ..spec.tree import build_tree
-from ..spec.verify import verify_greedy, verify_sampling
+from ..spec.tree import DraftTree, build_tree
+from ..spec.verify import VerifyResult, verify_greedy, verify_sampling
 from .kv_cache import KVCache
 from .timing import PhaseTimer
 
@@ -38,17 +43,29 @@ class ModelRunner:
         device: torch.device,
         dtype: torch.dtype,
         seed: int = 0,
+        cuda_graphs: bool = True,
     ) -> None:
         self.target, self.drafter, self.spec = target, drafter, spec if drafter is not None else None
         self.device, self.dtype = device, dtype
-        self.generator = torch.Generator(device=device)
-        self.generator.manual_seed(seed)
+        # On CUDA the default generator is used: CUDA graphs track its state (a private one would need registering).
+        if device.type == "cuda":
+            torch.cuda.manual_seed(seed)
+            self.generator = None
+        else:
+            self.generator = torch.Generator(device=device)
+            self.generator.manual_seed(seed)
         self.rows = 0
         self.max_len = 0
         self.kv: KVCache | None = None
         self.dkv: KVCache | None = None
         self.host_len: list[int] = []
         self.timer = PhaseTimer(device)
+        self.graphs = None
+        models = [m for m in (target, drafter) if m is not None]
+        if cuda_graphs and device.type == "cuda" and all(getattr(m, "supports_cuda_graphs", True) for m in models):
+            from .cuda_graphs import GraphCache
+
+            self.graphs = GraphCache(self)
 
     @property
     def speculative(self) -> bool:
@@ -56,36 +73,52 @@ class ModelRunner:
 
     # --- allocation ---------------------------------------------------------------------------------------------
     def headroom(self) -> int:
-        """Cache positions a step may write past the committed length."""
+        """Cache positions a step may touch past the committed length (verify writes, compaction, drafter scratch)."""
         if self.spec is None:
             return 1
-        return max(self.spec.draft_tokens, self.spec.steps + 1)
+        S, K, D = self.spec.steps, self.spec.topk, self.spec.draft_tokens
+        return max(D, S + 1, (S - 1) * K + 1)
 
     def allocate(self, rows: int, max_len: int) -> None:
         """(Re)allocate caches and row state for `rows` sequences of up to `max_len` committed tokens."""
         dev, cfg = self.device, self.target.config
         self.rows, self.max_len = rows, max_len
-        self.kv = KVCache(cfg.num_hidden_layers, self.target.kv_cache_shapes(), rows, max_len + self.headroom(),
-                          self.dtype, dev)
+        self.cache_len = max_len + self.headroom()
+        self.kv = KVCache(cfg.num_hidden_layers, self.target.kv_cache_shapes(), rows, self.cache_len, self.dtype, dev)
         self.seq_len = torch.zeros(rows, dtype=torch.int64, device=dev)
         self.last_token = torch.zeros(rows, dtype=torch.int64, device=dev)
+        self.active = torch.zeros(rows, dtype=torch.bool, device=dev)
         self.temperature = torch.zeros(rows, dtype=torch.float32, device=dev)
         self.top_k = torch.zeros(rows, dtype=torch.int64, device=dev)
         self.top_p = torch.ones(rows, dtype=torch.float32, device=dev)
         self.host_len = [0] * rows
         if self.spec is not None:
-            S, K = self.spec.steps, self.spec.topk
-            scratch = (S - 1) * K + S + 1
-            self.dkv = KVCache(1, self.drafter.kv_cache_shapes(), rows, max_len + scratch + 1, self.dtype, dev)
+            K = self.spec.topk
+            self.dkv = KVCache(1, self.drafter.kv_cache_shapes(), rows, self.cache_len, self.dtype, dev)
             H = self.drafter.config.hidden_size
             self.d_top_ids = torch.zeros(rows, K, dtype=torch.int64, device=dev)
             self.d_top_logp = torch.zeros(rows, K, dtype=torch.float32, device=dev)
             self.d_hidden = torch.zeros(rows, H, dtype=self.dtype, device=dev)
+        if self.graphs is not None:
+            self.graphs.reset()
+
+    def state_tensors(self) -> list[torch.Tensor]:
+        """The small per-row state a step mutates (snapshotted around graph warm-ups)."""
+        out = [self.seq_len, self.last_token]
+        if self.spec is not None:
+            out += [self.d_top_ids, self.d_top_logp, self.d_hidden]
+        return out
 
     def set_sampling(self, row: int, params: SamplingParams) -> None:
         self.temperature[row] = params.temperature
         self.top_k[row] = params.top_k
         self.top_p[row] = params.top_p
+
+    def release(self, row: int) -> None:
+        """A finished request's row becomes inert (length 0, inactive) until a prefill reuses it."""
+        self.active[row] = False
+        self.seq_len[row] = 0
+        self.host_len[row] = 0
 
     # --- helpers ------------------------------------------------------------------------------------------------
     def _rows(self, rows: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -113,7 +146,7 @@ class ModelRunner:
         self.d_top_logp[r] = st.top_logp
         self.d_hidden[r] = st.hidden.to(self.dtype)
 
-    # --- steps --------------------------------------------------------------------------------------------------
+    # --- prefill (eager) ----------------------------------------------------------------------------------------
     @torch.inference_mode()
     def prefill(self, rows: Sequence[int], prompts: Sequence[Sequence[int]], greedy: bool,
                 mm_inputs: Sequence[object | None] | None = None) -> torch.Tensor:
@@ -143,6 +176,7 @@ class ModelRunner:
             tok = self._sample(out.logits[:, 0], r, greedy)
         self.seq_len[r] = lens_t
         self.last_token[r] = tok
+        self.active[r] = True
         for row, n in zip(rows, lens):
             self.host_len[row] = n
         if self.spec is not None:
@@ -154,70 +188,98 @@ class ModelRunner:
             self._store_draft(r, st)
         return tok
 
-    @torch.inference_mode()
-    def decode(self, rows: Sequence[int], greedy: bool) -> torch.Tensor:
-        """One plain decoding step; returns the new token per row [B]."""
-        r, ctx_rows = self._rows(rows)
-        B, dev = len(rows), self.device
+    # --- decode -------------------------------------------------------------------------------------------------
+    def _decode_core(self, r: torch.Tensor, ctx_rows: torch.Tensor | None, kv_len: int, greedy: bool) -> torch.Tensor:
+        B, dev = r.shape[0], self.device
         L = self.seq_len[r]
-        kv_len = max(self.host_len[i] for i in rows) + 1
         ctx = ForwardContext(positions=L[:, None], write_index=L[:, None],
                              attn_mask=prefix_tail_mask(L, torch.ones(B, 1, 1, dtype=torch.bool, device=dev), kv_len),
                              kv=self.kv.layers(), rows=ctx_rows)
-        with self.timer.phase("decode"):
-            out = self.target(self.last_token[r][:, None], ctx)
-            tok = self._sample(out.logits[:, 0], r, greedy)
-        self.seq_len[r] = L + 1
+        out = self.target(self.last_token[r][:, None], ctx)
+        tok = self._sample(out.logits[:, 0], r, greedy)
+        self.seq_len[r] = torch.where(self.active[r], L + 1, L)
         self.last_token[r] = tok
-        for i in rows:
-            self.host_len[i] += 1
         return tok
 
     @torch.inference_mode()
-    def spec_step(self, rows: Sequence[int], greedy: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        """One speculative step; returns (accepted draft tokens m [B], committed tokens [B, S+1]: m drafts + bonus).
-
-        The caller reads m (the step's one sync) and then calls `commit_lengths`.
-        """
-        assert self.spec is not None
-        S, K, D = self.spec.steps, self.spec.topk, self.spec.draft_tokens
-        r, ctx_rows = self._rows(rows)
-        B, dev = len(rows), self.device
-        L = self.seq_len[r]
+    def decode(self, rows: Sequence[int], greedy: bool) -> list[int]:
+        """One plain decoding step; returns the new token of each requested row (this is the step's sync)."""
         Lmax = max(self.host_len[i] for i in rows)
-        step = self._draft_step(ctx_rows)
+        with self.timer.phase("decode"):
+            if self.graphs is not None:
+                toks = self.graphs.run("decode", max(rows) + 1, Lmax, greedy)[0].tolist()
+                out = [toks[i] for i in rows]
+            else:
+                r, ctx_rows = self._rows(rows)
+                out = self._decode_core(r, ctx_rows, Lmax + 1, greedy).tolist()
+        for i in rows:
+            self.host_len[i] += 1
+        return out
+
+    # --- speculative step ---------------------------------------------------------------------------------------
+    # Three phases over explicit tensors (captured as three graphs on CUDA, so their times can be told apart).
+    # kv_len >= (longest committed length) + headroom() in all three.
+    def _spec_draft(self, r: torch.Tensor, ctx_rows: torch.Tensor | None, kv_len: int) -> DraftTree:
+        S, K, D = self.spec.steps, self.spec.topk, self.spec.draft_tokens
+        L = self.seq_len[r]
         state = DraftState(self.d_top_ids[r], self.d_top_logp[r], self.d_hidden[r])
-        with self.timer.phase("draft"):
-            cands = draft_tree(step, self.drafter.to_target_ids, state, L, S, K, Lmax + max((S - 1) * K, 1))
-            tree = build_tree(self.last_token[r], cands.tokens, cands.scores, cands.parents, cands.depth, D, K, S)
-        # verify: D tree tokens at positions L + depth, written at L..L+D-1, each seeing the prefix and its ancestors
+        cands = draft_tree(self._draft_step(ctx_rows), self.drafter.to_target_ids, state, L, S, K, kv_len)
+        return build_tree(self.last_token[r], cands.tokens, cands.scores, cands.parents, cands.depth, D, K, S)
+
+    def _spec_verify(self, r: torch.Tensor, ctx_rows: torch.Tensor | None, kv_len: int, tree: DraftTree,
+                     greedy: bool) -> tuple[VerifyResult, torch.Tensor]:
+        """Target forward over the D tree tokens (positions L + depth, written at L..L+D-1, each seeing the prefix
+        and its ancestors) and acceptance; returns the result and the aux states [B, D, n_aux*H]."""
+        D = self.spec.draft_tokens
+        B, dev = r.shape[0], self.device
+        L = self.seq_len[r]
         write = L[:, None] + torch.arange(D, device=dev)[None, :]
         ctx = ForwardContext(positions=L[:, None] + tree.depth, write_index=write,
-                             attn_mask=prefix_tail_mask(L, tree.ancestors, Lmax + D), kv=self.kv.layers(),
+                             attn_mask=prefix_tail_mask(L, tree.ancestors, kv_len), kv=self.kv.layers(),
                              rows=ctx_rows)
-        with self.timer.phase("verify"):
-            out = self.target(tree.tokens, ctx)
-            if greedy:
-                res = verify_greedy(tree, out.logits)
-            else:
-                V = out.logits.shape[-1]
-                probs = target_probs(out.logits.reshape(B * D, V), self.temperature[r].repeat_interleave(D),
-                                     self.top_k[r].repeat_interleave(D), self.top_p[r].repeat_interleave(D))
-                res = verify_sampling(tree, probs.view(B, D, V), self.generator)
-        S1 = S + 1
-        with self.timer.phase("commit"):
-            # keep only the accepted path in the target KV: tree slots L + path[i] -> L + i
-            self.kv.compact(r, L[:, None] + res.path, L[:, None] + torch.arange(S1, device=dev)[None, :])
-            aux = torch.gather(out.aux_hidden, 1, res.path[..., None].expand(B, S1, out.aux_hidden.shape[-1]))
-            n_new = res.accept_len + 1
-        with self.timer.phase("draft"):
-            st = catch_up(step, res.tokens, aux, L, n_new, Lmax + S1, K)
+        out = self.target(tree.tokens, ctx)
+        if greedy:
+            return verify_greedy(tree, out.logits), out.aux_hidden
+        V = out.logits.shape[-1]
+        probs = target_probs(out.logits.reshape(B * D, V), self.temperature[r].repeat_interleave(D),
+                             self.top_k[r].repeat_interleave(D), self.top_p[r].repeat_interleave(D))
+        return verify_sampling(tree, probs.view(B, D, V), self.generator), out.aux_hidden
+
+    def _spec_commit(self, r: torch.Tensor, ctx_rows: torch.Tensor | None, kv_len: int, res: VerifyResult,
+                     aux_all: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keep the accepted path in the target KV, catch the drafter up, advance the row state."""
+        S1 = self.spec.steps + 1
+        B, dev = r.shape[0], self.device
+        L = self.seq_len[r]
+        # tree slots L + path[i] -> L + i
+        self.kv.compact(r, L[:, None] + res.path, L[:, None] + torch.arange(S1, device=dev)[None, :])
+        aux = torch.gather(aux_all, 1, res.path[..., None].expand(B, S1, aux_all.shape[-1]))
+        n_new = res.accept_len + 1
+        st = catch_up(self._draft_step(ctx_rows), res.tokens, aux, L, n_new, kv_len, self.spec.topk)
         self._store_draft(r, st)
-        self.seq_len[r] = L + n_new
+        self.seq_len[r] = torch.where(self.active[r], L + n_new, L)
         self.last_token[r] = res.bonus
         return res.accept_len, res.tokens
 
-    def commit_lengths(self, rows: Sequence[int], n_new: Sequence[int]) -> None:
-        """Host mirror of the committed lengths after a speculative step."""
-        for i, n in zip(rows, n_new):
-            self.host_len[i] += n
+    @torch.inference_mode()
+    def spec_step(self, rows: Sequence[int], greedy: bool) -> tuple[list[int], list[list[int]]]:
+        """One speculative step; returns, per requested row, the accepted draft count m and the committed tokens
+        (m drafts then the bonus: S+1 entries, of which the first m+1 count). Reading them is the step's sync."""
+        Lmax = max(self.host_len[i] for i in rows)
+        if self.graphs is not None:
+            m_t, tok_t = self.graphs.run("spec", max(rows) + 1, Lmax, greedy)
+            m_all, tok_all = m_t.tolist(), tok_t.tolist()
+            m, toks = [m_all[i] for i in rows], [tok_all[i] for i in rows]
+        else:
+            r, ctx_rows = self._rows(rows)
+            kv_len = Lmax + self.headroom()
+            with self.timer.phase("draft"):
+                tree = self._spec_draft(r, ctx_rows, kv_len)
+            with self.timer.phase("verify"):
+                res, aux = self._spec_verify(r, ctx_rows, kv_len, tree, greedy)
+            with self.timer.phase("commit"):
+                m_t, tok_t = self._spec_commit(r, ctx_rows, kv_len, res, aux)
+            m, toks = m_t.tolist(), tok_t.tolist()
+        for i, k in zip(rows, m):
+            self.host_len[i] += k + 1
+        return m, toks

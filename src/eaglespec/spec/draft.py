@@ -122,7 +122,7 @@ def draft_tree(
         f_score = torch.gather(scores, 1, f_best)
         f_hidden = torch.gather(hidden, 1, f_parent_slot[..., None].expand(B, K, hidden.shape[-1]))
         own = torch.zeros(K, W, dtype=torch.bool, device=dev)
-        own[torch.arange(K), (level - 1) * K + torch.arange(K)] = True
+        own[:, (level - 1) * K : level * K] = eye[:, :K]  # next level's entry j belongs to frontier slot j
         vis = torch.gather(vis, 1, f_parent_slot[..., None].expand(B, K, W)) | own
         base += K * K
     return Candidates(

@@ -1,0 +1,115 @@
+"""CUDA graphs for the decode and speculative steps (the GPU fast path).
+
+`GraphCache.run(kind, n_rows, longest, greedy)` replays the graph of step `kind` ("decode" or "spec") for the batch
+bucket covering rows 0..n_rows-1 and the key-length bucket covering `longest + headroom`, capturing it on first use.
+A speculative step is three graphs (draft, verify, commit) replayed back to back, so the phase timer can tell their
+times apart; the verify graph reads the draft graph's static outputs, the commit graph the verify graph's.
+
+Capture protocol: the small row state (lengths, last tokens, drafter state) and the RNG state are snapshotted, the
+step runs twice eagerly on a side stream (warm-up: allocator, cuBLAS handles, lazy init), the snapshot is restored,
+then each phase is captured into a shared memory pool. Warm-ups write KV entries only past the committed lengths,
+which no later step reads before overwriting, so the caches need no snapshot.
+"""
+
+from __future__ import annotations
+
+import torch
+
+BATCH_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+MIN_LEN_BUCKET = 256
+
+
+class GraphCache:
+    """`capture=False` runs the same static, bucketed all-rows steps eagerly (no CUDA needed): the tests use it to
+    check the bookkeeping of the fast path (buckets, padding rows, inert rows) on the CPU."""
+
+    def __init__(self, runner, capture: bool = True) -> None:
+        self.runner = runner
+        self.capture = capture
+        self.pool = torch.cuda.graph_pool_handle() if capture else None
+        self.graphs: dict[tuple, list[tuple[str, torch.cuda.CUDAGraph]]] = {}
+        self.outputs: dict[tuple, object] = {}
+
+    def reset(self) -> None:
+        """Forget every graph (the caches they point at were reallocated)."""
+        self.graphs.clear()
+        self.outputs.clear()
+
+    # --- buckets ------------------------------------------------------------------------------------------------
+    def batch_bucket(self, n: int) -> int:
+        for b in BATCH_BUCKETS:
+            if b >= n:
+                return min(b, self.runner.rows)
+        return self.runner.rows
+
+    def len_bucket(self, need: int) -> int:
+        b = MIN_LEN_BUCKET
+        while b < need:
+            b *= 2
+        return min(b, self.runner.cache_len)
+
+    # --- the phases of each step --------------------------------------------------------------------------------
+    def _phases(self, kind: str, B: int, kv_len: int, greedy: bool):
+        run = self.runner
+        r = torch.arange(B, device=run.device)
+        if kind == "decode":
+            return [("decode", lambda: run._decode_core(r, None, kv_len, greedy))]
+        box: dict[str, object] = {}
+
+        def draft():
+            box["tree"] = run._spec_draft(r, None, kv_len)
+
+        def verify():
+            box["res"], box["aux"] = run._spec_verify(r, None, kv_len, box["tree"], greedy)
+
+        def commit():
+            box["out"] = run._spec_commit(r, None, kv_len, box["res"], box["aux"])
+            return box["out"]
+
+        return [("draft", draft), ("verify", verify), ("commit", commit)]
+
+    def _capture(self, key: tuple) -> None:
+        kind, B, kv_len, greedy = key
+        run = self.runner
+        phases = self._phases(kind, B, kv_len, greedy)
+        saved = [t.clone() for t in run.state_tensors()]
+        rng = torch.cuda.get_rng_state(run.device)
+        side = torch.cuda.Stream(run.device)
+        side.wait_stream(torch.cuda.current_stream(run.device))
+        with torch.cuda.stream(side), torch.inference_mode():
+            for _ in range(2):
+                for _, fn in phases:
+                    fn()
+        torch.cuda.current_stream(run.device).wait_stream(side)
+        for t, s in zip(run.state_tensors(), saved):
+            t.copy_(s)
+        torch.cuda.set_rng_state(rng, run.device)
+        graphs = []
+        out = None
+        with torch.inference_mode():
+            for name, fn in phases:
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g, pool=self.pool):
+                    out = fn()
+                graphs.append((name, g))
+        self.graphs[key] = graphs
+        self.outputs[key] = out if isinstance(out, tuple) else (out,)
+
+    def run(self, kind: str, n_rows: int, longest: int, greedy: bool):
+        key = (kind, self.batch_bucket(n_rows), self.len_bucket(longest + self.runner.headroom()), greedy)
+        if not self.capture:
+            out = None
+            with torch.inference_mode():
+                for _, fn in self._phases(*key):
+                    out = fn()
+            return out if isinstance(out, tuple) else (out,)
+        if key not in self.graphs:
+            self._capture(key)
+        timer = self.runner.timer
+        for name, g in self.graphs[key]:
+            if kind == "decode":
+                g.replay()
+            else:
+                with timer.phase(name):
+                    g.replay()
+        return self.outputs[key]

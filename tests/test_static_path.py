@@ -1,0 +1,59 @@
+"""The GPU fast path's bookkeeping on the CPU: the bucketed, all-rows steps (the code CUDA graphs capture) run eagerly
+with `GraphCache(capture=False)` and must give exactly the outputs of the plain eager path."""
+
+from __future__ import annotations
+
+import pytest
+from tiny import tiny_drafter, tiny_llama
+
+from eaglespec.config import EngineConfig, SpecConfig
+from eaglespec.engine.cuda_graphs import GraphCache
+from eaglespec.engine.engine import Engine
+from eaglespec.sampling_params import SamplingParams
+
+PROMPTS = [[1, 2, 3, 4, 5], [7, 8, 9], list(range(10, 40)), [5], [9, 9, 9, 9], [3, 1, 4, 1, 5, 9, 2, 6]]
+
+
+def static_engine(target, drafter=None, spec=None, rows=8):
+    eng = Engine(target, None, EngineConfig(max_batch_size=rows), drafter=drafter, spec=spec)
+    eng.runner.graphs = GraphCache(eng.runner, capture=False)
+    return eng
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_llama(seed=0)
+
+
+@pytest.fixture(scope="module")
+def reference(target):
+    return [o.token_ids for o in Engine(target, None).generate(PROMPTS, SamplingParams(max_new_tokens=40,
+                                                                                           ignore_eos=True))]
+
+
+def test_buckets():
+    class R:
+        rows, cache_len = 20, 3000
+
+    g = GraphCache(R(), capture=False)
+    assert [g.batch_bucket(n) for n in (1, 2, 3, 5, 9, 13, 17, 20)] == [1, 2, 4, 8, 12, 16, 20, 20]
+    assert [g.len_bucket(n) for n in (1, 256, 257, 1000, 2048, 2049, 5000)] == [256, 256, 512, 1024, 2048, 3000, 3000]
+
+
+def test_static_decode_equals_eager(target, reference):
+    eng = static_engine(target)
+    outs = eng.generate(PROMPTS, SamplingParams(max_new_tokens=40, ignore_eos=True))
+    assert [o.token_ids for o in outs] == reference
+
+
+@pytest.mark.parametrize("spec", [SpecConfig(3, 1, 4), SpecConfig(5, 4, 8)], ids=["chain", "tree"])
+def test_static_spec_equals_plain_with_rows_finishing_and_joining(target, reference, spec):
+    """Fewer rows than requests: rows finish at different times (inert rows inside a bucket) and are reused."""
+    eng = static_engine(target, tiny_drafter(target, seed=1), spec, rows=4)
+    params = [SamplingParams(max_new_tokens=n, ignore_eos=True) for n in (40, 13, 40, 7, 40, 22)]
+    reqs = [eng.add_request(p, q) for p, q in zip(PROMPTS, params)]
+    while eng.has_work():
+        eng.step()
+    assert [r.output_ids for r in reqs] == [ref[: q.max_new_tokens] for ref, q in zip(reference, params)]
+    # finished rows were released: inert (inactive, length 0)
+    assert not eng.runner.active.any() and int(eng.runner.seq_len.abs().sum()) == 0
