@@ -6,8 +6,10 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 
 from .. import api
+from ..errors import RequestError
 from .options import add_model_options, add_sampling_options, draft_arg, engine_config, sampling_params, spec_config
 
 
@@ -17,15 +19,21 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_model_options(p)
     add_sampling_options(p)
     p.add_argument("--no-chat-template", action="store_true", help="feed the prompt as raw text")
+    p.add_argument("--image", action="append", default=[], metavar="PATH",
+                   help="an image for a multimodal model such as Kimi-K2.5 (repeatable, in prompt order)")
     p.add_argument("--stats-json", default=None, metavar="PATH", help="write the statistics as JSON")
 
 
 def run(args: argparse.Namespace) -> int:
     params = sampling_params(args)  # validate before the (slow) model load
     spec = spec_config(args)
+    missing = [path for path in args.image if not Path(path).is_file()]
+    if missing:  # before the (slow) model load
+        raise RequestError(f"image file {missing[0]} does not exist")
     engine = api.load(args.model, draft=draft_arg(args), spec=spec, config=engine_config(args, max_batch_size=1))
     t0 = time.perf_counter()
-    for delta in engine.stream(args.prompt, params, chat=not args.no_chat_template):
+    images = list(args.image) or None
+    for delta in engine.stream(args.prompt, params, chat=not args.no_chat_template, images=images):
         sys.stdout.write(delta)
         sys.stdout.flush()
     seconds = time.perf_counter() - t0

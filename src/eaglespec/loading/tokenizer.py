@@ -232,9 +232,11 @@ def load_tokenizer(path: str | Path) -> BaseTokenizer:
         return Tokenizer.from_folder(p)
     if (p / "tiktoken.model").is_file():
         try:
-            from .tiktoken_tokenizer import TiktokenTokenizer  # type: ignore[import-not-found]
+            import tiktoken  # noqa: F401
         except ImportError:
-            raise ConfigError(f"{p} has a tiktoken tokenizer, which this version cannot read yet") from None
+            raise ConfigError(f"{p} has a tiktoken tokenizer (tiktoken.model): install the tiktoken package") from None
+        from .tiktoken_tokenizer import TiktokenTokenizer
+
         return TiktokenTokenizer.from_folder(p)
     raise CheckpointError(f"{p} has no tokenizer (tokenizer.json or tiktoken.model)")
 
