@@ -16,6 +16,7 @@ import torch
 
 from .config import EngineConfig, SpecConfig
 from .engine.engine import Engine
+from .engine.transforms import prepare_for_inference
 from .errors import ConfigError
 from .loading.checkpoint import load_model, resolve_device, resolve_dtype
 from .assets import default_drafter_path
@@ -49,6 +50,9 @@ def load(
     else:
         draft_path = Path(draft) if draft is not None else None
     drafter = load_drafter(draft_path, device, dtype) if draft_path is not None else None
+    for m in (loaded.model, drafter):
+        if m is not None:
+            prepare_for_inference(m, device, config.fuse_projections, config.compile)
     return Engine(loaded.model, loaded.tokenizer, config, drafter=drafter, spec=spec)
 
 

@@ -295,6 +295,8 @@ class EngineConfig:
     # i.e. the output of layer k-1).
     aux_convention: str = "sglang"
     cuda_graphs: bool = True
+    fuse_projections: bool | None = None  # None: on CUDA only (q/k/v and gate/up as one GEMM each)
+    compile: bool = False  # torch.compile RMSNorm and RoPE (fewer kernels per layer)
 
     def __post_init__(self) -> None:
         if self.aux_convention not in ("sglang", "vllm"):

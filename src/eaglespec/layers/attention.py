@@ -90,6 +90,20 @@ class GQAAttention(nn.Module):
         self.k_proj = nn.Linear(in_features, num_kv_heads * head_dim, bias=bias)
         self.v_proj = nn.Linear(in_features, num_kv_heads * head_dim, bias=bias)
         self.o_proj = nn.Linear(num_heads * head_dim, hidden_size, bias=bias)
+        self.rope = apply_rotary  # engine.transforms may swap in a compiled version
+
+    def fuse_qkv(self) -> None:
+        """Replace q/k/v_proj by one `qkv_proj` (rows: q, then k, then v). Checkpoint names are lost: inference only."""
+        q, k, v = self.q_proj, self.k_proj, self.v_proj
+        fused = nn.Linear(q.in_features, q.out_features + k.out_features + v.out_features, bias=q.bias is not None,
+                          device=q.weight.device, dtype=q.weight.dtype)
+        with torch.no_grad():
+            fused.weight.copy_(torch.cat((q.weight, k.weight, v.weight)))
+            if q.bias is not None:
+                fused.bias.copy_(torch.cat((q.bias, k.bias, v.bias)))
+        fused.requires_grad_(False)
+        del self.q_proj, self.k_proj, self.v_proj
+        self.qkv_proj = fused
 
     def kv_shapes(self) -> list[tuple[int, ...]]:
         return [(self.num_kv_heads, self.head_dim), (self.num_kv_heads, self.head_dim)]
@@ -103,9 +117,14 @@ class GQAAttention(nn.Module):
         cache: Sequence[torch.Tensor] | None,
     ) -> torch.Tensor:
         B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(B, T, self.num_kv_heads, self.head_dim)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        H, Hkv, Dh = self.num_heads, self.num_kv_heads, self.head_dim
+        if hasattr(self, "qkv_proj"):  # fused by engine.transforms (one GEMM, one RoPE launch)
+            qkv = self.qkv_proj(x).view(B, T, H + 2 * Hkv, Dh)
+            qk = self.rope(qkv[:, :, : H + Hkv], cos, sin)
+            q, k, v = qk[:, :, :H], qk[:, :, H:], qkv[:, :, H + Hkv :]
+        else:
+            q = self.rope(self.q_proj(x).view(B, T, H, Dh), cos, sin)
+            k = self.rope(self.k_proj(x).view(B, T, Hkv, Dh), cos, sin)
+            v = self.v_proj(x).view(B, T, Hkv, Dh)
         out = attend(q, k, v, ctx, cache)  # [B, T, H, D]
         return self.o_proj(out.reshape(B, T, self.num_heads * self.head_dim))

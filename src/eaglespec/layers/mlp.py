@@ -18,4 +18,20 @@ class GatedMLP(nn.Module):
         self.act = _ACTS[act]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if hasattr(self, "gate_up_proj"):  # fused by engine.transforms
+            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+            return self.down_proj(self.act(gate) * up)
         return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+
+    def fuse_gate_up(self) -> None:
+        """Replace gate/up_proj by one `gate_up_proj` (one GEMM). Checkpoint names are lost: inference only."""
+        g, u = self.gate_proj, self.up_proj
+        fused = nn.Linear(g.in_features, 2 * g.out_features, bias=g.bias is not None, device=g.weight.device,
+                          dtype=g.weight.dtype)
+        with torch.no_grad():
+            fused.weight.copy_(torch.cat((g.weight, u.weight)))
+            if g.bias is not None:
+                fused.bias.copy_(torch.cat((g.bias, u.bias)))
+        fused.requires_grad_(False)
+        del self.gate_proj, self.up_proj
+        self.gate_up_proj = fused

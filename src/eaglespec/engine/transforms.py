@@ -1,0 +1,51 @@
+"""Inference transforms applied to built models (DESIGN.md principle 8: model files stay plain).
+
+- `fuse_projections(model)`: q/k/v into one GEMM and gate/up into one GEMM, in every GQA attention and gated MLP;
+  fewer, larger kernels, which matters when a decode step is bound by kernel count (small models, batch 1).
+- `compile_elementwise(model)`: RMSNorm and RoPE through `torch.compile` (one fused kernel each instead of ~6),
+  shapes dynamic so one compilation serves every batch and length bucket.
+Both change nothing numerically beyond floating-point reassociation; neither is applied to models being trained.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..layers.attention import GQAAttention
+from ..layers.mlp import GatedMLP
+from ..layers.norm import RMSNorm, rms_norm
+from ..layers.rotary import apply_rotary
+
+
+def fuse_projections(model: nn.Module) -> nn.Module:
+    for m in model.modules():
+        if isinstance(m, GQAAttention) and hasattr(m, "q_proj"):
+            m.fuse_qkv()
+        elif isinstance(m, GatedMLP) and hasattr(m, "gate_proj"):
+            m.fuse_gate_up()
+    return model
+
+
+_compiled: dict[str, object] = {}
+
+
+def compile_elementwise(model: nn.Module) -> nn.Module:
+    if not _compiled:
+        _compiled["norm"] = torch.compile(rms_norm, dynamic=True, fullgraph=True)
+        _compiled["rope"] = torch.compile(apply_rotary, dynamic=True, fullgraph=True)
+    for m in model.modules():
+        if isinstance(m, RMSNorm):
+            m.impl = _compiled["norm"]
+        elif isinstance(m, GQAAttention):
+            m.rope = _compiled["rope"]
+    return model
+
+
+def prepare_for_inference(model: nn.Module, device: torch.device, fuse: bool | None, compile: bool) -> nn.Module:
+    """Apply the transforms an EngineConfig asks for (fuse=None: only on CUDA)."""
+    if fuse or (fuse is None and device.type == "cuda"):
+        fuse_projections(model)
+    if compile:
+        compile_elementwise(model)
+    return model
