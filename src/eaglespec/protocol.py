@@ -131,7 +131,7 @@ def _inner_candidates_from_class(cls: type) -> list[tuple[str, type | None]]:
         tree = ast.parse(src)
     except (OSError, TypeError, SyntaxError):
         return found
-    module_globals = vars(sys.modules.get(cls.__module__, object()))
+    module_globals = getattr(sys.modules.get(cls.__module__), "__dict__", {})
     for node in ast.walk(tree):
         if not isinstance(node, ast.Assign):
             continue

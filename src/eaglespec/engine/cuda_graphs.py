@@ -95,6 +95,20 @@ class GraphCache:
         self.graphs[key] = graphs
         self.outputs[key] = out if isinstance(out, tuple) else (out,)
 
+    def precapture(self, kind: str, n_rows: int, greedy: bool) -> int:
+        """Capture every length bucket of one batch bucket now (so that timed runs never capture); returns count."""
+        n, length = 0, MIN_LEN_BUCKET
+        B = self.batch_bucket(n_rows)
+        while True:
+            Lb = min(length, self.runner.cache_len)
+            key = (kind, B, Lb, greedy)
+            if key not in self.graphs:
+                self._capture(key)
+                n += 1
+            if Lb >= self.runner.cache_len:
+                return n
+            length *= 2
+
     def run(self, kind: str, n_rows: int, longest: int, greedy: bool):
         key = (kind, self.batch_bucket(n_rows), self.len_bucket(longest + self.runner.headroom()), greedy)
         if not self.capture:

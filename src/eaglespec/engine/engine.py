@@ -121,6 +121,19 @@ class Engine:
         return [int(t) for t in items]
 
     # --- the loop -----------------------------------------------------------------------------------------------
+    def reserve(self, rows: int, max_len: int) -> None:
+        """Allocate caches for `rows` sequences of `max_len` tokens now (a long-lived engine, a benchmark), so that
+        later requests never reallocate (which would also drop captured CUDA graphs)."""
+        self._ensure_capacity(rows, min(max_len, self.context_len))
+
+    def warmup(self, batch_sizes: Sequence[int] = (1,), greedy: bool = True) -> int:
+        """Capture the CUDA graphs of every length bucket for these batch sizes (no-op without graphs)."""
+        graphs = self.runner.graphs
+        if graphs is None or not graphs.capture or self.runner.kv is None:
+            return 0
+        kind = "spec" if self.speculative else "decode"
+        return sum(graphs.precapture(kind, b, greedy) for b in batch_sizes)
+
     def _ensure_capacity(self, rows: int, max_len: int) -> None:
         r = self.runner
         if r.kv is not None and r.rows >= rows and r.max_len >= max_len:

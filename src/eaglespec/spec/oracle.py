@@ -29,12 +29,20 @@ class OracleDrafter(nn.Module):
                                aux_layer_ids=None),
         )
         self.n_aux = 3
+        self.register_buffer("reference", self._table(references))
+        self._anchor = nn.Parameter(torch.zeros(1), requires_grad=False)
+
+    @staticmethod
+    def _table(references: Sequence[Sequence[int]]) -> torch.Tensor:
         n = max(len(r) for r in references)
         ref = torch.full((len(references), n + 2), -1, dtype=torch.int64)
         for i, r in enumerate(references):
             ref[i, : len(r)] = torch.tensor(list(r), dtype=torch.int64)
-        self.register_buffer("reference", ref)
-        self._anchor = nn.Parameter(torch.zeros(1), requires_grad=False)
+        return ref
+
+    def set_references(self, references: Sequence[Sequence[int]]) -> None:
+        """New references (same rows layout); keeps the device."""
+        self.reference = self._table(references).to(self.reference.device)
 
     def set_embed_and_head(self, embed: torch.Tensor, head: torch.Tensor | None) -> None:
         self.reference = self.reference.to(embed.device)

@@ -1,0 +1,213 @@
+"""First GPU check (H200): correctness and speed of the eager path, the CUDA-graph path, speculation (oracle and random
+drafters), the verify-vs-decode step cost, transformers' generate as the peer, and a Llama-3.1-8B-shaped decode.
+
+usage: python benchmarks/gpu_smoke.py MODEL.gguf OUT_DIR
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+from eaglespec import api
+from eaglespec.config import EngineConfig, ModelConfig, SpecConfig
+from eaglespec.engine.engine import Engine
+from eaglespec.engine.transforms import prepare_for_inference
+from eaglespec.models.eagle3 import LlamaForCausalLMEagle3
+from eaglespec.sampling_params import SamplingParams
+from eaglespec.spec.oracle import OracleDrafter
+
+MODEL, OUT = sys.argv[1], Path(sys.argv[2])
+ROOT = Path(__file__).resolve().parents[1]
+PROMPTS = [json.loads(l)["turns"][0] for l in (ROOT / "src/eaglespec/assets/mt_bench_question.jsonl").read_text().splitlines()[:8]]
+N = 128
+rows: list[dict] = []
+
+
+def sync():
+    torch.cuda.synchronize()
+
+
+def timed(engine: Engine, prompts, label, oracle_refs=None, **extra):
+    engine.reserve(1, 2048)
+    t_cap = time.perf_counter()
+    n_graphs = engine.warmup([1])
+    t_cap = time.perf_counter() - t_cap
+    if oracle_refs is not None:
+        engine.drafter.set_references([oracle_refs[0]])
+    engine.generate([prompts[0]], SamplingParams(max_new_tokens=16))
+    engine.stats.__init__()
+    engine.runner.timer.enabled = True
+    engine.runner.timer.reset()
+    outs = []
+    sync()
+    t0 = time.perf_counter()
+    for i, p in enumerate(prompts):
+        if oracle_refs is not None:
+            engine.drafter.set_references([oracle_refs[i]])
+        outs.append(engine.generate([p], SamplingParams(max_new_tokens=N))[0])
+    sync()
+    dt = time.perf_counter() - t0
+    tok = sum(len(o.token_ids) for o in outs)
+    phases = engine.runner.timer.totals()
+    row = {"run": label, "tokens": tok, "seconds": round(dt, 3), "tok_per_s": round(tok / dt, 1),
+           "graphs": n_graphs, "capture_s": round(t_cap, 2), "phases": {k: round(v, 3) for k, v in phases.items()},
+           **extra}
+    if engine.speculative:
+        row.update(engine.stats.to_dict())
+        steps = engine.stats.verify_steps
+        row["verify_ms_per_step"] = round(1000 * phases.get("verify", 0) / max(steps, 1), 3)
+        row["draft_ms_per_step"] = round(1000 * phases.get("draft", 0) / max(steps, 1), 3)
+    else:
+        row["decode_ms_per_step"] = round(1000 * phases.get("decode", 0) / max(tok - len(prompts), 1), 3)
+    rows.append(row)
+    print(json.dumps(row), flush=True)
+    return outs
+
+
+def section(fn):
+    try:
+        fn()
+    except Exception:
+        traceback.print_exc()
+        rows.append({"run": fn.__name__, "error": traceback.format_exc(limit=3)[-800:]})
+
+
+def random_drafter(cfg: ModelConfig, device, dtype):
+    dc = ModelConfig.from_hf(dict(
+        architectures=["LlamaForCausalLMEagle3"], model_type="llama", vocab_size=cfg.vocab_size,
+        hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size, num_hidden_layers=1,
+        num_attention_heads=cfg.num_attention_heads, num_key_value_heads=cfg.num_key_value_heads,
+        head_dim=cfg.head_dim, max_position_embeddings=cfg.max_position_embeddings, rope_theta=cfg.rope.theta,
+        draft_vocab_size=8192, target_hidden_size=cfg.hidden_size))
+    torch.manual_seed(0)
+    d = LlamaForCausalLMEagle3(dc).to(device=device, dtype=dtype).eval()
+    d.d2t.copy_(torch.arange(8192, device=device) * 0)
+    return prepare_for_inference(d, device, None, False)
+
+
+state: dict = {}
+
+
+def eager():
+    e = api.load(MODEL, draft=None, config=EngineConfig(cuda_graphs=False, fuse_projections=False))
+    state["eager"] = timed(e, PROMPTS[:3], "no-spec eager bf16")
+
+
+def graphs():
+    e = api.load(MODEL, draft=None, config=EngineConfig())
+    state["ref"] = timed(e, PROMPTS, "no-spec cuda-graphs bf16 (fused)")
+    state["engine"] = e
+    same = sum(a.token_ids == b.token_ids for a, b in zip(state["eager"], state["ref"][:3]))
+    rows.append({"run": "eager vs graphs identical outputs", "identical": f"{same}/3"})
+
+
+def compiled():
+    e = api.load(MODEL, draft=None, config=EngineConfig(compile=True))
+    timed(e, PROMPTS, "no-spec cuda-graphs bf16 fused+compiled")
+
+
+def oracle():
+    target = state["engine"].target
+    refs = [state["engine"].encode_prompt(p) + o.token_ids for p, o in zip(PROMPTS, state["ref"])]
+    for spec in (SpecConfig(3, 1, 4), SpecConfig(7, 1, 8), SpecConfig(5, 4, 16)):
+        target.set_eagle3_layers_to_capture(None)
+        e = Engine(target, state["engine"].tokenizer, EngineConfig(), drafter=OracleDrafter(target.config, [refs[0]]),
+                   spec=spec)
+        outs = timed(e, PROMPTS, f"oracle S{spec.steps}K{spec.topk}D{spec.draft_tokens}", oracle_refs=refs)
+        same = sum(a.token_ids == b.token_ids for a, b in zip(outs, state["ref"]))
+        rows[-1]["identical_to_nospec"] = f"{same}/{len(PROMPTS)}"
+
+
+def random_draft():
+    target = state["engine"].target
+    d = random_drafter(target.config, target.lm_head.weight.device, target.lm_head.weight.dtype)
+    for spec in (SpecConfig(3, 1, 4), SpecConfig(5, 4, 16)):
+        e = Engine(target, state["engine"].tokenizer, EngineConfig(), drafter=d, spec=spec)
+        outs = timed(e, PROMPTS, f"random S{spec.steps}K{spec.topk}D{spec.draft_tokens}")
+        same = sum(a.token_ids == b.token_ids for a, b in zip(outs, state["ref"]))
+        rows[-1]["identical_to_nospec"] = f"{same}/{len(PROMPTS)}"
+
+
+def hf_peer():
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder, name = str(Path(MODEL).parent), Path(MODEL).name
+    tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    m = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.bfloat16).cuda().eval()
+    total, t0 = 0, None
+    for i, p in enumerate(PROMPTS[:4]):
+        ids = tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
+                                      return_tensors="pt")
+        ids = (ids["input_ids"] if hasattr(ids, "keys") else ids).cuda()
+        if i == 1:
+            sync()
+            t0 = time.perf_counter()
+        out = m.generate(ids, max_new_tokens=N, do_sample=False)
+        if i >= 1:
+            total += out.shape[1] - ids.shape[1]
+    sync()
+    dt = time.perf_counter() - t0
+    rows.append({"run": "transformers generate bf16 (peer)", "tokens": total, "seconds": round(dt, 3),
+                 "tok_per_s": round(total / dt, 1)})
+    print(rows[-1], flush=True)
+
+
+def llama8b():
+    cfg = ModelConfig.from_hf(dict(
+        architectures=["LlamaForCausalLM"], model_type="llama", vocab_size=128256, hidden_size=4096,
+        intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+        max_position_embeddings=8192, rope_theta=500000.0, tie_word_embeddings=False,
+        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                      "original_max_position_embeddings": 8192}))
+    from eaglespec.models.llama import LlamaForCausalLM
+
+    with torch.device("meta"):
+        m = LlamaForCausalLM(cfg)
+    m = m.to_empty(device="cuda").to(torch.bfloat16)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.normal_(0, 0.02)
+    m.reset_buffers()
+    m.eval().requires_grad_(False)
+    prepare_for_inference(m, torch.device("cuda"), None, False)
+    nbytes = sum(p.numel() * p.element_size() for p in m.parameters())
+    e = Engine(m, None, EngineConfig())
+    e.reserve(1, 1024)
+    e.warmup([1])
+    prompt = list(range(1000, 1128))
+    params = SamplingParams(max_new_tokens=256, ignore_eos=True)
+    e.generate([prompt], SamplingParams(max_new_tokens=8, ignore_eos=True))
+    e.runner.timer.enabled = True
+    e.runner.timer.reset()
+    sync()
+    t0 = time.perf_counter()
+    o = e.generate([prompt], params)[0]
+    sync()
+    dt = time.perf_counter() - t0
+    dec = e.runner.timer.totals()["decode"] / (len(o.token_ids) - 1)
+    bw = nbytes / dec / 1e9
+    rows.append({"run": "llama-3.1-8B shape random bf16 decode b1", "tokens": len(o.token_ids),
+                 "tok_per_s": round(len(o.token_ids) / dt, 1), "decode_ms_per_step": round(1000 * dec, 3),
+                 "weights_GB": round(nbytes / 1e9, 2), "achieved_GBps": round(bw, 1),
+                 "floor_tok_per_s_at_4.28TBps": round(4.28e12 / nbytes, 1)})
+    print(rows[-1], flush=True)
+
+
+for fn in (eager, graphs, oracle, random_draft, compiled, hf_peer, llama8b):
+    t = time.perf_counter()
+    section(fn)
+    print(f"== {fn.__name__} took {time.perf_counter() - t:.1f}s", flush=True)
+
+OUT.mkdir(parents=True, exist_ok=True)
+(OUT / "smoke.json").write_text(json.dumps(rows, indent=1))
+print("\n| run | tok/s | tau | ms/step | notes |\n|---|---|---|---|---|")
+for r in rows:
+    print(f"| {r['run']} | {r.get('tok_per_s', '')} | {r.get('accept_length_mean', '')} | "
+          f"{r.get('decode_ms_per_step', r.get('verify_ms_per_step', ''))} | "
+          f"{r.get('identical_to_nospec', r.get('identical', r.get('achieved_GBps', '')))} {str(r.get('error', ''))[-200:]} |")
