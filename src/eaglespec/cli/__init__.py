@@ -11,9 +11,9 @@ import sys
 from typing import Sequence
 
 from ..errors import EaglespecError
-from . import check, convert, generate
+from . import bench, check, convert, generate, tune
 
-COMMANDS = {"generate": generate, "convert": convert, "check": check}
+COMMANDS = {"generate": generate, "convert": convert, "check": check, "bench": bench, "tune": tune}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,234 @@
+"""Benchmark results as data: the versioned JSON document, its Markdown table, and the files in --out.
+
+`document(kind, result, model, workload, options, machine)` -> dict, schema `eaglespec.bench` version 1:
+
+    schema, schema_version, kind ("bench" | "tune"), date (UTC ISO 8601), command, git_revision, git_dirty,
+    eaglespec_version,
+    machine:  hostname, platform, python, torch, cpu_count, device, device_name, device_memory_gb,
+              copy_bandwidth_gb_s (CUDA: measured device-to-device copy, read + write; null on the CPU)
+    model:    source, architecture, parameters, dtype, num_hidden_layers, hidden_size, vocab_size,
+              weight_bytes_per_step, kv_bytes_per_token
+    prompts:  set, count, turns, prompt_tokens_mean
+    sampling: max_new_tokens, temperature, ignore_eos, seed
+    engine:   cuda_graphs, fuse_projections (null: on CUDA only), compile
+    warmup, batch_sizes, peer ({library, version} | null)
+    records:  one per (configuration, batch size), baselines included, in run order:
+      config (name), kind ("no-spec" | "spec" | "peer"), drafter, steps, topk, draft_tokens, batch_size, prompts,
+      prompt_tokens, output_tokens, seconds (wall time of the timed generations), tok_per_s (output tokens / seconds),
+      speedup (tok_per_s / the no-spec tok_per_s at the same batch size; the peer: at batch 1, else null),
+      identical_outputs (outputs equal token for token to the reference's) and identical_reference (the no-spec run
+      at the same batch size; for a no-spec run and the peer: the no-spec run at the first batch size, batch 1 for
+      the peer when measured), finished_by_eos,
+      accept_length_mean, accept_length_hist ({"tau": steps}), accept_rate_per_depth, verify_steps, draft_forwards
+      (null without speculation),
+      time_split: seconds of draft, verify, rest (= seconds - draft - verify: prefill, plain decode, commit and host
+      work), prefill, decode, commit (from the engine's PhaseTimer; null for the peer),
+      bandwidth (no-spec only): decode_steps, decode_seconds, bytes, bytes_per_step, achieved_gb_s, device_gb_s,
+      fraction_of_device (see bandwidth.py for what is counted)
+    tune (kind "tune" only): see tune.py.
+
+`markdown(doc)` renders the table (and the acceptance table); `write_outputs(doc, result, out)` writes
+results.json, results.md, results.png and outputs.jsonl (one line per prompt: turn, tokens, text, the reference
+baseline's answer).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import platform
+import socket
+import subprocess
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from .runs import RunRecord
+from .suite import BenchModel, SuiteOptions, SuiteResult, Workload
+
+SCHEMA, SCHEMA_VERSION = "eaglespec.bench", 1
+
+
+def git_revision() -> tuple[str | None, bool | None]:
+    here = Path(__file__).resolve().parent
+    try:
+        rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=10)
+        if rev.returncode != 0:
+            return None, None
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
+                               capture_output=True, text=True, timeout=10)
+        return rev.stdout.strip(), bool(dirty.stdout.strip()) if dirty.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError):
+        return None, None
+
+
+def machine_info(device: torch.device, copy_bandwidth: float | None) -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "hostname": socket.gethostname(), "platform": platform.platform(), "python": platform.python_version(),
+        "torch": torch.__version__, "cpu_count": os.cpu_count(), "device": str(device),
+        "device_name": platform.processor() or platform.machine(), "device_memory_gb": None,
+        "copy_bandwidth_gb_s": round(copy_bandwidth / 1e9, 1) if copy_bandwidth else None,
+    }
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        info.update(device_name=props.name, device_memory_gb=round(props.total_memory / 2**30, 1))
+    return info
+
+
+def _r(x: float | None, n: int = 3) -> float | None:
+    return None if x is None else round(x, n)
+
+
+def _kind(rec: RunRecord) -> str:
+    if rec.config.name == "hf-transformers":
+        return "peer"
+    return "spec" if rec.config.speculative else "no-spec"
+
+
+def _reference(rec: RunRecord, records: Sequence[RunRecord]) -> RunRecord | None:
+    plain = [r for r in records if _kind(r) == "no-spec"]
+    same = [r for r in plain if r.batch_size == rec.batch_size]
+    if _kind(rec) == "spec":
+        return same[0] if same else None
+    return same[0] if (_kind(rec) == "peer" and same) else (plain[0] if plain else None)
+
+
+def record_dict(rec: RunRecord, records: Sequence[RunRecord], model: BenchModel,
+                device_bw: float | None) -> dict[str, Any]:
+    kind = _kind(rec)
+    ref = _reference(rec, records)
+    base = next((r for r in records if _kind(r) == "no-spec" and r.batch_size == rec.batch_size), None)
+    spec = rec.config.spec
+    d: dict[str, Any] = {
+        "config": rec.config.name, "kind": kind, "drafter": rec.config.drafter,
+        "steps": spec.steps if spec else None, "topk": spec.topk if spec else None,
+        "draft_tokens": spec.draft_tokens if spec else None,
+        "batch_size": rec.batch_size, "prompts": len(rec.outputs), "prompt_tokens": sum(rec.prompt_tokens),
+        "output_tokens": rec.output_tokens, "seconds": _r(rec.seconds, 4), "tok_per_s": _r(rec.tok_per_s, 2),
+        "speedup": _r(rec.tok_per_s / base.tok_per_s, 4) if base is not None and base.tok_per_s > 0 else None,
+        "identical_outputs": sum(a == b for a, b in zip(rec.outputs, ref.outputs)) if ref is not None else None,
+        "identical_reference": f"no-spec bs={ref.batch_size}" if ref is not None else None,
+        "finished_by_eos": sum(rec.stopped),
+    }
+    if rec is base:
+        d["speedup"] = 1.0
+    stats = rec.stats.to_dict() if rec.stats.verify_steps else {}
+    for key in ("accept_length_mean", "accept_length_hist", "accept_rate_per_depth", "verify_steps",
+                "draft_forwards"):
+        d[key] = stats.get(key)
+    d["time_split"] = None
+    if kind != "peer":
+        ph = rec.phases
+        draft, verify = ph.get("draft", 0.0), ph.get("verify", 0.0)
+        d["time_split"] = {"draft": _r(draft, 4), "verify": _r(verify, 4),
+                           "rest": _r(max(rec.seconds - draft - verify, 0.0), 4),
+                           **{k: _r(ph.get(k, 0.0), 4) for k in ("prefill", "decode", "commit")}}
+    d["bandwidth"] = None
+    if kind == "no-spec":
+        t = rec.traffic
+        nbytes = t.bytes(model.weight_bytes, model.kv_bytes)
+        secs = rec.phases.get("decode", 0.0)
+        achieved = nbytes / secs if secs > 0 else None
+        d["bandwidth"] = {
+            "decode_steps": t.steps, "decode_seconds": _r(secs, 4), "bytes": nbytes,
+            "bytes_per_step": round(nbytes / t.steps) if t.steps else None,
+            "achieved_gb_s": _r(achieved / 1e9 if achieved else None, 2),
+            "device_gb_s": _r(device_bw / 1e9 if device_bw else None, 1),
+            "fraction_of_device": _r(achieved / device_bw if achieved and device_bw else None, 4),
+        }
+    return d
+
+
+def document(kind: str, result: SuiteResult, model: BenchModel, workload: Workload, options: SuiteOptions,
+             machine: dict[str, Any], command: str = "") -> dict[str, Any]:
+    from .. import __version__ as version
+
+    rev, dirty = git_revision()
+    cfg = model.loaded.config
+    device_bw = (machine.get("copy_bandwidth_gb_s") or 0) * 1e9 or None
+    n_params = sum(p.numel() for p in {id(p): p for p in model.loaded.model.parameters()}.values())
+    p = options.params
+    return {
+        "schema": SCHEMA, "schema_version": SCHEMA_VERSION, "kind": kind,
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "command": command,
+        "git_revision": rev, "git_dirty": dirty, "eaglespec_version": version,
+        "machine": machine,
+        "model": {
+            "source": model.source, "architecture": cfg.architecture, "parameters": n_params,
+            "dtype": str(model.dtype).removeprefix("torch."), "num_hidden_layers": cfg.num_hidden_layers,
+            "hidden_size": cfg.hidden_size, "vocab_size": cfg.vocab_size,
+            "weight_bytes_per_step": model.weight_bytes, "kv_bytes_per_token": model.kv_bytes,
+        },
+        "prompts": {
+            "set": workload.name, "count": len(result.prompts), "turns": workload.turns,
+            "prompt_tokens_mean": _r(sum(r.prompt_tokens for r in result.prompts) / max(len(result.prompts), 1), 1),
+        },
+        "sampling": {"max_new_tokens": p.max_new_tokens, "temperature": p.temperature, "ignore_eos": p.ignore_eos,
+                     "seed": options.engine.seed},
+        "engine": {"cuda_graphs": options.engine.cuda_graphs, "fuse_projections": options.engine.fuse_projections,
+                   "compile": options.engine.compile},
+        "warmup": options.warmup, "batch_sizes": list(options.batch_sizes),
+        "peer": {"library": "transformers", "version": result.peer_version} if result.peer_version else None,
+        "records": [record_dict(r, result.records, model, device_bw) for r in result.records],
+    }
+
+
+def _pct(part: float | None, whole: float | None) -> str:
+    return f"{100 * part / whole:.0f}" if part is not None and whole else "-"
+
+
+def _f(x: Any, fmt: str = "{:.2f}") -> str:
+    return "-" if x is None else fmt.format(x)
+
+
+def markdown(doc: dict[str, Any], records: Sequence[dict[str, Any]] | None = None) -> str:
+    recs = list(doc["records"] if records is None else records)
+    m, mach, pr = doc["model"], doc["machine"], doc["prompts"]
+    lines = [
+        f"**{doc['kind']}** {m['source']} ({m['architecture']}, {m['dtype']}) on {mach['device']} "
+        f"({mach['device_name']}); {pr['count']} prompts from {pr['set']} ({pr['turns']} turn(s)), "
+        f"max_new_tokens {doc['sampling']['max_new_tokens']}, temperature {doc['sampling']['temperature']}",
+        "",
+        "| config | batch | tok/s | speedup | accept len | identical | out tokens | seconds | draft % | verify % "
+        "| rest % | decode GB/s |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in recs:
+        ts, bw = r["time_split"] or {}, r["bandwidth"] or {}
+        gbs = _f(bw.get("achieved_gb_s"), "{:.1f}")
+        if bw.get("device_gb_s"):
+            gbs += f" / {bw['device_gb_s']:.0f}"
+        ident = f"{r['identical_outputs']}/{r['prompts']}" if r["identical_outputs"] is not None else "-"
+        lines.append(
+            f"| {r['config']} | {r['batch_size']} | {r['tok_per_s']:.1f} | {_f(r['speedup'], '{:.2f}x')} | "
+            f"{_f(r['accept_length_mean'])} | {ident} | {r['output_tokens']} | {r['seconds']:.2f} | "
+            f"{_pct(ts.get('draft'), r['seconds'])} | {_pct(ts.get('verify'), r['seconds'])} | "
+            f"{_pct(ts.get('rest'), r['seconds'])} | {gbs} |"
+        )
+    spec = [r for r in recs if r["accept_length_hist"]]
+    if spec:
+        lines += ["", "| config | batch | accept length histogram (tau: steps) | acceptance per depth |",
+                  "| --- | ---: | --- | --- |"]
+        for r in spec:
+            hist = " ".join(f"{t}:{n}" for t, n in r["accept_length_hist"].items())
+            depth = " ".join(f"{x:.2f}" for x in r["accept_rate_per_depth"])
+            lines.append(f"| {r['config']} | {r['batch_size']} | {hist} | {depth} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_outputs(doc: dict[str, Any], result: SuiteResult, out: str | Path, md: str) -> Path:
+    from .plot import plot
+
+    d = Path(out)
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "results.json").write_text(json.dumps(doc, indent=1) + "\n")
+    (d / "results.md").write_text(md)
+    with open(d / "outputs.jsonl", "w", encoding="utf-8") as f:
+        for row in result.prompts:
+            f.write(json.dumps({"index": row.index, "turn": row.turn, "prompt_tokens": row.prompt_tokens,
+                                "prompt": row.text, "answer": row.answer}, ensure_ascii=False) + "\n")
+    plot(doc, d / "results.png")
+    return d

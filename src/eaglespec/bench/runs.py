@@ -1,0 +1,147 @@
+"""One benchmark run: a configuration (plain, or a drafter with S/K/D) at one batch size, over static batches.
+
+Contract of `ConfigRun(target, tokenizer, config, batch_size, engine_config, drafter)`:
+- it builds one fresh `Engine` with `max_batch_size = batch_size`, so that the requests of each static batch (a
+  consecutive chunk of the prompt list) take cache rows 0..B-1 in order (what an oracle's references index);
+- `reserve(prompts, params)` sizes the caches and captures the CUDA graphs (Engine.reserve / Engine.warmup) before
+  anything is timed;
+- `warmup(prompts, params, n, refs)` runs n untimed generations of the first chunk (at most WARMUP_TOKENS new
+  tokens each), then resets the phase timer;
+- `run(prompts, params, refs)` generates chunk by chunk, timing each `generate` call with the host clock (its result
+  is read on the host, so the time includes every device step); it may be called again with more prompts (MT-bench's
+  second turns), and everything accumulates;
+- `record()` -> `RunRecord`: outputs in prompt order, output tokens, wall seconds, acceptance statistics (merged
+  per-request `SpecStats`), the PhaseTimer totals and the decode traffic (bandwidth.DecodeTraffic);
+- `close()` releases the engine and turns the target's aux capture off again, so a later plain run does not pay for
+  it.
+For an oracle drafter `refs[i]` is the reference sequence of prompt i (drafters.references).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+from typing import Sequence
+
+import torch
+from torch import nn
+
+from ..config import EngineConfig, SpecConfig
+from ..engine.engine import Engine
+from ..sampling_params import SamplingParams
+from ..spec.stats import SpecStats
+from .bandwidth import DecodeTraffic
+from .drafters import is_oracle
+
+WARMUP_TOKENS = 32
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    name: str  # "no-spec", "oracle S3 K1 D4", ...
+    drafter: str | None = None  # None: plain decoding; "oracle", "random" or a drafter folder
+    spec: SpecConfig | None = None
+
+    @property
+    def speculative(self) -> bool:
+        return self.drafter is not None
+
+    @staticmethod
+    def plain() -> "RunConfig":
+        return RunConfig("no-spec")
+
+    @staticmethod
+    def of(drafter_label: str, drafter: str, spec: SpecConfig) -> "RunConfig":
+        return RunConfig(f"{drafter_label} S{spec.steps} K{spec.topk} D{spec.draft_tokens}", drafter, spec)
+
+
+@dataclass
+class RunRecord:
+    config: RunConfig
+    batch_size: int
+    prompt_tokens: list[int] = field(default_factory=list)
+    outputs: list[list[int]] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)
+    stopped: list[bool] = field(default_factory=list)  # finished on EOS / a stop string
+    seconds: float = 0.0
+    stats: SpecStats = field(default_factory=SpecStats)
+    phases: dict[str, float] = field(default_factory=dict)
+    traffic: DecodeTraffic = field(default_factory=DecodeTraffic)
+
+    @property
+    def output_tokens(self) -> int:
+        return sum(len(o) for o in self.outputs)
+
+    @property
+    def tok_per_s(self) -> float:
+        return self.output_tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+def chunks(items: Sequence, size: int) -> list[list]:
+    return [list(items[i : i + size]) for i in range(0, len(items), size)]
+
+
+class ConfigRun:
+    def __init__(self, target: nn.Module, tokenizer, config: RunConfig, batch_size: int,
+                 engine_config: EngineConfig, drafter: nn.Module | None = None) -> None:
+        self.target, self.config, self.batch_size = target, config, batch_size
+        self.drafter = drafter
+        self.engine = Engine(target, tokenizer, replace(engine_config, max_batch_size=batch_size),
+                             drafter=drafter, spec=config.spec if drafter is not None else None)
+        self.timer = self.engine.runner.timer
+        self.timer.enabled = True
+        self.rec = RunRecord(config, batch_size)
+
+    def reserve(self, prompts: Sequence[Sequence[int]], params: SamplingParams, longest: int = 0) -> None:
+        """Size the caches for these prompts (or `longest` prompt tokens) and capture the CUDA graphs of every batch
+        bucket a static batch can shrink through, so that nothing is allocated or captured while timed."""
+        if not prompts:
+            return
+        rows = min(len(prompts), self.batch_size)
+        self.engine.reserve(rows, max(longest, max(len(p) for p in prompts)) + params.max_new_tokens)
+        self.engine.warmup(range(1, rows + 1), params.greedy)
+
+    def _generate(self, prompts: list[list[int]], params: SamplingParams, refs: Sequence[Sequence[int]] | None):
+        if is_oracle(self.drafter):
+            assert refs is not None, "an oracle run needs the reference outputs"
+            self.drafter.set_references(refs)
+        return self.engine.generate(prompts, params, chat=False)
+
+    def warmup(self, prompts: Sequence[Sequence[int]], params: SamplingParams, n: int,
+               refs: Sequence[Sequence[int]] | None = None) -> None:
+        first = [list(p) for p in prompts[: self.batch_size]]
+        short = replace(params, max_new_tokens=min(params.max_new_tokens, WARMUP_TOKENS))
+        for _ in range(n):
+            self._generate(first, short, refs[: self.batch_size] if refs is not None else None)
+        self.timer.reset()
+
+    def run(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
+            refs: Sequence[Sequence[int]] | None = None) -> None:
+        rec = self.rec
+        for start in range(0, len(prompts), self.batch_size):
+            batch = [list(p) for p in prompts[start : start + self.batch_size]]
+            batch_refs = refs[start : start + self.batch_size] if refs is not None else None
+            t0 = time.perf_counter()
+            outs = self._generate(batch, params, batch_refs)
+            rec.seconds += time.perf_counter() - t0
+            for p, o in zip(batch, outs):
+                rec.prompt_tokens.append(len(p))
+                rec.outputs.append(list(o.token_ids))
+                rec.texts.append(o.text)
+                rec.stopped.append(o.finish_reason == "stop")
+                rec.stats.merge(o.stats)
+            rec.traffic.add_batch([len(p) for p in batch],
+                                  [len(o.token_ids) + (o.finish_reason == "stop") for o in outs])
+
+    def record(self) -> RunRecord:
+        self.rec.phases = self.timer.totals()
+        return self.rec
+
+    def close(self) -> None:
+        """Release the engine (caches, graphs) and turn the target's aux capture off; call after `record()`."""
+        if self.drafter is not None:
+            self.target.set_eagle3_layers_to_capture(None)
+        cuda = self.engine.device.type == "cuda"
+        del self.engine, self.timer
+        if cuda:
+            torch.cuda.empty_cache()

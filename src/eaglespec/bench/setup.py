@@ -1,0 +1,133 @@
+"""From command-line values to what the suite runs: the model, the prompts, the configurations.
+
+Contract:
+- `resolve_placement(device, dtype)` -> (torch device, torch dtype); dtype "auto" is bf16 on CUDA, float32 elsewhere.
+- `load_bench_model(model, random_weights, device, dtype, seed, fuse, compile)` -> `BenchModel`: a checkpoint (None:
+  the embedded SmolLM2) through `load_model`, or a random-weights model of a shape (random_model.py), with the
+  engine's inference transforms applied as `api.load` does. Its `hf_source` is what `--peer hf` loads: the same file
+  or folder, or the same random weights rebuilt.
+- `build_workload(model, prompts, limit, turns, chat, prompt_len, count, seed)` -> `Workload`: MT-bench or a JSONL
+  (first `limit` items), encoded once with the model's tokenizer; for a random-weights model, `count` prompts of
+  `prompt_len` random ids.
+- `check_workload(...)` raises the prompt options' errors before the (slow) model load.
+- `parse_sizes("1,8,32")`, `parse_spec("5,4,16")`, `parse_ints` validate with one-sentence errors.
+- `spec_runs(drafts, specs, no_spec, default_model)` -> the speculative `RunConfig`s: every drafter x every shape;
+  "auto" means the drafter shipped for the embedded model (none for other models).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from ..assets import default_drafter_path
+from ..config import SpecConfig
+from ..errors import ConfigError
+from ..loading.checkpoint import load_model, resolve_device
+from ..loading.default import default_model_path
+from .datasets import encode, load_prompt_set, random_prompts
+from .drafters import ORACLE, RANDOM, drafter_label
+from .runs import RunConfig
+from .suite import BenchModel, Workload
+
+
+def parse_ints(text: str, what: str) -> list[int]:
+    try:
+        vals = [int(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise ConfigError(f"{what} must be comma-separated integers (got {text!r})") from None
+    if not vals:
+        raise ConfigError(f"{what} is empty")
+    return vals
+
+
+def parse_sizes(text: str) -> list[int]:
+    sizes = parse_ints(text, "--batch-sizes")
+    if any(b < 1 for b in sizes):
+        raise ConfigError(f"--batch-sizes must be >= 1 (got {text!r})")
+    return list(dict.fromkeys(sizes))
+
+
+def parse_spec(text: str) -> SpecConfig:
+    vals = parse_ints(text, "--spec")
+    if len(vals) != 3:
+        raise ConfigError(f"--spec takes S,K,D (steps, topk, draft tokens), e.g. 5,4,16 (got {text!r})")
+    return SpecConfig(*vals)
+
+
+def resolve_placement(device: str, dtype: str) -> tuple[torch.device, torch.dtype]:
+    dev = resolve_device(device)
+    if dtype == "auto":
+        return dev, torch.bfloat16 if dev.type == "cuda" else torch.float32
+    return dev, getattr(torch, dtype)
+
+
+def load_bench_model(model: str | None, random_weights: str | None, device: torch.device, dtype: torch.dtype,
+                     seed: int = 0, fuse: bool | None = None, compile: bool = False) -> BenchModel:
+    from ..engine.transforms import prepare_for_inference
+
+    if random_weights is not None:
+        if model is not None:
+            raise ConfigError("--model and --random-weights exclude each other")
+        from .random_model import random_model
+
+        loaded = random_model(random_weights, device, dtype, seed)
+        source = f"random-weights:{random_weights}"
+        hf: object = ("random", random_weights, seed)  # peer_hf rebuilds the same weights (before any fusing)
+    else:
+        path = model if model is not None else str(default_model_path())
+        loaded = load_model(path, device=device, dtype=dtype)
+        source, hf = path, path
+    prepare_for_inference(loaded.model, device, fuse, compile)  # as api.load does
+    return BenchModel(loaded, source, device, dtype, hf)
+
+
+def check_workload(random_weights: bool, prompts: str | None, limit: int | None, turns: int) -> None:
+    """The prompt options' errors, before any model is loaded."""
+    if limit is not None and limit < 1:
+        raise ConfigError(f"--limit must be >= 1 (got {limit})")
+    if turns not in (1, 2):
+        raise ConfigError(f"--turns must be 1 or 2 (got {turns})")
+    if random_weights and prompts is not None:
+        raise ConfigError("a --random-weights model has no tokenizer: its prompts are random ids (--prompt-len)")
+    if random_weights and turns == 2:
+        raise ConfigError("--turns 2 needs text prompts, which a --random-weights model cannot encode")
+
+
+def build_workload(model: BenchModel, prompts: str | None, limit: int | None, turns: int, chat: bool,
+                   prompt_len: int, count: int, seed: int = 0) -> Workload:
+    random_weights = str(model.source).startswith("random-weights:")
+    check_workload(random_weights, prompts, limit, turns)
+    if random_weights:
+        ids = random_prompts(limit or count, prompt_len, model.loaded.config.vocab_size, seed)
+        return Workload("random", ids, [None] * len(ids), None, 1, chat)
+    name = prompts or "mt-bench"
+    items = load_prompt_set(name)[:limit]
+    if turns == 2 and not any(i.follow_up for i in items):
+        raise ConfigError(f"--turns 2: the prompts of {name} have no second turn ('turns' with two entries)")
+    encoded = [encode(model.loaded.tokenizer, i.first, chat) for i in items]
+    return Workload(name, [e[0] for e in encoded], [e[1] for e in encoded], items, turns, chat)
+
+
+def spec_runs(drafts: Sequence[str] | None, specs: Sequence[SpecConfig], no_spec: bool,
+              default_model: bool) -> list[RunConfig]:
+    if no_spec and not specs:
+        return []
+    kinds: list[str] = []
+    for d in drafts or ["auto"]:
+        if d == "auto":
+            shipped = default_drafter_path() if default_model else None
+            if shipped is None:
+                if specs or drafts:
+                    raise ConfigError("no drafter for this model: pass --draft DIR, --draft oracle or --draft random "
+                                      "(or --no-spec for the baseline only)")
+                continue
+            d = str(shipped)
+        elif d not in (ORACLE, RANDOM) and not Path(d).exists():
+            raise ConfigError(f"--draft {d!r} is neither 'oracle', 'random' nor an existing drafter folder")
+        kinds.append(d)
+    shapes = list(specs) or [SpecConfig()]
+    runs = [RunConfig.of(drafter_label(k), k, s) for k in dict.fromkeys(kinds) for s in dict.fromkeys(shapes)]
+    return runs

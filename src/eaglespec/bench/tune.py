@@ -1,0 +1,96 @@
+"""Tuning: the grid of speculative shapes to try, and the verdict per batch size.
+
+Contract:
+- `grid(steps, topk, draft_tokens)` -> the `SpecConfig`s to try. Each argument is a list or None for the default.
+  The default grid is the chains S = 1..8 (K = 1, D = S + 1) and the trees S in (2, 4, 6, 8), K in (2, 4, 8),
+  D in (8, 16, 32) with S + 1 < D <= 1 + S*K: 28 shapes. With explicit lists the grid is their product, keeping the
+  valid shapes (1 <= D <= 1 + S*K); without --draft-tokens, D is S + 1 for a chain and each default D that fits a
+  tree. Order: by (S, K, D); duplicates dropped.
+- `verdict(records)` -> per batch size the fastest run overall and the fastest speculative one (record dicts of
+  report.py), whether speculation is net-negative there, and the sentence that says so:
+  "net-negative at batch size B: the fastest speculative configuration (S=.. K=.. D=..) runs X tok/s, slower than no
+  speculation at Y tok/s; run without speculation".
+- `tune_section(records)` -> the document's "tune" entry: {"fastest": {bs: config}, "fastest_speculative": {bs:
+  config}, "net_negative": {bs: bool}, "messages": [...]}.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from ..config import SpecConfig
+from ..errors import ConfigError
+
+CHAIN_STEPS = tuple(range(1, 9))
+TREE_STEPS = (2, 4, 6, 8)
+TREE_TOPK = (2, 4, 8)
+TREE_TOKENS = (8, 16, 32)
+
+
+def grid(steps: Sequence[int] | None = None, topk: Sequence[int] | None = None,
+         draft_tokens: Sequence[int] | None = None) -> list[SpecConfig]:
+    out: list[SpecConfig] = []
+    if steps is None and topk is None and draft_tokens is None:
+        out += [SpecConfig.chain(s) for s in CHAIN_STEPS]
+        out += [SpecConfig(s, k, d) for s in TREE_STEPS for k in TREE_TOPK for d in TREE_TOKENS
+                if s + 1 < d <= 1 + s * k]
+    else:
+        for s in steps or CHAIN_STEPS:
+            for k in topk or (1,) + TREE_TOPK:
+                if s < 1 or k < 1:
+                    raise ConfigError(f"steps and topk must be >= 1 (got S={s} K={k})")
+                ds = draft_tokens if draft_tokens is not None else (
+                    (s + 1,) if k == 1 else tuple(d for d in TREE_TOKENS if s + 1 < d <= 1 + s * k))
+                out += [SpecConfig(s, k, d) for d in ds if 1 <= d <= 1 + s * k]
+    unique = sorted(set(out), key=lambda c: (c.steps, c.topk, c.draft_tokens))
+    if not unique:
+        raise ConfigError("the tuning grid is empty: no draft-tokens value fits 1 <= D <= 1 + steps*topk")
+    return unique
+
+
+@dataclass
+class Verdict:
+    batch_size: int
+    fastest: dict[str, Any]
+    fastest_spec: dict[str, Any] | None
+    baseline: dict[str, Any] | None
+
+    @property
+    def net_negative(self) -> bool:
+        return (self.fastest_spec is not None and self.baseline is not None
+                and self.fastest_spec["tok_per_s"] < self.baseline["tok_per_s"])
+
+    def message(self) -> str:
+        s, b = self.fastest_spec, self.baseline
+        if s is None or b is None:
+            f = self.fastest
+            return f"batch size {self.batch_size}: fastest is {f['config']} at {f['tok_per_s']:.1f} tok/s"
+        shape = f"S={s['steps']} K={s['topk']} D={s['draft_tokens']}"
+        if self.net_negative:
+            return (f"net-negative at batch size {self.batch_size}: the fastest speculative configuration ({shape}) "
+                    f"runs {s['tok_per_s']:.1f} tok/s, slower than no speculation at {b['tok_per_s']:.1f} tok/s; "
+                    "run without speculation")
+        return (f"batch size {self.batch_size}: fastest is {shape} ({s['config']}) at {s['tok_per_s']:.1f} tok/s, "
+                f"{s['tok_per_s'] / b['tok_per_s']:.2f}x no speculation ({b['tok_per_s']:.1f} tok/s)")
+
+
+def verdict(records: Sequence[dict[str, Any]]) -> list[Verdict]:
+    out = []
+    for bs in dict.fromkeys(r["batch_size"] for r in records if r["kind"] != "peer"):
+        rs = [r for r in records if r["batch_size"] == bs and r["kind"] != "peer"]
+        spec = [r for r in rs if r["kind"] == "spec"]
+        base = next((r for r in rs if r["kind"] == "no-spec"), None)
+        out.append(Verdict(bs, max(rs, key=lambda r: r["tok_per_s"]),
+                           max(spec, key=lambda r: r["tok_per_s"]) if spec else None, base))
+    return out
+
+
+def tune_section(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    vs = verdict(records)
+    return {
+        "fastest": {str(v.batch_size): v.fastest["config"] for v in vs},
+        "fastest_speculative": {str(v.batch_size): v.fastest_spec["config"] if v.fastest_spec else None for v in vs},
+        "net_negative": {str(v.batch_size): v.net_negative for v in vs},
+        "messages": [v.message() for v in vs],
+    }

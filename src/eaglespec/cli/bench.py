@@ -1,0 +1,171 @@
+"""`eaglespec bench`: no-spec baseline vs speculative configurations, per batch size, on MT-bench or any JSONL.
+
+    eaglespec bench --limit 20 --batch-sizes 1,8 --draft oracle --spec 3,1,4 --spec 5,4,16 --out results/
+    eaglespec bench --random-weights llama-3.1-8b --batch-sizes 1 --draft random --spec 3,1,4 --out r/
+    eaglespec bench --no-spec --peer hf --limit 80 --out r/
+
+Prints one progress line per run on stderr and the Markdown table last on stdout; with --out writes results.json
+(schema in bench/report.py), results.md, results.png and outputs.jsonl. `add_run_options` and `prepare` are shared
+with `eaglespec tune`.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..errors import ConfigError
+
+if TYPE_CHECKING:
+    from ..bench.suite import BenchModel, SuiteOptions, SuiteResult, Workload
+
+
+def add_run_options(p: argparse.ArgumentParser, max_new_tokens: int, limit: int | None) -> None:
+    """Options of bench and tune: model, prompts, batch sizes, sampling, placement, output."""
+    m = p.add_argument_group("model")
+    m.add_argument("--model", default=None, help="HF model folder or .gguf file (default: embedded SmolLM2-135M)")
+    m.add_argument("--random-weights", default=None, metavar="CONFIG",
+                   help="a model of this shape with random weights instead of a checkpoint: a config.json path or "
+                        "a preset (llama-3.1-8b, smollm2-135m); prompts are random ids, EOS is ignored")
+    m.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    m.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                   help="auto: bfloat16 on CUDA, float32 on the CPU")
+    m.add_argument("--aux-convention", default="sglang", choices=["sglang", "vllm"],
+                   help="how a drafter's eagle_aux_hidden_state_layer_ids are read")
+    m.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=True,
+                   help="replay decode and speculative steps as CUDA graphs (CUDA only)")
+    m.add_argument("--fuse", action=argparse.BooleanOptionalAction, default=None,
+                   help="fuse q/k/v and gate/up projections (default: on CUDA only)")
+    m.add_argument("--compile", action="store_true", help="torch.compile RMSNorm and RoPE")
+    w = p.add_argument_group("prompts")
+    w.add_argument("--prompts", default=None, metavar="mt-bench|FILE",
+                   help="mt-bench (the default) or a JSONL file: one {prompt}, {turns} or {messages} per line")
+    w.add_argument("--limit", type=int, default=limit,
+                   help=f"use the first N prompts (default: {limit or 'all'}; random prompts: max(batch sizes, 8))")
+    w.add_argument("--turns", type=int, default=1, choices=[1, 2],
+                   help="2: also the second turns, after the model's own first answers")
+    w.add_argument("--no-chat-template", action="store_true", help="feed 'prompt' strings as raw text")
+    w.add_argument("--prompt-len", type=int, default=128, help="random prompt length (--random-weights; default 128)")
+    r = p.add_argument_group("run")
+    r.add_argument("--batch-sizes", default="1", help="static batch sizes, e.g. 1,8,32 (default: 1)")
+    r.add_argument("--max-new-tokens", type=int, default=max_new_tokens, help=f"default: {max_new_tokens}")
+    r.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    r.add_argument("--ignore-eos", action="store_true", help="always generate --max-new-tokens tokens")
+    r.add_argument("--seed", type=int, default=0, help="engine, random weights and random prompts (default: 0)")
+    r.add_argument("--warmup", type=int, default=1, help="untimed warm-up generations per run (default: 1)")
+    r.add_argument("--peer", default=None, choices=["hf"], help="also time transformers' generate (batch 1)")
+    r.add_argument("--out", default=None, metavar="DIR",
+                   help="write results.json, results.md, results.png and outputs.jsonl here")
+
+
+@dataclass
+class Prepared:
+    model: "BenchModel"
+    workload: "Workload"
+    options: "SuiteOptions"
+    machine: dict[str, Any]
+
+
+def prepare(args: argparse.Namespace) -> Prepared:
+    """Validate, measure the device, load the model and encode the prompts (in that order: errors come first)."""
+    from ..config import EngineConfig
+    from ..sampling_params import SamplingParams
+    from ..bench.bandwidth import copy_bandwidth
+    from ..bench.report import machine_info
+    from ..bench.setup import build_workload, check_workload, load_bench_model, parse_sizes, resolve_placement
+    from ..bench.suite import SuiteOptions, stderr_log
+
+    sizes = parse_sizes(args.batch_sizes)
+    check_workload(args.random_weights is not None, args.prompts, args.limit, args.turns)
+    if args.prompts not in (None, "mt-bench") and not Path(args.prompts).is_file():
+        raise ConfigError(f"prompt file {args.prompts} does not exist")
+    if args.warmup < 0:
+        raise ConfigError(f"--warmup must be >= 0 (got {args.warmup})")
+    params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                            ignore_eos=args.ignore_eos or args.random_weights is not None)
+    engine = EngineConfig(device=args.device, dtype=args.dtype, seed=args.seed, aux_convention=args.aux_convention,
+                          cuda_graphs=args.cuda_graphs, fuse_projections=args.fuse, compile=args.compile)
+    device, dtype = resolve_placement(args.device, args.dtype)
+    bw = copy_bandwidth(device)
+    if bw:
+        stderr_log(f"device copy bandwidth {bw / 1e9:.0f} GB/s")
+    model = load_bench_model(args.model, args.random_weights, device, dtype, args.seed, args.fuse, args.compile)
+    workload = build_workload(model, args.prompts, args.limit, args.turns, not args.no_chat_template,
+                              args.prompt_len, max(max(sizes), 8), args.seed)
+    return Prepared(model, workload, SuiteOptions(sizes, params, engine, args.warmup, args.peer),
+                    machine_info(device, bw))
+
+
+NEGATABLE = ("cuda_graphs", "fuse")  # BooleanOptionalAction options: False is spelled --no-...
+
+
+def command_line(kind: str, args: argparse.Namespace) -> str:
+    """The command, every option spelled out (reproducible whatever the defaults become)."""
+    import shlex
+
+    parts = ["eaglespec", kind]
+    for key, val in vars(args).items():
+        flag = "--" + key.replace("_", "-")
+        if key in NEGATABLE and val is False:
+            parts.append("--no-" + flag[2:])
+            continue
+        if key == "command" or val is None or val is False:
+            continue
+        if val is True:
+            parts.append(flag)
+        elif isinstance(val, list):
+            for v in val:
+                parts += [flag, str(v)]
+        else:
+            parts += [flag, str(val)]
+    return shlex.join(parts)
+
+
+def finish(kind: str, args: argparse.Namespace, prep: Prepared, result: "SuiteResult") -> str:
+    """The results document (for tune with its verdict, and the table sorted by tok/s per batch size), written to
+    --out when given; returns the Markdown to print."""
+    from ..bench.report import document, markdown, write_outputs
+    from ..bench.tune import tune_section
+
+    doc = document(kind, result, prep.model, prep.workload, prep.options, prep.machine, command_line(kind, args))
+    if kind == "tune":
+        doc["tune"] = tune_section(doc["records"])
+        order = {b: i for i, b in enumerate(doc["batch_sizes"])}
+        recs = sorted(doc["records"], key=lambda r: (order.get(r["batch_size"], len(order)), -r["tok_per_s"]))
+        md = markdown(doc, recs) + "\n" + "\n".join(doc["tune"]["messages"]) + "\n"
+    else:
+        md = markdown(doc)
+    if args.out:
+        write_outputs(doc, result, args.out, md)
+    return md
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("bench", help="benchmark baseline vs speculative decoding (tok/s, acceptance, bandwidth)")
+    add_run_options(p, max_new_tokens=256, limit=None)
+    s = p.add_argument_group("speculation")
+    s.add_argument("--spec", action="append", default=[], metavar="S,K,D",
+                   help="a speculative shape: steps, topk, draft tokens (repeatable; default 5,4,16)")
+    s.add_argument("--draft", action="append", default=None, metavar="DIR|oracle|random",
+                   help="drafter (repeatable): an EAGLE-3 folder, 'oracle' (the baseline's own greedy outputs: the "
+                        "upper bound) or 'random' (random weights of the target's shape: the lower bound); default: "
+                        "the shipped drafter of the embedded model")
+    s.add_argument("--no-spec", action="store_true",
+                   help="without --spec: only the no-spec baseline (which always runs)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..bench.setup import parse_spec, spec_runs
+    from ..bench.suite import run_suite, stderr_log
+
+    specs = [parse_spec(s) for s in args.spec]
+    default_model = args.model is None and args.random_weights is None
+    configs = spec_runs(args.draft, specs, args.no_spec, default_model)
+    if not configs and not args.no_spec:
+        stderr_log("no drafter for this model: running the no-spec baseline only (see --draft)")
+    prep = prepare(args)
+    result = run_suite(prep.model, prep.workload, configs, prep.options)
+    print(finish("bench", args, prep, result), end="")
+    return 0

@@ -1,0 +1,355 @@
+"""`eaglespec bench` end to end on tiny random models on the CPU (a Llama folder with a character tokenizer, and
+--random-weights), the prompt loaders, the oracle's acceptance, the output files, and the bandwidth arithmetic."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from tiny import tiny_llama
+
+from eaglespec.bench.bandwidth import DecodeTraffic, kv_bytes_per_token, weight_bytes_per_step
+from eaglespec.bench.datasets import MT_BENCH_FILE, PromptItem, encode, mt_bench, read_jsonl, second_turn
+from eaglespec.bench.random_model import PRESETS, build_on_meta, random_drafter, random_model, shape_config
+from eaglespec.cli import main
+from eaglespec.config import ModelConfig
+from eaglespec.errors import ConfigError
+from eaglespec.loading.safetensors_io import save_safetensors
+from eaglespec.models.llama import LlamaForCausalLM
+
+SPECIAL = ["<unk>", "<|im_start|>", "<|im_end|>"]  # ids 0, 1, 2 (2 is EOS)
+CHARS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 .,;:!?'\"()-\n"
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+VOCAB = 97
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+RECORD_KEYS = {
+    "config": str, "kind": str, "batch_size": int, "prompts": int, "prompt_tokens": int, "output_tokens": int,
+    "seconds": float, "tok_per_s": float, "identical_outputs": int, "identical_reference": str,
+    "finished_by_eos": int, "time_split": dict,
+}
+OPTIONAL_KEYS = ("drafter", "steps", "topk", "draft_tokens", "speedup", "accept_length_mean", "accept_length_hist",
+                 "accept_rate_per_depth", "verify_steps", "draft_forwards", "bandwidth")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models on a shared 2-core machine: one intra-op thread is much faster than two fighting ones."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def write_tiny_chat_folder(folder: Path, max_pos: int = 1024) -> Path:
+    """A tiny Llama (tests/tiny.py weights) with a character-level tokenizer and a ChatML template."""
+    from tokenizers import Tokenizer, decoders, models
+
+    folder.mkdir(parents=True, exist_ok=True)
+    tokens = SPECIAL + list(CHARS)
+    tokens += [f"<x{i}>" for i in range(len(tokens), VOCAB)]
+    tk = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=[], unk_token="<unk>"))
+    tk.add_special_tokens(SPECIAL)
+    tk.decoder = decoders.Fuse()
+    tk.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps(
+        {"bos_token": "<|im_start|>", "eos_token": "<|im_end|>", "chat_template": CHATML}))
+    cfg = dict(architectures=["LlamaForCausalLM"], model_type="llama", vocab_size=VOCAB, hidden_size=64,
+               intermediate_size=128, num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2,
+               max_position_embeddings=max_pos, tie_word_embeddings=False, rms_norm_eps=1e-6, rope_theta=10000.0,
+               bos_token_id=1, eos_token_id=2)
+    (folder / "config.json").write_text(json.dumps(cfg))
+    m = tiny_llama(max_position_embeddings=max_pos)
+    save_safetensors({k: v.contiguous() for k, v in m.state_dict().items()}, folder / "model.safetensors")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def chat_model(tmp_path_factory) -> Path:
+    return write_tiny_chat_folder(tmp_path_factory.mktemp("bench") / "tiny")
+
+
+@pytest.fixture(scope="module")
+def prompt_file(tmp_path_factory) -> Path:
+    p = tmp_path_factory.mktemp("prompts") / "prompts.jsonl"
+    p.write_text("\n".join([
+        json.dumps({"prompt": "What is the capital of France?"}),
+        json.dumps({"turns": ["Tell me a story.", "Shorter, please."]}),
+        "",
+        json.dumps({"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"},
+                                 {"role": "assistant", "content": "dropped"}]}),
+    ]) + "\n")
+    return p
+
+
+def run_cli(args: list[str], capsys) -> tuple[int, str, str]:
+    code = main([str(a) for a in args])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def check_schema(doc: dict) -> None:
+    assert doc["schema"] == "eaglespec.bench" and doc["schema_version"] == 1
+    for key in ("date", "command", "git_revision", "git_dirty", "machine", "model", "prompts", "sampling", "engine",
+                "warmup", "batch_sizes", "peer", "records"):
+        assert key in doc, key
+    assert doc["command"].startswith("eaglespec ")
+    assert doc["machine"]["device"] == "cpu" and doc["machine"]["copy_bandwidth_gb_s"] is None
+    assert isinstance(doc["model"]["weight_bytes_per_step"], int) and doc["model"]["kv_bytes_per_token"] > 0
+    for r in doc["records"]:
+        for key, typ in RECORD_KEYS.items():
+            assert isinstance(r[key], typ) or (r["kind"] == "peer" and key == "time_split" and r[key] is None), \
+                (key, r[key])
+        for key in OPTIONAL_KEYS:
+            assert key in r, key
+        assert r["tok_per_s"] == pytest.approx(r["output_tokens"] / r["seconds"], rel=1e-2)
+        ts = r["time_split"]
+        if ts is not None:
+            assert set(ts) == {"draft", "verify", "rest", "prefill", "decode", "commit"}
+            assert ts["draft"] + ts["verify"] + ts["rest"] == pytest.approx(r["seconds"], abs=1e-3)
+        if r["kind"] == "no-spec":
+            assert r["speedup"] == 1.0 and r["identical_outputs"] == r["prompts"]
+            assert r["accept_length_mean"] is None and ts["draft"] == 0.0 and ts["verify"] == 0.0
+            assert set(r["bandwidth"]) == {"decode_steps", "decode_seconds", "bytes", "bytes_per_step",
+                                           "achieved_gb_s", "device_gb_s", "fraction_of_device"}
+        if r["kind"] == "spec":
+            assert isinstance(r["accept_length_mean"], float) and r["bandwidth"] is None
+            assert sum(r["accept_length_hist"].values()) == r["verify_steps"] > 0
+            assert r["draft_forwards"] == r["steps"] * r["verify_steps"]
+
+
+def check_png(path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    assert path.read_bytes()[:8] == PNG_MAGIC
+    img = plt.imread(path)
+    assert img.ndim == 3 and img.shape[0] > 100 and img.shape[1] > 100
+
+
+# --- prompt sets ---------------------------------------------------------------------------------------------------
+def test_mt_bench_is_shipped_and_complete():
+    import eaglespec
+
+    assert Path(eaglespec.__file__).parent in MT_BENCH_FILE.parents  # read from the package, not ../shared
+    items = mt_bench()
+    assert len(items) == 80 and all(isinstance(i.first, str) and i.follow_up for i in items)
+    assert items[0].first.startswith("Compose an engaging travel blog post about a recent trip to Hawaii")
+    assert items[0].follow_up == "Rewrite your previous response. Start every sentence with the letter A."
+
+
+def test_jsonl_forms_and_errors(prompt_file, tmp_path):
+    items = read_jsonl(prompt_file)
+    assert items[0] == PromptItem("What is the capital of France?")
+    assert items[1] == PromptItem("Tell me a story.", "Shorter, please.")
+    assert [m["role"] for m in items[2].first] == ["system", "user"]  # the trailing assistant turn is dropped
+    ids = tmp_path / "ids.jsonl"
+    ids.write_text('{"prompt_ids": [5, 6, 7]}\n')
+    assert encode(None, read_jsonl(ids)[0].first) == ([5, 6, 7], None)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "ok"}\n{"question": "no"}\n')
+    with pytest.raises(ConfigError, match="bad.jsonl line 2 has none of 'prompt'"):
+        read_jsonl(bad)
+    bad.write_text('{"prompt": "ok"}\n{not json\n')
+    with pytest.raises(ConfigError, match="line 2 is not valid JSON"):
+        read_jsonl(bad)
+    with pytest.raises(ConfigError, match="does not exist"):
+        read_jsonl(tmp_path / "missing.jsonl")
+
+
+def test_second_turn_follows_the_first_answer():
+    conv = second_turn(PromptItem("Q1", "Q2"), "A1")
+    assert conv == [{"role": "user", "content": "Q1"}, {"role": "assistant", "content": "A1"},
+                    {"role": "user", "content": "Q2"}]
+
+
+# --- bench end to end -----------------------------------------------------------------------------------------------
+def test_bench_jsonl_oracle_and_random(chat_model, prompt_file, tmp_path, capsys):
+    out = tmp_path / "out"
+    max_new = 12
+    code, stdout, err = run_cli(
+        ["bench", "--model", chat_model, "--prompts", prompt_file, "--batch-sizes", "1,2", "--spec", "3,1,4",
+         "--spec", "2,2,4", "--draft", "oracle", "--draft", "random", "--max-new-tokens", max_new, "--ignore-eos",
+         "--warmup", "1", "--device", "cpu", "--out", out], capsys)
+    assert code == 0, err
+    doc = json.loads((out / "results.json").read_text())
+    check_schema(doc)
+    recs = doc["records"]
+    names = ["no-spec", "oracle S3 K1 D4", "oracle S2 K2 D4", "random S3 K1 D4", "random S2 K2 D4"]
+    assert [(r["config"], r["batch_size"]) for r in recs] == [(n, b) for b in (1, 2) for n in names]
+    n = 3
+    for r in recs:
+        assert r["prompts"] == n and r["output_tokens"] == n * max_new
+        assert r["identical_outputs"] == n  # greedy speculation == plain greedy, token for token (fp32)
+        assert r["identical_reference"] == f"no-spec bs={1 if r['kind'] == 'no-spec' else r['batch_size']}"
+    for r in recs:
+        if r["drafter"] == "oracle":  # every draft on the reference path is accepted: tau reaches min(S, D-1) + 1
+            top = min(r["steps"], r["draft_tokens"] - 1) + 1
+            assert max(int(t) for t, c in r["accept_length_hist"].items() if c) == top
+            assert r["accept_length_hist"][str(top)] >= r["verify_steps"] - n  # only a sequence's end may fall short
+            assert r["accept_rate_per_depth"][0] == 1.0
+        if r["drafter"] == "random":
+            assert r["accept_length_mean"] < 1.5
+    # bandwidth: 3 sequences of 12 tokens, 11 decode steps each at batch 1; at batch 2, 11 steps per static batch
+    base1, base2 = recs[0], recs[5]
+    assert base1["bandwidth"]["decode_steps"] == 3 * (max_new - 1)
+    assert base2["bandwidth"]["decode_steps"] == 2 * (max_new - 1)
+    prompt_lens = [row["prompt_tokens"] for row in map(json.loads, (out / "outputs.jsonl").read_text().splitlines())]
+    m = max_new - 1
+    kv_reads = sum(m * P + m * (m + 1) // 2 for P in prompt_lens)
+    wb, kvb = doc["model"]["weight_bytes_per_step"], doc["model"]["kv_bytes_per_token"]
+    assert base1["bandwidth"]["bytes"] == 3 * m * wb + kv_reads * kvb
+    assert base1["bandwidth"]["achieved_gb_s"] > 0 and base1["bandwidth"]["device_gb_s"] is None
+    # the Markdown table is printed last and written as results.md
+    md = (out / "results.md").read_text()
+    assert stdout == md
+    table = [line for line in md.splitlines() if line.startswith("| ")]
+    assert table[0].startswith("| config | batch | tok/s | speedup |")
+    for name in names:
+        assert any(line.startswith(f"| {name} | 2 |") for line in table)
+    assert "| oracle S3 K1 D4 | 1 | 1:0 2:0 3:0 4:" in md  # the acceptance histogram table
+    check_png(out / "results.png")
+    assert "oracle S3 K1 D4 bs=2" in err  # progress on stderr
+
+
+def test_bench_mt_bench_two_turns_with_peer(chat_model, tmp_path, capsys):
+    out = tmp_path / "out"
+    code, _, err = run_cli(
+        ["bench", "--model", chat_model, "--limit", "2", "--turns", "2", "--batch-sizes", "2", "--spec", "3,1,4",
+         "--draft", "oracle", "--max-new-tokens", "6", "--warmup", "0", "--peer", "hf", "--device", "cpu",
+         "--out", out], capsys)
+    assert code == 0, err
+    doc = json.loads((out / "results.json").read_text())
+    check_schema(doc)
+    assert doc["prompts"] == {"set": "mt-bench", "count": 4, "turns": 2, "prompt_tokens_mean": doc["prompts"][
+        "prompt_tokens_mean"]}
+    rows = [json.loads(line) for line in (out / "outputs.jsonl").read_text().splitlines()]
+    assert [r["turn"] for r in rows] == [1, 1, 2, 2]
+    questions = mt_bench()[:2]
+    for first, second, q in zip(rows[:2], rows[2:], questions):
+        assert first["answer"] and q.first in first["prompt"]
+        # the second turn is asked after the model's own first answer
+        assert f"{q.first}<|im_end|>\n<|im_start|>assistant\n{first['answer']}<|im_end|>" in second["prompt"]
+        assert q.follow_up in second["prompt"] and second["prompt_tokens"] > first["prompt_tokens"]
+    recs = {r["config"]: r for r in doc["records"]}
+    assert set(recs) == {"no-spec", "oracle S3 K1 D4", "hf-transformers"}
+    assert all(r["prompts"] == 4 for r in recs.values())
+    assert recs["oracle S3 K1 D4"]["identical_outputs"] == 4
+    peer = recs["hf-transformers"]
+    assert peer["kind"] == "peer" and peer["batch_size"] == 1 and peer["time_split"] is None
+    assert peer["identical_outputs"] == 4  # transformers' greedy generate agrees with ours in fp32
+    assert peer["speedup"] is None  # no no-spec run at batch 1 to compare with
+    assert doc["peer"]["library"] == "transformers" and doc["peer"]["version"]
+
+
+def test_bench_random_weights(tmp_path, capsys):
+    cfg = tmp_path / "shape.json"
+    cfg.write_text(json.dumps(dict(architectures=["LlamaForCausalLM"], model_type="llama", vocab_size=101,
+                                   hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=True)))
+    out = tmp_path / "out"
+    code, stdout, err = run_cli(
+        ["bench", "--random-weights", cfg, "--prompt-len", "10", "--limit", "3", "--batch-sizes", "1,3", "--spec",
+         "2,1,3", "--draft", "random", "--max-new-tokens", "5", "--device", "cpu", "--out", out], capsys)
+    assert code == 0, err
+    doc = json.loads((out / "results.json").read_text())
+    check_schema(doc)
+    assert doc["prompts"]["set"] == "random" and doc["prompts"]["prompt_tokens_mean"] == 10
+    assert doc["sampling"]["ignore_eos"] is True and doc["model"]["source"] == f"random-weights:{cfg}"
+    # tied head: embedding read whole once; per layer q,o 32x32, k,v 32x16, MLP 3x32x64, two norms; final norm
+    per_layer = 2 * 32 * 32 + 2 * 32 * 16 + 3 * 32 * 64 + 2 * 32
+    assert doc["model"]["weight_bytes_per_step"] == 4 * (2 * per_layer + 32 + 101 * 32)
+    assert doc["model"]["kv_bytes_per_token"] == 2 * 2 * 2 * 8 * 4
+    assert [(r["config"], r["batch_size"], r["output_tokens"]) for r in doc["records"]] == [
+        ("no-spec", 1, 15), ("random S2 K1 D3", 1, 15), ("no-spec", 3, 15), ("random S2 K1 D3", 3, 15)]
+    assert doc["records"][2]["bandwidth"]["decode_steps"] == 4
+
+
+# --- user errors ----------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("args,needle", [
+    (["--spec", "3,2,9"], "between 1 and 1 + steps*topk = 7"),
+    (["--spec", "3,2"], "--spec takes S,K,D"),
+    (["--batch-sizes", "1,x"], "--batch-sizes must be comma-separated integers"),
+    (["--draft", "/no/such/drafter"], "neither 'oracle', 'random' nor an existing drafter folder"),
+    (["--spec", "3,1,4"], "no drafter for this model"),
+    (["--random-weights", "llama-3.1-8b"], "--model and --random-weights exclude"),
+    (["--random-weights", "/no/such.json", "NO_MODEL"], "neither a preset"),
+    (["--random-weights", "smollm2-135m", "--prompts", "mt-bench", "NO_MODEL"], "its prompts are random ids"),
+    (["--prompts", "/no/prompts.jsonl"], "prompt file /no/prompts.jsonl does not exist"),
+])
+def test_bench_user_errors(chat_model, args, needle, capsys):
+    model = [] if "NO_MODEL" in args else ["--model", chat_model]
+    args = [a for a in args if a != "NO_MODEL"]
+    code, _, err = run_cli(["bench", *model, "--device", "cpu", *args], capsys)
+    lines = [line for line in err.strip().splitlines() if line.startswith("eaglespec: error: ")]
+    assert code == 2 and len(lines) == 1 and needle in lines[0], err
+
+
+# --- random weights and bandwidth arithmetic ------------------------------------------------------------------------
+def test_bandwidth_arithmetic_tiny_llama():
+    m = tiny_llama()  # vocab 97, hidden 64, 6 layers, 4 heads (head_dim 16), 2 KV heads, MLP 128, untied, fp32
+    per_layer = 64 * 64 + 2 * (64 * 32) + 64 * 64 + 3 * 64 * 128 + 2 * 64
+    assert weight_bytes_per_step(m) == 4 * (6 * per_layer + 64 + 97 * 64)  # the input embedding is not read whole
+    assert kv_bytes_per_token(m, torch.float32) == 6 * 2 * 2 * 16 * 4
+    assert kv_bytes_per_token(m, torch.bfloat16) == 6 * 2 * 2 * 16 * 2
+    t = DecodeTraffic()
+    t.add_batch([5, 3], [4, 2])  # 3 and 1 decode steps: contexts 6,7,8 and 4
+    assert (t.steps, t.kv_token_reads) == (3, 6 + 7 + 8 + 4)
+    t.add_batch([2], [1])  # the prefill made the only token: no decode step
+    assert (t.steps, t.kv_token_reads) == (3, 25)
+    assert t.bytes(1000, 10) == 3 * 1000 + 25 * 10
+
+
+def test_llama_3_1_8b_shape_on_meta(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(PRESETS["llama-3.1-8b"]))
+    cfg = ModelConfig.from_hf(shape_config(str(path)))
+    assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads,
+            cfg.intermediate_size, cfg.vocab_size, cfg.rope.type) == (4096, 32, 32, 8, 14336, 128256, "llama3")
+    m = build_on_meta(LlamaForCausalLM, cfg, torch.bfloat16)
+    assert sum(p.numel() for p in m.parameters()) == 8_030_261_248
+    # bf16 weights one decode step reads (the 128256 x 4096 input embedding excepted), and the KV of one token
+    assert weight_bytes_per_step(m) == 2 * (8_030_261_248 - 128256 * 4096) == 15_009_849_344
+    assert kv_bytes_per_token(m, torch.bfloat16) == 32 * 2 * 8 * 128 * 2
+
+
+def test_random_model_and_drafter_materialise():
+    loaded = random_model("smollm2-135m", torch.device("cpu"), torch.float32, seed=3)
+    m = loaded.model
+    assert loaded.tokenizer is None and not any(p.is_meta for p in m.parameters())
+    assert m.lm_head.weight is m.model.embed_tokens.weight  # tied again after to_empty
+    assert torch.all(m.model.norm.weight == 1) and 0.015 < m.lm_head.weight.std().item() < 0.025
+    assert torch.isfinite(m.model.rotary.inv_freq).all()
+    d = random_drafter(loaded.config, torch.device("cpu"), torch.float32, seed=3)
+    assert d.draft_vocab_size == 32000 and d.fc.weight.shape == (576, 3 * 576)
+    targets = d.to_target_ids(torch.arange(32000))
+    assert torch.all(targets[1:] > targets[:-1]) and 0 <= targets.min() and targets.max() < 49152
+    assert int(d.t2d.sum()) == 32000 and torch.all(d.t2d[targets])
+
+
+def test_bench_on_the_static_path(chat_model, prompt_file, tmp_path, capsys, monkeypatch):
+    """The GPU fast path's bucketed all-rows steps (GraphCache without capture): rows finish at different times in a
+    static batch, the oracle still reads its row's reference, and outputs stay identical to the baseline's."""
+    from eaglespec.bench import runs
+    from eaglespec.engine.cuda_graphs import GraphCache
+    from eaglespec.engine.engine import Engine
+
+    def static_engine(*args, **kw):
+        eng = Engine(*args, **kw)
+        eng.runner.graphs = GraphCache(eng.runner, capture=False)
+        return eng
+
+    monkeypatch.setattr(runs, "Engine", static_engine)
+    out = tmp_path / "out"
+    code, _, err = run_cli(
+        ["bench", "--model", chat_model, "--prompts", prompt_file, "--batch-sizes", "3", "--spec", "3,1,4",
+         "--spec", "4,2,6", "--draft", "oracle", "--draft", "random", "--max-new-tokens", "10", "--device", "cpu",
+         "--out", out], capsys)
+    assert code == 0, err
+    recs = json.loads((out / "results.json").read_text())["records"]
+    assert len(recs) == 5 and all(r["identical_outputs"] == 3 for r in recs)
+    for r in recs:
+        if r["drafter"] == "oracle":
+            top = min(r["steps"], r["draft_tokens"] - 1) + 1
+            assert r["accept_length_hist"][str(top)] >= r["verify_steps"] - 3

@@ -1,0 +1,111 @@
+"""`eaglespec tune`: the grid, the verdict and its sentence, and a sweep end to end on a tiny model on the CPU."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from test_bench import check_png, check_schema, run_cli, write_tiny_chat_folder
+
+from eaglespec.bench.tune import grid, tune_section, verdict
+from eaglespec.config import SpecConfig
+from eaglespec.errors import ConfigError
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def test_default_grid():
+    g = grid()
+    assert len(g) == 28 and len(set(g)) == 28
+    assert [c for c in g if c.topk == 1] == [SpecConfig.chain(s) for s in range(1, 9)]
+    assert all(c.steps + 1 < c.draft_tokens <= 1 + c.steps * c.topk for c in g if c.topk > 1)
+    shapes = {(c.steps, c.topk, c.draft_tokens) for c in g}
+    assert (8, 8, 32) in shapes and (4, 2, 8) in shapes and (2, 4, 8) in shapes and (2, 2, 8) not in shapes
+    assert g == sorted(g, key=lambda c: (c.steps, c.topk, c.draft_tokens))
+
+
+def test_grid_overrides():
+    # invalid shapes are skipped: S=2 K=1 holds at most 3 tokens
+    assert grid([2, 3], [1, 4], [4, 8, 16]) == [SpecConfig(2, 4, 4), SpecConfig(2, 4, 8), SpecConfig(3, 1, 4),
+                                                SpecConfig(3, 4, 4), SpecConfig(3, 4, 8)]
+    # without --draft-tokens: S+1 for a chain, and each default D with S+1 < D <= 1+S*K for a tree
+    assert grid([3], None, None) == [SpecConfig(3, 1, 4), SpecConfig(3, 4, 8), SpecConfig(3, 8, 8),
+                                     SpecConfig(3, 8, 16)]
+    with pytest.raises(ConfigError, match="grid is empty"):
+        grid([1], [1], [9])
+
+
+def _rec(config, bs, tok_s, kind="spec", s=None):
+    steps, topk, d = s or (None, None, None)
+    return {"config": config, "batch_size": bs, "tok_per_s": tok_s, "kind": kind, "steps": steps, "topk": topk,
+            "draft_tokens": d}
+
+
+def test_verdict_sentences():
+    recs = [_rec("no-spec", 1, 100.0, "no-spec"), _rec("d S3 K1 D4", 1, 80.0, s=(3, 1, 4)),
+            _rec("d S5 K4 D16", 1, 90.5, s=(5, 4, 16)),
+            _rec("no-spec", 8, 400.0, "no-spec"), _rec("d S3 K1 D4", 8, 520.0, s=(3, 1, 4)),
+            _rec("hf-transformers", 1, 500.0, "peer")]
+    v1, v8 = verdict(recs)
+    assert v1.net_negative and not v8.net_negative
+    assert v1.message() == ("net-negative at batch size 1: the fastest speculative configuration (S=5 K=4 D=16) runs "
+                            "90.5 tok/s, slower than no speculation at 100.0 tok/s; run without speculation")
+    assert v8.message() == "batch size 8: fastest is S=3 K=1 D=4 (d S3 K1 D4) at 520.0 tok/s, 1.30x no speculation " \
+                           "(400.0 tok/s)"
+    sec = tune_section(recs)
+    assert sec["fastest"] == {"1": "no-spec", "8": "d S3 K1 D4"}  # the peer is not a candidate
+    assert sec["fastest_speculative"] == {"1": "d S5 K4 D16", "8": "d S3 K1 D4"}
+    assert sec["net_negative"] == {"1": True, "8": False}
+
+
+def test_tune_end_to_end_random_drafter_is_net_negative(tmp_path, capsys):
+    model = write_tiny_chat_folder(tmp_path / "tiny")
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ("Hello there.", "Name a colour.", "2+2?")))
+    out = tmp_path / "out"
+    code, stdout, err = run_cli(
+        ["tune", "--model", model, "--prompts", prompts, "--draft", "random", "--steps", "2,3", "--topk", "1,4",
+         "--draft-tokens", "3,8", "--batch-sizes", "1,3", "--max-new-tokens", "24", "--ignore-eos",
+         "--device", "cpu", "--out", out], capsys)
+    assert code == 0, err
+    doc = json.loads((out / "results.json").read_text())
+    check_schema(doc)
+    shapes = grid([2, 3], [1, 4], [3, 8])
+    assert doc["kind"] == "tune" and len(shapes) == 6
+    assert len(doc["records"]) == 2 * (1 + len(shapes))
+    assert {(r["steps"], r["topk"], r["draft_tokens"]) for r in doc["records"] if r["kind"] == "spec"} == {
+        (c.steps, c.topk, c.draft_tokens) for c in shapes}
+    assert all(r["identical_outputs"] == 3 for r in doc["records"])
+    tune = doc["tune"]
+    for bs in ("1", "3"):
+        rs = [r for r in doc["records"] if r["batch_size"] == int(bs)]
+        assert tune["fastest"][bs] == max(rs, key=lambda r: r["tok_per_s"])["config"]
+        best = max((r for r in rs if r["kind"] == "spec"), key=lambda r: r["tok_per_s"])
+        base = next(r for r in rs if r["kind"] == "no-spec")
+        assert tune["net_negative"][bs] == (best["tok_per_s"] < base["tok_per_s"])
+    # a random drafter is (almost) never right: each step costs drafting plus a wider verify for ~1 token
+    assert tune["net_negative"]["1"], stdout
+    lines = stdout.strip().splitlines()
+    assert lines[-2].startswith("net-negative at batch size 1: the fastest speculative configuration (S=")
+    assert lines[-2].endswith("tok/s; run without speculation")
+    assert stdout == (out / "results.md").read_text()
+    # the table is sorted by tok/s within each batch size
+    table = lines[lines.index(next(x for x in lines if x.startswith("| config | batch | tok/s"))) + 2:]
+    table = table[: table.index("")]
+    speeds = [float(row.split(" | ")[2]) for row in table if row.split(" | ")[1] == "1"]
+    assert len(table) == len(doc["records"]) and len(speeds) == 1 + len(shapes)
+    assert speeds == sorted(speeds, reverse=True)
+    check_png(out / "results.png")
+
+
+def test_tune_bad_grid_fails_before_loading(capsys):
+    code, _, err = run_cli(["tune", "--model", "/no/such/model", "--draft", "random", "--steps", "1",
+                            "--topk", "1", "--draft-tokens", "5"], capsys)
+    assert code == 2 and "grid is empty" in err
