@@ -23,6 +23,7 @@ from eaglespec.sampling_params import SamplingParams
 from eaglespec.spec.oracle import OracleDrafter
 
 MODEL, OUT = sys.argv[1], Path(sys.argv[2])
+OUT.mkdir(parents=True, exist_ok=True)
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = [json.loads(l)["turns"][0] for l in (ROOT / "src/eaglespec/assets/mt_bench_question.jsonl").read_text().splitlines()[:8]]
 N = 128
@@ -107,6 +108,23 @@ def graphs():
     rows.append({"run": "eager vs graphs identical outputs", "identical": f"{same}/3"})
 
 
+def profile():
+    """Kernel-level split of eager decode steps (GPU time per kernel, independent of launch gaps)."""
+    from torch.profiler import ProfilerActivity, profile as prof
+
+    e = state["engine"]
+    e.runner.graphs = None
+    e.generate([PROMPTS[0]], SamplingParams(max_new_tokens=4))
+    with prof(activities=[ProfilerActivity.CUDA]) as p:
+        e.generate([PROMPTS[0]], SamplingParams(max_new_tokens=21))
+    table = p.key_averages().table(sort_by="cuda_time_total", row_limit=30)
+    (OUT / "profile_decode.txt").write_text(table)
+    print(table, flush=True)
+    from eaglespec.engine.cuda_graphs import GraphCache
+
+    e.runner.graphs = GraphCache(e.runner)
+
+
 def compiled():
     e = api.load(MODEL, draft=None, config=EngineConfig(compile=True))
     timed(e, PROMPTS, "no-spec cuda-graphs bf16 fused+compiled")
@@ -117,7 +135,7 @@ def oracle():
     refs = [state["engine"].encode_prompt(p) + o.token_ids for p, o in zip(PROMPTS, state["ref"])]
     for spec in (SpecConfig(3, 1, 4), SpecConfig(7, 1, 8), SpecConfig(5, 4, 16)):
         target.set_eagle3_layers_to_capture(None)
-        e = Engine(target, state["engine"].tokenizer, EngineConfig(), drafter=OracleDrafter(target.config, [refs[0]]),
+        e = Engine(target, state["engine"].tokenizer, EngineConfig(), drafter=OracleDrafter(target.config, [refs[0]], capacity=2100),
                    spec=spec)
         outs = timed(e, PROMPTS, f"oracle S{spec.steps}K{spec.topk}D{spec.draft_tokens}", oracle_refs=refs)
         same = sum(a.token_ids == b.token_ids for a, b in zip(outs, state["ref"]))
@@ -199,7 +217,7 @@ def llama8b():
     print(rows[-1], flush=True)
 
 
-for fn in (eager, graphs, oracle, random_draft, compiled, hf_peer, llama8b):
+for fn in (eager, graphs, profile, oracle, random_draft, compiled, hf_peer, llama8b):
     t = time.perf_counter()
     section(fn)
     print(f"== {fn.__name__} took {time.perf_counter() - t:.1f}s", flush=True)

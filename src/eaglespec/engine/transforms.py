@@ -2,8 +2,8 @@
 
 - `fuse_projections(model)`: q/k/v into one GEMM and gate/up into one GEMM, in every GQA attention and gated MLP;
   fewer, larger kernels, which matters when a decode step is bound by kernel count (small models, batch 1).
-- `compile_elementwise(model)`: RMSNorm and RoPE through `torch.compile` (one fused kernel each instead of ~6),
-  shapes dynamic so one compilation serves every batch and length bucket.
+- `compile_elementwise(model)`: RMSNorm, residual-add + RMSNorm, RoPE and SiLU-gating through `torch.compile` (one
+  fused kernel each instead of ~6), shapes dynamic so one compilation serves every batch and length bucket.
 Both change nothing numerically beyond floating-point reassociation; neither is applied to models being trained.
 """
 
@@ -13,8 +13,8 @@ import torch
 from torch import nn
 
 from ..layers.attention import GQAAttention
-from ..layers.mlp import GatedMLP
-from ..layers.norm import RMSNorm, rms_norm
+from ..layers.mlp import GatedMLP, silu_mul
+from ..layers.norm import RMSNorm, add_rms_norm, rms_norm
 from ..layers.rotary import apply_rotary
 
 
@@ -32,13 +32,16 @@ _compiled: dict[str, object] = {}
 
 def compile_elementwise(model: nn.Module) -> nn.Module:
     if not _compiled:
-        _compiled["norm"] = torch.compile(rms_norm, dynamic=True, fullgraph=True)
-        _compiled["rope"] = torch.compile(apply_rotary, dynamic=True, fullgraph=True)
+        for name, fn in (("norm", rms_norm), ("add_norm", add_rms_norm), ("rope", apply_rotary),
+                         ("silu_mul", silu_mul)):
+            _compiled[name] = torch.compile(fn, dynamic=True, fullgraph=True)
     for m in model.modules():
         if isinstance(m, RMSNorm):
-            m.impl = _compiled["norm"]
+            m.impl, m.add_impl = _compiled["norm"], _compiled["add_norm"]
         elif isinstance(m, GQAAttention):
             m.rope = _compiled["rope"]
+        elif isinstance(m, GatedMLP):
+            m.gated_act = _compiled["silu_mul"]
     return model
 
 

@@ -23,8 +23,7 @@ from .rotary import apply_rotary
 
 def write_cache(cache: torch.Tensor, new: torch.Tensor, ctx: ForwardContext) -> None:
     """cache [Bc, S, ...] <- new [B, T, ...] at (rows[b], write_index[b, t])."""
-    B = new.shape[0]
-    rows = ctx.rows if ctx.rows is not None else torch.arange(B, device=new.device)
+    rows = ctx.row_index(new.shape[0])
     cache[rows[:, None], ctx.write_index] = new.to(cache.dtype)
 
 
@@ -36,12 +35,12 @@ def read_cache(cache: torch.Tensor, ctx: ForwardContext, batch: int) -> torch.Te
 
 
 def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float | None) -> torch.Tensor:
-    """q [B, T, H, D], k/v [B, K, H_kv, D*], mask [B, T, K] bool -> [B, T, H, Dv]."""
+    """q [B, T, H, D], k/v [B, K, H_kv, D*], mask [B, T, K] bool or an additive bias [B, 1, T, K] -> [B, T, H, Dv]."""
     out = F.scaled_dot_product_attention(
         q.transpose(1, 2),
         k.transpose(1, 2),
         v.transpose(1, 2),
-        attn_mask=mask[:, None],
+        attn_mask=mask[:, None] if mask.dim() == 3 else mask,
         scale=scale,
         enable_gqa=q.shape[2] != k.shape[2],
     )
@@ -66,7 +65,7 @@ def attend(
     B = q.shape[0]
     kk = read_cache(k_cache, ctx, B).to(q.dtype)
     vv = read_cache(v_cache, ctx, B).to(q.dtype)
-    return sdpa(q, kk, vv, ctx.attn_mask, scale)
+    return sdpa(q, kk, vv, ctx.attn_bias(q.dtype), scale)
 
 
 class GQAAttention(nn.Module):

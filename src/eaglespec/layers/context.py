@@ -15,7 +15,7 @@ positions `[0, kv_len)` wherever `attn_mask[b, t, j]` is true. This one shape co
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import torch
@@ -29,6 +29,24 @@ class ForwardContext:
     kv: Sequence[Sequence[torch.Tensor]] | None = None  # per layer: cache tensors [Bc, S_max, ...]
     rows: torch.Tensor | None = None  # [B] int64 cache rows; None: rows 0..B-1
     logits_index: torch.Tensor | None = None  # [B, R] positions whose logits are wanted; None: all T
+    _memo: dict = field(default_factory=dict, repr=False, compare=False)  # per-forward values shared by layers
+
+    def row_index(self, batch: int) -> torch.Tensor:
+        """[B] cache rows (computed once per forward, not once per layer)."""
+        if "rows" not in self._memo:
+            self._memo["rows"] = self.rows if self.rows is not None else torch.arange(
+                batch, device=self.positions.device)
+        return self._memo["rows"]
+
+    def attn_bias(self, dtype: torch.dtype) -> torch.Tensor:
+        """The mask as SDPA's additive bias [B, 1, T, K] (0 visible, -inf hidden), built once per forward."""
+        key = ("bias", dtype)
+        if key not in self._memo:
+            assert self.attn_mask is not None
+            zero = torch.zeros((), dtype=dtype, device=self.attn_mask.device)
+            ninf = torch.full((), float("-inf"), dtype=dtype, device=self.attn_mask.device)
+            self._memo[key] = torch.where(self.attn_mask, zero, ninf)[:, None]
+        return self._memo[key]
 
     @property
     def kv_len(self) -> int:

@@ -9,6 +9,12 @@ from torch import nn
 _ACTS = {"silu": F.silu, "gelu": F.gelu, "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh")}
 
 
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """[.., 2I] (gate then up) -> silu(gate) * up [.., I]."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
 class GatedMLP(nn.Module):
     def __init__(self, hidden_size: int, intermediate_size: int, bias: bool = False, act: str = "silu") -> None:
         super().__init__()
@@ -16,9 +22,13 @@ class GatedMLP(nn.Module):
         self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
         self.act = _ACTS[act]
+        self.act_name = act
+        self.gated_act = silu_mul  # fused path; engine.transforms may swap in a compiled version
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if hasattr(self, "gate_up_proj"):  # fused by engine.transforms
+            if self.act_name == "silu":
+                return self.down_proj(self.gated_act(self.gate_up_proj(x)))
             gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
             return self.down_proj(self.act(gate) * up)
         return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))

@@ -1,6 +1,7 @@
 """RMSNorm computed in float32 (as transformers and DeepSeek do), returned in the input dtype.
 
-`rms_norm` is the function; `RMSNorm.impl` may be swapped for a compiled version by engine.transforms."""
+`rms_norm` is the function and `add_rms_norm` the residual add fused with the next norm (h + d, norm(h + d)); the
+module's `impl` / `add_impl` may be swapped for compiled versions (one kernel each) by engine.transforms."""
 
 from __future__ import annotations
 
@@ -15,12 +16,23 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * x32.to(dtype)
 
 
+def add_rms_norm(h: torch.Tensor, d: torch.Tensor, weight: torch.Tensor, eps: float
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    h = h + d
+    return h, rms_norm(h, weight, eps)
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float = 1e-6) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
         self.impl = rms_norm
+        self.add_impl = add_rms_norm
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.impl(x, self.weight, self.eps)
+
+    def add_forward(self, h: torch.Tensor, d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(h + d, norm(h + d))."""
+        return self.add_impl(h, d, self.weight, self.eps)

@@ -30,8 +30,9 @@ class LlamaDecoderLayer(nn.Module):
         self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias, act=cfg.hidden_act)
 
     def forward(self, h, cos, sin, ctx: ForwardContext, cache) -> torch.Tensor:
-        h = h + self.self_attn(self.input_layernorm(h), cos, sin, ctx, cache)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        a = self.self_attn(self.input_layernorm(h), cos, sin, ctx, cache)
+        h, x = self.post_attention_layernorm.add_forward(h, a)  # residual add fused with the norm
+        return h + self.mlp(x)
 
 
 class LlamaModel(nn.Module):

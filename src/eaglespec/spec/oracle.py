@@ -19,7 +19,8 @@ from ..layers.context import ForwardContext
 
 
 class OracleDrafter(nn.Module):
-    def __init__(self, target_config: ModelConfig, references: Sequence[Sequence[int]]) -> None:
+    def __init__(self, target_config: ModelConfig, references: Sequence[Sequence[int]],
+                 capacity: int | None = None) -> None:
         super().__init__()
         V = target_config.vocab_size
         self.config = ModelConfig(
@@ -29,20 +30,21 @@ class OracleDrafter(nn.Module):
                                aux_layer_ids=None),
         )
         self.n_aux = 3
-        self.register_buffer("reference", self._table(references))
+        # [rows, capacity]: fixed once built, so that captured CUDA graphs keep reading the same buffer
+        n = max(capacity or 0, max(len(r) for r in references) + 2)
+        self.register_buffer("reference", torch.full((len(references), n), -1, dtype=torch.int64))
+        self.set_references(references)
         self._anchor = nn.Parameter(torch.zeros(1), requires_grad=False)
 
-    @staticmethod
-    def _table(references: Sequence[Sequence[int]]) -> torch.Tensor:
-        n = max(len(r) for r in references)
-        ref = torch.full((len(references), n + 2), -1, dtype=torch.int64)
-        for i, r in enumerate(references):
-            ref[i, : len(r)] = torch.tensor(list(r), dtype=torch.int64)
-        return ref
-
     def set_references(self, references: Sequence[Sequence[int]]) -> None:
-        """New references (same rows layout); keeps the device."""
-        self.reference = self._table(references).to(self.reference.device)
+        """Replace the references in place (at most as many rows, each shorter than the capacity)."""
+        rows, cap = self.reference.shape
+        if len(references) > rows or max(len(r) for r in references) + 2 > cap:
+            raise ValueError(f"the oracle holds {rows} references of up to {cap - 2} tokens")
+        table = torch.full((rows, cap), -1, dtype=torch.int64)
+        for i, r in enumerate(references):
+            table[i, : len(r)] = torch.tensor(list(r), dtype=torch.int64)
+        self.reference.copy_(table)
 
     def set_embed_and_head(self, embed: torch.Tensor, head: torch.Tensor | None) -> None:
         self.reference = self.reference.to(embed.device)
