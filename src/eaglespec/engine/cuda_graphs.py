@@ -29,11 +29,13 @@ class GraphCache:
         self.pool = torch.cuda.graph_pool_handle() if capture else None
         self.graphs: dict[tuple, list[tuple[str, torch.cuda.CUDAGraph]]] = {}
         self.outputs: dict[tuple, object] = {}
+        self._keep: dict[tuple, object] = {}
 
     def reset(self) -> None:
         """Forget every graph (the caches they point at were reallocated)."""
         self.graphs.clear()
         self.outputs.clear()
+        self._keep.clear()
 
     # --- buckets ------------------------------------------------------------------------------------------------
     def batch_bucket(self, n: int) -> int:
@@ -93,6 +95,8 @@ class GraphCache:
                     out = fn()
                 graphs.append((name, g))
         self.graphs[key] = graphs
+        # the closures own tensors the graphs read by address (the row index, the phases' outputs): keep them alive
+        self._keep[key] = phases
         self.outputs[key] = out if isinstance(out, tuple) else (out,)
 
     def precapture(self, kind: str, n_rows: int, greedy: bool) -> int:
