@@ -11,9 +11,9 @@ import sys
 from typing import Sequence
 
 from ..errors import EaglespecError
-from . import bench, check, convert, generate, tune
+from . import bench, check, convert, generate, train, tune
 
-COMMANDS = {"generate": generate, "convert": convert, "check": check, "bench": bench, "tune": tune}
+COMMANDS = {"generate": generate, "convert": convert, "check": check, "train": train, "bench": bench, "tune": tune}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,130 @@
+"""`eaglespec train --target MODEL --data FILE --out DIR`: train an EAGLE-3 drafter for a target and export it.
+
+Reads ShareGPT JSON / OpenAI `messages` JSONL (train/conversations.py), regenerates the assistant turns with the
+target (cached under --work-dir, resumable), builds the draft vocabulary, trains with the training-time test on one
+device and writes the published drafter format to --out (config.json + safetensors), loadable with
+`eaglespec generate --model MODEL --draft DIR`, SGLang and vLLM. The recipe and its choices: docs/training.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..errors import ConfigError
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("train", help="train an EAGLE-3 drafter for a target model",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--target", default=None, help="HF model folder or .gguf (default: embedded SmolLM2-135M)")
+    p.add_argument("--data", action="append", required=True, metavar="FILE",
+                   help="conversations: ShareGPT JSON or OpenAI messages JSONL (repeatable)")
+    p.add_argument("--out", required=True, help="folder for the exported drafter")
+    p.add_argument("--work-dir", default=None,
+                   help="regeneration cache, checkpoints and train_log.jsonl (default: OUT-work)")
+    p.add_argument("--max-conversations", type=int, default=None, help="read at most this many conversations")
+    d = p.add_argument_group("data")
+    d.add_argument("--max-len", type=int, default=2048, help="tokens per sample (also caps regeneration)")
+    d.add_argument("--long", choices=["truncate", "drop"], default="truncate", help="samples over --max-len")
+    d.add_argument("--regenerate", action=argparse.BooleanOptionalAction, default=True,
+                   help="replace the assistant turns by the target's own answers")
+    d.add_argument("--first-turn-only", action="store_true",
+                   help="regenerate and keep only the first exchange of each conversation (default: turn by turn)")
+    d.add_argument("--regen-temperature", type=float, default=0.0, help="0 = greedy")
+    d.add_argument("--regen-max-new-tokens", type=int, default=512, help="new tokens per regenerated turn")
+    d.add_argument("--regen-batch", type=int, default=256, help="sequences decoded together")
+    d.add_argument("--regen-shard", type=int, default=1024, help="conversations per cache shard")
+    d.add_argument("--regen-cuda-graphs", action=argparse.BooleanOptionalAction, default=True,
+                   help="decode through the engine's CUDA graphs when regenerating on a GPU")
+    d.add_argument("--eval-frac", type=float, default=0.02, help="held-out fraction for evaluation")
+    m = p.add_argument_group("drafter")
+    m.add_argument("--draft-vocab", type=int, default=32000, help="draft vocabulary size (0 = the full vocabulary)")
+    m.add_argument("--aux-layers", default=None, metavar="I,J,K",
+                   help="target layers whose outputs feed the drafter (default [1, N//2-1, N-4], SGLang convention)")
+    t = p.add_argument_group("training")
+    t.add_argument("--ttt-steps", type=int, default=7, help="unrolled training-time-test steps")
+    t.add_argument("--step-decay", type=float, default=0.8, help="loss weight of step k is decay**k")
+    t.add_argument("--lr", type=float, default=1e-4)
+    t.add_argument("--warmup-frac", type=float, default=0.015)
+    t.add_argument("--weight-decay", type=float, default=0.0)
+    t.add_argument("--grad-clip", type=float, default=0.5)
+    t.add_argument("--batch-tokens", type=int, default=16384, help="padded tokens per batch")
+    t.add_argument("--epochs", type=int, default=1)
+    t.add_argument("--max-steps", type=int, default=None, help="optimiser steps (overrides --epochs)")
+    t.add_argument("--stop-after", type=int, default=None,
+                   help="stop with a checkpoint after this many steps (the schedule is unchanged; finish with --resume)")
+    t.add_argument("--save-every", type=int, default=500, help="checkpoint every N steps")
+    t.add_argument("--eval-every", type=int, default=0, help="evaluate every N steps (0 = at the end)")
+    t.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --work-dir")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    t.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                   help="the target's dtype (auto: bf16 on GPU with bf16 autocast for the drafter, fp32 on CPU)")
+    t.add_argument("--no-progress", action="store_true", help="no progress bars")
+    e = p.add_argument_group("export")
+    e.add_argument("--export-dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    e.add_argument("--max-shard-mb", type=float, default=None,
+                   help="split the weights into safetensors files of at most this many MiB")
+
+
+def _aux_layers(spec: str | None, default: tuple[int, ...]) -> tuple[int, ...]:
+    if spec is None:
+        return default
+    try:
+        return tuple(int(x) for x in spec.replace(" ", "").split(",") if x)
+    except ValueError:
+        raise ConfigError(f"--aux-layers must be comma-separated integers (got {spec!r})") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from ..loading.checkpoint import load_model, resolve_device
+    from ..sampling_params import SamplingParams
+    from ..train.conversations import read_conversations
+    from ..train.export import export_dtype
+    from ..train.pipeline import PipelineOptions, train_drafter
+    from ..train.regenerate import RegenConfig
+    from ..train.trainer import TrainConfig
+
+    if args.max_len < 8:
+        raise ConfigError(f"--max-len must be >= 8 (got {args.max_len})")
+    if not 0 <= args.eval_frac < 1:
+        raise ConfigError(f"--eval-frac must be in [0, 1) (got {args.eval_frac})")
+    work_dir = args.work_dir or str(args.out).rstrip("/") + "-work"
+    if args.regenerate:
+        SamplingParams(temperature=args.regen_temperature)  # a bad value fails here, not after the model load
+    convs = read_conversations(args.data, args.max_conversations)  # data errors before the model load
+    if args.first_turn_only and not args.regenerate:
+        convs.conversations = [c[: next(i for i, m in enumerate(c) if m["role"] == "assistant") + 1]
+                               for c in convs.conversations]
+    print(f"read {convs.summary()}", file=sys.stderr)
+    device = resolve_device(args.device)
+    dtype = None if args.dtype == "auto" else args.dtype
+    if dtype is None and device.type == "cuda":
+        dtype = torch.bfloat16
+    loaded = load_model(args.target, device=device, dtype=dtype)
+    if loaded.tokenizer is None or not loaded.tokenizer.has_chat_template:
+        raise ConfigError(f"{loaded.path} has no tokenizer with a chat template, which training needs")
+    tcfg = loaded.config
+    train_cfg = TrainConfig(
+        work_dir=work_dir, aux_layers=_aux_layers(args.aux_layers, tcfg.default_aux_layer_ids()),
+        ttt_steps=args.ttt_steps, step_decay=args.step_decay, lr=args.lr, warmup_frac=args.warmup_frac,
+        weight_decay=args.weight_decay, grad_clip=args.grad_clip, batch_tokens=args.batch_tokens,
+        epochs=args.epochs, max_steps=args.max_steps, stop_after=args.stop_after, eval_every=args.eval_every,
+        save_every=args.save_every, seed=args.seed, resume=args.resume, progress=not args.no_progress,
+    )
+    regen = RegenConfig(temperature=args.regen_temperature, max_new_tokens=args.regen_max_new_tokens,
+                        max_len=args.max_len, first_turn_only=args.first_turn_only, batch_size=args.regen_batch,
+                        shard_size=args.regen_shard, seed=args.seed,
+                        cuda_graphs=args.regen_cuda_graphs) if args.regenerate else None
+    opts = PipelineOptions(
+        train=train_cfg, regen=regen, max_len=args.max_len, long=args.long, draft_vocab=args.draft_vocab or None,
+        eval_frac=args.eval_frac, export_dtype=export_dtype(args.export_dtype), max_shard_mb=args.max_shard_mb,
+        target_name=str(loaded.path),
+    )
+    summary = train_drafter(loaded.model, loaded.tokenizer, convs.conversations, args.out, opts)
+    if summary.eval is not None:
+        print(summary.eval.line(), file=sys.stderr)
+    return 0

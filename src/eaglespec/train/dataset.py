@@ -1,0 +1,194 @@
+"""Tokenised training samples with their loss masks, the train/eval split, and length-bucketed batches.
+
+Contract:
+- `tokenize_conversation(tokenizer, messages)` -> (ids, mask): the conversation rendered with the tokenizer's chat
+  template (no generation prompt), and `mask[i]` true exactly for the tokens of assistant contents plus the
+  end-of-turn token that follows each (the first token after the content when it is one of `eos_token_ids`).
+  The template is rendered once with a sentinel in place of each content; the text between sentinels is the
+  template's own, so contents are tokenised on their own and can never be confused with template text. A template
+  that drops an assistant message raises `DataError` (`build_dataset` counts such conversations as dropped).
+- `TokenDataset` keeps every sample on one flat token tensor (`tokens` [N_tok], `mask` [N_tok], `offsets` [n+1]);
+  `build_dataset(...)` applies `--max-len`: truncate (keep the first max_len tokens) or drop, counting what it drops
+  (samples without any assistant token inside the limit are dropped either way).
+- `split(n, eval_frac, seed)`: a seeded permutation, the first ceil(eval_frac * n) for evaluation.
+- `make_batches(lengths, batch_tokens)`: samples sorted by length, grouped so that rows x longest <= batch_tokens;
+  `epoch_order(n_batches, seed, epoch)` shuffles the batches per epoch (seeded, so a resumed run sees the same
+  order); `Batch` tensors are gathered on the device in one indexing op, right-padded with token 0 / mask false
+  (to a multiple of `pad_to` tokens).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Sequence
+
+import torch
+
+from ..errors import RequestError
+from .conversations import DataError, Message
+
+if TYPE_CHECKING:
+    from ..loading.tokenizer import BaseTokenizer
+
+SENTINEL = "\ue000{}\ue001"  # private-use characters: never in data, left alone by templates
+
+
+def tokenize_conversation(tokenizer: "BaseTokenizer", messages: Sequence[Message]) -> tuple[list[int], list[bool]]:
+    """Token ids of the rendered conversation and the assistant loss mask (see the module docstring)."""
+    marked = [{**m, "content": SENTINEL.format(i)} for i, m in enumerate(messages)]
+    text = tokenizer.apply_chat_template(marked, add_generation_prompt=False)
+    eos = set(tokenizer.eos_token_ids)
+    ids: list[int] = []
+    mask: list[bool] = []
+    after_assistant = False  # the next template segment starts right after an assistant content
+
+    def add_template(segment: str) -> None:
+        seg = tokenizer.encode(segment) if segment else []
+        ids.extend(seg)
+        mask.extend([False] * len(seg))
+        if after_assistant and seg and seg[0] in eos:  # the end-of-turn token is predicted too
+            mask[len(ids) - len(seg)] = True
+
+    pos = 0
+    for i, m in enumerate(messages):
+        mark = SENTINEL.format(i)
+        at = text.find(mark, pos)
+        if at < 0:
+            if m["role"] == "assistant":
+                raise DataError(f"the chat template drops assistant message {i}, so its tokens cannot be masked")
+            continue
+        add_template(text[pos:at])
+        content = tokenizer.encode(m["content"]) if m["content"] else []
+        after_assistant = m["role"] == "assistant"
+        ids.extend(content)
+        mask.extend([after_assistant] * len(content))
+        pos = at + len(mark)
+    add_template(text[pos:])
+    return ids, mask
+
+
+@dataclass
+class TokenDataset:
+    tokens: torch.Tensor  # [N_tok] int64, all samples back to back
+    mask: torch.Tensor  # [N_tok] bool, true on loss (assistant) tokens
+    offsets: torch.Tensor  # [n + 1] int64, sample i is tokens[offsets[i]:offsets[i+1]]
+    dropped: Counter = field(default_factory=Counter)
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        return self.offsets[1:] - self.offsets[:-1]
+
+    def subset(self, idx: Sequence[int] | torch.Tensor) -> "TokenDataset":
+        idx = torch.as_tensor(idx, dtype=torch.int64)
+        starts, lens = self.offsets[idx], self.lengths[idx]
+        gather = torch.cat([torch.arange(s, s + n) for s, n in zip(starts.tolist(), lens.tolist())]) if len(idx) \
+            else torch.zeros(0, dtype=torch.int64)
+        offsets = torch.cat((torch.zeros(1, dtype=torch.int64), lens.cumsum(0)))
+        return TokenDataset(self.tokens[gather], self.mask[gather], offsets, Counter(self.dropped))
+
+    def to(self, device: torch.device | str) -> "TokenDataset":
+        return TokenDataset(self.tokens.to(device), self.mask.to(device), self.offsets.to(device), self.dropped)
+
+    @staticmethod
+    def from_samples(samples: Sequence[tuple[Sequence[int], Sequence[bool]]], max_len: int | None = None,
+                     long: str = "truncate") -> "TokenDataset":
+        """Samples (ids, mask) -> dataset, applying --max-len (`long`: truncate or drop)."""
+        if long not in ("truncate", "drop"):
+            raise ValueError(f"long must be 'truncate' or 'drop' (got {long!r})")
+        dropped: Counter = Counter()
+        toks: list[int] = []
+        masks: list[bool] = []
+        offsets = [0]
+        for ids, mask in samples:
+            if max_len is not None and len(ids) > max_len:
+                if long == "drop":
+                    dropped["longer than --max-len"] += 1
+                    continue
+                ids, mask = ids[:max_len], mask[:max_len]
+            if len(ids) < 3 or not any(mask[2:]):  # the first loss target is token 2 (see ttt.py)
+                dropped["no assistant token within --max-len"] += 1
+                continue
+            toks += ids
+            masks += mask
+            offsets.append(len(toks))
+        return TokenDataset(torch.tensor(toks, dtype=torch.int64), torch.tensor(masks, dtype=torch.bool),
+                            torch.tensor(offsets, dtype=torch.int64), dropped)
+
+
+def build_dataset(tokenizer: "BaseTokenizer", conversations: Sequence[Sequence[Message]], max_len: int,
+                  long: str = "truncate") -> TokenDataset:
+    """Tokenise conversations (chat template + assistant mask) and apply --max-len; a conversation the template
+    refuses (`raise_exception`) or renders without one of its assistant messages is dropped and counted."""
+    samples = []
+    refused: Counter = Counter()
+    for c in conversations:
+        try:
+            samples.append(tokenize_conversation(tokenizer, c))
+        except DataError:
+            refused["chat template drops an assistant message"] += 1
+        except RequestError:
+            refused["refused by the chat template"] += 1
+    ds = TokenDataset.from_samples(samples, max_len, long)
+    ds.dropped.update(refused)
+    return ds
+
+
+def split(n: int, eval_frac: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(train indices, eval indices): a seeded permutation; at least one training sample is kept."""
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    n_eval = min(math.ceil(eval_frac * n), n - 1) if eval_frac > 0 else 0
+    return perm[n_eval:].sort().values, perm[:n_eval].sort().values
+
+
+def make_batches(lengths: torch.Tensor, batch_tokens: int) -> list[torch.Tensor]:
+    """Sample ids grouped by length: each batch has rows * (its longest length) <= batch_tokens (at least one row)."""
+    order = torch.argsort(lengths, stable=True).tolist()
+    lens = lengths.tolist()
+    batches: list[list[int]] = []
+    cur: list[int] = []
+    for i in order:
+        if cur and (len(cur) + 1) * lens[i] > batch_tokens:  # sorted: lens[i] is the batch's longest
+            batches.append(cur)
+            cur = []
+        cur.append(i)
+    if cur:
+        batches.append(cur)
+    return [torch.tensor(b, dtype=torch.int64) for b in batches]
+
+
+def epoch_order(n_batches: int, seed: int, epoch: int) -> list[int]:
+    """The batch order of one epoch (a function of seed and epoch only, so a resumed run repeats it)."""
+    g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+    return torch.randperm(n_batches, generator=g).tolist()
+
+
+@dataclass
+class Batch:
+    tokens: torch.Tensor  # [B, T] int64, right-padded with 0
+    mask: torch.Tensor  # [B, T] bool, loss tokens (false on padding)
+    lengths: torch.Tensor  # [B] int64
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.lengths.sum())
+
+
+def gather_batch(ds: TokenDataset, ids: torch.Tensor, pad_to: int = 1) -> Batch:
+    """Rows `ids` of a (device-resident) dataset as one padded batch, in one gather; the length is rounded up to a
+    multiple of `pad_to` (few distinct shapes: the GPU's per-shape first-call costs are paid a few times only)."""
+    dev = ds.tokens.device
+    ids = ids.to(dev)
+    starts = ds.offsets[ids]
+    lens = ds.offsets[ids + 1] - starts
+    T = -(-int(lens.max()) // pad_to) * pad_to
+    ar = torch.arange(T, device=dev)
+    inside = ar[None, :] < lens[:, None]  # [B, T]
+    flat = (starts[:, None] + ar[None, :]).clamp(max=len(ds.tokens) - 1)
+    tokens = torch.where(inside, ds.tokens[flat], 0)
+    mask = ds.mask[flat] & inside
+    return Batch(tokens, mask, lens)

@@ -1,0 +1,93 @@
+"""A fresh EAGLE-3 drafter for a target: its HF config (the published format, REFERENCE.md §3) and initial weights.
+
+Contract:
+- `drafter_hf_config(target_config, aux_ids, draft_vocab_size)`: the `config.json` dict of a one-layer
+  `LlamaForCausalLMEagle3` with the target's width, heads, head_dim, intermediate size, norm eps, RoPE and context;
+  `vocab_size` is the target's, `draft_vocab_size` is omitted when None (the drafter then shares the target's
+  lm_head), `target_hidden_size` and `eagle_config {eagle_aux_hidden_state_layer_ids, use_aux_hidden_state: true}`
+  are set; the ids use the SGLang convention (id i = output of layer i), `tie_word_embeddings` is false.
+- `new_drafter(target, aux_ids, vocab, seed)`: the module in float32 on the CPU, wired to the target through
+  `set_embed_and_head` (the embedding, and the lm_head without a draft vocabulary, are the target's live tensors and
+  stay frozen), linear weights ~ N(0, 0.02) from `seed`, norms 1, and with a draft vocabulary `d2t` / `t2d` set and
+  the lm_head initialised from the target's head rows of the kept tokens.
+- `trainable_parameters(drafter)`: what the optimiser updates (fc, midlayer, norm, and the lm_head when it is the
+  drafter's own), by name.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+from torch import nn
+
+from ..config import ModelConfig
+from ..models.eagle3 import LlamaForCausalLMEagle3
+from .vocab import DraftVocab
+
+INIT_STD = 0.02
+
+
+def drafter_hf_config(target: ModelConfig, aux_ids: Sequence[int], draft_vocab_size: int | None,
+                      torch_dtype: str = "bfloat16") -> dict[str, Any]:
+    d: dict[str, Any] = {
+        "architectures": ["LlamaForCausalLMEagle3"],
+        "model_type": "llama",
+        "hidden_size": target.hidden_size,
+        "intermediate_size": target.intermediate_size,
+        "num_hidden_layers": 1,
+        "num_attention_heads": target.num_attention_heads,
+        "num_key_value_heads": target.num_key_value_heads,
+        "head_dim": target.head_dim,
+        "hidden_act": target.hidden_act,
+        "rms_norm_eps": target.rms_norm_eps,
+        "rope_theta": target.rope.theta,
+        "rope_scaling": target.rope.to_hf(),
+        "max_position_embeddings": target.max_position_embeddings,
+        "vocab_size": target.vocab_size,
+        "target_hidden_size": target.hidden_size,
+        "tie_word_embeddings": False,
+        "attention_bias": False,
+        "bias": False,
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": [int(i) for i in aux_ids], "use_aux_hidden_state": True},
+        "torch_dtype": torch_dtype,
+    }
+    if draft_vocab_size is not None:
+        d["draft_vocab_size"] = int(draft_vocab_size)
+    if target.bos_token_id is not None:
+        d["bos_token_id"] = target.bos_token_id
+    if target.eos_token_ids:
+        d["eos_token_id"] = list(target.eos_token_ids) if len(target.eos_token_ids) > 1 else target.eos_token_ids[0]
+    return d
+
+
+def new_drafter(target: nn.Module, aux_ids: Sequence[int], vocab: DraftVocab | None,
+                seed: int = 0) -> LlamaForCausalLMEagle3:
+    """A freshly initialised drafter wired to `target` (see the module docstring)."""
+    tcfg: ModelConfig = target.config
+    cfg = ModelConfig.from_hf(drafter_hf_config(tcfg, aux_ids, vocab.size if vocab is not None else None))
+    with torch.device("cpu"):
+        drafter = LlamaForCausalLMEagle3(cfg).float()
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in drafter.named_parameters():
+            if p.dim() == 2:
+                p.copy_(torch.randn(p.shape, generator=g) * INIT_STD)
+            else:
+                p.fill_(1.0)  # RMSNorm weights
+    embed, head = target.get_embed_and_head()
+    if vocab is not None:
+        drafter.d2t.copy_(vocab.d2t)
+        drafter.t2d.copy_(vocab.t2d)
+        with torch.no_grad():
+            drafter.lm_head.weight.copy_(head.detach().index_select(0, vocab.kept.to(head.device)).float().cpu())
+    drafter.set_embed_and_head(embed, head)
+    drafter.embed_tokens.weight.requires_grad_(False)
+    if not drafter.has_own_head:
+        drafter.lm_head.weight.requires_grad_(False)
+    return drafter
+
+
+def trainable_parameters(drafter: LlamaForCausalLMEagle3) -> dict[str, nn.Parameter]:
+    names = ("fc.", "midlayer.", "norm.") + (("lm_head.",) if drafter.has_own_head else ())
+    return {n: p for n, p in drafter.named_parameters() if n.startswith(names)}

@@ -1,0 +1,133 @@
+"""The whole recipe for one target, in order: regenerate, tokenise, split, draft vocabulary, train, export.
+
+Contract of `train_drafter(target, tokenizer, conversations, out, options)` -> `TrainSummary`:
+1. (optional) regenerate the assistant turns with the target (regenerate.py, cached under `work_dir/regen-*`);
+2. tokenise with the chat template and the assistant loss mask, apply --max-len (dataset.py);
+3. split off `eval_frac` for evaluation (seeded);
+4. count the assistant tokens of the training split and keep the `draft_vocab` most frequent (vocab.py;
+   None or >= the vocabulary: no draft vocabulary, the drafter shares the target's lm_head);
+5. build the drafter (drafter.py), train it with TTT (trainer.py), export it to `out` (export.py).
+The target is used only through the EAGLE-3 protocol and its forward (plus `Engine.generate` when regenerating), so a
+wrapper that delegates the protocol works. Progress lines go to `log` (stderr in the CLI).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Sequence
+
+import torch
+
+from ..errors import ConfigError
+from .conversations import DataError, Message
+from .dataset import build_dataset, split
+from .drafter import drafter_hf_config, new_drafter
+from .export import check_shard_limit, export_drafter
+from .regenerate import RegenConfig, regenerate
+from .trainer import EvalResult, Trainer, TrainConfig
+from .vocab import DraftVocab, build_draft_vocab, count_tokens
+
+if TYPE_CHECKING:
+    from ..loading.tokenizer import BaseTokenizer
+
+
+@dataclass
+class PipelineOptions:
+    train: TrainConfig
+    regen: RegenConfig | None = RegenConfig()  # None: train on the conversations as they are
+    max_len: int = 2048
+    long: str = "truncate"  # or "drop"
+    draft_vocab: int | None = 32000  # None or 0: no draft vocabulary
+    eval_frac: float = 0.02
+    export_dtype: torch.dtype = torch.bfloat16
+    max_shard_mb: float | None = None
+    target_name: str = "target"  # part of the regeneration cache key
+
+
+@dataclass
+class TrainSummary:
+    out: Path
+    files: list[Path]
+    samples: int
+    eval_samples: int
+    tokens: int
+    loss_tokens: int
+    vocab_coverage: float
+    steps: int
+    final_loss: float | None
+    eval: EvalResult | None
+    dropped: dict[str, int] = field(default_factory=dict)
+
+
+def _stderr(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def check_aux_layers(ids: Sequence[int], n_layers: int) -> tuple[int, ...]:
+    ids = tuple(int(i) for i in ids)
+    if len(ids) != 3:
+        raise ConfigError(f"--aux-layers needs 3 layer ids (the drafter's fc takes 3 states), got {list(ids)}")
+    bad = [i for i in ids if not 0 <= i < n_layers]
+    if bad:
+        raise ConfigError(f"--aux-layers {list(ids)} include {bad}, outside the target's {n_layers} layers")
+    return ids
+
+
+def train_drafter(target: torch.nn.Module, tokenizer: "BaseTokenizer", conversations: Sequence[Sequence[Message]],
+                  out: str | Path, opts: PipelineOptions, log: Callable[[str], None] = _stderr) -> TrainSummary:
+    tcfg = target.config
+    aux = check_aux_layers(opts.train.aux_layers, tcfg.num_hidden_layers)
+    vocab_n = opts.draft_vocab if opts.draft_vocab and opts.draft_vocab < tcfg.vocab_size else None
+    # fail before any work when the export cannot honour the shard limit
+    check_shard_limit(drafter_hf_config(tcfg, aux, vocab_n), opts.export_dtype, opts.max_shard_mb)
+    max_len = min(opts.max_len, tcfg.max_position_embeddings)
+    work = Path(opts.train.work_dir)
+    dropped: dict[str, int] = {}
+
+    convs = list(conversations)
+    if opts.regen is not None:
+        rcfg = RegenConfig(**{**opts.regen.__dict__, "max_len": max_len})
+        res = regenerate(target, tokenizer, convs, work, rcfg, opts.target_name, progress=opts.train.progress)
+        convs = res.conversations
+        dropped.update(res.dropped)
+        log(f"regenerated {len(convs)} conversations ({res.new_tokens} new tokens in this run)")
+        if not convs:
+            raise DataError("no conversation is left after regeneration (prompts longer than --max-len?)")
+
+    ds = build_dataset(tokenizer, convs, max_len, opts.long)
+    dropped.update(ds.dropped)
+    if dropped:
+        log("dropped: " + ", ".join(f"{n} {why}" for why, n in sorted(dropped.items())))
+    if len(ds) == 0:
+        raise DataError(f"no training sample is left after tokenisation ({dict(ds.dropped)})")
+    train_idx, eval_idx = split(len(ds), opts.eval_frac, opts.train.seed)
+    train_ds, eval_ds = ds.subset(train_idx), ds.subset(eval_idx)
+    counts = count_tokens(train_ds.tokens, train_ds.mask, tcfg.vocab_size)
+    if vocab_n is not None:
+        vocab = build_draft_vocab(counts, vocab_n)
+    else:
+        vocab = DraftVocab(torch.zeros(tcfg.vocab_size, dtype=torch.int64), torch.ones(tcfg.vocab_size, dtype=torch.bool))
+    coverage = vocab.coverage(counts)
+    log(f"{len(train_ds)} training / {len(eval_ds)} eval samples, {len(train_ds.tokens)} tokens "
+        f"({int(train_ds.mask.sum())} assistant); draft vocabulary {vocab.size} covers {coverage:.2%} of them")
+
+    drafter = new_drafter(target, aux, vocab if vocab_n is not None else None, seed=opts.train.seed)
+    trainer = Trainer(target, drafter, train_ds, eval_ds if len(eval_ds) else None, vocab, opts.train)
+    log(f"training {sum(p.numel() for p in trainer.params.values())} parameters for {trainer.total_steps} steps "
+        f"({len(trainer.batches)} batches per epoch, TTT {opts.train.ttt_steps} steps, device {trainer.device})"
+        + (f", resuming at step {trainer.step}" if trainer.step else ""))
+    history = trainer.fit()
+    final_eval = trainer.evals[-1][1] if trainer.evals else None
+    files: list[Path] = []
+    if trainer.step >= trainer.total_steps:
+        files = export_drafter(drafter, out, opts.export_dtype, opts.max_shard_mb)
+        log(f"exported the drafter to {out} ({', '.join(f.name for f in files)})")
+    else:
+        log(f"stopped at step {trainer.step} of {trainer.total_steps}: resume with --resume to finish and export")
+    return TrainSummary(
+        out=Path(out), files=files, samples=len(train_ds), eval_samples=len(eval_ds), tokens=len(train_ds.tokens),
+        loss_tokens=int(train_ds.mask.sum()), vocab_coverage=coverage, steps=trainer.step,
+        final_loss=history[-1].loss if history else None, eval=final_eval, dropped=dropped,
+    )

@@ -1,0 +1,160 @@
+"""Regenerating the assistant turns with the target itself (the EAGLE-3 recipe), batched, cached and resumable.
+
+Contract of `regenerate(target, tokenizer, conversations, cache_dir, config)` -> `RegenResult`:
+- the user (and system) messages are kept; every assistant message is replaced by the target's own answer, generated
+  through `Engine.generate` (continuous batching over `batch_size` rows, greedy at temperature 0, else sampled with
+  the engine seeded from (seed, shard)). The drafter then learns what the target actually says.
+- multi-turn (default): turn by turn. Round r answers the r-th assistant turn of every conversation that has one,
+  conditioned on the regenerated turns before it (the prompt is the chat template over the conversation so far).
+  `first_turn_only` keeps each conversation up to its first assistant turn instead: fewer tokens, one round, but no
+  training data with multi-turn contexts.
+- lengths: a turn gets min(max_new_tokens, max_len - prompt tokens) new tokens; when fewer than MIN_NEW would fit,
+  the conversation ends before that turn (and is dropped, counted, if no turn is left). Trailing user messages are
+  removed.
+- cache: conversations are processed in shards of `shard_size`; each finished shard is written to
+  `cache_dir/regen-<fingerprint>/shard-NNNNN.jsonl` (atomically) and reused by any later run with the same
+  fingerprint (the conversations, the target's name and the settings), so an interrupted run resumes at the first
+  missing shard and a finished one costs nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Sequence
+
+import torch
+
+from ..config import EngineConfig
+from ..sampling_params import SamplingParams
+from .conversations import Message
+
+if TYPE_CHECKING:
+    from ..loading.tokenizer import BaseTokenizer
+
+MIN_NEW = 16  # fewer free positions than this: the turn is not generated
+
+
+@dataclass(frozen=True)
+class RegenConfig:
+    temperature: float = 0.0
+    max_new_tokens: int = 512
+    max_len: int = 2048
+    first_turn_only: bool = False
+    batch_size: int = 256
+    shard_size: int = 1024
+    seed: int = 0
+    cuda_graphs: bool = True  # the engine's CUDA-graph decode (no effect on the CPU)
+
+
+@dataclass
+class RegenResult:
+    conversations: list[list[Message]]
+    dropped: Counter = field(default_factory=Counter)
+    new_tokens: int = 0  # generated in this call (cached shards count 0)
+
+
+def fingerprint(conversations: Sequence[Sequence[Message]], target_name: str, cfg: RegenConfig) -> str:
+    h = hashlib.sha256()
+    key = {**asdict(cfg), "batch_size": None, "cuda_graphs": None}  # the rows and the graphs do not change the text
+    h.update(json.dumps({"target": target_name, **key}, sort_keys=True).encode())
+    for c in conversations:
+        h.update(json.dumps(c, ensure_ascii=False).encode())
+        h.update(b"\n")
+    return h.hexdigest()[:16]
+
+
+def _assistant_turns(conv: Sequence[Message]) -> list[int]:
+    return [i for i, m in enumerate(conv) if m["role"] == "assistant"]
+
+
+def _trim(conv: list[Message]) -> list[Message]:
+    while conv and conv[-1]["role"] != "assistant":
+        conv.pop()
+    return conv
+
+
+def regenerate_shard(engine, convs: Sequence[Sequence[Message]], cfg: RegenConfig) -> tuple[list, int]:
+    """Regenerate one shard; returns (conversations or None when dropped, generated tokens)."""
+    work = [list(c) for c in convs]
+    if cfg.first_turn_only:
+        work = [c[: _assistant_turns(c)[0] + 1] for c in work]
+    alive = [True] * len(work)
+    n_new = 0
+    rnd = 0
+    while True:
+        jobs: list[tuple[int, int, list[int]]] = []
+        for ci, conv in enumerate(work):
+            turns = _assistant_turns(conv)
+            if not alive[ci] or rnd >= len(turns):
+                continue
+            ai = turns[rnd]
+            prompt = engine.encode_prompt(conv[:ai])
+            if len(prompt) + MIN_NEW > cfg.max_len:
+                work[ci] = conv[:ai]
+                alive[ci] = False
+                continue
+            jobs.append((ci, ai, prompt))
+        if not jobs:
+            break
+        params = [SamplingParams(max_new_tokens=min(cfg.max_new_tokens, cfg.max_len - len(p)),
+                                 temperature=cfg.temperature) for _, _, p in jobs]
+        outs = engine.generate([p for _, _, p in jobs], params)
+        for (ci, ai, _), o in zip(jobs, outs):
+            work[ci][ai] = {"role": "assistant", "content": o.text.strip()}
+            n_new += len(o.token_ids)
+        rnd += 1
+    result = []
+    for conv in work:
+        conv = _trim(conv)
+        result.append(conv if any(m["role"] == "assistant" for m in conv) else None)
+    return result, n_new
+
+
+def regenerate(target: torch.nn.Module, tokenizer: "BaseTokenizer", conversations: Sequence[Sequence[Message]],
+               cache_dir: str | Path, cfg: RegenConfig = RegenConfig(), target_name: str = "target",
+               progress: bool = True) -> RegenResult:
+    """See the module docstring."""
+    from tqdm.auto import tqdm
+
+    from ..engine.engine import Engine
+
+    folder = Path(cache_dir) / f"regen-{fingerprint(conversations, target_name, cfg)}"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "settings.json").write_text(json.dumps({"target": target_name, **asdict(cfg),
+                                                      "conversations": len(conversations)}, indent=2) + "\n")
+    n_shards = (len(conversations) + cfg.shard_size - 1) // cfg.shard_size
+    out: list[list[Message]] = []
+    dropped: Counter = Counter()
+    n_new = 0
+    bar = tqdm(total=len(conversations), desc="regenerate", unit="conv", disable=not progress, dynamic_ncols=True)
+    try:
+        for s in range(n_shards):
+            path = folder / f"shard-{s:05d}.jsonl"
+            chunk = conversations[s * cfg.shard_size: (s + 1) * cfg.shard_size]
+            if path.is_file():
+                rows = [json.loads(line)["messages"] for line in path.read_text(encoding="utf-8").splitlines()]
+            else:
+                engine = Engine(target, tokenizer, EngineConfig(max_batch_size=cfg.batch_size, max_seq_len=cfg.max_len + 1,
+                                                                seed=cfg.seed + s, cuda_graphs=cfg.cuda_graphs))
+                rows, k = regenerate_shard(engine, chunk, cfg)
+                del engine
+                n_new += k
+                tmp = path.with_suffix(".tmp")
+                tmp.write_text("".join(json.dumps({"messages": r}, ensure_ascii=False) + "\n" for r in rows),
+                               encoding="utf-8")
+                os.replace(tmp, path)
+            for r in rows:
+                if r is None:
+                    dropped["no assistant turn fits --max-len"] += 1
+                else:
+                    out.append(r)
+            bar.update(len(chunk))
+            bar.set_postfix_str(f"new tokens {n_new}")
+    finally:
+        bar.close()
+    return RegenResult(out, dropped, n_new)

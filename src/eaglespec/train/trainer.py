@@ -1,0 +1,279 @@
+"""The training loop: optimiser, schedule, checkpoints and resume, progress, evaluation.
+
+Contract of `Trainer(target, drafter, train_ds, eval_ds, vocab, config).fit()`:
+- the target is frozen in eval mode with capture on (`set_eagle3_layers_to_capture(config.aux_layers)`); per batch it
+  runs once (features.py) and the drafter runs the S-step TTT (ttt.py), under bf16 autocast on CUDA (float32 on the
+  CPU); AdamW over `trainable_parameters` (lr, betas 0.9/0.95, weight decay), linear warm-up over `warmup_frac` of
+  the steps then cosine decay to 0, gradient clipping, one optimiser step per batch;
+- steps: `max_steps` if set, else `epochs` x batches. Batches are length-bucketed once (dataset.py) and shuffled per
+  epoch from (seed, epoch), so the data position is (epoch, index in that epoch's order);
+- every `save_every` steps (and at the end, and at `stop_after`) a checkpoint `work_dir/checkpoints/step-N.pt`
+  holds the trainable weights, d2t/t2d, optimiser, scheduler, step and data position (the last `keep` are kept);
+  `resume=True` continues from the newest one and reaches the same state as an uninterrupted run; settings that
+  would change the run (steps, lr, batch tokens, seed, ...) must match, else `ConfigError`; a run without `resume`
+  starts over (old checkpoints and the log are removed);
+- tqdm shows the loss and the per-step top-1 accuracy; every step is appended to `work_dir/train_log.jsonl`;
+- `evaluate()` runs the held-out split without gradients and returns per-step accuracy, loss and the estimated
+  chain acceptance length 1 + sum_k prod_{i<=k} acc_i (`eval_every` steps and at the end).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..errors import ConfigError
+from .dataset import TokenDataset, epoch_order, gather_batch, make_batches
+from .drafter import trainable_parameters
+from .features import target_features
+from .ttt import acceptance_estimate, ttt_hiddens, ttt_loss
+from .vocab import DraftVocab
+
+# Settings a resumed run must share with the run that wrote the checkpoint.
+RESUME_KEYS = ("ttt_steps", "step_decay", "lr", "warmup_frac", "weight_decay", "grad_clip", "batch_tokens", "epochs",
+               "max_steps", "seed")
+
+
+@dataclass
+class TrainConfig:
+    work_dir: str
+    aux_layers: tuple[int, ...]
+    ttt_steps: int = 7
+    step_decay: float = 0.8
+    lr: float = 1e-4
+    warmup_frac: float = 0.015
+    weight_decay: float = 0.0
+    grad_clip: float = 0.5
+    batch_tokens: int = 16384
+    epochs: int = 1
+    max_steps: int | None = None
+    stop_after: int | None = None  # stop (with a checkpoint) once this many steps are done; the schedule is unchanged
+    eval_every: int = 0  # 0: only at the end
+    save_every: int = 500
+    keep: int = 2
+    seed: int = 0
+    resume: bool = False
+    amp: bool = True  # bf16 autocast on CUDA
+    progress: bool = True
+    log_every: int = 1  # tqdm postfix refresh (each refresh reads the loss: one device sync)
+
+    def __post_init__(self) -> None:
+        if self.ttt_steps < 1:
+            raise ConfigError(f"--ttt-steps must be >= 1 (got {self.ttt_steps})")
+        if self.lr <= 0:
+            raise ConfigError(f"--lr must be > 0 (got {self.lr})")
+        if self.batch_tokens < 1:
+            raise ConfigError(f"--batch-tokens must be >= 1 (got {self.batch_tokens})")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise ConfigError(f"--max-steps must be >= 1 (got {self.max_steps})")
+        if self.epochs < 1:
+            raise ConfigError(f"--epochs must be >= 1 (got {self.epochs})")
+
+
+@dataclass
+class StepRecord:
+    step: int
+    loss: float
+    acc: list[float]
+    lr: float
+    tokens: int
+
+
+@dataclass
+class EvalResult:
+    acc: list[float]
+    loss: float
+    accept_length: float
+    positions: list[int] = field(default_factory=list)
+
+    def line(self) -> str:
+        accs = " ".join(f"{a:.3f}" for a in self.acc)
+        return f"eval: loss {self.loss:.4f}, per-step accuracy [{accs}], estimated chain acceptance {self.accept_length:.3f}"
+
+
+class Trainer:
+    def __init__(self, target: torch.nn.Module, drafter: torch.nn.Module, train_ds: TokenDataset,
+                 eval_ds: TokenDataset | None, vocab: DraftVocab, config: TrainConfig) -> None:
+        self.cfg = config
+        self.device = next(target.parameters()).device
+        self.target = target.eval()
+        self.target.requires_grad_(False)
+        self.target.set_eagle3_layers_to_capture(list(config.aux_layers))
+        self.drafter = drafter.to(self.device).train()
+        self.vocab = vocab.to(self.device)
+        self.t2d_map = self.vocab.target_to_draft
+        self.train_ds = train_ds.to(self.device)
+        self.eval_ds = eval_ds.to(self.device) if eval_ds is not None and len(eval_ds) else None
+        self.batches = make_batches(train_ds.lengths, config.batch_tokens)
+        # on the GPU every new sequence length costs a slow first step (allocator, kernel selection): pad to 64
+        self.pad_to = 64 if self.device.type == "cuda" else 1
+        self.total_steps = config.max_steps or config.epochs * len(self.batches)
+        self.params = trainable_parameters(drafter)
+        self.opt = torch.optim.AdamW(self.params.values(), lr=config.lr, betas=(0.9, 0.95),
+                                     weight_decay=config.weight_decay)
+        warmup = max(1, math.ceil(config.warmup_frac * self.total_steps))
+        total = self.total_steps
+
+        def schedule(step: int) -> float:
+            if step < warmup:
+                return (step + 1) / warmup
+            return 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warmup) / max(1, total - warmup))))
+
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, schedule)
+        self.step = 0
+        self.epoch = 0
+        self.pos = 0  # index into the current epoch's batch order
+        self.history: list[StepRecord] = []
+        self.evals: list[tuple[int, EvalResult]] = []
+        self.work = Path(config.work_dir)
+        self.ckpt_dir = self.work / "checkpoints"
+        if config.resume:
+            self.load_latest()
+
+    # --- one batch --------------------------------------------------------------------------------------------------
+    def _autocast(self):
+        if self.cfg.amp and self.device.type == "cuda":
+            return torch.autocast("cuda", dtype=torch.bfloat16)
+        return nullcontext()
+
+    def _forward(self, ds: TokenDataset, ids: torch.Tensor):
+        batch = gather_batch(ds, ids, self.pad_to)
+        feats = target_features(self.target, batch.tokens, self.vocab, self.t2d_map)
+        with self._autocast():
+            hiddens = ttt_hiddens(self.drafter, batch.tokens, feats.aux, self.cfg.ttt_steps)
+            res = ttt_loss(self.drafter, hiddens, feats, batch.mask, self.cfg.step_decay)
+        return batch, res
+
+    def train_step(self, ids: torch.Tensor) -> StepRecord:
+        batch, res = self._forward(self.train_ds, ids)
+        self.opt.zero_grad(set_to_none=True)
+        res.loss.backward()
+        torch.nn.utils.clip_grad_norm_(list(self.params.values()), self.cfg.grad_clip)
+        lr = self.opt.param_groups[0]["lr"]
+        self.opt.step()
+        self.sched.step()
+        acc = (res.correct / res.count.clamp(min=1)).tolist()  # the step's one read of device values
+        return StepRecord(self.step + 1, float(res.loss.detach()), acc, lr, batch.n_tokens)
+
+    # --- loop -------------------------------------------------------------------------------------------------------
+    def fit(self) -> list[StepRecord]:
+        from tqdm.auto import tqdm
+
+        cfg = self.cfg
+        self.work.mkdir(parents=True, exist_ok=True)
+        end = self.total_steps if cfg.stop_after is None else min(self.total_steps, cfg.stop_after)
+        bar = tqdm(total=self.total_steps, initial=self.step, desc="train", unit="step", disable=not cfg.progress,
+                   dynamic_ncols=True)
+        fresh = not cfg.resume and self.step == 0
+        if fresh:  # a run without --resume starts over: stale checkpoints must never be resumed from later
+            for old in self.ckpt_dir.glob("step-*.pt"):
+                old.unlink()
+        log = (self.work / "train_log.jsonl").open("w" if fresh else "a")
+        try:
+            while self.step < end:
+                order = epoch_order(len(self.batches), cfg.seed, self.epoch)
+                while self.pos < len(order) and self.step < end:
+                    rec = self.train_step(self.batches[order[self.pos]])
+                    self.pos += 1
+                    self.step += 1
+                    self.history.append(rec)
+                    log.write(json.dumps(asdict(rec)) + "\n")
+                    bar.update(1)
+                    if self.step % cfg.log_every == 0:
+                        bar.set_postfix_str(f"loss {rec.loss:.3f} acc " + "/".join(f"{a:.2f}" for a in rec.acc[:4]))
+                    if cfg.save_every and self.step % cfg.save_every == 0:
+                        self.save()
+                    if cfg.eval_every and self.step % cfg.eval_every == 0 and self.eval_ds is not None:
+                        self._log_eval(log, bar)
+                if self.pos >= len(order):
+                    self.epoch += 1
+                    self.pos = 0
+            if not (cfg.save_every and self.step % cfg.save_every == 0):
+                self.save()
+            if self.step >= self.total_steps and self.eval_ds is not None and not (
+                    cfg.eval_every and self.step % cfg.eval_every == 0):
+                self._log_eval(log, bar)
+        finally:
+            bar.close()
+            log.close()
+        return self.history
+
+    def _log_eval(self, log, bar) -> None:
+        res = self.evaluate()
+        self.evals.append((self.step, res))
+        log.write(json.dumps({"step": self.step, "eval": asdict(res)}) + "\n")
+        log.flush()
+        bar.write(f"step {self.step}: {res.line()}")
+
+    @torch.no_grad()
+    def evaluate(self) -> EvalResult:
+        assert self.eval_ds is not None
+        self.drafter.eval()
+        S = self.cfg.ttt_steps
+        correct = torch.zeros(S, device=self.device)
+        count = torch.zeros(S, device=self.device)
+        loss_sum = torch.zeros(S, device=self.device)
+        for ids in make_batches(self.eval_ds.lengths.cpu(), self.cfg.batch_tokens):
+            _, res = self._forward(self.eval_ds, ids)
+            correct += res.correct
+            count += res.count
+            loss_sum += res.step_loss * res.count
+        self.drafter.train()
+        acc = (correct / count.clamp(min=1)).tolist()
+        step_loss = (loss_sum / count.clamp(min=1)).tolist()
+        loss = sum(self.cfg.step_decay**k * v for k, v in enumerate(step_loss))
+        return EvalResult(acc=acc, loss=loss, accept_length=acceptance_estimate(acc),
+                          positions=[int(c) for c in count.tolist()])
+
+    # --- checkpoints ------------------------------------------------------------------------------------------------
+    def _settings(self) -> dict[str, Any]:
+        return {k: getattr(self.cfg, k) for k in RESUME_KEYS}
+
+    def save(self) -> Path:
+        self.ckpt_dir.mkdir(parents=True, exist_ok=True)
+        state = {
+            "step": self.step, "epoch": self.epoch, "pos": self.pos,
+            "weights": {n: p.detach().cpu() for n, p in self.params.items()},
+            "d2t": self.drafter.d2t.cpu(), "t2d": self.drafter.t2d.cpu(),
+            "optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(),
+            "settings": self._settings(), "n_batches": len(self.batches),
+        }
+        path = self.ckpt_dir / f"step-{self.step:08d}.pt"
+        tmp = path.with_suffix(".tmp")
+        torch.save(state, tmp)
+        os.replace(tmp, path)
+        for old in sorted(self.ckpt_dir.glob("step-*.pt"))[: -self.cfg.keep]:
+            old.unlink()
+        return path
+
+    def load_latest(self) -> bool:
+        found = sorted(self.ckpt_dir.glob("step-*.pt"))
+        if not found:
+            return False
+        path = found[-1]
+        state = torch.load(path, map_location="cpu", weights_only=False)
+        for k, v in self._settings().items():
+            if state["settings"].get(k) != v:
+                raise ConfigError(
+                    f"cannot resume from {path}: it was written with {k}={state['settings'].get(k)!r}, "
+                    f"this run has {k}={v!r}"
+                )
+        if state["n_batches"] != len(self.batches):
+            raise ConfigError(f"cannot resume from {path}: the training data differ (its run had "
+                              f"{state['n_batches']} batches, this one has {len(self.batches)})")
+        if not (state["d2t"].equal(self.vocab.d2t.cpu()) and state["t2d"].equal(self.vocab.t2d.cpu())):
+            raise ConfigError(f"cannot resume from {path}: its draft vocabulary differs from this run's (other data?)")
+        with torch.no_grad():
+            for n, p in self.params.items():
+                p.copy_(state["weights"][n].to(p.device))
+        self.opt.load_state_dict(state["optimizer"])
+        self.sched.load_state_dict(state["scheduler"])
+        self.step, self.epoch, self.pos = state["step"], state["epoch"], state["pos"]
+        return True

