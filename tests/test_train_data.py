@@ -52,7 +52,8 @@ def test_sharegpt_roles_and_counted_skips(tmp_path):
 def test_openai_jsonl_and_text_parts(tmp_path):
     lines = [
         {"messages": [{"role": "system", "content": "S"}, {"role": "user", "content": "U"},
-                      {"role": "assistant", "content": [{"type": "text", "text": "A"}, {"type": "text", "text": "B"}]}]},
+                      {"role": "assistant", "content": [{"type": "text", "text": "A"},
+                                                        {"type": "text", "text": "B"}]}]},
         {"messages": [{"role": "user", "content": "U2"}, {"role": "assistant", "content": "A2"}]},
     ]
     f = write(tmp_path / "m.jsonl", "\n".join(json.dumps(x) for x in lines) + "\n\n")
@@ -174,13 +175,15 @@ def test_templates_that_refuse_or_drop_messages_are_counted(smol_tokenizer):
     import copy
 
     convs = [[{"role": "user", "content": "ok"}, {"role": "assistant", "content": "fine"}],
-             [{"role": "system", "content": "S"}, {"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}]]
+             [{"role": "system", "content": "S"}, {"role": "user", "content": "u"},
+              {"role": "assistant", "content": "a"}]]
     strict = copy.copy(smol_tokenizer)  # a template without system role support
     strict.chat_template = ("{% for m in messages %}{% if m['role'] == 'system' %}{{ raise_exception('no system') }}"
                             "{% endif %}{{ m['role'] + ': ' + m['content'] + '\n' }}{% endfor %}")
     ds = build_dataset(strict, convs, 64)
     assert len(ds) == 1 and ds.dropped == {"refused by the chat template": 1}
     users_only = copy.copy(smol_tokenizer)
-    users_only.chat_template = "{% for m in messages %}{% if m['role'] == 'user' %}{{ m['content'] }}{% endif %}{% endfor %}"
+    users_only.chat_template = ("{% for m in messages %}{% if m['role'] == 'user' %}{{ m['content'] }}{% endif %}"
+                                "{% endfor %}")
     ds = build_dataset(users_only, convs, 64)
     assert len(ds) == 0 and ds.dropped == {"chat template drops an assistant message": 2}

@@ -8,7 +8,7 @@ import torch
 from tiny import tiny_drafter, tiny_llama
 
 from eaglespec.engine.kv_cache import KVCache
-from eaglespec.layers.context import ForwardContext, causal_tail, prefix_tail_mask
+from eaglespec.layers.context import ForwardContext, prefix_tail_mask
 from eaglespec.spec.draft import catch_up
 from eaglespec.train.ttt import ttt_hiddens, ttt_mask
 

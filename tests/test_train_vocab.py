@@ -10,7 +10,7 @@ from eaglespec.layers.context import ForwardContext
 from eaglespec.train.drafter import new_drafter
 from eaglespec.train.features import TargetFeatures, target_features
 from eaglespec.train.ttt import acceptance_estimate, step_targets, ttt_hiddens, ttt_loss
-from eaglespec.train.vocab import DraftVocab, build_draft_vocab, count_tokens
+from eaglespec.train.vocab import build_draft_vocab, count_tokens
 
 
 def test_most_frequent_tokens_kept_and_round_trip():

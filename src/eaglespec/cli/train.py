@@ -53,14 +53,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--epochs", type=int, default=1)
     t.add_argument("--max-steps", type=int, default=None, help="optimiser steps (overrides --epochs)")
     t.add_argument("--stop-after", type=int, default=None,
-                   help="stop with a checkpoint after this many steps (the schedule is unchanged; finish with --resume)")
+                   help="stop with a checkpoint after this many steps (same schedule; finish with --resume)")
     t.add_argument("--save-every", type=int, default=500, help="checkpoint every N steps")
     t.add_argument("--eval-every", type=int, default=0, help="evaluate every N steps (0 = at the end)")
     t.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --work-dir")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     t.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                   help="the target's dtype (auto: bf16 on GPU with bf16 autocast for the drafter, fp32 on CPU)")
+                   help="the target's dtype (auto: bf16 on GPU, with bf16 autocast for the drafter; fp32 on CPU)")
     t.add_argument("--no-progress", action="store_true", help="no progress bars")
     e = p.add_argument_group("export")
     e.add_argument("--export-dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
@@ -114,6 +114,7 @@ def run(args: argparse.Namespace) -> int:
         weight_decay=args.weight_decay, grad_clip=args.grad_clip, batch_tokens=args.batch_tokens,
         epochs=args.epochs, max_steps=args.max_steps, stop_after=args.stop_after, eval_every=args.eval_every,
         save_every=args.save_every, seed=args.seed, resume=args.resume, progress=not args.no_progress,
+        amp=args.dtype != "float32",  # --dtype float32 on a GPU trains without bf16 autocast
     )
     regen = RegenConfig(temperature=args.regen_temperature, max_new_tokens=args.regen_max_new_tokens,
                         max_len=args.max_len, first_turn_only=args.first_turn_only, batch_size=args.regen_batch,

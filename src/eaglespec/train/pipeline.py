@@ -108,7 +108,8 @@ def train_drafter(target: torch.nn.Module, tokenizer: "BaseTokenizer", conversat
     if vocab_n is not None:
         vocab = build_draft_vocab(counts, vocab_n)
     else:
-        vocab = DraftVocab(torch.zeros(tcfg.vocab_size, dtype=torch.int64), torch.ones(tcfg.vocab_size, dtype=torch.bool))
+        V = tcfg.vocab_size
+        vocab = DraftVocab(torch.zeros(V, dtype=torch.int64), torch.ones(V, dtype=torch.bool))
     coverage = vocab.coverage(counts)
     log(f"{len(train_ds)} training / {len(eval_ds)} eval samples, {len(train_ds.tokens)} tokens "
         f"({int(train_ds.mask.sum())} assistant); draft vocabulary {vocab.size} covers {coverage:.2%} of them")

@@ -139,8 +139,9 @@ def regenerate(target: torch.nn.Module, tokenizer: "BaseTokenizer", conversation
             if path.is_file():
                 rows = [json.loads(line)["messages"] for line in path.read_text(encoding="utf-8").splitlines()]
             else:
-                engine = Engine(target, tokenizer, EngineConfig(max_batch_size=cfg.batch_size, max_seq_len=cfg.max_len + 1,
-                                                                seed=cfg.seed + s, cuda_graphs=cfg.cuda_graphs))
+                ecfg = EngineConfig(max_batch_size=cfg.batch_size, max_seq_len=cfg.max_len + 1, seed=cfg.seed + s,
+                                    cuda_graphs=cfg.cuda_graphs)
+                engine = Engine(target, tokenizer, ecfg)
                 rows, k = regenerate_shard(engine, chunk, cfg)
                 del engine
                 n_new += k

@@ -95,7 +95,8 @@ class EvalResult:
 
     def line(self) -> str:
         accs = " ".join(f"{a:.3f}" for a in self.acc)
-        return f"eval: loss {self.loss:.4f}, per-step accuracy [{accs}], estimated chain acceptance {self.accept_length:.3f}"
+        return (f"eval: loss {self.loss:.4f}, per-step accuracy [{accs}], "
+                f"estimated chain acceptance {self.accept_length:.3f}")
 
 
 class Trainer:
