@@ -187,3 +187,12 @@ def test_templates_that_refuse_or_drop_messages_are_counted(smol_tokenizer):
                                 "{% endfor %}")
     ds = build_dataset(users_only, convs, 64)
     assert len(ds) == 0 and ds.dropped == {"chat template drops an assistant message": 2}
+
+
+def test_regeneration_shard_round_trip_keeps_unicode_line_separators(tmp_path):
+    """Model text may contain U+2028 / U+0085: the cache must read back exactly what it wrote."""
+    from eaglespec.train.regenerate import read_shard, write_shard
+
+    rows = [[{"role": "user", "content": "a\u2028b"}, {"role": "assistant", "content": "c\x85d\u2029e"}], None]
+    write_shard(tmp_path / "s.jsonl", rows)
+    assert read_shard(tmp_path / "s.jsonl") == rows

@@ -115,6 +115,18 @@ def regenerate_shard(engine, convs: Sequence[Sequence[Message]], cfg: RegenConfi
     return result, n_new
 
 
+def write_shard(path: Path, rows: list) -> None:
+    """One JSON line per conversation, written atomically (a killed run leaves no half shard)."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(json.dumps({"messages": r}, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def read_shard(path: Path) -> list:
+    # split on "\n" only: str.splitlines would also cut at U+2028/U+0085, which JSON strings may hold raw
+    return [json.loads(line)["messages"] for line in path.read_text(encoding="utf-8").split("\n") if line]
+
+
 def regenerate(target: torch.nn.Module, tokenizer: "BaseTokenizer", conversations: Sequence[Sequence[Message]],
                cache_dir: str | Path, cfg: RegenConfig = RegenConfig(), target_name: str = "target",
                progress: bool = True) -> RegenResult:
@@ -137,7 +149,7 @@ def regenerate(target: torch.nn.Module, tokenizer: "BaseTokenizer", conversation
             path = folder / f"shard-{s:05d}.jsonl"
             chunk = conversations[s * cfg.shard_size: (s + 1) * cfg.shard_size]
             if path.is_file():
-                rows = [json.loads(line)["messages"] for line in path.read_text(encoding="utf-8").splitlines()]
+                rows = read_shard(path)
             else:
                 ecfg = EngineConfig(max_batch_size=cfg.batch_size, max_seq_len=cfg.max_len + 1, seed=cfg.seed + s,
                                     cuda_graphs=cfg.cuda_graphs)
@@ -145,10 +157,7 @@ def regenerate(target: torch.nn.Module, tokenizer: "BaseTokenizer", conversation
                 rows, k = regenerate_shard(engine, chunk, cfg)
                 del engine
                 n_new += k
-                tmp = path.with_suffix(".tmp")
-                tmp.write_text("".join(json.dumps({"messages": r}, ensure_ascii=False) + "\n" for r in rows),
-                               encoding="utf-8")
-                os.replace(tmp, path)
+                write_shard(path, rows)
             for r in rows:
                 if r is None:
                     dropped["no assistant turn fits --max-len"] += 1
