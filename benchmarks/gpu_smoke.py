@@ -1,7 +1,8 @@
 """First GPU check (H200): correctness and speed of the eager path, the CUDA-graph path, speculation (oracle and random
 drafters), the verify-vs-decode step cost, transformers' generate as the peer, and a Llama-3.1-8B-shaped decode.
 
-usage: python benchmarks/gpu_smoke.py MODEL.gguf OUT_DIR
+usage: python benchmarks/gpu_smoke.py MODEL.gguf OUT_DIR SECTION   (SECTION: fp32, bf16, peer, 8b; each in its own
+process so that a device-side error in one cannot poison the others)
 """
 
 from __future__ import annotations
@@ -95,61 +96,71 @@ def random_drafter(cfg: ModelConfig, device, dtype):
 state: dict = {}
 
 
-def eager():
-    e = api.load(MODEL, draft=None, config=EngineConfig(cuda_graphs=False, fuse_projections=False))
-    state["eager"] = timed(e, PROMPTS[:3], "no-spec eager bf16")
+DTYPE = "bfloat16"
 
 
-def graphs():
-    e = api.load(MODEL, draft=None, config=EngineConfig())
-    state["ref"] = timed(e, PROMPTS, "no-spec cuda-graphs bf16 (fused)")
+def nospec():
+    e = api.load(MODEL, draft=None, config=EngineConfig(dtype=DTYPE))
+    state["ref"] = timed(e, PROMPTS, f"no-spec cuda-graphs {DTYPE} (fused)")
     state["engine"] = e
-    same = sum(a.token_ids == b.token_ids for a, b in zip(state["eager"], state["ref"][:3]))
-    rows.append({"run": "eager vs graphs identical outputs", "identical": f"{same}/3"})
 
 
-def profile():
-    """Kernel-level split of eager decode steps (GPU time per kernel, independent of launch gaps)."""
-    from torch.profiler import ProfilerActivity, profile as prof
-
-    e = state["engine"]
-    e.runner.graphs = None
-    e.generate([PROMPTS[0]], SamplingParams(max_new_tokens=4))
-    with prof(activities=[ProfilerActivity.CUDA]) as p:
-        e.generate([PROMPTS[0]], SamplingParams(max_new_tokens=21))
-    table = p.key_averages().table(sort_by="cuda_time_total", row_limit=30)
-    (OUT / "profile_decode.txt").write_text(table)
-    print(table, flush=True)
-    from eaglespec.engine.cuda_graphs import GraphCache
-
-    e.runner.graphs = GraphCache(e.runner)
+def eager():
+    e = api.load(MODEL, draft=None, config=EngineConfig(cuda_graphs=False, fuse_projections=False, dtype=DTYPE))
+    outs = timed(e, PROMPTS[:2], f"no-spec eager {DTYPE}")
+    same = sum(a.token_ids == b.token_ids for a, b in zip(outs, state["ref"]))
+    rows[-1]["identical_to_nospec"] = f"{same}/2"
 
 
 def compiled():
-    e = api.load(MODEL, draft=None, config=EngineConfig(compile=True))
-    timed(e, PROMPTS, "no-spec cuda-graphs bf16 fused+compiled")
+    e = api.load(MODEL, draft=None, config=EngineConfig(compile=True, dtype=DTYPE))
+    outs = timed(e, PROMPTS, f"no-spec cuda-graphs {DTYPE} fused+compiled")
+    same = sum(a.token_ids == b.token_ids for a, b in zip(outs, state["ref"]))
+    rows[-1]["identical_to_nospec"] = f"{same}/{len(PROMPTS)}"
+    state["compiled"] = e
+
+
+def spec_runs(specs, drafter_kind, base="engine"):
+    target = state[base].target
+    refs = [state["engine"].encode_prompt(p) + o.token_ids for p, o in zip(PROMPTS, state["ref"])]
+    for spec in specs:
+        if drafter_kind == "oracle":
+            d = OracleDrafter(target.config, [refs[0]], capacity=2100)
+        else:
+            d = random_drafter(target.config, target.lm_head.weight.device, target.lm_head.weight.dtype)
+        e = Engine(target, state["engine"].tokenizer, EngineConfig(), drafter=d, spec=spec)
+        outs = timed(e, PROMPTS, f"{drafter_kind} S{spec.steps}K{spec.topk}D{spec.draft_tokens} {DTYPE} {base}",
+                     oracle_refs=refs if drafter_kind == "oracle" else None)
+        same = sum(a.token_ids == b.token_ids for a, b in zip(outs, state["ref"]))
+        rows[-1]["identical_to_nospec"] = f"{same}/{len(PROMPTS)}"
 
 
 def oracle():
-    target = state["engine"].target
-    refs = [state["engine"].encode_prompt(p) + o.token_ids for p, o in zip(PROMPTS, state["ref"])]
-    for spec in (SpecConfig(3, 1, 4), SpecConfig(7, 1, 8), SpecConfig(5, 4, 16)):
-        target.set_eagle3_layers_to_capture(None)
-        e = Engine(target, state["engine"].tokenizer, EngineConfig(), drafter=OracleDrafter(target.config, [refs[0]], capacity=2100),
-                   spec=spec)
-        outs = timed(e, PROMPTS, f"oracle S{spec.steps}K{spec.topk}D{spec.draft_tokens}", oracle_refs=refs)
-        same = sum(a.token_ids == b.token_ids for a, b in zip(outs, state["ref"]))
-        rows[-1]["identical_to_nospec"] = f"{same}/{len(PROMPTS)}"
+    spec_runs((SpecConfig(3, 1, 4), SpecConfig(7, 1, 8), SpecConfig(5, 4, 16)), "oracle")
 
 
 def random_draft():
-    target = state["engine"].target
-    d = random_drafter(target.config, target.lm_head.weight.device, target.lm_head.weight.dtype)
-    for spec in (SpecConfig(3, 1, 4), SpecConfig(5, 4, 16)):
-        e = Engine(target, state["engine"].tokenizer, EngineConfig(), drafter=d, spec=spec)
-        outs = timed(e, PROMPTS, f"random S{spec.steps}K{spec.topk}D{spec.draft_tokens}")
-        same = sum(a.token_ids == b.token_ids for a, b in zip(outs, state["ref"]))
-        rows[-1]["identical_to_nospec"] = f"{same}/{len(PROMPTS)}"
+    spec_runs((SpecConfig(3, 1, 4), SpecConfig(5, 4, 16)), "random")
+
+
+def oracle_compiled():
+    spec_runs((SpecConfig(3, 1, 4), SpecConfig(5, 4, 16)), "oracle", base="compiled")
+
+
+def profile():
+    """Kernel-level split of eager decode steps of the compiled model (GPU time per kernel, no launch gaps)."""
+    from torch.profiler import ProfilerActivity, profile as prof
+
+    e = state["compiled"]
+    graphs, e.runner.graphs = e.runner.graphs, None
+    e.generate([PROMPTS[0]], SamplingParams(max_new_tokens=4))
+    with prof(activities=[ProfilerActivity.CUDA]) as p:
+        e.generate([PROMPTS[0]], SamplingParams(max_new_tokens=21))
+    table = p.key_averages().table(sort_by="cuda_time_total", row_limit=25)
+    (OUT / "profile_decode.txt").write_text(table)
+    n = sum(k.count for k in p.key_averages())
+    rows.append({"run": "profile compiled eager decode", "kernels_per_forward": round(n / 21, 1)})
+    e.runner.graphs = graphs
 
 
 def hf_peer():
@@ -217,13 +228,19 @@ def llama8b():
     print(rows[-1], flush=True)
 
 
-for fn in (eager, graphs, profile, oracle, random_draft, compiled, hf_peer, llama8b):
+SECTIONS = {
+    "fp32": ("float32", [nospec, oracle, random_draft]),
+    "bf16": ("bfloat16", [nospec, eager, compiled, profile, oracle, oracle_compiled, random_draft]),
+    "peer": ("bfloat16", [hf_peer]),
+    "8b": ("bfloat16", [llama8b]),
+}
+DTYPE, fns = SECTIONS[sys.argv[3]]
+for fn in fns:
     t = time.perf_counter()
     section(fn)
     print(f"== {fn.__name__} took {time.perf_counter() - t:.1f}s", flush=True)
-
 OUT.mkdir(parents=True, exist_ok=True)
-(OUT / "smoke.json").write_text(json.dumps(rows, indent=1))
+(OUT / f"smoke_{sys.argv[3]}.json").write_text(json.dumps(rows, indent=1))
 print("\n| run | tok/s | tau | ms/step | notes |\n|---|---|---|---|---|")
 for r in rows:
     print(f"| {r['run']} | {r.get('tok_per_s', '')} | {r.get('accept_length_mean', '')} | "
