@@ -17,7 +17,7 @@ from eaglespec.layers.context import ForwardContext
 from eaglespec.loading import GGUFFile, load_model
 from eaglespec.loading.gguf_names import gguf_to_hf_name, unpermute_qk
 
-MT_BENCH = Path(__file__).resolve().parents[2] / "shared" / "data" / "mt_bench_question.jsonl"
+MT_BENCH = Path(__file__).resolve().parents[1] / "src" / "eaglespec" / "assets" / "mt_bench_question.jsonl"
 
 
 def llama_cpp_permute(w: np.ndarray, n_heads: int) -> np.ndarray:

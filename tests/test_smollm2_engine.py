@@ -13,7 +13,7 @@ from eaglespec.engine.engine import Engine
 from eaglespec.models.eagle3 import LlamaForCausalLMEagle3
 from eaglespec.sampling_params import SamplingParams
 
-MT_BENCH = Path(__file__).resolve().parents[2] / "shared" / "data" / "mt_bench_question.jsonl"
+MT_BENCH = Path(__file__).resolve().parents[1] / "src" / "eaglespec" / "assets" / "mt_bench_question.jsonl"
 
 
 def mt_bench_prompts(n: int) -> list[str]:
