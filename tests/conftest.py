@@ -20,3 +20,9 @@ def smollm2_gguf() -> Path:
 def smollm2(smollm2_gguf: Path) -> LoadedModel:
     """Our SmolLM2 model, config and tokenizer in float32 on the CPU (read-only: do not modify it in a test)."""
     return load_model(smollm2_gguf, device="cpu", dtype=torch.float32)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """An empty collection is an error, never a silent pass (pytest would exit with code 5)."""
+    if not session.items:
+        raise pytest.UsageError("no tests were collected: the test suite is missing or misconfigured")
