@@ -22,6 +22,16 @@ def smollm2(smollm2_gguf: Path) -> LoadedModel:
     return load_model(smollm2_gguf, device="cpu", dtype=torch.float32)
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """For modules of tiny models: one intra-op thread is several times faster than two fighting over a shared
+    2-core CPU (index_add_ and small GEMMs suffer most). Use with `pytestmark = pytest.mark.usefixtures("one_thread")`."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     """An empty collection is an error, never a silent pass (pytest would exit with code 5)."""
     if not session.items:

@@ -34,13 +34,7 @@ OPTIONAL_KEYS = ("drafter", "steps", "topk", "draft_tokens", "speedup", "accept_
                  "accept_rate_per_depth", "verify_steps", "draft_forwards", "bandwidth")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models on a shared 2-core machine: one intra-op thread is much faster than two fighting ones."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 
 
 def write_tiny_chat_folder(folder: Path, max_pos: int = 1024) -> Path:

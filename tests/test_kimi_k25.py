@@ -155,13 +155,7 @@ def folders(tmp_path_factory) -> dict[str, Path]:
     return out
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """Tiny models: intra-op threads only add contention on a shared CPU (index_add_ gets 100x slower)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 
 
 _LOADED: dict[str, object] = {}

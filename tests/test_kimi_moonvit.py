@@ -31,12 +31,7 @@ CFG = MoonViTConfig(patch_size=14, hidden_size=32, num_attention_heads=4, num_hi
                     pos_emb_height=8, pos_emb_width=8, text_hidden_size=64)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 
 
 def _randomize(module: torch.nn.Module, seed: int = 0) -> None:

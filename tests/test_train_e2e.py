@@ -29,13 +29,7 @@ GEN = SamplingParams(max_new_tokens=40, ignore_eos=True)
 ENGINE = EngineConfig(max_batch_size=64)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny tensors: one intra-op thread is several times faster than two on a shared, loaded CPU."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 
 
 def learnable_target():

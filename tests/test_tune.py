@@ -13,12 +13,7 @@ from eaglespec.config import SpecConfig
 from eaglespec.errors import ConfigError
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 
 
 def test_default_grid():
