@@ -94,6 +94,25 @@ def test_train_command_end_to_end(tiny_folder, data_file, tmp_path, capsys):
     assert "(0 new tokens in this run)" in capsys.readouterr().err
 
 
+def test_train_continues_from_an_exported_drafter(tiny_folder, data_file, tmp_path, capsys):
+    """--init warm-starts from an export (several device sessions): its weights, vocabulary and aux layers are kept."""
+    first, second = tmp_path / "d1", tmp_path / "d2"
+    common = ["--target", str(tiny_folder), "--data", str(data_file), "--device", "cpu", "--ttt-steps", "2",
+              "--batch-tokens", "400", "--max-len", "96", "--regen-max-new-tokens", "8", "--no-progress",
+              "--export-dtype", "float32"]
+    assert main(["train", *common, "--out", str(first), "--max-steps", "3", "--draft-vocab", "40",
+                 "--aux-layers", "0,2,4", "--lr", "1e-3"]) == 0
+    # a negligible lr: the continued run must export exactly what it started from, whatever --draft-vocab / --aux-layers say
+    assert main(["train", *common, "--out", str(second), "--max-steps", "2", "--init", str(first),
+                 "--draft-vocab", "50", "--aux-layers", "1,2,3", "--lr", "1e-30"]) == 0
+    assert "continuing from the drafter" in capsys.readouterr().err
+    a, b = load_drafter(first, "cpu", torch.float32), load_drafter(second, "cpu", torch.float32)
+    assert b.config.eagle.aux_layer_ids == (0, 2, 4) and b.config.eagle.draft_vocab_size == 40
+    assert torch.equal(a.d2t, b.d2t) and torch.equal(a.t2d, b.t2d)
+    for (n, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items()):
+        assert torch.equal(x, y), n
+
+
 def test_train_command_reports_bad_data_in_one_line(tiny_folder, tmp_path, capsys):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}\n'

@@ -40,6 +40,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     d.add_argument("--eval-frac", type=float, default=0.02, help="held-out fraction for evaluation")
     m = p.add_argument_group("drafter")
     m.add_argument("--draft-vocab", type=int, default=32000, help="draft vocabulary size (0 = the full vocabulary)")
+    m.add_argument("--init", default=None, metavar="DRAFTER_DIR",
+                   help="continue training an exported drafter (keeps its vocabulary and aux layers)")
     m.add_argument("--aux-layers", default=None, metavar="I,J,K",
                    help="target layers whose outputs feed the drafter (default [1, N//2-1, N-4], SGLang convention)")
     t = p.add_argument_group("training")
@@ -123,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
     opts = PipelineOptions(
         train=train_cfg, regen=regen, max_len=args.max_len, long=args.long, draft_vocab=args.draft_vocab or None,
         eval_frac=args.eval_frac, export_dtype=export_dtype(args.export_dtype), max_shard_mb=args.max_shard_mb,
-        target_name=str(loaded.path),
+        target_name=str(loaded.path), init=args.init,
     )
     summary = train_drafter(loaded.model, loaded.tokenizer, convs.conversations, args.out, opts)
     if summary.eval is not None:

@@ -10,6 +10,8 @@ Contract:
   `set_embed_and_head` (the embedding, and the lm_head without a draft vocabulary, are the target's live tensors and
   stay frozen), linear weights ~ N(0, 0.02) from `seed`, norms 1, and with a draft vocabulary `d2t` / `t2d` set and
   the lm_head initialised from the target's head rows of the kept tokens.
+- `drafter_from_checkpoint(target, path)`: a drafter exported earlier (warm start, e.g. continuing over several
+  device sessions), checked against the target, wired the same way, its own vocabulary map kept, trainable again.
 - `trainable_parameters(drafter)`: what the optimiser updates (fc, midlayer, norm, and the lm_head when it is the
   drafter's own), by name.
 """
@@ -91,3 +93,20 @@ def new_drafter(target: nn.Module, aux_ids: Sequence[int], vocab: DraftVocab | N
 def trainable_parameters(drafter: LlamaForCausalLMEagle3) -> dict[str, nn.Parameter]:
     names = ("fc.", "midlayer.", "norm.") + (("lm_head.",) if drafter.has_own_head else ())
     return {n: p for n, p in drafter.named_parameters() if n.startswith(names)}
+
+
+def drafter_from_checkpoint(target: nn.Module, path: str) -> tuple[LlamaForCausalLMEagle3, DraftVocab | None]:
+    """Load an exported drafter to continue training it; returns it with its vocabulary (None: full vocabulary)."""
+    from ..api import load_drafter
+    from ..models.eagle3 import check_drafter_fits
+
+    drafter = load_drafter(path, "cpu", torch.float32)
+    tcfg: ModelConfig = target.config
+    aux = drafter.config.eagle.aux_layer_ids or tcfg.default_aux_layer_ids()
+    embed, head = target.get_embed_and_head()
+    check_drafter_fits(drafter, tcfg, embed.shape[0], tuple(aux))
+    drafter.set_embed_and_head(embed, head)
+    for p in trainable_parameters(drafter).values():
+        p.requires_grad_(True)
+    vocab = DraftVocab(drafter.d2t.clone(), drafter.t2d.clone()) if drafter.has_own_head else None
+    return drafter, vocab

@@ -6,7 +6,8 @@ Contract of `train_drafter(target, tokenizer, conversations, out, options)` -> `
 3. split off `eval_frac` for evaluation (seeded);
 4. count the assistant tokens of the training split and keep the `draft_vocab` most frequent (vocab.py;
    None or >= the vocabulary: no draft vocabulary, the drafter shares the target's lm_head);
-5. build the drafter (drafter.py), train it with TTT (trainer.py), export it to `out` (export.py).
+5. build the drafter (drafter.py; or continue from `init`, an exported drafter, keeping its vocabulary and aux layers),
+   train it with TTT (trainer.py), export it to `out` (export.py).
 The target is used only through the EAGLE-3 protocol and its forward (plus `Engine.generate` when regenerating), so a
 wrapper that delegates the protocol works. Progress lines go to `log` (stderr in the CLI).
 """
@@ -14,7 +15,7 @@ wrapper that delegates the protocol works. Progress lines go to `log` (stderr in
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
@@ -23,7 +24,7 @@ import torch
 from ..errors import ConfigError
 from .conversations import DataError, Message
 from .dataset import build_dataset, split
-from .drafter import drafter_hf_config, new_drafter
+from .drafter import drafter_from_checkpoint, drafter_hf_config, new_drafter
 from .export import check_shard_limit, export_drafter
 from .regenerate import RegenConfig, regenerate
 from .trainer import EvalResult, Trainer, TrainConfig
@@ -44,6 +45,7 @@ class PipelineOptions:
     export_dtype: torch.dtype = torch.bfloat16
     max_shard_mb: float | None = None
     target_name: str = "target"  # part of the regeneration cache key
+    init: str | None = None  # an exported drafter to continue from (its vocabulary and aux layers are kept)
 
 
 @dataclass
@@ -78,6 +80,11 @@ def check_aux_layers(ids: Sequence[int], n_layers: int) -> tuple[int, ...]:
 def train_drafter(target: torch.nn.Module, tokenizer: "BaseTokenizer", conversations: Sequence[Sequence[Message]],
                   out: str | Path, opts: PipelineOptions, log: Callable[[str], None] = _stderr) -> TrainSummary:
     tcfg = target.config
+    init = drafter_from_checkpoint(target, opts.init) if opts.init else None
+    if init is not None:  # the drafter's own aux layers and vocabulary size win over the options
+        init_aux = tuple(init[0].config.eagle.aux_layer_ids or tcfg.default_aux_layer_ids())
+        opts = replace(opts, train=replace(opts.train, aux_layers=init_aux),
+                       draft_vocab=init[1].size if init[1] is not None else None)
     aux = check_aux_layers(opts.train.aux_layers, tcfg.num_hidden_layers)
     vocab_n = opts.draft_vocab if opts.draft_vocab and opts.draft_vocab < tcfg.vocab_size else None
     # fail before any work when the export cannot honour the shard limit
@@ -105,7 +112,9 @@ def train_drafter(target: torch.nn.Module, tokenizer: "BaseTokenizer", conversat
     train_idx, eval_idx = split(len(ds), opts.eval_frac, opts.train.seed)
     train_ds, eval_ds = ds.subset(train_idx), ds.subset(eval_idx)
     counts = count_tokens(train_ds.tokens, train_ds.mask, tcfg.vocab_size)
-    if vocab_n is not None:
+    if init is not None and init[1] is not None:
+        vocab = init[1]
+    elif vocab_n is not None:
         vocab = build_draft_vocab(counts, vocab_n)
     else:
         V = tcfg.vocab_size
@@ -114,7 +123,11 @@ def train_drafter(target: torch.nn.Module, tokenizer: "BaseTokenizer", conversat
     log(f"{len(train_ds)} training / {len(eval_ds)} eval samples, {len(train_ds.tokens)} tokens "
         f"({int(train_ds.mask.sum())} assistant); draft vocabulary {vocab.size} covers {coverage:.2%} of them")
 
-    drafter = new_drafter(target, aux, vocab if vocab_n is not None else None, seed=opts.train.seed)
+    if init is not None:
+        drafter = init[0]
+        log(f"continuing from the drafter in {opts.init}")
+    else:
+        drafter = new_drafter(target, aux, vocab if vocab_n is not None else None, seed=opts.train.seed)
     trainer = Trainer(target, drafter, train_ds, eval_ds if len(eval_ds) else None, vocab, opts.train)
     log(f"training {sum(p.numel() for p in trainer.params.values())} parameters for {trainer.total_steps} steps "
         f"({len(trainer.batches)} batches per epoch, TTT {opts.train.ttt_steps} steps, device {trainer.device})"
