@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Train the embedded SmolLM2's EAGLE-3 drafter on the H200 in steps that fit 10-minute device calls.
+#
+# Carried with the calls (all under .device/, ignored by git):
+#   .device/m1/part1, .device/m2/part2   the GGUF halves (../shared/tools/device-model-parts)
+#   .device/data/sharegpt_first_turns.json.gz   benchmarks/make_first_turns.py
+#   .device/regen/regen.tar.gz.*         optional: a regeneration cache from an earlier session ($OUT of "regen")
+#   .device/drafter/                     optional: a drafter exported earlier, to continue from (--init)
+#   .whl/gguf-*.whl                      the gguf package (not on the device image)
+# Calls, back to back while the machine stays warm (files under /root/m and /tmp/work survive between them):
+#   1. mkdir -p /root/m && cp .device/m1/part1 /root/m/            (carry .device/m1 .device/data)
+#   2. benchmarks/train_smollm2.sh regen                              (carry .device/m2 .whl [.device/regen])
+#   3. benchmarks/train_smollm2.sh train                              ([.device/drafter])
+# "regen" regenerates the answers with the target (cached), trains one step and packs the cache into $OUT;
+# "train" resumes and finishes training, exports the drafter to $OUT/drafter and measures it on MT-bench.
+set -euo pipefail
+MODE=$1
+EPOCHS=${EPOCHS:-4}
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+export PYTHONPATH=/tmp/site:src PYTHONUNBUFFERED=1
+M=/root/m/SmolLM2-135M-Instruct.Q4_1.gguf
+[ -f "$M" ] || cat /root/m/part1 .device/m2/part2 > "$M"
+[ -f /root/m/sg.json ] || gunzip -c .device/data/sharegpt_first_turns.json.gz > /root/m/sg.json
+mkdir -p /tmp/work
+if [ -d .device/regen ] && ! ls /tmp/work/regen-* >/dev/null 2>&1; then cat .device/regen/regen.tar.gz.* | tar xz -C /tmp/work; fi
+INIT=()
+[ -f .device/drafter/config.json ] && INIT=(--init .device/drafter)
+eaglespec() { python3 -c 'import sys; from eaglespec.cli import main; sys.exit(main())' "$@"; }
+ARGS=(train --target "$M" --data /root/m/sg.json --out "$OUT/drafter" --work-dir /tmp/work --first-turn-only
+      --regen-max-new-tokens 512 --regen-batch 256 --regen-shard 4096 --draft-vocab 12288 --epochs "$EPOCHS"
+      --batch-tokens 32768 --max-len 1024 --max-shard-mb 15 --lr 3e-4 --save-every 200 --no-progress
+      --device cuda --dtype bfloat16 "${INIT[@]}")
+if [ "$MODE" = regen ]; then
+  eaglespec "${ARGS[@]}" --stop-after 1 2>&1 | tee "$OUT/regen_log.txt"
+  (cd /tmp/work && tar czf - regen-*) | split -b 15M - "$OUT/regen.tar.gz."
+else
+  eaglespec "${ARGS[@]}" --resume 2>&1 | tee "$OUT/train_log.txt"
+  cp /tmp/work/train_log.jsonl "$OUT/" || true
+  eaglespec bench --model "$M" --draft "$OUT/drafter" --spec 3,1,4 --spec 5,4,16 --spec 6,8,48 --limit 20 \
+    --max-new-tokens 256 --dtype float32 --batch-sizes 1 --out /tmp/bench 2>&1 | tail -n 30 | tee "$OUT/bench_log.txt"
+  cp /tmp/bench/results.json "$OUT/bench_results.json"
+fi
