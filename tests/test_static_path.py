@@ -4,6 +4,7 @@ with `GraphCache(capture=False)` and must give exactly the outputs of the plain 
 from __future__ import annotations
 
 import pytest
+import torch
 from tiny import tiny_drafter, tiny_llama
 
 from eaglespec.config import EngineConfig, SpecConfig
@@ -57,3 +58,21 @@ def test_static_spec_equals_plain_with_rows_finishing_and_joining(target, refere
     assert [r.output_ids for r in reqs] == [ref[: q.max_new_tokens] for ref, q in zip(reference, params)]
     # finished rows were released: inert (inactive, length 0)
     assert not eng.runner.active.any() and int(eng.runner.seq_len.abs().sum()) == 0
+
+
+def test_moe_models_opt_out_of_cuda_graphs():
+    """A model holding a layer with data-dependent shapes (MoE dispatch) is never captured; Llama is."""
+    from test_deepseek_v3 import CASES
+    from transformers import DeepseekV3Config
+
+    from eaglespec.config import ModelConfig
+    from eaglespec.engine.cuda_graphs import capturable
+    from eaglespec.models.deepseek_v3 import DeepseekV3ForCausalLM
+
+    cfg = DeepseekV3Config(**CASES["grouped_yarn"]).to_dict()
+    cfg["architectures"] = ["DeepseekV3ForCausalLM"]
+    with torch.device("meta"):
+        moe_model = DeepseekV3ForCausalLM(ModelConfig.from_hf(cfg))
+    target = tiny_llama(seed=0)
+    assert capturable(target, tiny_drafter(target))
+    assert not capturable(moe_model) and not capturable(target, moe_model)

@@ -16,6 +16,11 @@ from __future__ import annotations
 import torch
 
 BATCH_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+
+
+def capturable(*models: torch.nn.Module) -> bool:
+    """False when a layer has data-dependent shapes (it says `supports_cuda_graphs = False`, e.g. MoE dispatch)."""
+    return all(getattr(mod, "supports_cuda_graphs", True) for m in models for mod in m.modules())
 MIN_LEN_BUCKET = 256
 
 

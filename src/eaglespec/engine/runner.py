@@ -61,9 +61,10 @@ class ModelRunner:
         self.host_len: list[int] = []
         self.timer = PhaseTimer(device)
         self.graphs = None
+        from .cuda_graphs import GraphCache, capturable
+
         models = [m for m in (target, drafter) if m is not None]
-        if cuda_graphs and device.type == "cuda" and all(getattr(m, "supports_cuda_graphs", True) for m in models):
-            from .cuda_graphs import GraphCache
+        if cuda_graphs and device.type == "cuda" and capturable(*models):  # MoE targets run eagerly
 
             self.graphs = GraphCache(self)
 

@@ -68,6 +68,9 @@ class NoAuxRouter(nn.Module):
 class MoE(nn.Module):
     """Routed experts + shared experts: x [..., H] -> [..., H]."""
 
+    # the host reads how many tokens each expert got (data-dependent shapes): no CUDA-graph capture
+    supports_cuda_graphs = False
+
     def __init__(self, hidden_size: int, moe: MoEConfig, act: str = "silu") -> None:
         super().__init__()
         self.gate = NoAuxRouter(hidden_size, moe)
