@@ -131,7 +131,7 @@ def pack_nvfp4(weight: torch.Tensor, group_size: int = 16) -> dict[str, torch.Te
     scale = (blocks.abs().amax(-1) / 6.0 / scale2).clamp(max=FP8_E4M3_MAX).to(torch.float8_e4m3fn)  # [out, in/16]
     eff = scale.float() * scale2
     x = w / _expand_cols(eff, group_size, in_f).clamp_min(1e-30)  # [out, in] in units of the E2M1 grid
-    mags = torch.tensor(E2M1_VALUES)
+    mags = torch.tensor(E2M1_VALUES, device=weight.device)
     mag_code = (x.abs()[..., None] - mags).abs().argmin(-1)  # nearest magnitude, 0..7
     codes = (mag_code | ((x < 0) & (mag_code > 0)).long() << 3).to(torch.uint8).view(out_f, -1, 2)
     packed = codes[..., 0] | (codes[..., 1] << 4)  # even element in the low nibble
