@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
+from .options import add_runtime_options, engine_config
 
 if TYPE_CHECKING:
     from ..bench.suite import BenchModel, SuiteOptions, SuiteResult, Workload
@@ -29,16 +30,7 @@ def add_run_options(p: argparse.ArgumentParser, max_new_tokens: int, limit: int 
     m.add_argument("--random-weights", default=None, metavar="CONFIG",
                    help="a model of this shape with random weights instead of a checkpoint: a config.json path or "
                         "a preset (llama-3.1-8b, smollm2-135m); prompts are random ids, EOS is ignored")
-    m.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
-    m.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                   help="auto: bfloat16 on CUDA, float32 on the CPU")
-    m.add_argument("--aux-convention", default="sglang", choices=["sglang", "vllm"],
-                   help="how a drafter's eagle_aux_hidden_state_layer_ids are read")
-    m.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=True,
-                   help="replay decode and speculative steps as CUDA graphs (CUDA only)")
-    m.add_argument("--fuse", action=argparse.BooleanOptionalAction, default=None,
-                   help="fuse q/k/v and gate/up projections (default: on CUDA only)")
-    m.add_argument("--compile", action="store_true", help="torch.compile RMSNorm and RoPE")
+    add_runtime_options(m)
     w = p.add_argument_group("prompts")
     w.add_argument("--prompts", default=None, metavar="mt-bench|FILE",
                    help="mt-bench (the default) or a JSONL file: one {prompt}, {turns} or {messages} per line")
@@ -70,7 +62,6 @@ class Prepared:
 
 def prepare(args: argparse.Namespace) -> Prepared:
     """Validate, measure the device, load the model and encode the prompts (in that order: errors come first)."""
-    from ..config import EngineConfig
     from ..sampling_params import SamplingParams
     from ..bench.bandwidth import copy_bandwidth
     from ..bench.report import machine_info
@@ -85,8 +76,7 @@ def prepare(args: argparse.Namespace) -> Prepared:
         raise ConfigError(f"--warmup must be >= 0 (got {args.warmup})")
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                             ignore_eos=args.ignore_eos or args.random_weights is not None)
-    engine = EngineConfig(device=args.device, dtype=args.dtype, seed=args.seed, aux_convention=args.aux_convention,
-                          cuda_graphs=args.cuda_graphs, fuse_projections=args.fuse, compile=args.compile)
+    engine = engine_config(args)
     device, dtype = resolve_placement(args.device, args.dtype)
     bw = copy_bandwidth(device)
     if bw:

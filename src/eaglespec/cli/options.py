@@ -16,11 +16,23 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=None, help="draft depth S")
     p.add_argument("--topk", type=int, default=None, help="branching K (1 = chain)")
     p.add_argument("--draft-tokens", type=int, default=None, help="verified tokens D, root included")
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     p.add_argument("--seed", type=int, default=0)
+    add_runtime_options(p)
+
+
+def add_runtime_options(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """Placement and execution: device, dtype, the aux-layer convention, CUDA graphs and the inference transforms."""
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                   help="auto: bfloat16 on CUDA, float32 on the CPU")
     p.add_argument("--aux-convention", default="sglang", choices=["sglang", "vllm"],
                    help="how the drafter's eagle_aux_hidden_state_layer_ids are read (vllm: id k = after k layers)")
+    p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=True,
+                   help="replay decode and speculative steps as CUDA graphs (CUDA only)")
+    p.add_argument("--fuse", action=argparse.BooleanOptionalAction, default=None,
+                   help="fuse q/k/v and gate/up projections (default: on CUDA only)")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile the elementwise chains (RMSNorm, RoPE, SiLU gating): fewer kernels per layer")
 
 
 def add_sampling_options(p: argparse.ArgumentParser, max_new_tokens: int = 256) -> None:
@@ -55,7 +67,7 @@ def spec_config(args: argparse.Namespace) -> SpecConfig | None:
 
 def engine_config(args: argparse.Namespace, **kw) -> EngineConfig:
     return EngineConfig(device=args.device, dtype=args.dtype, seed=args.seed, aux_convention=args.aux_convention,
-                        **kw)
+                        cuda_graphs=args.cuda_graphs, fuse_projections=args.fuse, compile=args.compile, **kw)
 
 
 def draft_arg(args: argparse.Namespace) -> str | None:
