@@ -282,6 +282,8 @@ def load_model(
     with _default_dtype(dt), torch.device("meta"):
         model = cls(config)
     load_weights(model, ckpt.tensors(), dev, ckpt.path, ckpt.dequantizer(dt))
+    if ckpt.path.is_dir() and hasattr(model, "configure_from_folder"):  # extra files, e.g. an image processor config
+        model.configure_from_folder(str(ckpt.path))
     model.requires_grad_(False)
     model.eval()
     return LoadedModel(model=model, config=config, tokenizer=tokenizer, path=ckpt.path)

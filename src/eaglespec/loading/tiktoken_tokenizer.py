@@ -134,7 +134,6 @@ class TiktokenTokenizer(BaseTokenizer):
         extra_eos_ids: Sequence[int] = (),
         add_bos_token: bool = False,
         model_max_length: int | None = None,
-        source_dir: str | Path | None = None,
     ) -> None:
         import tiktoken
 
@@ -159,7 +158,6 @@ class TiktokenTokenizer(BaseTokenizer):
         self.extra_eos_ids = tuple(int(i) for i in extra_eos_ids)
         self.add_bos_token = add_bos_token
         self.model_max_length = model_max_length
-        self.source_dir = Path(source_dir) if source_dir is not None else None
 
     # --- BaseTokenizer -----------------------------------------------------------------------------------------
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
@@ -267,5 +265,4 @@ class TiktokenTokenizer(BaseTokenizer):
             extra_eos_ids=extra,
             add_bos_token=bool(tc.get("add_bos_token", False)),
             model_max_length=int(max_len) if isinstance(max_len, (int, float)) and max_len < 1e12 else None,
-            source_dir=d,
         )

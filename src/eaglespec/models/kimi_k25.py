@@ -91,14 +91,17 @@ class KimiK25ForConditionalGeneration(nn.Module):
     def set_image_processor(self, cfg: ImageProcessorConfig) -> None:
         self.image_processor = cfg
 
+    def configure_from_folder(self, folder: str) -> None:
+        """Called by the loader with the checkpoint folder: read its preprocessor_config.json when present."""
+        self.image_processor = ImageProcessorConfig.from_folder(folder, **self._processor_defaults())
+
+    def _processor_defaults(self) -> dict[str, Any]:
+        vc = self.vision_config
+        return dict(patch_size=vc.patch_size, merge_kernel_size=vc.merge_kernel_size[0])
+
     def _image_processor(self, tokenizer: Any) -> ImageProcessorConfig:
         if self.image_processor is None:
-            vc = self.vision_config
-            defaults = dict(patch_size=vc.patch_size, merge_kernel_size=vc.merge_kernel_size[0])
-            folder = getattr(tokenizer, "source_dir", None)
-            self.image_processor = (
-                ImageProcessorConfig.from_folder(folder, **defaults) if folder else ImageProcessorConfig(**defaults)
-            )
+            self.image_processor = ImageProcessorConfig(**self._processor_defaults())
         return self.image_processor
 
     def encode_images(self, images: KimiImageInputs) -> torch.Tensor:
