@@ -25,7 +25,7 @@ mkdir -p /tmp/work
 if [ -d .device/regen ] && ! ls /tmp/work/regen-* >/dev/null 2>&1; then cat .device/regen/regen.tar.gz.* | tar xz -C /tmp/work; fi
 INIT=()
 [ -f .device/drafter/config.json ] && INIT=(--init .device/drafter)
-eaglespec() { python3 -c 'import sys; from eaglespec.cli import main; sys.exit(main())' "$@"; }
+eaglespec() { python3 -m eaglespec "$@"; }
 ARGS=(train --target "$M" --data /root/m/sg.json --out "$OUT/drafter" --work-dir /tmp/work --first-turn-only
       --regen-max-new-tokens 512 --regen-batch 256 --regen-shard 4096 --draft-vocab 12288 --epochs "$EPOCHS"
       --batch-tokens 32768 --max-len 1024 --max-shard-mb 15 --lr 3e-4 --save-every 200 --no-progress
