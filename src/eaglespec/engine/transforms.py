@@ -2,6 +2,7 @@
 
 - `fuse_projections(model)`: q/k/v into one GEMM and gate/up into one GEMM, in every GQA attention and gated MLP;
   fewer, larger kernels, which matters when a decode step is bound by kernel count (small models, batch 1).
+- `use_rope_store_kernel(model)` (CUDA): RoPE on q/k and both KV-cache writes as one Triton kernel per layer.
 - `compile_elementwise(model)`: RMSNorm, residual-add + RMSNorm, RoPE and SiLU-gating through `torch.compile` (one
   fused kernel each instead of ~6), shapes dynamic so one compilation serves every batch and length bucket.
 Both change nothing numerically beyond floating-point reassociation; neither is applied to models being trained.
@@ -45,10 +46,23 @@ def compile_elementwise(model: nn.Module) -> nn.Module:
     return model
 
 
+def use_rope_store_kernel(model: nn.Module) -> nn.Module:
+    """RoPE and the KV-cache writes of every fused GQA attention as one Triton kernel (layers/rope_kv_kernel.py)."""
+    from ..layers.rope_kv_kernel import rope_store
+
+    for m in model.modules():
+        if isinstance(m, GQAAttention) and hasattr(m, "qkv_proj") and (m.head_dim // 2) & (m.head_dim // 2 - 1) == 0:
+            m.rope_store = rope_store
+    return model
+
+
 def prepare_for_inference(model: nn.Module, device: torch.device, fuse: bool | None, compile: bool) -> nn.Module:
-    """Apply the transforms an EngineConfig asks for (fuse=None: only on CUDA)."""
+    """Apply the transforms an EngineConfig asks for (fuse=None: only on CUDA, where the fused RoPE + KV-store
+    Triton kernel is used too)."""
     if fuse or (fuse is None and device.type == "cuda"):
         fuse_projections(model)
+        if device.type == "cuda":
+            use_rope_store_kernel(model)
     if compile:
         compile_elementwise(model)
     return model

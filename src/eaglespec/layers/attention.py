@@ -62,6 +62,13 @@ def attend(
     k_cache, v_cache = cache
     write_cache(k_cache, k, ctx)
     write_cache(v_cache, v, ctx)
+    return attend_cached(q, ctx, cache, scale)
+
+
+def attend_cached(q: torch.Tensor, ctx: ForwardContext, cache: Sequence[torch.Tensor],
+                  scale: float | None = None) -> torch.Tensor:
+    """Attention of q [B, T, H, D] over the cache prefix [0, kv_len) whose new entries are already written."""
+    k_cache, v_cache = cache
     B = q.shape[0]
     kk = read_cache(k_cache, ctx, B).to(q.dtype)
     vv = read_cache(v_cache, ctx, B).to(q.dtype)
@@ -90,6 +97,7 @@ class GQAAttention(nn.Module):
         self.v_proj = nn.Linear(in_features, num_kv_heads * head_dim, bias=bias)
         self.o_proj = nn.Linear(num_heads * head_dim, hidden_size, bias=bias)
         self.rope = apply_rotary  # engine.transforms may swap in a compiled version
+        self.rope_store = None  # engine.transforms may set the fused RoPE + KV-store kernel (fused q/k/v only)
 
     def fuse_qkv(self) -> None:
         """Replace q/k/v_proj by one `qkv_proj` (rows: q, then k, then v). Checkpoint names are lost: inference only."""
@@ -119,6 +127,11 @@ class GQAAttention(nn.Module):
         H, Hkv, Dh = self.num_heads, self.num_kv_heads, self.head_dim
         if hasattr(self, "qkv_proj"):  # fused by engine.transforms (one GEMM, one RoPE launch)
             qkv = self.qkv_proj(x).view(B, T, H + 2 * Hkv, Dh)
+            if self.rope_store is not None and cache is not None and ctx.write_index is not None:
+                # one kernel: RoPE on q and k, k and v into the cache
+                q = self.rope_store(qkv, cos, sin, cache[0], cache[1], ctx.row_index(B), ctx.write_index, H, Hkv)
+                out = attend_cached(q, ctx, cache)
+                return self.o_proj(out.reshape(B, T, H * Dh))
             qk = self.rope(qkv[:, :, : H + Hkv], cos, sin)
             q, k, v = qk[:, :, :H], qk[:, :, H:], qkv[:, :, H + Hkv :]
         else:

@@ -1,0 +1,79 @@
+"""One Triton kernel for the start of GQA attention: RoPE on q and k, and k / v written into the KV cache.
+
+Unfused, this is a RoPE chain for q and k (or one compiled kernel) plus two `index_put` scatters per layer; at batch 1
+on a GPU each is a few microseconds of mostly launch latency, so one kernel saves ~3 launches per layer.
+
+`rope_store(qkv, cos, sin, k_cache, v_cache, rows, write_index, n_heads, n_kv_heads) -> q`:
+  qkv [B, T, H + 2*Hkv, D] (q heads, then k, then v: the fused projection's output), cos / sin [B, T, D/2] float32,
+  caches [Bc, S, Hkv, D] (one layer's views), rows [B] int64 cache rows, write_index [B, T] int64 positions.
+  Returns q [B, T, H, D] rotated; k rotated and v are stored at (rows[b], write_index[b, t]). RoPE rotates halves
+  (the Llama layout) in float32, exactly as layers/rotary.apply_rotary does. Program (b*t, head): one head of one
+  token. `rope_store_reference` is the same computation in PyTorch (the fallback, and the tests' reference).
+The kernel is built on first use, so that `TRITON_INTERPRET=1` (set by the CPU tests) takes effect.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from .rotary import apply_rotary
+
+
+def rope_store_reference(qkv, cos, sin, k_cache, v_cache, rows, write_index, n_heads: int, n_kv_heads: int):
+    H, Hkv = n_heads, n_kv_heads
+    qk = apply_rotary(qkv[:, :, : H + Hkv], cos, sin)
+    k_cache[rows[:, None], write_index] = qk[:, :, H:].to(k_cache.dtype)
+    v_cache[rows[:, None], write_index] = qkv[:, :, H + Hkv :].to(v_cache.dtype)
+    return qk[:, :, :H]
+
+
+@functools.cache
+def _kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def rope_store_kernel(qkv, cos, sin, q_out, k_cache, v_cache, rows, widx,
+                          T, NH_IN, H, HKV, s_cache_row, s_cache_pos, HALF: tl.constexpr):
+        bt = tl.program_id(0)
+        h = tl.program_id(1)  # 0..H+HKV-1: q heads, then kv heads (k rotated, v copied)
+        b = bt // T
+        offs = tl.arange(0, HALF)
+        src = qkv + (bt * NH_IN + h) * (2 * HALF)
+        x1 = tl.load(src + offs).to(tl.float32)
+        x2 = tl.load(src + HALF + offs).to(tl.float32)
+        c = tl.load(cos + bt * HALF + offs)
+        s = tl.load(sin + bt * HALF + offs)
+        o1 = x1 * c - x2 * s
+        o2 = x2 * c + x1 * s
+        if h < H:
+            dst = q_out + (bt * H + h) * (2 * HALF)
+            tl.store(dst + offs, o1.to(q_out.dtype.element_ty))
+            tl.store(dst + HALF + offs, o2.to(q_out.dtype.element_ty))
+        else:
+            j = h - H
+            row = tl.load(rows + b)
+            pos = tl.load(widx + bt)
+            at = row * s_cache_row + pos * s_cache_pos + j * (2 * HALF)
+            tl.store(k_cache + at + offs, o1.to(k_cache.dtype.element_ty))
+            tl.store(k_cache + at + HALF + offs, o2.to(k_cache.dtype.element_ty))
+            vsrc = qkv + (bt * NH_IN + H + HKV + j) * (2 * HALF)
+            tl.store(v_cache + at + offs, tl.load(vsrc + offs).to(v_cache.dtype.element_ty))
+            tl.store(v_cache + at + HALF + offs, tl.load(vsrc + HALF + offs).to(v_cache.dtype.element_ty))
+
+    return rope_store_kernel
+
+
+def rope_store(qkv, cos, sin, k_cache, v_cache, rows, write_index, n_heads: int, n_kv_heads: int) -> torch.Tensor:
+    B, T, NH, D = qkv.shape
+    assert NH == n_heads + 2 * n_kv_heads and D % 2 == 0 and (D // 2) & (D // 2 - 1) == 0, "head_dim/2: power of 2"
+    assert k_cache.stride(-1) == 1 and k_cache.stride(-2) == D and k_cache.stride() == v_cache.stride()
+    qkv = qkv.contiguous()
+    q = torch.empty(B, T, n_heads, D, dtype=qkv.dtype, device=qkv.device)
+    _kernel()[(B * T, n_heads + n_kv_heads)](
+        qkv, cos.contiguous(), sin.contiguous(), q, k_cache, v_cache, rows.contiguous(), write_index.contiguous(),
+        T, NH, n_heads, n_kv_heads, k_cache.stride(0), k_cache.stride(1), HALF=D // 2,
+    )
+    return q
