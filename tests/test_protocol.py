@@ -32,10 +32,10 @@ def test_aux_states_are_layer_outputs_concatenated():
     # reference: run the layers by hand
     h = m.model.embed_tokens(ids)
     cos, sin = m.model.rotary(ForwardContext.plain(2, 11).positions)
-    outs = []
+    outs, d = [], None
     for layer in m.model.layers:
-        h = layer(h, cos, sin, ForwardContext.plain(2, 11), None)
-        outs.append(h)
+        h, d = layer(h, d, cos, sin, ForwardContext.plain(2, 11), None)  # the layer's output is h + d
+        outs.append(h + d)
     torch.testing.assert_close(out.aux_hidden, torch.cat([outs[1], outs[2], outs[5]], -1))
     m.set_eagle3_layers_to_capture(None)
     assert m(ids, ForwardContext.plain(2, 11)).aux_hidden is None

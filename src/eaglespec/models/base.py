@@ -1,7 +1,7 @@
 """The decoder-only skeleton shared by every target architecture, with the EAGLE-3 target protocol built in.
 
-A concrete model (llama.py, deepseek_v3.py) builds `self.model.embed_tokens`, `self.model.layers` (each called as
-`layer(h, cos, sin, ctx, cache)`), `self.model.norm`, `self.model.rotary` and `self.lm_head`; this class runs them,
+A concrete model (llama.py, deepseek_v3.py) builds `self.model.embed_tokens`, `self.model.layers` (pre-norm decoder
+layers, `PreNormDecoderLayer`), `self.model.norm`, `self.model.rotary` and `self.lm_head`; this class runs them,
 captures the aux states and implements the protocol (REFERENCE.md §2, names as in SGLang):
 
 - `get_embed_and_head()` -> the live (embed_tokens.weight, lm_head.weight), not copies;
@@ -21,6 +21,27 @@ from torch import nn
 
 from ..config import ModelConfig
 from ..layers.context import ForwardContext
+
+
+class PreNormDecoderLayer(nn.Module):
+    """h -> h + attn(norm(h)) -> (that) + mlp(norm(that)); subclasses build the four modules.
+
+    The residual stream travels as (h, delta) with the layer's output = h + delta: the last add of a layer is fused with
+    the next layer's first norm (`RMSNorm.add_forward`), one kernel instead of two. delta None: h is the output.
+    """
+
+    input_layernorm: nn.Module
+    self_attn: nn.Module
+    post_attention_layernorm: nn.Module
+    mlp: nn.Module
+
+    def forward(self, h, delta, cos, sin, ctx: ForwardContext, cache) -> tuple[torch.Tensor, torch.Tensor]:
+        if delta is None:
+            x = self.input_layernorm(h)
+        else:
+            h, x = self.input_layernorm.add_forward(h, delta)
+        h, x = self.post_attention_layernorm.add_forward(h, self.self_attn(x, cos, sin, ctx, cache))
+        return h, self.mlp(x)
 
 
 @dataclass
@@ -79,13 +100,17 @@ class DecoderOnlyLM(nn.Module):
         aux: dict[int, torch.Tensor] = {}
         if 0 in capture:
             aux[0] = h
+        delta = None  # the residual stream is h + delta (see PreNormDecoderLayer)
         for i, layer in enumerate(self.model.layers):
-            h = layer(h, cos, sin, ctx, ctx.kv[i] if ctx.kv is not None else None)
+            h, delta = layer(h, delta, cos, sin, ctx, ctx.kv[i] if ctx.kv is not None else None)
             if i + 1 in capture:
-                aux[i + 1] = h
+                aux[i + 1] = h + delta
         if ctx.logits_index is not None:
-            h = torch.gather(h, 1, ctx.logits_index[..., None].expand(-1, -1, h.shape[-1]))
-        logits = self.lm_head(self.model.norm(h))
+            s = h + delta
+            x = self.model.norm(torch.gather(s, 1, ctx.logits_index[..., None].expand(-1, -1, s.shape[-1])))
+        else:
+            _, x = self.model.norm.add_forward(h, delta)
+        logits = self.lm_head(x)
         aux_hidden = torch.cat([aux[k] for k in capture], dim=-1) if capture else None
         return ModelOutput(logits=logits, aux_hidden=aux_hidden)
 

@@ -17,17 +17,15 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-import torch
 from torch import nn
 
 from ..config import ModelConfig
-from ..layers.context import ForwardContext
 from ..layers.mla import MLAttention
 from ..layers.mlp import GatedMLP
 from ..layers.moe import MoE
 from ..layers.norm import RMSNorm
 from ..layers.rotary import Rotary
-from .base import DecoderOnlyLM
+from .base import DecoderOnlyLM, PreNormDecoderLayer
 
 
 def _text_config(cfg: ModelConfig) -> Mapping[str, Any]:
@@ -45,7 +43,7 @@ def at_least_regex(n: int) -> str:
     return "(?:" + "|".join(alts) + ")"
 
 
-class DeepseekV3DecoderLayer(nn.Module):
+class DeepseekV3DecoderLayer(PreNormDecoderLayer):
     def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
         super().__init__()
         assert cfg.mla is not None, "DeepSeek-V3 needs the MLA fields (kv_lora_rank, ...) in its config"
@@ -65,10 +63,6 @@ class DeepseekV3DecoderLayer(nn.Module):
             self.mlp: nn.Module = MoE(cfg.hidden_size, moe, act=cfg.hidden_act)
         else:
             self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, act=cfg.hidden_act)
-
-    def forward(self, h, cos, sin, ctx: ForwardContext, cache) -> torch.Tensor:
-        h = h + self.self_attn(self.input_layernorm(h), cos, sin, ctx, cache)
-        return h + self.mlp(self.post_attention_layernorm(h))
 
 
 class DeepseekV3Model(nn.Module):

@@ -6,19 +6,17 @@ empty; GGUF names are mapped in `loading/gguf_names.py`.
 
 from __future__ import annotations
 
-import torch
 from torch import nn
 
 from ..config import ModelConfig
 from ..layers.attention import GQAAttention
-from ..layers.context import ForwardContext
 from ..layers.mlp import GatedMLP
 from ..layers.norm import RMSNorm
 from ..layers.rotary import Rotary
-from .base import DecoderOnlyLM
+from .base import DecoderOnlyLM, PreNormDecoderLayer
 
 
-class LlamaDecoderLayer(nn.Module):
+class LlamaDecoderLayer(PreNormDecoderLayer):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -28,11 +26,6 @@ class LlamaDecoderLayer(nn.Module):
         )
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias, act=cfg.hidden_act)
-
-    def forward(self, h, cos, sin, ctx: ForwardContext, cache) -> torch.Tensor:
-        a = self.self_attn(self.input_layernorm(h), cos, sin, ctx, cache)
-        h, x = self.post_attention_layernorm.add_forward(h, a)  # residual add fused with the norm
-        return h + self.mlp(x)
 
 
 class LlamaModel(nn.Module):
