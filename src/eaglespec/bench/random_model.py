@@ -16,9 +16,8 @@ Contract:
 from __future__ import annotations
 
 import json
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 from torch import nn
@@ -26,7 +25,7 @@ from torch import nn
 from ..config import ModelConfig
 from ..errors import ConfigError
 from ..layers.norm import RMSNorm
-from ..loading.checkpoint import LoadedModel
+from ..loading.checkpoint import LoadedModel, build_on_meta
 
 LLAMA_3_1_8B: dict[str, Any] = {
     "architectures": ["LlamaForCausalLM"], "model_type": "llama",
@@ -71,21 +70,6 @@ def shape_config(shape: str) -> dict[str, Any]:
     if not isinstance(d, dict):
         raise ConfigError(f"{p} is not a JSON object")
     return d
-
-
-@contextmanager
-def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(old)
-
-
-def build_on_meta(cls: type, config: ModelConfig, dtype: torch.dtype) -> nn.Module:
-    with _default_dtype(dtype), torch.device("meta"):
-        return cls(config)
 
 
 @torch.no_grad()

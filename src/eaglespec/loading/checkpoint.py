@@ -163,6 +163,12 @@ def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
         torch.set_default_dtype(old)
 
 
+def build_on_meta(cls: type, config: ModelConfig, dtype: torch.dtype) -> nn.Module:
+    """The model on the meta device, its floating parameters in `dtype` (layers that ask for float32 keep it)."""
+    with _default_dtype(dtype), torch.device("meta"):
+        return cls(config)
+
+
 def _set_tensor(model: nn.Module, name: str, value: torch.Tensor) -> None:
     prefix, _, leaf = name.rpartition(".")
     module = model.get_submodule(prefix)
@@ -279,8 +285,7 @@ def load_model(
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev, config)
     tokenizer = ckpt.tokenizer()  # before the weights: an unreadable tokenizer fails fast
-    with _default_dtype(dt), torch.device("meta"):
-        model = cls(config)
+    model = build_on_meta(cls, config, dt)
     load_weights(model, ckpt.tensors(), dev, ckpt.path, ckpt.dequantizer(dt))
     if ckpt.path.is_dir() and hasattr(model, "configure_from_folder"):  # extra files, e.g. an image processor config
         model.configure_from_folder(str(ckpt.path))

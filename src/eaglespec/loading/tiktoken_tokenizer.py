@@ -220,12 +220,7 @@ class TiktokenTokenizer(BaseTokenizer):
                 for i, t in sorted(named.items())
             },
         }
-        if self.model_max_length:
-            config["model_max_length"] = self.model_max_length
-        if self.chat_template:
-            config["chat_template"] = self.chat_template
-            (d / "chat_template.jinja").write_text(self.chat_template, encoding="utf-8")
-        (d / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
+        self._write_config(d, config)
 
     # --- construction --------------------------------------------------------------------------------------------
     @classmethod

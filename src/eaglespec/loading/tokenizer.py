@@ -90,6 +90,15 @@ class BaseTokenizer(ABC):
                                      ("pad_token", self.pad_token)) if v is not None}
         return render_chat_template(self.chat_template, messages, add_generation_prompt, **{**special, **variables})
 
+    def _write_config(self, d: Path, config: dict[str, Any]) -> None:
+        """tokenizer_config.json (with model_max_length and chat_template when set) and chat_template.jinja."""
+        if getattr(self, "model_max_length", None):
+            config["model_max_length"] = self.model_max_length
+        if self.chat_template:
+            config["chat_template"] = self.chat_template
+            (d / "chat_template.jinja").write_text(self.chat_template, encoding="utf-8")
+        (d / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
+
     def detokenizer(self, skip_special_tokens: bool = True) -> IncrementalDetokenizer:
         return IncrementalDetokenizer(self, skip_special_tokens)
 
@@ -173,12 +182,7 @@ class Tokenizer(BaseTokenizer):
             "pad_token": self.pad_token,
             "clean_up_tokenization_spaces": False,
         }
-        if self.model_max_length:
-            config["model_max_length"] = self.model_max_length
-        if self.chat_template:
-            config["chat_template"] = self.chat_template
-            (d / "chat_template.jinja").write_text(self.chat_template, encoding="utf-8")
-        (d / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
+        self._write_config(d, config)
 
     # --- construction --------------------------------------------------------------------------------------------
     @classmethod
