@@ -187,24 +187,11 @@ def hf_peer():
     print(rows[-1], flush=True)
 
 
-def llama8b():
-    cfg = ModelConfig.from_hf(dict(
-        architectures=["LlamaForCausalLM"], model_type="llama", vocab_size=128256, hidden_size=4096,
-        intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
-        max_position_embeddings=8192, rope_theta=500000.0, tie_word_embeddings=False,
-        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                      "original_max_position_embeddings": 8192}))
-    from eaglespec.models.llama import LlamaForCausalLM
+def llama8b(compile: bool = False):
+    from eaglespec.bench.random_model import LLAMA_3_1_8B, random_model
 
-    with torch.device("meta"):
-        m = LlamaForCausalLM(cfg)
-    m = m.to_empty(device="cuda").to(torch.bfloat16)
-    with torch.no_grad():
-        for p in m.parameters():
-            p.normal_(0, 0.02)
-    m.reset_buffers()
-    m.eval().requires_grad_(False)
-    prepare_for_inference(m, torch.device("cuda"), None, False)
+    m = random_model(ModelConfig.from_hf(LLAMA_3_1_8B), torch.device("cuda"), torch.bfloat16, 0).model
+    prepare_for_inference(m, torch.device("cuda"), None, compile)
     nbytes = sum(p.numel() * p.element_size() for p in m.parameters())
     e = Engine(m, None, EngineConfig())
     e.reserve(1, 1024)
@@ -221,18 +208,37 @@ def llama8b():
     dt = time.perf_counter() - t0
     dec = e.runner.timer.totals()["decode"] / (len(o.token_ids) - 1)
     bw = nbytes / dec / 1e9
-    rows.append({"run": "llama-3.1-8B shape random bf16 decode b1", "tokens": len(o.token_ids),
-                 "tok_per_s": round(len(o.token_ids) / dt, 1), "decode_ms_per_step": round(1000 * dec, 3),
-                 "weights_GB": round(nbytes / 1e9, 2), "achieved_GBps": round(bw, 1),
-                 "floor_tok_per_s_at_4.28TBps": round(4.28e12 / nbytes, 1)})
+    rows.append({"run": f"llama-3.1-8B shape random bf16 decode b1{' compiled' if compile else ''}",
+                 "tokens": len(o.token_ids), "tok_per_s": round(len(o.token_ids) / dt, 1),
+                 "decode_ms_per_step": round(1000 * dec, 3), "weights_GB": round(nbytes / 1e9, 2),
+                 "achieved_GBps": round(bw, 1), "floor_tok_per_s_at_4.28TBps": round(4.28e12 / nbytes, 1)})
+    print(rows[-1], flush=True)
+
+
+def llama8b_compiled():
+    llama8b(compile=True)
+
+
+def kernel_check():
+    """The fused RoPE + KV-store Triton kernel against the PyTorch path on the GPU, float32: same greedy answers."""
+    outs = {}
+    for use_kernel in (False, True):
+        e = api.load(MODEL, draft=None, config=EngineConfig(dtype="float32"))
+        if not use_kernel:
+            for mod in e.target.modules():
+                if hasattr(mod, "rope_store"):
+                    mod.rope_store = None
+        outs[use_kernel] = [o.token_ids for o in e.generate(PROMPTS[:4], SamplingParams(max_new_tokens=64))]
+    same = sum(a == b for a, b in zip(outs[False], outs[True]))
+    rows.append({"run": "rope+kv-store kernel vs PyTorch path (fp32 greedy)", "identical": f"{same}/4"})
     print(rows[-1], flush=True)
 
 
 SECTIONS = {
-    "fp32": ("float32", [nospec, oracle, random_draft]),
+    "fp32": ("float32", [kernel_check, nospec, oracle, random_draft]),
     "bf16": ("bfloat16", [nospec, eager, compiled, profile, oracle, oracle_compiled, random_draft]),
     "peer": ("bfloat16", [hf_peer]),
-    "8b": ("bfloat16", [llama8b]),
+    "8b": ("bfloat16", [llama8b, llama8b_compiled]),
 }
 DTYPE, fns = SECTIONS[sys.argv[3]]
 for fn in fns:
