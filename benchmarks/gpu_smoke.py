@@ -188,9 +188,9 @@ def hf_peer():
 
 
 def llama8b(compile: bool = False):
-    from eaglespec.bench.random_model import LLAMA_3_1_8B, random_model
+    from eaglespec.bench.random_model import random_model
 
-    m = random_model(ModelConfig.from_hf(LLAMA_3_1_8B), torch.device("cuda"), torch.bfloat16, 0).model
+    m = random_model("llama-3.1-8b", torch.device("cuda"), torch.bfloat16, 0).model
     prepare_for_inference(m, torch.device("cuda"), None, compile)
     nbytes = sum(p.numel() * p.element_size() for p in m.parameters())
     e = Engine(m, None, EngineConfig())
