@@ -187,6 +187,28 @@ def hf_peer():
     print(rows[-1], flush=True)
 
 
+def profile_spec():
+    """Kernel-level split of eager speculative steps (oracle chain D=4, compiled model): what verify adds to decode."""
+    from torch.profiler import ProfilerActivity, profile as prof, record_function
+
+    target = state["compiled"].target
+    refs = [state["engine"].encode_prompt(p) + o.token_ids for p, o in zip(PROMPTS, state["ref"])]
+    e = Engine(target, state["engine"].tokenizer, EngineConfig(cuda_graphs=False),
+               drafter=OracleDrafter(target.config, [refs[0]], capacity=2100), spec=SpecConfig(3, 1, 4))
+    e.generate([PROMPTS[0]], SamplingParams(max_new_tokens=8))
+    phases = {}
+    orig = e.runner.timer.phase
+    e.runner.timer.phase = lambda name: record_function(f"phase::{name}")
+    with prof(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as p:
+        e.generate([PROMPTS[0]], SamplingParams(max_new_tokens=41))
+    e.runner.timer.phase = orig
+    for ev in p.key_averages():
+        if ev.key.startswith("phase::"):
+            phases[ev.key] = {"calls": ev.count, "cuda_ms_total": round(ev.device_time_total / 1000, 3)}
+    (OUT / "profile_spec.txt").write_text(p.key_averages().table(sort_by="device_time_total", row_limit=40))
+    rows.append({"run": "profile eager spec steps (oracle S3K1D4, compiled)", "phases": phases})
+
+
 def llama8b(compile: bool = False):
     from eaglespec.bench.random_model import random_model
 
@@ -236,7 +258,7 @@ def kernel_check():
 
 SECTIONS = {
     "fp32": ("float32", [kernel_check, nospec, oracle, random_draft]),
-    "bf16": ("bfloat16", [nospec, eager, compiled, profile, oracle, oracle_compiled, random_draft]),
+    "bf16": ("bfloat16", [nospec, eager, compiled, profile, profile_spec, oracle, oracle_compiled, random_draft]),
     "peer": ("bfloat16", [hf_peer]),
     "8b": ("bfloat16", [llama8b, llama8b_compiled]),
 }
