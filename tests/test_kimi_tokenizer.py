@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from eaglespec.loading.tiktoken_tokenizer import PAT_STR, TiktokenTokenizer, bytes_to_unicode
+from eaglespec.loading.tiktoken_tokenizer import PAT_STR, TiktokenTokenizer
+from eaglespec.loading.tokenizer import bytes_to_unicode
 from eaglespec.loading.tokenizer import has_tokenizer, load_tokenizer
 
 CORPUS = (

@@ -11,11 +11,9 @@ model raises `ConfigError` suggesting the Hugging Face folder.
 
 from __future__ import annotations
 
-from functools import lru_cache
-
 from ..errors import CheckpointError, ConfigError
 from .gguf_reader import GGUFFile
-from .tokenizer import Tokenizer
+from .tokenizer import Tokenizer, bytes_to_unicode
 
 CONTROL, USER_DEFINED = 3, 4
 
@@ -32,22 +30,6 @@ PRE_TOKENIZER_SPLITS = {
     "llama3": _LLAMA3_SPLIT, "llama-v3": _LLAMA3_SPLIT, "llama-bpe": _LLAMA3_SPLIT, "smaug-bpe": _LLAMA3_SPLIT,
     "qwen2": _QWEN2_SPLIT, "deepseek-r1-qwen": _QWEN2_SPLIT,
 }
-
-
-@lru_cache(maxsize=1)
-def bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's byte -> printable character table that byte-level BPE vocabularies are spelled in."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(
-        range(ord("®"), ord("ÿ") + 1)
-    )
-    chars = list(printable)
-    extra = 0
-    for b in range(256):
-        if b not in printable:
-            printable.append(b)
-            chars.append(256 + extra)
-            extra += 1
-    return {b: chr(c) for b, c in zip(printable, chars)}
 
 
 def tokenizer_from_gguf(gguf: GGUFFile) -> Tokenizer:

@@ -27,12 +27,12 @@ from __future__ import annotations
 
 import base64
 import json
-from functools import cached_property, lru_cache
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
 from ..errors import CheckpointError
-from .tokenizer import BaseTokenizer, _pick_template, _read_json, _token_text
+from .tokenizer import BaseTokenizer, _pick_template, _read_json, _token_text, bytes_to_unicode
 
 NUM_RESERVED_SPECIAL_TOKENS = 256
 TIKTOKEN_MAX_ENCODE_CHARS = 400_000
@@ -65,20 +65,6 @@ DEFAULT_CHAT_TEMPLATE = (
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}<|im_assistant|>assistant<|im_middle|>{%- endif -%}"
 )
-
-
-@lru_cache(maxsize=1)
-def bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's reversible map from the 256 byte values to printable characters."""
-    bs = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return dict(zip(bs, (chr(c) for c in cs)))
 
 
 def read_tiktoken_model(path: str | Path) -> dict[bytes, int]:
@@ -194,10 +180,6 @@ class TiktokenTokenizer(BaseTokenizer):
     def id_to_token(self, token_id: int) -> str | None:
         token_id = int(token_id)
         return self.special_by_id.get(token_id) or self._byte_level[1].get(token_id)
-
-    @property
-    def eos_token_ids(self) -> tuple[int, ...]:
-        return tuple(dict.fromkeys(super().eos_token_ids + self.extra_eos_ids))
 
     def save(self, directory: str | Path) -> None:
         """tiktoken.model, tokenizer_config.json (special tokens, added_tokens_decoder, chat_template), .jinja."""

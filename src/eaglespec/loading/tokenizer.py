@@ -13,6 +13,8 @@ transformers is never imported here (it is only the reference in tests).
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import json
 from abc import ABC, abstractmethod
 from pathlib import Path
@@ -28,12 +30,27 @@ CHAT_END_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<end_of
 __all__ = ["BaseTokenizer", "Tokenizer", "IncrementalDetokenizer", "load_tokenizer", "CHAT_END_TOKENS"]
 
 
+@lru_cache(maxsize=1)
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible byte -> printable character table that byte-level BPE vocabularies are spelled in."""
+    bs = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, (chr(c) for c in cs)))
+
+
 class BaseTokenizer(ABC):
     """What the rest of eaglespec needs from a tokenizer."""
 
     bos_token: str | None = None
     eos_token: str | None = None
     pad_token: str | None = None
+    extra_eos_ids: tuple[int, ...] = ()  # e.g. generation_config.json's eos_token_id
     chat_template: str | None = None
 
     @abstractmethod
@@ -70,6 +87,7 @@ class BaseTokenizer(ABC):
     def eos_token_ids(self) -> tuple[int, ...]:
         ids = [self.token_to_id(self.eos_token)] if self.eos_token else []
         ids += [self.token_to_id(t) for t in CHAT_END_TOKENS]
+        ids += list(self.extra_eos_ids)
         return tuple(dict.fromkeys(i for i in ids if i is not None))
 
     @property
@@ -165,10 +183,6 @@ class Tokenizer(BaseTokenizer):
 
     def id_to_token(self, token_id: int) -> str | None:
         return self.backend.id_to_token(int(token_id))
-
-    @property
-    def eos_token_ids(self) -> tuple[int, ...]:
-        return tuple(dict.fromkeys(super().eos_token_ids + self.extra_eos_ids))
 
     def save(self, directory: str | Path) -> None:
         """tokenizer.json, tokenizer_config.json (special tokens, chat_template) and chat_template.jinja."""
