@@ -11,11 +11,13 @@
 #   1. mkdir -p /root/m && cp .device/m1/part1 /root/m/            (carry .device/m1 .device/data)
 #   2. benchmarks/train_smollm2.sh regen                              (carry .device/m2 .whl [.device/regen])
 #   3. benchmarks/train_smollm2.sh train                              ([.device/drafter])
-# "regen" regenerates the answers with the target (cached), trains one step and packs the cache into $OUT;
-# "train" resumes and finishes training, exports the drafter to $OUT/drafter and measures it on MT-bench.
+# "regen" regenerates the answers with the target (cached), trains until REGEN_BUDGET seconds have passed (checkpoints
+# every 100 steps) and packs the cache into $OUT; "train" resumes and finishes training, exports the drafter to
+# $OUT/drafter and measures it on MT-bench's 80 first turns in float32 (T = 0; TEMPS="0 1" adds T = 1).
 set -euo pipefail
 MODE=$1
-EPOCHS=${EPOCHS:-4}
+EPOCHS=${EPOCHS:-8}
+REGEN_BUDGET=${REGEN_BUDGET:-540}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site:src PYTHONUNBUFFERED=1
 M=/root/m/SmolLM2-135M-Instruct.Q4_1.gguf
@@ -28,15 +30,19 @@ INIT=()
 eaglespec() { python3 -m eaglespec "$@"; }
 ARGS=(train --target "$M" --data /root/m/sg.json --out "$OUT/drafter" --work-dir /tmp/work --first-turn-only
       --regen-max-new-tokens 512 --regen-batch 256 --regen-shard 4096 --draft-vocab 12288 --epochs "$EPOCHS"
-      --batch-tokens 32768 --max-len 1024 --max-shard-mb 15 --lr 3e-4 --save-every 200 --no-progress
+      --batch-tokens 32768 --max-len 1024 --max-shard-mb 15 --lr 3e-4 --save-every 100 --no-progress
       --device cuda --dtype bfloat16 "${INIT[@]}")
 if [ "$MODE" = regen ]; then
-  eaglespec "${ARGS[@]}" --stop-after 1 2>&1 | tee "$OUT/regen_log.txt"
+  python3 benchmarks/kernel_check.py 2>&1 | tail -n 3   # the engine regenerates the data: stop now if its kernel is wrong
+  timeout "$REGEN_BUDGET" python3 -m eaglespec "${ARGS[@]}" --resume 2>&1 | tee "$OUT/regen_log.txt" || true
   (cd /tmp/work && tar czf - regen-*) | split -b 15M - "$OUT/regen.tar.gz."
 else
   eaglespec "${ARGS[@]}" --resume 2>&1 | tee "$OUT/train_log.txt"
   cp /tmp/work/train_log.jsonl "$OUT/" || true
-  eaglespec bench --model "$M" --draft "$OUT/drafter" --spec 3,1,4 --spec 5,4,16 --spec 6,8,48 --limit 20 \
-    --max-new-tokens 256 --dtype float32 --batch-sizes 1 --out /tmp/bench 2>&1 | tail -n 30 | tee "$OUT/bench_log.txt"
-  cp /tmp/bench/results.json "$OUT/bench_results.json"
+  for T in ${TEMPS:-0}; do
+    eaglespec bench --model "$M" --draft "$OUT/drafter" --spec 3,1,4 --spec 5,4,16 --spec 6,8,48 --spec 8,8,48 \
+      --max-new-tokens 256 --dtype float32 --temperature $T --batch-sizes 1 --out /tmp/bench$T 2>&1 \
+      | tail -n 16 | tee "$OUT/bench_T$T.txt"
+    cp /tmp/bench$T/results.json "$OUT/bench_T$T.json" || true
+  done
 fi
