@@ -297,6 +297,9 @@ class EngineConfig:
     cuda_graphs: bool = True
     fuse_projections: bool | None = None  # None: on CUDA only (q/k/v and gate/up as one GEMM each)
     compile: bool = False  # torch.compile RMSNorm and RoPE (fewer kernels per layer)
+    # Admit waiting requests once this many rows are free (or all waiting fit, or nothing runs): 1 = at once, the
+    # lowest latency; throughput jobs (regeneration) batch their prefills with larger values (engine/scheduler.py).
+    min_prefill_rows: int = 1
 
     def __post_init__(self) -> None:
         if self.aux_convention not in ("sglang", "vllm"):
@@ -305,3 +308,5 @@ class EngineConfig:
             raise ConfigError(f"--dtype must be auto, float32, bfloat16 or float16 (got {self.dtype!r})")
         if self.max_batch_size < 1:
             raise ConfigError(f"max batch size must be >= 1 (got {self.max_batch_size})")
+        if self.min_prefill_rows < 1:
+            raise ConfigError(f"min_prefill_rows must be >= 1 (got {self.min_prefill_rows})")

@@ -143,7 +143,7 @@ class Engine:
         rows = max(rows, r.rows)
         max_len = max(max_len, r.max_len)
         r.allocate(rows, max_len)
-        self.scheduler = Scheduler(rows)
+        self.scheduler = Scheduler(rows, min_prefill_rows=self.config.min_prefill_rows)
 
     def _prepare(self, prompt: Prompt, chat: bool, images: Sequence[object] | None) -> tuple[list[int], object]:
         """Prompt ids (placeholders expanded for images) and the target's multimodal inputs (or None)."""

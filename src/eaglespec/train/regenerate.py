@@ -151,8 +151,9 @@ def regenerate(target: torch.nn.Module, tokenizer: "BaseTokenizer", conversation
             if path.is_file():
                 rows = read_shard(path)
             else:
+                # prefills batched by eighths of the rows: one-row prefills would otherwise take every other step
                 ecfg = EngineConfig(max_batch_size=cfg.batch_size, max_seq_len=cfg.max_len + 1, seed=cfg.seed + s,
-                                    cuda_graphs=cfg.cuda_graphs)
+                                    cuda_graphs=cfg.cuda_graphs, min_prefill_rows=max(1, cfg.batch_size // 8))
                 engine = Engine(target, tokenizer, ecfg)
                 rows, k = regenerate_shard(engine, chunk, cfg)
                 del engine
