@@ -5,7 +5,7 @@ random answer length of 16-512 tokens per request (random weights never stop at 
 stand in for that), decoded greedily through `Engine.generate` with ROWS rows, as regenerate.py does. Reports new
 tokens per second and the number of prefill and decode steps for `min_prefill_rows` 1 (admit at once) and ROWS/8.
 
-usage: python benchmarks/regen_throughput.py OUT_DIR [N] [ROWS] [--device cpu]
+usage: [KS=1,32] python benchmarks/regen_throughput.py OUT_DIR [N] [ROWS] [--device cpu]   (KS: the values to time)
 """
 
 from __future__ import annotations
@@ -38,8 +38,9 @@ hi_p, hi_n = (64, 32) if CPU else (512, 512)
 prompts = [[rng.randrange(3, vocab) for _ in range(rng.randint(16 if CPU else 32, hi_p))] for _ in range(N)]
 params = [SamplingParams(max_new_tokens=rng.randint(8 if CPU else 16, hi_n), ignore_eos=True) for _ in range(N)]
 rows = []
-for k in (1, max(1, ROWS // 8)):
+for k in [int(x) for x in __import__("os").environ.get("KS", f"1,{max(1, ROWS // 8)}").split(",")]:
     eng = Engine(model, None, EngineConfig(max_batch_size=ROWS, max_seq_len=hi_p + hi_n + 1, min_prefill_rows=k))
+    eng.reserve(ROWS, hi_p + hi_n)  # the caches at their final size before any graph is captured
     eng.generate(prompts[:ROWS], [SamplingParams(max_new_tokens=4, ignore_eos=True)] * min(ROWS, N))  # capture
     kinds = {"prefill": 0, "decode": 0}
     sched_step = eng.step

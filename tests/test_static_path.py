@@ -76,3 +76,25 @@ def test_moe_models_opt_out_of_cuda_graphs():
     target = tiny_llama(seed=0)
     assert capturable(target, tiny_drafter(target))
     assert not capturable(moe_model) and not capturable(target, moe_model)
+
+
+def test_growing_the_caches_drops_the_graphs_and_takes_a_fresh_pool(target, reference, monkeypatch):
+    """A second, longer `generate` reallocates the caches: every graph is dropped and later captures go to a new
+    memory pool (PyTorch's allocator asserts when a pool whose graphs were all freed is captured into again). The
+    pool handle is faked here (no CUDA); the static steps still give the eager outputs before and after the growth."""
+    handles = iter(range(100))
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: ("pool", next(handles)))
+    eng = static_engine(target)
+    short = eng.generate(PROMPTS[:2], SamplingParams(max_new_tokens=4, ignore_eos=True))
+    g = eng.runner.graphs
+    g.capture, g.pool = True, torch.cuda.graph_pool_handle()  # as a capturing cache holding one graph
+    g.graphs[("decode", 8, 256, True)] = []
+    first_pool = g.pool
+    eng._ensure_capacity(eng.runner.rows, eng.runner.max_len)  # fits: nothing changes
+    assert g.pool == first_pool and g.graphs
+    eng._ensure_capacity(eng.runner.rows, eng.runner.max_len + 100)  # what a longer generate does first
+    assert g.pool != first_pool and not g.graphs
+    g.capture = False  # the static steps run eagerly on the CPU
+    long = eng.generate(PROMPTS, SamplingParams(max_new_tokens=40, ignore_eos=True))
+    assert [o.token_ids for o in short] == [r[:4] for r in reference[:2]]
+    assert [o.token_ids for o in long] == reference

@@ -37,10 +37,14 @@ class GraphCache:
         self._keep: dict[tuple, object] = {}
 
     def reset(self) -> None:
-        """Forget every graph (the caches they point at were reallocated)."""
+        """Forget every graph (the caches they point at were reallocated), and take a fresh memory pool: once the
+        last graph of a pool is freed, capturing into that pool again trips an internal assert of PyTorch's
+        caching allocator (`use_count > 0`, seen on the H200 when a second `generate` grew the caches)."""
         self.graphs.clear()
         self.outputs.clear()
         self._keep.clear()
+        if self.capture:
+            self.pool = torch.cuda.graph_pool_handle()
 
     # --- buckets ------------------------------------------------------------------------------------------------
     def batch_bucket(self, n: int) -> int:
