@@ -100,13 +100,14 @@ DTYPE = "bfloat16"
 
 
 def nospec():
-    e = api.load(MODEL, draft=None, config=EngineConfig(dtype=DTYPE))
+    e = api.load(MODEL, draft=None, config=EngineConfig(dtype=DTYPE, compile=False))
     state["ref"] = timed(e, PROMPTS, f"no-spec cuda-graphs {DTYPE} (fused)")
     state["engine"] = e
 
 
 def eager():
-    e = api.load(MODEL, draft=None, config=EngineConfig(cuda_graphs=False, fuse_projections=False, dtype=DTYPE))
+    e = api.load(MODEL, draft=None,
+                 config=EngineConfig(cuda_graphs=False, fuse_projections=False, compile=False, dtype=DTYPE))
     outs = timed(e, PROMPTS[:2], f"no-spec eager {DTYPE}")
     same = sum(a.token_ids == b.token_ids for a, b in zip(outs, state["ref"]))
     rows[-1]["identical_to_nospec"] = f"{same}/2"
@@ -261,7 +262,7 @@ def kernel_check():
     """The fused RoPE + KV-store Triton kernel against the PyTorch path on the GPU, float32: same greedy answers."""
     outs = {}
     for use_kernel in (False, True):
-        e = api.load(MODEL, draft=None, config=EngineConfig(dtype="float32"))
+        e = api.load(MODEL, draft=None, config=EngineConfig(dtype="float32", compile=False))
         if not use_kernel:
             for mod in e.target.modules():
                 if hasattr(mod, "rope_store"):

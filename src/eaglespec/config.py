@@ -296,7 +296,7 @@ class EngineConfig:
     aux_convention: str = "sglang"
     cuda_graphs: bool = True
     fuse_projections: bool | None = None  # None: on CUDA only (q/k/v and gate/up as one GEMM each)
-    compile: bool = False  # torch.compile RMSNorm and RoPE (fewer kernels per layer)
+    compile: bool | None = None  # torch.compile RMSNorm, RoPE, SiLU gating (fewer kernels); None: on CUDA only
     # Admit waiting requests once this many rows are free (or all waiting fit, or nothing runs): 1 = at once, the
     # lowest latency; throughput jobs (regeneration) batch their prefills with larger values (engine/scheduler.py).
     min_prefill_rows: int = 1

@@ -48,7 +48,7 @@ def references(prompt_ids: Sequence[Sequence[int]], outputs: Sequence[Sequence[i
 
 class DrafterPool:
     def __init__(self, target: nn.Module, device: torch.device, dtype: torch.dtype, seed: int = 0,
-                 fuse: bool | None = None, compile: bool = False) -> None:
+                 fuse: bool | None = None, compile: bool | None = None) -> None:
         self.target, self.device, self.dtype, self.seed = target, device, dtype, seed
         self.fuse, self.compile = fuse, compile  # EngineConfig's inference transforms, as api.load applies them
         self._built: dict[str, nn.Module] = {}

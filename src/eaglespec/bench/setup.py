@@ -65,7 +65,7 @@ def resolve_placement(device: str, dtype: str) -> tuple[torch.device, torch.dtyp
 
 
 def load_bench_model(model: str | None, random_weights: str | None, device: torch.device, dtype: torch.dtype,
-                     seed: int = 0, fuse: bool | None = None, compile: bool = False) -> BenchModel:
+                     seed: int = 0, fuse: bool | None = None, compile: bool | None = None) -> BenchModel:
     from ..engine.transforms import prepare_for_inference
 
     if random_weights is not None:

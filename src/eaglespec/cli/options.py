@@ -31,8 +31,9 @@ def add_runtime_options(p: argparse.ArgumentParser | argparse._ArgumentGroup) ->
                    help="replay decode and speculative steps as CUDA graphs (CUDA only)")
     p.add_argument("--fuse", action=argparse.BooleanOptionalAction, default=None,
                    help="fuse q/k/v and gate/up projections (default: on CUDA only)")
-    p.add_argument("--compile", action="store_true",
-                   help="torch.compile the elementwise chains (RMSNorm, RoPE, SiLU gating): fewer kernels per layer")
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                   help="torch.compile the elementwise chains (RMSNorm, RoPE, SiLU gating): fewer kernels per layer "
+                        "(default: on CUDA only)")
 
 
 def add_sampling_options(p: argparse.ArgumentParser, max_new_tokens: int = 256) -> None:
