@@ -95,3 +95,22 @@ def test_acceptance_estimate():
     assert acceptance_estimate([]) == 1.0
     assert abs(acceptance_estimate([0.5, 0.5]) - (1 + 0.5 + 0.25)) < 1e-12
     assert acceptance_estimate([1.0, 1.0, 1.0]) == 4.0
+
+
+def test_features_of_the_inference_form_equal_the_plain_target():
+    """`eaglespec train` runs the frozen target in its inference form (fused projections on CUDA): the features the
+    drafter learns from must not change (checked here with the fusion forced on the CPU)."""
+    from eaglespec.engine.transforms import prepare_for_inference
+
+    g = torch.Generator().manual_seed(1)
+    plain, fused = tiny_llama(seed=0), prepare_for_inference(tiny_llama(seed=0), torch.device("cpu"), True, False)
+    assert hasattr(fused.model.layers[0].self_attn, "qkv_proj")
+    tokens = torch.randint(0, plain.config.vocab_size, (2, 16), generator=g)
+    v = build_draft_vocab(torch.arange(plain.config.vocab_size).flip(0), 40)
+    feats = []
+    for m in (plain, fused):
+        m.set_eagle3_layers_to_capture([1, 2, 3])
+        feats.append(target_features(m, tokens, v))
+    assert torch.allclose(feats[0].aux, feats[1].aux, atol=1e-5)
+    assert torch.allclose(feats[0].probs, feats[1].probs, atol=1e-6)
+    assert torch.equal(feats[0].argmax, feats[1].argmax)

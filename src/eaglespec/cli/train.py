@@ -82,6 +82,7 @@ def _aux_layers(spec: str | None, default: tuple[int, ...]) -> tuple[int, ...]:
 def run(args: argparse.Namespace) -> int:
     import torch
 
+    from ..engine.transforms import prepare_for_inference
     from ..loading.checkpoint import load_model, resolve_device
     from ..sampling_params import SamplingParams
     from ..train.conversations import read_conversations
@@ -109,6 +110,9 @@ def run(args: argparse.Namespace) -> int:
     loaded = load_model(args.target, device=device, dtype=dtype)
     if loaded.tokenizer is None or not loaded.tokenizer.has_chat_template:
         raise ConfigError(f"{loaded.path} has no tokenizer with a chat template, which training needs")
+    # The target is frozen: it regenerates and gives features in its inference form (on CUDA: fused projections,
+    # the RoPE + KV-store kernel, compiled elementwise chains; on the CPU: unchanged), as `eaglespec generate` runs it.
+    prepare_for_inference(loaded.model, device, None, None)
     tcfg = loaded.config
     train_cfg = TrainConfig(
         work_dir=work_dir, aux_layers=_aux_layers(args.aux_layers, tcfg.default_aux_layer_ids()),
