@@ -31,7 +31,9 @@ DEV = torch.device("cpu" if "--device" in sys.argv and sys.argv[-1] == "cpu" els
 CPU = DEV.type == "cpu"
 dtype = torch.float32 if CPU else torch.bfloat16
 model = random_model("smollm2-135m", DEV, dtype, 0).model
-# as `eaglespec train` regenerates: the target as loaded (no fused projections, nothing compiled)
+from eaglespec.engine.transforms import prepare_for_inference  # noqa: E402
+
+prepare_for_inference(model, DEV, None, None)  # as `eaglespec train` regenerates: the inference form on CUDA
 rng = random.Random(0)
 vocab = model.config.vocab_size
 hi_p, hi_n = (64, 32) if CPU else (512, 512)
