@@ -3,7 +3,9 @@
 #
 # Carried with the calls (all under .device/, ignored by git):
 #   .device/m1/part1, .device/m2/part2   the GGUF halves (../shared/tools/device-model-parts)
-#   .device/data/sharegpt_first_turns.json.gz   benchmarks/make_first_turns.py
+#   .device/data/sharegpt_first_turns.json.gz   benchmarks/make_first_turns.py (DATA=first, the default)
+#   .device/data/sharegpt_all_turns.json.gz     benchmarks/make_first_turns.py --all-turns (DATA=all: every turn,
+#                                               regenerated turn by turn; about 3.5x the tokens)
 #   .device/regen/regen.tar.gz.*         optional: a regeneration cache from an earlier session ($OUT of "regen")
 #   .device/drafter/                     optional: a drafter exported earlier, to continue from (--init)
 #   .whl/gguf-*.whl                      the gguf package (not on the device image)
@@ -18,20 +20,25 @@ set -euo pipefail
 MODE=$1
 EPOCHS=${EPOCHS:-8}
 REGEN_BUDGET=${REGEN_BUDGET:-540}
+DATA=${DATA:-first}   # first: first turns only (the 2026-11-29 run); all: every turn
+MAX_LEN=${MAX_LEN:-1024}
+REGEN_NEW=${REGEN_NEW:-512}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site:src PYTHONUNBUFFERED=1
 M=/root/m/SmolLM2-135M-Instruct.Q4_1.gguf
 [ -f "$M" ] || cat /root/m/part1 .device/m2/part2 > "$M"
-[ -f /root/m/sg.json ] || gunzip -c .device/data/sharegpt_first_turns.json.gz > /root/m/sg.json
+if [ "$DATA" = all ]; then SRC=.device/data/sharegpt_all_turns.json.gz; TURNS=(); else
+  SRC=.device/data/sharegpt_first_turns.json.gz; TURNS=(--first-turn-only); fi
+[ -f "/root/m/sg-$DATA.json" ] || gunzip -c "$SRC" > "/root/m/sg-$DATA.json"
 mkdir -p /tmp/work
 if [ -d .device/regen ] && ! ls /tmp/work/regen-* >/dev/null 2>&1; then cat .device/regen/regen.tar.gz.* | tar xz -C /tmp/work; fi
 INIT=()
 [ -f .device/drafter/config.json ] && INIT=(--init .device/drafter)
 eaglespec() { python3 -m eaglespec "$@"; }
-ARGS=(train --target "$M" --data /root/m/sg.json --out "$OUT/drafter" --work-dir /tmp/work --first-turn-only
-      --regen-max-new-tokens 512 --regen-batch 256 --regen-shard 4096 --draft-vocab 12288 --epochs "$EPOCHS"
-      --batch-tokens 32768 --max-len 1024 --max-shard-mb 15 --lr 3e-4 --save-every 100 --no-progress
-      --device cuda --dtype bfloat16 "${INIT[@]}")
+ARGS=(train --target "$M" --data "/root/m/sg-$DATA.json" --out "$OUT/drafter" --work-dir /tmp/work "${TURNS[@]}"
+      --regen-max-new-tokens "$REGEN_NEW" --regen-batch 256 --regen-shard 4096 --draft-vocab 12288
+      --epochs "$EPOCHS" --batch-tokens 32768 --max-len "$MAX_LEN" --max-shard-mb 15 --lr 3e-4 --save-every 100
+      --eval-every "${EVAL_EVERY:-0}" --no-progress --device cuda --dtype bfloat16 "${INIT[@]}")
 if [ "$MODE" = regen ]; then
   python3 benchmarks/kernel_check.py 2>&1 | tail -n 3   # the engine regenerates the data: stop now if its kernel is wrong
   timeout "$REGEN_BUDGET" python3 -m eaglespec "${ARGS[@]}" --resume 2>&1 | tee "$OUT/regen_log.txt" || true
