@@ -98,3 +98,48 @@ def test_growing_the_caches_drops_the_graphs_and_takes_a_fresh_pool(target, refe
     long = eng.generate(PROMPTS, SamplingParams(max_new_tokens=40, ignore_eos=True))
     assert [o.token_ids for o in short] == [r[:4] for r in reference[:2]]
     assert [o.token_ids for o in long] == reference
+
+
+def test_prefill_buckets():
+    class R:
+        cache_len = 1000
+
+    g = GraphCache(R(), capture=False)
+    assert [g.prefill_bucket(n) for n in (1, 64, 65, 300, 512, 513)] == [64, 64, 128, 512, 512, None]  # cache 1000
+    R.cache_len = 5000
+    assert g.prefill_bucket(2048) == 2048 and g.prefill_bucket(2049) is None  # long prompts prefill eagerly
+    g.prefill_graphs = False
+    assert g.prefill_bucket(10) is None
+
+
+@pytest.mark.parametrize("spec", [None, SpecConfig(3, 1, 4), SpecConfig(5, 4, 8)], ids=["plain", "chain", "tree"])
+def test_single_prompt_prefill_graph_path_equals_eager(target, reference, spec):
+    """One-row prefills through the bucketed static path (the prompt padded to 64 tokens, written into whichever
+    row is free, target and drafter catch-up together), mixed with multi-row eager prefills: same outputs."""
+    drafter = tiny_drafter(target, seed=1) if spec is not None else None
+    eng = static_engine(target, drafter, spec, rows=2)
+    eng.reserve(2, 200)  # room for the 64-token bucket
+    calls = []
+    core = eng.runner._prefill_core
+    eng.runner._prefill_core = lambda *a: calls.append(int(a[0][0])) or core(*a)
+    params = [SamplingParams(max_new_tokens=n, ignore_eos=True) for n in (40, 13, 40, 7, 40, 22)]
+    reqs = [eng.add_request(p, q) for p, q in zip(PROMPTS, params)]
+    while eng.has_work():
+        eng.step()
+    assert [r.output_ids for r in reqs] == [ref[: q.max_new_tokens] for ref, q in zip(reference, params)]
+    assert len(calls) >= 3 and set(calls) == {0, 1}  # single-prompt prefills ran through the graph path, in both rows
+    one = eng.generate([PROMPTS[2]], SamplingParams(max_new_tokens=40, ignore_eos=True))[0]
+    assert one.token_ids == reference[2]
+
+
+def test_single_prompt_prefill_graph_path_samples_like_eager(target):
+    """Sampling (temperature, top-k) through the prefill graph path draws exactly what the eager path draws."""
+    params = SamplingParams(max_new_tokens=12, temperature=0.9, top_k=20, ignore_eos=True)
+    eager = Engine(target, None, EngineConfig(max_batch_size=1, seed=3))
+    eager.reserve(1, 200)
+    static = Engine(target, None, EngineConfig(max_batch_size=1, seed=3))
+    static.runner.graphs = GraphCache(static.runner, capture=False)
+    static.reserve(1, 200)
+    for p in PROMPTS[:3]:
+        assert static.generate([p], params)[0].token_ids == eager.generate([p], params)[0].token_ids
+    assert static.runner.graphs._prefill_in  # the graph path's buffers exist: it ran

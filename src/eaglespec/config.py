@@ -295,6 +295,7 @@ class EngineConfig:
     # i.e. the output of layer k-1).
     aux_convention: str = "sglang"
     cuda_graphs: bool = True
+    prefill_graphs: bool = True  # with cuda_graphs: a single prompt of <= 2048 tokens prefills as a graph per bucket
     fuse_projections: bool | None = None  # None: on CUDA only (q/k/v and gate/up as one GEMM each)
     compile: bool | None = None  # torch.compile RMSNorm, RoPE, SiLU gating (fewer kernels); None: on CUDA only
     # Admit waiting requests once this many rows are free (or all waiting fit, or nothing runs): 1 = at once, the

@@ -16,6 +16,8 @@ from __future__ import annotations
 import torch
 
 BATCH_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+PREFILL_MIN_BUCKET = 64  # prompt-length buckets of the single-prompt prefill graphs: 64, 128, ..., PREFILL_GRAPH_MAX
+PREFILL_GRAPH_MAX = 2048  # longer prompts are compute-bound: eager prefill loses little to launch overhead
 
 
 def capturable(*models: torch.nn.Module) -> bool:
@@ -35,6 +37,8 @@ class GraphCache:
         self.graphs: dict[tuple, list[tuple[str, torch.cuda.CUDAGraph]]] = {}
         self.outputs: dict[tuple, object] = {}
         self._keep: dict[tuple, object] = {}
+        self._prefill_in: dict[tuple, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+        self.prefill_graphs = True  # EngineConfig.prefill_graphs
 
     def reset(self) -> None:
         """Forget every graph (the caches they point at were reallocated), and take a fresh memory pool: once the
@@ -43,6 +47,7 @@ class GraphCache:
         self.graphs.clear()
         self.outputs.clear()
         self._keep.clear()
+        self._prefill_in.clear()
         if self.capture:
             self.pool = torch.cuda.graph_pool_handle()
 
@@ -59,9 +64,21 @@ class GraphCache:
             b *= 2
         return min(b, self.runner.cache_len)
 
+    def prefill_bucket(self, n: int) -> int | None:
+        """The padded length of a single-prompt prefill graph for an n-token prompt, or None (run it eagerly)."""
+        if not self.prefill_graphs:
+            return None
+        b = PREFILL_MIN_BUCKET
+        while b < n:
+            b *= 2
+        return b if b <= min(PREFILL_GRAPH_MAX, self.runner.cache_len) else None
+
     # --- the phases of each step --------------------------------------------------------------------------------
     def _phases(self, kind: str, B: int, kv_len: int, greedy: bool):
         run = self.runner
+        if kind == "prefill":  # kv_len is the padded prompt length; inputs live in static buffers (prefill())
+            ids, lens, row = self._prefill_in[(kind, B, kv_len, greedy)]
+            return [("prefill", lambda: run._prefill_core(row, ids, lens, greedy))]
         r = torch.arange(B, device=run.device)
         if kind == "decode":
             return [("decode", lambda: run._decode_core(r, None, kv_len, greedy))]
@@ -121,6 +138,30 @@ class GraphCache:
             if Lb >= self.runner.cache_len:
                 return n
             length *= 2
+
+    def prefill(self, row: int, prompt, greedy: bool) -> torch.Tensor:
+        """Prefill one prompt into cache row `row` through the graph of its length bucket; returns the token [1]."""
+        Tb = self.prefill_bucket(len(prompt))
+        assert Tb is not None, "prefill() called for a prompt without a graph bucket"
+        key = ("prefill", 1, Tb, greedy)
+        dev = self.runner.device
+        if key not in self._prefill_in:
+            self._prefill_in[key] = (torch.zeros(1, Tb, dtype=torch.int64, device=dev),
+                                     torch.ones(1, dtype=torch.int64, device=dev),
+                                     torch.zeros(1, dtype=torch.int64, device=dev))
+        ids, lens, rows = self._prefill_in[key]
+        host = torch.zeros(1, Tb, dtype=torch.int64)
+        host[0, : len(prompt)] = torch.tensor(prompt, dtype=torch.int64)
+        ids.copy_(host, non_blocking=True)
+        lens.fill_(len(prompt))
+        rows.fill_(row)
+        if not self.capture:
+            with torch.inference_mode():
+                return self._phases(*key)[0][1]()
+        if key not in self.graphs:
+            self._capture(key)
+        self.graphs[key][0][1].replay()
+        return self.outputs[key][0]
 
     def run(self, kind: str, n_rows: int, longest: int, greedy: bool):
         key = (kind, self.batch_bucket(n_rows), self.len_bucket(longest + self.runner.headroom()), greedy)

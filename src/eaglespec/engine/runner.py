@@ -2,7 +2,8 @@
 three kinds of step as tensor programs (DESIGN.md "One speculative step, as data"):
 
 - `prefill(rows, prompts)`: one batched target forward over right-padded prompts (capturing aux states when
-  speculating), the first sampled token, and the drafter's catch-up over the prompt (always eager);
+  speculating), the first sampled token, and the drafter's catch-up over the prompt (a CUDA graph per length bucket
+  for a single text prompt, eager otherwise);
 - `decode(rows)`: one target token per row;
 - `spec_step(rows)`: draft (S-1 drafter forwards over the tree frontier), build the tree, verify D tokens in one
   target forward, accept per row, compact the target KV to the accepted path and catch the drafter up.
@@ -147,7 +148,7 @@ class ModelRunner:
         self.d_top_logp[r] = st.top_logp
         self.d_hidden[r] = st.hidden.to(self.dtype)
 
-    # --- prefill (eager) ----------------------------------------------------------------------------------------
+    # --- prefill ----------------------------------------------------------------------------------------------
     @torch.inference_mode()
     def prefill(self, rows: Sequence[int], prompts: Sequence[Sequence[int]], greedy: bool,
                 mm_inputs: Sequence[object | None] | None = None) -> torch.Tensor:
@@ -155,38 +156,67 @@ class ModelRunner:
 
         `mm_inputs` (one per row, None for text-only rows) are the opaque objects a multimodal target's
         `prepare_multimodal` returned; the target turns them into input embeddings (`embed_multimodal`).
+        A single text prompt of up to PREFILL_GRAPH_MAX tokens runs as a CUDA graph per length bucket (the prompt
+        right-padded to the bucket; target and drafter catch-up in one graph, timed as "prefill"); other prefills
+        (several rows, images, long prompts, the CPU) run eagerly.
         """
-        r, ctx_rows = self._rows(rows)
-        B, dev = len(rows), self.device
         lens = [len(p) for p in prompts]
-        T = max(lens)
-        ids = torch.zeros(B, T, dtype=torch.int64)
-        for b, p in enumerate(prompts):
-            ids[b, : len(p)] = torch.tensor(p, dtype=torch.int64)
-        ids = ids.to(dev)
-        lens_t = torch.tensor(lens, dtype=torch.int64, device=dev)
+        has_mm = mm_inputs is not None and any(m is not None for m in mm_inputs)
+        if self.graphs is not None and len(rows) == 1 and not has_mm and self.graphs.prefill_bucket(lens[0]):
+            with self.timer.phase("prefill"):
+                tok = self.graphs.prefill(rows[0], prompts[0], greedy)
+        else:
+            r, ctx_rows = self._rows(rows)
+            B, T = len(rows), max(lens)
+            ids = torch.zeros(B, T, dtype=torch.int64)
+            for b, p in enumerate(prompts):
+                ids[b, : len(p)] = torch.tensor(p, dtype=torch.int64)
+            ids = ids.to(self.device)
+            lens_t = torch.tensor(lens, dtype=torch.int64, device=self.device)
+            with self.timer.phase("prefill"):
+                tok, aux = self._prefill_target(r, ctx_rows, ids, lens_t, greedy, mm_inputs if has_mm else None)
+            if self.spec is not None:
+                with self.timer.phase("draft"):
+                    self._prefill_draft(r, ctx_rows, ids, lens_t, tok, aux)
+        for row, n in zip(rows, lens):
+            self.host_len[row] = n
+        return tok
+
+    def _prefill_target(self, r: torch.Tensor, ctx_rows: torch.Tensor | None, ids: torch.Tensor,
+                        lens_t: torch.Tensor, greedy: bool, mm_inputs: Sequence[object | None] | None = None):
+        """ids [B, T] right-padded, lens_t [B] -> (first token [B], aux states or None); sets the rows' state.
+        Positions past a row's length write KV entries that no later step reads before overwriting them."""
+        B, T = ids.shape
+        dev = self.device
         pos = torch.arange(T, device=dev).expand(B, T)
         zeros = torch.zeros(B, dtype=torch.int64, device=dev)
         ctx = ForwardContext(positions=pos, write_index=pos, attn_mask=prefix_tail_mask(zeros, causal_tail(B, T, dev), T),
                              kv=self.kv.layers(), rows=ctx_rows, logits_index=(lens_t - 1)[:, None])
-        with self.timer.phase("prefill"):
-            if mm_inputs is not None and any(m is not None for m in mm_inputs):
-                out = self.target(None, ctx, inputs_embeds=self.target.embed_multimodal(ids, list(mm_inputs)))
-            else:
-                out = self.target(ids, ctx)
-            tok = self._sample(out.logits[:, 0], r, greedy)
+        if mm_inputs is not None:
+            out = self.target(None, ctx, inputs_embeds=self.target.embed_multimodal(ids, list(mm_inputs)))
+        else:
+            out = self.target(ids, ctx)
+        tok = self._sample(out.logits[:, 0], r, greedy)
         self.seq_len[r] = lens_t
         self.last_token[r] = tok
         self.active[r] = True
-        for row, n in zip(rows, lens):
-            self.host_len[row] = n
+        return tok, out.aux_hidden
+
+    def _prefill_draft(self, r: torch.Tensor, ctx_rows: torch.Tensor | None, ids: torch.Tensor, lens_t: torch.Tensor,
+                       tok: torch.Tensor, aux: torch.Tensor) -> None:
+        """The drafter's catch-up over the prompt: pairs (hidden at i, token at i+1), the new token last."""
+        B, T = ids.shape
+        shifted = torch.cat((ids[:, 1:], ids[:, :1]), dim=1)
+        shifted.scatter_(1, (lens_t - 1)[:, None], tok[:, None])
+        zeros = torch.zeros(B, dtype=torch.int64, device=self.device)
+        st = catch_up(self._draft_step(ctx_rows), shifted, aux, zeros, lens_t, T, self.spec.topk)
+        self._store_draft(r, st)
+
+    def _prefill_core(self, r: torch.Tensor, ids: torch.Tensor, lens_t: torch.Tensor, greedy: bool) -> torch.Tensor:
+        """The whole prefill of explicit rows r [B] over static tensors (what the prefill graphs capture)."""
+        tok, aux = self._prefill_target(r, r, ids, lens_t, greedy)
         if self.spec is not None:
-            # drafter pairs (hidden at i, token at i+1): the prompt shifted left, the new token at the end
-            shifted = torch.cat((ids[:, 1:], ids[:, :1]), dim=1)
-            shifted.scatter_(1, (lens_t - 1)[:, None], tok[:, None])
-            with self.timer.phase("draft"):
-                st = catch_up(self._draft_step(ctx_rows), shifted, out.aux_hidden, zeros, lens_t, T, self.spec.topk)
-            self._store_draft(r, st)
+            self._prefill_draft(r, r, ids, lens_t, tok, aux)
         return tok
 
     # --- decode -------------------------------------------------------------------------------------------------
