@@ -143,3 +143,16 @@ def test_single_prompt_prefill_graph_path_samples_like_eager(target):
     for p in PROMPTS[:3]:
         assert static.generate([p], params)[0].token_ids == eager.generate([p], params)[0].token_ids
     assert static.runner.graphs._prefill_in  # the graph path's buffers exist: it ran
+
+
+def test_precapture_prefill_takes_every_bucket_that_fits(target):
+    eng = static_engine(target, rows=2)
+    eng.reserve(2, 600)  # cache length ~600: buckets 64..512
+    g = eng.runner.graphs
+    captured = []
+    g._capture = lambda key: captured.append(key) or g.graphs.__setitem__(key, [])
+    assert g.precapture_prefill(True) == 4
+    assert [k[2] for k in captured] == [64, 128, 256, 512] and all(k[:2] == ("prefill", 1) for k in captured)
+    ids, lens, rows = g._prefill_in[captured[0]]
+    assert ids.shape == (1, 64) and int(lens) == 1 and int(rows) == 0  # a one-token prompt in row 0 (idle engine)
+    assert g.precapture_prefill(True) == 0  # already captured

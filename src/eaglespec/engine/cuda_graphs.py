@@ -139,12 +139,22 @@ class GraphCache:
                 return n
             length *= 2
 
-    def prefill(self, row: int, prompt, greedy: bool) -> torch.Tensor:
-        """Prefill one prompt into cache row `row` through the graph of its length bucket; returns the token [1]."""
-        Tb = self.prefill_bucket(len(prompt))
-        assert Tb is not None, "prefill() called for a prompt without a graph bucket"
-        key = ("prefill", 1, Tb, greedy)
-        dev = self.runner.device
+    def precapture_prefill(self, greedy: bool) -> int:
+        """Capture the single-prompt prefill graph of every length bucket now; returns the count. Only while no row
+        holds a request: the capture's warm-up runs write row 0's caches."""
+        n, Tb = 0, PREFILL_MIN_BUCKET
+        while self.prefill_bucket(Tb) == Tb:
+            key = ("prefill", 1, Tb, greedy)
+            if key not in self.graphs:
+                self._prefill_inputs(key, [0], 0)
+                self._capture(key)
+                n += 1
+            Tb *= 2
+        return n
+
+    def _prefill_inputs(self, key: tuple, prompt, row: int) -> None:
+        """Write one prompt, its length and its row into the static input buffers of a prefill graph."""
+        Tb, dev = key[2], self.runner.device
         if key not in self._prefill_in:
             self._prefill_in[key] = (torch.zeros(1, Tb, dtype=torch.int64, device=dev),
                                      torch.ones(1, dtype=torch.int64, device=dev),
@@ -155,6 +165,13 @@ class GraphCache:
         ids.copy_(host, non_blocking=True)
         lens.fill_(len(prompt))
         rows.fill_(row)
+
+    def prefill(self, row: int, prompt, greedy: bool) -> torch.Tensor:
+        """Prefill one prompt into cache row `row` through the graph of its length bucket; returns the token [1]."""
+        Tb = self.prefill_bucket(len(prompt))
+        assert Tb is not None, "prefill() called for a prompt without a graph bucket"
+        key = ("prefill", 1, Tb, greedy)
+        self._prefill_inputs(key, prompt, row)
         if not self.capture:
             with torch.inference_mode():
                 return self._phases(*key)[0][1]()

@@ -129,12 +129,14 @@ class Engine:
         self._ensure_capacity(rows, min(max_len, self.context_len))
 
     def warmup(self, batch_sizes: Sequence[int] = (1,), greedy: bool = True) -> int:
-        """Capture the CUDA graphs of every length bucket for these batch sizes (no-op without graphs)."""
+        """Capture the CUDA graphs of every length bucket for these batch sizes, and (while idle) the single-prompt
+        prefill graphs; no-op without graphs. Returns the number of graphs captured."""
         graphs = self.runner.graphs
         if graphs is None or not graphs.capture or self.runner.kv is None:
             return 0
         kind = "spec" if self.speculative else "decode"
-        return sum(graphs.precapture(kind, b, greedy) for b in batch_sizes)
+        n = sum(graphs.precapture(kind, b, greedy) for b in batch_sizes)
+        return n + (graphs.precapture_prefill(greedy) if not self.has_work() else 0)
 
     def _ensure_capacity(self, rows: int, max_len: int) -> None:
         r = self.runner
