@@ -4,6 +4,9 @@
 bucket covering rows 0..n_rows-1 and the key-length bucket covering `longest + headroom`, capturing it on first use.
 A speculative step is three graphs (draft, verify, commit) replayed back to back, so the phase timer can tell their
 times apart; the verify graph reads the draft graph's static outputs, the commit graph the verify graph's.
+`GraphCache.prefill(row, prompt, greedy)` prefills one prompt through the graph of its power-of-two length bucket
+(64..2048): the prompt, its length and its cache row are copied into static buffers, the rest of the bucket is
+padding whose KV entries lie past the row's length (never read before being overwritten).
 
 Capture protocol: the small row state (lengths, last tokens, drafter state) and the RNG state are snapshotted, the
 step runs twice eagerly on a side stream (warm-up: allocator, cuBLAS handles, lazy init), the snapshot is restored,
