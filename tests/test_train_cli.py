@@ -162,3 +162,35 @@ def test_regeneration_turn_by_turn_cached_and_resumable(tiny_folder, tmp_path):
     long = [[{"role": "user", "content": "x" * 120}, {"role": "assistant", "content": "y"}]]
     dropped = regenerate(target, tok, long, tmp_path, cfg, progress=False)
     assert dropped.conversations == [] and dropped.dropped == {"no assistant turn fits --max-len": 1}
+
+
+def test_export_takes_the_best_held_out_weights(tiny_folder, data_file, tmp_path, capsys, monkeypatch):
+    """With --eval-every, the export holds the weights of the best held-out evaluation, not the last step's (here the
+    evaluations are scripted to peak at step 4 of 8); --export-last exports the last weights."""
+    from safetensors.torch import load_file
+
+    from eaglespec.train import trainer as trainer_mod
+
+    scores = {2: 1.5, 4: 2.5, 6: 2.0, 8: 1.8}
+    snapshots = {}
+    real_evaluate = trainer_mod.Trainer.evaluate
+
+    def scripted(self):
+        res = real_evaluate(self)
+        snapshots[self.step] = {n: p.detach().clone() for n, p in self.params.items()}
+        return trainer_mod.EvalResult(acc=res.acc, loss=res.loss, accept_length=scores[self.step],
+                                      positions=res.positions)
+
+    monkeypatch.setattr(trainer_mod.Trainer, "evaluate", scripted)
+    base = ["train", "--target", str(tiny_folder), "--data", str(data_file), "--device", "cpu", "--max-steps", "8",
+            "--eval-every", "2", "--ttt-steps", "2", "--draft-vocab", "40", "--batch-tokens", "400", "--max-len", "96",
+            "--regen-max-new-tokens", "10", "--eval-frac", "0.2", "--no-progress", "--lr", "3e-3",
+            "--export-dtype", "float32", "--work-dir", str(tmp_path / "work")]
+    assert main(base + ["--out", str(tmp_path / "best")]) == 0
+    assert "exporting the weights of step 4" in capsys.readouterr().err
+    exported = load_file(str(tmp_path / "best" / "model.safetensors"))
+    assert torch.equal(exported["fc.weight"], snapshots[4]["fc.weight"])
+    assert not torch.equal(snapshots[4]["fc.weight"], snapshots[8]["fc.weight"])  # the choice mattered
+    assert main(base + ["--out", str(tmp_path / "last"), "--export-last"]) == 0
+    last = load_file(str(tmp_path / "last" / "model.safetensors"))
+    assert torch.equal(last["fc.weight"], snapshots[8]["fc.weight"])

@@ -4,6 +4,7 @@ template, --max-len, and length-bucketed batches."""
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -169,6 +170,27 @@ def test_batches_split_and_gather():
     assert padded.lengths.tolist() == [3, 4]
     sub = ds.subset([1])
     assert sub.tokens.tolist() == [5, 6, 7] and sub.offsets.tolist() == [0, 3]
+
+
+def test_split_keeps_samples_with_the_same_prompt_together():
+    # samples 0, 3, 5 open with the same prompt (tokens before the first loss token), 1 and 4 with another
+    P, Q = [1, 9, 9], [1, 8]
+    samples = [(P + [5, 6], [False] * 3 + [True] * 2), (Q + [7, 7], [False] * 2 + [True] * 2),
+               ([1, 2, 3, 4], [False, False, True, True]), (P + [6, 6, 6], [False] * 3 + [True] * 3),
+               (Q + [3, 3], [False] * 2 + [True] * 2), (P + [2, 2], [False] * 3 + [True] * 2)]
+    ds = TokenDataset.from_samples(samples)
+    keys = ds.prompt_keys()
+    assert keys[0] == keys[3] == keys[5] and keys[1] == keys[4] and len({keys[0], keys[1], keys[2]}) == 3
+    for seed in range(20):
+        for frac in (0.1, 0.3, 0.5):
+            tr, ev = split(len(ds), frac, seed, groups=keys)
+            tr, ev = set(tr.tolist()), set(ev.tolist())
+            assert tr | ev == set(range(6)) and not tr & ev and tr  # a partition, never all held out
+            assert len(ev) >= math.ceil(frac * 6)
+            for group in ({0, 3, 5}, {1, 4}):
+                assert group <= tr or group <= ev  # a prompt is on one side only
+    # without groups: the plain seeded permutation (as before)
+    assert split(6, 0.5, 0)[1].tolist() == split(6, 0.5, 0, groups=None)[1].tolist()
 
 
 def test_templates_that_refuse_or_drop_messages_are_counted(smol_tokenizer):

@@ -173,3 +173,27 @@ def test_wrapper_target_trains_like_its_language_model(setup, tmp_path):
         tr = Trainer(t, d, train_ds, None, vocab, config(tmp_path / str(i), max_steps=3))
         losses.append([r.loss for r in tr.fit()])
     assert losses[0] == losses[1]
+
+
+def test_best_held_out_weights_are_kept_resumed_and_loaded(setup, tmp_path):
+    """With evaluations every few steps the trainer keeps the weights of the best held-out estimate (also across a
+    resume); `use_best()` loads them, and evaluating them again gives that estimate."""
+    target, train_ds, eval_ds, vocab, _, _ = setup
+
+    def run(**kw):
+        d = new_drafter(target, (1, 2, 2), vocab, seed=0)
+        return Trainer(target, d, train_ds, eval_ds, vocab, config(tmp_path, max_steps=12, eval_every=3,
+                                                                    save_every=3, lr=3e-2, **kw))
+
+    tr = run(stop_after=6)
+    tr.fit()
+    assert [s for s, _ in tr.evals] == [3, 6] and tr.best["step"] in (3, 6)
+    first_best = tr.best
+    tr2 = run(resume=True)  # the best of the first session comes back with the checkpoint
+    assert tr2.best["step"] == first_best["step"] and tr2.best["score"] == first_best["score"]
+    tr2.fit()
+    scores = {s: r.accept_length for s, r in tr2.evals} | {first_best["step"]: first_best["score"]}
+    best_step = max(scores, key=lambda s: (scores[s], -s))  # the first of equal scores is kept
+    assert tr2.best["step"] == best_step and tr2.best["score"] == scores[best_step]
+    assert tr2.use_best() == best_step
+    assert abs(tr2.evaluate().accept_length - scores[best_step]) < 1e-6

@@ -66,6 +66,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--no-progress", action="store_true", help="no progress bars")
     e = p.add_argument_group("export")
     e.add_argument("--export-dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    e.add_argument("--export-last", action="store_true",
+                   help="export the last weights, not those of the best held-out evaluation (see --eval-every)")
     e.add_argument("--max-shard-mb", type=float, default=None,
                    help="split the weights into safetensors files of at most this many MiB")
 
@@ -129,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
     opts = PipelineOptions(
         train=train_cfg, regen=regen, max_len=args.max_len, long=args.long, draft_vocab=args.draft_vocab or None,
         eval_frac=args.eval_frac, export_dtype=export_dtype(args.export_dtype), max_shard_mb=args.max_shard_mb,
-        target_name=str(loaded.path), init=args.init,
+        target_name=str(loaded.path), init=args.init, export_best=not args.export_last,
     )
     summary = train_drafter(loaded.model, loaded.tokenizer, convs.conversations, args.out, opts)
     if summary.eval is not None:

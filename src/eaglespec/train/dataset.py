@@ -10,7 +10,8 @@ Contract:
 - `TokenDataset` keeps every sample on one flat token tensor (`tokens` [N_tok], `mask` [N_tok], `offsets` [n+1]);
   `build_dataset(...)` applies `--max-len`: truncate (keep the first max_len tokens) or drop, counting what it drops
   (samples without any assistant token inside the limit are dropped either way).
-- `split(n, eval_frac, seed)`: a seeded permutation, the first ceil(eval_frac * n) for evaluation.
+- `split(n, eval_frac, seed, groups)`: a seeded permutation, the first ceil(eval_frac * n) for evaluation; with
+  `groups` (the pipeline passes `TokenDataset.prompt_keys()`) samples with the same opening prompt stay together.
 - `make_batches(lengths, batch_tokens)`: samples sorted by length, grouped so that rows x longest <= batch_tokens;
   `epoch_order(n_batches, seed, epoch)` shuffles the batches per epoch (seeded, so a resumed run sees the same
   order); `Batch` tensors are gathered on the device in one indexing op, right-padded with token 0 / mask false
@@ -22,6 +23,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass, field
+from collections.abc import Hashable
 from typing import TYPE_CHECKING, Sequence
 
 import torch
@@ -91,6 +93,15 @@ class TokenDataset:
         offsets = torch.cat((torch.zeros(1, dtype=torch.int64), lens.cumsum(0)))
         return TokenDataset(self.tokens[gather], self.mask[gather], offsets, Counter(self.dropped))
 
+    def prompt_keys(self) -> list[bytes]:
+        """Per sample, the tokens before its first loss token (the rendered prompt up to the first answer): equal
+        keys mean the same opening prompt (the grouping of `split`)."""
+        keys = []
+        for s, e in zip(self.offsets[:-1].tolist(), self.offsets[1:].tolist()):
+            first = int(self.mask[s:e].nonzero()[0]) if self.mask[s:e].any() else e - s
+            keys.append(self.tokens[s : s + first].numpy().tobytes())
+        return keys
+
     def to(self, device: torch.device | str) -> "TokenDataset":
         return TokenDataset(self.tokens.to(device), self.mask.to(device), self.offsets.to(device), self.dropped)
 
@@ -138,11 +149,32 @@ def build_dataset(tokenizer: "BaseTokenizer", conversations: Sequence[Sequence[M
     return ds
 
 
-def split(n: int, eval_frac: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(train indices, eval indices): a seeded permutation; at least one training sample is kept."""
-    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+def split(n: int, eval_frac: float, seed: int,
+          groups: Sequence[Hashable] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(train indices, eval indices): a seeded permutation; at least one training sample is kept.
+
+    With `groups` (one key per sample), samples sharing a key land on the same side: whole groups, in a seeded
+    order, go to the held-out split until it holds at least ceil(eval_frac * n) samples. Chat data repeats prompts
+    (ShareGPT's first turns do), and a held-out sample whose prompt is also trained on measures memory, not the
+    drafter."""
     n_eval = min(math.ceil(eval_frac * n), n - 1) if eval_frac > 0 else 0
-    return perm[n_eval:].sort().values, perm[:n_eval].sort().values
+    g = torch.Generator().manual_seed(seed)
+    if groups is None:
+        perm = torch.randperm(n, generator=g)
+        return perm[n_eval:].sort().values, perm[:n_eval].sort().values
+    members: dict[Hashable, list[int]] = {}
+    for i, key in enumerate(groups):
+        members.setdefault(key, []).append(i)
+    keys = list(members)
+    held: list[int] = []
+    for k in torch.randperm(len(keys), generator=g).tolist():
+        if len(held) >= n_eval:
+            break
+        if len(held) + len(members[keys[k]]) < n:  # never the whole set
+            held += members[keys[k]]
+    is_eval = torch.zeros(n, dtype=torch.bool)
+    is_eval[held] = True
+    return (~is_eval).nonzero().flatten(), is_eval.nonzero().flatten()
 
 
 def make_batches(lengths: torch.Tensor, batch_tokens: int) -> list[torch.Tensor]:

@@ -46,6 +46,7 @@ class PipelineOptions:
     max_shard_mb: float | None = None
     target_name: str = "target"  # part of the regeneration cache key
     init: str | None = None  # an exported drafter to continue from (its vocabulary and aux layers are kept)
+    export_best: bool = True  # export the weights of the best held-out evaluation (False: the last weights)
 
 
 @dataclass
@@ -109,7 +110,8 @@ def train_drafter(target: torch.nn.Module, tokenizer: "BaseTokenizer", conversat
         log("dropped: " + ", ".join(f"{n} {why}" for why, n in sorted(dropped.items())))
     if len(ds) == 0:
         raise DataError(f"no training sample is left after tokenisation ({dict(ds.dropped)})")
-    train_idx, eval_idx = split(len(ds), opts.eval_frac, opts.train.seed)
+    # held-out samples share no opening prompt with training samples (ShareGPT repeats prompts)
+    train_idx, eval_idx = split(len(ds), opts.eval_frac, opts.train.seed, groups=ds.prompt_keys())
     train_ds, eval_ds = ds.subset(train_idx), ds.subset(eval_idx)
     counts = count_tokens(train_ds.tokens, train_ds.mask, tcfg.vocab_size)
     if init is not None and init[1] is not None:
@@ -136,6 +138,12 @@ def train_drafter(target: torch.nn.Module, tokenizer: "BaseTokenizer", conversat
     final_eval = trainer.evals[-1][1] if trainer.evals else None
     files: list[Path] = []
     if trainer.step >= trainer.total_steps:
+        if opts.export_best and trainer.best is not None and trainer.best["step"] != trainer.step:
+            # the run ends with an evaluation, so `final_eval` (the last step's) exists whenever `best` does
+            trainer.use_best()
+            log(f"exporting the weights of step {trainer.best['step']}: the best held-out estimated acceptance "
+                f"({trainer.best['score']:.3f}; the last step's: {final_eval.accept_length:.3f})")
+            final_eval = EvalResult(**trainer.best["eval"])
         files = export_drafter(drafter, out, opts.export_dtype, opts.max_shard_mb)
         log(f"exported the drafter to {out} ({', '.join(f.name for f in files)})")
     else:

@@ -14,7 +14,9 @@ Contract of `Trainer(target, drafter, train_ds, eval_ds, vocab, config).fit()`:
   starts over (old checkpoints and the log are removed);
 - tqdm shows the loss and the per-step top-1 accuracy; every step is appended to `work_dir/train_log.jsonl`;
 - `evaluate()` runs the held-out split without gradients and returns per-step accuracy, loss and the estimated
-  chain acceptance length 1 + sum_k prod_{i<=k} acc_i (`eval_every` steps and at the end).
+  chain acceptance length 1 + sum_k prod_{i<=k} acc_i (`eval_every` steps and at the end); the weights of the
+  evaluation with the highest estimate are kept (`best`, also in checkpoints) and `use_best()` loads them, so the
+  pipeline can export the best held-out drafter rather than the last (they differ once training overfits).
 """
 
 from __future__ import annotations
@@ -133,6 +135,8 @@ class Trainer:
         self.pos = 0  # index into the current epoch's batch order
         self.history: list[StepRecord] = []
         self.evals: list[tuple[int, EvalResult]] = []
+        # the best held-out evaluation so far (by estimated chain acceptance): {"step", "score", "eval", "weights"}
+        self.best: dict[str, Any] | None = None
         self.work = Path(config.work_dir)
         self.ckpt_dir = self.work / "checkpoints"
         if config.resume:
@@ -189,10 +193,10 @@ class Trainer:
                     bar.update(1)
                     if self.step % cfg.log_every == 0:
                         bar.set_postfix_str(f"loss {rec.loss:.3f} acc " + "/".join(f"{a:.2f}" for a in rec.acc[:4]))
+                    if cfg.eval_every and self.step % cfg.eval_every == 0 and self.eval_ds is not None:
+                        self._log_eval(log, bar)  # before the checkpoint, which keeps the best weights so far
                     if cfg.save_every and self.step % cfg.save_every == 0:
                         self.save()
-                    if cfg.eval_every and self.step % cfg.eval_every == 0 and self.eval_ds is not None:
-                        self._log_eval(log, bar)
                 if self.pos >= len(order):
                     self.epoch += 1
                     self.pos = 0
@@ -209,6 +213,9 @@ class Trainer:
     def _log_eval(self, log, bar) -> None:
         res = self.evaluate()
         self.evals.append((self.step, res))
+        if self.best is None or res.accept_length > self.best["score"]:
+            self.best = {"step": self.step, "score": res.accept_length, "eval": asdict(res),
+                         "weights": {n: p.detach().cpu().clone() for n, p in self.params.items()}}
         log.write(json.dumps({"step": self.step, "eval": asdict(res)}) + "\n")
         log.flush()
         bar.write(f"step {self.step}: {res.line()}")
@@ -244,7 +251,7 @@ class Trainer:
             "weights": {n: p.detach().cpu() for n, p in self.params.items()},
             "d2t": self.drafter.d2t.cpu(), "t2d": self.drafter.t2d.cpu(),
             "optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(),
-            "settings": self._settings(), "n_batches": len(self.batches),
+            "settings": self._settings(), "n_batches": len(self.batches), "best": self.best,
         }
         path = self.ckpt_dir / f"step-{self.step:08d}.pt"
         tmp = path.with_suffix(".tmp")
@@ -277,4 +284,14 @@ class Trainer:
         self.opt.load_state_dict(state["optimizer"])
         self.sched.load_state_dict(state["scheduler"])
         self.step, self.epoch, self.pos = state["step"], state["epoch"], state["pos"]
+        self.best = state.get("best")
         return True
+
+    def use_best(self) -> int | None:
+        """Load the weights of the best held-out evaluation into the drafter; returns its step (None: no eval)."""
+        if self.best is None:
+            return None
+        with torch.no_grad():
+            for n, p in self.params.items():
+                p.copy_(self.best["weights"][n].to(p.device))
+        return self.best["step"]
