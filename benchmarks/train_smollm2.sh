@@ -38,7 +38,7 @@ eaglespec() { python3 -m eaglespec "$@"; }
 ARGS=(train --target "$M" --data "/root/m/sg-$DATA.json" --out "$OUT/drafter" --work-dir /tmp/work "${TURNS[@]}"
       --regen-max-new-tokens "$REGEN_NEW" --regen-batch 256 --regen-shard 4096 --draft-vocab 12288
       --epochs "$EPOCHS" --batch-tokens 32768 --max-len "$MAX_LEN" --max-shard-mb 15 --lr 3e-4 --save-every 100
-      --eval-every "${EVAL_EVERY:-0}" --no-progress --device cuda --dtype bfloat16 "${INIT[@]}")
+      --eval-every "${EVAL_EVERY:-200}" --no-progress --device cuda --dtype bfloat16 "${INIT[@]}")
 if [ "$MODE" = regen ]; then
   python3 benchmarks/kernel_check.py 2>&1 | tail -n 3   # the engine regenerates the data: stop now if its kernel is wrong
   timeout "$REGEN_BUDGET" python3 -m eaglespec "${ARGS[@]}" --resume 2>&1 | tee "$OUT/regen_log.txt" || true
