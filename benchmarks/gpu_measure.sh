@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The H200 measurements of issues 4 and 6 in two device calls, back to back while the machine stays warm.
 #   1. benchmarks/gpu_measure.sh random    carry .device/m1   (copies the GGUF's first half to /root/m, then runs what
-#      needs no checkpoint: the Triton kernel check, the Kimi-K2.5 slice, the Llama-3.1-8B shape decode and verify)
+#      needs no checkpoint: the Triton kernel check, the Kimi-K2.5 slice, the Llama-3.1-8B shape decode and verify,
+#      the regeneration throughput; KIMI_LIMIT=1 skips the slice once it is measured)
 #   2. benchmarks/gpu_measure.sh smollm2   carry .device/m2 .whl   (joins the GGUF; SmolLM2 bf16 step costs and
 #      profiles, bench with the oracle and random drafters at batch 1/8/32, transformers as the peer)
 # Every section has its own time limit, so one slow section cannot take the others' results with it.
@@ -14,6 +15,8 @@ if [ "$1" = random ]; then
   run 60 kernel_check python3 benchmarks/kernel_check.py
   run "${KIMI_LIMIT:-150}" kimi_slice python3 benchmarks/kimi_slice.py "$OUT"
   run "${L8B_LIMIT:-90}" llama8b python3 benchmarks/gpu_smoke.py none "$OUT" 8b
+  # regeneration throughput, immediate vs batched admission (one process each)
+  for k in 1 32; do KS=$k run "${REGEN_LIMIT:-90}" "regen_k$k" python3 benchmarks/regen_throughput.py "$OUT/rt$k" 1024 256; done
 else
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
   export PYTHONPATH=/tmp/site:src
