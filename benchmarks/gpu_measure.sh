@@ -16,7 +16,7 @@ if [ "$1" = random ]; then
   run "${KIMI_LIMIT:-150}" kimi_slice python3 benchmarks/kimi_slice.py "$OUT"
   run "${L8B_LIMIT:-90}" llama8b python3 benchmarks/gpu_smoke.py none "$OUT" 8b
   # regeneration throughput, immediate vs batched admission (one process each)
-  for k in 1 32; do KS=$k run "${REGEN_LIMIT:-90}" "regen_k$k" python3 benchmarks/regen_throughput.py "$OUT/rt$k" 1024 256; done
+  for k in 1 32; do KS=$k run "${REGEN_LIMIT:-90}" "regen_k$k" python3 benchmarks/regen_throughput.py "/tmp/rt$k" 1024 256; done
 else
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
   export PYTHONPATH=/tmp/site:src
