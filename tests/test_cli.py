@@ -48,6 +48,12 @@ def test_generate_default_model(tmp_path, capsys):
     assert "tok/s" in err and "Paris" not in err
     s = json.loads(stats.read_text())
     assert s["tokens"] > 0 and s["seconds"] > 0 and s["tok_per_s"] > 0
+    from eaglespec.assets import default_drafter_path
+
+    if default_drafter_path() is None:  # says why it did not speculate, instead of silently decoding plainly
+        assert not s["speculative"] and "ships no drafter for the embedded model" in err
+    else:
+        assert s["speculative"] and "accept length" in err
 
 
 def test_missing_model_path(capsys):

@@ -52,6 +52,8 @@ def run(args: argparse.Namespace) -> int:
         "dtype": str(engine.dtype).removeprefix("torch."),
     }
     line = f"[eaglespec] {n} tokens in {seconds:.2f} s ({stats['tok_per_s']:.1f} tok/s)"
+    if not engine.speculative and args.draft == "auto" and not args.no_spec and args.model is None:
+        line += ", no speculation: this build ships no drafter for the embedded model (--draft DIR to use one)"
     if engine.speculative:
         s = engine.spec
         stats.update(steps=s.steps, topk=s.topk, draft_tokens=s.draft_tokens, **req.stats.to_dict())
