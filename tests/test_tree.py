@@ -56,7 +56,7 @@ def brute_force_tree(root, tokens, scores, parents, depth, D):
     return node_tok, node_par, node_depth, anc, children
 
 
-@pytest.mark.parametrize("S,K,D", [(1, 1, 2), (3, 1, 4), (4, 2, 7), (5, 4, 8), (6, 8, 32), (3, 3, 10)])
+@pytest.mark.parametrize("S,K,D", [(1, 1, 2), (3, 1, 4), (5, 1, 4), (7, 1, 8), (4, 2, 7), (5, 4, 8), (6, 8, 32), (3, 3, 10)])
 def test_build_tree_matches_brute_force(S, K, D):
     gen = torch.Generator().manual_seed(S * 100 + K * 10 + D)
     B = 3

@@ -14,6 +14,8 @@ Conventions (L = committed length of row b, equal for the target and the drafter
   top-K of the K^2 children is the next frontier.
 - `catch_up` runs the drafter over committed tokens with the target's aux states (after prefill or verification) and
   returns the next `DraftState`.
+- A chain (K = 1) takes `draft_chain`: the same forwards, positions, writes and visibility (entry k-2 sees the
+  scratch entries 0..k-2), without the frontier selection, whose top-k, gathers and masks are identities there.
 """
 
 from __future__ import annotations
@@ -46,16 +48,16 @@ class Candidates:
 def topk_logp(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """logits [..., Vd] -> (ids [..., k], log-probs [..., k]) in float32.
 
-    The top k of the logits minus their logsumexp (log-softmax is monotone per row): two reductions, never the full
-    [..., Vd] log-softmax. k = 1 (chains) is a max, not a top-k: on the H200 `torch.topk` over a 12K-entry row
-    took ~29 us (a multi-block radix select), about 100 us of every chain step of three drafter forwards."""
-    x = logits.float()
-    lse = torch.logsumexp(x, dim=-1, keepdim=True)
+    One log-softmax kernel, then the top k; for k = 1 (chains) a max, not `torch.topk`: on the H200 a top-k over a
+    12K-entry row took ~29 us (a multi-block radix select), about 100 us of every chain step of three drafter
+    forwards, where a max reduction is a few microseconds. (A logsumexp instead of the log-softmax would be several
+    eager kernels, not one.)"""
+    logp = torch.log_softmax(logits.float(), dim=-1)
     if k == 1:
-        vals, ids = x.max(dim=-1, keepdim=True)
+        vals, ids = logp.max(dim=-1, keepdim=True)
     else:
-        vals, ids = x.topk(k, dim=-1)
-    return ids, vals - lse
+        vals, ids = logp.topk(k, dim=-1)
+    return ids, vals
 
 
 def catch_up(
@@ -97,6 +99,8 @@ def draft_tree(
     """Run S-1 batched drafter forwards and return all K + (S-1)K^2 candidates in level order."""
     B, K = state.top_ids.shape
     dev = state.top_ids.device
+    if K == 1:
+        return draft_chain(step, to_target, state, seq_len, steps, kv_len)
     W = max((steps - 1) * K, 1)  # scratch entries
     c_tokens = [to_target(state.top_ids)]
     c_scores = [state.top_logp]
@@ -139,4 +143,38 @@ def draft_tree(
         scores=torch.cat(c_scores, 1),
         parents=torch.cat(c_parents, 1),
         depth=torch.cat(c_depth, 1),
+    )
+
+
+def draft_chain(
+    step: DrafterStep,
+    to_target: Callable[[torch.Tensor], torch.Tensor],
+    state: DraftState,
+    seq_len: torch.Tensor,
+    steps: int,
+    kv_len: int,
+) -> Candidates:
+    """`draft_tree` for K = 1: S-1 drafter forwards on one token per row; the S candidates of a chain."""
+    B = state.top_ids.shape[0]
+    dev = state.top_ids.device
+    W = max(steps - 1, 1)  # scratch entries, one per level
+    seen = torch.ones(W, W, dtype=torch.bool, device=dev).tril()  # row l: entries 0..l visible
+    tok, score, hidden = to_target(state.top_ids), state.top_logp, state.hidden[:, None, :]  # [B, 1], [B, 1], [B, 1, H]
+    c_tokens, c_scores = [tok], [score]
+    for level in range(2, steps + 1):
+        entry = level - 2
+        at = (seq_len + entry)[:, None]  # [B, 1]: position L-1+(level-1) and scratch entry L+entry coincide
+        mask = prefix_tail_mask(seq_len, seen[entry][None, None, :].expand(B, 1, W), kv_len)
+        logits, hidden = step(tok, hidden, at, at, mask, False, None)
+        ids, logp = topk_logp(logits[:, 0], 1)  # [B, 1]
+        tok, score = to_target(ids), score + logp
+        c_tokens.append(tok)
+        c_scores.append(score)
+    n = len(c_tokens)
+    node = torch.arange(n, device=dev)
+    return Candidates(
+        tokens=torch.cat(c_tokens, 1),
+        scores=torch.cat(c_scores, 1),
+        parents=(node - 1).expand(B, n),
+        depth=(node + 1).expand(B, n),
     )

@@ -12,10 +12,14 @@ before children) and puts the root first. Output `DraftTree` (node 0 = root = th
     paths [B, D, S+1]: for each node, its root-to-node path (node ids by depth, -1 padded); the rows of leaves are
     the root-to-leaf paths.
 Everything is a fixed-shape tensor op: no host synchronisation.
+A chain (topk 1) needs no selection: its cumulative scores never increase with depth, so the best D-1 candidates are
+always the first D-1, and every table but the tokens is a constant (`chain_tables`, built once per shape): the
+drafting phase of a chain step then launches a concatenation instead of ~60 small kernels.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -77,6 +81,20 @@ def paths_table(ancestors: torch.Tensor, depth: torch.Tensor, max_depth: int) ->
     return torch.stack(cols, dim=-1)
 
 
+@functools.lru_cache(maxsize=64)
+def chain_tables(num_draft_tokens: int, max_depth: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """The constant tables of a D-node chain (node i at depth i): parents [D], depth [D], ancestors [D, D],
+    children [D, 1], paths [D, S+1]. Cached per shape and device and only ever read (expanded per batch)."""
+    D = num_draft_tokens
+    node = torch.arange(D, device=device)
+    parents = node - 1  # the root's is -1
+    ancestors = torch.ones(D, D, dtype=torch.bool, device=device).tril()
+    children = torch.where(node + 1 < D, node + 1, -1)[:, None]
+    d = torch.arange(max_depth + 1, device=device)
+    paths = torch.where(d[None, :] <= node[:, None], d[None, :].expand(D, max_depth + 1), -1)
+    return parents, node.clone(), ancestors, children, paths
+
+
 def build_tree(
     root_tokens: torch.Tensor,
     cand_tokens: torch.Tensor,
@@ -91,6 +109,14 @@ def build_tree(
     B, N = cand_tokens.shape
     dev = cand_tokens.device
     keep = num_draft_tokens - 1
+    if topk == 1:  # a chain: the first D-1 candidates, constant tables (module docstring)
+        parents, depth, ancestors, children, paths = chain_tables(num_draft_tokens, max_depth, dev)
+        D = num_draft_tokens
+        return DraftTree(
+            tokens=torch.cat((root_tokens[:, None], cand_tokens[:, :keep]), dim=1),
+            parents=parents.expand(B, D), depth=depth.expand(B, D), ancestors=ancestors.expand(B, D, D),
+            children=children.expand(B, D, 1), paths=paths.expand(B, D, max_depth + 1),
+        )
     order = torch.sort(cand_scores, dim=1, descending=True, stable=True).indices[:, :keep]  # [B, D-1]
     sel = order.sort(dim=1).values  # candidate ids in index order: parents precede children
     pos_of_cand = torch.full((B, N), -1, dtype=torch.int64, device=dev)
