@@ -1,0 +1,85 @@
+"""Count the operator launches of one speculative step outside the two models' forwards (CPU, no GPU needed).
+
+On a GPU every such operator is a kernel (a CUDA-graph node) of about a microsecond, so their number is the cost of
+the step's bookkeeping: drafting loop, tree construction, verification, acceptance and commit. Runs one step of the
+static path (the code the CUDA graphs capture) on a tiny model and counts, per phase, the ATen operators that launch
+work (views, allocations and metadata ops excluded) and are not inside the target's or the drafter's forward.
+
+usage: python benchmarks/spec_step_ops.py
+"""
+
+from __future__ import annotations
+
+import collections
+import sys
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile, record_function
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from tiny import tiny_drafter, tiny_llama  # noqa: E402
+
+from eaglespec.config import EngineConfig, SpecConfig  # noqa: E402
+from eaglespec.engine.cuda_graphs import GraphCache  # noqa: E402
+from eaglespec.engine.engine import Engine  # noqa: E402
+from eaglespec.sampling_params import SamplingParams  # noqa: E402
+
+NO_KERNEL = {
+    "aten::as_strided", "aten::view", "aten::_unsafe_view", "aten::resolve_conj", "aten::resolve_neg", "aten::empty",
+    "aten::empty_strided", "aten::empty_like", "aten::result_type", "aten::expand", "aten::expand_as", "aten::t",
+    "aten::transpose", "aten::reshape", "aten::_reshape_alias", "aten::unsqueeze", "aten::squeeze", "aten::slice",
+    "aten::select", "aten::detach", "aten::alias", "aten::permute", "aten::lift_fresh", "aten::split",
+    "aten::split_with_sizes", "aten::chunk", "aten::unbind", "aten::narrow", "aten::to", "aten::_to_copy",
+    "aten::contiguous", "aten::view_as", "aten::broadcast_tensors", "aten::flatten", "aten::unflatten",
+    "aten::diagonal", "aten::unfold", "aten::resize_", "aten::scalar_tensor", "aten::real", "aten::item",
+    "aten::_local_scalar_dense",
+}
+
+
+def _in_model(ev) -> bool:
+    x = ev.cpu_parent
+    while x is not None:
+        if x.name == "MODEL":
+            return True
+        x = x.cpu_parent
+    return False
+
+
+def count(spec: SpecConfig) -> dict[str, int]:
+    torch.manual_seed(0)
+    target = tiny_llama(seed=0)
+    drafter = tiny_drafter(target, seed=1)
+    for m in (target, drafter):
+        fwd = m.forward
+
+        def wrapped(*a, _f=fwd, **k):
+            with record_function("MODEL"):
+                return _f(*a, **k)
+
+        m.forward = wrapped
+    eng = Engine(target, None, EngineConfig(max_batch_size=1), drafter=drafter, spec=spec)
+    eng.runner.graphs = g = GraphCache(eng.runner, capture=False)
+    eng.reserve(1, 300)
+    eng.add_request([1, 2, 3, 4], SamplingParams(max_new_tokens=200, ignore_eos=True))
+    eng.step()  # prefill
+    key = ("spec", 1, g.len_bucket(eng.runner.host_len[0] + eng.runner.headroom()), True)
+    out = {}
+    with torch.inference_mode():
+        for name, fn in g._phases(*key):
+            with profile(activities=[ProfilerActivity.CPU]) as p:
+                fn()
+            ops = [ev for ev in p.events() if ev.name.startswith("aten::") and ev.name not in NO_KERNEL
+                   and not _in_model(ev)]
+            # leaf operators only: a composite op's work is counted through its children
+            out[name] = sum(1 for ev in ops if not any(
+                c.name.startswith("aten::") and c.name not in NO_KERNEL for c in ev.cpu_children))
+    return out
+
+
+if __name__ == "__main__":
+    print("| spec | draft | verify | commit | total |\n| --- | ---: | ---: | ---: | ---: |")
+    for spec in (SpecConfig(3, 1, 4), SpecConfig(7, 1, 8), SpecConfig(5, 4, 16), SpecConfig(6, 8, 48)):
+        c = count(spec)
+        print(f"| S{spec.steps} K{spec.topk} D{spec.draft_tokens} | {c['draft']} | {c['verify']} | {c['commit']} "
+              f"| {sum(c.values())} |")
