@@ -2,7 +2,7 @@
 
 On a GPU every such operator is a kernel (a CUDA-graph node) of about a microsecond, so their number is the cost of
 the step's bookkeeping: drafting loop, tree construction, verification, acceptance and commit. Runs one step of the
-static path (the code the CUDA graphs capture) on a tiny model and counts, per phase, the ATen operators that launch
+static path (the code the CUDA graphs capture; after a first step, as a replay would) on a tiny model and counts, per phase, the ATen operators that launch
 work (views, allocations and metadata ops excluded) and are not inside the target's or the drafter's forward.
 
 usage: python benchmarks/spec_step_ops.py
@@ -63,6 +63,7 @@ def count(spec: SpecConfig) -> dict[str, int]:
     eng.reserve(1, 300)
     eng.add_request([1, 2, 3, 4], SamplingParams(max_new_tokens=200, ignore_eos=True))
     eng.step()  # prefill
+    eng.step()  # one speculative step: per-shape constants are built (as at graph capture), not counted below
     key = ("spec", 1, g.len_bucket(eng.runner.host_len[0] + eng.runner.headroom()), True)
     out = {}
     with torch.inference_mode():

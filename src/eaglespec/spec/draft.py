@@ -20,6 +20,7 @@ Conventions (L = committed length of row b, equal for the target and the drafter
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Callable
 
@@ -102,20 +103,19 @@ def draft_tree(
     if K == 1:
         return draft_chain(step, to_target, state, seq_len, steps, kv_len)
     W = max((steps - 1) * K, 1)  # scratch entries
+    slots, own, depth = _tree_constants(K, steps, dev)
     c_tokens = [to_target(state.top_ids)]
     c_scores = [state.top_logp]
     c_parents = [torch.full((B, K), -1, dtype=torch.int64, device=dev)]
-    c_depth = [torch.ones(B, K, dtype=torch.int64, device=dev)]
-    f_idx = torch.arange(K, device=dev).expand(B, K)  # candidate ids of the frontier
+    f_idx = slots.expand(B, K)  # candidate ids of the frontier
     f_tok, f_score = c_tokens[0], state.top_logp
     f_hidden = state.hidden[:, None, :].expand(B, K, state.hidden.shape[-1])
-    eye = torch.eye(K, W, dtype=torch.bool, device=dev)  # frontier slot j -> its level-2 entry j
-    vis = eye.expand(B, K, W)
+    vis = own[0].expand(B, K, W)  # frontier slot j -> its level-2 entry j
     base = K
     for level in range(2, steps + 1):
         entry = (level - 2) * K
         positions = (seq_len - 1 + (level - 1))[:, None].expand(B, K)
-        write = (seq_len + entry)[:, None] + torch.arange(K, device=dev)[None, :]
+        write = (seq_len + entry)[:, None] + slots[None, :]
         mask = prefix_tail_mask(seq_len, vis, kv_len)
         logits, hidden = step(f_tok, f_hidden, positions, write, mask, False, None)
         ids, logp = topk_logp(logits, K)  # [B, K, K]
@@ -124,26 +124,37 @@ def draft_tree(
         c_tokens.append(toks)
         c_scores.append(scores)
         c_parents.append(f_idx[:, :, None].expand(B, K, K).reshape(B, K * K))
-        c_depth.append(torch.full((B, K * K), level, dtype=torch.int64, device=dev))
         if level == steps:
             break
-        # [B, K] among the K^2 children (a chain has one child: no top-k launch)
-        f_best = scores.topk(K, dim=-1).indices if K > 1 else torch.zeros(B, 1, dtype=torch.int64, device=dev)
+        f_best = scores.topk(K, dim=-1).indices  # [B, K] among the K^2 children
         f_parent_slot = f_best // K
         f_idx = base + f_best
         f_tok = torch.gather(toks, 1, f_best)
         f_score = torch.gather(scores, 1, f_best)
         f_hidden = torch.gather(hidden, 1, f_parent_slot[..., None].expand(B, K, hidden.shape[-1]))
-        own = torch.zeros(K, W, dtype=torch.bool, device=dev)
-        own[:, (level - 1) * K : level * K] = eye[:, :K]  # next level's entry j belongs to frontier slot j
-        vis = torch.gather(vis, 1, f_parent_slot[..., None].expand(B, K, W)) | own
+        # the next level's entry j belongs to frontier slot j, which also sees its parent's entries
+        vis = torch.gather(vis, 1, f_parent_slot[..., None].expand(B, K, W)) | own[level - 1]
         base += K * K
     return Candidates(
         tokens=torch.cat(c_tokens, 1),
         scores=torch.cat(c_scores, 1),
         parents=torch.cat(c_parents, 1),
-        depth=torch.cat(c_depth, 1),
+        depth=depth.expand(B, depth.shape[0]),
     )
+
+
+@functools.lru_cache(maxsize=64)
+def _tree_constants(K: int, steps: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per (K, S, device), built once and only read: slots = arange(K); own [S-1, K, W]: level l+2's scratch
+    entries, entry j owned by frontier slot j; depth [N] of the level-ordered candidates (K at depth 1, then K^2
+    per level)."""
+    W = max((steps - 1) * K, 1)
+    own = torch.zeros(max(steps - 1, 1), K, W, dtype=torch.bool, device=device)
+    for lvl in range(steps - 1):
+        own[lvl, :, lvl * K : (lvl + 1) * K] = torch.eye(K, dtype=torch.bool, device=device)
+    depth = torch.cat([torch.ones(K, dtype=torch.int64, device=device)]
+                      + [torch.full((K * K,), lv, dtype=torch.int64, device=device) for lv in range(2, steps + 1)])
+    return torch.arange(K, device=device), own, depth
 
 
 def draft_chain(

@@ -43,17 +43,28 @@ class DraftTree:
         return self.children[..., 0] < 0
 
 
-def ancestor_matrix(parents: torch.Tensor, max_depth: int) -> torch.Tensor:
-    """parents [B, D] (-1 root) -> [B, D, D] ancestor-or-self matrix (max_depth propagation steps)."""
+def ancestor_tables(parents: torch.Tensor, depth: torch.Tensor, max_depth: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """parents [B, D] (-1 root), depth [B, D] -> (ancestors [B, D, D] ancestor-or-self, paths [B, D, S+1]).
+
+    One walk up the tree: a_j, the j-th ancestor of every node (a_0 = the node), comes from a_{j-1} by one gather
+    over the parents, extended with a dummy node D that is its own parent (the walk past the root stays there). Step
+    j sets ancestors[i, a_j(i)] and paths[i, depth(i) - j] = a_j(i); writes of the dummy, or below depth 0, land in
+    extra columns that are cut off. About 4 operators per level instead of ~15 for two separate passes.
+    """
     B, D = parents.shape
-    eye = torch.eye(D, dtype=torch.bool, device=parents.device).expand(B, D, D)
-    anc = eye.clone()
-    p = parents.clamp(min=0)
-    has_parent = (parents >= 0)[..., None]
-    for _ in range(max_depth):
-        # anc[i] = {i} | anc[parent(i)]
-        anc = eye | (has_parent & torch.gather(anc, 1, p[..., None].expand(B, D, D)))
-    return anc
+    dev = parents.device
+    S1 = max_depth + 1
+    up = torch.cat((torch.where(parents >= 0, parents, D), torch.full((B, 1), D, dtype=parents.dtype, device=dev)), 1)
+    a = torch.arange(D, device=dev).expand(B, D)  # a_0: every node itself
+    anc = torch.zeros(B, D, D + 1, dtype=torch.bool, device=dev)  # column D: the dummy
+    paths = torch.full((B, D, 2 * S1), D, dtype=torch.int64, device=dev)  # column S1 + (depth - j); < S1: cut off
+    for j in range(S1):
+        anc.scatter_(2, a[..., None], True)
+        paths.scatter_(2, (depth + (S1 - j))[..., None], a[..., None])
+        if j < S1 - 1:
+            a = torch.gather(up, 1, a)
+    paths = paths[..., S1:]
+    return anc[..., :D], torch.where(paths == D, -1, paths)
 
 
 def children_table(parents: torch.Tensor, k: int) -> torch.Tensor:
@@ -70,15 +81,6 @@ def children_table(parents: torch.Tensor, k: int) -> torch.Tensor:
     col = torch.where(parents >= 0, rank.clamp(max=k), k)
     children[torch.arange(B, device=dev)[:, None], row, col] = node
     return children[:, :D, :k]
-
-
-def paths_table(ancestors: torch.Tensor, depth: torch.Tensor, max_depth: int) -> torch.Tensor:
-    """[B, D, S+1]: paths[b, i, d] = the ancestor of node i at depth d (-1 beyond node i's depth)."""
-    cols = []
-    for d in range(max_depth + 1):
-        match = ancestors & (depth == d)[:, None, :]  # [B, D, D]: ancestors of i at depth d (at most one)
-        cols.append(torch.where(match.any(-1), match.int().argmax(-1), -1))
-    return torch.stack(cols, dim=-1)
 
 
 @functools.lru_cache(maxsize=64)
@@ -126,12 +128,12 @@ def build_tree(
     tokens = torch.cat((root_tokens[:, None], torch.gather(cand_tokens, 1, sel)), dim=1)
     parents = torch.cat((torch.full((B, 1), -1, dtype=torch.int64, device=dev), npar), dim=1)
     depth = torch.cat((torch.zeros(B, 1, dtype=torch.int64, device=dev), torch.gather(cand_depth, 1, sel)), dim=1)
-    ancestors = ancestor_matrix(parents, max_depth)
+    ancestors, paths = ancestor_tables(parents, depth, max_depth)
     return DraftTree(
         tokens=tokens,
         parents=parents,
         depth=depth,
         ancestors=ancestors,
         children=children_table(parents, topk),
-        paths=paths_table(ancestors, depth, max_depth),
+        paths=paths,
     )
