@@ -143,7 +143,7 @@ def draft_tree(
     )
 
 
-@functools.lru_cache(maxsize=64)
+@functools.cache  # never evicted: captured CUDA graphs read these tensors by address
 def _tree_constants(K: int, steps: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per (K, S, device), built once and only read: slots = arange(K); own [S-1, K, W]: level l+2's scratch
     entries, entry j owned by frontier slot j; depth [N] of the level-ordered candidates (K at depth 1, then K^2

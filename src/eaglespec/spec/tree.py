@@ -83,7 +83,7 @@ def children_table(parents: torch.Tensor, k: int) -> torch.Tensor:
     return children[:, :D, :k]
 
 
-@functools.lru_cache(maxsize=64)
+@functools.cache  # never evicted: captured CUDA graphs read these tensors by address
 def chain_tables(num_draft_tokens: int, max_depth: int, device: torch.device) -> tuple[torch.Tensor, ...]:
     """The constant tables of a D-node chain (node i at depth i): parents [D], depth [D], ancestors [D, D],
     children [D, 1], paths [D, S+1]. Cached per shape and device and only ever read (expanded per batch)."""
