@@ -15,6 +15,7 @@ positions `[0, kv_len)` wherever `attn_mask[b, t, j]` is true. This one shape co
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -61,19 +62,24 @@ class ForwardContext:
         return ForwardContext(positions=pos, attn_mask=causal.expand(batch, length, length))
 
 
+@functools.cache  # never evicted: captured CUDA graphs read these tensors by address
+def _arange(n: int, device: torch.device) -> torch.Tensor:
+    return torch.arange(n, device=device)
+
+
 def prefix_tail_mask(prefix_lens: torch.Tensor, tail_mask: torch.Tensor, kv_len: int) -> torch.Tensor:
     """Dense visibility mask over cache positions.
 
     prefix_lens [B]: positions < prefix_lens[b] are visible to every query of row b.
     tail_mask [B, T, W]: visibility of cache positions prefix_lens[b] + w, for w < W.
-    Returns [B, T, kv_len] bool.
+    Returns [B, T, kv_len] bool. (The tail is padded with one invisible column that every position past it reads, so
+    the mask costs a handful of kernels: it is built in every decode, draft and verify step.)
     """
     B, T, W = tail_mask.shape
-    j = torch.arange(kv_len, device=tail_mask.device)  # [K]
-    rel = j[None, :] - prefix_lens[:, None]  # [B, K] offset into the tail
-    in_tail = (rel >= 0) & (rel < W)
-    gathered = torch.gather(tail_mask, 2, rel.clamp(0, W - 1)[:, None, :].expand(B, T, kv_len))  # [B, T, K]
-    return (rel < 0)[:, None, :] | (in_tail[:, None, :] & gathered)
+    rel = _arange(kv_len, tail_mask.device)[None, :] - prefix_lens[:, None]  # [B, K] offset into the tail
+    padded = torch.nn.functional.pad(tail_mask, (0, 1))  # [B, T, W+1]: column W is false
+    gathered = torch.gather(padded, 2, rel.clamp(0, W)[:, None, :].expand(B, T, kv_len))  # [B, T, K]
+    return (rel < 0)[:, None, :] | gathered
 
 
 def causal_tail(batch: int, length: int, device: torch.device | str) -> torch.Tensor:
