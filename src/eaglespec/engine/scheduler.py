@@ -52,17 +52,16 @@ class Scheduler:
     def schedule(self) -> Batch | None:
         admitted: list[Request] = []
         budget = self.prefill_token_budget
-        if not self._may_admit():
-            return Batch("decode", sorted(self.running, key=lambda q: q.slot)) if self.running else None
-        while self.waiting and self.free:
-            req = self.waiting[0]
-            n = len(req.prompt_ids)
-            if admitted and n > budget:
-                break
-            self.waiting.popleft()
-            req.slot = self.free.pop(0)
-            admitted.append(req)
-            budget -= n
+        if self._may_admit():  # decided once: admitting shrinks the free rows
+            while self.waiting and self.free:
+                req = self.waiting[0]
+                n = len(req.prompt_ids)
+                if admitted and n > budget:
+                    break
+                self.waiting.popleft()
+                req.slot = self.free.pop(0)
+                admitted.append(req)
+                budget -= n
         if admitted:
             self.running.extend(admitted)
             return Batch("prefill", admitted)
