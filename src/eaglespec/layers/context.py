@@ -63,7 +63,8 @@ class ForwardContext:
 
 
 @functools.cache  # never evicted: captured CUDA graphs read these tensors by address
-def _arange(n: int, device: torch.device) -> torch.Tensor:
+def cached_arange(n: int, device: torch.device) -> torch.Tensor:
+    """torch.arange(n) on `device`, built once per (n, device): read-only (steps use it in every replay)."""
     return torch.arange(n, device=device)
 
 
@@ -76,7 +77,7 @@ def prefix_tail_mask(prefix_lens: torch.Tensor, tail_mask: torch.Tensor, kv_len:
     the mask costs a handful of kernels: it is built in every decode, draft and verify step.)
     """
     B, T, W = tail_mask.shape
-    rel = _arange(kv_len, tail_mask.device)[None, :] - prefix_lens[:, None]  # [B, K] offset into the tail
+    rel = cached_arange(kv_len, tail_mask.device)[None, :] - prefix_lens[:, None]  # [B, K] offset into the tail
     padded = torch.nn.functional.pad(tail_mask, (0, 1))  # [B, T, W+1]: column W is false
     gathered = torch.gather(padded, 2, rel.clamp(0, W)[:, None, :].expand(B, T, kv_len))  # [B, T, K]
     return (rel < 0)[:, None, :] | gathered

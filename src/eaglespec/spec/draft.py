@@ -26,7 +26,7 @@ from typing import Callable
 
 import torch
 
-from ..layers.context import causal_tail, prefix_tail_mask
+from ..layers.context import cached_arange, causal_tail, prefix_tail_mask
 
 DrafterStep = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
@@ -167,9 +167,8 @@ def draft_chain(
 ) -> Candidates:
     """`draft_tree` for K = 1: S-1 drafter forwards on one token per row; the S candidates of a chain."""
     B = state.top_ids.shape[0]
-    dev = state.top_ids.device
-    W = max(steps - 1, 1)  # scratch entries, one per level
-    seen = torch.ones(W, W, dtype=torch.bool, device=dev).tril()  # row l: entries 0..l visible
+    seen, parents, depth = _chain_constants(steps, state.top_ids.device)
+    W = seen.shape[1]
     tok, score, hidden = to_target(state.top_ids), state.top_logp, state.hidden[:, None, :]  # [B, 1], [B, 1], [B, 1, H]
     c_tokens, c_scores = [tok], [score]
     for level in range(2, steps + 1):
@@ -181,11 +180,18 @@ def draft_chain(
         tok, score = to_target(ids), score + logp
         c_tokens.append(tok)
         c_scores.append(score)
-    n = len(c_tokens)
-    node = torch.arange(n, device=dev)
     return Candidates(
         tokens=torch.cat(c_tokens, 1),
         scores=torch.cat(c_scores, 1),
-        parents=(node - 1).expand(B, n),
-        depth=(node + 1).expand(B, n),
+        parents=parents.expand(B, steps),
+        depth=depth.expand(B, steps),
     )
+
+
+@functools.cache  # never evicted: captured CUDA graphs read these tensors by address
+def _chain_constants(steps: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per (S, device), built once and only read: seen [W, W] lower-triangular (level l+2's entry sees scratch
+    entries 0..l), and the S candidates' parents (candidate i-1; the first: -1, the root) and depths (i+1)."""
+    W = max(steps - 1, 1)  # scratch entries, one per level
+    node = torch.arange(steps, device=device)
+    return torch.ones(W, W, dtype=torch.bool, device=device).tril(), node - 1, node + 1

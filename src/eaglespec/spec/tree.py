@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..layers.context import cached_arange
+
 
 @dataclass
 class DraftTree:
@@ -55,7 +57,7 @@ def ancestor_tables(parents: torch.Tensor, depth: torch.Tensor, max_depth: int) 
     dev = parents.device
     S1 = max_depth + 1
     up = torch.cat((torch.where(parents >= 0, parents, D), torch.full((B, 1), D, dtype=parents.dtype, device=dev)), 1)
-    a = torch.arange(D, device=dev).expand(B, D)  # a_0: every node itself
+    a = cached_arange(D, dev).expand(B, D)  # a_0: every node itself
     anc = torch.zeros(B, D, D + 1, dtype=torch.bool, device=dev)  # column D: the dummy
     paths = torch.full((B, D, 2 * S1), D, dtype=torch.int64, device=dev)  # column S1 + (depth - j); < S1: cut off
     for j in range(S1):
