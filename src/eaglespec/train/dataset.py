@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from dataclasses import dataclass, field
 from collections.abc import Hashable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Sequence
 
 import torch

@@ -278,9 +278,7 @@ class Trainer:
                               f"{state['n_batches']} batches, this one has {len(self.batches)})")
         if not (state["d2t"].equal(self.vocab.d2t.cpu()) and state["t2d"].equal(self.vocab.t2d.cpu())):
             raise ConfigError(f"cannot resume from {path}: its draft vocabulary differs from this run's (other data?)")
-        with torch.no_grad():
-            for n, p in self.params.items():
-                p.copy_(state["weights"][n].to(p.device))
+        self._load_weights(state["weights"])
         self.opt.load_state_dict(state["optimizer"])
         self.sched.load_state_dict(state["scheduler"])
         self.step, self.epoch, self.pos = state["step"], state["epoch"], state["pos"]
@@ -291,7 +289,11 @@ class Trainer:
         """Load the weights of the best held-out evaluation into the drafter; returns its step (None: no eval)."""
         if self.best is None:
             return None
+        self._load_weights(self.best["weights"])
+        return self.best["step"]
+
+    def _load_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        """Copy saved trainable weights (CPU tensors by parameter name) into the drafter."""
         with torch.no_grad():
             for n, p in self.params.items():
-                p.copy_(self.best["weights"][n].to(p.device))
-        return self.best["step"]
+                p.copy_(weights[n].to(p.device))
