@@ -33,7 +33,7 @@ class GraphCache:
     """`capture=False` runs the same static, bucketed all-rows steps eagerly (no CUDA needed): the tests use it to
     check the bookkeeping of the fast path (buckets, padding rows, inert rows) on the CPU."""
 
-    def __init__(self, runner, capture: bool = True) -> None:
+    def __init__(self, runner, capture: bool = True, prefill_graphs: bool = True) -> None:
         self.runner = runner
         self.capture = capture
         self.pool = torch.cuda.graph_pool_handle() if capture else None
@@ -41,7 +41,7 @@ class GraphCache:
         self.outputs: dict[tuple, object] = {}
         self._keep: dict[tuple, object] = {}
         self._prefill_in: dict[tuple, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
-        self.prefill_graphs = True  # EngineConfig.prefill_graphs
+        self.prefill_graphs = prefill_graphs  # EngineConfig.prefill_graphs
 
     def reset(self) -> None:
         """Forget every graph (the caches they point at were reallocated), and take a fresh memory pool: once the

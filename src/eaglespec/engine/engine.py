@@ -77,9 +77,7 @@ class Engine:
         if drafter is not None:
             self._wire_drafter(drafter)
         self.runner = ModelRunner(target, drafter, self.spec, self.device, self.dtype, seed=config.seed,
-                                  cuda_graphs=config.cuda_graphs)
-        if self.runner.graphs is not None:
-            self.runner.graphs.prefill_graphs = config.prefill_graphs
+                                  cuda_graphs=config.cuda_graphs, prefill_graphs=config.prefill_graphs)
         self.context_len = min(self.target_config.max_position_embeddings, config.max_seq_len or 1 << 30)
         self.scheduler: Scheduler | None = None
         tok_eos = tuple(tokenizer.eos_token_ids) if tokenizer is not None else ()

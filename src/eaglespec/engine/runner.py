@@ -45,6 +45,7 @@ class ModelRunner:
         dtype: torch.dtype,
         seed: int = 0,
         cuda_graphs: bool = True,
+        prefill_graphs: bool = True,
     ) -> None:
         self.target, self.drafter, self.spec = target, drafter, spec if drafter is not None else None
         self.device, self.dtype = device, dtype
@@ -67,7 +68,7 @@ class ModelRunner:
         models = [m for m in (target, drafter) if m is not None]
         if cuda_graphs and device.type == "cuda" and capturable(*models):  # MoE targets run eagerly
 
-            self.graphs = GraphCache(self)
+            self.graphs = GraphCache(self, prefill_graphs=prefill_graphs)
 
     @property
     def speculative(self) -> bool:
