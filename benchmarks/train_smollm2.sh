@@ -36,7 +36,7 @@ INIT=()
 [ -f .device/drafter/config.json ] && INIT=(--init .device/drafter)
 eaglespec() { python3 -m eaglespec "$@"; }
 ARGS=(train --target "$M" --data "/root/m/sg-$DATA.json" --out "$OUT/drafter" --work-dir /tmp/work "${TURNS[@]}"
-      --regen-max-new-tokens "$REGEN_NEW" --regen-batch 256 --regen-shard 4096 --draft-vocab 12288
+      --regen-max-new-tokens "$REGEN_NEW" --regen-batch "${REGEN_BATCH:-512}" --regen-shard 4096 --draft-vocab 12288
       --epochs "$EPOCHS" --batch-tokens 32768 --max-len "$MAX_LEN" --max-shard-mb 15 --lr 3e-4 --save-every 100
       --eval-every "${EVAL_EVERY:-200}" --no-progress --device cuda --dtype bfloat16 "${INIT[@]}")
 if [ "$MODE" = regen ]; then
@@ -47,7 +47,7 @@ else
   eaglespec "${ARGS[@]}" --resume 2>&1 | tee "$OUT/train_log.txt"
   cp /tmp/work/train_log.jsonl "$OUT/" || true
   for T in ${TEMPS:-0}; do
-    eaglespec bench --model "$M" --draft "$OUT/drafter" --spec 3,1,4 --spec 5,4,16 --spec 6,8,48 --spec 8,8,48 \
+    eaglespec bench --model "$M" --draft "$OUT/drafter" ${SPECS:---spec 3,1,4 --spec 6,8,48} \
       --max-new-tokens 256 --dtype float32 --temperature $T --batch-sizes 1 --out /tmp/bench$T 2>&1 \
       | tail -n 16 | tee "$OUT/bench_T$T.txt"
     cp /tmp/bench$T/results.json "$OUT/bench_T$T.json" || true

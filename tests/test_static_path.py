@@ -156,3 +156,57 @@ def test_precapture_prefill_takes_every_bucket_that_fits(target):
     ids, lens, rows = g._prefill_in[captured[0]]
     assert ids.shape == (1, 64) and int(lens) == 1 and int(rows) == 0  # a one-token prompt in row 0 (idle engine)
     assert g.precapture_prefill(True) == 0  # already captured
+
+
+class _HostBoundOps(torch.utils._python_dispatch.TorchDispatchMode):
+    """Records the operators a CUDA graph cannot hold: reads of a device value on the host (`.item()`, `bool(t)`),
+    data-dependent output shapes, and (through `Tensor.__setitem__`) a Python scalar assigned at tensor indices
+    (`t[idx] = True`: on CUDA it copied a host scalar during capture and failed on the H200, 2026-11-29;
+    `index_fill_` passes the scalar as a kernel argument)."""
+
+    FORBIDDEN = {"aten._local_scalar_dense.default", "aten.nonzero.default", "aten.masked_select.default",
+                 "aten.unique_consecutive.default", "aten._unique2.default"}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bad: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if str(func) in self.FORBIDDEN:
+            self.bad.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+    def setitem(self, setitem):
+        def checked(t, index, value):
+            parts = index if isinstance(index, tuple) else (index,)
+            if isinstance(value, (bool, int, float)) and any(isinstance(i, torch.Tensor) for i in parts):
+                self.bad.append(f"t[tensor index] = {value!r}")
+            return setitem(t, index, value)
+        return checked
+
+
+@pytest.mark.parametrize("spec", [None, SpecConfig(3, 1, 4), SpecConfig(5, 4, 8)], ids=["plain", "chain", "tree"])
+def test_captured_phases_hold_no_host_bound_operator(target, spec, monkeypatch):
+    """Every phase the CUDA graphs capture (single-prompt prefill, decode, draft, verify, commit) runs without an
+    operator that needs the host mid-step, so capture cannot fail on the GPU for a reason the CPU tests miss."""
+    eng = static_engine(target, tiny_drafter(target, seed=1) if spec else None, spec, rows=2)
+    eng.reserve(2, 200)
+    seen: set[str] = set()
+    mode = _HostBoundOps()
+    phases = GraphCache._phases
+    setitem = torch.Tensor.__setitem__
+
+    def watched(self, *key):
+        def wrap(name, fn):
+            def run():
+                seen.add(name)
+                with monkeypatch.context() as m, mode:
+                    m.setattr(torch.Tensor, "__setitem__", mode.setitem(setitem))
+                    return fn()
+            return run
+        return [(name, wrap(name, fn)) for name, fn in phases(self, *key)]
+
+    monkeypatch.setattr(GraphCache, "_phases", watched)
+    eng.generate(PROMPTS[:3], SamplingParams(max_new_tokens=12, ignore_eos=True))
+    assert seen == ({"prefill", "decode"} if spec is None else {"prefill", "draft", "verify", "commit"})
+    assert mode.bad == []

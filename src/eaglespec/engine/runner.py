@@ -200,7 +200,7 @@ class ModelRunner:
         tok = self._sample(out.logits[:, 0], r, greedy)
         self.seq_len[r] = lens_t
         self.last_token[r] = tok
-        self.active[r] = True
+        self.active.index_fill_(0, r, True)  # a scalar fill: no host->device copy (graph-capturable)
         return tok, out.aux_hidden
 
     def _prefill_draft(self, r: torch.Tensor, ctx_rows: torch.Tensor | None, ids: torch.Tensor, lens_t: torch.Tensor,
