@@ -10,8 +10,10 @@
 #   .device/drafter/                     optional: a drafter exported earlier, to continue from (--init)
 #   .whl/gguf-*.whl                      the gguf package (not on the device image)
 # Calls, back to back while the machine stays warm (files under /root/m and /tmp/work survive between them):
-#   1. mkdir -p /root/m && cp .device/m1/part1 /root/m/            (carry .device/m1 .device/data)
+#   1. mkdir -p /root/m && cp .device/m1/part1 /root/m/ && gunzip -c .device/data/sharegpt_all_turns.json.gz \
+#        > /root/m/sg-all.json                                        (carry .device/m1 .device/data)
 #   2. benchmarks/train_smollm2.sh regen                              (carry .device/m2 .whl [.device/regen])
+#      (a call carries at most 64 MB: the data unpacked in call 1 leaves room for the 7.4 MB regeneration cache)
 #   3. benchmarks/train_smollm2.sh train                              ([.device/drafter])
 # "regen" regenerates the answers with the target (cached), trains until REGEN_BUDGET seconds have passed (checkpoints
 # every 100 steps) and packs the cache into $OUT; "train" resumes and finishes training, exports the drafter to
@@ -34,11 +36,14 @@ mkdir -p /tmp/work
 if [ -d .device/regen ] && ! ls /tmp/work/regen-* >/dev/null 2>&1; then cat .device/regen/regen.tar.gz.* | tar xz -C /tmp/work; fi
 INIT=()
 [ -f .device/drafter/config.json ] && INIT=(--init .device/drafter)
+SHAPE=()   # DRAFTER_FFN / DRAFTER_HEADS widen the drafter layer (default: the target layer's 1536 / 9)
+[ -n "${DRAFTER_FFN:-}" ] && SHAPE+=(--drafter-intermediate-size "$DRAFTER_FFN")
+[ -n "${DRAFTER_HEADS:-}" ] && SHAPE+=(--drafter-heads "$DRAFTER_HEADS")
 eaglespec() { python3 -m eaglespec "$@"; }
 ARGS=(train --target "$M" --data "/root/m/sg-$DATA.json" --out "$OUT/drafter" --work-dir /tmp/work "${TURNS[@]}"
       --regen-max-new-tokens "$REGEN_NEW" --regen-batch "${REGEN_BATCH:-512}" --regen-shard 4096 --draft-vocab 12288
-      --epochs "$EPOCHS" --batch-tokens 32768 --max-len "$MAX_LEN" --max-shard-mb 15 --lr 3e-4 --save-every 100
-      --eval-every "${EVAL_EVERY:-200}" --no-progress --device cuda --dtype bfloat16 "${INIT[@]}")
+      --epochs "$EPOCHS" --batch-tokens 32768 --max-len "$MAX_LEN" --max-shard-mb 15 --lr "${LR:-3e-4}" --save-every 100
+      --eval-every "${EVAL_EVERY:-200}" --no-progress --device cuda --dtype bfloat16 "${INIT[@]}" "${SHAPE[@]}")
 if [ "$MODE" = regen ]; then
   python3 benchmarks/kernel_check.py 2>&1 | tail -n 3   # the engine regenerates the data: stop now if its kernel is wrong
   timeout "$REGEN_BUDGET" python3 -m eaglespec "${ARGS[@]}" --resume 2>&1 | tee "$OUT/regen_log.txt" || true

@@ -113,6 +113,36 @@ def test_train_continues_from_an_exported_drafter(tiny_folder, data_file, tmp_pa
         assert torch.equal(x, y), n
 
 
+def test_train_a_wider_drafter_layer(tiny_folder, data_file, tmp_path, capsys):
+    """--drafter-intermediate-size / --drafter-heads widen the one drafter layer in the published format: the export
+    says so in config.json, loads, and speculates losslessly; heads that do not group over the KV heads are refused
+    in one line before any work."""
+    out = tmp_path / "wide"
+    common = ["train", "--target", str(tiny_folder), "--data", str(data_file), "--device", "cpu", "--ttt-steps", "2",
+              "--batch-tokens", "400", "--max-len", "96", "--regen-max-new-tokens", "8", "--no-progress",
+              "--max-steps", "3", "--draft-vocab", "40", "--lr", "1e-3"]
+    assert main([*common, "--out", str(out), "--drafter-intermediate-size", "256", "--drafter-heads", "8"]) == 0
+    cfg = json.loads((out / "config.json").read_text())
+    assert (cfg["intermediate_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]) == (256, 8, 2)
+    d = load_drafter(out, "cpu", torch.float32)
+    assert d.midlayer.mlp.down_proj.weight.shape[1] == 256
+    target = load_model(tiny_folder, device="cpu", dtype=torch.float32)
+    d.set_embed_and_head(*target.model.get_embed_and_head())
+    prompts = [[1, 5, 6, 7], [1, 9, 9, 30, 31, 32]]
+    params = SamplingParams(max_new_tokens=20, ignore_eos=True)
+    plain = Engine(target.model, None, EngineConfig()).generate(prompts, params)
+    from eaglespec.config import SpecConfig
+
+    spec = Engine(target.model, None, EngineConfig(), drafter=d, spec=SpecConfig(3, 2, 5)).generate(prompts, params)
+    assert [o.token_ids for o in spec] == [o.token_ids for o in plain]
+    capsys.readouterr()
+    assert main([*common, "--out", str(tmp_path / "bad"), "--drafter-heads", "3"]) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]  # after the "read 24 conversations" line
+    assert last.startswith("eaglespec: error: ")
+    assert "must be a positive multiple of the target's 2 key/value heads" in last
+    assert not (tmp_path / "bad-work").exists()
+
+
 def test_train_command_reports_bad_data_in_one_line(tiny_folder, tmp_path, capsys):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}\n'

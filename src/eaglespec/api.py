@@ -5,7 +5,9 @@
     outs = engine.generate(["What is the capital of France?"], SamplingParams(max_new_tokens=64))
 
 `draft="auto"` (the default) speculates with the shipped drafter when the model is the embedded default and plainly
-otherwise; `draft=None` never speculates; a path loads that EAGLE-3 drafter checkpoint.
+otherwise; without an explicit `spec` it takes the measured per-device shape of `assets.default_spec`, and decodes
+plainly on a device where the drafter was measured slower than plain decoding. `draft=None` never speculates; a path
+loads that EAGLE-3 drafter checkpoint.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from .engine.engine import Engine
 from .engine.transforms import prepare_for_inference
 from .errors import ConfigError
 from .loading.checkpoint import load_model, resolve_device, resolve_dtype
-from .assets import default_drafter_path
+from .assets import default_drafter_path, default_spec
 
 
 def load_drafter(path: str | Path, device: torch.device | str, dtype: torch.dtype) -> torch.nn.Module:
@@ -47,6 +49,10 @@ def load(
     draft_path: Path | None
     if draft == "auto":
         draft_path = default_drafter_path() if model is None else None
+        if draft_path is not None and spec is None:
+            spec = default_spec(device.type)
+            if spec is None:  # measured slower than plain decoding on this device type
+                draft_path = None
     else:
         draft_path = Path(draft) if draft is not None else None
     drafter = load_drafter(draft_path, device, dtype) if draft_path is not None else None

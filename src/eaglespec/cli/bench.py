@@ -137,7 +137,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_run_options(p, max_new_tokens=256, limit=None)
     s = p.add_argument_group("speculation")
     s.add_argument("--spec", action="append", default=[], metavar="S,K,D",
-                   help="a speculative shape: steps, topk, draft tokens (repeatable; default 5,4,16)")
+                   help="a speculative shape: steps, topk, draft tokens (repeatable; default 5,4,16, and for the "
+                        "embedded model's shipped drafter the shape generate uses on this device)")
     s.add_argument("--draft", action="append", default=None, metavar="DIR|oracle|random",
                    help="drafter (repeatable): an EAGLE-3 folder, 'oracle' (the baseline's own greedy outputs: the "
                         "upper bound) or 'random' (random weights of the target's shape: the lower bound); default: "
@@ -152,6 +153,13 @@ def run(args: argparse.Namespace) -> int:
 
     specs = [parse_spec(s) for s in args.spec]
     default_model = args.model is None and args.random_weights is None
+    if not specs and default_model and args.draft in (None, ["auto"]):
+        # the shipped drafter in the shape `generate` speculates with on this device (when it does)
+        from ..assets import default_spec
+        from ..loading.checkpoint import resolve_device
+
+        shape = default_spec(resolve_device(args.device).type)
+        specs = [shape] if shape is not None else []
     configs = spec_runs(args.draft, specs, args.no_spec, default_model)
     if not configs and not args.no_spec:
         stderr_log("no drafter for this model: running the no-spec baseline only (see --draft)")

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from .. import api
+from ..assets import default_drafter_path, slower_note
 from ..errors import RequestError
 from .options import add_model_options, add_sampling_options, draft_arg, engine_config, sampling_params, spec_config
 
@@ -53,7 +54,12 @@ def run(args: argparse.Namespace) -> int:
     }
     line = f"[eaglespec] {n} tokens in {seconds:.2f} s ({stats['tok_per_s']:.1f} tok/s)"
     if not engine.speculative and args.draft == "auto" and not args.no_spec and args.model is None:
-        line += ", no speculation: this build ships no drafter for the embedded model (--draft DIR to use one)"
+        if default_drafter_path() is None:
+            line += ", no speculation: this build ships no drafter for the embedded model (--draft DIR to use one)"
+        else:
+            kind = engine.device.type
+            line += (f", no speculation: the shipped drafter is slower than plain decoding on {kind} "
+                     f"({slower_note(kind)}; --steps S --topk K speculates anyway)")
     if engine.speculative:
         s = engine.spec
         stats.update(steps=s.steps, topk=s.topk, draft_tokens=s.draft_tokens, **req.stats.to_dict())

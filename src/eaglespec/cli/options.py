@@ -53,7 +53,7 @@ def sampling_params(args: argparse.Namespace) -> SamplingParams:
 
 
 def spec_config(args: argparse.Namespace) -> SpecConfig | None:
-    """The speculative shape asked for; unset fields take SpecConfig's defaults (a chain when only --steps)."""
+    """The speculative shape asked for; unset fields take SpecConfig's defaults (draft tokens <= 1 + S*K)."""
     if args.steps is None and args.topk is None and args.draft_tokens is None:
         return None
     d = SpecConfig()

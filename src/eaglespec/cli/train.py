@@ -42,6 +42,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     m.add_argument("--draft-vocab", type=int, default=32000, help="draft vocabulary size (0 = the full vocabulary)")
     m.add_argument("--init", default=None, metavar="DRAFTER_DIR",
                    help="continue training an exported drafter (keeps its vocabulary and aux layers)")
+    m.add_argument("--drafter-intermediate-size", type=int, default=None, metavar="N",
+                   help="the drafter layer's MLP width (default: the target layer's)")
+    m.add_argument("--drafter-heads", type=int, default=None, metavar="N",
+                   help="the drafter layer's query heads, a multiple of the target's KV heads (default: the target's)")
     m.add_argument("--aux-layers", default=None, metavar="I,J,K",
                    help="target layers whose outputs feed the drafter (default [1, N//2-1, N-4], SGLang convention)")
     t = p.add_argument_group("training")
@@ -88,6 +92,7 @@ def run(args: argparse.Namespace) -> int:
     from ..loading.checkpoint import load_model, resolve_device
     from ..sampling_params import SamplingParams
     from ..train.conversations import read_conversations
+    from ..train.drafter import DrafterShape
     from ..train.export import export_dtype
     from ..train.pipeline import PipelineOptions, train_drafter
     from ..train.regenerate import RegenConfig
@@ -116,6 +121,8 @@ def run(args: argparse.Namespace) -> int:
     # the RoPE + KV-store kernel, compiled elementwise chains; on the CPU: unchanged), as `eaglespec generate` runs it.
     prepare_for_inference(loaded.model, device, None, None)
     tcfg = loaded.config
+    shape = DrafterShape(args.drafter_intermediate_size, args.drafter_heads)
+    shape.check(tcfg)  # before the (long) regeneration
     train_cfg = TrainConfig(
         work_dir=work_dir, aux_layers=_aux_layers(args.aux_layers, tcfg.default_aux_layer_ids()),
         ttt_steps=args.ttt_steps, step_decay=args.step_decay, lr=args.lr, warmup_frac=args.warmup_frac,
@@ -131,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
     opts = PipelineOptions(
         train=train_cfg, regen=regen, max_len=args.max_len, long=args.long, draft_vocab=args.draft_vocab or None,
         eval_frac=args.eval_frac, export_dtype=export_dtype(args.export_dtype), max_shard_mb=args.max_shard_mb,
-        target_name=str(loaded.path), init=args.init, export_best=not args.export_last,
+        target_name=str(loaded.path), init=args.init, export_best=not args.export_last, shape=shape,
     )
     summary = train_drafter(loaded.model, loaded.tokenizer, convs.conversations, args.out, opts)
     if summary.eval is not None:

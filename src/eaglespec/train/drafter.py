@@ -1,8 +1,10 @@
 """A fresh EAGLE-3 drafter for a target: its HF config (the published format, REFERENCE.md §3) and initial weights.
 
 Contract:
-- `drafter_hf_config(target_config, aux_ids, draft_vocab_size)`: the `config.json` dict of a one-layer
-  `LlamaForCausalLMEagle3` with the target's width, heads, head_dim, intermediate size, norm eps, RoPE and context;
+- `drafter_hf_config(target_config, aux_ids, draft_vocab_size, shape=DrafterShape())`: the `config.json` dict of a
+  one-layer `LlamaForCausalLMEagle3` with the target's width, KV heads, head_dim, norm eps, RoPE and context, and the
+  target's query heads and intermediate size unless `shape` widens them (still the published one-layer format: SGLang
+  and vLLM read both from the config; the width must stay the target's, whose embedding the drafter shares);
   `vocab_size` is the target's, `draft_vocab_size` is omitted when None (the drafter then shares the target's
   lm_head), `target_hidden_size` and `eagle_config {eagle_aux_hidden_state_layer_ids, use_aux_hidden_state: true}`
   are set; the ids use the SGLang convention (id i = output of layer i), `tie_word_embeddings` is false.
@@ -18,27 +20,48 @@ Contract:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import torch
 from torch import nn
 
 from ..config import ModelConfig
+from ..errors import ConfigError
 from ..models.eagle3 import LlamaForCausalLMEagle3
 from .vocab import DraftVocab
 
 INIT_STD = 0.02
 
 
+@dataclass(frozen=True)
+class DrafterShape:
+    """The drafter layer's own sizes; None: the target layer's. A one-layer drafter of a small target is small (for
+    SmolLM2-135M: 4.9M parameters besides the lm_head), and on a GPU at small batch its step costs launches, not
+    bytes, so a wider MLP or more query heads cost little time there."""
+
+    intermediate_size: int | None = None
+    num_attention_heads: int | None = None  # a multiple of the target's KV heads (grouped-query attention)
+
+    def check(self, target: ModelConfig) -> None:
+        if self.intermediate_size is not None and self.intermediate_size < 1:
+            raise ConfigError(f"--drafter-intermediate-size must be >= 1 (got {self.intermediate_size})")
+        h = self.num_attention_heads
+        if h is not None and (h < 1 or h % target.num_key_value_heads):
+            raise ConfigError(f"--drafter-heads must be a positive multiple of the target's "
+                              f"{target.num_key_value_heads} key/value heads (got {h})")
+
+
 def drafter_hf_config(target: ModelConfig, aux_ids: Sequence[int], draft_vocab_size: int | None,
-                      torch_dtype: str = "bfloat16") -> dict[str, Any]:
+                      torch_dtype: str = "bfloat16", shape: DrafterShape = DrafterShape()) -> dict[str, Any]:
+    shape.check(target)
     d: dict[str, Any] = {
         "architectures": ["LlamaForCausalLMEagle3"],
         "model_type": "llama",
         "hidden_size": target.hidden_size,
-        "intermediate_size": target.intermediate_size,
+        "intermediate_size": shape.intermediate_size or target.intermediate_size,
         "num_hidden_layers": 1,
-        "num_attention_heads": target.num_attention_heads,
+        "num_attention_heads": shape.num_attention_heads or target.num_attention_heads,
         "num_key_value_heads": target.num_key_value_heads,
         "head_dim": target.head_dim,
         "hidden_act": target.hidden_act,
@@ -63,11 +86,12 @@ def drafter_hf_config(target: ModelConfig, aux_ids: Sequence[int], draft_vocab_s
     return d
 
 
-def new_drafter(target: nn.Module, aux_ids: Sequence[int], vocab: DraftVocab | None,
-                seed: int = 0) -> LlamaForCausalLMEagle3:
+def new_drafter(target: nn.Module, aux_ids: Sequence[int], vocab: DraftVocab | None, seed: int = 0,
+                shape: DrafterShape = DrafterShape()) -> LlamaForCausalLMEagle3:
     """A freshly initialised drafter wired to `target` (see the module docstring)."""
     tcfg: ModelConfig = target.config
-    cfg = ModelConfig.from_hf(drafter_hf_config(tcfg, aux_ids, vocab.size if vocab is not None else None))
+    cfg = ModelConfig.from_hf(drafter_hf_config(tcfg, aux_ids, vocab.size if vocab is not None else None,
+                                                shape=shape))
     with torch.device("cpu"):
         drafter = LlamaForCausalLMEagle3(cfg).float()
     g = torch.Generator().manual_seed(seed)

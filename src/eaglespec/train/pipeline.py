@@ -24,7 +24,7 @@ import torch
 from ..errors import ConfigError
 from .conversations import DataError, Message
 from .dataset import build_dataset, split
-from .drafter import drafter_from_checkpoint, drafter_hf_config, new_drafter
+from .drafter import DrafterShape, drafter_from_checkpoint, drafter_hf_config, new_drafter
 from .export import check_shard_limit, export_drafter
 from .regenerate import RegenConfig, regenerate
 from .trainer import EvalResult, Trainer, TrainConfig
@@ -47,6 +47,7 @@ class PipelineOptions:
     target_name: str = "target"  # part of the regeneration cache key
     init: str | None = None  # an exported drafter to continue from (its vocabulary and aux layers are kept)
     export_best: bool = True  # export the weights of the best held-out evaluation (False: the last weights)
+    shape: DrafterShape = DrafterShape()  # a fresh drafter's layer sizes (an --init drafter keeps its own)
 
 
 @dataclass
@@ -89,7 +90,7 @@ def train_drafter(target: torch.nn.Module, tokenizer: "BaseTokenizer", conversat
     aux = check_aux_layers(opts.train.aux_layers, tcfg.num_hidden_layers)
     vocab_n = opts.draft_vocab if opts.draft_vocab and opts.draft_vocab < tcfg.vocab_size else None
     # fail before any work when the export cannot honour the shard limit
-    check_shard_limit(drafter_hf_config(tcfg, aux, vocab_n), opts.export_dtype, opts.max_shard_mb)
+    check_shard_limit(drafter_hf_config(tcfg, aux, vocab_n, shape=opts.shape), opts.export_dtype, opts.max_shard_mb)
     max_len = min(opts.max_len, tcfg.max_position_embeddings)
     work = Path(opts.train.work_dir)
     dropped: dict[str, int] = {}
@@ -129,7 +130,8 @@ def train_drafter(target: torch.nn.Module, tokenizer: "BaseTokenizer", conversat
         drafter = init[0]
         log(f"continuing from the drafter in {opts.init}")
     else:
-        drafter = new_drafter(target, aux, vocab if vocab_n is not None else None, seed=opts.train.seed)
+        drafter = new_drafter(target, aux, vocab if vocab_n is not None else None, seed=opts.train.seed,
+                              shape=opts.shape)
     trainer = Trainer(target, drafter, train_ds, eval_ds if len(eval_ds) else None, vocab, opts.train)
     log(f"training {sum(p.numel() for p in trainer.params.values())} parameters for {trainer.total_steps} steps "
         f"({len(trainer.batches)} batches per epoch, TTT {opts.train.ttt_steps} steps, device {trainer.device})"

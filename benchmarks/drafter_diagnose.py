@@ -1,0 +1,75 @@
+"""Where an EAGLE-3 drafter of the embedded SmolLM2 misses: its per-step accuracy on the target's own greedy answers,
+bucketed by how sure the target is of the token being predicted (the top probability of its next-token distribution).
+
+The drafter runs through the training-time-test path (`train/ttt.py`, which equals the inference path: tested), the
+target in float32 on the CPU. A greedy chain accepts a drafted token when the drafter's argmax equals the target's, so
+step k's accuracy is what depth k+1 of a chain accepts (given the earlier depths). The buckets show whether misses
+come from tokens the target itself barely prefers (near-ties, hard for any drafter) or from confident ones.
+
+usage: python benchmarks/drafter_diagnose.py DRAFTER_DIR [N_PROMPTS=20] [MAX_NEW=128]
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+
+from eaglespec.api import load, load_drafter
+from eaglespec.config import EngineConfig
+from eaglespec.sampling_params import SamplingParams
+from eaglespec.train.dataset import tokenize_conversation
+from eaglespec.train.features import target_features
+from eaglespec.train.ttt import shift_left, ttt_hiddens
+from eaglespec.train.vocab import DraftVocab
+
+DRAFTER = sys.argv[1]
+N = int(sys.argv[2]) if len(sys.argv) > 2 else 20
+MAX_NEW = int(sys.argv[3]) if len(sys.argv) > 3 else 128
+STEPS = 3
+EDGES = (0.0, 0.3, 0.5, 0.7, 0.9, 1.01)  # buckets of the target's top probability
+
+eng = load(None, draft=None, config=EngineConfig(device="cpu", dtype="float32", compile=False, max_batch_size=N))
+target, tok = eng.target, eng.tokenizer
+drafter = load_drafter(DRAFTER, "cpu", torch.float32)
+drafter.set_embed_and_head(*target.get_embed_and_head())
+target.set_eagle3_layers_to_capture(drafter.config.eagle.aux_layer_ids)
+vocab = DraftVocab(drafter.d2t.clone(), drafter.t2d.clone())
+
+from eaglespec.bench.datasets import load_prompt_set  # noqa: E402
+
+prompts = [i.first for i in load_prompt_set("mt-bench")[:N]]
+outs = eng.generate(prompts, SamplingParams(max_new_tokens=MAX_NEW))
+hits = torch.zeros(STEPS, len(EDGES) - 1)
+count = torch.zeros(STEPS, len(EDGES) - 1)
+with torch.inference_mode():
+    for p, o in zip(prompts, outs):
+        conv = [{"role": "user", "content": p}, {"role": "assistant", "content": o.text}]
+        ids, mask = tokenize_conversation(tok, conv)
+        t = torch.tensor([ids])
+        feats = target_features(target, t, vocab)
+        pmax = feats.probs.amax(-1)  # [1, T] the target's top probability (over the draft vocabulary, renormalised)
+        hs = ttt_hiddens(drafter, t, feats.aux, STEPS)
+        m = torch.tensor([mask])
+        for k, r in enumerate(hs):
+            am = shift_left(feats.argmax, 1 + k, -1)  # the target's argmax for t_{j+2+k}
+            conf = shift_left(pmax, 1 + k, 0.0)  # its top probability there
+            valid = shift_left(m, 2 + k, False) & (am >= 0)
+            pred = drafter.lm_head(drafter.norm(r)).argmax(-1)
+            ok = (pred == am) & valid
+            b = torch.bucketize(conf, torch.tensor(EDGES[1:-1]), right=True)
+            for i in range(len(EDGES) - 1):
+                sel = valid & (b == i)
+                count[k, i] += sel.sum()
+                hits[k, i] += (ok & sel).sum()
+total = count[0].sum()
+print(f"MT-bench 1-{N}, {MAX_NEW} new tokens, float32 CPU, drafter {DRAFTER}")
+print("| target top prob | share of positions | " + " | ".join(f"step {k} acc" for k in range(STEPS)) + " |")
+print("|---|---:|" + "---:|" * STEPS)
+for i in range(len(EDGES) - 1):
+    accs = " | ".join(f"{hits[k, i] / max(count[k, i], 1):.3f}" for k in range(STEPS))
+    print(f"| {EDGES[i]:.1f}-{min(EDGES[i + 1], 1):.1f} | {count[0, i] / total:.3f} | {accs} |")
+accs = " | ".join(f"{hits[k].sum() / count[k].sum():.3f}" for k in range(STEPS))
+print(f"| all | 1.000 | {accs} |")
+print(json.dumps({"hits": hits.tolist(), "count": count.tolist(), "edges": EDGES}))
