@@ -4,7 +4,8 @@
 #      needs no checkpoint: the Triton kernel check, the Kimi-K2.5 slice, the Llama-3.1-8B shape decode and verify,
 #      the regeneration throughput; KIMI_LIMIT=1 skips the slice once it is measured)
 #   2. benchmarks/gpu_measure.sh smollm2   carry .device/m2 .whl   (joins the GGUF; SmolLM2 bf16 step costs and
-#      profiles, bench with the oracle and random drafters at batch 1/8/32, transformers as the peer)
+#      profiles, the step anatomy (host vs graphs), the shipped drafter in bf16, bench with the oracle and random
+#      drafters at batch 1/8/32, transformers as the peer)
 # Every section has its own time limit, so one slow section cannot take the others' results with it.
 set -uo pipefail
 export PYTHONPATH=src PYTHONUNBUFFERED=1
@@ -22,9 +23,18 @@ else
   export PYTHONPATH=/tmp/site:src
   [ -f "$M" ] || cat /root/m/part1 .device/m2/part2 > "$M"
   run "${SMOKE_LIMIT:-120}" smoke_bf16 python3 benchmarks/gpu_smoke.py "$M" "$OUT" bf16fast
+  # engine step vs its graphs alone: the host's share of a step (decides overlap scheduling vs kernel fusion)
+  TAILN=16 run "${ANAT_LIMIT:-150}" step_anatomy python3 benchmarks/step_anatomy.py "$OUT" "$M"
+  # the shipped drafter in bf16, the dtype CUDA users get (its per-device policy was set from float32 runs)
+  TAILN=12 run "${SHIPPED_LIMIT:-150}" bench_shipped_bf16 python3 -m eaglespec bench --model "$M" --dtype bfloat16 \
+    --draft src/eaglespec/assets/smollm2-135m-eagle3 --spec 1,1,2 --spec 2,1,3 --spec 3,1,4 --batch-sizes 1,8 \
+    --max-new-tokens 256 --out /tmp/bs
+  cp /tmp/bs/results.json "$OUT/bench_shipped_bf16.json" 2>/dev/null
   TAILN=30 run "${BENCH_LIMIT:-170}" bench_oracle python3 -m eaglespec bench --model "$M" --dtype float32 --compile --draft oracle \
     --draft random --spec 3,1,4 --spec 5,4,16 --batch-sizes 1,8,32 --limit 32 --max-new-tokens 128 --out /tmp/bo
   cp /tmp/bo/results.json "$OUT/bench_oracle.json" 2>/dev/null
   run "${PEER_LIMIT:-60}" peer python3 -m eaglespec bench --model "$M" --no-spec --peer hf --limit 4 --max-new-tokens 128 --out /tmp/bp
   cp /tmp/bp/results.json "$OUT/bench_peer.json" 2>/dev/null
 fi
+# at most 8 files come back from a call: everything in one archive (the tails above are the summary)
+(cd "$OUT" && tar czf measure.tgz --exclude measure.tgz . && find . -type f ! -name measure.tgz -delete)
