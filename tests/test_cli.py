@@ -53,6 +53,20 @@ def test_generate_default_model(tmp_path, capsys):
     assert (s["steps"], s["topk"], s["draft_tokens"]) == (1, 1, 2)
 
 
+def test_api_default_drafter_policy_on_the_cpu():
+    """`eaglespec.load()` speculates with the shipped drafter on the CPU only in a one-row engine (a 2-row step
+    verifies 4 tokens, measured slower than plain decoding there); an explicit shape always speculates."""
+    from eaglespec import api
+    from eaglespec.config import EngineConfig, SpecConfig
+
+    one = api.load(config=EngineConfig(device="cpu", max_batch_size=1))
+    assert one.speculative and one.spec == SpecConfig(1, 1, 2)
+    many = api.load(config=EngineConfig(device="cpu", max_batch_size=8))
+    assert not many.speculative
+    forced = api.load(spec=SpecConfig(2, 1, 3), config=EngineConfig(device="cpu", max_batch_size=8))
+    assert forced.speculative and forced.spec == SpecConfig(2, 1, 3)
+
+
 def test_generate_default_model_decodes_plainly_where_the_drafter_is_slower(capsys, monkeypatch):
     """Where the shipped drafter was measured slower than plain decoding (as on the H200), `draft="auto"` decodes
     plainly and says why on stderr; an explicit shape speculates anyway."""

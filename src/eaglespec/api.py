@@ -5,8 +5,9 @@
     outs = engine.generate(["What is the capital of France?"], SamplingParams(max_new_tokens=64))
 
 `draft="auto"` (the default) speculates with the shipped drafter when the model is the embedded default and plainly
-otherwise; without an explicit `spec` it takes the measured per-device shape of `assets.default_spec`, and decodes
-plainly on a device where the drafter was measured slower than plain decoding. `draft=None` never speculates; a path
+otherwise; without an explicit `spec` it takes the measured shape of `assets.default_spec` for the device and the
+engine's rows (on the CPU: one-row engines, as `eaglespec generate` builds), and decodes plainly where the drafter was
+measured slower than plain decoding. `draft=None` never speculates; a path
 loads that EAGLE-3 drafter checkpoint.
 """
 
@@ -50,8 +51,8 @@ def load(
     if draft == "auto":
         draft_path = default_drafter_path() if model is None else None
         if draft_path is not None and spec is None:
-            spec = default_spec(device.type)
-            if spec is None:  # measured slower than plain decoding on this device type
+            spec = default_spec(device.type, config.max_batch_size)
+            if spec is None:  # measured slower than plain decoding here
                 draft_path = None
     else:
         draft_path = Path(draft) if draft is not None else None

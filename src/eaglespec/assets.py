@@ -1,9 +1,10 @@
 """Files shipped inside the package: the trained EAGLE-3 drafter of the embedded default model, and the policy for
 using it.
 
-`draft="auto"` on the embedded model speculates with the shipped drafter in the shape `default_spec(device_type)`
-gives, a measured choice per device type (docs/benchmarks.md, "The shipped drafter"), and decodes plainly where every
-measured shape was slower than plain decoding (`default_spec` returns None; `slower_note` says what was measured).
+`draft="auto"` on the embedded model speculates with the shipped drafter in the shape
+`default_spec(device_type, max_batch_size)` gives, a measured choice per device type and engine size
+(docs/benchmarks.md, "The shipped drafter"), and decodes plainly where every measured shape was slower than plain
+decoding (`default_spec` returns None; `slower_note` says what was measured).
 An explicit shape (`--steps/--topk/--draft-tokens`, `api.load(spec=...)`) always speculates.
 """
 
@@ -17,10 +18,13 @@ ASSETS = Path(__file__).parent / "assets"
 DEFAULT_DRAFTER = ASSETS / "smollm2-135m-eagle3"
 
 # Measured with `eaglespec bench` on MT-bench first turns, greedy (docs/benchmarks.md): on this project's 2-core CPU a
-# verification of up to 3 tokens costs about one decode step (a 4-token one 1.5x: MKL leaves its GEMV path), and the
-# one-step chain was the fastest shape; on the H200 every measured shape was slower than plain decoding.
+# forward of up to 3 tokens costs about one of 1 token (4 cost 1.5x: MKL leaves its small-M path), so the one-step
+# chain (2 tokens) pays at batch 1 (1.10x) but not with 2 rows (4 tokens per step: 68 vs 44 ms, step_anatomy.py):
+# engines of one row only. On the H200 every measured shape was slower than plain decoding (float32).
 _DEFAULT_SPEC: dict[str, SpecConfig | None] = {"cpu": SpecConfig(steps=1, topk=1, draft_tokens=2), "cuda": None}
-_SLOWER: dict[str, str] = {"cuda": "0.91x with a chain of 3, 0.78x with a 48-token tree on an H200"}
+_ONE_ROW_ONLY = {"cpu"}
+_SLOWER: dict[str, str] = {"cuda": "0.91x with a chain of 3, 0.78x with a 48-token tree on an H200",
+                           "cpu": "with several rows a step verifies 4+ tokens, 1.5x a plain step on the CPU"}
 
 
 def default_drafter_path() -> Path | None:
@@ -28,8 +32,11 @@ def default_drafter_path() -> Path | None:
     return DEFAULT_DRAFTER if (DEFAULT_DRAFTER / "config.json").exists() else None
 
 
-def default_spec(device_type: str) -> SpecConfig | None:
-    """The shape `draft="auto"` speculates with on this device type; None: plain decoding is faster there."""
+def default_spec(device_type: str, max_batch_size: int = 1) -> SpecConfig | None:
+    """The shape `draft="auto"` speculates with on this device type for an engine of this many rows; None: plain
+    decoding is faster there."""
+    if device_type in _ONE_ROW_ONLY and max_batch_size > 1:
+        return None
     return _DEFAULT_SPEC.get(device_type)
 
 
