@@ -7,8 +7,7 @@
 `draft="auto"` (the default) speculates with the shipped drafter when the model is the embedded default and plainly
 otherwise; without an explicit `spec` it takes the measured shape of `assets.default_spec` for the device and the
 engine's rows (on the CPU: one-row engines, as `eaglespec generate` builds), and decodes plainly where the drafter was
-measured slower than plain decoding. `draft=None` never speculates; a path
-loads that EAGLE-3 drafter checkpoint.
+measured slower than plain decoding. `draft=None` never speculates; a path loads that EAGLE-3 drafter checkpoint.
 """
 
 from __future__ import annotations

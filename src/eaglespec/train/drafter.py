@@ -37,7 +37,7 @@ INIT_STD = 0.02
 @dataclass(frozen=True)
 class DrafterShape:
     """The drafter layer's own sizes; None: the target layer's. A one-layer drafter of a small target is small (for
-    SmolLM2-135M: 4.9M parameters besides the lm_head), and on a GPU at small batch its step costs launches, not
+    SmolLM2-135M: 5.1M parameters besides the lm_head), and on a GPU at small batch its step costs launches, not
     bytes, so a wider MLP or more query heads cost little time there."""
 
     intermediate_size: int | None = None
