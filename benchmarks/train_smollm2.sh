@@ -41,6 +41,7 @@ INIT=()   # INIT_DIR: an exported drafter to continue from (e.g. src/eaglespec/a
 SHAPE=()   # DRAFTER_FFN / DRAFTER_HEADS widen the drafter layer (default: the target layer's 1536 / 9)
 [ -n "${DRAFTER_FFN:-}" ] && SHAPE+=(--drafter-intermediate-size "$DRAFTER_FFN")
 [ -n "${DRAFTER_HEADS:-}" ] && SHAPE+=(--drafter-heads "$DRAFTER_HEADS")
+[ -n "${LOOP_KEEP:-}" ] && SHAPE+=(--loop-keep "$LOOP_KEEP")   # no loss deep inside SmolLM2's greedy loops
 eaglespec() { python3 -m eaglespec "$@"; }
 ARGS=(train --target "$M" --data "/root/m/sg-$DATA.json" --out "$OUT/drafter" --work-dir /tmp/work "${TURNS[@]}"
       --regen-max-new-tokens "$REGEN_NEW" --regen-batch "${REGEN_BATCH:-512}" --regen-shard 4096 --draft-vocab 12288

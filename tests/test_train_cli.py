@@ -143,6 +143,24 @@ def test_train_a_wider_drafter_layer(tiny_folder, data_file, tmp_path, capsys):
     assert not (tmp_path / "bad-work").exists()
 
 
+def test_train_loop_mask_is_applied_and_reported(tiny_folder, tmp_path, capsys):
+    """--loop-keep reaches the dataset (the log counts the tokens it took out of the loss); a negative value is
+    refused before any work."""
+    data = tmp_path / "loops.jsonl"
+    loop = "ab " * 40
+    data.write_text("\n".join(json.dumps({"messages": [{"role": "user", "content": f"say ab {i}"},
+                                                       {"role": "assistant", "content": loop}]}) for i in range(6)))
+    common = ["train", "--target", str(tiny_folder), "--data", str(data), "--device", "cpu", "--ttt-steps", "2",
+              "--batch-tokens", "400", "--max-len", "160", "--no-regenerate", "--no-progress", "--max-steps", "1",
+              "--draft-vocab", "40"]
+    assert main([*common, "--out", str(tmp_path / "d"), "--loop-keep", "4"]) == 0
+    err = capsys.readouterr().err
+    # each answer: 119 characters = tokens (stripped), period 3, the 8-gram of 0..7 repeats at 10: 119 - 10 - 4 masked
+    assert "loop mask: 630 assistant tokens lie deeper than 4 tokens into a repetition loop" in err
+    assert main([*common, "--out", str(tmp_path / "e"), "--loop-keep", "-1"]) == 2
+    assert "--loop-keep must be >= 0 (got -1)" in capsys.readouterr().err
+
+
 def test_train_command_reports_bad_data_in_one_line(tiny_folder, tmp_path, capsys):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}\n'

@@ -218,3 +218,23 @@ def test_regeneration_shard_round_trip_keeps_unicode_line_separators(tmp_path):
     rows = [[{"role": "user", "content": "a\u2028b"}, {"role": "assistant", "content": "c\x85d\u2029e"}], None]
     write_shard(tmp_path / "s.jsonl", rows)
     assert read_shard(tmp_path / "s.jsonl") == rows
+
+
+def test_mask_loops_keeps_the_start_of_each_loop_run():
+    """A greedy loop of period 3 after 10 fresh tokens: every token from index 20 on completes an 8-gram seen
+    3 tokens earlier; with keep=10 the first 10 of that run keep their loss and the 40 after lose it."""
+    from eaglespec.train.dataset import mask_loops
+
+    ids = list(range(100, 110)) + [5, 6, 7] * 20
+    mask = [False] * 10 + [True] * 60
+    out, k = mask_loops(ids, mask, keep=10)
+    assert k == 40 and out[:30] == mask[:30] and not any(out[30:])
+    assert mask_loops(ids, mask, keep=0)[1] == 50  # every repeating token
+    assert mask_loops(ids, [False] * 70, keep=0) == ([False] * 70, 0)  # prompt tokens carry no loss anyway
+    fresh = list(range(200, 260))
+    assert mask_loops(fresh, [True] * 60, keep=0) == ([True] * 60, 0)  # text without repeats is untouched
+    # a fresh token ends the run: the next repeats start a new run with their own `keep`
+    broken = [5, 6, 7] * 6 + [99] + [5, 6, 7] * 6
+    out, k = mask_loops(broken, [True] * len(broken), keep=3)
+    # repeats start at 10 (the 8-gram of 0..7 again at 3..10) and, after the 99, at 26 (no 8-gram holding the 99 repeats)
+    assert [i for i in range(len(broken)) if not out[i]] == list(range(13, 18)) + list(range(29, 37)) and k == 13

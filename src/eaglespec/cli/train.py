@@ -38,6 +38,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     d.add_argument("--regen-cuda-graphs", action=argparse.BooleanOptionalAction, default=True,
                    help="decode through the engine's CUDA graphs when regenerating on a GPU")
     d.add_argument("--eval-frac", type=float, default=0.02, help="held-out fraction for evaluation")
+    d.add_argument("--loop-keep", type=int, default=None, metavar="N",
+                   help="no loss on answer tokens deeper than N tokens into a repetition loop (each completing an "
+                        "8-gram seen before): for small targets whose greedy answers loop (default: off)")
     m = p.add_argument_group("drafter")
     m.add_argument("--draft-vocab", type=int, default=32000, help="draft vocabulary size (0 = the full vocabulary)")
     m.add_argument("--init", default=None, metavar="DRAFTER_DIR",
@@ -100,6 +103,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.max_len < 8:
         raise ConfigError(f"--max-len must be >= 8 (got {args.max_len})")
+    if args.loop_keep is not None and args.loop_keep < 0:
+        raise ConfigError(f"--loop-keep must be >= 0 (got {args.loop_keep})")
     if not 0 <= args.eval_frac < 1:
         raise ConfigError(f"--eval-frac must be in [0, 1) (got {args.eval_frac})")
     work_dir = args.work_dir or str(args.out).rstrip("/") + "-work"
@@ -139,6 +144,7 @@ def run(args: argparse.Namespace) -> int:
         train=train_cfg, regen=regen, max_len=args.max_len, long=args.long, draft_vocab=args.draft_vocab or None,
         eval_frac=args.eval_frac, export_dtype=export_dtype(args.export_dtype), max_shard_mb=args.max_shard_mb,
         target_name=str(loaded.path), init=args.init, export_best=not args.export_last, shape=shape,
+        loop_keep=args.loop_keep,
     )
     summary = train_drafter(loaded.model, loaded.tokenizer, convs.conversations, args.out, opts)
     if summary.eval is not None:

@@ -48,6 +48,7 @@ class PipelineOptions:
     init: str | None = None  # an exported drafter to continue from (its vocabulary and aux layers are kept)
     export_best: bool = True  # export the weights of the best held-out evaluation (False: the last weights)
     shape: DrafterShape = DrafterShape()  # a fresh drafter's layer sizes (an --init drafter keeps its own)
+    loop_keep: int | None = None  # mask the loss deeper than this into repetition loops (dataset.mask_loops)
 
 
 @dataclass
@@ -105,7 +106,10 @@ def train_drafter(target: torch.nn.Module, tokenizer: "BaseTokenizer", conversat
         if not convs:
             raise DataError("no conversation is left after regeneration (prompts longer than --max-len?)")
 
-    ds = build_dataset(tokenizer, convs, max_len, opts.long)
+    ds = build_dataset(tokenizer, convs, max_len, opts.long, opts.loop_keep)
+    if opts.loop_keep is not None:
+        log(f"loop mask: {ds.loop_masked} assistant tokens lie deeper than {opts.loop_keep} tokens into a repetition "
+            "loop and carry no loss")
     dropped.update(ds.dropped)
     if dropped:
         log("dropped: " + ", ".join(f"{n} {why}" for why, n in sorted(dropped.items())))
