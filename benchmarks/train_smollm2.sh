@@ -38,16 +38,16 @@ INIT=()   # INIT_DIR: an exported drafter to continue from (e.g. src/eaglespec/a
           # travels with the tree); default .device/drafter when present
 [ -f .device/drafter/config.json ] && INIT=(--init .device/drafter)
 [ -n "${INIT_DIR:-}" ] && INIT=(--init "$INIT_DIR")
-SHAPE=()   # DRAFTER_FFN / DRAFTER_HEADS widen the drafter layer (default: the target layer's 1536 / 9)
-[ -n "${DRAFTER_FFN:-}" ] && SHAPE+=(--drafter-intermediate-size "$DRAFTER_FFN")
-[ -n "${DRAFTER_HEADS:-}" ] && SHAPE+=(--drafter-heads "$DRAFTER_HEADS")
-[ -n "${LOOP_KEEP:-}" ] && SHAPE+=(--loop-keep "$LOOP_KEEP")   # no loss deep inside SmolLM2's greedy loops
+EXTRA=()   # DRAFTER_FFN / DRAFTER_HEADS widen the drafter layer (default: the target layer's 1536 / 9)
+[ -n "${DRAFTER_FFN:-}" ] && EXTRA+=(--drafter-intermediate-size "$DRAFTER_FFN")
+[ -n "${DRAFTER_HEADS:-}" ] && EXTRA+=(--drafter-heads "$DRAFTER_HEADS")
+[ -n "${LOOP_KEEP:-}" ] && EXTRA+=(--loop-keep "$LOOP_KEEP")   # no loss deep inside SmolLM2's greedy loops
 eaglespec() { python3 -m eaglespec "$@"; }
 ARGS=(train --target "$M" --data "/root/m/sg-$DATA.json" --out "$OUT/drafter" --work-dir /tmp/work "${TURNS[@]}"
       --regen-max-new-tokens "$REGEN_NEW" --regen-batch "${REGEN_BATCH:-512}" --regen-shard 4096 --draft-vocab 12288
       --epochs "$EPOCHS" --batch-tokens "${BATCH_TOKENS:-32768}" --max-len "$MAX_LEN" --max-shard-mb 15
       --lr "${LR:-3e-4}" --ttt-steps "${TTT:-7}" --save-every 100
-      --eval-every "${EVAL_EVERY:-200}" --no-progress --device cuda --dtype bfloat16 "${INIT[@]}" "${SHAPE[@]}")
+      --eval-every "${EVAL_EVERY:-200}" --no-progress --device cuda --dtype bfloat16 "${INIT[@]}" "${EXTRA[@]}")
 if [ "$MODE" = regen ]; then
   python3 benchmarks/kernel_check.py 2>&1 | tail -n 3   # the engine regenerates the data: stop now if its kernel is wrong
   timeout "$REGEN_BUDGET" python3 -m eaglespec "${ARGS[@]}" --resume 2>&1 | tee "$OUT/regen_log.txt" || true
