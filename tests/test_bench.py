@@ -98,7 +98,8 @@ def check_schema(doc: dict) -> None:
                 (key, r[key])
         for key in OPTIONAL_KEYS:
             assert key in r, key
-        assert r["tok_per_s"] == pytest.approx(r["output_tokens"] / r["seconds"], rel=1e-2)
+        # seconds are rounded to 0.1 ms: for a run of a few ms that alone moves tok/s by about 1%
+        assert r["output_tokens"] / r["tok_per_s"] == pytest.approx(r["seconds"], rel=1e-3, abs=6e-5)
         ts = r["time_split"]
         if ts is not None:
             assert set(ts) == {"draft", "verify", "rest", "prefill", "decode", "commit"}
