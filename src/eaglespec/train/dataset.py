@@ -114,11 +114,12 @@ class TokenDataset:
 
     @staticmethod
     def from_samples(samples: Sequence[tuple[Sequence[int], Sequence[bool]]], max_len: int | None = None,
-                     long: str = "truncate") -> "TokenDataset":
-        """Samples (ids, mask) -> dataset, applying --max-len (`long`: truncate or drop)."""
+                     long: str = "truncate", loop_keep: int | None = None) -> "TokenDataset":
+        """Samples (ids, mask) -> dataset, applying --max-len (`long`: truncate or drop), then `mask_loops`."""
         if long not in ("truncate", "drop"):
             raise ValueError(f"long must be 'truncate' or 'drop' (got {long!r})")
         dropped: Counter = Counter()
+        loop_masked = 0
         toks: list[int] = []
         masks: list[bool] = []
         offsets = [0]
@@ -128,6 +129,9 @@ class TokenDataset:
                     dropped["longer than --max-len"] += 1
                     continue
                 ids, mask = ids[:max_len], mask[:max_len]
+            if loop_keep is not None:
+                mask, k = mask_loops(ids, mask, loop_keep)
+                loop_masked += k
             if len(ids) < 3 or not any(mask[2:]):  # the first loss target is token 2 (see ttt.py)
                 dropped["no assistant token within --max-len"] += 1
                 continue
@@ -135,7 +139,7 @@ class TokenDataset:
             masks += mask
             offsets.append(len(toks))
         return TokenDataset(torch.tensor(toks, dtype=torch.int64), torch.tensor(masks, dtype=torch.bool),
-                            torch.tensor(offsets, dtype=torch.int64), dropped)
+                            torch.tensor(offsets, dtype=torch.int64), dropped, loop_masked)
 
 
 def mask_loops(ids: Sequence[int], mask: Sequence[bool], keep: int, n: int = LOOP_NGRAM) -> tuple[list[bool], int]:
@@ -158,28 +162,20 @@ def mask_loops(ids: Sequence[int], mask: Sequence[bool], keep: int, n: int = LOO
 
 def build_dataset(tokenizer: "BaseTokenizer", conversations: Sequence[Sequence[Message]], max_len: int,
                   long: str = "truncate", loop_keep: int | None = None) -> TokenDataset:
-    """Tokenise conversations (chat template + assistant mask), optionally mask deep loop tokens (`mask_loops`), and
-    apply --max-len; a conversation the template refuses (`raise_exception`) or renders without one of its assistant
-    messages is dropped and counted."""
+    """Tokenise conversations (chat template + assistant mask), apply --max-len, then optionally take deep loop
+    tokens out of the loss (`mask_loops`); a conversation the template refuses (`raise_exception`) or renders
+    without one of its assistant messages is dropped and counted."""
     samples = []
     refused: Counter = Counter()
-    loop_masked = 0
     for c in conversations:
         try:
-            ids, mask = tokenize_conversation(tokenizer, c)
+            samples.append(tokenize_conversation(tokenizer, c))
         except DataError:
             refused["chat template drops an assistant message"] += 1
-            continue
         except RequestError:
             refused["refused by the chat template"] += 1
-            continue
-        if loop_keep is not None:
-            mask, k = mask_loops(ids, mask, loop_keep)
-            loop_masked += k
-        samples.append((ids, mask))
-    ds = TokenDataset.from_samples(samples, max_len, long)
+    ds = TokenDataset.from_samples(samples, max_len, long, loop_keep)
     ds.dropped.update(refused)
-    ds.loop_masked = loop_masked
     return ds
 
 
