@@ -4,8 +4,9 @@
 #      needs no checkpoint: the Triton kernel check, the Kimi-K2.5 slice, the Llama-3.1-8B shape decode and verify,
 #      the regeneration throughput; KIMI_LIMIT=1 skips the slice once it is measured)
 #   2. benchmarks/gpu_measure.sh smollm2   carry .device/m2 .whl   (joins the GGUF; SmolLM2 bf16 step costs and
-#      profiles, the step anatomy (host vs graphs), the shipped drafter in bf16, bench with the oracle and random
-#      drafters at batch 1/8/32, transformers as the peer)
+#      profiles, the step anatomy (host vs graphs), the shipped drafter in bf16, bf16 no-spec with and without
+#      overlapped decoding, bench with the oracle and random drafters at batch 1/8/32, transformers as the peer;
+#      BENCH_LIMIT=1 / PEER_LIMIT=1 skip the last two)
 # Every section has its own time limit, so one slow section cannot take the others' results with it.
 set -uo pipefail
 export PYTHONPATH=src PYTHONUNBUFFERED=1
@@ -30,6 +31,12 @@ else
     --draft src/eaglespec/assets/smollm2-135m-eagle3 --spec 1,1,2 --spec 2,1,3 --spec 3,1,4 --batch-sizes 1,8 \
     --max-new-tokens 256 --out /tmp/bs
   cp /tmp/bs/results.json "$OUT/bench_shipped_bf16.json" 2>/dev/null
+  # the 1000 tok/s goal's benchmark (bf16, no speculation, MT-bench), without and with overlapped decoding
+  for ov in no-overlap overlap; do
+    TAILN=5 run "${NOSPEC_LIMIT:-75}" "nospec_bf16_$ov" python3 -m eaglespec bench --model "$M" --dtype bfloat16 \
+      --no-spec "--$ov" --batch-sizes 1,32 --max-new-tokens 256 --out "/tmp/ns_$ov"
+    cp "/tmp/ns_$ov/results.json" "$OUT/nospec_bf16_$ov.json" 2>/dev/null
+  done
   TAILN=30 run "${BENCH_LIMIT:-170}" bench_oracle python3 -m eaglespec bench --model "$M" --dtype float32 --compile --draft oracle \
     --draft random --spec 3,1,4 --spec 5,4,16 --batch-sizes 1,8,32 --limit 32 --max-new-tokens 128 --out /tmp/bo
   cp /tmp/bo/results.json "$OUT/bench_oracle.json" 2>/dev/null

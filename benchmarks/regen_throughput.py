@@ -48,7 +48,7 @@ for k in [int(x) for x in __import__("os").environ.get("KS", f"1,{max(1, ROWS //
     sched_step = eng.step
 
     def counted_step():
-        batch_kind = "prefill" if eng.scheduler.waiting and eng.scheduler._may_admit() else "decode"
+        batch_kind = "prefill" if eng.scheduler.waiting and eng.scheduler.may_admit() else "decode"
         kinds[batch_kind] += 1
         return sched_step()
 

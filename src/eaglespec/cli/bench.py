@@ -88,7 +88,7 @@ def prepare(args: argparse.Namespace) -> Prepared:
                     machine_info(device, bw))
 
 
-NEGATABLE = ("cuda_graphs", "fuse")  # BooleanOptionalAction options: False is spelled --no-...
+NEGATABLE = ("cuda_graphs", "fuse", "compile", "overlap")  # BooleanOptionalAction options: False is spelled --no-...
 
 
 def command_line(kind: str, args: argparse.Namespace) -> str:

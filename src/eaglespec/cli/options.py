@@ -34,6 +34,9 @@ def add_runtime_options(p: argparse.ArgumentParser | argparse._ArgumentGroup) ->
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                    help="torch.compile the elementwise chains (RMSNorm, RoPE, SiLU gating): fewer kernels per layer "
                         "(default: on CUDA only)")
+    p.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=False,
+                   help="plain decoding with CUDA graphs: launch each step before reading the previous one's tokens, "
+                        "so the host's work overlaps the GPU's")
 
 
 def add_sampling_options(p: argparse.ArgumentParser, max_new_tokens: int = 256) -> None:
@@ -68,7 +71,8 @@ def spec_config(args: argparse.Namespace) -> SpecConfig | None:
 
 def engine_config(args: argparse.Namespace, **kw) -> EngineConfig:
     return EngineConfig(device=args.device, dtype=args.dtype, seed=args.seed, aux_convention=args.aux_convention,
-                        cuda_graphs=args.cuda_graphs, fuse_projections=args.fuse, compile=args.compile, **kw)
+                        cuda_graphs=args.cuda_graphs, fuse_projections=args.fuse, compile=args.compile,
+                        overlap=args.overlap, **kw)
 
 
 def draft_arg(args: argparse.Namespace) -> str | None:

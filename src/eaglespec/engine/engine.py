@@ -27,7 +27,7 @@ from ..protocol import require_target
 from ..sampling_params import SamplingParams
 from ..spec.stats import SpecStats
 from .request import Request
-from .runner import ModelRunner
+from .runner import ModelRunner, PendingDecode
 from .scheduler import Scheduler
 
 if TYPE_CHECKING:
@@ -84,6 +84,7 @@ class Engine:
         self.eos_ids = tuple(dict.fromkeys(tok_eos + tuple(self.target_config.eos_token_ids)))
         self.stats = SpecStats()
         self._next_id = 0
+        self._pending: tuple[list[Request], PendingDecode] | None = None  # overlap: a launched, unread decode step
 
     # --- construction -------------------------------------------------------------------------------------------
     def _wire_drafter(self, drafter: torch.nn.Module) -> None:
@@ -140,7 +141,7 @@ class Engine:
         r = self.runner
         if r.kv is not None and r.rows >= rows and r.max_len >= max_len:
             return
-        if self.scheduler is not None and self.scheduler.has_work():
+        if self.has_work():  # a launched step still writes into the caches
             raise RequestError("the engine is busy; cannot grow its caches while requests are running")
         rows = max(rows, r.rows)
         max_len = max(max_len, r.max_len)
@@ -197,11 +198,18 @@ class Engine:
         return req
 
     def has_work(self) -> bool:
-        return self.scheduler is not None and self.scheduler.has_work()
+        return self._pending is not None or (self.scheduler is not None and self.scheduler.has_work())
+
+    @property
+    def overlapping(self) -> bool:
+        """Plain decoding steps are overlapped with the host (EngineConfig.overlap, graph path, no speculation)."""
+        return self.config.overlap and self.runner.graphs is not None and not self.runner.speculative
 
     def step(self) -> list[Request]:
         """Run one batch; returns the requests that received tokens."""
         assert self.scheduler is not None
+        if self._pending is not None:
+            return self._step_overlapped()
         batch = self.scheduler.schedule()
         if batch is None:
             return []
@@ -222,12 +230,37 @@ class Engine:
                 q.stats.add(k + 1, S)  # S drafter forwards: S-1 tree levels and the catch-up
                 self.stats.add(k + 1, S)
                 q.append(toks[: k + 1])
+        elif self.overlapping:
+            self._pending = (reqs, self.runner.decode_launch(rows, greedy))
+            return []  # its tokens are read by the next step, once that one is launched
         else:
             for q, t in zip(reqs, self.runner.decode(rows, greedy)):
                 q.append([t])
         for q in self.scheduler.release_finished():
             self.runner.release(q.slot)
         return reqs
+
+    def _step_overlapped(self) -> list[Request]:
+        """Launch the next decoding step of the running rows (unless waiting requests may be admitted: then the
+        next step is their prefill), then read the launched one's tokens. A request that finishes on them had a
+        token computed by the step just launched: it is dropped when that step is read, and its row is released
+        only after that launch (stream order), so the step cannot write into a row that a new request took."""
+        assert self.scheduler is not None and self._pending is not None
+        reqs, pending = self._pending
+        self._pending = None
+        sched = self.scheduler
+        running = [q for q in sched.running if not q.finished]
+        if running and not sched.may_admit():
+            greedy = all(q.params.greedy for q in running)
+            self._pending = (running, self.runner.decode_launch([q.slot for q in running], greedy))
+        got = []
+        for q, t in zip(reqs, self.runner.decode_collect(pending)):
+            if not q.finished:
+                q.append([t])
+                got.append(q)
+        for q in sched.release_finished():
+            self.runner.release(q.slot)
+        return got
 
     # --- conveniences -------------------------------------------------------------------------------------------
     def generate(

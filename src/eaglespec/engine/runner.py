@@ -4,7 +4,9 @@ three kinds of step as tensor programs (DESIGN.md "One speculative step, as data
 - `prefill(rows, prompts)`: one batched target forward over right-padded prompts (capturing aux states when
   speculating), the first sampled token, and the drafter's catch-up over the prompt (a CUDA graph per length bucket
   for a single text prompt, eager otherwise);
-- `decode(rows)`: one target token per row;
+- `decode(rows)`: one target token per row; `decode_launch(rows)` / `decode_collect(pending)` split it in two for
+  overlap scheduling (the step and the copy of its tokens to the host are enqueued, the lengths advance, and the
+  host reads the tokens later, after it has launched the next step);
 - `spec_step(rows)`: draft (S-1 drafter forwards over the tree frontier), build the tree, verify D tokens in one
   target forward, accept per row, compact the target KV to the accepted path and catch the drafter up.
 
@@ -20,6 +22,7 @@ key length; on CUDA `GraphCache` (cuda_graphs.py) captures it once per (batch bu
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 import torch
@@ -33,6 +36,15 @@ from ..spec.tree import DraftTree, build_tree
 from ..spec.verify import VerifyResult, verify_greedy, verify_sampling
 from .kv_cache import KVCache
 from .timing import PhaseTimer
+
+
+@dataclass
+class PendingDecode:
+    """A launched decoding step whose tokens the host has not read yet."""
+
+    rows: list[int]
+    tokens: torch.Tensor  # [B] on the host (a pinned buffer on CUDA), valid once `event` has completed
+    event: "torch.cuda.Event | None"
 
 
 class ModelRunner:
@@ -95,6 +107,10 @@ class ModelRunner:
         self.top_k = torch.zeros(rows, dtype=torch.int64, device=dev)
         self.top_p = torch.ones(rows, dtype=torch.float32, device=dev)
         self.host_len = [0] * rows
+        # two pinned buffers, alternated: the tokens of the step in flight and of the one being launched
+        self._pinned = [torch.empty(rows, dtype=torch.int64, pin_memory=True) for _ in range(2)] \
+            if dev.type == "cuda" else []
+        self._pin_next = 0
         if self.spec is not None:
             K = self.spec.topk
             self.dkv = KVCache(1, self.drafter.kv_cache_shapes(), rows, self.cache_len, self.dtype, dev)
@@ -247,6 +263,33 @@ class ModelRunner:
         for i in rows:
             self.host_len[i] += 1
         return out
+
+    @torch.inference_mode()
+    def decode_launch(self, rows: Sequence[int], greedy: bool) -> PendingDecode:
+        """Enqueue one plain decoding step (through the graph path) and the copy of its tokens to the host, without
+        waiting for either; the host lengths advance now. The copy is enqueued before any later replay can overwrite
+        the graph's output buffer."""
+        assert self.graphs is not None, "overlapped decoding runs through the graph path"
+        Lmax = max(self.host_len[i] for i in rows)
+        out = self.graphs.run("decode", max(rows) + 1, Lmax, greedy)[0]  # [B] device, the graph's static output
+        if self._pinned:
+            host = self._pinned[self._pin_next][: out.shape[0]]
+            self._pin_next ^= 1
+            host.copy_(out, non_blocking=True)
+            event: torch.cuda.Event | None = torch.cuda.Event()
+            event.record()
+        else:  # the CPU's static path (tests): already computed
+            host, event = out.clone(), None
+        for i in rows:
+            self.host_len[i] += 1
+        return PendingDecode(list(rows), host, event)
+
+    def decode_collect(self, pending: PendingDecode) -> list[int]:
+        """The tokens of a launched step, per requested row (waits for that step only, not for later ones)."""
+        if pending.event is not None:
+            pending.event.synchronize()
+        toks = pending.tokens.tolist()
+        return [toks[i] for i in pending.rows]
 
     # --- speculative step ---------------------------------------------------------------------------------------
     # Three phases over explicit tensors (captured as three graphs on CUDA, so their times can be told apart).

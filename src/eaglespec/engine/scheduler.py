@@ -37,7 +37,7 @@ class Scheduler:
         self.prefill_token_budget = prefill_token_budget
         self.min_prefill_rows = max(1, min(min_prefill_rows, rows))
 
-    def _may_admit(self) -> bool:
+    def may_admit(self) -> bool:
         if not self.waiting or not self.free:
             return False
         return (not self.running or len(self.free) >= self.min_prefill_rows
@@ -52,7 +52,7 @@ class Scheduler:
     def schedule(self) -> Batch | None:
         admitted: list[Request] = []
         budget = self.prefill_token_budget
-        if self._may_admit():  # decided once: admitting shrinks the free rows
+        if self.may_admit():  # decided once: admitting shrinks the free rows
             while self.waiting and self.free:
                 req = self.waiting[0]
                 n = len(req.prompt_ids)
