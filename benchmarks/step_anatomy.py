@@ -6,8 +6,8 @@ drafter, rows decoding steadily (random prompts, `ignore_eos`):
 - graph_ms: the same step's graphs replayed back to back (`GraphCache.run`), one sync after all of them;
 - host_ms = engine_ms - graph_ms: the time per step the GPU waits for the host. If it is large, overlapping the
   host's work with the next step (launching step n+1 before reading step n) is what pays; if it is small, fewer
-  kernels per step (fusion) is. The "no-spec overlap" row runs plain decoding with `EngineConfig.overlap`: its
-  engine_ms against the "no-spec" row's is that overlap's gain.
+  kernels per step (fusion) is. The "... overlap" rows run with `EngineConfig.overlap`: their engine_ms against
+  the same shape's without it is what the overlap gains.
 The replays advance the rows' device state without the host's bookkeeping, so the engine is discarded after them.
 
 usage: python benchmarks/step_anatomy.py OUT_DIR [MODEL.gguf] [--cpu]   (--cpu: a quick check of the script itself,
@@ -37,8 +37,10 @@ MODEL = args[1] if len(args) > 1 else None
 CPU = "--cpu" in sys.argv
 STEPS = 4 if CPU else 200
 BATCHES = (1, 2) if CPU else (1, 8, 32)
-SHAPES: list[SpecConfig | str | None] = [None, "overlap", SpecConfig(1, 1, 2), SpecConfig(3, 1, 4),
-                                         SpecConfig(5, 4, 16)]  # "overlap": plain decoding, EngineConfig.overlap
+# (shape, EngineConfig.overlap); None: plain decoding
+SHAPES: list[tuple[SpecConfig | None, bool]] = [(None, False), (None, True), (SpecConfig(1, 1, 2), False),
+                                                (SpecConfig(3, 1, 4), False), (SpecConfig(3, 1, 4), True),
+                                                (SpecConfig(5, 4, 16), False)]
 CACHE = 512 if CPU else 4096
 
 
@@ -51,9 +53,8 @@ BASE = EngineConfig(device="cpu" if CPU else "cuda", dtype="float32" if CPU else
 LOADED = api.load(MODEL, draft=default_drafter_path(), spec=SpecConfig(1, 1, 2), config=BASE)  # prepared once
 
 
-def anatomy(shape: SpecConfig | str | None, B: int) -> dict:
-    spec = shape if isinstance(shape, SpecConfig) else None
-    cfg = replace(BASE, max_batch_size=B, overlap=shape == "overlap")
+def anatomy(spec: SpecConfig | None, overlap: bool, B: int) -> dict:
+    cfg = replace(BASE, max_batch_size=B, overlap=overlap)
     eng = Engine(LOADED.target, LOADED.tokenizer, cfg, drafter=LOADED.drafter if spec else None, spec=spec)
     run = eng.runner
     if CPU:
@@ -85,7 +86,7 @@ def anatomy(shape: SpecConfig | str | None, B: int) -> dict:
         run.graphs.run(kind, B, Lmax, True)
     sync()
     graph_ms = (time.perf_counter() - t) / STEPS * 1e3
-    label = f"S{spec.steps} K{spec.topk} D{spec.draft_tokens}" if spec else ("no-spec overlap" if shape else "no-spec")
+    label = (f"S{spec.steps} K{spec.topk} D{spec.draft_tokens}" if spec else "no-spec") + (" overlap" if overlap else "")
     return {"config": label, "batch": B, "engine_ms": round(engine_ms, 4), "graph_ms": round(graph_ms, 4),
             "host_ms": round(engine_ms - graph_ms, 4), "host_share": round(1 - graph_ms / engine_ms, 3)}
 
@@ -93,8 +94,8 @@ def anatomy(shape: SpecConfig | str | None, B: int) -> dict:
 OUT.mkdir(parents=True, exist_ok=True)
 results = []
 for B in BATCHES:
-    for shape in SHAPES:
-        r = anatomy(shape, B)
+    for spec, overlap in SHAPES:
+        r = anatomy(spec, overlap, B)
         results.append(r)
         print(json.dumps(r), flush=True)
 (OUT / "step_anatomy.json").write_text(json.dumps(results, indent=1))

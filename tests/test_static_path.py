@@ -60,10 +60,12 @@ def test_static_spec_equals_plain_with_rows_finishing_and_joining(target, refere
     assert not eng.runner.active.any() and int(eng.runner.seq_len.abs().sum()) == 0
 
 
-def test_overlapped_decoding_equals_plain(target, reference):
-    """EngineConfig.overlap: step n+1 is launched before step n's tokens are read. Fewer rows than requests (rows
-    finish, are released and taken by new requests), different budgets, and an EOS that stops some requests early
-    (the token computed past it is dropped): the outputs are the plain path's, and launches really ran ahead."""
+@pytest.mark.parametrize("spec", [None, SpecConfig(3, 1, 4), SpecConfig(5, 4, 8)], ids=["plain", "chain", "tree"])
+def test_overlapped_steps_equal_plain(target, reference, spec):
+    """EngineConfig.overlap: step n+1 (decode or speculative) is launched before step n's results are read. Fewer
+    rows than requests (rows finish, are released and taken by new requests), different budgets, and an EOS that
+    stops some requests early (what the next step computed for them is dropped): the outputs are the plain greedy
+    ones, and launches really ran ahead."""
     eos = reference[2][9]
     params = [SamplingParams(max_new_tokens=n) for n in (40, 13, 40, 7, 40, 22)]
 
@@ -76,24 +78,23 @@ def test_overlapped_decoding_equals_plain(target, reference):
 
     plain = run(Engine(target, None, EngineConfig(max_batch_size=3)))
     assert any(reason == "stop" for _, reason in plain) and any(reason == "length" for _, reason in plain)
-    eng = static_engine(target, rows=3, overlap=True)
+    drafter = tiny_drafter(target, seed=1) if spec else None
+    eng = static_engine(target, drafter, spec, rows=3, overlap=True)
     assert eng.overlapping
     events: list[str] = []
-    launch, collect = eng.runner.decode_launch, eng.runner.decode_collect
-    eng.runner.decode_launch = lambda *a: events.append("launch") or launch(*a)
-    eng.runner.decode_collect = lambda *a: events.append("collect") or collect(*a)
+    launch, collect = eng.runner.launch, eng.runner.collect
+    eng.runner.launch = lambda *a: events.append("launch") or launch(*a)
+    eng.runner.collect = lambda *a: events.append("collect") or collect(*a)
     assert run(eng) == plain
     assert "launch,launch,collect" in ",".join(events)  # a step was launched while the previous one was unread
     assert events.count("launch") == events.count("collect")
     assert not eng.runner.active.any() and int(eng.runner.seq_len.abs().sum()) == 0  # every row released, inert
-    # the overlap needs the graph path and plain decoding: otherwise the engine steps as before
-    assert not Engine(target, None, EngineConfig(overlap=True)).overlapping  # CPU: no graphs
-    assert not static_engine(target, tiny_drafter(target, seed=1), SpecConfig(3, 1, 4), overlap=True).overlapping
+    assert not Engine(target, None, EngineConfig(overlap=True)).overlapping  # needs the graph path (CPU: none)
 
 
 def test_overlapped_decoding_streams_and_samples(target):
     """Streaming through an overlapped engine gives the whole answer (the last launched step is read and dropped
-    after the request ends), and sampling draws valid tokens, the same for the same seed."""
+    after the request ends), and sampling (plain and speculative) draws valid tokens, the same for the same seed."""
     eng = static_engine(target, rows=2, overlap=True)
     text_free = [eng.add_request(PROMPTS[0], SamplingParams(max_new_tokens=12, ignore_eos=True))]
     while not text_free[0].finished:
@@ -101,13 +102,15 @@ def test_overlapped_decoding_streams_and_samples(target):
     assert len(text_free[0].output_ids) == 12 and eng.has_work()  # one launched step still unread
     eng.step()
     assert not eng.has_work()
-    outs = []
-    for _ in range(2):
-        e = Engine(target, None, EngineConfig(max_batch_size=2, overlap=True, seed=5))
-        e.runner.graphs = GraphCache(e.runner, capture=False)
-        outs.append([o.token_ids for o in e.generate(PROMPTS[:2], SamplingParams(max_new_tokens=10, temperature=0.8,
-                                                                                  ignore_eos=True))])
-    assert outs[0] == outs[1] and all(len(o) == 10 and all(0 <= t < 97 for t in o) for o in outs[0])
+    for spec in (None, SpecConfig(3, 2, 5)):
+        outs = []
+        for _ in range(2):
+            e = Engine(target, None, EngineConfig(max_batch_size=2, overlap=True, seed=5),
+                       drafter=tiny_drafter(target, seed=1) if spec else None, spec=spec)
+            e.runner.graphs = GraphCache(e.runner, capture=False)
+            sp = SamplingParams(max_new_tokens=10, temperature=0.8, ignore_eos=True)
+            outs.append([o.token_ids for o in e.generate(PROMPTS[:2], sp)])
+        assert outs[0] == outs[1] and all(len(o) == 10 and all(0 <= t < 97 for t in o) for o in outs[0])
 
 
 def test_moe_models_opt_out_of_cuda_graphs():

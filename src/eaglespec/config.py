@@ -298,8 +298,8 @@ class EngineConfig:
     prefill_graphs: bool = True  # with cuda_graphs: a single prompt of <= 2048 tokens prefills as a graph per bucket
     fuse_projections: bool | None = None  # None: on CUDA only (q/k/v and gate/up as one GEMM each)
     compile: bool | None = None  # torch.compile RMSNorm, RoPE, SiLU gating (fewer kernels); None: on CUDA only
-    # Plain decoding through the graph path launches step n+1 before reading step n's tokens, so the host's
-    # bookkeeping overlaps the GPU's work (a row that finished at step n has computed one token too many, dropped).
+    # Decode and speculative steps through the graph path launch step n+1 before reading step n's results, so the
+    # host's bookkeeping overlaps the GPU's work (what step n+1 computed for a request finished at step n is dropped).
     overlap: bool = False
     # Admit waiting requests once this many rows are free (or all waiting fit, or nothing runs): 1 = at once, the
     # lowest latency; throughput jobs (regeneration) batch their prefills with larger values (engine/scheduler.py).

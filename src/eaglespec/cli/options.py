@@ -35,8 +35,8 @@ def add_runtime_options(p: argparse.ArgumentParser | argparse._ArgumentGroup) ->
                    help="torch.compile the elementwise chains (RMSNorm, RoPE, SiLU gating): fewer kernels per layer "
                         "(default: on CUDA only)")
     p.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=False,
-                   help="plain decoding with CUDA graphs: launch each step before reading the previous one's tokens, "
-                        "so the host's work overlaps the GPU's")
+                   help="with CUDA graphs: launch each decode or speculative step before reading the previous one's "
+                        "results, so the host's work overlaps the GPU's (default: off)")
 
 
 def add_sampling_options(p: argparse.ArgumentParser, max_new_tokens: int = 256) -> None:

@@ -27,7 +27,7 @@ from ..protocol import require_target
 from ..sampling_params import SamplingParams
 from ..spec.stats import SpecStats
 from .request import Request
-from .runner import ModelRunner, PendingDecode
+from .runner import ModelRunner, PendingStep
 from .scheduler import Scheduler
 
 if TYPE_CHECKING:
@@ -84,7 +84,7 @@ class Engine:
         self.eos_ids = tuple(dict.fromkeys(tok_eos + tuple(self.target_config.eos_token_ids)))
         self.stats = SpecStats()
         self._next_id = 0
-        self._pending: tuple[list[Request], PendingDecode] | None = None  # overlap: a launched, unread decode step
+        self._pending: tuple[list[Request], PendingStep] | None = None  # overlap: a launched, unread step
 
     # --- construction -------------------------------------------------------------------------------------------
     def _wire_drafter(self, drafter: torch.nn.Module) -> None:
@@ -202,8 +202,8 @@ class Engine:
 
     @property
     def overlapping(self) -> bool:
-        """Plain decoding steps are overlapped with the host (EngineConfig.overlap, graph path, no speculation)."""
-        return self.config.overlap and self.runner.graphs is not None and not self.runner.speculative
+        """Decode and speculative steps are overlapped with the host (EngineConfig.overlap, on the graph path)."""
+        return self.config.overlap and self.runner.graphs is not None
 
     def step(self) -> list[Request]:
         """Run one batch; returns the requests that received tokens."""
@@ -223,16 +223,12 @@ class Engine:
                                        mm if any(m is not None for m in mm) else None).tolist()
             for q, t in zip(reqs, toks):
                 q.append([t])
+        elif self.overlapping:
+            self._pending = (reqs, self.runner.launch(self._step_kind, rows, greedy))
+            return []  # its results are read by the next step, once that one is launched
         elif self.runner.speculative:
             m_host, tok_host = self.runner.spec_step(rows, greedy)
-            S = self.spec.steps
-            for q, k, toks in zip(reqs, m_host, tok_host):
-                q.stats.add(k + 1, S)  # S drafter forwards: S-1 tree levels and the catch-up
-                self.stats.add(k + 1, S)
-                q.append(toks[: k + 1])
-        elif self.overlapping:
-            self._pending = (reqs, self.runner.decode_launch(rows, greedy))
-            return []  # its tokens are read by the next step, once that one is launched
+            self._append_spec(reqs, m_host, tok_host)
         else:
             for q, t in zip(reqs, self.runner.decode(rows, greedy)):
                 q.append([t])
@@ -240,26 +236,47 @@ class Engine:
             self.runner.release(q.slot)
         return reqs
 
+    @property
+    def _step_kind(self) -> str:
+        return "spec" if self.runner.speculative else "decode"
+
+    def _append_spec(self, reqs: Sequence[Request], m_host: Sequence[int], tok_host: Sequence[Sequence[int]]) -> None:
+        S = self.spec.steps
+        for q, k, toks in zip(reqs, m_host, tok_host):
+            q.stats.add(k + 1, S)  # S drafter forwards: S-1 tree levels and the catch-up
+            self.stats.add(k + 1, S)
+            q.append(toks[: k + 1])
+
     def _step_overlapped(self) -> list[Request]:
-        """Launch the next decoding step of the running rows (unless waiting requests may be admitted: then the
-        next step is their prefill), then read the launched one's tokens. A request that finishes on them had a
-        token computed by the step just launched: it is dropped when that step is read, and its row is released
-        only after that launch (stream order), so the step cannot write into a row that a new request took."""
+        """Launch the next step of the running rows, then read the launched one's results. Not launched (the
+        pending step is only read) when waiting requests may be admitted (the next step is their prefill) or,
+        speculating, when a row could outgrow its cache: the unread step may have added up to `max_accept`
+        positions, and the next one writes `headroom` past those. A request that finishes on the results read had
+        a token (or tokens) computed by the step just launched: dropped when that step is read; its row is released
+        after that launch, in stream order, so the step cannot write into a row that a new request took."""
         assert self.scheduler is not None and self._pending is not None
         reqs, pending = self._pending
         self._pending = None
-        sched = self.scheduler
-        running = [q for q in sched.running if not q.finished]
-        if running and not sched.may_admit():
+        sched, run = self.scheduler, self.runner
+        running = list(sched.running)
+        ahead = self.spec.max_accept if run.speculative else 0
+        fits = all(run.host_len[q.slot] + ahead <= run.max_len for q in running)
+        if running and fits and not sched.may_admit():
             greedy = all(q.params.greedy for q in running)
-            self._pending = (running, self.runner.decode_launch([q.slot for q in running], greedy))
-        got = []
-        for q, t in zip(reqs, self.runner.decode_collect(pending)):
-            if not q.finished:
-                q.append([t])
-                got.append(q)
+            self._pending = (running, run.launch(self._step_kind, [q.slot for q in running], greedy, ahead))
+        m_host, tok_host = run.collect(pending)
+        live = [i for i, q in enumerate(reqs) if not q.finished]
+        for q in reqs:
+            if q.finished:  # released before this step was read, and still free (admissions wait for the read)
+                run.release(q.slot)  # the read advanced its host length: inert again
+        got = [reqs[i] for i in live]
+        if m_host is None:
+            for i in live:
+                reqs[i].append([tok_host[i]])
+        else:
+            self._append_spec(got, [m_host[i] for i in live], [tok_host[i] for i in live])
         for q in sched.release_finished():
-            self.runner.release(q.slot)
+            run.release(q.slot)
         return got
 
     # --- conveniences -------------------------------------------------------------------------------------------

@@ -4,11 +4,13 @@ three kinds of step as tensor programs (DESIGN.md "One speculative step, as data
 - `prefill(rows, prompts)`: one batched target forward over right-padded prompts (capturing aux states when
   speculating), the first sampled token, and the drafter's catch-up over the prompt (a CUDA graph per length bucket
   for a single text prompt, eager otherwise);
-- `decode(rows)`: one target token per row; `decode_launch(rows)` / `decode_collect(pending)` split it in two for
-  overlap scheduling (the step and the copy of its tokens to the host are enqueued, the lengths advance, and the
-  host reads the tokens later, after it has launched the next step);
+- `decode(rows)`: one target token per row;
 - `spec_step(rows)`: draft (S-1 drafter forwards over the tree frontier), build the tree, verify D tokens in one
   target forward, accept per row, compact the target KV to the accepted path and catch the drafter up.
+- `launch(kind, rows, greedy, ahead)` / `collect(pending)`: a decode or speculative step through the graph path, split
+  for overlap scheduling: the step and the copy of its results to the host are enqueued without waiting, and the
+  host reads them later, after it has launched the next step (`ahead`: positions a still unread step may have added
+  to any row, for the key-length bucket).
 
 Per-row state lives on the device (`seq_len`, `last_token`, `active`, sampling parameters, the drafter's top-K and
 hidden); the host keeps only the committed lengths, which it learns when it reads the accepted lengths: that read is
@@ -39,11 +41,12 @@ from .timing import PhaseTimer
 
 
 @dataclass
-class PendingDecode:
-    """A launched decoding step whose tokens the host has not read yet."""
+class PendingStep:
+    """A launched step (decode or speculative) whose results the host has not read yet."""
 
     rows: list[int]
-    tokens: torch.Tensor  # [B] on the host (a pinned buffer on CUDA), valid once `event` has completed
+    tokens: torch.Tensor  # host copy (pinned on CUDA), valid once `event` completed: [B] decode, [B, S+1] spec
+    accepted: torch.Tensor | None  # spec: [B] accepted draft counts m
     event: "torch.cuda.Event | None"
 
 
@@ -107,8 +110,10 @@ class ModelRunner:
         self.top_k = torch.zeros(rows, dtype=torch.int64, device=dev)
         self.top_p = torch.ones(rows, dtype=torch.float32, device=dev)
         self.host_len = [0] * rows
-        # two pinned buffers, alternated: the tokens of the step in flight and of the one being launched
-        self._pinned = [torch.empty(rows, dtype=torch.int64, pin_memory=True) for _ in range(2)] \
+        # two pinned buffer sets, alternated: the results of the step in flight and of the one being launched
+        width = self.spec.steps + 1 if self.spec is not None else 1
+        self._pinned = [(torch.empty(rows, width, dtype=torch.int64, pin_memory=True),
+                         torch.empty(rows, dtype=torch.int64, pin_memory=True)) for _ in range(2)] \
             if dev.type == "cuda" else []
         self._pin_next = 0
         if self.spec is not None:
@@ -265,31 +270,45 @@ class ModelRunner:
         return out
 
     @torch.inference_mode()
-    def decode_launch(self, rows: Sequence[int], greedy: bool) -> PendingDecode:
-        """Enqueue one plain decoding step (through the graph path) and the copy of its tokens to the host, without
-        waiting for either; the host lengths advance now. The copy is enqueued before any later replay can overwrite
-        the graph's output buffer."""
-        assert self.graphs is not None, "overlapped decoding runs through the graph path"
-        Lmax = max(self.host_len[i] for i in rows)
-        out = self.graphs.run("decode", max(rows) + 1, Lmax, greedy)[0]  # [B] device, the graph's static output
-        if self._pinned:
-            host = self._pinned[self._pin_next][: out.shape[0]]
+    def launch(self, kind: str, rows: Sequence[int], greedy: bool, ahead: int = 0) -> PendingStep:
+        """Enqueue one "decode" or "spec" step through the graph path and the copy of its results to the host,
+        without waiting (see the module docstring). A decode step advances the host lengths now (by one); a
+        speculative step's advance is known only when it is read (`collect`)."""
+        assert self.graphs is not None, "overlapped steps run through the graph path"
+        Lmax = max(self.host_len[i] for i in rows) + ahead
+        out = self.graphs.run(kind, max(rows) + 1, Lmax, greedy)  # the graphs' static output buffers
+        toks, m = (out[0], None) if kind == "decode" else (out[1], out[0])  # [B] or [B, S+1]; [B]
+        event: torch.cuda.Event | None = None
+        if self._pinned:  # copies enqueued before any later replay can overwrite the graph's outputs
+            pt, pm = self._pinned[self._pin_next]
             self._pin_next ^= 1
-            host.copy_(out, non_blocking=True)
-            event: torch.cuda.Event | None = torch.cuda.Event()
+            B = toks.shape[0]
+            host_t = pt[:B, 0] if kind == "decode" else pt[:B]
+            host_t.copy_(toks, non_blocking=True)
+            host_m = pm[:B].copy_(m, non_blocking=True) if m is not None else None
+            event = torch.cuda.Event()
             event.record()
         else:  # the CPU's static path (tests): already computed
-            host, event = out.clone(), None
-        for i in rows:
-            self.host_len[i] += 1
-        return PendingDecode(list(rows), host, event)
+            host_t, host_m = toks.clone(), (m.clone() if m is not None else None)
+        if kind == "decode":
+            for i in rows:
+                self.host_len[i] += 1
+        return PendingStep(list(rows), host_t, host_m, event)
 
-    def decode_collect(self, pending: PendingDecode) -> list[int]:
-        """The tokens of a launched step, per requested row (waits for that step only, not for later ones)."""
+    def collect(self, pending: PendingStep) -> tuple[list[int] | None, list]:
+        """The results of a launched step, per requested row: (None, tokens) for decode, (m, committed tokens) for a
+        speculative step, whose host lengths advance now. Waits for that step only, not for later ones."""
         if pending.event is not None:
             pending.event.synchronize()
         toks = pending.tokens.tolist()
-        return [toks[i] for i in pending.rows]
+        toks = [toks[i] for i in pending.rows]
+        if pending.accepted is None:
+            return None, toks
+        m_all = pending.accepted.tolist()
+        m = [m_all[i] for i in pending.rows]
+        for i, k in zip(pending.rows, m):
+            self.host_len[i] += k + 1
+        return m, toks
 
     # --- speculative step ---------------------------------------------------------------------------------------
     # Three phases over explicit tensors (captured as three graphs on CUDA, so their times can be told apart).
