@@ -10,6 +10,9 @@ the drafter, and turns on aux capture. Then:
 
 Each `step()` runs one scheduler batch: a prefill of admitted requests, or one decode / speculative step over all
 running requests; its only host synchronisation is reading the committed tokens (and, speculating, their count).
+With `EngineConfig.overlap` (graph path) a decode / speculative `step()` first launches the next step and then reads
+the previous one, so the tokens of a step reach the requests one `step()` later (`has_work()` stays true until the
+last launched step is read).
 """
 
 from __future__ import annotations
