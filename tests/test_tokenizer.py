@@ -195,3 +195,24 @@ def test_transformers_is_not_imported(smollm2_gguf):
         "assert 'transformers' not in sys.modules, 'transformers was imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("eos", [False, True], ids=["length", "eos"])
+def test_request_without_streamed_text_ends_with_the_same_text(tok, eos):
+    """SamplingParams(detokenize=False) (regeneration): no per-token detokenization, and the text at the end equals
+    the streamed one (multi-byte characters, special tokens skipped, EOS not part of it); stop strings need it."""
+    from eaglespec.engine.request import Request
+    from eaglespec.sampling_params import SamplingParams
+
+    ids = tok.encode("Café 日本語 😀🚀👍🏽 ok!\n" + TEXTS[3]) + ([2, 5, 6] if eos else [])
+    texts = []
+    for detok in (True, False):
+        q = Request(0, [1], SamplingParams(max_new_tokens=len(ids) if not eos else 10_000, detokenize=detok), (2,), tok)
+        for i in range(0, len(ids), 3):
+            q.append(ids[i : i + 3])
+        assert q.finished and q.finish_reason == ("stop" if eos else "length")
+        assert (q._detok is None) != detok
+        texts.append(q.text)
+    assert texts[0] == texts[1] and texts[0].startswith("Café 日本語 😀")
+    with pytest.raises(RequestError, match="stop strings need detokenize=True"):
+        SamplingParams(stop=("x",), detokenize=False)

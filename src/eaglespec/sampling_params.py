@@ -16,6 +16,9 @@ class SamplingParams:
     top_k: int = 0  # 0 = off
     stop: tuple[str, ...] = ()  # stop strings (not included in the output text)
     ignore_eos: bool = False
+    # False: no text while generating (no per-token detokenization on the host); the text is decoded once at the end
+    # (throughput jobs such as drafter-data regeneration). Stop strings need it.
+    detokenize: bool = True
 
     def __post_init__(self) -> None:
         validate_sampling(self.temperature, self.top_p, self.top_k)
@@ -25,6 +28,8 @@ class SamplingParams:
             object.__setattr__(self, "stop", (self.stop,))
         if any(not s for s in self.stop):
             raise RequestError("stop strings must not be empty")
+        if self.stop and not self.detokenize:
+            raise RequestError("stop strings need detokenize=True (they are matched in the text as it is produced)")
 
     @property
     def greedy(self) -> bool:

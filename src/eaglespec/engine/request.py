@@ -3,6 +3,7 @@
 `Request.append(tokens)` takes the tokens one step committed (one for plain decoding, up to S+1 for speculation) and
 stops at exactly the right token: EOS (unless ignored; the EOS is not part of the text), the token budget, or the
 token that completes a stop string (the text is cut before the stop string). Tokens after that point are dropped.
+With `params.detokenize` false the text is decoded once, when the request finishes (same text, no per-token cost).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ class Request:
     _emitted: int = 0  # characters of `text` already returned by take_delta
 
     def __post_init__(self) -> None:
-        if self.tokenizer is not None:
+        if self.tokenizer is not None and self.params.detokenize:
             self._detok = IncrementalDetokenizer(self.tokenizer)
 
     @property
@@ -71,6 +72,8 @@ class Request:
             self.t_end = time.perf_counter()
             if self._detok is not None and not (self.params.stop and self.finish_reason == "stop"):
                 self.text += self._detok.finish()
+            elif self._detok is None and self.tokenizer is not None:
+                self.text = self.tokenizer.decode(self.output_ids, skip_special_tokens=True)
         return taken
 
     def _cut_at_stop(self, old_len: int) -> bool:

@@ -102,7 +102,7 @@ def regenerate_shard(engine, convs: Sequence[Sequence[Message]], cfg: RegenConfi
         if not jobs:
             break
         params = [SamplingParams(max_new_tokens=min(cfg.max_new_tokens, cfg.max_len - len(p)),
-                                 temperature=cfg.temperature) for _, _, p in jobs]
+                                 temperature=cfg.temperature, detokenize=False) for _, _, p in jobs]
         outs = engine.generate([p for _, _, p in jobs], params)
         for (ci, ai, _), o in zip(jobs, outs):
             work[ci][ai] = {"role": "assistant", "content": o.text.strip()}
