@@ -25,15 +25,15 @@ else
   [ -f "$M" ] || cat /root/m/part1 .device/m2/part2 > "$M"
   run "${SMOKE_LIMIT:-120}" smoke_bf16 python3 benchmarks/gpu_smoke.py "$M" "$OUT" bf16fast
   # engine step vs its graphs alone: the host's share of a step (decides overlap scheduling vs kernel fusion)
-  TAILN=16 run "${ANAT_LIMIT:-150}" step_anatomy python3 benchmarks/step_anatomy.py "$OUT" "$M"
+  TAILN=16 run "${ANAT_LIMIT:-110}" step_anatomy python3 benchmarks/step_anatomy.py "$OUT" "$M"
   # the shipped drafter in bf16, the dtype CUDA users get (its per-device policy was set from float32 runs)
-  TAILN=12 run "${SHIPPED_LIMIT:-150}" bench_shipped_bf16 python3 -m eaglespec bench --model "$M" --dtype bfloat16 \
-    --draft src/eaglespec/assets/smollm2-135m-eagle3 --spec 1,1,2 --spec 2,1,3 --spec 3,1,4 --batch-sizes 1,8 \
+  TAILN=12 run "${SHIPPED_LIMIT:-120}" bench_shipped_bf16 python3 -m eaglespec bench --model "$M" --dtype bfloat16 \
+    --draft src/eaglespec/assets/smollm2-135m-eagle3 --spec 1,1,2 --spec 2,1,3 --spec 3,1,4 --batch-sizes 1,8 --limit 40 \
     --max-new-tokens 256 --out /tmp/bs
   cp /tmp/bs/results.json "$OUT/bench_shipped_bf16.json" 2>/dev/null
   # the 1000 tok/s goal's benchmark (bf16, no speculation, MT-bench), without and with overlapped decoding
   for ov in no-overlap overlap; do
-    TAILN=5 run "${NOSPEC_LIMIT:-75}" "nospec_bf16_$ov" python3 -m eaglespec bench --model "$M" --dtype bfloat16 \
+    TAILN=5 run "${NOSPEC_LIMIT:-70}" "nospec_bf16_$ov" python3 -m eaglespec bench --model "$M" --dtype bfloat16 \
       --no-spec "--$ov" --batch-sizes 1,32 --max-new-tokens 256 --out "/tmp/ns_$ov"
     cp "/tmp/ns_$ov/results.json" "$OUT/nospec_bf16_$ov.json" 2>/dev/null
   done
