@@ -23,7 +23,7 @@ DEFAULT_DRAFTER = ASSETS / "smollm2-135m-eagle3"
 # engines of one row only. On the H200 every measured shape was slower than plain decoding (float32).
 _DEFAULT_SPEC: dict[str, SpecConfig | None] = {"cpu": SpecConfig(steps=1, topk=1, draft_tokens=2), "cuda": None}
 _ONE_ROW_ONLY = {"cpu"}
-_SLOWER: dict[str, str] = {"cuda": "0.91x with a chain of 3, 0.78x with a 48-token tree on an H200",
+_SLOWER: dict[str, str] = {"cuda": "0.91x with a chain of 3, 0.78x with a 48-token tree on an H200 in float32",
                            "cpu": "with several rows a step verifies 4+ tokens, 1.5x a plain step on the CPU"}
 
 
