@@ -126,8 +126,7 @@ def run(args: argparse.Namespace) -> int:
     # the RoPE + KV-store kernel, compiled elementwise chains; on the CPU: unchanged), as `eaglespec generate` runs it.
     prepare_for_inference(loaded.model, device, None, None)
     tcfg = loaded.config
-    shape = DrafterShape(args.drafter_intermediate_size, args.drafter_heads)
-    shape.check(tcfg)  # before the (long) regeneration
+    shape = DrafterShape(args.drafter_intermediate_size, args.drafter_heads)  # checked by train_drafter up front
     train_cfg = TrainConfig(
         work_dir=work_dir, aux_layers=_aux_layers(args.aux_layers, tcfg.default_aux_layer_ids()),
         ttt_steps=args.ttt_steps, step_decay=args.step_decay, lr=args.lr, warmup_frac=args.warmup_frac,
