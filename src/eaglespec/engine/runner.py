@@ -110,7 +110,8 @@ class ModelRunner:
         self.top_k = torch.zeros(rows, dtype=torch.int64, device=dev)
         self.top_p = torch.ones(rows, dtype=torch.float32, device=dev)
         self.host_len = [0] * rows
-        # two pinned buffer sets, alternated: the results of the step in flight and of the one being launched
+        # two pinned buffer sets for the results of graph steps, alternated: with overlap, the step in flight's and
+        # the one being launched's
         width = self.spec.steps + 1 if self.spec is not None else 1
         self._pinned = [(torch.empty(rows, width, dtype=torch.int64, pin_memory=True),
                          torch.empty(rows, dtype=torch.int64, pin_memory=True)) for _ in range(2)] \
@@ -257,14 +258,13 @@ class ModelRunner:
     @torch.inference_mode()
     def decode(self, rows: Sequence[int], greedy: bool) -> list[int]:
         """One plain decoding step; returns the new token of each requested row (this is the step's sync)."""
+        if self.graphs is not None:
+            with self.timer.phase("decode"):
+                return self.collect(self.launch("decode", rows, greedy))[1]
         Lmax = max(self.host_len[i] for i in rows)
         with self.timer.phase("decode"):
-            if self.graphs is not None:
-                toks = self.graphs.run("decode", max(rows) + 1, Lmax, greedy)[0].tolist()
-                out = [toks[i] for i in rows]
-            else:
-                r, ctx_rows = self._rows(rows)
-                out = self._decode_core(r, ctx_rows, Lmax + 1, greedy).tolist()
+            r, ctx_rows = self._rows(rows)
+            out = self._decode_core(r, ctx_rows, Lmax + 1, greedy).tolist()
         for i in rows:
             self.host_len[i] += 1
         return out
@@ -359,21 +359,20 @@ class ModelRunner:
     def spec_step(self, rows: Sequence[int], greedy: bool) -> tuple[list[int], list[list[int]]]:
         """One speculative step; returns, per requested row, the accepted draft count m and the committed tokens
         (m drafts then the bonus: S+1 entries, of which the first m+1 count). Reading them is the step's sync."""
-        Lmax = max(self.host_len[i] for i in rows)
         if self.graphs is not None:
-            m_t, tok_t = self.graphs.run("spec", max(rows) + 1, Lmax, greedy)
-            m_all, tok_all = m_t.tolist(), tok_t.tolist()
-            m, toks = [m_all[i] for i in rows], [tok_all[i] for i in rows]
-        else:
-            r, ctx_rows = self._rows(rows)
-            kv_len = Lmax + self.headroom()
-            with self.timer.phase("draft"):
-                tree = self._spec_draft(r, ctx_rows, kv_len)
-            with self.timer.phase("verify"):
-                res, aux = self._spec_verify(r, ctx_rows, kv_len, tree, greedy)
-            with self.timer.phase("commit"):
-                m_t, tok_t = self._spec_commit(r, ctx_rows, kv_len, res, aux)
-            m, toks = m_t.tolist(), tok_t.tolist()
+            m_g, toks_g = self.collect(self.launch("spec", rows, greedy))
+            assert m_g is not None
+            return m_g, toks_g
+        Lmax = max(self.host_len[i] for i in rows)
+        r, ctx_rows = self._rows(rows)
+        kv_len = Lmax + self.headroom()
+        with self.timer.phase("draft"):
+            tree = self._spec_draft(r, ctx_rows, kv_len)
+        with self.timer.phase("verify"):
+            res, aux = self._spec_verify(r, ctx_rows, kv_len, tree, greedy)
+        with self.timer.phase("commit"):
+            m_t, tok_t = self._spec_commit(r, ctx_rows, kv_len, res, aux)
+        m, toks = m_t.tolist(), tok_t.tolist()
         for i, k in zip(rows, m):
             self.host_len[i] += k + 1
         return m, toks
