@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 
 BATCH_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+MIN_LEN_BUCKET = 256
 PREFILL_MIN_BUCKET = 64  # prompt-length buckets of the single-prompt prefill graphs: 64, 128, ..., PREFILL_GRAPH_MAX
 PREFILL_GRAPH_MAX = 2048  # longer prompts are compute-bound: eager prefill loses little to launch overhead
 
@@ -26,7 +27,6 @@ PREFILL_GRAPH_MAX = 2048  # longer prompts are compute-bound: eager prefill lose
 def capturable(*models: torch.nn.Module) -> bool:
     """False when a layer has data-dependent shapes (it says `supports_cuda_graphs = False`, e.g. MoE dispatch)."""
     return all(getattr(mod, "supports_cuda_graphs", True) for m in models for mod in m.modules())
-MIN_LEN_BUCKET = 256
 
 
 class GraphCache:
