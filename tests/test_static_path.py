@@ -263,3 +263,57 @@ def test_captured_phases_hold_no_host_bound_operator(target, spec, monkeypatch):
     eng.generate(PROMPTS[:3], SamplingParams(max_new_tokens=12, ignore_eos=True))
     assert seen == ({"prefill", "decode"} if spec is None else {"prefill", "draft", "verify", "commit"})
     assert mode.bad == []
+
+
+def test_no_gc_restores_the_collector_also_on_errors():
+    import gc
+
+    from eaglespec.engine.cuda_graphs import no_gc
+    assert gc.isenabled()
+    with no_gc():
+        assert not gc.isenabled()
+    with pytest.raises(RuntimeError), no_gc():
+        raise RuntimeError("capture failed")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with no_gc():
+            pass
+        assert not gc.isenabled()  # a caller's own "off" is kept
+    finally:
+        gc.enable()
+
+
+def test_graphs_are_recorded_with_the_garbage_collector_off(target, monkeypatch):
+    """A collection during a capture can free an earlier engine's CUDA graph while the stream is capturing, which
+    invalidates the capture (H200, engines built one after another): `_capture` records every phase with the
+    automatic collector off. CUDA's primitives are faked here; the phases themselves run on the CPU."""
+    import contextlib
+    import gc
+
+    class FakeGraph:
+        def replay(self):
+            pass
+
+    recorded: list[bool] = []
+
+    @contextlib.contextmanager
+    def fake_graph(g, pool=None):
+        recorded.append(gc.isenabled())
+        yield
+
+    fake_stream = type("S", (), {"wait_stream": lambda self, other: None})
+    for name, value in {"CUDAGraph": FakeGraph, "graph": fake_graph, "Stream": lambda device=None: fake_stream(),
+                        "current_stream": lambda device=None: fake_stream(),
+                        "stream": lambda s: contextlib.nullcontext(),
+                        "get_rng_state": lambda device=None: torch.get_rng_state(),
+                        "set_rng_state": lambda state, device=None: None,
+                        "graph_pool_handle": lambda: "pool"}.items():
+        monkeypatch.setattr(torch.cuda, name, value)
+    eng = static_engine(target, tiny_drafter(target, seed=1), SpecConfig(3, 1, 4), rows=2)
+    eng.reserve(2, 200)
+    g = eng.runner.graphs
+    g.capture, g.pool = True, "pool"
+    g._capture(("spec", 2, min(256, eng.runner.cache_len), True))
+    assert recorded == [False, False, False]  # draft, verify, commit
+    assert gc.isenabled()

@@ -12,9 +12,18 @@ Capture protocol: the small row state (lengths, last tokens, drafter state) and 
 step runs twice eagerly on a side stream (warm-up: allocator, cuBLAS handles, lazy init), the snapshot is restored,
 then each phase is captured into a shared memory pool. Warm-ups write KV entries only past the committed lengths,
 which no later step reads before overwriting, so the caches need no snapshot.
+
+Python's cyclic garbage collector is held off during a capture (`no_gc`): an earlier engine left in a reference cycle
+owns CUDA graphs, and a collection that frees one mid-capture destroys a graph while the stream is capturing, which
+invalidates the capture (seen on the H200 when a benchmark built engines one after another; PyTorch's own
+`torch.cuda.graph` no longer collects before capturing). A new cache collects once instead, before its first capture.
 """
 
 from __future__ import annotations
+
+import contextlib
+import gc
+from collections.abc import Iterator
 
 import torch
 
@@ -22,6 +31,18 @@ BATCH_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 MIN_LEN_BUCKET = 256
 PREFILL_MIN_BUCKET = 64  # prompt-length buckets of the single-prompt prefill graphs: 64, 128, ..., PREFILL_GRAPH_MAX
 PREFILL_GRAPH_MAX = 2048  # longer prompts are compute-bound: eager prefill loses little to launch overhead
+
+
+@contextlib.contextmanager
+def no_gc() -> Iterator[None]:
+    """Automatic garbage collection off inside the block (restored to what it was, also on an exception)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def capturable(*models: torch.nn.Module) -> bool:
@@ -36,6 +57,8 @@ class GraphCache:
     def __init__(self, runner, capture: bool = True, prefill_graphs: bool = True) -> None:
         self.runner = runner
         self.capture = capture
+        if capture:  # free dead engines' graphs now, not in the middle of one of our captures (module docstring)
+            gc.collect()
         self.pool = torch.cuda.graph_pool_handle() if capture else None
         self.graphs: dict[tuple, list[tuple[str, torch.cuda.CUDAGraph]]] = {}
         self.outputs: dict[tuple, object] = {}
@@ -117,7 +140,7 @@ class GraphCache:
         torch.cuda.set_rng_state(rng, run.device)
         graphs = []
         out = None
-        with torch.inference_mode():
+        with torch.inference_mode(), no_gc():
             for name, fn in phases:
                 g = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(g, pool=self.pool):
