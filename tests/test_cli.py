@@ -67,6 +67,22 @@ def test_api_default_drafter_policy_on_the_cpu():
     assert forced.speculative and forced.spec == SpecConfig(2, 1, 3)
 
 
+def test_default_drafter_policy_per_device_and_engine_size():
+    """The measured policy (docs/benchmarks.md, "The shipped drafter"): a one-step chain in one-row CPU engines (also
+    sampling), a chain of 3 in CUDA engines of up to 8 rows when greedy (slower at 32 rows and at temperature 1),
+    plain decoding elsewhere, and an explanation for each case."""
+    from eaglespec.assets import default_spec, slower_note
+    from eaglespec.config import SpecConfig
+
+    assert default_spec("cpu", 1) == SpecConfig(1, 1, 2) and default_spec("cpu", 2) is None
+    assert default_spec("cuda", 1) == default_spec("cuda", 8) == SpecConfig(3, 1, 4)
+    assert default_spec("cuda", 9) is None and default_spec("cuda", 32) is None
+    assert default_spec("mps", 1) is None and "not measured on mps" in slower_note("mps")
+    assert "32 rows" in slower_note("cuda")
+    assert default_spec("cpu", 1, temperature=1.0) == SpecConfig(1, 1, 2)
+    assert default_spec("cuda", 1, temperature=0.7) is None and "temperature 1" in slower_note("cuda", 0.7)
+
+
 def test_generate_default_model_decodes_plainly_where_the_drafter_is_slower(capsys, monkeypatch):
     """Where the shipped drafter was measured slower than plain decoding (as on the H200), `draft="auto"` decodes
     plainly and says why on stderr; an explicit shape speculates anyway."""

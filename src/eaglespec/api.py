@@ -5,9 +5,9 @@
     outs = engine.generate(["What is the capital of France?"], SamplingParams(max_new_tokens=64))
 
 `draft="auto"` (the default) speculates with the shipped drafter when the model is the embedded default and plainly
-otherwise; without an explicit `spec` it takes the measured shape of `assets.default_spec` for the device and the
-engine's rows (on the CPU: one-row engines, as `eaglespec generate` builds), and decodes plainly where the drafter was
-measured slower than plain decoding. `draft=None` never speculates; a path loads that EAGLE-3 drafter checkpoint.
+otherwise; without an explicit `spec` it takes the measured shape of `assets.default_spec` for the device, the
+engine's rows (on the CPU: one-row engines, as `eaglespec generate` builds) and the `temperature` the engine is meant
+to serve (on CUDA: greedy only), and decodes plainly where the drafter was measured slower than plain decoding. `draft=None` never speculates; a path loads that EAGLE-3 drafter checkpoint.
 """
 
 from __future__ import annotations
@@ -40,8 +40,10 @@ def load(
     draft: str | Path | None = "auto",
     spec: SpecConfig | None = None,
     config: EngineConfig = EngineConfig(),
+    temperature: float = 0.0,
 ) -> Engine:
-    """Load a target (None: the embedded default) and, optionally, its drafter, and build an engine."""
+    """Load a target (None: the embedded default) and, optionally, its drafter, and build an engine. `temperature`
+    only informs `draft="auto"`'s choice (requests still carry their own sampling parameters)."""
     device = resolve_device(config.device)
     dtype_name = config.dtype if config.dtype != "auto" else ("bfloat16" if device.type == "cuda" else "float32")
     loaded = load_model(model, device=device, dtype=dtype_name)
@@ -50,7 +52,7 @@ def load(
     if draft == "auto":
         draft_path = default_drafter_path() if model is None else None
         if draft_path is not None and spec is None:
-            spec = default_spec(device.type, config.max_batch_size)
+            spec = default_spec(device.type, config.max_batch_size, temperature)
             if spec is None:  # measured slower than plain decoding here
                 draft_path = None
     else:

@@ -2,9 +2,9 @@
 using it.
 
 `draft="auto"` on the embedded model speculates with the shipped drafter in the shape
-`default_spec(device_type, max_batch_size)` gives, a measured choice per device type and engine size
-(docs/benchmarks.md, "The shipped drafter"), and decodes plainly where every measured shape was slower than plain
-decoding (`default_spec` returns None; `slower_note` says what was measured).
+`default_spec(device_type, max_batch_size, temperature)` gives, a measured choice per device type, engine size and
+greedy vs sampled decoding (docs/benchmarks.md, "The shipped drafter"), and decodes plainly where every measured shape
+was slower than plain decoding (`default_spec` returns None; `slower_note` says what was measured).
 An explicit shape (`--steps/--topk/--draft-tokens`, `api.load(spec=...)`) always speculates.
 """
 
@@ -17,14 +17,21 @@ from .config import SpecConfig
 ASSETS = Path(__file__).parent / "assets"
 DEFAULT_DRAFTER = ASSETS / "smollm2-135m-eagle3"
 
-# Measured with `eaglespec bench` on MT-bench first turns, greedy (docs/benchmarks.md): on this project's 2-core CPU a
-# forward of up to 3 tokens costs about one of 1 token (4 cost 1.5x: MKL leaves its small-M path), so the one-step
-# chain (2 tokens) pays at batch 1 (1.10x) but not with 2 rows (4 tokens per step: 68 vs 44 ms, step_anatomy.py):
-# engines of one row only. On the H200 every measured shape was slower than plain decoding (float32).
-_DEFAULT_SPEC: dict[str, SpecConfig | None] = {"cpu": SpecConfig(steps=1, topk=1, draft_tokens=2), "cuda": None}
-_ONE_ROW_ONLY = {"cpu"}
-_SLOWER: dict[str, str] = {"cuda": "0.91x with a chain of 3, 0.78x with a 48-token tree on an H200 in float32",
+# Measured with `eaglespec bench` on MT-bench first turns, greedy (docs/benchmarks.md, "The shipped drafter"):
+# - this project's 2-core CPU, float32: a forward of up to 3 tokens costs about one of 1 token (4 cost 1.5x: MKL
+#   leaves its small-M path), so the one-step chain (2 tokens) is the fastest shape at batch 1 (1.24x; S2 K1 D3
+#   1.19x), and nothing pays with 2 rows (4 tokens per step: 68 vs 44 ms, step_anatomy.py): engines of one row only;
+# - the H200, bfloat16, CUDA graphs with overlap: the chain of 3 is the fastest shape at batch 1 (1.38x) and 8
+#   (1.14x); at 32 rows a step is compute-bound and every shape was slower (0.84x): engines of up to 8 rows;
+# - sampling at temperature 1 (the drafter learnt the target's greedy text): the CPU's one-step chain still gains a
+#   little (1.05x, tau 1.21), the H200's chain of 3 loses (0.76x, tau 1.31): greedy-only there.
+_DEFAULT_SPEC: dict[str, SpecConfig | None] = {"cpu": SpecConfig(steps=1, topk=1, draft_tokens=2),
+                                               "cuda": SpecConfig(steps=3, topk=1, draft_tokens=4)}
+_MAX_ROWS: dict[str, int] = {"cpu": 1, "cuda": 8}  # larger engines decode plainly by default
+_GREEDY_ONLY = {"cuda"}  # sampled decoding (temperature > 0) decodes plainly by default
+_SLOWER: dict[str, str] = {"cuda": "0.84x with a chain of 3 at 32 rows on an H200 in bfloat16",
                            "cpu": "with several rows a step verifies 4+ tokens, 1.5x a plain step on the CPU"}
+_SLOWER_SAMPLED: dict[str, str] = {"cuda": "0.76x with a chain of 3 at temperature 1 on an H200 in bfloat16"}
 
 
 def default_drafter_path() -> Path | None:
@@ -32,14 +39,18 @@ def default_drafter_path() -> Path | None:
     return DEFAULT_DRAFTER if (DEFAULT_DRAFTER / "config.json").exists() else None
 
 
-def default_spec(device_type: str, max_batch_size: int = 1) -> SpecConfig | None:
-    """The shape `draft="auto"` speculates with on this device type for an engine of this many rows; None: plain
-    decoding is faster there."""
-    if device_type in _ONE_ROW_ONLY and max_batch_size > 1:
+def default_spec(device_type: str, max_batch_size: int = 1, temperature: float = 0.0) -> SpecConfig | None:
+    """The shape `draft="auto"` speculates with on this device type for an engine of this many rows serving at this
+    temperature (0: greedy); None: plain decoding is faster there."""
+    if max_batch_size > _MAX_ROWS.get(device_type, max_batch_size):
+        return None
+    if temperature > 0 and device_type in _GREEDY_ONLY:
         return None
     return _DEFAULT_SPEC.get(device_type)
 
 
-def slower_note(device_type: str) -> str:
+def slower_note(device_type: str, temperature: float = 0.0) -> str:
     """What was measured where the shipped drafter is not used by default (for the CLI's one-line explanation)."""
+    if temperature > 0 and device_type in _SLOWER_SAMPLED:
+        return _SLOWER_SAMPLED[device_type]
     return _SLOWER.get(device_type, f"not measured on {device_type}")

@@ -158,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
         from ..assets import default_spec
         from ..loading.checkpoint import resolve_device
 
-        shape = default_spec(resolve_device(args.device).type)
+        shape = default_spec(resolve_device(args.device).type, 1, args.temperature)
         specs = [shape] if shape is not None else []
     configs = spec_runs(args.draft, specs, args.no_spec, default_model)
     if not configs and not args.no_spec:

@@ -31,7 +31,8 @@ def run(args: argparse.Namespace) -> int:
     missing = [path for path in args.image if not Path(path).is_file()]
     if missing:  # before the (slow) model load
         raise RequestError(f"image file {missing[0]} does not exist")
-    engine = api.load(args.model, draft=draft_arg(args), spec=spec, config=engine_config(args, max_batch_size=1))
+    engine = api.load(args.model, draft=draft_arg(args), spec=spec, config=engine_config(args, max_batch_size=1),
+                      temperature=params.temperature)
     t0 = time.perf_counter()
     images = list(args.image) or None
     for delta in engine.stream(args.prompt, params, chat=not args.no_chat_template, images=images):
@@ -59,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             kind = engine.device.type
             line += (f", no speculation: the shipped drafter is slower than plain decoding on {kind} "
-                     f"({slower_note(kind)}; --steps S --topk K speculates anyway)")
+                     f"({slower_note(kind, params.temperature)}; --steps S --topk K speculates anyway)")
     if engine.speculative:
         s = engine.spec
         stats.update(steps=s.steps, topk=s.topk, draft_tokens=s.draft_tokens, **req.stats.to_dict())

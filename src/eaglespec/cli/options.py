@@ -34,9 +34,9 @@ def add_runtime_options(p: argparse.ArgumentParser | argparse._ArgumentGroup) ->
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                    help="torch.compile the elementwise chains (RMSNorm, RoPE, SiLU gating): fewer kernels per layer "
                         "(default: on CUDA only)")
-    p.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=False,
+    p.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=True,
                    help="with CUDA graphs: launch each decode or speculative step before reading the previous one's "
-                        "results, so the host's work overlaps the GPU's (default: off)")
+                        "results, so the host's work overlaps the GPU's (default: on)")
 
 
 def add_sampling_options(p: argparse.ArgumentParser, max_new_tokens: int = 256) -> None:
