@@ -104,9 +104,11 @@ def test_continuous_batching_admits_new_requests(target, drafter, reference):
     assert [r.output_ids for r in reqs] == reference
 
 
-def test_mixed_greedy_and_sampling_batch(target, drafter, reference):
-    """A greedy row in a batch that also samples still gets exactly the greedy output."""
-    eng = Engine(target, None, drafter=drafter, spec=SpecConfig(5, 4, 8))
+@pytest.mark.parametrize("spec", [SpecConfig(5, 4, 8), SpecConfig(3, 1, 4)], ids=["tree", "chain"])
+def test_mixed_greedy_and_sampling_batch(target, drafter, reference, spec):
+    """A greedy row in a batch that also samples still gets exactly the greedy output (chains sample the other
+    rows' drafts from the drafter and draft the greedy row's deterministically)."""
+    eng = Engine(target, None, drafter=drafter, spec=spec)
     params = [SamplingParams(max_new_tokens=48, ignore_eos=True),
               SamplingParams(max_new_tokens=48, ignore_eos=True, temperature=1.0)]
     outs = eng.generate(PROMPTS[:2], params)

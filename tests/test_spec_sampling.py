@@ -29,6 +29,12 @@ def models():
     return target, drafter
 
 
+@pytest.fixture(scope="module")
+def small_vocab_drafter(models):
+    """A drafter over 5 of the 8 tokens: its sampled drafts never propose the other 3."""
+    return tiny_drafter(models[0], seed=7, draft_vocab=5, hidden=32, std=0.35)
+
+
 def exact_distribution(target, params: SamplingParams) -> dict[tuple[int, ...], float]:
     """P(x1..x3) by enumeration with the processed target distribution at every prefix."""
     def q(prefix):
@@ -78,6 +84,8 @@ def assert_same_distribution(counts, exact, n):
 
 CASES = [
     ("chain-T1", SpecConfig(3, 1, 4), SamplingParams(max_new_tokens=N_TOKENS, temperature=1.0, ignore_eos=True)),
+    ("chain-T0.9-topp0.7", SpecConfig(2, 1, 3),
+     SamplingParams(max_new_tokens=N_TOKENS, temperature=0.9, top_p=0.7, ignore_eos=True)),
     ("tree-T0.8-topk5", SpecConfig(3, 3, 8),
      SamplingParams(max_new_tokens=N_TOKENS, temperature=0.8, top_k=5, ignore_eos=True)),
     ("tree-T1.2-topp0.8", SpecConfig(3, 2, 6),
@@ -96,6 +104,46 @@ def test_spec_sampling_matches_target_distribution(models, name, spec, params):
     # the drafts were really used: hundreds of verification steps accepted draft tokens, some two in a row
     hist = eng.stats.hist
     assert sum(hist[2:]) >= 100 and sum(hist[3:]) > 0
+
+
+def test_sampled_chain_with_a_draft_vocabulary_matches_target_distribution(models, small_vocab_drafter):
+    target, _ = models
+    params = SamplingParams(max_new_tokens=N_TOKENS, temperature=1.0, ignore_eos=True)
+    n, rows = 8000, 4000
+    eng = Engine(target, None, EngineConfig(max_batch_size=rows, seed=13), drafter=small_vocab_drafter,
+                 spec=SpecConfig(3, 1, 4))
+    assert_same_distribution(sampled_counts(eng, params, n, rows), exact_distribution(target, params), n)
+    assert sum(eng.stats.hist[2:]) >= 100
+
+
+def test_sampled_chain_verification_accepts_sum_min_and_keeps_the_target_distribution():
+    """The rule itself, on one drafted token per row: x ~ r is accepted with probability min(1, p(x)/r(x)), so the
+    acceptance rate is sum(min(p, r)) (a deterministic draft, the argmax of r, would get p(argmax r)), and the first
+    committed token (x, or the bonus from max(p - r, 0)) is distributed as p."""
+    from eaglespec.layers.sampling import sample
+    from eaglespec.spec.tree import chain_tables
+
+    gen = torch.Generator().manual_seed(1)
+    N, Vv = 40000, 6
+    p = torch.tensor([0.35, 0.25, 0.2, 0.1, 0.1, 0.0])
+    r = torch.tensor([0.1, 0.4, 0.2, 0.05, 0.05, 0.2])
+    x = sample(r.expand(N, Vv).clone(), gen)
+    parents, depth, ancestors, children, paths = chain_tables(2, 1, torch.device("cpu"))
+    from eaglespec.spec.tree import DraftTree
+
+    tree = DraftTree(tokens=torch.stack((torch.zeros(N, dtype=torch.int64), x), 1), parents=parents.expand(N, 2),
+                     depth=depth.expand(N, 2), ancestors=ancestors.expand(N, 2, 2), children=children.expand(N, 2, 1),
+                     paths=paths.expand(N, 2, 2))
+    probs = torch.stack((p, torch.full((Vv,), 1 / Vv)))[None].expand(N, 2, Vv)  # node 1's q: the bonus after x
+    drafted = torch.stack((torch.zeros(Vv), r))[None].expand(N, 2, Vv)
+    res = verify_sampling(tree, probs, gen, drafted)
+    rate = res.accept_len.float().mean().item()
+    expect = torch.minimum(p, r).sum().item()  # 0.70; p(argmax r) would be 0.25
+    assert abs(rate - expect) < 4 * (expect * (1 - expect) / N) ** 0.5
+    first = res.tokens[:, 0]
+    counts = torch.bincount(first, minlength=Vv)
+    assert counts[5] == 0  # p(5) = 0: never committed, though r proposes it
+    assert chisquare(counts[:5].tolist(), (p[:5] * N).tolist()).pvalue > 1e-3
 
 
 def test_plain_sampling_matches_target_distribution(models):

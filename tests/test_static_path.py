@@ -240,8 +240,10 @@ class _HostBoundOps(torch.utils._python_dispatch.TorchDispatchMode):
         return checked
 
 
-@pytest.mark.parametrize("spec", [None, SpecConfig(3, 1, 4), SpecConfig(5, 4, 8)], ids=["plain", "chain", "tree"])
-def test_captured_phases_hold_no_host_bound_operator(target, spec, monkeypatch):
+@pytest.mark.parametrize("spec,temperature", [(None, 0.0), (SpecConfig(3, 1, 4), 0.0), (SpecConfig(5, 4, 8), 0.0),
+                                              (SpecConfig(3, 1, 4), 0.8), (SpecConfig(5, 4, 8), 0.8)],
+                         ids=["plain", "chain", "tree", "chain-sampled", "tree-sampled"])
+def test_captured_phases_hold_no_host_bound_operator(target, spec, temperature, monkeypatch):
     """Every phase the CUDA graphs capture (single-prompt prefill, decode, draft, verify, commit) runs without an
     operator that needs the host mid-step, so capture cannot fail on the GPU for a reason the CPU tests miss."""
     eng = static_engine(target, tiny_drafter(target, seed=1) if spec else None, spec, rows=2)
@@ -262,7 +264,7 @@ def test_captured_phases_hold_no_host_bound_operator(target, spec, monkeypatch):
         return [(name, wrap(name, fn)) for name, fn in phases(self, *key)]
 
     monkeypatch.setattr(GraphCache, "_phases", watched)
-    eng.generate(PROMPTS[:3], SamplingParams(max_new_tokens=12, ignore_eos=True))
+    eng.generate(PROMPTS[:3], SamplingParams(max_new_tokens=12, ignore_eos=True, temperature=temperature))
     assert seen == ({"prefill", "decode"} if spec is None else {"prefill", "draft", "verify", "commit"})
     assert mode.bad == []
 

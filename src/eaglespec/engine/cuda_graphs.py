@@ -111,7 +111,7 @@ class GraphCache:
         box: dict[str, object] = {}
 
         def draft():
-            box["tree"] = run._spec_draft(r, None, kv_len)
+            box["tree"] = run._spec_draft(r, None, kv_len, greedy)
 
         def verify():
             box["res"], box["aux"] = run._spec_verify(r, None, kv_len, box["tree"], greedy)

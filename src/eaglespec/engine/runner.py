@@ -124,6 +124,12 @@ class ModelRunner:
             self.d_top_ids = torch.zeros(rows, K, dtype=torch.int64, device=dev)
             self.d_top_logp = torch.zeros(rows, K, dtype=torch.float32, device=dev)
             self.d_hidden = torch.zeros(rows, H, dtype=self.dtype, device=dev)
+            # chains draw sampled rows' drafts from the drafter's distribution: its depth-1 log-probabilities from
+            # the catch-up, and the target ids of the draft vocabulary to lay its distributions over the target's
+            dcfg = self.drafter.config
+            Vd = dcfg.eagle.draft_vocab_size or dcfg.vocab_size
+            self.d_logp = torch.zeros(rows, Vd, dtype=torch.float32, device=dev) if K == 1 else None
+            self.d_target_ids = self.drafter.to_target_ids(torch.arange(Vd, device=dev)) if K == 1 else None
         if self.graphs is not None:
             self.graphs.reset()
 
@@ -132,6 +138,8 @@ class ModelRunner:
         out = [self.seq_len, self.last_token]
         if self.spec is not None:
             out += [self.d_top_ids, self.d_top_logp, self.d_hidden]
+            if self.d_logp is not None:
+                out.append(self.d_logp)
         return out
 
     def set_sampling(self, row: int, params: SamplingParams) -> None:
@@ -170,6 +178,8 @@ class ModelRunner:
         self.d_top_ids[r] = st.top_ids
         self.d_top_logp[r] = st.top_logp
         self.d_hidden[r] = st.hidden.to(self.dtype)
+        if st.logp is not None:
+            self.d_logp[r] = st.logp
 
     # --- prefill ----------------------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -232,7 +242,8 @@ class ModelRunner:
         shifted = torch.cat((ids[:, 1:], ids[:, :1]), dim=1)
         shifted.scatter_(1, (lens_t - 1)[:, None], tok[:, None])
         zeros = torch.zeros(B, dtype=torch.int64, device=self.device)
-        st = catch_up(self._draft_step(ctx_rows), shifted, aux, zeros, lens_t, T, self.spec.topk)
+        st = catch_up(self._draft_step(ctx_rows), shifted, aux, zeros, lens_t, T, self.spec.topk,
+                      keep_logp=self.d_logp is not None)
         self._store_draft(r, st)
 
     def _prefill_core(self, r: torch.Tensor, ids: torch.Tensor, lens_t: torch.Tensor, greedy: bool) -> torch.Tensor:
@@ -313,12 +324,20 @@ class ModelRunner:
     # --- speculative step ---------------------------------------------------------------------------------------
     # Three phases over explicit tensors (captured as three graphs on CUDA, so their times can be told apart).
     # kv_len >= (longest committed length) + headroom() in all three.
-    def _spec_draft(self, r: torch.Tensor, ctx_rows: torch.Tensor | None, kv_len: int) -> DraftTree:
+    def _spec_draft(self, r: torch.Tensor, ctx_rows: torch.Tensor | None, kv_len: int, greedy: bool) -> DraftTree:
+        """The draft tree; a chain in a step with sampled rows samples their drafts (spec/draft.py) and the tree
+        carries the drafter's distributions (`DraftTree.q`, node i's at index i) for verification."""
         S, K, D = self.spec.steps, self.spec.topk, self.spec.draft_tokens
         L = self.seq_len[r]
-        state = DraftState(self.d_top_ids[r], self.d_top_logp[r], self.d_hidden[r])
-        cands = draft_tree(self._draft_step(ctx_rows), self.drafter.to_target_ids, state, L, S, K, kv_len)
-        return build_tree(self.last_token[r], cands.tokens, cands.scores, cands.parents, cands.depth, D, K, S)
+        sampled = not greedy and K == 1
+        state = DraftState(self.d_top_ids[r], self.d_top_logp[r], self.d_hidden[r],
+                           self.d_logp[r] if sampled else None)
+        cands = draft_tree(self._draft_step(ctx_rows), self.drafter.to_target_ids, state, L, S, K, kv_len,
+                           self.temperature[r] if sampled else None, self.generator)
+        tree = build_tree(self.last_token[r], cands.tokens, cands.scores, cands.parents, cands.depth, D, K, S)
+        if cands.q is not None:  # node i >= 1 is candidate i-1; the root was not drafted
+            tree.q = torch.cat((torch.zeros_like(cands.q[:, :1]), cands.q[:, : D - 1]), 1)  # [B, D, Vd]
+        return tree
 
     def _spec_verify(self, r: torch.Tensor, ctx_rows: torch.Tensor | None, kv_len: int, tree: DraftTree,
                      greedy: bool) -> tuple[VerifyResult, torch.Tensor]:
@@ -337,7 +356,10 @@ class ModelRunner:
         V = out.logits.shape[-1]
         probs = target_probs(out.logits.reshape(B * D, V), self.temperature[r].repeat_interleave(D),
                              self.top_k[r].repeat_interleave(D), self.top_p[r].repeat_interleave(D))
-        return verify_sampling(tree, probs.view(B, D, V), self.generator), out.aux_hidden
+        drafted = None
+        if tree.q is not None:  # the drafter's distributions over the target vocabulary (0 outside the draft one)
+            drafted = torch.zeros(B, D, V, dtype=probs.dtype, device=dev).index_copy_(2, self.d_target_ids, tree.q)
+        return verify_sampling(tree, probs.view(B, D, V), self.generator, drafted), out.aux_hidden
 
     def _spec_commit(self, r: torch.Tensor, ctx_rows: torch.Tensor | None, kv_len: int, res: VerifyResult,
                      aux_all: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -349,7 +371,8 @@ class ModelRunner:
         self.kv.compact(r, L[:, None] + res.path, L[:, None] + torch.arange(S1, device=dev)[None, :])
         aux = torch.gather(aux_all, 1, res.path[..., None].expand(B, S1, aux_all.shape[-1]))
         n_new = res.accept_len + 1
-        st = catch_up(self._draft_step(ctx_rows), res.tokens, aux, L, n_new, kv_len, self.spec.topk)
+        st = catch_up(self._draft_step(ctx_rows), res.tokens, aux, L, n_new, kv_len, self.spec.topk,
+                      keep_logp=self.d_logp is not None)
         self._store_draft(r, st)
         self.seq_len[r] = torch.where(self.active[r], L + n_new, L)
         self.last_token[r] = res.bonus
@@ -367,7 +390,7 @@ class ModelRunner:
         r, ctx_rows = self._rows(rows)
         kv_len = Lmax + self.headroom()
         with self.timer.phase("draft"):
-            tree = self._spec_draft(r, ctx_rows, kv_len)
+            tree = self._spec_draft(r, ctx_rows, kv_len, greedy)
         with self.timer.phase("verify"):
             res, aux = self._spec_verify(r, ctx_rows, kv_len, tree, greedy)
         with self.timer.phase("commit"):

@@ -16,6 +16,13 @@ Conventions (L = committed length of row b, equal for the target and the drafter
   returns the next `DraftState`.
 - A chain (K = 1) takes `draft_chain`: the same forwards, positions, writes and visibility (entry k-2 sees the
   scratch entries 0..k-2), without the frontier selection, whose top-k, gathers and masks are identities there.
+- Sampled chains (`draft_chain(..., temperature=T)`, the engine's non-greedy steps): a row with T > 0 draws each
+  draft token from the drafter's distribution at that temperature, q = softmax(logp / T), and the candidates carry
+  q (`Candidates.q`, [B, S, Vd]) for `verify_sampling`'s min(1, p/q) rule, which accepts about sum(min(p, q)) per
+  token instead of p(argmax q) for a deterministic draft (SmolLM2 at T = 1: 0.36 vs 0.23 at depth 1); a row with
+  T = 0 keeps its argmax, with a one-hot q (the deterministic rule). The depth-1 distribution comes from the
+  catch-up (`DraftState.logp`, the full log-probabilities of the last committed entry, kept for chains). Trees keep
+  deterministic top-K drafts.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from typing import Callable
 import torch
 
 from ..layers.context import cached_arange, causal_tail, prefix_tail_mask
+from ..layers.sampling import sample
 
 DrafterStep = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
@@ -36,6 +44,7 @@ class DraftState:
     top_ids: torch.Tensor  # [B, K] draft-vocab ids of the best next tokens (depth 1)
     top_logp: torch.Tensor  # [B, K] their log-probabilities
     hidden: torch.Tensor  # [B, H] output hidden of the last committed drafter entry
+    logp: torch.Tensor | None = None  # [B, Vd] all depth-1 log-probabilities (chains: sampled drafting)
 
 
 @dataclass
@@ -44,6 +53,7 @@ class Candidates:
     scores: torch.Tensor  # [B, N] cumulative log-prob
     parents: torch.Tensor  # [B, N] candidate index of the parent, -1 = root
     depth: torch.Tensor  # [B, N]
+    q: torch.Tensor | None = None  # [B, N, Vd] sampled chains: the distribution each candidate was drawn from
 
 
 def topk_logp(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -53,12 +63,29 @@ def topk_logp(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]
     12K-entry row took ~29 us (a multi-block radix select), about 100 us of every chain step of three drafter
     forwards, where a max reduction is a few microseconds. (A logsumexp instead of the log-softmax would be several
     eager kernels, not one.)"""
-    logp = torch.log_softmax(logits.float(), dim=-1)
+    return _topk_of(torch.log_softmax(logits.float(), dim=-1), k)
+
+
+def _topk_of(logp: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     if k == 1:
         vals, ids = logp.max(dim=-1, keepdim=True)
     else:
         vals, ids = logp.topk(k, dim=-1)
     return ids, vals
+
+
+def sample_draft(logp: torch.Tensor, top_ids: torch.Tensor, temperature: torch.Tensor,
+                 generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """One sampled draft token per row: logp [B, Vd] log-probabilities, top_ids [B, 1] their argmax, temperature [B]
+    -> (ids [B, 1], q [B, Vd]). Rows with T > 0 draw from q = softmax(logp / T); rows with T = 0 take the argmax
+    and q is one-hot there. Fixed shapes, no host synchronisation."""
+    hot = temperature > 0
+    t = torch.where(hot, temperature, torch.ones_like(temperature))[:, None]
+    soft = torch.softmax(logp / t, dim=-1)
+    one_hot = torch.zeros_like(soft).scatter_(1, top_ids, 1.0)
+    q = torch.where(hot[:, None], soft, one_hot)
+    ids = sample(q, generator)[:, None]  # one-hot rows return their token exactly
+    return ids, q
 
 
 def catch_up(
@@ -69,12 +96,13 @@ def catch_up(
     lengths: torch.Tensor,
     kv_len: int,
     topk: int,
+    keep_logp: bool = False,
 ) -> DraftState:
     """Feed T committed (token, target hidden) pairs per row at positions start..start+T-1.
 
     tokens [B, T]: the token at position p+1 for each hidden at p; aux [B, T, n_aux*Ht]; start [B] (= committed
     length before these pairs); lengths [B] real pairs per row (1..T; the rest is padding that later writes
-    overwrite). Returns the state at each row's last real pair.
+    overwrite). Returns the state at each row's last real pair (with all its log-probabilities when `keep_logp`).
     """
     B, T = tokens.shape
     dev = tokens.device
@@ -83,9 +111,10 @@ def catch_up(
     mask = prefix_tail_mask(start, causal_tail(B, T, dev), kv_len)
     last = (lengths - 1)[:, None]
     logits, hidden = step(tokens, aux, positions, positions, mask, True, last)
-    ids, logp = topk_logp(logits[:, 0], topk)
+    all_logp = torch.log_softmax(logits[:, 0].float(), dim=-1)  # [B, Vd]
+    ids, logp = _topk_of(all_logp, topk)
     h_last = torch.gather(hidden, 1, last[..., None].expand(B, 1, hidden.shape[-1])).squeeze(1)
-    return DraftState(top_ids=ids, top_logp=logp, hidden=h_last)
+    return DraftState(top_ids=ids, top_logp=logp, hidden=h_last, logp=all_logp if keep_logp else None)
 
 
 def draft_tree(
@@ -96,12 +125,15 @@ def draft_tree(
     steps: int,
     topk: int,
     kv_len: int,
+    temperature: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
 ) -> Candidates:
-    """Run S-1 batched drafter forwards and return all K + (S-1)K^2 candidates in level order."""
+    """Run S-1 batched drafter forwards and return all K + (S-1)K^2 candidates in level order. `temperature` [B]
+    (chains only; None: greedy drafts) samples the drafts (module docstring)."""
     B, K = state.top_ids.shape
     dev = state.top_ids.device
     if K == 1:
-        return draft_chain(step, to_target, state, seq_len, steps, kv_len)
+        return draft_chain(step, to_target, state, seq_len, steps, kv_len, temperature, generator)
     W = max((steps - 1) * K, 1)  # scratch entries
     slots, own, depth = _tree_constants(K, steps, dev)
     c_tokens = [to_target(state.top_ids)]
@@ -164,19 +196,36 @@ def draft_chain(
     seq_len: torch.Tensor,
     steps: int,
     kv_len: int,
+    temperature: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
 ) -> Candidates:
-    """`draft_tree` for K = 1: S-1 drafter forwards on one token per row; the S candidates of a chain."""
+    """`draft_tree` for K = 1: S-1 drafter forwards on one token per row; the S candidates of a chain. With
+    `temperature` [B] the tokens are sampled (`sample_draft`; needs `state.logp`) and `Candidates.q` is set."""
     B = state.top_ids.shape[0]
     seen, parents, depth = _chain_constants(steps, state.top_ids.device)
     W = seen.shape[1]
-    tok, score, hidden = to_target(state.top_ids), state.top_logp, state.hidden[:, None, :]  # [B, 1], [B, 1], [B, 1, H]
+    qs: list[torch.Tensor] = []
+    if temperature is None:
+        ids, score = state.top_ids, state.top_logp  # [B, 1], [B, 1]
+    else:
+        assert state.logp is not None, "sampled drafting needs the catch-up's log-probabilities (keep_logp)"
+        ids, q = sample_draft(state.logp, state.top_ids, temperature, generator)
+        score = torch.gather(state.logp, 1, ids)
+        qs.append(q)
+    tok, hidden = to_target(ids), state.hidden[:, None, :]  # [B, 1], [B, 1, H]
     c_tokens, c_scores = [tok], [score]
     for level in range(2, steps + 1):
         entry = level - 2
         at = (seq_len + entry)[:, None]  # [B, 1]: position L-1+(level-1) and scratch entry L+entry coincide
         mask = prefix_tail_mask(seq_len, seen[entry][None, None, :].expand(B, 1, W), kv_len)
         logits, hidden = step(tok, hidden, at, at, mask, False, None)
-        ids, logp = topk_logp(logits[:, 0], 1)  # [B, 1]
+        if temperature is None:
+            ids, logp = topk_logp(logits[:, 0], 1)  # [B, 1]
+        else:
+            all_logp = torch.log_softmax(logits[:, 0].float(), dim=-1)
+            ids, q = sample_draft(all_logp, all_logp.argmax(-1, keepdim=True), temperature, generator)
+            logp = torch.gather(all_logp, 1, ids)
+            qs.append(q)
         tok, score = to_target(ids), score + logp
         c_tokens.append(tok)
         c_scores.append(score)
@@ -185,6 +234,7 @@ def draft_chain(
         scores=torch.cat(c_scores, 1),
         parents=parents.expand(B, steps),
         depth=depth.expand(B, steps),
+        q=torch.stack(qs, 1) if qs else None,
     )
 
 

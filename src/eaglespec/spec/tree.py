@@ -35,6 +35,7 @@ class DraftTree:
     ancestors: torch.Tensor  # [B, D, D]
     children: torch.Tensor  # [B, D, K]
     paths: torch.Tensor  # [B, D, S+1]
+    q: torch.Tensor | None = None  # [B, D, Vd] sampled chains: node i's drafter distribution (root: zeros)
 
     @property
     def size(self) -> int:

@@ -11,6 +11,10 @@ Both rules return a `VerifyResult` per row: the deepest accepted node, the accep
   q(x) / remaining mass, else zero q(x) and go on; when every child is rejected, the bonus is drawn from what is left
   of q (at a leaf: from q). The committed tokens are distributed exactly as the target's. Rows whose q is one-hot
   (temperature 0) behave exactly as greedy.
+  With `draft_probs` (sampled chains: node c's token was drawn from the drafter's distribution r_c), a child x is
+  accepted with probability min(1, q(x) / r_c(x)) and a rejection draws the bonus from max(q - r_c, 0), renormalised
+  (standard speculative sampling; the committed tokens are again distributed as the target's). A one-hot r_c (a
+  row drafting greedily) gives the deterministic rule above.
 """
 
 from __future__ import annotations
@@ -56,10 +60,15 @@ def verify_greedy(tree: DraftTree, logits: torch.Tensor) -> VerifyResult:
     return _result(tree, best, bonus)
 
 
-def verify_sampling(tree: DraftTree, probs: torch.Tensor, generator: torch.Generator | None = None) -> VerifyResult:
-    """probs [B, D, V]: the target's processed distribution (temperature, top-k, top-p) at each node."""
+def verify_sampling(tree: DraftTree, probs: torch.Tensor, generator: torch.Generator | None = None,
+                    draft_probs: torch.Tensor | None = None) -> VerifyResult:
+    """probs [B, D, V]: the target's processed distribution (temperature, top-k, top-p) at each node;
+    draft_probs [B, D, V] (chains only): the distribution each node's token was sampled from (module docstring)."""
     B, D, V = probs.shape
     K = tree.children.shape[-1]
+    if draft_probs is not None:
+        assert K == 1, "sampled drafts are verified for chains only"
+        return _verify_sampled_chain(tree, probs, draft_probs, generator)
     S = tree.paths.shape[-1] - 1
     dev = probs.device
     rows = torch.arange(B, device=dev)
@@ -87,5 +96,33 @@ def verify_sampling(tree: DraftTree, probs: torch.Tensor, generator: torch.Gener
         bonus = torch.where(stopped, sample(res, generator), bonus)
         active = active & moved
         cur = nxt
+    bonus = torch.where(active, sample(probs[rows, cur], generator), bonus)
+    return _result(tree, cur, bonus)
+
+
+def _verify_sampled_chain(tree: DraftTree, probs: torch.Tensor, draft_probs: torch.Tensor,
+                          generator: torch.Generator | None) -> VerifyResult:
+    """Speculative sampling down a chain: node i+1 (depth i+1, drawn from r = draft_probs[:, i+1]) is accepted at
+    node i with probability min(1, q(x) / r(x)), q = probs[:, i]; the first rejection draws the bonus from
+    max(q - r, 0) renormalised, and a fully accepted chain draws it from q at the last node."""
+    B, D, V = probs.shape
+    dev = probs.device
+    rows = torch.arange(B, device=dev)
+    cur = torch.zeros(B, dtype=torch.int64, device=dev)
+    active = torch.ones(B, dtype=torch.bool, device=dev)
+    bonus = torch.zeros(B, dtype=torch.int64, device=dev)
+    for i in range(D - 1):
+        q, r = probs[:, i], draft_probs[:, i + 1]  # [B, V]
+        x = tree.tokens[:, i + 1]
+        qx, rx = q[rows, x], r[rows, x]
+        u = torch.rand(B, generator=generator, device=dev)
+        acc = active & (u * rx < qx)  # rx > 0: x was drawn from r
+        rej = active & ~acc
+        residual = (q - r).clamp_min(0)
+        # q == r exactly leaves no residual, and then a rejection has probability 0: fall back to q
+        residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, q)
+        bonus = torch.where(rej, sample(residual, generator), bonus)
+        cur = torch.where(acc, cur + 1, cur)
+        active = acc
     bonus = torch.where(active, sample(probs[rows, cur], generator), bonus)
     return _result(tree, cur, bonus)
