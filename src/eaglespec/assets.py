@@ -23,15 +23,16 @@ DEFAULT_DRAFTER = ASSETS / "smollm2-135m-eagle3"
 #   1.19x), and nothing pays with 2 rows (4 tokens per step: 68 vs 44 ms, step_anatomy.py): engines of one row only;
 # - the H200, bfloat16, CUDA graphs with overlap: the chain of 3 is the fastest shape at batch 1 (1.38x) and 8
 #   (1.14x); at 32 rows a step is compute-bound and every shape was slower (0.84x): engines of up to 8 rows;
-# - sampling at temperature 1 (the drafter learnt the target's greedy text): the CPU's one-step chain still gains a
-#   little (1.05x, tau 1.21), the H200's chain of 3 loses (0.76x, tau 1.31): greedy-only there.
+# - sampling at temperature 1 (the drafter learnt the target's greedy text; chains draw sampled drafts): the CPU's
+#   one-step chain gains (1.16x, tau 1.33), the H200's chains lose (S3 K1 D4 0.87x, tau 1.60; S1 K1 D2 0.91x):
+#   greedy-only there.
 _DEFAULT_SPEC: dict[str, SpecConfig | None] = {"cpu": SpecConfig(steps=1, topk=1, draft_tokens=2),
                                                "cuda": SpecConfig(steps=3, topk=1, draft_tokens=4)}
 _MAX_ROWS: dict[str, int] = {"cpu": 1, "cuda": 8}  # larger engines decode plainly by default
 _GREEDY_ONLY = {"cuda"}  # sampled decoding (temperature > 0) decodes plainly by default
 _SLOWER: dict[str, str] = {"cuda": "0.84x with a chain of 3 at 32 rows on an H200 in bfloat16",
                            "cpu": "with several rows a step verifies 4+ tokens, 1.5x a plain step on the CPU"}
-_SLOWER_SAMPLED: dict[str, str] = {"cuda": "0.76x with a chain of 3 at temperature 1 on an H200 in bfloat16"}
+_SLOWER_SAMPLED: dict[str, str] = {"cuda": "0.87x with a chain of 3 at temperature 1 on an H200 in bfloat16"}
 
 
 def default_drafter_path() -> Path | None:
