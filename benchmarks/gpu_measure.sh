@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# The H200 measurements of issues 4 and 6 in two device calls, back to back while the machine stays warm.
-#   1. benchmarks/gpu_measure.sh random    carry .device/m1   (copies the GGUF's first half to /root/m, then runs what
+# The H200 measurements of issues 4 and 6 in device calls back to back while the machine stays warm (the GGUF travels
+# in three parts: benchmarks/device_parts.sh).
+#   1. benchmarks/gpu_measure.sh random    carry .device/g1   (stages the GGUF's first part in /root/m, then runs what
 #      needs no checkpoint: the Triton kernel check, the Kimi-K2.5 slice, the Llama-3.1-8B shape decode and verify,
 #      the regeneration throughput; KIMI_LIMIT=1 skips the slice once it is measured)
-#   2. benchmarks/gpu_measure.sh smollm2   carry .device/m2 .whl   (joins the GGUF; SmolLM2 bf16 step costs and
+#   then bash benchmarks/device_parts.sh stage              carry .device/g2
+#   2. benchmarks/gpu_measure.sh smollm2   carry .device/g3 .whl   (joins the GGUF; SmolLM2 bf16 step costs and
 #      profiles, the step anatomy (host vs graphs), the shipped drafter in bf16, bf16 no-spec with and without
 #      overlapped decoding, bench with the oracle and random drafters at batch 1/8/32, transformers as the peer;
 #      BENCH_LIMIT=1 / PEER_LIMIT=1 skip the last two)
@@ -13,7 +15,7 @@ export PYTHONPATH=src PYTHONUNBUFFERED=1
 M=/root/m/SmolLM2-135M-Instruct.Q4_1.gguf
 run() { local limit=$1 name=$2; shift 2; echo "== $name"; timeout "$limit" "$@" > "$OUT/$name.log" 2>&1; echo "   rc=$? ($name)"; tail -n "${TAILN:-14}" "$OUT/$name.log"; }
 if [ "$1" = random ]; then
-  mkdir -p /root/m && cp .device/m1/part1 /root/m/
+  bash benchmarks/device_parts.sh stage
   run 60 kernel_check python3 benchmarks/kernel_check.py
   run "${KIMI_LIMIT:-150}" kimi_slice python3 benchmarks/kimi_slice.py "$OUT"
   run "${L8B_LIMIT:-90}" llama8b python3 benchmarks/gpu_smoke.py none "$OUT" 8b
@@ -22,7 +24,7 @@ if [ "$1" = random ]; then
 else
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
   export PYTHONPATH=/tmp/site:src
-  [ -f "$M" ] || cat /root/m/part1 .device/m2/part2 > "$M"
+  bash benchmarks/device_parts.sh join
   run "${SMOKE_LIMIT:-120}" smoke_bf16 python3 benchmarks/gpu_smoke.py "$M" "$OUT" bf16fast
   # engine step vs its graphs alone: the host's share of a step (decides overlap scheduling vs kernel fusion)
   TAILN=16 run "${ANAT_LIMIT:-110}" step_anatomy python3 benchmarks/step_anatomy.py "$OUT" "$M"

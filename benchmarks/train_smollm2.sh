@@ -2,7 +2,7 @@
 # Train the embedded SmolLM2's EAGLE-3 drafter on the H200 in steps that fit 10-minute device calls.
 #
 # Carried with the calls (all under .device/, ignored by git):
-#   .device/m1/part1, .device/m2/part2   the GGUF halves (../shared/tools/device-model-parts)
+#   .device/g1/part1 .. .device/g3/part3 the GGUF in three parts (benchmarks/device_parts.sh split)
 #   .device/data/sharegpt_first_turns.json.gz   benchmarks/make_first_turns.py (DATA=first, the default)
 #   .device/data/sharegpt_all_turns.json.gz     benchmarks/make_first_turns.py --all-turns (DATA=all: every turn,
 #                                               regenerated turn by turn; about 3.5x the tokens)
@@ -10,11 +10,13 @@
 #   .device/drafter/                     optional: a drafter exported earlier, to continue from (--init)
 #   .whl/gguf-*.whl                      the gguf package (not on the device image)
 # Calls, back to back while the machine stays warm (files under /root/m and /tmp/work survive between them):
-#   1. mkdir -p /root/m && cp .device/m1/part1 /root/m/ && gunzip -c .device/data/sharegpt_all_turns.json.gz \
-#        > /root/m/sg-all.json                                        (carry .device/m1 .device/data)
-#   2. benchmarks/train_smollm2.sh regen                              (carry .device/m2 .whl [.device/regen])
-#      (a call carries at most 64 MB: the data unpacked in call 1 leaves room for the 7.4 MB regeneration cache)
-#   3. benchmarks/train_smollm2.sh train                              ([.device/drafter])
+#   1. bash benchmarks/device_parts.sh stage && gunzip -c .device/data/sharegpt_all_turns.json.gz \
+#        > /root/m/sg-all.json                                        (carry .device/g1 .device/data)
+#   2. bash benchmarks/device_parts.sh stage && mkdir -p /tmp/work && cat .device/regen/regen.tar.gz.* \
+#        | tar xz -C /tmp/work                                        (carry .device/g2 [.device/regen])
+#   3. benchmarks/train_smollm2.sh regen                              (carry .device/g3 .whl)
+#      (a call carries at most 64 MiB, the 25 MB tree included: one GGUF part and one data file per call)
+#   4. benchmarks/train_smollm2.sh train                              ([.device/drafter])
 # "regen" regenerates the answers with the target (cached), trains until REGEN_BUDGET seconds have passed (checkpoints
 # every 100 steps) and packs the cache into $OUT; "train" resumes and finishes training, exports the drafter to
 # $OUT/drafter and measures it on MT-bench's 80 first turns in float32 (T = 0; TEMPS="0 1" adds T = 1).
@@ -28,7 +30,7 @@ REGEN_NEW=${REGEN_NEW:-512}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site:src PYTHONUNBUFFERED=1
 M=/root/m/SmolLM2-135M-Instruct.Q4_1.gguf
-[ -f "$M" ] || cat /root/m/part1 .device/m2/part2 > "$M"
+bash benchmarks/device_parts.sh join
 if [ "$DATA" = all ]; then SRC=.device/data/sharegpt_all_turns.json.gz; TURNS=(); else
   SRC=.device/data/sharegpt_first_turns.json.gz; TURNS=(--first-turn-only); fi
 [ -f "/root/m/sg-$DATA.json" ] || gunzip -c "$SRC" > "/root/m/sg-$DATA.json"
