@@ -22,7 +22,8 @@ Conventions (L = committed length of row b, equal for the target and the drafter
   token instead of p(argmax q) for a deterministic draft (SmolLM2 at T = 1: 0.36 vs 0.23 at depth 1); a row with
   T = 0 keeps its argmax, with a one-hot q (the deterministic rule). The depth-1 distribution comes from the
   catch-up (`DraftState.logp`, the full log-probabilities of the last committed entry, kept for chains). Trees keep
-  deterministic top-K drafts.
+  deterministic top-K drafts. q ignores the row's top-k / top-p (any q is lossless; with a small top-k the target's
+  p is nearly one-hot and a deterministic draft would accept more: not handled yet).
 """
 
 from __future__ import annotations
