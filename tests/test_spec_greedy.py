@@ -131,3 +131,47 @@ def test_untied_and_full_vocab_drafter(reference):
     outs = eng.generate(PROMPTS, SamplingParams(max_new_tokens=48, ignore_eos=True))
     assert [o.token_ids for o in outs] == reference
     assert d.lm_head.weight is t.lm_head.weight
+
+
+@pytest.mark.parametrize("spec", [SpecConfig(3, 1, 4), SpecConfig(4, 2, 6)], ids=["chain", "tree"])
+def test_speculating_by_load_equals_plain_greedy(target, drafter, reference, spec):
+    """`EngineConfig.spec_max_rows`: plain decode steps while more rows run (keeping the drafter in step), speculative
+    steps once few enough do, back and forth as requests finish and join; still plain greedy token for token."""
+    eng = Engine(target, None, EngineConfig(max_batch_size=3, spec_max_rows=1), drafter=drafter, spec=spec)
+    lengths = [48, 12, 30, 48, 20, 40]
+    reqs = [eng.add_request(p, SamplingParams(max_new_tokens=n, ignore_eos=True)) for p, n in zip(PROMPTS, lengths)]
+    kinds = []
+    step_kind = eng._step_kind
+    eng._step_kind = lambda n: kinds.append(step_kind(n)) or step_kind(n)
+    while eng.has_work():
+        eng.step()
+    assert [r.output_ids for r in reqs] == [ref[:n] for ref, n in zip(reference, lengths)]
+    assert "spec" in kinds and "decode" in kinds
+
+
+@pytest.mark.parametrize("spec", [SpecConfig(3, 1, 4), SpecConfig(4, 2, 6)], ids=["chain", "tree"])
+def test_plain_steps_keep_the_drafter_in_step(target, drafter, spec):
+    """After plain decode steps of a speculative engine (more rows than `spec_max_rows`), a row's drafter state is
+    what a catch-up over its whole text gives: the same top draft tokens and hidden as a fresh engine that prefills
+    that text. So the speculative steps that follow draft from an up-to-date drafter."""
+    eng = Engine(target, None, EngineConfig(max_batch_size=2, spec_max_rows=1), drafter=drafter, spec=spec)
+    reqs = [eng.add_request(p, SamplingParams(max_new_tokens=9, ignore_eos=True)) for p in PROMPTS[:2]]
+    while eng.has_work():
+        eng.step()  # both rows run to the end together: every step after the prefill is a plain one
+    for q in reqs:
+        text = q.prompt_ids + q.output_ids  # the last token is the next root, not yet in the caches
+        fresh = Engine(target, None, EngineConfig(max_batch_size=1), drafter=drafter, spec=spec)
+        ref = fresh.add_request(text[:-1], SamplingParams(max_new_tokens=1, ignore_eos=True))
+        while fresh.has_work():
+            fresh.step()
+        assert ref.output_ids == [text[-1]]
+        a, b = eng.runner, fresh.runner
+        assert torch.equal(a.d_top_ids[q.slot], b.d_top_ids[ref.slot])
+        assert torch.allclose(a.d_top_logp[q.slot], b.d_top_logp[ref.slot], rtol=1e-4, atol=1e-4)
+        assert torch.allclose(a.d_hidden[q.slot], b.d_hidden[ref.slot], rtol=1e-4, atol=1e-4)  # |h| ~ 30
+
+
+def test_spec_max_rows_must_be_positive():
+    from eaglespec.errors import ConfigError
+    with pytest.raises(ConfigError, match="spec_max_rows must be >= 1"):
+        EngineConfig(spec_max_rows=0)

@@ -15,8 +15,9 @@ from eaglespec.sampling_params import SamplingParams
 PROMPTS = [[1, 2, 3, 4, 5], [7, 8, 9], list(range(10, 40)), [5], [9, 9, 9, 9], [3, 1, 4, 1, 5, 9, 2, 6]]
 
 
-def static_engine(target, drafter=None, spec=None, rows=8, overlap=False):
-    eng = Engine(target, None, EngineConfig(max_batch_size=rows, overlap=overlap), drafter=drafter, spec=spec)
+def static_engine(target, drafter=None, spec=None, rows=8, overlap=False, spec_max_rows=None):
+    eng = Engine(target, None, EngineConfig(max_batch_size=rows, overlap=overlap, spec_max_rows=spec_max_rows),
+                 drafter=drafter, spec=spec)
     eng.runner.graphs = GraphCache(eng.runner, capture=False)
     return eng
 
@@ -60,12 +61,14 @@ def test_static_spec_equals_plain_with_rows_finishing_and_joining(target, refere
     assert not eng.runner.active.any() and int(eng.runner.seq_len.abs().sum()) == 0
 
 
-@pytest.mark.parametrize("spec", [None, SpecConfig(3, 1, 4), SpecConfig(5, 4, 8)], ids=["plain", "chain", "tree"])
-def test_overlapped_steps_equal_plain(target, reference, spec):
+@pytest.mark.parametrize("spec,spec_max_rows", [(None, None), (SpecConfig(3, 1, 4), None), (SpecConfig(5, 4, 8), None),
+                                                (SpecConfig(3, 1, 4), 2), (SpecConfig(5, 4, 8), 1)],
+                         ids=["plain", "chain", "tree", "chain-by-load", "tree-by-load"])
+def test_overlapped_steps_equal_plain(target, reference, spec, spec_max_rows):
     """EngineConfig.overlap: step n+1 (decode or speculative) is launched before step n's results are read. Fewer
     rows than requests (rows finish, are released and taken by new requests), different budgets, and an EOS that
     stops some requests early (what the next step computed for them is dropped): the outputs are the plain greedy
-    ones, and launches really ran ahead."""
+    ones, and launches really ran ahead. "by-load": speculative and plain steps alternate (`spec_max_rows`)."""
     eos = reference[2][9]
     params = [SamplingParams(max_new_tokens=n) for n in (40, 13, 40, 7, 40, 22)]
 
@@ -79,13 +82,16 @@ def test_overlapped_steps_equal_plain(target, reference, spec):
     plain = run(Engine(target, None, EngineConfig(max_batch_size=3)))
     assert any(reason == "stop" for _, reason in plain) and any(reason == "length" for _, reason in plain)
     drafter = tiny_drafter(target, seed=1) if spec else None
-    eng = static_engine(target, drafter, spec, rows=3, overlap=True)
+    eng = static_engine(target, drafter, spec, rows=3, overlap=True, spec_max_rows=spec_max_rows)
     assert eng.overlapping
     events: list[str] = []
     launch, collect = eng.runner.launch, eng.runner.collect
-    eng.runner.launch = lambda *a: events.append("launch") or launch(*a)
+    eng.runner.launch = lambda *a: events.append("launch") or events.append(a[0]) or launch(*a)
     eng.runner.collect = lambda *a: events.append("collect") or collect(*a)
     assert run(eng) == plain
+    if spec_max_rows is not None:
+        assert "spec" in events and "decode" in events
+    events = [e for e in events if e in ("launch", "collect")]
     assert "launch,launch,collect" in ",".join(events)  # a step was launched while the previous one was unread
     assert events.count("launch") == events.count("collect")
     assert not eng.runner.active.any() and int(eng.runner.seq_len.abs().sum()) == 0  # every row released, inert

@@ -304,6 +304,10 @@ class EngineConfig:
     # path (the CPU). Sampled outputs keep their distribution, but the dropped steps also draw random numbers, so a
     # seeded run with overlap draws other samples than the same run without it.
     overlap: bool = True
+    # With a drafter: speculate only while at most this many rows run (None: always). Busier steps decode plainly and
+    # keep the drafter in step (a one-token catch-up on the decoded token), so speculation resumes when load falls:
+    # a speculative step pays at small batches and costs more than it saves once the step is compute-bound.
+    spec_max_rows: int | None = None
     # Admit waiting requests once this many rows are free (or all waiting fit, or nothing runs): 1 = at once, the
     # lowest latency; throughput jobs (regeneration) batch their prefills with larger values (engine/scheduler.py).
     min_prefill_rows: int = 1
@@ -311,6 +315,9 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.aux_convention not in ("sglang", "vllm"):
             raise ConfigError(f"aux convention must be 'sglang' or 'vllm' (got {self.aux_convention!r})")
+        if self.spec_max_rows is not None and self.spec_max_rows < 1:
+            raise ConfigError(f"spec_max_rows must be >= 1 or None (got {self.spec_max_rows}); --no-spec never "
+                              "speculates")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ConfigError(f"--dtype must be auto, float32, bfloat16 or float16 (got {self.dtype!r})")
         if self.max_batch_size < 1:

@@ -10,7 +10,7 @@
               weight_bytes_per_step, kv_bytes_per_token
     prompts:  set, count, turns, prompt_tokens_mean
     sampling: max_new_tokens, temperature, ignore_eos, seed
-    engine:   cuda_graphs, fuse_projections (null: on CUDA only), compile, overlap
+    engine:   cuda_graphs, fuse_projections (null: on CUDA only), compile, overlap, spec_max_rows (null: always)
     warmup, batch_sizes, peer ({library, version} | null)
     records:  one per (configuration, batch size), baselines included, in run order:
       config (name), kind ("no-spec" | "spec" | "peer"), drafter, steps, topk, draft_tokens, batch_size, prompts,
@@ -169,7 +169,8 @@ def document(kind: str, result: SuiteResult, model: BenchModel, workload: Worklo
         "sampling": {"max_new_tokens": p.max_new_tokens, "temperature": p.temperature, "ignore_eos": p.ignore_eos,
                      "seed": options.engine.seed},
         "engine": {"cuda_graphs": options.engine.cuda_graphs, "fuse_projections": options.engine.fuse_projections,
-                   "compile": options.engine.compile, "overlap": options.engine.overlap},
+                   "compile": options.engine.compile, "overlap": options.engine.overlap,
+                   "spec_max_rows": options.engine.spec_max_rows},
         "warmup": options.warmup, "batch_sizes": list(options.batch_sizes),
         "peer": {"library": "transformers", "version": result.peer_version} if result.peer_version else None,
         "records": [record_dict(r, result.records, model, device_bw) for r in result.records],

@@ -37,6 +37,9 @@ def add_runtime_options(p: argparse.ArgumentParser | argparse._ArgumentGroup) ->
     p.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=True,
                    help="with CUDA graphs: launch each decode or speculative step before reading the previous one's "
                         "results, so the host's work overlaps the GPU's (default: on)")
+    p.add_argument("--spec-max-rows", type=int, default=None, metavar="N",
+                   help="speculate only while at most N requests run; busier steps decode plainly and keep the "
+                        "drafter in step (default: always speculate)")
 
 
 def add_sampling_options(p: argparse.ArgumentParser, max_new_tokens: int = 256) -> None:
@@ -72,7 +75,7 @@ def spec_config(args: argparse.Namespace) -> SpecConfig | None:
 def engine_config(args: argparse.Namespace, **kw) -> EngineConfig:
     return EngineConfig(device=args.device, dtype=args.dtype, seed=args.seed, aux_convention=args.aux_convention,
                         cuda_graphs=args.cuda_graphs, fuse_projections=args.fuse, compile=args.compile,
-                        overlap=args.overlap, **kw)
+                        overlap=args.overlap, spec_max_rows=args.spec_max_rows, **kw)
 
 
 def draft_arg(args: argparse.Namespace) -> str | None:

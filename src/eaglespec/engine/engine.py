@@ -10,6 +10,8 @@ the drafter, and turns on aux capture. Then:
 
 Each `step()` runs one scheduler batch: a prefill of admitted requests, or one decode / speculative step over all
 running requests; its only host synchronisation is reading the committed tokens (and, speculating, their count).
+A speculative engine with `EngineConfig.spec_max_rows` takes plain decode steps while more rows run (the drafter is
+kept in step by the decode step itself) and speculative steps again once few enough do.
 With `EngineConfig.overlap` (graph path) a decode / speculative `step()` first launches the next step and then reads
 the previous one, so the tokens of a step reach the requests one `step()` later (`has_work()` stays true until the
 last launched step is read).
@@ -136,8 +138,10 @@ class Engine:
         graphs = self.runner.graphs
         if graphs is None or not graphs.capture or self.runner.kv is None:
             return 0
-        kind = "spec" if self.speculative else "decode"
-        n = sum(graphs.precapture(kind, b, greedy) for b in batch_sizes)
+        kinds = ["spec"] if self.speculative else ["decode"]
+        if self.speculative and self.config.spec_max_rows is not None:
+            kinds.append("decode")  # busy steps decode plainly; graphs are bucketed by the highest row, not the count
+        n = sum(graphs.precapture(kind, b, greedy) for kind in kinds for b in batch_sizes)
         return n + (graphs.precapture_prefill(greedy) if not self.has_work() else 0)
 
     def _ensure_capacity(self, rows: int, max_len: int) -> None:
@@ -227,9 +231,9 @@ class Engine:
             for q, t in zip(reqs, toks):
                 q.append([t])
         elif self.overlapping:
-            self._pending = (reqs, self.runner.launch(self._step_kind, rows, greedy))
+            self._pending = (reqs, self.runner.launch(self._step_kind(len(rows)), rows, greedy))
             return []  # its results are read by the next step, once that one is launched
-        elif self.runner.speculative:
+        elif self._step_kind(len(rows)) == "spec":
             m_host, tok_host = self.runner.spec_step(rows, greedy)
             self._append_spec(reqs, m_host, tok_host)
         else:
@@ -239,9 +243,10 @@ class Engine:
             self.runner.release(q.slot)
         return reqs
 
-    @property
-    def _step_kind(self) -> str:
-        return "spec" if self.runner.speculative else "decode"
+    def _step_kind(self, n_rows: int) -> str:
+        """"spec" for a speculative engine while at most `EngineConfig.spec_max_rows` rows run, else "decode"."""
+        limit = self.config.spec_max_rows
+        return "spec" if self.runner.speculative and (limit is None or n_rows <= limit) else "decode"
 
     def _append_spec(self, reqs: Sequence[Request], m_host: Sequence[int], tok_host: Sequence[Sequence[int]]) -> None:
         S = self.spec.steps
@@ -266,7 +271,8 @@ class Engine:
         fits = all(run.host_len[q.slot] + ahead <= run.max_len for q in running)
         if running and fits and not sched.may_admit():
             greedy = all(q.params.greedy for q in running)
-            self._pending = (running, run.launch(self._step_kind, [q.slot for q in running], greedy, ahead))
+            self._pending = (running, run.launch(self._step_kind(len(running)), [q.slot for q in running], greedy,
+                                                 ahead))
         m_host, tok_host = run.collect(pending)
         live = [i for i, q in enumerate(reqs) if not q.finished]
         for q in reqs:

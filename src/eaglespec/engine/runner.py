@@ -262,6 +262,12 @@ class ModelRunner:
                              kv=self.kv.layers(), rows=ctx_rows)
         out = self.target(self.last_token[r][:, None], ctx)
         tok = self._sample(out.logits[:, 0], r, greedy)
+        if self.spec is not None:  # a plain step of a speculative engine (EngineConfig.spec_max_rows): the drafter
+            # takes the pair (target aux at L, the new token at L+1), as a commit of one token would give it
+            ones = torch.ones(B, dtype=torch.int64, device=dev)
+            st = catch_up(self._draft_step(ctx_rows), tok[:, None], out.aux_hidden, L, ones, kv_len,
+                          self.spec.topk, keep_logp=self.d_logp is not None)
+            self._store_draft(r, st)
         self.seq_len[r] = torch.where(self.active[r], L + 1, L)
         self.last_token[r] = tok
         return tok
