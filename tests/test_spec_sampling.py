@@ -84,8 +84,10 @@ def assert_same_distribution(counts, exact, n):
 
 CASES = [
     ("chain-T1", SpecConfig(3, 1, 4), SamplingParams(max_new_tokens=N_TOKENS, temperature=1.0, ignore_eos=True)),
-    ("chain-T0.9-topp0.7", SpecConfig(2, 1, 3),
-     SamplingParams(max_new_tokens=N_TOKENS, temperature=0.9, top_p=0.7, ignore_eos=True)),
+    ("chain-T0.9-topp0.9", SpecConfig(2, 1, 3),
+     SamplingParams(max_new_tokens=N_TOKENS, temperature=0.9, top_p=0.9, ignore_eos=True)),
+    ("chain-T1-topk4", SpecConfig(3, 1, 4),
+     SamplingParams(max_new_tokens=N_TOKENS, temperature=1.0, top_k=4, ignore_eos=True)),
     ("tree-T0.8-topk5", SpecConfig(3, 3, 8),
      SamplingParams(max_new_tokens=N_TOKENS, temperature=0.8, top_k=5, ignore_eos=True)),
     ("tree-T1.2-topp0.8", SpecConfig(3, 2, 6),

@@ -339,7 +339,7 @@ class ModelRunner:
         state = DraftState(self.d_top_ids[r], self.d_top_logp[r], self.d_hidden[r],
                            self.d_logp[r] if sampled else None)
         cands = draft_tree(self._draft_step(ctx_rows), self.drafter.to_target_ids, state, L, S, K, kv_len,
-                           self.temperature[r] if sampled else None, self.generator)
+                           (self.temperature[r], self.top_k[r], self.top_p[r]) if sampled else None, self.generator)
         tree = build_tree(self.last_token[r], cands.tokens, cands.scores, cands.parents, cands.depth, D, K, S)
         if cands.q is not None:  # node i >= 1 is candidate i-1; the root was not drafted
             tree.q = torch.cat((torch.zeros_like(cands.q[:, :1]), cands.q[:, : D - 1]), 1)  # [B, D, Vd]

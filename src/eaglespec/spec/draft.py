@@ -16,14 +16,15 @@ Conventions (L = committed length of row b, equal for the target and the drafter
   returns the next `DraftState`.
 - A chain (K = 1) takes `draft_chain`: the same forwards, positions, writes and visibility (entry k-2 sees the
   scratch entries 0..k-2), without the frontier selection, whose top-k, gathers and masks are identities there.
-- Sampled chains (`draft_chain(..., temperature=T)`, the engine's non-greedy steps): a row with T > 0 draws each
-  draft token from the drafter's distribution at that temperature, q = softmax(logp / T), and the candidates carry
-  q (`Candidates.q`, [B, S, Vd]) for `verify_sampling`'s min(1, p/q) rule, which accepts about sum(min(p, q)) per
-  token instead of p(argmax q) for a deterministic draft (SmolLM2 at T = 1: 0.36 vs 0.23 at depth 1); a row with
-  T = 0 keeps its argmax, with a one-hot q (the deterministic rule). The depth-1 distribution comes from the
+- Sampled chains (`draft_chain(..., sampling=(T, top_k, top_p))`, the engine's non-greedy steps): a row with T > 0
+  draws each draft token from the drafter's distribution processed like the target's (temperature, top-k, top-p:
+  `target_probs`), q, and the candidates carry q (`Candidates.q`, [B, S, Vd]) for `verify_sampling`'s min(1, p/q)
+  rule, which accepts about sum(min(p, q)) per token instead of p(argmax q) for a deterministic draft. SmolLM2,
+  expected depth-1 acceptance (`benchmarks/sampled_acceptance.py`): T = 1: 0.355 vs 0.226; T = 1 top-k 5: 0.409 vs
+  0.326 (an unprocessed q would get 0.313, below the deterministic draft); T = 0.7 top-p 0.9: 0.439 vs 0.407. A row
+  with T = 0 keeps its argmax, with a one-hot q (the deterministic rule). The depth-1 distribution comes from the
   catch-up (`DraftState.logp`, the full log-probabilities of the last committed entry, kept for chains). Trees keep
-  deterministic top-K drafts. q ignores the row's top-k / top-p (any q is lossless; with a small top-k the target's
-  p is nearly one-hot and a deterministic draft would accept more: not handled yet).
+  deterministic top-K drafts.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from typing import Callable
 import torch
 
 from ..layers.context import cached_arange, causal_tail, prefix_tail_mask
-from ..layers.sampling import sample
+from ..layers.sampling import sample, target_probs
 
 DrafterStep = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
@@ -75,18 +76,16 @@ def _topk_of(logp: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     return ids, vals
 
 
-def sample_draft(logp: torch.Tensor, top_ids: torch.Tensor, temperature: torch.Tensor,
+Sampling = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # per row: temperature [B], top_k [B], top_p [B]
+
+
+def sample_draft(logp: torch.Tensor, sampling: Sampling,
                  generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """One sampled draft token per row: logp [B, Vd] log-probabilities, top_ids [B, 1] their argmax, temperature [B]
-    -> (ids [B, 1], q [B, Vd]). Rows with T > 0 draw from q = softmax(logp / T); rows with T = 0 take the argmax
-    and q is one-hot there. Fixed shapes, no host synchronisation."""
-    hot = temperature > 0
-    t = torch.where(hot, temperature, torch.ones_like(temperature))[:, None]
-    soft = torch.softmax(logp / t, dim=-1)
-    one_hot = torch.zeros_like(soft).scatter_(1, top_ids, 1.0)
-    q = torch.where(hot[:, None], soft, one_hot)
-    ids = sample(q, generator)[:, None]  # one-hot rows return their token exactly
-    return ids, q
+    """One sampled draft token per row: logp [B, Vd] log-probabilities and the rows' sampling parameters -> (ids
+    [B, 1], q [B, Vd]), q = the drafter's distribution processed as the target's is (`target_probs`: one-hot at the
+    argmax for T = 0). Fixed shapes, no host synchronisation."""
+    q = target_probs(logp, *sampling)
+    return sample(q, generator)[:, None], q  # one-hot rows return their token exactly
 
 
 def catch_up(
@@ -126,15 +125,15 @@ def draft_tree(
     steps: int,
     topk: int,
     kv_len: int,
-    temperature: torch.Tensor | None = None,
+    sampling: Sampling | None = None,
     generator: torch.Generator | None = None,
 ) -> Candidates:
-    """Run S-1 batched drafter forwards and return all K + (S-1)K^2 candidates in level order. `temperature` [B]
-    (chains only; None: greedy drafts) samples the drafts (module docstring)."""
+    """Run S-1 batched drafter forwards and return all K + (S-1)K^2 candidates in level order. `sampling` (chains
+    only; None: greedy drafts) samples the drafts (module docstring)."""
     B, K = state.top_ids.shape
     dev = state.top_ids.device
     if K == 1:
-        return draft_chain(step, to_target, state, seq_len, steps, kv_len, temperature, generator)
+        return draft_chain(step, to_target, state, seq_len, steps, kv_len, sampling, generator)
     W = max((steps - 1) * K, 1)  # scratch entries
     slots, own, depth = _tree_constants(K, steps, dev)
     c_tokens = [to_target(state.top_ids)]
@@ -197,20 +196,20 @@ def draft_chain(
     seq_len: torch.Tensor,
     steps: int,
     kv_len: int,
-    temperature: torch.Tensor | None = None,
+    sampling: Sampling | None = None,
     generator: torch.Generator | None = None,
 ) -> Candidates:
     """`draft_tree` for K = 1: S-1 drafter forwards on one token per row; the S candidates of a chain. With
-    `temperature` [B] the tokens are sampled (`sample_draft`; needs `state.logp`) and `Candidates.q` is set."""
+    `sampling` the tokens are sampled (`sample_draft`; needs `state.logp`) and `Candidates.q` is set."""
     B = state.top_ids.shape[0]
     seen, parents, depth = _chain_constants(steps, state.top_ids.device)
     W = seen.shape[1]
     qs: list[torch.Tensor] = []
-    if temperature is None:
+    if sampling is None:
         ids, score = state.top_ids, state.top_logp  # [B, 1], [B, 1]
     else:
         assert state.logp is not None, "sampled drafting needs the catch-up's log-probabilities (keep_logp)"
-        ids, q = sample_draft(state.logp, state.top_ids, temperature, generator)
+        ids, q = sample_draft(state.logp, sampling, generator)
         score = torch.gather(state.logp, 1, ids)
         qs.append(q)
     tok, hidden = to_target(ids), state.hidden[:, None, :]  # [B, 1], [B, 1, H]
@@ -220,11 +219,11 @@ def draft_chain(
         at = (seq_len + entry)[:, None]  # [B, 1]: position L-1+(level-1) and scratch entry L+entry coincide
         mask = prefix_tail_mask(seq_len, seen[entry][None, None, :].expand(B, 1, W), kv_len)
         logits, hidden = step(tok, hidden, at, at, mask, False, None)
-        if temperature is None:
+        if sampling is None:
             ids, logp = topk_logp(logits[:, 0], 1)  # [B, 1]
         else:
             all_logp = torch.log_softmax(logits[:, 0].float(), dim=-1)
-            ids, q = sample_draft(all_logp, all_logp.argmax(-1, keepdim=True), temperature, generator)
+            ids, q = sample_draft(all_logp, sampling, generator)
             logp = torch.gather(all_logp, 1, ids)
             qs.append(q)
         tok, score = to_target(ids), score + logp
