@@ -162,6 +162,13 @@ def test_resume_reaches_the_uninterrupted_state(setup, tmp_path):
         assert torch.equal(p, rest_tr.params[n]), n
     with pytest.raises(ConfigError, match="lr"):
         run(tmp_path / "b", resume=True, lr=1e-3)
+    # the same samples and batches with another loss mask (what another --loop-keep gives) are refused too
+    masked = TokenDataset(train_ds.tokens, train_ds.mask.clone(), train_ds.offsets, train_ds.dropped)
+    masked.mask[torch.nonzero(masked.mask)[::3, 0]] = False
+    d = new_drafter(target, (1, 2, 2), vocab, seed=0)
+    with pytest.raises(ConfigError, match="loss mask differ"):
+        Trainer(target, d, masked, None, vocab, config(tmp_path / "b", max_steps=14, batch_tokens=1024,
+                                                       resume=True)).fit()
 
 
 def test_wrapper_target_trains_like_its_language_model(setup, tmp_path):

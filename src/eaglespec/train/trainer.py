@@ -10,7 +10,8 @@ Contract of `Trainer(target, drafter, train_ds, eval_ds, vocab, config).fit()`:
 - every `save_every` steps (and at the end, and at `stop_after`) a checkpoint `work_dir/checkpoints/step-N.pt`
   holds the trainable weights, d2t/t2d, optimiser, scheduler, step and data position (the last `keep` are kept);
   `resume=True` continues from the newest one and reaches the same state as an uninterrupted run; settings that
-  would change the run (steps, lr, batch tokens, seed, ...) must match, else `ConfigError`; a run without `resume`
+  would change the run (steps, lr, batch tokens, seed, ...) and the training tokens and loss mask (a hash: other data,
+  --max-len, --loop-keep) must match, else `ConfigError`; a run without `resume`
   starts over (old checkpoints and the log are removed);
 - tqdm shows the loss and the per-step top-1 accuracy; every step is appended to `work_dir/train_log.jsonl`;
 - `evaluate()` runs the held-out split without gradients and returns per-step accuracy, loss and the estimated
@@ -21,6 +22,7 @@ Contract of `Trainer(target, drafter, train_ds, eval_ds, vocab, config).fit()`:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -41,6 +43,14 @@ from .vocab import DraftVocab
 # Settings a resumed run must share with the run that wrote the checkpoint.
 RESUME_KEYS = ("ttt_steps", "step_decay", "lr", "warmup_frac", "weight_decay", "grad_clip", "batch_tokens", "epochs",
                "max_steps", "seed")
+
+
+def data_fingerprint(ds: TokenDataset) -> str:
+    """A hash of a dataset's tokens, loss mask and sample boundaries (what a resumed run must share)."""
+    h = hashlib.sha256()
+    for t in (ds.tokens, ds.mask, ds.offsets):
+        h.update(t.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
 
 
 @dataclass
@@ -115,6 +125,7 @@ class Trainer:
         self.train_ds = train_ds.to(self.device)
         self.eval_ds = eval_ds.to(self.device) if eval_ds is not None and len(eval_ds) else None
         self.batches = make_batches(train_ds.lengths, config.batch_tokens)
+        self.data_hash = data_fingerprint(train_ds)  # a resumed run must train on the same tokens and loss mask
         # on the GPU every new sequence length costs a slow first step (allocator, kernel selection): pad to 64
         self.pad_to = 64 if self.device.type == "cuda" else 1
         self.total_steps = config.max_steps or config.epochs * len(self.batches)
@@ -251,7 +262,7 @@ class Trainer:
             "weights": {n: p.detach().cpu() for n, p in self.params.items()},
             "d2t": self.drafter.d2t.cpu(), "t2d": self.drafter.t2d.cpu(),
             "optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(),
-            "settings": self._settings(), "n_batches": len(self.batches), "best": self.best,
+            "settings": self._settings(), "n_batches": len(self.batches), "data": self.data_hash, "best": self.best,
         }
         path = self.ckpt_dir / f"step-{self.step:08d}.pt"
         tmp = path.with_suffix(".tmp")
@@ -276,6 +287,9 @@ class Trainer:
         if state["n_batches"] != len(self.batches):
             raise ConfigError(f"cannot resume from {path}: the training data differ (its run had "
                               f"{state['n_batches']} batches, this one has {len(self.batches)})")
+        if state.get("data", self.data_hash) != self.data_hash:
+            raise ConfigError(f"cannot resume from {path}: the training tokens or their loss mask differ from this "
+                              "run's (other data, --max-len, --long or --loop-keep?)")
         if not (state["d2t"].equal(self.vocab.d2t.cpu()) and state["t2d"].equal(self.vocab.t2d.cpu())):
             raise ConfigError(f"cannot resume from {path}: its draft vocabulary differs from this run's (other data?)")
         self._load_weights(state["weights"])
