@@ -9,7 +9,7 @@
     model:    source, architecture, parameters, dtype, num_hidden_layers, hidden_size, vocab_size,
               weight_bytes_per_step, kv_bytes_per_token
     prompts:  set, count, turns, prompt_tokens_mean
-    sampling: max_new_tokens, temperature, ignore_eos, seed
+    sampling: max_new_tokens, temperature, top_p, top_k, ignore_eos, seed
     engine:   cuda_graphs, fuse_projections (null: on CUDA only), compile, overlap, spec_max_rows (null: always)
     warmup, batch_sizes, peer ({library, version} | null)
     records:  one per (configuration, batch size), baselines included, in run order:
@@ -166,7 +166,8 @@ def document(kind: str, result: SuiteResult, model: BenchModel, workload: Worklo
             "set": workload.name, "count": len(result.prompts), "turns": workload.turns,
             "prompt_tokens_mean": _r(sum(r.prompt_tokens for r in result.prompts) / max(len(result.prompts), 1), 1),
         },
-        "sampling": {"max_new_tokens": p.max_new_tokens, "temperature": p.temperature, "ignore_eos": p.ignore_eos,
+        "sampling": {"max_new_tokens": p.max_new_tokens, "temperature": p.temperature, "top_p": p.top_p,
+                     "top_k": p.top_k, "ignore_eos": p.ignore_eos,
                      "seed": options.engine.seed},
         "engine": {"cuda_graphs": options.engine.cuda_graphs, "fuse_projections": options.engine.fuse_projections,
                    "compile": options.engine.compile, "overlap": options.engine.overlap,
@@ -191,7 +192,9 @@ def markdown(doc: dict[str, Any], records: Sequence[dict[str, Any]] | None = Non
     lines = [
         f"**{doc['kind']}** {m['source']} ({m['architecture']}, {m['dtype']}) on {mach['device']} "
         f"({mach['device_name']}); {pr['count']} prompts from {pr['set']} ({pr['turns']} turn(s)), "
-        f"max_new_tokens {doc['sampling']['max_new_tokens']}, temperature {doc['sampling']['temperature']}",
+        f"max_new_tokens {doc['sampling']['max_new_tokens']}, temperature {doc['sampling']['temperature']}"
+        + (f", top-p {doc['sampling']['top_p']}" if doc["sampling"].get("top_p", 1.0) < 1.0 else "")
+        + (f", top-k {doc['sampling']['top_k']}" if doc["sampling"].get("top_k", 0) > 0 else ""),
         "",
         "| config | batch | tok/s | speedup | accept len | identical | out tokens | seconds | draft % | verify % "
         "| rest % | decode GB/s |",

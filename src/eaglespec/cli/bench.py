@@ -44,6 +44,8 @@ def add_run_options(p: argparse.ArgumentParser, max_new_tokens: int, limit: int 
     r.add_argument("--batch-sizes", default="1", help="static batch sizes, e.g. 1,8,32 (default: 1)")
     r.add_argument("--max-new-tokens", type=int, default=max_new_tokens, help=f"default: {max_new_tokens}")
     r.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    r.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling (with --temperature > 0)")
+    r.add_argument("--top-k", type=int, default=0, help="top-k sampling (with --temperature > 0; 0 = off)")
     r.add_argument("--ignore-eos", action="store_true", help="always generate --max-new-tokens tokens")
     r.add_argument("--seed", type=int, default=0, help="engine, random weights and random prompts (default: 0)")
     r.add_argument("--warmup", type=int, default=1, help="untimed warm-up generations per run (default: 1)")
@@ -74,8 +76,8 @@ def prepare(args: argparse.Namespace) -> Prepared:
         raise ConfigError(f"prompt file {args.prompts} does not exist")
     if args.warmup < 0:
         raise ConfigError(f"--warmup must be >= 0 (got {args.warmup})")
-    params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                            ignore_eos=args.ignore_eos or args.random_weights is not None)
+    params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                            top_k=args.top_k, ignore_eos=args.ignore_eos or args.random_weights is not None)
     engine = engine_config(args)
     device, dtype = resolve_placement(args.device, args.dtype)
     bw = copy_bandwidth(device)
