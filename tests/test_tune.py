@@ -58,6 +58,19 @@ def test_verdict_sentences():
     assert sec["fastest"] == {"1": "no-spec", "8": "d S3 K1 D4"}  # the peer is not a candidate
     assert sec["fastest_speculative"] == {"1": "d S5 K4 D16", "8": "d S3 K1 D4"}
     assert sec["net_negative"] == {"1": True, "8": False}
+    assert sec["spec_max_rows"] is None  # it loses at the small size: no prefix where it pays
+
+
+def test_spec_max_rows_recommendation():
+    """Speculation that wins at batch 1 and 8 and loses at 32 (the H200 pattern) gives --spec-max-rows 8."""
+    recs = [_rec("no-spec", 1, 100.0, "no-spec"), _rec("d S3 K1 D4", 1, 138.0, s=(3, 1, 4)),
+            _rec("no-spec", 8, 500.0, "no-spec"), _rec("d S3 K1 D4", 8, 570.0, s=(3, 1, 4)),
+            _rec("no-spec", 32, 1600.0, "no-spec"), _rec("d S3 K1 D4", 32, 1350.0, s=(3, 1, 4))]
+    sec = tune_section(recs)
+    assert sec["spec_max_rows"] == 8
+    assert sec["messages"][-1] == ("speculation pays up to batch size 8 and loses above it: serve engines of more "
+                                   "rows with --spec-max-rows 8")
+    assert tune_section(recs[:4])["spec_max_rows"] is None  # wins everywhere measured: no limit to advise
 
 
 def test_tune_end_to_end_random_drafter_is_net_negative(tmp_path, capsys):

@@ -10,8 +10,12 @@ Contract:
   report.py), whether speculation is net-negative there, and the sentence that says so:
   "net-negative at batch size B: the fastest speculative configuration (S=.. K=.. D=..) runs X tok/s, slower than no
   speculation at Y tok/s; run without speculation".
+- `spec_max_rows(verdicts)` -> when speculation wins at the smaller batch sizes and loses at a larger one, the
+  largest batch size B up to which it wins everywhere (the `--spec-max-rows B` an engine of more rows should serve
+  with), else None.
 - `tune_section(records)` -> the document's "tune" entry: {"fastest": {bs: config}, "fastest_speculative": {bs:
-  config}, "net_negative": {bs: bool}, "messages": [...]}.
+  config}, "net_negative": {bs: bool}, "spec_max_rows": B | None, "messages": [...]}; with a B, the last message
+  says "speculation pays up to batch size B and loses above it: serve engines of more rows with --spec-max-rows B".
 """
 
 from __future__ import annotations
@@ -86,11 +90,29 @@ def verdict(records: Sequence[dict[str, Any]]) -> list[Verdict]:
     return out
 
 
+def spec_max_rows(verdicts: Sequence[Verdict]) -> int | None:
+    """The largest batch size up to which speculation wins at every measured size, when it loses at a larger one."""
+    measured = sorted((v for v in verdicts if v.fastest_spec is not None and v.baseline is not None),
+                      key=lambda v: v.batch_size)
+    best = None
+    for v in measured:  # the prefix of batch sizes where speculation wins
+        if v.net_negative:
+            return best  # None when it already loses at the smallest size
+        best = v.batch_size
+    return None  # it wins at every measured size
+
+
 def tune_section(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     vs = verdict(records)
+    limit = spec_max_rows(vs)
+    messages = [v.message() for v in vs]
+    if limit is not None:
+        messages.append(f"speculation pays up to batch size {limit} and loses above it: serve engines of more rows "
+                        f"with --spec-max-rows {limit}")
     return {
         "fastest": {str(v.batch_size): v.fastest["config"] for v in vs},
         "fastest_speculative": {str(v.batch_size): v.fastest_spec["config"] if v.fastest_spec else None for v in vs},
         "net_negative": {str(v.batch_size): v.net_negative for v in vs},
-        "messages": [v.message() for v in vs],
+        "spec_max_rows": limit,
+        "messages": messages,
     }
