@@ -8,6 +8,11 @@ drafter, rows decoding steadily (random prompts, `ignore_eos`):
   host's work with the next step (launching step n+1 before reading step n) is what pays; if it is small, fewer
   kernels per step (fusion) is. The "... overlap" rows run with `EngineConfig.overlap`: their engine_ms against
   the same shape's without it is what the overlap gains.
+- enqueue_ms: the host time per step of those back-to-back replays before the final sync (the CPU cost of
+  launching the step's graphs). Close to graph_ms means the host cannot run ahead of the GPU: launches are that
+  expensive, or a replay waits for the previous replay of the same graph (then two instances per graph, or fewer
+  graph nodes, are the fix). The engine's own Python costs 15-60 us per step on a 2-core CPU with the tensor work
+  faked out (session 4), far below the host_ms the H200 showed.
 The replays advance the rows' device state without the host's bookkeeping, so the engine is discarded after them.
 
 usage: python benchmarks/step_anatomy.py OUT_DIR [MODEL.gguf] [--cpu]   (--cpu: a quick check of the script itself,
@@ -84,11 +89,13 @@ def anatomy(spec: SpecConfig | None, overlap: bool, B: int) -> dict:
     t = time.perf_counter()
     for _ in range(STEPS):
         run.graphs.run(kind, B, Lmax, True)
+    enqueue_ms = (time.perf_counter() - t) / STEPS * 1e3
     sync()
     graph_ms = (time.perf_counter() - t) / STEPS * 1e3
     label = (f"S{spec.steps} K{spec.topk} D{spec.draft_tokens}" if spec else "no-spec") + (" overlap" if overlap else "")
     return {"config": label, "batch": B, "engine_ms": round(engine_ms, 4), "graph_ms": round(graph_ms, 4),
-            "host_ms": round(engine_ms - graph_ms, 4), "host_share": round(1 - graph_ms / engine_ms, 3)}
+            "enqueue_ms": round(enqueue_ms, 4), "host_ms": round(engine_ms - graph_ms, 4),
+            "host_share": round(1 - graph_ms / engine_ms, 3)}
 
 
 OUT.mkdir(parents=True, exist_ok=True)
@@ -99,6 +106,8 @@ for B in BATCHES:
         results.append(r)
         print(json.dumps(r), flush=True)
 (OUT / "step_anatomy.json").write_text(json.dumps(results, indent=1))
-print("\n| config | batch | engine ms/step | graphs only | host | host share |\n|---|---:|---:|---:|---:|---:|")
+print("\n| config | batch | engine ms/step | graphs only | graphs' enqueue | host | host share |\n"
+      "|---|---:|---:|---:|---:|---:|---:|")
 for r in results:
-    print(f"| {r['config']} | {r['batch']} | {r['engine_ms']} | {r['graph_ms']} | {r['host_ms']} | {r['host_share']} |")
+    print(f"| {r['config']} | {r['batch']} | {r['engine_ms']} | {r['graph_ms']} | {r['enqueue_ms']} | {r['host_ms']} "
+          f"| {r['host_share']} |")
