@@ -362,10 +362,9 @@ class ModelRunner:
         V = out.logits.shape[-1]
         probs = target_probs(out.logits.reshape(B * D, V), self.temperature[r].repeat_interleave(D),
                              self.top_k[r].repeat_interleave(D), self.top_p[r].repeat_interleave(D))
-        drafted = None
-        if tree.q is not None:  # the drafter's distributions over the target vocabulary (0 outside the draft one)
-            drafted = torch.zeros(B, D, V, dtype=probs.dtype, device=dev).index_copy_(2, self.d_target_ids, tree.q)
-        return verify_sampling(tree, probs.view(B, D, V), self.generator, drafted), out.aux_hidden
+        # sampled chains: the drafter's distributions (draft vocabulary; laid over the target's per node)
+        return verify_sampling(tree, probs.view(B, D, V), self.generator, tree.q,
+                               self.d_target_ids if tree.q is not None else None), out.aux_hidden
 
     def _spec_commit(self, r: torch.Tensor, ctx_rows: torch.Tensor | None, kv_len: int, res: VerifyResult,
                      aux_all: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
