@@ -26,7 +26,8 @@ tok = CharTokenizer(t.config.vocab_size)
 for spec in (None, SpecConfig(3, 1, 4)):
     for B in (1, 8):
         for overlap in (False, True):
-            eng = Engine(t, tok, EngineConfig(max_batch_size=B, overlap=overlap), drafter=d if spec else None, spec=spec)
+            eng = Engine(t, tok, EngineConfig(max_batch_size=B, overlap=overlap), drafter=d if spec else None,
+                         spec=spec)
             g = GraphCache(eng.runner, capture=False)
             eng.runner.graphs = g
             real_run = g.run

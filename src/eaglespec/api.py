@@ -7,7 +7,8 @@
 `draft="auto"` (the default) speculates with the shipped drafter when the model is the embedded default and plainly
 otherwise; without an explicit `spec` it takes the measured shape of `assets.default_spec` for the device, the
 engine's rows (on the CPU: one-row engines, as `eaglespec generate` builds) and the `temperature` the engine is meant
-to serve (on CUDA: greedy only), and decodes plainly where the drafter was measured slower than plain decoding. `draft=None` never speculates; a path loads that EAGLE-3 drafter checkpoint.
+to serve (on CUDA: greedy only), and decodes plainly where the drafter was measured slower than plain decoding.
+`draft=None` never speculates; a path loads that EAGLE-3 drafter checkpoint.
 """
 
 from __future__ import annotations
