@@ -137,7 +137,7 @@ def test_sampled_chain_verification_accepts_sum_min_and_keeps_the_target_distrib
                      depth=depth.expand(N, 2), ancestors=ancestors.expand(N, 2, 2), children=children.expand(N, 2, 1),
                      paths=paths.expand(N, 2, 2))
     probs = torch.stack((p, torch.full((Vv,), 1 / Vv)))[None].expand(N, 2, Vv)  # node 1's q: the bonus after x
-    drafted = torch.stack((torch.zeros(Vv), r))[None].expand(N, 2, Vv)
+    drafted = r[None, None].expand(N, 1, Vv)  # node 1's token was drawn from r
     res = verify_sampling(tree, probs, gen, drafted)
     rate = res.accept_len.float().mean().item()
     expect = torch.minimum(p, r).sum().item()  # 0.70; p(argmax r) would be 0.25

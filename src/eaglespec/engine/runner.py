@@ -332,7 +332,7 @@ class ModelRunner:
     # kv_len >= (longest committed length) + headroom() in all three.
     def _spec_draft(self, r: torch.Tensor, ctx_rows: torch.Tensor | None, kv_len: int, greedy: bool) -> DraftTree:
         """The draft tree; a chain in a step with sampled rows samples their drafts (spec/draft.py) and the tree
-        carries the drafter's distributions (`DraftTree.q`, node i's at index i) for verification."""
+        carries the drafter's distributions (`DraftTree.q`, node i+1's at index i) for verification."""
         S, K, D = self.spec.steps, self.spec.topk, self.spec.draft_tokens
         L = self.seq_len[r]
         sampled = not greedy and K == 1
@@ -342,7 +342,7 @@ class ModelRunner:
                            (self.temperature[r], self.top_k[r], self.top_p[r]) if sampled else None, self.generator)
         tree = build_tree(self.last_token[r], cands.tokens, cands.scores, cands.parents, cands.depth, D, K, S)
         if cands.q is not None:  # node i >= 1 is candidate i-1; the root was not drafted
-            tree.q = torch.cat((torch.zeros_like(cands.q[:, :1]), cands.q[:, : D - 1]), 1)  # [B, D, Vd]
+            tree.q = cands.q[:, : D - 1]  # [B, D-1, Vd]
         return tree
 
     def _spec_verify(self, r: torch.Tensor, ctx_rows: torch.Tensor | None, kv_len: int, tree: DraftTree,

@@ -80,12 +80,13 @@ Sampling = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # per row: temperatu
 
 
 def sample_draft(logp: torch.Tensor, sampling: Sampling,
-                 generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+                 generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One sampled draft token per row: logp [B, Vd] log-probabilities and the rows' sampling parameters -> (ids
-    [B, 1], q [B, Vd]), q = the drafter's distribution processed as the target's is (`target_probs`: one-hot at the
-    argmax for T = 0). Fixed shapes, no host synchronisation."""
+    [B, 1], their log-probabilities [B, 1], q [B, Vd]), q = the drafter's distribution processed as the target's is
+    (`target_probs`: one-hot at the argmax for T = 0). Fixed shapes, no host synchronisation."""
     q = target_probs(logp, *sampling)
-    return sample(q, generator)[:, None], q  # one-hot rows return their token exactly
+    ids = sample(q, generator)[:, None]  # one-hot rows return their token exactly
+    return ids, torch.gather(logp, 1, ids), q
 
 
 def catch_up(
@@ -209,8 +210,7 @@ def draft_chain(
         ids, score = state.top_ids, state.top_logp  # [B, 1], [B, 1]
     else:
         assert state.logp is not None, "sampled drafting needs the catch-up's log-probabilities (keep_logp)"
-        ids, q = sample_draft(state.logp, sampling, generator)
-        score = torch.gather(state.logp, 1, ids)
+        ids, score, q = sample_draft(state.logp, sampling, generator)
         qs.append(q)
     tok, hidden = to_target(ids), state.hidden[:, None, :]  # [B, 1], [B, 1, H]
     c_tokens, c_scores = [tok], [score]
@@ -222,9 +222,7 @@ def draft_chain(
         if sampling is None:
             ids, logp = topk_logp(logits[:, 0], 1)  # [B, 1]
         else:
-            all_logp = torch.log_softmax(logits[:, 0].float(), dim=-1)
-            ids, q = sample_draft(all_logp, sampling, generator)
-            logp = torch.gather(all_logp, 1, ids)
+            ids, logp, q = sample_draft(torch.log_softmax(logits[:, 0].float(), dim=-1), sampling, generator)
             qs.append(q)
         tok, score = to_target(ids), score + logp
         c_tokens.append(tok)

@@ -35,7 +35,7 @@ class DraftTree:
     ancestors: torch.Tensor  # [B, D, D]
     children: torch.Tensor  # [B, D, K]
     paths: torch.Tensor  # [B, D, S+1]
-    q: torch.Tensor | None = None  # [B, D, Vd] sampled chains: node i's drafter distribution (root: zeros)
+    q: torch.Tensor | None = None  # [B, D-1, Vd] sampled chains: node i+1's drafter distribution (the root's none)
 
     @property
     def size(self) -> int:

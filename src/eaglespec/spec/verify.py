@@ -64,9 +64,9 @@ def verify_sampling(tree: DraftTree, probs: torch.Tensor, generator: torch.Gener
                     draft_probs: torch.Tensor | None = None,
                     draft_vocab_ids: torch.Tensor | None = None) -> VerifyResult:
     """probs [B, D, V]: the target's processed distribution (temperature, top-k, top-p) at each node;
-    draft_probs (chains only): the distribution each node's token was sampled from (module docstring), [B, D, V], or
-    [B, D, Vd] over a draft vocabulary whose target ids are `draft_vocab_ids` [Vd] (laid over the target vocabulary
-    one node at a time, so no [B, D, V] copy is made)."""
+    draft_probs (chains only): the distribution nodes 1..D-1's tokens were sampled from (module docstring), [B, D-1,
+    V], or [B, D-1, Vd] over a draft vocabulary whose target ids are `draft_vocab_ids` [Vd] (laid over the target
+    vocabulary one node at a time, so no [B, D-1, V] copy is made)."""
     B, D, V = probs.shape
     K = tree.children.shape[-1]
     if draft_probs is not None:
@@ -105,7 +105,7 @@ def verify_sampling(tree: DraftTree, probs: torch.Tensor, generator: torch.Gener
 
 def _verify_sampled_chain(tree: DraftTree, probs: torch.Tensor, draft_probs: torch.Tensor,
                           draft_vocab_ids: torch.Tensor | None, generator: torch.Generator | None) -> VerifyResult:
-    """Speculative sampling down a chain: node i+1 (depth i+1, drawn from r = draft_probs[:, i+1]) is accepted at
+    """Speculative sampling down a chain: node i+1 (depth i+1, drawn from r = draft_probs[:, i]) is accepted at
     node i with probability min(1, q(x) / r(x)), q = probs[:, i]; the first rejection draws the bonus from
     max(q - r, 0) renormalised, and a fully accepted chain draws it from q at the last node."""
     B, D, V = probs.shape
@@ -115,7 +115,7 @@ def _verify_sampled_chain(tree: DraftTree, probs: torch.Tensor, draft_probs: tor
     active = torch.ones(B, dtype=torch.bool, device=dev)
     bonus = torch.zeros(B, dtype=torch.int64, device=dev)
     for i in range(D - 1):
-        q, r = probs[:, i], draft_probs[:, i + 1]  # [B, V] ([B, Vd] for r with a draft vocabulary)
+        q, r = probs[:, i], draft_probs[:, i]  # [B, V] ([B, Vd] for r with a draft vocabulary)
         if draft_vocab_ids is not None:
             r = torch.zeros_like(q).index_copy_(1, draft_vocab_ids, r)
         x = tree.tokens[:, i + 1]
