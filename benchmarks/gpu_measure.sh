@@ -2,8 +2,9 @@
 # The H200 measurements of issues 4 and 6 in device calls back to back while the machine stays warm (the GGUF travels
 # in three parts: benchmarks/device_parts.sh).
 #   1. benchmarks/gpu_measure.sh random    carry .device/g1   (stages the GGUF's first part in /root/m, then runs what
-#      needs no checkpoint: the Triton kernel check, the Kimi-K2.5 slice, the Llama-3.1-8B shape decode and verify,
-#      the regeneration throughput; KIMI_LIMIT=1 skips the slice once it is measured)
+#      needs no checkpoint: the Triton kernel check, the fused norm + projection kernel (benchmarks/norm_linear_check.py),
+#      the Kimi-K2.5 slice, the Llama-3.1-8B shape decode and verify, the regeneration throughput; a section's
+#      *_LIMIT=1 skips it, e.g. KIMI_LIMIT=1 once the slice is measured)
 #   then bash benchmarks/device_parts.sh stage              carry .device/g2
 #   2. benchmarks/gpu_measure.sh smollm2   carry .device/g3 .whl   (joins the GGUF; SmolLM2 bf16 step costs and
 #      profiles, the step anatomy (host vs graphs), the shipped drafter in bf16, bf16 no-spec with and without
@@ -17,6 +18,10 @@ run() { local limit=$1 name=$2; shift 2; echo "== $name"; timeout "$limit" "$@" 
 if [ "$1" = random ]; then
   bash benchmarks/device_parts.sh stage
   run 60 kernel_check python3 benchmarks/kernel_check.py
+  # the fused add + RMSNorm + projection kernel: bf16 correctness, kernel times, decode / verify steps on and off
+  for sec in smollm2-135m llama-3.1-8b kernel; do
+    TAILN=8 run "${NL_LIMIT:-170}" "norm_linear_$sec" python3 benchmarks/norm_linear_check.py "$OUT/nl_$sec" "--only=$sec"
+  done
   run "${KIMI_LIMIT:-150}" kimi_slice python3 benchmarks/kimi_slice.py "$OUT"
   run "${L8B_LIMIT:-90}" llama8b python3 benchmarks/gpu_smoke.py none "$OUT" 8b
   # regeneration throughput, immediate vs batched admission (one process each)
@@ -30,8 +35,8 @@ else
   TAILN=16 run "${ANAT_LIMIT:-110}" step_anatomy python3 benchmarks/step_anatomy.py "$OUT" "$M"
   # the shipped drafter in bf16, the dtype CUDA users get (its per-device policy was set from float32 runs)
   TAILN=12 run "${SHIPPED_LIMIT:-120}" bench_shipped_bf16 python3 -m eaglespec bench --model "$M" --dtype bfloat16 \
-    --draft src/eaglespec/assets/smollm2-135m-eagle3 --spec 1,1,2 --spec 2,1,3 --spec 3,1,4 --batch-sizes 1,8 --limit 40 \
-    --max-new-tokens 256 --out /tmp/bs
+    --draft src/eaglespec/assets/smollm2-135m-eagle3 ${SHIPPED_SPECS:---spec 1,1,2 --spec 2,1,3 --spec 3,1,4} \
+    --batch-sizes "${SHIPPED_BATCHES:-1,8}" --limit "${SHIPPED_N:-40}" --max-new-tokens 256 --out /tmp/bs
   cp /tmp/bs/results.json "$OUT/bench_shipped_bf16.json" 2>/dev/null
   # the 1000 tok/s goal's benchmark (bf16, no speculation, MT-bench), without and with overlapped decoding
   for ov in no-overlap overlap; do

@@ -3,6 +3,8 @@
 - `fuse_projections(model)`: q/k/v into one GEMM and gate/up into one GEMM, in every GQA attention and gated MLP;
   fewer, larger kernels, which matters when a decode step is bound by kernel count (small models, batch 1).
 - `use_rope_store_kernel(model)` (CUDA): RoPE on q/k and both KV-cache writes as one Triton kernel per layer.
+- `use_norm_linear_kernel(model)` (CUDA): in Llama-style layers, residual add + RMSNorm + q/k/v projection and
+  residual add + RMSNorm + gate/up projection + SiLU gating as one Triton kernel each, for steps of a few rows.
 - `compile_elementwise(model)`: RMSNorm, residual-add + RMSNorm, RoPE and SiLU-gating through `torch.compile` (one
   fused kernel each instead of ~6), shapes dynamic so one compilation serves every batch and length bucket.
 Both change nothing numerically beyond floating-point reassociation; neither is applied to models being trained.
@@ -56,6 +58,27 @@ def use_rope_store_kernel(model: nn.Module) -> nn.Module:
     return model
 
 
+def use_norm_linear_kernel(model: nn.Module, max_rows: int | None = None) -> nn.Module:
+    """Residual add + RMSNorm + projection (+ SiLU gating) as one Triton kernel in every pre-norm layer whose
+    attention has a fused bias-free q/k/v projection and whose MLP is a fused bias-free SiLU gate/up MLP
+    (layers/norm_linear_kernel.py), for steps of at most `max_rows` rows (default: the kernel's MAX_ROWS).
+    Layers of other shapes (MLA, MoE) keep their path."""
+    from ..layers.norm_linear_kernel import MAX_ROWS, add_norm_linear
+    from ..models.base import PreNormDecoderLayer
+
+    for m in model.modules():
+        if not isinstance(m, PreNormDecoderLayer):
+            continue
+        a, f = m.self_attn, m.mlp
+        if (isinstance(a, GQAAttention) and getattr(a, "qkv_proj", None) is not None and a.qkv_proj.bias is None
+                and isinstance(f, GatedMLP) and getattr(f, "gate_up_proj", None) is not None
+                and f.gate_up_proj.bias is None and f.act_name == "silu"
+                and isinstance(m.input_layernorm, RMSNorm) and isinstance(m.post_attention_layernorm, RMSNorm)):
+            m.norm_linear = add_norm_linear
+            m.norm_linear_rows = MAX_ROWS if max_rows is None else max_rows
+    return model
+
+
 def prepare_for_inference(model: nn.Module, device: torch.device, fuse: bool | None,
                           compile: bool | None) -> nn.Module:
     """Apply the transforms an EngineConfig asks for (None: only on CUDA; fused projections on CUDA come with the
@@ -65,6 +88,7 @@ def prepare_for_inference(model: nn.Module, device: torch.device, fuse: bool | N
         fuse_projections(model)
         if device.type == "cuda":
             use_rope_store_kernel(model)
+            use_norm_linear_kernel(model)
     if compile or (compile is None and device.type == "cuda"):
         compile_elementwise(model)
     return model

@@ -123,20 +123,28 @@ class GQAAttention(nn.Module):
         ctx: ForwardContext,
         cache: Sequence[torch.Tensor] | None,
     ) -> torch.Tensor:
+        if hasattr(self, "qkv_proj"):  # fused by engine.transforms (one GEMM, one RoPE launch)
+            return self.attend_qkv(self.qkv_proj(x), cos, sin, ctx, cache)
         B, T, _ = x.shape
         H, Hkv, Dh = self.num_heads, self.num_kv_heads, self.head_dim
-        if hasattr(self, "qkv_proj"):  # fused by engine.transforms (one GEMM, one RoPE launch)
-            qkv = self.qkv_proj(x).view(B, T, H + 2 * Hkv, Dh)
-            if self.rope_store is not None and cache is not None and ctx.write_index is not None:
-                # one kernel: RoPE on q and k, k and v into the cache
-                q = self.rope_store(qkv, cos, sin, cache[0], cache[1], ctx.row_index(B), ctx.write_index, H, Hkv)
-                out = attend_cached(q, ctx, cache)
-                return self.o_proj(out.reshape(B, T, H * Dh))
-            qk = self.rope(qkv[:, :, : H + Hkv], cos, sin)
-            q, k, v = qk[:, :, :H], qk[:, :, H:], qkv[:, :, H + Hkv :]
-        else:
-            q = self.rope(self.q_proj(x).view(B, T, H, Dh), cos, sin)
-            k = self.rope(self.k_proj(x).view(B, T, Hkv, Dh), cos, sin)
-            v = self.v_proj(x).view(B, T, Hkv, Dh)
+        q = self.rope(self.q_proj(x).view(B, T, H, Dh), cos, sin)
+        k = self.rope(self.k_proj(x).view(B, T, Hkv, Dh), cos, sin)
+        v = self.v_proj(x).view(B, T, Hkv, Dh)
         out = attend(q, k, v, ctx, cache)  # [B, T, H, D]
-        return self.o_proj(out.reshape(B, T, self.num_heads * self.head_dim))
+        return self.o_proj(out.reshape(B, T, H * Dh))
+
+    def attend_qkv(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: ForwardContext,
+                   cache: Sequence[torch.Tensor] | None) -> torch.Tensor:
+        """The rest of a fused-projection forward from qkv [B, T, (H + 2 Hkv) * D] (the pre-norm layer may have
+        computed it together with the norm: layers/norm_linear_kernel.py) -> [B, T, hidden]."""
+        B, T, _ = qkv.shape
+        H, Hkv, Dh = self.num_heads, self.num_kv_heads, self.head_dim
+        qkv = qkv.view(B, T, H + 2 * Hkv, Dh)
+        if self.rope_store is not None and cache is not None and ctx.write_index is not None:
+            # one kernel: RoPE on q and k, k and v into the cache
+            q = self.rope_store(qkv, cos, sin, cache[0], cache[1], ctx.row_index(B), ctx.write_index, H, Hkv)
+            out = attend_cached(q, ctx, cache)
+            return self.o_proj(out.reshape(B, T, H * Dh))
+        qk = self.rope(qkv[:, :, : H + Hkv], cos, sin)
+        out = attend(qk[:, :, :H], qk[:, :, H:], qkv[:, :, H + Hkv :], ctx, cache)  # [B, T, H, D]
+        return self.o_proj(out.reshape(B, T, H * Dh))

@@ -34,14 +34,29 @@ class PreNormDecoderLayer(nn.Module):
     self_attn: nn.Module
     post_attention_layernorm: nn.Module
     mlp: nn.Module
+    # engine.transforms may set the fused add + RMSNorm + projection kernel (layers/norm_linear_kernel.py) for
+    # layers with a fused q/k/v projection and a fused gate/up SiLU MLP; used for steps of at most `max_rows` rows
+    norm_linear = None
+    norm_linear_rows = 0
 
     def forward(self, h, delta, cos, sin, ctx: ForwardContext, cache) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.norm_linear is not None and h.shape[0] * h.shape[1] <= self.norm_linear_rows:
+            return self._forward_fused(h, delta, cos, sin, ctx, cache)
         if delta is None:
             x = self.input_layernorm(h)
         else:
             h, x = self.input_layernorm.add_forward(h, delta)
         h, x = self.post_attention_layernorm.add_forward(h, self.self_attn(x, cos, sin, ctx, cache))
         return h, self.mlp(x)
+
+    def _forward_fused(self, h, delta, cos, sin, ctx: ForwardContext, cache) -> tuple[torch.Tensor, torch.Tensor]:
+        """The same layer in 6 kernels for a few rows: (add, norm, q/k/v), RoPE + KV store, attention, o_proj,
+        (add, norm, gate/up, SiLU gating), down_proj."""
+        fn, attn, mlp = self.norm_linear, self.self_attn, self.mlp
+        n1, n2 = self.input_layernorm, self.post_attention_layernorm
+        h, qkv = fn(h, delta, n1.weight, n1.eps, attn.qkv_proj.weight, False)
+        h, act = fn(h, attn.attend_qkv(qkv, cos, sin, ctx, cache), n2.weight, n2.eps, mlp.gate_up_proj.weight, True)
+        return h, mlp.down_proj(act)
 
 
 @dataclass

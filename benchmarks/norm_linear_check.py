@@ -1,0 +1,229 @@
+"""The fused add + RMSNorm + projection kernel (layers/norm_linear_kernel.py) on the GPU: correctness in bf16, its
+time against the path it replaces, and what it does to whole decode and verify steps.
+
+1. kernel: for the projections of SmolLM2-135M and Llama-3.1-8B (q/k/v and gate/up, with the residual add) and
+   M = 1, 2, 4, 8 rows: the largest difference from `add_norm_linear_reference` in bf16 rounding steps, and the time
+   per call (a CUDA graph of 50 calls) of the kernel with its default blocks, of the best of a few other blocks (M = 1 and 4), and
+   of the replaced path (compiled add + RMSNorm, cuBLAS GEMM, compiled SiLU gating).
+2. engine: random-weight SmolLM2-135M and Llama-3.1-8B shapes, bf16, batch 1, a 128-token prompt and 256 new tokens
+   (`ignore_eos`), CUDA graphs, overlap (the defaults): tok/s, decode ms per step, and the verify step of an oracle
+   chain of D = 4 and D = 8 tokens, with the fused kernel on (the default) and off.
+
+usage: python benchmarks/norm_linear_check.py OUT_DIR [--cpu] [--only=kernel|smollm2-135m|llama-3.1-8b]
+       (--cpu: Triton's interpreter, tiny shapes: a check of the script itself; --only: one section, so that each can
+       run under its own time limit)
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+CPU = "--cpu" in sys.argv
+if CPU:
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import torch  # noqa: E402
+
+from eaglespec.bench.random_model import random_model  # noqa: E402
+from eaglespec.config import EngineConfig, SpecConfig  # noqa: E402
+from eaglespec.engine.engine import Engine  # noqa: E402
+from eaglespec.engine.transforms import prepare_for_inference, use_norm_linear_kernel  # noqa: E402
+from eaglespec.layers import norm_linear_kernel as nlk  # noqa: E402
+from eaglespec.layers.mlp import silu_mul  # noqa: E402
+from eaglespec.layers.norm import add_rms_norm  # noqa: E402
+from eaglespec.models.base import PreNormDecoderLayer  # noqa: E402
+from eaglespec.sampling_params import SamplingParams  # noqa: E402
+from eaglespec.spec.oracle import OracleDrafter  # noqa: E402
+
+OUT = Path([a for a in sys.argv[1:] if not a.startswith("--")][0])
+OUT.mkdir(parents=True, exist_ok=True)
+DEV = torch.device("cpu" if CPU else "cuda")
+DT = torch.float32 if CPU else torch.bfloat16
+rows: list[dict] = []
+
+
+def emit(row: dict) -> None:
+    rows.append(row)
+    print(json.dumps(row), flush=True)
+    (OUT / "norm_linear.json").write_text(json.dumps(rows, indent=1))
+
+
+def per_call_us(fn, calls: int = 50) -> float:
+    """Time of one call of fn, captured `calls` times in one CUDA graph (launch gaps as in the engine's graphs)."""
+    if CPU:
+        t = time.perf_counter()
+        fn()
+        return 1e6 * (time.perf_counter() - t)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(calls):
+            fn()
+    g.replay()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(10):
+        g.replay()
+    torch.cuda.synchronize()
+    return 1e6 * (time.perf_counter() - t) / (10 * calls)
+
+
+def launch(h, d, nw, w, gated, blocks, warps):
+    M, K = h.shape
+    N = w.shape[0] // 2 if gated else w.shape[0]
+    h_out, y = torch.empty_like(h), torch.empty(M, N, dtype=h.dtype, device=h.device)
+    bm, bn, bk = blocks
+    nlk._kernel()[((N + bn - 1) // bn,)](h, d, nw, w, h_out, y, M, N, 1e-5, K=K, HAS_D=True, GATED=gated,
+                                         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps)
+    return h_out, y
+
+
+T0 = time.perf_counter()
+SEARCH_S = 240  # the block search stops after this many seconds (each config is a Triton compilation)
+
+
+def kernel_section() -> None:
+    add_norm = add_rms_norm if CPU else torch.compile(add_rms_norm, dynamic=True, fullgraph=True)
+    act = silu_mul if CPU else torch.compile(silu_mul, dynamic=True, fullgraph=True)
+    shapes = [("smollm2 qkv", 576, 960, False), ("smollm2 gate_up", 576, 1536, True),
+              ("8b qkv", 4096, 6144, False), ("8b gate_up", 4096, 14336, True)]
+    if CPU:
+        shapes = [("tiny qkv", 64, 96, False), ("tiny gate_up", 64, 128, True)]
+    g = torch.Generator(device=DEV).manual_seed(0)
+    for name, K, N, gated in shapes:
+        w = (torch.randn(2 * N if gated else N, K, generator=g, device=DEV) / K ** 0.5).to(DT)
+        nw = (1 + 0.1 * torch.randn(K, generator=g, device=DEV)).to(DT)
+        for M in (1, 2, 4, 8):
+            h = torch.randn(M, K, generator=g, device=DEV).to(DT)
+            d = torch.randn(M, K, generator=g, device=DEV).to(DT)
+            h1, y1 = nlk.add_norm_linear(h, d, nw, 1e-5, w, gated)
+            h2, y2 = nlk.add_norm_linear_reference(h, d, nw, 1e-5, w, gated)
+            ulp = (y2.float().abs().clamp_min(2 ** -20) * 2 ** -7)  # one bf16 step near each value (upper bound)
+            steps = ((y1.float() - y2.float()).abs() / ulp).max().item()
+
+            def replaced():
+                hh, x = add_norm(h, d, nw, 1e-5)
+                y = torch.nn.functional.linear(x, w)
+                return hh, act(y) if gated else y
+
+            base = nlk._blocks(M, N, K)
+            t_ref = per_call_us(replaced)
+            t_def = per_call_us(lambda: nlk.add_norm_linear(h, d, nw, 1e-5, w, gated))
+            best = (t_def, base, 4)
+            if not CPU and M in (1, 4) and time.perf_counter() - T0 < SEARCH_S:
+                for bn in (4, 8, 16, 32):
+                    for bk in (64, 128, 256):
+                        if base[0] * bn * bk > 32768 or bk > max(64, K):
+                            continue
+                        for warps in (4, 8):
+                            try:
+                                t = per_call_us(lambda: launch(h, d, nw, w, gated, (base[0], bn, bk), warps))
+                            except Exception as e:  # noqa: BLE001  (a config Triton cannot build: skipped)
+                                print(f"  skip {bn} {bk} {warps}: {type(e).__name__}", flush=True)
+                                continue
+                            if t < best[0]:
+                                best = (t, (base[0], bn, bk), warps)
+            emit({"kernel": name, "M": M, "K": K, "N": N, "max_diff_bf16_steps": round(steps, 2),
+                  "h_equal": bool(torch.equal(h1, h2)), "replaced_us": round(t_ref, 2),
+                  "fused_default_us": round(t_def, 2), "default_blocks": list(base),
+                  "best_us": round(best[0], 2), "best_blocks": list(best[1]), "best_warps": best[2]})
+
+
+def set_fused(model, on: bool) -> None:
+    use_norm_linear_kernel(model)
+    for m in model.modules():
+        if isinstance(m, PreNormDecoderLayer) and not on:
+            m.norm_linear = None
+
+
+def sync() -> None:
+    if not CPU:
+        torch.cuda.synchronize()
+
+
+def engine_section(shape: str) -> None:
+    lm = random_model(shape, DEV, DT, 0)
+    m = lm.model
+    prepare_for_inference(m, DEV, None if not CPU else True, None if not CPU else False)
+    nbytes = sum(p.numel() * p.element_size() for p in m.parameters())
+    prompt = list(range(100, 228 if not CPU else 116))
+    n_new = 256 if not CPU else 8
+    params = SamplingParams(max_new_tokens=n_new, ignore_eos=True)
+    for on in (False, True):
+        set_fused(m, on)
+        e = Engine(m, None, EngineConfig(device=DEV.type, dtype="float32" if CPU else "bfloat16"))
+        e.reserve(1, 1024)
+        e.warmup([1])
+        e.generate([prompt], SamplingParams(max_new_tokens=8, ignore_eos=True))
+        best = 0.0
+        for _ in range(3):
+            sync()
+            t0 = time.perf_counter()
+            o = e.generate([prompt], params)[0]
+            sync()
+            best = max(best, len(o.token_ids) / (time.perf_counter() - t0))
+        e.runner.timer.enabled = True
+        e.runner.timer.reset()
+        o = e.generate([prompt], params)[0]
+        dec = e.runner.timer.totals()["decode"] / (len(o.token_ids) - 1)
+        row = {"engine": shape, "fused": on, "tok_per_s": round(best, 1), "decode_ms": round(1000 * dec, 4),
+               "GBps_at_decode": round(nbytes / dec / 1e9, 1)}
+        for spec in (SpecConfig(3, 1, 4), SpecConfig(7, 1, 8)):
+            d = OracleDrafter(m.config, [prompt + o.token_ids], capacity=2100)
+            es = Engine(m, None, EngineConfig(device=DEV.type, dtype="float32" if CPU else "bfloat16"),
+                        drafter=d, spec=spec)
+            es.reserve(1, 1024)
+            es.warmup([1])
+            es.generate([prompt], SamplingParams(max_new_tokens=8, ignore_eos=True))
+            es.stats.__init__()
+            es.runner.timer.enabled = True
+            es.runner.timer.reset()
+            es.generate([prompt], params)
+            ver = es.runner.timer.totals()["verify"] / max(es.stats.verify_steps, 1)
+            row[f"verify_D{spec.draft_tokens}_ms"] = round(1000 * ver, 4)
+            row[f"verify_D{spec.draft_tokens}_over_decode"] = round(ver / dec, 3)
+            del es, d
+        row["fused_layers"] = sum(getattr(x, "norm_linear", None) is not None for x in m.modules())
+        emit(row)
+        del e
+        gc.collect()
+        if not CPU:
+            torch.cuda.empty_cache()
+    del m, lm
+    gc.collect()
+
+
+SECTIONS = [(kernel_section, None), (engine_section, "smollm2-135m"), (engine_section, "llama-3.1-8b")]
+if CPU:  # a tiny Llama shape instead of the real ones
+    from eaglespec.bench.random_model import SMOLLM2_135M
+
+    tiny = dict(SMOLLM2_135M, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=16, vocab_size=256)
+    (OUT / "tiny_config.json").write_text(json.dumps(tiny))
+    SECTIONS = [(kernel_section, None), (engine_section, str(OUT / "tiny_config.json"))]
+ONLY = [a[len("--only="):] for a in sys.argv if a.startswith("--only=")]
+if ONLY:  # --only=kernel / --only=smollm2-135m / --only=llama-3.1-8b
+    SECTIONS = [(f, a) for f, a in SECTIONS if (a or "kernel") == ONLY[0]]
+for fn, arg in SECTIONS:
+    t = time.perf_counter()
+    try:
+        fn() if arg is None else fn(arg)
+    except Exception as e:  # noqa: BLE001  (one section's failure must not lose the others' rows)
+        import traceback
+
+        traceback.print_exc()
+        emit({"section": f"{fn.__name__} {arg}", "error": repr(e)[:300]})
+    print(f"== {fn.__name__} {arg or ''} took {time.perf_counter() - t:.1f}s", flush=True)
+print("\n| row | values |\n|---|---|")
+for r in rows:
+    print("| " + " | ".join(f"{k}={v}" for k, v in r.items()) + " |")

@@ -1,0 +1,125 @@
+"""One Triton kernel for a pre-norm projection of a few rows: residual add, RMSNorm and the GEMV in one launch.
+
+At batch 1 a decode step of a small model is bound by kernel count, not bytes (SmolLM2-135M: ~280 kernels of a few
+microseconds each, ~1 us of launch gap between them inside a CUDA graph). Each pre-norm decoder layer runs
+add+RMSNorm, then a projection, and the MLP also a SiLU gating kernel; this kernel does add + norm + projection (+
+gating) in one launch, so a Llama layer runs 6 kernels instead of 9.
+
+`add_norm_linear(h, delta, norm_weight, eps, weight, gated) -> (h_out, y)`:
+  h, delta [M, K] (delta None: h is the residual stream), norm_weight [K], weight [N, K] (an nn.Linear's, no bias).
+  h_out = h + delta (h itself when delta is None) and y = norm(h_out) @ weight.T [M, N]; gated (a fused gate/up
+  weight, N = 2I, gate rows first): y = silu(gate) * up [M, I]. Every rounding of the PyTorch path is kept (the sum,
+  the normalised row, its product with the norm weight and the projection's output are rounded to the input dtype
+  where the modules round them), so results differ from `add_norm_linear_reference` only by the order of the
+  float32 sums. Program n: BLOCK_N output columns (and their up rows when gated) of all M rows; each program
+  recomputes the rows' sums of squares (K values per row, from L2), program 0 writes h_out.
+Meant for M <= MAX_ROWS (decode and short verify steps); larger M keeps cuBLAS. The kernel is built on first use, so
+that `TRITON_INTERPRET=1` (set by the CPU tests) takes effect.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+
+from .norm import rms_norm
+
+MAX_ROWS = 8  # rows (batch x tokens) up to which the fused kernel is used; measured on the H200 (docs/benchmarks.md)
+
+
+def add_norm_linear_reference(h: torch.Tensor, delta: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
+                              weight: torch.Tensor, gated: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    if delta is not None:
+        h = h + delta
+    y = F.linear(rms_norm(h, norm_weight, eps), weight)
+    if gated:
+        gate, up = y.chunk(2, dim=-1)
+        y = F.silu(gate) * up
+    return h, y
+
+
+@functools.cache
+def _kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def add_norm_linear_kernel(h, d, nw, w, h_out, y, M, N, eps, K: tl.constexpr, HAS_D: tl.constexpr,
+                               GATED: tl.constexpr,
+                               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        pid = tl.program_id(0)
+        dt = h_out.dtype.element_ty
+        rm = tl.arange(0, BLOCK_M)
+        mm = rm < M
+        # pass 1: the rows' sums of squares (and the residual sum, written once)
+        ss = tl.zeros([BLOCK_M], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            rk = k0 + tl.arange(0, BLOCK_K)
+            msk = mm[:, None] & (rk < K)[None, :]
+            x = tl.load(h + rm[:, None] * K + rk[None, :], mask=msk, other=0.0)
+            if HAS_D:
+                x = (x.to(tl.float32) + tl.load(d + rm[:, None] * K + rk[None, :], mask=msk, other=0.0)
+                     .to(tl.float32)).to(dt)
+                if pid == 0:
+                    tl.store(h_out + rm[:, None] * K + rk[None, :], x, mask=msk)
+            x = x.to(tl.float32)
+            ss += tl.sum(x * x, axis=1)
+        rstd = 1.0 / tl.sqrt(ss / K + eps)
+        # pass 2: the projection of norm(x) * norm_weight, rounded as the PyTorch path rounds it
+        rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+        nm = rn < N
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            rk = k0 + tl.arange(0, BLOCK_K)
+            km = rk < K
+            msk = mm[:, None] & km[None, :]
+            x = tl.load(h + rm[:, None] * K + rk[None, :], mask=msk, other=0.0)
+            if HAS_D:
+                x = (x.to(tl.float32) + tl.load(d + rm[:, None] * K + rk[None, :], mask=msk, other=0.0)
+                     .to(tl.float32)).to(dt)
+            xn = (x.to(tl.float32) * rstd[:, None]).to(dt).to(tl.float32)
+            g = tl.load(nw + rk, mask=km, other=0.0).to(tl.float32)
+            xn = (xn * g[None, :]).to(dt).to(tl.float32)  # [BLOCK_M, BLOCK_K]
+            wm = nm[:, None] & km[None, :]
+            wt = tl.load(w + rn[:, None] * K + rk[None, :], mask=wm, other=0.0).to(tl.float32)  # [BLOCK_N, BLOCK_K]
+            acc += tl.sum(xn[:, None, :] * wt[None, :, :], axis=2)
+            if GATED:
+                wu = tl.load(w + (rn + N)[:, None] * K + rk[None, :], mask=wm, other=0.0).to(tl.float32)
+                acc_up += tl.sum(xn[:, None, :] * wu[None, :, :], axis=2)
+        out = acc.to(dt)
+        if GATED:
+            gv = out.to(tl.float32)
+            out = ((gv / (1.0 + tl.exp(-gv))).to(dt).to(tl.float32) * acc_up.to(dt).to(tl.float32)).to(dt)
+        tl.store(y + rm[:, None] * N + rn[None, :], out, mask=mm[:, None] & nm[None, :])
+
+    return add_norm_linear_kernel
+
+
+def _blocks(M: int, N: int, K: int) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_K): all M rows in one program; BLOCK_M * BLOCK_N * BLOCK_K <= 8192 products per
+    K step (registers), BLOCK_N small enough that the grid has a program per SM or more."""
+    bm = 1 if M <= 1 else 2 if M <= 2 else 4 if M <= 4 else 8
+    bk = 128 if K >= 128 else max(16, 1 << (K - 1).bit_length())
+    bn = max(1, min(16, 8192 // (bm * bk)))
+    while bn > 4 and N // bn < 128:
+        bn //= 2
+    return bm, bn, bk
+
+
+def add_norm_linear(h: torch.Tensor, delta: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
+                    weight: torch.Tensor, gated: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    *lead, K = h.shape
+    M = h.numel() // K
+    N = weight.shape[0] // 2 if gated else weight.shape[0]
+    assert M <= MAX_ROWS and weight.shape[1] == K and weight.is_contiguous(), "add_norm_linear: shape"
+    h2 = h.reshape(M, K).contiguous()
+    d2 = delta.reshape(M, K).contiguous() if delta is not None else h2
+    h_out = torch.empty_like(h2) if delta is not None else h2
+    y = torch.empty(M, N, dtype=h.dtype, device=h.device)
+    bm, bn, bk = _blocks(M, N, K)
+    _kernel()[((N + bn - 1) // bn,)](h2, d2, norm_weight, weight, h_out, y, M, N, eps, K=K, HAS_D=delta is not None,
+                                     GATED=gated, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk)
+    return h_out.view(*lead, K), y.view(*lead, N)

@@ -1,0 +1,98 @@
+"""The fused add + RMSNorm + projection Triton kernel, run by Triton's interpreter on the CPU, against PyTorch."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernel is built (it is built on first use)
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from tiny import tiny_drafter, tiny_llama  # noqa: E402
+
+from eaglespec.config import SpecConfig  # noqa: E402
+from eaglespec.engine.engine import Engine  # noqa: E402
+from eaglespec.engine.transforms import fuse_projections, use_norm_linear_kernel, use_rope_store_kernel  # noqa: E402
+from eaglespec.layers.context import ForwardContext  # noqa: E402
+from eaglespec.layers.norm_linear_kernel import MAX_ROWS, add_norm_linear, add_norm_linear_reference  # noqa: E402
+from eaglespec.sampling_params import SamplingParams  # noqa: E402
+
+
+@pytest.mark.parametrize("M,K,N", [(1, 48, 40), (3, 200, 24), (MAX_ROWS, 64, 130)])
+@pytest.mark.parametrize("gated", [False, True])
+@pytest.mark.parametrize("with_delta", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_kernel_matches_reference(M, K, N, gated, with_delta, dtype):
+    g = torch.Generator().manual_seed(M * 1000 + K + N)
+    h = torch.randn(2, M // 2, K, generator=g).to(dtype) if M % 2 == 0 else torch.randn(M, 1, K, generator=g).to(dtype)
+    d = torch.randn(h.shape, generator=g).to(dtype) if with_delta else None
+    nw = (1 + 0.1 * torch.randn(K, generator=g)).to(dtype)
+    w = (torch.randn(2 * N if gated else N, K, generator=g) / K ** 0.5).to(dtype)
+    h1, y1 = add_norm_linear(h, d, nw, 1e-5, w, gated)
+    h2, y2 = add_norm_linear_reference(h, d, nw, 1e-5, w, gated)
+    assert h1.shape == h2.shape and y1.shape == y2.shape == (*h.shape[:-1], N)
+    if dtype == torch.float32:
+        assert torch.equal(h1, h2)  # the residual sum is the same sum
+        assert torch.allclose(y1, y2, atol=1e-5, rtol=1e-5)
+    else:  # Triton's interpreter truncates float32 -> bfloat16 where the GPU rounds to nearest, so each of the
+        # kernel's 3-4 roundings may be a step off here: a loose bound (benchmarks/norm_linear_check.py checks
+        # bf16 on the GPU to a rounding step)
+        assert ((h1.float() - h2.float()).abs() <= 2 ** -7 * h2.float().abs()).all()
+        assert ((y1.float() - y2.float()).abs() <= 2 ** -4 * (1 + y2.float().abs())).all()
+
+
+def test_too_many_rows_is_refused():
+    h = torch.zeros(MAX_ROWS + 1, 1, 16)
+    with pytest.raises(AssertionError):
+        add_norm_linear(h, None, torch.ones(16), 1e-5, torch.zeros(8, 16), False)
+
+
+def test_layers_use_it_only_for_few_rows():
+    """The transform wires Llama layers; a forward of few rows takes the fused path, a longer one keeps the modules,
+    and both give the plain model's logits."""
+    ids = torch.tensor([[1, 2, 3, 4, 5]])
+    ref = tiny_llama(seed=0)
+    m = use_norm_linear_kernel(fuse_projections(tiny_llama(seed=0)), max_rows=4)
+    layer = m.model.layers[0]
+    assert layer.norm_linear is add_norm_linear and layer.norm_linear_rows == 4
+    calls = []
+    layer.norm_linear = lambda *a: calls.append(1) or add_norm_linear(*a)
+    long = m(ids, ForwardContext.plain(1, 5, ids.device)).logits
+    assert calls == []  # 5 rows > 4: the module path
+    short = m(ids[:, :3], ForwardContext.plain(1, 3, ids.device)).logits
+    assert calls == [1, 1]  # attention half and MLP half
+    assert torch.allclose(long, ref(ids, ForwardContext.plain(1, 5, ids.device)).logits, atol=1e-5)
+    assert torch.allclose(short, ref(ids[:, :3], ForwardContext.plain(1, 3, ids.device)).logits, atol=1e-5)
+
+
+def test_unfused_layers_are_left_alone():
+    m = use_norm_linear_kernel(tiny_llama(seed=0))  # q/k/v not fused: nothing to fuse the norm into
+    assert all(layer.norm_linear is None for layer in m.model.layers)
+
+
+def test_engine_with_the_kernels_equals_plain(monkeypatch):
+    """Both Triton kernels through the whole engine (float32): the decode steps of a 2-row batch and the
+    verify steps of a chain of 3 (2 x 4 rows) take the fused path; greedy speculation still equals plain decoding."""
+    import eaglespec.layers.norm_linear_kernel as nlk
+
+    blocks = nlk._blocks  # the interpreter runs programs one after another: one program per call here
+    rows_seen: set[int] = set()
+
+    def one_program(M: int, N: int, K: int) -> tuple[int, int, int]:
+        rows_seen.add(M)
+        return blocks(M, N, K)[0], 1 << (N - 1).bit_length(), blocks(M, N, K)[2]
+
+    monkeypatch.setattr(nlk, "_blocks", one_program)
+    prompts = [[1, 2, 3, 4], list(range(10, 15))]
+    params = SamplingParams(max_new_tokens=6, ignore_eos=True)
+    target = tiny_llama(seed=0)
+    ref = [o.token_ids for o in Engine(target, None).generate(prompts, params)]
+    drafter = tiny_drafter(target, seed=1)
+    for m in (target, drafter):
+        use_rope_store_kernel(fuse_projections(m))
+    use_norm_linear_kernel(target)
+    plain = Engine(target, None)
+    assert [o.token_ids for o in plain.generate(prompts, params)] == ref
+    eng = Engine(target, None, drafter=drafter, spec=SpecConfig(3, 1, 4))
+    assert [o.token_ids for o in eng.generate(prompts, params)] == ref
+    assert {2, 8} <= rows_seen  # two rows' decode, two rows' verify of 4 tokens
