@@ -18,7 +18,7 @@ from eaglespec.layers.norm_linear_kernel import MAX_ROWS, add_norm_linear, add_n
 from eaglespec.sampling_params import SamplingParams  # noqa: E402
 
 
-@pytest.mark.parametrize("M,K,N", [(1, 48, 40), (3, 200, 24), (MAX_ROWS, 64, 130)])
+@pytest.mark.parametrize("M,K,N", [(1, 48, 40), (3, 200, 24), (MAX_ROWS, 64, 130), (2, 2100, 20)])  # last: K in blocks
 @pytest.mark.parametrize("gated", [False, True])
 @pytest.mark.parametrize("with_delta", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -62,8 +62,10 @@ def use_norm_linear_kernel(model: nn.Module, max_rows: int | None = None) -> nn.
     """Residual add + RMSNorm + projection (+ SiLU gating) as one Triton kernel in every pre-norm layer whose
     attention has a fused bias-free q/k/v projection and whose MLP is a fused bias-free SiLU gate/up MLP
     (layers/norm_linear_kernel.py), for steps of at most `max_rows` rows (default: the kernel's MAX_ROWS).
-    Layers of other shapes (MLA, MoE) keep their path."""
-    from ..layers.norm_linear_kernel import MAX_ROWS, add_norm_linear
+    Only models of width <= ONE_SHOT_K (SmolLM2's 576): on the H200 the kernel beats the launches it saves there,
+    while for a 4096-wide layer its blocked loop is 2-3x slower than cuBLAS (docs/benchmarks.md). Layers of other
+    shapes (MLA, MoE) keep their path."""
+    from ..layers.norm_linear_kernel import MAX_ROWS, ONE_SHOT_K, add_norm_linear
     from ..models.base import PreNormDecoderLayer
 
     for m in model.modules():
@@ -71,6 +73,7 @@ def use_norm_linear_kernel(model: nn.Module, max_rows: int | None = None) -> nn.
             continue
         a, f = m.self_attn, m.mlp
         if (isinstance(a, GQAAttention) and getattr(a, "qkv_proj", None) is not None and a.qkv_proj.bias is None
+                and a.qkv_proj.in_features <= ONE_SHOT_K
                 and isinstance(f, GatedMLP) and getattr(f, "gate_up_proj", None) is not None
                 and f.gate_up_proj.bias is None and f.act_name == "silu"
                 and isinstance(m.input_layernorm, RMSNorm) and isinstance(m.post_attention_layernorm, RMSNorm)):

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from .norm import rms_norm
 
 MAX_ROWS = 8  # rows (batch x tokens) up to which the fused kernel is used; measured on the H200 (docs/benchmarks.md)
+ONE_SHOT_K = 2048  # inputs up to this width are read in one block (the layers it pays for: see engine.transforms)
 
 
 def add_norm_linear_reference(h: torch.Tensor, delta: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
@@ -47,48 +48,72 @@ def _kernel():
 
     @triton.jit
     def add_norm_linear_kernel(h, d, nw, w, h_out, y, M, N, eps, K: tl.constexpr, HAS_D: tl.constexpr,
-                               GATED: tl.constexpr,
-                               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                               GATED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                               BLOCK_K: tl.constexpr):
         pid = tl.program_id(0)
         dt = h_out.dtype.element_ty
         rm = tl.arange(0, BLOCK_M)
         mm = rm < M
-        # pass 1: the rows' sums of squares (and the residual sum, written once)
-        ss = tl.zeros([BLOCK_M], dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            rk = k0 + tl.arange(0, BLOCK_K)
-            msk = mm[:, None] & (rk < K)[None, :]
+        rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+        nm = rn < N
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        if BLOCK_K >= K:
+            # one shot (K fits one block): the weight tile's loads are issued first, so that their latency overlaps
+            # the norm's; one memory round trip per operand
+            rk = tl.arange(0, BLOCK_K)
+            km = rk < K
+            wm = nm[:, None] & km[None, :]
+            wt = tl.load(w + rn[:, None] * K + rk[None, :], mask=wm, other=0.0)  # [BLOCK_N, BLOCK_K]
+            if GATED:
+                wu = tl.load(w + (rn + N)[:, None] * K + rk[None, :], mask=wm, other=0.0)
+            msk = mm[:, None] & km[None, :]
             x = tl.load(h + rm[:, None] * K + rk[None, :], mask=msk, other=0.0)
             if HAS_D:
                 x = (x.to(tl.float32) + tl.load(d + rm[:, None] * K + rk[None, :], mask=msk, other=0.0)
                      .to(tl.float32)).to(dt)
                 if pid == 0:
                     tl.store(h_out + rm[:, None] * K + rk[None, :], x, mask=msk)
-            x = x.to(tl.float32)
-            ss += tl.sum(x * x, axis=1)
-        rstd = 1.0 / tl.sqrt(ss / K + eps)
-        # pass 2: the projection of norm(x) * norm_weight, rounded as the PyTorch path rounds it
-        rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-        nm = rn < N
-        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            rk = k0 + tl.arange(0, BLOCK_K)
-            km = rk < K
-            msk = mm[:, None] & km[None, :]
-            x = tl.load(h + rm[:, None] * K + rk[None, :], mask=msk, other=0.0)
-            if HAS_D:
-                x = (x.to(tl.float32) + tl.load(d + rm[:, None] * K + rk[None, :], mask=msk, other=0.0)
-                     .to(tl.float32)).to(dt)
-            xn = (x.to(tl.float32) * rstd[:, None]).to(dt).to(tl.float32)
-            g = tl.load(nw + rk, mask=km, other=0.0).to(tl.float32)
-            xn = (xn * g[None, :]).to(dt).to(tl.float32)  # [BLOCK_M, BLOCK_K]
-            wm = nm[:, None] & km[None, :]
-            wt = tl.load(w + rn[:, None] * K + rk[None, :], mask=wm, other=0.0).to(tl.float32)  # [BLOCK_N, BLOCK_K]
-            acc += tl.sum(xn[:, None, :] * wt[None, :, :], axis=2)
+            xf = x.to(tl.float32)
+            rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=1) / K + eps)
+            xn = (xf * rstd[:, None]).to(dt).to(tl.float32)
+            xn = (xn * tl.load(nw + rk, mask=km, other=0.0).to(tl.float32)[None, :]).to(dt).to(tl.float32)
+            acc += tl.sum(xn[:, None, :] * wt.to(tl.float32)[None, :, :], axis=2)
             if GATED:
-                wu = tl.load(w + (rn + N)[:, None] * K + rk[None, :], mask=wm, other=0.0).to(tl.float32)
-                acc_up += tl.sum(xn[:, None, :] * wu[None, :, :], axis=2)
+                acc_up += tl.sum(xn[:, None, :] * wu.to(tl.float32)[None, :, :], axis=2)
+        else:
+            # pass 1: the rows' sums of squares (and the residual sum, written once)
+            ss = tl.zeros([BLOCK_M], dtype=tl.float32)
+            for k0 in range(0, K, BLOCK_K):
+                rk = k0 + tl.arange(0, BLOCK_K)
+                msk = mm[:, None] & (rk < K)[None, :]
+                x = tl.load(h + rm[:, None] * K + rk[None, :], mask=msk, other=0.0)
+                if HAS_D:
+                    x = (x.to(tl.float32) + tl.load(d + rm[:, None] * K + rk[None, :], mask=msk, other=0.0)
+                         .to(tl.float32)).to(dt)
+                    if pid == 0:
+                        tl.store(h_out + rm[:, None] * K + rk[None, :], x, mask=msk)
+                x = x.to(tl.float32)
+                ss += tl.sum(x * x, axis=1)
+            rstd = 1.0 / tl.sqrt(ss / K + eps)
+            # pass 2: the projection of norm(x) * norm_weight, rounded as the PyTorch path rounds it
+            for k0 in range(0, K, BLOCK_K):
+                rk = k0 + tl.arange(0, BLOCK_K)
+                km = rk < K
+                msk = mm[:, None] & km[None, :]
+                x = tl.load(h + rm[:, None] * K + rk[None, :], mask=msk, other=0.0)
+                if HAS_D:
+                    x = (x.to(tl.float32) + tl.load(d + rm[:, None] * K + rk[None, :], mask=msk, other=0.0)
+                         .to(tl.float32)).to(dt)
+                xn = (x.to(tl.float32) * rstd[:, None]).to(dt).to(tl.float32)
+                g = tl.load(nw + rk, mask=km, other=0.0).to(tl.float32)
+                xn = (xn * g[None, :]).to(dt).to(tl.float32)  # [BLOCK_M, BLOCK_K]
+                wm = nm[:, None] & km[None, :]
+                wt = tl.load(w + rn[:, None] * K + rk[None, :], mask=wm, other=0.0).to(tl.float32)
+                acc += tl.sum(xn[:, None, :] * wt[None, :, :], axis=2)
+                if GATED:
+                    wu = tl.load(w + (rn + N)[:, None] * K + rk[None, :], mask=wm, other=0.0).to(tl.float32)
+                    acc_up += tl.sum(xn[:, None, :] * wu[None, :, :], axis=2)
         out = acc.to(dt)
         if GATED:
             gv = out.to(tl.float32)
@@ -99,13 +124,13 @@ def _kernel():
 
 
 def _blocks(M: int, N: int, K: int) -> tuple[int, int, int]:
-    """(BLOCK_M, BLOCK_N, BLOCK_K): all M rows in one program; BLOCK_M * BLOCK_N * BLOCK_K <= 8192 products per
-    K step (registers), BLOCK_N small enough that the grid has a program per SM or more."""
+    """(BLOCK_M, BLOCK_N, BLOCK_K): all M rows in one program; K in one block up to ONE_SHOT_K (one memory round
+    trip; the H200 measurement: a 2-pass loop over 128-wide blocks was latency-bound, 1.5-3x slower than cuBLAS);
+    BLOCK_M * BLOCK_N * BLOCK_K <= 8192 products per program (registers), at least one column per program."""
     bm = 1 if M <= 1 else 2 if M <= 2 else 4 if M <= 4 else 8
-    bk = 128 if K >= 128 else max(16, 1 << (K - 1).bit_length())
+    kp = 1 << (K - 1).bit_length()
+    bk = kp if kp <= ONE_SHOT_K else 256
     bn = max(1, min(16, 8192 // (bm * bk)))
-    while bn > 4 and N // bn < 128:
-        bn //= 2
     return bm, bn, bk
 
 
