@@ -14,15 +14,20 @@ from eaglespec.config import SpecConfig  # noqa: E402
 from eaglespec.engine.engine import Engine  # noqa: E402
 from eaglespec.engine.transforms import fuse_projections, use_norm_linear_kernel, use_rope_store_kernel  # noqa: E402
 from eaglespec.layers.context import ForwardContext  # noqa: E402
+import eaglespec.layers.norm_linear_kernel as nlk  # noqa: E402
 from eaglespec.layers.norm_linear_kernel import MAX_ROWS, add_norm_linear, add_norm_linear_reference  # noqa: E402
 from eaglespec.sampling_params import SamplingParams  # noqa: E402
 
 
-@pytest.mark.parametrize("M,K,N", [(1, 48, 40), (3, 200, 24), (MAX_ROWS, 64, 130), (2, 2100, 20)])  # last: K in blocks
+@pytest.mark.parametrize("M,K,N", [(1, 48, 40), (3, 200, 24), (MAX_ROWS, 64, 130), (6, 40, 20), (2, 2100, 20)])
+# (M > 4: tensor-core products; K > 2048: K in blocks)
 @pytest.mark.parametrize("gated", [False, True])
 @pytest.mark.parametrize("with_delta", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_kernel_matches_reference(M, K, N, gated, with_delta, dtype):
+    if dtype == torch.bfloat16 and nlk._blocks(M, N, K, gated)[4]:
+        pytest.skip("Triton 3.6's interpreter computes bf16 tl.dot wrongly (a plain 16x16 bf16 dot is off by ~1e10); "
+                    "the tensor-core path in bf16 is checked on the GPU (benchmarks/norm_linear_check.py)")
     g = torch.Generator().manual_seed(M * 1000 + K + N)
     h = torch.randn(2, M // 2, K, generator=g).to(dtype) if M % 2 == 0 else torch.randn(M, 1, K, generator=g).to(dtype)
     d = torch.randn(h.shape, generator=g).to(dtype) if with_delta else None
@@ -73,14 +78,13 @@ def test_unfused_layers_are_left_alone():
 def test_engine_with_the_kernels_equals_plain(monkeypatch):
     """Both Triton kernels through the whole engine (float32): the decode steps of a 2-row batch and the
     verify steps of a chain of 3 (2 x 4 rows) take the fused path; greedy speculation still equals plain decoding."""
-    import eaglespec.layers.norm_linear_kernel as nlk
-
     blocks = nlk._blocks  # the interpreter runs programs one after another: one program per call here
     rows_seen: set[int] = set()
 
-    def one_program(M: int, N: int, K: int) -> tuple[int, int, int]:
+    def one_program(M: int, N: int, K: int, gated: bool) -> tuple[int, int, int, int, bool]:
         rows_seen.add(M)
-        return blocks(M, N, K)[0], 1 << (N - 1).bit_length(), blocks(M, N, K)[2]
+        bm, _, bk, warps, dot = blocks(M, N, K, gated)
+        return bm, 1 << (N - 1).bit_length(), bk, warps, dot
 
     monkeypatch.setattr(nlk, "_blocks", one_program)
     prompts = [[1, 2, 3, 4], list(range(10, 15))]
