@@ -102,6 +102,10 @@ def candidates(M: int, K: int):
             yield 16, bn, kp, warps, True
 
 
+T0 = time.perf_counter()
+SEARCH_S = 240  # the sweep stops after this many seconds (each configuration is a Triton compilation)
+
+
 def kernel_section() -> None:
     add_norm = add_rms_norm if CPU else torch.compile(add_rms_norm, dynamic=True, fullgraph=True)
     act = silu_mul if CPU else torch.compile(silu_mul, dynamic=True, fullgraph=True)

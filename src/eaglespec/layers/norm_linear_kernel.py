@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from .norm import rms_norm
 
-MAX_ROWS = 8  # rows (batch x tokens) up to which the fused kernel is used; measured on the H200 (docs/benchmarks.md)
+MAX_ROWS = 4  # rows (batch x tokens) up to which the fused kernel is used; measured on the H200 (docs/benchmarks.md)
 ONE_SHOT_K = 2048  # inputs up to this width are read in one block (the layers it pays for: see engine.transforms)
 
 

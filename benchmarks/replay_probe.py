@@ -1,0 +1,76 @@
+"""Why does the host wait while a speculative step's graphs replay? (step_anatomy, 2026-11-30: launching a plain
+decode step's graph costs the host 0.004 ms, launching the draft/verify/commit graphs of a chain step 1.6 of its
+1.7 ms, so the host cannot run ahead of the GPU there and overlap gains little.)
+
+For a random-weight SmolLM2-135M shape with a random drafter (bf16, CUDA graphs, batch 1, chain S3 K1 D4): the host
+time of each graph's `replay()` call on its own (mean over 100 steps, no synchronisation between steps), and a
+torch.profiler table of the CUDA runtime calls made while 20 steps' graphs are replayed: a blocking call (a
+synchronising memcpy, an event wait, a stream sync) names the culprit.
+
+usage: python benchmarks/replay_probe.py OUT_DIR
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from eaglespec.bench.random_model import random_drafter, random_model
+from eaglespec.config import EngineConfig, SpecConfig
+from eaglespec.engine.engine import Engine
+from eaglespec.engine.transforms import prepare_for_inference
+from eaglespec.sampling_params import SamplingParams
+
+OUT = Path(sys.argv[1])
+OUT.mkdir(parents=True, exist_ok=True)
+dev = torch.device("cuda")
+m = random_model("smollm2-135m", dev, torch.bfloat16, 0).model
+prepare_for_inference(m, dev, None, None)
+d = random_drafter(m.config, dev, torch.bfloat16, 0)
+prepare_for_inference(d, dev, None, None)
+rows = {}
+for kind, spec in (("decode", None), ("spec", SpecConfig(3, 1, 4))):
+    e = Engine(m, None, EngineConfig(overlap=False), drafter=d if spec else None, spec=spec)
+    e.reserve(1, 2048)
+    e.warmup([1])
+    e.add_request(list(range(100, 228)), SamplingParams(max_new_tokens=1500, ignore_eos=True))
+    for _ in range(30):
+        e.step()
+    torch.cuda.synchronize()
+    run = e.runner
+    Lmax = run.host_len[0]
+    key = (kind, run.graphs.batch_bucket(1), run.graphs.len_bucket(Lmax + 64 + run.headroom()), True)
+    run.graphs.run(kind, 1, Lmax + 64, True)  # capture that bucket if needed
+    torch.cuda.synchronize()
+    graphs = run.graphs.graphs[key]
+    host = {name: 0.0 for name, _ in graphs}
+    n = 100
+    t_all = time.perf_counter()
+    for _ in range(n):
+        for name, g in graphs:
+            t = time.perf_counter()
+            g.replay()
+            host[name] += time.perf_counter() - t
+    enqueue = time.perf_counter() - t_all
+    torch.cuda.synchronize()
+    total = time.perf_counter() - t_all
+    rows[kind] = {"host_ms_per_replay": {k: round(1e3 * v / n, 4) for k, v in host.items()},
+                  "enqueue_ms_per_step": round(1e3 * enqueue / n, 4), "gpu_ms_per_step": round(1e3 * total / n, 4)}
+    print(kind, json.dumps(rows[kind]), flush=True)
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(20):
+            for _, g in graphs:
+                g.replay()
+        torch.cuda.synchronize()
+    table = prof.key_averages().table(sort_by="cpu_time_total", row_limit=25)
+    (OUT / f"profile_{kind}.txt").write_text(table)
+    print(table, flush=True)
+    prof.export_chrome_trace(str(OUT / f"trace_{kind}.json"))
+    del e
+(OUT / "replay_probe.json").write_text(json.dumps(rows, indent=1))
