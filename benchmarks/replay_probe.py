@@ -7,7 +7,8 @@ time of each graph's `replay()` call on its own (mean over 100 steps, no synchro
 torch.profiler table of the CUDA runtime calls made while 20 steps' graphs are replayed: a blocking call (a
 synchronising memcpy, an event wait, a stream sync) names the culprit.
 
-usage: python benchmarks/replay_probe.py OUT_DIR
+usage: python benchmarks/replay_probe.py OUT_DIR [--no-cudnn-sdpa]   (--no-cudnn-sdpa: PyTorch's cuDNN attention
+       backend off, process-wide: its multi-token kernel adds a memset node per call to the graphs)
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from eaglespec.sampling_params import SamplingParams
 
 OUT = Path(sys.argv[1])
 OUT.mkdir(parents=True, exist_ok=True)
+if "--no-cudnn-sdpa" in sys.argv:
+    torch.backends.cuda.enable_cudnn_sdp(False)
 dev = torch.device("cuda")
 m = random_model("smollm2-135m", dev, torch.bfloat16, 0).model
 prepare_for_inference(m, dev, None, None)
@@ -61,6 +64,7 @@ for kind, spec in (("decode", None), ("spec", SpecConfig(3, 1, 4))):
     rows[kind] = {"host_ms_per_replay": {k: round(1e3 * v / n, 4) for k, v in host.items()},
                   "enqueue_ms_per_step": round(1e3 * enqueue / n, 4), "gpu_ms_per_step": round(1e3 * total / n, 4)}
     print(kind, json.dumps(rows[kind]), flush=True)
+    print("cudnn sdpa:", torch.backends.cuda.cudnn_sdp_enabled(), flush=True)
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
