@@ -2,7 +2,7 @@
 # The H200 measurements of issues 4 and 6 in device calls back to back while the machine stays warm (the GGUF travels
 # in three parts: benchmarks/device_parts.sh).
 #   1. benchmarks/gpu_measure.sh random    carry .device/g1   (stages the GGUF's first part in /root/m, then runs what
-#      needs no checkpoint: the Triton kernel check, the fused norm + projection kernel (benchmarks/norm_linear_check.py),
+#      needs no checkpoint: the Triton kernel check, the decode-step kernels (benchmarks/step_kernels_check.py),
 #      the Kimi-K2.5 slice, the Llama-3.1-8B shape decode and verify, the regeneration throughput; a section's
 #      *_LIMIT=1 skips it, e.g. KIMI_LIMIT=1 once the slice is measured)
 #   then bash benchmarks/device_parts.sh stage              carry .device/g2
@@ -18,9 +18,9 @@ run() { local limit=$1 name=$2; shift 2; echo "== $name"; timeout "$limit" "$@" 
 if [ "$1" = random ]; then
   bash benchmarks/device_parts.sh stage
   run 60 kernel_check python3 benchmarks/kernel_check.py
-  # the fused add + RMSNorm + projection kernel: bf16 correctness, kernel times, decode / verify steps on and off
-  for sec in smollm2-135m llama-3.1-8b kernel; do
-    TAILN=8 run "${NL_LIMIT:-170}" "norm_linear_$sec" python3 benchmarks/norm_linear_check.py "$OUT/nl_$sec" "--only=$sec"
+  # the decode-step Triton kernels (norm + projection, short attention): bf16 correctness, times, steps with and without
+  for sec in attention smollm2-135m llama-3.1-8b kernel; do
+    TAILN=8 run "${NL_LIMIT:-170}" "step_kernels_$sec" python3 benchmarks/step_kernels_check.py "$OUT/sk_$sec" "--only=$sec"
   done
   run "${KIMI_LIMIT:-150}" kimi_slice python3 benchmarks/kimi_slice.py "$OUT"
   run "${L8B_LIMIT:-90}" llama8b python3 benchmarks/gpu_smoke.py none "$OUT" 8b

@@ -3,6 +3,8 @@
 - `fuse_projections(model)`: q/k/v into one GEMM and gate/up into one GEMM, in every GQA attention and gated MLP;
   fewer, larger kernels, which matters when a decode step is bound by kernel count (small models, batch 1).
 - `use_rope_store_kernel(model)` (CUDA): RoPE on q/k and both KV-cache writes as one Triton kernel per layer.
+- `use_short_attention_kernel(model)` (CUDA): attention of decode / verify / drafter steps of small batches over the
+  cache as two Triton kernels (split-K + combine) instead of SDPA's cuDNN kernel.
 - `use_norm_linear_kernel(model)` (CUDA): in Llama-style layers, residual add + RMSNorm + q/k/v projection and
   residual add + RMSNorm + gate/up projection + SiLU gating as one Triton kernel each, for steps of a few rows.
 - `compile_elementwise(model)`: RMSNorm, residual-add + RMSNorm, RoPE and SiLU-gating through `torch.compile` (one
@@ -58,6 +60,17 @@ def use_rope_store_kernel(model: nn.Module) -> nn.Module:
     return model
 
 
+def use_short_attention_kernel(model: nn.Module) -> nn.Module:
+    """Attention over the cache as the split-K Triton kernels (layers/short_attention_kernel.py) in every GQA
+    attention that has the fused RoPE + KV-store kernel, for the steps they fit (few rows and query tokens)."""
+    from ..layers.short_attention_kernel import short_attention
+
+    for m in model.modules():
+        if isinstance(m, GQAAttention) and m.rope_store is not None:
+            m.attn_kernel = short_attention
+    return model
+
+
 def use_norm_linear_kernel(model: nn.Module, max_rows: int | None = None) -> nn.Module:
     """Residual add + RMSNorm + projection (+ SiLU gating) as one Triton kernel in every pre-norm layer whose
     attention has a fused bias-free q/k/v projection and whose MLP is a fused bias-free SiLU gate/up MLP
@@ -91,6 +104,7 @@ def prepare_for_inference(model: nn.Module, device: torch.device, fuse: bool | N
         fuse_projections(model)
         if device.type == "cuda":
             use_rope_store_kernel(model)
+            use_short_attention_kernel(model)
             use_norm_linear_kernel(model)
     if compile or (compile is None and device.type == "cuda"):
         compile_elementwise(model)

@@ -98,6 +98,8 @@ class GQAAttention(nn.Module):
         self.o_proj = nn.Linear(num_heads * head_dim, hidden_size, bias=bias)
         self.rope = apply_rotary  # engine.transforms may swap in a compiled version
         self.rope_store = None  # engine.transforms may set the fused RoPE + KV-store kernel (fused q/k/v only)
+        # and, with it, the short-query attention kernels (layers/short_attention_kernel.py) for the steps they fit
+        self.attn_kernel = None
 
     def fuse_qkv(self) -> None:
         """Replace q/k/v_proj by one `qkv_proj` (rows: q, then k, then v). Checkpoint names are lost: inference only."""
@@ -143,7 +145,12 @@ class GQAAttention(nn.Module):
         if self.rope_store is not None and cache is not None and ctx.write_index is not None:
             # one kernel: RoPE on q and k, k and v into the cache
             q = self.rope_store(qkv, cos, sin, cache[0], cache[1], ctx.row_index(B), ctx.write_index, H, Hkv)
-            out = attend_cached(q, ctx, cache)
+            k_cache = cache[0]
+            if (self.attn_kernel is not None and k_cache.dtype == q.dtype
+                    and self.attn_kernel.fits(B, T, H, Hkv, Dh)):
+                out = self.attn_kernel(q, k_cache, cache[1], ctx.row_index(B), ctx.attn_mask)
+            else:
+                out = attend_cached(q, ctx, cache)
             return self.o_proj(out.reshape(B, T, H * Dh))
         qk = self.rope(qkv[:, :, : H + Hkv], cos, sin)
         out = attend(qk[:, :, :H], qk[:, :, H:], qkv[:, :, H + Hkv :], ctx, cache)  # [B, T, H, D]

@@ -1,16 +1,19 @@
-"""The fused add + RMSNorm + projection kernel (layers/norm_linear_kernel.py) on the GPU: correctness in bf16, its
-time against the path it replaces, and what it does to whole decode and verify steps.
+"""The decode-step Triton kernels on the GPU: the fused add + RMSNorm + projection (layers/norm_linear_kernel.py) and
+the short-query attention (layers/short_attention_kernel.py): correctness in bf16, time against the path each
+replaces, and what they do to whole decode and verify steps.
 
 1. kernel: for the projections of SmolLM2-135M (with --with-8b also Llama-3.1-8B's; q/k/v and gate/up, with the
    residual add) and M = 1, 2, 4, 8 rows: the largest difference from `add_norm_linear_reference` in bf16 rounding
    steps (of the larger of the value and the mean magnitude), and the time per call (a CUDA graph of 50 calls) of
    the kernel's default configuration, of the best of a sweep (one-shot widths), and of the replaced path
    (compiled add + RMSNorm, cuBLAS GEMM, compiled SiLU gating).
+   attention: SmolLM2's and Llama-8B's heads, T = 1, 4, 8, 16 query tokens, 256 and 1024 cached positions: the
+   largest difference from SDPA and the time per call of both (SDPA with its mask-to-bias conversion).
 2. engine: random-weight SmolLM2-135M and Llama-3.1-8B shapes, bf16, batch 1, a 128-token prompt and 256 new tokens
    (`ignore_eos`), CUDA graphs, overlap (the defaults): tok/s, decode ms per step, and the verify step of an oracle
-   chain of D = 4 and D = 8 tokens, with the fused kernel on (the default) and off.
+   chain of D = 4 and D = 8 tokens, with neither kernel, the norm + projection kernel only, and both (the default).
 
-usage: python benchmarks/norm_linear_check.py OUT_DIR [--cpu] [--only=kernel|smollm2-135m|llama-3.1-8b] [--with-8b]
+usage: python benchmarks/step_kernels_check.py OUT_DIR [--cpu] [--only=kernel|attention|smollm2-135m|llama-3.1-8b] [--with-8b]
        (--cpu: Triton's interpreter, tiny shapes: a check of the script itself; --only: one section, so that each can
        run under its own time limit)
 """
@@ -33,7 +36,8 @@ import torch  # noqa: E402
 from eaglespec.bench.random_model import random_model  # noqa: E402
 from eaglespec.config import EngineConfig, SpecConfig  # noqa: E402
 from eaglespec.engine.engine import Engine  # noqa: E402
-from eaglespec.engine.transforms import prepare_for_inference, use_norm_linear_kernel  # noqa: E402
+from eaglespec.engine.transforms import (  # noqa: E402
+    prepare_for_inference, use_norm_linear_kernel, use_short_attention_kernel)
 from eaglespec.layers import norm_linear_kernel as nlk  # noqa: E402
 from eaglespec.layers.mlp import silu_mul  # noqa: E402
 from eaglespec.layers.norm import add_rms_norm  # noqa: E402
@@ -51,7 +55,7 @@ rows: list[dict] = []
 def emit(row: dict) -> None:
     rows.append(row)
     print(json.dumps(row), flush=True)
-    (OUT / "norm_linear.json").write_text(json.dumps(rows, indent=1))
+    (OUT / "step_kernels.json").write_text(json.dumps(rows, indent=1))
 
 
 def per_call_us(fn, calls: int = 50) -> float:
@@ -150,11 +154,49 @@ def kernel_section() -> None:
                   "best_us": round(best[0], 2), "best_cfg": list(best[1])})
 
 
-def set_fused(model, on: bool) -> None:
+def attention_section() -> None:
+    from eaglespec.layers.attention import attend_cached
+    from eaglespec.layers.context import ForwardContext
+    from eaglespec.layers.short_attention_kernel import short_attention
+
+    g = torch.Generator(device=DEV).manual_seed(1)
+    heads = [("smollm2", 9, 3, 64), ("8b", 32, 8, 128)] if not CPU else [("tiny", 4, 2, 16)]
+    for name, H, Hkv, D in heads:
+        for K in (256, 1024) if not CPU else (128,):
+            for T in (1, 4, 8, 16):
+                if T * (H // Hkv) > 64:
+                    continue
+                q = torch.randn(1, T, H, D, generator=g, device=DEV).to(DT)
+                kc = torch.randn(2, K + 64, Hkv, D, generator=g, device=DEV).to(DT)
+                vc = torch.randn(2, K + 64, Hkv, D, generator=g, device=DEV).to(DT)
+                rows = torch.tensor([1], device=DEV)
+                mask = torch.zeros(1, T, K, dtype=torch.bool, device=DEV)
+                mask[..., : K - 40] = True
+                mask[0, :, K - 40 : K - 40 + T] = torch.ones(T, T, dtype=torch.bool, device=DEV).tril()
+                ctx = ForwardContext(positions=torch.zeros(1, T, dtype=torch.long, device=DEV), attn_mask=mask,
+                                     rows=rows)
+                ref = attend_cached(q, ctx, (kc, vc))
+                out = short_attention(q, kc, vc, rows, mask)
+                err = (out.float() - ref.float()).abs().max().item()
+
+                def sdpa_path():  # a fresh context: the bias is built once per forward, as in a step
+                    c = ForwardContext(positions=ctx.positions, attn_mask=mask, rows=rows)
+                    return attend_cached(q, c, (kc, vc))
+
+                emit({"attention": name, "T": T, "K": K, "max_abs_diff": round(err, 5),
+                      "sdpa_us": round(per_call_us(sdpa_path), 2),
+                      "kernel_us": round(per_call_us(lambda: short_attention(q, kc, vc, rows, mask)), 2)})
+
+
+def set_variant(model, variant: str) -> None:
+    """"none": neither kernel; "norm_linear": the fused norm + projection only; "both": the default."""
     use_norm_linear_kernel(model)
+    use_short_attention_kernel(model)
     for m in model.modules():
-        if isinstance(m, PreNormDecoderLayer) and not on:
+        if isinstance(m, PreNormDecoderLayer) and variant == "none":
             m.norm_linear = None
+        if hasattr(m, "attn_kernel") and variant != "both":
+            m.attn_kernel = None
 
 
 def sync() -> None:
@@ -170,11 +212,10 @@ def engine_section(shape: str) -> None:
     prompt = list(range(100, 228 if not CPU else 116))
     n_new = 256 if not CPU else 8
     params = SamplingParams(max_new_tokens=n_new, ignore_eos=True)
-    for on in (False, True):
-        set_fused(m, on)
-        if on and not any(getattr(x, "norm_linear", None) is not None for x in m.modules()):
-            emit({"engine": shape, "fused": True, "note": "not wired: wider than the kernel's ONE_SHOT_K"})
-            break
+    for variant in ("none", "norm_linear", "both"):
+        set_variant(m, variant)
+        if variant == "norm_linear" and not any(getattr(x, "norm_linear", None) is not None for x in m.modules()):
+            continue  # wider than the kernel's ONE_SHOT_K: not wired
         e = Engine(m, None, EngineConfig(device=DEV.type, dtype="float32" if CPU else "bfloat16"))
         e.reserve(1, 1024)
         e.warmup([1])
@@ -196,7 +237,7 @@ def engine_section(shape: str) -> None:
         e.runner.timer.reset()
         o = e.generate([prompt], params)[0]
         dec = e.runner.timer.totals()["decode"] / (len(o.token_ids) - 1)
-        row = {"engine": shape, "fused": on, "tok_per_s": round(best, 1), "decode_ms": round(1000 * dec, 4),
+        row = {"engine": shape, "variant": variant, "tok_per_s": round(best, 1), "decode_ms": round(1000 * dec, 4),
                "GBps_at_decode": round(nbytes / dec / 1e9, 1)}
         for spec in (SpecConfig(3, 1, 4), SpecConfig(7, 1, 8)):
             d = OracleDrafter(m.config, [prompt + o.token_ids], capacity=2100)
@@ -213,7 +254,6 @@ def engine_section(shape: str) -> None:
             row[f"verify_D{spec.draft_tokens}_ms"] = round(1000 * ver, 4)
             row[f"verify_D{spec.draft_tokens}_over_decode"] = round(ver / dec, 3)
             del es, d
-        row["fused_layers"] = sum(getattr(x, "norm_linear", None) is not None for x in m.modules())
         emit(row)
         del e
         gc.collect()
@@ -223,17 +263,18 @@ def engine_section(shape: str) -> None:
     gc.collect()
 
 
-SECTIONS = [(kernel_section, None), (engine_section, "smollm2-135m"), (engine_section, "llama-3.1-8b")]
+SECTIONS = [(kernel_section, None), (attention_section, None), (engine_section, "smollm2-135m"),
+            (engine_section, "llama-3.1-8b")]
 if CPU:  # a tiny Llama shape instead of the real ones
     from eaglespec.bench.random_model import SMOLLM2_135M
 
     tiny = dict(SMOLLM2_135M, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                 num_key_value_heads=2, head_dim=16, vocab_size=256)
     (OUT / "tiny_config.json").write_text(json.dumps(tiny))
-    SECTIONS = [(kernel_section, None), (engine_section, str(OUT / "tiny_config.json"))]
+    SECTIONS = [(kernel_section, None), (attention_section, None), (engine_section, str(OUT / "tiny_config.json"))]
 ONLY = [a[len("--only="):] for a in sys.argv if a.startswith("--only=")]
-if ONLY:  # --only=kernel / --only=smollm2-135m / --only=llama-3.1-8b
-    SECTIONS = [(f, a) for f, a in SECTIONS if (a or "kernel") == ONLY[0]]
+if ONLY:  # --only=kernel / attention / smollm2-135m / llama-3.1-8b
+    SECTIONS = [(f, a) for f, a in SECTIONS if (a or f.__name__.replace("_section", "")) == ONLY[0]]
 for fn, arg in SECTIONS:
     t = time.perf_counter()
     try:

@@ -1,0 +1,95 @@
+"""The split-K short-query attention Triton kernels, run by Triton's interpreter on the CPU, against SDPA."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are built (they are built on first use)
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from eaglespec.layers.attention import sdpa  # noqa: E402
+from eaglespec.layers.short_attention_kernel import BLOCK_KV, fits, short_attention  # noqa: E402
+
+
+def _case(B, T, H, Hkv, D, K, seed):
+    g = torch.Generator().manual_seed(seed)
+    Bc, S = B + 2, K + 16
+    q = torch.randn(B, T, H, D, generator=g)
+    kc, vc = torch.randn(Bc, S, Hkv, D, generator=g), torch.randn(Bc, S, Hkv, D, generator=g)
+    rows = torch.randperm(Bc, generator=g)[:B]
+    lens = torch.randint(1, K - T + 1, (B,), generator=g)
+    # a prefix of lens[b] positions, then T new tokens in a random tree-like pattern (each sees itself)
+    mask = torch.zeros(B, T, K, dtype=torch.bool)
+    for b in range(B):
+        mask[b, :, : lens[b]] = True
+        tail = torch.rand(T, T, generator=g) < 0.5
+        tail = tail.tril() | torch.eye(T, dtype=torch.bool)
+        mask[b, :, lens[b] : lens[b] + T] = tail
+    return q, kc, vc, rows, mask
+
+
+def _reference(q, kc, vc, rows, mask, scale=None):
+    K = mask.shape[-1]
+    return sdpa(q, kc[rows, :K], vc[rows, :K], mask, scale)
+
+
+@pytest.mark.parametrize("B,T,H,Hkv,D,K", [(1, 1, 9, 3, 64, 200), (2, 4, 9, 3, 64, 3 * BLOCK_KV), (3, 5, 4, 1, 16, 70),
+                                           (1, 16, 8, 2, 32, 130)])
+def test_matches_sdpa(B, T, H, Hkv, D, K):
+    q, kc, vc, rows, mask = _case(B, T, H, Hkv, D, K, seed=B * 100 + T)
+    assert fits(B, T, H, Hkv, D)
+    out = short_attention(q, kc, vc, rows, mask)
+    assert out.shape == q.shape
+    assert torch.allclose(out, _reference(q, kc, vc, rows, mask), atol=1e-5, rtol=1e-5)
+
+
+def test_scale_and_skipped_blocks():
+    """A custom scale, and cache blocks that no query sees (only the first and the last block are visible)."""
+    q, kc, vc, rows, mask = _case(1, 2, 4, 2, 16, 4 * BLOCK_KV, seed=7)
+    mask[:] = False
+    mask[..., :5] = True
+    mask[0, 1, -3:] = True
+    out = short_attention(q, kc, vc, rows, mask, scale=0.3)
+    assert torch.allclose(out, _reference(q, kc, vc, rows, mask, 0.3), atol=1e-5, rtol=1e-5)
+
+
+def test_limits():
+    assert not fits(1, 32, 9, 3, 64)  # 96 query rows
+    assert not fits(16, 1, 9, 3, 64)  # batch
+    assert not fits(1, 1, 9, 3, 48)  # head dim not a power of two
+
+
+def test_engine_with_the_kernel_equals_plain():
+    """The kernels in the target's and the drafter's attention (with the fused RoPE + KV-store kernel) through the
+    whole engine (float32): decode, verify and drafter steps take them; greedy speculation equals plain decoding."""
+    from tiny import tiny_drafter, tiny_llama
+
+    from eaglespec.config import SpecConfig
+    from eaglespec.engine.engine import Engine
+    from eaglespec.engine.transforms import fuse_projections, use_rope_store_kernel, use_short_attention_kernel
+    from eaglespec.layers import short_attention_kernel as sak
+    from eaglespec.sampling_params import SamplingParams
+
+    prompts = [[1, 2, 3, 4], list(range(10, 15))]
+    params = SamplingParams(max_new_tokens=8, ignore_eos=True)
+    target = tiny_llama(seed=0)
+    ref = [o.token_ids for o in Engine(target, None).generate(prompts, params)]
+    drafter = tiny_drafter(target, seed=1)
+    calls = []
+
+    def counted(q, *a):
+        calls.append(q.shape[1])
+        return sak.short_attention(q, *a)
+
+    counted.fits = sak.fits
+    for m in (target, drafter):
+        use_short_attention_kernel(use_rope_store_kernel(fuse_projections(m)))
+        for mod in m.modules():
+            if getattr(mod, "attn_kernel", None) is not None:
+                mod.attn_kernel = counted
+    assert [o.token_ids for o in Engine(target, None).generate(prompts, params)] == ref
+    eng = Engine(target, None, drafter=drafter, spec=SpecConfig(3, 1, 4))
+    assert [o.token_ids for o in eng.generate(prompts, params)] == ref
+    assert {1, 4} <= set(calls)  # decode / draft steps (1 token) and verify (4 tokens) ran through the kernels
