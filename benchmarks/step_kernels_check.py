@@ -13,7 +13,7 @@ replaces, and what they do to whole decode and verify steps.
    (`ignore_eos`), CUDA graphs, overlap (the defaults): tok/s, decode ms per step, and the verify step of an oracle
    chain of D = 4 and D = 8 tokens, with neither kernel, the norm + projection kernel only, and both (the default).
 
-usage: python benchmarks/step_kernels_check.py OUT_DIR [--cpu] [--only=kernel|attention|smollm2-135m|llama-3.1-8b] [--with-8b]
+usage: python benchmarks/step_kernels_check.py OUT_DIR [--cpu] [--only=kernel|attention|smollm2-135m|llama-3.1-8b|batches] [--with-8b]
        (--cpu: Triton's interpreter, tiny shapes: a check of the script itself; --only: one section, so that each can
        run under its own time limit)
 """
@@ -263,17 +263,47 @@ def engine_section(shape: str) -> None:
     gc.collect()
 
 
+def batches_section() -> None:
+    """Plain decoding of B = 1, 2, 4, 8 rows (random SmolLM2 shape, 128-token prompts, 128 new tokens, the default
+    overlapped graph path) with and without the attention kernel: where does it beat SDPA's?"""
+    lm = random_model("smollm2-135m" if not CPU else str(OUT / "tiny_config.json"), DEV, DT, 0)
+    m = lm.model
+    prepare_for_inference(m, DEV, None if not CPU else True, None if not CPU else False)
+    n_new = 128 if not CPU else 4
+    for B in (1, 2, 4, 8):
+        prompts = [list(range(100 + i, 228 + i)) for i in range(B)]
+        params = SamplingParams(max_new_tokens=n_new, ignore_eos=True)
+        for variant in ("norm_linear", "both"):
+            set_variant(m, variant)
+            e = Engine(m, None, EngineConfig(device=DEV.type, dtype="float32" if CPU else "bfloat16",
+                                             max_batch_size=B))
+            e.reserve(B, 1024)
+            e.warmup(range(1, B + 1))
+            e.generate(prompts, SamplingParams(max_new_tokens=8, ignore_eos=True))
+            best = 0.0
+            for _ in range(3):
+                sync()
+                t0 = time.perf_counter()
+                outs = e.generate(prompts, params)
+                sync()
+                best = max(best, sum(len(o.token_ids) for o in outs) / (time.perf_counter() - t0))
+            emit({"decode_batch": B, "variant": variant, "tok_per_s": round(best, 1)})
+            del e
+            gc.collect()
+
+
 SECTIONS = [(kernel_section, None), (attention_section, None), (engine_section, "smollm2-135m"),
-            (engine_section, "llama-3.1-8b")]
+            (engine_section, "llama-3.1-8b"), (batches_section, None)]
 if CPU:  # a tiny Llama shape instead of the real ones
     from eaglespec.bench.random_model import SMOLLM2_135M
 
     tiny = dict(SMOLLM2_135M, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                 num_key_value_heads=2, head_dim=16, vocab_size=256)
     (OUT / "tiny_config.json").write_text(json.dumps(tiny))
-    SECTIONS = [(kernel_section, None), (attention_section, None), (engine_section, str(OUT / "tiny_config.json"))]
+    SECTIONS = [(kernel_section, None), (attention_section, None), (engine_section, str(OUT / "tiny_config.json")),
+                (batches_section, None)]
 ONLY = [a[len("--only="):] for a in sys.argv if a.startswith("--only=")]
-if ONLY:  # --only=kernel / attention / smollm2-135m / llama-3.1-8b
+if ONLY:  # --only=kernel / attention / smollm2-135m / llama-3.1-8b / batches
     SECTIONS = [(f, a) for f, a in SECTIONS if (a or f.__name__.replace("_section", "")) == ONLY[0]]
 for fn, arg in SECTIONS:
     t = time.perf_counter()
