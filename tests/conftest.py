@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+import os
 
-import pytest
-import torch
+# Triton kernels run by Triton's interpreter on this GPU-less machine. Set before anything imports triton (the
+# transformers models do): the interpreter swaps triton.language's own jit helpers (tl.sum, tl.max) for interpreted
+# ones only when the variable is set at triton's import, and the kernel tests would otherwise fail depending on
+# which test module the run imports first.
+os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from eaglespec.loading import LoadedModel, default_model_path, load_model
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from eaglespec.loading import LoadedModel, default_model_path, load_model  # noqa: E402
 
 
 @pytest.fixture(scope="session")

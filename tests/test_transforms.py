@@ -33,3 +33,32 @@ def test_explicit_fuse_on_the_cpu_keeps_the_outputs():
     fused = prepare_for_inference(tiny_llama(seed=0), torch.device("cpu"), True, False)
     assert hasattr(fused.model.layers[0].self_attn, "qkv_proj")
     assert torch.allclose(fused(ids, ForwardContext.plain(1, 5, ids.device)).logits, ref, atol=1e-5)
+
+
+def test_cuda_defaults_wire_the_triton_kernels(monkeypatch):
+    """Which Triton kernels the CUDA defaults put where (plain attribute wiring, checked without a GPU): a Llama
+    gets all three, a layer wider than the norm + projection kernel's one-shot width keeps cuBLAS for it, and the
+    EAGLE-3 drafter gets the attention kernels (its layer is not a pre-norm decoder layer)."""
+    from tiny import tiny_drafter
+
+    import eaglespec.layers.norm_linear_kernel as nlk
+    from eaglespec.layers.norm_linear_kernel import add_norm_linear
+    from eaglespec.layers.rope_kv_kernel import rope_store
+    from eaglespec.layers.short_attention_kernel import short_attention
+
+    cuda = torch.device("cuda")
+    target = tiny_llama(seed=0)
+    drafter = tiny_drafter(target, seed=1)
+    prepare_for_inference(target, cuda, None, False)
+    prepare_for_inference(drafter, cuda, None, False)
+    for layer in target.model.layers:
+        assert layer.self_attn.rope_store is rope_store and layer.self_attn.attn_kernel is short_attention
+        assert layer.norm_linear is add_norm_linear and layer.norm_linear_rows == 4
+    attn = [m for m in drafter.modules() if hasattr(m, "attn_kernel")]
+    assert attn and all(m.attn_kernel is short_attention for m in attn)
+    monkeypatch.setattr(nlk, "ONE_SHOT_K", 32)  # the tiny model's width 64 is now "too wide"
+    wide = prepare_for_inference(tiny_llama(seed=0), cuda, None, False)
+    assert all(layer.norm_linear is None for layer in wide.model.layers)
+    assert all(layer.self_attn.attn_kernel is short_attention for layer in wide.model.layers)
+    cpu = prepare_for_inference(tiny_llama(seed=0), torch.device("cpu"), True, False)
+    assert all(layer.norm_linear is None and layer.self_attn.attn_kernel is None for layer in cpu.model.layers)

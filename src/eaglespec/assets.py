@@ -21,8 +21,9 @@ DEFAULT_DRAFTER = ASSETS / "smollm2-135m-eagle3"
 # - this project's 2-core CPU, float32: a forward of up to 3 tokens costs about one of 1 token (4 cost 1.5x: MKL
 #   leaves its small-M path), so the one-step chain (2 tokens) is the fastest shape at batch 1 (1.23x; S2 K1 D3
 #   1.19x), and nothing pays with 2 rows (4 tokens per step: 68 vs 44 ms, step_anatomy.py): engines of one row only;
-# - the H200, bfloat16, CUDA graphs with overlap: the chain of 3 is the fastest shape at batch 1 (1.38x) and 8
-#   (1.14x); at 32 rows a step is compute-bound and every shape was slower (0.84x): engines of up to 8 rows;
+# - the H200, bfloat16, CUDA graphs with overlap: the chain of 3 is the fastest shape at batch 1 (1.34x; S1 K1 D2
+#   1.22x) and 8 (1.58x), with session 5's Triton kernels (docs/benchmarks.md, "Session 5"); at 32 rows a step is
+#   compute-bound and every shape was slower (0.84x, 0.86x): engines of up to 8 rows;
 # - sampling at temperature 1 (the drafter learnt the target's greedy text; chains draw sampled drafts): the CPU's
 #   one-step chain gains (1.16x, tau 1.33), the H200's chains lose (S3 K1 D4 0.87x, tau 1.60; S1 K1 D2 0.91x):
 #   greedy-only there.

@@ -98,8 +98,10 @@ def use_norm_linear_kernel(model: nn.Module, max_rows: int | None = None) -> nn.
 def prepare_for_inference(model: nn.Module, device: torch.device, fuse: bool | None,
                           compile: bool | None) -> nn.Module:
     """Apply the transforms an EngineConfig asks for (None: only on CUDA; fused projections on CUDA come with the
-    fused RoPE + KV-store Triton kernel). On the H200, compiling took SmolLM2-135M from 302 to 795 tok/s and a
-    Llama-8B-shaped model from 172 to 209 tok/s (docs/benchmarks.md); on the CPU it only adds compile time."""
+    Triton kernels: RoPE + KV store, short-query attention, add + norm + projection). On the H200, compiling took
+    SmolLM2-135M from 302 to 795 tok/s and a Llama-8B-shaped model from 172 to 209 tok/s, the two later kernels
+    SmolLM2's MT-bench batch-1 decoding from 994 to 1,226 tok/s (docs/benchmarks.md); on the CPU compiling only adds
+    compile time."""
     if fuse or (fuse is None and device.type == "cuda"):
         fuse_projections(model)
         if device.type == "cuda":

@@ -49,7 +49,7 @@ def _kernel():
     @triton.jit
     def add_norm_linear_kernel(h, d, nw, w, h_out, y, M, N, eps, K: tl.constexpr, HAS_D: tl.constexpr,
                                GATED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                               BLOCK_K: tl.constexpr, DOT: tl.constexpr):
+                               BLOCK_K: tl.constexpr):
         pid = tl.program_id(0)
         dt = h_out.dtype.element_ty
         rm = tl.arange(0, BLOCK_M)
@@ -78,20 +78,9 @@ def _kernel():
             rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=1) / K + eps)
             xn = (xf * rstd[:, None]).to(dt).to(tl.float32)
             xn = (xn * tl.load(nw + rk, mask=km, other=0.0).to(tl.float32)[None, :]).to(dt).to(tl.float32)
-            if DOT:  # tensor cores (BLOCK_M >= 16 padded rows): the products are exact, sums in float32
-                xd = xn.to(wt.dtype)
-                if wt.dtype == tl.float32:
-                    acc += tl.dot(xd, tl.trans(wt), input_precision="ieee")
-                    if GATED:
-                        acc_up += tl.dot(xd, tl.trans(wu), input_precision="ieee")
-                else:
-                    acc += tl.dot(xd, tl.trans(wt))
-                    if GATED:
-                        acc_up += tl.dot(xd, tl.trans(wu))
-            else:
-                acc += tl.sum(xn[:, None, :] * wt.to(tl.float32)[None, :, :], axis=2)
-                if GATED:
-                    acc_up += tl.sum(xn[:, None, :] * wu.to(tl.float32)[None, :, :], axis=2)
+            acc += tl.sum(xn[:, None, :] * wt.to(tl.float32)[None, :, :], axis=2)
+            if GATED:
+                acc_up += tl.sum(xn[:, None, :] * wu.to(tl.float32)[None, :, :], axis=2)
         else:
             # pass 1: the rows' sums of squares (and the residual sum, written once)
             ss = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -134,20 +123,17 @@ def _kernel():
     return add_norm_linear_kernel
 
 
-def _blocks(M: int, N: int, K: int, gated: bool) -> tuple[int, int, int, int, bool]:
-    """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, DOT) for M rows of width K. K up to ONE_SHOT_K is read in one block
-    (one memory round trip: a 2-pass loop over 128-wide blocks was latency-bound on the H200, 1.5-3x slower than
-    cuBLAS). Up to 4 rows, CUDA-core products of small column blocks with few warps (the best of a sweep on the
-    H200 for SmolLM2's q/k/v and gate/up, benchmarks/norm_linear_check.py); more rows use tensor cores (tl.dot,
-    rows padded to 16) where the broadcast products would spill registers."""
+def _blocks(M: int, N: int, K: int, gated: bool) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps) for M <= MAX_ROWS rows of width K. K up to ONE_SHOT_K is read in one
+    block (one memory round trip: a 2-pass loop over 128-wide blocks was latency-bound on the H200, 1.5-3x slower
+    than cuBLAS), with few columns and 1-2 warps per program: the best of a sweep on the H200 for SmolLM2's q/k/v
+    and gate/up (benchmarks/step_kernels_check.py). For 8 rows neither these products nor tensor cores (tl.dot,
+    rows padded to 16) beat cuBLAS plus the separate norm, hence MAX_ROWS = 4."""
+    bm = 1 if M <= 1 else 2 if M <= 2 else 4
     kp = 1 << (K - 1).bit_length()
     if kp > ONE_SHOT_K:
-        bm = 1 if M <= 1 else 2 if M <= 2 else 4 if M <= 4 else 8
-        return bm, max(1, min(16, 8192 // (bm * 256))), 256, 4, False
-    if M <= 4:
-        bm = 1 if M <= 1 else 2 if M <= 2 else 4
-        return bm, 2 if gated and M > 2 else 4, kp, 1 if M == 1 or gated else 2, False
-    return 16, 16, kp, 4, True
+        return bm, min(16, 8192 // (bm * 256)), 256, 4
+    return bm, 2 if gated and M > 2 else 4, kp, 1 if M == 1 or gated else 2
 
 
 def add_norm_linear(h: torch.Tensor, delta: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
@@ -160,7 +146,7 @@ def add_norm_linear(h: torch.Tensor, delta: torch.Tensor | None, norm_weight: to
     d2 = delta.reshape(M, K).contiguous() if delta is not None else h2
     h_out = torch.empty_like(h2) if delta is not None else h2
     y = torch.empty(M, N, dtype=h.dtype, device=h.device)
-    bm, bn, bk, warps, dot = _blocks(M, N, K, gated)
+    bm, bn, bk, warps = _blocks(M, N, K, gated)
     _kernel()[((N + bn - 1) // bn,)](h2, d2, norm_weight, weight, h_out, y, M, N, eps, K=K, HAS_D=delta is not None,
-                                     GATED=gated, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, DOT=dot, num_warps=warps)
+                                     GATED=gated, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps)
     return h_out.view(*lead, K), y.view(*lead, N)
