@@ -211,6 +211,7 @@ def profile_spec():
 
 
 def llama8b(compile: bool = False):
+    from eaglespec.bench.drafters import verify_step_seconds
     from eaglespec.bench.random_model import random_model
 
     m = random_model("llama-3.1-8b", torch.device("cuda"), torch.bfloat16, 0).model
@@ -239,16 +240,7 @@ def llama8b(compile: bool = False):
     # the verify step of a D=4 and a D=8 chain against that decode step (an oracle drafter proposes the decode's
     # own tokens; bf16 near-ties may end its run of acceptances early, which does not change a verify step's cost)
     for spec in (SpecConfig(3, 1, 4), SpecConfig(7, 1, 8)):
-        d = OracleDrafter(m.config, [prompt + o.token_ids], capacity=2100)
-        es = Engine(m, None, EngineConfig(), drafter=d, spec=spec)
-        es.reserve(1, 1024)
-        es.warmup([1])
-        es.generate([prompt], SamplingParams(max_new_tokens=8, ignore_eos=True))
-        es.stats.__init__()
-        es.runner.timer.enabled = True
-        es.runner.timer.reset()
-        es.generate([prompt], params)
-        ver = es.runner.timer.totals()["verify"] / max(es.stats.verify_steps, 1)
+        ver = verify_step_seconds(m, prompt, prompt + o.token_ids, spec, EngineConfig(), 256)
         rows.append({"run": f"llama-3.1-8B shape verify D={spec.draft_tokens} b1{' compiled' if compile else ''}",
                      "verify_ms_per_step": round(1000 * ver, 3), "verify_over_decode": round(ver / dec, 3)})
         print(rows[-1], flush=True)

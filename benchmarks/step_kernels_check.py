@@ -2,11 +2,10 @@
 the short-query attention (layers/short_attention_kernel.py): correctness in bf16, time against the path each
 replaces, and what they do to whole decode and verify steps.
 
-1. kernel: for the projections of SmolLM2-135M (with --with-8b also Llama-3.1-8B's; q/k/v and gate/up, with the
-   residual add) and M = 1, 2, 4 rows: the largest difference from `add_norm_linear_reference` in bf16 rounding
-   steps (of the larger of the value and the mean magnitude), and the time per call (a CUDA graph of 50 calls) of
-   the kernel's default configuration, of the best of a sweep (one-shot widths), and of the replaced path
-   (compiled add + RMSNorm, cuBLAS GEMM, compiled SiLU gating).
+1. kernel: for the projections of SmolLM2-135M (q/k/v and gate/up, with the residual add) and M = 1, 2, 4 rows:
+   the largest difference from `add_norm_linear_reference` in bf16 rounding steps (of the larger of the value and
+   the mean magnitude), and the time per call (a CUDA graph of 50 calls) of the kernel's default configuration, of
+   the best of a sweep, and of the replaced path (compiled add + RMSNorm, cuBLAS GEMM, compiled SiLU gating).
    attention: SmolLM2's and Llama-8B's heads, T = 1, 4, 8, 16 query tokens, 256 and 1024 cached positions: the
    largest difference from SDPA and the time per call of both (SDPA with its mask-to-bias conversion).
 2. engine: random-weight SmolLM2-135M and Llama-3.1-8B shapes, bf16, batch 1, a 128-token prompt and 256 new tokens
@@ -14,7 +13,7 @@ replaces, and what they do to whole decode and verify steps.
    chain of D = 4 and D = 8 tokens, with neither kernel, the norm + projection kernel only, and both (the default).
 3. batches: plain decoding of 1, 2, 4, 8 rows with and without the attention kernel.
 
-usage: python benchmarks/step_kernels_check.py OUT_DIR [--cpu] [--with-8b]
+usage: python benchmarks/step_kernels_check.py OUT_DIR [--cpu]
        [--only=kernel|attention|smollm2-135m|llama-3.1-8b|batches]
        (--cpu: Triton's interpreter, tiny shapes: a check of the script itself; --only: one section, so that each can
        run under its own time limit)
@@ -35,6 +34,7 @@ if CPU:
 
 import torch  # noqa: E402
 
+from eaglespec.bench.drafters import verify_step_seconds  # noqa: E402
 from eaglespec.bench.random_model import random_model  # noqa: E402
 from eaglespec.config import EngineConfig, SpecConfig  # noqa: E402
 from eaglespec.engine.engine import Engine  # noqa: E402
@@ -45,7 +45,6 @@ from eaglespec.layers.mlp import silu_mul  # noqa: E402
 from eaglespec.layers.norm import add_rms_norm  # noqa: E402
 from eaglespec.models.base import PreNormDecoderLayer  # noqa: E402
 from eaglespec.sampling_params import SamplingParams  # noqa: E402
-from eaglespec.spec.oracle import OracleDrafter  # noqa: E402
 
 OUT = Path([a for a in sys.argv[1:] if not a.startswith("--")][0])
 OUT.mkdir(parents=True, exist_ok=True)
@@ -113,8 +112,6 @@ def kernel_section() -> None:
     add_norm = add_rms_norm if CPU else torch.compile(add_rms_norm, dynamic=True, fullgraph=True)
     act = silu_mul if CPU else torch.compile(silu_mul, dynamic=True, fullgraph=True)
     shapes = [("smollm2 qkv", 576, 960, False), ("smollm2 gate_up", 576, 1536, True)]
-    if "--with-8b" in sys.argv:  # the blocked loop for 4096-wide layers (2-3x slower than cuBLAS: not used)
-        shapes += [("8b qkv", 4096, 6144, False), ("8b gate_up", 4096, 14336, True)]
     if CPU:
         shapes = [("tiny qkv", 64, 96, False), ("tiny gate_up", 64, 128, True)]
     g = torch.Generator(device=DEV).manual_seed(0)
@@ -138,7 +135,7 @@ def kernel_section() -> None:
             t_ref = per_call_us(replaced)
             t_def = per_call_us(lambda: nlk.add_norm_linear(h, d, nw, 1e-5, w, gated))
             best = (t_def, base)
-            if not CPU and K <= nlk.ONE_SHOT_K and time.perf_counter() - T0 < SEARCH_S:
+            if not CPU and time.perf_counter() - T0 < SEARCH_S:
                 for cfg in candidates(M, K):
                     try:
                         t = per_call_us(lambda: launch(h, d, nw, w, gated, cfg))
@@ -239,20 +236,10 @@ def engine_section(shape: str) -> None:
         row = {"engine": shape, "variant": variant, "tok_per_s": round(best, 1), "decode_ms": round(1000 * dec, 4),
                "GBps_at_decode": round(nbytes / dec / 1e9, 1)}
         for spec in (SpecConfig(3, 1, 4), SpecConfig(7, 1, 8)):
-            d = OracleDrafter(m.config, [prompt + o.token_ids], capacity=2100)
-            es = Engine(m, None, EngineConfig(device=DEV.type, dtype="float32" if CPU else "bfloat16"),
-                        drafter=d, spec=spec)
-            es.reserve(1, 1024)
-            es.warmup([1])
-            es.generate([prompt], SamplingParams(max_new_tokens=8, ignore_eos=True))
-            es.stats.__init__()
-            es.runner.timer.enabled = True
-            es.runner.timer.reset()
-            es.generate([prompt], params)
-            ver = es.runner.timer.totals()["verify"] / max(es.stats.verify_steps, 1)
+            ver = verify_step_seconds(m, prompt, prompt + o.token_ids, spec,
+                                      EngineConfig(device=DEV.type, dtype="float32" if CPU else "bfloat16"), n_new)
             row[f"verify_D{spec.draft_tokens}_ms"] = round(1000 * ver, 4)
             row[f"verify_D{spec.draft_tokens}_over_decode"] = round(ver / dec, 3)
-            del es, d
         emit(row)
         del e
         gc.collect()

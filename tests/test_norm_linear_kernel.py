@@ -19,7 +19,7 @@ from eaglespec.layers.norm_linear_kernel import MAX_ROWS, add_norm_linear, add_n
 from eaglespec.sampling_params import SamplingParams  # noqa: E402
 
 
-@pytest.mark.parametrize("M,K,N", [(1, 48, 40), (3, 200, 24), (MAX_ROWS, 64, 130), (2, 2100, 20)])  # last: K blocks
+@pytest.mark.parametrize("M,K,N", [(1, 48, 40), (3, 200, 24), (MAX_ROWS, 64, 130), (2, 2048, 20)])
 @pytest.mark.parametrize("gated", [False, True])
 @pytest.mark.parametrize("with_delta", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -41,10 +41,13 @@ def test_kernel_matches_reference(M, K, N, gated, with_delta, dtype):
         assert ((y1.float() - y2.float()).abs() <= 2 ** -4 * (1 + y2.float().abs())).all()
 
 
-def test_too_many_rows_is_refused():
+def test_too_many_rows_or_too_wide_is_refused():
     h = torch.zeros(MAX_ROWS + 1, 1, 16)
     with pytest.raises(AssertionError):
         add_norm_linear(h, None, torch.ones(16), 1e-5, torch.zeros(8, 16), False)
+    K = nlk.ONE_SHOT_K + 1
+    with pytest.raises(AssertionError):
+        add_norm_linear(torch.zeros(1, 1, K), None, torch.ones(K), 1e-5, torch.zeros(8, K), False)
 
 
 def test_layers_use_it_only_for_few_rows():

@@ -9,6 +9,8 @@ Contract:
   batch, row i of the batch being cache row i.
 - `references(prompt_ids, outputs, finished_by_eos, eos_ids)` builds those sequences; a single EOS id is appended
   after an output that stopped on EOS, so that the oracle also proposes the end.
+- `verify_step_seconds(target, prompt, reference, spec, config, new_tokens)`: one verify step's mean time with an
+  oracle chain or tree at batch 1 (benchmarks compare it with a decode step).
 """
 
 from __future__ import annotations
@@ -73,3 +75,24 @@ class DrafterPool:
 
             d = load_drafter(kind, self.device, self.dtype)
         return prepare_for_inference(d, self.device, self.fuse, self.compile)
+
+
+def verify_step_seconds(target: nn.Module, prompt: Sequence[int], reference: Sequence[int], spec, config,
+                        new_tokens: int) -> float:
+    """Mean time of one verify step (graphs and the phase timer as configured) when an oracle drafter proposes
+    `reference` (prompt + the target's own greedy continuation) with `spec`, generating `new_tokens` after `prompt`
+    (ignore_eos) at batch 1: the verify-vs-decode ratio of issue 4's targets. bf16 near-ties may end the oracle's
+    runs early, which does not change a verify step's cost."""
+    from ..engine.engine import Engine
+    from ..sampling_params import SamplingParams
+
+    d = OracleDrafter(target.config, [list(reference)], capacity=len(reference) + 64)
+    e = Engine(target, None, config, drafter=d, spec=spec)
+    e.reserve(1, len(prompt) + new_tokens + 64)
+    e.warmup([1])
+    e.generate([list(prompt)], SamplingParams(max_new_tokens=8, ignore_eos=True))
+    e.stats.__init__()
+    e.runner.timer.enabled = True
+    e.runner.timer.reset()
+    e.generate([list(prompt)], SamplingParams(max_new_tokens=new_tokens, ignore_eos=True))
+    return e.runner.timer.totals()["verify"] / max(e.stats.verify_steps, 1)

@@ -11,9 +11,9 @@ gating) in one launch, so a Llama layer runs 6 kernels instead of 9.
   weight, N = 2I, gate rows first): y = silu(gate) * up [M, I]. Every rounding of the PyTorch path is kept (the sum,
   the normalised row, its product with the norm weight and the projection's output are rounded to the input dtype
   where the modules round them), so results differ from `add_norm_linear_reference` only by the order of the
-  float32 sums. Program n: BLOCK_N output columns (and their up rows when gated) of all M rows; each program
-  recomputes the rows' sums of squares (K values per row, from L2), program 0 writes h_out.
-Meant for M <= MAX_ROWS (decode and short verify steps); larger M keeps cuBLAS. The kernel is built on first use, so
+  float32 sums. Program n: BLOCK_N output columns (and their up rows when gated) of all M rows, each row read whole;
+  every program recomputes the rows' sums of squares (K values per row, from L2), program 0 writes h_out.
+For M <= MAX_ROWS (decode and short verify steps) and K <= ONE_SHOT_K; other steps and layers keep cuBLAS. The kernel is built on first use, so
 that `TRITON_INTERPRET=1` (set by the CPU tests) takes effect.
 """
 
@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from .norm import rms_norm
 
 MAX_ROWS = 4  # rows (batch x tokens) up to which the fused kernel is used; measured on the H200 (docs/benchmarks.md)
-ONE_SHOT_K = 2048  # inputs up to this width are read in one block (the layers it pays for: see engine.transforms)
+ONE_SHOT_K = 2048  # widest input: a row is read in one block (wider layers keep cuBLAS: see _blocks)
 
 
 def add_norm_linear_reference(h: torch.Tensor, delta: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
@@ -56,84 +56,44 @@ def _kernel():
         mm = rm < M
         rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
         nm = rn < N
-        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        if BLOCK_K >= K:
-            # one shot (K fits one block): the weight tile's loads are issued first, so that their latency overlaps
-            # the norm's; one memory round trip per operand
-            rk = tl.arange(0, BLOCK_K)
-            km = rk < K
-            wm = nm[:, None] & km[None, :]
-            wt = tl.load(w + rn[:, None] * K + rk[None, :], mask=wm, other=0.0)  # [BLOCK_N, BLOCK_K]
-            if GATED:
-                wu = tl.load(w + (rn + N)[:, None] * K + rk[None, :], mask=wm, other=0.0)
-            msk = mm[:, None] & km[None, :]
-            x = tl.load(h + rm[:, None] * K + rk[None, :], mask=msk, other=0.0)
-            if HAS_D:
-                x = (x.to(tl.float32) + tl.load(d + rm[:, None] * K + rk[None, :], mask=msk, other=0.0)
-                     .to(tl.float32)).to(dt)
-                if pid == 0:
-                    tl.store(h_out + rm[:, None] * K + rk[None, :], x, mask=msk)
-            xf = x.to(tl.float32)
-            rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=1) / K + eps)
-            xn = (xf * rstd[:, None]).to(dt).to(tl.float32)
-            xn = (xn * tl.load(nw + rk, mask=km, other=0.0).to(tl.float32)[None, :]).to(dt).to(tl.float32)
-            acc += tl.sum(xn[:, None, :] * wt.to(tl.float32)[None, :, :], axis=2)
-            if GATED:
-                acc_up += tl.sum(xn[:, None, :] * wu.to(tl.float32)[None, :, :], axis=2)
-        else:
-            # pass 1: the rows' sums of squares (and the residual sum, written once)
-            ss = tl.zeros([BLOCK_M], dtype=tl.float32)
-            for k0 in range(0, K, BLOCK_K):
-                rk = k0 + tl.arange(0, BLOCK_K)
-                msk = mm[:, None] & (rk < K)[None, :]
-                x = tl.load(h + rm[:, None] * K + rk[None, :], mask=msk, other=0.0)
-                if HAS_D:
-                    x = (x.to(tl.float32) + tl.load(d + rm[:, None] * K + rk[None, :], mask=msk, other=0.0)
-                         .to(tl.float32)).to(dt)
-                    if pid == 0:
-                        tl.store(h_out + rm[:, None] * K + rk[None, :], x, mask=msk)
-                x = x.to(tl.float32)
-                ss += tl.sum(x * x, axis=1)
-            rstd = 1.0 / tl.sqrt(ss / K + eps)
-            # pass 2: the projection of norm(x) * norm_weight, rounded as the PyTorch path rounds it
-            for k0 in range(0, K, BLOCK_K):
-                rk = k0 + tl.arange(0, BLOCK_K)
-                km = rk < K
-                msk = mm[:, None] & km[None, :]
-                x = tl.load(h + rm[:, None] * K + rk[None, :], mask=msk, other=0.0)
-                if HAS_D:
-                    x = (x.to(tl.float32) + tl.load(d + rm[:, None] * K + rk[None, :], mask=msk, other=0.0)
-                         .to(tl.float32)).to(dt)
-                xn = (x.to(tl.float32) * rstd[:, None]).to(dt).to(tl.float32)
-                g = tl.load(nw + rk, mask=km, other=0.0).to(tl.float32)
-                xn = (xn * g[None, :]).to(dt).to(tl.float32)  # [BLOCK_M, BLOCK_K]
-                wm = nm[:, None] & km[None, :]
-                wt = tl.load(w + rn[:, None] * K + rk[None, :], mask=wm, other=0.0).to(tl.float32)
-                acc += tl.sum(xn[:, None, :] * wt[None, :, :], axis=2)
-                if GATED:
-                    wu = tl.load(w + (rn + N)[:, None] * K + rk[None, :], mask=wm, other=0.0).to(tl.float32)
-                    acc_up += tl.sum(xn[:, None, :] * wu[None, :, :], axis=2)
-        out = acc.to(dt)
+        # the whole row in one block: the weight tile's loads are issued first, so that their latency overlaps the
+        # norm's; one memory round trip per operand
+        rk = tl.arange(0, BLOCK_K)
+        km = rk < K
+        wm = nm[:, None] & km[None, :]
+        wt = tl.load(w + rn[:, None] * K + rk[None, :], mask=wm, other=0.0)  # [BLOCK_N, BLOCK_K]
         if GATED:
+            wu = tl.load(w + (rn + N)[:, None] * K + rk[None, :], mask=wm, other=0.0)
+        msk = mm[:, None] & km[None, :]
+        x = tl.load(h + rm[:, None] * K + rk[None, :], mask=msk, other=0.0)
+        if HAS_D:
+            x = (x.to(tl.float32) + tl.load(d + rm[:, None] * K + rk[None, :], mask=msk, other=0.0)
+                 .to(tl.float32)).to(dt)
+            if pid == 0:
+                tl.store(h_out + rm[:, None] * K + rk[None, :], x, mask=msk)
+        xf = x.to(tl.float32)
+        rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=1) / K + eps)
+        xn = (xf * rstd[:, None]).to(dt).to(tl.float32)
+        xn = (xn * tl.load(nw + rk, mask=km, other=0.0).to(tl.float32)[None, :]).to(dt).to(tl.float32)
+        out = tl.sum(xn[:, None, :] * wt.to(tl.float32)[None, :, :], axis=2).to(dt)  # [BLOCK_M, BLOCK_N]
+        if GATED:
+            up = tl.sum(xn[:, None, :] * wu.to(tl.float32)[None, :, :], axis=2).to(dt).to(tl.float32)
             gv = out.to(tl.float32)
-            out = ((gv / (1.0 + tl.exp(-gv))).to(dt).to(tl.float32) * acc_up.to(dt).to(tl.float32)).to(dt)
+            out = ((gv / (1.0 + tl.exp(-gv))).to(dt).to(tl.float32) * up).to(dt)
         tl.store(y + rm[:, None] * N + rn[None, :], out, mask=mm[:, None] & nm[None, :])
 
     return add_norm_linear_kernel
 
 
 def _blocks(M: int, N: int, K: int, gated: bool) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps) for M <= MAX_ROWS rows of width K. K up to ONE_SHOT_K is read in one
-    block (one memory round trip: a 2-pass loop over 128-wide blocks was latency-bound on the H200, 1.5-3x slower
-    than cuBLAS), with few columns and 1-2 warps per program: the best of a sweep on the H200 for SmolLM2's q/k/v
-    and gate/up (benchmarks/step_kernels_check.py). For 8 rows neither these products nor tensor cores (tl.dot,
-    rows padded to 16) beat cuBLAS plus the separate norm, hence MAX_ROWS = 4."""
+    """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps) for M <= MAX_ROWS rows of width K <= ONE_SHOT_K: the row in one block
+    (a first version looping over 128-wide blocks was latency-bound on the H200, 1.5-3x slower than cuBLAS), few
+    columns and 1-2 warps per program: the best of a sweep on the H200 for SmolLM2's q/k/v and gate/up
+    (benchmarks/step_kernels_check.py). For 8 rows neither these products nor tensor cores (tl.dot, rows padded to
+    16) beat cuBLAS plus the separate norm, hence MAX_ROWS = 4; for 4096-wide layers the blocked loop was 2x slower
+    than cuBLAS, hence ONE_SHOT_K (docs/benchmarks.md, "Session 5")."""
     bm = 1 if M <= 1 else 2 if M <= 2 else 4
-    kp = 1 << (K - 1).bit_length()
-    if kp > ONE_SHOT_K:
-        return bm, min(16, 8192 // (bm * 256)), 256, 4
-    return bm, 2 if gated and M > 2 else 4, kp, 1 if M == 1 or gated else 2
+    return bm, 2 if gated and M > 2 else 4, 1 << (K - 1).bit_length(), 1 if M == 1 or gated else 2
 
 
 def add_norm_linear(h: torch.Tensor, delta: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
@@ -141,7 +101,8 @@ def add_norm_linear(h: torch.Tensor, delta: torch.Tensor | None, norm_weight: to
     *lead, K = h.shape
     M = h.numel() // K
     N = weight.shape[0] // 2 if gated else weight.shape[0]
-    assert M <= MAX_ROWS and weight.shape[1] == K and weight.is_contiguous(), "add_norm_linear: shape"
+    assert M <= MAX_ROWS and K <= ONE_SHOT_K and weight.shape[1] == K and weight.is_contiguous(), \
+        "add_norm_linear: shape"
     h2 = h.reshape(M, K).contiguous()
     d2 = delta.reshape(M, K).contiguous() if delta is not None else h2
     h_out = torch.empty_like(h2) if delta is not None else h2
