@@ -4,8 +4,10 @@ decode step's graph costs the host 0.004 ms, launching the draft/verify/commit g
 
 For a random-weight SmolLM2-135M shape with a random drafter (bf16, CUDA graphs, batch 1, chain S3 K1 D4): the host
 time of each graph's `replay()` call on its own (mean over 100 steps, no synchronisation between steps), and a
-torch.profiler table of the CUDA runtime calls made while 20 steps' graphs are replayed: a blocking call (a
-synchronising memcpy, an event wait, a stream sync) names the culprit.
+torch.profiler table and trace of 20 steps' replays (which nodes each graph holds), then the same three phases
+captured as one graph, and two instances of the three graphs alternated. Findings (docs/benchmarks.md, "Session
+5"): the verify graph's launch blocks for about its GPU time; it holds a memset node per layer (cuDNN's multi-token
+attention kernel); merging or alternating the graphs does not help.
 
 usage: python benchmarks/replay_probe.py OUT_DIR [--no-cudnn-sdpa]   (--no-cudnn-sdpa: PyTorch's cuDNN attention
        backend off, process-wide: its multi-token kernel adds a memset node per call to the graphs)
@@ -36,6 +38,20 @@ prepare_for_inference(m, dev, None, None)
 d = random_drafter(m.config, dev, torch.bfloat16, 0)
 prepare_for_inference(d, dev, None, None)
 rows = {}
+
+
+def replays(step, n: int) -> dict:
+    """Host time to enqueue n steps (`step(i)` launches step i) and their time until the GPU is done."""
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for i in range(n):
+        step(i)
+    enqueue = time.perf_counter() - t
+    torch.cuda.synchronize()
+    total = time.perf_counter() - t
+    return {"enqueue_ms_per_step": round(1e3 * enqueue / n, 4), "gpu_ms_per_step": round(1e3 * total / n, 4)}
+
+
 for kind, spec in (("decode", None), ("spec", SpecConfig(3, 1, 4))):
     e = Engine(m, None, EngineConfig(overlap=False), drafter=d if spec else None, spec=spec)
     e.reserve(1, 2048)
@@ -82,31 +98,18 @@ for kind, spec in (("decode", None), ("spec", SpecConfig(3, 1, 4))):
         with torch.inference_mode(), torch.cuda.graph(g1, pool=run.graphs.pool):
             for _, fn in phases:
                 fn()
-        torch.cuda.synchronize()
-        t_all = time.perf_counter()
-        for _ in range(n):
-            g1.replay()
-        enqueue = time.perf_counter() - t_all
-        torch.cuda.synchronize()
-        total = time.perf_counter() - t_all
-        rows["spec merged"] = {"enqueue_ms_per_step": round(1e3 * enqueue / n, 4),
-                               "gpu_ms_per_step": round(1e3 * total / n, 4)}
+        rows["spec merged"] = replays(lambda i: g1.replay(), n)
         print("spec merged", json.dumps(rows["spec merged"]), flush=True)
         # two instances of the 3 graphs alternated (if a launch waits for the previous launch of the same exec)
-        key2 = key
-        run.graphs.graphs.pop(key2)
-        run.graphs._capture(key2)
-        other = run.graphs.graphs[key2]
-        torch.cuda.synchronize()
-        t_all = time.perf_counter()
-        for i in range(n):
+        run.graphs.graphs.pop(key)
+        run.graphs._capture(key)
+        other = run.graphs.graphs[key]
+
+        def alternate(i: int) -> None:
             for _, g in (graphs if i % 2 else other):
                 g.replay()
-        enqueue = time.perf_counter() - t_all
-        torch.cuda.synchronize()
-        total = time.perf_counter() - t_all
-        rows["spec alternated"] = {"enqueue_ms_per_step": round(1e3 * enqueue / n, 4),
-                                   "gpu_ms_per_step": round(1e3 * total / n, 4)}
+
+        rows["spec alternated"] = replays(alternate, n)
         print("spec alternated", json.dumps(rows["spec alternated"]), flush=True)
     del e
 (OUT / "replay_probe.json").write_text(json.dumps(rows, indent=1))
