@@ -9,7 +9,7 @@
   residual add + RMSNorm + gate/up projection + SiLU gating as one Triton kernel each, for steps of a few rows.
 - `compile_elementwise(model)`: RMSNorm, residual-add + RMSNorm, RoPE and SiLU-gating through `torch.compile` (one
   fused kernel each instead of ~6), shapes dynamic so one compilation serves every batch and length bucket.
-Both change nothing numerically beyond floating-point reassociation; neither is applied to models being trained.
+None changes anything numerically beyond floating-point reassociation; none is applied to models being trained.
 """
 
 from __future__ import annotations
@@ -76,8 +76,8 @@ def use_norm_linear_kernel(model: nn.Module, max_rows: int | None = None) -> nn.
     attention has a fused bias-free q/k/v projection and whose MLP is a fused bias-free SiLU gate/up MLP
     (layers/norm_linear_kernel.py), for steps of at most `max_rows` rows (default: the kernel's MAX_ROWS).
     Only models of width <= ONE_SHOT_K (SmolLM2's 576): on the H200 the kernel beats the launches it saves there,
-    while for a 4096-wide layer its blocked loop is 2-3x slower than cuBLAS (docs/benchmarks.md). Layers of other
-    shapes (MLA, MoE) keep their path."""
+    while for 4096-wide layers a blocked version was 2x slower than cuBLAS (docs/benchmarks.md, "Session 5").
+    Layers of other shapes (MLA, MoE) keep their path."""
     from ..layers.norm_linear_kernel import MAX_ROWS, ONE_SHOT_K, add_norm_linear
     from ..models.base import PreNormDecoderLayer
 

@@ -35,7 +35,7 @@ class PreNormDecoderLayer(nn.Module):
     post_attention_layernorm: nn.Module
     mlp: nn.Module
     # engine.transforms may set the fused add + RMSNorm + projection kernel (layers/norm_linear_kernel.py) for
-    # layers with a fused q/k/v projection and a fused gate/up SiLU MLP; used for steps of at most `max_rows` rows
+    # layers with a fused q/k/v projection and a fused gate/up SiLU MLP; used for steps of <= norm_linear_rows rows
     norm_linear = None
     norm_linear_rows = 0
 
