@@ -4,6 +4,7 @@ character tokenizer), and the regeneration it runs: turn by turn, first turn onl
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -242,3 +243,24 @@ def test_export_takes_the_best_held_out_weights(tiny_folder, data_file, tmp_path
     assert main(base + ["--out", str(tmp_path / "last"), "--export-last"]) == 0
     last = load_file(str(tmp_path / "last" / "model.safetensors"))
     assert torch.equal(last["fc.weight"], snapshots[8]["fc.weight"])
+
+
+def test_train_with_self_prompts(tiny_folder, data_file, tmp_path, capsys):
+    """--self-prompts: the target writes prompts from its template's user turn, they are answered like the data
+    (their own caches: the data's regeneration cache is the one a run without them made) and trained on."""
+    out = tmp_path / "drafter"
+    args = ["train", "--target", str(tiny_folder), "--data", str(data_file), "--out", str(out), "--device", "cpu",
+            "--max-steps", "2", "--ttt-steps", "2", "--draft-vocab", "40", "--batch-tokens", "400",
+            "--max-len", "96", "--regen-max-new-tokens", "10", "--regen-shard", "8", "--regen-batch", "16",
+            "--eval-frac", "0.2", "--no-progress", "--self-prompts", "5"]
+    assert main(args) == 0
+    err = capsys.readouterr().err
+    m = re.search(r"self prompts: (\d+) written by the target, (\d+) answered", err)
+    assert m and 1 <= int(m.group(1)) <= 5 and 1 <= int(m.group(2)) <= int(m.group(1))
+    work = tmp_path / "drafter-work"
+    (cache,) = work.glob("prompts-*.jsonl")
+    assert len(cache.read_text().splitlines()) == 1 + int(m.group(1))
+    assert len(list(work.glob("regen-*"))) == 2  # the data's and the self prompts' regenerations
+    assert re.search(r"\d+ training / \d+ eval samples", err)
+    assert main(args) == 0  # a second run generates nothing: both caches hold
+    assert capsys.readouterr().err.count("(0 new tokens in this run)") == 2

@@ -37,6 +37,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     d.add_argument("--regen-shard", type=int, default=1024, help="conversations per cache shard")
     d.add_argument("--regen-cuda-graphs", action=argparse.BooleanOptionalAction, default=True,
                    help="decode through the engine's CUDA graphs when regenerating on a GPU")
+    d.add_argument("--self-prompts", type=int, default=0, metavar="N",
+                   help="add N user prompts written by the target itself (sampled from its chat template's user "
+                        "turn; cached), answered like the data: widens the tasks beyond the data files")
+    d.add_argument("--self-prompt-temperature", type=float, default=1.0, help="sampling temperature of those prompts")
+    d.add_argument("--self-prompt-top-p", type=float, default=0.95, help="nucleus of those prompts")
     d.add_argument("--eval-frac", type=float, default=0.02, help="held-out fraction for evaluation")
     d.add_argument("--loop-keep", type=int, default=None, metavar="N",
                    help="no loss on answer tokens deeper than N tokens into a repetition loop (each completing an "
@@ -99,6 +104,7 @@ def run(args: argparse.Namespace) -> int:
     from ..train.export import export_dtype
     from ..train.pipeline import PipelineOptions, train_drafter
     from ..train.regenerate import RegenConfig
+    from ..train.self_prompts import SelfPromptConfig
     from ..train.trainer import TrainConfig
 
     if args.max_len < 8:
@@ -107,9 +113,16 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--loop-keep must be >= 0 (got {args.loop_keep})")
     if not 0 <= args.eval_frac < 1:
         raise ConfigError(f"--eval-frac must be in [0, 1) (got {args.eval_frac})")
+    if args.self_prompts < 0:
+        raise ConfigError(f"--self-prompts must be >= 0 (got {args.self_prompts})")
+    if args.self_prompts and not args.regenerate:
+        raise ConfigError("--self-prompts needs regeneration: the target's prompts have no answers until it writes "
+                          "them (drop --no-regenerate)")
     work_dir = args.work_dir or str(args.out).rstrip("/") + "-work"
     if args.regenerate:
         SamplingParams(temperature=args.regen_temperature)  # a bad value fails here, not after the model load
+    if args.self_prompts:
+        SamplingParams(temperature=args.self_prompt_temperature, top_p=args.self_prompt_top_p)
     convs = read_conversations(args.data, args.max_conversations)  # data errors before the model load
     if args.first_turn_only and not args.regenerate:
         convs.conversations = [c[: next(i for i, m in enumerate(c) if m["role"] == "assistant") + 1]
@@ -144,6 +157,11 @@ def run(args: argparse.Namespace) -> int:
         eval_frac=args.eval_frac, export_dtype=export_dtype(args.export_dtype), max_shard_mb=args.max_shard_mb,
         target_name=str(loaded.path), init=args.init, export_best=not args.export_last, shape=shape,
         loop_keep=args.loop_keep,
+        # a prompt may take half of --max-len (up to 256 tokens): the rest is its answer's
+        self_prompts=SelfPromptConfig(n=args.self_prompts, temperature=args.self_prompt_temperature,
+                                      top_p=args.self_prompt_top_p, max_new_tokens=min(256, args.max_len // 2),
+                                      batch_size=args.regen_batch, seed=args.seed,
+                                      cuda_graphs=args.regen_cuda_graphs) if args.self_prompts else None,
     )
     summary = train_drafter(loaded.model, loaded.tokenizer, convs.conversations, args.out, opts)
     if summary.eval is not None:

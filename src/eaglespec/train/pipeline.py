@@ -1,7 +1,8 @@
 """The whole recipe for one target, in order: regenerate, tokenise, split, draft vocabulary, train, export.
 
 Contract of `train_drafter(target, tokenizer, conversations, out, options)` -> `TrainSummary`:
-1. (optional) regenerate the assistant turns with the target (regenerate.py, cached under `work_dir/regen-*`);
+1. (optional) regenerate the assistant turns with the target (regenerate.py, cached under `work_dir/regen-*`), and
+   add `self_prompts` prompts written by the target, answered the same way (self_prompts.py; their own caches);
 2. tokenise with the chat template and the assistant loss mask, apply --max-len (dataset.py);
 3. split off `eval_frac` for evaluation (seeded);
 4. count the assistant tokens of the training split and keep the `draft_vocab` most frequent (vocab.py;
@@ -27,6 +28,7 @@ from .dataset import build_dataset, split
 from .drafter import DrafterShape, drafter_from_checkpoint, drafter_hf_config, new_drafter
 from .export import check_shard_limit, export_drafter
 from .regenerate import RegenConfig, regenerate
+from .self_prompts import SelfPromptConfig, self_prompts
 from .trainer import EvalResult, Trainer, TrainConfig
 from .vocab import DraftVocab, build_draft_vocab, count_tokens
 
@@ -49,6 +51,7 @@ class PipelineOptions:
     export_best: bool = True  # export the weights of the best held-out evaluation (False: the last weights)
     shape: DrafterShape = DrafterShape()  # a fresh drafter's layer sizes (an --init drafter keeps its own)
     loop_keep: int | None = None  # mask the loss deeper than this into repetition loops (dataset.mask_loops)
+    self_prompts: SelfPromptConfig | None = None  # add prompts the target writes itself (needs `regen`)
 
 
 @dataclass
@@ -103,6 +106,15 @@ def train_drafter(target: torch.nn.Module, tokenizer: "BaseTokenizer", conversat
         convs = res.conversations
         dropped.update(res.dropped)
         log(f"regenerated {len(convs)} conversations ({res.new_tokens} new tokens in this run)")
+        if opts.self_prompts is not None and opts.self_prompts.n > 0:
+            # their own cache and regeneration: the data's regeneration cache stays valid
+            own = self_prompts(target, tokenizer, opts.self_prompts, work, opts.target_name, opts.train.progress)
+            res = regenerate(target, tokenizer, own, work, replace(rcfg, first_turn_only=True), opts.target_name,
+                             progress=opts.train.progress)
+            convs += res.conversations
+            dropped.update(res.dropped)
+            log(f"self prompts: {len(own)} written by the target, {len(res.conversations)} answered "
+                f"({res.new_tokens} new tokens in this run)")
         if not convs:
             raise DataError("no conversation is left after regeneration (prompts longer than --max-len?)")
 
