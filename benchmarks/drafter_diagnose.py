@@ -6,7 +6,8 @@ target in float32 on the CPU. A greedy chain accepts a drafted token when the dr
 step k's accuracy is what depth k+1 of a chain accepts (given the earlier depths). The buckets show whether misses
 come from tokens the target itself barely prefers (near-ties, hard for any drafter) or from confident ones.
 
-usage: python benchmarks/drafter_diagnose.py DRAFTER_DIR [N_PROMPTS=20] [MAX_NEW=128]
+usage: python benchmarks/drafter_diagnose.py DRAFTER_DIR [N_PROMPTS=20] [MAX_NEW=128] [PROMPTS=mt-bench|self]
+       (self: N prompts written by the target itself, train/self_prompts.py, instead of MT-bench's)
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from eaglespec.train.vocab import DraftVocab
 DRAFTER = sys.argv[1]
 N = int(sys.argv[2]) if len(sys.argv) > 2 else 20
 MAX_NEW = int(sys.argv[3]) if len(sys.argv) > 3 else 128
+SOURCE = sys.argv[4] if len(sys.argv) > 4 else "mt-bench"
 STEPS = 3
 EDGES = (0.0, 0.3, 0.5, 0.7, 0.9, 1.01)  # buckets of the target's top probability
 
@@ -39,7 +41,16 @@ vocab = DraftVocab(drafter.d2t.clone(), drafter.t2d.clone())
 
 from eaglespec.bench.datasets import load_prompt_set  # noqa: E402
 
-prompts = [i.first for i in load_prompt_set("mt-bench")[:N]]
+if SOURCE == "self":
+    import tempfile
+
+    from eaglespec.train.self_prompts import SelfPromptConfig, self_prompts
+
+    with tempfile.TemporaryDirectory() as tmp:
+        convs = self_prompts(target, tok, SelfPromptConfig(n=N, batch_size=2 * N), tmp, progress=False)
+    prompts = [c[0]["content"] for c in convs]
+else:
+    prompts = [i.first for i in load_prompt_set("mt-bench")[:N]]
 outs = eng.generate(prompts, SamplingParams(max_new_tokens=MAX_NEW))
 hits = torch.zeros(STEPS, len(EDGES) - 1)
 count = torch.zeros(STEPS, len(EDGES) - 1)
@@ -64,7 +75,7 @@ with torch.inference_mode():
                 count[k, i] += sel.sum()
                 hits[k, i] += (ok & sel).sum()
 total = count[0].sum()
-print(f"MT-bench 1-{N}, {MAX_NEW} new tokens, float32 CPU, drafter {DRAFTER}")
+print(f"{SOURCE} prompts 1-{len(prompts)}, {MAX_NEW} new tokens, float32 CPU, drafter {DRAFTER}")
 print("| target top prob | share of positions | " + " | ".join(f"step {k} acc" for k in range(STEPS)) + " |")
 print("|---|---:|" + "---:|" * STEPS)
 for i in range(len(EDGES) - 1):

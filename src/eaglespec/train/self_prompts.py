@@ -14,8 +14,10 @@ replaces it), at most `cfg.n`:
   (it ended with an end token, has 3 to 400 words, is mostly printable text), the target's mean negative
   log-likelihood of its tokens after the prefix is at most `max_nll` (`prompt_nll`: sampling at T = 1 also draws
   word salad, which the target itself finds unlikely; SmolLM2's coherent requests score 1.3-2.8 nats, garbled ones
-  3.1-4.1) and it is new (case and whitespace folded). Rounds continue until `n` are kept or this call ran `max_rounds` rounds (a target that writes few usable
-  prompts gives fewer, not a hang); round r (counted over every run) seeds the engine with seed * 1000 + r.
+  3.1-4.1) and it is new (case and whitespace folded). Rounds continue until `n` are kept or
+  `max_rounds * ceil(n / batch_size)` rounds ran, counted over every run with these settings (a target that writes
+  few usable prompts gives fewer, not a hang, and re-running the same command generates nothing more; a larger `n`
+  continues); round r seeds the engine with seed * 1000 + r.
 - cache: the kept prompts are written to `cache_dir/prompts-<fingerprint>.jsonl` (the target's name and the settings)
   after every round, so a later run with the same settings reads them instead of generating, and an interrupted one
   continues where it stopped.
@@ -50,7 +52,7 @@ class SelfPromptConfig:
     max_new_tokens: int = 256
     batch_size: int = 256
     seed: int = 0
-    max_rounds: int = 8  # rounds of `batch_size` generations per call at most (a call keeps what these yield)
+    max_rounds: int = 8  # at most this many rounds of `batch_size` generations per `batch_size` prompts asked for
     max_nll: float | None = 3.0  # nats per token; None: no likelihood filter
     cuda_graphs: bool = True
 
@@ -113,8 +115,8 @@ def self_prompts(target: torch.nn.Module, tokenizer: "BaseTokenizer", cfg: SelfP
     bar = tqdm(total=cfg.n, initial=min(len(kept), cfg.n), desc="self prompts", unit="prompt",
                disable=not progress, dynamic_ncols=True)
     try:
-        start = rounds_done
-        while len(kept) < cfg.n and rounds_done - start < cfg.max_rounds:
+        limit = cfg.max_rounds * -(-cfg.n // cfg.batch_size)  # rounds in all, over every run with these settings
+        while len(kept) < cfg.n and rounds_done < limit:
             ecfg = EngineConfig(max_batch_size=cfg.batch_size, max_seq_len=len(prefix) + cfg.max_new_tokens + 1,
                                 seed=cfg.seed * 1000 + rounds_done, cuda_graphs=cfg.cuda_graphs,
                                 min_prefill_rows=max(1, cfg.batch_size // 8))
