@@ -6,8 +6,9 @@ target in float32 on the CPU. A greedy chain accepts a drafted token when the dr
 step k's accuracy is what depth k+1 of a chain accepts (given the earlier depths). The buckets show whether misses
 come from tokens the target itself barely prefers (near-ties, hard for any drafter) or from confident ones.
 
-usage: python benchmarks/drafter_diagnose.py DRAFTER_DIR [N_PROMPTS=20] [MAX_NEW=128] [PROMPTS=mt-bench|self]
-       (self: N prompts written by the target itself, train/self_prompts.py, instead of MT-bench's)
+usage: python benchmarks/drafter_diagnose.py DRAFTER_DIR [N_PROMPTS=20] [MAX_NEW=128] [PROMPTS=mt-bench|self[:W1,W2]]
+       (self: N prompts written by the target itself, train/self_prompts.py, instead of MT-bench's; after the colon
+       the words they start with, cycled)
 """
 
 from __future__ import annotations
@@ -41,13 +42,15 @@ vocab = DraftVocab(drafter.d2t.clone(), drafter.t2d.clone())
 
 from eaglespec.bench.datasets import load_prompt_set  # noqa: E402
 
-if SOURCE == "self":
+if SOURCE.startswith("self"):
     import tempfile
 
     from eaglespec.train.self_prompts import SelfPromptConfig, self_prompts
 
     with tempfile.TemporaryDirectory() as tmp:
-        convs = self_prompts(target, tok, SelfPromptConfig(n=N, batch_size=2 * N), tmp, progress=False)
+        openers = tuple(w for w in SOURCE.partition(":")[2].split(",") if w)
+        convs = self_prompts(target, tok, SelfPromptConfig(n=N, batch_size=2 * N, openers=openers), tmp,
+                             progress=False)
     prompts = [c[0]["content"] for c in convs]
 else:
     prompts = [i.first for i in load_prompt_set("mt-bench")[:N]]

@@ -83,3 +83,11 @@ def test_prompt_nll_separates_text_from_salad(smollm2):
     nll_good = prompt_nll(smollm2.model, prefix, tok.encode(good) + [tok.eos_token_ids[0]])
     nll_salad = prompt_nll(smollm2.model, prefix, tok.encode(salad) + [tok.eos_token_ids[0]])
     assert nll_good < 3.0 < nll_salad
+
+
+def test_openers_steer_the_prompts(smollm2, tmp_path):
+    """With openers every kept prompt starts with one of them (the target continues the user turn after it)."""
+    cfg = SelfPromptConfig(n=3, max_new_tokens=48, batch_size=6, max_rounds=2, openers=("Write", "Solve"))
+    convs = self_prompts(smollm2.model, smollm2.tokenizer, cfg, tmp_path, "smollm2", progress=False)
+    assert convs and all(c[0]["content"].startswith(("Write", "Solve")) for c in convs)
+    assert all(len(c[0]["content"].split()) >= 3 for c in convs)

@@ -42,6 +42,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "turn; cached), answered like the data: widens the tasks beyond the data files")
     d.add_argument("--self-prompt-temperature", type=float, default=1.0, help="sampling temperature of those prompts")
     d.add_argument("--self-prompt-top-p", type=float, default=0.95, help="nucleus of those prompts")
+    d.add_argument("--self-prompt-openers", default="", metavar="W1,W2,...",
+                   help="comma-separated words those prompts start with, cycled (e.g. Write,Solve,Imagine you are): "
+                        "steers the target towards task types (default: free prompts)")
     d.add_argument("--eval-frac", type=float, default=0.02, help="held-out fraction for evaluation")
     d.add_argument("--loop-keep", type=int, default=None, metavar="N",
                    help="no loss on answer tokens deeper than N tokens into a repetition loop (each completing an "
@@ -160,6 +163,7 @@ def run(args: argparse.Namespace) -> int:
         # a prompt may take half of --max-len (up to 256 tokens): the rest is its answer's
         self_prompts=SelfPromptConfig(n=args.self_prompts, temperature=args.self_prompt_temperature,
                                       top_p=args.self_prompt_top_p, max_new_tokens=min(256, args.max_len // 2),
+                                      openers=tuple(w.strip() for w in args.self_prompt_openers.split(",") if w.strip()),
                                       batch_size=args.regen_batch, seed=args.seed,
                                       cuda_graphs=args.regen_cuda_graphs) if args.self_prompts else None,
     )

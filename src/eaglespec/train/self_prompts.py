@@ -9,7 +9,8 @@ conversation, are text of the kinds of tasks the target expects, with no dataset
 Contract of `self_prompts(target, tokenizer, cfg, cache_dir, target_name, progress)` -> list of conversations
 `[{"role": "user", "content": prompt}, {"role": "assistant", "content": "."}]` (the answer is a stub: regeneration
 replaces it), at most `cfg.n`:
-- generation: the engine samples continuations of `user_prefix(tokenizer)` (temperature, top_p, `max_new_tokens`,
+- generation: the engine samples continuations of `user_prefix(tokenizer)`, followed by one of `openers` (cycled
+  over the rows) when given (temperature, top_p, `max_new_tokens`,
   `batch_size` rows at a time, the engine seeded from (seed, round)); a prompt counts when `keep_prompt` accepts it
   (it ended with an end token, has 3 to 400 words, is mostly printable text), the target's mean negative
   log-likelihood of its tokens after the prefix is at most `max_nll` (`prompt_nll`: sampling at T = 1 also draws
@@ -54,6 +55,9 @@ class SelfPromptConfig:
     seed: int = 0
     max_rounds: int = 8  # at most this many rounds of `batch_size` generations per `batch_size` prompts asked for
     max_nll: float | None = 3.0  # nats per token; None: no likelihood filter
+    # text each prompt starts with, cycled over the rows (e.g. "Write", "Solve", "Imagine you are"): steers the
+    # target towards task types its unprompted requests (mostly advice) rarely are; empty: free prompts
+    openers: tuple[str, ...] = ()
     cuda_graphs: bool = True
 
 
@@ -111,23 +115,26 @@ def self_prompts(target: torch.nn.Module, tokenizer: "BaseTokenizer", cfg: SelfP
         kept = [s["prompt"] for s in state[1:]]
     seen = {_key(p) for p in kept}
     prefix = user_prefix(tokenizer)
+    starts = [(o, prefix + tokenizer.encode(o)) for o in cfg.openers] or [("", prefix)]
     params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p)
     bar = tqdm(total=cfg.n, initial=min(len(kept), cfg.n), desc="self prompts", unit="prompt",
                disable=not progress, dynamic_ncols=True)
     try:
         limit = cfg.max_rounds * -(-cfg.n // cfg.batch_size)  # rounds in all, over every run with these settings
         while len(kept) < cfg.n and rounds_done < limit:
-            ecfg = EngineConfig(max_batch_size=cfg.batch_size, max_seq_len=len(prefix) + cfg.max_new_tokens + 1,
+            longest = max(len(ids) for _, ids in starts)
+            ecfg = EngineConfig(max_batch_size=cfg.batch_size, max_seq_len=longest + cfg.max_new_tokens + 1,
                                 seed=cfg.seed * 1000 + rounds_done, cuda_graphs=cfg.cuda_graphs,
                                 min_prefill_rows=max(1, cfg.batch_size // 8))
             engine = Engine(target, tokenizer, ecfg)
-            outs = engine.generate([prefix] * cfg.batch_size, params, chat=False)
+            rows = [starts[(rounds_done * cfg.batch_size + i) % len(starts)] for i in range(cfg.batch_size)]
+            outs = engine.generate([ids for _, ids in rows], params, chat=False)
             del engine
-            for o in outs:
-                text = o.text.strip()
+            for (opener, ids), o in zip(rows, outs):
+                text = (opener + o.text).strip()
                 if len(kept) >= cfg.n or not keep_prompt(text, o.finish_reason == "stop") or _key(text) in seen:
                     continue
-                if cfg.max_nll is not None and prompt_nll(target, prefix, o.token_ids) > cfg.max_nll:
+                if cfg.max_nll is not None and prompt_nll(target, ids, o.token_ids) > cfg.max_nll:
                     continue
                 seen.add(_key(text))
                 kept.append(text)
