@@ -10,15 +10,15 @@ Contract of `self_prompts(target, tokenizer, cfg, cache_dir, target_name, progre
 `[{"role": "user", "content": prompt}, {"role": "assistant", "content": "."}]` (the answer is a stub: regeneration
 replaces it), at most `cfg.n`:
 - generation: the engine samples continuations of `user_prefix(tokenizer)`, followed by one of `openers` (cycled
-  over the rows) when given (temperature, top_p, `max_new_tokens`,
-  `batch_size` rows at a time, the engine seeded from (seed, round)); a prompt counts when `keep_prompt` accepts it
-  (it ended with an end token, has 3 to 400 words, is mostly printable text), the target's mean negative
-  log-likelihood of its tokens after the prefix is at most `max_nll` (`prompt_nll`: sampling at T = 1 also draws
-  word salad, which the target itself finds unlikely; SmolLM2's coherent requests score 1.3-2.8 nats, garbled ones
-  3.1-4.1) and it is new (case and whitespace folded). Rounds continue until `n` are kept or
+  over the rows) when given (temperature, top_p, `max_new_tokens`, `batch_size` rows per round); a prompt counts
+  when `keep_prompt` accepts it (it ended with an end token, has 3 to 400 words, is mostly printable text), the
+  target's mean negative log-likelihood of its tokens after the prefix is at most `max_nll` (`prompt_nll`: sampling
+  at T = 1 also draws word salad, which the target itself finds unlikely; SmolLM2's coherent requests score 1.3-2.8
+  nats, garbled ones 3.1-4.1) and it is new (case and whitespace folded). Rounds continue until `n` are kept or
   `max_rounds * ceil(n / batch_size)` rounds ran, counted over every run with these settings (a target that writes
   few usable prompts gives fewer, not a hang, and re-running the same command generates nothing more; a larger `n`
-  continues); round r seeds the engine with seed * 1000 + r.
+  continues). A call's engine is seeded with seed * 1000 + the rounds run before it, so a run from scratch is
+  reproducible (a resumed one draws other prompts than an uninterrupted one would have).
 - cache: the kept prompts are written to `cache_dir/prompts-<fingerprint>.jsonl` (the target's name and the settings)
   after every round, so a later run with the same settings reads them instead of generating, and an interrupted one
   continues where it stopped.
@@ -121,15 +121,16 @@ def self_prompts(target: torch.nn.Module, tokenizer: "BaseTokenizer", cfg: SelfP
                disable=not progress, dynamic_ncols=True)
     try:
         limit = cfg.max_rounds * -(-cfg.n // cfg.batch_size)  # rounds in all, over every run with these settings
+        engine = None  # one engine (and one set of captured graphs) for all of this call's rounds
         while len(kept) < cfg.n and rounds_done < limit:
-            longest = max(len(ids) for _, ids in starts)
-            ecfg = EngineConfig(max_batch_size=cfg.batch_size, max_seq_len=longest + cfg.max_new_tokens + 1,
-                                seed=cfg.seed * 1000 + rounds_done, cuda_graphs=cfg.cuda_graphs,
-                                min_prefill_rows=max(1, cfg.batch_size // 8))
-            engine = Engine(target, tokenizer, ecfg)
+            if engine is None:
+                longest = max(len(ids) for _, ids in starts)
+                engine = Engine(target, tokenizer, EngineConfig(
+                    max_batch_size=cfg.batch_size, max_seq_len=longest + cfg.max_new_tokens + 1,
+                    seed=cfg.seed * 1000 + rounds_done, cuda_graphs=cfg.cuda_graphs,
+                    min_prefill_rows=max(1, cfg.batch_size // 8)))
             rows = [starts[(rounds_done * cfg.batch_size + i) % len(starts)] for i in range(cfg.batch_size)]
             outs = engine.generate([ids for _, ids in rows], params, chat=False)
-            del engine
             for (opener, ids), o in zip(rows, outs):
                 text = (opener + o.text).strip()
                 if len(kept) >= cfg.n or not keep_prompt(text, o.finish_reason == "stop") or _key(text) in seen:
