@@ -91,3 +91,17 @@ def test_openers_steer_the_prompts(smollm2, tmp_path):
     convs = self_prompts(smollm2.model, smollm2.tokenizer, cfg, tmp_path, "smollm2", progress=False)
     assert convs and all(c[0]["content"].startswith(("Write", "Solve")) for c in convs)
     assert all(len(c[0]["content"].split()) >= 3 for c in convs)
+
+
+def test_batched_nll_equals_one_at_a_time(smollm2):
+    """The batched, right-padded scoring gives each sequence its own forward's value."""
+    from eaglespec.train.self_prompts import prompt_nll, prompt_nlls
+
+    tok = smollm2.tokenizer
+    prefix = user_prefix(tok)
+    texts = ["Write a short poem about the sea.", "Can you explain how vaccines work in simple terms please?",
+             "Solve 12 + 30."]
+    pairs = [(prefix, tok.encode(t)) for t in texts]
+    batched = prompt_nlls(smollm2.model, pairs, rows=2)
+    single = [prompt_nll(smollm2.model, p, t) for p, t in pairs]
+    assert batched == pytest.approx(single, abs=1e-4)

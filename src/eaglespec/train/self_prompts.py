@@ -81,12 +81,29 @@ def keep_prompt(text: str, finished: bool) -> bool:
 @torch.inference_mode()
 def prompt_nll(target: torch.nn.Module, prefix: list[int], tokens: list[int]) -> float:
     """The target's mean negative log-likelihood (nats per token) of `tokens` following `prefix`."""
+    return prompt_nlls(target, [(prefix, tokens)])[0]
+
+
+@torch.inference_mode()
+def prompt_nlls(target: torch.nn.Module, pairs: list[tuple[list[int], list[int]]], rows: int = 16) -> list[float]:
+    """`prompt_nll` of many (prefix, tokens) pairs, `rows` sequences per forward: right-padded, so the causal mask
+    keeps every real position's result equal to its own forward (pads come after it)."""
     from ..layers.context import ForwardContext
 
     dev = next(target.parameters()).device
-    ids = torch.tensor([prefix + list(tokens)], device=dev)
-    logits = target(ids, ForwardContext.plain(1, ids.shape[1], dev)).logits[0, len(prefix) - 1 : -1].float()
-    return -logits.log_softmax(-1).gather(-1, ids[0, len(prefix):, None]).mean().item()
+    out: list[float] = []
+    for i in range(0, len(pairs), rows):
+        chunk = [(list(p), list(t)) for p, t in pairs[i : i + rows]]
+        T = max(len(p) + len(t) for p, t in chunk)
+        ids = torch.zeros(len(chunk), T, dtype=torch.int64)
+        for r, (p, t) in enumerate(chunk):
+            ids[r, : len(p) + len(t)] = torch.tensor(p + t)
+        ids = ids.to(dev)
+        logp = target(ids, ForwardContext.plain(len(chunk), T, dev)).logits.float().log_softmax(-1)  # [R, T, V]
+        for r, (p, t) in enumerate(chunk):
+            pos = torch.arange(len(p) - 1, len(p) + len(t) - 1, device=dev)  # the logits predicting t
+            out.append(-logp[r, pos, ids[r, pos + 1]].mean().item())
+    return out
 
 
 def _key(text: str) -> str:
@@ -131,15 +148,16 @@ def self_prompts(target: torch.nn.Module, tokenizer: "BaseTokenizer", cfg: SelfP
                     min_prefill_rows=max(1, cfg.batch_size // 8)))
             rows = [starts[(rounds_done * cfg.batch_size + i) % len(starts)] for i in range(cfg.batch_size)]
             outs = engine.generate([ids for _, ids in rows], params, chat=False)
-            for (opener, ids), o in zip(rows, outs):
-                text = (opener + o.text).strip()
-                if len(kept) >= cfg.n or not keep_prompt(text, o.finish_reason == "stop") or _key(text) in seen:
-                    continue
-                if cfg.max_nll is not None and prompt_nll(target, ids, o.token_ids) > cfg.max_nll:
-                    continue
-                seen.add(_key(text))
-                kept.append(text)
-                bar.update(1)
+            cands = [(opener, ids, o, (opener + o.text).strip()) for (opener, ids), o in zip(rows, outs)]
+            cands = [c for c in cands if keep_prompt(c[3], c[2].finish_reason == "stop")]
+            if cfg.max_nll is not None and cands:
+                nll = prompt_nlls(target, [(ids, o.token_ids) for _, ids, o, _ in cands])
+                cands = [c for c, v in zip(cands, nll) if v <= cfg.max_nll]
+            for _, _, _, text in cands:
+                if len(kept) < cfg.n and _key(text) not in seen:
+                    seen.add(_key(text))
+                    kept.append(text)
+                    bar.update(1)
             rounds_done += 1
             _write(path, rounds_done, kept)
     finally:
