@@ -20,6 +20,10 @@
 # "regen" regenerates the answers with the target (cached), trains until REGEN_BUDGET seconds have passed (checkpoints
 # every 100 steps) and packs the cache into $OUT; "train" resumes and finishes training, exports the drafter to
 # $OUT/drafter and measures it on MT-bench's 80 first turns in float32 (T = 0; TEMPS="0 1" adds T = 1).
+# With SELF_PROMPTS=N (and SELF_PROMPT_OPENERS="Write,Imagine you are,Solve,..."), "regen" also has the target write
+# N prompts and answers them (their own caches, packed into $OUT with the rest); estimated, not measured: a few
+# minutes to write 16K prompts and about 4 to answer them (24K new tokens/s, docs/training.md), so run "regen" twice
+# (it resumes from the caches) before "train" if the first call's budget ends inside them.
 set -euo pipefail
 MODE=$1
 EPOCHS=${EPOCHS:-8}
@@ -56,7 +60,7 @@ ARGS=(train --target "$M" --data "/root/m/sg-$DATA.json" --out "$OUT/drafter" --
 if [ "$MODE" = regen ]; then
   python3 benchmarks/kernel_check.py 2>&1 | tail -n 3   # the engine regenerates the data: stop now if its kernel is wrong
   timeout "$REGEN_BUDGET" python3 -m eaglespec "${ARGS[@]}" --resume 2>&1 | tee "$OUT/regen_log.txt" || true
-  (cd /tmp/work && tar czf - regen-*) | split -b 15M - "$OUT/regen.tar.gz."
+  (cd /tmp/work && tar czf - regen-* $(ls prompts-*.jsonl 2>/dev/null)) | split -b 15M - "$OUT/regen.tar.gz."
 else
   eaglespec "${ARGS[@]}" --resume 2>&1 | tee "$OUT/train_log.txt"
   cp /tmp/work/train_log.jsonl "$OUT/" || true
