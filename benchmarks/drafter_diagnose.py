@@ -23,7 +23,7 @@ from eaglespec.config import EngineConfig
 from eaglespec.sampling_params import SamplingParams
 from eaglespec.train.dataset import tokenize_conversation
 from eaglespec.train.features import target_features
-from eaglespec.train.ttt import shift_left, ttt_hiddens
+from eaglespec.train.ttt import shift_left, step_targets, ttt_hiddens
 from eaglespec.train.vocab import DraftVocab
 
 DRAFTER = sys.argv[1]
@@ -67,9 +67,8 @@ with torch.inference_mode():
         hs = ttt_hiddens(drafter, t, feats.aux, STEPS)
         m = torch.tensor([mask])
         for k, r in enumerate(hs):
-            am = shift_left(feats.argmax, 1 + k, -1)  # the target's argmax for t_{j+2+k}
+            valid, am = step_targets(feats, m, k)  # counted positions, the target's argmax for t_{j+2+k}
             conf = shift_left(pmax, 1 + k, 0.0)  # its top probability there
-            valid = shift_left(m, 2 + k, False) & (am >= 0)
             pred = drafter.lm_head(drafter.norm(r)).argmax(-1)
             ok = (pred == am) & valid
             b = torch.bucketize(conf, torch.tensor(EDGES[1:-1]), right=True)

@@ -24,10 +24,10 @@ import torch
 from eaglespec.api import load, load_drafter
 from eaglespec.config import EngineConfig
 from eaglespec.sampling_params import SamplingParams
-from eaglespec.train.dataset import build_dataset, split
+from eaglespec.train.dataset import build_dataset, mask_loops, split
 from eaglespec.train.features import target_features
 from eaglespec.train.pipeline import PipelineOptions
-from eaglespec.train.ttt import shift_left, ttt_hiddens
+from eaglespec.train.ttt import shift_left, step_targets, ttt_hiddens
 from eaglespec.train.vocab import DraftVocab
 
 REGEN, DRAFTER = Path(sys.argv[1]), sys.argv[2]
@@ -42,9 +42,8 @@ convs = [c for c in convs if c is not None]  # conversations the regeneration dr
 eng = load(None, draft=None, config=EngineConfig(device="cpu", dtype="float32", compile=False, max_batch_size=N))
 target, tok = eng.target, eng.tokenizer
 ds = build_dataset(tok, convs, 1024, "truncate", loop_keep=None)
-ds_loop = build_dataset(tok, convs, 1024, "truncate", loop_keep=32)
-_, eval_idx = split(len(ds_loop), PipelineOptions.__dataclass_fields__["eval_frac"].default, 0,
-                   groups=ds_loop.prompt_keys())
+# the loop mask does not touch the tokens before a sample's first answer, so the split (by prompt) is the trained run's
+_, eval_idx = split(len(ds), PipelineOptions.__dataclass_fields__["eval_frac"].default, 0, groups=ds.prompt_keys())
 print(f"{len(convs)} conversations, {len(ds)} samples, {len(eval_idx)} held out; measuring the first {N}", flush=True)
 
 drafter = load_drafter(DRAFTER, "cpu", torch.float32)
@@ -65,8 +64,7 @@ def step0(ids: torch.Tensor, mask: torch.Tensor, buckets: bool = False) -> tuple
         feats = target_features(target, ids[None], vocab)
         r = ttt_hiddens(drafter, ids[None], feats.aux, 1)[0]
         pred = drafter.lm_head(drafter.norm(r)).argmax(-1)[0]
-    am = shift_left(feats.argmax, 1, -1)[0]
-    valid = shift_left(mask[None], 2, False)[0] & (am >= 0)
+    valid, am = (x[0] for x in step_targets(feats, mask[None], 0))
     hit = (pred == am) & valid
     if buckets:
         conf = shift_left(feats.probs.amax(-1), 1, 0.0)[0]
@@ -89,7 +87,8 @@ acc = {k: [0, 0] for k in ("all", "first answer", "later answers", "loop-masked 
 first_prompts = []
 for i in eval_idx[:N].tolist():
     s, e = int(ds.offsets[i]), int(ds.offsets[i + 1])
-    ids, mask, keep = ds.tokens[s:e], ds.mask[s:e], ds_loop.mask[s:e]
+    ids, mask = ds.tokens[s:e], ds.mask[s:e]
+    keep = torch.tensor(mask_loops(ids.tolist(), mask.tolist(), 32)[0])  # --loop-keep 32, as the run trained
     hit, valid = step0(ids, mask)
     turn = shift_left(turn_index(mask)[None], 2, -1)[0]
     kept = shift_left(keep[None], 2, False)[0]

@@ -8,15 +8,13 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernel is built (it
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
-from tiny import tiny_drafter, tiny_llama  # noqa: E402
+from tiny import assert_transformed_engine_equals_plain, tiny_llama  # noqa: E402
 
 from eaglespec.config import SpecConfig  # noqa: E402
-from eaglespec.engine.engine import Engine  # noqa: E402
 from eaglespec.engine.transforms import fuse_projections, use_norm_linear_kernel, use_rope_store_kernel  # noqa: E402
 from eaglespec.layers.context import ForwardContext  # noqa: E402
 import eaglespec.layers.norm_linear_kernel as nlk  # noqa: E402
 from eaglespec.layers.norm_linear_kernel import MAX_ROWS, add_norm_linear, add_norm_linear_reference  # noqa: E402
-from eaglespec.sampling_params import SamplingParams  # noqa: E402
 
 
 @pytest.mark.parametrize("M,K,N", [(1, 48, 40), (3, 200, 24), (MAX_ROWS, 64, 130), (2, 2048, 20)])
@@ -85,16 +83,11 @@ def test_engine_with_the_kernels_equals_plain(monkeypatch):
         return bm, 1 << (N - 1).bit_length(), bk, warps
 
     monkeypatch.setattr(nlk, "_blocks", one_program)
-    prompts = [[1, 2, 3, 4], list(range(10, 15))]
-    params = SamplingParams(max_new_tokens=6, ignore_eos=True)
-    target = tiny_llama(seed=0)
-    ref = [o.token_ids for o in Engine(target, None).generate(prompts, params)]
-    drafter = tiny_drafter(target, seed=1)
-    for m in (target, drafter):
-        use_rope_store_kernel(fuse_projections(m))
-    use_norm_linear_kernel(target)
-    plain = Engine(target, None)
-    assert [o.token_ids for o in plain.generate(prompts, params)] == ref
-    eng = Engine(target, None, drafter=drafter, spec=SpecConfig(1, 1, 2))
-    assert [o.token_ids for o in eng.generate(prompts, params)] == ref
+
+    def prepare(target, drafter):
+        for m in (target, drafter):
+            use_rope_store_kernel(fuse_projections(m))
+        use_norm_linear_kernel(target)
+
+    assert_transformed_engine_equals_plain(prepare, SpecConfig(1, 1, 2), [[1, 2, 3, 4], list(range(10, 15))], 6)
     assert {2, 4} <= rows_seen  # two rows' decode, two rows' verify of 2 tokens

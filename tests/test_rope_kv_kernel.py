@@ -8,13 +8,11 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernel is built (it
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
-from tiny import tiny_drafter, tiny_llama  # noqa: E402
+from tiny import assert_transformed_engine_equals_plain  # noqa: E402
 
 from eaglespec.config import SpecConfig  # noqa: E402
-from eaglespec.engine.engine import Engine  # noqa: E402
 from eaglespec.engine.transforms import fuse_projections, use_rope_store_kernel  # noqa: E402
 from eaglespec.layers.rope_kv_kernel import rope_store, rope_store_reference  # noqa: E402
-from eaglespec.sampling_params import SamplingParams  # noqa: E402
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 0.0), (torch.bfloat16, 2 ** -5)])
@@ -35,13 +33,10 @@ def test_kernel_matches_reference(dtype, tol):
 
 def test_engine_with_the_kernel_equals_plain():
     """Fused projections + the kernel through the whole engine (float32): greedy speculation still equals plain."""
-    prompts = [[1, 2, 3, 4], list(range(10, 18))]
-    params = SamplingParams(max_new_tokens=12, ignore_eos=True)
-    target = tiny_llama(seed=0)
-    ref = [o.token_ids for o in Engine(target, None).generate(prompts, params)]
-    drafter = tiny_drafter(target, seed=1)
-    for m in (target, drafter):
-        use_rope_store_kernel(fuse_projections(m))
-    assert target.model.layers[0].self_attn.rope_store is rope_store
-    eng = Engine(target, None, drafter=drafter, spec=SpecConfig(3, 2, 5))
-    assert [o.token_ids for o in eng.generate(prompts, params)] == ref
+
+    def prepare(target, drafter):
+        for m in (target, drafter):
+            use_rope_store_kernel(fuse_projections(m))
+        assert target.model.layers[0].self_attn.rope_store is rope_store
+
+    assert_transformed_engine_equals_plain(prepare, SpecConfig(3, 2, 5), [[1, 2, 3, 4], list(range(10, 18))], 12)

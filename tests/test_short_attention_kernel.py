@@ -64,19 +64,12 @@ def test_limits():
 def test_engine_with_the_kernel_equals_plain():
     """The kernels in the target's and the drafter's attention (with the fused RoPE + KV-store kernel) through the
     whole engine (float32): decode, verify and drafter steps take them; greedy speculation equals plain decoding."""
-    from tiny import tiny_drafter, tiny_llama
+    from tiny import assert_transformed_engine_equals_plain
 
     from eaglespec.config import SpecConfig
-    from eaglespec.engine.engine import Engine
     from eaglespec.engine.transforms import fuse_projections, use_rope_store_kernel, use_short_attention_kernel
     from eaglespec.layers import short_attention_kernel as sak
-    from eaglespec.sampling_params import SamplingParams
 
-    prompts = [[1, 2, 3, 4], list(range(10, 15))]
-    params = SamplingParams(max_new_tokens=8, ignore_eos=True)
-    target = tiny_llama(seed=0)
-    ref = [o.token_ids for o in Engine(target, None).generate(prompts, params)]
-    drafter = tiny_drafter(target, seed=1)
     calls = []
 
     def counted(q, *a):
@@ -84,12 +77,13 @@ def test_engine_with_the_kernel_equals_plain():
         return sak.short_attention(q, *a)
 
     counted.fits = sak.fits
-    for m in (target, drafter):
-        use_short_attention_kernel(use_rope_store_kernel(fuse_projections(m)))
-        for mod in m.modules():
-            if getattr(mod, "attn_kernel", None) is not None:
-                mod.attn_kernel = counted
-    assert [o.token_ids for o in Engine(target, None).generate(prompts, params)] == ref
-    eng = Engine(target, None, drafter=drafter, spec=SpecConfig(3, 1, 4))
-    assert [o.token_ids for o in eng.generate(prompts, params)] == ref
+
+    def prepare(target, drafter):
+        for m in (target, drafter):
+            use_short_attention_kernel(use_rope_store_kernel(fuse_projections(m)))
+            for mod in m.modules():
+                if getattr(mod, "attn_kernel", None) is not None:
+                    mod.attn_kernel = counted
+
+    assert_transformed_engine_equals_plain(prepare, SpecConfig(3, 1, 4), [[1, 2, 3, 4], list(range(10, 15))], 8)
     assert {1, 4} <= set(calls)  # decode / draft steps (1 token) and verify (4 tokens) ran through the kernels

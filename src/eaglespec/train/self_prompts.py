@@ -148,12 +148,13 @@ def self_prompts(target: torch.nn.Module, tokenizer: "BaseTokenizer", cfg: SelfP
                     min_prefill_rows=max(1, cfg.batch_size // 8)))
             rows = [starts[(rounds_done * cfg.batch_size + i) % len(starts)] for i in range(cfg.batch_size)]
             outs = engine.generate([ids for _, ids in rows], params, chat=False)
-            cands = [(opener, ids, o, (opener + o.text).strip()) for (opener, ids), o in zip(rows, outs)]
-            cands = [c for c in cands if keep_prompt(c[3], c[2].finish_reason == "stop")]
+            cands = [(ids, o, (opener + o.text).strip()) for (opener, ids), o in zip(rows, outs)]
+            # the cheap checks first: only new, well-formed prompts are scored by the target
+            cands = [c for c in cands if keep_prompt(c[2], c[1].finish_reason == "stop") and _key(c[2]) not in seen]
             if cfg.max_nll is not None and cands:
-                nll = prompt_nlls(target, [(ids, o.token_ids) for _, ids, o, _ in cands])
+                nll = prompt_nlls(target, [(ids, o.token_ids) for ids, o, _ in cands])
                 cands = [c for c, v in zip(cands, nll) if v <= cfg.max_nll]
-            for _, _, _, text in cands:
+            for _, _, text in cands:
                 if len(kept) < cfg.n and _key(text) not in seen:
                     seen.add(_key(text))
                     kept.append(text)
