@@ -64,7 +64,7 @@ if [ "$MODE" = regen ]; then
 else
   eaglespec "${ARGS[@]}" --resume 2>&1 | tee "$OUT/train_log.txt"
   cp /tmp/work/train_log.jsonl "$OUT/" || true
-  for T in ${TEMPS:-0}; do
+  for T in ${TEMPS-0}; do   # TEMPS="" skips the measurement (export only)
     eaglespec bench --model "$M" --draft "$OUT/drafter" ${SPECS:---spec 3,1,4 --spec 6,8,48} \
       --max-new-tokens 256 --dtype float32 --temperature $T --batch-sizes 1 --out /tmp/bench$T 2>&1 \
       | tail -n 16 | tee "$OUT/bench_T$T.txt"
