@@ -4,7 +4,9 @@ bucketed by how sure the target is of the token being predicted (the top probabi
 The drafter runs through the training-time-test path (`train/ttt.py`, which equals the inference path: tested), the
 target in float32 on the CPU. A greedy chain accepts a drafted token when the drafter's argmax equals the target's, so
 step k's accuracy is what depth k+1 of a chain accepts (given the earlier depths). The buckets show whether misses
-come from tokens the target itself barely prefers (near-ties, hard for any drafter) or from confident ones.
+come from tokens the target itself barely prefers (near-ties, hard for any drafter) or from confident ones. For
+MT-bench it also prints the accuracy per category (its prompts come in blocks of 10: writing, roleplay, reasoning,
+math, coding, extraction, STEM, humanities), which says where training data is missing.
 
 usage: python benchmarks/drafter_diagnose.py DRAFTER_DIR [N_PROMPTS=20] [MAX_NEW=128] [PROMPTS=mt-bench|self[:W1,W2]]
        (self: N prompts written by the target itself, train/self_prompts.py, instead of MT-bench's; after the colon
@@ -31,6 +33,7 @@ N = int(sys.argv[2]) if len(sys.argv) > 2 else 20
 MAX_NEW = int(sys.argv[3]) if len(sys.argv) > 3 else 128
 SOURCE = sys.argv[4] if len(sys.argv) > 4 else "mt-bench"
 STEPS = 3
+CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
 EDGES = (0.0, 0.3, 0.5, 0.7, 0.9, 1.01)  # buckets of the target's top probability
 
 eng = load(None, draft=None, config=EngineConfig(device="cpu", dtype="float32", compile=False, max_batch_size=N))
@@ -57,6 +60,7 @@ else:
 outs = eng.generate(prompts, SamplingParams(max_new_tokens=MAX_NEW))
 hits = torch.zeros(STEPS, len(EDGES) - 1)
 count = torch.zeros(STEPS, len(EDGES) - 1)
+per_prompt: list[tuple[float, float]] = []  # (step-0 hits, counted positions) of each prompt
 with torch.inference_mode():
     for p, o in zip(prompts, outs):
         conv = [{"role": "user", "content": p}, {"role": "assistant", "content": o.text}]
@@ -76,6 +80,8 @@ with torch.inference_mode():
                 sel = valid & (b == i)
                 count[k, i] += sel.sum()
                 hits[k, i] += (ok & sel).sum()
+            if k == 0:
+                per_prompt.append((float(ok.sum()), float(valid.sum())))
 total = count[0].sum()
 print(f"{SOURCE} prompts 1-{len(prompts)}, {MAX_NEW} new tokens, float32 CPU, drafter {DRAFTER}")
 print("| target top prob | share of positions | " + " | ".join(f"step {k} acc" for k in range(STEPS)) + " |")
@@ -85,4 +91,9 @@ for i in range(len(EDGES) - 1):
     print(f"| {EDGES[i]:.1f}-{min(EDGES[i + 1], 1):.1f} | {count[0, i] / total:.3f} | {accs} |")
 accs = " | ".join(f"{hits[k].sum() / count[k].sum():.3f}" for k in range(STEPS))
 print(f"| all | 1.000 | {accs} |")
+if SOURCE == "mt-bench" and len(prompts) > 10:
+    print("| category | prompts | step 0 acc |\n|---|---|---:|")
+    for c in range(0, len(prompts), 10):
+        h, n = map(sum, zip(*per_prompt[c : c + 10]))
+        print(f"| {CATEGORIES[c // 10]} | {c + 1}-{min(c + 10, len(prompts))} | {h / max(n, 1):.3f} |")
 print(json.dumps({"hits": hits.tolist(), "count": count.tolist(), "edges": EDGES}))
