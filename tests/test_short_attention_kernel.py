@@ -69,6 +69,7 @@ def test_engine_with_the_kernel_equals_plain():
     from eaglespec.config import SpecConfig
     from eaglespec.engine.transforms import fuse_projections, use_rope_store_kernel, use_short_attention_kernel
     from eaglespec.layers import short_attention_kernel as sak
+    from eaglespec.layers.attention import AttentionKernel
 
     calls = []
 
@@ -76,14 +77,12 @@ def test_engine_with_the_kernel_equals_plain():
         calls.append(q.shape[1])
         return sak.short_attention(q, *a)
 
-    counted.fits = sak.fits
-
     def prepare(target, drafter):
         for m in (target, drafter):
             use_short_attention_kernel(use_rope_store_kernel(fuse_projections(m)))
             for mod in m.modules():
                 if getattr(mod, "attn_kernel", None) is not None:
-                    mod.attn_kernel = counted
+                    mod.attn_kernel = AttentionKernel(counted, sak.fits)
 
     assert_transformed_engine_equals_plain(prepare, SpecConfig(3, 1, 4), [[1, 2, 3, 4], list(range(10, 15))], 8)
     assert {1, 4} <= set(calls)  # decode / draft steps (1 token) and verify (4 tokens) ran through the kernels

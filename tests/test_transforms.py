@@ -52,13 +52,13 @@ def test_cuda_defaults_wire_the_triton_kernels(monkeypatch):
     prepare_for_inference(target, cuda, None, False)
     prepare_for_inference(drafter, cuda, None, False)
     for layer in target.model.layers:
-        assert layer.self_attn.rope_store is rope_store and layer.self_attn.attn_kernel is short_attention
+        assert layer.self_attn.rope_store is rope_store and layer.self_attn.attn_kernel.run is short_attention
         assert layer.norm_linear is add_norm_linear and layer.norm_linear_rows == 4
     attn = [m for m in drafter.modules() if hasattr(m, "attn_kernel")]
-    assert attn and all(m.attn_kernel is short_attention for m in attn)
+    assert attn and all(m.attn_kernel.run is short_attention for m in attn)
     monkeypatch.setattr(nlk, "ONE_SHOT_K", 32)  # the tiny model's width 64 is now "too wide"
     wide = prepare_for_inference(tiny_llama(seed=0), cuda, None, False)
     assert all(layer.norm_linear is None for layer in wide.model.layers)
-    assert all(layer.self_attn.attn_kernel is short_attention for layer in wide.model.layers)
+    assert all(layer.self_attn.attn_kernel.run is short_attention for layer in wide.model.layers)
     cpu = prepare_for_inference(tiny_llama(seed=0), torch.device("cpu"), True, False)
     assert all(layer.norm_linear is None and layer.self_attn.attn_kernel is None for layer in cpu.model.layers)

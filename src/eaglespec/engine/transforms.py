@@ -63,11 +63,13 @@ def use_rope_store_kernel(model: nn.Module) -> nn.Module:
 def use_short_attention_kernel(model: nn.Module) -> nn.Module:
     """Attention over the cache as the split-K Triton kernels (layers/short_attention_kernel.py) in every GQA
     attention that has the fused RoPE + KV-store kernel, for the steps they fit (few rows and query tokens)."""
-    from ..layers.short_attention_kernel import short_attention
+    from ..layers.attention import AttentionKernel
+    from ..layers.short_attention_kernel import fits, short_attention
 
+    kernel = AttentionKernel(short_attention, fits)
     for m in model.modules():
         if isinstance(m, GQAAttention) and m.rope_store is not None:
-            m.attn_kernel = short_attention
+            m.attn_kernel = kernel
     return model
 
 

@@ -11,7 +11,8 @@ one contiguous slice and compaction after verification is a single index copy ov
 
 from __future__ import annotations
 
-from typing import Sequence
+from dataclasses import dataclass
+from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -19,6 +20,17 @@ from torch import nn
 
 from .context import ForwardContext
 from .rotary import apply_rotary
+
+
+@dataclass(frozen=True)
+class AttentionKernel:
+    """An attention over the cache for the shapes it accepts (`GQAAttention.attn_kernel`, set by engine.transforms):
+    `run(q, k_cache, v_cache, rows, mask)` with q [B, T, H, D] after RoPE, the layer's caches (this forward's keys
+    written), rows [B] and mask [B, T, K] (ctx.attn_mask) -> [B, T, H, D]; `fits(B, T, H, Hkv, D)` says whether it
+    takes a step of that shape (other steps use `attend_cached`)."""
+
+    run: Callable[..., torch.Tensor]
+    fits: Callable[[int, int, int, int, int], bool]
 
 
 def write_cache(cache: torch.Tensor, new: torch.Tensor, ctx: ForwardContext) -> None:
@@ -99,7 +111,7 @@ class GQAAttention(nn.Module):
         self.rope = apply_rotary  # engine.transforms may swap in a compiled version
         self.rope_store = None  # engine.transforms may set the fused RoPE + KV-store kernel (fused q/k/v only)
         # and, with it, the short-query attention kernels (layers/short_attention_kernel.py) for the steps they fit
-        self.attn_kernel = None
+        self.attn_kernel: AttentionKernel | None = None
 
     def fuse_qkv(self) -> None:
         """Replace q/k/v_proj by one `qkv_proj` (rows: q, then k, then v). Checkpoint names are lost: inference only."""
@@ -148,7 +160,7 @@ class GQAAttention(nn.Module):
             k_cache = cache[0]
             if (self.attn_kernel is not None and k_cache.dtype == q.dtype
                     and self.attn_kernel.fits(B, T, H, Hkv, Dh)):
-                out = self.attn_kernel(q, k_cache, cache[1], ctx.row_index(B), ctx.attn_mask)
+                out = self.attn_kernel.run(q, k_cache, cache[1], ctx.row_index(B), ctx.attn_mask)
             else:
                 out = attend_cached(q, ctx, cache)
             return self.o_proj(out.reshape(B, T, H * Dh))
