@@ -98,11 +98,18 @@ def test_tune_end_to_end_random_drafter_is_net_negative(tmp_path, capsys):
         best = max((r for r in rs if r["kind"] == "spec"), key=lambda r: r["tok_per_s"])
         base = next(r for r in rs if r["kind"] == "no-spec")
         assert tune["net_negative"][bs] == (best["tok_per_s"] < base["tok_per_s"])
-    # a random drafter is (almost) never right: each step costs drafting plus a wider verify for ~1 token
-    assert tune["net_negative"]["1"], stdout
+    # the verdict printed per batch size is the one its records give (a timing, so either way at batch 1, where a
+    # random drafter on this tiny model can come out within noise of plain decoding on a busy machine)
     lines = stdout.strip().splitlines()
-    assert lines[-2].startswith("net-negative at batch size 1: the fastest speculative configuration (S=")
-    assert lines[-2].endswith("tok/s; run without speculation")
+    for bs, msg in zip(("1", "3"), tune["messages"]):
+        assert msg in lines
+        assert msg.startswith(f"net-negative at batch size {bs}: the fastest speculative configuration (S=") == \
+            tune["net_negative"][bs]
+    # a random drafter is (almost) never right: each step costs drafting plus a 3-row verify of 3+ tokens for ~1
+    # token, about half the speed of plain decoding at batch 3 (0.36-0.54x): the verdict a user must not miss
+    assert tune["net_negative"]["3"], stdout
+    net = next(m for m in tune["messages"] if m.startswith("net-negative at batch size 3: "))
+    assert net.endswith("tok/s; run without speculation")
     assert stdout == (out / "results.md").read_text()
     # the table is sorted by tok/s within each batch size
     table = lines[lines.index(next(x for x in lines if x.startswith("| config | batch | tok/s"))) + 2:]
