@@ -21,9 +21,10 @@
 # every 100 steps) and packs the cache into $OUT; "train" resumes and finishes training, exports the drafter to
 # $OUT/drafter and measures it on MT-bench's 80 first turns in float32 (T = 0; TEMPS="0 1" adds T = 1).
 # With SELF_PROMPTS=N (and SELF_PROMPT_OPENERS="Write,Imagine you are,Solve,..."), "regen" also has the target write
-# N prompts and answers them (their own caches, packed into $OUT with the rest); estimated, not measured: a few
-# minutes to write 16K prompts and about 4 to answer them (24K new tokens/s, docs/training.md), so run "regen" twice
-# (it resumes from the caches) before "train" if the first call's budget ends inside them.
+# N prompts and answers them (their own caches, packed into $OUT with the rest). Measured (session 6, 16K prompts,
+# REGEN_BATCH=512): 158 s to write them, 76 s to answer them (60K new tokens/s), then training in the same call.
+# The packed caches of that run (ShareGPT + self prompts, 13 MB) do not fit beside a GGUF part in one call: carry
+# them in a call of their own.
 set -euo pipefail
 MODE=$1
 EPOCHS=${EPOCHS:-8}
