@@ -62,3 +62,22 @@ def test_cuda_defaults_wire_the_triton_kernels(monkeypatch):
     assert all(layer.self_attn.attn_kernel.run is short_attention for layer in wide.model.layers)
     cpu = prepare_for_inference(tiny_llama(seed=0), torch.device("cpu"), True, False)
     assert all(layer.norm_linear is None and layer.self_attn.attn_kernel is None for layer in cpu.model.layers)
+
+
+def test_compiled_rope_tables_equal_eager():
+    """RoPE's cos/sin tables as `compile_elementwise` gives them to every Rotary (one fused kernel on the GPU) equal
+    the eager ones: the function traces whole (fullgraph) with the module's arguments."""
+    from eaglespec.engine.transforms import _compiled, compile_elementwise
+    from eaglespec.layers.rotary import Rotary, rotary_cos_sin
+
+    m = tiny_llama(seed=0)
+    rot = [r for r in m.modules() if isinstance(r, Rotary)]
+    pos = torch.tensor([[0, 5, 17, 300]])
+    ref = [r(pos) for r in rot]
+    assert rot and all(r.impl is rotary_cos_sin for r in rot)
+    compile_elementwise(m)
+    assert all(r.impl is _compiled["cos_sin"] for r in rot)
+    for r, (c0, s0) in zip(rot, ref):
+        c, s = r(pos)
+        assert c.shape == c0.shape == (1, 4, r.dim // 2)
+        assert torch.allclose(c, c0, atol=1e-6) and torch.allclose(s, s0, atol=1e-6)

@@ -120,9 +120,30 @@ def _sequential_path_logp(drafter, prefix_tokens, prefix_aux, path_tokens):
     return total
 
 
+def _sequential_chain(drafter, prefix_tokens, prefix_aux, steps: int) -> list[int]:
+    """The greedy chain run one token at a time: each token the drafter's argmax (as a target id) after the last."""
+    L = prefix_tokens.shape[1]
+    kv = KVCache(1, drafter.kv_cache_shapes(), 1, L + steps + 1, torch.float32, "cpu")
+    pos = torch.arange(L)[None]
+    ctx = ForwardContext(positions=pos, write_index=pos, attn_mask=torch.ones(L, L, dtype=torch.bool).tril()[None],
+                         kv=kv.layers())
+    logits, h = drafter(prefix_tokens, prefix_aux, ctx, from_target=True)
+    h = h[:, -1:]
+    out: list[int] = []
+    for i in range(steps):
+        d = logits[0, -1].argmax().item()
+        out.append(d + drafter.d2t[d].item())
+        p = L + i
+        ctx = ForwardContext(positions=torch.tensor([[p]]), write_index=torch.tensor([[p]]),
+                             attn_mask=torch.ones(1, 1, p + 1, dtype=torch.bool), kv=kv.layers())
+        logits, h = drafter(torch.tensor([[out[-1]]]), h, ctx, from_target=False)
+    return out
+
+
 @pytest.mark.parametrize("S,K", [(3, 1), (4, 3)])
 def test_draft_tree_scores_equal_sequential_drafting(S, K):
-    """Every candidate's score from the batched, tree-masked loop equals running the drafter along its path alone."""
+    """Every candidate's score from the batched, tree-masked loop equals running the drafter along its path alone;
+    a greedy chain (K = 1) carries no scores and its tokens are the drafter's argmax run one token at a time."""
     torch.manual_seed(0)
     target = tiny_llama(seed=0)
     drafter = tiny_drafter(target, seed=1)
@@ -141,6 +162,10 @@ def test_draft_tree_scores_equal_sequential_drafting(S, K):
     st = catch_up(step, tokens, aux, torch.tensor([0]), Lt, L, K)
     c = draft_tree(step, drafter.to_target_ids, st, Lt, S, K, L + (S - 1) * K)
     assert c.tokens.shape[1] == K + (S - 1) * K * K
+    if K == 1:
+        assert c.scores is None
+        assert c.tokens[0].tolist() == _sequential_chain(drafter, tokens, aux, S)
+        return
     for i in range(c.tokens.shape[1]):
         path, j = [], i
         while j >= 0:

@@ -7,8 +7,9 @@
   cache as two Triton kernels (split-K + combine) instead of SDPA's cuDNN kernel.
 - `use_norm_linear_kernel(model)` (CUDA): in Llama-style layers, residual add + RMSNorm + q/k/v projection and
   residual add + RMSNorm + gate/up projection + SiLU gating as one Triton kernel each, for steps of a few rows.
-- `compile_elementwise(model)`: RMSNorm, residual-add + RMSNorm, RoPE and SiLU-gating through `torch.compile` (one
-  fused kernel each instead of ~6), shapes dynamic so one compilation serves every batch and length bucket.
+- `compile_elementwise(model)`: RMSNorm, residual-add + RMSNorm, RoPE, RoPE's cos/sin tables and SiLU-gating through
+  `torch.compile` (one fused kernel each instead of ~5), shapes dynamic so one compilation serves every batch and
+  length bucket.
 None changes anything numerically beyond floating-point reassociation; none is applied to models being trained.
 """
 
@@ -20,7 +21,7 @@ from torch import nn
 from ..layers.attention import GQAAttention
 from ..layers.mlp import GatedMLP, silu_mul
 from ..layers.norm import RMSNorm, add_rms_norm, rms_norm
-from ..layers.rotary import apply_rotary
+from ..layers.rotary import Rotary, apply_rotary, rotary_cos_sin
 
 
 def fuse_projections(model: nn.Module) -> nn.Module:
@@ -38,7 +39,7 @@ _compiled: dict[str, object] = {}
 def compile_elementwise(model: nn.Module) -> nn.Module:
     if not _compiled:
         for name, fn in (("norm", rms_norm), ("add_norm", add_rms_norm), ("rope", apply_rotary),
-                         ("silu_mul", silu_mul)):
+                         ("silu_mul", silu_mul), ("cos_sin", rotary_cos_sin)):
             _compiled[name] = torch.compile(fn, dynamic=True, fullgraph=True)
     for m in model.modules():
         if isinstance(m, RMSNorm):
@@ -47,6 +48,8 @@ def compile_elementwise(model: nn.Module) -> nn.Module:
             m.rope = _compiled["rope"]
         elif isinstance(m, GatedMLP):
             m.gated_act = _compiled["silu_mul"]
+        elif isinstance(m, Rotary):
+            m.impl = _compiled["cos_sin"]
     return model
 
 

@@ -73,6 +73,13 @@ def yarn_softmax_mscale(cfg: RopeConfig) -> float:
     return m * m
 
 
+def rotary_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor,
+                   attn_factor: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """positions [...] (integers) -> (cos, sin) [..., dim/2] in float32, both times `attn_factor`."""
+    freqs = positions.float()[..., None] * inv_freq
+    return freqs.cos() * attn_factor, freqs.sin() * attn_factor
+
+
 class Rotary(nn.Module):
     def __init__(self, dim: int, cfg: RopeConfig) -> None:
         super().__init__()
@@ -80,6 +87,9 @@ class Rotary(nn.Module):
         self.cfg = cfg
         inv, self.attn_factor = inv_freq_and_scale(dim, cfg)
         self.register_buffer("inv_freq", inv, persistent=False)
+        # engine.transforms may swap in a compiled version: one kernel per forward instead of five (cast and
+        # product, cos, scale, sin, scale: ~6.5 us of every drafter forward on the H200)
+        self.impl = rotary_cos_sin
 
     def _apply(self, fn, recurse: bool = True):  # type: ignore[no-untyped-def]
         # `.to(bfloat16)` would round the frequencies (positions * inv_freq loses the angle at long positions):
@@ -95,8 +105,7 @@ class Rotary(nn.Module):
         self.inv_freq = inv.to(self.inv_freq.device)
 
     def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        freqs = positions.float()[..., None] * self.inv_freq  # [B, T, dim/2]
-        return freqs.cos() * self.attn_factor, freqs.sin() * self.attn_factor
+        return self.impl(positions, self.inv_freq, self.attn_factor)  # [B, T, dim/2] each
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool = False) -> torch.Tensor:

@@ -103,7 +103,7 @@ def chain_tables(num_draft_tokens: int, max_depth: int, device: torch.device) ->
 def build_tree(
     root_tokens: torch.Tensor,
     cand_tokens: torch.Tensor,
-    cand_scores: torch.Tensor,
+    cand_scores: torch.Tensor | None,  # None: a chain (topk 1), which keeps its first D-1 candidates
     cand_parents: torch.Tensor,
     cand_depth: torch.Tensor,
     num_draft_tokens: int,
