@@ -124,11 +124,12 @@ class ModelRunner:
             self.d_top_ids = torch.zeros(rows, K, dtype=torch.int64, device=dev)
             self.d_top_logp = torch.zeros(rows, K, dtype=torch.float32, device=dev)
             self.d_hidden = torch.zeros(rows, H, dtype=self.dtype, device=dev)
-            # chains draw sampled rows' drafts from the drafter's distribution: its depth-1 log-probabilities from
-            # the catch-up, and the target ids of the draft vocabulary to lay its distributions over the target's
+            # chains draw sampled rows' drafts from the drafter's distribution: its depth-1 logits from the
+            # catch-up (float32, as the log-softmax reads them), and the target ids of the draft vocabulary to lay
+            # its distributions over the target's
             dcfg = self.drafter.config
             Vd = dcfg.eagle.draft_vocab_size or dcfg.vocab_size
-            self.d_logp = torch.zeros(rows, Vd, dtype=torch.float32, device=dev) if K == 1 else None
+            self.d_logits = torch.zeros(rows, Vd, dtype=torch.float32, device=dev) if K == 1 else None
             self.d_target_ids = self.drafter.to_target_ids(torch.arange(Vd, device=dev)) if K == 1 else None
         if self.graphs is not None:
             self.graphs.reset()
@@ -138,8 +139,8 @@ class ModelRunner:
         out = [self.seq_len, self.last_token]
         if self.spec is not None:
             out += [self.d_top_ids, self.d_top_logp, self.d_hidden]
-            if self.d_logp is not None:
-                out.append(self.d_logp)
+            if self.d_logits is not None:
+                out.append(self.d_logits)
         return out
 
     def set_sampling(self, row: int, params: SamplingParams) -> None:
@@ -176,10 +177,11 @@ class ModelRunner:
 
     def _store_draft(self, r: torch.Tensor, st: DraftState) -> None:
         self.d_top_ids[r] = st.top_ids
-        self.d_top_logp[r] = st.top_logp
+        if st.top_logp is not None:  # trees (chains use no depth-1 scores)
+            self.d_top_logp[r] = st.top_logp
         self.d_hidden[r] = st.hidden.to(self.dtype)
-        if st.logp is not None:
-            self.d_logp[r] = st.logp
+        if st.logits is not None:
+            self.d_logits[r] = st.logits
 
     # --- prefill ----------------------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -243,7 +245,7 @@ class ModelRunner:
         shifted.scatter_(1, (lens_t - 1)[:, None], tok[:, None])
         zeros = torch.zeros(B, dtype=torch.int64, device=self.device)
         st = catch_up(self._draft_step(ctx_rows), shifted, aux, zeros, lens_t, T, self.spec.topk,
-                      keep_logp=self.d_logp is not None)
+                      keep_logits=self.d_logits is not None)
         self._store_draft(r, st)
 
     def _prefill_core(self, r: torch.Tensor, ids: torch.Tensor, lens_t: torch.Tensor, greedy: bool) -> torch.Tensor:
@@ -266,7 +268,7 @@ class ModelRunner:
             # takes the pair (target aux at L, the new token at L+1), as a commit of one token would give it
             ones = torch.ones(B, dtype=torch.int64, device=dev)
             st = catch_up(self._draft_step(ctx_rows), tok[:, None], out.aux_hidden, L, ones, kv_len,
-                          self.spec.topk, keep_logp=self.d_logp is not None)
+                          self.spec.topk, keep_logits=self.d_logits is not None)
             self._store_draft(r, st)
         self.seq_len[r] = torch.where(self.active[r], L + 1, L)
         self.last_token[r] = tok
@@ -336,8 +338,8 @@ class ModelRunner:
         S, K, D = self.spec.steps, self.spec.topk, self.spec.draft_tokens
         L = self.seq_len[r]
         sampled = not greedy and K == 1
-        state = DraftState(self.d_top_ids[r], self.d_top_logp[r], self.d_hidden[r],
-                           self.d_logp[r] if sampled else None)
+        state = DraftState(self.d_top_ids[r], self.d_top_logp[r] if K > 1 else None, self.d_hidden[r],
+                           self.d_logits[r] if sampled else None)
         cands = draft_tree(self._draft_step(ctx_rows), self.drafter.to_target_ids, state, L, S, K, kv_len,
                            (self.temperature[r], self.top_k[r], self.top_p[r]) if sampled else None, self.generator)
         tree = build_tree(self.last_token[r], cands.tokens, cands.scores, cands.parents, cands.depth, D, K, S)
@@ -377,7 +379,7 @@ class ModelRunner:
         aux = torch.gather(aux_all, 1, res.path[..., None].expand(B, S1, aux_all.shape[-1]))
         n_new = res.accept_len + 1
         st = catch_up(self._draft_step(ctx_rows), res.tokens, aux, L, n_new, kv_len, self.spec.topk,
-                      keep_logp=self.d_logp is not None)
+                      keep_logits=self.d_logits is not None)
         self._store_draft(r, st)
         self.seq_len[r] = torch.where(self.active[r], L + n_new, L)
         self.last_token[r] = res.bonus

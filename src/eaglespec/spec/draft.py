@@ -23,8 +23,11 @@ Conventions (L = committed length of row b, equal for the target and the drafter
   expected depth-1 acceptance (`benchmarks/sampled_acceptance.py`): T = 1: 0.355 vs 0.226; T = 1 top-k 5: 0.409 vs
   0.326 (an unprocessed q would get 0.313, below the deterministic draft); T = 0.7 top-p 0.9: 0.439 vs 0.407. A row
   with T = 0 keeps its argmax, with a one-hot q (the deterministic rule). The depth-1 distribution comes from the
-  catch-up (`DraftState.logp`, the full log-probabilities of the last committed entry, kept for chains). Trees keep
-  deterministic top-K drafts.
+  catch-up (`DraftState.logits`, the last committed entry's logits, kept for chains; turned into log-probabilities
+  only in sampled steps). Trees keep deterministic top-K drafts.
+- A chain's catch-up takes the argmax of the logits and no log-probabilities (`DraftState.top_logp` None): a greedy
+  chain uses no scores, a sampled one computes its own from `logits`. So greedy steps skip the float copy,
+  log-softmax and max over the draft vocabulary (~20 us of single-block kernels per catch-up on the H200).
 """
 
 from __future__ import annotations
@@ -44,9 +47,9 @@ DrafterStep = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 @dataclass
 class DraftState:
     top_ids: torch.Tensor  # [B, K] draft-vocab ids of the best next tokens (depth 1)
-    top_logp: torch.Tensor  # [B, K] their log-probabilities
+    top_logp: torch.Tensor | None  # [B, K] their log-probabilities (None for chains: module docstring)
     hidden: torch.Tensor  # [B, H] output hidden of the last committed drafter entry
-    logp: torch.Tensor | None = None  # [B, Vd] all depth-1 log-probabilities (chains: sampled drafting)
+    logits: torch.Tensor | None = None  # [B, Vd] the depth-1 logits (chains: sampled drafting)
 
 
 @dataclass
@@ -59,16 +62,10 @@ class Candidates:
 
 
 def topk_logp(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """logits [..., Vd] -> (ids [..., k], log-probs [..., k]) in float32.
-
-    One log-softmax kernel, then the top k; for k = 1 (chains) a max, not `torch.topk`: on the H200 a top-k over a
-    12K-entry row took ~29 us (a multi-block radix select), about 100 us of every chain step of three drafter
-    forwards, where a max reduction is a few microseconds. (A logsumexp instead of the log-softmax would be several
-    eager kernels, not one.)"""
-    return _topk_of(torch.log_softmax(logits.float(), dim=-1), k)
-
-
-def _topk_of(logp: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits [..., Vd] -> (ids [..., k], log-probs [..., k]) in float32: one log-softmax kernel, then the top k (a
+    max for k = 1: on the H200 a top-k over a 12K-entry row took ~29 us, a multi-block radix select, where a max
+    reduction is a few microseconds). (A logsumexp instead of the log-softmax would be several eager kernels.)"""
+    logp = torch.log_softmax(logits.float(), dim=-1)
     if k == 1:
         vals, ids = logp.max(dim=-1, keepdim=True)
     else:
@@ -97,13 +94,14 @@ def catch_up(
     lengths: torch.Tensor,
     kv_len: int,
     topk: int,
-    keep_logp: bool = False,
+    keep_logits: bool = False,
 ) -> DraftState:
     """Feed T committed (token, target hidden) pairs per row at positions start..start+T-1.
 
     tokens [B, T]: the token at position p+1 for each hidden at p; aux [B, T, n_aux*Ht]; start [B] (= committed
     length before these pairs); lengths [B] real pairs per row (1..T; the rest is padding that later writes
-    overwrite). Returns the state at each row's last real pair (with all its log-probabilities when `keep_logp`).
+    overwrite). Returns the state at each row's last real pair (with its logits when `keep_logits`); for topk 1
+    (chains) the argmax only, without log-probabilities (module docstring).
     """
     B, T = tokens.shape
     dev = tokens.device
@@ -112,10 +110,13 @@ def catch_up(
     mask = prefix_tail_mask(start, causal_tail(B, T, dev), kv_len)
     last = (lengths - 1)[:, None]
     logits, hidden = step(tokens, aux, positions, positions, mask, True, last)
-    all_logp = torch.log_softmax(logits[:, 0].float(), dim=-1)  # [B, Vd]
-    ids, logp = _topk_of(all_logp, topk)
+    last_logits = logits[:, 0]  # [B, Vd]
+    if topk == 1:
+        ids, logp = last_logits.argmax(dim=-1, keepdim=True), None
+    else:
+        ids, logp = topk_logp(last_logits, topk)
     h_last = torch.gather(hidden, 1, last[..., None].expand(B, 1, hidden.shape[-1])).squeeze(1)
-    return DraftState(top_ids=ids, top_logp=logp, hidden=h_last, logp=all_logp if keep_logp else None)
+    return DraftState(top_ids=ids, top_logp=logp, hidden=h_last, logits=last_logits if keep_logits else None)
 
 
 def draft_tree(
@@ -201,7 +202,7 @@ def draft_chain(
     generator: torch.Generator | None = None,
 ) -> Candidates:
     """`draft_tree` for K = 1: S-1 drafter forwards on one token per row; the S candidates of a chain. With
-    `sampling` the tokens are sampled (`sample_draft`; needs `state.logp`) and `Candidates.q` is set. Greedy chains
+    `sampling` the tokens are sampled (`sample_draft`; needs `state.logits`) and `Candidates.q` is set. Greedy chains
     take each level's argmax of the logits and no scores (`Candidates.scores` None): a chain keeps its first D-1
     candidates whatever their scores, so the float copy and log-softmax over the draft vocabulary (~11 us per level
     on the H200, `benchmarks/replay_probe.py`'s trace) and the score sums are skipped."""
@@ -209,14 +210,16 @@ def draft_chain(
     seen, parents, depth = _chain_constants(steps, state.top_ids.device)
     W = seen.shape[1]
     qs: list[torch.Tensor] = []
+    c_scores: list[torch.Tensor] = []
     if sampling is None:
-        ids, score = state.top_ids, state.top_logp  # [B, 1], [B, 1]
+        ids = state.top_ids  # [B, 1]
     else:
-        assert state.logp is not None, "sampled drafting needs the catch-up's log-probabilities (keep_logp)"
-        ids, score, q = sample_draft(state.logp, sampling, generator)
+        assert state.logits is not None, "sampled drafting needs the catch-up's logits (keep_logits)"
+        ids, score, q = sample_draft(torch.log_softmax(state.logits.float(), dim=-1), sampling, generator)
         qs.append(q)
+        c_scores.append(score)
     tok, hidden = to_target(ids), state.hidden[:, None, :]  # [B, 1], [B, 1, H]
-    c_tokens, c_scores = [tok], [score]
+    c_tokens = [tok]
     for level in range(2, steps + 1):
         entry = level - 2
         at = (seq_len + entry)[:, None]  # [B, 1]: position L-1+(level-1) and scratch entry L+entry coincide
