@@ -122,7 +122,8 @@ class ModelRunner:
             self.dkv = KVCache(1, self.drafter.kv_cache_shapes(), rows, self.cache_len, self.dtype, dev)
             H = self.drafter.config.hidden_size
             self.d_top_ids = torch.zeros(rows, K, dtype=torch.int64, device=dev)
-            self.d_top_logp = torch.zeros(rows, K, dtype=torch.float32, device=dev)
+            # trees score their depth-1 candidates; chains take the argmax and keep no log-probabilities
+            self.d_top_logp = torch.zeros(rows, K, dtype=torch.float32, device=dev) if K > 1 else None
             self.d_hidden = torch.zeros(rows, H, dtype=self.dtype, device=dev)
             # chains draw sampled rows' drafts from the drafter's distribution: its depth-1 logits from the
             # catch-up (float32, as the log-softmax reads them), and the target ids of the draft vocabulary to lay
@@ -138,9 +139,7 @@ class ModelRunner:
         """The small per-row state a step mutates (snapshotted around graph warm-ups)."""
         out = [self.seq_len, self.last_token]
         if self.spec is not None:
-            out += [self.d_top_ids, self.d_top_logp, self.d_hidden]
-            if self.d_logits is not None:
-                out.append(self.d_logits)
+            out += [t for t in (self.d_top_ids, self.d_top_logp, self.d_hidden, self.d_logits) if t is not None]
         return out
 
     def set_sampling(self, row: int, params: SamplingParams) -> None:
@@ -177,7 +176,7 @@ class ModelRunner:
 
     def _store_draft(self, r: torch.Tensor, st: DraftState) -> None:
         self.d_top_ids[r] = st.top_ids
-        if st.top_logp is not None:  # trees (chains use no depth-1 scores)
+        if st.top_logp is not None:  # trees
             self.d_top_logp[r] = st.top_logp
         self.d_hidden[r] = st.hidden.to(self.dtype)
         if st.logits is not None:
@@ -338,7 +337,8 @@ class ModelRunner:
         S, K, D = self.spec.steps, self.spec.topk, self.spec.draft_tokens
         L = self.seq_len[r]
         sampled = not greedy and K == 1
-        state = DraftState(self.d_top_ids[r], self.d_top_logp[r] if K > 1 else None, self.d_hidden[r],
+        state = DraftState(self.d_top_ids[r], self.d_top_logp[r] if self.d_top_logp is not None else None,
+                           self.d_hidden[r],
                            self.d_logits[r] if sampled else None)
         cands = draft_tree(self._draft_step(ctx_rows), self.drafter.to_target_ids, state, L, S, K, kv_len,
                            (self.temperature[r], self.top_k[r], self.top_p[r]) if sampled else None, self.generator)

@@ -62,14 +62,10 @@ class Candidates:
 
 
 def topk_logp(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """logits [..., Vd] -> (ids [..., k], log-probs [..., k]) in float32: one log-softmax kernel, then the top k (a
-    max for k = 1: on the H200 a top-k over a 12K-entry row took ~29 us, a multi-block radix select, where a max
-    reduction is a few microseconds). (A logsumexp instead of the log-softmax would be several eager kernels.)"""
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    if k == 1:
-        vals, ids = logp.max(dim=-1, keepdim=True)
-    else:
-        vals, ids = logp.topk(k, dim=-1)
+    """logits [..., Vd] -> (ids [..., k], log-probs [..., k]) in float32: one log-softmax kernel, then the top k.
+    Trees only: chains take an argmax of the logits instead (a top-k over a 12K-entry row took ~29 us on the H200, a
+    multi-block radix select). (A logsumexp instead of the log-softmax would be several eager kernels.)"""
+    vals, ids = torch.log_softmax(logits.float(), dim=-1).topk(k, dim=-1)
     return ids, vals
 
 
