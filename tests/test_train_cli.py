@@ -264,3 +264,32 @@ def test_train_with_self_prompts(tiny_folder, data_file, tmp_path, capsys):
     assert re.search(r"\d+ training / \d+ eval samples", err)
     assert main(args) == 0  # a second run generates nothing: both caches hold
     assert capsys.readouterr().err.count("(0 new tokens in this run)") == 2
+
+
+def test_train_with_two_self_prompt_sets(tiny_folder, data_file, tmp_path, capsys):
+    """Repeated --self-prompts / --self-prompt-openers: each set is written and answered with caches of its own, so
+    adding a set to a finished run reuses the first set's prompts and answers and only writes the new one."""
+    out = tmp_path / "drafter"
+    args = ["train", "--target", str(tiny_folder), "--data", str(data_file), "--out", str(out), "--device", "cpu",
+            "--max-steps", "2", "--ttt-steps", "2", "--draft-vocab", "40", "--batch-tokens", "400",
+            "--max-len", "96", "--regen-max-new-tokens", "10", "--regen-shard", "8", "--regen-batch", "16",
+            "--eval-frac", "0.2", "--no-progress", "--self-prompts", "4", "--self-prompt-openers", "Write,Solve"]
+    assert main(args) == 0
+    first = capsys.readouterr().err
+    m = re.search(r"self prompts: (\d+) written by the target, (\d+) answered \((\d+) new tokens", first)
+    assert m and int(m.group(3)) > 0
+    work = tmp_path / "drafter-work"
+    assert len(list(work.glob("prompts-*.jsonl"))) == 1
+    assert main(args + ["--self-prompts", "3", "--self-prompt-openers", "Imagine you are"]) == 0
+    err = capsys.readouterr().err
+    again = re.search(r"self prompts 1 \(Write,Solve\): (\d+) written by the target, (\d+) answered "
+                      r"\((\d+) new tokens", err)
+    assert again and again.group(1, 2) == m.group(1, 2) and again.group(3) == "0"  # the first set from its caches
+    new = re.search(r"self prompts 2 \(Imagine you are\): (\d+) written by the target.*?, (\d+) answered", err)
+    assert new and 1 <= int(new.group(1)) <= 3
+    caches = sorted(work.glob("prompts-*.jsonl"), key=lambda f: f.stat().st_mtime)
+    assert len(caches) == 2
+    texts = [json.loads(line)["prompt"] for line in caches[-1].read_text().splitlines()[1:]]
+    assert texts and all(t.startswith("Imagine you are") for t in texts)
+    assert len(list(work.glob("regen-*"))) == 3  # the data's and one per set
+    assert re.search(r"\d+ training / \d+ eval samples", err)

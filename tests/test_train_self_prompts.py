@@ -58,6 +58,13 @@ def test_generation_and_cache(smollm2, tmp_path, monkeypatch):
     (["--self-prompts", "4", "--no-regenerate"], "--self-prompts needs regeneration"),
     (["--self-prompts", "-1"], "--self-prompts must be >= 0"),
     (["--self-prompts", "4", "--self-prompt-top-p", "0"], "top_p"),
+    (["--self-prompts", "4", "--self-prompts", "-2"], "--self-prompts must be >= 0 (got -2)"),
+    (["--self-prompt-openers", "Write"], "--self-prompt-openers steers --self-prompts, which is not given"),
+    (["--self-prompts", "4", "--self-prompts", "4", "--self-prompt-openers", "Write"],
+     "give one --self-prompt-openers per --self-prompts, in the same order (got 1 for 2 sets"),
+    (["--self-prompts", "4", "--self-prompt-openers", "Write, Solve", "--self-prompts", "2",
+      "--self-prompt-openers", "Write,Solve"], "--self-prompts sets 1 and 2 have the same openers (Write,Solve)"),
+    (["--self-prompts", "4", "--self-prompts", "2"], "sets 1 and 2 have the same openers (none)"),
 ])
 def test_cli_checks(tmp_path, capsys, extra, message):
     """Bad self-prompt options fail with one line before the model is loaded."""

@@ -173,3 +173,28 @@ def test_draft_tree_scores_equal_sequential_drafting(S, K):
             j = c.parents[0, j].item()
         ref = _sequential_path_logp(drafter, tokens, aux, path[::-1])
         assert c.scores[0, i].item() == pytest.approx(ref, abs=1e-4)
+
+
+@pytest.mark.parametrize("T", [1, 4])
+def test_appended_mask_equals_prefix_tail_mask(T):
+    """The decode step's and the catch-up's two-kernel mask is the general prefix + causal-tail mask."""
+    from eaglespec.layers.context import appended_mask, causal_tail, prefix_tail_mask
+
+    lens = torch.tensor([0, 3, 7, 12])
+    kv_len = 12 + T + 2  # positions past every row's tail too
+    want = prefix_tail_mask(lens, causal_tail(4, T, "cpu"), kv_len)
+    got = appended_mask(lens, T, kv_len)
+    assert got.shape == want.shape == (4, T, kv_len) and torch.equal(got, want)
+
+
+def test_chain_mask_is_the_trees_visibility():
+    """A chain's level mask (one compare per level in draft_chain) equals the tree visibility it replaces: entry k
+    sees the prefix and scratch entries 0..k."""
+    from eaglespec.layers.context import cached_arange, prefix_tail_mask
+
+    lens, W, kv_len = torch.tensor([2, 5, 9]), 4, 16
+    rel = cached_arange(kv_len, lens.device)[None, :] - lens[:, None]
+    seen = torch.ones(W, W, dtype=torch.bool).tril()
+    for entry in range(W):
+        want = prefix_tail_mask(lens, seen[entry][None, None, :].expand(3, 1, W), kv_len)
+        assert torch.equal((rel <= entry)[:, None, :], want)

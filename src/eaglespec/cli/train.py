@@ -37,14 +37,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     d.add_argument("--regen-shard", type=int, default=1024, help="conversations per cache shard")
     d.add_argument("--regen-cuda-graphs", action=argparse.BooleanOptionalAction, default=True,
                    help="decode through the engine's CUDA graphs when regenerating on a GPU")
-    d.add_argument("--self-prompts", type=int, default=0, metavar="N",
+    d.add_argument("--self-prompts", type=int, action="append", default=None, metavar="N",
                    help="add N user prompts written by the target itself (sampled from its chat template's user "
-                        "turn; cached), answered like the data: widens the tasks beyond the data files")
+                        "turn; cached), answered like the data: widens the tasks beyond the data files. Repeatable: "
+                        "each --self-prompts is a set of its own, steered by the --self-prompt-openers given in the "
+                        "same position (one per set, or none for free prompts), with its own cache")
     d.add_argument("--self-prompt-temperature", type=float, default=1.0, help="sampling temperature of those prompts")
     d.add_argument("--self-prompt-top-p", type=float, default=0.95, help="nucleus of those prompts")
-    d.add_argument("--self-prompt-openers", default="", metavar="W1,W2,...",
+    d.add_argument("--self-prompt-openers", action="append", default=None, metavar="W1,W2,...",
                    help="comma-separated words those prompts start with, cycled (e.g. Write,Solve,Imagine you are): "
-                        "steers the target towards task types (default: free prompts)")
+                        "steers the target towards task types (default: free prompts); repeatable, one per "
+                        "--self-prompts")
     d.add_argument("--eval-frac", type=float, default=0.02, help="held-out fraction for evaluation")
     d.add_argument("--loop-keep", type=int, default=None, metavar="N",
                    help="no loss on answer tokens deeper than N tokens into a repetition loop (each completing an "
@@ -96,6 +99,28 @@ def _aux_layers(spec: str | None, default: tuple[int, ...]) -> tuple[int, ...]:
         raise ConfigError(f"--aux-layers must be comma-separated integers (got {spec!r})") from None
 
 
+def _prompt_sets(counts: list[int], openers: list[str]) -> list[tuple[int, tuple[str, ...]]]:
+    """The --self-prompts sets as (n, openers), sets of 0 prompts left out; checks the pairing."""
+    bad = [n for n in counts if n < 0]
+    if bad:
+        raise ConfigError(f"--self-prompts must be >= 0 (got {bad[0]})")
+    if openers and not counts:
+        raise ConfigError("--self-prompt-openers steers --self-prompts, which is not given")
+    if openers and len(openers) != len(counts):
+        raise ConfigError(f"give one --self-prompt-openers per --self-prompts, in the same order (got {len(openers)} "
+                          f"for {len(counts)} sets; an empty string means free prompts)")
+    words = [tuple(w.strip() for w in o.split(",") if w.strip()) for o in openers] or [()] * len(counts)
+    sets = [(n, w) for n, w in zip(counts, words) if n > 0]
+    seen: dict[tuple[str, ...], int] = {}
+    for i, (_, w) in enumerate(sets):
+        if w in seen:
+            raise ConfigError(f"--self-prompts sets {seen[w] + 1} and {i + 1} have the same openers "
+                              f"({','.join(w) or 'none'}): they would write the same prompts; give one set with "
+                              "the sum of their sizes")
+        seen[w] = i
+    return sets
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
 
@@ -116,15 +141,14 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--loop-keep must be >= 0 (got {args.loop_keep})")
     if not 0 <= args.eval_frac < 1:
         raise ConfigError(f"--eval-frac must be in [0, 1) (got {args.eval_frac})")
-    if args.self_prompts < 0:
-        raise ConfigError(f"--self-prompts must be >= 0 (got {args.self_prompts})")
-    if args.self_prompts and not args.regenerate:
+    prompt_sets = _prompt_sets(args.self_prompts or [], args.self_prompt_openers or [])
+    if prompt_sets and not args.regenerate:
         raise ConfigError("--self-prompts needs regeneration: the target's prompts have no answers until it writes "
                           "them (drop --no-regenerate)")
     work_dir = args.work_dir or str(args.out).rstrip("/") + "-work"
     if args.regenerate:
         SamplingParams(temperature=args.regen_temperature)  # a bad value fails here, not after the model load
-    if args.self_prompts:
+    if prompt_sets:
         SamplingParams(temperature=args.self_prompt_temperature, top_p=args.self_prompt_top_p)
     convs = read_conversations(args.data, args.max_conversations)  # data errors before the model load
     if args.first_turn_only and not args.regenerate:
@@ -161,11 +185,10 @@ def run(args: argparse.Namespace) -> int:
         target_name=str(loaded.path), init=args.init, export_best=not args.export_last, shape=shape,
         loop_keep=args.loop_keep,
         # a prompt may take half of --max-len (up to 256 tokens): the rest is its answer's
-        self_prompts=SelfPromptConfig(n=args.self_prompts, temperature=args.self_prompt_temperature,
-                                      top_p=args.self_prompt_top_p, max_new_tokens=min(256, args.max_len // 2),
-                                      openers=tuple(w.strip() for w in args.self_prompt_openers.split(",") if w.strip()),
-                                      batch_size=args.regen_batch, seed=args.seed,
-                                      cuda_graphs=args.regen_cuda_graphs) if args.self_prompts else None,
+        self_prompts=tuple(SelfPromptConfig(n=n, temperature=args.self_prompt_temperature,
+                                            top_p=args.self_prompt_top_p, max_new_tokens=min(256, args.max_len // 2),
+                                            openers=words, batch_size=args.regen_batch, seed=args.seed,
+                                            cuda_graphs=args.regen_cuda_graphs) for n, words in prompt_sets),
     )
     summary = train_drafter(loaded.model, loaded.tokenizer, convs.conversations, args.out, opts)
     if summary.eval is not None:

@@ -30,7 +30,7 @@ from typing import Sequence
 import torch
 
 from ..config import SpecConfig
-from ..layers.context import ForwardContext, causal_tail, prefix_tail_mask
+from ..layers.context import ForwardContext, appended_mask, causal_tail, prefix_tail_mask
 from ..layers.sampling import sample, target_probs
 from ..sampling_params import SamplingParams
 from ..spec.draft import DraftState, catch_up, draft_tree
@@ -259,7 +259,7 @@ class ModelRunner:
         B, dev = r.shape[0], self.device
         L = self.seq_len[r]
         ctx = ForwardContext(positions=L[:, None], write_index=L[:, None],
-                             attn_mask=prefix_tail_mask(L, torch.ones(B, 1, 1, dtype=torch.bool, device=dev), kv_len),
+                             attn_mask=appended_mask(L, 1, kv_len),
                              kv=self.kv.layers(), rows=ctx_rows)
         out = self.target(self.last_token[r][:, None], ctx)
         tok = self._sample(out.logits[:, 0], r, greedy)

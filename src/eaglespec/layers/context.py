@@ -83,6 +83,15 @@ def prefix_tail_mask(prefix_lens: torch.Tensor, tail_mask: torch.Tensor, kv_len:
     return (rel < 0)[:, None, :] | gathered
 
 
+def appended_mask(prefix_lens: torch.Tensor, length: int, kv_len: int) -> torch.Tensor:
+    """[B, T, kv_len] bool: `prefix_tail_mask(prefix_lens, causal_tail(B, T), kv_len)` in two kernels. T new tokens
+    appended in order after prefix_lens[b] cached ones: query t sees cache positions < prefix_lens[b] + t + 1. For
+    the decode step and the drafter's catch-up, whose masks are built in every step."""
+    dev = prefix_lens.device
+    rel = cached_arange(kv_len, dev)[None, None, :] - prefix_lens[:, None, None]  # [B, 1, K]
+    return rel <= cached_arange(length, dev)[None, :, None]
+
+
 def causal_tail(batch: int, length: int, device: torch.device | str) -> torch.Tensor:
     """[B, T, T] lower-triangular tail mask for T new tokens appended in order."""
     return torch.ones(length, length, dtype=torch.bool, device=device).tril().expand(batch, length, length)

@@ -15,7 +15,8 @@ Conventions (L = committed length of row b, equal for the target and the drafter
 - `catch_up` runs the drafter over committed tokens with the target's aux states (after prefill or verification) and
   returns the next `DraftState`.
 - A chain (K = 1) takes `draft_chain`: the same forwards, positions, writes and visibility (entry k-2 sees the
-  scratch entries 0..k-2), without the frontier selection, whose top-k, gathers and masks are identities there.
+  scratch entries 0..k-2, so its mask is one compare against the cache positions), without the frontier selection,
+  whose top-k, gathers and masks are identities there.
 - Sampled chains (`draft_chain(..., sampling=(T, top_k, top_p))`, the engine's non-greedy steps): a row with T > 0
   draws each draft token from the drafter's distribution processed like the target's (temperature, top-k, top-p:
   `target_probs`), q, and the candidates carry q (`Candidates.q`, [B, S, Vd]) for `verify_sampling`'s min(1, p/q)
@@ -38,7 +39,7 @@ from typing import Callable
 
 import torch
 
-from ..layers.context import causal_tail, prefix_tail_mask
+from ..layers.context import appended_mask, cached_arange, prefix_tail_mask
 from ..layers.sampling import sample, target_probs
 
 DrafterStep = Callable[..., tuple[torch.Tensor, torch.Tensor]]
@@ -101,9 +102,9 @@ def catch_up(
     """
     B, T = tokens.shape
     dev = tokens.device
-    offs = torch.arange(T, device=dev)[None, :]
+    offs = cached_arange(T, dev)[None, :]
     positions = start[:, None] + offs
-    mask = prefix_tail_mask(start, causal_tail(B, T, dev), kv_len)
+    mask = appended_mask(start, T, kv_len)
     last = (lengths - 1)[:, None]
     logits, hidden = step(tokens, aux, positions, positions, mask, True, last)
     last_logits = logits[:, 0]  # [B, Vd]
@@ -203,8 +204,12 @@ def draft_chain(
     candidates whatever their scores, so the float copy and log-softmax over the draft vocabulary (~11 us per level
     on the H200, `benchmarks/replay_probe.py`'s trace) and the score sums are skipped."""
     B = state.top_ids.shape[0]
-    seen, parents, depth = _chain_constants(steps, state.top_ids.device)
-    W = seen.shape[1]
+    dev = state.top_ids.device
+    parents, depth = _chain_constants(steps, dev)
+    # a chain's entry k sees the committed prefix and scratch entries 0..k, i.e. every cache position before
+    # seq_len + k + 1: one compare per level on this offset ([B, kv_len], once per step) instead of
+    # `prefix_tail_mask`'s ~6 kernels (the same mask)
+    rel = cached_arange(kv_len, dev)[None, :] - seq_len[:, None]
     qs: list[torch.Tensor] = []
     c_scores: list[torch.Tensor] = []
     if sampling is None:
@@ -219,7 +224,7 @@ def draft_chain(
     for level in range(2, steps + 1):
         entry = level - 2
         at = (seq_len + entry)[:, None]  # [B, 1]: position L-1+(level-1) and scratch entry L+entry coincide
-        mask = prefix_tail_mask(seq_len, seen[entry][None, None, :].expand(B, 1, W), kv_len)
+        mask = (rel <= entry)[:, None, :]  # [B, 1, kv_len]
         logits, hidden = step(tok, hidden, at, at, mask, False, None)
         if sampling is None:
             tok = to_target(logits[:, 0].argmax(dim=-1, keepdim=True))  # [B, 1]
@@ -239,9 +244,8 @@ def draft_chain(
 
 
 @functools.cache  # never evicted: captured CUDA graphs read these tensors by address
-def _chain_constants(steps: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per (S, device), built once and only read: seen [W, W] lower-triangular (level l+2's entry sees scratch
-    entries 0..l), and the S candidates' parents (candidate i-1; the first: -1, the root) and depths (i+1)."""
-    W = max(steps - 1, 1)  # scratch entries, one per level
+def _chain_constants(steps: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per (S, device), built once and only read: the S candidates' parents (candidate i-1; the first: -1, the
+    root) and depths (i+1)."""
     node = torch.arange(steps, device=device)
-    return torch.ones(W, W, dtype=torch.bool, device=device).tril(), node - 1, node + 1
+    return node - 1, node + 1

@@ -2,7 +2,8 @@
 
 Contract of `train_drafter(target, tokenizer, conversations, out, options)` -> `TrainSummary`:
 1. (optional) regenerate the assistant turns with the target (regenerate.py, cached under `work_dir/regen-*`), and
-   add `self_prompts` prompts written by the target, answered the same way (self_prompts.py; their own caches);
+   add the `self_prompts` sets, prompts written by the target, answered the same way (self_prompts.py; each set
+   has its own caches, so adding a set keeps the others'; a prompt already in an earlier set is left out);
 2. tokenise with the chat template and the assistant loss mask, apply --max-len (dataset.py);
 3. split off `eval_frac` for evaluation (seeded);
 4. count the assistant tokens of the training split and keep the `draft_vocab` most frequent (vocab.py;
@@ -28,7 +29,7 @@ from .dataset import build_dataset, split
 from .drafter import DrafterShape, drafter_from_checkpoint, drafter_hf_config, new_drafter
 from .export import check_shard_limit, export_drafter
 from .regenerate import RegenConfig, regenerate
-from .self_prompts import SelfPromptConfig, self_prompts
+from .self_prompts import SelfPromptConfig, prompt_key, self_prompts
 from .trainer import EvalResult, Trainer, TrainConfig
 from .vocab import DraftVocab, build_draft_vocab, count_tokens
 
@@ -51,7 +52,8 @@ class PipelineOptions:
     export_best: bool = True  # export the weights of the best held-out evaluation (False: the last weights)
     shape: DrafterShape = DrafterShape()  # a fresh drafter's layer sizes (an --init drafter keeps its own)
     loop_keep: int | None = None  # mask the loss deeper than this into repetition loops (dataset.mask_loops)
-    self_prompts: SelfPromptConfig | None = None  # add prompts the target writes itself (needs `regen`)
+    # sets of prompts the target writes itself, each steered by its own openers (needs `regen`)
+    self_prompts: tuple[SelfPromptConfig, ...] = ()
 
 
 @dataclass
@@ -106,14 +108,21 @@ def train_drafter(target: torch.nn.Module, tokenizer: "BaseTokenizer", conversat
         convs = res.conversations
         dropped.update(res.dropped)
         log(f"regenerated {len(convs)} conversations ({res.new_tokens} new tokens in this run)")
-        if opts.self_prompts is not None and opts.self_prompts.n > 0:
+        seen: set[str] = set()  # user texts of earlier sets (case and whitespace folded)
+        for i, spc in enumerate(opts.self_prompts):
             # their own cache and regeneration: the data's regeneration cache stays valid
-            own = self_prompts(target, tokenizer, opts.self_prompts, work, opts.target_name, opts.train.progress)
+            own = self_prompts(target, tokenizer, spc, work, opts.target_name, opts.train.progress)
+            written = len(own)
+            own = [c for c in own if prompt_key(c[0]["content"]) not in seen]
+            seen.update(prompt_key(c[0]["content"]) for c in own)
             res = regenerate(target, tokenizer, own, work, replace(rcfg, first_turn_only=True), opts.target_name,
                              progress=opts.train.progress)
             convs += res.conversations
             dropped.update(res.dropped)
-            log(f"self prompts: {len(own)} written by the target, {len(res.conversations)} answered "
+            name = f"self prompts {i + 1} ({','.join(spc.openers) or 'free'})" if len(opts.self_prompts) > 1 \
+                else "self prompts"
+            repeats = f", {written - len(own)} already in an earlier set" if written > len(own) else ""
+            log(f"{name}: {written} written by the target{repeats}, {len(res.conversations)} answered "
                 f"({res.new_tokens} new tokens in this run)")
         if not convs:
             raise DataError("no conversation is left after regeneration (prompts longer than --max-len?)")

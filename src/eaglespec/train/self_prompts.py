@@ -106,7 +106,8 @@ def prompt_nlls(target: torch.nn.Module, pairs: list[tuple[list[int], list[int]]
     return out
 
 
-def _key(text: str) -> str:
+def prompt_key(text: str) -> str:
+    """A prompt's identity for de-duplication: case and whitespace folded."""
     return " ".join(text.lower().split())
 
 
@@ -130,7 +131,7 @@ def self_prompts(target: torch.nn.Module, tokenizer: "BaseTokenizer", cfg: SelfP
         state = [json.loads(line) for line in path.read_text(encoding="utf-8").split("\n") if line]
         rounds_done = state[0]["rounds"] if state else 0
         kept = [s["prompt"] for s in state[1:]]
-    seen = {_key(p) for p in kept}
+    seen = {prompt_key(p) for p in kept}
     prefix = user_prefix(tokenizer)
     starts = [(o, prefix + tokenizer.encode(o)) for o in cfg.openers] or [("", prefix)]
     params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p)
@@ -150,13 +151,14 @@ def self_prompts(target: torch.nn.Module, tokenizer: "BaseTokenizer", cfg: SelfP
             outs = engine.generate([ids for _, ids in rows], params, chat=False)
             cands = [(ids, o, (opener + o.text).strip()) for (opener, ids), o in zip(rows, outs)]
             # the cheap checks first: only new, well-formed prompts are scored by the target
-            cands = [c for c in cands if keep_prompt(c[2], c[1].finish_reason == "stop") and _key(c[2]) not in seen]
+            cands = [c for c in cands
+                     if keep_prompt(c[2], c[1].finish_reason == "stop") and prompt_key(c[2]) not in seen]
             if cfg.max_nll is not None and cands:
                 nll = prompt_nlls(target, [(ids, o.token_ids) for ids, o, _ in cands])
                 cands = [c for c, v in zip(cands, nll) if v <= cfg.max_nll]
             for _, _, text in cands:
-                if len(kept) < cfg.n and _key(text) not in seen:
-                    seen.add(_key(text))
+                if len(kept) < cfg.n and prompt_key(text) not in seen:
+                    seen.add(prompt_key(text))
                     kept.append(text)
                     bar.update(1)
             rounds_done += 1
