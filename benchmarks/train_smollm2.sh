@@ -22,7 +22,8 @@
 # $OUT/drafter and measures it on MT-bench's 80 first turns in float32 (T = 0; TEMPS="0 1" adds T = 1).
 # With SELF_PROMPTS=N (and SELF_PROMPT_OPENERS="Write,Imagine you are,Solve,..."), "regen" also has the target write
 # N prompts and answers them (their own caches, packed into $OUT with the rest). Measured (session 6, 16K prompts,
-# REGEN_BATCH=512): 158 s to write them, 76 s to answer them (60K new tokens/s), then training in the same call.
+# REGEN_BATCH=512): 158 s to write them, 76 s to answer them (60K new tokens/s), then training in the same call;
+# session 7 (a second set of 20K, REGEN_BATCH=1024): about 175 s to write, 92 s to answer (83.7K new tokens/s).
 # The packed caches of that run (ShareGPT + self prompts, 13 MB) do not fit beside a GGUF part in one call: carry
 # them in a call of their own.
 set -euo pipefail

@@ -265,13 +265,13 @@ def test_bench_random_weights(tmp_path, capsys):
 
 def test_bench_defaults_measure_what_generate_runs(tmp_path, capsys):
     """`eaglespec bench` on the embedded model without --draft/--spec: the baseline against the shipped drafter in
-    the shape `generate` speculates with on this device (S1 K1 D2 on the CPU), answers identical (float32)."""
+    the shape `generate` speculates with on this device (S2 K1 D3 on the CPU, greedy), answers identical (float32)."""
     out = tmp_path / "out"
     code, _, err = run_cli(["bench", "--limit", "2", "--max-new-tokens", "8", "--batch-sizes", "1", "--device", "cpu",
                             "--out", out], capsys)
     assert code == 0, err
     doc = json.loads((out / "results.json").read_text())
-    assert [r["config"] for r in doc["records"]] == ["no-spec", "draft:smollm2-135m-eagle3 S1 K1 D2"]
+    assert [r["config"] for r in doc["records"]] == ["no-spec", "draft:smollm2-135m-eagle3 S2 K1 D3"]
     assert doc["records"][1]["identical_outputs"] == doc["records"][1]["prompts"] == 2
 
 
@@ -364,3 +364,27 @@ def test_bench_on_the_static_path(chat_model, prompt_file, tmp_path, capsys, mon
         if r["drafter"] == "oracle":
             top = min(r["steps"], r["draft_tokens"] - 1) + 1
             assert r["accept_length_hist"][str(top)] >= r["verify_steps"] - 3
+
+
+def test_prefill_pass_meets_every_timed_batch_untimed(monkeypatch):
+    """The warm-up's prefill pass generates one token for every chunk the timed run will see (same rows, same
+    prompts, split as the timed run splits them), and leaves nothing in the record or the phase timer."""
+    from eaglespec.bench.runs import ConfigRun, RunConfig
+    from eaglespec.config import EngineConfig
+    from eaglespec.sampling_params import SamplingParams
+
+    cr = ConfigRun(tiny_llama(seed=0), None, RunConfig.plain(), 2, EngineConfig())
+    calls: list[tuple[list[list[int]], int]] = []
+    real = cr.engine.generate
+
+    def spy(prompts, params, chat=True):
+        calls.append(([list(p) for p in prompts], params.max_new_tokens))
+        return real(prompts, params, chat=chat)
+
+    monkeypatch.setattr(cr.engine, "generate", spy)
+    groups = [[[1, 2, 3], [4, 5], [6, 7, 8, 9, 10]], [[11, 12], [13]]]
+    cr.prefill_pass(groups, SamplingParams(max_new_tokens=9))
+    assert calls == [([[1, 2, 3], [4, 5]], 1), ([[6, 7, 8, 9, 10]], 1), ([[11, 12], [13]], 1)]
+    rec = cr.record()
+    assert rec.outputs == [] and rec.seconds == 0 and all(v == 0 for v in rec.phases.values())
+    cr.close()

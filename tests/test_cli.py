@@ -50,7 +50,7 @@ def test_generate_default_model(tmp_path, capsys):
     assert s["tokens"] > 0 and s["seconds"] > 0 and s["tok_per_s"] > 0
     # the shipped drafter, in the shape measured fastest on the CPU
     assert s["speculative"] and "accept length" in err
-    assert (s["steps"], s["topk"], s["draft_tokens"]) == (1, 1, 2)
+    assert (s["steps"], s["topk"], s["draft_tokens"]) == (2, 1, 3)
 
 
 def test_api_default_drafter_policy_on_the_cpu():
@@ -60,7 +60,9 @@ def test_api_default_drafter_policy_on_the_cpu():
     from eaglespec.config import EngineConfig, SpecConfig
 
     one = api.load(config=EngineConfig(device="cpu", max_batch_size=1))
-    assert one.speculative and one.spec == SpecConfig(1, 1, 2)
+    assert one.speculative and one.spec == SpecConfig(2, 1, 3)
+    sampled = api.load(config=EngineConfig(device="cpu", max_batch_size=1), temperature=0.8)
+    assert sampled.speculative and sampled.spec == SpecConfig(1, 1, 2)
     many = api.load(config=EngineConfig(device="cpu", max_batch_size=8))
     assert not many.speculative
     forced = api.load(spec=SpecConfig(2, 1, 3), config=EngineConfig(device="cpu", max_batch_size=8))
@@ -68,13 +70,13 @@ def test_api_default_drafter_policy_on_the_cpu():
 
 
 def test_default_drafter_policy_per_device_and_engine_size():
-    """The measured policy (docs/benchmarks.md, "The shipped drafter"): a one-step chain in one-row CPU engines (also
-    sampling), a chain of 3 in CUDA engines of up to 8 rows when greedy (slower at 32 rows and at temperature 1),
+    """The measured policy (docs/benchmarks.md, "The shipped drafter"): a chain of 2 in one-row CPU engines when greedy
+    and a one-step chain when sampling, a chain of 3 in CUDA engines of up to 8 rows when greedy (slower at 32 rows and at temperature 1),
     plain decoding elsewhere, and an explanation for each case."""
     from eaglespec.assets import default_spec, slower_note
     from eaglespec.config import SpecConfig
 
-    assert default_spec("cpu", 1) == SpecConfig(1, 1, 2) and default_spec("cpu", 2) is None
+    assert default_spec("cpu", 1) == SpecConfig(2, 1, 3) and default_spec("cpu", 2) is None
     assert default_spec("cuda", 1) == default_spec("cuda", 8) == SpecConfig(3, 1, 4)
     assert default_spec("cuda", 9) is None and default_spec("cuda", 32) is None
     assert default_spec("mps", 1) is None and "not measured on mps" in slower_note("mps")

@@ -327,3 +327,21 @@ def test_graphs_are_recorded_with_the_garbage_collector_off(target, monkeypatch)
     g._capture(("spec", 2, min(256, eng.runner.cache_len), True))
     assert recorded == [False, False, False]  # draft, verify, commit
     assert gc.isenabled()
+
+
+@pytest.mark.parametrize("static", [False, True])
+def test_bf16_chain_engine_runs_greedy_and_sampled(static):
+    """A bfloat16 speculative chain engine (the CUDA default's dtype and shape) keeps the catch-up's logits in the
+    drafter's dtype: in session 7 a float32 buffer made every bf16 chain engine fail at its first commit, on the
+    H200 and on the CPU alike, and only float32 engines were tested."""
+    target = tiny_llama(seed=0).to(torch.bfloat16)
+    drafter = tiny_drafter(target, seed=1).to(torch.bfloat16)
+    spec = SpecConfig(3, 1, 4)
+    eng = static_engine(target, drafter, spec, rows=4) if static else Engine(
+        target, None, EngineConfig(max_batch_size=4), drafter=drafter, spec=spec)
+    for params in (SamplingParams(max_new_tokens=12, ignore_eos=True),
+                   SamplingParams(max_new_tokens=12, ignore_eos=True, temperature=1.0)):
+        outs = eng.generate(PROMPTS[:3], params)
+        assert [len(o.token_ids) for o in outs] == [12, 12, 12]
+        assert all(o.stats.verify_steps > 0 for o in outs)
+    assert eng.runner.d_logits.dtype == torch.bfloat16

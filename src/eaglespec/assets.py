@@ -17,26 +17,27 @@ from .config import SpecConfig
 ASSETS = Path(__file__).parent / "assets"
 DEFAULT_DRAFTER = ASSETS / "smollm2-135m-eagle3"
 
-# Measured with `eaglespec bench` on MT-bench first turns, greedy, the fourth drafter (docs/benchmarks.md, "The shipped
-# drafter" and "Session 6"):
+# Measured with `eaglespec bench` on MT-bench first turns, the fifth drafter (docs/benchmarks.md, "The shipped
+# drafter" and "Session 7"):
 # - this project's 2-core CPU, float32: a forward of up to 3 tokens costs about one of 1 token (4 cost 1.5x: MKL
-#   leaves its small-M path), so the one-step chain (2 tokens) is the fastest shape at batch 1 (1.31x; S2 K1 D3
-#   1.25x, S3 K1 D4 0.94x), and nothing pays with 2 rows (4 tokens per step: 68 vs 44 ms, step_anatomy.py): engines
-#   of one row only;
+#   leaves its small-M path), so short chains are the fastest shapes at batch 1: greedy, the chain of 2 (3 tokens;
+#   1.46x, S1 K1 D2 1.37x, S3 K1 D4 1.15x, tree S2 K2 D4 1.24x; `generate` 1.40x against 1.31x with S1 K1 D2);
+#   sampled at temperature 1, the one-step chain (1.15x; S2 K1 D3 1.01x: sampled drafts are accepted less deep);
+#   nothing pays with 2 rows (4+ tokens per step: 68 vs 44 ms, step_anatomy.py): engines of one row only;
 # - the H200, bfloat16, CUDA graphs with overlap and session 5's Triton kernels: the chain of 3 is the fastest shape
-#   at batch 1 (1.47x; S2 K1 D3 1.38x, S4 K1 D5 1.32x, trees S4 K2 D8 1.24x, S5 K4 D12 1.17x) and 1.37x at 8 rows;
-#   at 32 rows a step is compute-bound and it was slower (0.94x; the third drafter 0.84x / 0.86x): engines of up to
-#   8 rows;
+#   at batch 1 (1.60x; with the fourth drafter S2 K1 D3 1.38x, S4 K1 D5 1.32x, trees S4 K2 D8 1.24x, S5 K4 D12
+#   1.17x) and 1.36-1.69x at 8 rows; at 32 rows a step is compute-bound and it breaks even (0.99-1.01x; the fourth
+#   drafter 0.91-1.03x): engines of up to 8 rows;
 # - sampling at temperature 1 (the drafter learnt the target's greedy text; chains draw sampled drafts): the CPU's
-#   one-step chain gains (1.12x, tau 1.33), the H200's chain of 3 loses (0.78x, tau 1.70; the third drafter 0.87x):
-#   greedy-only there.
-_DEFAULT_SPEC: dict[str, SpecConfig | None] = {"cpu": SpecConfig(steps=1, topk=1, draft_tokens=2),
+#   one-step chain gains (1.15x, tau 1.37), the H200's chain of 3 loses (0.82x, tau 1.75): greedy-only there.
+_DEFAULT_SPEC: dict[str, SpecConfig | None] = {"cpu": SpecConfig(steps=2, topk=1, draft_tokens=3),
                                                "cuda": SpecConfig(steps=3, topk=1, draft_tokens=4)}
+_DEFAULT_SPEC_SAMPLED: dict[str, SpecConfig] = {"cpu": SpecConfig(steps=1, topk=1, draft_tokens=2)}  # temperature > 0
 _MAX_ROWS: dict[str, int] = {"cpu": 1, "cuda": 8}  # larger engines decode plainly by default
 _GREEDY_ONLY = {"cuda"}  # sampled decoding (temperature > 0) decodes plainly by default
-_SLOWER: dict[str, str] = {"cuda": "0.94x with a chain of 3 at 32 rows on an H200 in bfloat16",
+_SLOWER: dict[str, str] = {"cuda": "0.99-1.01x with a chain of 3 at 32 rows on an H200 in bfloat16",
                            "cpu": "with several rows a step verifies 4+ tokens, 1.5x a plain step on the CPU"}
-_SLOWER_SAMPLED: dict[str, str] = {"cuda": "0.78x with a chain of 3 at temperature 1 on an H200 in bfloat16"}
+_SLOWER_SAMPLED: dict[str, str] = {"cuda": "0.82x with a chain of 3 at temperature 1 on an H200 in bfloat16"}
 
 
 def default_drafter_path() -> Path | None:
@@ -51,6 +52,8 @@ def default_spec(device_type: str, max_batch_size: int = 1, temperature: float =
         return None
     if temperature > 0 and device_type in _GREEDY_ONLY:
         return None
+    if temperature > 0 and device_type in _DEFAULT_SPEC_SAMPLED:
+        return _DEFAULT_SPEC_SAMPLED[device_type]
     return _DEFAULT_SPEC.get(device_type)
 
 

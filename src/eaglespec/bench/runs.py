@@ -7,6 +7,11 @@ Contract of `ConfigRun(target, tokenizer, config, batch_size, engine_config, dra
   anything is timed;
 - `warmup(prompts, params, n, refs)` runs n untimed generations of the first chunk (at most WARMUP_TOKENS new
   tokens each), then resets the phase timer;
+- `prefill_pass(groups, params, refs)` prefills every chunk the timed run will (one new token each), untimed: the
+  eager multi-row prefill and the drafter's catch-up meet one shape per chunk, and whatever a device does once per
+  new shape is done before timing (on the H200 the first configuration of each batch size of 8 or 32 rows ran
+  ~0.1-0.5 s slower than a later one doing the same work, with no compile inside the timed run: docs/benchmarks.md,
+  "Session 7");
 - `run(prompts, params, refs)` generates chunk by chunk, timing each `generate` call with the host clock (its result
   is read on the host, so the time includes every device step); it may be called again with more prompts (MT-bench's
   second turns), and everything accumulates;
@@ -113,6 +118,18 @@ class ConfigRun:
         short = replace(params, max_new_tokens=min(params.max_new_tokens, WARMUP_TOKENS))
         for _ in range(n):
             self._generate(first, short, refs[: self.batch_size] if refs is not None else None)
+        self.timer.reset()
+
+    def prefill_pass(self, groups: Sequence[Sequence[Sequence[int]]], params: SamplingParams,
+                     refs: Sequence[Sequence[int]] | None = None) -> None:
+        one = replace(params, max_new_tokens=1)
+        start = 0
+        for g in groups:
+            for i in range(0, len(g), self.batch_size):
+                batch = [list(p) for p in g[i : i + self.batch_size]]
+                at = start + i
+                self._generate(batch, one, refs[at : at + len(batch)] if refs is not None else None)
+            start += len(g)
         self.timer.reset()
 
     def run(self, prompts: Sequence[Sequence[int]], params: SamplingParams,

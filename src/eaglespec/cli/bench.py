@@ -48,7 +48,9 @@ def add_run_options(p: argparse.ArgumentParser, max_new_tokens: int, limit: int 
     r.add_argument("--top-k", type=int, default=0, help="top-k sampling (with --temperature > 0; 0 = off)")
     r.add_argument("--ignore-eos", action="store_true", help="always generate --max-new-tokens tokens")
     r.add_argument("--seed", type=int, default=0, help="engine, random weights and random prompts (default: 0)")
-    r.add_argument("--warmup", type=int, default=1, help="untimed warm-up generations per run (default: 1)")
+    r.add_argument("--warmup", type=int, default=1,
+                   help="untimed warm-up generations per run, then one untimed prefill of every batch the run will "
+                        "time (0: no warm-up at all; default: 1)")
     r.add_argument("--peer", default=None, choices=["hf"], help="also time transformers' generate (batch 1)")
     r.add_argument("--out", default=None, metavar="DIR",
                    help="write results.json, results.md, results.png and outputs.jsonl here")

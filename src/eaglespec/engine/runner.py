@@ -126,11 +126,11 @@ class ModelRunner:
             self.d_top_logp = torch.zeros(rows, K, dtype=torch.float32, device=dev) if K > 1 else None
             self.d_hidden = torch.zeros(rows, H, dtype=self.dtype, device=dev)
             # chains draw sampled rows' drafts from the drafter's distribution: its depth-1 logits from the
-            # catch-up (float32, as the log-softmax reads them), and the target ids of the draft vocabulary to lay
-            # its distributions over the target's
+            # catch-up (in the drafter's dtype, as it writes them; the log-softmax reads them as float32), and the
+            # target ids of the draft vocabulary to lay its distributions over the target's
             dcfg = self.drafter.config
             Vd = dcfg.eagle.draft_vocab_size or dcfg.vocab_size
-            self.d_logits = torch.zeros(rows, Vd, dtype=torch.float32, device=dev) if K == 1 else None
+            self.d_logits = torch.zeros(rows, Vd, dtype=self.dtype, device=dev) if K == 1 else None
             self.d_target_ids = self.drafter.to_target_ids(torch.arange(Vd, device=dev)) if K == 1 else None
         if self.graphs is not None:
             self.graphs.reset()

@@ -1,0 +1,60 @@
+"""Why does the first speculative configuration of a batch size run slower than the next ones in one `eaglespec
+bench` process (session 7, H200: batch 8, 2.36 s against 1.96 s for the same work)? A one-time cost in the timed
+run: this wrapper runs `eaglespec bench ARGS...` and prints, with seconds since start, every Triton JIT compile
+(`triton.knobs.runtime.jit_post_compile_hook`), the start and end of every timed run, and torch.compile's counters
+at both, so compiles that land inside a timed run show up.
+
+    python3 benchmarks/first_run_probe.py bench --model M --draft D --spec 3,1,4 --batch-sizes 8 ...
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import torch
+import triton
+
+T0 = time.perf_counter()
+
+
+def stamp(msg: str) -> None:
+    print(f"[{time.perf_counter() - T0:8.2f}] {msg}", flush=True)
+
+
+def on_compile(*args, **kw) -> bool:
+    fn = kw.get("fn")
+    name = getattr(getattr(fn, "fn", fn), "__qualname__", "?")
+    stamp(f"triton compile {name}: {str(kw.get('repr', ''))[:200]}")
+    return False
+
+
+def dynamo_counts() -> str:
+    from torch._dynamo.utils import counters
+
+    return str({k: dict(v) for k, v in counters.items() if k in ("stats", "frames", "recompiles")})
+
+
+def main() -> int:
+    triton.knobs.runtime.jit_post_compile_hook = on_compile
+    torch._logging.set_logs(recompiles=True)
+    from eaglespec.bench import runs
+    from eaglespec.cli import main as cli
+
+    timed = runs.ConfigRun.run
+
+    def run(self, prompts, params, refs=None):
+        stamp(f"timed run start: {self.config.name} bs={self.batch_size} {dynamo_counts()}")
+        timed(self, prompts, params, refs)
+        stamp(f"timed run end: {self.config.name} bs={self.batch_size} {dynamo_counts()}")
+
+    runs.ConfigRun.run = run
+    rc = cli(sys.argv[1:])
+    from torch._dynamo.utils import compile_times
+
+    print(compile_times(), flush=True)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
