@@ -10,7 +10,6 @@ usage: python benchmarks/spec_step_ops.py
 
 from __future__ import annotations
 
-import collections
 import sys
 from pathlib import Path
 

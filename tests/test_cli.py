@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 from test_loading_gguf import Q, write_tiny_gguf
 from tiny import tiny_llama
 

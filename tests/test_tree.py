@@ -7,7 +7,7 @@ import torch
 from tiny import tiny_drafter, tiny_llama
 
 from eaglespec.layers.context import ForwardContext
-from eaglespec.spec.draft import DraftState, catch_up, draft_tree
+from eaglespec.spec.draft import catch_up, draft_tree
 from eaglespec.spec.tree import build_tree
 from eaglespec.engine.kv_cache import KVCache
 
@@ -97,7 +97,6 @@ def _sequential_path_logp(drafter, prefix_tokens, prefix_aux, path_tokens):
     the previous step returned, exactly as inference without a tree would.
     """
     L = prefix_tokens.shape[1]
-    H = drafter.config.hidden_size
     n = L + len(path_tokens) + 1
     kv = KVCache(1, drafter.kv_cache_shapes(), 1, n, torch.float32, "cpu")
     pos = torch.arange(L)[None]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 from test_bench import check_png, check_schema, run_cli, write_tiny_chat_folder
 
 from eaglespec.bench.tune import grid, tune_section, verdict

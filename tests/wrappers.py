@@ -4,7 +4,6 @@ level after the class, as `cat >>` onto the module would)."""
 
 from __future__ import annotations
 
-import torch
 from torch import nn
 
 from eaglespec.models.llama import LlamaForCausalLM

@@ -26,7 +26,6 @@ Contract (REFERENCE.md §6; facts from Moonshot's public `tokenization_kimi.py`)
 from __future__ import annotations
 
 import base64
-import json
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
