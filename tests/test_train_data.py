@@ -4,7 +4,6 @@ template, --max-len, and length-bucketed batches."""
 from __future__ import annotations
 
 import json
-import math
 
 import pytest
 import torch
@@ -182,15 +181,28 @@ def test_split_keeps_samples_with_the_same_prompt_together():
     keys = ds.prompt_keys()
     assert keys[0] == keys[3] == keys[5] and keys[1] == keys[4] and len({keys[0], keys[1], keys[2]}) == 3
     for seed in range(20):
-        for frac in (0.1, 0.3, 0.5):
+        for frac in (0.1, 0.3, 0.5, 0.99):
             tr, ev = split(len(ds), frac, seed, groups=keys)
             tr, ev = set(tr.tolist()), set(ev.tolist())
-            assert tr | ev == set(range(6)) and not tr & ev and tr  # a partition, never all held out
-            assert len(ev) >= math.ceil(frac * 6)
+            assert tr | ev == set(range(6)) and not tr & ev and tr and ev  # a partition, never all or none held out
             for group in ({0, 3, 5}, {1, 4}):
                 assert group <= tr or group <= ev  # a prompt is on one side only
+    assert split(len(ds), 0.0, 0, groups=keys)[1].numel() == 0
     # without groups: the plain seeded permutation (as before)
     assert split(6, 0.5, 0)[1].tolist() == split(6, 0.5, 0, groups=None)[1].tolist()
+
+
+def test_grouped_split_is_stable_when_data_grow():
+    """A group's side depends only on (seed, key): adding samples never moves an existing one across, and about
+    eval_frac of the groups are held out."""
+    keys = [f"prompt {i}".encode() for i in range(3000)]
+    tr, ev = split(len(keys), 0.1, 7, groups=keys)
+    assert 0.08 < len(ev) / len(keys) < 0.12
+    more = keys[:1000] + [f"new {i}".encode() for i in range(500)] + keys[1000:]
+    tr2, ev2 = split(len(more), 0.1, 7, groups=more)
+    held = {more[i] for i in ev2.tolist()}
+    assert {keys[i] for i in ev.tolist()} == held & set(keys)
+    assert split(len(keys), 0.1, 8, groups=keys)[1].tolist() != ev.tolist()  # the seed redraws it
 
 
 def test_templates_that_refuse_or_drop_messages_are_counted(smol_tokenizer):

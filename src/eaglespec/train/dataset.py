@@ -16,7 +16,8 @@ Contract:
   `keep` tokens of every run keep their loss, so copying is still learnt; contexts are unchanged.
   `build_dataset(..., loop_keep=N)` applies it (None: off) and counts the masked tokens (`TokenDataset.loop_masked`).
 - `split(n, eval_frac, seed, groups)`: a seeded permutation, the first ceil(eval_frac * n) for evaluation; with
-  `groups` (the pipeline passes `TokenDataset.prompt_keys()`) samples with the same opening prompt stay together.
+  `groups` (the pipeline passes `TokenDataset.prompt_keys()`) samples with the same opening prompt stay together and
+  a group's side is fixed by a hash of (seed, its key), so adding data never moves a sample across.
 - `make_batches(lengths, batch_tokens)`: samples sorted by length, grouped so that rows x longest <= batch_tokens;
   `epoch_order(n_batches, seed, epoch)` shuffles the batches per epoch (seeded, so a resumed run sees the same
   order); `Batch` tensors are gathered on the device in one indexing op, right-padded with token 0 / mask false
@@ -25,6 +26,7 @@ Contract:
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections import Counter
 from collections.abc import Hashable
@@ -181,30 +183,37 @@ def build_dataset(tokenizer: "BaseTokenizer", conversations: Sequence[Sequence[M
 
 def split(n: int, eval_frac: float, seed: int,
           groups: Sequence[Hashable] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(train indices, eval indices): a seeded permutation; at least one training sample is kept.
+    """(train indices, eval indices); at least one training sample is kept.
 
-    With `groups` (one key per sample), samples sharing a key land on the same side: whole groups, in a seeded
-    order, go to the held-out split until it holds at least ceil(eval_frac * n) samples. Chat data repeats prompts
-    (ShareGPT's first turns do), and a held-out sample whose prompt is also trained on measures memory, not the
-    drafter."""
-    n_eval = min(math.ceil(eval_frac * n), n - 1) if eval_frac > 0 else 0
-    g = torch.Generator().manual_seed(seed)
+    Without `groups`: a seeded permutation, the first ceil(eval_frac * n) held out. With `groups` (one key per
+    sample, bytes or str), samples sharing a key land on the same side, and a group is held out when a hash of
+    (seed, key) falls below eval_frac: its side depends on nothing else, so data added to a run never move a sample
+    across (a drafter continued on more data with `--init` is not evaluated on what it trained on, and held-out
+    estimates of such runs compare). About eval_frac of the groups are held out; at least one when eval_frac > 0,
+    never all. Chat data repeat prompts (ShareGPT's first turns do), and a held-out sample whose prompt is also
+    trained on measures memory, not the drafter."""
     if groups is None:
-        perm = torch.randperm(n, generator=g)
+        n_eval = min(math.ceil(eval_frac * n), n - 1) if eval_frac > 0 else 0
+        perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
         return perm[n_eval:].sort().values, perm[:n_eval].sort().values
-    members: dict[Hashable, list[int]] = {}
-    for i, key in enumerate(groups):
-        members.setdefault(key, []).append(i)
-    keys = list(members)
-    held: list[int] = []
-    for k in torch.randperm(len(keys), generator=g).tolist():
-        if len(held) >= n_eval:
-            break
-        if len(held) + len(members[keys[k]]) < n:  # never the whole set
-            held += members[keys[k]]
-    is_eval = torch.zeros(n, dtype=torch.bool)
-    is_eval[held] = True
+    keys = list(dict.fromkeys(groups))  # distinct keys, in first-seen order
+    if eval_frac <= 0 or len(keys) < 2:
+        return torch.arange(n), torch.zeros(0, dtype=torch.int64)
+    score = {k: _unit_hash(seed, k) for k in keys}
+    held = {k for k in keys if score[k] < eval_frac}
+    if not held:
+        held = {min(keys, key=score.__getitem__)}
+    if len(held) == len(keys):
+        held.discard(max(keys, key=score.__getitem__))
+    is_eval = torch.tensor([g in held for g in groups], dtype=torch.bool)
     return (~is_eval).nonzero().flatten(), is_eval.nonzero().flatten()
+
+
+def _unit_hash(seed: int, key: Hashable) -> float:
+    """A number in [0, 1) fixed by (seed, key) across runs and processes (no Python `hash`, which is salted)."""
+    raw = key if isinstance(key, bytes) else repr(key).encode()
+    digest = hashlib.blake2b(raw, digest_size=8, key=seed.to_bytes(8, "little", signed=True)).digest()
+    return int.from_bytes(digest, "little") / 2.0**64
 
 
 def make_batches(lengths: torch.Tensor, batch_tokens: int) -> list[torch.Tensor]:
