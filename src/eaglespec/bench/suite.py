@@ -134,6 +134,8 @@ def run_suite(model: BenchModel, workload: Workload, configs: Sequence[RunConfig
             # the first batch size's baseline answers the first turns; the second turns follow its answers
             base.reserve(groups[0], params)
             base.warmup(groups[0], params, options.warmup)
+            if options.warmup:
+                base.prefill_pass(groups[:1], params)  # the second turns are not known yet
             base.run(groups[0], params)
             second, texts = _second_turns(model, workload, base.rec.texts)
             n = len(prompts)

@@ -5,7 +5,8 @@ Contract of `train_drafter(target, tokenizer, conversations, out, options)` -> `
    add the `self_prompts` sets, prompts written by the target, answered the same way (self_prompts.py; each set
    has its own caches, so adding a set keeps the others'; a prompt already in an earlier set is left out);
 2. tokenise with the chat template and the assistant loss mask, apply --max-len (dataset.py);
-3. split off `eval_frac` for evaluation (seeded);
+3. split off about `eval_frac` for evaluation (whole prompt groups, each by a seeded hash of its prompt: adding data
+   never moves a sample across);
 4. count the assistant tokens of the training split and keep the `draft_vocab` most frequent (vocab.py;
    None or >= the vocabulary: no draft vocabulary, the drafter shares the target's lm_head);
 5. build the drafter (drafter.py; or continue from `init`, an exported drafter, keeping its vocabulary and aux layers),
