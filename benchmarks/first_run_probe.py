@@ -4,7 +4,13 @@ run: this wrapper runs `eaglespec bench ARGS...` and prints, with seconds since 
 (`triton.knobs.runtime.jit_post_compile_hook`), the start and end of every timed run, and torch.compile's counters
 at both, so compiles that land inside a timed run show up.
 
-    python3 benchmarks/first_run_probe.py bench --model M --draft D --spec 3,1,4 --batch-sizes 8 ...
+    python3 benchmarks/first_run_probe.py [--no-cudnn-sdp] bench --model M --draft D --spec 3,1,4 --batch-sizes 8 ...
+
+Session 7 found no compile inside the timed runs. The suspect left (docs/benchmarks.md, "Session 7"): SDPA's cuDNN
+backend, which builds an execution plan once per new shape on the host, in the eager multi-row prefill and catch-up
+(one shape per batch of prompts; the phase timer's CUDA events do not see host work, hence the "rest" share).
+`--no-cudnn-sdp` turns that backend off (`torch.backends.cuda.enable_cudnn_sdp(False)`): if the first run's extra
+time goes, that is the cause.
 """
 
 from __future__ import annotations
@@ -36,6 +42,11 @@ def dynamo_counts() -> str:
 
 
 def main() -> int:
+    args = sys.argv[1:]
+    if args and args[0] == "--no-cudnn-sdp":
+        args = args[1:]
+        torch.backends.cuda.enable_cudnn_sdp(False)
+        stamp("cuDNN SDPA off")
     triton.knobs.runtime.jit_post_compile_hook = on_compile
     torch._logging.set_logs(recompiles=True)
     from eaglespec.bench import runs
@@ -49,7 +60,7 @@ def main() -> int:
         stamp(f"timed run end: {self.config.name} bs={self.batch_size} {dynamo_counts()}")
 
     runs.ConfigRun.run = run
-    rc = cli(sys.argv[1:])
+    rc = cli(args)
     from torch._dynamo.utils import compile_times
 
     print(compile_times(), flush=True)
