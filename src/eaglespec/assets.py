@@ -22,7 +22,8 @@ DEFAULT_DRAFTER = ASSETS / "smollm2-135m-eagle3"
 # - this project's 2-core CPU, float32: a forward of up to 3 tokens costs about one of 1 token (4 cost 1.5x: MKL
 #   leaves its small-M path), so short chains are the fastest shapes at batch 1: greedy, the chain of 2 (3 tokens;
 #   1.46x, S1 K1 D2 1.37x, S3 K1 D4 1.15x, tree S2 K2 D4 1.24x; `generate` 1.40x against 1.31x with S1 K1 D2);
-#   sampled at temperature 1, the one-step chain (1.15x; S2 K1 D3 1.01x: sampled drafts are accepted less deep);
+#   sampled at temperature 1, the one-step chain (1.15x; S2 K1 D3 1.01x: sampled drafts are accepted less often,
+#   0.37 against 0.53 at depth 1, so a second drafter step costs more than it brings);
 #   nothing pays with 2 rows (4+ tokens per step: 68 vs 44 ms, step_anatomy.py): engines of one row only;
 # - the H200, bfloat16, CUDA graphs with overlap and session 5's Triton kernels: the chain of 3 is the fastest shape
 #   at batch 1 (1.60x; with the fourth drafter S2 K1 D3 1.38x, S4 K1 D5 1.32x, trees S4 K2 D8 1.24x, S5 K4 D12
