@@ -205,6 +205,36 @@ def test_grouped_split_is_stable_when_data_grow():
     assert split(len(keys), 0.1, 8, groups=keys)[1].tolist() != ev.tolist()  # the seed redraws it
 
 
+def test_build_dataset_batches_the_encoding_without_changing_a_token(smol_tokenizer):
+    """build_dataset encodes many conversations' pieces in one `encode_batch` call (chunked): the samples equal
+    `tokenize_conversation` run one conversation at a time, across chunk borders, with system prompts, empty
+    contents, a content equal to template text and a conversation the template refuses in between."""
+    import copy
+
+    convs = [[{"role": "user", "content": f"Question {i}: what is {i} + {i}?"},
+              {"role": "assistant", "content": f"It is {2 * i}." if i % 3 else ""},
+              {"role": "user", "content": "assistant"}, {"role": "assistant", "content": "<|im_end|> ok"}]
+             for i in range(7)]
+    convs.insert(3, [{"role": "system", "content": "Be brief."}, {"role": "user", "content": ""},
+                     {"role": "assistant", "content": "Fine."}])
+    want = [tokenize_conversation(smol_tokenizer, c) for c in convs]
+    for chunk in (1, 3, 100):
+        ds = build_dataset(smol_tokenizer, convs, 10_000, chunk=chunk)
+        assert len(ds) == len(convs)
+        for i, (ids, mask) in enumerate(want):
+            a, b = ds.offsets[i], ds.offsets[i + 1]
+            assert ds.tokens[a:b].tolist() == ids and ds.mask[a:b].tolist() == mask
+    texts = ["Hello world", "", "<|im_start|>user\nhi<|im_end|>", "naïve café"]
+    assert smol_tokenizer.encode_batch(texts) == [smol_tokenizer.encode(t) for t in texts]
+    strict = copy.copy(smol_tokenizer)
+    strict.chat_template = ("{% for m in messages %}{% if m['role'] == 'system' %}{{ raise_exception('no system') }}"
+                            "{% endif %}{{ m['role'] + ': ' + m['content'] + '\n' }}{% endfor %}")
+    ds = build_dataset(strict, convs, 10_000, chunk=3)
+    kept = [c for c in convs if c[0]["role"] != "system"]
+    assert len(ds) == len(kept) and ds.dropped == {"refused by the chat template": 1}
+    assert ds.tokens[: ds.offsets[1]].tolist() == tokenize_conversation(strict, kept[0])[0]
+
+
 def test_templates_that_refuse_or_drop_messages_are_counted(smol_tokenizer):
     import copy
 
