@@ -245,14 +245,18 @@ def test_export_takes_the_best_held_out_weights(tiny_folder, data_file, tmp_path
     assert torch.equal(last["fc.weight"], snapshots[8]["fc.weight"])
 
 
+def self_prompt_run(tiny_folder, data_file, out, *extra: str) -> list[str]:
+    """A two-step training run on the tiny target that regenerates its data and writes prompts (`extra`)."""
+    return ["train", "--target", str(tiny_folder), "--data", str(data_file), "--out", str(out), "--device", "cpu",
+            "--max-steps", "2", "--ttt-steps", "2", "--draft-vocab", "40", "--batch-tokens", "400",
+            "--max-len", "96", "--regen-max-new-tokens", "10", "--regen-shard", "8", "--regen-batch", "16",
+            "--eval-frac", "0.2", "--no-progress", *extra]
+
+
 def test_train_with_self_prompts(tiny_folder, data_file, tmp_path, capsys):
     """--self-prompts: the target writes prompts from its template's user turn, they are answered like the data
     (their own caches: the data's regeneration cache is the one a run without them made) and trained on."""
-    out = tmp_path / "drafter"
-    args = ["train", "--target", str(tiny_folder), "--data", str(data_file), "--out", str(out), "--device", "cpu",
-            "--max-steps", "2", "--ttt-steps", "2", "--draft-vocab", "40", "--batch-tokens", "400",
-            "--max-len", "96", "--regen-max-new-tokens", "10", "--regen-shard", "8", "--regen-batch", "16",
-            "--eval-frac", "0.2", "--no-progress", "--self-prompts", "5"]
+    args = self_prompt_run(tiny_folder, data_file, tmp_path / "drafter", "--self-prompts", "5")
     assert main(args) == 0
     err = capsys.readouterr().err
     m = re.search(r"self prompts: (\d+) written by the target, (\d+) answered", err)
@@ -269,11 +273,8 @@ def test_train_with_self_prompts(tiny_folder, data_file, tmp_path, capsys):
 def test_train_with_two_self_prompt_sets(tiny_folder, data_file, tmp_path, capsys):
     """Repeated --self-prompts / --self-prompt-openers: each set is written and answered with caches of its own, so
     adding a set to a finished run reuses the first set's prompts and answers and only writes the new one."""
-    out = tmp_path / "drafter"
-    args = ["train", "--target", str(tiny_folder), "--data", str(data_file), "--out", str(out), "--device", "cpu",
-            "--max-steps", "2", "--ttt-steps", "2", "--draft-vocab", "40", "--batch-tokens", "400",
-            "--max-len", "96", "--regen-max-new-tokens", "10", "--regen-shard", "8", "--regen-batch", "16",
-            "--eval-frac", "0.2", "--no-progress", "--self-prompts", "4", "--self-prompt-openers", "Write,Solve"]
+    args = self_prompt_run(tiny_folder, data_file, tmp_path / "drafter", "--self-prompts", "4",
+                           "--self-prompt-openers", "Write,Solve")
     assert main(args) == 0
     first = capsys.readouterr().err
     m = re.search(r"self prompts: (\d+) written by the target, (\d+) answered \((\d+) new tokens", first)
