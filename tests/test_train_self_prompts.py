@@ -4,6 +4,7 @@ real SmolLM2 and its cache, and the CLI's checks."""
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -112,3 +113,27 @@ def test_batched_nll_equals_one_at_a_time(smollm2):
     batched = prompt_nlls(smollm2.model, pairs, rows=2)
     single = [prompt_nll(smollm2.model, p, t) for p, t in pairs]
     assert batched == pytest.approx(single, abs=1e-4)
+
+
+def test_rounds_share_a_generate_call(smollm2, tmp_path, monkeypatch):
+    """Up to ROUNDS_PER_CALL rounds of `batch_size` requests go to one generate call over `batch_size` rows (a row
+    takes the next request as soon as its prompt ends), never more requests than prompts still missing; the cache
+    counts rounds, not calls."""
+    import eaglespec.engine.engine as engine_mod
+    from eaglespec.train.self_prompts import ROUNDS_PER_CALL
+
+    calls: list[tuple[int, int]] = []
+
+    def fake_generate(self, prompts, params, chat=True):
+        calls.append((len(prompts), self.config.max_batch_size))
+        base = sum(c[0] for c in calls[:-1])
+        return [SimpleNamespace(text=f" a poem about the sea, number {base + i}.", finish_reason="stop",
+                                token_ids=[1, 2, 3]) for i in range(len(prompts))]
+
+    monkeypatch.setattr(engine_mod.Engine, "generate", fake_generate)
+    cfg = SelfPromptConfig(n=10, batch_size=2, max_nll=None, openers=("Write",))
+    convs = self_prompts(smollm2.model, smollm2.tokenizer, cfg, tmp_path, "smollm2", progress=False)
+    assert ROUNDS_PER_CALL == 4 and calls == [(8, 2), (2, 2)]
+    assert len(convs) == 10 and convs[0][0]["content"] == "Write a poem about the sea, number 0."
+    (cache,) = tmp_path.glob("prompts-*.jsonl")
+    assert json.loads(cache.read_text().splitlines()[0]) == {"rounds": 5}

@@ -10,7 +10,9 @@ Contract of `self_prompts(target, tokenizer, cfg, cache_dir, target_name, progre
 `[{"role": "user", "content": prompt}, {"role": "assistant", "content": "."}]` (the answer is a stub: regeneration
 replaces it), at most `cfg.n`:
 - generation: the engine samples continuations of `user_prefix(tokenizer)`, followed by one of `openers` (cycled
-  over the rows) when given (temperature, top_p, `max_new_tokens`, `batch_size` rows per round); a prompt counts
+  over the rows) when given (temperature, top_p, `max_new_tokens`; rounds of `batch_size` requests, up to
+  ROUNDS_PER_CALL rounds per `Engine.generate` call over `batch_size` rows, so a row that finishes its prompt takes
+  the next request at once: a round no longer waits for its longest generation); a prompt counts
   when `keep_prompt` accepts it (it ended with an end token, has 3 to 400 words, is mostly printable text), the
   target's mean negative log-likelihood of its tokens after the prefix is at most `max_nll` (`prompt_nll`: sampling
   at T = 1 also draws word salad, which the target itself finds unlikely; SmolLM2's coherent requests score 1.3-2.8
@@ -42,7 +44,8 @@ from .conversations import Message
 if TYPE_CHECKING:
     from ..loading.tokenizer import BaseTokenizer
 
-SENTINEL = "\u2063EAGLESPEC_USER\u2063"  # a user text no template rewrites: where it starts, the prompt's text begins
+SENTINEL = "\u2063EAGLESPEC_USER\u2063"
+ROUNDS_PER_CALL = 4  # rounds of `batch_size` requests given to one `Engine.generate` call (continuous batching)  # a user text no template rewrites: where it starts, the prompt's text begins
 
 
 @dataclass(frozen=True)
@@ -147,7 +150,11 @@ def self_prompts(target: torch.nn.Module, tokenizer: "BaseTokenizer", cfg: SelfP
                     max_batch_size=cfg.batch_size, max_seq_len=longest + cfg.max_new_tokens + 1,
                     seed=cfg.seed * 1000 + rounds_done, cuda_graphs=cfg.cuda_graphs,
                     min_prefill_rows=max(1, cfg.batch_size // 8)))
-            rows = [starts[(rounds_done * cfg.batch_size + i) % len(starts)] for i in range(cfg.batch_size)]
+            # several rounds' requests per call: the engine refills a row as soon as its prompt ends, instead of
+            # every row waiting for the round's longest (most end within ~40 tokens; some run to the limit and are
+            # dropped anyway); never more requests than prompts still missing, nor rounds than the limit leaves
+            k = min(ROUNDS_PER_CALL, limit - rounds_done, -(-(cfg.n - len(kept)) // cfg.batch_size))
+            rows = [starts[(rounds_done * cfg.batch_size + i) % len(starts)] for i in range(k * cfg.batch_size)]
             outs = engine.generate([ids for _, ids in rows], params, chat=False)
             cands = [(ids, o, (opener + o.text).strip()) for (opener, ids), o in zip(rows, outs)]
             # the cheap checks first: only new, well-formed prompts are scored by the target
@@ -161,7 +168,7 @@ def self_prompts(target: torch.nn.Module, tokenizer: "BaseTokenizer", cfg: SelfP
                     seen.add(prompt_key(text))
                     kept.append(text)
                     bar.update(1)
-            rounds_done += 1
+            rounds_done += k
             _write(path, rounds_done, kept)
     finally:
         bar.close()
