@@ -82,10 +82,6 @@ class RunRecord:
         return self.output_tokens / self.seconds if self.seconds > 0 else 0.0
 
 
-def chunks(items: Sequence, size: int) -> list[list]:
-    return [list(items[i : i + size]) for i in range(0, len(items), size)]
-
-
 class ConfigRun:
     def __init__(self, target: nn.Module, tokenizer, config: RunConfig, batch_size: int,
                  engine_config: EngineConfig, drafter: nn.Module | None = None) -> None:
@@ -120,14 +116,18 @@ class ConfigRun:
             self._generate(first, short, refs[: self.batch_size] if refs is not None else None)
         self.timer.reset()
 
+    def _batches(self, prompts: Sequence[Sequence[int]], offset: int = 0) -> list[tuple[int, list[list[int]]]]:
+        """The static batches of `prompts` (consecutive chunks of `batch_size`), each with the index of its first
+        prompt plus `offset` (where its references start)."""
+        return [(offset + i, [list(p) for p in prompts[i : i + self.batch_size]])
+                for i in range(0, len(prompts), self.batch_size)]
+
     def prefill_pass(self, groups: Sequence[Sequence[Sequence[int]]], params: SamplingParams,
                      refs: Sequence[Sequence[int]] | None = None) -> None:
         one = replace(params, max_new_tokens=1)
         start = 0
         for g in groups:
-            for i in range(0, len(g), self.batch_size):
-                batch = [list(p) for p in g[i : i + self.batch_size]]
-                at = start + i
+            for at, batch in self._batches(g, start):
                 self._generate(batch, one, refs[at : at + len(batch)] if refs is not None else None)
             start += len(g)
         self.timer.reset()
@@ -135,9 +135,8 @@ class ConfigRun:
     def run(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
             refs: Sequence[Sequence[int]] | None = None) -> None:
         rec = self.rec
-        for start in range(0, len(prompts), self.batch_size):
-            batch = [list(p) for p in prompts[start : start + self.batch_size]]
-            batch_refs = refs[start : start + self.batch_size] if refs is not None else None
+        for start, batch in self._batches(prompts):
+            batch_refs = refs[start : start + len(batch)] if refs is not None else None
             t0 = time.perf_counter()
             outs = self._generate(batch, params, batch_refs)
             rec.seconds += time.perf_counter() - t0

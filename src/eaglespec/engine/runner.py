@@ -30,7 +30,7 @@ from typing import Sequence
 import torch
 
 from ..config import SpecConfig
-from ..layers.context import ForwardContext, appended_mask, causal_tail, prefix_tail_mask
+from ..layers.context import ForwardContext, appended_mask, prefix_tail_mask
 from ..layers.sampling import sample, target_probs
 from ..sampling_params import SamplingParams
 from ..spec.draft import DraftState, catch_up, draft_tree
@@ -224,7 +224,7 @@ class ModelRunner:
         dev = self.device
         pos = torch.arange(T, device=dev).expand(B, T)
         zeros = torch.zeros(B, dtype=torch.int64, device=dev)
-        ctx = ForwardContext(positions=pos, write_index=pos, attn_mask=prefix_tail_mask(zeros, causal_tail(B, T, dev), T),
+        ctx = ForwardContext(positions=pos, write_index=pos, attn_mask=appended_mask(zeros, T, T),
                              kv=self.kv.layers(), rows=ctx_rows, logits_index=(lens_t - 1)[:, None])
         if mm_inputs is not None:
             out = self.target(None, ctx, inputs_embeds=self.target.embed_multimodal(ids, list(mm_inputs)))

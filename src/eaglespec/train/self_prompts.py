@@ -44,8 +44,8 @@ from .conversations import Message
 if TYPE_CHECKING:
     from ..loading.tokenizer import BaseTokenizer
 
-SENTINEL = "\u2063EAGLESPEC_USER\u2063"
-ROUNDS_PER_CALL = 4  # rounds of `batch_size` requests given to one `Engine.generate` call (continuous batching)  # a user text no template rewrites: where it starts, the prompt's text begins
+SENTINEL = "\u2063EAGLESPEC_USER\u2063"  # a user text no template rewrites: where it starts, the prompt's text begins
+ROUNDS_PER_CALL = 4  # rounds of `batch_size` requests given to one `Engine.generate` call (continuous batching)
 
 
 @dataclass(frozen=True)
