@@ -4,13 +4,15 @@ run: this wrapper runs `eaglespec bench ARGS...` and prints, with seconds since 
 (`triton.knobs.runtime.jit_post_compile_hook`), the start and end of every timed run, and torch.compile's counters
 at both, so compiles that land inside a timed run show up.
 
-    python3 benchmarks/first_run_probe.py [--no-cudnn-sdp] bench --model M --draft D --spec 3,1,4 --batch-sizes 8 ...
+    python3 benchmarks/first_run_probe.py [--no-cudnn-sdp] [--no-prefill-pass] bench --model M --draft D ...
 
 Session 7 found no compile inside the timed runs. The suspect left (docs/benchmarks.md, "Session 7"): SDPA's cuDNN
 backend, which builds an execution plan once per new shape on the host, in the eager multi-row prefill and catch-up
 (one shape per batch of prompts; the phase timer's CUDA events do not see host work, hence the "rest" share).
 `--no-cudnn-sdp` turns that backend off (`torch.backends.cuda.enable_cudnn_sdp(False)`): if the first run's extra
-time goes, that is the cause.
+time goes, that is the cause. Since session 7 the bench prefills every timed batch once, untimed, in its warm-up
+(`ConfigRun.prefill_pass`), which should hide any such one-time cost; `--no-prefill-pass` skips it, as the bench of
+session 7 did, so the cause can still be probed.
 """
 
 from __future__ import annotations
@@ -42,15 +44,19 @@ def dynamo_counts() -> str:
 
 
 def main() -> int:
-    args = sys.argv[1:]
-    if args and args[0] == "--no-cudnn-sdp":
-        args = args[1:]
-        torch.backends.cuda.enable_cudnn_sdp(False)
-        stamp("cuDNN SDPA off")
-    triton.knobs.runtime.jit_post_compile_hook = on_compile
-    torch._logging.set_logs(recompiles=True)
     from eaglespec.bench import runs
     from eaglespec.cli import main as cli
+
+    args = sys.argv[1:]
+    while args and args[0] in ("--no-cudnn-sdp", "--no-prefill-pass"):
+        if args.pop(0) == "--no-cudnn-sdp":
+            torch.backends.cuda.enable_cudnn_sdp(False)
+            stamp("cuDNN SDPA off")
+        else:
+            runs.ConfigRun.prefill_pass = lambda self, *a, **kw: None
+            stamp("no untimed prefill pass")
+    triton.knobs.runtime.jit_post_compile_hook = on_compile
+    torch._logging.set_logs(recompiles=True)
 
     timed = runs.ConfigRun.run
 

@@ -113,6 +113,19 @@ def test_train_continues_from_an_exported_drafter(tiny_folder, data_file, tmp_pa
     for (n, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items()):
         assert torch.equal(x, y), n
 
+    # with a wider shape the continued drafter is widened, its trained weights kept in place
+    wide = tmp_path / "d3"
+    assert main(["train", *common, "--out", str(wide), "--max-steps", "1", "--init", str(first), "--lr", "1e-30",
+                 "--drafter-intermediate-size", "160", "--drafter-heads", "6"]) == 0
+    w = load_drafter(wide, "cpu", torch.float32)
+    assert (w.config.intermediate_size, w.config.num_attention_heads) == (160, 6)
+    assert torch.equal(w.midlayer.mlp.up_proj.weight[:128], a.midlayer.mlp.up_proj.weight)
+    assert w.midlayer.mlp.down_proj.weight[:, 128:].abs().max() < 1e-20  # zero, up to one step of lr 1e-30
+    assert "widened the drafter layer from MLP 128 / 4 heads to MLP 160 / 6 heads" in capsys.readouterr().err
+    assert main(["train", *common, "--out", str(tmp_path / "d4"), "--init", str(wide),
+                 "--drafter-intermediate-size", "128"]) == 2
+    assert "would narrow the --init drafter (160 / 6)" in capsys.readouterr().err
+
 
 def test_train_a_wider_drafter_layer(tiny_folder, data_file, tmp_path, capsys):
     """--drafter-intermediate-size / --drafter-heads widen the one drafter layer in the published format: the export

@@ -19,7 +19,7 @@ from eaglespec.engine.engine import Engine
 from eaglespec.errors import ConfigError
 from eaglespec.sampling_params import SamplingParams
 from eaglespec.train.dataset import TokenDataset
-from eaglespec.train.drafter import drafter_hf_config, new_drafter
+from eaglespec.train.drafter import DrafterShape, drafter_hf_config, new_drafter, widen_drafter
 from eaglespec.train.export import check_shard_limit, export_drafter
 from eaglespec.train.trainer import TrainConfig, Trainer
 from eaglespec.train.vocab import build_draft_vocab, count_tokens
@@ -125,6 +125,42 @@ def test_training_lifts_acceptance_and_export_round_trips(setup, tmp_path):
         assert torch.equal(loaded.state_dict()[n], b), n
     with pytest.raises(ConfigError, match=r"fc.weight \(64 x 192 in bfloat16, 0.02 MiB\) cannot fit"):
         export_drafter(drafter, tmp_path / "tiny", max_shard_mb=0.07)
+
+
+def test_widened_drafter_computes_the_same_function_then_trains_its_new_units(setup, tmp_path):
+    """A continued drafter widened Net2Net-style (more MLP units and query heads) scores exactly as before on the
+    held-out TTT loss and at inference, its new units start from zero output and move with the first step, and
+    narrowing or heads off the KV groups are refused."""
+    target, train_ds, eval_ds, vocab, prompts, plain = setup
+    drafter = new_drafter(target, (1, 2, 2), vocab, seed=3)
+    with torch.no_grad():  # a drafter far from its init, so that every weight matters
+        for p in drafter.parameters():
+            if p.requires_grad and p.dim() == 2:
+                p.mul_(6.0)
+    before = Trainer(target, drafter, train_ds, eval_ds, vocab, config(tmp_path / "a")).evaluate()
+    tau = measured_accept_length(target, drafter, prompts, plain)
+
+    wide = widen_drafter(drafter, DrafterShape(intermediate_size=200, num_attention_heads=6), seed=1)
+    assert (wide.config.intermediate_size, wide.config.num_attention_heads) == (200, 6)
+    assert (wide.config.raw["intermediate_size"], wide.config.raw["num_attention_heads"]) == (200, 6)  # the export's
+    assert wide.midlayer.self_attn.q_proj.weight.shape == (6 * 16, 128)
+    # KV group 0 keeps its heads 0-1 as heads 0-1, group 1 its heads 2-3 as heads 3-4 (a new head after each group)
+    q0, q1 = drafter.midlayer.self_attn.q_proj.weight.view(4, 16, -1), wide.midlayer.self_attn.q_proj.weight.view(6, 16, -1)
+    assert torch.equal(q1[[0, 1, 3, 4]], q0)
+    tr = Trainer(target, wide, train_ds, eval_ds, vocab, config(tmp_path / "b", max_steps=1, lr=1e-3))
+    after = tr.evaluate()
+    assert after.loss == pytest.approx(before.loss, rel=1e-5) and after.acc == pytest.approx(before.acc, abs=1e-6)
+    assert measured_accept_length(target, wide, prompts, plain) == pytest.approx(tau, abs=1e-9)
+    new_down = wide.midlayer.mlp.down_proj.weight[:, 128:]
+    assert not new_down.any()
+    tr.fit()
+    assert new_down.abs().sum() > 0 and wide.midlayer.self_attn.o_proj.weight.view(64, 6, 16)[:, 2].abs().sum() > 0
+
+    with pytest.raises(ConfigError, match=r"would narrow the --init drafter \(128 / 4\)"):
+        widen_drafter(drafter, DrafterShape(intermediate_size=64))
+    with pytest.raises(ConfigError, match="multiple of the drafter's 2 key/value heads"):
+        widen_drafter(drafter, DrafterShape(num_attention_heads=5))
+    assert widen_drafter(drafter, DrafterShape()) is drafter
 
 
 def test_shard_limit_is_checked_before_training_with_a_hint():

@@ -57,9 +57,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     m.add_argument("--init", default=None, metavar="DRAFTER_DIR",
                    help="continue training an exported drafter (keeps its vocabulary and aux layers)")
     m.add_argument("--drafter-intermediate-size", type=int, default=None, metavar="N",
-                   help="the drafter layer's MLP width (default: the target layer's)")
+                   help="the drafter layer's MLP width (default: the target layer's; with --init: widens that drafter)")
     m.add_argument("--drafter-heads", type=int, default=None, metavar="N",
-                   help="the drafter layer's query heads, a multiple of the target's KV heads (default: the target's)")
+                   help="the drafter layer's query heads, a multiple of the target's KV heads (default: the target's; "
+                        "with --init: adds heads to that drafter)")
     m.add_argument("--aux-layers", default=None, metavar="I,J,K",
                    help="target layers whose outputs feed the drafter (default [1, N//2-1, N-4], SGLang convention)")
     t = p.add_argument_group("training")

@@ -14,6 +14,9 @@ Contract:
   the lm_head initialised from the target's head rows of the kept tokens.
 - `drafter_from_checkpoint(target, path)`: a drafter exported earlier (warm start, e.g. continuing over several
   device sessions), checked against the target, wired the same way, its own vocabulary map kept, trainable again.
+- `widen_drafter(drafter, shape, seed)`: the same drafter with a wider MLP and/or more query heads, computing the same
+  function (Net2Net-style: the new MLP units and query heads get N(0, 0.02) inputs and zero outputs, so the first
+  gradient step starts them from the trained drafter instead of from scratch); narrowing is refused.
 - `trainable_parameters(drafter)`: what the optimiser updates (fc, midlayer, norm, and the lm_head when it is the
   drafter's own), by name.
 """
@@ -117,6 +120,68 @@ def new_drafter(target: nn.Module, aux_ids: Sequence[int], vocab: DraftVocab | N
 def trainable_parameters(drafter: LlamaForCausalLMEagle3) -> dict[str, nn.Parameter]:
     names = ("fc.", "midlayer.", "norm.") + (("lm_head.",) if drafter.has_own_head else ())
     return {n: p for n, p in drafter.named_parameters() if n.startswith(names)}
+
+
+def drafter_shape(drafter: LlamaForCausalLMEagle3) -> DrafterShape:
+    """The drafter layer's own sizes (both set)."""
+    return DrafterShape(drafter.config.intermediate_size, drafter.config.num_attention_heads)
+
+
+def widen_drafter(drafter: LlamaForCausalLMEagle3, shape: DrafterShape, seed: int = 0) -> LlamaForCausalLMEagle3:
+    """`drafter` widened to `shape` (None fields: unchanged), the same function at the start (module docstring).
+
+    Query heads are laid out by KV group (head h reads KV head h // (heads / kv_heads)), so the old heads of each
+    group keep their KV head: group g's new heads follow its old ones, and o_proj's columns move with them."""
+    cfg = drafter.config
+    I0, Q0, G = cfg.intermediate_size, cfg.num_attention_heads, cfg.num_key_value_heads
+    I1, Q1 = shape.intermediate_size or I0, shape.num_attention_heads or Q0
+    if I1 < I0 or Q1 < Q0:
+        raise ConfigError(f"--drafter-intermediate-size {I1} / --drafter-heads {Q1} would narrow the --init drafter "
+                          f"({I0} / {Q0}): a continued drafter can only be widened")
+    if Q1 % G:
+        raise ConfigError(f"--drafter-heads must be a positive multiple of the drafter's {G} key/value heads "
+                          f"(got {Q1})")
+    if (I1, Q1) == (I0, Q0):
+        return drafter
+    hf = {**cfg.raw, "intermediate_size": I1, "num_attention_heads": Q1}
+    old_attn, old_mlp = drafter.midlayer.self_attn, drafter.midlayer.mlp
+    dev, dt = old_mlp.down_proj.weight.device, old_mlp.down_proj.weight.dtype
+    with torch.device(dev):
+        wide = LlamaForCausalLMEagle3(ModelConfig.from_hf(hf)).to(dt)
+    own = {n: t for n, t in drafter.state_dict().items() if not n.startswith("embed_tokens.")}
+    if not drafter.has_own_head:
+        own.pop("lm_head.weight", None)
+    g = torch.Generator().manual_seed(seed)
+
+    def fresh(rows: int, cols: int) -> torch.Tensor:
+        return (torch.randn(rows, cols, generator=g) * INIT_STD).to(device=dev, dtype=dt)
+
+    hd = cfg.head_dim
+    with torch.no_grad():
+        # MLP: old units first, then new ones whose down_proj columns are zero
+        for name in ("gate_proj", "up_proj"):
+            w = getattr(old_mlp, name).weight  # [I0, H]
+            own[f"midlayer.mlp.{name}.weight"] = torch.cat((w, fresh(I1 - I0, w.shape[1])))
+        w = old_mlp.down_proj.weight  # [H, I0]
+        own["midlayer.mlp.down_proj.weight"] = torch.cat((w, w.new_zeros(w.shape[0], I1 - I0)), dim=1)
+        # attention: per KV group, its Q0/G old heads then (Q1-Q0)/G new ones with zero o_proj columns
+        q = old_attn.q_proj.weight.view(G, Q0 // G, hd, -1)  # [G, old heads per group, hd, 2H]
+        add = (Q1 - Q0) // G
+        new_q = fresh(G * add * hd, q.shape[-1]).view(G, add, hd, -1)
+        own["midlayer.self_attn.q_proj.weight"] = torch.cat((q, new_q), dim=1).reshape(Q1 * hd, -1)
+        o = old_attn.o_proj.weight.view(-1, G, Q0 // G, hd)  # [H, G, old heads per group, hd]
+        own["midlayer.self_attn.o_proj.weight"] = torch.cat((o, o.new_zeros(o.shape[0], G, add, hd)),
+                                                            dim=2).reshape(o.shape[0], Q1 * hd)
+        for b in ("q_proj.bias", "o_proj.bias"):
+            assert f"midlayer.self_attn.{b}" not in own, "a drafter with attention biases cannot be widened"
+        missing, unexpected = wide.load_state_dict(own, strict=False)
+        # the only weight left out is a shared lm_head (the target's, wired below)
+        assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
+    embed = drafter.embed_tokens.weight if drafter.embed_tokens is not None else None
+    if embed is not None:
+        wide.set_embed_and_head(embed, None if drafter.has_own_head else drafter.lm_head.weight)
+    wide.reset_buffers()
+    return wide  # its own parameters are fresh, so trainable; the target's embedding (and head) stay frozen
 
 
 def drafter_from_checkpoint(target: nn.Module, path: str) -> tuple[LlamaForCausalLMEagle3, DraftVocab | None]:

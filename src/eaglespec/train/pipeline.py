@@ -9,8 +9,8 @@ Contract of `train_drafter(target, tokenizer, conversations, out, options)` -> `
    never moves a sample across);
 4. count the assistant tokens of the training split and keep the `draft_vocab` most frequent (vocab.py;
    None or >= the vocabulary: no draft vocabulary, the drafter shares the target's lm_head);
-5. build the drafter (drafter.py; or continue from `init`, an exported drafter, keeping its vocabulary and aux layers),
-   train it with TTT (trainer.py), export it to `out` (export.py).
+5. build the drafter (drafter.py; or continue from `init`, an exported drafter, keeping its vocabulary and aux layers,
+   widened to `shape` where that is wider, refused where narrower), train it with TTT (trainer.py), export it to `out` (export.py).
 The target is used only through the EAGLE-3 protocol and its forward (plus `Engine.generate` when regenerating), so a
 wrapper that delegates the protocol works. Progress lines go to `log` (stderr in the CLI).
 """
@@ -27,7 +27,8 @@ import torch
 from ..errors import ConfigError
 from .conversations import DataError, Message
 from .dataset import build_dataset, split
-from .drafter import DrafterShape, drafter_from_checkpoint, drafter_hf_config, new_drafter
+from .drafter import (DrafterShape, drafter_from_checkpoint, drafter_hf_config, drafter_shape, new_drafter,
+                      widen_drafter)
 from .export import check_shard_limit, export_drafter
 from .regenerate import RegenConfig, regenerate
 from .self_prompts import SelfPromptConfig, prompt_key, self_prompts
@@ -51,7 +52,7 @@ class PipelineOptions:
     target_name: str = "target"  # part of the regeneration cache key
     init: str | None = None  # an exported drafter to continue from (its vocabulary and aux layers are kept)
     export_best: bool = True  # export the weights of the best held-out evaluation (False: the last weights)
-    shape: DrafterShape = DrafterShape()  # a fresh drafter's layer sizes (an --init drafter keeps its own)
+    shape: DrafterShape = DrafterShape()  # the drafter layer's sizes (an --init drafter is widened to them)
     loop_keep: int | None = None  # mask the loss deeper than this into repetition loops (dataset.mask_loops)
     # sets of prompts the target writes itself, each steered by its own openers (needs `regen`)
     self_prompts: tuple[SelfPromptConfig, ...] = ()
@@ -92,7 +93,13 @@ def train_drafter(target: torch.nn.Module, tokenizer: "BaseTokenizer", conversat
     init = drafter_from_checkpoint(target, opts.init) if opts.init else None
     if init is not None:  # the drafter's own aux layers and vocabulary size win over the options
         init_aux = tuple(init[0].config.eagle.aux_layer_ids or tcfg.default_aux_layer_ids())
-        opts = replace(opts, train=replace(opts.train, aux_layers=init_aux),
+        # a wider `shape` widens it (the same function at the start); narrowing is refused before any work
+        before = drafter_shape(init[0])
+        init = (widen_drafter(init[0], opts.shape, opts.train.seed), init[1])
+        if drafter_shape(init[0]) != before:
+            log(f"widened the drafter layer from MLP {before.intermediate_size} / {before.num_attention_heads} heads "
+                f"to MLP {init[0].config.intermediate_size} / {init[0].config.num_attention_heads} heads")
+        opts = replace(opts, train=replace(opts.train, aux_layers=init_aux), shape=drafter_shape(init[0]),
                        draft_vocab=init[1].size if init[1] is not None else None)
     aux = check_aux_layers(opts.train.aux_layers, tcfg.num_hidden_layers)
     vocab_n = opts.draft_vocab if opts.draft_vocab and opts.draft_vocab < tcfg.vocab_size else None
