@@ -11,6 +11,7 @@ from eaglespec.config import EngineConfig, SpecConfig
 from eaglespec.engine.cuda_graphs import GraphCache
 from eaglespec.engine.engine import Engine
 from eaglespec.sampling_params import SamplingParams
+from eaglespec.spec.oracle import OracleDrafter
 
 PROMPTS = [[1, 2, 3, 4, 5], [7, 8, 9], list(range(10, 40)), [5], [9, 9, 9, 9], [3, 1, 4, 1, 5, 9, 2, 6]]
 
@@ -345,3 +346,12 @@ def test_bf16_chain_engine_runs_greedy_and_sampled(static):
         assert [len(o.token_ids) for o in outs] == [12, 12, 12]
         assert all(o.stats.verify_steps > 0 for o in outs)
     assert eng.runner.d_logits.dtype == torch.bfloat16
+    # the bench's oracle (no weights: float32 logits) in a bf16 engine, as `step_kernels_check.py` runs it (session 8)
+    ref = Engine(target, None, EngineConfig()).generate(PROMPTS[:1], SamplingParams(max_new_tokens=12,
+                                                                                    ignore_eos=True))[0].token_ids
+    oracle = OracleDrafter(target.config, [list(PROMPTS[0]) + ref])
+    eng = static_engine(target, oracle, spec, rows=4) if static else Engine(
+        target, None, EngineConfig(max_batch_size=4), drafter=oracle, spec=spec)
+    out = eng.generate(PROMPTS[:1], SamplingParams(max_new_tokens=12, ignore_eos=True))[0]
+    # (bf16: a verify and a decode step round differently, so the answers may part after a near-tie)
+    assert len(out.token_ids) == 12 and eng.stats.accept_length_mean > 1.5

@@ -179,8 +179,8 @@ class ModelRunner:
         if st.top_logp is not None:  # trees
             self.d_top_logp[r] = st.top_logp
         self.d_hidden[r] = st.hidden.to(self.dtype)
-        if st.logits is not None:
-            self.d_logits[r] = st.logits
+        if st.logits is not None:  # a module without weights (the bench's oracle) writes float32 logits
+            self.d_logits[r] = st.logits.to(self.d_logits.dtype)
 
     # --- prefill ----------------------------------------------------------------------------------------------
     @torch.inference_mode()
