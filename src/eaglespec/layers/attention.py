@@ -5,9 +5,10 @@ cache at `ctx.write_index`, reads cache positions [0, ctx.kv_len) of the rows in
 `ctx.attn_mask` (prefill, decode, tree verify and drafter levels differ only in that metadata, see `context.py`).
 Without a cache (`ctx.write_index is None`) it attends within the given tokens under the [B, T, T] mask.
 
-On CUDA, SDPA runs without its cuDNN backend (`SDPA_BACKENDS`): cuDNN builds an execution plan on the host for every
-new shape and strides, about 0.2 s each on the H200 (session 8, docs/benchmarks.md), and an eager multi-row prefill
-brings a new shape with nearly every batch of prompts; the memory-efficient and flash backends have no such cost.
+Eager SDPA calls on CUDA run without the cuDNN backend (`SDPA_BACKENDS`): cuDNN builds an execution plan on the host
+for every new shape and strides, about 0.2 s each on the H200 (session 8, docs/benchmarks.md), and an eager multi-row
+prefill brings a new shape with nearly every batch of prompts; the memory-efficient and flash backends have no such
+cost. Calls captured into CUDA graphs keep every backend (the plan is built once, at capture).
 
 Cache layout per layer: k and v as [Bc, S_max, H_kv, head_dim] (row-major by position so that a row's prefix is
 one contiguous slice and compaction after verification is a single index copy over all layers).
@@ -59,7 +60,9 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, 
     """q [B, T, H, D], k/v [B, K, H_kv, D*], mask [B, T, K] bool or an additive bias [B, 1, T, K] -> [B, T, H, Dv]."""
     args = (q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
     kw = dict(attn_mask=mask[:, None] if mask.dim() == 3 else mask, scale=scale, enable_gqa=q.shape[2] != k.shape[2])
-    if q.is_cuda:  # ~10 us of flag setting, on eager calls only (graph replays do not run it)
+    # eager CUDA calls only (~10 us of flag setting): a graph builds its plans once, at capture, and cuDNN's masked
+    # attention is faster inside graphs (session 8: Llama-8B-shape decode through SDPA 4.67 -> 6.34 ms without it)
+    if q.is_cuda and not torch.cuda.is_current_stream_capturing():
         with sdpa_kernel(SDPA_BACKENDS):
             return F.scaled_dot_product_attention(*args, **kw).transpose(1, 2)
     return F.scaled_dot_product_attention(*args, **kw).transpose(1, 2)
