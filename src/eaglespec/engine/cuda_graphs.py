@@ -27,6 +27,8 @@ from collections.abc import Iterator
 
 import torch
 
+from ..layers.attention import graph_build
+
 BATCH_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 MIN_LEN_BUCKET = 256
 PREFILL_MIN_BUCKET = 64  # prompt-length buckets of the single-prompt prefill graphs: 64, 128, ..., PREFILL_GRAPH_MAX
@@ -130,7 +132,8 @@ class GraphCache:
         rng = torch.cuda.get_rng_state(run.device)
         side = torch.cuda.Stream(run.device)
         side.wait_stream(torch.cuda.current_stream(run.device))
-        with torch.cuda.stream(side), torch.inference_mode():
+        # the warm-up and the capture choose the same SDPA backends (layers/attention.py, graph_build)
+        with torch.cuda.stream(side), torch.inference_mode(), graph_build():
             for _ in range(2):
                 for _, fn in phases:
                     fn()
@@ -140,7 +143,7 @@ class GraphCache:
         torch.cuda.set_rng_state(rng, run.device)
         graphs = []
         out = None
-        with torch.inference_mode(), no_gc():
+        with torch.inference_mode(), no_gc(), graph_build():
             for name, fn in phases:
                 g = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(g, pool=self.pool):

@@ -8,7 +8,7 @@ Without a cache (`ctx.write_index is None`) it attends within the given tokens u
 Eager SDPA calls on CUDA run without the cuDNN backend (`SDPA_BACKENDS`): cuDNN builds an execution plan on the host
 for every new shape and strides, about 0.2 s each on the H200 (session 8, docs/benchmarks.md), and an eager multi-row
 prefill brings a new shape with nearly every batch of prompts; the memory-efficient and flash backends have no such
-cost. Calls captured into CUDA graphs keep every backend (the plan is built once, at capture).
+cost. Calls inside `graph_build()` (a CUDA graph's warm-up and capture) keep every backend.
 
 Cache layout per layer: k and v as [Bc, S_max, H_kv, head_dim] (row-major by position so that a row's prefix is
 one contiguous slice and compaction after verification is a single index copy over all layers).
@@ -16,8 +16,9 @@ one contiguous slice and compaction after verification is a single index copy ov
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -52,17 +53,31 @@ def read_cache(cache: torch.Tensor, ctx: ForwardContext, batch: int) -> torch.Te
     return cache[ctx.rows, : ctx.kv_len]
 
 
-# every SDPA backend but cuDNN's (module docstring): on CUDA, `sdpa` picks among these
+# every SDPA backend but cuDNN's (module docstring): on CUDA, `sdpa` picks among these outside `graph_build`
 SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+_graph_build = False
+
+
+@contextmanager
+def graph_build() -> Iterator[None]:
+    """Inside (engine.cuda_graphs' warm-up and capture of a graph), SDPA keeps every backend, cuDNN's included: its
+    plan is built once, in the eager warm-up before capture (which must pick the backend the capture picks: cuDNN
+    cannot allocate its workspace during a capture), and its masked attention is faster in the replays (session 8:
+    a Llama-8B-shape decode through SDPA 4.67 ms with it, 6.34 ms without)."""
+    global _graph_build
+    prev, _graph_build = _graph_build, True
+    try:
+        yield
+    finally:
+        _graph_build = prev
 
 
 def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float | None) -> torch.Tensor:
     """q [B, T, H, D], k/v [B, K, H_kv, D*], mask [B, T, K] bool or an additive bias [B, 1, T, K] -> [B, T, H, Dv]."""
     args = (q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
     kw = dict(attn_mask=mask[:, None] if mask.dim() == 3 else mask, scale=scale, enable_gqa=q.shape[2] != k.shape[2])
-    # eager CUDA calls only (~10 us of flag setting): a graph builds its plans once, at capture, and cuDNN's masked
-    # attention is faster inside graphs (session 8: Llama-8B-shape decode through SDPA 4.67 -> 6.34 ms without it)
-    if q.is_cuda and not torch.cuda.is_current_stream_capturing():
+    # eager CUDA calls only (~10 us of flag setting): graphs keep cuDNN (module docstring)
+    if q.is_cuda and not _graph_build:
         with sdpa_kernel(SDPA_BACKENDS):
             return F.scaled_dot_product_attention(*args, **kw).transpose(1, 2)
     return F.scaled_dot_product_attention(*args, **kw).transpose(1, 2)
