@@ -355,3 +355,21 @@ def test_bf16_chain_engine_runs_greedy_and_sampled(static):
     out = eng.generate(PROMPTS[:1], SamplingParams(max_new_tokens=12, ignore_eos=True))[0]
     # (bf16: a verify and a decode step round differently, so the answers may part after a near-tie)
     assert len(out.token_ids) == 12 and eng.stats.accept_length_mean > 1.5
+
+
+def test_graph_build_scope_nests_and_restores():
+    """`graph_build()` marks a CUDA graph's warm-up and capture (where SDPA keeps its cuDNN backend, so that the
+    warm-up picks what the capture will); outside it eager CUDA calls drop cuDNN. The mark nests and survives errors."""
+    from eaglespec.layers import attention
+
+    assert attention._graph_build is False
+    with attention.graph_build():
+        assert attention._graph_build is True
+        with attention.graph_build():
+            assert attention._graph_build is True
+        assert attention._graph_build is True
+    assert attention._graph_build is False
+    with pytest.raises(RuntimeError), attention.graph_build():
+        raise RuntimeError("capture failed")
+    assert attention._graph_build is False
+    assert torch.nn.attention.SDPBackend.CUDNN_ATTENTION not in attention.SDPA_BACKENDS
