@@ -145,7 +145,8 @@ def test_widened_drafter_computes_the_same_function_then_trains_its_new_units(se
     assert (wide.config.raw["intermediate_size"], wide.config.raw["num_attention_heads"]) == (200, 6)  # the export's
     assert wide.midlayer.self_attn.q_proj.weight.shape == (6 * 16, 128)
     # KV group 0 keeps its heads 0-1 as heads 0-1, group 1 its heads 2-3 as heads 3-4 (a new head after each group)
-    q0, q1 = drafter.midlayer.self_attn.q_proj.weight.view(4, 16, -1), wide.midlayer.self_attn.q_proj.weight.view(6, 16, -1)
+    q0 = drafter.midlayer.self_attn.q_proj.weight.view(4, 16, -1)  # [heads, head_dim, 2H]
+    q1 = wide.midlayer.self_attn.q_proj.weight.view(6, 16, -1)
     assert torch.equal(q1[[0, 1, 3, 4]], q0)
     tr = Trainer(target, wide, train_ds, eval_ds, vocab, config(tmp_path / "b", max_steps=1, lr=1e-3))
     after = tr.evaluate()

@@ -143,6 +143,8 @@ def widen_drafter(drafter: LlamaForCausalLMEagle3, shape: DrafterShape, seed: in
                           f"(got {Q1})")
     if (I1, Q1) == (I0, Q0):
         return drafter
+    if cfg.attention_bias or cfg.mlp_bias:
+        raise ConfigError("the --init drafter's layer has biases: only the published bias-free layer can be widened")
     hf = {**cfg.raw, "intermediate_size": I1, "num_attention_heads": Q1}
     old_attn, old_mlp = drafter.midlayer.self_attn, drafter.midlayer.mlp
     dev, dt = old_mlp.down_proj.weight.device, old_mlp.down_proj.weight.dtype
@@ -172,8 +174,6 @@ def widen_drafter(drafter: LlamaForCausalLMEagle3, shape: DrafterShape, seed: in
         o = old_attn.o_proj.weight.view(-1, G, Q0 // G, hd)  # [H, G, old heads per group, hd]
         own["midlayer.self_attn.o_proj.weight"] = torch.cat((o, o.new_zeros(o.shape[0], G, add, hd)),
                                                             dim=2).reshape(o.shape[0], Q1 * hd)
-        for b in ("q_proj.bias", "o_proj.bias"):
-            assert f"midlayer.self_attn.{b}" not in own, "a drafter with attention biases cannot be widened"
         missing, unexpected = wide.load_state_dict(own, strict=False)
         # the only weight left out is a shared lm_head (the target's, wired below)
         assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)

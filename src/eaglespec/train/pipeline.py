@@ -10,7 +10,8 @@ Contract of `train_drafter(target, tokenizer, conversations, out, options)` -> `
 4. count the assistant tokens of the training split and keep the `draft_vocab` most frequent (vocab.py;
    None or >= the vocabulary: no draft vocabulary, the drafter shares the target's lm_head);
 5. build the drafter (drafter.py; or continue from `init`, an exported drafter, keeping its vocabulary and aux layers,
-   widened to `shape` where that is wider, refused where narrower), train it with TTT (trainer.py), export it to `out` (export.py).
+   widened to `shape` where that is wider, refused where narrower), train it with TTT (trainer.py), export it to
+   `out` (export.py).
 The target is used only through the EAGLE-3 protocol and its forward (plus `Engine.generate` when regenerating), so a
 wrapper that delegates the protocol works. Progress lines go to `log` (stderr in the CLI).
 """
