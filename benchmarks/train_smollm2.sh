@@ -49,6 +49,8 @@ INIT=()   # INIT_DIR: an exported drafter to continue from (e.g. src/eaglespec/a
 EXTRA=()   # DRAFTER_FFN / DRAFTER_HEADS widen the drafter layer (default: the target layer's 1536 / 9)
 [ -n "${DRAFTER_FFN:-}" ] && EXTRA+=(--drafter-intermediate-size "$DRAFTER_FFN")
 [ -n "${DRAFTER_HEADS:-}" ] && EXTRA+=(--drafter-heads "$DRAFTER_HEADS")
+[ -n "${REBUILD_VOCAB:-}" ] && EXTRA+=(--rebuild-vocab)   # with an --init drafter: a DRAFT_VOCAB-token vocabulary
+                                                         # from this run's data (benchmarks/vocab_coverage.py)
 [ -n "${LOOP_KEEP:-}" ] && EXTRA+=(--loop-keep "$LOOP_KEEP")   # no loss deep inside SmolLM2's greedy loops
 [ -n "${MAX_STEPS:-}" ] && EXTRA+=(--max-steps "$MAX_STEPS")   # a schedule of this many steps instead of EPOCHS
 # SELF_PROMPTS: prompts the target writes (cached in /tmp/work); SELF_PROMPT_OPENERS: their first words, cycled.
@@ -62,8 +64,9 @@ for i in "${!SP_N[@]}"; do
 done
 eaglespec() { python3 -m eaglespec "$@"; }
 ARGS=(train --target "$M" --data "/root/m/sg-$DATA.json" --out "$OUT/drafter" --work-dir /tmp/work "${TURNS[@]}"
-      --regen-max-new-tokens "$REGEN_NEW" --regen-batch "${REGEN_BATCH:-512}" --regen-shard 4096 --draft-vocab 12288
-      --epochs "$EPOCHS" --batch-tokens "${BATCH_TOKENS:-32768}" --max-len "$MAX_LEN" --max-shard-mb 15
+      --regen-max-new-tokens "$REGEN_NEW" --regen-batch "${REGEN_BATCH:-512}" --regen-shard 4096
+      --draft-vocab "${DRAFT_VOCAB:-12288}" --epochs "$EPOCHS" --batch-tokens "${BATCH_TOKENS:-32768}"
+      --max-len "$MAX_LEN" --max-shard-mb "${MAX_SHARD_MB:-15}"
       --lr "${LR:-3e-4}" --ttt-steps "${TTT:-7}" --save-every 100
       --eval-every "${EVAL_EVERY:-200}" --no-progress --device cuda --dtype bfloat16 "${INIT[@]}" "${EXTRA[@]}")
 if [ "$MODE" = regen ]; then

@@ -126,6 +126,20 @@ def test_train_continues_from_an_exported_drafter(tiny_folder, data_file, tmp_pa
                  "--drafter-intermediate-size", "128"]) == 2
     assert "would narrow the --init drafter (160 / 6)" in capsys.readouterr().err
 
+    # --rebuild-vocab: a vocabulary of --draft-vocab tokens from this data; the rows of tokens in both are kept
+    revo = tmp_path / "d5"
+    assert main(["train", *common, "--out", str(revo), "--max-steps", "1", "--init", str(first), "--lr", "1e-30",
+                 "--rebuild-vocab", "--draft-vocab", "50"]) == 0
+    assert "draft vocabulary rebuilt: 40 -> 50 tokens" in capsys.readouterr().err
+    r = load_drafter(revo, "cpu", torch.float32)
+    assert r.config.eagle.draft_vocab_size == 50 and int(r.t2d.sum()) == 50 and bool(r.t2d[a.t2d].all())
+    old_id = a.t2d.long().cumsum(0) - 1  # draft id of each kept target id (ids ascending)
+    new_id = r.t2d.long().cumsum(0) - 1
+    kept = a.t2d.nonzero().flatten()
+    assert torch.allclose(r.lm_head.weight[new_id[kept]], a.lm_head.weight[old_id[kept]], atol=1e-20)
+    assert main(["train", *common, "--out", str(tmp_path / "d6"), "--rebuild-vocab", "--draft-vocab", "50"]) == 2
+    assert "--rebuild-vocab needs --init" in capsys.readouterr().err
+
 
 def test_train_a_wider_drafter_layer(tiny_folder, data_file, tmp_path, capsys):
     """--drafter-intermediate-size / --drafter-heads widen the one drafter layer in the published format: the export

@@ -19,7 +19,7 @@ from eaglespec.engine.engine import Engine
 from eaglespec.errors import ConfigError
 from eaglespec.sampling_params import SamplingParams
 from eaglespec.train.dataset import TokenDataset
-from eaglespec.train.drafter import DrafterShape, drafter_hf_config, new_drafter, widen_drafter
+from eaglespec.train.drafter import DrafterShape, drafter_hf_config, new_drafter, revocab_drafter, widen_drafter
 from eaglespec.train.export import check_shard_limit, export_drafter
 from eaglespec.train.trainer import TrainConfig, Trainer
 from eaglespec.train.vocab import build_draft_vocab, count_tokens
@@ -162,6 +162,36 @@ def test_widened_drafter_computes_the_same_function_then_trains_its_new_units(se
     with pytest.raises(ConfigError, match="multiple of the drafter's 2 key/value heads"):
         widen_drafter(drafter, DrafterShape(num_attention_heads=5))
     assert widen_drafter(drafter, DrafterShape()) is drafter
+
+
+def test_revocab_keeps_trained_rows_and_starts_new_ones_from_the_target_head(setup):
+    """A drafter moved onto another draft vocabulary (rebuilt from more data, or larger) keeps everything but its
+    lm_head, whose rows of tokens both vocabularies hold are the trained ones and whose new rows are the target's;
+    it still speculates losslessly."""
+    target, train_ds, _, vocab, prompts, plain = setup
+    drafter = new_drafter(target, (1, 2, 2), vocab, seed=3)
+    with torch.no_grad():
+        drafter.lm_head.weight.add_(0.5)  # trained rows differ from the target's
+    counts = count_tokens(train_ds.tokens, train_ds.mask, target.config.vocab_size)
+    counts[vocab.kept[:10]] = 0  # ten old tokens leave, other tokens come in
+    bigger = build_draft_vocab(counts, 70)
+    moved = revocab_drafter(drafter, bigger, target.lm_head.weight)
+    assert moved.config.eagle.draft_vocab_size == 70 and moved.config.raw["draft_vocab_size"] == 70
+    assert torch.equal(moved.d2t, bigger.d2t) and torch.equal(moved.t2d, bigger.t2d)
+    old_id, new_id = vocab.target_to_draft, bigger.target_to_draft
+    both = (vocab.t2d & bigger.t2d).nonzero().flatten()
+    only_new = (bigger.t2d & ~vocab.t2d).nonzero().flatten()
+    assert len(both) >= 40 and len(only_new) >= 20
+    assert torch.equal(moved.lm_head.weight[new_id[both]], drafter.lm_head.weight[old_id[both]])
+    assert torch.equal(moved.lm_head.weight[new_id[only_new]], target.lm_head.weight[only_new])
+    for n, t in drafter.state_dict().items():
+        if not n.startswith(("lm_head", "d2t", "t2d")):
+            assert torch.equal(moved.state_dict()[n], t), n
+    measured_accept_length(target, moved, prompts, plain)  # lossless (asserted inside)
+    assert revocab_drafter(drafter, vocab, target.lm_head.weight) is drafter
+    shared = new_drafter(target, (1, 2, 2), None, seed=3)
+    with pytest.raises(ConfigError, match="shares the target's lm_head"):
+        revocab_drafter(shared, bigger, target.lm_head.weight)
 
 
 def test_shard_limit_is_checked_before_training_with_a_hint():

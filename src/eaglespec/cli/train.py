@@ -56,6 +56,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     m.add_argument("--draft-vocab", type=int, default=32000, help="draft vocabulary size (0 = the full vocabulary)")
     m.add_argument("--init", default=None, metavar="DRAFTER_DIR",
                    help="continue training an exported drafter (keeps its vocabulary and aux layers)")
+    m.add_argument("--rebuild-vocab", action="store_true",
+                   help="with --init: build a draft vocabulary of --draft-vocab tokens from this data and move the "
+                        "drafter onto it (rows of tokens in both keep their training)")
     m.add_argument("--drafter-intermediate-size", type=int, default=None, metavar="N",
                    help="the drafter layer's MLP width (default: the target layer's; with --init: widens that drafter)")
     m.add_argument("--drafter-heads", type=int, default=None, metavar="N",
@@ -183,8 +186,8 @@ def run(args: argparse.Namespace) -> int:
     opts = PipelineOptions(
         train=train_cfg, regen=regen, max_len=args.max_len, long=args.long, draft_vocab=args.draft_vocab or None,
         eval_frac=args.eval_frac, export_dtype=export_dtype(args.export_dtype), max_shard_mb=args.max_shard_mb,
-        target_name=str(loaded.path), init=args.init, export_best=not args.export_last, shape=shape,
-        loop_keep=args.loop_keep,
+        target_name=str(loaded.path), init=args.init, rebuild_vocab=args.rebuild_vocab,
+        export_best=not args.export_last, shape=shape, loop_keep=args.loop_keep,
         # a prompt may take half of --max-len (up to 256 tokens): the rest is its answer's
         self_prompts=tuple(SelfPromptConfig(n=n, temperature=args.self_prompt_temperature,
                                             top_p=args.self_prompt_top_p, max_new_tokens=min(256, args.max_len // 2),

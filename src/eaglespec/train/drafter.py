@@ -17,6 +17,9 @@ Contract:
 - `widen_drafter(drafter, shape, seed)`: the same drafter with a wider MLP and/or more query heads, computing the same
   function (Net2Net-style: the new MLP units and query heads get N(0, 0.02) inputs and zero outputs, so the first
   gradient step starts them from the trained drafter instead of from scratch); narrowing is refused.
+- `revocab_drafter(drafter, vocab, head)`: the same drafter moved onto another draft vocabulary (e.g. one rebuilt from
+  more data, or larger): the lm_head rows of tokens both vocabularies hold are kept, the others start from the
+  target's head rows (as in `new_drafter`), d2t / t2d are the new vocabulary's; everything else is unchanged.
 - `trainable_parameters(drafter)`: what the optimiser updates (fc, midlayer, norm, and the lm_head when it is the
   drafter's own), by name.
 """
@@ -182,6 +185,38 @@ def widen_drafter(drafter: LlamaForCausalLMEagle3, shape: DrafterShape, seed: in
         wide.set_embed_and_head(embed, None if drafter.has_own_head else drafter.lm_head.weight)
     wide.reset_buffers()
     return wide  # its own parameters are fresh, so trainable; the target's embedding (and head) stay frozen
+
+
+def revocab_drafter(drafter: LlamaForCausalLMEagle3, vocab: DraftVocab,
+                    head: torch.Tensor) -> LlamaForCausalLMEagle3:
+    """`drafter` (with its own draft vocabulary) on `vocab`; `head` [V, H] is the target's lm_head (module docstring).
+    The drafter's logits of the tokens both vocabularies hold are unchanged."""
+    if not drafter.has_own_head:
+        raise ConfigError("the --init drafter shares the target's lm_head (no draft vocabulary): it has no vocabulary "
+                          "to rebuild")
+    old = DraftVocab(drafter.d2t.cpu(), drafter.t2d.cpu())
+    if torch.equal(old.t2d, vocab.t2d.cpu()):
+        return drafter
+    w = drafter.lm_head.weight  # [old n, H]
+    hf = {**drafter.config.raw, "draft_vocab_size": vocab.size}
+    with torch.device(w.device):
+        new = LlamaForCausalLMEagle3(ModelConfig.from_hf(hf)).to(w.dtype)
+    own = {n: t for n, t in drafter.state_dict().items()
+           if not n.startswith("embed_tokens.") and n not in ("lm_head.weight", "d2t", "t2d")}
+    kept = vocab.kept  # [n] target ids, ascending
+    old_row = old.target_to_draft[kept]  # [n] the old draft id of each kept token, -1 where new
+    with torch.no_grad():
+        rows = head.detach().index_select(0, kept.to(head.device)).to(device=w.device, dtype=w.dtype)
+        have = old_row >= 0
+        rows[have.to(w.device)] = w[old_row[have].to(w.device)]
+        own["lm_head.weight"] = rows
+        own["d2t"], own["t2d"] = vocab.d2t.to(w.device), vocab.t2d.to(w.device)
+        missing, unexpected = new.load_state_dict(own, strict=False)
+        assert not missing and not unexpected, (missing, unexpected)
+    if drafter.embed_tokens is not None:
+        new.set_embed_and_head(drafter.embed_tokens.weight, None)
+    new.reset_buffers()
+    return new
 
 
 def drafter_from_checkpoint(target: nn.Module, path: str) -> tuple[LlamaForCausalLMEagle3, DraftVocab | None]:

@@ -10,7 +10,8 @@ Contract of `train_drafter(target, tokenizer, conversations, out, options)` -> `
 4. count the assistant tokens of the training split and keep the `draft_vocab` most frequent (vocab.py;
    None or >= the vocabulary: no draft vocabulary, the drafter shares the target's lm_head);
 5. build the drafter (drafter.py; or continue from `init`, an exported drafter, keeping its vocabulary and aux layers,
-   widened to `shape` where that is wider, refused where narrower), train it with TTT (trainer.py), export it to
+   widened to `shape` where that is wider, refused where narrower; with `rebuild_vocab` moved onto a vocabulary of
+   `draft_vocab` tokens built from this data, its trained lm_head rows kept), train it with TTT (trainer.py), export it to
    `out` (export.py).
 The target is used only through the EAGLE-3 protocol and its forward (plus `Engine.generate` when regenerating), so a
 wrapper that delegates the protocol works. Progress lines go to `log` (stderr in the CLI).
@@ -29,7 +30,7 @@ from ..errors import ConfigError
 from .conversations import DataError, Message
 from .dataset import build_dataset, split
 from .drafter import (DrafterShape, drafter_from_checkpoint, drafter_hf_config, drafter_shape, new_drafter,
-                      widen_drafter)
+                      revocab_drafter, widen_drafter)
 from .export import check_shard_limit, export_drafter
 from .regenerate import RegenConfig, regenerate
 from .self_prompts import SelfPromptConfig, prompt_key, self_prompts
@@ -52,6 +53,7 @@ class PipelineOptions:
     max_shard_mb: float | None = None
     target_name: str = "target"  # part of the regeneration cache key
     init: str | None = None  # an exported drafter to continue from (its vocabulary and aux layers are kept)
+    rebuild_vocab: bool = False  # with `init`: a new draft vocabulary of `draft_vocab` tokens from this data
     export_best: bool = True  # export the weights of the best held-out evaluation (False: the last weights)
     shape: DrafterShape = DrafterShape()  # the drafter layer's sizes (an --init drafter is widened to them)
     loop_keep: int | None = None  # mask the loss deeper than this into repetition loops (dataset.mask_loops)
@@ -100,8 +102,17 @@ def train_drafter(target: torch.nn.Module, tokenizer: "BaseTokenizer", conversat
         if drafter_shape(init[0]) != before:
             log(f"widened the drafter layer from MLP {before.intermediate_size} / {before.num_attention_heads} heads "
                 f"to MLP {init[0].config.intermediate_size} / {init[0].config.num_attention_heads} heads")
+        if opts.rebuild_vocab and (init[1] is None or not opts.draft_vocab
+                                   or opts.draft_vocab >= tcfg.vocab_size):
+            raise ConfigError("--rebuild-vocab moves a drafter with its own draft vocabulary onto another of "
+                              f"--draft-vocab tokens (below the target's {tcfg.vocab_size}): "
+                              + ("the --init drafter shares the target's lm_head" if init[1] is None
+                                 else f"got --draft-vocab {opts.draft_vocab}"))
         opts = replace(opts, train=replace(opts.train, aux_layers=init_aux), shape=drafter_shape(init[0]),
-                       draft_vocab=init[1].size if init[1] is not None else None)
+                       draft_vocab=opts.draft_vocab if opts.rebuild_vocab
+                       else init[1].size if init[1] is not None else None)
+    elif opts.rebuild_vocab:
+        raise ConfigError("--rebuild-vocab needs --init (the drafter whose vocabulary is rebuilt)")
     aux = check_aux_layers(opts.train.aux_layers, tcfg.num_hidden_layers)
     vocab_n = opts.draft_vocab if opts.draft_vocab and opts.draft_vocab < tcfg.vocab_size else None
     # fail before any work when the drafter shape does not fit the target or the export cannot honour the shard limit
@@ -149,7 +160,7 @@ def train_drafter(target: torch.nn.Module, tokenizer: "BaseTokenizer", conversat
     train_idx, eval_idx = split(len(ds), opts.eval_frac, opts.train.seed, groups=ds.prompt_keys())
     train_ds, eval_ds = ds.subset(train_idx), ds.subset(eval_idx)
     counts = count_tokens(train_ds.tokens, train_ds.mask, tcfg.vocab_size)
-    if init is not None and init[1] is not None:
+    if init is not None and init[1] is not None and not opts.rebuild_vocab:
         vocab = init[1]
     elif vocab_n is not None:
         vocab = build_draft_vocab(counts, vocab_n)
@@ -163,6 +174,12 @@ def train_drafter(target: torch.nn.Module, tokenizer: "BaseTokenizer", conversat
     if init is not None:
         drafter = init[0]
         log(f"continuing from the drafter in {opts.init}")
+        if opts.rebuild_vocab:
+            assert init[1] is not None
+            shared = int((init[1].t2d & vocab.t2d).sum())
+            log(f"draft vocabulary rebuilt: {init[1].size} -> {vocab.size} tokens ({shared} in both keep their "
+                f"trained rows; the drafter's covered {init[1].coverage(counts):.2%} of the assistant tokens)")
+            drafter = revocab_drafter(drafter, vocab, target.get_embed_and_head()[1])
     else:
         drafter = new_drafter(target, aux, vocab if vocab_n is not None else None, seed=opts.train.seed,
                               shape=opts.shape)
