@@ -6,8 +6,8 @@ kept since the first run, built from ShareGPT's first turns). This script counts
 regeneration caches (`eaglespec train --work-dir`'s `regen-*` folders: the answers a drafter trains on), ranks them as
 `build_draft_vocab` does, and prints, for each size, the share of the training tokens kept and the share of the
 target's MT-bench answers (greedy, float32 CPU) left out; with `--export N:DIR` it also writes DRAFTER moved onto the
-top-N vocabulary (`revocab_drafter`: trained rows kept, new rows from the target's head), untrained, to measure
-with `eaglespec bench`.
+top-N vocabulary (`revocab_drafter`: trained rows kept, new rows zero), untrained, to measure with `eaglespec
+bench` (it should draft as DRAFTER does; session 8, CPU, S2 K1 D3: tau 1.84 for both at 16,384).
 
 usage: python benchmarks/vocab_coverage.py DRAFTER REGEN_DIR [REGEN_DIR...] [--max-new 256] [--export N:DIR ...]
 """
@@ -56,10 +56,9 @@ def main() -> None:
     for n in SIZES:
         v = build_draft_vocab(counts, n)
         print(f"| top {n} | {v.coverage(counts):.4f} | {(~v.t2d[mt]).float().mean():.4f} |")
-    head = eng.target.get_embed_and_head()[1]
     for spec in a.export:
         n, out = spec.split(":", 1)
-        moved = revocab_drafter(drafter, build_draft_vocab(counts, int(n)), head)
+        moved = revocab_drafter(drafter, build_draft_vocab(counts, int(n)))
         export_drafter(moved, out)
         print(f"wrote {out} (draft vocabulary {n})")
 

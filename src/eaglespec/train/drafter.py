@@ -17,9 +17,11 @@ Contract:
 - `widen_drafter(drafter, shape, seed)`: the same drafter with a wider MLP and/or more query heads, computing the same
   function (Net2Net-style: the new MLP units and query heads get N(0, 0.02) inputs and zero outputs, so the first
   gradient step starts them from the trained drafter instead of from scratch); narrowing is refused.
-- `revocab_drafter(drafter, vocab, head)`: the same drafter moved onto another draft vocabulary (e.g. one rebuilt from
-  more data, or larger): the lm_head rows of tokens both vocabularies hold are kept, the others start from the
-  target's head rows (as in `new_drafter`), d2t / t2d are the new vocabulary's; everything else is unchanged.
+- `revocab_drafter(drafter, vocab)`: the same drafter moved onto another draft vocabulary (e.g. one rebuilt from
+  more data, or larger): the lm_head rows of tokens both vocabularies hold are kept, the others start at zero (a
+  logit of 0, below the drafter's usual top logit, so it drafts as before until training raises them; the target's
+  head rows instead, as `new_drafter` uses, won the argmax so often that acceptance fell from 0.55 to 0.18 per depth),
+  d2t / t2d are the new vocabulary's; everything else is unchanged.
 - `trainable_parameters(drafter)`: what the optimiser updates (fc, midlayer, norm, and the lm_head when it is the
   drafter's own), by name.
 """
@@ -187,10 +189,9 @@ def widen_drafter(drafter: LlamaForCausalLMEagle3, shape: DrafterShape, seed: in
     return wide  # its own parameters are fresh, so trainable; the target's embedding (and head) stay frozen
 
 
-def revocab_drafter(drafter: LlamaForCausalLMEagle3, vocab: DraftVocab,
-                    head: torch.Tensor) -> LlamaForCausalLMEagle3:
-    """`drafter` (with its own draft vocabulary) on `vocab`; `head` [V, H] is the target's lm_head (module docstring).
-    The drafter's logits of the tokens both vocabularies hold are unchanged."""
+def revocab_drafter(drafter: LlamaForCausalLMEagle3, vocab: DraftVocab) -> LlamaForCausalLMEagle3:
+    """`drafter` (with its own draft vocabulary) on `vocab` (module docstring): the logits of the tokens both
+    vocabularies hold are unchanged, the new tokens' are 0."""
     if not drafter.has_own_head:
         raise ConfigError("the --init drafter shares the target's lm_head (no draft vocabulary): it has no vocabulary "
                           "to rebuild")
@@ -206,7 +207,7 @@ def revocab_drafter(drafter: LlamaForCausalLMEagle3, vocab: DraftVocab,
     kept = vocab.kept  # [n] target ids, ascending
     old_row = old.target_to_draft[kept]  # [n] the old draft id of each kept token, -1 where new
     with torch.no_grad():
-        rows = head.detach().index_select(0, kept.to(head.device)).to(device=w.device, dtype=w.dtype)
+        rows = w.new_zeros(vocab.size, w.shape[1])
         have = old_row >= 0
         rows[have.to(w.device)] = w[old_row[have].to(w.device)]
         own["lm_head.weight"] = rows

@@ -11,7 +11,7 @@ Contract of `train_drafter(target, tokenizer, conversations, out, options)` -> `
    None or >= the vocabulary: no draft vocabulary, the drafter shares the target's lm_head);
 5. build the drafter (drafter.py; or continue from `init`, an exported drafter, keeping its vocabulary and aux layers,
    widened to `shape` where that is wider, refused where narrower; with `rebuild_vocab` moved onto a vocabulary of
-   `draft_vocab` tokens built from this data, its trained lm_head rows kept), train it with TTT (trainer.py), export it to
+   `draft_vocab` tokens built from this data, its trained lm_head rows kept, the new ones zero), train it with TTT (trainer.py), export it to
    `out` (export.py).
 The target is used only through the EAGLE-3 protocol and its forward (plus `Engine.generate` when regenerating), so a
 wrapper that delegates the protocol works. Progress lines go to `log` (stderr in the CLI).
@@ -179,7 +179,7 @@ def train_drafter(target: torch.nn.Module, tokenizer: "BaseTokenizer", conversat
             shared = int((init[1].t2d & vocab.t2d).sum())
             log(f"draft vocabulary rebuilt: {init[1].size} -> {vocab.size} tokens ({shared} in both keep their "
                 f"trained rows; the drafter's covered {init[1].coverage(counts):.2%} of the assistant tokens)")
-            drafter = revocab_drafter(drafter, vocab, target.get_embed_and_head()[1])
+            drafter = revocab_drafter(drafter, vocab)
     else:
         drafter = new_drafter(target, aux, vocab if vocab_n is not None else None, seed=opts.train.seed,
                               shape=opts.shape)
