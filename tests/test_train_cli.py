@@ -139,6 +139,10 @@ def test_train_continues_from_an_exported_drafter(tiny_folder, data_file, tmp_pa
     assert torch.allclose(r.lm_head.weight[new_id[kept]], a.lm_head.weight[old_id[kept]], atol=1e-20)
     assert main(["train", *common, "--out", str(tmp_path / "d6"), "--rebuild-vocab", "--draft-vocab", "50"]) == 2
     assert "--rebuild-vocab needs --init" in capsys.readouterr().err
+    assert main(["train", *common, "--out", str(tmp_path / "d7"), "--init", str(first), "--rebuild-vocab",
+                 "--draft-vocab", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "onto another of --draft-vocab tokens (below the target's 80): got --draft-vocab 0" in err
 
 
 def test_train_a_wider_drafter_layer(tiny_folder, data_file, tmp_path, capsys):

@@ -11,8 +11,8 @@ Contract of `train_drafter(target, tokenizer, conversations, out, options)` -> `
    None or >= the vocabulary: no draft vocabulary, the drafter shares the target's lm_head);
 5. build the drafter (drafter.py; or continue from `init`, an exported drafter, keeping its vocabulary and aux layers,
    widened to `shape` where that is wider, refused where narrower; with `rebuild_vocab` moved onto a vocabulary of
-   `draft_vocab` tokens built from this data, its trained lm_head rows kept, the new ones zero), train it with TTT (trainer.py), export it to
-   `out` (export.py).
+   `draft_vocab` tokens built from this data, its trained lm_head rows kept, the new ones zero), train it with TTT
+   (trainer.py), export it to `out` (export.py).
 The target is used only through the EAGLE-3 protocol and its forward (plus `Engine.generate` when regenerating), so a
 wrapper that delegates the protocol works. Progress lines go to `log` (stderr in the CLI).
 """
@@ -107,7 +107,7 @@ def train_drafter(target: torch.nn.Module, tokenizer: "BaseTokenizer", conversat
             raise ConfigError("--rebuild-vocab moves a drafter with its own draft vocabulary onto another of "
                               f"--draft-vocab tokens (below the target's {tcfg.vocab_size}): "
                               + ("the --init drafter shares the target's lm_head" if init[1] is None
-                                 else f"got --draft-vocab {opts.draft_vocab}"))
+                                 else f"got --draft-vocab {opts.draft_vocab or 0}"))
         opts = replace(opts, train=replace(opts.train, aux_layers=init_aux), shape=drafter_shape(init[0]),
                        draft_vocab=opts.draft_vocab if opts.rebuild_vocab
                        else init[1].size if init[1] is not None else None)
