@@ -8,7 +8,8 @@ Without a cache (`ctx.write_index is None`) it attends within the given tokens u
 Eager SDPA calls on CUDA run without the cuDNN backend (`SDPA_BACKENDS`): cuDNN builds an execution plan on the host
 for every new shape and strides, about 0.2 s each on the H200 (session 8, docs/benchmarks.md), and an eager multi-row
 prefill brings a new shape with nearly every batch of prompts; the memory-efficient and flash backends have no such
-cost. Calls inside `graph_build()` (a CUDA graph's warm-up and capture) keep every backend.
+cost. Calls inside `graph_build()` (a CUDA graph's warm-up and capture) keep every backend. Other eager attention
+(MoonViT's, one shape per image size) goes through `scaled_dot_product_attention` for the same choice.
 
 Cache layout per layer: k and v as [Bc, S_max, H_kv, head_dim] (row-major by position so that a row's prefix is
 one contiguous slice and compaction after verification is a single index copy over all layers).
@@ -72,15 +73,21 @@ def graph_build() -> Iterator[None]:
         _graph_build = prev
 
 
-def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float | None) -> torch.Tensor:
-    """q [B, T, H, D], k/v [B, K, H_kv, D*], mask [B, T, K] bool or an additive bias [B, 1, T, K] -> [B, T, H, Dv]."""
-    args = (q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
-    kw = dict(attn_mask=mask[:, None] if mask.dim() == 3 else mask, scale=scale, enable_gqa=q.shape[2] != k.shape[2])
-    # eager CUDA calls only (~10 us of flag setting): graphs keep cuDNN (module docstring)
+def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kw) -> torch.Tensor:
+    """`F.scaled_dot_product_attention` (heads before tokens) with this module's backend choice: eager CUDA calls
+    without cuDNN (~10 us of flag setting), calls inside `graph_build()` and on the CPU as PyTorch picks."""
     if q.is_cuda and not _graph_build:
         with sdpa_kernel(SDPA_BACKENDS):
-            return F.scaled_dot_product_attention(*args, **kw).transpose(1, 2)
-    return F.scaled_dot_product_attention(*args, **kw).transpose(1, 2)
+            return F.scaled_dot_product_attention(q, k, v, **kw)
+    return F.scaled_dot_product_attention(q, k, v, **kw)
+
+
+def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float | None) -> torch.Tensor:
+    """q [B, T, H, D], k/v [B, K, H_kv, D*], mask [B, T, K] bool or an additive bias [B, 1, T, K] -> [B, T, H, Dv]."""
+    out = scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                       attn_mask=mask[:, None] if mask.dim() == 3 else mask, scale=scale,
+                                       enable_gqa=q.shape[2] != k.shape[2])
+    return out.transpose(1, 2)
 
 
 def attend(

@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import ConfigError
+from ..layers.attention import scaled_dot_product_attention
 from ..layers.rotary import apply_rotary
 
 
@@ -199,7 +200,8 @@ class MoonViTEncoderLayer(nn.Module):
         k = apply_rotary(k[None], cos[None], sin[None], interleaved=True)[0]
         outs = []
         for qi, ki, vi in zip(q.split(lengths), k.split(lengths), v.split(lengths)):  # full attention per image
-            o = F.scaled_dot_product_attention(qi.transpose(0, 1), ki.transpose(0, 1), vi.transpose(0, 1))
+            # eager, one shape per image size: without cuDNN's per-shape plan on CUDA (layers/attention.py)
+            o = scaled_dot_product_attention(qi.transpose(0, 1), ki.transpose(0, 1), vi.transpose(0, 1))
             outs.append(o.transpose(0, 1))
         return self.wo(torch.cat(outs).reshape(L, -1))
 
