@@ -168,28 +168,36 @@ def test_prefill_buckets():
     assert [g.prefill_bucket(n) for n in (1, 64, 65, 300, 512, 513)] == [64, 64, 128, 512, 512, None]  # cache 1000
     R.cache_len = 5000
     assert g.prefill_bucket(2048) == 2048 and g.prefill_bucket(2049) is None  # long prompts prefill eagerly
+    # several prompts: one graph per (rows <= 8, bucket) while rows x bucket <= PREFILL_GRAPH_TOKENS (8192)
+    assert g.prefill_bucket(100, 8) == 128 and g.prefill_bucket(1000, 8) == 1024
+    assert g.prefill_bucket(1025, 8) is None and g.prefill_bucket(1025, 4) == 2048
+    assert g.prefill_bucket(100, 9) is None  # more rows than PREFILL_GRAPH_ROWS (8): eager
     g.prefill_graphs = False
-    assert g.prefill_bucket(10) is None
+    assert g.prefill_bucket(10) is None and g.prefill_bucket(10, 4) is None
 
 
 @pytest.mark.parametrize("spec", [None, SpecConfig(3, 1, 4), SpecConfig(5, 4, 8)], ids=["plain", "chain", "tree"])
-def test_single_prompt_prefill_graph_path_equals_eager(target, reference, spec):
-    """One-row prefills through the bucketed static path (the prompt padded to 64 tokens, written into whichever
-    row is free, target and drafter catch-up together), mixed with multi-row eager prefills: same outputs."""
+def test_prefill_graph_path_equals_eager(target, reference, spec):
+    """Prefills through the bucketed static path (the prompts padded to 64 tokens, written into whichever rows are
+    free, target and drafter catch-up together), one row and several rows of different lengths: same outputs."""
     drafter = tiny_drafter(target, seed=1) if spec is not None else None
     eng = static_engine(target, drafter, spec, rows=2)
     eng.reserve(2, 200)  # room for the 64-token bucket
     calls = []
     core = eng.runner._prefill_core
-    eng.runner._prefill_core = lambda *a: calls.append(int(a[0][0])) or core(*a)
+    eng.runner._prefill_core = lambda *a: calls.append(tuple(a[0].tolist())) or core(*a)
     params = [SamplingParams(max_new_tokens=n, ignore_eos=True) for n in (40, 13, 40, 7, 40, 22)]
     reqs = [eng.add_request(p, q) for p, q in zip(PROMPTS, params)]
     while eng.has_work():
         eng.step()
     assert [r.output_ids for r in reqs] == [ref[: q.max_new_tokens] for ref, q in zip(reference, params)]
-    assert len(calls) >= 3 and set(calls) == {0, 1}  # single-prompt prefills ran through the graph path, in both rows
+    # prefills ran through the graph path: the first two prompts together, later ones one by one, in both rows
+    assert calls[0] == (0, 1) and len(calls) >= 3 and {r for c in calls[1:] for r in c} == {0, 1}
     one = eng.generate([PROMPTS[2]], SamplingParams(max_new_tokens=40, ignore_eos=True))[0]
     assert one.token_ids == reference[2]
+    calls.clear()
+    two = eng.generate(PROMPTS[3:5], SamplingParams(max_new_tokens=40, ignore_eos=True))
+    assert [o.token_ids for o in two] == reference[3:5] and calls == [(0, 1)]
 
 
 def test_single_prompt_prefill_graph_path_samples_like_eager(target):

@@ -2,8 +2,8 @@
 three kinds of step as tensor programs (DESIGN.md "One speculative step, as data"):
 
 - `prefill(rows, prompts)`: one batched target forward over right-padded prompts (capturing aux states when
-  speculating), the first sampled token, and the drafter's catch-up over the prompt (a CUDA graph per length bucket
-  for a single text prompt, eager otherwise);
+  speculating), the first sampled token, and the drafter's catch-up over the prompt (a CUDA graph per rows and
+  length bucket for text prompts that fit one, eager otherwise);
 - `decode(rows)`: one target token per row;
 - `spec_step(rows)`: draft (S-1 drafter forwards over the tree frontier), build the tree, verify D tokens in one
   target forward, accept per row, compact the target KV to the accepted path and catch the drafter up.
@@ -190,15 +190,16 @@ class ModelRunner:
 
         `mm_inputs` (one per row, None for text-only rows) are the opaque objects a multimodal target's
         `prepare_multimodal` returned; the target turns them into input embeddings (`embed_multimodal`).
-        A single text prompt of up to PREFILL_GRAPH_MAX tokens runs as a CUDA graph per length bucket (the prompt
-        right-padded to the bucket; target and drafter catch-up in one graph, timed as "prefill"); other prefills
-        (several rows, images, long prompts, the CPU) run eagerly.
+        Text prompts of up to PREFILL_GRAPH_MAX tokens run as a CUDA graph per (rows, length bucket) (right-padded to
+        the bucket; up to PREFILL_GRAPH_ROWS rows and PREFILL_GRAPH_TOKENS padded tokens; target and drafter
+        catch-up in one graph, timed as "prefill"); other prefills (images, long prompts, many rows, the CPU) run
+        eagerly.
         """
         lens = [len(p) for p in prompts]
         has_mm = mm_inputs is not None and any(m is not None for m in mm_inputs)
-        if self.graphs is not None and len(rows) == 1 and not has_mm and self.graphs.prefill_bucket(lens[0]):
+        if self.graphs is not None and not has_mm and self.graphs.prefill_bucket(max(lens), len(rows)):
             with self.timer.phase("prefill"):
-                tok = self.graphs.prefill(rows[0], prompts[0], greedy)
+                tok = self.graphs.prefill(rows, prompts, greedy)
         else:
             r, ctx_rows = self._rows(rows)
             B, T = len(rows), max(lens)
