@@ -259,8 +259,9 @@ class _HostBoundOps(torch.utils._python_dispatch.TorchDispatchMode):
                                               (SpecConfig(3, 1, 4), 0.8), (SpecConfig(5, 4, 8), 0.8)],
                          ids=["plain", "chain", "tree", "chain-sampled", "tree-sampled"])
 def test_captured_phases_hold_no_host_bound_operator(target, spec, temperature, monkeypatch):
-    """Every phase the CUDA graphs capture (single-prompt prefill, decode, draft, verify, commit) runs without an
-    operator that needs the host mid-step, so capture cannot fail on the GPU for a reason the CPU tests miss."""
+    """Every phase the CUDA graphs capture (prefill of one or several prompts, decode, draft, verify, commit) runs
+    without an operator that needs the host mid-step, so capture cannot fail on the GPU for a reason the CPU tests
+    miss."""
     eng = static_engine(target, tiny_drafter(target, seed=1) if spec else None, spec, rows=2)
     eng.reserve(2, 200)
     seen: set[str] = set()
@@ -268,7 +269,12 @@ def test_captured_phases_hold_no_host_bound_operator(target, spec, temperature, 
     phases = GraphCache._phases
     setitem = torch.Tensor.__setitem__
 
+    prefill_rows: set[int] = set()
+
     def watched(self, *key):
+        if key[0] == "prefill":
+            prefill_rows.add(key[1])
+
         def wrap(name, fn):
             def run():
                 seen.add(name)
@@ -281,6 +287,7 @@ def test_captured_phases_hold_no_host_bound_operator(target, spec, temperature, 
     monkeypatch.setattr(GraphCache, "_phases", watched)
     eng.generate(PROMPTS[:3], SamplingParams(max_new_tokens=12, ignore_eos=True, temperature=temperature))
     assert seen == ({"prefill", "decode"} if spec is None else {"prefill", "draft", "verify", "commit"})
+    assert prefill_rows == {1, 2}  # the first two prompts together, the third alone
     assert mode.bad == []
 
 
