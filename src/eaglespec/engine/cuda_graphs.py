@@ -5,9 +5,9 @@ bucket covering rows 0..n_rows-1 and the key-length bucket covering `longest + h
 A speculative step is three graphs (draft, verify, commit) replayed back to back, so the phase timer can tell their
 times apart; the verify graph reads the draft graph's static outputs, the commit graph the verify graph's.
 `GraphCache.prefill(rows, prompts, greedy)` prefills B prompts through the graph of (B, their power-of-two length
-bucket) (64..2048; B <= PREFILL_GRAPH_ROWS and B x bucket <= PREFILL_GRAPH_TOKENS): the prompts, their lengths and cache rows are copied into
-static buffers, the rest of the bucket is padding whose KV entries lie past each row's length (never read before
-being overwritten). One-prompt graphs are captured up front (`precapture_prefill`), multi-row ones on first use: an
+bucket) (64..2048; B <= PREFILL_GRAPH_ROWS and B x bucket <= PREFILL_GRAPH_TOKENS): the prompts, their lengths and
+cache rows are copied into static buffers, the rest of the bucket is padding whose KV entries lie past each row's
+length (never read before being overwritten). One-prompt graphs are captured up front (`precapture_prefill`), multi-row ones on first use: an
 eager multi-row prefill cost 21-52 ms per batch of 8 MT-bench prompts on the H200 (launch-bound, and with cuDNN's
 SDPA a ~0.2 s plan per new shape), 10-23% of a speculative batch-8 run (session 8).
 
@@ -34,7 +34,7 @@ from ..layers.attention import graph_build
 
 BATCH_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 MIN_LEN_BUCKET = 256
-PREFILL_MIN_BUCKET = 64  # prompt-length buckets of the single-prompt prefill graphs: 64, 128, ..., PREFILL_GRAPH_MAX
+PREFILL_MIN_BUCKET = 64  # prompt-length buckets of the prefill graphs: 64, 128, ..., PREFILL_GRAPH_MAX
 PREFILL_GRAPH_MAX = 2048  # longer prompts are compute-bound: eager prefill loses little to launch overhead
 PREFILL_GRAPH_TOKENS = 8192  # rows x bucket of a multi-row prefill graph (bounds the graph pool's activations)
 PREFILL_GRAPH_ROWS = 8  # rows are exact (not bucketed): at most 8 x 6 graphs per engine, captured on first use;
