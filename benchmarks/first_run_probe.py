@@ -9,11 +9,11 @@ at both, so compiles that land inside a timed run show up.
 Session 7 found no compile inside the timed runs. The suspect left (docs/benchmarks.md, "Session 7"): SDPA's cuDNN
 backend, which builds an execution plan once per new shape on the host, in the eager multi-row prefill and catch-up
 (one shape per batch of prompts; the phase timer's CUDA events do not see host work, hence the "rest" share).
-`--no-cudnn-sdp` turns that backend off (`torch.backends.cuda.enable_cudnn_sdp(False)`): if the first run's extra
-time goes, that is the cause. Session 8 found it so (2.45 s / 1.93 s for the same work with cuDNN, 1.95 s / 1.96 s
-without; docs/benchmarks.md, "Session 8"), and eager SDPA calls now skip cuDNN (layers/attention.py). Since session 7 the bench prefills every timed batch once, untimed, in its warm-up
-(`ConfigRun.prefill_pass`), which should hide any such one-time cost; `--no-prefill-pass` skips it, as the bench of
-session 7 did, so the cause can still be probed.
+`--no-cudnn-sdp` turns that backend off (`torch.backends.cuda.enable_cudnn_sdp(False)`): if the first run's extra time
+goes, that is the cause. Session 8 found it so (2.45 s / 1.93 s for the same work with cuDNN, 1.95 s / 1.96 s without;
+docs/benchmarks.md, "Session 8"), and eager SDPA calls now skip cuDNN (layers/attention.py). Since session 7 the bench
+prefills every timed batch once, untimed, in its warm-up (`ConfigRun.prefill_pass`), which should hide any such
+one-time cost; `--no-prefill-pass` skips it, as the bench of session 7 did, so the cause can still be probed.
 """
 
 from __future__ import annotations

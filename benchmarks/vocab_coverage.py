@@ -52,7 +52,8 @@ def main() -> None:
     shipped = DraftVocab(drafter.d2t.clone(), drafter.t2d.clone())
     print(f"{len(texts)} assistant texts, {int(counts.sum())} tokens; MT-bench 80 answers, {len(mt)} tokens")
     print("| draft vocabulary | training tokens kept | MT-bench tokens left out |\n| --- | ---: | ---: |")
-    print(f"| {a.drafter} ({shipped.size}) | {shipped.coverage(counts):.4f} | {(~shipped.t2d[mt]).float().mean():.4f} |")
+    left_out = (~shipped.t2d[mt]).float().mean()
+    print(f"| {a.drafter} ({shipped.size}) | {shipped.coverage(counts):.4f} | {left_out:.4f} |")
     for n in SIZES:
         v = build_draft_vocab(counts, n)
         print(f"| top {n} | {v.coverage(counts):.4f} | {(~v.t2d[mt]).float().mean():.4f} |")

@@ -7,9 +7,9 @@ times apart; the verify graph reads the draft graph's static outputs, the commit
 `GraphCache.prefill(rows, prompts, greedy)` prefills B prompts through the graph of (B, their power-of-two length
 bucket) (64..2048; B <= PREFILL_GRAPH_ROWS and B x bucket <= PREFILL_GRAPH_TOKENS): the prompts, their lengths and
 cache rows are copied into static buffers, the rest of the bucket is padding whose KV entries lie past each row's
-length (never read before being overwritten). One-prompt graphs are captured up front (`precapture_prefill`), multi-row ones on first use: an
-eager multi-row prefill cost 21-52 ms per batch of 8 MT-bench prompts on the H200 (launch-bound, and with cuDNN's
-SDPA a ~0.2 s plan per new shape), 10-23% of a speculative batch-8 run (session 8).
+length (never read before being overwritten). One-prompt graphs are captured up front (`precapture_prefill`),
+multi-row ones on first use: an eager multi-row prefill cost 21-52 ms per batch of 8 MT-bench prompts on the H200
+(launch-bound, and with cuDNN's SDPA a ~0.2 s plan per new shape), 10-23% of a speculative batch-8 run (session 8).
 
 Capture protocol: the small row state (lengths, last tokens, drafter state) and the RNG state are snapshotted, the
 step runs twice eagerly on a side stream (warm-up: allocator, cuBLAS handles, lazy init), the snapshot is restored,
