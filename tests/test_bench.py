@@ -202,7 +202,8 @@ def test_bench_jsonl_oracle_and_random(chat_model, prompt_file, tmp_path, capsys
     md = (out / "results.md").read_text()
     assert stdout == md
     table = [line for line in md.splitlines() if line.startswith("| ")]
-    assert table[0].startswith("| config | batch | tok/s | speedup |")
+    assert table[0].startswith("| config | batch | tok/s | speedup |") and "| rest % | prefill % |" in table[0]
+    assert all(line.count("|") == table[0].count("|") for line in table[: 2 + len(doc["records"])])
     for name in names:
         assert any(line.startswith(f"| {name} | 2 |") for line in table)
     assert "| oracle S3 K1 D4 | 1 | 1:0 2:0 3:0 4:" in md  # the acceptance histogram table

@@ -197,8 +197,8 @@ def markdown(doc: dict[str, Any], records: Sequence[dict[str, Any]] | None = Non
         + (f", top-k {doc['sampling']['top_k']}" if doc["sampling"].get("top_k", 0) > 0 else ""),
         "",
         "| config | batch | tok/s | speedup | accept len | identical | out tokens | seconds | draft % | verify % "
-        "| rest % | decode GB/s |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| rest % | prefill % | decode GB/s |",  # prefill: part of rest (with the graph path, the drafter's too)
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in recs:
         ts, bw = r["time_split"] or {}, r["bandwidth"] or {}
@@ -210,7 +210,7 @@ def markdown(doc: dict[str, Any], records: Sequence[dict[str, Any]] | None = Non
             f"| {r['config']} | {r['batch_size']} | {r['tok_per_s']:.1f} | {_f(r['speedup'], '{:.2f}x')} | "
             f"{_f(r['accept_length_mean'])} | {ident} | {r['output_tokens']} | {r['seconds']:.2f} | "
             f"{_pct(ts.get('draft'), r['seconds'])} | {_pct(ts.get('verify'), r['seconds'])} | "
-            f"{_pct(ts.get('rest'), r['seconds'])} | {gbs} |"
+            f"{_pct(ts.get('rest'), r['seconds'])} | {_pct(ts.get('prefill'), r['seconds'])} | {gbs} |"
         )
     spec = [r for r in recs if r["accept_length_hist"]]
     if spec:
