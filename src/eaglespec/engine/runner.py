@@ -339,8 +339,7 @@ class ModelRunner:
         L = self.seq_len[r]
         sampled = not greedy and K == 1
         state = DraftState(self.d_top_ids[r], self.d_top_logp[r] if self.d_top_logp is not None else None,
-                           self.d_hidden[r],
-                           self.d_logits[r] if sampled else None)
+                           self.d_hidden[r], self.d_logits[r] if sampled else None)
         cands = draft_tree(self._draft_step(ctx_rows), self.drafter.to_target_ids, state, L, S, K, kv_len,
                            (self.temperature[r], self.top_k[r], self.top_p[r]) if sampled else None, self.generator)
         tree = build_tree(self.last_token[r], cands.tokens, cands.scores, cands.parents, cands.depth, D, K, S)

@@ -132,6 +132,27 @@ def drafter_shape(drafter: LlamaForCausalLMEagle3) -> DrafterShape:
     return DrafterShape(drafter.config.intermediate_size, drafter.config.num_attention_heads)
 
 
+def _rebuilt(drafter: LlamaForCausalLMEagle3, changes: dict[str, Any],
+             replaced: dict[str, torch.Tensor]) -> LlamaForCausalLMEagle3:
+    """A drafter of `drafter`'s config with `changes`, holding `drafter`'s own weights with `replaced` swapped in,
+    wired to the same target embedding (and shared lm_head), on its device and in its dtype."""
+    w = drafter.fc.weight
+    with torch.device(w.device):
+        new = LlamaForCausalLMEagle3(ModelConfig.from_hf({**drafter.config.raw, **changes})).to(w.dtype)
+    own = {n: t for n, t in drafter.state_dict().items() if not n.startswith("embed_tokens.")}
+    if not drafter.has_own_head:
+        own.pop("lm_head.weight", None)
+    own.update(replaced)
+    with torch.no_grad():
+        missing, unexpected = new.load_state_dict(own, strict=False)
+    # the only weight left out is a shared lm_head (the target's, wired below)
+    assert not unexpected and set(missing) <= ({"lm_head.weight"} - set(own)), (missing, unexpected)
+    if drafter.embed_tokens is not None:
+        new.set_embed_and_head(drafter.embed_tokens.weight, None if drafter.has_own_head else drafter.lm_head.weight)
+    new.reset_buffers()
+    return new  # its own parameters are fresh, so trainable; the target's embedding (and head) stay frozen
+
+
 def widen_drafter(drafter: LlamaForCausalLMEagle3, shape: DrafterShape, seed: int = 0) -> LlamaForCausalLMEagle3:
     """`drafter` widened to `shape` (None fields: unchanged), the same function at the start (module docstring).
 
@@ -150,14 +171,9 @@ def widen_drafter(drafter: LlamaForCausalLMEagle3, shape: DrafterShape, seed: in
         return drafter
     if cfg.attention_bias or cfg.mlp_bias:
         raise ConfigError("the --init drafter's layer has biases: only the published bias-free layer can be widened")
-    hf = {**cfg.raw, "intermediate_size": I1, "num_attention_heads": Q1}
     old_attn, old_mlp = drafter.midlayer.self_attn, drafter.midlayer.mlp
     dev, dt = old_mlp.down_proj.weight.device, old_mlp.down_proj.weight.dtype
-    with torch.device(dev):
-        wide = LlamaForCausalLMEagle3(ModelConfig.from_hf(hf)).to(dt)
-    own = {n: t for n, t in drafter.state_dict().items() if not n.startswith("embed_tokens.")}
-    if not drafter.has_own_head:
-        own.pop("lm_head.weight", None)
+    resized: dict[str, torch.Tensor] = {}
     g = torch.Generator().manual_seed(seed)
 
     def fresh(rows: int, cols: int) -> torch.Tensor:
@@ -168,25 +184,18 @@ def widen_drafter(drafter: LlamaForCausalLMEagle3, shape: DrafterShape, seed: in
         # MLP: old units first, then new ones whose down_proj columns are zero
         for name in ("gate_proj", "up_proj"):
             w = getattr(old_mlp, name).weight  # [I0, H]
-            own[f"midlayer.mlp.{name}.weight"] = torch.cat((w, fresh(I1 - I0, w.shape[1])))
+            resized[f"midlayer.mlp.{name}.weight"] = torch.cat((w, fresh(I1 - I0, w.shape[1])))
         w = old_mlp.down_proj.weight  # [H, I0]
-        own["midlayer.mlp.down_proj.weight"] = torch.cat((w, w.new_zeros(w.shape[0], I1 - I0)), dim=1)
+        resized["midlayer.mlp.down_proj.weight"] = torch.cat((w, w.new_zeros(w.shape[0], I1 - I0)), dim=1)
         # attention: per KV group, its Q0/G old heads then (Q1-Q0)/G new ones with zero o_proj columns
         q = old_attn.q_proj.weight.view(G, Q0 // G, hd, -1)  # [G, old heads per group, hd, 2H]
         add = (Q1 - Q0) // G
         new_q = fresh(G * add * hd, q.shape[-1]).view(G, add, hd, -1)
-        own["midlayer.self_attn.q_proj.weight"] = torch.cat((q, new_q), dim=1).reshape(Q1 * hd, -1)
+        resized["midlayer.self_attn.q_proj.weight"] = torch.cat((q, new_q), dim=1).reshape(Q1 * hd, -1)
         o = old_attn.o_proj.weight.view(-1, G, Q0 // G, hd)  # [H, G, old heads per group, hd]
-        own["midlayer.self_attn.o_proj.weight"] = torch.cat((o, o.new_zeros(o.shape[0], G, add, hd)),
+        resized["midlayer.self_attn.o_proj.weight"] = torch.cat((o, o.new_zeros(o.shape[0], G, add, hd)),
                                                             dim=2).reshape(o.shape[0], Q1 * hd)
-        missing, unexpected = wide.load_state_dict(own, strict=False)
-        # the only weight left out is a shared lm_head (the target's, wired below)
-        assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
-    embed = drafter.embed_tokens.weight if drafter.embed_tokens is not None else None
-    if embed is not None:
-        wide.set_embed_and_head(embed, None if drafter.has_own_head else drafter.lm_head.weight)
-    wide.reset_buffers()
-    return wide  # its own parameters are fresh, so trainable; the target's embedding (and head) stay frozen
+    return _rebuilt(drafter, {"intermediate_size": I1, "num_attention_heads": Q1}, resized)
 
 
 def revocab_drafter(drafter: LlamaForCausalLMEagle3, vocab: DraftVocab) -> LlamaForCausalLMEagle3:
@@ -199,25 +208,13 @@ def revocab_drafter(drafter: LlamaForCausalLMEagle3, vocab: DraftVocab) -> Llama
     if torch.equal(old.t2d, vocab.t2d.cpu()):
         return drafter
     w = drafter.lm_head.weight  # [old n, H]
-    hf = {**drafter.config.raw, "draft_vocab_size": vocab.size}
-    with torch.device(w.device):
-        new = LlamaForCausalLMEagle3(ModelConfig.from_hf(hf)).to(w.dtype)
-    own = {n: t for n, t in drafter.state_dict().items()
-           if not n.startswith("embed_tokens.") and n not in ("lm_head.weight", "d2t", "t2d")}
-    kept = vocab.kept  # [n] target ids, ascending
-    old_row = old.target_to_draft[kept]  # [n] the old draft id of each kept token, -1 where new
+    old_row = old.target_to_draft[vocab.kept]  # [n] the old draft id of each kept token (ascending), -1 where new
     with torch.no_grad():
         rows = w.new_zeros(vocab.size, w.shape[1])
         have = old_row >= 0
         rows[have.to(w.device)] = w[old_row[have].to(w.device)]
-        own["lm_head.weight"] = rows
-        own["d2t"], own["t2d"] = vocab.d2t.to(w.device), vocab.t2d.to(w.device)
-        missing, unexpected = new.load_state_dict(own, strict=False)
-        assert not missing and not unexpected, (missing, unexpected)
-    if drafter.embed_tokens is not None:
-        new.set_embed_and_head(drafter.embed_tokens.weight, None)
-    new.reset_buffers()
-    return new
+    return _rebuilt(drafter, {"draft_vocab_size": vocab.size},
+                    {"lm_head.weight": rows, "d2t": vocab.d2t.to(w.device), "t2d": vocab.t2d.to(w.device)})
 
 
 def drafter_from_checkpoint(target: nn.Module, path: str) -> tuple[LlamaForCausalLMEagle3, DraftVocab | None]:

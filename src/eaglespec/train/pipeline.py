@@ -99,16 +99,17 @@ def train_drafter(target: torch.nn.Module, tokenizer: "BaseTokenizer", conversat
         # a wider `shape` widens it (the same function at the start); narrowing is refused before any work
         before = drafter_shape(init[0])
         init = (widen_drafter(init[0], opts.shape, opts.train.seed), init[1])
-        if drafter_shape(init[0]) != before:
+        after = drafter_shape(init[0])
+        if after != before:
             log(f"widened the drafter layer from MLP {before.intermediate_size} / {before.num_attention_heads} heads "
-                f"to MLP {init[0].config.intermediate_size} / {init[0].config.num_attention_heads} heads")
+                f"to MLP {after.intermediate_size} / {after.num_attention_heads} heads")
         if opts.rebuild_vocab and (init[1] is None or not opts.draft_vocab
                                    or opts.draft_vocab >= tcfg.vocab_size):
             raise ConfigError("--rebuild-vocab moves a drafter with its own draft vocabulary onto another of "
                               f"--draft-vocab tokens (below the target's {tcfg.vocab_size}): "
                               + ("the --init drafter shares the target's lm_head" if init[1] is None
                                  else f"got --draft-vocab {opts.draft_vocab or 0}"))
-        opts = replace(opts, train=replace(opts.train, aux_layers=init_aux), shape=drafter_shape(init[0]),
+        opts = replace(opts, train=replace(opts.train, aux_layers=init_aux), shape=after,
                        draft_vocab=opts.draft_vocab if opts.rebuild_vocab
                        else init[1].size if init[1] is not None else None)
     elif opts.rebuild_vocab:
