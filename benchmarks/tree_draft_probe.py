@@ -1,0 +1,200 @@
+"""Why does a tree's drafting cost ~4x a chain's on the H200? (tune, 2026-11-30 session 9: S4 K4 D16 drafts in
+0.59 ms per step against 0.14 ms for S3 K1 D4, and its commit costs 0.18 against 0.13 ms, at batch 1.)
+
+1. phases: random-weight SmolLM2-135M shape and random drafter (bf16, CUDA graphs, batch 1, a 128-token prompt
+   then 30 steps), per spec shape: 50 whole steps replayed, each phase graph (draft, verify, commit) bracketed by
+   events (its GPU time) and host clocks (how long its launch blocks the host); trees with and without the
+   log-softmax + top-k kernel (layers/topk_kernel.py).
+2. profile: the kernels of the tree's draft graph (torch.profiler over 20 replays, by device time).
+3. ops: time per call (a CUDA graph of 50 calls) of the selection operators a tree's drafting uses and of their
+   candidate replacements: top-K of K rows of draft-vocabulary log-probabilities (PyTorch's topk; a two-stage
+   top-K over blocks of W entries; K argmax passes; the fused kernel from the logits) and the stable sort of build_tree's candidates.
+
+usage: python benchmarks/tree_draft_probe.py OUT_DIR [--cpu]   (--cpu: tiny shapes, eager: a check of the script)
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from eaglespec.bench.random_model import random_drafter, random_model
+from eaglespec.config import EngineConfig, SpecConfig
+from eaglespec.engine.engine import Engine
+from eaglespec.engine.transforms import prepare_for_inference
+from eaglespec.sampling_params import SamplingParams
+
+CPU = "--cpu" in sys.argv
+OUT = Path([a for a in sys.argv[1:] if not a.startswith("--")][0])
+OUT.mkdir(parents=True, exist_ok=True)
+DEV = torch.device("cpu" if CPU else "cuda")
+DT = torch.float32 if CPU else torch.bfloat16
+rows: list[dict] = []
+
+
+def emit(row: dict) -> None:
+    rows.append(row)
+    print(json.dumps(row), flush=True)
+    (OUT / "tree_draft_probe.json").write_text(json.dumps(rows, indent=1))
+
+
+def sync() -> None:
+    if not CPU:
+        torch.cuda.synchronize()
+
+
+def per_call_us(fn, calls: int = 50) -> float:
+    """Time of one call of fn, captured `calls` times in one CUDA graph (eager on the CPU)."""
+    if CPU:
+        t = time.perf_counter()
+        fn()
+        return 1e6 * (time.perf_counter() - t)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(calls):
+            fn()
+    g.replay()
+    sync()
+    t = time.perf_counter()
+    for _ in range(10):
+        g.replay()
+    sync()
+    return 1e6 * (time.perf_counter() - t) / (10 * calls)
+
+
+# --- 1 and 2: the phases of whole speculative steps ----------------------------------------------------------------
+m = random_model("smollm2-135m", DEV, DT, 0).model
+prepare_for_inference(m, DEV, None, None)
+d = random_drafter(m.config, DEV, DT, 0)
+prepare_for_inference(d, DEV, None, None)
+import eaglespec.spec.draft as draft_mod  # noqa: E402
+
+fused_topk = draft_mod.topk_logp
+runs = [(SpecConfig(3, 1, 4), True), (SpecConfig(4, 1, 5), True)]
+runs += [(s, f) for s in (SpecConfig(4, 4, 16), SpecConfig(2, 4, 8)) for f in (False, True)]
+for spec, fused in runs:
+    # fused False: PyTorch's log-softmax + topk (the path before layers/topk_kernel.py)
+    draft_mod.topk_logp = fused_topk if fused else draft_mod.topk_logp_reference
+    name = f"S{spec.steps} K{spec.topk} D{spec.draft_tokens}" + ("" if fused or spec.topk == 1 else " torch topk")
+    e = Engine(m, None, EngineConfig(overlap=False, cuda_graphs=not CPU), drafter=d, spec=spec)
+    e.reserve(1, 2048)
+    e.add_request(list(range(100, 228)), SamplingParams(max_new_tokens=600, ignore_eos=True))
+    for _ in range(30):
+        e.step()
+    sync()
+    if CPU:
+        emit({"spec": name, "steps": 30})
+        continue
+    run = e.runner
+    key = ("spec", run.graphs.batch_bucket(1), run.graphs.len_bucket(run.host_len[0] + 64 + run.headroom()), True)
+    run.graphs.run("spec", 1, run.host_len[0] + 64, True)
+    sync()
+    graphs = run.graphs.graphs[key]
+    # 50 whole steps (a commit moves the state on, so phases are replayed in order), each replay bracketed by events
+    # (GPU time) and host clocks (how long the launch call blocks the host)
+    n = 50
+    ev = [[(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in graphs]
+          for _ in range(n)]
+    host = [0.0] * len(graphs)
+    sync()
+    t0 = time.perf_counter()
+    for i in range(n):
+        for j, (_, g) in enumerate(graphs):
+            ev[i][j][0].record()
+            t = time.perf_counter()
+            g.replay()
+            host[j] += time.perf_counter() - t
+            ev[i][j][1].record()
+    enqueue = time.perf_counter() - t0
+    sync()
+    row = {"spec": name, "step_ms": round(1e3 * (time.perf_counter() - t0) / n, 4),
+           "enqueue_ms": round(1e3 * enqueue / n, 4)}
+    for j, (gname, _) in enumerate(graphs):
+        row[f"{gname}_ms"] = round(sum(ev[i][j][0].elapsed_time(ev[i][j][1]) for i in range(n)) / n, 4)
+        row[f"{gname}_host_ms"] = round(1e3 * host[j] / n, 4)
+    emit(row)
+    if spec.topk > 1 and spec.steps == 4 and fused:
+        from torch.profiler import ProfilerActivity, profile
+
+        for gname, g in graphs:
+            if gname != "draft":  # replayed alone: only the draft phase leaves the state as it found it
+                continue
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(20):
+                    g.replay()
+                sync()
+            try:
+                table = prof.key_averages().table(sort_by="device_time_total", row_limit=40)
+            except Exception:  # older profilers name it cuda_time_total
+                table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=40)
+            (OUT / f"profile_{gname}.txt").write_text(table)
+            print(f"== {gname} graph of {name}, 20 replays\n{table}", flush=True)
+    del e
+
+# --- 3: selection operators -----------------------------------------------------------------------------------------
+Vd = 512 if CPU else 12288
+
+
+def topk_plain(x: torch.Tensor, k: int):
+    return x.topk(k, dim=-1)
+
+
+def topk_blocks(x: torch.Tensor, k: int, w: int):
+    """Two stages: the top k of each block of w entries, then the top k of those."""
+    r, v = x.shape
+    v1, i1 = x.view(r, v // w, w).topk(k, dim=-1)  # [r, v/w, k]
+    v2, i2 = v1.reshape(r, -1).topk(k, dim=-1)  # [r, k]
+    return v2, torch.gather(i1.reshape(r, -1), 1, i2) + (i2 // k) * w
+
+
+def topk_argmax(x: torch.Tensor, k: int):
+    x = x.clone()
+    vals, ids = [], []
+    for _ in range(k):
+        v, i = x.max(dim=-1, keepdim=True)
+        vals.append(v)
+        ids.append(i)
+        x.scatter_(1, i, float("-inf"))
+    return torch.cat(vals, 1), torch.cat(ids, 1)
+
+
+g = torch.Generator(device=DEV).manual_seed(0)
+for K in (4, 8):
+    logits = torch.randn(K, Vd, generator=g, device=DEV).to(DT)
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    ref = topk_plain(logp, K)
+    row = {"op": f"top-{K} of {K} x {Vd}", "log_softmax_us": round(per_call_us(
+        lambda: torch.log_softmax(logits.float(), dim=-1)), 2),
+        "topk_us": round(per_call_us(lambda: topk_plain(logp, K)), 2)}
+    for w in (64, 128, 256, 512):
+        if Vd % w == 0 and w >= K:
+            v2, i2 = topk_blocks(logp, K, w)
+            assert torch.equal(v2, ref.values) and torch.equal(torch.gather(logp, 1, i2), ref.values)
+            row[f"blocks{w}_us"] = round(per_call_us(lambda: topk_blocks(logp, K, w)), 2)
+    if not CPU:
+        from eaglespec.layers.topk_kernel import logsoftmax_topk
+
+        fi, fv = logsoftmax_topk(logits, K)
+        row["fused_max_diff"] = (fv - ref.values).abs().max().item()
+        row["fused_same_ids"] = bool(torch.equal(fi, ref.indices))
+        row["fused_us"] = round(per_call_us(lambda: logsoftmax_topk(logits, K)), 2)
+    va, ia = topk_argmax(logp, K)
+    assert torch.equal(va, ref.values)
+    row["argmax_us"] = round(per_call_us(lambda: topk_argmax(logp, K)), 2)
+    emit(row)
+for N in (52, 200):
+    sc = torch.randn(1, N, generator=g, device=DEV)
+    emit({"op": f"stable sort of 1 x {N}", "sort_us": round(per_call_us(
+        lambda: torch.sort(sc, dim=1, descending=True, stable=True)), 2),
+        "topk_us": round(per_call_us(lambda: sc.topk(15, dim=1)), 2)})
+print("done", flush=True)

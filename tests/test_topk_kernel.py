@@ -1,0 +1,64 @@
+"""The log-softmax + top-k Triton kernel (a tree's draft selection), run by Triton's interpreter on the CPU, against
+PyTorch's log-softmax and topk; and tree speculation through it still equal to plain greedy decoding."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernel is built (it is built on first use)
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from tiny import assert_transformed_engine_equals_plain  # noqa: E402
+
+import eaglespec.spec.draft as draft  # noqa: E402
+from eaglespec.config import SpecConfig  # noqa: E402
+from eaglespec.layers.topk_kernel import fits, logsoftmax_topk  # noqa: E402
+
+
+@pytest.mark.parametrize("shape,k", [((3, 1000), 4), ((2, 4, 777), 8), ((1, 50), 1), ((5, 12288), 16)])
+def test_kernel_matches_log_softmax_topk_float32(shape, k):
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(0)) * 3
+    ids, logp = logsoftmax_topk(x, k)
+    ref_logp, ref_ids = torch.log_softmax(x, dim=-1).topk(k, dim=-1)
+    assert ids.dtype == torch.int64 and logp.dtype == torch.float32 and ids.shape == shape[:-1] + (k,)
+    assert torch.equal(ids, ref_ids)  # random float32 rows: no ties
+    assert torch.allclose(logp, ref_logp, atol=1e-5, rtol=0)
+
+
+def test_kernel_bf16_and_ties_take_the_smaller_index():
+    x = torch.randn(4, 300, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    ids, logp = logsoftmax_topk(x, 6)
+    ref_logp = torch.log_softmax(x.float(), dim=-1)
+    assert torch.allclose(logp, ref_logp.topk(6, dim=-1).values, atol=1e-5, rtol=0)  # the same values (ties aside)
+    assert torch.allclose(torch.gather(ref_logp, 1, ids), logp, atol=1e-5, rtol=0)  # and ids that carry them
+    t = torch.zeros(1, 40)
+    t[0, [31, 5, 17]] = 2.0  # three equal maxima, then zeros
+    ids, logp = logsoftmax_topk(t, 5)
+    assert ids.tolist() == [[5, 17, 31, 0, 1]]
+    assert logp[0, 0] == logp[0, 2] and logp[0, 3] < logp[0, 2]
+
+
+def test_a_non_contiguous_row_view():
+    x = torch.randn(6, 2, 64, generator=torch.Generator().manual_seed(2))[:, 1]  # rows strided by 128
+    ids, logp = logsoftmax_topk(x, 3)
+    ref_logp, ref_ids = torch.log_softmax(x, dim=-1).topk(3, dim=-1)
+    assert torch.equal(ids, ref_ids) and torch.allclose(logp, ref_logp, atol=1e-5, rtol=0)
+
+
+def test_fits():
+    assert fits(12288, 8) and fits(128256, 4) and not fits(200_000, 4) and not fits(12288, 17) and not fits(3, 4)
+
+
+def test_tree_speculation_through_the_kernel_equals_plain(monkeypatch):
+    """The engine's drafting takes the kernel on CUDA only; here it is routed through it on the CPU (interpreter):
+    a tree's greedy speculation still gives plain decoding's tokens."""
+    calls = []
+
+    def through_kernel(logits, k):
+        calls.append(tuple(logits.shape))
+        return logsoftmax_topk(logits, k)
+
+    monkeypatch.setattr(draft, "topk_logp", through_kernel)
+    assert_transformed_engine_equals_plain(lambda t, d: None, SpecConfig(3, 2, 6), [[5, 6, 7, 8], [9, 10]], 12)
+    assert calls and all(s[-1] == 50 for s in calls)  # the tiny drafter's 50-token draft vocabulary
