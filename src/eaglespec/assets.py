@@ -17,8 +17,8 @@ from .config import SpecConfig
 ASSETS = Path(__file__).parent / "assets"
 DEFAULT_DRAFTER = ASSETS / "smollm2-135m-eagle3"
 
-# Measured with `eaglespec bench` on MT-bench first turns, the fifth drafter (docs/benchmarks.md, "The shipped
-# drafter", "Session 7" and "Session 8"):
+# Measured with `eaglespec bench` / `eaglespec tune` on MT-bench first turns, the fifth drafter (docs/benchmarks.md,
+# "The shipped drafter", "Session 7" to "Session 9"):
 # - this project's 2-core CPU, float32: a forward of up to 3 tokens costs about one of 1 token (4 cost 1.5x: MKL
 #   leaves its small-M path), so short chains are the fastest shapes at batch 1: greedy, the chain of 2 (3 tokens;
 #   1.46x, S1 K1 D2 1.37x, S3 K1 D4 1.15x, tree S2 K2 D4 1.24x; `generate` 1.40x against 1.31x with S1 K1 D2);
@@ -26,9 +26,9 @@ DEFAULT_DRAFTER = ASSETS / "smollm2-135m-eagle3"
 #   0.37 against 0.53 at depth 1, so a second drafter step costs more than it brings);
 #   nothing pays with 2 rows (4+ tokens per step: 68 vs 44 ms, step_anatomy.py): engines of one row only;
 # - the H200, bfloat16, CUDA graphs with overlap and session 5's Triton kernels: the chain of 3 is the fastest shape
-#   at batch 1 (1.60x; with the fourth drafter S2 K1 D3 1.38x, S4 K1 D5 1.32x, trees S4 K2 D8 1.24x, S5 K4 D12
-#   1.17x) and 1.27-1.53x at 8 rows; at 32 rows a step is compute-bound and it loses or breaks even (0.89-0.99x,
-#   session 8): engines of up to 8 rows;
+#   at batch 1 and 8 rows (1.60x and 1.44x, session 9's tune grid of chains and K = 4 trees of 2-5 steps: S2 K1 D3
+#   1.49x / 1.40x, S4 K1 D5 1.51x / 1.43x, the best tree S4 K4 D16 1.35x / 1.33x); at 32 rows a step is
+#   compute-bound and it loses or breaks even (0.89-0.99x, sessions 8-9): engines of up to 8 rows;
 # - sampling at temperature 1 (the drafter learnt the target's greedy text; chains draw sampled drafts): the CPU's
 #   one-step chain gains (1.15x, tau 1.37), the H200's chain of 3 loses (0.82x, tau 1.75): greedy-only there.
 _DEFAULT_SPEC: dict[str, SpecConfig | None] = {"cpu": SpecConfig(steps=2, topk=1, draft_tokens=3),
