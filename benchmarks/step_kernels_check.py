@@ -14,7 +14,7 @@ replaces, and what they do to whole decode and verify steps.
 3. batches: plain decoding of 1, 2, 4, 8 rows with and without the attention kernel.
 
 usage: python benchmarks/step_kernels_check.py OUT_DIR [--cpu]
-       [--only=kernel|rows|attention|smollm2-135m|llama-3.1-8b|batches]
+       [--only=kernel|attention|smollm2-135m|llama-3.1-8b|batches]
        (--cpu: Triton's interpreter, tiny shapes: a check of the script itself; --only: one section, so that each can
        run under its own time limit)
 """
@@ -150,64 +150,6 @@ def kernel_section() -> None:
                   "best_us": round(best[0], 2), "best_cfg": list(best[1])})
 
 
-def rows_section() -> None:
-    """The row-loop kernel (steps of MAX_ROWS < M <= MAX_LOOP_ROWS rows: verify steps of 5-16 tokens) against the
-    replaced path, M = 8, 5, 16, SmolLM2's projections: its default configuration, a sweep of (BLOCK_N, warps), the
-    largest bf16 difference; writes the best configuration per projection kind (at M = 8) to OUT/rows_config.json
-    (read by tree_draft_probe.py --rows-config)."""
-    add_norm = add_rms_norm if CPU else torch.compile(add_rms_norm, dynamic=True, fullgraph=True)
-    act = silu_mul if CPU else torch.compile(silu_mul, dynamic=True, fullgraph=True)
-    shapes = [("smollm2 qkv", 576, 960, False), ("smollm2 gate_up", 576, 1536, True)]
-    if CPU:
-        shapes = [("tiny qkv", 64, 96, False), ("tiny gate_up", 64, 128, True)]
-    g = torch.Generator(device=DEV).manual_seed(0)
-    best_at_8: dict[str, list] = {}
-    for name, K, N, gated in shapes:
-        w = (torch.randn(2 * N if gated else N, K, generator=g, device=DEV) / K ** 0.5).to(DT)
-        nw = (1 + 0.1 * torch.randn(K, generator=g, device=DEV)).to(DT)
-        for M in (8, 5, 16):
-            h = torch.randn(M, K, generator=g, device=DEV).to(DT)
-            d = torch.randn(M, K, generator=g, device=DEV).to(DT)
-
-            def replaced():
-                hh, x = add_norm(h, d, nw, 1e-5)
-                y = torch.nn.functional.linear(x, w)
-                return hh, act(y) if gated else y
-
-            def with_cfg(cfg):
-                old = nlk.ROWS_CONFIG
-                nlk.ROWS_CONFIG = {gated: cfg}
-                try:
-                    return nlk.add_norm_linear(h, d, nw, 1e-5, w, gated)
-                finally:
-                    nlk.ROWS_CONFIG = old
-
-            h2, y2 = nlk.add_norm_linear_reference(h, d, nw, 1e-5, w, gated)
-            ulp = y2.float().abs().clamp_min(y2.float().abs().mean().item()) * 2 ** -7
-            base = nlk.ROWS_CONFIG[gated]
-            t_ref = per_call_us(replaced)
-            t_def = per_call_us(lambda: with_cfg(base))
-            best, steps = (t_def, base), None
-            for bn in ((1, 2, 4) if gated else (2, 4, 8)) if not CPU else ():
-                for warps in (1, 2, 4):
-                    try:
-                        t = per_call_us(lambda: with_cfg((bn, warps)))
-                    except Exception as e:  # noqa: BLE001  (a config Triton cannot build: skipped)
-                        print(f"  skip {(bn, warps)}: {type(e).__name__}", flush=True)
-                        continue
-                    if t < best[0]:
-                        best = (t, (bn, warps))
-            h1, y1 = with_cfg(best[1])
-            steps = ((y1.float() - y2.float()).abs() / ulp).max().item()
-            if M == 8:  # written as soon as known (a time limit may cut the section)
-                best_at_8[str(gated)] = list(best[1])
-                (OUT / "rows_config.json").write_text(json.dumps(best_at_8))
-            emit({"kernel": f"{name} (row loop)", "M": M, "K": K, "N": N, "max_diff_bf16_steps": round(steps, 2),
-                  "h_equal": bool(torch.equal(h1, h2)), "replaced_us": round(t_ref, 2),
-                  "rows_default_us": round(t_def, 2), "default_cfg": list(base),
-                  "best_us": round(best[0], 2), "best_cfg": list(best[1])})
-
-
 def attention_section() -> None:
     from eaglespec.layers.attention import attend_cached
     from eaglespec.layers.context import ForwardContext
@@ -336,7 +278,7 @@ def batches_section() -> None:
             gc.collect()
 
 
-SECTIONS = [(kernel_section, None), (rows_section, None), (attention_section, None), (engine_section, "smollm2-135m"),
+SECTIONS = [(kernel_section, None), (attention_section, None), (engine_section, "smollm2-135m"),
             (engine_section, "llama-3.1-8b"), (batches_section, None)]
 if CPU:  # a tiny Llama shape instead of the real ones
     from eaglespec.bench.random_model import SMOLLM2_135M
@@ -344,10 +286,10 @@ if CPU:  # a tiny Llama shape instead of the real ones
     tiny = dict(SMOLLM2_135M, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                 num_key_value_heads=2, head_dim=16, vocab_size=256)
     (OUT / "tiny_config.json").write_text(json.dumps(tiny))
-    SECTIONS = [(kernel_section, None), (rows_section, None), (attention_section, None),
-                (engine_section, str(OUT / "tiny_config.json")), (batches_section, None)]
+    SECTIONS = [(kernel_section, None), (attention_section, None), (engine_section, str(OUT / "tiny_config.json")),
+                (batches_section, None)]
 ONLY = [a[len("--only="):] for a in sys.argv if a.startswith("--only=")]
-if ONLY:  # --only=kernel / rows / attention / smollm2-135m / llama-3.1-8b / batches
+if ONLY:  # --only=kernel / attention / smollm2-135m / llama-3.1-8b / batches
     SECTIONS = [(f, a) for f, a in SECTIONS if (a or f.__name__.replace("_section", "")) == ONLY[0]]
 for fn, arg in SECTIONS:
     t = time.perf_counter()

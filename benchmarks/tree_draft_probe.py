@@ -10,12 +10,7 @@
    candidate replacements: top-K of K rows of draft-vocabulary log-probabilities (PyTorch's topk; a two-stage
    top-K over blocks of W entries; K argmax passes; the fused kernel from the logits) and the stable sort of build_tree's candidates.
 
-With --rows-config=FILE (step_kernels_check.py --only=rows writes it; a missing file keeps the default), instead:
-decode and verify steps of D = 4, 5, 8 (chains) and 16 (a tree) with the fused norm + projection kernel for steps of
-at most 4 rows (the default) and of at most 16 (the row-loop kernel with FILE's configuration).
-
-usage: python benchmarks/tree_draft_probe.py OUT_DIR [--cpu] [--rows-config=FILE]
-       (--cpu: tiny shapes, eager: a check of the script)
+usage: python benchmarks/tree_draft_probe.py OUT_DIR [--cpu]   (--cpu: tiny shapes, eager: a check of the script)
 """
 
 from __future__ import annotations
@@ -85,24 +80,24 @@ prepare_for_inference(d, DEV, None, None)
 import eaglespec.spec.draft as draft_mod  # noqa: E402
 
 fused_topk = draft_mod.topk_logp
-
-
-def phases(spec: SpecConfig | None, name: str, extra: dict | None = None):
-    """50 whole steps of a batch-1 engine (spec None: plain decode steps) after 30 steps; emits the row and returns
-    the step's graphs (None on the CPU)."""
-    e = Engine(m, None, EngineConfig(overlap=False, cuda_graphs=not CPU), drafter=d if spec else None, spec=spec)
+runs = [(SpecConfig(3, 1, 4), True), (SpecConfig(4, 1, 5), True)]
+runs += [(s, f) for s in (SpecConfig(4, 4, 16), SpecConfig(2, 4, 8)) for f in (False, True)]
+for spec, fused in runs:
+    # fused False: PyTorch's log-softmax + topk (the path before layers/topk_kernel.py)
+    draft_mod.topk_logp = fused_topk if fused else draft_mod.topk_logp_reference
+    name = f"S{spec.steps} K{spec.topk} D{spec.draft_tokens}" + ("" if fused or spec.topk == 1 else " torch topk")
+    e = Engine(m, None, EngineConfig(overlap=False, cuda_graphs=not CPU), drafter=d, spec=spec)
     e.reserve(1, 2048)
     e.add_request(list(range(100, 228)), SamplingParams(max_new_tokens=600, ignore_eos=True))
     for _ in range(30):
         e.step()
     sync()
     if CPU:
-        emit({"spec": name, "steps": 30, **(extra or {})})
-        return None
+        emit({"spec": name, "steps": 30})
+        continue
     run = e.runner
-    kind = "spec" if spec else "decode"
-    key = (kind, run.graphs.batch_bucket(1), run.graphs.len_bucket(run.host_len[0] + 64 + run.headroom()), True)
-    run.graphs.run(kind, 1, run.host_len[0] + 64, True)
+    key = ("spec", run.graphs.batch_bucket(1), run.graphs.len_bucket(run.host_len[0] + 64 + run.headroom()), True)
+    run.graphs.run("spec", 1, run.host_len[0] + 64, True)
     sync()
     graphs = run.graphs.graphs[key]
     # 50 whole steps (a commit moves the state on, so phases are replayed in order), each replay bracketed by events
@@ -122,39 +117,12 @@ def phases(spec: SpecConfig | None, name: str, extra: dict | None = None):
             ev[i][j][1].record()
     enqueue = time.perf_counter() - t0
     sync()
-    row = {"spec": name, **(extra or {}), "step_ms": round(1e3 * (time.perf_counter() - t0) / n, 4),
+    row = {"spec": name, "step_ms": round(1e3 * (time.perf_counter() - t0) / n, 4),
            "enqueue_ms": round(1e3 * enqueue / n, 4)}
     for j, (gname, _) in enumerate(graphs):
         row[f"{gname}_ms"] = round(sum(ev[i][j][0].elapsed_time(ev[i][j][1]) for i in range(n)) / n, 4)
         row[f"{gname}_host_ms"] = round(1e3 * host[j] / n, 4)
     emit(row)
-    return graphs
-
-
-ROWS = [a[len("--rows-config="):] for a in sys.argv if a.startswith("--rows-config=")]
-if ROWS:  # verify steps of 5-16 rows through the row-loop kernel (layers/norm_linear_kernel.py) or cuBLAS
-    from eaglespec.engine.transforms import use_norm_linear_kernel
-    from eaglespec.layers import norm_linear_kernel as nlk
-
-    if Path(ROWS[0]).exists():
-        nlk.ROWS_CONFIG = {k == "True": tuple(v) for k, v in json.loads(Path(ROWS[0]).read_text()).items()}
-    for rows_max in (nlk.MAX_ROWS, nlk.MAX_LOOP_ROWS):
-        use_norm_linear_kernel(m, max_rows=rows_max)
-        extra = {"norm_linear_rows": rows_max, "rows_config": str(nlk.ROWS_CONFIG)}
-        phases(None, "decode", extra)
-        for spec in (SpecConfig(3, 1, 4), SpecConfig(4, 1, 5), SpecConfig(7, 1, 8), SpecConfig(4, 4, 16)):
-            phases(spec, f"S{spec.steps} K{spec.topk} D{spec.draft_tokens}", extra)
-    print("done", flush=True)
-    sys.exit(0)
-runs = [(SpecConfig(3, 1, 4), True), (SpecConfig(4, 1, 5), True)]
-runs += [(s, f) for s in (SpecConfig(4, 4, 16), SpecConfig(2, 4, 8)) for f in (False, True)]
-for spec, fused in runs:
-    # fused False: PyTorch's log-softmax + topk (the path before layers/topk_kernel.py)
-    draft_mod.topk_logp = fused_topk if fused else draft_mod.topk_logp_reference
-    name = f"S{spec.steps} K{spec.topk} D{spec.draft_tokens}" + ("" if fused or spec.topk == 1 else " torch topk")
-    graphs = phases(spec, name)
-    if graphs is None:
-        continue
     if spec.topk > 1 and spec.steps == 4 and fused:
         from torch.profiler import ProfilerActivity, profile
 
@@ -171,6 +139,7 @@ for spec, fused in runs:
                 table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=40)
             (OUT / f"profile_{gname}.txt").write_text(table)
             print(f"== {gname} graph of {name}, 20 replays\n{table}", flush=True)
+    del e
 
 # --- 3: selection operators -----------------------------------------------------------------------------------------
 Vd = 512 if CPU else 12288

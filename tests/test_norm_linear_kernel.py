@@ -14,12 +14,10 @@ from eaglespec.config import SpecConfig  # noqa: E402
 from eaglespec.engine.transforms import fuse_projections, use_norm_linear_kernel, use_rope_store_kernel  # noqa: E402
 from eaglespec.layers.context import ForwardContext  # noqa: E402
 import eaglespec.layers.norm_linear_kernel as nlk  # noqa: E402
-from eaglespec.layers.norm_linear_kernel import (  # noqa: E402
-    MAX_LOOP_ROWS, MAX_ROWS, add_norm_linear, add_norm_linear_reference)
+from eaglespec.layers.norm_linear_kernel import MAX_ROWS, add_norm_linear, add_norm_linear_reference  # noqa: E402
 
 
-@pytest.mark.parametrize("M,K,N", [(1, 48, 40), (3, 200, 24), (MAX_ROWS, 64, 130), (2, 2048, 20),
-                                   (MAX_ROWS + 1, 96, 40), (MAX_LOOP_ROWS, 200, 70)])  # the last two: row loop
+@pytest.mark.parametrize("M,K,N", [(1, 48, 40), (3, 200, 24), (MAX_ROWS, 64, 130), (2, 2048, 20)])
 @pytest.mark.parametrize("gated", [False, True])
 @pytest.mark.parametrize("with_delta", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -42,7 +40,7 @@ def test_kernel_matches_reference(M, K, N, gated, with_delta, dtype):
 
 
 def test_too_many_rows_or_too_wide_is_refused():
-    h = torch.zeros(MAX_LOOP_ROWS + 1, 1, 16)
+    h = torch.zeros(MAX_ROWS + 1, 1, 16)
     with pytest.raises(AssertionError):
         add_norm_linear(h, None, torch.ones(16), 1e-5, torch.zeros(8, 16), False)
     K = nlk.ONE_SHOT_K + 1
@@ -93,25 +91,3 @@ def test_engine_with_the_kernels_equals_plain(monkeypatch):
 
     assert_transformed_engine_equals_plain(prepare, SpecConfig(1, 1, 2), [[1, 2, 3, 4], list(range(10, 15))], 6)
     assert {2, 4} <= rows_seen  # two rows' decode, two rows' verify of 2 tokens
-
-
-def test_engine_with_the_row_loop_kernel_equals_plain(monkeypatch):
-    """Steps of 5-16 rows through the row-loop kernel (`use_norm_linear_kernel(max_rows=16)`): the verify steps of a
-    chain of 4 tokens over 2 rows (8 rows) take it; greedy speculation still equals plain decoding (float32)."""
-    monkeypatch.setattr(nlk, "ROWS_CONFIG", {False: (256, 1), True: (128, 1)})  # one program per call here
-    rows_seen: set[int] = set()
-    kernel = nlk.add_norm_linear
-
-    def counted(h, *a):
-        rows_seen.add(h.shape[0] * h.shape[1])
-        return kernel(h, *a)
-
-    def prepare(target, drafter):
-        for m in (target, drafter):
-            use_rope_store_kernel(fuse_projections(m))
-        use_norm_linear_kernel(target, max_rows=MAX_LOOP_ROWS)
-        for layer in target.model.layers:
-            layer.norm_linear = counted
-
-    assert_transformed_engine_equals_plain(prepare, SpecConfig(3, 1, 4), [[1, 2, 3, 4], list(range(10, 15))], 8)
-    assert 8 in rows_seen  # 2 rows x 4 verified tokens

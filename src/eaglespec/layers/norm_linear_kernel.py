@@ -13,9 +13,7 @@ gating) in one launch, so a Llama layer runs 6 kernels instead of 9.
   where the modules round them), so results differ from `add_norm_linear_reference` only by the order of the
   float32 sums. Program n: BLOCK_N output columns (and their up rows when gated) of all M rows, each row read whole;
   every program recomputes the rows' sums of squares (K values per row, from L2), program 0 writes h_out.
-For M <= MAX_ROWS (decode and short verify steps) and K <= ONE_SHOT_K; other steps and layers keep cuBLAS. Steps of
-MAX_ROWS < M <= MAX_LOOP_ROWS can take a second kernel that holds the weight tile and loops over the rows
-(`use_norm_linear_kernel(model, max_rows)`; not the default: see MAX_ROWS). The kernels are built on first use, so
+For M <= MAX_ROWS (decode and short verify steps) and K <= ONE_SHOT_K; other steps and layers keep cuBLAS. The kernel is built on first use, so
 that `TRITON_INTERPRET=1` (set by the CPU tests) takes effect.
 """
 
@@ -29,9 +27,6 @@ import torch.nn.functional as F
 from .norm import rms_norm
 
 MAX_ROWS = 4  # rows (batch x tokens) up to which the fused kernel is used; measured on the H200 (docs/benchmarks.md)
-MAX_LOOP_ROWS = 16  # rows the kernel can take (5..16 through the row-loop kernel, `_rows_kernel`)
-# (BLOCK_N, num_warps) of the row-loop kernel, by `gated`
-ROWS_CONFIG: dict[bool, tuple[int, int]] = {False: (4, 2), True: (2, 2)}
 ONE_SHOT_K = 2048  # widest input: a row is read in one block (wider layers keep cuBLAS: see _blocks)
 
 
@@ -90,49 +85,6 @@ def _kernel():
     return add_norm_linear_kernel
 
 
-@functools.cache
-def _rows_kernel():
-    """The same computation for up to MAX_LOOP_ROWS rows: the program's weight tile stays in registers and the rows
-    are taken one at a time (the broadcast product of all rows at once, [M, BLOCK_N, BLOCK_K], no longer fits the
-    registers past 4 rows)."""
-    import triton
-    import triton.language as tl
-
-    @triton.jit
-    def add_norm_linear_rows_kernel(h, d, nw, w, h_out, y, N, eps, M: tl.constexpr, K: tl.constexpr,
-                                    HAS_D: tl.constexpr, GATED: tl.constexpr, BLOCK_N: tl.constexpr,
-                                    BLOCK_K: tl.constexpr):
-        pid = tl.program_id(0)
-        dt = h_out.dtype.element_ty
-        rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-        nm = rn < N
-        rk = tl.arange(0, BLOCK_K)
-        km = rk < K
-        wm = nm[:, None] & km[None, :]
-        wt = tl.load(w + rn[:, None] * K + rk[None, :], mask=wm, other=0.0).to(tl.float32)  # [BLOCK_N, BLOCK_K]
-        if GATED:
-            wu = tl.load(w + (rn + N)[:, None] * K + rk[None, :], mask=wm, other=0.0).to(tl.float32)
-        nwv = tl.load(nw + rk, mask=km, other=0.0).to(tl.float32)
-        for m in tl.static_range(M):  # M constexpr: unrolled (one build per row count, 5..16)
-            x = tl.load(h + m * K + rk, mask=km, other=0.0)
-            if HAS_D:
-                x = (x.to(tl.float32) + tl.load(d + m * K + rk, mask=km, other=0.0).to(tl.float32)).to(dt)
-                if pid == 0:
-                    tl.store(h_out + m * K + rk, x, mask=km)
-            xf = x.to(tl.float32)
-            rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / K + eps)
-            xn = (xf * rstd).to(dt).to(tl.float32)
-            xn = (xn * nwv).to(dt).to(tl.float32)
-            out = tl.sum(xn[None, :] * wt, axis=1).to(dt)  # [BLOCK_N]
-            if GATED:
-                up = tl.sum(xn[None, :] * wu, axis=1).to(dt).to(tl.float32)
-                gv = out.to(tl.float32)
-                out = ((gv / (1.0 + tl.exp(-gv))).to(dt).to(tl.float32) * up).to(dt)
-            tl.store(y + m * N + rn, out, mask=nm)
-
-    return add_norm_linear_rows_kernel
-
-
 def _blocks(M: int, N: int, K: int, gated: bool) -> tuple[int, int, int, int]:
     """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps) for M <= MAX_ROWS rows of width K <= ONE_SHOT_K: the row in one block
     (a first version looping over 128-wide blocks was latency-bound on the H200, 1.5-3x slower than cuBLAS), few
@@ -149,18 +101,12 @@ def add_norm_linear(h: torch.Tensor, delta: torch.Tensor | None, norm_weight: to
     *lead, K = h.shape
     M = h.numel() // K
     N = weight.shape[0] // 2 if gated else weight.shape[0]
-    assert M <= MAX_LOOP_ROWS and K <= ONE_SHOT_K and weight.shape[1] == K and weight.is_contiguous(), \
+    assert M <= MAX_ROWS and K <= ONE_SHOT_K and weight.shape[1] == K and weight.is_contiguous(), \
         "add_norm_linear: shape"
     h2 = h.reshape(M, K).contiguous()
     d2 = delta.reshape(M, K).contiguous() if delta is not None else h2
     h_out = torch.empty_like(h2) if delta is not None else h2
     y = torch.empty(M, N, dtype=h.dtype, device=h.device)
-    if M > MAX_ROWS:
-        bn, warps = ROWS_CONFIG[gated]
-        _rows_kernel()[((N + bn - 1) // bn,)](h2, d2, norm_weight, weight, h_out, y, N, eps, M=M, K=K,
-                                              HAS_D=delta is not None, GATED=gated, BLOCK_N=bn,
-                                              BLOCK_K=1 << (K - 1).bit_length(), num_warps=warps)
-        return h_out.view(*lead, K), y.view(*lead, N)
     bm, bn, bk, warps = _blocks(M, N, K, gated)
     _kernel()[((N + bn - 1) // bn,)](h2, d2, norm_weight, weight, h_out, y, M, N, eps, K=K, HAS_D=delta is not None,
                                      GATED=gated, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps)
