@@ -169,14 +169,14 @@ def test_one_hot_sampling_verification_is_greedy():
     tokens = tree.tokens.clone()
     for b in range(B):
         for i in range(D):
-            kids = [c for c in tree.children[b, i].tolist() if c >= 0]
+            kids = [c for c in tree.child_table()[b, i].tolist() if c >= 0]
             for r, c in enumerate(kids):
                 tokens[b, c] = r + i % 3
     tree.tokens = tokens
     for trial in range(20):
         logits = torch.randn(B, D, Vv, generator=gen)
         # bias the logits toward the drafted tokens so that some paths are accepted
-        logits.scatter_add_(2, torch.gather(tokens, 1, tree.children[..., 0].clamp(min=0))[..., None],
+        logits.scatter_add_(2, torch.gather(tokens, 1, tree.child_table()[..., 0].clamp(min=0))[..., None],
                             torch.full((B, D, 1), 3.0))
         g = verify_greedy(tree, logits)
         probs = target_probs(logits.view(B * D, Vv), torch.zeros(B * D), torch.zeros(B * D, dtype=torch.int64),

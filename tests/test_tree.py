@@ -63,6 +63,8 @@ def test_build_tree_matches_brute_force(S, K, D):
     tok, sc, par, dep = random_candidates(B, S, K, gen)
     root = torch.tensor([7, 8, 9])
     tree = build_tree(root, tok, sc, par, dep, D, K, S)
+    if K > 1:
+        assert tree.children is None  # built only when read (sampled verification): greedy steps skip its operators
     for b in range(B):
         nt, npar, nd, anc, ch = brute_force_tree(root[b].item(), tok[b].tolist(), sc[b].tolist(), par[b].tolist(),
                                                 dep[b].tolist(), D)
@@ -71,7 +73,7 @@ def test_build_tree_matches_brute_force(S, K, D):
         assert tree.depth[b].tolist() == nd
         for i in range(D):
             assert {j for j in range(D) if tree.ancestors[b, i, j]} == anc[i]
-            assert [c for c in tree.children[b, i].tolist() if c >= 0] == ch[i]
+            assert [c for c in tree.child_table()[b, i].tolist() if c >= 0] == ch[i]
             path = [n for n in tree.paths[b, i].tolist() if n >= 0]
             assert path == sorted(anc[i], key=lambda j: nd[j])
         for leaf in range(D):
@@ -197,3 +199,18 @@ def test_chain_mask_is_the_trees_visibility():
     for entry in range(W):
         want = prefix_tail_mask(lens, seen[entry][None, None, :].expand(3, 1, W), kv_len)
         assert torch.equal((rel <= entry)[:, None, :], want)
+
+
+def test_prefix_tail_mask_brute_force():
+    """Position p of row b is visible to query t iff p < prefix[b] or (p - prefix[b] < W and tail[b, t, p - prefix])."""
+    from eaglespec.layers.context import prefix_tail_mask
+
+    gen = torch.Generator().manual_seed(5)
+    lens, T, W, kv_len = torch.tensor([0, 3, 6]), 3, 5, 13
+    tail = torch.rand(3, T, W, generator=gen) < 0.5
+    got = prefix_tail_mask(lens, tail, kv_len)
+    for b in range(3):
+        for t in range(T):
+            for p in range(kv_len):
+                r = p - int(lens[b])
+                assert bool(got[b, t, p]) == (r < 0 or (r < W and bool(tail[b, t, r])))

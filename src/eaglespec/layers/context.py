@@ -76,11 +76,23 @@ def prefix_tail_mask(prefix_lens: torch.Tensor, tail_mask: torch.Tensor, kv_len:
     Returns [B, T, kv_len] bool. (The tail is padded with one invisible column that every position past it reads, so
     the mask costs a handful of kernels: it is built in every decode, draft and verify step.)
     """
-    B, T, W = tail_mask.shape
-    rel = cached_arange(kv_len, tail_mask.device)[None, :] - prefix_lens[:, None]  # [B, K] offset into the tail
-    padded = torch.nn.functional.pad(tail_mask, (0, 1))  # [B, T, W+1]: column W is false
-    gathered = torch.gather(padded, 2, rel.clamp(0, W)[:, None, :].expand(B, T, kv_len))  # [B, T, K]
-    return (rel < 0)[:, None, :] | gathered
+    index, before = tail_index(prefix_lens, tail_mask.shape[-1], kv_len)
+    return masked_tail(index, before, torch.nn.functional.pad(tail_mask, (0, 1)))  # column W: false
+
+
+def tail_index(prefix_lens: torch.Tensor, width: int, kv_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The per-step half of `prefix_tail_mask`, for callers that build several masks over one prefix (a draft tree's
+    levels): (index [B, 1, K], the tail column each cache position reads, width for positions past the tail;
+    before [B, 1, K], positions inside the prefix)."""
+    rel = cached_arange(kv_len, prefix_lens.device)[None, :] - prefix_lens[:, None]  # [B, K] offset into the tail
+    return rel.clamp(0, width)[:, None, :], (rel < 0)[:, None, :]
+
+
+def masked_tail(index: torch.Tensor, before: torch.Tensor, padded_tail: torch.Tensor) -> torch.Tensor:
+    """[B, T, K] bool from `tail_index`'s tensors and a tail mask padded with one false column, [B, T, W+1]: two
+    kernels (a gather and an or)."""
+    B, T, _ = padded_tail.shape
+    return before | torch.gather(padded_tail, 2, index.expand(B, T, index.shape[-1]))
 
 
 def appended_mask(prefix_lens: torch.Tensor, length: int, kv_len: int) -> torch.Tensor:

@@ -10,8 +10,9 @@ Conventions (L = committed length of row b, equal for the target and the drafter
   (candidates for position L+1, depth 1 under the root at position L) and that entry's output hidden;
 - tree level k >= 2 runs the drafter once on the K frontier nodes of depth k-1, at position L-1+(k-1), writing K
   scratch entries at L + (k-2)K + j; each entry sees the committed prefix, the scratch entries of its ancestors and
-  itself (`vis`, a [B, K, (S-1)K] mask over the scratch); children score = parent score + log-prob, and the global
-  top-K of the K^2 children is the next frontier.
+  itself (`vis`, a [B, K, (S-1)K + 1] mask over the scratch and a false pad column, so that a level's mask is two
+  kernels: `masked_tail`); children score = parent score + log-prob, and the global top-K of the K^2 children is
+  the next frontier.
 - `catch_up` runs the drafter over committed tokens with the target's aux states (after prefill or verification) and
   returns the next `DraftState`.
 - A chain (K = 1) takes `draft_chain`: the same forwards, positions, writes and visibility (entry k-2 sees the
@@ -40,7 +41,7 @@ from typing import Callable
 import torch
 
 from ..layers import topk_kernel
-from ..layers.context import appended_mask, cached_arange, prefix_tail_mask
+from ..layers.context import appended_mask, cached_arange, masked_tail, tail_index
 from ..layers.sampling import sample, target_probs
 
 DrafterStep = Callable[..., tuple[torch.Tensor, torch.Tensor]]
@@ -149,13 +150,16 @@ def draft_tree(
     f_idx = slots.expand(B, K)  # candidate ids of the frontier
     f_tok, f_score = c_tokens[0], state.top_logp
     f_hidden = state.hidden[:, None, :].expand(B, K, state.hidden.shape[-1])
-    vis = own[0].expand(B, K, W)  # frontier slot j -> its level-2 entry j
+    # per step, not per level: the cache column each position reads and the level-2 write slots
+    index, before = tail_index(seq_len, W, kv_len)
+    write0 = seq_len[:, None] + slots[None, :]  # [B, K]
+    vis = own[0].expand(B, K, W + 1)  # frontier slot j -> its level-2 entry j (column W: the false pad)
     base = K
     for level in range(2, steps + 1):
         entry = (level - 2) * K
-        positions = (seq_len - 1 + (level - 1))[:, None].expand(B, K)
-        write = (seq_len + entry)[:, None] + slots[None, :]
-        mask = prefix_tail_mask(seq_len, vis, kv_len)
+        positions = (seq_len + (level - 2))[:, None].expand(B, K)  # L-1+(level-1)
+        write = write0 + entry if entry else write0
+        mask = masked_tail(index, before, vis)
         logits, hidden = step(f_tok, f_hidden, positions, write, mask, False, None)
         ids, logp = topk_logp(logits, K)  # [B, K, K]
         scores = (f_score[:, :, None] + logp).reshape(B, K * K)
@@ -172,7 +176,7 @@ def draft_tree(
         f_score = torch.gather(scores, 1, f_best)
         f_hidden = torch.gather(hidden, 1, f_parent_slot[..., None].expand(B, K, hidden.shape[-1]))
         # the next level's entry j belongs to frontier slot j, which also sees its parent's entries
-        vis = torch.gather(vis, 1, f_parent_slot[..., None].expand(B, K, W)) | own[level - 1]
+        vis = torch.gather(vis, 1, f_parent_slot[..., None].expand(B, K, W + 1)) | own[level - 1]
         base += K * K
     return Candidates(
         tokens=torch.cat(c_tokens, 1),
@@ -184,11 +188,11 @@ def draft_tree(
 
 @functools.cache  # never evicted: captured CUDA graphs read these tensors by address
 def _tree_constants(K: int, steps: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per (K, S, device), built once and only read: slots = arange(K); own [S-1, K, W]: level l+2's scratch
-    entries, entry j owned by frontier slot j; depth [N] of the level-ordered candidates (K at depth 1, then K^2
-    per level)."""
+    """Per (K, S, device), built once and only read: slots = arange(K); own [S-1, K, W+1]: level l+2's scratch
+    entries, entry j owned by frontier slot j (column W always false: the pad `masked_tail` reads past the tail);
+    depth [N] of the level-ordered candidates (K at depth 1, then K^2 per level)."""
     W = max((steps - 1) * K, 1)
-    own = torch.zeros(max(steps - 1, 1), K, W, dtype=torch.bool, device=device)
+    own = torch.zeros(max(steps - 1, 1), K, W + 1, dtype=torch.bool, device=device)
     for lvl in range(steps - 1):
         own[lvl, :, lvl * K : (lvl + 1) * K] = torch.eye(K, dtype=torch.bool, device=device)
     depth = torch.cat([torch.ones(K, dtype=torch.int64, device=device)]

@@ -8,9 +8,10 @@ smaller index, wins over its child and every kept node's parent is kept too), or
 before children) and puts the root first. Output `DraftTree` (node 0 = root = the last committed token):
     tokens [B, D], parents [B, D] (root: -1), depth [B, D] (root: 0),
     ancestors [B, D, D] bool: ancestors[b, i, j] iff node j is node i or one of its ancestors (the verify mask),
-    children [B, D, K]: the children of each node in node order, -1 padded,
     paths [B, D, S+1]: for each node, its root-to-node path (node ids by depth, -1 padded); the rows of leaves are
-    the root-to-leaf paths.
+    the root-to-leaf paths,
+    children [B, D, K] (`DraftTree.child_table()`): the children of each node in node order, -1 padded; built on
+    first use, since only sampled verification reads it (a greedy tree step skips its ~18 operators).
 Everything is a fixed-shape tensor op: no host synchronisation.
 A chain (topk 1) needs no selection: its cumulative scores never increase with depth, so the best D-1 candidates are
 always the first D-1, and every table but the tokens is a constant (`chain_tables`, built once per shape): the
@@ -33,17 +34,24 @@ class DraftTree:
     parents: torch.Tensor  # [B, D]
     depth: torch.Tensor  # [B, D]
     ancestors: torch.Tensor  # [B, D, D]
-    children: torch.Tensor  # [B, D, K]
     paths: torch.Tensor  # [B, D, S+1]
+    children: torch.Tensor | None = None  # [B, D, K], or None until `child_table()` builds it
+    topk: int = 1  # K: children per node at most
     q: torch.Tensor | None = None  # [B, D-1, Vd] sampled chains: node i+1's drafter distribution (the root's none)
 
     @property
     def size(self) -> int:
         return self.tokens.shape[1]
 
+    def child_table(self) -> torch.Tensor:
+        """[B, D, K] children of each node in node order, -1 padded (built on first use, then kept)."""
+        if self.children is None:
+            self.children = children_table(self.parents, self.topk)
+        return self.children
+
     def is_leaf(self) -> torch.Tensor:
         """[B, D] bool: nodes without children."""
-        return self.children[..., 0] < 0
+        return self.child_table()[..., 0] < 0
 
 
 def ancestor_tables(parents: torch.Tensor, depth: torch.Tensor, max_depth: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -132,11 +140,4 @@ def build_tree(
     parents = torch.cat((torch.full((B, 1), -1, dtype=torch.int64, device=dev), npar), dim=1)
     depth = torch.cat((torch.zeros(B, 1, dtype=torch.int64, device=dev), torch.gather(cand_depth, 1, sel)), dim=1)
     ancestors, paths = ancestor_tables(parents, depth, max_depth)
-    return DraftTree(
-        tokens=tokens,
-        parents=parents,
-        depth=depth,
-        ancestors=ancestors,
-        children=children_table(parents, topk),
-        paths=paths,
-    )
+    return DraftTree(tokens=tokens, parents=parents, depth=depth, ancestors=ancestors, paths=paths, topk=topk)

@@ -68,7 +68,8 @@ def verify_sampling(tree: DraftTree, probs: torch.Tensor, generator: torch.Gener
     V], or [B, D-1, Vd] over a draft vocabulary whose target ids are `draft_vocab_ids` [Vd] (laid over the target
     vocabulary one node at a time, so no [B, D-1, V] copy is made)."""
     B, D, V = probs.shape
-    K = tree.children.shape[-1]
+    children = tree.child_table()  # [B, D, K]
+    K = children.shape[-1]
     if draft_probs is not None:
         assert K == 1, "sampled drafts are verified for chains only"
         return _verify_sampled_chain(tree, probs, draft_probs, draft_vocab_ids, generator)
@@ -82,7 +83,7 @@ def verify_sampling(tree: DraftTree, probs: torch.Tensor, generator: torch.Gener
         res = probs[rows, cur].clone()  # [B, V] what is left of q at the current node
         moved = torch.zeros(B, dtype=torch.bool, device=dev)
         nxt = cur.clone()
-        kids = tree.children[rows, cur]  # [B, K]
+        kids = children[rows, cur]  # [B, K]
         for j in range(K):
             c = kids[:, j]
             live = active & ~moved & (c >= 0)
