@@ -35,6 +35,7 @@ if CPU:
 import torch  # noqa: E402
 
 from eaglespec.bench.drafters import verify_step_seconds  # noqa: E402
+from eaglespec.bench.graph_timing import per_call_us as graph_per_call_us  # noqa: E402
 from eaglespec.bench.random_model import random_model  # noqa: E402
 from eaglespec.config import EngineConfig, SpecConfig  # noqa: E402
 from eaglespec.engine.engine import Engine  # noqa: E402
@@ -60,28 +61,8 @@ def emit(row: dict) -> None:
 
 
 def per_call_us(fn, calls: int = 50) -> float:
-    """Time of one call of fn, captured `calls` times in one CUDA graph (launch gaps as in the engine's graphs)."""
-    if CPU:
-        t = time.perf_counter()
-        fn()
-        return 1e6 * (time.perf_counter() - t)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(calls):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(10):
-        g.replay()
-    torch.cuda.synchronize()
-    return 1e6 * (time.perf_counter() - t) / (10 * calls)
+    """Time of one call of fn in a CUDA graph of `calls` calls (eaglespec.bench.graph_timing)."""
+    return graph_per_call_us(fn, calls, DEV)
 
 
 def launch(h, d, nw, w, gated, cfg):

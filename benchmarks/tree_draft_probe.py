@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from eaglespec.bench.random_model import random_drafter, random_model
+from eaglespec.bench.graph_timing import per_call_us as graph_per_call_us
 from eaglespec.config import EngineConfig, SpecConfig
 from eaglespec.engine.engine import Engine
 from eaglespec.engine.transforms import prepare_for_inference
@@ -48,28 +49,8 @@ def sync() -> None:
 
 
 def per_call_us(fn, calls: int = 50) -> float:
-    """Time of one call of fn, captured `calls` times in one CUDA graph (eager on the CPU)."""
-    if CPU:
-        t = time.perf_counter()
-        fn()
-        return 1e6 * (time.perf_counter() - t)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(calls):
-            fn()
-    g.replay()
-    sync()
-    t = time.perf_counter()
-    for _ in range(10):
-        g.replay()
-    sync()
-    return 1e6 * (time.perf_counter() - t) / (10 * calls)
+    """Time of one call of fn in a CUDA graph of `calls` calls (eaglespec.bench.graph_timing)."""
+    return graph_per_call_us(fn, calls, DEV)
 
 
 # --- 1 and 2: the phases of whole speculative steps ----------------------------------------------------------------
