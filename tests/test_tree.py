@@ -214,3 +214,23 @@ def test_prefix_tail_mask_brute_force():
             for p in range(kv_len):
                 r = p - int(lens[b])
                 assert bool(got[b, t, p]) == (r < 0 or (r < W and bool(tail[b, t, r])))
+
+
+@pytest.mark.parametrize("S,D", [(3, 4), (4, 3), (1, 2)])
+def test_chain_verification_equals_the_general_rule(S, D):
+    """verify_greedy_chain (the engine's greedy chains) gives verify_greedy's result field for field, for every
+    accepted length (D <= S + 1: a chain may verify fewer tokens than it drafted)."""
+    from eaglespec.spec.verify import verify_greedy, verify_greedy_chain
+
+    gen = torch.Generator().manual_seed(S * 10 + D)
+    B, V = 64, 5
+    cand = torch.randint(0, V, (B, S), generator=gen)
+    tree = build_tree(torch.randint(0, V, (B,), generator=gen), cand, None, None, None, D, 1, S)
+    logits = torch.randn(B, D, V, generator=gen)
+    hit = torch.rand(B, D, generator=gen) < 0.7  # most nodes predicted right, so every run length occurs
+    nxt = torch.cat((tree.tokens[:, 1:], tree.tokens[:, :1]), 1)
+    logits.scatter_add_(2, nxt[..., None], torch.where(hit, 10.0, 0.0)[..., None])
+    a, b = verify_greedy(tree, logits), verify_greedy_chain(tree, logits)
+    for f in ("accept_len", "best", "path", "tokens", "bonus"):
+        assert torch.equal(getattr(a, f), getattr(b, f)), f
+    assert set(a.accept_len.tolist()) == set(range(D))

@@ -30,12 +30,12 @@ from typing import Sequence
 import torch
 
 from ..config import SpecConfig
-from ..layers.context import ForwardContext, appended_mask, prefix_tail_mask
+from ..layers.context import ForwardContext, appended_mask, cached_arange, prefix_tail_mask
 from ..layers.sampling import sample, target_probs
 from ..sampling_params import SamplingParams
 from ..spec.draft import DraftState, catch_up, draft_tree
 from ..spec.tree import DraftTree, build_tree
-from ..spec.verify import VerifyResult, verify_greedy, verify_sampling
+from ..spec.verify import VerifyResult, verify_greedy, verify_greedy_chain, verify_sampling
 from .kv_cache import KVCache
 from .timing import PhaseTimer
 
@@ -354,13 +354,18 @@ class ModelRunner:
         D = self.spec.draft_tokens
         B, dev = r.shape[0], self.device
         L = self.seq_len[r]
-        write = L[:, None] + torch.arange(D, device=dev)[None, :]
-        ctx = ForwardContext(positions=L[:, None] + tree.depth, write_index=write,
-                             attn_mask=prefix_tail_mask(L, tree.ancestors, kv_len), kv=self.kv.layers(),
-                             rows=ctx_rows)
+        write = L[:, None] + cached_arange(D, dev)[None, :]
+        chain = self.spec.topk == 1
+        if chain:  # node i at depth i: positions are the write slots, the mask is an appended one (2 kernels)
+            ctx = ForwardContext(positions=write, write_index=write, attn_mask=appended_mask(L, D, kv_len),
+                                 kv=self.kv.layers(), rows=ctx_rows)
+        else:
+            ctx = ForwardContext(positions=L[:, None] + tree.depth, write_index=write,
+                                 attn_mask=prefix_tail_mask(L, tree.ancestors, kv_len), kv=self.kv.layers(),
+                                 rows=ctx_rows)
         out = self.target(tree.tokens, ctx)
         if greedy:
-            return verify_greedy(tree, out.logits), out.aux_hidden
+            return (verify_greedy_chain if chain else verify_greedy)(tree, out.logits), out.aux_hidden
         V = out.logits.shape[-1]
         probs = target_probs(out.logits.reshape(B * D, V), self.temperature[r].repeat_interleave(D),
                              self.top_k[r].repeat_interleave(D), self.top_p[r].repeat_interleave(D))
@@ -374,8 +379,8 @@ class ModelRunner:
         S1 = self.spec.steps + 1
         B, dev = r.shape[0], self.device
         L = self.seq_len[r]
-        # tree slots L + path[i] -> L + i
-        self.kv.compact(r, L[:, None] + res.path, L[:, None] + torch.arange(S1, device=dev)[None, :])
+        if self.spec.topk > 1:  # tree slots L + path[i] -> L + i (a chain's accepted nodes 0..m already lie there)
+            self.kv.compact(r, L[:, None] + res.path, L[:, None] + cached_arange(S1, dev)[None, :])
         aux = torch.gather(aux_all, 1, res.path[..., None].expand(B, S1, aux_all.shape[-1]))
         n_new = res.accept_len + 1
         st = catch_up(self._draft_step(ctx_rows), res.tokens, aux, L, n_new, kv_len, self.spec.topk,
