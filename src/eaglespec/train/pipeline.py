@@ -174,7 +174,9 @@ def train_drafter(target: torch.nn.Module, tokenizer: "BaseTokenizer", conversat
 
     if init is not None:
         drafter = init[0]
-        log(f"continuing from the drafter in {opts.init}")
+        # its aux layers (and, without --rebuild-vocab, its vocabulary) are the ones its weights were trained on
+        log(f"continuing from the drafter in {opts.init} (aux layers {list(opts.train.aux_layers)} kept, "
+            "whatever --aux-layers says)")
         if opts.rebuild_vocab:
             assert init[1] is not None
             shared = int((init[1].t2d & vocab.t2d).sum())
