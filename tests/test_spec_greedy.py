@@ -11,7 +11,8 @@ from eaglespec.engine.engine import Engine
 from eaglespec.sampling_params import SamplingParams
 from eaglespec.spec.oracle import OracleDrafter
 
-CONFIGS = [SpecConfig(1, 1, 2), SpecConfig(3, 1, 4), SpecConfig(5, 4, 8), SpecConfig(6, 8, 32)]
+CONFIGS = [SpecConfig(1, 1, 2), SpecConfig(3, 1, 4), SpecConfig(4, 1, 3), SpecConfig(5, 4, 8), SpecConfig(6, 8, 32)]
+# (S4 K1 D3: a chain that verifies fewer tokens than it drafts)
 PROMPTS = [[1, 2, 3, 4, 5], [7, 8, 9], list(range(10, 40)), [5]]
 
 
