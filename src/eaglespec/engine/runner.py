@@ -126,12 +126,13 @@ class ModelRunner:
             self.d_top_logp = torch.zeros(rows, K, dtype=torch.float32, device=dev) if K > 1 else None
             self.d_hidden = torch.zeros(rows, H, dtype=self.dtype, device=dev)
             # chains draw sampled rows' drafts from the drafter's distribution: its depth-1 logits from the
-            # catch-up (in the drafter's dtype, as it writes them; the log-softmax reads them as float32), and the
-            # target ids of the draft vocabulary to lay its distributions over the target's
+            # catch-up (in the drafter's dtype, as it writes them; the log-softmax reads them as float32)
             dcfg = self.drafter.config
             Vd = dcfg.eagle.draft_vocab_size or dcfg.vocab_size
             self.d_logits = torch.zeros(rows, Vd, dtype=self.dtype, device=dev) if K == 1 else None
-            self.d_target_ids = self.drafter.to_target_ids(torch.arange(Vd, device=dev)) if K == 1 else None
+            # the target id of every draft id: drafts map through one lookup (the drafter's own map is two
+            # kernels), and sampled chains lay the drafter's distributions over the target's vocabulary with it
+            self.d_target_ids = self.drafter.to_target_ids(torch.arange(Vd, device=dev))
         if self.graphs is not None:
             self.graphs.reset()
 
@@ -340,7 +341,7 @@ class ModelRunner:
         sampled = not greedy and K == 1
         state = DraftState(self.d_top_ids[r], self.d_top_logp[r] if self.d_top_logp is not None else None,
                            self.d_hidden[r], self.d_logits[r] if sampled else None)
-        cands = draft_tree(self._draft_step(ctx_rows), self.drafter.to_target_ids, state, L, S, K, kv_len,
+        cands = draft_tree(self._draft_step(ctx_rows), self.d_target_ids.__getitem__, state, L, S, K, kv_len,
                            (self.temperature[r], self.top_k[r], self.top_p[r]) if sampled else None, self.generator)
         tree = build_tree(self.last_token[r], cands.tokens, cands.scores, cands.parents, cands.depth, D, K, S)
         if cands.q is not None:  # node i >= 1 is candidate i-1; the root was not drafted
