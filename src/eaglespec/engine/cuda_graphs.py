@@ -115,7 +115,7 @@ class GraphCache:
         if kind == "prefill":  # kv_len is the padded prompt length; inputs live in static buffers (prefill())
             ids, lens, row = self._prefill_in[(kind, B, kv_len, greedy)]
             return [("prefill", lambda: run._prefill_core(row, ids, lens, greedy))]
-        r = torch.arange(B, device=run.device)
+        r = slice(0, B)  # rows 0..B-1: the per-row state is read through views (an index tensor would gather)
         if kind == "decode":
             return [("decode", lambda: run._decode_core(r, None, kv_len, greedy))]
         box: dict[str, object] = {}

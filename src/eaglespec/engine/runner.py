@@ -25,7 +25,7 @@ key length; on CUDA `GraphCache` (cuda_graphs.py) captures it once per (batch bu
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Sequence, Union
 
 import torch
 
@@ -38,6 +38,10 @@ from ..spec.tree import DraftTree, build_tree
 from ..spec.verify import VerifyResult, verify_greedy, verify_greedy_chain, verify_sampling
 from .kv_cache import KVCache
 from .timing import PhaseTimer
+
+# the rows a step runs on: an index tensor (eager steps: any rows), or slice(0, B) (the graph phases: rows 0..B-1,
+# read and written through views of the per-row state, where an index tensor costs a gather kernel per read)
+Rows = Union[torch.Tensor, slice]
 
 
 @dataclass
@@ -160,7 +164,11 @@ class ModelRunner:
         contiguous = list(rows) == list(range(len(rows)))
         return t, None if contiguous else t
 
-    def _sample(self, logits: torch.Tensor, r: torch.Tensor, greedy: bool) -> torch.Tensor:
+    @staticmethod
+    def _count(r: Rows) -> int:
+        return r.stop if isinstance(r, slice) else r.shape[0]
+
+    def _sample(self, logits: torch.Tensor, r: Rows, greedy: bool) -> torch.Tensor:
         """logits [B, V] -> tokens [B]."""
         if greedy:
             return logits.argmax(-1)
@@ -175,7 +183,7 @@ class ModelRunner:
 
         return step
 
-    def _store_draft(self, r: torch.Tensor, st: DraftState) -> None:
+    def _store_draft(self, r: Rows, st: DraftState) -> None:
         self.d_top_ids[r] = st.top_ids
         if st.top_logp is not None:  # trees
             self.d_top_logp[r] = st.top_logp
@@ -257,8 +265,8 @@ class ModelRunner:
         return tok
 
     # --- decode -------------------------------------------------------------------------------------------------
-    def _decode_core(self, r: torch.Tensor, ctx_rows: torch.Tensor | None, kv_len: int, greedy: bool) -> torch.Tensor:
-        B, dev = r.shape[0], self.device
+    def _decode_core(self, r: Rows, ctx_rows: torch.Tensor | None, kv_len: int, greedy: bool) -> torch.Tensor:
+        B, dev = self._count(r), self.device
         L = self.seq_len[r]
         ctx = ForwardContext(positions=L[:, None], write_index=L[:, None],
                              attn_mask=appended_mask(L, 1, kv_len),
@@ -333,7 +341,7 @@ class ModelRunner:
     # --- speculative step ---------------------------------------------------------------------------------------
     # Three phases over explicit tensors (captured as three graphs on CUDA, so their times can be told apart).
     # kv_len >= (longest committed length) + headroom() in all three.
-    def _spec_draft(self, r: torch.Tensor, ctx_rows: torch.Tensor | None, kv_len: int, greedy: bool) -> DraftTree:
+    def _spec_draft(self, r: Rows, ctx_rows: torch.Tensor | None, kv_len: int, greedy: bool) -> DraftTree:
         """The draft tree; a chain in a step with sampled rows samples their drafts (spec/draft.py) and the tree
         carries the drafter's distributions (`DraftTree.q`, node i+1's at index i) for verification."""
         S, K, D = self.spec.steps, self.spec.topk, self.spec.draft_tokens
@@ -348,12 +356,12 @@ class ModelRunner:
             tree.q = cands.q[:, : D - 1]  # [B, D-1, Vd]
         return tree
 
-    def _spec_verify(self, r: torch.Tensor, ctx_rows: torch.Tensor | None, kv_len: int, tree: DraftTree,
+    def _spec_verify(self, r: Rows, ctx_rows: torch.Tensor | None, kv_len: int, tree: DraftTree,
                      greedy: bool) -> tuple[VerifyResult, torch.Tensor]:
         """Target forward over the D tree tokens (positions L + depth, written at L..L+D-1, each seeing the prefix
         and its ancestors) and acceptance; returns the result and the aux states [B, D, n_aux*H]."""
         D = self.spec.draft_tokens
-        B, dev = r.shape[0], self.device
+        B, dev = self._count(r), self.device
         L = self.seq_len[r]
         write = L[:, None] + cached_arange(D, dev)[None, :]
         chain = self.spec.topk == 1
@@ -374,14 +382,15 @@ class ModelRunner:
         return verify_sampling(tree, probs.view(B, D, V), self.generator, tree.q,
                                self.d_target_ids if tree.q is not None else None), out.aux_hidden
 
-    def _spec_commit(self, r: torch.Tensor, ctx_rows: torch.Tensor | None, kv_len: int, res: VerifyResult,
+    def _spec_commit(self, r: Rows, ctx_rows: torch.Tensor | None, kv_len: int, res: VerifyResult,
                      aux_all: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Keep the accepted path in the target KV, catch the drafter up, advance the row state."""
         S1 = self.spec.steps + 1
-        B, dev = r.shape[0], self.device
+        B, dev = self._count(r), self.device
         L = self.seq_len[r]
         if self.spec.topk > 1:  # tree slots L + path[i] -> L + i (a chain's accepted nodes 0..m already lie there)
-            self.kv.compact(r, L[:, None] + res.path, L[:, None] + cached_arange(S1, dev)[None, :])
+            rows_t = cached_arange(B, dev) if isinstance(r, slice) else r
+            self.kv.compact(rows_t, L[:, None] + res.path, L[:, None] + cached_arange(S1, dev)[None, :])
         aux = torch.gather(aux_all, 1, res.path[..., None].expand(B, S1, aux_all.shape[-1]))
         n_new = res.accept_len + 1
         st = catch_up(self._draft_step(ctx_rows), res.tokens, aux, L, n_new, kv_len, self.spec.topk,
