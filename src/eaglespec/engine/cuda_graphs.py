@@ -158,7 +158,7 @@ class GraphCache:
                     out = fn()
                 graphs.append((name, g))
         self.graphs[key] = graphs
-        # the closures own tensors the graphs read by address (the row index, the phases' outputs): keep them alive
+        # the closures own tensors the graphs read by address (the phases' outputs, the prefill inputs): keep them alive
         self._keep[key] = phases
         self.outputs[key] = out if isinstance(out, tuple) else (out,)
 
