@@ -52,7 +52,7 @@ def test_verdict_sentences():
     assert v1.message() == ("net-negative at batch size 1: the fastest speculative configuration (S=5 K=4 D=16) runs "
                             "90.5 tok/s, slower than no speculation at 100.0 tok/s; run without speculation")
     assert v8.message() == "batch size 8: fastest is S=3 K=1 D=4 (d S3 K1 D4) at 520.0 tok/s, 1.30x no speculation " \
-                           "(400.0 tok/s)"
+                           "(400.0 tok/s): --steps 3 --topk 1 --draft-tokens 4"  # the flags that run it (generate)
     sec = tune_section(recs)
     assert sec["fastest"] == {"1": "no-spec", "8": "d S3 K1 D4"}  # the peer is not a candidate
     assert sec["fastest_speculative"] == {"1": "d S5 K4 D16", "8": "d S3 K1 D4"}

@@ -76,7 +76,8 @@ class Verdict:
                     f"runs {s['tok_per_s']:.1f} tok/s, slower than no speculation at {b['tok_per_s']:.1f} tok/s; "
                     "run without speculation")
         return (f"batch size {self.batch_size}: fastest is {shape} ({s['config']}) at {s['tok_per_s']:.1f} tok/s, "
-                f"{s['tok_per_s'] / b['tok_per_s']:.2f}x no speculation ({b['tok_per_s']:.1f} tok/s)")
+                f"{s['tok_per_s'] / b['tok_per_s']:.2f}x no speculation ({b['tok_per_s']:.1f} tok/s): "
+                f"--steps {s['steps']} --topk {s['topk']} --draft-tokens {s['draft_tokens']}")
 
 
 def verdict(records: Sequence[dict[str, Any]]) -> list[Verdict]:
