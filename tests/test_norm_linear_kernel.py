@@ -91,3 +91,50 @@ def test_engine_with_the_kernels_equals_plain(monkeypatch):
 
     assert_transformed_engine_equals_plain(prepare, SpecConfig(1, 1, 2), [[1, 2, 3, 4], list(range(10, 15))], 6)
     assert {2, 4} <= rows_seen  # two rows' decode, two rows' verify of 2 tokens
+
+
+def test_drafter_mlp_half_through_the_kernel(monkeypatch):
+    """The transform wires an EAGLE-3 drafter's layer too (its MLP half: add, norm, gate/up, SiLU): a catch-up of 4
+    tokens and a draft step of 1 give the plain drafter's logits and hidden states (float32), and speculation with
+    it still gives the target's tokens."""
+    from copy import deepcopy
+
+    from tiny import tiny_drafter
+
+    from eaglespec.engine.engine import Engine
+    from eaglespec.engine.kv_cache import KVCache
+    from eaglespec.sampling_params import SamplingParams
+
+    blocks = nlk._blocks  # the interpreter runs programs one after another: one program per call here
+    monkeypatch.setattr(nlk, "_blocks", lambda M, N, K, gated: (blocks(M, N, K, gated)[0], 1 << (N - 1).bit_length(),
+                                                                 *blocks(M, N, K, gated)[2:]))
+    target = fuse_projections(tiny_llama(seed=0))
+    plain = use_rope_store_kernel(fuse_projections(tiny_drafter(target, seed=1)))
+    fused = use_norm_linear_kernel(deepcopy(plain))
+    for d in (plain, fused):
+        d.set_embed_and_head(*target.get_embed_and_head())
+    layer = fused.midlayer
+    assert layer.norm_linear is add_norm_linear and layer.norm_linear_rows == MAX_ROWS
+    calls = []
+    layer.norm_linear = lambda h, *a: calls.append(h.shape[0] * h.shape[1]) or add_norm_linear(h, *a)
+    g = torch.Generator().manual_seed(3)
+    toks, aux = torch.randint(0, 97, (1, 4), generator=g), torch.randn(1, 4, 3 * 64, generator=g)
+    outs = []
+    for d in (plain, fused):
+        kv = KVCache(1, d.kv_cache_shapes(), 1, 8, torch.float32, "cpu")
+        pos = torch.arange(4)[None]
+        ctx = ForwardContext(positions=pos, write_index=pos, attn_mask=torch.ones(4, 4, dtype=torch.bool).tril()[None],
+                             kv=kv.layers())
+        logits, h = d(toks, aux, ctx, from_target=True)  # a catch-up of 4 tokens
+        ctx = ForwardContext(positions=torch.tensor([[4]]), write_index=torch.tensor([[4]]),
+                             attn_mask=torch.ones(1, 1, 5, dtype=torch.bool), kv=kv.layers())
+        logits2, h2 = d(torch.tensor([[5]]), h[:, -1:], ctx, from_target=False)  # a draft step
+        outs.append((logits, h, logits2, h2))
+    for a, b in zip(*outs):
+        assert torch.allclose(a, b, atol=1e-5, rtol=1e-5)
+    assert calls == [4, 1]
+    params = SamplingParams(max_new_tokens=8, ignore_eos=True)
+    prompts = [[1, 2, 3, 4], list(range(10, 15))]
+    ref = [o.token_ids for o in Engine(target, None).generate(prompts, params)]
+    eng = Engine(target, None, drafter=fused, spec=SpecConfig(3, 1, 4))
+    assert [o.token_ids for o in eng.generate(prompts, params)] == ref

@@ -6,7 +6,8 @@
 - `use_short_attention_kernel(model)` (CUDA): attention of decode / verify / drafter steps of small batches over the
   cache as two Triton kernels (split-K + combine) instead of SDPA's cuDNN kernel.
 - `use_norm_linear_kernel(model)` (CUDA): in Llama-style layers, residual add + RMSNorm + q/k/v projection and
-  residual add + RMSNorm + gate/up projection + SiLU gating as one Triton kernel each, for steps of a few rows.
+  residual add + RMSNorm + gate/up projection + SiLU gating as one Triton kernel each, for steps of a few rows; in an
+  EAGLE-3 drafter's layer the second of these.
 - `compile_elementwise(model)`: RMSNorm, residual-add + RMSNorm, RoPE, RoPE's cos/sin tables and SiLU-gating through
   `torch.compile` (one fused kernel each instead of ~5), shapes dynamic so one compilation serves every batch and
   length bucket.
@@ -79,12 +80,14 @@ def use_short_attention_kernel(model: nn.Module) -> nn.Module:
 def use_norm_linear_kernel(model: nn.Module, max_rows: int | None = None) -> nn.Module:
     """Residual add + RMSNorm + projection (+ SiLU gating) as one Triton kernel in every pre-norm layer whose
     attention has a fused bias-free q/k/v projection and whose MLP is a fused bias-free SiLU gate/up MLP
-    (layers/norm_linear_kernel.py), for steps of at most `max_rows` rows (default: the kernel's MAX_ROWS).
+    (layers/norm_linear_kernel.py), and for the MLP half of an EAGLE-3 drafter's layer, for steps of at most
+    `max_rows` rows (default: the kernel's MAX_ROWS).
     Only models of width <= ONE_SHOT_K (SmolLM2's 576): on the H200 the kernel beats the launches it saves there,
     while for 4096-wide layers a blocked version was 2x slower than cuBLAS (docs/benchmarks.md, "Session 5").
     Layers of other shapes (MLA, MoE) keep their path."""
     from ..layers.norm_linear_kernel import MAX_ROWS, ONE_SHOT_K, add_norm_linear
     from ..models.base import PreNormDecoderLayer
+    from ..models.eagle3 import Eagle3MidLayer
 
     for m in model.modules():
         if not isinstance(m, PreNormDecoderLayer):
@@ -95,6 +98,13 @@ def use_norm_linear_kernel(model: nn.Module, max_rows: int | None = None) -> nn.
                 and isinstance(f, GatedMLP) and getattr(f, "gate_up_proj", None) is not None
                 and f.gate_up_proj.bias is None and f.act_name == "silu"
                 and isinstance(m.input_layernorm, RMSNorm) and isinstance(m.post_attention_layernorm, RMSNorm)):
+            m.norm_linear = add_norm_linear
+            m.norm_linear_rows = MAX_ROWS if max_rows is None else max_rows
+    for m in model.modules():  # an EAGLE-3 drafter's layer: its MLP half (its q/k/v input is two normed halves)
+        f = getattr(m, "mlp", None)
+        if (isinstance(m, Eagle3MidLayer) and isinstance(f, GatedMLP) and getattr(f, "gate_up_proj", None) is not None
+                and f.gate_up_proj.bias is None and f.act_name == "silu" and f.gate_up_proj.in_features <= ONE_SHOT_K
+                and isinstance(m.post_attention_layernorm, RMSNorm)):
             m.norm_linear = add_norm_linear
             m.norm_linear_rows = MAX_ROWS if max_rows is None else max_rows
     return model

@@ -28,6 +28,11 @@ from ..layers.rotary import Rotary
 
 
 class Eagle3MidLayer(nn.Module):
+    # engine.transforms may set the fused add + RMSNorm + gate/up + SiLU kernel (layers/norm_linear_kernel.py) for
+    # the MLP half (r = h + attn, its norm, gate/up and gating in one launch); used for steps of <= norm_linear_rows
+    norm_linear = None
+    norm_linear_rows = 0
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         H = cfg.hidden_size
@@ -41,7 +46,12 @@ class Eagle3MidLayer(nn.Module):
 
     def forward(self, e, h, cos, sin, ctx: ForwardContext, cache) -> torch.Tensor:
         x = torch.cat((self.input_layernorm(e), self.hidden_norm(h)), dim=-1)  # [B, T, 2H]
-        r = h + self.self_attn(x, cos, sin, ctx, cache)
+        a = self.self_attn(x, cos, sin, ctx, cache)
+        if self.norm_linear is not None and h.shape[0] * h.shape[1] <= self.norm_linear_rows:
+            n2 = self.post_attention_layernorm
+            r, act = self.norm_linear(h, a, n2.weight, n2.eps, self.mlp.gate_up_proj.weight, True)
+            return r + self.mlp.down_proj(act)
+        r = h + a
         return r + self.mlp(self.post_attention_layernorm(r))
 
 
