@@ -89,24 +89,24 @@ def use_norm_linear_kernel(model: nn.Module, max_rows: int | None = None) -> nn.
     from ..models.base import PreNormDecoderLayer
     from ..models.eagle3 import Eagle3MidLayer
 
-    for m in model.modules():
-        if not isinstance(m, PreNormDecoderLayer):
-            continue
-        a, f = m.self_attn, m.mlp
-        if (isinstance(a, GQAAttention) and getattr(a, "qkv_proj", None) is not None and a.qkv_proj.bias is None
-                and a.qkv_proj.in_features <= ONE_SHOT_K
-                and isinstance(f, GatedMLP) and getattr(f, "gate_up_proj", None) is not None
-                and f.gate_up_proj.bias is None and f.act_name == "silu"
-                and isinstance(m.input_layernorm, RMSNorm) and isinstance(m.post_attention_layernorm, RMSNorm)):
-            m.norm_linear = add_norm_linear
-            m.norm_linear_rows = MAX_ROWS if max_rows is None else max_rows
-    for m in model.modules():  # an EAGLE-3 drafter's layer: its MLP half (its q/k/v input is two normed halves)
-        f = getattr(m, "mlp", None)
-        if (isinstance(m, Eagle3MidLayer) and isinstance(f, GatedMLP) and getattr(f, "gate_up_proj", None) is not None
+    rows = MAX_ROWS if max_rows is None else max_rows
+
+    def mlp_half_fits(m: nn.Module) -> bool:  # residual add + post-attention RMSNorm + fused SiLU gate/up
+        f = m.mlp
+        return (isinstance(f, GatedMLP) and getattr(f, "gate_up_proj", None) is not None
                 and f.gate_up_proj.bias is None and f.act_name == "silu" and f.gate_up_proj.in_features <= ONE_SHOT_K
-                and isinstance(m.post_attention_layernorm, RMSNorm)):
-            m.norm_linear = add_norm_linear
-            m.norm_linear_rows = MAX_ROWS if max_rows is None else max_rows
+                and isinstance(m.post_attention_layernorm, RMSNorm))
+
+    for m in model.modules():
+        if isinstance(m, PreNormDecoderLayer):  # both halves: the attention's too
+            a = m.self_attn
+            fits = (isinstance(a, GQAAttention) and getattr(a, "qkv_proj", None) is not None
+                    and a.qkv_proj.bias is None and a.qkv_proj.in_features <= ONE_SHOT_K
+                    and isinstance(m.input_layernorm, RMSNorm) and mlp_half_fits(m))
+        else:  # an EAGLE-3 drafter's layer: the MLP half only (its q/k/v input is two normed halves)
+            fits = isinstance(m, Eagle3MidLayer) and mlp_half_fits(m)
+        if fits:
+            m.norm_linear, m.norm_linear_rows = add_norm_linear, rows
     return model
 
 
