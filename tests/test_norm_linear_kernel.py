@@ -138,3 +138,60 @@ def test_drafter_mlp_half_through_the_kernel(monkeypatch):
     ref = [o.token_ids for o in Engine(target, None).generate(prompts, params)]
     eng = Engine(target, None, drafter=fused, spec=SpecConfig(3, 1, 4))
     assert [o.token_ids for o in eng.generate(prompts, params)] == ref
+
+
+@pytest.mark.parametrize("M,K,N", [(1, 48, 40), (3, 200, 24), (MAX_ROWS, 64, 130), (2, 2048, 20)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_linear_rows_matches_f_linear(M, K, N, dtype):
+    g = torch.Generator().manual_seed(M * 1000 + K + N)
+    x = torch.randn(M, 1, K, generator=g).to(dtype)
+    w = (torch.randn(N, K, generator=g) / K ** 0.5).to(dtype)
+    y, ref = nlk.linear_rows(x, w), torch.nn.functional.linear(x, w)
+    assert y.shape == ref.shape == (M, 1, N) and y.dtype == dtype
+    if dtype == torch.float32:
+        assert torch.allclose(y, ref, atol=1e-5, rtol=1e-5)
+    else:  # one output rounding (the interpreter truncates where the GPU rounds)
+        assert ((y.float() - ref.float()).abs() <= 2 ** -6 * (1 + ref.float().abs())).all()
+    with pytest.raises(AssertionError):
+        nlk.linear_rows(torch.zeros(MAX_ROWS + 1, K), w)
+
+
+def test_few_rows_linear_switches_by_rows_and_keeps_the_weight(monkeypatch):
+    import eaglespec.layers.few_rows_linear as frl
+    from eaglespec.layers.few_rows_linear import FewRowsLinear
+
+    lin = torch.nn.Linear(32, 20, bias=False)
+    m = FewRowsLinear.wrap(lin, 2)
+    assert m.weight is lin.weight and list(m.state_dict()) == ["weight"]
+    calls = []
+    monkeypatch.setattr(frl, "linear_rows", lambda x, w: calls.append(tuple(x.shape)) or nlk.linear_rows(x, w))
+    x = torch.randn(1, 3, 32)
+    assert torch.allclose(m(x[:, :2]), lin(x[:, :2]), atol=1e-5) and calls == [(1, 2, 32)]
+    assert torch.allclose(m(x), lin(x), atol=1e-6) and len(calls) == 1  # 3 rows > 2: F.linear
+    with pytest.raises(AssertionError):
+        FewRowsLinear.wrap(torch.nn.Linear(4, 4), 2)  # a bias: not for this kernel
+
+
+def test_linear_rows_transform_wires_target_and_drafter(monkeypatch):
+    """o_proj and down_proj of a Llama target and of a drafter, and the drafter's fc, become FewRowsLinear; layers wider
+    than ONE_SHOT_K are left to cuBLAS; with every kernel wired, greedy speculation still equals plain decoding."""
+    from eaglespec.engine.transforms import use_linear_rows_kernel
+    from eaglespec.layers.few_rows_linear import FewRowsLinear
+
+    blocks = nlk._blocks  # the interpreter runs programs one after another: one program per call here
+    monkeypatch.setattr(nlk, "_blocks", lambda M, N, K, gated: (blocks(M, N, K, gated)[0], 1 << (N - 1).bit_length(),
+                                                                 *blocks(M, N, K, gated)[2:]))
+    m = use_linear_rows_kernel(tiny_llama(seed=0))
+    layer = m.model.layers[0]
+    assert isinstance(layer.self_attn.o_proj, FewRowsLinear) and isinstance(layer.mlp.down_proj, FewRowsLinear)
+    assert type(layer.mlp.gate_proj) is torch.nn.Linear and type(m.lm_head) is torch.nn.Linear  # not named
+    monkeypatch.setattr(nlk, "ONE_SHOT_K", 32)  # narrower than the tiny model's 64: nothing wired
+    assert not any(isinstance(x, FewRowsLinear) for x in use_linear_rows_kernel(tiny_llama(seed=0)).modules())
+    monkeypatch.setattr(nlk, "ONE_SHOT_K", 2048)
+
+    def prepare(target, drafter):
+        for x in (target, drafter):
+            use_linear_rows_kernel(use_norm_linear_kernel(use_rope_store_kernel(fuse_projections(x))))
+        assert isinstance(drafter.fc, FewRowsLinear) and isinstance(drafter.midlayer.self_attn.o_proj, FewRowsLinear)
+
+    assert_transformed_engine_equals_plain(prepare, SpecConfig(3, 1, 4), [[1, 2, 3, 4], list(range(10, 15))], 8)

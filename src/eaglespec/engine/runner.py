@@ -31,7 +31,7 @@ import torch
 
 from ..config import SpecConfig
 from ..layers.context import ForwardContext, appended_mask, cached_arange, prefix_tail_mask
-from ..layers.sampling import sample, target_probs
+from ..layers.sampling import greedy_ids, sample, target_probs
 from ..sampling_params import SamplingParams
 from ..spec.draft import DraftState, catch_up, draft_tree
 from ..spec.tree import DraftTree, build_tree
@@ -171,7 +171,7 @@ class ModelRunner:
     def _sample(self, logits: torch.Tensor, r: Rows, greedy: bool) -> torch.Tensor:
         """logits [B, V] -> tokens [B]."""
         if greedy:
-            return logits.argmax(-1)
+            return greedy_ids(logits)
         probs = target_probs(logits, self.temperature[r], self.top_k[r], self.top_p[r])
         return sample(probs, self.generator)
 

@@ -8,6 +8,8 @@
 - `use_norm_linear_kernel(model)` (CUDA): in Llama-style layers, residual add + RMSNorm + q/k/v projection and
   residual add + RMSNorm + gate/up projection + SiLU gating as one Triton kernel each, for steps of a few rows; in an
   EAGLE-3 drafter's layer the second of these.
+- `use_linear_rows_kernel(model)` (CUDA): the bias-free o_proj / down_proj (and an EAGLE-3 drafter's fc) of models
+  <= ONE_SHOT_K wide as `FewRowsLinear`: the same kernel without add and norm for steps of a few rows.
 - `compile_elementwise(model)`: RMSNorm, residual-add + RMSNorm, RoPE, RoPE's cos/sin tables and SiLU-gating through
   `torch.compile` (one fused kernel each instead of ~5), shapes dynamic so one compilation serves every batch and
   length bucket.
@@ -110,6 +112,24 @@ def use_norm_linear_kernel(model: nn.Module, max_rows: int | None = None) -> nn.
     return model
 
 
+def use_linear_rows_kernel(model: nn.Module, max_rows: int | None = None,
+                           names: tuple[str, ...] = ("o_proj", "down_proj", "fc")) -> nn.Module:
+    """Every bias-free nn.Linear named in `names` whose input is at most ONE_SHOT_K wide becomes a `FewRowsLinear`
+    (layers/few_rows_linear.py) for steps of at most `max_rows` rows (default: the kernel's MAX_ROWS). The wider
+    projections (an 8B model's) keep cuBLAS, which reads them at 3-4 TB/s."""
+    from ..layers.few_rows_linear import FewRowsLinear
+    from ..layers.norm_linear_kernel import MAX_ROWS, ONE_SHOT_K
+
+    rows = MAX_ROWS if max_rows is None else max_rows
+    for parent in list(model.modules()):
+        for name in names:
+            lin = parent._modules.get(name)
+            if (type(lin) is nn.Linear and lin.bias is None and lin.in_features <= ONE_SHOT_K
+                    and lin.weight.is_contiguous()):
+                setattr(parent, name, FewRowsLinear.wrap(lin, rows))
+    return model
+
+
 def prepare_for_inference(model: nn.Module, device: torch.device, fuse: bool | None,
                           compile: bool | None) -> nn.Module:
     """Apply the transforms an EngineConfig asks for (None: only on CUDA; fused projections on CUDA come with the
@@ -123,6 +143,7 @@ def prepare_for_inference(model: nn.Module, device: torch.device, fuse: bool | N
             use_rope_store_kernel(model)
             use_short_attention_kernel(model)
             use_norm_linear_kernel(model)
+            use_linear_rows_kernel(model)
     if compile or (compile is None and device.type == "cuda"):
         compile_elementwise(model)
     return model

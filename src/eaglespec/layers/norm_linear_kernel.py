@@ -49,7 +49,7 @@ def _kernel():
     @triton.jit
     def add_norm_linear_kernel(h, d, nw, w, h_out, y, M, N, eps, K: tl.constexpr, HAS_D: tl.constexpr,
                                GATED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                               BLOCK_K: tl.constexpr):
+                               BLOCK_K: tl.constexpr, NORM: tl.constexpr = True):
         pid = tl.program_id(0)
         dt = h_out.dtype.element_ty
         rm = tl.arange(0, BLOCK_M)
@@ -72,9 +72,12 @@ def _kernel():
             if pid == 0:
                 tl.store(h_out + rm[:, None] * K + rk[None, :], x, mask=msk)
         xf = x.to(tl.float32)
-        rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=1) / K + eps)
-        xn = (xf * rstd[:, None]).to(dt).to(tl.float32)
-        xn = (xn * tl.load(nw + rk, mask=km, other=0.0).to(tl.float32)[None, :]).to(dt).to(tl.float32)
+        if NORM:
+            rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=1) / K + eps)
+            xn = (xf * rstd[:, None]).to(dt).to(tl.float32)
+            xn = (xn * tl.load(nw + rk, mask=km, other=0.0).to(tl.float32)[None, :]).to(dt).to(tl.float32)
+        else:  # a plain projection of x
+            xn = xf
         out = tl.sum(xn[:, None, :] * wt.to(tl.float32)[None, :, :], axis=2).to(dt)  # [BLOCK_M, BLOCK_N]
         if GATED:
             up = tl.sum(xn[:, None, :] * wu.to(tl.float32)[None, :, :], axis=2).to(dt).to(tl.float32)
@@ -94,6 +97,21 @@ def _blocks(M: int, N: int, K: int, gated: bool) -> tuple[int, int, int, int]:
     than cuBLAS, hence ONE_SHOT_K (docs/benchmarks.md, "Session 5")."""
     bm = 1 if M <= 1 else 2 if M <= 2 else 4
     return bm, 2 if gated and M > 2 else 4, 1 << (K - 1).bit_length(), 1 if M == 1 or gated else 2
+
+
+def linear_rows(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x [..., K] @ weight.T for at most MAX_ROWS rows and K <= ONE_SHOT_K (the kernel without add and norm): a
+    layer's o_proj and down_proj at batch 1, where cuBLAS spends ~4 us on 0.7-1.8 MB of weights."""
+    *lead, K = x.shape
+    M = x.numel() // K
+    N = weight.shape[0]
+    assert M <= MAX_ROWS and K <= ONE_SHOT_K and weight.shape[1] == K and weight.is_contiguous(), "linear_rows: shape"
+    x2 = x.reshape(M, K).contiguous()
+    y = torch.empty(M, N, dtype=x.dtype, device=x.device)
+    bm, bn, bk, warps = _blocks(M, N, K, False)
+    _kernel()[((N + bn - 1) // bn,)](x2, x2, x2, weight, x2, y, M, N, 0.0, K=K, HAS_D=False, GATED=False, BLOCK_M=bm,
+                                     BLOCK_N=bn, BLOCK_K=bk, NORM=False, num_warps=warps)
+    return y.view(*lead, N)
 
 
 def add_norm_linear(h: torch.Tensor, delta: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,

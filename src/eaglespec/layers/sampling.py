@@ -7,11 +7,24 @@ then to the smallest top-p nucleus (p = 1: off; the most likely token always sta
 
 `sample(probs, generator)` draws one token per row with the exponential-race trick (argmax of p / Exp(1)), which
 needs no cumulative sums and no sync.
+
+`greedy_ids(logits)`: logits [..., V] -> the argmax ids [...] int64, torch.argmax's rule (the first index among
+equal maxima). On CUDA the two-stage Triton kernel (layers/argmax_kernel.py: PyTorch's one-block reduction cost
+34.5 us per 128K-entry row on the H200), elsewhere torch.argmax. Every greedy choice of the engine (decode, the
+verify's predictions, a chain's drafts) goes through it, so speculation and plain decoding choose alike.
 """
 
 from __future__ import annotations
 
 import torch
+
+from . import argmax_kernel
+
+
+def greedy_ids(logits: torch.Tensor) -> torch.Tensor:
+    if logits.is_cuda and argmax_kernel.fits(logits.shape[-1]):
+        return argmax_kernel.argmax_rows(logits)
+    return logits.argmax(-1)
 
 
 def target_probs(
@@ -40,14 +53,14 @@ def target_probs(
     drop = torch.zeros_like(drop_sorted).scatter(1, sorted_idx, drop_sorted)
     probs = probs.masked_fill(drop, 0.0)
     probs = probs / probs.sum(-1, keepdim=True)
-    onehot = torch.zeros_like(probs).scatter_(1, logits.argmax(-1, keepdim=True), 1.0)
+    onehot = torch.zeros_like(probs).scatter_(1, greedy_ids(logits)[:, None], 1.0)
     return torch.where(greedy[:, None], onehot, probs)
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
     """probs [N, V] -> token ids [N] (int64). One-hot rows return their token exactly."""
     e = torch.empty_like(probs).exponential_(generator=generator).clamp_min_(1e-30)  # exponential_ may return 0
-    return (probs / e).argmax(-1)
+    return greedy_ids(probs / e)
 
 
 def validate_sampling(temperature: float, top_p: float, top_k: int) -> None:

@@ -42,7 +42,7 @@ import torch
 
 from ..layers import topk_kernel
 from ..layers.context import appended_mask, cached_arange, masked_tail, tail_index
-from ..layers.sampling import sample, target_probs
+from ..layers.sampling import greedy_ids, sample, target_probs
 
 DrafterStep = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
@@ -118,7 +118,7 @@ def catch_up(
     logits, hidden = step(tokens, aux, positions, positions, mask, True, last)
     last_logits = logits[:, 0]  # [B, Vd]
     if topk == 1:
-        ids, logp = last_logits.argmax(dim=-1, keepdim=True), None
+        ids, logp = greedy_ids(last_logits)[:, None], None
     else:
         ids, logp = topk_logp(last_logits, topk)
     h_last = torch.gather(hidden, 1, last[..., None].expand(B, 1, hidden.shape[-1])).squeeze(1)
@@ -239,7 +239,7 @@ def draft_chain(
         mask = (rel <= entry)[:, None, :]  # [B, 1, kv_len]
         logits, hidden = step(tok, hidden, at, at, mask, False, None)
         if sampling is None:
-            tok = to_target(logits[:, 0].argmax(dim=-1, keepdim=True))  # [B, 1]
+            tok = to_target(greedy_ids(logits[:, 0])[:, None])  # [B, 1]
         else:
             ids, logp, q = sample_draft(torch.log_softmax(logits[:, 0].float(), dim=-1), sampling, generator)
             qs.append(q)

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from ..layers.context import cached_arange
-from ..layers.sampling import sample
+from ..layers.sampling import greedy_ids, sample
 from .tree import DraftTree
 
 
@@ -54,7 +54,7 @@ def _result(tree: DraftTree, best: torch.Tensor, bonus: torch.Tensor) -> VerifyR
 
 def verify_greedy(tree: DraftTree, logits: torch.Tensor) -> VerifyResult:
     """logits [B, D, V] of the target at each tree node."""
-    pred = logits.argmax(-1)  # [B, D]
+    pred = greedy_ids(logits)  # [B, D]
     parent_pred = torch.gather(pred, 1, tree.parents.clamp(min=0))
     correct = (tree.tokens == parent_pred) | (tree.parents < 0)  # [B, D]
     path_ok = ~(tree.ancestors & ~correct[:, None, :]).any(-1)  # every node on the path is correct
@@ -67,7 +67,7 @@ def verify_greedy_chain(tree: DraftTree, logits: torch.Tensor) -> VerifyResult:
     """`verify_greedy` for a chain (topk 1: node i at depth i, the child of node i-1), the same result in ~10
     operators instead of ~22: the accepted drafts are the leading run of nodes whose token is the target's argmax at
     the node before, the path is 0..m then m, and no ancestor table is read. logits [B, D, V]."""
-    pred = logits.argmax(-1)  # [B, D]
+    pred = greedy_ids(logits)  # [B, D]
     m = (tree.tokens[:, 1:] == pred[:, :-1]).cumprod(dim=1).sum(dim=1)  # [B] int64: the leading run of hits
     bonus = torch.gather(pred, 1, m[:, None]).squeeze(1)
     S1 = tree.paths.shape[-1]

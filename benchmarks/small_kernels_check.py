@@ -1,0 +1,92 @@
+"""Two small kernels against the PyTorch calls they replace, on the GPU (session 10's decode profile found them):
+
+1. argmax: layers/argmax_kernel.py (two stages over CHUNK-entry chunks) against torch.argmax, for the rows greedy
+   decoding reduces (Llama-8B's 128,256-entry vocabulary, SmolLM2's 49,152 at 1-32 rows, a 12,288-entry draft
+   vocabulary), bf16 logits; the ids must be equal; CHUNK swept.
+2. linear_rows: layers/norm_linear_kernel.linear_rows (the few-row kernel without add and norm) against F.linear
+   (cuBLAS) for SmolLM2's o_proj (576 -> 576), down_proj (1536 -> 576) and its drafter's fc (1728 -> 576) at 1, 2 and
+   4 rows: largest difference in bf16 rounding steps, time of the default blocks and of a (BLOCK_N, warps) sweep.
+
+Times: per call in a CUDA graph of 50 calls (eaglespec.bench.graph_timing), the engine's view.
+usage: python benchmarks/small_kernels_check.py OUT_DIR [--cpu]   (--cpu: interpreter, tiny sweep: a script check)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+CPU = "--cpu" in sys.argv
+if CPU:
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from eaglespec.bench.graph_timing import per_call_us  # noqa: E402
+from eaglespec.layers import argmax_kernel as amk  # noqa: E402
+from eaglespec.layers import norm_linear_kernel as nlk  # noqa: E402
+
+OUT = Path([a for a in sys.argv[1:] if not a.startswith("--")][0])
+OUT.mkdir(parents=True, exist_ok=True)
+DEV = torch.device("cpu" if CPU else "cuda")
+DT = torch.float32 if CPU else torch.bfloat16
+rows: list[dict] = []
+
+
+def emit(row: dict) -> None:
+    rows.append(row)
+    print(json.dumps(row), flush=True)
+    (OUT / "small_kernels.json").write_text(json.dumps(rows, indent=1))
+
+
+g = torch.Generator(device=DEV).manual_seed(0)
+shapes = [(1, 128256), (1, 49152), (4, 49152), (8, 49152), (32, 49152), (1, 12288), (4, 12288)] if not CPU else [(2, 5000)]
+for R, V in shapes:
+    x = (3 * torch.randn(R, V, generator=g, device=DEV)).to(DT)
+    ref = x.argmax(-1)
+    row = {"argmax": f"{R}x{V}", "torch_us": round(per_call_us(lambda: x.argmax(-1), 50, DEV), 2)}
+    default = amk.CHUNK
+    for chunk in (1024, 2048, 4096, 8192) if not CPU else (1024,):
+        amk.CHUNK = chunk
+        row[f"equal_{chunk}"] = bool(torch.equal(amk.argmax_rows(x), ref))
+        row[f"chunk_{chunk}_us"] = round(per_call_us(lambda: amk.argmax_rows(x), 50, DEV), 2)
+    amk.CHUNK = default
+    emit(row)
+
+
+def launch(x, w, bn, warps):
+    M, K = x.shape
+    N = w.shape[0]
+    y = torch.empty(M, N, dtype=x.dtype, device=x.device)
+    bm = nlk._blocks(M, N, K, False)[0]
+    nlk._kernel()[((N + bn - 1) // bn,)](x, x, x, w, x, y, M, N, 0.0, K=K, HAS_D=False, GATED=False, BLOCK_M=bm,
+                                         BLOCK_N=bn, BLOCK_K=1 << (K - 1).bit_length(), NORM=False, num_warps=warps)
+    return y
+
+
+for name, K, N in [("o_proj", 576, 576), ("down_proj", 1536, 576), ("drafter fc", 1728, 576)] if not CPU else \
+        [("tiny", 96, 40)]:
+    w = (torch.randn(N, K, generator=g, device=DEV) / K ** 0.5).to(DT)
+    for M in (1, 2, 4):
+        x = torch.randn(M, K, generator=g, device=DEV).to(DT)
+        ref = F.linear(x, w)
+        y = nlk.linear_rows(x, w)
+        ulp = ref.float().abs().clamp_min(ref.float().abs().mean().item()) * 2 ** -7
+        best = (float("inf"), None)
+        for bn in (1, 2, 4, 8, 16) if not CPU else (4,):
+            for warps in (1, 2, 4) if not CPU else (1,):
+                try:
+                    t = per_call_us(lambda: launch(x, w, bn, warps), 50, DEV)
+                except Exception as e:  # noqa: BLE001  (a block Triton cannot build: skipped)
+                    print(f"  skip {bn},{warps}: {type(e).__name__}", flush=True)
+                    continue
+                best = min(best, (t, (bn, warps)), key=lambda b: b[0])
+        emit({"linear": name, "M": M, "K": K, "N": N,
+              "max_diff_bf16_steps": round(((y.float() - ref.float()).abs() / ulp).max().item(), 2),
+              "cublas_us": round(per_call_us(lambda: F.linear(x, w), 50, DEV), 2),
+              "kernel_default_us": round(per_call_us(lambda: nlk.linear_rows(x, w), 50, DEV), 2),
+              "default_blocks": list(nlk._blocks(M, N, K, False)), "best_us": round(best[0], 2),
+              "best_bn_warps": list(best[1]) if best[1] else None})

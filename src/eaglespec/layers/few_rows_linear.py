@@ -1,0 +1,34 @@
+"""A bias-free nn.Linear that projects steps of a few rows through the few-row Triton kernel.
+
+At batch 1 a small model's o_proj and down_proj are ~1 MB GEMVs that cuBLAS runs in ~4 us on the H200 (SmolLM2-135M:
+60 of them per decode step, 245 of its 756 us; `benchmarks/decode_profile.py`, 2026-11-30), bound by the kernel's
+latency, not by bytes. `FewRowsLinear.forward(x)`: x [..., K] -> [..., N], through `norm_linear_kernel.linear_rows`
+when x holds at most `max_rows` rows, else F.linear; the same weight Parameter either way (state-dict names and
+values unchanged). Built by `engine.transforms.use_linear_rows_kernel` from an existing nn.Linear (the policy of which
+layers and how many rows lives there).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .norm_linear_kernel import linear_rows
+
+
+class FewRowsLinear(nn.Linear):
+    max_rows: int = 0
+
+    @classmethod
+    def wrap(cls, linear: nn.Linear, max_rows: int) -> "FewRowsLinear":
+        assert linear.bias is None, "FewRowsLinear: bias-free projections only"
+        m = cls(linear.in_features, linear.out_features, bias=False, device="meta")
+        m.weight = linear.weight  # the same Parameter: nothing copied, the checkpoint name kept
+        m.max_rows = max_rows
+        return m
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.numel() <= self.max_rows * x.shape[-1]:
+            return linear_rows(x, self.weight)
+        return F.linear(x, self.weight)
