@@ -10,7 +10,9 @@
    candidate replacements: top-K of K rows of draft-vocabulary log-probabilities (PyTorch's topk; a two-stage
    top-K over blocks of W entries; K argmax passes; the fused kernel from the logits) and the stable sort of build_tree's candidates.
 
-usage: python benchmarks/tree_draft_probe.py OUT_DIR [--cpu]   (--cpu: tiny shapes, eager: a check of the script)
+usage: python benchmarks/tree_draft_probe.py OUT_DIR [--cpu] [--quick] [--max-rows=N]
+  --cpu: tiny shapes, eager: a check of the script; --quick: section 1 only, with the top-k kernel, plus a chain of 8
+  (S7 K1 D8); --max-rows=N: the few-row projection kernels wired for steps of up to N rows (target and drafter)
 """
 
 from __future__ import annotations
@@ -26,10 +28,12 @@ from eaglespec.bench.random_model import random_drafter, random_model
 from eaglespec.bench.graph_timing import per_call_us as graph_per_call_us
 from eaglespec.config import EngineConfig, SpecConfig
 from eaglespec.engine.engine import Engine
-from eaglespec.engine.transforms import prepare_for_inference
+from eaglespec.engine.transforms import prepare_for_inference, use_linear_rows_kernel, use_norm_linear_kernel
 from eaglespec.sampling_params import SamplingParams
 
 CPU = "--cpu" in sys.argv
+QUICK = "--quick" in sys.argv
+MAX_ROWS = next((int(a.split("=")[1]) for a in sys.argv if a.startswith("--max-rows=")), None)
 OUT = Path([a for a in sys.argv[1:] if not a.startswith("--")][0])
 OUT.mkdir(parents=True, exist_ok=True)
 DEV = torch.device("cpu" if CPU else "cuda")
@@ -58,11 +62,16 @@ m = random_model("smollm2-135m", DEV, DT, 0).model
 prepare_for_inference(m, DEV, None, None)
 d = random_drafter(m.config, DEV, DT, 0)
 prepare_for_inference(d, DEV, None, None)
+if MAX_ROWS is not None and not CPU:
+    for x in (m, d):
+        use_linear_rows_kernel(use_norm_linear_kernel(x, max_rows=MAX_ROWS), max_rows=MAX_ROWS)
 import eaglespec.spec.draft as draft_mod  # noqa: E402
 
 fused_topk = draft_mod.topk_logp
 runs = [(SpecConfig(3, 1, 4), True), (SpecConfig(4, 1, 5), True)]
 runs += [(s, f) for s in (SpecConfig(4, 4, 16), SpecConfig(2, 4, 8)) for f in (False, True)]
+if QUICK:
+    runs = [(s, f) for s, f in runs if f] + [(SpecConfig(7, 1, 8), True)]
 for spec, fused in runs:
     # fused False: PyTorch's log-softmax + topk (the path before layers/topk_kernel.py)
     draft_mod.topk_logp = fused_topk if fused else draft_mod.topk_logp_reference
@@ -104,7 +113,7 @@ for spec, fused in runs:
         row[f"{gname}_ms"] = round(sum(ev[i][j][0].elapsed_time(ev[i][j][1]) for i in range(n)) / n, 4)
         row[f"{gname}_host_ms"] = round(1e3 * host[j] / n, 4)
     emit(row)
-    if spec.topk > 1 and spec.steps == 4 and fused:
+    if spec.topk > 1 and spec.steps == 4 and fused and not QUICK:
         from torch.profiler import ProfilerActivity, profile
 
         for gname, g in graphs:
@@ -122,6 +131,8 @@ for spec, fused in runs:
             print(f"== {gname} graph of {name}, 20 replays\n{table}", flush=True)
     del e
 
+if QUICK:
+    sys.exit(0)
 # --- 3: selection operators -----------------------------------------------------------------------------------------
 Vd = 512 if CPU else 12288
 

@@ -77,9 +77,9 @@ def test_engine_with_the_kernels_equals_plain(monkeypatch):
     blocks = nlk._blocks  # the interpreter runs programs one after another: one program per call here
     rows_seen: set[int] = set()
 
-    def one_program(M: int, N: int, K: int, gated: bool) -> tuple[int, int, int, int]:
+    def one_program(M: int, N: int, K: int, gated: bool, norm: bool = True) -> tuple[int, int, int, int]:
         rows_seen.add(M)
-        bm, _, bk, warps = blocks(M, N, K, gated)
+        bm, _, bk, warps = blocks(M, N, K, gated, norm)
         return bm, 1 << (N - 1).bit_length(), bk, warps
 
     monkeypatch.setattr(nlk, "_blocks", one_program)
@@ -106,8 +106,8 @@ def test_drafter_mlp_half_through_the_kernel(monkeypatch):
     from eaglespec.sampling_params import SamplingParams
 
     blocks = nlk._blocks  # the interpreter runs programs one after another: one program per call here
-    monkeypatch.setattr(nlk, "_blocks", lambda M, N, K, gated: (blocks(M, N, K, gated)[0], 1 << (N - 1).bit_length(),
-                                                                 *blocks(M, N, K, gated)[2:]))
+    monkeypatch.setattr(nlk, "_blocks", lambda M, N, K, gated, norm=True: (blocks(M, N, K, gated, norm)[0], 1 << (N - 1).bit_length(),
+                                                                            *blocks(M, N, K, gated, norm)[2:]))
     target = fuse_projections(tiny_llama(seed=0))
     plain = use_rope_store_kernel(fuse_projections(tiny_drafter(target, seed=1)))
     fused = use_norm_linear_kernel(deepcopy(plain))
@@ -179,8 +179,8 @@ def test_linear_rows_transform_wires_target_and_drafter(monkeypatch):
     from eaglespec.layers.few_rows_linear import FewRowsLinear
 
     blocks = nlk._blocks  # the interpreter runs programs one after another: one program per call here
-    monkeypatch.setattr(nlk, "_blocks", lambda M, N, K, gated: (blocks(M, N, K, gated)[0], 1 << (N - 1).bit_length(),
-                                                                 *blocks(M, N, K, gated)[2:]))
+    monkeypatch.setattr(nlk, "_blocks", lambda M, N, K, gated, norm=True: (blocks(M, N, K, gated, norm)[0], 1 << (N - 1).bit_length(),
+                                                                            *blocks(M, N, K, gated, norm)[2:]))
     m = use_linear_rows_kernel(tiny_llama(seed=0))
     layer = m.model.layers[0]
     assert isinstance(layer.self_attn.o_proj, FewRowsLinear) and isinstance(layer.mlp.down_proj, FewRowsLinear)
@@ -195,3 +195,30 @@ def test_linear_rows_transform_wires_target_and_drafter(monkeypatch):
         assert isinstance(drafter.fc, FewRowsLinear) and isinstance(drafter.midlayer.self_attn.o_proj, FewRowsLinear)
 
     assert_transformed_engine_equals_plain(prepare, SpecConfig(3, 1, 4), [[1, 2, 3, 4], list(range(10, 15))], 8)
+
+
+@pytest.mark.parametrize("M,K,N", [(5, 48, 40), (8, 200, 24), (16, 64, 130), (12, 2048, 20)])
+@pytest.mark.parametrize("gated", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_tensor_core_kernel_for_5_to_16_rows(monkeypatch, M, K, N, gated, dtype):
+    """Past ONE_SHOT_ROWS the tensor-core kernel (rows padded to a 16-row tile, K in blocks) serves the same calls:
+    add + norm + projection (+ gating), and the plain projection, against PyTorch."""
+    monkeypatch.setattr(nlk, "MAX_ROWS", nlk.MMA_ROWS)
+    g = torch.Generator().manual_seed(M * 1000 + K + N)
+    h = torch.randn(M, 1, K, generator=g).to(dtype)
+    d = torch.randn(h.shape, generator=g).to(dtype)
+    nw = (1 + 0.1 * torch.randn(K, generator=g)).to(dtype)
+    w = (torch.randn(2 * N if gated else N, K, generator=g) / K ** 0.5).to(dtype)
+    h1, y1 = add_norm_linear(h, d, nw, 1e-5, w, gated)
+    h2, y2 = add_norm_linear_reference(h, d, nw, 1e-5, w, gated)
+    p1, p2 = nlk.linear_rows(h, w), torch.nn.functional.linear(h, w)
+    assert y1.shape == y2.shape == (M, 1, N) and p1.shape == p2.shape
+    if dtype == torch.float32:
+        assert torch.equal(h1, h2)
+        assert torch.allclose(y1, y2, atol=1e-5, rtol=1e-5) and torch.allclose(p1, p2, atol=1e-5, rtol=1e-5)
+    else:  # the interpreter truncates where the GPU rounds (see test_kernel_matches_reference)
+        assert ((h1.float() - h2.float()).abs() <= 2 ** -7 * h2.float().abs()).all()
+        assert ((y1.float() - y2.float()).abs() <= 2 ** -4 * (1 + y2.float().abs())).all()
+        assert ((p1.float() - p2.float()).abs() <= 2 ** -6 * (1 + p2.float().abs())).all()
+    with pytest.raises(AssertionError):
+        add_norm_linear(torch.zeros(nlk.MMA_ROWS + 1, K).to(dtype), None, nw, 1e-5, w, gated)

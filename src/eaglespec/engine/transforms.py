@@ -124,7 +124,9 @@ def use_linear_rows_kernel(model: nn.Module, max_rows: int | None = None,
     for parent in list(model.modules()):
         for name in names:
             lin = parent._modules.get(name)
-            if (type(lin) is nn.Linear and lin.bias is None and lin.in_features <= ONE_SHOT_K
+            if isinstance(lin, FewRowsLinear):  # wired before: a new row limit
+                lin.max_rows = rows
+            elif (type(lin) is nn.Linear and lin.bias is None and lin.in_features <= ONE_SHOT_K
                     and lin.weight.is_contiguous()):
                 setattr(parent, name, FewRowsLinear.wrap(lin, rows))
     return model
