@@ -40,7 +40,7 @@ def test_kernel_matches_reference(M, K, N, gated, with_delta, dtype):
 
 
 def test_too_many_rows_or_too_wide_is_refused():
-    h = torch.zeros(MAX_ROWS + 1, 1, 16)
+    h = torch.zeros(nlk.MMA_ROWS + 1, 1, 16)
     with pytest.raises(AssertionError):
         add_norm_linear(h, None, torch.ones(16), 1e-5, torch.zeros(8, 16), False)
     K = nlk.ONE_SHOT_K + 1
@@ -153,7 +153,7 @@ def test_linear_rows_matches_f_linear(M, K, N, dtype):
     else:  # one output rounding (the interpreter truncates where the GPU rounds)
         assert ((y.float() - ref.float()).abs() <= 2 ** -6 * (1 + ref.float().abs())).all()
     with pytest.raises(AssertionError):
-        nlk.linear_rows(torch.zeros(MAX_ROWS + 1, K), w)
+        nlk.linear_rows(torch.zeros(nlk.MMA_ROWS + 1, K), w)
 
 
 def test_few_rows_linear_switches_by_rows_and_keeps_the_weight(monkeypatch):
@@ -203,7 +203,6 @@ def test_linear_rows_transform_wires_target_and_drafter(monkeypatch):
 def test_tensor_core_kernel_for_5_to_16_rows(monkeypatch, M, K, N, gated, dtype):
     """Past ONE_SHOT_ROWS the tensor-core kernel (rows padded to a 16-row tile, K in blocks) serves the same calls:
     add + norm + projection (+ gating), and the plain projection, against PyTorch."""
-    monkeypatch.setattr(nlk, "MAX_ROWS", nlk.MMA_ROWS)
     g = torch.Generator().manual_seed(M * 1000 + K + N)
     h = torch.randn(M, 1, K, generator=g).to(dtype)
     d = torch.randn(h.shape, generator=g).to(dtype)

@@ -170,8 +170,14 @@ def _blocks(M: int, N: int, K: int, gated: bool, norm: bool = True) -> tuple[int
 
 
 def _mma_blocks(M: int, N: int, K: int, gated: bool, norm: bool) -> tuple[int, int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) of the tensor-core kernel for ONE_SHOT_ROWS < M <= MAX_ROWS."""
-    return 16, 16, 64, 2, 3
+    """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) of the tensor-core kernel for ONE_SHOT_ROWS < M <= MMA_ROWS:
+    the best of a sweep on the H200 at 5, 8 and 16 rows (benchmarks/small_kernels_check.py --mma, 2026-11-30): with
+    the norm, the whole row in one block and 4 warps (16 columns for q/k/v, 32 for gate/up); plain projections, K in
+    pipelined blocks of 64 (K <= 1024) or 128 with 2 or 4 warps."""
+    kp = 1 << (K - 1).bit_length()
+    if norm:
+        return 16, 32 if gated else 16, kp, 4, 1
+    return (16, 16, 64, 2, 3) if K <= 1024 else (16, 16, 128, 4, 3)
 
 
 def _interpreted() -> bool:
@@ -204,7 +210,7 @@ def linear_rows(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     *lead, K = x.shape
     M = x.numel() // K
     N = weight.shape[0]
-    assert M <= MAX_ROWS and K <= ONE_SHOT_K and weight.shape[1] == K and weight.is_contiguous(), "linear_rows: shape"
+    assert M <= MMA_ROWS and K <= ONE_SHOT_K and weight.shape[1] == K and weight.is_contiguous(), "linear_rows: shape"
     x2 = x.reshape(M, K).contiguous()
     y = torch.empty(M, N, dtype=x.dtype, device=x.device)
     _launch(x2, None, None, weight, x2, y, 0.0, False, False)
@@ -216,7 +222,7 @@ def add_norm_linear(h: torch.Tensor, delta: torch.Tensor | None, norm_weight: to
     *lead, K = h.shape
     M = h.numel() // K
     N = weight.shape[0] // 2 if gated else weight.shape[0]
-    assert M <= MAX_ROWS and K <= ONE_SHOT_K and weight.shape[1] == K and weight.is_contiguous(), \
+    assert M <= MMA_ROWS and K <= ONE_SHOT_K and weight.shape[1] == K and weight.is_contiguous(), \
         "add_norm_linear: shape"
     h2 = h.reshape(M, K).contiguous()
     d2 = delta.reshape(M, K).contiguous() if delta is not None else None
