@@ -8,10 +8,10 @@
    4 rows: largest difference in bf16 rounding steps, time of the default blocks and of a (BLOCK_N, warps) sweep.
 
 Times: per call in a CUDA graph of 50 calls (eaglespec.bench.graph_timing), the engine's view.
-3. the tensor-core kernel for 5-16 rows against the path it would replace, (BLOCK_N, BLOCK_K, warps, stages) swept.
+(A third section swept a tensor-core variant for 5-16 rows; commit 951beed has it. Whole verify steps measured that
+variant slower, so it was removed: docs/benchmarks.md, "Session 10".)
 
-usage: python benchmarks/small_kernels_check.py OUT_DIR [--cpu] [--mma]
-       (--cpu: interpreter, tiny sweep: a script check; --mma: section 3 only)
+usage: python benchmarks/small_kernels_check.py OUT_DIR [--cpu]   (--cpu: interpreter, tiny sweep: a script check)
 """
 
 from __future__ import annotations
@@ -46,8 +46,7 @@ def emit(row: dict) -> None:
 
 
 g = torch.Generator(device=DEV).manual_seed(0)
-MMA_ONLY = "--mma" in sys.argv
-shapes = [] if MMA_ONLY else [(1, 128256), (1, 49152), (4, 49152), (8, 49152), (32, 49152), (1, 12288), (4, 12288)] if not CPU else [(2, 5000)]
+shapes = [(1, 128256), (1, 49152), (4, 49152), (8, 49152), (32, 49152), (1, 12288), (4, 12288)] if not CPU else [(2, 5000)]
 for R, V in shapes:
     x = (3 * torch.randn(R, V, generator=g, device=DEV)).to(DT)
     ref = x.argmax(-1)
@@ -71,8 +70,8 @@ def launch(x, w, bn, warps):
     return y
 
 
-for name, K, N in [] if MMA_ONLY else [("o_proj", 576, 576), ("down_proj", 1536, 576), ("drafter fc", 1728, 576)] \
-        if not CPU else [("tiny", 96, 40)]:
+for name, K, N in [("o_proj", 576, 576), ("down_proj", 1536, 576), ("drafter fc", 1728, 576)] if not CPU else \
+        [("tiny", 96, 40)]:
     w = (torch.randn(N, K, generator=g, device=DEV) / K ** 0.5).to(DT)
     for M in (1, 2, 4):
         x = torch.randn(M, K, generator=g, device=DEV).to(DT)
@@ -94,64 +93,3 @@ for name, K, N in [] if MMA_ONLY else [("o_proj", 576, 576), ("down_proj", 1536,
               "kernel_default_us": round(per_call_us(lambda: nlk.linear_rows(x, w), 50, DEV), 2),
               "default_blocks": list(nlk._blocks(M, N, K, False)), "best_us": round(best[0], 2),
               "best_bn_warps": list(best[1]) if best[1] else None})
-
-# 3. the tensor-core kernel for 5-16 rows (verify steps of 5-16 tokens at batch 1) against the path it would replace:
-#    compiled add + RMSNorm, cuBLAS, compiled SiLU gating (q/k/v, gate/up) or cuBLAS alone (o_proj, down_proj)
-import time  # noqa: E402
-
-from eaglespec.layers.mlp import silu_mul  # noqa: E402
-from eaglespec.layers.norm import add_rms_norm  # noqa: E402
-
-add_norm = torch.compile(add_rms_norm, dynamic=True) if not CPU else add_rms_norm
-act = torch.compile(silu_mul, dynamic=True) if not CPU else silu_mul
-
-
-def mma(h, d, nw, w, gated, norm, cfg):
-    M, K = h.shape
-    N = w.shape[0] // 2 if gated else w.shape[0]
-    h_out, y = torch.empty_like(h), torch.empty(M, N, dtype=h.dtype, device=h.device)
-    bn, bk, warps, stages = cfg
-    nlk._mma_kernel()[((N + bn - 1) // bn,)](h, d if d is not None else h, nw if norm else h, w, h_out, y, M, N,
-                                             1e-5, K=K, HAS_D=d is not None, GATED=gated, NORM=norm,
-                                             IEEE=h.dtype == torch.float32 or CPU, BLOCK_M=16, BLOCK_N=bn,
-                                             BLOCK_K=bk, num_warps=warps, num_stages=stages)
-    return h_out, y
-
-
-T0 = time.perf_counter()
-for name, K, N, gated, norm in [("q/k/v", 576, 960, False, True), ("gate/up", 576, 1536, True, True),
-                                ("o_proj", 576, 576, False, False), ("down_proj", 1536, 576, False, False)] \
-        if not CPU else [("tiny", 96, 40, True, True)]:
-    w = (torch.randn(2 * N if gated else N, K, generator=g, device=DEV) / K ** 0.5).to(DT)
-    nw = (1 + 0.1 * torch.randn(K, generator=g, device=DEV)).to(DT)
-    kp = 1 << (K - 1).bit_length()
-    cfgs = [(bn, bk, warps, stages) for bn in (16, 32) for bk in (64, 128, kp) for warps in (2, 4)
-            for stages in ((2, 3) if bk < kp else (1,))] if not CPU else [(16, 32, 1, 1)]
-    for M in (5, 8, 16) if not CPU else (5,):
-        h = torch.randn(M, K, generator=g, device=DEV).to(DT)
-        d = torch.randn(M, K, generator=g, device=DEV).to(DT) if norm else None
-
-        def replaced():
-            if not norm:
-                return F.linear(h, w)
-            hh, x = add_norm(h, d, nw, 1e-5)
-            y = F.linear(x, w)
-            return hh, act(y) if gated else y
-
-        ref = nlk.add_norm_linear_reference(h, d, nw, 1e-5, w, gated)[1] if norm else F.linear(h, w)
-        best = (float("inf"), None, None)
-        for cfg in cfgs:
-            if time.perf_counter() - T0 > 200:
-                break
-            try:
-                y = mma(h, d, nw, w, gated, norm, cfg)[1]
-                t = per_call_us(lambda: mma(h, d, nw, w, gated, norm, cfg), 50, DEV)
-            except Exception as e:  # noqa: BLE001
-                print(f"  skip {cfg}: {type(e).__name__}", flush=True)
-                continue
-            if t < best[0]:
-                ulp = ref.float().abs().clamp_min(ref.float().abs().mean().item()) * 2 ** -7
-                best = (t, cfg, ((y.float() - ref.float()).abs() / ulp).max().item())
-        emit({"mma": name, "M": M, "K": K, "N": N, "replaced_us": round(per_call_us(replaced, 50, DEV), 2),
-              "best_us": round(best[0], 2), "best_cfg": list(best[1]) if best[1] else None,
-              "max_diff_bf16_steps": round(best[2], 2) if best[2] is not None else None})

@@ -12,7 +12,8 @@
 
 usage: python benchmarks/tree_draft_probe.py OUT_DIR [--cpu] [--quick] [--max-rows=N]
   --cpu: tiny shapes, eager: a check of the script; --quick: section 1 only, with the top-k kernel, plus a chain of 8
-  (S7 K1 D8); --max-rows=N: the few-row projection kernels wired for steps of up to N rows (target and drafter)
+  (S7 K1 D8); --max-rows=N: the few-row projection kernels wired for steps of up to N <= MAX_ROWS rows (target
+  and drafter)
 """
 
 from __future__ import annotations

@@ -20,16 +20,13 @@ that `TRITON_INTERPRET=1` (set by the CPU tests) takes effect.
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import torch.nn.functional as F
 
 from .norm import rms_norm
 
-ONE_SHOT_ROWS = 4  # rows up to which the one-shot kernel (CUDA-core products, the row in one block) serves
-MAX_ROWS = 4  # rows (batch x tokens) up to which the kernels are used; measured on the H200 (docs/benchmarks.md)
-MMA_ROWS = 16  # rows the tensor-core kernel holds (rows padded to its 16-row tile)
+MAX_ROWS = 4  # rows (batch x tokens) up to which the fused kernel is used; measured on the H200 (docs/benchmarks.md)
 ONE_SHOT_K = 2048  # widest input: a row is read in one block (wider layers keep cuBLAS: see _blocks)
 
 
@@ -91,126 +88,39 @@ def _kernel():
     return add_norm_linear_kernel
 
 
-@functools.cache
-def _mma_kernel():
-    import triton
-    import triton.language as tl
-
-    @triton.jit
-    def add_norm_linear_mma_kernel(h, d, nw, w, h_out, y, M, N, eps, K: tl.constexpr, HAS_D: tl.constexpr,
-                                   GATED: tl.constexpr, NORM: tl.constexpr, IEEE: tl.constexpr,
-                                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-        pid = tl.program_id(0)
-        dt = h_out.dtype.element_ty
-        rm = tl.arange(0, BLOCK_M)
-        mm = rm < M
-        rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-        nm = rn < N
-        if NORM:  # pass 1: the rows' sums of squares (x from L2); program 0 writes h_out
-            ss = tl.zeros([BLOCK_M], dtype=tl.float32)
-            for k0 in range(0, K, BLOCK_K):
-                rk = k0 + tl.arange(0, BLOCK_K)
-                msk = mm[:, None] & (rk < K)[None, :]
-                x = tl.load(h + rm[:, None] * K + rk[None, :], mask=msk, other=0.0)
-                if HAS_D:
-                    x = (x.to(tl.float32) + tl.load(d + rm[:, None] * K + rk[None, :], mask=msk, other=0.0)
-                         .to(tl.float32)).to(dt)
-                    if pid == 0:
-                        tl.store(h_out + rm[:, None] * K + rk[None, :], x, mask=msk)
-                xf = x.to(tl.float32)
-                ss += tl.sum(xf * xf, axis=1)
-            rstd = 1.0 / tl.sqrt(ss / K + eps)
-        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        if GATED:
-            acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):  # pass 2: normalised x tiles (rounded as the modules round) @ weight tiles
-            rk = k0 + tl.arange(0, BLOCK_K)
-            km = rk < K
-            msk = mm[:, None] & km[None, :]
-            wm = km[:, None] & nm[None, :]
-            wt = tl.load(w + rn[None, :] * K + rk[:, None], mask=wm, other=0.0)  # [BLOCK_K, BLOCK_N] = W^T tile
-            if GATED:
-                wu = tl.load(w + (rn + N)[None, :] * K + rk[:, None], mask=wm, other=0.0)
-            x = tl.load(h + rm[:, None] * K + rk[None, :], mask=msk, other=0.0)
-            if HAS_D:
-                x = (x.to(tl.float32) + tl.load(d + rm[:, None] * K + rk[None, :], mask=msk, other=0.0)
-                     .to(tl.float32)).to(dt)
-            if NORM:
-                xn = (x.to(tl.float32) * rstd[:, None]).to(dt).to(tl.float32)
-                x = (xn * tl.load(nw + rk, mask=km, other=0.0).to(tl.float32)[None, :]).to(dt)
-            if IEEE:  # float32 products in full precision (no TF32 rounding of the inputs)
-                xf = x.to(tl.float32)
-                acc += tl.dot(xf, wt.to(tl.float32), input_precision="ieee")
-                if GATED:
-                    acc_up += tl.dot(xf, wu.to(tl.float32), input_precision="ieee")
-            else:
-                acc += tl.dot(x, wt)
-                if GATED:
-                    acc_up += tl.dot(x, wu)
-        out = acc.to(dt)
-        if GATED:
-            gv = out.to(tl.float32)
-            out = ((gv / (1.0 + tl.exp(-gv))).to(dt).to(tl.float32) * acc_up.to(dt).to(tl.float32)).to(dt)
-        tl.store(y + rm[:, None] * N + rn[None, :], out, mask=mm[:, None] & nm[None, :])
-
-    return add_norm_linear_mma_kernel
-
-
 def _blocks(M: int, N: int, K: int, gated: bool, norm: bool = True) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps) of the one-shot kernel for M <= ONE_SHOT_ROWS rows of width
-    K <= ONE_SHOT_K: the row in one block (a first version looping over 128-wide blocks was latency-bound on the
-    H200, 1.5-3x slower than cuBLAS), few columns and 1-2 warps per program: the best of sweeps on the H200 for
-    SmolLM2's q/k/v and gate/up (benchmarks/step_kernels_check.py) and, without the norm, o_proj / down_proj / the
-    drafter's fc (2 columns, 1 warp: benchmarks/small_kernels_check.py). For 4096-wide layers the blocked loop was 2x
-    slower than cuBLAS, hence ONE_SHOT_K (docs/benchmarks.md, "Session 5")."""
+    """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps) for M <= MAX_ROWS rows of width K <= ONE_SHOT_K: the row in one block
+    (a first version looping over 128-wide blocks was latency-bound on the H200, 1.5-3x slower than cuBLAS), few
+    columns and 1-2 warps per program: the best of sweeps on the H200 for SmolLM2's q/k/v and gate/up
+    (benchmarks/step_kernels_check.py) and, without the norm, o_proj / down_proj / the drafter's fc (2 columns, 1 warp:
+    benchmarks/small_kernels_check.py). Past 4 rows neither these products, nor tensor cores (tl.dot, rows padded to
+    16: session 5 one-shot; session 10 one-shot and K-pipelined, faster per call with the weights in L2 but 4-7%
+    slower in whole verify steps), nor a row loop (session 9) beat cuBLAS plus the separate norm, hence MAX_ROWS = 4;
+    for 4096-wide layers the blocked loop was 2x slower than cuBLAS, hence ONE_SHOT_K (docs/benchmarks.md, "Session
+    5", "Session 9", "Session 10")."""
     bm = 1 if M <= 1 else 2 if M <= 2 else 4
     if not norm:
         return bm, 2, 1 << (K - 1).bit_length(), 1
     return bm, 2 if gated and M > 2 else 4, 1 << (K - 1).bit_length(), 1 if M == 1 or gated else 2
 
 
-def _mma_blocks(M: int, N: int, K: int, gated: bool, norm: bool) -> tuple[int, int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) of the tensor-core kernel for ONE_SHOT_ROWS < M <= MMA_ROWS:
-    the best of a sweep on the H200 at 5, 8 and 16 rows (benchmarks/small_kernels_check.py --mma, 2026-11-30): with
-    the norm, the whole row in one block and 4 warps (16 columns for q/k/v, 32 for gate/up); plain projections, K in
-    pipelined blocks of 64 (K <= 1024) or 128 with 2 or 4 warps."""
-    kp = 1 << (K - 1).bit_length()
-    if norm:
-        return 16, 32 if gated else 16, kp, 4, 1
-    return (16, 16, 64, 2, 3) if K <= 1024 else (16, 16, 128, 4, 3)
-
-
-def _interpreted() -> bool:
-    """Triton's interpreter (the CPU tests) computes tl.dot of bf16 tiles wrongly (numpy has no bf16): there the
-    tensor-core kernel upcasts its tiles to float32 first, which gives the same sums (a bf16 x bf16 product is exact
-    in float32, and the GPU's tensor cores accumulate bf16 products in float32 too)."""
-    return os.environ.get("TRITON_INTERPRET") == "1"
-
-
 def _launch(h2: torch.Tensor, d2: torch.Tensor | None, nw: torch.Tensor | None, w: torch.Tensor, h_out: torch.Tensor,
             y: torch.Tensor, eps: float, gated: bool, norm: bool) -> None:
     M, K = h2.shape
     N = y.shape[1]
-    has_d = d2 is not None
-    if M <= ONE_SHOT_ROWS:
-        bm, bn, bk, warps = _blocks(M, N, K, gated, norm)
-        _kernel()[((N + bn - 1) // bn,)](h2, d2 if has_d else h2, nw if norm else h2, w, h_out, y, M, N, eps, K=K,
-                                         HAS_D=has_d, GATED=gated, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, NORM=norm,
-                                         num_warps=warps)
-        return
-    bm, bn, bk, warps, stages = _mma_blocks(M, N, K, gated, norm)
-    _mma_kernel()[((N + bn - 1) // bn,)](h2, d2 if has_d else h2, nw if norm else h2, w, h_out, y, M, N, eps, K=K,
-                                         HAS_D=has_d, GATED=gated, NORM=norm, IEEE=h2.dtype == torch.float32 or _interpreted(),
-                                         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages)
+    bm, bn, bk, warps = _blocks(M, N, K, gated, norm)
+    _kernel()[((N + bn - 1) // bn,)](h2, d2 if d2 is not None else h2, nw if norm else h2, w, h_out, y, M, N, eps,
+                                     K=K, HAS_D=d2 is not None, GATED=gated, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+                                     NORM=norm, num_warps=warps)
 
 
 def linear_rows(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x [..., K] @ weight.T for at most MAX_ROWS rows and K <= ONE_SHOT_K (the kernels without add and norm): a
-    layer's o_proj and down_proj at batch 1, where cuBLAS spends ~3-5 us on 0.7-2 MB of weights."""
+    """x [..., K] @ weight.T for at most MAX_ROWS rows and K <= ONE_SHOT_K (the kernel without add and norm): a
+    layer's o_proj and down_proj at batch 1, where cuBLAS spends 3-5 us on 0.7-2 MB of weights."""
     *lead, K = x.shape
     M = x.numel() // K
     N = weight.shape[0]
-    assert M <= MMA_ROWS and K <= ONE_SHOT_K and weight.shape[1] == K and weight.is_contiguous(), "linear_rows: shape"
+    assert M <= MAX_ROWS and K <= ONE_SHOT_K and weight.shape[1] == K and weight.is_contiguous(), "linear_rows: shape"
     x2 = x.reshape(M, K).contiguous()
     y = torch.empty(M, N, dtype=x.dtype, device=x.device)
     _launch(x2, None, None, weight, x2, y, 0.0, False, False)
@@ -222,7 +132,7 @@ def add_norm_linear(h: torch.Tensor, delta: torch.Tensor | None, norm_weight: to
     *lead, K = h.shape
     M = h.numel() // K
     N = weight.shape[0] // 2 if gated else weight.shape[0]
-    assert M <= MMA_ROWS and K <= ONE_SHOT_K and weight.shape[1] == K and weight.is_contiguous(), \
+    assert M <= MAX_ROWS and K <= ONE_SHOT_K and weight.shape[1] == K and weight.is_contiguous(), \
         "add_norm_linear: shape"
     h2 = h.reshape(M, K).contiguous()
     d2 = delta.reshape(M, K).contiguous() if delta is not None else None
