@@ -42,6 +42,7 @@ def test_cuda_defaults_wire_the_triton_kernels(monkeypatch):
     from tiny import tiny_drafter
 
     import eaglespec.layers.norm_linear_kernel as nlk
+    from eaglespec.layers.few_rows_linear import FewRowsLinear
     from eaglespec.layers.norm_linear_kernel import add_norm_linear
     from eaglespec.layers.rope_kv_kernel import rope_store
     from eaglespec.layers.short_attention_kernel import short_attention
@@ -54,11 +55,15 @@ def test_cuda_defaults_wire_the_triton_kernels(monkeypatch):
     for layer in target.model.layers:
         assert layer.self_attn.rope_store is rope_store and layer.self_attn.attn_kernel.run is short_attention
         assert layer.norm_linear is add_norm_linear and layer.norm_linear_rows == 4
+        assert isinstance(layer.self_attn.o_proj, FewRowsLinear) and layer.self_attn.o_proj.max_rows == 4
+        assert isinstance(layer.mlp.down_proj, FewRowsLinear)
+    assert isinstance(drafter.fc, FewRowsLinear) and isinstance(drafter.midlayer.mlp.down_proj, FewRowsLinear)
     attn = [m for m in drafter.modules() if hasattr(m, "attn_kernel")]
     assert attn and all(m.attn_kernel.run is short_attention for m in attn)
     monkeypatch.setattr(nlk, "ONE_SHOT_K", 32)  # the tiny model's width 64 is now "too wide"
     wide = prepare_for_inference(tiny_llama(seed=0), cuda, None, False)
     assert all(layer.norm_linear is None for layer in wide.model.layers)
+    assert not any(isinstance(m, FewRowsLinear) for m in wide.modules())
     assert all(layer.self_attn.attn_kernel.run is short_attention for layer in wide.model.layers)
     cpu = prepare_for_inference(tiny_llama(seed=0), torch.device("cpu"), True, False)
     assert all(layer.norm_linear is None and layer.self_attn.attn_kernel is None for layer in cpu.model.layers)
@@ -67,7 +72,9 @@ def test_cuda_defaults_wire_the_triton_kernels(monkeypatch):
 def test_compiled_rope_tables_equal_eager():
     """RoPE's cos/sin tables as `compile_elementwise` gives them to every Rotary (one fused kernel on the GPU) equal
     the eager ones: the function traces whole (fullgraph) with the module's arguments."""
-    from eaglespec.engine.transforms import _compiled, compile_elementwise
+    import torch._dynamo
+
+    from eaglespec.engine.transforms import RECOMPILE_LIMIT, _compiled, compile_elementwise
     from eaglespec.layers.rotary import Rotary, rotary_cos_sin
 
     m = tiny_llama(seed=0)
@@ -77,6 +84,7 @@ def test_compiled_rope_tables_equal_eager():
     assert rot and all(r.impl is rotary_cos_sin for r in rot)
     compile_elementwise(m)
     assert all(r.impl is _compiled["cos_sin"] for r in rot)
+    assert torch._dynamo.config.recompile_limit >= RECOMPILE_LIMIT  # many engines per process (bench, tune)
     for r, (c0, s0) in zip(rot, ref):
         c, s = r(pos)
         assert c.shape == c0.shape == (1, 4, r.dim // 2)

@@ -39,7 +39,19 @@ def fuse_projections(model: nn.Module) -> nn.Module:
 _compiled: dict[str, object] = {}
 
 
+RECOMPILE_LIMIT = 64  # compilations per compiled function and process (PyTorch's default: 8)
+
+
 def compile_elementwise(model: nn.Module) -> nn.Module:
+    """The compiled functions are shared by every model of the process, and each compiles once per guard they fail:
+    sizes of 0 and 1 are specialised even with dynamic shapes (a 1-row decode, a 4-row tree level, an 8-row batch),
+    so are dtypes and Python floats (RoPE's attention factor, norms' eps): target and drafter, bf16 and float32, all
+    batch and tree shapes. A process that runs many engines (bench, tune) passed PyTorch's default limit of 8 for
+    RoPE's cos/sin on the H200 (2026-11-30: a tree drafter at 8 rows after chains and trees at 1 and 8 rows), a hard
+    failure under fullgraph=True; hence RECOMPILE_LIMIT."""
+    import torch._dynamo
+
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
     if not _compiled:
         for name, fn in (("norm", rms_norm), ("add_norm", add_rms_norm), ("rope", apply_rotary),
                          ("silu_mul", silu_mul), ("cos_sin", rotary_cos_sin)):
