@@ -16,33 +16,16 @@ usage: python benchmarks/small_kernels_check.py OUT_DIR [--cpu]   (--cpu: interp
 
 from __future__ import annotations
 
-import json
-import os
-import sys
-from pathlib import Path
 
-CPU = "--cpu" in sys.argv
-if CPU:
-    os.environ["TRITON_INTERPRET"] = "1"
+from probe_script import CPU, DEV, DT, Emitter, per_call_us  # noqa: E402  (sets the interpreter for --cpu)
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from eaglespec.bench.graph_timing import per_call_us  # noqa: E402
 from eaglespec.layers import argmax_kernel as amk  # noqa: E402
 from eaglespec.layers import norm_linear_kernel as nlk  # noqa: E402
 
-OUT = Path([a for a in sys.argv[1:] if not a.startswith("--")][0])
-OUT.mkdir(parents=True, exist_ok=True)
-DEV = torch.device("cpu" if CPU else "cuda")
-DT = torch.float32 if CPU else torch.bfloat16
-rows: list[dict] = []
-
-
-def emit(row: dict) -> None:
-    rows.append(row)
-    print(json.dumps(row), flush=True)
-    (OUT / "small_kernels.json").write_text(json.dumps(rows, indent=1))
+emit = Emitter("small_kernels.json")
 
 
 g = torch.Generator(device=DEV).manual_seed(0)
@@ -50,12 +33,12 @@ shapes = [(1, 128256), (1, 49152), (4, 49152), (8, 49152), (32, 49152), (1, 1228
 for R, V in shapes:
     x = (3 * torch.randn(R, V, generator=g, device=DEV)).to(DT)
     ref = x.argmax(-1)
-    row = {"argmax": f"{R}x{V}", "torch_us": round(per_call_us(lambda: x.argmax(-1), 50, DEV), 2)}
+    row = {"argmax": f"{R}x{V}", "torch_us": round(per_call_us(lambda: x.argmax(-1)), 2)}
     default = amk.CHUNK
     for chunk in (1024, 2048, 4096, 8192) if not CPU else (1024,):
         amk.CHUNK = chunk
         row[f"equal_{chunk}"] = bool(torch.equal(amk.argmax_rows(x), ref))
-        row[f"chunk_{chunk}_us"] = round(per_call_us(lambda: amk.argmax_rows(x), 50, DEV), 2)
+        row[f"chunk_{chunk}_us"] = round(per_call_us(lambda: amk.argmax_rows(x)), 2)
     amk.CHUNK = default
     emit(row)
 
@@ -64,7 +47,7 @@ def launch(x, w, bn, warps):
     M, K = x.shape
     N = w.shape[0]
     y = torch.empty(M, N, dtype=x.dtype, device=x.device)
-    bm = nlk._blocks(M, N, K, False)[0]
+    bm = nlk._blocks(M, N, K, False, False)[0]
     nlk._kernel()[((N + bn - 1) // bn,)](x, x, x, w, x, y, M, N, 0.0, K=K, HAS_D=False, GATED=False, BLOCK_M=bm,
                                          BLOCK_N=bn, BLOCK_K=1 << (K - 1).bit_length(), NORM=False, num_warps=warps)
     return y
@@ -82,14 +65,14 @@ for name, K, N in [("o_proj", 576, 576), ("down_proj", 1536, 576), ("drafter fc"
         for bn in (1, 2, 4, 8, 16) if not CPU else (4,):
             for warps in (1, 2, 4) if not CPU else (1,):
                 try:
-                    t = per_call_us(lambda: launch(x, w, bn, warps), 50, DEV)
+                    t = per_call_us(lambda: launch(x, w, bn, warps))
                 except Exception as e:  # noqa: BLE001  (a block Triton cannot build: skipped)
                     print(f"  skip {bn},{warps}: {type(e).__name__}", flush=True)
                     continue
                 best = min(best, (t, (bn, warps)), key=lambda b: b[0])
         emit({"linear": name, "M": M, "K": K, "N": N,
               "max_diff_bf16_steps": round(((y.float() - ref.float()).abs() / ulp).max().item(), 2),
-              "cublas_us": round(per_call_us(lambda: F.linear(x, w), 50, DEV), 2),
-              "kernel_default_us": round(per_call_us(lambda: nlk.linear_rows(x, w), 50, DEV), 2),
-              "default_blocks": list(nlk._blocks(M, N, K, False)), "best_us": round(best[0], 2),
+              "cublas_us": round(per_call_us(lambda: F.linear(x, w)), 2),
+              "kernel_default_us": round(per_call_us(lambda: nlk.linear_rows(x, w)), 2),
+              "default_blocks": list(nlk._blocks(M, N, K, False, False)), "best_us": round(best[0], 2),
               "best_bn_warps": list(best[1]) if best[1] else None})

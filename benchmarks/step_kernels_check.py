@@ -23,19 +23,14 @@ from __future__ import annotations
 
 import gc
 import json
-import os
 import sys
 import time
-from pathlib import Path
 
-CPU = "--cpu" in sys.argv
-if CPU:
-    os.environ["TRITON_INTERPRET"] = "1"
+from probe_script import CPU, DEV, DT, OUT, Emitter, per_call_us  # noqa: E402  (sets the interpreter for --cpu)
 
 import torch  # noqa: E402
 
 from eaglespec.bench.drafters import verify_step_seconds  # noqa: E402
-from eaglespec.bench.graph_timing import per_call_us as graph_per_call_us  # noqa: E402
 from eaglespec.bench.random_model import random_model  # noqa: E402
 from eaglespec.config import EngineConfig, SpecConfig  # noqa: E402
 from eaglespec.engine.engine import Engine  # noqa: E402
@@ -47,22 +42,7 @@ from eaglespec.layers.norm import add_rms_norm  # noqa: E402
 from eaglespec.models.base import PreNormDecoderLayer  # noqa: E402
 from eaglespec.sampling_params import SamplingParams  # noqa: E402
 
-OUT = Path([a for a in sys.argv[1:] if not a.startswith("--")][0])
-OUT.mkdir(parents=True, exist_ok=True)
-DEV = torch.device("cpu" if CPU else "cuda")
-DT = torch.float32 if CPU else torch.bfloat16
-rows: list[dict] = []
-
-
-def emit(row: dict) -> None:
-    rows.append(row)
-    print(json.dumps(row), flush=True)
-    (OUT / "step_kernels.json").write_text(json.dumps(rows, indent=1))
-
-
-def per_call_us(fn, calls: int = 50) -> float:
-    """Time of one call of fn in a CUDA graph of `calls` calls (eaglespec.bench.graph_timing)."""
-    return graph_per_call_us(fn, calls, DEV)
+emit = Emitter("step_kernels.json")
 
 
 def launch(h, d, nw, w, gated, cfg):
@@ -283,5 +263,5 @@ for fn, arg in SECTIONS:
         emit({"section": f"{fn.__name__} {arg}", "error": repr(e)[:300]})
     print(f"== {fn.__name__} {arg or ''} took {time.perf_counter() - t:.1f}s", flush=True)
 print("\n| row | values |\n|---|---|")
-for r in rows:
+for r in emit.rows:
     print("| " + " | ".join(f"{k}={v}" for k, v in r.items()) + " |")

@@ -18,44 +18,28 @@ usage: python benchmarks/tree_draft_probe.py OUT_DIR [--cpu] [--quick] [--max-ro
 
 from __future__ import annotations
 
-import json
 import sys
 import time
-from pathlib import Path
 
-import torch
+from probe_script import CPU, DEV, DT, OUT, Emitter, per_call_us  # noqa: E402  (sets the interpreter for --cpu)
 
-from eaglespec.bench.random_model import random_drafter, random_model
-from eaglespec.bench.graph_timing import per_call_us as graph_per_call_us
-from eaglespec.config import EngineConfig, SpecConfig
-from eaglespec.engine.engine import Engine
-from eaglespec.engine.transforms import prepare_for_inference, use_linear_rows_kernel, use_norm_linear_kernel
-from eaglespec.sampling_params import SamplingParams
+import torch  # noqa: E402
 
-CPU = "--cpu" in sys.argv
+from eaglespec.bench.random_model import random_drafter, random_model  # noqa: E402
+from eaglespec.config import EngineConfig, SpecConfig  # noqa: E402
+from eaglespec.engine.engine import Engine  # noqa: E402
+from eaglespec.engine.transforms import (  # noqa: E402
+    prepare_for_inference, use_linear_rows_kernel, use_norm_linear_kernel)
+from eaglespec.sampling_params import SamplingParams  # noqa: E402
+
 QUICK = "--quick" in sys.argv
 MAX_ROWS = next((int(a.split("=")[1]) for a in sys.argv if a.startswith("--max-rows=")), None)
-OUT = Path([a for a in sys.argv[1:] if not a.startswith("--")][0])
-OUT.mkdir(parents=True, exist_ok=True)
-DEV = torch.device("cpu" if CPU else "cuda")
-DT = torch.float32 if CPU else torch.bfloat16
-rows: list[dict] = []
-
-
-def emit(row: dict) -> None:
-    rows.append(row)
-    print(json.dumps(row), flush=True)
-    (OUT / "tree_draft_probe.json").write_text(json.dumps(rows, indent=1))
+emit = Emitter("tree_draft_probe.json")
 
 
 def sync() -> None:
     if not CPU:
         torch.cuda.synchronize()
-
-
-def per_call_us(fn, calls: int = 50) -> float:
-    """Time of one call of fn in a CUDA graph of `calls` calls (eaglespec.bench.graph_timing)."""
-    return graph_per_call_us(fn, calls, DEV)
 
 
 # --- 1 and 2: the phases of whole speculative steps ----------------------------------------------------------------

@@ -1,0 +1,45 @@
+"""What the GPU probe scripts of benchmarks/ share (step_kernels_check, tree_draft_probe, small_kernels_check), so
+that each states only what it measures:
+
+- `--cpu`: Triton's interpreter (set here, before any kernel is built), float32, tiny shapes: a check of the script
+  itself on a machine without a GPU;
+- OUT: the first argument that is not a flag (created); DEV / DT: cuda and bf16, or cpu and float32;
+- `Emitter(name)`: called with a result row, prints it as JSON and rewrites OUT/name with every row so far (a call
+  cut short by its time limit still leaves its rows);
+- `per_call_us(fn, calls)`: time of one call in a CUDA graph of `calls` calls (eaglespec.bench.graph_timing).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+CPU = "--cpu" in sys.argv
+if CPU:
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import torch  # noqa: E402
+
+from eaglespec.bench.graph_timing import per_call_us as _graph_per_call_us  # noqa: E402
+
+OUT = Path([a for a in sys.argv[1:] if not a.startswith("--")][0])
+OUT.mkdir(parents=True, exist_ok=True)
+DEV = torch.device("cpu" if CPU else "cuda")
+DT = torch.float32 if CPU else torch.bfloat16
+
+
+class Emitter:
+    def __init__(self, name: str) -> None:
+        self.path = OUT / name
+        self.rows: list[dict] = []
+
+    def __call__(self, row: dict) -> None:
+        self.rows.append(row)
+        print(json.dumps(row), flush=True)
+        self.path.write_text(json.dumps(self.rows, indent=1))
+
+
+def per_call_us(fn, calls: int = 50) -> float:
+    return _graph_per_call_us(fn, calls, DEV)
