@@ -211,17 +211,26 @@ def engine_section(shape: str) -> None:
 
 
 def batches_section() -> None:
-    """Plain decoding of B = 1, 2, 4, 8 rows (random SmolLM2 shape, 128-token prompts, 128 new tokens, the default
-    overlapped graph path) with and without the attention kernel: where does it beat SDPA's?"""
+    """Plain decoding of B = 1, 2, 4, 8, 16, 32 rows (random SmolLM2 shape, 128-token prompts, 128 new tokens, the
+    default overlapped graph path) with and without the attention kernel: where does it beat SDPA's? The kernel is
+    wired for batches of <= short_attention_kernel.MAX_BATCH (8) rows; for 16 and 32 rows this section raises that
+    limit to 32 for its "both" rows, so that the next choice of MAX_BATCH is a measured one. Then the speculative
+    step (chain S3 K1 D4, a random drafter: its acceptance is meaningless, its step costs are not) at 8, 16 and 32
+    rows, ms per step and the draft / verify / commit split, with the attention kernel up to 8 and up to 32 rows."""
+    import eaglespec.layers.short_attention_kernel as sak
+    from eaglespec.bench.random_model import random_drafter
+
     lm = random_model("smollm2-135m" if not CPU else str(OUT / "tiny_config.json"), DEV, DT, 0)
     m = lm.model
     prepare_for_inference(m, DEV, None if not CPU else True, None if not CPU else False)
     n_new = 128 if not CPU else 4
-    for B in (1, 2, 4, 8):
+    default_max = sak.MAX_BATCH
+    for B in (1, 2, 4, 8, 16, 32) if not CPU else (1, 2):
         prompts = [list(range(100 + i, 228 + i)) for i in range(B)]
         params = SamplingParams(max_new_tokens=n_new, ignore_eos=True)
         for variant in ("norm_linear", "both"):
             set_variant(m, variant)
+            sak.MAX_BATCH = max(default_max, B)
             e = Engine(m, None, EngineConfig(device=DEV.type, dtype="float32" if CPU else "bfloat16",
                                              max_batch_size=B))
             e.reserve(B, 1024)
@@ -234,9 +243,33 @@ def batches_section() -> None:
                 outs = e.generate(prompts, params)
                 sync()
                 best = max(best, sum(len(o.token_ids) for o in outs) / (time.perf_counter() - t0))
-            emit({"decode_batch": B, "variant": variant, "tok_per_s": round(best, 1)})
+            emit({"decode_batch": B, "variant": variant, "attention_kernel_max_batch": sak.MAX_BATCH,
+                  "tok_per_s": round(best, 1)})
             del e
             gc.collect()
+    set_variant(m, "both")
+    d = random_drafter(m.config, DEV, DT, 0)
+    prepare_for_inference(d, DEV, None if not CPU else True, None if not CPU else False)
+    for B in (8, 16, 32) if not CPU else (2,):
+        prompts = [list(range(100 + i, 228 + i)) for i in range(B)]
+        for max_batch in sorted({default_max, 32}):
+            sak.MAX_BATCH = max_batch
+            e = Engine(m, None, EngineConfig(device=DEV.type, dtype="float32" if CPU else "bfloat16",
+                                             max_batch_size=B, overlap=False), drafter=d, spec=SpecConfig(3, 1, 4))
+            e.reserve(B, 1024)
+            e.warmup(range(1, B + 1))
+            e.generate(prompts, SamplingParams(max_new_tokens=8, ignore_eos=True))
+            e.stats.__init__()
+            e.runner.timer.enabled = True
+            e.runner.timer.reset()
+            e.generate(prompts, SamplingParams(max_new_tokens=n_new, ignore_eos=True))
+            steps = max(e.stats.verify_steps // B, 1)  # the stats count one verify step per row
+            split = {k: round(1e3 * v / steps, 4) for k, v in e.runner.timer.totals().items() if k != "decode"}
+            emit({"spec_batch": B, "spec": "S3 K1 D4", "attention_kernel_max_batch": max_batch,
+                  "ms_per_step": round(sum(split.get(k, 0.0) for k in ("draft", "verify", "commit")), 4), **split})
+            del e
+            gc.collect()
+    sak.MAX_BATCH = default_max
 
 
 SECTIONS = [(kernel_section, None), (attention_section, None), (engine_section, "smollm2-135m"),
