@@ -10,12 +10,27 @@
 #      profiles, the step anatomy (host vs graphs), the shipped drafter in bf16, bf16 no-spec with and without
 #      overlapped decoding, bench with the oracle and random drafters at batch 1/8/32, transformers as the peer;
 #      BENCH_LIMIT=1 / PEER_LIMIT=1 skip the last two)
+#   benchmarks/gpu_measure.sh probes      (no carry, no checkpoint: random weights) the step probes of session 10 in one
+#      call, ~6 minutes: where a decode step goes (decode_profile.py, Llama-8B and SmolLM2 shapes), the small kernels
+#      against PyTorch (small_kernels_check.py), the speculative phases per shape (tree_draft_probe.py --quick), the
+#      SmolLM2 engine's decode / verify ratios and the batch sizes 1-32 with the attention kernel's row limit raised
+#      (step_kernels_check.py --only=smollm2-135m / batches)
 # Every section has its own time limit, so one slow section cannot take the others' results with it.
 set -uo pipefail
 export PYTHONPATH=src PYTHONUNBUFFERED=1
 M=/root/m/SmolLM2-135M-Instruct.Q4_1.gguf
 run() { local limit=$1 name=$2; shift 2; echo "== $name"; timeout "$limit" "$@" > "$OUT/$name.log" 2>&1; echo "   rc=$? ($name)"; tail -n "${TAILN:-14}" "$OUT/$name.log"; }
-if [ "$1" = random ]; then
+if [ "$1" = probes ]; then
+  for shape in llama-3.1-8b smollm2-135m; do
+    TAILN=30 run "${PROFILE_LIMIT:-150}" "decode_profile_$shape" python3 benchmarks/decode_profile.py "$OUT/dp" "$shape"
+  done
+  rm -f "$OUT"/dp/trace_*.json   # 3-5 MB each: kept on the device only
+  TAILN=16 run "${SMALL_LIMIT:-120}" small_kernels python3 benchmarks/small_kernels_check.py "$OUT/small"
+  TAILN=8 run "${TREE_LIMIT:-120}" tree_probe python3 benchmarks/tree_draft_probe.py "$OUT/tree" --quick
+  for sec in smollm2-135m batches; do
+    TAILN=20 run "${SK_LIMIT:-170}" "step_kernels_$sec" python3 benchmarks/step_kernels_check.py "$OUT/sk_$sec" "--only=$sec"
+  done
+elif [ "$1" = random ]; then
   bash benchmarks/device_parts.sh stage
   run 60 kernel_check python3 benchmarks/kernel_check.py
   # the decode-step Triton kernels (norm + projection, short attention): bf16 correctness, times, steps with and without
