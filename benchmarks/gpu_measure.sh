@@ -26,7 +26,7 @@ if [ "$1" = probes ]; then
   done
   rm -f "$OUT"/dp/trace_*.json   # 3-5 MB each: kept on the device only
   TAILN=16 run "${SMALL_LIMIT:-120}" small_kernels python3 benchmarks/small_kernels_check.py "$OUT/small"
-  TAILN=8 run "${TREE_LIMIT:-120}" tree_probe python3 benchmarks/tree_draft_probe.py "$OUT/tree" --quick
+  TAILN=8 run "${TREE_LIMIT:-120}" tree_probe python3 benchmarks/tree_draft_probe.py "$OUT/tree" --quick --profile
   for sec in smollm2-135m batches; do
     TAILN=20 run "${SK_LIMIT:-170}" "step_kernels_$sec" python3 benchmarks/step_kernels_check.py "$OUT/sk_$sec" "--only=$sec"
   done

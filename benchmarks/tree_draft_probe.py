@@ -10,10 +10,11 @@
    candidate replacements: top-K of K rows of draft-vocabulary log-probabilities (PyTorch's topk; a two-stage
    top-K over blocks of W entries; K argmax passes; the fused kernel from the logits) and the stable sort of build_tree's candidates.
 
-usage: python benchmarks/tree_draft_probe.py OUT_DIR [--cpu] [--quick] [--max-rows=N]
+usage: python benchmarks/tree_draft_probe.py OUT_DIR [--cpu] [--quick] [--profile] [--max-rows=N]
   --cpu: tiny shapes, eager: a check of the script; --quick: section 1 only, with the top-k kernel, plus a chain of 8
   (S7 K1 D8); --max-rows=N: the few-row projection kernels wired for steps of up to N <= MAX_ROWS rows (target
-  and drafter)
+  and drafter); --profile: the kernels of the draft and verify graphs of S3 K1 D4 and S4 K4 D16 (what grows with
+  the verify's rows)
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from eaglespec.engine.transforms import (  # noqa: E402
 from eaglespec.sampling_params import SamplingParams  # noqa: E402
 
 QUICK = "--quick" in sys.argv
+PROFILE = "--profile" in sys.argv
 MAX_ROWS = next((int(a.split("=")[1]) for a in sys.argv if a.startswith("--max-rows=")), None)
 emit = Emitter("tree_draft_probe.json")
 
@@ -98,11 +100,14 @@ for spec, fused in runs:
         row[f"{gname}_ms"] = round(sum(ev[i][j][0].elapsed_time(ev[i][j][1]) for i in range(n)) / n, 4)
         row[f"{gname}_host_ms"] = round(1e3 * host[j] / n, 4)
     emit(row)
-    if spec.topk > 1 and spec.steps == 4 and fused and not QUICK:
+    profile_it = (spec.topk > 1 and spec.steps == 4 and fused and not QUICK) or (
+        PROFILE and fused and spec.steps in (3, 4) and spec.draft_tokens in (4, 16))
+    if profile_it:
         from torch.profiler import ProfilerActivity, profile
 
         for gname, g in graphs:
-            if gname != "draft":  # replayed alone: only the draft phase leaves the state as it found it
+            # replayed alone: draft and (greedy) verify leave the state as they found it; commit advances it
+            if gname not in (("draft", "verify") if PROFILE else ("draft",)):
                 continue
             with profile(activities=[ProfilerActivity.CUDA]) as prof:
                 for _ in range(20):
@@ -112,7 +117,7 @@ for spec, fused in runs:
                 table = prof.key_averages().table(sort_by="device_time_total", row_limit=40)
             except Exception:  # older profilers name it cuda_time_total
                 table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=40)
-            (OUT / f"profile_{gname}.txt").write_text(table)
+            (OUT / f"profile_{name.replace(' ', '')}_{gname}.txt").write_text(table)
             print(f"== {gname} graph of {name}, 20 replays\n{table}", flush=True)
     del e
 
