@@ -5,7 +5,9 @@
    vocabulary), bf16 logits; the ids must be equal; CHUNK swept.
 2. linear_rows: layers/norm_linear_kernel.linear_rows (the few-row kernel without add and norm) against F.linear
    (cuBLAS) for SmolLM2's o_proj (576 -> 576), down_proj (1536 -> 576) and its drafter's fc (1728 -> 576) at 1, 2 and
-   4 rows: largest difference in bf16 rounding steps, time of the default blocks and of a (BLOCK_N, warps) sweep.
+   4 rows: largest difference in bf16 rounding steps, time of the default blocks and of a (BLOCK_N, warps) sweep,
+   and both again with the weights cold (copies in turn: what a step meets; a tensor-core variant won on one weight
+   read from L2 and lost in whole steps, docs/benchmarks.md "Session 10").
 
 Times: per call in a CUDA graph of 50 calls (eaglespec.bench.graph_timing), the engine's view.
 (A third section swept a tensor-core variant for 5-16 rows; commit 951beed has it. Whole verify steps measured that
@@ -53,6 +55,19 @@ def launch(x, w, bn, warps):
     return y
 
 
+def cold_us(call, w: torch.Tensor) -> float:
+    """Time per call of call(weight) with copies of w taken in turn (> 256 MB in all on the GPU, so that L2 holds
+    none of them), as a decode step meets its weights; the plain per-call times above reread one weight from L2."""
+    copies = [w.clone() for _ in range(max(2, (256 << 20) // (w.numel() * w.element_size()) if not CPU else 2))]
+    turn = [0]
+
+    def one():
+        turn[0] += 1
+        return call(copies[turn[0] % len(copies)])
+
+    return per_call_us(one)
+
+
 for name, K, N in [("o_proj", 576, 576), ("down_proj", 1536, 576), ("drafter fc", 1728, 576)] if not CPU else \
         [("tiny", 96, 40)]:
     w = (torch.randn(N, K, generator=g, device=DEV) / K ** 0.5).to(DT)
@@ -74,5 +89,7 @@ for name, K, N in [("o_proj", 576, 576), ("down_proj", 1536, 576), ("drafter fc"
               "max_diff_bf16_steps": round(((y.float() - ref.float()).abs() / ulp).max().item(), 2),
               "cublas_us": round(per_call_us(lambda: F.linear(x, w)), 2),
               "kernel_default_us": round(per_call_us(lambda: nlk.linear_rows(x, w)), 2),
+              "cublas_cold_us": round(cold_us(lambda ww: F.linear(x, ww), w), 2),
+              "kernel_cold_us": round(cold_us(lambda ww: nlk.linear_rows(x, ww), w), 2),
               "default_blocks": list(nlk._blocks(M, N, K, False, False)), "best_us": round(best[0], 2),
               "best_bn_warps": list(best[1]) if best[1] else None})
