@@ -24,7 +24,7 @@ torch.set_num_threads(1)
 t = tiny_llama(seed=0); d = tiny_drafter(t, seed=1)
 tok = CharTokenizer(t.config.vocab_size)
 for spec in (None, SpecConfig(3, 1, 4)):
-    for B in (1, 8):
+    for B in (1, 8, 32):
         for overlap in (False, True):
             eng = Engine(t, tok, EngineConfig(max_batch_size=B, overlap=overlap), drafter=d if spec else None,
                          spec=spec)
