@@ -62,3 +62,37 @@ def test_tree_speculation_through_the_kernel_equals_plain(monkeypatch):
     monkeypatch.setattr(draft, "topk_logp", through_kernel)
     assert_transformed_engine_equals_plain(lambda t, d: None, SpecConfig(3, 2, 6), [[5, 6, 7, 8], [9, 10]], 12)
     assert calls and all(s[-1] == 50 for s in calls)  # the tiny drafter's 50-token draft vocabulary
+
+
+def test_raw_values_mode_is_a_stable_descending_sort():
+    """`topk_values` (a tree's frontier and build_tree's selection on CUDA): raw values, the order of a stable
+    descending sort, ties to the smaller index, and -inf entries taken once each."""
+    from eaglespec.layers.topk_kernel import topk_values
+
+    x = torch.randn(5, 52, generator=torch.Generator().manual_seed(4))
+    x[0, [3, 9, 40]] = 1.5  # ties
+    x[1, :] = float("-inf")
+    x[1, 7] = 0.0  # one finite value, then -inf ones
+    ids, vals = topk_values(x, 15)
+    ref = torch.sort(x, dim=1, descending=True, stable=True)
+    assert torch.equal(ids, ref.indices[:, :15]) and torch.equal(vals, ref.values[:, :15])
+    assert all(len(set(row)) == 15 for row in ids.tolist())
+
+
+def test_tree_selection_through_the_kernel_equals_plain(monkeypatch):
+    """draft_tree's frontier and build_tree's D-1 best routed through the raw-values kernel (the CUDA path) on the
+    CPU: the same candidates as the PyTorch path (stable order), and tree speculation still equals plain decoding."""
+    import eaglespec.spec.tree as tree
+    from eaglespec.layers.topk_kernel import topk_values
+
+    calls = []
+
+    def through(scores, k):
+        calls.append(tuple(scores.shape))
+        return topk_values(scores, k)[0]
+
+    monkeypatch.setattr(draft, "frontier_ids", through)
+    monkeypatch.setattr(tree, "best_candidates", through)
+    assert_transformed_engine_equals_plain(lambda t, d: None, SpecConfig(3, 2, 6), [[5, 6, 7, 8], [9, 10]], 12)
+    assert (2, 4) in calls  # the frontier: K = 2 best of K^2 = 4 children per row
+    assert any(s[-1] == 2 + 2 * 4 for s in calls)  # build_tree: N = K + (S-1) K^2 candidates

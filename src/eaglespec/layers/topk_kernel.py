@@ -8,8 +8,13 @@ drafting. Here one program per row loads the whole row once, computes its log-su
 
 `logsoftmax_topk(logits, k) -> (ids, logp)`: logits [..., V] (any float dtype) -> ids [..., k] int64 and logp [...,
 k] float32, the k largest log-softmax values in descending order; among equal values the smaller index first.
-`fits(V, k)`: V <= MAX_VOCAB and k <= MAX_K (the row is held in registers). Values equal `log_softmax(x.float())`'s
-up to float32 rounding (max - logsumexp is computed as (x - max) - log(sum exp(x - max)), as PyTorch does).
+Values equal `log_softmax(x.float())`'s up to float32 rounding (max - logsumexp is computed as (x - max) - log(sum
+exp(x - max)), as PyTorch does).
+`topk_values(x, k) -> (ids, values)`: the same selection of the raw values (float32), no log-softmax: a tree's
+frontier (the K best of K^2 cumulative scores per row) and the D-1 best of its candidates (`spec/tree.build_tree`),
+where PyTorch's topk / stable sort cost 2 kernels of 4-6 us each (session 10's profile of the draft graph). The
+order is a stable descending sort's: among equal values the smaller index first.
+`fits(V, k)`: V <= MAX_VOCAB and k <= MAX_K (the row is held in registers).
 Built on first use, so that `TRITON_INTERPRET=1` (CPU tests) takes effect.
 """
 
@@ -33,23 +38,29 @@ def _kernel():
     import triton.language as tl
 
     @triton.jit
-    def logsoftmax_topk_kernel(x, ids, vals, V, s_x, K: tl.constexpr, BLOCK: tl.constexpr):
+    def logsoftmax_topk_kernel(x, ids, vals, V, s_x, K: tl.constexpr, BLOCK: tl.constexpr,
+                               LOG_SOFTMAX: tl.constexpr = True):
         r = tl.program_id(0)
         offs = tl.arange(0, BLOCK)
         v = tl.load(x + r * s_x + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
-        mx = tl.max(v, 0)
-        log_sum = tl.log(tl.sum(tl.exp(v - mx), 0))
+        if LOG_SOFTMAX:
+            mx = tl.max(v, 0)
+            log_sum = tl.log(tl.sum(tl.exp(v - mx), 0))
+        free = offs < V  # entries not taken yet (a taken one is not taken again, even among -inf values)
         for j in tl.static_range(K):
-            best = tl.max(v, 0)
-            idx = tl.min(tl.where(v == best, offs, BLOCK), 0)  # the smallest index among equal maxima
+            best = tl.max(tl.where(free, v, float("-inf")), 0)
+            idx = tl.min(tl.where(free & (v == best), offs, BLOCK), 0)  # the smallest index among equal maxima
             tl.store(ids + r * K + j, idx.to(tl.int64))
-            tl.store(vals + r * K + j, (best - mx) - log_sum)
-            v = tl.where(offs == idx, float("-inf"), v)
+            if LOG_SOFTMAX:
+                tl.store(vals + r * K + j, (best - mx) - log_sum)
+            else:
+                tl.store(vals + r * K + j, best)
+            free = free & (offs != idx)
 
     return logsoftmax_topk_kernel
 
 
-def logsoftmax_topk(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+def logsoftmax_topk(logits: torch.Tensor, k: int, log_softmax: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     *lead, V = logits.shape
     assert fits(V, k), f"logsoftmax_topk: V={V} k={k}"
     x = logits.reshape(-1, V)
@@ -60,5 +71,9 @@ def logsoftmax_topk(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.T
     vals = torch.empty(R, k, dtype=torch.float32, device=logits.device)
     block = max(16, 1 << (V - 1).bit_length())
     warps = 4 if block <= 4096 else 8 if block <= 16384 else 16
-    _kernel()[(R,)](x, ids, vals, V, x.stride(0), K=k, BLOCK=block, num_warps=warps)
+    _kernel()[(R,)](x, ids, vals, V, x.stride(0), K=k, BLOCK=block, LOG_SOFTMAX=log_softmax, num_warps=warps)
     return ids.view(*lead, k), vals.view(*lead, k)
+
+
+def topk_values(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return logsoftmax_topk(x, k, log_softmax=False)

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..layers import topk_kernel
 from ..layers.context import cached_arange
 
 
@@ -108,6 +109,15 @@ def chain_tables(num_draft_tokens: int, max_depth: int, device: torch.device) ->
     return parents, node.clone(), ancestors, children, paths
 
 
+def best_candidates(scores: torch.Tensor, keep: int) -> torch.Tensor:
+    """scores [B, N] -> the indices of the `keep` best [B, keep], best first, the smaller index first among equal
+    scores (a stable descending sort's order). On CUDA, when keep <= topk_kernel.MAX_K, the top-k kernel's raw mode
+    (one kernel instead of a radix sort); elsewhere the stable sort."""
+    if scores.is_cuda and topk_kernel.fits(scores.shape[-1], keep):
+        return topk_kernel.topk_values(scores, keep)[0]
+    return torch.sort(scores, dim=1, descending=True, stable=True).indices[:, :keep]
+
+
 def build_tree(
     root_tokens: torch.Tensor,
     cand_tokens: torch.Tensor,
@@ -130,7 +140,7 @@ def build_tree(
             parents=parents.expand(B, D), depth=depth.expand(B, D), ancestors=ancestors.expand(B, D, D),
             children=children.expand(B, D, 1), paths=paths.expand(B, D, max_depth + 1),
         )
-    order = torch.sort(cand_scores, dim=1, descending=True, stable=True).indices[:, :keep]  # [B, D-1]
+    order = best_candidates(cand_scores, keep)  # [B, D-1]
     sel = order.sort(dim=1).values  # candidate ids in index order: parents precede children
     pos_of_cand = torch.full((B, N), -1, dtype=torch.int64, device=dev)
     pos_of_cand.scatter_(1, sel, torch.arange(1, keep + 1, device=dev).expand(B, keep))
