@@ -5,7 +5,11 @@ the step's bookkeeping: drafting loop, tree construction, verification, acceptan
 static path (the code the CUDA graphs capture; after a first step, as a replay would) on a tiny model and counts, per phase, the ATen operators that launch
 work (views, allocations and metadata ops excluded) and are not inside the target's or the drafter's forward.
 
-usage: python benchmarks/spec_step_ops.py
+With --cuda-kernels the greedy choices, a tree's top-K selections and its ancestor tables take the Triton kernels
+the CUDA path uses (run by Triton's interpreter), each launch counted as one operator and their inner work not at
+all: the count a CUDA graph of the step holds.
+
+usage: python benchmarks/spec_step_ops.py [--cuda-kernels]
 """
 
 from __future__ import annotations
@@ -39,10 +43,43 @@ NO_KERNEL = {
 def _in_model(ev) -> bool:
     x = ev.cpu_parent
     while x is not None:
-        if x.name == "MODEL":
+        if x.name == "MODEL" or x.name.startswith("TRITON"):
             return True
         x = x.cpu_parent
     return False
+
+
+def route_through_kernels() -> None:
+    """The CUDA path's kernels in place of the PyTorch operators they replace, each call marked TRITON:<launches>."""
+    import os
+
+    os.environ["TRITON_INTERPRET"] = "1"
+    import eaglespec.engine.runner as runner
+    import eaglespec.layers.sampling as sampling
+    import eaglespec.spec.draft as draft
+    import eaglespec.spec.tree as tree
+    import eaglespec.spec.verify as verify
+    from eaglespec.layers import argmax_kernel, topk_kernel, tree_tables_kernel
+
+    def marked(fn, launches: int, fits, fallback):
+        """fn where the CUDA policy would take it (fits(*args)), else the PyTorch path, counted as usual."""
+        def call(*a, **k):
+            if not fits(*a):
+                return fallback(*a, **k)
+            with record_function(f"TRITON:{launches}"):
+                return fn(*a, **k)
+
+        return call
+
+    for mod in (runner, verify, draft, sampling):
+        mod.greedy_ids = marked(argmax_kernel.argmax_rows, 2, lambda x: argmax_kernel.fits(x.shape[-1]),
+                                sampling.greedy_ids)
+    fits_k = lambda x, k: topk_kernel.fits(x.shape[-1], k)  # noqa: E731
+    draft.topk_logp = marked(topk_kernel.logsoftmax_topk, 1, fits_k, draft.topk_logp)
+    draft.frontier_ids = marked(lambda x, k: topk_kernel.topk_values(x, k)[0], 1, fits_k, draft.frontier_ids)
+    tree.best_candidates = marked(lambda x, k: topk_kernel.topk_values(x, k)[0], 1, fits_k, tree.best_candidates)
+    tree.ancestor_tables = marked(tree_tables_kernel.ancestor_tables, 1,
+                                  lambda p, d, s: tree_tables_kernel.fits(p.shape[1], s), tree.ancestor_tables)
 
 
 def count(spec: SpecConfig) -> dict[str, int]:
@@ -74,10 +111,14 @@ def count(spec: SpecConfig) -> dict[str, int]:
             # leaf operators only: a composite op's work is counted through its children
             out[name] = sum(1 for ev in ops if not any(
                 c.name.startswith("aten::") and c.name not in NO_KERNEL for c in ev.cpu_children))
+            out[name] += sum(int(ev.name.split(":")[1]) for ev in p.events() if ev.name.startswith("TRITON:")
+                             and not _in_model(ev))
     return out
 
 
 if __name__ == "__main__":
+    if "--cuda-kernels" in sys.argv:
+        route_through_kernels()
     print("| spec | draft | verify | commit | total |\n| --- | ---: | ---: | ---: | ---: |")
     for spec in (SpecConfig(3, 1, 4), SpecConfig(7, 1, 8), SpecConfig(5, 4, 16), SpecConfig(6, 8, 48)):
         c = count(spec)
