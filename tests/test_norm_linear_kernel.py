@@ -174,20 +174,34 @@ def test_few_rows_linear_switches_by_rows_and_keeps_the_weight(monkeypatch):
 
 def test_linear_rows_transform_wires_target_and_drafter(monkeypatch):
     """o_proj and down_proj of a Llama target and of a drafter, and the drafter's fc, become FewRowsLinear; layers wider
-    than ONE_SHOT_K are left to cuBLAS; with every kernel wired, greedy speculation still equals plain decoding."""
+    than ONE_SHOT_K or weights over LINEAR_ROWS_MAX_BYTES are left to cuBLAS; with every kernel wired, greedy
+    speculation still equals plain decoding."""
+    import eaglespec.engine.transforms as transforms
     from eaglespec.engine.transforms import use_linear_rows_kernel
     from eaglespec.layers.few_rows_linear import FewRowsLinear
 
     blocks = nlk._blocks  # the interpreter runs programs one after another: one program per call here
-    monkeypatch.setattr(nlk, "_blocks", lambda M, N, K, gated, norm=True: (blocks(M, N, K, gated, norm)[0], 1 << (N - 1).bit_length(),
-                                                                            *blocks(M, N, K, gated, norm)[2:]))
+
+    def one_program(M, N, K, gated, norm=True):
+        bm, _, bk, warps = blocks(M, N, K, gated, norm)
+        return bm, 1 << (N - 1).bit_length(), bk, warps
+
+    monkeypatch.setattr(nlk, "_blocks", one_program)
     m = use_linear_rows_kernel(tiny_llama(seed=0))
     layer = m.model.layers[0]
     assert isinstance(layer.self_attn.o_proj, FewRowsLinear) and isinstance(layer.mlp.down_proj, FewRowsLinear)
     assert type(layer.mlp.gate_proj) is torch.nn.Linear and type(m.lm_head) is torch.nn.Linear  # not named
+
+    def wired() -> bool:
+        return any(isinstance(x, FewRowsLinear) for x in use_linear_rows_kernel(tiny_llama(seed=0)).modules())
+
     monkeypatch.setattr(nlk, "ONE_SHOT_K", 32)  # narrower than the tiny model's 64: nothing wired
-    assert not any(isinstance(x, FewRowsLinear) for x in use_linear_rows_kernel(tiny_llama(seed=0)).modules())
+    assert not wired()
     monkeypatch.setattr(nlk, "ONE_SHOT_K", 2048)
+    cap = transforms.LINEAR_ROWS_MAX_BYTES
+    monkeypatch.setattr(transforms, "LINEAR_ROWS_MAX_BYTES", 64 * 64 * 4 - 1)  # below one 64 x 64 float32 weight
+    assert not wired()
+    monkeypatch.setattr(transforms, "LINEAR_ROWS_MAX_BYTES", cap)
 
     def prepare(target, drafter):
         for x in (target, drafter):

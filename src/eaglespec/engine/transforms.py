@@ -8,8 +8,9 @@
 - `use_norm_linear_kernel(model)` (CUDA): in Llama-style layers, residual add + RMSNorm + q/k/v projection and
   residual add + RMSNorm + gate/up projection + SiLU gating as one Triton kernel each, for steps of a few rows; in an
   EAGLE-3 drafter's layer the second of these.
-- `use_linear_rows_kernel(model)` (CUDA): the bias-free o_proj / down_proj (and an EAGLE-3 drafter's fc) of models
-  <= ONE_SHOT_K wide as `FewRowsLinear`: the same kernel without add and norm for steps of a few rows.
+- `use_linear_rows_kernel(model)` (CUDA): the small bias-free o_proj / down_proj (and an EAGLE-3 drafter's fc) as
+  `FewRowsLinear`: the same kernel without add and norm for steps of a few rows (inputs <= ONE_SHOT_K wide,
+  weights <= 4 MB).
 - `compile_elementwise(model)`: RMSNorm, residual-add + RMSNorm, RoPE, RoPE's cos/sin tables and SiLU-gating through
   `torch.compile` (one fused kernel each instead of ~5), shapes dynamic so one compilation serves every batch and
   length bucket.
@@ -124,11 +125,16 @@ def use_norm_linear_kernel(model: nn.Module, max_rows: int | None = None) -> nn.
     return model
 
 
+LINEAR_ROWS_MAX_BYTES = 4 << 20  # weights up to which FewRowsLinear is used (measured: SmolLM2's 0.7-2 MB)
+
+
 def use_linear_rows_kernel(model: nn.Module, max_rows: int | None = None,
                            names: tuple[str, ...] = ("o_proj", "down_proj", "fc")) -> nn.Module:
-    """Every bias-free nn.Linear named in `names` whose input is at most ONE_SHOT_K wide becomes a `FewRowsLinear`
-    (layers/few_rows_linear.py) for steps of at most `max_rows` rows (default: the kernel's MAX_ROWS). The wider
-    projections (an 8B model's) keep cuBLAS, which reads them at 3-4 TB/s."""
+    """Every bias-free nn.Linear named in `names` whose input is at most ONE_SHOT_K wide and whose weight holds at
+    most LINEAR_ROWS_MAX_BYTES becomes a `FewRowsLinear` (layers/few_rows_linear.py) for steps of at most `max_rows`
+    rows (default: the kernel's MAX_ROWS). The kernel wins where cuBLAS is bound by its launch latency (a few us for
+    0.7-2 MB on the H200); larger projections (an 8B model's, a MoE's 2048 x 7168 experts) keep cuBLAS, which reads
+    them at 3-4 TB/s, and the kernel is unmeasured there."""
     from ..layers.few_rows_linear import FewRowsLinear
     from ..layers.norm_linear_kernel import MAX_ROWS, ONE_SHOT_K
 
@@ -139,6 +145,7 @@ def use_linear_rows_kernel(model: nn.Module, max_rows: int | None = None,
             if isinstance(lin, FewRowsLinear):  # wired before: a new row limit
                 lin.max_rows = rows
             elif (type(lin) is nn.Linear and lin.bias is None and lin.in_features <= ONE_SHOT_K
+                    and lin.weight.numel() * lin.weight.element_size() <= LINEAR_ROWS_MAX_BYTES
                     and lin.weight.is_contiguous()):
                 setattr(parent, name, FewRowsLinear.wrap(lin, rows))
     return model
