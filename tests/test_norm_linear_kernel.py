@@ -174,7 +174,7 @@ def test_few_rows_linear_switches_by_rows_and_keeps_the_weight(monkeypatch):
 
 def test_linear_rows_transform_wires_target_and_drafter(monkeypatch):
     """o_proj and down_proj of a Llama target and of a drafter, and the drafter's fc, become FewRowsLinear; layers wider
-    than ONE_SHOT_K or weights over LINEAR_ROWS_MAX_BYTES are left to cuBLAS; with every kernel wired, greedy
+    than ONE_SHOT_K or weights over FEW_ROWS_MAX_WEIGHTS elements are left to cuBLAS; with every kernel wired, greedy
     speculation still equals plain decoding."""
     import eaglespec.engine.transforms as transforms
     from eaglespec.engine.transforms import use_linear_rows_kernel
@@ -198,10 +198,10 @@ def test_linear_rows_transform_wires_target_and_drafter(monkeypatch):
     monkeypatch.setattr(nlk, "ONE_SHOT_K", 32)  # narrower than the tiny model's 64: nothing wired
     assert not wired()
     monkeypatch.setattr(nlk, "ONE_SHOT_K", 2048)
-    cap = transforms.LINEAR_ROWS_MAX_BYTES
-    monkeypatch.setattr(transforms, "LINEAR_ROWS_MAX_BYTES", 64 * 64 * 4 - 1)  # below one 64 x 64 float32 weight
+    cap = transforms.FEW_ROWS_MAX_WEIGHTS
+    monkeypatch.setattr(transforms, "FEW_ROWS_MAX_WEIGHTS", 64 * 64 - 1)  # below one 64 x 64 weight
     assert not wired()
-    monkeypatch.setattr(transforms, "LINEAR_ROWS_MAX_BYTES", cap)
+    monkeypatch.setattr(transforms, "FEW_ROWS_MAX_WEIGHTS", cap)
 
     def prepare(target, drafter):
         for x in (target, drafter):

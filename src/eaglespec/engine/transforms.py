@@ -10,7 +10,7 @@
   EAGLE-3 drafter's layer the second of these.
 - `use_linear_rows_kernel(model)` (CUDA): the small bias-free o_proj / down_proj (and an EAGLE-3 drafter's fc) as
   `FewRowsLinear`: the same kernel without add and norm for steps of a few rows (inputs <= ONE_SHOT_K wide,
-  weights <= 4 MB).
+  at most FEW_ROWS_MAX_WEIGHTS weights).
 - `compile_elementwise(model)`: RMSNorm, residual-add + RMSNorm, RoPE, RoPE's cos/sin tables and SiLU-gating through
   `torch.compile` (one fused kernel each instead of ~5), shapes dynamic so one compilation serves every batch and
   length bucket.
@@ -92,14 +92,25 @@ def use_short_attention_kernel(model: nn.Module) -> nn.Module:
     return model
 
 
+# Weight sizes (elements) up to which the few-row kernels replace cuBLAS: they were measured on SmolLM2 (0.33-1.77M
+# per projection: 0.7-3.5 MB in bf16), where cuBLAS is bound by its launch latency; larger weights (a 1B model's
+# 2048 x 16384 gate/up, a MoE's experts) keep cuBLAS, which reads them at 3-4 TB/s, until the kernels are measured
+# there. Counted in elements, so that float32 and bf16 engines of one model take the same path.
+FEW_ROWS_MAX_WEIGHTS = 2 << 20
+
+
+def _small(lin: nn.Linear) -> bool:
+    return lin.weight.numel() <= FEW_ROWS_MAX_WEIGHTS
+
+
 def use_norm_linear_kernel(model: nn.Module, max_rows: int | None = None) -> nn.Module:
     """Residual add + RMSNorm + projection (+ SiLU gating) as one Triton kernel in every pre-norm layer whose
     attention has a fused bias-free q/k/v projection and whose MLP is a fused bias-free SiLU gate/up MLP
     (layers/norm_linear_kernel.py), and for the MLP half of an EAGLE-3 drafter's layer, for steps of at most
     `max_rows` rows (default: the kernel's MAX_ROWS).
-    Only models of width <= ONE_SHOT_K (SmolLM2's 576): on the H200 the kernel beats the launches it saves there,
-    while for 4096-wide layers a blocked version was 2x slower than cuBLAS (docs/benchmarks.md, "Session 5").
-    Layers of other shapes (MLA, MoE) keep their path."""
+    Only models of width <= ONE_SHOT_K (SmolLM2's 576) and projections of <= FEW_ROWS_MAX_WEIGHTS weights: on the
+    H200 the kernel beats the launches it saves there, while for 4096-wide layers a blocked version was 2x slower
+    than cuBLAS (docs/benchmarks.md, "Session 5"). Layers of other shapes (MLA, MoE) keep their path."""
     from ..layers.norm_linear_kernel import MAX_ROWS, ONE_SHOT_K, add_norm_linear
     from ..models.base import PreNormDecoderLayer
     from ..models.eagle3 import Eagle3MidLayer
@@ -110,13 +121,13 @@ def use_norm_linear_kernel(model: nn.Module, max_rows: int | None = None) -> nn.
         f = m.mlp
         return (isinstance(f, GatedMLP) and getattr(f, "gate_up_proj", None) is not None
                 and f.gate_up_proj.bias is None and f.act_name == "silu" and f.gate_up_proj.in_features <= ONE_SHOT_K
-                and isinstance(m.post_attention_layernorm, RMSNorm))
+                and _small(f.gate_up_proj) and isinstance(m.post_attention_layernorm, RMSNorm))
 
     for m in model.modules():
         if isinstance(m, PreNormDecoderLayer):  # both halves: the attention's too
             a = m.self_attn
             fits = (isinstance(a, GQAAttention) and getattr(a, "qkv_proj", None) is not None
-                    and a.qkv_proj.bias is None and a.qkv_proj.in_features <= ONE_SHOT_K
+                    and a.qkv_proj.bias is None and a.qkv_proj.in_features <= ONE_SHOT_K and _small(a.qkv_proj)
                     and isinstance(m.input_layernorm, RMSNorm) and mlp_half_fits(m))
         else:  # an EAGLE-3 drafter's layer: the MLP half only (its q/k/v input is two normed halves)
             fits = isinstance(m, Eagle3MidLayer) and mlp_half_fits(m)
@@ -125,16 +136,12 @@ def use_norm_linear_kernel(model: nn.Module, max_rows: int | None = None) -> nn.
     return model
 
 
-LINEAR_ROWS_MAX_BYTES = 4 << 20  # weights up to which FewRowsLinear is used (measured: SmolLM2's 0.7-2 MB)
-
-
 def use_linear_rows_kernel(model: nn.Module, max_rows: int | None = None,
                            names: tuple[str, ...] = ("o_proj", "down_proj", "fc")) -> nn.Module:
     """Every bias-free nn.Linear named in `names` whose input is at most ONE_SHOT_K wide and whose weight holds at
-    most LINEAR_ROWS_MAX_BYTES becomes a `FewRowsLinear` (layers/few_rows_linear.py) for steps of at most `max_rows`
-    rows (default: the kernel's MAX_ROWS). The kernel wins where cuBLAS is bound by its launch latency (a few us for
-    0.7-2 MB on the H200); larger projections (an 8B model's, a MoE's 2048 x 7168 experts) keep cuBLAS, which reads
-    them at 3-4 TB/s, and the kernel is unmeasured there."""
+    most FEW_ROWS_MAX_WEIGHTS elements becomes a `FewRowsLinear` (layers/few_rows_linear.py) for steps of at most
+    `max_rows` rows (default: the kernel's MAX_ROWS). The kernel wins where cuBLAS is bound by its launch latency
+    (3-5 us for SmolLM2's 0.7-2 MB on the H200)."""
     from ..layers.few_rows_linear import FewRowsLinear
     from ..layers.norm_linear_kernel import MAX_ROWS, ONE_SHOT_K
 
@@ -145,8 +152,7 @@ def use_linear_rows_kernel(model: nn.Module, max_rows: int | None = None,
             if isinstance(lin, FewRowsLinear):  # wired before: a new row limit
                 lin.max_rows = rows
             elif (type(lin) is nn.Linear and lin.bias is None and lin.in_features <= ONE_SHOT_K
-                    and lin.weight.numel() * lin.weight.element_size() <= LINEAR_ROWS_MAX_BYTES
-                    and lin.weight.is_contiguous()):
+                    and _small(lin) and lin.weight.is_contiguous()):
                 setattr(parent, name, FewRowsLinear.wrap(lin, rows))
     return model
 
