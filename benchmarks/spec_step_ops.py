@@ -5,9 +5,9 @@ the step's bookkeeping: drafting loop, tree construction, verification, acceptan
 static path (the code the CUDA graphs capture; after a first step, as a replay would) on a tiny model and counts, per phase, the ATen operators that launch
 work (views, allocations and metadata ops excluded) and are not inside the target's or the drafter's forward.
 
-With --cuda-kernels the greedy choices, a tree's top-K selections and its ancestor tables take the Triton kernels
-the CUDA path uses (run by Triton's interpreter), each launch counted as one operator and their inner work not at
-all: the count a CUDA graph of the step holds.
+With --cuda-kernels the greedy choices, a tree's top-K selections, its ancestor tables and its greedy acceptance take
+the Triton kernels the CUDA path uses (run by Triton's interpreter), each launch counted as one operator and their
+inner work not at all: the count a CUDA graph of the step holds.
 
 usage: python benchmarks/spec_step_ops.py [--cuda-kernels]
 """
@@ -59,7 +59,7 @@ def route_through_kernels() -> None:
     import eaglespec.spec.draft as draft
     import eaglespec.spec.tree as tree
     import eaglespec.spec.verify as verify
-    from eaglespec.layers import argmax_kernel, topk_kernel, tree_tables_kernel
+    from eaglespec.layers import argmax_kernel, greedy_tree_kernel, topk_kernel, tree_tables_kernel
 
     def marked(fn, launches: int, fits, fallback):
         """fn where the CUDA policy would take it (fits(*args)), else the PyTorch path, counted as usual."""
@@ -80,6 +80,10 @@ def route_through_kernels() -> None:
     tree.best_candidates = marked(lambda x, k: topk_kernel.topk_values(x, k)[0], 1, fits_k, tree.best_candidates)
     tree.ancestor_tables = marked(tree_tables_kernel.ancestor_tables, 1,
                                   lambda p, d, s: tree_tables_kernel.fits(p.shape[1], s), tree.ancestor_tables)
+    accept = marked(lambda t, pred: verify.VerifyResult(*greedy_tree_kernel.accept_greedy(
+        pred, t.tokens, t.parents, t.depth, t.ancestors, t.paths)), 1,
+        lambda t, pred: greedy_tree_kernel.fits(t.size, t.paths.shape[-1] - 1), verify.verify_greedy_rule)
+    runner.verify_greedy = lambda t, logits: accept(t, verify.greedy_ids(logits))
 
 
 def count(spec: SpecConfig) -> dict[str, int]:
