@@ -59,7 +59,7 @@ def route_through_kernels() -> None:
     import eaglespec.spec.draft as draft
     import eaglespec.spec.tree as tree
     import eaglespec.spec.verify as verify
-    from eaglespec.layers import argmax_kernel, greedy_tree_kernel, topk_kernel, tree_tables_kernel
+    from eaglespec.layers import argmax_kernel, topk_kernel, tree_kernels
 
     def marked(fn, launches: int, fits, fallback):
         """fn where the CUDA policy would take it (fits(*args)), else the PyTorch path, counted as usual."""
@@ -78,11 +78,11 @@ def route_through_kernels() -> None:
     draft.topk_logp = marked(topk_kernel.logsoftmax_topk, 1, fits_k, draft.topk_logp)
     draft.frontier_ids = marked(lambda x, k: topk_kernel.topk_values(x, k)[0], 1, fits_k, draft.frontier_ids)
     tree.best_candidates = marked(lambda x, k: topk_kernel.topk_values(x, k)[0], 1, fits_k, tree.best_candidates)
-    tree.ancestor_tables = marked(tree_tables_kernel.ancestor_tables, 1,
-                                  lambda p, d, s: tree_tables_kernel.fits(p.shape[1], s), tree.ancestor_tables)
-    accept = marked(lambda t, pred: verify.VerifyResult(*greedy_tree_kernel.accept_greedy(
+    tree.ancestor_tables = marked(tree_kernels.ancestor_tables, 1,
+                                  lambda p, d, s: tree_kernels.fits(p.shape[1], s), tree.ancestor_tables)
+    accept = marked(lambda t, pred: verify.VerifyResult(*tree_kernels.accept_greedy(
         pred, t.tokens, t.parents, t.depth, t.ancestors, t.paths)), 1,
-        lambda t, pred: greedy_tree_kernel.fits(t.size, t.paths.shape[-1] - 1), verify.verify_greedy_rule)
+        lambda t, pred: tree_kernels.fits(t.size, t.paths.shape[-1] - 1), verify.verify_greedy_rule)
     runner.verify_greedy = lambda t, logits: accept(t, verify.greedy_ids(logits))
 
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..layers import topk_kernel, tree_tables_kernel
+from ..layers import topk_kernel, tree_kernels
 from ..layers.context import cached_arange
 
 
@@ -62,11 +62,11 @@ def ancestor_tables(parents: torch.Tensor, depth: torch.Tensor, max_depth: int) 
     over the parents, extended with a dummy node D that is its own parent (the walk past the root stays there). Step
     j sets ancestors[i, a_j(i)] and paths[i, depth(i) - j] = a_j(i); writes of the dummy, or below depth 0, land in
     extra columns that are cut off. About 4 operators per level instead of ~15 for two separate passes. On CUDA the
-    same walk is one Triton kernel (layers/tree_tables_kernel.py: ~25 graph nodes fewer per tree step at S = 4).
+    same walk is one Triton kernel (layers/tree_kernels.py: ~25 graph nodes fewer per tree step at S = 4).
     """
     B, D = parents.shape
-    if parents.is_cuda and tree_tables_kernel.fits(D, max_depth):
-        return tree_tables_kernel.ancestor_tables(parents, depth, max_depth)
+    if parents.is_cuda and tree_kernels.fits(D, max_depth):
+        return tree_kernels.ancestor_tables(parents, depth, max_depth)
     dev = parents.device
     S1 = max_depth + 1
     up = torch.cat((torch.where(parents >= 0, parents, D), torch.full((B, 1), D, dtype=parents.dtype, device=dev)), 1)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..layers import greedy_tree_kernel
+from ..layers import tree_kernels
 from ..layers.context import cached_arange
 from ..layers.sampling import greedy_ids, sample
 from .tree import DraftTree
@@ -55,10 +55,10 @@ def _result(tree: DraftTree, best: torch.Tensor, bonus: torch.Tensor) -> VerifyR
 
 def verify_greedy(tree: DraftTree, logits: torch.Tensor) -> VerifyResult:
     """logits [B, D, V] of the target at each tree node. On CUDA the rule after the argmax is one Triton kernel
-    (layers/greedy_tree_kernel.py, the same values: ~20 graph nodes fewer per tree step)."""
+    (layers/tree_kernels.py, the same values: ~20 graph nodes fewer per tree step)."""
     pred = greedy_ids(logits)  # [B, D]
-    if pred.is_cuda and greedy_tree_kernel.fits(tree.size, tree.paths.shape[-1] - 1):
-        return VerifyResult(*greedy_tree_kernel.accept_greedy(pred, tree.tokens, tree.parents, tree.depth,
+    if pred.is_cuda and tree_kernels.fits(tree.size, tree.paths.shape[-1] - 1):
+        return VerifyResult(*tree_kernels.accept_greedy(pred, tree.tokens, tree.parents, tree.depth,
                                                                tree.ancestors, tree.paths))
     return verify_greedy_rule(tree, pred)
 

@@ -1,8 +1,16 @@
-"""Greedy acceptance of a draft tree in one Triton kernel (CUDA): `spec/verify.verify_greedy` after the argmax.
+"""A draft tree's tables and its greedy acceptance as Triton kernels (CUDA): the walk up the tree of `spec/tree.py`
+and the rule of `spec/verify.verify_greedy` after the argmax, one program per row each.
 
-`verify_greedy` turns the target's argmax at every tree node into the accepted path and the committed tokens with
-~20 PyTorch operators (gathers, masks, an any, an argmax, a concatenation), each a CUDA-graph node of 1-3 us on the
-H200 in every tree step. Here one program per row reads the row's tables once and writes every result.
+Both replace chains of small PyTorch operators, each a CUDA-graph node of 1-3 us on the H200 in every tree step:
+`spec/tree.ancestor_tables` walks all nodes up one level per step (two scatters and a gather per level, ~4 x (S + 1)
++ 5 operators), `verify_greedy` turns the argmax at each node into the accepted path and the committed tokens with
+~20 (gathers, masks, an any, an argmax, a concatenation). Here each row's tables are read once and every result is
+written whole (no zero fill first).
+
+`ancestor_tables(parents, depth, max_depth) -> (ancestors, paths)`: parents [B, D] int64 (-1: the root), depth [B, D]
+int64 (root 0) -> ancestors [B, D, D] bool (ancestors[b, i, j]: node j is node i or one of its ancestors) and paths
+[B, D, max_depth + 1] int64 (paths[b, i, d]: node i's ancestor at depth d for d <= depth[i], else -1), exactly the
+values of the PyTorch walk.
 
 `accept_greedy(pred, tokens, parents, depth, ancestors, paths) -> (accept_len, best, path, committed, bonus)`:
 pred [B, D] int64 (the target's argmax at each node), the tree's tokens / parents / depth [B, D] int64, ancestors
@@ -11,7 +19,9 @@ pred [B, D] int64 (the target's argmax at each node), the tree's tokens / parent
 accepted when every node on its path carries the argmax of its parent; best = the deepest accepted node (the first
 in node order among equals, torch.argmax's rule); path = its root-to-node path padded with best; committed = the
 accepted draft tokens, then the bonus (the argmax at best) and the bonus as padding.
-`fits(D, S)`: D <= MAX_NODES. Built on first use, so that `TRITON_INTERPRET=1` (CPU tests) takes effect.
+
+`fits(D, max_depth)`: D <= MAX_NODES (a row's D x D table in one block). Built on first use, so that
+`TRITON_INTERPRET=1` (CPU tests) takes effect. Bool tables are read and written as bytes 0 / 1.
 """
 
 from __future__ import annotations
@@ -28,9 +38,30 @@ def fits(D: int, max_depth: int) -> bool:
 
 
 @functools.cache
-def _kernel():
+def _kernels():
     import triton
     import triton.language as tl
+
+    @triton.jit
+    def ancestor_tables_kernel(parents, depth, anc, paths, D, S1, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
+                           STEPS: tl.constexpr):
+        b = tl.program_id(0)
+        i = tl.arange(0, BLOCK_D)
+        real = i < D
+        cols = tl.arange(0, BLOCK_D)
+        pcols = tl.arange(0, BLOCK_S)
+        dep = tl.load(depth + b * D + i, mask=real, other=0)
+        a = tl.where(real, i, -1).to(tl.int64)  # a_0: every node itself; -1 past the root (and for padding)
+        is_anc = tl.zeros([BLOCK_D, BLOCK_D], dtype=tl.int8)
+        path = tl.full([BLOCK_D, BLOCK_S], -1, dtype=tl.int64)
+        for j in tl.static_range(STEPS):  # STEPS = S + 1: a_j for j = 0..S
+            is_anc = is_anc | (a[:, None] == cols[None, :]).to(tl.int8)
+            path = tl.where(pcols[None, :] == (dep - j)[:, None], a[:, None], path)
+            a = tl.load(parents + b * D + a, mask=a >= 0, other=-1)
+        tl.store(anc + b * D * D + i[:, None] * D + cols[None, :], is_anc, mask=real[:, None] & (cols < D)[None, :])
+        tl.store(paths + b * D * S1 + i[:, None] * S1 + pcols[None, :], path,
+                 mask=real[:, None] & (pcols < S1)[None, :])
+
 
     @triton.jit
     def accept_greedy_kernel(pred, tokens, parents, depth, anc, paths, m_out, best_out, path_out, tok_out,
@@ -65,7 +96,20 @@ def _kernel():
         tl.store(path_out + b * S1 + s, path.to(tl.int64), mask=sm)
         tl.store(tok_out + b * S1 + s, committed, mask=sm)
 
-    return accept_greedy_kernel
+    return ancestor_tables_kernel, accept_greedy_kernel
+
+
+def ancestor_tables(parents: torch.Tensor, depth: torch.Tensor, max_depth: int) -> tuple[torch.Tensor, torch.Tensor]:
+    B, D = parents.shape
+    assert fits(D, max_depth), f"tree tables: D={D}"
+    S1 = max_depth + 1
+    p = parents.contiguous()
+    dp = depth.contiguous()
+    anc = torch.empty(B, D, D, dtype=torch.bool, device=parents.device)
+    paths = torch.empty(B, D, S1, dtype=torch.int64, device=parents.device)
+    _kernels()[0][(B,)](p, dp, anc.view(torch.int8), paths, D, S1, BLOCK_D=max(16, 1 << (D - 1).bit_length()),
+                    BLOCK_S=max(2, 1 << (S1 - 1).bit_length()), STEPS=S1, num_warps=4)
+    return anc, paths
 
 
 def accept_greedy(pred: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor, depth: torch.Tensor,
@@ -77,8 +121,7 @@ def accept_greedy(pred: torch.Tensor, tokens: torch.Tensor, parents: torch.Tenso
     m, best, bonus = (torch.empty(B, dtype=torch.int64, device=dev) for _ in range(3))
     path = torch.empty(B, S1, dtype=torch.int64, device=dev)
     committed = torch.empty(B, S1, dtype=torch.int64, device=dev)
-    # the bool table is read as bytes 0 / 1
-    _kernel()[(B,)](pred.contiguous(), tokens.contiguous(), parents.contiguous(), depth.contiguous(),
+    _kernels()[1][(B,)](pred.contiguous(), tokens.contiguous(), parents.contiguous(), depth.contiguous(),
                     ancestors.contiguous().view(torch.int8), paths.contiguous(), m, best, path, committed, bonus, D,
                     S1, BLOCK_D=max(16, 1 << (D - 1).bit_length()), BLOCK_S=max(2, 1 << (S1 - 1).bit_length()),
                     num_warps=4)
