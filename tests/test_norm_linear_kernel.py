@@ -207,5 +207,6 @@ def test_linear_rows_transform_wires_target_and_drafter(monkeypatch):
         for x in (target, drafter):
             use_linear_rows_kernel(use_norm_linear_kernel(use_rope_store_kernel(fuse_projections(x))))
         assert isinstance(drafter.fc, FewRowsLinear) and isinstance(drafter.midlayer.self_attn.o_proj, FewRowsLinear)
+        assert isinstance(drafter.midlayer.self_attn.qkv_proj, FewRowsLinear)  # the drafter's q/k/v (2H wide input)
 
     assert_transformed_engine_equals_plain(prepare, SpecConfig(3, 1, 4), [[1, 2, 3, 4], list(range(10, 15))], 8)

@@ -8,8 +8,8 @@
 - `use_norm_linear_kernel(model)` (CUDA): in Llama-style layers, residual add + RMSNorm + q/k/v projection and
   residual add + RMSNorm + gate/up projection + SiLU gating as one Triton kernel each, for steps of a few rows; in an
   EAGLE-3 drafter's layer the second of these.
-- `use_linear_rows_kernel(model)` (CUDA): the small bias-free o_proj / down_proj (and an EAGLE-3 drafter's fc) as
-  `FewRowsLinear`: the same kernel without add and norm for steps of a few rows (inputs <= ONE_SHOT_K wide,
+- `use_linear_rows_kernel(model)` (CUDA): the small bias-free o_proj / down_proj (and an EAGLE-3 drafter's fc and
+  q/k/v) as `FewRowsLinear`: the same kernel without add and norm for steps of a few rows (inputs <= ONE_SHOT_K wide,
   at most FEW_ROWS_MAX_WEIGHTS weights).
 - `compile_elementwise(model)`: RMSNorm, residual-add + RMSNorm, RoPE, RoPE's cos/sin tables and SiLU-gating through
   `torch.compile` (one fused kernel each instead of ~5), shapes dynamic so one compilation serves every batch and
@@ -137,11 +137,13 @@ def use_norm_linear_kernel(model: nn.Module, max_rows: int | None = None) -> nn.
 
 
 def use_linear_rows_kernel(model: nn.Module, max_rows: int | None = None,
-                           names: tuple[str, ...] = ("o_proj", "down_proj", "fc")) -> nn.Module:
+                           names: tuple[str, ...] = ("o_proj", "down_proj", "fc", "qkv_proj")) -> nn.Module:
     """Every bias-free nn.Linear named in `names` whose input is at most ONE_SHOT_K wide and whose weight holds at
     most FEW_ROWS_MAX_WEIGHTS elements becomes a `FewRowsLinear` (layers/few_rows_linear.py) for steps of at most
     `max_rows` rows (default: the kernel's MAX_ROWS). The kernel wins where cuBLAS is bound by its launch latency
-    (3-5 us for SmolLM2's 0.7-2 MB on the H200)."""
+    (3-5 us for SmolLM2's 0.7-2 MB on the H200). A fused qkv_proj is among them for the EAGLE-3 drafter, whose layer
+    normalises its two input halves apart (so the fused norm + projection kernel does not serve it); in a target's
+    layer steps of <= MAX_ROWS rows take that kernel and never call qkv_proj, longer ones fall through to cuBLAS."""
     from ..layers.few_rows_linear import FewRowsLinear
     from ..layers.norm_linear_kernel import MAX_ROWS, ONE_SHOT_K
 
