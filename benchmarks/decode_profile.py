@@ -18,20 +18,15 @@ import json
 import sys
 import time
 from collections import defaultdict
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+from probe_script import OUT, stepped_engine
+
 from eaglespec.bench.graph_timing import per_call_us
 from eaglespec.bench.random_model import random_model
-from eaglespec.config import EngineConfig
-from eaglespec.engine.engine import Engine
 from eaglespec.engine.transforms import prepare_for_inference
-from eaglespec.sampling_params import SamplingParams
-
-OUT = Path(sys.argv[1])
-OUT.mkdir(parents=True, exist_ok=True)
 SHAPE = sys.argv[2] if len(sys.argv) > 2 else "llama-3.1-8b"
 dev = torch.device("cuda")
 result: dict = {"shape": SHAPE}
@@ -64,19 +59,10 @@ if head is emb:  # tied: the head reads the table
     read_bytes += emb.numel() * emb.element_size()
 result["weight_GB_read_per_step"] = round(read_bytes / 1e9, 3)
 
-e = Engine(m, None, EngineConfig(overlap=False))
-e.reserve(1, 1024)
-e.warmup([1])
-e.add_request(list(range(100, 228)), SamplingParams(max_new_tokens=600, ignore_eos=True))
-for _ in range(30):
-    e.step()
-torch.cuda.synchronize()
+e = stepped_engine(m)
 run = e.runner
-L = run.host_len[0]
-key = ("decode", run.graphs.batch_bucket(1), run.graphs.len_bucket(L + 64 + run.headroom()), True)
-run.graphs.run("decode", 1, L + 64, True)  # capture that bucket if needed
+graphs = run.graphs.captured("decode", 1, run.host_len[0] + 64, True)
 torch.cuda.synchronize()
-graphs = run.graphs.graphs[key]
 n = 200
 torch.cuda.synchronize()
 t = time.perf_counter()

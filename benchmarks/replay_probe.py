@@ -18,18 +18,14 @@ from __future__ import annotations
 import json
 import sys
 import time
-from pathlib import Path
 
 import torch
 
-from eaglespec.bench.random_model import random_drafter, random_model
-from eaglespec.config import EngineConfig, SpecConfig
-from eaglespec.engine.engine import Engine
-from eaglespec.engine.transforms import prepare_for_inference
-from eaglespec.sampling_params import SamplingParams
+from probe_script import OUT, stepped_engine
 
-OUT = Path(sys.argv[1])
-OUT.mkdir(parents=True, exist_ok=True)
+from eaglespec.bench.random_model import random_drafter, random_model
+from eaglespec.config import SpecConfig
+from eaglespec.engine.transforms import prepare_for_inference
 if "--no-cudnn-sdpa" in sys.argv:
     torch.backends.cuda.enable_cudnn_sdp(False)
 dev = torch.device("cuda")
@@ -53,19 +49,11 @@ def replays(step, n: int) -> dict:
 
 
 for kind, spec in (("decode", None), ("spec", SpecConfig(3, 1, 4))):
-    e = Engine(m, None, EngineConfig(overlap=False), drafter=d if spec else None, spec=spec)
-    e.reserve(1, 2048)
-    e.warmup([1])
-    e.add_request(list(range(100, 228)), SamplingParams(max_new_tokens=1500, ignore_eos=True))
-    for _ in range(30):
-        e.step()
-    torch.cuda.synchronize()
+    e = stepped_engine(m, d if spec else None, spec)
     run = e.runner
-    Lmax = run.host_len[0]
-    key = (kind, run.graphs.batch_bucket(1), run.graphs.len_bucket(Lmax + 64 + run.headroom()), True)
-    run.graphs.run(kind, 1, Lmax + 64, True)  # capture that bucket if needed
+    key = run.graphs.key(kind, 1, run.host_len[0] + 64, True)
+    graphs = run.graphs.captured(kind, 1, run.host_len[0] + 64, True)
     torch.cuda.synchronize()
-    graphs = run.graphs.graphs[key]
     host = {name: 0.0 for name, _ in graphs}
     n = 100
     t_all = time.perf_counter()

@@ -104,7 +104,7 @@ def count(spec: SpecConfig) -> dict[str, int]:
     eng.add_request([1, 2, 3, 4], SamplingParams(max_new_tokens=200, ignore_eos=True))
     eng.step()  # prefill
     eng.step()  # one speculative step: per-shape constants are built (as at graph capture), not counted below
-    key = ("spec", 1, g.len_bucket(eng.runner.host_len[0] + eng.runner.headroom()), True)
+    key = g.key("spec", 1, eng.runner.host_len[0], True)
     out = {}
     with torch.inference_mode():
         for name, fn in g._phases(*key):

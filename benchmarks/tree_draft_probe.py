@@ -22,16 +22,14 @@ from __future__ import annotations
 import sys
 import time
 
-from probe_script import CPU, DEV, DT, OUT, Emitter, per_call_us  # noqa: E402  (sets the interpreter for --cpu)
+from probe_script import CPU, DEV, DT, OUT, Emitter, per_call_us, stepped_engine  # noqa: E402  (--cpu: the interpreter)
 
 import torch  # noqa: E402
 
 from eaglespec.bench.random_model import random_drafter, random_model  # noqa: E402
-from eaglespec.config import EngineConfig, SpecConfig  # noqa: E402
-from eaglespec.engine.engine import Engine  # noqa: E402
+from eaglespec.config import SpecConfig  # noqa: E402
 from eaglespec.engine.transforms import (  # noqa: E402
     prepare_for_inference, use_linear_rows_kernel, use_norm_linear_kernel)
-from eaglespec.sampling_params import SamplingParams  # noqa: E402
 
 QUICK = "--quick" in sys.argv
 PROFILE = "--profile" in sys.argv
@@ -63,20 +61,13 @@ for spec, fused in runs:
     # fused False: PyTorch's log-softmax + topk (the path before layers/topk_kernel.py)
     draft_mod.topk_logp = fused_topk if fused else draft_mod.topk_logp_reference
     name = f"S{spec.steps} K{spec.topk} D{spec.draft_tokens}" + ("" if fused or spec.topk == 1 else " torch topk")
-    e = Engine(m, None, EngineConfig(overlap=False, cuda_graphs=not CPU), drafter=d, spec=spec)
-    e.reserve(1, 2048)
-    e.add_request(list(range(100, 228)), SamplingParams(max_new_tokens=600, ignore_eos=True))
-    for _ in range(30):
-        e.step()
-    sync()
+    e = stepped_engine(m, d, spec)
     if CPU:
         emit({"spec": name, "steps": 30})
         continue
     run = e.runner
-    key = ("spec", run.graphs.batch_bucket(1), run.graphs.len_bucket(run.host_len[0] + 64 + run.headroom()), True)
-    run.graphs.run("spec", 1, run.host_len[0] + 64, True)
+    graphs = run.graphs.captured("spec", 1, run.host_len[0] + 64, True)
     sync()
-    graphs = run.graphs.graphs[key]
     # 50 whole steps (a commit moves the state on, so phases are replayed in order), each replay bracketed by events
     # (GPU time) and host clocks (how long the launch call blocks the host)
     n = 50

@@ -38,9 +38,16 @@ def test_buckets():
     class R:
         rows, cache_len = 20, 3000
 
+        @staticmethod
+        def headroom() -> int:
+            return 8
+
     g = GraphCache(R(), capture=False)
     assert [g.batch_bucket(n) for n in (1, 2, 3, 5, 9, 13, 17, 20)] == [1, 2, 4, 8, 12, 16, 20, 20]
     assert [g.len_bucket(n) for n in (1, 256, 257, 1000, 2048, 2049, 5000)] == [256, 256, 512, 1024, 2048, 3000, 3000]
+    # a step's graph: the batch bucket of its rows, the length bucket of its longest row plus the step's headroom
+    assert g.key("decode", 3, 248, True) == ("decode", 4, 256, True)
+    assert g.key("spec", 9, 249, False) == ("spec", 12, 512, False)
 
 
 def test_static_decode_equals_eager(target, reference):

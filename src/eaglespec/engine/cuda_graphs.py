@@ -219,8 +219,20 @@ class GraphCache:
         self.graphs[key][0][1].replay()
         return self.outputs[key][0]
 
+    def key(self, kind: str, n_rows: int, longest: int, greedy: bool) -> tuple:
+        """The graph `run` takes for a step of `kind` over rows 0..n_rows-1 whose longest row holds `longest` tokens."""
+        return (kind, self.batch_bucket(n_rows), self.len_bucket(longest + self.runner.headroom()), greedy)
+
+    def captured(self, kind: str, n_rows: int, longest: int, greedy: bool) -> list[tuple[str, torch.cuda.CUDAGraph]]:
+        """The (phase name, graph) list `run` replays for these arguments, captured now if needed (benchmarks replay
+        and profile the graphs alone)."""
+        key = self.key(kind, n_rows, longest, greedy)
+        if key not in self.graphs:
+            self._capture(key)
+        return self.graphs[key]
+
     def run(self, kind: str, n_rows: int, longest: int, greedy: bool):
-        key = (kind, self.batch_bucket(n_rows), self.len_bucket(longest + self.runner.headroom()), greedy)
+        key = self.key(kind, n_rows, longest, greedy)
         if not self.capture:
             out = None
             with torch.inference_mode():

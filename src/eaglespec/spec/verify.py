@@ -59,7 +59,7 @@ def verify_greedy(tree: DraftTree, logits: torch.Tensor) -> VerifyResult:
     pred = greedy_ids(logits)  # [B, D]
     if pred.is_cuda and tree_kernels.fits(tree.size, tree.paths.shape[-1] - 1):
         return VerifyResult(*tree_kernels.accept_greedy(pred, tree.tokens, tree.parents, tree.depth,
-                                                               tree.ancestors, tree.paths))
+                                                        tree.ancestors, tree.paths))
     return verify_greedy_rule(tree, pred)
 
 

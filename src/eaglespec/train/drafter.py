@@ -194,7 +194,7 @@ def widen_drafter(drafter: LlamaForCausalLMEagle3, shape: DrafterShape, seed: in
         resized["midlayer.self_attn.q_proj.weight"] = torch.cat((q, new_q), dim=1).reshape(Q1 * hd, -1)
         o = old_attn.o_proj.weight.view(-1, G, Q0 // G, hd)  # [H, G, old heads per group, hd]
         resized["midlayer.self_attn.o_proj.weight"] = torch.cat((o, o.new_zeros(o.shape[0], G, add, hd)),
-                                                            dim=2).reshape(o.shape[0], Q1 * hd)
+                                                                dim=2).reshape(o.shape[0], Q1 * hd)
     return _rebuilt(drafter, {"intermediate_size": I1, "num_attention_heads": Q1}, resized)
 
 
