@@ -28,7 +28,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 RECORD_KEYS = {
     "config": str, "kind": str, "batch_size": int, "prompts": int, "prompt_tokens": int, "output_tokens": int,
     "seconds": float, "tok_per_s": float, "identical_outputs": int, "identical_reference": str,
-    "finished_by_eos": int, "time_split": dict,
+    "finished_by_eos": int, "time_split": dict, "batching": str, "engine_steps": dict,
 }
 OPTIONAL_KEYS = ("drafter", "steps", "topk", "draft_tokens", "speedup", "accept_length_mean", "accept_length_hist",
                  "accept_rate_per_depth", "verify_steps", "draft_forwards", "bandwidth")
@@ -87,7 +87,7 @@ def run_cli(args: list[str], capsys) -> tuple[int, str, str]:
 def check_schema(doc: dict) -> None:
     assert doc["schema"] == "eaglespec.bench" and doc["schema_version"] == 1
     for key in ("date", "command", "git_revision", "git_dirty", "machine", "model", "prompts", "sampling", "engine",
-                "warmup", "batch_sizes", "peer", "records"):
+                "warmup", "batch_sizes", "batching", "peer", "records"):
         assert key in doc, key
     assert doc["command"].startswith("eaglespec ")
     assert set(doc["sampling"]) == {"max_new_tokens", "temperature", "top_p", "top_k", "ignore_eos", "seed"}
@@ -109,8 +109,8 @@ def check_schema(doc: dict) -> None:
         if r["kind"] == "no-spec":
             assert r["speedup"] == 1.0 and r["identical_outputs"] == r["prompts"]
             assert r["accept_length_mean"] is None and ts["draft"] == 0.0 and ts["verify"] == 0.0
-            assert set(r["bandwidth"]) == {"decode_steps", "decode_seconds", "bytes", "bytes_per_step",
-                                           "achieved_gb_s", "device_gb_s", "fraction_of_device"}
+            assert set(r["bandwidth"]) == {"decode_steps", "decode_seconds", "decode_seconds_from", "bytes",
+                                           "bytes_per_step", "achieved_gb_s", "device_gb_s", "fraction_of_device"}
         if r["kind"] == "spec":
             assert isinstance(r["accept_length_mean"], float) and r["bandwidth"] is None
             assert sum(r["accept_length_hist"].values()) == r["verify_steps"] > 0
@@ -289,6 +289,7 @@ def test_bench_defaults_measure_what_generate_runs(tmp_path, capsys):
     (["--prompts", "/no/prompts.jsonl"], "prompt file /no/prompts.jsonl does not exist"),
     (["--temperature", "0.7", "--top-p", "1.5"], "top_p must be in (0, 1]"),
     (["--spec-max-rows", "0"], "spec_max_rows must be >= 1"),
+    (["--draft", "oracle", "--spec", "3,1,4", "--batching", "continuous"], "--draft oracle needs --batching static"),
 ])
 def test_bench_user_errors(chat_model, args, needle, capsys):
     model = [] if "NO_MODEL" in args else ["--model", chat_model]
@@ -388,4 +389,58 @@ def test_prefill_pass_meets_every_timed_batch_untimed(monkeypatch):
     assert calls == [([[1, 2, 3], [4, 5]], 1), ([[6, 7, 8, 9, 10]], 1), ([[11, 12], [13]], 1)]
     rec = cr.record()
     assert rec.outputs == [] and rec.seconds == 0 and all(v == 0 for v in rec.phases.values())
+    cr.close()
+
+
+def test_bench_continuous_batching(chat_model, prompt_file, tmp_path, capsys):
+    """--batching continuous: all prompts queued, 2 running at a time; outputs equal plain greedy decoding's, the
+    engine's batched steps are reported, and the baseline's traffic counts the decode steps the engine ran."""
+    out = tmp_path / "out"
+    code, stdout, err = run_cli(
+        ["bench", "--model", chat_model, "--prompts", prompt_file, "--batch-sizes", "2", "--batching", "continuous",
+         "--spec", "3,1,4", "--spec", "2,2,4", "--draft", "random", "--max-new-tokens", "9", "--ignore-eos",
+         "--device", "cpu", "--out", out], capsys)
+    assert code == 0, err
+    doc = json.loads((out / "results.json").read_text())
+    check_schema(doc)
+    assert doc["batching"] == "continuous" and "continuous batching" in stdout
+    base, *spec = doc["records"]
+    assert all(r["batching"] == "continuous" and r["identical_outputs"] == 3 for r in doc["records"])
+    # 3 prompts through 2 rows: the first two are admitted together, the third once a row frees (all are 9 tokens)
+    assert base["engine_steps"] == {"prefill": 2, "decode": 16}
+    assert base["bandwidth"]["decode_steps"] == 16
+    for r in spec:
+        es = r["engine_steps"]
+        assert set(es) == {"prefill", "spec"} and es["prefill"] == 2
+        assert es["spec"] <= r["verify_steps"]  # a batched step verifies every running row
+
+
+def test_continuous_prefill_pass_and_admission_shapes(monkeypatch):
+    """Continuous batching's prefill pass sends each group as one queue, and with prefill graphs it also meets one
+    batch of r copies per (rows r <= PREFILL_GRAPH_ROWS, length bucket) the prompts reach."""
+    from eaglespec.bench.runs import ConfigRun, RunConfig
+    from eaglespec.config import EngineConfig
+    from eaglespec.engine.cuda_graphs import PREFILL_GRAPH_ROWS, GraphCache
+    from eaglespec.sampling_params import SamplingParams
+
+    cr = ConfigRun(tiny_llama(seed=0), None, RunConfig.plain(), 3, EngineConfig(), batching="continuous")
+    calls: list[tuple[list[list[int]], int]] = []
+    real = cr.engine.generate
+
+    def spy(prompts, params, chat=True):
+        calls.append(([list(p) for p in prompts], params.max_new_tokens))
+        return real(prompts, params, chat=chat)
+
+    monkeypatch.setattr(cr.engine, "generate", spy)
+    groups = [[[1, 2, 3], [4, 5], [6, 7, 8, 9, 10], [3, 3]], [[11, 12], [13]]]
+    cr.prefill_pass(groups, SamplingParams(max_new_tokens=9))  # the CPU engine has no graphs: no admission shapes
+    assert calls == [(groups[0], 1), (groups[1], 1)]
+    rec = cr.record()
+    assert rec.outputs == [] and rec.steps == {} and all(v == 0 for v in rec.phases.values())
+    cr.engine.reserve(3, 256)  # graph buckets never exceed the cache rows' length
+    cr.engine.runner.graphs = GraphCache(cr.engine.runner, capture=False)
+    long = list(range(1, 81))  # 80 tokens: the 128 bucket; the others fall in the 64 bucket
+    shapes = cr._admission_shapes([[1, 2, 3], long, [6, 7, 8, 9, 10]])
+    rows = min(3, PREFILL_GRAPH_ROWS)
+    assert shapes == [[[6, 7, 8, 9, 10]] * r for r in range(1, rows + 1)] + [[long] * r for r in range(1, rows + 1)]
     cr.close()

@@ -57,7 +57,7 @@ def test_scale_and_skipped_blocks():
 
 def test_limits():
     assert not fits(1, 32, 9, 3, 64)  # 96 query rows
-    assert not fits(16, 1, 9, 3, 64)  # batch
+    assert fits(32, 1, 9, 3, 64) and not fits(33, 1, 9, 3, 64)  # batch
     assert not fits(1, 1, 9, 3, 48)  # head dim not a power of two
 
 

@@ -8,8 +8,10 @@ So a static batch of sequences (P_b, g_b) costs
     steps      = max_b (g_b - 1)                           (all rows start together, finished rows leave)
     bytes      = steps * weight_bytes + kv_bytes_per_token * sum_b sum_{j=1..g_b-1} (P_b + j)
 
-and the achieved bandwidth is bytes / decode time (the PhaseTimer's 'decode' total). Counting the useful KV entries
-(not the padded range the kernel may touch) keeps the number a lower bound of the real traffic. For a mixture of
+and the achieved bandwidth is bytes / decode time (the PhaseTimer's 'decode' total; where decode steps are not timed
+one by one, as CUDA graph replays are not, the run's wall time less its prefills: a lower bound of the bandwidth).
+Under continuous batching rows come and go, so `steps` is the number of decode steps the engine ran. Counting the
+useful KV entries (not the padded range the kernel may touch) keeps the number a lower bound of the real traffic. For a mixture of
 experts every expert is counted, which overstates the weights one step reads at small batch.
 
 `copy_bandwidth(device)` measures a device-to-device copy (read + write bytes per second) on CUDA; None elsewhere.
@@ -59,9 +61,14 @@ class DecodeTraffic:
 
     def add_batch(self, prompt_lens: Sequence[int], generated: Sequence[int]) -> None:
         """One static batch: prompt lengths and tokens generated per sequence (EOS included)."""
-        steps = [max(g - 1, 0) for g in generated]
-        self.steps += max(steps, default=0)
-        self.kv_token_reads += sum(m * P + m * (m + 1) // 2 for P, m in zip(prompt_lens, steps))
+        self.add_sequences(prompt_lens, generated, max((max(g - 1, 0) for g in generated), default=0))
+
+    def add_sequences(self, prompt_lens: Sequence[int], generated: Sequence[int], steps: int) -> None:
+        """Sequences that ran through `steps` batched decode steps however they shared them (continuous batching
+        counts the steps it ran): each sequence reads its own cache entries, every step the weights."""
+        self.steps += steps
+        reads = [max(g - 1, 0) for g in generated]
+        self.kv_token_reads += sum(m * P + m * (m + 1) // 2 for P, m in zip(prompt_lens, reads))
 
     def bytes(self, weight_bytes: int, kv_bytes: int) -> int:
         return self.steps * weight_bytes + self.kv_token_reads * kv_bytes

@@ -11,19 +11,23 @@
     prompts:  set, count, turns, prompt_tokens_mean
     sampling: max_new_tokens, temperature, top_p, top_k, ignore_eos, seed
     engine:   cuda_graphs, fuse_projections (null: on CUDA only), compile, overlap, spec_max_rows (null: always)
-    warmup, batch_sizes, peer ({library, version} | null)
+    warmup, batch_sizes, batching ("static": the prompts in consecutive chunks of batch_size, each run to completion;
+    "continuous": all prompts queued, batch_size of them running at a time, a freed row taken at once), peer
+    ({library, version} | null)
     records:  one per (configuration, batch size), baselines included, in run order:
       config (name), kind ("no-spec" | "spec" | "peer"), drafter, steps, topk, draft_tokens, batch_size, prompts,
       prompt_tokens, output_tokens, seconds (wall time of the timed generations), tok_per_s (output tokens / seconds),
       speedup (tok_per_s / the no-spec tok_per_s at the same batch size; the peer: at batch 1, else null),
       identical_outputs (outputs equal token for token to the reference's) and identical_reference (the no-spec run
       at the same batch size; for a no-spec run and the peer: the no-spec run at the first batch size, batch 1 for
-      the peer when measured), finished_by_eos,
+      the peer when measured), finished_by_eos, batching, engine_steps (batched steps the engine ran, by kind:
+      prefill, decode, spec; {} for the peer),
       accept_length_mean, accept_length_hist ({"tau": steps}), accept_rate_per_depth, verify_steps, draft_forwards
       (null without speculation),
       time_split: seconds of draft, verify, rest (= seconds - draft - verify: prefill, plain decode, commit and host
       work), prefill, decode, commit (from the engine's PhaseTimer; null for the peer),
-      bandwidth (no-spec only): decode_steps, decode_seconds, bytes, bytes_per_step, achieved_gb_s, device_gb_s,
+      bandwidth (no-spec only): decode_steps, decode_seconds, decode_seconds_from ("timer", or "wall minus prefill"
+      where graph replays are not timed one by one), bytes, bytes_per_step, achieved_gb_s, device_gb_s,
       fraction_of_device (see bandwidth.py for what is counted)
     tune (kind "tune" only): see tune.py.
 
@@ -111,6 +115,8 @@ def record_dict(rec: RunRecord, records: Sequence[RunRecord], model: BenchModel,
         "identical_outputs": sum(a == b for a, b in zip(rec.outputs, ref.outputs)) if ref is not None else None,
         "identical_reference": f"no-spec bs={ref.batch_size}" if ref is not None else None,
         "finished_by_eos": sum(rec.stopped),
+        "batching": rec.batching,
+        "engine_steps": dict(sorted(rec.steps.items())),
     }
     if rec is base:
         d["speedup"] = 1.0
@@ -129,10 +135,12 @@ def record_dict(rec: RunRecord, records: Sequence[RunRecord], model: BenchModel,
     if kind == "no-spec":
         t = rec.traffic
         nbytes = t.bytes(model.weight_bytes, model.kv_bytes)
-        secs = rec.phases.get("decode", 0.0)
+        secs, source = rec.phases.get("decode", 0.0), "timer"
+        if secs <= 0 and t.steps:  # graph replays are not timed one by one: the wall time less the prefills
+            secs, source = max(rec.seconds - rec.phases.get("prefill", 0.0), 0.0), "wall minus prefill"
         achieved = nbytes / secs if secs > 0 else None
         d["bandwidth"] = {
-            "decode_steps": t.steps, "decode_seconds": _r(secs, 4), "bytes": nbytes,
+            "decode_steps": t.steps, "decode_seconds": _r(secs, 4), "decode_seconds_from": source, "bytes": nbytes,
             "bytes_per_step": round(nbytes / t.steps) if t.steps else None,
             "achieved_gb_s": _r(achieved / 1e9 if achieved else None, 2),
             "device_gb_s": _r(device_bw / 1e9 if device_bw else None, 1),
@@ -172,7 +180,7 @@ def document(kind: str, result: SuiteResult, model: BenchModel, workload: Worklo
         "engine": {"cuda_graphs": options.engine.cuda_graphs, "fuse_projections": options.engine.fuse_projections,
                    "compile": options.engine.compile, "overlap": options.engine.overlap,
                    "spec_max_rows": options.engine.spec_max_rows},
-        "warmup": options.warmup, "batch_sizes": list(options.batch_sizes),
+        "warmup": options.warmup, "batch_sizes": list(options.batch_sizes), "batching": options.batching,
         "peer": {"library": "transformers", "version": result.peer_version} if result.peer_version else None,
         "records": [record_dict(r, result.records, model, device_bw) for r in result.records],
     }
@@ -194,11 +202,12 @@ def markdown(doc: dict[str, Any], records: Sequence[dict[str, Any]] | None = Non
         f"({mach['device_name']}); {pr['count']} prompts from {pr['set']} ({pr['turns']} turn(s)), "
         f"max_new_tokens {doc['sampling']['max_new_tokens']}, temperature {doc['sampling']['temperature']}"
         + (f", top-p {doc['sampling']['top_p']}" if doc["sampling"].get("top_p", 1.0) < 1.0 else "")
-        + (f", top-k {doc['sampling']['top_k']}" if doc["sampling"].get("top_k", 0) > 0 else ""),
+        + (f", top-k {doc['sampling']['top_k']}" if doc["sampling"].get("top_k", 0) > 0 else "")
+        + f", {doc.get('batching', 'static')} batching",
         "",
-        "| config | batch | tok/s | speedup | accept len | identical | out tokens | seconds | draft % | verify % "
-        "| rest % | prefill % | decode GB/s |",  # prefill: part of rest (with the graph path, the drafter's too)
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| config | batch | tok/s | speedup | accept len | identical | out tokens | seconds | steps | draft % "
+        "| verify % | rest % | prefill % | decode GB/s |",  # prefill: part of rest (graph path: the drafter's too)
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in recs:
         ts, bw = r["time_split"] or {}, r["bandwidth"] or {}
@@ -206,9 +215,12 @@ def markdown(doc: dict[str, Any], records: Sequence[dict[str, Any]] | None = Non
         if bw.get("device_gb_s"):
             gbs += f" / {bw['device_gb_s']:.0f}"
         ident = f"{r['identical_outputs']}/{r['prompts']}" if r["identical_outputs"] is not None else "-"
+        es = r.get("engine_steps") or {}
+        steps = es.get("decode", 0) + es.get("spec", 0)  # batched decode / speculative steps (prefills apart)
         lines.append(
             f"| {r['config']} | {r['batch_size']} | {r['tok_per_s']:.1f} | {_f(r['speedup'], '{:.2f}x')} | "
             f"{_f(r['accept_length_mean'])} | {ident} | {r['output_tokens']} | {r['seconds']:.2f} | "
+            f"{steps or '-'} | "
             f"{_pct(ts.get('draft'), r['seconds'])} | {_pct(ts.get('verify'), r['seconds'])} | "
             f"{_pct(ts.get('rest'), r['seconds'])} | {_pct(ts.get('prefill'), r['seconds'])} | {gbs} |"
         )

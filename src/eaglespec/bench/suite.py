@@ -2,7 +2,8 @@
 
 Contract of `run_suite(model, workload, configs, options, log)` -> `SuiteResult`:
 - for each batch size (in the order given): the no-spec baseline first, then each configuration, each a fresh
-  `ConfigRun` (runs.py) with its warm-up, over the same prompts in the same static batches;
+  `ConfigRun` (runs.py) with its warm-up, over the same prompts batched the same way (`options.batching`: static
+  batches, or continuous batching with batch size concurrent requests);
 - with `workload.turns == 2`, the baseline at the first batch size answers the first turns, then the second turns are
   built from those answers (datasets.second_turn) and everyone runs both groups (first turns, then second turns,
   batched separately);
@@ -28,7 +29,7 @@ from ..sampling_params import SamplingParams
 from .bandwidth import kv_bytes_per_token, weight_bytes_per_step
 from .datasets import PromptItem, encode, second_turn
 from .drafters import ORACLE, DrafterPool, oracle, references
-from .runs import ConfigRun, RunConfig, RunRecord
+from .runs import ConfigRun, RunConfig, RunRecord, check_batching
 
 Log = Callable[[str], None]
 
@@ -71,6 +72,7 @@ class SuiteOptions:
     engine: EngineConfig
     warmup: int = 1
     peer: str | None = None
+    batching: str = "static"  # or "continuous" (runs.py)
 
 
 @dataclass
@@ -102,6 +104,7 @@ def _second_turns(model: BenchModel, workload: Workload, answers: Sequence[str])
 
 def run_suite(model: BenchModel, workload: Workload, configs: Sequence[RunConfig], options: SuiteOptions,
               log: Log = stderr_log) -> SuiteResult:
+    check_batching(options.batching, configs)
     target, tok = model.loaded.model, model.loaded.tokenizer
     params = options.params
     eng = options.engine
@@ -128,7 +131,7 @@ def run_suite(model: BenchModel, workload: Workload, configs: Sequence[RunConfig
 
     eos_ids: tuple[int, ...] = ()
     for bs in options.batch_sizes:
-        base = ConfigRun(target, tok, RunConfig.plain(), bs, options.engine)
+        base = ConfigRun(target, tok, RunConfig.plain(), bs, options.engine, batching=options.batching)
         eos_ids = tuple(base.engine.eos_ids)
         if workload.turns == 2 and len(groups) == 1:
             # the first batch size's baseline answers the first turns; the second turns follow its answers
@@ -164,7 +167,7 @@ def run_suite(model: BenchModel, workload: Workload, configs: Sequence[RunConfig
                 drafter = oracle(target.config, bs, max(len(r) for r in refs))
             else:
                 drafter = pool.get(cfg.drafter)  # type: ignore[arg-type]
-            records.append(go(ConfigRun(target, tok, cfg, bs, options.engine, drafter), refs))
+            records.append(go(ConfigRun(target, tok, cfg, bs, options.engine, drafter, options.batching), refs))
     peer_version = None
     if options.peer == "hf":
         if model.hf_source is None:

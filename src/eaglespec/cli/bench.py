@@ -41,7 +41,11 @@ def add_run_options(p: argparse.ArgumentParser, max_new_tokens: int, limit: int 
     w.add_argument("--no-chat-template", action="store_true", help="feed 'prompt' strings as raw text")
     w.add_argument("--prompt-len", type=int, default=128, help="random prompt length (--random-weights; default 128)")
     r = p.add_argument_group("run")
-    r.add_argument("--batch-sizes", default="1", help="static batch sizes, e.g. 1,8,32 (default: 1)")
+    r.add_argument("--batch-sizes", default="1", help="batch sizes, e.g. 1,8,32 (default: 1)")
+    r.add_argument("--batching", default="static", choices=["static", "continuous"],
+                   help="static: the prompts in consecutive batches, each run to completion (default); continuous: "
+                        "all prompts queued, batch-size of them running at once, a finished row refilled at once "
+                        "(what a server does)")
     r.add_argument("--max-new-tokens", type=int, default=max_new_tokens, help=f"default: {max_new_tokens}")
     r.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     r.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling (with --temperature > 0)")
@@ -88,7 +92,7 @@ def prepare(args: argparse.Namespace) -> Prepared:
     model = load_bench_model(args.model, args.random_weights, device, dtype, args.seed, args.fuse, args.compile)
     workload = build_workload(model, args.prompts, args.limit, args.turns, not args.no_chat_template,
                               args.prompt_len, max(max(sizes), 8), args.seed)
-    return Prepared(model, workload, SuiteOptions(sizes, params, engine, args.warmup, args.peer),
+    return Prepared(model, workload, SuiteOptions(sizes, params, engine, args.warmup, args.peer, args.batching),
                     machine_info(device, bw))
 
 
@@ -152,6 +156,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..bench.runs import check_batching
     from ..bench.setup import parse_spec, spec_runs
     from ..bench.suite import run_suite, stderr_log
 
@@ -165,6 +170,7 @@ def run(args: argparse.Namespace) -> int:
         shape = default_spec(resolve_device(args.device).type, 1, args.temperature)
         specs = [shape] if shape is not None else []
     configs = spec_runs(args.draft, specs, args.no_spec, default_model)
+    check_batching(args.batching, configs)
     if not configs and not args.no_spec:
         stderr_log("no drafter for this model: running the no-spec baseline only (see --draft)")
     prep = prepare(args)

@@ -31,7 +31,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..bench.drafters import drafter_label
-    from ..bench.runs import RunConfig
+    from ..bench.runs import RunConfig, check_batching
     from ..bench.setup import parse_ints, spec_runs
     from ..bench.suite import run_suite
     from ..bench.tune import grid
@@ -43,6 +43,7 @@ def run(args: argparse.Namespace) -> int:
     drafter = spec_runs([args.draft], shapes[:1], False, default_model)[0].drafter  # resolves "auto"
     assert drafter is not None
     configs = [RunConfig.of(drafter_label(drafter), drafter, s) for s in shapes]
+    check_batching(args.batching, configs)
     prep = prepare(args)
     result = run_suite(prep.model, prep.workload, configs, prep.options)
     print(finish("tune", args, prep, result), end="")

@@ -20,6 +20,7 @@ last launched step is read).
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterator, Sequence, Union
 
@@ -88,6 +89,7 @@ class Engine:
         tok_eos = tuple(tokenizer.eos_token_ids) if tokenizer is not None else ()
         self.eos_ids = tuple(dict.fromkeys(tok_eos + tuple(self.target_config.eos_token_ids)))
         self.stats = SpecStats()
+        self.step_counts: Counter[str] = Counter()  # batched steps run, by kind: "prefill", "decode", "spec"
         self._next_id = 0
         self._pending: tuple[list[Request], PendingStep] | None = None  # overlap: a launched, unread step
 
@@ -223,6 +225,7 @@ class Engine:
         reqs, rows = batch.requests, batch.rows
         greedy = all(q.params.greedy for q in reqs)
         if batch.kind == "prefill":
+            self.step_counts["prefill"] += 1
             for q in reqs:
                 self.runner.set_sampling(q.slot, q.params)
             mm = [q.mm_inputs for q in reqs]
@@ -230,15 +233,18 @@ class Engine:
                                        mm if any(m is not None for m in mm) else None).tolist()
             for q, t in zip(reqs, toks):
                 q.append([t])
-        elif self.overlapping:
-            self._pending = (reqs, self.runner.launch(self._step_kind(len(rows)), rows, greedy))
-            return []  # its results are read by the next step, once that one is launched
-        elif self._step_kind(len(rows)) == "spec":
-            m_host, tok_host = self.runner.spec_step(rows, greedy)
-            self._append_spec(reqs, m_host, tok_host)
         else:
-            for q, t in zip(reqs, self.runner.decode(rows, greedy)):
-                q.append([t])
+            kind = self._step_kind(len(rows))
+            self.step_counts[kind] += 1
+            if self.overlapping:
+                self._pending = (reqs, self.runner.launch(kind, rows, greedy))
+                return []  # its results are read by the next step, once that one is launched
+            if kind == "spec":
+                m_host, tok_host = self.runner.spec_step(rows, greedy)
+                self._append_spec(reqs, m_host, tok_host)
+            else:
+                for q, t in zip(reqs, self.runner.decode(rows, greedy)):
+                    q.append([t])
         for q in self.scheduler.release_finished():
             self.runner.release(q.slot)
         return reqs
@@ -271,8 +277,9 @@ class Engine:
         fits = all(run.host_len[q.slot] + ahead <= run.max_len for q in running)
         if running and fits and not sched.may_admit():
             greedy = all(q.params.greedy for q in running)
-            self._pending = (running, run.launch(self._step_kind(len(running)), [q.slot for q in running], greedy,
-                                                 ahead))
+            kind = self._step_kind(len(running))
+            self.step_counts[kind] += 1
+            self._pending = (running, run.launch(kind, [q.slot for q in running], greedy, ahead))
         m_host, tok_host = run.collect(pending)
         live = [i for i, q in enumerate(reqs) if not q.finished]
         for q in reqs:

@@ -26,7 +26,8 @@ import functools
 import torch
 
 MAX_QUERY_ROWS = 64  # T * (H / Hkv): SmolLM2 (G = 3) up to 21 query tokens, Llama-8B (G = 4) up to 16
-MAX_BATCH = 8
+MAX_BATCH = 32  # measured on the H200 (step_kernels_check --only=batches): a SmolLM2 S3 K1 D4 step of 16 / 32 rows
+#               1.59 -> 1.31 / 1.77 -> 1.37 ms against SDPA past 8 rows; 8 rows unchanged (docs/benchmarks.md, session 11)
 BLOCK_KV = 64
 
 
