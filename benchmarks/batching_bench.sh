@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Static against continuous batching on MT-bench (80 first turns, 256 new tokens), SmolLM2-135M bf16 with a drafter,
+# in one device call after the GGUF is staged (benchmarks/device_parts.sh; this call carries .device/g3 and .whl):
+#   bash benchmarks/batching_bench.sh [DRAFTER_DIR]
+# 1. static batches at 1 / 8 / 32 rows (the bench's default: each batch runs to its slowest row);
+# 2. continuous batching at 8 / 32 rows (all 80 prompts queued, a freed row refilled at once);
+# 3. a continuous tune over chains and K = 4 trees at 8 / 32 rows (MT-bench 1-40), unless TUNE_LIMIT=1.
+# SPECS, STATIC_BATCHES, CONT_BATCHES and *_LIMIT (seconds) override the defaults. Logs and results.json land in $OUT.
+set -uo pipefail
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+export PYTHONPATH=/tmp/site:src PYTHONUNBUFFERED=1
+bash benchmarks/device_parts.sh join || exit 1
+M=/root/m/SmolLM2-135M-Instruct.Q4_1.gguf
+D=${1:-src/eaglespec/assets/smollm2-135m-eagle3}
+SPECS=${SPECS:---spec 3,1,4 --spec 4,4,16}
+bench() {  # name limit args...
+  local name=$1 limit=$2; shift 2
+  echo "== $name"
+  timeout "$limit" python3 -m eaglespec "$@" --model "$M" --draft "$D" --dtype bfloat16 --max-new-tokens 256 \
+    --out "/tmp/$name" > "$OUT/$name.md" 2> "$OUT/$name.log"
+  echo "   rc=$? ($name)"
+  cp "/tmp/$name/results.json" "$OUT/$name.json" 2>/dev/null
+}
+bench static "${STATIC_LIMIT:-210}" bench $SPECS --batch-sizes "${STATIC_BATCHES:-1,8,32}" --batching static
+bench continuous "${CONT_LIMIT:-150}" bench $SPECS --batch-sizes "${CONT_BATCHES:-8,32}" --batching continuous
+[ "${TUNE_LIMIT:-0}" = 1 ] || bench tune_continuous "${TUNE_LIMIT:-170}" tune --batch-sizes 8,32 --batching continuous \
+  --limit 40 --steps 2,3,4 --topk 1,4
+for f in static continuous tune_continuous; do [ -f "$OUT/$f.md" ] && { echo "## $f"; grep '^|' "$OUT/$f.md" | head -40; }; done
