@@ -18,25 +18,29 @@ ASSETS = Path(__file__).parent / "assets"
 DEFAULT_DRAFTER = ASSETS / "smollm2-135m-eagle3"
 
 # Measured with `eaglespec bench` / `eaglespec tune` on MT-bench first turns, the fifth drafter (docs/benchmarks.md,
-# "The shipped drafter", "Session 7" to "Session 9"):
+# "The shipped drafter", "Session 7" to "Session 11"):
 # - this project's 2-core CPU, float32: a forward of up to 3 tokens costs about one of 1 token (4 cost 1.5x: MKL
 #   leaves its small-M path), so short chains are the fastest shapes at batch 1: greedy, the chain of 2 (3 tokens;
 #   1.46x, S1 K1 D2 1.37x, S3 K1 D4 1.15x, tree S2 K2 D4 1.24x; `generate` 1.40x against 1.31x with S1 K1 D2);
 #   sampled at temperature 1, the one-step chain (1.15x; S2 K1 D3 1.01x: sampled drafts are accepted less often,
 #   0.37 against 0.53 at depth 1, so a second drafter step costs more than it brings);
 #   nothing pays with 2 rows (4+ tokens per step: 68 vs 44 ms, step_anatomy.py): engines of one row only;
-# - the H200, bfloat16, CUDA graphs with overlap and session 5's Triton kernels: the chain of 3 is the fastest shape
-#   at batch 1 and 8 rows (1.60x and 1.44x, session 9's tune grid of chains and K = 4 trees of 2-5 steps: S2 K1 D3
-#   1.49x / 1.40x, S4 K1 D5 1.51x / 1.43x, the best tree S4 K4 D16 1.35x / 1.33x); at 32 rows a step is
-#   compute-bound and it loses or breaks even (0.89-0.99x, sessions 8-9): engines of up to 8 rows;
+# - the H200, bfloat16, CUDA graphs with overlap and the Triton kernels (session 11, the short-query attention kernel
+#   serving up to 32 rows): at 1 row the chain of 3 (1.60x; tree S4 K4 D16 1.44x); at 8 rows the tree S4 K4 D16
+#   (continuous batching 1.80x against the chain's 1.71x; static batches 1.67x / 1.55x; the tune grid, MT-bench 1-40,
+#   1.73x / 1.62x, S4 K1 D5 1.70x); at 32 rows the chain of 3 again (continuous 1.70x against the tree's 1.51x; static
+#   1.37x / 1.18x): the tree's 16-token verify costs more once 32 rows share a step. Larger engines are unmeasured;
 # - sampling at temperature 1 (the drafter learnt the target's greedy text; chains draw sampled drafts): the CPU's
 #   one-step chain gains (1.15x, tau 1.37), the H200's chain of 3 loses (0.82x, tau 1.75): greedy-only there.
-_DEFAULT_SPEC: dict[str, SpecConfig | None] = {"cpu": SpecConfig(steps=2, topk=1, draft_tokens=3),
-                                               "cuda": SpecConfig(steps=3, topk=1, draft_tokens=4)}
+_CHAIN_3 = SpecConfig(steps=3, topk=1, draft_tokens=4)
+# device type -> ((largest engine, shape), ...) by increasing engine size; larger engines decode plainly by default
+_DEFAULT_SPEC: dict[str, tuple[tuple[int, SpecConfig], ...]] = {
+    "cpu": ((1, SpecConfig(steps=2, topk=1, draft_tokens=3)),),
+    "cuda": ((1, _CHAIN_3), (8, SpecConfig(steps=4, topk=4, draft_tokens=16)), (32, _CHAIN_3)),
+}
 _DEFAULT_SPEC_SAMPLED: dict[str, SpecConfig] = {"cpu": SpecConfig(steps=1, topk=1, draft_tokens=2)}  # temperature > 0
-_MAX_ROWS: dict[str, int] = {"cpu": 1, "cuda": 8}  # larger engines decode plainly by default
 _GREEDY_ONLY = {"cuda"}  # sampled decoding (temperature > 0) decodes plainly by default
-_SLOWER: dict[str, str] = {"cuda": "0.89-0.99x with a chain of 3 at 32 rows on an H200 in bfloat16",
+_SLOWER: dict[str, str] = {"cuda": "not measured above 32 rows on an H200",
                            "cpu": "with several rows a step verifies 4+ tokens, 1.5x a plain step on the CPU"}
 _SLOWER_SAMPLED: dict[str, str] = {"cuda": "0.82x with a chain of 3 at temperature 1 on an H200 in bfloat16"}
 
@@ -49,13 +53,15 @@ def default_drafter_path() -> Path | None:
 def default_spec(device_type: str, max_batch_size: int = 1, temperature: float = 0.0) -> SpecConfig | None:
     """The shape `draft="auto"` speculates with on this device type for an engine of this many rows serving at this
     temperature (0: greedy); None: plain decoding is faster there."""
-    if max_batch_size > _MAX_ROWS.get(device_type, max_batch_size):
+    shapes = _DEFAULT_SPEC.get(device_type, ())
+    fitting = [spec for rows, spec in shapes if max_batch_size <= rows]
+    if not fitting:
         return None
     if temperature > 0 and device_type in _GREEDY_ONLY:
         return None
     if temperature > 0 and device_type in _DEFAULT_SPEC_SAMPLED:
         return _DEFAULT_SPEC_SAMPLED[device_type]
-    return _DEFAULT_SPEC.get(device_type)
+    return fitting[0]
 
 
 def slower_note(device_type: str, temperature: float = 0.0) -> str:
