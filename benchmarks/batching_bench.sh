@@ -4,8 +4,10 @@
 #   bash benchmarks/batching_bench.sh [DRAFTER_DIR]
 # 1. static batches at 1 / 8 / 32 rows (the bench's default: each batch runs to its slowest row);
 # 2. continuous batching at 8 / 32 rows (all 80 prompts queued, a freed row refilled at once);
-# 3. a continuous tune over chains and K = 4 trees at 8 / 32 rows (MT-bench 1-40), unless TUNE_LIMIT=1.
-# SPECS, STATIC_BATCHES, CONT_BATCHES and *_LIMIT (seconds) override the defaults. Logs and results.json land in $OUT.
+# 3. a continuous tune over chains and K = 4 trees at 8 / 32 rows (MT-bench 1-40);
+# 4. (only when named in SECTIONS) "sampled": continuous batching at temperature 1, 1 / 8 / 32 rows, chains of 3 and 1.
+# SECTIONS (default "static continuous tune"), SPECS, STATIC_BATCHES, CONT_BATCHES and *_LIMIT (seconds) override the
+# defaults. Logs and results.json land in $OUT.
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site:src PYTHONUNBUFFERED=1
@@ -21,8 +23,14 @@ bench() {  # name limit args...
   echo "   rc=$? ($name)"
   cp "/tmp/$name/results.json" "$OUT/$name.json" 2>/dev/null
 }
-bench static "${STATIC_LIMIT:-210}" bench $SPECS --batch-sizes "${STATIC_BATCHES:-1,8,32}" --batching static
-bench continuous "${CONT_LIMIT:-150}" bench $SPECS --batch-sizes "${CONT_BATCHES:-8,32}" --batching continuous
-[ "${TUNE_LIMIT:-0}" = 1 ] || bench tune_continuous "${TUNE_LIMIT:-170}" tune --batch-sizes 8,32 --batching continuous \
-  --limit 40 --steps 2,3,4 --topk 1,4
-for f in static continuous tune_continuous; do [ -f "$OUT/$f.md" ] && { echo "## $f"; grep '^|' "$OUT/$f.md" | head -40; }; done
+SECTIONS=${SECTIONS:-static continuous tune}
+for sec in $SECTIONS; do case $sec in
+  static) bench static "${STATIC_LIMIT:-210}" bench $SPECS --batch-sizes "${STATIC_BATCHES:-1,8,32}" --batching static ;;
+  continuous) bench continuous "${CONT_LIMIT:-150}" bench $SPECS --batch-sizes "${CONT_BATCHES:-8,32}" \
+    --batching continuous ;;
+  tune) bench tune_continuous "${TUNE_LIMIT:-170}" tune --batch-sizes 8,32 --batching continuous --limit 40 \
+    --steps 2,3,4 --topk 1,4 ;;
+  sampled) bench sampled "${SAMPLED_LIMIT:-150}" bench --spec 3,1,4 --spec 1,1,2 --temperature 1 \
+    --batch-sizes 1,8,32 --batching continuous ;;
+esac; done
+for f in static continuous tune_continuous sampled; do [ -f "$OUT/$f.md" ] && { echo "## $f"; grep '^|' "$OUT/$f.md" | head -40; }; done
