@@ -9,15 +9,22 @@
    and both again with the weights cold (copies in turn: what a step meets; a tensor-core variant won on one weight
    read from L2 and lost in whole steps, docs/benchmarks.md "Session 10").
 
+3. topk: layers/topk_kernel.logsoftmax_topk (a tree's per-level draft selection) for K rows of a 12,288-entry draft
+   vocabulary: the one-program-per-row kernel (session 9) against the two-kernel path (session 11; CHUNK swept) and
+   PyTorch's log-softmax + topk; the ids must equal PyTorch's.
+
 Times: per call in a CUDA graph of 50 calls (eaglespec.bench.graph_timing), the engine's view.
-(A third section swept a tensor-core variant for 5-16 rows; commit 951beed has it. Whole verify steps measured that
+(A section swept a tensor-core variant for 5-16 rows; commit 951beed has it. Whole verify steps measured that
 variant slower, so it was removed: docs/benchmarks.md, "Session 10".)
 
-usage: python benchmarks/small_kernels_check.py OUT_DIR [--cpu]   (--cpu: interpreter, tiny sweep: a script check)
+usage: python benchmarks/small_kernels_check.py OUT_DIR [--cpu] [--only=argmax|linear|topk]
+       (--cpu: interpreter, tiny sweep: a script check)
 """
 
 from __future__ import annotations
 
+
+import sys
 
 from probe_script import CPU, DEV, DT, Emitter, per_call_us  # noqa: E402  (sets the interpreter for --cpu)
 
@@ -26,12 +33,18 @@ import torch.nn.functional as F  # noqa: E402
 
 from eaglespec.layers import argmax_kernel as amk  # noqa: E402
 from eaglespec.layers import norm_linear_kernel as nlk  # noqa: E402
+from eaglespec.layers import topk_kernel as tkk  # noqa: E402
 
 emit = Emitter("small_kernels.json")
+ONLY = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--only=")), None)
+
+
+def wanted(section: str) -> bool:
+    return ONLY is None or ONLY == section
 
 
 g = torch.Generator(device=DEV).manual_seed(0)
-shapes = [(1, 128256), (1, 49152), (4, 49152), (8, 49152), (32, 49152), (1, 12288), (4, 12288)] if not CPU else [(2, 5000)]
+shapes = [] if not wanted("argmax") else [(1, 128256), (1, 49152), (4, 49152), (8, 49152), (32, 49152), (1, 12288), (4, 12288)] if not CPU else [(2, 5000)]
 for R, V in shapes:
     x = (3 * torch.randn(R, V, generator=g, device=DEV)).to(DT)
     ref = x.argmax(-1)
@@ -68,8 +81,8 @@ def cold_us(call, w: torch.Tensor) -> float:
     return per_call_us(one)
 
 
-for name, K, N in [("o_proj", 576, 576), ("down_proj", 1536, 576), ("drafter fc", 1728, 576)] if not CPU else \
-        [("tiny", 96, 40)]:
+linears = [("o_proj", 576, 576), ("down_proj", 1536, 576), ("drafter fc", 1728, 576)] if not CPU else [("tiny", 96, 40)]
+for name, K, N in linears if wanted("linear") else []:
     w = (torch.randn(N, K, generator=g, device=DEV) / K ** 0.5).to(DT)
     for M in (1, 2, 4):
         x = torch.randn(M, K, generator=g, device=DEV).to(DT)
@@ -93,3 +106,24 @@ for name, K, N in [("o_proj", 576, 576), ("down_proj", 1536, 576), ("drafter fc"
               "kernel_cold_us": round(cold_us(lambda ww: nlk.linear_rows(x, ww), w), 2),
               "default_blocks": list(nlk._blocks(M, N, K, False, False)), "best_us": round(best[0], 2),
               "best_bn_warps": list(best[1]) if best[1] else None})
+
+
+for R, V, k in ([(1, 12288, 4), (4, 12288, 4), (32, 12288, 4), (4, 12288, 8), (4, 49152, 4)] if not CPU else
+                [(4, 3000, 4)]) if wanted("topk") else []:
+    x = (3 * torch.randn(R, V, generator=g, device=DEV)).to(DT)
+    ref_logp, ref_ids = torch.log_softmax(x.float(), dim=-1).topk(k, dim=-1)
+    row = {"topk": f"{R}x{V} k={k}", "torch_us": round(per_call_us(lambda: torch.log_softmax(x.float(), -1).topk(k)), 2)}
+    split, chunk = tkk.SPLIT, tkk.CHUNK
+    tkk.SPLIT = 1 << 30  # the one-program-per-row kernel
+    ids, logp = tkk.logsoftmax_topk(x, k)
+    row["one_program_equal"] = bool(torch.equal(ids, ref_ids))
+    row["one_program_us"] = round(per_call_us(lambda: tkk.logsoftmax_topk(x, k)), 2)
+    tkk.SPLIT = split
+    for c in (512, 1024, 2048) if not CPU else (1024,):
+        tkk.CHUNK = c
+        ids, logp = tkk.logsoftmax_topk(x, k)
+        row[f"chunk_{c}_equal"] = bool(torch.equal(ids, ref_ids))
+        row[f"chunk_{c}_max_logp_diff"] = float((logp - ref_logp).abs().max())
+        row[f"chunk_{c}_us"] = round(per_call_us(lambda: tkk.logsoftmax_topk(x, k)), 2)
+    tkk.CHUNK = chunk
+    emit(row)

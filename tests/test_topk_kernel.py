@@ -96,3 +96,26 @@ def test_tree_selection_through_the_kernel_equals_plain(monkeypatch):
     assert_transformed_engine_equals_plain(lambda t, d: None, SpecConfig(3, 2, 6), [[5, 6, 7, 8], [9, 10]], 12)
     assert (2, 4) in calls  # the frontier: K = 2 best of K^2 = 4 children per row
     assert any(s[-1] == 2 + 2 * 4 for s in calls)  # build_tree: N = K + (S-1) K^2 candidates
+
+
+@pytest.mark.parametrize("log_softmax", [True, False])
+def test_two_kernel_path_across_chunks(log_softmax):
+    """Rows longer than SPLIT go through per-chunk candidates and a merge: ties in different chunks still go to the
+    smaller index, a last chunk shorter than K is handled, and -inf entries are taken once each in index order."""
+    from eaglespec.layers.topk_kernel import CHUNK, SPLIT
+
+    V = SPLIT + 3  # the last chunk holds 3 entries, fewer than K
+    x = torch.randn(4, V, generator=torch.Generator().manual_seed(5))
+    x[0, [V - 1, 7, CHUNK + 5]] = 9.0  # equal maxima in three chunks, the last one included
+    x[1, :] = float("-inf")
+    x[1, [CHUNK + 1, 3]] = 0.5  # two finite entries, then the -inf ones: 0, 1, 2, 4, ...
+    x[2, CHUNK:] = float("-inf")  # whole chunks of -inf
+    k = 8
+    ids, vals = logsoftmax_topk(x, k, log_softmax=log_softmax)
+    ref_vals = torch.log_softmax(x, dim=-1) if log_softmax else x
+    ref = torch.sort(ref_vals, dim=1, descending=True, stable=True)
+    assert torch.equal(ids, ref.indices[:, :k])
+    assert ids[0, :3].tolist() == [7, CHUNK + 5, V - 1] and ids[1].tolist() == [3, CHUNK + 1, 0, 1, 2, 4, 5, 6]
+    finite = torch.isfinite(ref.values[:, :k])
+    assert torch.equal(finite, torch.isfinite(vals))
+    assert torch.allclose(vals[finite], ref.values[:, :k][finite], atol=1e-5, rtol=0)
