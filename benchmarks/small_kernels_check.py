@@ -13,12 +13,14 @@
    vocabulary: the one-program-per-row kernel (session 9) against the two-kernel path (session 11; CHUNK swept) and
    PyTorch's log-softmax + topk; the ids must equal the one-program kernel's (and PyTorch's, but for the order of
    tied values, which bf16 rows of thousands of entries have and torch's topk orders freely).
+4. gemv: layers/gemv_kernel.gemv_rows against F.linear (cuBLAS) for one row of Llama-3.1-8B's q/k/v, o_proj and
+   down_proj, the weights cold (copies in turn), over a sweep of (BLOCK_N, BLOCK_K, warps, stages); GB/s of each.
 
 Times: per call in a CUDA graph of 50 calls (eaglespec.bench.graph_timing), the engine's view.
 (A section swept a tensor-core variant for 5-16 rows; commit 951beed has it. Whole verify steps measured that
 variant slower, so it was removed: docs/benchmarks.md, "Session 10".)
 
-usage: python benchmarks/small_kernels_check.py OUT_DIR [--cpu] [--only=argmax|linear|topk]
+usage: python benchmarks/small_kernels_check.py OUT_DIR [--cpu] [--only=argmax|linear|topk|gemv]
        (--cpu: interpreter, tiny sweep: a script check)
 """
 
@@ -33,6 +35,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from eaglespec.layers import argmax_kernel as amk  # noqa: E402
+from eaglespec.layers import gemv_kernel as gvk  # noqa: E402
 from eaglespec.layers import norm_linear_kernel as nlk  # noqa: E402
 from eaglespec.layers import topk_kernel as tkk  # noqa: E402
 
@@ -128,4 +131,32 @@ for R, V, k in ([(1, 12288, 4), (4, 12288, 4), (32, 12288, 4), (4, 12288, 8), (4
         row[f"chunk_{c}_max_logp_diff"] = float((logp - ref_logp).abs().max())
         row[f"chunk_{c}_us"] = round(per_call_us(lambda: tkk.logsoftmax_topk(x, k)), 2)
     tkk.CHUNK = chunk
+    emit(row)
+
+
+gemv_shapes = [("8b qkv", 4096, 6144), ("8b o_proj", 4096, 4096), ("8b down", 14336, 4096)] if not CPU else \
+    [("tiny", 300, 40)]
+gemv_cfgs = [(bn, bk, w, st) for bn in (8, 16, 32) for bk in (256, 512) for w in (4, 8) for st in (3, 4)] if not CPU \
+    else [(16, 128, 4, 2)]
+for name, K, N in gemv_shapes if wanted("gemv") else []:
+    w = (torch.randn(N, K, generator=g, device=DEV) / K ** 0.5).to(DT)
+    x = torch.randn(1, K, generator=g, device=DEV).to(DT)
+    ref = F.linear(x, w)
+    ulp = ref.float().abs().clamp_min(ref.float().abs().mean().item()) * 2 ** -7
+    nbytes = w.numel() * w.element_size()
+    t_cublas = cold_us(lambda ww: F.linear(x, ww), w)
+    row = {"gemv": name, "K": K, "N": N, "MB": round(nbytes / 1e6, 1), "cublas_cold_us": round(t_cublas, 2),
+           "cublas_GBps": round(nbytes / t_cublas / 1e3, 1),
+           "max_diff_bf16_steps": round(((gvk.gemv_rows(x, w).float() - ref.float()).abs() / ulp).max().item(), 2)}
+    results = []
+    for cfg in gemv_cfgs:
+        try:
+            results.append((cold_us(lambda ww: gvk.gemv_rows(x, ww, cfg), w), cfg))
+        except Exception as e:  # noqa: BLE001  (a configuration Triton cannot build: skipped)
+            print(f"  skip {cfg}: {type(e).__name__}", flush=True)
+    results.sort(key=lambda r: r[0])
+    if results:
+        row.update({"kernel_best_us": round(results[0][0], 2), "kernel_best_cfg": list(results[0][1]),
+                    "kernel_best_GBps": round(nbytes / results[0][0] / 1e3, 1),
+                    "next_best": [[round(t, 2), list(c)] for t, c in results[1:4]]})
     emit(row)

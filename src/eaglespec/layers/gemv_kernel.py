@@ -1,0 +1,66 @@
+"""x @ weight.T for one to a few rows of a wide layer in one Triton kernel: the decode GEMVs of large models.
+
+At batch 1 a Llama-3.1-8B decode step is its weights read once; cuBLAS reads the 4096-wide q/k/v (50 MB) and o_proj
+(34 MB) at only ~3.1 TB/s on the H200, o_proj through a split-K kernel plus a separate reduce (session 10's
+`benchmarks/decode_profile.py`: 863 us of a 4.6 ms step, and 104 us of reduces), where its gate/up reads 4.1 TB/s.
+Here a program owns BLOCK_N output features and walks K in BLOCK_K steps (Triton pipelines the loads over
+`num_stages`), multiplying each [BLOCK_N, BLOCK_K] weight tile by the rows' [BLOCK_M, BLOCK_K] slice of x into a
+float32 [BLOCK_M, BLOCK_N, BLOCK_K] accumulator that is reduced over K once at the end: no split-K, no second kernel.
+
+`gemv_rows(x, weight, cfg=None) -> y`: x [..., K] with at most MAX_ROWS rows, weight [N, K] (contiguous) -> y
+[..., N] in x's dtype, float32 accumulation (the order of the sums differs from cuBLAS's: bf16 results may differ
+by a rounding step). `cfg` = (BLOCK_N, BLOCK_K, num_warps, num_stages), default `DEFAULT_CFG`; the GPU probe
+(`benchmarks/small_kernels_check.py --only=gemv`) sweeps it with the weights cold in L2, as a decode step meets them.
+Built on first use, so that `TRITON_INTERPRET=1` (CPU tests) takes effect.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+MAX_ROWS = 4
+DEFAULT_CFG = (16, 512, 4, 4)  # BLOCK_N, BLOCK_K, num_warps, num_stages
+
+
+@functools.cache
+def _kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def gemv_kernel(x, w, y, M, N, s_xm, s_ym, K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BLOCK_K: tl.constexpr):  # K constexpr: a layer's width (few per model), and the interpreter's loop bound
+        rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        rm = tl.arange(0, BLOCK_M)
+        rk = tl.arange(0, BLOCK_K)
+        nm = rn < N
+        mm = rm < M
+        acc = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            kk = k0 + rk
+            km = kk < K
+            wt = tl.load(w + rn[:, None] * K + kk[None, :], mask=nm[:, None] & km[None, :], other=0.0)  # [BN, BK]
+            xt = tl.load(x + rm[:, None] * s_xm + kk[None, :], mask=mm[:, None] & km[None, :], other=0.0)  # [BM, BK]
+            acc += xt.to(tl.float32)[:, None, :] * wt.to(tl.float32)[None, :, :]
+        out = tl.sum(acc, 2)  # [BM, BN]
+        tl.store(y + rm[:, None] * s_ym + rn[None, :], out.to(y.dtype.element_ty), mask=mm[:, None] & nm[None, :])
+
+    return gemv_kernel
+
+
+def gemv_rows(x: torch.Tensor, weight: torch.Tensor, cfg: tuple[int, int, int, int] | None = None) -> torch.Tensor:
+    *lead, K = x.shape
+    N = weight.shape[0]
+    x2 = x.reshape(-1, K)
+    M = x2.shape[0]
+    assert 1 <= M <= MAX_ROWS and weight.shape[1] == K and weight.is_contiguous(), "gemv_rows: shape"
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    bn, bk, warps, stages = cfg or DEFAULT_CFG
+    bm = 1 if M == 1 else 2 if M == 2 else 4
+    y = torch.empty(M, N, dtype=x.dtype, device=x.device)
+    _kernel()[((N + bn - 1) // bn,)](x2, weight, y, M, N, x2.stride(0), y.stride(0), K=K, BLOCK_M=bm, BLOCK_N=bn,
+                                     BLOCK_K=bk, num_warps=warps, num_stages=stages)
+    return y.view(*lead, N)
