@@ -136,7 +136,7 @@ for R, V, k in ([(1, 12288, 4), (4, 12288, 4), (32, 12288, 4), (4, 12288, 8), (4
 
 gemv_shapes = [("8b qkv", 4096, 6144), ("8b o_proj", 4096, 4096), ("8b down", 14336, 4096)] if not CPU else \
     [("tiny", 300, 40)]
-gemv_cfgs = [(bn, bk, w, st) for bn in (8, 16, 32) for bk in (256, 512) for w in (4, 8) for st in (3, 4)] if not CPU \
+gemv_cfgs = [(bn, bk, w, st) for bn in (2, 4, 8) for bk in (512, 1024, 2048) for w in (2, 4) for st in (3, 4)] if not CPU \
     else [(16, 128, 4, 2)]
 for name, K, N in gemv_shapes if wanted("gemv") else []:
     w = (torch.randn(N, K, generator=g, device=DEV) / K ** 0.5).to(DT)

@@ -146,10 +146,17 @@ def attention_section() -> None:
 
 
 def set_variant(model, variant: str) -> None:
-    """"none": neither kernel; "norm_linear": the fused norm + projection only; "both": the default."""
+    """"none": neither kernel; "norm_linear": the fused norm + projection only; "both": the default; "no_gemv": the
+    default but wide layers' one-row projections through cuBLAS instead of the GEMV kernel (session 11)."""
+    from eaglespec.engine.transforms import GEMV_MAX_ROWS
+    from eaglespec.layers.few_rows_linear import FewRowsLinear
+    from eaglespec.layers.gemv_kernel import gemv_rows
+
     use_norm_linear_kernel(model)
     use_short_attention_kernel(model)
     for m in model.modules():
+        if isinstance(m, FewRowsLinear) and m.kernel is gemv_rows:
+            m.max_rows = 0 if variant == "no_gemv" else GEMV_MAX_ROWS
         if isinstance(m, PreNormDecoderLayer) and variant == "none":
             m.norm_linear = None
         if hasattr(m, "attn_kernel") and variant != "both":
@@ -169,7 +176,10 @@ def engine_section(shape: str) -> None:
     prompt = list(range(100, 228 if not CPU else 116))
     n_new = 256 if not CPU else 8
     params = SamplingParams(max_new_tokens=n_new, ignore_eos=True)
-    for variant in ("none", "norm_linear", "both"):
+    from eaglespec.layers.gemv_kernel import gemv_rows
+
+    wide = any(getattr(x, "kernel", None) is gemv_rows for x in m.modules())
+    for variant in ("none", "norm_linear", "both") + (("no_gemv",) if wide else ()):
         set_variant(m, variant)
         if variant == "norm_linear" and not any(getattr(x, "norm_linear", None) is not None for x in m.modules()):
             continue  # wider than the kernel's ONE_SHOT_K: not wired

@@ -156,15 +156,14 @@ def test_linear_rows_matches_f_linear(M, K, N, dtype):
         nlk.linear_rows(torch.zeros(MAX_ROWS + 1, K), w)
 
 
-def test_few_rows_linear_switches_by_rows_and_keeps_the_weight(monkeypatch):
-    import eaglespec.layers.few_rows_linear as frl
+def test_few_rows_linear_switches_by_rows_and_keeps_the_weight():
     from eaglespec.layers.few_rows_linear import FewRowsLinear
 
     lin = torch.nn.Linear(32, 20, bias=False)
-    m = FewRowsLinear.wrap(lin, 2)
-    assert m.weight is lin.weight and list(m.state_dict()) == ["weight"]
+    assert FewRowsLinear.wrap(lin, 2).kernel is nlk.linear_rows  # the default kernel
     calls = []
-    monkeypatch.setattr(frl, "linear_rows", lambda x, w: calls.append(tuple(x.shape)) or nlk.linear_rows(x, w))
+    m = FewRowsLinear.wrap(lin, 2, lambda x, w: calls.append(tuple(x.shape)) or nlk.linear_rows(x, w))
+    assert m.weight is lin.weight and list(m.state_dict()) == ["weight"]
     x = torch.randn(1, 3, 32)
     assert torch.allclose(m(x[:, :2]), lin(x[:, :2]), atol=1e-5) and calls == [(1, 2, 32)]
     assert torch.allclose(m(x), lin(x), atol=1e-6) and len(calls) == 1  # 3 rows > 2: F.linear
@@ -210,3 +209,29 @@ def test_linear_rows_transform_wires_target_and_drafter(monkeypatch):
         assert isinstance(drafter.midlayer.self_attn.qkv_proj, FewRowsLinear)  # the drafter's q/k/v (2H wide input)
 
     assert_transformed_engine_equals_plain(prepare, SpecConfig(3, 1, 4), [[1, 2, 3, 4], list(range(10, 15))], 8)
+
+
+def test_gemv_kernel_and_its_wiring(monkeypatch):
+    """layers/gemv_kernel.gemv_rows equals F.linear (float32, interpreter) for 1-4 rows and any K / N; use_gemv_kernel
+    wraps the wide bias-free q/k/v, o_proj and down_proj (here "wide" lowered to the tiny model's 64), leaves
+    use_linear_rows_kernel's row limit alone on them, and the engine's greedy decoding and speculation through it still
+    equal plain decoding."""
+    import eaglespec.engine.transforms as tr
+    from eaglespec.engine.transforms import use_gemv_kernel, use_linear_rows_kernel
+    from eaglespec.layers.few_rows_linear import FewRowsLinear
+    from eaglespec.layers.gemv_kernel import gemv_rows
+
+    g = torch.Generator().manual_seed(3)
+    for M, N, K, cfg in [(1, 40, 300, (4, 128, 2, 2)), (3, 37, 513, (8, 256, 2, 2)), (4, 64, 1024, None)]:
+        x, w = torch.randn(M, K, generator=g), torch.randn(N, K, generator=g)
+        assert torch.allclose(gemv_rows(x, w, cfg), x @ w.T, atol=1e-4, rtol=1e-5)
+    monkeypatch.setattr(tr, "GEMV_MIN_K", 64)
+    m = use_gemv_kernel(fuse_projections(tiny_llama(seed=0)))
+    layer = m.model.layers[0]
+    wrapped = [layer.self_attn.qkv_proj, layer.self_attn.o_proj]  # down_proj reads the 128-wide MLP: also wrapped
+    assert all(isinstance(x, FewRowsLinear) and x.kernel is gemv_rows and x.max_rows == 1 for x in wrapped)
+    assert isinstance(layer.mlp.down_proj, FewRowsLinear) and not isinstance(layer.mlp.gate_up_proj, FewRowsLinear)
+    use_linear_rows_kernel(m, max_rows=3)
+    assert layer.self_attn.o_proj.max_rows == 1  # the small-layer kernel's policy does not touch GEMV-wired layers
+    assert_transformed_engine_equals_plain(lambda t, d: use_gemv_kernel(fuse_projections(t)), SpecConfig(3, 1, 4),
+                                           [[5, 6, 7, 8], [9, 10]], 10)

@@ -11,6 +11,8 @@
 - `use_linear_rows_kernel(model)` (CUDA): the small bias-free o_proj / down_proj (and an EAGLE-3 drafter's fc and
   q/k/v) as `FewRowsLinear`: the same kernel without add and norm for steps of a few rows (inputs <= ONE_SHOT_K wide,
   at most FEW_ROWS_MAX_WEIGHTS weights).
+- `use_gemv_kernel(model)` (CUDA): the bias-free q/k/v, o_proj and down_proj of wide models (inputs >= 4096) as
+  `FewRowsLinear` through the GEMV kernel for one-row steps (cuBLAS reads them at 2.5-3.7 TB/s there).
 - `compile_elementwise(model)`: RMSNorm, residual-add + RMSNorm, RoPE, RoPE's cos/sin tables and SiLU-gating through
   `torch.compile` (one fused kernel each instead of ~5), shapes dynamic so one compilation serves every batch and
   length bucket.
@@ -145,17 +147,38 @@ def use_linear_rows_kernel(model: nn.Module, max_rows: int | None = None,
     normalises its two input halves apart (so the fused norm + projection kernel does not serve it); in a target's
     layer steps of <= MAX_ROWS rows take that kernel and never call qkv_proj, longer ones fall through to cuBLAS."""
     from ..layers.few_rows_linear import FewRowsLinear
-    from ..layers.norm_linear_kernel import MAX_ROWS, ONE_SHOT_K
+    from ..layers.norm_linear_kernel import MAX_ROWS, ONE_SHOT_K, linear_rows
 
     rows = MAX_ROWS if max_rows is None else max_rows
     for parent in list(model.modules()):
         for name in names:
             lin = parent._modules.get(name)
-            if isinstance(lin, FewRowsLinear):  # wired before: a new row limit
+            if isinstance(lin, FewRowsLinear) and lin.kernel is linear_rows:  # wired before: a new row limit
                 lin.max_rows = rows
             elif (type(lin) is nn.Linear and lin.bias is None and lin.in_features <= ONE_SHOT_K
                     and _small(lin) and lin.weight.is_contiguous()):
                 setattr(parent, name, FewRowsLinear.wrap(lin, rows))
+    return model
+
+
+GEMV_MIN_K = 4096  # inputs at least this wide: the widths measured (Llama-8B's 4096 and 14336)
+GEMV_MAX_ROWS = 1  # decode steps: the row count measured
+
+
+def use_gemv_kernel(model: nn.Module, names: tuple[str, ...] = ("qkv_proj", "o_proj", "down_proj")) -> nn.Module:
+    """Every bias-free nn.Linear named in `names` whose input is at least GEMV_MIN_K wide becomes a `FewRowsLinear`
+    through `layers/gemv_kernel.gemv_rows` for steps of GEMV_MAX_ROWS row(s): on the H200 it read one row of
+    Llama-8B's q/k/v, o_proj and down_proj in 14.3 / 10.7 / 29.2 us against cuBLAS's 15.6 / 13.2 / 31.9 (cold
+    weights; cuBLAS splits o_proj's K and reduces in a second kernel). gate/up (cuBLAS 4.1 TB/s) keeps cuBLAS."""
+    from ..layers.few_rows_linear import FewRowsLinear
+    from ..layers.gemv_kernel import gemv_rows
+
+    for parent in list(model.modules()):
+        for name in names:
+            lin = parent._modules.get(name)
+            if (type(lin) is nn.Linear and lin.bias is None and lin.in_features >= GEMV_MIN_K
+                    and lin.weight.is_contiguous()):
+                setattr(parent, name, FewRowsLinear.wrap(lin, GEMV_MAX_ROWS, gemv_rows))
     return model
 
 
@@ -173,6 +196,7 @@ def prepare_for_inference(model: nn.Module, device: torch.device, fuse: bool | N
             use_short_attention_kernel(model)
             use_norm_linear_kernel(model)
             use_linear_rows_kernel(model)
+            use_gemv_kernel(model)
     if compile or (compile is None and device.type == "cuda"):
         compile_elementwise(model)
     return model

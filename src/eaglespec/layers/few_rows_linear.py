@@ -1,11 +1,13 @@
-"""A bias-free nn.Linear that projects steps of a few rows through the few-row Triton kernel.
+"""A bias-free nn.Linear that projects steps of a few rows through a Triton kernel: the few-row kernel of small layers,
+or the GEMV kernel of wide ones.
 
 At batch 1 a small model's o_proj and down_proj are ~1 MB GEMVs that cuBLAS runs in ~4 us on the H200 (SmolLM2-135M:
 60 of them per decode step, 245 of its 756 us; `benchmarks/decode_profile.py`, 2026-11-30), bound by the kernel's
-latency, not by bytes. `FewRowsLinear.forward(x)`: x [..., K] -> [..., N], through `norm_linear_kernel.linear_rows`
-when x holds at most `max_rows` rows, else F.linear; the same weight Parameter either way (state-dict names and
-values unchanged). Built by `engine.transforms.use_linear_rows_kernel` from an existing nn.Linear (the policy of which
-layers and how many rows lives there).
+latency, not by bytes; a large model's 4096-wide o_proj and q/k/v cuBLAS reads at only 2.5-3.2 TB/s.
+`FewRowsLinear.forward(x)`: x [..., K] -> [..., N], through its `kernel` (`norm_linear_kernel.linear_rows` by default,
+`gemv_kernel.gemv_rows` for wide layers) when x holds at most `max_rows` rows, else F.linear; the same weight
+Parameter either way (state-dict names and values unchanged). Built by `engine.transforms.use_linear_rows_kernel` /
+`use_gemv_kernel` from an existing nn.Linear (the policy of which layers and how many rows lives there).
 """
 
 from __future__ import annotations
@@ -14,21 +16,28 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from typing import Callable
+
 from .norm_linear_kernel import linear_rows
+
+RowsKernel = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (x [..., K], weight [N, K]) -> [..., N]
 
 
 class FewRowsLinear(nn.Linear):
     max_rows: int = 0
+    kernel: RowsKernel = staticmethod(linear_rows)
 
     @classmethod
-    def wrap(cls, linear: nn.Linear, max_rows: int) -> "FewRowsLinear":
+    def wrap(cls, linear: nn.Linear, max_rows: int, kernel: RowsKernel | None = None) -> "FewRowsLinear":
         assert linear.bias is None, "FewRowsLinear: bias-free projections only"
         m = cls(linear.in_features, linear.out_features, bias=False, device="meta")
         m.weight = linear.weight  # the same Parameter: nothing copied, the checkpoint name kept
         m.max_rows = max_rows
+        if kernel is not None:
+            m.kernel = kernel
         return m
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.numel() <= self.max_rows * x.shape[-1]:
-            return linear_rows(x, self.weight)
+            return self.kernel(x, self.weight)
         return F.linear(x, self.weight)
