@@ -368,14 +368,8 @@ def test_bench_on_the_static_path(chat_model, prompt_file, tmp_path, capsys, mon
             assert r["accept_length_hist"][str(top)] >= r["verify_steps"] - 3
 
 
-def test_prefill_pass_meets_every_timed_batch_untimed(monkeypatch):
-    """The warm-up's prefill pass generates one token for every chunk the timed run will see (same rows, same
-    prompts, split as the timed run splits them), and leaves nothing in the record or the phase timer."""
-    from eaglespec.bench.runs import ConfigRun, RunConfig
-    from eaglespec.config import EngineConfig
-    from eaglespec.sampling_params import SamplingParams
-
-    cr = ConfigRun(tiny_llama(seed=0), None, RunConfig.plain(), 2, EngineConfig())
+def spy_generate(cr, monkeypatch) -> list[tuple[list[list[int]], int]]:
+    """Record (prompts, max_new_tokens) of every generate call a ConfigRun makes (the calls still run)."""
     calls: list[tuple[list[list[int]], int]] = []
     real = cr.engine.generate
 
@@ -384,6 +378,18 @@ def test_prefill_pass_meets_every_timed_batch_untimed(monkeypatch):
         return real(prompts, params, chat=chat)
 
     monkeypatch.setattr(cr.engine, "generate", spy)
+    return calls
+
+
+def test_prefill_pass_meets_every_timed_batch_untimed(monkeypatch):
+    """The warm-up's prefill pass generates one token for every chunk the timed run will see (same rows, same
+    prompts, split as the timed run splits them), and leaves nothing in the record or the phase timer."""
+    from eaglespec.bench.runs import ConfigRun, RunConfig
+    from eaglespec.config import EngineConfig
+    from eaglespec.sampling_params import SamplingParams
+
+    cr = ConfigRun(tiny_llama(seed=0), None, RunConfig.plain(), 2, EngineConfig())
+    calls = spy_generate(cr, monkeypatch)
     groups = [[[1, 2, 3], [4, 5], [6, 7, 8, 9, 10]], [[11, 12], [13]]]
     cr.prefill_pass(groups, SamplingParams(max_new_tokens=9))
     assert calls == [([[1, 2, 3], [4, 5]], 1), ([[6, 7, 8, 9, 10]], 1), ([[11, 12], [13]], 1)]
@@ -424,14 +430,7 @@ def test_continuous_prefill_pass_and_admission_shapes(monkeypatch):
     from eaglespec.sampling_params import SamplingParams
 
     cr = ConfigRun(tiny_llama(seed=0), None, RunConfig.plain(), 3, EngineConfig(), batching="continuous")
-    calls: list[tuple[list[list[int]], int]] = []
-    real = cr.engine.generate
-
-    def spy(prompts, params, chat=True):
-        calls.append(([list(p) for p in prompts], params.max_new_tokens))
-        return real(prompts, params, chat=chat)
-
-    monkeypatch.setattr(cr.engine, "generate", spy)
+    calls = spy_generate(cr, monkeypatch)
     groups = [[[1, 2, 3], [4, 5], [6, 7, 8, 9, 10], [3, 3]], [[11, 12], [13]]]
     cr.prefill_pass(groups, SamplingParams(max_new_tokens=9))  # the CPU engine has no graphs: no admission shapes
     assert calls == [(groups[0], 1), (groups[1], 1)]
