@@ -14,7 +14,8 @@ A speculative engine with `EngineConfig.spec_max_rows` takes plain decode steps 
 kept in step by the decode step itself) and speculative steps again once few enough do.
 With `EngineConfig.overlap` (graph path) a decode / speculative `step()` first launches the next step and then reads
 the previous one, so the tokens of a step reach the requests one `step()` later (`has_work()` stays true until the
-last launched step is read).
+last launched step is read). `step_counts` counts the batched steps run by kind ("prefill", "decode", "spec"; a
+launched overlapped step counts when launched), for benchmarks.
 """
 
 from __future__ import annotations
