@@ -207,6 +207,37 @@ def test_prefill_graph_path_equals_eager(target, reference, spec):
     assert [o.token_ids for o in two] == reference[3:5] and calls == [(0, 1)]
 
 
+def test_prefill_plan_splits_up_to_32_rows_into_graph_groups():
+    class R:
+        cache_len = 5000
+
+    g = GraphCache(R(), capture=False)
+    assert g.prefill_plan([100] * 8) == [list(range(8))]  # one graph takes it
+    lens = [300, 20, 70, 100, 5, 64, 2000, 90, 30, 40, 50]  # 11 rows: no single graph; by length, 8 then 3
+    plan = g.prefill_plan(lens)
+    assert plan == [[4, 1, 8, 9, 10, 5, 2, 7], [3, 0, 6]] and all(g.prefill_bucket(max(lens[i] for i in grp), len(grp))
+                                                                  for grp in plan)
+    assert g.prefill_plan([2000] * 12) is None  # 8 rows of 2048 exceed PREFILL_GRAPH_TOKENS: eager
+    assert g.prefill_plan([10] * 33) is None  # more than PREFILL_SPLIT_ROWS rows: eager
+
+
+@pytest.mark.parametrize("spec", [None, SpecConfig(3, 1, 4)], ids=["plain", "chain"])
+def test_prefill_of_many_rows_in_graph_groups_equals_eager(target, spec):
+    """A 20-row admission runs as graph groups of <= 8 rows sorted by length (target and drafter catch-up each);
+    every row's tokens equal the plain engine's, in the order of the prompts."""
+    prompts = [list(range(1 + i % 3, 2 + i % 3 + (7 * i) % 23)) for i in range(20)]  # 1-23 tokens
+    params = SamplingParams(max_new_tokens=12, ignore_eos=True)
+    ref = [o.token_ids for o in Engine(target, None, EngineConfig(max_batch_size=20)).generate(prompts, params)]
+    drafter = tiny_drafter(target, seed=1) if spec is not None else None
+    eng = static_engine(target, drafter, spec, rows=20)
+    eng.reserve(20, 200)
+    calls = []
+    core = eng.runner._prefill_core
+    eng.runner._prefill_core = lambda *a: calls.append(len(a[0])) or core(*a)
+    assert [o.token_ids for o in eng.generate(prompts, params)] == ref
+    assert calls == [8, 8, 4]
+
+
 def test_single_prompt_prefill_graph_path_samples_like_eager(target):
     """Sampling (temperature, top-k) through the prefill graph path draws exactly what the eager path draws."""
     params = SamplingParams(max_new_tokens=12, temperature=0.9, top_k=20, ignore_eos=True)

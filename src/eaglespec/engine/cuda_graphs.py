@@ -7,7 +7,9 @@ times apart; the verify graph reads the draft graph's static outputs, the commit
 `GraphCache.prefill(rows, prompts, greedy)` prefills B prompts through the graph of (B, their power-of-two length
 bucket) (64..2048; B <= PREFILL_GRAPH_ROWS and B x bucket <= PREFILL_GRAPH_TOKENS): the prompts, their lengths and
 cache rows are copied into static buffers, the rest of the bucket is padding whose KV entries lie past each row's
-length (never read before being overwritten). One-prompt graphs are captured up front (`precapture_prefill`),
+length (never read before being overwritten). `prefill_plan(lens)` splits a prefill of up to PREFILL_SPLIT_ROWS
+rows that no single graph takes into groups of <= PREFILL_GRAPH_ROWS rows of similar length that each fit one (or
+None: eager), and `prefill_groups` runs them, each group's tokens copied out before the next replay. One-prompt graphs are captured up front (`precapture_prefill`),
 multi-row ones on first use: an eager multi-row prefill cost 21-52 ms per batch of 8 MT-bench prompts on the H200
 (launch-bound, and with cuDNN's SDPA a ~0.2 s plan per new shape), 10-23% of a speculative batch-8 run (session 8).
 
@@ -37,8 +39,10 @@ MIN_LEN_BUCKET = 256
 PREFILL_MIN_BUCKET = 64  # prompt-length buckets of the prefill graphs: 64, 128, ..., PREFILL_GRAPH_MAX
 PREFILL_GRAPH_MAX = 2048  # longer prompts are compute-bound: eager prefill loses little to launch overhead
 PREFILL_GRAPH_TOKENS = 8192  # rows x bucket of a multi-row prefill graph (bounds the graph pool's activations)
-PREFILL_GRAPH_ROWS = 8  # rows are exact (not bucketed): at most 8 x 6 graphs per engine, captured on first use;
-# larger prefills (regeneration admits hundreds of rows at once) are compute-bound and stay eager
+PREFILL_GRAPH_ROWS = 8  # rows are exact (not bucketed): at most 8 x 6 graphs per engine, captured on first use
+PREFILL_SPLIT_ROWS = 32  # up to this many rows a prefill too large for one graph runs as graphs of <= 8 rows each
+# (a 32-row eager prefill of MT-bench prompts took ~50 ms on the H200, an 8-row graph ~3 ms); larger prefills
+# (regeneration admits hundreds of rows at once) are compute-bound and stay eager
 
 
 @contextlib.contextmanager
@@ -218,6 +222,31 @@ class GraphCache:
             self._capture(key)
         self.graphs[key][0][1].replay()
         return self.outputs[key][0]
+
+    def prefill_plan(self, lens: list[int]) -> list[list[int]] | None:
+        """How a prefill of prompts of these lengths runs through graphs: [all indices] when one graph takes it,
+        else up to PREFILL_SPLIT_ROWS rows in groups of <= PREFILL_GRAPH_ROWS consecutive ones by length (each fitting
+        a graph), else None (eager)."""
+        B = len(lens)
+        if self.prefill_bucket(max(lens), B):
+            return [list(range(B))]
+        if B > PREFILL_SPLIT_ROWS:
+            return None
+        order = sorted(range(B), key=lambda i: lens[i])
+        groups = [order[i : i + PREFILL_GRAPH_ROWS] for i in range(0, B, PREFILL_GRAPH_ROWS)]
+        if all(self.prefill_bucket(max(lens[i] for i in g), len(g)) for g in groups):
+            return groups
+        return None
+
+    def prefill_groups(self, rows, prompts, greedy: bool, groups: list[list[int]]) -> torch.Tensor:
+        """`prefill` over each group of `prefill_plan`; returns the first tokens [B] in the order of `rows`."""
+        if len(groups) == 1:
+            return self.prefill(rows, prompts, greedy)
+        out = torch.empty(len(rows), dtype=torch.int64, device=self.runner.device)
+        for g in groups:  # a group's tokens live in its graph's static output: copied before that graph replays again
+            out[torch.tensor(g, device=self.runner.device)] = self.prefill([rows[i] for i in g], [prompts[i] for i in g],
+                                                                           greedy)
+        return out
 
     def key(self, kind: str, n_rows: int, longest: int, greedy: bool) -> tuple:
         """The graph `run` takes for a step of `kind` over rows 0..n_rows-1 whose longest row holds `longest` tokens."""

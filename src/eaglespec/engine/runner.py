@@ -201,14 +201,15 @@ class ModelRunner:
         `prepare_multimodal` returned; the target turns them into input embeddings (`embed_multimodal`).
         Text prompts of up to PREFILL_GRAPH_MAX tokens run as a CUDA graph per (rows, length bucket) (right-padded to
         the bucket; up to PREFILL_GRAPH_ROWS rows and PREFILL_GRAPH_TOKENS padded tokens; target and drafter
-        catch-up in one graph, timed as "prefill"); other prefills (images, long prompts, many rows, the CPU) run
-        eagerly.
+        catch-up in one graph, timed as "prefill"), up to PREFILL_SPLIT_ROWS rows as several such graphs
+        (`GraphCache.prefill_plan`); other prefills (images, long prompts, many rows, the CPU) run eagerly.
         """
         lens = [len(p) for p in prompts]
         has_mm = mm_inputs is not None and any(m is not None for m in mm_inputs)
-        if self.graphs is not None and not has_mm and self.graphs.prefill_bucket(max(lens), len(rows)):
+        groups = self.graphs.prefill_plan(lens) if self.graphs is not None and not has_mm else None
+        if groups is not None:
             with self.timer.phase("prefill"):
-                tok = self.graphs.prefill(rows, prompts, greedy)
+                tok = self.graphs.prefill_groups(list(rows), prompts, greedy, groups)
         else:
             r, ctx_rows = self._rows(rows)
             B, T = len(rows), max(lens)
