@@ -29,8 +29,9 @@ DEFAULT_DRAFTER = ASSETS / "smollm2-135m-eagle3"
 #   serving up to 32 rows, the two-kernel top-k): at 1 row the chain of 3 (1.61x; tree S4 K4 D16 1.50x); at 8 rows
 #   the tree S4 K4 D16 (continuous batching 1.77-1.81x against the chain's 1.67-1.74x; static batches 1.67x / 1.55x;
 #   the tune grid, MT-bench 1-40, 1.73x / 1.62x, S4 K1 D5 1.70x); at 16 rows the two tie (1.68x / 1.70x); at 32 rows
-#   the chain of 3 (continuous 1.55-1.70x against the tree's 1.39-1.51x; static 1.37x / 1.18x): the tree's 16-token
-#   verify costs more once 32 rows share a step. Larger engines are unmeasured;
+#   the chain of 3 (continuous 1.55-1.70x against the tree's 1.39-1.51x; static 1.37x / 1.18x, the chain 1.44x once
+#   32-row prefills ran as graphs): the tree's 16-token verify costs more once 32 rows share a step. Larger engines
+#   are unmeasured;
 # - sampling at temperature 1 (the drafter learnt the target's greedy text; chains draw sampled drafts): the CPU's
 #   one-step chain gains (1.15x, tau 1.37), the H200's chain of 3 loses (0.82x, tau 1.75): greedy-only there.
 _CHAIN_3 = SpecConfig(steps=3, topk=1, draft_tokens=4)
