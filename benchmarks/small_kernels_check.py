@@ -13,14 +13,18 @@
    vocabulary: the one-program-per-row kernel (session 9) against the two-kernel path (session 11; CHUNK swept) and
    PyTorch's log-softmax + topk; the ids must equal the one-program kernel's (and PyTorch's, but for the order of
    tied values, which bf16 rows of thousands of entries have and torch's topk orders freely).
-4. gemv: layers/gemv_kernel.gemv_rows against F.linear (cuBLAS) for one row of Llama-3.1-8B's q/k/v, o_proj and
+4. norm_linear: layers/norm_linear_kernel.add_norm_linear (residual add + RMSNorm + projection, + SiLU gating) for
+   SmolLM2's q/k/v (576 -> 960) and gate/up (576 -> 2 x 1536) at 1, 2 and 4 rows, the weights cold, over a sweep of
+   (BLOCK_N, warps): a verify step of 4 rows spends ~110 us more in this kernel than a decode step (session 11's
+   tree probe profile: 3.6 against 2.7 us per call), the largest part of the verify's excess over decode.
+5. gemv: layers/gemv_kernel.gemv_rows against F.linear (cuBLAS) for one row of Llama-3.1-8B's q/k/v, o_proj and
    down_proj, the weights cold (copies in turn), over a sweep of (BLOCK_N, BLOCK_K, warps, stages); GB/s of each.
 
 Times: per call in a CUDA graph of 50 calls (eaglespec.bench.graph_timing), the engine's view.
 (A section swept a tensor-core variant for 5-16 rows; commit 951beed has it. Whole verify steps measured that
 variant slower, so it was removed: docs/benchmarks.md, "Session 10".)
 
-usage: python benchmarks/small_kernels_check.py OUT_DIR [--cpu] [--only=argmax|linear|topk|gemv]
+usage: python benchmarks/small_kernels_check.py OUT_DIR [--cpu] [--only=argmax|linear|topk|norm_linear|gemv]
        (--cpu: interpreter, tiny sweep: a script check)
 """
 
@@ -132,6 +136,39 @@ for R, V, k in ([(1, 12288, 4), (4, 12288, 4), (32, 12288, 4), (4, 12288, 8), (4
         row[f"chunk_{c}_us"] = round(per_call_us(lambda: tkk.logsoftmax_topk(x, k)), 2)
     tkk.CHUNK = chunk
     emit(row)
+
+
+
+def launch_norm(h, d, nw, w, gated, bn, warps):
+    M, K = h.shape
+    N = w.shape[0] // 2 if gated else w.shape[0]
+    h_out, y = torch.empty_like(h), torch.empty(M, N, dtype=h.dtype, device=h.device)
+    bm = nlk._blocks(M, N, K, gated)[0]
+    nlk._kernel()[((N + bn - 1) // bn,)](h, d, nw, w, h_out, y, M, N, 1e-5, K=K, HAS_D=True, GATED=gated, BLOCK_M=bm,
+                                         BLOCK_N=bn, BLOCK_K=1 << (K - 1).bit_length(), NORM=True, num_warps=warps)
+    return y
+
+
+norm_shapes = [("qkv", 576, 960, False), ("gate_up", 576, 1536, True)] if not CPU else [("tiny", 96, 40, True)]
+for name, K, N, gated in norm_shapes if wanted("norm_linear") else []:
+    w = (torch.randn(2 * N if gated else N, K, generator=g, device=DEV) / K ** 0.5).to(DT)
+    nw = (1 + 0.1 * torch.randn(K, generator=g, device=DEV)).to(DT)
+    for M in (1, 2, 4):
+        h = torch.randn(M, K, generator=g, device=DEV).to(DT)
+        d = torch.randn(M, K, generator=g, device=DEV).to(DT)
+        default = nlk._blocks(M, N, K, gated)
+        row = {"norm_linear": name, "M": M, "default_bn_warps": [default[1], default[3]],
+               "default_cold_us": round(cold_us(lambda ww: nlk.add_norm_linear(h, d, nw, 1e-5, ww, gated), w), 2)}
+        results = []
+        for bn in (1, 2, 4, 8) if not CPU else (4,):
+            for warps in (1, 2, 4) if not CPU else (1,):
+                try:
+                    results.append((cold_us(lambda ww: launch_norm(h, d, nw, ww, gated, bn, warps), w), [bn, warps]))
+                except Exception as e:  # noqa: BLE001  (a block Triton cannot build: skipped)
+                    print(f"  skip {bn},{warps}: {type(e).__name__}", flush=True)
+        results.sort(key=lambda r: r[0])
+        row["sweep_cold_us"] = [[round(t, 2), c] for t, c in results[:4]]
+        emit(row)
 
 
 gemv_shapes = [("8b qkv", 4096, 6144), ("8b o_proj", 4096, 4096), ("8b down", 14336, 4096)] if not CPU else \
