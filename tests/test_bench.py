@@ -198,6 +198,7 @@ def test_bench_jsonl_oracle_and_random(chat_model, prompt_file, tmp_path, capsys
     wb, kvb = doc["model"]["weight_bytes_per_step"], doc["model"]["kv_bytes_per_token"]
     assert base1["bandwidth"]["bytes"] == 3 * m * wb + kv_reads * kvb
     assert base1["bandwidth"]["achieved_gb_s"] > 0 and base1["bandwidth"]["device_gb_s"] is None
+    assert base1["bandwidth"]["decode_seconds_from"] == "timer"  # the eager CPU path times every decode step
     # the Markdown table is printed last and written as results.md
     md = (out / "results.md").read_text()
     assert stdout == md
@@ -362,6 +363,8 @@ def test_bench_on_the_static_path(chat_model, prompt_file, tmp_path, capsys, mon
     assert code == 0, err
     recs = json.loads((out / "results.json").read_text())["records"]
     assert len(recs) == 5 and all(r["identical_outputs"] == 3 for r in recs)
+    bw = recs[0]["bandwidth"]  # graph steps are not timed one by one: the wall time less the prefills
+    assert bw["decode_seconds_from"] == "wall minus prefill" and bw["decode_seconds"] > 0 and bw["achieved_gb_s"] > 0
     for r in recs:
         if r["drafter"] == "oracle":
             top = min(r["steps"], r["draft_tokens"] - 1) + 1
