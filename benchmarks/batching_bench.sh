@@ -25,7 +25,8 @@ bench() {  # name limit args...
 }
 SECTIONS=${SECTIONS:-static continuous tune}
 for sec in $SECTIONS; do case $sec in
-  static) bench static "${STATIC_LIMIT:-210}" bench $SPECS --batch-sizes "${STATIC_BATCHES:-1,8,32}" --batching static ;;
+  static) bench static "${STATIC_LIMIT:-210}" bench $SPECS --batch-sizes "${STATIC_BATCHES:-1,8,32}" \
+    --batching static ;;
   continuous) bench continuous "${CONT_LIMIT:-150}" bench $SPECS --batch-sizes "${CONT_BATCHES:-8,32}" \
     --batching continuous ;;
   tune) bench tune_continuous "${TUNE_LIMIT:-170}" tune --batch-sizes 8,32 --batching continuous --limit 40 \
@@ -33,4 +34,6 @@ for sec in $SECTIONS; do case $sec in
   sampled) bench sampled "${SAMPLED_LIMIT:-150}" bench --spec 3,1,4 --spec 1,1,2 --temperature 1 \
     --batch-sizes 1,8,32 --batching continuous ;;
 esac; done
-for f in static continuous tune_continuous sampled; do [ -f "$OUT/$f.md" ] && { echo "## $f"; grep '^|' "$OUT/$f.md" | head -40; }; done
+for f in static continuous tune_continuous sampled; do
+  [ -f "$OUT/$f.md" ] && { echo "## $f"; grep '^|' "$OUT/$f.md" | head -40; }
+done

@@ -52,7 +52,8 @@ def wanted(section: str) -> bool:
 
 
 g = torch.Generator(device=DEV).manual_seed(0)
-shapes = [] if not wanted("argmax") else [(1, 128256), (1, 49152), (4, 49152), (8, 49152), (32, 49152), (1, 12288), (4, 12288)] if not CPU else [(2, 5000)]
+shapes = [(1, 128256), (1, 49152), (4, 49152), (8, 49152), (32, 49152), (1, 12288), (4, 12288)]
+shapes = ([(2, 5000)] if CPU else shapes) if wanted("argmax") else []
 for R, V in shapes:
     x = (3 * torch.randn(R, V, generator=g, device=DEV)).to(DT)
     ref = x.argmax(-1)
@@ -120,7 +121,8 @@ for R, V, k in ([(1, 12288, 4), (4, 12288, 4), (32, 12288, 4), (4, 12288, 8), (4
                 [(4, 3000, 4)]) if wanted("topk") else []:
     x = (3 * torch.randn(R, V, generator=g, device=DEV)).to(DT)
     ref_logp, ref_ids = torch.log_softmax(x.float(), dim=-1).topk(k, dim=-1)
-    row = {"topk": f"{R}x{V} k={k}", "torch_us": round(per_call_us(lambda: torch.log_softmax(x.float(), -1).topk(k)), 2)}
+    row = {"topk": f"{R}x{V} k={k}",
+           "torch_us": round(per_call_us(lambda: torch.log_softmax(x.float(), -1).topk(k)), 2)}
     split, chunk = tkk.SPLIT, tkk.CHUNK
     tkk.SPLIT = 1 << 30  # the one-program-per-row kernel
     one_ids, logp = tkk.logsoftmax_topk(x, k)
@@ -173,8 +175,8 @@ for name, K, N, gated in norm_shapes if wanted("norm_linear") else []:
 
 gemv_shapes = [("8b qkv", 4096, 6144), ("8b o_proj", 4096, 4096), ("8b down", 14336, 4096)] if not CPU else \
     [("tiny", 300, 40)]
-gemv_cfgs = [(bn, bk, w, st) for bn in (2, 4, 8) for bk in (512, 1024, 2048) for w in (2, 4) for st in (3, 4)] if not CPU \
-    else [(16, 128, 4, 2)]
+gemv_cfgs = [(bn, bk, w, st) for bn in (2, 4, 8) for bk in (512, 1024, 2048) for w in (2, 4) for st in (3, 4)]
+gemv_cfgs = gemv_cfgs if not CPU else [(16, 128, 4, 2)]
 for name, K, N in gemv_shapes if wanted("gemv") else []:
     w = (torch.randn(N, K, generator=g, device=DEV) / K ** 0.5).to(DT)
     x = torch.randn(1, K, generator=g, device=DEV).to(DT)

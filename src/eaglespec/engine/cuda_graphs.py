@@ -9,8 +9,8 @@ bucket) (64..2048; B <= PREFILL_GRAPH_ROWS and B x bucket <= PREFILL_GRAPH_TOKEN
 cache rows are copied into static buffers, the rest of the bucket is padding whose KV entries lie past each row's
 length (never read before being overwritten). `prefill_plan(lens)` splits a prefill of up to PREFILL_SPLIT_ROWS
 rows that no single graph takes into groups of <= PREFILL_GRAPH_ROWS rows of similar length that each fit one (or
-None: eager), and `prefill_groups` runs them, each group's tokens copied out before the next replay. One-prompt graphs are captured up front (`precapture_prefill`),
-multi-row ones on first use: an eager multi-row prefill cost 21-52 ms per batch of 8 MT-bench prompts on the H200
+None: eager), and `prefill_groups` runs them, each group's tokens copied out before the next replay. One-prompt
+graphs are captured up front (`precapture_prefill`), multi-row ones on first use: an eager multi-row prefill cost 21-52 ms per batch of 8 MT-bench prompts on the H200
 (launch-bound, and with cuDNN's SDPA a ~0.2 s plan per new shape), 10-23% of a speculative batch-8 run (session 8).
 
 Capture protocol: the small row state (lengths, last tokens, drafter state) and the RNG state are snapshotted, the
