@@ -6,7 +6,9 @@ target in float32 on the CPU. A greedy chain accepts a drafted token when the dr
 step k's accuracy is what depth k+1 of a chain accepts (given the earlier depths). The buckets show whether misses
 come from tokens the target itself barely prefers (near-ties, hard for any drafter) or from confident ones. For
 MT-bench it also prints the accuracy per category (its prompts come in blocks of 10: writing, roleplay, reasoning,
-math, coding, extraction, STEM, humanities), which says where training data is missing.
+math, coding, extraction, STEM, humanities), which says where training data is missing, and for every source the
+step-0 accuracy by where the predicted token lies in the answer (its first 16 tokens, 16-63, 64-127, later): whether
+the drafter misses the openings of answers more than their bodies.
 
 usage: python benchmarks/drafter_diagnose.py DRAFTER_DIR [N_PROMPTS=20] [MAX_NEW=128] [PROMPTS=mt-bench|self[:W1,W2]]
        (self: N prompts written by the target itself, train/self_prompts.py, instead of MT-bench's; after the colon
@@ -35,6 +37,7 @@ SOURCE = sys.argv[4] if len(sys.argv) > 4 else "mt-bench"
 STEPS = 3
 CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
 EDGES = (0.0, 0.3, 0.5, 0.7, 0.9, 1.01)  # buckets of the target's top probability
+SPANS = (0, 16, 64, 128, 1 << 30)  # buckets of the predicted token's index in the answer
 
 eng = load(None, draft=None, config=EngineConfig(device="cpu", dtype="float32", compile=False, max_batch_size=N))
 target, tok = eng.target, eng.tokenizer
@@ -61,6 +64,10 @@ outs = eng.generate(prompts, SamplingParams(max_new_tokens=MAX_NEW))
 hits = torch.zeros(STEPS, len(EDGES) - 1)
 count = torch.zeros(STEPS, len(EDGES) - 1)
 per_prompt: list[tuple[float, float]] = []  # (step-0 hits, counted positions) of each prompt
+span_hits = torch.zeros(len(SPANS) - 1)
+span_count = torch.zeros(len(SPANS) - 1)
+span_sure = torch.zeros(2, len(SPANS) - 1)  # [hits, count] where the target's top probability is >= 0.9
+span_unsure = torch.zeros(len(SPANS) - 1)  # positions where it is < 0.5
 with torch.inference_mode():
     for p, o in zip(prompts, outs):
         conv = [{"role": "user", "content": p}, {"role": "assistant", "content": o.text}]
@@ -82,6 +89,17 @@ with torch.inference_mode():
                 hits[k, i] += (ok & sel).sum()
             if k == 0:
                 per_prompt.append((float(ok.sum()), float(valid.sum())))
+                start = mask.index(True)  # the answer's first token
+                at = torch.arange(t.shape[1])[None, :] + 2 - start  # position j predicts token j + 2 (step 0)
+                sb = torch.bucketize(at, torch.tensor(SPANS[1:-1]), right=True)
+                for i in range(len(SPANS) - 1):
+                    sel = valid & (sb == i)
+                    span_count[i] += sel.sum()
+                    span_hits[i] += (ok & sel).sum()
+                    sure = sel & (conf >= 0.9)
+                    span_sure[0, i] += (ok & sure).sum()
+                    span_sure[1, i] += sure.sum()
+                    span_unsure[i] += (sel & (conf < 0.5)).sum()
 total = count[0].sum()
 print(f"{SOURCE} prompts 1-{len(prompts)}, {MAX_NEW} new tokens, float32 CPU, drafter {DRAFTER}")
 print("| target top prob | share of positions | " + " | ".join(f"step {k} acc" for k in range(STEPS)) + " |")
@@ -96,4 +114,12 @@ if SOURCE == "mt-bench" and len(prompts) > 10:
     for c in range(0, len(prompts), 10):
         h, n = map(sum, zip(*per_prompt[c : c + 10]))
         print(f"| {CATEGORIES[c // 10]} | {c + 1}-{min(c + 10, len(prompts))} | {h / max(n, 1):.3f} |")
-print(json.dumps({"hits": hits.tolist(), "count": count.tolist(), "edges": EDGES}))
+print("| answer tokens | share of positions | step 0 acc | target top prob < 0.5 | step 0 acc where >= 0.9 |\n"
+      "|---|---:|---:|---:|---:|")
+for i in range(len(SPANS) - 1):
+    hi = f"{SPANS[i + 1] - 1}" if SPANS[i + 1] < 1 << 30 else ""
+    n = max(span_count[i], 1)
+    print(f"| {SPANS[i]}-{hi} | {span_count[i] / max(span_count.sum(), 1):.3f} | {span_hits[i] / n:.3f} | "
+          f"{span_unsure[i] / n:.3f} | {span_sure[0, i] / max(span_sure[1, i], 1):.3f} |")
+print(json.dumps({"hits": hits.tolist(), "count": count.tolist(), "edges": EDGES, "span_hits": span_hits.tolist(),
+                  "span_count": span_count.tolist(), "spans": SPANS}))
