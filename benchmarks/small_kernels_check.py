@@ -67,16 +67,6 @@ for R, V in shapes:
     emit(row)
 
 
-def launch(x, w, bn, warps):
-    M, K = x.shape
-    N = w.shape[0]
-    y = torch.empty(M, N, dtype=x.dtype, device=x.device)
-    bm = nlk._blocks(M, N, K, False, False)[0]
-    nlk._kernel()[((N + bn - 1) // bn,)](x, x, x, w, x, y, M, N, 0.0, K=K, HAS_D=False, GATED=False, BLOCK_M=bm,
-                                         BLOCK_N=bn, BLOCK_K=1 << (K - 1).bit_length(), NORM=False, num_warps=warps)
-    return y
-
-
 def cold_us(call, w: torch.Tensor) -> float:
     """Time per call of call(weight) with copies of w taken in turn (> 256 MB in all on the GPU, so that L2 holds
     none of them), as a decode step meets its weights; the plain per-call times above reread one weight from L2."""
@@ -99,10 +89,11 @@ for name, K, N in linears if wanted("linear") else []:
         y = nlk.linear_rows(x, w)
         ulp = ref.float().abs().clamp_min(ref.float().abs().mean().item()) * 2 ** -7
         best = (float("inf"), None)
+        bm, _, bk, _ = nlk._blocks(M, N, K, False, False)
         for bn in (1, 2, 4, 8, 16) if not CPU else (4,):
             for warps in (1, 2, 4) if not CPU else (1,):
                 try:
-                    t = per_call_us(lambda: launch(x, w, bn, warps))
+                    t = per_call_us(lambda: nlk.linear_rows(x, w, (bm, bn, bk, warps)))
                 except Exception as e:  # noqa: BLE001  (a block Triton cannot build: skipped)
                     print(f"  skip {bn},{warps}: {type(e).__name__}", flush=True)
                     continue
@@ -141,16 +132,6 @@ for R, V, k in ([(1, 12288, 4), (4, 12288, 4), (32, 12288, 4), (4, 12288, 8), (4
 
 
 
-def launch_norm(h, d, nw, w, gated, bn, warps):
-    M, K = h.shape
-    N = w.shape[0] // 2 if gated else w.shape[0]
-    h_out, y = torch.empty_like(h), torch.empty(M, N, dtype=h.dtype, device=h.device)
-    bm = nlk._blocks(M, N, K, gated)[0]
-    nlk._kernel()[((N + bn - 1) // bn,)](h, d, nw, w, h_out, y, M, N, 1e-5, K=K, HAS_D=True, GATED=gated, BLOCK_M=bm,
-                                         BLOCK_N=bn, BLOCK_K=1 << (K - 1).bit_length(), NORM=True, num_warps=warps)
-    return y
-
-
 norm_shapes = [("qkv", 576, 960, False), ("gate_up", 576, 1536, True)] if not CPU else [("tiny", 96, 40, True)]
 for name, K, N, gated in norm_shapes if wanted("norm_linear") else []:
     w = (torch.randn(2 * N if gated else N, K, generator=g, device=DEV) / K ** 0.5).to(DT)
@@ -165,7 +146,9 @@ for name, K, N, gated in norm_shapes if wanted("norm_linear") else []:
         for bn in (1, 2, 4, 8) if not CPU else (4,):
             for warps in (1, 2, 4) if not CPU else (1,):
                 try:
-                    results.append((cold_us(lambda ww: launch_norm(h, d, nw, ww, gated, bn, warps), w), [bn, warps]))
+                    blocks = (default[0], bn, default[2], warps)
+                    results.append((cold_us(lambda ww: nlk.add_norm_linear(h, d, nw, 1e-5, ww, gated, blocks), w),
+                                    [bn, warps]))
                 except Exception as e:  # noqa: BLE001  (a block Triton cannot build: skipped)
                     print(f"  skip {bn},{warps}: {type(e).__name__}", flush=True)
         results.sort(key=lambda r: r[0])

@@ -45,16 +45,6 @@ from eaglespec.sampling_params import SamplingParams  # noqa: E402
 emit = Emitter("step_kernels.json")
 
 
-def launch(h, d, nw, w, gated, cfg):
-    M, K = h.shape
-    N = w.shape[0] // 2 if gated else w.shape[0]
-    h_out, y = torch.empty_like(h), torch.empty(M, N, dtype=h.dtype, device=h.device)
-    bm, bn, bk, warps = cfg
-    nlk._kernel()[((N + bn - 1) // bn,)](h, d, nw, w, h_out, y, M, N, 1e-5, K=K, HAS_D=True, GATED=gated,
-                                         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps)
-    return h_out, y
-
-
 def candidates(M: int, K: int):
     """Block configurations to sweep for one-shot widths (the tensor-core variant tried on 2026-11-30 was slower)."""
     kp = 1 << (K - 1).bit_length()
@@ -99,7 +89,7 @@ def kernel_section() -> None:
             if not CPU and time.perf_counter() - T0 < SEARCH_S:
                 for cfg in candidates(M, K):
                     try:
-                        t = per_call_us(lambda: launch(h, d, nw, w, gated, cfg))
+                        t = per_call_us(lambda: nlk.add_norm_linear(h, d, nw, 1e-5, w, gated, cfg))
                     except Exception as e:  # noqa: BLE001  (a config Triton cannot build: skipped)
                         print(f"  skip {cfg}: {type(e).__name__}", flush=True)
                         continue

@@ -104,31 +104,35 @@ def _blocks(M: int, N: int, K: int, gated: bool, norm: bool = True) -> tuple[int
     return bm, 2 if gated and M > 2 else 4, 1 << (K - 1).bit_length(), 1 if M == 1 or gated else 2
 
 
+Blocks = tuple[int, int, int, int]  # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps)
+
+
 def _launch(h2: torch.Tensor, d2: torch.Tensor | None, nw: torch.Tensor | None, w: torch.Tensor, h_out: torch.Tensor,
-            y: torch.Tensor, eps: float, gated: bool, norm: bool) -> None:
+            y: torch.Tensor, eps: float, gated: bool, norm: bool, blocks: Blocks | None = None) -> None:
     M, K = h2.shape
     N = y.shape[1]
-    bm, bn, bk, warps = _blocks(M, N, K, gated, norm)
+    bm, bn, bk, warps = blocks or _blocks(M, N, K, gated, norm)
     _kernel()[((N + bn - 1) // bn,)](h2, d2 if d2 is not None else h2, nw if norm else h2, w, h_out, y, M, N, eps,
                                      K=K, HAS_D=d2 is not None, GATED=gated, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
                                      NORM=norm, num_warps=warps)
 
 
-def linear_rows(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+def linear_rows(x: torch.Tensor, weight: torch.Tensor, blocks: Blocks | None = None) -> torch.Tensor:
     """x [..., K] @ weight.T for at most MAX_ROWS rows and K <= ONE_SHOT_K (the kernel without add and norm): a
-    layer's o_proj and down_proj at batch 1, where cuBLAS spends 3-5 us on 0.7-2 MB of weights."""
+    layer's o_proj and down_proj at batch 1, where cuBLAS spends 3-5 us on 0.7-2 MB of weights. `blocks` overrides
+    `_blocks` (the GPU benchmarks' sweeps)."""
     *lead, K = x.shape
     M = x.numel() // K
     N = weight.shape[0]
     assert M <= MAX_ROWS and K <= ONE_SHOT_K and weight.shape[1] == K and weight.is_contiguous(), "linear_rows: shape"
     x2 = x.reshape(M, K).contiguous()
     y = torch.empty(M, N, dtype=x.dtype, device=x.device)
-    _launch(x2, None, None, weight, x2, y, 0.0, False, False)
+    _launch(x2, None, None, weight, x2, y, 0.0, False, False, blocks)
     return y.view(*lead, N)
 
 
 def add_norm_linear(h: torch.Tensor, delta: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
-                    weight: torch.Tensor, gated: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                    weight: torch.Tensor, gated: bool, blocks: Blocks | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     *lead, K = h.shape
     M = h.numel() // K
     N = weight.shape[0] // 2 if gated else weight.shape[0]
@@ -138,5 +142,5 @@ def add_norm_linear(h: torch.Tensor, delta: torch.Tensor | None, norm_weight: to
     d2 = delta.reshape(M, K).contiguous() if delta is not None else None
     h_out = torch.empty_like(h2) if delta is not None else h2
     y = torch.empty(M, N, dtype=h.dtype, device=h.device)
-    _launch(h2, d2, norm_weight, weight, h_out, y, eps, gated, True)
+    _launch(h2, d2, norm_weight, weight, h_out, y, eps, gated, True, blocks)
     return h_out.view(*lead, K), y.view(*lead, N)
