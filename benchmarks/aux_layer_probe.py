@@ -31,7 +31,7 @@ from eaglespec.assets import default_drafter_path
 from eaglespec.layers.context import ForwardContext
 from eaglespec.loading.checkpoint import load_model
 from eaglespec.train.dataset import mask_loops, tokenize_conversation
-from eaglespec.train.regenerate import read_shard
+from eaglespec.train.regenerate import read_cache
 
 torch.manual_seed(0)
 REGEN = Path(sys.argv[1])
@@ -51,9 +51,7 @@ t2d = torch.full((target.config.vocab_size,), -1, dtype=torch.int64)
 t2d[kept] = torch.arange(kept.numel())
 
 # --- tokens: SmolLM2's regenerated answers --------------------------------------------------------------------------
-rows = []
-for shard in sorted(REGEN.glob("shard-*.jsonl")):
-    rows += [m for m in read_shard(shard) if m]  # None: a conversation the regeneration dropped
+rows = read_cache(REGEN)
 random.Random(0).shuffle(rows)
 samples, n_pos = [], 0
 for msgs in rows:

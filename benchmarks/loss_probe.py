@@ -46,7 +46,7 @@ from eaglespec.assets import default_drafter_path
 from eaglespec.layers.context import ForwardContext
 from eaglespec.loading.checkpoint import load_model
 from eaglespec.train.dataset import mask_loops, tokenize_conversation
-from eaglespec.train.regenerate import read_shard
+from eaglespec.train.regenerate import read_cache
 
 LOSSES = {"soft": (0.0, 1.0), "hard": (1.0, 1.0), "mix0.5": (0.5, 1.0), "sharp0.5": (0.0, 0.5)}  # (hard weight, T)
 
@@ -98,9 +98,7 @@ def main() -> None:
     t2d[kept] = torch.arange(kept.numel())
 
     # --- positions and the target's labels ----------------------------------------------------------------------------
-    rows = []
-    for shard in sorted(a.regen.glob("shard-*.jsonl")):
-        rows += [m for m in read_shard(shard) if m]
+    rows = read_cache(a.regen)
     random.Random(0).shuffle(rows)
     target.set_eagle3_layers_to_capture(layers)
     normed: list[torch.Tensor] = []

@@ -262,6 +262,16 @@ def test_regeneration_shard_round_trip_keeps_unicode_line_separators(tmp_path):
     assert read_shard(tmp_path / "s.jsonl") == rows
 
 
+def test_read_cache_gives_every_kept_conversation_in_shard_order(tmp_path):
+    from eaglespec.train.regenerate import read_cache, write_shard
+
+    conv = [[{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": f"a{i}"}] for i in range(3)]
+    write_shard(tmp_path / "shard-00001.jsonl", [conv[2]])
+    write_shard(tmp_path / "shard-00000.jsonl", [conv[0], None, conv[1]])  # None: a dropped conversation
+    (tmp_path / "settings.json").write_text("{}")
+    assert read_cache(tmp_path) == conv
+
+
 def test_mask_loops_keeps_the_start_of_each_loop_run():
     """A greedy loop of period 3 after 10 fresh tokens: every token from index 20 on completes an 8-gram seen
     3 tokens earlier; with keep=10 the first 10 of that run keep their loss and the 40 after lose it."""

@@ -127,6 +127,12 @@ def read_shard(path: Path) -> list:
     return [json.loads(line)["messages"] for line in path.read_text(encoding="utf-8").split("\n") if line]
 
 
+def read_cache(folder: Path) -> list:
+    """Every conversation a regeneration cache folder (`regen-<fingerprint>`) holds, shard by shard, without those the
+    regeneration dropped (no assistant turn fit): what the probes of benchmarks/ read."""
+    return [m for shard in sorted(Path(folder).glob("shard-*.jsonl")) for m in read_shard(shard) if m]
+
+
 def regenerate(target: torch.nn.Module, tokenizer: "BaseTokenizer", conversations: Sequence[Sequence[Message]],
                cache_dir: str | Path, cfg: RegenConfig = RegenConfig(), target_name: str = "target",
                progress: bool = True) -> RegenResult:
