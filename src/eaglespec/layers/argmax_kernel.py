@@ -21,6 +21,8 @@ import functools
 
 import torch
 
+from .pdl import launch_options
+
 CHUNK = 4096  # entries per stage-1 program (32 programs for a 128K-entry row, 3 for a 12K draft vocabulary)
 MAX_VOCAB = 1 << 22
 
@@ -35,7 +37,10 @@ def _kernels():
     import triton.language as tl
 
     @triton.jit
-    def chunk_max_kernel(x, part_v, part_i, V, s_x, n_chunks, CHUNK: tl.constexpr):
+    def chunk_max_kernel(x, part_v, part_i, V, s_x, n_chunks, CHUNK: tl.constexpr, PDL: tl.constexpr = False):
+        if PDL:  # layers/pdl.py: nothing here is a weight, so wait for the kernel before at once
+            tl.extra.cuda.gdc_launch_dependents()
+            tl.extra.cuda.gdc_wait()
         r = tl.program_id(0)
         c = tl.program_id(1)
         offs = c * CHUNK + tl.arange(0, CHUNK)
@@ -46,7 +51,10 @@ def _kernels():
         tl.store(part_i + r * n_chunks + c, idx)
 
     @triton.jit
-    def row_max_kernel(part_v, part_i, ids, V, n_chunks, BLOCK: tl.constexpr):
+    def row_max_kernel(part_v, part_i, ids, V, n_chunks, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+        if PDL:  # layers/pdl.py: nothing here is a weight, so wait for the kernel before at once
+            tl.extra.cuda.gdc_launch_dependents()
+            tl.extra.cuda.gdc_wait()
         r = tl.program_id(0)
         offs = tl.arange(0, BLOCK)
         m = offs < n_chunks
@@ -70,6 +78,6 @@ def argmax_rows(x: torch.Tensor) -> torch.Tensor:
     part_i = torch.empty(R, n_chunks, dtype=torch.int32, device=x.device)
     ids = torch.empty(R, dtype=torch.int64, device=x.device)
     chunk_max, row_max = _kernels()
-    chunk_max[(R, n_chunks)](x2, part_v, part_i, V, x2.stride(0), n_chunks, CHUNK=CHUNK, num_warps=4)
-    row_max[(R,)](part_v, part_i, ids, V, n_chunks, BLOCK=max(16, 1 << (n_chunks - 1).bit_length()), num_warps=1)
+    chunk_max[(R, n_chunks)](x2, part_v, part_i, V, x2.stride(0), n_chunks, CHUNK=CHUNK, num_warps=4, **launch_options(x2))
+    row_max[(R,)](part_v, part_i, ids, V, n_chunks, BLOCK=max(16, 1 << (n_chunks - 1).bit_length()), num_warps=1, **launch_options(x2))
     return ids.view(lead)

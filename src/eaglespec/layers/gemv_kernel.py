@@ -20,6 +20,8 @@ import functools
 
 import torch
 
+from .pdl import launch_options
+
 MAX_ROWS = 4
 # BLOCK_N, BLOCK_K, num_warps, num_stages: the best of session 11's sweep for Llama-8B's o_proj and down_proj (one row,
 # cold weights, H200): o_proj 13.2 -> 10.7 us, down 31.9 -> 29.2 us (4.0 TB/s); q/k/v 15.6 -> 14.3 us at (4, 512, 2, 4)
@@ -33,14 +35,22 @@ def _kernel():
 
     @triton.jit
     def gemv_kernel(x, w, y, M, N, s_xm, s_ym, K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_K: tl.constexpr):  # K constexpr: a layer's width (few per model), and the interpreter's loop bound
+                    BLOCK_K: tl.constexpr, PDL: tl.constexpr = False):
+        # K constexpr: a layer's width (few per model), and the interpreter's loop bound
+        if PDL:  # layers/pdl.py: the next kernel may start; the first weight tile is read before the wait
+            tl.extra.cuda.gdc_launch_dependents()
         rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         rm = tl.arange(0, BLOCK_M)
         rk = tl.arange(0, BLOCK_K)
         nm = rn < N
         mm = rm < M
-        acc = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
+        km = rk < K
+        wt = tl.load(w + rn[:, None] * K + rk[None, :], mask=nm[:, None] & km[None, :], other=0.0)  # [BN, BK]
+        if PDL:
+            tl.extra.cuda.gdc_wait()
+        xt = tl.load(x + rm[:, None] * s_xm + rk[None, :], mask=mm[:, None] & km[None, :], other=0.0)  # [BM, BK]
+        acc = xt.to(tl.float32)[:, None, :] * wt.to(tl.float32)[None, :, :]
+        for k0 in range(BLOCK_K, K, BLOCK_K):
             kk = k0 + rk
             km = kk < K
             wt = tl.load(w + rn[:, None] * K + kk[None, :], mask=nm[:, None] & km[None, :], other=0.0)  # [BN, BK]
@@ -64,5 +74,5 @@ def gemv_rows(x: torch.Tensor, weight: torch.Tensor, cfg: tuple[int, int, int, i
     bm = 1 if M == 1 else 2 if M == 2 else 4
     y = torch.empty(M, N, dtype=x.dtype, device=x.device)
     _kernel()[((N + bn - 1) // bn,)](x2, weight, y, M, N, x2.stride(0), y.stride(0), K=K, BLOCK_M=bm, BLOCK_N=bn,
-                                     BLOCK_K=bk, num_warps=warps, num_stages=stages)
+                                     BLOCK_K=bk, num_warps=warps, num_stages=stages, **launch_options(x2))
     return y.view(*lead, N)

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from .norm import rms_norm
+from .pdl import launch_options
 
 MAX_ROWS = 4  # rows (batch x tokens) up to which the fused kernel is used; measured on the H200 (docs/benchmarks.md)
 ONE_SHOT_K = 2048  # widest input: a row is read in one block (wider layers keep cuBLAS: see _blocks)
@@ -49,7 +50,9 @@ def _kernel():
     @triton.jit
     def add_norm_linear_kernel(h, d, nw, w, h_out, y, M, N, eps, K: tl.constexpr, HAS_D: tl.constexpr,
                                GATED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                               BLOCK_K: tl.constexpr, NORM: tl.constexpr = True):
+                               BLOCK_K: tl.constexpr, NORM: tl.constexpr = True, PDL: tl.constexpr = False):
+        if PDL:  # layers/pdl.py: the next kernel may start; only weights are read before the wait below
+            tl.extra.cuda.gdc_launch_dependents()
         pid = tl.program_id(0)
         dt = h_out.dtype.element_ty
         rm = tl.arange(0, BLOCK_M)
@@ -64,6 +67,10 @@ def _kernel():
         wt = tl.load(w + rn[:, None] * K + rk[None, :], mask=wm, other=0.0)  # [BLOCK_N, BLOCK_K]
         if GATED:
             wu = tl.load(w + (rn + N)[:, None] * K + rk[None, :], mask=wm, other=0.0)
+        if NORM:
+            nwv = tl.load(nw + rk, mask=km, other=0.0).to(tl.float32)
+        if PDL:
+            tl.extra.cuda.gdc_wait()
         msk = mm[:, None] & km[None, :]
         x = tl.load(h + rm[:, None] * K + rk[None, :], mask=msk, other=0.0)
         if HAS_D:
@@ -75,7 +82,7 @@ def _kernel():
         if NORM:
             rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=1) / K + eps)
             xn = (xf * rstd[:, None]).to(dt).to(tl.float32)
-            xn = (xn * tl.load(nw + rk, mask=km, other=0.0).to(tl.float32)[None, :]).to(dt).to(tl.float32)
+            xn = (xn * nwv[None, :]).to(dt).to(tl.float32)
         else:  # a plain projection of x
             xn = xf
         out = tl.sum(xn[:, None, :] * wt.to(tl.float32)[None, :, :], axis=2).to(dt)  # [BLOCK_M, BLOCK_N]
@@ -114,7 +121,7 @@ def _launch(h2: torch.Tensor, d2: torch.Tensor | None, nw: torch.Tensor | None, 
     bm, bn, bk, warps = blocks or _blocks(M, N, K, gated, norm)
     _kernel()[((N + bn - 1) // bn,)](h2, d2 if d2 is not None else h2, nw if norm else h2, w, h_out, y, M, N, eps,
                                      K=K, HAS_D=d2 is not None, GATED=gated, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-                                     NORM=norm, num_warps=warps)
+                                     NORM=norm, num_warps=warps, **launch_options(h2))
 
 
 def linear_rows(x: torch.Tensor, weight: torch.Tensor, blocks: Blocks | None = None) -> torch.Tensor:

@@ -18,6 +18,7 @@ import functools
 
 import torch
 
+from .pdl import launch_options
 from .rotary import apply_rotary
 
 
@@ -36,7 +37,10 @@ def _kernel():
 
     @triton.jit
     def rope_store_kernel(qkv, cos, sin, q_out, k_cache, v_cache, rows, widx,
-                          T, NH_IN, H, HKV, s_cache_row, s_cache_pos, HALF: tl.constexpr):
+                          T, NH_IN, H, HKV, s_cache_row, s_cache_pos, HALF: tl.constexpr, PDL: tl.constexpr = False):
+        if PDL:  # layers/pdl.py: nothing here is a weight, so wait for the kernel before at once
+            tl.extra.cuda.gdc_launch_dependents()
+            tl.extra.cuda.gdc_wait()
         bt = tl.program_id(0)
         h = tl.program_id(1)  # 0..H+HKV-1: q heads, then kv heads (k rotated, v copied)
         b = bt // T
@@ -74,6 +78,6 @@ def rope_store(qkv, cos, sin, k_cache, v_cache, rows, write_index, n_heads: int,
     q = torch.empty(B, T, n_heads, D, dtype=qkv.dtype, device=qkv.device)
     _kernel()[(B * T, n_heads + n_kv_heads)](
         qkv, cos.contiguous(), sin.contiguous(), q, k_cache, v_cache, rows.contiguous(), write_index.contiguous(),
-        T, NH, n_heads, n_kv_heads, k_cache.stride(0), k_cache.stride(1), HALF=D // 2,
+        T, NH, n_heads, n_kv_heads, k_cache.stride(0), k_cache.stride(1), HALF=D // 2, **launch_options(q),
     )
     return q

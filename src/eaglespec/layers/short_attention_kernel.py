@@ -25,6 +25,8 @@ import functools
 
 import torch
 
+from .pdl import launch_options
+
 MAX_QUERY_ROWS = 64  # T * (H / Hkv): SmolLM2 (G = 3) up to 21 query tokens, Llama-8B (G = 4) up to 16
 MAX_BATCH = 32  # measured on the H200 (step_kernels_check --only=batches): a SmolLM2 S3 K1 D4 step of 16 / 32 rows
 #               1.59 -> 1.31 / 1.77 -> 1.37 ms against SDPA past 8 rows; 8 rows unchanged (docs/benchmarks.md, session 11)
@@ -43,7 +45,10 @@ def _kernels():
     @triton.jit
     def split_kernel(q, k, v, rows, mask, o_part, m_part, l_part, T, G, HKV, K, NSPLIT,
                      s_qb, s_qt, s_qh, s_kr, s_kp, s_kh, s_mb, s_mt, scale,
-                     BLOCK_Q: tl.constexpr, BLOCK_KV: tl.constexpr, D: tl.constexpr, IEEE: tl.constexpr):
+                     BLOCK_Q: tl.constexpr, BLOCK_KV: tl.constexpr, D: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr = False):
+        if PDL:  # layers/pdl.py: nothing here is a weight, so wait for the kernel before at once
+            tl.extra.cuda.gdc_launch_dependents()
+            tl.extra.cuda.gdc_wait()
         pid = tl.program_id(0)
         sp = tl.program_id(1)
         b = pid // HKV
@@ -86,7 +91,10 @@ def _kernels():
 
     @triton.jit
     def combine_kernel(o_part, m_part, l_part, out, T, G, HKV, s_ob, s_ot, s_oh, NSPLIT: tl.constexpr,
-                       BLOCK_Q: tl.constexpr, D: tl.constexpr):
+                       BLOCK_Q: tl.constexpr, D: tl.constexpr, PDL: tl.constexpr = False):
+        if PDL:  # layers/pdl.py: nothing here is a weight, so wait for the kernel before at once
+            tl.extra.cuda.gdc_launch_dependents()
+            tl.extra.cuda.gdc_wait()
         pid = tl.program_id(0)
         b = pid // HKV
         kvh = pid % HKV
@@ -136,8 +144,8 @@ def short_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         q, k_cache, v_cache, rows, mask, o_part, m_part, l_part,
         T, G, Hkv, K, nsplit, q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1),
         k_cache.stride(2), mask.stride(0), mask.stride(1), D ** -0.5 if scale is None else scale,
-        BLOCK_Q=bq, BLOCK_KV=BLOCK_KV, D=D, IEEE=q.dtype == torch.float32)
+        BLOCK_Q=bq, BLOCK_KV=BLOCK_KV, D=D, IEEE=q.dtype == torch.float32, **launch_options(q))
     combine[(B * Hkv,)](o_part, m_part, l_part, out, T, G, Hkv, out.stride(0), out.stride(1), out.stride(2),
-                        NSPLIT=nsplit, BLOCK_Q=bq, D=D)  # constexpr: one build per length bucket
+                        NSPLIT=nsplit, BLOCK_Q=bq, D=D, **launch_options(q))  # constexpr: one build per length bucket
     return out
 

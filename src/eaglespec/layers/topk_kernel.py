@@ -31,6 +31,8 @@ import functools
 
 import torch
 
+from .pdl import launch_options
+
 MAX_VOCAB = 1 << 17  # 131,072 entries per row: at 16 warps, 256 float32 registers per thread
 MAX_K = 16
 SPLIT = 2048  # rows longer than this take the two-kernel path
@@ -49,7 +51,10 @@ def _kernel():
 
     @triton.jit
     def logsoftmax_topk_kernel(x, ids, vals, V, s_x, K: tl.constexpr, BLOCK: tl.constexpr,
-                               LOG_SOFTMAX: tl.constexpr = True):
+                               LOG_SOFTMAX: tl.constexpr = True, PDL: tl.constexpr = False):
+        if PDL:  # layers/pdl.py: nothing here is a weight, so wait for the kernel before at once
+            tl.extra.cuda.gdc_launch_dependents()
+            tl.extra.cuda.gdc_wait()
         r = tl.program_id(0)
         offs = tl.arange(0, BLOCK)
         v = tl.load(x + r * s_x + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
@@ -77,7 +82,10 @@ def _split_kernels():
 
     @triton.jit
     def chunk_kernel(x, cids, cvals, cmax, csum, V, s_x, C, K: tl.constexpr, CHUNK: tl.constexpr, NONE: tl.constexpr,
-                     LOG_SOFTMAX: tl.constexpr):
+                     LOG_SOFTMAX: tl.constexpr, PDL: tl.constexpr = False):
+        if PDL:  # layers/pdl.py: nothing here is a weight, so wait for the kernel before at once
+            tl.extra.cuda.gdc_launch_dependents()
+            tl.extra.cuda.gdc_wait()
         # program (row r, chunk c) -> its chunk's max and sum of exp(x - max), and its K best (value, index) pairs
         r = tl.program_id(0)
         c = tl.program_id(1)
@@ -100,7 +108,10 @@ def _split_kernels():
 
     @triton.jit
     def merge_kernel(cids, cvals, cmax, csum, ids, vals, C, K: tl.constexpr, CK: tl.constexpr, CB: tl.constexpr,
-                     NONE: tl.constexpr, LOG_SOFTMAX: tl.constexpr):
+                     NONE: tl.constexpr, LOG_SOFTMAX: tl.constexpr, PDL: tl.constexpr = False):
+        if PDL:  # layers/pdl.py: nothing here is a weight, so wait for the kernel before at once
+            tl.extra.cuda.gdc_launch_dependents()
+            tl.extra.cuda.gdc_wait()
         # program r -> the row's log-sum-exp from its chunks', and the K best of its C x K candidates
         r = tl.program_id(0)
         o = tl.arange(0, CK)
@@ -147,13 +158,15 @@ def logsoftmax_topk(logits: torch.Tensor, k: int, log_softmax: bool = True) -> t
         csum = torch.empty(R, C, dtype=torch.float32, device=dev)
         chunk, merge = _split_kernels()
         chunk[(R, C)](x, cids, cvals, cmax, csum, V, x.stride(0), C, K=k, CHUNK=CHUNK, NONE=_NONE,
-                      LOG_SOFTMAX=log_softmax, num_warps=4)
+                      LOG_SOFTMAX=log_softmax, num_warps=4, **launch_options(x))
         merge[(R,)](cids, cvals, cmax, csum, ids, vals, C, K=k, CK=max(16, 1 << (C * k - 1).bit_length()),
-                    CB=max(16, 1 << (C - 1).bit_length()), NONE=_NONE, LOG_SOFTMAX=log_softmax, num_warps=4)
+                    CB=max(16, 1 << (C - 1).bit_length()), NONE=_NONE, LOG_SOFTMAX=log_softmax, num_warps=4,
+                    **launch_options(x))
         return ids.view(*lead, k), vals.view(*lead, k)
     block = max(16, 1 << (V - 1).bit_length())
     warps = 4 if block <= 4096 else 8 if block <= 16384 else 16
-    _kernel()[(R,)](x, ids, vals, V, x.stride(0), K=k, BLOCK=block, LOG_SOFTMAX=log_softmax, num_warps=warps)
+    _kernel()[(R,)](x, ids, vals, V, x.stride(0), K=k, BLOCK=block, LOG_SOFTMAX=log_softmax, num_warps=warps,
+                    **launch_options(x))
     return ids.view(*lead, k), vals.view(*lead, k)
 
 

@@ -30,6 +30,8 @@ import functools
 
 import torch
 
+from .pdl import launch_options
+
 MAX_NODES = 128
 
 
@@ -44,7 +46,10 @@ def _kernels():
 
     @triton.jit
     def ancestor_tables_kernel(parents, depth, anc, paths, D, S1, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
-                           STEPS: tl.constexpr):
+                           STEPS: tl.constexpr, PDL: tl.constexpr = False):
+        if PDL:  # layers/pdl.py: nothing here is a weight, so wait for the kernel before at once
+            tl.extra.cuda.gdc_launch_dependents()
+            tl.extra.cuda.gdc_wait()
         b = tl.program_id(0)
         i = tl.arange(0, BLOCK_D)
         real = i < D
@@ -65,7 +70,10 @@ def _kernels():
 
     @triton.jit
     def accept_greedy_kernel(pred, tokens, parents, depth, anc, paths, m_out, best_out, path_out, tok_out,
-                             bonus_out, D, S1, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr):
+                             bonus_out, D, S1, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr = False):
+        if PDL:  # layers/pdl.py: nothing here is a weight, so wait for the kernel before at once
+            tl.extra.cuda.gdc_launch_dependents()
+            tl.extra.cuda.gdc_wait()
         b = tl.program_id(0)
         i = tl.arange(0, BLOCK_D)
         real = i < D
@@ -108,7 +116,7 @@ def ancestor_tables(parents: torch.Tensor, depth: torch.Tensor, max_depth: int) 
     anc = torch.empty(B, D, D, dtype=torch.bool, device=parents.device)
     paths = torch.empty(B, D, S1, dtype=torch.int64, device=parents.device)
     _kernels()[0][(B,)](p, dp, anc.view(torch.int8), paths, D, S1, BLOCK_D=max(16, 1 << (D - 1).bit_length()),
-                    BLOCK_S=max(2, 1 << (S1 - 1).bit_length()), STEPS=S1, num_warps=4)
+                    BLOCK_S=max(2, 1 << (S1 - 1).bit_length()), STEPS=S1, num_warps=4, **launch_options(p))
     return anc, paths
 
 
@@ -124,5 +132,5 @@ def accept_greedy(pred: torch.Tensor, tokens: torch.Tensor, parents: torch.Tenso
     _kernels()[1][(B,)](pred.contiguous(), tokens.contiguous(), parents.contiguous(), depth.contiguous(),
                     ancestors.contiguous().view(torch.int8), paths.contiguous(), m, best, path, committed, bonus, D,
                     S1, BLOCK_D=max(16, 1 << (D - 1).bit_length()), BLOCK_S=max(2, 1 << (S1 - 1).bit_length()),
-                    num_warps=4)
+                    num_warps=4, **launch_options(tokens))
     return m, best, path, committed, bonus
