@@ -80,32 +80,41 @@ def cold_us(call, w: torch.Tensor) -> float:
     return per_call_us(one)
 
 
-linears = [("o_proj", 576, 576), ("down_proj", 1536, 576), ("drafter fc", 1728, 576)] if not CPU else [("tiny", 96, 40)]
+def sweep(M: int, N: int, K: int) -> list[tuple[int, int]]:
+    """(BLOCK_N, warps) pairs of the few-row sweeps: the one-row default only at M = 1 (tuned in session 10)."""
+    if CPU:
+        return [(4, 1)]
+    if M == 1:
+        return [nlk._blocks(1, N, K, False)[1::2]]
+    return [(bn, warps) for bn in (1, 2, 4) for warps in (1, 2)]
+
+
+linears = [("o_proj", 576, 576), ("down_proj", 1536, 576)] if not CPU else [("tiny", 96, 40)]
 for name, K, N in linears if wanted("linear") else []:
     w = (torch.randn(N, K, generator=g, device=DEV) / K ** 0.5).to(DT)
-    for M in (1, 2, 4):
+    for M in (1, 2, 4, 8):
         x = torch.randn(M, K, generator=g, device=DEV).to(DT)
         ref = F.linear(x, w)
-        y = nlk.linear_rows(x, w)
         ulp = ref.float().abs().clamp_min(ref.float().abs().mean().item()) * 2 ** -7
-        best = (float("inf"), None)
-        bm, _, bk, _ = nlk._blocks(M, N, K, False, False)
-        for bn in (1, 2, 4, 8, 16) if not CPU else (4,):
-            for warps in (1, 2, 4) if not CPU else (1,):
+        bk = 1 << (K - 1).bit_length()
+        row = {"linear": name, "M": M, "K": K, "N": N, "cublas_cold_us": round(cold_us(lambda ww: F.linear(x, ww), w), 2)}
+        if M <= nlk.MAX_ROWS:
+            row["default_blocks"] = list(nlk._blocks(M, N, K, False, False))
+            row["kernel_default_cold_us"] = round(cold_us(lambda ww: nlk.linear_rows(x, ww), w), 2)
+        results = []
+        for bn, warps in sweep(M, N, K):
+            for loop in (False, True):
+                blocks = (max(M, 1), bn, bk, warps, loop)
                 try:
-                    t = per_call_us(lambda: nlk.linear_rows(x, w, (bm, bn, bk, warps)))
+                    y = nlk.linear_rows(x, w, blocks)
+                    diff = ((y.float() - ref.float()).abs() / ulp).max().item()
+                    results.append((cold_us(lambda ww: nlk.linear_rows(x, ww, blocks), w), [bn, warps, loop],
+                                    round(diff, 2)))
                 except Exception as e:  # noqa: BLE001  (a block Triton cannot build: skipped)
-                    print(f"  skip {bn},{warps}: {type(e).__name__}", flush=True)
-                    continue
-                best = min(best, (t, (bn, warps)), key=lambda b: b[0])
-        emit({"linear": name, "M": M, "K": K, "N": N,
-              "max_diff_bf16_steps": round(((y.float() - ref.float()).abs() / ulp).max().item(), 2),
-              "cublas_us": round(per_call_us(lambda: F.linear(x, w)), 2),
-              "kernel_default_us": round(per_call_us(lambda: nlk.linear_rows(x, w)), 2),
-              "cublas_cold_us": round(cold_us(lambda ww: F.linear(x, ww), w), 2),
-              "kernel_cold_us": round(cold_us(lambda ww: nlk.linear_rows(x, ww), w), 2),
-              "default_blocks": list(nlk._blocks(M, N, K, False, False)), "best_us": round(best[0], 2),
-              "best_bn_warps": list(best[1]) if best[1] else None})
+                    print(f"  skip {blocks}: {type(e).__name__}", flush=True)
+        results.sort(key=lambda r: r[0])
+        row["sweep_cold_us"] = [[round(t, 2), c, dd] for t, c, dd in results[:5]]
+        emit(row)
 
 
 for R, V, k in ([(1, 12288, 4), (4, 12288, 4), (32, 12288, 4), (4, 12288, 8), (4, 49152, 4)] if not CPU else
@@ -136,23 +145,31 @@ norm_shapes = [("qkv", 576, 960, False), ("gate_up", 576, 1536, True)] if not CP
 for name, K, N, gated in norm_shapes if wanted("norm_linear") else []:
     w = (torch.randn(2 * N if gated else N, K, generator=g, device=DEV) / K ** 0.5).to(DT)
     nw = (1 + 0.1 * torch.randn(K, generator=g, device=DEV)).to(DT)
-    for M in (1, 2, 4):
+    for M in (1, 2, 4, 8):
         h = torch.randn(M, K, generator=g, device=DEV).to(DT)
         d = torch.randn(M, K, generator=g, device=DEV).to(DT)
-        default = nlk._blocks(M, N, K, gated)
-        row = {"norm_linear": name, "M": M, "default_bn_warps": [default[1], default[3]],
-               "default_cold_us": round(cold_us(lambda ww: nlk.add_norm_linear(h, d, nw, 1e-5, ww, gated), w), 2)}
+        ref = nlk.add_norm_linear_reference(h, d, nw, 1e-5, w, gated)[1]
+        ulp = ref.float().abs().clamp_min(ref.float().abs().mean().item()) * 2 ** -7
+        bk = 1 << (K - 1).bit_length()
+        row = {"norm_linear": name, "M": M,
+               "torch_cold_us": round(cold_us(lambda ww: nlk.add_norm_linear_reference(h, d, nw, 1e-5, ww, gated), w), 2)}
+        if M <= nlk.MAX_ROWS:
+            default = nlk._blocks(M, N, K, gated)
+            row["default_blocks"] = list(default)
+            row["default_cold_us"] = round(cold_us(lambda ww: nlk.add_norm_linear(h, d, nw, 1e-5, ww, gated), w), 2)
         results = []
-        for bn in (1, 2, 4, 8) if not CPU else (4,):
-            for warps in (1, 2, 4) if not CPU else (1,):
+        for bn, warps in sweep(M, N, K):
+            for loop in (False, True):
+                blocks = (M, bn, bk, warps, loop)
                 try:
-                    blocks = (default[0], bn, default[2], warps)
+                    y = nlk.add_norm_linear(h, d, nw, 1e-5, w, gated, blocks)[1]
+                    diff = ((y.float() - ref.float()).abs() / ulp).max().item()
                     results.append((cold_us(lambda ww: nlk.add_norm_linear(h, d, nw, 1e-5, ww, gated, blocks), w),
-                                    [bn, warps]))
+                                    [bn, warps, loop], round(diff, 2)))
                 except Exception as e:  # noqa: BLE001  (a block Triton cannot build: skipped)
-                    print(f"  skip {bn},{warps}: {type(e).__name__}", flush=True)
+                    print(f"  skip {blocks}: {type(e).__name__}", flush=True)
         results.sort(key=lambda r: r[0])
-        row["sweep_cold_us"] = [[round(t, 2), c] for t, c in results[:4]]
+        row["sweep_cold_us"] = [[round(t, 2), c, dd] for t, c, dd in results[:5]]
         emit(row)
 
 

@@ -50,7 +50,8 @@ def _kernel():
     @triton.jit
     def add_norm_linear_kernel(h, d, nw, w, h_out, y, M, N, eps, K: tl.constexpr, HAS_D: tl.constexpr,
                                GATED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                               BLOCK_K: tl.constexpr, NORM: tl.constexpr = True, PDL: tl.constexpr = False):
+                               BLOCK_K: tl.constexpr, NORM: tl.constexpr = True, PDL: tl.constexpr = False,
+                               ROW_LOOP: tl.constexpr = False):
         if PDL:  # layers/pdl.py: the next kernel may start; only weights are read before the wait below
             tl.extra.cuda.gdc_launch_dependents()
         pid = tl.program_id(0)
@@ -71,26 +72,46 @@ def _kernel():
             nwv = tl.load(nw + rk, mask=km, other=0.0).to(tl.float32)
         if PDL:
             tl.extra.cuda.gdc_wait()
-        msk = mm[:, None] & km[None, :]
-        x = tl.load(h + rm[:, None] * K + rk[None, :], mask=msk, other=0.0)
-        if HAS_D:
-            x = (x.to(tl.float32) + tl.load(d + rm[:, None] * K + rk[None, :], mask=msk, other=0.0)
-                 .to(tl.float32)).to(dt)
-            if pid == 0:
-                tl.store(h_out + rm[:, None] * K + rk[None, :], x, mask=msk)
-        xf = x.to(tl.float32)
-        if NORM:
-            rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=1) / K + eps)
-            xn = (xf * rstd[:, None]).to(dt).to(tl.float32)
-            xn = (xn * nwv[None, :]).to(dt).to(tl.float32)
-        else:  # a plain projection of x
-            xn = xf
-        out = tl.sum(xn[:, None, :] * wt.to(tl.float32)[None, :, :], axis=2).to(dt)  # [BLOCK_M, BLOCK_N]
-        if GATED:
-            up = tl.sum(xn[:, None, :] * wu.to(tl.float32)[None, :, :], axis=2).to(dt).to(tl.float32)
-            gv = out.to(tl.float32)
-            out = ((gv / (1.0 + tl.exp(-gv))).to(dt).to(tl.float32) * up).to(dt)
-        tl.store(y + rm[:, None] * N + rn[None, :], out, mask=mm[:, None] & nm[None, :])
+        if ROW_LOOP:  # row by row: 2-D products in the weight tile's own layout, no [M, N, K] broadcast
+            for m in tl.static_range(BLOCK_M):
+                ok = km & (m < M)
+                xm = tl.load(h + m * K + rk, mask=ok, other=0.0)
+                if HAS_D:
+                    xm = (xm.to(tl.float32) + tl.load(d + m * K + rk, mask=ok, other=0.0).to(tl.float32)).to(dt)
+                    if pid == 0:
+                        tl.store(h_out + m * K + rk, xm, mask=ok)
+                xmf = xm.to(tl.float32)
+                if NORM:
+                    r1 = 1.0 / tl.sqrt(tl.sum(xmf * xmf, axis=0) / K + eps)
+                    xmf = (xmf * r1).to(dt).to(tl.float32)
+                    xmf = (xmf * nwv).to(dt).to(tl.float32)
+                o1 = tl.sum(wt.to(tl.float32) * xmf[None, :], axis=1).to(dt)  # [BLOCK_N]
+                if GATED:
+                    u1 = tl.sum(wu.to(tl.float32) * xmf[None, :], axis=1).to(dt).to(tl.float32)
+                    g1 = o1.to(tl.float32)
+                    o1 = ((g1 / (1.0 + tl.exp(-g1))).to(dt).to(tl.float32) * u1).to(dt)
+                tl.store(y + m * N + rn, o1, mask=nm & (m < M))
+        else:
+            msk = mm[:, None] & km[None, :]
+            x = tl.load(h + rm[:, None] * K + rk[None, :], mask=msk, other=0.0)
+            if HAS_D:
+                x = (x.to(tl.float32) + tl.load(d + rm[:, None] * K + rk[None, :], mask=msk, other=0.0)
+                     .to(tl.float32)).to(dt)
+                if pid == 0:
+                    tl.store(h_out + rm[:, None] * K + rk[None, :], x, mask=msk)
+            xf = x.to(tl.float32)
+            if NORM:
+                rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=1) / K + eps)
+                xn = (xf * rstd[:, None]).to(dt).to(tl.float32)
+                xn = (xn * nwv[None, :]).to(dt).to(tl.float32)
+            else:  # a plain projection of x
+                xn = xf
+            out = tl.sum(xn[:, None, :] * wt.to(tl.float32)[None, :, :], axis=2).to(dt)  # [BLOCK_M, BLOCK_N]
+            if GATED:
+                up = tl.sum(xn[:, None, :] * wu.to(tl.float32)[None, :, :], axis=2).to(dt).to(tl.float32)
+                gv = out.to(tl.float32)
+                out = ((gv / (1.0 + tl.exp(-gv))).to(dt).to(tl.float32) * up).to(dt)
+            tl.store(y + rm[:, None] * N + rn[None, :], out, mask=mm[:, None] & nm[None, :])
 
     return add_norm_linear_kernel
 
@@ -111,27 +132,31 @@ def _blocks(M: int, N: int, K: int, gated: bool, norm: bool = True) -> tuple[int
     return bm, 2 if gated and M > 2 else 4, 1 << (K - 1).bit_length(), 1 if M == 1 or gated else 2
 
 
-Blocks = tuple[int, int, int, int]  # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps)
+Blocks = tuple  # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps[, row_loop]): row_loop (default False) takes the kernel's
+#                row-by-row path (2-D products) instead of one [BLOCK_M, BLOCK_N, BLOCK_K] broadcast
 
 
 def _launch(h2: torch.Tensor, d2: torch.Tensor | None, nw: torch.Tensor | None, w: torch.Tensor, h_out: torch.Tensor,
             y: torch.Tensor, eps: float, gated: bool, norm: bool, blocks: Blocks | None = None) -> None:
     M, K = h2.shape
     N = y.shape[1]
-    bm, bn, bk, warps = blocks or _blocks(M, N, K, gated, norm)
+    bm, bn, bk, warps, *rest = blocks or _blocks(M, N, K, gated, norm)
+    assert M <= bm, "norm_linear_kernel: more rows than BLOCK_M"
     _kernel()[((N + bn - 1) // bn,)](h2, d2 if d2 is not None else h2, nw if norm else h2, w, h_out, y, M, N, eps,
                                      K=K, HAS_D=d2 is not None, GATED=gated, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-                                     NORM=norm, num_warps=warps, **launch_options(h2))
+                                     NORM=norm, ROW_LOOP=bool(rest and rest[0]), num_warps=warps,
+                                     **launch_options(h2))
 
 
 def linear_rows(x: torch.Tensor, weight: torch.Tensor, blocks: Blocks | None = None) -> torch.Tensor:
     """x [..., K] @ weight.T for at most MAX_ROWS rows and K <= ONE_SHOT_K (the kernel without add and norm): a
     layer's o_proj and down_proj at batch 1, where cuBLAS spends 3-5 us on 0.7-2 MB of weights. `blocks` overrides
-    `_blocks` (the GPU benchmarks' sweeps)."""
+    `_blocks` (the GPU benchmarks' sweeps; with it, any number of rows up to its BLOCK_M)."""
     *lead, K = x.shape
     M = x.numel() // K
     N = weight.shape[0]
-    assert M <= MAX_ROWS and K <= ONE_SHOT_K and weight.shape[1] == K and weight.is_contiguous(), "linear_rows: shape"
+    assert (M <= MAX_ROWS or blocks) and K <= ONE_SHOT_K and weight.shape[1] == K and weight.is_contiguous(), \
+        "linear_rows: shape"
     x2 = x.reshape(M, K).contiguous()
     y = torch.empty(M, N, dtype=x.dtype, device=x.device)
     _launch(x2, None, None, weight, x2, y, 0.0, False, False, blocks)
@@ -143,7 +168,7 @@ def add_norm_linear(h: torch.Tensor, delta: torch.Tensor | None, norm_weight: to
     *lead, K = h.shape
     M = h.numel() // K
     N = weight.shape[0] // 2 if gated else weight.shape[0]
-    assert M <= MAX_ROWS and K <= ONE_SHOT_K and weight.shape[1] == K and weight.is_contiguous(), \
+    assert (M <= MAX_ROWS or blocks) and K <= ONE_SHOT_K and weight.shape[1] == K and weight.is_contiguous(), \
         "add_norm_linear: shape"
     h2 = h.reshape(M, K).contiguous()
     d2 = delta.reshape(M, K).contiguous() if delta is not None else None
