@@ -77,10 +77,10 @@ def test_engine_with_the_kernels_equals_plain(monkeypatch):
     blocks = nlk._blocks  # the interpreter runs programs one after another: one program per call here
     rows_seen: set[int] = set()
 
-    def one_program(M: int, N: int, K: int, gated: bool, norm: bool = True) -> tuple[int, int, int, int]:
+    def one_program(M: int, N: int, K: int, gated: bool, norm: bool = True) -> tuple:
         rows_seen.add(M)
-        bm, _, bk, warps = blocks(M, N, K, gated, norm)
-        return bm, 1 << (N - 1).bit_length(), bk, warps
+        bm, _, bk, *rest = blocks(M, N, K, gated, norm)
+        return bm, 1 << (N - 1).bit_length(), bk, *rest
 
     monkeypatch.setattr(nlk, "_blocks", one_program)
 
@@ -182,8 +182,8 @@ def test_linear_rows_transform_wires_target_and_drafter(monkeypatch):
     blocks = nlk._blocks  # the interpreter runs programs one after another: one program per call here
 
     def one_program(M, N, K, gated, norm=True):
-        bm, _, bk, warps = blocks(M, N, K, gated, norm)
-        return bm, 1 << (N - 1).bit_length(), bk, warps
+        bm, _, bk, *rest = blocks(M, N, K, gated, norm)
+        return bm, 1 << (N - 1).bit_length(), bk, *rest
 
     monkeypatch.setattr(nlk, "_blocks", one_program)
     m = use_linear_rows_kernel(tiny_llama(seed=0))
@@ -235,3 +235,27 @@ def test_gemv_kernel_and_its_wiring(monkeypatch):
     assert layer.self_attn.o_proj.max_rows == 1  # the small-layer kernel's policy does not touch GEMV-wired layers
     assert_transformed_engine_equals_plain(lambda t, d: use_gemv_kernel(fuse_projections(t)), SpecConfig(3, 1, 4),
                                            [[5, 6, 7, 8], [9, 10]], 10)
+
+
+@pytest.mark.parametrize("M", [1, 3, 5, 8])
+@pytest.mark.parametrize("gated,norm", [(False, True), (True, True), (False, False)])
+def test_row_loop_equals_the_broadcast_product(M, gated, norm):
+    """The two ways the kernel multiplies (one [M, N, K] broadcast, or row by row: `_blocks`'s row_loop) give the
+    same rows, float32, for every row count up to MAX_ROWS, with and without the norm, gated or not, rows past M
+    masked (M = 3 and 5 pad to 4 and 8)."""
+    K, N = 72, 24
+    g = torch.Generator().manual_seed(M)
+    h, d = torch.randn(M, K, generator=g), torch.randn(M, K, generator=g)
+    nw = 1 + 0.1 * torch.randn(K, generator=g)
+    w = torch.randn(2 * N if gated else N, K, generator=g) / K ** 0.5
+    bm = 1 << (M - 1).bit_length()
+    out = []
+    for loop in (False, True):
+        blocks = (bm, 1 << (N - 1).bit_length(), 128, 1, loop)  # one program: the interpreter runs them in turn
+        if norm:
+            out.append(add_norm_linear(h, d, nw, 1e-5, w, gated, blocks))
+        else:
+            out.append((h, nlk.linear_rows(h, w, blocks)))
+    ref = add_norm_linear_reference(h, d if norm else None, nw, 1e-5, w, gated) if norm else (h, h @ w.T)
+    for (h1, y1) in out:
+        assert torch.equal(h1, ref[0]) and torch.allclose(y1, ref[1], atol=1e-5, rtol=1e-5)
