@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from .norm import rms_norm
 from .pdl import launch_options
 
-MAX_ROWS = 8  # rows (batch x tokens) up to which the fused kernel is used; measured on the H200 (docs/benchmarks.md)
+MAX_ROWS = 4  # rows (batch x tokens) up to which the fused kernel is used; measured on the H200 (docs/benchmarks.md)
 ONE_SHOT_K = 2048  # widest input: a row is read in one block (wider layers keep cuBLAS: see _blocks)
 
 
@@ -119,26 +119,27 @@ def _kernel():
     return add_norm_linear_kernel
 
 
-# (BLOCK_N, num_warps, row_loop) by row bucket (1, 2, 4, 8): the best of session 12's cold sweep on the H200, with
-# programmatic dependent launch (`benchmarks/small_kernels_check.py --only=norm_linear|linear`, weights cold, a CUDA
-# graph of 50 calls; docs/benchmarks.md "Session 12"); the row loop wins at one row (no cross-warp reduction)
-_NORM_CFG = {1: (4, 1, True), 2: (4, 1, False), 4: (4, 1, False), 8: (2, 2, False)}  # add + norm + q/k/v
-_GATED_CFG = {1: (4, 1, True), 2: (4, 1, True), 4: (2, 1, False), 8: (4, 2, False)}  # add + norm + gate/up + SiLU
-_PLAIN_CFG = {1: (4, 1, True), 2: (2, 1, False), 4: (4, 1, False), 8: (4, 1, False)}  # o_proj-like, K <= 1024
-_PLAIN_WIDE_CFG = {1: (4, 1, True), 2: (4, 1, True), 4: (4, 1, True), 8: (2, 2, False)}  # down_proj, fc: K > 1024
+# (BLOCK_N, num_warps, row_loop) by row bucket (1, 2, 4). One row: the row loop (no cross-warp reduction), the best
+# of session 12's cold sweep with programmatic dependent launch, confirmed in whole decode steps (SmolLM2 graph 0.491
+# -> 0.455 ms). 2-4 rows: session 5-10's choices; the same sweep's per-call winners at 2-8 rows made whole verify
+# steps slower (D = 4: 0.78 -> 0.98 ms; D = 8 through these kernels 1.21 ms against 1.01 with cuBLAS), so they are
+# not used (docs/benchmarks.md, "Session 12").
+_NORM_CFG = {1: (4, 1, True), 2: (4, 2, False), 4: (4, 2, False)}  # add + norm + q/k/v
+_GATED_CFG = {1: (4, 1, True), 2: (4, 1, False), 4: (2, 1, False)}  # add + norm + gate/up + SiLU
+_PLAIN_CFG = {1: (4, 1, True), 2: (2, 1, False), 4: (2, 1, False)}  # o_proj, down_proj, the drafter's fc and q/k/v
 
 
 def _blocks(M: int, N: int, K: int, gated: bool, norm: bool = True) -> tuple:
     """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, row_loop) for M <= MAX_ROWS rows of width K <= ONE_SHOT_K: the row in
     one block (a first version looping over 128-wide blocks was latency-bound on the H200, 1.5-3x slower than cuBLAS),
-    1-4 columns and 1-2 warps per program. History: sessions 5-10 measured only up to 4 rows against cuBLAS plus the
-    separate norm (tensor cores, rows padded to 16, won per call with the weights in L2 but lost 4-7% in whole verify
-    steps; a row loop lost in session 9); session 12's sweep, with programmatic dependent launch (layers/pdl.py),
-    which cuBLAS's kernels do not take, found these products ahead of cuBLAS up to 8 rows (docs/benchmarks.md).
-    For 4096-wide layers the blocked loop was 2x slower than cuBLAS, hence ONE_SHOT_K."""
-    bucket = 1 if M <= 1 else 2 if M <= 2 else 4 if M <= 4 else 8
-    table = (_GATED_CFG if gated else _NORM_CFG) if norm else _PLAIN_CFG if K <= 1024 else _PLAIN_WIDE_CFG
-    bn, warps, loop = table[bucket]
+    2-4 columns and 1-2 warps per program. Past 4 rows neither these products (session 12: row loop or broadcast,
+    1-4 columns, 1-2 warps, with PDL), nor tensor cores (tl.dot, rows padded to 16: session 5 one-shot; session 10
+    one-shot and K-pipelined, faster per call with the weights in L2 but 4-7% slower in whole verify steps), nor a
+    row loop (session 9) beat cuBLAS plus the separate norm in whole steps, hence MAX_ROWS = 4; for 4096-wide layers
+    the blocked loop was 2x slower than cuBLAS, hence ONE_SHOT_K (docs/benchmarks.md, "Session 5", "Session 9",
+    "Session 10", "Session 12")."""
+    bucket = 1 if M <= 1 else 2 if M <= 2 else 4
+    bn, warps, loop = ((_GATED_CFG if gated else _NORM_CFG) if norm else _PLAIN_CFG)[bucket]
     return bucket, bn, 1 << (K - 1).bit_length(), warps, loop
 
 
