@@ -119,20 +119,21 @@ def _kernel():
     return add_norm_linear_kernel
 
 
-# (BLOCK_N, num_warps, row_loop) by row bucket (1, 2, 4). One row: the row loop (no cross-warp reduction), the best
-# of session 12's cold sweep with programmatic dependent launch, confirmed in whole decode steps (SmolLM2 graph 0.491
-# -> 0.455 ms). 2-4 rows: session 5-10's choices; the same sweep's per-call winners at 2-8 rows made whole verify
-# steps slower (D = 4: 0.78 -> 0.98 ms; D = 8 through these kernels 1.21 ms against 1.01 with cuBLAS), so they are
-# not used (docs/benchmarks.md, "Session 12").
-_NORM_CFG = {1: (4, 1, True), 2: (4, 2, False), 4: (4, 2, False)}  # add + norm + q/k/v
+# (BLOCK_N, num_warps, row_loop) by row bucket (1, 2, 4), with programmatic dependent launch (layers/pdl.py). One
+# row: the row loop (no cross-warp reduction), the best of session 12's cold per-call sweep, confirmed in whole decode
+# steps (SmolLM2 graph 0.491 -> 0.455 ms). Four rows: chosen on whole verify steps of 4 tokens
+# (benchmarks/verify_blocks_probe.py: 0.735 -> 0.677 ms), since the per-call sweep's winners at 2-8 rows made them
+# slower (0.78 -> 0.98 ms; 8 rows through these kernels 1.21 ms against 1.01 with cuBLAS). Two rows: session 5-10's
+# choices (docs/benchmarks.md, "Session 12").
+_NORM_CFG = {1: (4, 1, True), 2: (4, 2, False), 4: (2, 4, False)}  # add + norm + q/k/v
 _GATED_CFG = {1: (4, 1, True), 2: (4, 1, False), 4: (2, 1, False)}  # add + norm + gate/up + SiLU
-_PLAIN_CFG = {1: (4, 1, True), 2: (2, 1, False), 4: (2, 1, False)}  # o_proj, down_proj, the drafter's fc and q/k/v
+_PLAIN_CFG = {1: (4, 1, True), 2: (2, 1, False), 4: (2, 4, False)}  # o_proj, down_proj, the drafter's fc and q/k/v
 
 
 def _blocks(M: int, N: int, K: int, gated: bool, norm: bool = True) -> tuple:
     """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, row_loop) for M <= MAX_ROWS rows of width K <= ONE_SHOT_K: the row in
     one block (a first version looping over 128-wide blocks was latency-bound on the H200, 1.5-3x slower than cuBLAS),
-    2-4 columns and 1-2 warps per program. Past 4 rows neither these products (session 12: row loop or broadcast,
+    2-4 columns and 1-4 warps per program. Past 4 rows neither these products (session 12: row loop or broadcast,
     1-4 columns, 1-2 warps, with PDL), nor tensor cores (tl.dot, rows padded to 16: session 5 one-shot; session 10
     one-shot and K-pipelined, faster per call with the weights in L2 but 4-7% slower in whole verify steps), nor a
     row loop (session 9) beat cuBLAS plus the separate norm in whole steps, hence MAX_ROWS = 4; for 4096-wide layers
