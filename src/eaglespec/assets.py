@@ -18,7 +18,7 @@ ASSETS = Path(__file__).parent / "assets"
 DEFAULT_DRAFTER = ASSETS / "smollm2-135m-eagle3"
 
 # Measured with `eaglespec bench` / `eaglespec tune` on MT-bench first turns, the fifth drafter (docs/benchmarks.md,
-# "The shipped drafter", "Session 7" to "Session 11"):
+# "The shipped drafter", "Session 7" to "Session 12"):
 # - this project's 2-core CPU, float32: a forward of up to 3 tokens costs about one of 1 token (4 cost 1.5x: MKL
 #   leaves its small-M path), so short chains are the fastest shapes at batch 1: greedy, the chain of 2 (3 tokens;
 #   1.46x, S1 K1 D2 1.37x, S3 K1 D4 1.15x, tree S2 K2 D4 1.24x; `generate` 1.40x against 1.31x with S1 K1 D2);
@@ -31,7 +31,8 @@ DEFAULT_DRAFTER = ASSETS / "smollm2-135m-eagle3"
 #   the tune grid, MT-bench 1-40, 1.73x / 1.62x, S4 K1 D5 1.70x); at 16 rows the two tie (1.68x / 1.70x); at 32 rows
 #   the chain of 3 (continuous 1.55-1.70x against the tree's 1.39-1.51x; static 1.37x / 1.18x, the chain 1.44x once
 #   32-row prefills ran as graphs): the tree's 16-token verify costs more once 32 rows share a step. Larger engines
-#   are unmeasured;
+#   are unmeasured. Session 12 (programmatic dependent launch: plain one-row decoding 35% faster) kept the shapes: at 1
+#   row the chain 1.32x (tree 1.13x), at 8 rows the tree 1.75x (chain 1.69x), at 32 rows the chain 1.59x (tree 1.32x);
 # - sampling at temperature 1 (the drafter learnt the target's greedy text; chains draw sampled drafts): the CPU's
 #   one-step chain gains (1.15x, tau 1.37), the H200's chain of 3 loses (0.82x, tau 1.75): greedy-only there.
 _CHAIN_3 = SpecConfig(steps=3, topk=1, draft_tokens=4)
