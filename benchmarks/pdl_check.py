@@ -25,7 +25,7 @@ from probe_script import CPU, DEV, DT, OUT, Emitter, stepped_engine  # noqa: E40
 
 import torch  # noqa: E402
 
-from eaglespec.bench.drafters import verify_step_seconds  # noqa: E402
+from eaglespec.bench.drafters import decode_step_seconds, verify_step_seconds  # noqa: E402
 from eaglespec.bench.random_model import random_drafter, random_model  # noqa: E402
 from eaglespec.config import EngineConfig, SpecConfig  # noqa: E402
 from eaglespec.engine.engine import Engine  # noqa: E402
@@ -96,16 +96,8 @@ def measure(shape: str, m: torch.nn.Module, d: torch.nn.Module | None, on: bool)
     row["tok_per_s"], ids = timed_generate(e, [prompt], params)
     row["ids"] = ids
     del e
-    e = Engine(m, None, EngineConfig(overlap=False, **CFG))
-    e.reserve(1, 1024)
-    e.warmup([1])
-    e.generate([prompt], SamplingParams(max_new_tokens=8, ignore_eos=True))
-    e.runner.timer.enabled = True
-    e.runner.timer.reset()
-    o = e.generate([prompt], params)[0]
-    dec = e.runner.timer.totals()["decode"] / (len(o.token_ids) - 1)
+    dec, _ = decode_step_seconds(m, prompt, EngineConfig(**CFG), n_new)
     row["decode_ms"] = round(1e3 * dec, 4)
-    del e
     for spec in (SpecConfig(3, 1, 4), SpecConfig(7, 1, 8)):
         ver = verify_step_seconds(m, prompt, prompt + ids[0], spec, EngineConfig(**CFG), n_new)
         row[f"verify_D{spec.draft_tokens}_ms"] = round(1e3 * ver, 4)

@@ -30,7 +30,7 @@ from probe_script import CPU, DEV, DT, OUT, Emitter, per_call_us  # noqa: E402  
 
 import torch  # noqa: E402
 
-from eaglespec.bench.drafters import verify_step_seconds  # noqa: E402
+from eaglespec.bench.drafters import decode_step_seconds, verify_step_seconds  # noqa: E402
 from eaglespec.bench.random_model import random_model  # noqa: E402
 from eaglespec.config import EngineConfig, SpecConfig  # noqa: E402
 from eaglespec.engine.engine import Engine  # noqa: E402
@@ -186,23 +186,16 @@ def engine_section(shape: str) -> None:
             best = max(best, len(o.token_ids) / (time.perf_counter() - t0))
         del e
         # the decode phase is timed on the non-overlapped path (an overlapped step is launched and read apart)
-        e = Engine(m, None, EngineConfig(device=DEV.type, dtype="float32" if CPU else "bfloat16", overlap=False))
-        e.reserve(1, 1024)
-        e.warmup([1])
-        e.generate([prompt], SamplingParams(max_new_tokens=8, ignore_eos=True))
-        e.runner.timer.enabled = True
-        e.runner.timer.reset()
-        o = e.generate([prompt], params)[0]
-        dec = e.runner.timer.totals()["decode"] / (len(o.token_ids) - 1)
+        dec, ids = decode_step_seconds(m, prompt, EngineConfig(device=DEV.type, dtype="float32" if CPU else "bfloat16"),
+                                       n_new)
         row = {"engine": shape, "variant": variant, "tok_per_s": round(best, 1), "decode_ms": round(1000 * dec, 4),
                "GBps_at_decode": round(nbytes / dec / 1e9, 1)}
         for spec in (SpecConfig(3, 1, 4), SpecConfig(7, 1, 8)):
-            ver = verify_step_seconds(m, prompt, prompt + o.token_ids, spec,
+            ver = verify_step_seconds(m, prompt, prompt + ids, spec,
                                       EngineConfig(device=DEV.type, dtype="float32" if CPU else "bfloat16"), n_new)
             row[f"verify_D{spec.draft_tokens}_ms"] = round(1000 * ver, 4)
             row[f"verify_D{spec.draft_tokens}_over_decode"] = round(ver / dec, 3)
         emit(row)
-        del e
         gc.collect()
         if not CPU:
             torch.cuda.empty_cache()

@@ -77,9 +77,9 @@ def test_engine_with_the_kernels_equals_plain(monkeypatch):
     blocks = nlk._blocks  # the interpreter runs programs one after another: one program per call here
     rows_seen: set[int] = set()
 
-    def one_program(M: int, N: int, K: int, gated: bool, norm: bool = True) -> tuple:
+    def one_program(M: int, N: int, K: int, gated: bool, norm: bool = True, pdl: bool = False) -> tuple:
         rows_seen.add(M)
-        bm, _, bk, *rest = blocks(M, N, K, gated, norm)
+        bm, _, bk, *rest = blocks(M, N, K, gated, norm, pdl)
         return bm, 1 << (N - 1).bit_length(), bk, *rest
 
     monkeypatch.setattr(nlk, "_blocks", one_program)
@@ -106,8 +106,8 @@ def test_drafter_mlp_half_through_the_kernel(monkeypatch):
     from eaglespec.sampling_params import SamplingParams
 
     blocks = nlk._blocks  # the interpreter runs programs one after another: one program per call here
-    monkeypatch.setattr(nlk, "_blocks", lambda M, N, K, gated, norm=True: (blocks(M, N, K, gated, norm)[0], 1 << (N - 1).bit_length(),
-                                                                            *blocks(M, N, K, gated, norm)[2:]))
+    monkeypatch.setattr(nlk, "_blocks", lambda M, N, K, gated, norm=True, pdl=False: (
+        blocks(M, N, K, gated, norm, pdl)[0], 1 << (N - 1).bit_length(), *blocks(M, N, K, gated, norm, pdl)[2:]))
     target = fuse_projections(tiny_llama(seed=0))
     plain = use_rope_store_kernel(fuse_projections(tiny_drafter(target, seed=1)))
     fused = use_norm_linear_kernel(deepcopy(plain))
@@ -181,8 +181,8 @@ def test_linear_rows_transform_wires_target_and_drafter(monkeypatch):
 
     blocks = nlk._blocks  # the interpreter runs programs one after another: one program per call here
 
-    def one_program(M, N, K, gated, norm=True):
-        bm, _, bk, *rest = blocks(M, N, K, gated, norm)
+    def one_program(M, N, K, gated, norm=True, pdl=False):
+        bm, _, bk, *rest = blocks(M, N, K, gated, norm, pdl)
         return bm, 1 << (N - 1).bit_length(), bk, *rest
 
     monkeypatch.setattr(nlk, "_blocks", one_program)
@@ -259,3 +259,15 @@ def test_row_loop_equals_the_broadcast_product(M, gated, norm):
     ref = add_norm_linear_reference(h, d if norm else None, nw, 1e-5, w, gated) if norm else (h, h @ w.T)
     for (h1, y1) in out:
         assert torch.equal(h1, ref[0]) and torch.allclose(y1, ref[1], atol=1e-5, rtol=1e-5)
+
+
+def test_blocks_take_the_row_loop_at_one_row_with_pdl_only():
+    """`_blocks`' policy (measured on the H200, docs/benchmarks.md "Session 12"): the row loop serves one-row steps
+    launched with programmatic dependent launch; without PDL (older GPUs, EAGLESPEC_PDL=0) it was slower, and past
+    one row the broadcast product won in whole steps."""
+    for gated, norm in ((False, True), (True, True), (False, False)):
+        assert nlk._blocks(1, 960, 576, gated, norm, pdl=True)[4] is True
+        assert nlk._blocks(1, 960, 576, gated, norm, pdl=False)[4] is False
+        for M in range(2, MAX_ROWS + 1):
+            bm, bn, bk, warps, loop = nlk._blocks(M, 960, 1536, gated, norm, pdl=True)
+            assert not loop and bm >= M and bk == 2048 and bn in (2, 4) and warps in (1, 2, 4)

@@ -10,7 +10,9 @@ Contract:
 - `references(prompt_ids, outputs, finished_by_eos, eos_ids)` builds those sequences; a single EOS id is appended
   after an output that stopped on EOS, so that the oracle also proposes the end.
 - `verify_step_seconds(target, prompt, reference, spec, config, new_tokens)`: one verify step's mean time with an
-  oracle chain or tree at batch 1 (benchmarks compare it with a decode step).
+  oracle chain or tree at batch 1 (benchmarks compare it with a decode step);
+- `decode_step_seconds(target, prompt, config, new_tokens)`: one plain decode step's mean time at batch 1 and the
+  tokens generated (the baseline of that comparison, and the oracle's reference).
 """
 
 from __future__ import annotations
@@ -96,3 +98,22 @@ def verify_step_seconds(target: nn.Module, prompt: Sequence[int], reference: Seq
     e.runner.timer.reset()
     e.generate([list(prompt)], SamplingParams(max_new_tokens=new_tokens, ignore_eos=True))
     return e.runner.timer.totals()["verify"] / max(e.stats.verify_steps, 1)
+
+
+def decode_step_seconds(target: nn.Module, prompt: Sequence[int], config, new_tokens: int) -> tuple[float, list[int]]:
+    """Mean time of one plain decode step at batch 1 by the engine's phase timer, generating `new_tokens` after
+    `prompt` (ignore_eos), and the generated ids. Timed without overlap (`config.overlap` is replaced): an overlapped
+    step is launched and read apart, so its timer would not bracket it."""
+    from dataclasses import replace
+
+    from ..engine.engine import Engine
+    from ..sampling_params import SamplingParams
+
+    e = Engine(target, None, replace(config, overlap=False))
+    e.reserve(1, len(prompt) + new_tokens + 64)
+    e.warmup([1])
+    e.generate([list(prompt)], SamplingParams(max_new_tokens=8, ignore_eos=True))
+    e.runner.timer.enabled = True
+    e.runner.timer.reset()
+    o = e.generate([list(prompt)], SamplingParams(max_new_tokens=new_tokens, ignore_eos=True))[0]
+    return e.runner.timer.totals()["decode"] / max(len(o.token_ids) - 1, 1), list(o.token_ids)

@@ -124,13 +124,17 @@ def _kernel():
 # steps (SmolLM2 graph 0.491 -> 0.455 ms). Four rows: chosen on whole verify steps of 4 tokens
 # (benchmarks/verify_blocks_probe.py: 0.735 -> 0.677 ms), since the per-call sweep's winners at 2-8 rows made them
 # slower (0.78 -> 0.98 ms; 8 rows through these kernels 1.21 ms against 1.01 with cuBLAS). Two rows: session 5-10's
-# choices (docs/benchmarks.md, "Session 12").
+# choices (docs/benchmarks.md, "Session 12"). Launches without PDL (GPUs before Hopper, EAGLESPEC_PDL=0) keep
+# session 5-10's choices at every row count: without PDL the one-row row loop was slower (decode graph 0.635 -> 0.759 ms).
 _NORM_CFG = {1: (4, 1, True), 2: (4, 2, False), 4: (2, 4, False)}  # add + norm + q/k/v
 _GATED_CFG = {1: (4, 1, True), 2: (4, 1, False), 4: (2, 1, False)}  # add + norm + gate/up + SiLU
 _PLAIN_CFG = {1: (4, 1, True), 2: (2, 1, False), 4: (2, 4, False)}  # o_proj, down_proj, the drafter's fc and q/k/v
+_NO_PDL = {"norm": {1: (4, 1, False), 2: (4, 2, False), 4: (4, 2, False)},
+           "gated": {1: (4, 1, False), 2: (4, 1, False), 4: (2, 1, False)},
+           "plain": {1: (2, 1, False), 2: (2, 1, False), 4: (2, 1, False)}}
 
 
-def _blocks(M: int, N: int, K: int, gated: bool, norm: bool = True) -> tuple:
+def _blocks(M: int, N: int, K: int, gated: bool, norm: bool = True, pdl: bool = True) -> tuple:
     """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, row_loop) for M <= MAX_ROWS rows of width K <= ONE_SHOT_K: the row in
     one block (a first version looping over 128-wide blocks was latency-bound on the H200, 1.5-3x slower than cuBLAS),
     2-4 columns and 1-4 warps per program. Past 4 rows neither these products (session 12: row loop or broadcast,
@@ -140,7 +144,11 @@ def _blocks(M: int, N: int, K: int, gated: bool, norm: bool = True) -> tuple:
     the blocked loop was 2x slower than cuBLAS, hence ONE_SHOT_K (docs/benchmarks.md, "Session 5", "Session 9",
     "Session 10", "Session 12")."""
     bucket = 1 if M <= 1 else 2 if M <= 2 else 4
-    bn, warps, loop = ((_GATED_CFG if gated else _NORM_CFG) if norm else _PLAIN_CFG)[bucket]
+    if pdl:
+        table = (_GATED_CFG if gated else _NORM_CFG) if norm else _PLAIN_CFG
+    else:
+        table = _NO_PDL[("gated" if gated else "norm") if norm else "plain"]
+    bn, warps, loop = table[bucket]
     return bucket, bn, 1 << (K - 1).bit_length(), warps, loop
 
 
@@ -152,12 +160,12 @@ def _launch(h2: torch.Tensor, d2: torch.Tensor | None, nw: torch.Tensor | None, 
             y: torch.Tensor, eps: float, gated: bool, norm: bool, blocks: Blocks | None = None) -> None:
     M, K = h2.shape
     N = y.shape[1]
-    bm, bn, bk, warps, *rest = blocks or _blocks(M, N, K, gated, norm)
+    opts = launch_options(h2)
+    bm, bn, bk, warps, *rest = blocks or _blocks(M, N, K, gated, norm, opts["PDL"])
     assert M <= bm, "norm_linear_kernel: more rows than BLOCK_M"
     _kernel()[((N + bn - 1) // bn,)](h2, d2 if d2 is not None else h2, nw if norm else h2, w, h_out, y, M, N, eps,
                                      K=K, HAS_D=d2 is not None, GATED=gated, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-                                     NORM=norm, ROW_LOOP=bool(rest and rest[0]), num_warps=warps,
-                                     **launch_options(h2))
+                                     NORM=norm, ROW_LOOP=bool(rest and rest[0]), num_warps=warps, **opts)
 
 
 def linear_rows(x: torch.Tensor, weight: torch.Tensor, blocks: Blocks | None = None) -> torch.Tensor:
