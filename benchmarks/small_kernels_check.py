@@ -1,22 +1,21 @@
-"""Two small kernels against the PyTorch calls they replace, on the GPU (session 10's decode profile found them):
+"""Small kernels against the PyTorch calls they replace, on the GPU (session 10's decode profile found them):
 
 1. argmax: layers/argmax_kernel.py (two stages over CHUNK-entry chunks) against torch.argmax, for the rows greedy
    decoding reduces (Llama-8B's 128,256-entry vocabulary, SmolLM2's 49,152 at 1-32 rows, a 12,288-entry draft
    vocabulary), bf16 logits; the ids must be equal; CHUNK swept.
 2. linear_rows: layers/norm_linear_kernel.linear_rows (the few-row kernel without add and norm) against F.linear
-   (cuBLAS) for SmolLM2's o_proj (576 -> 576), down_proj (1536 -> 576) and its drafter's fc (1728 -> 576) at 1, 2 and
-   4 rows: largest difference in bf16 rounding steps, time of the default blocks and of a (BLOCK_N, warps) sweep,
-   and both again with the weights cold (copies in turn: what a step meets; a tensor-core variant won on one weight
-   read from L2 and lost in whole steps, docs/benchmarks.md "Session 10").
-
+   (cuBLAS) for SmolLM2's o_proj (576 -> 576) and down_proj (1536 -> 576) at 1, 2, 4 and 8 rows, the weights cold
+   (copies in turn: what a step meets): the default blocks and a sweep of (BLOCK_N, warps, row loop), with the
+   largest difference in bf16 rounding steps of each. Per-call winners have lost in whole steps twice (a tensor-core
+   variant in session 10, the 2-8-row winners in session 12: docs/benchmarks.md); choose blocks on whole steps
+   (benchmarks/verify_blocks_probe.py).
 3. topk: layers/topk_kernel.logsoftmax_topk (a tree's per-level draft selection) for K rows of a 12,288-entry draft
    vocabulary: the one-program-per-row kernel (session 9) against the two-kernel path (session 11; CHUNK swept) and
    PyTorch's log-softmax + topk; the ids must equal the one-program kernel's (and PyTorch's, but for the order of
    tied values, which bf16 rows of thousands of entries have and torch's topk orders freely).
 4. norm_linear: layers/norm_linear_kernel.add_norm_linear (residual add + RMSNorm + projection, + SiLU gating) for
-   SmolLM2's q/k/v (576 -> 960) and gate/up (576 -> 2 x 1536) at 1, 2 and 4 rows, the weights cold, over a sweep of
-   (BLOCK_N, warps): a verify step of 4 rows spends ~110 us more in this kernel than a decode step (session 11's
-   tree probe profile: 3.6 against 2.7 us per call), the largest part of the verify's excess over decode.
+   SmolLM2's q/k/v (576 -> 960) and gate/up (576 -> 2 x 1536) at 1, 2, 4 and 8 rows, the weights cold, over the same
+   sweep, against the eager PyTorch path.
 5. gemv: layers/gemv_kernel.gemv_rows against F.linear (cuBLAS) for one row of Llama-3.1-8B's q/k/v, o_proj and
    down_proj, the weights cold (copies in turn), over a sweep of (BLOCK_N, BLOCK_K, warps, stages); GB/s of each.
 
