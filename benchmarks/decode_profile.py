@@ -22,7 +22,7 @@ from collections import defaultdict
 import torch
 import torch.nn.functional as F
 
-from probe_script import OUT, stepped_engine
+from probe_script import OUT, replay_ms, stepped_engine
 
 from eaglespec.bench.graph_timing import per_call_us
 from eaglespec.bench.random_model import random_model
@@ -62,15 +62,7 @@ result["weight_GB_read_per_step"] = round(read_bytes / 1e9, 3)
 e = stepped_engine(m)
 run = e.runner
 graphs = run.graphs.captured("decode", 1, run.host_len[0] + 64, True)
-torch.cuda.synchronize()
-n = 200
-torch.cuda.synchronize()
-t = time.perf_counter()
-for _ in range(n):
-    for _, g in graphs:
-        g.replay()
-torch.cuda.synchronize()
-step_ms = 1e3 * (time.perf_counter() - t) / n
+step_ms = replay_ms([g for _, g in graphs], 200, warmup=0)
 result["graph_ms_per_step"] = round(step_ms, 4)
 result["graph_GBps"] = round(read_bytes / (step_ms * 1e-3) / 1e9, 1)
 print(f"decode graph: {step_ms:.4f} ms per step, {result['graph_GBps']} GB/s over "

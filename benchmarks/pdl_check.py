@@ -21,7 +21,7 @@ import gc
 import sys
 import time
 
-from probe_script import CPU, DEV, DT, OUT, Emitter, stepped_engine  # noqa: E402  (--cpu: the interpreter)
+from probe_script import CPU, DEV, DT, OUT, Emitter, replay_ms, stepped_engine  # noqa: E402  (--cpu: the interpreter)
 
 import torch  # noqa: E402
 
@@ -77,16 +77,7 @@ def measure(shape: str, m: torch.nn.Module, d: torch.nn.Module | None, on: bool)
     if not CPU:
         e = stepped_engine(m)
         graphs = e.runner.graphs.captured("decode", 1, e.runner.host_len[0] + 64, True)
-        for _ in range(20):
-            for _, g in graphs:
-                g.replay()
-        sync()
-        t0 = time.perf_counter()
-        for _ in range(200):
-            for _, g in graphs:
-                g.replay()
-        sync()
-        row["decode_graph_ms"] = round(1e3 * (time.perf_counter() - t0) / 200, 4)
+        row["decode_graph_ms"] = round(replay_ms([g for _, g in graphs]), 4)
         del e
     # 2. the engine, batch 1
     e = Engine(m, None, EngineConfig(**CFG))

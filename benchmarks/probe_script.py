@@ -7,6 +7,7 @@ that each states only what it measures:
 - `Emitter(name)`: called with a result row, prints it as JSON and rewrites OUT/name with every row so far (a call
   cut short by its time limit still leaves its rows);
 - `per_call_us(fn, calls)`: time of one call in a CUDA graph of `calls` calls (eaglespec.bench.graph_timing);
+- `replay_ms(graphs, n, warmup)`: ms per replay of the captured graphs in order (after `warmup` untimed rounds);
 - `stepped_engine(model, drafter, spec)`: a one-row engine without overlap that has decoded (or speculated) 30 steps
   after a 128-token prompt: mid-generation, so that `engine.runner.graphs.captured(kind, 1, length, True)` gives the
   graphs of its current length to replay and profile alone (each replay moves its state on by one step).
@@ -17,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 CPU = "--cpu" in sys.argv
@@ -49,6 +51,19 @@ class Emitter:
 
 def per_call_us(fn, calls: int = 50) -> float:
     return _graph_per_call_us(fn, calls, DEV)
+
+
+def replay_ms(graphs: list[torch.cuda.CUDAGraph], n: int = 200, warmup: int = 20) -> float:
+    for _ in range(warmup):
+        for g in graphs:
+            g.replay()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(n):
+        for g in graphs:
+            g.replay()
+    torch.cuda.synchronize()
+    return 1e3 * (time.perf_counter() - t) / n
 
 
 def stepped_engine(model: torch.nn.Module, drafter: torch.nn.Module | None = None, spec: SpecConfig | None = None,

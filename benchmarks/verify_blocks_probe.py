@@ -13,9 +13,8 @@ usage: python benchmarks/verify_blocks_probe.py OUT_DIR
 from __future__ import annotations
 
 import json
-import time
 
-from probe_script import OUT, stepped_engine  # noqa: E402
+from probe_script import OUT, replay_ms, stepped_engine  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -35,16 +34,9 @@ results: list[dict] = []
 def verify_ms() -> float:
     e = stepped_engine(m, d, SpecConfig(3, 1, 4))
     graphs = dict(e.runner.graphs.captured("spec", 1, e.runner.host_len[0] + 64, True))
-    g = graphs["verify"]
-    for _ in range(20):
-        g.replay()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(200):
-        g.replay()
-    torch.cuda.synchronize()
+    t = replay_ms([graphs["verify"]])
     del e
-    return 1e3 * (time.perf_counter() - t0) / 200
+    return t
 
 
 base = verify_ms()
