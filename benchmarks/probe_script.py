@@ -8,9 +8,13 @@ that each states only what it measures:
   cut short by its time limit still leaves its rows);
 - `per_call_us(fn, calls)`: time of one call in a CUDA graph of `calls` calls (eaglespec.bench.graph_timing);
 - `replay_ms(graphs, n, warmup)`: ms per replay of the captured graphs in order (after `warmup` untimed rounds);
-- `stepped_engine(model, drafter, spec)`: a one-row engine without overlap that has decoded (or speculated) 30 steps
-  after a 128-token prompt: mid-generation, so that `engine.runner.graphs.captured(kind, 1, length, True)` gives the
-  graphs of its current length to replay and profile alone (each replay moves its state on by one step).
+- `stepped_engine(model, drafter, spec, rows=1)`: an engine of `rows` rows without overlap that has decoded (or
+  speculated) 30 steps after a 128-token prompt per row: mid-generation, so that
+  `engine.runner.graphs.captured(kind, rows, length, True)` gives the graphs of its current length to replay and
+  profile alone (each replay moves its state on by one step);
+- `kernel_advance(graph, reps)`: where a graph's time goes, kernel by kernel, as "advances" (step_trace.py's
+  accounting: each kernel is charged the time from the previous kernel's end to its own end, so the shares add up to
+  the graph's span even when programmatic dependent launch overlaps kernels).
 """
 
 from __future__ import annotations
@@ -67,12 +71,61 @@ def replay_ms(graphs: list[torch.cuda.CUDAGraph], n: int = 200, warmup: int = 20
 
 
 def stepped_engine(model: torch.nn.Module, drafter: torch.nn.Module | None = None, spec: SpecConfig | None = None,
-                   steps: int = 30, cache: int = 2048) -> Engine:
-    e = Engine(model, None, EngineConfig(overlap=False, cuda_graphs=not CPU), drafter=drafter, spec=spec)
-    e.reserve(1, cache)
-    e.add_request(list(range(100, 228)), SamplingParams(max_new_tokens=cache - 256, ignore_eos=True))
+                   steps: int = 30, cache: int = 2048, rows: int = 1) -> Engine:
+    e = Engine(model, None, EngineConfig(overlap=False, cuda_graphs=not CPU, max_batch_size=rows), drafter=drafter,
+               spec=spec)
+    e.reserve(rows, cache)
+    for i in range(rows):  # rows decode in lockstep after one prefill of equal-length prompts
+        e.add_request(list(range(100 + i, 228 + i)), SamplingParams(max_new_tokens=cache - 256, ignore_eos=True))
     for _ in range(steps):
         e.step()
     if not CPU:
         torch.cuda.synchronize()
     return e
+
+
+def short_kernel_name(name: str) -> str:
+    """A kernel's family: our Triton kernels and cuBLAS by a key of their name, others by their first 40 letters."""
+    for key in ("add_norm_linear", "split_kernel", "combine_kernel", "rope_store", "gemv", "nvjet", "chunk_max",
+                "row_max", "topk", "tree_", "elementwise", "reduce_kernel", "indexSelect", "index_elementwise",
+                "scatter", "gather", "cunn_", "triton_"):
+        if key in name:
+            return key
+    return name[:40]
+
+
+def kernel_advance(graph: "torch.cuda.CUDAGraph", reps: int = 20) -> dict:
+    """Replay `graph` `reps` times under torch.profiler; per kernel family: calls, advance and duration (us per
+    replay), and the span, kernel count and overlaps per replay (module docstring)."""
+    from collections import defaultdict
+
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(5):
+        graph.replay()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            graph.replay()
+        torch.cuda.synchronize()
+    kernels = sorted(((ev.time_range.start, ev.time_range.end, ev.name) for ev in prof.events()
+                      if ev.device_type == torch.autograd.DeviceType.CUDA), key=lambda k: k[0])
+    per = len(kernels) // reps
+    advance: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0])  # advance, duration, calls
+    overlapped = 0
+    span = 0.0
+    for r in range(reps):
+        ks = kernels[r * per:(r + 1) * per]
+        span += ks[-1][1] - ks[0][0]
+        prev_end = ks[0][0]
+        for s, e, name in ks:
+            a = advance[short_kernel_name(name)]
+            a[0] += max(0.0, e - max(prev_end, s)) + max(0.0, s - prev_end)  # idle before it counts to it
+            a[1] += e - s
+            a[2] += 1
+            overlapped += s < prev_end
+            prev_end = max(prev_end, e)
+    rows = sorted(advance.items(), key=lambda kv: -kv[1][0])
+    return {"kernels": per, "span_us": round(span / reps, 1), "overlapped_per_replay": round(overlapped / reps, 1),
+            "by_kernel": [{"name": k, "calls": round(v[2] / reps, 1), "advance_us": round(v[0] / reps, 1),
+                           "duration_us": round(v[1] / reps, 1)} for k, v in rows]}

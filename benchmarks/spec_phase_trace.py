@@ -1,0 +1,78 @@
+"""What a speculative step costs besides the target's verify, phase by phase and kernel by kernel, at 1 and 8 rows.
+
+The speedup over plain decoding is bounded by tau x (decode step) / (draft + verify + commit): the draft and commit
+phases (the drafter's forwards, the tree's bookkeeping, the KV compaction) are costs only speculation pays. Random
+SmolLM2-135M weights and a random drafter (bf16, CUDA graphs, PDL as the environment says), engines of 1 and 8 rows
+stepped 30 steps after 128-token prompts; for each (rows, spec): the three phase graphs replayed in order 50 times
+(ms each, by CUDA events), then each phase graph replayed alone under torch.profiler (draft and greedy verify leave
+the state as they found it; commit moves it on by one step per replay, which the 2,048-position cache allows), its
+kernels charged by `probe_script.kernel_advance`; and the plain decode graph of the same rows for comparison.
+
+usage: python benchmarks/spec_phase_trace.py OUT_DIR [--only=1|8]
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from probe_script import OUT, kernel_advance, stepped_engine  # noqa: E402
+
+import torch  # noqa: E402
+
+from eaglespec.bench.random_model import random_drafter, random_model  # noqa: E402
+from eaglespec.config import SpecConfig  # noqa: E402
+from eaglespec.engine.transforms import prepare_for_inference  # noqa: E402
+
+ONLY = next((int(a.split("=")[1]) for a in sys.argv if a.startswith("--only=")), None)
+dev = torch.device("cuda")
+m = random_model("smollm2-135m", dev, torch.bfloat16, 0).model
+prepare_for_inference(m, dev, None, None)
+d = random_drafter(m.config, dev, torch.bfloat16, 0)
+prepare_for_inference(d, dev, None, None)
+results: list[dict] = []
+cases = [(1, SpecConfig(3, 1, 4)), (1, SpecConfig(4, 4, 16)), (8, SpecConfig(4, 4, 16)), (8, SpecConfig(3, 1, 4))]
+
+
+def phase_ms(graphs: list, n: int = 50) -> dict:
+    ev = [[(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in graphs]
+          for _ in range(n)]
+    for _ in range(5):
+        for _, g in graphs:
+            g.replay()
+    torch.cuda.synchronize()
+    for i in range(n):
+        for j, (_, g) in enumerate(graphs):
+            ev[i][j][0].record()
+            g.replay()
+            ev[i][j][1].record()
+    torch.cuda.synchronize()
+    return {name: round(sum(ev[i][j][0].elapsed_time(ev[i][j][1]) for i in range(n)) / n, 4)
+            for j, (name, _) in enumerate(graphs)}
+
+
+for rows in (1, 8):
+    if ONLY is not None and rows != ONLY:
+        continue
+    e = stepped_engine(m, rows=rows)
+    g = e.runner.graphs.captured("decode", rows, max(e.runner.host_len) + 64, True)
+    results.append({"rows": rows, "graph": "decode", "ms": phase_ms(g)[g[0][0]], **kernel_advance(g[0][1])})
+    del e
+    for r, spec in cases:
+        if r != rows:
+            continue
+        e = stepped_engine(m, d, spec, rows=rows)
+        graphs = e.runner.graphs.captured("spec", rows, max(e.runner.host_len) + 64, True)
+        ms = phase_ms(graphs)
+        name = f"S{spec.steps} K{spec.topk} D{spec.draft_tokens}"
+        for gname, graph in graphs:
+            results.append({"rows": rows, "graph": f"{name} {gname}", "ms": ms[gname], **kernel_advance(graph)})
+        del e
+    torch.cuda.empty_cache()
+(OUT / "spec_phase_trace.json").write_text(json.dumps(results, indent=1))
+for r in results:
+    print(f"\n== {r['rows']} rows, {r['graph']}: {r['ms']} ms by events; {r['kernels']} kernels, span "
+          f"{r['span_us']} us, {r['overlapped_per_replay']} start before the previous ends")
+    for k in r["by_kernel"][:14]:
+        print(f"  {k['name']:<40} {k['calls']:6.1f} calls  advance {k['advance_us']:8.1f} us  "
+              f"(duration {k['duration_us']:8.1f})")
