@@ -126,6 +126,8 @@ def kernel_advance(graph: "torch.cuda.CUDAGraph", reps: int = 20) -> dict:
             overlapped += s < prev_end
             prev_end = max(prev_end, e)
     rows = sorted(advance.items(), key=lambda kv: -kv[1][0])
+    last = kernels[(reps - 1) * per:]
     return {"kernels": per, "span_us": round(span / reps, 1), "overlapped_per_replay": round(overlapped / reps, 1),
+            "sequence": [f"{(e - s):.1f} {name[:90]}" for s, e, name in last],  # the last replay, in order
             "by_kernel": [{"name": k, "calls": round(v[2] / reps, 1), "advance_us": round(v[0] / reps, 1),
                            "duration_us": round(v[1] / reps, 1)} for k, v in rows]}
