@@ -351,7 +351,8 @@ class ModelRunner:
         state = DraftState(self.d_top_ids[r], self.d_top_logp[r] if self.d_top_logp is not None else None,
                            self.d_hidden[r], self.d_logits[r] if sampled else None)
         cands = draft_tree(self._draft_step(ctx_rows), self.d_target_ids.__getitem__, state, L, S, K, kv_len,
-                           (self.temperature[r], self.top_k[r], self.top_p[r]) if sampled else None, self.generator)
+                           (self.temperature[r], self.top_k[r], self.top_p[r]) if sampled else None, self.generator,
+                           target_ids=self.d_target_ids)
         tree = build_tree(self.last_token[r], cands.tokens, cands.scores, cands.parents, cands.depth, D, K, S)
         if cands.q is not None:  # node i >= 1 is candidate i-1; the root was not drafted
             tree.q = cands.q[:, : D - 1]  # [B, D-1, Vd]

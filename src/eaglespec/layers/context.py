@@ -35,8 +35,7 @@ class ForwardContext:
     def row_index(self, batch: int) -> torch.Tensor:
         """[B] cache rows (computed once per forward, not once per layer)."""
         if "rows" not in self._memo:
-            self._memo["rows"] = self.rows if self.rows is not None else torch.arange(
-                batch, device=self.positions.device)
+            self._memo["rows"] = self.rows if self.rows is not None else cached_arange(batch, self.positions.device)
         return self._memo["rows"]
 
     def attn_bias(self, dtype: torch.dtype) -> torch.Tensor:

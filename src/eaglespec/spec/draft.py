@@ -40,7 +40,7 @@ from typing import Callable
 
 import torch
 
-from ..layers import topk_kernel
+from ..layers import topk_kernel, tree_build_kernels
 from ..layers.context import appended_mask, cached_arange, masked_tail, tail_index
 from ..layers.sampling import greedy_ids, sample, target_probs
 
@@ -143,14 +143,22 @@ def draft_tree(
     kv_len: int,
     sampling: Sampling | None = None,
     generator: torch.Generator | None = None,
+    target_ids: torch.Tensor | None = None,
+    kernels: bool | None = None,
 ) -> Candidates:
     """Run S-1 batched drafter forwards and return all K + (S-1)K^2 candidates in level order. `sampling` (chains
-    only; None: greedy drafts) samples the drafts (module docstring)."""
+    only; None: greedy drafts) samples the drafts (module docstring). With `target_ids` (the table `to_target`
+    looks up: draft id -> target id) a tree's levels run their bookkeeping as one Triton kernel each
+    (`layers/tree_build_kernels.draft_level`: the same candidates), when `kernels` (default: on CUDA) and the
+    shapes fit."""
     B, K = state.top_ids.shape
     dev = state.top_ids.device
     if K == 1:
         return draft_chain(step, to_target, state, seq_len, steps, kv_len, sampling, generator)
     W = max((steps - 1) * K, 1)  # scratch entries
+    use = dev.type == "cuda" if kernels is None else kernels
+    if use and target_ids is not None and steps >= 2 and tree_build_kernels.fits_level(K, state.hidden.shape[-1], W):
+        return _draft_tree_kernels(step, target_ids, state, seq_len, steps, K, kv_len)
     slots, own, depth = _tree_constants(K, steps, dev)
     c_tokens = [to_target(state.top_ids)]
     c_scores = [state.top_logp]
@@ -192,6 +200,50 @@ def draft_tree(
         parents=torch.cat(c_parents, 1),
         depth=depth.expand(B, depth.shape[0]),
     )
+
+
+def _draft_tree_kernels(step: DrafterStep, target_ids: torch.Tensor, state: DraftState, seq_len: torch.Tensor,
+                        steps: int, K: int, kv_len: int) -> Candidates:
+    """`draft_tree` for trees with each level's bookkeeping in one kernel (`tree_build_kernels.draft_level`), which
+    writes the candidates straight into their [B, N] tables (no concatenation) and hands the next level its frontier,
+    its visibility and its attention mask; the positions and write slots of every level come from one addition."""
+    B = state.top_ids.shape[0]
+    dev = state.top_ids.device
+    W = (steps - 1) * K
+    N = K + (steps - 1) * K * K
+    _, own, depth = _tree_constants(K, steps, dev)
+    cands = (torch.empty(B, N, dtype=torch.int64, device=dev), torch.empty(B, N, dtype=torch.float32, device=dev),
+             torch.empty(B, N, dtype=torch.int64, device=dev))
+    # [2, S-1, B, K]: RoPE positions L + (level - 2) and write slots L + (level - 2) K + j of each level
+    pos_write = seq_len[None, None, :, None] + _level_offsets(K, steps, dev)
+    index, before = tail_index(seq_len, W, kv_len)
+    vis = own[0].expand(B, K, W + 1)
+    mask = masked_tail(index, before, vis)
+    f_tok, f_score = target_ids[state.top_ids], state.top_logp
+    f_idx = cached_arange(K, dev).expand(B, K)
+    f_hidden = state.hidden[:, None, :].expand(B, K, state.hidden.shape[-1])
+    base = K
+    for level in range(2, steps + 1):
+        logits, hidden = step(f_tok, f_hidden, pos_write[0, level - 2], pos_write[1, level - 2], mask, False, None)
+        ids, logp = topk_logp(logits, K)  # [B, K, K]
+        last = level == steps
+        nxt = tree_build_kernels.draft_level(ids, logp, f_tok, f_score, f_idx, target_ids, hidden, vis,
+                                             own[level - 1] if not last else own[0], seq_len, cands, base,
+                                             level == 2, last, kv_len)
+        if nxt is None:
+            break
+        f_tok, f_score, f_idx, f_hidden, vis, mask = nxt
+        base += K * K
+    return Candidates(tokens=cands[0], scores=cands[1], parents=cands[2], depth=depth.expand(B, N))
+
+
+@functools.cache  # never evicted: captured CUDA graphs read these tensors by address
+def _level_offsets(K: int, steps: int, device: torch.device) -> torch.Tensor:
+    """[2, S-1, 1, K]: per tree level (2..S), the offsets from L of its RoPE positions (level - 2, every slot) and of
+    its write slots ((level - 2) K + j)."""
+    lvl = torch.arange(steps - 1, device=device)[:, None, None]
+    j = torch.arange(K, device=device)[None, None, :]
+    return torch.stack((lvl.expand(steps - 1, 1, K), lvl * K + j))
 
 
 @functools.cache  # never evicted: captured CUDA graphs read these tensors by address

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..layers import topk_kernel, tree_kernels
+from ..layers import topk_kernel, tree_build_kernels, tree_kernels
 from ..layers.context import cached_arange
 
 
@@ -130,8 +130,11 @@ def build_tree(
     num_draft_tokens: int,
     topk: int,
     max_depth: int,
+    kernels: bool | None = None,
 ) -> DraftTree:
-    """Select the best D-1 candidates and lay them out as a tree with the root first (see module docstring)."""
+    """Select the best D-1 candidates and lay them out as a tree with the root first (see module docstring). Trees
+    select in one Triton kernel (`layers/tree_build_kernels.select_tree`: the same tables) when `kernels` (default:
+    on CUDA) and N <= its limit."""
     B, N = cand_tokens.shape
     dev = cand_tokens.device
     keep = num_draft_tokens - 1
@@ -143,6 +146,12 @@ def build_tree(
             parents=parents.expand(B, D), depth=depth.expand(B, D), ancestors=ancestors.expand(B, D, D),
             children=children.expand(B, D, 1), paths=paths.expand(B, D, max_depth + 1),
         )
+    use = dev.type == "cuda" if kernels is None else kernels
+    if use and tree_build_kernels.fits_select(N):
+        tokens, parents, depth = tree_build_kernels.select_tree(cand_tokens, cand_scores, cand_parents, cand_depth,
+                                                                root_tokens, num_draft_tokens)
+        ancestors, paths = ancestor_tables(parents, depth, max_depth)
+        return DraftTree(tokens=tokens, parents=parents, depth=depth, ancestors=ancestors, paths=paths, topk=topk)
     order = best_candidates(cand_scores, keep)  # [B, D-1]
     sel = order.sort(dim=1).values  # candidate ids in index order: parents precede children
     pos_of_cand = torch.full((B, N), -1, dtype=torch.int64, device=dev)

@@ -1,0 +1,65 @@
+"""The KV compaction after a tree verification as one Triton kernel per cache tensor (CUDA).
+
+`engine/kv_cache.KVCache.compact` moves each row's accepted tree entries to contiguous positions in every layer. In
+PyTorch that is an advanced-indexing gather and an index_put per cache tensor, with their index preparation: ~8
+graph nodes of 1-5 us per tree step on the H200 (benchmarks/spec_phase_trace.py). Here one program per (layer, row)
+loads the row's S+1 source entries whole and then stores them, so overlapping ranges are safe, as in the PyTorch
+path (which gathers everything first).
+
+`compact(cache, rows, src, dst)`: cache [L, R, S_max, *entry] contiguous; rows [B] int64 cache rows; src, dst [B, S1]
+int64 positions: cache[l, rows[b], dst[b, i]] = cache[l, rows[b], src[b, i]] for every layer l. `fits(entry_numel,
+S1)` says which shapes it takes. Built on first use, so that `TRITON_INTERPRET=1` (CPU tests) takes effect.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from .pdl import launch_options
+
+MAX_ENTRY = 8192  # elements of one position's entry (a row of BLOCK_S x entry values in one block)
+MAX_MOVES = 64
+
+
+def fits(entry: int, moves: int) -> bool:
+    return 1 <= entry <= MAX_ENTRY and 1 <= moves <= MAX_MOVES
+
+
+@functools.cache
+def _kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def compact_kernel(cache, rows, src, dst, R, S_MAX, E, S1, BLOCK_S: tl.constexpr, BLOCK_E: tl.constexpr,
+                       PDL: tl.constexpr = False):
+        if PDL:  # layers/pdl.py: nothing here is a weight, so wait for the kernel before at once
+            tl.extra.cuda.gdc_launch_dependents()
+            tl.extra.cuda.gdc_wait()
+        layer = tl.program_id(0).to(tl.int64)
+        b = tl.program_id(1).to(tl.int64)
+        i = tl.arange(0, BLOCK_S)
+        im = i < S1
+        e = tl.arange(0, BLOCK_E)
+        em = e < E
+        row = layer * R + tl.load(rows + b)
+        s = tl.load(src + b * S1 + i, mask=im, other=0)
+        d = tl.load(dst + b * S1 + i, mask=im, other=0)
+        m = im[:, None] & em[None, :]
+        v = tl.load(cache + (row * S_MAX + s)[:, None] * E + e[None, :], mask=m)
+        tl.store(cache + (row * S_MAX + d)[:, None] * E + e[None, :], v, mask=m)
+
+    return compact_kernel
+
+
+def compact(cache: torch.Tensor, rows: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:
+    L, R, S_MAX = cache.shape[:3]
+    E = cache[0, 0, 0].numel()
+    B, S1 = src.shape
+    assert cache.is_contiguous() and fits(E, S1), "kv compact: shape"
+    BLOCK_E = max(16, 1 << (E - 1).bit_length())
+    _kernel()[(L, B)](cache, rows.contiguous(), src.contiguous(), dst.contiguous(), R, S_MAX, E, S1,
+                      BLOCK_S=max(2, 1 << (S1 - 1).bit_length()), BLOCK_E=BLOCK_E,
+                      num_warps=4 if BLOCK_E <= 1024 else 8, **launch_options(cache))

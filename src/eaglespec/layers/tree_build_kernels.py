@@ -1,0 +1,195 @@
+"""A draft tree's construction as Triton kernels (CUDA): one kernel per drafting level, one for the selection.
+
+`spec/draft.draft_tree` and `spec/tree.build_tree` written in PyTorch launch ~13 small operators per tree level
+between two drafter forwards (score sums, the vocabulary map, the frontier's top-k and four gathers, the visibility
+update, the next mask) and ~20 to select and lay out the D-1 best candidates (three concatenations, a top-k, a sort,
+scatters, gathers): each a CUDA-graph node of 1-3 us on the H200, about 40% of a tree's drafting phase at batch 1
+(benchmarks/spec_phase_trace.py). Here each is one program per row.
+
+`draft_level(ids, logp, f_tok, f_score, f_idx, d2t, hidden, vis, own, seq_len, cands, base, first, last, kv_len)`,
+for tree level k >= 2 with K frontier slots (`spec/draft.py`'s conventions):
+  ids, logp [B, K, K]: the top-K draft ids and log-probabilities at each frontier slot (the drafter's output at this
+  level); f_tok [B, K] target ids, f_score [B, K] float32, f_idx [B, K] candidate ids of the frontier; d2t [Vd]:
+  draft id -> target id; hidden [B, K, H]: the drafter's outputs at the frontier slots; vis [B, K, W+1] bool: each
+  slot's visibility of the scratch entries (column W false); own [K, W+1] bool: the next level's own entries;
+  seq_len [B]; cands = (tokens, scores, parents) [B, N] buffers in level order.
+  Writes the level's K^2 children at candidate ids base + i*K + c (token d2t[ids], score f_score[i] + logp[i, c],
+  parent f_idx[i]); with `first` also the K depth-1 candidates at 0..K-1 (f_tok, f_score, -1). Unless `last`, returns
+  the next frontier: the K best children, best first (on equal scores the smaller candidate id), as (f_tok, f_score,
+  f_idx, hidden [B, K, H] of their parents' slots, vis = the parent's row | own, and the next level's attention mask
+  [B, K, kv_len] bool: cache position p is visible iff p < seq_len or vis[p - seq_len], `context.masked_tail`'s
+  values).
+`select_tree(cand_tokens, cand_scores, cand_parents, cand_depth, root, D) -> (tokens, parents, depth)` [B, D]: the
+  D-1 best candidates (equal scores: the smaller candidate id first, a stable sort's order), laid out in candidate
+  order after the root, parents as node ids (root -1, depth 0): `build_tree`'s values. A candidate's rank is counted
+  against all others at once (an N x N comparison), so it serves N <= MAX_CANDIDATES.
+
+`fits_level(K, H, W)` and `fits_select(N)` say which shapes these kernels take. Built on first use, so that
+`TRITON_INTERPRET=1` (CPU tests) takes effect; bool tensors are read and written as bytes.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from .pdl import launch_options
+
+MAX_CANDIDATES = 128  # select_tree: N x N ranks in one block
+MAX_LEVEL_WIDTH = 8  # draft_level: K <= 8 (K^2 <= 64 children per row)
+MAX_HIDDEN = 8192
+
+
+def fits_level(K: int, H: int, W: int) -> bool:
+    return 2 <= K <= MAX_LEVEL_WIDTH and H <= MAX_HIDDEN and W + 1 <= 1024
+
+
+def fits_select(N: int) -> bool:
+    return 1 <= N <= MAX_CANDIDATES
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _p2(n: int, least: int = 2) -> int:
+    return max(least, 1 << (max(n, 1) - 1).bit_length())
+
+
+@functools.cache
+def _kernels():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def draft_level_kernel(ids, logp, f_tok, f_score, f_idx, d2t, hidden, vis, own, seq_len, c_tok, c_score, c_par,
+                           n_tok, n_score, n_idx, n_hidden, n_vis, n_mask, N, H, W1, KV, base,
+                           K: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr,
+                           BLOCK_W: tl.constexpr, BLOCK_P: tl.constexpr, FIRST: tl.constexpr, LAST: tl.constexpr,
+                           PDL: tl.constexpr = False):
+        if PDL:  # layers/pdl.py: nothing here is a weight, so wait for the kernel before at once
+            tl.extra.cuda.gdc_launch_dependents()
+            tl.extra.cuda.gdc_wait()
+        b = tl.program_id(0).to(tl.int64)
+        pb = tl.program_id(1)  # the block of the next mask's cache positions this program writes
+        head = pb == 0  # program (b, 0) also writes everything else of row b
+        c = tl.arange(0, BLOCK_C)  # child i * K + j of frontier slot i
+        cm = c < K * K
+        slot = c // K
+        score = tl.load(f_score + b * K + slot, mask=cm, other=0.0) + tl.load(logp + b * K * K + c, mask=cm,
+                                                                              other=0.0)
+        tok = tl.load(d2t + tl.load(ids + b * K * K + c, mask=cm, other=0), mask=cm, other=0)
+        row = b * N + base
+        wc = cm & head
+        tl.store(c_tok + row + c, tok, mask=wc)
+        tl.store(c_score + row + c, score, mask=wc)
+        tl.store(c_par + row + c, tl.load(f_idx + b * K + slot, mask=cm, other=0), mask=wc)
+        if FIRST:  # the depth-1 candidates 0..K-1: the frontier this level expanded
+            k = tl.arange(0, BLOCK_K)
+            km = (k < K) & head
+            tl.store(c_tok + b * N + k, tl.load(f_tok + b * K + k, mask=km, other=0), mask=km)
+            tl.store(c_score + b * N + k, tl.load(f_score + b * K + k, mask=km, other=0.0), mask=km)
+            tl.store(c_par + b * N + k, tl.full([BLOCK_K], -1, tl.int64), mask=km)
+        if not LAST:
+            s = tl.where(cm, score, float("-inf"))
+            h = tl.arange(0, BLOCK_H)
+            hm = (h < H) & head
+            w = tl.arange(0, BLOCK_W)
+            wm = (w < W1) & head
+            L = tl.load(seq_len + b)
+            p = pb * BLOCK_P + tl.arange(0, BLOCK_P)
+            pm = p < KV
+            rel = p - L
+            tail = pm & (rel >= 0) & (rel < W1)
+            for j in tl.static_range(K):
+                best = tl.max(s, 0)
+                pick = tl.min(tl.where(s == best, c, BLOCK_C), 0)  # the first of equal scores
+                s = tl.where(c == pick, float("-inf"), s)
+                parent = pick // K
+                if pb == 0:
+                    tl.store(n_idx + b * K + j, (base + pick).to(tl.int64))
+                    tl.store(n_score + b * K + j, best)
+                    tl.store(n_tok + b * K + j, tl.sum(tl.where(c == pick, tok, 0), 0))
+                hv = tl.load(hidden + (b * K + parent) * H + h, mask=hm, other=0.0)
+                tl.store(n_hidden + (b * K + j) * H + h, hv, mask=hm)
+                vrow = tl.load(vis + (b * K + parent) * W1 + w, mask=wm, other=0) | tl.load(own + j * W1 + w, mask=wm,
+                                                                                           other=0)
+                tl.store(n_vis + (b * K + j) * W1 + w, vrow, mask=wm)
+                v = tl.load(vis + (b * K + parent) * W1 + rel, mask=tail, other=0) | tl.load(own + j * W1 + rel,
+                                                                                             mask=tail, other=0)
+                tl.store(n_mask + (b * K + j) * KV + p, ((rel < 0) | (v != 0)).to(tl.int8), mask=pm)
+
+    @triton.jit
+    def select_tree_kernel(c_tok, c_score, c_par, c_depth, depth_stride, root, tok_out, par_out, dep_out, N, D,
+                           BLOCK_N: tl.constexpr, PDL: tl.constexpr = False):
+        if PDL:  # layers/pdl.py: nothing here is a weight, so wait for the kernel before at once
+            tl.extra.cuda.gdc_launch_dependents()
+            tl.extra.cuda.gdc_wait()
+        b = tl.program_id(0).to(tl.int64)
+        c = tl.arange(0, BLOCK_N)
+        cm = c < N
+        s = tl.load(c_score + b * N + c, mask=cm, other=float("-inf"))
+        # rank[c] = how many candidates come before c: a higher score, or an equal one and a smaller id
+        ahead = ((s[None, :] > s[:, None]) | ((s[None, :] == s[:, None]) & (c[None, :] < c[:, None]))) & cm[None, :]
+        rank = tl.sum(ahead.to(tl.int32), axis=1)
+        sel = (rank < D - 1) & cm
+        pos = tl.cumsum(sel.to(tl.int32), axis=0)  # node id of a kept candidate: 1 + kept ones before it
+        par = tl.load(c_par + b * N + c, mask=cm, other=-1)
+        ppos = tl.sum(tl.where(c[None, :] == par[:, None], pos[None, :], 0), axis=1)  # the parent's node id
+        out = b * D + pos
+        tl.store(tok_out + out, tl.load(c_tok + b * N + c, mask=cm, other=0), mask=sel)
+        tl.store(par_out + out, tl.where(par >= 0, ppos, 0).to(tl.int64), mask=sel)
+        tl.store(dep_out + out, tl.load(c_depth + b * depth_stride + c, mask=cm, other=0), mask=sel)
+        tl.store(tok_out + b * D, tl.load(root + b))
+        tl.store(par_out + b * D, tl.full([], -1, tl.int64))
+        tl.store(dep_out + b * D, tl.full([], 0, tl.int64))
+
+    return draft_level_kernel, select_tree_kernel
+
+
+def draft_level(ids: torch.Tensor, logp: torch.Tensor, f_tok: torch.Tensor, f_score: torch.Tensor,
+                f_idx: torch.Tensor, d2t: torch.Tensor, hidden: torch.Tensor, vis: torch.Tensor, own: torch.Tensor,
+                seq_len: torch.Tensor, cands: tuple[torch.Tensor, torch.Tensor, torch.Tensor], base: int,
+                first: bool, last: bool, kv_len: int) -> tuple[torch.Tensor, ...] | None:
+    """See the module docstring; returns (f_tok, f_score, f_idx, hidden, vis, mask) of the next level, or None for
+    the last level."""
+    B, K = f_tok.shape
+    H = hidden.shape[-1]
+    W1 = vis.shape[-1]
+    assert fits_level(K, H, W1 - 1), f"draft_level: K={K} H={H} W={W1 - 1}"
+    c_tok, c_score, c_par = cands
+    dev = f_tok.device
+    if last:
+        n_tok = n_score = n_idx = n_hidden = n_vis = n_mask = c_tok  # unused
+    else:
+        n_tok = torch.empty(B, K, dtype=torch.int64, device=dev)
+        n_score = torch.empty(B, K, dtype=torch.float32, device=dev)
+        n_idx = torch.empty(B, K, dtype=torch.int64, device=dev)
+        n_hidden = torch.empty(B, K, H, dtype=hidden.dtype, device=dev)
+        n_vis = torch.empty(B, K, W1, dtype=torch.bool, device=dev)
+        n_mask = torch.empty(B, K, kv_len, dtype=torch.bool, device=dev)
+    as8 = lambda t: t.view(torch.int8) if t.dtype == torch.bool else t  # noqa: E731
+    BLOCK_P = 512
+    grid = (B, 1 if last else triton_cdiv(kv_len, BLOCK_P))
+    _kernels()[0][grid](ids.contiguous(), logp.contiguous(), f_tok.contiguous(), f_score.contiguous(),
+                        f_idx.contiguous(), d2t, hidden.contiguous(), as8(vis.contiguous()), as8(own.contiguous()),
+                        seq_len.contiguous(), c_tok, c_score, c_par, n_tok, n_score, n_idx, n_hidden, as8(n_vis),
+                        as8(n_mask), c_tok.shape[1], H, W1, kv_len, base, K=K, BLOCK_C=_p2(K * K),
+                        BLOCK_K=_p2(K), BLOCK_H=_p2(H), BLOCK_W=_p2(W1), BLOCK_P=BLOCK_P, FIRST=first, LAST=last,
+                        num_warps=4, **launch_options(f_tok))
+    return None if last else (n_tok, n_score, n_idx, n_hidden, n_vis, n_mask)
+
+
+def select_tree(cand_tokens: torch.Tensor, cand_scores: torch.Tensor, cand_parents: torch.Tensor,
+                cand_depth: torch.Tensor, root: torch.Tensor, D: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    B, N = cand_tokens.shape
+    assert fits_select(N) and 1 <= D <= N + 1, f"select_tree: N={N} D={D}"
+    dev = cand_tokens.device
+    tok, par, dep = (torch.empty(B, D, dtype=torch.int64, device=dev) for _ in range(3))
+    BN = _p2(N, 16)
+    cd = cand_depth if cand_depth.stride(-1) == 1 else cand_depth.contiguous()  # [B, N], often expanded (stride 0)
+    _kernels()[1][(B,)](cand_tokens.contiguous(), cand_scores.contiguous(), cand_parents.contiguous(), cd,
+                        cd.stride(0), root.contiguous(), tok, par, dep, N, D, BLOCK_N=BN,
+                        num_warps=4 if BN <= 64 else 8, **launch_options(cand_tokens))
+    return tok, par, dep

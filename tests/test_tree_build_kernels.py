@@ -1,0 +1,136 @@
+"""The tree-construction and KV-compaction Triton kernels (layers/tree_build_kernels.py, layers/kv_compact_kernel.py:
+a tree level's bookkeeping, the selection of the D-1 best candidates, the compaction after verification; on CUDA),
+run by Triton's interpreter on the CPU against the PyTorch code they replace; and tree speculation through all of
+them still equal to plain decoding."""
+
+from __future__ import annotations
+
+import functools
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are built (they are built on first use)
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from tiny import assert_transformed_engine_equals_plain, tiny_drafter, tiny_llama  # noqa: E402
+
+import eaglespec.engine.runner as runner  # noqa: E402
+from eaglespec.config import SpecConfig  # noqa: E402
+from eaglespec.engine.kv_cache import KVCache  # noqa: E402
+from eaglespec.layers import kv_compact_kernel, tree_build_kernels  # noqa: E402
+from eaglespec.layers.context import ForwardContext  # noqa: E402
+from eaglespec.spec.draft import catch_up, draft_tree  # noqa: E402
+from eaglespec.spec.tree import build_tree  # noqa: E402
+
+
+def drafted(S: int, K: int, B: int, kernels: bool, seed: int = 0):
+    """Candidates of one drafting phase of a tiny drafter over B rows of different lengths, with or without the
+    level kernel (the drafter's KV cache rebuilt for each run, so both see the same state)."""
+    torch.manual_seed(seed)
+    target = tiny_llama(seed=0)
+    drafter = tiny_drafter(target, seed=1)
+    drafter.set_embed_and_head(*target.get_embed_and_head())
+    lens = torch.tensor([9, 6, 11][:B])
+    T = int(lens.max())
+    tokens = torch.randint(0, 97, (B, T))
+    aux = torch.randn(B, T, 3 * 64)
+    kv_len = T + (S - 1) * K + 3
+    kv = KVCache(1, drafter.kv_cache_shapes(), B, kv_len, torch.float32, "cpu")
+
+    def step(tok, hid, pos, write, mask, from_target, logits_index):
+        ctx = ForwardContext(positions=pos, write_index=write, attn_mask=mask, kv=kv.layers(),
+                             logits_index=logits_index)
+        return drafter(tok, hid, ctx, from_target=from_target)
+
+    st = catch_up(step, tokens, aux, torch.zeros(B, dtype=torch.int64), lens, T, K)
+    table = drafter.to_target_ids(torch.arange(drafter.draft_vocab_size))
+    c = draft_tree(step, drafter.to_target_ids, st, lens, S, K, kv_len, target_ids=table, kernels=kernels)
+    return c, tokens[:, 0]
+
+
+@pytest.mark.parametrize("S,K,B", [(2, 2, 1), (3, 2, 2), (4, 4, 3), (3, 3, 2)])
+def test_level_kernel_drafts_the_same_candidates(S, K, B):
+    ref, _ = drafted(S, K, B, kernels=False)
+    got, _ = drafted(S, K, B, kernels=True)
+    N = K + (S - 1) * K * K
+    assert got.tokens.shape == (B, N) and got.scores.dtype == torch.float32
+    assert torch.equal(got.tokens, ref.tokens) and torch.equal(got.parents, ref.parents)
+    assert torch.equal(got.depth, ref.depth)
+    torch.testing.assert_close(got.scores, ref.scores, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("S,K,D", [(4, 4, 16), (3, 2, 6), (2, 3, 4), (5, 4, 20)])
+def test_select_kernel_builds_the_same_tree(S, K, D):
+    c, root = drafted(S, K, 3, kernels=False, seed=S + D)
+    ref = build_tree(root, c.tokens, c.scores, c.parents, c.depth, D, K, S, kernels=False)
+    got = build_tree(root, c.tokens, c.scores, c.parents, c.depth, D, K, S, kernels=True)
+    for field in ("tokens", "parents", "depth", "ancestors", "paths"):
+        assert torch.equal(getattr(got, field), getattr(ref, field)), field
+
+
+def test_select_kernel_breaks_ties_as_the_stable_sort():
+    """Scores on a coarse grid, so that many are equal: the kept candidates and their layout still match (a child's
+    score never exceeds its parent's, and on equal scores the parent, with the smaller id, is kept first)."""
+    g = torch.Generator().manual_seed(3)
+    B, K, S, D = 4, 3, 3, 8
+    N = K + (S - 1) * K * K
+    parents = torch.empty(B, N, dtype=torch.int64)
+    scores = torch.empty(B, N)
+    depth = torch.empty(N, dtype=torch.int64)
+    parents[:, :K], depth[:K] = -1, 1
+    scores[:, :K] = -torch.randint(0, 3, (B, K), generator=g).float() * 0.5
+    base, frontier = K, torch.arange(K).expand(B, K)
+    for level in range(2, S + 1):
+        par = frontier[:, :, None].expand(B, K, K).reshape(B, K * K)
+        parents[:, base:base + K * K] = par
+        depth[base:base + K * K] = level
+        scores[:, base:base + K * K] = torch.gather(scores, 1, par) - torch.randint(
+            0, 2, (B, K * K), generator=g).float() * 0.5
+        frontier = base + torch.randint(0, K * K, (B, K), generator=g)
+        base += K * K
+    tokens = torch.randint(0, 50, (B, N), generator=g)
+    root = torch.randint(0, 50, (B,), generator=g)
+    ref = build_tree(root, tokens, scores, parents, depth.expand(B, N), D, K, S, kernels=False)
+    got = build_tree(root, tokens, scores, parents, depth.expand(B, N), D, K, S, kernels=True)
+    for field in ("tokens", "parents", "depth"):
+        assert torch.equal(getattr(got, field), getattr(ref, field)), field
+
+
+@pytest.mark.parametrize("entry", [(3, 8), (24,)])
+def test_compact_kernel_moves_the_same_entries(entry):
+    g = torch.Generator().manual_seed(1)
+    L, R, S_MAX, S1 = 3, 5, 20, 4
+    cache = torch.randn(L, R, S_MAX, *entry, generator=g)
+    rows = torch.tensor([4, 0, 2])
+    start = torch.tensor([3, 10, 0])
+    path = torch.tensor([[0, 2, 5, 5], [0, 0, 0, 0], [0, 1, 3, 7]])  # node ids by depth, padded with the last
+    src, dst = start[:, None] + path, start[:, None] + torch.arange(S1)[None, :]
+    ref = cache.clone()
+    ref[:, rows[:, None], dst] = ref[:, rows[:, None], src]
+    kv_compact_kernel.compact(cache, rows, src, dst)
+    assert torch.equal(cache, ref)
+
+
+def test_fits():
+    assert tree_build_kernels.fits_level(4, 576, 12) and not tree_build_kernels.fits_level(1, 576, 3)
+    assert not tree_build_kernels.fits_level(9, 576, 24)
+    assert tree_build_kernels.fits_select(52) and not tree_build_kernels.fits_select(328)
+    assert kv_compact_kernel.fits(192, 5) and not kv_compact_kernel.fits(192, 0)
+
+
+def test_tree_speculation_through_the_construction_kernels_equals_plain(monkeypatch):
+    calls = []
+
+    def compact_through(self, rows, src, dst):
+        calls.append("compact")
+        for t in self.tensors:
+            kv_compact_kernel.compact(t, rows, src, dst)
+
+    monkeypatch.setattr(runner, "draft_tree", functools.partial(draft_tree, kernels=True))
+    monkeypatch.setattr(runner, "build_tree", functools.partial(build_tree, kernels=True))
+    monkeypatch.setattr(KVCache, "compact", compact_through)
+    levels = []
+    real = tree_build_kernels.draft_level
+    monkeypatch.setattr(tree_build_kernels, "draft_level", lambda *a: levels.append(a[11]) or real(*a))
+    assert_transformed_engine_equals_plain(lambda t, d: None, SpecConfig(3, 2, 6), [[5, 6, 7, 8], [9, 10]], 12)
+    assert calls and levels and set(levels) == {2, 6}  # the candidate id each level's children start at
