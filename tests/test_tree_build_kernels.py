@@ -107,7 +107,7 @@ def test_compact_kernel_moves_the_same_entries(entry):
     src, dst = start[:, None] + path, start[:, None] + torch.arange(S1)[None, :]
     ref = cache.clone()
     ref[:, rows[:, None], dst] = ref[:, rows[:, None], src]
-    kv_compact_kernel.compact(cache, rows, src, dst)
+    kv_compact_kernel.compact(cache, rows, start, path)
     assert torch.equal(cache, ref)
 
 
@@ -121,10 +121,10 @@ def test_fits():
 def test_tree_speculation_through_the_construction_kernels_equals_plain(monkeypatch):
     calls = []
 
-    def compact_through(self, rows, src, dst):
+    def compact_through(self, rows, start, path):
         calls.append("compact")
         for t in self.tensors:
-            kv_compact_kernel.compact(t, rows, src, dst)
+            kv_compact_kernel.compact(t, rows, start, path)
 
     monkeypatch.setattr(runner, "draft_tree", functools.partial(draft_tree, kernels=True))
     monkeypatch.setattr(runner, "build_tree", functools.partial(build_tree, kernels=True))

@@ -36,14 +36,17 @@ class KVCache:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.tensors)
 
-    def compact(self, rows: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:
-        """For each b: positions src[b, i] -> dst[b, i] (all layers). rows [B]; src/dst [B, N].
-
-        The whole source is gathered before anything is written, so overlapping ranges are safe.
-        """
+    def compact(self, rows: torch.Tensor, start: torch.Tensor, path: torch.Tensor) -> None:
+        """For each b: positions start[b] + path[b, i] -> start[b] + i (all layers). rows, start [B]; path [B, N] with
+        path[b, i] >= i (a tree's accepted path: node ids by depth), so no source is overwritten before it is read.
+        On CUDA one Triton kernel per cache tensor (layers/kv_compact_kernel.py) instead of ~4 operators."""
         r = rows[:, None]
+        src = dst = None
         for t in self.tensors:
-            if t.is_cuda and kv_compact_kernel.fits(t[0, 0, 0].numel(), src.shape[1]):
-                kv_compact_kernel.compact(t, rows, src, dst)  # one kernel instead of ~4 (layers/kv_compact_kernel.py)
-            else:
-                t[:, r, dst] = t[:, r, src]
+            if t.is_cuda and kv_compact_kernel.fits(t[0, 0, 0].numel(), path.shape[1]):
+                kv_compact_kernel.compact(t, rows, start, path)
+                continue
+            if src is None:
+                src = start[:, None] + path
+                dst = start[:, None] + torch.arange(path.shape[1], device=path.device)[None, :]
+            t[:, r, dst] = t[:, r, src]  # the whole source is gathered before anything is written

@@ -392,7 +392,7 @@ class ModelRunner:
         L = self.seq_len[r]
         if self.spec.topk > 1:  # tree slots L + path[i] -> L + i (a chain's accepted nodes 0..m already lie there)
             rows_t = cached_arange(B, dev) if isinstance(r, slice) else r
-            self.kv.compact(rows_t, L[:, None] + res.path, L[:, None] + cached_arange(S1, dev)[None, :])
+            self.kv.compact(rows_t, L, res.path)
         aux = torch.gather(aux_all, 1, res.path[..., None].expand(B, S1, aux_all.shape[-1]))
         n_new = res.accept_len + 1
         st = catch_up(self._draft_step(ctx_rows), res.tokens, aux, L, n_new, kv_len, self.spec.topk,

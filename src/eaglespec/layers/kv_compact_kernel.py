@@ -6,9 +6,10 @@ graph nodes of 1-5 us per tree step on the H200 (benchmarks/spec_phase_trace.py)
 loads the row's S+1 source entries whole and then stores them, so overlapping ranges are safe, as in the PyTorch
 path (which gathers everything first).
 
-`compact(cache, rows, src, dst)`: cache [L, R, S_max, *entry] contiguous; rows [B] int64 cache rows; src, dst [B, S1]
-int64 positions: cache[l, rows[b], dst[b, i]] = cache[l, rows[b], src[b, i]] for every layer l. `fits(entry_numel,
-S1)` says which shapes it takes. Built on first use, so that `TRITON_INTERPRET=1` (CPU tests) takes effect.
+`compact(cache, rows, start, path)`: cache [L, R, S_max, *entry] contiguous; rows [B] int64 cache rows; start [B]
+int64; path [B, S1] int64 offsets: cache[l, rows[b], start[b] + i] = cache[l, rows[b], start[b] + path[b, i]] for
+every layer l (the accepted path's entries, written at a tree's slots start + node id, moved to start + depth).
+`fits(entry_numel, S1)` says which shapes it takes. Built on first use, so that `TRITON_INTERPRET=1` (CPU tests) takes effect.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ def _kernel():
     import triton.language as tl
 
     @triton.jit
-    def compact_kernel(cache, rows, src, dst, R, S_MAX, E, S1, BLOCK_S: tl.constexpr, BLOCK_E: tl.constexpr,
+    def compact_kernel(cache, rows, start, path, R, S_MAX, E, S1, BLOCK_S: tl.constexpr, BLOCK_E: tl.constexpr,
                        PDL: tl.constexpr = False):
         if PDL:  # layers/pdl.py: nothing here is a weight, so wait for the kernel before at once
             tl.extra.cuda.gdc_launch_dependents()
@@ -45,8 +46,9 @@ def _kernel():
         e = tl.arange(0, BLOCK_E)
         em = e < E
         row = layer * R + tl.load(rows + b)
-        s = tl.load(src + b * S1 + i, mask=im, other=0)
-        d = tl.load(dst + b * S1 + i, mask=im, other=0)
+        L = tl.load(start + b)
+        s = L + tl.load(path + b * S1 + i, mask=im, other=0)
+        d = L + i
         m = im[:, None] & em[None, :]
         v = tl.load(cache + (row * S_MAX + s)[:, None] * E + e[None, :], mask=m)
         tl.store(cache + (row * S_MAX + d)[:, None] * E + e[None, :], v, mask=m)
@@ -54,12 +56,12 @@ def _kernel():
     return compact_kernel
 
 
-def compact(cache: torch.Tensor, rows: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:
+def compact(cache: torch.Tensor, rows: torch.Tensor, start: torch.Tensor, path: torch.Tensor) -> None:
     L, R, S_MAX = cache.shape[:3]
     E = cache[0, 0, 0].numel()
-    B, S1 = src.shape
+    B, S1 = path.shape
     assert cache.is_contiguous() and fits(E, S1), "kv compact: shape"
     BLOCK_E = max(16, 1 << (E - 1).bit_length())
-    _kernel()[(L, B)](cache, rows.contiguous(), src.contiguous(), dst.contiguous(), R, S_MAX, E, S1,
+    _kernel()[(L, B)](cache, rows.contiguous(), start.contiguous(), path.contiguous(), R, S_MAX, E, S1,
                       BLOCK_S=max(2, 1 << (S1 - 1).bit_length()), BLOCK_E=BLOCK_E,
                       num_warps=4 if BLOCK_E <= 1024 else 8, **launch_options(cache))

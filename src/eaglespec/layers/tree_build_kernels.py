@@ -63,8 +63,8 @@ def _kernels():
     import triton.language as tl
 
     @triton.jit
-    def draft_level_kernel(ids, logp, f_tok, f_score, f_idx, d2t, hidden, vis, own, seq_len, c_tok, c_score, c_par,
-                           n_tok, n_score, n_idx, n_hidden, n_vis, n_mask, N, H, W1, KV, base,
+    def draft_level_kernel(ids, logp, f_tok, f_score, f_idx, idx_bs, d2t, hidden, vis, vis_bs, own, seq_len, c_tok,
+                           c_score, c_par, n_tok, n_score, n_idx, n_hidden, n_vis, n_mask, N, H, W1, KV, base,
                            K: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr,
                            BLOCK_W: tl.constexpr, BLOCK_P: tl.constexpr, FIRST: tl.constexpr, LAST: tl.constexpr,
                            PDL: tl.constexpr = False):
@@ -84,7 +84,7 @@ def _kernels():
         wc = cm & head
         tl.store(c_tok + row + c, tok, mask=wc)
         tl.store(c_score + row + c, score, mask=wc)
-        tl.store(c_par + row + c, tl.load(f_idx + b * K + slot, mask=cm, other=0), mask=wc)
+        tl.store(c_par + row + c, tl.load(f_idx + b * idx_bs + slot, mask=cm, other=0), mask=wc)
         if FIRST:  # the depth-1 candidates 0..K-1: the frontier this level expanded
             k = tl.arange(0, BLOCK_K)
             km = (k < K) & head
@@ -113,10 +113,10 @@ def _kernels():
                     tl.store(n_tok + b * K + j, tl.sum(tl.where(c == pick, tok, 0), 0))
                 hv = tl.load(hidden + (b * K + parent) * H + h, mask=hm, other=0.0)
                 tl.store(n_hidden + (b * K + j) * H + h, hv, mask=hm)
-                vrow = tl.load(vis + (b * K + parent) * W1 + w, mask=wm, other=0) | tl.load(own + j * W1 + w, mask=wm,
+                vrow = tl.load(vis + b * vis_bs + parent * W1 + w, mask=wm, other=0) | tl.load(own + j * W1 + w, mask=wm,
                                                                                            other=0)
                 tl.store(n_vis + (b * K + j) * W1 + w, vrow, mask=wm)
-                v = tl.load(vis + (b * K + parent) * W1 + rel, mask=tail, other=0) | tl.load(own + j * W1 + rel,
+                v = tl.load(vis + b * vis_bs + parent * W1 + rel, mask=tail, other=0) | tl.load(own + j * W1 + rel,
                                                                                              mask=tail, other=0)
                 tl.store(n_mask + (b * K + j) * KV + p, ((rel < 0) | (v != 0)).to(tl.int8), mask=pm)
 
@@ -148,6 +148,20 @@ def _kernels():
     return draft_level_kernel, select_tree_kernel
 
 
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.int8) if t.dtype == torch.bool else t
+
+
+def _rows_of(t: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """(t, its batch stride) when each row is contiguous (an expanded constant has batch stride 0: not copied),
+    else a contiguous copy."""
+    inner = t[0]
+    if inner.is_contiguous():
+        return t, t.stride(0)
+    t = t.contiguous()
+    return t, t.stride(0)
+
+
 def draft_level(ids: torch.Tensor, logp: torch.Tensor, f_tok: torch.Tensor, f_score: torch.Tensor,
                 f_idx: torch.Tensor, d2t: torch.Tensor, hidden: torch.Tensor, vis: torch.Tensor, own: torch.Tensor,
                 seq_len: torch.Tensor, cands: tuple[torch.Tensor, torch.Tensor, torch.Tensor], base: int,
@@ -169,13 +183,14 @@ def draft_level(ids: torch.Tensor, logp: torch.Tensor, f_tok: torch.Tensor, f_sc
         n_hidden = torch.empty(B, K, H, dtype=hidden.dtype, device=dev)
         n_vis = torch.empty(B, K, W1, dtype=torch.bool, device=dev)
         n_mask = torch.empty(B, K, kv_len, dtype=torch.bool, device=dev)
-    as8 = lambda t: t.view(torch.int8) if t.dtype == torch.bool else t  # noqa: E731
     BLOCK_P = 512
     grid = (B, 1 if last else triton_cdiv(kv_len, BLOCK_P))
-    _kernels()[0][grid](ids.contiguous(), logp.contiguous(), f_tok.contiguous(), f_score.contiguous(),
-                        f_idx.contiguous(), d2t, hidden.contiguous(), as8(vis.contiguous()), as8(own.contiguous()),
-                        seq_len.contiguous(), c_tok, c_score, c_par, n_tok, n_score, n_idx, n_hidden, as8(n_vis),
-                        as8(n_mask), c_tok.shape[1], H, W1, kv_len, base, K=K, BLOCK_C=_p2(K * K),
+    f_idx, idx_bs = _rows_of(f_idx)  # the first level's frontier and visibility are expanded constants
+    vis, vis_bs = _rows_of(vis)
+    _kernels()[0][grid](ids.contiguous(), logp.contiguous(), f_tok.contiguous(), f_score.contiguous(), f_idx,
+                        idx_bs, d2t, hidden.contiguous(), _bytes(vis), vis_bs, _bytes(own.contiguous()),
+                        seq_len.contiguous(), c_tok, c_score, c_par, n_tok, n_score, n_idx, n_hidden, _bytes(n_vis),
+                        _bytes(n_mask), c_tok.shape[1], H, W1, kv_len, base, K=K, BLOCK_C=_p2(K * K),
                         BLOCK_K=_p2(K), BLOCK_H=_p2(H), BLOCK_W=_p2(W1), BLOCK_P=BLOCK_P, FIRST=first, LAST=last,
                         num_warps=4, **launch_options(f_tok))
     return None if last else (n_tok, n_score, n_idx, n_hidden, n_vis, n_mask)
