@@ -39,6 +39,29 @@ def test_kernel_matches_reference(M, K, N, gated, with_delta, dtype):
         assert ((y1.float() - y2.float()).abs() <= 2 ** -4 * (1 + y2.float().abs())).all()
 
 
+@pytest.mark.parametrize("K", [80, 576])  # split as 64 + 16 and 512 + 64 (`_k_chunks`)
+@pytest.mark.parametrize("row_loop", [False, True])
+@pytest.mark.parametrize("gated,with_delta,norm", [(False, True, True), (True, True, True), (False, False, False)])
+def test_split_row_matches_reference(K, row_loop, gated, with_delta, norm):
+    """A row as two power-of-two chunks (SmolLM2's 576 and 1536), through both product paths, equals the reference
+    in float32."""
+    assert nlk._k_chunks(K)[1] > 0
+    M, N = 3, 12
+    g = torch.Generator().manual_seed(K + 7 * row_loop)
+    h = torch.randn(M, 1, K, generator=g)
+    d = torch.randn(M, 1, K, generator=g) if with_delta else None
+    nw = 1 + 0.1 * torch.randn(K, generator=g)
+    w = torch.randn(2 * N if gated else N, K, generator=g) / K ** 0.5
+    blocks = (4, 4, 1 << (K - 1).bit_length(), 1, row_loop)
+    if norm:
+        h1, y1 = add_norm_linear(h, d, nw, 1e-5, w, gated, blocks=blocks)
+        h2, y2 = add_norm_linear_reference(h, d, nw, 1e-5, w, gated)
+        assert torch.equal(h1, h2)
+    else:
+        y1, y2 = nlk.linear_rows(h, w, blocks=blocks), torch.nn.functional.linear(h, w)
+    assert torch.allclose(y1, y2, atol=1e-5, rtol=1e-5)
+
+
 def test_too_many_rows_or_too_wide_is_refused():
     h = torch.zeros(MAX_ROWS + 1, 1, 16)
     with pytest.raises(AssertionError):

@@ -54,7 +54,7 @@ def _kernel():
     def add_norm_linear_kernel(h, d, nw, w, h_out, y, M, N, eps, K: tl.constexpr, HAS_D: tl.constexpr,
                                GATED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                                BLOCK_K: tl.constexpr, NORM: tl.constexpr = True, PDL: tl.constexpr = False,
-                               ROW_LOOP: tl.constexpr = False):
+                               ROW_LOOP: tl.constexpr = False, BLOCK_K2: tl.constexpr = 0):
         if PDL:  # layers/pdl.py: the next kernel may start; only weights are read before the wait below
             tl.extra.cuda.gdc_launch_dependents()
         pid = tl.program_id(0)
@@ -73,6 +73,15 @@ def _kernel():
             wu = tl.load(w + (rn + N)[:, None] * K + rk[None, :], mask=wm, other=0.0)
         if NORM:
             nwv = tl.load(nw + rk, mask=km, other=0.0).to(tl.float32)
+        if BLOCK_K2 > 0:  # the row's tail past BLOCK_K (K = 576: 512 + 64, not one 1024-wide block; `_k_chunks`)
+            rk2 = BLOCK_K + tl.arange(0, BLOCK_K2)
+            km2 = rk2 < K
+            wm2 = nm[:, None] & km2[None, :]
+            wt2 = tl.load(w + rn[:, None] * K + rk2[None, :], mask=wm2, other=0.0)
+            if GATED:
+                wu2 = tl.load(w + (rn + N)[:, None] * K + rk2[None, :], mask=wm2, other=0.0)
+            if NORM:
+                nwv2 = tl.load(nw + rk2, mask=km2, other=0.0).to(tl.float32)
         if PDL:
             tl.extra.cuda.gdc_wait()
         if ROW_LOOP:  # row by row: 2-D products in the weight tile's own layout, no [M, N, K] broadcast
@@ -84,13 +93,32 @@ def _kernel():
                     if pid == 0:
                         tl.store(h_out + m * K + rk, xm, mask=ok)
                 xmf = xm.to(tl.float32)
+                ss = tl.sum(xmf * xmf, axis=0)
+                if BLOCK_K2 > 0:
+                    ok2 = km2 & (m < M)
+                    xm2 = tl.load(h + m * K + rk2, mask=ok2, other=0.0)
+                    if HAS_D:
+                        xm2 = (xm2.to(tl.float32) + tl.load(d + m * K + rk2, mask=ok2, other=0.0)
+                               .to(tl.float32)).to(dt)
+                        if pid == 0:
+                            tl.store(h_out + m * K + rk2, xm2, mask=ok2)
+                    xmf2 = xm2.to(tl.float32)
+                    ss += tl.sum(xmf2 * xmf2, axis=0)
                 if NORM:
-                    r1 = 1.0 / tl.sqrt(tl.sum(xmf * xmf, axis=0) / K + eps)
+                    r1 = 1.0 / tl.sqrt(ss / K + eps)
                     xmf = (xmf * r1).to(dt).to(tl.float32)
                     xmf = (xmf * nwv).to(dt).to(tl.float32)
-                o1 = tl.sum(wt.to(tl.float32) * xmf[None, :], axis=1).to(dt)  # [BLOCK_N]
+                    if BLOCK_K2 > 0:
+                        xmf2 = ((xmf2 * r1).to(dt).to(tl.float32) * nwv2).to(dt).to(tl.float32)
+                o1 = tl.sum(wt.to(tl.float32) * xmf[None, :], axis=1)  # [BLOCK_N]
+                if BLOCK_K2 > 0:
+                    o1 += tl.sum(wt2.to(tl.float32) * xmf2[None, :], axis=1)
+                o1 = o1.to(dt)
                 if GATED:
-                    u1 = tl.sum(wu.to(tl.float32) * xmf[None, :], axis=1).to(dt).to(tl.float32)
+                    u1 = tl.sum(wu.to(tl.float32) * xmf[None, :], axis=1)
+                    if BLOCK_K2 > 0:
+                        u1 += tl.sum(wu2.to(tl.float32) * xmf2[None, :], axis=1)
+                    u1 = u1.to(dt).to(tl.float32)
                     g1 = o1.to(tl.float32)
                     o1 = ((g1 / (1.0 + tl.exp(-g1))).to(dt).to(tl.float32) * u1).to(dt)
                 tl.store(y + m * N + rn, o1, mask=nm & (m < M))
@@ -103,15 +131,36 @@ def _kernel():
                 if pid == 0:
                     tl.store(h_out + rm[:, None] * K + rk[None, :], x, mask=msk)
             xf = x.to(tl.float32)
+            ssq = tl.sum(xf * xf, axis=1)
+            if BLOCK_K2 > 0:
+                msk2 = mm[:, None] & km2[None, :]
+                x2 = tl.load(h + rm[:, None] * K + rk2[None, :], mask=msk2, other=0.0)
+                if HAS_D:
+                    x2 = (x2.to(tl.float32) + tl.load(d + rm[:, None] * K + rk2[None, :], mask=msk2, other=0.0)
+                          .to(tl.float32)).to(dt)
+                    if pid == 0:
+                        tl.store(h_out + rm[:, None] * K + rk2[None, :], x2, mask=msk2)
+                xf2 = x2.to(tl.float32)
+                ssq += tl.sum(xf2 * xf2, axis=1)
             if NORM:
-                rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=1) / K + eps)
+                rstd = 1.0 / tl.sqrt(ssq / K + eps)
                 xn = (xf * rstd[:, None]).to(dt).to(tl.float32)
                 xn = (xn * nwv[None, :]).to(dt).to(tl.float32)
+                if BLOCK_K2 > 0:
+                    xn2 = ((xf2 * rstd[:, None]).to(dt).to(tl.float32) * nwv2[None, :]).to(dt).to(tl.float32)
             else:  # a plain projection of x
                 xn = xf
-            out = tl.sum(xn[:, None, :] * wt.to(tl.float32)[None, :, :], axis=2).to(dt)  # [BLOCK_M, BLOCK_N]
+                if BLOCK_K2 > 0:
+                    xn2 = xf2
+            out = tl.sum(xn[:, None, :] * wt.to(tl.float32)[None, :, :], axis=2)  # [BLOCK_M, BLOCK_N]
+            if BLOCK_K2 > 0:
+                out += tl.sum(xn2[:, None, :] * wt2.to(tl.float32)[None, :, :], axis=2)
+            out = out.to(dt)
             if GATED:
-                up = tl.sum(xn[:, None, :] * wu.to(tl.float32)[None, :, :], axis=2).to(dt).to(tl.float32)
+                up = tl.sum(xn[:, None, :] * wu.to(tl.float32)[None, :, :], axis=2)
+                if BLOCK_K2 > 0:
+                    up += tl.sum(xn2[:, None, :] * wu2.to(tl.float32)[None, :, :], axis=2)
+                up = up.to(dt).to(tl.float32)
                 gv = out.to(tl.float32)
                 out = ((gv / (1.0 + tl.exp(-gv))).to(dt).to(tl.float32) * up).to(dt)
             tl.store(y + rm[:, None] * N + rn[None, :], out, mask=mm[:, None] & nm[None, :])
@@ -156,6 +205,21 @@ Blocks = tuple  # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps[, row_loop]): row_loop (
 #                row-by-row path (2-D products) instead of one [BLOCK_M, BLOCK_N, BLOCK_K] broadcast
 
 
+SPLIT_K = True  # a row as two power-of-two chunks where that is narrower than one block (`_k_chunks`)
+
+
+def _k_chunks(K: int) -> tuple[int, int]:
+    """(BLOCK_K, BLOCK_K2): one power-of-two block covering K, or, when narrower in all (and SPLIT_K), the largest
+    power of two <= K and a second block for the rest: K = 576 (SmolLM2's width) as 512 + 64 instead of 1024 lanes of
+    which 448 compute zeros, 1536 (its MLP) as 1024 + 512 instead of 2048."""
+    one = 1 << (K - 1).bit_length()
+    head = 1 << (K.bit_length() - 1)
+    if not SPLIT_K or head == K:
+        return one, 0
+    tail = 1 << (K - head - 1).bit_length()
+    return (head, tail) if head + tail < one else (one, 0)
+
+
 def _launch(h2: torch.Tensor, d2: torch.Tensor | None, nw: torch.Tensor | None, w: torch.Tensor, h_out: torch.Tensor,
             y: torch.Tensor, eps: float, gated: bool, norm: bool, blocks: Blocks | None = None) -> None:
     M, K = h2.shape
@@ -163,9 +227,13 @@ def _launch(h2: torch.Tensor, d2: torch.Tensor | None, nw: torch.Tensor | None, 
     opts = launch_options(h2)
     bm, bn, bk, warps, *rest = blocks or _blocks(M, N, K, gated, norm, opts["PDL"])
     assert M <= bm, "norm_linear_kernel: more rows than BLOCK_M"
+    bk2 = 0
+    if bk >= K:  # the row in one block as `_blocks` sizes it: split where narrower
+        bk, bk2 = _k_chunks(K)
     _kernel()[((N + bn - 1) // bn,)](h2, d2 if d2 is not None else h2, nw if norm else h2, w, h_out, y, M, N, eps,
                                      K=K, HAS_D=d2 is not None, GATED=gated, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-                                     NORM=norm, ROW_LOOP=bool(rest and rest[0]), num_warps=warps, **opts)
+                                     NORM=norm, ROW_LOOP=bool(rest and rest[0]), BLOCK_K2=bk2, num_warps=warps,
+                                     **opts)
 
 
 def linear_rows(x: torch.Tensor, weight: torch.Tensor, blocks: Blocks | None = None) -> torch.Tensor:

@@ -1,0 +1,52 @@
+"""Does splitting a row into two power-of-two chunks (`norm_linear_kernel.SPLIT_K`: SmolLM2's 576 as 512 + 64, 1536
+as 1024 + 512, instead of 1024 / 2048 lanes with a quarter to a half computing zeros) make whole steps faster?
+
+Random SmolLM2-135M weights and a random drafter (bf16, CUDA graphs, PDL), batch 1, after a 128-token prompt and 30
+steps; SPLIT_K off, then on, in one process (the kernel compiles per chunking): the decode graph, the verify graph
+of a chain of 4 (S3 K1 D4) and its whole step, a tree step (S4 K4 D16), each replayed 200 times; and the tokens of
+`generate` (256 after 128) with and without it (the float32 sums change order, so bf16 near-ties may flip).
+
+usage: python benchmarks/split_k_check.py OUT_DIR
+"""
+
+from __future__ import annotations
+
+from probe_script import Emitter, replay_ms, stepped_engine  # noqa: E402
+
+import torch  # noqa: E402
+
+from eaglespec.bench.random_model import random_drafter, random_model  # noqa: E402
+from eaglespec.config import EngineConfig, SpecConfig  # noqa: E402
+from eaglespec.engine.engine import Engine  # noqa: E402
+from eaglespec.engine.transforms import prepare_for_inference  # noqa: E402
+from eaglespec.layers import norm_linear_kernel as nlk  # noqa: E402
+from eaglespec.sampling_params import SamplingParams  # noqa: E402
+
+dev = torch.device("cuda")
+m = random_model("smollm2-135m", dev, torch.bfloat16, 0).model
+prepare_for_inference(m, dev, None, None)
+d = random_drafter(m.config, dev, torch.bfloat16, 0)
+prepare_for_inference(d, dev, None, None)
+emit = Emitter("split_k_check.json")
+tokens = {}
+for split in (False, True, False, True):
+    nlk.SPLIT_K = split
+    row = {"split_k": split}
+    e = stepped_engine(m)
+    row["decode_ms"] = round(replay_ms([g for _, g in e.runner.graphs.captured("decode", 1, e.runner.host_len[0] + 64,
+                                                                               True)]), 4)
+    del e
+    for spec in (SpecConfig(3, 1, 4), SpecConfig(4, 4, 16)):
+        e = stepped_engine(m, d, spec)
+        graphs = e.runner.graphs.captured("spec", 1, e.runner.host_len[0] + 64, True)
+        name = f"S{spec.steps}K{spec.topk}D{spec.draft_tokens}"
+        row[f"{name}_verify_ms"] = round(replay_ms([dict(graphs)["verify"]]), 4)
+        row[f"{name}_step_ms"] = round(replay_ms([g for _, g in graphs]), 4)
+        del e
+    e = Engine(m, None, EngineConfig(max_batch_size=1))
+    tokens[split] = e.generate([list(range(100, 228))], SamplingParams(max_new_tokens=256, ignore_eos=True))[0].token_ids
+    del e
+    row["verify_over_decode"] = round(row["S3K1D4_verify_ms"] / row["decode_ms"], 3)
+    emit(row)
+same = sum(a == b for a, b in zip(tokens[False], tokens[True]))
+emit({"tokens_equal_on_off": f"{same}/{len(tokens[True])}"})
