@@ -40,14 +40,14 @@ def test_kernel_matches_reference(M, K, N, gated, with_delta, dtype):
 
 
 @pytest.mark.parametrize("K", [80, 576])  # split as 64 + 16 and 512 + 64 (`_k_chunks`)
-@pytest.mark.parametrize("row_loop", [False, True])
 @pytest.mark.parametrize("gated,with_delta,norm", [(False, True, True), (True, True, True), (False, False, False)])
-def test_split_row_matches_reference(K, row_loop, gated, with_delta, norm):
-    """A row as two power-of-two chunks (SmolLM2's 576 and 1536), through both product paths, equals the reference
-    in float32."""
+def test_split_row_matches_reference(K, gated, with_delta, norm):
+    """The row loop reading a row as two power-of-two chunks (SmolLM2's 576 and 1536) equals the reference in
+    float32."""
+    row_loop = True
     assert nlk._k_chunks(K)[1] > 0
     M, N = 3, 12
-    g = torch.Generator().manual_seed(K + 7 * row_loop)
+    g = torch.Generator().manual_seed(K)
     h = torch.randn(M, 1, K, generator=g)
     d = torch.randn(M, 1, K, generator=g) if with_delta else None
     nw = 1 + 0.1 * torch.randn(K, generator=g)

@@ -73,7 +73,7 @@ def _kernel():
             wu = tl.load(w + (rn + N)[:, None] * K + rk[None, :], mask=wm, other=0.0)
         if NORM:
             nwv = tl.load(nw + rk, mask=km, other=0.0).to(tl.float32)
-        if BLOCK_K2 > 0:  # the row's tail past BLOCK_K (K = 576: 512 + 64, not one 1024-wide block; `_k_chunks`)
+        if BLOCK_K2 > 0:  # row loop: the row's tail past BLOCK_K (K = 576: 512 + 64, not one 1024-wide block)
             rk2 = BLOCK_K + tl.arange(0, BLOCK_K2)
             km2 = rk2 < K
             wm2 = nm[:, None] & km2[None, :]
@@ -131,36 +131,15 @@ def _kernel():
                 if pid == 0:
                     tl.store(h_out + rm[:, None] * K + rk[None, :], x, mask=msk)
             xf = x.to(tl.float32)
-            ssq = tl.sum(xf * xf, axis=1)
-            if BLOCK_K2 > 0:
-                msk2 = mm[:, None] & km2[None, :]
-                x2 = tl.load(h + rm[:, None] * K + rk2[None, :], mask=msk2, other=0.0)
-                if HAS_D:
-                    x2 = (x2.to(tl.float32) + tl.load(d + rm[:, None] * K + rk2[None, :], mask=msk2, other=0.0)
-                          .to(tl.float32)).to(dt)
-                    if pid == 0:
-                        tl.store(h_out + rm[:, None] * K + rk2[None, :], x2, mask=msk2)
-                xf2 = x2.to(tl.float32)
-                ssq += tl.sum(xf2 * xf2, axis=1)
             if NORM:
-                rstd = 1.0 / tl.sqrt(ssq / K + eps)
+                rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=1) / K + eps)
                 xn = (xf * rstd[:, None]).to(dt).to(tl.float32)
                 xn = (xn * nwv[None, :]).to(dt).to(tl.float32)
-                if BLOCK_K2 > 0:
-                    xn2 = ((xf2 * rstd[:, None]).to(dt).to(tl.float32) * nwv2[None, :]).to(dt).to(tl.float32)
             else:  # a plain projection of x
                 xn = xf
-                if BLOCK_K2 > 0:
-                    xn2 = xf2
-            out = tl.sum(xn[:, None, :] * wt.to(tl.float32)[None, :, :], axis=2)  # [BLOCK_M, BLOCK_N]
-            if BLOCK_K2 > 0:
-                out += tl.sum(xn2[:, None, :] * wt2.to(tl.float32)[None, :, :], axis=2)
-            out = out.to(dt)
+            out = tl.sum(xn[:, None, :] * wt.to(tl.float32)[None, :, :], axis=2).to(dt)  # [BLOCK_M, BLOCK_N]
             if GATED:
-                up = tl.sum(xn[:, None, :] * wu.to(tl.float32)[None, :, :], axis=2)
-                if BLOCK_K2 > 0:
-                    up += tl.sum(xn2[:, None, :] * wu2.to(tl.float32)[None, :, :], axis=2)
-                up = up.to(dt).to(tl.float32)
+                up = tl.sum(xn[:, None, :] * wu.to(tl.float32)[None, :, :], axis=2).to(dt).to(tl.float32)
                 gv = out.to(tl.float32)
                 out = ((gv / (1.0 + tl.exp(-gv))).to(dt).to(tl.float32) * up).to(dt)
             tl.store(y + rm[:, None] * N + rn[None, :], out, mask=mm[:, None] & nm[None, :])
@@ -205,13 +184,15 @@ Blocks = tuple  # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps[, row_loop]): row_loop (
 #                row-by-row path (2-D products) instead of one [BLOCK_M, BLOCK_N, BLOCK_K] broadcast
 
 
-SPLIT_K = True  # a row as two power-of-two chunks where that is narrower than one block (`_k_chunks`)
+SPLIT_K = True  # the row loop reads a row as two power-of-two chunks where that is narrower (`_k_chunks`)
 
 
 def _k_chunks(K: int) -> tuple[int, int]:
     """(BLOCK_K, BLOCK_K2): one power-of-two block covering K, or, when narrower in all (and SPLIT_K), the largest
     power of two <= K and a second block for the rest: K = 576 (SmolLM2's width) as 512 + 64 instead of 1024 lanes of
-    which 448 compute zeros, 1536 (its MLP) as 1024 + 512 instead of 2048."""
+    which 448 compute zeros, 1536 (its MLP) as 1024 + 512 instead of 2048. Used by the row loop only: on the H200
+    (`benchmarks/split_k_check.py`, random SmolLM2 weights, session 13) it took the one-row decode graph from 0.444 to
+    0.429 ms, while the broadcast product of 4-row verifies got slower with it (0.672 -> 0.736 ms)."""
     one = 1 << (K - 1).bit_length()
     head = 1 << (K.bit_length() - 1)
     if not SPLIT_K or head == K:
@@ -228,11 +209,12 @@ def _launch(h2: torch.Tensor, d2: torch.Tensor | None, nw: torch.Tensor | None, 
     bm, bn, bk, warps, *rest = blocks or _blocks(M, N, K, gated, norm, opts["PDL"])
     assert M <= bm, "norm_linear_kernel: more rows than BLOCK_M"
     bk2 = 0
-    if bk >= K:  # the row in one block as `_blocks` sizes it: split where narrower
+    row_loop = bool(rest and rest[0])
+    if row_loop and bk >= K:  # the row in one block as `_blocks` sizes it: split where narrower
         bk, bk2 = _k_chunks(K)
     _kernel()[((N + bn - 1) // bn,)](h2, d2 if d2 is not None else h2, nw if norm else h2, w, h_out, y, M, N, eps,
                                      K=K, HAS_D=d2 is not None, GATED=gated, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-                                     NORM=norm, ROW_LOOP=bool(rest and rest[0]), BLOCK_K2=bk2, num_warps=warps,
+                                     NORM=norm, ROW_LOOP=row_loop, BLOCK_K2=bk2, num_warps=warps,
                                      **opts)
 
 
