@@ -62,6 +62,27 @@ def test_split_row_matches_reference(K, gated, with_delta, norm):
     assert torch.allclose(y1, y2, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("M,K", [(3, 80), (8, 576)])
+@pytest.mark.parametrize("gated,with_delta,norm", [(False, True, True), (True, True, True), (False, False, False)])
+def test_row_grid_matches_reference(M, K, gated, with_delta, norm, monkeypatch):
+    """One program per (column block, row): the one-row row loop over each row equals the reference in float32, up
+    to ROW_GRID_ROWS rows past MAX_ROWS."""
+    monkeypatch.setattr(nlk, "ROW_GRID_ROWS", 8)
+    N = 12
+    g = torch.Generator().manual_seed(M + K)
+    h = torch.randn(M, 1, K, generator=g)
+    d = torch.randn(M, 1, K, generator=g) if with_delta else None
+    nw = 1 + 0.1 * torch.randn(K, generator=g)
+    w = torch.randn(2 * N if gated else N, K, generator=g) / K ** 0.5
+    if norm:
+        h1, y1 = add_norm_linear(h, d, nw, 1e-5, w, gated)
+        h2, y2 = add_norm_linear_reference(h, d, nw, 1e-5, w, gated)
+        assert torch.equal(h1, h2)
+    else:
+        y1, y2 = nlk.linear_rows(h, w), torch.nn.functional.linear(h, w)
+    assert torch.allclose(y1, y2, atol=1e-5, rtol=1e-5)
+
+
 def test_too_many_rows_or_too_wide_is_refused():
     h = torch.zeros(MAX_ROWS + 1, 1, 16)
     with pytest.raises(AssertionError):

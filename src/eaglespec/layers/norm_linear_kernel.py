@@ -54,7 +54,8 @@ def _kernel():
     def add_norm_linear_kernel(h, d, nw, w, h_out, y, M, N, eps, K: tl.constexpr, HAS_D: tl.constexpr,
                                GATED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                                BLOCK_K: tl.constexpr, NORM: tl.constexpr = True, PDL: tl.constexpr = False,
-                               ROW_LOOP: tl.constexpr = False, BLOCK_K2: tl.constexpr = 0):
+                               ROW_LOOP: tl.constexpr = False, BLOCK_K2: tl.constexpr = 0,
+                               ROW_GRID: tl.constexpr = False):
         if PDL:  # layers/pdl.py: the next kernel may start; only weights are read before the wait below
             tl.extra.cuda.gdc_launch_dependents()
         pid = tl.program_id(0)
@@ -85,7 +86,9 @@ def _kernel():
         if PDL:
             tl.extra.cuda.gdc_wait()
         if ROW_LOOP:  # row by row: 2-D products in the weight tile's own layout, no [M, N, K] broadcast
-            for m in tl.static_range(BLOCK_M):
+            for mi in tl.static_range(BLOCK_M):
+                # ROW_GRID: program (n, m) owns row m alone (BLOCK_M = 1), the one-row work replicated per row
+                m = tl.program_id(1) + mi if ROW_GRID else mi
                 ok = km & (m < M)
                 xm = tl.load(h + m * K + rk, mask=ok, other=0.0)
                 if HAS_D:
@@ -180,8 +183,9 @@ def _blocks(M: int, N: int, K: int, gated: bool, norm: bool = True, pdl: bool = 
     return bucket, bn, 1 << (K - 1).bit_length(), warps, loop
 
 
-Blocks = tuple  # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps[, row_loop]): row_loop (default False) takes the kernel's
-#                row-by-row path (2-D products) instead of one [BLOCK_M, BLOCK_N, BLOCK_K] broadcast
+Blocks = tuple  # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps[, row_loop[, row_grid]]): row_loop (default False) takes the
+#                kernel's row-by-row path (2-D products) instead of one [BLOCK_M, BLOCK_N, BLOCK_K] broadcast; row_grid
+#                one program per row and column block (the row loop over that one row; BLOCK_M and row_loop ignored)
 
 
 SPLIT_K = True  # the row loop reads a row as two power-of-two chunks where that is narrower (`_k_chunks`)
@@ -206,16 +210,27 @@ def _launch(h2: torch.Tensor, d2: torch.Tensor | None, nw: torch.Tensor | None, 
     M, K = h2.shape
     N = y.shape[1]
     opts = launch_options(h2)
-    bm, bn, bk, warps, *rest = blocks or _blocks(M, N, K, gated, norm, opts["PDL"])
-    assert M <= bm, "norm_linear_kernel: more rows than BLOCK_M"
+    row_grid = bool(blocks[5]) if blocks is not None and len(blocks) > 5 else (
+        blocks is None and 1 < M <= ROW_GRID_ROWS)
+    if row_grid:  # one program per (column block, row), each the one-row row loop
+        bn, warps = _ROW_GRID_BLOCKS[(gated, norm)] if blocks is None else blocks[1:4:2]
+        bm, bk, row_loop = 1, 1 << (K - 1).bit_length(), True
+    else:
+        bm, bn, bk, warps, *rest = blocks or _blocks(M, N, K, gated, norm, opts["PDL"])
+        assert M <= bm, "norm_linear_kernel: more rows than BLOCK_M"
+        row_loop = bool(rest and rest[0])
     bk2 = 0
-    row_loop = bool(rest and rest[0])
     if row_loop and bk >= K:  # the row in one block as `_blocks` sizes it: split where narrower
         bk, bk2 = _k_chunks(K)
-    _kernel()[((N + bn - 1) // bn,)](h2, d2 if d2 is not None else h2, nw if norm else h2, w, h_out, y, M, N, eps,
-                                     K=K, HAS_D=d2 is not None, GATED=gated, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-                                     NORM=norm, ROW_LOOP=row_loop, BLOCK_K2=bk2, num_warps=warps,
-                                     **opts)
+    grid = ((N + bn - 1) // bn, M if row_grid else 1)
+    _kernel()[grid](h2, d2 if d2 is not None else h2, nw if norm else h2, w, h_out, y, M, N, eps,
+                    K=K, HAS_D=d2 is not None, GATED=gated, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+                    NORM=norm, ROW_LOOP=row_loop, BLOCK_K2=bk2, ROW_GRID=row_grid, num_warps=warps, **opts)
+
+
+ROW_GRID_ROWS = 0  # steps of 2..ROW_GRID_ROWS rows take one program per row (0: off; benchmarks/row_grid_check.py)
+# (BLOCK_N, warps) of a row-grid program, by (gated, norm): one row's choices
+_ROW_GRID_BLOCKS = {(False, True): (4, 1), (True, True): (4, 1), (False, False): (4, 1)}
 
 
 def linear_rows(x: torch.Tensor, weight: torch.Tensor, blocks: Blocks | None = None) -> torch.Tensor:
@@ -225,8 +240,8 @@ def linear_rows(x: torch.Tensor, weight: torch.Tensor, blocks: Blocks | None = N
     *lead, K = x.shape
     M = x.numel() // K
     N = weight.shape[0]
-    assert (M <= MAX_ROWS or blocks) and K <= ONE_SHOT_K and weight.shape[1] == K and weight.is_contiguous(), \
-        "linear_rows: shape"
+    assert (M <= max(MAX_ROWS, ROW_GRID_ROWS) or blocks) and K <= ONE_SHOT_K and weight.shape[1] == K \
+        and weight.is_contiguous(), "linear_rows: shape"
     x2 = x.reshape(M, K).contiguous()
     y = torch.empty(M, N, dtype=x.dtype, device=x.device)
     _launch(x2, None, None, weight, x2, y, 0.0, False, False, blocks)
@@ -238,8 +253,8 @@ def add_norm_linear(h: torch.Tensor, delta: torch.Tensor | None, norm_weight: to
     *lead, K = h.shape
     M = h.numel() // K
     N = weight.shape[0] // 2 if gated else weight.shape[0]
-    assert (M <= MAX_ROWS or blocks) and K <= ONE_SHOT_K and weight.shape[1] == K and weight.is_contiguous(), \
-        "add_norm_linear: shape"
+    assert (M <= max(MAX_ROWS, ROW_GRID_ROWS) or blocks) and K <= ONE_SHOT_K and weight.shape[1] == K \
+        and weight.is_contiguous(), "add_norm_linear: shape"
     h2 = h.reshape(M, K).contiguous()
     d2 = delta.reshape(M, K).contiguous() if delta is not None else None
     h_out = torch.empty_like(h2) if delta is not None else h2

@@ -1,0 +1,64 @@
+"""Does one program per row (`norm_linear_kernel.ROW_GRID_ROWS`: each program of a 2..R-row step runs the one-row
+row loop over its own row, so that a 4- or 8-row verify costs about what a decode step costs per kernel) make whole
+steps faster than the 4-row blocks and cuBLAS past 4 rows?
+
+Random SmolLM2-135M weights and a random drafter (bf16, CUDA graphs, PDL), after a 128-token prompt and 30 steps,
+three wirings in one process: `base` (blocks up to 4 rows, cuBLAS past), `grid4` (the row grid for 2-4 rows),
+`grid8` (the row grid for 2-8 rows, the kernels wired up to 8 rows in target and drafter). For each: the one-row
+decode graph, the verify graphs and whole steps of chains of 4 and 8 (S3 K1 D4, S7 K1 D8), a tree step (S4 K4 D16),
+the decode graph of 8 rows; and the tokens of `generate` (256 after 128, chain S3 K1 D4) against `base` (sums in
+another order can flip bf16 near-ties of random weights).
+
+usage: python benchmarks/row_grid_check.py OUT_DIR
+"""
+
+from __future__ import annotations
+
+from probe_script import Emitter, replay_ms, stepped_engine  # noqa: E402
+
+import torch  # noqa: E402
+
+from eaglespec.bench.random_model import random_drafter, random_model  # noqa: E402
+from eaglespec.config import EngineConfig, SpecConfig  # noqa: E402
+from eaglespec.engine.engine import Engine  # noqa: E402
+from eaglespec.engine.transforms import prepare_for_inference, use_linear_rows_kernel, use_norm_linear_kernel  # noqa: E402
+from eaglespec.layers import norm_linear_kernel as nlk  # noqa: E402
+from eaglespec.sampling_params import SamplingParams  # noqa: E402
+
+dev = torch.device("cuda")
+m = random_model("smollm2-135m", dev, torch.bfloat16, 0).model
+prepare_for_inference(m, dev, None, None)
+d = random_drafter(m.config, dev, torch.bfloat16, 0)
+prepare_for_inference(d, dev, None, None)
+emit = Emitter("row_grid_check.json")
+tokens = {}
+for name, grid, rows in (("base", 0, 4), ("grid4", 4, 4), ("grid8", 8, 8), ("base", 0, 4), ("grid4", 4, 4),
+                         ("grid8", 8, 8)):
+    nlk.ROW_GRID_ROWS = grid
+    for x in (m, d):
+        use_linear_rows_kernel(use_norm_linear_kernel(x, max_rows=rows), max_rows=rows)
+    row = {"wiring": name}
+    e = stepped_engine(m)
+    row["decode_ms"] = round(replay_ms([g for _, g in e.runner.graphs.captured("decode", 1, e.runner.host_len[0] + 64,
+                                                                               True)]), 4)
+    del e
+    for spec in (SpecConfig(3, 1, 4), SpecConfig(7, 1, 8), SpecConfig(4, 4, 16)):
+        e = stepped_engine(m, d, spec)
+        graphs = e.runner.graphs.captured("spec", 1, e.runner.host_len[0] + 64, True)
+        key = f"S{spec.steps}K{spec.topk}D{spec.draft_tokens}"
+        row[f"{key}_verify_ms"] = round(replay_ms([dict(graphs)["verify"]]), 4)
+        row[f"{key}_step_ms"] = round(replay_ms([g for _, g in graphs]), 4)
+        del e
+    e = stepped_engine(m, rows=8)
+    row["decode8_ms"] = round(replay_ms([g for _, g in e.runner.graphs.captured("decode", 8,
+                                                                                max(e.runner.host_len) + 64, True)]), 4)
+    del e
+    row["D4_over_decode"] = round(row["S3K1D4_verify_ms"] / row["decode_ms"], 3)
+    row["D8_over_decode"] = round(row["S7K1D8_verify_ms"] / row["decode_ms"], 3)
+    e = Engine(m, None, EngineConfig(max_batch_size=1), drafter=d, spec=SpecConfig(3, 1, 4))
+    out = e.generate([list(range(100, 228))], SamplingParams(max_new_tokens=256, ignore_eos=True))[0].token_ids
+    del e
+    base = tokens.setdefault("base", out)
+    row["tokens_equal_base"] = f"{sum(a == b for a, b in zip(out, base))}/{len(base)}"
+    emit(row)
+    torch.cuda.empty_cache()
