@@ -9,10 +9,13 @@ decode graph, the verify graphs and whole steps of chains of 4 and 8 (S3 K1 D4, 
 the decode graph of 8 rows; and the tokens of `generate` (256 after 128, chain S3 K1 D4) against `base` (sums in
 another order can flip bf16 near-ties of random weights).
 
-usage: python benchmarks/row_grid_check.py OUT_DIR
+usage: python benchmarks/row_grid_check.py OUT_DIR [--wide]
+  --wide: base, grid8, grid16, grid32, with decode graphs of 8, 16 and 32 rows
 """
 
 from __future__ import annotations
+
+import sys
 
 from probe_script import Emitter, replay_ms, stepped_engine  # noqa: E402
 
@@ -32,8 +35,10 @@ d = random_drafter(m.config, dev, torch.bfloat16, 0)
 prepare_for_inference(d, dev, None, None)
 emit = Emitter("row_grid_check.json")
 tokens = {}
-for name, grid, rows in (("base", 0, 4), ("grid4", 4, 4), ("grid8", 8, 8), ("base", 0, 4), ("grid4", 4, 4),
-                         ("grid8", 8, 8)):
+WIRINGS = [("base", 0, 4), ("grid4", 4, 4), ("grid8", 8, 8)] * 2
+if "--wide" in sys.argv:  # session 13's second call: how far the row grid beats cuBLAS
+    WIRINGS = [("base", 0, 4), ("grid8", 8, 8), ("grid16", 16, 16), ("grid32", 32, 32)]
+for name, grid, rows in WIRINGS:
     nlk.ROW_GRID_ROWS = grid
     for x in (m, d):
         use_linear_rows_kernel(use_norm_linear_kernel(x, max_rows=rows), max_rows=rows)
@@ -49,10 +54,11 @@ for name, grid, rows in (("base", 0, 4), ("grid4", 4, 4), ("grid8", 8, 8), ("bas
         row[f"{key}_verify_ms"] = round(replay_ms([dict(graphs)["verify"]]), 4)
         row[f"{key}_step_ms"] = round(replay_ms([g for _, g in graphs]), 4)
         del e
-    e = stepped_engine(m, rows=8)
-    row["decode8_ms"] = round(replay_ms([g for _, g in e.runner.graphs.captured("decode", 8,
-                                                                                max(e.runner.host_len) + 64, True)]), 4)
-    del e
+    for b in (8, 16, 32) if "--wide" in sys.argv else (8,):
+        e = stepped_engine(m, rows=b)
+        row[f"decode{b}_ms"] = round(replay_ms([g for _, g in e.runner.graphs.captured(
+            "decode", b, max(e.runner.host_len) + 64, True)]), 4)
+        del e
     row["D4_over_decode"] = round(row["S3K1D4_verify_ms"] / row["decode_ms"], 3)
     row["D8_over_decode"] = round(row["S7K1D8_verify_ms"] / row["decode_ms"], 3)
     e = Engine(m, None, EngineConfig(max_batch_size=1), drafter=d, spec=SpecConfig(3, 1, 4))
