@@ -17,6 +17,19 @@ import eaglespec.layers.norm_linear_kernel as nlk  # noqa: E402
 from eaglespec.layers.norm_linear_kernel import MAX_ROWS, add_norm_linear, add_norm_linear_reference  # noqa: E402
 
 
+def few_programs(monkeypatch) -> None:
+    """The interpreter runs programs one after another: engine tests launch one column block per call (one program
+    per call at one row, one per row in the row grid)."""
+    blocks = nlk._blocks
+
+    def one_block(M: int, N: int, K: int, gated: bool, norm: bool = True, pdl: bool = False) -> tuple:
+        bm, _, bk, *rest = blocks(M, N, K, gated, norm, pdl)
+        return bm, 1 << (N - 1).bit_length(), bk, *rest
+
+    monkeypatch.setattr(nlk, "_blocks", one_block)
+    monkeypatch.setattr(nlk, "_ROW_GRID_BLOCKS", {k: (512, 1) for k in nlk._ROW_GRID_BLOCKS})
+
+
 @pytest.mark.parametrize("M,K,N", [(1, 48, 40), (3, 200, 24), (MAX_ROWS, 64, 130), (2, 2048, 20)])
 @pytest.mark.parametrize("gated", [False, True])
 @pytest.mark.parametrize("with_delta", [False, True])
@@ -64,10 +77,10 @@ def test_split_row_matches_reference(K, gated, with_delta, norm):
 
 @pytest.mark.parametrize("M,K", [(3, 80), (8, 576)])
 @pytest.mark.parametrize("gated,with_delta,norm", [(False, True, True), (True, True, True), (False, False, False)])
-def test_row_grid_matches_reference(M, K, gated, with_delta, norm, monkeypatch):
-    """One program per (column block, row): the one-row row loop over each row equals the reference in float32, up
-    to ROW_GRID_ROWS rows past MAX_ROWS."""
-    monkeypatch.setattr(nlk, "ROW_GRID_ROWS", 8)
+def test_row_grid_matches_reference(M, K, gated, with_delta, norm):
+    """One program per (column block, row) (the policy for 2..ROW_GRID_ROWS rows): the one-row row loop over each
+    row equals the reference in float32."""
+    assert 1 < M <= nlk.ROW_GRID_ROWS
     N = 12
     g = torch.Generator().manual_seed(M + K)
     h = torch.randn(M, 1, K, generator=g)
@@ -118,15 +131,10 @@ def test_unfused_layers_are_left_alone():
 def test_engine_with_the_kernels_equals_plain(monkeypatch):
     """Both Triton kernels through the whole engine (float32): the decode steps of a 2-row batch and the
     verify steps of a one-step chain (2 x 2 rows) take the fused path; greedy speculation still equals plain decoding."""
-    blocks = nlk._blocks  # the interpreter runs programs one after another: one program per call here
+    few_programs(monkeypatch)
     rows_seen: set[int] = set()
-
-    def one_program(M: int, N: int, K: int, gated: bool, norm: bool = True, pdl: bool = False) -> tuple:
-        rows_seen.add(M)
-        bm, _, bk, *rest = blocks(M, N, K, gated, norm, pdl)
-        return bm, 1 << (N - 1).bit_length(), bk, *rest
-
-    monkeypatch.setattr(nlk, "_blocks", one_program)
+    launch = nlk._launch
+    monkeypatch.setattr(nlk, "_launch", lambda h2, *a: rows_seen.add(h2.shape[0]) or launch(h2, *a))
 
     def prepare(target, drafter):
         for m in (target, drafter):
@@ -149,9 +157,7 @@ def test_drafter_mlp_half_through_the_kernel(monkeypatch):
     from eaglespec.engine.kv_cache import KVCache
     from eaglespec.sampling_params import SamplingParams
 
-    blocks = nlk._blocks  # the interpreter runs programs one after another: one program per call here
-    monkeypatch.setattr(nlk, "_blocks", lambda M, N, K, gated, norm=True, pdl=False: (
-        blocks(M, N, K, gated, norm, pdl)[0], 1 << (N - 1).bit_length(), *blocks(M, N, K, gated, norm, pdl)[2:]))
+    few_programs(monkeypatch)
     target = fuse_projections(tiny_llama(seed=0))
     plain = use_rope_store_kernel(fuse_projections(tiny_drafter(target, seed=1)))
     fused = use_norm_linear_kernel(deepcopy(plain))
@@ -223,13 +229,7 @@ def test_linear_rows_transform_wires_target_and_drafter(monkeypatch):
     from eaglespec.engine.transforms import use_linear_rows_kernel
     from eaglespec.layers.few_rows_linear import FewRowsLinear
 
-    blocks = nlk._blocks  # the interpreter runs programs one after another: one program per call here
-
-    def one_program(M, N, K, gated, norm=True, pdl=False):
-        bm, _, bk, *rest = blocks(M, N, K, gated, norm, pdl)
-        return bm, 1 << (N - 1).bit_length(), bk, *rest
-
-    monkeypatch.setattr(nlk, "_blocks", one_program)
+    few_programs(monkeypatch)
     m = use_linear_rows_kernel(tiny_llama(seed=0))
     layer = m.model.layers[0]
     assert isinstance(layer.self_attn.o_proj, FewRowsLinear) and isinstance(layer.mlp.down_proj, FewRowsLinear)
@@ -307,11 +307,34 @@ def test_row_loop_equals_the_broadcast_product(M, gated, norm):
 
 def test_blocks_take_the_row_loop_at_one_row_with_pdl_only():
     """`_blocks`' policy (measured on the H200, docs/benchmarks.md "Session 12"): the row loop serves one-row steps
-    launched with programmatic dependent launch; without PDL (older GPUs, EAGLESPEC_PDL=0) it was slower, and past
-    one row the broadcast product won in whole steps."""
+    launched with programmatic dependent launch; without PDL (older GPUs, EAGLESPEC_PDL=0) it was slower. Steps of
+    2..8 rows take the row grid (session 13), and the kernel serves up to MAX_ROWS = ROW_GRID_ROWS rows; the
+    broadcast blocks of `_blocks` past one row are the fallback when ROW_GRID_ROWS is lowered."""
+    assert MAX_ROWS == nlk.ROW_GRID_ROWS == 8
     for gated, norm in ((False, True), (True, True), (False, False)):
         assert nlk._blocks(1, 960, 576, gated, norm, pdl=True)[4] is True
         assert nlk._blocks(1, 960, 576, gated, norm, pdl=False)[4] is False
         for M in range(2, MAX_ROWS + 1):
             bm, bn, bk, warps, loop = nlk._blocks(M, 960, 1536, gated, norm, pdl=True)
             assert not loop and bm >= M and bk == 2048 and bn in (2, 4) and warps in (1, 2, 4)
+
+
+def test_steps_of_two_to_eight_rows_launch_one_program_per_row(monkeypatch):
+    """The launch policy: one row -> `_blocks`' grid of column blocks; 2..8 rows -> (column blocks, rows), each
+    program one row (ROW_GRID, BLOCK_M 1, the row loop)."""
+    seen = []
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*a, **kw):
+                seen.append((grid, kw["ROW_GRID"], kw["BLOCK_M"], kw["ROW_LOOP"]))
+            return launch
+
+    monkeypatch.setattr(nlk, "_kernel", lambda: Spy())
+    w = torch.zeros(24, 64)
+    for M in (1, 2, 5, 8):
+        add_norm_linear(torch.zeros(M, 64), None, torch.ones(64), 1e-5, w, False)
+    grid1 = seen[0]
+    assert grid1[0][1] == 1 and grid1[1] is False
+    for (grid, row_grid, bm, loop), M in zip(seen[1:], (2, 5, 8)):
+        assert grid[1] == M and row_grid and bm == 1 and loop

@@ -17,6 +17,9 @@ gating) in one launch, so a Llama layer runs 6 kernels instead of 9.
   Weights are loaded before the programmatic-launch wait (layers/pdl.py), so they stream in while the kernel before
   still runs.
 For M <= MAX_ROWS (decode, short verify and drafter steps) and K <= ONE_SHOT_K; other steps and layers keep cuBLAS.
+Steps of 2..ROW_GRID_ROWS rows launch one program per (column block, row) (ROW_GRID): each runs the one-row row
+loop over its own row, so that a few-row step costs about what a one-row step costs per kernel. The row loop reads
+a row as two power-of-two chunks where that is narrower than one block (`_k_chunks`: 576 = 512 + 64).
 The kernel is built on first use, so that `TRITON_INTERPRET=1` (set by the CPU tests) takes effect.
 """
 
@@ -30,7 +33,7 @@ import torch.nn.functional as F
 from .norm import rms_norm
 from .pdl import launch_options
 
-MAX_ROWS = 4  # rows (batch x tokens) up to which the fused kernel is used; measured on the H200 (docs/benchmarks.md)
+MAX_ROWS = 8  # rows (batch x tokens) up to which the fused kernel is used; measured on the H200 (docs/benchmarks.md)
 ONE_SHOT_K = 2048  # widest input: a row is read in one block (wider layers keep cuBLAS: see _blocks)
 
 
@@ -171,15 +174,16 @@ def _blocks(M: int, N: int, K: int, gated: bool, norm: bool = True, pdl: bool = 
     2-4 columns and 1-4 warps per program. Past 4 rows neither these products (session 12: row loop or broadcast,
     1-4 columns, 1-2 warps, with PDL), nor tensor cores (tl.dot, rows padded to 16: session 5 one-shot; session 10
     one-shot and K-pipelined, faster per call with the weights in L2 but 4-7% slower in whole verify steps), nor a
-    row loop (session 9) beat cuBLAS plus the separate norm in whole steps, hence MAX_ROWS = 4; for 4096-wide layers
+    row loop (session 9) beat cuBLAS plus the separate norm in whole steps; one program per row did (session 13:
+    ROW_GRID_ROWS, which takes steps of 2-8 rows before these blocks are consulted); for 4096-wide layers
     the blocked loop was 2x slower than cuBLAS, hence ONE_SHOT_K (docs/benchmarks.md, "Session 5", "Session 9",
     "Session 10", "Session 12")."""
-    bucket = 1 if M <= 1 else 2 if M <= 2 else 4
+    bucket = 1 if M <= 1 else 2 if M <= 2 else 4 if M <= 4 else 8
     if pdl:
         table = (_GATED_CFG if gated else _NORM_CFG) if norm else _PLAIN_CFG
     else:
         table = _NO_PDL[("gated" if gated else "norm") if norm else "plain"]
-    bn, warps, loop = table[bucket]
+    bn, warps, loop = table[min(bucket, 4)]  # 5-8 rows (ROW_GRID_ROWS lowered below them): the 4-row blocks
     return bucket, bn, 1 << (K - 1).bit_length(), warps, loop
 
 
@@ -228,7 +232,12 @@ def _launch(h2: torch.Tensor, d2: torch.Tensor | None, nw: torch.Tensor | None, 
                     NORM=norm, ROW_LOOP=row_loop, BLOCK_K2=bk2, ROW_GRID=row_grid, num_warps=warps, **opts)
 
 
-ROW_GRID_ROWS = 0  # steps of 2..ROW_GRID_ROWS rows take one program per row (0: off; benchmarks/row_grid_check.py)
+# Steps of 2..ROW_GRID_ROWS rows take one program per (column block, row), each running the one-row row loop over its
+# own row: the 4-row blocks (a broadcast product with cross-warp reductions) cost twice a one-row call per kernel,
+# and cuBLAS plus a separate norm served 5-8 rows. On the H200 (benchmarks/row_grid_check.py, random SmolLM2 weights,
+# session 13): verify of 4 tokens 0.673 -> 0.566 ms, of 8 tokens 0.916 -> 0.714 ms, an 8-row decode step 0.884 ->
+# 0.703 ms; at 16 rows it lost to cuBLAS (decode 0.921 -> 1.001 ms: each row's program reads the weight tile again).
+ROW_GRID_ROWS = 8
 # (BLOCK_N, warps) of a row-grid program, by (gated, norm): one row's choices
 _ROW_GRID_BLOCKS = {(False, True): (4, 1), (True, True): (4, 1), (False, False): (4, 1)}
 
