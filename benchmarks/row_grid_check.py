@@ -9,7 +9,8 @@ decode graph, the verify graphs and whole steps of chains of 4 and 8 (S3 K1 D4, 
 the decode graph of 8 rows; and the tokens of `generate` (256 after 128, chain S3 K1 D4) against `base` (sums in
 another order can flip bf16 near-ties of random weights).
 
-usage: python benchmarks/row_grid_check.py OUT_DIR [--wide]
+usage: python benchmarks/row_grid_check.py OUT_DIR [--wide | --groups]
+  --groups: row-grid programs of several rows past 8 rows (ROWS_PER_PROGRAM), with 8-row speculative steps
   --wide: base, grid8, grid16, grid32, with decode graphs of 8, 16 and 32 rows
 """
 
@@ -38,8 +39,12 @@ tokens = {}
 WIRINGS = [("base", 0, 4), ("grid4", 4, 4), ("grid8", 8, 8)] * 2
 if "--wide" in sys.argv:  # session 13's second call: how far the row grid beats cuBLAS
     WIRINGS = [("base", 0, 4), ("grid8", 8, 8), ("grid16", 16, 16), ("grid32", 32, 32)]
+GROUPS = {"grid8": {}, "groups_a": {8: 1, 16: 2, 32: 4, 128: 8}, "groups_b": {8: 1, 16: 4, 32: 8, 128: 16}}
+if "--groups" in sys.argv:  # session 13's third call: programs of several rows past 8 rows
+    WIRINGS = [("grid8", 8, 8), ("groups_a", 128, 128), ("groups_b", 128, 128)]
 for name, grid, rows in WIRINGS:
     nlk.ROW_GRID_ROWS = grid
+    nlk.ROWS_PER_PROGRAM = GROUPS.get(name, {})
     for x in (m, d):
         use_linear_rows_kernel(use_norm_linear_kernel(x, max_rows=rows), max_rows=rows)
     row = {"wiring": name}
@@ -54,7 +59,15 @@ for name, grid, rows in WIRINGS:
         row[f"{key}_verify_ms"] = round(replay_ms([dict(graphs)["verify"]]), 4)
         row[f"{key}_step_ms"] = round(replay_ms([g for _, g in graphs]), 4)
         del e
-    for b in (8, 16, 32) if "--wide" in sys.argv else (8,):
+    if "--groups" in sys.argv:  # 8-row speculative steps: verify of 32 (chain) and 128 (tree) rows
+        for spec in (SpecConfig(3, 1, 4), SpecConfig(4, 4, 16)):
+            e = stepped_engine(m, d, spec, rows=8)
+            graphs = e.runner.graphs.captured("spec", 8, max(e.runner.host_len) + 64, True)
+            key = f"rows8_S{spec.steps}K{spec.topk}D{spec.draft_tokens}"
+            row[f"{key}_verify_ms"] = round(replay_ms([dict(graphs)["verify"]]), 4)
+            row[f"{key}_step_ms"] = round(replay_ms([g for _, g in graphs]), 4)
+            del e
+    for b in (8, 16, 32) if "--wide" in sys.argv or "--groups" in sys.argv else (8,):
         e = stepped_engine(m, rows=b)
         row[f"decode{b}_ms"] = round(replay_ms([g for _, g in e.runner.graphs.captured(
             "decode", b, max(e.runner.host_len) + 64, True)]), 4)

@@ -75,12 +75,13 @@ def test_split_row_matches_reference(K, gated, with_delta, norm):
     assert torch.allclose(y1, y2, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("M,K", [(3, 80), (8, 576)])
+@pytest.mark.parametrize("M,K,per", [(3, 80, 1), (8, 576, 1), (7, 80, 2), (12, 576, 4)])
 @pytest.mark.parametrize("gated,with_delta,norm", [(False, True, True), (True, True, True), (False, False, False)])
-def test_row_grid_matches_reference(M, K, gated, with_delta, norm):
-    """One program per (column block, row) (the policy for 2..ROW_GRID_ROWS rows): the one-row row loop over each
-    row equals the reference in float32."""
-    assert 1 < M <= nlk.ROW_GRID_ROWS
+def test_row_grid_matches_reference(M, K, per, gated, with_delta, norm, monkeypatch):
+    """One program per (column block, row) (the policy for 2..ROW_GRID_ROWS rows), or per group of `per` rows: the
+    one-row row loop over each row equals the reference in float32."""
+    monkeypatch.setattr(nlk, "ROW_GRID_ROWS", max(nlk.ROW_GRID_ROWS, M))
+    monkeypatch.setattr(nlk, "ROWS_PER_PROGRAM", {64: per})
     N = 12
     g = torch.Generator().manual_seed(M + K)
     h = torch.randn(M, 1, K, generator=g)

@@ -90,8 +90,8 @@ def _kernel():
             tl.extra.cuda.gdc_wait()
         if ROW_LOOP:  # row by row: 2-D products in the weight tile's own layout, no [M, N, K] broadcast
             for mi in tl.static_range(BLOCK_M):
-                # ROW_GRID: program (n, m) owns row m alone (BLOCK_M = 1), the one-row work replicated per row
-                m = tl.program_id(1) + mi if ROW_GRID else mi
+                # ROW_GRID: program (n, j) owns rows j * BLOCK_M .. (j + 1) * BLOCK_M - 1, one after another
+                m = tl.program_id(1) * BLOCK_M + mi if ROW_GRID else mi
                 ok = km & (m < M)
                 xm = tl.load(h + m * K + rk, mask=ok, other=0.0)
                 if HAS_D:
@@ -216,9 +216,10 @@ def _launch(h2: torch.Tensor, d2: torch.Tensor | None, nw: torch.Tensor | None, 
     opts = launch_options(h2)
     row_grid = bool(blocks[5]) if blocks is not None and len(blocks) > 5 else (
         blocks is None and 1 < M <= ROW_GRID_ROWS)
-    if row_grid:  # one program per (column block, row), each the one-row row loop
+    if row_grid:  # one program per (column block, row group), each the one-row row loop over its rows
         bn, warps = _ROW_GRID_BLOCKS[(gated, norm)] if blocks is None else blocks[1:4:2]
-        bm, bk, row_loop = 1, 1 << (K - 1).bit_length(), True
+        bm = _rows_per_program(M) if blocks is None else blocks[0]
+        bk, row_loop = 1 << (K - 1).bit_length(), True
     else:
         bm, bn, bk, warps, *rest = blocks or _blocks(M, N, K, gated, norm, opts["PDL"])
         assert M <= bm, "norm_linear_kernel: more rows than BLOCK_M"
@@ -226,7 +227,7 @@ def _launch(h2: torch.Tensor, d2: torch.Tensor | None, nw: torch.Tensor | None, 
     bk2 = 0
     if row_loop and bk >= K:  # the row in one block as `_blocks` sizes it: split where narrower
         bk, bk2 = _k_chunks(K)
-    grid = ((N + bn - 1) // bn, M if row_grid else 1)
+    grid = ((N + bn - 1) // bn, (M + bm - 1) // bm if row_grid else 1)
     _kernel()[grid](h2, d2 if d2 is not None else h2, nw if norm else h2, w, h_out, y, M, N, eps,
                     K=K, HAS_D=d2 is not None, GATED=gated, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
                     NORM=norm, ROW_LOOP=row_loop, BLOCK_K2=bk2, ROW_GRID=row_grid, num_warps=warps, **opts)
@@ -238,6 +239,11 @@ def _launch(h2: torch.Tensor, d2: torch.Tensor | None, nw: torch.Tensor | None, 
 # session 13): verify of 4 tokens 0.673 -> 0.566 ms, of 8 tokens 0.916 -> 0.714 ms, an 8-row decode step 0.884 ->
 # 0.703 ms; at 16 rows it lost to cuBLAS (decode 0.921 -> 1.001 ms: each row's program reads the weight tile again).
 ROW_GRID_ROWS = 8
+ROWS_PER_PROGRAM: dict[int, int] = {}  # rows per row-grid program by step size (<= key rows); default 1
+
+
+def _rows_per_program(M: int) -> int:
+    return next((r for limit, r in sorted(ROWS_PER_PROGRAM.items()) if M <= limit), 1)
 # (BLOCK_N, warps) of a row-grid program, by (gated, norm): one row's choices
 _ROW_GRID_BLOCKS = {(False, True): (4, 1), (True, True): (4, 1), (False, False): (4, 1)}
 
