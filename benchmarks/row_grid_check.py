@@ -16,6 +16,7 @@ usage: python benchmarks/row_grid_check.py OUT_DIR [--wide | --groups]
 
 from __future__ import annotations
 
+import functools
 import sys
 
 from probe_script import Emitter, replay_ms, stepped_engine  # noqa: E402
@@ -42,9 +43,22 @@ if "--wide" in sys.argv:  # session 13's second call: how far the row grid beats
 GROUPS = {"grid8": {}, "groups_a": {8: 1, 16: 2, 32: 4, 128: 8}, "groups_b": {8: 1, 16: 4, 32: 8, 128: 16}}
 if "--groups" in sys.argv:  # session 13's third call: programs of several rows past 8 rows
     WIRINGS = [("grid8", 8, 8), ("groups_a", 128, 128), ("groups_b", 128, 128)]
+launch = nlk._launch
+
+
+def grouped(h2, d2, nw, w, h_out, y, eps, gated, norm, blocks=None, groups=None):
+    """`_launch` with row-grid programs of groups[limit] rows for steps of up to `limit` rows (explicit blocks)."""
+    M, K = h2.shape
+    per = next((r for limit, r in sorted(groups.items()) if M <= limit), 1)
+    if blocks is None and 1 < M <= nlk.ROW_GRID_ROWS and per > 1:
+        bn, warps = nlk._ROW_GRID_BLOCKS[(gated, norm)]
+        blocks = (per, bn, 1 << (K - 1).bit_length(), warps, True, True)
+    return launch(h2, d2, nw, w, h_out, y, eps, gated, norm, blocks)
+
+
 for name, grid, rows in WIRINGS:
     nlk.ROW_GRID_ROWS = grid
-    nlk.ROWS_PER_PROGRAM = GROUPS.get(name, {})
+    nlk._launch = functools.partial(grouped, groups=GROUPS.get(name, {}))
     for x in (m, d):
         use_linear_rows_kernel(use_norm_linear_kernel(x, max_rows=rows), max_rows=rows)
     row = {"wiring": name}

@@ -77,23 +77,22 @@ def test_split_row_matches_reference(K, gated, with_delta, norm):
 
 @pytest.mark.parametrize("M,K,per", [(3, 80, 1), (8, 576, 1), (7, 80, 2), (12, 576, 4)])
 @pytest.mark.parametrize("gated,with_delta,norm", [(False, True, True), (True, True, True), (False, False, False)])
-def test_row_grid_matches_reference(M, K, per, gated, with_delta, norm, monkeypatch):
+def test_row_grid_matches_reference(M, K, per, gated, with_delta, norm):
     """One program per (column block, row) (the policy for 2..ROW_GRID_ROWS rows), or per group of `per` rows: the
     one-row row loop over each row equals the reference in float32."""
-    monkeypatch.setattr(nlk, "ROW_GRID_ROWS", max(nlk.ROW_GRID_ROWS, M))
-    monkeypatch.setattr(nlk, "ROWS_PER_PROGRAM", {64: per})
     N = 12
+    blocks = None if per == 1 else (per, 4, 1 << (K - 1).bit_length(), 1, True, True)  # explicit groups of rows
     g = torch.Generator().manual_seed(M + K)
     h = torch.randn(M, 1, K, generator=g)
     d = torch.randn(M, 1, K, generator=g) if with_delta else None
     nw = 1 + 0.1 * torch.randn(K, generator=g)
     w = torch.randn(2 * N if gated else N, K, generator=g) / K ** 0.5
     if norm:
-        h1, y1 = add_norm_linear(h, d, nw, 1e-5, w, gated)
+        h1, y1 = add_norm_linear(h, d, nw, 1e-5, w, gated, blocks)
         h2, y2 = add_norm_linear_reference(h, d, nw, 1e-5, w, gated)
         assert torch.equal(h1, h2)
     else:
-        y1, y2 = nlk.linear_rows(h, w), torch.nn.functional.linear(h, w)
+        y1, y2 = nlk.linear_rows(h, w, blocks), torch.nn.functional.linear(h, w)
     assert torch.allclose(y1, y2, atol=1e-5, rtol=1e-5)
 
 

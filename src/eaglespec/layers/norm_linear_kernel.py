@@ -189,7 +189,7 @@ def _blocks(M: int, N: int, K: int, gated: bool, norm: bool = True, pdl: bool = 
 
 Blocks = tuple  # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps[, row_loop[, row_grid]]): row_loop (default False) takes the
 #                kernel's row-by-row path (2-D products) instead of one [BLOCK_M, BLOCK_N, BLOCK_K] broadcast; row_grid
-#                one program per row and column block (the row loop over that one row; BLOCK_M and row_loop ignored)
+#                one program per column block and group of BLOCK_M rows (the row loop over them; row_loop ignored)
 
 
 SPLIT_K = True  # the row loop reads a row as two power-of-two chunks where that is narrower (`_k_chunks`)
@@ -218,7 +218,7 @@ def _launch(h2: torch.Tensor, d2: torch.Tensor | None, nw: torch.Tensor | None, 
         blocks is None and 1 < M <= ROW_GRID_ROWS)
     if row_grid:  # one program per (column block, row group), each the one-row row loop over its rows
         bn, warps = _ROW_GRID_BLOCKS[(gated, norm)] if blocks is None else blocks[1:4:2]
-        bm = _rows_per_program(M) if blocks is None else blocks[0]
+        bm = 1 if blocks is None else blocks[0]  # rows per program
         bk, row_loop = 1 << (K - 1).bit_length(), True
     else:
         bm, bn, bk, warps, *rest = blocks or _blocks(M, N, K, gated, norm, opts["PDL"])
@@ -238,12 +238,9 @@ def _launch(h2: torch.Tensor, d2: torch.Tensor | None, nw: torch.Tensor | None, 
 # and cuBLAS plus a separate norm served 5-8 rows. On the H200 (benchmarks/row_grid_check.py, random SmolLM2 weights,
 # session 13): verify of 4 tokens 0.673 -> 0.566 ms, of 8 tokens 0.916 -> 0.714 ms, an 8-row decode step 0.884 ->
 # 0.703 ms; at 16 rows it lost to cuBLAS (decode 0.921 -> 1.001 ms: each row's program reads the weight tile again).
+# Programs of several rows past 8 rows lost to cuBLAS by far (16-128 rows, 2-16 rows per program: an 8-row tree
+# verify of 128 rows 1.09 -> 3.63 ms), so the policy keeps one row per program; explicit blocks may group rows.
 ROW_GRID_ROWS = 8
-ROWS_PER_PROGRAM: dict[int, int] = {}  # rows per row-grid program by step size (<= key rows); default 1
-
-
-def _rows_per_program(M: int) -> int:
-    return next((r for limit, r in sorted(ROWS_PER_PROGRAM.items()) if M <= limit), 1)
 # (BLOCK_N, warps) of a row-grid program, by (gated, norm): one row's choices
 _ROW_GRID_BLOCKS = {(False, True): (4, 1), (True, True): (4, 1), (False, False): (4, 1)}
 
