@@ -35,7 +35,10 @@ class ForwardContext:
     def row_index(self, batch: int) -> torch.Tensor:
         """[B] cache rows (computed once per forward, not once per layer)."""
         if "rows" not in self._memo:
-            self._memo["rows"] = self.rows if self.rows is not None else cached_arange(batch, self.positions.device)
+            # a fresh arange, not `cached_arange`: a tensor cached under inference mode cannot enter a forward that
+            # autograd records (drafter tests and training run the same layers with gradients)
+            self._memo["rows"] = self.rows if self.rows is not None else torch.arange(
+                batch, device=self.positions.device)
         return self._memo["rows"]
 
     def attn_bias(self, dtype: torch.dtype) -> torch.Tensor:
