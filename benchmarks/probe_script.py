@@ -12,6 +12,11 @@ that each states only what it measures:
   speculated) 30 steps after a 128-token prompt per row: mid-generation, so that
   `engine.runner.graphs.captured(kind, rows, length, True)` gives the graphs of its current length to replay and
   profile alone (each replay moves its state on by one step);
+- `random_pair(shape)`: a random bf16 target of a named shape and a random drafter for it, both in the inference form
+  CUDA runs (the GPU probes' usual subjects);
+- `print_advance(title, result, top)`: `kernel_advance`'s result as lines of text;
+- `decode_graph_ms(model, rows)` / `spec_graph_ms(model, drafter, spec, rows)`: ms per replay of a stepped engine's
+  decode graph / of its verify graph and of its whole speculative step (draft, verify, commit in order);
 - `kernel_advance(graph, reps)`: where a graph's time goes, kernel by kernel, as "advances" (step_trace.py's
   accounting: each kernel is charged the time from the previous kernel's end to its own end, so the shares add up to
   the graph's span even when programmatic dependent launch overlaps kernels).
@@ -131,3 +136,38 @@ def kernel_advance(graph: "torch.cuda.CUDAGraph", reps: int = 20) -> dict:
             "sequence": [f"{(e - s):.1f} {name[:90]}" for s, e, name in last],  # the last replay, in order
             "by_kernel": [{"name": k, "calls": round(v[2] / reps, 1), "advance_us": round(v[0] / reps, 1),
                            "duration_us": round(v[1] / reps, 1)} for k, v in rows]}
+
+
+def random_pair(shape: str = "smollm2-135m") -> tuple[torch.nn.Module, torch.nn.Module]:
+    from eaglespec.bench.random_model import random_drafter, random_model
+    from eaglespec.engine.transforms import prepare_for_inference
+
+    m = random_model(shape, DEV, DT, 0).model
+    prepare_for_inference(m, DEV, None, None)
+    d = random_drafter(m.config, DEV, DT, 0)
+    prepare_for_inference(d, DEV, None, None)
+    return m, d
+
+
+def print_advance(title: str, r: dict, top: int = 14) -> None:
+    print(f"\n== {title}: {r['kernels']} kernels, span {r['span_us']} us, {r['overlapped_per_replay']} start before "
+          "the previous ends")
+    for k in r["by_kernel"][:top]:
+        print(f"  {k['name']:<40} {k['calls']:6.1f} calls  advance {k['advance_us']:8.1f} us  "
+              f"(duration {k['duration_us']:8.1f})")
+
+
+def decode_graph_ms(model: torch.nn.Module, rows: int = 1) -> float:
+    e = stepped_engine(model, rows=rows)
+    t = replay_ms([g for _, g in e.runner.graphs.captured("decode", rows, max(e.runner.host_len) + 64, True)])
+    del e
+    return round(t, 4)
+
+
+def spec_graph_ms(model: torch.nn.Module, drafter: torch.nn.Module, spec: SpecConfig,
+                  rows: int = 1) -> tuple[float, float]:
+    e = stepped_engine(model, drafter, spec, rows=rows)
+    graphs = e.runner.graphs.captured("spec", rows, max(e.runner.host_len) + 64, True)
+    verify, step = replay_ms([dict(graphs)["verify"]]), replay_ms([g for _, g in graphs])
+    del e
+    return round(verify, 4), round(step, 4)

@@ -21,18 +21,12 @@ import time
 
 import torch
 
-from probe_script import OUT, stepped_engine
+from probe_script import OUT, random_pair, stepped_engine
 
-from eaglespec.bench.random_model import random_drafter, random_model
 from eaglespec.config import SpecConfig
-from eaglespec.engine.transforms import prepare_for_inference
 if "--no-cudnn-sdpa" in sys.argv:
     torch.backends.cuda.enable_cudnn_sdp(False)
-dev = torch.device("cuda")
-m = random_model("smollm2-135m", dev, torch.bfloat16, 0).model
-prepare_for_inference(m, dev, None, None)
-d = random_drafter(m.config, dev, torch.bfloat16, 0)
-prepare_for_inference(d, dev, None, None)
+m, d = random_pair()
 rows = {}
 
 

@@ -19,22 +19,17 @@ from __future__ import annotations
 import functools
 import sys
 
-from probe_script import Emitter, replay_ms, stepped_engine  # noqa: E402
+from probe_script import Emitter, decode_graph_ms, random_pair, spec_graph_ms  # noqa: E402
 
 import torch  # noqa: E402
 
-from eaglespec.bench.random_model import random_drafter, random_model  # noqa: E402
 from eaglespec.config import EngineConfig, SpecConfig  # noqa: E402
 from eaglespec.engine.engine import Engine  # noqa: E402
-from eaglespec.engine.transforms import prepare_for_inference, use_linear_rows_kernel, use_norm_linear_kernel  # noqa: E402
+from eaglespec.engine.transforms import use_linear_rows_kernel, use_norm_linear_kernel  # noqa: E402
 from eaglespec.layers import norm_linear_kernel as nlk  # noqa: E402
 from eaglespec.sampling_params import SamplingParams  # noqa: E402
 
-dev = torch.device("cuda")
-m = random_model("smollm2-135m", dev, torch.bfloat16, 0).model
-prepare_for_inference(m, dev, None, None)
-d = random_drafter(m.config, dev, torch.bfloat16, 0)
-prepare_for_inference(d, dev, None, None)
+m, d = random_pair()
 emit = Emitter("row_grid_check.json")
 tokens = {}
 WIRINGS = [("base", 0, 4), ("grid4", 4, 4), ("grid8", 8, 8)] * 2
@@ -62,30 +57,16 @@ for name, grid, rows in WIRINGS:
     for x in (m, d):
         use_linear_rows_kernel(use_norm_linear_kernel(x, max_rows=rows), max_rows=rows)
     row = {"wiring": name}
-    e = stepped_engine(m)
-    row["decode_ms"] = round(replay_ms([g for _, g in e.runner.graphs.captured("decode", 1, e.runner.host_len[0] + 64,
-                                                                               True)]), 4)
-    del e
+    row["decode_ms"] = decode_graph_ms(m)
     for spec in (SpecConfig(3, 1, 4), SpecConfig(7, 1, 8), SpecConfig(4, 4, 16)):
-        e = stepped_engine(m, d, spec)
-        graphs = e.runner.graphs.captured("spec", 1, e.runner.host_len[0] + 64, True)
         key = f"S{spec.steps}K{spec.topk}D{spec.draft_tokens}"
-        row[f"{key}_verify_ms"] = round(replay_ms([dict(graphs)["verify"]]), 4)
-        row[f"{key}_step_ms"] = round(replay_ms([g for _, g in graphs]), 4)
-        del e
+        row[f"{key}_verify_ms"], row[f"{key}_step_ms"] = spec_graph_ms(m, d, spec)
     if "--groups" in sys.argv:  # 8-row speculative steps: verify of 32 (chain) and 128 (tree) rows
         for spec in (SpecConfig(3, 1, 4), SpecConfig(4, 4, 16)):
-            e = stepped_engine(m, d, spec, rows=8)
-            graphs = e.runner.graphs.captured("spec", 8, max(e.runner.host_len) + 64, True)
             key = f"rows8_S{spec.steps}K{spec.topk}D{spec.draft_tokens}"
-            row[f"{key}_verify_ms"] = round(replay_ms([dict(graphs)["verify"]]), 4)
-            row[f"{key}_step_ms"] = round(replay_ms([g for _, g in graphs]), 4)
-            del e
+            row[f"{key}_verify_ms"], row[f"{key}_step_ms"] = spec_graph_ms(m, d, spec, rows=8)
     for b in (8, 16, 32) if "--wide" in sys.argv or "--groups" in sys.argv else (8,):
-        e = stepped_engine(m, rows=b)
-        row[f"decode{b}_ms"] = round(replay_ms([g for _, g in e.runner.graphs.captured(
-            "decode", b, max(e.runner.host_len) + 64, True)]), 4)
-        del e
+        row[f"decode{b}_ms"] = decode_graph_ms(m, b)
     row["D4_over_decode"] = round(row["S3K1D4_verify_ms"] / row["decode_ms"], 3)
     row["D8_over_decode"] = round(row["S7K1D8_verify_ms"] / row["decode_ms"], 3)
     e = Engine(m, None, EngineConfig(max_batch_size=1), drafter=d, spec=SpecConfig(3, 1, 4))

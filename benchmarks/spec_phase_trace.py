@@ -16,20 +16,14 @@ from __future__ import annotations
 import json
 import sys
 
-from probe_script import OUT, kernel_advance, stepped_engine  # noqa: E402
+from probe_script import OUT, kernel_advance, print_advance, random_pair, stepped_engine  # noqa: E402
 
 import torch  # noqa: E402
 
-from eaglespec.bench.random_model import random_drafter, random_model  # noqa: E402
 from eaglespec.config import SpecConfig  # noqa: E402
-from eaglespec.engine.transforms import prepare_for_inference  # noqa: E402
 
 ONLY = next((int(a.split("=")[1]) for a in sys.argv if a.startswith("--only=")), None)
-dev = torch.device("cuda")
-m = random_model("smollm2-135m", dev, torch.bfloat16, 0).model
-prepare_for_inference(m, dev, None, None)
-d = random_drafter(m.config, dev, torch.bfloat16, 0)
-prepare_for_inference(d, dev, None, None)
+m, d = random_pair()
 results: list[dict] = []
 cases = [(1, SpecConfig(3, 1, 4)), (1, SpecConfig(4, 4, 16)), (8, SpecConfig(4, 4, 16)), (8, SpecConfig(3, 1, 4))]
 
@@ -71,8 +65,4 @@ for rows in (1, 8):
     torch.cuda.empty_cache()
 (OUT / "spec_phase_trace.json").write_text(json.dumps(results, indent=1))
 for r in results:
-    print(f"\n== {r['rows']} rows, {r['graph']}: {r['ms']} ms by events; {r['kernels']} kernels, span "
-          f"{r['span_us']} us, {r['overlapped_per_replay']} start before the previous ends")
-    for k in r["by_kernel"][:14]:
-        print(f"  {k['name']:<40} {k['calls']:6.1f} calls  advance {k['advance_us']:8.1f} us  "
-              f"(duration {k['duration_us']:8.1f})")
+    print_advance(f"{r['rows']} rows, {r['graph']}: {r['ms']} ms by events", r)

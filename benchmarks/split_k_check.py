@@ -11,38 +11,24 @@ usage: python benchmarks/split_k_check.py OUT_DIR
 
 from __future__ import annotations
 
-from probe_script import Emitter, replay_ms, stepped_engine  # noqa: E402
+from probe_script import Emitter, decode_graph_ms, random_pair, spec_graph_ms  # noqa: E402
 
-import torch  # noqa: E402
 
-from eaglespec.bench.random_model import random_drafter, random_model  # noqa: E402
 from eaglespec.config import EngineConfig, SpecConfig  # noqa: E402
 from eaglespec.engine.engine import Engine  # noqa: E402
-from eaglespec.engine.transforms import prepare_for_inference  # noqa: E402
 from eaglespec.layers import norm_linear_kernel as nlk  # noqa: E402
 from eaglespec.sampling_params import SamplingParams  # noqa: E402
 
-dev = torch.device("cuda")
-m = random_model("smollm2-135m", dev, torch.bfloat16, 0).model
-prepare_for_inference(m, dev, None, None)
-d = random_drafter(m.config, dev, torch.bfloat16, 0)
-prepare_for_inference(d, dev, None, None)
+m, d = random_pair()
 emit = Emitter("split_k_check.json")
 tokens = {}
 for split in (False, True, False, True):
     nlk.SPLIT_K = split
     row = {"split_k": split}
-    e = stepped_engine(m)
-    row["decode_ms"] = round(replay_ms([g for _, g in e.runner.graphs.captured("decode", 1, e.runner.host_len[0] + 64,
-                                                                               True)]), 4)
-    del e
+    row["decode_ms"] = decode_graph_ms(m)
     for spec in (SpecConfig(3, 1, 4), SpecConfig(4, 4, 16)):
-        e = stepped_engine(m, d, spec)
-        graphs = e.runner.graphs.captured("spec", 1, e.runner.host_len[0] + 64, True)
         name = f"S{spec.steps}K{spec.topk}D{spec.draft_tokens}"
-        row[f"{name}_verify_ms"] = round(replay_ms([dict(graphs)["verify"]]), 4)
-        row[f"{name}_step_ms"] = round(replay_ms([g for _, g in graphs]), 4)
-        del e
+        row[f"{name}_verify_ms"], row[f"{name}_step_ms"] = spec_graph_ms(m, d, spec)
     e = Engine(m, None, EngineConfig(max_batch_size=1))
     tokens[split] = e.generate([list(range(100, 228))], SamplingParams(max_new_tokens=256, ignore_eos=True))[0].token_ids
     del e

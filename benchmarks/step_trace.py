@@ -17,21 +17,15 @@ from __future__ import annotations
 import json
 import sys
 
-from probe_script import OUT, kernel_advance, stepped_engine  # noqa: E402
+from probe_script import OUT, kernel_advance, print_advance, random_pair, stepped_engine  # noqa: E402
 
 import torch  # noqa: E402
 
-from eaglespec.bench.random_model import random_drafter, random_model  # noqa: E402
 from eaglespec.config import SpecConfig  # noqa: E402
-from eaglespec.engine.transforms import prepare_for_inference  # noqa: E402
 from eaglespec.layers import pdl  # noqa: E402
 
 SHAPE = next((a for a in sys.argv[2:] if not a.startswith("--")), "smollm2-135m")
-dev = torch.device("cuda")
-m = random_model(SHAPE, dev, torch.bfloat16, 0).model
-prepare_for_inference(m, dev, None, None)
-d = random_drafter(m.config, dev, torch.bfloat16, 0)
-prepare_for_inference(d, dev, None, None)
+m, d = random_pair(SHAPE)
 results: list[dict] = []
 
 
@@ -50,8 +44,4 @@ for on in (False, True):
 pdl.ENABLED = None
 (OUT / f"step_trace_{SHAPE}.json").write_text(json.dumps(results, indent=1))
 for r in results:
-    print(f"\n== {r['graph']}, PDL {'on' if r['pdl'] else 'off'}: {r['kernels']} kernels, span {r['span_us']} us, "
-          f"{r['overlapped_per_replay']} start before the previous ends")
-    for k in r["by_kernel"][:12]:
-        print(f"  {k['name']:<28} {k['calls']:6.1f} calls  advance {k['advance_us']:8.1f} us  "
-              f"(duration {k['duration_us']:8.1f})")
+    print_advance(f"{r['graph']}, PDL {'on' if r['pdl'] else 'off'}", r, 12)

@@ -15,26 +15,19 @@ from __future__ import annotations
 
 import functools
 
-from probe_script import Emitter  # noqa: E402
+from probe_script import Emitter, random_pair  # noqa: E402
 
-import torch  # noqa: E402
 
 import eaglespec.engine.runner as runner_mod  # noqa: E402
 from eaglespec.bench.drafters import oracle, references  # noqa: E402
-from eaglespec.bench.random_model import random_drafter, random_model  # noqa: E402
 from eaglespec.config import EngineConfig, SpecConfig  # noqa: E402
 from eaglespec.engine.engine import Engine  # noqa: E402
-from eaglespec.engine.transforms import prepare_for_inference  # noqa: E402
 from eaglespec.layers import kv_compact_kernel  # noqa: E402
 from eaglespec.sampling_params import SamplingParams  # noqa: E402
 from eaglespec.spec.draft import draft_tree  # noqa: E402
 from eaglespec.spec.tree import build_tree  # noqa: E402
 
-dev = torch.device("cuda")
-m = random_model("smollm2-135m", dev, torch.bfloat16, 0).model
-prepare_for_inference(m, dev, None, None)
-d = random_drafter(m.config, dev, torch.bfloat16, 0)
-prepare_for_inference(d, dev, None, None)
+m, d = random_pair()
 prompts = [list(range(100 + 7 * i, 228 + 7 * i)) for i in range(8)]
 params = SamplingParams(max_new_tokens=96, ignore_eos=True)
 emit = Emitter("tree_kernels_check.json")

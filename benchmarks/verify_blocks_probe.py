@@ -14,20 +14,13 @@ from __future__ import annotations
 
 import json
 
-from probe_script import OUT, replay_ms, stepped_engine  # noqa: E402
+from probe_script import OUT, random_pair, replay_ms, stepped_engine  # noqa: E402
 
-import torch  # noqa: E402
 
-from eaglespec.bench.random_model import random_drafter, random_model  # noqa: E402
 from eaglespec.config import SpecConfig  # noqa: E402
-from eaglespec.engine.transforms import prepare_for_inference  # noqa: E402
 from eaglespec.layers import norm_linear_kernel as nlk  # noqa: E402
 
-dev = torch.device("cuda")
-m = random_model("smollm2-135m", dev, torch.bfloat16, 0).model
-prepare_for_inference(m, dev, None, None)
-d = random_drafter(m.config, dev, torch.bfloat16, 0)
-prepare_for_inference(d, dev, None, None)
+m, d = random_pair()
 results: list[dict] = []
 
 
