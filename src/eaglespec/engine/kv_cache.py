@@ -3,7 +3,8 @@
 A model declares its per-token cache shapes (`kv_cache_shapes()`: Llama -> k and v as (H_kv, head_dim); MLA ->
 one latent (kv_lora_rank + rope_dim,)). Each cache row belongs to one sequence; position p of a row holds token p.
 `compact` moves accepted tree entries into contiguous positions for every layer at once (one gather and one scatter
-per cache kind), which is how the target keeps only the accepted path after verification.
+per cache kind; on CUDA one Triton kernel per cache kind), which is how the target keeps only the accepted path after
+verification.
 """
 
 from __future__ import annotations
