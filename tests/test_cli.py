@@ -71,14 +71,20 @@ def test_api_default_drafter_policy_on_the_cpu():
 def test_default_drafter_policy_per_device_and_engine_size():
     """The measured policy (docs/benchmarks.md, "The shipped drafter", "Session 11"): a chain of 2 in one-row CPU
     engines when greedy and a one-step chain when sampling; on CUDA when greedy a chain of 3 at 1 row and at 9-32
-    rows, the tree S4 K4 D16 at 2-8 rows (slower at temperature 1, unmeasured above 32 rows); plain decoding
-    elsewhere, and an explanation for each case."""
+    rows, the tree S4 K4 D16 at 2-8 rows, as a schedule in engines of several rows (each step the shape of its rows;
+    slower at temperature 1, unmeasured above 32 rows); plain decoding elsewhere, and an explanation for each
+    case."""
     from eaglespec.assets import default_spec, slower_note
-    from eaglespec.config import SpecConfig
+    from eaglespec.config import SpecConfig, SpecSchedule
 
     assert default_spec("cpu", 1) == SpecConfig(2, 1, 3) and default_spec("cpu", 2) is None
-    assert default_spec("cuda", 1) == default_spec("cuda", 9) == default_spec("cuda", 32) == SpecConfig(3, 1, 4)
-    assert default_spec("cuda", 2) == default_spec("cuda", 8) == SpecConfig(4, 4, 16)
+    chain, tree = SpecConfig(3, 1, 4), SpecConfig(4, 4, 16)
+    assert default_spec("cuda", 1) == chain  # engines of several rows: a schedule, each step the shape of its rows
+    assert default_spec("cuda", 2) == SpecSchedule(((1, chain), (2, tree)))
+    assert default_spec("cuda", 8) == SpecSchedule(((1, chain), (8, tree)))
+    assert default_spec("cuda", 32) == SpecSchedule(((1, chain), (8, tree), (32, chain)))
+    assert [default_spec("cuda", 32).shapes[default_spec("cuda", 32).shape_index(r)] for r in (1, 5, 8, 9, 32)] == [
+        chain, tree, tree, chain, chain]
     assert default_spec("cuda", 33) is None and "above 32 rows" in slower_note("cuda")
     assert default_spec("mps", 1) is None and "not measured on mps" in slower_note("mps")
     assert default_spec("cpu", 1, temperature=1.0) == SpecConfig(1, 1, 2)

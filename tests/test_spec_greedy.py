@@ -6,7 +6,8 @@ import pytest
 import torch
 from tiny import CharTokenizer, tiny_drafter, tiny_llama
 
-from eaglespec.config import EngineConfig, SpecConfig
+from eaglespec.config import EngineConfig, SpecConfig, SpecSchedule
+from eaglespec.errors import ConfigError
 from eaglespec.engine.engine import Engine
 from eaglespec.sampling_params import SamplingParams
 from eaglespec.spec.oracle import OracleDrafter
@@ -143,11 +144,50 @@ def test_speculating_by_load_equals_plain_greedy(target, drafter, reference, spe
     reqs = [eng.add_request(p, SamplingParams(max_new_tokens=n, ignore_eos=True)) for p, n in zip(PROMPTS, lengths)]
     kinds = []
     step_kind = eng._step_kind
-    eng._step_kind = lambda n: kinds.append(step_kind(n)) or step_kind(n)
+    eng._step_kind = lambda rows: kinds.append(step_kind(rows)) or step_kind(rows)
     while eng.has_work():
         eng.step()
     assert [r.output_ids for r in reqs] == [ref[:n] for ref, n in zip(reference, lengths)]
     assert "spec" in kinds and "decode" in kinds
+
+
+SCHEDULE = SpecSchedule(((1, SpecConfig(3, 1, 4)), (2, SpecConfig(4, 2, 6)), (8, SpecConfig(2, 3, 5))))
+
+
+@pytest.mark.parametrize("overlap,graphs", [(False, False), (True, True)], ids=["eager", "static-overlap"])
+def test_a_schedule_of_shapes_equals_plain_greedy(target, drafter, reference, overlap, graphs):
+    """`SpecSchedule`: each step takes the shape scheduled for its rows (here a chain while only row 0 runs, trees of
+    two K's once more do), switching back and forth as requests finish and join, on the eager path and on the static
+    graph path with overlap; the drafter's state after any shape serves the next; still plain greedy token for
+    token, and every shape ran."""
+    from eaglespec.engine.cuda_graphs import GraphCache
+
+    eng = Engine(target, None, EngineConfig(max_batch_size=3, overlap=overlap), drafter=drafter, spec=SCHEDULE)
+    assert eng.runner.shapes == SCHEDULE.shapes and eng.runner.spec == SpecConfig(4, 3, 6)  # the envelope
+    assert eng.spec == SpecConfig(3, 1, 4)
+    if graphs:
+        eng.runner.graphs = GraphCache(eng.runner, capture=False)
+    lengths = [48, 12, 20, 16]  # 3 rows, then rows 0-1 (the 4th request joins row 1), then row 0 alone
+    reqs = [eng.add_request(p, SamplingParams(max_new_tokens=n, ignore_eos=True)) for p, n in zip(PROMPTS, lengths)]
+    kinds = []
+    step_kind = eng._step_kind
+    eng._step_kind = lambda rows: kinds.append(step_kind(rows)) or step_kind(rows)
+    while eng.has_work():
+        eng.step()
+    assert [r.output_ids for r in reqs] == [ref[:n] for ref, n in zip(reference, lengths)]
+    assert {"spec", "spec1", "spec2"} <= set(kinds)
+    st = eng.stats  # each request's step counts the drafter forwards of the shape it ran (S = 3, 4 or 2)
+    assert 2 * st.verify_steps < st.draft_forwards < 4 * st.verify_steps and st.draft_forwards != 3 * st.verify_steps
+
+
+def test_schedule_picks_by_the_highest_row():
+    s = SCHEDULE
+    assert [s.shape_index(r) for r in (1, 2, 3, 8, 9, 100)] == [0, 1, 2, 2, 2, 2]
+    assert SpecSchedule.of(SpecConfig(3, 1, 4)).shapes == (SpecConfig(3, 1, 4),)
+    with pytest.raises(ConfigError, match="increasing"):
+        SpecSchedule(((8, SpecConfig()), (4, SpecConfig())))
+    with pytest.raises(ConfigError, match="increasing"):
+        SpecSchedule(())
 
 
 @pytest.mark.parametrize("spec", [SpecConfig(3, 1, 4), SpecConfig(4, 2, 6)], ids=["chain", "tree"])

@@ -5,9 +5,11 @@
     outs = engine.generate(["What is the capital of France?"], SamplingParams(max_new_tokens=64))
 
 `draft="auto"` (the default) speculates with the shipped drafter when the model is the embedded default and plainly
-otherwise; without an explicit `spec` it takes the measured shape of `assets.default_spec` for the device, the
-engine's rows (on the CPU: one-row engines, as `eaglespec generate` builds) and the `temperature` the engine is meant
-to serve (on CUDA: greedy only), and decodes plainly where the drafter was measured slower than plain decoding.
+otherwise; without an explicit `spec` it takes the measured shapes of `assets.default_spec` for the device, the
+engine's rows (on the CPU: one-row engines, as `eaglespec generate` builds; on CUDA a `SpecSchedule` for engines of
+several rows, each step the shape measured for the rows it runs) and the `temperature` the engine is meant to serve
+(on CUDA: greedy only), and decodes plainly where the drafter was measured slower than plain decoding. `spec` may be
+a SpecConfig or a SpecSchedule.
 `draft=None` never speculates; a path loads that EAGLE-3 drafter checkpoint.
 """
 
@@ -17,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from .config import EngineConfig, SpecConfig
+from .config import EngineConfig, SpecConfig, SpecSchedule
 from .engine.engine import Engine
 from .engine.transforms import prepare_for_inference
 from .errors import ConfigError
@@ -39,7 +41,7 @@ def load_drafter(path: str | Path, device: torch.device | str, dtype: torch.dtyp
 def load(
     model: str | Path | None = None,
     draft: str | Path | None = "auto",
-    spec: SpecConfig | None = None,
+    spec: SpecConfig | SpecSchedule | None = None,
     config: EngineConfig = EngineConfig(),
     temperature: float = 0.0,
 ) -> Engine:

@@ -283,6 +283,42 @@ class SpecConfig:
 
 
 @dataclass(frozen=True)
+class SpecSchedule:
+    """Speculation shapes chosen per step by the rows it runs: `entries` = ((max_rows, SpecConfig), ...) by increasing
+    max_rows. A step over rows 0..R-1 (R = its highest running row + 1: the CUDA graph's batch bucket is sized by it,
+    and inert rows below it cost as much as running ones) takes the first entry with R <= max_rows, past the last
+    entry the last one. One engine can so verify a chain for a lone request and a tree once several run (the shipped
+    SmolLM2 drafter on the H200: a chain of 3 at one row, the tree S4 K4 D16 at 2-8; docs/benchmarks.md)."""
+
+    entries: tuple[tuple[int, SpecConfig], ...]
+
+    def __post_init__(self) -> None:
+        rows = [r for r, _ in self.entries]
+        if not rows or rows[0] < 1 or any(b <= a for a, b in zip(rows, rows[1:])):
+            raise ConfigError(f"a speculation schedule needs row limits >= 1 in increasing order (got {rows})")
+
+    @staticmethod
+    def of(spec: "SpecConfig | SpecSchedule") -> "SpecSchedule":
+        return spec if isinstance(spec, SpecSchedule) else SpecSchedule(((1 << 30, spec),))
+
+    @property
+    def shapes(self) -> tuple[SpecConfig, ...]:
+        """The distinct shapes, in entry order (a step names its shape by its index here)."""
+        return tuple(dict.fromkeys(s for _, s in self.entries))
+
+    def shape_index(self, rows: int) -> int:
+        """The index in `shapes` of the shape for a step over rows 0..rows-1."""
+        spec = next((s for r, s in self.entries if rows <= r), self.entries[-1][1])
+        return self.shapes.index(spec)
+
+    def envelope(self) -> SpecConfig:
+        """The largest steps, topk and draft tokens of any shape: what caches, state and headroom are sized by."""
+        shapes = self.shapes
+        return SpecConfig(max(s.steps for s in shapes), max(s.topk for s in shapes),
+                          max(s.draft_tokens for s in shapes))
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     """Runtime limits and placement."""
 

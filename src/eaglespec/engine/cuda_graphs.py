@@ -1,6 +1,7 @@
 """CUDA graphs for the decode and speculative steps (the GPU fast path).
 
-`GraphCache.run(kind, n_rows, longest, greedy)` replays the graph of step `kind` ("decode" or "spec") for the batch
+`GraphCache.run(kind, n_rows, longest, greedy)` replays the graph of step `kind` ("decode", or "spec", "spec1", ...
+for the runner's speculation shapes) for the batch
 bucket covering rows 0..n_rows-1 and the key-length bucket covering `longest + headroom`, capturing it on first use.
 A speculative step is three graphs (draft, verify, commit) replayed back to back, so the phase timer can tell their
 times apart; the verify graph reads the draft graph's static outputs, the commit graph the verify graph's.
@@ -33,6 +34,7 @@ from collections.abc import Iterator
 import torch
 
 from ..layers.attention import graph_build
+from .runner import shape_index
 
 BATCH_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 MIN_LEN_BUCKET = 256
@@ -123,15 +125,16 @@ class GraphCache:
         if kind == "decode":
             return [("decode", lambda: run._decode_core(r, None, kv_len, greedy))]
         box: dict[str, object] = {}
+        shape = run.shapes[shape_index(kind)]  # "spec", "spec1", ...: the runner's speculation shapes
 
         def draft():
-            box["tree"] = run._spec_draft(r, None, kv_len, greedy)
+            box["tree"] = run._spec_draft(r, None, kv_len, greedy, shape)
 
         def verify():
-            box["res"], box["aux"] = run._spec_verify(r, None, kv_len, box["tree"], greedy)
+            box["res"], box["aux"] = run._spec_verify(r, None, kv_len, box["tree"], greedy, shape)
 
         def commit():
-            box["out"] = run._spec_commit(r, None, kv_len, box["res"], box["aux"])
+            box["out"] = run._spec_commit(r, None, kv_len, box["res"], box["aux"], shape)
             return box["out"]
 
         return [("draft", draft), ("verify", verify), ("commit", commit)]

@@ -11,7 +11,9 @@ the drafter, and turns on aux capture. Then:
 Each `step()` runs one scheduler batch: a prefill of admitted requests, or one decode / speculative step over all
 running requests; its only host synchronisation is reading the committed tokens (and, speculating, their count).
 A speculative engine with `EngineConfig.spec_max_rows` takes plain decode steps while more rows run (the drafter is
-kept in step by the decode step itself) and speculative steps again once few enough do.
+kept in step by the decode step itself) and speculative steps again once few enough do. With a `SpecSchedule` as its
+`spec` each speculative step takes the shape scheduled for its rows (a chain for a lone request, a tree once several
+run); the drafter's state after any step serves every shape.
 With `EngineConfig.overlap` (graph path) a decode / speculative `step()` first launches the next step and then reads
 the previous one, so the tokens of a step reach the requests one `step()` later (`has_work()` stays true until the
 last launched step is read). `step_counts` counts the batched steps run by kind ("prefill", "decode", "spec"; a
@@ -27,14 +29,14 @@ from typing import TYPE_CHECKING, Iterator, Sequence, Union
 
 import torch
 
-from ..config import EngineConfig, SpecConfig
+from ..config import EngineConfig, SpecConfig, SpecSchedule
 from ..errors import RequestError
 from ..models.eagle3 import check_drafter_fits
 from ..protocol import require_target
 from ..sampling_params import SamplingParams
 from ..spec.stats import SpecStats
 from .request import Request
-from .runner import ModelRunner, PendingStep
+from .runner import ModelRunner, PendingStep, shape_index, spec_kind
 from .scheduler import Scheduler
 
 if TYPE_CHECKING:
@@ -72,18 +74,21 @@ class Engine:
         tokenizer: "BaseTokenizer | None",
         config: EngineConfig = EngineConfig(),
         drafter: torch.nn.Module | None = None,
-        spec: SpecConfig | None = None,
+        spec: SpecConfig | SpecSchedule | None = None,
     ) -> None:
         self.config = config
         self.device = next(target.parameters()).device
         self.dtype = next(target.parameters()).dtype
         self.target, self.tokenizer = target, tokenizer
         self.target_config = target.config
-        self.spec = (spec or SpecConfig()) if drafter is not None else None
+        # the shapes by rows (one entry for a plain SpecConfig); `spec`: the first entry's shape (a lone request's)
+        self.schedule = SpecSchedule.of(spec or SpecConfig()) if drafter is not None else None
+        self.spec = self.schedule.entries[0][1] if self.schedule is not None else None
         self.drafter = drafter
         if drafter is not None:
             self._wire_drafter(drafter)
-        self.runner = ModelRunner(target, drafter, self.spec, self.device, self.dtype, seed=config.seed,
+        self.runner = ModelRunner(target, drafter, self.schedule.shapes if self.schedule else None, self.device,
+                                  self.dtype, seed=config.seed,
                                   cuda_graphs=config.cuda_graphs, prefill_graphs=config.prefill_graphs)
         self.context_len = min(self.target_config.max_position_embeddings, config.max_seq_len or 1 << 30)
         self.scheduler: Scheduler | None = None
@@ -141,10 +146,12 @@ class Engine:
         graphs = self.runner.graphs
         if graphs is None or not graphs.capture or self.runner.kv is None:
             return 0
-        kinds = ["spec"] if self.speculative else ["decode"]
-        if self.speculative and self.config.spec_max_rows is not None:
-            kinds.append("decode")  # busy steps decode plainly; graphs are bucketed by the highest row, not the count
-        n = sum(graphs.precapture(kind, b, greedy) for kind in kinds for b in batch_sizes)
+        n = 0
+        for b in batch_sizes:  # graphs are bucketed by the highest row, not the count
+            kinds = {self._step_kind(list(range(b)))}
+            if self.speculative and self.config.spec_max_rows is not None:
+                kinds.add("decode")  # busy steps decode plainly
+            n += sum(graphs.precapture(kind, b, greedy) for kind in sorted(kinds))
         return n + (graphs.precapture_prefill(greedy) if not self.has_work() else 0)
 
     def _ensure_capacity(self, rows: int, max_len: int) -> None:
@@ -235,14 +242,15 @@ class Engine:
             for q, t in zip(reqs, toks):
                 q.append([t])
         else:
-            kind = self._step_kind(len(rows))
-            self.step_counts[kind] += 1
+            kind = self._step_kind(rows)
+            self.step_counts["decode" if kind == "decode" else "spec"] += 1
             if self.overlapping:
                 self._pending = (reqs, self.runner.launch(kind, rows, greedy))
                 return []  # its results are read by the next step, once that one is launched
-            if kind == "spec":
-                m_host, tok_host = self.runner.spec_step(rows, greedy)
-                self._append_spec(reqs, m_host, tok_host)
+            if kind != "decode":
+                index = shape_index(kind)
+                m_host, tok_host = self.runner.spec_step(rows, greedy, index)
+                self._append_spec(reqs, m_host, tok_host, self.runner.shapes[index].steps)
             else:
                 for q, t in zip(reqs, self.runner.decode(rows, greedy)):
                     q.append([t])
@@ -250,13 +258,18 @@ class Engine:
             self.runner.release(q.slot)
         return reqs
 
-    def _step_kind(self, n_rows: int) -> str:
-        """"spec" for a speculative engine while at most `EngineConfig.spec_max_rows` rows run, else "decode"."""
+    def _step_kind(self, rows: Sequence[int]) -> str:
+        """The step for these running rows: "decode" for a plain engine, or while more than
+        `EngineConfig.spec_max_rows` rows run; else the speculation shape the schedule gives rows 0..max(rows)
+        ("spec", "spec1", ...: `runner.spec_kind`)."""
         limit = self.config.spec_max_rows
-        return "spec" if self.runner.speculative and (limit is None or n_rows <= limit) else "decode"
+        if not self.runner.speculative or (limit is not None and len(rows) > limit):
+            return "decode"
+        return spec_kind(self.schedule.shape_index(max(rows) + 1))
 
-    def _append_spec(self, reqs: Sequence[Request], m_host: Sequence[int], tok_host: Sequence[Sequence[int]]) -> None:
-        S = self.spec.steps
+    def _append_spec(self, reqs: Sequence[Request], m_host: Sequence[int], tok_host: Sequence[Sequence[int]],
+                     S: int) -> None:
+        """Append each request's committed tokens; S: the step's drafter forwards (its shape's steps)."""
         for q, k, toks in zip(reqs, m_host, tok_host):
             q.stats.add(k + 1, S)  # S drafter forwards: S-1 tree levels and the catch-up
             self.stats.add(k + 1, S)
@@ -274,12 +287,12 @@ class Engine:
         self._pending = None
         sched, run = self.scheduler, self.runner
         running = list(sched.running)
-        ahead = self.spec.max_accept if run.speculative else 0
+        ahead = run.spec.max_accept if run.speculative else 0  # the largest shape's
         fits = all(run.host_len[q.slot] + ahead <= run.max_len for q in running)
         if running and fits and not sched.may_admit():
             greedy = all(q.params.greedy for q in running)
-            kind = self._step_kind(len(running))
-            self.step_counts[kind] += 1
+            kind = self._step_kind([q.slot for q in running])
+            self.step_counts["decode" if kind == "decode" else "spec"] += 1
             self._pending = (running, run.launch(kind, [q.slot for q in running], greedy, ahead))
         m_host, tok_host = run.collect(pending)
         live = [i for i, q in enumerate(reqs) if not q.finished]
@@ -291,7 +304,7 @@ class Engine:
             for i in live:
                 reqs[i].append([tok_host[i]])
         else:
-            self._append_spec(got, [m_host[i] for i in live], [tok_host[i] for i in live])
+            self._append_spec(got, [m_host[i] for i in live], [tok_host[i] for i in live], pending.steps)
         for q in sched.release_finished():
             run.release(q.slot)
         return got

@@ -52,6 +52,16 @@ class PendingStep:
     tokens: torch.Tensor  # host copy (pinned on CUDA), valid once `event` completed: [B] decode, [B, S+1] spec
     accepted: torch.Tensor | None  # spec: [B] accepted draft counts m
     event: "torch.cuda.Event | None"
+    steps: int = 0  # spec: S of the shape the step ran (its drafter forwards, for the statistics)
+
+
+def spec_kind(index: int) -> str:
+    """The step kind of speculation shape `index` (`ModelRunner.shapes`): "spec", "spec1", ..."""
+    return "spec" if index == 0 else f"spec{index}"
+
+
+def shape_index(kind: str) -> int:
+    return int(kind[4:] or 0)
 
 
 class ModelRunner:
@@ -59,14 +69,21 @@ class ModelRunner:
         self,
         target: torch.nn.Module,
         drafter: torch.nn.Module | None,
-        spec: SpecConfig | None,
+        spec: SpecConfig | Sequence[SpecConfig] | None,
         device: torch.device,
         dtype: torch.dtype,
         seed: int = 0,
         cuda_graphs: bool = True,
         prefill_graphs: bool = True,
     ) -> None:
-        self.target, self.drafter, self.spec = target, drafter, spec if drafter is not None else None
+        self.target, self.drafter = target, drafter
+        # the speculation shapes a step may take (by index: `spec_kind`); `spec` is their envelope (the largest S, K
+        # and D), by which caches, drafter state and headroom are sized, and with whose K the drafter catches up (a
+        # step of a smaller K reads the first K of the drafter's top ids, best first)
+        shapes = (tuple(spec) if isinstance(spec, (tuple, list)) else (spec,)) if spec is not None else ()
+        self.shapes: tuple[SpecConfig, ...] = shapes if drafter is not None else ()
+        self.spec = (SpecConfig(max(x.steps for x in shapes), max(x.topk for x in shapes),
+                                max(x.draft_tokens for x in shapes)) if self.shapes else None)
         self.device, self.dtype = device, dtype
         # On CUDA the default generator is used: CUDA graphs track its state (a private one would need registering).
         if device.type == "cuda":
@@ -133,7 +150,8 @@ class ModelRunner:
             # catch-up (in the drafter's dtype, as it writes them; the log-softmax reads them as float32)
             dcfg = self.drafter.config
             Vd = dcfg.eagle.draft_vocab_size or dcfg.vocab_size
-            self.d_logits = torch.zeros(rows, Vd, dtype=self.dtype, device=dev) if K == 1 else None
+            chains = any(x.topk == 1 for x in self.shapes)
+            self.d_logits = torch.zeros(rows, Vd, dtype=self.dtype, device=dev) if chains else None
             # the target id of every draft id: drafts map through one lookup (the drafter's own map is two
             # kernels), and sampled chains lay the drafter's distributions over the target's vocabulary with it
             self.d_target_ids = self.drafter.to_target_ids(torch.arange(Vd, device=dev))
@@ -307,12 +325,13 @@ class ModelRunner:
         Lmax = max(self.host_len[i] for i in rows) + ahead
         out = self.graphs.run(kind, max(rows) + 1, Lmax, greedy)  # the graphs' static output buffers
         toks, m = (out[0], None) if kind == "decode" else (out[1], out[0])  # [B] or [B, S+1]; [B]
+        steps = 0 if kind == "decode" else self.shapes[shape_index(kind)].steps
         event: torch.cuda.Event | None = None
         if self._pinned:  # copies enqueued before any later replay can overwrite the graph's outputs
             pt, pm = self._pinned[self._pin_next]
             self._pin_next ^= 1
             B = toks.shape[0]
-            host_t = pt[:B, 0] if kind == "decode" else pt[:B]
+            host_t = pt[:B, 0] if kind == "decode" else pt[:B, : toks.shape[1]]
             host_t.copy_(toks, non_blocking=True)
             host_m = pm[:B].copy_(m, non_blocking=True) if m is not None else None
             event = torch.cuda.Event()
@@ -322,7 +341,7 @@ class ModelRunner:
         if kind == "decode":
             for i in rows:
                 self.host_len[i] += 1
-        return PendingStep(list(rows), host_t, host_m, event)
+        return PendingStep(list(rows), host_t, host_m, event, steps)
 
     def collect(self, pending: PendingStep) -> tuple[list[int] | None, list]:
         """The results of a launched step, per requested row: (None, tokens) for decode, (m, committed tokens) for a
@@ -342,14 +361,16 @@ class ModelRunner:
     # --- speculative step ---------------------------------------------------------------------------------------
     # Three phases over explicit tensors (captured as three graphs on CUDA, so their times can be told apart).
     # kv_len >= (longest committed length) + headroom() in all three.
-    def _spec_draft(self, r: Rows, ctx_rows: torch.Tensor | None, kv_len: int, greedy: bool) -> DraftTree:
-        """The draft tree; a chain in a step with sampled rows samples their drafts (spec/draft.py) and the tree
-        carries the drafter's distributions (`DraftTree.q`, node i+1's at index i) for verification."""
-        S, K, D = self.spec.steps, self.spec.topk, self.spec.draft_tokens
+    def _spec_draft(self, r: Rows, ctx_rows: torch.Tensor | None, kv_len: int, greedy: bool,
+                    shape: SpecConfig) -> DraftTree:
+        """The draft tree of `shape`; a chain in a step with sampled rows samples their drafts (spec/draft.py) and the
+        tree carries the drafter's distributions (`DraftTree.q`, node i+1's at index i) for verification."""
+        S, K, D = shape.steps, shape.topk, shape.draft_tokens
         L = self.seq_len[r]
         sampled = not greedy and K == 1
-        state = DraftState(self.d_top_ids[r], self.d_top_logp[r] if self.d_top_logp is not None else None,
-                           self.d_hidden[r], self.d_logits[r] if sampled else None)
+        top_ids = self.d_top_ids[r] if K == self.spec.topk else self.d_top_ids[r][:, :K]  # best first
+        top_logp = self.d_top_logp[r][:, :K] if K > 1 else None
+        state = DraftState(top_ids, top_logp, self.d_hidden[r], self.d_logits[r] if sampled else None)
         cands = draft_tree(self._draft_step(ctx_rows), self.d_target_ids.__getitem__, state, L, S, K, kv_len,
                            (self.temperature[r], self.top_k[r], self.top_p[r]) if sampled else None, self.generator,
                            target_ids=self.d_target_ids)
@@ -359,14 +380,14 @@ class ModelRunner:
         return tree
 
     def _spec_verify(self, r: Rows, ctx_rows: torch.Tensor | None, kv_len: int, tree: DraftTree,
-                     greedy: bool) -> tuple[VerifyResult, torch.Tensor]:
+                     greedy: bool, shape: SpecConfig) -> tuple[VerifyResult, torch.Tensor]:
         """Target forward over the D tree tokens (positions L + depth, written at L..L+D-1, each seeing the prefix
         and its ancestors) and acceptance; returns the result and the aux states [B, D, n_aux*H]."""
-        D = self.spec.draft_tokens
+        D = shape.draft_tokens
         B, dev = self._count(r), self.device
         L = self.seq_len[r]
         write = L[:, None] + cached_arange(D, dev)[None, :]
-        chain = self.spec.topk == 1
+        chain = shape.topk == 1
         if chain:  # node i at depth i: positions are the write slots, the mask is an appended one (2 kernels)
             ctx = ForwardContext(positions=write, write_index=write, attn_mask=appended_mask(L, D, kv_len),
                                  kv=self.kv.layers(), rows=ctx_rows)
@@ -385,12 +406,12 @@ class ModelRunner:
                                self.d_target_ids if tree.q is not None else None), out.aux_hidden
 
     def _spec_commit(self, r: Rows, ctx_rows: torch.Tensor | None, kv_len: int, res: VerifyResult,
-                     aux_all: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                     aux_all: torch.Tensor, shape: SpecConfig) -> tuple[torch.Tensor, torch.Tensor]:
         """Keep the accepted path in the target KV, catch the drafter up, advance the row state."""
-        S1 = self.spec.steps + 1
+        S1 = shape.steps + 1
         B, dev = self._count(r), self.device
         L = self.seq_len[r]
-        if self.spec.topk > 1:  # tree slots L + path[i] -> L + i (a chain's accepted nodes 0..m already lie there)
+        if shape.topk > 1:  # tree slots L + path[i] -> L + i (a chain's accepted nodes 0..m already lie there)
             rows_t = cached_arange(B, dev) if isinstance(r, slice) else r
             self.kv.compact(rows_t, L, res.path)
         aux = torch.gather(aux_all, 1, res.path[..., None].expand(B, S1, aux_all.shape[-1]))
@@ -403,22 +424,24 @@ class ModelRunner:
         return res.accept_len, res.tokens
 
     @torch.inference_mode()
-    def spec_step(self, rows: Sequence[int], greedy: bool) -> tuple[list[int], list[list[int]]]:
-        """One speculative step; returns, per requested row, the accepted draft count m and the committed tokens
-        (m drafts then the bonus: S+1 entries, of which the first m+1 count). Reading them is the step's sync."""
+    def spec_step(self, rows: Sequence[int], greedy: bool, index: int = 0) -> tuple[list[int], list[list[int]]]:
+        """One speculative step of shape `shapes[index]`; returns, per requested row, the accepted draft count m and
+        the committed tokens (m drafts then the bonus: S+1 entries, of which the first m+1 count). Reading them is
+        the step's sync."""
         if self.graphs is not None:
-            m_g, toks_g = self.collect(self.launch("spec", rows, greedy))
+            m_g, toks_g = self.collect(self.launch(spec_kind(index), rows, greedy))
             assert m_g is not None
             return m_g, toks_g
+        shape = self.shapes[index]
         Lmax = max(self.host_len[i] for i in rows)
         r, ctx_rows = self._rows(rows)
         kv_len = Lmax + self.headroom()
         with self.timer.phase("draft"):
-            tree = self._spec_draft(r, ctx_rows, kv_len, greedy)
+            tree = self._spec_draft(r, ctx_rows, kv_len, greedy, shape)
         with self.timer.phase("verify"):
-            res, aux = self._spec_verify(r, ctx_rows, kv_len, tree, greedy)
+            res, aux = self._spec_verify(r, ctx_rows, kv_len, tree, greedy, shape)
         with self.timer.phase("commit"):
-            m_t, tok_t = self._spec_commit(r, ctx_rows, kv_len, res, aux)
+            m_t, tok_t = self._spec_commit(r, ctx_rows, kv_len, res, aux, shape)
         m, toks = m_t.tolist(), tok_t.tolist()
         for i, k in zip(rows, m):
             self.host_len[i] += k + 1
