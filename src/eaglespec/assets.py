@@ -35,7 +35,7 @@ DEFAULT_DRAFTER = ASSETS / "smollm2-135m-eagle3"
 #   row the chain 1.32x (tree 1.13x), at 8 rows the tree 1.75x (chain 1.69x), at 32 rows the chain 1.59x (tree 1.32x);
 #   session 13 (the tree's bookkeeping as kernels, few-row steps one program per row) too: at 1 row the chain 1.45x
 #   (tree 1.18x), at 8 rows the tree 1.56x (chain 1.39x; plain 8-row decoding got 23% faster), at 32 rows the chain
-#   1.60x (tree 1.42x);
+#   1.60x (tree 1.42x); engines of several rows take these shapes as a schedule, step by step by the rows running;
 # - sampling at temperature 1 (the drafter learnt the target's greedy text; chains draw sampled drafts): the CPU's
 #   one-step chain gains (1.15x, tau 1.37), the H200's chain of 3 loses (0.82x, tau 1.75): greedy-only there.
 _CHAIN_3 = SpecConfig(steps=3, topk=1, draft_tokens=4)
