@@ -5,8 +5,9 @@ three kinds of step as tensor programs (DESIGN.md "One speculative step, as data
   speculating), the first sampled token, and the drafter's catch-up over the prompt (a CUDA graph per rows and
   length bucket for text prompts that fit one, eager otherwise);
 - `decode(rows)`: one target token per row;
-- `spec_step(rows)`: draft (S-1 drafter forwards over the tree frontier), build the tree, verify D tokens in one
-  target forward, accept per row, compact the target KV to the accepted path and catch the drafter up.
+- `spec_step(rows, greedy, index)`: with speculation shape `shapes[index]`, draft (S-1 drafter forwards over the
+  tree frontier), build the tree, verify D tokens in one target forward, accept per row, compact the target KV to
+  the accepted path and catch the drafter up (with the largest K of all shapes, so that any shape drafts next).
 - `launch(kind, rows, greedy, ahead)` / `collect(pending)`: a decode or speculative step through the graph path, split
   for overlap scheduling: the step and the copy of its results to the host are enqueued without waiting, and the
   host reads them later, after it has launched the next step (`ahead`: positions a still unread step may have added
@@ -14,7 +15,8 @@ three kinds of step as tensor programs (DESIGN.md "One speculative step, as data
 
 Per-row state lives on the device (`seq_len`, `last_token`, `active`, sampling parameters, the drafter's top-K and
 hidden); the host keeps only the committed lengths, which it learns when it reads the accepted lengths: that read is
-the one synchronisation of a step. Policy (which rows run) is the scheduler's; this class never decides.
+the one synchronisation of a step. Policy (which rows run, which shape a step takes) is the scheduler's and the
+engine's; this class never decides.
 
 Each step is written over explicit tensors with a static key length (`_decode_core`; the speculative step as three
 phases `_spec_draft`, `_spec_verify`, `_spec_commit`). Eagerly it runs on exactly the requested rows with the smallest
