@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from .errors import ConfigError
 
@@ -311,11 +311,11 @@ class SpecSchedule:
         spec = next((s for r, s in self.entries if rows <= r), self.entries[-1][1])
         return self.shapes.index(spec)
 
-    def envelope(self) -> SpecConfig:
-        """The largest steps, topk and draft tokens of any shape: what caches, state and headroom are sized by."""
-        shapes = self.shapes
-        return SpecConfig(max(s.steps for s in shapes), max(s.topk for s in shapes),
-                          max(s.draft_tokens for s in shapes))
+
+def spec_envelope(shapes: Sequence[SpecConfig]) -> SpecConfig:
+    """The largest steps, topk and draft tokens of any of these shapes: what an engine speculating with all of them
+    sizes its caches, drafter state and headroom by (a valid shape: D <= 1 + S*K holds for the maxima)."""
+    return SpecConfig(max(s.steps for s in shapes), max(s.topk for s in shapes), max(s.draft_tokens for s in shapes))
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ from typing import Sequence, Union
 
 import torch
 
-from ..config import SpecConfig
+from ..config import SpecConfig, spec_envelope
 from ..layers.context import ForwardContext, appended_mask, cached_arange, prefix_tail_mask
 from ..layers.sampling import greedy_ids, sample, target_probs
 from ..sampling_params import SamplingParams
@@ -84,8 +84,7 @@ class ModelRunner:
         # step of a smaller K reads the first K of the drafter's top ids, best first)
         shapes = (tuple(spec) if isinstance(spec, (tuple, list)) else (spec,)) if spec is not None else ()
         self.shapes: tuple[SpecConfig, ...] = shapes if drafter is not None else ()
-        self.spec = (SpecConfig(max(x.steps for x in shapes), max(x.topk for x in shapes),
-                                max(x.draft_tokens for x in shapes)) if self.shapes else None)
+        self.spec = spec_envelope(self.shapes) if self.shapes else None
         self.device, self.dtype = device, dtype
         # On CUDA the default generator is used: CUDA graphs track its state (a private one would need registering).
         if device.type == "cuda":
