@@ -1,5 +1,7 @@
 """Which few-row kernel blocks make a whole verify step fastest? (Session 12: the per-call sweep's winners at 2-8
-rows, weights cold, made whole verify steps slower, so blocks are chosen here on whole steps.)
+rows, weights cold, made whole verify steps slower, so blocks are chosen here on whole steps.) Since session 13 steps
+of 2-8 rows take the row grid (`norm_linear_kernel.ROW_GRID_ROWS`), so these 4-row blocks serve only with it lowered:
+the probe sets ROW_GRID_ROWS = 0 for its runs.
 
 Random SmolLM2-135M weights and a random drafter (bf16, CUDA graphs, programmatic dependent launch, batch 1, a
 128-token prompt then 30 steps of a chain S3 K1 D4): the verify graph (4 rows through every projection) replayed
@@ -21,6 +23,7 @@ from eaglespec.config import SpecConfig  # noqa: E402
 from eaglespec.layers import norm_linear_kernel as nlk  # noqa: E402
 
 m, d = random_pair()
+nlk.ROW_GRID_ROWS = 0  # the blocks below serve 4-row steps only without the row grid
 results: list[dict] = []
 
 
