@@ -135,18 +135,24 @@ def test_untied_and_full_vocab_drafter(reference):
     assert d.lm_head.weight is t.lm_head.weight
 
 
+def run_logging_kinds(eng: Engine, lengths: list[int]) -> tuple[list, list[str]]:
+    """Queue PROMPTS with these token budgets and run the engine dry; returns the requests and each step's kind."""
+    reqs = [eng.add_request(p, SamplingParams(max_new_tokens=n, ignore_eos=True)) for p, n in zip(PROMPTS, lengths)]
+    kinds: list[str] = []
+    step_kind = eng._step_kind
+    eng._step_kind = lambda rows: kinds.append(step_kind(rows)) or step_kind(rows)
+    while eng.has_work():
+        eng.step()
+    return reqs, kinds
+
+
 @pytest.mark.parametrize("spec", [SpecConfig(3, 1, 4), SpecConfig(4, 2, 6)], ids=["chain", "tree"])
 def test_speculating_by_load_equals_plain_greedy(target, drafter, reference, spec):
     """`EngineConfig.spec_max_rows`: plain decode steps while more rows run (keeping the drafter in step), speculative
     steps once few enough do, back and forth as requests finish and join; still plain greedy token for token."""
     eng = Engine(target, None, EngineConfig(max_batch_size=3, spec_max_rows=1), drafter=drafter, spec=spec)
     lengths = [48, 12, 30, 48, 20, 40]
-    reqs = [eng.add_request(p, SamplingParams(max_new_tokens=n, ignore_eos=True)) for p, n in zip(PROMPTS, lengths)]
-    kinds = []
-    step_kind = eng._step_kind
-    eng._step_kind = lambda rows: kinds.append(step_kind(rows)) or step_kind(rows)
-    while eng.has_work():
-        eng.step()
+    reqs, kinds = run_logging_kinds(eng, lengths)
     assert [r.output_ids for r in reqs] == [ref[:n] for ref, n in zip(reference, lengths)]
     assert "spec" in kinds and "decode" in kinds
 
@@ -168,12 +174,7 @@ def test_a_schedule_of_shapes_equals_plain_greedy(target, drafter, reference, ov
     if graphs:
         eng.runner.graphs = GraphCache(eng.runner, capture=False)
     lengths = [48, 12, 20, 16]  # 3 rows, then rows 0-1 (the 4th request joins row 1), then row 0 alone
-    reqs = [eng.add_request(p, SamplingParams(max_new_tokens=n, ignore_eos=True)) for p, n in zip(PROMPTS, lengths)]
-    kinds = []
-    step_kind = eng._step_kind
-    eng._step_kind = lambda rows: kinds.append(step_kind(rows)) or step_kind(rows)
-    while eng.has_work():
-        eng.step()
+    reqs, kinds = run_logging_kinds(eng, lengths)
     assert [r.output_ids for r in reqs] == [ref[:n] for ref, n in zip(reference, lengths)]
     assert {"spec", "spec1", "spec2"} <= set(kinds)
     st = eng.stats  # each request's step counts the drafter forwards of the shape it ran (S = 3, 4 or 2)

@@ -369,9 +369,9 @@ class ModelRunner:
         S, K, D = shape.steps, shape.topk, shape.draft_tokens
         L = self.seq_len[r]
         sampled = not greedy and K == 1
-        top_ids = self.d_top_ids[r] if K == self.spec.topk else self.d_top_ids[r][:, :K]  # best first
+        # the drafter's top ids / log-probs are the envelope's K, best first: a shape of smaller K reads its first K
         top_logp = self.d_top_logp[r][:, :K] if K > 1 else None
-        state = DraftState(top_ids, top_logp, self.d_hidden[r], self.d_logits[r] if sampled else None)
+        state = DraftState(self.d_top_ids[r][:, :K], top_logp, self.d_hidden[r], self.d_logits[r] if sampled else None)
         cands = draft_tree(self._draft_step(ctx_rows), self.d_target_ids.__getitem__, state, L, S, K, kv_len,
                            (self.temperature[r], self.top_k[r], self.top_p[r]) if sampled else None, self.generator,
                            target_ids=self.d_target_ids)

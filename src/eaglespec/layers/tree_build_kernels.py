@@ -49,10 +49,6 @@ def fits_select(N: int) -> bool:
     return 1 <= N <= MAX_CANDIDATES
 
 
-def triton_cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 def _p2(n: int, least: int = 2) -> int:
     return max(least, 1 << (max(n, 1) - 1).bit_length())
 
@@ -113,8 +109,8 @@ def _kernels():
                     tl.store(n_tok + b * K + j, tl.sum(tl.where(c == pick, tok, 0), 0))
                 hv = tl.load(hidden + (b * K + parent) * H + h, mask=hm, other=0.0)
                 tl.store(n_hidden + (b * K + j) * H + h, hv, mask=hm)
-                vrow = tl.load(vis + b * vis_bs + parent * W1 + w, mask=wm, other=0) | tl.load(own + j * W1 + w, mask=wm,
-                                                                                           other=0)
+                vrow = (tl.load(vis + b * vis_bs + parent * W1 + w, mask=wm, other=0)
+                        | tl.load(own + j * W1 + w, mask=wm, other=0))
                 tl.store(n_vis + (b * K + j) * W1 + w, vrow, mask=wm)
                 v = tl.load(vis + b * vis_bs + parent * W1 + rel, mask=tail, other=0) | tl.load(own + j * W1 + rel,
                                                                                              mask=tail, other=0)
@@ -183,8 +179,10 @@ def draft_level(ids: torch.Tensor, logp: torch.Tensor, f_tok: torch.Tensor, f_sc
         n_hidden = torch.empty(B, K, H, dtype=hidden.dtype, device=dev)
         n_vis = torch.empty(B, K, W1, dtype=torch.bool, device=dev)
         n_mask = torch.empty(B, K, kv_len, dtype=torch.bool, device=dev)
+    import triton
+
     BLOCK_P = 512
-    grid = (B, 1 if last else triton_cdiv(kv_len, BLOCK_P))
+    grid = (B, 1 if last else triton.cdiv(kv_len, BLOCK_P))
     f_idx, idx_bs = _rows_of(f_idx)  # the first level's frontier and visibility are expanded constants
     vis, vis_bs = _rows_of(vis)
     _kernels()[0][grid](ids.contiguous(), logp.contiguous(), f_tok.contiguous(), f_score.contiguous(), f_idx,
@@ -197,7 +195,8 @@ def draft_level(ids: torch.Tensor, logp: torch.Tensor, f_tok: torch.Tensor, f_sc
 
 
 def select_tree(cand_tokens: torch.Tensor, cand_scores: torch.Tensor, cand_parents: torch.Tensor,
-                cand_depth: torch.Tensor, root: torch.Tensor, D: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                cand_depth: torch.Tensor, root: torch.Tensor,
+                D: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     B, N = cand_tokens.shape
     assert fits_select(N) and 1 <= D <= N + 1, f"select_tree: N={N} D={D}"
     dev = cand_tokens.device
