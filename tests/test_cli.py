@@ -68,17 +68,20 @@ def test_api_default_drafter_policy_on_the_cpu():
     assert forced.speculative and forced.spec == SpecConfig(2, 1, 3)
 
 
-def test_default_drafter_policy_per_device_and_engine_size():
-    """The measured policy (docs/benchmarks.md, "The shipped drafter", "Session 11"): a chain of 2 in one-row CPU
-    engines when greedy and a one-step chain when sampling; on CUDA when greedy a chain of 3 at 1 row and at 9-32
-    rows, the tree S4 K4 D16 at 2-8 rows, as a schedule in engines of several rows (each step the shape of its rows;
-    slower at temperature 1, unmeasured above 32 rows); plain decoding elsewhere, and an explanation for each
-    case."""
+def test_default_drafter_policy_per_device_and_engine_size(monkeypatch):
+    """The measured policy (docs/benchmarks.md, "The shipped drafter", "Session 14"): a chain of 2 in one-row CPU
+    engines when greedy and a one-step chain when sampling; on CUDA when greedy a chain of 3 in engines of up to 32
+    rows (slower at temperature 1, unmeasured above 32 rows); plain decoding elsewhere, and an explanation for each
+    case. A policy of several shapes gives engines of several rows a schedule, each step the shape of its rows."""
+    import eaglespec.assets as assets
     from eaglespec.assets import default_spec, slower_note
     from eaglespec.config import SpecConfig, SpecSchedule
 
     assert default_spec("cpu", 1) == SpecConfig(2, 1, 3) and default_spec("cpu", 2) is None
     chain, tree = SpecConfig(3, 1, 4), SpecConfig(4, 4, 16)
+    assert default_spec("cuda", 1) == default_spec("cuda", 8) == default_spec("cuda", 32) == chain
+    assert default_spec("cuda", 33) is None and "above 32 rows" in slower_note("cuda")
+    monkeypatch.setitem(assets._DEFAULT_SPEC, "cuda", ((1, chain), (8, tree), (32, chain)))  # session 13's policy
     assert default_spec("cuda", 1) == chain  # engines of several rows: a schedule, each step the shape of its rows
     assert default_spec("cuda", 2) == SpecSchedule(((1, chain), (2, tree)))
     assert default_spec("cuda", 8) == SpecSchedule(((1, chain), (8, tree)))

@@ -54,8 +54,8 @@ def test_cuda_defaults_wire_the_triton_kernels(monkeypatch):
     prepare_for_inference(drafter, cuda, None, False)
     for layer in target.model.layers:
         assert layer.self_attn.rope_store is rope_store and layer.self_attn.attn_kernel.run is short_attention
-        assert layer.norm_linear is add_norm_linear and layer.norm_linear_rows == nlk.MAX_ROWS == 8
-        assert isinstance(layer.self_attn.o_proj, FewRowsLinear) and layer.self_attn.o_proj.max_rows == 8
+        assert layer.norm_linear is add_norm_linear and layer.norm_linear_rows == nlk.MAX_ROWS == 64
+        assert isinstance(layer.self_attn.o_proj, FewRowsLinear) and layer.self_attn.o_proj.max_rows == 64
         assert isinstance(layer.mlp.down_proj, FewRowsLinear)
     assert isinstance(drafter.fc, FewRowsLinear) and isinstance(drafter.midlayer.mlp.down_proj, FewRowsLinear)
     attn = [m for m in drafter.modules() if hasattr(m, "attn_kernel")]

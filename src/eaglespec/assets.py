@@ -36,13 +36,17 @@ DEFAULT_DRAFTER = ASSETS / "smollm2-135m-eagle3"
 #   session 13 (the tree's bookkeeping as kernels, few-row steps one program per row) too: at 1 row the chain 1.45x
 #   (tree 1.18x), at 8 rows the tree 1.56x (chain 1.39x; plain 8-row decoding got 23% faster), at 32 rows the chain
 #   1.60x (tree 1.42x); engines of several rows take these shapes as a schedule, step by step by the rows running;
+#   session 14 (steps of 9-64 rows on the tensor-core kernel: a 128-row verify keeps cuBLAS) made the chain the
+#   shape at every size: at 1 row the chain 1.45x (80/80 answers identical to plain decoding; tree S4 K4 D16 1.50x,
+#   16/80), at 8 rows the chain 1.70-1.75x (S5 K2 D8 1.73x, S4 K2 D8 1.72x, tree S4 K4 D16 1.54-1.58x), at 32 rows
+#   the chain 1.17-1.24x (tree 1.16-1.18x; plain 32-row decoding got 25% faster);
 # - sampling at temperature 1 (the drafter learnt the target's greedy text; chains draw sampled drafts): the CPU's
 #   one-step chain gains (1.15x, tau 1.37), the H200's chain of 3 loses (0.82x, tau 1.75): greedy-only there.
 _CHAIN_3 = SpecConfig(steps=3, topk=1, draft_tokens=4)
 # device type -> ((largest engine, shape), ...) by increasing engine size; larger engines decode plainly by default
 _DEFAULT_SPEC: dict[str, tuple[tuple[int, SpecConfig], ...]] = {
     "cpu": ((1, SpecConfig(steps=2, topk=1, draft_tokens=3)),),
-    "cuda": ((1, _CHAIN_3), (8, SpecConfig(steps=4, topk=4, draft_tokens=16)), (32, _CHAIN_3)),
+    "cuda": ((32, _CHAIN_3),),
 }
 _DEFAULT_SPEC_SAMPLED: dict[str, SpecConfig] = {"cpu": SpecConfig(steps=1, topk=1, draft_tokens=2)}  # temperature > 0
 _GREEDY_ONLY = {"cuda"}  # sampled decoding (temperature > 0) decodes plainly by default
@@ -60,9 +64,8 @@ def default_spec(device_type: str, max_batch_size: int = 1,
                  temperature: float = 0.0) -> SpecConfig | SpecSchedule | None:
     """What `draft="auto"` speculates with on this device type for an engine of this many rows serving at this
     temperature (0: greedy); None: plain decoding is faster there. An engine of several rows gets the measured
-    shapes up to its size as a `SpecSchedule` (each step takes the shape of the rows it runs: on the H200 a lone
-    request in an 8-row engine verifies the chain of 3, 1.45x, instead of the tree's 1.18x), one of one row the
-    shape itself."""
+    shapes up to its size as a `SpecSchedule` (each step takes the shape of the rows it runs) where they differ,
+    else the one shape."""
     shapes = _DEFAULT_SPEC.get(device_type, ())
     if not any(max_batch_size <= rows for rows, _ in shapes):
         return None

@@ -16,7 +16,9 @@ gating) in one launch, so a Llama layer runs 6 kernels instead of 9.
   products run either as one [BLOCK_M, BLOCK_N, BLOCK_K] broadcast or row by row (ROW_LOOP), per `_blocks`.
   Weights are loaded before the programmatic-launch wait (layers/pdl.py), so they stream in while the kernel before
   still runs.
-For M <= MAX_ROWS (decode, short verify and drafter steps) and K <= ONE_SHOT_K; other steps and layers keep cuBLAS.
+For M <= 8 rows (decode, short verify and drafter steps) and K <= ONE_SHOT_K; steps of DOT_MIN_ROWS..MAX_ROWS rows go
+to the tensor-core kernel of layers/norm_linear_dot_kernel.py (same contract), longer steps and wider layers keep
+cuBLAS.
 Steps of 2..ROW_GRID_ROWS rows launch one program per (column block, row) (ROW_GRID): each runs the one-row row
 loop over its own row, so that a few-row step costs about what a one-row step costs per kernel. The row loop reads
 a row as two power-of-two chunks where that is narrower than one block (`_k_chunks`: 576 = 512 + 64).
@@ -33,7 +35,12 @@ import torch.nn.functional as F
 from .norm import rms_norm
 from .pdl import launch_options
 
-MAX_ROWS = 8  # rows (batch x tokens) up to which the fused kernel is used; measured on the H200 (docs/benchmarks.md)
+# rows (batch x tokens) up to which the fused kernels are used (engine.transforms wires them so): 1..8 rows here,
+# DOT_MIN_ROWS..MAX_ROWS on tensor cores (layers/norm_linear_dot_kernel.py). Measured on the H200 (docs/benchmarks.md,
+# "Session 14"): at 16, 32 and 64 rows the tensor-core kernel beat cuBLAS plus the separate norm and gating kernels by
+# 14-27% in whole graphs; at 128 rows it lost by 7% (a K-pipelined version by 30-80%), so longer steps keep cuBLAS.
+MAX_ROWS = 64
+DOT_MIN_ROWS = 9
 ONE_SHOT_K = 2048  # widest input: a row is read in one block (wider layers keep cuBLAS: see _blocks)
 
 
@@ -175,7 +182,8 @@ def _blocks(M: int, N: int, K: int, gated: bool, norm: bool = True, pdl: bool = 
     1-4 columns, 1-2 warps, with PDL), nor tensor cores (tl.dot, rows padded to 16: session 5 one-shot; session 10
     one-shot and K-pipelined, faster per call with the weights in L2 but 4-7% slower in whole verify steps), nor a
     row loop (session 9) beat cuBLAS plus the separate norm in whole steps; one program per row did (session 13:
-    ROW_GRID_ROWS, which takes steps of 2-8 rows before these blocks are consulted); for 4096-wide layers
+    ROW_GRID_ROWS, which takes steps of 2-8 rows before these blocks are consulted; past 8 rows session 14's
+    tensor-core kernel, whose weight tiles load before the PDL wait, beat cuBLAS up to 64 rows); for 4096-wide layers
     the blocked loop was 2x slower than cuBLAS, hence ONE_SHOT_K (docs/benchmarks.md, "Session 5", "Session 9",
     "Session 10", "Session 12")."""
     bucket = 1 if M <= 1 else 2 if M <= 2 else 4 if M <= 4 else 8
@@ -212,6 +220,10 @@ def _k_chunks(K: int) -> tuple[int, int]:
 def _launch(h2: torch.Tensor, d2: torch.Tensor | None, nw: torch.Tensor | None, w: torch.Tensor, h_out: torch.Tensor,
             y: torch.Tensor, eps: float, gated: bool, norm: bool, blocks: Blocks | None = None) -> None:
     M, K = h2.shape
+    if blocks is None and M >= DOT_MIN_ROWS:  # past the CUDA-core kernel's reach: tensor cores
+        from .norm_linear_dot_kernel import launch
+
+        return launch(h2, d2, nw, w, h_out, y, eps, gated, norm)
     N = y.shape[1]
     opts = launch_options(h2)
     row_grid = bool(blocks[5]) if blocks is not None and len(blocks) > 5 else (
@@ -246,13 +258,13 @@ _ROW_GRID_BLOCKS = {(False, True): (4, 1), (True, True): (4, 1), (False, False):
 
 
 def linear_rows(x: torch.Tensor, weight: torch.Tensor, blocks: Blocks | None = None) -> torch.Tensor:
-    """x [..., K] @ weight.T for at most MAX_ROWS rows and K <= ONE_SHOT_K (the kernel without add and norm): a
-    layer's o_proj and down_proj at batch 1, where cuBLAS spends 3-5 us on 0.7-2 MB of weights. `blocks` overrides
-    `_blocks` (the GPU benchmarks' sweeps; with it, any number of rows up to its BLOCK_M)."""
+    """x [..., K] @ weight.T for K <= ONE_SHOT_K (the kernel without add and norm): a layer's o_proj and down_proj at
+    batch 1, where cuBLAS spends 3-5 us on 0.7-2 MB of weights. Any number of rows computes (the engine wires it for
+    up to MAX_ROWS); `blocks` overrides `_blocks` (the GPU benchmarks' sweeps; with it, up to its BLOCK_M rows)."""
     *lead, K = x.shape
     M = x.numel() // K
     N = weight.shape[0]
-    assert (M <= max(MAX_ROWS, ROW_GRID_ROWS) or blocks) and K <= ONE_SHOT_K and weight.shape[1] == K \
+    assert K <= ONE_SHOT_K and weight.shape[1] == K \
         and weight.is_contiguous(), "linear_rows: shape"
     x2 = x.reshape(M, K).contiguous()
     y = torch.empty(M, N, dtype=x.dtype, device=x.device)
@@ -265,7 +277,7 @@ def add_norm_linear(h: torch.Tensor, delta: torch.Tensor | None, norm_weight: to
     *lead, K = h.shape
     M = h.numel() // K
     N = weight.shape[0] // 2 if gated else weight.shape[0]
-    assert (M <= max(MAX_ROWS, ROW_GRID_ROWS) or blocks) and K <= ONE_SHOT_K and weight.shape[1] == K \
+    assert K <= ONE_SHOT_K and weight.shape[1] == K \
         and weight.is_contiguous(), "add_norm_linear: shape"
     h2 = h.reshape(M, K).contiguous()
     d2 = delta.reshape(M, K).contiguous() if delta is not None else None
