@@ -6,8 +6,8 @@
 
 `draft="auto"` (the default) speculates with the shipped drafter when the model is the embedded default and plainly
 otherwise; without an explicit `spec` it takes the measured shapes of `assets.default_spec` for the device, the
-engine's rows (on the CPU: one-row engines, as `eaglespec generate` builds; on CUDA a `SpecSchedule` for engines of
-several rows, each step the shape measured for the rows it runs) and the `temperature` the engine is meant to serve
+engine's rows (on the CPU: one-row engines, as `eaglespec generate` builds; a `SpecSchedule` where the shapes
+measured differ by rows, each step the shape of the rows it runs) and the `temperature` the engine is meant to serve
 (on CUDA: greedy only), and decodes plainly where the drafter was measured slower than plain decoding. `spec` may be
 a SpecConfig or a SpecSchedule.
 `draft=None` never speculates; a path loads that EAGLE-3 drafter checkpoint.
