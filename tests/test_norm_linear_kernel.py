@@ -30,6 +30,15 @@ def few_programs(monkeypatch) -> None:
     monkeypatch.setattr(nlk, "_ROW_GRID_BLOCKS", {k: (512, 1) for k in nlk._ROW_GRID_BLOCKS})
 
 
+def record_rows(monkeypatch, module, name: str) -> set[int]:
+    """Wrap the launcher `module.name` (its first argument the [M, K] rows) so that the row counts it serves are
+    recorded in the returned set."""
+    seen: set[int] = set()
+    launch = getattr(module, name)
+    monkeypatch.setattr(module, name, lambda h2, *a: seen.add(h2.shape[0]) or launch(h2, *a))
+    return seen
+
+
 @pytest.mark.parametrize("M,K,N", [(1, 48, 40), (3, 200, 24), (8, 64, 130), (2, 2048, 20)])
 @pytest.mark.parametrize("gated", [False, True])
 @pytest.mark.parametrize("with_delta", [False, True])
@@ -129,9 +138,7 @@ def test_engine_with_the_kernels_equals_plain(monkeypatch):
     """Both Triton kernels through the whole engine (float32): the decode steps of a 2-row batch and the
     verify steps of a one-step chain (2 x 2 rows) take the fused path; greedy speculation still equals plain decoding."""
     few_programs(monkeypatch)
-    rows_seen: set[int] = set()
-    launch = nlk._launch
-    monkeypatch.setattr(nlk, "_launch", lambda h2, *a: rows_seen.add(h2.shape[0]) or launch(h2, *a))
+    rows_seen = record_rows(monkeypatch, nlk, "_launch")
 
     def prepare(target, drafter):
         for m in (target, drafter):
@@ -393,9 +400,7 @@ def test_engine_through_the_dot_kernel_equals_plain(monkeypatch):
     from eaglespec.layers import norm_linear_dot_kernel as dk
 
     few_programs(monkeypatch)
-    rows_seen: set[int] = set()
-    launch = dk.launch
-    monkeypatch.setattr(dk, "launch", lambda h2, *a: rows_seen.add(h2.shape[0]) or launch(h2, *a))
+    rows_seen = record_rows(monkeypatch, dk, "launch")
 
     def prepare(target, drafter):
         for x in (target, drafter):
