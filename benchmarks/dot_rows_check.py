@@ -49,7 +49,7 @@ for n, name in enumerate(WIRINGS):
             row[f"decode{b}_ms"] = decode_graph_ms(m, b)
         shapes = [(SpecConfig(4, 4, 16), 1), (SpecConfig(3, 1, 4), 8), (SpecConfig(4, 4, 16), 8),
                   (SpecConfig(3, 1, 4), 32)]
-        if "--rows64" in sys.argv:  # steps of 32-64 rows: a one-row tree of 32, 8-row trees of 4 and 8 tokens, 32-row chain of 2
+        if "--rows64" in sys.argv:  # 32-64 rows: a one-row tree of 32, 8-row trees of 4 and 8, a 32-row chain of 2
             row["decode64_ms"] = decode_graph_ms(m, 64)
             shapes = [(SpecConfig(6, 8, 32), 1), (SpecConfig(3, 2, 4), 8), (SpecConfig(4, 2, 8), 8),
                       (SpecConfig(1, 1, 2), 32)]

@@ -12,8 +12,9 @@ that each states only what it measures:
   speculated) 30 steps after a 128-token prompt per row: mid-generation, so that
   `engine.runner.graphs.captured(kind, rows, length, True)` gives the graphs of its current length to replay and
   profile alone (each replay moves its state on by one step);
-- `random_pair(shape)`: a random bf16 target of a named shape and a random drafter for it, both in the inference form
-  CUDA runs (the GPU probes' usual subjects);
+- `random_pair(shape, draft_vocab)`: a random bf16 target of a named shape and a random drafter for it (draft
+  vocabulary: random_model.DRAFT_VOCAB unless given), both in the inference form CUDA runs (the GPU probes' usual
+  subjects);
 - `print_advance(title, result, top)`: `kernel_advance`'s result as lines of text;
 - `decode_graph_ms(model, rows)` / `spec_graph_ms(model, drafter, spec, rows)`: ms per replay of a stepped engine's
   decode graph / of its verify graph and of its whole speculative step (draft, verify, commit in order);
@@ -138,13 +139,13 @@ def kernel_advance(graph: "torch.cuda.CUDAGraph", reps: int = 20) -> dict:
                            "duration_us": round(v[1] / reps, 1)} for k, v in rows]}
 
 
-def random_pair(shape: str = "smollm2-135m") -> tuple[torch.nn.Module, torch.nn.Module]:
-    from eaglespec.bench.random_model import random_drafter, random_model
+def random_pair(shape: str = "smollm2-135m", draft_vocab: int | None = None) -> tuple[torch.nn.Module, torch.nn.Module]:
+    from eaglespec.bench.random_model import DRAFT_VOCAB, random_drafter, random_model
     from eaglespec.engine.transforms import prepare_for_inference
 
     m = random_model(shape, DEV, DT, 0).model
     prepare_for_inference(m, DEV, None, None)
-    d = random_drafter(m.config, DEV, DT, 0)
+    d = random_drafter(m.config, DEV, DT, 0, draft_vocab or DRAFT_VOCAB)
     prepare_for_inference(d, DEV, None, None)
     return m, d
 

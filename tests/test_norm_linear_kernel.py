@@ -150,9 +150,10 @@ def test_engine_with_the_kernels_equals_plain(monkeypatch):
 
 
 def test_drafter_mlp_half_through_the_kernel(monkeypatch):
-    """The transform wires an EAGLE-3 drafter's layer too (its MLP half: add, norm, gate/up, SiLU): a catch-up of 4
-    tokens and a draft step of 1 give the plain drafter's logits and hidden states (float32), and speculation with
-    it still gives the target's tokens."""
+    """The transform wires an EAGLE-3 drafter's layer too (its MLP half: add, norm, gate/up, SiLU) and its final norm
+    + draft head: a catch-up of 4 tokens and a draft step of 1 give the plain drafter's logits and hidden states
+    (float32), and speculation with it still gives the target's tokens. A drafter without a draft vocabulary (the
+    target's head) keeps its head on cuBLAS."""
     from copy import deepcopy
 
     from tiny import tiny_drafter
@@ -169,8 +170,13 @@ def test_drafter_mlp_half_through_the_kernel(monkeypatch):
         d.set_embed_and_head(*target.get_embed_and_head())
     layer = fused.midlayer
     assert layer.norm_linear is add_norm_linear and layer.norm_linear_rows == MAX_ROWS
-    calls = []
+    assert fused.norm_head is add_norm_linear and fused.norm_head_rows == 1  # transforms.DRAFT_HEAD_ROWS
+    fused.norm_head_rows = 4  # here: the catch-up's 4 rows too
+    no_vocab = use_norm_linear_kernel(fuse_projections(tiny_drafter(target, seed=1, draft_vocab=None)))
+    assert no_vocab.norm_head is None and no_vocab.midlayer.norm_linear is add_norm_linear
+    calls, head_calls = [], []
     layer.norm_linear = lambda h, *a: calls.append(h.shape[0] * h.shape[1]) or add_norm_linear(h, *a)
+    fused.norm_head = lambda h, *a: head_calls.append(h.shape[0] * h.shape[1]) or add_norm_linear(h, *a)
     g = torch.Generator().manual_seed(3)
     toks, aux = torch.randint(0, 97, (1, 4), generator=g), torch.randn(1, 4, 3 * 64, generator=g)
     outs = []
@@ -186,7 +192,7 @@ def test_drafter_mlp_half_through_the_kernel(monkeypatch):
         outs.append((logits, h, logits2, h2))
     for a, b in zip(*outs):
         assert torch.allclose(a, b, atol=1e-5, rtol=1e-5)
-    assert calls == [4, 1]
+    assert calls == [4, 1] and head_calls == [4, 1]
     params = SamplingParams(max_new_tokens=8, ignore_eos=True)
     prompts = [[1, 2, 3, 4], list(range(10, 15))]
     ref = [o.token_ids for o in Engine(target, None).generate(prompts, params)]

@@ -101,6 +101,15 @@ def use_short_attention_kernel(model: nn.Module) -> nn.Module:
 FEW_ROWS_MAX_WEIGHTS = 2 << 20
 
 
+# An EAGLE-3 drafter's own head (draft vocabulary x hidden) up to this many elements takes the fused norm + projection
+# kernel with its final norm, for steps of up to DRAFT_HEAD_ROWS rows: SmolLM2's shipped drafter has 12,288 x 576 =
+# 7.1M (a target's full-vocabulary head, 28M and up, keeps cuBLAS). On the H200 (benchmarks/draft_head_check.py,
+# session 14) it saved ~5 us per one-row chain step (draft graph 0.077 -> 0.072 ms) and lost at 4 rows and more (an
+# 8-row chain step 0.93 -> 1.00 ms: cuBLAS reads the 14 MB head once for all rows).
+DRAFT_HEAD_MAX_WEIGHTS = 8 << 20
+DRAFT_HEAD_ROWS = 1
+
+
 def _small(lin: nn.Linear) -> bool:
     return lin.weight.numel() <= FEW_ROWS_MAX_WEIGHTS
 
@@ -109,13 +118,14 @@ def use_norm_linear_kernel(model: nn.Module, max_rows: int | None = None) -> nn.
     """Residual add + RMSNorm + projection (+ SiLU gating) as one Triton kernel in every pre-norm layer whose
     attention has a fused bias-free q/k/v projection and whose MLP is a fused bias-free SiLU gate/up MLP
     (layers/norm_linear_kernel.py), and for the MLP half of an EAGLE-3 drafter's layer, for steps of at most
-    `max_rows` rows (default: the kernel's MAX_ROWS).
+    `max_rows` rows (default: the kernel's MAX_ROWS); and for the drafter's final norm + its own draft head (of <=
+    DRAFT_HEAD_MAX_WEIGHTS) in steps of at most DRAFT_HEAD_ROWS rows.
     Only models of width <= ONE_SHOT_K (SmolLM2's 576) and projections of <= FEW_ROWS_MAX_WEIGHTS weights: on the
     H200 the kernel beats the launches it saves there, while for 4096-wide layers a blocked version was 2x slower
     than cuBLAS (docs/benchmarks.md, "Session 5"). Layers of other shapes (MLA, MoE) keep their path."""
     from ..layers.norm_linear_kernel import MAX_ROWS, ONE_SHOT_K, add_norm_linear
     from ..models.base import PreNormDecoderLayer
-    from ..models.eagle3 import Eagle3MidLayer
+    from ..models.eagle3 import Eagle3MidLayer, LlamaForCausalLMEagle3
 
     rows = MAX_ROWS if max_rows is None else max_rows
 
@@ -135,6 +145,10 @@ def use_norm_linear_kernel(model: nn.Module, max_rows: int | None = None) -> nn.
             fits = isinstance(m, Eagle3MidLayer) and mlp_half_fits(m)
         if fits:
             m.norm_linear, m.norm_linear_rows = add_norm_linear, rows
+        if (isinstance(m, LlamaForCausalLMEagle3) and m.has_own_head and m.lm_head.bias is None
+                and isinstance(m.norm, RMSNorm) and m.lm_head.in_features <= ONE_SHOT_K
+                and m.lm_head.weight.numel() <= DRAFT_HEAD_MAX_WEIGHTS and m.lm_head.weight.is_contiguous()):
+            m.norm_head, m.norm_head_rows = add_norm_linear, min(rows, DRAFT_HEAD_ROWS)  # final norm + draft head
     return model
 
 

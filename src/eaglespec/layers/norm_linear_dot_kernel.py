@@ -1,5 +1,5 @@
-"""The add + RMSNorm + projection kernel on tensor cores, for steps of 9..MAX_ROWS rows (tree verifies, drafter
-forwards of several rows, decode and chain steps of 16-32 rows).
+"""The add + RMSNorm + projection kernel on tensor cores, for steps of 9..MAX_ROWS rows (a one-row tree's verify, the
+verifies of chains at 2-16 rows, drafter forwards of several rows, plain decoding at 16-64 rows).
 
 `norm_linear_kernel` serves 1..8 rows with reductions on the CUDA cores, one program per row past one; past 8 rows
 that re-reads the weight tile once per row and loses to cuBLAS (docs/benchmarks.md, "Session 13"). cuBLAS in turn
@@ -15,7 +15,8 @@ the normalised row, its product with the norm weight and each projection rounded
 power-of-two chunks (`norm_linear_kernel._k_chunks`: 576 = 512 + 64), its sum of squares recomputed per program
 (from L2); the programs of column block 0 write h_out. `blocks` = (BLOCK_M, BLOCK_N, num_warps) overrides `_blocks`.
 float32 operands multiply in IEEE float32 (no TF32), bf16 / fp16 on tensor cores with float32 sums (under Triton's
-interpreter, whose bf16 tl.dot is wrong, as exact float32 products). Built on first use, so that `TRITON_INTERPRET=1` takes effect.
+interpreter, whose bf16 tl.dot is wrong, as exact float32 products). Built on first use, so that
+`TRITON_INTERPRET=1` takes effect.
 """
 
 from __future__ import annotations
@@ -120,8 +121,8 @@ def _kernel():
     return norm_linear_dot_kernel
 
 
-# (BLOCK_M, BLOCK_N, num_warps): the best of the sweep on the H200 for steps of 16-32 rows (benchmarks/dot_rows_check.py,
-# session 14: against 16x16x4, 16x64x4, 16x32x2, 32x32x4, 16x64x8, 32x16x4)
+# (BLOCK_M, BLOCK_N, num_warps): the best of the sweep on the H200 for steps of 16-32 rows
+# (benchmarks/dot_rows_check.py, session 14: against 16x16x4, 16x64x4, 16x32x2, 32x32x4, 16x64x8, 32x16x4)
 DOT_BLOCKS = (16, 32, 4)
 SMEM_BYTES = 160 << 10  # the tiles tl.dot stages in shared memory stay under this (the H200 has 227 KB a block)
 

@@ -56,6 +56,10 @@ class Eagle3MidLayer(nn.Module):
 
 
 class LlamaForCausalLMEagle3(nn.Module):
+    # engine.transforms may set the fused RMSNorm + projection kernel (layers/norm_linear_kernel.py) for the final
+    # norm and the draft-vocabulary head (one launch instead of two); used for steps of <= norm_head_rows rows
+    norm_head = None
+    norm_head_rows = 0
     checkpoint_renames: tuple[tuple[str, str], ...] = ((r"^model\.", ""),)  # some exports prefix "model."
     checkpoint_ignore: tuple[str, ...] = (r"^embed_tokens\.weight$", r"rotary_emb\.inv_freq$")
 
@@ -126,6 +130,8 @@ class LlamaForCausalLMEagle3(nn.Module):
         sel = r
         if ctx.logits_index is not None:
             sel = torch.gather(r, 1, ctx.logits_index[..., None].expand(-1, -1, r.shape[-1]))
+        if self.norm_head is not None and sel.shape[0] * sel.shape[1] <= self.norm_head_rows:
+            return self.norm_head(sel, None, self.norm.weight, self.norm.eps, self.lm_head.weight, False)[1], r
         return self.lm_head(self.norm(sel)), r
 
 

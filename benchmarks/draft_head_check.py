@@ -1,0 +1,46 @@
+"""Does the drafter's final norm + draft head as one few-row kernel (`LlamaForCausalLMEagle3.norm_head`, wired by
+`engine.transforms.use_norm_linear_kernel`) make speculative steps faster than the norm kernel + cuBLAS?
+
+Random SmolLM2-135M weights and a random drafter with a 12,288-token draft vocabulary (the shipped drafter's head,
+12,288 x 576), bf16, CUDA graphs, PDL; engines stepped 30 steps after 128-token prompts. Two wirings in one process,
+each twice: `cublas` (norm_head unset) and `fused`. For each: ms per replay of the draft graph and of the whole step
+(draft, verify, commit) of a chain of 3 at 1, 8 and 32 rows (heads of 1, 8 / 32 and 32 / 128 rows: the draft steps'
+and the catch-up's) and of a tree S4 K4 D16 at 1 row; and the tokens of a one-row chain engine's `generate` (256
+after 128) against `cublas` (sums in another order can flip bf16 near-ties of random weights).
+
+usage: python benchmarks/draft_head_check.py OUT_DIR
+"""
+
+from __future__ import annotations
+
+from probe_script import Emitter, random_pair, replay_ms, stepped_engine  # noqa: E402
+
+import torch  # noqa: E402
+
+from eaglespec.config import EngineConfig, SpecConfig  # noqa: E402
+from eaglespec.engine.engine import Engine  # noqa: E402
+from eaglespec.sampling_params import SamplingParams  # noqa: E402
+
+m, d = random_pair(draft_vocab=12288)
+fused_head = d.norm_head
+assert fused_head is not None, "the transform left the draft head unwired"
+emit = Emitter("draft_head_check.json")
+tokens = {}
+for name in ("cublas", "fused") * 2:
+    d.norm_head = fused_head if name == "fused" else None
+    row = {"wiring": name}
+    for spec, rows in ((SpecConfig(3, 1, 4), 1), (SpecConfig(3, 1, 4), 8), (SpecConfig(3, 1, 4), 32),
+                       (SpecConfig(4, 4, 16), 1)):
+        e = stepped_engine(m, d, spec, rows=rows)
+        graphs = e.runner.graphs.captured("spec", rows, max(e.runner.host_len) + 64, True)
+        key = f"rows{rows}_S{spec.steps}K{spec.topk}D{spec.draft_tokens}"
+        row[f"{key}_draft_ms"] = round(replay_ms([dict(graphs)["draft"]]), 4)
+        row[f"{key}_step_ms"] = round(replay_ms([g for _, g in graphs]), 4)
+        del e
+    e = Engine(m, None, EngineConfig(max_batch_size=1), drafter=d, spec=SpecConfig(3, 1, 4))
+    out = e.generate([list(range(100, 228))], SamplingParams(max_new_tokens=256, ignore_eos=True))[0].token_ids
+    del e
+    base = tokens.setdefault("cublas", out)
+    row["tokens_equal_cublas"] = f"{sum(a == b for a, b in zip(out, base))}/{len(base)}"
+    emit(row)
+    torch.cuda.empty_cache()
