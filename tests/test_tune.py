@@ -123,3 +123,33 @@ def test_tune_bad_grid_fails_before_loading(capsys):
     code, _, err = run_cli(["tune", "--model", "/no/such/model", "--draft", "random", "--steps", "1",
                             "--topk", "1", "--draft-tokens", "5"], capsys)
     assert code == 2 and "grid is empty" in err
+
+
+def test_batch_sizes_need_as_many_prompts(capsys, monkeypatch):
+    """A batch size larger than the prompts would time fewer rows than it names: refused before the model loads,
+    with the numbers; tune's default --limit grows with its largest batch size (max(10, B)), so that every row of
+    its largest batch runs, and the results' command line spells the limit used."""
+    import eaglespec.bench.setup as setup
+    from eaglespec.cli import build_parser
+    from eaglespec.cli.bench import command_line, prepare
+
+    code, _, err = run_cli(["bench", "--limit", "5", "--batch-sizes", "1,8", "--device", "cpu"], capsys)
+    assert code == 2
+    assert "batch size 8 needs at least 8 prompts, but there are 5 prompts in mt-bench with --limit 5" in err
+    code, _, err = run_cli(["tune", "--limit", "10", "--batch-sizes", "32", "--device", "cpu"], capsys)
+    assert code == 2 and "batch size 32 needs at least 32 prompts, but there are 10" in err
+    code, _, err = run_cli(["bench", "--random-weights", "smollm2-135m", "--limit", "2", "--batch-sizes", "4",
+                            "--device", "cpu"], capsys)
+    assert code == 2 and "there are 2 random prompts" in err
+
+    class Loaded(Exception):  # raised where the model would load: every check before it has passed
+        pass
+
+    monkeypatch.setattr(setup, "load_bench_model", lambda *a, **kw: (_ for _ in ()).throw(Loaded()))
+    for sizes, limit in (("1,32", 32), ("1,4", 10)):
+        args = build_parser().parse_args(["tune", "--batch-sizes", sizes, "--device", "cpu"])
+        assert args.limit is None and args.min_limit == 10
+        with pytest.raises(Loaded):
+            prepare(args)
+        assert args.limit == limit and f"--limit {limit}" in command_line("tune", args)
+        assert "--min-limit" not in command_line("tune", args)

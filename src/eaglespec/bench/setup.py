@@ -96,6 +96,18 @@ def check_workload(random_weights: bool, prompts: str | None, limit: int | None,
         raise ConfigError("--turns 2 needs text prompts, which a --random-weights model cannot encode")
 
 
+def check_prompt_count(random_weights: bool, prompts: str | None, limit: int | None, sizes: list[int]) -> None:
+    """A batch size larger than the number of prompts would time fewer rows than it names (a 32-row run of 10
+    prompts runs 10 rows): refused before the model is loaded."""
+    name = prompts or "mt-bench"
+    n = (limit or max(max(sizes), 8)) if random_weights else len(load_prompt_set(name)[:limit])
+    if max(sizes) > n:
+        what = "random prompts" if random_weights else f"prompts in {name}"
+        what += f" with --limit {limit}" if limit and not random_weights else ""
+        raise ConfigError(f"batch size {max(sizes)} needs at least {max(sizes)} prompts, but there are {n} {what}: "
+                          "raise --limit or lower --batch-sizes")
+
+
 def build_workload(model: BenchModel, prompts: str | None, limit: int | None, turns: int, chat: bool,
                    prompt_len: int, count: int, seed: int = 0) -> Workload:
     random_weights = str(model.source).startswith("random-weights:")

@@ -23,8 +23,10 @@ if TYPE_CHECKING:
     from ..bench.suite import BenchModel, SuiteOptions, SuiteResult, Workload
 
 
-def add_run_options(p: argparse.ArgumentParser, max_new_tokens: int, limit: int | None) -> None:
-    """Options of bench and tune: model, prompts, batch sizes, sampling, placement, output."""
+def add_run_options(p: argparse.ArgumentParser, max_new_tokens: int, limit: int | None,
+                    min_limit: int | None = None) -> None:
+    """Options of bench and tune: model, prompts, batch sizes, sampling, placement, output. With `min_limit` (tune)
+    the default --limit is max(min_limit, the largest batch size), so that every batch size has its rows filled."""
     m = p.add_argument_group("model")
     m.add_argument("--model", default=None, help="HF model folder or .gguf file (default: embedded SmolLM2-135M)")
     m.add_argument("--random-weights", default=None, metavar="CONFIG",
@@ -34,8 +36,10 @@ def add_run_options(p: argparse.ArgumentParser, max_new_tokens: int, limit: int 
     w = p.add_argument_group("prompts")
     w.add_argument("--prompts", default=None, metavar="mt-bench|FILE",
                    help="mt-bench (the default) or a JSONL file: one {prompt}, {turns} or {messages} per line")
+    default = f"max({min_limit}, the largest batch size)" if min_limit else limit or "all"
     w.add_argument("--limit", type=int, default=limit,
-                   help=f"use the first N prompts (default: {limit or 'all'}; random prompts: max(batch sizes, 8))")
+                   help=f"use the first N prompts (default: {default}; random prompts: max(batch sizes, 8))")
+    p.set_defaults(min_limit=min_limit)
     w.add_argument("--turns", type=int, default=1, choices=[1, 2],
                    help="2: also the second turns, after the model's own first answers")
     w.add_argument("--no-chat-template", action="store_true", help="feed 'prompt' strings as raw text")
@@ -73,15 +77,20 @@ def prepare(args: argparse.Namespace) -> Prepared:
     from ..sampling_params import SamplingParams
     from ..bench.bandwidth import copy_bandwidth
     from ..bench.report import machine_info
-    from ..bench.setup import build_workload, check_workload, load_bench_model, parse_sizes, resolve_placement
+    from ..bench.setup import (build_workload, check_prompt_count, check_workload, load_bench_model, parse_sizes,
+                               resolve_placement)
     from ..bench.suite import SuiteOptions, stderr_log
 
     sizes = parse_sizes(args.batch_sizes)
-    check_workload(args.random_weights is not None, args.prompts, args.limit, args.turns)
+    if args.limit is None and args.min_limit:  # tune: enough prompts to fill its largest batch (recorded as the
+        args.limit = max(args.min_limit, max(sizes))  # --limit of the results' command line)
+    limit = args.limit
+    check_workload(args.random_weights is not None, args.prompts, limit, args.turns)
     if args.prompts not in (None, "mt-bench") and not Path(args.prompts).is_file():
         raise ConfigError(f"prompt file {args.prompts} does not exist")
     if args.warmup < 0:
         raise ConfigError(f"--warmup must be >= 0 (got {args.warmup})")
+    check_prompt_count(args.random_weights is not None, args.prompts, limit, sizes)
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                             top_k=args.top_k, ignore_eos=args.ignore_eos or args.random_weights is not None)
     engine = engine_config(args)
@@ -90,7 +99,7 @@ def prepare(args: argparse.Namespace) -> Prepared:
     if bw:
         stderr_log(f"device copy bandwidth {bw / 1e9:.0f} GB/s")
     model = load_bench_model(args.model, args.random_weights, device, dtype, args.seed, args.fuse, args.compile)
-    workload = build_workload(model, args.prompts, args.limit, args.turns, not args.no_chat_template,
+    workload = build_workload(model, args.prompts, limit, args.turns, not args.no_chat_template,
                               args.prompt_len, max(max(sizes), 8), args.seed)
     return Prepared(model, workload, SuiteOptions(sizes, params, engine, args.warmup, args.peer, args.batching),
                     machine_info(device, bw))
@@ -109,7 +118,7 @@ def command_line(kind: str, args: argparse.Namespace) -> str:
         if key in NEGATABLE and val is False:
             parts.append("--no-" + flag[2:])
             continue
-        if key == "command" or val is None or val is False:
+        if key in ("command", "min_limit") or val is None or val is False:
             continue
         if val is True:
             parts.append(flag)

@@ -1,6 +1,6 @@
 """`eaglespec tune`: sweep steps / topk / draft tokens per batch size, pick the fastest, say when speculation loses.
 
-    eaglespec tune --draft path/to/eagle3 --batch-sizes 1,8 --limit 10 --out tune/
+    eaglespec tune --draft path/to/eagle3 --batch-sizes 1,8 --limit 10 --out tune/   # default limit: max(10, 8)
     eaglespec tune --draft random --steps 2,3,4 --topk 1,4 --draft-tokens 4,8,16
 
 Runs the no-spec baseline and every shape of the grid (bench/tune.py: 28 shapes by default) through the same suite as
@@ -19,7 +19,7 @@ from .bench import add_run_options, finish, prepare
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("tune", help="find the fastest speculative shape per batch size (or that none pays)")
-    add_run_options(p, max_new_tokens=128, limit=10)
+    add_run_options(p, max_new_tokens=128, limit=None, min_limit=10)
     g = p.add_argument_group("grid")
     g.add_argument("--draft", default="auto", metavar="DIR|oracle|random",
                    help="the drafter to tune (default: the shipped drafter of the embedded model)")
