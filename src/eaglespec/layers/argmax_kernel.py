@@ -21,6 +21,7 @@ import functools
 
 import torch
 
+from .block_size import pow2
 from .pdl import launch_options
 
 CHUNK = 4096  # entries per stage-1 program (32 programs for a 128K-entry row, 3 for a 12K draft vocabulary)
@@ -79,5 +80,5 @@ def argmax_rows(x: torch.Tensor) -> torch.Tensor:
     ids = torch.empty(R, dtype=torch.int64, device=x.device)
     chunk_max, row_max = _kernels()
     chunk_max[(R, n_chunks)](x2, part_v, part_i, V, x2.stride(0), n_chunks, CHUNK=CHUNK, num_warps=4, **launch_options(x2))
-    row_max[(R,)](part_v, part_i, ids, V, n_chunks, BLOCK=max(16, 1 << (n_chunks - 1).bit_length()), num_warps=1, **launch_options(x2))
+    row_max[(R,)](part_v, part_i, ids, V, n_chunks, BLOCK=pow2(n_chunks, 16), num_warps=1, **launch_options(x2))
     return ids.view(lead)

@@ -18,6 +18,7 @@ import functools
 
 import torch
 
+from .block_size import pow2
 from .pdl import launch_options
 
 MAX_ENTRY = 8192  # elements of one position's entry (a row of BLOCK_S x entry values in one block)
@@ -61,7 +62,7 @@ def compact(cache: torch.Tensor, rows: torch.Tensor, start: torch.Tensor, path: 
     E = cache[0, 0, 0].numel()
     B, S1 = path.shape
     assert cache.is_contiguous() and fits(E, S1), "kv compact: shape"
-    BLOCK_E = max(16, 1 << (E - 1).bit_length())
+    BLOCK_E = pow2(E, 16)
     _kernel()[(L, B)](cache, rows.contiguous(), start.contiguous(), path.contiguous(), R, S_MAX, E, S1,
-                      BLOCK_S=max(2, 1 << (S1 - 1).bit_length()), BLOCK_E=BLOCK_E,
+                      BLOCK_S=pow2(S1, 2), BLOCK_E=BLOCK_E,
                       num_warps=4 if BLOCK_E <= 1024 else 8, **launch_options(cache))

@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from .norm import rms_norm
+from .block_size import pow2
 from .pdl import launch_options
 
 # rows (batch x tokens) up to which the fused kernels are used (engine.transforms wires them so): 1..8 rows here,
@@ -192,7 +193,7 @@ def _blocks(M: int, N: int, K: int, gated: bool, norm: bool = True, pdl: bool = 
     else:
         table = _NO_PDL[("gated" if gated else "norm") if norm else "plain"]
     bn, warps, loop = table[min(bucket, 4)]  # 5-8 rows (ROW_GRID_ROWS lowered below them): the 4-row blocks
-    return bucket, bn, 1 << (K - 1).bit_length(), warps, loop
+    return bucket, bn, pow2(K), warps, loop
 
 
 Blocks = tuple  # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps[, row_loop[, row_grid]]): row_loop (default False) takes the
@@ -209,11 +210,11 @@ def _k_chunks(K: int) -> tuple[int, int]:
     which 448 compute zeros, 1536 (its MLP) as 1024 + 512 instead of 2048. Used by the row loop only: on the H200
     (`benchmarks/split_k_check.py`, random SmolLM2 weights, session 13) it took the one-row decode graph from 0.444 to
     0.429 ms, while the broadcast product of 4-row verifies got slower with it (0.672 -> 0.736 ms)."""
-    one = 1 << (K - 1).bit_length()
+    one = pow2(K)
     head = 1 << (K.bit_length() - 1)
     if not SPLIT_K or head == K:
         return one, 0
-    tail = 1 << (K - head - 1).bit_length()
+    tail = pow2(K - head)
     return (head, tail) if head + tail < one else (one, 0)
 
 
@@ -231,7 +232,7 @@ def _launch(h2: torch.Tensor, d2: torch.Tensor | None, nw: torch.Tensor | None, 
     if row_grid:  # one program per (column block, row group), each the one-row row loop over its rows
         bn, warps = _ROW_GRID_BLOCKS[(gated, norm)] if blocks is None else blocks[1:4:2]
         bm = 1 if blocks is None else blocks[0]  # rows per program
-        bk, row_loop = 1 << (K - 1).bit_length(), True
+        bk, row_loop = pow2(K), True
     else:
         bm, bn, bk, warps, *rest = blocks or _blocks(M, N, K, gated, norm, opts["PDL"])
         assert M <= bm, "norm_linear_kernel: more rows than BLOCK_M"

@@ -25,6 +25,7 @@ import functools
 
 import torch
 
+from .block_size import pow2
 from .pdl import launch_options
 
 MAX_QUERY_ROWS = 64  # T * (H / Hkv): SmolLM2 (G = 3) up to 21 query tokens, Llama-8B (G = 4) up to 16
@@ -132,7 +133,7 @@ def short_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     assert q.stride(-1) == 1 and k_cache.stride(-1) == 1 and k_cache.stride() == v_cache.stride()
     assert k_cache.dtype == v_cache.dtype == q.dtype, "short_attention: the cache holds q's dtype"
     mask = mask.contiguous()
-    bq = max(16, 1 << (T * G - 1).bit_length())
+    bq = pow2(T * G, 16)
     nsplit = (K + BLOCK_KV - 1) // BLOCK_KV
     dev = q.device
     o_part = torch.empty(B * Hkv * nsplit, bq, D, dtype=torch.float32, device=dev)

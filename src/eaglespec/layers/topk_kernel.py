@@ -31,6 +31,7 @@ import functools
 
 import torch
 
+from .block_size import pow2
 from .pdl import launch_options
 
 MAX_VOCAB = 1 << 17  # 131,072 entries per row: at 16 warps, 256 float32 registers per thread
@@ -159,11 +160,11 @@ def logsoftmax_topk(logits: torch.Tensor, k: int, log_softmax: bool = True) -> t
         chunk, merge = _split_kernels()
         chunk[(R, C)](x, cids, cvals, cmax, csum, V, x.stride(0), C, K=k, CHUNK=CHUNK, NONE=_NONE,
                       LOG_SOFTMAX=log_softmax, num_warps=4, **launch_options(x))
-        merge[(R,)](cids, cvals, cmax, csum, ids, vals, C, K=k, CK=max(16, 1 << (C * k - 1).bit_length()),
-                    CB=max(16, 1 << (C - 1).bit_length()), NONE=_NONE, LOG_SOFTMAX=log_softmax, num_warps=4,
+        merge[(R,)](cids, cvals, cmax, csum, ids, vals, C, K=k, CK=pow2(C * k, 16),
+                    CB=pow2(C, 16), NONE=_NONE, LOG_SOFTMAX=log_softmax, num_warps=4,
                     **launch_options(x))
         return ids.view(*lead, k), vals.view(*lead, k)
-    block = max(16, 1 << (V - 1).bit_length())
+    block = pow2(V, 16)
     warps = 4 if block <= 4096 else 8 if block <= 16384 else 16
     _kernel()[(R,)](x, ids, vals, V, x.stride(0), K=k, BLOCK=block, LOG_SOFTMAX=log_softmax, num_warps=warps,
                     **launch_options(x))

@@ -34,6 +34,7 @@ import functools
 
 import torch
 
+from .block_size import pow2
 from .pdl import launch_options
 
 MAX_CANDIDATES = 128  # select_tree: N x N ranks in one block
@@ -47,10 +48,6 @@ def fits_level(K: int, H: int, W: int) -> bool:
 
 def fits_select(N: int) -> bool:
     return 1 <= N <= MAX_CANDIDATES
-
-
-def _p2(n: int, least: int = 2) -> int:
-    return max(least, 1 << (max(n, 1) - 1).bit_length())
 
 
 @functools.cache
@@ -188,9 +185,9 @@ def draft_level(ids: torch.Tensor, logp: torch.Tensor, f_tok: torch.Tensor, f_sc
     _kernels()[0][grid](ids.contiguous(), logp.contiguous(), f_tok.contiguous(), f_score.contiguous(), f_idx,
                         idx_bs, d2t, hidden.contiguous(), _bytes(vis), vis_bs, _bytes(own.contiguous()),
                         seq_len.contiguous(), c_tok, c_score, c_par, n_tok, n_score, n_idx, n_hidden, _bytes(n_vis),
-                        _bytes(n_mask), c_tok.shape[1], H, W1, kv_len, base, K=K, BLOCK_C=_p2(K * K),
-                        BLOCK_K=_p2(K), BLOCK_H=_p2(H), BLOCK_W=_p2(W1), BLOCK_P=BLOCK_P, FIRST=first, LAST=last,
-                        num_warps=4, **launch_options(f_tok))
+                        _bytes(n_mask), c_tok.shape[1], H, W1, kv_len, base, K=K, BLOCK_C=pow2(K * K, 2),
+                        BLOCK_K=pow2(K, 2), BLOCK_H=pow2(H, 2), BLOCK_W=pow2(W1, 2), BLOCK_P=BLOCK_P, FIRST=first,
+                        LAST=last, num_warps=4, **launch_options(f_tok))
     return None if last else (n_tok, n_score, n_idx, n_hidden, n_vis, n_mask)
 
 
@@ -201,7 +198,7 @@ def select_tree(cand_tokens: torch.Tensor, cand_scores: torch.Tensor, cand_paren
     assert fits_select(N) and 1 <= D <= N + 1, f"select_tree: N={N} D={D}"
     dev = cand_tokens.device
     tok, par, dep = (torch.empty(B, D, dtype=torch.int64, device=dev) for _ in range(3))
-    BN = _p2(N, 16)
+    BN = pow2(N, 16)
     cd = cand_depth if cand_depth.stride(-1) == 1 else cand_depth.contiguous()  # [B, N], often expanded (stride 0)
     _kernels()[1][(B,)](cand_tokens.contiguous(), cand_scores.contiguous(), cand_parents.contiguous(), cd,
                         cd.stride(0), root.contiguous(), tok, par, dep, N, D, BLOCK_N=BN,

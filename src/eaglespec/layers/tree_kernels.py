@@ -30,6 +30,7 @@ import functools
 
 import torch
 
+from .block_size import pow2
 from .pdl import launch_options
 
 MAX_NODES = 128
@@ -115,8 +116,8 @@ def ancestor_tables(parents: torch.Tensor, depth: torch.Tensor, max_depth: int) 
     dp = depth.contiguous()
     anc = torch.empty(B, D, D, dtype=torch.bool, device=parents.device)
     paths = torch.empty(B, D, S1, dtype=torch.int64, device=parents.device)
-    _kernels()[0][(B,)](p, dp, anc.view(torch.int8), paths, D, S1, BLOCK_D=max(16, 1 << (D - 1).bit_length()),
-                    BLOCK_S=max(2, 1 << (S1 - 1).bit_length()), STEPS=S1, num_warps=4, **launch_options(p))
+    _kernels()[0][(B,)](p, dp, anc.view(torch.int8), paths, D, S1, BLOCK_D=pow2(D, 16),
+                    BLOCK_S=pow2(S1, 2), STEPS=S1, num_warps=4, **launch_options(p))
     return anc, paths
 
 
@@ -131,6 +132,6 @@ def accept_greedy(pred: torch.Tensor, tokens: torch.Tensor, parents: torch.Tenso
     committed = torch.empty(B, S1, dtype=torch.int64, device=dev)
     _kernels()[1][(B,)](pred.contiguous(), tokens.contiguous(), parents.contiguous(), depth.contiguous(),
                     ancestors.contiguous().view(torch.int8), paths.contiguous(), m, best, path, committed, bonus, D,
-                    S1, BLOCK_D=max(16, 1 << (D - 1).bit_length()), BLOCK_S=max(2, 1 << (S1 - 1).bit_length()),
+                    S1, BLOCK_D=pow2(D, 16), BLOCK_S=pow2(S1, 2),
                     num_warps=4, **launch_options(tokens))
     return m, best, path, committed, bonus
