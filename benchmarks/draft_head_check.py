@@ -13,13 +13,11 @@ usage: python benchmarks/draft_head_check.py OUT_DIR
 
 from __future__ import annotations
 
-from probe_script import Emitter, random_pair, replay_ms, stepped_engine  # noqa: E402
+from probe_script import Emitter, agreement, generated_tokens, random_pair, replay_ms, stepped_engine  # noqa: E402
 
 import torch  # noqa: E402
 
-from eaglespec.config import EngineConfig, SpecConfig  # noqa: E402
-from eaglespec.engine.engine import Engine  # noqa: E402
-from eaglespec.sampling_params import SamplingParams  # noqa: E402
+from eaglespec.config import SpecConfig  # noqa: E402
 
 m, d = random_pair(draft_vocab=12288)
 fused_head = d.norm_head
@@ -37,10 +35,7 @@ for name in ("cublas", "fused") * 2:
         row[f"{key}_draft_ms"] = round(replay_ms([dict(graphs)["draft"]]), 4)
         row[f"{key}_step_ms"] = round(replay_ms([g for _, g in graphs]), 4)
         del e
-    e = Engine(m, None, EngineConfig(max_batch_size=1), drafter=d, spec=SpecConfig(3, 1, 4))
-    out = e.generate([list(range(100, 228))], SamplingParams(max_new_tokens=256, ignore_eos=True))[0].token_ids
-    del e
-    base = tokens.setdefault("cublas", out)
-    row["tokens_equal_cublas"] = f"{sum(a == b for a, b in zip(out, base))}/{len(base)}"
+    out = generated_tokens(m, d, SpecConfig(3, 1, 4))
+    row["tokens_equal_cublas"] = agreement(out, tokens.setdefault("cublas", out))
     emit(row)
     torch.cuda.empty_cache()

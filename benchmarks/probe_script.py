@@ -12,6 +12,8 @@ that each states only what it measures:
   speculated) 30 steps after a 128-token prompt per row: mid-generation, so that
   `engine.runner.graphs.captured(kind, rows, length, True)` gives the graphs of its current length to replay and
   profile alone (each replay moves its state on by one step);
+- `generated_tokens(model, drafter, spec, n)` / `agreement(out, base)`: a one-row engine's greedy tokens after the
+  128-token prompt, and how many positions two such runs share ("k/n": bf16 near-ties flip with a kernel's sums);
 - `random_pair(shape, draft_vocab)`: a random bf16 target of a named shape and a random drafter for it (draft
   vocabulary: random_model.DRAFT_VOCAB unless given), both in the inference form CUDA runs (the GPU probes' usual
   subjects);
@@ -88,6 +90,20 @@ def stepped_engine(model: torch.nn.Module, drafter: torch.nn.Module | None = Non
     if not CPU:
         torch.cuda.synchronize()
     return e
+
+
+def generated_tokens(model: torch.nn.Module, drafter: torch.nn.Module | None = None, spec: SpecConfig | None = None,
+                     n: int = 256) -> list[int]:
+    """The `n` tokens a one-row engine generates greedily after the probes' 128-token prompt (ids 100..227)."""
+    e = Engine(model, None, EngineConfig(max_batch_size=1), drafter=drafter, spec=spec)
+    out = e.generate([list(range(100, 228))], SamplingParams(max_new_tokens=n, ignore_eos=True))[0].token_ids
+    del e
+    return out
+
+
+def agreement(out: list[int], base: list[int]) -> str:
+    """How many positions of `out` equal `base`'s, as "k/n"."""
+    return f"{sum(a == b for a, b in zip(out, base))}/{len(base)}"
 
 
 def short_kernel_name(name: str) -> str:

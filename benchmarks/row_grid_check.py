@@ -19,15 +19,14 @@ from __future__ import annotations
 import functools
 import sys
 
-from probe_script import Emitter, decode_graph_ms, random_pair, spec_graph_ms  # noqa: E402
+from probe_script import (Emitter, agreement, decode_graph_ms, generated_tokens, random_pair,  # noqa: E402
+                          spec_graph_ms)
 
 import torch  # noqa: E402
 
-from eaglespec.config import EngineConfig, SpecConfig  # noqa: E402
-from eaglespec.engine.engine import Engine  # noqa: E402
+from eaglespec.config import SpecConfig  # noqa: E402
 from eaglespec.engine.transforms import use_linear_rows_kernel, use_norm_linear_kernel  # noqa: E402
 from eaglespec.layers import norm_linear_kernel as nlk  # noqa: E402
-from eaglespec.sampling_params import SamplingParams  # noqa: E402
 
 m, d = random_pair()
 emit = Emitter("row_grid_check.json")
@@ -69,10 +68,7 @@ for name, grid, rows in WIRINGS:
         row[f"decode{b}_ms"] = decode_graph_ms(m, b)
     row["D4_over_decode"] = round(row["S3K1D4_verify_ms"] / row["decode_ms"], 3)
     row["D8_over_decode"] = round(row["S7K1D8_verify_ms"] / row["decode_ms"], 3)
-    e = Engine(m, None, EngineConfig(max_batch_size=1), drafter=d, spec=SpecConfig(3, 1, 4))
-    out = e.generate([list(range(100, 228))], SamplingParams(max_new_tokens=256, ignore_eos=True))[0].token_ids
-    del e
-    base = tokens.setdefault("base", out)
-    row["tokens_equal_base"] = f"{sum(a == b for a, b in zip(out, base))}/{len(base)}"
+    out = generated_tokens(m, d, SpecConfig(3, 1, 4))
+    row["tokens_equal_base"] = agreement(out, tokens.setdefault("base", out))
     emit(row)
     torch.cuda.empty_cache()
