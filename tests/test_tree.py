@@ -234,3 +234,42 @@ def test_chain_verification_equals_the_general_rule(S, D):
     for f in ("accept_len", "best", "path", "tokens", "bonus"):
         assert torch.equal(getattr(a, f), getattr(b, f)), f
     assert set(a.accept_len.tolist()) == set(range(D))
+
+
+@pytest.mark.parametrize("K", [1, 3])
+def test_catch_up_reads_no_pair_past_each_rows_length(K):
+    """catch_up over T pairs with `lengths` real ones per row: the state (top ids, their log-probabilities, hidden)
+    and the KV of the real positions do not depend on the padding pairs' tokens or aux states (the commit hands a
+    chain's aux states over ungathered, whose padding differs from the gathered path's)."""
+    torch.manual_seed(0)
+    target = tiny_llama(seed=0)
+    drafter = tiny_drafter(target, seed=1)
+    drafter.set_embed_and_head(*target.get_embed_and_head())
+    B, T, L = 3, 4, 12
+    tokens = torch.randint(0, 97, (B, T))
+    aux = torch.randn(B, T, 3 * 64)
+    start, lengths = torch.tensor([5, 0, 7]), torch.tensor([1, 4, 2])
+    states, kvs = [], []
+    for pad in (False, True):
+        t, a = tokens.clone(), aux.clone()
+        if pad:  # other padding: new tokens and states past each row's length
+            past = torch.arange(T)[None, :] >= lengths[:, None]
+            t[past] = 3
+            a[past] = torch.randn(int(past.sum()), 3 * 64)
+        kv = KVCache(1, drafter.kv_cache_shapes(), B, L, torch.float32, "cpu")  # one layer, B rows
+
+        def step(tok, hid, pos, write, mask, from_target, logits_index, kv=kv):
+            ctx = ForwardContext(positions=pos, write_index=write, attn_mask=mask, kv=kv.layers(),
+                                 logits_index=logits_index)
+            return drafter(tok, hid, ctx, from_target=from_target)
+
+        states.append(catch_up(step, t, a, start, lengths, L, K))
+        kvs.append(kv)
+    a, b = states
+    assert torch.equal(a.top_ids, b.top_ids) and torch.allclose(a.hidden, b.hidden, atol=1e-6)
+    if K > 1:
+        assert torch.allclose(a.top_logp, b.top_logp, atol=1e-6)
+    for row in range(B):
+        real = slice(0, int(start[row] + lengths[row]))  # the prefix and the real pairs
+        for x, y in zip(kvs[0].layers()[0], kvs[1].layers()[0]):
+            assert torch.allclose(x[row, real], y[row, real], atol=1e-6)

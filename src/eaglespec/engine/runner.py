@@ -415,7 +415,10 @@ class ModelRunner:
         if shape.topk > 1:  # tree slots L + path[i] -> L + i (a chain's accepted nodes 0..m already lie there)
             rows_t = cached_arange(B, dev) if isinstance(r, slice) else r
             self.kv.compact(rows_t, L, res.path)
-        aux = torch.gather(aux_all, 1, res.path[..., None].expand(B, S1, aux_all.shape[-1]))
+        if shape.topk == 1 and aux_all.shape[1] == S1:  # a chain's path is 0..m, then m again: its first m+1
+            aux = aux_all  # pairs are aux_all's own, and the catch-up reads no further (the rest is padding)
+        else:
+            aux = torch.gather(aux_all, 1, res.path[..., None].expand(B, S1, aux_all.shape[-1]))
         n_new = res.accept_len + 1
         st = catch_up(self._draft_step(ctx_rows), res.tokens, aux, L, n_new, kv_len, self.spec.topk,
                       keep_logits=self.d_logits is not None)
