@@ -6,10 +6,12 @@ Contract:
   the embedded SmolLM2) through `load_model`, or a random-weights model of a shape (random_model.py), with the
   engine's inference transforms applied as `api.load` does. Its `hf_source` is what `--peer hf` loads: the same file
   or folder, or the same random weights rebuilt.
-- `build_workload(model, prompts, limit, turns, chat, prompt_len, count, seed)` -> `Workload`: MT-bench or a JSONL
-  (first `limit` items), encoded once with the model's tokenizer; for a random-weights model, `count` prompts of
-  `prompt_len` random ids.
-- `check_workload(...)` raises the prompt options' errors before the (slow) model load.
+- `select_prompts(random_weights, prompts, limit, sizes)` -> (items, count): MT-bench or a JSONL, read once (its
+  first `limit` items; None for a random-weights model), and how many prompts the workload holds (a random-weights
+  model: `limit`, else max(batch sizes, 8)); a batch size above that count is refused.
+- `build_workload(model, name, items, turns, chat, prompt_len, count, seed)` -> `Workload`: those items encoded once
+  with the model's tokenizer; for a random-weights model, `count` prompts of `prompt_len` random ids.
+- `check_workload(...)` and `select_prompts` raise the prompt options' errors before the (slow) model load.
 - `parse_sizes("1,8,32")`, `parse_spec("5,4,16")`, `parse_ints` validate with one-sentence errors.
 - `spec_runs(drafts, specs, no_spec, default_model)` -> the speculative `RunConfig`s: every drafter x every shape;
   "auto" means the drafter shipped for the embedded model (none for other models).
@@ -27,7 +29,7 @@ from ..config import SpecConfig
 from ..errors import ConfigError
 from ..loading.checkpoint import load_model, resolve_device
 from ..loading.default import default_model_path
-from .datasets import encode, load_prompt_set, random_prompts
+from .datasets import PromptItem, encode, load_prompt_set, random_prompts
 from .drafters import ORACLE, RANDOM, drafter_label
 from .runs import RunConfig
 from .suite import BenchModel, Workload
@@ -96,27 +98,32 @@ def check_workload(random_weights: bool, prompts: str | None, limit: int | None,
         raise ConfigError("--turns 2 needs text prompts, which a --random-weights model cannot encode")
 
 
-def check_prompt_count(random_weights: bool, prompts: str | None, limit: int | None, sizes: list[int]) -> None:
-    """A batch size larger than the number of prompts would time fewer rows than it names (a 32-row run of 10
-    prompts runs 10 rows): refused before the model is loaded."""
+def select_prompts(random_weights: bool, prompts: str | None, limit: int | None,
+                   sizes: list[int]) -> tuple[list[PromptItem] | None, int]:
+    """The workload's prompt items (read once: counted here, encoded by `build_workload` after the model loads) and
+    their count. A batch size larger than the count would time fewer rows than it names (a 32-row run of 10 prompts
+    runs 10 rows): refused before the model is loaded."""
     name = prompts or "mt-bench"
-    n = (limit or max(max(sizes), 8)) if random_weights else len(load_prompt_set(name)[:limit])
+    items = None if random_weights else load_prompt_set(name)[:limit]
+    n = (limit or max(max(sizes), 8)) if items is None else len(items)
     if max(sizes) > n:
         what = "random prompts" if random_weights else f"prompts in {name}"
         what += f" with --limit {limit}" if limit and not random_weights else ""
         raise ConfigError(f"batch size {max(sizes)} needs at least {max(sizes)} prompts, but there are {n} {what}: "
                           "raise --limit or lower --batch-sizes")
+    return items, n
 
 
-def build_workload(model: BenchModel, prompts: str | None, limit: int | None, turns: int, chat: bool,
+def build_workload(model: BenchModel, prompts: str | None, items: list[PromptItem] | None, turns: int, chat: bool,
                    prompt_len: int, count: int, seed: int = 0) -> Workload:
+    """`items` and `count` as `select_prompts` gives them; `prompts` names the set (None: MT-bench)."""
     random_weights = str(model.source).startswith("random-weights:")
-    check_workload(random_weights, prompts, limit, turns)
+    check_workload(random_weights, prompts, None, turns)
     if random_weights:
-        ids = random_prompts(limit or count, prompt_len, model.loaded.config.vocab_size, seed)
+        ids = random_prompts(count, prompt_len, model.loaded.config.vocab_size, seed)
         return Workload("random", ids, [None] * len(ids), None, 1, chat)
     name = prompts or "mt-bench"
-    items = load_prompt_set(name)[:limit]
+    assert items is not None, "build_workload: a checkpoint's workload needs its prompt items (select_prompts)"
     if turns == 2 and not any(i.follow_up for i in items):
         raise ConfigError(f"--turns 2: the prompts of {name} have no second turn ('turns' with two entries)")
     encoded = [encode(model.loaded.tokenizer, i.first, chat) for i in items]

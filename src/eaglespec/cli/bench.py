@@ -77,8 +77,8 @@ def prepare(args: argparse.Namespace) -> Prepared:
     from ..sampling_params import SamplingParams
     from ..bench.bandwidth import copy_bandwidth
     from ..bench.report import machine_info
-    from ..bench.setup import (build_workload, check_prompt_count, check_workload, load_bench_model, parse_sizes,
-                               resolve_placement)
+    from ..bench.setup import (build_workload, check_workload, load_bench_model, parse_sizes, resolve_placement,
+                               select_prompts)
     from ..bench.suite import SuiteOptions, stderr_log
 
     sizes = parse_sizes(args.batch_sizes)
@@ -90,7 +90,7 @@ def prepare(args: argparse.Namespace) -> Prepared:
         raise ConfigError(f"prompt file {args.prompts} does not exist")
     if args.warmup < 0:
         raise ConfigError(f"--warmup must be >= 0 (got {args.warmup})")
-    check_prompt_count(args.random_weights is not None, args.prompts, limit, sizes)
+    items, count = select_prompts(args.random_weights is not None, args.prompts, limit, sizes)
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                             top_k=args.top_k, ignore_eos=args.ignore_eos or args.random_weights is not None)
     engine = engine_config(args)
@@ -99,8 +99,8 @@ def prepare(args: argparse.Namespace) -> Prepared:
     if bw:
         stderr_log(f"device copy bandwidth {bw / 1e9:.0f} GB/s")
     model = load_bench_model(args.model, args.random_weights, device, dtype, args.seed, args.fuse, args.compile)
-    workload = build_workload(model, args.prompts, limit, args.turns, not args.no_chat_template,
-                              args.prompt_len, max(max(sizes), 8), args.seed)
+    workload = build_workload(model, args.prompts, items, args.turns, not args.no_chat_template, args.prompt_len,
+                              count, args.seed)
     return Prepared(model, workload, SuiteOptions(sizes, params, engine, args.warmup, args.peer, args.batching),
                     machine_info(device, bw))
 
