@@ -7,13 +7,14 @@ needs the residual add + norm and the SiLU gating as separate kernels (9 kernels
 cannot start loading its weights before the kernel before it ends. Here a program multiplies BLOCK_M rows by BLOCK_N
 columns with `tl.dot`, its weight tile loaded before the programmatic-launch wait (layers/pdl.py).
 
-`launch(h2, d2, nw, w, h_out, y, eps, gated, norm, blocks=None)`, called by `norm_linear_kernel._launch` with its
+`launch(h2, d2, nw, w, h_out, y, eps, gated, norm)`, called by `norm_linear_kernel._launch` with its
 operands: h2, d2 [M, K] (d2 None: no residual add), nw [K] (norm False: a plain projection, nw unused), w [N or 2N,
 K], h_out [M, K] (= h2 when d2 is None), y [M, N]; the same results and roundings as the CUDA-core kernel (the sum,
 the normalised row, its product with the norm weight and each projection rounded to the input dtype). Program
 (n, m): rows m * BLOCK_M.., columns n * BLOCK_N.. (and their up rows when gated); each row read whole as one or two
 power-of-two chunks (`norm_linear_kernel._k_chunks`: 576 = 512 + 64), its sum of squares recomputed per program
-(from L2); the programs of column block 0 write h_out. `blocks` = (BLOCK_M, BLOCK_N, num_warps) overrides `_blocks`.
+(from L2); the programs of column block 0 write h_out. The blocks are `DOT_BLOCKS` (the GPU probes set it), narrowed
+by `_blocks`.
 float32 operands multiply in IEEE float32 (no TF32), bf16 / fp16 on tensor cores with float32 sums (under Triton's
 interpreter, whose bf16 tl.dot is wrong, as exact float32 products). Built on first use, so that
 `TRITON_INTERPRET=1` takes effect.
@@ -148,10 +149,10 @@ def _chunks(K: int) -> tuple[int, int]:
 
 
 def launch(h2: torch.Tensor, d2: torch.Tensor | None, nw: torch.Tensor | None, w: torch.Tensor, h_out: torch.Tensor,
-           y: torch.Tensor, eps: float, gated: bool, norm: bool, blocks: tuple | None = None) -> None:
+           y: torch.Tensor, eps: float, gated: bool, norm: bool) -> None:
     M, K = h2.shape
     N = y.shape[1]
-    bm, bn, warps = blocks or _blocks(K, gated, h2.element_size())
+    bm, bn, warps = _blocks(K, gated, h2.element_size())
     bk1, bk2 = _chunks(K)
     grid = ((N + bn - 1) // bn, (M + bm - 1) // bm)
     _kernel()[grid](h2, d2 if d2 is not None else h2, nw if norm else h2, w, h_out, y, M, N, eps,
