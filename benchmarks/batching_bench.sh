@@ -7,16 +7,19 @@
 # 3. a continuous tune over chains and K = 4 trees at 8 / 32 rows (MT-bench 1-40);
 # 4. (only when named in SECTIONS) "sampled": continuous batching at temperature 1, 1 / 8 / 32 rows, chains of 3 and 1.
 # SECTIONS (default "static continuous tune"), SPECS, STATIC_BATCHES, CONT_BATCHES and *_LIMIT (seconds) override the
-# defaults. Logs and results.json land in $OUT.
+# defaults. Logs and results.json land in $OUT, named after the section and TAG (default empty). SRC (default src)
+# runs another tree's package, e.g. SRC=.device/old/src TAG=_old for an A/B against an older commit's src/eaglespec
+# (`git archive OLD src/eaglespec ':!src/eaglespec/assets/smollm2-135m-eagle3' | tar -x -C .device/old`, carried).
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-export PYTHONPATH=/tmp/site:src PYTHONUNBUFFERED=1
+export PYTHONPATH=/tmp/site:${SRC:-src} PYTHONUNBUFFERED=1
+TAG=${TAG:-}
 bash benchmarks/device_parts.sh join || exit 1
 M=/root/m/SmolLM2-135M-Instruct.Q4_1.gguf
 D=${1:-src/eaglespec/assets/smollm2-135m-eagle3}
 SPECS=${SPECS:---spec 3,1,4 --spec 4,4,16}
 bench() {  # name limit args...
-  local name=$1 limit=$2; shift 2
+  local name=$1$TAG limit=$2; shift 2
   echo "== $name"
   timeout "$limit" python3 -m eaglespec "$@" --model "$M" --draft "$D" --dtype bfloat16 --max-new-tokens 256 \
     --out "/tmp/$name" > "$OUT/$name.md" 2> "$OUT/$name.log"
@@ -35,5 +38,5 @@ for sec in $SECTIONS; do case $sec in
     --batch-sizes 1,8,32 --batching continuous ;;
 esac; done
 for f in static continuous tune_continuous sampled; do
-  [ -f "$OUT/$f.md" ] && { echo "## $f"; grep '^|' "$OUT/$f.md" | head -40; }
+  [ -f "$OUT/$f$TAG.md" ] && { echo "## $f$TAG"; grep '^|' "$OUT/$f$TAG.md" | head -40; }
 done

@@ -61,9 +61,9 @@ def test_decoding_through_the_kernel_equals_plain(monkeypatch, spec):
     through it on the CPU (interpreter): plain decoding and speculation still give torch.argmax's tokens."""
     calls = []
 
-    def through_kernel(logits):
+    def through_kernel(logits, table=None):
         calls.append(tuple(logits.shape))
-        return argmax_rows(logits)
+        return argmax_rows(logits, table)
 
     def route(target, drafter):
         for mod in (runner, verify, draft, sampling):
@@ -72,3 +72,13 @@ def test_decoding_through_the_kernel_equals_plain(monkeypatch, spec):
     assert_transformed_engine_equals_plain(route, spec, [[5, 6, 7, 8], [9, 10]], 12)
     assert calls and any(s[-1] == 50 for s in calls) == (spec.topk == 1)  # chains draft through it (50: draft vocab)
     assert any(s[-1] != 50 for s in calls)  # and the target's choices go through it
+
+
+@pytest.mark.parametrize("shape", [(3, 1000), (2, 3, 2 * CHUNK + 7)])
+def test_a_lookup_table_maps_the_argmax(shape):
+    """A drafter's chain takes its draft ids to target ids in the kernel's last stage (`table`): table[argmax]."""
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(*shape, generator=g)
+    table = torch.randperm(5 * shape[-1], generator=g)[: shape[-1]]
+    assert torch.equal(argmax_rows(x, table), table[x.argmax(-1)])
+    assert torch.equal(sampling.greedy_ids(x, table), table[x.argmax(-1)])  # the CPU path: the same map

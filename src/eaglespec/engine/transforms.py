@@ -13,6 +13,8 @@
   at most FEW_ROWS_MAX_WEIGHTS weights).
 - `use_gemv_kernel(model)` (CUDA): the bias-free q/k/v, o_proj and down_proj of wide models (inputs >= 4096) as
   `FewRowsLinear` through the GEMV kernel for one-row steps (cuBLAS reads them at 2.5-3.7 TB/s there).
+- `use_draft_input_kernel(model)` (CUDA): an EAGLE-3 drafter's embedding lookup, two input norms, their
+  concatenation and RoPE's cos/sin as one Triton kernel (layers/draft_input_kernel.py).
 - `compile_elementwise(model)`: RMSNorm, residual-add + RMSNorm, RoPE, RoPE's cos/sin tables and SiLU-gating through
   `torch.compile` (one fused kernel each instead of ~5), shapes dynamic so one compilation serves every batch and
   length bucket.
@@ -175,6 +177,20 @@ def use_linear_rows_kernel(model: nn.Module, max_rows: int | None = None,
     return model
 
 
+def use_draft_input_kernel(model: nn.Module) -> nn.Module:
+    """The input of every EAGLE-3 drafter in `model` (embedding, both input norms, concatenation, cos/sin) as one
+    Triton kernel (layers/draft_input_kernel.py), where its widths fit and both norms are plain RMSNorms."""
+    from ..layers.draft_input_kernel import draft_input, fits
+    from ..models.eagle3 import LlamaForCausalLMEagle3
+
+    for m in model.modules():
+        if (isinstance(m, LlamaForCausalLMEagle3) and isinstance(m.midlayer.input_layernorm, RMSNorm)
+                and isinstance(m.midlayer.hidden_norm, RMSNorm)
+                and fits(m.config.hidden_size, m.rotary.inv_freq.shape[0])):
+            m.draft_input = draft_input
+    return model
+
+
 GEMV_MIN_K = 4096  # inputs at least this wide: the widths measured (Llama-8B's 4096 and 14336)
 GEMV_MAX_ROWS = 1  # decode steps: the row count measured
 
@@ -211,6 +227,7 @@ def prepare_for_inference(model: nn.Module, device: torch.device, fuse: bool | N
             use_norm_linear_kernel(model)
             use_linear_rows_kernel(model)
             use_gemv_kernel(model)
+            use_draft_input_kernel(model)
     if compile or (compile is None and device.type == "cuda"):
         compile_elementwise(model)
     return model

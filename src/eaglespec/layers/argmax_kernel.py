@@ -7,10 +7,12 @@ a Llama-3.1-8B vocabulary (128,256 entries, 0.7% of the step) and 13.2 us for Sm
 1. program (r, c) reads chunk c of row r (CHUNK entries) and writes its maximum and the first index holding it;
 2. program r reads row r's chunk results and keeps the largest value, and among chunks holding it the first index.
 
-`argmax_rows(x) -> ids`: x [..., V] (any float dtype, last dim contiguous or not) -> ids [...] int64, the index of the
-largest value of each row, the smallest such index when several are equal: torch.argmax's rule, so greedy tokens are
-the same bit for bit (values are compared in float32, exact for bf16 / fp16 / fp32 inputs). Rows holding NaN may
-differ from torch.argmax (which returns a NaN's index); a model that emits NaN has failed anyway.
+`argmax_rows(x, table=None) -> ids`: x [..., V] (any float dtype, last dim contiguous or not) -> ids [...] int64, the
+index of the largest value of each row, the smallest such index when several are equal: torch.argmax's rule, so
+greedy tokens are the same bit for bit (values are compared in float32, exact for bf16 / fp16 / fp32 inputs). Rows
+holding NaN may differ from torch.argmax (which returns a NaN's index); a model that emits NaN has failed anyway.
+With `table` ([V] int64) stage 2 writes table[index] instead: a drafter's draft-vocabulary argmax mapped to target
+ids without a lookup kernel of its own.
 `fits(V)`: V <= MAX_VOCAB (stage 2 holds one row's chunk results in one block).
 Built on first use, so that `TRITON_INTERPRET=1` (CPU tests) takes effect.
 """
@@ -52,7 +54,8 @@ def _kernels():
         tl.store(part_i + r * n_chunks + c, idx)
 
     @triton.jit
-    def row_max_kernel(part_v, part_i, ids, V, n_chunks, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    def row_max_kernel(part_v, part_i, ids, table, V, n_chunks, BLOCK: tl.constexpr, HAS_TABLE: tl.constexpr,
+                       PDL: tl.constexpr = False):
         if PDL:  # layers/pdl.py: nothing here is a weight, so wait for the kernel before at once
             tl.extra.cuda.gdc_launch_dependents()
             tl.extra.cuda.gdc_wait()
@@ -62,14 +65,18 @@ def _kernels():
         v = tl.load(part_v + r * n_chunks + offs, mask=m, other=float("-inf"))
         i = tl.load(part_i + r * n_chunks + offs, mask=m, other=V)
         best = tl.max(v, 0)
-        tl.store(ids + r, tl.min(tl.where(v == best, i, V), 0).to(tl.int64))
+        idx = tl.min(tl.where(v == best, i, V), 0).to(tl.int64)
+        if HAS_TABLE:
+            idx = tl.load(table + idx)
+        tl.store(ids + r, idx)
 
     return chunk_max_kernel, row_max_kernel
 
 
-def argmax_rows(x: torch.Tensor) -> torch.Tensor:
+def argmax_rows(x: torch.Tensor, table: torch.Tensor | None = None) -> torch.Tensor:
     *lead, V = x.shape
     assert fits(V), f"argmax_rows: V={V}"
+    assert table is None or (table.shape == (V,) and table.dtype == torch.int64 and table.is_contiguous())
     x2 = x.reshape(-1, V)
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
@@ -80,5 +87,6 @@ def argmax_rows(x: torch.Tensor) -> torch.Tensor:
     ids = torch.empty(R, dtype=torch.int64, device=x.device)
     chunk_max, row_max = _kernels()
     chunk_max[(R, n_chunks)](x2, part_v, part_i, V, x2.stride(0), n_chunks, CHUNK=CHUNK, num_warps=4, **launch_options(x2))
-    row_max[(R,)](part_v, part_i, ids, V, n_chunks, BLOCK=pow2(n_chunks, 16), num_warps=1, **launch_options(x2))
+    row_max[(R,)](part_v, part_i, ids, ids if table is None else table, V, n_chunks, BLOCK=pow2(n_chunks, 16),
+                  HAS_TABLE=table is not None, num_warps=1, **launch_options(x2))
     return ids.view(lead)

@@ -21,10 +21,13 @@ import torch
 from . import argmax_kernel
 
 
-def greedy_ids(logits: torch.Tensor) -> torch.Tensor:
+def greedy_ids(logits: torch.Tensor, table: torch.Tensor | None = None) -> torch.Tensor:
+    """logits [..., V] -> the argmax [...] (int64), or table[argmax] with a [V] int64 `table` (a drafter's draft id ->
+    target id map). On CUDA the argmax kernel, which does the lookup in its last stage."""
     if logits.is_cuda and argmax_kernel.fits(logits.shape[-1]):
-        return argmax_kernel.argmax_rows(logits)
-    return logits.argmax(-1)
+        return argmax_kernel.argmax_rows(logits, table)
+    ids = logits.argmax(-1)
+    return ids if table is None else table[ids]
 
 
 def target_probs(

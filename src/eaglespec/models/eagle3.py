@@ -10,6 +10,11 @@ drafter's own previous output):
     logits = lm_head(norm(r))                              # [.., draft_vocab]; target id = id + d2t[id]
     r is returned as the next step's hidden (pre-norm, width H, so fc is skipped there)
 
+On CUDA engine.transforms may route the first line (the embedding lookup, both input norms, the concatenation and
+RoPE's cos/sin) through one kernel (`draft_input`, layers/draft_input_kernel.py); the layer hands back its MLP output
+unsummed so that the last residual add runs inside the final norm's kernel (`RMSNorm.add_forward`, or the fused
+norm + head).
+
 Weights are unprefixed: fc, midlayer.*, norm, lm_head, d2t, t2d. There is no embed_tokens: the embedding comes from the
 target through `set_embed_and_head` (and the lm_head too when the checkpoint has no draft vocabulary).
 """
@@ -44,15 +49,20 @@ class Eagle3MidLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(H, cfg.rms_norm_eps)
         self.mlp = GatedMLP(H, cfg.intermediate_size, bias=cfg.mlp_bias, act=cfg.hidden_act)
 
-    def forward(self, e, h, cos, sin, ctx: ForwardContext, cache) -> torch.Tensor:
-        x = torch.cat((self.input_layernorm(e), self.hidden_norm(h)), dim=-1)  # [B, T, 2H]
+    def inputs(self, e: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        """e [B, T, H] token embeddings, h [B, T, H] incoming hidden -> x [B, T, 2H], the attention's input."""
+        return torch.cat((self.input_layernorm(e), self.hidden_norm(h)), dim=-1)
+
+    def forward(self, x, h, cos, sin, ctx: ForwardContext, cache) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [B, T, 2H] (`inputs`), h [B, T, H] -> (r, m), both [B, T, H]: the layer's output is r + m (r = h +
+        attention, m the MLP's output), left to the caller to add (module docstring)."""
         a = self.self_attn(x, cos, sin, ctx, cache)
         if self.norm_linear is not None and h.shape[0] * h.shape[1] <= self.norm_linear_rows:
             n2 = self.post_attention_layernorm
             r, act = self.norm_linear(h, a, n2.weight, n2.eps, self.mlp.gate_up_proj.weight, True)
-            return r + self.mlp.down_proj(act)
+            return r, self.mlp.down_proj(act)
         r = h + a
-        return r + self.mlp(self.post_attention_layernorm(r))
+        return r, self.mlp(self.post_attention_layernorm(r))
 
 
 class LlamaForCausalLMEagle3(nn.Module):
@@ -60,6 +70,8 @@ class LlamaForCausalLMEagle3(nn.Module):
     # norm and the draft-vocabulary head (one launch instead of two); used for steps of <= norm_head_rows rows
     norm_head = None
     norm_head_rows = 0
+    # ... and the input kernel (layers/draft_input_kernel.py): embedding, both input norms, concatenation, cos/sin
+    draft_input = None
     checkpoint_renames: tuple[tuple[str, str], ...] = ((r"^model\.", ""),)  # some exports prefix "model."
     checkpoint_ignore: tuple[str, ...] = (r"^embed_tokens\.weight$", r"rotary_emb\.inv_freq$")
 
@@ -120,19 +132,30 @@ class LlamaForCausalLMEagle3(nn.Module):
         """input_ids [B, T] target ids; hidden [B, T, 3*Ht] target aux states (`from_target`) or [B, T, H] the
         drafter's own outputs -> (logits [B, R, Vd] or None, next hidden [B, T, H])."""
         assert self.embed_tokens is not None, "call set_embed_and_head with the target's embedding first"
-        e = self.embed_tokens(input_ids)
         if from_target:
             hidden = self.fc(hidden.to(self.fc.weight.dtype))
-        cos, sin = self.rotary(ctx.positions)
-        r = self.midlayer(e, hidden, cos, sin, ctx, ctx.kv[0] if ctx.kv is not None else None)
+        mid = self.midlayer
+        if self.draft_input is not None:
+            n_e, n_h = mid.input_layernorm, mid.hidden_norm
+            x, cos, sin = self.draft_input(input_ids, self.embed_tokens.weight, hidden, n_e.weight, n_e.eps,
+                                           n_h.weight, n_h.eps, ctx.positions, self.rotary.inv_freq,
+                                           self.rotary.attn_factor)
+        else:
+            x = mid.inputs(self.embed_tokens(input_ids), hidden)
+            cos, sin = self.rotary(ctx.positions)
+        r, m = mid(x, hidden, cos, sin, ctx, ctx.kv[0] if ctx.kv is not None else None)
         if not need_logits:
-            return None, r
-        sel = r
-        if ctx.logits_index is not None:
+            return None, r + m
+        if ctx.logits_index is not None:  # logits of some positions only: the whole output first, then those
+            r = r + m
             sel = torch.gather(r, 1, ctx.logits_index[..., None].expand(-1, -1, r.shape[-1]))
-        if self.norm_head is not None and sel.shape[0] * sel.shape[1] <= self.norm_head_rows:
-            return self.norm_head(sel, None, self.norm.weight, self.norm.eps, self.lm_head.weight, False)[1], r
-        return self.lm_head(self.norm(sel)), r
+            if self.norm_head is not None and sel.shape[0] * sel.shape[1] <= self.norm_head_rows:
+                return self.norm_head(sel, None, self.norm.weight, self.norm.eps, self.lm_head.weight, False)[1], r
+            return self.lm_head(self.norm(sel)), r
+        if self.norm_head is not None and r.shape[0] * r.shape[1] <= self.norm_head_rows:
+            return self.norm_head(r, m, self.norm.weight, self.norm.eps, self.lm_head.weight, False)[::-1]
+        r, n = self.norm.add_forward(r, m)
+        return self.lm_head(n), r
 
 
 def check_drafter_fits(drafter: LlamaForCausalLMEagle3, target_config: ModelConfig, embed_rows: int,

@@ -154,7 +154,7 @@ def draft_tree(
     B, K = state.top_ids.shape
     dev = state.top_ids.device
     if K == 1:
-        return draft_chain(step, to_target, state, seq_len, steps, kv_len, sampling, generator)
+        return draft_chain(step, to_target, state, seq_len, steps, kv_len, sampling, generator, target_ids)
     W = max((steps - 1) * K, 1)  # scratch entries
     use = dev.type == "cuda" if kernels is None else kernels
     if use and target_ids is not None and steps >= 2 and tree_build_kernels.fits_level(K, state.hidden.shape[-1], W):
@@ -269,12 +269,14 @@ def draft_chain(
     kv_len: int,
     sampling: Sampling | None = None,
     generator: torch.Generator | None = None,
+    target_ids: torch.Tensor | None = None,
 ) -> Candidates:
     """`draft_tree` for K = 1: S-1 drafter forwards on one token per row; the S candidates of a chain. With
     `sampling` the tokens are sampled (`sample_draft`; needs `state.logits`) and `Candidates.q` is set. Greedy chains
     take each level's argmax of the logits and no scores (`Candidates.scores` None): a chain keeps its first D-1
     candidates whatever their scores, so the float copy and log-softmax over the draft vocabulary (~11 us per level
-    on the H200, `benchmarks/replay_probe.py`'s trace) and the score sums are skipped."""
+    on the H200, `benchmarks/replay_probe.py`'s trace) and the score sums are skipped. With `target_ids` (the table
+    `to_target` looks up) the argmax maps its ids itself (`greedy_ids(logits, table)`: one kernel less per level)."""
     B = state.top_ids.shape[0]
     dev = state.top_ids.device
     parents, depth = _chain_constants(steps, dev)
@@ -299,7 +301,10 @@ def draft_chain(
         mask = (rel <= entry)[:, None, :]  # [B, 1, kv_len]
         logits, hidden = step(tok, hidden, at, at, mask, False, None)
         if sampling is None:
-            tok = to_target(greedy_ids(logits[:, 0])[:, None])  # [B, 1]
+            if target_ids is not None:
+                tok = greedy_ids(logits[:, 0], target_ids)[:, None]  # [B, 1]
+            else:
+                tok = to_target(greedy_ids(logits[:, 0])[:, None])
         else:
             ids, logp, q = sample_draft(torch.log_softmax(logits[:, 0].float(), dim=-1), sampling, generator)
             qs.append(q)
