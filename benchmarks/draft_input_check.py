@@ -10,9 +10,10 @@ engine's `generate` (256 after 128) against `before`'s. First, the kernel's outp
 GPU (float32 and bf16, positions up to 8,191: cos / sin of large angles). With `--trace` also where the 8-row
 chain's draft graph goes, kernel by kernel, for `new` and `before`.
 
-Run under an older tree (PYTHONPATH at its src) the script measures that tree as `as_is` only (it has no kernel).
+Run under an older tree (PYTHONPATH at its src) the script measures that tree as `as_is` only (it has no kernel);
+`--as-is` measures any tree as it is wired (`new`, twice), for A/B runs of two trees.
 
-usage: python benchmarks/draft_input_check.py OUT_DIR [--trace]
+usage: python benchmarks/draft_input_check.py OUT_DIR [--trace] [--as-is]
 """
 
 from __future__ import annotations
@@ -64,7 +65,12 @@ def greedy_then_lookup(logits, table=None):  # the argmax, then the lookup as a 
     return ids if table is None else table[ids]
 
 
-wirings = ("before", "new", "no_input", "no_table", "before", "new") if dik is not None else ("as_is",) * 2
+if dik is None:  # an older tree
+    wirings = ("as_is",) * 2
+elif "--as-is" in sys.argv:  # the tree as it is wired, twice (an A/B against another tree's run)
+    wirings = ("new",) * 2
+else:
+    wirings = ("before", "new", "no_input", "no_table", "before", "new")
 tokens = {}
 for name in wirings:
     d.draft_input = kernel if name in ("new", "no_table", "as_is") else None

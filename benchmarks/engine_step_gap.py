@@ -4,13 +4,14 @@ replayed alone, in steady state and under continuous batching, with random weigh
 Random SmolLM2-135M weights and a random drafter with a 12,288-token head, bf16, CUDA graphs, overlap on (the bench's
 engine). Per engine (no-spec, chain S3 K1 D4, tree S5 K2 D8; 8 and 32 rows):
 1. steady: `rows` requests of 128-token prompts that never stop (random weights ignore EOS; `ignore_eos`), 200
-   `engine.step()` calls after 20 warm ones: wall ms per step, against the step's graphs replayed alone at that
+   `engine.step()` calls after 20 warm ones (every length bucket captured before: `Engine.warmup`): wall ms per step, against the step's graphs replayed alone at that
    length (decode, or draft + verify + commit);
 2. continuous: 80 requests with prompts of 64-192 tokens and 64-256 new tokens (seeded; MT-bench's spread of answer
-   lengths), all queued at once as the bench's continuous batching does: wall seconds, tok/s, the steps by kind,
+   lengths), all queued at once as the bench's continuous batching does (graphs captured before for 1..rows rows, as
+   the bench does): wall seconds, tok/s, the steps by kind,
    and the time the host spends in `engine.step()` calls that prefill against those that decode / speculate.
-With `--profile` the steady spec engine at 32 rows also runs 30 steps under torch.profiler: the GPU's idle time
-between kernels per step, and the host's longest calls.
+With `--profile` the steady no-spec and chain engines at 32 rows also run 30 steps under torch.profiler: the GPU's
+idle time between kernels per step, the host time per graph launch, and the host's longest calls.
 
 usage: python benchmarks/engine_step_gap.py OUT_DIR [--profile]      (--cpu: a few steps, 2 rows, a check of the script)
 """
@@ -46,6 +47,7 @@ QUICK = CPU  # the CPU check: a few steps and requests
 def steady(m, d, spec, rows, n=5 if QUICK else 200):
     e = engine(m, d, spec, rows)
     e.reserve(rows, 2048)
+    e.warmup([rows])  # every length bucket captured now: the timed steps never capture
     for i in range(rows):
         e.add_request(list(range(100 + i, 228 + i)), SamplingParams(max_new_tokens=1500, ignore_eos=True))
     for _ in range(3 if QUICK else 20):
@@ -68,6 +70,7 @@ def continuous(m, d, spec, rows, n_req=4 if QUICK else 80, seed=0):
     reqs = [(rng.randint(64, 192), rng.randint(2, 6) if QUICK else rng.randint(64, 256)) for _ in range(n_req)]
     e = engine(m, d, spec, rows)
     e.reserve(rows, 512)
+    e.warmup(range(1, rows + 1))  # as the bench does
     # warm: one request through prefill and steps (graphs of the first buckets), not timed
     e.generate([list(range(5, 69))], SamplingParams(max_new_tokens=4 if QUICK else 32, ignore_eos=True))
     for i, (p, n) in enumerate(reqs):
@@ -96,7 +99,7 @@ for rows in (2,) if QUICK else (8, 32):
         e, wall, g_ms = steady(m, d, spec, rows)
         row = {"rows": rows, "shape": name, "steady_engine_ms": round(wall, 4), "steady_graphs_ms": round(g_ms, 4),
                "outside_graphs_ms": round(wall - g_ms, 4)}
-        if "--profile" in sys.argv and rows == 32 and name == "S3K1D4" and not CPU:
+        if "--profile" in sys.argv and rows == 32 and name in ("no-spec", "S3K1D4") and not CPU:
             from torch.profiler import ProfilerActivity, profile
 
             with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
@@ -111,8 +114,11 @@ for rows in (2,) if QUICK else (8, 32):
                 end = max(end, t_end)
             row["profile_gpu_span_us_per_step"] = round((ks[-1][1] - ks[0][0]) / 30, 1)
             row["profile_gpu_idle_us_per_step"] = round(idle / 30, 1)
+            launches = [a for a in prof.key_averages() if a.key == "cudaGraphLaunch"]
+            if launches:  # host time per graph launch (a launch that waits for the GPU shows here)
+                row["profile_graph_launch_us"] = round(launches[0].cpu_time_total / launches[0].count, 1)
             top = prof.key_averages().table(sort_by="cpu_time_total", row_limit=25)
-            (emit.path.parent / "profile_cpu.txt").write_text(top)
+            (emit.path.parent / f"profile_cpu_{name}.txt").write_text(top)
         del e
         row.update({f"cont_{k}": v for k, v in continuous(m, d, spec, rows).items()})
         emit(row)

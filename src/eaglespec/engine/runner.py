@@ -32,7 +32,7 @@ from typing import Sequence, Union
 import torch
 
 from ..config import SpecConfig, spec_envelope
-from ..layers.context import ForwardContext, appended_mask, cached_arange, prefix_tail_mask
+from ..layers.context import ForwardContext, cached_arange, causal_mask, prefix_tail_mask
 from ..layers.sampling import greedy_ids, sample, target_probs
 from ..sampling_params import SamplingParams
 from ..spec.draft import DraftState, catch_up, draft_tree
@@ -253,8 +253,7 @@ class ModelRunner:
         B, T = ids.shape
         dev = self.device
         pos = torch.arange(T, device=dev).expand(B, T)
-        zeros = torch.zeros(B, dtype=torch.int64, device=dev)
-        ctx = ForwardContext(positions=pos, write_index=pos, attn_mask=appended_mask(zeros, T, T),
+        ctx = ForwardContext(positions=pos, write_index=pos, attn_mask=causal_mask(pos, T),
                              kv=self.kv.layers(), rows=ctx_rows, logits_index=(lens_t - 1)[:, None])
         if mm_inputs is not None:
             out = self.target(None, ctx, inputs_embeds=self.target.embed_multimodal(ids, list(mm_inputs)))
@@ -289,7 +288,7 @@ class ModelRunner:
         B, dev = self._count(r), self.device
         L = self.seq_len[r]
         ctx = ForwardContext(positions=L[:, None], write_index=L[:, None],
-                             attn_mask=appended_mask(L, 1, kv_len),
+                             attn_mask=causal_mask(L[:, None], kv_len),
                              kv=self.kv.layers(), rows=ctx_rows)
         out = self.target(self.last_token[r][:, None], ctx)
         tok = self._sample(out.logits[:, 0], r, greedy)
@@ -389,8 +388,8 @@ class ModelRunner:
         L = self.seq_len[r]
         write = L[:, None] + cached_arange(D, dev)[None, :]
         chain = shape.topk == 1
-        if chain:  # node i at depth i: positions are the write slots, the mask is an appended one (2 kernels)
-            ctx = ForwardContext(positions=write, write_index=write, attn_mask=appended_mask(L, D, kv_len),
+        if chain:  # node i at depth i: positions are the write slots, the mask is causal over them (1 kernel)
+            ctx = ForwardContext(positions=write, write_index=write, attn_mask=causal_mask(write, kv_len),
                                  kv=self.kv.layers(), rows=ctx_rows)
         else:
             ctx = ForwardContext(positions=L[:, None] + tree.depth, write_index=write,

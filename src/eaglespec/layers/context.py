@@ -98,12 +98,17 @@ def masked_tail(index: torch.Tensor, before: torch.Tensor, padded_tail: torch.Te
 
 
 def appended_mask(prefix_lens: torch.Tensor, length: int, kv_len: int) -> torch.Tensor:
-    """[B, T, kv_len] bool: `prefix_tail_mask(prefix_lens, causal_tail(B, T), kv_len)` in two kernels. T new tokens
-    appended in order after prefix_lens[b] cached ones: query t sees cache positions < prefix_lens[b] + t + 1. For
-    the decode step and the drafter's catch-up, whose masks are built in every step."""
-    dev = prefix_lens.device
-    rel = cached_arange(kv_len, dev)[None, None, :] - prefix_lens[:, None, None]  # [B, 1, K]
-    return rel <= cached_arange(length, dev)[None, :, None]
+    """[B, T, kv_len] bool: `prefix_tail_mask(prefix_lens, causal_tail(B, T), kv_len)`. T new tokens appended in
+    order after prefix_lens[b] cached ones: query t sees cache positions < prefix_lens[b] + t + 1. Steps that hold
+    those positions already take `causal_mask` (one kernel)."""
+    return causal_mask(prefix_lens[:, None] + cached_arange(length, prefix_lens.device)[None, :], kv_len)
+
+
+def causal_mask(positions: torch.Tensor, kv_len: int) -> torch.Tensor:
+    """positions [..., T] integers -> [..., T, kv_len] bool: query t sees cache positions <= positions[..., t]. For
+    tokens appended in order after a cached prefix (decode, a chain's verify, the drafter's catch-up and chain levels)
+    that is `appended_mask`, in one kernel from the positions the step computes anyway."""
+    return cached_arange(kv_len, positions.device) <= positions[..., None]
 
 
 def causal_tail(batch: int, length: int, device: torch.device | str) -> torch.Tensor:

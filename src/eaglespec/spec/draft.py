@@ -41,7 +41,7 @@ from typing import Callable
 import torch
 
 from ..layers import topk_kernel, tree_build_kernels
-from ..layers.context import appended_mask, cached_arange, masked_tail, tail_index
+from ..layers.context import cached_arange, causal_mask, masked_tail, tail_index
 from ..layers.sampling import greedy_ids, sample, target_probs
 
 DrafterStep = Callable[..., tuple[torch.Tensor, torch.Tensor]]
@@ -121,7 +121,7 @@ def catch_up(
     dev = tokens.device
     offs = cached_arange(T, dev)[None, :]
     positions = start[:, None] + offs
-    mask = appended_mask(start, T, kv_len)
+    mask = causal_mask(positions, kv_len)
     last = (lengths - 1)[:, None]
     logits, hidden = step(tokens, aux, positions, positions, mask, True, last)
     last_logits = logits[:, 0]  # [B, Vd]
@@ -280,10 +280,12 @@ def draft_chain(
     B = state.top_ids.shape[0]
     dev = state.top_ids.device
     parents, depth = _chain_constants(steps, dev)
-    # a chain's entry k sees the committed prefix and scratch entries 0..k, i.e. every cache position before
-    # seq_len + k + 1: one compare per level on this offset ([B, kv_len], once per step) instead of
-    # `prefix_tail_mask`'s ~6 kernels (the same mask)
-    rel = cached_arange(kv_len, dev)[None, :] - seq_len[:, None]
+    # a chain's level k (entry e = k - 2) runs at position L-1+(k-1) = L+e, which is also its scratch entry, and
+    # sees the committed prefix and scratch entries 0..e, i.e. every cache position <= L+e: all levels' positions
+    # [S-1, B] and masks [S-1, B, kv_len] in two kernels per step (level-major, so each level's [B, 1] and
+    # [B, 1, kv_len] slices are contiguous)
+    at_all = seq_len[None, :] + cached_arange(max(steps - 1, 1), dev)[:, None]
+    masks = causal_mask(at_all, kv_len)
     qs: list[torch.Tensor] = []
     c_scores: list[torch.Tensor] = []
     if sampling is None:
@@ -297,9 +299,8 @@ def draft_chain(
     c_tokens = [tok]
     for level in range(2, steps + 1):
         entry = level - 2
-        at = (seq_len + entry)[:, None]  # [B, 1]: position L-1+(level-1) and scratch entry L+entry coincide
-        mask = (rel <= entry)[:, None, :]  # [B, 1, kv_len]
-        logits, hidden = step(tok, hidden, at, at, mask, False, None)
+        at = at_all[entry][:, None]  # [B, 1]
+        logits, hidden = step(tok, hidden, at, at, masks[entry][:, None, :], False, None)
         if sampling is None:
             if target_ids is not None:
                 tok = greedy_ids(logits[:, 0], target_ids)[:, None]  # [B, 1]
