@@ -14,12 +14,9 @@ positions) is its own program, so a short query is spread over the whole chip, a
 Kernel 1, program (b * Hkv + kv head, split): the G = H / Hkv query heads of that kv head times the T tokens (query
 row r = t * G + g, padded to BLOCK_Q >= 16 for tl.dot) against positions [split * BLOCK_KV, + BLOCK_KV): scores,
 mask, the block's row max m, sum l and unnormalised output o in float32 scratch; a block no query sees is skipped
-(m = -inf). The log-sum-exp merge of a (row, kv head)'s splits is done by the last of its programs to finish
-(`FUSED_COMBINE`, the default): each program stores its partials, then takes a ticket from an arrival counter
-(`_tickets`: a barrier, then one atomic add with acquire-release at GPU scope, the pattern of CUTLASS's serial
-split-K semaphore); the program that draws NSPLIT - 1 reads every split's partials (bypassing L1), writes the output
-and resets the counter for the next launch. Otherwise kernel 2, program b * Hkv + kv head, does the merge: one
-launch more per attention. Probabilities enter the PV
+(m = -inf). Kernel 2, program b * Hkv + kv head: the log-sum-exp merge of the splits (merging in the last split
+program to finish instead, through an arrival counter, was right but no faster on the H200: docs/benchmarks.md,
+"Session 15"). Probabilities enter the PV
 product in the cache dtype, as flash attention kernels do. Rows whose mask is all false give 0 (SDPA gives NaN;
 the engine never reads those). Built on first use, so that `TRITON_INTERPRET=1` (CPU tests) takes effect.
 """
@@ -34,16 +31,13 @@ from .block_size import pow2
 from .pdl import launch_options
 
 MAX_QUERY_ROWS = 64  # T * (H / Hkv): SmolLM2 (G = 3) up to 21 query tokens, Llama-8B (G = 4) up to 16
-FUSED_COMBINE = False  # the last split of each (row, kv head) merges the splits: no combine kernel (module docstring)
-MAX_KV_HEADS = 64  # key/value heads per layer the arrival counters cover (fits() refuses more)
 MAX_BATCH = 32  # measured on the H200 (step_kernels_check --only=batches): a SmolLM2 S3 K1 D4 step of 16 / 32 rows
 #               1.59 -> 1.31 / 1.77 -> 1.37 ms against SDPA past 8 rows; 8 rows unchanged (docs/benchmarks.md, session 11)
 BLOCK_KV = 64
 
 
 def fits(B: int, T: int, H: int, Hkv: int, D: int) -> bool:
-    return (B <= MAX_BATCH and Hkv <= MAX_KV_HEADS and T * (H // Hkv) <= MAX_QUERY_ROWS and D >= 16
-            and D & (D - 1) == 0 and H % Hkv == 0)
+    return B <= MAX_BATCH and T * (H // Hkv) <= MAX_QUERY_ROWS and D >= 16 and D & (D - 1) == 0 and H % Hkv == 0
 
 
 @functools.cache
@@ -52,11 +46,9 @@ def _kernels():
     import triton.language as tl
 
     @triton.jit
-    def split_kernel(q, k, v, rows, mask, o_part, m_part, l_part, T, G, HKV, K,
-                     s_qb, s_qt, s_qh, s_kr, s_kp, s_kh, s_mb, s_mt, scale, NSPLIT: tl.constexpr,
-                     BLOCK_Q: tl.constexpr, BLOCK_KV: tl.constexpr, D: tl.constexpr, IEEE: tl.constexpr,
-                     PDL: tl.constexpr = False, FUSED: tl.constexpr = False, tickets=None, out=None, s_ob=0, s_ot=0,
-                     s_oh=0):
+    def split_kernel(q, k, v, rows, mask, o_part, m_part, l_part, T, G, HKV, K, NSPLIT,
+                     s_qb, s_qt, s_qh, s_kr, s_kp, s_kh, s_mb, s_mt, scale,
+                     BLOCK_Q: tl.constexpr, BLOCK_KV: tl.constexpr, D: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr = False):
         if PDL:  # layers/pdl.py: nothing here is a weight, so wait for the kernel before at once
             tl.extra.cuda.gdc_launch_dependents()
             tl.extra.cuda.gdc_wait()
@@ -99,30 +91,6 @@ def _kernels():
         else:
             tl.store(m_part + base * BLOCK_Q + r, tl.full([BLOCK_Q], float("-inf"), tl.float32))
             tl.store(l_part + base * BLOCK_Q + r, tl.zeros([BLOCK_Q], tl.float32))
-        if FUSED:  # the last split of (row, kv head) to finish merges them (module docstring)
-            tl.debug_barrier()  # every thread's partial stores precede the ticket's release
-            ticket = tl.atomic_add(tickets + pid, 1, sem="acq_rel", scope="gpu")
-            tl.debug_barrier()
-            if ticket == NSPLIT - 1:
-                mx = tl.full([BLOCK_Q], float("-inf"), tl.float32)
-                for sq in range(0, NSPLIT):
-                    mx = tl.maximum(mx, tl.load(m_part + (pid * NSPLIT + sq) * BLOCK_Q + r, cache_modifier=".cg"))
-                mx_safe = tl.where(mx == float("-inf"), 0.0, mx)
-                acc = tl.zeros([BLOCK_Q, D], tl.float32)
-                tot = tl.zeros([BLOCK_Q], tl.float32)
-                for sq in range(0, NSPLIT):
-                    bq = pid * NSPLIT + sq
-                    mq = tl.load(m_part + bq * BLOCK_Q + r, cache_modifier=".cg")
-                    seen = mq != float("-inf")
-                    w = tl.where(seen, tl.exp(mq - mx_safe), 0.0)
-                    tot += w * tl.load(l_part + bq * BLOCK_Q + r, cache_modifier=".cg")
-                    oq = tl.load(o_part + (bq * BLOCK_Q + r[:, None]) * D + d[None, :], mask=seen[:, None], other=0.0,
-                                 cache_modifier=".cg")
-                    acc += w[:, None] * oq
-                res = acc / tl.where(tot > 0, tot, 1.0)[:, None]
-                tl.store(out + b * s_ob + t[:, None] * s_ot + (kvh * G + g)[:, None] * s_oh + d[None, :],
-                         res.to(out.dtype.element_ty), mask=rv[:, None])
-                tl.store(tickets + pid, 0)  # ready for the next launch (graph replays, the next layer)
 
     @triton.jit
     def combine_kernel(o_part, m_part, l_part, out, T, G, HKV, s_ob, s_ot, s_oh, NSPLIT: tl.constexpr,
@@ -175,24 +143,12 @@ def short_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     l_part = torch.empty(B * Hkv * nsplit, bq, dtype=torch.float32, device=dev)
     out = torch.empty(B, T, H, D, dtype=q.dtype, device=dev)
     split, combine = _kernels()
-    args = (q, k_cache, v_cache, rows, mask, o_part, m_part, l_part,
-            T, G, Hkv, K, q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1),
-            k_cache.stride(2), mask.stride(0), mask.stride(1), D ** -0.5 if scale is None else scale)
-    # NSPLIT constexpr: one build per length bucket (the merge loops over the splits)
-    opts = dict(NSPLIT=nsplit, BLOCK_Q=bq, BLOCK_KV=BLOCK_KV, D=D, IEEE=q.dtype == torch.float32, **launch_options(q))
-    if FUSED_COMBINE:
-        split[(B * Hkv, nsplit)](*args, **opts, FUSED=True, tickets=_tickets(dev), out=out, s_ob=out.stride(0),
-                                 s_ot=out.stride(1), s_oh=out.stride(2))
-        return out
-    split[(B * Hkv, nsplit)](*args, **opts)
+    split[(B * Hkv, nsplit)](
+        q, k_cache, v_cache, rows, mask, o_part, m_part, l_part,
+        T, G, Hkv, K, nsplit, q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1),
+        k_cache.stride(2), mask.stride(0), mask.stride(1), D ** -0.5 if scale is None else scale,
+        BLOCK_Q=bq, BLOCK_KV=BLOCK_KV, D=D, IEEE=q.dtype == torch.float32, **launch_options(q))
     combine[(B * Hkv,)](o_part, m_part, l_part, out, T, G, Hkv, out.stride(0), out.stride(1), out.stride(2),
                         NSPLIT=nsplit, BLOCK_Q=bq, D=D, **launch_options(q))  # constexpr: one build per length bucket
     return out
-
-
-@functools.cache  # never freed: captured graphs read it by address; built by the first (eager) call on a device
-def _tickets(device: torch.device) -> torch.Tensor:
-    """One arrival counter per (row, kv head) program group, zero between launches (the last split resets its own).
-    Shared by every layer and step on the device: launches on one stream run one after another."""
-    return torch.zeros(MAX_BATCH * MAX_KV_HEADS, dtype=torch.int32, device=device)
 
