@@ -13,7 +13,7 @@ usage: python benchmarks/draft_head_check.py OUT_DIR
 
 from __future__ import annotations
 
-from probe_script import Emitter, agreement, generated_tokens, random_pair, replay_ms, stepped_engine  # noqa: E402
+from probe_script import Emitter, agreement, draft_step_ms, generated_tokens, random_pair  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -26,15 +26,7 @@ emit = Emitter("draft_head_check.json")
 tokens = {}
 for name in ("cublas", "fused") * 2:
     d.norm_head = fused_head if name == "fused" else None
-    row = {"wiring": name}
-    for spec, rows in ((SpecConfig(3, 1, 4), 1), (SpecConfig(3, 1, 4), 8), (SpecConfig(3, 1, 4), 32),
-                       (SpecConfig(4, 4, 16), 1)):
-        e = stepped_engine(m, d, spec, rows=rows)
-        graphs = e.runner.graphs.captured("spec", rows, max(e.runner.host_len) + 64, True)
-        key = f"rows{rows}_S{spec.steps}K{spec.topk}D{spec.draft_tokens}"
-        row[f"{key}_draft_ms"] = round(replay_ms([dict(graphs)["draft"]]), 4)
-        row[f"{key}_step_ms"] = round(replay_ms([g for _, g in graphs]), 4)
-        del e
+    row = {"wiring": name, **draft_step_ms(m, d)}
     out = generated_tokens(m, d, SpecConfig(3, 1, 4))
     row["tokens_equal_cublas"] = agreement(out, tokens.setdefault("cublas", out))
     emit(row)

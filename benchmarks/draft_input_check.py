@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import sys
 
-from probe_script import (DEV, Emitter, agreement, generated_tokens, kernel_advance, print_advance,  # noqa: E402
-                          random_pair, replay_ms, stepped_engine)
+from probe_script import (DEV, Emitter, agreement, draft_step_ms, generated_tokens, kernel_advance,  # noqa: E402
+                          print_advance, random_pair)
 
 import torch  # noqa: E402
 
@@ -75,20 +75,16 @@ tokens = {}
 for name in wirings:
     d.draft_input = kernel if name in ("new", "no_table", "as_is") else None
     draft_mod.greedy_ids = greedy_then_lookup if name in ("before", "no_table") else plain_greedy
-    row = {"wiring": name}
-    for spec, rows in ((SpecConfig(3, 1, 4), 1), (SpecConfig(3, 1, 4), 8), (SpecConfig(3, 1, 4), 32),
-                       (SpecConfig(4, 4, 16), 1)):
-        e = stepped_engine(m, d, spec, rows=rows)
-        graphs = e.runner.graphs.captured("spec", rows, max(e.runner.host_len) + 64, True)
-        key = f"rows{rows}_S{spec.steps}K{spec.topk}D{spec.draft_tokens}"
-        row[f"{key}_draft_ms"] = round(replay_ms([dict(graphs)["draft"]]), 4)
-        row[f"{key}_step_ms"] = round(replay_ms([g for _, g in graphs]), 4)
-        if "--trace" in sys.argv and rows == 8 and spec.topk == 1 and name in ("new", "before", "as_is") \
-                and name not in tokens:
-            r = kernel_advance(dict(graphs)["draft"])  # the draft graph alone replays without moving the state
-            print_advance(f"{name}: 8-row chain draft", r, top=18)
-            row["trace_draft_kernels"] = r["kernels"]
-        del e
+
+    def trace(spec, rows, graphs, name=name):  # the draft graph alone replays without moving the state
+        if "--trace" not in sys.argv or rows != 8 or spec.topk != 1 or name not in ("new", "before", "as_is") \
+                or name in tokens:
+            return {}
+        r = kernel_advance(dict(graphs)["draft"])
+        print_advance(f"{name}: 8-row chain draft", r, top=18)
+        return {"trace_draft_kernels": r["kernels"]}
+
+    row = {"wiring": name, **draft_step_ms(m, d, look=trace)}
     out = generated_tokens(m, d, SpecConfig(3, 1, 4))
     row["tokens_equal_first"] = agreement(out, tokens.setdefault("first", out))
     tokens.setdefault(name, out)

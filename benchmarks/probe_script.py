@@ -20,6 +20,9 @@ that each states only what it measures:
 - `print_advance(title, result, top)`: `kernel_advance`'s result as lines of text;
 - `decode_graph_ms(model, rows)` / `spec_graph_ms(model, drafter, spec, rows)`: ms per replay of a stepped engine's
   decode graph / of its verify graph and of its whole speculative step (draft, verify, commit in order);
+- `draft_step_ms(model, drafter, cases, look)`: per (spec, rows) of `cases` (default DRAFT_CASES: chains of 3 at 1,
+  8 and 32 rows, a tree S4 K4 D16 at 1 row), ms per replay of a stepped engine's draft graph and of its whole step,
+  keyed "rows{R}_S{S}K{K}D{D}_draft_ms" / "_step_ms"; `look(spec, rows, graphs)` may add entries first;
 - `kernel_advance(graph, reps)`: where a graph's time goes, kernel by kernel, as "advances" (step_trace.py's
   accounting: each kernel is charged the time from the previous kernel's end to its own end, so the shares add up to
   the graph's span even when programmatic dependent launch overlaps kernels).
@@ -188,3 +191,20 @@ def spec_graph_ms(model: torch.nn.Module, drafter: torch.nn.Module, spec: SpecCo
     verify, step = replay_ms([dict(graphs)["verify"]]), replay_ms([g for _, g in graphs])
     del e
     return round(verify, 4), round(step, 4)
+
+
+DRAFT_CASES = ((SpecConfig(3, 1, 4), 1), (SpecConfig(3, 1, 4), 8), (SpecConfig(3, 1, 4), 32), (SpecConfig(4, 4, 16), 1))
+
+
+def draft_step_ms(model: torch.nn.Module, drafter: torch.nn.Module, cases=DRAFT_CASES, look=None) -> dict:
+    row: dict = {}
+    for spec, rows in cases:
+        e = stepped_engine(model, drafter, spec, rows=rows)
+        graphs = e.runner.graphs.captured("spec", rows, max(e.runner.host_len) + 64, True)
+        key = f"rows{rows}_S{spec.steps}K{spec.topk}D{spec.draft_tokens}"
+        if look is not None:
+            row.update(look(spec, rows, graphs))
+        row[f"{key}_draft_ms"] = round(replay_ms([dict(graphs)["draft"]]), 4)
+        row[f"{key}_step_ms"] = round(replay_ms([g for _, g in graphs]), 4)
+        del e
+    return row

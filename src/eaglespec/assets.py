@@ -40,13 +40,18 @@ DEFAULT_DRAFTER = ASSETS / "smollm2-135m-eagle3"
 #   shape at every size: at 1 row the chain 1.45x (80/80 answers identical to plain decoding; tree S4 K4 D16 1.50x,
 #   16/80), at 8 rows the chain 1.70-1.75x (S5 K2 D8 1.73x, S4 K2 D8 1.72x, tree S4 K4 D16 1.54-1.58x), at 32 rows
 #   the chain 1.17-1.24x (tree 1.16-1.18x; plain 32-row decoding got 25% faster);
+#   session 15 (the drafter's input in one kernel, causal masks in one kernel): at 1 row the chain 1.54-1.57x (tree
+#   1.56x), at 8 rows the chain 1.75-1.82x and S5 K2 D8 1.75-1.81x (5 and 3 runs), at 32 rows S5 K2 D8 1.28-1.31x
+#   against the chain's 1.18-1.27x (4 and 5 runs): engines of more than 16 rows take S5 K2 D8 for steps whose rows
+#   reach past 16, where the chain's verify (4 tokens a row, > 64 rows) leaves the tensor-core kernel for cuBLAS as
+#   the tree's does (rows 9-31 are not measured; 16 is that boundary);
 # - sampling at temperature 1 (the drafter learnt the target's greedy text; chains draw sampled drafts): the CPU's
 #   one-step chain gains (1.15x, tau 1.37), the H200's chain of 3 loses (0.82x, tau 1.75): greedy-only there.
 _CHAIN_3 = SpecConfig(steps=3, topk=1, draft_tokens=4)
 # device type -> ((largest engine, shape), ...) by increasing engine size; larger engines decode plainly by default
 _DEFAULT_SPEC: dict[str, tuple[tuple[int, SpecConfig], ...]] = {
     "cpu": ((1, SpecConfig(steps=2, topk=1, draft_tokens=3)),),
-    "cuda": ((32, _CHAIN_3),),
+    "cuda": ((16, _CHAIN_3), (32, SpecConfig(steps=5, topk=2, draft_tokens=8))),
 }
 _DEFAULT_SPEC_SAMPLED: dict[str, SpecConfig] = {"cpu": SpecConfig(steps=1, topk=1, draft_tokens=2)}  # temperature > 0
 _GREEDY_ONLY = {"cuda"}  # sampled decoding (temperature > 0) decodes plainly by default
