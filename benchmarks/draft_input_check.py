@@ -18,6 +18,7 @@ usage: python benchmarks/draft_input_check.py OUT_DIR [--trace] [--as-is]
 
 from __future__ import annotations
 
+import hashlib
 import sys
 
 from probe_script import (DEV, Emitter, agreement, draft_step_ms, generated_tokens, kernel_advance,  # noqa: E402
@@ -87,6 +88,7 @@ for name in wirings:
     row = {"wiring": name, **draft_step_ms(m, d, look=trace)}
     out = generated_tokens(m, d, SpecConfig(3, 1, 4))
     row["tokens_equal_first"] = agreement(out, tokens.setdefault("first", out))
+    row["tokens_digest"] = hashlib.sha1(str(out).encode()).hexdigest()[:12]  # to compare runs of two trees
     tokens.setdefault(name, out)
     emit(row)
     torch.cuda.empty_cache()

@@ -32,6 +32,7 @@ from typing import Sequence, Union
 import torch
 
 from ..config import SpecConfig, spec_envelope
+from ..layers.commit_kernel import advance_rows, store_draft_rows
 from ..layers.context import ForwardContext, cached_arange, causal_mask, prefix_tail_mask
 from ..layers.sampling import greedy_ids, sample, target_probs
 from ..sampling_params import SamplingParams
@@ -202,13 +203,15 @@ class ModelRunner:
 
         return step
 
+    def _row_index(self, r: Rows) -> torch.Tensor:
+        """The cache rows of a step's rows as an index tensor [B] (graph steps name rows 0..B-1 by a slice)."""
+        return cached_arange(r.stop, self.device) if isinstance(r, slice) else r
+
     def _store_draft(self, r: Rows, st: DraftState) -> None:
-        self.d_top_ids[r] = st.top_ids
-        if st.top_logp is not None:  # trees
-            self.d_top_logp[r] = st.top_logp
-        self.d_hidden[r] = st.hidden.to(self.dtype)
-        if st.logits is not None:  # a module without weights (the bench's oracle) writes float32 logits
-            self.d_logits[r] = st.logits.to(self.d_logits.dtype)
+        """The drafter's state per row (top ids, tree log-probs, hidden, chains' logits: a module without weights, the
+        bench's oracle, writes float32 logits) in one kernel on CUDA (layers/commit_kernel.py)."""
+        store_draft_rows(self._row_index(r), st.top_ids, st.top_logp, st.hidden, st.logits, self.d_top_ids,
+                         self.d_top_logp, self.d_hidden, self.d_logits)
 
     # --- prefill ----------------------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -409,21 +412,20 @@ class ModelRunner:
                      aux_all: torch.Tensor, shape: SpecConfig) -> tuple[torch.Tensor, torch.Tensor]:
         """Keep the accepted path in the target KV, catch the drafter up, advance the row state."""
         S1 = shape.steps + 1
-        B, dev = self._count(r), self.device
-        L = self.seq_len[r]
+        B = self._count(r)
+        rows_t = self._row_index(r)
         if shape.topk > 1:  # tree slots L + path[i] -> L + i (a chain's accepted nodes 0..m already lie there)
-            rows_t = cached_arange(B, dev) if isinstance(r, slice) else r
-            self.kv.compact(rows_t, L, res.path)
+            self.kv.compact(rows_t, self.seq_len[r], res.path)
         if shape.topk == 1 and aux_all.shape[1] == S1:  # a chain's path is 0..m, then m again: its first m+1
             aux = aux_all  # pairs are aux_all's own, and the catch-up reads no further (the rest is padding)
         else:
             aux = torch.gather(aux_all, 1, res.path[..., None].expand(B, S1, aux_all.shape[-1]))
-        n_new = res.accept_len + 1
-        st = catch_up(self._draft_step(ctx_rows), res.tokens, aux, L, n_new, kv_len, self.spec.topk,
-                      keep_logits=self.d_logits is not None)
+        # the catch-up's positions L..L+S, mask and last real pair, and the rows' advance (L + m + 1 where active,
+        # the bonus as the last token), in one kernel on CUDA (layers/commit_kernel.py)
+        at = advance_rows(self.seq_len, self.last_token, self.active, rows_t, res.accept_len, res.bonus, S1, kv_len)
+        st = catch_up(self._draft_step(ctx_rows), res.tokens, aux, None, None, kv_len, self.spec.topk,
+                      keep_logits=self.d_logits is not None, at=at)
         self._store_draft(r, st)
-        self.seq_len[r] = torch.where(self.active[r], L + n_new, L)
-        self.last_token[r] = res.bonus
         return res.accept_len, res.tokens
 
     @torch.inference_mode()

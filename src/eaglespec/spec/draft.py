@@ -104,25 +104,31 @@ def catch_up(
     step: DrafterStep,
     tokens: torch.Tensor,
     aux: torch.Tensor,
-    start: torch.Tensor,
-    lengths: torch.Tensor,
+    start: torch.Tensor | None,
+    lengths: torch.Tensor | None,
     kv_len: int,
     topk: int,
     keep_logits: bool = False,
+    at: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ) -> DraftState:
     """Feed T committed (token, target hidden) pairs per row at positions start..start+T-1.
 
     tokens [B, T]: the token at position p+1 for each hidden at p; aux [B, T, n_aux*Ht]; start [B] (= committed
     length before these pairs); lengths [B] real pairs per row (1..T; the rest is padding that later writes
-    overwrite). Returns the state at each row's last real pair (with its logits when `keep_logits`); for topk 1
-    (chains) the argmax only, without log-probabilities (module docstring).
+    overwrite). `at` = (positions [B, T], causal mask [B, T, kv_len], last real pair [B, 1]) built by the caller
+    (the commit's `commit_kernel.advance_rows`) replaces start and lengths. Returns the state at each row's last real
+    pair (with its logits when `keep_logits`); for topk 1 (chains) the argmax only, without log-probabilities
+    (module docstring).
     """
     B, T = tokens.shape
     dev = tokens.device
-    offs = cached_arange(T, dev)[None, :]
-    positions = start[:, None] + offs
-    mask = causal_mask(positions, kv_len)
-    last = (lengths - 1)[:, None]
+    if at is not None:
+        positions, mask, last = at
+    else:
+        assert start is not None and lengths is not None
+        positions = start[:, None] + cached_arange(T, dev)[None, :]
+        mask = causal_mask(positions, kv_len)
+        last = (lengths - 1)[:, None]
     logits, hidden = step(tokens, aux, positions, positions, mask, True, last)
     last_logits = logits[:, 0]  # [B, Vd]
     if topk == 1:
