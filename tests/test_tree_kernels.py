@@ -100,3 +100,38 @@ def test_tree_speculation_through_the_acceptance_kernel_equals_plain(monkeypatch
     monkeypatch.setattr(runner, "verify_greedy", through)
     assert_transformed_engine_equals_plain(lambda t, d: None, SpecConfig(3, 2, 6), [[5, 6, 7, 8], [9, 10]], 12)
     assert calls and set(calls) == {6}
+
+
+def chain_kernel_result(tree, pred):
+    m, path, tokens, bonus = tree_kernels.accept_greedy_chain(pred, tree.tokens, tree.paths.shape[-1])
+    return verify.VerifyResult(accept_len=m, best=m, path=path, tokens=tokens, bonus=bonus)
+
+
+@pytest.mark.parametrize("B,D,S", [(3, 4, 3), (2, 3, 5), (4, 1, 2), (2, 9, 8)])
+@pytest.mark.parametrize("vocab", [1, 2, 5])
+def test_chain_acceptance_kernel_equals_the_pytorch_rule(B, D, S, vocab):
+    """A chain's acceptance (the leading run of nodes that carry the argmax of the node before): all hits (vocab 1),
+    a first miss anywhere, a lone root (D = 1), fewer nodes than S + 1."""
+    from eaglespec.spec.tree import build_tree
+
+    g = torch.Generator().manual_seed(B * 11 + D + vocab)
+    for trial in range(4):
+        cand = torch.randint(0, vocab, (B, S), generator=g)
+        tree = build_tree(torch.randint(0, vocab, (B,), generator=g), cand, None,
+                          torch.arange(S).expand(B, S) - 1, torch.arange(S).expand(B, S) + 1, D, 1, S)
+        pred = torch.randint(0, vocab, (B, D), generator=g)
+        got, ref = chain_kernel_result(tree, pred), verify.verify_greedy_chain_rule(tree, pred)
+        for field in ("accept_len", "best", "path", "tokens", "bonus"):
+            assert torch.equal(getattr(got, field), getattr(ref, field)), (trial, field)
+
+
+def test_chain_speculation_through_the_acceptance_kernel_equals_plain(monkeypatch):
+    calls = []
+
+    def through(tree, logits):
+        calls.append(tree.size)
+        return chain_kernel_result(tree, logits.argmax(-1))
+
+    monkeypatch.setattr(runner, "verify_greedy_chain", through)
+    assert_transformed_engine_equals_plain(lambda t, d: None, SpecConfig(3, 1, 4), [[5, 6, 7, 8], [9, 10]], 12)
+    assert calls and set(calls) == {4}

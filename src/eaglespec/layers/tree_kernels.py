@@ -20,6 +20,10 @@ accepted when every node on its path carries the argmax of its parent; best = th
 in node order among equals, torch.argmax's rule); path = its root-to-node path padded with best; committed = the
 accepted draft tokens, then the bonus (the argmax at best) and the bonus as padding.
 
+`accept_greedy_chain(pred, tokens, S1) -> (accept_len, path, committed, bonus)`: the same for a chain (node i at
+depth i), whose tables are constants: the leading run of nodes carrying the argmax of the node before
+(`spec/verify.verify_greedy_chain`'s rule, best = accept_len), one program per row reading pred and tokens only.
+
 `fits(D, max_depth)`: D <= MAX_NODES (a row's D x D table in one block). Built on first use, so that
 `TRITON_INTERPRET=1` (CPU tests) takes effect. Bool tables are read and written as bytes 0 / 1.
 """
@@ -105,7 +109,28 @@ def _kernels():
         tl.store(path_out + b * S1 + s, path.to(tl.int64), mask=sm)
         tl.store(tok_out + b * S1 + s, committed, mask=sm)
 
-    return ancestor_tables_kernel, accept_greedy_kernel
+    @triton.jit
+    def accept_chain_kernel(pred, tokens, m_out, path_out, tok_out, bonus_out, D, S1, BLOCK_D: tl.constexpr,
+                            BLOCK_S: tl.constexpr, PDL: tl.constexpr = False):
+        if PDL:  # layers/pdl.py: nothing here is a weight, so wait for the kernel before at once
+            tl.extra.cuda.gdc_launch_dependents()
+            tl.extra.cuda.gdc_wait()
+        b = tl.program_id(0)
+        row = b * D
+        i = tl.arange(0, BLOCK_D)
+        dm = i < D - 1  # node i + 1 is the draft after node i
+        hit = (tl.load(tokens + row + i + 1, mask=dm, other=-1) == tl.load(pred + row + i, mask=dm, other=-2)) & dm
+        m = tl.min(tl.where(hit, BLOCK_D, i), 0)  # the first miss: the leading run of hits (D - 1 when all hit)
+        bonus = tl.load(pred + row + m)
+        s = tl.arange(0, BLOCK_S)
+        sm = s < S1
+        drafted = tl.load(tokens + row + s + 1, mask=(s + 1) < D, other=0)
+        tl.store(m_out + b, m.to(tl.int64))
+        tl.store(bonus_out + b, bonus)
+        tl.store(path_out + b * S1 + s, tl.minimum(s, m).to(tl.int64), mask=sm)
+        tl.store(tok_out + b * S1 + s, tl.where(s < m, drafted, bonus), mask=sm)
+
+    return ancestor_tables_kernel, accept_greedy_kernel, accept_chain_kernel
 
 
 def ancestor_tables(parents: torch.Tensor, depth: torch.Tensor, max_depth: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -135,3 +160,17 @@ def accept_greedy(pred: torch.Tensor, tokens: torch.Tensor, parents: torch.Tenso
                     S1, BLOCK_D=pow2(D, 16), BLOCK_S=pow2(S1, 2),
                     num_warps=4, **launch_options(tokens))
     return m, best, path, committed, bonus
+
+
+def accept_greedy_chain(pred: torch.Tensor, tokens: torch.Tensor, S1: int) -> tuple[torch.Tensor, ...]:
+    """`accept_greedy` for a chain (node i at depth i, the child of node i-1: the tables are constants and are not
+    read): pred, tokens [B, D] int64, S1 = S + 1 >= D -> (accept_len, path, committed, bonus); best = accept_len."""
+    B, D = tokens.shape
+    assert fits(D, S1 - 1) and D <= S1, f"accept_greedy_chain: D={D}, S+1={S1}"
+    dev = tokens.device
+    m, bonus = (torch.empty(B, dtype=torch.int64, device=dev) for _ in range(2))
+    path = torch.empty(B, S1, dtype=torch.int64, device=dev)
+    committed = torch.empty(B, S1, dtype=torch.int64, device=dev)
+    _kernels()[2][(B,)](pred.contiguous(), tokens.contiguous(), m, path, committed, bonus, D, S1,
+                        BLOCK_D=pow2(D, 16), BLOCK_S=pow2(S1, 2), num_warps=1, **launch_options(tokens))
+    return m, path, committed, bonus

@@ -76,12 +76,22 @@ def verify_greedy_rule(tree: DraftTree, pred: torch.Tensor) -> VerifyResult:
 def verify_greedy_chain(tree: DraftTree, logits: torch.Tensor) -> VerifyResult:
     """`verify_greedy` for a chain (topk 1: node i at depth i, the child of node i-1), the same result in ~10
     operators instead of ~22: the accepted drafts are the leading run of nodes whose token is the target's argmax at
-    the node before, the path is 0..m then m, and no ancestor table is read. logits [B, D, V]."""
+    the node before, the path is 0..m then m, and no ancestor table is read. logits [B, D, V]. On CUDA the rule
+    after the argmax is one Triton kernel (`tree_kernels.accept_greedy_chain`, the same values)."""
     pred = greedy_ids(logits)  # [B, D]
+    S1 = tree.paths.shape[-1]
+    if pred.is_cuda and tree_kernels.fits(tree.size, S1 - 1):  # one Triton kernel after the argmax, the same values
+        m, path, tokens, bonus = tree_kernels.accept_greedy_chain(pred, tree.tokens, S1)
+        return VerifyResult(accept_len=m, best=m, path=path, tokens=tokens, bonus=bonus)
+    return verify_greedy_chain_rule(tree, pred)
+
+
+def verify_greedy_chain_rule(tree: DraftTree, pred: torch.Tensor) -> VerifyResult:
+    """`verify_greedy_chain` from the argmax at each node, pred [B, D], in PyTorch operators."""
     m = (tree.tokens[:, 1:] == pred[:, :-1]).cumprod(dim=1).sum(dim=1)  # [B] int64: the leading run of hits
     bonus = torch.gather(pred, 1, m[:, None]).squeeze(1)
     S1 = tree.paths.shape[-1]
-    idx = cached_arange(S1, logits.device)[None, :]
+    idx = cached_arange(S1, pred.device)[None, :]
     drafted = F.pad(tree.tokens[:, 1:], (0, S1 - tree.size + 1))  # [B, S+1]: D-1 <= S drafts, then padding
     tokens = torch.where(idx < m[:, None], drafted, bonus[:, None])
     return VerifyResult(accept_len=m, best=m, path=torch.minimum(idx, m[:, None]), tokens=tokens, bonus=bonus)
