@@ -69,6 +69,11 @@ def test_tree_speculation_through_the_tables_kernel_equals_plain(monkeypatch):
     assert calls and all(s[-1] == 6 for s in calls)
 
 
+def assert_same_result(got: verify.VerifyResult, ref: verify.VerifyResult, trial: int) -> None:
+    for field in ("accept_len", "best", "path", "tokens", "bonus"):
+        assert torch.equal(getattr(got, field), getattr(ref, field)), (trial, field)
+
+
 def kernel_result(tree: DraftTree, pred: torch.Tensor) -> verify.VerifyResult:
     return verify.VerifyResult(*tree_kernels.accept_greedy(pred, tree.tokens, tree.parents, tree.depth,
                                                            tree.ancestors, tree.paths))
@@ -85,21 +90,9 @@ def test_acceptance_kernel_equals_the_pytorch_rule(B, D, S, vocab):
     tree = DraftTree(tokens=tokens, parents=parents, depth=depth, ancestors=ancestors, paths=paths)
     for trial in range(4):
         pred = torch.randint(0, vocab, (B, D), generator=g)
-        got, ref = kernel_result(tree, pred), verify.verify_greedy_rule(tree, pred)
-        for field in ("accept_len", "best", "path", "tokens", "bonus"):
-            assert torch.equal(getattr(got, field), getattr(ref, field)), (trial, field)
+        assert_same_result(kernel_result(tree, pred), verify.verify_greedy_rule(tree, pred), trial)
 
 
-def test_tree_speculation_through_the_acceptance_kernel_equals_plain(monkeypatch):
-    calls = []
-
-    def through(tree, logits):
-        calls.append(tree.size)
-        return kernel_result(tree, logits.argmax(-1))
-
-    monkeypatch.setattr(runner, "verify_greedy", through)
-    assert_transformed_engine_equals_plain(lambda t, d: None, SpecConfig(3, 2, 6), [[5, 6, 7, 8], [9, 10]], 12)
-    assert calls and set(calls) == {6}
 
 
 def chain_kernel_result(tree, pred):
@@ -120,18 +113,20 @@ def test_chain_acceptance_kernel_equals_the_pytorch_rule(B, D, S, vocab):
         tree = build_tree(torch.randint(0, vocab, (B,), generator=g), cand, None,
                           torch.arange(S).expand(B, S) - 1, torch.arange(S).expand(B, S) + 1, D, 1, S)
         pred = torch.randint(0, vocab, (B, D), generator=g)
-        got, ref = chain_kernel_result(tree, pred), verify.verify_greedy_chain_rule(tree, pred)
-        for field in ("accept_len", "best", "path", "tokens", "bonus"):
-            assert torch.equal(getattr(got, field), getattr(ref, field)), (trial, field)
+        assert_same_result(chain_kernel_result(tree, pred), verify.verify_greedy_chain_rule(tree, pred), trial)
 
 
-def test_chain_speculation_through_the_acceptance_kernel_equals_plain(monkeypatch):
+@pytest.mark.parametrize("chain", [False, True])
+def test_speculation_through_the_acceptance_kernels_equals_plain(monkeypatch, chain):
+    """The engine's greedy acceptance routed through the tree kernel (a tree) or the chain kernel (a chain)."""
     calls = []
+    result = chain_kernel_result if chain else kernel_result
 
     def through(tree, logits):
         calls.append(tree.size)
-        return chain_kernel_result(tree, logits.argmax(-1))
+        return result(tree, logits.argmax(-1))
 
-    monkeypatch.setattr(runner, "verify_greedy_chain", through)
-    assert_transformed_engine_equals_plain(lambda t, d: None, SpecConfig(3, 1, 4), [[5, 6, 7, 8], [9, 10]], 12)
-    assert calls and set(calls) == {4}
+    monkeypatch.setattr(runner, "verify_greedy_chain" if chain else "verify_greedy", through)
+    spec = SpecConfig(3, 1, 4) if chain else SpecConfig(3, 2, 6)
+    assert_transformed_engine_equals_plain(lambda t, d: None, spec, [[5, 6, 7, 8], [9, 10]], 12)
+    assert calls and set(calls) == {spec.draft_tokens}
