@@ -177,28 +177,29 @@ def test_draft_tree_scores_equal_sequential_drafting(S, K):
 
 
 @pytest.mark.parametrize("T", [1, 4])
-def test_appended_mask_equals_prefix_tail_mask(T):
-    """The decode step's and the catch-up's two-kernel mask is the general prefix + causal-tail mask."""
-    from eaglespec.layers.context import appended_mask, causal_tail, prefix_tail_mask
+def test_causal_mask_equals_prefix_tail_mask(T):
+    """The decode step's and the catch-up's one-kernel mask (from positions prefix + t) is the general prefix +
+    causal-tail mask."""
+    from eaglespec.layers.context import causal_mask, causal_tail, prefix_tail_mask
 
     lens = torch.tensor([0, 3, 7, 12])
     kv_len = 12 + T + 2  # positions past every row's tail too
     want = prefix_tail_mask(lens, causal_tail(4, T, "cpu"), kv_len)
-    got = appended_mask(lens, T, kv_len)
+    got = causal_mask(lens[:, None] + torch.arange(T)[None, :], kv_len)
     assert got.shape == want.shape == (4, T, kv_len) and torch.equal(got, want)
 
 
 def test_chain_mask_is_the_trees_visibility():
-    """A chain's level mask (one compare per level in draft_chain) equals the tree visibility it replaces: entry k
-    sees the prefix and scratch entries 0..k."""
-    from eaglespec.layers.context import cached_arange, prefix_tail_mask
+    """A chain's level masks (draft_chain: all levels from their positions L + entry in one `causal_mask`, level
+    major) equal the tree visibility they replace: entry k sees the prefix and scratch entries 0..k."""
+    from eaglespec.layers.context import cached_arange, causal_mask, prefix_tail_mask
 
     lens, W, kv_len = torch.tensor([2, 5, 9]), 4, 16
-    rel = cached_arange(kv_len, lens.device)[None, :] - lens[:, None]
+    masks = causal_mask(lens[None, :] + cached_arange(W, lens.device)[:, None], kv_len)  # [W, B, kv_len]
     seen = torch.ones(W, W, dtype=torch.bool).tril()
     for entry in range(W):
         want = prefix_tail_mask(lens, seen[entry][None, None, :].expand(3, 1, W), kv_len)
-        assert torch.equal((rel <= entry)[:, None, :], want)
+        assert torch.equal(masks[entry][:, None, :], want)
 
 
 def test_prefix_tail_mask_brute_force():

@@ -28,6 +28,7 @@ import functools
 import torch
 
 from .block_size import pow2
+from .context import cached_arange, causal_mask
 from .pdl import launch_options
 
 CHUNK = 1024  # mask columns / logits per inner iteration
@@ -37,8 +38,8 @@ def advance_rows_reference(seq_len: torch.Tensor, last_token: torch.Tensor, acti
                            accept: torch.Tensor, bonus: torch.Tensor, T: int,
                            kv_len: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     L = seq_len[rows]
-    positions = L[:, None] + torch.arange(T, device=L.device)[None, :]
-    mask = torch.arange(kv_len, device=L.device) <= positions[..., None]
+    positions = L[:, None] + cached_arange(T, L.device)[None, :]
+    mask = causal_mask(positions, kv_len)
     seq_len[rows] = torch.where(active[rows], L + accept + 1, L)
     last_token[rows] = bonus
     return positions, mask, accept[:, None]

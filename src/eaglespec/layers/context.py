@@ -97,17 +97,11 @@ def masked_tail(index: torch.Tensor, before: torch.Tensor, padded_tail: torch.Te
     return before | torch.gather(padded_tail, 2, index.expand(B, T, index.shape[-1]))
 
 
-def appended_mask(prefix_lens: torch.Tensor, length: int, kv_len: int) -> torch.Tensor:
-    """[B, T, kv_len] bool: `prefix_tail_mask(prefix_lens, causal_tail(B, T), kv_len)`. T new tokens appended in
-    order after prefix_lens[b] cached ones: query t sees cache positions < prefix_lens[b] + t + 1. Steps that hold
-    those positions already take `causal_mask` (one kernel)."""
-    return causal_mask(prefix_lens[:, None] + cached_arange(length, prefix_lens.device)[None, :], kv_len)
-
-
 def causal_mask(positions: torch.Tensor, kv_len: int) -> torch.Tensor:
     """positions [..., T] integers -> [..., T, kv_len] bool: query t sees cache positions <= positions[..., t]. For
-    tokens appended in order after a cached prefix (decode, a chain's verify, the drafter's catch-up and chain levels)
-    that is `appended_mask`, in one kernel from the positions the step computes anyway."""
+    tokens appended in order after a cached prefix (prefill, decode, a chain's verify, the drafter's catch-up and
+    chain levels) that is `prefix_tail_mask(prefix, causal_tail(B, T), kv_len)` with positions = prefix + t, in one
+    kernel from the positions the step computes anyway."""
     return cached_arange(kv_len, positions.device) <= positions[..., None]
 
 

@@ -153,7 +153,8 @@ class LlamaForCausalLMEagle3(nn.Module):
                 return self.norm_head(sel, None, self.norm.weight, self.norm.eps, self.lm_head.weight, False)[1], r
             return self.lm_head(self.norm(sel)), r
         if self.norm_head is not None and r.shape[0] * r.shape[1] <= self.norm_head_rows:
-            return self.norm_head(r, m, self.norm.weight, self.norm.eps, self.lm_head.weight, False)[::-1]
+            r, logits = self.norm_head(r, m, self.norm.weight, self.norm.eps, self.lm_head.weight, False)
+            return logits, r
         r, n = self.norm.add_forward(r, m)
         return self.lm_head(n), r
 

@@ -58,7 +58,7 @@ def ttt_hiddens(drafter: torch.nn.Module, tokens: torch.Tensor, aux: torch.Tenso
     out_hiddens = []
     for k in range(steps):
         e = drafter.embed_tokens(shift_left(tokens, 1 + k))  # token t_{j+1+k} at j
-        x = torch.cat((mid.input_layernorm(e), mid.hidden_norm(h)), dim=-1)  # [B, T, 2H]
+        x = mid.inputs(e, h)  # [B, T, 2H]
         cos, sin = drafter.rotary(pos + k)  # [1, T, D/2]
         q = apply_rotary(attn.q_proj(x).view(B, T, nh, D), cos, sin)
         keys.append(apply_rotary(attn.k_proj(x).view(B, T, nkv, D), cos, sin))
