@@ -1,15 +1,14 @@
-"""Where does a continuous-batching MT-bench run spend its time, step by step, against the graphs it replays?
+"""Where does a continuous-batching MT-bench run spend its time, step by step, on the device and on the host?
 
-The bench's own path (bench.runs.ConfigRun: reserve, warm-up, prefill pass, then the timed `generate` of all 80
-MT-bench first turns, 256 new tokens, bf16, continuous batching) with every `engine.step()` call timed on the host and
-classified, and every graph launch recorded by its key (kind, batch bucket, length bucket). Afterwards each key's
-graphs are replayed alone, so the run's wall time splits into:
-- `graphs_s`: the sum over launched steps of their graphs' replay time (what the GPU needs at the lengths reached);
-- the step calls by class: `prefill` (an admission: the pending step was read before, nothing in flight),
-  `read_only` (a pending step read without launching the next: admissions coming), `launch_read` (steady overlap),
-  `first_launch` (a launch with nothing pending: after a prefill);
-- `prefill_graphs_s`: the prefill graphs' replay time (their keys: rows, length bucket).
-Per length bucket of the speculative steps: count and replay ms (longer rows make attention and the mask dearer).
+The bench's own path (bench.runs.ConfigRun: reserve, warm-up, prefill pass, then the timed `generate` of the first
+80 MT-bench turns, 256 new tokens, bf16, continuous batching). Every graph step launch (`GraphCache.run`) and every
+prefill (`ModelRunner.prefill`) is bracketed by CUDA events, so the run's wall time splits into
+- `steps_s` / `prefills_s`: the device's time in the launched steps (at the lengths the run reached) and prefills;
+- `idle_s`: the gaps between them, when the device had nothing queued, split by what came next (`idle_before`:
+  a step, or a prefill) and bounded by the first and last event;
+and every `engine.step()` call is timed on the host and classed by what it did (P: a prefill enqueued, L: a step
+launched, R: a step read), e.g. "PLR" for an admission overlapped with the step in flight.
+Per graph key (kind, batch bucket, length bucket): launches and mean device ms.
 
 usage: python benchmarks/continuous_gap.py OUT_DIR GGUF [--rows 32,8] [--spec 3,1,4 --spec 5,2,8] [--limit N]
        [--no-timer]  (the bench turns the phase timer on; --no-timer measures without its events)
@@ -21,7 +20,7 @@ import argparse
 import json
 import sys
 import time
-from collections import Counter, defaultdict
+from collections import defaultdict
 from pathlib import Path
 
 import torch
@@ -57,19 +56,6 @@ configs = [RunConfig.plain()] + [RunConfig.of("drafter", args.draft, s) for s in
 rows_out = []
 
 
-def replay_ms(graphs, n=50, warmup=5):
-    for _ in range(warmup):
-        for g in graphs:
-            g.replay()
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(n):
-        for g in graphs:
-            g.replay()
-    torch.cuda.synchronize()
-    return 1e3 * (time.perf_counter() - t) / n
-
-
 for bs in [int(x) for x in args.rows.split(",")]:
     for cfg in configs:
         drafter = pool.get(cfg.drafter) if cfg.speculative else None
@@ -79,56 +65,70 @@ for bs in [int(x) for x in args.rows.split(",")]:
         cr.warmup(prompts, params, 1)
         cr.prefill_pass([prompts], params)
         e = cr.engine
-        graphs = e.runner.graphs
-        launches: list[tuple] = []
+        graphs, runner = e.runner.graphs, e.runner
+        units: list[tuple] = []  # (key, start event, end event) in launch order
         calls: dict[str, list[float]] = defaultdict(list)
-        orig_run, orig_prefill, orig_step = graphs.run, graphs.prefill, e.step
+        marks: list[str] = []
+        orig_run, orig_prefill, orig_collect, orig_step = graphs.run, runner.prefill, runner.collect, e.step
 
-        def run(kind, n_rows, longest, greedy, _o=orig_run):
-            launches.append(graphs.key(kind, n_rows, longest, greedy))
-            return _o(kind, n_rows, longest, greedy)
+        def bracket(key, fn, *a):
+            s0, s1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s0.record()
+            out = fn(*a)
+            s1.record()
+            units.append((key, s0, s1))
+            return out
 
-        def prefill(rows, ps, greedy, _o=orig_prefill):
-            Tb = graphs.prefill_bucket(max(len(p) for p in ps), len(rows))
-            launches.append(("prefill", len(rows), Tb, greedy))
-            return _o(rows, ps, greedy)
+        def run(kind, n_rows, longest, greedy):
+            marks.append("L")
+            return bracket(graphs.key(kind, n_rows, longest, greedy), orig_run, kind, n_rows, longest, greedy)
 
-        def step(_o=orig_step):
-            pending, may = e._pending is not None, e.scheduler.may_admit()
-            cls = ("read_only" if may else "launch_read") if pending else ("prefill" if may else "first_launch")
+        def prefill(rows, ps, greedy, mm=None):
+            marks.append("P")
+            return bracket(("prefill", len(rows), max(len(p) for p in ps)), orig_prefill, rows, ps, greedy, mm)
+
+        def collect(p):
+            marks.append("R")
+            return orig_collect(p)
+
+        def step():
+            n = len(marks)
             t = time.perf_counter()
-            r = _o()
-            calls[cls].append(time.perf_counter() - t)
+            r = orig_step()
+            calls["".join(marks[n:]) or "-"].append(time.perf_counter() - t)
             return r
 
-        graphs.run, graphs.prefill, e.step = run, prefill, step
+        graphs.run, runner.prefill, runner.collect, e.step = run, prefill, collect, step
         torch.cuda.synchronize()
         cr.run(prompts, params)
         rec = cr.record()
-        graphs.run, graphs.prefill, e.step = orig_run, orig_prefill, orig_step
-        keys = Counter(launches)
-        # every row inert first (length 0, inactive): replays then write only near position 0; prefill graphs last
-        # (a prefill replay makes its static rows active again)
-        e.runner.active.zero_()
-        e.runner.seq_len.zero_()
-        order = sorted((k for k in keys if k in graphs.graphs), key=lambda k: k[0] == "prefill")
-        ms = {k: replay_ms([g for _, g in graphs.graphs[k]]) for k in order}
-        graphs_s = sum(keys[k] * ms[k] for k in ms if k[0] != "prefill") / 1e3
-        prefill_s = sum(keys[k] * ms[k] for k in ms if k[0] == "prefill") / 1e3
-        by_len = defaultdict(lambda: [0, 0.0])
-        for k in ms:
-            if k[0] != "prefill":
-                by_len[f"{k[0]} B{k[1]} L{k[2]}"][0] += keys[k]
-                by_len[f"{k[0]} B{k[1]} L{k[2]}"][1] = round(ms[k], 4)
-        steps = sum(keys[k] for k in keys if k[0] != "prefill")
+        del graphs.run, runner.prefill, runner.collect, e.step
+        torch.cuda.synchronize()
+        busy = defaultdict(float)
+        per_key = defaultdict(lambda: [0, 0.0])
+        idle = defaultdict(float)
+        prev_end = None
+        for key, s0, s1 in units:
+            ms = s0.elapsed_time(s1)
+            what = "prefill" if key[0] == "prefill" else "step"
+            busy[what] += ms
+            k = f"{key[0]} R{key[1]} T{key[2]}" if key[0] == "prefill" else f"{key[0]} B{key[1]} L{key[2]}"
+            per_key[k][0] += 1
+            per_key[k][1] += ms
+            if prev_end is not None:
+                idle[what] += max(0.0, prev_end.elapsed_time(s0))
+            prev_end = s1
+        span = units[0][1].elapsed_time(units[-1][2]) / 1e3
+        n_steps = sum(1 for k, _, _ in units if k[0] != "prefill")
         row = {"rows": bs, "config": cfg.name, "timer": not args.no_timer, "wall_s": round(rec.seconds, 4),
                "tok_s": round(rec.tok_per_s, 1), "tau": round(rec.stats.accept_length_mean, 3)
-               if rec.stats.verify_steps else None, "steps": steps, "graphs_s": round(graphs_s, 4),
-               "prefill_graphs_s": round(prefill_s, 4), "prefills": sum(keys[k] for k in keys if k[0] == "prefill"),
-               "outside_s": round(rec.seconds - graphs_s - prefill_s, 4),
-               "calls": {c: [len(v), round(sum(v), 4)] for c, v in calls.items()},
-               "by_bucket": dict(by_len),
-               "prefill_keys": {f"R{k[1]} T{k[2]}": [keys[k], round(ms[k], 3)] for k in ms if k[0] == "prefill"}}
+               if rec.stats.verify_steps else None, "steps": n_steps, "prefills": len(units) - n_steps,
+               "span_s": round(span, 4), "steps_s": round(busy["step"] / 1e3, 4),
+               "prefills_s": round(busy["prefill"] / 1e3, 4),
+               "idle_s": round((idle["step"] + idle["prefill"]) / 1e3, 4),
+               "idle_before": {k: round(v / 1e3, 4) for k, v in idle.items()},
+               "calls": {c: [len(v), round(sum(v), 4)] for c, v in sorted(calls.items())},
+               "per_key": {k: [v[0], round(v[1] / v[0], 4)] for k, v in sorted(per_key.items())}}
         print(json.dumps(row), flush=True)
         rows_out.append(row)
         (out / "continuous_gap.json").write_text(json.dumps(rows_out, indent=1))
@@ -136,9 +136,9 @@ for bs in [int(x) for x in args.rows.split(",")]:
         del cr, e
         torch.cuda.empty_cache()
 
-print("\n| rows | config | tok/s | tau | wall s | graphs s | prefill graphs s | outside s | steps | prefills |")
-print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+print("\n| rows | config | tok/s | tau | wall s | device span s | steps s | prefills s | idle s | steps | prefills |")
+print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
 for r in rows_out:
-    print(f"| {r['rows']} | {r['config']} | {r['tok_s']} | {r['tau']} | {r['wall_s']} | {r['graphs_s']} | "
-          f"{r['prefill_graphs_s']} | {r['outside_s']} | {r['steps']} | {r['prefills']} |")
+    print(f"| {r['rows']} | {r['config']} | {r['tok_s']} | {r['tau']} | {r['wall_s']} | {r['span_s']} | "
+          f"{r['steps_s']} | {r['prefills_s']} | {r['idle_s']} | {r['steps']} | {r['prefills']} |")
 sys.stdout.flush()
