@@ -206,13 +206,17 @@ def test_request_without_streamed_text_ends_with_the_same_text(tok, eos):
 
     ids = tok.encode("Café 日本語 😀🚀👍🏽 ok!\n" + TEXTS[3]) + ([2, 5, 6] if eos else [])
     texts = []
-    for detok in (True, False):
-        q = Request(0, [1], SamplingParams(max_new_tokens=len(ids) if not eos else 10_000, detokenize=detok), (2,), tok)
+    # streamed (a step's tokens detokenized in one call), not streamed (Engine.generate), detokenize=False
+    for detok, stream in ((True, True), (True, False), (False, True)):
+        q = Request(0, [1], SamplingParams(max_new_tokens=len(ids) if not eos else 10_000, detokenize=detok), (2,), tok,
+                    stream=stream)
         for i in range(0, len(ids), 3):
             q.append(ids[i : i + 3])
+            if q._detok is not None and not q.finished:  # streamed text so far: what the tokens decode to
+                assert tok.decode(q.output_ids, skip_special_tokens=True).startswith(q.text)
         assert q.finished and q.finish_reason == ("stop" if eos else "length")
-        assert (q._detok is None) != detok
+        assert (q._detok is None) != (detok and stream)
         texts.append(q.text)
-    assert texts[0] == texts[1] and texts[0].startswith("Café 日本語 😀")
+    assert texts[0] == texts[1] == texts[2] and texts[0].startswith("Café 日本語 😀")
     with pytest.raises(RequestError, match="stop strings need detokenize=True"):
         SamplingParams(stop=("x",), detokenize=False)

@@ -187,7 +187,7 @@ class Engine:
         ids, mm = self._prepare(prompt, chat, images)
         return self._enqueue(ids, mm, params)
 
-    def _enqueue(self, ids: list[int], mm: object, params: SamplingParams) -> Request:
+    def _enqueue(self, ids: list[int], mm: object, params: SamplingParams, stream: bool = True) -> Request:
         if not ids:
             raise RequestError("the prompt is empty")
         room = self.context_len - self.runner.headroom()
@@ -210,7 +210,7 @@ class Engine:
                 )
             self._ensure_capacity(self.runner.rows, need)
         assert self.scheduler is not None
-        req = Request(self._next_id, ids, params, self.eos_ids, self.tokenizer, mm_inputs=mm)
+        req = Request(self._next_id, ids, params, self.eos_ids, self.tokenizer, mm_inputs=mm, stream=stream)
         self._next_id += 1
         self.scheduler.add(req)
         return req
@@ -349,7 +349,8 @@ class Engine:
         prepared = [self._prepare(p, chat, im) for p, im in zip(prompts, imgs)]
         need = max(len(ids) + p.max_new_tokens for (ids, _), p in zip(prepared, plist)) if prepared else 1
         self._ensure_capacity(min(len(prompts), self.config.max_batch_size), min(self.context_len, need))
-        reqs = [self._enqueue(ids, mm, p) for (ids, mm), p in zip(prepared, plist)]
+        # the text is read at the end: decoded once per request, not token by token (Request)
+        reqs = [self._enqueue(ids, mm, p, stream=False) for (ids, mm), p in zip(prepared, plist)]
         while self.has_work():
             self.step()
         return [
