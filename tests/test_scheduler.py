@@ -84,19 +84,3 @@ def test_engine_outputs_do_not_depend_on_admission():
     for rows, k in ((3, 1), (3, 2), (4, 3), (8, 8)):
         eng = Engine(target, None, EngineConfig(max_batch_size=rows, min_prefill_rows=k))
         assert [o.token_ids for o in eng.generate(prompts, params)] == ref, (rows, k)
-
-
-def test_busy_rows_wait_for_their_step_to_be_read():
-    """The overlapped engine names the rows of its launched, unread step: a row freed by a request that finished
-    meanwhile is not given to a waiting request until that step is read (it still writes the row)."""
-    s = Scheduler(2)
-    reqs = [_req(i, 3) for i in range(3)]
-    for r in reqs:
-        s.add(r)
-    assert [r.rid for r in s.admit()] == [0, 1]
-    reqs[0].finish_reason = "length"
-    assert [r.slot for r in s.release_finished()] == [0]
-    assert not s.may_admit(busy=[0, 1]) and s.admit(busy=[0, 1]) == []  # row 0 is free but busy
-    assert s.waiting and s.free == [0]
-    assert [(r.rid, r.slot) for r in s.admit(busy=[1])] == [(2, 0)]
-    assert s.free == [] and [r.rid for r in s.running] == [1, 2]

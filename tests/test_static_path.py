@@ -93,33 +93,15 @@ def test_overlapped_steps_equal_plain(target, reference, spec, spec_max_rows):
     eng = static_engine(target, drafter, spec, rows=3, overlap=True, spec_max_rows=spec_max_rows)
     assert eng.overlapping
     events: list[str] = []
-    r = eng.runner
-    launch, collect, prefill, collect_prefill = r.launch, r.collect, r.launch_prefill, r.collect_prefill
-    r.launch = lambda *a: events.append("launch") or events.append(a[0]) or launch(*a)
-    r.collect = lambda *a: events.append("collect") or collect(*a)
-    r.launch_prefill = lambda *a: events.append("prefill") or prefill(*a)
-    r.collect_prefill = lambda *a: events.append("read_prefill") or collect_prefill(*a)
-    calls: list[list[str]] = []
-    step = eng.step
-
-    def traced_step():
-        n = len(events)
-        out = step()
-        calls.append([e for e in events[n:] if e in ("launch", "collect", "prefill", "read_prefill")])
-        if "collect" in calls[-1] and "launch" not in calls[-1]:  # a read with nothing queued behind it
-            assert not eng.scheduler.running, "the device idled while rows were running"
-        return out
-
-    eng.step = traced_step
+    launch, collect = eng.runner.launch, eng.runner.collect
+    eng.runner.launch = lambda *a: events.append("launch") or events.append(a[0]) or launch(*a)
+    eng.runner.collect = lambda *a: events.append("collect") or collect(*a)
     assert run(eng) == plain
     if spec_max_rows is not None:
         assert "spec" in events and "decode" in events
-    seq = [",".join(c) for c in calls]
-    assert "launch,collect" in seq  # a step was launched while the previous one was unread
-    # an admission while a step was in flight: its prefill and the next step are queued before either is read
-    assert "prefill,launch,collect,read_prefill" in seq
+    events = [e for e in events if e in ("launch", "collect")]
+    assert "launch,launch,collect" in ",".join(events)  # a step was launched while the previous one was unread
     assert events.count("launch") == events.count("collect")
-    assert events.count("prefill") == events.count("read_prefill") == eng.step_counts["prefill"]
     assert not eng.runner.active.any() and int(eng.runner.seq_len.abs().sum()) == 0  # every row released, inert
     assert not Engine(target, None, EngineConfig(overlap=True)).overlapping  # needs the graph path (CPU: none)
 

@@ -204,18 +204,12 @@ class GraphCache:
                                      torch.ones(B, dtype=torch.int64, device=dev),
                                      torch.zeros(B, dtype=torch.int64, device=dev))
         ids, lens, rows_t = self._prefill_in[key]
-        # one pinned upload of [ids | lens | rows]: an upload from pageable memory may wait for the stream's queued
-        # work, and the overlapped engine enqueues a prefill behind a step in flight
-        pin = dev.type == "cuda"
-        host = torch.zeros(B, Tb + 2, dtype=torch.int64, pin_memory=pin)
+        host = torch.zeros(B, Tb, dtype=torch.int64)
         for b, p in enumerate(prompts):
             host[b, : len(p)] = torch.tensor(p, dtype=torch.int64)
-        host[:, Tb] = torch.tensor([len(p) for p in prompts], dtype=torch.int64)
-        host[:, Tb + 1] = torch.tensor(list(rows), dtype=torch.int64)
-        up = host.to(dev, non_blocking=True)
-        ids.copy_(up[:, :Tb])
-        lens.copy_(up[:, Tb])
-        rows_t.copy_(up[:, Tb + 1])
+        ids.copy_(host, non_blocking=True)
+        lens.copy_(torch.tensor([len(p) for p in prompts], dtype=torch.int64), non_blocking=True)
+        rows_t.copy_(torch.tensor(list(rows), dtype=torch.int64), non_blocking=True)
 
     def prefill(self, rows, prompts, greedy: bool) -> torch.Tensor:
         """Prefill prompts into cache rows `rows` through the graph of (rows, their length bucket); returns the
@@ -252,11 +246,9 @@ class GraphCache:
         if len(groups) == 1:
             return self.prefill(rows, prompts, greedy)
         out = torch.empty(len(rows), dtype=torch.int64, device=self.runner.device)
-        pin = self.runner.device.type == "cuda"
         for g in groups:  # a group's tokens live in its graph's static output: copied before that graph replays again
-            at = torch.tensor(g, dtype=torch.int64).pin_memory() if pin else torch.tensor(g, dtype=torch.int64)
-            out[at.to(self.runner.device, non_blocking=True)] = self.prefill([rows[i] for i in g],
-                                                                             [prompts[i] for i in g], greedy)
+            out[torch.tensor(g, device=self.runner.device)] = self.prefill([rows[i] for i in g], [prompts[i] for i in g],
+                                                                           greedy)
         return out
 
     def key(self, kind: str, n_rows: int, longest: int, greedy: bool) -> tuple:

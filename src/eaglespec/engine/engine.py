@@ -14,11 +14,10 @@ A speculative engine with `EngineConfig.spec_max_rows` takes plain decode steps 
 kept in step by the decode step itself) and speculative steps again once few enough do. With a `SpecSchedule` as its
 `spec` each speculative step takes the shape scheduled for its rows (a chain for a lone request, a tree once several
 run); the drafter's state after any step serves every shape.
-With `EngineConfig.overlap` (graph path) a `step()` first enqueues the prefill of any requests it admits, then
-launches the next decode / speculative step of every running row, and only then reads the previous step and the
-prefill's first tokens: the tokens of a step reach the requests one `step()` later (`has_work()` stays true until
-the last launched step is read), and admissions do not leave the device idle. `step_counts` counts the batched steps
-run by kind ("prefill", "decode", "spec"; a launched overlapped step counts when launched), for benchmarks.
+With `EngineConfig.overlap` (graph path) a decode / speculative `step()` first launches the next step and then reads
+the previous one, so the tokens of a step reach the requests one `step()` later (`has_work()` stays true until the
+last launched step is read). `step_counts` counts the batched steps run by kind ("prefill", "decode", "spec"; a
+launched overlapped step counts when launched), for benchmarks.
 """
 
 from __future__ import annotations
@@ -226,7 +225,7 @@ class Engine:
     def step(self) -> list[Request]:
         """Run one batch; returns the requests that received tokens."""
         assert self.scheduler is not None
-        if self.overlapping:
+        if self._pending is not None:
             return self._step_overlapped()
         batch = self.scheduler.schedule()
         if batch is None:
@@ -237,12 +236,17 @@ class Engine:
             self.step_counts["prefill"] += 1
             for q in reqs:
                 self.runner.set_sampling(q.slot, q.params)
-            toks = self.runner.prefill(rows, [q.prompt_ids for q in reqs], greedy, self._mm(reqs)).tolist()
+            mm = [q.mm_inputs for q in reqs]
+            toks = self.runner.prefill(rows, [q.prompt_ids for q in reqs], greedy,
+                                       mm if any(m is not None for m in mm) else None).tolist()
             for q, t in zip(reqs, toks):
                 q.append([t])
         else:
             kind = self._step_kind(rows)
             self.step_counts["decode" if kind == "decode" else "spec"] += 1
+            if self.overlapping:
+                self._pending = (reqs, self.runner.launch(kind, rows, greedy))
+                return []  # its results are read by the next step, once that one is launched
             if kind != "decode":
                 index = shape_index(kind)
                 m_host, tok_host = self.runner.spec_step(rows, greedy, index)
@@ -253,11 +257,6 @@ class Engine:
         for q in self.scheduler.release_finished():
             self.runner.release(q.slot)
         return reqs
-
-    @staticmethod
-    def _mm(reqs: Sequence[Request]) -> list[object] | None:
-        mm = [q.mm_inputs for q in reqs]
-        return mm if any(m is not None for m in mm) else None
 
     def _step_kind(self, rows: Sequence[int]) -> str:
         """The step for these running rows: "decode" for a plain engine, or while more than
@@ -277,53 +276,28 @@ class Engine:
             q.append(toks[: k + 1])
 
     def _step_overlapped(self) -> list[Request]:
-        """One step of the overlapped engine, in this order, so that the device always has queued work while the
-        host waits or does bookkeeping:
-        1. waiting requests are admitted into free rows that no unread step writes (`Scheduler.admit(busy)`: a row
-           freed by a request that finished while the next step was already in flight waits for that step to be
-           read) and their prefill is enqueued, with the copy of its first tokens (`runner.launch_prefill`);
-        2. the next step of every running row, the admitted ones included, is launched; not when, speculating, a row
-           could outgrow its cache: the unread step may have added up to `max_accept` positions, and the next one
-           writes `headroom` past those (then the next call launches, the lengths known);
-        3. the previously launched step is read: a request that finished on an earlier read had a token (or tokens)
-           computed by it, which are dropped, and its row is made inert again; a row released here was in the step
-           just launched, in stream order before the release;
-        4. the prefill's first tokens are read and appended."""
-        assert self.scheduler is not None
-        sched, run = self.scheduler, self.runner
-        prev = self._pending
+        """Launch the next step of the running rows, then read the launched one's results. Not launched (the
+        pending step is only read) when waiting requests may be admitted (the next step is their prefill) or,
+        speculating, when a row could outgrow its cache: the unread step may have added up to `max_accept`
+        positions, and the next one writes `headroom` past those. A request that finishes on the results read had
+        a token (or tokens) computed by the step just launched: dropped when that step is read; its row is released
+        after that launch, in stream order, so the step cannot write into a row that a new request took."""
+        assert self.scheduler is not None and self._pending is not None
+        reqs, pending = self._pending
         self._pending = None
-        admitted = sched.admit(prev[1].rows if prev is not None else ())
-        prefill = None
-        if admitted:
-            self.step_counts["prefill"] += 1
-            for q in admitted:
-                run.set_sampling(q.slot, q.params)
-            prefill = run.launch_prefill([q.slot for q in admitted], [q.prompt_ids for q in admitted],
-                                         all(q.params.greedy for q in admitted), self._mm(admitted))
-        running = sorted(sched.running, key=lambda q: q.slot)
-        ahead = run.spec.max_accept if run.speculative and prev is not None else 0  # the largest shape's
-        if running and all(run.host_len[q.slot] + ahead <= run.max_len for q in running):
-            rows = [q.slot for q in running]
-            kind = self._step_kind(rows)
+        sched, run = self.scheduler, self.runner
+        running = list(sched.running)
+        ahead = run.spec.max_accept if run.speculative else 0  # the largest shape's
+        fits = all(run.host_len[q.slot] + ahead <= run.max_len for q in running)
+        if running and fits and not sched.may_admit():
+            greedy = all(q.params.greedy for q in running)
+            kind = self._step_kind([q.slot for q in running])
             self.step_counts["decode" if kind == "decode" else "spec"] += 1
-            self._pending = (running, run.launch(kind, rows, all(q.params.greedy for q in running), ahead))
-        got = self._read_step(*prev) if prev is not None else []
-        if prefill is not None:
-            for q, t in zip(admitted, run.collect_prefill(prefill)):
-                q.append([t])
-            got += admitted
-        for q in sched.release_finished():
-            run.release(q.slot)
-        return got
-
-    def _read_step(self, reqs: list[Request], pending: PendingStep) -> list[Request]:
-        """The results of a launched step, appended to its requests that are still live (step 3 above)."""
-        run = self.runner
+            self._pending = (running, run.launch(kind, [q.slot for q in running], greedy, ahead))
         m_host, tok_host = run.collect(pending)
         live = [i for i, q in enumerate(reqs) if not q.finished]
         for q in reqs:
-            if q.finished:  # released before this step was read, and still free (admissions skip its row)
+            if q.finished:  # released before this step was read, and still free (admissions wait for the read)
                 run.release(q.slot)  # the read advanced its host length: inert again
         got = [reqs[i] for i in live]
         if m_host is None:
@@ -331,6 +305,8 @@ class Engine:
                 reqs[i].append([tok_host[i]])
         else:
             self._append_spec(got, [m_host[i] for i in live], [tok_host[i] for i in live], pending.steps)
+        for q in sched.release_finished():
+            run.release(q.slot)
         return got
 
     # --- conveniences -------------------------------------------------------------------------------------------

@@ -9,16 +9,11 @@ lowest time to first token. A throughput job (drafter-data regeneration: thousan
 rows) sets it higher: waiting requests are then admitted only once that many rows are free, or once every waiting
 request fits, or when nothing runs. Otherwise, with hundreds of rows, almost every other step would be a one-row
 prefill (a row frees every ~1-2 steps), and small eager prefills would cost more than the batched decode steps.
-
-`busy` rows (the overlapped engine's: rows that a launched, still unread step writes) are free but not given to a
-new request until that step is read: a request that finished while the next step was already in flight keeps its
-row until then.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Collection
 from dataclasses import dataclass
 
 from .request import Request
@@ -42,15 +37,11 @@ class Scheduler:
         self.prefill_token_budget = prefill_token_budget
         self.min_prefill_rows = max(1, min(min_prefill_rows, rows))
 
-    def _admissible(self, busy: Collection[int]) -> list[int]:
-        return [f for f in self.free if f not in busy]
-
-    def may_admit(self, busy: Collection[int] = ()) -> bool:
-        free = self._admissible(busy)
-        if not self.waiting or not free:
+    def may_admit(self) -> bool:
+        if not self.waiting or not self.free:
             return False
-        return (not self.running or len(free) >= self.min_prefill_rows
-                or len(free) >= len(self.waiting))
+        return (not self.running or len(self.free) >= self.min_prefill_rows
+                or len(self.free) >= len(self.waiting))
 
     def add(self, req: Request) -> None:
         self.waiting.append(req)
@@ -58,30 +49,21 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def admit(self, busy: Collection[int] = ()) -> list[Request]:
-        """Waiting requests given free rows (not `busy` ones) now, in FIFO order, within the prefill token budget
-        (the first always); they join `running`. Empty when `may_admit` says no."""
-        admitted: list[Request] = []
-        if not self.may_admit(busy):  # decided once: admitting shrinks the free rows
-            return admitted
-        budget = self.prefill_token_budget
-        free = self._admissible(busy)
-        while self.waiting and free:
-            req = self.waiting[0]
-            n = len(req.prompt_ids)
-            if admitted and n > budget:
-                break
-            self.waiting.popleft()
-            req.slot = free.pop(0)
-            self.free.remove(req.slot)
-            admitted.append(req)
-            budget -= n
-        self.running.extend(admitted)
-        return admitted
-
     def schedule(self) -> Batch | None:
-        admitted = self.admit()
+        admitted: list[Request] = []
+        budget = self.prefill_token_budget
+        if self.may_admit():  # decided once: admitting shrinks the free rows
+            while self.waiting and self.free:
+                req = self.waiting[0]
+                n = len(req.prompt_ids)
+                if admitted and n > budget:
+                    break
+                self.waiting.popleft()
+                req.slot = self.free.pop(0)
+                admitted.append(req)
+                budget -= n
         if admitted:
+            self.running.extend(admitted)
             return Batch("prefill", admitted)
         if self.running:
             return Batch("decode", sorted(self.running, key=lambda q: q.slot))
