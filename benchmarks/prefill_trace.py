@@ -5,7 +5,8 @@ On MT-bench with continuous batching every admission prefills 1-3 prompts of ~40
 (`continuous_gap.py`, session 16): about 14% of a 32-row speculative run. Random SmolLM2-135M weights and a random
 drafter with a 12,288-token head (bf16, CUDA graphs, PDL): for prompts of 64 and 128 tokens (1 row) and 2 x 64, the
 prefill graph of a plain and of a speculative engine replayed alone (ms), and where the speculative one's time goes
-(`probe_script.kernel_advance`: each kernel charged from the previous kernel's end to its own).
+(`probe_script.kernel_advance`: each kernel charged from the previous kernel's end to its own). First, on a tree with
+the prompt attention kernel (short_attention_kernel.py), its outputs against SDPA's (float32, bf16).
 
 usage: python benchmarks/prefill_trace.py OUT_DIR
 """
@@ -19,8 +20,28 @@ import torch  # noqa: E402
 from eaglespec.config import EngineConfig, SpecConfig  # noqa: E402
 from eaglespec.engine.engine import Engine  # noqa: E402
 
-m, d = random_pair(draft_vocab=12288)
 emit = Emitter("prefill_trace.json")
+try:  # the prompt kernel (session 16) against SDPA on the GPU: causal prompts and prompts after a cached prefix
+    from eaglespec.layers.attention import sdpa
+    from eaglespec.layers.short_attention_kernel import MAX_PROMPT_TOKENS, short_attention
+
+    for dt in (torch.float32, torch.bfloat16):
+        for T, prefix in ((64, 0), (128, 0), (300, 0), (512, 0), (100, 200)):
+            g = torch.Generator(device="cuda").manual_seed(T)
+            K = T + prefix
+            q = torch.randn(2, T, 9, 64, device="cuda", dtype=dt, generator=g)
+            kc = torch.randn(4, K + 8, 3, 64, device="cuda", dtype=dt, generator=g)
+            vc = torch.randn(4, K + 8, 3, 64, device="cuda", dtype=dt, generator=g)
+            rows = torch.tensor([2, 0], device="cuda")
+            mask = torch.ones(T, K, dtype=torch.bool, device="cuda").tril(prefix).expand(2, T, K).contiguous()
+            got = short_attention(q, kc, vc, rows, mask)
+            want = sdpa(q, kc[rows, :K], vc[rows, :K], mask, None)
+            emit({"check": str(dt), "T": T, "prefix": prefix,
+                  "max_abs": (got.float() - want.float()).abs().max().item()})
+    assert T <= MAX_PROMPT_TOKENS
+except ImportError:  # an older tree: no prompt kernel
+    pass
+m, d = random_pair(draft_vocab=12288)
 for name, drafter in (("plain", None), ("chain S3K1D4", d)):
     e = Engine(m, None, EngineConfig(max_batch_size=8, overlap=False), drafter=drafter,
                spec=SpecConfig(3, 1, 4) if drafter is not None else None)

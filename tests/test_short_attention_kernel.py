@@ -55,8 +55,23 @@ def test_scale_and_skipped_blocks():
     assert torch.allclose(out, _reference(q, kc, vc, rows, mask, 0.3), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("B,T,H,Hkv,D,K", [(1, 64, 9, 3, 64, 64), (2, 40, 9, 3, 64, 3 * BLOCK_KV + 5),
+                                           (1, 70, 4, 1, 16, 200)])
+def test_prompts_match_sdpa(B, T, H, Hkv, D, K):
+    """Prompts (T * G > 64 query rows): tiles of 64 rows, each looping over the cache with an online softmax; a
+    prompt right-padded in its bucket (causal over the bucket, as prefill graphs run), or appended after a cached
+    prefix in a tree-like pattern."""
+    q, kc, vc, rows, mask = _case(B, T, H, Hkv, D, max(K, T + 1), seed=T)
+    assert fits(B, T, H, Hkv, D) and T * (H // Hkv) > 64
+    if K == T:  # a causal prompt from position 0
+        mask = torch.ones(T, T, dtype=torch.bool).tril().expand(B, T, T).contiguous()
+    out = short_attention(q, kc, vc, rows, mask)
+    assert torch.allclose(out, _reference(q, kc, vc, rows, mask), atol=1e-5, rtol=1e-5)
+
+
 def test_limits():
-    assert not fits(1, 32, 9, 3, 64)  # 96 query rows
+    assert fits(1, 32, 9, 3, 64) and fits(1, 512, 9, 3, 64)  # 96 query rows: a prompt
+    assert not fits(1, 513, 9, 3, 64)  # longer prompts keep SDPA
     assert fits(32, 1, 9, 3, 64) and not fits(33, 1, 9, 3, 64)  # batch
     assert not fits(1, 1, 9, 3, 48)  # head dim not a power of two
 
@@ -84,5 +99,8 @@ def test_engine_with_the_kernel_equals_plain():
                 if getattr(mod, "attn_kernel", None) is not None:
                     mod.attn_kernel = AttentionKernel(counted, sak.fits)
 
-    assert_transformed_engine_equals_plain(prepare, SpecConfig(3, 1, 4), [[1, 2, 3, 4], list(range(10, 15))], 8)
-    assert {1, 4} <= set(calls)  # decode / draft steps (1 token) and verify (4 tokens) ran through the kernels
+    prompts = [[1, 2, 3, 4], list(range(10, 15)), list(range(20, 54))]
+    assert_transformed_engine_equals_plain(prepare, SpecConfig(3, 1, 4), prompts, 8)
+    # decode / draft steps (1 token), verify (4 tokens), and prompts: 34 tokens take the prompt kernel (tiny models
+    # have 2 query heads per kv head: 68 query rows), in the target's prefill and the drafter's catch-up
+    assert {1, 4, 34} <= set(calls)

@@ -10,7 +10,8 @@ positions) is its own program, so a short query is spread over the whole chip, a
   q [B, T, H, D] (RoPE applied), k_cache / v_cache [Bc, S, Hkv, D] (one layer's, with this forward's keys written),
   rows [B] int64 cache rows, mask [B, T, K] bool over cache positions [0, K) (K <= S), scale (None: D ** -0.5).
   out [B, T, H, D] in q's dtype: for query head h, kv head h // (H / Hkv) (GQA), softmax over the visible positions.
-  Usable when `fits(B, T, H, Hkv, D)`: T * H / Hkv <= MAX_QUERY_ROWS, B <= MAX_BATCH, D a power of two >= 16.
+  Usable when `fits(B, T, H, Hkv, D)`: T * H / Hkv <= MAX_QUERY_ROWS or T <= MAX_PROMPT_TOKENS (prompts: below),
+  B <= MAX_BATCH, D a power of two >= 16.
 Kernel 1, program (b * Hkv + kv head, split): the G = H / Hkv query heads of that kv head times the T tokens (query
 row r = t * G + g, padded to BLOCK_Q >= 16 for tl.dot) against positions [split * BLOCK_KV, + BLOCK_KV): scores,
 mask, the block's row max m, sum l and unnormalised output o in float32 scratch; a block no query sees is skipped
@@ -19,6 +20,12 @@ program to finish instead, through an arrival counter, was right but no faster o
 "Session 15"). Probabilities enter the PV
 product in the cache dtype, as flash attention kernels do. Rows whose mask is all false give 0 (SDPA gives NaN;
 the engine never reads those). Built on first use, so that `TRITON_INTERPRET=1` (CPU tests) takes effect.
+
+Prompts (T * G > MAX_QUERY_ROWS, T <= MAX_PROMPT_TOKENS): one kernel, program (b * Hkv + kv head, query tile) holds
+BLOCK_Q = 64 query rows and runs over the cached positions in blocks of BLOCK_KV with an online softmax (flash
+attention's loop), skipping blocks its rows do not see (causal prompts: the blocks past the tile). On the H200 an
+admission's prefill graph spent ~20 us per layer in SDPA's cuDNN kernel, its memset and three elementwise kernels
+around it (the mask as a bias, copies): 45% of a 64-token prefill (`benchmarks/prefill_trace.py`, session 16).
 """
 
 from __future__ import annotations
@@ -31,13 +38,15 @@ from .block_size import pow2
 from .pdl import launch_options
 
 MAX_QUERY_ROWS = 64  # T * (H / Hkv): SmolLM2 (G = 3) up to 21 query tokens, Llama-8B (G = 4) up to 16
+MAX_PROMPT_TOKENS = 512  # longer prompts keep SDPA (flash / cuDNN kernels tuned for long sequences)
 MAX_BATCH = 32  # measured on the H200 (step_kernels_check --only=batches): a SmolLM2 S3 K1 D4 step of 16 / 32 rows
 #               1.59 -> 1.31 / 1.77 -> 1.37 ms against SDPA past 8 rows; 8 rows unchanged (docs/benchmarks.md, session 11)
 BLOCK_KV = 64
 
 
 def fits(B: int, T: int, H: int, Hkv: int, D: int) -> bool:
-    return B <= MAX_BATCH and T * (H // Hkv) <= MAX_QUERY_ROWS and D >= 16 and D & (D - 1) == 0 and H % Hkv == 0
+    return (B <= MAX_BATCH and (T * (H // Hkv) <= MAX_QUERY_ROWS or T <= MAX_PROMPT_TOKENS) and D >= 16
+            and D & (D - 1) == 0 and H % Hkv == 0)
 
 
 @functools.cache
@@ -123,7 +132,59 @@ def _kernels():
         tl.store(out + b * s_ob + t[:, None] * s_ot + (kvh * G + g)[:, None] * s_oh + d[None, :],
                  res.to(out.dtype.element_ty), mask=(t < T)[:, None])
 
-    return split_kernel, combine_kernel
+    @triton.jit
+    def prompt_kernel(q, k, v, rows, mask, out, T, G, HKV, K, NQ,
+                      s_qb, s_qt, s_qh, s_kr, s_kp, s_kh, s_mb, s_mt, s_ob, s_ot, s_oh, scale,
+                      BLOCK_Q: tl.constexpr, BLOCK_KV: tl.constexpr, D: tl.constexpr, IEEE: tl.constexpr,
+                      PDL: tl.constexpr = False):
+        if PDL:  # layers/pdl.py: nothing here is a weight, so wait for the kernel before at once
+            tl.extra.cuda.gdc_launch_dependents()
+            tl.extra.cuda.gdc_wait()
+        pid = tl.program_id(0)
+        b = pid // (HKV * NQ)
+        kvh = (pid // NQ) % HKV
+        r = (pid % NQ) * BLOCK_Q + tl.arange(0, BLOCK_Q)  # query row r = t * G + g
+        t = r // G
+        g = r % G
+        rv = t < T
+        d = tl.arange(0, D)
+        row = tl.load(rows + b)
+        qv = tl.load(q + b * s_qb + t[:, None] * s_qt + (kvh * G + g)[:, None] * s_qh + d[None, :],
+                     mask=rv[:, None], other=0.0)
+        m_i = tl.full([BLOCK_Q], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_Q], tl.float32)
+        acc = tl.zeros([BLOCK_Q, D], tl.float32)
+        start = 0
+        while start < K:  # (a `for` over a runtime bound fails in Triton 3.6's interpreter)
+            pos = start + tl.arange(0, BLOCK_KV)
+            start += BLOCK_KV
+            pv = pos < K
+            vis = tl.load(mask + b * s_mb + t[:, None] * s_mt + pos[None, :], mask=rv[:, None] & pv[None, :],
+                          other=0) != 0
+            if tl.max(vis.to(tl.int32)) > 0:
+                kv_off = row * s_kr + pos[:, None] * s_kp + kvh * s_kh + d[None, :]
+                kk = tl.load(k + kv_off, mask=pv[:, None], other=0.0)
+                vv = tl.load(v + kv_off, mask=pv[:, None], other=0.0)
+                if IEEE:
+                    s = tl.dot(qv, tl.trans(kk), input_precision="ieee")
+                else:
+                    s = tl.dot(qv, tl.trans(kk))
+                s = tl.where(vis, s * scale, float("-inf"))
+                m_new = tl.maximum(m_i, tl.max(s, axis=1))
+                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+                alpha = tl.exp(m_i - m_safe)  # 0 while nothing was seen (m_i = -inf)
+                p = tl.exp(s - m_safe[:, None])
+                l_i = l_i * alpha + tl.sum(p, axis=1)
+                if IEEE:
+                    acc = acc * alpha[:, None] + tl.dot(p.to(vv.dtype), vv, input_precision="ieee")
+                else:
+                    acc = acc * alpha[:, None] + tl.dot(p.to(vv.dtype), vv)
+                m_i = m_new
+        res = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        tl.store(out + b * s_ob + t[:, None] * s_ot + (kvh * G + g)[:, None] * s_oh + d[None, :],
+                 res.to(out.dtype.element_ty), mask=rv[:, None])
+
+    return split_kernel, combine_kernel, prompt_kernel
 
 
 def short_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, rows: torch.Tensor,
@@ -135,14 +196,23 @@ def short_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     assert q.stride(-1) == 1 and k_cache.stride(-1) == 1 and k_cache.stride() == v_cache.stride()
     assert k_cache.dtype == v_cache.dtype == q.dtype, "short_attention: the cache holds q's dtype"
     mask = mask.contiguous()
+    dev = q.device
+    if T * G > MAX_QUERY_ROWS:  # a prompt: query tiles of 64 rows, each looping over the cache
+        out = torch.empty(B, T, H, D, dtype=q.dtype, device=dev)
+        nq = (T * G + MAX_QUERY_ROWS - 1) // MAX_QUERY_ROWS
+        _kernels()[2][(B * Hkv * nq,)](
+            q, k_cache, v_cache, rows, mask, out, T, G, Hkv, K, nq, q.stride(0), q.stride(1), q.stride(2),
+            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), mask.stride(0), mask.stride(1),
+            out.stride(0), out.stride(1), out.stride(2), D ** -0.5 if scale is None else scale,
+            BLOCK_Q=MAX_QUERY_ROWS, BLOCK_KV=BLOCK_KV, D=D, IEEE=q.dtype == torch.float32, **launch_options(q))
+        return out
     bq = pow2(T * G, 16)
     nsplit = (K + BLOCK_KV - 1) // BLOCK_KV
-    dev = q.device
     o_part = torch.empty(B * Hkv * nsplit, bq, D, dtype=torch.float32, device=dev)
     m_part = torch.empty(B * Hkv * nsplit, bq, dtype=torch.float32, device=dev)
     l_part = torch.empty(B * Hkv * nsplit, bq, dtype=torch.float32, device=dev)
     out = torch.empty(B, T, H, D, dtype=q.dtype, device=dev)
-    split, combine = _kernels()
+    split, combine, _ = _kernels()
     split[(B * Hkv, nsplit)](
         q, k_cache, v_cache, rows, mask, o_part, m_part, l_part,
         T, G, Hkv, K, nsplit, q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1),
