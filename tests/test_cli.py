@@ -79,12 +79,14 @@ def test_default_drafter_policy_per_device_and_engine_size(monkeypatch):
 
     assert default_spec("cpu", 1) == SpecConfig(2, 1, 3) and default_spec("cpu", 2) is None
     chain, tree = SpecConfig(3, 1, 4), SpecConfig(4, 4, 16)
-    assert default_spec("cuda", 1) == default_spec("cuda", 8) == default_spec("cuda", 16) == chain
-    wide = SpecConfig(5, 2, 8)  # session 15: past 16 rows the K = 2 tree (docs/benchmarks.md)
+    # session 16: the chain of 3 at every size up to 32 rows (docs/benchmarks.md)
+    assert default_spec("cuda", 1) == default_spec("cuda", 8) == default_spec("cuda", 32) == chain
+    assert default_spec("cuda", 33) is None and "above 32 rows" in slower_note("cuda")
+    wide = SpecConfig(5, 2, 8)  # session 15's policy: past 16 rows the K = 2 tree
+    monkeypatch.setitem(assets._DEFAULT_SPEC, "cuda", ((16, chain), (32, wide)))
     assert default_spec("cuda", 32) == SpecSchedule(((16, chain), (32, wide)))
     assert [default_spec("cuda", 24).shapes[default_spec("cuda", 24).shape_index(r)] for r in (1, 16, 17, 24)] == [
         chain, chain, wide, wide]
-    assert default_spec("cuda", 33) is None and "above 32 rows" in slower_note("cuda")
     monkeypatch.setitem(assets._DEFAULT_SPEC, "cuda", ((1, chain), (8, tree), (32, chain)))  # session 13's policy
     assert default_spec("cuda", 1) == chain  # engines of several rows: a schedule, each step the shape of its rows
     assert default_spec("cuda", 2) == SpecSchedule(((1, chain), (2, tree)))

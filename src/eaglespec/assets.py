@@ -45,13 +45,16 @@ DEFAULT_DRAFTER = ASSETS / "smollm2-135m-eagle3"
 #   against the chain's 1.18-1.27x (4 and 5 runs): engines of more than 16 rows take S5 K2 D8 for steps whose rows
 #   reach past 16, where the chain's verify (4 tokens a row, > 64 rows) leaves the tensor-core kernel for cuBLAS as
 #   the tree's does (rows 9-31 are not measured; 16 is that boundary);
+#   session 16 (a step's tokens detokenized once, prompts through the Triton attention kernel) made the chain the
+#   shape at every size again: at 32 rows the chain 1.32-1.40x against S5 K2 D8's 1.27-1.33x (3 runs each, the chain
+#   ahead in every one), at 8 rows the chain 1.83-1.85x and S5 K2 D8 1.81-1.86x, at 1 row the chain 1.61x;
 # - sampling at temperature 1 (the drafter learnt the target's greedy text; chains draw sampled drafts): the CPU's
 #   one-step chain gains (1.15x, tau 1.37), the H200's chain of 3 loses (0.82x, tau 1.75): greedy-only there.
 _CHAIN_3 = SpecConfig(steps=3, topk=1, draft_tokens=4)
 # device type -> ((largest engine, shape), ...) by increasing engine size; larger engines decode plainly by default
 _DEFAULT_SPEC: dict[str, tuple[tuple[int, SpecConfig], ...]] = {
     "cpu": ((1, SpecConfig(steps=2, topk=1, draft_tokens=3)),),
-    "cuda": ((16, _CHAIN_3), (32, SpecConfig(steps=5, topk=2, draft_tokens=8))),
+    "cuda": ((32, _CHAIN_3),),
 }
 _DEFAULT_SPEC_SAMPLED: dict[str, SpecConfig] = {"cpu": SpecConfig(steps=1, topk=1, draft_tokens=2)}  # temperature > 0
 _GREEDY_ONLY = {"cuda"}  # sampled decoding (temperature > 0) decodes plainly by default
