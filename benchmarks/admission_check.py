@@ -1,4 +1,6 @@
 """Does queuing the next step before reading a prefill's first tokens change any token, and what does it save?
+(30ffde4 did so; measured here against the tree before it, identical tokens and no faster: reverted. The script
+serves any A/B of the overlapped engine's admission path across two trees.)
 
 Random SmolLM2-135M weights and a random drafter (12,288-token head), bf16, CUDA graphs, overlap: 48 requests with
 seeded prompt lengths (40-300 tokens) and budgets (32-160 new tokens, EOS ignored) through engines of 8 and 32 rows,

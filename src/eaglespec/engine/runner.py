@@ -249,26 +249,6 @@ class ModelRunner:
             self.host_len[row] = n
         return tok
 
-    def launch_prefill(self, rows: Sequence[int], prompts: Sequence[Sequence[int]], greedy: bool,
-                       mm_inputs: Sequence[object | None] | None = None) -> PendingStep:
-        """`prefill` enqueued with the copy of its first tokens to the host, without waiting for them (the overlapped
-        engine launches the next step first, then reads them: `collect_prefill`). The rows' host lengths are set."""
-        tok = self.prefill(rows, prompts, greedy, mm_inputs)
-        if self.device.type != "cuda":
-            return PendingStep(list(rows), tok.clone(), None, None)
-        host = torch.empty(tok.shape[0], dtype=torch.int64, pin_memory=True)
-        host.copy_(tok, non_blocking=True)
-        event = torch.cuda.Event()
-        event.record()
-        return PendingStep(list(rows), host, None, event)
-
-    @staticmethod
-    def collect_prefill(pending: PendingStep) -> list[int]:
-        """The first tokens of a launched prefill, in the order of its prompts (waits for it only)."""
-        if pending.event is not None:
-            pending.event.synchronize()
-        return pending.tokens.tolist()
-
     def _prefill_target(self, r: torch.Tensor, ctx_rows: torch.Tensor | None, ids: torch.Tensor,
                         lens_t: torch.Tensor, greedy: bool, mm_inputs: Sequence[object | None] | None = None):
         """ids [B, T] right-padded, lens_t [B] -> (first token [B], aux states or None); sets the rows' state.
