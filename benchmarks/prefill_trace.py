@@ -23,7 +23,7 @@ from eaglespec.engine.engine import Engine  # noqa: E402
 emit = Emitter("prefill_trace.json")
 try:  # the prompt kernel (session 16) against SDPA on the GPU: causal prompts and prompts after a cached prefix
     from eaglespec.layers.attention import sdpa
-    from eaglespec.layers.short_attention_kernel import MAX_PROMPT_TOKENS, short_attention
+    from eaglespec.layers.short_attention_kernel import short_attention
 
     for dt in (torch.float32, torch.bfloat16):
         for T, prefix in ((64, 0), (128, 0), (300, 0), (512, 0), (100, 200)):
@@ -38,7 +38,6 @@ try:  # the prompt kernel (session 16) against SDPA on the GPU: causal prompts a
             want = sdpa(q, kc[rows, :K], vc[rows, :K], mask, None)
             emit({"check": str(dt), "T": T, "prefix": prefix,
                   "max_abs": (got.float() - want.float()).abs().max().item()})
-    assert T <= MAX_PROMPT_TOKENS
 except ImportError:  # an older tree: no prompt kernel
     pass
 m, d = random_pair(draft_vocab=12288)

@@ -161,7 +161,8 @@ def _kernels():
             pv = pos < K
             vis = tl.load(mask + b * s_mb + t[:, None] * s_mt + pos[None, :], mask=rv[:, None] & pv[None, :],
                           other=0) != 0
-            if tl.max(vis.to(tl.int32)) > 0:
+            if tl.max(vis.to(tl.int32)) > 0:  # the block's loads and scores as in split_kernel (a shared jit helper
+                # defined in this builder is not found by Triton 3.6's interpreter, which resolves globals only)
                 kv_off = row * s_kr + pos[:, None] * s_kp + kvh * s_kh + d[None, :]
                 kk = tl.load(k + kv_off, mask=pv[:, None], other=0.0)
                 vv = tl.load(v + kv_off, mask=pv[:, None], other=0.0)
