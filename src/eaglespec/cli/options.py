@@ -40,6 +40,9 @@ def add_runtime_options(p: argparse.ArgumentParser | argparse._ArgumentGroup) ->
     p.add_argument("--spec-max-rows", type=int, default=None, metavar="N",
                    help="speculate only while at most N requests run; busier steps decode plainly and keep the "
                         "drafter in step (default: always speculate)")
+    p.add_argument("--min-prefill-rows", type=int, default=1, metavar="N",
+                   help="admit waiting requests once N rows are free (or all waiting fit, or nothing runs): fewer, "
+                        "larger prefills for throughput, later first tokens (default: 1, at once)")
 
 
 def add_sampling_options(p: argparse.ArgumentParser, max_new_tokens: int = 256) -> None:
@@ -75,7 +78,8 @@ def spec_config(args: argparse.Namespace) -> SpecConfig | None:
 def engine_config(args: argparse.Namespace, **kw) -> EngineConfig:
     return EngineConfig(device=args.device, dtype=args.dtype, seed=args.seed, aux_convention=args.aux_convention,
                         cuda_graphs=args.cuda_graphs, fuse_projections=args.fuse, compile=args.compile,
-                        overlap=args.overlap, spec_max_rows=args.spec_max_rows, **kw)
+                        overlap=args.overlap, spec_max_rows=args.spec_max_rows,
+                        min_prefill_rows=args.min_prefill_rows, **kw)
 
 
 def draft_arg(args: argparse.Namespace) -> str | None:
