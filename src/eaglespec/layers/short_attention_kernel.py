@@ -1,5 +1,5 @@
 """Attention of a few query tokens over the KV cache in two Triton kernels (split-K, then a combine), for the decode,
-verify and drafter steps of small batches.
+verify and drafter steps of small batches; and of prompts of up to 512 tokens in a third (below).
 
 On the H200 PyTorch's SDPA picks cuDNN for these: 6.9 us per layer for one decode token at a few hundred cached
 positions (the largest kernel of a SmolLM2 decode step), and for several query tokens (verify, drafter catch-up) a
