@@ -6,13 +6,14 @@ prompts, wirings in one process (usage below): `grid8` (the kernels wired up to 
 14) against the tensor-core kernel for 9..R rows. For each, ms per graph replay: decode of 8 / 16 / 32 rows, the
 verify graph and whole step of a one-row tree (S4 K4 D16: 16 rows), of 8-row chains and trees (32 and 128 rows), of
 a 32-row chain (128 rows); the tokens of an 8-row tree engine's `generate` (8 prompts, 96 tokens) against grid8's
-(sums in another order can flip bf16 near-ties of random weights); with --trace, the 8-row tree's verify graph kernel
-by kernel for the first two wirings.
+(sums in another order can flip bf16 near-ties of random weights); with --trace, the verify graphs of the 8-row tree
+and the 32-row chain (128 rows each) kernel by kernel for the first two wirings.
 
-usage: python benchmarks/dot_rows_check.py OUT_DIR [--trace] [--rows64] [--wirings=grid8,dot32,dot128,16x64x4,...]
-  wirings: gridR / dotR: the kernels wired up to R rows (the default blocks); BMxBNxW: those tensor-core blocks, up
-  to 32 rows. --rows64: steps of 32-64 rows instead (decode of 64 rows, a one-row tree S6 K8 D32, 8-row trees S3 K2
-  D4 and S4 K2 D8, a 32-row chain S1 K1 D2).
+usage: python benchmarks/dot_rows_check.py OUT_DIR [--trace] [--rows64] [--only128] [--wirings=grid8,dot32,...]
+  wirings: gridR / dotR: the kernels wired up to R rows (the default blocks); BMxBNxW[@R]: those tensor-core blocks,
+  up to R rows (default 32; with @R only the 128-row steps are measured, as with --only128). --rows64: steps of
+  32-64 rows instead (decode of 64 rows, a one-row tree S6 K8 D32, 8-row trees S3 K2 D4 and S4 K2 D8, a 32-row
+  chain S1 K1 D2).
 """
 
 from __future__ import annotations
@@ -37,15 +38,17 @@ m, d = random_pair()
 emit = Emitter("dot_rows_check.json")
 tokens = {}
 for n, name in enumerate(WIRINGS):
-    if "x" in name:  # BMxBNxWARPS: those blocks, the kernels wired up to 32 rows
-        rows, dk.DOT_BLOCKS = 32, tuple(int(x) for x in name.split("x"))
+    if "x" in name:  # BMxBNxWARPS[@R]: those blocks, the kernels wired up to R rows (default 32)
+        blocks, _, at = name.partition("@")
+        rows, dk.DOT_BLOCKS = int(at or 32), tuple(int(x) for x in blocks.split("x"))
     else:  # grid8 (the kernels up to 8 rows), dotR (up to R rows, the default blocks)
         rows, dk.DOT_BLOCKS = int(name.removeprefix("grid").removeprefix("dot")), DEFAULT
     for x in (m, d):
         use_linear_rows_kernel(use_norm_linear_kernel(x, max_rows=rows), max_rows=rows)
     row = {"wiring": name}
     try:
-        for b in () if "--rows64" in sys.argv else (8, 16, 32):
+        only128 = "@" in name or "--only128" in sys.argv  # only the 128-row steps (blocks for them)
+        for b in () if "--rows64" in sys.argv or only128 else (8, 16, 32):
             row[f"decode{b}_ms"] = decode_graph_ms(m, b)
         shapes = [(SpecConfig(4, 4, 16), 1), (SpecConfig(3, 1, 4), 8), (SpecConfig(4, 4, 16), 8),
                   (SpecConfig(3, 1, 4), 32)]
@@ -53,13 +56,18 @@ for n, name in enumerate(WIRINGS):
             row["decode64_ms"] = decode_graph_ms(m, 64)
             shapes = [(SpecConfig(6, 8, 32), 1), (SpecConfig(3, 2, 4), 8), (SpecConfig(4, 2, 8), 8),
                       (SpecConfig(1, 1, 2), 32)]
+        if only128:
+            shapes = [(SpecConfig(3, 1, 4), 32), (SpecConfig(4, 4, 16), 8)]
         for spec, r in shapes:
             key = f"rows{r}_S{spec.steps}K{spec.topk}D{spec.draft_tokens}"
             row[f"{key}_verify_ms"], row[f"{key}_step_ms"] = spec_graph_ms(m, d, spec, rows=r)
-        if "--trace" in sys.argv and n < 2:
-            e = stepped_engine(m, d, SpecConfig(4, 4, 16), rows=8)
-            graphs = dict(e.runner.graphs.captured("spec", 8, max(e.runner.host_len) + 64, True))
-            print_advance(f"{name}: 8-row tree verify (128 rows)", kernel_advance(graphs["verify"]))
+        traced = ((SpecConfig(4, 4, 16), 8), (SpecConfig(3, 1, 4), 32)) if "--trace" in sys.argv and n < 2 else ()
+        for spec, r in traced:
+            e = stepped_engine(m, d, spec, rows=r)
+            graphs = dict(e.runner.graphs.captured("spec", r, max(e.runner.host_len) + 64, True))
+            adv = kernel_advance(graphs["verify"])
+            print_advance(f"{name}: {r}-row S{spec.steps} K{spec.topk} D{spec.draft_tokens} verify (128 rows)", adv)
+            row[f"rows{r}_verify_advance_sequence"] = adv["advance_sequence"]
             del e
         e = Engine(m, None, EngineConfig(max_batch_size=8), drafter=d, spec=SpecConfig(4, 4, 16))
         prompts = [list(range(100 + 7 * i, 160 + 7 * i)) for i in range(8)]

@@ -25,7 +25,8 @@ that each states only what it measures:
   keyed "rows{R}_S{S}K{K}D{D}_draft_ms" / "_step_ms"; `look(spec, rows, graphs)` may add entries first;
 - `kernel_advance(graph, reps)`: where a graph's time goes, kernel by kernel, as "advances" (step_trace.py's
   accounting: each kernel is charged the time from the previous kernel's end to its own end, so the shares add up to
-  the graph's span even when programmatic dependent launch overlaps kernels).
+  the graph's span even when programmatic dependent launch overlaps kernels); per kernel family, and for the last
+  replay kernel by kernel in order (`advance_sequence`).
 """
 
 from __future__ import annotations
@@ -139,13 +140,16 @@ def kernel_advance(graph: "torch.cuda.CUDAGraph", reps: int = 20) -> dict:
     advance: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0])  # advance, duration, calls
     overlapped = 0
     span = 0.0
+    steps: list[float] = []  # the last replay's advance per kernel, in order
     for r in range(reps):
         ks = kernels[r * per:(r + 1) * per]
         span += ks[-1][1] - ks[0][0]
         prev_end = ks[0][0]
+        steps = []
         for s, e, name in ks:
             a = advance[short_kernel_name(name)]
-            a[0] += max(0.0, e - max(prev_end, s)) + max(0.0, s - prev_end)  # idle before it counts to it
+            steps.append(max(0.0, e - max(prev_end, s)) + max(0.0, s - prev_end))  # idle before it counts to it
+            a[0] += steps[-1]
             a[1] += e - s
             a[2] += 1
             overlapped += s < prev_end
@@ -154,6 +158,7 @@ def kernel_advance(graph: "torch.cuda.CUDAGraph", reps: int = 20) -> dict:
     last = kernels[(reps - 1) * per:]
     return {"kernels": per, "span_us": round(span / reps, 1), "overlapped_per_replay": round(overlapped / reps, 1),
             "sequence": [f"{(e - s):.1f} {name[:90]}" for s, e, name in last],  # the last replay, in order
+            "advance_sequence": [f"{a:.1f} {name[:60]}" for a, (_, _, name) in zip(steps, last)],
             "by_kernel": [{"name": k, "calls": round(v[2] / reps, 1), "advance_us": round(v[0] / reps, 1),
                            "duration_us": round(v[1] / reps, 1)} for k, v in rows]}
 

@@ -1,14 +1,14 @@
-"""What a speculative step costs besides the target's verify, phase by phase and kernel by kernel, at 1 and 8 rows.
+"""What a speculative step costs besides the target's verify, phase by phase and kernel by kernel, at 1, 8 and 32 rows.
 
 The speedup over plain decoding is bounded by tau x (decode step) / (draft + verify + commit): the draft and commit
 phases (the drafter's forwards, the tree's bookkeeping, the KV compaction) are costs only speculation pays. Random
-SmolLM2-135M weights and a random drafter (bf16, CUDA graphs, PDL as the environment says), engines of 1 and 8 rows
+SmolLM2-135M weights and a random drafter (bf16, CUDA graphs, PDL as the environment says), engines of 1, 8 and 32 rows
 stepped 30 steps after 128-token prompts; for each (rows, spec): the three phase graphs replayed in order 50 times
 (ms each, by CUDA events), then each phase graph replayed alone under torch.profiler (draft and greedy verify leave
 the state as they found it; commit moves it on by one step per replay, which the 2,048-position cache allows), its
 kernels charged by `probe_script.kernel_advance`; and the plain decode graph of the same rows for comparison.
 
-usage: python benchmarks/spec_phase_trace.py OUT_DIR [--only=1|8]
+usage: python benchmarks/spec_phase_trace.py OUT_DIR [--only=1|8|32]
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ from eaglespec.config import SpecConfig  # noqa: E402
 ONLY = next((int(a.split("=")[1]) for a in sys.argv if a.startswith("--only=")), None)
 m, d = random_pair()
 results: list[dict] = []
-cases = [(1, SpecConfig(3, 1, 4)), (1, SpecConfig(4, 4, 16)), (8, SpecConfig(4, 4, 16)), (8, SpecConfig(3, 1, 4))]
+cases = [(1, SpecConfig(3, 1, 4)), (1, SpecConfig(4, 4, 16)), (8, SpecConfig(4, 4, 16)), (8, SpecConfig(3, 1, 4)),
+         (32, SpecConfig(3, 1, 4)), (32, SpecConfig(2, 1, 3))]
 
 
 def phase_ms(graphs: list, n: int = 50) -> dict:
@@ -45,7 +46,7 @@ def phase_ms(graphs: list, n: int = 50) -> dict:
             for j, (name, _) in enumerate(graphs)}
 
 
-for rows in (1, 8):
+for rows in (1, 8, 32):
     if ONLY is not None and rows != ONLY:
         continue
     e = stepped_engine(m, rows=rows)

@@ -42,6 +42,7 @@ MAX_PROMPT_TOKENS = 512  # longer prompts keep SDPA (flash / cuDNN kernels tuned
 MAX_BATCH = 32  # measured on the H200 (step_kernels_check --only=batches): a SmolLM2 S3 K1 D4 step of 16 / 32 rows
 #               1.59 -> 1.31 / 1.77 -> 1.37 ms against SDPA past 8 rows; 8 rows unchanged (docs/benchmarks.md, session 11)
 BLOCK_KV = 64
+_block_scores = _pv_product = None  # the kernels' shared jit helpers, bound here by `_kernels()` (see there)
 
 
 def fits(B: int, T: int, H: int, Hkv: int, D: int) -> bool:
@@ -53,6 +54,30 @@ def fits(B: int, T: int, H: int, Hkv: int, D: int) -> bool:
 def _kernels():
     import triton
     import triton.language as tl
+
+    @triton.jit
+    def block_scores(qv, k, v, row, pos, pv, vis, kvh, d, s_kr, s_kp, s_kh, scale, IEEE: tl.constexpr):
+        """One block of cached positions for a query tile: (scores [BLOCK_Q, BLOCK_KV], scaled, -inf where hidden;
+        the block's values [BLOCK_KV, D])."""
+        kv_off = row * s_kr + pos[:, None] * s_kp + kvh * s_kh + d[None, :]
+        kk = tl.load(k + kv_off, mask=pv[:, None], other=0.0)
+        vv = tl.load(v + kv_off, mask=pv[:, None], other=0.0)
+        if IEEE:
+            s = tl.dot(qv, tl.trans(kk), input_precision="ieee")
+        else:
+            s = tl.dot(qv, tl.trans(kk))
+        return tl.where(vis, s * scale, float("-inf")), vv
+
+    @triton.jit
+    def pv_product(p, vv, IEEE: tl.constexpr):
+        """p [BLOCK_Q, BLOCK_KV] float32 @ vv [BLOCK_KV, D], the probabilities in the cache dtype."""
+        if IEEE:
+            return tl.dot(p.to(vv.dtype), vv, input_precision="ieee")
+        return tl.dot(p.to(vv.dtype), vv)
+
+    # the kernels below call the helpers as module globals: Triton 3.6's interpreter resolves a jit function's
+    # callees among its module's globals only, not in this builder's scope
+    globals().update(_block_scores=block_scores, _pv_product=pv_product)
 
     @triton.jit
     def split_kernel(q, k, v, rows, mask, o_part, m_part, l_part, T, G, HKV, K, NSPLIT,
@@ -78,22 +103,12 @@ def _kernels():
             row = tl.load(rows + b)
             qv = tl.load(q + b * s_qb + t[:, None] * s_qt + (kvh * G + g)[:, None] * s_qh + d[None, :],
                          mask=rv[:, None], other=0.0)
-            kv_off = row * s_kr + pos[:, None] * s_kp + kvh * s_kh + d[None, :]
-            kk = tl.load(k + kv_off, mask=pv[:, None], other=0.0)
-            vv = tl.load(v + kv_off, mask=pv[:, None], other=0.0)
-            if IEEE:
-                s = tl.dot(qv, tl.trans(kk), input_precision="ieee")
-            else:
-                s = tl.dot(qv, tl.trans(kk))
-            s = tl.where(vis, s * scale, float("-inf"))
+            s, vv = _block_scores(qv, k, v, row, pos, pv, vis, kvh, d, s_kr, s_kp, s_kh, scale, IEEE)
             m = tl.max(s, axis=1)
             m_safe = tl.where(m == float("-inf"), 0.0, m)
             p = tl.exp(s - m_safe[:, None])  # exp(-inf) = 0 where hidden
             l = tl.sum(p, axis=1)
-            if IEEE:
-                o = tl.dot(p.to(vv.dtype), vv, input_precision="ieee")
-            else:
-                o = tl.dot(p.to(vv.dtype), vv)
+            o = _pv_product(p, vv, IEEE)
             tl.store(o_part + (base * BLOCK_Q + r[:, None]) * D + d[None, :], o)
             tl.store(m_part + base * BLOCK_Q + r, m)
             tl.store(l_part + base * BLOCK_Q + r, l)
@@ -161,25 +176,14 @@ def _kernels():
             pv = pos < K
             vis = tl.load(mask + b * s_mb + t[:, None] * s_mt + pos[None, :], mask=rv[:, None] & pv[None, :],
                           other=0) != 0
-            if tl.max(vis.to(tl.int32)) > 0:  # the block's loads and scores as in split_kernel (a shared jit helper
-                # defined in this builder is not found by Triton 3.6's interpreter, which resolves globals only)
-                kv_off = row * s_kr + pos[:, None] * s_kp + kvh * s_kh + d[None, :]
-                kk = tl.load(k + kv_off, mask=pv[:, None], other=0.0)
-                vv = tl.load(v + kv_off, mask=pv[:, None], other=0.0)
-                if IEEE:
-                    s = tl.dot(qv, tl.trans(kk), input_precision="ieee")
-                else:
-                    s = tl.dot(qv, tl.trans(kk))
-                s = tl.where(vis, s * scale, float("-inf"))
+            if tl.max(vis.to(tl.int32)) > 0:  # a block no row of the tile sees is skipped
+                s, vv = _block_scores(qv, k, v, row, pos, pv, vis, kvh, d, s_kr, s_kp, s_kh, scale, IEEE)
                 m_new = tl.maximum(m_i, tl.max(s, axis=1))
                 m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
                 alpha = tl.exp(m_i - m_safe)  # 0 while nothing was seen (m_i = -inf)
                 p = tl.exp(s - m_safe[:, None])
                 l_i = l_i * alpha + tl.sum(p, axis=1)
-                if IEEE:
-                    acc = acc * alpha[:, None] + tl.dot(p.to(vv.dtype), vv, input_precision="ieee")
-                else:
-                    acc = acc * alpha[:, None] + tl.dot(p.to(vv.dtype), vv)
+                acc = acc * alpha[:, None] + _pv_product(p, vv, IEEE)
                 m_i = m_new
         res = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
         tl.store(out + b * s_ob + t[:, None] * s_ot + (kvh * G + g)[:, None] * s_oh + d[None, :],
