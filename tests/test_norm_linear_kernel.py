@@ -399,6 +399,29 @@ def test_steps_route_by_rows_and_the_dot_blocks_fit_shared_memory(monkeypatch):
     assert dk._blocks(1728, False, 4) == (16, 16, 4) and dk._blocks(2048, True, 4) == (16, 16, 4)
 
 
+def test_tiles_over_shared_memory_take_the_pytorch_path(monkeypatch):
+    """Float32 inputs over 1,024 wide need more shared memory than a block has on the H200 (a drafter's fc at 9+ rows:
+    256 KB against 227 KB; a float32 engine of 8 rows crashed there in session 17): such steps run the PyTorch path,
+    with the same results and h_out, while every bf16 layer of up to ONE_SHOT_K fits."""
+    from eaglespec.layers import norm_linear_dot_kernel as dk
+
+    h200 = 232448  # bytes a block may opt into on the H200 (Triton's max_shared_mem)
+    assert not dk.fits(1728, False, 4, h200) and dk.fits(1728, False, 2, h200)
+    assert dk.fits(1536, False, 4, h200) and dk.fits(576, True, 4, h200) and dk.fits(1728, False, 4, None)
+    assert all(dk.fits(k, g, 2, h200) for k in (576, 1536, 1728, nlk.ONE_SHOT_K) for g in (False, True))
+    assert dk.shared_limit(torch.device("cpu")) is None
+    monkeypatch.setattr(dk, "shared_limit", lambda device: 1)  # nothing fits: every 9+ row step takes PyTorch
+    monkeypatch.setattr(dk, "launch", lambda *a: pytest.fail("the tensor-core kernel was launched"))
+    g = torch.Generator().manual_seed(3)
+    h, d = torch.randn(12, 40, generator=g), torch.randn(12, 40, generator=g)
+    nw, w = 1 + 0.1 * torch.randn(40, generator=g), torch.randn(48, 40, generator=g)
+    for gated in (False, True):
+        h2, y2 = add_norm_linear(h, d, nw, 1e-5, w, gated)
+        ref = add_norm_linear_reference(h, d, nw, 1e-5, w, gated)
+        assert torch.equal(h2, ref[0]) and torch.equal(y2, ref[1])
+    assert torch.equal(nlk.linear_rows(h, w), h @ w.T)
+
+
 def test_engine_through_the_dot_kernel_equals_plain(monkeypatch):
     """Verify steps of 2 x 6 = 12 rows (a chain of 5) and a drafter catching up 2 x 6 rows take the tensor-core
     kernel in the target and the drafter; greedy speculation still equals plain decoding (float32)."""

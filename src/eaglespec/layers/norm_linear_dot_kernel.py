@@ -141,6 +141,30 @@ def _blocks(K: int, gated: bool, elt: int) -> tuple[int, int, int]:
     return bm, bn, warps
 
 
+def fits(K: int, gated: bool, elt: int, limit: int | None) -> bool:
+    """Whether the tiles of a K-wide input of `elt`-byte values, as `_blocks` narrows them, fit `limit` bytes of
+    shared memory (None: no limit, e.g. Triton's interpreter). They do for every bf16 layer up to ONE_SHOT_K; float32
+    inputs over 1,024 wide may not: a drafter's fc (1,728 -> 2,048 lanes) needs (16 + 16) x 2,048 x 4 = 256 KB, over
+    the H200's 227 KB a block."""
+    bm, bn, _ = _blocks(K, gated, elt)
+    return limit is None or (bm + bn * (2 if gated else 1)) * sum(_chunks(K)) * elt <= limit
+
+
+@functools.cache
+def _device_shared_limit(index: int) -> int:
+    import triton
+
+    return int(triton.runtime.driver.active.utils.get_device_properties(index)["max_shared_mem"])
+
+
+def shared_limit(device: torch.device) -> int | None:
+    """The shared memory a block may opt into on `device` (bytes; what Triton checks a launch against), None off
+    CUDA or under Triton's interpreter."""
+    if device.type != "cuda" or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        return None
+    return _device_shared_limit(device.index if device.index is not None else torch.cuda.current_device())
+
+
 def _chunks(K: int) -> tuple[int, int]:
     from .norm_linear_kernel import _k_chunks
 

@@ -17,8 +17,8 @@ gating) in one launch, so a Llama layer runs 6 kernels instead of 9.
   Weights are loaded before the programmatic-launch wait (layers/pdl.py), so they stream in while the kernel before
   still runs.
 For M <= 8 rows (decode, short verify and drafter steps) and K <= ONE_SHOT_K; steps of DOT_MIN_ROWS..MAX_ROWS rows go
-to the tensor-core kernel of layers/norm_linear_dot_kernel.py (same contract), longer steps and wider layers keep
-cuBLAS.
+to the tensor-core kernel of layers/norm_linear_dot_kernel.py (same contract) where its tiles fit the device's shared
+memory (else to the PyTorch path: float32 inputs over 1,024 wide), longer steps and wider layers keep cuBLAS.
 Steps of 2..ROW_GRID_ROWS rows launch one program per (column block, row) (ROW_GRID): each runs the one-row row
 loop over its own row, so that a few-row step costs about what a one-row step costs per kernel. The row loop reads
 a row as two power-of-two chunks where that is narrower than one block (`_k_chunks`: 576 = 512 + 64).
@@ -45,11 +45,13 @@ DOT_MIN_ROWS = 9
 ONE_SHOT_K = 2048  # widest input: a row is read in one block (wider layers keep cuBLAS: see _blocks)
 
 
-def add_norm_linear_reference(h: torch.Tensor, delta: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
-                              weight: torch.Tensor, gated: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def add_norm_linear_reference(h: torch.Tensor, delta: torch.Tensor | None, norm_weight: torch.Tensor | None,
+                              eps: float, weight: torch.Tensor, gated: bool,
+                              norm: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """The module path the kernels reproduce (norm False: no RMSNorm, norm_weight unused)."""
     if delta is not None:
         h = h + delta
-    y = F.linear(rms_norm(h, norm_weight, eps), weight)
+    y = F.linear(rms_norm(h, norm_weight, eps) if norm else h, weight)
     if gated:
         gate, up = y.chunk(2, dim=-1)
         y = F.silu(gate) * up
@@ -222,9 +224,16 @@ def _launch(h2: torch.Tensor, d2: torch.Tensor | None, nw: torch.Tensor | None, 
             y: torch.Tensor, eps: float, gated: bool, norm: bool, blocks: Blocks | None = None) -> None:
     M, K = h2.shape
     if blocks is None and M >= DOT_MIN_ROWS:  # past the CUDA-core kernel's reach: tensor cores
-        from .norm_linear_dot_kernel import launch
+        from . import norm_linear_dot_kernel as dot
 
-        return launch(h2, d2, nw, w, h_out, y, eps, gated, norm)
+        if dot.fits(K, gated, h2.element_size(), dot.shared_limit(h2.device)):
+            return dot.launch(h2, d2, nw, w, h_out, y, eps, gated, norm)
+        # tiles over the device's shared memory (float32 inputs over 1,024 wide, e.g. a drafter's fc): PyTorch
+        h, out = add_norm_linear_reference(h2, d2, nw, eps, w, gated, norm)
+        if d2 is not None:
+            h_out.copy_(h)
+        y.copy_(out)
+        return None
     N = y.shape[1]
     opts = launch_options(h2)
     row_grid = bool(blocks[5]) if blocks is not None and len(blocks) > 5 else (
