@@ -6,8 +6,8 @@
 # 2. continuous batching at 8 / 32 rows (all 80 prompts queued, a freed row refilled at once);
 # 3. a continuous tune over chains and K = 4 trees at 8 / 32 rows (MT-bench 1-40);
 # 4. (only when named in SECTIONS) "sampled": continuous batching at temperature 1, 1 / 8 / 32 rows, chains of 3 and 1.
-# SECTIONS (default "static continuous tune"), SPECS, STATIC_BATCHES, CONT_BATCHES and *_LIMIT (seconds) override the
-# defaults. Logs and results.json land in $OUT, named after the section and TAG (default empty). SRC (default src)
+# SECTIONS (default "static continuous tune"), SPECS, STATIC_BATCHES, CONT_BATCHES, DTYPE (default bfloat16; float32
+# is the GPU's losslessness check: answers identical to plain decoding) and *_LIMIT (seconds) override the defaults. Logs and results.json land in $OUT, named after the section and TAG (default empty). SRC (default src)
 # runs another tree's package, e.g. SRC=.device/old/src TAG=_old for an A/B against an older commit's src/eaglespec
 # (`git archive OLD src/eaglespec ':!src/eaglespec/assets/smollm2-135m-eagle3' | tar -x -C .device/old`, carried).
 set -uo pipefail
@@ -21,7 +21,7 @@ SPECS=${SPECS:---spec 3,1,4 --spec 4,4,16}
 bench() {  # name limit args...
   local name=$1$TAG limit=$2; shift 2
   echo "== $name"
-  timeout "$limit" python3 -m eaglespec "$@" --model "$M" --draft "$D" --dtype bfloat16 --max-new-tokens 256 \
+  timeout "$limit" python3 -m eaglespec "$@" --model "$M" --draft "$D" --dtype "${DTYPE:-bfloat16}" --max-new-tokens 256 \
     --out "/tmp/$name" > "$OUT/$name.md" 2> "$OUT/$name.log"
   echo "   rc=$? ($name)"
   cp "/tmp/$name/results.json" "$OUT/$name.json" 2>/dev/null
