@@ -132,8 +132,7 @@ def _blocks(K: int, gated: bool, elt: int) -> tuple[int, int, int]:
     """`DOT_BLOCKS`, narrowed (columns first, then rows, down to 16) until the row and weight tiles of a K-wide input
     fit in SMEM_BYTES (the drafter's fc reads 3 x 576 = 1728 -> 2048 lanes)."""
     bm, bn, warps = DOT_BLOCKS
-    width = sum(_chunks(K)) * elt
-    while (bm + bn * (2 if gated else 1)) * width > SMEM_BYTES and max(bm, bn) > 16:
+    while _tile_bytes(bm, bn, K, gated, elt) > SMEM_BYTES and max(bm, bn) > 16:
         if bn > 16:
             bn //= 2
         else:
@@ -146,8 +145,12 @@ def fits(K: int, gated: bool, elt: int, limit: int | None) -> bool:
     shared memory (None: no limit, e.g. Triton's interpreter). They do for every bf16 layer up to ONE_SHOT_K; float32
     inputs over 1,024 wide may not: a drafter's fc (1,728 -> 2,048 lanes) needs (16 + 16) x 2,048 x 4 = 256 KB, over
     the H200's 227 KB a block."""
-    bm, bn, _ = _blocks(K, gated, elt)
-    return limit is None or (bm + bn * (2 if gated else 1)) * sum(_chunks(K)) * elt <= limit
+    return limit is None or _tile_bytes(*_blocks(K, gated, elt)[:2], K, gated, elt) <= limit
+
+
+def _tile_bytes(bm: int, bn: int, K: int, gated: bool, elt: int) -> int:
+    """Shared memory of one program's tiles: bm rows and bn weight columns (twice when gated) of K's chunks."""
+    return (bm + bn * (2 if gated else 1)) * sum(_chunks(K)) * elt
 
 
 @functools.cache
