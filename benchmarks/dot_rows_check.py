@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import sys
 
-from probe_script import (Emitter, decode_graph_ms, kernel_advance, print_advance, random_pair,  # noqa: E402
-                          spec_graph_ms, stepped_engine)
+from probe_script import (Emitter, current_graphs, decode_graph_ms, kernel_advance, print_advance,  # noqa: E402
+                          random_pair, spec_graph_ms, stepped_engine)
 
 import torch  # noqa: E402
 
@@ -64,7 +64,7 @@ for n, name in enumerate(WIRINGS):
         traced = ((SpecConfig(4, 4, 16), 8), (SpecConfig(3, 1, 4), 32)) if "--trace" in sys.argv and n < 2 else ()
         for spec, r in traced:
             e = stepped_engine(m, d, spec, rows=r)
-            graphs = dict(e.runner.graphs.captured("spec", r, max(e.runner.host_len) + 64, True))
+            graphs = dict(current_graphs(e, "spec", r))
             adv = kernel_advance(graphs["verify"])
             print_advance(f"{name}: {r}-row S{spec.steps} K{spec.topk} D{spec.draft_tokens} verify (128 rows)", adv)
             row[f"rows{r}_verify_advance_sequence"] = adv["advance_sequence"]

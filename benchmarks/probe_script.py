@@ -9,9 +9,9 @@ that each states only what it measures:
 - `per_call_us(fn, calls)`: time of one call in a CUDA graph of `calls` calls (eaglespec.bench.graph_timing);
 - `replay_ms(graphs, n, warmup)`: ms per replay of the captured graphs in order (after `warmup` untimed rounds);
 - `stepped_engine(model, drafter, spec, rows=1)`: an engine of `rows` rows without overlap that has decoded (or
-  speculated) 30 steps after a 128-token prompt per row: mid-generation, so that
-  `engine.runner.graphs.captured(kind, rows, length, True)` gives the graphs of its current length to replay and
-  profile alone (each replay moves its state on by one step);
+  speculated) 30 steps after a 128-token prompt per row: mid-generation, so that `current_graphs(engine, kind,
+  rows)` gives the graphs of its current length bucket to replay and profile alone (each replay moves its state on
+  by one step);
 - `generated_tokens(model, drafter, spec, n)` / `agreement(out, base)`: a one-row engine's greedy tokens after the
   128-token prompt, and how many positions two such runs share ("k/n": bf16 near-ties flip with a kernel's sums);
 - `random_pair(shape, draft_vocab)`: a random bf16 target of a named shape and a random drafter for it (draft
@@ -94,6 +94,12 @@ def stepped_engine(model: torch.nn.Module, drafter: torch.nn.Module | None = Non
     if not CPU:
         torch.cuda.synchronize()
     return e
+
+
+def current_graphs(e: Engine, kind: str, rows: int) -> list:
+    """A stepped engine's captured graphs of `kind` ("decode" / "spec") for `rows` rows at its current length
+    bucket, as (name, graph) pairs in launch order (each replay moves the state on by one step)."""
+    return e.runner.graphs.captured(kind, rows, max(e.runner.host_len) + 64, True)
 
 
 def generated_tokens(model: torch.nn.Module, drafter: torch.nn.Module | None = None, spec: SpecConfig | None = None,
@@ -184,7 +190,7 @@ def print_advance(title: str, r: dict, top: int = 14) -> None:
 
 def decode_graph_ms(model: torch.nn.Module, rows: int = 1) -> float:
     e = stepped_engine(model, rows=rows)
-    t = replay_ms([g for _, g in e.runner.graphs.captured("decode", rows, max(e.runner.host_len) + 64, True)])
+    t = replay_ms([g for _, g in current_graphs(e, "decode", rows)])
     del e
     return round(t, 4)
 
@@ -192,7 +198,7 @@ def decode_graph_ms(model: torch.nn.Module, rows: int = 1) -> float:
 def spec_graph_ms(model: torch.nn.Module, drafter: torch.nn.Module, spec: SpecConfig,
                   rows: int = 1) -> tuple[float, float]:
     e = stepped_engine(model, drafter, spec, rows=rows)
-    graphs = e.runner.graphs.captured("spec", rows, max(e.runner.host_len) + 64, True)
+    graphs = current_graphs(e, "spec", rows)
     verify, step = replay_ms([dict(graphs)["verify"]]), replay_ms([g for _, g in graphs])
     del e
     return round(verify, 4), round(step, 4)
@@ -205,7 +211,7 @@ def draft_step_ms(model: torch.nn.Module, drafter: torch.nn.Module, cases=DRAFT_
     row: dict = {}
     for spec, rows in cases:
         e = stepped_engine(model, drafter, spec, rows=rows)
-        graphs = e.runner.graphs.captured("spec", rows, max(e.runner.host_len) + 64, True)
+        graphs = current_graphs(e, "spec", rows)
         key = f"rows{rows}_S{spec.steps}K{spec.topk}D{spec.draft_tokens}"
         if look is not None:
             row.update(look(spec, rows, graphs))

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import sys
 
-from probe_script import OUT, kernel_advance, print_advance, random_pair, stepped_engine  # noqa: E402
+from probe_script import OUT, current_graphs, kernel_advance, print_advance, random_pair, stepped_engine  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -50,14 +50,14 @@ for rows in (1, 8, 32):
     if ONLY is not None and rows != ONLY:
         continue
     e = stepped_engine(m, rows=rows)
-    g = e.runner.graphs.captured("decode", rows, max(e.runner.host_len) + 64, True)
+    g = current_graphs(e, "decode", rows)
     results.append({"rows": rows, "graph": "decode", "ms": phase_ms(g)[g[0][0]], **kernel_advance(g[0][1])})
     del e
     for r, spec in cases:
         if r != rows:
             continue
         e = stepped_engine(m, d, spec, rows=rows)
-        graphs = e.runner.graphs.captured("spec", rows, max(e.runner.host_len) + 64, True)
+        graphs = current_graphs(e, "spec", rows)
         ms = phase_ms(graphs)
         name = f"S{spec.steps} K{spec.topk} D{spec.draft_tokens}"
         for gname, graph in graphs:
