@@ -8,6 +8,11 @@
 - `use_norm_linear_kernel(model)` (CUDA): in Llama-style layers, residual add + RMSNorm + q/k/v projection and
   residual add + RMSNorm + gate/up projection + SiLU gating as one Triton kernel each, for steps of a few rows; in an
   EAGLE-3 drafter's layer the second of these.
+- `fold_norms(model)` (CUDA): in the layers that took the norm + projection kernel, both norms' weights folded into
+  q/k/v and gate/up (W diag(g); the norms' weights become ones), so that steps past that kernel's rows, whose
+  projections are cuBLAS GEMMs, apply each norm as a per-row scale in the kernel after the projection and carry the
+  residual adds in o_proj's and down_proj's GEMMs: 7 kernels per layer instead of 9 (`PreNormDecoderLayer.
+  _forward_folded`).
 - `use_linear_rows_kernel(model)` (CUDA): the small bias-free o_proj / down_proj (and an EAGLE-3 drafter's fc and
   q/k/v) as `FewRowsLinear`: the same kernel without add and norm for steps of a few rows (inputs <= ONE_SHOT_K wide,
   at most FEW_ROWS_MAX_WEIGHTS weights).
@@ -18,7 +23,8 @@
 - `compile_elementwise(model)`: RMSNorm, residual-add + RMSNorm, RoPE, RoPE's cos/sin tables and SiLU-gating through
   `torch.compile` (one fused kernel each instead of ~5), shapes dynamic so one compilation serves every batch and
   length bucket.
-None changes anything numerically beyond floating-point reassociation; none is applied to models being trained.
+None changes anything numerically beyond floating-point reassociation, except that `fold_norms` rounds W diag(g) once
+in the weights' dtype; none is applied to models being trained.
 """
 
 from __future__ import annotations
@@ -154,6 +160,28 @@ def use_norm_linear_kernel(model: nn.Module, max_rows: int | None = None) -> nn.
     return model
 
 
+def fold_norms(model: nn.Module) -> nn.Module:
+    """In every pre-norm layer wired for the norm + projection kernel (`use_norm_linear_kernel`, hence a plain RMSNorm
+    before a fused bias-free q/k/v and before a fused bias-free SiLU gate/up), fold each norm's weight g into the
+    projection after it, W <- W diag(g) (the product in float32, rounded once to the weights' dtype), and set g to
+    ones; then mark the layer `folded_norms`, so that steps of more rows than that kernel takes run
+    `_forward_folded`. Every path computes the same function: the fused kernel and the module path now multiply by
+    ones. Measured on the H200 for SmolLM2's 128-row verify (docs/benchmarks.md, "Session 18"). Idempotent."""
+    from ..models.base import PreNormDecoderLayer
+
+    for m in model.modules():
+        if not (isinstance(m, PreNormDecoderLayer) and m.norm_linear is not None and not m.folded_norms):
+            continue
+        with torch.no_grad():
+            for norm, lin in ((m.input_layernorm, m.self_attn.qkv_proj), (m.post_attention_layernorm,
+                                                                          m.mlp.gate_up_proj)):
+                w, g = lin.weight, norm.weight
+                w.copy_((w.float() * g.float()).to(w.dtype))
+                g.fill_(1.0)
+        m.folded_norms = True
+    return model
+
+
 def use_linear_rows_kernel(model: nn.Module, max_rows: int | None = None,
                            names: tuple[str, ...] = ("o_proj", "down_proj", "fc", "qkv_proj")) -> nn.Module:
     """Every bias-free nn.Linear named in `names` whose input is at most ONE_SHOT_K wide and whose weight holds at
@@ -225,6 +253,7 @@ def prepare_for_inference(model: nn.Module, device: torch.device, fuse: bool | N
             use_rope_store_kernel(model)
             use_short_attention_kernel(model)
             use_norm_linear_kernel(model)
+            fold_norms(model)
             use_linear_rows_kernel(model)
             use_gemv_kernel(model)
             use_draft_input_kernel(model)

@@ -27,6 +27,7 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .context import ForwardContext
+from .norm import rms_scale
 from .rotary import apply_rotary
 
 
@@ -182,19 +183,30 @@ class GQAAttention(nn.Module):
                    cache: Sequence[torch.Tensor] | None) -> torch.Tensor:
         """The rest of a fused-projection forward from qkv [B, T, (H + 2 Hkv) * D] (the pre-norm layer may have
         computed it together with the norm: layers/norm_linear_kernel.py) -> [B, T, hidden]."""
+        return self.o_proj(self.attend_heads(qkv, cos, sin, ctx, cache))
+
+    def attend_heads(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: ForwardContext,
+                     cache: Sequence[torch.Tensor] | None,
+                     norm_of: tuple[torch.Tensor, float] | None = None) -> torch.Tensor:
+        """`attend_qkv` without o_proj: qkv [B, T, (H + 2 Hkv) * D] -> the heads' outputs [B, T, H * D].
+        `norm_of=(h, eps)`: qkv is h's projection through weights with the input norm's weight folded in
+        (engine.transforms.fold_norms), so q, k and v are first scaled by h's RMSNorm scale (rms_scale)."""
         B, T, _ = qkv.shape
         H, Hkv, Dh = self.num_heads, self.num_kv_heads, self.head_dim
         qkv = qkv.view(B, T, H + 2 * Hkv, Dh)
         if self.rope_store is not None and cache is not None and ctx.write_index is not None:
-            # one kernel: RoPE on q and k, k and v into the cache
-            q = self.rope_store(qkv, cos, sin, cache[0], cache[1], ctx.row_index(B), ctx.write_index, H, Hkv)
+            # one kernel: (the norm's scale,) RoPE on q and k, k and v into the cache
+            q = self.rope_store(qkv, cos, sin, cache[0], cache[1], ctx.row_index(B), ctx.write_index, H, Hkv,
+                                norm_of=norm_of)
             k_cache = cache[0]
             if (self.attn_kernel is not None and k_cache.dtype == q.dtype
                     and self.attn_kernel.fits(B, T, H, Hkv, Dh)):
                 out = self.attn_kernel.run(q, k_cache, cache[1], ctx.row_index(B), ctx.attn_mask)
             else:
                 out = attend_cached(q, ctx, cache)
-            return self.o_proj(out.reshape(B, T, H * Dh))
+            return out.reshape(B, T, H * Dh)
+        if norm_of is not None:
+            qkv = (qkv.float() * rms_scale(norm_of[0], norm_of[1])[..., None]).to(qkv.dtype)
         qk = self.rope(qkv[:, :, : H + Hkv], cos, sin)
         out = attend(qk[:, :, :H], qk[:, :, H:], qkv[:, :, H + Hkv :], ctx, cache)  # [B, T, H, D]
-        return self.o_proj(out.reshape(B, T, H * Dh))
+        return out.reshape(B, T, H * Dh)

@@ -1,7 +1,8 @@
 """RMSNorm computed in float32 (as transformers and DeepSeek do), returned in the input dtype.
 
-`rms_norm` is the function and `add_rms_norm` the residual add fused with the next norm (h + d, norm(h + d)); the
-module's `impl` / `add_impl` may be swapped for compiled versions (one kernel each) by engine.transforms."""
+`rms_norm` is the function, `rms_scale` its per-row scale alone, and `add_rms_norm` the residual add fused with the
+next norm (h + d, norm(h + d)); the module's `impl` / `add_impl` may be swapped for compiled versions (one kernel
+each) by engine.transforms."""
 
 from __future__ import annotations
 
@@ -14,6 +15,12 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     x32 = x.float()
     x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
     return weight * x32.to(dtype)
+
+
+def rms_scale(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """x [..., K] -> the float32 per-row scale [..., 1] that RMSNorm multiplies x by (1 / sqrt(mean(x^2) + eps)): what
+    is left of a norm whose weight was folded into the projection after it (engine.transforms.fold_norms)."""
+    return torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)
 
 
 def add_rms_norm(h: torch.Tensor, d: torch.Tensor, weight: torch.Tensor, eps: float

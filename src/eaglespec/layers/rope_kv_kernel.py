@@ -3,12 +3,15 @@
 Unfused, this is a RoPE chain for q and k (or one compiled kernel) plus two `index_put` scatters per layer; at batch 1
 on a GPU each is a few microseconds of mostly launch latency, so one kernel saves ~3 launches per layer.
 
-`rope_store(qkv, cos, sin, k_cache, v_cache, rows, write_index, n_heads, n_kv_heads) -> q`:
+`rope_store(qkv, cos, sin, k_cache, v_cache, rows, write_index, n_heads, n_kv_heads, norm_of=None) -> q`:
   qkv [B, T, H + 2*Hkv, D] (q heads, then k, then v: the fused projection's output), cos / sin [B, T, D/2] float32,
   caches [Bc, S, Hkv, D] (one layer's views), rows [B] int64 cache rows, write_index [B, T] int64 positions.
   Returns q [B, T, H, D] rotated; k rotated and v are stored at (rows[b], write_index[b, t]). RoPE rotates halves
   (the Llama layout) in float32, exactly as layers/rotary.apply_rotary does. Program (b*t, head): one head of one
   token. `rope_store_reference` is the same computation in PyTorch (the fallback, and the tests' reference).
+  With `norm_of=(h, eps)`, h [B, T, K] the projection's input, q, k and v are first multiplied by h's RMSNorm scale
+  1 / sqrt(mean(h^2) + eps) in float32: the attention's input norm, its weight folded into q/k/v
+  (`engine.transforms.fold_norms`), applied after the projection instead of in a kernel before it.
 The kernel is built on first use, so that `TRITON_INTERPRET=1` (set by the CPU tests) takes effect.
 """
 
@@ -18,12 +21,16 @@ import functools
 
 import torch
 
+from .norm import rms_scale
 from .pdl import launch_options
 from .rotary import apply_rotary
 
 
-def rope_store_reference(qkv, cos, sin, k_cache, v_cache, rows, write_index, n_heads: int, n_kv_heads: int):
+def rope_store_reference(qkv, cos, sin, k_cache, v_cache, rows, write_index, n_heads: int, n_kv_heads: int,
+                         norm_of: tuple[torch.Tensor, float] | None = None):
     H, Hkv = n_heads, n_kv_heads
+    if norm_of is not None:
+        qkv = (qkv.float() * rms_scale(norm_of[0], norm_of[1])[..., None]).to(qkv.dtype)
     qk = apply_rotary(qkv[:, :, : H + Hkv], cos, sin)
     k_cache[rows[:, None], write_index] = qk[:, :, H:].to(k_cache.dtype)
     v_cache[rows[:, None], write_index] = qkv[:, :, H + Hkv :].to(v_cache.dtype)
@@ -36,8 +43,9 @@ def _kernel():
     import triton.language as tl
 
     @triton.jit
-    def rope_store_kernel(qkv, cos, sin, q_out, k_cache, v_cache, rows, widx,
-                          T, NH_IN, H, HKV, s_cache_row, s_cache_pos, HALF: tl.constexpr, PDL: tl.constexpr = False):
+    def rope_store_kernel(qkv, cos, sin, q_out, k_cache, v_cache, rows, widx, x, K, eps,
+                          T, NH_IN, H, HKV, s_cache_row, s_cache_pos, HALF: tl.constexpr, NORM: tl.constexpr,
+                          BLOCK_K: tl.constexpr, PDL: tl.constexpr = False):
         if PDL:  # layers/pdl.py: nothing here is a weight, so wait for the kernel before at once
             tl.extra.cuda.gdc_launch_dependents()
             tl.extra.cuda.gdc_wait()
@@ -48,6 +56,13 @@ def _kernel():
         src = qkv + (bt * NH_IN + h) * (2 * HALF)
         x1 = tl.load(src + offs).to(tl.float32)
         x2 = tl.load(src + HALF + offs).to(tl.float32)
+        r = 1.0
+        if NORM:  # the folded norm's scale of this token (rms_scale's float32 formula), from its row of x [B*T, K]
+            offs_k = tl.arange(0, BLOCK_K)
+            xr = tl.load(x + bt.to(tl.int64) * K + offs_k, mask=offs_k < K, other=0.0).to(tl.float32)
+            r = 1.0 / tl.sqrt(tl.sum(xr * xr, axis=0) / K + eps)
+            x1 = x1 * r
+            x2 = x2 * r
         c = tl.load(cos + bt * HALF + offs)
         s = tl.load(sin + bt * HALF + offs)
         o1 = x1 * c - x2 * s
@@ -64,20 +79,30 @@ def _kernel():
             tl.store(k_cache + at + offs, o1.to(k_cache.dtype.element_ty))
             tl.store(k_cache + at + HALF + offs, o2.to(k_cache.dtype.element_ty))
             vsrc = qkv + (bt * NH_IN + H + HKV + j) * (2 * HALF)
-            tl.store(v_cache + at + offs, tl.load(vsrc + offs).to(v_cache.dtype.element_ty))
-            tl.store(v_cache + at + HALF + offs, tl.load(vsrc + HALF + offs).to(v_cache.dtype.element_ty))
+            v1 = tl.load(vsrc + offs)
+            v2 = tl.load(vsrc + HALF + offs)
+            if NORM:  # rounded once, from float32, as q and k are
+                v1 = v1.to(tl.float32) * r
+                v2 = v2.to(tl.float32) * r
+            tl.store(v_cache + at + offs, v1.to(v_cache.dtype.element_ty))
+            tl.store(v_cache + at + HALF + offs, v2.to(v_cache.dtype.element_ty))
 
     return rope_store_kernel
 
 
-def rope_store(qkv, cos, sin, k_cache, v_cache, rows, write_index, n_heads: int, n_kv_heads: int) -> torch.Tensor:
+def rope_store(qkv, cos, sin, k_cache, v_cache, rows, write_index, n_heads: int, n_kv_heads: int,
+               norm_of: tuple[torch.Tensor, float] | None = None) -> torch.Tensor:
     B, T, NH, D = qkv.shape
     assert NH == n_heads + 2 * n_kv_heads and D % 2 == 0 and (D // 2) & (D // 2 - 1) == 0, "head_dim/2: power of 2"
     assert k_cache.stride(-1) == 1 and k_cache.stride(-2) == D and k_cache.stride() == v_cache.stride()
     qkv = qkv.contiguous()
     q = torch.empty(B, T, n_heads, D, dtype=qkv.dtype, device=qkv.device)
+    x, eps = (qkv, 0.0) if norm_of is None else (norm_of[0].contiguous(), float(norm_of[1]))
+    K = x.shape[-1]
+    assert norm_of is None or x.shape[:2] == (B, T)
     _kernel()[(B * T, n_heads + n_kv_heads)](
         qkv, cos.contiguous(), sin.contiguous(), q, k_cache, v_cache, rows.contiguous(), write_index.contiguous(),
-        T, NH, n_heads, n_kv_heads, k_cache.stride(0), k_cache.stride(1), HALF=D // 2, **launch_options(q),
+        x, K, eps, T, NH, n_heads, n_kv_heads, k_cache.stride(0), k_cache.stride(1), HALF=D // 2,
+        NORM=norm_of is not None, BLOCK_K=1 << (K - 1).bit_length(), **launch_options(q),
     )
     return q

@@ -21,13 +21,15 @@ from torch import nn
 
 from ..config import ModelConfig
 from ..layers.context import ForwardContext
+from ..layers.norm_silu_kernel import norm_silu_mul
 
 
 class PreNormDecoderLayer(nn.Module):
     """h -> h + attn(norm(h)) -> (that) + mlp(norm(that)); subclasses build the four modules.
 
     The residual stream travels as (h, delta) with the layer's output = h + delta: the last add of a layer is fused with
-    the next layer's first norm (`RMSNorm.add_forward`), one kernel instead of two. delta None: h is the output.
+    the next layer's first norm (`RMSNorm.add_forward`), one kernel instead of two. delta None: h is the output (the
+    first layer's input, and every output of `_forward_folded`).
     """
 
     input_layernorm: nn.Module
@@ -38,10 +40,15 @@ class PreNormDecoderLayer(nn.Module):
     # layers with a fused q/k/v projection and a fused gate/up SiLU MLP; used for steps of <= norm_linear_rows rows
     norm_linear = None
     norm_linear_rows = 0
+    # engine.transforms.fold_norms may fold both norms' weights into q/k/v and gate/up (the weights become ones);
+    # longer steps then take `_forward_folded`
+    folded_norms = False
 
-    def forward(self, h, delta, cos, sin, ctx: ForwardContext, cache) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, h, delta, cos, sin, ctx: ForwardContext, cache) -> tuple[torch.Tensor, torch.Tensor | None]:
         if self.norm_linear is not None and h.shape[0] * h.shape[1] <= self.norm_linear_rows:
             return self._forward_fused(h, delta, cos, sin, ctx, cache)
+        if self.folded_norms:
+            return self._forward_folded(h, delta, cos, sin, ctx, cache)
         if delta is None:
             x = self.input_layernorm(h)
         else:
@@ -57,6 +64,22 @@ class PreNormDecoderLayer(nn.Module):
         h, qkv = fn(h, delta, n1.weight, n1.eps, attn.qkv_proj.weight, False)
         h, act = fn(h, attn.attend_qkv(qkv, cos, sin, ctx, cache), n2.weight, n2.eps, mlp.gate_up_proj.weight, True)
         return h, mlp.down_proj(act)
+
+    def _forward_folded(self, h, delta, cos, sin, ctx: ForwardContext, cache) -> tuple[torch.Tensor, None]:
+        """The same layer in 7 kernels when its projections are GEMMs that take no prologue (cuBLAS, past the fused
+        kernel's rows): with the norms' weights folded into q/k/v and gate/up, each norm is left as a per-row scale of
+        the projection's output, applied by the kernel after it (RoPE + KV store; SiLU gating), and the residual adds
+        ride on o_proj's and down_proj's GEMMs (addmm). The module path's two add + norm kernels are gone. Returns
+        the layer's output with delta None (the residual stream is whole)."""
+        attn, mlp = self.self_attn, self.mlp
+        if delta is not None:
+            h = h + delta
+        B, T, K = h.shape
+        heads = attn.attend_heads(attn.qkv_proj(h), cos, sin, ctx, cache, norm_of=(h, self.input_layernorm.eps))
+        h = torch.addmm(h.reshape(B * T, K), heads.reshape(B * T, -1), attn.o_proj.weight.t()).view(B, T, K)
+        act = norm_silu_mul(mlp.gate_up_proj(h), h, self.post_attention_layernorm.eps)
+        h = torch.addmm(h.reshape(B * T, K), act.reshape(B * T, -1), mlp.down_proj.weight.t()).view(B, T, K)
+        return h, None
 
 
 @dataclass
@@ -119,10 +142,12 @@ class DecoderOnlyLM(nn.Module):
         for i, layer in enumerate(self.model.layers):
             h, delta = layer(h, delta, cos, sin, ctx, ctx.kv[i] if ctx.kv is not None else None)
             if i + 1 in capture:
-                aux[i + 1] = h + delta
+                aux[i + 1] = h if delta is None else h + delta
         if ctx.logits_index is not None:
-            s = h + delta
+            s = h if delta is None else h + delta
             x = self.model.norm(torch.gather(s, 1, ctx.logits_index[..., None].expand(-1, -1, s.shape[-1])))
+        elif delta is None:
+            x = self.model.norm(h)
         else:
             _, x = self.model.norm.add_forward(h, delta)
         logits = self.lm_head(x)

@@ -1,0 +1,72 @@
+"""SiLU gating with the MLP's RMSNorm applied after its gate/up projection: one Triton kernel per step.
+
+An RMSNorm whose weight g is folded into the next projection's columns (W' = W diag(g), `engine.transforms.
+fold_norms`) leaves a per-row scale: norm(h) @ W^T = r * (h @ W'^T) with r = 1 / sqrt(mean(h^2) + eps). The scale can
+then ride on the kernel after the projection instead of a norm kernel before it (cuBLAS takes no prologue). For the
+MLP half of a pre-norm layer that kernel is the SiLU gating:
+
+`norm_silu_mul(gate_up, h, eps) -> act`: gate_up [..., 2I] = h @ W'^T (gate then up, the fused projection's output),
+h [..., K] its input (the residual stream), act [..., I] = silu(r * gate) * (r * up), computed in float32 and returned
+in gate_up's dtype. Program: one row (it reduces the row of h, then walks I in blocks). `norm_silu_mul_reference` is
+the same computation in PyTorch (the fallback off CUDA, and the tests' reference). The kernel is built on first use,
+so that `TRITON_INTERPRET=1` (set by the CPU tests) takes effect.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+
+from .norm import rms_scale
+from .pdl import launch_options
+
+BLOCK_I = 512  # gate/up columns per inner iteration: SmolLM2's 1,536 in three
+
+
+def norm_silu_mul_reference(gate_up: torch.Tensor, h: torch.Tensor, eps: float) -> torch.Tensor:
+    gate, up = (gate_up.float() * rms_scale(h, eps)).chunk(2, dim=-1)
+    return (F.silu(gate) * up).to(gate_up.dtype)
+
+
+@functools.cache
+def _kernel():
+    import triton
+    import triton.language as tl
+
+    # N = I is a constexpr: a model constant, and a loop bound Triton 3.6's interpreter cannot take at run time
+    @triton.jit
+    def norm_silu_kernel(gu, x, out, K, eps, N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK: tl.constexpr,
+                         PDL: tl.constexpr = False):
+        if PDL:  # layers/pdl.py: nothing here is a weight, so wait for the kernel before at once
+            tl.extra.cuda.gdc_launch_dependents()
+            tl.extra.cuda.gdc_wait()
+        row = tl.program_id(0).to(tl.int64)
+        offs_k = tl.arange(0, BLOCK_K)
+        xr = tl.load(x + row * K + offs_k, mask=offs_k < K, other=0.0).to(tl.float32)
+        r = 1.0 / tl.sqrt(tl.sum(xr * xr, axis=0) / K + eps)  # rms_scale's float32 formula
+        offs = tl.arange(0, BLOCK)
+        for start in range(0, N, BLOCK):
+            cols = start + offs
+            m = cols < N
+            g = tl.load(gu + row * 2 * N + cols, mask=m, other=0.0).to(tl.float32) * r
+            u = tl.load(gu + row * 2 * N + N + cols, mask=m, other=0.0).to(tl.float32) * r
+            act = g / (1.0 + tl.exp(-g)) * u
+            tl.store(out + row * N + cols, act.to(out.dtype.element_ty), mask=m)
+
+    return norm_silu_kernel
+
+
+def norm_silu_mul(gate_up: torch.Tensor, h: torch.Tensor, eps: float) -> torch.Tensor:
+    """gate_up [..., 2I], h [..., K] with the same leading shape -> silu(r * gate) * (r * up) [..., I]."""
+    lead, K = h.shape[:-1], h.shape[-1]
+    I = gate_up.shape[-1] // 2
+    assert gate_up.shape[:-1] == lead and gate_up.shape[-1] == 2 * I
+    gu, x = gate_up.reshape(-1, 2 * I).contiguous(), h.reshape(-1, K).contiguous()
+    out = torch.empty(*lead, I, dtype=gate_up.dtype, device=gate_up.device)
+    M = gu.shape[0]
+    if M:
+        block = min(BLOCK_I, 1 << (I - 1).bit_length())
+        _kernel()[(M,)](gu, x, out, K, eps, N=I, BLOCK_K=1 << (K - 1).bit_length(), BLOCK=block, **launch_options(out))
+    return out
