@@ -101,6 +101,23 @@ def test_fold_keeps_the_function_on_every_path(monkeypatch):
     assert fold_norms(m) is m and torch.equal(layer.input_layernorm.weight, torch.ones(64))  # idempotent
 
 
+def test_folded_layers_update_only_what_the_forward_owns():
+    """The folded path updates the residual stream in place: captured aux states and the caller's inputs_embeds
+    must not change under it (float32, aux layers -1, 1 and 4 of 6)."""
+    ref = with_norm_weights(tiny_llama(seed=0))
+    m = folded_tiny(max_rows=0)
+    for x in (ref, m):
+        x.set_eagle3_layers_to_capture([-1, 1, 4])
+    ids = torch.tensor([[1, 2, 3, 4, 5]])
+    embeds = ref.embed(ids)
+    kept = embeds.clone()
+    got = m(None, ForwardContext.plain(1, 5, ids.device), inputs_embeds=embeds)
+    want = ref(ids, ForwardContext.plain(1, 5, ids.device))
+    assert torch.equal(embeds, kept)
+    assert torch.allclose(got.aux_hidden, want.aux_hidden, rtol=1e-5, atol=1e-4)  # the residual stream grows
+    assert torch.allclose(got.logits, want.logits, atol=1e-5)
+
+
 def test_only_layers_with_the_norm_kernel_are_folded():
     m = fold_norms(use_rope_store_kernel(fuse_projections(with_norm_weights(tiny_llama(seed=0)))))
     assert not any(layer.folded_norms for layer in m.model.layers)  # no norm_linear: not the measured policy

@@ -70,15 +70,18 @@ class PreNormDecoderLayer(nn.Module):
         kernel's rows): with the norms' weights folded into q/k/v and gate/up, each norm is left as a per-row scale of
         the projection's output, applied by the kernel after it (RoPE + KV store; SiLU gating), and the residual adds
         ride on o_proj's and down_proj's GEMMs (addmm). The module path's two add + norm kernels are gone. Returns
-        the layer's output with delta None (the residual stream is whole)."""
+        the layer's output with delta None (the residual stream is whole). With delta None the layer updates h in
+        place and returns it: `DecoderOnlyLM.forward` hands layers only tensors it owns (the embedding's output, a
+        copy of inputs_embeds, layer outputs it did not keep: captured aux states are copies)."""
         attn, mlp = self.self_attn, self.mlp
         if delta is not None:
             h = h + delta
         B, T, K = h.shape
+        h2 = h.view(B * T, K)  # updated in place: an out-of-place addmm copies h into its output first (a memcpy)
         heads = attn.attend_heads(attn.qkv_proj(h), cos, sin, ctx, cache, norm_of=(h, self.input_layernorm.eps))
-        h = torch.addmm(h.reshape(B * T, K), heads.reshape(B * T, -1), attn.o_proj.weight.t()).view(B, T, K)
+        h2.addmm_(heads.reshape(B * T, -1), attn.o_proj.weight.t())
         act = norm_silu_mul(mlp.gate_up_proj(h), h, self.post_attention_layernorm.eps)
-        h = torch.addmm(h.reshape(B * T, K), act.reshape(B * T, -1), mlp.down_proj.weight.t()).view(B, T, K)
+        h2.addmm_(act.reshape(B * T, -1), mlp.down_proj.weight.t())
         return h, None
 
 
@@ -132,17 +135,19 @@ class DecoderOnlyLM(nn.Module):
         ctx: ForwardContext,
         inputs_embeds: torch.Tensor | None = None,
     ) -> ModelOutput:
-        h = inputs_embeds if inputs_embeds is not None else self.model.embed_tokens(input_ids)  # [B, T, H]
+        # [B, T, H]; layers may update h in place (PreNormDecoderLayer._forward_folded): never the caller's tensor
+        h = (self.model.embed_tokens(input_ids) if inputs_embeds is None
+             else inputs_embeds.clone(memory_format=torch.contiguous_format))
         cos, sin = self.model.rotary(ctx.positions)
         capture = self._capture_after
         aux: dict[int, torch.Tensor] = {}
         if 0 in capture:
-            aux[0] = h
+            aux[0] = h.clone()
         delta = None  # the residual stream is h + delta (see PreNormDecoderLayer)
         for i, layer in enumerate(self.model.layers):
             h, delta = layer(h, delta, cos, sin, ctx, ctx.kv[i] if ctx.kv is not None else None)
-            if i + 1 in capture:
-                aux[i + 1] = h if delta is None else h + delta
+            if i + 1 in capture:  # a copy when delta is None: the next layer may update h in place
+                aux[i + 1] = h.clone() if delta is None else h + delta
         if ctx.logits_index is not None:
             s = h if delta is None else h + delta
             x = self.model.norm(torch.gather(s, 1, ctx.logits_index[..., None].expand(-1, -1, s.shape[-1])))
