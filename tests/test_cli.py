@@ -38,7 +38,17 @@ def assert_one_line_error(code, err, *needles):
         assert n in lines[0], lines[0]
 
 
-def test_generate_default_model(tmp_path, capsys):
+def cpu_forward_cost(monkeypatch, ratio: float) -> list[int]:
+    """`api.load`'s measurement of this machine (engine/verify_cost.py) replaced by `ratio`, so that the CPU policy's
+    outcome does not depend on the machine the tests run on; returns the token counts it was asked about."""
+    asked: list[int] = []
+    monkeypatch.setattr("eaglespec.api.verify_cost_ratio", lambda model, tokens, repeats=3: asked.append(tokens)
+                        or ratio)
+    return asked
+
+
+def test_generate_default_model(tmp_path, capsys, monkeypatch):
+    cpu_forward_cost(monkeypatch, 1.0)  # a machine where a 3-token forward costs what a 1-token one does
     stats = tmp_path / "stats.json"
     code, out, err = run_cli(["generate", "What is the capital of France?", "--max-new-tokens", "12",
                               "--stats-json", str(stats)], capsys)
@@ -52,20 +62,30 @@ def test_generate_default_model(tmp_path, capsys):
     assert (s["steps"], s["topk"], s["draft_tokens"]) == (2, 1, 3)
 
 
-def test_api_default_drafter_policy_on_the_cpu():
+def test_api_default_drafter_policy_on_the_cpu(monkeypatch):
     """`eaglespec.load()` speculates with the shipped drafter on the CPU only in a one-row engine (a 2-row step
-    verifies 4 tokens, measured slower than plain decoding there); an explicit shape always speculates."""
+    verifies 4 tokens, measured slower than plain decoding there), and only where a forward of the shape's draft
+    tokens costs at most CPU_MAX_VERIFY_COST one-token forwards on this machine; an explicit shape always
+    speculates."""
     from eaglespec import api
+    from eaglespec.assets import CPU_MAX_VERIFY_COST
     from eaglespec.config import EngineConfig, SpecConfig
 
+    asked = cpu_forward_cost(monkeypatch, CPU_MAX_VERIFY_COST)  # at the threshold: speculation still pays
     one = api.load(config=EngineConfig(device="cpu", max_batch_size=1))
-    assert one.speculative and one.spec == SpecConfig(2, 1, 3)
+    assert one.speculative and one.spec == SpecConfig(2, 1, 3) and one.plain_note is None
     sampled = api.load(config=EngineConfig(device="cpu", max_batch_size=1), temperature=0.8)
     assert sampled.speculative and sampled.spec == SpecConfig(1, 1, 2)
+    assert asked == [3, 2]  # each shape's draft tokens: a verify's forward
     many = api.load(config=EngineConfig(device="cpu", max_batch_size=8))
-    assert not many.speculative
+    assert not many.speculative and asked == [3, 2]  # no shape measured for 8 rows: nothing timed
     forced = api.load(spec=SpecConfig(2, 1, 3), config=EngineConfig(device="cpu", max_batch_size=8))
     assert forced.speculative and forced.spec == SpecConfig(2, 1, 3)
+    cpu_forward_cost(monkeypatch, 1.7)  # session 18's machine: a 3-token forward at 1.64-1.80x
+    slow = api.load(config=EngineConfig(device="cpu", max_batch_size=1))
+    assert not slow.speculative and "a forward of 3 tokens costs 1.70x one of 1 token" in slow.plain_note
+    forced = api.load(spec=SpecConfig(2, 1, 3), config=EngineConfig(device="cpu", max_batch_size=1))
+    assert forced.speculative and forced.plain_note is None  # an explicit shape is not second-guessed
 
 
 def test_default_drafter_policy_per_device_and_engine_size(monkeypatch):
@@ -114,6 +134,28 @@ def test_generate_default_model_decodes_plainly_where_the_drafter_is_slower(caps
                               "--topk", "1"],
                              capsys)
     assert code == 0 and "accept length" in err and "S=2 K=1 D=3" in err
+
+
+def test_generate_says_when_this_cpu_makes_speculation_slower(capsys, monkeypatch):
+    """On a CPU whose few-token forwards cost too much (measured at load), `generate` decodes plainly and says what
+    it measured; the answer is the same."""
+    cpu_forward_cost(monkeypatch, 1.8)
+    code, out, err = run_cli(["generate", "What is the capital of France?", "--max-new-tokens", "6"], capsys)
+    assert code == 0 and "Paris" in out and "accept length" not in err
+    assert "no speculation" in err and "a forward of 3 tokens costs 1.80x one of 1 token" in err
+
+
+def test_verify_cost_ratio_times_the_forwards():
+    """The measurement itself: forwards of T and of 1 tokens, timed; a positive ratio (its size is the machine's)."""
+    from eaglespec.engine.verify_cost import verify_cost_ratio
+
+    m = tiny_llama(seed=0)
+    lengths: list[int] = []
+    m.register_forward_pre_hook(lambda mod, args: lengths.append(args[0].shape[1]))
+    ratio = verify_cost_ratio(m, 3, repeats=2)
+    assert ratio > 0 and lengths == [3, 3, 3, 1, 1, 1]  # a warm-up and two timed forwards of each
+    with pytest.raises(ValueError, match="tokens and repeats must be >= 1"):
+        verify_cost_ratio(m, 0)
 
 
 def test_missing_model_path(capsys):

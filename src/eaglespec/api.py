@@ -8,8 +8,10 @@
 otherwise; without an explicit `spec` it takes the measured shapes of `assets.default_spec` for the device, the
 engine's rows (on the CPU: one-row engines, as `eaglespec generate` builds; a `SpecSchedule` where the shapes
 measured differ by rows, each step the shape of the rows it runs) and the `temperature` the engine is meant to serve
-(on CUDA: greedy only), and decodes plainly where the drafter was measured slower than plain decoding. `spec` may be
-a SpecConfig or a SpecSchedule.
+(on CUDA: greedy only), and decodes plainly where the drafter was measured slower than plain decoding; on the CPU
+it first times the target's forwards on this machine (`engine/verify_cost.py`) and decodes plainly where a forward
+of the shape's draft tokens costs more than `assets.CPU_MAX_VERIFY_COST` one-token forwards (the engine's
+`plain_note` then says so). `spec` may be a SpecConfig or a SpecSchedule.
 `draft=None` never speculates; a path loads that EAGLE-3 drafter checkpoint.
 """
 
@@ -24,7 +26,8 @@ from .engine.engine import Engine
 from .engine.transforms import prepare_for_inference
 from .errors import ConfigError
 from .loading.checkpoint import load_model, resolve_device, resolve_dtype
-from .assets import default_drafter_path, default_spec
+from .assets import CPU_MAX_VERIFY_COST, default_drafter_path, default_spec, verify_cost_note
+from .engine.verify_cost import verify_cost_ratio
 
 
 def load_drafter(path: str | Path, device: torch.device | str, dtype: torch.dtype) -> torch.nn.Module:
@@ -52,19 +55,27 @@ def load(
     loaded = load_model(model, device=device, dtype=dtype_name)
     dtype = next(loaded.model.parameters()).dtype
     draft_path: Path | None
+    plain_note = None  # why draft="auto" decodes plainly after measuring this machine
     if draft == "auto":
         draft_path = default_drafter_path() if model is None else None
         if draft_path is not None and spec is None:
             spec = default_spec(device.type, config.max_batch_size, temperature)
             if spec is None:  # measured slower than plain decoding here
                 draft_path = None
+            elif device.type == "cpu":  # the CPU's premise (a few-token forward costs about a 1-token one) is measured
+                tokens = max(s.draft_tokens for s in (spec.shapes if isinstance(spec, SpecSchedule) else (spec,)))
+                ratio = verify_cost_ratio(loaded.model, tokens, repeats=2)
+                if ratio > CPU_MAX_VERIFY_COST:
+                    spec, draft_path, plain_note = None, None, verify_cost_note(ratio, tokens)
     else:
         draft_path = Path(draft) if draft is not None else None
     drafter = load_drafter(draft_path, device, dtype) if draft_path is not None else None
     for m in (loaded.model, drafter):
         if m is not None:
             prepare_for_inference(m, device, config.fuse_projections, config.compile)
-    return Engine(loaded.model, loaded.tokenizer, config, drafter=drafter, spec=spec)
+    engine = Engine(loaded.model, loaded.tokenizer, config, drafter=drafter, spec=spec)
+    engine.plain_note = plain_note
+    return engine
 
 
 __all__ = ["load", "load_drafter", "resolve_device", "resolve_dtype"]

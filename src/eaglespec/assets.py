@@ -4,7 +4,9 @@ using it.
 `draft="auto"` on the embedded model speculates with the shipped drafter in the shape
 `default_spec(device_type, max_batch_size, temperature)` gives, a measured choice per device type, engine size and
 greedy vs sampled decoding (docs/benchmarks.md, "The shipped drafter"), and decodes plainly where every measured shape
-was slower than plain decoding (`default_spec` returns None; `slower_note` says what was measured).
+was slower than plain decoding (`default_spec` returns None; `slower_note` says what was measured). On the CPU the
+shape is taken only where a forward of its draft tokens costs at most `CPU_MAX_VERIFY_COST` one-token forwards,
+measured on the machine at load (`verify_cost_note` says so otherwise).
 An explicit shape (`--steps/--topk/--draft-tokens`, `api.load(spec=...)`) always speculates.
 """
 
@@ -50,6 +52,14 @@ DEFAULT_DRAFTER = ASSETS / "smollm2-135m-eagle3"
 #   ahead in every one), at 8 rows the chain 1.83-1.85x and S5 K2 D8 1.81-1.86x, at 1 row the chain 1.61x;
 # - sampling at temperature 1 (the drafter learnt the target's greedy text; chains draw sampled drafts): the CPU's
 #   one-step chain gains (1.15x, tau 1.37), the H200's chain of 3 loses (0.82x, tau 1.75): greedy-only there.
+# On the CPU that first premise is the machine's: session 18's 2-core machine ran a 3-token forward at 1.64-1.80x a
+# 1-token one (MKL's small-M GEMMs), and there the chain of 2 ran at 0.99x in `generate` (6 MT-bench questions, 128
+# tokens) and 0.90x in the bench (MT-bench 1-10), the one-step chain's 2-token forward at 1.38x. So a CPU engine takes
+# the CPU shapes only where its own target's forward of the shape's draft_tokens costs at most CPU_MAX_VERIFY_COST
+# one-token forwards, measured when it is loaded (engine/verify_cost.py, about 0.6 s): with tau 1.84 (S2 K1 D3) and
+# the drafter's and bookkeeping's ~0.3 step, 1.3 leaves ~1.15x; sampled, the one-step chain (tau 1.37) gained 1.15x
+# where the forward cost ~1.0.
+CPU_MAX_VERIFY_COST = 1.3
 _CHAIN_3 = SpecConfig(steps=3, topk=1, draft_tokens=4)
 # device type -> ((largest engine, shape), ...) by increasing engine size; larger engines decode plainly by default
 _DEFAULT_SPEC: dict[str, tuple[tuple[int, SpecConfig], ...]] = {
@@ -89,6 +99,12 @@ def default_spec(device_type: str, max_batch_size: int = 1,
     if len({spec for _, spec in entries}) == 1:
         return entries[0][1]
     return SpecSchedule(tuple(entries))
+
+
+def verify_cost_note(ratio: float, tokens: int) -> str:
+    """Why a CPU engine decodes plainly after measuring its forwards (`api.load`), for the CLI's explanation."""
+    return (f"here a forward of {tokens} tokens costs {ratio:.2f}x one of 1 token; speculation pays on the CPU only "
+            f"up to {CPU_MAX_VERIFY_COST}x")
 
 
 def slower_note(device_type: str, temperature: float = 0.0) -> str:

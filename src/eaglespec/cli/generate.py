@@ -59,8 +59,9 @@ def run(args: argparse.Namespace) -> int:
             line += ", no speculation: this build ships no drafter for the embedded model (--draft DIR to use one)"
         else:
             kind = engine.device.type
+            why = engine.plain_note or slower_note(kind, params.temperature)
             line += (f", no speculation: the shipped drafter is slower than plain decoding on {kind} "
-                     f"({slower_note(kind, params.temperature)}; --steps S --topk K speculates anyway)")
+                     f"({why}; --steps S --topk K speculates anyway)")
     if engine.speculative:
         s = engine.spec
         stats.update(steps=s.steps, topk=s.topk, draft_tokens=s.draft_tokens, **req.stats.to_dict())

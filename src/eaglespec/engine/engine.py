@@ -68,6 +68,8 @@ class GenerationOutput:
 
 
 class Engine:
+    plain_note: str | None = None  # api.load: why draft="auto" decodes plainly after measuring this machine
+
     def __init__(
         self,
         target: torch.nn.Module,

@@ -1,0 +1,43 @@
+"""What a forward of several tokens costs on this machine against one of a single token: the measurement behind
+`draft="auto"`'s choice on the CPU (`api.load`, with the threshold `assets.CPU_MAX_VERIFY_COST`).
+
+Speculation gains only when verifying D tokens costs well under D decode steps. On a GPU a few-token forward costs
+about a one-token one (weights are read once, compute is idle), and the policy there is measured per device type.
+On a CPU it depends on the machine: on one 2-core machine a 3-token forward of SmolLM2 cost 1.0x a 1-token one
+(session 9: S2 K1 D3 1.46x), on another 1.64x (session 18: MKL's small-M GEMM paths, 0.90-0.99x). So the CPU's
+choice is measured where it runs.
+
+`verify_cost_ratio(model, tokens, repeats=3) -> float`: the fastest of `repeats` cache-free forwards of 1 x tokens
+positions, divided by the fastest of `repeats` of 1 x 1, after one warm-up of each (no grad; the logits of every
+position are computed, as a verify computes them). About 0.5 s for SmolLM2 on a 2-core CPU.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from ..layers.context import ForwardContext
+
+
+def _fastest(model: torch.nn.Module, tokens: int, repeats: int) -> float:
+    device = next(model.parameters()).device
+    ids = torch.zeros(1, tokens, dtype=torch.long, device=device)
+    best = float("inf")
+    for i in range(repeats + 1):  # the first is a warm-up
+        t0 = time.perf_counter()
+        model(ids, ForwardContext.plain(1, tokens, device))
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        if i:
+            best = min(best, time.perf_counter() - t0)
+    return best
+
+
+@torch.no_grad()
+def verify_cost_ratio(model: torch.nn.Module, tokens: int, repeats: int = 3) -> float:
+    """(time of a forward of `tokens` positions) / (time of one of 1 position), fastest of `repeats` each."""
+    if tokens < 1 or repeats < 1:
+        raise ValueError(f"verify_cost_ratio: tokens and repeats must be >= 1 (got {tokens}, {repeats})")
+    return _fastest(model, tokens, repeats) / _fastest(model, 1, repeats)
