@@ -8,9 +8,9 @@ MLP half of a pre-norm layer that kernel is the SiLU gating:
 `norm_silu_mul(gate_up, h, eps) -> act`: gate_up [..., 2I] = h @ W'^T (gate then up, the fused projection's output),
 h [..., K] its input (the residual stream), act [..., I] = silu(r * gate) * (r * up), computed in float32 and returned
 in gate_up's dtype. Program (row, block of BLOCK_I columns of I): each reduces its row of h (K is small: the
-kernel serves the small models whose layers take the fused norm + projection kernel). `norm_silu_mul_reference` is
-the same computation in PyTorch (the fallback off CUDA, and the tests' reference). The kernel is built on first use,
-so that `TRITON_INTERPRET=1` (set by the CPU tests) takes effect.
+kernel serves the small models whose layers take the fused norm + projection kernel, on CUDA only).
+`norm_silu_mul_reference` is the same computation in PyTorch (the tests' reference). The kernel is built on first
+use, so that `TRITON_INTERPRET=1` (set by the CPU tests) takes effect.
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ import torch.nn.functional as F
 from .norm import rms_scale
 from .pdl import launch_options
 
-BLOCK_I = 512  # columns per program: SmolLM2's 1,536 in three (H200, 128 rows: 77 us per verify; 256: 80, 2048: 87, 128: 100)
+# columns per program: SmolLM2's 1,536 in three (H200, 128 rows: 77 us per verify; 256: 80, 2,048: 87, 128: 100)
+BLOCK_I = 512
 
 
 def norm_silu_mul_reference(gate_up: torch.Tensor, h: torch.Tensor, eps: float) -> torch.Tensor:
