@@ -50,6 +50,8 @@ DEFAULT_DRAFTER = ASSETS / "smollm2-135m-eagle3"
 #   session 16 (a step's tokens detokenized once, prompts through the Triton attention kernel) made the chain the
 #   shape at every size again: at 32 rows the chain 1.32-1.40x against S5 K2 D8's 1.27-1.33x (3 runs each, the chain
 #   ahead in every one), at 8 rows the chain 1.83-1.85x and S5 K2 D8 1.81-1.86x, at 1 row the chain 1.61x;
+#   session 18 (norms folded into cuBLAS projections past 64 rows) kept it: at 1 row the chain 1.65x, at 8 rows the
+#   chain 1.78-1.80x and the tree S4 K4 D16 1.78x (its 128-row verify gained most), at 32 rows the chain 1.39-1.45x;
 # - sampling at temperature 1 (the drafter learnt the target's greedy text; chains draw sampled drafts): the CPU's
 #   one-step chain gains (1.15x, tau 1.37), the H200's chain of 3 loses (0.82x, tau 1.75): greedy-only there.
 # On the CPU that first premise is the machine's: session 18's 2-core machine ran a 3-token forward at 1.64-1.80x a
