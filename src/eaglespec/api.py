@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from .config import EngineConfig, SpecConfig, SpecSchedule
+from .config import EngineConfig, SpecConfig, SpecSchedule, spec_envelope
 from .engine.engine import Engine
 from .engine.transforms import prepare_for_inference
 from .errors import ConfigError
@@ -63,7 +63,7 @@ def load(
             if spec is None:  # measured slower than plain decoding here
                 draft_path = None
             elif device.type == "cpu":  # the CPU's premise (a few-token forward costs about a 1-token one) is measured
-                tokens = max(s.draft_tokens for s in (spec.shapes if isinstance(spec, SpecSchedule) else (spec,)))
+                tokens = spec_envelope(SpecSchedule.of(spec).shapes).draft_tokens
                 ratio = verify_cost_ratio(loaded.model, tokens, repeats=2)
                 if ratio > CPU_MAX_VERIFY_COST:
                     spec, draft_path, plain_note = None, None, verify_cost_note(ratio, tokens)

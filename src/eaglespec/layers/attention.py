@@ -27,7 +27,7 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .context import ForwardContext
-from .norm import rms_scale
+from .norm import rms_scaled
 from .rotary import apply_rotary
 
 
@@ -190,7 +190,7 @@ class GQAAttention(nn.Module):
                      norm_of: tuple[torch.Tensor, float] | None = None) -> torch.Tensor:
         """`attend_qkv` without o_proj: qkv [B, T, (H + 2 Hkv) * D] -> the heads' outputs [B, T, H * D].
         `norm_of=(h, eps)`: qkv is h's projection through weights with the input norm's weight folded in
-        (engine.transforms.fold_norms), so q, k and v are first scaled by h's RMSNorm scale (rms_scale)."""
+        (engine.transforms.fold_norms), so q, k and v are first scaled by h's RMSNorm scale (rms_scaled)."""
         B, T, _ = qkv.shape
         H, Hkv, Dh = self.num_heads, self.num_kv_heads, self.head_dim
         qkv = qkv.view(B, T, H + 2 * Hkv, Dh)
@@ -206,7 +206,7 @@ class GQAAttention(nn.Module):
                 out = attend_cached(q, ctx, cache)
             return out.reshape(B, T, H * Dh)
         if norm_of is not None:
-            qkv = (qkv.float() * rms_scale(norm_of[0], norm_of[1])[..., None]).to(qkv.dtype)
+            qkv = rms_scaled(qkv, *norm_of).to(qkv.dtype)
         qk = self.rope(qkv[:, :, : H + Hkv], cos, sin)
         out = attend(qk[:, :, :H], qk[:, :, H:], qkv[:, :, H + Hkv :], ctx, cache)  # [B, T, H, D]
         return out.reshape(B, T, H * Dh)

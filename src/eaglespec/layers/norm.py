@@ -1,8 +1,8 @@
 """RMSNorm computed in float32 (as transformers and DeepSeek do), returned in the input dtype.
 
-`rms_norm` is the function, `rms_scale` its per-row scale alone, and `add_rms_norm` the residual add fused with the
-next norm (h + d, norm(h + d)); the module's `impl` / `add_impl` may be swapped for compiled versions (one kernel
-each) by engine.transforms."""
+`rms_norm` is the function, `rms_scale` its per-row scale alone (`rms_scaled` applies it to a projection), and
+`add_rms_norm` the residual add fused with the next norm (h + d, norm(h + d)); the module's `impl` / `add_impl` may
+be swapped for compiled versions (one kernel each) by engine.transforms."""
 
 from __future__ import annotations
 
@@ -21,6 +21,13 @@ def rms_scale(x: torch.Tensor, eps: float) -> torch.Tensor:
     """x [..., K] -> the float32 per-row scale [..., 1] that RMSNorm multiplies x by (1 / sqrt(mean(x^2) + eps)): what
     is left of a norm whose weight was folded into the projection after it (engine.transforms.fold_norms)."""
     return torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)
+
+
+def rms_scaled(y: torch.Tensor, x: torch.Tensor, eps: float) -> torch.Tensor:
+    """y [*lead, ...] (a projection of x [*lead, K] through weights with the norm's weight folded in) times x's
+    `rms_scale`, in float32: the rest of the norm, applied after the projection."""
+    r = rms_scale(x, eps)  # [*lead, 1]
+    return y.float() * r.reshape(r.shape + (1,) * (y.dim() - r.dim()))
 
 
 def add_rms_norm(h: torch.Tensor, d: torch.Tensor, weight: torch.Tensor, eps: float

@@ -20,7 +20,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from .norm import rms_scale
+from .norm import rms_scaled
 from .pdl import launch_options
 
 # columns per program: SmolLM2's 1,536 in three (H200, 128 rows: 77 us per verify; 256: 80, 2,048: 87, 128: 100)
@@ -28,7 +28,7 @@ BLOCK_I = 512
 
 
 def norm_silu_mul_reference(gate_up: torch.Tensor, h: torch.Tensor, eps: float) -> torch.Tensor:
-    gate, up = (gate_up.float() * rms_scale(h, eps)).chunk(2, dim=-1)
+    gate, up = rms_scaled(gate_up, h, eps).chunk(2, dim=-1)
     return (F.silu(gate) * up).to(gate_up.dtype)
 
 

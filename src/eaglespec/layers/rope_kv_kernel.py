@@ -21,7 +21,7 @@ import functools
 
 import torch
 
-from .norm import rms_scale
+from .norm import rms_scaled
 from .pdl import launch_options
 from .rotary import apply_rotary
 
@@ -30,7 +30,7 @@ def rope_store_reference(qkv, cos, sin, k_cache, v_cache, rows, write_index, n_h
                          norm_of: tuple[torch.Tensor, float] | None = None):
     H, Hkv = n_heads, n_kv_heads
     if norm_of is not None:
-        qkv = (qkv.float() * rms_scale(norm_of[0], norm_of[1])[..., None]).to(qkv.dtype)
+        qkv = rms_scaled(qkv, *norm_of).to(qkv.dtype)
     qk = apply_rotary(qkv[:, :, : H + Hkv], cos, sin)
     k_cache[rows[:, None], write_index] = qk[:, :, H:].to(k_cache.dtype)
     v_cache[rows[:, None], write_index] = qkv[:, :, H + Hkv :].to(v_cache.dtype)
