@@ -7,8 +7,12 @@ on a GPU each is a few microseconds of mostly launch latency, so one kernel save
   qkv [B, T, H + 2*Hkv, D] (q heads, then k, then v: the fused projection's output), cos / sin [B, T, D/2] float32,
   caches [Bc, S, Hkv, D] (one layer's views), rows [B] int64 cache rows, write_index [B, T] int64 positions.
   Returns q [B, T, H, D] rotated; k rotated and v are stored at (rows[b], write_index[b, t]). RoPE rotates halves
-  (the Llama layout) in float32, exactly as layers/rotary.apply_rotary does. Program (b*t, head): one head of one
-  token. `rope_store_reference` is the same computation in PyTorch (the fallback, and the tests' reference).
+  (the Llama layout) in float32, exactly as layers/rotary.apply_rotary does. Program b*t: one token, all its heads
+  as one [H + Hkv (padded to a power of 2), D/2] tile per half (q and k rotated), v as [Hkv (padded), D/2]; one
+  program per (token, head), the first layout, cost more where the norm's scale is applied (each of a token's 12
+  programs recomputed it) and no less elsewhere (H200, session 19, `spec_phase_trace.py`: 30 calls in SmolLM2's
+  128-row verify 93.6 -> 69.2 us, in the one-row verify of 4 41.0 -> 35.2 us, the decode steps unchanged).
+  `rope_store_reference` is the same computation in PyTorch (the fallback, and the tests' reference).
   With `norm_of=(h, eps)`, h [B, T, K] the projection's input, q, k and v are first multiplied by h's RMSNorm scale
   1 / sqrt(mean(h^2) + eps) in float32: the attention's input norm, its weight folded into q/k/v
   (`engine.transforms.fold_norms`), applied after the projection instead of in a kernel before it.
@@ -45,17 +49,18 @@ def _kernel():
     @triton.jit
     def rope_store_kernel(qkv, cos, sin, q_out, k_cache, v_cache, rows, widx, x, K, eps,
                           T, NH_IN, H, HKV, s_cache_row, s_cache_pos, HALF: tl.constexpr, NORM: tl.constexpr,
-                          BLOCK_K: tl.constexpr, PDL: tl.constexpr = False):
+                          BLOCK_K: tl.constexpr, NHP: tl.constexpr, VP: tl.constexpr, PDL: tl.constexpr = False):
         if PDL:  # layers/pdl.py: nothing here is a weight, so wait for the kernel before at once
             tl.extra.cuda.gdc_launch_dependents()
             tl.extra.cuda.gdc_wait()
-        bt = tl.program_id(0)
-        h = tl.program_id(1)  # 0..H+HKV-1: q heads, then kv heads (k rotated, v copied)
+        bt = tl.program_id(0)  # one token: all its heads as a [NHP, HALF] tile (q heads, then k heads), v [VP, HALF]
         b = bt // T
-        offs = tl.arange(0, HALF)
-        src = qkv + (bt * NH_IN + h) * (2 * HALF)
-        x1 = tl.load(src + offs).to(tl.float32)
-        x2 = tl.load(src + HALF + offs).to(tl.float32)
+        hh = tl.arange(0, NHP)[:, None]
+        offs = tl.arange(0, HALF)[None, :]
+        rotated = hh < H + HKV
+        src = qkv + (bt * NH_IN + hh) * (2 * HALF)
+        x1 = tl.load(src + offs, mask=rotated, other=0.0).to(tl.float32)
+        x2 = tl.load(src + HALF + offs, mask=rotated, other=0.0).to(tl.float32)
         r = 1.0
         if NORM:  # the folded norm's scale of this token (rms_scale's float32 formula), from its row of x [B*T, K]
             offs_k = tl.arange(0, BLOCK_K)
@@ -67,25 +72,28 @@ def _kernel():
         s = tl.load(sin + bt * HALF + offs)
         o1 = x1 * c - x2 * s
         o2 = x2 * c + x1 * s
-        if h < H:
-            dst = q_out + (bt * H + h) * (2 * HALF)
-            tl.store(dst + offs, o1.to(q_out.dtype.element_ty))
-            tl.store(dst + HALF + offs, o2.to(q_out.dtype.element_ty))
-        else:
-            j = h - H
-            row = tl.load(rows + b)
-            pos = tl.load(widx + bt)
-            at = row * s_cache_row + pos * s_cache_pos + j * (2 * HALF)
-            tl.store(k_cache + at + offs, o1.to(k_cache.dtype.element_ty))
-            tl.store(k_cache + at + HALF + offs, o2.to(k_cache.dtype.element_ty))
-            vsrc = qkv + (bt * NH_IN + H + HKV + j) * (2 * HALF)
-            v1 = tl.load(vsrc + offs)
-            v2 = tl.load(vsrc + HALF + offs)
-            if NORM:  # rounded once, from float32, as q and k are
-                v1 = v1.to(tl.float32) * r
-                v2 = v2.to(tl.float32) * r
-            tl.store(v_cache + at + offs, v1.to(v_cache.dtype.element_ty))
-            tl.store(v_cache + at + HALF + offs, v2.to(v_cache.dtype.element_ty))
+        is_q = hh < H
+        qdst = q_out + (bt * H + tl.where(is_q, hh, 0)) * (2 * HALF)
+        tl.store(qdst + offs, o1.to(q_out.dtype.element_ty), mask=is_q)
+        tl.store(qdst + HALF + offs, o2.to(q_out.dtype.element_ty), mask=is_q)
+        row = tl.load(rows + b)
+        pos = tl.load(widx + bt)
+        base = row * s_cache_row + pos * s_cache_pos
+        is_k = (hh >= H) & rotated
+        kdst = k_cache + base + tl.where(is_k, hh - H, 0) * (2 * HALF)
+        tl.store(kdst + offs, o1.to(k_cache.dtype.element_ty), mask=is_k)
+        tl.store(kdst + HALF + offs, o2.to(k_cache.dtype.element_ty), mask=is_k)
+        jj = tl.arange(0, VP)[:, None]
+        is_v = jj < HKV
+        vsrc = qkv + (bt * NH_IN + H + HKV + jj) * (2 * HALF)
+        v1 = tl.load(vsrc + offs, mask=is_v, other=0.0)
+        v2 = tl.load(vsrc + HALF + offs, mask=is_v, other=0.0)
+        if NORM:  # rounded once, from float32, as q and k are
+            v1 = v1.to(tl.float32) * r
+            v2 = v2.to(tl.float32) * r
+        vdst = v_cache + base + jj * (2 * HALF)
+        tl.store(vdst + offs, v1.to(v_cache.dtype.element_ty), mask=is_v)
+        tl.store(vdst + HALF + offs, v2.to(v_cache.dtype.element_ty), mask=is_v)
 
     return rope_store_kernel
 
@@ -100,9 +108,11 @@ def rope_store(qkv, cos, sin, k_cache, v_cache, rows, write_index, n_heads: int,
     x, eps = (qkv, 0.0) if norm_of is None else (norm_of[0].contiguous(), float(norm_of[1]))
     K = x.shape[-1]
     assert norm_of is None or x.shape[:2] == (B, T)
-    _kernel()[(B * T, n_heads + n_kv_heads)](
+    H, HKV = n_heads, n_kv_heads
+    _kernel()[(B * T,)](
         qkv, cos.contiguous(), sin.contiguous(), q, k_cache, v_cache, rows.contiguous(), write_index.contiguous(),
-        x, K, eps, T, NH, n_heads, n_kv_heads, k_cache.stride(0), k_cache.stride(1), HALF=D // 2,
-        NORM=norm_of is not None, BLOCK_K=1 << (K - 1).bit_length(), **launch_options(q),
+        x, K, eps, T, NH, H, HKV, k_cache.stride(0), k_cache.stride(1), HALF=D // 2, NORM=norm_of is not None,
+        BLOCK_K=1 << (K - 1).bit_length(), NHP=1 << (H + HKV - 1).bit_length(), VP=1 << (HKV - 1).bit_length(),
+        **launch_options(q),
     )
     return q
