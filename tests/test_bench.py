@@ -268,13 +268,13 @@ def test_bench_random_weights(tmp_path, capsys):
 
 def test_bench_defaults_measure_what_generate_runs(tmp_path, capsys):
     """`eaglespec bench` on the embedded model without --draft/--spec: the baseline against the shipped drafter in
-    the shape `generate` speculates with on this device (S2 K1 D3 on the CPU, greedy), answers identical (float32)."""
+    the shape `generate` speculates with on this device (S2 K2 D4 on the CPU, greedy), answers identical (float32)."""
     out = tmp_path / "out"
     code, _, err = run_cli(["bench", "--limit", "2", "--max-new-tokens", "8", "--batch-sizes", "1", "--device", "cpu",
                             "--out", out], capsys)
     assert code == 0, err
     doc = json.loads((out / "results.json").read_text())
-    assert [r["config"] for r in doc["records"]] == ["no-spec", "draft:smollm2-135m-eagle3 S2 K1 D3"]
+    assert [r["config"] for r in doc["records"]] == ["no-spec", "draft:smollm2-135m-eagle3 S2 K2 D4"]
     assert doc["records"][1]["identical_outputs"] == doc["records"][1]["prompts"] == 2
 
 

@@ -59,12 +59,12 @@ def test_generate_default_model(tmp_path, capsys, monkeypatch):
     assert s["tokens"] > 0 and s["seconds"] > 0 and s["tok_per_s"] > 0
     # the shipped drafter, in the shape measured fastest on the CPU
     assert s["speculative"] and "accept length" in err
-    assert (s["steps"], s["topk"], s["draft_tokens"]) == (2, 1, 3)
+    assert (s["steps"], s["topk"], s["draft_tokens"]) == (2, 2, 4)
 
 
 def test_api_default_drafter_policy_on_the_cpu(monkeypatch):
     """`eaglespec.load()` speculates with the shipped drafter on the CPU only in a one-row engine (a 2-row step
-    verifies 4 tokens, measured slower than plain decoding there), and only where a forward of the shape's draft
+    verifies twice the tokens, measured slower than plain decoding there), and only where a forward of the shape's draft
     tokens costs at most CPU_MAX_VERIFY_COST one-token forwards on this machine; an explicit shape always
     speculates."""
     from eaglespec import api
@@ -73,34 +73,40 @@ def test_api_default_drafter_policy_on_the_cpu(monkeypatch):
 
     asked = cpu_forward_cost(monkeypatch, CPU_MAX_VERIFY_COST)  # at the threshold: speculation still pays
     one = api.load(config=EngineConfig(device="cpu", max_batch_size=1))
-    assert one.speculative and one.spec == SpecConfig(2, 1, 3) and one.plain_note is None
+    assert one.speculative and one.spec == SpecConfig(2, 2, 4) and one.plain_note is None
     sampled = api.load(config=EngineConfig(device="cpu", max_batch_size=1), temperature=0.8)
     assert sampled.speculative and sampled.spec == SpecConfig(1, 1, 2)
-    assert asked == [3, 2]  # each shape's draft tokens: a verify's forward
+    assert asked == [4, 2]  # each shape's draft tokens: a verify's forward
     many = api.load(config=EngineConfig(device="cpu", max_batch_size=8))
-    assert not many.speculative and asked == [3, 2]  # no shape measured for 8 rows: nothing timed
+    assert not many.speculative and asked == [4, 2]  # no shape measured for 8 rows: nothing timed
     forced = api.load(spec=SpecConfig(2, 1, 3), config=EngineConfig(device="cpu", max_batch_size=8))
     assert forced.speculative and forced.spec == SpecConfig(2, 1, 3)
-    cpu_forward_cost(monkeypatch, 1.7)  # session 18's machine: a 3-token forward at 1.64-1.80x
+    cpu_forward_cost(monkeypatch, 1.7)  # session 18's machine through F.linear: a 3-token forward at 1.64-1.80x
     slow = api.load(config=EngineConfig(device="cpu", max_batch_size=1))
-    assert not slow.speculative and "a forward of 3 tokens costs 1.70x one of 1 token" in slow.plain_note
+    assert not slow.speculative and "a forward of 4 tokens costs 1.70x one of 1 token" in slow.plain_note
     forced = api.load(spec=SpecConfig(2, 1, 3), config=EngineConfig(device="cpu", max_batch_size=1))
     assert forced.speculative and forced.plain_note is None  # an explicit shape is not second-guessed
 
 
 def test_default_drafter_policy_per_device_and_engine_size(monkeypatch):
-    """The measured policy (docs/benchmarks.md, "The shipped drafter", "Session 14"): a chain of 2 in one-row CPU
-    engines when greedy and a one-step chain when sampling; on CUDA when greedy a chain of 3 in engines of up to 32
-    rows (slower at temperature 1, unmeasured above 32 rows); plain decoding elsewhere, and an explanation for each
-    case. A policy of several shapes gives engines of several rows a schedule, each step the shape of its rows."""
+    """The measured policy (docs/benchmarks.md, "The shipped drafter", "Session 19"): the tree S2 K2 D4 in one-row
+    CPU engines when greedy and a one-step chain when sampling; on CUDA when greedy a chain of 3 at one row and the
+    tree S4 K2 D8 past it, in engines of up to 32 rows (slower at temperature 1, unmeasured above 32 rows); plain
+    decoding elsewhere, and an explanation for each case. A policy of several shapes gives engines of several rows a
+    schedule, each step the shape of its rows."""
     import eaglespec.assets as assets
     from eaglespec.assets import default_spec, slower_note
     from eaglespec.config import SpecConfig, SpecSchedule
 
-    assert default_spec("cpu", 1) == SpecConfig(2, 1, 3) and default_spec("cpu", 2) is None
+    assert default_spec("cpu", 1) == SpecConfig(2, 2, 4) and default_spec("cpu", 2) is None
     chain, tree = SpecConfig(3, 1, 4), SpecConfig(4, 4, 16)
-    # session 16: the chain of 3 at every size up to 32 rows (docs/benchmarks.md)
-    assert default_spec("cuda", 1) == default_spec("cuda", 8) == default_spec("cuda", 32) == chain
+    # session 19: the chain of 3 at one row, the K = 2 tree S4 K2 D8 past it, up to 32 rows (docs/benchmarks.md)
+    k2 = SpecConfig(4, 2, 8)
+    assert default_spec("cuda", 1) == chain
+    assert default_spec("cuda", 8) == SpecSchedule(((1, chain), (8, k2)))
+    assert default_spec("cuda", 32) == SpecSchedule(((1, chain), (32, k2)))
+    assert [default_spec("cuda", 32).shapes[default_spec("cuda", 32).shape_index(r)] for r in (1, 2, 8, 32)] == [
+        chain, k2, k2, k2]
     assert default_spec("cuda", 33) is None and "above 32 rows" in slower_note("cuda")
     wide = SpecConfig(5, 2, 8)  # session 15's policy: past 16 rows the K = 2 tree
     monkeypatch.setitem(assets._DEFAULT_SPEC, "cuda", ((16, chain), (32, wide)))
@@ -142,7 +148,7 @@ def test_generate_says_when_this_cpu_makes_speculation_slower(capsys, monkeypatc
     cpu_forward_cost(monkeypatch, 1.8)
     code, out, err = run_cli(["generate", "What is the capital of France?", "--max-new-tokens", "6"], capsys)
     assert code == 0 and "Paris" in out and "accept length" not in err
-    assert "no speculation" in err and "a forward of 3 tokens costs 1.80x one of 1 token" in err
+    assert "no speculation" in err and "a forward of 4 tokens costs 1.80x one of 1 token" in err
 
 
 def test_verify_cost_ratio_times_the_forwards():

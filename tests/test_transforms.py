@@ -15,13 +15,21 @@ def _norm_impls(model):
     return {m.impl for m in model.modules() if isinstance(m, RMSNorm)}
 
 
-def test_defaults_are_cuda_only():
+def test_cpu_defaults_fuse_and_go_weight_major_without_compiling():
+    """On the CPU the defaults fuse q/k/v and gate/up and make every projection weight-major (session 19: 15% faster
+    plain decoding once weight-major); compiling stays CUDA-only; --no-fuse keeps the checkpoint's projections."""
+    from eaglespec.layers.cpu_linear import CpuLinear
+
     cfg = EngineConfig()
     assert cfg.fuse_projections is None and cfg.compile is None
     m = prepare_for_inference(tiny_llama(seed=0), torch.device("cpu"), cfg.fuse_projections, cfg.compile)
     attn = m.model.layers[0].self_attn
-    assert hasattr(attn, "q_proj") and not hasattr(attn, "qkv_proj")  # not fused
+    assert hasattr(attn, "qkv_proj") and not hasattr(attn, "q_proj")  # fused
+    assert type(attn.qkv_proj) is CpuLinear and type(m.model.layers[0].mlp.gate_up_proj) is CpuLinear
     assert _norm_impls(m) == {rms_norm}  # not compiled
+    unfused = prepare_for_inference(tiny_llama(seed=0), torch.device("cpu"), False, cfg.compile)
+    attn = unfused.model.layers[0].self_attn
+    assert hasattr(attn, "q_proj") and not hasattr(attn, "qkv_proj") and type(attn.q_proj) is CpuLinear
 
 
 def test_explicit_fuse_on_the_cpu_keeps_the_outputs():

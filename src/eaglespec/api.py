@@ -54,6 +54,7 @@ def load(
     dtype_name = config.dtype if config.dtype != "auto" else ("bfloat16" if device.type == "cuda" else "float32")
     loaded = load_model(model, device=device, dtype=dtype_name)
     dtype = next(loaded.model.parameters()).dtype
+    prepare_for_inference(loaded.model, device, config.fuse_projections, config.compile)  # before the CPU's timing
     draft_path: Path | None
     plain_note = None  # why draft="auto" decodes plainly after measuring this machine
     if draft == "auto":
@@ -70,9 +71,8 @@ def load(
     else:
         draft_path = Path(draft) if draft is not None else None
     drafter = load_drafter(draft_path, device, dtype) if draft_path is not None else None
-    for m in (loaded.model, drafter):
-        if m is not None:
-            prepare_for_inference(m, device, config.fuse_projections, config.compile)
+    if drafter is not None:
+        prepare_for_inference(drafter, device, config.fuse_projections, config.compile)
     engine = Engine(loaded.model, loaded.tokenizer, config, drafter=drafter, spec=spec)
     engine.plain_note = plain_note
     return engine

@@ -332,7 +332,7 @@ class EngineConfig:
     aux_convention: str = "sglang"
     cuda_graphs: bool = True
     prefill_graphs: bool = True  # with cuda_graphs: a single prompt of <= 2048 tokens prefills as a graph per bucket
-    fuse_projections: bool | None = None  # None: on CUDA only (q/k/v and gate/up as one GEMM each)
+    fuse_projections: bool | None = None  # None: on CUDA and the CPU (q/k/v and gate/up as one GEMM each)
     compile: bool | None = None  # torch.compile RMSNorm, RoPE, SiLU gating (fewer kernels); None: on CUDA only
     # Decode and speculative steps through the graph path launch step n+1 before reading step n's results, so the
     # host's bookkeeping overlaps the GPU's work (what step n+1 computed for a request finished at step n is dropped).

@@ -10,7 +10,7 @@
               weight_bytes_per_step, kv_bytes_per_token
     prompts:  set, count, turns, prompt_tokens_mean
     sampling: max_new_tokens, temperature, top_p, top_k, ignore_eos, seed
-    engine:   cuda_graphs, fuse_projections (null: on CUDA only), compile, overlap, spec_max_rows (null: always),
+    engine:   cuda_graphs, fuse_projections (null: on CUDA and the CPU), compile, overlap, spec_max_rows (null: always),
               min_prefill_rows (continuous batching: free rows an admission waits for)
     warmup, batch_sizes, batching ("static": the prompts in consecutive chunks of batch_size, each run to completion;
     "continuous": all prompts queued, batch_size of them running at a time, a freed row taken at once), peer

@@ -30,7 +30,7 @@ def add_runtime_options(p: argparse.ArgumentParser | argparse._ArgumentGroup) ->
     p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=True,
                    help="replay decode and speculative steps as CUDA graphs (CUDA only)")
     p.add_argument("--fuse", action=argparse.BooleanOptionalAction, default=None,
-                   help="fuse q/k/v and gate/up projections (default: on CUDA only)")
+                   help="fuse q/k/v and gate/up projections (default: on CUDA and the CPU)")
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                    help="torch.compile the elementwise chains (RMSNorm, RoPE, SiLU gating): fewer kernels per layer "
                         "(default: on CUDA only)")

@@ -167,7 +167,8 @@ def run(args: argparse.Namespace) -> int:
     if loaded.tokenizer is None or not loaded.tokenizer.has_chat_template:
         raise ConfigError(f"{loaded.path} has no tokenizer with a chat template, which training needs")
     # The target is frozen: it regenerates and gives features in its inference form (on CUDA: fused projections,
-    # the RoPE + KV-store kernel, compiled elementwise chains; on the CPU: unchanged), as `eaglespec generate` runs it.
+    # the RoPE + KV-store kernel, compiled elementwise chains; on the CPU: fused, weight-major projections), as
+    # `eaglespec generate` runs it.
     prepare_for_inference(loaded.model, device, None, None)
     tcfg = loaded.config
     shape = DrafterShape(args.drafter_intermediate_size, args.drafter_heads)  # checked by train_drafter up front

@@ -20,6 +20,8 @@
   `FewRowsLinear` through the GEMV kernel for one-row steps (cuBLAS reads them at 2.5-3.7 TB/s there).
 - `use_draft_input_kernel(model)` (CUDA): an EAGLE-3 drafter's embedding lookup, two input norms, their
   concatenation and RoPE's cos/sin as one Triton kernel (layers/draft_input_kernel.py).
+- `use_cpu_linear(model)` (CPU): every nn.Linear as a `CpuLinear`, whose product is weight-major (W x^T): on the
+  CPU measured (session 19), F.linear's few-row GEMMs cost about one weight read per row.
 - `compile_elementwise(model)`: RMSNorm, residual-add + RMSNorm, RoPE, RoPE's cos/sin tables and SiLU-gating through
   `torch.compile` (one fused kernel each instead of ~5), shapes dynamic so one compilation serves every batch and
   length bucket.
@@ -219,6 +221,22 @@ def use_draft_input_kernel(model: nn.Module) -> nn.Module:
     return model
 
 
+CPU_WEIGHT_MAJOR = True  # prepare_for_inference applies use_cpu_linear on the CPU (False: F.linear, for A/B runs)
+
+
+def use_cpu_linear(model: nn.Module) -> nn.Module:
+    """Every plain nn.Linear (with or without bias) becomes a `CpuLinear` (layers/cpu_linear.py): the same
+    Parameters, the product computed as W x^T with 1 and 3 rows padded to 2 and 4. On session 19's 2-core CPU a
+    SmolLM2 forward of 3 tokens went from 1.70-1.80x to ~1.2x one of 1 token (docs/benchmarks.md). Idempotent."""
+    from ..layers.cpu_linear import CpuLinear
+
+    for parent in list(model.modules()):
+        for name, lin in list(parent._modules.items()):
+            if type(lin) is nn.Linear:
+                setattr(parent, name, CpuLinear.wrap(lin))
+    return model
+
+
 GEMV_MIN_K = 4096  # inputs at least this wide: the widths measured (Llama-8B's 4096 and 14336)
 GEMV_MAX_ROWS = 1  # decode steps: the row count measured
 
@@ -242,12 +260,15 @@ def use_gemv_kernel(model: nn.Module, names: tuple[str, ...] = ("qkv_proj", "o_p
 
 def prepare_for_inference(model: nn.Module, device: torch.device, fuse: bool | None,
                           compile: bool | None) -> nn.Module:
-    """Apply the transforms an EngineConfig asks for (None: only on CUDA; fused projections on CUDA come with the
-    Triton kernels: RoPE + KV store, short-query attention, add + norm + projection). On the H200, compiling took
+    """Apply the transforms an EngineConfig asks for. `fuse` None: on CUDA and the CPU (on CUDA fused projections come
+    with the Triton kernels: RoPE + KV store, short-query attention, add + norm + projection; on session 19's 2-core
+    CPU fusing made plain decoding 15% faster once the projections were weight-major: 11.7 -> 13.4 tok/s); on the CPU
+    the weight-major projections (`use_cpu_linear`), after any fusion. `compile` None: on CUDA only. On the H200,
+    compiling took
     SmolLM2-135M from 302 to 795 tok/s and a Llama-8B-shaped model from 172 to 209 tok/s, the two later kernels
     SmolLM2's MT-bench batch-1 decoding from 994 to 1,226 tok/s (docs/benchmarks.md); on the CPU compiling only adds
     compile time."""
-    if fuse or (fuse is None and device.type == "cuda"):
+    if fuse or (fuse is None and device.type in ("cuda", "cpu")):
         fuse_projections(model)
         if device.type == "cuda":
             use_rope_store_kernel(model)
@@ -257,6 +278,8 @@ def prepare_for_inference(model: nn.Module, device: torch.device, fuse: bool | N
             use_linear_rows_kernel(model)
             use_gemv_kernel(model)
             use_draft_input_kernel(model)
+    if device.type == "cpu" and CPU_WEIGHT_MAJOR:
+        use_cpu_linear(model)
     if compile or (compile is None and device.type == "cuda"):
         compile_elementwise(model)
     return model

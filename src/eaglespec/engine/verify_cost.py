@@ -3,9 +3,11 @@
 
 Speculation gains only when verifying D tokens costs well under D decode steps. On a GPU a few-token forward costs
 about a one-token one (weights are read once, compute is idle), and the policy there is measured per device type.
-On a CPU it depends on the machine: on one 2-core machine a 3-token forward of SmolLM2 cost 1.0x a 1-token one
-(session 9: S2 K1 D3 1.46x), on another 1.64x (session 18: MKL's small-M GEMM paths, 0.90-0.99x). So the CPU's
-choice is measured where it runs.
+On a CPU it depends on the machine and on how the projections are computed: on one 2-core machine a 3-token forward
+of SmolLM2 cost 1.0x a 1-token one (session 9: S2 K1 D3 1.46x), on another (an AMD EPYC) 1.64-1.80x through
+F.linear's few-row GEMMs (session 18: 0.90-0.99x) and 0.98-1.04x for 2-4 tokens through the weight-major projections
+that the CPU now runs (session 19, layers/cpu_linear.py). So the CPU's choice is measured where it runs, on the
+target as the engine will run it (after `prepare_for_inference`).
 
 `verify_cost_ratio(model, tokens, repeats=3) -> float`: the fastest of `repeats` cache-free forwards of 1 x tokens
 positions, divided by the fastest of `repeats` of 1 x 1, after one warm-up of each (no grad; the logits of every
