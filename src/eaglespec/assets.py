@@ -52,11 +52,14 @@ DEFAULT_DRAFTER = ASSETS / "smollm2-135m-eagle3"
 #   ahead in every one), at 8 rows the chain 1.83-1.85x and S5 K2 D8 1.81-1.86x, at 1 row the chain 1.61x;
 #   session 18 (norms folded into cuBLAS projections past 64 rows) kept it: at 1 row the chain 1.65x, at 8 rows the
 #   chain 1.78-1.80x and the tree S4 K4 D16 1.78x (its 128-row verify gained most), at 32 rows the chain 1.39-1.45x;
-#   session 19 (the RoPE + KV-store kernel one program per token) retuned on the folded path: past one row the
-#   K = 2 tree S4 K2 D8 (8 rows 1.81-1.87x in 7 runs against the chain's 1.77-1.81x, S5 K2 D8 1.83-1.89x; 32 rows
-#   1.41-1.54x, mean 1.49x, in 9 runs against the chain's 1.40-1.44x, S4 K4 D8 1.42-1.54x, S5 K2 D8 1.43-1.46x;
-#   its 256-row verify fills cuBLAS's tiles as the chain's 128 rows do, while D = 6 / 10 (192 / 320 rows) lost:
-#   1.36x / 1.41x); at 1 row the chain (1.71x, S6 K2 D10 1.60x, S4 K2 D8 1.55x);
+#   session 19 (the RoPE + KV-store kernel one program per token) retuned on the folded path, and the shape now
+#   follows where its verify runs: the K = 2 tree S4 K2 D8 at 2-8 rows (its verify of <= 64 rows on the tensor-core
+#   kernel; static 2 / 4 rows 1.61x / 1.56x against the chain's 1.51x / 1.53x; continuous 8 rows 1.81-1.87x in 7 runs
+#   against the chain's 1.77-1.81x, S5 K2 D8 1.83-1.89x), the chain at 9-16 rows (the tree's verify has left that
+#   kernel, the chain's has not: 12 rows 1.75x against 1.63x, 16 rows 1.75x / 1.77x against 1.60x / 1.62x), the tree
+#   again at 17-32 (both verifies on cuBLAS: 20 / 24 / 28 rows tie within the order effect, 1.54-1.55x / 1.36-1.42x /
+#   1.47-1.50x; 32 rows 1.41-1.54x, mean 1.49x, in 9 runs against the chain's 1.40-1.44x, S4 K4 D8 1.42-1.54x, S5 K2
+#   D8 1.43-1.46x; D = 6 / 10 lost there: 1.36x / 1.41x); at 1 row the chain (1.71x, S6 K2 D10 1.60x, S4 K2 D8 1.55x);
 # - sampling at temperature 1 (the drafter learnt the target's greedy text; chains draw sampled drafts): the CPU's
 #   one-step chain gains (1.15x, tau 1.37), the H200's chain of 3 loses (0.82x, tau 1.75): greedy-only there.
 # On the CPU that first premise is the machine's: session 18's 2-core machine (an AMD EPYC) ran a 3-token forward at
@@ -65,22 +68,26 @@ DEFAULT_DRAFTER = ASSETS / "smollm2-135m-eagle3"
 # projections weight-major (layers/cpu_linear.py; fused q/k/v and gate/up on the CPU too): there a forward of 2-4
 # tokens costs 0.98-1.04x one of 1 token, plain decoding runs 13.4 tok/s (11.7 unfused) and the greedy shapes on
 # MT-bench 1-10, 64 tokens: the tree S2 K2 D4 1.45x (tau 1.88; unfused 1.50x), S2 K1 D3 1.36x, S3 K1 D4 1.34x,
-# S3 K2 D6 1.21x, S4 K1 D5 1.19x, S4 K2 D8 1.15x: the tree S2 K2 D4 is the CPU's greedy shape.
+# S3 K2 D6 1.21x, S4 K1 D5 1.19x, S4 K2 D8 1.15x: the tree S2 K2 D4 is the CPU's greedy shape (`generate` 1.59x);
+# with 2 rows (8 tokens a verify, 1.49x a one-token forward) S2 K2 D4 ran at 1.00x and S2 K1 D3 at 0.96x: CPU
+# engines of several rows still decode plainly.
 # A CPU engine takes the CPU shapes only where its own target's forward of the shape's draft_tokens costs at most
 # CPU_MAX_VERIFY_COST one-token forwards, measured when it is loaded (engine/verify_cost.py, about 0.6 s): with tau
 # 1.84 (S2 K1 D3) and the drafter's and bookkeeping's ~0.3 step, 1.3 leaves ~1.15x; sampled, the one-step chain (tau
 # 1.37) gained 1.15x where the forward cost ~1.0.
 CPU_MAX_VERIFY_COST = 1.3
 _CHAIN_3 = SpecConfig(steps=3, topk=1, draft_tokens=4)
+_TREE_K2 = SpecConfig(steps=4, topk=2, draft_tokens=8)
 # device type -> ((largest engine, shape), ...) by increasing engine size; larger engines decode plainly by default
 _DEFAULT_SPEC: dict[str, tuple[tuple[int, SpecConfig], ...]] = {
     "cpu": ((1, SpecConfig(steps=2, topk=2, draft_tokens=4)),),
-    "cuda": ((1, _CHAIN_3), (32, SpecConfig(steps=4, topk=2, draft_tokens=8))),
+    "cuda": ((1, _CHAIN_3), (8, _TREE_K2), (16, _CHAIN_3), (32, _TREE_K2)),
 }
 _DEFAULT_SPEC_SAMPLED: dict[str, SpecConfig] = {"cpu": SpecConfig(steps=1, topk=1, draft_tokens=2)}  # temperature > 0
 _GREEDY_ONLY = {"cuda"}  # sampled decoding (temperature > 0) decodes plainly by default
 _SLOWER: dict[str, str] = {"cuda": "not measured above 32 rows on an H200",
-                           "cpu": "engines of several rows were measured slower than plain decoding on the CPU"}
+                           "cpu": "engines of several rows measured no faster than plain decoding on the CPU (2 rows: "
+                                  "1.00x)"}
 _SLOWER_SAMPLED: dict[str, str] = {"cuda": "0.82x with a chain of 3 at temperature 1 on an H200 in bfloat16"}
 
 

@@ -227,7 +227,8 @@ CPU_WEIGHT_MAJOR = True  # prepare_for_inference applies use_cpu_linear on the C
 def use_cpu_linear(model: nn.Module) -> nn.Module:
     """Every plain nn.Linear (with or without bias) becomes a `CpuLinear` (layers/cpu_linear.py): the same
     Parameters, the product computed as W x^T with 1 and 3 rows padded to 2 and 4. On session 19's 2-core CPU a
-    SmolLM2 forward of 3 tokens went from 1.70-1.80x to ~1.2x one of 1 token (docs/benchmarks.md). Idempotent."""
+    fused SmolLM2 forward of 3 tokens went from 1.87x to 1.03x one of 1 token (benchmarks/cpu_linear_check.py,
+    docs/benchmarks.md). Idempotent."""
     from ..layers.cpu_linear import CpuLinear
 
     for parent in list(model.modules()):
@@ -264,10 +265,9 @@ def prepare_for_inference(model: nn.Module, device: torch.device, fuse: bool | N
     with the Triton kernels: RoPE + KV store, short-query attention, add + norm + projection; on session 19's 2-core
     CPU fusing made plain decoding 15% faster once the projections were weight-major: 11.7 -> 13.4 tok/s); on the CPU
     the weight-major projections (`use_cpu_linear`), after any fusion. `compile` None: on CUDA only. On the H200,
-    compiling took
-    SmolLM2-135M from 302 to 795 tok/s and a Llama-8B-shaped model from 172 to 209 tok/s, the two later kernels
-    SmolLM2's MT-bench batch-1 decoding from 994 to 1,226 tok/s (docs/benchmarks.md); on the CPU compiling only adds
-    compile time."""
+    compiling took SmolLM2-135M from 302 to 795 tok/s and a Llama-8B-shaped model from 172 to 209 tok/s, the two
+    later kernels SmolLM2's MT-bench batch-1 decoding from 994 to 1,226 tok/s (docs/benchmarks.md); on the CPU
+    compiling only adds compile time."""
     if fuse or (fuse is None and device.type in ("cuda", "cpu")):
         fuse_projections(model)
         if device.type == "cuda":
