@@ -66,7 +66,7 @@ DEFAULT_DRAFTER = ASSETS / "smollm2-135m-eagle3"
 # 1.64-1.80x a 1-token one (MKL's few-row GEMMs through F.linear), and there the chain of 2 ran at 0.99x in `generate`
 # (6 MT-bench questions, 128 tokens) and 0.90x in the bench (MT-bench 1-10). Session 19 computes the CPU's
 # projections weight-major (layers/cpu_linear.py; fused q/k/v and gate/up on the CPU too): there a forward of 2-4
-# tokens costs 0.98-1.04x one of 1 token, plain decoding runs 13.4 tok/s (11.7 unfused) and the greedy shapes on
+# tokens costs 1.01-1.07x one of 1 token, plain decoding runs 13.4 tok/s (11.7 unfused) and the greedy shapes on
 # MT-bench 1-10, 64 tokens: the tree S2 K2 D4 1.45x (tau 1.88; unfused 1.50x), S2 K1 D3 1.36x, S3 K1 D4 1.34x,
 # S3 K2 D6 1.21x, S4 K1 D5 1.19x, S4 K2 D8 1.15x: the tree S2 K2 D4 is the CPU's greedy shape (`generate` 1.59x);
 # with 2 rows (8 tokens a verify, 1.49x a one-token forward) S2 K2 D4 ran at 1.00x and S2 K1 D3 at 0.96x: CPU

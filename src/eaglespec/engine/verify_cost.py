@@ -5,7 +5,7 @@ Speculation gains only when verifying D tokens costs well under D decode steps. 
 about a one-token one (weights are read once, compute is idle), and the policy there is measured per device type.
 On a CPU it depends on the machine and on how the projections are computed: on one 2-core machine a 3-token forward
 of SmolLM2 cost 1.0x a 1-token one (session 9: S2 K1 D3 1.46x), on another (an AMD EPYC) 1.64-1.80x through
-F.linear's few-row GEMMs (session 18: 0.90-0.99x) and 0.98-1.04x for 2-4 tokens through the weight-major projections
+F.linear's few-row GEMMs (session 18: 0.90-0.99x) and 1.01-1.07x for 2-4 tokens through the weight-major projections
 that the CPU now runs (session 19, layers/cpu_linear.py). So the CPU's choice is measured where it runs, on the
 target as the engine will run it (after `prepare_for_inference`).
 
