@@ -70,7 +70,8 @@ DEFAULT_DRAFTER = ASSETS / "smollm2-135m-eagle3"
 # MT-bench 1-10, 64 tokens: the tree S2 K2 D4 1.45x (tau 1.88; unfused 1.50x), S2 K1 D3 1.36x, S3 K1 D4 1.34x,
 # S3 K2 D6 1.21x, S4 K1 D5 1.19x, S4 K2 D8 1.15x: the tree S2 K2 D4 is the CPU's greedy shape (`generate` 1.59x);
 # with 2 rows (8 tokens a verify, 1.49x a one-token forward) S2 K2 D4 ran at 1.00x and S2 K1 D3 at 0.96x: CPU
-# engines of several rows still decode plainly.
+# engines of several rows still decode plainly. Sampled at temperature 1, the one-step chain still leads (1.15x; S2 K1
+# D3 1.08x, S2 K2 D4 0.96x).
 # A CPU engine takes the CPU shapes only where its own target's forward of the shape's draft_tokens costs at most
 # CPU_MAX_VERIFY_COST one-token forwards, measured when it is loaded (engine/verify_cost.py, about 0.6 s): with tau
 # 1.84 (S2 K1 D3) and the drafter's and bookkeeping's ~0.3 step, 1.3 leaves ~1.15x; sampled, the one-step chain (tau
