@@ -30,7 +30,7 @@ RECORD_KEYS = {
     "seconds": float, "tok_per_s": float, "identical_outputs": int, "identical_reference": str,
     "finished_by_eos": int, "time_split": dict, "batching": str, "engine_steps": dict,
 }
-OPTIONAL_KEYS = ("drafter", "steps", "topk", "draft_tokens", "speedup", "accept_length_mean", "accept_length_hist",
+OPTIONAL_KEYS = ("drafter", "steps", "topk", "draft_tokens", "schedule", "speedup", "accept_length_mean", "accept_length_hist",
                  "accept_rate_per_depth", "verify_steps", "draft_forwards", "bandwidth")
 
 
@@ -115,7 +115,11 @@ def check_schema(doc: dict) -> None:
         if r["kind"] == "spec":
             assert isinstance(r["accept_length_mean"], float) and r["bandwidth"] is None
             assert sum(r["accept_length_hist"].values()) == r["verify_steps"] > 0
-            assert r["draft_forwards"] == r["steps"] * r["verify_steps"]
+            if r["schedule"] is None:
+                assert r["draft_forwards"] == r["steps"] * r["verify_steps"]
+            else:  # each step drafts with its own shape's S
+                steps = [e[1] for e in r["schedule"]]
+                assert min(steps) * r["verify_steps"] <= r["draft_forwards"] <= max(steps) * r["verify_steps"]
 
 
 def check_png(path: Path) -> None:
@@ -266,6 +270,29 @@ def test_bench_random_weights(tmp_path, capsys):
     assert doc["records"][2]["bandwidth"]["decode_steps"] == 4
 
 
+def test_bench_runs_a_schedule(tmp_path, capsys):
+    """`--spec R:S,K,D/...` benches a SpecSchedule as one configuration: a step over rows 0..R-1 takes the shape of the
+    first entry whose limit reaches R (here the chain at 1 row, the tree at 2-3), answers equal plain decoding."""
+    cfg = tmp_path / "shape.json"
+    cfg.write_text(json.dumps(dict(architectures=["LlamaForCausalLM"], model_type="llama", vocab_size=101,
+                                   hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=True)))
+    out = tmp_path / "out"
+    code, _, err = run_cli(
+        ["bench", "--random-weights", cfg, "--prompt-len", "10", "--limit", "3", "--batch-sizes", "1,3", "--spec",
+         "1:2,1,3/3:2,2,4", "--draft", "random", "--max-new-tokens", "5", "--device", "cpu", "--out", out], capsys)
+    assert code == 0, err
+    doc = json.loads((out / "results.json").read_text())
+    check_schema(doc)
+    name = "random 1:S2 K1 D3 / 3:S2 K2 D4"
+    spec = [r for r in doc["records"] if r["kind"] == "spec"]
+    assert [(r["config"], r["batch_size"]) for r in spec] == [(name, 1), (name, 3)]
+    for r in spec:
+        assert r["schedule"] == [[1, 2, 1, 3], [3, 2, 2, 4]] and r["steps"] is None and r["draft_tokens"] is None
+        assert r["identical_outputs"] == r["prompts"] == 3
+    assert all(r["schedule"] is None for r in doc["records"] if r["kind"] == "no-spec")
+
+
 def test_bench_defaults_measure_what_generate_runs(tmp_path, capsys):
     """`eaglespec bench` on the embedded model without --draft/--spec: the baseline against the shipped drafter in
     the shape `generate` speculates with on this device (S2 K2 D4 on the CPU, greedy), answers identical (float32)."""
@@ -282,6 +309,9 @@ def test_bench_defaults_measure_what_generate_runs(tmp_path, capsys):
 @pytest.mark.parametrize("args,needle", [
     (["--spec", "3,2,9"], "between 1 and 1 + steps*topk = 7"),
     (["--spec", "3,2"], "--spec takes S,K,D"),
+    (["--spec", "1:3,1,4/x:4,2,8"], "a schedule ROWS:S,K,D/ROWS:S,K,D/..."),
+    (["--spec", "8:3,1,4/1:4,2,8"], "row limits >= 1 in increasing order"),
+    (["--spec", "1:3,2,9"], "between 1 and 1 + steps*topk = 7"),
     (["--batch-sizes", "1,x"], "--batch-sizes must be comma-separated integers"),
     (["--draft", "/no/such/drafter"], "neither 'oracle', 'random' nor an existing drafter folder"),
     (["--spec", "3,1,4"], "no drafter for this model"),

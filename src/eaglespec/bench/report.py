@@ -16,7 +16,9 @@
     "continuous": all prompts queued, batch_size of them running at a time, a freed row taken at once), peer
     ({library, version} | null)
     records:  one per (configuration, batch size), baselines included, in run order:
-      config (name), kind ("no-spec" | "spec" | "peer"), drafter, steps, topk, draft_tokens, batch_size, prompts,
+      config (name), kind ("no-spec" | "spec" | "peer"), drafter, steps, topk, draft_tokens (null for a schedule),
+      schedule ([[max rows, steps, topk, draft tokens], ...] for a `--spec R:S,K,D/...` schedule, else null),
+      batch_size, prompts,
       prompt_tokens, output_tokens, seconds (wall time of the timed generations), tok_per_s (output tokens / seconds),
       speedup (tok_per_s / the no-spec tok_per_s at the same batch size; the peer: at batch 1, else null),
       identical_outputs (outputs equal token for token to the reference's) and identical_reference (the no-spec run
@@ -50,6 +52,7 @@ from typing import Any, Sequence
 
 import torch
 
+from ..config import SpecConfig, SpecSchedule
 from .runs import RunRecord
 from .suite import BenchModel, SuiteOptions, SuiteResult, Workload
 
@@ -106,10 +109,13 @@ def record_dict(rec: RunRecord, records: Sequence[RunRecord], model: BenchModel,
     ref = _reference(rec, records)
     base = next((r for r in records if _kind(r) == "no-spec" and r.batch_size == rec.batch_size), None)
     spec = rec.config.spec
+    schedule = spec.entries if isinstance(spec, SpecSchedule) else None
+    shape = spec if isinstance(spec, SpecConfig) else None
     d: dict[str, Any] = {
         "config": rec.config.name, "kind": kind, "drafter": rec.config.drafter,
-        "steps": spec.steps if spec else None, "topk": spec.topk if spec else None,
-        "draft_tokens": spec.draft_tokens if spec else None,
+        "steps": shape.steps if shape else None, "topk": shape.topk if shape else None,
+        "draft_tokens": shape.draft_tokens if shape else None,
+        "schedule": [[rows, s.steps, s.topk, s.draft_tokens] for rows, s in schedule] if schedule else None,
         "batch_size": rec.batch_size, "prompts": len(rec.outputs), "prompt_tokens": sum(rec.prompt_tokens),
         "output_tokens": rec.output_tokens, "seconds": _r(rec.seconds, 4), "tok_per_s": _r(rec.tok_per_s, 2),
         "speedup": _r(rec.tok_per_s / base.tok_per_s, 4) if base is not None and base.tok_per_s > 0 else None,

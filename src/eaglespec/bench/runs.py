@@ -39,7 +39,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from ..config import EngineConfig, SpecConfig
+from ..config import EngineConfig, SpecConfig, SpecSchedule
 from ..engine.cuda_graphs import PREFILL_GRAPH_ROWS
 from ..engine.engine import Engine
 from ..errors import ConfigError
@@ -65,7 +65,7 @@ def check_batching(batching: str, configs: Sequence["RunConfig"]) -> None:
 class RunConfig:
     name: str  # "no-spec", "oracle S3 K1 D4", ...
     drafter: str | None = None  # None: plain decoding; "oracle", "random" or a drafter folder
-    spec: SpecConfig | None = None
+    spec: SpecConfig | SpecSchedule | None = None
 
     @property
     def speculative(self) -> bool:
@@ -76,8 +76,15 @@ class RunConfig:
         return RunConfig("no-spec")
 
     @staticmethod
-    def of(drafter_label: str, drafter: str, spec: SpecConfig) -> "RunConfig":
-        return RunConfig(f"{drafter_label} S{spec.steps} K{spec.topk} D{spec.draft_tokens}", drafter, spec)
+    def of(drafter_label: str, drafter: str, spec: SpecConfig | SpecSchedule) -> "RunConfig":
+        return RunConfig(f"{drafter_label} {shape_label(spec)}", drafter, spec)
+
+
+def shape_label(spec: SpecConfig | SpecSchedule) -> str:
+    """"S3 K1 D4", or a schedule's entries: "1:S3 K1 D4 / 32:S4 K2 D8"."""
+    if isinstance(spec, SpecSchedule):
+        return " / ".join(f"{rows}:{shape_label(s)}" for rows, s in spec.entries)
+    return f"S{spec.steps} K{spec.topk} D{spec.draft_tokens}"
 
 
 @dataclass

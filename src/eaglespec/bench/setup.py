@@ -12,7 +12,8 @@ Contract:
 - `build_workload(model, name, items, turns, chat, prompt_len, count, seed)` -> `Workload`: those items encoded once
   with the model's tokenizer; for a random-weights model, `count` prompts of `prompt_len` random ids.
 - `check_workload(...)` and `select_prompts` raise the prompt options' errors before the (slow) model load.
-- `parse_sizes("1,8,32")`, `parse_spec("5,4,16")`, `parse_ints` validate with one-sentence errors.
+- `parse_sizes("1,8,32")`, `parse_spec("5,4,16")` (or a schedule, `"1:3,1,4/32:4,2,8"`), `parse_ints` validate with
+  one-sentence errors.
 - `spec_runs(drafts, specs, no_spec, default_model)` -> the speculative `RunConfig`s: every drafter x every shape;
   "auto" means the drafter shipped for the embedded model (none for other models).
 """
@@ -25,7 +26,7 @@ from typing import Sequence
 import torch
 
 from ..assets import default_drafter_path
-from ..config import SpecConfig
+from ..config import SpecConfig, SpecSchedule
 from ..errors import ConfigError
 from ..loading.checkpoint import load_model, resolve_device
 from ..loading.default import default_model_path
@@ -52,7 +53,18 @@ def parse_sizes(text: str) -> list[int]:
     return list(dict.fromkeys(sizes))
 
 
-def parse_spec(text: str) -> SpecConfig:
+def parse_spec(text: str) -> SpecConfig | SpecSchedule:
+    """`S,K,D` -> a SpecConfig; `R:S,K,D/R:S,K,D/...` -> a SpecSchedule (each step the shape of the first entry whose
+    R >= its highest running row + 1), e.g. `1:3,1,4/8:4,2,8/16:3,1,4/32:4,2,8`, the H200 policy of session 19."""
+    if ":" in text:
+        entries = []
+        for part in text.split("/"):
+            rows, sep, shape = part.partition(":")
+            if not sep or not rows.strip().isdigit():
+                raise ConfigError(f"--spec takes S,K,D or a schedule ROWS:S,K,D/ROWS:S,K,D/..., e.g. "
+                                  f"1:3,1,4/8:4,2,8 (got {text!r})")
+            entries.append((int(rows), parse_spec(shape)))
+        return SpecSchedule(tuple(entries))
     vals = parse_ints(text, "--spec")
     if len(vals) != 3:
         raise ConfigError(f"--spec takes S,K,D (steps, topk, draft tokens), e.g. 5,4,16 (got {text!r})")
@@ -130,7 +142,7 @@ def build_workload(model: BenchModel, prompts: str | None, items: list[PromptIte
     return Workload(name, [e[0] for e in encoded], [e[1] for e in encoded], items, turns, chat)
 
 
-def spec_runs(drafts: Sequence[str] | None, specs: Sequence[SpecConfig], no_spec: bool,
+def spec_runs(drafts: Sequence[str] | None, specs: Sequence[SpecConfig | SpecSchedule], no_spec: bool,
               default_model: bool) -> list[RunConfig]:
     if no_spec and not specs:
         return []

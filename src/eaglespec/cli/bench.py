@@ -155,7 +155,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     s = p.add_argument_group("speculation")
     s.add_argument("--spec", action="append", default=[], metavar="S,K,D",
                    help="a speculative shape: steps, topk, draft tokens (repeatable; default 5,4,16, and for the "
-                        "embedded model's shipped drafter the shape generate uses on this device)")
+                        "embedded model's shipped drafter the shape generate uses on this device), or a schedule "
+                        "ROWS:S,K,D/ROWS:S,K,D/... (each step the shape of the first entry whose ROWS reach its "
+                        "highest running row, e.g. 1:3,1,4/8:4,2,8)")
     s.add_argument("--draft", action="append", default=None, metavar="DIR|oracle|random",
                    help="drafter (repeatable): an EAGLE-3 folder, 'oracle' (the baseline's own greedy outputs: the "
                         "upper bound) or 'random' (random weights of the target's shape: the lower bound); default: "
