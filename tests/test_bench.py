@@ -310,6 +310,7 @@ def test_bench_defaults_measure_what_generate_runs(tmp_path, capsys):
     (["--spec", "3,2,9"], "between 1 and 1 + steps*topk = 7"),
     (["--spec", "3,2"], "--spec takes S,K,D"),
     (["--spec", "1:3,1,4/x:4,2,8"], "a schedule ROWS:S,K,D/ROWS:S,K,D/..."),
+    (["--spec", "1:2:3,1,4"], "a schedule ROWS:S,K,D/ROWS:S,K,D/..."),
     (["--spec", "8:3,1,4/1:4,2,8"], "row limits >= 1 in increasing order"),
     (["--spec", "1:3,2,9"], "between 1 and 1 + steps*topk = 7"),
     (["--batch-sizes", "1,x"], "--batch-sizes must be comma-separated integers"),

@@ -60,7 +60,7 @@ def parse_spec(text: str) -> SpecConfig | SpecSchedule:
         entries = []
         for part in text.split("/"):
             rows, sep, shape = part.partition(":")
-            if not sep or not rows.strip().isdigit():
+            if not sep or not rows.strip().isdigit() or ":" in shape:
                 raise ConfigError(f"--spec takes S,K,D or a schedule ROWS:S,K,D/ROWS:S,K,D/..., e.g. "
                                   f"1:3,1,4/8:4,2,8 (got {text!r})")
             entries.append((int(rows), parse_spec(shape)))
