@@ -247,18 +247,25 @@ def test_bench_mt_bench_two_turns_with_peer(chat_model, tmp_path, capsys):
     assert doc["peer"]["library"] == "transformers" and doc["peer"]["version"]
 
 
-def test_bench_random_weights(tmp_path, capsys):
+def bench_tiny_random(tmp_path, capsys, spec: str) -> tuple[Path, dict]:
+    """`eaglespec bench` on a 2-layer Llama of random weights (its config.json written here), 3 random prompts of 10
+    tokens, 5 new tokens, batch sizes 1 and 3, a random drafter with `--spec spec`; returns (config path, results)."""
     cfg = tmp_path / "shape.json"
     cfg.write_text(json.dumps(dict(architectures=["LlamaForCausalLM"], model_type="llama", vocab_size=101,
                                    hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                                    num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=True)))
     out = tmp_path / "out"
-    code, stdout, err = run_cli(
+    code, _, err = run_cli(
         ["bench", "--random-weights", cfg, "--prompt-len", "10", "--limit", "3", "--batch-sizes", "1,3", "--spec",
-         "2,1,3", "--draft", "random", "--max-new-tokens", "5", "--device", "cpu", "--out", out], capsys)
+         spec, "--draft", "random", "--max-new-tokens", "5", "--device", "cpu", "--out", out], capsys)
     assert code == 0, err
     doc = json.loads((out / "results.json").read_text())
     check_schema(doc)
+    return cfg, doc
+
+
+def test_bench_random_weights(tmp_path, capsys):
+    cfg, doc = bench_tiny_random(tmp_path, capsys, "2,1,3")
     assert doc["prompts"]["set"] == "random" and doc["prompts"]["prompt_tokens_mean"] == 10
     assert doc["sampling"]["ignore_eos"] is True and doc["model"]["source"] == f"random-weights:{cfg}"
     # tied head: embedding read whole once; per layer q,o 32x32, k,v 32x16, MLP 3x32x64, two norms; final norm
@@ -273,17 +280,7 @@ def test_bench_random_weights(tmp_path, capsys):
 def test_bench_runs_a_schedule(tmp_path, capsys):
     """`--spec R:S,K,D/...` benches a SpecSchedule as one configuration: a step over rows 0..R-1 takes the shape of the
     first entry whose limit reaches R (here the chain at 1 row, the tree at 2-3), answers equal plain decoding."""
-    cfg = tmp_path / "shape.json"
-    cfg.write_text(json.dumps(dict(architectures=["LlamaForCausalLM"], model_type="llama", vocab_size=101,
-                                   hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                   num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=True)))
-    out = tmp_path / "out"
-    code, _, err = run_cli(
-        ["bench", "--random-weights", cfg, "--prompt-len", "10", "--limit", "3", "--batch-sizes", "1,3", "--spec",
-         "1:2,1,3/3:2,2,4", "--draft", "random", "--max-new-tokens", "5", "--device", "cpu", "--out", out], capsys)
-    assert code == 0, err
-    doc = json.loads((out / "results.json").read_text())
-    check_schema(doc)
+    _, doc = bench_tiny_random(tmp_path, capsys, "1:2,1,3/3:2,2,4")
     name = "random 1:S2 K1 D3 / 3:S2 K2 D4"
     spec = [r for r in doc["records"] if r["kind"] == "spec"]
     assert [(r["config"], r["batch_size"]) for r in spec] == [(name, 1), (name, 3)]
