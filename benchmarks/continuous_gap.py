@@ -29,7 +29,8 @@ from eaglespec.assets import default_drafter_path
 from eaglespec.bench.datasets import encode, load_prompt_set
 from eaglespec.bench.drafters import DrafterPool
 from eaglespec.bench.runs import ConfigRun, RunConfig
-from eaglespec.bench.setup import load_bench_model, parse_spec
+from eaglespec.bench.setup import load_bench_model
+from eaglespec.config import parse_spec
 from eaglespec.config import EngineConfig
 from eaglespec.sampling_params import SamplingParams
 

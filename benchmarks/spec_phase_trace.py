@@ -8,7 +8,8 @@ stepped 30 steps after 128-token prompts; for each (rows, spec): the three phase
 the state as they found it; commit moves it on by one step per replay, which the 2,048-position cache allows), its
 kernels charged by `probe_script.kernel_advance`; and the plain decode graph of the same rows for comparison.
 
-usage: python benchmarks/spec_phase_trace.py OUT_DIR [--only=1|8|32]
+usage: python benchmarks/spec_phase_trace.py OUT_DIR [--only=1|8|32] [--case=ROWS:S,K,D ...]
+(`--case` replaces the default cases; rows 1, 8 and 32 only)
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ m, d = random_pair()
 results: list[dict] = []
 cases = [(1, SpecConfig(3, 1, 4)), (1, SpecConfig(4, 4, 16)), (8, SpecConfig(4, 4, 16)), (8, SpecConfig(3, 1, 4)),
          (32, SpecConfig(3, 1, 4)), (32, SpecConfig(2, 1, 3))]
+picked = [a.split("=", 1)[1] for a in sys.argv if a.startswith("--case=")]
+if picked:
+    cases = [(int(c.split(":")[0]), SpecConfig(*(int(x) for x in c.split(":")[1].split(",")))) for c in picked]
 
 
 def phase_ms(graphs: list, n: int = 50) -> dict:

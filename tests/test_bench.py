@@ -250,6 +250,7 @@ def test_bench_mt_bench_two_turns_with_peer(chat_model, tmp_path, capsys):
 def bench_tiny_random(tmp_path, capsys, spec: str) -> tuple[Path, dict]:
     """`eaglespec bench` on a 2-layer Llama of random weights (its config.json written here), 3 random prompts of 10
     tokens, 5 new tokens, batch sizes 1 and 3, a random drafter with `--spec spec`; returns (config path, results)."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
     cfg = tmp_path / "shape.json"
     cfg.write_text(json.dumps(dict(architectures=["LlamaForCausalLM"], model_type="llama", vocab_size=101,
                                    hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
@@ -290,16 +291,48 @@ def test_bench_runs_a_schedule(tmp_path, capsys):
     assert all(r["schedule"] is None for r in doc["records"] if r["kind"] == "no-spec")
 
 
-def test_bench_defaults_measure_what_generate_runs(tmp_path, capsys):
-    """`eaglespec bench` on the embedded model without --draft/--spec: the baseline against the shipped drafter in
-    the shape `generate` speculates with on this device (S2 K2 D4 on the CPU, greedy), answers identical (float32)."""
+def test_bench_defaults_measure_what_generate_runs(tmp_path, capsys, monkeypatch):
+    """`eaglespec bench` on the embedded model without --draft/--spec benches `--spec auto`: at each batch size the
+    shape `draft="auto"` gives an engine of that many rows here (on the CPU the tree S2 K2 D4 at one row, answers
+    identical in float32; engines of several rows decode plainly, so nothing speculative runs at 2 rows and the log
+    says why). The run keeps one name; its records carry the shape taken."""
+    asked: list[int] = []  # this machine's forward timing (api.auto_spec) fixed, as tests/test_cli.py does
+    monkeypatch.setattr("eaglespec.api.verify_cost_ratio", lambda model, tokens, repeats=3: asked.append(tokens) or 1.0)
     out = tmp_path / "out"
-    code, _, err = run_cli(["bench", "--limit", "2", "--max-new-tokens", "8", "--batch-sizes", "1", "--device", "cpu",
-                            "--out", out], capsys)
+    code, stdout, err = run_cli(["bench", "--limit", "2", "--max-new-tokens", "8", "--batch-sizes", "1,2", "--device",
+                                 "cpu", "--out", out], capsys)
     assert code == 0, err
     doc = json.loads((out / "results.json").read_text())
-    assert [r["config"] for r in doc["records"]] == ["no-spec", "draft:smollm2-135m-eagle3 S2 K2 D4"]
-    assert doc["records"][1]["identical_outputs"] == doc["records"][1]["prompts"] == 2
+    check_schema(doc)
+    name = "draft:smollm2-135m-eagle3 auto"
+    assert [(r["config"], r["batch_size"]) for r in doc["records"]] == [("no-spec", 1), (name, 1), ("no-spec", 2)]
+    auto = doc["records"][1]
+    assert auto["auto"] and auto["shape"] == "S2 K2 D4" and (auto["steps"], auto["topk"], auto["draft_tokens"]) == (
+        2, 2, 4)
+    assert auto["identical_outputs"] == auto["prompts"] == 2 and asked == [4]
+    assert not doc["records"][0]["auto"] and doc["records"][0]["shape"] is None
+    assert f"| {name} = S2 K2 D4 | 1 |" in stdout  # the table names the shape taken
+    assert f"{name} bs=2: not run, the default decodes plainly here (engines of several rows measured no faster" in err
+
+
+def test_bench_auto_follows_the_policy_per_batch_size(tmp_path, capsys, monkeypatch):
+    """`--spec auto` with another drafter takes the policy's shape per batch size: a schedule where the policy names
+    several shapes up to that size (here a chain at one row and a tree at 2-3 rows), one shape where it names one;
+    and where this CPU's forwards make speculation slower (timed at load), it is not run, with the measurement."""
+    import eaglespec.assets as assets
+    from eaglespec.config import SpecConfig
+
+    monkeypatch.setitem(assets._DEFAULT_SPEC, "cpu", ((1, SpecConfig(2, 1, 3)), (3, SpecConfig(2, 2, 4))))
+    monkeypatch.setattr("eaglespec.api.verify_cost_ratio", lambda model, tokens, repeats=3: 1.0)
+    _, doc = bench_tiny_random(tmp_path, capsys, "auto")
+    spec = [r for r in doc["records"] if r["kind"] == "spec"]
+    assert [(r["config"], r["batch_size"], r["shape"]) for r in spec] == [
+        ("random auto", 1, "S2 K1 D3"), ("random auto", 3, "1:S2 K1 D3 / 3:S2 K2 D4")]
+    assert spec[0]["steps"] == 2 and spec[1]["schedule"] == [[1, 2, 1, 3], [3, 2, 2, 4]]
+    assert all(r["auto"] and r["identical_outputs"] == r["prompts"] == 3 for r in spec)
+    monkeypatch.setattr("eaglespec.api.verify_cost_ratio", lambda model, tokens, repeats=3: 1.8)
+    _, doc = bench_tiny_random(tmp_path / "slow", capsys, "auto")
+    assert [r["kind"] for r in doc["records"]] == ["no-spec", "no-spec"]
 
 
 # --- user errors ----------------------------------------------------------------------------------------------------
@@ -310,6 +343,7 @@ def test_bench_defaults_measure_what_generate_runs(tmp_path, capsys):
     (["--spec", "1:2:3,1,4"], "a schedule ROWS:S,K,D/ROWS:S,K,D/..."),
     (["--spec", "8:3,1,4/1:4,2,8"], "row limits >= 1 in increasing order"),
     (["--spec", "1:3,2,9"], "between 1 and 1 + steps*topk = 7"),
+    (["--spec", "3,x,4"], "--spec must be comma-separated integers"),
     (["--batch-sizes", "1,x"], "--batch-sizes must be comma-separated integers"),
     (["--draft", "/no/such/drafter"], "neither 'oracle', 'random' nor an existing drafter folder"),
     (["--spec", "3,1,4"], "no drafter for this model"),

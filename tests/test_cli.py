@@ -154,6 +154,27 @@ def test_generate_says_when_this_cpu_makes_speculation_slower(capsys, monkeypatc
     assert "no speculation" in err and "a forward of 4 tokens costs 1.80x one of 1 token" in err
 
 
+def test_generate_takes_a_shape_or_a_schedule(capsys):
+    """`--spec S,K,D` speculates in that shape; a schedule (as `eaglespec tune` recommends) gives a one-row engine
+    the shape of its first entry; both answer as plain decoding does (float32)."""
+    prompt = ["generate", "What is the capital of France?", "--max-new-tokens", "8", "--device", "cpu"]
+    code, plain, _ = run_cli([*prompt, "--no-spec"], capsys)
+    assert code == 0
+    code, out, err = run_cli([*prompt, "--spec", "2,1,3"], capsys)
+    assert code == 0 and out == plain and "(S=2 K=1 D=3)" in err
+    code, out, err = run_cli([*prompt, "--spec", "1:3,1,4/8:4,2,8"], capsys)
+    assert code == 0 and out == plain and "(S=3 K=1 D=4)" in err
+
+
+def test_spec_text_round_trip():
+    from eaglespec.config import SpecConfig, SpecSchedule, parse_spec, spec_text
+
+    for text in ("3,1,4", "1:3,1,4/8:4,2,8/16:3,1,4/32:4,2,8"):
+        assert spec_text(parse_spec(text)) == text
+    assert parse_spec(" 5, 4, 16 ") == SpecConfig(5, 4, 16)
+    assert parse_spec("2:2,1,3/4:2,2,4") == SpecSchedule(((2, SpecConfig(2, 1, 3)), (4, SpecConfig(2, 2, 4))))
+
+
 def test_verify_cost_ratio_times_the_forwards():
     """The measurement itself: forwards of T and of 1 tokens, timed; a positive ratio (its size is the machine's)."""
     from eaglespec.engine.verify_cost import verify_cost_ratio
@@ -217,6 +238,10 @@ def test_prompt_longer_than_context_cli(capsys):
     (["--top-k", "-3"], "top_k must be >= 0"),
     (["--max-new-tokens", "0"], "max_new_tokens must be >= 1"),
     (["--steps", "3", "--topk", "2", "--draft-tokens", "9"], "between 1 and 1 + steps*topk = 7"),
+    (["--spec", "3,2,9"], "between 1 and 1 + steps*topk = 7"),
+    (["--spec", "3,1"], "--spec takes S,K,D"),
+    (["--spec", "1:3,1,4/x:4,2,8"], "a schedule ROWS:S,K,D/ROWS:S,K,D/..."),
+    (["--spec", "3,1,4", "--steps", "2"], "--spec and --steps/--topk/--draft-tokens exclude each other"),
 ])
 def test_bad_sampling_and_spec_parameters(args, needle, capsys):
     code, _, err = run_cli(["generate", "hi", *args], capsys)

@@ -72,6 +72,35 @@ def test_spec_max_rows_recommendation():
     assert tune_section(recs[:4])["spec_max_rows"] is None  # wins everywhere measured: no limit to advise
 
 
+def test_schedule_recommendation():
+    """The sweep's fastest shapes per batch size as one engine's schedule (the H200 pattern: a chain at one row, a
+    tree at 8 and 32 rows), merged where neighbours agree, cut where speculation starts to lose; printed as the
+    `--spec` text that runs it, which parses back to the same schedule."""
+    from eaglespec.config import SpecSchedule, parse_spec
+
+    chain, tree = (3, 1, 4), (4, 2, 8)
+    recs = [_rec("no-spec", 1, 100.0, "no-spec"), _rec("d S3 K1 D4", 1, 171.0, s=chain),
+            _rec("d S4 K2 D8", 1, 155.0, s=tree),
+            _rec("no-spec", 8, 500.0, "no-spec"), _rec("d S3 K1 D4", 8, 900.0, s=chain),
+            _rec("d S4 K2 D8", 8, 925.0, s=tree),
+            _rec("no-spec", 32, 1600.0, "no-spec"), _rec("d S3 K1 D4", 32, 2300.0, s=chain),
+            _rec("d S4 K2 D8", 32, 2400.0, s=tree)]
+    sec = tune_section(recs)
+    assert sec["schedule"] == "1:3,1,4/32:4,2,8"  # 8 and 32 rows agree: one entry up to 32
+    assert parse_spec(sec["schedule"]) == SpecSchedule(((1, SpecConfig(*chain)), (32, SpecConfig(*tree))))
+    assert sec["messages"][-1] == ("one engine for all these batch sizes: --spec 1:3,1,4/32:4,2,8 (Python: "
+                                   "eaglespec.load(spec=eaglespec.config.parse_spec('1:3,1,4/32:4,2,8')))")
+    recs[-2:] = [_rec("d S3 K1 D4", 32, 1500.0, s=chain), _rec("d S4 K2 D8", 32, 1550.0, s=tree)]  # loses at 32
+    sec = tune_section(recs)
+    assert sec["schedule"] == "1:3,1,4/8:4,2,8" and sec["spec_max_rows"] == 8
+    assert sec["messages"][-1].startswith("one engine for all these batch sizes: --spec 1:3,1,4/8:4,2,8 "
+                                          "--spec-max-rows 8 (Python: ")
+    one = tune_section([r for r in recs if r["config"] != "d S4 K2 D8"])  # the chain everywhere it wins
+    assert one["schedule"] == "3,1,4" and not one["messages"][-1].startswith("one engine")
+    loses = [_rec("no-spec", 1, 100.0, "no-spec"), _rec("d S3 K1 D4", 1, 90.0, s=chain)]
+    assert tune_section(loses)["schedule"] is None  # net-negative at the smallest size: no schedule to advise
+
+
 def test_tune_end_to_end_random_drafter_is_net_negative(tmp_path, capsys):
     model = write_tiny_chat_folder(tmp_path / "tiny")
     prompts = tmp_path / "p.jsonl"

@@ -26,7 +26,7 @@ from .engine.engine import Engine
 from .engine.transforms import prepare_for_inference
 from .errors import ConfigError
 from .loading.checkpoint import load_model, resolve_device, resolve_dtype
-from .assets import CPU_MAX_VERIFY_COST, default_drafter_path, default_spec, verify_cost_note
+from .assets import CPU_MAX_VERIFY_COST, default_drafter_path, default_spec, slower_note, verify_cost_note
 from .engine.verify_cost import verify_cost_ratio
 
 
@@ -39,6 +39,24 @@ def load_drafter(path: str | Path, device: torch.device | str, dtype: torch.dtyp
             "expected LlamaForCausalLMEagle3)"
         )
     return loaded.model
+
+
+def auto_spec(target: torch.nn.Module, device_type: str, max_batch_size: int = 1,
+              temperature: float = 0.0) -> tuple[SpecConfig | SpecSchedule | None, str | None]:
+    """What `draft="auto"` speculates with on the shipped drafter for an engine of `max_batch_size` rows on this
+    device type at this temperature: (`assets.default_spec`'s shape or schedule, None), or (None, why not) where
+    plain decoding is the choice: measured slower there (`assets.slower_note`), or, on the CPU, a forward of the
+    shape's draft tokens timed on this machine at more than CPU_MAX_VERIFY_COST one-token forwards (`target`
+    prepared as the engine runs it). `load` and `eaglespec bench --spec auto` both take it."""
+    spec = default_spec(device_type, max_batch_size, temperature)
+    if spec is None:
+        return None, slower_note(device_type, temperature)
+    if device_type == "cpu":  # the CPU's premise (a few-token forward costs about a 1-token one) is measured
+        tokens = spec_envelope(SpecSchedule.of(spec).shapes).draft_tokens
+        ratio = verify_cost_ratio(target, tokens, repeats=2)
+        if ratio > CPU_MAX_VERIFY_COST:
+            return None, verify_cost_note(ratio, tokens)
+    return spec, None
 
 
 def load(
@@ -56,18 +74,13 @@ def load(
     dtype = next(loaded.model.parameters()).dtype
     prepare_for_inference(loaded.model, device, config.fuse_projections, config.compile)  # before the CPU's timing
     draft_path: Path | None
-    plain_note = None  # why draft="auto" decodes plainly after measuring this machine
+    plain_note = None  # why draft="auto" decodes plainly (measured slower here, or this machine's forwards timed)
     if draft == "auto":
         draft_path = default_drafter_path() if model is None else None
         if draft_path is not None and spec is None:
-            spec = default_spec(device.type, config.max_batch_size, temperature)
-            if spec is None:  # measured slower than plain decoding here
+            spec, plain_note = auto_spec(loaded.model, device.type, config.max_batch_size, temperature)
+            if spec is None:
                 draft_path = None
-            elif device.type == "cpu":  # the CPU's premise (a few-token forward costs about a 1-token one) is measured
-                tokens = spec_envelope(SpecSchedule.of(spec).shapes).draft_tokens
-                ratio = verify_cost_ratio(loaded.model, tokens, repeats=2)
-                if ratio > CPU_MAX_VERIFY_COST:
-                    spec, draft_path, plain_note = None, None, verify_cost_note(ratio, tokens)
     else:
         draft_path = Path(draft) if draft is not None else None
     drafter = load_drafter(draft_path, device, dtype) if draft_path is not None else None
@@ -78,4 +91,4 @@ def load(
     return engine
 
 
-__all__ = ["load", "load_drafter", "resolve_device", "resolve_dtype"]
+__all__ = ["auto_spec", "load", "load_drafter", "resolve_device", "resolve_dtype"]

@@ -312,6 +312,37 @@ class SpecSchedule:
         return self.shapes.index(spec)
 
 
+def parse_spec(text: str, option: str = "--spec") -> "SpecConfig | SpecSchedule":
+    """The text form of a speculation shape: `S,K,D` (steps, topk, draft tokens) -> a SpecConfig; `R:S,K,D/R:S,K,D/...`
+    -> a SpecSchedule (each step the shape of the first entry whose R reaches its highest running row + 1), e.g.
+    `1:3,1,4/8:4,2,8/16:3,1,4/32:4,2,8`, the H200 policy of session 19. `spec_text` writes it back. Errors name
+    `option`."""
+    text = text.strip()
+    if ":" in text:
+        entries = []
+        for part in text.split("/"):
+            rows, sep, shape = part.partition(":")
+            if not sep or not rows.strip().isdigit() or ":" in shape:
+                raise ConfigError(f"{option} takes S,K,D or a schedule ROWS:S,K,D/ROWS:S,K,D/..., e.g. "
+                                  f"1:3,1,4/8:4,2,8 (got {text!r})")
+            entries.append((int(rows), parse_spec(shape, option)))
+        return SpecSchedule(tuple(entries))
+    try:
+        vals = [int(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise ConfigError(f"{option} must be comma-separated integers (got {text!r})") from None
+    if len(vals) != 3:
+        raise ConfigError(f"{option} takes S,K,D (steps, topk, draft tokens), e.g. 5,4,16 (got {text!r})")
+    return SpecConfig(*vals)
+
+
+def spec_text(spec: "SpecConfig | SpecSchedule") -> str:
+    """`parse_spec`'s form: "3,1,4", or a schedule's "1:3,1,4/8:4,2,8"."""
+    if isinstance(spec, SpecSchedule):
+        return "/".join(f"{rows}:{spec_text(s)}" for rows, s in spec.entries)
+    return f"{spec.steps},{spec.topk},{spec.draft_tokens}"
+
+
 def spec_envelope(shapes: Sequence[SpecConfig]) -> SpecConfig:
     """The largest steps, topk and draft tokens of any of these shapes: what an engine speculating with all of them
     sizes its caches, drafter state and headroom by (a valid shape: D <= 1 + S*K holds for the maxima)."""

@@ -18,6 +18,9 @@
     records:  one per (configuration, batch size), baselines included, in run order:
       config (name), kind ("no-spec" | "spec" | "peer"), drafter, steps, topk, draft_tokens (null for a schedule),
       schedule ([[max rows, steps, topk, draft tokens], ...] for a `--spec R:S,K,D/...` schedule, else null),
+      shape (the shape's label, "S3 K1 D4" or "1:S3 K1 D4 / 8:S4 K2 D8"; null without speculation), auto (true for
+      `--spec auto`: the shape `draft="auto"` takes at this batch size, resolved per batch size; the config name
+      stays "<drafter> auto"),
       batch_size, prompts,
       prompt_tokens, output_tokens, seconds (wall time of the timed generations), tok_per_s (output tokens / seconds),
       speedup (tok_per_s / the no-spec tok_per_s at the same batch size; the peer: at batch 1, else null),
@@ -53,7 +56,7 @@ from typing import Any, Sequence
 import torch
 
 from ..config import SpecConfig, SpecSchedule
-from .runs import RunRecord
+from .runs import RunRecord, shape_label
 from .suite import BenchModel, SuiteOptions, SuiteResult, Workload
 
 SCHEMA, SCHEMA_VERSION = "eaglespec.bench", 1
@@ -116,6 +119,7 @@ def record_dict(rec: RunRecord, records: Sequence[RunRecord], model: BenchModel,
         "steps": shape.steps if shape else None, "topk": shape.topk if shape else None,
         "draft_tokens": shape.draft_tokens if shape else None,
         "schedule": [[rows, s.steps, s.topk, s.draft_tokens] for rows, s in schedule] if schedule else None,
+        "shape": shape_label(spec) if spec is not None else None, "auto": rec.config.auto,
         "batch_size": rec.batch_size, "prompts": len(rec.outputs), "prompt_tokens": sum(rec.prompt_tokens),
         "output_tokens": rec.output_tokens, "seconds": _r(rec.seconds, 4), "tok_per_s": _r(rec.tok_per_s, 2),
         "speedup": _r(rec.tok_per_s / base.tok_per_s, 4) if base is not None and base.tok_per_s > 0 else None,
@@ -201,6 +205,11 @@ def _f(x: Any, fmt: str = "{:.2f}") -> str:
     return "-" if x is None else fmt.format(x)
 
 
+def _config_cell(r: dict[str, Any]) -> str:
+    """The configuration's name, and for `--spec auto` the shape it took at this batch size."""
+    return f"{r['config']} = {r['shape']}" if r.get("auto") else r["config"]
+
+
 def markdown(doc: dict[str, Any], records: Sequence[dict[str, Any]] | None = None) -> str:
     recs = list(doc["records"] if records is None else records)
     m, mach, pr = doc["model"], doc["machine"], doc["prompts"]
@@ -225,7 +234,7 @@ def markdown(doc: dict[str, Any], records: Sequence[dict[str, Any]] | None = Non
         es = r.get("engine_steps") or {}
         steps = es.get("decode", 0) + es.get("spec", 0)  # batched decode / speculative steps (prefills apart)
         lines.append(
-            f"| {r['config']} | {r['batch_size']} | {r['tok_per_s']:.1f} | {_f(r['speedup'], '{:.2f}x')} | "
+            f"| {_config_cell(r)} | {r['batch_size']} | {r['tok_per_s']:.1f} | {_f(r['speedup'], '{:.2f}x')} | "
             f"{_f(r['accept_length_mean'])} | {ident} | {r['output_tokens']} | {r['seconds']:.2f} | "
             f"{steps or '-'} | "
             f"{_pct(ts.get('draft'), r['seconds'])} | {_pct(ts.get('verify'), r['seconds'])} | "
@@ -238,7 +247,7 @@ def markdown(doc: dict[str, Any], records: Sequence[dict[str, Any]] | None = Non
         for r in spec:
             hist = " ".join(f"{t}:{n}" for t, n in r["accept_length_hist"].items())
             depth = " ".join(f"{x:.2f}" for x in r["accept_rate_per_depth"])
-            lines.append(f"| {r['config']} | {r['batch_size']} | {hist} | {depth} |")
+            lines.append(f"| {_config_cell(r)} | {r['batch_size']} | {hist} | {depth} |")
     return "\n".join(lines) + "\n"
 
 

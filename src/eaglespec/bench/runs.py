@@ -61,11 +61,28 @@ def check_batching(batching: str, configs: Sequence["RunConfig"]) -> None:
                           "continuous batching gives a freed row to the next request")
 
 
+# `--spec auto`: the shape `draft="auto"` gives an engine of the run's batch size (api.auto_spec), resolved per batch
+# size by `RunConfig.resolved`; the run keeps its name ("<drafter> auto") at every size, its records the shape taken
+AUTO = "auto"
+
+
 @dataclass(frozen=True)
 class RunConfig:
-    name: str  # "no-spec", "oracle S3 K1 D4", ...
+    name: str  # "no-spec", "oracle S3 K1 D4", "draft:smollm2-135m-eagle3 auto", ...
     drafter: str | None = None  # None: plain decoding; "oracle", "random" or a drafter folder
-    spec: SpecConfig | SpecSchedule | None = None
+    spec: SpecConfig | SpecSchedule | str | None = None  # AUTO until `resolved`
+    auto: bool = False  # resolved from AUTO
+
+    def resolved(self, target: nn.Module, device_type: str, batch_size: int,
+                 temperature: float) -> tuple["RunConfig | None", str | None]:
+        """An AUTO configuration with the shape `api.auto_spec` gives an engine of `batch_size` rows here, or (None,
+        why) where that is plain decoding; any other configuration as it is."""
+        if self.spec != AUTO:
+            return self, None
+        from ..api import auto_spec
+
+        spec, why = auto_spec(target, device_type, batch_size, temperature)
+        return (replace(self, spec=spec, auto=True), None) if spec is not None else (None, why)
 
     @property
     def speculative(self) -> bool:
@@ -80,8 +97,10 @@ class RunConfig:
         return RunConfig(f"{drafter_label} {shape_label(spec)}", drafter, spec)
 
 
-def shape_label(spec: SpecConfig | SpecSchedule) -> str:
-    """"S3 K1 D4", or a schedule's entries: "1:S3 K1 D4 / 32:S4 K2 D8"."""
+def shape_label(spec: SpecConfig | SpecSchedule | str) -> str:
+    """"S3 K1 D4", or a schedule's entries: "1:S3 K1 D4 / 32:S4 K2 D8" (AUTO: "auto")."""
+    if spec == AUTO:
+        return AUTO
     if isinstance(spec, SpecSchedule):
         return " / ".join(f"{rows}:{shape_label(s)}" for rows, s in spec.entries)
     return f"S{spec.steps} K{spec.topk} D{spec.draft_tokens}"

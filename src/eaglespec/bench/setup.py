@@ -12,8 +12,8 @@ Contract:
 - `build_workload(model, name, items, turns, chat, prompt_len, count, seed)` -> `Workload`: those items encoded once
   with the model's tokenizer; for a random-weights model, `count` prompts of `prompt_len` random ids.
 - `check_workload(...)` and `select_prompts` raise the prompt options' errors before the (slow) model load.
-- `parse_sizes("1,8,32")`, `parse_spec("5,4,16")` (or a schedule, `"1:3,1,4/32:4,2,8"`), `parse_ints` validate with
-  one-sentence errors.
+- `parse_sizes("1,8,32")`, `parse_bench_spec("5,4,16")` (or a schedule, `"1:3,1,4/32:4,2,8"`, or "auto": the
+  shape `draft="auto"` takes at each batch size), `parse_ints` validate with one-sentence errors.
 - `spec_runs(drafts, specs, no_spec, default_model)` -> the speculative `RunConfig`s: every drafter x every shape;
   "auto" means the drafter shipped for the embedded model (none for other models).
 """
@@ -26,13 +26,13 @@ from typing import Sequence
 import torch
 
 from ..assets import default_drafter_path
-from ..config import SpecConfig, SpecSchedule
+from ..config import SpecConfig, SpecSchedule, parse_spec
 from ..errors import ConfigError
 from ..loading.checkpoint import load_model, resolve_device
 from ..loading.default import default_model_path
 from .datasets import PromptItem, encode, load_prompt_set, random_prompts
 from .drafters import ORACLE, RANDOM, drafter_label
-from .runs import RunConfig
+from .runs import AUTO, RunConfig
 from .suite import BenchModel, Workload
 
 
@@ -53,22 +53,10 @@ def parse_sizes(text: str) -> list[int]:
     return list(dict.fromkeys(sizes))
 
 
-def parse_spec(text: str) -> SpecConfig | SpecSchedule:
-    """`S,K,D` -> a SpecConfig; `R:S,K,D/R:S,K,D/...` -> a SpecSchedule (each step the shape of the first entry whose
-    R >= its highest running row + 1), e.g. `1:3,1,4/8:4,2,8/16:3,1,4/32:4,2,8`, the H200 policy of session 19."""
-    if ":" in text:
-        entries = []
-        for part in text.split("/"):
-            rows, sep, shape = part.partition(":")
-            if not sep or not rows.strip().isdigit() or ":" in shape:
-                raise ConfigError(f"--spec takes S,K,D or a schedule ROWS:S,K,D/ROWS:S,K,D/..., e.g. "
-                                  f"1:3,1,4/8:4,2,8 (got {text!r})")
-            entries.append((int(rows), parse_spec(shape)))
-        return SpecSchedule(tuple(entries))
-    vals = parse_ints(text, "--spec")
-    if len(vals) != 3:
-        raise ConfigError(f"--spec takes S,K,D (steps, topk, draft tokens), e.g. 5,4,16 (got {text!r})")
-    return SpecConfig(*vals)
+def parse_bench_spec(text: str) -> SpecConfig | SpecSchedule | str:
+    """`--spec`: "auto" (runs.AUTO: the shape `draft="auto"` takes at each batch size), or `config.parse_spec`'s
+    S,K,D or schedule R:S,K,D/R:S,K,D/..."""
+    return AUTO if text.strip() == AUTO else parse_spec(text)
 
 
 def resolve_placement(device: str, dtype: str) -> tuple[torch.device, torch.dtype]:

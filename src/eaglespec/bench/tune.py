@@ -13,9 +13,13 @@ Contract:
 - `spec_max_rows(verdicts)` -> when speculation wins at the smaller batch sizes and loses at a larger one, the
   largest batch size B up to which it wins everywhere (the `--spec-max-rows B` an engine of more rows should serve
   with), else None.
+- `schedule(verdicts)` -> one engine's policy: the fastest speculative shape per batch size, up to the first size
+  where speculation loses, as a SpecSchedule by rows (one shape: a SpecConfig; none wins: None).
 - `tune_section(records)` -> the document's "tune" entry: {"fastest": {bs: config}, "fastest_speculative": {bs:
-  config}, "net_negative": {bs: bool}, "spec_max_rows": B | None, "messages": [...]}; with a B, the last message
-  says "speculation pays up to batch size B and loses above it: serve engines of more rows with --spec-max-rows B".
+  config}, "net_negative": {bs: bool}, "spec_max_rows": B | None, "schedule": "R:S,K,D/..." | "S,K,D" | None,
+  "messages": [...]}; with a B a message says "speculation pays up to batch size B and loses above it: serve
+  engines of more rows with --spec-max-rows B"; with a schedule of several shapes the last says "one engine for all
+  these batch sizes: --spec R:S,K,D/... [--spec-max-rows B] (Python: eaglespec.load(spec=...))".
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from ..config import SpecConfig
+from ..config import SpecConfig, SpecSchedule, spec_text
 from ..errors import ConfigError
 
 CHAIN_STEPS = tuple(range(1, 9))
@@ -103,6 +107,26 @@ def spec_max_rows(verdicts: Sequence[Verdict]) -> int | None:
     return None  # it wins at every measured size
 
 
+def schedule(verdicts: Sequence[Verdict]) -> SpecConfig | SpecSchedule | None:
+    """One engine's policy from the sweep: the fastest speculative shape of each measured batch size, from the
+    smallest up to the first where speculation loses, as a SpecSchedule by rows (a step over R rows takes the entry
+    of the smallest measured batch size >= R; past the last, the last), entries of one shape merged into the larger
+    size's; one shape alone as that SpecConfig; None when speculation loses at the smallest size."""
+    entries: list[tuple[int, SpecConfig]] = []
+    for v in sorted((v for v in verdicts if v.fastest_spec is not None and v.baseline is not None),
+                    key=lambda v: v.batch_size):
+        if v.net_negative:
+            break
+        s = v.fastest_spec
+        shape = SpecConfig(s["steps"], s["topk"], s["draft_tokens"])
+        if entries and entries[-1][1] == shape:
+            entries.pop()  # the larger size's entry covers the rows below it too
+        entries.append((v.batch_size, shape))
+    if not entries:
+        return None
+    return entries[0][1] if len(entries) == 1 else SpecSchedule(tuple(entries))
+
+
 def tune_section(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     vs = verdict(records)
     limit = spec_max_rows(vs)
@@ -110,10 +134,17 @@ def tune_section(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     if limit is not None:
         messages.append(f"speculation pays up to batch size {limit} and loses above it: serve engines of more rows "
                         f"with --spec-max-rows {limit}")
+    policy = schedule(vs)
+    if isinstance(policy, SpecSchedule):  # one engine serving all these sizes: a shape per step by its rows
+        text = spec_text(policy)
+        messages.append(f"one engine for all these batch sizes: --spec {text}"
+                        + (f" --spec-max-rows {limit}" if limit is not None else "")
+                        + f" (Python: eaglespec.load(spec=eaglespec.config.parse_spec({text!r})))")
     return {
         "fastest": {str(v.batch_size): v.fastest["config"] for v in vs},
         "fastest_speculative": {str(v.batch_size): v.fastest_spec["config"] if v.fastest_spec else None for v in vs},
         "net_negative": {str(v.batch_size): v.net_negative for v in vs},
         "spec_max_rows": limit,
+        "schedule": spec_text(policy) if policy is not None else None,
         "messages": messages,
     }

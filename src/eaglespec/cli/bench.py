@@ -155,9 +155,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     s = p.add_argument_group("speculation")
     s.add_argument("--spec", action="append", default=[], metavar="S,K,D",
                    help="a speculative shape: steps, topk, draft tokens (repeatable; default 5,4,16, and for the "
-                        "embedded model's shipped drafter the shape generate uses on this device), or a schedule "
-                        "ROWS:S,K,D/ROWS:S,K,D/... (each step the shape of the first entry whose ROWS reach its "
-                        "highest running row, e.g. 1:3,1,4/8:4,2,8)")
+                        "embedded model's shipped drafter 'auto'), a schedule ROWS:S,K,D/ROWS:S,K,D/... (each step "
+                        "the shape of the first entry whose ROWS reach its highest running row, e.g. "
+                        "1:3,1,4/8:4,2,8), or 'auto': at each batch size the shape generate and the API take for "
+                        "an engine of that many rows on this device (not run where that is plain decoding)")
     s.add_argument("--draft", action="append", default=None, metavar="DIR|oracle|random",
                    help="drafter (repeatable): an EAGLE-3 folder, 'oracle' (the baseline's own greedy outputs: the "
                         "upper bound) or 'random' (random weights of the target's shape: the lower bound); default: "
@@ -168,18 +169,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..bench.runs import check_batching
-    from ..bench.setup import parse_spec, spec_runs
+    from ..bench.runs import AUTO
+    from ..bench.setup import parse_bench_spec, spec_runs
     from ..bench.suite import run_suite, stderr_log
 
-    specs = [parse_spec(s) for s in args.spec]
+    specs = [parse_bench_spec(s) for s in args.spec]
     default_model = args.model is None and args.random_weights is None
     if not specs and default_model and args.draft in (None, ["auto"]):
-        # the shipped drafter in the shape `generate` speculates with on this device (when it does)
-        from ..assets import default_spec
-        from ..loading.checkpoint import resolve_device
-
-        shape = default_spec(resolve_device(args.device).type, 1, args.temperature)
-        specs = [shape] if shape is not None else []
+        specs = [AUTO]  # the shipped drafter in the shape `draft="auto"` gives each batch size (where it speculates)
     configs = spec_runs(args.draft, specs, args.no_spec, default_model)
     check_batching(args.batching, configs)
     if not configs and not args.no_spec:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from ..config import EngineConfig, SpecConfig
+from ..config import EngineConfig, SpecConfig, SpecSchedule, parse_spec
+from ..errors import ConfigError
 from ..sampling_params import SamplingParams
 
 
@@ -13,6 +14,10 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft", default="auto",
                    help="EAGLE-3 drafter folder (default: the shipped drafter for the embedded model)")
     p.add_argument("--no-spec", action="store_true", help="plain decoding, no speculation")
+    p.add_argument("--spec", default=None, metavar="S,K,D",
+                   help="the speculative shape as steps,topk,draft-tokens (e.g. 3,1,4), or a schedule by rows "
+                        "ROWS:S,K,D/ROWS:S,K,D/... as `eaglespec tune` recommends (instead of --steps/--topk/"
+                        "--draft-tokens)")
     p.add_argument("--steps", type=int, default=None, help="draft depth S")
     p.add_argument("--topk", type=int, default=None, help="branching K (1 = chain)")
     p.add_argument("--draft-tokens", type=int, default=None, help="verified tokens D, root included")
@@ -61,9 +66,15 @@ def sampling_params(args: argparse.Namespace) -> SamplingParams:
     )
 
 
-def spec_config(args: argparse.Namespace) -> SpecConfig | None:
-    """The speculative shape asked for; unset fields take SpecConfig's defaults (draft tokens <= 1 + S*K)."""
-    if args.steps is None and args.topk is None and args.draft_tokens is None:
+def spec_config(args: argparse.Namespace) -> SpecConfig | SpecSchedule | None:
+    """The speculative shape asked for: `--spec` (a shape or a schedule), or --steps/--topk/--draft-tokens, whose
+    unset fields take SpecConfig's defaults (draft tokens <= 1 + S*K); None when neither is given."""
+    separate = args.steps is not None or args.topk is not None or args.draft_tokens is not None
+    if args.spec is not None:
+        if separate:
+            raise ConfigError("--spec and --steps/--topk/--draft-tokens exclude each other: give the shape one way")
+        return parse_spec(args.spec)
+    if not separate:
         return None
     d = SpecConfig()
     steps = args.steps if args.steps is not None else d.steps
