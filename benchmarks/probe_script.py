@@ -83,12 +83,13 @@ def replay_ms(graphs: list[torch.cuda.CUDAGraph], n: int = 200, warmup: int = 20
 
 
 def stepped_engine(model: torch.nn.Module, drafter: torch.nn.Module | None = None, spec: SpecConfig | None = None,
-                   steps: int = 30, cache: int = 2048, rows: int = 1) -> Engine:
+                   steps: int = 30, cache: int = 2048, rows: int = 1, temperature: float = 0.0) -> Engine:
     e = Engine(model, None, EngineConfig(overlap=False, cuda_graphs=not CPU, max_batch_size=rows), drafter=drafter,
                spec=spec)
     e.reserve(rows, cache)
     for i in range(rows):  # rows decode in lockstep after one prefill of equal-length prompts
-        e.add_request(list(range(100 + i, 228 + i)), SamplingParams(max_new_tokens=cache - 256, ignore_eos=True))
+        e.add_request(list(range(100 + i, 228 + i)), SamplingParams(max_new_tokens=cache - 256, ignore_eos=True,
+                                                                    temperature=temperature))
     for _ in range(steps):
         e.step()
     if not CPU:
@@ -96,10 +97,11 @@ def stepped_engine(model: torch.nn.Module, drafter: torch.nn.Module | None = Non
     return e
 
 
-def current_graphs(e: Engine, kind: str, rows: int) -> list:
+def current_graphs(e: Engine, kind: str, rows: int, greedy: bool = True) -> list:
     """A stepped engine's captured graphs of `kind` ("decode" / "spec") for `rows` rows at its current length
-    bucket, as (name, graph) pairs in launch order (each replay moves the state on by one step)."""
-    return e.runner.graphs.captured(kind, rows, max(e.runner.host_len) + 64, True)
+    bucket (greedy or sampled), as (name, graph) pairs in launch order (each replay moves the state on by one
+    step)."""
+    return e.runner.graphs.captured(kind, rows, max(e.runner.host_len) + 64, greedy)
 
 
 def generated_tokens(model: torch.nn.Module, drafter: torch.nn.Module | None = None, spec: SpecConfig | None = None,

@@ -9,7 +9,7 @@ the state as they found it; commit moves it on by one step per replay, which the
 kernels charged by `probe_script.kernel_advance`; and the plain decode graph of the same rows for comparison.
 
 usage: python benchmarks/spec_phase_trace.py OUT_DIR [--only=1|8|32] [--case=ROWS:S,K,D ...]
-(`--case` replaces the default cases; rows 1, 8 and 32 only)
+(`--case` replaces the default cases; rows 1, 8 and 32 only; `--temperature=T`: sampled steps, T > 0)
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import torch  # noqa: E402
 
 from eaglespec.config import SpecConfig  # noqa: E402
 
+TEMP = next((float(a.split("=")[1]) for a in sys.argv if a.startswith("--temperature=")), 0.0)
 ONLY = next((int(a.split("=")[1]) for a in sys.argv if a.startswith("--only=")), None)
 m, d = random_pair()
 results: list[dict] = []
@@ -53,15 +54,15 @@ def phase_ms(graphs: list, n: int = 50) -> dict:
 for rows in (1, 8, 32):
     if ONLY is not None and rows != ONLY:
         continue
-    e = stepped_engine(m, rows=rows)
-    g = current_graphs(e, "decode", rows)
+    e = stepped_engine(m, rows=rows, temperature=TEMP)
+    g = current_graphs(e, "decode", rows, TEMP == 0)
     results.append({"rows": rows, "graph": "decode", "ms": phase_ms(g)[g[0][0]], **kernel_advance(g[0][1])})
     del e
     for r, spec in cases:
         if r != rows:
             continue
-        e = stepped_engine(m, d, spec, rows=rows)
-        graphs = current_graphs(e, "spec", rows)
+        e = stepped_engine(m, d, spec, rows=rows, temperature=TEMP)
+        graphs = current_graphs(e, "spec", rows, TEMP == 0)
         ms = phase_ms(graphs)
         name = f"S{spec.steps} K{spec.topk} D{spec.draft_tokens}"
         for gname, graph in graphs:

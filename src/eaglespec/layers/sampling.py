@@ -3,7 +3,8 @@
 `target_probs(logits, temperature, top_k, top_p)` turns logits [N, V] into the distribution a request samples from,
 per row: temperature 0 gives the one-hot of the argmax (so greedy is the degenerate case of sampling and every
 verification rule treats both alike), otherwise softmax(logits / T) restricted to the top-k tokens (k = 0: off) and
-then to the smallest top-p nucleus (p = 1: off; the most likely token always stays), renormalised.
+then to the smallest top-p nucleus (p = 1: off; the most likely token always stays), renormalised. On CUDA one
+Triton kernel per row computes it (layers/sampling_kernel.py: no sort unless the row uses top-k or top-p).
 
 `sample(probs, generator)` draws one token per row with the exponential-race trick (argmax of p / Exp(1)), which
 needs no cumulative sums and no sync.
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from . import argmax_kernel
+from . import argmax_kernel, sampling_kernel
 
 
 def greedy_ids(logits: torch.Tensor, table: torch.Tensor | None = None) -> torch.Tensor:
@@ -36,7 +37,17 @@ def target_probs(
     top_k: torch.Tensor,
     top_p: torch.Tensor,
 ) -> torch.Tensor:
-    """logits [N, V]; temperature/top_p [N] float; top_k [N] int -> probs [N, V] float32."""
+    """logits [N, V]; temperature/top_p [N] float; top_k [N] int -> probs [N, V] float32. On CUDA one Triton kernel
+    per row (layers/sampling_kernel.py), which sorts nothing unless the row asks for top-k or top-p."""
+    if logits.is_cuda and sampling_kernel.fits(logits.shape[-1]):
+        return sampling_kernel.target_probs(logits, temperature, top_k, top_p)
+    return target_probs_reference(logits, temperature, top_k, top_p)
+
+
+def target_probs_reference(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
+                           top_p: torch.Tensor) -> torch.Tensor:
+    """`target_probs` in PyTorch operations on any device (the CPU's path; the kernel's reference): the row sorted
+    once for top-k's k-th value and top-p's nucleus."""
     logits = logits.float()
     N, V = logits.shape
     greedy = temperature <= 0
@@ -51,7 +62,8 @@ def target_probs(
     # top-p on the sorted probabilities: drop a token when the mass before it already reaches p
     sorted_probs = probs.gather(1, sorted_idx)
     before = sorted_probs.cumsum(-1) - sorted_probs
-    drop_sorted = before >= top_p.float()[:, None]
+    # (top_p = 1 keeps every token: the float32 running sum can reach 1 before the tail of tiny probabilities)
+    drop_sorted = (before >= top_p.float()[:, None]) & (top_p < 1)[:, None]
     drop_sorted[:, 0] = False
     drop = torch.zeros_like(drop_sorted).scatter(1, sorted_idx, drop_sorted)
     probs = probs.masked_fill(drop, 0.0)

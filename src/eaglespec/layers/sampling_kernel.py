@@ -1,0 +1,111 @@
+"""A request's sampling distribution in one Triton kernel per row: `layers.sampling.target_probs` on CUDA.
+
+The PyTorch path sorts every row (top-k's k-th value and top-p's nucleus need the order), whatever the row's
+parameters: ~55 kernels (a radix sort, a scan, scatters, softmax, elementwise) per call on the H200, which made a
+sampled SmolLM2 decode step 0.575 ms against 0.441 greedy at one row and 1.13 ms against 0.74 at 32 rows, and a
+sampled chain's drafting 7x its greedy cost (docs/benchmarks.md, "Session 20"). Here one program holds a whole row
+in registers and takes only the branches its own parameters need:
+- temperature <= 0: the one-hot of the argmax (the first index among equal maxima: torch.argmax's rule);
+- else s = logits / T (float32); with 0 < top_k < V the k-th largest value of s is found by bisection over an
+  order-preserving integer key of the floats (32 halvings, exact), and entries below it drop (entries equal to it
+  stay, as in the PyTorch path); p = softmax(s);
+- with top_p < 1 the nucleus: token j stays iff the mass of the tokens more likely than it is < top_p (the most
+  likely token always stays), found by bisection over the float bits of p (non-negative floats order as their
+  bits), then p is renormalised. The PyTorch path's rule is the same on the sorted row except among tokens of equal
+  probability at the nucleus' edge, which it orders arbitrarily (its sort) and this kernel keeps together.
+So a row without top-k and top-p costs one pass: load, max, exp, sum, store.
+
+`target_probs(logits, temperature, top_k, top_p) -> probs`: logits [N, V] (any float dtype, rows of stride >= V,
+last dim contiguous), temperature / top_p [N] float, top_k [N] int -> probs [N, V] float32; probabilities equal the
+PyTorch path's up to float32 rounding (tie-free rows).
+`fits(V)`: V <= MAX_VOCAB (the row is held in registers: at 16 warps 256 float32 values per thread).
+Built on first use, so that `TRITON_INTERPRET=1` (CPU tests) takes effect.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from .block_size import pow2
+from .pdl import launch_options
+
+MAX_VOCAB = 1 << 17
+_ONE_BITS = 0x3F800000  # float32 1.0: probabilities lie in [0, 1], so their bits in [0, _ONE_BITS]
+
+
+def fits(V: int) -> bool:
+    return 1 <= V <= MAX_VOCAB
+
+
+@functools.cache
+def _kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def target_probs_kernel(x, out, temp, topk, topp, V, s_x, BLOCK: tl.constexpr, ONE_BITS: tl.constexpr,
+                            PDL: tl.constexpr = False):
+        if PDL:  # layers/pdl.py: nothing here is a weight, so wait for the kernel before at once
+            tl.extra.cuda.gdc_launch_dependents()
+            tl.extra.cuda.gdc_wait()
+        r = tl.program_id(0).to(tl.int64)
+        offs = tl.arange(0, BLOCK)
+        valid = offs < V
+        v = tl.load(x + r * s_x + offs, mask=valid, other=float("-inf")).to(tl.float32)
+        t = tl.load(temp + r).to(tl.float32)
+        k = tl.load(topk + r).to(tl.int32)
+        tp = tl.load(topp + r).to(tl.float32)
+        if t <= 0:  # greedy: the one-hot of the first maximum
+            mx = tl.max(v, 0)
+            first = tl.min(tl.where(valid & (v == mx), offs, BLOCK), 0)
+            p = tl.where(offs == first, 1.0, 0.0)
+        else:
+            s = v / t
+            if (k > 0) & (k < V):  # top-k: keep s >= the k-th largest value (ties at it stay)
+                bits = s.to(tl.int32, bitcast=True)
+                key = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)  # orders as the floats do (as signed ints)
+                key = tl.where(valid, key, -2147483647 - 1)
+                lo = tl.min(tl.where(valid, key, 2147483647), 0).to(tl.int64)  # count(key >= lo) = V >= k
+                hi = tl.max(key, 0).to(tl.int64)
+                for _ in range(32):  # the largest K with count(key >= K) >= k (lo <= K <= hi throughout)
+                    mid = lo + (hi - lo + 1) // 2  # in int64: hi - lo may exceed int32; mid itself fits
+                    n = tl.sum(((key >= mid.to(tl.int32)) & valid).to(tl.int32), 0)
+                    big = n >= k
+                    lo = tl.where(big, mid, lo)
+                    hi = tl.where(big, hi, mid - 1)
+                s = tl.where(key >= lo.to(tl.int32), s, float("-inf"))
+            mx = tl.max(s, 0)
+            e = tl.where(valid, tl.exp(s - mx), 0.0)
+            p = e / tl.sum(e, 0)
+            if tp < 1.0:  # the nucleus: the smallest K with mass(bits(p) > K) < top_p; keep bits(p) >= K
+                pb = p.to(tl.int32, bitcast=True)
+                lo2 = tl.min(pb, 0) * 0  # an int32 scalar 0 (loop-carried values keep one type)
+                hi2 = lo2 + ONE_BITS
+                for _ in range(31):
+                    mid2 = lo2 + (hi2 - lo2) // 2
+                    mass = tl.sum(tl.where(pb > mid2, p, 0.0), 0)
+                    small = mass < tp
+                    hi2 = tl.where(small, mid2, hi2)
+                    lo2 = tl.where(small, lo2, mid2 + 1)
+                p = tl.where(pb >= hi2, p, 0.0)
+                p = p / tl.sum(p, 0)
+        tl.store(out + r * V + offs, p, mask=valid)
+
+    return target_probs_kernel
+
+
+def target_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
+                 top_p: torch.Tensor) -> torch.Tensor:
+    N, V = logits.shape
+    assert fits(V), f"sampling_kernel: V={V}"
+    x = logits if logits.stride(-1) == 1 else logits.contiguous()
+    out = torch.empty(N, V, dtype=torch.float32, device=logits.device)
+    if N == 0:
+        return out
+    BLOCK = pow2(V)
+    warps = 16 if BLOCK >= 16384 else 8 if BLOCK >= 4096 else 4
+    _kernel()[(N,)](x, out, temperature.contiguous(), top_k.contiguous(), top_p.contiguous(), V, x.stride(0),
+                    BLOCK=BLOCK, ONE_BITS=_ONE_BITS, num_warps=warps, **launch_options(logits))
+    return out

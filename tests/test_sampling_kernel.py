@@ -1,0 +1,102 @@
+"""The sampling-distribution Triton kernel (`target_probs` on CUDA), run by Triton's interpreter on the CPU, against
+the PyTorch path; and sampled speculation through it drawing the same tokens as through the PyTorch path."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernel is built (it is built on first use)
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from tiny import tiny_drafter, tiny_llama  # noqa: E402
+
+import eaglespec.engine.runner as runner_mod  # noqa: E402
+import eaglespec.spec.draft as draft_mod  # noqa: E402
+from eaglespec.config import EngineConfig, SpecConfig  # noqa: E402
+from eaglespec.engine.engine import Engine  # noqa: E402
+from eaglespec.layers import sampling_kernel  # noqa: E402
+from eaglespec.layers.sampling import target_probs_reference as reference  # noqa: E402
+from eaglespec.sampling_params import SamplingParams  # noqa: E402
+
+
+# per row: (temperature, top_k, top_p): greedy, plain, top-k (1, small, >= V), top-p (wide, narrow, tiny), both
+ROWS = [(0.0, 0, 1.0), (1.0, 0, 1.0), (0.7, 5, 1.0), (1.0, 1, 1.0), (1.3, 0, 0.9), (0.5, 50, 0.8), (2.0, 10**6, 0.3),
+        (1.0, 0, 1e-6), (0.9, 20, 0.95)]
+
+
+@pytest.mark.parametrize("V", [50, 1000, 1024, 3001])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_kernel_matches_the_pytorch_path(V, dtype):
+    g = torch.Generator().manual_seed(V)
+    x = (torch.randn(len(ROWS), V, generator=g) * 3).to(dtype)
+    T, K, P = (torch.tensor([r[i] for r in ROWS]) for i in range(3))
+    got, ref = sampling_kernel.target_probs(x, T, K, P), reference(x, T, K, P)
+    assert got.dtype == torch.float32 and got.shape == (len(ROWS), V)
+    nucleus = P < 1
+    if dtype == torch.float32:  # tie-free rows: the same support, probabilities to float32 rounding
+        assert torch.equal(got > 0, ref > 0) and torch.allclose(got, ref, atol=2e-7, rtol=1e-5)
+    else:  # bf16 logits tie; rows without a nucleus agree, a nucleus keeps tokens tied at its edge together
+        assert torch.allclose(got[~nucleus], ref[~nucleus], atol=2e-7, rtol=1e-5)
+        assert bool(((ref[nucleus] > 0) <= (got[nucleus] > 0)).all())
+    assert torch.allclose(got.sum(1), torch.ones(len(ROWS)), atol=1e-5)
+    assert got[0].tolist() == torch.nn.functional.one_hot(x[0].float().argmax(), V).float().tolist()
+    if dtype == torch.float32:  # top-k 1 and a tiny nucleus: one token (bf16 maxima may tie: both keep the ties)
+        assert int((got[3] > 0).sum()) == 1 and int((got[7] > 0).sum()) == 1
+
+
+def test_ties():
+    """Greedy takes the first of equal maxima; top-k keeps every token equal to the k-th largest (as the PyTorch
+    path does); a nucleus keeps tokens of equal probability at its edge together."""
+    x = torch.zeros(3, 40)
+    x[:, [31, 5, 17]] = 2.0
+    x[:, 9] = 1.0
+    T, K, P = torch.tensor([0.0, 1.0, 1.0]), torch.tensor([0, 2, 0]), torch.tensor([1.0, 1.0, 0.3])
+    got = sampling_kernel.target_probs(x, T, K, P)
+    assert got[0].nonzero().flatten().tolist() == [5]
+    assert got[1].nonzero().flatten().tolist() == [5, 17, 31]  # the 2nd largest value is 2.0: all three stay
+    assert torch.allclose(got[1], reference(x, T, K, P)[1])
+    assert got[2].nonzero().flatten().tolist() == [5, 17, 31]  # each holds < 0.3; together they cross it
+    assert torch.allclose(got[2, [5, 17, 31]], torch.full((3,), 1 / 3))
+
+
+def test_strided_rows_and_fits():
+    x = torch.randn(4, 2, 64, generator=torch.Generator().manual_seed(2))[:, 1]  # rows strided by 128
+    T, K, P = torch.tensor([1.0, 0.5, 0.0, 1.0]), torch.tensor([0, 3, 0, 0]), torch.tensor([0.9, 1.0, 1.0, 1.0])
+    assert torch.allclose(sampling_kernel.target_probs(x, T, K, P), reference(x, T, K, P), atol=2e-7)
+    assert sampling_kernel.target_probs(x[:0], T[:0], K[:0], P[:0]).shape == (0, 64)
+    assert sampling_kernel.fits(49152) and sampling_kernel.fits(128256) and not sampling_kernel.fits(200_000)
+
+
+def test_top_p_one_keeps_the_tail():
+    """top_p = 1 turns the nucleus off in both paths (the PyTorch path's float32 running sum reaches 1 before the
+    tail of tiny probabilities; it used to drop that tail)."""
+    x = torch.randn(2, 1000, generator=torch.Generator().manual_seed(0)) * 3
+    T, K, P = torch.ones(2), torch.zeros(2, dtype=torch.long), torch.ones(2)
+    for probs in (sampling_kernel.target_probs(x, T, K, P), reference(x, T, K, P)):
+        assert bool((probs > 0).all())
+
+
+@pytest.mark.parametrize("spec", [SpecConfig(3, 1, 4), SpecConfig(3, 2, 6)], ids=["chain", "tree"])
+def test_sampled_speculation_through_the_kernel_draws_the_same_tokens(monkeypatch, spec):
+    """The engine's sampled paths (decode, drafting, verification) call `target_probs`; routed through the kernel
+    (the CUDA path) they draw, with the same seed, the tokens the PyTorch path draws (the distributions agree to
+    float32 rounding, and the random draws are the same)."""
+    target = tiny_llama(seed=5, vocab=64, hidden=32, layers=2, std=0.35)
+    drafter = tiny_drafter(target, seed=6, draft_vocab=None, hidden=32, std=0.35)
+    params = SamplingParams(max_new_tokens=10, temperature=0.9, top_p=0.9, top_k=20, ignore_eos=True)
+
+    def run() -> list[list[int]]:
+        eng = Engine(target, None, EngineConfig(max_batch_size=2, seed=3), drafter=drafter, spec=spec)
+        return [o.token_ids for o in eng.generate([[1, 2, 3], [4, 5]], params)]
+
+    plain = run()
+    calls = []
+
+    def through_kernel(logits, t, k, p):
+        calls.append(tuple(logits.shape))
+        return sampling_kernel.target_probs(logits, t, k, p)
+
+    monkeypatch.setattr(runner_mod, "target_probs", through_kernel)
+    monkeypatch.setattr(draft_mod, "target_probs", through_kernel)
+    assert run() == plain and calls
