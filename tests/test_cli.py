@@ -91,8 +91,9 @@ def test_api_default_drafter_policy_on_the_cpu(monkeypatch):
 def test_default_drafter_policy_per_device_and_engine_size(monkeypatch):
     """The measured policy (docs/benchmarks.md, "The shipped drafter", "Session 19"): the tree S2 K2 D4 in one-row
     CPU engines when greedy and a one-step chain when sampling; on CUDA when greedy a chain of 3 at 1 and 9-16 rows
-    and the tree S4 K2 D8 at 2-8 and 17-32 rows, in engines of up to 32 rows (slower at temperature 1, unmeasured above 32 rows); plain
-    decoding elsewhere, and an explanation for each case. A policy of several shapes gives engines of several rows a
+    and the tree S4 K2 D8 at 2-8 and 17-32 rows, in engines of up to 32 rows (unmeasured above 32 rows), and when
+    sampling the one-step chain in engines of up to 8 rows; plain decoding elsewhere, and an explanation for each
+    case. A policy of several shapes gives engines of several rows a
     schedule, each step the shape of its rows."""
     import eaglespec.assets as assets
     from eaglespec.assets import default_spec, slower_note
@@ -125,8 +126,10 @@ def test_default_drafter_policy_per_device_and_engine_size(monkeypatch):
         chain, tree, tree, chain, chain]
     assert default_spec("cuda", 33) is None and "above 32 rows" in slower_note("cuda")
     assert default_spec("mps", 1) is None and "not measured on mps" in slower_note("mps")
-    assert default_spec("cpu", 1, temperature=1.0) == SpecConfig(1, 1, 2)
-    assert default_spec("cuda", 1, temperature=0.7) is None and "temperature 1" in slower_note("cuda", 0.7)
+    assert default_spec("cpu", 1, temperature=1.0) == SpecConfig(1, 1, 2) and default_spec("cpu", 2, 1.0) is None
+    # sampled on CUDA (session 20's sampling kernel): the one-step chain in engines of up to 8 rows
+    assert default_spec("cuda", 1, temperature=0.7) == default_spec("cuda", 8, 1.0) == SpecConfig(1, 1, 2)
+    assert default_spec("cuda", 9, temperature=0.7) is None and "more than 8 rows" in slower_note("cuda", 0.7)
 
 
 def test_generate_default_model_decodes_plainly_where_the_drafter_is_slower(capsys, monkeypatch):

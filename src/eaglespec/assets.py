@@ -61,7 +61,12 @@ DEFAULT_DRAFTER = ASSETS / "smollm2-135m-eagle3"
 #   1.47-1.50x; 32 rows 1.41-1.54x, mean 1.49x, in 9 runs against the chain's 1.40-1.44x, S4 K4 D8 1.42-1.54x, S5 K2
 #   D8 1.43-1.46x; D = 6 / 10 lost there: 1.36x / 1.41x); at 1 row the chain (1.71x, S6 K2 D10 1.60x, S4 K2 D8 1.55x);
 # - sampling at temperature 1 (the drafter learnt the target's greedy text; chains draw sampled drafts): the CPU's
-#   one-step chain gains (1.15x, tau 1.37), the H200's chain of 3 loses (0.82x, tau 1.75): greedy-only there.
+#   one-step chain gains (1.15x, tau 1.37); on the H200 sampling lost until session 20 (the chain of 3 0.82x, tau
+#   1.75: a sampled step sorted every row of logits, ~55 kernels per call), when `target_probs` became one Triton
+#   kernel per row (layers/sampling_kernel.py): MT-bench, continuous batching, at temperature 1 the one-step chain
+#   1.09x / 1.13x / 0.95x at 1 / 8 / 32 rows (the chain of 3 0.97x / 1.09x / 0.85x), at temperature 0.7 both chains
+#   1.17x at 1 row, 1.25x / 1.31x (S1 K1 D2 / S3 K1 D4) at 8 and 1.25x / 1.23x at 16 rows: the one-step chain for
+#   sampled engines of up to 8 rows (it gains at both temperatures there), plain decoding above.
 # On the CPU that first premise is the machine's: session 18's 2-core machine (an AMD EPYC) ran a 3-token forward at
 # 1.64-1.80x a 1-token one (MKL's few-row GEMMs through F.linear), and there the chain of 2 ran at 0.99x in `generate`
 # (6 MT-bench questions, 128 tokens) and 0.90x in the bench (MT-bench 1-10). Session 19 computes the CPU's
@@ -84,12 +89,15 @@ _DEFAULT_SPEC: dict[str, tuple[tuple[int, SpecConfig], ...]] = {
     "cpu": ((1, SpecConfig(steps=2, topk=2, draft_tokens=4)),),
     "cuda": ((1, _CHAIN_3), (8, _TREE_K2), (16, _CHAIN_3), (32, _TREE_K2)),
 }
-_DEFAULT_SPEC_SAMPLED: dict[str, SpecConfig] = {"cpu": SpecConfig(steps=1, topk=1, draft_tokens=2)}  # temperature > 0
-_GREEDY_ONLY = {"cuda"}  # sampled decoding (temperature > 0) decodes plainly by default
+_CHAIN_1 = SpecConfig(steps=1, topk=1, draft_tokens=2)
+# the same, sampling (temperature > 0): the one-step chain, in one-row CPU engines and CUDA engines of up to 8 rows
+_DEFAULT_SPEC_SAMPLED: dict[str, tuple[tuple[int, SpecConfig], ...]] = {"cpu": ((1, _CHAIN_1),),
+                                                                        "cuda": ((8, _CHAIN_1),)}
 _SLOWER: dict[str, str] = {"cuda": "not measured above 32 rows on an H200",
                            "cpu": "engines of several rows measured no faster than plain decoding on the CPU (2 rows: "
                                   "1.00x)"}
-_SLOWER_SAMPLED: dict[str, str] = {"cuda": "0.82x with a chain of 3 at temperature 1 on an H200 in bfloat16"}
+_SLOWER_SAMPLED: dict[str, str] = {"cuda": "sampled engines of more than 8 rows: 0.95x with a one-step chain at 32 "
+                                           "rows and temperature 1 on an H200 in bfloat16"}
 
 
 def default_drafter_path() -> Path | None:
@@ -103,13 +111,9 @@ def default_spec(device_type: str, max_batch_size: int = 1,
     temperature (0: greedy); None: plain decoding is faster there. An engine of several rows gets the measured
     shapes up to its size as a `SpecSchedule` (each step takes the shape of the rows it runs) where they differ,
     else the one shape."""
-    shapes = _DEFAULT_SPEC.get(device_type, ())
+    shapes = (_DEFAULT_SPEC_SAMPLED if temperature > 0 else _DEFAULT_SPEC).get(device_type, ())
     if not any(max_batch_size <= rows for rows, _ in shapes):
         return None
-    if temperature > 0 and device_type in _GREEDY_ONLY:
-        return None
-    if temperature > 0 and device_type in _DEFAULT_SPEC_SAMPLED:
-        return _DEFAULT_SPEC_SAMPLED[device_type]
     entries = []
     for rows, spec in shapes:
         entries.append((min(rows, max_batch_size), spec))
