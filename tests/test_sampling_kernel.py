@@ -84,7 +84,7 @@ def test_sampled_speculation_through_the_kernel_draws_the_same_tokens(monkeypatc
     float32 rounding, and the random draws are the same)."""
     target = tiny_llama(seed=5, vocab=64, hidden=32, layers=2, std=0.35)
     drafter = tiny_drafter(target, seed=6, draft_vocab=None, hidden=32, std=0.35)
-    params = SamplingParams(max_new_tokens=10, temperature=0.9, top_p=0.9, top_k=20, ignore_eos=True)
+    params = SamplingParams(max_new_tokens=6, temperature=0.9, top_p=0.9, top_k=20, ignore_eos=True)
 
     def run() -> list[list[int]]:
         eng = Engine(target, None, EngineConfig(max_batch_size=2, seed=3), drafter=drafter, spec=spec)

@@ -163,11 +163,11 @@ def run_suite(model: BenchModel, workload: Workload, configs: Sequence[RunConfig
         for cfg in configs:
             if not cfg.speculative:
                 continue
-            name = cfg.name
-            cfg, why = cfg.resolved(target, model.device.type, bs, params.temperature)  # type: ignore[assignment]
-            if cfg is None:  # `--spec auto` where the default decodes plainly: the no-spec run is what it runs
-                log(f"{name} bs={bs}: not run, the default decodes plainly here ({why})")
+            resolved, why = cfg.resolved(target, model.device.type, bs, params.temperature)
+            if resolved is None:  # `--spec auto` where the default decodes plainly: the no-spec run is what it runs
+                log(f"{cfg.name} bs={bs}: not run, the default decodes plainly here ({why})")
                 continue
+            cfg = resolved
             if cfg.drafter == ORACLE:
                 drafter = oracle(target.config, bs, max(len(r) for r in refs))
             else:
