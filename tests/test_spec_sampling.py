@@ -156,6 +156,20 @@ def test_plain_sampling_matches_target_distribution(models):
     assert_same_distribution(sampled_counts(eng, params, n, rows), exact_distribution(target, params), n)
 
 
+def test_cpu_rows_without_filters_skip_the_sort():
+    """On the CPU `target_probs` computes rows without top-k and top-p as softmax(logits / T) (the one-hot argmax at
+    T = 0) without the reference's sort: the same distribution; a batch where any row filters takes the reference."""
+    from eaglespec.layers.sampling import target_probs_reference
+
+    x = torch.randn(4, 300, generator=torch.Generator().manual_seed(0)) * 3
+    T = torch.tensor([1.0, 0.0, 0.7, 1.5])
+    plain = (torch.zeros(4, dtype=torch.long), torch.ones(4))
+    assert torch.allclose(target_probs(x, T, *plain), target_probs_reference(x, T, *plain), atol=1e-7)
+    assert target_probs(x, T, *plain)[1].nonzero().flatten().tolist() == [int(x[1].argmax())]
+    filt = (torch.tensor([0, 0, 5, 0]), torch.tensor([1.0, 1.0, 1.0, 0.9]))
+    assert torch.equal(target_probs(x, T, *filt), target_probs_reference(x, T, *filt))
+
+
 def test_one_hot_sampling_verification_is_greedy():
     """With temperature 0 the sampling rule must give exactly the greedy rule's result."""
     gen = torch.Generator().manual_seed(0)
