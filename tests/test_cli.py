@@ -166,6 +166,11 @@ def test_generate_takes_a_shape_or_a_schedule(capsys):
     assert code == 0
     code, out, err = run_cli([*prompt, "--spec", "1:3,1,4/8:4,2,8"], capsys)
     assert code == 0 and out == plain and "(S=3 K=1 D=4)" in err
+    import argparse
+
+    from eaglespec.cli.options import spec_config
+    blank = dict(steps=None, topk=None, draft_tokens=None)
+    assert spec_config(argparse.Namespace(spec="auto", **blank)) is None  # `--spec auto`: the default policy
 
 
 def test_spec_text_round_trip():

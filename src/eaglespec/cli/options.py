@@ -17,7 +17,7 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--spec", default=None, metavar="S,K,D",
                    help="the speculative shape as steps,topk,draft-tokens (e.g. 3,1,4), or a schedule by rows "
                         "ROWS:S,K,D/ROWS:S,K,D/... as `eaglespec tune` recommends (instead of --steps/--topk/"
-                        "--draft-tokens)")
+                        "--draft-tokens), or 'auto' (the default: the shape measured fastest on this device)")
     p.add_argument("--steps", type=int, default=None, help="draft depth S")
     p.add_argument("--topk", type=int, default=None, help="branching K (1 = chain)")
     p.add_argument("--draft-tokens", type=int, default=None, help="verified tokens D, root included")
@@ -68,9 +68,10 @@ def sampling_params(args: argparse.Namespace) -> SamplingParams:
 
 def spec_config(args: argparse.Namespace) -> SpecConfig | SpecSchedule | None:
     """The speculative shape asked for: `--spec` (a shape or a schedule), or --steps/--topk/--draft-tokens, whose
-    unset fields take SpecConfig's defaults (draft tokens <= 1 + S*K); None when neither is given."""
+    unset fields take SpecConfig's defaults (draft tokens <= 1 + S*K); None when neither is given (or `--spec auto`:
+    the default policy)."""
     separate = args.steps is not None or args.topk is not None or args.draft_tokens is not None
-    if args.spec is not None:
+    if args.spec is not None and args.spec.strip() != "auto":
         if separate:
             raise ConfigError("--spec and --steps/--topk/--draft-tokens exclude each other: give the shape one way")
         return parse_spec(args.spec)
