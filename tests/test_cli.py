@@ -142,9 +142,9 @@ def test_generate_default_model_decodes_plainly_where_the_drafter_is_slower(caps
     code, out, err = run_cli(["generate", "What is the capital of France?", "--max-new-tokens", "6"], capsys)
     assert code == 0 and out.strip()
     assert "no speculation: the shipped drafter is slower than plain decoding on cpu (0.5x here" in err
-    code, out, err = run_cli(["generate", "What is the capital of France?", "--max-new-tokens", "6", "--steps", "2",
-                              "--topk", "1"],
-                             capsys)
+    # an explicit shape, here a schedule as `eaglespec tune` prints it: a one-row engine takes its first entry
+    code, out, err = run_cli(["generate", "What is the capital of France?", "--max-new-tokens", "6", "--spec",
+                              "1:2,1,3/8:4,2,8"], capsys)
     assert code == 0 and "accept length" in err and "S=2 K=1 D=3" in err
 
 
@@ -157,22 +157,6 @@ def test_generate_says_when_this_cpu_makes_speculation_slower(capsys, monkeypatc
     assert "no speculation" in err and "a forward of 4 tokens costs 1.80x one of 1 token" in err
 
 
-def test_generate_takes_a_shape_or_a_schedule(capsys):
-    """`--spec` takes a schedule (as `eaglespec tune` recommends; a plain S,K,D is its one-entry case, parsed by the
-    same function): a one-row engine takes the shape of its first entry and answers as plain decoding does
-    (float32)."""
-    prompt = ["generate", "What is the capital of France?", "--max-new-tokens", "8", "--device", "cpu"]
-    code, plain, _ = run_cli([*prompt, "--no-spec"], capsys)
-    assert code == 0
-    code, out, err = run_cli([*prompt, "--spec", "1:3,1,4/8:4,2,8"], capsys)
-    assert code == 0 and out == plain and "(S=3 K=1 D=4)" in err
-    import argparse
-
-    from eaglespec.cli.options import spec_config
-    blank = dict(steps=None, topk=None, draft_tokens=None)
-    assert spec_config(argparse.Namespace(spec="auto", **blank)) is None  # `--spec auto`: the default policy
-
-
 def test_spec_text_round_trip():
     from eaglespec.config import SpecConfig, SpecSchedule, parse_spec, spec_text
 
@@ -180,6 +164,13 @@ def test_spec_text_round_trip():
         assert spec_text(parse_spec(text)) == text
     assert parse_spec(" 5, 4, 16 ") == SpecConfig(5, 4, 16)
     assert parse_spec("2:2,1,3/4:2,2,4") == SpecSchedule(((2, SpecConfig(2, 1, 3)), (4, SpecConfig(2, 2, 4))))
+    import argparse
+
+    from eaglespec.cli.options import spec_config
+
+    blank = dict(steps=None, topk=None, draft_tokens=None)
+    assert spec_config(argparse.Namespace(spec="auto", **blank)) is None  # generate's `--spec auto`: the default
+    assert spec_config(argparse.Namespace(spec="1:3,1,4/8:4,2,8", **blank)) == parse_spec("1:3,1,4/8:4,2,8")
 
 
 def test_verify_cost_ratio_times_the_forwards():
