@@ -312,6 +312,17 @@ class SpecSchedule:
         return self.shapes.index(spec)
 
 
+def parse_ints(text: str, what: str) -> list[int]:
+    """ "1,8,32" -> [1, 8, 32] for the option `what` (spaces ignored); a one-sentence ConfigError otherwise."""
+    try:
+        vals = [int(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise ConfigError(f"{what} must be comma-separated integers (got {text!r})") from None
+    if not vals:
+        raise ConfigError(f"{what} is empty")
+    return vals
+
+
 def parse_spec(text: str, option: str = "--spec") -> "SpecConfig | SpecSchedule":
     """The text form of a speculation shape: `S,K,D` (steps, topk, draft tokens) -> a SpecConfig; `R:S,K,D/R:S,K,D/...`
     -> a SpecSchedule (each step the shape of the first entry whose R reaches its highest running row + 1), e.g.
@@ -327,10 +338,7 @@ def parse_spec(text: str, option: str = "--spec") -> "SpecConfig | SpecSchedule"
                                   f"1:3,1,4/8:4,2,8 (got {text!r})")
             entries.append((int(rows), parse_spec(shape, option)))
         return SpecSchedule(tuple(entries))
-    try:
-        vals = [int(x) for x in text.replace(" ", "").split(",") if x]
-    except ValueError:
-        raise ConfigError(f"{option} must be comma-separated integers (got {text!r})") from None
+    vals = parse_ints(text, option)
     if len(vals) != 3:
         raise ConfigError(f"{option} takes S,K,D (steps, topk, draft tokens), e.g. 5,4,16 (got {text!r})")
     return SpecConfig(*vals)

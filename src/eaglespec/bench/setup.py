@@ -13,7 +13,7 @@ Contract:
   with the model's tokenizer; for a random-weights model, `count` prompts of `prompt_len` random ids.
 - `check_workload(...)` and `select_prompts` raise the prompt options' errors before the (slow) model load.
 - `parse_sizes("1,8,32")`, `parse_bench_spec("5,4,16")` (or a schedule, `"1:3,1,4/32:4,2,8"`, or "auto": the
-  shape `draft="auto"` takes at each batch size), `parse_ints` validate with one-sentence errors.
+  shape `draft="auto"` takes at each batch size), `parse_ints` (config.py's, shared with `parse_spec`) validate with one-sentence errors.
 - `spec_runs(drafts, specs, no_spec, default_model)` -> the speculative `RunConfig`s: every drafter x every shape;
   "auto" means the drafter shipped for the embedded model (none for other models).
 """
@@ -26,7 +26,7 @@ from typing import Sequence
 import torch
 
 from ..assets import default_drafter_path
-from ..config import SpecConfig, SpecSchedule, parse_spec
+from ..config import SpecConfig, SpecSchedule, parse_ints, parse_spec
 from ..errors import ConfigError
 from ..loading.checkpoint import load_model, resolve_device
 from ..loading.default import default_model_path
@@ -34,16 +34,6 @@ from .datasets import PromptItem, encode, load_prompt_set, random_prompts
 from .drafters import ORACLE, RANDOM, drafter_label
 from .runs import AUTO, RunConfig
 from .suite import BenchModel, Workload
-
-
-def parse_ints(text: str, what: str) -> list[int]:
-    try:
-        vals = [int(x) for x in text.replace(" ", "").split(",") if x]
-    except ValueError:
-        raise ConfigError(f"{what} must be comma-separated integers (got {text!r})") from None
-    if not vals:
-        raise ConfigError(f"{what} is empty")
-    return vals
 
 
 def parse_sizes(text: str) -> list[int]:
