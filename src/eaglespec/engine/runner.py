@@ -157,6 +157,10 @@ class ModelRunner:
             # the target id of every draft id: drafts map through one lookup (the drafter's own map is two
             # kernels), and sampled chains lay the drafter's distributions over the target's vocabulary with it
             self.d_target_ids = self.drafter.to_target_ids(torch.arange(Vd, device=dev))
+            # and the way back for sampled chains' verification: target id -> draft id, -1 outside the draft
+            # vocabulary
+            self.d_draft_index = torch.full((cfg.vocab_size,), -1, dtype=torch.int64, device=dev).index_copy_(
+                0, self.d_target_ids, torch.arange(Vd, device=dev))
         if self.graphs is not None:
             self.graphs.reset()
 
@@ -404,9 +408,9 @@ class ModelRunner:
         V = out.logits.shape[-1]
         probs = target_probs(out.logits.reshape(B * D, V), self.temperature[r].repeat_interleave(D),
                              self.top_k[r].repeat_interleave(D), self.top_p[r].repeat_interleave(D))
-        # sampled chains: the drafter's distributions (draft vocabulary; laid over the target's per node)
+        # sampled chains: the drafter's distributions (over its draft vocabulary: read through d_draft_index)
         return verify_sampling(tree, probs.view(B, D, V), self.generator, tree.q,
-                               self.d_target_ids if tree.q is not None else None), out.aux_hidden
+                               self.d_draft_index if tree.q is not None else None), out.aux_hidden
 
     def _spec_commit(self, r: Rows, ctx_rows: torch.Tensor | None, kv_len: int, res: VerifyResult,
                      aux_all: torch.Tensor, shape: SpecConfig) -> tuple[torch.Tensor, torch.Tensor]:

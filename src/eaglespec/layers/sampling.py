@@ -89,11 +89,18 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> tor
     """probs [N, V] -> token ids [N] (int64). One-hot rows return their token exactly. The Exp(1) draws: on the CPU
     -log(1 - U) from uniform U (exponential_ cost 3.1 ms per 49,152 entries there, rand + log1p 0.8 ms), elsewhere
     exponential_; a draw of 0 is raised to 1e-30 either way."""
-    if probs.device.type == "cpu":
-        e = torch.rand(probs.shape, generator=generator, dtype=probs.dtype).neg_().log1p_().neg_()
+    return greedy_ids(probs / exponential_noise(probs.shape, probs.dtype, probs.device, generator))
+
+
+def exponential_noise(shape: tuple[int, ...] | torch.Size, dtype: torch.dtype, device: torch.device,
+                      generator: torch.Generator | None = None) -> torch.Tensor:
+    """Exp(1) draws of `shape`, raised to >= 1e-30 (a draw of 0 would divide by zero in the race): on the CPU
+    -log(1 - U) from uniform U, elsewhere exponential_ (see `sample`)."""
+    if device.type == "cpu":
+        e = torch.rand(shape, generator=generator, dtype=dtype).neg_().log1p_().neg_()
     else:
-        e = torch.empty_like(probs).exponential_(generator=generator)
-    return greedy_ids(probs / e.clamp_min_(1e-30))
+        e = torch.empty(shape, dtype=dtype, device=device).exponential_(generator=generator)
+    return e.clamp_min_(1e-30)
 
 
 def validate_sampling(temperature: float, top_p: float, top_k: int) -> None:

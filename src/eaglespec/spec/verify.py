@@ -25,9 +25,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..layers import tree_kernels
+from ..layers import sampled_chain_kernel, tree_kernels
 from ..layers.context import cached_arange
-from ..layers.sampling import greedy_ids, sample
+from ..layers.sampling import exponential_noise, greedy_ids, sample
 from .tree import DraftTree
 
 
@@ -99,17 +99,24 @@ def verify_greedy_chain_rule(tree: DraftTree, pred: torch.Tensor) -> VerifyResul
 
 def verify_sampling(tree: DraftTree, probs: torch.Tensor, generator: torch.Generator | None = None,
                     draft_probs: torch.Tensor | None = None,
-                    draft_vocab_ids: torch.Tensor | None = None) -> VerifyResult:
+                    draft_index: torch.Tensor | None = None) -> VerifyResult:
     """probs [B, D, V]: the target's processed distribution (temperature, top-k, top-p) at each node;
     draft_probs (chains only): the distribution nodes 1..D-1's tokens were sampled from (module docstring), [B, D-1,
-    V], or [B, D-1, Vd] over a draft vocabulary whose target ids are `draft_vocab_ids` [Vd] (laid over the target
-    vocabulary one node at a time, so no [B, D-1, V] copy is made)."""
+    V], or [B, D-1, Vd] over a draft vocabulary, with `draft_index` [V] int64 mapping target ids to draft ids (-1:
+    outside it)."""
     B, D, V = probs.shape
     children = tree.child_table()  # [B, D, K]
     K = children.shape[-1]
     if draft_probs is not None:
         assert K == 1, "sampled drafts are verified for chains only"
-        return _verify_sampled_chain(tree, probs, draft_probs, draft_vocab_ids, generator)
+        u = torch.rand(B, D - 1, generator=generator, device=probs.device)
+        e = exponential_noise((B, V), torch.float32, probs.device, generator)
+        S1 = tree.paths.shape[-1]
+        if probs.is_cuda and sampled_chain_kernel.fits(V, D):  # two Triton kernels, the same values
+            m, path, tokens, bonus = sampled_chain_kernel.accept_sampled_chain(
+                probs, draft_probs, draft_index, tree.tokens, u, e, S1)
+            return VerifyResult(accept_len=m, best=m, path=path, tokens=tokens, bonus=bonus)
+        return verify_sampled_chain_rule(tree, probs, draft_probs, draft_index, u, e)
     S = tree.paths.shape[-1] - 1
     dev = probs.device
     rows = torch.arange(B, device=dev)
@@ -141,31 +148,32 @@ def verify_sampling(tree: DraftTree, probs: torch.Tensor, generator: torch.Gener
     return _result(tree, cur, bonus)
 
 
-def _verify_sampled_chain(tree: DraftTree, probs: torch.Tensor, draft_probs: torch.Tensor,
-                          draft_vocab_ids: torch.Tensor | None, generator: torch.Generator | None) -> VerifyResult:
-    """Speculative sampling down a chain: node i+1 (depth i+1, drawn from r = draft_probs[:, i]) is accepted at
-    node i with probability min(1, q(x) / r(x)), q = probs[:, i]; the first rejection draws the bonus from
-    max(q - r, 0) renormalised, and a fully accepted chain draws it from q at the last node."""
+def verify_sampled_chain_rule(tree: DraftTree, probs: torch.Tensor, draft_probs: torch.Tensor,
+                              draft_index: torch.Tensor | None, u: torch.Tensor, e: torch.Tensor) -> VerifyResult:
+    """Speculative sampling down a chain, given its random draws, in PyTorch operators: node i+1 (drawn from r_i =
+    draft_probs[:, i]) is accepted at node i when u[:, i] * r_i(x) < q_i(x) (probability min(1, q_i(x) / r_i(x)), q_i
+    = probs[:, i]) and every node before it was; the first rejection, at node m, draws the bonus from max(q_m - r_m,
+    0) renormalised (q_m when that is all zero: q_m == r_m leaves a rejection probability 0), a fully accepted chain
+    from q at the last node, each as argmax(p / e) with the Exp(1) draws e [B, V] (`layers.sampling.sample`'s race:
+    one draw per row, since each row draws one bonus). u [B, D-1] uniform in [0, 1). The kernel of
+    layers/sampled_chain_kernel.py computes the same values."""
     B, D, V = probs.shape
-    dev = probs.device
-    rows = torch.arange(B, device=dev)
-    cur = torch.zeros(B, dtype=torch.int64, device=dev)
-    active = torch.ones(B, dtype=torch.bool, device=dev)
-    bonus = torch.zeros(B, dtype=torch.int64, device=dev)
-    for i in range(D - 1):
-        q, r = probs[:, i], draft_probs[:, i]  # [B, V] ([B, Vd] for r with a draft vocabulary)
-        if draft_vocab_ids is not None:
-            r = torch.zeros_like(q).index_copy_(1, draft_vocab_ids, r)
-        x = tree.tokens[:, i + 1]
-        qx, rx = q[rows, x], r[rows, x]
-        u = torch.rand(B, generator=generator, device=dev)
-        acc = active & (u * rx < qx)  # rx > 0: x was drawn from r
-        rej = active & ~acc
-        residual = (q - r).clamp_min(0)
-        # q == r exactly leaves no residual, and then a rejection has probability 0: fall back to q
-        residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, q)
-        bonus = torch.where(rej, sample(residual, generator), bonus)
-        cur = torch.where(acc, cur + 1, cur)
-        active = acc
-    bonus = torch.where(active, sample(probs[rows, cur], generator), bonus)
-    return _result(tree, cur, bonus)
+    x = tree.tokens[:, 1:]  # [B, D-1] the drafted tokens
+    qx = probs[:, :-1].gather(2, x[..., None]).squeeze(2)
+    dx = x if draft_index is None else draft_index[x]
+    rx = torch.where(dx >= 0, draft_probs.gather(2, dx.clamp(min=0)[..., None]).squeeze(2), 0.0)
+    m = (u * rx < qx).long().cumprod(1).sum(1)  # [B] the leading run of acceptances
+    rows = torch.arange(B, device=probs.device)
+    q = probs[rows, m]  # [B, V] the target at the last accepted node
+    r = draft_probs[rows, m.clamp(max=D - 2)]  # [B, Vd] its draft distribution (unused past the last draft)
+    if draft_index is not None:
+        r = torch.where(draft_index >= 0, r.gather(1, draft_index.clamp(min=0).expand(B, V)), 0.0)
+    r = torch.where((m < D - 1)[:, None], r, 0.0)
+    residual = (q - r).clamp_min(0)
+    residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, q)
+    bonus = greedy_ids(residual / e)
+    S1 = tree.paths.shape[-1]
+    idx = cached_arange(S1, probs.device)[None, :]
+    drafted = F.pad(x, (0, S1 - D + 1))  # [B, S+1]
+    tokens = torch.where(idx < m[:, None], drafted, bonus[:, None])
+    return VerifyResult(accept_len=m, best=m, path=torch.minimum(idx, m[:, None]), tokens=tokens, bonus=bonus)
