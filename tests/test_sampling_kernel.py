@@ -25,7 +25,7 @@ ROWS = [(0.0, 0, 1.0), (1.0, 0, 1.0), (0.7, 5, 1.0), (1.0, 1, 1.0), (1.3, 0, 0.9
         (1.0, 0, 1e-6), (0.9, 20, 0.95)]
 
 
-@pytest.mark.parametrize("V", [50, 1000, 1024, 3001])
+@pytest.mark.parametrize("V", [50, 1000, 3001, 8192, 9000])  # past CHUNK (4096): plain rows over chunks
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_kernel_matches_the_pytorch_path(V, dtype):
     g = torch.Generator().manual_seed(V)
@@ -58,6 +58,13 @@ def test_ties():
     assert torch.allclose(got[1], reference(x, T, K, P)[1])
     assert got[2].nonzero().flatten().tolist() == [5, 17, 31]  # each holds < 0.3; together they cross it
     assert torch.allclose(got[2, [5, 17, 31]], torch.full((3,), 1 / 3))
+    # past CHUNK the plain rows run over chunks: the first maximum across chunks, one softmax over all of them
+    x = torch.zeros(2, 3 * sampling_kernel.CHUNK + 11)
+    x[:, [3 * sampling_kernel.CHUNK + 2, 100, sampling_kernel.CHUNK + 7]] = 2.0
+    T, K, P = torch.tensor([0.0, 1.0]), torch.tensor([0, 0]), torch.tensor([1.0, 1.0])
+    got = sampling_kernel.target_probs(x, T, K, P)
+    assert got[0].nonzero().flatten().tolist() == [100]
+    assert torch.allclose(got[1], reference(x, T, K, P)[1], atol=1e-9, rtol=1e-5)
 
 
 def test_strided_rows_and_fits():

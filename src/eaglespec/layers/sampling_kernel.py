@@ -13,7 +13,11 @@ in registers and takes only the branches its own parameters need:
   likely token always stays), found by bisection over the float bits of p (non-negative floats order as their
   bits), then p is renormalised. The PyTorch path's rule is the same on the sorted row except among tokens of equal
   probability at the nucleus' edge, which it orders arbitrarily (its sort) and this kernel keeps together.
-So a row without top-k and top-p costs one pass: load, max, exp, sum, store.
+So a row without top-k and top-p costs one pass: load, max, exp, sum, store. Past CHUNK entries such rows (and greedy
+ones) are spread over programs of CHUNK entries each instead, in two kernels: chunk statistics (the maximum of s and
+the sum of exp(s - it); greedy: the maximum and its first index), then each chunk's probabilities from its row's
+merged statistics; the whole-row kernel then runs only for rows that filter (one program on one SM took 80 us per
+49,152-entry row at temperature only, and 30 us per 12,288-entry draft row: docs/benchmarks.md, "Session 21").
 
 `target_probs(logits, temperature, top_k, top_p) -> probs`: logits [N, V] (any float dtype, rows of stride >= V,
 last dim contiguous), temperature / top_p [N] float, top_k [N] int -> probs [N, V] float32; probabilities equal the
@@ -37,6 +41,7 @@ from .block_size import pow2
 from .pdl import launch_options
 
 MAX_VOCAB = 1 << 16
+CHUNK = 4096  # entries per program of an unfiltered row (12 programs for SmolLM2's 49,152, 3 for 12,288)
 _ONE_BITS = 0x3F800000  # float32 1.0: probabilities lie in [0, 1], so their bits in [0, _ONE_BITS]
 
 
@@ -50,55 +55,114 @@ def _kernel():
     import triton.language as tl
 
     @triton.jit
-    def target_probs_kernel(x, out, temp, topk, topp, V, s_x, BLOCK: tl.constexpr, ONE_BITS: tl.constexpr,
-                            PDL: tl.constexpr = False):
+    def chunk_stats_kernel(x, temp, topk, topp, part_m, part_z, part_i, V, s_x, n_chunks, CHUNK: tl.constexpr,
+                           PDL: tl.constexpr = False):
+        """Program (r, c) of a row neither top-k nor top-p filters: chunk c's maximum of s = x / T and the sum of
+        exp(s - that maximum) (T <= 0: the maximum of x and its first index)."""
         if PDL:  # layers/pdl.py: nothing here is a weight, so wait for the kernel before at once
             tl.extra.cuda.gdc_launch_dependents()
             tl.extra.cuda.gdc_wait()
         r = tl.program_id(0).to(tl.int64)
-        offs = tl.arange(0, BLOCK)
-        valid = offs < V
-        v = tl.load(x + r * s_x + offs, mask=valid, other=float("-inf")).to(tl.float32)
+        c = tl.program_id(1)
         t = tl.load(temp + r).to(tl.float32)
         k = tl.load(topk + r).to(tl.int32)
         tp = tl.load(topp + r).to(tl.float32)
-        if t <= 0:  # greedy: the one-hot of the first maximum
-            mx = tl.max(v, 0)
-            first = tl.min(tl.where(valid & (v == mx), offs, BLOCK), 0)
-            p = tl.where(offs == first, 1.0, 0.0)
-        else:
-            s = v / t
-            if (k > 0) & (k < V):  # top-k: keep s >= the k-th largest value (ties at it stay)
-                bits = s.to(tl.int32, bitcast=True)
-                key = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)  # orders as the floats do (as signed ints)
-                key = tl.where(valid, key, -2147483647 - 1)
-                lo = tl.min(tl.where(valid, key, 2147483647), 0).to(tl.int64)  # count(key >= lo) = V >= k
-                hi = tl.max(key, 0).to(tl.int64)
-                for _ in range(32):  # the largest K with count(key >= K) >= k (lo <= K <= hi throughout)
-                    mid = lo + (hi - lo + 1) // 2  # in int64: hi - lo may exceed int32; mid itself fits
-                    n = tl.sum(((key >= mid.to(tl.int32)) & valid).to(tl.int32), 0)
-                    big = n >= k
-                    lo = tl.where(big, mid, lo)
-                    hi = tl.where(big, hi, mid - 1)
-                s = tl.where(key >= lo.to(tl.int32), s, float("-inf"))
-            mx = tl.max(s, 0)
-            e = tl.where(valid, tl.exp(s - mx), 0.0)
-            p = e / tl.sum(e, 0)
-            if tp < 1.0:  # the nucleus: the smallest K with mass(bits(p) > K) < top_p; keep bits(p) >= K
-                pb = p.to(tl.int32, bitcast=True)
-                lo2 = tl.min(pb, 0) * 0  # an int32 scalar 0 (loop-carried values keep one type)
-                hi2 = lo2 + ONE_BITS
-                for _ in range(31):
-                    mid2 = lo2 + (hi2 - lo2) // 2
-                    mass = tl.sum(tl.where(pb > mid2, p, 0.0), 0)
-                    small = mass < tp
-                    hi2 = tl.where(small, mid2, hi2)
-                    lo2 = tl.where(small, lo2, mid2 + 1)
-                p = tl.where(pb >= hi2, p, 0.0)
-                p = p / tl.sum(p, 0)
-        tl.store(out + r * V + offs, p, mask=valid)
+        if (t <= 0) | ~(((k > 0) & (k < V)) | (tp < 1.0)):  # greedy or unfiltered (the whole-row kernel: the rest)
+            offs = c * CHUNK + tl.arange(0, CHUNK)
+            valid = offs < V
+            v = tl.load(x + r * s_x + offs, mask=valid, other=float("-inf")).to(tl.float32)
+            if t <= 0:
+                mx = tl.max(v, 0)
+                tl.store(part_i + r * n_chunks + c, tl.min(tl.where(valid & (v == mx), offs, V), 0))
+                tl.store(part_m + r * n_chunks + c, mx)
+            else:
+                s = v / t
+                mx = tl.max(s, 0)
+                tl.store(part_z + r * n_chunks + c, tl.sum(tl.where(valid, tl.exp(s - mx), 0.0), 0))
+                tl.store(part_m + r * n_chunks + c, mx)
 
-    return target_probs_kernel
+    @triton.jit
+    def chunk_probs_kernel(x, out, temp, topk, topp, part_m, part_z, part_i, V, s_x, n_chunks, CHUNK: tl.constexpr,
+                           BLOCK_C: tl.constexpr, PDL: tl.constexpr = False):
+        """Program (r, c) of an unfiltered row: the row's maximum M and sum Z from its chunks' (Z = sum of z_c
+        exp(m_c - M)), then chunk c's exp(s - M) / Z (T <= 0: the one-hot of the row's first maximum)."""
+        if PDL:  # layers/pdl.py: nothing here is a weight, so wait for the kernel before at once
+            tl.extra.cuda.gdc_launch_dependents()
+            tl.extra.cuda.gdc_wait()
+        r = tl.program_id(0).to(tl.int64)
+        c = tl.program_id(1)
+        t = tl.load(temp + r).to(tl.float32)
+        k = tl.load(topk + r).to(tl.int32)
+        tp = tl.load(topp + r).to(tl.float32)
+        if (t <= 0) | ~(((k > 0) & (k < V)) | (tp < 1.0)):
+            cs = tl.arange(0, BLOCK_C)
+            cm = cs < n_chunks
+            pm = tl.load(part_m + r * n_chunks + cs, mask=cm, other=float("-inf"))
+            big = tl.max(pm, 0)
+            offs = c * CHUNK + tl.arange(0, CHUNK)
+            valid = offs < V
+            if t <= 0:
+                first = tl.min(tl.where(cm & (pm == big), tl.load(part_i + r * n_chunks + cs, mask=cm, other=V), V), 0)
+                p = tl.where(offs == first, 1.0, 0.0)
+            else:
+                z = tl.sum(tl.where(cm, tl.load(part_z + r * n_chunks + cs, mask=cm, other=0.0) * tl.exp(pm - big),
+                                    0.0), 0)
+                v = tl.load(x + r * s_x + offs, mask=valid, other=float("-inf")).to(tl.float32)
+                p = tl.where(valid, tl.exp(v / t - big), 0.0) / z
+            tl.store(out + r * V + offs, p, mask=valid)
+
+    @triton.jit
+    def target_probs_kernel(x, out, temp, topk, topp, V, s_x, BLOCK: tl.constexpr, ONE_BITS: tl.constexpr,
+                            FILTERED_ONLY: tl.constexpr = 0, PDL: tl.constexpr = False):
+        if PDL:  # layers/pdl.py: nothing here is a weight, so wait for the kernel before at once
+            tl.extra.cuda.gdc_launch_dependents()
+            tl.extra.cuda.gdc_wait()
+        r = tl.program_id(0).to(tl.int64)
+        t = tl.load(temp + r).to(tl.float32)
+        k = tl.load(topk + r).to(tl.int32)
+        tp = tl.load(topp + r).to(tl.float32)
+        plain = (t <= 0) | ~(((k > 0) & (k < V)) | (tp < 1.0))
+        if plain.to(tl.int32) * FILTERED_ONLY == 0:  # FILTERED_ONLY: the chunk kernels wrote the plain rows
+            offs = tl.arange(0, BLOCK)
+            valid = offs < V
+            v = tl.load(x + r * s_x + offs, mask=valid, other=float("-inf")).to(tl.float32)
+            if t <= 0:  # greedy: the one-hot of the first maximum
+                mx = tl.max(v, 0)
+                first = tl.min(tl.where(valid & (v == mx), offs, BLOCK), 0)
+                p = tl.where(offs == first, 1.0, 0.0)
+            else:
+                s = v / t
+                if (k > 0) & (k < V):  # top-k: keep s >= the k-th largest value (ties at it stay)
+                    bits = s.to(tl.int32, bitcast=True)
+                    key = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)  # orders as the floats do (as signed ints)
+                    key = tl.where(valid, key, -2147483647 - 1)
+                    lo = tl.min(tl.where(valid, key, 2147483647), 0).to(tl.int64)  # count(key >= lo) = V >= k
+                    hi = tl.max(key, 0).to(tl.int64)
+                    for _ in range(32):  # the largest K with count(key >= K) >= k (lo <= K <= hi throughout)
+                        mid = lo + (hi - lo + 1) // 2  # in int64: hi - lo may exceed int32; mid itself fits
+                        n = tl.sum(((key >= mid.to(tl.int32)) & valid).to(tl.int32), 0)
+                        big = n >= k
+                        lo = tl.where(big, mid, lo)
+                        hi = tl.where(big, hi, mid - 1)
+                    s = tl.where(key >= lo.to(tl.int32), s, float("-inf"))
+                mx = tl.max(s, 0)
+                e = tl.where(valid, tl.exp(s - mx), 0.0)
+                p = e / tl.sum(e, 0)
+                if tp < 1.0:  # the nucleus: the smallest K with mass(bits(p) > K) < top_p; keep bits(p) >= K
+                    pb = p.to(tl.int32, bitcast=True)
+                    lo2 = tl.min(pb, 0) * 0  # an int32 scalar 0 (loop-carried values keep one type)
+                    hi2 = lo2 + ONE_BITS
+                    for _ in range(31):
+                        mid2 = lo2 + (hi2 - lo2) // 2
+                        mass = tl.sum(tl.where(pb > mid2, p, 0.0), 0)
+                        small = mass < tp
+                        hi2 = tl.where(small, mid2, hi2)
+                        lo2 = tl.where(small, lo2, mid2 + 1)
+                    p = tl.where(pb >= hi2, p, 0.0)
+                    p = p / tl.sum(p, 0)
+            tl.store(out + r * V + offs, p, mask=valid)
+
+    return chunk_stats_kernel, chunk_probs_kernel, target_probs_kernel
 
 
 def target_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
@@ -111,6 +175,18 @@ def target_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.T
         return out
     BLOCK = pow2(V)
     warps = 16 if BLOCK >= 16384 else 8 if BLOCK >= 4096 else 4
-    _kernel()[(N,)](x, out, temperature.contiguous(), top_k.contiguous(), top_p.contiguous(), V, x.stride(0),
-                    BLOCK=BLOCK, ONE_BITS=_ONE_BITS, num_warps=warps, **launch_options(logits))
+    stats, chunk_probs, whole_row = _kernel()
+    args = (temperature.contiguous(), top_k.contiguous(), top_p.contiguous())
+    opts = launch_options(logits)
+    split = V > CHUNK
+    if split:  # unfiltered rows over chunks, two kernels (the whole-row kernel then skips them)
+        n_chunks = (V + CHUNK - 1) // CHUNK
+        part_m, part_z = (torch.empty(N, n_chunks, dtype=torch.float32, device=logits.device) for _ in range(2))
+        part_i = torch.empty(N, n_chunks, dtype=torch.int32, device=logits.device)
+        stats[(N, n_chunks)](x, *args, part_m, part_z, part_i, V, x.stride(0), n_chunks, CHUNK=CHUNK, num_warps=4,
+                             **opts)
+        chunk_probs[(N, n_chunks)](x, out, *args, part_m, part_z, part_i, V, x.stride(0), n_chunks, CHUNK=CHUNK,
+                                   BLOCK_C=pow2(n_chunks, 2), num_warps=4, **opts)
+    whole_row[(N,)](x, out, *args, V, x.stride(0), BLOCK=BLOCK, ONE_BITS=_ONE_BITS, FILTERED_ONLY=int(split),
+                    num_warps=warps, **opts)
     return out
