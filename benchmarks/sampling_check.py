@@ -32,7 +32,6 @@ def us_per_call(fn, n: int = 50) -> float:
     return round(a.elapsed_time(b) * 1000 / n, 1)
 
 
-sampling_kernel.MAX_VOCAB = 1 << 17  # Llama-3's 128,256 too: measured past the policy's limit (fits())
 rows_out = []
 g = torch.Generator(device="cuda").manual_seed(0)
 for V in (49152, 12288, 128256):

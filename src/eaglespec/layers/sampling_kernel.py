@@ -22,12 +22,12 @@ merged statistics; the whole-row kernel then runs only for rows that filter (one
 `target_probs(logits, temperature, top_k, top_p) -> probs`: logits [N, V] (any float dtype, rows of stride >= V,
 last dim contiguous), temperature / top_p [N] float, top_k [N] int -> probs [N, V] float32; probabilities equal the
 PyTorch path's up to float32 rounding (tie-free rows).
-`fits(V)`: V <= MAX_VOCAB. One program holds a row (at 16 warps 128 float32 values per thread for 65,536), so a
-row's time grows with V on one SM: on the H200 (`benchmarks/sampling_check.py`, session 20) the kernel beat the
-PyTorch path in every case at 12,288 and 49,152 entries (49,152, one row: 80 against 704 us at temperature only, 285
-against 773 with top-p, 483 against 755 with top-k and top-p), while at Llama-3's 128,256 it lost with top-k and
-top-p at up to 32 rows (923 against 617 us): larger vocabularies keep the PyTorch path until the row is split over
-programs.
+`fits(V)`: V <= MAX_VOCAB. One program holds a filtering row (at 16 warps 256 float32 values per thread for
+131,072), so such a row's time grows with V on one SM. On the H200 (`benchmarks/sampling_check.py`, eager calls) the
+kernels beat the PyTorch path at 12,288 and 49,152 entries in every case (session 20, one row of 49,152: 285 against
+773 us with top-p, 483 against 755 with top-k and top-p); at Llama-3's 128,256 (session 21) unfiltered and greedy rows took
+80-158 us against 892-4,560 (1-256 rows), top-p rows 535-2,506 against 971-4,540, and rows with top-k and top-p
+899-4,235 against 990-4,574 except at 32 rows (1,256 against 923): the kernels serve vocabularies of up to 131,072.
 Built on first use, so that `TRITON_INTERPRET=1` (CPU tests) takes effect.
 """
 
@@ -40,7 +40,7 @@ import torch
 from .block_size import pow2
 from .pdl import launch_options
 
-MAX_VOCAB = 1 << 16
+MAX_VOCAB = 1 << 17
 CHUNK = 4096  # entries per program of an unfiltered row (12 programs for SmolLM2's 49,152, 3 for 12,288)
 _ONE_BITS = 0x3F800000  # float32 1.0: probabilities lie in [0, 1], so their bits in [0, _ONE_BITS]
 
