@@ -50,6 +50,19 @@ def test_buckets():
     assert g.key("spec", 9, 249, False) == ("spec", 12, 512, False)
 
 
+def test_host_copies_land_in_contiguous_views():
+    """The pinned buffers of step results are sized for the widest shape; a step's results land in a contiguous
+    view of their first elements (a strided destination made CUDA's copy synchronous: the overlap was lost)."""
+    from eaglespec.engine.runner import contiguous_prefix
+
+    buf = torch.full((8, 4), -1, dtype=torch.int64)
+    v = contiguous_prefix(buf, torch.Size((3, 2)))
+    assert v.is_contiguous() and v.shape == (3, 2) and v.data_ptr() == buf.data_ptr()
+    v.copy_(torch.arange(6).view(3, 2))
+    assert buf.view(-1)[:6].tolist() == list(range(6)) and int(buf.view(-1)[6]) == -1
+    assert contiguous_prefix(torch.zeros(8, dtype=torch.int64), (5,)).shape == (5,)  # decode: [B] of [rows]
+
+
 def test_static_decode_equals_eager(target, reference):
     eng = static_engine(target)
     outs = eng.generate(PROMPTS, SamplingParams(max_new_tokens=40, ignore_eos=True))
