@@ -1,4 +1,4 @@
-"""A request's sampling distribution in one Triton kernel per row: `layers.sampling.target_probs` on CUDA.
+"""A request's sampling distribution in Triton kernels: `layers.sampling.target_probs` on CUDA.
 
 The PyTorch path sorts every row (top-k's k-th value and top-p's nucleus need the order), whatever the row's
 parameters: ~55 kernels (a radix sort, a scan, scatters, softmax, elementwise) per call on the H200, which made a
@@ -17,7 +17,8 @@ So a row without top-k and top-p costs one pass: load, max, exp, sum, store. Pas
 ones) are spread over programs of CHUNK entries each instead, in two kernels: chunk statistics (the maximum of s and
 the sum of exp(s - it); greedy: the maximum and its first index), then each chunk's probabilities from its row's
 merged statistics; the whole-row kernel then runs only for rows that filter (one program on one SM took 80 us per
-49,152-entry row at temperature only, and 30 us per 12,288-entry draft row: docs/benchmarks.md, "Session 21").
+49,152-entry row at temperature only, and 30 us per 12,288-entry draft row: docs/benchmarks.md, "Session 20"; a
+one-row sampled decode graph went from 0.536 to 0.451 ms with the split, "Session 21").
 
 `target_probs(logits, temperature, top_k, top_p) -> probs`: logits [N, V] (any float dtype, rows of stride >= V,
 last dim contiguous), temperature / top_p [N] float, top_k [N] int -> probs [N, V] float32; probabilities equal the
@@ -25,9 +26,10 @@ PyTorch path's up to float32 rounding (tie-free rows).
 `fits(V)`: V <= MAX_VOCAB. One program holds a filtering row (at 16 warps 256 float32 values per thread for
 131,072), so such a row's time grows with V on one SM. On the H200 (`benchmarks/sampling_check.py`, eager calls) the
 kernels beat the PyTorch path at 12,288 and 49,152 entries in every case (session 20, one row of 49,152: 285 against
-773 us with top-p, 483 against 755 with top-k and top-p); at Llama-3's 128,256 (session 21) unfiltered and greedy rows took
-80-158 us against 892-4,560 (1-256 rows), top-p rows 535-2,506 against 971-4,540, and rows with top-k and top-p
-899-4,235 against 990-4,574 except at 32 rows (1,256 against 923): the kernels serve vocabularies of up to 131,072.
+773 us with top-p, 483 against 755 with top-k and top-p); at Llama-3's 128,256 (session 21) unfiltered and greedy
+rows took 80-158 us against 892-4,560 (1-256 rows), top-p rows 535-2,506 against 971-4,540, and rows with top-k
+and top-p 899-4,235 against 990-4,574 except at 32 rows (1,256 against 923): the kernels serve vocabularies of up to
+131,072.
 Built on first use, so that `TRITON_INTERPRET=1` (CPU tests) takes effect.
 """
 
