@@ -26,6 +26,8 @@ key length; on CUDA `GraphCache` (cuda_graphs.py) captures it once per (batch bu
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 from typing import Sequence, Union
 
@@ -73,10 +75,7 @@ def contiguous_prefix(buffer: torch.Tensor, shape: torch.Size | tuple[int, ...])
     for a shape narrower than the engine's widest) goes through a temporary and is not asynchronous, which cost the
     overlap of host and device on every such step (H200, session 21: a 32-row schedule of S1 and S3 steps ran 0.34
     ms per step slower than S1 alone)."""
-    n = 1
-    for d in shape:
-        n *= d
-    return buffer.view(-1)[:n].view(shape)
+    return buffer.view(-1)[: math.prod(shape)].view(shape)
 
 
 class ModelRunner:
@@ -166,10 +165,9 @@ class ModelRunner:
             Vd = dcfg.eagle.draft_vocab_size or dcfg.vocab_size
             chains = any(x.topk == 1 for x in self.shapes)
             self.d_logits = torch.zeros(rows, Vd, dtype=self.dtype, device=dev) if chains else None
-            # the target id of every draft id: drafts map through one lookup (the drafter's own map is two
-            # kernels), and sampled chains lay the drafter's distributions over the target's vocabulary with it
+            # the target id of every draft id: drafts map through one lookup (the drafter's own map is two kernels)
             self.d_target_ids = self.drafter.to_target_ids(torch.arange(Vd, device=dev))
-            # and the way back for sampled chains' verification: target id -> draft id, -1 outside the draft
+            # and the way back, for sampled chains' verification: target id -> draft id, -1 outside the draft
             # vocabulary
             self.d_draft_index = torch.full((cfg.vocab_size,), -1, dtype=torch.int64, device=dev).index_copy_(
                 0, self.d_target_ids, torch.arange(Vd, device=dev))
