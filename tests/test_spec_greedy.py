@@ -177,6 +177,9 @@ def test_a_schedule_of_shapes_equals_plain_greedy(target, drafter, reference, ov
     reqs, kinds = run_logging_kinds(eng, lengths)
     assert [r.output_ids for r in reqs] == [ref[:n] for ref, n in zip(reference, lengths)]
     assert {"spec", "spec1", "spec2"} <= set(kinds)
+    per_shape = {k: v for k, v in eng.step_counts.items() if k.startswith("spec ")}  # what a bench reports
+    assert set(per_shape) == {"spec 3,1,4", "spec 4,2,6", "spec 2,3,5"}
+    assert sum(per_shape.values()) == eng.step_counts["spec"]
     st = eng.stats  # each request's step counts the drafter forwards of the shape it ran (S = 3, 4 or 2)
     assert 2 * st.verify_steps < st.draft_forwards < 4 * st.verify_steps and st.draft_forwards != 3 * st.verify_steps
 

@@ -27,7 +27,7 @@
       identical_outputs (outputs equal token for token to the reference's) and identical_reference (the no-spec run
       at the same batch size; for a no-spec run and the peer: the no-spec run at the first batch size, batch 1 for
       the peer when measured), finished_by_eos, batching, engine_steps (batched steps the engine ran, by kind:
-      prefill, decode, spec; {} for the peer),
+      prefill, decode, spec, and for a schedule of several shapes also per shape, "spec 3,1,4"; {} for the peer),
       accept_length_mean, accept_length_hist ({"tau": steps}), accept_rate_per_depth, verify_steps, draft_forwards
       (null without speculation),
       time_split: seconds of draft, verify, rest (= seconds - draft - verify: prefill, plain decode, commit and host

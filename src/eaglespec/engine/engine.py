@@ -17,7 +17,8 @@ run); the drafter's state after any step serves every shape.
 With `EngineConfig.overlap` (graph path) a decode / speculative `step()` first launches the next step and then reads
 the previous one, so the tokens of a step reach the requests one `step()` later (`has_work()` stays true until the
 last launched step is read). `step_counts` counts the batched steps run by kind ("prefill", "decode", "spec"; a
-launched overlapped step counts when launched), for benchmarks.
+launched overlapped step counts when launched), for benchmarks; an engine of several shapes also counts its
+speculative steps per shape ("spec 3,1,4": `config.spec_text`).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from typing import TYPE_CHECKING, Iterator, Sequence, Union
 
 import torch
 
-from ..config import EngineConfig, SpecConfig, SpecSchedule
+from ..config import EngineConfig, SpecConfig, SpecSchedule, spec_text
 from ..errors import RequestError
 from ..models.eagle3 import check_drafter_fits
 from ..protocol import require_target
@@ -97,7 +98,8 @@ class Engine:
         tok_eos = tuple(tokenizer.eos_token_ids) if tokenizer is not None else ()
         self.eos_ids = tuple(dict.fromkeys(tok_eos + tuple(self.target_config.eos_token_ids)))
         self.stats = SpecStats()
-        self.step_counts: Counter[str] = Counter()  # batched steps run, by kind: "prefill", "decode", "spec"
+        # batched steps run, by kind: "prefill", "decode", "spec" (and "spec S,K,D" per shape of a schedule)
+        self.step_counts: Counter[str] = Counter()
         self._next_id = 0
         self._pending: tuple[list[Request], PendingStep] | None = None  # overlap: a launched, unread step
 
@@ -245,7 +247,7 @@ class Engine:
                 q.append([t])
         else:
             kind = self._step_kind(rows)
-            self.step_counts["decode" if kind == "decode" else "spec"] += 1
+            self._count_step(kind)
             if self.overlapping:
                 self._pending = (reqs, self.runner.launch(kind, rows, greedy))
                 return []  # its results are read by the next step, once that one is launched
@@ -268,6 +270,14 @@ class Engine:
         if not self.runner.speculative or (limit is not None and len(rows) > limit):
             return "decode"
         return spec_kind(self.schedule.shape_index(max(rows) + 1))
+
+    def _count_step(self, kind: str) -> None:
+        if kind == "decode":
+            self.step_counts["decode"] += 1
+            return
+        self.step_counts["spec"] += 1
+        if len(self.runner.shapes) > 1:  # which shape ran, where a schedule has several
+            self.step_counts["spec " + spec_text(self.runner.shapes[shape_index(kind)])] += 1
 
     def _append_spec(self, reqs: Sequence[Request], m_host: Sequence[int], tok_host: Sequence[Sequence[int]],
                      S: int) -> None:
@@ -294,7 +304,7 @@ class Engine:
         if running and fits and not sched.may_admit():
             greedy = all(q.params.greedy for q in running)
             kind = self._step_kind([q.slot for q in running])
-            self.step_counts["decode" if kind == "decode" else "spec"] += 1
+            self._count_step(kind)
             self._pending = (running, run.launch(kind, [q.slot for q in running], greedy, ahead))
         m_host, tok_host = run.collect(pending)
         live = [i for i, q in enumerate(reqs) if not q.finished]
