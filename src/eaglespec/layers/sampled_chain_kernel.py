@@ -23,7 +23,8 @@ the row, and the bonus one pass over the vocabulary split into chunks:
   [B] (= best), path [B, S1] = min(j, m), committed [B, S1] = the accepted tokens, then the bonus as padding, bonus
   [B]. Given the same u and e the values equal `spec/verify.verify_sampled_chain_rule`'s exactly (ties: the first
   index, torch.argmax's rule).
-`fits(V)`: V <= MAX_VOCAB. Built on first use, so that `TRITON_INTERPRET=1` (CPU tests) takes effect.
+`fits(V, D)`: V <= MAX_VOCAB and 2 <= D <= MAX_NODES. Built on first use, so that `TRITON_INTERPRET=1` (CPU tests)
+takes effect.
 """
 
 from __future__ import annotations
