@@ -21,7 +21,8 @@ from probe_script import OUT, current_graphs, kernel_advance, print_advance, ran
 
 import torch  # noqa: E402
 
-from eaglespec.config import SpecConfig  # noqa: E402
+from eaglespec.bench.runs import shape_label  # noqa: E402
+from eaglespec.config import SpecConfig, parse_spec  # noqa: E402
 
 TEMP = next((float(a.split("=")[1]) for a in sys.argv if a.startswith("--temperature=")), 0.0)
 ONLY = next((int(a.split("=")[1]) for a in sys.argv if a.startswith("--only=")), None)
@@ -31,7 +32,7 @@ cases = [(1, SpecConfig(3, 1, 4)), (1, SpecConfig(4, 4, 16)), (8, SpecConfig(4, 
          (32, SpecConfig(3, 1, 4)), (32, SpecConfig(2, 1, 3))]
 picked = [a.split("=", 1)[1] for a in sys.argv if a.startswith("--case=")]
 if picked:
-    cases = [(int(c.split(":")[0]), SpecConfig(*(int(x) for x in c.split(":")[1].split(",")))) for c in picked]
+    cases = [(int(c.split(":")[0]), parse_spec(c.split(":", 1)[1], "--case")) for c in picked]
 
 
 def phase_ms(graphs: list, n: int = 50) -> dict:
@@ -64,7 +65,7 @@ for rows in (1, 8, 32):
         e = stepped_engine(m, d, spec, rows=rows, temperature=TEMP)
         graphs = current_graphs(e, "spec", rows, TEMP == 0)
         ms = phase_ms(graphs)
-        name = f"S{spec.steps} K{spec.topk} D{spec.draft_tokens}"
+        name = shape_label(spec)
         for gname, graph in graphs:
             results.append({"rows": rows, "graph": f"{name} {gname}", "ms": ms[gname], **kernel_advance(graph)})
         del e

@@ -132,7 +132,7 @@ def test_default_drafter_policy_per_device_and_engine_size(monkeypatch):
     assert default_spec("cuda", 1, temperature=0.7) == one
     assert default_spec("cuda", 8, 1.0) == SpecSchedule(((1, one), (8, three)))
     assert default_spec("cuda", 32, 1.0) == SpecSchedule(((1, one), (32, three)))
-    assert default_spec("cuda", 33, temperature=0.7) is None and "above 32 rows" in slower_note("cuda", 0.7)
+    assert default_spec("cuda", 33, temperature=0.7) is None and "above 32 rows" in slower_note("cuda")
 
 
 def test_generate_default_model_decodes_plainly_where_the_drafter_is_slower(capsys, monkeypatch):

@@ -103,8 +103,6 @@ _DEFAULT_SPEC_SAMPLED: dict[str, tuple[tuple[int, SpecConfig], ...]] = {
 _SLOWER: dict[str, str] = {"cuda": "not measured above 32 rows on an H200",
                            "cpu": "engines of several rows measured no faster than plain decoding on the CPU (2 rows: "
                                   "1.00x)"}
-# where sampled engines are slower than the greedy ones' reasons say (none since session 21: see above)
-_SLOWER_SAMPLED: dict[str, str] = {}
 
 
 def default_drafter_path() -> Path | None:
@@ -137,8 +135,7 @@ def verify_cost_note(ratio: float, tokens: int) -> str:
             f"up to {CPU_MAX_VERIFY_COST}x")
 
 
-def slower_note(device_type: str, temperature: float = 0.0) -> str:
-    """What was measured where the shipped drafter is not used by default (for the CLI's one-line explanation)."""
-    if temperature > 0 and device_type in _SLOWER_SAMPLED:
-        return _SLOWER_SAMPLED[device_type]
+def slower_note(device_type: str) -> str:
+    """What was measured where the shipped drafter is not used by default (for the CLI's one-line explanation; greedy
+    and sampled engines share the reasons since session 21's sampled policy covers the greedy one's sizes)."""
     return _SLOWER.get(device_type, f"not measured on {device_type}")

@@ -13,7 +13,8 @@ Contract:
   with the model's tokenizer; for a random-weights model, `count` prompts of `prompt_len` random ids.
 - `check_workload(...)` and `select_prompts` raise the prompt options' errors before the (slow) model load.
 - `parse_sizes("1,8,32")`, `parse_bench_spec("5,4,16")` (or a schedule, `"1:3,1,4/32:4,2,8"`, or "auto": the
-  shape `draft="auto"` takes at each batch size), `parse_ints` (config.py's, shared with `parse_spec`) validate with one-sentence errors.
+  shape `draft="auto"` takes at each batch size), `parse_ints` (config.py's, shared with `parse_spec`) validate with
+  one-sentence errors.
 - `spec_runs(drafts, specs, no_spec, default_model)` -> the speculative `RunConfig`s: every drafter x every shape;
   "auto" means the drafter shipped for the embedded model (none for other models).
 """

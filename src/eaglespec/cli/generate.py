@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
             line += ", no speculation: this build ships no drafter for the embedded model (--draft DIR to use one)"
         else:
             kind = engine.device.type
-            why = engine.plain_note or slower_note(kind, params.temperature)
+            why = engine.plain_note or slower_note(kind)
             line += (f", no speculation: the shipped drafter is slower than plain decoding on {kind} "
                      f"({why}; --steps S --topk K speculates anyway)")
     if engine.speculative:
