@@ -75,4 +75,4 @@ def test_every_kernel_launched_with_pdl_waits():
                 checked += 1
     assert checked >= 21  # norm + projection (2), GEMV, attention (3), RoPE store, argmax (2), top-k (3), tree (3),
     #                      tree construction (2), the drafter's input, the commit (2), the KV compaction
-    assert helpers >= 2  # the attention kernels' block_scores and pv_product
+    assert helpers >= 3  # the attention kernels' block_scores and pv_product, the sampling kernels' race

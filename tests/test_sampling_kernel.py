@@ -15,7 +15,7 @@ import eaglespec.engine.runner as runner_mod  # noqa: E402
 import eaglespec.spec.draft as draft_mod  # noqa: E402
 from eaglespec.config import EngineConfig, SpecConfig  # noqa: E402
 from eaglespec.engine.engine import Engine  # noqa: E402
-from eaglespec.layers import sampling_kernel  # noqa: E402
+from eaglespec.layers import sampling, sampling_kernel  # noqa: E402
 from eaglespec.layers.sampling import target_probs_reference as reference  # noqa: E402
 from eaglespec.sampling_params import SamplingParams  # noqa: E402
 
@@ -104,6 +104,56 @@ def test_sampled_speculation_through_the_kernel_draws_the_same_tokens(monkeypatc
         calls.append(tuple(logits.shape))
         return sampling_kernel.target_probs(logits, t, k, p)
 
+    def draw_through_kernel(where):
+        def draw(logits, t, k, p, generator=None, table=None):
+            calls.append(where)
+            return sampling.sample_probs(logits, t, k, p, generator, table, kernels=True)
+        return draw
+
     monkeypatch.setattr(runner_mod, "target_probs", through_kernel)
-    monkeypatch.setattr(draft_mod, "target_probs", through_kernel)
-    assert run() == plain and calls
+    monkeypatch.setattr(runner_mod, "sample_probs", draw_through_kernel("decode"))
+    monkeypatch.setattr(draft_mod, "sample_probs", draw_through_kernel("draft"))
+    assert run() == plain
+    # decode steps (and a chain's draft levels) drew through the race kernels, verification through target_probs
+    assert "decode" in calls and any(isinstance(c, tuple) for c in calls)
+    assert ("draft" in calls) == (spec.topk == 1)  # trees draft their top-K deterministically
+
+
+@pytest.mark.parametrize("V", [50, 3001, 4096, 9000])  # 9000: plain rows race over three chunks
+def test_race_inside_the_kernels_draws_what_sample_draws(V):
+    """`sample_probs` through the kernels: the probabilities of `target_probs` and, for the same Exp(1) draws, the
+    token `greedy_ids(probs / max(e, 1e-30))` picks (through a table too), for greedy, plain and filtering rows."""
+    g = torch.Generator().manual_seed(V + 1)
+    x = torch.randn(len(ROWS), V, generator=g) * 3
+    T, K, P = (torch.tensor([r[i] for r in ROWS]) for i in range(3))
+    for _ in range(3):
+        noise = sampling._exponential((len(ROWS), V), x.device, g)
+        noise[:, :7] = 0.0  # zero draws are clamped, as exponential_noise does
+        ids, probs = sampling_kernel.sample_probs(x, T, K, P, noise)
+        assert torch.equal(probs, sampling_kernel.target_probs(x, T, K, P))
+        want = (probs / noise.clamp_min(1e-30)).argmax(-1)
+        assert ids.tolist() == want.tolist()
+        assert int(ids[0]) == int(x[0].argmax())  # greedy row: its argmax whatever the draws
+        assert bool((probs.gather(1, ids[:, None]) > 0).all())  # never a token outside the row's support
+        table = torch.randperm(V, generator=g) + 1000
+        assert sampling_kernel.sample_probs(x, T, K, P, noise, table)[0].tolist() == table[want].tolist()
+
+
+def test_race_ties_take_the_first_index_across_chunks():
+    """Equal ratios in two chunks: the first index wins (torch.argmax's rule, as `sample` through `greedy_ids`)."""
+    V = 2 * sampling_kernel.CHUNK + 5
+    x = torch.full((2, V), -30.0)
+    x[:, [sampling_kernel.CHUNK + 3, 9]] = 5.0  # two equally likely tokens, in chunks 1 and 0
+    T, K, P = torch.ones(2), torch.tensor([0, 2]), torch.ones(2)  # row 1 takes the whole-row kernel (top-k)
+    noise = torch.ones(2, V)
+    assert sampling_kernel.sample_probs(x, T, K, P, noise)[0].tolist() == [9, 9]
+    assert sampling_kernel.sample_probs(x[:0], T[:0], K[:0], P[:0], noise[:0])[0].shape == (0,)
+
+
+def test_sample_probs_draws_like_sample():
+    """The CPU path and the kernel path of `layers.sampling.sample_probs` take the same draws from the generator."""
+    x = torch.randn(5, 300, generator=torch.Generator().manual_seed(4)) * 2
+    T, K, P = torch.tensor([1.0, 0.0, 0.7, 1.3, 1.0]), torch.tensor([0, 0, 5, 0, 40]), torch.tensor([1, 1, 1, .8, .9])
+    a = sampling.sample_probs(x, T, K, P, torch.Generator().manual_seed(9))
+    b = sampling.sample_probs(x, T, K, P, torch.Generator().manual_seed(9), kernels=True)
+    assert a[0].tolist() == b[0].tolist() and torch.allclose(a[1], b[1], atol=2e-7)

@@ -36,7 +36,7 @@ import torch
 from ..config import SpecConfig, spec_envelope
 from ..layers.commit_kernel import advance_rows, store_draft_rows
 from ..layers.context import ForwardContext, cached_arange, causal_mask, prefix_tail_mask
-from ..layers.sampling import greedy_ids, sample, target_probs
+from ..layers.sampling import greedy_ids, sample_probs, target_probs
 from ..sampling_params import SamplingParams
 from ..spec.draft import DraftState, catch_up, draft_tree
 from ..spec.tree import DraftTree, build_tree
@@ -206,8 +206,7 @@ class ModelRunner:
         """logits [B, V] -> tokens [B]."""
         if greedy:
             return greedy_ids(logits)
-        probs = target_probs(logits, self.temperature[r], self.top_k[r], self.top_p[r])
-        return sample(probs, self.generator)
+        return sample_probs(logits, self.temperature[r], self.top_k[r], self.top_p[r], self.generator)[0]
 
     def _draft_step(self, ctx_rows: torch.Tensor | None):
         def step(tokens, hidden, positions, write_index, mask, from_target, logits_index):

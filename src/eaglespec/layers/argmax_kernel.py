@@ -12,7 +12,8 @@ index of the largest value of each row, the smallest such index when several are
 greedy tokens are the same bit for bit (values are compared in float32, exact for bf16 / fp16 / fp32 inputs). Rows
 holding NaN may differ from torch.argmax (which returns a NaN's index); a model that emits NaN has failed anyway.
 With `table` ([V] int64) stage 2 writes table[index] instead: a drafter's draft-vocabulary argmax mapped to target
-ids without a lookup kernel of its own.
+ids without a lookup kernel of its own. `merge_chunks(part_v, part_i, V, table)` runs stage 2 alone on chunk results
+another kernel wrote (the sampling race of `sampling_kernel.sample_probs`).
 `fits(V)`: V <= MAX_VOCAB (stage 2 holds one row's chunk results in one block).
 Built on first use, so that `TRITON_INTERPRET=1` (CPU tests) takes effect.
 """
@@ -84,9 +85,18 @@ def argmax_rows(x: torch.Tensor, table: torch.Tensor | None = None) -> torch.Ten
     n_chunks = (V + CHUNK - 1) // CHUNK
     part_v = torch.empty(R, n_chunks, dtype=torch.float32, device=x.device)
     part_i = torch.empty(R, n_chunks, dtype=torch.int32, device=x.device)
-    ids = torch.empty(R, dtype=torch.int64, device=x.device)
-    chunk_max, row_max = _kernels()
+    chunk_max, _ = _kernels()
     chunk_max[(R, n_chunks)](x2, part_v, part_i, V, x2.stride(0), n_chunks, CHUNK=CHUNK, num_warps=4, **launch_options(x2))
+    return merge_chunks(part_v, part_i, V, table).view(lead)
+
+
+def merge_chunks(part_v: torch.Tensor, part_i: torch.Tensor, V: int, table: torch.Tensor | None = None) -> torch.Tensor:
+    """Stage 2 alone: per-chunk maxima part_v [R, C] float32 and their first indices part_i [R, C] int32 (V: none)
+    -> ids [R] int64, the index of the largest value, the smallest among equal ones (table[index] with a table).
+    `sampling_kernel.sample_probs` writes such chunk results from its probability kernels."""
+    R, n_chunks = part_v.shape
+    ids = torch.empty(R, dtype=torch.int64, device=part_v.device)
+    _, row_max = _kernels()
     row_max[(R,)](part_v, part_i, ids, ids if table is None else table, V, n_chunks, BLOCK=pow2(n_chunks, 16),
-                  HAS_TABLE=table is not None, num_warps=1, **launch_options(x2))
-    return ids.view(lead)
+                  HAS_TABLE=table is not None, num_warps=1, **launch_options(part_v))
+    return ids

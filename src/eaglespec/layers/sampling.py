@@ -7,7 +7,9 @@ then to the smallest top-p nucleus (p = 1: off; the most likely token always sta
 Triton kernel per row computes it (layers/sampling_kernel.py: no sort unless the row uses top-k or top-p).
 
 `sample(probs, generator)` draws one token per row with the exponential-race trick (argmax of p / Exp(1)), which
-needs no cumulative sums and no sync. On the CPU (no graphs: the host may branch) rows without top-k and top-p skip
+needs no cumulative sums and no sync. `sample_probs(logits, ..., generator, table)` is `target_probs` plus that draw,
+on CUDA inside the probability kernels (layers/sampling_kernel.py): the engine's sampled decode steps and sampled
+draft levels take it. On the CPU (no graphs: the host may branch) rows without top-k and top-p skip
 the sort, and the Exp(1) draws come from uniform ones (both several times cheaper there).
 
 `greedy_ids(logits)`: logits [..., V] -> the argmax ids [...] int64, torch.argmax's rule (the first index among
@@ -85,6 +87,23 @@ def target_probs_reference(logits: torch.Tensor, temperature: torch.Tensor, top_
     return torch.where(greedy[:, None], onehot, probs)
 
 
+def sample_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+                 generator: torch.Generator | None = None, table: torch.Tensor | None = None,
+                 kernels: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """`target_probs` and one token per row drawn from it: logits [N, V] -> (ids [N] int64, probs [N, V] float32); with
+    a [V] int64 `table` the ids are table[id] (a drafter's draft id -> target id). The draw is `sample`'s exponential
+    race; with `kernels` (default: on CUDA) it runs inside the probability kernels (`sampling_kernel.sample_probs`),
+    elsewhere as `sample(target_probs(...))`. Both take the same Exp(1) draws from `generator`, so they draw the same
+    tokens from the same probabilities."""
+    use = logits.is_cuda if kernels is None else kernels
+    if use and sampling_kernel.fits(logits.shape[-1]):
+        noise = _exponential(logits.shape, logits.device, generator)  # clamped inside the kernel
+        return sampling_kernel.sample_probs(logits, temperature, top_k, top_p, noise, table)
+    probs = target_probs(logits, temperature, top_k, top_p)
+    ids = greedy_ids(probs / exponential_noise(probs.shape, probs.dtype, probs.device, generator), table)
+    return ids, probs
+
+
 def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
     """probs [N, V] -> token ids [N] (int64). One-hot rows return their token exactly. The Exp(1) draws: on the CPU
     -log(1 - U) from uniform U (exponential_ cost 3.1 ms per 49,152 entries there, rand + log1p 0.8 ms), elsewhere
@@ -96,11 +115,15 @@ def exponential_noise(shape: tuple[int, ...] | torch.Size, dtype: torch.dtype, d
                       generator: torch.Generator | None = None) -> torch.Tensor:
     """Exp(1) draws of `shape`, raised to >= 1e-30 (a draw of 0 would divide by zero in the race): on the CPU
     -log(1 - U) from uniform U, elsewhere exponential_ (see `sample`)."""
+    return _exponential(shape, device, generator, dtype).clamp_min_(1e-30)
+
+
+def _exponential(shape: tuple[int, ...] | torch.Size, device: torch.device, generator: torch.Generator | None,
+                 dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Exp(1) draws, not clamped: on the CPU -log(1 - U) from uniform U, elsewhere exponential_."""
     if device.type == "cpu":
-        e = torch.rand(shape, generator=generator, dtype=dtype).neg_().log1p_().neg_()
-    else:
-        e = torch.empty(shape, dtype=dtype, device=device).exponential_(generator=generator)
-    return e.clamp_min_(1e-30)
+        return torch.rand(shape, generator=generator, dtype=dtype).neg_().log1p_().neg_()
+    return torch.empty(shape, dtype=dtype, device=device).exponential_(generator=generator)
 
 
 def validate_sampling(temperature: float, top_p: float, top_k: int) -> None:

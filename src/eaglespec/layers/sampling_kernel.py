@@ -23,6 +23,11 @@ one-row sampled decode graph went from 0.536 to 0.451 ms with the split, "Sessio
 `target_probs(logits, temperature, top_k, top_p) -> probs`: logits [N, V] (any float dtype, rows of stride >= V,
 last dim contiguous), temperature / top_p [N] float, top_k [N] int -> probs [N, V] float32; probabilities equal the
 PyTorch path's up to float32 rounding (tie-free rows).
+`sample_probs(logits, temperature, top_k, top_p, noise, table=None) -> (ids, probs)`: the same probabilities and one
+token per row drawn by the exponential race (the argmax of p / max(e, 1e-30) over given Exp(1) draws e [N, V], the
+rule of `layers.sampling.sample`), computed inside the probability kernels as one candidate per chunk and merged by
+`argmax_kernel.merge_chunks` (which maps the id through a drafter's table): a sampled draft level or decode step
+launches no division, clamp or separate argmax pass over [N, V].
 `fits(V)`: V <= MAX_VOCAB. One program holds a filtering row (at 16 warps 256 float32 values per thread for
 131,072), so such a row's time grows with V on one SM. On the H200 (`benchmarks/sampling_check.py`, eager calls) the
 kernels beat the PyTorch path at 12,288 and 49,152 entries in every case (session 20, one row of 49,152: 285 against
@@ -39,6 +44,7 @@ import functools
 
 import torch
 
+from . import argmax_kernel
 from .block_size import pow2
 from .pdl import launch_options
 
@@ -55,6 +61,18 @@ def fits(V: int) -> bool:
 def _kernel():
     import triton
     import triton.language as tl
+
+    @triton.jit
+    def race(p, noise_row, offs, valid, V):
+        """The exponential race over p's entries: (the maximum of p / max(e, 1e-30), its first index), the rule of
+        `layers.sampling.sample` (p >= 0, so valid entries give a ratio >= 0 > -1, the mark of an empty slot)."""
+        e = tl.maximum(tl.load(noise_row + offs, mask=valid, other=1.0), 1e-30)
+        ratio = tl.where(valid, p / e, -1.0)
+        best = tl.max(ratio, 0)
+        return best, tl.min(tl.where(ratio == best, offs, V), 0)
+
+    globals().update(_race=race)  # the kernels below call it as a module global: Triton 3.6's
+    # interpreter resolves a jit function's callees among its module's globals only (as in short_attention_kernel)
 
     @triton.jit
     def chunk_stats_kernel(x, temp, topk, topp, part_m, part_z, part_i, V, s_x, n_chunks, CHUNK: tl.constexpr,
@@ -84,10 +102,11 @@ def _kernel():
                 tl.store(part_m + r * n_chunks + c, mx)
 
     @triton.jit
-    def chunk_probs_kernel(x, out, temp, topk, topp, part_m, part_z, part_i, V, s_x, n_chunks, CHUNK: tl.constexpr,
-                           BLOCK_C: tl.constexpr, PDL: tl.constexpr = False):
+    def chunk_probs_kernel(x, out, temp, topk, topp, part_m, part_z, part_i, noise, race_v, race_i, V, s_x, n_chunks,
+                           CHUNK: tl.constexpr, BLOCK_C: tl.constexpr, RACE: tl.constexpr, PDL: tl.constexpr = False):
         """Program (r, c) of an unfiltered row: the row's maximum M and sum Z from its chunks' (Z = sum of z_c
-        exp(m_c - M)), then chunk c's exp(s - M) / Z (T <= 0: the one-hot of the row's first maximum)."""
+        exp(m_c - M)), then chunk c's exp(s - M) / Z (T <= 0: the one-hot of the row's first maximum); with RACE
+        also the chunk's maximum of p / max(e, 1e-30) over the Exp(1) draws e and its first index."""
         if PDL:  # layers/pdl.py: nothing here is a weight, so wait for the kernel before at once
             tl.extra.cuda.gdc_launch_dependents()
             tl.extra.cuda.gdc_wait()
@@ -112,10 +131,17 @@ def _kernel():
                 v = tl.load(x + r * s_x + offs, mask=valid, other=float("-inf")).to(tl.float32)
                 p = tl.where(valid, tl.exp(v / t - big), 0.0) / z
             tl.store(out + r * V + offs, p, mask=valid)
+            if RACE:
+                best, first = _race(p, noise + r * V, offs, valid, V)
+                tl.store(race_v + r * n_chunks + c, best)
+                tl.store(race_i + r * n_chunks + c, first)
 
     @triton.jit
-    def target_probs_kernel(x, out, temp, topk, topp, V, s_x, BLOCK: tl.constexpr, ONE_BITS: tl.constexpr,
-                            FILTERED_ONLY: tl.constexpr = 0, PDL: tl.constexpr = False):
+    def target_probs_kernel(x, out, temp, topk, topp, noise, race_v, race_i, V, s_x, n_chunks, BLOCK: tl.constexpr,
+                            ONE_BITS: tl.constexpr, BLOCK_C: tl.constexpr, FILTERED_ONLY: tl.constexpr = 0,
+                            RACE: tl.constexpr = False, PDL: tl.constexpr = False):
+        """Program r: the whole row (every row, or with FILTERED_ONLY the rows that top-k / top-p filter); with RACE
+        the row's race result in its first chunk slot and -1 (no candidate) in the others."""
         if PDL:  # layers/pdl.py: nothing here is a weight, so wait for the kernel before at once
             tl.extra.cuda.gdc_launch_dependents()
             tl.extra.cuda.gdc_wait()
@@ -163,32 +189,63 @@ def _kernel():
                     p = tl.where(pb >= hi2, p, 0.0)
                     p = p / tl.sum(p, 0)
             tl.store(out + r * V + offs, p, mask=valid)
+            if RACE:
+                best, first = _race(p, noise + r * V, offs, valid, V)
+                cs = tl.arange(0, BLOCK_C)  # the row's result in slot 0, empty slots (-1, V) after it
+                tl.store(race_v + r * n_chunks + cs, tl.where(cs == 0, best, -1.0), mask=cs < n_chunks)
+                tl.store(race_i + r * n_chunks + cs, tl.where(cs == 0, first, V), mask=cs < n_chunks)
 
     return chunk_stats_kernel, chunk_probs_kernel, target_probs_kernel
 
 
 def target_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
                  top_p: torch.Tensor) -> torch.Tensor:
+    return _launch(logits, temperature, top_k, top_p, None)[0]
+
+
+def sample_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+                 noise: torch.Tensor, table: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """`target_probs` and one draw from each row: noise [N, V] float32 Exp(1) draws -> (ids [N] int64, the argmax of
+    p / max(e, 1e-30), the first among equal ones, or table[it] with a [V] int64 table; probs [N, V]). The race runs
+    inside the probability kernels (one candidate per chunk) and `argmax_kernel.merge_chunks` picks the row's: two
+    launches fewer than `sample(target_probs(...))` plus a division and no [N, V] quotient."""
+    N, V = logits.shape
+    assert noise.shape == (N, V) and noise.dtype == torch.float32 and noise.is_contiguous()
+    probs, race_v, race_i = _launch(logits, temperature, top_k, top_p, noise)
+    if N == 0:
+        return torch.empty(0, dtype=torch.int64, device=logits.device), probs
+    return argmax_kernel.merge_chunks(race_v, race_i, V, table), probs
+
+
+def _launch(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+            noise: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """probs [N, V] and, with noise, the race's per-chunk candidates (values [N, C] float32, indices [N, C] int32;
+    C = the number of CHUNK-entry chunks when V > CHUNK, else 1)."""
     N, V = logits.shape
     assert fits(V), f"sampling_kernel: V={V}"
     x = logits if logits.stride(-1) == 1 else logits.contiguous()
     out = torch.empty(N, V, dtype=torch.float32, device=logits.device)
+    split = V > CHUNK
+    n_chunks = (V + CHUNK - 1) // CHUNK if split else 1
+    race = noise is not None
+    race_v = torch.empty(N, n_chunks, dtype=torch.float32, device=logits.device) if race else None
+    race_i = torch.empty(N, n_chunks, dtype=torch.int32, device=logits.device) if race else None
     if N == 0:
-        return out
+        return out, race_v, race_i
     BLOCK = pow2(V)
     warps = 16 if BLOCK >= 16384 else 8 if BLOCK >= 4096 else 4
     stats, chunk_probs, whole_row = _kernel()
     args = (temperature.contiguous(), top_k.contiguous(), top_p.contiguous())
+    # unused pointers without the race: any tensor of the launch
+    race_args = (noise, race_v, race_i) if race else (out, out, out)
     opts = launch_options(logits)
-    split = V > CHUNK
     if split:  # unfiltered rows over chunks, two kernels (the whole-row kernel then skips them)
-        n_chunks = (V + CHUNK - 1) // CHUNK
         part_m, part_z = (torch.empty(N, n_chunks, dtype=torch.float32, device=logits.device) for _ in range(2))
         part_i = torch.empty(N, n_chunks, dtype=torch.int32, device=logits.device)
         stats[(N, n_chunks)](x, *args, part_m, part_z, part_i, V, x.stride(0), n_chunks, CHUNK=CHUNK, num_warps=4,
                              **opts)
-        chunk_probs[(N, n_chunks)](x, out, *args, part_m, part_z, part_i, V, x.stride(0), n_chunks, CHUNK=CHUNK,
-                                   BLOCK_C=pow2(n_chunks, 2), num_warps=4, **opts)
-    whole_row[(N,)](x, out, *args, V, x.stride(0), BLOCK=BLOCK, ONE_BITS=_ONE_BITS, FILTERED_ONLY=int(split),
-                    num_warps=warps, **opts)
-    return out
+        chunk_probs[(N, n_chunks)](x, out, *args, part_m, part_z, part_i, *race_args, V, x.stride(0), n_chunks,
+                                   CHUNK=CHUNK, BLOCK_C=pow2(n_chunks, 2), RACE=race, num_warps=4, **opts)
+    whole_row[(N,)](x, out, *args, *race_args, V, x.stride(0), n_chunks, BLOCK=BLOCK, ONE_BITS=_ONE_BITS,
+                    BLOCK_C=pow2(n_chunks, 2), FILTERED_ONLY=int(split), RACE=race, num_warps=warps, **opts)
+    return out, race_v, race_i

@@ -25,11 +25,12 @@ Conventions (L = committed length of row b, equal for the target and the drafter
   expected depth-1 acceptance (`benchmarks/sampled_acceptance.py`): T = 1: 0.355 vs 0.226; T = 1 top-k 5: 0.409 vs
   0.326 (an unprocessed q would get 0.313, below the deterministic draft); T = 0.7 top-p 0.9: 0.439 vs 0.407. A row
   with T = 0 keeps its argmax, with a one-hot q (the deterministic rule). The depth-1 distribution comes from the
-  catch-up (`DraftState.logits`, the last committed entry's logits, kept for chains; turned into log-probabilities
-  only in sampled steps). Trees keep deterministic top-K drafts.
-- A chain's catch-up takes the argmax of the logits and no log-probabilities (`DraftState.top_logp` None): a greedy
-  chain uses no scores, a sampled one computes its own from `logits`. So greedy steps skip the float copy,
-  log-softmax and max over the draft vocabulary (~20 us of single-block kernels per catch-up on the H200).
+  catch-up (`DraftState.logits`, the last committed entry's logits, kept for chains). Each level's q and its draw
+  come from one `sample_probs` call (on CUDA: the probability kernels run the exponential race and the merge maps
+  the draft id to the target id), with no log-probabilities. Trees keep deterministic top-K drafts.
+- A chain's catch-up takes the argmax of the logits and no log-probabilities (`DraftState.top_logp` None): no chain
+  uses scores (it keeps all its candidates). So chain steps skip the float copy, log-softmax and max over the draft
+  vocabulary (~20 us of single-block kernels per catch-up on the H200).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ import torch
 
 from ..layers import topk_kernel, tree_build_kernels
 from ..layers.context import cached_arange, causal_mask, masked_tail, tail_index
-from ..layers.sampling import greedy_ids, sample, target_probs
+from ..layers.sampling import greedy_ids, sample_probs
 
 DrafterStep = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
@@ -58,7 +59,7 @@ class DraftState:
 @dataclass
 class Candidates:
     tokens: torch.Tensor  # [B, N] target ids
-    scores: torch.Tensor | None  # [B, N] cumulative log-prob (None for greedy chains: build_tree keeps their first D-1)
+    scores: torch.Tensor | None  # [B, N] cumulative log-prob (None for chains: build_tree keeps their first D-1)
     parents: torch.Tensor  # [B, N] candidate index of the parent, -1 = root
     depth: torch.Tensor  # [B, N]
     q: torch.Tensor | None = None  # [B, N, Vd] sampled chains: the distribution each candidate was drawn from
@@ -90,14 +91,16 @@ def topk_logp_reference(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, tor
 Sampling = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # per row: temperature [B], top_k [B], top_p [B]
 
 
-def sample_draft(logp: torch.Tensor, sampling: Sampling,
-                 generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One sampled draft token per row: logp [B, Vd] log-probabilities and the rows' sampling parameters -> (ids
-    [B, 1], their log-probabilities [B, 1], q [B, Vd]), q = the drafter's distribution processed as the target's is
-    (`target_probs`: one-hot at the argmax for T = 0). Fixed shapes, no host synchronisation."""
-    q = target_probs(logp, *sampling)
-    ids = sample(q, generator)[:, None]  # one-hot rows return their token exactly
-    return ids, torch.gather(logp, 1, ids), q
+def sample_draft(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None,
+                 to_target: Callable[[torch.Tensor], torch.Tensor],
+                 target_ids: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """One sampled draft token per row: the drafter's logits [B, Vd] and the rows' sampling parameters -> (target ids
+    [B, 1], q [B, Vd]), q = the drafter's distribution processed as the target's is (`target_probs`: one-hot at the
+    argmax for T = 0) and the token drawn from it (`sample_probs`; with `target_ids` its draw maps the id itself).
+    No scores: a chain keeps all its candidates. Fixed shapes, no host synchronisation."""
+    ids, q = sample_probs(logits, *sampling, generator, target_ids)
+    ids = ids[:, None]
+    return (ids if target_ids is not None else to_target(ids)), q
 
 
 def catch_up(
@@ -279,9 +282,9 @@ def draft_chain(
 ) -> Candidates:
     """`draft_tree` for K = 1: S-1 drafter forwards on one token per row; the S candidates of a chain. With
     `sampling` the tokens are sampled (`sample_draft`; needs `state.logits`) and `Candidates.q` is set. Greedy chains
-    take each level's argmax of the logits and no scores (`Candidates.scores` None): a chain keeps its first D-1
-    candidates whatever their scores, so the float copy and log-softmax over the draft vocabulary (~11 us per level
-    on the H200, `benchmarks/replay_probe.py`'s trace) and the score sums are skipped. With `target_ids` (the table
+    take each level's argmax of the logits; no chain computes scores (`Candidates.scores` None): a chain keeps its
+    first D-1 candidates whatever their scores, so the float copy and log-softmax over the draft vocabulary (~11 us
+    per level on the H200, `benchmarks/replay_probe.py`'s trace) and the score sums are skipped. With `target_ids` (the table
     `to_target` looks up) the argmax maps its ids itself (`greedy_ids(logits, table)`: one kernel less per level)."""
     B = state.top_ids.shape[0]
     dev = state.top_ids.device
@@ -293,15 +296,13 @@ def draft_chain(
     at_all = seq_len[None, :] + cached_arange(max(steps - 1, 1), dev)[:, None]
     masks = causal_mask(at_all, kv_len)
     qs: list[torch.Tensor] = []
-    c_scores: list[torch.Tensor] = []
     if sampling is None:
-        ids = state.top_ids  # [B, 1]
+        tok = to_target(state.top_ids)  # [B, 1]
     else:
         assert state.logits is not None, "sampled drafting needs the catch-up's logits (keep_logits)"
-        ids, score, q = sample_draft(torch.log_softmax(state.logits.float(), dim=-1), sampling, generator)
+        tok, q = sample_draft(state.logits, sampling, generator, to_target, target_ids)
         qs.append(q)
-        c_scores.append(score)
-    tok, hidden = to_target(ids), state.hidden[:, None, :]  # [B, 1], [B, 1, H]
+    hidden = state.hidden[:, None, :]  # [B, 1, H]
     c_tokens = [tok]
     for level in range(2, steps + 1):
         entry = level - 2
@@ -313,14 +314,12 @@ def draft_chain(
             else:
                 tok = to_target(greedy_ids(logits[:, 0])[:, None])
         else:
-            ids, logp, q = sample_draft(torch.log_softmax(logits[:, 0].float(), dim=-1), sampling, generator)
+            tok, q = sample_draft(logits[:, 0], sampling, generator, to_target, target_ids)
             qs.append(q)
-            tok, score = to_target(ids), score + logp
-            c_scores.append(score)
         c_tokens.append(tok)
     return Candidates(
         tokens=torch.cat(c_tokens, 1),
-        scores=torch.cat(c_scores, 1) if sampling is not None else None,
+        scores=None,
         parents=parents.expand(B, steps),
         depth=depth.expand(B, steps),
         q=torch.stack(qs, 1) if qs else None,
