@@ -21,7 +21,7 @@ from eaglespec.layers import sampling, sampling_kernel  # noqa: E402
 
 emit = Emitter("race_check.json")
 g = torch.Generator(device=DEV).manual_seed(0)
-CASES = {"T": (1.0, 0, 1.0), "T+k+p": (0.8, 50, 0.9), "greedy": (0.0, 0, 1.0)}
+CASES = {"T": (1.0, 0, 1.0), "T+p": (1.0, 0, 0.9), "T+k+p": (0.8, 50, 0.9), "greedy": (0.0, 0, 1.0)}
 for V in ((5000,) if CPU else (49152, 12288, 128256)):
     for N in ((1, 3) if CPU else (1, 8, 32)):
         x = (torch.randn(N, V, device=DEV, generator=g) * 3).to(torch.float32 if CPU else torch.bfloat16)

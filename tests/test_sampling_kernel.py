@@ -119,7 +119,8 @@ def test_sampled_speculation_through_the_kernel_draws_the_same_tokens(monkeypatc
     assert ("draft" in calls) == (spec.topk == 1)  # trees draft their top-K deterministically
 
 
-@pytest.mark.parametrize("V", [50, 3001, 4096, 9000])  # 9000: plain rows race over three chunks
+@pytest.mark.parametrize("V", [50, 3001, 4096, 9000, 20000])  # up to 4096: the whole-row kernel races; past it
+# plain rows race in the chunk-probabilities kernel, filtering rows in the chunk race kernel
 def test_race_inside_the_kernels_draws_what_sample_draws(V):
     """`sample_probs` through the kernels: the probabilities of `target_probs` and, for the same Exp(1) draws, the
     token `greedy_ids(probs / max(e, 1e-30))` picks (through a table too), for greedy, plain and filtering rows."""

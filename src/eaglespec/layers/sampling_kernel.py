@@ -25,9 +25,11 @@ last dim contiguous), temperature / top_p [N] float, top_k [N] int -> probs [N, 
 PyTorch path's up to float32 rounding (tie-free rows).
 `sample_probs(logits, temperature, top_k, top_p, noise, table=None) -> (ids, probs)`: the same probabilities and one
 token per row drawn by the exponential race (the argmax of p / max(e, 1e-30) over given Exp(1) draws e [N, V], the
-rule of `layers.sampling.sample`), computed inside the probability kernels as one candidate per chunk and merged by
-`argmax_kernel.merge_chunks` (which maps the id through a drafter's table): a sampled draft level or decode step
-launches no division, clamp or separate argmax pass over [N, V].
+rule of `layers.sampling.sample`), one candidate per chunk merged by `argmax_kernel.merge_chunks` (which maps the id
+through a drafter's table). Plain rows race inside the chunk-probabilities kernel; rows that filter race in one more
+chunk kernel over the probabilities the whole-row kernel wrote (racing inside that one-program kernel cost +30-110 us
+per 49,152-entry row); rows of a vocabulary of at most CHUNK entries race in the whole-row kernel. Against
+`sample(target_probs(...))` no clamp, division or separate argmax pass over [N, V] is launched.
 `fits(V)`: V <= MAX_VOCAB. One program holds a filtering row (at 16 warps 256 float32 values per thread for
 131,072), so such a row's time grows with V on one SM. On the H200 (`benchmarks/sampling_check.py`, eager calls) the
 kernels beat the PyTorch path at 12,288 and 49,152 entries in every case (session 20, one row of 49,152: 285 against
@@ -71,8 +73,18 @@ def _kernel():
         best = tl.max(ratio, 0)
         return best, tl.min(tl.where(ratio == best, offs, V), 0)
 
-    globals().update(_race=race)  # the kernels below call it as a module global: Triton 3.6's
-    # interpreter resolves a jit function's callees among its module's globals only (as in short_attention_kernel)
+    @triton.jit
+    def row_params(temp, topk, topp, r, V):
+        """Row r's (temperature, top-k, top-p, plain): plain = greedy, or neither top-k (0 < k < V) nor top-p (< 1),
+        i.e. a row the chunk kernels compute (the whole-row kernel takes the others)."""
+        t = tl.load(temp + r).to(tl.float32)
+        k = tl.load(topk + r).to(tl.int32)
+        tp = tl.load(topp + r).to(tl.float32)
+        return t, k, tp, (t <= 0) | ~(((k > 0) & (k < V)) | (tp < 1.0))
+
+    # the kernels below call these helpers as module globals: Triton 3.6's interpreter resolves a jit function's
+    # callees among its module's globals only (as in short_attention_kernel)
+    globals().update(_race=race, _row_params=row_params)
 
     @triton.jit
     def chunk_stats_kernel(x, temp, topk, topp, part_m, part_z, part_i, V, s_x, n_chunks, CHUNK: tl.constexpr,
@@ -84,10 +96,8 @@ def _kernel():
             tl.extra.cuda.gdc_wait()
         r = tl.program_id(0).to(tl.int64)
         c = tl.program_id(1)
-        t = tl.load(temp + r).to(tl.float32)
-        k = tl.load(topk + r).to(tl.int32)
-        tp = tl.load(topp + r).to(tl.float32)
-        if (t <= 0) | ~(((k > 0) & (k < V)) | (tp < 1.0)):  # greedy or unfiltered (the whole-row kernel: the rest)
+        t, k, tp, plain = _row_params(temp, topk, topp, r, V)
+        if plain:  # greedy or unfiltered (the whole-row kernel: the rest)
             offs = c * CHUNK + tl.arange(0, CHUNK)
             valid = offs < V
             v = tl.load(x + r * s_x + offs, mask=valid, other=float("-inf")).to(tl.float32)
@@ -112,10 +122,8 @@ def _kernel():
             tl.extra.cuda.gdc_wait()
         r = tl.program_id(0).to(tl.int64)
         c = tl.program_id(1)
-        t = tl.load(temp + r).to(tl.float32)
-        k = tl.load(topk + r).to(tl.int32)
-        tp = tl.load(topp + r).to(tl.float32)
-        if (t <= 0) | ~(((k > 0) & (k < V)) | (tp < 1.0)):
+        t, k, tp, plain = _row_params(temp, topk, topp, r, V)
+        if plain:
             cs = tl.arange(0, BLOCK_C)
             cm = cs < n_chunks
             pm = tl.load(part_m + r * n_chunks + cs, mask=cm, other=float("-inf"))
@@ -137,19 +145,16 @@ def _kernel():
                 tl.store(race_i + r * n_chunks + c, first)
 
     @triton.jit
-    def target_probs_kernel(x, out, temp, topk, topp, noise, race_v, race_i, V, s_x, n_chunks, BLOCK: tl.constexpr,
-                            ONE_BITS: tl.constexpr, BLOCK_C: tl.constexpr, FILTERED_ONLY: tl.constexpr = 0,
+    def target_probs_kernel(x, out, temp, topk, topp, noise, race_v, race_i, V, s_x, BLOCK: tl.constexpr,
+                            ONE_BITS: tl.constexpr, FILTERED_ONLY: tl.constexpr = 0,
                             RACE: tl.constexpr = False, PDL: tl.constexpr = False):
         """Program r: the whole row (every row, or with FILTERED_ONLY the rows that top-k / top-p filter); with RACE
-        the row's race result in its first chunk slot and -1 (no candidate) in the others."""
+        (unsplit rows only) the row's race result."""
         if PDL:  # layers/pdl.py: nothing here is a weight, so wait for the kernel before at once
             tl.extra.cuda.gdc_launch_dependents()
             tl.extra.cuda.gdc_wait()
         r = tl.program_id(0).to(tl.int64)
-        t = tl.load(temp + r).to(tl.float32)
-        k = tl.load(topk + r).to(tl.int32)
-        tp = tl.load(topp + r).to(tl.float32)
-        plain = (t <= 0) | ~(((k > 0) & (k < V)) | (tp < 1.0))
+        t, k, tp, plain = _row_params(temp, topk, topp, r, V)
         if plain.to(tl.int32) * FILTERED_ONLY == 0:  # FILTERED_ONLY: the chunk kernels wrote the plain rows
             offs = tl.arange(0, BLOCK)
             valid = offs < V
@@ -189,13 +194,31 @@ def _kernel():
                     p = tl.where(pb >= hi2, p, 0.0)
                     p = p / tl.sum(p, 0)
             tl.store(out + r * V + offs, p, mask=valid)
-            if RACE:
+            if RACE:  # only unsplit rows (V <= CHUNK): the split launch races filtering rows in chunk_race_kernel
                 best, first = _race(p, noise + r * V, offs, valid, V)
-                cs = tl.arange(0, BLOCK_C)  # the row's result in slot 0, empty slots (-1, V) after it
-                tl.store(race_v + r * n_chunks + cs, tl.where(cs == 0, best, -1.0), mask=cs < n_chunks)
-                tl.store(race_i + r * n_chunks + cs, tl.where(cs == 0, first, V), mask=cs < n_chunks)
+                tl.store(race_v + r, best)
+                tl.store(race_i + r, first)
 
-    return chunk_stats_kernel, chunk_probs_kernel, target_probs_kernel
+    @triton.jit
+    def chunk_race_kernel(out, noise, temp, topk, topp, race_v, race_i, V, n_chunks, CHUNK: tl.constexpr,
+                          PDL: tl.constexpr = False):
+        """Program (r, c) of a row that top-k / top-p filters (the whole-row kernel wrote its probabilities): the
+        race's candidate of chunk c. (Racing inside the one-program whole-row kernel cost a 49,152-entry row
+        +30-110 us on the H200, against ~3 us across the chip here.)"""
+        if PDL:  # layers/pdl.py: nothing here is a weight, so wait for the kernel before at once
+            tl.extra.cuda.gdc_launch_dependents()
+            tl.extra.cuda.gdc_wait()
+        r = tl.program_id(0).to(tl.int64)
+        c = tl.program_id(1)
+        t, k, tp, plain = _row_params(temp, topk, topp, r, V)
+        if plain.to(tl.int32) == 0:  # the plain rows raced in chunk_probs_kernel
+            offs = c * CHUNK + tl.arange(0, CHUNK)
+            valid = offs < V
+            best, first = _race(tl.load(out + r * V + offs, mask=valid, other=0.0), noise + r * V, offs, valid, V)
+            tl.store(race_v + r * n_chunks + c, best)
+            tl.store(race_i + r * n_chunks + c, first)
+
+    return chunk_stats_kernel, chunk_probs_kernel, target_probs_kernel, chunk_race_kernel
 
 
 def target_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
@@ -234,7 +257,7 @@ def _launch(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor
         return out, race_v, race_i
     BLOCK = pow2(V)
     warps = 16 if BLOCK >= 16384 else 8 if BLOCK >= 4096 else 4
-    stats, chunk_probs, whole_row = _kernel()
+    stats, chunk_probs, whole_row, chunk_race = _kernel()
     args = (temperature.contiguous(), top_k.contiguous(), top_p.contiguous())
     # unused pointers without the race: any tensor of the launch
     race_args = (noise, race_v, race_i) if race else (out, out, out)
@@ -246,6 +269,8 @@ def _launch(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor
                              **opts)
         chunk_probs[(N, n_chunks)](x, out, *args, part_m, part_z, part_i, *race_args, V, x.stride(0), n_chunks,
                                    CHUNK=CHUNK, BLOCK_C=pow2(n_chunks, 2), RACE=race, num_warps=4, **opts)
-    whole_row[(N,)](x, out, *args, *race_args, V, x.stride(0), n_chunks, BLOCK=BLOCK, ONE_BITS=_ONE_BITS,
-                    BLOCK_C=pow2(n_chunks, 2), FILTERED_ONLY=int(split), RACE=race, num_warps=warps, **opts)
+    whole_row[(N,)](x, out, *args, *race_args, V, x.stride(0), BLOCK=BLOCK, ONE_BITS=_ONE_BITS,
+                    FILTERED_ONLY=int(split), RACE=race and not split, num_warps=warps, **opts)
+    if race and split:  # the filtering rows' race, over chunks (the plain rows' ran in chunk_probs)
+        chunk_race[(N, n_chunks)](out, noise, *args, race_v, race_i, V, n_chunks, CHUNK=CHUNK, num_warps=4, **opts)
     return out, race_v, race_i

@@ -284,8 +284,9 @@ def draft_chain(
     `sampling` the tokens are sampled (`sample_draft`; needs `state.logits`) and `Candidates.q` is set. Greedy chains
     take each level's argmax of the logits; no chain computes scores (`Candidates.scores` None): a chain keeps its
     first D-1 candidates whatever their scores, so the float copy and log-softmax over the draft vocabulary (~11 us
-    per level on the H200, `benchmarks/replay_probe.py`'s trace) and the score sums are skipped. With `target_ids` (the table
-    `to_target` looks up) the argmax maps its ids itself (`greedy_ids(logits, table)`: one kernel less per level)."""
+    per level on the H200, `benchmarks/replay_probe.py`'s trace) and the score sums are skipped. With `target_ids`
+    (the table `to_target` looks up) the argmax or the sampled draw maps its ids itself (`greedy_ids(logits,
+    table)`, `sample_probs(..., table)`: one kernel less per level)."""
     B = state.top_ids.shape[0]
     dev = state.top_ids.device
     parents, depth = _chain_constants(steps, dev)
