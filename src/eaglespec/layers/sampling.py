@@ -3,8 +3,8 @@
 `target_probs(logits, temperature, top_k, top_p)` turns logits [N, V] into the distribution a request samples from,
 per row: temperature 0 gives the one-hot of the argmax (so greedy is the degenerate case of sampling and every
 verification rule treats both alike), otherwise softmax(logits / T) restricted to the top-k tokens (k = 0: off) and
-then to the smallest top-p nucleus (p = 1: off; the most likely token always stays), renormalised. On CUDA one
-Triton kernel per row computes it (layers/sampling_kernel.py: no sort unless the row uses top-k or top-p).
+then to the smallest top-p nucleus (p = 1: off; the most likely token always stays), renormalised. On CUDA Triton
+kernels compute it (layers/sampling_kernel.py: no sort unless the row uses top-k or top-p).
 
 `sample(probs, generator)` draws one token per row with the exponential-race trick (argmax of p / Exp(1)), which
 needs no cumulative sums and no sync. `sample_probs(logits, ..., generator, table)` is `target_probs` plus that draw,
@@ -40,8 +40,8 @@ def target_probs(
     top_k: torch.Tensor,
     top_p: torch.Tensor,
 ) -> torch.Tensor:
-    """logits [N, V]; temperature/top_p [N] float; top_k [N] int -> probs [N, V] float32. On CUDA one Triton kernel
-    per row (layers/sampling_kernel.py), which sorts nothing unless the row asks for top-k or top-p."""
+    """logits [N, V]; temperature/top_p [N] float; top_k [N] int -> probs [N, V] float32. On CUDA Triton kernels
+    (layers/sampling_kernel.py), which sort nothing unless the row asks for top-k or top-p."""
     if logits.is_cuda and sampling_kernel.fits(logits.shape[-1]):
         return sampling_kernel.target_probs(logits, temperature, top_k, top_p)
     # on the CPU (no graphs: the host may branch) a batch whose rows use neither top-k nor top-p skips the sort
