@@ -47,7 +47,7 @@ def exact_distribution(target, params: SamplingParams, prune: float = 1e-4) -> d
         ids = torch.tensor([PROMPT + list(prefix) for prefix, _ in frontier], device=DEV)
         t, k, p = (torch.full((B,), v, device=DEV) for v in (params.temperature, params.top_k, params.top_p))
         with torch.no_grad():
-            logits = target(ids, ForwardContext.plain(B, ids.shape[1])).logits[:, -1]
+            logits = target(ids, ForwardContext.plain(B, ids.shape[1], DEV)).logits[:, -1]
         q = target_probs_reference(logits, t, k.long(), p).double().cpu()
         rows, cols = (q >= prune).nonzero(as_tuple=True)
         frontier = [(frontier[r][0] + (c,), frontier[r][1] * float(q[r, c]))
@@ -99,7 +99,7 @@ def greedy_reference(target, n: int) -> list[int]:
     for _ in range(n):
         x = torch.tensor([ids], device=DEV)
         with torch.no_grad():
-            ids.append(int(target(x, ForwardContext.plain(1, len(ids))).logits[0, -1].argmax()))
+            ids.append(int(target(x, ForwardContext.plain(1, len(ids), DEV)).logits[0, -1].argmax()))
     return ids
 
 
