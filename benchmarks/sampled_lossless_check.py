@@ -1,9 +1,9 @@
 """Lossless sampling on the GPU, end to end: the distribution of an engine's sampled output (plain decoding, sampled
 chains, sampled trees; CUDA graphs and the sampling kernels) against the target's exact distribution, by chi-square.
 
-The CPU suite checks this on an 8-token vocabulary (tests/test_spec_sampling.py), where the sampling kernels take
-their one-program path. Here the same check runs on CUDA in float32, also with vocabularies past the kernels' 4,096-
-entry chunks (a 6,000-token target with a 5,000-token draft vocabulary): plain rows then race inside the chunk
+The CPU suite checks this on an 8-token vocabulary through the PyTorch path (tests/test_spec_sampling.py). Here the
+same check runs on CUDA in float32, with a 64-token vocabulary (the kernels' one-program path) and one past their
+4,096-entry chunks (a 6,000-token target with a 5,000-token draft vocabulary): plain rows then race inside the chunk
 kernels and filtering rows in the chunk race kernel (layers/sampling_kernel.py), and the sampled chain's acceptance
 runs over chunks too (layers/sampled_chain_kernel.py). A random tiny target (tests/tiny.py) with peaky logits keeps
 the mass on few sequences; the exact distribution of the 3 generated tokens is enumerated over continuations of
