@@ -100,15 +100,15 @@ def sample_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.T
         noise = _exponential(logits.shape, logits.device, generator)  # clamped inside the kernel
         return sampling_kernel.sample_probs(logits, temperature, top_k, top_p, noise, table)
     probs = target_probs(logits, temperature, top_k, top_p)
-    ids = greedy_ids(probs / exponential_noise(probs.shape, probs.dtype, probs.device, generator), table)
-    return ids, probs
+    return sample(probs, generator, table), probs
 
 
-def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """probs [N, V] -> token ids [N] (int64). One-hot rows return their token exactly. The Exp(1) draws: on the CPU
-    -log(1 - U) from uniform U (exponential_ cost 3.1 ms per 49,152 entries there, rand + log1p 0.8 ms), elsewhere
-    exponential_; a draw of 0 is raised to 1e-30 either way."""
-    return greedy_ids(probs / exponential_noise(probs.shape, probs.dtype, probs.device, generator))
+def sample(probs: torch.Tensor, generator: torch.Generator | None = None,
+           table: torch.Tensor | None = None) -> torch.Tensor:
+    """probs [N, V] -> token ids [N] (int64; table[id] with a [V] int64 table, as `greedy_ids`). One-hot rows return
+    their token exactly. The Exp(1) draws: on the CPU -log(1 - U) from uniform U (exponential_ cost 3.1 ms per 49,152
+    entries there, rand + log1p 0.8 ms), elsewhere exponential_; a draw of 0 is raised to 1e-30 either way."""
+    return greedy_ids(probs / exponential_noise(probs.shape, probs.dtype, probs.device, generator), table)
 
 
 def exponential_noise(shape: tuple[int, ...] | torch.Size, dtype: torch.dtype, device: torch.device,
