@@ -31,9 +31,10 @@ from eaglespec.engine.engine import Engine  # noqa: E402
 from eaglespec.layers.context import ForwardContext  # noqa: E402
 from eaglespec.layers.sampling import target_probs_reference  # noqa: E402
 from eaglespec.sampling_params import SamplingParams  # noqa: E402
+from eaglespec.spec.oracle import OracleDrafter  # noqa: E402
 
 PROMPT, N_TOKENS = [1, 2, 3], 3
-N, ROWS = (1200, 300) if CPU else (16384, 1024)  # rows: a graph bucket
+N, ROWS = (1200, 300) if CPU else (16384, 1024)  # rows: a graph bucket (the oracle holds one reference per row)
 emit = Emitter("sampled_lossless.json")
 
 
@@ -71,20 +72,35 @@ def p_value(counts: dict[tuple[int, ...], int], exact: dict[tuple[int, ...], flo
                                          torch.tensor(x / 2, dtype=torch.float64))), df
 
 
-# (name, spec, params): speculation with a random tiny drafter (flat drafts, mostly rejected: the rejection and
-# residual paths, some acceptances), over a 5,000-token draft vocabulary when the target's is large
+# (name, drafter, spec, params): drafter "random" (a random tiny drafter: flat drafts, mostly rejected, over a draft
+# vocabulary when the target's is large) or "oracle" (spec/oracle.py: the target's greedy continuation with
+# certainty, so most drafts are accepted on that path and the residual draws after rejections are exercised too)
 CASES = [
-    ("plain-T1", None, SamplingParams(max_new_tokens=N_TOKENS, temperature=1.0, ignore_eos=True)),
-    ("plain-T0.8-topp0.9", None, SamplingParams(max_new_tokens=N_TOKENS, temperature=0.8, top_p=0.9, ignore_eos=True)),
-    ("chain-T1", SpecConfig(3, 1, 4), SamplingParams(max_new_tokens=N_TOKENS, temperature=1.0, ignore_eos=True)),
-    ("chain1-T1", SpecConfig(1, 1, 2), SamplingParams(max_new_tokens=N_TOKENS, temperature=1.0, ignore_eos=True)),
-    ("chain-T0.9-topp0.9", SpecConfig(2, 1, 3),
+    ("plain-T1", None, None, SamplingParams(max_new_tokens=N_TOKENS, temperature=1.0, ignore_eos=True)),
+    ("plain-T0.8-topp0.9", None, None,
+     SamplingParams(max_new_tokens=N_TOKENS, temperature=0.8, top_p=0.9, ignore_eos=True)),
+    ("chain-T1", "random", SpecConfig(3, 1, 4), SamplingParams(max_new_tokens=N_TOKENS, temperature=1.0,
+                                                                ignore_eos=True)),
+    ("chain-T1", "oracle", SpecConfig(3, 1, 4), SamplingParams(max_new_tokens=N_TOKENS, temperature=1.0,
+                                                                ignore_eos=True)),
+    ("chain1-T1", "oracle", SpecConfig(1, 1, 2), SamplingParams(max_new_tokens=N_TOKENS, temperature=1.0,
+                                                                 ignore_eos=True)),
+    ("chain-T0.9-topp0.9", "oracle", SpecConfig(2, 1, 3),
      SamplingParams(max_new_tokens=N_TOKENS, temperature=0.9, top_p=0.9, ignore_eos=True)),
-    ("chain-T1-topk4", SpecConfig(3, 1, 4),
+    ("chain-T1-topk4", "oracle", SpecConfig(3, 1, 4),
      SamplingParams(max_new_tokens=N_TOKENS, temperature=1.0, top_k=4, ignore_eos=True)),
-    ("tree-T1.2-topp0.8", SpecConfig(3, 2, 6),
+    ("tree-T1.2-topp0.8", "oracle", SpecConfig(3, 2, 6),
      SamplingParams(max_new_tokens=N_TOKENS, temperature=1.2, top_p=0.8, ignore_eos=True)),
 ]
+
+
+def greedy_reference(target, n: int) -> list[int]:
+    ids = list(PROMPT)
+    for _ in range(n):
+        x = torch.tensor([ids], device=DEV)
+        with torch.no_grad():
+            ids.append(int(target(x, ForwardContext.plain(1, len(ids), DEV)).logits[0, -1].argmax()))
+    return ids
 
 
 # (target vocabulary, draft vocabulary, init std, target lm_head scale): next-token distributions with ~10-100 tokens
@@ -97,24 +113,26 @@ for V, VD, std, scale in VOCABS:
     with torch.no_grad():
         target.lm_head.weight.mul_(scale)
     target = target.to(DEV).float()
-    drafter = tiny_drafter(target, seed=6, draft_vocab=VD, hidden=32, std=std).to(DEV).float()
-    for name, spec, params in CASES:
+    drafters = {"random": tiny_drafter(target, seed=6, draft_vocab=VD, hidden=32, std=std).to(DEV).float(),
+                "oracle": OracleDrafter(target.config, [greedy_reference(target, N_TOKENS + 8)] * ROWS)}
+    for name, kind, spec, params in CASES:
         exact = exact_distribution(target, params)
         eng = Engine(target, None, EngineConfig(max_batch_size=ROWS, seed=11),
-                     drafter=drafter if spec else None, spec=spec)
+                     drafter=drafters[kind] if spec else None, spec=spec)
         counts: dict[tuple[int, ...], int] = {}
         for _ in range(N // ROWS):
             for o in eng.generate([PROMPT] * ROWS, params):
                 counts[tuple(o.token_ids)] = counts.get(tuple(o.token_ids), 0) + 1
         impossible = sum(c for s, c in counts.items() if s not in exact)
         pv, df = p_value(counts, exact, N)
-        emit({"V": V, "draft_vocab": VD, "case": name, "samples": N,
+        emit({"V": V, "draft_vocab": VD if kind == "random" else None, "case": name, "drafter": kind, "samples": N,
               "p_value": round(pv, 4), "cells": df + 1,
               "sequences_seen": len(counts), "outside_enumeration": impossible,
               "enumerated_mass": round(sum(exact.values()), 6),
               "accept_hist": list(eng.stats.hist) if spec else None})
 
-print("\n| V | draft vocab | case | p-value | cells | accepted-length histogram |")
-print("| ---: | ---: | --- | ---: | ---: | --- |")
+print("\n| V | drafter | draft vocab | case | p-value | cells | accepted-length histogram |")
+print("| ---: | --- | ---: | --- | ---: | ---: | --- |")
 for r in emit.rows:
-    print(f"| {r['V']} | {r['draft_vocab']} | {r['case']} | {r['p_value']} | {r['cells']} | {r['accept_hist']} |")
+    print(f"| {r['V']} | {r['drafter']} | {r['draft_vocab']} | {r['case']} | {r['p_value']} | {r['cells']} | "
+          f"{r['accept_hist']} |")

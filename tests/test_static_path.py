@@ -50,6 +50,25 @@ def test_buckets():
     assert g.key("spec", 9, 249, False) == ("spec", 12, 512, False)
 
 
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_warm_up_rounds_stay_inside_a_cache_sized_to_its_requests(target, reference, temperature):
+    """The capture protocol's warm-up (run by the static path too, on each key's first use) restores the row state
+    after every round, so a round writes only where the step itself will. With rounds chained on the advanced state,
+    a drafter that is always right (the oracle: every draft accepted) wrote 2 x D past the lengths, past the end of a
+    cache sized to 3 + 3 tokens plus headroom: an IndexError here, a device-side assert on CUDA (session 22). The
+    draws are restored too: a sampled static run draws what the eager one does."""
+    rows, n = 8, 3
+    oracle = OracleDrafter(target.config, [PROMPTS[1] + reference[1]] * rows)
+    spec = SpecConfig(3, 1, 4)
+    params = SamplingParams(max_new_tokens=n, ignore_eos=True, temperature=temperature)
+    outs = static_engine(target, oracle, spec, rows=rows).generate([PROMPTS[1]] * rows, params)
+    eager = Engine(target, None, EngineConfig(max_batch_size=rows), drafter=oracle, spec=spec)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in eager.generate([PROMPTS[1]] * rows, params)]
+    assert all(len(o.token_ids) == n for o in outs)
+    if temperature == 0.0:
+        assert all(o.token_ids == reference[1][:n] for o in outs) and outs[0].stats.hist[-1] == 1  # all 4 accepted
+
+
 def test_host_copies_land_in_contiguous_views():
     """The pinned buffers of step results are sized for the widest shape; a step's results land in a contiguous
     view of their first elements (a strided destination made CUDA's copy synchronous: the overlap was lost)."""

@@ -15,9 +15,11 @@ graphs are captured up front (`precapture_prefill`), multi-row ones on first use
 (launch-bound, and with cuDNN's SDPA a ~0.2 s plan per new shape), 10-23% of a speculative batch-8 run (session 8).
 
 Capture protocol: the small row state (lengths, last tokens, drafter state) and the RNG state are snapshotted, the
-step runs twice eagerly on a side stream (warm-up: allocator, cuBLAS handles, lazy init), the snapshot is restored,
-then each phase is captured into a shared memory pool. Warm-ups write KV entries only past the committed lengths,
-which no later step reads before overwriting, so the caches need no snapshot.
+step runs twice eagerly on a side stream (warm-up: allocator, cuBLAS handles, lazy init), each round from the
+snapshot (restored after it), then each phase is captured into a shared memory pool. A warm-up round thus writes
+exactly the KV entries the step itself writes next: past the committed lengths (no later step reads them before
+overwriting, so the caches need no snapshot) and inside the cache. The static path without graphs
+(`capture=False`, the CPU tests) runs the same warm-up on a key's first use.
 
 Python's cyclic garbage collector is held off during a capture (`no_gc`): an earlier engine left in a reference cycle
 owns CUDA graphs, and a collection that frees one mid-capture destroys a graph while the stream is capturing, which
@@ -143,19 +145,12 @@ class GraphCache:
         kind, B, kv_len, greedy = key
         run = self.runner
         phases = self._phases(kind, B, kv_len, greedy)
-        saved = [t.clone() for t in run.state_tensors()]
-        rng = torch.cuda.get_rng_state(run.device)
         side = torch.cuda.Stream(run.device)
         side.wait_stream(torch.cuda.current_stream(run.device))
         # the warm-up and the capture choose the same SDPA backends (layers/attention.py, graph_build)
-        with torch.cuda.stream(side), torch.inference_mode(), graph_build():
-            for _ in range(2):
-                for _, fn in phases:
-                    fn()
+        with torch.cuda.stream(side), graph_build():
+            self._warm_up(phases)
         torch.cuda.current_stream(run.device).wait_stream(side)
-        for t, s in zip(run.state_tensors(), saved):
-            t.copy_(s)
-        torch.cuda.set_rng_state(rng, run.device)
         graphs = []
         out = None
         with torch.inference_mode(), no_gc(), graph_build():
@@ -168,6 +163,27 @@ class GraphCache:
         # the closures own tensors the graphs read by address (the phases' outputs, the prefill inputs): keep them alive
         self._keep[key] = phases
         self.outputs[key] = out if isinstance(out, tuple) else (out,)
+
+    def _warm_up(self, phases, rounds: int = 2) -> None:
+        """Run the step `rounds` times, each from the current row state and RNG state, which are restored after each
+        round: a round then writes exactly the KV entries the step itself writes next (past the committed lengths,
+        inside the cache, as the engine sized it). Rounds chained on the advanced state wrote up to 2 x D past the
+        lengths: past the end of a cache sized to its requests once a drafter accepted everything (the oracle
+        drafter; on CUDA a device-side index assert in the KV write, session 22)."""
+        run = self.runner
+        saved = [t.clone() for t in run.state_tensors()]
+        cuda = run.device.type == "cuda"
+        rng = torch.cuda.get_rng_state(run.device) if cuda else run.generator.get_state()
+        with torch.inference_mode():
+            for _ in range(rounds):
+                for _, fn in phases:
+                    fn()
+                for t, s in zip(run.state_tensors(), saved):
+                    t.copy_(s)
+                if cuda:
+                    torch.cuda.set_rng_state(rng, run.device)
+                else:
+                    run.generator.set_state(rng)
 
     def precapture(self, kind: str, n_rows: int, greedy: bool) -> int:
         """Capture every length bucket of one batch bucket now (so that timed runs never capture); returns count."""
@@ -265,7 +281,10 @@ class GraphCache:
 
     def run(self, kind: str, n_rows: int, longest: int, greedy: bool):
         key = self.key(kind, n_rows, longest, greedy)
-        if not self.capture:
+        if not self.capture:  # the graph protocol without graphs: a warm-up on a key's first use, then the step
+            if key not in self.graphs:
+                self._warm_up(self._phases(*key))
+                self.graphs[key] = []
             out = None
             with torch.inference_mode():
                 for _, fn in self._phases(*key):
