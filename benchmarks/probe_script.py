@@ -83,13 +83,15 @@ def replay_ms(graphs: list[torch.cuda.CUDAGraph], n: int = 200, warmup: int = 20
 
 
 def stepped_engine(model: torch.nn.Module, drafter: torch.nn.Module | None = None, spec: SpecConfig | None = None,
-                   steps: int = 30, cache: int = 2048, rows: int = 1, temperature: float = 0.0) -> Engine:
+                   steps: int = 30, cache: int = 2048, rows: int = 1, temperature: float = 0.0,
+                   top_p: float = 1.0, top_k: int = 0) -> Engine:
     e = Engine(model, None, EngineConfig(overlap=False, cuda_graphs=not CPU, max_batch_size=rows), drafter=drafter,
                spec=spec)
     e.reserve(rows, cache)
     for i in range(rows):  # rows decode in lockstep after one prefill of equal-length prompts
         e.add_request(list(range(100 + i, 228 + i)), SamplingParams(max_new_tokens=cache - 256, ignore_eos=True,
-                                                                    temperature=temperature))
+                                                                    temperature=temperature, top_p=top_p,
+                                                                    top_k=top_k))
     for _ in range(steps):
         e.step()
     if not CPU:

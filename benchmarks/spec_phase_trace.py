@@ -9,7 +9,8 @@ the state as they found it; commit moves it on by one step per replay, which the
 kernels charged by `probe_script.kernel_advance`; and the plain decode graph of the same rows for comparison.
 
 usage: python benchmarks/spec_phase_trace.py OUT_DIR [--only=1|8|32] [--case=ROWS:S,K,D ...]
-(`--case` replaces the default cases; rows 1, 8 and 32 only; `--temperature=T`: sampled steps, T > 0)
+(`--case` replaces the default cases; rows 1, 8 and 32 only; `--temperature=T`: sampled steps, T > 0, with
+`--top-p=P` / `--top-k=K` filtering them)
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from eaglespec.bench.runs import shape_label  # noqa: E402
 from eaglespec.config import SpecConfig, parse_spec  # noqa: E402
 
 TEMP = next((float(a.split("=")[1]) for a in sys.argv if a.startswith("--temperature=")), 0.0)
+TOP_P = next((float(a.split("=")[1]) for a in sys.argv if a.startswith("--top-p=")), 1.0)
+TOP_K = next((int(a.split("=")[1]) for a in sys.argv if a.startswith("--top-k=")), 0)
 ONLY = next((int(a.split("=")[1]) for a in sys.argv if a.startswith("--only=")), None)
 m, d = random_pair()
 results: list[dict] = []
@@ -55,14 +58,14 @@ def phase_ms(graphs: list, n: int = 50) -> dict:
 for rows in (1, 8, 32):
     if ONLY is not None and rows != ONLY:
         continue
-    e = stepped_engine(m, rows=rows, temperature=TEMP)
+    e = stepped_engine(m, rows=rows, temperature=TEMP, top_p=TOP_P, top_k=TOP_K)
     g = current_graphs(e, "decode", rows, TEMP == 0)
     results.append({"rows": rows, "graph": "decode", "ms": phase_ms(g)[g[0][0]], **kernel_advance(g[0][1])})
     del e
     for r, spec in cases:
         if r != rows:
             continue
-        e = stepped_engine(m, d, spec, rows=rows, temperature=TEMP)
+        e = stepped_engine(m, d, spec, rows=rows, temperature=TEMP, top_p=TOP_P, top_k=TOP_K)
         graphs = current_graphs(e, "spec", rows, TEMP == 0)
         ms = phase_ms(graphs)
         name = shape_label(spec)

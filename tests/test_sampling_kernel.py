@@ -58,6 +58,19 @@ def test_ties():
     assert torch.allclose(got[1], reference(x, T, K, P)[1])
     assert got[2].nonzero().flatten().tolist() == [5, 17, 31]  # each holds < 0.3; together they cross it
     assert torch.allclose(got[2, [5, 17, 31]], torch.full((3,), 1 / 3))
+    # past MAX_TILE the whole-row kernel reads a row tile by tile in each pass: the same rules across tiles
+    n = 2 * sampling_kernel.MAX_TILE + 100
+    x = torch.full((4, n), -30.0)  # the background holds ~1e-9 of the mass
+    x[:, [n - 1, 7, sampling_kernel.MAX_TILE + 5]] = 2.0
+    x[:, sampling_kernel.MAX_TILE - 1] = 1.0
+    T, K, P = torch.tensor([0.0, 1.0, 1.0, 1.0]), torch.tensor([0, 2, 0, 4]), torch.tensor([1.0, 1.0, 0.3, 0.999])
+    got = sampling_kernel.target_probs(x, T, K, P)
+    assert got[0].nonzero().flatten().tolist() == [7]
+    assert got[1].nonzero().flatten().tolist() == [7, sampling_kernel.MAX_TILE + 5, n - 1]
+    assert got[2].nonzero().flatten().tolist() == [7, sampling_kernel.MAX_TILE + 5, n - 1]
+    # top-k 4 keeps the 1.0 too; inside it the nucleus of 0.999 needs all four
+    assert got[3].nonzero().flatten().tolist() == [7, sampling_kernel.MAX_TILE - 1, sampling_kernel.MAX_TILE + 5, n - 1]
+    assert torch.allclose(got[[1, 3]], reference(x, T, K, P)[[1, 3]], atol=1e-7)  # (row 2: the sort splits the tie)
     # past CHUNK the plain rows run over chunks: the first maximum across chunks, one softmax over all of them
     x = torch.zeros(2, 3 * sampling_kernel.CHUNK + 11)
     x[:, [3 * sampling_kernel.CHUNK + 2, 100, sampling_kernel.CHUNK + 7]] = 2.0

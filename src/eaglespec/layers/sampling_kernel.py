@@ -4,16 +4,22 @@ The PyTorch path sorts every row (top-k's k-th value and top-p's nucleus need th
 parameters: ~55 kernels (a radix sort, a scan, scatters, softmax, elementwise) per call on the H200, which made a
 sampled SmolLM2 decode step 0.575 ms against 0.441 greedy at one row and 1.13 ms against 0.74 at 32 rows, and a
 sampled chain's drafting 7x its greedy cost (docs/benchmarks.md, "Session 20"). Here one program holds a whole row
-in registers and takes only the branches its own parameters need:
+tile by tile (MAX_TILE entries per step, from L1 / L2 in every pass) and takes only the branches its own parameters
+need:
 - temperature <= 0: the one-hot of the argmax (the first index among equal maxima: torch.argmax's rule);
-- else s = logits / T (float32); with 0 < top_k < V the k-th largest value of s is found by bisection over an
-  order-preserving integer key of the floats (32 halvings, exact), and entries below it drop (entries equal to it
-  stay, as in the PyTorch path); p = softmax(s);
+- else s = logits / T (float32); with 0 < top_k < V the k-th largest logit is found by bisection over an
+  order-preserving integer key of the logits' own bits (16 halvings for bf16 / fp16 logits, 32 for float32; exact:
+  dividing by T > 0 keeps the order), and entries below it drop (entries equal to it stay, as in the PyTorch path);
+  p = softmax(s);
 - with top_p < 1 the nucleus: token j stays iff the mass of the tokens more likely than it is < top_p (the most
-  likely token always stays), found by bisection over the float bits of p (non-negative floats order as their
-  bits), then p is renormalised. The PyTorch path's rule is the same on the sorted row except among tokens of equal
-  probability at the nucleus' edge, which it orders arbitrarily (its sort) and this kernel keeps together.
-So a row without top-k and top-p costs one pass: load, max, exp, sum, store. Past CHUNK entries such rows (and greedy
+  likely token always stays), found by bisection over the same keys (p grows with the logit: the smallest key K with
+  mass(key > K) < top_p), then every token at least as likely as K's stays (so tokens of equal probability at the
+  nucleus' edge stay together) and p is renormalised. The PyTorch path's rule is the same on the sorted row except
+  among tokens of equal probability at that edge, which it orders arbitrarily (its sort).
+A filtering row thus costs about 20 passes (top-p) or 19 (top-k) over its bf16 logits, where the first version held
+the row in registers and bisected 31 / 32 times over the float bits: past 16,384 entries those registers spilled
+(ptxas: a 904-byte stack frame per thread at 49,152 entries), and a top-p row of 49,152 took ~245 us on one SM.
+A row without top-k and top-p costs three passes (maximum, sum, store). Past CHUNK entries such rows (and greedy
 ones) are spread over programs of CHUNK entries each instead, in two kernels: chunk statistics (the maximum of s and
 the sum of exp(s - it); greedy: the maximum and its first index), then each chunk's probabilities from its row's
 merged statistics; the whole-row kernel then runs only for rows that filter (one program on one SM took 80 us per
@@ -52,7 +58,7 @@ from .pdl import launch_options
 
 MAX_VOCAB = 1 << 17
 CHUNK = 4096  # entries per program of an unfiltered row (12 programs for SmolLM2's 49,152, 3 for 12,288)
-_ONE_BITS = 0x3F800000  # float32 1.0: probabilities lie in [0, 1], so their bits in [0, _ONE_BITS]
+MAX_TILE = 8192  # entries per pass step of the whole-row kernel (16 warps: 16 per thread)
 
 
 def fits(V: int) -> bool:
@@ -145,10 +151,28 @@ def _kernel():
                 tl.store(race_i + r * n_chunks + c, first)
 
     @triton.jit
-    def target_probs_kernel(x, out, temp, topk, topp, noise, race_v, race_i, V, s_x, BLOCK: tl.constexpr,
-                            ONE_BITS: tl.constexpr, FILTERED_ONLY: tl.constexpr = 0,
+    def tile(row, i, V, TILE: tl.constexpr, KEY_BITS: tl.constexpr):
+        """Tile i of a row of logits: (offsets, valid, the values as float32, their order keys: int32 that order as
+        the floats do, from the floats' own 16 or 32 bits)."""
+        offs = i * TILE + tl.arange(0, TILE)
+        valid = offs < V
+        raw = tl.load(row + offs, mask=valid, other=float("-inf"))
+        if KEY_BITS == 16:
+            b = raw.to(tl.int16, bitcast=True).to(tl.int32)
+            key = tl.where(b < 0, b ^ 0x7FFF, b)
+        else:
+            b = raw.to(tl.int32, bitcast=True)
+            key = tl.where(b < 0, b ^ 0x7FFFFFFF, b)
+        return offs, valid, raw.to(tl.float32), key
+
+    globals().update(_tile=tile)
+
+    @triton.jit
+    def target_probs_kernel(x, out, temp, topk, topp, noise, race_v, race_i, V, s_x, TILE: tl.constexpr,
+                            N_TILES: tl.constexpr, KEY_BITS: tl.constexpr, FILTERED_ONLY: tl.constexpr = 0,
                             RACE: tl.constexpr = False, PDL: tl.constexpr = False):
-        """Program r: the whole row (every row, or with FILTERED_ONLY the rows that top-k / top-p filter); with RACE
+        """Program r: the whole row (every row, or with FILTERED_ONLY the rows that top-k / top-p filter), read
+        tile by tile in every pass (from L1 / L2: a row held in registers spilled past 16,384 entries); with RACE
         (unsplit rows only) the row's race result."""
         if PDL:  # layers/pdl.py: nothing here is a weight, so wait for the kernel before at once
             tl.extra.cuda.gdc_launch_dependents()
@@ -156,48 +180,82 @@ def _kernel():
         r = tl.program_id(0).to(tl.int64)
         t, k, tp, plain = _row_params(temp, topk, topp, r, V)
         if plain.to(tl.int32) * FILTERED_ONLY == 0:  # FILTERED_ONLY: the chunk kernels wrote the plain rows
-            offs = tl.arange(0, BLOCK)
-            valid = offs < V
-            v = tl.load(x + r * s_x + offs, mask=valid, other=float("-inf")).to(tl.float32)
-            if t <= 0:  # greedy: the one-hot of the first maximum
-                mx = tl.max(v, 0)
-                first = tl.min(tl.where(valid & (v == mx), offs, BLOCK), 0)
-                p = tl.where(offs == first, 1.0, 0.0)
-            else:
-                s = v / t
-                if (k > 0) & (k < V):  # top-k: keep s >= the k-th largest value (ties at it stay)
-                    bits = s.to(tl.int32, bitcast=True)
-                    key = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)  # orders as the floats do (as signed ints)
-                    key = tl.where(valid, key, -2147483647 - 1)
-                    lo = tl.min(tl.where(valid, key, 2147483647), 0).to(tl.int64)  # count(key >= lo) = V >= k
-                    hi = tl.max(key, 0).to(tl.int64)
-                    for _ in range(32):  # the largest K with count(key >= K) >= k (lo <= K <= hi throughout)
-                        mid = lo + (hi - lo + 1) // 2  # in int64: hi - lo may exceed int32; mid itself fits
-                        n = tl.sum(((key >= mid.to(tl.int32)) & valid).to(tl.int32), 0)
+            row = x + r * s_x
+            # pass 1: the maximum (and its first index, for greedy) and the keys' range
+            vmax = tl.full((), float("-inf"), tl.float32)
+            first = tl.full((), 0, tl.int32)
+            klo = tl.full((), 2147483647, tl.int32)
+            khi = tl.full((), -2147483647 - 1, tl.int32)
+            for i in range(0, N_TILES):
+                offs, valid, v, key = _tile(row, i, V, TILE, KEY_BITS)
+                tmax = tl.max(v, 0)
+                tfirst = tl.min(tl.where(valid & (v == tmax), offs, V), 0)
+                first = tl.where(tmax > vmax, tfirst, first)
+                vmax = tl.maximum(vmax, tmax)
+                klo = tl.minimum(klo, tl.min(tl.where(valid, key, 2147483647), 0))
+                khi = tl.maximum(khi, tl.max(tl.where(valid, key, -2147483647 - 1), 0))
+            lo = klo.to(tl.int64)  # the lowest key kept (top-k's k-th largest)
+            edge = tl.full((), 0.0, tl.float32)  # the nucleus' edge probability: smaller ones drop
+            z = tl.full((), 1.0, tl.float32)
+            tt = tl.where(t > 0, t, 1.0)
+            mx = vmax / tt  # = the maximum of s = x / T (division by T > 0 keeps the order)
+            if t > 0:
+                if (k > 0) & (k < V):  # top-k: the largest K with count(key >= K) >= k (lo <= K <= hi throughout)
+                    hi = khi.to(tl.int64)
+                    for _ in range(KEY_BITS):
+                        mid = lo + (hi - lo + 1) // 2  # int64: hi - lo may exceed int32
+                        n = tl.full((), 0, tl.int32)
+                        for i in range(0, N_TILES):
+                            offs, valid, v, key = _tile(row, i, V, TILE, KEY_BITS)
+                            n += tl.sum(((key >= mid.to(tl.int32)) & valid).to(tl.int32), 0)
                         big = n >= k
                         lo = tl.where(big, mid, lo)
                         hi = tl.where(big, hi, mid - 1)
-                    s = tl.where(key >= lo.to(tl.int32), s, float("-inf"))
-                mx = tl.max(s, 0)
-                e = tl.where(valid, tl.exp(s - mx), 0.0)
-                p = e / tl.sum(e, 0)
-                if tp < 1.0:  # the nucleus: the smallest K with mass(bits(p) > K) < top_p; keep bits(p) >= K
-                    pb = p.to(tl.int32, bitcast=True)
-                    lo2 = tl.min(pb, 0) * 0  # an int32 scalar 0 (loop-carried values keep one type)
-                    hi2 = lo2 + ONE_BITS
-                    for _ in range(31):
-                        mid2 = lo2 + (hi2 - lo2) // 2
-                        mass = tl.sum(tl.where(pb > mid2, p, 0.0), 0)
+                z = tl.full((), 0.0, tl.float32)  # the softmax's sum over the kept tokens
+                for i in range(0, N_TILES):
+                    offs, valid, v, key = _tile(row, i, V, TILE, KEY_BITS)
+                    z += tl.sum(tl.where(valid & (key >= lo.to(tl.int32)), tl.exp(v / tt - mx), 0.0), 0)
+                if tp < 1.0:  # the nucleus: the smallest key K >= lo with mass(key > K) < top_p (K = hi is one)
+                    a = lo
+                    b = khi.to(tl.int64)
+                    for _ in range(KEY_BITS):
+                        mid = a + (b - a) // 2
+                        mass = tl.full((), 0.0, tl.float32)
+                        for i in range(0, N_TILES):
+                            offs, valid, v, key = _tile(row, i, V, TILE, KEY_BITS)
+                            mass += tl.sum(tl.where(valid & (key > mid.to(tl.int32)), tl.exp(v / tt - mx) / z, 0.0),
+                                           0)
                         small = mass < tp
-                        hi2 = tl.where(small, mid2, hi2)
-                        lo2 = tl.where(small, lo2, mid2 + 1)
-                    p = tl.where(pb >= hi2, p, 0.0)
-                    p = p / tl.sum(p, 0)
-            tl.store(out + r * V + offs, p, mask=valid)
-            if RACE:  # only unsplit rows (V <= CHUNK): the split launch races filtering rows in chunk_race_kernel
-                best, first = _race(p, noise + r * V, offs, valid, V)
+                        b = tl.where(small, mid, b)
+                        a = tl.where(small, a, mid + 1)
+                    for i in range(0, N_TILES):  # K's probability: tokens of equal probability below K stay too
+                        offs, valid, v, key = _tile(row, i, V, TILE, KEY_BITS)
+                        edge = tl.maximum(edge, tl.max(tl.where(valid & (key == b.to(tl.int32)),
+                                                                tl.exp(v / tt - mx) / z, 0.0), 0))
+            # the kept mass, then the row (greedy: the one-hot of the first maximum)
+            kept = tl.full((), 0.0, tl.float32)
+            if t > 0:
+                for i in range(0, N_TILES):
+                    offs, valid, v, key = _tile(row, i, V, TILE, KEY_BITS)
+                    p = tl.where(valid & (key >= lo.to(tl.int32)), tl.exp(v / tt - mx) / z, 0.0)
+                    kept += tl.sum(tl.where(p >= edge, p, 0.0), 0)
+            best = tl.full((), -1.0, tl.float32)
+            won = tl.full((), 0, tl.int32)
+            for i in range(0, N_TILES):
+                offs, valid, v, key = _tile(row, i, V, TILE, KEY_BITS)
+                if t > 0:
+                    p = tl.where(valid & (key >= lo.to(tl.int32)), tl.exp(v / tt - mx) / z, 0.0)
+                    p = tl.where(p >= edge, p, 0.0) / kept
+                else:
+                    p = tl.where(offs == first, 1.0, 0.0)
+                tl.store(out + r * V + offs, p, mask=valid)
+                if RACE:  # only unsplit rows (V <= CHUNK): the split launch races filtering rows in chunk_race_kernel
+                    tb, ti = _race(p, noise + r * V, offs, valid, V)
+                    won = tl.where(tb > best, ti, won)
+                    best = tl.maximum(best, tb)
+            if RACE:
                 tl.store(race_v + r, best)
-                tl.store(race_i + r, first)
+                tl.store(race_i + r, won)
 
     @triton.jit
     def chunk_race_kernel(out, noise, temp, topk, topp, race_v, race_i, V, n_chunks, CHUNK: tl.constexpr,
@@ -256,8 +314,8 @@ def _launch(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor
     race_i = torch.empty(N, n_chunks, dtype=torch.int32, device=logits.device) if race else None
     if N == 0:
         return out, race_v, race_i
-    BLOCK = pow2(V)
-    warps = 16 if BLOCK >= 16384 else 8 if BLOCK >= 4096 else 4
+    TILE = min(pow2(V), MAX_TILE)
+    warps = 16 if TILE >= 8192 else 8 if TILE >= 4096 else 4
     stats, chunk_probs, whole_row, chunk_race = _kernel()
     args = (temperature.contiguous(), top_k.contiguous(), top_p.contiguous())
     # unused pointers without the race: any tensor of the launch
@@ -270,8 +328,9 @@ def _launch(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor
                              **opts)
         chunk_probs[(N, n_chunks)](x, out, *args, part_m, part_z, part_i, *race_args, V, x.stride(0), n_chunks,
                                    CHUNK=CHUNK, BLOCK_C=pow2(n_chunks, 2), RACE=race, num_warps=4, **opts)
-    whole_row[(N,)](x, out, *args, *race_args, V, x.stride(0), BLOCK=BLOCK, ONE_BITS=_ONE_BITS,
-                    FILTERED_ONLY=int(split), RACE=race and not split, num_warps=warps, **opts)
+    whole_row[(N,)](x, out, *args, *race_args, V, x.stride(0), TILE=TILE, N_TILES=(V + TILE - 1) // TILE,
+                    KEY_BITS=8 * x.element_size(), FILTERED_ONLY=int(split), RACE=race and not split, num_warps=warps,
+                    **opts)
     if race and split:  # the filtering rows' race, over chunks (the plain rows' ran in chunk_probs)
         chunk_race[(N, n_chunks)](out, noise, *args, race_v, race_i, V, n_chunks, CHUNK=CHUNK, num_warps=4, **opts)
     return out, race_v, race_i
