@@ -25,7 +25,8 @@ ROWS = [(0.0, 0, 1.0), (1.0, 0, 1.0), (0.7, 5, 1.0), (1.0, 1, 1.0), (1.3, 0, 0.9
         (1.0, 0, 1e-6), (0.9, 20, 0.95)]
 
 
-@pytest.mark.parametrize("V", [50, 1000, 3001, 8192, 9000])  # past CHUNK (4096): plain rows over chunks
+@pytest.mark.parametrize("V", [50, 1000, 3001, 8192, 9000, 20000])  # past CHUNK (4096): plain rows over
+# chunks; past ONE_TILE (16,384): the whole-row kernel streams tiles
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_kernel_matches_the_pytorch_path(V, dtype):
     g = torch.Generator().manual_seed(V)

@@ -58,7 +58,8 @@ from .pdl import launch_options
 
 MAX_VOCAB = 1 << 17
 CHUNK = 4096  # entries per program of an unfiltered row (12 programs for SmolLM2's 49,152, 3 for 12,288)
-MAX_TILE = 8192  # entries per pass step of the whole-row kernel (16 warps: 16 per thread)
+MAX_TILE = 8192  # entries per step of the whole-row kernel's passes over rows of more than ONE_TILE entries
+ONE_TILE = 16384  # up to this many entries the whole-row kernel holds the row in registers (16 warps, no spills)
 
 
 def fits(V: int) -> bool:
@@ -153,7 +154,7 @@ def _kernel():
     @triton.jit
     def tile(row, i, V, TILE: tl.constexpr, KEY_BITS: tl.constexpr):
         """Tile i of a row of logits: (offsets, valid, the values as float32, their order keys: int32 that order as
-        the floats do, from the floats' own 16 or 32 bits)."""
+        the floats do, from the floats' own 16 or 32 bits; the lowest int32 past the row)."""
         offs = i * TILE + tl.arange(0, TILE)
         valid = offs < V
         raw = tl.load(row + offs, mask=valid, other=float("-inf"))
@@ -163,99 +164,164 @@ def _kernel():
         else:
             b = raw.to(tl.int32, bitcast=True)
             key = tl.where(b < 0, b ^ 0x7FFFFFFF, b)
-        return offs, valid, raw.to(tl.float32), key
+        return offs, valid, raw.to(tl.float32), tl.where(valid, key, -2147483647 - 1)
 
-    globals().update(_tile=tile)
+    @triton.jit
+    def quarters(lo, hi):
+        """Three pivots that cut [lo, hi] (int64) into four parts of at most ceil(size / 4) keys."""
+        step = (hi - lo + 4) // 4
+        return lo + step, lo + 2 * step, lo + 3 * step
+
+    globals().update(_tile=tile, _quarters=quarters)
 
     @triton.jit
     def target_probs_kernel(x, out, temp, topk, topp, noise, race_v, race_i, V, s_x, TILE: tl.constexpr,
                             N_TILES: tl.constexpr, KEY_BITS: tl.constexpr, FILTERED_ONLY: tl.constexpr = 0,
                             RACE: tl.constexpr = False, PDL: tl.constexpr = False):
-        """Program r: the whole row (every row, or with FILTERED_ONLY the rows that top-k / top-p filter), read
-        tile by tile in every pass (from L1 / L2: a row held in registers spilled past 16,384 entries); with RACE
-        (unsplit rows only) the row's race result."""
+        """Program r: the whole row (every row, or with FILTERED_ONLY the rows that top-k / top-p filter); with RACE
+        (one tile only) the row's race result. One tile: the row stays in registers and each search halves its
+        range per step (KEY_BITS steps). Several tiles: each pass streams the tiles (L1 / L2) into per-lane
+        partial sums, reduced once per pass, and tests three pivots (KEY_BITS / 2 passes); the nucleus search
+        reads the probabilities back from `out`."""
         if PDL:  # layers/pdl.py: nothing here is a weight, so wait for the kernel before at once
             tl.extra.cuda.gdc_launch_dependents()
             tl.extra.cuda.gdc_wait()
         r = tl.program_id(0).to(tl.int64)
         t, k, tp, plain = _row_params(temp, topk, topp, r, V)
+        tt = tl.where(t > 0, t, 1.0)
+        topk_on = (t > 0) & (k > 0) & (k < V)
+        topp_on = (t > 0) & (tp < 1.0)
         if plain.to(tl.int32) * FILTERED_ONLY == 0:  # FILTERED_ONLY: the chunk kernels wrote the plain rows
             row = x + r * s_x
-            # pass 1: the maximum (and its first index, for greedy) and the keys' range
-            vmax = tl.full((), float("-inf"), tl.float32)
-            first = tl.full((), 0, tl.int32)
-            klo = tl.full((), 2147483647, tl.int32)
-            khi = tl.full((), -2147483647 - 1, tl.int32)
-            for i in range(0, N_TILES):
-                offs, valid, v, key = _tile(row, i, V, TILE, KEY_BITS)
-                tmax = tl.max(v, 0)
-                tfirst = tl.min(tl.where(valid & (v == tmax), offs, V), 0)
-                first = tl.where(tmax > vmax, tfirst, first)
-                vmax = tl.maximum(vmax, tmax)
-                klo = tl.minimum(klo, tl.min(tl.where(valid, key, 2147483647), 0))
-                khi = tl.maximum(khi, tl.max(tl.where(valid, key, -2147483647 - 1), 0))
-            lo = klo.to(tl.int64)  # the lowest key kept (top-k's k-th largest)
-            edge = tl.full((), 0.0, tl.float32)  # the nucleus' edge probability: smaller ones drop
-            z = tl.full((), 1.0, tl.float32)
-            tt = tl.where(t > 0, t, 1.0)
-            mx = vmax / tt  # = the maximum of s = x / T (division by T > 0 keeps the order)
-            if t > 0:
-                if (k > 0) & (k < V):  # top-k: the largest K with count(key >= K) >= k (lo <= K <= hi throughout)
-                    hi = khi.to(tl.int64)
-                    for _ in range(KEY_BITS):
-                        mid = lo + (hi - lo + 1) // 2  # int64: hi - lo may exceed int32
-                        n = tl.full((), 0, tl.int32)
-                        for i in range(0, N_TILES):
-                            offs, valid, v, key = _tile(row, i, V, TILE, KEY_BITS)
-                            n += tl.sum(((key >= mid.to(tl.int32)) & valid).to(tl.int32), 0)
-                        big = n >= k
-                        lo = tl.where(big, mid, lo)
-                        hi = tl.where(big, hi, mid - 1)
-                z = tl.full((), 0.0, tl.float32)  # the softmax's sum over the kept tokens
-                for i in range(0, N_TILES):
-                    offs, valid, v, key = _tile(row, i, V, TILE, KEY_BITS)
-                    z += tl.sum(tl.where(valid & (key >= lo.to(tl.int32)), tl.exp(v / tt - mx), 0.0), 0)
-                if tp < 1.0:  # the nucleus: the smallest key K >= lo with mass(key > K) < top_p (K = hi is one)
-                    a = lo
-                    b = khi.to(tl.int64)
-                    for _ in range(KEY_BITS):
-                        mid = a + (b - a) // 2
-                        mass = tl.full((), 0.0, tl.float32)
-                        for i in range(0, N_TILES):
-                            offs, valid, v, key = _tile(row, i, V, TILE, KEY_BITS)
-                            mass += tl.sum(tl.where(valid & (key > mid.to(tl.int32)), tl.exp(v / tt - mx) / z, 0.0),
-                                           0)
-                        small = mass < tp
-                        b = tl.where(small, mid, b)
-                        a = tl.where(small, a, mid + 1)
-                    for i in range(0, N_TILES):  # K's probability: tokens of equal probability below K stay too
-                        offs, valid, v, key = _tile(row, i, V, TILE, KEY_BITS)
-                        edge = tl.maximum(edge, tl.max(tl.where(valid & (key == b.to(tl.int32)),
-                                                                tl.exp(v / tt - mx) / z, 0.0), 0))
-            # the kept mass, then the row (greedy: the one-hot of the first maximum)
-            kept = tl.full((), 0.0, tl.float32)
-            if t > 0:
-                for i in range(0, N_TILES):
-                    offs, valid, v, key = _tile(row, i, V, TILE, KEY_BITS)
-                    p = tl.where(valid & (key >= lo.to(tl.int32)), tl.exp(v / tt - mx) / z, 0.0)
-                    kept += tl.sum(tl.where(p >= edge, p, 0.0), 0)
-            best = tl.full((), -1.0, tl.float32)
-            won = tl.full((), 0, tl.int32)
-            for i in range(0, N_TILES):
-                offs, valid, v, key = _tile(row, i, V, TILE, KEY_BITS)
-                if t > 0:
-                    p = tl.where(valid & (key >= lo.to(tl.int32)), tl.exp(v / tt - mx) / z, 0.0)
-                    p = tl.where(p >= edge, p, 0.0) / kept
+            orow = out + r * V
+            if N_TILES == 1:
+                offs, valid, v, key = _tile(row, 0, V, TILE, KEY_BITS)
+                if t <= 0:  # greedy: the one-hot of the first maximum
+                    mx = tl.max(v, 0)
+                    p = tl.where(offs == tl.min(tl.where(valid & (v == mx), offs, V), 0), 1.0, 0.0)
                 else:
-                    p = tl.where(offs == first, 1.0, 0.0)
-                tl.store(out + r * V + offs, p, mask=valid)
+                    s = v / tt
+                    lo = tl.min(tl.where(valid, key, 2147483647), 0).to(tl.int64)
+                    khi = tl.max(key, 0).to(tl.int64)
+                    if topk_on:  # the largest K with count(key >= K) >= k (lo <= K <= hi throughout)
+                        hi = khi
+                        for _ in range(KEY_BITS):
+                            mid = lo + (hi - lo + 1) // 2  # int64: hi - lo may exceed int32
+                            big = tl.sum((key >= mid.to(tl.int32)).to(tl.int32), 0) >= k
+                            lo = tl.where(big, mid, lo)
+                            hi = tl.where(big, hi, mid - 1)
+                        s = tl.where(key >= lo.to(tl.int32), s, float("-inf"))
+                    e = tl.where(valid, tl.exp(s - tl.max(s, 0)), 0.0)
+                    p = e / tl.sum(e, 0)
+                    if topp_on:  # the smallest key K >= lo with mass(key > K) < top_p (K = the top key is one)
+                        a = lo
+                        b = khi
+                        for _ in range(KEY_BITS):
+                            mid = a + (b - a) // 2
+                            small = tl.sum(tl.where(key > mid.to(tl.int32), p, 0.0), 0) < tp
+                            b = tl.where(small, mid, b)
+                            a = tl.where(small, a, mid + 1)
+                        edge = tl.max(tl.where(key == b.to(tl.int32), p, 0.0), 0)  # ties with K's token stay
+                        p = tl.where(p >= edge, p, 0.0)
+                        p = p / tl.sum(p, 0)
+                tl.store(orow + offs, p, mask=valid)
                 if RACE:  # only unsplit rows (V <= CHUNK): the split launch races filtering rows in chunk_race_kernel
-                    tb, ti = _race(p, noise + r * V, offs, valid, V)
-                    won = tl.where(tb > best, ti, won)
-                    best = tl.maximum(best, tb)
-            if RACE:
-                tl.store(race_v + r, best)
-                tl.store(race_i + r, won)
+                    best, first = _race(p, noise + r * V, offs, valid, V)
+                    tl.store(race_v + r, best)
+                    tl.store(race_i + r, first)
+            else:
+                # pass 1: per lane the maximum, its first index, the keys' range; then over the lanes
+                lane = tl.arange(0, TILE)
+                lmax = tl.full((TILE,), float("-inf"), tl.float32)
+                lidx = lane * 0 + V
+                lmin_k = lane * 0 + 2147483647
+                lmax_k = lane * 0 - 2147483647 - 1
+                for i in range(0, N_TILES):
+                    offs, valid, v, key = _tile(row, i, V, TILE, KEY_BITS)
+                    lidx = tl.where(v > lmax, offs, lidx)  # strictly greater: the first index stays
+                    lmax = tl.maximum(lmax, v)
+                    lmin_k = tl.minimum(lmin_k, tl.where(valid, key, 2147483647))
+                    lmax_k = tl.maximum(lmax_k, key)
+                vmax = tl.max(lmax, 0)
+                first = tl.min(tl.where(lmax == vmax, lidx, V), 0)
+                lo = tl.min(lmin_k, 0).to(tl.int64)
+                khi = tl.max(lmax_k, 0).to(tl.int64)
+                mx = vmax / tt  # = the maximum of s = x / T (dividing by T > 0 keeps the order)
+                if topk_on:  # the largest K with count(key >= K) >= k, three pivots per pass
+                    hi = khi
+                    for _ in range(KEY_BITS // 2):
+                        m1, m2, m3 = _quarters(lo, hi)
+                        c1 = lane * 0
+                        c2 = lane * 0
+                        c3 = lane * 0
+                        for i in range(0, N_TILES):
+                            offs, valid, v, key = _tile(row, i, V, TILE, KEY_BITS)
+                            c1 += (key >= m1.to(tl.int32)).to(tl.int32)
+                            c2 += (key >= m2.to(tl.int32)).to(tl.int32)
+                            c3 += (key >= m3.to(tl.int32)).to(tl.int32)
+                        g1 = tl.sum(c1, 0) >= k
+                        g2 = tl.sum(c2, 0) >= k
+                        g3 = tl.sum(c3, 0) >= k
+                        new_lo = tl.where(g3, m3, tl.where(g2, m2, tl.where(g1, m1, lo)))
+                        hi = tl.where(g3, hi, tl.where(g2, m3 - 1, tl.where(g1, m2 - 1, m1 - 1)))
+                        lo = new_lo
+                zl = tl.zeros((TILE,), tl.float32)  # the softmax's sum over the kept tokens
+                for i in range(0, N_TILES):
+                    offs, valid, v, key = _tile(row, i, V, TILE, KEY_BITS)
+                    zl += tl.where(key >= lo.to(tl.int32), tl.exp(v / tt - mx), 0.0)
+                z = tl.sum(zl, 0)
+                if topp_on:
+                    for i in range(0, N_TILES):  # p, read back by the passes below
+                        offs, valid, v, key = _tile(row, i, V, TILE, KEY_BITS)
+                        tl.store(orow + offs, tl.where(key >= lo.to(tl.int32), tl.exp(v / tt - mx) / z, 0.0),
+                                 mask=valid)
+                    tl.debug_barrier()  # the row's stores are visible to every thread of the program
+                    a = lo  # the smallest key K >= lo with mass(key > K) < top_p (b, the top key, is one)
+                    b = khi
+                    for _ in range(KEY_BITS // 2):
+                        m1, m2, m3 = _quarters(a, b)
+                        m1 = m1 - 1  # the last key of each of the first three quarters
+                        m2 = m2 - 1
+                        m3 = m3 - 1
+                        s1 = tl.zeros((TILE,), tl.float32)
+                        s2 = tl.zeros((TILE,), tl.float32)
+                        s3 = tl.zeros((TILE,), tl.float32)
+                        for i in range(0, N_TILES):
+                            offs, valid, v, key = _tile(row, i, V, TILE, KEY_BITS)
+                            p = tl.load(orow + offs, mask=valid, other=0.0)
+                            s1 += tl.where(key > m1.to(tl.int32), p, 0.0)
+                            s2 += tl.where(key > m2.to(tl.int32), p, 0.0)
+                            s3 += tl.where(key > m3.to(tl.int32), p, 0.0)
+                        y1 = tl.sum(s1, 0) < tp
+                        y2 = tl.sum(s2, 0) < tp
+                        y3 = tl.sum(s3, 0) < tp
+                        new_a = tl.where(y1, a, tl.where(y2, m1 + 1, tl.where(y3, m2 + 1, m3 + 1)))
+                        b = tl.minimum(b, tl.where(y1, m1, tl.where(y2, m2, tl.where(y3, m3, b))))
+                        a = new_a
+                    el = tl.zeros((TILE,), tl.float32)  # K's probability: tokens as likely as it stay too
+                    for i in range(0, N_TILES):
+                        offs, valid, v, key = _tile(row, i, V, TILE, KEY_BITS)
+                        el = tl.maximum(el, tl.where(key == b.to(tl.int32),
+                                                     tl.load(orow + offs, mask=valid, other=0.0), 0.0))
+                    edge = tl.max(el, 0)
+                    kl = tl.zeros((TILE,), tl.float32)
+                    for i in range(0, N_TILES):
+                        offs, valid, v, key = _tile(row, i, V, TILE, KEY_BITS)
+                        p = tl.load(orow + offs, mask=valid, other=0.0)
+                        kl += tl.where(p >= edge, p, 0.0)
+                    kept = tl.sum(kl, 0)
+                    for i in range(0, N_TILES):
+                        offs, valid, v, key = _tile(row, i, V, TILE, KEY_BITS)
+                        p = tl.load(orow + offs, mask=valid, other=0.0)
+                        tl.store(orow + offs, tl.where(p >= edge, p, 0.0) / kept, mask=valid)
+                else:
+                    for i in range(0, N_TILES):
+                        offs, valid, v, key = _tile(row, i, V, TILE, KEY_BITS)
+                        if t > 0:
+                            p = tl.where(key >= lo.to(tl.int32), tl.exp(v / tt - mx) / z, 0.0)
+                        else:  # greedy: the one-hot of the first maximum
+                            p = tl.where(offs == first, 1.0, 0.0)
+                        tl.store(orow + offs, p, mask=valid)
 
     @triton.jit
     def chunk_race_kernel(out, noise, temp, topk, topp, race_v, race_i, V, n_chunks, CHUNK: tl.constexpr,
@@ -314,7 +380,7 @@ def _launch(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor
     race_i = torch.empty(N, n_chunks, dtype=torch.int32, device=logits.device) if race else None
     if N == 0:
         return out, race_v, race_i
-    TILE = min(pow2(V), MAX_TILE)
+    TILE = pow2(V) if V <= ONE_TILE else MAX_TILE
     warps = 16 if TILE >= 8192 else 8 if TILE >= 4096 else 4
     stats, chunk_probs, whole_row, chunk_race = _kernel()
     args = (temperature.contiguous(), top_k.contiguous(), top_p.contiguous())
