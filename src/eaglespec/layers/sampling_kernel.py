@@ -16,10 +16,14 @@ need:
   mass(key > K) < top_p), then every token at least as likely as K's stays (so tokens of equal probability at the
   nucleus' edge stay together) and p is renormalised. The PyTorch path's rule is the same on the sorted row except
   among tokens of equal probability at that edge, which it orders arbitrarily (its sort).
-A filtering row thus costs about 20 passes (top-p) or 19 (top-k) over its bf16 logits, where the first version held
-the row in registers and bisected 31 / 32 times over the float bits: past 16,384 entries those registers spilled
-(ptxas: a 904-byte stack frame per thread at 49,152 entries), and a top-p row of 49,152 took ~245 us on one SM.
-A row without top-k and top-p costs three passes (maximum, sum, store). Past CHUNK entries such rows (and greedy
+Up to ONE_TILE entries the row stays in registers and each search halves its key range per step (16 steps for bf16
+logits); longer rows are streamed tile by tile in every pass (per-lane partial sums, one reduction per pass, three
+pivots per pass: 8 passes per search), the nucleus search over the probabilities written to `out` and read back. The
+first version held every row in registers and bisected 31 / 32 times over the float bits: past 16,384 entries the
+registers spilled (ptxas: a 904-byte stack frame per thread at 49,152), and one top-p row of 49,152 took 245 us on
+one SM; now 82 us (top-k 276 -> 62, both 441 -> 122; 128,256 entries: 537 -> 204, 540 -> 150, 902 -> 301; 12,288:
+23 -> 16, 27 -> 16, 44 -> 25; docs/benchmarks.md, "Session 23").
+A row without top-k and top-p costs one load (three passes past ONE_TILE: maximum, sum, store). Past CHUNK entries such rows (and greedy
 ones) are spread over programs of CHUNK entries each instead, in two kernels: chunk statistics (the maximum of s and
 the sum of exp(s - it); greedy: the maximum and its first index), then each chunk's probabilities from its row's
 merged statistics; the whole-row kernel then runs only for rows that filter (one program on one SM took 80 us per
@@ -36,13 +40,10 @@ through a drafter's table). Plain rows race inside the chunk-probabilities kerne
 chunk kernel over the probabilities the whole-row kernel wrote (racing inside that one-program kernel cost +30-110 us
 per 49,152-entry row); rows of a vocabulary of at most CHUNK entries race in the whole-row kernel. Against
 `sample(target_probs(...))` no clamp, division or separate argmax pass over [N, V] is launched.
-`fits(V)`: V <= MAX_VOCAB. One program holds a filtering row (at 16 warps 256 float32 values per thread for
-131,072), so such a row's time grows with V on one SM. On the H200 (`benchmarks/sampling_check.py`, eager calls) the
-kernels beat the PyTorch path at 12,288 and 49,152 entries in every case (session 20, one row of 49,152: 285 against
-773 us with top-p, 483 against 755 with top-k and top-p); at Llama-3's 128,256 (session 21) unfiltered and greedy
-rows took 80-158 us against 892-4,560 (1-256 rows), top-p rows 535-2,506 against 971-4,540, and rows with top-k
-and top-p 899-4,235 against 990-4,574 except at 32 rows (1,256 against 923): the kernels serve vocabularies of up to
-131,072.
+`fits(V)`: V <= MAX_VOCAB. One program passes over a filtering row, so such a row's time grows with V on one SM. On
+the H200 (`benchmarks/sampling_check.py`) the kernels beat the PyTorch path (a sort per row, 500-1,100 us per call at
+1-32 rows) in every case at 12,288, 49,152 and 128,256 entries (session 23; before it, rows of 128,256 with top-k and
+top-p lost to it at 32 rows): the kernels serve vocabularies of up to 131,072.
 Built on first use, so that `TRITON_INTERPRET=1` (CPU tests) takes effect.
 """
 
