@@ -25,10 +25,13 @@ ROWS = [(0.0, 0, 1.0), (1.0, 0, 1.0), (0.7, 5, 1.0), (1.0, 1, 1.0), (1.3, 0, 0.9
         (1.0, 0, 1e-6), (0.9, 20, 0.95)]
 
 
-@pytest.mark.parametrize("V", [50, 1000, 3001, 8192, 9000, 20000])  # past CHUNK (4096): plain rows over
-# chunks; past ONE_TILE (16,384): the whole-row kernel streams tiles
+@pytest.mark.parametrize("V,one_tile", [(50, None), (1000, None), (3001, None), (8192, None), (9000, None),
+                                        (9000, 4096), (20000, 4096)])  # past CHUNK (4096): plain rows over chunks;
+# past ONE_TILE (32,768; here lowered to 4,096 for the interpreter's sake): the whole-row kernel streams tiles
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_kernel_matches_the_pytorch_path(V, dtype):
+def test_kernel_matches_the_pytorch_path(V, one_tile, dtype, monkeypatch):
+    if one_tile is not None:
+        monkeypatch.setattr(sampling_kernel, "ONE_TILE", one_tile)
     g = torch.Generator().manual_seed(V)
     x = (torch.randn(len(ROWS), V, generator=g) * 3).to(dtype)
     T, K, P = (torch.tensor([r[i] for r in ROWS]) for i in range(3))
@@ -46,7 +49,7 @@ def test_kernel_matches_the_pytorch_path(V, dtype):
         assert int((got[3] > 0).sum()) == 1 and int((got[7] > 0).sum()) == 1
 
 
-def test_ties():
+def test_ties(monkeypatch):
     """Greedy takes the first of equal maxima; top-k keeps every token equal to the k-th largest (as the PyTorch
     path does); a nucleus keeps tokens of equal probability at its edge together."""
     x = torch.zeros(3, 40)
@@ -59,7 +62,9 @@ def test_ties():
     assert torch.allclose(got[1], reference(x, T, K, P)[1])
     assert got[2].nonzero().flatten().tolist() == [5, 17, 31]  # each holds < 0.3; together they cross it
     assert torch.allclose(got[2, [5, 17, 31]], torch.full((3,), 1 / 3))
-    # past MAX_TILE the whole-row kernel reads a row tile by tile in each pass: the same rules across tiles
+    # past ONE_TILE (lowered here) the whole-row kernel reads a row tile by tile in each pass: the same rules across
+    # tiles
+    monkeypatch.setattr(sampling_kernel, "ONE_TILE", sampling_kernel.MAX_TILE)
     n = 2 * sampling_kernel.MAX_TILE + 100
     x = torch.full((4, n), -30.0)  # the background holds ~1e-9 of the mass
     x[:, [n - 1, 7, sampling_kernel.MAX_TILE + 5]] = 2.0

@@ -21,10 +21,10 @@ logits); longer rows are streamed tile by tile in every pass (per-lane partial s
 pivots per pass: 8 passes per search), the nucleus search over the probabilities written to `out` and read back. The
 first version held every row in registers and bisected 31 / 32 times over the float bits: past 16,384 entries the
 registers spilled (ptxas: a 904-byte stack frame per thread at 49,152), and one top-p row of 49,152 took 245 us on
-one SM; now 82 us (top-k 276 -> 62, both 441 -> 122; 128,256 entries: 537 -> 204, 540 -> 150, 902 -> 301; 12,288:
-23 -> 16, 27 -> 16, 44 -> 25; docs/benchmarks.md, "Session 23").
-A row without top-k and top-p costs one load (three passes past ONE_TILE: maximum, sum, store). Past CHUNK entries such rows (and greedy
-ones) are spread over programs of CHUNK entries each instead, in two kernels: chunk statistics (the maximum of s and
+one SM; now 82 us (top-k 276 -> 62, both 441 -> 122; 128,256 entries: 537 -> 204, 540 -> 150, 902 -> 301; 32,000:
+43 -> 28, 56 -> 27, 84 -> 44; 12,288: 23 -> 16, 27 -> 16, 44 -> 25; docs/benchmarks.md, "Session 23").
+A row without top-k and top-p costs one load (three passes past ONE_TILE: maximum, sum, store). Past CHUNK entries
+such rows (and greedy ones) are spread over programs of CHUNK entries each instead, in two kernels: chunk statistics (the maximum of s and
 the sum of exp(s - it); greedy: the maximum and its first index), then each chunk's probabilities from its row's
 merged statistics; the whole-row kernel then runs only for rows that filter (one program on one SM took 80 us per
 49,152-entry row at temperature only, and 30 us per 12,288-entry draft row: docs/benchmarks.md, "Session 20"; a
@@ -60,7 +60,10 @@ from .pdl import launch_options
 MAX_VOCAB = 1 << 17
 CHUNK = 4096  # entries per program of an unfiltered row (12 programs for SmolLM2's 49,152, 3 for 12,288)
 MAX_TILE = 8192  # entries per step of the whole-row kernel's passes over rows of more than ONE_TILE entries
-ONE_TILE = 16384  # up to this many entries the whole-row kernel holds the row in registers (16 warps, no spills)
+# up to this many entries the whole-row kernel holds the row in registers (16 warps): at 32,768 the registers spill
+# some (a 448-byte stack frame) and still beat the streamed passes (top-p row of 32,000: 28 against 55 us); at 65,536
+# the session-22 kernel spilled twice that and the streamed passes win (49,152: 82 us against 245)
+ONE_TILE = 32768
 
 
 def fits(V: int) -> bool:
