@@ -5,8 +5,10 @@ The CPU suite checks this on an 8-token vocabulary through the PyTorch path (tes
 same check runs on CUDA in float32, with a 64-token vocabulary (the kernels' one-program path) and one past their
 4,096-entry chunks (a 6,000-token target with a 5,000-token draft vocabulary): plain rows then race inside the chunk
 kernels and filtering rows in the chunk race kernel (layers/sampling_kernel.py), and the sampled chain's acceptance
-runs over chunks too (layers/sampled_chain_kernel.py); and a 20,000-token target with a 12,000-token draft vocabulary,
-whose filtering rows the whole-row kernel reads in several tiles. A random tiny target (tests/tiny.py) with peaky logits keeps
+runs over chunks too (layers/sampled_chain_kernel.py); and a 20,000-token target with a 12,000-token draft vocabulary
+(its filtering rows were streamed in tiles while sampling_kernel.ONE_TILE was 16,384, session 23; with 32,768 they
+stay in registers: `with_setting.py eaglespec.layers.sampling_kernel.ONE_TILE=4096 -- sampled_lossless_check.py`
+checks the streamed path). A random tiny target (tests/tiny.py) with peaky logits keeps
 the mass on few sequences; the exact distribution of the 3 generated tokens is enumerated over continuations of
 probability >= 1e-4 at every prefix (the rest is one lumped cell). Per case: N samples from engines of ROWS rows, the
 chi-square p-value (cells of expected count >= 5), the accepted-length histogram (speculation did run).
