@@ -23,10 +23,10 @@ first version held every row in registers and bisected 31 / 32 times over the fl
 registers spilled (ptxas: a 904-byte stack frame per thread at 49,152), and one top-p row of 49,152 took 245 us on
 one SM; now 82 us (top-k 276 -> 62, both 441 -> 122; 128,256 entries: 537 -> 204, 540 -> 150, 902 -> 301; 32,000:
 43 -> 28, 56 -> 27, 84 -> 44; 12,288: 23 -> 16, 27 -> 16, 44 -> 25; docs/benchmarks.md, "Session 23").
-A row without top-k and top-p costs one load (three passes past ONE_TILE: maximum, sum, store). Past CHUNK entries
-such rows (and greedy ones) are spread over programs of CHUNK entries each instead, in two kernels: chunk statistics (the maximum of s and
-the sum of exp(s - it); greedy: the maximum and its first index), then each chunk's probabilities from its row's
-merged statistics; the whole-row kernel then runs only for rows that filter (one program on one SM took 80 us per
+A row without top-k and top-p costs one load in that kernel (only rows that filter are ever streamed). Past CHUNK
+entries such rows (and greedy ones) are spread over programs of CHUNK entries each instead, in two kernels: chunk
+statistics (the maximum of s and the sum of exp(s - it); greedy: the maximum and its first index), then each chunk's
+probabilities from its row's merged statistics; the whole-row kernel then runs only for rows that filter (one program on one SM took 80 us per
 49,152-entry row at temperature only, and 30 us per 12,288-entry draft row: docs/benchmarks.md, "Session 20"; a
 one-row sampled decode graph went from 0.536 to 0.451 ms with the split, "Session 21").
 
@@ -234,20 +234,18 @@ def _kernel():
                     tl.store(race_v + r, best)
                     tl.store(race_i + r, first)
             else:
-                # pass 1: per lane the maximum, its first index, the keys' range; then over the lanes
+                # streamed rows are split rows that filter (the launch keeps every other row in one tile): T > 0
+                # pass 1: per lane the maximum and the keys' range; then over the lanes
                 lane = tl.arange(0, TILE)
                 lmax = tl.full((TILE,), float("-inf"), tl.float32)
-                lidx = lane * 0 + V
                 lmin_k = lane * 0 + 2147483647
                 lmax_k = lane * 0 - 2147483647 - 1
                 for i in range(0, N_TILES):
                     offs, valid, v, key = _tile(row, i, V, TILE, KEY_BITS)
-                    lidx = tl.where(v > lmax, offs, lidx)  # strictly greater: the first index stays
                     lmax = tl.maximum(lmax, v)
                     lmin_k = tl.minimum(lmin_k, tl.where(valid, key, 2147483647))
                     lmax_k = tl.maximum(lmax_k, key)
                 vmax = tl.max(lmax, 0)
-                first = tl.min(tl.where(lmax == vmax, lidx, V), 0)
                 lo = tl.min(lmin_k, 0).to(tl.int64)
                 khi = tl.max(lmax_k, 0).to(tl.int64)
                 mx = vmax / tt  # = the maximum of s = x / T (dividing by T > 0 keeps the order)
@@ -321,11 +319,8 @@ def _kernel():
                 else:
                     for i in range(0, N_TILES):
                         offs, valid, v, key = _tile(row, i, V, TILE, KEY_BITS)
-                        if t > 0:
-                            p = tl.where(key >= lo.to(tl.int32), tl.exp(v / tt - mx) / z, 0.0)
-                        else:  # greedy: the one-hot of the first maximum
-                            p = tl.where(offs == first, 1.0, 0.0)
-                        tl.store(orow + offs, p, mask=valid)
+                        tl.store(orow + offs, tl.where(key >= lo.to(tl.int32), tl.exp(v / tt - mx) / z, 0.0),
+                                 mask=valid)
 
     @triton.jit
     def chunk_race_kernel(out, noise, temp, topk, topp, race_v, race_i, V, n_chunks, CHUNK: tl.constexpr,
@@ -384,7 +379,8 @@ def _launch(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor
     race_i = torch.empty(N, n_chunks, dtype=torch.int32, device=logits.device) if race else None
     if N == 0:
         return out, race_v, race_i
-    TILE = pow2(V) if V <= ONE_TILE else MAX_TILE
+    # streamed (several tiles) only past CHUNK, where the chunk kernels take the plain and greedy rows
+    TILE = pow2(V) if V <= max(ONE_TILE, CHUNK) else MAX_TILE
     warps = 16 if TILE >= 8192 else 8 if TILE >= 4096 else 4
     stats, chunk_probs, whole_row, chunk_race = _kernel()
     args = (temperature.contiguous(), top_k.contiguous(), top_p.contiguous())
