@@ -127,11 +127,10 @@ def test_default_drafter_policy_per_device_and_engine_size(monkeypatch):
     assert default_spec("cuda", 33) is None and "above 32 rows" in slower_note("cuda")
     assert default_spec("mps", 1) is None and "not measured on mps" in slower_note("mps")
     assert default_spec("cpu", 1, temperature=1.0) == SpecConfig(1, 1, 2) and default_spec("cpu", 2, 1.0) is None
-    # sampled on CUDA (session 21's kernels): the one-step chain at 1 row, the chain of 3 at 2-32
-    one, three = SpecConfig(1, 1, 2), SpecConfig(3, 1, 4)
-    assert default_spec("cuda", 1, temperature=0.7) == one
-    assert default_spec("cuda", 8, 1.0) == SpecSchedule(((1, one), (8, three)))
-    assert default_spec("cuda", 32, 1.0) == SpecSchedule(((1, one), (32, three)))
+    # sampled on CUDA (session 24's measurements): the chain of 3 at 1-32 rows, one shape
+    three = SpecConfig(3, 1, 4)
+    assert default_spec("cuda", 1, temperature=0.7) == three
+    assert default_spec("cuda", 8, 1.0) == three and default_spec("cuda", 32, 1.0) == three
     assert default_spec("cuda", 33, temperature=0.7) is None and "above 32 rows" in slower_note("cuda")
 
 

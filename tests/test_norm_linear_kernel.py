@@ -316,20 +316,24 @@ def test_row_loop_equals_the_broadcast_product(M, gated, norm):
 def test_blocks_take_the_row_loop_at_one_row_with_pdl_only():
     """`_blocks`' policy (measured on the H200, docs/benchmarks.md "Session 12"): the row loop serves one-row steps
     launched with programmatic dependent launch; without PDL (older GPUs, EAGLESPEC_PDL=0) it was slower. Steps of
-    2..8 rows take the row grid (session 13), 9..MAX_ROWS the tensor-core kernel (session 14); the broadcast blocks of
-    `_blocks` past one row are the fallback when ROW_GRID_ROWS is lowered."""
-    assert nlk.ROW_GRID_ROWS == 8 and nlk.DOT_MIN_ROWS == 9 and MAX_ROWS == 64
+    2..4 rows take the row grid (session 13), 5..MAX_ROWS the tensor-core kernel (sessions 14 and 24), 5..8 rows whose
+    tiles do not fit in shared memory the row grid again; the broadcast blocks of `_blocks` past one row are the
+    fallback when ROW_GRID_ROWS is lowered."""
+    assert nlk.ROW_GRID_ROWS == 8 and nlk.DOT_MIN_ROWS == 5 and MAX_ROWS == 64
     for gated, norm in ((False, True), (True, True), (False, False)):
         assert nlk._blocks(1, 960, 576, gated, norm, pdl=True)[4] is True
         assert nlk._blocks(1, 960, 576, gated, norm, pdl=False)[4] is False
-        for M in range(2, nlk.DOT_MIN_ROWS):
+        for M in range(2, nlk.ROW_GRID_ROWS + 1):
             bm, bn, bk, warps, loop = nlk._blocks(M, 960, 1536, gated, norm, pdl=True)
             assert not loop and bm >= M and bk == 2048 and bn in (2, 4) and warps in (1, 2, 4)
 
 
 def test_steps_of_two_to_eight_rows_launch_one_program_per_row(monkeypatch):
-    """The launch policy: one row -> `_blocks`' grid of column blocks; 2..8 rows -> (column blocks, rows), each
-    program one row (ROW_GRID, BLOCK_M 1, the row loop)."""
+    """The launch policy: one row -> `_blocks`' grid of column blocks; 2..8 rows that the tensor-core kernel does not
+    take (here: none fits) -> (column blocks, rows), each program one row (ROW_GRID, BLOCK_M 1, the row loop)."""
+    from eaglespec.layers import norm_linear_dot_kernel as dk
+
+    monkeypatch.setattr(dk, "shared_limit", lambda device: 1)
     seen = []
 
     class Spy:
@@ -381,7 +385,7 @@ def test_dot_kernel_matches_reference(M, K, N, gated, with_delta, norm, dtype):
 
 
 def test_steps_route_by_rows_and_the_dot_blocks_fit_shared_memory(monkeypatch):
-    """One row -> `_blocks`' programs, 2..8 rows -> the row grid, 9.. rows -> the tensor-core kernel; its blocks
+    """One row -> `_blocks`' programs, 2..4 rows -> the row grid, 5.. rows -> the tensor-core kernel; its blocks
     (16 rows x 32 columns) narrow for wide inputs, so that the row and weight tiles fit in shared memory (the
     drafter's fc: 3 x 576 -> 2048 lanes)."""
     from eaglespec.layers import norm_linear_dot_kernel as dk
@@ -391,9 +395,9 @@ def test_steps_route_by_rows_and_the_dot_blocks_fit_shared_memory(monkeypatch):
     monkeypatch.setattr(nlk, "_kernel", lambda: type("Spy", (), {"__getitem__": lambda self, grid: (
         lambda *a, **kw: seen.append(("grid" if kw["ROW_GRID"] else "blocks", grid[1])))})())
     w = torch.zeros(24, 64)
-    for M in (1, 2, 8, 9, 64):
+    for M in (1, 2, 4, 5, 8, 9, 64):
         add_norm_linear(torch.zeros(M, 64), None, torch.ones(64), 1e-5, w, False)
-    assert seen == [("blocks", 1), ("grid", 2), ("grid", 8), ("dot", 9), ("dot", 64)]
+    assert seen == [("blocks", 1), ("grid", 2), ("grid", 4), ("dot", 5), ("dot", 8), ("dot", 9), ("dot", 64)]
     assert dk._blocks(576, True, 2) == dk.DOT_BLOCKS == (16, 32, 4)
     assert dk._blocks(1728, False, 2) == (16, 16, 4)  # (16 + 32) x 2048 x 2 bytes > SMEM_BYTES
     assert dk._blocks(1728, False, 4) == (16, 16, 4) and dk._blocks(2048, True, 4) == (16, 16, 4)
@@ -401,8 +405,9 @@ def test_steps_route_by_rows_and_the_dot_blocks_fit_shared_memory(monkeypatch):
 
 def test_tiles_over_shared_memory_take_the_pytorch_path(monkeypatch):
     """Float32 inputs over 1,024 wide need more shared memory than a block has on the H200 (a drafter's fc at 9+ rows:
-    256 KB against 227 KB; a float32 engine of 8 rows crashed there in session 17): such steps run the PyTorch path,
-    with the same results and h_out, while every bf16 layer of up to ONE_SHOT_K fits."""
+    256 KB against 227 KB; a float32 engine of 8 rows crashed there in session 17): such steps of more than
+    ROW_GRID_ROWS rows run the PyTorch path, with the same results and h_out, and of 5..ROW_GRID_ROWS rows the row
+    grid, while every bf16 layer of up to ONE_SHOT_K fits."""
     from eaglespec.layers import norm_linear_dot_kernel as dk
 
     h200 = 232448  # bytes a block may opt into on the H200 (Triton's max_shared_mem)
@@ -420,6 +425,13 @@ def test_tiles_over_shared_memory_take_the_pytorch_path(monkeypatch):
         ref = add_norm_linear_reference(h, d, nw, 1e-5, w, gated)
         assert torch.equal(h2, ref[0]) and torch.equal(y2, ref[1])
     assert torch.equal(nlk.linear_rows(h, w), h @ w.T)
+    built, kernel = [], nlk._kernel  # 6 rows: the row grid's kernel, not PyTorch
+    monkeypatch.setattr(nlk, "_kernel", lambda: built.append(1) or kernel())
+    for gated in (False, True):
+        h2, y2 = add_norm_linear(h[:6], d[:6], nw, 1e-5, w, gated)
+        ref = add_norm_linear_reference(h[:6], d[:6], nw, 1e-5, w, gated)
+        assert torch.equal(h2, ref[0]) and torch.allclose(y2, ref[1], atol=1e-5, rtol=1e-5)
+    assert len(built) == 2
 
 
 def test_engine_through_the_dot_kernel_equals_plain(monkeypatch):

@@ -16,12 +16,13 @@ gating) in one launch, so a Llama layer runs 6 kernels instead of 9.
   products run either as one [BLOCK_M, BLOCK_N, BLOCK_K] broadcast or row by row (ROW_LOOP), per `_blocks`.
   Weights are loaded before the programmatic-launch wait (layers/pdl.py), so they stream in while the kernel before
   still runs.
-For M <= 8 rows (decode, short verify and drafter steps) and K <= ONE_SHOT_K; steps of DOT_MIN_ROWS..MAX_ROWS rows go
-to the tensor-core kernel of layers/norm_linear_dot_kernel.py (same contract) where its tiles fit the device's shared
-memory (else to the PyTorch path: float32 inputs over 1,024 wide), longer steps and wider layers keep cuBLAS.
-Steps of 2..ROW_GRID_ROWS rows launch one program per (column block, row) (ROW_GRID): each runs the one-row row
-loop over its own row, so that a few-row step costs about what a one-row step costs per kernel. The row loop reads
-a row as two power-of-two chunks where that is narrower than one block (`_k_chunks`: 576 = 512 + 64).
+For M < DOT_MIN_ROWS rows (decode, short verify and drafter steps) and K <= ONE_SHOT_K; steps of
+DOT_MIN_ROWS..MAX_ROWS rows go to the tensor-core kernel of layers/norm_linear_dot_kernel.py (same contract) where its
+tiles fit the device's shared memory (else, float32 inputs over 1,024 wide, back here up to ROW_GRID_ROWS rows and to
+the PyTorch path past them); longer steps and wider layers keep cuBLAS.
+Steps of 2..4 rows (and those fallbacks) launch one program per (column block, row) (ROW_GRID): each runs the
+one-row row loop over its own row, so that a few-row step costs about what a one-row step costs per kernel. The row
+loop reads a row as two power-of-two chunks where that is narrower than one block (`_k_chunks`: 576 = 512 + 64).
 The kernel is built on first use, so that `TRITON_INTERPRET=1` (set by the CPU tests) takes effect.
 """
 
@@ -36,12 +37,15 @@ from .norm import rms_norm
 from .block_size import pow2
 from .pdl import launch_options
 
-# rows (batch x tokens) up to which the fused kernels are used (engine.transforms wires them so): 1..8 rows here,
+# rows (batch x tokens) up to which the fused kernels are used (engine.transforms wires them so): 1..4 rows here,
 # DOT_MIN_ROWS..MAX_ROWS on tensor cores (layers/norm_linear_dot_kernel.py). Measured on the H200 (docs/benchmarks.md,
 # "Session 14"): at 16, 32 and 64 rows the tensor-core kernel beat cuBLAS plus the separate norm and gating kernels by
 # 14-27% in whole graphs; at 128 rows it lost by 7% (a K-pipelined version by 30-80%), so longer steps keep cuBLAS.
+# At 5-8 rows it beat the row grid below (session 24, `benchmarks/few_rows_dot_check.py`, random SmolLM2 weights:
+# 8-row decode graph 0.680 / 0.687 -> 0.651 ms, a one-row verify of 8 tokens 0.683 -> 0.647; MT-bench plain decoding
+# at 8 rows +8%), while at 2-4 rows it lost (a one-row verify of 4 tokens 0.522 -> 0.587 ms): DOT_MIN_ROWS 9 -> 5.
 MAX_ROWS = 64
-DOT_MIN_ROWS = 9
+DOT_MIN_ROWS = 5
 ONE_SHOT_K = 2048  # widest input: a row is read in one block (wider layers keep cuBLAS: see _blocks)
 
 
@@ -185,10 +189,10 @@ def _blocks(M: int, N: int, K: int, gated: bool, norm: bool = True, pdl: bool = 
     1-4 columns, 1-2 warps, with PDL), nor tensor cores (tl.dot, rows padded to 16: session 5 one-shot; session 10
     one-shot and K-pipelined, faster per call with the weights in L2 but 4-7% slower in whole verify steps), nor a
     row loop (session 9) beat cuBLAS plus the separate norm in whole steps; one program per row did (session 13:
-    ROW_GRID_ROWS, which takes steps of 2-8 rows before these blocks are consulted; past 8 rows session 14's
-    tensor-core kernel, whose weight tiles load before the PDL wait, beat cuBLAS up to 64 rows); for 4096-wide layers
-    the blocked loop was 2x slower than cuBLAS, hence ONE_SHOT_K (docs/benchmarks.md, "Session 5", "Session 9",
-    "Session 10", "Session 12")."""
+    ROW_GRID_ROWS, which takes steps of 2-8 rows before these blocks are consulted), and so did session 14's
+    tensor-core kernel, whose weight tiles load before the PDL wait, up to 64 rows (from DOT_MIN_ROWS rows on: at 5-8
+    rows it beat the row grid too, session 24); for 4096-wide layers the blocked loop was 2x slower than cuBLAS, hence
+    ONE_SHOT_K (docs/benchmarks.md, "Session 5", "Session 9", "Session 10", "Session 12")."""
     bucket = 1 if M <= 1 else 2 if M <= 2 else 4 if M <= 4 else 8
     if pdl:
         table = (_GATED_CFG if gated else _NORM_CFG) if norm else _PLAIN_CFG
@@ -223,17 +227,19 @@ def _k_chunks(K: int) -> tuple[int, int]:
 def _launch(h2: torch.Tensor, d2: torch.Tensor | None, nw: torch.Tensor | None, w: torch.Tensor, h_out: torch.Tensor,
             y: torch.Tensor, eps: float, gated: bool, norm: bool, blocks: Blocks | None = None) -> None:
     M, K = h2.shape
-    if blocks is None and M >= DOT_MIN_ROWS:  # past the CUDA-core kernel's reach: tensor cores
+    if blocks is None and M >= DOT_MIN_ROWS:  # tensor cores
         from . import norm_linear_dot_kernel as dot
 
         if dot.fits(K, gated, h2.element_size(), dot.shared_limit(h2.device)):
             return dot.launch(h2, d2, nw, w, h_out, y, eps, gated, norm)
-        # tiles over the device's shared memory (float32 inputs over 1,024 wide, e.g. a drafter's fc): PyTorch
-        h, out = add_norm_linear_reference(h2, d2, nw, eps, w, gated, norm)
-        if d2 is not None:
-            h_out.copy_(h)
-        y.copy_(out)
-        return None
+        if M > ROW_GRID_ROWS:  # tiles over the device's shared memory (float32 inputs over 1,024 wide, e.g. a
+            #                    drafter's fc) past the row grid's reach: PyTorch
+            h, out = add_norm_linear_reference(h2, d2, nw, eps, w, gated, norm)
+            if d2 is not None:
+                h_out.copy_(h)
+            y.copy_(out)
+            return None
+        # up to ROW_GRID_ROWS rows: the row grid below
     N = y.shape[1]
     opts = launch_options(h2)
     row_grid = bool(blocks[5]) if blocks is not None and len(blocks) > 5 else (
@@ -255,8 +261,9 @@ def _launch(h2: torch.Tensor, d2: torch.Tensor | None, nw: torch.Tensor | None, 
                     NORM=norm, ROW_LOOP=row_loop, BLOCK_K2=bk2, ROW_GRID=row_grid, num_warps=warps, **opts)
 
 
-# Steps of 2..ROW_GRID_ROWS rows take one program per (column block, row), each running the one-row row loop over its
-# own row: the 4-row blocks (a broadcast product with cross-warp reductions) cost twice a one-row call per kernel,
+# Steps of 2..ROW_GRID_ROWS rows that the tensor-core kernel does not take (2..DOT_MIN_ROWS - 1 rows, and wide float32
+# inputs whose tiles do not fit in shared memory) take one program per (column block, row), each running the one-row
+# row loop over its own row: the 4-row blocks (a broadcast product with cross-warp reductions) cost twice a one-row call per kernel,
 # and cuBLAS plus a separate norm served 5-8 rows. On the H200 (benchmarks/row_grid_check.py, random SmolLM2 weights,
 # session 13): verify of 4 tokens 0.673 -> 0.566 ms, of 8 tokens 0.916 -> 0.714 ms, an 8-row decode step 0.884 ->
 # 0.703 ms; at 16 rows it lost to cuBLAS (decode 0.921 -> 1.001 ms: each row's program reads the weight tile again).
