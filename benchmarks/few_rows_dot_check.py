@@ -5,12 +5,13 @@ on the row grid (`norm_linear_kernel`, one program per row, each re-reading its 
 Sessions 5 and 10 tried tensor cores at 2-8 rows before the weight tiles were loaded ahead of the programmatic-launch
 wait (they lost 4-7% in whole verify steps); session 14's kernel does load them first, and was never measured below 9
 rows. Random SmolLM2-135M weights and a random drafter (bf16, CUDA graphs, PDL), engines stepped 30 steps after
-128-token prompts; wirings in one process: `grid` (the policy: the row grid up to 8 rows) and `dotBMxBNxW` (the
-tensor-core kernel from 2 rows on, those blocks). Per wiring, ms per graph replay: decode of 1 and 8 rows, the verify
+128-token prompts; wirings in one process: `grid` (the row grid up to 8 rows, the policy before session 24) and
+`dotBMxBNxW[@R]` (the tensor-core kernel from R rows on, default 2, with those blocks; session 24 adopted
+dot16x32x4@5). Per wiring, ms per graph replay: decode of 1 and 8 rows, the verify
 graph and whole step of one-row chains S3 K1 D4 and S7 K1 D8, of an 8-row chain S3 K1 D4; the one-row chain's 256
 greedy tokens against plain decoding's under the same wiring.
 
-usage: python benchmarks/few_rows_dot_check.py OUT_DIR [--wirings=grid,dot16x32x4,...]
+usage: python benchmarks/few_rows_dot_check.py OUT_DIR [--wirings=grid,dot16x32x4,dot16x64x4@5,...]
 """
 
 from __future__ import annotations
@@ -28,12 +29,12 @@ from eaglespec.layers import norm_linear_kernel as nk  # noqa: E402
 
 arg = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--wirings=")),
            "grid,dot16x32x4,dot16x16x4,dot16x64x4,dot16x16x2")
-DEFAULT_BLOCKS, DEFAULT_MIN = dk.DOT_BLOCKS, nk.DOT_MIN_ROWS
+DEFAULT_BLOCKS = dk.DOT_BLOCKS
 m, d = random_pair()
 emit = Emitter("few_rows_dot_check.json")
 for name in arg.split(","):
-    if name == "grid":
-        dk.DOT_BLOCKS, nk.DOT_MIN_ROWS = DEFAULT_BLOCKS, DEFAULT_MIN
+    if name == "grid":  # the row grid up to ROW_GRID_ROWS (8), tensor cores past it
+        dk.DOT_BLOCKS, nk.DOT_MIN_ROWS = DEFAULT_BLOCKS, nk.ROW_GRID_ROWS + 1
     else:  # dotBMxBNxW[@R]: tensor cores from R rows on (default 2)
         blocks, _, at = name.removeprefix("dot").partition("@")
         dk.DOT_BLOCKS, nk.DOT_MIN_ROWS = tuple(int(x) for x in blocks.split("x")), int(at or 2)
