@@ -75,10 +75,10 @@ def test_api_default_drafter_policy_on_the_cpu(monkeypatch):
     one = api.load(config=EngineConfig(device="cpu", max_batch_size=1))
     assert one.speculative and one.spec == SpecConfig(2, 2, 4) and one.plain_note is None
     sampled = api.load(config=EngineConfig(device="cpu", max_batch_size=1), temperature=0.8)
-    assert sampled.speculative and sampled.spec == SpecConfig(1, 1, 2)
-    assert asked == [4, 2]  # each shape's draft tokens: a verify's forward
+    assert sampled.speculative and sampled.spec == SpecConfig(2, 1, 3)
+    assert asked == [4, 3]  # each shape's draft tokens: a verify's forward
     many = api.load(config=EngineConfig(device="cpu", max_batch_size=8))
-    assert not many.speculative and asked == [4, 2]  # no shape measured for 8 rows: nothing timed
+    assert not many.speculative and asked == [4, 3]  # no shape measured for 8 rows: nothing timed
     forced = api.load(spec=SpecConfig(2, 1, 3), config=EngineConfig(device="cpu", max_batch_size=8))
     assert forced.speculative and forced.spec == SpecConfig(2, 1, 3)
     cpu_forward_cost(monkeypatch, 1.7)  # session 18's machine through F.linear: a 3-token forward at 1.64-1.80x
@@ -89,10 +89,10 @@ def test_api_default_drafter_policy_on_the_cpu(monkeypatch):
 
 
 def test_default_drafter_policy_per_device_and_engine_size(monkeypatch):
-    """The measured policy (docs/benchmarks.md, "The shipped drafter", "Session 19"): the tree S2 K2 D4 in one-row
-    CPU engines when greedy and a one-step chain when sampling; on CUDA when greedy a chain of 3 at 1 and 9-16 rows
-    and the tree S4 K2 D8 at 2-8 and 17-32 rows, in engines of up to 32 rows (unmeasured above 32 rows), and when
-    sampling the one-step chain in engines of up to 8 rows; plain decoding elsewhere, and an explanation for each
+    """The measured policy (docs/benchmarks.md, "The shipped drafter", "Session 19", "Session 24"): the tree S2 K2
+    D4 in one-row CPU engines when greedy and a chain of 2 when sampling; on CUDA when greedy a chain of 3 at 1 and
+    9-16 rows and the tree S4 K2 D8 at 2-8 and 17-32 rows, in engines of up to 32 rows (unmeasured above 32 rows), and
+    when sampling the chain of 3 in engines of up to 32 rows; plain decoding elsewhere, and an explanation for each
     case. A policy of several shapes gives engines of several rows a
     schedule, each step the shape of its rows."""
     import eaglespec.assets as assets
@@ -126,7 +126,7 @@ def test_default_drafter_policy_per_device_and_engine_size(monkeypatch):
         chain, tree, tree, chain, chain]
     assert default_spec("cuda", 33) is None and "above 32 rows" in slower_note("cuda")
     assert default_spec("mps", 1) is None and "not measured on mps" in slower_note("mps")
-    assert default_spec("cpu", 1, temperature=1.0) == SpecConfig(1, 1, 2) and default_spec("cpu", 2, 1.0) is None
+    assert default_spec("cpu", 1, temperature=1.0) == SpecConfig(2, 1, 3) and default_spec("cpu", 2, 1.0) is None
     # sampled on CUDA (session 24's measurements): the chain of 3 at 1-32 rows, one shape
     three = SpecConfig(3, 1, 4)
     assert default_spec("cuda", 1, temperature=0.7) == three

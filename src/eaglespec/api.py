@@ -8,7 +8,7 @@
 otherwise; without an explicit `spec` it takes the measured shapes of `assets.default_spec` for the device, the
 engine's rows (on the CPU: one-row engines, as `eaglespec generate` builds; a `SpecSchedule` where the shapes
 measured differ by rows, each step the shape of the rows it runs) and the `temperature` the engine is meant to serve
-(sampled: the one-step chain in one-row CPU engines; on CUDA the chain of 3 up to 32 rows), and decodes plainly
+(sampled: the chain of 2 in one-row CPU engines; on CUDA the chain of 3 up to 32 rows), and decodes plainly
 where the drafter was measured slower than plain decoding; on the CPU it first times the target's forwards on this
 machine (`engine/verify_cost.py`) and decodes plainly where a forward of the shape's draft tokens costs more than
 `assets.CPU_MAX_VERIFY_COST` one-token forwards (`auto_spec` makes that choice; the engine's `plain_note` then says
