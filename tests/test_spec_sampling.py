@@ -170,6 +170,39 @@ def test_cpu_rows_without_filters_skip_the_sort():
     assert torch.equal(target_probs(x, T, *filt), target_probs_reference(x, T, *filt))
 
 
+def test_cpu_filtering_rows_look_at_their_largest_entries_first(monkeypatch):
+    """On the CPU a top-k / top-p row orders only its CPU_CANDIDATES largest entries (torch.topk) when every k and
+    every nucleus lies among them, and falls back to sorting the whole row when one does not (k past them, a flat
+    row whose nucleus reaches past them): the same probabilities as the whole-row order, row by row."""
+    from eaglespec.layers import sampling
+    from eaglespec.layers.sampling import target_probs_reference
+
+    calls: list[str] = []
+    topk, sort = torch.Tensor.topk, torch.Tensor.sort
+    monkeypatch.setattr(torch.Tensor, "topk", lambda self, *a, **kw: calls.append("topk") or topk(self, *a, **kw))
+    monkeypatch.setattr(torch.Tensor, "sort", lambda self, *a, **kw: calls.append("sort") or sort(self, *a, **kw))
+    g = torch.Generator().manual_seed(0)
+    for V, spread in ((300, 3.0), (12288, 1.0), (49152, 3.0), (49152, 0.5)):
+        x = torch.randn(6, V, generator=g) * spread * (1 + 3 * torch.rand(6, 1, generator=g))
+        T = torch.tensor([1.0, 0.7, 0.0, 2.5, 1.0, 0.3])
+        P = torch.tensor([0.9, 0.95, 0.9, 0.99, 1.0, 0.5])
+        for k4 in (min(2000, V - 1), 0):  # one k past the candidates (a whole-row sort), then none
+            K = torch.tensor([0, 50, 0, 0, k4, V])
+            whole = target_probs_reference(x, T, K, P, candidates=V)
+            for c in (16, 256, sampling.CPU_CANDIDATES, None):
+                assert torch.equal(target_probs_reference(x, T, K, P, candidates=c), whole)
+    assert "topk" in calls
+    peaked = torch.randn(3, 49152, generator=g) * 6  # small nuclei: served from the candidates alone
+    T, K, P = torch.full((3,), 0.7), torch.zeros(3, dtype=torch.long), torch.full((3,), 0.9)
+    calls.clear()
+    fast = target_probs(peaked, T, K, P)
+    assert calls == ["topk"] and torch.equal(fast, target_probs_reference(peaked, T, K, P, candidates=49152))
+    flat = torch.randn(3, 49152, generator=g) * 0.5  # nuclei of thousands of entries: the whole row after all
+    calls.clear()
+    assert torch.equal(target_probs(flat, T, K, P), target_probs_reference(flat, T, K, P, candidates=49152))
+    assert calls[:2] == ["topk", "sort"]
+
+
 def test_one_hot_sampling_verification_is_greedy():
     """With temperature 0 the sampling rule must give exactly the greedy rule's result."""
     gen = torch.Generator().manual_seed(0)

@@ -55,11 +55,19 @@ def _filtered(top_k: torch.Tensor, top_p: torch.Tensor, V: int) -> bool:
     return bool(((top_k > 0) & (top_k < V)).any() or (top_p < 1).any())
 
 
+# On the CPU a filtering row looks at its CPU_CANDIDATES largest entries (torch.topk) before it sorts the whole row:
+# top-k's k-th value and top-p's nucleus usually lie among them (see `_filter`)
+CPU_CANDIDATES = 1024
+
+
 def target_probs_reference(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
-                           top_p: torch.Tensor, filtered: bool = True) -> torch.Tensor:
-    """`target_probs` in PyTorch operations on any device (the CPU's path; the kernel's reference): the row sorted
-    once for top-k's k-th value and top-p's nucleus. `filtered=False` (the caller knows that no row uses top-k or
-    top-p) skips both, and the sort: on the CPU it cost 6.7 ms of 8.7 per 49,152-entry row, the softmax 0.2 ms."""
+                           top_p: torch.Tensor, filtered: bool = True,
+                           candidates: int | None = None) -> torch.Tensor:
+    """`target_probs` in PyTorch operations on any device (the CPU's path; the kernel's reference): the row in
+    descending order for top-k's k-th value and top-p's nucleus. `filtered=False` (the caller knows that no row uses
+    top-k or top-p) skips both, and the sort: on the CPU it cost 6.7 ms of 8.7 per 49,152-entry row, the softmax 0.2
+    ms. `candidates` (default: CPU_CANDIDATES on the CPU, none elsewhere, where a step may be a CUDA graph that
+    cannot branch on values) orders only the largest entries first, with the same result (`_filter`)."""
     logits = logits.float()
     N, V = logits.shape
     greedy = temperature <= 0
@@ -70,21 +78,46 @@ def target_probs_reference(logits: torch.Tensor, temperature: torch.Tensor, top_
     else:
         # top-k: keep logits >= the k-th largest (k = 0 or k >= V: keep all)
         k = torch.where((top_k <= 0) | (top_k >= V), torch.full_like(top_k, V), top_k).clamp(min=1)
-        sorted_logits, sorted_idx = scaled.sort(dim=-1, descending=True)
-        kth = sorted_logits.gather(1, (k - 1)[:, None])
-        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
-        probs = torch.softmax(scaled, dim=-1)
-        # top-p on the sorted probabilities: drop a token when the mass before it already reaches p
-        sorted_probs = probs.gather(1, sorted_idx)
-        before = sorted_probs.cumsum(-1) - sorted_probs
-        # (top_p = 1 keeps every token: the float32 running sum can reach 1 before the tail of tiny probabilities)
-        drop_sorted = (before >= top_p.float()[:, None]) & (top_p < 1)[:, None]
-        drop_sorted[:, 0] = False
-        drop = torch.zeros_like(drop_sorted).scatter(1, sorted_idx, drop_sorted)
-        probs = probs.masked_fill(drop, 0.0)
-        probs = probs / probs.sum(-1, keepdim=True)
+        c = (CPU_CANDIDATES if logits.device.type == "cpu" else V) if candidates is None else candidates
+        probs = None
+        if c < V and bool(((k <= c) | (k == V)).all()):  # every k-th value among the candidates
+            probs = _filter(scaled, k, top_p, *scaled.topk(c, dim=-1))
+        if probs is None:  # the whole row in order
+            probs = _filter(scaled, k, top_p, *scaled.sort(dim=-1, descending=True))
     onehot = torch.zeros_like(probs).scatter_(1, greedy_ids(logits)[:, None], 1.0)
     return torch.where(greedy[:, None], onehot, probs)
+
+
+def _filter(scaled: torch.Tensor, k: torch.Tensor, top_p: torch.Tensor, head: torch.Tensor,
+            head_idx: torch.Tensor) -> torch.Tensor | None:
+    """Top-k and top-p over rows whose C largest entries are `head` [N, C] (descending) at `head_idx` (C = V: the
+    whole row sorted): the renormalised probabilities [N, V], or None when C < V and some row's nucleus may reach
+    past its head. A token is dropped when the mass before it in the descending order already reaches p; past the
+    head of a row with p < 1 that holds for every token when the head's own mass reaches p (a running sum of
+    non-negative terms never decreases), so the result is the whole row's order's, up to the last bit of the running
+    sum (a scan over C entries may round a prefix differently from one over V: a token whose preceding mass lies
+    within that of p could change sides; none did in the tests) and the order of tied entries. On the CPU, 4 rows of
+    49,152 at T 0.7, top-p 0.9: 16.7 -> 4.6 ms with peaked rows (session 24; MT-bench, S2 K1 D3 at that setting
+    13.0 -> 15.8 tok/s)."""
+    N, C = head.shape
+    V = scaled.shape[1]
+    kth = head.gather(1, (k.clamp(max=C) - 1)[:, None])  # k = V with C < V: k is off, keep all
+    kth = torch.where((k == V)[:, None], torch.full_like(kth, float("-inf")), kth) if C < V else kth
+    scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+    probs = torch.softmax(scaled, dim=-1)
+    head_probs = probs.gather(1, head_idx)
+    mass = head_probs.cumsum(-1)
+    before = mass - head_probs
+    cut = (top_p < 1)[:, None]
+    if C < V and not bool(((mass[:, -1:] >= top_p.float()[:, None]) | ~cut).all()):
+        return None
+    # (top_p = 1 keeps every token: the float32 running sum can reach 1 before the tail of tiny probabilities)
+    drop_head = (before >= top_p.float()[:, None]) & cut
+    drop_head[:, 0] = False
+    drop = cut.expand(N, V) if C < V else torch.zeros_like(probs, dtype=torch.bool)
+    drop = drop.scatter(1, head_idx, drop_head)
+    probs = probs.masked_fill(drop, 0.0)
+    return probs / probs.sum(-1, keepdim=True)
 
 
 def sample_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
