@@ -101,8 +101,8 @@ def _filter(scaled: torch.Tensor, k: torch.Tensor, top_p: torch.Tensor, head: to
     13.0 -> 15.8 tok/s)."""
     N, C = head.shape
     V = scaled.shape[1]
-    kth = head.gather(1, (k.clamp(max=C) - 1)[:, None])  # k = V with C < V: k is off, keep all
-    kth = torch.where((k == V)[:, None], torch.full_like(kth, float("-inf")), kth) if C < V else kth
+    kth = head.gather(1, (k.clamp(max=C) - 1)[:, None])
+    kth = torch.where((k == V)[:, None], torch.full_like(kth, float("-inf")), kth)  # k = V: top-k is off, keep all
     scaled = scaled.masked_fill(scaled < kth, float("-inf"))
     probs = torch.softmax(scaled, dim=-1)
     head_probs = probs.gather(1, head_idx)

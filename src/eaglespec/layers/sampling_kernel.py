@@ -26,9 +26,10 @@ one SM; now 82 us (top-k 276 -> 62, both 441 -> 122; 128,256 entries: 537 -> 204
 A row without top-k and top-p costs one load in that kernel (only rows that filter are ever streamed). Past CHUNK
 entries such rows (and greedy ones) are spread over programs of CHUNK entries each instead, in two kernels: chunk
 statistics (the maximum of s and the sum of exp(s - it); greedy: the maximum and its first index), then each chunk's
-probabilities from its row's merged statistics; the whole-row kernel then runs only for rows that filter (one program on one SM took 80 us per
-49,152-entry row at temperature only, and 30 us per 12,288-entry draft row: docs/benchmarks.md, "Session 20"; a
-one-row sampled decode graph went from 0.536 to 0.451 ms with the split, "Session 21").
+probabilities from its row's merged statistics; the whole-row kernel then runs only for rows that filter (one
+program on one SM took 80 us per 49,152-entry row at temperature only, and 30 us per 12,288-entry draft row:
+docs/benchmarks.md, "Session 20"; a one-row sampled decode graph went from 0.536 to 0.451 ms with the split,
+"Session 21").
 
 `target_probs(logits, temperature, top_k, top_p) -> probs`: logits [N, V] (any float dtype, rows of stride >= V,
 last dim contiguous), temperature / top_p [N] float, top_k [N] int -> probs [N, V] float32; probabilities equal the
@@ -272,11 +273,11 @@ def _kernel():
                     offs, valid, v, key = _tile(row, i, V, TILE, KEY_BITS)
                     zl += tl.where(key >= lo.to(tl.int32), tl.exp(v / tt - mx), 0.0)
                 z = tl.sum(zl, 0)
+                for i in range(0, N_TILES):  # p (top-k applied), read back by the nucleus' passes below
+                    offs, valid, v, key = _tile(row, i, V, TILE, KEY_BITS)
+                    tl.store(orow + offs, tl.where(key >= lo.to(tl.int32), tl.exp(v / tt - mx) / z, 0.0),
+                             mask=valid)
                 if topp_on:
-                    for i in range(0, N_TILES):  # p, read back by the passes below
-                        offs, valid, v, key = _tile(row, i, V, TILE, KEY_BITS)
-                        tl.store(orow + offs, tl.where(key >= lo.to(tl.int32), tl.exp(v / tt - mx) / z, 0.0),
-                                 mask=valid)
                     tl.debug_barrier()  # the row's stores are visible to every thread of the program
                     a = lo  # the smallest key K >= lo with mass(key > K) < top_p (b, the top key, is one)
                     b = khi
@@ -316,11 +317,6 @@ def _kernel():
                         offs, valid, v, key = _tile(row, i, V, TILE, KEY_BITS)
                         p = tl.load(orow + offs, mask=valid, other=0.0)
                         tl.store(orow + offs, tl.where(p >= edge, p, 0.0) / kept, mask=valid)
-                else:
-                    for i in range(0, N_TILES):
-                        offs, valid, v, key = _tile(row, i, V, TILE, KEY_BITS)
-                        tl.store(orow + offs, tl.where(key >= lo.to(tl.int32), tl.exp(v / tt - mx) / z, 0.0),
-                                 mask=valid)
 
     @triton.jit
     def chunk_race_kernel(out, noise, temp, topk, topp, race_v, race_i, V, n_chunks, CHUNK: tl.constexpr,
