@@ -89,9 +89,10 @@ def test_api_default_drafter_policy_on_the_cpu(monkeypatch):
 
 
 def test_default_drafter_policy_per_device_and_engine_size(monkeypatch):
-    """The measured policy (docs/benchmarks.md, "The shipped drafter", "Session 19", "Session 24"): the tree S2 K2
-    D4 in one-row CPU engines when greedy and a chain of 2 when sampling; on CUDA when greedy a chain of 3 at 1 and
-    9-16 rows and the tree S4 K2 D8 at 2-8 and 17-32 rows, in engines of up to 32 rows (unmeasured above 32 rows), and
+    """The measured policy (docs/benchmarks.md, "The shipped drafter", "Session 19", "Session 24", "Session 25"): the
+    tree S2 K2 D4 in one-row CPU engines when greedy and a chain of 2 when sampling; on CUDA when greedy a chain of 3
+    at 1 and 9-16 rows, the tree S4 K4 D8 at 2-8 and S5 K2 D8 at 17-32 rows, in engines of up to 32 rows (unmeasured
+    above 32 rows), and
     when sampling the chain of 3 in engines of up to 32 rows; plain decoding elsewhere, and an explanation for each
     case. A policy of several shapes gives engines of several rows a
     schedule, each step the shape of its rows."""
@@ -101,16 +102,16 @@ def test_default_drafter_policy_per_device_and_engine_size(monkeypatch):
 
     assert default_spec("cpu", 1) == SpecConfig(2, 2, 4) and default_spec("cpu", 2) is None
     chain, tree = SpecConfig(3, 1, 4), SpecConfig(4, 4, 16)
-    # session 19: the chain of 3 at one row and at 9-16 rows, the K = 2 tree S4 K2 D8 at 2-8 and 17-32 rows: each
-    # shape where its verify measured faster (docs/benchmarks.md)
-    k2 = SpecConfig(4, 2, 8)
+    # sessions 19 and 25: the chain of 3 at one row and at 9-16 rows, the tree S4 K4 D8 at 2-8 rows and S5 K2 D8 at
+    # 17-32 rows: each shape where it measured faster (docs/benchmarks.md)
+    k4, k2 = SpecConfig(4, 4, 8), SpecConfig(5, 2, 8)
     assert default_spec("cuda", 1) == chain
-    assert default_spec("cuda", 8) == SpecSchedule(((1, chain), (8, k2)))
-    assert default_spec("cuda", 12) == SpecSchedule(((1, chain), (8, k2), (12, chain)))
-    assert default_spec("cuda", 32) == SpecSchedule(((1, chain), (8, k2), (16, chain), (32, k2)))
-    assert default_spec("cuda", 32).shapes == (chain, k2)  # two shapes, each captured once per bucket
+    assert default_spec("cuda", 8) == SpecSchedule(((1, chain), (8, k4)))
+    assert default_spec("cuda", 12) == SpecSchedule(((1, chain), (8, k4), (12, chain)))
+    assert default_spec("cuda", 32) == SpecSchedule(((1, chain), (8, k4), (16, chain), (32, k2)))
+    assert default_spec("cuda", 32).shapes == (chain, k4, k2)  # each step bucket takes one of them
     assert [default_spec("cuda", 32).shapes[default_spec("cuda", 32).shape_index(r)]
-            for r in (1, 2, 8, 9, 16, 17, 32)] == [chain, k2, k2, chain, chain, k2, k2]
+            for r in (1, 2, 8, 9, 16, 17, 32)] == [chain, k4, k4, chain, chain, k2, k2]
     assert default_spec("cuda", 33) is None and "above 32 rows" in slower_note("cuda")
     wide = SpecConfig(5, 2, 8)  # session 15's policy: past 16 rows the K = 2 tree
     monkeypatch.setitem(assets._DEFAULT_SPEC, "cuda", ((16, chain), (32, wide)))

@@ -55,6 +55,25 @@ def test_scale_and_skipped_blocks():
     assert torch.allclose(out, _reference(q, kc, vc, rows, mask, 0.3), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("block_kv,skip_min_rows,unroll_max,K", [(64, 1, 0, 320), (128, 2, 16, 320), (128, 3, 0, 320),
+                                                                (128, 2, 16, 100)])
+def test_split_settings_match_sdpa(monkeypatch, block_kv, skip_min_rows, unroll_max, K):
+    """Blocks of 64 / 128 positions; blocks no query sees skipped (2 rows >= SKIP_MIN_ROWS) or read beside their mask
+    (the cache holds finite values: hidden scores are -inf); the combine's loop unrolled or not; one split that writes
+    the output itself (K <= BLOCK_KV: no combine). Each equals SDPA, with row 0 shorter than the bucket."""
+    from eaglespec.layers import short_attention_kernel as sak
+
+    monkeypatch.setattr(sak, "BLOCK_KV", block_kv)
+    monkeypatch.setattr(sak, "SKIP_MIN_ROWS", skip_min_rows)
+    monkeypatch.setattr(sak, "UNROLL_MAX_SPLITS", unroll_max)
+    B, T, H, Hkv, D = 2, 3, 4, 2, 16
+    q, kc, vc, rows, mask = _case(B, T, H, Hkv, D, K, seed=block_kv + skip_min_rows + K)
+    mask[0, :, K // 3 :] = False  # row 0 sees its first third only (and its tree inside it)
+    mask[0, :, K // 3 - T : K // 3] = torch.ones(T, T, dtype=torch.bool).tril()
+    out = short_attention(q, kc, vc, rows, mask)
+    assert torch.allclose(out, _reference(q, kc, vc, rows, mask), atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("B,T,H,Hkv,D,K", [(1, 64, 9, 3, 64, 64), (2, 40, 9, 3, 64, 3 * BLOCK_KV + 5),
                                            (1, 70, 4, 1, 16, 200)])
 def test_prompts_match_sdpa(B, T, H, Hkv, D, K):

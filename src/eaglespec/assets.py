@@ -60,6 +60,10 @@ DEFAULT_DRAFTER = ASSETS / "smollm2-135m-eagle3"
 #   again at 17-32 (both verifies on cuBLAS: 20 / 24 / 28 rows tie within the order effect, 1.54-1.55x / 1.36-1.42x /
 #   1.47-1.50x; 32 rows 1.41-1.54x, mean 1.49x, in 9 runs against the chain's 1.40-1.44x, S4 K4 D8 1.42-1.54x, S5 K2
 #   D8 1.43-1.46x; D = 6 / 10 lost there: 1.36x / 1.41x); at 1 row the chain (1.71x, S6 K2 D10 1.60x, S4 K2 D8 1.55x);
+#   session 25 (the short-query attention in blocks of 128 positions: plain decoding 4-6% faster) retuned the trees:
+#   at 2-8 rows S4 K4 D8 (8 rows 1.79-1.82x in 4 runs, mean 1.81x, against S4 K2 D8's 1.75-1.79x in the same runs;
+#   2 / 4 rows 1.70x / 1.76x against 1.69x / 1.74x), at 17-32 rows S5 K2 D8 (32 rows 1.48-1.51x in 4 runs against
+#   S4 K2 D8's 1.43-1.50x in the same runs; S4 K4 D8 1.45x / 1.48x, S5 K4 D8 and S6 K2 D10 1.38-1.46x);
 # - sampling at temperature 1 (the drafter learnt the target's greedy text; chains draw sampled drafts): the CPU's
 #   one-step chain gains (1.15x, tau 1.37); on the H200 sampling lost until session 20 (the chain of 3 0.82x, tau
 #   1.75: a sampled step sorted every row of logits, ~55 kernels per call), when `target_probs` became one Triton
@@ -97,11 +101,12 @@ DEFAULT_DRAFTER = ASSETS / "smollm2-135m-eagle3"
 # 1.52 at temperature 1) gained 1.23-1.25x where the forward cost ~1.0.
 CPU_MAX_VERIFY_COST = 1.3
 _CHAIN_3 = SpecConfig(steps=3, topk=1, draft_tokens=4)
-_TREE_K2 = SpecConfig(steps=4, topk=2, draft_tokens=8)
+_TREE_K4 = SpecConfig(steps=4, topk=4, draft_tokens=8)
+_TREE_K2 = SpecConfig(steps=5, topk=2, draft_tokens=8)
 # device type -> ((largest engine, shape), ...) by increasing engine size; larger engines decode plainly by default
 _DEFAULT_SPEC: dict[str, tuple[tuple[int, SpecConfig], ...]] = {
     "cpu": ((1, SpecConfig(steps=2, topk=2, draft_tokens=4)),),
-    "cuda": ((1, _CHAIN_3), (8, _TREE_K2), (16, _CHAIN_3), (32, _TREE_K2)),
+    "cuda": ((1, _CHAIN_3), (8, _TREE_K4), (16, _CHAIN_3), (32, _TREE_K2)),
 }
 _CHAIN_2 = SpecConfig(steps=2, topk=1, draft_tokens=3)
 # the same, sampling (temperature > 0): the chain of 2 in one-row CPU engines; on CUDA the chain of 3 up to 32 rows

@@ -5,6 +5,8 @@ one latent (kv_lora_rank + rope_dim,)). Each cache row belongs to one sequence; 
 `compact` moves accepted tree entries into contiguous positions for every layer at once (one gather and one scatter
 per cache kind; on CUDA one Triton kernel per cache kind), which is how the target keeps only the accepted path after
 verification.
+The tensors start as zeros, so every entry is always finite: the short-query attention kernel of one-row steps
+reads blocks no query sees and relies on 0 x entry = 0 (layers/short_attention_kernel.py).
 """
 
 from __future__ import annotations

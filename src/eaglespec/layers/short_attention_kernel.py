@@ -3,26 +3,33 @@ verify and drafter steps of small batches; and of prompts of up to 512 tokens in
 
 On the H200 PyTorch's SDPA picks cuDNN for these: 6.9 us per layer for one decode token at a few hundred cached
 positions (the largest kernel of a SmolLM2 decode step), and for several query tokens (verify, drafter catch-up) a
-kernel that also puts a memset node per layer into the step's CUDA graph. Here every (row, kv head, 64 cached
+kernel that also puts a memset node per layer into the step's CUDA graph. Here every (row, kv head, BLOCK_KV cached
 positions) is its own program, so a short query is spread over the whole chip, and no node but kernels is captured.
 
 `short_attention(q, k_cache, v_cache, rows, mask, scale) -> out`:
-  q [B, T, H, D] (RoPE applied), k_cache / v_cache [Bc, S, Hkv, D] (one layer's, with this forward's keys written),
-  rows [B] int64 cache rows, mask [B, T, K] bool over cache positions [0, K) (K <= S), scale (None: D ** -0.5).
+  q [B, T, H, D] (RoPE applied), k_cache / v_cache [Bc, S, Hkv, D] (one layer's, with this forward's keys written;
+  finite everywhere: the engine's caches start as zeros), rows [B] int64 cache rows, mask [B, T, K] bool over cache
+  positions [0, K) (K <= S), scale (None: D ** -0.5).
   out [B, T, H, D] in q's dtype: for query head h, kv head h // (H / Hkv) (GQA), softmax over the visible positions.
   Usable when `fits(B, T, H, Hkv, D)`: T * H / Hkv <= MAX_QUERY_ROWS or T <= MAX_PROMPT_TOKENS (prompts: below),
   B <= MAX_BATCH, D a power of two >= 16.
 Kernel 1, program (b * Hkv + kv head, split): the G = H / Hkv query heads of that kv head times the T tokens (query
 row r = t * G + g, padded to BLOCK_Q >= 16 for tl.dot) against positions [split * BLOCK_KV, + BLOCK_KV): scores,
-mask, the block's row max m, sum l and unnormalised output o in float32 scratch; a block no query sees is skipped
-(m = -inf). Kernel 2, program b * Hkv + kv head: the log-sum-exp merge of the splits (merging in the last split
-program to finish instead, through an arrival counter, was right but no faster on the H200: docs/benchmarks.md,
-"Session 15"). Probabilities enter the PV
-product in the cache dtype, as flash attention kernels do. Rows whose mask is all false give 0 (SDPA gives NaN;
-the engine never reads those). Built on first use, so that `TRITON_INTERPRET=1` (CPU tests) takes effect.
+mask, the block's row max m, sum l and unnormalised output o in float32 scratch. In steps of SKIP_MIN_ROWS rows or
+more a block no query sees is skipped (m = -inf) after the mask's load (continuous batches hold rows much shorter
+than their length bucket); one-row steps read the block's keys and values beside the mask instead, one memory round
+trip fewer (hidden scores are -inf, and 0 x a finite value is 0). A single split (K <= BLOCK_KV) writes the output
+itself. Kernel 2, program b * Hkv + kv head: the log-sum-exp merge of the splits, its loop unrolled up to
+UNROLL_MAX_SPLITS (every split's loads issued at once; merging in the last split program to finish instead, through
+an arrival counter, was right but no faster on the H200: docs/benchmarks.md, "Session 15"). Blocks of 128 positions
+and the unrolled merge made a SmolLM2 layer's attention 18-35% cheaper than blocks of 64 at 512-2,048 cached
+positions (`benchmarks/attention_split_check.py`, session 25); programs that took several blocks each lost.
+Probabilities enter the PV product in the cache dtype, as flash attention kernels do. Rows whose mask is all false
+give 0 (SDPA gives NaN; the engine never reads those). Built on first use, so that `TRITON_INTERPRET=1` (CPU tests)
+takes effect.
 
 Prompts (T * G > MAX_QUERY_ROWS, T <= MAX_PROMPT_TOKENS): one kernel, program (b * Hkv + kv head, query tile) holds
-BLOCK_Q = 64 query rows and runs over the cached positions in blocks of BLOCK_KV with an online softmax (flash
+BLOCK_Q = 64 query rows and runs over the cached positions in blocks of PROMPT_BLOCK_KV with an online softmax (flash
 attention's loop), skipping blocks its rows do not see (causal prompts: the blocks past the tile). On the H200 an
 admission's prefill graph spent ~20 us per layer in SDPA's cuDNN kernel, its memset and three elementwise kernels
 around it (the mask as a bias, copies): 45% of a 64-token prefill (`benchmarks/prefill_trace.py`, session 16).
@@ -41,8 +48,11 @@ MAX_QUERY_ROWS = 64  # T * (H / Hkv): SmolLM2 (G = 3) up to 21 query tokens, Lla
 MAX_PROMPT_TOKENS = 512  # longer prompts keep SDPA (flash / cuDNN kernels tuned for long sequences)
 MAX_BATCH = 32  # measured on the H200 (step_kernels_check --only=batches): a SmolLM2 S3 K1 D4 step of 16 / 32 rows
 #               1.59 -> 1.31 / 1.77 -> 1.37 ms against SDPA past 8 rows; 8 rows unchanged (docs/benchmarks.md, session 11)
-BLOCK_KV = 64
-_block_scores = _pv_product = None  # the kernels' shared jit helpers, bound here by `_kernels()` (see there)
+BLOCK_KV = 128  # cached positions per split program (64 until session 25: attention_split_check.py, H200)
+PROMPT_BLOCK_KV = 64  # positions per step of the prompt kernel's loop (its tiles hold 64 query rows)
+SKIP_MIN_ROWS = 2  # steps of this many rows or more read a block's keys and values only if a query sees it
+UNROLL_MAX_SPLITS = 16  # the combine's loop over splits is unrolled up to this many splits
+_block_scores = _pv_product = _online_block = _merge_split = None  # the kernels' shared jit helpers, bound by `_kernels()`
 
 
 def fits(B: int, T: int, H: int, Hkv: int, D: int) -> bool:
@@ -80,9 +90,24 @@ def _kernels():
     globals().update(_block_scores=block_scores, _pv_product=pv_product)
 
     @triton.jit
-    def split_kernel(q, k, v, rows, mask, o_part, m_part, l_part, T, G, HKV, K, NSPLIT,
-                     s_qb, s_qt, s_qh, s_kr, s_kp, s_kh, s_mb, s_mt, scale,
-                     BLOCK_Q: tl.constexpr, BLOCK_KV: tl.constexpr, D: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr = False):
+    def online_block(qv, k, v, row, pos, pv, vis, kvh, d, s_kr, s_kp, s_kh, scale, m_i, l_i, acc,
+                     IEEE: tl.constexpr):
+        """Flash attention's online-softmax update of (row max m_i, sum l_i, unnormalised output acc) by one block of
+        cached positions."""
+        s, vv = _block_scores(qv, k, v, row, pos, pv, vis, kvh, d, s_kr, s_kp, s_kh, scale, IEEE)
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp(m_i - m_safe)  # 0 while nothing was seen (m_i = -inf)
+        p = tl.exp(s - m_safe[:, None])  # exp(-inf) = 0 where hidden
+        return m_new, l_i * alpha + tl.sum(p, axis=1), acc * alpha[:, None] + _pv_product(p, vv, IEEE)
+
+    globals().update(_online_block=online_block)
+
+    @triton.jit
+    def split_kernel(q, k, v, rows, mask, o_part, m_part, l_part, out, T, G, HKV, K, NSPLIT,
+                     s_qb, s_qt, s_qh, s_kr, s_kp, s_kh, s_mb, s_mt, s_ob, s_ot, s_oh, scale,
+                     BLOCK_Q: tl.constexpr, BLOCK_KV: tl.constexpr, D: tl.constexpr, IEEE: tl.constexpr,
+                     SKIP: tl.constexpr, DIRECT: tl.constexpr, PDL: tl.constexpr = False):
         if PDL:  # layers/pdl.py: nothing here is a weight, so wait for the kernel before at once
             tl.extra.cuda.gdc_launch_dependents()
             tl.extra.cuda.gdc_wait()
@@ -95,30 +120,50 @@ def _kernels():
         g = r % G
         rv = t < T
         d = tl.arange(0, D)
+        row = tl.load(rows + b)
+        qv = tl.load(q + b * s_qb + t[:, None] * s_qt + (kvh * G + g)[:, None] * s_qh + d[None, :],
+                     mask=rv[:, None], other=0.0)
+        m_i = tl.full([BLOCK_Q], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_Q], tl.float32)
+        acc = tl.zeros([BLOCK_Q, D], tl.float32)
         pos = sp * BLOCK_KV + tl.arange(0, BLOCK_KV)
         pv = pos < K
         vis = tl.load(mask + b * s_mb + t[:, None] * s_mt + pos[None, :], mask=rv[:, None] & pv[None, :], other=0) != 0
-        base = pid * NSPLIT + sp
-        if tl.max(vis.to(tl.int32)) > 0:
-            row = tl.load(rows + b)
-            qv = tl.load(q + b * s_qb + t[:, None] * s_qt + (kvh * G + g)[:, None] * s_qh + d[None, :],
-                         mask=rv[:, None], other=0.0)
-            s, vv = _block_scores(qv, k, v, row, pos, pv, vis, kvh, d, s_kr, s_kp, s_kh, scale, IEEE)
-            m = tl.max(s, axis=1)
-            m_safe = tl.where(m == float("-inf"), 0.0, m)
-            p = tl.exp(s - m_safe[:, None])  # exp(-inf) = 0 where hidden
-            l = tl.sum(p, axis=1)
-            o = _pv_product(p, vv, IEEE)
-            tl.store(o_part + (base * BLOCK_Q + r[:, None]) * D + d[None, :], o)
-            tl.store(m_part + base * BLOCK_Q + r, m)
-            tl.store(l_part + base * BLOCK_Q + r, l)
+        if SKIP:  # the block's keys and values are read only if a query sees it (after the mask's load)
+            if tl.max(vis.to(tl.int32)) > 0:
+                m_i, l_i, acc = _online_block(qv, k, v, row, pos, pv, vis, kvh, d, s_kr, s_kp, s_kh, scale,
+                                              m_i, l_i, acc, IEEE)
+        else:  # read at once, beside the mask (hidden scores are -inf, and the cache holds finite values only)
+            m_i, l_i, acc = _online_block(qv, k, v, row, pos, pv, vis, kvh, d, s_kr, s_kp, s_kh, scale,
+                                          m_i, l_i, acc, IEEE)
+        if DIRECT:  # one split: this program's result is the output
+            res = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+            tl.store(out + b * s_ob + t[:, None] * s_ot + (kvh * G + g)[:, None] * s_oh + d[None, :],
+                     res.to(out.dtype.element_ty), mask=rv[:, None])
         else:
-            tl.store(m_part + base * BLOCK_Q + r, tl.full([BLOCK_Q], float("-inf"), tl.float32))
-            tl.store(l_part + base * BLOCK_Q + r, tl.zeros([BLOCK_Q], tl.float32))
+            base = pid * NSPLIT + sp
+            tl.store(o_part + (base * BLOCK_Q + r[:, None]) * D + d[None, :], acc)
+            tl.store(m_part + base * BLOCK_Q + r, m_i)
+            tl.store(l_part + base * BLOCK_Q + r, l_i)
+
+    @triton.jit
+    def merge_split(o_part, m_part, l_part, base, r, d, mx, tot, acc, BLOCK_Q: tl.constexpr, D: tl.constexpr):
+        """Online log-sum-exp merge of split `base`'s (m, l, o) into (mx, tot, acc)."""
+        m = tl.load(m_part + base * BLOCK_Q + r)
+        seen = m != float("-inf")
+        o = tl.load(o_part + (base * BLOCK_Q + r[:, None]) * D + d[None, :], mask=seen[:, None], other=0.0)
+        m_new = tl.maximum(mx, m)
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp(mx - m_safe)
+        w = tl.where(seen, tl.exp(m - m_safe), 0.0)
+        tot = tot * alpha + w * tl.load(l_part + base * BLOCK_Q + r)
+        return m_new, tot, acc * alpha[:, None] + w[:, None] * o
+
+    globals().update(_merge_split=merge_split)
 
     @triton.jit
     def combine_kernel(o_part, m_part, l_part, out, T, G, HKV, s_ob, s_ot, s_oh, NSPLIT: tl.constexpr,
-                       BLOCK_Q: tl.constexpr, D: tl.constexpr, PDL: tl.constexpr = False):
+                       BLOCK_Q: tl.constexpr, D: tl.constexpr, UNROLL: tl.constexpr, PDL: tl.constexpr = False):
         if PDL:  # layers/pdl.py: nothing here is a weight, so wait for the kernel before at once
             tl.extra.cuda.gdc_launch_dependents()
             tl.extra.cuda.gdc_wait()
@@ -130,19 +175,14 @@ def _kernels():
         g = r % G
         d = tl.arange(0, D)
         mx = tl.full([BLOCK_Q], float("-inf"), tl.float32)
-        for sp in range(0, NSPLIT):
-            mx = tl.maximum(mx, tl.load(m_part + (pid * NSPLIT + sp) * BLOCK_Q + r))
-        mx_safe = tl.where(mx == float("-inf"), 0.0, mx)
-        acc = tl.zeros([BLOCK_Q, D], tl.float32)
         tot = tl.zeros([BLOCK_Q], tl.float32)
-        for sp in range(0, NSPLIT):
-            base = pid * NSPLIT + sp
-            m = tl.load(m_part + base * BLOCK_Q + r)
-            seen = m != float("-inf")
-            w = tl.where(seen, tl.exp(m - mx_safe), 0.0)
-            tot += w * tl.load(l_part + base * BLOCK_Q + r)
-            o = tl.load(o_part + (base * BLOCK_Q + r[:, None]) * D + d[None, :], mask=seen[:, None], other=0.0)
-            acc += w[:, None] * o
+        acc = tl.zeros([BLOCK_Q, D], tl.float32)
+        if UNROLL:  # every split's loads issued up front
+            for sp in tl.static_range(NSPLIT):
+                mx, tot, acc = _merge_split(o_part, m_part, l_part, pid * NSPLIT + sp, r, d, mx, tot, acc, BLOCK_Q, D)
+        else:
+            for sp in range(0, NSPLIT):
+                mx, tot, acc = _merge_split(o_part, m_part, l_part, pid * NSPLIT + sp, r, d, mx, tot, acc, BLOCK_Q, D)
         res = acc / tl.where(tot > 0, tot, 1.0)[:, None]
         tl.store(out + b * s_ob + t[:, None] * s_ot + (kvh * G + g)[:, None] * s_oh + d[None, :],
                  res.to(out.dtype.element_ty), mask=(t < T)[:, None])
@@ -177,14 +217,8 @@ def _kernels():
             vis = tl.load(mask + b * s_mb + t[:, None] * s_mt + pos[None, :], mask=rv[:, None] & pv[None, :],
                           other=0) != 0
             if tl.max(vis.to(tl.int32)) > 0:  # a block no row of the tile sees is skipped
-                s, vv = _block_scores(qv, k, v, row, pos, pv, vis, kvh, d, s_kr, s_kp, s_kh, scale, IEEE)
-                m_new = tl.maximum(m_i, tl.max(s, axis=1))
-                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-                alpha = tl.exp(m_i - m_safe)  # 0 while nothing was seen (m_i = -inf)
-                p = tl.exp(s - m_safe[:, None])
-                l_i = l_i * alpha + tl.sum(p, axis=1)
-                acc = acc * alpha[:, None] + _pv_product(p, vv, IEEE)
-                m_i = m_new
+                m_i, l_i, acc = _online_block(qv, k, v, row, pos, pv, vis, kvh, d, s_kr, s_kp, s_kh, scale,
+                                              m_i, l_i, acc, IEEE)
         res = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
         tl.store(out + b * s_ob + t[:, None] * s_ot + (kvh * G + g)[:, None] * s_oh + d[None, :],
                  res.to(out.dtype.element_ty), mask=rv[:, None])
@@ -209,21 +243,24 @@ def short_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
             q, k_cache, v_cache, rows, mask, out, T, G, Hkv, K, nq, q.stride(0), q.stride(1), q.stride(2),
             k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), mask.stride(0), mask.stride(1),
             out.stride(0), out.stride(1), out.stride(2), D ** -0.5 if scale is None else scale,
-            BLOCK_Q=MAX_QUERY_ROWS, BLOCK_KV=BLOCK_KV, D=D, IEEE=q.dtype == torch.float32, **launch_options(q))
+            BLOCK_Q=MAX_QUERY_ROWS, BLOCK_KV=PROMPT_BLOCK_KV, D=D, IEEE=q.dtype == torch.float32, **launch_options(q))
         return out
     bq = pow2(T * G, 16)
     nsplit = (K + BLOCK_KV - 1) // BLOCK_KV
-    o_part = torch.empty(B * Hkv * nsplit, bq, D, dtype=torch.float32, device=dev)
-    m_part = torch.empty(B * Hkv * nsplit, bq, dtype=torch.float32, device=dev)
-    l_part = torch.empty(B * Hkv * nsplit, bq, dtype=torch.float32, device=dev)
     out = torch.empty(B, T, H, D, dtype=q.dtype, device=dev)
+    direct = nsplit == 1
+    o_part = torch.empty(0 if direct else B * Hkv * nsplit, bq, D, dtype=torch.float32, device=dev)
+    m_part = torch.empty(0 if direct else B * Hkv * nsplit, bq, dtype=torch.float32, device=dev)
+    l_part = torch.empty(0 if direct else B * Hkv * nsplit, bq, dtype=torch.float32, device=dev)
     split, combine, _ = _kernels()
     split[(B * Hkv, nsplit)](
-        q, k_cache, v_cache, rows, mask, o_part, m_part, l_part,
+        q, k_cache, v_cache, rows, mask, o_part, m_part, l_part, out,
         T, G, Hkv, K, nsplit, q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1),
-        k_cache.stride(2), mask.stride(0), mask.stride(1), D ** -0.5 if scale is None else scale,
-        BLOCK_Q=bq, BLOCK_KV=BLOCK_KV, D=D, IEEE=q.dtype == torch.float32, **launch_options(q))
-    combine[(B * Hkv,)](o_part, m_part, l_part, out, T, G, Hkv, out.stride(0), out.stride(1), out.stride(2),
-                        NSPLIT=nsplit, BLOCK_Q=bq, D=D, **launch_options(q))  # constexpr: one build per length bucket
+        k_cache.stride(2), mask.stride(0), mask.stride(1), out.stride(0), out.stride(1), out.stride(2),
+        D ** -0.5 if scale is None else scale, BLOCK_Q=bq, BLOCK_KV=BLOCK_KV, D=D, IEEE=q.dtype == torch.float32,
+        SKIP=B >= SKIP_MIN_ROWS, DIRECT=direct, **launch_options(q))
+    if not direct:
+        combine[(B * Hkv,)](o_part, m_part, l_part, out, T, G, Hkv, out.stride(0), out.stride(1), out.stride(2),
+                            NSPLIT=nsplit, BLOCK_Q=bq, D=D, UNROLL=nsplit <= UNROLL_MAX_SPLITS, **launch_options(q))
     return out
 
