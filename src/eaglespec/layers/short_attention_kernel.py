@@ -22,7 +22,7 @@ trip fewer (hidden scores are -inf, and 0 x a finite value is 0). A single split
 itself. Kernel 2, program b * Hkv + kv head: the log-sum-exp merge of the splits, its loop unrolled up to
 UNROLL_MAX_SPLITS (every split's loads issued at once; merging in the last split program to finish instead, through
 an arrival counter, was right but no faster on the H200: docs/benchmarks.md, "Session 15"). Blocks of 128 positions
-and the unrolled merge made a SmolLM2 layer's attention 18-35% cheaper than blocks of 64 at 512-2,048 cached
+and the unrolled merge made a SmolLM2 layer's attention 8-35% cheaper than blocks of 64 at 512-2,048 cached
 positions (`benchmarks/attention_split_check.py`, session 25); programs that took several blocks each lost.
 Probabilities enter the PV product in the cache dtype, as flash attention kernels do. Rows whose mask is all false
 give 0 (SDPA gives NaN; the engine never reads those). Built on first use, so that `TRITON_INTERPRET=1` (CPU tests)
