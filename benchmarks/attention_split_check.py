@@ -35,10 +35,15 @@ PLANS = {
     "skip": {"SKIP_MIN_ROWS": 1}, "loop": {"UNROLL_MAX_SPLITS": 0},
 }
 DEFAULTS = {k: getattr(sak, k) for k in ("BLOCK_KV", "SKIP_MIN_ROWS", "UNROLL_MAX_SPLITS")}
-arg = lambda name, default: next((a.split("=", 1)[1] for a in sys.argv if a.startswith(f"--{name}=")), default)  # noqa: E731
+CASES = "1:1:512,1:4:512,8:1:512,8:8:512,32:1:512,32:4:512,32:8:512,32:8:1024" if not CPU else "2:3:128"
+
+
+def arg(name: str, default: str) -> str:
+    return next((a.split("=", 1)[1] for a in sys.argv if a.startswith(f"--{name}=")), default)
+
+
 plans = arg("plans", ",".join(PLANS)).split(",")
-cases = [tuple(int(x) for x in c.split(":")) for c in arg(
-    "cases", "1:1:512,1:4:512,8:1:512,8:8:512,32:1:512,32:4:512,32:8:512,32:8:1024" if not CPU else "2:3:128").split(",")]
+cases = [tuple(int(x) for x in c.split(":")) for c in arg("cases", CASES).split(",")]
 emit = Emitter("attention_split_check.json")
 
 

@@ -52,7 +52,8 @@ BLOCK_KV = 128  # cached positions per split program (64 until session 25: atten
 PROMPT_BLOCK_KV = 64  # positions per step of the prompt kernel's loop (its tiles hold 64 query rows)
 SKIP_MIN_ROWS = 2  # steps of this many rows or more read a block's keys and values only if a query sees it
 UNROLL_MAX_SPLITS = 16  # the combine's loop over splits is unrolled up to this many splits
-_block_scores = _pv_product = _online_block = _merge_split = None  # the kernels' shared jit helpers, bound by `_kernels()`
+# the kernels' shared jit helpers, bound here by `_kernels()` (see there)
+_block_scores = _pv_product = _online_block = _merge_split = None
 
 
 def fits(B: int, T: int, H: int, Hkv: int, D: int) -> bool:
@@ -261,6 +262,7 @@ def short_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         SKIP=B >= SKIP_MIN_ROWS, DIRECT=direct, **launch_options(q))
     if not direct:
         combine[(B * Hkv,)](o_part, m_part, l_part, out, T, G, Hkv, out.stride(0), out.stride(1), out.stride(2),
-                            NSPLIT=nsplit, BLOCK_Q=bq, D=D, UNROLL=nsplit <= UNROLL_MAX_SPLITS, **launch_options(q))
+                            NSPLIT=nsplit, BLOCK_Q=bq, D=D, UNROLL=nsplit <= UNROLL_MAX_SPLITS,
+                            **launch_options(q))  # NSPLIT constexpr: one build per length bucket
     return out
 
