@@ -53,7 +53,7 @@ PROMPT_BLOCK_KV = 64  # positions per step of the prompt kernel's loop (its tile
 SKIP_MIN_ROWS = 2  # steps of this many rows or more read a block's keys and values only if a query sees it
 UNROLL_MAX_SPLITS = 16  # the combine's loop over splits is unrolled up to this many splits
 # the kernels' shared jit helpers, bound here by `_kernels()` (see there)
-_block_scores = _pv_product = _online_block = _merge_split = None
+_block_scores = _pv_product = _online_block = _merge_split = _query_tile = None
 
 
 def fits(B: int, T: int, H: int, Hkv: int, D: int) -> bool:
@@ -91,6 +91,17 @@ def _kernels():
     globals().update(_block_scores=block_scores, _pv_product=pv_product)
 
     @triton.jit
+    def query_tile(q, rows, b, kvh, r, d, T, G, s_qb, s_qt, s_qh):
+        """Query rows r = t * G + g of row b's kv head kvh: (t, g, r's validity t < T, b's cache row, the queries
+        [BLOCK_Q, D], zero past T)."""
+        t = r // G
+        g = r % G
+        rv = t < T
+        qv = tl.load(q + b * s_qb + t[:, None] * s_qt + (kvh * G + g)[:, None] * s_qh + d[None, :],
+                     mask=rv[:, None], other=0.0)
+        return t, g, rv, tl.load(rows + b), qv
+
+    @triton.jit
     def online_block(qv, k, v, row, pos, pv, vis, kvh, d, s_kr, s_kp, s_kh, scale, m_i, l_i, acc,
                      IEEE: tl.constexpr):
         """Flash attention's online-softmax update of (row max m_i, sum l_i, unnormalised output acc) by one block of
@@ -102,7 +113,7 @@ def _kernels():
         p = tl.exp(s - m_safe[:, None])  # exp(-inf) = 0 where hidden
         return m_new, l_i * alpha + tl.sum(p, axis=1), acc * alpha[:, None] + _pv_product(p, vv, IEEE)
 
-    globals().update(_online_block=online_block)
+    globals().update(_online_block=online_block, _query_tile=query_tile)
 
     @triton.jit
     def split_kernel(q, k, v, rows, mask, o_part, m_part, l_part, out, T, G, HKV, K, NSPLIT,
@@ -117,13 +128,8 @@ def _kernels():
         b = pid // HKV
         kvh = pid % HKV
         r = tl.arange(0, BLOCK_Q)
-        t = r // G
-        g = r % G
-        rv = t < T
         d = tl.arange(0, D)
-        row = tl.load(rows + b)
-        qv = tl.load(q + b * s_qb + t[:, None] * s_qt + (kvh * G + g)[:, None] * s_qh + d[None, :],
-                     mask=rv[:, None], other=0.0)
+        t, g, rv, row, qv = _query_tile(q, rows, b, kvh, r, d, T, G, s_qb, s_qt, s_qh)
         m_i = tl.full([BLOCK_Q], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_Q], tl.float32)
         acc = tl.zeros([BLOCK_Q, D], tl.float32)
@@ -200,13 +206,8 @@ def _kernels():
         b = pid // (HKV * NQ)
         kvh = (pid // NQ) % HKV
         r = (pid % NQ) * BLOCK_Q + tl.arange(0, BLOCK_Q)  # query row r = t * G + g
-        t = r // G
-        g = r % G
-        rv = t < T
         d = tl.arange(0, D)
-        row = tl.load(rows + b)
-        qv = tl.load(q + b * s_qb + t[:, None] * s_qt + (kvh * G + g)[:, None] * s_qh + d[None, :],
-                     mask=rv[:, None], other=0.0)
+        t, g, rv, row, qv = _query_tile(q, rows, b, kvh, r, d, T, G, s_qb, s_qt, s_qh)
         m_i = tl.full([BLOCK_Q], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_Q], tl.float32)
         acc = tl.zeros([BLOCK_Q, D], tl.float32)
