@@ -56,7 +56,7 @@ def test_scale_and_skipped_blocks():
 
 
 @pytest.mark.parametrize("block_kv,skip_min_rows,unroll_max,K", [(64, 1, 0, 320), (128, 2, 16, 320), (128, 3, 0, 320),
-                                                                (128, 2, 16, 100)])
+                                                                (128, 2, 16, 100), (128, 3, 16, 100)])
 def test_split_settings_match_sdpa(monkeypatch, block_kv, skip_min_rows, unroll_max, K):
     """Blocks of 64 / 128 positions; blocks no query sees skipped (2 rows >= SKIP_MIN_ROWS) or read beside their mask
     (the cache holds finite values: hidden scores are -inf); the combine's loop unrolled or not; one split that writes
