@@ -17,9 +17,7 @@ usage: python benchmarks/attention_split_check.py OUT_DIR [--plans=old,new,...] 
 
 from __future__ import annotations
 
-import sys
-
-from probe_script import CPU, DEV, DT, Emitter, per_call_us  # noqa: E402
+from probe_script import CPU, DEV, DT, Emitter, option, per_call_us  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -36,14 +34,8 @@ PLANS = {
 }
 DEFAULTS = {k: getattr(sak, k) for k in ("BLOCK_KV", "SKIP_MIN_ROWS", "UNROLL_MAX_SPLITS")}
 CASES = "1:1:512,1:4:512,8:1:512,8:8:512,32:1:512,32:4:512,32:8:512,32:8:1024" if not CPU else "2:3:128"
-
-
-def arg(name: str, default: str) -> str:
-    return next((a.split("=", 1)[1] for a in sys.argv if a.startswith(f"--{name}=")), default)
-
-
-plans = arg("plans", ",".join(PLANS)).split(",")
-cases = [tuple(int(x) for x in c.split(":")) for c in arg("cases", CASES).split(",")]
+plans = option("plans", ",".join(PLANS)).split(",")
+cases = [tuple(int(x) for x in c.split(":")) for c in option("cases", CASES).split(",")]
 emit = Emitter("attention_split_check.json")
 
 

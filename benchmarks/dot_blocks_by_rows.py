@@ -12,15 +12,12 @@ usage: python benchmarks/dot_blocks_by_rows.py OUT_DIR [--blocks=16x32x4,32x32x4
 
 from __future__ import annotations
 
-import sys
-
-from probe_script import Emitter, random_pair, spec_graph_ms  # noqa: E402
+from probe_script import Emitter, option, random_pair, spec_graph_ms  # noqa: E402
 
 from eaglespec.config import SpecConfig  # noqa: E402
 from eaglespec.layers import norm_linear_dot_kernel as dk  # noqa: E402
 
-arg = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--blocks=")),
-           "16x32x4,32x32x4,64x32x4,32x64x4,64x64x4,32x32x8,16x32x4")
+arg = option("blocks", "16x32x4,32x32x4,64x32x4,32x64x4,64x64x4,32x32x8,16x32x4")
 m, d = random_pair()
 launch, small = dk.launch, dk.DOT_BLOCKS
 big = small

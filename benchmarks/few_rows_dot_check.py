@@ -16,9 +16,7 @@ usage: python benchmarks/few_rows_dot_check.py OUT_DIR [--wirings=grid,dot16x32x
 
 from __future__ import annotations
 
-import sys
-
-from probe_script import (Emitter, agreement, decode_graph_ms, generated_tokens, random_pair,  # noqa: E402
+from probe_script import (Emitter, agreement, decode_graph_ms, generated_tokens, option, random_pair,  # noqa: E402
                           spec_graph_ms)
 
 import torch  # noqa: E402
@@ -27,8 +25,7 @@ from eaglespec.config import SpecConfig  # noqa: E402
 from eaglespec.layers import norm_linear_dot_kernel as dk  # noqa: E402
 from eaglespec.layers import norm_linear_kernel as nk  # noqa: E402
 
-arg = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--wirings=")),
-           "grid,dot16x32x4,dot16x16x4,dot16x64x4,dot16x16x2")
+arg = option("wirings", "grid,dot16x32x4,dot16x16x4,dot16x64x4,dot16x16x2")
 DEFAULT_BLOCKS = dk.DOT_BLOCKS
 m, d = random_pair()
 emit = Emitter("few_rows_dot_check.json")

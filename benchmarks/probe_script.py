@@ -4,6 +4,7 @@ that each states only what it measures:
 - `--cpu`: Triton's interpreter (set here, before any kernel is built), float32, tiny shapes: a check of the script
   itself on a machine without a GPU;
 - OUT: the first argument that is not a flag (created); DEV / DT: cuda and bf16, or cpu and float32;
+- `option(name, default)`: the value of a `--name=VALUE` argument, or default;
 - `Emitter(name)`: called with a result row, prints it as JSON and rewrites OUT/name with every row so far (a call
   cut short by its time limit still leaves its rows);
 - `per_call_us(fn, calls)`: time of one call in a CUDA graph of `calls` calls (eaglespec.bench.graph_timing);
@@ -52,6 +53,10 @@ OUT = Path([a for a in sys.argv[1:] if not a.startswith("--")][0])
 OUT.mkdir(parents=True, exist_ok=True)
 DEV = torch.device("cpu" if CPU else "cuda")
 DT = torch.float32 if CPU else torch.bfloat16
+
+
+def option(name: str, default: str) -> str:
+    return next((a.split("=", 1)[1] for a in sys.argv if a.startswith(f"--{name}=")), default)
 
 
 class Emitter:

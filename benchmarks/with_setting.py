@@ -4,7 +4,7 @@ device call without editing the tree.
 usage: python benchmarks/with_setting.py MODULE.ATTR=VALUE [MODULE.ATTR=VALUE ...] -- SCRIPT.py [ARGS...]
        python benchmarks/with_setting.py MODULE.ATTR=VALUE ... -- -m eaglespec bench [ARGS...]   (a module: the CLI)
 VALUE is a Python literal (int, float, bool, None). The modules are imported (from the eaglespec package: e.g.
-`eaglespec.layers.short_attention_kernel.LOOP_MIN_PROGRAMS=96`) and set before SCRIPT runs as __main__.
+`eaglespec.layers.short_attention_kernel.BLOCK_KV=64`) and set before SCRIPT runs as __main__.
 """
 
 from __future__ import annotations
