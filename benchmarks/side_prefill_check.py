@@ -5,7 +5,8 @@ first MT-bench turns, 256 new tokens, greedy), per rows and configuration (plain
 policy's shape with the shipped drafter), with side prefills off (0) and on (4), in the order given by `--order`
 (repeat a value for several runs). Per run: tok/s, the speculative speedup over the same side setting's plain run,
 tau, prefills (and how many beside a step); then, per rows and configuration, how many answers the two settings
-share token for token. In float32 every answer must be the same (the same rows' arithmetic; only the time a
+share token for token, and per run how many equal the first plain run's with side prefills off (the answers
+that differ: (index, first differing token)). In float32 every answer must be the same (the same rows' arithmetic; only the time a
 request joins moves); in bf16 the batch buckets a step runs in change with admission timing and near-ties flip.
 
 usage: python benchmarks/side_prefill_check.py OUT_DIR GGUF [--rows 8,32] [--dtype bfloat16|float32]
@@ -68,13 +69,18 @@ for bs in [int(x) for x in args.rows.split(",")]:
             rec = cr.record()
             name = "plain" if not cfg.speculative else "auto"
             answers.setdefault((bs, name, side), rec.outputs)
+            ref = answers.get((bs, "plain", 0), answers[(bs, name, side)])  # plain decoding's, else the first run's
+            diff = [i for i, (a, b) in enumerate(zip(rec.outputs, ref)) if a != b]
+            first = [next((j for j, (x, y) in enumerate(zip(rec.outputs[i], ref[i])) if x != y),
+                          min(len(rec.outputs[i]), len(ref[i]))) for i in diff]
             plain_tps = rec.tok_per_s if not cfg.speculative else plain_tps
             row = {"rows": bs, "config": name, "shape": cfg.name, "side": side, "tok_s": round(rec.tok_per_s, 1),
                    "speedup": round(rec.tok_per_s / plain_tps, 3) if cfg.speculative and plain_tps else None,
                    "tau": round(rec.stats.accept_length_mean, 3) if rec.stats.verify_steps else None,
                    "seconds": round(rec.seconds, 4), "prefills": rec.steps.get("prefill", 0),
                    "beside": rec.steps.get("prefill beside", 0), "phases": {k: round(v, 4) for k, v in
-                                                                          rec.phases.items()}}
+                                                                          rec.phases.items()},
+                   "equal_to_plain": len(rec.outputs) - len(diff), "differ": list(zip(diff, first))}
             print(json.dumps(row), flush=True)
             rows_out.append(row)
             (out / "side_prefill_check.json").write_text(json.dumps(rows_out, indent=1))
@@ -82,12 +88,12 @@ for bs in [int(x) for x in args.rows.split(",")]:
             del cr
 
 print(f"\n{args.dtype}, MT-bench 1-{args.limit}, 256 new tokens, continuous batching")
-print("| rows | config | side rows | tok/s | speedup | tau | seconds | prefills (beside) |")
-print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+print("| rows | config | side rows | tok/s | speedup | tau | seconds | prefills (beside) | equal to plain (side 0) |")
+print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
 for r in rows_out:
     sp = f"{r['speedup']:.3f}x" if r["speedup"] else "-"
     print(f"| {r['rows']} | {r['config']} | {r['side']} | {r['tok_s']:,.1f} | {sp} | {r['tau'] or '-'} | "
-          f"{r['seconds']} | {r['prefills']} ({r['beside']}) |")
+          f"{r['seconds']} | {r['prefills']} ({r['beside']}) | {r['equal_to_plain']} {r['differ'][:4]} |")
 print("\n| rows | config | answers equal, side 4 vs side 0 | spec vs plain (side 0 / side 4) |")
 print("| ---: | --- | ---: | ---: |")
 for (bs, name, side), outs in answers.items():
