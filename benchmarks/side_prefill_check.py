@@ -68,6 +68,7 @@ for bs in [int(x) for x in args.rows.split(",")]:
             cr.run(prompts, params)
             rec = cr.record()
             name = "plain" if not cfg.speculative else "auto"
+            same = sum(a == b for a, b in zip(rec.outputs, answers.get((bs, name, side), rec.outputs)))
             answers.setdefault((bs, name, side), rec.outputs)
             ref = answers.get((bs, "plain", 0), answers[(bs, name, side)])  # plain decoding's, else the first run's
             diff = [i for i, (a, b) in enumerate(zip(rec.outputs, ref)) if a != b]
@@ -80,7 +81,8 @@ for bs in [int(x) for x in args.rows.split(",")]:
                    "seconds": round(rec.seconds, 4), "prefills": rec.steps.get("prefill", 0),
                    "beside": rec.steps.get("prefill beside", 0), "phases": {k: round(v, 4) for k, v in
                                                                           rec.phases.items()},
-                   "equal_to_plain": len(rec.outputs) - len(diff), "differ": list(zip(diff, first))}
+                   "equal_to_plain": len(rec.outputs) - len(diff), "differ": list(zip(diff, first)),
+                   "equal_to_first_run": same}
             print(json.dumps(row), flush=True)
             rows_out.append(row)
             (out / "side_prefill_check.json").write_text(json.dumps(rows_out, indent=1))
@@ -88,12 +90,14 @@ for bs in [int(x) for x in args.rows.split(",")]:
             del cr
 
 print(f"\n{args.dtype}, MT-bench 1-{args.limit}, 256 new tokens, continuous batching")
-print("| rows | config | side rows | tok/s | speedup | tau | seconds | prefills (beside) | equal to plain (side 0) |")
-print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+print("| rows | config | side rows | tok/s | speedup | tau | seconds | prefills (beside) | equal to plain (side 0) "
+      "| equal to this setting's first run |")
+print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
 for r in rows_out:
     sp = f"{r['speedup']:.3f}x" if r["speedup"] else "-"
     print(f"| {r['rows']} | {r['config']} | {r['side']} | {r['tok_s']:,.1f} | {sp} | {r['tau'] or '-'} | "
-          f"{r['seconds']} | {r['prefills']} ({r['beside']}) | {r['equal_to_plain']} {r['differ'][:4]} |")
+          f"{r['seconds']} | {r['prefills']} ({r['beside']}) | {r['equal_to_plain']} {r['differ'][:4]} | "
+          f"{r['equal_to_first_run']} |")
 print("\n| rows | config | answers equal, side 4 vs side 0 | spec vs plain (side 0 / side 4) |")
 print("| ---: | --- | ---: | ---: |")
 for (bs, name, side), outs in answers.items():

@@ -50,6 +50,10 @@ from ..spec.verify import VerifyResult, verify_greedy, verify_greedy_chain, veri
 from .kv_cache import KVCache
 from .timing import PhaseTimer
 
+# False: the main stream waits for a side prefill at once, so it never runs beside a step (a diagnosis switch for
+# benchmarks/with_setting.py; the bookkeeping stays the same)
+SIDE_CONCURRENT = True
+
 # the rows a step runs on: an index tensor (eager steps: any rows), or slice(0, B) (the graph phases: rows 0..B-1,
 # read and written through views of the per-row state, where an index tensor costs a gather kernel per read)
 Rows = Union[torch.Tensor, slice]
@@ -360,6 +364,8 @@ class ModelRunner:
             host.copy_(tok, non_blocking=True)
             event = torch.cuda.Event()
             event.record(stream)
+        if not SIDE_CONCURRENT:
+            torch.cuda.current_stream(self.device).wait_event(event)
         return SidePrefill(list(rows), spare, [len(p) for p in prompts], list(params), host, event)
 
     @torch.inference_mode()
