@@ -10,7 +10,7 @@ that differ: (index, first differing token)). In float32 every answer must be th
 request joins moves); in bf16 the batch buckets a step runs in change with admission timing and near-ties flip.
 
 usage: python benchmarks/side_prefill_check.py OUT_DIR GGUF [--rows 8,32] [--dtype bfloat16|float32]
-       [--order 0,4,4,0] [--limit 80] [--no-spec]                          (PYTHONPATH=src; CUDA)
+       [--order 0,4,4,0] [--limit 80] [--no-spec | --no-plain]            (PYTHONPATH=src; CUDA)
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
 ap.add_argument("--order", default="0,4,4,0", help="side_prefill_rows of each run, in order")
 ap.add_argument("--limit", type=int, default=80)
 ap.add_argument("--no-spec", action="store_true", help="plain decoding only")
+ap.add_argument("--no-plain", action="store_true", help="the speculative configuration only")
 ap.add_argument("--device", default="cuda", help="cuda (cpu: a check of the script itself; no side prefills)")
 args = ap.parse_args()
 out = Path(args.out)
@@ -53,7 +54,7 @@ rows_out: list[dict] = []
 answers: dict[tuple, list[list[int]]] = {}  # (rows, config, side) -> the first run's answers
 
 for bs in [int(x) for x in args.rows.split(",")]:
-    configs = [RunConfig.plain()]
+    configs = [] if args.no_plain else [RunConfig.plain()]
     if not args.no_spec:
         resolved, why = auto.resolved(target, dev.type, bs, 0.0)
         configs += [resolved] if resolved is not None else []
