@@ -146,16 +146,18 @@ MORE = [[2, 7, 1, 8, 2, 8], [4, 4], [6, 5, 4, 3, 2, 1, 9], [8, 1]]
 @pytest.mark.parametrize("spec", [None, SpecConfig(3, 1, 4), SpecConfig(5, 4, 8)], ids=["plain", "chain", "tree"])
 def test_prefills_beside_running_steps_equal_plain(target, spec):
     """EngineConfig.side_prefill_rows: an admission while rows run prefills into spare cache rows beside the next
-    step and joins the step after, its caches and row state copied into its own row. Twenty requests through eight
-    rows (two spare rows: a quarter): rows free one and two at a time (groups of two prefill beside), requests end at
-    their first token (joined, then dropped), 30-token prompts are refused beside (`side_ready`) and pause the rows
-    as before, and the outputs are the plain greedy ones, as with `side_prefill_rows=0`."""
+    step and joins the running rows once done, its caches and row state copied into its own row. Twenty requests
+    through eight rows (two spare rows: a quarter): rows free one and two at a time (groups of two prefill beside),
+    requests end at their first token (joined, then released), 30-token prompts are refused beside (`side_ready`) and
+    pause the rows as before. A prefill that is not done yet when the next step launches joins later: `side_done`
+    says so every other time ("late"), or never ("never": the rows join only when nothing else is left to run). The
+    outputs are the plain greedy ones every way, as with `side_prefill_rows=0`."""
     prompts = (PROMPTS + MORE) * 2
     params = [SamplingParams(max_new_tokens=n, ignore_eos=True) for n in (4, 4, 25, 1, 14, 14, 6, 12, 17, 8) * 2]
     plain = [o.token_ids for o in Engine(target, None, EngineConfig(max_batch_size=4)).generate(prompts, params)]
     drafter = tiny_drafter(target, seed=1) if spec else None
     outs, groups = {}, []
-    for side_rows in (0, 4):
+    for side_rows, done in ((0, "now"), (4, "now"), (4, "late"), (4, "never")):
         eng = Engine(target, None, EngineConfig(max_batch_size=8, side_prefill_rows=side_rows), drafter=drafter,
                      spec=spec)
         eng.runner.graphs = GraphCache(eng.runner, capture=False)
@@ -163,11 +165,16 @@ def test_prefills_beside_running_steps_equal_plain(target, spec):
         ready, side = eng.runner.side_ready, eng.runner.side_prefill
         eng.runner.side_ready = lambda lens, greedy: max(lens) < 30 and ready(lens, greedy)
         eng.runner.side_prefill = lambda rows, *a: groups.append(len(rows)) or side(rows, *a)
-        outs[side_rows] = [o.token_ids for o in eng.generate(prompts, params)]
+        answers: list[bool] = []  # what side_done said, in order
+        if done != "now":
+            eng.runner.side_done = lambda s: answers.append(done == "late" and len(answers) % 2 == 1) or answers[-1]
+        outs[side_rows, done] = [o.token_ids for o in eng.generate(prompts, params)]
         assert len(eng.runner.spare_rows) == min(side_rows, 2)
         beside = eng.step_counts["prefill beside"]
         assert (beside > 0) == (side_rows > 0) and eng.step_counts["prefill"] > beside  # the first, the 30 tokens
-    assert outs[4] == outs[0] == plain
+        assert {"now": not answers, "late": True in answers and False in answers,
+                "never": bool(answers) and not any(answers)}[done]
+    assert all(o == plain for o in outs.values())
     assert 1 in groups and 2 in groups
 
 

@@ -18,9 +18,10 @@ With `EngineConfig.overlap` (graph path) a decode / speculative `step()` first l
 the previous one, so the tokens of a step reach the requests one `step()` later (`has_work()` stays true until the
 last launched step is read). Waiting requests admitted while rows run prefill *beside* that next step (on a second
 stream, into spare cache rows: `runner.side_prefill`), up to `EngineConfig.side_prefill_rows` at a time, and join the
-running rows at the following `step()`: the running rows never pause for a prefill. Admissions that cannot (no
-captured prefill graph for them yet, images, more rows) pause the running rows for a prefill step, as without
-overlap. `step_counts` counts the batched steps run by kind ("prefill", "decode", "spec"; a
+running rows at the first `step()` that finds their prefill done (or when nothing else runs): the running rows never
+pause for a prefill, nor wait for one. Which step a request joins then depends on the device's timing, not only on
+the tokens. Admissions that cannot (no captured prefill graph for them yet, images, more rows) pause the running
+rows for a prefill step, as without overlap. `step_counts` counts the batched steps run by kind ("prefill", "decode", "spec"; a
 launched overlapped step counts when launched), for benchmarks; an engine of several shapes also counts its
 speculative steps per shape ("spec 3,1,4": `config.spec_text`).
 """
@@ -241,6 +242,8 @@ class Engine:
         assert self.scheduler is not None
         if self._pending is not None:
             return self._step_overlapped()
+        if self._side is not None:  # nothing runs beside it any more: wait for it; the next step() runs its rows
+            return self._join_side(wait=True)
         batch = self.scheduler.schedule()
         if batch is None:
             return []
@@ -298,28 +301,24 @@ class Engine:
             q.append(toks[: k + 1])
 
     def _step_overlapped(self) -> list[Request]:
-        """Join the requests prefilled beside the last step, launch the next step of the running rows (waiting
-        requests that may be admitted prefill beside it: `_launch_side`), then read the launched one's results and
-        the joined requests' first tokens. Not launched (the pending step is only read) when an admission cannot
-        prefill beside it (the next step is then its prefill) or, speculating, when a row could outgrow its cache:
-        the unread step may have added up to `max_accept` positions, and the next one writes `headroom` past those.
-        A request that finishes on the results read had a token (or tokens) computed by the step just launched:
-        dropped when that step is read; its row is released after that launch, in stream order, so the step cannot
-        write into a row that a new request took (a request admitted beside a step is copied into its row after
-        the steps launched before, in stream order too)."""
+        """Join the requests prefilled beside earlier steps if their prefill is done, launch the next step of the
+        running rows (waiting requests that may be admitted prefill beside it, `_launch_side`, unless a side prefill
+        is still in flight: they wait), then read the launched one's results. Not launched (the pending step is only
+        read) when an admission cannot prefill beside it (the next step is then its prefill) or, speculating, when
+        a row could outgrow its cache: the unread step may have added up to `max_accept` positions, and the next one
+        writes `headroom` past those. A request that finishes on the results read had a token (or tokens) computed
+        by the step just launched: dropped when that step is read; its row is released after that launch, in stream
+        order, so the step cannot write into a row that a new request took (a request admitted beside a step is
+        copied into its row after the steps launched before, in stream order too)."""
         assert self.scheduler is not None and self._pending is not None
         reqs, pending = self._pending
         self._pending = None
         sched, run = self.scheduler, self.runner
-        joined = self._side
-        self._side = None
-        if joined is not None:  # its copies are enqueued before the step launched below, which runs its rows
-            run.join_side(joined[1])
-            sched.join(joined[0])
+        joined = self._join_side(wait=False)  # its copies are enqueued before the step launched below
         running = list(sched.running)
         ahead = run.spec.max_accept if run.speculative else 0  # the largest shape's
         fits = all(run.host_len[q.slot] + ahead <= run.max_len for q in running)
-        if running and fits and (not sched.may_admit() or self._launch_side()):
+        if running and fits and (not sched.may_admit() or self._side is not None or self._launch_side()):
             greedy = all(q.params.greedy for q in running)
             kind = self._step_kind([q.slot for q in running])
             self._count_step(kind)
@@ -335,13 +334,26 @@ class Engine:
                 reqs[i].append([tok_host[i]])
         else:
             self._append_spec(got, [m_host[i] for i in live], [tok_host[i] for i in live], pending.steps)
-        if joined is not None:  # their first tokens (the step just launched computes their next ones)
-            for q, t in zip(joined[0], run.side_tokens(joined[1])):
-                q.append([t])
-            got = got + joined[0]
         for q in sched.release_finished():
             run.release(q.slot)
-        return got
+        return joined + got
+
+    def _join_side(self, wait: bool) -> list[Request]:
+        """The requests of the side prefill in flight join the running rows, with their first tokens, once it is
+        done (or, `wait`, at once): their rows' copies are enqueued now, so every step launched later runs them. A
+        request that ends at its first token is released at once. Returns the joined requests ([]: none)."""
+        if self._side is None or not (wait or self.runner.side_done(self._side[1])):
+            return []
+        assert self.scheduler is not None
+        reqs, side = self._side
+        self._side = None
+        self.runner.join_side(side)
+        self.scheduler.join(reqs)
+        for q, t in zip(reqs, self.runner.side_tokens(side)):
+            q.append([t])
+        for q in self.scheduler.release_finished():
+            self.runner.release(q.slot)
+        return reqs
 
     def _launch_side(self) -> bool:
         """Admit waiting requests to prefill beside the step about to launch (before it is launched, so the prefill

@@ -14,10 +14,10 @@ three kinds of step as tensor programs (DESIGN.md "One speculative step, as data
   to any row, for the key-length bucket).
 - `side_prefill(rows, prompts, params, greedy)` / `join_side(side)` / `side_tokens(side)`: a prefill beside the
   running rows' steps. It runs through a prefill graph on a second CUDA stream into *spare rows* (cache rows past
-  `rows`, which no step's bucket covers), after the work enqueued so far, so it overlaps the step launched next;
-  `join_side` then copies the spare rows' caches and state into the requests' own rows on the main stream, after
-  the prefill (and after the step that was still running on those rows while they were inert); `side_tokens`
-  reads the first tokens.
+  `rows`, which no step's bucket covers), after the work enqueued so far, so it overlaps the steps launched next;
+  `side_done` says whether it has completed, `join_side` copies the spare rows' caches and state into the
+  requests' own rows on the main stream, after the prefill (and after the steps that were still running on those
+  rows while they were inert), and `side_tokens` reads the first tokens.
 
 Per-row state lives on the device (`seq_len`, `last_token`, `active`, sampling parameters, the drafter's top-K and
 hidden); the host keeps only the committed lengths, which it learns when it reads the accepted lengths: that read is
@@ -383,6 +383,10 @@ class ModelRunner:
                 t[r].copy_(t[s])
             self.set_sampling(r, p)
             self.host_len[r] = n
+
+    def side_done(self, side: SidePrefill) -> bool:
+        """Whether a side prefill has completed (never waits)."""
+        return side.event is None or side.event.query()
 
     def side_tokens(self, side: SidePrefill) -> list[int]:
         """The first tokens of a side prefill, in the order of its rows (waits for that prefill only)."""
