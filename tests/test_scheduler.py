@@ -73,39 +73,6 @@ def test_prefill_token_budget_still_applies():
 def test_min_prefill_rows_is_validated():
     with pytest.raises(ConfigError, match="min_prefill_rows must be >= 1"):
         EngineConfig(min_prefill_rows=0)
-    with pytest.raises(ConfigError, match="side_prefill_rows must be >= 0"):
-        EngineConfig(side_prefill_rows=-1)
-
-
-def test_admission_beside_a_step():
-    """`admit_beside`: the longest leading group (up to the limit and the free rows) that can prefill beside a step
-    takes rows but joins `running` only at `join`; nothing is admitted when none fits or none may be."""
-    s = Scheduler(6, min_prefill_rows=2)
-    for i in range(9):
-        s.add(_req(i))
-    s.schedule()  # requests 0-5 run
-    assert s.admit_beside(4, lambda g: True) == []  # no free row
-    _finish(s, 1)
-    assert s.admit_beside(4, lambda g: True) == []  # 1 free row < min_prefill_rows
-    _finish(s, 2)  # rows 0, 1, 2 free
-    seen: list[list[int]] = []
-
-    def fits(group):
-        seen.append([q.rid for q in group])
-        return len(group) <= 2
-
-    group = s.admit_beside(4, fits)  # 3 waiting, 3 free rows: the group of 3 does not fit, its first 2 do
-    assert seen == [[6, 7, 8], [6, 7]] and [q.rid for q in group] == [6, 7] and [q.slot for q in group] == [0, 1]
-    assert [q.rid for q in s.joining] == [6, 7] and all(q not in s.running for q in group) and s.free == [2]
-    s.join(group)
-    assert s.joining == [] and all(q in s.running for q in group) and s.has_work()
-    s2 = Scheduler(4)
-    for i in range(3):
-        s2.add(_req(i))
-    s2.schedule()
-    s2.add(_req(3))
-    _finish(s2, 3)
-    assert s2.admit_beside(4, lambda g: False) == [] and len(s2.waiting) == 1  # none fits: it keeps waiting
 
 
 def test_engine_outputs_do_not_depend_on_admission():

@@ -134,72 +134,8 @@ def test_overlapped_steps_equal_plain(target, reference, spec, spec_max_rows):
     events = [e for e in events if e in ("launch", "collect")]
     assert "launch,launch,collect" in ",".join(events)  # a step was launched while the previous one was unread
     assert events.count("launch") == events.count("collect")
-    rows = eng.runner.rows  # every request row released, inert (spare rows keep their last side prefill's state)
-    assert not eng.runner.active[:rows].any() and int(eng.runner.seq_len[:rows].abs().sum()) == 0
-    assert eng.step_counts["prefill beside"] > 0  # admissions while rows ran prefilled beside their steps
+    assert not eng.runner.active.any() and int(eng.runner.seq_len.abs().sum()) == 0  # every row released, inert
     assert not Engine(target, None, EngineConfig(overlap=True)).overlapping  # needs the graph path (CPU: none)
-
-
-MORE = [[2, 7, 1, 8, 2, 8], [4, 4], [6, 5, 4, 3, 2, 1, 9], [8, 1]]
-
-
-@pytest.mark.parametrize("spec", [None, SpecConfig(3, 1, 4), SpecConfig(5, 4, 8)], ids=["plain", "chain", "tree"])
-def test_prefills_beside_running_steps_equal_plain(target, spec):
-    """EngineConfig.side_prefill_rows: an admission while rows run prefills into spare cache rows beside the next
-    step and joins the running rows once done, its caches and row state copied into its own row. Twenty requests
-    through eight rows (two spare rows: a quarter): rows free one and two at a time (groups of two prefill beside),
-    requests end at their first token (joined, then released), 30-token prompts are refused beside (`side_ready`) and
-    pause the rows as before. A prefill that is not done yet when the next step launches joins later: `side_done`
-    says so every other time ("late"), or never ("never": the rows join only when nothing else is left to run). The
-    outputs are the plain greedy ones every way, as with `side_prefill_rows=0`."""
-    prompts = (PROMPTS + MORE) * 2
-    params = [SamplingParams(max_new_tokens=n, ignore_eos=True) for n in (4, 4, 25, 1, 14, 14, 6, 12, 17, 8) * 2]
-    plain = [o.token_ids for o in Engine(target, None, EngineConfig(max_batch_size=4)).generate(prompts, params)]
-    drafter = tiny_drafter(target, seed=1) if spec else None
-    outs, groups = {}, []
-    for side_rows, done in ((0, "now"), (4, "now"), (4, "late"), (4, "never")):
-        eng = Engine(target, None, EngineConfig(max_batch_size=8, side_prefill_rows=side_rows), drafter=drafter,
-                     spec=spec)
-        eng.runner.graphs = GraphCache(eng.runner, capture=False)
-        eng.reserve(8, 200)  # a cache that takes the 64-token prefill graph (one sized to these requests would not)
-        ready, side = eng.runner.side_ready, eng.runner.side_prefill
-        eng.runner.side_ready = lambda lens, greedy: max(lens) < 30 and ready(lens, greedy)
-        eng.runner.side_prefill = lambda rows, *a: groups.append(len(rows)) or side(rows, *a)
-        answers: list[bool] = []  # what side_done said, in order
-        if done != "now":
-            eng.runner.side_done = lambda s: answers.append(done == "late" and len(answers) % 2 == 1) or answers[-1]
-        outs[side_rows, done] = [o.token_ids for o in eng.generate(prompts, params)]
-        assert len(eng.runner.spare_rows) == min(side_rows, 2)
-        beside = eng.step_counts["prefill beside"]
-        assert (beside > 0) == (side_rows > 0) and eng.step_counts["prefill"] > beside  # the first, the 30 tokens
-        assert {"now": not answers, "late": True in answers and False in answers,
-                "never": bool(answers) and not any(answers)}[done]
-    assert all(o == plain for o in outs.values())
-    assert 1 in groups and 2 in groups
-
-
-def test_a_step_warm_up_leaves_other_rows_alone(target):
-    """A step's first use (the capture's warm-up) saves and restores only its own rows' state, so a prefill beside it
-    on other rows keeps what it wrote (a whole-state restore would put the spare rows' old values back)."""
-    eng = static_engine(target, tiny_drafter(target, seed=1), SpecConfig(3, 1, 4), rows=8, overlap=True)
-    eng.reserve(8, 64)
-    run = eng.runner
-    assert run.spare_rows == [8, 9]
-    marks = [t[9].clone().fill_(3) for t in run.state_tensors()]
-    draft = run._spec_draft
-
-    def draft_while_a_prefill_lands(*a):  # a prefill beside the warm-up writes spare row 9 between save and restore
-        if not calls:
-            for t, m in zip(run.state_tensors(), marks):
-                t[9] = m
-        calls.append(1)
-        return draft(*a)
-
-    calls: list[int] = []
-
-    run._spec_draft = draft_while_a_prefill_lands
-    run.graphs.run("spec", 2, 10, True)  # rows 0-1's first spec step: warm-up rounds, then the step
-    assert len(calls) == 3 and all(torch.equal(t[9], m) for t, m in zip(run.state_tensors(), marks))
 
 
 def test_overlapped_decoding_streams_and_samples(target):
@@ -458,7 +394,7 @@ def test_graphs_are_recorded_with_the_garbage_collector_off(target, monkeypatch)
     recorded: list[bool] = []
 
     @contextlib.contextmanager
-    def fake_graph(g, pool=None, stream=None):
+    def fake_graph(g, pool=None):
         recorded.append(gc.isenabled())
         yield
 

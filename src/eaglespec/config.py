@@ -386,10 +386,6 @@ class EngineConfig:
     # Admit waiting requests once this many rows are free (or all waiting fit, or nothing runs): 1 = at once, the
     # lowest latency; throughput jobs (regeneration) batch their prefills with larger values (engine/scheduler.py).
     min_prefill_rows: int = 1
-    # With overlap: while rows run, an admission of up to this many prompts (and a quarter of the rows) prefills on
-    # a second CUDA stream into spare cache rows, beside the next step of the running rows, and joins the step after
-    # (its rows copied over); 0: admissions pause the running rows for a prefill (as the eager path does).
-    side_prefill_rows: int = 4
 
     def __post_init__(self) -> None:
         if self.aux_convention not in ("sglang", "vllm"):
@@ -403,5 +399,3 @@ class EngineConfig:
             raise ConfigError(f"max batch size must be >= 1 (got {self.max_batch_size})")
         if self.min_prefill_rows < 1:
             raise ConfigError(f"min_prefill_rows must be >= 1 (got {self.min_prefill_rows})")
-        if self.side_prefill_rows < 0:
-            raise ConfigError(f"side_prefill_rows must be >= 0 (got {self.side_prefill_rows})")

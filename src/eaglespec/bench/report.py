@@ -11,8 +11,7 @@
     prompts:  set, count, turns, prompt_tokens_mean
     sampling: max_new_tokens, temperature, top_p, top_k, ignore_eos, seed
     engine:   cuda_graphs, fuse_projections (null: on CUDA and the CPU), compile, overlap, spec_max_rows (null: always),
-              min_prefill_rows (continuous batching: free rows an admission waits for), side_prefill_rows
-              (admissions prefilled beside the running rows' steps)
+              min_prefill_rows (continuous batching: free rows an admission waits for)
     warmup, batch_sizes, batching ("static": the prompts in consecutive chunks of batch_size, each run to completion;
     "continuous": all prompts queued, batch_size of them running at a time, a freed row taken at once), peer
     ({library, version} | null)
@@ -191,8 +190,7 @@ def document(kind: str, result: SuiteResult, model: BenchModel, workload: Worklo
                      "seed": options.engine.seed},
         "engine": {"cuda_graphs": options.engine.cuda_graphs, "fuse_projections": options.engine.fuse_projections,
                    "compile": options.engine.compile, "overlap": options.engine.overlap,
-                   "spec_max_rows": options.engine.spec_max_rows, "min_prefill_rows": options.engine.min_prefill_rows,
-                   "side_prefill_rows": options.engine.side_prefill_rows},
+                   "spec_max_rows": options.engine.spec_max_rows, "min_prefill_rows": options.engine.min_prefill_rows},
         "warmup": options.warmup, "batch_sizes": list(options.batch_sizes), "batching": options.batching,
         "peer": {"library": "transformers", "version": result.peer_version} if result.peer_version else None,
         "records": [record_dict(r, result.records, model, device_bw) for r in result.records],

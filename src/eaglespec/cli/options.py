@@ -48,9 +48,6 @@ def add_runtime_options(p: argparse.ArgumentParser | argparse._ArgumentGroup) ->
     p.add_argument("--min-prefill-rows", type=int, default=1, metavar="N",
                    help="admit waiting requests once N rows are free (or all waiting fit, or nothing runs): fewer, "
                         "larger prefills for throughput, later first tokens (default: 1, at once)")
-    p.add_argument("--side-prefill-rows", type=int, default=4, metavar="N",
-                   help="with --overlap on CUDA: admissions of up to N prompts prefill on a second stream beside the "
-                        "running rows' next step instead of pausing them (0: pause; default: 4)")
 
 
 def add_sampling_options(p: argparse.ArgumentParser, max_new_tokens: int = 256) -> None:
@@ -94,7 +91,7 @@ def engine_config(args: argparse.Namespace, **kw) -> EngineConfig:
     return EngineConfig(device=args.device, dtype=args.dtype, seed=args.seed, aux_convention=args.aux_convention,
                         cuda_graphs=args.cuda_graphs, fuse_projections=args.fuse, compile=args.compile,
                         overlap=args.overlap, spec_max_rows=args.spec_max_rows,
-                        min_prefill_rows=args.min_prefill_rows, side_prefill_rows=args.side_prefill_rows, **kw)
+                        min_prefill_rows=args.min_prefill_rows, **kw)
 
 
 def draft_arg(args: argparse.Namespace) -> str | None:

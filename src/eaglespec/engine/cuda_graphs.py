@@ -14,16 +14,12 @@ None: eager), and `prefill_groups` runs them, each group's tokens copied out bef
 graphs are captured up front (`precapture_prefill`), multi-row ones on first use: an eager multi-row prefill cost 21-52 ms per batch of 8 MT-bench prompts on the H200
 (launch-bound, and with cuDNN's SDPA a ~0.2 s plan per new shape), 10-23% of a speculative batch-8 run (session 8).
 
-Capture protocol: the small row state of the step's rows (lengths, last tokens, drafter state) and the RNG state are
-snapshotted, the step runs twice eagerly on a side stream (warm-up: allocator, cuBLAS handles, lazy init), each round
-from the snapshot (restored after it), then each phase is captured into a memory pool. A warm-up round thus writes
+Capture protocol: the small row state (lengths, last tokens, drafter state) and the RNG state are snapshotted, the
+step runs twice eagerly on a side stream (warm-up: allocator, cuBLAS handles, lazy init), each round from the
+snapshot (restored after it), then each phase is captured into a shared memory pool. A warm-up round thus writes
 exactly the KV entries the step itself writes next: past the committed lengths (no later step reads them before
-overwriting, so the caches need no snapshot) and inside the cache; it touches no other row, so a side prefill
-(runner.py) may be in flight on other rows meanwhile. The static path without graphs (`capture=False`, the CPU tests)
-runs the same warm-up on a key's first use.
-
-Step graphs share one pool and one capture stream: they replay one after another. Prefill graphs have their own
-pool and capture stream (hence their own cuBLAS workspace), because a side prefill replays beside a step.
+overwriting, so the caches need no snapshot) and inside the cache. The static path without graphs
+(`capture=False`, the CPU tests) runs the same warm-up on a key's first use.
 
 Python's cyclic garbage collector is held off during a capture (`no_gc`): an earlier engine left in a reference cycle
 owns CUDA graphs, and a collection that frees one mid-capture destroys a graph while the stream is capturing, which
@@ -80,8 +76,6 @@ class GraphCache:
         if capture:  # free dead engines' graphs now, not in the middle of one of our captures (module docstring)
             gc.collect()
         self.pool = torch.cuda.graph_pool_handle() if capture else None
-        self.prefill_pool = torch.cuda.graph_pool_handle() if capture else None
-        self._prefill_capture_stream = torch.cuda.Stream(runner.device) if capture else None
         self.graphs: dict[tuple, list[tuple[str, torch.cuda.CUDAGraph]]] = {}
         self.outputs: dict[tuple, object] = {}
         self._keep: dict[tuple, object] = {}
@@ -98,7 +92,6 @@ class GraphCache:
         self._prefill_in.clear()
         if self.capture:
             self.pool = torch.cuda.graph_pool_handle()
-            self.prefill_pool = torch.cuda.graph_pool_handle()
 
     # --- buckets ------------------------------------------------------------------------------------------------
     def batch_bucket(self, n: int) -> int:
@@ -148,10 +141,6 @@ class GraphCache:
 
         return [("draft", draft), ("verify", verify), ("commit", commit)]
 
-    def _step_rows(self, key: tuple) -> slice | torch.Tensor:
-        """The cache rows a key's step writes: rows 0..B-1, or a prefill graph's static row indices."""
-        return self._prefill_in[key][2] if key[0] == "prefill" else slice(0, key[1])
-
     def _capture(self, key: tuple) -> None:
         kind, B, kv_len, greedy = key
         run = self.runner
@@ -160,17 +149,14 @@ class GraphCache:
         side.wait_stream(torch.cuda.current_stream(run.device))
         # the warm-up and the capture choose the same SDPA backends (layers/attention.py, graph_build)
         with torch.cuda.stream(side), graph_build():
-            self._warm_up(phases, self._step_rows(key))
+            self._warm_up(phases)
         torch.cuda.current_stream(run.device).wait_stream(side)
         graphs = []
         out = None
-        prefill = kind == "prefill"
-        pool = self.prefill_pool if prefill else self.pool
-        stream = self._prefill_capture_stream if prefill else None
         with torch.inference_mode(), no_gc(), graph_build():
             for name, fn in phases:
                 g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g, pool=pool, stream=stream):
+                with torch.cuda.graph(g, pool=self.pool):
                     out = fn()
                 graphs.append((name, g))
         self.graphs[key] = graphs
@@ -178,15 +164,14 @@ class GraphCache:
         self._keep[key] = phases
         self.outputs[key] = out if isinstance(out, tuple) else (out,)
 
-    def _warm_up(self, phases, rows: slice | torch.Tensor, rounds: int = 2) -> None:
+    def _warm_up(self, phases, rounds: int = 2) -> None:
         """Run the step `rounds` times, each from the current row state and RNG state, which are restored after each
         round: a round then writes exactly the KV entries the step itself writes next (past the committed lengths,
         inside the cache, as the engine sized it). Rounds chained on the advanced state wrote up to 2 x D past the
         lengths: past the end of a cache sized to its requests once a drafter accepted everything (the oracle
-        drafter; on CUDA a device-side index assert in the KV write, session 22). Only the step's `rows` are saved
-        and restored: a side prefill may be writing other rows' state meanwhile."""
+        drafter; on CUDA a device-side index assert in the KV write, session 22)."""
         run = self.runner
-        saved = [t[rows].clone() for t in run.state_tensors()]
+        saved = [t.clone() for t in run.state_tensors()]
         cuda = run.device.type == "cuda"
         rng = torch.cuda.get_rng_state(run.device) if cuda else run.generator.get_state()
         with torch.inference_mode():
@@ -194,7 +179,7 @@ class GraphCache:
                 for _, fn in phases:
                     fn()
                 for t, s in zip(run.state_tensors(), saved):
-                    t[rows] = s
+                    t.copy_(s)
                 if cuda:
                     torch.cuda.set_rng_state(rng, run.device)
                 else:
@@ -257,11 +242,6 @@ class GraphCache:
         self.graphs[key][0][1].replay()
         return self.outputs[key][0]
 
-    def prefill_ready(self, n_rows: int, longest: int, greedy: bool) -> bool:
-        """Whether `n_rows` prompts of at most `longest` tokens prefill through one graph that needs no capture."""
-        Tb = self.prefill_bucket(longest, n_rows)
-        return Tb is not None and (not self.capture or ("prefill", n_rows, Tb, greedy) in self.graphs)
-
     def prefill_plan(self, lens: list[int]) -> list[list[int]] | None:
         """How a prefill of prompts of these lengths runs through graphs: [all indices] when one graph takes it,
         else up to PREFILL_SPLIT_ROWS rows in groups of <= PREFILL_GRAPH_ROWS consecutive ones by length (each fitting
@@ -303,7 +283,7 @@ class GraphCache:
         key = self.key(kind, n_rows, longest, greedy)
         if not self.capture:  # the graph protocol without graphs: a warm-up on a key's first use, then the step
             if key not in self.graphs:
-                self._warm_up(self._phases(*key), self._step_rows(key))
+                self._warm_up(self._phases(*key))
                 self.graphs[key] = []
             out = None
             with torch.inference_mode():

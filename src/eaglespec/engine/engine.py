@@ -16,12 +16,7 @@ kept in step by the decode step itself) and speculative steps again once few eno
 run); the drafter's state after any step serves every shape.
 With `EngineConfig.overlap` (graph path) a decode / speculative `step()` first launches the next step and then reads
 the previous one, so the tokens of a step reach the requests one `step()` later (`has_work()` stays true until the
-last launched step is read). Waiting requests admitted while rows run prefill *beside* that next step (on a second
-stream, into spare cache rows: `runner.side_prefill`), up to `EngineConfig.side_prefill_rows` at a time, and join the
-running rows at the first `step()` that finds their prefill done (or when nothing else runs): the running rows never
-pause for a prefill, nor wait for one. Which step a request joins then depends on the device's timing, not only on
-the tokens. Admissions that cannot (no captured prefill graph for them yet, images, more rows) pause the running
-rows for a prefill step, as without overlap. `step_counts` counts the batched steps run by kind ("prefill", "decode", "spec"; a
+last launched step is read). `step_counts` counts the batched steps run by kind ("prefill", "decode", "spec"; a
 launched overlapped step counts when launched), for benchmarks; an engine of several shapes also counts its
 speculative steps per shape ("spec 3,1,4": `config.spec_text`).
 """
@@ -42,7 +37,7 @@ from ..protocol import require_target
 from ..sampling_params import SamplingParams
 from ..spec.stats import SpecStats
 from .request import Request
-from .runner import ModelRunner, PendingStep, SidePrefill, shape_index, spec_kind
+from .runner import ModelRunner, PendingStep, shape_index, spec_kind
 from .scheduler import Scheduler
 
 if TYPE_CHECKING:
@@ -103,12 +98,10 @@ class Engine:
         tok_eos = tuple(tokenizer.eos_token_ids) if tokenizer is not None else ()
         self.eos_ids = tuple(dict.fromkeys(tok_eos + tuple(self.target_config.eos_token_ids)))
         self.stats = SpecStats()
-        # batched steps run, by kind: "prefill" (of which "prefill beside": beside a step), "decode", "spec" (and
-        # "spec S,K,D" per shape of a schedule)
+        # batched steps run, by kind: "prefill", "decode", "spec" (and "spec S,K,D" per shape of a schedule)
         self.step_counts: Counter[str] = Counter()
         self._next_id = 0
         self._pending: tuple[list[Request], PendingStep] | None = None  # overlap: a launched, unread step
-        self._side: tuple[list[Request], SidePrefill] | None = None  # a prefill launched beside it, not joined yet
 
     # --- construction -------------------------------------------------------------------------------------------
     def _wire_drafter(self, drafter: torch.nn.Module) -> None:
@@ -173,10 +166,7 @@ class Engine:
             raise RequestError("the engine is busy; cannot grow its caches while requests are running")
         rows = max(rows, r.rows)
         max_len = max(max_len, r.max_len)
-        # spare rows for side prefills: only where a step can run beside them (overlap, more than one row), and at
-        # most a quarter of the rows (at least one): their caches cost memory like the rows'
-        spare = min(self.config.side_prefill_rows, max(1, rows // 4)) if self.overlapping and rows > 1 else 0
-        r.allocate(rows, max_len, spare)
+        r.allocate(rows, max_len)
         self.scheduler = Scheduler(rows, min_prefill_rows=self.config.min_prefill_rows)
 
     def _prepare(self, prompt: Prompt, chat: bool, images: Sequence[object] | None) -> tuple[list[int], object]:
@@ -229,8 +219,7 @@ class Engine:
         return req
 
     def has_work(self) -> bool:
-        return (self._pending is not None or self._side is not None
-                or (self.scheduler is not None and self.scheduler.has_work()))
+        return self._pending is not None or (self.scheduler is not None and self.scheduler.has_work())
 
     @property
     def overlapping(self) -> bool:
@@ -242,8 +231,6 @@ class Engine:
         assert self.scheduler is not None
         if self._pending is not None:
             return self._step_overlapped()
-        if self._side is not None:  # nothing runs beside it any more: wait for it; the next step() runs its rows
-            return self._join_side(wait=True)
         batch = self.scheduler.schedule()
         if batch is None:
             return []
@@ -301,24 +288,20 @@ class Engine:
             q.append(toks[: k + 1])
 
     def _step_overlapped(self) -> list[Request]:
-        """Join the requests prefilled beside earlier steps if their prefill is done, launch the next step of the
-        running rows (waiting requests that may be admitted prefill beside it, `_launch_side`, unless a side prefill
-        is still in flight: they wait), then read the launched one's results. Not launched (the pending step is only
-        read) when an admission cannot prefill beside it (the next step is then its prefill) or, speculating, when
-        a row could outgrow its cache: the unread step may have added up to `max_accept` positions, and the next one
-        writes `headroom` past those. A request that finishes on the results read had a token (or tokens) computed
-        by the step just launched: dropped when that step is read; its row is released after that launch, in stream
-        order, so the step cannot write into a row that a new request took (a request admitted beside a step is
-        copied into its row after the steps launched before, in stream order too)."""
+        """Launch the next step of the running rows, then read the launched one's results. Not launched (the
+        pending step is only read) when waiting requests may be admitted (the next step is their prefill) or,
+        speculating, when a row could outgrow its cache: the unread step may have added up to `max_accept`
+        positions, and the next one writes `headroom` past those. A request that finishes on the results read had
+        a token (or tokens) computed by the step just launched: dropped when that step is read; its row is released
+        after that launch, in stream order, so the step cannot write into a row that a new request took."""
         assert self.scheduler is not None and self._pending is not None
         reqs, pending = self._pending
         self._pending = None
         sched, run = self.scheduler, self.runner
-        joined = self._join_side(wait=False)  # its copies are enqueued before the step launched below
         running = list(sched.running)
         ahead = run.spec.max_accept if run.speculative else 0  # the largest shape's
         fits = all(run.host_len[q.slot] + ahead <= run.max_len for q in running)
-        if running and fits and (not sched.may_admit() or self._side is not None or self._launch_side()):
+        if running and fits and not sched.may_admit():
             greedy = all(q.params.greedy for q in running)
             kind = self._step_kind([q.slot for q in running])
             self._count_step(kind)
@@ -336,43 +319,7 @@ class Engine:
             self._append_spec(got, [m_host[i] for i in live], [tok_host[i] for i in live], pending.steps)
         for q in sched.release_finished():
             run.release(q.slot)
-        return joined + got
-
-    def _join_side(self, wait: bool) -> list[Request]:
-        """The requests of the side prefill in flight join the running rows, with their first tokens, once it is
-        done (or, `wait`, at once): their rows' copies are enqueued now, so every step launched later runs them. A
-        request that ends at its first token is released at once. Returns the joined requests ([]: none)."""
-        if self._side is None or not (wait or self.runner.side_done(self._side[1])):
-            return []
-        assert self.scheduler is not None
-        reqs, side = self._side
-        self._side = None
-        self.runner.join_side(side)
-        self.scheduler.join(reqs)
-        for q, t in zip(reqs, self.runner.side_tokens(side)):
-            q.append([t])
-        for q in self.scheduler.release_finished():
-            self.runner.release(q.slot)
-        return reqs
-
-    def _launch_side(self) -> bool:
-        """Admit waiting requests to prefill beside the step about to launch (before it is launched, so the prefill
-        does not wait for it); False when none can (no spare rows, images, no captured prefill graph for them)."""
-        run = self.runner
-
-        def fits(group: list[Request]) -> bool:
-            return (all(q.mm_inputs is None for q in group)
-                    and run.side_ready([len(q.prompt_ids) for q in group], all(q.params.greedy for q in group)))
-
-        assert self.scheduler is not None
-        group = self.scheduler.admit_beside(len(run.spare_rows), fits) if run.spare_rows else []
-        if not group:
-            return False
-        self.step_counts["prefill"] += 1
-        self.step_counts["prefill beside"] += 1
-        self._side = (group, run.side_prefill([q.slot for q in group], [q.prompt_ids for q in group],
-                                              [q.params for q in group], all(q.params.greedy for q in group)))
-        return True
+        return got
 
     # --- conveniences -------------------------------------------------------------------------------------------
     def generate(

@@ -12,12 +12,6 @@ three kinds of step as tensor programs (DESIGN.md "One speculative step, as data
   for overlap scheduling: the step and the copy of its results to the host are enqueued without waiting, and the
   host reads them later, after it has launched the next step (`ahead`: positions a still unread step may have added
   to any row, for the key-length bucket).
-- `side_prefill(rows, prompts, params, greedy)` / `join_side(side)` / `side_tokens(side)`: a prefill beside the
-  running rows' steps. It runs through a prefill graph on a second CUDA stream into *spare rows* (cache rows past
-  `rows`, which no step's bucket covers), after the work enqueued so far, so it overlaps the steps launched next;
-  `side_done` says whether it has completed, `join_side` copies the spare rows' caches and state into the
-  requests' own rows on the main stream, after the prefill (and after the steps that were still running on those
-  rows while they were inert), and `side_tokens` reads the first tokens.
 
 Per-row state lives on the device (`seq_len`, `last_token`, `active`, sampling parameters, the drafter's top-K and
 hidden); the host keeps only the committed lengths, which it learns when it reads the accepted lengths: that read is
@@ -50,10 +44,6 @@ from ..spec.verify import VerifyResult, verify_greedy, verify_greedy_chain, veri
 from .kv_cache import KVCache
 from .timing import PhaseTimer
 
-# False: the main stream waits for a side prefill at once, so it never runs beside a step (a diagnosis switch for
-# benchmarks/with_setting.py; the bookkeeping stays the same)
-SIDE_CONCURRENT = True
-
 # the rows a step runs on: an index tensor (eager steps: any rows), or slice(0, B) (the graph phases: rows 0..B-1,
 # read and written through views of the per-row state, where an index tensor costs a gather kernel per read)
 Rows = Union[torch.Tensor, slice]
@@ -68,18 +58,6 @@ class PendingStep:
     accepted: torch.Tensor | None  # spec: [B] accepted draft counts m
     event: "torch.cuda.Event | None"
     steps: int = 0  # spec: S of the shape the step ran (its drafter forwards, for the statistics)
-
-
-@dataclass
-class SidePrefill:
-    """A prefill launched beside the running rows' steps (`ModelRunner.side_prefill`), not yet joined."""
-
-    rows: list[int]  # the requests' cache rows
-    spare: list[int]  # the spare rows it prefilled
-    lens: list[int]  # prompt lengths
-    params: list[SamplingParams]
-    tokens: torch.Tensor  # the first tokens [B]: a pinned host copy on CUDA, valid once `event` completed
-    event: "torch.cuda.Event | None"
 
 
 def spec_kind(index: int) -> str:
@@ -127,8 +105,7 @@ class ModelRunner:
         else:
             self.generator = torch.Generator(device=device)
             self.generator.manual_seed(seed)
-        self.rows = 0  # rows steps may cover; the caches and row state hold `spare_rows` more (side prefills)
-        self.spare_rows: list[int] = []
+        self.rows = 0
         self.max_len = 0
         self.kv: KVCache | None = None
         self.dkv: KVCache | None = None
@@ -154,22 +131,19 @@ class ModelRunner:
         S, K, D = self.spec.steps, self.spec.topk, self.spec.draft_tokens
         return max(D, S + 1, (S - 1) * K + 1)
 
-    def allocate(self, rows: int, max_len: int, spare: int = 0) -> None:
-        """(Re)allocate caches and row state for `rows` sequences of up to `max_len` committed tokens, plus `spare`
-        rows that only side prefills write (rows..rows+spare-1)."""
+    def allocate(self, rows: int, max_len: int) -> None:
+        """(Re)allocate caches and row state for `rows` sequences of up to `max_len` committed tokens."""
         dev, cfg = self.device, self.target.config
         self.rows, self.max_len = rows, max_len
-        self.spare_rows = list(range(rows, rows + spare))
         self.cache_len = max_len + self.headroom()
-        total = rows + spare  # cache rows and row state; steps (and their pinned result buffers) cover `rows`
-        self.kv = KVCache(cfg.num_hidden_layers, self.target.kv_cache_shapes(), total, self.cache_len, self.dtype, dev)
-        self.seq_len = torch.zeros(total, dtype=torch.int64, device=dev)
-        self.last_token = torch.zeros(total, dtype=torch.int64, device=dev)
-        self.active = torch.zeros(total, dtype=torch.bool, device=dev)
-        self.temperature = torch.zeros(total, dtype=torch.float32, device=dev)
-        self.top_k = torch.zeros(total, dtype=torch.int64, device=dev)
-        self.top_p = torch.ones(total, dtype=torch.float32, device=dev)
-        self.host_len = [0] * total
+        self.kv = KVCache(cfg.num_hidden_layers, self.target.kv_cache_shapes(), rows, self.cache_len, self.dtype, dev)
+        self.seq_len = torch.zeros(rows, dtype=torch.int64, device=dev)
+        self.last_token = torch.zeros(rows, dtype=torch.int64, device=dev)
+        self.active = torch.zeros(rows, dtype=torch.bool, device=dev)
+        self.temperature = torch.zeros(rows, dtype=torch.float32, device=dev)
+        self.top_k = torch.zeros(rows, dtype=torch.int64, device=dev)
+        self.top_p = torch.ones(rows, dtype=torch.float32, device=dev)
+        self.host_len = [0] * rows
         # two pinned buffer sets for the results of graph steps, alternated: with overlap, the step in flight's and
         # the one being launched's
         width = self.spec.steps + 1 if self.spec is not None else 1
@@ -177,27 +151,20 @@ class ModelRunner:
                          torch.empty(rows, dtype=torch.int64, pin_memory=True)) for _ in range(2)] \
             if dev.type == "cuda" else []
         self._pin_next = 0
-        # side prefills: their stream, and two pinned buffers for their first tokens (one may be launched while the
-        # previous one's tokens are still unread)
-        cuda_spare = dev.type == "cuda" and spare > 0
-        self._side_stream = torch.cuda.Stream(dev) if cuda_spare else None
-        self._side_pinned = [torch.empty(spare, dtype=torch.int64, pin_memory=True) for _ in range(2)] \
-            if cuda_spare else []
-        self._side_next = 0
         if self.spec is not None:
             K = self.spec.topk
-            self.dkv = KVCache(1, self.drafter.kv_cache_shapes(), total, self.cache_len, self.dtype, dev)
+            self.dkv = KVCache(1, self.drafter.kv_cache_shapes(), rows, self.cache_len, self.dtype, dev)
             H = self.drafter.config.hidden_size
-            self.d_top_ids = torch.zeros(total, K, dtype=torch.int64, device=dev)
+            self.d_top_ids = torch.zeros(rows, K, dtype=torch.int64, device=dev)
             # trees score their depth-1 candidates; chains take the argmax and keep no log-probabilities
-            self.d_top_logp = torch.zeros(total, K, dtype=torch.float32, device=dev) if K > 1 else None
-            self.d_hidden = torch.zeros(total, H, dtype=self.dtype, device=dev)
+            self.d_top_logp = torch.zeros(rows, K, dtype=torch.float32, device=dev) if K > 1 else None
+            self.d_hidden = torch.zeros(rows, H, dtype=self.dtype, device=dev)
             # chains draw sampled rows' drafts from the drafter's distribution: its depth-1 logits from the
             # catch-up (in the drafter's dtype, as it writes them; the log-softmax reads them as float32)
             dcfg = self.drafter.config
             Vd = dcfg.eagle.draft_vocab_size or dcfg.vocab_size
             chains = any(x.topk == 1 for x in self.shapes)
-            self.d_logits = torch.zeros(total, Vd, dtype=self.dtype, device=dev) if chains else None
+            self.d_logits = torch.zeros(rows, Vd, dtype=self.dtype, device=dev) if chains else None
             # the target id of every draft id: drafts map through one lookup (the drafter's own map is two kernels)
             self.d_target_ids = self.drafter.to_target_ids(torch.arange(Vd, device=dev))
             # and the way back, for sampled chains' verification: target id -> draft id, -1 outside the draft
@@ -331,68 +298,6 @@ class ModelRunner:
         if self.spec is not None:
             self._prefill_draft(r, r, ids, lens_t, tok, aux)
         return tok
-
-    # --- prefill beside the steps -------------------------------------------------------------------------------
-    def side_ready(self, lens: Sequence[int], greedy: bool) -> bool:
-        """Whether prompts of these lengths can prefill beside the steps: enough spare rows, and one prefill graph
-        that takes them all, already captured (a capture's warm-up must not run beside a step)."""
-        return (self.graphs is not None and 0 < len(lens) <= len(self.spare_rows)
-                and self.graphs.prefill_ready(len(lens), max(lens), greedy))
-
-    @torch.inference_mode()
-    def side_prefill(self, rows: Sequence[int], prompts: Sequence[Sequence[int]], params: Sequence[SamplingParams],
-                     greedy: bool) -> SidePrefill:
-        """Prefill `prompts` (for cache rows `rows`, inert until `join_side`) into spare rows, on the side stream
-        after everything enqueued on the main stream so far; returns without waiting. Call it before launching the
-        step it should overlap (a step launched first would be waited for)."""
-        assert self.side_ready([len(p) for p in prompts], greedy)
-        spare = self.spare_rows[: len(rows)]
-        stream = self._side_stream
-        if stream is None:  # the CPU's static path (tests): computed at once
-            for s, p in zip(spare, params):
-                self.set_sampling(s, p)
-            tok = self.graphs.prefill(spare, prompts, greedy).clone()
-            return SidePrefill(list(rows), spare, [len(p) for p in prompts], list(params), tok, None)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
-            for s, p in zip(spare, params):
-                self.set_sampling(s, p)
-            with self.timer.phase("prefill"):
-                tok = self.graphs.prefill(spare, prompts, greedy)
-            host = self._side_pinned[self._side_next][: len(rows)]
-            self._side_next ^= 1
-            host.copy_(tok, non_blocking=True)
-            event = torch.cuda.Event()
-            event.record(stream)
-        if not SIDE_CONCURRENT:
-            torch.cuda.current_stream(self.device).wait_event(event)
-        return SidePrefill(list(rows), spare, [len(p) for p in prompts], list(params), host, event)
-
-    @torch.inference_mode()
-    def join_side(self, side: SidePrefill) -> None:
-        """Copy the spare rows' caches (the prompt's positions) and row state into the requests' rows, on the main
-        stream once the prefill is done: the rows then run with the next step launched."""
-        if side.event is not None:
-            torch.cuda.current_stream(self.device).wait_event(side.event)
-        caches = self.kv.tensors + (self.dkv.tensors if self.dkv is not None else [])
-        state = self.state_tensors() + [self.active]
-        for r, s, n, p in zip(side.rows, side.spare, side.lens, side.params):
-            for t in caches:  # [L, rows, S, ...]
-                t[:, r, :n].copy_(t[:, s, :n])
-            for t in state:
-                t[r].copy_(t[s])
-            self.set_sampling(r, p)
-            self.host_len[r] = n
-
-    def side_done(self, side: SidePrefill) -> bool:
-        """Whether a side prefill has completed (never waits)."""
-        return side.event is None or side.event.query()
-
-    def side_tokens(self, side: SidePrefill) -> list[int]:
-        """The first tokens of a side prefill, in the order of its rows (waits for that prefill only)."""
-        if side.event is not None:
-            side.event.synchronize()
-        return side.tokens.tolist()
 
     # --- decode -------------------------------------------------------------------------------------------------
     def _decode_core(self, r: Rows, ctx_rows: torch.Tensor | None, kv_len: int, greedy: bool) -> torch.Tensor:

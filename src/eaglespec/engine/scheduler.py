@@ -3,8 +3,6 @@
 Requests wait in FIFO order. A step either prefills waiting requests (as many as there are free rows and as fit the
 prefill token budget) or, when none can be admitted, advances every running request by one decode or speculative
 step. A finished request frees its row at once, so a server can admit new work between steps (continuous batching).
-An overlapped engine may instead admit requests to prefill *beside* the next step (`admit_beside`): they hold their
-rows but stay out of `running` (they are `joining`) until the engine joins them (`join`), one step later.
 
 Admission: with `min_prefill_rows = 1` (the default) waiting requests are admitted as soon as one row is free: the
 lowest time to first token. A throughput job (drafter-data regeneration: thousands of prompts through hundreds of
@@ -17,7 +15,6 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable
 
 from .request import Request
 
@@ -37,7 +34,6 @@ class Scheduler:
         self.free: list[int] = list(range(rows))
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
-        self.joining: list[Request] = []  # admitted beside a step: rows taken, not running yet
         self.prefill_token_budget = prefill_token_budget
         self.min_prefill_rows = max(1, min(min_prefill_rows, rows))
 
@@ -51,48 +47,21 @@ class Scheduler:
         self.waiting.append(req)
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running or self.joining)
-
-    def _candidates(self, limit: int) -> list[Request]:
-        """The waiting requests an admission takes (FIFO, up to `limit` and the free rows, within the token budget;
-        the first always), not yet removed from the queue."""
-        out: list[Request] = []
-        budget = self.prefill_token_budget
-        for req in self.waiting:
-            n = len(req.prompt_ids)
-            if len(out) == min(limit, len(self.free)) or (out and n > budget):
-                break
-            out.append(req)
-            budget -= n
-        return out
-
-    def _take(self, reqs: list[Request]) -> None:
-        for req in reqs:
-            self.waiting.popleft()
-            req.slot = self.free.pop(0)
-
-    def admit_beside(self, limit: int, fits: Callable[[list[Request]], bool]) -> list[Request]:
-        """When `may_admit`: the longest leading group of at most `limit` waiting requests that `fits` (can prefill
-        beside a step), admitted into free rows as `joining`; [] when none fits (or none may be admitted)."""
-        if not self.may_admit():
-            return []
-        group = self._candidates(limit)
-        while group and not fits(group):
-            group.pop()
-        self._take(group)
-        self.joining.extend(group)
-        return group
-
-    def join(self, reqs: list[Request]) -> None:
-        """Requests admitted beside a step run from now on."""
-        self.joining = [q for q in self.joining if q not in reqs]
-        self.running.extend(reqs)
+        return bool(self.waiting or self.running)
 
     def schedule(self) -> Batch | None:
         admitted: list[Request] = []
+        budget = self.prefill_token_budget
         if self.may_admit():  # decided once: admitting shrinks the free rows
-            admitted = self._candidates(len(self.free))
-            self._take(admitted)
+            while self.waiting and self.free:
+                req = self.waiting[0]
+                n = len(req.prompt_ids)
+                if admitted and n > budget:
+                    break
+                self.waiting.popleft()
+                req.slot = self.free.pop(0)
+                admitted.append(req)
+                budget -= n
         if admitted:
             self.running.extend(admitted)
             return Batch("prefill", admitted)
