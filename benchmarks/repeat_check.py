@@ -103,12 +103,12 @@ def step_apart(steps: list[tuple], ref: list[tuple], plain: list[list[int]] | No
     return None
 
 
-first_steps: dict[str, list[tuple]] = {}
 for bs in [int(x) for x in args.rows.split(",")]:
     configs = [] if args.no_plain else [RunConfig.plain()]
     resolved, _ = auto.resolved(target, dev.type, bs, 0.0)
     configs += [resolved] if resolved is not None else []
-    first: dict[str, list[list[int]]] = {}
+    first: dict[str, list[list[int]]] = {}  # per configuration, this row count's first run: answers, steps read
+    first_steps: dict[str, list[tuple]] = {}
     for run in range(args.runs):
         plain_tps = None
         for cfg in configs:
