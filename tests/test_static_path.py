@@ -138,6 +138,27 @@ def test_overlapped_steps_equal_plain(target, reference, spec, spec_max_rows):
     assert not Engine(target, None, EngineConfig(overlap=True)).overlapping  # needs the graph path (CPU: none)
 
 
+@pytest.mark.parametrize("spec", [None, SpecConfig(3, 1, 4), SpecConfig(5, 2, 8)], ids=["plain", "chain", "tree"])
+def test_static_steps_read_no_uninitialized_memory(target, spec):
+    """With PyTorch's deterministic mode every fresh allocation is filled with NaN (integers with their largest value),
+    so a step that read memory it had not written (on CUDA: whatever an earlier graph left in the pool, which differs
+    from run to run) would change the tokens. The static, overlapped path, rows finishing and rows joining, still
+    gives the plain greedy outputs."""
+    prompts = PROMPTS * 2
+    params = [SamplingParams(max_new_tokens=n, ignore_eos=True) for n in (30, 12, 25, 7, 40, 19) * 2]
+    plain = [o.token_ids for o in Engine(target, None, EngineConfig(max_batch_size=4)).generate(prompts, params)]
+    fill = torch.utils.deterministic.fill_uninitialized_memory
+    torch.use_deterministic_algorithms(True)
+    torch.utils.deterministic.fill_uninitialized_memory = True
+    try:
+        eng = static_engine(target, tiny_drafter(target, seed=1) if spec else None, spec, rows=8, overlap=True)
+        assert torch.empty(4).isnan().all()  # the fill is on
+        assert [o.token_ids for o in eng.generate(prompts, params)] == plain
+    finally:
+        torch.use_deterministic_algorithms(False)
+        torch.utils.deterministic.fill_uninitialized_memory = fill
+
+
 def test_overlapped_decoding_streams_and_samples(target):
     """Streaming through an overlapped engine gives the whole answer (the last launched step is read and dropped
     after the request ends), and sampling (plain and speculative) draws valid tokens, the same for the same seed."""
