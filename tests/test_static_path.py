@@ -147,7 +147,7 @@ def test_static_steps_read_no_uninitialized_memory(target, spec):
     prompts = PROMPTS * 2
     params = [SamplingParams(max_new_tokens=n, ignore_eos=True) for n in (30, 12, 25, 7, 40, 19) * 2]
     plain = [o.token_ids for o in Engine(target, None, EngineConfig(max_batch_size=4)).generate(prompts, params)]
-    fill = torch.utils.deterministic.fill_uninitialized_memory
+    fill, was = torch.utils.deterministic.fill_uninitialized_memory, torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True)
     torch.utils.deterministic.fill_uninitialized_memory = True
     try:
@@ -155,7 +155,7 @@ def test_static_steps_read_no_uninitialized_memory(target, spec):
         assert torch.empty(4).isnan().all()  # the fill is on
         assert [o.token_ids for o in eng.generate(prompts, params)] == plain
     finally:
-        torch.use_deterministic_algorithms(False)
+        torch.use_deterministic_algorithms(was)
         torch.utils.deterministic.fill_uninitialized_memory = fill
 
 
