@@ -92,10 +92,9 @@ def test_default_drafter_policy_per_device_and_engine_size(monkeypatch):
     """The measured policy (docs/benchmarks.md, "The shipped drafter", "Session 19", "Session 24", "Session 25"): the
     tree S2 K2 D4 in one-row CPU engines when greedy and a chain of 2 when sampling; on CUDA when greedy a chain of 3
     at 1 and 9-16 rows, the tree S4 K4 D8 at 2-8 and S5 K2 D8 at 17-32 rows, in engines of up to 32 rows (unmeasured
-    above 32 rows), and
-    when sampling the chain of 3 in engines of up to 32 rows; plain decoding elsewhere, and an explanation for each
-    case. A policy of several shapes gives engines of several rows a
-    schedule, each step the shape of its rows."""
+    above 32 rows), and when sampling the chain of 3 in engines of up to 32 rows; plain decoding elsewhere, and an
+    explanation for each case. A policy of several shapes gives engines of several rows a schedule, each step the
+    shape of its rows."""
     import eaglespec.assets as assets
     from eaglespec.assets import default_spec, slower_note
     from eaglespec.config import SpecConfig, SpecSchedule

@@ -265,8 +265,9 @@ def _launch(h2: torch.Tensor, d2: torch.Tensor | None, nw: torch.Tensor | None, 
 # inputs whose tiles do not fit in shared memory) take one program per (column block, row), each running the one-row
 # row loop over its own row: the 4-row blocks (a broadcast product with cross-warp reductions) cost twice a one-row
 # call per kernel, and cuBLAS plus a separate norm served 5-8 rows. On the H200 (benchmarks/row_grid_check.py, random
-# SmolLM2 weights, session 13): verify of 4 tokens 0.673 -> 0.566 ms, of 8 tokens 0.916 -> 0.714 ms, an 8-row decode step 0.884 ->
-# 0.703 ms; at 16 rows it lost to cuBLAS (decode 0.921 -> 1.001 ms: each row's program reads the weight tile again).
+# SmolLM2 weights, session 13): verify of 4 tokens 0.673 -> 0.566 ms, of 8 tokens 0.916 -> 0.714 ms, an 8-row decode
+# step 0.884 -> 0.703 ms; at 16 rows it lost to cuBLAS (decode 0.921 -> 1.001 ms: each row's program reads the weight
+# tile again).
 # Programs of several rows past 8 rows lost to cuBLAS by far (16-128 rows, 2-16 rows per program: an 8-row tree
 # verify of 128 rows 1.09 -> 3.63 ms), so the policy keeps one row per program; explicit blocks may group rows.
 ROW_GRID_ROWS = 8
