@@ -53,7 +53,7 @@ PROMPT_BLOCK_KV = 64  # positions per step of the prompt kernel's loop (its tile
 SKIP_MIN_ROWS = 2  # steps of this many rows or more read a block's keys and values only if a query sees it
 UNROLL_MAX_SPLITS = 16  # the combine's loop over splits is unrolled up to this many splits
 # the kernels' shared jit helpers, bound here by `_kernels()` (see there)
-_block_scores = _pv_product = _online_block = _merge_split = _query_tile = None
+_block_scores = _pv_product = _online_block = _merge_split = _query_tile = _store_output = None
 
 
 def fits(B: int, T: int, H: int, Hkv: int, D: int) -> bool:
@@ -113,7 +113,15 @@ def _kernels():
         p = tl.exp(s - m_safe[:, None])  # exp(-inf) = 0 where hidden
         return m_new, l_i * alpha + tl.sum(p, axis=1), acc * alpha[:, None] + _pv_product(p, vv, IEEE)
 
-    globals().update(_online_block=online_block, _query_tile=query_tile)
+    @triton.jit
+    def store_output(out, acc, l, b, t, g, valid, kvh, G, d, s_ob, s_ot, s_oh):
+        """The normalised output acc / l of query rows (t, g) into out[b, t, kvh * G + g, :] where valid (l = 0:
+        a row that saw nothing stores 0)."""
+        res = acc / tl.where(l > 0, l, 1.0)[:, None]
+        tl.store(out + b * s_ob + t[:, None] * s_ot + (kvh * G + g)[:, None] * s_oh + d[None, :],
+                 res.to(out.dtype.element_ty), mask=valid[:, None])
+
+    globals().update(_online_block=online_block, _query_tile=query_tile, _store_output=store_output)
 
     @triton.jit
     def split_kernel(q, k, v, rows, mask, o_part, m_part, l_part, out, T, G, HKV, K, NSPLIT,
@@ -144,9 +152,7 @@ def _kernels():
             m_i, l_i, acc = _online_block(qv, k, v, row, pos, pv, vis, kvh, d, s_kr, s_kp, s_kh, scale,
                                           m_i, l_i, acc, IEEE)
         if DIRECT:  # one split: this program's result is the output
-            res = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-            tl.store(out + b * s_ob + t[:, None] * s_ot + (kvh * G + g)[:, None] * s_oh + d[None, :],
-                     res.to(out.dtype.element_ty), mask=rv[:, None])
+            _store_output(out, acc, l_i, b, t, g, rv, kvh, G, d, s_ob, s_ot, s_oh)
         else:
             base = pid * NSPLIT + sp
             tl.store(o_part + (base * BLOCK_Q + r[:, None]) * D + d[None, :], acc)
@@ -190,9 +196,7 @@ def _kernels():
         else:
             for sp in range(0, NSPLIT):
                 mx, tot, acc = _merge_split(o_part, m_part, l_part, pid * NSPLIT + sp, r, d, mx, tot, acc, BLOCK_Q, D)
-        res = acc / tl.where(tot > 0, tot, 1.0)[:, None]
-        tl.store(out + b * s_ob + t[:, None] * s_ot + (kvh * G + g)[:, None] * s_oh + d[None, :],
-                 res.to(out.dtype.element_ty), mask=(t < T)[:, None])
+        _store_output(out, acc, tot, b, t, g, t < T, kvh, G, d, s_ob, s_ot, s_oh)
 
     @triton.jit
     def prompt_kernel(q, k, v, rows, mask, out, T, G, HKV, K, NQ,
@@ -221,9 +225,7 @@ def _kernels():
             if tl.max(vis.to(tl.int32)) > 0:  # a block no row of the tile sees is skipped
                 m_i, l_i, acc = _online_block(qv, k, v, row, pos, pv, vis, kvh, d, s_kr, s_kp, s_kh, scale,
                                               m_i, l_i, acc, IEEE)
-        res = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-        tl.store(out + b * s_ob + t[:, None] * s_ot + (kvh * G + g)[:, None] * s_oh + d[None, :],
-                 res.to(out.dtype.element_ty), mask=rv[:, None])
+        _store_output(out, acc, l_i, b, t, g, rv, kvh, G, d, s_ob, s_ot, s_oh)
 
     return split_kernel, combine_kernel, prompt_kernel
 
