@@ -61,9 +61,7 @@ for bs in [int(x) for x in args.rows.split(",")]:
         drafter = pool.get(cfg.drafter) if cfg.speculative else None
         cr = ConfigRun(target, tok, cfg, bs, EngineConfig(), drafter, "continuous")
         cr.timer.enabled = not args.no_timer
-        cr.reserve(prompts, params)
-        cr.warmup(prompts, params, 1)
-        cr.prefill_pass([prompts], params)
+        cr.prepare([prompts], params)
         e = cr.engine
         graphs, runner = e.runner.graphs, e.runner
         units: list[tuple] = []  # (key, start event, end event) in launch order

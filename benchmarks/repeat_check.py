@@ -116,9 +116,7 @@ for bs in [int(x) for x in args.rows.split(",")]:
             cr = ConfigRun(target, tok, cfg, bs, EngineConfig(), drafter, "continuous")
             if dev.type == "cpu":  # the graph protocol without graphs: overlapped steps, read by `collect`
                 cr.engine.runner.graphs = GraphCache(cr.engine.runner, capture=False)
-            cr.reserve(prompts, params)
-            cr.warmup(prompts, params, 1)
-            cr.prefill_pass([prompts], params)
+            cr.prepare([prompts], params)
             # per step read: (rows, accepted counts or None, tokens per row, prompt index per row, answer position
             # per row: the tokens the request held before this step's)
             steps: list[tuple] = []

@@ -19,6 +19,8 @@ Contract of `ConfigRun(target, tokenizer, config, batch_size, engine_config, dra
   ~0.1-0.5 s slower than a later one doing the same work, with no compile inside the timed run: docs/benchmarks.md,
   "Session 7"); continuous batching admits a few rows at a time, so it also prefills 1..PREFILL_GRAPH_ROWS copies of
   one prompt per prefill-graph length bucket (the graphs are captured per (rows, bucket));
+- `prepare(groups, params, warmup, refs)`: reserve, `warmup` generations, then (when warmup > 0) the prefill pass,
+  as the bench runs them before timing (the probes under benchmarks/ call it too);
 - `run(prompts, params, refs)` generates chunk by chunk, timing each `generate` call with the host clock (its result
   is read on the host, so the time includes every device step); it may be called again with more prompts (MT-bench's
   second turns), and everything accumulates;
@@ -202,6 +204,16 @@ class ConfigRun:
                     self._generate(batch, one, None)
             start += len(g)
         self._reset()
+
+    def prepare(self, groups: Sequence[Sequence[Sequence[int]]], params: SamplingParams, warmup: int = 1,
+                refs: Sequence[Sequence[int]] | None = None) -> None:
+        """Everything untimed before the timed `run` calls of these prompt groups, in the bench's order: reserve
+        (every prompt of every group), `warmup` generations of the first group, and, when warming up at all, the
+        prefill pass."""
+        self.reserve([p for g in groups for p in g], params)
+        self.warmup(groups[0], params, warmup, refs)
+        if warmup:
+            self.prefill_pass(groups, params, refs)
 
     def run(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
             refs: Sequence[Sequence[int]] | None = None) -> None:

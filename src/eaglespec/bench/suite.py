@@ -114,10 +114,7 @@ def run_suite(model: BenchModel, workload: Workload, configs: Sequence[RunConfig
     records: list[RunRecord] = []
 
     def go(cr: ConfigRun, all_refs: list[list[int]] | None) -> RunRecord:
-        cr.reserve([p for g in groups for p in g], params)
-        cr.warmup(groups[0], params, options.warmup, all_refs)
-        if options.warmup:
-            cr.prefill_pass(groups, params, all_refs)
+        cr.prepare(groups, params, options.warmup, all_refs)
         start = 0
         for g in groups:
             cr.run(g, params, all_refs[start : start + len(g)] if all_refs is not None else None)
