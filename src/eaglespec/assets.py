@@ -64,6 +64,9 @@ DEFAULT_DRAFTER = ASSETS / "smollm2-135m-eagle3"
 #   at 2-8 rows S4 K4 D8 (8 rows 1.79-1.82x in 4 runs, mean 1.81x, against S4 K2 D8's 1.75-1.79x in the same runs;
 #   2 / 4 rows 1.70x / 1.76x against 1.69x / 1.74x), at 17-32 rows S5 K2 D8 (32 rows 1.48-1.51x in 4 runs against
 #   S4 K2 D8's 1.43-1.50x in the same runs; S4 K4 D8 1.45x / 1.48x, S5 K4 D8 and S6 K2 D10 1.38-1.46x);
+#   session 27 kept both: at 16 rows the chain 1.66x against trees 1.56-1.62x (S4 K2 D6 / K4 D8 / K2 D8, S5 K2 D8 /
+#   D7); at 32 rows S5 K2 D7 averaged 1.49x against S5 K2 D8's 1.48x over 6 runs each (0.7%, inside one shape's
+#   spread in one call), S6 K2 D8 / D9, S5 K3 D8, S4 K2 D7 / D6, S5 K2 D6, S4 K4 D7 1.31-1.47x;
 # - sampling at temperature 1 (the drafter learnt the target's greedy text; chains draw sampled drafts): the CPU's
 #   one-step chain gains (1.15x, tau 1.37); on the H200 sampling lost until session 20 (the chain of 3 0.82x, tau
 #   1.75: a sampled step sorted every row of logits, ~55 kernels per call), when `target_probs` became one Triton
