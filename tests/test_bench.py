@@ -28,7 +28,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 RECORD_KEYS = {
     "config": str, "kind": str, "batch_size": int, "prompts": int, "prompt_tokens": int, "output_tokens": int,
     "seconds": float, "tok_per_s": float, "identical_outputs": int, "identical_reference": str,
-    "finished_by_eos": int, "time_split": dict, "batching": str, "engine_steps": dict, "auto": bool,
+    "finished_by_eos": int, "time_split": dict, "batching": str, "engine_steps": dict, "auto": bool, "round": int,
 }
 OPTIONAL_KEYS = ("drafter", "steps", "topk", "draft_tokens", "schedule", "shape", "speedup", "accept_length_mean",
                  "accept_length_hist", "accept_rate_per_depth", "verify_steps", "draft_forwards", "bandwidth")
@@ -87,8 +87,10 @@ def run_cli(args: list[str], capsys) -> tuple[int, str, str]:
 def check_schema(doc: dict) -> None:
     assert doc["schema"] == "eaglespec.bench" and doc["schema_version"] == 1
     for key in ("date", "command", "git_revision", "git_dirty", "machine", "model", "prompts", "sampling", "engine",
-                "warmup", "batch_sizes", "batching", "peer", "records"):
+                "warmup", "batch_sizes", "batching", "repeats", "peer", "records", "summary"):
         assert key in doc, key
+    assert len(doc["summary"]) == len({(r["config"], r["batch_size"]) for r in doc["records"]})
+    assert sum(r["runs"] for r in doc["summary"]) == len(doc["records"])
     assert doc["command"].startswith("eaglespec ")
     assert set(doc["sampling"]) == {"max_new_tokens", "temperature", "top_p", "top_k", "ignore_eos", "seed"}
     assert set(doc["engine"]) == {"cuda_graphs", "fuse_projections", "compile", "overlap", "spec_max_rows",
@@ -277,6 +279,46 @@ def test_bench_random_weights(tmp_path, capsys):
     assert [(r["config"], r["batch_size"], r["output_tokens"]) for r in doc["records"]] == [
         ("no-spec", 1, 15), ("random S2 K1 D3", 1, 15), ("no-spec", 3, 15), ("random S2 K1 D3", 3, 15)]
     assert doc["records"][2]["bandwidth"]["decode_steps"] == 4
+
+
+def test_bench_repeats_alternate_and_report_medians(tmp_path, capsys):
+    """`--repeats 3`: per batch size the baseline and the configuration run three times, the second round in reverse
+    order (ABBA); each speedup is against its own round's baseline; the summary holds the medians (tok/s and the
+    per-round speedups) with their ranges, the table prints them, and every round's answers equal plain decoding."""
+    cfg = tmp_path / "shape.json"
+    cfg.write_text(json.dumps(dict(architectures=["LlamaForCausalLM"], model_type="llama", vocab_size=101,
+                                   hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=True)))
+    out = tmp_path / "out"
+    code, stdout, err = run_cli(
+        ["bench", "--random-weights", cfg, "--prompt-len", "10", "--limit", "3", "--batch-sizes", "1,3", "--spec",
+         "2,1,3", "--draft", "random", "--max-new-tokens", "5", "--device", "cpu", "--repeats", "3", "--out", out],
+        capsys)
+    assert code == 0, err
+    doc = json.loads((out / "results.json").read_text())
+    check_schema(doc)
+    assert doc["repeats"] == 3
+    plain, spec = "no-spec", "random S2 K1 D3"
+    order = [(c, b, rnd) for b in (1, 3) for c, rnd in
+             ((plain, 0), (spec, 0), (spec, 1), (plain, 1), (plain, 2), (spec, 2))]
+    assert [(r["config"], r["batch_size"], r["round"]) for r in doc["records"]] == order
+    for r in doc["records"]:
+        base = next(x for x in doc["records"] if x["kind"] == "no-spec" and x["batch_size"] == r["batch_size"]
+                    and x["round"] == r["round"])
+        assert r["speedup"] == pytest.approx(r["tok_per_s"] / base["tok_per_s"], rel=1e-3)
+        assert r["identical_outputs"] == r["prompts"] == 3
+    assert [(s["config"], s["batch_size"], s["runs"]) for s in doc["summary"]] == [
+        (plain, 1, 3), (spec, 1, 3), (plain, 3, 3), (spec, 3, 3)]
+    for s in doc["summary"]:
+        rs = [r for r in doc["records"] if (r["config"], r["batch_size"]) == (s["config"], s["batch_size"])]
+        assert s["tok_per_s"] == pytest.approx(sorted(r["tok_per_s"] for r in rs)[1], abs=0.01)
+        assert s["speedup"] == pytest.approx(sorted(r["speedup"] for r in rs)[1], abs=1e-4)
+        assert s["tok_per_s_range"] == [min(r["tok_per_s"] for r in rs), max(r["tok_per_s"] for r in rs)]
+    md = (out / "results.md").read_text()
+    assert "Medians over 3 rounds" in md and f"| {spec} (round 1) | 3 |" in md
+    assert any(line.startswith(f"| {spec} | 3 | 3 | ") for line in md.splitlines())
+    code, _, err = run_cli(["bench", "--random-weights", cfg, "--device", "cpu", "--repeats", "0"], capsys)
+    assert code == 2 and "--repeats must be >= 1 (got 0)" in err
 
 
 def test_bench_runs_a_schedule(tmp_path, capsys):

@@ -35,7 +35,7 @@ def plot(doc: dict[str, Any], path: str | Path) -> None:
     import matplotlib.pyplot as plt
     import matplotlib.ticker  # noqa: F401  (matplotlib.ticker below)
 
-    records = doc["records"]
+    records = doc.get("summary") or doc["records"]  # with --repeats: the medians over the rounds
     names = _pick(records)
     cmap = plt.get_cmap("tab20" if len(names) > 10 else "tab10")
     color = {n: cmap(i % cmap.N) for i, n in enumerate(names)}

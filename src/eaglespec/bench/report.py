@@ -21,9 +21,9 @@
       shape (the shape's label, "S3 K1 D4" or "1:S3 K1 D4 / 8:S4 K2 D8"; null without speculation), auto (true for
       `--spec auto`: the shape `draft="auto"` takes at this batch size, resolved per batch size; the config name
       stays "<drafter> auto"),
-      batch_size, prompts,
+      batch_size, round (0, or the repeat round: `--repeats`), prompts,
       prompt_tokens, output_tokens, seconds (wall time of the timed generations), tok_per_s (output tokens / seconds),
-      speedup (tok_per_s / the no-spec tok_per_s at the same batch size; the peer: at batch 1, else null),
+      speedup (tok_per_s / the no-spec tok_per_s at the same batch size and round; the peer: at batch 1, else null),
       identical_outputs (outputs equal token for token to the reference's) and identical_reference (the no-spec run
       at the same batch size; for a no-spec run and the peer: the no-spec run at the first batch size, batch 1 for
       the peer when measured), finished_by_eos, batching, engine_steps (batched steps the engine ran, by kind:
@@ -35,6 +35,9 @@
       bandwidth (no-spec only): decode_steps, decode_seconds, decode_seconds_from ("timer", or "wall minus prefill"
       where graph replays are not timed one by one), bytes, bytes_per_step, achieved_gb_s, device_gb_s,
       fraction_of_device (see bandwidth.py for what is counted)
+    repeats: rounds per batch size (suite.py);
+    summary:  one row per (configuration, batch size): its first round's record with tok_per_s, speedup and
+      accept_length_mean the medians over its rounds, plus runs, tok_per_s_range and speedup_range ([min, max]);
     tune (kind "tune" only): see tune.py.
 
 `markdown(doc)` renders the table (and the acceptance table); `write_outputs(doc, result, out)` writes
@@ -110,7 +113,8 @@ def record_dict(rec: RunRecord, records: Sequence[RunRecord], model: BenchModel,
                 device_bw: float | None) -> dict[str, Any]:
     kind = _kind(rec)
     ref = _reference(rec, records)
-    base = next((r for r in records if _kind(r) == "no-spec" and r.batch_size == rec.batch_size), None)
+    base = next((r for r in records if _kind(r) == "no-spec" and r.batch_size == rec.batch_size
+                 and r.round == rec.round), None)  # the speedup's: the same round's baseline
     spec = rec.config.spec
     schedule = spec.entries if isinstance(spec, SpecSchedule) else None
     shape = spec if isinstance(spec, SpecConfig) else None
@@ -120,7 +124,8 @@ def record_dict(rec: RunRecord, records: Sequence[RunRecord], model: BenchModel,
         "draft_tokens": shape.draft_tokens if shape else None,
         "schedule": [[rows, s.steps, s.topk, s.draft_tokens] for rows, s in schedule] if schedule else None,
         "shape": shape_label(spec) if spec is not None else None, "auto": rec.config.auto,
-        "batch_size": rec.batch_size, "prompts": len(rec.outputs), "prompt_tokens": sum(rec.prompt_tokens),
+        "batch_size": rec.batch_size, "round": rec.round, "prompts": len(rec.outputs),
+        "prompt_tokens": sum(rec.prompt_tokens),
         "output_tokens": rec.output_tokens, "seconds": _r(rec.seconds, 4), "tok_per_s": _r(rec.tok_per_s, 2),
         "speedup": _r(rec.tok_per_s / base.tok_per_s, 4) if base is not None and base.tok_per_s > 0 else None,
         "identical_outputs": sum(a == b for a, b in zip(rec.outputs, ref.outputs)) if ref is not None else None,
@@ -169,6 +174,7 @@ def document(kind: str, result: SuiteResult, model: BenchModel, workload: Worklo
     device_bw = (machine.get("copy_bandwidth_gb_s") or 0) * 1e9 or None
     n_params = sum(p.numel() for p in {id(p): p for p in model.loaded.model.parameters()}.values())
     p = options.params
+    records = [record_dict(r, result.records, model, device_bw) for r in result.records]
     return {
         "schema": SCHEMA, "schema_version": SCHEMA_VERSION, "kind": kind,
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
@@ -192,9 +198,37 @@ def document(kind: str, result: SuiteResult, model: BenchModel, workload: Worklo
                    "compile": options.engine.compile, "overlap": options.engine.overlap,
                    "spec_max_rows": options.engine.spec_max_rows, "min_prefill_rows": options.engine.min_prefill_rows},
         "warmup": options.warmup, "batch_sizes": list(options.batch_sizes), "batching": options.batching,
+        "repeats": options.repeats,
         "peer": {"library": "transformers", "version": result.peer_version} if result.peer_version else None,
-        "records": [record_dict(r, result.records, model, device_bw) for r in result.records],
+        "records": records,
+        "summary": summary(records),
     }
+
+
+def _median(xs: Sequence[float]) -> float:
+    ys = sorted(xs)
+    n = len(ys)
+    return ys[n // 2] if n % 2 else (ys[n // 2 - 1] + ys[n // 2]) / 2
+
+
+def summary(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per (configuration, batch size) over its rounds, in first-run order: its first round's record with
+    tok_per_s, speedup and accept_length_mean replaced by their medians over the rounds (the speedup's: of each
+    round's ratio to that round's baseline), plus runs and the [min, max] of tok/s and speedup."""
+    groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for r in records:
+        groups.setdefault((r["config"], r["batch_size"]), []).append(r)
+    out = []
+    for rs in groups.values():
+        row = dict(rs[0])
+        tps = [r["tok_per_s"] for r in rs]
+        sp = [r["speedup"] for r in rs if r["speedup"] is not None]
+        tau = [r["accept_length_mean"] for r in rs if r["accept_length_mean"] is not None]
+        row.update(runs=len(rs), tok_per_s=_r(_median(tps), 2), tok_per_s_range=[min(tps), max(tps)],
+                   speedup=_r(_median(sp), 4) if sp else None, speedup_range=[min(sp), max(sp)] if sp else None,
+                   accept_length_mean=_r(_median(tau), 4) if tau else None)
+        out.append(row)
+    return out
 
 
 def _pct(part: float | None, whole: float | None) -> str:
@@ -206,8 +240,9 @@ def _f(x: Any, fmt: str = "{:.2f}") -> str:
 
 
 def _config_cell(r: dict[str, Any]) -> str:
-    """The configuration's name, and for `--spec auto` the shape it took at this batch size."""
-    return f"{r['config']} = {r['shape']}" if r.get("auto") else r["config"]
+    """The configuration's name, for `--spec auto` the shape it took at this batch size, and a repeat's round."""
+    cell = f"{r['config']} = {r['shape']}" if r.get("auto") else r["config"]
+    return cell + (f" (round {r['round']})" if r.get("round") else "")
 
 
 def markdown(doc: dict[str, Any], records: Sequence[dict[str, Any]] | None = None) -> str:
@@ -240,7 +275,18 @@ def markdown(doc: dict[str, Any], records: Sequence[dict[str, Any]] | None = Non
             f"{_pct(ts.get('draft'), r['seconds'])} | {_pct(ts.get('verify'), r['seconds'])} | "
             f"{_pct(ts.get('rest'), r['seconds'])} | {_pct(ts.get('prefill'), r['seconds'])} | {gbs} |"
         )
-    spec = [r for r in recs if r["accept_length_hist"]]
+    if doc.get("repeats", 1) > 1:
+        lines += ["", f"Medians over {doc['repeats']} rounds (odd rounds in reverse order; speedup: of each round's "
+                  "ratio to its own baseline):", "",
+                  "| config | batch | runs | tok/s | tok/s range | speedup | speedup range | accept len |",
+                  "| --- | ---: | ---: | ---: | --- | ---: | --- | ---: |"]
+        for r in doc["summary"]:
+            lo, hi = r["tok_per_s_range"]
+            sr = r["speedup_range"]
+            lines.append(f"| {_config_cell(r)} | {r['batch_size']} | {r['runs']} | {r['tok_per_s']:.1f} | "
+                         f"{lo:.1f}-{hi:.1f} | {_f(r['speedup'], '{:.2f}x')} | "
+                         f"{f'{sr[0]:.2f}-{sr[1]:.2f}x' if sr else '-'} | {_f(r['accept_length_mean'])} |")
+    spec = [r for r in recs if r["accept_length_hist"] and not r.get("round")]
     if spec:
         lines += ["", "| config | batch | accept length histogram (tau: steps) | acceptance per depth |",
                   "| --- | ---: | --- | --- |"]

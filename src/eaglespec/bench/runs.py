@@ -122,6 +122,7 @@ class RunRecord:
     steps: dict[str, int] = field(default_factory=dict)  # batched engine steps of the timed run, by kind
     traffic: DecodeTraffic = field(default_factory=DecodeTraffic)
     batching: str = "static"
+    round: int = 0  # the repeat round (suite.run_suite with repeats > 1)
 
     @property
     def output_tokens(self) -> int:

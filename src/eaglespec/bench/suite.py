@@ -9,7 +9,11 @@ Contract of `run_suite(model, workload, configs, options, log)` -> `SuiteResult`
   batched separately);
 - an `oracle` drafter gets the baseline's outputs at the same batch size as references, batch by batch;
 - `options.peer == "hf"` adds transformers' generate at batch 1 over all prompts (peer_hf.py), last;
-- `SuiteResult.records` holds one `RunRecord` per (configuration, batch size) (+ the peer), baselines included;
+- `options.repeats` = N > 1: after that first round, N - 1 more rounds of the baseline and every configuration at
+  the same batch size, each a fresh `ConfigRun`, in reverse order in odd rounds (ABBA: a position in the sequence,
+  which can favour a run on a device, falls to each configuration alike); the records carry their round
+  (`RunRecord.round`); the oracle keeps the first round's references;
+- `SuiteResult.records` holds one `RunRecord` per (configuration, batch size, round) (+ the peer), baselines included;
   `SuiteResult.prompts` one row per prompt (turn, text, tokens, the reference baseline's answer).
 Both `bench` and `tune` run through here; `report.py` turns the result into JSON, Markdown and numbers.
 """
@@ -73,6 +77,7 @@ class SuiteOptions:
     warmup: int = 1
     peer: str | None = None
     batching: str = "static"  # or "continuous" (runs.py)
+    repeats: int = 1  # rounds of the baseline and every configuration per batch size (module docstring)
 
 
 @dataclass
@@ -100,6 +105,17 @@ def _second_turns(model: BenchModel, workload: Workload, answers: Sequence[str])
             ids.append(i)
             texts.append(t)
     return ids, texts
+
+
+def _config_run(model: BenchModel, pool: DrafterPool, cfg: RunConfig, bs: int, options: SuiteOptions,
+                refs: list[list[int]]) -> ConfigRun:
+    """A fresh run of a resolved configuration at batch size `bs` (the oracle built on the baseline's references)."""
+    drafter = None
+    if cfg.drafter == ORACLE:
+        drafter = oracle(model.loaded.model.config, bs, max(len(r) for r in refs))
+    elif cfg.speculative:
+        drafter = pool.get(cfg.drafter)  # type: ignore[arg-type]
+    return ConfigRun(model.loaded.model, model.loaded.tokenizer, cfg, bs, options.engine, drafter, options.batching)
 
 
 def run_suite(model: BenchModel, workload: Workload, configs: Sequence[RunConfig], options: SuiteOptions,
@@ -157,6 +173,7 @@ def run_suite(model: BenchModel, workload: Workload, configs: Sequence[RunConfig
                 row.answer = ans
         all_ids = [p for g in groups for p in g]
         refs = references(all_ids, baseline.outputs, baseline.stopped, eos_ids)
+        runs: list[RunConfig] = [RunConfig.plain()]  # this batch size's runs in order, for the later rounds
         for cfg in configs:
             if not cfg.speculative:
                 continue
@@ -164,12 +181,13 @@ def run_suite(model: BenchModel, workload: Workload, configs: Sequence[RunConfig
             if resolved is None:  # `--spec auto` where the default decodes plainly: the no-spec run is what it runs
                 log(f"{cfg.name} bs={bs}: not run, the default decodes plainly here ({why})")
                 continue
-            cfg = resolved
-            if cfg.drafter == ORACLE:
-                drafter = oracle(target.config, bs, max(len(r) for r in refs))
-            else:
-                drafter = pool.get(cfg.drafter)  # type: ignore[arg-type]
-            records.append(go(ConfigRun(target, tok, cfg, bs, options.engine, drafter, options.batching), refs))
+            runs.append(resolved)
+            records.append(go(_config_run(model, pool, resolved, bs, options, refs), refs))
+        for rnd in range(1, options.repeats):
+            for cfg in (runs[::-1] if rnd % 2 else runs):
+                rec = go(_config_run(model, pool, cfg, bs, options, refs), refs if cfg.speculative else None)
+                rec.round = rnd
+                records.append(rec)
     peer_version = None
     if options.peer == "hf":
         if model.hf_source is None:

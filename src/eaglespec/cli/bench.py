@@ -59,6 +59,10 @@ def add_run_options(p: argparse.ArgumentParser, max_new_tokens: int, limit: int 
     r.add_argument("--warmup", type=int, default=1,
                    help="untimed warm-up generations per run, then one untimed prefill of every batch the run will "
                         "time (0: no warm-up at all; default: 1)")
+    r.add_argument("--repeats", type=int, default=1,
+                   help="rounds of the baseline and every configuration per batch size, odd rounds in reverse "
+                        "order; the table adds each one's median tok/s and speedup with their ranges (tune chooses "
+                        "by the medians; default: 1)")
     r.add_argument("--peer", default=None, choices=["hf"], help="also time transformers' generate (batch 1)")
     r.add_argument("--out", default=None, metavar="DIR",
                    help="write results.json, results.md, results.png and outputs.jsonl here")
@@ -90,6 +94,8 @@ def prepare(args: argparse.Namespace) -> Prepared:
         raise ConfigError(f"prompt file {args.prompts} does not exist")
     if args.warmup < 0:
         raise ConfigError(f"--warmup must be >= 0 (got {args.warmup})")
+    if args.repeats < 1:
+        raise ConfigError(f"--repeats must be >= 1 (got {args.repeats})")
     items, count = select_prompts(args.random_weights is not None, args.prompts, limit, sizes)
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                             top_k=args.top_k, ignore_eos=args.ignore_eos or args.random_weights is not None)
@@ -101,8 +107,8 @@ def prepare(args: argparse.Namespace) -> Prepared:
     model = load_bench_model(args.model, args.random_weights, device, dtype, args.seed, args.fuse, args.compile)
     workload = build_workload(model, args.prompts, items, args.turns, not args.no_chat_template, args.prompt_len,
                               count, args.seed)
-    return Prepared(model, workload, SuiteOptions(sizes, params, engine, args.warmup, args.peer, args.batching),
-                    machine_info(device, bw))
+    return Prepared(model, workload, SuiteOptions(sizes, params, engine, args.warmup, args.peer, args.batching,
+                                                  args.repeats), machine_info(device, bw))
 
 
 NEGATABLE = ("cuda_graphs", "fuse", "compile", "overlap")  # BooleanOptionalAction options: False is spelled --no-...
@@ -138,7 +144,7 @@ def finish(kind: str, args: argparse.Namespace, prep: Prepared, result: "SuiteRe
 
     doc = document(kind, result, prep.model, prep.workload, prep.options, prep.machine, command_line(kind, args))
     if kind == "tune":
-        doc["tune"] = tune_section(doc["records"])
+        doc["tune"] = tune_section(doc["summary"])  # the medians over the rounds (one round: the records)
         order = {b: i for i, b in enumerate(doc["batch_sizes"])}
         recs = sorted(doc["records"], key=lambda r: (order.get(r["batch_size"], len(order)), -r["tok_per_s"]))
         md = markdown(doc, recs) + "\n" + "\n".join(doc["tune"]["messages"]) + "\n"
