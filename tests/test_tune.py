@@ -182,3 +182,26 @@ def test_batch_sizes_need_as_many_prompts(capsys, monkeypatch):
             prepare(args)
         assert args.limit == limit and f"--limit {limit}" in command_line("tune", args)
         assert "--min-limit" not in command_line("tune", args)
+
+
+def test_tune_repeats_chooses_by_the_medians(tmp_path, capsys):
+    """`tune --repeats 2`: every shape and the baseline run twice per batch size, and the verdict (fastest, net
+    negative) follows the summary's median tok/s, not any single round's."""
+    model = write_tiny_chat_folder(tmp_path / "tiny")
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ("Hello there.", "Name a colour.")))
+    out = tmp_path / "out"
+    code, _, err = run_cli(
+        ["tune", "--model", model, "--prompts", prompts, "--draft", "random", "--steps", "2", "--topk", "1,2",
+         "--draft-tokens", "3", "--batch-sizes", "2", "--max-new-tokens", "8", "--ignore-eos", "--repeats", "2",
+         "--device", "cpu", "--out", out], capsys)
+    assert code == 0, err
+    doc = json.loads((out / "results.json").read_text())
+    check_schema(doc)
+    assert sorted(r["round"] for r in doc["records"]) == [0, 0, 0, 1, 1, 1]
+    assert [s["runs"] for s in doc["summary"]] == [2, 2, 2]
+    best = max(doc["summary"], key=lambda s: s["tok_per_s"])
+    assert doc["tune"]["fastest"]["2"] == best["config"]
+    base = next(s for s in doc["summary"] if s["kind"] == "no-spec")
+    spec = max((s for s in doc["summary"] if s["kind"] == "spec"), key=lambda s: s["tok_per_s"])
+    assert doc["tune"]["net_negative"]["2"] == (spec["tok_per_s"] < base["tok_per_s"])
