@@ -44,7 +44,8 @@ def timed(fn) -> dict:
     call = time.perf_counter() - t
     torch.cuda.synchronize()
     done = time.perf_counter() - t
-    return {"call_us": round(1e6 * call, 1), "done_us": round(1e6 * done, 1), "device_us": round(1e3 * a.elapsed_time(b), 1)}
+    return {"call_us": round(1e6 * call, 1), "done_us": round(1e6 * done, 1),
+            "device_us": round(1e3 * a.elapsed_time(b), 1)}
 
 
 totals: dict[str, float] = {}
@@ -59,7 +60,7 @@ for rows, spec in ((32, None), (32, SpecConfig(5, 2, 8)), (1, SpecConfig(3, 1, 4
         cases += [(f"{kind} {name}", g.replay) for name, g in phases]
     for n in (200, 400):  # one-row prefill graphs of the 256 and 512 buckets (the probe's prompts took 128)
         if graphs is None:
-            cases.append((f"prefill {n} tokens", lambda n=n: e.runner.prefill([0], [list(range(1, n + 1))], True)))
+            cases.append((f"prefill {n} tokens", lambda n=n, e=e: e.runner.prefill([0], [list(range(1, n + 1))], True)))
             continue
         key = ("prefill", 1, graphs.prefill_bucket(n), True)
         graphs._prefill_inputs(key, [list(range(1, n + 1))], [0])  # into row 0 (a probe: its decode is random anyway)
