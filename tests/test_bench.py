@@ -250,9 +250,10 @@ def test_bench_mt_bench_two_turns_with_peer(chat_model, tmp_path, capsys):
     assert doc["peer"]["library"] == "transformers" and doc["peer"]["version"]
 
 
-def bench_tiny_random(tmp_path, capsys, spec: str) -> tuple[Path, dict]:
+def bench_tiny_random(tmp_path, capsys, spec: str, *more: str) -> tuple[Path, dict]:
     """`eaglespec bench` on a 2-layer Llama of random weights (its config.json written here), 3 random prompts of 10
-    tokens, 5 new tokens, batch sizes 1 and 3, a random drafter with `--spec spec`; returns (config path, results)."""
+    tokens, 5 new tokens, batch sizes 1 and 3, a random drafter with `--spec spec` (and `more` options); returns
+    (config path, results)."""
     tmp_path.mkdir(parents=True, exist_ok=True)
     cfg = tmp_path / "shape.json"
     cfg.write_text(json.dumps(dict(architectures=["LlamaForCausalLM"], model_type="llama", vocab_size=101,
@@ -261,7 +262,7 @@ def bench_tiny_random(tmp_path, capsys, spec: str) -> tuple[Path, dict]:
     out = tmp_path / "out"
     code, _, err = run_cli(
         ["bench", "--random-weights", cfg, "--prompt-len", "10", "--limit", "3", "--batch-sizes", "1,3", "--spec",
-         spec, "--draft", "random", "--max-new-tokens", "5", "--device", "cpu", "--out", out], capsys)
+         spec, "--draft", "random", "--max-new-tokens", "5", "--device", "cpu", "--out", out, *more], capsys)
     assert code == 0, err
     doc = json.loads((out / "results.json").read_text())
     check_schema(doc)
@@ -285,18 +286,8 @@ def test_bench_repeats_alternate_and_report_medians(tmp_path, capsys):
     """`--repeats 3`: per batch size the baseline and the configuration run three times, the second round in reverse
     order (ABBA); each speedup is against its own round's baseline; the summary holds the medians (tok/s and the
     per-round speedups) with their ranges, the table prints them, and every round's answers equal plain decoding."""
-    cfg = tmp_path / "shape.json"
-    cfg.write_text(json.dumps(dict(architectures=["LlamaForCausalLM"], model_type="llama", vocab_size=101,
-                                   hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                   num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=True)))
+    cfg, doc = bench_tiny_random(tmp_path, capsys, "2,1,3", "--repeats", "3")
     out = tmp_path / "out"
-    code, stdout, err = run_cli(
-        ["bench", "--random-weights", cfg, "--prompt-len", "10", "--limit", "3", "--batch-sizes", "1,3", "--spec",
-         "2,1,3", "--draft", "random", "--max-new-tokens", "5", "--device", "cpu", "--repeats", "3", "--out", out],
-        capsys)
-    assert code == 0, err
-    doc = json.loads((out / "results.json").read_text())
-    check_schema(doc)
     assert doc["repeats"] == 3
     plain, spec = "no-spec", "random S2 K1 D3"
     order = [(c, b, rnd) for b in (1, 3) for c, rnd in
