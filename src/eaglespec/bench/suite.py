@@ -185,7 +185,7 @@ def run_suite(model: BenchModel, workload: Workload, configs: Sequence[RunConfig
             records.append(go(_config_run(model, pool, resolved, bs, options, refs), refs))
         for rnd in range(1, options.repeats):
             for cfg in (runs[::-1] if rnd % 2 else runs):
-                rec = go(_config_run(model, pool, cfg, bs, options, refs), refs if cfg.speculative else None)
+                rec = go(_config_run(model, pool, cfg, bs, options, refs), refs)  # only an oracle reads refs
                 rec.round = rnd
                 records.append(rec)
     peer_version = None
