@@ -41,24 +41,13 @@ def _kernel():
     import triton.language as tl
 
     @triton.jit
-    def product(x, w, KC: tl.constexpr, IEEE: tl.constexpr):
-        """x [BLOCK_M, BK] @ w [BK, BLOCK_N] in float32. KC > 0 (< BK): as BK / KC products of KC-wide chunks, one
-        batched tl.dot, summed after: independent accumulator chains of KC / 16 MMA steps each instead of one chain of
-        BK / 16 (a one-shot K = 1536 is 96 dependent MMAs per warp). IEEE: float32 operands without TF32 (float32
-        inputs, and Triton's interpreter, whose bf16 tl.dot is wrong: the operands are exact in float32 and the sums
-        float32 either way)."""
+    def product(x, w, IEEE: tl.constexpr):
+        """x [BLOCK_M, BK] @ w [BK, BLOCK_N] in float32. IEEE: float32 operands without TF32 (float32 inputs, and
+        Triton's interpreter, whose bf16 tl.dot is wrong: the operands are exact in float32 and the sums float32
+        either way). One dot over the whole chunk: as a batched dot over narrower chunks (independent accumulator
+        chains) it was 35-70% slower on the H200 (docs/benchmarks.md, "Session 28")."""
         if IEEE:
-            x = x.to(tl.float32)
-            w = w.to(tl.float32)
-        if KC > 0 and KC < x.shape[1]:
-            NC: tl.constexpr = x.shape[1] // KC
-            x3 = tl.permute(tl.reshape(x, (x.shape[0], NC, KC)), (1, 0, 2))  # [NC, BLOCK_M, KC]
-            w3 = tl.reshape(w, (NC, KC, w.shape[1]))  # [NC, KC, BLOCK_N]
-            if IEEE:
-                return tl.sum(tl.dot(x3, w3, input_precision="ieee"), axis=0)
-            return tl.sum(tl.dot(x3, w3), axis=0)
-        if IEEE:
-            return tl.dot(x, w, input_precision="ieee")
+            return tl.dot(x.to(tl.float32), w.to(tl.float32), input_precision="ieee")
         return tl.dot(x, w)
 
     # the kernel calls the helper as a module global: Triton 3.6's interpreter resolves a jit function's callees
@@ -68,8 +57,7 @@ def _kernel():
     @triton.jit
     def norm_linear_dot_kernel(h, d, nw, w, h_out, y, M, N, eps, K: tl.constexpr, HAS_D: tl.constexpr,
                                GATED: tl.constexpr, NORM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                               BK1: tl.constexpr, BK2: tl.constexpr, KC: tl.constexpr, IEEE: tl.constexpr,
-                               PDL: tl.constexpr = False):
+                               BK1: tl.constexpr, BK2: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr = False):
         if PDL:  # layers/pdl.py: only weights are read before the wait below
             tl.extra.cuda.gdc_launch_dependents()
         pid_n = tl.program_id(0)
@@ -124,15 +112,15 @@ def _kernel():
             x1 = ((x1f * r[:, None]).to(dt).to(tl.float32) * g1[None, :]).to(dt)
             if BK2 > 0:
                 x2 = ((x2f * r[:, None]).to(dt).to(tl.float32) * g2[None, :]).to(dt)
-        # [BLOCK_M, BLOCK_N] float32 products (`_product`: per KC-wide chunk of the row when KC > 0)
-        acc = _product(x1, w1, KC, IEEE)
+        # [BLOCK_M, BLOCK_N] float32 products
+        acc = _product(x1, w1, IEEE)
         if BK2 > 0:
-            acc += _product(x2, w2, KC, IEEE)
+            acc += _product(x2, w2, IEEE)
         out = acc.to(dt)
         if GATED:
-            up = _product(x1, u1, KC, IEEE)
+            up = _product(x1, u1, IEEE)
             if BK2 > 0:
-                up += _product(x2, u2, KC, IEEE)
+                up += _product(x2, u2, IEEE)
             gv = out.to(tl.float32)
             out = ((gv / (1.0 + tl.exp(-gv))).to(dt).to(tl.float32) * up.to(dt).to(tl.float32)).to(dt)
         tl.store(y + rm[:, None] * N + rn[None, :], out, mask=mm[:, None] & nm[None, :])
@@ -143,7 +131,6 @@ def _kernel():
 # (BLOCK_M, BLOCK_N, num_warps): the best of the sweep on the H200 for steps of 16-32 rows
 # (benchmarks/dot_rows_check.py, session 14: against 16x16x4, 16x64x4, 16x32x2, 32x32x4, 16x64x8, 32x16x4)
 DOT_BLOCKS = (16, 32, 4)
-DOT_CHUNK = 0  # KC: the row's product in chunks of this width (0: one chain; `_product`; probed, not adopted)
 SMEM_BYTES = 160 << 10  # the tiles tl.dot stages in shared memory stay under this (the H200 has 227 KB a block)
 
 
@@ -202,6 +189,6 @@ def launch(h2: torch.Tensor, d2: torch.Tensor | None, nw: torch.Tensor | None, w
     bk1, bk2 = _chunks(K)
     grid = ((N + bn - 1) // bn, (M + bm - 1) // bm)
     _kernel()[grid](h2, d2 if d2 is not None else h2, nw if norm else h2, w, h_out, y, M, N, eps,
-                    K=K, HAS_D=d2 is not None, GATED=gated, NORM=norm, BLOCK_M=bm, BLOCK_N=bn, BK1=bk1, BK2=bk2, KC=DOT_CHUNK,
+                    K=K, HAS_D=d2 is not None, GATED=gated, NORM=norm, BLOCK_M=bm, BLOCK_N=bn, BK1=bk1, BK2=bk2,
                     IEEE=h2.dtype == torch.float32 or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"),
                     num_warps=warps, **launch_options(h2))
