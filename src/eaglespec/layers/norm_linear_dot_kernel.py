@@ -15,8 +15,10 @@ K], h_out [M, K] (= h2 when d2 is None), y [M, N]; the same results and rounding
 the normalised row, its product with the norm weight and each projection rounded to the input dtype). Program
 (n, m): rows m * BLOCK_M.., columns n * BLOCK_N.. (and their up rows when gated); each row read whole as one or two
 power-of-two chunks (`norm_linear_kernel._k_chunks`: 576 = 512 + 64), its sum of squares recomputed per program
-(from L2); the programs of column block 0 write h_out. The blocks are `DOT_BLOCKS` (the GPU probes set it), narrowed
-by `_blocks`.
+(from L2); the programs of column block 0 write h_out. Rows past M (the last block's padding) load row M - 1 and
+are not stored: row-masked loads made steps whose M is not a multiple of 16 (which Triton specialises) cost up to 25%
+more per projection, e.g. an 8-row tree of 7 tokens (56 rows) 0.900 against 0.777 ms a verify (session 28). The
+blocks are `DOT_BLOCKS` (the GPU probes set it), narrowed by `_blocks`.
 float32 operands multiply in IEEE float32 (no TF32), bf16 / fp16 on tensor cores with float32 sums (under Triton's
 interpreter, whose bf16 tl.dot is wrong, as exact float32 products). Built on first use, so that
 `TRITON_INTERPRET=1` takes effect.
@@ -57,8 +59,7 @@ def _kernel():
     @triton.jit
     def norm_linear_dot_kernel(h, d, nw, w, h_out, y, M, N, eps, K: tl.constexpr, HAS_D: tl.constexpr,
                                GATED: tl.constexpr, NORM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                               BK1: tl.constexpr, BK2: tl.constexpr, IEEE: tl.constexpr, CLAMP: tl.constexpr = False,
-                               PDL: tl.constexpr = False):
+                               BK1: tl.constexpr, BK2: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr = False):
         if PDL:  # layers/pdl.py: only weights are read before the wait below
             tl.extra.cuda.gdc_launch_dependents()
         pid_n = tl.program_id(0)
@@ -89,24 +90,20 @@ def _kernel():
         rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         mm = rm < M
         msk1 = mm[:, None] & km1[None, :]
-        if CLAMP:  # rows past M read row M - 1 (their results are not stored): the loads need no row mask
-            rl = tl.minimum(rm, M - 1)
-            lm1 = km1[None, :]
-        else:
-            rl = rm
-            lm1 = msk1
-        x1 = tl.load(h + rl[:, None] * K + rk1[None, :], mask=lm1, other=0.0)
+        # rows past M load row M - 1 (their products are never stored), so the loads carry no row mask: with one,
+        # a step whose M is not a multiple of 16 cost up to 25% more per projection (module docstring)
+        rl = tl.minimum(rm, M - 1)
+        x1 = tl.load(h + rl[:, None] * K + rk1[None, :], mask=km1[None, :], other=0.0)
         if HAS_D:  # the residual sum, rounded; column block 0 writes it
-            x1 = (x1.to(tl.float32) + tl.load(d + rl[:, None] * K + rk1[None, :], mask=lm1, other=0.0)
+            x1 = (x1.to(tl.float32) + tl.load(d + rl[:, None] * K + rk1[None, :], mask=km1[None, :], other=0.0)
                   .to(tl.float32)).to(dt)
             if pid_n == 0:
                 tl.store(h_out + rm[:, None] * K + rk1[None, :], x1, mask=msk1)
         if BK2 > 0:
             msk2 = mm[:, None] & km2[None, :]
-            lm2 = km2[None, :] if CLAMP else msk2
-            x2 = tl.load(h + rl[:, None] * K + rk2[None, :], mask=lm2, other=0.0)
+            x2 = tl.load(h + rl[:, None] * K + rk2[None, :], mask=km2[None, :], other=0.0)
             if HAS_D:
-                x2 = (x2.to(tl.float32) + tl.load(d + rl[:, None] * K + rk2[None, :], mask=lm2, other=0.0)
+                x2 = (x2.to(tl.float32) + tl.load(d + rl[:, None] * K + rk2[None, :], mask=km2[None, :], other=0.0)
                       .to(tl.float32)).to(dt)
                 if pid_n == 0:
                     tl.store(h_out + rm[:, None] * K + rk2[None, :], x2, mask=msk2)
@@ -139,7 +136,6 @@ def _kernel():
 # (BLOCK_M, BLOCK_N, num_warps): the best of the sweep on the H200 for steps of 16-32 rows
 # (benchmarks/dot_rows_check.py, session 14: against 16x16x4, 16x64x4, 16x32x2, 32x32x4, 16x64x8, 32x16x4)
 DOT_BLOCKS = (16, 32, 4)
-CLAMP_ROWS = False  # probe switch: row-clamped loads
 SMEM_BYTES = 160 << 10  # the tiles tl.dot stages in shared memory stay under this (the H200 has 227 KB a block)
 
 
@@ -198,6 +194,6 @@ def launch(h2: torch.Tensor, d2: torch.Tensor | None, nw: torch.Tensor | None, w
     bk1, bk2 = _chunks(K)
     grid = ((N + bn - 1) // bn, (M + bm - 1) // bm)
     _kernel()[grid](h2, d2 if d2 is not None else h2, nw if norm else h2, w, h_out, y, M, N, eps,
-                    K=K, HAS_D=d2 is not None, GATED=gated, NORM=norm, BLOCK_M=bm, BLOCK_N=bn, BK1=bk1, BK2=bk2, CLAMP=CLAMP_ROWS,
+                    K=K, HAS_D=d2 is not None, GATED=gated, NORM=norm, BLOCK_M=bm, BLOCK_N=bn, BK1=bk1, BK2=bk2,
                     IEEE=h2.dtype == torch.float32 or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"),
                     num_warps=warps, **launch_options(h2))
