@@ -384,6 +384,27 @@ def test_dot_kernel_matches_reference(M, K, N, gated, with_delta, norm, dtype):
         assert ((y1.float() - y2.float()).abs() <= 2 ** -4 * (1 + y2.float().abs())).all()
 
 
+@pytest.mark.parametrize("M", [5, 21])  # one block of 16 with 11 padding rows; two blocks, the second 5 rows deep
+def test_dot_kernel_padding_rows_read_the_last_row_and_write_nothing(M):
+    """The last block's padding rows load row M - 1 (no row mask on the loads: a mask cost up to 25% at row counts off
+    the multiples of 16 on the H200) and nothing past row M - 1 is stored. The operands are the first M rows of
+    larger buffers whose later rows are NaN, the outputs the first M rows of buffers of sentinels: the M rows equal
+    the reference (no row took another's input), and the sentinels after them are untouched (the stores keep their
+    row mask). Rows are independent in the product, so a padding row's load itself is not observable here."""
+    from eaglespec.layers import norm_linear_dot_kernel as dk
+
+    K, N, extra = 80, 24, 16
+    h, d, nw, w = dot_operands(M, K, N, True, True, torch.float32, M)
+    nan = torch.full((extra, K), float("nan"))
+    h_buf, d_buf = torch.cat([h.view(M, K), nan]), torch.cat([d.view(M, K), nan])
+    h_out = torch.full((M + extra, K), 7.0)
+    y = torch.full((M + extra, N), 7.0)
+    dk.launch(h_buf[:M], d_buf[:M], nw, w, h_out[:M], y[:M], 1e-5, True, True)
+    h_ref, y_ref = add_norm_linear_reference(h.view(M, K), d.view(M, K), nw, 1e-5, w, True)
+    assert torch.equal(h_out[:M], h_ref) and torch.allclose(y[:M], y_ref, atol=1e-5, rtol=1e-5)
+    assert (h_out[M:] == 7.0).all() and (y[M:] == 7.0).all()
+
+
 def test_steps_route_by_rows_and_the_dot_blocks_fit_shared_memory(monkeypatch):
     """One row -> `_blocks`' programs, 2..4 rows -> the row grid, 5.. rows -> the tensor-core kernel; its blocks
     (16 rows x 32 columns) narrow for wide inputs, so that the row and weight tiles fit in shared memory (the
