@@ -53,6 +53,7 @@ import os
 import platform
 import socket
 import subprocess
+from statistics import median
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -205,12 +206,6 @@ def document(kind: str, result: SuiteResult, model: BenchModel, workload: Worklo
     }
 
 
-def _median(xs: Sequence[float]) -> float:
-    ys = sorted(xs)
-    n = len(ys)
-    return ys[n // 2] if n % 2 else (ys[n // 2 - 1] + ys[n // 2]) / 2
-
-
 def summary(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per (configuration, batch size) over its rounds, in first-run order: its first round's record with
     tok_per_s, speedup and accept_length_mean replaced by their medians over the rounds (the speedup's: of each
@@ -224,9 +219,9 @@ def summary(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         tps = [r["tok_per_s"] for r in rs]
         sp = [r["speedup"] for r in rs if r["speedup"] is not None]
         tau = [r["accept_length_mean"] for r in rs if r["accept_length_mean"] is not None]
-        row.update(runs=len(rs), tok_per_s=_r(_median(tps), 2), tok_per_s_range=[min(tps), max(tps)],
-                   speedup=_r(_median(sp), 4) if sp else None, speedup_range=[min(sp), max(sp)] if sp else None,
-                   accept_length_mean=_r(_median(tau), 4) if tau else None)
+        row.update(runs=len(rs), tok_per_s=_r(median(tps), 2), tok_per_s_range=[min(tps), max(tps)],
+                   speedup=_r(median(sp), 4) if sp else None, speedup_range=[min(sp), max(sp)] if sp else None,
+                   accept_length_mean=_r(median(tau), 4) if tau else None)
         out.append(row)
     return out
 
