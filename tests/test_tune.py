@@ -101,7 +101,7 @@ def test_schedule_recommendation():
     assert tune_section(loses)["schedule"] is None  # net-negative at the smallest size: no schedule to advise
 
 
-def test_tune_end_to_end_random_drafter_is_net_negative(tmp_path, capsys):
+def test_tune_end_to_end_random_drafter(tmp_path, capsys):
     model = write_tiny_chat_folder(tmp_path / "tiny")
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ("Hello there.", "Name a colour.", "2+2?")))
@@ -133,11 +133,12 @@ def test_tune_end_to_end_random_drafter_is_net_negative(tmp_path, capsys):
         assert msg in lines
         assert msg.startswith(f"net-negative at batch size {bs}: the fastest speculative configuration (S=") == \
             tune["net_negative"][bs]
-    # a random drafter is (almost) never right: each step costs drafting plus a 3-row verify of 3+ tokens for ~1
-    # token, about half the speed of plain decoding at batch 3 (0.36-0.54x): the verdict a user must not miss
-    assert tune["net_negative"]["3"], stdout
-    net = next(m for m in tune["messages"] if m.startswith("net-negative at batch size 3: "))
-    assert net.endswith("tok/s; run without speculation")
+    # a random drafter is (almost) never right, so on this CPU it runs at about half the speed of plain decoding
+    # (0.36-0.54x at batch 3) and the net-negative sentence is what a user sees. Which way a verdict goes is a
+    # timing, so it is not asserted here (speeds are the benchmarks' business, not the tests'): the sentences of
+    # both verdicts are checked on fixed records in test_verdict_sentences, and here the printed one matches the run
+    for bs, msg in zip(("1", "3"), tune["messages"]):
+        assert msg.endswith("tok/s; run without speculation") == tune["net_negative"][bs]
     assert stdout == (out / "results.md").read_text()
     # the table is sorted by tok/s within each batch size
     table = lines[lines.index(next(x for x in lines if x.startswith("| config | batch | tok/s"))) + 2:]
