@@ -13,8 +13,6 @@
   projections are cuBLAS GEMMs, apply each norm as a per-row scale in the kernel after the projection and carry the
   residual adds in o_proj's and down_proj's GEMMs: 7 kernels per layer instead of 9 (`PreNormDecoderLayer.
   _forward_folded`).
-- `use_add_linear_kernel(model)` (CUDA): in the folded layers, o_proj's GEMM with its residual add as a Triton kernel
-  with programmatic dependent launch (layers/add_linear_kernel.py) for the long steps that take `_forward_folded`.
 - `use_linear_rows_kernel(model)` (CUDA): the small bias-free o_proj / down_proj (and an EAGLE-3 drafter's fc and
   q/k/v) as `FewRowsLinear`: the same kernel without add and norm for steps of a few rows (inputs <= ONE_SHOT_K wide,
   at most FEW_ROWS_MAX_WEIGHTS weights).
@@ -186,22 +184,6 @@ def fold_norms(model: nn.Module) -> nn.Module:
     return model
 
 
-def use_add_linear_kernel(model: nn.Module) -> nn.Module:
-    """In every layer `fold_norms` folded, o_proj's `h += heads @ W^T` of the long steps (`_forward_folded`) through
-    `layers/add_linear_kernel.add_linear_` where it fits (its MAX_ROWS; other shapes keep cuBLAS's addmm_). Only
-    o_proj: on the H200 the kernel beat cuBLAS there (2.3-2.4 against 3.1-3.2 us at 64-256 rows) and not on the
-    layer's other projections (docs/benchmarks.md, "Session 29"). A bias-free o_proj only (addmm_ has no bias)."""
-    from ..layers.add_linear_kernel import add_linear_, fits
-    from ..models.base import PreNormDecoderLayer
-
-    for m in model.modules():
-        o = getattr(m, "self_attn", None) and m.self_attn.o_proj
-        if (isinstance(m, PreNormDecoderLayer) and m.folded_norms and type(o) is nn.Linear and o.bias is None
-                and o.weight.is_contiguous()):
-            m.add_linear, m.add_linear_fits = add_linear_, fits
-    return model
-
-
 def use_linear_rows_kernel(model: nn.Module, max_rows: int | None = None,
                            names: tuple[str, ...] = ("o_proj", "down_proj", "fc", "qkv_proj")) -> nn.Module:
     """Every bias-free nn.Linear named in `names` whose input is at most ONE_SHOT_K wide and whose weight holds at
@@ -293,7 +275,6 @@ def prepare_for_inference(model: nn.Module, device: torch.device, fuse: bool | N
             use_short_attention_kernel(model)
             use_norm_linear_kernel(model)
             fold_norms(model)
-            use_add_linear_kernel(model)
             use_linear_rows_kernel(model)
             use_gemv_kernel(model)
             use_draft_input_kernel(model)

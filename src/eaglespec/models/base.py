@@ -43,10 +43,6 @@ class PreNormDecoderLayer(nn.Module):
     # engine.transforms.fold_norms may fold both norms' weights into q/k/v and gate/up (the weights become ones);
     # longer steps then take `_forward_folded`
     folded_norms = False
-    # engine.transforms.use_add_linear_kernel may set o_proj's residual add in `_forward_folded` as a kernel
-    # (layers/add_linear_kernel.py: `add_linear_(h2, x, w)` and its `fits(M, N, K)`); None: cuBLAS's addmm_
-    add_linear = None
-    add_linear_fits = None
 
     def forward(self, h, delta, cos, sin, ctx: ForwardContext, cache) -> tuple[torch.Tensor, torch.Tensor | None]:
         if self.norm_linear is not None and h.shape[0] * h.shape[1] <= self.norm_linear_rows:
@@ -83,11 +79,7 @@ class PreNormDecoderLayer(nn.Module):
         B, T, K = h.shape
         h2 = h.view(B * T, K)  # updated in place: an out-of-place addmm copies h into its output first (a memcpy)
         heads = attn.attend_heads(attn.qkv_proj(h), cos, sin, ctx, cache, norm_of=(h, self.input_layernorm.eps))
-        heads2, wo = heads.reshape(B * T, -1), attn.o_proj.weight
-        if self.add_linear is not None and self.add_linear_fits(B * T, wo.shape[0], wo.shape[1]):
-            self.add_linear(h2, heads2, wo)
-        else:
-            h2.addmm_(heads2, wo.t())
+        h2.addmm_(heads.reshape(B * T, -1), attn.o_proj.weight.t())
         act = norm_silu_mul(mlp.gate_up_proj(h), h, self.post_attention_layernorm.eps)
         h2.addmm_(act.reshape(B * T, -1), mlp.down_proj.weight.t())
         return h, None
