@@ -7,10 +7,16 @@ Sessions 14 and 17 found our norm-fused tensor-core kernels slower than cuBLAS t
 with the norm's sums recomputed); this probe asks the plain question first: C [M, N] = A [M, K] @ W [N, K]^T in bf16,
 a K loop pipelined by Triton, with pointer loads (`ptr`) or Hopper's tensor-memory descriptors (`tma`), with and
 without programmatic dependent launch, against `torch.nn.functional.linear`. Each timing is one call in a CUDA graph
-of 60 calls over 30 distinct weight matrices (a model's layers: weights not in L2), us per call. Every variant is
-checked against the float32 product first.
+that reads distinct weight matrices totalling COLD_BYTES (256 MB, 5x the L2), so that every call reads its weights
+from HBM as a model's layers do; `--hot`: a graph of 30 calls over 30 weights (20-100 MB), which the L2 keeps across
+replays. Every variant is checked against the float32 product first.
 
-usage: python benchmarks/triton_gemm_check.py OUT [--rows=64,128,256] [--configs=BMxBNxBKxSxW,...] [--cpu]
+Session 29 (H200): hot, o_proj through `ptr+pdl` took 2.3-2.4 us against cuBLAS's 3.1-3.2 at 64-256 rows; cold, 3.2-3.3
+against 3.7-3.8 (64x64 blocks; 64x32 3.9-4.0); the other projections were no faster than cuBLAS or slower. The kernel
+built on it for o_proj on the folded path (1855713) made whole graphs slower, not faster (the 32-row S5 K2 D8 verify
+1.081 -> 1.189 ms) and was reverted: a GEMM timed alone, back to back with itself, is not a GEMM in a layer.
+
+usage: python benchmarks/triton_gemm_check.py OUT [--rows=64,128,256] [--configs=BMxBNxBKxSxW,...] [--hot] [--cpu]
 """
 
 from __future__ import annotations
