@@ -110,7 +110,8 @@ def test_overlapped_steps_equal_plain(target, reference, spec, spec_max_rows):
     stops some requests early (what the next step computed for them is dropped): the outputs are the plain greedy
     ones, and launches really ran ahead. "by-load": speculative and plain steps alternate (`spec_max_rows`)."""
     eos = reference[2][9]
-    params = [SamplingParams(max_new_tokens=n) for n in (40, 13, 40, 7, 40, 22)]
+    # one request ends on its prefill's token: the step launched before that token was read computes it for nothing
+    params = [SamplingParams(max_new_tokens=n) for n in (40, 13, 40, 1, 40, 22)]
 
     def run(eng):
         eng.eos_ids = (eos,)
@@ -125,14 +126,31 @@ def test_overlapped_steps_equal_plain(target, reference, spec, spec_max_rows):
     eng = static_engine(target, drafter, spec, rows=3, overlap=True, spec_max_rows=spec_max_rows)
     assert eng.overlapping
     events: list[str] = []
-    launch, collect = eng.runner.launch, eng.runner.collect
-    eng.runner.launch = lambda *a: events.append("launch") or events.append(a[0]) or launch(*a)
-    eng.runner.collect = lambda *a: events.append("collect") or collect(*a)
+    r = eng.runner
+    launch, collect, prefill, read_prefill = r.launch, r.collect, r.launch_prefill, r.collect_prefill
+    r.launch = lambda *a: events.append("launch") or events.append(a[0]) or launch(*a)
+    r.collect = lambda *a: events.append("collect") or collect(*a)
+    r.launch_prefill = lambda *a: events.append("prefill") or prefill(*a)
+    r.collect_prefill = lambda *a: events.append("read_prefill") or read_prefill(*a)
+    calls: list[str] = []
+    step = eng.step
+
+    def traced_step():
+        n = len(events)
+        out = step()
+        calls.append(",".join(e for e in events[n:] if e in ("launch", "collect", "prefill", "read_prefill")))
+        return out
+
+    eng.step = traced_step
     assert run(eng) == plain
     if spec_max_rows is not None:
         assert "spec" in events and "decode" in events
+    assert "launch,collect" in calls  # a step was launched while the previous one was unread
+    # a prefill launches the next step of every running row before its first tokens are read (the device does not
+    # wait for the host after an admission), and admissions (6 requests, 3 rows) came while others ran
+    prefills = [c for c in calls if "prefill" in c]
+    assert len(prefills) >= 2 and all(c == "prefill,launch,read_prefill" for c in prefills)
     events = [e for e in events if e in ("launch", "collect")]
-    assert "launch,launch,collect" in ",".join(events)  # a step was launched while the previous one was unread
     assert events.count("launch") == events.count("collect")
     assert not eng.runner.active.any() and int(eng.runner.seq_len.abs().sum()) == 0  # every row released, inert
     assert not Engine(target, None, EngineConfig(overlap=True)).overlapping  # needs the graph path (CPU: none)

@@ -16,9 +16,12 @@ kept in step by the decode step itself) and speculative steps again once few eno
 run); the drafter's state after any step serves every shape.
 With `EngineConfig.overlap` (graph path) a decode / speculative `step()` first launches the next step and then reads
 the previous one, so the tokens of a step reach the requests one `step()` later (`has_work()` stays true until the
-last launched step is read). `step_counts` counts the batched steps run by kind ("prefill", "decode", "spec"; a
-launched overlapped step counts when launched), for benchmarks; an engine of several shapes also counts its
-speculative steps per shape ("spec 3,1,4": `config.spec_text`).
+last launched step is read); a prefill step launches the next step of every running row, the admitted ones included,
+before it reads their first tokens, so the device does not wait for the host between an admission and the step after
+it (on the H200 that wait was ~0.3 ms per admission: docs/benchmarks.md, "Session 29"). Admissions still wait for the
+unread step to be read: a row it writes may just have been freed. `step_counts` counts the batched steps run by kind
+("prefill", "decode", "spec"; a launched overlapped step counts when launched), for benchmarks; an engine of several
+shapes also counts its speculative steps per shape ("spec 3,1,4": `config.spec_text`).
 """
 
 from __future__ import annotations
@@ -241,16 +244,21 @@ class Engine:
             for q in reqs:
                 self.runner.set_sampling(q.slot, q.params)
             mm = [q.mm_inputs for q in reqs]
-            toks = self.runner.prefill(rows, [q.prompt_ids for q in reqs], greedy,
-                                       mm if any(m is not None for m in mm) else None).tolist()
+            args = (rows, [q.prompt_ids for q in reqs], greedy, mm if any(m is not None for m in mm) else None)
+            if self.overlapping:  # the next step of every running row goes in before the first tokens are read
+                launched = self.runner.launch_prefill(*args)
+                self._launch_running()
+                toks = self.runner.collect_prefill(launched)
+            else:
+                toks = self.runner.prefill(*args).tolist()
             for q, t in zip(reqs, toks):
                 q.append([t])
         else:
+            if self.overlapping:
+                self._launch_running()
+                return []  # its results are read by the next step, once that one is launched
             kind = self._step_kind(rows)
             self._count_step(kind)
-            if self.overlapping:
-                self._pending = (reqs, self.runner.launch(kind, rows, greedy))
-                return []  # its results are read by the next step, once that one is launched
             if kind != "decode":
                 index = shape_index(kind)
                 m_host, tok_host = self.runner.spec_step(rows, greedy, index)
@@ -261,6 +269,17 @@ class Engine:
         for q in self.scheduler.release_finished():
             self.runner.release(q.slot)
         return reqs
+
+    def _launch_running(self) -> None:
+        """Overlap, nothing unread: launch the next step of every running row (read by the next `step()`). Rows whose
+        request finishes on tokens not yet read compute one step for nothing, which the read drops, as in
+        `_step_overlapped`."""
+        assert self.scheduler is not None and self._pending is None
+        running = sorted(self.scheduler.running, key=lambda q: q.slot)
+        rows = [q.slot for q in running]
+        kind = self._step_kind(rows)
+        self._count_step(kind)
+        self._pending = (running, self.runner.launch(kind, rows, all(q.params.greedy for q in running)))
 
     def _step_kind(self, rows: Sequence[int]) -> str:
         """The step for these running rows: "decode" for a plain engine, or while more than

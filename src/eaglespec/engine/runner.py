@@ -151,6 +151,8 @@ class ModelRunner:
                          torch.empty(rows, dtype=torch.int64, pin_memory=True)) for _ in range(2)] \
             if dev.type == "cuda" else []
         self._pin_next = 0
+        # the first tokens of a launched prefill (`launch_prefill`): read before any later prefill is launched
+        self._pinned_prefill = torch.empty(rows, dtype=torch.int64, pin_memory=True) if dev.type == "cuda" else None
         if self.spec is not None:
             K = self.spec.topk
             self.dkv = KVCache(1, self.drafter.kv_cache_shapes(), rows, self.cache_len, self.dtype, dev)
@@ -261,6 +263,26 @@ class ModelRunner:
         for row, n in zip(rows, lens):
             self.host_len[row] = n
         return tok
+
+    def launch_prefill(self, rows: Sequence[int], prompts: Sequence[Sequence[int]], greedy: bool,
+                       mm_inputs: Sequence[object | None] | None = None) -> PendingStep:
+        """`prefill` enqueued with the copy of its first tokens to the host, without waiting for them: the overlapped
+        engine launches the next step first and then reads them (`collect_prefill`), so the device does not idle
+        between an admission's prefill and the step after it. The rows' host lengths are set now."""
+        tok = self.prefill(rows, prompts, greedy, mm_inputs)
+        if self._pinned_prefill is None:  # the CPU: already computed
+            return PendingStep(list(rows), tok.clone(), None, None)
+        host = self._pinned_prefill[: tok.shape[0]].copy_(tok, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        return PendingStep(list(rows), host, None, event)
+
+    @staticmethod
+    def collect_prefill(pending: PendingStep) -> list[int]:
+        """The first tokens of a launched prefill, in the order of its prompts (waits for that prefill only)."""
+        if pending.event is not None:
+            pending.event.synchronize()
+        return pending.tokens.tolist()
 
     def _prefill_target(self, r: torch.Tensor, ctx_rows: torch.Tensor | None, ids: torch.Tensor,
                         lens_t: torch.Tensor, greedy: bool, mm_inputs: Sequence[object | None] | None = None):
