@@ -270,16 +270,16 @@ class Engine:
             self.runner.release(q.slot)
         return reqs
 
-    def _launch_running(self) -> None:
-        """Overlap, nothing unread: launch the next step of every running row (read by the next `step()`). Rows whose
-        request finishes on tokens not yet read compute one step for nothing, which the read drops, as in
-        `_step_overlapped`."""
+    def _launch_running(self, ahead: int = 0) -> None:
+        """Overlap: launch the next step of every running row (read by the next `step()`); `ahead`: positions a still
+        unread step may have added to any row (`ModelRunner.launch`), 0 when nothing is unread. Rows whose request
+        finishes on tokens not yet read compute one step for nothing, which the read drops (`_step_overlapped`)."""
         assert self.scheduler is not None and self._pending is None
         running = sorted(self.scheduler.running, key=lambda q: q.slot)
         rows = [q.slot for q in running]
         kind = self._step_kind(rows)
         self._count_step(kind)
-        self._pending = (running, self.runner.launch(kind, rows, all(q.params.greedy for q in running)))
+        self._pending = (running, self.runner.launch(kind, rows, all(q.params.greedy for q in running), ahead))
 
     def _step_kind(self, rows: Sequence[int]) -> str:
         """The step for these running rows: "decode" for a plain engine, or while more than
@@ -317,14 +317,11 @@ class Engine:
         reqs, pending = self._pending
         self._pending = None
         sched, run = self.scheduler, self.runner
-        running = list(sched.running)
+        running = sched.running
         ahead = run.spec.max_accept if run.speculative else 0  # the largest shape's
         fits = all(run.host_len[q.slot] + ahead <= run.max_len for q in running)
         if running and fits and not sched.may_admit():
-            greedy = all(q.params.greedy for q in running)
-            kind = self._step_kind([q.slot for q in running])
-            self._count_step(kind)
-            self._pending = (running, run.launch(kind, [q.slot for q in running], greedy, ahead))
+            self._launch_running(ahead)
         m_host, tok_host = run.collect(pending)
         live = [i for i, q in enumerate(reqs) if not q.finished]
         for q in reqs:
