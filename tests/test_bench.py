@@ -94,7 +94,7 @@ def check_schema(doc: dict) -> None:
     assert doc["command"].startswith("eaglespec ")
     assert set(doc["sampling"]) == {"max_new_tokens", "temperature", "top_p", "top_k", "ignore_eos", "seed"}
     assert set(doc["engine"]) == {"cuda_graphs", "fuse_projections", "compile", "overlap", "spec_max_rows",
-                                  "min_prefill_rows"}
+                                  "min_prefill_rows", "prefill_ahead"}
     assert doc["machine"]["device"] == "cpu" and doc["machine"]["copy_bandwidth_gb_s"] is None
     assert isinstance(doc["model"]["weight_bytes_per_step"], int) and doc["model"]["kv_bytes_per_token"] > 0
     for r in doc["records"]:
@@ -388,6 +388,7 @@ def test_bench_auto_follows_the_policy_per_batch_size(tmp_path, capsys, monkeypa
     (["--temperature", "0.7", "--top-p", "1.5"], "top_p must be in (0, 1]"),
     (["--spec-max-rows", "0"], "spec_max_rows must be >= 1"),
     (["--min-prefill-rows", "0"], "min_prefill_rows must be >= 1"),
+    (["--prefill-ahead", "-1"], "prefill_ahead must be >= 0"),
     (["--draft", "oracle", "--spec", "3,1,4", "--batching", "continuous"], "--draft oracle needs --batching static"),
 ])
 def test_bench_user_errors(chat_model, args, needle, capsys):

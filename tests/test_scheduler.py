@@ -81,6 +81,54 @@ def test_engine_outputs_do_not_depend_on_admission():
     prompts = [list(range(1 + i, 6 + 2 * i)) for i in range(9)]
     params = [SamplingParams(max_new_tokens=4 + 3 * (i % 4), ignore_eos=True) for i in range(9)]
     ref = [o.token_ids for o in Engine(target, None).generate(prompts, params)]  # default rows (8), admit at once
-    for rows, k in ((3, 1), (3, 2), (4, 3), (8, 8)):
-        eng = Engine(target, None, EngineConfig(max_batch_size=rows, min_prefill_rows=k))
-        assert [o.token_ids for o in eng.generate(prompts, params)] == ref, (rows, k)
+    for rows, k, ahead in ((3, 1, 0), (3, 2, 0), (4, 3, 0), (8, 8, 0), (3, 1, 2), (2, 1, 4), (4, 2, 1)):
+        eng = Engine(target, None, EngineConfig(max_batch_size=rows, min_prefill_rows=k, prefill_ahead=ahead))
+        assert [o.token_ids for o in eng.generate(prompts, params)] == ref, (rows, k, ahead)
+        assert (eng.step_counts["join"] > 0) == (ahead > 0), (rows, k, ahead)  # the eager path joins too
+
+
+def test_prefill_ahead_parks_requests_and_joins_them_into_freed_rows():
+    """`ahead` spare rows: an admission while rows run also prefills that many more waiting requests into spare rows
+    (listed after the admitted ones); a freed row goes to the oldest of them (`join`), before anything waiting is
+    admitted; a parked request that ends on its prefill's token frees its spare row."""
+    s = Scheduler(2, ahead=2)
+    for i in range(7):
+        s.add(_req(i))
+    b = s.schedule()  # nothing runs yet: nothing to spare the running rows from, no parking
+    assert [r.rid for r in b.requests] == [0, 1] and b.rows == [0, 1] and not s.parked
+    _finish(s, 1)
+    b = s.schedule()
+    assert b.kind == "prefill" and [r.rid for r in b.requests] == [2, 3, 4] and b.rows == [0, 2, 3]
+    assert [r.rid for r in s.running] == [1, 2] and [r.rid for r in s.parked] == [3, 4] and s.spare == []
+    assert not s.may_admit() and s.schedule().kind == "decode"  # no free row, and parked requests come first
+    assert s.join() == []  # no free row to join
+    _finish(s, 1)  # request 1 leaves row 1
+    assert not s.may_admit()  # row 1 is for a parked request, not for a prefill
+    moves = s.join()
+    assert [(q.rid, src, q.slot) for q, src in moves] == [(3, 2, 1)] and s.spare == [2]
+    assert [r.rid for r in s.running] == [2, 3] and [r.rid for r in s.parked] == [4]
+    s.parked[0].finish_reason = "stop"  # ended on its first token, while parked
+    assert [r.rid for r in s.release_finished()] == [4] and s.spare == [2, 3] and not s.parked
+    _finish(s, 2)
+    b = s.schedule()  # both rows free, nothing parked: a prefill again, parking two more
+    assert [r.rid for r in b.requests] == [5, 6] and b.rows == [0, 1] and not s.parked  # nothing ran: no parking
+    assert s.has_work()
+
+
+def test_parked_requests_count_as_work():
+    s = Scheduler(2, ahead=1)
+    for i in range(4):
+        s.add(_req(i))
+    s.schedule()
+    _finish(s, 1)
+    assert [r.rid for r in s.schedule().requests] == [2, 3] and [r.rid for r in s.parked] == [3]
+    _finish(s, 2)
+    assert not s.running and not s.waiting and s.has_work()  # only a parked request left
+    assert s.schedule() is None  # nothing to prefill or decode until it joins
+    assert [(q.rid, src, q.slot) for q, src in s.join()] == [(3, 2, 0)]
+    assert s.schedule().kind == "decode"
+
+
+def test_prefill_ahead_is_validated():
+    with pytest.raises(ConfigError, match="prefill_ahead must be >= 0"):
+        EngineConfig(prefill_ahead=-1)

@@ -36,7 +36,7 @@ def reference(target):
 
 def test_buckets():
     class R:
-        rows, cache_len = 20, 3000
+        rows, step_rows, cache_len = 24, 20, 3000  # 4 spare rows (requests prefilled ahead): no step covers them
 
         @staticmethod
         def headroom() -> int:
@@ -154,6 +154,49 @@ def test_overlapped_steps_equal_plain(target, reference, spec, spec_max_rows):
     assert events.count("launch") == events.count("collect")
     assert not eng.runner.active.any() and int(eng.runner.seq_len.abs().sum()) == 0  # every row released, inert
     assert not Engine(target, None, EngineConfig(overlap=True)).overlapping  # needs the graph path (CPU: none)
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["serial", "overlapped"])
+@pytest.mark.parametrize("spec", [None, SpecConfig(3, 1, 4), SpecConfig(5, 4, 8)], ids=["plain", "chain", "tree"])
+def test_requests_prefilled_ahead_join_and_equal_plain(target, reference, spec, overlap):
+    """EngineConfig.prefill_ahead: admissions also prefill waiting requests into spare rows, which take freed rows
+    later by a copy of their caches and row state (no prefill of their own). Rows finish at different steps, one
+    request ends on its prefill's token while parked, another by EOS: the outputs are the plain greedy ones, with
+    fewer prefills than requests admitted while others ran, and every row (spare ones included) inert at the end."""
+    prompts = PROMPTS * 2
+    eos = reference[2][9]
+    params = [SamplingParams(max_new_tokens=n) for n in (30, 12, 25, 7, 40, 1, 19, 9, 3, 22, 1, 14)]
+
+    def run(eng):
+        eng.eos_ids = (eos,)
+        return [(o.token_ids, o.finish_reason) for o in eng.generate(prompts, params)]
+
+    plain = run(Engine(target, None, EngineConfig(max_batch_size=3)))
+    assert any(reason == "stop" and len(toks) > 1 for toks, reason in plain)
+    drafter = tiny_drafter(target, seed=1) if spec else None
+    eng = Engine(target, None, EngineConfig(max_batch_size=3, overlap=overlap, prefill_ahead=2), drafter=drafter,
+                 spec=spec)
+    eng.runner.graphs = GraphCache(eng.runner, capture=False)
+    assert run(eng) == plain
+    r = eng.runner
+    assert r.rows == 5 and r.step_rows == 3  # two spare rows past the steps' three
+    assert eng.step_counts["join"] >= 4 and eng.step_counts["prefill"] <= 4  # 12 requests, 3 rows
+    assert not r.active.any() and int(r.seq_len.abs().sum()) == 0 and not any(r.host_len)
+    assert len(eng.scheduler.spare) == 2 and not eng.scheduler.parked
+
+
+def test_prefill_ahead_by_default_on_overlapped_graph_engines_of_8_rows(target):
+    """None: 4 spare rows for an overlapped graph engine of 8 rows or more (measured on the H200), none otherwise."""
+    def spare(rows, graphs=True, **kw):
+        eng = Engine(target, None, EngineConfig(max_batch_size=rows, **kw))
+        if graphs:
+            eng.runner.graphs = GraphCache(eng.runner, capture=False)
+        eng.reserve(rows, 64)
+        return eng.runner.rows - eng.runner.step_rows
+
+    assert [spare(8, overlap=True), spare(32, overlap=True), spare(4, overlap=True)] == [4, 4, 0]
+    assert [spare(8, overlap=False), spare(8, graphs=False), spare(8, prefill_ahead=0)] == [0, 0, 0]
+    assert spare(2, graphs=False, prefill_ahead=3) == 3  # asked for: any engine
 
 
 @pytest.mark.parametrize("spec", [None, SpecConfig(3, 1, 4), SpecConfig(5, 2, 8)], ids=["plain", "chain", "tree"])

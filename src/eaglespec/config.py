@@ -386,6 +386,11 @@ class EngineConfig:
     # Admit waiting requests once this many rows are free (or all waiting fit, or nothing runs): 1 = at once, the
     # lowest latency; throughput jobs (regeneration) batch their prefills with larger values (engine/scheduler.py).
     min_prefill_rows: int = 1
+    # An admission also prefills up to this many more waiting requests into spare cache rows; each takes a running
+    # row when one frees, by a copy of its caches, without a prefill of its own (engine/scheduler.py): fewer, larger
+    # prefills without idle rows, at the memory of this many more rows. 0: off; None: the engine's choice
+    # (`engine.AUTO_PREFILL_AHEAD` for overlapped graph engines of 8 rows or more, else off).
+    prefill_ahead: int | None = None
 
     def __post_init__(self) -> None:
         if self.aux_convention not in ("sglang", "vllm"):
@@ -399,3 +404,5 @@ class EngineConfig:
             raise ConfigError(f"max batch size must be >= 1 (got {self.max_batch_size})")
         if self.min_prefill_rows < 1:
             raise ConfigError(f"min_prefill_rows must be >= 1 (got {self.min_prefill_rows})")
+        if self.prefill_ahead is not None and self.prefill_ahead < 0:
+            raise ConfigError(f"prefill_ahead must be >= 0 (got {self.prefill_ahead})")

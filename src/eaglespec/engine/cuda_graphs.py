@@ -95,10 +95,12 @@ class GraphCache:
 
     # --- buckets ------------------------------------------------------------------------------------------------
     def batch_bucket(self, n: int) -> int:
+        """The rows 0..bucket-1 a step of rows 0..n-1 covers: never the spare rows of requests prefilled ahead."""
+        rows = self.runner.step_rows
         for b in BATCH_BUCKETS:
             if b >= n:
-                return min(b, self.runner.rows)
-        return self.runner.rows
+                return min(b, rows)
+        return rows
 
     def len_bucket(self, need: int) -> int:
         b = MIN_LEN_BUCKET

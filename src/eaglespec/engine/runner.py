@@ -105,7 +105,8 @@ class ModelRunner:
         else:
             self.generator = torch.Generator(device=device)
             self.generator.manual_seed(seed)
-        self.rows = 0
+        self.rows = 0  # cache rows: the steps' rows, then the spare ones (`allocate`)
+        self.step_rows = 0
         self.max_len = 0
         self.kv: KVCache | None = None
         self.dkv: KVCache | None = None
@@ -131,9 +132,12 @@ class ModelRunner:
         S, K, D = self.spec.steps, self.spec.topk, self.spec.draft_tokens
         return max(D, S + 1, (S - 1) * K + 1)
 
-    def allocate(self, rows: int, max_len: int) -> None:
-        """(Re)allocate caches and row state for `rows` sequences of up to `max_len` committed tokens."""
+    def allocate(self, rows: int, max_len: int, spare: int = 0) -> None:
+        """(Re)allocate caches and row state for `rows` sequences of up to `max_len` committed tokens, plus `spare`
+        rows past them for requests prefilled ahead (scheduler.py), which steps never cover (`step_rows`)."""
         dev, cfg = self.device, self.target.config
+        self.step_rows = rows
+        rows += spare
         self.rows, self.max_len = rows, max_len
         self.cache_len = max_len + self.headroom()
         self.kv = KVCache(cfg.num_hidden_layers, self.target.kv_cache_shapes(), rows, self.cache_len, self.dtype, dev)
@@ -187,6 +191,20 @@ class ModelRunner:
         self.temperature[row] = params.temperature
         self.top_k[row] = params.top_k
         self.top_p[row] = params.top_p
+
+    def move_row(self, src: int, dst: int) -> None:
+        """A request prefilled ahead in row `src` continues in row `dst` (a free row, which no launched step still
+        writes past what the request's prompt overwrites here): the target's and the drafter's cache entries of its
+        prompt and its row state are copied across, all enqueued (no synchronisation), and `src` becomes inert."""
+        n = self.host_len[src]
+        for kv in (self.kv, self.dkv):
+            for t in kv.tensors if kv is not None else ():
+                t[:, dst, :n].copy_(t[:, src, :n])
+        sampling = [self.active, self.temperature, self.top_k, self.top_p]
+        for t in self.state_tensors() + sampling:
+            t[dst].copy_(t[src])
+        self.host_len[dst] = n
+        self.release(src)
 
     def release(self, row: int) -> None:
         """A finished request's row becomes inert (length 0, inactive) until a prefill reuses it."""

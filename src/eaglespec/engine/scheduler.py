@@ -4,6 +4,13 @@ Requests wait in FIFO order. A step either prefills waiting requests (as many as
 prefill token budget) or, when none can be admitted, advances every running request by one decode or speculative
 step. A finished request frees its row at once, so a server can admit new work between steps (continuous batching).
 
+Prefill ahead (`ahead` spare rows, EngineConfig.prefill_ahead): an admission also prefills up to that many more
+waiting requests, in cache rows past the running ones that no step covers ("parked"). When a running row frees, the
+oldest parked request takes it (`join`: the engine copies its cache entries and row state across) without a prefill
+of its own, so admissions cost one prefill per 1 + `ahead` requests instead of one each, and the running rows never
+pause for a one-prompt prefill in between. Parked requests keep their place: they join before anything waiting is
+admitted.
+
 Admission: with `min_prefill_rows = 1` (the default) waiting requests are admitted as soon as one row is free: the
 lowest time to first token. A throughput job (drafter-data regeneration: thousands of prompts through hundreds of
 rows) sets it higher: waiting requests are then admitted only once that many rows are free, or once every waiting
@@ -30,15 +37,19 @@ class Batch:
 
 
 class Scheduler:
-    def __init__(self, rows: int, prefill_token_budget: int = 8192, min_prefill_rows: int = 1) -> None:
+    def __init__(self, rows: int, prefill_token_budget: int = 8192, min_prefill_rows: int = 1, ahead: int = 0) -> None:
         self.free: list[int] = list(range(rows))
+        self.spare: list[int] = list(range(rows, rows + ahead))  # free cache rows for requests prefilled ahead
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        self.parked: deque[Request] = deque()  # prefilled ahead, in spare rows, oldest first
         self.prefill_token_budget = prefill_token_budget
         self.min_prefill_rows = max(1, min(min_prefill_rows, rows))
+        self._first_spare = rows
 
     def may_admit(self) -> bool:
-        if not self.waiting or not self.free:
+        """A prefill may run now (the engine joins parked requests first: `join`)."""
+        if self.parked or not self.waiting or not self.free:
             return False
         return (not self.running or len(self.free) >= self.min_prefill_rows
                 or len(self.free) >= len(self.waiting))
@@ -47,31 +58,56 @@ class Scheduler:
         self.waiting.append(req)
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self.parked)
+
+    def join(self) -> list[tuple[Request, int]]:
+        """Parked requests take free rows, oldest first, and run from the next step: [(request, the spare row it was
+        prefilled in)], each request's `slot` now its new row. The spare rows are free again at once: anything the
+        engine enqueues into them later runs after its copies, in stream order."""
+        moves = []
+        while self.parked and self.free:
+            req = self.parked.popleft()
+            moves.append((req, req.slot))
+            self.spare.append(req.slot)  # type: ignore[arg-type]
+            req.slot = self.free.pop(0)
+            self.running.append(req)
+        self.spare.sort()
+        return moves
 
     def schedule(self) -> Batch | None:
+        """The next batch: a prefill of admitted requests (and of requests prefilled ahead into spare rows, which
+        the batch lists after them), else a decode step over the running ones, else None."""
         admitted: list[Request] = []
         budget = self.prefill_token_budget
         if self.may_admit():  # decided once: admitting shrinks the free rows
-            while self.waiting and self.free:
-                req = self.waiting[0]
-                n = len(req.prompt_ids)
-                if admitted and n > budget:
-                    break
-                self.waiting.popleft()
-                req.slot = self.free.pop(0)
-                admitted.append(req)
-                budget -= n
+            # prefilling ahead spares the running rows later pauses; with none running there is nothing to spare
+            for rows in (self.free, self.spare) if self.running else (self.free,):
+                while self.waiting and rows:
+                    req = self.waiting[0]
+                    n = len(req.prompt_ids)
+                    if admitted and n > budget:
+                        break
+                    self.waiting.popleft()
+                    req.slot = rows.pop(0)
+                    admitted.append(req)
+                    budget -= n
         if admitted:
-            self.running.extend(admitted)
+            k = sum(1 for r in admitted if r.slot < self._first_spare)  # type: ignore[operator]
+            self.running.extend(admitted[:k])
+            self.parked.extend(admitted[k:])
             return Batch("prefill", admitted)
         if self.running:
             return Batch("decode", sorted(self.running, key=lambda q: q.slot))
         return None
 
     def release_finished(self) -> list[Request]:
+        """Finished requests leave their rows (parked ones too: a request may end on its prefill's token)."""
         done = [r for r in self.running if r.finished]
         if done:
             self.free = sorted(self.free + [r.slot for r in done])  # type: ignore[misc]
-        self.running = [r for r in self.running if not r.finished]
-        return done
+            self.running = [r for r in self.running if not r.finished]
+        gone = [r for r in self.parked if r.finished]
+        if gone:
+            self.spare = sorted(self.spare + [r.slot for r in gone])  # type: ignore[misc]
+            self.parked = deque(r for r in self.parked if not r.finished)
+        return done + gone
