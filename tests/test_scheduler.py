@@ -129,6 +129,24 @@ def test_parked_requests_count_as_work():
     assert s.schedule().kind == "decode"
 
 
+def test_prefill_ahead_never_makes_a_prefill_larger_than_the_cap():
+    """The engine caps prefills with requests prefilled ahead at the most rows its prefill graphs take (past them a
+    prefill runs eagerly): rows freed at once are admitted in full, the parked ones only up to the cap."""
+    s = Scheduler(4, ahead=4, ahead_cap=5)
+    for i in range(12):
+        s.add(_req(i))
+    s.schedule()
+    _finish(s, 3)
+    b = s.schedule()
+    assert [r.rid for r in b.requests] == [4, 5, 6, 7, 8] and [r.rid for r in s.parked] == [7, 8]
+    s2 = Scheduler(4, ahead=4, ahead_cap=2)
+    for i in range(12):
+        s2.add(_req(i))
+    s2.schedule()
+    _finish(s2, 3)
+    assert [r.rid for r in s2.schedule().requests] == [4, 5, 6] and not s2.parked  # the free rows always fill
+
+
 def test_prefill_ahead_is_validated():
     with pytest.raises(ConfigError, match="prefill_ahead must be >= 0"):
         EngineConfig(prefill_ahead=-1)

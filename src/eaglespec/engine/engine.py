@@ -39,6 +39,7 @@ from ..models.eagle3 import check_drafter_fits
 from ..protocol import require_target
 from ..sampling_params import SamplingParams
 from ..spec.stats import SpecStats
+from .cuda_graphs import PREFILL_SPLIT_ROWS
 from .request import Request
 from .runner import ModelRunner, PendingStep, shape_index, spec_kind
 from .scheduler import Scheduler
@@ -49,8 +50,8 @@ if TYPE_CHECKING:
 Prompt = Union[str, Sequence[int], Sequence[dict]]
 
 # EngineConfig.prefill_ahead=None: spare rows of an overlapped graph engine of >= AUTO_PREFILL_AHEAD_ROWS rows (H200,
-# MT-bench, session 30: 8 / 32 rows, plain decoding +1.5% / +3.3%, speculative steps 7% cheaper at 32 rows with the
-# admissions in them; 8 spare rows were no better than 4)
+# MT-bench, session 30: at 8 / 32 rows, prefills 66 -> 16 / 31 -> 10, plain decoding +1.2% / +3.2%, speculation
+# +1.1% / +1.9%; 8 spare rows were no better than 4)
 AUTO_PREFILL_AHEAD = 4
 AUTO_PREFILL_AHEAD_ROWS = 8
 SERVE_LEN = 4096  # default cache positions per row for a long-lived engine, unless EngineConfig.max_seq_len says
@@ -178,7 +179,8 @@ class Engine:
         if ahead is None:
             ahead = AUTO_PREFILL_AHEAD if self.overlapping and rows >= AUTO_PREFILL_AHEAD_ROWS else 0
         r.allocate(rows, max_len, spare=ahead)
-        self.scheduler = Scheduler(rows, min_prefill_rows=self.config.min_prefill_rows, ahead=ahead)
+        self.scheduler = Scheduler(rows, min_prefill_rows=self.config.min_prefill_rows, ahead=ahead,
+                                   ahead_cap=PREFILL_SPLIT_ROWS)
 
     def _prepare(self, prompt: Prompt, chat: bool, images: Sequence[object] | None) -> tuple[list[int], object]:
         """Prompt ids (placeholders expanded for images) and the target's multimodal inputs (or None)."""

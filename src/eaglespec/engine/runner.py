@@ -193,9 +193,11 @@ class ModelRunner:
         self.top_p[row] = params.top_p
 
     def move_row(self, src: int, dst: int) -> None:
-        """A request prefilled ahead in row `src` continues in row `dst` (a free row, which no launched step still
-        writes past what the request's prompt overwrites here): the target's and the drafter's cache entries of its
-        prompt and its row state are copied across, all enqueued (no synchronisation), and `src` becomes inert."""
+        """A request prefilled ahead in row `src` continues in row `dst` (a free row): the target's and the
+        drafter's cache entries of its prompt [0, n) and its row state are copied across, all enqueued (no
+        synchronisation), and `src` becomes inert. A step still in flight that computes `dst` for the request that
+        left it runs before the copies, in stream order; what it wrote past n is overwritten before any step reads it
+        (masks stop at the row's length)."""
         n = self.host_len[src]
         for kv in (self.kv, self.dkv):
             for t in kv.tensors if kv is not None else ():

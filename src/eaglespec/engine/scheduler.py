@@ -9,7 +9,8 @@ waiting requests, in cache rows past the running ones that no step covers ("park
 oldest parked request takes it (`join`: the engine copies its cache entries and row state across) without a prefill
 of its own, so admissions cost one prefill per 1 + `ahead` requests instead of one each, and the running rows never
 pause for a one-prompt prefill in between. Parked requests keep their place: they join before anything waiting is
-admitted.
+admitted. Parking happens only while requests run (nothing else to spare), and never makes a prefill larger than
+`ahead_cap` rows (the engine's prefill graphs take up to 32; larger prefills run eagerly).
 
 Admission: with `min_prefill_rows = 1` (the default) waiting requests are admitted as soon as one row is free: the
 lowest time to first token. A throughput job (drafter-data regeneration: thousands of prompts through hundreds of
@@ -37,7 +38,8 @@ class Batch:
 
 
 class Scheduler:
-    def __init__(self, rows: int, prefill_token_budget: int = 8192, min_prefill_rows: int = 1, ahead: int = 0) -> None:
+    def __init__(self, rows: int, prefill_token_budget: int = 8192, min_prefill_rows: int = 1, ahead: int = 0,
+                 ahead_cap: int | None = None) -> None:
         self.free: list[int] = list(range(rows))
         self.spare: list[int] = list(range(rows, rows + ahead))  # free cache rows for requests prefilled ahead
         self.waiting: deque[Request] = deque()
@@ -46,6 +48,9 @@ class Scheduler:
         self.prefill_token_budget = prefill_token_budget
         self.min_prefill_rows = max(1, min(min_prefill_rows, rows))
         self._first_spare = rows
+        # requests prefilled ahead never make a prefill batch larger than this (the engine: the most rows its prefill
+        # graphs take; past them a prefill runs eagerly, ~50 ms for 32 rows on the H200)
+        self.ahead_cap = ahead_cap if ahead_cap is not None else rows + ahead
 
     def may_admit(self) -> bool:
         """A prefill may run now (the engine joins parked requests first: `join`)."""
@@ -80,9 +85,10 @@ class Scheduler:
         admitted: list[Request] = []
         budget = self.prefill_token_budget
         if self.may_admit():  # decided once: admitting shrinks the free rows
-            # prefilling ahead spares the running rows later pauses; with none running there is nothing to spare
-            for rows in (self.free, self.spare) if self.running else (self.free,):
-                while self.waiting and rows:
+            # prefilling ahead spares the running rows a pause later; with none running there is nothing to spare
+            spare = self.spare if self.running else []
+            for rows, cap in ((self.free, len(self.free)), (spare, self.ahead_cap)):
+                while self.waiting and rows and len(admitted) < cap:
                     req = self.waiting[0]
                     n = len(req.prompt_ids)
                     if admitted and n > budget:
