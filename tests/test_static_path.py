@@ -185,6 +185,28 @@ def test_requests_prefilled_ahead_join_and_equal_plain(target, reference, spec, 
     assert len(eng.scheduler.spare) == 2 and not eng.scheduler.parked
 
 
+def test_a_joined_request_keeps_its_own_sampling_parameters(target, reference):
+    """A request prefilled ahead takes a row a sampled request left: its sampling parameters move with it
+    (`ModelRunner.move_row`), so greedy requests among sampled ones, each joined into such a row, still give the plain
+    greedy tokens. (Plain decoding: its schedule is fixed by the lengths alone; the copy does not depend on the
+    step's kind.)"""
+
+    def params(n, temperature):
+        return SamplingParams(max_new_tokens=n, ignore_eos=True, temperature=temperature)
+
+    # 2 rows, 2 spare, lengths fixed (EOS ignored), so the schedule is: 0-1, then 2-3, then 4 are admitted into
+    # running rows; 5 and 6 are prefilled ahead (greedy) and join the rows that 3 and 4 (sampled) leave
+    plist = [params(4, 1.0), params(5, 1.0), params(6, 1.0), params(20, 1.0), params(20, 1.0), params(6, 0.0),
+             params(20, 0.0), params(20, 1.0)]
+    prompts = [PROMPTS[i % 6] for i in range(8)]
+    eng = Engine(target, None, EngineConfig(max_batch_size=2, overlap=True, prefill_ahead=2, seed=3))
+    eng.runner.graphs = GraphCache(eng.runner, capture=False)
+    outs = eng.generate(prompts, plist)
+    assert eng.step_counts["join"] == 2 and eng.step_counts["prefill"] == 4
+    for i in (5, 6):
+        assert outs[i].token_ids == reference[i % 6][: plist[i].max_new_tokens], i
+
+
 def test_prefill_ahead_by_default_on_overlapped_graph_engines_of_8_rows(target):
     """None: 4 spare rows for an overlapped graph engine of 8 rows or more (measured on the H200), none otherwise."""
     def spare(rows, graphs=True, **kw):
