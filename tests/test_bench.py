@@ -94,7 +94,7 @@ def check_schema(doc: dict) -> None:
     assert doc["command"].startswith("eaglespec ")
     assert set(doc["sampling"]) == {"max_new_tokens", "temperature", "top_p", "top_k", "ignore_eos", "seed"}
     assert set(doc["engine"]) == {"cuda_graphs", "fuse_projections", "compile", "overlap", "spec_max_rows",
-                                  "min_prefill_rows", "prefill_ahead"}
+                                  "min_prefill_rows", "prefill_ahead", "compact_rows"}
     assert doc["machine"]["device"] == "cpu" and doc["machine"]["copy_bandwidth_gb_s"] is None
     assert isinstance(doc["model"]["weight_bytes_per_step"], int) and doc["model"]["kv_bytes_per_token"] > 0
     for r in doc["records"]:

@@ -16,8 +16,8 @@ from eaglespec.spec.oracle import OracleDrafter
 PROMPTS = [[1, 2, 3, 4, 5], [7, 8, 9], list(range(10, 40)), [5], [9, 9, 9, 9], [3, 1, 4, 1, 5, 9, 2, 6]]
 
 
-def static_engine(target, drafter=None, spec=None, rows=8, overlap=False, spec_max_rows=None):
-    eng = Engine(target, None, EngineConfig(max_batch_size=rows, overlap=overlap, spec_max_rows=spec_max_rows),
+def static_engine(target, drafter=None, spec=None, rows=8, overlap=False, spec_max_rows=None, **kw):
+    eng = Engine(target, None, EngineConfig(max_batch_size=rows, overlap=overlap, spec_max_rows=spec_max_rows, **kw),
                  drafter=drafter, spec=spec)
     eng.runner.graphs = GraphCache(eng.runner, capture=False)
     return eng
@@ -177,8 +177,18 @@ def test_requests_prefilled_ahead_join_and_equal_plain(target, reference, spec, 
     eng = Engine(target, None, EngineConfig(max_batch_size=3, overlap=overlap, prefill_ahead=2), drafter=drafter,
                  spec=spec)
     eng.runner.graphs = GraphCache(eng.runner, capture=False)
-    assert run(eng) == plain
     r = eng.runner
+    if spec is None:  # a decode step advances the host lengths when launched: after every step (the CPU computes at
+        # once) they equal the device's lengths, joined rows included (0ab3c47's reads set them one short there)
+        step = eng.step
+
+        def checked_step():
+            out = step()
+            assert all(r.host_len[q.slot] == int(r.seq_len[q.slot]) for q in eng.scheduler.running)
+            return out
+
+        eng.step = checked_step
+    assert run(eng) == plain
     assert r.rows == 5 and r.step_rows == 3  # two spare rows past the steps' three
     assert eng.step_counts["join"] >= 4 and eng.step_counts["prefill"] <= 4  # 12 requests, 3 rows
     assert not r.active.any() and int(r.seq_len.abs().sum()) == 0 and not any(r.host_len)
@@ -207,6 +217,50 @@ def test_a_joined_request_keeps_its_own_sampling_parameters(target, reference):
         assert outs[i].token_ids == reference[i % 6][: plist[i].max_new_tokens], i
 
 
+@pytest.mark.parametrize("overlap", [False, True], ids=["serial", "overlapped"])
+@pytest.mark.parametrize("spec", [None, SpecConfig(3, 1, 4), SpecConfig(5, 4, 8)], ids=["plain", "chain", "tree"])
+def test_compacted_rows_replay_smaller_graphs_and_equal_plain(target, reference, spec, overlap):
+    """EngineConfig.compact_rows: once nothing waits, requests in rows past the bucket of their count move into free
+    rows below it (cache entries and row state), so the drain's steps take smaller batch buckets. Requests in the
+    high rows outlive those in the low ones here: the outputs are still the plain greedy ones, and the steps after
+    the moves replay the smallest bucket that holds the running requests."""
+    lens = (6, 6, 6, 6, 6, 40, 30, 35)  # 8 rows: the last three rows run longest
+    params = [SamplingParams(max_new_tokens=n, ignore_eos=True) for n in lens]
+    prompts = [PROMPTS[i % 6] for i in range(8)]
+    drafter = tiny_drafter(target, seed=1) if spec else None
+    eng = Engine(target, None, EngineConfig(max_batch_size=8, overlap=overlap, compact_rows=True, prefill_ahead=0),
+                 drafter=drafter, spec=spec)
+    eng.runner.graphs = GraphCache(eng.runner, capture=False)
+    buckets: list[tuple[int, int]] = []
+    run = eng.runner.graphs.run
+    eng.runner.graphs.run = lambda kind, n, *a: buckets.append((n, eng.runner.graphs.batch_bucket(n))) or run(kind, n,
+                                                                                                            *a)
+    outs = eng.generate(prompts, params)
+    assert [o.token_ids for o in outs] == [reference[i % 6][:n] for i, n in enumerate(lens)]
+    # rows 5-7 (40, 30, 35 tokens) move into rows 0-2; once the 30-token one ends, row 2 moves into row 1
+    assert eng.step_counts["compact"] == 4
+    sizes = [b for _, b in buckets]
+    assert sizes[0] == 8 and sizes[-1] == 1 and sorted(set(sizes), reverse=True) == [8, 4, 2, 1]
+    assert sizes == sorted(sizes, reverse=True)  # the buckets only shrink
+    assert not eng.runner.active.any() and int(eng.runner.seq_len.abs().sum()) == 0
+
+
+def test_rows_are_not_compacted_while_requests_wait_or_off_the_graph_path(target, reference):
+    """No moves while requests wait (they fill the rows anyway) nor without graphs (eager steps run on exactly the
+    requested rows); nor when the option is off."""
+    lens = (6, 6, 6, 6, 6, 40, 30, 35, 12)
+    params = [SamplingParams(max_new_tokens=n, ignore_eos=True) for n in lens]
+    prompts = [PROMPTS[i % 6] for i in range(9)]
+    for cfg, graphs in ((EngineConfig(max_batch_size=8, compact_rows=True), False),
+                        (EngineConfig(max_batch_size=8, compact_rows=False, overlap=True), True)):
+        eng = Engine(target, None, cfg)
+        if graphs:
+            eng.runner.graphs = GraphCache(eng.runner, capture=False)
+        outs = eng.generate(prompts, params)
+        assert [o.token_ids for o in outs] == [reference[i % 6][:n] for i, n in enumerate(lens)]
+        assert eng.step_counts["compact"] == 0
+
+
 def test_prefill_ahead_by_default_on_overlapped_graph_engines_of_8_rows(target):
     """None: 4 spare rows for an overlapped graph engine of 8 rows or more (measured on the H200), none otherwise."""
     def spare(rows, graphs=True, **kw):
@@ -221,12 +275,13 @@ def test_prefill_ahead_by_default_on_overlapped_graph_engines_of_8_rows(target):
     assert spare(2, graphs=False, prefill_ahead=3) == 3  # asked for: any engine
 
 
+@pytest.mark.parametrize("compact", [False, True], ids=["", "compact"])
 @pytest.mark.parametrize("spec", [None, SpecConfig(3, 1, 4), SpecConfig(5, 2, 8)], ids=["plain", "chain", "tree"])
-def test_static_steps_read_no_uninitialized_memory(target, spec):
+def test_static_steps_read_no_uninitialized_memory(target, spec, compact):
     """With PyTorch's deterministic mode every fresh allocation is filled with NaN (integers with their largest value),
     so a step that read memory it had not written (on CUDA: whatever an earlier graph left in the pool, which differs
-    from run to run) would change the tokens. The static, overlapped path, rows finishing and rows joining, still
-    gives the plain greedy outputs."""
+    from run to run) would change the tokens. The static, overlapped path, rows finishing, requests prefilled ahead
+    joining them, and (compact) the drain's requests moving to lower rows, still gives the plain greedy outputs."""
     prompts = PROMPTS * 2
     params = [SamplingParams(max_new_tokens=n, ignore_eos=True) for n in (30, 12, 25, 7, 40, 19) * 2]
     plain = [o.token_ids for o in Engine(target, None, EngineConfig(max_batch_size=4)).generate(prompts, params)]
@@ -234,9 +289,11 @@ def test_static_steps_read_no_uninitialized_memory(target, spec):
     torch.use_deterministic_algorithms(True)
     torch.utils.deterministic.fill_uninitialized_memory = True
     try:
-        eng = static_engine(target, tiny_drafter(target, seed=1) if spec else None, spec, rows=8, overlap=True)
+        eng = static_engine(target, tiny_drafter(target, seed=1) if spec else None, spec, rows=8, overlap=True,
+                            compact_rows=compact)
         assert torch.empty(4).isnan().all()  # the fill is on
         assert [o.token_ids for o in eng.generate(prompts, params)] == plain
+        assert (eng.step_counts["compact"] > 0) == compact and eng.step_counts["join"] > 0  # 4 spare rows by default
     finally:
         torch.use_deterministic_algorithms(was)
         torch.utils.deterministic.fill_uninitialized_memory = fill

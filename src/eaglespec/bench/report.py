@@ -12,7 +12,8 @@
     sampling: max_new_tokens, temperature, top_p, top_k, ignore_eos, seed
     engine:   cuda_graphs, fuse_projections (null: on CUDA and the CPU), compile, overlap, spec_max_rows (null: always),
               min_prefill_rows (continuous batching: free rows an admission waits for), prefill_ahead (continuous
-              batching: requests an admission also prefills into spare rows; null: the engine's choice)
+              batching: requests an admission also prefills into spare rows; null: the engine's choice), compact_rows
+              (the drain's requests moved into the lowest rows)
     warmup, batch_sizes, batching ("static": the prompts in consecutive chunks of batch_size, each run to completion;
     "continuous": all prompts queued, batch_size of them running at a time, a freed row taken at once), peer
     ({library, version} | null)
@@ -199,7 +200,7 @@ def document(kind: str, result: SuiteResult, model: BenchModel, workload: Worklo
         "engine": {"cuda_graphs": options.engine.cuda_graphs, "fuse_projections": options.engine.fuse_projections,
                    "compile": options.engine.compile, "overlap": options.engine.overlap,
                    "spec_max_rows": options.engine.spec_max_rows, "min_prefill_rows": options.engine.min_prefill_rows,
-                   "prefill_ahead": options.engine.prefill_ahead},
+                   "prefill_ahead": options.engine.prefill_ahead, "compact_rows": options.engine.compact_rows},
         "warmup": options.warmup, "batch_sizes": list(options.batch_sizes), "batching": options.batching,
         "repeats": options.repeats,
         "peer": {"library": "transformers", "version": result.peer_version} if result.peer_version else None,

@@ -52,6 +52,9 @@ def add_runtime_options(p: argparse.ArgumentParser | argparse._ArgumentGroup) ->
                    help="an admission also prefills up to N more waiting requests into spare cache rows, each "
                         "taking a running row when one frees, without a prefill of its own: fewer prefills that "
                         "pause the running rows (0: off; default: 4 on CUDA graph engines of 8 rows or more)")
+    p.add_argument("--compact-rows", action=argparse.BooleanOptionalAction, default=False,
+                   help="CUDA graphs: once nothing waits, move running requests into the lowest rows so that the "
+                        "drain of a batch replays smaller graphs (default: off, not yet measured on a GPU)")
 
 
 def add_sampling_options(p: argparse.ArgumentParser, max_new_tokens: int = 256) -> None:
@@ -95,7 +98,8 @@ def engine_config(args: argparse.Namespace, **kw) -> EngineConfig:
     return EngineConfig(device=args.device, dtype=args.dtype, seed=args.seed, aux_convention=args.aux_convention,
                         cuda_graphs=args.cuda_graphs, fuse_projections=args.fuse, compile=args.compile,
                         overlap=args.overlap, spec_max_rows=args.spec_max_rows,
-                        min_prefill_rows=args.min_prefill_rows, prefill_ahead=args.prefill_ahead, **kw)
+                        min_prefill_rows=args.min_prefill_rows, prefill_ahead=args.prefill_ahead,
+                        compact_rows=args.compact_rows, **kw)
 
 
 def draft_arg(args: argparse.Namespace) -> str | None:

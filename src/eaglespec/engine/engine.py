@@ -245,6 +245,7 @@ class Engine:
         if self._pending is not None:
             return self._step_overlapped()
         self._join_parked()
+        self._compact_rows()
         batch = self.scheduler.schedule()
         if batch is None:
             return []
@@ -281,16 +282,44 @@ class Engine:
             self.runner.release(q.slot)
         return reqs
 
-    def _join_parked(self) -> dict[int, int]:
+    def _join_parked(self) -> list[int]:
         """Requests prefilled ahead take the free rows (`Scheduler.join`, `ModelRunner.move_row`): enqueued copies,
-        no prefill and no synchronisation. Returns {new row: its host length} of the rows taken."""
+        no prefill and no synchronisation. Returns the rows taken."""
         assert self.scheduler is not None
-        joined = {}
+        joined = []
         for q, src in self.scheduler.join():
             self.runner.move_row(src, q.slot)
-            joined[q.slot] = self.runner.host_len[q.slot]
+            joined.append(q.slot)
             self.step_counts["join"] += 1
         return joined
+
+    def _compaction(self) -> list[tuple[int, int]]:
+        """The row moves that would let the running requests' steps replay a smaller graph: [(from, to)], empty unless
+        `EngineConfig.compact_rows` is on, the graph path runs, nothing waits or is parked (else new requests fill
+        the rows anyway) and the batch bucket of the highest running row exceeds that of the running count."""
+        sched, graphs = self.scheduler, self.runner.graphs
+        if not self.config.compact_rows or graphs is None or sched is None or sched.waiting or sched.parked:
+            return []
+        slots = sorted(q.slot for q in sched.running)  # type: ignore[type-var]
+        if not slots:
+            return []
+        target = graphs.batch_bucket(len(slots))
+        if graphs.batch_bucket(slots[-1] + 1) <= target:
+            return []
+        holes = [r for r in sched.free if r < target]
+        movers = [s for s in slots if s >= target]
+        return list(zip(movers, holes))
+
+    def _compact_rows(self) -> None:
+        """Apply `_compaction` (no step may be in flight: the host lengths are exact): each request's cache entries and
+        row state move to its new row (`ModelRunner.move_row`), enqueued, no synchronisation."""
+        moves = dict(self._compaction())
+        for q in list(self.scheduler.running) if moves else ():
+            if q.slot in moves:
+                src, dst = q.slot, moves[q.slot]
+                self.runner.move_row(src, dst)
+                self.scheduler.move(q, dst)
+                self.step_counts["compact"] += 1
 
     def _launch_running(self, ahead: int = 0) -> None:
         """Overlap: launch the next step of every running row (read by the next `step()`); `ahead`: positions a still
@@ -330,8 +359,9 @@ class Engine:
 
     def _step_overlapped(self) -> list[Request]:
         """Launch the next step of the running rows, then read the launched one's results. Not launched (the
-        pending step is only read) when waiting requests may be admitted (the next step is their prefill) or,
-        speculating, when a row could outgrow its cache: the unread step may have added up to `max_accept`
+        pending step is only read) when waiting requests may be admitted (the next step is their prefill), when
+        rows are to be compacted (`_compaction`: the next `step()` moves them), or, speculating, when a row could
+        outgrow its cache: the unread step may have added up to `max_accept`
         positions, and the next one writes `headroom` past those. A request that finishes on the results read had
         a token (or tokens) computed by the step just launched: dropped when that step is read; its row is released
         after that launch, in stream order, so the step cannot write into a row that a new request took."""
@@ -345,14 +375,18 @@ class Engine:
         running = sched.running
         ahead = run.spec.max_accept if run.speculative else 0  # the largest shape's
         fits = all(run.host_len[q.slot] + ahead <= run.max_len for q in running)
-        if running and fits and not sched.may_admit():
+        # not launched when waiting requests may be admitted or rows could be compacted: both need the read first
+        if running and fits and not sched.may_admit() and not self._compaction():
             self._launch_running(ahead)
+        # a joined row's host length is its new request's (a decode step launched above already counted its token);
+        # the read below advances it for the finished request the pending step computed there: undone
+        held = {s: run.host_len[s] for s in joined}
         m_host, tok_host = run.collect(pending)
         live = [i for i, q in enumerate(reqs) if not q.finished]
         for q in reqs:
             if q.finished:  # released before this step was read; the read advanced its host length
-                if q.slot in joined:  # a request prefilled ahead runs there now
-                    run.host_len[q.slot] = joined[q.slot]
+                if q.slot in held:  # a request prefilled ahead runs there now
+                    run.host_len[q.slot] = held[q.slot]
                 else:  # still free (admissions wait for the read): inert again
                     run.release(q.slot)
         got = [reqs[i] for i in live]

@@ -79,6 +79,12 @@ class Scheduler:
         self.spare.sort()
         return moves
 
+    def move(self, req: Request, row: int) -> None:
+        """A running request continues in the free row `row` (the engine moves its state): its old row is free."""
+        self.free.remove(row)
+        self.free = sorted(self.free + [req.slot])  # type: ignore[list-item]
+        req.slot = row
+
     def schedule(self) -> Batch | None:
         """The next batch: a prefill of admitted requests (and of requests prefilled ahead into spare rows, which
         the batch lists after them), else a decode step over the running ones, else None."""
