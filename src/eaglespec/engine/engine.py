@@ -18,10 +18,15 @@ With `EngineConfig.overlap` (graph path) a decode / speculative `step()` first l
 the previous one, so the tokens of a step reach the requests one `step()` later (`has_work()` stays true until the
 last launched step is read); a prefill step launches the next step of every running row, the admitted ones included,
 before it reads their first tokens, so the device does not wait for the host between an admission and the step after
-it (on the H200 that wait was ~0.3 ms per admission: docs/benchmarks.md, "Session 29"). Admissions still wait for the
-unread step to be read: a row it writes may just have been freed. `step_counts` counts the batched steps run by kind
+it (on the H200 that wait was ~0.3 ms per admission: docs/benchmarks.md, "Session 29"). Prefills still wait for the
+unread step to be read: a row it writes may just have been freed. Requests prefilled ahead into spare rows
+(`EngineConfig.prefill_ahead`, scheduler.py) take freed rows without a prefill: their rows' copies are enqueued behind
+the unread step, and the next step launches at once. With `EngineConfig.compact_rows`, once nothing waits, the
+requests of a draining batch move into the lowest free rows (after a read, with nothing in flight), so that its steps
+replay the smallest graph bucket that holds them. `step_counts` counts the batched steps run by kind
 ("prefill", "decode", "spec"; a launched overlapped step counts when launched), for benchmarks; an engine of several
-shapes also counts its speculative steps per shape ("spec 3,1,4": `config.spec_text`).
+shapes also counts its speculative steps per shape ("spec 3,1,4": `config.spec_text`); "join" and "compact" count the
+requests moved into other rows (no steps of their own).
 """
 
 from __future__ import annotations
