@@ -231,15 +231,19 @@ def test_compacted_rows_replay_smaller_graphs_and_equal_plain(target, reference,
     eng = Engine(target, None, EngineConfig(max_batch_size=8, overlap=overlap, compact_rows=True, prefill_ahead=0),
                  drafter=drafter, spec=spec)
     eng.runner.graphs = GraphCache(eng.runner, capture=False)
-    buckets: list[tuple[int, int]] = []
-    run = eng.runner.graphs.run
-    eng.runner.graphs.run = lambda kind, n, *a: buckets.append((n, eng.runner.graphs.batch_bucket(n))) or run(kind, n,
-                                                                                                            *a)
+    graphs = eng.runner.graphs
+    sizes: list[int] = []  # the batch bucket of every step replayed
+    run = graphs.run
+
+    def logged(kind, n_rows, *a):
+        sizes.append(graphs.batch_bucket(n_rows))
+        return run(kind, n_rows, *a)
+
+    graphs.run = logged
     outs = eng.generate(prompts, params)
     assert [o.token_ids for o in outs] == [reference[i % 6][:n] for i, n in enumerate(lens)]
     # rows 5-7 (40, 30, 35 tokens) move into rows 0-2; once the 30-token one ends, row 2 moves into row 1
     assert eng.step_counts["compact"] == 4
-    sizes = [b for _, b in buckets]
     assert sizes[0] == 8 and sizes[-1] == 1 and sorted(set(sizes), reverse=True) == [8, 4, 2, 1]
     assert sizes == sorted(sizes, reverse=True)  # the buckets only shrink
     assert not eng.runner.active.any() and int(eng.runner.seq_len.abs().sum()) == 0
