@@ -4,7 +4,7 @@
 # Each setting is NAME:FLAGS (extra `eaglespec bench` flags) or NAME@SRC:FLAGS (run with PYTHONPATH=/tmp/site:SRC, e.g.
 # an older tree's src carried as .device/old/src). The settings run forward, then backward (A B B A for two), each
 # run a `bench --batching continuous --no-spec --spec auto --repeats $REPEATS` over $ROWS; logs go to $OUT (or ./ab)
-# and the medians of every run are printed last, one line per (run, config, rows). Session 30 ran its A/Bs this way:
+# and the medians of every run are printed last, one line per (run, config, rows). Session 30 ran the same loop inline, e.g.:
 #   bash benchmarks/device_parts.sh join && bash benchmarks/ab_settings.sh /root/m/SmolLM2-135M-Instruct.Q4_1.gguf \
 #       "off:--prefill-ahead 0" "on:"
 # Environment: ROWS (default 8,32), REPEATS (3), TOKENS (256), DRAFT (the shipped drafter).
