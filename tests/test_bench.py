@@ -29,6 +29,7 @@ RECORD_KEYS = {
     "config": str, "kind": str, "batch_size": int, "prompts": int, "prompt_tokens": int, "output_tokens": int,
     "seconds": float, "tok_per_s": float, "identical_outputs": int, "identical_reference": str,
     "finished_by_eos": int, "time_split": dict, "batching": str, "engine_steps": dict, "auto": bool, "round": int,
+    "spare_rows": int,
 }
 OPTIONAL_KEYS = ("drafter", "steps", "topk", "draft_tokens", "schedule", "shape", "speedup", "accept_length_mean",
                  "accept_length_hist", "accept_rate_per_depth", "verify_steps", "draft_forwards", "bandwidth")

@@ -29,7 +29,9 @@
       identical_outputs (outputs equal token for token to the reference's) and identical_reference (the no-spec run
       at the same batch size; for a no-spec run and the peer: the no-spec run at the first batch size, batch 1 for
       the peer when measured), finished_by_eos, batching, engine_steps (batched steps the engine ran, by kind:
-      prefill, decode, spec, and for a schedule of several shapes also per shape, "spec 3,1,4"; {} for the peer),
+      prefill, decode, spec, and for a schedule of several shapes also per shape, "spec 3,1,4"; "join" and "compact":
+      requests moved into freed or lower rows, no steps of their own; {} for the peer), spare_rows (the engine's rows
+      for requests prefilled ahead: `prefill_ahead` resolved; 0 for the peer),
       accept_length_mean, accept_length_hist ({"tau": steps}), accept_rate_per_depth, verify_steps, draft_forwards
       (null without speculation),
       time_split: seconds of draft, verify, rest (= seconds - draft - verify: prefill, plain decode, commit and host
@@ -136,6 +138,7 @@ def record_dict(rec: RunRecord, records: Sequence[RunRecord], model: BenchModel,
         "finished_by_eos": sum(rec.stopped),
         "batching": rec.batching,
         "engine_steps": dict(sorted(rec.steps.items())),
+        "spare_rows": rec.spare_rows,
     }
     if rec is base:
         d["speedup"] = 1.0

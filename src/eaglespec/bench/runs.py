@@ -120,6 +120,7 @@ class RunRecord:
     stats: SpecStats = field(default_factory=SpecStats)
     phases: dict[str, float] = field(default_factory=dict)
     steps: dict[str, int] = field(default_factory=dict)  # batched engine steps of the timed run, by kind
+    spare_rows: int = 0  # the engine's cache rows for requests prefilled ahead (EngineConfig.prefill_ahead, resolved)
     traffic: DecodeTraffic = field(default_factory=DecodeTraffic)
     batching: str = "static"
     round: int = 0  # the repeat round (suite.run_suite with repeats > 1)
@@ -241,6 +242,7 @@ class ConfigRun:
     def record(self) -> RunRecord:
         self.rec.phases = self.timer.totals()
         self.rec.steps = dict(self.engine.step_counts)
+        self.rec.spare_rows = self.engine.runner.rows - self.engine.runner.step_rows
         return self.rec
 
     def close(self) -> None:
