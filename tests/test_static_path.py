@@ -72,7 +72,7 @@ def test_warm_up_rounds_stay_inside_a_cache_sized_to_its_requests(target, refere
 def test_host_copies_land_in_contiguous_views():
     """The pinned buffers of step results are sized for the widest shape; a step's results land in a contiguous
     view of their first elements (a strided destination made CUDA's copy synchronous: the overlap was lost)."""
-    from eaglespec.engine.runner import contiguous_prefix
+    from eaglespec.engine.pending_step import contiguous_prefix
 
     buf = torch.full((8, 4), -1, dtype=torch.int64)
     v = contiguous_prefix(buf, torch.Size((3, 2)))

@@ -46,7 +46,8 @@ from ..sampling_params import SamplingParams
 from ..spec.stats import SpecStats
 from .cuda_graphs import PREFILL_SPLIT_ROWS
 from .request import Request
-from .runner import ModelRunner, PendingStep, shape_index, spec_kind
+from .pending_step import PendingStep
+from .runner import ModelRunner, shape_index, spec_kind
 from .scheduler import Scheduler
 
 if TYPE_CHECKING:
@@ -319,11 +320,11 @@ class Engine:
         """Apply `_compaction` (no step may be in flight: the host lengths are exact): each request's cache entries and
         row state move to its new row (`ModelRunner.move_row`), enqueued, no synchronisation."""
         moves = dict(self._compaction())
-        for q in list(self.scheduler.running) if moves else ():
-            if q.slot in moves:
-                src, dst = q.slot, moves[q.slot]
-                self.runner.move_row(src, dst)
-                self.scheduler.move(q, dst)
+        for q in self.scheduler.running if moves else ():
+            dst = moves.get(q.slot)  # type: ignore[arg-type]
+            if dst is not None:
+                self.runner.move_row(q.slot, dst)  # type: ignore[arg-type]
+                self.scheduler.move(q, dst)  # frees the old row; the running list is unchanged
                 self.step_counts["compact"] += 1
 
     def _launch_running(self, ahead: int = 0) -> None:

@@ -26,9 +26,6 @@ key length; on CUDA `GraphCache` (cuda_graphs.py) captures it once per (batch bu
 
 from __future__ import annotations
 
-import math
-
-from dataclasses import dataclass
 from typing import Sequence, Union
 
 import torch
@@ -42,22 +39,12 @@ from ..spec.draft import DraftState, catch_up, draft_tree
 from ..spec.tree import DraftTree, build_tree
 from ..spec.verify import VerifyResult, verify_greedy, verify_greedy_chain, verify_sampling
 from .kv_cache import KVCache
+from .pending_step import PendingStep, copy_to_host, recorded_event
 from .timing import PhaseTimer
 
 # the rows a step runs on: an index tensor (eager steps: any rows), or slice(0, B) (the graph phases: rows 0..B-1,
 # read and written through views of the per-row state, where an index tensor costs a gather kernel per read)
 Rows = Union[torch.Tensor, slice]
-
-
-@dataclass
-class PendingStep:
-    """A launched step (decode or speculative) whose results the host has not read yet."""
-
-    rows: list[int]
-    tokens: torch.Tensor  # host copy (pinned on CUDA), valid once `event` completed: [B] decode, [B, S+1] spec
-    accepted: torch.Tensor | None  # spec: [B] accepted draft counts m
-    event: "torch.cuda.Event | None"
-    steps: int = 0  # spec: S of the shape the step ran (its drafter forwards, for the statistics)
 
 
 def spec_kind(index: int) -> str:
@@ -67,15 +54,6 @@ def spec_kind(index: int) -> str:
 
 def shape_index(kind: str) -> int:
     return int(kind[4:] or 0)
-
-
-def contiguous_prefix(buffer: torch.Tensor, shape: torch.Size | tuple[int, ...]) -> torch.Tensor:
-    """A contiguous view of `shape` over the first elements of `buffer`'s storage (a pinned host buffer sized for the
-    widest step): a device-to-host copy into a strided view (say [B, S+1] columns of a [rows, envelope S+1] buffer,
-    for a shape narrower than the engine's widest) goes through a temporary and is not asynchronous, which cost the
-    overlap of host and device on every such step (H200, session 21: a 32-row schedule of S1 and S3 steps ran 0.34
-    ms per step slower than S1 alone)."""
-    return buffer.view(-1)[: math.prod(shape)].view(shape)
 
 
 class ModelRunner:
@@ -292,10 +270,7 @@ class ModelRunner:
         tok = self.prefill(rows, prompts, greedy, mm_inputs)
         if self._pinned_prefill is None:  # the CPU: already computed
             return PendingStep(list(rows), tok.clone(), None, None)
-        host = self._pinned_prefill[: tok.shape[0]].copy_(tok, non_blocking=True)
-        event = torch.cuda.Event()
-        event.record()
-        return PendingStep(list(rows), host, None, event)
+        return PendingStep(list(rows), copy_to_host(self._pinned_prefill, tok), None, recorded_event())
 
     @staticmethod
     def collect_prefill(pending: PendingStep) -> list[int]:
@@ -388,10 +363,9 @@ class ModelRunner:
         if self._pinned:  # copies enqueued before any later replay can overwrite the graph's outputs
             pt, pm = self._pinned[self._pin_next]
             self._pin_next ^= 1
-            host_t = contiguous_prefix(pt, toks.shape).copy_(toks, non_blocking=True)
-            host_m = contiguous_prefix(pm, m.shape).copy_(m, non_blocking=True) if m is not None else None
-            event = torch.cuda.Event()
-            event.record()
+            host_t = copy_to_host(pt, toks)
+            host_m = copy_to_host(pm, m) if m is not None else None
+            event = recorded_event()
         else:  # the CPU's static path (tests): already computed
             host_t, host_m = toks.clone(), (m.clone() if m is not None else None)
         if kind == "decode":
