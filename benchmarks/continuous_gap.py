@@ -9,6 +9,10 @@ prefill (`ModelRunner.prefill`) is bracketed by CUDA events, so the run's wall t
 and every `engine.step()` call is timed on the host and classed by what it did (P: a prefill enqueued, L: a step
 launched, R: a step read), e.g. "PLR" for an admission overlapped with the step in flight.
 Per graph key (kind, batch bucket, length bucket): launches and mean device ms.
+Each gap is also classed by what the host did between the two launches around it (`gaps_by_host`): a signature of
+the markers in between, runs compressed ("|" a `step()` call began, "R" a step read, "r" a prefill's first tokens
+read, "M" a row moved (a join or a compaction: its copies are enqueued, outside the brackets), "X" a row released),
+with the count, total and largest gap of each signature: which host work the device waits for.
 
 usage: python benchmarks/continuous_gap.py OUT_DIR GGUF [--rows 32,8] [--spec 3,1,4 --spec 5,2,8] [--limit N]
        [--no-timer]  (the bench turns the phase timer on; --no-timer measures without its events)
@@ -56,6 +60,17 @@ configs = [RunConfig.plain()] + [RunConfig.of("drafter", args.draft, s) for s in
 rows_out = []
 
 
+def squash(ms: list[str]) -> str:
+    """["|", "M", "M", "R"] -> "|M2R": runs of one marker as the marker and its count."""
+    out: list[str] = []
+    for m in ms:
+        if out and out[-1][0] == m:
+            out[-1] = m + str(int(out[-1][1:] or 1) + 1)
+        else:
+            out.append(m)
+    return "".join(out)
+
+
 for bs in [int(x) for x in args.rows.split(",")]:
     for cfg in configs:
         drafter = pool.get(cfg.drafter) if cfg.speculative else None
@@ -67,15 +82,26 @@ for bs in [int(x) for x in args.rows.split(",")]:
         units: list[tuple] = []  # (key, start event, end event) in launch order
         calls: dict[str, list[float]] = defaultdict(list)
         marks: list[str] = []
+        trail: list[str] = []  # host markers since the last launch (the gap signature of the next unit)
+        sigs: list[str] = []  # per unit: the markers between the previous unit's launch and its own
         orig_run, orig_prefill, orig_collect, orig_step = graphs.run, runner.prefill, runner.collect, e.step
+        orig_move, orig_release, orig_collect_prefill = runner.move_row, runner.release, runner.collect_prefill
 
         def bracket(key, fn, *a):
             s0, s1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             s0.record()
+            sigs.append(squash(trail))
+            trail.clear()
             out = fn(*a)
             s1.record()
             units.append((key, s0, s1))
             return out
+
+        def marker(m, fn):
+            def wrapped(*a):
+                trail.append(m)
+                return fn(*a)
+            return wrapped
 
         def run(kind, n_rows, longest, greedy):
             marks.append("L")
@@ -87,26 +113,32 @@ for bs in [int(x) for x in args.rows.split(",")]:
 
         def collect(p):
             marks.append("R")
+            trail.append("R")
             return orig_collect(p)
 
         def step():
             n = len(marks)
+            trail.append("|")
             t = time.perf_counter()
             r = orig_step()
             calls["".join(marks[n:]) or "-"].append(time.perf_counter() - t)
             return r
 
         graphs.run, runner.prefill, runner.collect, e.step = run, prefill, collect, step
+        runner.move_row, runner.release = marker("M", orig_move), marker("X", orig_release)
+        runner.collect_prefill = marker("r", orig_collect_prefill)
         torch.cuda.synchronize()
         cr.run(prompts, params)
         rec = cr.record()
-        del graphs.run, runner.prefill, runner.collect, e.step
+        del graphs.run, runner.prefill, runner.collect, e.step, runner.move_row, runner.release
+        del runner.collect_prefill
         torch.cuda.synchronize()
         busy = defaultdict(float)
         per_key = defaultdict(lambda: [0, 0.0])
         idle = defaultdict(float)
         prev_end = None
-        for key, s0, s1 in units:
+        by_sig: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])  # count, total ms, largest ms
+        for (key, s0, s1), sig in zip(units, sigs):
             ms = s0.elapsed_time(s1)
             what = "prefill" if key[0] == "prefill" else "step"
             busy[what] += ms
@@ -114,7 +146,10 @@ for bs in [int(x) for x in args.rows.split(",")]:
             per_key[k][0] += 1
             per_key[k][1] += ms
             if prev_end is not None:
-                idle[what] += max(0.0, prev_end.elapsed_time(s0))
+                gap = max(0.0, prev_end.elapsed_time(s0))
+                idle[what] += gap
+                g = by_sig[f"{sig} -> {'P' if what == 'prefill' else 'L'}"]
+                g[0], g[1], g[2] = g[0] + 1, g[1] + gap, max(g[2], gap)
             prev_end = s1
         span = units[0][1].elapsed_time(units[-1][2]) / 1e3
         n_steps = sum(1 for k, _, _ in units if k[0] != "prefill")
@@ -126,7 +161,9 @@ for bs in [int(x) for x in args.rows.split(",")]:
                "idle_s": round((idle["step"] + idle["prefill"]) / 1e3, 4),
                "idle_before": {k: round(v / 1e3, 4) for k, v in idle.items()},
                "calls": {c: [len(v), round(sum(v), 4)] for c, v in sorted(calls.items())},
-               "per_key": {k: [v[0], round(v[1] / v[0], 4)] for k, v in sorted(per_key.items())}}
+               "per_key": {k: [v[0], round(v[1] / v[0], 4)] for k, v in sorted(per_key.items())},
+               "gaps_by_host": {k: [v[0], round(v[1], 3), round(v[2], 3)]
+                                for k, v in sorted(by_sig.items(), key=lambda kv: -kv[1][1])}}
         print(json.dumps(row), flush=True)
         rows_out.append(row)
         (out / "continuous_gap.json").write_text(json.dumps(rows_out, indent=1))
@@ -139,4 +176,8 @@ print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---
 for r in rows_out:
     print(f"| {r['rows']} | {r['config']} | {r['tok_s']} | {r['tau']} | {r['wall_s']} | {r['span_s']} | "
           f"{r['steps_s']} | {r['prefills_s']} | {r['idle_s']} | {r['steps']} | {r['prefills']} |")
+for r in rows_out:
+    print(f"\n{r['rows']} rows, {r['config']}: gaps by the host's work before the launch (count, total ms, largest ms)")
+    for k, v in list(r["gaps_by_host"].items())[:12]:
+        print(f"  {k:>24}  {v[0]:5d}  {v[1]:8.3f}  {v[2]:7.3f}")
 sys.stdout.flush()

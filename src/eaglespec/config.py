@@ -394,7 +394,7 @@ class EngineConfig:
     # Graph path: once nothing waits, requests in rows past the batch bucket of their count move into free rows below
     # it (at a read, with no step in flight), so a run's drain replays smaller graphs (engine.py, `_compact_rows`).
     # No effect off the graph path. On by default: SmolLM2 bf16 on the H200, MT-bench continuous, two A B B A calls,
-    # speculative +3.9% at 32 rows (44.2K -> 45.9K tok/s) and +1.3% at 8, plain +1.3% at both (docs/benchmarks.md,
+    # speculative +3.9% at 32 rows (44.2K -> 45.9K tok/s) and +1.3% at 8, plain +1.5% / +1.1% (docs/benchmarks.md,
     # "Session 31").
     compact_rows: bool = True
 

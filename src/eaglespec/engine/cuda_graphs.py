@@ -222,12 +222,15 @@ class GraphCache:
                                      torch.ones(B, dtype=torch.int64, device=dev),
                                      torch.zeros(B, dtype=torch.int64, device=dev))
         ids, lens, rows_t = self._prefill_in[key]
-        host = torch.zeros(B, Tb, dtype=torch.int64)
+        # staged in pinned memory (the caching host allocator keeps a block until its copy ran): truly asynchronous
+        # copies; from pageable memory the driver may wait for the stream first
+        pin = dev.type == "cuda"
+        host = torch.zeros(B, Tb, dtype=torch.int64, pin_memory=pin)
         for b, p in enumerate(prompts):
             host[b, : len(p)] = torch.tensor(p, dtype=torch.int64)
         ids.copy_(host, non_blocking=True)
-        lens.copy_(torch.tensor([len(p) for p in prompts], dtype=torch.int64), non_blocking=True)
-        rows_t.copy_(torch.tensor(list(rows), dtype=torch.int64), non_blocking=True)
+        lens.copy_(torch.tensor([len(p) for p in prompts], dtype=torch.int64, pin_memory=pin), non_blocking=True)
+        rows_t.copy_(torch.tensor(list(rows), dtype=torch.int64, pin_memory=pin), non_blocking=True)
 
     def prefill(self, rows, prompts, greedy: bool) -> torch.Tensor:
         """Prefill prompts into cache rows `rows` through the graph of (rows, their length bucket); returns the
@@ -263,10 +266,11 @@ class GraphCache:
         """`prefill` over each group of `prefill_plan`; returns the first tokens [B] in the order of `rows`."""
         if len(groups) == 1:
             return self.prefill(rows, prompts, greedy)
-        out = torch.empty(len(rows), dtype=torch.int64, device=self.runner.device)
+        dev = self.runner.device
+        out = torch.empty(len(rows), dtype=torch.int64, device=dev)
         for g in groups:  # a group's tokens live in its graph's static output: copied before that graph replays again
-            out[torch.tensor(g, device=self.runner.device)] = self.prefill([rows[i] for i in g], [prompts[i] for i in g],
-                                                                           greedy)
+            index = torch.tensor(g, dtype=torch.int64, pin_memory=dev.type == "cuda").to(dev, non_blocking=True)
+            out.index_copy_(0, index, self.prefill([rows[i] for i in g], [prompts[i] for i in g], greedy))
         return out
 
     def key(self, kind: str, n_rows: int, longest: int, greedy: bool) -> tuple:

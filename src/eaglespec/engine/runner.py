@@ -166,9 +166,11 @@ class ModelRunner:
         return out
 
     def set_sampling(self, row: int, params: SamplingParams) -> None:
-        self.temperature[row] = params.temperature
-        self.top_k[row] = params.top_k
-        self.top_p[row] = params.top_p
+        # fill_ launches a kernel with the value as its argument; `t[row] = value` would copy a host scalar to the
+        # device, which on CUDA synchronises the stream (the device idles while the host catches up)
+        self.temperature[row].fill_(params.temperature)
+        self.top_k[row].fill_(params.top_k)
+        self.top_p[row].fill_(params.top_p)
 
     def move_row(self, src: int, dst: int) -> None:
         """A request prefilled ahead in row `src` continues in row `dst` (a free row): the target's and the
@@ -187,9 +189,10 @@ class ModelRunner:
         self.release(src)
 
     def release(self, row: int) -> None:
-        """A finished request's row becomes inert (length 0, inactive) until a prefill reuses it."""
-        self.active[row] = False
-        self.seq_len[row] = 0
+        """A finished request's row becomes inert (length 0, inactive) until a prefill reuses it: two enqueued fills,
+        no synchronisation (see `set_sampling`)."""
+        self.active[row].fill_(False)
+        self.seq_len[row].fill_(0)
         self.host_len[row] = 0
 
     # --- helpers ------------------------------------------------------------------------------------------------
