@@ -14,8 +14,12 @@ the markers in between, runs compressed ("|" a `step()` call began, "R" a step r
 read, "M" a row moved (a join or a compaction: its copies are enqueued, outside the brackets), "X" a row released),
 with the count, total and largest gap of each signature: which host work the device waits for.
 
+`--sync-debug` also runs each timed run under `torch.cuda.set_sync_debug_mode("warn")` and reports every call site
+that synchronised the host with the device (`syncs`: "file:line: message" -> count), expected empty but for
+documented reads; the run's timing is then not representative.
+
 usage: python benchmarks/continuous_gap.py OUT_DIR GGUF [--rows 32,8] [--spec 3,1,4 --spec 5,2,8] [--limit N]
-       [--no-timer]  (the bench turns the phase timer on; --no-timer measures without its events)
+       [--no-timer]  (the bench turns the phase timer on; --no-timer measures without its events) [--sync-debug]
 """
 
 from __future__ import annotations
@@ -24,7 +28,8 @@ import argparse
 import json
 import sys
 import time
-from collections import defaultdict
+import warnings
+from collections import Counter, defaultdict
 from pathlib import Path
 
 import torch
@@ -44,6 +49,7 @@ ap.add_argument("--rows", default="32,8")
 ap.add_argument("--spec", action="append", default=[])
 ap.add_argument("--limit", type=int, default=80)
 ap.add_argument("--no-timer", action="store_true")
+ap.add_argument("--sync-debug", action="store_true")
 ap.add_argument("--draft", default=str(default_drafter_path()))
 args = ap.parse_args()
 out = Path(args.out)
@@ -128,7 +134,15 @@ for bs in [int(x) for x in args.rows.split(",")]:
         runner.move_row, runner.release = marker("M", orig_move), marker("X", orig_release)
         runner.collect_prefill = marker("r", orig_collect_prefill)
         torch.cuda.synchronize()
-        cr.run(prompts, params)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn" if args.sync_debug else "default")
+            try:
+                cr.run(prompts, params)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        syncs = Counter(f"{Path(w.filename).name}:{w.lineno}: {str(w.message).splitlines()[0][:90]}" for w in caught
+                        if "synchroniz" in str(w.message).lower())
         rec = cr.record()
         del graphs.run, runner.prefill, runner.collect, e.step, runner.move_row, runner.release
         del runner.collect_prefill
@@ -162,6 +176,7 @@ for bs in [int(x) for x in args.rows.split(",")]:
                "idle_before": {k: round(v / 1e3, 4) for k, v in idle.items()},
                "calls": {c: [len(v), round(sum(v), 4)] for c, v in sorted(calls.items())},
                "per_key": {k: [v[0], round(v[1] / v[0], 4)] for k, v in sorted(per_key.items())},
+               "syncs": dict(syncs.most_common()),
                "gaps_by_host": {k: [v[0], round(v[1], 3), round(v[2], 3)]
                                 for k, v in sorted(by_sig.items(), key=lambda kv: -kv[1][1])}}
         print(json.dumps(row), flush=True)
@@ -177,6 +192,10 @@ for r in rows_out:
     print(f"| {r['rows']} | {r['config']} | {r['tok_s']} | {r['tau']} | {r['wall_s']} | {r['span_s']} | "
           f"{r['steps_s']} | {r['prefills_s']} | {r['idle_s']} | {r['steps']} | {r['prefills']} |")
 for r in rows_out:
+    if args.sync_debug:
+        print(f"\n{r['rows']} rows, {r['config']}: {sum(r['syncs'].values())} synchronising calls")
+        for site, n in r["syncs"].items():
+            print(f"  {n:5d}  {site}")
     print(f"\n{r['rows']} rows, {r['config']}: gaps by the host's work before the launch (count, total ms, largest ms)")
     for k, v in list(r["gaps_by_host"].items())[:12]:
         print(f"  {k:>24}  {v[0]:5d}  {v[1]:8.3f}  {v[2]:7.3f}")
