@@ -71,7 +71,8 @@ def parse_setting(text: str) -> tuple[str, dict]:
 
 
 settings = [parse_setting(s) for s in args.setting] or [
-    ("plain admission", {"prefill_ahead": 0}), ("prefill ahead 4", {"prefill_ahead": 4}),
+    ("plain admission", {"prefill_ahead": 0, "compact_rows": False}),
+    ("prefill ahead 4", {"prefill_ahead": 4, "compact_rows": False}),
     ("ahead 4 + compact", {"prefill_ahead": 4, "compact_rows": True})]
 
 
