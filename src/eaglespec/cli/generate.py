@@ -26,6 +26,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    t_begin = time.perf_counter()
     params = sampling_params(args)  # validate before the (slow) model load
     spec = spec_config(args)
     missing = [path for path in args.image if not Path(path).is_file()]
@@ -33,8 +34,12 @@ def run(args: argparse.Namespace) -> int:
         raise RequestError(f"image file {missing[0]} does not exist")
     engine = api.load(args.model, draft=draft_arg(args), spec=spec, config=engine_config(args, max_batch_size=1),
                       temperature=params.temperature)
-    t0 = time.perf_counter()
+    t_loaded = time.perf_counter()
     images = list(args.image) or None
+    # the caches and CUDA graphs this answer needs, before its clock starts (a text prompt; with images the first
+    # steps capture them), so that the stats line gives the answer's speed and the start-up apart
+    graphs = 0 if images else engine.warm_for(args.prompt, params, chat=not args.no_chat_template)
+    t0 = time.perf_counter()
     for delta in engine.stream(args.prompt, params, chat=not args.no_chat_template, images=images):
         sys.stdout.write(delta)
         sys.stdout.flush()
@@ -48,6 +53,9 @@ def run(args: argparse.Namespace) -> int:
         "seconds": round(seconds, 4),
         "tok_per_s": round(n / seconds, 2) if seconds > 0 else 0.0,
         "ttft_s": round((req.t_first or t0) - req.t_start, 4),
+        "load_s": round(t_loaded - t_begin, 3),
+        "warmup_s": round(t0 - t_loaded, 3),
+        "graphs_captured": graphs,
         "finish_reason": req.finish_reason,
         "speculative": engine.speculative,
         "device": str(engine.device),
@@ -66,6 +74,8 @@ def run(args: argparse.Namespace) -> int:
         s = engine.spec
         stats.update(steps=s.steps, topk=s.topk, draft_tokens=s.draft_tokens, **req.stats.to_dict())
         line += f", accept length {req.stats.accept_length_mean:.2f} (S={s.steps} K={s.topk} D={s.draft_tokens})"
+    line += f"; start-up {t0 - t_begin:.1f} s (load {t_loaded - t_begin:.1f} s"
+    line += f", {graphs} CUDA graphs {t0 - t_loaded:.1f} s)" if graphs else ")"
     print(line, file=sys.stderr)
     if args.stats_json:
         with open(args.stats_json, "w") as f:

@@ -201,17 +201,23 @@ class GraphCache:
                 return n
             length *= 2
 
-    def precapture_prefill(self, greedy: bool) -> int:
-        """Capture the single-prompt prefill graph of every length bucket now; returns the count. Only while no row
-        holds a request: the capture's warm-up runs write row 0's caches."""
-        n, Tb = 0, PREFILL_MIN_BUCKET
+    def precapture_prefill(self, greedy: bool, only: int | None = None) -> int:
+        """Capture the single-prompt prefill graph of every length bucket now (`only`: just the bucket of a prompt
+        of that many tokens, if it has one); returns the count. Only while no row holds a request: the capture's
+        warm-up runs write row 0's caches."""
+        buckets, Tb = [], PREFILL_MIN_BUCKET
         while self.prefill_bucket(Tb) == Tb:
+            buckets.append(Tb)
+            Tb *= 2
+        if only is not None:
+            buckets = [b for b in buckets if b == self.prefill_bucket(only)]
+        n = 0
+        for Tb in buckets:
             key = ("prefill", 1, Tb, greedy)
             if key not in self.graphs:
                 self._prefill_inputs(key, [[0]], [0])
                 self._capture(key)
                 n += 1
-            Tb *= 2
         return n
 
     def _prefill_inputs(self, key: tuple, prompts, rows) -> None:

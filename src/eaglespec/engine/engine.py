@@ -159,9 +159,9 @@ class Engine:
         later requests never reallocate (which would also drop captured CUDA graphs)."""
         self._ensure_capacity(rows, min(max_len, self.context_len))
 
-    def warmup(self, batch_sizes: Sequence[int] = (1,), greedy: bool = True) -> int:
-        """Capture the CUDA graphs of every length bucket for these batch sizes, and (while idle) the single-prompt
-        prefill graphs; no-op without graphs. Returns the number of graphs captured."""
+    def warmup(self, batch_sizes: Sequence[int] = (1,), greedy: bool = True, prefill: bool = True) -> int:
+        """Capture the CUDA graphs of every length bucket for these batch sizes, and (while idle, unless prefill is
+        False) the single-prompt prefill graphs; no-op without graphs. Returns the number of graphs captured."""
         graphs = self.runner.graphs
         if graphs is None or not graphs.capture or self.runner.kv is None:
             return 0
@@ -171,7 +171,7 @@ class Engine:
             if self.speculative and self.config.spec_max_rows is not None:
                 kinds.add("decode")  # busy steps decode plainly
             n += sum(graphs.precapture(kind, b, greedy) for kind in sorted(kinds))
-        return n + (graphs.precapture_prefill(greedy) if not self.has_work() else 0)
+        return n + (graphs.precapture_prefill(greedy) if prefill and not self.has_work() else 0)
 
     def _ensure_capacity(self, rows: int, max_len: int) -> None:
         r = self.runner
@@ -209,17 +209,42 @@ class Engine:
         ids, mm = self._prepare(prompt, chat, images)
         return self._enqueue(ids, mm, params)
 
-    def _enqueue(self, ids: list[int], mm: object, params: SamplingParams, stream: bool = True) -> Request:
-        if not ids:
+    def _fit(self, n_prompt: int, params: SamplingParams) -> SamplingParams:
+        """`params` with max_new_tokens clipped to the context left after a prompt of n_prompt tokens; an empty or
+        too long prompt raises the user's error."""
+        if not n_prompt:
             raise RequestError("the prompt is empty")
         room = self.context_len - self.runner.headroom()
-        if len(ids) >= room:
+        if n_prompt >= room:
             raise RequestError(
-                f"the prompt has {len(ids)} tokens but the model's context is {self.context_len} tokens"
+                f"the prompt has {n_prompt} tokens but the model's context is {self.context_len} tokens"
             )
-        max_new = min(params.max_new_tokens, room - len(ids))
+        max_new = min(params.max_new_tokens, room - n_prompt)
         if max_new != params.max_new_tokens:
             params = SamplingParams(**{**params.__dict__, "max_new_tokens": max_new})
+        return params
+
+    def warm_for(self, prompt: Prompt, params: SamplingParams = SamplingParams(), chat: bool = True) -> int:
+        """Allocate the caches a fresh engine needs for one request of this prompt and capture the CUDA graphs its
+        steps will replay (its length buckets, its prompt's prefill bucket) now rather than during its first steps,
+        so that a caller can time the answer apart from the start-up (`eaglespec generate`). Returns the number of
+        graphs captured: 0 without graphs, for an engine that already holds caches, or for a prompt that the
+        request itself will refuse (empty, too long: `add_request` raises the error then)."""
+        graphs = self.runner.graphs
+        if self.scheduler is not None or graphs is None or not graphs.capture:
+            return 0
+        ids = self.encode_prompt(prompt, chat)
+        try:
+            params = self._fit(len(ids), params)
+        except RequestError:
+            return 0
+        self.reserve(self.config.max_batch_size, len(ids) + params.max_new_tokens)
+        n = self.warmup((1,), params.greedy, prefill=False)
+        return n + graphs.precapture_prefill(params.greedy, only=len(ids))
+
+    def _enqueue(self, ids: list[int], mm: object, params: SamplingParams, stream: bool = True) -> Request:
+        params = self._fit(len(ids), params)
+        max_new = params.max_new_tokens
         need = len(ids) + max_new
         if self.scheduler is None:
             # first request of a long-lived engine (a server): rows and lengths from the config, not this request

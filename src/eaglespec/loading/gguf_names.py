@@ -9,9 +9,14 @@ from __future__ import annotations
 
 import re
 
+from typing import TypeVar
+
 import numpy as np
+import torch
 
 from ..errors import CheckpointError
+
+T = TypeVar("T", np.ndarray, torch.Tensor)
 
 # (GGUF name regex, HF name template, permutation: None | "q" | "k")
 GGUF_TO_HF: tuple[tuple[str, str, str | None], ...] = (
@@ -46,10 +51,10 @@ def gguf_to_hf_name(name: str) -> tuple[str, str | None]:
     raise CheckpointError(f"GGUF tensor {name!r} has no Hugging Face Llama equivalent")
 
 
-def unpermute_qk(w: np.ndarray, n_heads: int) -> np.ndarray:
+def unpermute_qk(w: T, n_heads: int) -> T:
     """Undo llama.cpp's q/k row permutation (interleaved pairs -> halves) for `n_heads` heads.
 
-    w: [rows, cols] weight or [rows] bias, rows = n_heads * head_dim.
+    w: [rows, cols] weight or [rows] bias, rows = n_heads * head_dim; a numpy array or a torch tensor.
     """
     rows = w.shape[0]
     rest = w.shape[1:]
