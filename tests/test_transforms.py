@@ -77,6 +77,33 @@ def test_cuda_defaults_wire_the_triton_kernels(monkeypatch):
     assert all(layer.norm_linear is None and layer.self_attn.attn_kernel is None for layer in cpu.model.layers)
 
 
+def test_cuda_defaults_leave_the_compiler_only_rope():
+    """On CUDA the norms, RoPE's cos/sin and the SiLU gating run as Triton kernels whatever `compile` says (no
+    compiler start-up on their first call); with compile on by default, only RoPE outside the RoPE + KV-store kernel
+    (MLA) is left to torch.compile; `--no-fuse` keeps the compiled versions of everything (the plain baseline)."""
+    from tiny import tiny_drafter
+
+    from eaglespec.engine.transforms import _compiled
+    from eaglespec.layers.attention import GQAAttention
+    from eaglespec.layers.elementwise_kernels import rms_norm_rows, rotary_cos_sin_rows, silu_mul_rows
+    from eaglespec.layers.mlp import GatedMLP
+    from eaglespec.layers.norm import RMSNorm
+    from eaglespec.layers.rotary import Rotary
+
+    cuda = torch.device("cuda")
+    for compile in (None, True, False):
+        target = tiny_llama(seed=0)
+        drafter = tiny_drafter(target, seed=1)
+        for m in (prepare_for_inference(target, cuda, None, compile), prepare_for_inference(drafter, cuda, None, compile)):
+            assert all(n.impl is rms_norm_rows for n in m.modules() if isinstance(n, RMSNorm))
+            assert all(r.impl is rotary_cos_sin_rows for r in m.modules() if isinstance(r, Rotary))
+            assert all(g.gated_act is silu_mul_rows for g in m.modules() if isinstance(g, GatedMLP))
+            assert all((a.rope is _compiled["rope"]) == (compile is not False)
+                       for a in m.modules() if isinstance(a, GQAAttention))
+    plain = prepare_for_inference(tiny_llama(seed=0), cuda, False, None)
+    assert all(n.impl is _compiled["norm"] for n in plain.modules() if isinstance(n, RMSNorm))
+
+
 def test_compiled_rope_tables_equal_eager():
     """RoPE's cos/sin tables as `compile_elementwise` gives them to every Rotary (one fused kernel on the GPU) equal
     the eager ones: the function traces whole (fullgraph) with the module's arguments."""
