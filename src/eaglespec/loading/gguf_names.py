@@ -8,7 +8,6 @@ column says which weights llama.cpp permuted for its RoPE layout (`q`: by attent
 from __future__ import annotations
 
 import re
-
 from typing import TypeVar
 
 import numpy as np
