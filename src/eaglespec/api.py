@@ -54,7 +54,7 @@ def auto_spec(target: torch.nn.Module, device_type: str, max_batch_size: int = 1
         return None, slower_note(device_type)
     if device_type == "cpu":  # the CPU's premise (a few-token forward costs about a 1-token one) is measured
         tokens = spec_envelope(SpecSchedule.of(spec).shapes).draft_tokens
-        ratio = verify_cost_ratio(target, tokens, repeats=2)
+        ratio = verify_cost_ratio(target, tokens)
         if ratio > CPU_MAX_VERIFY_COST:
             return None, verify_cost_note(ratio, tokens)
     return spec, None

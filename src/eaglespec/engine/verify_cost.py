@@ -10,8 +10,12 @@ that the CPU now runs (session 19, layers/cpu_linear.py). So the CPU's choice is
 target as the engine will run it (after `prepare_for_inference`).
 
 `verify_cost_ratio(model, tokens, repeats=3) -> float`: the fastest of `repeats` cache-free forwards of 1 x tokens
-positions, divided by the fastest of `repeats` of 1 x 1, after one warm-up of each (no grad; the logits of every
-position are computed, as a verify computes them). About 0.5 s for SmolLM2 on a 2-core CPU.
+positions, divided by the fastest of `repeats` of 1 x 1, the two sizes alternating after one warm-up of each (no
+grad; the logits of every position are computed, as a verify computes them). Alternating matters on a shared
+machine: timed one size after the other (two of each, as `api.load` asks), the ratio for SmolLM2's 4 tokens ranged
+0.87-1.28 over 12 calls on an idle 2-core VM, against 0.94-1.15 alternating three of each (session 33), and a busy
+spell during one size's forwards moved `draft="auto"`'s choice across the 1.3 threshold. About 0.6 s for SmolLM2 on
+a 2-core CPU.
 """
 
 from __future__ import annotations
@@ -23,23 +27,25 @@ import torch
 from ..layers.context import ForwardContext
 
 
-def _fastest(model: torch.nn.Module, tokens: int, repeats: int) -> float:
-    device = next(model.parameters()).device
-    ids = torch.zeros(1, tokens, dtype=torch.long, device=device)
-    best = float("inf")
-    for i in range(repeats + 1):  # the first is a warm-up
-        t0 = time.perf_counter()
-        model(ids, ForwardContext.plain(1, tokens, device))
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        if i:
-            best = min(best, time.perf_counter() - t0)
-    return best
+def _forward_s(model: torch.nn.Module, ids: torch.Tensor) -> float:
+    t0 = time.perf_counter()
+    model(ids, ForwardContext.plain(1, ids.shape[1], ids.device))
+    if ids.device.type == "cuda":
+        torch.cuda.synchronize(ids.device)
+    return time.perf_counter() - t0
 
 
 @torch.no_grad()
 def verify_cost_ratio(model: torch.nn.Module, tokens: int, repeats: int = 3) -> float:
-    """(time of a forward of `tokens` positions) / (time of one of 1 position), fastest of `repeats` each."""
+    """(time of a forward of `tokens` positions) / (time of one of 1 position), fastest of `repeats` each, the two
+    sizes alternating."""
     if tokens < 1 or repeats < 1:
         raise ValueError(f"verify_cost_ratio: tokens and repeats must be >= 1 (got {tokens}, {repeats})")
-    return _fastest(model, tokens, repeats) / _fastest(model, 1, repeats)
+    device = next(model.parameters()).device
+    one, many = (torch.zeros(1, n, dtype=torch.long, device=device) for n in (1, tokens))
+    _forward_s(model, one), _forward_s(model, many)  # warm-up
+    best_one = best_many = float("inf")
+    for _ in range(repeats):
+        best_one = min(best_one, _forward_s(model, one))
+        best_many = min(best_many, _forward_s(model, many))
+    return best_many / best_one
