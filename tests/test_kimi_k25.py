@@ -387,3 +387,29 @@ def test_generate_cli_with_image(folders, tmp_path, capsys):
     capsys.readouterr()
     assert main(argv(tmp_path / "missing.png")) == 2
     assert "missing.png does not exist" in capsys.readouterr().err
+
+
+def test_warm_for_an_image_prompt_sizes_the_caches_to_its_placeholders(folders, monkeypatch):
+    """`eaglespec generate --image` warms up too: the caches fit the prompt with its image placeholders expanded, the
+    step graphs are captured (bookkeeping only here), no prefill graph (image prefills run eagerly), and the
+    request then runs in those caches and answers as plainly."""
+    from eaglespec.engine.cuda_graphs import GraphCache
+
+    lm = loaded(folders, "bf16")
+    target, tok = lm.model, lm.tokenizer
+    prompt, images = "Describe the picture.", [synthetic_image(11)]
+    params = SamplingParams(max_new_tokens=6, ignore_eos=True)
+    plain = Engine(target, tok).generate([prompt], params, images=[images])[0].token_ids
+    eng = Engine(target, tok, EngineConfig(max_batch_size=1))
+    g = eng.runner.graphs = GraphCache(eng.runner, capture=False)
+    g.capture = True
+    captured = []
+    monkeypatch.setattr(g, "_capture", captured.append)
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
+    n = eng.warm_for(prompt, params, images=images)
+    ids, _ = target.prepare_multimodal(tok, prompt, images, True)
+    assert eng.runner.max_len == len(ids) + 6 and n == len(captured) > 0
+    assert all(k[0] != "prefill" for k in captured)
+    g.capture = False
+    kv = eng.runner.kv
+    assert eng.generate([prompt], params, images=[images])[0].token_ids == plain and eng.runner.kv is kv

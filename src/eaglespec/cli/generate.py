@@ -36,9 +36,9 @@ def run(args: argparse.Namespace) -> int:
                       temperature=params.temperature)
     t_loaded = time.perf_counter()
     images = list(args.image) or None
-    # the caches and CUDA graphs this answer needs, before its clock starts (a text prompt; with images the first
-    # steps capture them), so that the stats line gives the answer's speed and the start-up apart
-    graphs = 0 if images else engine.warm_for(args.prompt, params, chat=not args.no_chat_template)
+    # the caches and CUDA graphs this answer needs, before its clock starts, so that the stats line gives the
+    # answer's speed and the start-up apart
+    graphs = engine.warm_for(args.prompt, params, chat=not args.no_chat_template, images=images)
     t0 = time.perf_counter()
     for delta in engine.stream(args.prompt, params, chat=not args.no_chat_template, images=images):
         sys.stdout.write(delta)

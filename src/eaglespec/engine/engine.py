@@ -224,23 +224,25 @@ class Engine:
             params = SamplingParams(**{**params.__dict__, "max_new_tokens": max_new})
         return params
 
-    def warm_for(self, prompt: Prompt, params: SamplingParams = SamplingParams(), chat: bool = True) -> int:
-        """Allocate the caches a fresh engine needs for one request of this prompt and capture the CUDA graphs its
-        steps will replay (its length buckets, its prompt's prefill bucket) now rather than during its first steps,
-        so that a caller can time the answer apart from the start-up (`eaglespec generate`). Returns the number of
-        graphs captured: 0 without graphs, for an engine that already holds caches, or for a prompt that the
-        request itself will refuse (empty, too long: `add_request` raises the error then)."""
+    def warm_for(self, prompt: Prompt, params: SamplingParams = SamplingParams(), chat: bool = True,
+                 images: Sequence[object] | None = None) -> int:
+        """Allocate the caches a fresh engine needs for one request of this prompt (and images) and capture the CUDA
+        graphs its steps will replay (its length buckets; a text prompt's prefill bucket: prefills with images run
+        eagerly) now rather than during its first steps, so that a caller can time the answer apart from the
+        start-up (`eaglespec generate`). Returns the number of graphs captured: 0 without graphs, for an engine
+        that already holds caches, or for a prompt that the request itself will refuse (empty, too long:
+        `add_request` raises the error then). Images are prepared here and again by the request."""
         graphs = self.runner.graphs
         if self.scheduler is not None or graphs is None or not graphs.capture:
             return 0
-        ids = self.encode_prompt(prompt, chat)
+        ids, _ = self._prepare(prompt, chat, images)
         try:
             params = self._fit(len(ids), params)
         except RequestError:
             return 0
         self.reserve(self.config.max_batch_size, len(ids) + params.max_new_tokens)
         n = self.warmup((1,), params.greedy, prefill=False)
-        return n + graphs.precapture_prefill(params.greedy, only=len(ids))
+        return n + (0 if images else graphs.precapture_prefill(params.greedy, only=len(ids)))
 
     def _enqueue(self, ids: list[int], mm: object, params: SamplingParams, stream: bool = True) -> Request:
         params = self._fit(len(ids), params)
