@@ -372,7 +372,8 @@ class EngineConfig:
     cuda_graphs: bool = True
     prefill_graphs: bool = True  # with cuda_graphs: a single prompt of <= 2048 tokens prefills as a graph per bucket
     fuse_projections: bool | None = None  # None: on CUDA and the CPU (q/k/v and gate/up as one GEMM each)
-    compile: bool | None = None  # torch.compile RMSNorm, RoPE, SiLU gating (fewer kernels); None: on CUDA only
+    compile: bool | None = None  # torch.compile RMSNorm, RoPE, SiLU gating (fewer kernels); None: on CUDA only,
+    #                              where Triton kernels take all but RoPE outside the RoPE + KV-store kernel (MLA)
     # Decode and speculative steps through the graph path launch step n+1 before reading step n's results, so the
     # host's bookkeeping overlaps the GPU's work (what step n+1 computed for a request finished at step n is dropped).
     # On by default: SmolLM2 bf16 on the H200, batch 1, 919 -> 993 tok/s (docs/benchmarks.md); no effect off the graph

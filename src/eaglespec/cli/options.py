@@ -38,7 +38,8 @@ def add_runtime_options(p: argparse.ArgumentParser | argparse._ArgumentGroup) ->
                    help="fuse q/k/v and gate/up projections (default: on CUDA and the CPU)")
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                    help="torch.compile the elementwise chains (RMSNorm, RoPE, SiLU gating): fewer kernels per layer "
-                        "(default: on CUDA only)")
+                        "(default: on CUDA only, where Triton kernels already serve all but RoPE outside the fused "
+                        "RoPE + KV-store kernel, so a GQA model compiles nothing)")
     p.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=True,
                    help="with CUDA graphs: launch each decode or speculative step before reading the previous one's "
                         "results, so the host's work overlaps the GPU's (default: on)")
