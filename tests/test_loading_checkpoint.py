@@ -246,3 +246,36 @@ def test_optional_weights_may_be_absent(untied, tmp_path, monkeypatch):
     monkeypatch.setattr(LlamaForCausalLM, "checkpoint_optional", (r"^lm_head\.weight$",), raising=False)
     m = load_model(no_head).model
     assert m.lm_head.weight.is_meta and not m.model.embed_tokens.weight.is_meta
+
+
+def test_building_on_meta_does_not_import_the_compiler():
+    """A model built on the meta device (every load) does no arithmetic there: meta ops import torch._dynamo, which
+    cost the CPU's `eaglespec generate` 0.8-1.5 s of start-up. Checked in a fresh interpreter (this one has it)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, torch\n"
+        "from eaglespec.config import ModelConfig\n"
+        "from eaglespec.loading.checkpoint import build_on_meta\n"
+        "from eaglespec.models.llama import LlamaForCausalLM\n"
+        "cfg = ModelConfig.from_hf(dict(architectures=['LlamaForCausalLM'], model_type='llama', vocab_size=64, "
+        "hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, "
+        "rope_scaling={'rope_type': 'yarn', 'factor': 4.0, 'original_max_position_embeddings': 64}))\n"
+        "m = build_on_meta(LlamaForCausalLM, cfg, torch.bfloat16)\n"
+        "assert m.model.embed_tokens.weight.is_meta and m.model.rotary.inv_freq.is_meta\n"
+        "assert m.model.rotary.inv_freq.dtype == torch.float32 and m.model.rotary.attn_factor != 1.0\n"
+        "print('torch._dynamo' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False", out.stderr
+
+
+def test_embedding_is_initialised_off_meta():
+    from eaglespec.layers.embedding import embedding
+
+    torch.manual_seed(0)
+    e = embedding(10, 4)
+    assert e.weight.shape == (10, 4) and e.weight.std() > 0.5  # nn.Embedding's N(0, 1)
+    with torch.device("meta"):
+        assert embedding(10, 4).weight.is_meta

@@ -85,8 +85,9 @@ class Rotary(nn.Module):
         super().__init__()
         self.dim = dim
         self.cfg = cfg
-        inv, self.attn_factor = inv_freq_and_scale(dim, cfg)
-        self.register_buffer("inv_freq", inv, persistent=False)
+        with torch.device("cpu"):  # arithmetic on the meta device (where models are built) imports torch._dynamo
+            inv, self.attn_factor = inv_freq_and_scale(dim, cfg)
+        self.register_buffer("inv_freq", inv.to(torch.get_default_device()), persistent=False)
         # engine.transforms may swap in a compiled version: one kernel per forward instead of five (cast and
         # product, cos, scale, sin, scale: ~6.5 us of every drafter forward on the H200)
         self.impl = rotary_cos_sin

@@ -20,6 +20,7 @@ from typing import Any, Mapping
 from torch import nn
 
 from ..config import ModelConfig
+from ..layers.embedding import embedding
 from ..layers.mla import MLAttention
 from ..layers.mlp import GatedMLP
 from ..layers.moe import MoE
@@ -69,7 +70,7 @@ class DeepseekV3Model(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         assert cfg.mla is not None
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens = embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DeepseekV3DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rotary = Rotary(cfg.mla.qk_rope_head_dim, cfg.rope)
