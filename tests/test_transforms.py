@@ -119,8 +119,29 @@ def test_compiled_rope_tables_equal_eager():
     assert rot and all(r.impl is rotary_cos_sin for r in rot)
     compile_elementwise(m)
     assert all(r.impl is _compiled["cos_sin"] for r in rot)
-    assert torch._dynamo.config.recompile_limit >= RECOMPILE_LIMIT  # many engines per process (bench, tune)
     for r, (c0, s0) in zip(rot, ref):
         c, s = r(pos)
         assert c.shape == c0.shape == (1, 4, r.dim // 2)
         assert torch.allclose(c, c0, atol=1e-6) and torch.allclose(s, s0, atol=1e-6)
+    assert torch._dynamo.config.recompile_limit >= RECOMPILE_LIMIT  # many engines per process (bench, tune)
+
+
+def test_preparing_a_model_does_not_import_the_compiler():
+    """`compile_elementwise` wires functions that set up `torch.compile` on their first call: preparing a model for
+    CUDA (whose Triton kernels leave the compiler nothing to run on a GQA model) imports no torch._dynamo. Checked
+    in a fresh interpreter (this one has it)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = (
+        "import sys, torch\n"
+        f"sys.path.insert(0, {str(Path(__file__).resolve().parent)!r})\n"
+        "from tiny import tiny_llama\n"
+        "from eaglespec.engine.transforms import prepare_for_inference\n"
+        "prepare_for_inference(tiny_llama(seed=0), torch.device('cuda'), None, None)\n"
+        "prepare_for_inference(tiny_llama(seed=0), torch.device('cpu'), None, True)\n"
+        "print('torch._dynamo' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False", out.stderr

@@ -53,10 +53,30 @@ def fuse_projections(model: nn.Module) -> nn.Module:
     return model
 
 
-_compiled: dict[str, object] = {}
-
-
 RECOMPILE_LIMIT = 64  # compilations per compiled function and process (PyTorch's default: 8)
+
+
+class _Compiled:
+    """`fn` through `torch.compile`, set up on its first call: the compiler (torch._dynamo, whose import alone took
+    ~1.5 s of a CPU start-up, more on the H200) is imported only by a process that runs a compiled function, not by
+    every one that prepares a model (on CUDA the Triton kernels replace all but RoPE outside the RoPE + KV-store
+    kernel)."""
+
+    def __init__(self, fn) -> None:  # type: ignore[no-untyped-def]
+        self.fn, self.compiled = fn, None
+
+    def __call__(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if self.compiled is None:
+            import torch._dynamo
+
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+            self.compiled = torch.compile(self.fn, dynamic=True, fullgraph=True)
+        return self.compiled(*args, **kwargs)
+
+
+_compiled: dict[str, _Compiled] = {name: _Compiled(fn) for name, fn in (
+    ("norm", rms_norm), ("add_norm", add_rms_norm), ("rope", apply_rotary), ("silu_mul", silu_mul),
+    ("cos_sin", rotary_cos_sin))}
 
 
 def compile_elementwise(model: nn.Module) -> nn.Module:
@@ -65,14 +85,7 @@ def compile_elementwise(model: nn.Module) -> nn.Module:
     so are dtypes and Python floats (RoPE's attention factor, norms' eps): target and drafter, bf16 and float32, all
     batch and tree shapes. A process that runs many engines (bench, tune) passed PyTorch's default limit of 8 for
     RoPE's cos/sin on the H200 (2026-11-30: a tree drafter at 8 rows after chains and trees at 1 and 8 rows), a hard
-    failure under fullgraph=True; hence RECOMPILE_LIMIT."""
-    import torch._dynamo
-
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
-    if not _compiled:
-        for name, fn in (("norm", rms_norm), ("add_norm", add_rms_norm), ("rope", apply_rotary),
-                         ("silu_mul", silu_mul), ("cos_sin", rotary_cos_sin)):
-            _compiled[name] = torch.compile(fn, dynamic=True, fullgraph=True)
+    failure under fullgraph=True; hence RECOMPILE_LIMIT, set when a function first compiles (`_Compiled`)."""
     for m in model.modules():
         if isinstance(m, RMSNorm):
             m.impl, m.add_impl = _compiled["norm"], _compiled["add_norm"]
