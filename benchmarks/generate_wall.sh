@@ -39,9 +39,13 @@ print(f"{sys.argv[2]:<12} wall {wall:6.1f} s  load {s.get('load_s', 0):5.1f} s  
 EOF
   tail -1 "$out/$name.err"
 }
-# the device's Python writes no bytecode caches next to its packages: without a prefix every process compiled ~2,800
-# modules from source (8.3 s on the H200, cProfile), which a user's installation does not
+# a user's installation has bytecode caches; the device's packages have none, so there every process compiled ~2,800
+# modules from source (8.3 s on the H200, cProfile). Caches in a prefix of our own, written by the first run: this
+# needs PYTHONDONTWRITEBYTECODE unset (this project's machines set it, and then a prefix only hides the packages' own
+# caches: session 33's call 13 ran that way)
+unset PYTHONDONTWRITEBYTECODE
 export PYTHONPYCACHEPREFIX=${PYTHONPYCACHEPREFIX:-/tmp/gw_pyc}
+mkdir -p "$PYTHONPYCACHEPREFIX"
 rm -rf /tmp/gw_cold1 /tmp/gw_cold2
 run spec_cold /tmp/gw_cold1
 run spec_warm /tmp/gw_cold1
