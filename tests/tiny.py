@@ -1,6 +1,10 @@
-"""Tiny random models and a character tokenizer for CPU tests (no downloads)."""
+"""Tiny random models and a character tokenizer for CPU tests (no downloads); `imports_compiler(code)`."""
 
 from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
 
 import torch
 
@@ -15,6 +19,15 @@ def _init(model: torch.nn.Module, std: float, seed: int) -> None:
         for p in model.parameters():
             if p.dim() == 2:
                 p.copy_(torch.randn(p.shape, generator=g) * std)
+
+
+def imports_compiler(code: str) -> bool:
+    """Whether running `code` in a fresh interpreter (this module importable) imports torch._dynamo: start-up paths
+    that must not pay for the compiler are checked there, since the test process has imported it long before."""
+    prelude = f"import sys\nsys.path.insert(0, {str(Path(__file__).resolve().parent)!r})\n"
+    tail = "\nprint('torch._dynamo' in sys.modules)\n"
+    out = subprocess.run([sys.executable, "-c", prelude + code + tail], capture_output=True, text=True, check=True)
+    return out.stdout.strip().splitlines()[-1] != "False"
 
 
 def llama_config(vocab: int = 97, layers: int = 6, hidden: int = 64, tie: bool = False, **kw) -> ModelConfig:

@@ -49,8 +49,7 @@ def dequantize(data: np.ndarray, qtype: Any) -> torch.Tensor:
         return (q * _f16(b[:, :2])).reshape(out_shape)
     if name == "Q4_0":
         b = _blocks(data, 2 + _BLOCK // 2)
-        q = torch.cat((b[:, 2:] & 0x0F, b[:, 2:] >> 4), dim=1).to(torch.int8) - 8
-        return (_f16(b[:, :2]) * q.float()).reshape(out_shape)
+        return (_f16(b[:, :2]) * (_nibbles(b[:, 2:]) - 8)).reshape(out_shape)  # nibble - 8 is exact in float32
     if name == "Q4_1":
         b = _blocks(data, 4 + _BLOCK // 2)
         return (_f16(b[:, :2]) * _nibbles(b[:, 4:]) + _f16(b[:, 2:4])).reshape(out_shape)
