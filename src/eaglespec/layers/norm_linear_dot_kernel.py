@@ -31,7 +31,6 @@ import os
 
 import torch
 
-from .block_size import pow2
 from .pdl import launch_options
 
 
@@ -44,23 +43,23 @@ def _kernel():
     import triton.language as tl
 
     @triton.jit
-    def product(x, w, acc, IEEE: tl.constexpr):
-        """acc + x [BLOCK_M, BK] @ w [BK, BLOCK_N] in float32. IEEE: float32 operands without TF32 (float32 inputs,
-        and Triton's interpreter, whose bf16 tl.dot is wrong: the operands are exact in float32 and the sums float32
-        either way)."""
+    def product(x, w, IEEE: tl.constexpr):
+        """x [BLOCK_M, BK] @ w [BK, BLOCK_N] in float32. IEEE: float32 operands without TF32 (float32 inputs, and
+        Triton's interpreter, whose bf16 tl.dot is wrong: the operands are exact in float32 and the sums float32
+        either way). One dot over the whole chunk: as a batched dot over narrower chunks (independent accumulator
+        chains) it was 35-70% slower on the H200 (docs/benchmarks.md, "Session 28")."""
         if IEEE:
-            return tl.dot(x.to(tl.float32), w.to(tl.float32), acc, input_precision="ieee")
-        return tl.dot(x, w, acc)
+            return tl.dot(x.to(tl.float32), w.to(tl.float32), input_precision="ieee")
+        return tl.dot(x, w)
 
     # the kernel calls the helper as a module global: Triton 3.6's interpreter resolves a jit function's callees
     # among its module's globals only (as in short_attention_kernel)
     globals().update(_product=product)
 
     @triton.jit
-    def norm_linear_dot_kernel(h, d, nw, w, h_out, y, M, N, eps, zero, K: tl.constexpr, HAS_D: tl.constexpr,
+    def norm_linear_dot_kernel(h, d, nw, w, h_out, y, M, N, eps, K: tl.constexpr, HAS_D: tl.constexpr,
                                GATED: tl.constexpr, NORM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                               C: tl.constexpr, NCH: tl.constexpr, CT: tl.constexpr, SPLIT: tl.constexpr,
-                               IEEE: tl.constexpr, PDL: tl.constexpr = False):
+                               BK1: tl.constexpr, BK2: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr = False):
         if PDL:  # layers/pdl.py: only weights are read before the wait below
             tl.extra.cuda.gdc_launch_dependents()
         pid_n = tl.program_id(0)
@@ -68,67 +67,65 @@ def _kernel():
         dt = h_out.dtype.element_ty
         rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         nm = rn < N
-        # the row as NCH chunks of C lanes and a tail of CT (`_chunk_plan`); per chunk the weight tile transposed for
-        # the product, [width, BLOCK_N] (gate rows, then up rows N further on), and the norm weight
-        ws = ()
-        us = ()
-        gs = ()
-        for i in tl.static_range(NCH + (1 if CT > 0 else 0)):
-            rk = i * C + tl.arange(0, C if i < NCH else CT)
-            km = rk < K
-            wm = km[:, None] & nm[None, :]
-            ws = ws + (tl.load(w + rn[None, :] * K + rk[:, None], mask=wm, other=0.0),)
+        # weight tiles transposed for the product: [BK, BLOCK_N] (gate rows, then up rows N further on)
+        rk1 = tl.arange(0, BK1)
+        km1 = rk1 < K
+        wm1 = km1[:, None] & nm[None, :]
+        w1 = tl.load(w + rn[None, :] * K + rk1[:, None], mask=wm1, other=0.0)
+        if GATED:
+            u1 = tl.load(w + (rn + N)[None, :] * K + rk1[:, None], mask=wm1, other=0.0)
+        if NORM:
+            g1 = tl.load(nw + rk1, mask=km1, other=0.0).to(tl.float32)
+        if BK2 > 0:  # the row's tail past BK1
+            rk2 = BK1 + tl.arange(0, BK2)
+            km2 = rk2 < K
+            wm2 = km2[:, None] & nm[None, :]
+            w2 = tl.load(w + rn[None, :] * K + rk2[:, None], mask=wm2, other=0.0)
             if GATED:
-                us = us + (tl.load(w + (rn + N)[None, :] * K + rk[:, None], mask=wm, other=0.0),)
+                u2 = tl.load(w + (rn + N)[None, :] * K + rk2[:, None], mask=wm2, other=0.0)
             if NORM:
-                gs = gs + (tl.load(nw + rk, mask=km, other=0.0).to(tl.float32),)
+                g2 = tl.load(nw + rk2, mask=km2, other=0.0).to(tl.float32)
         if PDL:
             tl.extra.cuda.gdc_wait()
         rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         mm = rm < M
+        msk1 = mm[:, None] & km1[None, :]
         # rows past M load row M - 1 (their products are never stored), so the loads carry no row mask: with one,
         # a step whose M is not a multiple of 16 cost up to 25% more per projection (module docstring)
         rl = tl.minimum(rm, M - 1)
-        xs = ()
-        ss = tl.zeros([BLOCK_M], tl.float32)
-        for i in tl.static_range(NCH + (1 if CT > 0 else 0)):
-            rk = i * C + tl.arange(0, C if i < NCH else CT)
-            km = rk < K
-            x = tl.load(h + rl[:, None] * K + rk[None, :], mask=km[None, :], other=0.0)
-            if HAS_D:  # the residual sum, rounded; column block 0 writes it
-                x = (x.to(tl.float32) + tl.load(d + rl[:, None] * K + rk[None, :], mask=km[None, :], other=0.0)
-                     .to(tl.float32)).to(dt)
+        x1 = tl.load(h + rl[:, None] * K + rk1[None, :], mask=km1[None, :], other=0.0)
+        if HAS_D:  # the residual sum, rounded; column block 0 writes it
+            x1 = (x1.to(tl.float32) + tl.load(d + rl[:, None] * K + rk1[None, :], mask=km1[None, :], other=0.0)
+                  .to(tl.float32)).to(dt)
+            if pid_n == 0:
+                tl.store(h_out + rm[:, None] * K + rk1[None, :], x1, mask=msk1)
+        if BK2 > 0:
+            msk2 = mm[:, None] & km2[None, :]
+            x2 = tl.load(h + rl[:, None] * K + rk2[None, :], mask=km2[None, :], other=0.0)
+            if HAS_D:
+                x2 = (x2.to(tl.float32) + tl.load(d + rl[:, None] * K + rk2[None, :], mask=km2[None, :], other=0.0)
+                      .to(tl.float32)).to(dt)
                 if pid_n == 0:
-                    tl.store(h_out + rm[:, None] * K + rk[None, :], x, mask=mm[:, None] & km[None, :])
-            if NORM:
-                xf = x.to(tl.float32)
-                ss += tl.sum(xf * xf, axis=1)
-            xs = xs + (x,)
+                    tl.store(h_out + rm[:, None] * K + rk2[None, :], x2, mask=msk2)
         if NORM:  # the module path's roundings: x * rstd, then * weight, each to dt
+            x1f = x1.to(tl.float32)
+            ss = tl.sum(x1f * x1f, axis=1)
+            if BK2 > 0:
+                x2f = x2.to(tl.float32)
+                ss += tl.sum(x2f * x2f, axis=1)
             r = 1.0 / tl.sqrt(ss / K + eps)
-            xn = ()
-            for i in tl.static_range(NCH + (1 if CT > 0 else 0)):
-                xn = xn + (((xs[i].to(tl.float32) * r[:, None]).to(dt).to(tl.float32) * gs[i][None, :]).to(dt),)
-            xs = xn
-        # [BLOCK_M, BLOCK_N] float32 products. SPLIT: each chunk's product starts from its own zero, summed after, so
-        # that the chunks' chains of MMAs are independent and overlap; `zero` is a runtime 0.0 because Triton folds
-        # `dot(a, b, 0) + c` into `dot(a, b, c)`, which chains them again
-        z = tl.full([BLOCK_M, BLOCK_N], zero, tl.float32)
-        acc = _product(xs[0], ws[0], z, IEEE)
-        if GATED:
-            up = _product(xs[0], us[0], z, IEEE)
-        for i in tl.static_range(1, NCH + (1 if CT > 0 else 0)):
-            if SPLIT:
-                acc = acc + _product(xs[i], ws[i], z, IEEE)
-            else:
-                acc = _product(xs[i], ws[i], acc, IEEE)
-            if GATED:
-                if SPLIT:
-                    up = up + _product(xs[i], us[i], z, IEEE)
-                else:
-                    up = _product(xs[i], us[i], up, IEEE)
+            x1 = ((x1f * r[:, None]).to(dt).to(tl.float32) * g1[None, :]).to(dt)
+            if BK2 > 0:
+                x2 = ((x2f * r[:, None]).to(dt).to(tl.float32) * g2[None, :]).to(dt)
+        # [BLOCK_M, BLOCK_N] float32 products
+        acc = _product(x1, w1, IEEE)
+        if BK2 > 0:
+            acc += _product(x2, w2, IEEE)
         out = acc.to(dt)
         if GATED:
+            up = _product(x1, u1, IEEE)
+            if BK2 > 0:
+                up += _product(x2, u2, IEEE)
             gv = out.to(tl.float32)
             out = ((gv / (1.0 + tl.exp(-gv))).to(dt).to(tl.float32) * up.to(dt).to(tl.float32)).to(dt)
         tl.store(y + rm[:, None] * N + rn[None, :], out, mask=mm[:, None] & nm[None, :])
@@ -164,8 +161,7 @@ def fits(K: int, gated: bool, elt: int, limit: int | None) -> bool:
 
 def _tile_bytes(bm: int, bn: int, K: int, gated: bool, elt: int) -> int:
     """Shared memory of one program's tiles: bm rows and bn weight columns (twice when gated) of K's chunks."""
-    c, nch, ct = _chunk_plan(K)
-    return (bm + bn * (2 if gated else 1)) * (c * nch + ct) * elt
+    return (bm + bn * (2 if gated else 1)) * sum(_chunks(K)) * elt
 
 
 @functools.cache
@@ -183,23 +179,11 @@ def shared_limit(device: torch.device) -> int | None:
     return _device_shared_limit(device.index if device.index is not None else torch.cuda.current_device())
 
 
-# Width of the row's chunks that multiply on their own accumulators (0: one chain over the whole row, as two
-# power-of-two chunks). A program's product is a chain of K / 16 dependent MMAs per warp, and an 8-row projection's
-# time followed K at ~1.2 ns per input (session 28); independent chunks let the chains overlap.
-CHAIN_K = 0
+def _chunks(K: int) -> tuple[int, int]:
+    from .norm_linear_kernel import _k_chunks
 
-
-def _chunk_plan(K: int) -> tuple[int, int, int]:
-    """(C, NCH, CT): the row as NCH chunks of C lanes and a tail of CT (0: none), each a power of two >= 16 (tl.dot),
-    the last masked past K. CHAIN_K = 0: `norm_linear_kernel._k_chunks` (576 = 512 + 64, 1536 = 1024 + 512, one
-    block where that is narrower); else chunks of CHAIN_K (576 = 4 x 128 + 64 for 128)."""
-    if CHAIN_K == 0:
-        from .norm_linear_kernel import _k_chunks
-
-        bk1, bk2 = _k_chunks(K)
-        return max(bk1, 16), 1, (max(bk2, 16) if bk2 else 0)
-    nch, rest = divmod(K, CHAIN_K)
-    return CHAIN_K, nch, (pow2(rest, 16) if rest else 0)
+    bk1, bk2 = _k_chunks(K)
+    return max(bk1, 16), (max(bk2, 16) if bk2 else 0)  # tl.dot: every dimension at least 16
 
 
 def launch(h2: torch.Tensor, d2: torch.Tensor | None, nw: torch.Tensor | None, w: torch.Tensor, h_out: torch.Tensor,
@@ -207,10 +191,9 @@ def launch(h2: torch.Tensor, d2: torch.Tensor | None, nw: torch.Tensor | None, w
     M, K = h2.shape
     N = y.shape[1]
     bm, bn, warps = _blocks(K, gated, h2.element_size())
-    c, nch, ct = _chunk_plan(K)
+    bk1, bk2 = _chunks(K)
     grid = ((N + bn - 1) // bn, (M + bm - 1) // bm)
-    _kernel()[grid](h2, d2 if d2 is not None else h2, nw if norm else h2, w, h_out, y, M, N, eps, 0.0,
-                    K=K, HAS_D=d2 is not None, GATED=gated, NORM=norm, BLOCK_M=bm, BLOCK_N=bn, C=c, NCH=nch, CT=ct,
-                    SPLIT=CHAIN_K > 0,
+    _kernel()[grid](h2, d2 if d2 is not None else h2, nw if norm else h2, w, h_out, y, M, N, eps,
+                    K=K, HAS_D=d2 is not None, GATED=gated, NORM=norm, BLOCK_M=bm, BLOCK_N=bn, BK1=bk1, BK2=bk2,
                     IEEE=h2.dtype == torch.float32 or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"),
                     num_warps=warps, **launch_options(h2))
