@@ -15,11 +15,19 @@ from eaglespec.train.ttt import ttt_hiddens, ttt_mask
 STEPS = 4  # steps 0..3
 
 
-@pytest.fixture(scope="module")
-def models():
+@pytest.fixture(scope="module", params=[{}, {"norm_before_fc": True, "norm_output": True},
+                                        {"fc_norm": True, "norm_output": True}],
+                ids=["eagle3", "eagle3.1-norm_before_fc", "eagle3.1-fc_norm"])
+def models(request):
+    """A tiny target and drafter; the drafter plain EAGLE-3 or EAGLE-3.1 (its norm weights away from 1)."""
     torch.manual_seed(0)
     target = tiny_llama(seed=0)
-    drafter = tiny_drafter(target, seed=1, draft_vocab=50)
+    drafter = tiny_drafter(target, seed=1, draft_vocab=50, **request.param)
+    g = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for name, p in drafter.named_parameters():
+            if name.startswith(("input_norm.", "fc_norm.", "norm.")):
+                p.copy_(1 + 0.3 * torch.randn(p.shape, generator=g))
     embed, head = target.get_embed_and_head()
     drafter.set_embed_and_head(embed, head)
     target.set_eagle3_layers_to_capture(list(target.config.default_aux_layer_ids()))
@@ -78,7 +86,10 @@ def test_ttt_equals_inference(models):
                 ref = inference_logits(drafter, tokens[b, :n], aux[b, :n], j, k)
                 assert len(ref) == k + 1
                 for s in range(k + 1):
-                    torch.testing.assert_close(ttt_logits[s][b, j], ref[s], rtol=1e-5, atol=1e-5)
+                    # EAGLE-3.1's norm_output feeds norm(r), whose float32 roundings differ a little between the
+                    # two paths (up to ~1.4e-5 here): a bug in what is fed shows as O(0.1)
+                    tol = 5e-5 if drafter.norm_output else 1e-5
+                    torch.testing.assert_close(ttt_logits[s][b, j], ref[s], rtol=tol, atol=tol)
                     checked += 1
     assert checked > 60
     # the logits vary across positions and steps (the comparison is not vacuous)

@@ -94,16 +94,18 @@ class CharTokenizer:
                        if not (skip_special_tokens and i in self.eos_token_ids))
 
 
-def assert_transformed_engine_equals_plain(prepare, spec, prompts, max_new_tokens: int) -> None:
+def assert_transformed_engine_equals_plain(prepare, spec, prompts, max_new_tokens: int,
+                                           drafter_kw: dict | None = None) -> None:
     """Greedy tokens of a tiny target decoding plainly; then `prepare(target, drafter)` (inference transforms, kernel
-    hooks) on that target and a tiny drafter: plain decoding and speculation with `spec` still give those tokens."""
+    hooks) on that target and a tiny drafter (config fields `drafter_kw`): plain decoding and speculation with `spec`
+    still give those tokens."""
     from eaglespec.engine.engine import Engine
     from eaglespec.sampling_params import SamplingParams
 
     params = SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=True)
     target = tiny_llama(seed=0)
     ref = [o.token_ids for o in Engine(target, None).generate(prompts, params)]
-    drafter = tiny_drafter(target, seed=1)
+    drafter = tiny_drafter(target, seed=1, **(drafter_kw or {}))
     prepare(target, drafter)
     assert [o.token_ids for o in Engine(target, None).generate(prompts, params)] == ref
     eng = Engine(target, None, drafter=drafter, spec=spec)

@@ -122,6 +122,13 @@ class Eagle3Config:
     draft_vocab_size: int | None  # None: the drafter uses the target vocabulary and the target's lm_head
     target_hidden_size: int
     aux_layer_ids: tuple[int, ...] | None  # None: the target's default capture layers
+    # EAGLE-3.1's options (config.json, top level or in eagle_config; all False is EAGLE-3): an RMSNorm over the
+    # concatenated aux states before fc (`norm_before_fc`, weight input_norm.weight [n_aux * Ht]) or one per aux
+    # state (`fc_norm`, fc_norm.{i}.weight [Ht]; not both), and the final norm's output fed to the next draft step
+    # instead of the pre-norm sum (`norm_output`)
+    norm_before_fc: bool = False
+    fc_norm: bool = False
+    norm_output: bool = False
 
 
 @dataclass(frozen=True)
@@ -200,11 +207,21 @@ class ModelConfig:
             ec = text.get("eagle_config") or {}
             ids = ec.get("eagle_aux_hidden_state_layer_ids")
             draft_vocab = text.get("draft_vocab_size")
+
+            def flag(name: str) -> bool:  # vLLM reads eagle_config's value first (NVIDIA's checkpoints), then the top
+                return bool(ec[name] if ec.get(name) is not None else text.get(name, False))
+
             eagle = Eagle3Config(
                 draft_vocab_size=int(draft_vocab) if draft_vocab else None,
                 target_hidden_size=int(text.get("target_hidden_size") or hidden),
                 aux_layer_ids=tuple(int(i) for i in ids) if ids else None,
+                norm_before_fc=flag("norm_before_fc"),
+                fc_norm=flag("fc_norm"),
+                norm_output=flag("norm_output"),
             )
+            if eagle.norm_before_fc and eagle.fc_norm:
+                raise ConfigError("the drafter's config sets both norm_before_fc (one RMSNorm over the concatenated "
+                                  "aux states) and fc_norm (one per aux state): they are alternatives")
         return ModelConfig(
             architecture=archs[0],
             model_type=str(d.get("model_type", "")),

@@ -64,6 +64,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     m.add_argument("--drafter-heads", type=int, default=None, metavar="N",
                    help="the drafter layer's query heads, a multiple of the target's KV heads (default: the target's; "
                         "with --init: adds heads to that drafter)")
+    m.add_argument("--norm-before-fc", action="store_true", default=None,
+                   help="EAGLE-3.1: an RMSNorm over the concatenated aux states before fc (with --init: added)")
+    m.add_argument("--fc-norm", action="store_true", default=None,
+                   help="EAGLE-3.1: an RMSNorm per aux state before fc (the alternative to --norm-before-fc)")
+    m.add_argument("--norm-output", action="store_true", default=None,
+                   help="EAGLE-3.1: the next draft step takes the final norm's output instead of the pre-norm sum")
     m.add_argument("--aux-layers", default=None, metavar="I,J,K",
                    help="target layers whose outputs feed the drafter (default [1, N//2-1, N-4], SGLang convention)")
     t = p.add_argument_group("training")
@@ -171,7 +177,8 @@ def run(args: argparse.Namespace) -> int:
     # `eaglespec generate` runs it.
     prepare_for_inference(loaded.model, device, None, None)
     tcfg = loaded.config
-    shape = DrafterShape(args.drafter_intermediate_size, args.drafter_heads)  # checked by train_drafter up front
+    shape = DrafterShape(args.drafter_intermediate_size, args.drafter_heads, args.norm_before_fc, args.fc_norm,
+                         args.norm_output)  # checked by train_drafter up front
     train_cfg = TrainConfig(
         work_dir=work_dir, aux_layers=_aux_layers(args.aux_layers, tcfg.default_aux_layer_ids()),
         ttt_steps=args.ttt_steps, step_decay=args.step_decay, lr=args.lr, warmup_frac=args.warmup_frac,

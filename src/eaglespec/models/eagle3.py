@@ -3,20 +3,26 @@
 One draft step, for token t at position p with incoming hidden h ([.., 3*H_target] target aux states, or [.., H] the
 drafter's own previous output):
 
-    e = embed(t);  h = fc(h) if h is 3*H_target wide
+    e = embed(t);  h = fc(aux_norm(h)) if h is 3*H_target wide
     x = cat(input_layernorm(e), hidden_norm(h))            # [.., 2H]
     r = h + attn(x)                                        # RoPE at p, causal over the drafter's KV
     r = r + mlp(post_attention_layernorm(r))
     logits = lm_head(norm(r))                              # [.., draft_vocab]; target id = id + d2t[id]
-    r is returned as the next step's hidden (pre-norm, width H, so fc is skipped there)
+    r is returned as the next step's hidden (pre-norm, width H, so fc is skipped there); norm(r) with norm_output
+
+EAGLE-3.1 (config.Eagle3Config: norm_before_fc, fc_norm, norm_output; published EAGLE-3 checkpoints set none):
+aux_norm is the identity, one RMSNorm over the concatenated aux states (`input_norm`, norm_before_fc) or one per aux
+state (`fc_norm.{i}`), and with norm_output the next step's hidden is norm(r), the head's input, as SGLang, vLLM and
+TensorRT-LLM run such checkpoints.
 
 On CUDA engine.transforms may route the first line (the embedding lookup, both input norms, the concatenation and
 RoPE's cos/sin) through one kernel (`draft_input`, layers/draft_input_kernel.py); the layer hands back its MLP output
 unsummed so that the last residual add runs inside the final norm's kernel (`RMSNorm.add_forward`, or the fused
 norm + head).
 
-Weights are unprefixed: fc, midlayer.*, norm, lm_head, d2t, t2d. There is no embed_tokens: the embedding comes from the
-target through `set_embed_and_head` (and the lm_head too when the checkpoint has no draft vocabulary).
+Weights are unprefixed: fc, midlayer.*, norm, lm_head, d2t, t2d (and input_norm or fc_norm.{i}). There is no
+embed_tokens: the embedding comes from the target through `set_embed_and_head` (and the lm_head too when the
+checkpoint has no draft vocabulary).
 """
 
 from __future__ import annotations
@@ -82,6 +88,11 @@ class LlamaForCausalLMEagle3(nn.Module):
         H, Ht = config.hidden_size, config.eagle.target_hidden_size
         self.n_aux = 3
         self.fc = nn.Linear(self.n_aux * Ht, H, bias=False)
+        ec = config.eagle
+        self.input_norm = RMSNorm(self.n_aux * Ht, config.rms_norm_eps) if ec.norm_before_fc else None
+        self.fc_norm = nn.ModuleList(RMSNorm(Ht, config.rms_norm_eps) for _ in range(self.n_aux)) \
+            if ec.fc_norm else None
+        self.norm_output = ec.norm_output
         self.midlayer = Eagle3MidLayer(config)
         self.norm = RMSNorm(H, config.rms_norm_eps)
         self.rotary = Rotary(config.head_dim, config.rope)
@@ -121,6 +132,15 @@ class LlamaForCausalLMEagle3(nn.Module):
         return draft_ids + self.d2t[draft_ids]
 
     # --- forward ------------------------------------------------------------------------------------------------
+    def project_aux(self, aux: torch.Tensor) -> torch.Tensor:
+        """aux [..., n_aux*Ht] target aux states -> [..., H]: fc after EAGLE-3.1's input norms, if any."""
+        aux = aux.to(self.fc.weight.dtype)
+        if self.input_norm is not None:
+            aux = self.input_norm(aux)
+        elif self.fc_norm is not None:
+            aux = torch.cat([n(a) for n, a in zip(self.fc_norm, aux.chunk(self.n_aux, dim=-1))], dim=-1)
+        return self.fc(aux)
+
     def forward(
         self,
         input_ids: torch.Tensor,
@@ -133,7 +153,7 @@ class LlamaForCausalLMEagle3(nn.Module):
         drafter's own outputs -> (logits [B, R, Vd] or None, next hidden [B, T, H])."""
         assert self.embed_tokens is not None, "call set_embed_and_head with the target's embedding first"
         if from_target:
-            hidden = self.fc(hidden.to(self.fc.weight.dtype))
+            hidden = self.project_aux(hidden)
         mid = self.midlayer
         if self.draft_input is not None:
             n_e, n_h = mid.input_layernorm, mid.hidden_norm
@@ -144,6 +164,14 @@ class LlamaForCausalLMEagle3(nn.Module):
             x = mid.inputs(self.embed_tokens(input_ids), hidden)
             cos, sin = self.rotary(ctx.positions)
         r, m = mid(x, hidden, cos, sin, ctx, ctx.kv[0] if ctx.kv is not None else None)
+        if self.norm_output:  # EAGLE-3.1: the next step takes norm(r), which the head reads too
+            r, n = self.norm.add_forward(r, m)
+            if not need_logits:
+                return None, n
+            if ctx.logits_index is not None:
+                n_sel = torch.gather(n, 1, ctx.logits_index[..., None].expand(-1, -1, n.shape[-1]))
+                return self.lm_head(n_sel), n
+            return self.lm_head(n), n
         if not need_logits:
             return None, r + m
         if ctx.logits_index is not None:  # logits of some positions only: the whole output first, then those

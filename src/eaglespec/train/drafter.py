@@ -17,6 +17,8 @@ Contract:
 - `widen_drafter(drafter, shape, seed)`: the same drafter with a wider MLP and/or more query heads, computing the same
   function (Net2Net-style: the new MLP units and query heads get N(0, 0.02) inputs and zero outputs, so the first
   gradient step starts them from the trained drafter instead of from scratch); narrowing is refused.
+- `renorm_drafter(drafter, shape)`: the same drafter with the EAGLE-3.1 norms `shape` adds (their weights 1: a
+  different function, which training re-adapts); removing one is refused.
 - `revocab_drafter(drafter, vocab)`: the same drafter moved onto another draft vocabulary (e.g. one rebuilt from
   more data, or larger): the lm_head rows of tokens both vocabularies hold are kept, the others start at zero (a
   logit of 0, below the drafter's usual top logit, so it drafts as before until training raises them; the target's
@@ -44,14 +46,23 @@ INIT_STD = 0.02
 
 @dataclass(frozen=True)
 class DrafterShape:
-    """The drafter layer's own sizes; None: the target layer's. A one-layer drafter of a small target is small (for
-    SmolLM2-135M: 5.1M parameters besides the lm_head), and on a GPU at small batch its step costs launches, not
-    bytes, so a wider MLP or more query heads cost little time there."""
+    """The drafter layer's own sizes and EAGLE-3.1's norms; None: the target layer's size, no such norm (for an
+    --init drafter: its own). A one-layer drafter of a small target is small (for SmolLM2-135M: 5.1M parameters
+    besides the lm_head), and on a GPU at small batch its step costs launches, not bytes, so a wider MLP or more query
+    heads cost little time there."""
 
     intermediate_size: int | None = None
     num_attention_heads: int | None = None  # a multiple of the target's KV heads (grouped-query attention)
+    # EAGLE-3.1 (config.Eagle3Config): an RMSNorm over the concatenated aux states before fc, or one per aux state,
+    # and the final norm's output fed to the next draft step; all three load in SGLang, vLLM and TensorRT-LLM
+    norm_before_fc: bool | None = None
+    fc_norm: bool | None = None
+    norm_output: bool | None = None
 
     def check(self, target: ModelConfig) -> None:
+        if self.norm_before_fc and self.fc_norm:
+            raise ConfigError("--norm-before-fc (one RMSNorm over the concatenated aux states) and --fc-norm (one per "
+                              "aux state) are alternatives: choose one")
         if self.intermediate_size is not None and self.intermediate_size < 1:
             raise ConfigError(f"--drafter-intermediate-size must be >= 1 (got {self.intermediate_size})")
         h = self.num_attention_heads
@@ -87,6 +98,9 @@ def drafter_hf_config(target: ModelConfig, aux_ids: Sequence[int], draft_vocab_s
     }
     if draft_vocab_size is not None:
         d["draft_vocab_size"] = int(draft_vocab_size)
+    for name in ("norm_before_fc", "fc_norm", "norm_output"):  # EAGLE-3.1, top level as vLLM and SGLang read them
+        if getattr(shape, name):
+            d[name] = True
     if target.bos_token_id is not None:
         d["bos_token_id"] = target.bos_token_id
     if target.eos_token_ids:
@@ -123,13 +137,16 @@ def new_drafter(target: nn.Module, aux_ids: Sequence[int], vocab: DraftVocab | N
 
 
 def trainable_parameters(drafter: LlamaForCausalLMEagle3) -> dict[str, nn.Parameter]:
-    names = ("fc.", "midlayer.", "norm.") + (("lm_head.",) if drafter.has_own_head else ())
+    names = ("fc.", "input_norm.", "fc_norm.", "midlayer.", "norm.") + (("lm_head.",) if drafter.has_own_head
+                                                                        else ())
     return {n: p for n, p in drafter.named_parameters() if n.startswith(names)}
 
 
 def drafter_shape(drafter: LlamaForCausalLMEagle3) -> DrafterShape:
-    """The drafter layer's own sizes (both set)."""
-    return DrafterShape(drafter.config.intermediate_size, drafter.config.num_attention_heads)
+    """The drafter layer's own sizes and norms (all set)."""
+    ec = drafter.config.eagle
+    return DrafterShape(drafter.config.intermediate_size, drafter.config.num_attention_heads, ec.norm_before_fc,
+                        ec.fc_norm, ec.norm_output)
 
 
 def _rebuilt(drafter: LlamaForCausalLMEagle3, changes: dict[str, Any],
@@ -145,8 +162,10 @@ def _rebuilt(drafter: LlamaForCausalLMEagle3, changes: dict[str, Any],
     own.update(replaced)
     with torch.no_grad():
         missing, unexpected = new.load_state_dict(own, strict=False)
-    # the only weight left out is a shared lm_head (the target's, wired below)
-    assert not unexpected and set(missing) <= ({"lm_head.weight"} - set(own)), (missing, unexpected)
+    # the weights left out are a shared lm_head (the target's, wired below) and norms added by `renorm_drafter`
+    # (RMSNorm weights start at 1)
+    added = {n for n in missing if n.startswith(("input_norm.", "fc_norm."))}
+    assert not unexpected and set(missing) - added <= ({"lm_head.weight"} - set(own)), (missing, unexpected)
     if drafter.embed_tokens is not None:
         new.set_embed_and_head(drafter.embed_tokens.weight, None if drafter.has_own_head else drafter.lm_head.weight)
     new.reset_buffers()
@@ -196,6 +215,24 @@ def widen_drafter(drafter: LlamaForCausalLMEagle3, shape: DrafterShape, seed: in
         resized["midlayer.self_attn.o_proj.weight"] = torch.cat((o, o.new_zeros(o.shape[0], G, add, hd)),
                                                                 dim=2).reshape(o.shape[0], Q1 * hd)
     return _rebuilt(drafter, {"intermediate_size": I1, "num_attention_heads": Q1}, resized)
+
+
+def renorm_drafter(drafter: LlamaForCausalLMEagle3, shape: DrafterShape) -> LlamaForCausalLMEagle3:
+    """`drafter` with the EAGLE-3.1 norms `shape` asks for and it lacks (norm weights 1; None fields: unchanged).
+    Unlike widening this changes the function (the aux states and the later steps' inputs are normalised), so
+    training re-adapts it; removing a norm, or trading one aux norm for the other, is refused."""
+    ec = drafter.config.eagle
+    want = {n: getattr(shape, n) for n in ("norm_before_fc", "fc_norm", "norm_output")}
+    have = {n: getattr(ec, n) for n in want}
+    if any(v is False and have[n] for n, v in want.items()):
+        raise ConfigError("the --init drafter has EAGLE-3.1 norms ("
+                          + ", ".join(n for n, v in have.items() if v) + "): a continued drafter keeps them")
+    changes = {n: True for n, v in want.items() if v and not have[n]}
+    if not changes:
+        return drafter
+    if (have["norm_before_fc"] or changes.get("norm_before_fc")) and (have["fc_norm"] or changes.get("fc_norm")):
+        raise ConfigError("--norm-before-fc and --fc-norm are alternatives: the --init drafter already has the other")
+    return _rebuilt(drafter, changes, {})
 
 
 def revocab_drafter(drafter: LlamaForCausalLMEagle3, vocab: DraftVocab) -> LlamaForCausalLMEagle3:

@@ -10,7 +10,7 @@ Contract of `train_drafter(target, tokenizer, conversations, out, options)` -> `
 4. count the assistant tokens of the training split and keep the `draft_vocab` most frequent (vocab.py;
    None or >= the vocabulary: no draft vocabulary, the drafter shares the target's lm_head);
 5. build the drafter (drafter.py; or continue from `init`, an exported drafter, keeping its vocabulary and aux layers,
-   widened to `shape` where that is wider, refused where narrower; with `rebuild_vocab` moved onto a vocabulary of
+   widened to `shape` where that is wider, refused where narrower, given the EAGLE-3.1 norms `shape` adds; with `rebuild_vocab` moved onto a vocabulary of
    `draft_vocab` tokens built from this data, its trained lm_head rows kept, the new ones zero), train it with TTT
    (trainer.py), export it to `out` (export.py).
 The target is used only through the EAGLE-3 protocol and its forward (plus `Engine.generate` when regenerating), so a
@@ -30,7 +30,7 @@ from ..errors import ConfigError
 from .conversations import DataError, Message
 from .dataset import build_dataset, split
 from .drafter import (DrafterShape, drafter_from_checkpoint, drafter_hf_config, drafter_shape, new_drafter,
-                      revocab_drafter, widen_drafter)
+                      renorm_drafter, revocab_drafter, widen_drafter)
 from .export import check_shard_limit, export_drafter
 from .regenerate import RegenConfig, regenerate
 from .self_prompts import SelfPromptConfig, prompt_key, self_prompts
@@ -98,11 +98,14 @@ def train_drafter(target: torch.nn.Module, tokenizer: "BaseTokenizer", conversat
         init_aux = tuple(init[0].config.eagle.aux_layer_ids or tcfg.default_aux_layer_ids())
         # a wider `shape` widens it (the same function at the start); narrowing is refused before any work
         before = drafter_shape(init[0])
-        init = (widen_drafter(init[0], opts.shape, opts.train.seed), init[1])
+        init = (renorm_drafter(widen_drafter(init[0], opts.shape, opts.train.seed), opts.shape), init[1])
         after = drafter_shape(init[0])
-        if after != before:
+        if after.intermediate_size != before.intermediate_size or after.num_attention_heads != before.num_attention_heads:
             log(f"widened the drafter layer from MLP {before.intermediate_size} / {before.num_attention_heads} heads "
                 f"to MLP {after.intermediate_size} / {after.num_attention_heads} heads")
+        added = [n for n in ("norm_before_fc", "fc_norm", "norm_output") if getattr(after, n) > getattr(before, n)]
+        if added:
+            log(f"added EAGLE-3.1's {', '.join(added)} to the drafter (norm weights 1: training re-adapts it)")
         if opts.rebuild_vocab and (init[1] is None or not opts.draft_vocab
                                    or opts.draft_vocab >= tcfg.vocab_size):
             raise ConfigError("--rebuild-vocab moves a drafter with its own draft vocabulary onto another of "

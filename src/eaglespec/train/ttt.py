@@ -2,9 +2,11 @@
 
 Notation: tokens t_0..t_{n-1} of a sample, target aux states a_j at every position j.
 
-- Step 0 takes, at every position j, fc(a_j) and the token t_{j+1}, RoPE position j: the drafter's catch-up entry j.
-- Step k >= 1 takes at position j the drafter's own step k-1 output r_{k-1,j} (pre-norm, width H, no fc) and the
-  token t_{j+1+k}, RoPE position j + k: the k-th draft past committed position j (spec/draft.py).
+- Step 0 takes, at every position j, fc(a_j) (after EAGLE-3.1's input norms, if any: `project_aux`) and the token
+  t_{j+1}, RoPE position j: the drafter's catch-up entry j.
+- Step k >= 1 takes at position j the drafter's own step k-1 output r_{k-1,j} (pre-norm, width H, no fc; norm(r)
+  with EAGLE-3.1's norm_output) and the token t_{j+1+k}, RoPE position j + k: the k-th draft past committed
+  position j (spec/draft.py).
 - Attention of step k at position j: the step-0 keys/values at positions <= j (causal: the committed prefix) and the
   keys/values of steps 1..k at position j only (the "diagonal": the draft chain). That is exactly what the drafter
   sees at inference when it drafts k tokens past j, so TTT logits equal inference logits (tests/test_train_ttt.py).
@@ -52,7 +54,7 @@ def ttt_hiddens(drafter: torch.nn.Module, tokens: torch.Tensor, aux: torch.Tenso
     attn = mid.self_attn
     nh, nkv, D = attn.num_heads, attn.num_kv_heads, attn.head_dim
     pos = torch.arange(T, device=dev)[None, :]  # [1, T]
-    h = drafter.fc(aux.to(drafter.fc.weight.dtype))  # [B, T, H]
+    h = drafter.project_aux(aux)  # [B, T, H]
     keys: list[torch.Tensor] = []
     values: list[torch.Tensor] = []
     out_hiddens = []
@@ -76,7 +78,7 @@ def ttt_hiddens(drafter: torch.nn.Module, tokens: torch.Tensor, aux: torch.Tenso
         r = h + attn.o_proj(o)
         r = r + mid.mlp(mid.post_attention_layernorm(r))
         out_hiddens.append(r)
-        h = r
+        h = drafter.norm(r) if drafter.norm_output else r
     return out_hiddens
 
 
