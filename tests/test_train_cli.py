@@ -175,6 +175,37 @@ def test_train_a_wider_drafter_layer(tiny_folder, data_file, tmp_path, capsys):
     assert not (tmp_path / "bad-work").exists()
 
 
+def test_train_an_eagle31_drafter_and_add_its_norms_to_another(tiny_folder, data_file, tmp_path, capsys):
+    """--fc-norm / --norm-before-fc / --norm-output train an EAGLE-3.1 drafter: config.json says so at the top level
+    (as SGLang, vLLM and TensorRT-LLM read it) and the export loads; with --init they add the norms to a plain
+    drafter, and a continued EAGLE-3.1 drafter keeps its own; both norms at once are refused in one line."""
+    common = ["train", "--target", str(tiny_folder), "--data", str(data_file), "--device", "cpu", "--ttt-steps", "2",
+              "--batch-tokens", "400", "--max-len", "96", "--regen-max-new-tokens", "8", "--no-progress",
+              "--max-steps", "3", "--draft-vocab", "40", "--lr", "1e-3"]
+    out = tmp_path / "e31"
+    assert main([*common, "--out", str(out), "--fc-norm", "--norm-output"]) == 0
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["fc_norm"] is True and cfg["norm_output"] is True and "norm_before_fc" not in cfg
+    d = load_drafter(out, "cpu", torch.float32)
+    assert d.fc_norm is not None and d.norm_output
+    # continued without the flags: it keeps them
+    assert main([*common, "--out", str(tmp_path / "again"), "--init", str(out)]) == 0
+    assert json.loads((tmp_path / "again" / "config.json").read_text())["fc_norm"] is True
+    # a plain drafter given EAGLE-3.1's norms
+    plain = tmp_path / "plain"
+    assert main([*common, "--out", str(plain)]) == 0
+    assert "norm_output" not in json.loads((plain / "config.json").read_text())
+    capsys.readouterr()
+    assert main([*common, "--out", str(tmp_path / "moved"), "--init", str(plain), "--norm-before-fc",
+                 "--norm-output"]) == 0
+    assert "added EAGLE-3.1's norm_before_fc, norm_output to the drafter" in capsys.readouterr().err
+    moved = json.loads((tmp_path / "moved" / "config.json").read_text())
+    assert moved["norm_before_fc"] is True and moved["norm_output"] is True
+    assert main([*common, "--out", str(tmp_path / "bad"), "--fc-norm", "--norm-before-fc"]) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("eaglespec: error: ") and "are alternatives" in last
+
+
 def test_train_loop_mask_is_applied_and_reported(tiny_folder, tmp_path, capsys):
     """--loop-keep reaches the dataset (the log counts the tokens it took out of the loss); a negative value is
     refused before any work."""
