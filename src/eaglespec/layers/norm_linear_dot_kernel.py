@@ -46,8 +46,9 @@ def _kernel():
     def product(x, w, IEEE: tl.constexpr):
         """x [BLOCK_M, BK] @ w [BK, BLOCK_N] in float32. IEEE: float32 operands without TF32 (float32 inputs, and
         Triton's interpreter, whose bf16 tl.dot is wrong: the operands are exact in float32 and the sums float32
-        either way). One dot over the whole chunk: as a batched dot over narrower chunks (independent accumulator
-        chains) it was 35-70% slower on the H200 (docs/benchmarks.md, "Session 28")."""
+        either way). One dot over the whole chunk: as a batched dot over narrower chunks it was 35-70% slower on the
+        H200 (docs/benchmarks.md, "Session 28"), as separate chunks on their own accumulators (independent MMA
+        chains) 9-18% slower in whole graphs ("Session 34"): each chunk stages its operands with its own barriers."""
         if IEEE:
             return tl.dot(x.to(tl.float32), w.to(tl.float32), input_precision="ieee")
         return tl.dot(x, w)
