@@ -11,8 +11,8 @@ drafter's own previous output):
     r is returned as the next step's hidden (pre-norm, width H, so fc is skipped there); norm(r) with norm_output
 
 EAGLE-3.1 (config.Eagle3Config: norm_before_fc, fc_norm, norm_output; published EAGLE-3 checkpoints set none):
-aux_norm is the identity, one RMSNorm over the concatenated aux states (`input_norm`, norm_before_fc) or one per aux
-state (`fc_norm.{i}`), and with norm_output the next step's hidden is norm(r), the head's input, as SGLang, vLLM and
+aux_norm is the identity in EAGLE-3, else one RMSNorm over the concatenated aux states (`input_norm`,
+norm_before_fc) or one per aux state (`fc_norm.{i}`), and with norm_output the next step's hidden is norm(r), the head's input, as SGLang, vLLM and
 TensorRT-LLM run such checkpoints.
 
 On CUDA engine.transforms may route the first line (the embedding lookup, both input norms, the concatenation and

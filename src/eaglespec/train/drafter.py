@@ -232,6 +232,9 @@ def renorm_drafter(drafter: LlamaForCausalLMEagle3, shape: DrafterShape) -> Llam
         return drafter
     if (have["norm_before_fc"] or changes.get("norm_before_fc")) and (have["fc_norm"] or changes.get("fc_norm")):
         raise ConfigError("--norm-before-fc and --fc-norm are alternatives: the --init drafter already has the other")
+    nested = dict(drafter.config.raw.get("eagle_config") or {})
+    if any(n in nested for n in changes):  # a value in eagle_config wins over the top level's (config.py): set both
+        changes = {**changes, "eagle_config": {**nested, **{n: True for n in changes if n in nested}}}
     return _rebuilt(drafter, changes, {})
 
 
