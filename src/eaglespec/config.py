@@ -165,6 +165,11 @@ class ModelConfig:
         archs = d.get("architectures") or []
         if not archs:
             raise ConfigError("config.json has no 'architectures' entry, so the model class cannot be chosen")
+        if "transformer_layer_config" in d or "speculators_model_type" in d:
+            raise ConfigError(f"config.json is in vLLM speculators' format ({archs[0]}, its layer under "
+                              "'transformer_layer_config'), which eaglespec does not read: use a drafter in the "
+                              "EAGLE-3 layout (LlamaForCausalLMEagle3, as SGLang, SpecForge and `eaglespec train` "
+                              "write it)")
         text = dict(d.get("text_config") or d)
         try:
             hidden = int(text["hidden_size"])
