@@ -27,6 +27,7 @@ from probe_script import CPU, DEV, DT, Emitter, option, replay_ms  # noqa: E402 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
+from eaglespec.bench.graph_timing import capture  # noqa: E402
 from eaglespec.layers.norm_linear_kernel import _k_chunks, add_norm_linear, linear_rows  # noqa: E402
 from eaglespec.layers.pdl import launch_options  # noqa: E402
 
@@ -211,18 +212,7 @@ class Chain:
 
 
 def graph_of(fn):
-    if CPU:
-        return None
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    return g
+    return None if CPU else capture(fn)
 
 
 def main() -> None:

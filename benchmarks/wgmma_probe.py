@@ -16,9 +16,9 @@ usage: python benchmarks/wgmma_probe.py OUT_DIR [--cpu]
 
 from __future__ import annotations
 
-from probe_script import CPU, DEV, DT, Emitter  # noqa: E402
+from probe_script import CPU, DEV, DT, Emitter, per_call_us  # noqa: E402
 
-import time  # noqa: E402
+import itertools  # noqa: E402
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
@@ -71,30 +71,11 @@ def transposed(x: torch.Tensor, w: torch.Tensor, bn: int, warps: int) -> torch.T
     return y
 
 
-def graph_us(fn_of_layer, layers: int) -> float:
-    if CPU:
-        t = time.perf_counter()
-        for i in range(layers):
-            fn_of_layer(i)
-        return 1e6 * (time.perf_counter() - t) / layers
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for i in range(layers):
-            fn_of_layer(i)
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for i in range(layers):
-            fn_of_layer(i)
-    for _ in range(5):
-        g.replay()
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(50):
-        g.replay()
-    torch.cuda.synchronize()
-    return 1e6 * (time.perf_counter() - t) / (50 * layers)
+def cycling(fn_of_layer):
+    """fn_of_layer(i) as a call without arguments taking the next of the LAYERS weight copies each time, so that
+    per_call_us's graph of LAYERS calls reads every copy once."""
+    it = itertools.cycle(range(LAYERS))
+    return lambda: fn_of_layer(next(it))
 
 
 emit = Emitter("wgmma_probe.json")
@@ -118,5 +99,5 @@ for rnd in range(2):
                 except triton.runtime.errors.OutOfResources:  # the tiles over the block's shared memory
                     continue
                 row[f"{vname}_err"] = round(float((out - ref).abs().max() / ref.abs().max()), 4)
-                row[f"{vname}_us"] = round(graph_us(fn, LAYERS), 3)
+                row[f"{vname}_us"] = round(per_call_us(cycling(fn), LAYERS), 3)
             emit(row)
