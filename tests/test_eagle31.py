@@ -18,7 +18,8 @@ from eaglespec.errors import CheckpointError, ConfigError
 from eaglespec.layers.context import ForwardContext
 from eaglespec.models.eagle3 import LlamaForCausalLMEagle3
 from eaglespec.sampling_params import SamplingParams
-from eaglespec.train.drafter import DrafterShape, drafter_hf_config, new_drafter, renorm_drafter
+from eaglespec.train.drafter import (DrafterShape, calibrate_aux_norms, drafter_hf_config, new_drafter,
+                                    renorm_drafter)
 from eaglespec.train.export import export_drafter
 
 VARIANTS = {  # name -> config flags
@@ -201,3 +202,37 @@ def test_new_and_renormed_drafters_export_the_flags(target, tmp_path):
     assert not nested.norm_output
     assert renorm_drafter(nested, DrafterShape(norm_output=True)).norm_output
     assert ModelConfig.from_hf(dict(moved.config.raw)).eagle.norm_before_fc is True
+
+
+@pytest.mark.parametrize("flag", ["norm_before_fc", "fc_norm"])
+def test_calibrated_aux_norms_give_fc_its_trained_inputs(target, flag):
+    """A norm added to a trained drafter, calibrated on aux states of one RMS per token (per aux state for fc_norm),
+    passes fc exactly the inputs it was trained on; on states of varying RMS it is the least-squares fit, much
+    closer than weight 1 and no worse than any other scalar or per-channel weight nearby."""
+    plain = new_drafter(target, (1, 2, 2), None, seed=3)
+    moved = renorm_drafter(plain, DrafterShape(**{flag: True}))
+    n_aux, Ht = moved.n_aux, target.config.hidden_size
+    g = torch.Generator().manual_seed(5)
+    scale = torch.linspace(2, 40, n_aux * Ht)  # per-channel scales, as real hidden states have
+    even = (torch.randn(64, n_aux * Ht, generator=g) * scale).reshape(64, n_aux, Ht)
+    even = (even * torch.rsqrt(even.pow(2).mean(-1, keepdim=True)) * 10).reshape(64, -1)  # RMS 10 per state
+    with torch.no_grad():
+        assert not torch.allclose(moved.project_aux(even), plain.fc(even), rtol=0.1, atol=0.1)  # weight 1: far off
+    names = calibrate_aux_norms(moved, even)
+    assert names == (["input_norm.weight"] if flag == "norm_before_fc" else [f"fc_norm.{i}.weight" for i in range(3)])
+    with torch.no_grad():
+        torch.testing.assert_close(moved.project_aux(even), plain.fc(even), rtol=1e-4, atol=1e-4)
+    # tokens of different RMS: the fit minimises the squared error of the normalised inputs
+    varied = even * torch.exp(torch.randn(64, 1, generator=g) * 0.3)
+    calibrate_aux_norms(moved, varied)
+    norm = moved.input_norm if flag == "norm_before_fc" else moved.fc_norm[0]
+    x = varied if flag == "norm_before_fc" else varied[:, :Ht]
+
+    def err(w):
+        return (rms(x, w, norm.eps) - x).pow(2).sum()
+    with torch.no_grad():
+        best = err(norm.weight)
+        assert best < 0.25 * err(torch.ones_like(norm.weight))  # ~0.11 here: per-token scale is lost
+        for f in (0.97, 1.03):
+            assert best < err(norm.weight * f)
+    assert calibrate_aux_norms(plain, even) == []  # no aux norm: nothing to set

@@ -197,8 +197,11 @@ def test_train_an_eagle31_drafter_and_add_its_norms_to_another(tiny_folder, data
     assert "norm_output" not in json.loads((plain / "config.json").read_text())
     capsys.readouterr()
     assert main([*common, "--out", str(tmp_path / "moved"), "--init", str(plain), "--norm-before-fc",
-                 "--norm-output"]) == 0
-    assert "added EAGLE-3.1's norm_before_fc, norm_output to the drafter" in capsys.readouterr().err
+                 "--norm-output", "--eval-every", "3"]) == 0
+    out, err = capsys.readouterr()
+    assert "step 0: eval: loss" in out + err and "step 3: eval: loss" in out + err  # a continued drafter's start too
+    assert "added EAGLE-3.1's norm_before_fc, norm_output to the drafter" in err
+    assert "calibrated input_norm.weight on the target's aux states" in err
     moved = json.loads((tmp_path / "moved" / "config.json").read_text())
     assert moved["norm_before_fc"] is True and moved["norm_output"] is True
     assert main([*common, "--out", str(tmp_path / "bad"), "--fc-norm", "--norm-before-fc"]) == 2

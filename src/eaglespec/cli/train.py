@@ -85,7 +85,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--stop-after", type=int, default=None,
                    help="stop with a checkpoint after this many steps (same schedule; finish with --resume)")
     t.add_argument("--save-every", type=int, default=500, help="checkpoint every N steps")
-    t.add_argument("--eval-every", type=int, default=0, help="evaluate every N steps (0 = at the end)")
+    t.add_argument("--eval-every", type=int, default=0, help="evaluate every N steps (0 = at the end); with --init also before the first step")
     t.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --work-dir")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
@@ -186,6 +186,7 @@ def run(args: argparse.Namespace) -> int:
         epochs=args.epochs, max_steps=args.max_steps, stop_after=args.stop_after, eval_every=args.eval_every,
         save_every=args.save_every, seed=args.seed, resume=args.resume, progress=not args.no_progress,
         amp=args.dtype != "float32",  # --dtype float32 on a GPU trains without bf16 autocast
+        eval_at_start=bool(args.init) and args.eval_every > 0,  # a continued drafter's starting point, in the log
     )
     regen = RegenConfig(temperature=args.regen_temperature, max_new_tokens=args.regen_max_new_tokens,
                         max_len=args.max_len, first_turn_only=args.first_turn_only, batch_size=args.regen_batch,

@@ -19,6 +19,9 @@ Contract:
   gradient step starts them from the trained drafter instead of from scratch); narrowing is refused.
 - `renorm_drafter(drafter, shape)`: the same drafter with the EAGLE-3.1 norms `shape` adds (their weights 1: a
   different function, which training re-adapts); removing one is refused.
+- `calibrate_aux_norms(drafter, aux)`: sets the weights of its aux input norm(s) to the per-channel least-squares fit
+  of norm(x) * w to x over a sample of the target's aux states, so that a just-added norm passes fc about the inputs
+  it was trained on (exactly, where every token has the same RMS) instead of inputs ~5-50x smaller or larger.
 - `revocab_drafter(drafter, vocab)`: the same drafter moved onto another draft vocabulary (e.g. one rebuilt from
   more data, or larger): the lm_head rows of tokens both vocabularies hold are kept, the others start at zero (a
   logit of 0, below the drafter's usual top logit, so it drafts as before until training raises them; the target's
@@ -236,6 +239,29 @@ def renorm_drafter(drafter: LlamaForCausalLMEagle3, shape: DrafterShape) -> Llam
     if any(n in nested for n in changes):  # a value in eagle_config wins over the top level's (config.py): set both
         changes = {**changes, "eagle_config": {**nested, **{n: True for n in changes if n in nested}}}
     return _rebuilt(drafter, changes, {})
+
+
+@torch.no_grad()
+def calibrate_aux_norms(drafter: LlamaForCausalLMEagle3, aux: torch.Tensor) -> list[str]:
+    """aux [N, n_aux*Ht] the target's aux states at N tokens (the fc input) -> the names of the norm weights set.
+
+    For a norm over x [N, D] with u = x / rms(x) (per token), the w minimising sum_t ||u_t * w - x_t||^2 is, per
+    channel j, sum_t u_tj x_tj / sum_t u_tj^2; a channel that is 0 everywhere keeps weight 1."""
+    def fit(norm: nn.Module, x: torch.Tensor) -> None:
+        x = x.float()
+        u = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + norm.eps)  # [N, D]
+        den = (u * u).sum(0)
+        w = torch.where(den > 0, (u * x).sum(0) / den.clamp_min(torch.finfo(torch.float32).tiny), 1.0)
+        norm.weight.copy_(w.to(norm.weight))
+
+    if drafter.input_norm is not None:
+        fit(drafter.input_norm, aux)
+        return ["input_norm.weight"]
+    if drafter.fc_norm is not None:
+        for n, a in zip(drafter.fc_norm, aux.chunk(drafter.n_aux, dim=-1)):
+            fit(n, a)
+        return [f"fc_norm.{i}.weight" for i in range(drafter.n_aux)]
+    return []
 
 
 def revocab_drafter(drafter: LlamaForCausalLMEagle3, vocab: DraftVocab) -> LlamaForCausalLMEagle3:

@@ -29,8 +29,8 @@ import torch
 from ..errors import ConfigError
 from .conversations import DataError, Message
 from .dataset import build_dataset, split
-from .drafter import (DrafterShape, drafter_from_checkpoint, drafter_hf_config, drafter_shape, new_drafter,
-                      renorm_drafter, revocab_drafter, widen_drafter)
+from .drafter import (DrafterShape, calibrate_aux_norms, drafter_from_checkpoint, drafter_hf_config, drafter_shape,
+                      new_drafter, renorm_drafter, revocab_drafter, widen_drafter)
 from .export import check_shard_limit, export_drafter
 from .regenerate import RegenConfig, regenerate
 from .self_prompts import SelfPromptConfig, prompt_key, self_prompts
@@ -94,6 +94,7 @@ def train_drafter(target: torch.nn.Module, tokenizer: "BaseTokenizer", conversat
                   out: str | Path, opts: PipelineOptions, log: Callable[[str], None] = _stderr) -> TrainSummary:
     tcfg = target.config
     init = drafter_from_checkpoint(target, opts.init) if opts.init else None
+    added: list[str] = []  # EAGLE-3.1 norms added to the --init drafter
     if init is not None:  # the drafter's own aux layers and vocabulary size win over the options
         init_aux = tuple(init[0].config.eagle.aux_layer_ids or tcfg.default_aux_layer_ids())
         # a wider `shape` widens it (the same function at the start); narrowing is refused before any work
@@ -105,7 +106,7 @@ def train_drafter(target: torch.nn.Module, tokenizer: "BaseTokenizer", conversat
                 f"to MLP {after.intermediate_size} / {after.num_attention_heads} heads")
         added = [n for n in ("norm_before_fc", "fc_norm", "norm_output") if getattr(after, n) > getattr(before, n)]
         if added:
-            log(f"added EAGLE-3.1's {', '.join(added)} to the drafter (norm weights 1: training re-adapts it)")
+            log(f"added EAGLE-3.1's {', '.join(added)} to the drafter (training re-adapts it)")
         if opts.rebuild_vocab and (init[1] is None or not opts.draft_vocab
                                    or opts.draft_vocab >= tcfg.vocab_size):
             raise ConfigError("--rebuild-vocab moves a drafter with its own draft vocabulary onto another of "
@@ -190,6 +191,11 @@ def train_drafter(target: torch.nn.Module, tokenizer: "BaseTokenizer", conversat
         drafter = new_drafter(target, aux, vocab if vocab_n is not None else None, seed=opts.train.seed,
                               shape=opts.shape)
     trainer = Trainer(target, drafter, train_ds, eval_ds if len(eval_ds) else None, vocab, opts.train)
+    if init is not None and trainer.step == 0 and set(added) & {"norm_before_fc", "fc_norm"}:
+        # a just-added aux norm (weight 1) would feed fc inputs of another scale than it was trained on
+        set_ = calibrate_aux_norms(drafter, trainer.aux_sample())
+        log(f"calibrated {', '.join(set_)} on the target's aux states (per channel: norm(x) * w ~ x), so fc starts "
+            "from about the inputs it was trained on")
     log(f"training {sum(p.numel() for p in trainer.params.values())} parameters for {trainer.total_steps} steps "
         f"({len(trainer.batches)} batches per epoch, TTT {opts.train.ttt_steps} steps, device {trainer.device})"
         + (f", resuming at step {trainer.step}" if trainer.step else ""))

@@ -68,6 +68,8 @@ class TrainConfig:
     max_steps: int | None = None
     stop_after: int | None = None  # stop (with a checkpoint) once this many steps are done; the schedule is unchanged
     eval_every: int = 0  # 0: only at the end
+    eval_at_start: bool = False  # also evaluate before the first step (a continued drafter: its starting point, and
+                                 # the weights exported if training never beats it)
     save_every: int = 500
     keep: int = 2
     seed: int = 0
@@ -193,6 +195,8 @@ class Trainer:
                 old.unlink()
         log = (self.work / "train_log.jsonl").open("w" if fresh else "a")
         try:
+            if self.step == 0 and cfg.eval_at_start and self.eval_ds is not None:  # --resume of no checkpoint too
+                self._log_eval(log, bar)
             while self.step < end:
                 order = epoch_order(len(self.batches), cfg.seed, self.epoch)
                 while self.pos < len(order) and self.step < end:
@@ -230,6 +234,18 @@ class Trainer:
         log.write(json.dumps({"step": self.step, "eval": asdict(res)}) + "\n")
         log.flush()
         bar.write(f"step {self.step}: {res.line()}")
+
+    @torch.no_grad()
+    def aux_sample(self, n_batches: int = 4) -> torch.Tensor:
+        """The target's aux states [N, n_aux*Ht] (float32) at every real token of the first `n_batches` training
+        batches (in storage order: the same sample on every run over the same data)."""
+        out = []
+        for ids in self.batches[:n_batches]:
+            batch = gather_batch(self.train_ds, ids, self.pad_to)
+            feats = target_features(self.target, batch.tokens, self.vocab, self.t2d_map)
+            inside = torch.arange(batch.tokens.shape[1], device=batch.tokens.device)[None, :] < batch.lengths[:, None]
+            out.append(feats.aux[inside.to(feats.aux.device)].float())
+        return torch.cat(out)
 
     @torch.no_grad()
     def evaluate(self) -> EvalResult:
