@@ -5,10 +5,11 @@
 #   bash benchmarks/eagle31_ab.sh train      # after device_parts.sh join; carry .device/data (or the all-turns file)
 #   bash benchmarks/eagle31_ab.sh bench      # the next call, while the machine stays warm
 #
-# "train" regenerates the data once (cached in /tmp/wA and linked into the other work dirs; resumed when a call ran
-# out), then trains VARIANTS (default "A: B:--norm-before-fc,--norm-output") for STEPS steps each (default 1200) of
-# <= 8K tokens at lr 3e-4 with loop-masked loss, exporting to /tmp/ab/NAME. A variant already exported is skipped and
-# one cut short by TRAIN_BUDGET (seconds, default 560) resumes from its last checkpoint in the next call.
+# "train" regenerates the data once (cached in the first variant's work dir and linked into the others'; resumed
+# when a call ran out), then trains VARIANTS (default "A: B:--norm-before-fc,--norm-output") for STEPS steps each
+# (default 1200) of <= 8K tokens at lr 3e-4 with loop-masked loss, exporting to /tmp/ab/NAME. A variant already
+# exported is skipped; the call stops training TRAIN_BUDGET seconds (default 560) after it started, and a variant cut
+# short resumes from its last checkpoint (every 250 steps) in the next call.
 #   DATA=first (default): ShareGPT's first turns (.device/data/sharegpt_first_turns.json.gz, --first-turn-only);
 #   DATA=all: every turn, regenerated turn by turn (/root/m/sg-all.json, unpacked by an earlier call from
 #             .device/data_all/sharegpt_all_turns.json.xz, which fits beside a GGUF part where the .gz does not).
@@ -39,16 +40,20 @@ INIT=()
 [ -n "${INIT_DIR:-}" ] && INIT=(--init "$INIT_DIR")
 mkdir -p /tmp/ab
 if [ "$MODE" = train ]; then
+  deadline=$(( $(date +%s) + ${TRAIN_BUDGET:-560} ))
+  first=$(echo "$VARIANTS" | awk '{print $1}'); first=/tmp/w${first%%:*}   # the regeneration cache lives there
   for v in $VARIANTS; do
     name=${v%%:*}
     flags=${v#*:}
     w=/tmp/w$name
     if [ -f "/tmp/ab/$name/config.json" ]; then echo "$name: exported already"; continue; fi
+    left=$(( deadline - $(date +%s) ))
+    if [ "$left" -lt 40 ]; then echo "$name: no time left in this call"; continue; fi
     mkdir -p "$w"
-    [ "$w" != /tmp/wA ] && ls -d /tmp/wA/regen-* >/dev/null 2>&1 && for r in /tmp/wA/regen-*; do ln -sfn "$r" "$w/"; done
+    [ "$w" != "$first" ] && ls -d "$first"/regen-* >/dev/null 2>&1 && for r in "$first"/regen-*; do ln -sfn "$r" "$w/"; done
     t0=$(date +%s)
     # shellcheck disable=SC2046
-    timeout "${TRAIN_BUDGET:-560}" python3 -m eaglespec train --target "$M" --data "/root/m/sg-$DATA.json" \
+    timeout "$left" python3 -m eaglespec train --target "$M" --data "/root/m/sg-$DATA.json" \
       --out "/tmp/ab/$name" --work-dir "$w" "${TURNS[@]}" "${INIT[@]}" --resume \
       --regen-max-new-tokens 512 --regen-batch 1024 --regen-shard 4096 --max-len 1024 \
       --draft-vocab 12288 --batch-tokens 8192 --max-steps "$STEPS" --lr 3e-4 --ttt-steps 7 --loop-keep 32 \
