@@ -20,7 +20,7 @@ Contract:
 - `renorm_drafter(drafter, shape)`: the same drafter with the EAGLE-3.1 norms `shape` adds (their weights 1: a
   different function, which training re-adapts); removing one is refused.
 - `calibrate_aux_norms(drafter, aux)`: sets the weights of its aux input norm(s) to the per-channel least-squares fit
-  of norm(x) * w to x over a sample of the target's aux states, so that a just-added norm passes fc about the inputs
+  of norm(x) * w to x (relative to each token's scale) over a sample of the target's aux states, so that a just-added norm passes fc about the inputs
   it was trained on (exactly, where every token has the same RMS) instead of inputs ~5-50x smaller or larger.
 - `revocab_drafter(drafter, vocab)`: the same drafter moved onto another draft vocabulary (e.g. one rebuilt from
   more data, or larger): the lm_head rows of tokens both vocabularies hold are kept, the others start at zero (a
@@ -245,13 +245,17 @@ def renorm_drafter(drafter: LlamaForCausalLMEagle3, shape: DrafterShape) -> Llam
 def calibrate_aux_norms(drafter: LlamaForCausalLMEagle3, aux: torch.Tensor) -> list[str]:
     """aux [N, n_aux*Ht] the target's aux states at N tokens (the fc input) -> the names of the norm weights set.
 
-    For a norm over x [N, D] with u = x / rms(x) (per token), the w minimising sum_t ||u_t * w - x_t||^2 is, per
-    channel j, sum_t u_tj x_tj / sum_t u_tj^2; a channel that is 0 everywhere keeps weight 1."""
+    For a norm over x [N, D] with r_t = rms(x_t) and u = x / r, the w minimising the relative error
+    sum_t ||u_t * w - x_t||^2 / r_t^2 is, per channel j, sum_t u_tj^2 / r_t / sum_t u_tj^2 / r_t^2; a channel that is
+    0 everywhere keeps weight 1. Relative, so that every token counts alike: a plain least-squares fit is ruled by
+    the few tokens with massive activations (a Llama's first token: RMS ~850 against ~14 elsewhere in SmolLM2's aux
+    states, 25K in two channels), whose weights then scale every other token's input 40x up."""
     def fit(norm: nn.Module, x: torch.Tensor) -> None:
         x = x.float()
-        u = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + norm.eps)  # [N, D]
-        den = (u * u).sum(0)
-        w = torch.where(den > 0, (u * x).sum(0) / den.clamp_min(torch.finfo(torch.float32).tiny), 1.0)
+        inv_r = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + norm.eps)  # [N, 1]
+        u2 = (x * inv_r).pow(2)  # [N, D]
+        den = (u2 * inv_r.pow(2)).sum(0)
+        w = torch.where(den > 0, (u2 * inv_r).sum(0) / den.clamp_min(torch.finfo(torch.float32).tiny), 1.0)
         norm.weight.copy_(w.to(norm.weight))
 
     if drafter.input_norm is not None:
