@@ -13,6 +13,7 @@
 #   DATA=first (default): ShareGPT's first turns (.device/data/sharegpt_first_turns.json.gz, --first-turn-only);
 #   DATA=all: every turn, regenerated turn by turn (/root/m/sg-all.json, unpacked by an earlier call from
 #             .device/data_all/sharegpt_all_turns.json.xz, which fits beside a GGUF part where the .gz does not).
+#   SELF_PROMPTS, SELF_PROMPT_OPENERS: prompt sets the target writes and answers (benchmarks/self_prompt_args.sh).
 #   INIT_DIR: continue every variant from this exported drafter (e.g. src/eaglespec/assets/smollm2-135m-eagle3, which
 #             travels with the tree); the variants' flags then add EAGLE-3.1's norms to it (calibrated aux norm), and
 #             the held-out evaluation runs at step 0 too.
@@ -38,6 +39,8 @@ else
 fi
 INIT=()
 [ -n "${INIT_DIR:-}" ] && INIT=(--init "$INIT_DIR")
+EXTRA=()
+source benchmarks/self_prompt_args.sh   # SELF_PROMPTS / SELF_PROMPT_OPENERS: written and answered once, like the data
 mkdir -p /tmp/ab
 if [ "$MODE" = train ]; then
   deadline=$(( $(date +%s) + ${TRAIN_BUDGET:-560} ))
@@ -50,7 +53,9 @@ if [ "$MODE" = train ]; then
     left=$(( deadline - $(date +%s) ))
     if [ "$left" -lt 40 ]; then echo "$name: no time left in this call"; continue; fi
     mkdir -p "$w"
-    [ "$w" != "$first" ] && ls -d "$first"/regen-* >/dev/null 2>&1 && for r in "$first"/regen-*; do ln -sfn "$r" "$w/"; done
+    if [ "$w" != "$first" ]; then   # the regenerated answers and the self-written prompts, shared
+      for r in "$first"/regen-* "$first"/prompts-*.jsonl; do [ -e "$r" ] && ln -sfn "$r" "$w/"; done
+    fi
     t0=$(date +%s)
     # shellcheck disable=SC2046
     timeout "$left" python3 -m eaglespec train --target "$M" --data "/root/m/sg-$DATA.json" \
@@ -58,7 +63,7 @@ if [ "$MODE" = train ]; then
       --regen-max-new-tokens 512 --regen-batch 1024 --regen-shard 4096 --max-len 1024 \
       --draft-vocab 12288 --batch-tokens 8192 --max-steps "$STEPS" --lr 3e-4 --ttt-steps 7 --loop-keep 32 \
       --eval-every $((STEPS / 2)) --save-every 250 --no-progress --device cuda --dtype bfloat16 --max-shard-mb 15 \
-      $(echo "$flags" | tr ',' ' ') >> "$OUT/train_$name.txt" 2>&1 || echo "$name: cut short (resume in the next call)"
+      "${EXTRA[@]}" $(echo "$flags" | tr ',' ' ') >> "$OUT/train_$name.txt" 2>&1 || echo "$name: cut short (resume in the next call)"
     echo "$name ($flags): $(( $(date +%s) - t0 )) s"
     grep -E "^step [0-9]+:|exporting|training |regenerated|calibrated|added" "$OUT/train_$name.txt" | cut -c1-220
     cp "$w/train_log.jsonl" "$OUT/train_log_$name.jsonl" 2>/dev/null || true

@@ -53,15 +53,8 @@ EXTRA=()   # DRAFTER_FFN / DRAFTER_HEADS widen the drafter layer (default: the t
                                                          # from this run's data (benchmarks/vocab_coverage.py)
 [ -n "${LOOP_KEEP:-}" ] && EXTRA+=(--loop-keep "$LOOP_KEEP")   # no loss deep inside SmolLM2's greedy loops
 [ -n "${MAX_STEPS:-}" ] && EXTRA+=(--max-steps "$MAX_STEPS")   # a schedule of this many steps instead of EPOCHS
-# SELF_PROMPTS: prompts the target writes (cached in /tmp/work); SELF_PROMPT_OPENERS: their first words, cycled.
-# Several sets, each with its own caches: separate them with ";" in both (SELF_PROMPTS="16000;24000"
-# SELF_PROMPT_OPENERS="Write,Solve;Write a story,How does").
-IFS=';' read -r -a SP_N <<< "${SELF_PROMPTS:-}"
-IFS=';' read -r -a SP_O <<< "${SELF_PROMPT_OPENERS:-}"
-for i in "${!SP_N[@]}"; do
-  EXTRA+=(--self-prompts "${SP_N[$i]}")
-  [ -n "${SELF_PROMPT_OPENERS:-}" ] && EXTRA+=(--self-prompt-openers "${SP_O[$i]:-}")
-done
+# SELF_PROMPTS / SELF_PROMPT_OPENERS: prompts the target writes (cached in /tmp/work), see self_prompt_args.sh
+source benchmarks/self_prompt_args.sh
 eaglespec() { python3 -m eaglespec "$@"; }
 ARGS=(train --target "$M" --data "/root/m/sg-$DATA.json" --out "$OUT/drafter" --work-dir /tmp/work "${TURNS[@]}"
       --regen-max-new-tokens "$REGEN_NEW" --regen-batch "${REGEN_BATCH:-512}" --regen-shard 4096
