@@ -85,7 +85,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--stop-after", type=int, default=None,
                    help="stop with a checkpoint after this many steps (same schedule; finish with --resume)")
     t.add_argument("--save-every", type=int, default=500, help="checkpoint every N steps")
-    t.add_argument("--eval-every", type=int, default=0, help="evaluate every N steps (0 = at the end); with --init also before the first step")
+    t.add_argument("--eval-every", type=int, default=0,
+                   help="evaluate every N steps (0 = at the end); with --init also before the first step")
     t.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --work-dir")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")

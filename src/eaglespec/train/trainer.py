@@ -17,7 +17,9 @@ Contract of `Trainer(target, drafter, train_ds, eval_ds, vocab, config).fit()`:
 - `evaluate()` runs the held-out split without gradients and returns per-step accuracy, loss and the estimated
   chain acceptance length 1 + sum_k prod_{i<=k} acc_i (`eval_every` steps and at the end); the weights of the
   evaluation with the highest estimate are kept (`best`, also in checkpoints) and `use_best()` loads them, so the
-  pipeline can export the best held-out drafter rather than the last (they differ once training overfits).
+  pipeline can export the best held-out drafter rather than the last (they differ once training overfits);
+  `eval_at_start` also evaluates before the first step (a continued drafter: its starting point can win);
+- `aux_sample(n)`: the target's aux states at the real tokens of the first n batches (calibrating added norms).
 """
 
 from __future__ import annotations
