@@ -359,3 +359,49 @@ def test_train_with_two_self_prompt_sets(tiny_folder, data_file, tmp_path, capsy
     assert texts and all(t.startswith("Imagine you are") for t in texts)
     assert len(list(work.glob("regen-*"))) == 3  # the data's and one per set
     assert re.search(r"\d+ training / \d+ eval samples", err)
+
+
+def test_eval_prompts_are_answered_and_reported_but_never_choose_the_weights(tiny_folder, data_file, tmp_path,
+                                                                             capsys):
+    """--eval-prompts (mt-bench or a prompts JSONL in any of bench's forms) has the target answer those prompts and
+    evaluates the drafter on them at every evaluation, beside the held-out split: logged, printed at the end, never
+    the basis of the exported weights; without regeneration, or with token-id prompts, it is refused before the
+    model load."""
+    prompts = tmp_path / "probe.jsonl"
+    prompts.write_text("\n".join(json.dumps(x) for x in [
+        {"prompt": "what is 7 plus 7?"}, {"turns": ["what is 9 plus 9?", "and times two?"]},
+        {"messages": [{"role": "user", "content": "what is 3 plus 3?"}]}]) + "\n")
+    common = ["train", "--target", str(tiny_folder), "--data", str(data_file), "--device", "cpu", "--ttt-steps", "2",
+              "--batch-tokens", "400", "--max-len", "96", "--regen-max-new-tokens", "8", "--no-progress",
+              "--max-steps", "4", "--draft-vocab", "40", "--lr", "1e-3", "--eval-prompts", str(prompts)]
+    assert main([*common, "--out", str(tmp_path / "d"), "--eval-every", "2", "--eval-frac", "0.2"]) == 0
+    out, err = capsys.readouterr()
+    assert "eval prompts probe: 3 of 3 answered by the target" in err
+    for step in (2, 4):
+        assert f"step {step}: eval: loss" in out + err and f"step {step}: probe eval: loss" in out + err
+    assert err.strip().splitlines()[-1].startswith("probe eval: loss")
+    log = [json.loads(x) for x in (tmp_path / "d-work" / "train_log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log if r.get("eval_set") == "probe"] == [2, 4]
+    # no held-out split: the prompt set is still reported, and the last weights are exported (it chose nothing)
+    assert main([*common, "--out", str(tmp_path / "e"), "--eval-frac", "0", "--work-dir", str(tmp_path / "d-work")]) == 0
+    out, err = capsys.readouterr()
+    assert "step 4: probe eval: loss" in out + err and "exporting the weights of step" not in err
+    assert "0 eval samples" in err and "\neval: loss" not in err
+    assert load_drafter(tmp_path / "e", "cpu", torch.float32) is not None
+    # refused before the model load
+    assert main([*common, "--out", str(tmp_path / "f"), "--no-regenerate"]) == 2
+    assert "--eval-prompts needs regeneration (the target answers those prompts)" in capsys.readouterr().err
+    ids = tmp_path / "ids.jsonl"
+    ids.write_text(json.dumps({"prompt_ids": [5, 6, 7]}) + "\n")
+    assert main([*common[:-1], str(ids), "--out", str(tmp_path / "g")]) == 2
+    assert "prompt 1 is token ids; the target answers text prompts" in capsys.readouterr().err
+    assert not (tmp_path / "f-work").exists() and not (tmp_path / "g-work").exists()
+
+
+def test_mt_bench_as_eval_prompts():
+    from eaglespec.train.pipeline import prompt_set_conversations
+
+    name, convs = prompt_set_conversations("mt-bench")
+    assert name == "mt-bench" and len(convs) == 80
+    assert all(len(c) == 2 and c[0]["role"] == "user" and c[0]["content"] and c[1]["role"] == "assistant"
+               for c in convs)  # first turns only, and the stub the target's answer replaces

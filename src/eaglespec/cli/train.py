@@ -49,6 +49,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "steers the target towards task types (default: free prompts); repeatable, one per "
                         "--self-prompts")
     d.add_argument("--eval-frac", type=float, default=0.02, help="held-out fraction for evaluation")
+    d.add_argument("--eval-prompts", default=None, metavar="mt-bench|FILE.jsonl",
+                   help="also evaluate on these prompts answered by the target (mt-bench: its 80 first turns, shipped "
+                        "with eaglespec), beside the held-out split: the benchmark's view during training; it never "
+                        "chooses the exported weights")
     d.add_argument("--loop-keep", type=int, default=None, metavar="N",
                    help="no loss on answer tokens deeper than N tokens into a repetition loop (each completing an "
                         "8-gram seen before): for small targets whose greedy answers loop (default: off)")
@@ -156,6 +160,11 @@ def run(args: argparse.Namespace) -> int:
     if prompt_sets and not args.regenerate:
         raise ConfigError("--self-prompts needs regeneration: the target's prompts have no answers until it writes "
                           "them (drop --no-regenerate)")
+    if args.eval_prompts:
+        from ..train.pipeline import prompt_set_conversations
+
+        # --no-regenerate, or a missing or malformed file, fails before the model load
+        prompt_set_conversations(args.eval_prompts, args.regenerate)
     work_dir = args.work_dir or str(args.out).rstrip("/") + "-work"
     if args.regenerate:
         SamplingParams(temperature=args.regen_temperature)  # a bad value fails here, not after the model load
@@ -203,8 +212,11 @@ def run(args: argparse.Namespace) -> int:
                                             top_p=args.self_prompt_top_p, max_new_tokens=min(256, args.max_len // 2),
                                             openers=words, batch_size=args.regen_batch, seed=args.seed,
                                             cuda_graphs=args.regen_cuda_graphs) for n, words in prompt_sets),
+        eval_prompts=args.eval_prompts,
     )
     summary = train_drafter(loaded.model, loaded.tokenizer, convs.conversations, args.out, opts)
     if summary.eval is not None:
         print(summary.eval.line(), file=sys.stderr)
+    for name, res in summary.extra_evals.items():
+        print(f"{name} {res.line()}", file=sys.stderr)
     return 0

@@ -3,16 +3,19 @@
 Contract of `train_drafter(target, tokenizer, conversations, out, options)` -> `TrainSummary`:
 1. (optional) regenerate the assistant turns with the target (regenerate.py, cached under `work_dir/regen-*`), and
    add the `self_prompts` sets, prompts written by the target, answered the same way (self_prompts.py; each set
-   has its own caches, so adding a set keeps the others'; a prompt already in an earlier set is left out);
+   has its own caches, so adding a set keeps the others'; a prompt already in an earlier set is left out); with
+   `eval_prompts` (e.g. `mt-bench`) also those prompts, answered the same way, as an evaluation set of their own;
 2. tokenise with the chat template and the assistant loss mask, apply --max-len (dataset.py);
 3. split off about `eval_frac` for evaluation (whole prompt groups, each by a seeded hash of its prompt: adding data
    never moves a sample across);
 4. count the assistant tokens of the training split and keep the `draft_vocab` most frequent (vocab.py;
    None or >= the vocabulary: no draft vocabulary, the drafter shares the target's lm_head);
 5. build the drafter (drafter.py; or continue from `init`, an exported drafter, keeping its vocabulary and aux layers,
-   widened to `shape` where that is wider, refused where narrower, given the EAGLE-3.1 norms `shape` adds; with `rebuild_vocab` moved onto a vocabulary of
-   `draft_vocab` tokens built from this data, its trained lm_head rows kept, the new ones zero), train it with TTT
-   (trainer.py), export it to `out` (export.py).
+   widened to `shape` where that is wider, refused where narrower, given the EAGLE-3.1 norms `shape` adds, an added
+   aux norm calibrated on the target's aux states; with `rebuild_vocab` moved onto a vocabulary of `draft_vocab`
+   tokens built from this data, its trained lm_head rows kept, the new ones zero), train it with TTT (trainer.py;
+   the held-out split chooses the exported weights, the `eval_prompts` set is only reported), export it to `out`
+   (export.py).
 The target is used only through the EAGLE-3 protocol and its forward (plus `Engine.generate` when regenerating), so a
 wrapper that delegates the protocol works. Progress lines go to `log` (stderr in the CLI).
 """
@@ -28,7 +31,7 @@ import torch
 
 from ..errors import ConfigError
 from .conversations import DataError, Message
-from .dataset import build_dataset, split
+from .dataset import TokenDataset, build_dataset, split
 from .drafter import (DrafterShape, calibrate_aux_norms, drafter_from_checkpoint, drafter_hf_config, drafter_shape,
                       new_drafter, renorm_drafter, revocab_drafter, widen_drafter)
 from .export import check_shard_limit, export_drafter
@@ -59,6 +62,9 @@ class PipelineOptions:
     loop_keep: int | None = None  # mask the loss deeper than this into repetition loops (dataset.mask_loops)
     # sets of prompts the target writes itself, each steered by its own openers (needs `regen`)
     self_prompts: tuple[SelfPromptConfig, ...] = ()
+    # a prompt set (`mt-bench` or a JSONL of prompts, bench/datasets.py) the target answers, evaluated beside the
+    # held-out split at every evaluation (needs `regen`; reported only, it never chooses the exported weights)
+    eval_prompts: str | None = None
 
 
 @dataclass
@@ -74,6 +80,7 @@ class TrainSummary:
     final_loss: float | None
     eval: EvalResult | None
     dropped: dict[str, int] = field(default_factory=dict)
+    extra_evals: dict[str, EvalResult] = field(default_factory=dict)  # the last evaluation of each eval_prompts set
 
 
 def _stderr(msg: str) -> None:
@@ -88,6 +95,30 @@ def check_aux_layers(ids: Sequence[int], n_layers: int) -> tuple[int, ...]:
     if bad:
         raise ConfigError(f"--aux-layers {list(ids)} include {bad}, outside the target's {n_layers} layers")
     return ids
+
+
+def prompt_set_conversations(name: str, regenerate: bool = True) -> tuple[str, list[list[Message]]]:
+    """`mt-bench` or a prompts JSONL (bench/datasets.py's forms) -> (its label, per prompt its user turn or message
+    list and an assistant stub, which regeneration replaces by the target's answer). Without regeneration there are no answers, and token-id prompts have no
+    text to template: ConfigError."""
+    from ..bench.datasets import load_prompt_set
+
+    if not regenerate:
+        raise ConfigError("--eval-prompts needs regeneration (the target answers those prompts): drop "
+                          "--no-regenerate")
+
+    convs: list[list[Message]] = []
+    stub: Message = {"role": "assistant", "content": "."}  # the turn regeneration answers (as self_prompts.py)
+    for i, item in enumerate(load_prompt_set(name)):
+        if isinstance(item.first, str):
+            convs.append([{"role": "user", "content": item.first}, stub])
+        elif item.first and isinstance(item.first[0], dict):
+            convs.append([dict(m) for m in item.first] + [stub])
+        else:
+            raise ConfigError(f"--eval-prompts {name}: prompt {i + 1} is token ids; the target answers text prompts")
+    if not convs:
+        raise ConfigError(f"--eval-prompts {name} holds no prompt")
+    return (name if name == "mt-bench" else Path(name).stem), convs
 
 
 def train_drafter(target: torch.nn.Module, tokenizer: "BaseTokenizer", conversations: Sequence[Sequence[Message]],
@@ -152,6 +183,16 @@ def train_drafter(target: torch.nn.Module, tokenizer: "BaseTokenizer", conversat
         if not convs:
             raise DataError("no conversation is left after regeneration (prompts longer than --max-len?)")
 
+    extra_eval: dict[str, TokenDataset] = {}
+    if opts.eval_prompts:
+        name, asked = prompt_set_conversations(opts.eval_prompts, opts.regen is not None)
+        assert opts.regen is not None
+        res = regenerate(target, tokenizer, asked, work, replace(rcfg, first_turn_only=True), opts.target_name,
+                         progress=opts.train.progress)
+        extra_eval[name] = build_dataset(tokenizer, res.conversations, max_len, opts.long, opts.loop_keep)
+        log(f"eval prompts {name}: {len(extra_eval[name])} of {len(asked)} answered by the target ({res.new_tokens} "
+            "new tokens in this run), evaluated beside the held-out split")
+
     ds = build_dataset(tokenizer, convs, max_len, opts.long, opts.loop_keep)
     if opts.loop_keep is not None:
         log(f"loop mask: {ds.loop_masked} assistant tokens lie deeper than {opts.loop_keep} tokens into a repetition "
@@ -190,7 +231,7 @@ def train_drafter(target: torch.nn.Module, tokenizer: "BaseTokenizer", conversat
     else:
         drafter = new_drafter(target, aux, vocab if vocab_n is not None else None, seed=opts.train.seed,
                               shape=opts.shape)
-    trainer = Trainer(target, drafter, train_ds, eval_ds if len(eval_ds) else None, vocab, opts.train)
+    trainer = Trainer(target, drafter, train_ds, eval_ds if len(eval_ds) else None, vocab, opts.train, extra_eval)
     if init is not None and trainer.step == 0 and set(added) & {"norm_before_fc", "fc_norm"}:
         # a just-added aux norm (weight 1) would feed fc inputs of another scale than it was trained on
         set_ = calibrate_aux_norms(drafter, trainer.aux_sample())
@@ -217,4 +258,5 @@ def train_drafter(target: torch.nn.Module, tokenizer: "BaseTokenizer", conversat
         out=Path(out), files=files, samples=len(train_ds), eval_samples=len(eval_ds), tokens=len(train_ds.tokens),
         loss_tokens=int(train_ds.mask.sum()), vocab_coverage=coverage, steps=trainer.step,
         final_loss=history[-1].loss if history else None, eval=final_eval, dropped=dropped,
+        extra_evals={n: r for _, n, r in trainer.extra_evals},  # the last of each
     )

@@ -19,6 +19,9 @@ Contract of `Trainer(target, drafter, train_ds, eval_ds, vocab, config).fit()`:
   evaluation with the highest estimate are kept (`best`, also in checkpoints) and `use_best()` loads them, so the
   pipeline can export the best held-out drafter rather than the last (they differ once training overfits);
   `eval_at_start` also evaluates before the first step (a continued drafter: its starting point can win);
+  `extra_eval` sets (name -> dataset, e.g. MT-bench's prompts answered by the target) are evaluated at the same
+  steps and logged (`{"step", "eval_set", "eval"}` lines, `extra_evals`) but never choose the weights: fitting the
+  export to a benchmark would overstate it;
 - `aux_sample(n)`: the target's aux states at the real tokens of the first n batches (calibrating added norms).
 """
 
@@ -117,7 +120,8 @@ class EvalResult:
 
 class Trainer:
     def __init__(self, target: torch.nn.Module, drafter: torch.nn.Module, train_ds: TokenDataset,
-                 eval_ds: TokenDataset | None, vocab: DraftVocab, config: TrainConfig) -> None:
+                 eval_ds: TokenDataset | None, vocab: DraftVocab, config: TrainConfig,
+                 extra_eval: dict[str, TokenDataset] | None = None) -> None:
         self.cfg = config
         self.device = next(target.parameters()).device
         self.target = target.eval()
@@ -128,6 +132,9 @@ class Trainer:
         self.t2d_map = self.vocab.target_to_draft
         self.train_ds = train_ds.to(self.device)
         self.eval_ds = eval_ds.to(self.device) if eval_ds is not None and len(eval_ds) else None
+        # other evaluation sets (e.g. MT-bench answered by the target): reported beside the held-out split, never
+        # used to choose the exported weights
+        self.extra_eval = {n: d.to(self.device) for n, d in (extra_eval or {}).items() if len(d)}
         self.batches = make_batches(train_ds.lengths, config.batch_tokens)
         self.data_hash = data_fingerprint(train_ds)  # a resumed run must train on the same tokens and loss mask
         # on the GPU every new sequence length costs a slow first step (allocator, kernel selection): pad to 64
@@ -150,6 +157,7 @@ class Trainer:
         self.pos = 0  # index into the current epoch's batch order
         self.history: list[StepRecord] = []
         self.evals: list[tuple[int, EvalResult]] = []
+        self.extra_evals: list[tuple[int, str, EvalResult]] = []
         # the best held-out evaluation so far (by estimated chain acceptance): {"step", "score", "eval", "weights"}
         self.best: dict[str, Any] | None = None
         self.work = Path(config.work_dir)
@@ -197,7 +205,7 @@ class Trainer:
                 old.unlink()
         log = (self.work / "train_log.jsonl").open("w" if fresh else "a")
         try:
-            if self.step == 0 and cfg.eval_at_start and self.eval_ds is not None:  # --resume of no checkpoint too
+            if self.step == 0 and cfg.eval_at_start and self.evaluating:  # --resume of no checkpoint too
                 self._log_eval(log, bar)
             while self.step < end:
                 order = epoch_order(len(self.batches), cfg.seed, self.epoch)
@@ -210,7 +218,7 @@ class Trainer:
                     bar.update(1)
                     if self.step % cfg.log_every == 0:
                         bar.set_postfix_str(f"loss {rec.loss:.3f} acc " + "/".join(f"{a:.2f}" for a in rec.acc[:4]))
-                    if cfg.eval_every and self.step % cfg.eval_every == 0 and self.eval_ds is not None:
+                    if cfg.eval_every and self.step % cfg.eval_every == 0 and self.evaluating:
                         self._log_eval(log, bar)  # before the checkpoint, which keeps the best weights so far
                     if cfg.save_every and self.step % cfg.save_every == 0:
                         self.save()
@@ -219,7 +227,7 @@ class Trainer:
                     self.pos = 0
             if not (cfg.save_every and self.step % cfg.save_every == 0):
                 self.save()
-            if self.step >= self.total_steps and self.eval_ds is not None and not (
+            if self.step >= self.total_steps and self.evaluating and not (
                     cfg.eval_every and self.step % cfg.eval_every == 0):
                 self._log_eval(log, bar)
         finally:
@@ -227,15 +235,25 @@ class Trainer:
             log.close()
         return self.history
 
+    @property
+    def evaluating(self) -> bool:
+        return self.eval_ds is not None or bool(self.extra_eval)
+
     def _log_eval(self, log, bar) -> None:
-        res = self.evaluate()
-        self.evals.append((self.step, res))
-        if self.best is None or res.accept_length > self.best["score"]:
-            self.best = {"step": self.step, "score": res.accept_length, "eval": asdict(res),
-                         "weights": {n: p.detach().cpu().clone() for n, p in self.params.items()}}
-        log.write(json.dumps({"step": self.step, "eval": asdict(res)}) + "\n")
+        if self.eval_ds is not None:
+            res = self.evaluate()
+            self.evals.append((self.step, res))
+            if self.best is None or res.accept_length > self.best["score"]:
+                self.best = {"step": self.step, "score": res.accept_length, "eval": asdict(res),
+                             "weights": {n: p.detach().cpu().clone() for n, p in self.params.items()}}
+            log.write(json.dumps({"step": self.step, "eval": asdict(res)}) + "\n")
+            bar.write(f"step {self.step}: {res.line()}")
+        for name, ds in self.extra_eval.items():
+            res = self.evaluate(ds)
+            self.extra_evals.append((self.step, name, res))
+            log.write(json.dumps({"step": self.step, "eval_set": name, "eval": asdict(res)}) + "\n")
+            bar.write(f"step {self.step}: {name} {res.line()}")
         log.flush()
-        bar.write(f"step {self.step}: {res.line()}")
 
     @torch.no_grad()
     def aux_sample(self, n_batches: int = 4) -> torch.Tensor:
@@ -250,15 +268,17 @@ class Trainer:
         return torch.cat(out)
 
     @torch.no_grad()
-    def evaluate(self) -> EvalResult:
-        assert self.eval_ds is not None
+    def evaluate(self, ds: TokenDataset | None = None) -> EvalResult:
+        """The held-out split (or `ds`, on the trainer's device) without gradients."""
+        ds = self.eval_ds if ds is None else ds
+        assert ds is not None
         self.drafter.eval()
         S = self.cfg.ttt_steps
         correct = torch.zeros(S, device=self.device)
         count = torch.zeros(S, device=self.device)
         loss_sum = torch.zeros(S, device=self.device)
-        for ids in make_batches(self.eval_ds.lengths.cpu(), self.cfg.batch_tokens):
-            _, res = self._forward(self.eval_ds, ids)
+        for ids in make_batches(ds.lengths.cpu(), self.cfg.batch_tokens):
+            _, res = self._forward(ds, ids)
             correct += res.correct
             count += res.count
             loss_sum += res.step_loss * res.count
