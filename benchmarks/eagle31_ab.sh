@@ -62,11 +62,11 @@ if [ "$MODE" = train ]; then
       --out "/tmp/ab/$name" --work-dir "$w" "${TURNS[@]}" "${INIT[@]}" --resume \
       --regen-max-new-tokens 512 --regen-batch 1024 --regen-shard 4096 --max-len 1024 \
       --draft-vocab 12288 --batch-tokens 8192 --max-steps "$STEPS" --lr 3e-4 --ttt-steps 7 --loop-keep 32 \
-      --eval-every $((STEPS / 2)) --save-every 250 --no-progress --device cuda --dtype bfloat16 --max-shard-mb 15 \
+      --eval-every $((STEPS / 2)) --eval-prompts mt-bench --save-every 250 --no-progress --device cuda --dtype bfloat16 --max-shard-mb 15 \
       "${EXTRA[@]}" $(echo "$flags" | tr ',' ' ') >> "$OUT/train_$name.txt" 2>&1 \
       || echo "$name: cut short (resume in the next call)"
     echo "$name ($flags): $(( $(date +%s) - t0 )) s"
-    grep -E "^step [0-9]+:|exporting|training |regenerated|calibrated|added" "$OUT/train_$name.txt" | cut -c1-220
+    grep -E "^step [0-9]+:|exporting|training |regenerated|calibrated|added|eval prompts" "$OUT/train_$name.txt" | cut -c1-220
     cp "$w/train_log.jsonl" "$OUT/train_log_$name.jsonl" 2>/dev/null || true
   done
 else

@@ -383,7 +383,8 @@ def test_eval_prompts_are_answered_and_reported_but_never_choose_the_weights(tin
     log = [json.loads(x) for x in (tmp_path / "d-work" / "train_log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in log if r.get("eval_set") == "probe"] == [2, 4]
     # no held-out split: the prompt set is still reported, and the last weights are exported (it chose nothing)
-    assert main([*common, "--out", str(tmp_path / "e"), "--eval-frac", "0", "--work-dir", str(tmp_path / "d-work")]) == 0
+    assert main([*common, "--out", str(tmp_path / "e"), "--eval-frac", "0",
+                 "--work-dir", str(tmp_path / "d-work")]) == 0
     out, err = capsys.readouterr()
     assert "step 4: probe eval: loss" in out + err and "exporting the weights of step" not in err
     assert "0 eval samples" in err and "\neval: loss" not in err

@@ -99,8 +99,8 @@ def check_aux_layers(ids: Sequence[int], n_layers: int) -> tuple[int, ...]:
 
 def prompt_set_conversations(name: str, regenerate: bool = True) -> tuple[str, list[list[Message]]]:
     """`mt-bench` or a prompts JSONL (bench/datasets.py's forms) -> (its label, per prompt its user turn or message
-    list and an assistant stub, which regeneration replaces by the target's answer). Without regeneration there are no answers, and token-id prompts have no
-    text to template: ConfigError."""
+    list and an assistant stub, which regeneration replaces by the target's answer). Without regeneration there are
+    no answers, and token-id prompts have no text to template: ConfigError."""
     from ..bench.datasets import load_prompt_set
 
     if not regenerate:
