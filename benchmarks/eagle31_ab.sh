@@ -9,7 +9,10 @@
 # when a call ran out), then trains VARIANTS (default "A: B:--norm-before-fc,--norm-output") for STEPS steps each
 # (default 1200) of <= 8K tokens at lr 3e-4 with loop-masked loss, exporting to /tmp/ab/NAME. A variant already
 # exported is skipped; the call stops training TRAIN_BUDGET seconds (default 560) after it started, and a variant cut
-# short resumes from its last checkpoint (every 250 steps) in the next call.
+# short resumes from its last checkpoint (every 250 steps) in the next call. PACK=1 packs the regeneration caches into
+# $OUT/regen.tar.gz.* (15 MB pieces); on a later machine `bash benchmarks/eagle31_ab.sh unpack` (carry .device/regen,
+# in a call of its own: ~13 MB for every ShareGPT turn and both self-prompt sets; same VARIANTS) puts them back and
+# saves the regeneration (~14 minutes).
 #   DATA=first (default): ShareGPT's first turns (.device/data/sharegpt_first_turns.json.gz, --first-turn-only);
 #   DATA=all: every turn, regenerated turn by turn (/root/m/sg-all.json, unpacked by an earlier call from
 #             .device/data_all/sharegpt_all_turns.json.xz, which fits beside a GGUF part where the .gz does not).
@@ -24,6 +27,11 @@ MODE=$1
 STEPS=${STEPS:-1200}
 VARIANTS=${VARIANTS:-"A: B:--norm-before-fc,--norm-output"}
 DATA=${DATA:-first}
+first=$(echo "$VARIANTS" | awk '{print $1}'); first=/tmp/w${first%%:*}   # the regeneration cache lives there
+if [ "$MODE" = unpack ]; then   # caches packed by an earlier PACK=1, carried as .device/regen (a call of its own)
+  mkdir -p "$first" && cat .device/regen/regen.tar.gz.* | tar xz -C "$first" && ls "$first"
+  exit 0
+fi
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site:src PYTHONUNBUFFERED=1
 M=/root/m/SmolLM2-135M-Instruct.Q4_1.gguf
@@ -44,7 +52,6 @@ source benchmarks/self_prompt_args.sh   # SELF_PROMPTS / SELF_PROMPT_OPENERS: wr
 mkdir -p /tmp/ab
 if [ "$MODE" = train ]; then
   deadline=$(( $(date +%s) + ${TRAIN_BUDGET:-560} ))
-  first=$(echo "$VARIANTS" | awk '{print $1}'); first=/tmp/w${first%%:*}   # the regeneration cache lives there
   for v in $VARIANTS; do
     name=${v%%:*}
     flags=${v#*:}
@@ -69,6 +76,10 @@ if [ "$MODE" = train ]; then
     grep -E "^step [0-9]+:|exporting|training |regenerated|calibrated|added|eval prompts" "$OUT/train_$name.txt" | cut -c1-220
     cp "$w/train_log.jsonl" "$OUT/train_log_$name.jsonl" 2>/dev/null || true
   done
+  if [ "${PACK:-0}" = 1 ]; then   # the regenerated answers and self-written prompts, for a later machine
+    (cd "$first" && tar czf - regen-* $(ls prompts-*.jsonl 2>/dev/null)) | split -b 15M - "$OUT/regen.tar.gz."
+    ls -l "$OUT"/regen.tar.gz.*
+  fi
 else
   args=()
   [ "${SHIPPED:-1}" = 1 ] && args+=(--draft src/eaglespec/assets/smollm2-135m-eagle3)
