@@ -111,9 +111,9 @@ def prompt_set_conversations(name: str, regenerate: bool = True) -> tuple[str, l
     stub: Message = {"role": "assistant", "content": "."}  # the turn regeneration answers (as self_prompts.py)
     for i, item in enumerate(load_prompt_set(name)):
         if isinstance(item.first, str):
-            convs.append([{"role": "user", "content": item.first}, stub])
+            convs.append([{"role": "user", "content": item.first}, dict(stub)])
         elif item.first and isinstance(item.first[0], dict):
-            convs.append([dict(m) for m in item.first] + [stub])
+            convs.append([dict(m) for m in item.first] + [dict(stub)])
         else:
             raise ConfigError(f"--eval-prompts {name}: prompt {i + 1} is token ids; the target answers text prompts")
     if not convs:
