@@ -95,3 +95,11 @@ def test_ttt_equals_inference(models):
     # the logits vary across positions and steps (the comparison is not vacuous)
     assert ttt_logits[0][0].std(0).mean() > 0.05
     assert (ttt_logits[1][0, :8] - ttt_logits[0][0, :8]).abs().max() > 0.05
+
+
+def test_eval_line_gives_the_chain_of_three_estimate_beside_the_full_one():
+    from eaglespec.train.trainer import EvalResult
+
+    r = EvalResult(acc=[0.5, 0.5, 0.5, 0.5], loss=1.0, accept_length=1.9375)
+    assert r.line().endswith("estimated chain acceptance 1.938 (3 steps: 1.875)")
+    assert EvalResult(acc=[0.5, 0.5], loss=1.0, accept_length=1.75).line().endswith("acceptance 1.750")
