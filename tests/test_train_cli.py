@@ -397,6 +397,12 @@ def test_eval_prompts_are_answered_and_reported_but_never_choose_the_weights(tin
     assert main([*common[:-1], str(ids), "--out", str(tmp_path / "g")]) == 2
     assert "prompt 1 is token ids; the target answers text prompts" in capsys.readouterr().err
     assert not (tmp_path / "f-work").exists() and not (tmp_path / "g-work").exists()
+    # prompts longer than --max-len: said in the log, and training goes on without that set
+    long = tmp_path / "long.jsonl"
+    long.write_text(json.dumps({"prompt": "what is " + "seven plus " * 30 + "seven?"}) + "\n")
+    assert main([*common[:-1], str(long), "--out", str(tmp_path / "h")]) == 0
+    err = capsys.readouterr().err
+    assert "eval prompts long: 0 of 1 answered by the target" in err and "none fits --max-len" in err
 
 
 def test_mt_bench_as_eval_prompts():

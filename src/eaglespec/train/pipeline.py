@@ -191,7 +191,8 @@ def train_drafter(target: torch.nn.Module, tokenizer: "BaseTokenizer", conversat
                          progress=opts.train.progress)
         extra_eval[name] = build_dataset(tokenizer, res.conversations, max_len, opts.long, opts.loop_keep)
         log(f"eval prompts {name}: {len(extra_eval[name])} of {len(asked)} answered by the target ({res.new_tokens} "
-            "new tokens in this run), evaluated beside the held-out split")
+            "new tokens in this run), evaluated beside the held-out split"
+            + ("" if len(extra_eval[name]) else ": none fits --max-len, so there is nothing to evaluate"))
 
     ds = build_dataset(tokenizer, convs, max_len, opts.long, opts.loop_keep)
     if opts.loop_keep is not None:
