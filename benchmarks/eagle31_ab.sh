@@ -61,7 +61,7 @@ if [ "$MODE" = train ]; then
     if [ "$left" -lt 40 ]; then echo "$name: no time left in this call"; continue; fi
     mkdir -p "$w"
     if [ "$w" != "$first" ]; then   # the regenerated answers and the self-written prompts, shared
-      for r in "$first"/regen-* "$first"/prompts-*.jsonl; do [ -e "$r" ] && ln -sfn "$r" "$w/"; done
+      for r in "$first"/regen-* "$first"/prompts-*.jsonl; do if [ -e "$r" ]; then ln -sfn "$r" "$w/"; fi; done
     fi
     t0=$(date +%s)
     # shellcheck disable=SC2046

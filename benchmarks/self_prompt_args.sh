@@ -7,5 +7,5 @@ IFS=';' read -r -a SP_N <<< "${SELF_PROMPTS:-}"
 IFS=';' read -r -a SP_O <<< "${SELF_PROMPT_OPENERS:-}"
 for i in "${!SP_N[@]}"; do
   EXTRA+=(--self-prompts "${SP_N[$i]}")
-  [ -n "${SELF_PROMPT_OPENERS:-}" ] && EXTRA+=(--self-prompt-openers "${SP_O[$i]:-}")
+  if [ -n "${SELF_PROMPT_OPENERS:-}" ]; then EXTRA+=(--self-prompt-openers "${SP_O[$i]:-}"); fi
 done
