@@ -131,6 +131,10 @@ class Eagle3Config:
     norm_output: bool = False
 
 
+# Eagle3Config's EAGLE-3.1 fields, named as in config.json
+EAGLE31_FLAGS = ("norm_before_fc", "fc_norm", "norm_output")
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     architecture: str
@@ -220,9 +224,7 @@ class ModelConfig:
                 draft_vocab_size=int(draft_vocab) if draft_vocab else None,
                 target_hidden_size=int(text.get("target_hidden_size") or hidden),
                 aux_layer_ids=tuple(int(i) for i in ids) if ids else None,
-                norm_before_fc=flag("norm_before_fc"),
-                fc_norm=flag("fc_norm"),
-                norm_output=flag("norm_output"),
+                **{name: flag(name) for name in EAGLE31_FLAGS},
             )
             if eagle.norm_before_fc and eagle.fc_norm:
                 raise ConfigError("the drafter's config sets both norm_before_fc (one RMSNorm over the concatenated "

@@ -12,8 +12,8 @@ drafter's own previous output):
 
 EAGLE-3.1 (config.Eagle3Config: norm_before_fc, fc_norm, norm_output; published EAGLE-3 checkpoints set none):
 aux_norm is the identity in EAGLE-3, else one RMSNorm over the concatenated aux states (`input_norm`,
-norm_before_fc) or one per aux state (`fc_norm.{i}`), and with norm_output the next step's hidden is norm(r), the head's input, as SGLang, vLLM and
-TensorRT-LLM run such checkpoints.
+norm_before_fc) or one per aux state (`fc_norm.{i}`), and with norm_output the next step's hidden is norm(r), the
+head's input, as SGLang, vLLM and TensorRT-LLM run such checkpoints.
 
 On CUDA engine.transforms may route the first line (the embedding lookup, both input norms, the concatenation and
 RoPE's cos/sin) through one kernel (`draft_input`, layers/draft_input_kernel.py); the layer hands back its MLP output
@@ -168,15 +168,12 @@ class LlamaForCausalLMEagle3(nn.Module):
             r, n = self.norm.add_forward(r, m)
             if not need_logits:
                 return None, n
-            if ctx.logits_index is not None:
-                n_sel = torch.gather(n, 1, ctx.logits_index[..., None].expand(-1, -1, n.shape[-1]))
-                return self.lm_head(n_sel), n
-            return self.lm_head(n), n
+            return self.lm_head(n if ctx.logits_index is None else _rows(n, ctx.logits_index)), n
         if not need_logits:
             return None, r + m
         if ctx.logits_index is not None:  # logits of some positions only: the whole output first, then those
             r = r + m
-            sel = torch.gather(r, 1, ctx.logits_index[..., None].expand(-1, -1, r.shape[-1]))
+            sel = _rows(r, ctx.logits_index)
             if self.norm_head is not None and sel.shape[0] * sel.shape[1] <= self.norm_head_rows:
                 return self.norm_head(sel, None, self.norm.weight, self.norm.eps, self.lm_head.weight, False)[1], r
             return self.lm_head(self.norm(sel)), r
@@ -185,6 +182,11 @@ class LlamaForCausalLMEagle3(nn.Module):
             return logits, r
         r, n = self.norm.add_forward(r, m)
         return self.lm_head(n), r
+
+
+def _rows(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """x [B, T, H], index [B, R] positions -> x at those positions [B, R, H]."""
+    return torch.gather(x, 1, index[..., None].expand(-1, -1, x.shape[-1]))
 
 
 def check_drafter_fits(drafter: LlamaForCausalLMEagle3, target_config: ModelConfig, embed_rows: int,

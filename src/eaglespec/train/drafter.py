@@ -40,7 +40,7 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-from ..config import ModelConfig
+from ..config import EAGLE31_FLAGS, ModelConfig
 from ..errors import ConfigError
 from ..models.eagle3 import LlamaForCausalLMEagle3
 from .vocab import DraftVocab
@@ -102,7 +102,7 @@ def drafter_hf_config(target: ModelConfig, aux_ids: Sequence[int], draft_vocab_s
     }
     if draft_vocab_size is not None:
         d["draft_vocab_size"] = int(draft_vocab_size)
-    for name in ("norm_before_fc", "fc_norm", "norm_output"):  # EAGLE-3.1, top level as vLLM and SGLang read them
+    for name in EAGLE31_FLAGS:  # EAGLE-3.1, top level as vLLM and SGLang read them
         if getattr(shape, name):
             d[name] = True
     if target.bos_token_id is not None:
@@ -226,7 +226,7 @@ def renorm_drafter(drafter: LlamaForCausalLMEagle3, shape: DrafterShape) -> Llam
     Unlike widening this changes the function (the aux states and the later steps' inputs are normalised), so
     training re-adapts it; removing a norm, or trading one aux norm for the other, is refused."""
     ec = drafter.config.eagle
-    want = {n: getattr(shape, n) for n in ("norm_before_fc", "fc_norm", "norm_output")}
+    want = {n: getattr(shape, n) for n in EAGLE31_FLAGS}
     have = {n: getattr(ec, n) for n in want}
     if any(v is False and have[n] for n, v in want.items()):
         raise ConfigError("the --init drafter has EAGLE-3.1 norms ("

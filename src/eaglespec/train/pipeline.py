@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 import torch
 
+from ..config import EAGLE31_FLAGS
 from ..errors import ConfigError
 from .conversations import DataError, Message
 from .dataset import TokenDataset, build_dataset, split
@@ -132,10 +133,11 @@ def train_drafter(target: torch.nn.Module, tokenizer: "BaseTokenizer", conversat
         before = drafter_shape(init[0])
         init = (renorm_drafter(widen_drafter(init[0], opts.shape, opts.train.seed), opts.shape), init[1])
         after = drafter_shape(init[0])
-        if after.intermediate_size != before.intermediate_size or after.num_attention_heads != before.num_attention_heads:
+        if (after.intermediate_size, after.num_attention_heads) != (before.intermediate_size,
+                                                                    before.num_attention_heads):
             log(f"widened the drafter layer from MLP {before.intermediate_size} / {before.num_attention_heads} heads "
                 f"to MLP {after.intermediate_size} / {after.num_attention_heads} heads")
-        added = [n for n in ("norm_before_fc", "fc_norm", "norm_output") if getattr(after, n) > getattr(before, n)]
+        added = [n for n in EAGLE31_FLAGS if getattr(after, n) > getattr(before, n)]
         if added:
             log(f"added EAGLE-3.1's {', '.join(added)} to the drafter (training re-adapts it)")
         if opts.rebuild_vocab and (init[1] is None or not opts.draft_vocab
