@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tiny import tiny_drafter, tiny_llama
+from test_eagle31 import drafter31
+from tiny import tiny_llama
 
 from eaglespec.engine.kv_cache import KVCache
 from eaglespec.layers.context import ForwardContext, prefix_tail_mask
@@ -22,12 +23,7 @@ def models(request):
     """A tiny target and drafter; the drafter plain EAGLE-3 or EAGLE-3.1 (its norm weights away from 1)."""
     torch.manual_seed(0)
     target = tiny_llama(seed=0)
-    drafter = tiny_drafter(target, seed=1, draft_vocab=50, **request.param)
-    g = torch.Generator().manual_seed(2)
-    with torch.no_grad():
-        for name, p in drafter.named_parameters():
-            if name.startswith(("input_norm.", "fc_norm.", "norm.")):
-                p.copy_(1 + 0.3 * torch.randn(p.shape, generator=g))
+    drafter = drafter31(target, {"draft_vocab": 50, **request.param}, seed=1)
     embed, head = target.get_embed_and_head()
     drafter.set_embed_and_head(embed, head)
     target.set_eagle3_layers_to_capture(list(target.config.default_aux_layer_ids()))
