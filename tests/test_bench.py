@@ -88,7 +88,7 @@ def run_cli(args: list[str], capsys) -> tuple[int, str, str]:
 def check_schema(doc: dict) -> None:
     assert doc["schema"] == "eaglespec.bench" and doc["schema_version"] == 1
     for key in ("date", "command", "git_revision", "git_dirty", "machine", "model", "prompts", "sampling", "engine",
-                "warmup", "batch_sizes", "batching", "repeats", "peer", "records", "summary"):
+                "warmup", "batch_sizes", "batching", "repeats", "peer", "records", "summary", "complete"):
         assert key in doc, key
     assert len(doc["summary"]) == len({(r["config"], r["batch_size"]) for r in doc["records"]})
     assert sum(r["runs"] for r in doc["summary"]) == len(doc["records"])
@@ -267,6 +267,8 @@ def bench_tiny_random(tmp_path, capsys, spec: str, *more: str) -> tuple[Path, di
     assert code == 0, err
     doc = json.loads((out / "results.json").read_text())
     check_schema(doc)
+    assert doc["complete"] is True and "Incomplete" not in (out / "results.md").read_text()
+    check_png(out / "results.png")
     return cfg, doc
 
 
@@ -281,6 +283,37 @@ def test_bench_random_weights(tmp_path, capsys):
     assert [(r["config"], r["batch_size"], r["output_tokens"]) for r in doc["records"]] == [
         ("no-spec", 1, 15), ("random S2 K1 D3", 1, 15), ("no-spec", 3, 15), ("random S2 K1 D3", 3, 15)]
     assert doc["records"][2]["bandwidth"]["decode_steps"] == 4
+
+
+def test_bench_stopped_part_way_leaves_what_it_measured(tmp_path, capsys, monkeypatch):
+    """A bench that dies in a later run (here the speculative run at batch size 3; on the GPU a timeout or a crash)
+    has written every earlier record to --out, marked incomplete, with the prompts' answers and no plot; the same
+    folder's complete run then says it is complete (bench_tiny_random checks)."""
+    from eaglespec.bench.runs import ConfigRun
+
+    real_run = ConfigRun.run
+
+    def dying_run(self, *a, **kw):
+        if self.config.speculative and self.batch_size == 3:
+            raise RuntimeError("killed")
+        return real_run(self, *a, **kw)
+
+    monkeypatch.setattr(ConfigRun, "run", dying_run)
+    with pytest.raises(RuntimeError, match="killed"):
+        bench_tiny_random(tmp_path, capsys, "2,1,3")
+    out = tmp_path / "out"
+    doc = json.loads((out / "results.json").read_text())
+    check_schema(doc)
+    assert doc["complete"] is False
+    assert [(r["config"], r["batch_size"]) for r in doc["records"]] == [
+        ("no-spec", 1), ("random S2 K1 D3", 1), ("no-spec", 3)]
+    assert doc["records"][1]["identical_outputs"] == 3 and doc["records"][1]["accept_length_mean"] >= 1.0
+    assert "Incomplete: written after 3 record(s)" in (out / "results.md").read_text()
+    assert not (out / "results.png").exists()
+    rows = [json.loads(x) for x in (out / "outputs.jsonl").read_text().splitlines()]
+    assert len(rows) == 3 and all(isinstance(r["answer"], str) for r in rows)
+    monkeypatch.setattr(ConfigRun, "run", real_run)
+    bench_tiny_random(tmp_path, capsys, "2,1,3")  # complete now, its plot written
 
 
 def test_bench_repeats_alternate_and_report_medians(tmp_path, capsys):

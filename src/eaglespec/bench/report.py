@@ -3,7 +3,8 @@
 `document(kind, result, model, workload, options, machine)` -> dict, schema `eaglespec.bench` version 1:
 
     schema, schema_version, kind ("bench" | "tune"), date (UTC ISO 8601), command, git_revision, git_dirty,
-    eaglespec_version,
+    eaglespec_version, complete (false in the files --out holds while the run goes on: written after every record,
+    so that a run stopped part-way leaves what it measured; true once it has finished),
     machine:  hostname, platform, python, torch, cpu_count, device, device_name, device_memory_gb,
               copy_bandwidth_gb_s (CUDA: measured device-to-device copy, read + write; null on the CPU)
     model:    source, architecture, parameters, dtype, num_hidden_layers, hidden_size, vocab_size,
@@ -44,9 +45,9 @@
       accept_length_mean the medians over its rounds, plus runs, tok_per_s_range and speedup_range ([min, max]);
     tune (kind "tune" only): see tune.py.
 
-`markdown(doc)` renders the table (and the acceptance table); `write_outputs(doc, result, out)` writes
-results.json, results.md, results.png and outputs.jsonl (one line per prompt: turn, tokens, text, the reference
-baseline's answer).
+`markdown(doc)` renders the table (and the acceptance table; a run not yet complete says so above it);
+`write_outputs(doc, result, out)` writes results.json, results.md, results.png (not while the run is incomplete)
+and outputs.jsonl (one line per prompt: turn, tokens, text, the reference baseline's answer).
 """
 
 from __future__ import annotations
@@ -172,7 +173,7 @@ def record_dict(rec: RunRecord, records: Sequence[RunRecord], model: BenchModel,
 
 
 def document(kind: str, result: SuiteResult, model: BenchModel, workload: Workload, options: SuiteOptions,
-             machine: dict[str, Any], command: str = "") -> dict[str, Any]:
+             machine: dict[str, Any], command: str = "", complete: bool = True) -> dict[str, Any]:
     from .. import __version__ as version
 
     rev, dirty = git_revision()
@@ -185,7 +186,7 @@ def document(kind: str, result: SuiteResult, model: BenchModel, workload: Worklo
         "schema": SCHEMA, "schema_version": SCHEMA_VERSION, "kind": kind,
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "command": command,
-        "git_revision": rev, "git_dirty": dirty, "eaglespec_version": version,
+        "git_revision": rev, "git_dirty": dirty, "eaglespec_version": version, "complete": complete,
         "machine": machine,
         "model": {
             "source": model.source, "architecture": cfg.architecture, "parameters": n_params,
@@ -257,6 +258,11 @@ def markdown(doc: dict[str, Any], records: Sequence[dict[str, Any]] | None = Non
         + (f", top-k {doc['sampling']['top_k']}" if doc["sampling"].get("top_k", 0) > 0 else "")
         + f", {doc.get('batching', 'static')} batching",
         "",
+    ]
+    if not doc.get("complete", True):
+        lines += [f"*Incomplete: written after {len(recs)} record(s) while the run went on (a run stopped part-way "
+                  "leaves this).*", ""]
+    lines += [
         "| config | batch | tok/s | speedup | accept len | identical | out tokens | seconds | steps | draft % "
         "| verify % | rest % | prefill % | decode GB/s |",  # prefill: part of rest (graph path: the drafter's too)
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
@@ -309,5 +315,8 @@ def write_outputs(doc: dict[str, Any], result: SuiteResult, out: str | Path, md:
         for row in result.prompts:
             f.write(json.dumps({"index": row.index, "turn": row.turn, "prompt_tokens": row.prompt_tokens,
                                 "prompt": row.text, "answer": row.answer}, ensure_ascii=False) + "\n")
-    plot(doc, d / "results.png")
+    if doc.get("complete", True):
+        plot(doc, d / "results.png")
+    else:  # an earlier run's plot in the same folder would not match these results
+        (d / "results.png").unlink(missing_ok=True)
     return d

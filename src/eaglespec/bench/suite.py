@@ -14,7 +14,9 @@ Contract of `run_suite(model, workload, configs, options, log)` -> `SuiteResult`
   which can favour a run on a device, falls to each configuration alike); the records carry their round
   (`RunRecord.round`); the oracle keeps the first round's references;
 - `SuiteResult.records` holds one `RunRecord` per (configuration, batch size, round) (+ the peer), baselines included;
-  `SuiteResult.prompts` one row per prompt (turn, text, tokens, the reference baseline's answer).
+  `SuiteResult.prompts` one row per prompt (turn, text, tokens, the reference baseline's answer);
+- `on_record(result so far)`, when given, is called after every record (a long bench stopped part-way, by a timeout
+  or a crash in a later configuration, still leaves what it measured: the CLI writes it to --out each time).
 Both `bench` and `tune` run through here; `report.py` turns the result into JSON, Markdown and numbers.
 """
 
@@ -119,7 +121,7 @@ def _config_run(model: BenchModel, pool: DrafterPool, cfg: RunConfig, bs: int, o
 
 
 def run_suite(model: BenchModel, workload: Workload, configs: Sequence[RunConfig], options: SuiteOptions,
-              log: Log = stderr_log) -> SuiteResult:
+              log: Log = stderr_log, on_record: Callable[[SuiteResult], None] | None = None) -> SuiteResult:
     check_batching(options.batching, configs)
     target, tok = model.loaded.model, model.loaded.tokenizer
     params = options.params
@@ -128,6 +130,11 @@ def run_suite(model: BenchModel, workload: Workload, configs: Sequence[RunConfig
     groups: list[list[list[int]]] = [workload.first_ids]
     prompts = [PromptRow(i, 1, len(p), t) for i, (p, t) in enumerate(zip(workload.first_ids, workload.first_text))]
     records: list[RunRecord] = []
+
+    def add(rec: RunRecord) -> None:
+        records.append(rec)
+        if on_record is not None:
+            on_record(SuiteResult(list(records), list(prompts)))
 
     def go(cr: ConfigRun, all_refs: list[list[int]] | None) -> RunRecord:
         cr.prepare(groups, params, options.warmup, all_refs)
@@ -167,10 +174,10 @@ def run_suite(model: BenchModel, workload: Workload, configs: Sequence[RunConfig
         else:
             baseline = go(base, None)
         del base
-        records.append(baseline)
         if bs == options.batch_sizes[0]:
             for row, ans in zip(prompts, baseline.texts):
                 row.answer = ans
+        add(baseline)
         all_ids = [p for g in groups for p in g]
         refs = references(all_ids, baseline.outputs, baseline.stopped, eos_ids)
         runs: list[RunConfig] = [RunConfig.plain()]  # this batch size's runs in order, for the later rounds
@@ -182,12 +189,12 @@ def run_suite(model: BenchModel, workload: Workload, configs: Sequence[RunConfig
                 log(f"{cfg.name} bs={bs}: not run, the default decodes plainly here ({why})")
                 continue
             runs.append(resolved)
-            records.append(go(_config_run(model, pool, resolved, bs, options, refs), refs))
+            add(go(_config_run(model, pool, resolved, bs, options, refs), refs))
         for rnd in range(1, options.repeats):
             for cfg in (runs[::-1] if rnd % 2 else runs):
                 rec = go(_config_run(model, pool, cfg, bs, options, refs), refs)  # only an oracle reads refs
                 rec.round = rnd
-                records.append(rec)
+                add(rec)
     peer_version = None
     if options.peer == "hf":
         if model.hf_source is None:
@@ -196,7 +203,7 @@ def run_suite(model: BenchModel, workload: Workload, configs: Sequence[RunConfig
 
         rec, peer_version = run_hf(model.hf_source, [p for g in groups for p in g], params, eos_ids, model.device,
                                    model.dtype, options.warmup, options.engine.seed)
-        records.append(rec)
+        add(rec)
         log(f"hf-transformers {peer_version} bs=1: {rec.output_tokens} tokens in {rec.seconds:.2f} s "
             f"({rec.tok_per_s:.1f} tok/s)")
     elif options.peer is not None:

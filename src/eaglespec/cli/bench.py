@@ -5,8 +5,9 @@
     eaglespec bench --no-spec --peer hf --limit 80 --out r/
 
 Prints one progress line per run on stderr and the Markdown table last on stdout; with --out writes results.json
-(schema in bench/report.py), results.md, results.png and outputs.jsonl. `add_run_options` and `prepare` are shared
-with `eaglespec tune`.
+(schema in bench/report.py), results.md, results.png and outputs.jsonl; all but the plot also after every run,
+marked incomplete, so that a bench stopped part-way leaves what it measured. `add_run_options` and `prepare` are
+shared with `eaglespec tune`.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..errors import ConfigError
 from .options import add_runtime_options, engine_config
@@ -155,6 +156,21 @@ def finish(kind: str, args: argparse.Namespace, prep: Prepared, result: "SuiteRe
     return md
 
 
+def record_writer(kind: str, args: argparse.Namespace, prep: Prepared) -> Callable[["SuiteResult"], None] | None:
+    """With --out, what `run_suite` calls after every record: the results so far written to --out, marked
+    incomplete (`finish` writes the complete ones), so that a run stopped part-way leaves what it measured."""
+    if not args.out:
+        return None
+    from ..bench.report import document, markdown, write_outputs
+
+    def write(result: "SuiteResult") -> None:
+        doc = document(kind, result, prep.model, prep.workload, prep.options, prep.machine, command_line(kind, args),
+                       complete=False)
+        write_outputs(doc, result, args.out, markdown(doc))
+
+    return write
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="benchmark baseline vs speculative decoding (tok/s, acceptance, bandwidth)")
     add_run_options(p, max_new_tokens=256, limit=None)
@@ -188,6 +204,6 @@ def run(args: argparse.Namespace) -> int:
     if not configs and not args.no_spec:
         stderr_log("no drafter for this model: running the no-spec baseline only (see --draft)")
     prep = prepare(args)
-    result = run_suite(prep.model, prep.workload, configs, prep.options)
+    result = run_suite(prep.model, prep.workload, configs, prep.options, on_record=record_writer("bench", args, prep))
     print(finish("bench", args, prep, result), end="")
     return 0

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 
-from .bench import add_run_options, finish, prepare
+from .bench import add_run_options, finish, prepare, record_writer
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -45,6 +45,6 @@ def run(args: argparse.Namespace) -> int:
     configs = [RunConfig.of(drafter_label(drafter), drafter, s) for s in shapes]
     check_batching(args.batching, configs)
     prep = prepare(args)
-    result = run_suite(prep.model, prep.workload, configs, prep.options)
+    result = run_suite(prep.model, prep.workload, configs, prep.options, on_record=record_writer("tune", args, prep))
     print(finish("tune", args, prep, result), end="")
     return 0
