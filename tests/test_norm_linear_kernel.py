@@ -422,6 +422,18 @@ def test_steps_route_by_rows_and_the_dot_blocks_fit_shared_memory(monkeypatch):
     assert dk._blocks(576, True, 2) == dk.DOT_BLOCKS == (16, 32, 4)
     assert dk._blocks(1728, False, 2) == (16, 16, 4)  # (16 + 32) x 2048 x 2 bytes > SMEM_BYTES
     assert dk._blocks(1728, False, 4) == (16, 16, 4) and dk._blocks(2048, True, 4) == (16, 16, 4)
+    # FLOAT32_DOT off (the probe switch): float32 steps of 5.. rows leave the tensor-core kernel as tiles over shared
+    # memory do (the row grid up to 8 rows, PyTorch past it); bf16 steps keep it
+    seen.clear()
+    monkeypatch.setattr(nlk, "FLOAT32_DOT", False)
+    for M in (5, 8):
+        add_norm_linear(torch.zeros(M, 64), None, torch.ones(64), 1e-5, w, False)
+        add_norm_linear(torch.zeros(M, 64, dtype=torch.bfloat16), None, torch.ones(64, dtype=torch.bfloat16), 1e-5,
+                        w.bfloat16(), False)
+    h9 = torch.randn(9, 64, generator=torch.Generator().manual_seed(9))
+    _, y9 = add_norm_linear(h9, None, torch.ones(64), 1e-5, w + 1, False)
+    assert seen == [("grid", 5), ("dot", 5), ("grid", 8), ("dot", 8)]  # 9 rows: neither kernel
+    assert torch.equal(y9, add_norm_linear_reference(h9, None, torch.ones(64), 1e-5, w + 1, False)[1])
 
 
 def test_tiles_over_shared_memory_take_the_pytorch_path(monkeypatch):

@@ -46,6 +46,12 @@ from .pdl import launch_options
 # at 8 rows +8%), while at 2-4 rows it lost (a one-row verify of 4 tokens 0.522 -> 0.587 ms): DOT_MIN_ROWS 9 -> 5.
 MAX_ROWS = 64
 DOT_MIN_ROWS = 5
+# float32 steps of DOT_MIN_ROWS..MAX_ROWS rows on the tensor-core kernel (IEEE float32 products, no TF32); False: as
+# float32 tiles too large for shared memory go (the row grid up to ROW_GRID_ROWS rows, PyTorch past it). A probe
+# switch (`benchmarks/float32_tree_probe.sh`): on the H200 a float32 one-row tree S6 K8 D48 (a 48-row verify, 8-row
+# drafter steps) ran 6x slower in session 36 than in session 7, before this kernel existed; the cause is not yet
+# measured. bf16 (the CUDA default) is unaffected either way.
+FLOAT32_DOT = True
 ONE_SHOT_K = 2048  # widest input: a row is read in one block (wider layers keep cuBLAS: see _blocks)
 
 
@@ -230,10 +236,12 @@ def _launch(h2: torch.Tensor, d2: torch.Tensor | None, nw: torch.Tensor | None, 
     if blocks is None and M >= DOT_MIN_ROWS:  # tensor cores
         from . import norm_linear_dot_kernel as dot
 
-        if dot.fits(K, gated, h2.element_size(), dot.shared_limit(h2.device)):
+        if (FLOAT32_DOT or h2.dtype != torch.float32) and dot.fits(K, gated, h2.element_size(),
+                                                                   dot.shared_limit(h2.device)):
             return dot.launch(h2, d2, nw, w, h_out, y, eps, gated, norm)
         if M > ROW_GRID_ROWS:  # tiles over the device's shared memory (float32 inputs over 1,024 wide, e.g. a
-            #                    drafter's fc) past the row grid's reach: PyTorch
+            #                    drafter's fc; every float32 step without FLOAT32_DOT) past the row grid's reach:
+            #                    PyTorch
             h, out = add_norm_linear_reference(h2, d2, nw, eps, w, gated, norm)
             if d2 is not None:
                 h_out.copy_(h)
