@@ -10,8 +10,9 @@
 #                not the prompt kernel's IEEE float32 tl.dot (float32 prefills too)
 #   both         the two together
 #   no-graphs    --no-cuda-graphs: whether the step runs as graphs at all (an eager tree step is launch-bound)
+#   no-compile   --no-compile: the elementwise chains eager (whether torch.compile recompiles per step shape)
 #   bf16         the same in bf16, for scale
-#   bash benchmarks/float32_tree_probe.sh        after device_parts.sh join (carry .whl); ~3 minutes; logs in $OUT
+#   bash benchmarks/float32_tree_probe.sh        after device_parts.sh join (carry .whl); ~4 minutes; logs in $OUT
 set -uo pipefail
 [ -n "${GGUF:-}" ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl
@@ -34,10 +35,11 @@ run proj-cublas $NLK.FLOAT32_DOT=False -- --dtype float32
 run attn-sdpa $SAK.MAX_PROMPT_TOKENS=0 -- --dtype float32
 run both $NLK.FLOAT32_DOT=False $SAK.MAX_PROMPT_TOKENS=0 -- --dtype float32
 run no-graphs -- --dtype float32 --no-cuda-graphs
+run no-compile -- --dtype float32 --no-compile
 run bf16 -- --dtype bfloat16
 echo "| run | config | tok/s | speedup | tau | draft % | verify % | rest % |"
 echo "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"
-for name in base proj-cublas attn-sdpa both no-graphs bf16; do
+for name in base proj-cublas attn-sdpa both no-graphs no-compile bf16; do
   [ -f "$OUT/$name/results.md" ] || { echo "| $name | (no results) | | | | | | |"; continue; }
   # results.md's columns: config | batch | tok/s | speedup | accept len | identical | out tokens | seconds | steps |
   # draft % | verify % | rest % | ...
