@@ -12,7 +12,7 @@
 #   no-graphs    --no-cuda-graphs: whether the step runs as graphs at all (an eager tree step is launch-bound)
 #   no-compile   --no-compile: the elementwise chains eager (whether torch.compile recompiles per step shape)
 #   bf16         the same in bf16, for scale
-#   bash benchmarks/float32_tree_probe.sh        after device_parts.sh join (carry .whl); ~4 minutes; logs in $OUT
+#   bash benchmarks/float32_tree_probe.sh        after device_parts.sh join (carry .whl); ~4 minutes (7 runs of at most RUN_LIMIT=75 s: under a call's 10); logs in $OUT
 set -uo pipefail
 [ -n "${GGUF:-}" ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl
@@ -25,7 +25,7 @@ run() {  # NAME SETTINGS... -- BENCH ARGS...
   local name=$1; shift
   local settings=()
   while [ "$1" != -- ]; do settings+=("$1"); shift; done; shift
-  timeout "${RUN_LIMIT:-90}" python3 benchmarks/with_setting.py "${settings[@]}" -- -m eaglespec bench "${ARGS[@]}" \
+  timeout "${RUN_LIMIT:-75}" python3 benchmarks/with_setting.py "${settings[@]}" -- -m eaglespec bench "${ARGS[@]}" \
     "$@" --out "$OUT/$name" > "$OUT/$name.txt" 2>&1 || echo "$name: stopped (rc $?), see $OUT/$name.txt"
 }
 NLK=eaglespec.layers.norm_linear_kernel
