@@ -12,7 +12,8 @@
 #   no-graphs    --no-cuda-graphs: whether the step runs as graphs at all (an eager tree step is launch-bound)
 #   no-compile   --no-compile: the elementwise chains eager (whether torch.compile recompiles per step shape)
 #   bf16         the same in bf16, for scale
-#   bash benchmarks/float32_tree_probe.sh        after device_parts.sh join (carry .whl); ~4 minutes (7 runs of at most RUN_LIMIT=75 s: under a call's 10); logs in $OUT
+#   bash benchmarks/float32_tree_probe.sh     after device_parts.sh join (carry .whl); ~4 minutes (7 runs of at most
+#                                             RUN_LIMIT=75 s each: under a call's 10); logs in $OUT
 set -uo pipefail
 [ -n "${GGUF:-}" ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl
