@@ -77,6 +77,10 @@ def test_train_command_end_to_end(tiny_folder, data_file, tmp_path, capsys):
     assert sorted(p.name for p in (work / "checkpoints").glob("*.pt")) == ["step-00000003.pt", "step-00000006.pt"]
     log = [json.loads(x) for x in (work / "train_log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in log if "loss" in r] == [1, 2, 3, 4, 5, 6] and "eval" in log[-1]
+    assert all(r["seconds"] > 0 for r in log if "loss" in r)  # each step's wall time
+    assert re.search(r"regenerated 24 conversations \(\d+ new tokens in this run, \d+ s, \d+ new tokens/s\)", err)
+    assert re.search(r"trained 6 steps in \d+ s, evaluations and checkpoints included \(\d\.\d{3} s per step alone, "
+                     r"\d+ tokens/s\)", err)
 
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["architectures"] == ["LlamaForCausalLMEagle3"] and cfg["draft_vocab_size"] == 40
@@ -92,7 +96,7 @@ def test_train_command_end_to_end(tiny_folder, data_file, tmp_path, capsys):
 
     # a second run reuses the regeneration cache (nothing is generated again)
     assert main(args) == 0
-    assert "(0 new tokens in this run)" in capsys.readouterr().err
+    assert re.search(r"\(0 new tokens in this run, \d+ s\)", capsys.readouterr().err)  # no rate without tokens
 
 
 def test_train_continues_from_an_exported_drafter(tiny_folder, data_file, tmp_path, capsys):
@@ -324,7 +328,7 @@ def test_train_with_self_prompts(tiny_folder, data_file, tmp_path, capsys):
     args = self_prompt_run(tiny_folder, data_file, tmp_path / "drafter", "--self-prompts", "5")
     assert main(args) == 0
     err = capsys.readouterr().err
-    m = re.search(r"self prompts: (\d+) written by the target, (\d+) answered", err)
+    m = re.search(r"self prompts: (\d+) written by the target \(\d+ s\), (\d+) answered", err)
     assert m and 1 <= int(m.group(1)) <= 5 and 1 <= int(m.group(2)) <= int(m.group(1))
     work = tmp_path / "drafter-work"
     (cache,) = work.glob("prompts-*.jsonl")
@@ -332,7 +336,7 @@ def test_train_with_self_prompts(tiny_folder, data_file, tmp_path, capsys):
     assert len(list(work.glob("regen-*"))) == 2  # the data's and the self prompts' regenerations
     assert re.search(r"\d+ training / \d+ eval samples", err)
     assert main(args) == 0  # a second run generates nothing: both caches hold
-    assert capsys.readouterr().err.count("(0 new tokens in this run)") == 2
+    assert len(re.findall(r"\(0 new tokens in this run, \d+ s\)", capsys.readouterr().err)) == 2
 
 
 def test_train_with_two_self_prompt_sets(tiny_folder, data_file, tmp_path, capsys):
@@ -342,13 +346,13 @@ def test_train_with_two_self_prompt_sets(tiny_folder, data_file, tmp_path, capsy
                            "--self-prompt-openers", "Write,Solve")
     assert main(args) == 0
     first = capsys.readouterr().err
-    m = re.search(r"self prompts: (\d+) written by the target, (\d+) answered \((\d+) new tokens", first)
+    m = re.search(r"self prompts: (\d+) written by the target \(\d+ s\), (\d+) answered \((\d+) new tokens", first)
     assert m and int(m.group(3)) > 0
     work = tmp_path / "drafter-work"
     assert len(list(work.glob("prompts-*.jsonl"))) == 1
     assert main(args + ["--self-prompts", "3", "--self-prompt-openers", "Imagine you are"]) == 0
     err = capsys.readouterr().err
-    again = re.search(r"self prompts 1 \(Write,Solve\): (\d+) written by the target, (\d+) answered "
+    again = re.search(r"self prompts 1 \(Write,Solve\): (\d+) written by the target \(\d+ s\), (\d+) answered "
                       r"\((\d+) new tokens", err)
     assert again and again.group(1, 2) == m.group(1, 2) and again.group(3) == "0"  # the first set from its caches
     new = re.search(r"self prompts 2 \(Imagine you are\): (\d+) written by the target.*?, (\d+) answered", err)

@@ -23,6 +23,7 @@ wrapper that delegates the protocol works. Progress lines go to `log` (stderr in
 from __future__ import annotations
 
 import sys
+import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
@@ -122,6 +123,12 @@ def prompt_set_conversations(name: str, regenerate: bool = True) -> tuple[str, l
     return (name if name == "mt-bench" else Path(name).stem), convs
 
 
+def _took(t0: float, new_tokens: int) -> str:
+    """'12 s, 34567 new tokens/s' since perf_counter() read t0 (the rate only where there were new tokens)."""
+    s = time.perf_counter() - t0
+    return f"{s:.0f} s" + (f", {new_tokens / max(s, 1e-9):.0f} new tokens/s" if new_tokens else "")
+
+
 def train_drafter(target: torch.nn.Module, tokenizer: "BaseTokenizer", conversations: Sequence[Sequence[Message]],
                   out: str | Path, opts: PipelineOptions, log: Callable[[str], None] = _stderr) -> TrainSummary:
     tcfg = target.config
@@ -162,14 +169,18 @@ def train_drafter(target: torch.nn.Module, tokenizer: "BaseTokenizer", conversat
     convs = list(conversations)
     if opts.regen is not None:
         rcfg = RegenConfig(**{**opts.regen.__dict__, "max_len": max_len})
+        t0 = time.perf_counter()
         res = regenerate(target, tokenizer, convs, work, rcfg, opts.target_name, progress=opts.train.progress)
         convs = res.conversations
         dropped.update(res.dropped)
-        log(f"regenerated {len(convs)} conversations ({res.new_tokens} new tokens in this run)")
+        log(f"regenerated {len(convs)} conversations ({res.new_tokens} new tokens in this run, "
+            f"{_took(t0, res.new_tokens)})")
         seen: set[str] = set()  # user texts of earlier sets (case and whitespace folded)
         for i, spc in enumerate(opts.self_prompts):
             # their own cache and regeneration: the data's regeneration cache stays valid
+            t0 = time.perf_counter()
             own = self_prompts(target, tokenizer, spc, work, opts.target_name, opts.train.progress)
+            t1 = time.perf_counter()
             written = len(own)
             own = [c for c in own if prompt_key(c[0]["content"]) not in seen]
             seen.update(prompt_key(c[0]["content"]) for c in own)
@@ -180,8 +191,8 @@ def train_drafter(target: torch.nn.Module, tokenizer: "BaseTokenizer", conversat
             name = f"self prompts {i + 1} ({','.join(spc.openers) or 'free'})" if len(opts.self_prompts) > 1 \
                 else "self prompts"
             repeats = f", {written - len(own)} already in an earlier set" if written > len(own) else ""
-            log(f"{name}: {written} written by the target{repeats}, {len(res.conversations)} answered "
-                f"({res.new_tokens} new tokens in this run)")
+            log(f"{name}: {written} written by the target{repeats} ({t1 - t0:.0f} s), {len(res.conversations)} "
+                f"answered ({res.new_tokens} new tokens in this run, {_took(t1, res.new_tokens)})")
         if not convs:
             raise DataError("no conversation is left after regeneration (prompts longer than --max-len?)")
 
@@ -243,7 +254,14 @@ def train_drafter(target: torch.nn.Module, tokenizer: "BaseTokenizer", conversat
     log(f"training {sum(p.numel() for p in trainer.params.values())} parameters for {trainer.total_steps} steps "
         f"({len(trainer.batches)} batches per epoch, TTT {opts.train.ttt_steps} steps, device {trainer.device})"
         + (f", resuming at step {trainer.step}" if trainer.step else ""))
+    t0, step0 = time.perf_counter(), trainer.step
     history = trainer.fit()
+    if trainer.step > step0:
+        seconds = time.perf_counter() - t0
+        steps = trainer.step - step0
+        in_steps = sum(r.seconds for r in history)
+        log(f"trained {steps} steps in {seconds:.0f} s, evaluations and checkpoints included ({in_steps / steps:.3f} s "
+            f"per step alone, {sum(r.tokens for r in history) / max(in_steps, 1e-9):.0f} tokens/s)")
     final_eval = trainer.evals[-1][1] if trainer.evals else None
     files: list[Path] = []
     if trainer.step >= trainer.total_steps:

@@ -13,7 +13,8 @@ Contract of `Trainer(target, drafter, train_ds, eval_ds, vocab, config).fit()`:
   would change the run (steps, lr, batch tokens, seed, ...) and the training tokens and loss mask (a hash: other data,
   --max-len, --loop-keep) must match, else `ConfigError`; a run without `resume`
   starts over (old checkpoints and the log are removed);
-- tqdm shows the loss and the per-step top-1 accuracy; every step is appended to `work_dir/train_log.jsonl`;
+- tqdm shows the loss and the per-step top-1 accuracy; every step is appended to `work_dir/train_log.jsonl` (step,
+  loss, acc, lr, tokens, seconds: the step's wall time);
 - `evaluate()` runs the held-out split without gradients and returns per-step accuracy, loss and the estimated
   chain acceptance length 1 + sum_k prod_{i<=k} acc_i (`eval_every` steps and at the end); the weights of the
   evaluation with the highest estimate are kept (`best`, also in checkpoints) and `use_best()` loads them, so the
@@ -31,6 +32,7 @@ import hashlib
 import json
 import math
 import os
+import time
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -103,6 +105,7 @@ class StepRecord:
     acc: list[float]
     lr: float
     tokens: int
+    seconds: float = 0.0  # wall time of the step: features, TTT, backward, optimiser, up to its one read of results
 
 
 @dataclass
@@ -183,6 +186,7 @@ class Trainer:
         return batch, res
 
     def train_step(self, ids: torch.Tensor) -> StepRecord:
+        t0 = time.perf_counter()
         batch, res = self._forward(self.train_ds, ids)
         self.opt.zero_grad(set_to_none=True)
         res.loss.backward()
@@ -191,7 +195,7 @@ class Trainer:
         self.opt.step()
         self.sched.step()
         acc = (res.correct / res.count.clamp(min=1)).tolist()  # the step's one read of device values
-        return StepRecord(self.step + 1, float(res.loss.detach()), acc, lr, batch.n_tokens)
+        return StepRecord(self.step + 1, float(res.loss.detach()), acc, lr, batch.n_tokens, time.perf_counter() - t0)
 
     # --- loop -------------------------------------------------------------------------------------------------------
     def fit(self) -> list[StepRecord]:
