@@ -10,9 +10,10 @@
 # (default 1200) of <= 8K tokens at lr 3e-4 with loop-masked loss, exporting to /tmp/ab/NAME. A variant already
 # exported is skipped; the call stops training TRAIN_BUDGET seconds (default 560) after it started, and a variant cut
 # short resumes from its last checkpoint (every 250 steps) in the next call. PACK=1 packs the regeneration caches into
-# $OUT/regen.tar.gz.* (15 MB pieces); on a later machine `bash benchmarks/eagle31_ab.sh unpack` (carry .device/regen,
-# in a call of its own: ~13 MB for every ShareGPT turn and both self-prompt sets; same VARIANTS) puts them back and
-# saves the regeneration (~14 minutes).
+# $OUT/regen.tar.gz.* (15 MB pieces); on a later machine of the same session (.device/ does not outlive a session: a
+# new session's checkout holds only git) `bash benchmarks/eagle31_ab.sh unpack` (carry .device/regen, in a call of its
+# own: ~13 MB for every ShareGPT turn and both self-prompt sets; same VARIANTS) puts them back and saves the
+# regeneration (~14 minutes).
 #   DATA=first (default): ShareGPT's first turns (.device/data/sharegpt_first_turns.json.gz, --first-turn-only);
 #   DATA=all: every turn, regenerated turn by turn (/root/m/sg-all.json, unpacked by an earlier call from
 #             .device/data_all/sharegpt_all_turns.json.xz, which fits beside a GGUF part where the .gz does not).
@@ -69,12 +70,14 @@ if [ "$MODE" = train ]; then
     timeout "$left" python3 -m eaglespec train --target "$M" --data "/root/m/sg-$DATA.json" \
       --out "/tmp/ab/$name" --work-dir "$w" "${TURNS[@]}" "${INIT[@]}" --resume \
       --regen-max-new-tokens 512 --regen-batch 1024 --regen-shard 4096 --max-len 1024 \
-      --draft-vocab 12288 --batch-tokens 8192 --max-steps "$STEPS" --lr 3e-4 --ttt-steps 7 --loop-keep 32 --seed "${SEED:-0}" \
-      --eval-every $((STEPS / 2)) --eval-prompts mt-bench --save-every 250 --no-progress --device cuda --dtype bfloat16 --max-shard-mb 15 \
+      --draft-vocab 12288 --batch-tokens 8192 --max-steps "$STEPS" --lr 3e-4 --ttt-steps 7 --loop-keep 32 \
+      --seed "${SEED:-0}" --eval-every $((STEPS / 2)) --eval-prompts mt-bench --save-every 250 --no-progress \
+      --device cuda --dtype bfloat16 --max-shard-mb 15 \
       "${EXTRA[@]}" $(echo "$flags" | tr ',' ' ') >> "$OUT/train_$name.txt" 2>&1 \
       || echo "$name: cut short (resume in the next call)"
     echo "$name ($flags): $(( $(date +%s) - t0 )) s"
-    grep -E "^step [0-9]+:|exporting|training |regenerated|calibrated|added|eval prompts" "$OUT/train_$name.txt" | cut -c1-220
+    grep -E "^step [0-9]+:|exporting|training |trained |regenerated|self prompts|calibrated|added|eval prompts" \
+      "$OUT/train_$name.txt" | cut -c1-220 || true   # a run that died before its first line: go on with the next
     cp "$w/train_log.jsonl" "$OUT/train_log_$name.jsonl" 2>/dev/null || true
   done
   if [ "${PACK:-0}" = 1 ]; then   # the regenerated answers and self-written prompts, for a later machine

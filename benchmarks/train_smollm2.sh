@@ -61,7 +61,8 @@ ARGS=(train --target "$M" --data "/root/m/sg-$DATA.json" --out "$OUT/drafter" --
       --draft-vocab "${DRAFT_VOCAB:-12288}" --epochs "$EPOCHS" --batch-tokens "${BATCH_TOKENS:-32768}"
       --max-len "$MAX_LEN" --max-shard-mb "${MAX_SHARD_MB:-15}"
       --lr "${LR:-3e-4}" --ttt-steps "${TTT:-7}" --save-every 100
-      --eval-every "${EVAL_EVERY:-200}" --eval-prompts mt-bench --no-progress --device cuda --dtype bfloat16 "${INIT[@]}" "${EXTRA[@]}")
+      --eval-every "${EVAL_EVERY:-200}" --eval-prompts mt-bench --no-progress --device cuda --dtype bfloat16
+      "${INIT[@]}" "${EXTRA[@]}")
 if [ "$MODE" = regen ]; then
   python3 benchmarks/kernel_check.py 2>&1 | tail -n 3   # the engine regenerates the data: stop now if its kernel is wrong
   timeout "$REGEN_BUDGET" python3 -m eaglespec "${ARGS[@]}" --resume 2>&1 | tee "$OUT/regen_log.txt" || true
