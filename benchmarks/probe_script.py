@@ -3,7 +3,8 @@ that each states only what it measures:
 
 - `--cpu`: Triton's interpreter (set here, before any kernel is built), float32, tiny shapes: a check of the script
   itself on a machine without a GPU;
-- OUT: the first argument that is not a flag (created); DEV / DT: cuda and bf16, or cpu and float32;
+- OUT: the first argument that is not a flag (created); DEV / DT: cuda and bf16 (float32 with `--float32`), or cpu
+  and float32;
 - `option(name, default)`: the value of a `--name=VALUE` argument, or default;
 - `Emitter(name)`: called with a result row, prints it as JSON and rewrites OUT/name with every row so far (a call
   cut short by its time limit still leaves its rows);
@@ -52,7 +53,7 @@ from eaglespec.sampling_params import SamplingParams  # noqa: E402
 OUT = Path([a for a in sys.argv[1:] if not a.startswith("--")][0])
 OUT.mkdir(parents=True, exist_ok=True)
 DEV = torch.device("cpu" if CPU else "cuda")
-DT = torch.float32 if CPU else torch.bfloat16
+DT = torch.float32 if CPU or "--float32" in sys.argv else torch.bfloat16
 
 
 def option(name: str, default: str) -> str:

@@ -406,9 +406,9 @@ def test_dot_kernel_padding_rows_read_the_last_row_and_write_nothing(M):
 
 
 def test_steps_route_by_rows_and_the_dot_blocks_fit_shared_memory(monkeypatch):
-    """One row -> `_blocks`' programs, 2..4 rows -> the row grid, 5.. rows -> the tensor-core kernel; its blocks
-    (16 rows x 32 columns) narrow for wide inputs, so that the row and weight tiles fit in shared memory (the
-    drafter's fc: 3 x 576 -> 2048 lanes)."""
+    """One row -> `_blocks`' programs, 2..4 rows -> the row grid, 5.. rows (bf16; float32 with FLOAT32_DOT) -> the
+    tensor-core kernel; its blocks (16 rows x 32 columns) narrow for wide inputs, so that the row and weight tiles fit
+    in shared memory (the drafter's fc: 3 x 576 -> 2048 lanes)."""
     from eaglespec.layers import norm_linear_dot_kernel as dk
 
     seen = []
@@ -417,13 +417,20 @@ def test_steps_route_by_rows_and_the_dot_blocks_fit_shared_memory(monkeypatch):
         lambda *a, **kw: seen.append(("grid" if kw["ROW_GRID"] else "blocks", grid[1])))})())
     w = torch.zeros(24, 64)
     for M in (1, 2, 4, 5, 8, 9, 64):
-        add_norm_linear(torch.zeros(M, 64), None, torch.ones(64), 1e-5, w, False)
+        add_norm_linear(torch.zeros(M, 64, dtype=torch.bfloat16), None, torch.ones(64, dtype=torch.bfloat16), 1e-5,
+                        w.bfloat16(), False)
     assert seen == [("blocks", 1), ("grid", 2), ("grid", 4), ("dot", 5), ("dot", 8), ("dot", 9), ("dot", 64)]
+    seen.clear()
+    monkeypatch.setattr(nlk, "FLOAT32_DOT", True)  # float32 on the tensor-core kernel too (the interpreter's tests)
+    for M in (5, 64):
+        add_norm_linear(torch.zeros(M, 64), None, torch.ones(64), 1e-5, w, False)
+    assert seen == [("dot", 5), ("dot", 64)]
     assert dk._blocks(576, True, 2) == dk.DOT_BLOCKS == (16, 32, 4)
     assert dk._blocks(1728, False, 2) == (16, 16, 4)  # (16 + 32) x 2048 x 2 bytes > SMEM_BYTES
     assert dk._blocks(1728, False, 4) == (16, 16, 4) and dk._blocks(2048, True, 4) == (16, 16, 4)
-    # FLOAT32_DOT off (the probe switch): float32 steps of 5.. rows leave the tensor-core kernel as tiles over shared
-    # memory do (the row grid up to 8 rows, PyTorch past it); bf16 steps keep it
+    # FLOAT32_DOT off (the default: Triton's IEEE float32 products run as FMAs, far slower on the H200): float32 steps
+    # of 5.. rows leave the tensor-core kernel as tiles over shared memory do (the row grid up to 8 rows, PyTorch past
+    # it); bf16 steps keep it
     seen.clear()
     monkeypatch.setattr(nlk, "FLOAT32_DOT", False)
     for M in (5, 8):
@@ -448,6 +455,7 @@ def test_tiles_over_shared_memory_take_the_pytorch_path(monkeypatch):
     assert dk.fits(1536, False, 4, h200) and dk.fits(576, True, 4, h200) and dk.fits(1728, False, 4, None)
     assert all(dk.fits(k, g, 2, h200) for k in (576, 1536, 1728, nlk.ONE_SHOT_K) for g in (False, True))
     assert dk.shared_limit(torch.device("cpu")) is None
+    monkeypatch.setattr(nlk, "FLOAT32_DOT", True)  # float32 steps would take the tensor-core kernel where it fits
     monkeypatch.setattr(dk, "shared_limit", lambda device: 1)  # nothing fits: every 9+ row step takes PyTorch
     monkeypatch.setattr(dk, "launch", lambda *a: pytest.fail("the tensor-core kernel was launched"))
     g = torch.Generator().manual_seed(3)
@@ -474,6 +482,7 @@ def test_engine_through_the_dot_kernel_equals_plain(monkeypatch):
     from eaglespec.layers import norm_linear_dot_kernel as dk
 
     few_programs(monkeypatch)
+    monkeypatch.setattr(nlk, "FLOAT32_DOT", True)  # these tests run in float32, which the GPU keeps off the kernel
     rows_seen = record_rows(monkeypatch, dk, "launch")
 
     def prepare(target, drafter):

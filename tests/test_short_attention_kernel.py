@@ -88,14 +88,21 @@ def test_prompts_match_sdpa(B, T, H, Hkv, D, K):
     assert torch.allclose(out, _reference(q, kc, vc, rows, mask), atol=1e-5, rtol=1e-5)
 
 
-def test_limits():
+def test_limits(monkeypatch):
+    from eaglespec.layers import short_attention_kernel as sak
+
     assert fits(1, 32, 9, 3, 64) and fits(1, 512, 9, 3, 64)  # 96 query rows: a prompt
     assert not fits(1, 513, 9, 3, 64)  # longer prompts keep SDPA
+    # float32 prompts keep SDPA (the kernel's IEEE float32 tiles were slower on the H200); few query rows do not
+    assert fits(1, 48, 9, 3, 64, torch.bfloat16) and not fits(1, 48, 9, 3, 64, torch.float32)
+    assert fits(1, 21, 9, 3, 64, torch.float32) and not fits(1, 22, 9, 3, 64, torch.float32)
+    monkeypatch.setattr(sak, "FLOAT32_PROMPTS", True)
+    assert fits(1, 48, 9, 3, 64, torch.float32)
     assert fits(32, 1, 9, 3, 64) and not fits(33, 1, 9, 3, 64)  # batch
     assert not fits(1, 1, 9, 3, 48)  # head dim not a power of two
 
 
-def test_engine_with_the_kernel_equals_plain():
+def test_engine_with_the_kernel_equals_plain(monkeypatch):
     """The kernels in the target's and the drafter's attention (with the fused RoPE + KV-store kernel) through the
     whole engine (float32): decode, verify and drafter steps take them; greedy speculation equals plain decoding."""
     from tiny import assert_transformed_engine_equals_plain
@@ -105,6 +112,7 @@ def test_engine_with_the_kernel_equals_plain():
     from eaglespec.layers import short_attention_kernel as sak
     from eaglespec.layers.attention import AttentionKernel
 
+    monkeypatch.setattr(sak, "FLOAT32_PROMPTS", True)  # float32 prompts through the kernel (the GPU gives them SDPA)
     calls = []
 
     def counted(q, *a):

@@ -35,11 +35,11 @@ from .rotary import apply_rotary
 class AttentionKernel:
     """An attention over the cache for the shapes it accepts (`GQAAttention.attn_kernel`, set by engine.transforms):
     `run(q, k_cache, v_cache, rows, mask)` with q [B, T, H, D] after RoPE, the layer's caches (this forward's keys
-    written), rows [B] and mask [B, T, K] (ctx.attn_mask) -> [B, T, H, D]; `fits(B, T, H, Hkv, D)` says whether it
-    takes a step of that shape (other steps use `attend_cached`)."""
+    written), rows [B] and mask [B, T, K] (ctx.attn_mask) -> [B, T, H, D]; `fits(B, T, H, Hkv, D, dtype)` says whether
+    it takes a step of that shape and q dtype (other steps use `attend_cached`)."""
 
     run: Callable[..., torch.Tensor]
-    fits: Callable[[int, int, int, int, int], bool]
+    fits: Callable[[int, int, int, int, int, torch.dtype], bool]
 
 
 def write_cache(cache: torch.Tensor, new: torch.Tensor, ctx: ForwardContext) -> None:
@@ -200,7 +200,7 @@ class GQAAttention(nn.Module):
                                 norm_of=norm_of)
             k_cache = cache[0]
             if (self.attn_kernel is not None and k_cache.dtype == q.dtype
-                    and self.attn_kernel.fits(B, T, H, Hkv, Dh)):
+                    and self.attn_kernel.fits(B, T, H, Hkv, Dh, q.dtype)):
                 out = self.attn_kernel.run(q, k_cache, cache[1], ctx.row_index(B), ctx.attn_mask)
             else:
                 out = attend_cached(q, ctx, cache)

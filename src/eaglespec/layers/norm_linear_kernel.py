@@ -18,8 +18,9 @@ gating) in one launch, so a Llama layer runs 6 kernels instead of 9.
   still runs.
 For M < DOT_MIN_ROWS rows (decode, short verify and drafter steps) and K <= ONE_SHOT_K; steps of
 DOT_MIN_ROWS..MAX_ROWS rows go to the tensor-core kernel of layers/norm_linear_dot_kernel.py (same contract) where its
-tiles fit the device's shared memory (else, float32 inputs over 1,024 wide, back here up to ROW_GRID_ROWS rows and to
-the PyTorch path past them); longer steps and wider layers keep cuBLAS.
+tiles fit the device's shared memory, in bf16 / fp16 only (FLOAT32_DOT); float32 steps and float32 inputs over 1,024
+wide come back here up to ROW_GRID_ROWS rows and go to the PyTorch path past them; longer steps and wider layers keep
+cuBLAS.
 Steps of 2..4 rows (and those fallbacks) launch one program per (column block, row) (ROW_GRID): each runs the
 one-row row loop over its own row, so that a few-row step costs about what a one-row step costs per kernel. The row
 loop reads a row as two power-of-two chunks where that is narrower than one block (`_k_chunks`: 576 = 512 + 64).
@@ -46,12 +47,14 @@ from .pdl import launch_options
 # at 8 rows +8%), while at 2-4 rows it lost (a one-row verify of 4 tokens 0.522 -> 0.587 ms): DOT_MIN_ROWS 9 -> 5.
 MAX_ROWS = 64
 DOT_MIN_ROWS = 5
-# float32 steps of DOT_MIN_ROWS..MAX_ROWS rows on the tensor-core kernel (IEEE float32 products, no TF32); False: as
-# float32 tiles too large for shared memory go (the row grid up to ROW_GRID_ROWS rows, PyTorch past it). A probe
-# switch (`benchmarks/float32_tree_probe.sh`): on the H200 a float32 one-row tree S6 K8 D48 (a 48-row verify, 8-row
-# drafter steps) ran 6x slower in session 36 than in session 7, before this kernel existed; the cause is not yet
-# measured. bf16 (the CUDA default) is unaffected either way.
-FLOAT32_DOT = True
+# float32 steps of DOT_MIN_ROWS..MAX_ROWS rows on the "tensor-core" kernel; False (the default): as float32 tiles too
+# large for shared memory go (the row grid up to ROW_GRID_ROWS rows, PyTorch past it). Its float32 products are IEEE
+# (no TF32), which Triton runs as FMAs, not on tensor cores: on the H200 a float32 one-row tree S6 K8 D48 (a 48-row
+# verify, 8-row drafter steps) ran at 141 tok/s with it (session 36; 851 in session 7, before the kernel existed),
+# and off, with the prompt attention kernel also off in float32 (short_attention_kernel.FLOAT32_PROMPTS), 536 tok/s
+# on MT-bench 1-10 where SDPA alone gave 359 (session 37, `benchmarks/float32_tree_probe.sh`). bf16 (the CUDA default)
+# keeps the kernel; tests under Triton's interpreter set it to run the kernel in float32.
+FLOAT32_DOT = False
 ONE_SHOT_K = 2048  # widest input: a row is read in one block (wider layers keep cuBLAS: see _blocks)
 
 
