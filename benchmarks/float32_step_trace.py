@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import json
 
-from probe_script import (DEV, DT, OUT, current_graphs, kernel_advance, option, print_advance, random_pair,  # noqa: E402
-                          replay_ms, stepped_engine)
+from probe_script import (DEV, DT, OUT, current_graphs, kernel_advance, option,  # noqa: E402
+                          print_advance, random_pair, replay_ms, stepped_engine)
 
 import torch  # noqa: E402
 

@@ -62,9 +62,16 @@ def test_cuda_defaults_wire_the_triton_kernels(monkeypatch):
     prepare_for_inference(drafter, cuda, None, False)
     for layer in target.model.layers:
         assert layer.self_attn.rope_store is rope_store and layer.self_attn.attn_kernel.run is short_attention
-        assert layer.norm_linear is add_norm_linear and layer.norm_linear_rows == nlk.MAX_ROWS == 64
-        assert isinstance(layer.self_attn.o_proj, FewRowsLinear) and layer.self_attn.o_proj.max_rows == 64
+        # float32 (the tiny models): up to the row grid's 8 rows, longer steps through cuBLAS (FLOAT32_DOT off)
+        assert layer.norm_linear is add_norm_linear and layer.norm_linear_rows == nlk.ROW_GRID_ROWS == 8
+        assert isinstance(layer.self_attn.o_proj, FewRowsLinear) and layer.self_attn.o_proj.max_rows == 8
         assert isinstance(layer.mlp.down_proj, FewRowsLinear)
+    bf16 = prepare_for_inference(tiny_llama(seed=0).to(torch.bfloat16), cuda, None, False)
+    for layer in bf16.model.layers:  # bf16: every step of up to MAX_ROWS rows
+        assert layer.norm_linear_rows == nlk.MAX_ROWS == 64 and layer.self_attn.o_proj.max_rows == 64
+    monkeypatch.setattr(nlk, "FLOAT32_DOT", True)
+    assert prepare_for_inference(tiny_llama(seed=0), cuda, None, False).model.layers[0].norm_linear_rows == 64
+    monkeypatch.setattr(nlk, "FLOAT32_DOT", False)
     assert isinstance(drafter.fc, FewRowsLinear) and isinstance(drafter.midlayer.mlp.down_proj, FewRowsLinear)
     attn = [m for m in drafter.modules() if hasattr(m, "attn_kernel")]
     assert attn and all(m.attn_kernel.run is short_attention for m in attn)

@@ -153,6 +153,15 @@ DRAFT_HEAD_MAX_WEIGHTS = 8 << 20
 DRAFT_HEAD_ROWS = 1
 
 
+def _kernel_rows(model: nn.Module) -> int:
+    """The default row limit of the add + norm + projection kernels for `model`'s weights' dtype
+    (`norm_linear_kernel.max_rows`: MAX_ROWS; 8 in float32, whose longer steps run faster through cuBLAS)."""
+    from ..layers.norm_linear_kernel import max_rows
+
+    p = next(model.parameters(), None)
+    return max_rows(p.dtype if p is not None else torch.bfloat16)
+
+
 def _small(lin: nn.Linear) -> bool:
     return lin.weight.numel() <= FEW_ROWS_MAX_WEIGHTS
 
@@ -161,16 +170,17 @@ def use_norm_linear_kernel(model: nn.Module, max_rows: int | None = None) -> nn.
     """Residual add + RMSNorm + projection (+ SiLU gating) as one Triton kernel in every pre-norm layer whose
     attention has a fused bias-free q/k/v projection and whose MLP is a fused bias-free SiLU gate/up MLP
     (layers/norm_linear_kernel.py), and for the MLP half of an EAGLE-3 drafter's layer, for steps of at most
-    `max_rows` rows (default: the kernel's MAX_ROWS); and for the drafter's final norm + its own draft head (of <=
+    `max_rows` rows (default: `norm_linear_kernel.max_rows` of the weights' dtype: MAX_ROWS, 8 in float32); and for
+    the drafter's final norm + its own draft head (of <=
     DRAFT_HEAD_MAX_WEIGHTS) in steps of at most DRAFT_HEAD_ROWS rows.
     Only models of width <= ONE_SHOT_K (SmolLM2's 576) and projections of <= FEW_ROWS_MAX_WEIGHTS weights: on the
     H200 the kernel beats the launches it saves there, while for 4096-wide layers a blocked version was 2x slower
     than cuBLAS (docs/benchmarks.md, "Session 5"). Layers of other shapes (MLA, MoE) keep their path."""
-    from ..layers.norm_linear_kernel import MAX_ROWS, ONE_SHOT_K, add_norm_linear
+    from ..layers.norm_linear_kernel import ONE_SHOT_K, add_norm_linear
     from ..models.base import PreNormDecoderLayer
     from ..models.eagle3 import Eagle3MidLayer, LlamaForCausalLMEagle3
 
-    rows = MAX_ROWS if max_rows is None else max_rows
+    rows = _kernel_rows(model) if max_rows is None else max_rows
 
     def mlp_half_fits(m: nn.Module) -> bool:  # residual add + post-attention RMSNorm + fused SiLU gate/up
         f = m.mlp
@@ -221,14 +231,14 @@ def use_linear_rows_kernel(model: nn.Module, max_rows: int | None = None,
                            names: tuple[str, ...] = ("o_proj", "down_proj", "fc", "qkv_proj")) -> nn.Module:
     """Every bias-free nn.Linear named in `names` whose input is at most ONE_SHOT_K wide and whose weight holds at
     most FEW_ROWS_MAX_WEIGHTS elements becomes a `FewRowsLinear` (layers/few_rows_linear.py) for steps of at most
-    `max_rows` rows (default: the kernel's MAX_ROWS). The kernel wins where cuBLAS is bound by its launch latency
-    (3-5 us for SmolLM2's 0.7-2 MB on the H200). A fused qkv_proj is among them for the EAGLE-3 drafter, whose layer
-    normalises its two input halves apart (so the fused norm + projection kernel does not serve it); in a target's
-    layer steps of <= MAX_ROWS rows take that kernel and never call qkv_proj, longer ones fall through to cuBLAS."""
+    `max_rows` rows (default: as `use_norm_linear_kernel`'s). The kernel wins where cuBLAS is bound by its launch
+    latency (3-5 us for SmolLM2's 0.7-2 MB on the H200). A fused qkv_proj is among them for the EAGLE-3 drafter,
+    whose layer normalises its two input halves apart (so the fused norm + projection kernel does not serve it); in a
+    target's layer steps within that kernel's rows never call qkv_proj, longer ones fall through to cuBLAS."""
     from ..layers.few_rows_linear import FewRowsLinear
-    from ..layers.norm_linear_kernel import MAX_ROWS, ONE_SHOT_K, linear_rows
+    from ..layers.norm_linear_kernel import ONE_SHOT_K, linear_rows
 
-    rows = MAX_ROWS if max_rows is None else max_rows
+    rows = _kernel_rows(model) if max_rows is None else max_rows
     for parent in list(model.modules()):
         for name in names:
             lin = parent._modules.get(name)

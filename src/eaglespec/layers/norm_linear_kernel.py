@@ -58,6 +58,15 @@ FLOAT32_DOT = False
 ONE_SHOT_K = 2048  # widest input: a row is read in one block (wider layers keep cuBLAS: see _blocks)
 
 
+def max_rows(dtype: torch.dtype) -> int:
+    """The most rows a step of `dtype` should give these kernels: MAX_ROWS, but in float32 without FLOAT32_DOT the
+    row grid's ROW_GRID_ROWS, so that longer float32 steps take the layers' own path (cuBLAS and the elementwise
+    kernels) instead of this kernel's PyTorch fallback, which runs the norm as ~8 eager kernels and copies its
+    results into the kernel's outputs (on the H200 ~1.9 of a float32 48-token verify's 4.4 ms went there, session
+    37, `benchmarks/float32_step_trace.py`)."""
+    return ROW_GRID_ROWS if dtype == torch.float32 and not FLOAT32_DOT else MAX_ROWS
+
+
 def add_norm_linear_reference(h: torch.Tensor, delta: torch.Tensor | None, norm_weight: torch.Tensor | None,
                               eps: float, weight: torch.Tensor, gated: bool,
                               norm: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
