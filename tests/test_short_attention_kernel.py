@@ -93,11 +93,13 @@ def test_limits(monkeypatch):
 
     assert fits(1, 32, 9, 3, 64) and fits(1, 512, 9, 3, 64)  # 96 query rows: a prompt
     assert not fits(1, 513, 9, 3, 64)  # longer prompts keep SDPA
-    # float32 prompts keep SDPA (the kernel's IEEE float32 tiles were slower on the H200); few query rows do not
-    assert fits(1, 48, 9, 3, 64, torch.bfloat16) and not fits(1, 48, 9, 3, 64, torch.float32)
-    assert fits(1, 21, 9, 3, 64, torch.float32) and not fits(1, 22, 9, 3, 64, torch.float32)
-    monkeypatch.setattr(sak, "FLOAT32_PROMPTS", True)
-    assert fits(1, 48, 9, 3, 64, torch.float32)
+    # float32 steps of more than 16 query rows keep SDPA (the kernels' IEEE float32 tiles spill past them on the
+    # H200); bf16 and a float32 chain's verify of 4 tokens (12 query rows) do not
+    assert fits(1, 48, 9, 3, 64, torch.bfloat16) and fits(1, 8, 9, 3, 64, torch.bfloat16)
+    assert fits(1, 5, 9, 3, 64, torch.float32) and not fits(1, 6, 9, 3, 64, torch.float32)
+    assert not fits(1, 48, 9, 3, 64, torch.float32) and fits(1, 48, 9, 3, 64)
+    monkeypatch.setattr(sak, "FLOAT32_MAX_QUERY_ROWS", None)
+    assert fits(1, 48, 9, 3, 64, torch.float32) and fits(1, 8, 9, 3, 64, torch.float32)
     assert fits(32, 1, 9, 3, 64) and not fits(33, 1, 9, 3, 64)  # batch
     assert not fits(1, 1, 9, 3, 48)  # head dim not a power of two
 
@@ -112,7 +114,7 @@ def test_engine_with_the_kernel_equals_plain(monkeypatch):
     from eaglespec.layers import short_attention_kernel as sak
     from eaglespec.layers.attention import AttentionKernel
 
-    monkeypatch.setattr(sak, "FLOAT32_PROMPTS", True)  # float32 prompts through the kernel (the GPU gives them SDPA)
+    monkeypatch.setattr(sak, "FLOAT32_MAX_QUERY_ROWS", None)  # float32 as bf16 (the GPU gives wider steps SDPA)
     calls = []
 
     def counted(q, *a):

@@ -51,7 +51,7 @@ DOT_MIN_ROWS = 5
 # large for shared memory go (the row grid up to ROW_GRID_ROWS rows, PyTorch past it). Its float32 products are IEEE
 # (no TF32), which Triton runs as FMAs, not on tensor cores: on the H200 a float32 one-row tree S6 K8 D48 (a 48-row
 # verify, 8-row drafter steps) ran at 141 tok/s with it (session 36; 851 in session 7, before the kernel existed),
-# and off, with the prompt attention kernel also off in float32 (short_attention_kernel.FLOAT32_PROMPTS), 536 tok/s
+# and off, with the prompt attention kernel also off in float32 (short_attention_kernel.FLOAT32_MAX_QUERY_ROWS), 536 tok/s
 # on MT-bench 1-10 where SDPA alone gave 359 (session 37, `benchmarks/float32_tree_probe.sh`). bf16 (the CUDA default)
 # keeps the kernel; tests under Triton's interpreter set it to run the kernel in float32.
 FLOAT32_DOT = False

@@ -12,7 +12,7 @@ positions) is its own program, so a short query is spread over the whole chip, a
   positions [0, K) (K <= S), scale (None: D ** -0.5).
   out [B, T, H, D] in q's dtype: for query head h, kv head h // (H / Hkv) (GQA), softmax over the visible positions.
   Usable when `fits(B, T, H, Hkv, D, dtype)`: T * H / Hkv <= MAX_QUERY_ROWS or T <= MAX_PROMPT_TOKENS (prompts:
-  below; in float32 only with FLOAT32_PROMPTS), B <= MAX_BATCH, D a power of two >= 16.
+  below; float32 steps only up to FLOAT32_MAX_QUERY_ROWS query rows), B <= MAX_BATCH, D a power of two >= 16.
 Kernel 1, program (b * Hkv + kv head, split): the G = H / Hkv query heads of that kv head times the T tokens (query
 row r = t * G + g, padded to BLOCK_Q >= 16 for tl.dot) against positions [split * BLOCK_KV, + BLOCK_KV): scores,
 mask, the block's row max m, sum l and unnormalised output o in float32 scratch. In steps of SKIP_MIN_ROWS rows or
@@ -56,21 +56,23 @@ UNROLL_MAX_SPLITS = 16  # the combine's loop over splits is unrolled up to this 
 _block_scores = _pv_product = _online_block = _merge_split = _query_tile = _store_output = None
 
 
-# float32 prompts (T * G > MAX_QUERY_ROWS) through the prompt kernel; False: SDPA. Its tiles in float32 (64 x 64
-# queries, keys, values and the output accumulator, multiplied with IEEE float32 FMAs: no tensor cores) ran far slower
-# than SDPA on the H200 (session 37, `benchmarks/float32_tree_probe.sh`, MT-bench 1-10, one row: a float32 tree S6 K8
-# D48, whose 48-token verify is 144 query rows, 156 -> 536 tok/s beside FLOAT32_DOT off; plain decoding, whose
-# prefills take it, 1,102 -> 1,180 tok/s). bf16 prompts keep the kernel; float32 steps of few query rows keep the
-# split-K kernels (a float32 chain ran as fast as before). Triton's interpreter (CPU tests) may set it to run the
-# kernel through an engine.
-FLOAT32_PROMPTS = False
+# float32 steps of more query rows (T * G) than this go to SDPA; None: float32 as bf16 (tests under Triton's
+# interpreter set it so, to run the kernels through an engine). In float32 the kernels multiply with IEEE float32 FMAs
+# (no tensor cores), and tiles past 16 query rows spill: on the H200 (session 37) the prompt kernel made a float32
+# tree S6 K8 D48, whose 48-token verify is 144 query rows, run at 156 tok/s against 536 through SDPA (MT-bench 1-10,
+# `benchmarks/float32_tree_probe.sh`, FLOAT32_DOT off in both; plain decoding, whose prefills took it, 1,102 -> 1,180
+# tok/s), and the split kernel spent 180 us per call on that tree's 8-token drafter steps (24 query rows, 32-row tiles)
+# against 15 us on a decode step's 3 (`benchmarks/float32_step_trace.py`, random weights). bf16 is unaffected; a float32
+# chain (at most 12 query rows) keeps the kernels.
+FLOAT32_MAX_QUERY_ROWS: int | None = 16
 
 
 def fits(B: int, T: int, H: int, Hkv: int, D: int, dtype: torch.dtype | None = None) -> bool:
-    """Whether `short_attention` takes a step of this shape (and q dtype: float32 prompts only with FLOAT32_PROMPTS;
-    None: any dtype)."""
-    prompt_ok = T <= MAX_PROMPT_TOKENS and (dtype != torch.float32 or FLOAT32_PROMPTS)
-    return (B <= MAX_BATCH and (T * (H // Hkv) <= MAX_QUERY_ROWS or prompt_ok) and D >= 16
+    """Whether `short_attention` takes a step of this shape and q dtype (None: any dtype; float32 only up to
+    FLOAT32_MAX_QUERY_ROWS query rows)."""
+    if dtype == torch.float32 and FLOAT32_MAX_QUERY_ROWS is not None and T * (H // Hkv) > FLOAT32_MAX_QUERY_ROWS:
+        return False
+    return (B <= MAX_BATCH and (T * (H // Hkv) <= MAX_QUERY_ROWS or T <= MAX_PROMPT_TOKENS) and D >= 16
             and D & (D - 1) == 0 and H % Hkv == 0)
 
 
