@@ -171,8 +171,8 @@ def use_norm_linear_kernel(model: nn.Module, max_rows: int | None = None) -> nn.
     attention has a fused bias-free q/k/v projection and whose MLP is a fused bias-free SiLU gate/up MLP
     (layers/norm_linear_kernel.py), and for the MLP half of an EAGLE-3 drafter's layer, for steps of at most
     `max_rows` rows (default: `norm_linear_kernel.max_rows` of the weights' dtype: MAX_ROWS, 8 in float32); and for
-    the drafter's final norm + its own draft head (of <=
-    DRAFT_HEAD_MAX_WEIGHTS) in steps of at most DRAFT_HEAD_ROWS rows.
+    the drafter's final norm + its own draft head (of <= DRAFT_HEAD_MAX_WEIGHTS) in steps of at most DRAFT_HEAD_ROWS
+    rows.
     Only models of width <= ONE_SHOT_K (SmolLM2's 576) and projections of <= FEW_ROWS_MAX_WEIGHTS weights: on the
     H200 the kernel beats the launches it saves there, while for 4096-wide layers a blocked version was 2x slower
     than cuBLAS (docs/benchmarks.md, "Session 5"). Layers of other shapes (MLA, MoE) keep their path."""

@@ -48,12 +48,14 @@ from .pdl import launch_options
 MAX_ROWS = 64
 DOT_MIN_ROWS = 5
 # float32 steps of DOT_MIN_ROWS..MAX_ROWS rows on the "tensor-core" kernel; False (the default): as float32 tiles too
-# large for shared memory go (the row grid up to ROW_GRID_ROWS rows, PyTorch past it). Its float32 products are IEEE
-# (no TF32), which Triton runs as FMAs, not on tensor cores: on the H200 a float32 one-row tree S6 K8 D48 (a 48-row
-# verify, 8-row drafter steps) ran at 141 tok/s with it (session 36; 851 in session 7, before the kernel existed),
-# and off, with the prompt attention kernel also off in float32 (short_attention_kernel.FLOAT32_MAX_QUERY_ROWS), 536 tok/s
-# on MT-bench 1-10 where SDPA alone gave 359 (session 37, `benchmarks/float32_tree_probe.sh`). bf16 (the CUDA default)
-# keeps the kernel; tests under Triton's interpreter set it to run the kernel in float32.
+# large for shared memory go (the row grid up to ROW_GRID_ROWS rows, PyTorch past it; `max_rows` keeps longer float32
+# steps away from these kernels altogether). Its float32 products are IEEE (no TF32), which Triton runs as FMAs, not
+# on tensor cores, and its float32 tiles spill: on the H200 a float32 one-row tree S6 K8 D48 (a 48-row verify, 8-row
+# drafter steps) ran at 141 tok/s with it and float32 attention kernels (session 36; 851 in session 7). Session 37
+# (`benchmarks/float32_tree_probe.sh`, MT-bench 1-10): off, 156 tok/s; off and float32 prompts on SDPA
+# (short_attention_kernel.FLOAT32_MAX_QUERY_ROWS), 536 against 359 with SDPA alone; with `max_rows` and wider float32
+# attention on SDPA too, 1,021 tok/s on all 80 (docs/benchmarks.md, "Session 37"). bf16 (the CUDA default) keeps
+# the kernel; tests under Triton's interpreter set it to run the kernel in float32.
 FLOAT32_DOT = False
 ONE_SHOT_K = 2048  # widest input: a row is read in one block (wider layers keep cuBLAS: see _blocks)
 
@@ -62,8 +64,8 @@ def max_rows(dtype: torch.dtype) -> int:
     """The most rows a step of `dtype` should give these kernels: MAX_ROWS, but in float32 without FLOAT32_DOT the
     row grid's ROW_GRID_ROWS, so that longer float32 steps take the layers' own path (cuBLAS and the elementwise
     kernels) instead of this kernel's PyTorch fallback, which runs the norm as ~8 eager kernels and copies its
-    results into the kernel's outputs (on the H200 ~1.9 of a float32 48-token verify's 4.4 ms went there, session
-    37, `benchmarks/float32_step_trace.py`)."""
+    results into the kernel's outputs: on the H200 that took a float32 48-token verify graph from 4.4 to 3.3 ms
+    (session 37, `benchmarks/float32_step_trace.py`, random SmolLM2 weights)."""
     return ROW_GRID_ROWS if dtype == torch.float32 and not FLOAT32_DOT else MAX_ROWS
 
 
