@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from test_loading_gguf import Q, write_tiny_gguf
 from tiny import tiny_llama
 
@@ -92,8 +93,8 @@ def test_default_drafter_policy_per_device_and_engine_size(monkeypatch):
     """The measured policy (docs/benchmarks.md, "The shipped drafter", "Session 19", "Session 24", "Session 25"): the
     tree S2 K2 D4 in one-row CPU engines when greedy and a chain of 2 when sampling; on CUDA when greedy a chain of 3
     at 1 and 9-16 rows, the tree S4 K4 D8 at 2-8 and S5 K2 D8 at 17-32 rows, in engines of up to 32 rows (unmeasured
-    above 32 rows), and when sampling the chain of 3 in engines of up to 32 rows; plain decoding elsewhere, and an
-    explanation for each case. A policy of several shapes gives engines of several rows a schedule, each step the
+    above 32 rows), greedy in float32 the chain of 3 at 1-32 rows, and when sampling the chain of 3 in engines of up
+    to 32 rows; plain decoding elsewhere, and an explanation for each case. A policy of several shapes gives engines of several rows a schedule, each step the
     shape of its rows."""
     import eaglespec.assets as assets
     from eaglespec.assets import default_spec, slower_note
@@ -112,6 +113,19 @@ def test_default_drafter_policy_per_device_and_engine_size(monkeypatch):
     assert [default_spec("cuda", 32).shapes[default_spec("cuda", 32).shape_index(r)]
             for r in (1, 2, 8, 9, 16, 17, 32)] == [chain, k4, k4, chain, chain, k2, k2]
     assert default_spec("cuda", 33) is None and "above 32 rows" in slower_note("cuda")
+    # greedy float32 on CUDA (session 38): the bf16 trees lost there (0.92x / 0.86x at 8 / 32 rows), the chain of 3
+    # at 1-32 rows; bf16 / float16 / unsaid keep the bf16 table, the CPU (float32 always) its own, sampling its own
+    for rows in (1, 8, 16, 32):
+        assert default_spec("cuda", rows, 0.0, torch.float32) == chain
+    assert default_spec("cuda", 33, 0.0, torch.float32) is None
+    for dtype in (None, torch.bfloat16, torch.float16):
+        assert default_spec("cuda", 32, 0.0, dtype) == SpecSchedule(((1, chain), (8, k4), (16, chain), (32, k2)))
+    assert default_spec("cpu", 1, 0.0, torch.float32) == SpecConfig(2, 2, 4)
+    assert default_spec("cuda", 8, 1.0, torch.float32) == chain
+    from eaglespec.api import auto_spec  # `load` and `bench --spec auto` read the dtype off the target's weights
+    assert auto_spec(torch.nn.Linear(2, 2), "cuda", 8) == (chain, None)
+    assert auto_spec(torch.nn.Linear(2, 2).to(torch.bfloat16), "cuda", 8) == (SpecSchedule(((1, chain), (8, k4))),
+                                                                              None)
     wide = SpecConfig(5, 2, 8)  # session 15's policy: past 16 rows the K = 2 tree
     monkeypatch.setitem(assets._DEFAULT_SPEC, "cuda", ((16, chain), (32, wide)))
     assert default_spec("cuda", 32) == SpecSchedule(((16, chain), (32, wide)))

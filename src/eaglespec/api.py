@@ -6,11 +6,12 @@
 
 `draft="auto"` (the default) speculates with the shipped drafter when the model is the embedded default and plainly
 otherwise; without an explicit `spec` it takes the measured shapes of `assets.default_spec` for the device, the
-engine's rows (on the CPU: one-row engines, as `eaglespec generate` builds; a `SpecSchedule` where the shapes
-measured differ by rows, each step the shape of the rows it runs) and the `temperature` the engine is meant to serve
-(sampled: the chain of 2 in one-row CPU engines; on CUDA the chain of 3 up to 32 rows), and decodes plainly
-where the drafter was measured slower than plain decoding; on the CPU it first times the target's forwards on this
-machine (`engine/verify_cost.py`) and decodes plainly where a forward of the shape's draft tokens costs more than
+engine's rows (on the CPU: one-row engines, as `eaglespec generate` builds; a `SpecSchedule` where the shapes measured
+differ by rows, each step the shape of the rows it runs), the `temperature` the engine is meant to serve (sampled: the
+chain of 2 in one-row CPU engines; on CUDA the chain of 3 up to 32 rows) and the dtype (greedy float32 on CUDA: the
+chain of 3 up to 32 rows, where bf16 takes trees at 2-8 and 17-32 rows), and decodes plainly where the drafter was
+measured slower than plain decoding; on the CPU it first times the target's forwards on this machine
+(`engine/verify_cost.py`) and decodes plainly where a forward of the shape's draft tokens costs more than
 `assets.CPU_MAX_VERIFY_COST` one-token forwards (`auto_spec` makes that choice; the engine's `plain_note` then says
 why). `spec` may be a SpecConfig or a SpecSchedule.
 `draft=None` never speculates; a path loads that EAGLE-3 drafter checkpoint.
@@ -45,11 +46,11 @@ def load_drafter(path: str | Path, device: torch.device | str, dtype: torch.dtyp
 def auto_spec(target: torch.nn.Module, device_type: str, max_batch_size: int = 1,
               temperature: float = 0.0) -> tuple[SpecConfig | SpecSchedule | None, str | None]:
     """What `draft="auto"` speculates with on the shipped drafter for an engine of `max_batch_size` rows on this
-    device type at this temperature: (`assets.default_spec`'s shape or schedule, None), or (None, why not) where
-    plain decoding is the choice: measured slower there (`assets.slower_note`), or, on the CPU, a forward of the
-    shape's draft tokens timed on this machine at more than CPU_MAX_VERIFY_COST one-token forwards (`target`
-    prepared as the engine runs it). `load` and `eaglespec bench --spec auto` both take it."""
-    spec = default_spec(device_type, max_batch_size, temperature)
+    device type at this temperature in `target`'s dtype: (`assets.default_spec`'s shape or schedule, None), or
+    (None, why not) where plain decoding is the choice: measured slower there (`assets.slower_note`), or, on the
+    CPU, a forward of the shape's draft tokens timed on this machine at more than CPU_MAX_VERIFY_COST one-token
+    forwards (`target` prepared as the engine runs it). `load` and `eaglespec bench --spec auto` both take it."""
+    spec = default_spec(device_type, max_batch_size, temperature, next(target.parameters()).dtype)
     if spec is None:
         return None, slower_note(device_type)
     if device_type == "cpu":  # the CPU's premise (a few-token forward costs about a 1-token one) is measured

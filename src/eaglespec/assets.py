@@ -1,18 +1,20 @@
 """Files shipped inside the package: the trained EAGLE-3 drafter of the embedded default model, and the policy for
 using it.
 
-`draft="auto"` on the embedded model speculates with the shipped drafter in the shape
-`default_spec(device_type, max_batch_size, temperature)` gives, a measured choice per device type, engine size and
-greedy vs sampled decoding (docs/benchmarks.md, "The shipped drafter"), and decodes plainly where every measured shape
-was slower than plain decoding (`default_spec` returns None; `slower_note` says what was measured). On the CPU the
-shape is taken only where a forward of its draft tokens costs at most `CPU_MAX_VERIFY_COST` one-token forwards,
-measured on the machine at load (`verify_cost_note` says so otherwise).
+`draft="auto"` on the embedded model speculates with the shipped drafter in the shape `default_spec(device_type,
+max_batch_size, temperature, dtype)` gives, a measured choice per device type, engine size, greedy vs sampled decoding
+and (greedy on CUDA) bf16 vs float32 (docs/benchmarks.md, "The shipped drafter"), and decodes plainly where every
+measured shape was slower than plain decoding (`default_spec` returns None; `slower_note` says what was measured). On
+the CPU the shape is taken only where a forward of its draft tokens costs at most `CPU_MAX_VERIFY_COST` one-token
+forwards, measured on the machine at load (`verify_cost_note` says so otherwise).
 An explicit shape (`--steps/--topk/--draft-tokens`, `api.load(spec=...)`) always speculates.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+
+import torch
 
 from .config import SpecConfig, SpecSchedule
 
@@ -21,7 +23,8 @@ DEFAULT_DRAFTER = ASSETS / "smollm2-135m-eagle3"
 
 # Measured with `eaglespec bench` / `eaglespec tune` on MT-bench first turns, the fifth drafter (docs/benchmarks.md,
 # "The shipped drafter", "Session 7" to "Session 12"); the sixth (session 36: the fifth continued on new data, same
-# shape and vocabulary, tau 0.02-0.10 higher in every shape measured) keeps these shapes, not re-tuned:
+# shape and vocabulary, tau 0.02-0.10 higher in every shape measured) and the seventh (session 38: the sixth
+# continued so, tau 0.02-0.07 higher) keep these shapes, not re-tuned:
 # - this project's 2-core CPU, float32: a forward of up to 3 tokens costs about one of 1 token (4 cost 1.5x: MKL
 #   leaves its small-M path), so short chains are the fastest shapes at batch 1: greedy, the chain of 2 (3 tokens;
 #   1.46x, S1 K1 D2 1.37x, S3 K1 D4 1.15x, tree S2 K2 D4 1.24x; `generate` 1.40x against 1.31x with S1 K1 D2);
@@ -116,6 +119,12 @@ _CHAIN_2 = SpecConfig(steps=2, topk=1, draft_tokens=3)
 # the same, sampling (temperature > 0): the chain of 2 in one-row CPU engines; on CUDA the chain of 3 up to 32 rows
 _DEFAULT_SPEC_SAMPLED: dict[str, tuple[tuple[int, SpecConfig], ...]] = {
     "cpu": ((1, _CHAIN_2),), "cuda": ((32, _CHAIN_3),)}
+# greedy float32 on CUDA (session 38, H200, MT-bench 80, 256 tokens, continuous batching, the seventh drafter): the
+# trees above were tuned in bf16, and in float32 (no tensor cores: `norm_linear_kernel.max_rows` sends steps of more
+# than 8 rows to cuBLAS, where each verify row costs in full) their 64- and 256-row verifies lose: `auto`'s S4 K4 D8
+# at 8 rows 0.92x, S5 K2 D8 at 32 rows 0.86x, against the chain of 3's 1.34x / 1.55x (S2 K1 D3 1.25x / 1.45x) and
+# 1.77x at one row: the chain of 3 at 1-32 rows
+_DEFAULT_SPEC_FLOAT32: dict[str, tuple[tuple[int, SpecConfig], ...]] = {"cuda": ((32, _CHAIN_3),)}
 _SLOWER: dict[str, str] = {"cuda": "not measured above 32 rows on an H200",
                            "cpu": "engines of several rows measured no faster than plain decoding on the CPU (2 rows: "
                                   "1.00x)"}
@@ -126,13 +135,19 @@ def default_drafter_path() -> Path | None:
     return DEFAULT_DRAFTER if (DEFAULT_DRAFTER / "config.json").exists() else None
 
 
-def default_spec(device_type: str, max_batch_size: int = 1,
-                 temperature: float = 0.0) -> SpecConfig | SpecSchedule | None:
+def default_spec(device_type: str, max_batch_size: int = 1, temperature: float = 0.0,
+                 dtype: torch.dtype | None = None) -> SpecConfig | SpecSchedule | None:
     """What `draft="auto"` speculates with on this device type for an engine of this many rows serving at this
-    temperature (0: greedy); None: plain decoding is faster there. An engine of several rows gets the measured
-    shapes up to its size as a `SpecSchedule` (each step takes the shape of the rows it runs) where they differ,
-    else the one shape."""
-    shapes = (_DEFAULT_SPEC_SAMPLED if temperature > 0 else _DEFAULT_SPEC).get(device_type, ())
+    temperature (0: greedy) in this dtype (None: the device's default, bf16 on CUDA); None: plain decoding is faster
+    there. An engine of several rows gets the measured shapes up to its size as a `SpecSchedule` (each step takes the
+    shape of the rows it runs) where they differ, else the one shape."""
+    if temperature > 0:
+        table = _DEFAULT_SPEC_SAMPLED
+    elif dtype == torch.float32 and device_type in _DEFAULT_SPEC_FLOAT32:
+        table = _DEFAULT_SPEC_FLOAT32
+    else:
+        table = _DEFAULT_SPEC
+    shapes = table.get(device_type, ())
     if not any(max_batch_size <= rows for rows, _ in shapes):
         return None
     entries = []
