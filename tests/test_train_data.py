@@ -217,13 +217,20 @@ def test_build_dataset_batches_the_encoding_without_changing_a_token(smol_tokeni
              for i in range(7)]
     convs.insert(3, [{"role": "system", "content": "Be brief."}, {"role": "user", "content": ""},
                      {"role": "assistant", "content": "Fine."}])
-    want = [tokenize_conversation(smol_tokenizer, c) for c in convs]
+    def cut(ids: list[int], mask: list[bool]) -> tuple[list[int], list[bool]]:  # a sample ends at its last loss token
+        end = len(mask) - mask[::-1].index(True)
+        return ids[:end], mask[:end]
+
+    full = [tokenize_conversation(smol_tokenizer, c) for c in convs]
+    want = [cut(*sample) for sample in full]
     for chunk in (1, 3, 100):
         ds = build_dataset(smol_tokenizer, convs, 10_000, chunk=chunk)
         assert len(ds) == len(convs)
         for i, (ids, mask) in enumerate(want):
             a, b = ds.offsets[i], ds.offsets[i + 1]
             assert ds.tokens[a:b].tolist() == ids and ds.mask[a:b].tolist() == mask
+        # the template's newline after each conversation's last <|im_end|>
+        assert ds.trimmed == sum(len(f[0]) - len(w[0]) for f, w in zip(full, want)) == len(convs)
     texts = ["Hello world", "", "<|im_start|>user\nhi<|im_end|>", "naïve café"]
     assert smol_tokenizer.encode_batch(texts) == [smol_tokenizer.encode(t) for t in texts]
     strict = copy.copy(smol_tokenizer)
@@ -232,7 +239,7 @@ def test_build_dataset_batches_the_encoding_without_changing_a_token(smol_tokeni
     ds = build_dataset(strict, convs, 10_000, chunk=3)
     kept = [c for c in convs if c[0]["role"] != "system"]
     assert len(ds) == len(kept) and ds.dropped == {"refused by the chat template": 1}
-    assert ds.tokens[: ds.offsets[1]].tolist() == tokenize_conversation(strict, kept[0])[0]
+    assert ds.tokens[: ds.offsets[1]].tolist() == cut(*tokenize_conversation(strict, kept[0]))[0]
 
 
 def test_templates_that_refuse_or_drop_messages_are_counted(smol_tokenizer):
@@ -290,3 +297,10 @@ def test_mask_loops_keeps_the_start_of_each_loop_run():
     out, k = mask_loops(broken, [True] * len(broken), keep=3)
     # repeats start at 10 (the 8-gram of 0..7 again at 3..10) and, after the 99, at 26 (no 8-gram holding the 99 repeats)
     assert [i for i in range(len(broken)) if not out[i]] == list(range(13, 18)) + list(range(29, 37)) and k == 13
+    # in a dataset a loop that runs to the end is cut off after its kept start (`broken`'s second run, 11 long,
+    # loses its last token with keep=10); a masked run inside a sample stays
+    ds = TokenDataset.from_samples([(ids, mask), (broken, [True] * len(broken))], loop_keep=10)
+    assert ds.loop_masked == 40 + 1 and ds.trimmed == 40 + 1 and ds.lengths.tolist() == [30, len(broken) - 1]
+    ds = TokenDataset.from_samples([(broken, [True] * len(broken))], loop_keep=3)
+    assert ds.loop_masked == 13 and ds.trimmed == 8 and ds.mask.tolist() == out[:29]  # 13-17 kept in, 29-36 cut
+    assert ds.tokens.tolist() == broken[:29]

@@ -99,3 +99,40 @@ def test_eval_line_gives_the_chain_of_three_estimate_beside_the_full_one():
     r = EvalResult(acc=[0.5, 0.5, 0.5, 0.5], loss=1.0, accept_length=1.9375)
     assert r.line().endswith("estimated chain acceptance 1.938 (3 steps: 1.875)")
     assert EvalResult(acc=[0.5, 0.5], loss=1.0, accept_length=1.75).line().endswith("acceptance 1.750")
+
+
+def test_tokens_after_the_last_loss_token_change_nothing(models):
+    """dataset.py cuts a sample after its last loss token (a loop running to the end of an answer): the TTT loss,
+    its per-step counts and accuracies, and the drafter's gradients are the same with and without that tail."""
+    from eaglespec.train.dataset import TokenDataset
+    from eaglespec.train.features import target_features
+    from eaglespec.train.ttt import ttt_loss
+    from eaglespec.train.vocab import build_draft_vocab
+
+    target, drafter = models
+    V = target.config.vocab_size
+    vocab = build_draft_vocab(torch.arange(V, 0, -1), 50)
+    g = torch.Generator().manual_seed(5)
+    ids = torch.randint(0, V, (30,), generator=g).tolist()
+    mask = [False] * 6 + [True] * 9 + [False] * 3 + [True] * 4 + [False] * 8  # prompt, answer, turn, answer, tail
+    ds = TokenDataset.from_samples([(ids, mask)])
+    assert ds.lengths.tolist() == [22] and ds.trimmed == 8 and ds.tokens.tolist() == ids[:22]
+
+    def loss_and_grads(tokens: list[int], loss_mask: list[bool]):
+        t = torch.tensor([tokens])
+        feats = target_features(target, t, vocab)
+        drafter.zero_grad()
+        res = ttt_loss(drafter, ttt_hiddens(drafter, t, feats.aux, STEPS), feats, torch.tensor([loss_mask]))
+        res.loss.backward()
+        grads = {n: p.grad.clone() for n, p in drafter.named_parameters() if p.grad is not None}
+        return res, grads
+
+    full, full_grads = loss_and_grads(ids, mask)
+    cut, cut_grads = loss_and_grads(ds.tokens.tolist(), ds.mask.tolist())
+    assert cut.count.tolist() == full.count.tolist() and full.count.sum() > 20
+    assert cut.correct.tolist() == full.correct.tolist()
+    torch.testing.assert_close(cut.loss, full.loss, rtol=1e-5, atol=1e-6)
+    assert full_grads.keys() == cut_grads.keys() and len(full_grads) > 3
+    for name, grad in full_grads.items():  # float32 sums over other lengths: ~1e-6 of the largest entry apart
+        torch.testing.assert_close(cut_grads[name], grad, rtol=1e-4, atol=1e-4 * float(grad.abs().max()))
+    drafter.zero_grad()

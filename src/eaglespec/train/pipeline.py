@@ -211,6 +211,8 @@ def train_drafter(target: torch.nn.Module, tokenizer: "BaseTokenizer", conversat
     if opts.loop_keep is not None:
         log(f"loop mask: {ds.loop_masked} assistant tokens lie deeper than {opts.loop_keep} tokens into a repetition "
             "loop and carry no loss")
+    if ds.trimmed:
+        log(f"trimmed: {ds.trimmed} tokens after the samples' last loss tokens (no loss, no effect on the loss: cut)")
     dropped.update(ds.dropped)
     if dropped:
         log("dropped: " + ", ".join(f"{n} {why}" for why, n in sorted(dropped.items())))

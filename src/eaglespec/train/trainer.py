@@ -334,7 +334,8 @@ class Trainer:
                               f"{state['n_batches']} batches, this one has {len(self.batches)})")
         if state.get("data", self.data_hash) != self.data_hash:
             raise ConfigError(f"cannot resume from {path}: the training tokens or their loss mask differ from this "
-                              "run's (other data, --max-len, --long or --loop-keep?)")
+                              "run's (other data, --max-len, --long or --loop-keep? or a checkpoint of an eaglespec "
+                              "that kept the tokens after a sample's last loss token)")
         if not (state["d2t"].equal(self.vocab.d2t.cpu()) and state["t2d"].equal(self.vocab.t2d.cpu())):
             raise ConfigError(f"cannot resume from {path}: its draft vocabulary differs from this run's (other data?)")
         self._load_weights(state["weights"])
