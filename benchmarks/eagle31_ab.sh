@@ -19,6 +19,8 @@
 #             .device/data_all/sharegpt_all_turns.json.xz, which fits beside a GGUF part where the .gz does not).
 #   SELF_PROMPTS, SELF_PROMPT_OPENERS: prompt sets the target writes and answers (benchmarks/self_prompt_args.sh).
 #   SEED: --seed (default 0): the self-written prompts' draws (another seed, other prompts), shuffling, the split.
+#   REGEN_STOP_LOOP: --regen-stop-loop (default 32, as --loop-keep: an answer ends where its tokens would carry no
+#             loss; 0 regenerates whole answers, as runs before session 38 did).
 #   INIT_DIR: continue every variant from this exported drafter (e.g. src/eaglespec/assets/smollm2-135m-eagle3, which
 #             travels with the tree); the variants' flags then add EAGLE-3.1's norms to it (calibrated aux norm), and
 #             the held-out evaluation runs at step 0 too.
@@ -71,7 +73,7 @@ if [ "$MODE" = train ]; then
       --out "/tmp/ab/$name" --work-dir "$w" "${TURNS[@]}" "${INIT[@]}" --resume \
       --regen-max-new-tokens 512 --regen-batch 1024 --regen-shard 4096 --max-len 1024 \
       --draft-vocab 12288 --batch-tokens 8192 --max-steps "$STEPS" --lr 3e-4 --ttt-steps 7 --loop-keep 32 \
-      --seed "${SEED:-0}" --eval-every $((STEPS / 2)) --eval-prompts mt-bench --save-every 250 --no-progress \
+      --seed "${SEED:-0}" --regen-stop-loop "${REGEN_STOP_LOOP:-32}" --eval-every $((STEPS / 2)) --eval-prompts mt-bench --save-every 250 --no-progress \
       --device cuda --dtype bfloat16 --max-shard-mb 15 \
       "${EXTRA[@]}" $(echo "$flags" | tr ',' ' ') >> "$OUT/train_$name.txt" 2>&1 \
       || echo "$name: cut short (resume in the next call)"

@@ -52,6 +52,7 @@ EXTRA=()   # DRAFTER_FFN / DRAFTER_HEADS widen the drafter layer (default: the t
 [ -n "${REBUILD_VOCAB:-}" ] && EXTRA+=(--rebuild-vocab)   # with an --init drafter: a DRAFT_VOCAB-token vocabulary
                                                          # from this run's data (benchmarks/vocab_coverage.py)
 [ -n "${LOOP_KEEP:-}" ] && EXTRA+=(--loop-keep "$LOOP_KEEP")   # no loss deep inside SmolLM2's greedy loops
+[ -n "${REGEN_STOP_LOOP:-}" ] && EXTRA+=(--regen-stop-loop "$REGEN_STOP_LOOP")   # nor regenerated (e.g. as LOOP_KEEP)
 [ -n "${MAX_STEPS:-}" ] && EXTRA+=(--max-steps "$MAX_STEPS")   # a schedule of this many steps instead of EPOCHS
 # SELF_PROMPTS / SELF_PROMPT_OPENERS: prompts the target writes (cached in /tmp/work), see self_prompt_args.sh
 source benchmarks/self_prompt_args.sh

@@ -215,7 +215,7 @@ def test_train_an_eagle31_drafter_and_add_its_norms_to_another(tiny_folder, data
 
 def test_train_loop_mask_is_applied_and_reported(tiny_folder, tmp_path, capsys):
     """--loop-keep reaches the dataset (the log counts the tokens it took out of the loss); a negative value is
-    refused before any work."""
+    refused before any work, as are a negative --regen-stop-loop and one without regeneration."""
     data = tmp_path / "loops.jsonl"
     loop = "ab " * 40
     data.write_text("\n".join(json.dumps({"messages": [{"role": "user", "content": f"say ab {i}"},
@@ -229,6 +229,10 @@ def test_train_loop_mask_is_applied_and_reported(tiny_folder, tmp_path, capsys):
     assert "loop mask: 630 assistant tokens lie deeper than 4 tokens into a repetition loop" in err
     assert main([*common, "--out", str(tmp_path / "e"), "--loop-keep", "-1"]) == 2
     assert "--loop-keep must be >= 0 (got -1)" in capsys.readouterr().err
+    assert main([*common, "--out", str(tmp_path / "e"), "--regen-stop-loop", "-2"]) == 2
+    assert "--regen-stop-loop must be >= 0 (got -2)" in capsys.readouterr().err
+    assert main([*common, "--out", str(tmp_path / "e"), "--regen-stop-loop", "32"]) == 2  # with --no-regenerate
+    assert "--regen-stop-loop ends regenerated answers, and --no-regenerate regenerates none" in capsys.readouterr().err
 
 
 def test_train_command_reports_bad_data_in_one_line(tiny_folder, tmp_path, capsys):

@@ -19,11 +19,17 @@ class SamplingParams:
     # False: no text while generating (no per-token detokenization on the host); the text is decoded once at the end
     # (throughput jobs such as drafter-data regeneration). Stop strings need it.
     detokenize: bool = True
+    # > 0: finish (reason "loop") before the first output token that lies deeper than this many tokens into a
+    # repetition loop (repetition.py: each token completing an 8-gram already in the output); regeneration for drafter
+    # training (`--regen-stop-loop`), whose loss skips such tokens anyway (`--loop-keep`). 0: off
+    stop_loop: int = 0
 
     def __post_init__(self) -> None:
         validate_sampling(self.temperature, self.top_p, self.top_k)
         if self.max_new_tokens < 1:
             raise RequestError(f"max_new_tokens must be >= 1 (got {self.max_new_tokens})")
+        if self.stop_loop < 0:
+            raise RequestError(f"stop_loop must be >= 0 (got {self.stop_loop})")
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
         if any(not s for s in self.stop):

@@ -34,6 +34,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     d.add_argument("--regen-temperature", type=float, default=0.0, help="0 = greedy")
     d.add_argument("--regen-max-new-tokens", type=int, default=512, help="new tokens per regenerated turn")
     d.add_argument("--regen-batch", type=int, default=256, help="sequences decoded together")
+    d.add_argument("--regen-stop-loop", type=int, default=0, metavar="N",
+                   help="end a regenerated answer where it goes deeper than N tokens into a repetition loop (with "
+                        "--loop-keep N those tokens carry no loss; a small target's greedy answers loop a lot); "
+                        "0: off (default)")
     d.add_argument("--regen-shard", type=int, default=1024, help="conversations per cache shard")
     d.add_argument("--regen-cuda-graphs", action=argparse.BooleanOptionalAction, default=True,
                    help="decode through the engine's CUDA graphs when regenerating on a GPU")
@@ -154,6 +158,10 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--max-len must be >= 8 (got {args.max_len})")
     if args.loop_keep is not None and args.loop_keep < 0:
         raise ConfigError(f"--loop-keep must be >= 0 (got {args.loop_keep})")
+    if args.regen_stop_loop < 0:
+        raise ConfigError(f"--regen-stop-loop must be >= 0 (got {args.regen_stop_loop})")
+    if args.regen_stop_loop and not args.regenerate:
+        raise ConfigError("--regen-stop-loop ends regenerated answers, and --no-regenerate regenerates none")
     if not 0 <= args.eval_frac < 1:
         raise ConfigError(f"--eval-frac must be in [0, 1) (got {args.eval_frac})")
     prompt_sets = _prompt_sets(args.self_prompts or [], args.self_prompt_openers or [])
@@ -201,7 +209,8 @@ def run(args: argparse.Namespace) -> int:
     regen = RegenConfig(temperature=args.regen_temperature, max_new_tokens=args.regen_max_new_tokens,
                         max_len=args.max_len, first_turn_only=args.first_turn_only, batch_size=args.regen_batch,
                         shard_size=args.regen_shard, seed=args.seed,
-                        cuda_graphs=args.regen_cuda_graphs) if args.regenerate else None
+                        cuda_graphs=args.regen_cuda_graphs,
+                        stop_loop=args.regen_stop_loop) if args.regenerate else None
     opts = PipelineOptions(
         train=train_cfg, regen=regen, max_len=args.max_len, long=args.long, draft_vocab=args.draft_vocab or None,
         eval_frac=args.eval_frac, export_dtype=export_dtype(args.export_dtype), max_shard_mb=args.max_shard_mb,

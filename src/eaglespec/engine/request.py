@@ -1,8 +1,10 @@
 """A generation request and its host-side bookkeeping: output tokens, streamed text, stop handling.
 
 `Request.append(tokens)` takes the tokens one step committed (one for plain decoding, up to S+1 for speculation) and
-stops at exactly the right token: EOS (unless ignored; the EOS is not part of the text), the token budget, or the
-token that completes a stop string (the text is cut before the stop string). Tokens after that point are dropped.
+stops at exactly the right token: EOS (unless ignored; the EOS is not part of the text), the token budget, the
+token that completes a stop string (the text is cut before the stop string), or, with `params.stop_loop` N, the
+first token deeper than N tokens into a repetition loop (not part of the output; repetition.py). Tokens after that
+point are dropped. `finish_reason`: "stop" (EOS or stop string), "length" or "loop".
 The text grows as tokens come when someone may read it meanwhile (`stream`, the default: `take_delta`, a server) or
 stop strings must be matched in it; a step's tokens are then detokenized in one call, and token by token only with
 stop strings (a stop string must end the output at the exact token that completes it). Otherwise
@@ -19,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Sequence
 
 from ..loading.detokenizer import IncrementalDetokenizer
+from ..repetition import LoopTracker
 from ..sampling_params import SamplingParams
 from ..spec.stats import SpecStats
 
@@ -37,7 +40,7 @@ class Request:
     stream: bool = True  # the text may be read while the request runs (module docstring)
     output_ids: list[int] = field(default_factory=list)
     text: str = ""
-    finish_reason: str | None = None  # "stop" (EOS or stop string) or "length"
+    finish_reason: str | None = None  # "stop" (EOS or stop string), "length" or "loop" (params.stop_loop)
     stats: SpecStats = field(default_factory=SpecStats)
     slot: int | None = None
     t_start: float = field(default_factory=time.perf_counter)
@@ -45,10 +48,13 @@ class Request:
     t_end: float | None = None
     _detok: IncrementalDetokenizer | None = None
     _emitted: int = 0  # characters of `text` already returned by take_delta
+    _loops: LoopTracker | None = None  # the output's loop runs, with params.stop_loop
 
     def __post_init__(self) -> None:
         if self.tokenizer is not None and self.params.detokenize and (self.stream or self.params.stop):
             self._detok = IncrementalDetokenizer(self.tokenizer)
+        if self.params.stop_loop:
+            self._loops = LoopTracker()
 
     @property
     def finished(self) -> bool:
@@ -67,6 +73,9 @@ class Request:
             taken += 1
             if tok in self.eos_ids and not self.params.ignore_eos:
                 self.finish_reason = "stop"
+                break
+            if self._loops is not None and self._loops.add(tok) > self.params.stop_loop:
+                self.finish_reason = "loop"
                 break
             self.output_ids.append(tok)
             if per_token:

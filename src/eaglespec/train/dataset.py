@@ -11,9 +11,10 @@ Contract:
   `build_dataset(...)` applies `--max-len`: truncate (keep the first max_len tokens) or drop, counting what it drops
   (samples without any assistant token inside the limit are dropped either way).
 - `mask_loops(ids, mask, keep)`: the loss mask without the assistant tokens that lie deeper than `keep` tokens into
-  a run of tokens each completing an 8-gram seen earlier in the sample (the degenerate loops of a small target's
-  greedy answers: 63% of SmolLM2's regenerated ShareGPT answer tokens, 16% of its MT-bench answers). The first
-  `keep` tokens of every run keep their loss, so copying is still learnt; contexts are unchanged.
+  a run of tokens each completing an 8-gram seen earlier in the sample (`repetition.LoopTracker`: the degenerate
+  loops of a small target's greedy answers, 63% of SmolLM2's regenerated ShareGPT answer tokens, 16% of its MT-bench
+  answers). The first `keep` tokens of every run keep their loss, so copying is still learnt; contexts are
+  unchanged.
   `build_dataset(..., loop_keep=N)` applies it (None: off) and counts the masked tokens (`TokenDataset.loop_masked`).
 - A sample ends at its last loss token: the tokens after it carry no loss and, attention being causal, change no
   counted position's inputs, target states or labels (ttt.py: step k at position j reads tokens <= j+1+k and the
@@ -43,13 +44,13 @@ from typing import TYPE_CHECKING, Sequence
 import torch
 
 from ..errors import RequestError
+from ..repetition import LOOP_NGRAM, LoopTracker
 from .conversations import DataError, Message
 
 if TYPE_CHECKING:
     from ..loading.tokenizer import BaseTokenizer
 
 SENTINEL = "\ue000{}\ue001"  # private-use characters: never in data, left alone by templates
-LOOP_NGRAM = 8  # a token continues a loop when the 8-gram it completes occurred earlier in the sample
 
 
 def tokenize_conversation(tokenizer: "BaseTokenizer", messages: Sequence[Message]) -> tuple[list[int], list[bool]]:
@@ -174,18 +175,12 @@ class TokenDataset:
 def mask_loops(ids: Sequence[int], mask: Sequence[bool], keep: int, n: int = LOOP_NGRAM) -> tuple[list[bool], int]:
     """(mask without the loss tokens deeper than `keep` into a loop run, number of tokens taken out); see above."""
     out = list(mask)
-    seen: set[tuple[int, ...]] = set()
-    run = masked = 0
-    for i in range(n - 1, len(ids)):
-        gram = tuple(ids[i + 1 - n : i + 1])
-        if gram in seen:
-            run += 1
-            if run > keep and out[i]:
-                out[i] = False
-                masked += 1
-        else:
-            run = 0
-            seen.add(gram)
+    loops = LoopTracker(n)
+    masked = 0
+    for i, tok in enumerate(ids):
+        if loops.add(tok) > keep and out[i]:
+            out[i] = False
+            masked += 1
     return out, masked
 
 

@@ -8,7 +8,8 @@ Contract of `regenerate(target, tokenizer, conversations, cache_dir, config)` ->
   conditioned on the regenerated turns before it (the prompt is the chat template over the conversation so far).
   `first_turn_only` keeps each conversation up to its first assistant turn instead: fewer tokens, one round, but no
   training data with multi-turn contexts.
-- lengths: a turn gets min(max_new_tokens, max_len - prompt tokens) new tokens; when fewer than MIN_NEW would fit,
+- lengths: a turn gets min(max_new_tokens, max_len - prompt tokens) new tokens (with `stop_loop` N, it ends where it
+  goes deeper than N tokens into a repetition loop); when fewer than MIN_NEW would fit,
   the conversation ends before that turn (and is dropped, counted, if no turn is left). Trailing user messages are
   removed.
 - cache: conversations are processed in shards of `shard_size`; each finished shard is written to
@@ -49,6 +50,10 @@ class RegenConfig:
     shard_size: int = 1024
     seed: int = 0
     cuda_graphs: bool = True  # the engine's CUDA-graph decode (no effect on the CPU)
+    # > 0: an answer ends before its first token deeper than this into a repetition loop (SamplingParams.stop_loop):
+    # with --loop-keep N <= this those tokens carry no loss, and a small target's greedy answers loop a lot (43% of
+    # the tokens SmolLM2 regenerated in session 38 lay deeper than 32 into a loop). 0: off
+    stop_loop: int = 0
 
 
 @dataclass
@@ -61,6 +66,8 @@ class RegenResult:
 def fingerprint(conversations: Sequence[Sequence[Message]], target_name: str, cfg: RegenConfig) -> str:
     h = hashlib.sha256()
     key = {**asdict(cfg), "batch_size": None, "cuda_graphs": None}  # the rows and the graphs do not change the text
+    if not cfg.stop_loop:
+        del key["stop_loop"]  # caches written before the option keep their key
     h.update(json.dumps({"target": target_name, **key}, sort_keys=True).encode())
     for c in conversations:
         h.update(json.dumps(c, ensure_ascii=False).encode())
@@ -102,7 +109,8 @@ def regenerate_shard(engine, convs: Sequence[Sequence[Message]], cfg: RegenConfi
         if not jobs:
             break
         params = [SamplingParams(max_new_tokens=min(cfg.max_new_tokens, cfg.max_len - len(p)),
-                                 temperature=cfg.temperature, detokenize=False) for _, _, p in jobs]
+                                 temperature=cfg.temperature, detokenize=False, stop_loop=cfg.stop_loop)
+                  for _, _, p in jobs]
         outs = engine.generate([p for _, _, p in jobs], params)
         for (ci, ai, _), o in zip(jobs, outs):
             work[ci][ai] = {"role": "assistant", "content": o.text.strip()}
