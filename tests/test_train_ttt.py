@@ -102,8 +102,8 @@ def test_eval_line_gives_the_chain_of_three_estimate_beside_the_full_one():
 
 
 def test_tokens_after_the_last_loss_token_change_nothing(models):
-    """dataset.py cuts a sample after its last loss token (a loop running to the end of an answer): the TTT loss,
-    its per-step counts and accuracies, and the drafter's gradients are the same with and without that tail."""
+    """dataset.py cuts a sample after its last loss token (the template's tail, a masked rest cut by --max-len): the
+    TTT loss, its per-step counts and accuracies, and the drafter's gradients are the same with and without it."""
     from eaglespec.train.dataset import TokenDataset
     from eaglespec.train.features import target_features
     from eaglespec.train.ttt import ttt_loss

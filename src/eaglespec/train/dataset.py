@@ -19,10 +19,9 @@ Contract:
 - A sample ends at its last loss token: the tokens after it carry no loss and, attention being causal, change no
   counted position's inputs, target states or labels (ttt.py: step k at position j reads tokens <= j+1+k and the
   target's distribution at j+1+k, and counts when t_{j+2+k} is a loss token), so they are cut
-  (`TokenDataset.trimmed` counts them). A greedy loop that runs to the end of an answer is mostly such a tail
-  (session 38's data: 6.4M of 14.8M regenerated assistant tokens masked as deep loop tokens, in 18.1M tokens per
-  epoch): cutting it packs up to ~1.5x more loss tokens into a batch of the same size, for the same gradient per
-  sample.
+  (`TokenDataset.trimmed` counts them): the template's text after the last answer (ChatML's newline), and the
+  tokens after a final answer cut by --max-len. A loop that runs to the end of an answer is not such a tail (the
+  end-of-turn token after the answer keeps its loss); regeneration's `--regen-stop-loop` keeps those out instead.
 - `split(n, eval_frac, seed, groups)`: a seeded permutation, the first ceil(eval_frac * n) for evaluation; with
   `groups` (the pipeline passes `TokenDataset.prompt_keys()`) samples with the same opening prompt stay together and
   a group's side is fixed by a hash of (seed, its key), so adding data never moves a sample across.
