@@ -40,7 +40,9 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site:src PYTHONUNBUFFERED=1
 M=/root/m/SmolLM2-135M-Instruct.Q4_1.gguf
 [ -f "$M" ] || bash benchmarks/device_parts.sh join
-if [ "$DATA" = all ]; then
+if [ "$MODE" = bench ]; then   # MT-bench ships in the package: no training data needed
+  TURNS=()
+elif [ "$DATA" = all ]; then
   [ -f /root/m/sg-all.json ] || python3 -c "import lzma, shutil, sys; \
 shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], 'wb'))" .device/data_all/sharegpt_all_turns.json.xz \
     /root/m/sg-all.json
