@@ -232,3 +232,45 @@ def test_one_hot_sampling_verification_is_greedy():
         assert torch.equal(g.accept_len, s.accept_len)
         assert torch.equal(g.tokens, s.tokens)
         assert torch.equal(g.path, s.path)
+
+
+def _star_tree(tokens: list[int], n: int):
+    """A root and len(tokens) children at depth 1 carrying `tokens`, repeated over n rows."""
+    from eaglespec.spec.tree import DraftTree, ancestor_tables
+
+    D = len(tokens) + 1
+    parents = torch.tensor([[-1] + [0] * (D - 1)])
+    depth = torch.tensor([[0] + [1] * (D - 1)])
+    ancestors, paths = ancestor_tables(parents, depth, 1)
+    return DraftTree(tokens=torch.tensor([[0] + tokens]).expand(n, D), parents=parents.expand(n, D),
+                     depth=depth.expand(n, D), ancestors=ancestors.expand(n, D, D), paths=paths.expand(n, D, 2),
+                     topk=D - 1)
+
+
+def test_sampled_tree_verification_accepts_each_child_with_its_target_probability():
+    """Deterministic children tried in order (all K at once in `verify_sampling`): child j is accepted with overall
+    probability q(x_j) (rejecting the ones before it renormalises what is left), so the committed first token, a
+    child or the bonus drawn from q without the children, is distributed as q. When the children cover all of q's
+    mass (a top-k target), one of them is always accepted."""
+    gen = torch.Generator().manual_seed(2)
+    N, Vv = 40000, 7
+    q = torch.tensor([0.05, 0.3, 0.1, 0.2, 0.15, 0.2, 0.0])
+    kids = [3, 1, 6, 4]  # q(6) = 0: never accepted
+    tree = _star_tree(kids, N)
+    probs = torch.stack([q] + [torch.full((Vv,), 1 / Vv)] * len(kids))[None].expand(N, len(kids) + 1, Vv)
+    res = verify_sampling(tree, probs, gen)
+    sd = 4 * (0.25 / N) ** 0.5
+    for j, x in enumerate(kids):
+        assert abs((res.best == j + 1).float().mean().item() - q[x].item()) < sd, (j, x)
+    counts = torch.bincount(res.tokens[:, 0], minlength=Vv)
+    assert counts[6] == 0
+    assert chisquare(counts[:6].tolist(), (q[:6] * N).tolist()).pvalue > 1e-3
+    # bonus after acceptance: drawn from the child's own q (uniform here)
+    took = res.accept_len == 1
+    assert chisquare(torch.bincount(res.tokens[took, 1], minlength=Vv).tolist()).pvalue > 1e-3
+    covered = torch.tensor([0.0, 0.5, 0.0, 0.3, 0.2, 0.0, 0.0])  # the support is exactly the children 1, 3, 4
+    probs = torch.stack([covered] + [torch.full((Vv,), 1 / Vv)] * len(kids))[None].expand(N, len(kids) + 1, Vv)
+    res = verify_sampling(_star_tree([3, 1, 6, 4], N), probs, gen)
+    assert bool((res.accept_len == 1).all())
+    counts = torch.bincount(res.tokens[:, 0], minlength=Vv)
+    assert chisquare(counts[[1, 3, 4]].tolist(), (covered[[1, 3, 4]] * N).tolist()).pvalue > 1e-3
