@@ -9,7 +9,8 @@
 # when a call ran out), then trains VARIANTS (default "A: B:--norm-before-fc,--norm-output") for STEPS steps each
 # (default 1200) of <= 8K tokens at lr 3e-4 with loop-masked loss, exporting to /tmp/ab/NAME. A variant already
 # exported is skipped; the call stops training TRAIN_BUDGET seconds (default 560) after it started, and a variant cut
-# short resumes from its last checkpoint (every 250 steps) in the next call. PACK=1 packs the regeneration caches into
+# short resumes in the next call from the checkpoint its `timeout` (SIGTERM) made it write at the step it reached
+# (since session 39; before, from the last of every 250 steps). PACK=1 packs the regeneration caches into
 # $OUT/regen.tar.gz.* (15 MB pieces); on a later machine of the same session (.device/ does not outlive a session: a
 # new session's checkout holds only git) `bash benchmarks/eagle31_ab.sh unpack` (carry .device/regen, in a call of its
 # own: ~13 MB for every ShareGPT turn and both self-prompt sets; same VARIANTS) puts them back and saves the

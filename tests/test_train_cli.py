@@ -318,6 +318,44 @@ def test_export_takes_the_best_held_out_weights(tiny_folder, data_file, tmp_path
     assert torch.equal(last["fc.weight"], snapshots[8]["fc.weight"])
 
 
+def test_train_stopped_by_sigterm_exits_143_with_a_checkpoint_and_resumes(tiny_folder, data_file, tmp_path, capsys,
+                                                                         monkeypatch):
+    """`timeout` (SIGTERM) in the middle of training: the run says where it stopped, exits with 128 + 15 and exports
+    nothing; `--resume` finishes from the checkpoint and exports."""
+    import os
+    import signal
+
+    from eaglespec.train import trainer as trainer_mod
+
+    real_step = trainer_mod.Trainer.train_step
+
+    def step_then_sigterm(self, ids):
+        rec = real_step(self, ids)
+        if self.step == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return rec
+
+    monkeypatch.setattr(trainer_mod.Trainer, "train_step", step_then_sigterm)
+    out = tmp_path / "d"
+    args = ["train", "--target", str(tiny_folder), "--data", str(data_file), "--out", str(out), "--device", "cpu",
+            "--max-steps", "6", "--ttt-steps", "2", "--draft-vocab", "40", "--batch-tokens", "400", "--max-len", "96",
+            "--regen-max-new-tokens", "10", "--eval-frac", "0.2", "--no-progress", "--save-every", "100"]
+    old = signal.signal(signal.SIGTERM, lambda signum, frame: None)  # a regression must not end pytest itself
+    try:
+        assert main(args) == 143
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    err = capsys.readouterr().err
+    assert "interrupted by SIGTERM at step 3 of 6, checkpoint saved: resume with --resume" in err
+    assert not out.exists()
+    ckpts = sorted(p.name for p in (tmp_path / "d-work" / "checkpoints").glob("*.pt"))
+    assert ckpts == ["step-00000003.pt"]
+    monkeypatch.setattr(trainer_mod.Trainer, "train_step", real_step)
+    assert main(args + ["--resume"]) == 0
+    err = capsys.readouterr().err
+    assert "resuming at step 3" in err and "exported the drafter" in err
+
+
 def self_prompt_run(tiny_folder, data_file, out, *extra: str) -> list[str]:
     """A two-step training run on the tiny target that regenerates its data and writes prompts (`extra`)."""
     return ["train", "--target", str(tiny_folder), "--data", str(data_file), "--out", str(out), "--device", "cpu",

@@ -6,6 +6,8 @@ that delegates the protocol trains exactly like its language model."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 
 import pytest
 import torch
@@ -236,6 +238,57 @@ def test_resume_reaches_the_uninterrupted_state(setup, tmp_path):
     with pytest.raises(ConfigError, match="loss mask differ"):
         Trainer(target, d, masked, None, vocab, config(tmp_path / "b", max_steps=14, batch_tokens=1024,
                                                        resume=True)).fit()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_stops_training_with_a_checkpoint_that_resumes(setup, tmp_path, monkeypatch, sig):
+    """SIGTERM (`timeout`, a scheduler) or SIGINT (Ctrl-C) during `fit`: the step in progress ends, a checkpoint of it
+    is written, `interrupted` names the signal, the handlers are given back, and `--resume` reaches the state of an
+    uninterrupted run. A second signal acts at once (the previous handler is back from the first one on)."""
+    target, train_ds, _, vocab, _, _ = setup
+
+    def run(work, **kw):
+        d = new_drafter(target, (1, 2, 2), vocab, seed=0)
+        tr = Trainer(target, d, train_ds, None, vocab, config(work, max_steps=10, batch_tokens=1024, **kw))
+        return tr, tr.fit()
+
+    full_tr, full = run(tmp_path / "a")
+    real_step = Trainer.train_step
+    seen_inside: list = []
+
+    def step_then_signal(self, ids):
+        rec = real_step(self, ids)
+        if self.step == 3:  # the record of step 4: the signal arrives while it runs
+            os.kill(os.getpid(), sig)
+            seen_inside.append(signal.getsignal(sig))  # the previous handler again, for a second signal
+        return rec
+
+    outside: list[int] = []
+
+    def before(signum, frame):  # ours while the test runs: a regression must not end pytest itself
+        outside.append(signum)
+
+    old = signal.signal(sig, before)
+    try:
+        monkeypatch.setattr(Trainer, "train_step", step_then_signal)
+        part_tr, part = run(tmp_path / "b")
+        monkeypatch.setattr(Trainer, "train_step", real_step)
+        assert signal.getsignal(sig) is before
+    finally:
+        signal.signal(sig, old)
+    assert part_tr.interrupted == sig and part_tr.step == 4 and len(part) == 4 and outside == []
+    assert seen_inside == [before]
+    assert [p.name for p in (tmp_path / "b" / "work" / "checkpoints").glob("*.pt")] == ["step-00000004.pt"]
+    rest_tr, rest = run(tmp_path / "b", resume=True)
+    assert rest_tr.interrupted is None and [r.step for r in rest] == list(range(5, 11))
+    assert [r.loss for r in part + rest] == [r.loss for r in full]
+    for n, p in full_tr.params.items():
+        assert torch.equal(p, rest_tr.params[n]), n
+    # catch_signals=False leaves the signal alone: SIGINT then raises KeyboardInterrupt as usual
+    if sig == signal.SIGINT:
+        monkeypatch.setattr(Trainer, "train_step", step_then_signal)
+        with pytest.raises(KeyboardInterrupt):
+            run(tmp_path / "c", catch_signals=False)
 
 
 def test_wrapper_target_trains_like_its_language_model(setup, tmp_path):

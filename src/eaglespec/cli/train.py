@@ -228,4 +228,6 @@ def run(args: argparse.Namespace) -> int:
         print(summary.eval.line(), file=sys.stderr)
     for name, res in summary.extra_evals.items():
         print(f"{name} {res.line()}", file=sys.stderr)
-    return 0
+    # stopped by SIGINT / SIGTERM with a checkpoint: the shell's code for a process ended by that signal, so scripts
+    # (and `timeout`) see that the run did not finish
+    return 0 if summary.interrupted is None else 128 + summary.interrupted

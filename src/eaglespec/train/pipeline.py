@@ -22,6 +22,7 @@ wrapper that delegates the protocol works. Progress lines go to `log` (stderr in
 
 from __future__ import annotations
 
+import signal
 import sys
 import time
 from dataclasses import dataclass, field, replace
@@ -83,6 +84,7 @@ class TrainSummary:
     eval: EvalResult | None
     dropped: dict[str, int] = field(default_factory=dict)
     extra_evals: dict[str, EvalResult] = field(default_factory=dict)  # the last evaluation of each eval_prompts set
+    interrupted: int | None = None  # the signal (SIGINT / SIGTERM) that stopped training, with a checkpoint
 
 
 def _stderr(msg: str) -> None:
@@ -275,6 +277,9 @@ def train_drafter(target: torch.nn.Module, tokenizer: "BaseTokenizer", conversat
             final_eval = EvalResult(**trainer.best["eval"])
         files = export_drafter(drafter, out, opts.export_dtype, opts.max_shard_mb)
         log(f"exported the drafter to {out} ({', '.join(f.name for f in files)})")
+    elif trainer.interrupted is not None:
+        log(f"interrupted by {signal.Signals(trainer.interrupted).name} at step {trainer.step} of "
+            f"{trainer.total_steps}, checkpoint saved: resume with --resume to finish and export")
     else:
         log(f"stopped at step {trainer.step} of {trainer.total_steps}: resume with --resume to finish and export")
     return TrainSummary(
@@ -282,4 +287,5 @@ def train_drafter(target: torch.nn.Module, tokenizer: "BaseTokenizer", conversat
         loss_tokens=int(train_ds.mask.sum()), vocab_coverage=coverage, steps=trainer.step,
         final_loss=history[-1].loss if history else None, eval=final_eval, dropped=dropped,
         extra_evals={n: r for _, n, r in trainer.extra_evals},  # the last of each
+        interrupted=trainer.interrupted,
     )

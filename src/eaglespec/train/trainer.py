@@ -7,12 +7,17 @@ Contract of `Trainer(target, drafter, train_ds, eval_ds, vocab, config).fit()`:
   the steps then cosine decay to 0, gradient clipping, one optimiser step per batch;
 - steps: `max_steps` if set, else `epochs` x batches. Batches are length-bucketed once (dataset.py) and shuffled per
   epoch from (seed, epoch), so the data position is (epoch, index in that epoch's order);
-- every `save_every` steps (and at the end, and at `stop_after`) a checkpoint `work_dir/checkpoints/step-N.pt`
+- every `save_every` steps (and at the end, at `stop_after`, and on SIGINT / SIGTERM) a checkpoint
+  `work_dir/checkpoints/step-N.pt`
   holds the trainable weights, d2t/t2d, optimiser, scheduler, step and data position (the last `keep` are kept);
   `resume=True` continues from the newest one and reaches the same state as an uninterrupted run; settings that
   would change the run (steps, lr, batch tokens, seed, ...) and the training tokens and loss mask (a hash: other data,
   --max-len, --loop-keep) must match, else `ConfigError`; a run without `resume`
   starts over (old checkpoints and the log are removed);
+- SIGINT or SIGTERM (Ctrl-C, `timeout`, a scheduler's preemption) during `fit` ends it after the step or evaluation
+  in progress, with a checkpoint: `interrupted` holds the signal's number and `--resume` continues from there (the
+  handlers are the previous ones again from the first signal on, so a second one acts at once; `catch_signals`
+  False, or `fit` off the main thread, leaves the signals alone);
 - tqdm shows the loss and the per-step top-1 accuracy; every step is appended to `work_dir/train_log.jsonl` (step,
   loss, acc, lr, tokens, seconds: the step's wall time);
 - `evaluate()` runs the held-out split without gradients and returns per-step accuracy, loss and the estimated
@@ -32,6 +37,8 @@ import hashlib
 import json
 import math
 import os
+import signal
+import threading
 import time
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
@@ -84,6 +91,7 @@ class TrainConfig:
     amp: bool = True  # bf16 autocast on CUDA
     progress: bool = True
     log_every: int = 1  # tqdm postfix refresh (each refresh reads the loss: one device sync)
+    catch_signals: bool = True  # SIGINT / SIGTERM: stop after the step in progress, with a checkpoint
 
     def __post_init__(self) -> None:
         if self.ttt_steps < 1:
@@ -166,6 +174,7 @@ class Trainer:
         self.extra_evals: list[tuple[int, str, EvalResult]] = []
         # the best held-out evaluation so far (by estimated chain acceptance): {"step", "score", "eval", "weights"}
         self.best: dict[str, Any] | None = None
+        self.interrupted: int | None = None  # the signal that ended the last `fit` early (module docstring)
         self.work = Path(config.work_dir)
         self.ckpt_dir = self.work / "checkpoints"
         if config.resume:
@@ -211,12 +220,14 @@ class Trainer:
             for old in self.ckpt_dir.glob("step-*.pt"):
                 old.unlink()
         log = (self.work / "train_log.jsonl").open("w" if fresh else "a")
+        self.interrupted = None
+        previous = self._catch_signals()
         try:
             if self.step == 0 and cfg.eval_at_start and self.evaluating:  # --resume of no checkpoint too
                 self._log_eval(log, bar)
-            while self.step < end:
+            while self.step < end and self.interrupted is None:
                 order = epoch_order(len(self.batches), cfg.seed, self.epoch)
-                while self.pos < len(order) and self.step < end:
+                while self.pos < len(order) and self.step < end and self.interrupted is None:
                     rec = self.train_step(self.batches[order[self.pos]])
                     self.pos += 1
                     self.step += 1
@@ -232,15 +243,34 @@ class Trainer:
                 if self.pos >= len(order):
                     self.epoch += 1
                     self.pos = 0
+            if self.step >= end:
+                self.interrupted = None  # a signal during the last step stopped nothing
             if not (cfg.save_every and self.step % cfg.save_every == 0):
-                self.save()
+                self.save()  # the end, stop_after or a signal: the state to resume from
             if self.step >= self.total_steps and self.evaluating and not (
                     cfg.eval_every and self.step % cfg.eval_every == 0):
                 self._log_eval(log, bar)
         finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
             bar.close()
             log.close()
         return self.history
+
+    def _catch_signals(self) -> dict[int, Any]:
+        """Install the SIGINT / SIGTERM handlers of `fit` (module docstring); returns the previous handlers."""
+        if not self.cfg.catch_signals or threading.current_thread() is not threading.main_thread():
+            return {}
+        previous: dict[int, Any] = {}
+
+        def stop(signum: int, frame: Any) -> None:
+            self.interrupted = signum
+            for sig, handler in previous.items():  # a second signal acts as it would have without us
+                signal.signal(sig, handler)
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous[sig] = signal.signal(sig, stop)
+        return previous
 
     @property
     def evaluating(self) -> bool:
