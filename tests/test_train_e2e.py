@@ -210,13 +210,19 @@ def test_shard_limit_is_checked_before_training_with_a_hint():
         check_shard_limit(drafter_hf_config(smol, (1, 14, 26), n + 64), torch.bfloat16, 16)
 
 
+def fresh_run(setup, work, max_steps: int, **kw):
+    """A new drafter (seed 0) trained `max_steps` steps of <= 1024 tokens in `work`: (trainer, its records)."""
+    target, train_ds, _, vocab, _, _ = setup
+    d = new_drafter(target, (1, 2, 2), vocab, seed=0)
+    tr = Trainer(target, d, train_ds, None, vocab, config(work, max_steps=max_steps, batch_tokens=1024, **kw))
+    return tr, tr.fit()
+
+
 def test_resume_reaches_the_uninterrupted_state(setup, tmp_path):
     target, train_ds, _, vocab, _, _ = setup
 
     def run(work, **kw):
-        d = new_drafter(target, (1, 2, 2), vocab, seed=0)
-        tr = Trainer(target, d, train_ds, None, vocab, config(work, max_steps=14, batch_tokens=1024, **kw))
-        return tr, tr.fit()
+        return fresh_run(setup, work, 14, **kw)
 
     full_tr, full = run(tmp_path / "a")
     assert len(full_tr.batches) < 14  # the run crosses an epoch boundary
@@ -245,12 +251,8 @@ def test_a_signal_stops_training_with_a_checkpoint_that_resumes(setup, tmp_path,
     """SIGTERM (`timeout`, a scheduler) or SIGINT (Ctrl-C) during `fit`: the step in progress ends, a checkpoint of it
     is written, `interrupted` names the signal, the handlers are given back, and `--resume` reaches the state of an
     uninterrupted run. A second signal acts at once (the previous handler is back from the first one on)."""
-    target, train_ds, _, vocab, _, _ = setup
-
     def run(work, **kw):
-        d = new_drafter(target, (1, 2, 2), vocab, seed=0)
-        tr = Trainer(target, d, train_ds, None, vocab, config(work, max_steps=10, batch_tokens=1024, **kw))
-        return tr, tr.fit()
+        return fresh_run(setup, work, 10, **kw)
 
     full_tr, full = run(tmp_path / "a")
     real_step = Trainer.train_step
