@@ -257,8 +257,11 @@ def test_sampled_tree_verification_accepts_each_child_with_its_target_probabilit
     q = torch.tensor([0.05, 0.3, 0.1, 0.2, 0.15, 0.2, 0.0])
     kids = [3, 1, 6, 4]  # q(6) = 0: never accepted
     tree = _star_tree(kids, N)
-    probs = torch.stack([q] + [torch.full((Vv,), 1 / Vv)] * len(kids))[None].expand(N, len(kids) + 1, Vv)
-    res = verify_sampling(tree, probs, gen)
+
+    def star_probs(root_q: torch.Tensor) -> torch.Tensor:  # [N, 1 + K, Vv]: root_q at the root, uniform at the kids
+        return torch.stack([root_q] + [torch.full((Vv,), 1 / Vv)] * len(kids))[None].expand(N, len(kids) + 1, Vv)
+
+    res = verify_sampling(tree, star_probs(q), gen)
     sd = 4 * (0.25 / N) ** 0.5
     for j, x in enumerate(kids):
         assert abs((res.best == j + 1).float().mean().item() - q[x].item()) < sd, (j, x)
@@ -269,8 +272,7 @@ def test_sampled_tree_verification_accepts_each_child_with_its_target_probabilit
     took = res.accept_len == 1
     assert chisquare(torch.bincount(res.tokens[took, 1], minlength=Vv).tolist()).pvalue > 1e-3
     covered = torch.tensor([0.0, 0.5, 0.0, 0.3, 0.2, 0.0, 0.0])  # the support is exactly the children 1, 3, 4
-    probs = torch.stack([covered] + [torch.full((Vv,), 1 / Vv)] * len(kids))[None].expand(N, len(kids) + 1, Vv)
-    res = verify_sampling(_star_tree([3, 1, 6, 4], N), probs, gen)
+    res = verify_sampling(tree, star_probs(covered), gen)
     assert bool((res.accept_len == 1).all())
     counts = torch.bincount(res.tokens[:, 0], minlength=Vv)
     assert chisquare(counts[[1, 3, 4]].tolist(), (covered[[1, 3, 4]] * N).tolist()).pvalue > 1e-3
