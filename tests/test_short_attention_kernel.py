@@ -45,6 +45,19 @@ def test_matches_sdpa(B, T, H, Hkv, D, K):
     assert torch.allclose(out, _reference(q, kc, vc, rows, mask), atol=1e-5, rtol=1e-5)
 
 
+def test_one_token_rows_past_the_batch_limit():
+    """Decode steps of more rows than MAX_BATCH (regeneration's): rows of very different lengths in one step, some
+    seeing a single block of a long cache (the skipped blocks), in rows taken out of order."""
+    from eaglespec.layers.short_attention_kernel import MAX_BATCH
+
+    B = MAX_BATCH + 8
+    q, kc, vc, rows, mask = _case(B, 1, 9, 3, 16, 3 * BLOCK_KV, seed=11)
+    mask[: B // 2, :, BLOCK_KV:] = False  # half the rows see the first block only
+    assert fits(B, 1, 9, 3, 16)
+    out = short_attention(q, kc, vc, rows, mask)
+    assert torch.allclose(out, _reference(q, kc, vc, rows, mask), atol=1e-5, rtol=1e-5)
+
+
 def test_scale_and_skipped_blocks():
     """A custom scale, and cache blocks that no query sees (only the first and the last block are visible)."""
     q, kc, vc, rows, mask = _case(1, 2, 4, 2, 16, 4 * BLOCK_KV, seed=7)
@@ -88,6 +101,18 @@ def test_prompts_match_sdpa(B, T, H, Hkv, D, K):
     assert torch.allclose(out, _reference(q, kc, vc, rows, mask), atol=1e-5, rtol=1e-5)
 
 
+def test_sdpa_with_repeated_kv_heads_equals_gqa(monkeypatch):
+    """Eager CUDA calls of `sdpa` repeat each KV head for its query heads (SDPA's GQA with a mask would take the math
+    backend there): forced here on the CPU, the result equals SDPA's own GQA."""
+    from eaglespec.layers import attention
+
+    q, kc, vc, rows, mask = _case(3, 4, 9, 3, 16, 40, seed=5)
+    want = _reference(q, kc, vc, rows, mask)
+    monkeypatch.setattr(attention, "_repeat_kv_heads", lambda q: True)
+    got = _reference(q, kc, vc, rows, mask)
+    assert torch.allclose(got, want, atol=1e-6, rtol=1e-6)
+
+
 def test_limits(monkeypatch):
     from eaglespec.layers import short_attention_kernel as sak
 
@@ -100,7 +125,8 @@ def test_limits(monkeypatch):
     assert not fits(1, 48, 9, 3, 64, torch.float32) and fits(1, 48, 9, 3, 64)
     monkeypatch.setattr(sak, "FLOAT32_MAX_QUERY_ROWS", None)
     assert fits(1, 48, 9, 3, 64, torch.float32) and fits(1, 8, 9, 3, 64, torch.float32)
-    assert fits(32, 1, 9, 3, 64) and not fits(33, 1, 9, 3, 64)  # batch
+    assert fits(32, 2, 9, 3, 64) and not fits(33, 2, 9, 3, 64)  # batch, for several query tokens
+    assert fits(33, 1, 9, 3, 64) and fits(1024, 1, 9, 3, 64)  # one query token: any batch
     assert not fits(1, 1, 9, 3, 48)  # head dim not a power of two
 
 

@@ -276,3 +276,28 @@ def test_sampled_tree_verification_accepts_each_child_with_its_target_probabilit
     assert bool((res.accept_len == 1).all())
     counts = torch.bincount(res.tokens[:, 0], minlength=Vv)
     assert chisquare(counts[[1, 3, 4]].tolist(), (covered[[1, 3, 4]] * N).tolist()).pvalue > 1e-3
+
+
+def test_reseed_restarts_the_draws_of_a_fresh_engine_of_that_seed():
+    """`Engine.reseed(s)` between runs: the engine samples what a new engine of seed s samples (speculative and
+    plain), so one engine can serve several seeded batches (regeneration's shards); refused while requests run."""
+    from eaglespec.errors import RequestError
+
+    t = tiny_llama(seed=0)
+    d = tiny_drafter(t, seed=1)
+    p = SamplingParams(max_new_tokens=12, temperature=1.0, ignore_eos=True)
+    prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9]]
+    for drafter, spec in ((None, None), (d, SpecConfig(2, 2, 4))):
+        def fresh(seed):
+            eng = Engine(t, None, EngineConfig(max_batch_size=2, seed=seed), drafter=drafter, spec=spec)
+            return [o.token_ids for o in eng.generate(prompts, p)]
+
+        reused = Engine(t, None, EngineConfig(max_batch_size=2, seed=7), drafter=drafter, spec=spec)
+        first = [o.token_ids for o in reused.generate(prompts, p)]
+        reused.reseed(11)
+        assert [o.token_ids for o in reused.generate(prompts, p)] == fresh(11) != first
+        reused.reseed(7)
+        assert [o.token_ids for o in reused.generate(prompts, p)] == first == fresh(7)
+    reused.add_request([1, 2], p)
+    with pytest.raises(RequestError, match="reseed\\(\\) while requests run"):
+        reused.reseed(3)

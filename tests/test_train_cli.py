@@ -274,6 +274,14 @@ def test_regeneration_turn_by_turn_cached_and_resumable(tiny_folder, tmp_path):
     shards[1].unlink()
     partial = regenerate(target, tok, convs, tmp_path, cfg, progress=False)
     assert 0 < partial.new_tokens < res.new_tokens and partial.conversations == res.conversations
+    # sampled: one engine serves every shard, reseeded per shard, so a lost shard is drawn again as the whole run drew it
+    hot = RegenConfig(max_new_tokens=6, max_len=128, shard_size=2, temperature=1.0, seed=3)
+    drawn = regenerate(target, tok, convs, tmp_path / "hot", hot, progress=False)
+    assert drawn.conversations != res.conversations  # not the greedy answers
+    lost = sorted((tmp_path / "hot").glob("regen-*/shard-*.jsonl"))[1]
+    lost.unlink()
+    again_drawn = regenerate(target, tok, convs, tmp_path / "hot", hot, progress=False)
+    assert 0 < again_drawn.new_tokens < drawn.new_tokens and again_drawn.conversations == drawn.conversations
     # first turn only: one exchange per conversation, and another cache folder
     first = regenerate(target, tok, convs, tmp_path, RegenConfig(max_new_tokens=6, max_len=128, first_turn_only=True),
                        progress=False)

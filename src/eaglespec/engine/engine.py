@@ -154,6 +154,14 @@ class Engine:
         return [int(t) for t in items]
 
     # --- the loop -----------------------------------------------------------------------------------------------
+    def reseed(self, seed: int) -> None:
+        """Sampling draws from `seed` on, as a fresh engine of `EngineConfig.seed=seed` would draw them for the same
+        requests (only between runs: nothing may be in flight). One engine then serves several seeded batches
+        without capturing its CUDA graphs again (train/regenerate.py: a seed per shard)."""
+        if self.has_work():
+            raise RequestError("reseed() while requests run: their draws would mix two seeds")
+        self.runner.reseed(seed)
+
     def reserve(self, rows: int, max_len: int) -> None:
         """Allocate caches for `rows` sequences of `max_len` tokens now (a long-lived engine, a benchmark), so that
         later requests never reallocate (which would also drop captured CUDA graphs)."""

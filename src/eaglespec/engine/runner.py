@@ -77,12 +77,8 @@ class ModelRunner:
         self.spec = spec_envelope(self.shapes) if self.shapes else None
         self.device, self.dtype = device, dtype
         # On CUDA the default generator is used: CUDA graphs track its state (a private one would need registering).
-        if device.type == "cuda":
-            torch.cuda.manual_seed(seed)
-            self.generator = None
-        else:
-            self.generator = torch.Generator(device=device)
-            self.generator.manual_seed(seed)
+        self.generator = None if device.type == "cuda" else torch.Generator(device=device)
+        self.reseed(seed)
         self.rows = 0  # cache rows: the steps' rows, then the spare ones (`allocate`)
         self.step_rows = 0
         self.max_len = 0
@@ -228,6 +224,14 @@ class ModelRunner:
         bench's oracle, writes float32 logits) in one kernel on CUDA (layers/commit_kernel.py)."""
         store_draft_rows(self._row_index(r), st.top_ids, st.top_logp, st.hidden, st.logits, self.d_top_ids,
                          self.d_top_logp, self.d_hidden, self.d_logits)
+
+    def reseed(self, seed: int) -> None:
+        """Sampling draws from `seed` on, as a runner built with that seed draws them: on CUDA the device's default
+        generator (the captured graphs read its seed and offset at each replay), else the runner's own."""
+        if self.generator is None:
+            torch.cuda.manual_seed(seed)
+        else:
+            self.generator.manual_seed(seed)
 
     # --- prefill ----------------------------------------------------------------------------------------------
     @torch.inference_mode()

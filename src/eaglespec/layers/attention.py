@@ -83,11 +83,27 @@ def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     return F.scaled_dot_product_attention(q, k, v, **kw)
 
 
+def _repeat_kv_heads(q: torch.Tensor) -> bool:
+    """Whether `sdpa` repeats KV heads instead of asking SDPA for GQA: eager CUDA calls (see there)."""
+    return q.is_cuda and not _graph_build
+
+
 def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float | None) -> torch.Tensor:
-    """q [B, T, H, D], k/v [B, K, H_kv, D*], mask [B, T, K] bool or an additive bias [B, 1, T, K] -> [B, T, H, Dv]."""
+    """q [B, T, H, D], k/v [B, K, H_kv, D*], mask [B, T, K] bool or an additive bias [B, 1, T, K] -> [B, T, H, Dv].
+
+    Eager CUDA calls with fewer KV heads than query heads repeat each KV head for its query heads first: of the
+    backends eager calls keep (SDPA_BACKENDS), only the memory-efficient one takes a mask, and it has no GQA, so
+    `enable_gqa` with a mask fell to the math backend (float32 score matrices, the mask added as a bias, a softmax
+    kernel): a regeneration admission's eager prefill of 60 ShareGPT prompts (7.9K tokens) spent 205 of its 229 ms
+    there on the H200 (session 40, `benchmarks/admission_prefill_trace.py`). Inside `graph_build()` cuDNN takes GQA
+    with a mask; the CPU keeps PyTorch's choice."""
+    gqa = q.shape[2] != k.shape[2]
+    if gqa and _repeat_kv_heads(q):
+        g = q.shape[2] // k.shape[2]  # query head h reads KV head h // g
+        k, v, gqa = k.repeat_interleave(g, dim=2), v.repeat_interleave(g, dim=2), False
     out = scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                        attn_mask=mask[:, None] if mask.dim() == 3 else mask, scale=scale,
-                                       enable_gqa=q.shape[2] != k.shape[2])
+                                       enable_gqa=gqa)
     return out.transpose(1, 2)
 
 

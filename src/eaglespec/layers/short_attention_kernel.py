@@ -12,7 +12,8 @@ positions) is its own program, so a short query is spread over the whole chip, a
   positions [0, K) (K <= S), scale (None: D ** -0.5).
   out [B, T, H, D] in q's dtype: for query head h, kv head h // (H / Hkv) (GQA), softmax over the visible positions.
   Usable when `fits(B, T, H, Hkv, D, dtype)`: T * H / Hkv <= MAX_QUERY_ROWS or T <= MAX_PROMPT_TOKENS (prompts:
-  below; float32 steps only up to FLOAT32_MAX_QUERY_ROWS query rows), B <= MAX_BATCH, D a power of two >= 16.
+  below; float32 steps only up to FLOAT32_MAX_QUERY_ROWS query rows), B <= MAX_BATCH (any B for T = 1), D a power
+  of two >= 16.
 Kernel 1, program (b * Hkv + kv head, split): the G = H / Hkv query heads of that kv head times the T tokens (query
 row r = t * G + g, padded to BLOCK_Q >= 16 for tl.dot) against positions [split * BLOCK_KV, + BLOCK_KV): scores,
 mask, the block's row max m, sum l and unnormalised output o in float32 scratch. In steps of SKIP_MIN_ROWS rows or
@@ -48,6 +49,11 @@ MAX_QUERY_ROWS = 64  # T * (H / Hkv): SmolLM2 (G = 3) up to 21 query tokens, Lla
 MAX_PROMPT_TOKENS = 512  # longer prompts keep SDPA (flash / cuDNN kernels tuned for long sequences)
 MAX_BATCH = 32  # measured on the H200 (step_kernels_check --only=batches): a SmolLM2 S3 K1 D4 step of 16 / 32 rows
 #               1.59 -> 1.31 / 1.77 -> 1.37 ms against SDPA past 8 rows; 8 rows unchanged (docs/benchmarks.md, session 11)
+# One query token (decode, a chain's drafter levels) takes the kernel at any batch size: its block skipping reads each
+# row's own prefix where SDPA reads every row's whole length bucket. Regenerating ShareGPT answers with SmolLM2 on the
+# H200 at 1,024 rows (session 40, benchmarks/regen_profile.py): a decode step of ~900 rows 7.04 -> 4.99 ms, 64-256
+# rows 2.01 -> 1.70 ms (medians); per layer at 1,024 rows of 16-1,024 positions 181 us against SDPA's 576, the same
+# error against float32 (benchmarks/decode_rows_check.py).
 BLOCK_KV = 128  # cached positions per split program (64 until session 25: attention_split_check.py, H200)
 PROMPT_BLOCK_KV = 64  # positions per step of the prompt kernel's loop (its tiles hold 64 query rows)
 SKIP_MIN_ROWS = 2  # steps of this many rows or more read a block's keys and values only if a query sees it
@@ -72,8 +78,8 @@ def fits(B: int, T: int, H: int, Hkv: int, D: int, dtype: torch.dtype | None = N
     FLOAT32_MAX_QUERY_ROWS query rows)."""
     if dtype == torch.float32 and FLOAT32_MAX_QUERY_ROWS is not None and T * (H // Hkv) > FLOAT32_MAX_QUERY_ROWS:
         return False
-    return (B <= MAX_BATCH and (T * (H // Hkv) <= MAX_QUERY_ROWS or T <= MAX_PROMPT_TOKENS) and D >= 16
-            and D & (D - 1) == 0 and H % Hkv == 0)
+    return ((B <= MAX_BATCH or T == 1) and (T * (H // Hkv) <= MAX_QUERY_ROWS or T <= MAX_PROMPT_TOKENS)
+            and D >= 16 and D & (D - 1) == 0 and H % Hkv == 0)
 
 
 @functools.cache
