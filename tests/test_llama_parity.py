@@ -9,7 +9,7 @@ import transformers
 
 from eaglespec.config import ModelConfig
 from eaglespec.engine.kv_cache import KVCache
-from eaglespec.layers.context import ForwardContext, causal_tail, prefix_tail_mask
+from eaglespec.layers.context import ForwardContext, causal_mask, causal_tail, prefix_tail_mask
 from eaglespec.models.llama import LlamaForCausalLM
 
 LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -91,3 +91,30 @@ def test_cached_prefill_and_decode_equal_full_forward(case):
             expected = full[torch.arange(2), L]
             assert (step - expected).abs().max().item() <= 1e-4
             L = L + 1
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_causal_fast_path_equals_the_masked_forward(case, monkeypatch):
+    """`ForwardContext.causal` forwards (plain, and a prefill of fresh right-padded rows through the cache) run SDPA's
+    is_causal on CUDA instead of the mask: forced here on the CPU, the logits equal the masked path's (GQA, MQA and
+    MHA, a head size of 12)."""
+    from eaglespec.layers import attention
+
+    _, m = pair(case)
+    ids = torch.randint(0, 101, (2, 31), generator=torch.Generator().manual_seed(3))
+    lens = [25, 31]
+    pos = torch.arange(31).expand(2, 31)
+
+    def run():
+        kv = KVCache(m.config.num_hidden_layers, m.kv_cache_shapes(), 3, 64, torch.float32, "cpu")
+        ctx = ForwardContext(positions=pos, write_index=pos, attn_mask=causal_mask(pos, 31), kv=kv.layers(),
+                             rows=torch.tensor([2, 0]), causal=True)
+        with torch.no_grad():
+            return m(ids, ForwardContext.plain(2, 31)).logits, m(ids, ctx).logits
+
+    masked = run()
+    monkeypatch.setattr(attention, "_is_causal_fast", lambda q: True)
+    fast = run()
+    assert torch.allclose(fast[0], masked[0], atol=1e-5, rtol=1e-5)
+    for b, n in enumerate(lens):  # padded queries compute garbage that nothing reads
+        assert torch.allclose(fast[1][b, :n], masked[1][b, :n], atol=1e-5, rtol=1e-5)

@@ -294,7 +294,7 @@ class ModelRunner:
         dev = self.device
         pos = torch.arange(T, device=dev).expand(B, T)
         ctx = ForwardContext(positions=pos, write_index=pos, attn_mask=causal_mask(pos, T),
-                             kv=self.kv.layers(), rows=ctx_rows, logits_index=(lens_t - 1)[:, None])
+                             kv=self.kv.layers(), rows=ctx_rows, logits_index=(lens_t - 1)[:, None], causal=True)
         if mm_inputs is not None:
             out = self.target(None, ctx, inputs_embeds=self.target.embed_multimodal(ids, list(mm_inputs)))
         else:

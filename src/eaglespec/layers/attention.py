@@ -107,6 +107,21 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, 
     return out.transpose(1, 2)
 
 
+def _is_causal_fast(q: torch.Tensor) -> bool:
+    """Whether a causal forward (`ForwardContext.causal`) runs SDPA with is_causal instead of its mask: on CUDA, where
+    that takes the flash kernel (GQA included) instead of the memory-efficient one reading a [B, 1, T, T] mask. A
+    training-features forward of 8 x 1,024 tokens (SmolLM2, H200) spent 7.9 ms of its 18 ms of kernels in the
+    masked attention (session 40, `benchmarks/features_attention_check.py`). The CPU keeps the masked path."""
+    return q.is_cuda
+
+
+def sdpa_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None) -> torch.Tensor:
+    """q [B, T, H, D], k/v [B, T, H_kv, D*] -> [B, T, H, Dv]: query t sees keys 0..t (SDPA's is_causal)."""
+    out = scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
+                                       scale=scale, enable_gqa=q.shape[2] != k.shape[2])
+    return out.transpose(1, 2)
+
+
 def attend(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -118,6 +133,8 @@ def attend(
     """q [B, T, H, D], k/v [B, T, H_kv, D] (RoPE applied) -> [B, T, H, Dv]."""
     assert ctx.attn_mask is not None
     if ctx.write_index is None or cache is None:
+        if ctx.causal and _is_causal_fast(q):
+            return sdpa_causal(q, k, v, scale)
         return sdpa(q, k, v, ctx.attn_mask, scale)
     k_cache, v_cache = cache
     write_cache(k_cache, k, ctx)
@@ -132,6 +149,8 @@ def attend_cached(q: torch.Tensor, ctx: ForwardContext, cache: Sequence[torch.Te
     B = q.shape[0]
     kk = read_cache(k_cache, ctx, B).to(q.dtype)
     vv = read_cache(v_cache, ctx, B).to(q.dtype)
+    if ctx.causal and _is_causal_fast(q):  # the prefix read is this forward's own keys (kv_len == T)
+        return sdpa_causal(q, kk, vv, scale)
     return sdpa(q, kk, vv, ctx.attn_bias(q.dtype), scale)
 
 

@@ -30,6 +30,10 @@ class ForwardContext:
     kv: Sequence[Sequence[torch.Tensor]] | None = None  # per layer: cache tensors [Bc, S_max, ...]
     rows: torch.Tensor | None = None  # [B] int64 cache rows; None: rows 0..B-1
     logits_index: torch.Tensor | None = None  # [B, R] positions whose logits are wanted; None: all T
+    # the mask is exactly causal over this forward's own T tokens, which are each row's positions 0..T-1 (kv_len == T):
+    # a plain forward, a prefill of fresh rows. Attention may then run as SDPA's is_causal without reading the mask
+    # (layers/attention.py). Right-padded rows keep it: no real query sees a padded key.
+    causal: bool = False
     _memo: dict = field(default_factory=dict, repr=False, compare=False)  # per-forward values shared by layers
 
     def row_index(self, batch: int) -> torch.Tensor:
@@ -61,7 +65,7 @@ class ForwardContext:
         """Cache-free causal forward over `length` tokens starting at position 0."""
         pos = torch.arange(length, device=device).expand(batch, length)
         causal = torch.ones(length, length, dtype=torch.bool, device=device).tril()
-        return ForwardContext(positions=pos, attn_mask=causal.expand(batch, length, length))
+        return ForwardContext(positions=pos, attn_mask=causal.expand(batch, length, length), causal=True)
 
 
 @functools.cache  # never evicted: captured CUDA graphs read these tensors by address

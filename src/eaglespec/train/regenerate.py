@@ -173,7 +173,7 @@ def regenerate(target: torch.nn.Module, tokenizer: "BaseTokenizer", conversation
                                         cuda_graphs=cfg.cuda_graphs, min_prefill_rows=max(1, cfg.batch_size // 8))
                     engine = Engine(target, tokenizer, ecfg)
                 # each shard draws from its own seed, so a resumed run samples a missing shard as a whole run did;
-                # an engine per shard instead recaptured its graphs: 1.2-5.3 s a shard on the H200 (session 40)
+                # an engine per shard instead recaptured its graphs: 0.7-5.3 s a shard on the H200 (session 40)
                 engine.reseed(cfg.seed + s)
                 rows, k = regenerate_shard(engine, chunk, cfg)
                 n_new += k
