@@ -118,3 +118,30 @@ def test_causal_fast_path_equals_the_masked_forward(case, monkeypatch):
     assert torch.allclose(fast[0], masked[0], atol=1e-5, rtol=1e-5)
     for b, n in enumerate(lens):  # padded queries compute garbage that nothing reads
         assert torch.allclose(fast[1][b, :n], masked[1][b, :n], atol=1e-5, rtol=1e-5)
+
+
+def test_engine_prefills_with_the_causal_fast_path_generate_the_same(monkeypatch):
+    """The engine marks its prefills `causal` (fresh rows, right-padded together): with the is_causal path forced on
+    the CPU, plain and speculative greedy generation of prompts of different lengths in one batch is unchanged."""
+    from tiny import tiny_drafter, tiny_llama
+
+    from eaglespec.config import EngineConfig, SpecConfig
+    from eaglespec.engine.engine import Engine
+    from eaglespec.layers import attention
+    from eaglespec.sampling_params import SamplingParams
+
+    t = tiny_llama(seed=0)
+    d = tiny_drafter(t, seed=1)
+    prompts = [[1, 2, 3, 4, 5, 6, 7], [8, 9], [10, 11, 12, 13]]
+    p = SamplingParams(max_new_tokens=10, ignore_eos=True)
+
+    def run():
+        plain = Engine(t, None, EngineConfig(max_batch_size=3)).generate(prompts, p)
+        spec = Engine(t, None, EngineConfig(max_batch_size=3), drafter=d, spec=SpecConfig(2, 2, 4)).generate(prompts, p)
+        return [o.token_ids for o in plain], [o.token_ids for o in spec]
+
+    with torch.no_grad():
+        masked = run()
+        monkeypatch.setattr(attention, "_is_causal_fast", lambda q: True)
+        fast = run()
+    assert fast == masked and masked[0] == masked[1]
