@@ -52,7 +52,7 @@ def timed(name: str, ps: list[list[int]], reps: int = 5) -> None:
     rows = list(range(len(ps)))
     ts = []
     with torch.inference_mode():
-        for i in range(reps):
+        for _ in range(reps):
             torch.cuda.synchronize()
             t = time.perf_counter()
             run.prefill(rows, ps, True)

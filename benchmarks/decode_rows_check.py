@@ -32,8 +32,6 @@ for B in (64, 256, 1024):
         return F.scaled_dot_product_attention(qt.to(dt), kr.to(dt), vr.to(dt), attn_mask=mask[:, None]).transpose(1, 2)
 
     ref = sdpa(torch.float32)
-    _fits = sak.fits
-    sak.fits = lambda *a, **kw: True  # this check calls the kernel past its batch limit on purpose
     out_k = sak.short_attention(q, k, v, rows, mask)
     out_s = sdpa()
     times = []
@@ -48,6 +46,5 @@ for B in (64, 256, 1024):
         e.record()
         torch.cuda.synchronize()
         times.append(s.elapsed_time(e) / 20 * 1e3)
-    sak.fits = _fits
     print(f"| {B} | {(out_k.float() - ref).abs().max().item():.4f} | {(out_s.float() - ref).abs().max().item():.4f} "
           f"| {times[0]:.0f} | {times[1]:.0f} |", flush=True)
