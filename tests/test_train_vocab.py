@@ -89,6 +89,10 @@ def test_positions_outside_the_draft_vocab_carry_no_loss():
         # a loss mask that is false everywhere counts nothing and gives zero loss
         none = ttt_loss(d, hid, feats, torch.zeros_like(mask))
         assert none.loss == 0 and none.count.sum() == 0
+    # ... and a training step on such a batch still has a graph to run backward through (zero gradients)
+    none = ttt_loss(d, ttt_hiddens(d, tokens, feats.aux, 3), feats, torch.zeros_like(mask))
+    none.loss.backward()
+    assert all(p.grad is None or not p.grad.any() for p in d.parameters())
 
 
 def test_acceptance_estimate():

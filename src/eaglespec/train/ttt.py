@@ -13,7 +13,10 @@ Notation: tokens t_0..t_{n-1} of a sample, target aux states a_j at every positi
 - Implementation: keys and values of steps 0..k are concatenated along the sequence, [B, (k+1)T, H_kv, D], and one
   SDPA runs under the fixed mask [T, (k+1)T] = [tril | I | ... | I] (shared by all rows: batches are right-padded, so
   a real query never sees a padded key); step 0 is plain causal SDPA. No loop over positions, and on the GPU the
-  memory-efficient kernel never materialises the [T, (k+1)T] scores.
+  memory-efficient kernel never materialises the [T, (k+1)T] scores. Not cuDNN's kernel (`layers.attention.
+  scaled_dot_product_attention` leaves it out): its plans cost ~1.1 s for each new batch shape, forward and backward
+  of 7 steps, i.e. 90-110 s for the ~80 shapes of a SmolLM2 run (about half of a 1,600-step run's training time),
+  against ~0.2 s a shape without it (session 41, H200, `benchmarks/train_step_profile.py`).
 - Targets: step k at position j predicts t_{j+2+k}; its soft label is the target's distribution at position j+1+k
   restricted to the draft vocabulary (features.py). It counts when t_{j+2+k} is a loss token (assistant, not past the
   end) and the target's argmax there is inside the draft vocabulary. Loss = sum_k w^k * mean over counted positions
@@ -25,10 +28,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
+from ..layers.attention import scaled_dot_product_attention
 from ..layers.rotary import apply_rotary
 from .features import TargetFeatures
+from .soft_ce import soft_cross_entropy
 
 
 def shift_left(x: torch.Tensor, s: int, fill: int | bool | float = 0) -> torch.Tensor:
@@ -66,14 +70,13 @@ def ttt_hiddens(drafter: torch.nn.Module, tokens: torch.Tensor, aux: torch.Tenso
         keys.append(apply_rotary(attn.k_proj(x).view(B, T, nkv, D), cos, sin))
         values.append(attn.v_proj(x).view(B, T, nkv, D))
         qh = q.transpose(1, 2)  # [B, nh, T, D]
-        if k == 0:
-            kh, vh = keys[0].transpose(1, 2), values[0].transpose(1, 2)
-            kh, vh = kh.repeat_interleave(nh // nkv, 1), vh.repeat_interleave(nh // nkv, 1)
-            o = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True)
-        else:
+        if k == 0:  # plain causal attention: flash on CUDA, which takes grouped KV heads as they are
+            o = scaled_dot_product_attention(qh, keys[0].transpose(1, 2), values[0].transpose(1, 2), is_causal=True,
+                                             enable_gqa=nh != nkv)
+        else:  # masked: the memory-efficient kernel on CUDA, which has no GQA, so each KV head is repeated
             kh = torch.cat(keys, dim=1).transpose(1, 2).repeat_interleave(nh // nkv, 1)  # [B, nh, (k+1)T, D]
             vh = torch.cat(values, dim=1).transpose(1, 2).repeat_interleave(nh // nkv, 1)
-            o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=ttt_mask(T, k, dev)[None, None])
+            o = scaled_dot_product_attention(qh, kh, vh, attn_mask=ttt_mask(T, k, dev)[None, None])
         o = o.transpose(1, 2).reshape(B, T, nh * D)
         r = h + attn.o_proj(o)
         r = r + mid.mlp(mid.post_attention_layernorm(r))
@@ -99,25 +102,35 @@ def step_targets(feats: TargetFeatures, loss_mask: torch.Tensor, k: int) -> tupl
 
 def ttt_loss(drafter: torch.nn.Module, hiddens: list[torch.Tensor], feats: TargetFeatures, loss_mask: torch.Tensor,
              decay: float = 0.8) -> TTTResult:
-    """Weighted soft cross-entropy over the unrolled steps, on counted positions only."""
+    """Weighted soft cross-entropy over the unrolled steps, on counted positions only.
+
+    The counted positions of all steps are found in one `nonzero` over [S, B, T] (the step's only synchronisation
+    before its end: one per step k would drain the GPU's queue S times while the host launches small kernels); each
+    step's logits are still computed on its own rows, so the largest float32 tensor is [n_k, Vd], as before."""
     S = len(hiddens)
     dev = loss_mask.device
+    T = loss_mask.shape[1]
+    probs = feats.probs.reshape(-1, feats.probs.shape[-1])  # [B * T, Vd], row b * T + i: position i of row b
+    targets = [step_targets(feats, loss_mask, k) for k in range(S)]
+    valid = torch.stack([v for v, _ in targets])  # [S, B, T]
+    s_all, b_all, j_all = valid.nonzero(as_tuple=True)  # sorted by step: step k's rows are one slice
+    sizes = torch.bincount(s_all, minlength=S).tolist()  # the GPU is idle right after nonzero: no wait
+    count = torch.tensor(sizes, dtype=torch.float32, device=dev)
     total = torch.zeros((), device=dev)
     step_loss = torch.zeros(S, device=dev)
     correct = torch.zeros(S, device=dev)
-    count = torch.zeros(S, device=dev)
+    start = 0
     for k, r in enumerate(hiddens):
-        valid, am = step_targets(feats, loss_mask, k)
-        b, j = valid.nonzero(as_tuple=True)  # counted positions
+        n = sizes[k]
+        b, j = b_all[start:start + n], j_all[start:start + n]
+        start += n  # n == 0 still runs (empty rows): the loss keeps its graph, so backward works on any batch
         logits = drafter.lm_head(drafter.norm(r[b, j]))  # [n, Vd]
-        logp = torch.log_softmax(logits.float(), dim=-1)
-        p = feats.probs[b, j + 1 + k]  # [n, Vd] the target's distribution for t_{j+2+k}
-        n = torch.tensor(float(len(b)), device=dev)
-        ce = -(p * logp).sum(-1).sum() / n.clamp(min=1)
+        # the label: the target's distribution for t_{j+2+k}, at position j+1+k (soft_ce.py: one fused pass on CUDA)
+        ce_rows, drafted = soft_cross_entropy(logits, probs, b * T + j + 1 + k)  # [n], [n]
+        ce = ce_rows.sum() / max(n, 1)
         total = total + decay**k * ce
         step_loss[k] = ce.detach()
-        correct[k] = (logits.argmax(-1) == am[b, j]).sum().float()
-        count[k] = n
+        correct[k] = (drafted == targets[k][1][b, j]).sum().float()
     return TTTResult(total, step_loss, correct, count)
 
 
