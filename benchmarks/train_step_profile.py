@@ -5,7 +5,8 @@ shipped drafter (its shape, vocabulary and weights) wired to it, and synthetic s
 
 Variants (`VARIANTS`, comma-separated; names joined by "+" combine; `base` is the code as it is): `old-loss` (the
 TTT loss before session 41: a nonzero per step, the eager soft cross-entropy), `eager-ce` (the eager soft
-cross-entropy), `cudnn` (TTT attention with cuDNN's SDPA allowed, as before session 41). Each variant gets its own
+cross-entropy), `cudnn` (TTT attention with cuDNN's SDPA allowed, as before session 41), `eager-features` (the target's features
+forward eagerly instead of CUDA graphs per batch shape). Each variant gets its own
 trainer; each first meets every batch shape once (timed: the first use of a shape pays cuDNN's plans, the
 allocator; a variant's first uses are cold only when it runs first in its process), then N_STEPS steps per variant
 in ROUNDS alternating rounds (wall time of `Trainer.train_step`, which ends on its one read of device values),
@@ -96,6 +97,7 @@ PATCHES = {
     "old-loss": [(trainer_mod, "ttt_loss", old_ttt_loss)],  # a nonzero per step, the eager soft CE
     "eager-ce": [(soft_ce, "_use_kernel", lambda x: False)],  # one nonzero, the eager soft CE
     "cudnn": [(ttt, "scaled_dot_product_attention", _cudnn_sdpa)],
+    "eager-features": [],  # the target's features forward eagerly, not as CUDA graphs (set on the trainer: build)
 }
 
 
@@ -113,12 +115,15 @@ def patched(variant: str):
             setattr(mod, attr, value)
 
 
-def build() -> Trainer:
+def build(variant: str) -> Trainer:
     drafter, vocab = drafter_from_checkpoint(target, "src/eaglespec/assets/smollm2-135m-eagle3")
     cfg = TrainConfig(work_dir=tempfile.mkdtemp(), aux_layers=(1, 14, 26),
                       batch_tokens=int(os.environ.get("BATCH_TOKENS", 8192)), max_steps=10_000, lr=1e-4,
                       progress=False, catch_signals=False)
-    return Trainer(target, drafter, synthetic_dataset(N_SAMPLES, 0), None, vocab, cfg)
+    tr = Trainer(target, drafter, synthetic_dataset(N_SAMPLES, 0), None, vocab, cfg)
+    if "eager-features" in variant.split("+"):
+        tr.features.mode = "eager"
+    return tr
 
 
 def phases(tr: Trainer, ids: torch.Tensor) -> dict[str, float]:
@@ -134,7 +139,7 @@ def phases(tr: Trainer, ids: torch.Tensor) -> dict[str, float]:
         t = now
 
     batch = gather_batch(tr.train_ds, ids, tr.pad_to)
-    feats = target_features(tr.target, batch.tokens, tr.vocab, tr.t2d_map)
+    feats = tr.features(batch.tokens)
     mark("features")
     with tr._autocast():
         hiddens = ttt.ttt_hiddens(tr.drafter, batch.tokens, feats.aux, tr.cfg.ttt_steps)
@@ -155,7 +160,7 @@ def phases(tr: Trainer, ids: torch.Tensor) -> dict[str, float]:
 # one trainer per variant (the same target, drafter weights and data); each first meets every batch shape once
 trainers, warm, n_shapes = {}, {}, {}
 for variant in VARIANTS:
-    tr = trainers[variant] = build()
+    tr = trainers[variant] = build(variant)
     t0 = time.perf_counter()
     seen: set[tuple[int, ...]] = set()
     with patched(variant):
@@ -167,6 +172,17 @@ for variant in VARIANTS:
         sync()
     warm[variant], n_shapes[variant] = time.perf_counter() - t0, len(seen)
     print(f"{variant}: {len(seen)} shapes met first in {warm[variant]:.1f} s", flush=True)
+
+# the graphs' features against the eager forward's, on a few batch shapes
+tr = trainers[VARIANTS[0]]
+for ids in tr.batches[:: max(1, len(tr.batches) // 4)]:
+    tokens = gather_batch(tr.train_ds, ids, tr.pad_to).tokens
+    f = tr.features(tokens)
+    got = (f.aux.clone(), f.probs.clone(), f.argmax.clone())
+    ref = target_features(tr.target, tokens, tr.vocab, tr.t2d_map)
+    print(f"features {tuple(tokens.shape)} ({tr.features.mode}): aux max diff "
+          f"{(got[0].float() - ref.aux.float()).abs().max().item():.3g}, probs max diff "
+          f"{(got[1] - ref.probs).abs().max().item():.3g}, argmax equal {torch.equal(got[2], ref.argmax)}")
 
 order = torch.randperm(len(trainers[VARIANTS[0]].batches), generator=torch.Generator().manual_seed(1)).tolist()
 steps = order[:N_STEPS]

@@ -2,7 +2,7 @@
 
 Contract of `Trainer(target, drafter, train_ds, eval_ds, vocab, config).fit()`:
 - the target is frozen in eval mode with capture on (`set_eagle3_layers_to_capture(config.aux_layers)`); per batch it
-  runs once (features.py) and the drafter runs the S-step TTT (ttt.py), under bf16 autocast on CUDA (float32 on the
+  runs once (features.py; on the GPU a CUDA graph per batch shape, feature_graphs.py) and the drafter runs the S-step TTT (ttt.py), under bf16 autocast on CUDA (float32 on the
   CPU); AdamW over `trainable_parameters` (lr, betas 0.9/0.95, weight decay), linear warm-up over `warmup_frac` of
   the steps then cosine decay to 0, gradient clipping, one optimiser step per batch;
 - steps: `max_steps` if set, else `epochs` x batches. Batches are length-bucketed once (dataset.py) and shuffled per
@@ -50,7 +50,7 @@ import torch
 from ..errors import ConfigError
 from .dataset import TokenDataset, epoch_order, gather_batch, make_batches
 from .drafter import trainable_parameters
-from .features import target_features
+from .feature_graphs import FeatureGraphs
 from .ttt import acceptance_estimate, ttt_hiddens, ttt_loss
 from .vocab import DraftVocab
 
@@ -154,6 +154,11 @@ class Trainer:
         # on the GPU every new sequence length costs a slow first step (allocator, kernel selection): pad to 64
         self.pad_to = 64 if self.device.type == "cuda" else 1
         self.total_steps = config.max_steps or config.epochs * len(self.batches)
+        # the target's features forward, replayed as a CUDA graph per batch shape on the GPU (feature_graphs.py)
+        self.features = FeatureGraphs(self.target, self.vocab, self.t2d_map)
+        lens = train_ds.lengths.tolist()
+        self.features.reserve(max((len(b) * -(-max(lens[i] for i in b.tolist()) // self.pad_to) * self.pad_to
+                                   for b in self.batches), default=0))
         self.params = trainable_parameters(drafter)
         self.opt = torch.optim.AdamW(self.params.values(), lr=config.lr, betas=(0.9, 0.95),
                                      weight_decay=config.weight_decay)
@@ -188,7 +193,7 @@ class Trainer:
 
     def _forward(self, ds: TokenDataset, ids: torch.Tensor):
         batch = gather_batch(ds, ids, self.pad_to)
-        feats = target_features(self.target, batch.tokens, self.vocab, self.t2d_map)
+        feats = self.features(batch.tokens)  # valid until the next batch's features: used up within this step
         with self._autocast():
             hiddens = ttt_hiddens(self.drafter, batch.tokens, feats.aux, self.cfg.ttt_steps)
             res = ttt_loss(self.drafter, hiddens, feats, batch.mask, self.cfg.step_decay)
@@ -299,7 +304,7 @@ class Trainer:
         out = []
         for ids in self.batches[:n_batches]:
             batch = gather_batch(self.train_ds, ids, self.pad_to)
-            feats = target_features(self.target, batch.tokens, self.vocab, self.t2d_map)
+            feats = self.features(batch.tokens)
             inside = torch.arange(batch.tokens.shape[1], device=batch.tokens.device)[None, :] < batch.lengths[:, None]
             out.append(feats.aux[inside.to(feats.aux.device)].float())
         return torch.cat(out)
