@@ -10,7 +10,9 @@ profiler window of steady-state decode steps gives the kernel split. Variants:
   old       as before session 40: decode steps of more than MAX_BATCH rows take SDPA (over every row's whole length
             bucket) instead of the short-query kernel, and eager attention with GQA asks SDPA for it (which put
             admissions' prefills on the math backend) instead of repeating the KV heads, and causal forwards read
-            their mask instead of running SDPA's is_causal (`ForwardContext.causal`).
+            their mask instead of running SDPA's is_causal (`ForwardContext.causal`);
+  nocausal  the engine as it is but for `ForwardContext.causal` (7862b4a's regeneration: an A/B of that change
+            alone, in one process, since machines differ in host speed).
 
 usage: python benchmarks/regen_profile.py GGUF SHAREGPT_JSON OUT [N] [ROWS]   (env VARIANTS=old,base; STOP_LOOP=32;
        MAX_LEN=1024; MAX_NEW=512)
@@ -89,7 +91,7 @@ results, outputs = [], {}
 for variant in VARIANTS:
     use_fits(old_fits if variant == "old" else base_fits)
     attention._repeat_kv_heads = (lambda q: False) if variant == "old" else repeat_kv
-    attention._is_causal_fast = (lambda q: False) if variant == "old" else causal_fast
+    attention._is_causal_fast = (lambda q: False) if variant in ("old", "nocausal") else causal_fast
     sync()
     t0 = time.perf_counter()
     eng = Engine(model, tok, EngineConfig(max_batch_size=ROWS, max_seq_len=MAX_LEN + 1,
