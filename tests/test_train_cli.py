@@ -235,6 +235,28 @@ def test_train_loop_mask_is_applied_and_reported(tiny_folder, tmp_path, capsys):
     assert "--regen-stop-loop ends regenerated answers, and --no-regenerate regenerates none" in capsys.readouterr().err
 
 
+def test_feature_graphs_switch_reaches_the_trainer(tiny_folder, data_file, tmp_path, monkeypatch):
+    """--no-feature-graphs makes the trainer run the target's features forward eagerly; by default it asks for the
+    graphs (FeatureGraphs picks them on a GPU, and the forward itself on the CPU)."""
+    import eaglespec.train.trainer as trainer_mod
+    from eaglespec.train.feature_graphs import FeatureGraphs
+
+    modes = []
+
+    class Recording(FeatureGraphs):
+        def __init__(self, *args, mode=None, **kw):
+            modes.append(mode)
+            super().__init__(*args, mode=mode, **kw)
+
+    monkeypatch.setattr(trainer_mod, "FeatureGraphs", Recording)
+    common = ["train", "--target", str(tiny_folder), "--data", str(data_file), "--device", "cpu", "--ttt-steps", "2",
+              "--batch-tokens", "400", "--max-len", "96", "--no-regenerate", "--no-progress", "--max-steps", "1",
+              "--draft-vocab", "40"]
+    assert main([*common, "--out", str(tmp_path / "a")]) == 0
+    assert main([*common, "--out", str(tmp_path / "b"), "--no-feature-graphs"]) == 0
+    assert modes == [None, "eager"]
+
+
 def test_train_command_reports_bad_data_in_one_line(tiny_folder, tmp_path, capsys):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}\n'

@@ -100,6 +100,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     t.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="the target's dtype (auto: bf16 on GPU, with bf16 autocast for the drafter; fp32 on CPU)")
+    t.add_argument("--feature-graphs", action=argparse.BooleanOptionalAction, default=True,
+                   help="on a GPU, replay the target's forward over each batch shape as a CUDA graph (the same "
+                        "features; a memory pool the size of the largest batch's forward stays reserved: "
+                        "--no-feature-graphs frees it for the drafter when memory is short)")
     t.add_argument("--no-progress", action="store_true", help="no progress bars")
     e = p.add_argument_group("export")
     e.add_argument("--export-dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
@@ -205,6 +209,7 @@ def run(args: argparse.Namespace) -> int:
         save_every=args.save_every, seed=args.seed, resume=args.resume, progress=not args.no_progress,
         amp=args.dtype != "float32",  # --dtype float32 on a GPU trains without bf16 autocast
         eval_at_start=bool(args.init) and args.eval_every > 0,  # a continued drafter's starting point, in the log
+        feature_graphs=args.feature_graphs,
     )
     regen = RegenConfig(temperature=args.regen_temperature, max_new_tokens=args.regen_max_new_tokens,
                         max_len=args.max_len, first_turn_only=args.first_turn_only, batch_size=args.regen_batch,

@@ -92,6 +92,8 @@ class TrainConfig:
     progress: bool = True
     log_every: int = 1  # tqdm postfix refresh (each refresh reads the loss: one device sync)
     catch_signals: bool = True  # SIGINT / SIGTERM: stop after the step in progress, with a checkpoint
+    feature_graphs: bool = True  # on CUDA the target's features forward as a CUDA graph per batch shape (the same
+                                 # values; False: eager, without the graphs' reserved memory pool)
 
     def __post_init__(self) -> None:
         if self.ttt_steps < 1:
@@ -155,7 +157,8 @@ class Trainer:
         self.pad_to = 64 if self.device.type == "cuda" else 1
         self.total_steps = config.max_steps or config.epochs * len(self.batches)
         # the target's features forward, replayed as a CUDA graph per batch shape on the GPU (feature_graphs.py)
-        self.features = FeatureGraphs(self.target, self.vocab, self.t2d_map)
+        self.features = FeatureGraphs(self.target, self.vocab, self.t2d_map,
+                                      mode=None if config.feature_graphs else "eager")
         lens = train_ds.lengths.tolist()
         self.features.reserve(max((len(b) * -(-max(lens[i] for i in b.tolist()) // self.pad_to) * self.pad_to
                                    for b in self.batches), default=0))
