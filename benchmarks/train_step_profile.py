@@ -5,8 +5,9 @@ shipped drafter (its shape, vocabulary and weights) wired to it, and synthetic s
 
 Variants (`VARIANTS`, comma-separated; names joined by "+" combine; `base` is the code as it is): `old-loss` (the
 TTT loss before session 41: a nonzero per step, the eager soft cross-entropy), `eager-ce` (the eager soft
-cross-entropy), `cudnn` (TTT attention with cuDNN's SDPA allowed, as before session 41), `eager-features` (the target's features
-forward eagerly instead of CUDA graphs per batch shape). Each variant gets its own
+cross-entropy), `cudnn` (TTT attention with cuDNN's SDPA allowed, as before session 41), `eager-features` (the
+target's features forward eagerly instead of CUDA graphs per batch shape), `chain-attn` (the TTT attention of steps
+>= 1 in the causal + diagonal form, `chain_step_attention`). Each variant gets its own
 trainer; each first meets every batch shape once (timed: the first use of a shape pays cuDNN's plans, the
 allocator; a variant's first uses are cold only when it runs first in its process), then N_STEPS steps per variant
 in ROUNDS alternating rounds (wall time of `Trainer.train_step`, which ends on its one read of device values),
@@ -91,12 +92,40 @@ def _cudnn_sdpa(q, k, v, **kw):
     return torch.nn.functional.scaled_dot_product_attention(q, k, v, **kw)
 
 
+_step_attention = ttt.step_attention
+
+
+def chain_step_attention(qh, keys, values):
+    """TTT step k's attention in the causal + diagonal form: the [T, T] scores over step 0's keys (materialised, a
+    GEMM) and k per-position dot products with steps 1..k's keys, one softmax over both, instead of one SDPA over
+    (k+1)T keys under a mask that hides almost all of them (the memory-efficient kernel reads them all)."""
+    k = len(keys) - 1
+    if k == 0:
+        return _step_attention(qh, keys, values)
+    B, nh, T, D = qh.shape
+    nkv = keys[0].shape[2]
+    g = nh // nkv
+    qg = qh.view(B, nkv, g, T, D)  # query head h reads KV head h // g
+    k0 = keys[0].permute(0, 2, 1, 3)[:, :, None]  # [B, nkv, 1, T, D]
+    v0 = values[0].permute(0, 2, 1, 3)[:, :, None]
+    s0 = (qg @ k0.transpose(-1, -2)) * D**-0.5  # [B, nkv, g, T, T]
+    causal = torch.ones(T, T, dtype=torch.bool, device=qh.device).tril()
+    s0 = s0.masked_fill(~causal, float("-inf"))
+    kd = torch.stack(keys[1:], 3).permute(0, 2, 1, 3, 4)[:, :, None]  # [B, nkv, 1, T, k, D]
+    vd = torch.stack(values[1:], 3).permute(0, 2, 1, 3, 4)[:, :, None]
+    sd = (qg[..., None, :] * kd).sum(-1) * D**-0.5  # [B, nkv, g, T, k]
+    p = torch.softmax(torch.cat([s0, sd.to(s0.dtype)], -1).float(), -1).to(vd.dtype)
+    o = p[..., :T] @ v0.to(p.dtype) + (p[..., T:, None] * vd).sum(-2)  # [B, nkv, g, T, D]
+    return o.reshape(B, nh, T, D)
+
+
 # what a variant changes (names joined by "+"): (module, attribute, value) patches, applied around its steps
 PATCHES = {
     "base": [],
     "old-loss": [(trainer_mod, "ttt_loss", old_ttt_loss)],  # a nonzero per step, the eager soft CE
     "eager-ce": [(soft_ce, "_use_kernel", lambda x: False)],  # one nonzero, the eager soft CE
     "cudnn": [(ttt, "scaled_dot_product_attention", _cudnn_sdpa)],
+    "chain-attn": [(ttt, "step_attention", chain_step_attention)],
     "eager-features": [],  # the target's features forward eagerly, not as CUDA graphs (set on the trainer: build)
 }
 

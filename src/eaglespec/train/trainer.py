@@ -2,9 +2,10 @@
 
 Contract of `Trainer(target, drafter, train_ds, eval_ds, vocab, config).fit()`:
 - the target is frozen in eval mode with capture on (`set_eagle3_layers_to_capture(config.aux_layers)`); per batch it
-  runs once (features.py; on the GPU a CUDA graph per batch shape, feature_graphs.py) and the drafter runs the S-step TTT (ttt.py), under bf16 autocast on CUDA (float32 on the
-  CPU); AdamW over `trainable_parameters` (lr, betas 0.9/0.95, weight decay), linear warm-up over `warmup_frac` of
-  the steps then cosine decay to 0, gradient clipping, one optimiser step per batch;
+  runs once (features.py; on the GPU a CUDA graph per batch shape, feature_graphs.py, unless `feature_graphs` is
+  off) and the drafter runs the S-step TTT (ttt.py), under bf16 autocast on CUDA (float32 on the CPU); AdamW over
+  `trainable_parameters` (lr, betas 0.9/0.95, weight decay), linear warm-up over `warmup_frac` of the steps then
+  cosine decay to 0, gradient clipping, one optimiser step per batch;
 - steps: `max_steps` if set, else `epochs` x batches. Batches are length-bucketed once (dataset.py) and shuffled per
   epoch from (seed, epoch), so the data position is (epoch, index in that epoch's order);
 - every `save_every` steps (and at the end, at `stop_after`, and on SIGINT / SIGTERM) a checkpoint

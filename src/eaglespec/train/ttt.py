@@ -50,6 +50,20 @@ def ttt_mask(T: int, k: int, device: torch.device | str) -> torch.Tensor:
     return torch.cat([causal] + [eye] * k, dim=1)
 
 
+def step_attention(qh: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor]) -> torch.Tensor:
+    """TTT step k = len(keys) - 1: qh [B, nh, T, D] (heads first), keys / values of steps 0..k, each [B, T, nkv, D]
+    -> [B, nh, T, D]: causal over step 0, the diagonal of steps 1..k (module docstring)."""
+    k = len(keys) - 1
+    nh, nkv, T = qh.shape[1], keys[0].shape[2], qh.shape[2]
+    if k == 0:  # plain causal attention: flash on CUDA, which takes grouped KV heads as they are
+        return scaled_dot_product_attention(qh, keys[0].transpose(1, 2), values[0].transpose(1, 2), is_causal=True,
+                                            enable_gqa=nh != nkv)
+    # masked: the memory-efficient kernel on CUDA, which has no GQA, so each KV head is repeated
+    kh = torch.cat(keys, dim=1).transpose(1, 2).repeat_interleave(nh // nkv, 1)  # [B, nh, (k+1)T, D]
+    vh = torch.cat(values, dim=1).transpose(1, 2).repeat_interleave(nh // nkv, 1)
+    return scaled_dot_product_attention(qh, kh, vh, attn_mask=ttt_mask(T, k, qh.device)[None, None])
+
+
 def ttt_hiddens(drafter: torch.nn.Module, tokens: torch.Tensor, aux: torch.Tensor, steps: int) -> list[torch.Tensor]:
     """tokens [B, T], aux [B, T, n_aux*Ht] -> per step k the output hidden r_k [B, T, H] (pre-norm)."""
     B, T = tokens.shape
@@ -69,14 +83,7 @@ def ttt_hiddens(drafter: torch.nn.Module, tokens: torch.Tensor, aux: torch.Tenso
         q = apply_rotary(attn.q_proj(x).view(B, T, nh, D), cos, sin)
         keys.append(apply_rotary(attn.k_proj(x).view(B, T, nkv, D), cos, sin))
         values.append(attn.v_proj(x).view(B, T, nkv, D))
-        qh = q.transpose(1, 2)  # [B, nh, T, D]
-        if k == 0:  # plain causal attention: flash on CUDA, which takes grouped KV heads as they are
-            o = scaled_dot_product_attention(qh, keys[0].transpose(1, 2), values[0].transpose(1, 2), is_causal=True,
-                                             enable_gqa=nh != nkv)
-        else:  # masked: the memory-efficient kernel on CUDA, which has no GQA, so each KV head is repeated
-            kh = torch.cat(keys, dim=1).transpose(1, 2).repeat_interleave(nh // nkv, 1)  # [B, nh, (k+1)T, D]
-            vh = torch.cat(values, dim=1).transpose(1, 2).repeat_interleave(nh // nkv, 1)
-            o = scaled_dot_product_attention(qh, kh, vh, attn_mask=ttt_mask(T, k, dev)[None, None])
+        o = step_attention(q.transpose(1, 2), keys, values)  # [B, nh, T, D]
         o = o.transpose(1, 2).reshape(B, T, nh * D)
         r = h + attn.o_proj(o)
         r = r + mid.mlp(mid.post_attention_layernorm(r))
