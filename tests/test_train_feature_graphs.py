@@ -54,3 +54,34 @@ def test_default_on_the_cpu_is_target_features_itself():
     fg.reserve(100)
     assert fg.probs is None  # no buffers in eager mode
     assert _equal(fg(t), target_features(target, t, vocab))
+
+
+def test_trainer_sizes_the_buffers_for_its_largest_padded_batch_of_any_set(tmp_path):
+    """The trainer reserves the features' buffers once, for the largest padded batch of the training set and of the
+    evaluation sets (a larger one later would grow them and drop every graph captured so far)."""
+    from collections import Counter
+
+    from eaglespec.train.dataset import TokenDataset, gather_batch, make_batches
+    from eaglespec.train.drafter import new_drafter
+    from eaglespec.train.trainer import TrainConfig, Trainer
+
+    target, vocab = _setup()
+    V = target.config.vocab_size
+    g = torch.Generator().manual_seed(2)
+
+    def dataset(lens: list[int]) -> TokenDataset:
+        lens_t = torch.tensor(lens)
+        offsets = torch.cat((torch.zeros(1, dtype=torch.int64), lens_t.cumsum(0)))
+        n = int(lens_t.sum())
+        return TokenDataset(torch.randint(0, V, (n,), generator=g), torch.ones(n, dtype=torch.bool), offsets,
+                            Counter())
+
+    train, held_out = dataset([5, 6, 7, 9, 12]), dataset([15, 15, 14])
+    cfg = TrainConfig(work_dir=str(tmp_path), aux_layers=(1, 2, 3), batch_tokens=48, max_steps=1, progress=False,
+                      catch_signals=False)
+    tr = Trainer(target, new_drafter(target, (1, 2, 3), vocab), train, held_out, vocab, cfg)
+    most = max(gather_batch(ds, ids).tokens.numel() for ds in (train, held_out)
+               for ids in make_batches(ds.lengths, 48))
+    assert most == 45 and tr.features.capacity == most  # the held-out batch of 3 x 15, above training's 4 x 9
+    tr.fit()
+    assert tr.features.capacity == most

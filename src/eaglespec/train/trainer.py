@@ -160,9 +160,12 @@ class Trainer:
         # the target's features forward, replayed as a CUDA graph per batch shape on the GPU (feature_graphs.py)
         self.features = FeatureGraphs(self.target, self.vocab, self.t2d_map,
                                       mode=None if config.feature_graphs else "eager")
-        lens = train_ds.lengths.tolist()
-        self.features.reserve(max((len(b) * -(-max(lens[i] for i in b.tolist()) // self.pad_to) * self.pad_to
-                                   for b in self.batches), default=0))
+        # its buffers sized once for the largest padded batch of every set it will see (growing them later drops
+        # the graphs captured so far)
+        self.features.reserve(max(self._padded_tokens(ds, batches) for ds, batches in (
+            (train_ds, self.batches),
+            *((d, make_batches(d.lengths.cpu(), config.batch_tokens))
+              for d in ([eval_ds] if self.eval_ds is not None else []) + list(self.extra_eval.values())))))
         self.params = trainable_parameters(drafter)
         self.opt = torch.optim.AdamW(self.params.values(), lr=config.lr, betas=(0.9, 0.95),
                                      weight_decay=config.weight_decay)
@@ -188,6 +191,12 @@ class Trainer:
         self.ckpt_dir = self.work / "checkpoints"
         if config.resume:
             self.load_latest()
+
+    def _padded_tokens(self, ds: TokenDataset, batches: list[torch.Tensor]) -> int:
+        """The largest B x T of `batches` of `ds` once padded (gather_batch)."""
+        lens = ds.lengths.tolist()
+        return max((len(b) * -(-max(lens[i] for i in b.tolist()) // self.pad_to) * self.pad_to for b in batches),
+                   default=0)
 
     # --- one batch --------------------------------------------------------------------------------------------------
     def _autocast(self):
