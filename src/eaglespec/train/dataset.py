@@ -279,6 +279,11 @@ class Batch:
         return int(self.lengths.sum())
 
 
+def padded_length(longest: int, pad_to: int = 1) -> int:
+    """A batch's length T: its longest sample rounded up to a multiple of `pad_to` (gather_batch)."""
+    return -(-longest // pad_to) * pad_to
+
+
 def gather_batch(ds: TokenDataset, ids: torch.Tensor, pad_to: int = 1) -> Batch:
     """Rows `ids` of a (device-resident) dataset as one padded batch, in one gather; the length is rounded up to a
     multiple of `pad_to` (few distinct shapes: the GPU's per-shape first-call costs are paid a few times only)."""
@@ -286,7 +291,7 @@ def gather_batch(ds: TokenDataset, ids: torch.Tensor, pad_to: int = 1) -> Batch:
     ids = ids.to(dev)
     starts = ds.offsets[ids]
     lens = ds.offsets[ids + 1] - starts
-    T = -(-int(lens.max()) // pad_to) * pad_to
+    T = padded_length(int(lens.max()), pad_to)
     ar = torch.arange(T, device=dev)
     inside = ar[None, :] < lens[:, None]  # [B, T]
     flat = (starts[:, None] + ar[None, :]).clamp(max=len(ds.tokens) - 1)

@@ -49,7 +49,7 @@ from typing import Any
 import torch
 
 from ..errors import ConfigError
-from .dataset import TokenDataset, epoch_order, gather_batch, make_batches
+from .dataset import TokenDataset, epoch_order, gather_batch, make_batches, padded_length
 from .drafter import trainable_parameters
 from .feature_graphs import FeatureGraphs
 from .ttt import acceptance_estimate, ttt_hiddens, ttt_loss
@@ -195,8 +195,7 @@ class Trainer:
     def _padded_tokens(self, ds: TokenDataset, batches: list[torch.Tensor]) -> int:
         """The largest B x T of `batches` of `ds` once padded (gather_batch)."""
         lens = ds.lengths.tolist()
-        return max((len(b) * -(-max(lens[i] for i in b.tolist()) // self.pad_to) * self.pad_to for b in batches),
-                   default=0)
+        return max((len(b) * padded_length(max(lens[i] for i in b.tolist()), self.pad_to) for b in batches), default=0)
 
     # --- one batch --------------------------------------------------------------------------------------------------
     def _autocast(self):
