@@ -25,6 +25,9 @@
 #   INIT_DIR: continue every variant from this exported drafter (e.g. src/eaglespec/assets/smollm2-135m-eagle3, which
 #             travels with the tree); the variants' flags then add EAGLE-3.1's norms to it (calibrated aux norm), and
 #             the held-out evaluation runs at step 0 too.
+# KEEP=1 (default) brings each export back under $OUT as drafter_NAME.tar.* (15 MB pieces; `cat drafter_N.tar.* | tar x
+# -C .device` gives .device/drafter_N), so that a machine given back before "bench" costs the measurement,
+# not the drafter (session 42 lost one so); "bench" takes .device/drafter_NAME when /tmp/ab/NAME is gone.
 # "bench" runs the MT-bench chain S3 K1 D4 and tree S6 K8 D48 for every exported drafter (and the shipped one, unless
 # SHIPPED=0) and prints a table. Logs go to $OUT.
 set -euo pipefail
@@ -84,6 +87,9 @@ if [ "$MODE" = train ]; then
     grep -E "^step [0-9]+:|exporting|training |trained |regenerated|self prompts|calibrated|added|eval prompts" \
       "$OUT/train_$name.txt" | cut -c1-220 || true   # a run that died before its first line: go on with the next
     cp "$w/train_log.jsonl" "$OUT/train_log_$name.jsonl" 2>/dev/null || true
+    if [ "${KEEP:-1}" = 1 ] && [ -f "/tmp/ab/$name/config.json" ]; then   # the export comes back with the call
+      tar cf - -C /tmp/ab --transform "s,^$name,drafter_$name," "$name" | split -b 15M - "$OUT/drafter_$name.tar."   # files come back <= 16 MiB each
+    fi
   done
   if [ "${PACK:-0}" = 1 ]; then   # the regenerated answers and self-written prompts, for a later machine
     (cd "$first" && tar czf - regen-* $(ls prompts-*.jsonl 2>/dev/null)) | split -b 15M - "$OUT/regen.tar.gz."
@@ -92,7 +98,11 @@ if [ "$MODE" = train ]; then
 else
   args=()
   [ "${SHIPPED:-1}" = 1 ] && args+=(--draft src/eaglespec/assets/smollm2-135m-eagle3)
-  for v in $VARIANTS; do [ -f "/tmp/ab/${v%%:*}/config.json" ] && args+=(--draft "/tmp/ab/${v%%:*}"); done
+  for v in $VARIANTS; do   # this machine's export, else one brought back by KEEP and carried as .device/drafter_NAME
+    n=${v%%:*}
+    if [ -f "/tmp/ab/$n/config.json" ]; then args+=(--draft "/tmp/ab/$n")
+    elif [ -f ".device/drafter_$n/config.json" ]; then args+=(--draft ".device/drafter_$n"); fi
+  done
   python3 -m eaglespec bench --model "$M" "${args[@]}" --spec 3,1,4 --spec 6,8,48 --batch-sizes 1 \
     --dtype bfloat16 --max-new-tokens 256 --no-spec --out "$OUT/bench" > "$OUT/bench.txt" 2>&1
   grep -E "^\| (no-spec|draft)" "$OUT/bench/results.md" | head -n 12
