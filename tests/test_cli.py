@@ -66,25 +66,31 @@ def test_generate_default_model(tmp_path, capsys, monkeypatch):
 def test_api_default_drafter_policy_on_the_cpu(monkeypatch):
     """`eaglespec.load()` speculates with the shipped drafter on the CPU only in a one-row engine (a 2-row step
     verifies twice the tokens, measured slower than plain decoding there), and only where a forward of the shape's draft
-    tokens costs at most CPU_MAX_VERIFY_COST one-token forwards on this machine; an explicit shape always
-    speculates."""
+    tokens costs at most `cpu_max_verify_cost(temperature)` one-token forwards on this machine (greedy decoding, which
+    accepts more a step, pays up to a dearer verify than sampling); an explicit shape always speculates."""
     from eaglespec import api
-    from eaglespec.assets import CPU_MAX_VERIFY_COST
+    from eaglespec.assets import CPU_MAX_VERIFY_COST, CPU_MAX_VERIFY_COST_SAMPLED
     from eaglespec.config import EngineConfig, SpecConfig
 
-    asked = cpu_forward_cost(monkeypatch, CPU_MAX_VERIFY_COST)  # at the threshold: speculation still pays
+    asked = cpu_forward_cost(monkeypatch, CPU_MAX_VERIFY_COST)  # at the greedy threshold: greedy speculation pays
     one = api.load(config=EngineConfig(device="cpu", max_batch_size=1))
     assert one.speculative and one.spec == SpecConfig(2, 2, 4) and one.plain_note is None
-    sampled = api.load(config=EngineConfig(device="cpu", max_batch_size=1), temperature=0.8)
-    assert sampled.speculative and sampled.spec == SpecConfig(2, 1, 3)
+    dear = api.load(config=EngineConfig(device="cpu", max_batch_size=1), temperature=0.8)  # above the sampled one
+    assert not dear.speculative
+    assert dear.plain_note == (f"here a forward of 3 tokens costs {CPU_MAX_VERIFY_COST:.2f}x one of 1 token; sampled "
+                               f"speculation pays on the CPU only up to {CPU_MAX_VERIFY_COST_SAMPLED}x")
     assert asked == [4, 3]  # each shape's draft tokens: a verify's forward
+    asked = cpu_forward_cost(monkeypatch, CPU_MAX_VERIFY_COST_SAMPLED)  # at the sampled threshold
+    sampled = api.load(config=EngineConfig(device="cpu", max_batch_size=1), temperature=0.8)
+    assert sampled.speculative and sampled.spec == SpecConfig(2, 1, 3) and sampled.plain_note is None
     many = api.load(config=EngineConfig(device="cpu", max_batch_size=8))
-    assert not many.speculative and asked == [4, 3]  # no shape measured for 8 rows: nothing timed
+    assert not many.speculative and asked == [3]  # no shape measured for 8 rows: nothing timed
     forced = api.load(spec=SpecConfig(2, 1, 3), config=EngineConfig(device="cpu", max_batch_size=8))
     assert forced.speculative and forced.spec == SpecConfig(2, 1, 3)
     cpu_forward_cost(monkeypatch, 1.7)  # session 18's machine through F.linear: a 3-token forward at 1.64-1.80x
     slow = api.load(config=EngineConfig(device="cpu", max_batch_size=1))
-    assert not slow.speculative and "a forward of 4 tokens costs 1.70x one of 1 token" in slow.plain_note
+    assert not slow.speculative and slow.plain_note == ("here a forward of 4 tokens costs 1.70x one of 1 token; greedy "
+                                                        f"speculation pays on the CPU only up to {CPU_MAX_VERIFY_COST}x")
     forced = api.load(spec=SpecConfig(2, 1, 3), config=EngineConfig(device="cpu", max_batch_size=1))
     assert forced.speculative and forced.plain_note is None  # an explicit shape is not second-guessed
 

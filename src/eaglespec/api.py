@@ -12,8 +12,8 @@ chain of 2 in one-row CPU engines; on CUDA the chain of 3 up to 32 rows) and the
 chain of 3 up to 32 rows, where bf16 takes trees at 2-8 and 17-32 rows), and decodes plainly where the drafter was
 measured slower than plain decoding; on the CPU it first times the target's forwards on this machine
 (`engine/verify_cost.py`) and decodes plainly where a forward of the shape's draft tokens costs more than
-`assets.CPU_MAX_VERIFY_COST` one-token forwards (`auto_spec` makes that choice; the engine's `plain_note` then says
-why). `spec` may be a SpecConfig or a SpecSchedule.
+`assets.cpu_max_verify_cost(temperature)` one-token forwards (`auto_spec` makes that choice; the engine's
+`plain_note` then says why). `spec` may be a SpecConfig or a SpecSchedule.
 `draft=None` never speculates; a path loads that EAGLE-3 drafter checkpoint.
 """
 
@@ -28,7 +28,7 @@ from .engine.engine import Engine
 from .engine.transforms import prepare_for_inference
 from .errors import ConfigError
 from .loading.checkpoint import load_model, resolve_device, resolve_dtype
-from .assets import CPU_MAX_VERIFY_COST, default_drafter_path, default_spec, slower_note, verify_cost_note
+from .assets import cpu_max_verify_cost, default_drafter_path, default_spec, slower_note, verify_cost_note
 from .engine.verify_cost import verify_cost_ratio
 
 
@@ -48,16 +48,17 @@ def auto_spec(target: torch.nn.Module, device_type: str, max_batch_size: int = 1
     """What `draft="auto"` speculates with on the shipped drafter for an engine of `max_batch_size` rows on this
     device type at this temperature in `target`'s dtype: (`assets.default_spec`'s shape or schedule, None), or
     (None, why not) where plain decoding is the choice: measured slower there (`assets.slower_note`), or, on the
-    CPU, a forward of the shape's draft tokens timed on this machine at more than CPU_MAX_VERIFY_COST one-token
-    forwards (`target` prepared as the engine runs it). `load` and `eaglespec bench --spec auto` both take it."""
+    CPU, a forward of the shape's draft tokens timed on this machine at more than `cpu_max_verify_cost(temperature)`
+    one-token forwards (`target` prepared as the engine runs it). `load` and `eaglespec bench --spec auto` both take
+    it."""
     spec = default_spec(device_type, max_batch_size, temperature, next(target.parameters()).dtype)
     if spec is None:
         return None, slower_note(device_type)
     if device_type == "cpu":  # the CPU's premise (a few-token forward costs about a 1-token one) is measured
         tokens = spec_envelope(SpecSchedule.of(spec).shapes).draft_tokens
         ratio = verify_cost_ratio(target, tokens)
-        if ratio > CPU_MAX_VERIFY_COST:
-            return None, verify_cost_note(ratio, tokens)
+        if ratio > cpu_max_verify_cost(temperature):
+            return None, verify_cost_note(ratio, tokens, temperature)
     return spec, None
 
 

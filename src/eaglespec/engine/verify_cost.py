@@ -1,5 +1,5 @@
 """What a forward of several tokens costs on this machine against one of a single token: the measurement behind
-`draft="auto"`'s choice on the CPU (`api.load`, with the threshold `assets.CPU_MAX_VERIFY_COST`).
+`draft="auto"`'s choice on the CPU (`api.load`, with the thresholds of `assets.cpu_max_verify_cost`).
 
 Speculation gains only when verifying D tokens costs well under D decode steps. On a GPU a few-token forward costs
 about a one-token one (weights are read once, compute is idle), and the policy there is measured per device type.
