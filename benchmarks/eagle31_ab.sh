@@ -27,7 +27,8 @@
 #             the held-out evaluation runs at step 0 too.
 # KEEP=1 (default) brings each export back under $OUT as drafter_NAME.tar.* (15 MB pieces; `cat drafter_N.tar.* | tar x
 # -C .device` gives .device/drafter_N), so that a machine given back before "bench" costs the measurement,
-# not the drafter (session 42 lost one so); "bench" takes .device/drafter_NAME when /tmp/ab/NAME is gone.
+# not the drafter (session 42 lost one so); "bench" takes .device/drafter_NAME when /tmp/ab/NAME is gone. To bench
+# it on a fresh machine, send it in pieces beside the GGUF's (device_parts.sh split-drafter: they land in /tmp/ab).
 # "bench" runs the MT-bench chain S3 K1 D4 and tree S6 K8 D48 for every exported drafter (and the shipped one, unless
 # SHIPPED=0) and prints a table. Logs go to $OUT.
 set -euo pipefail
