@@ -2,7 +2,8 @@
 
 `document(kind, result, model, workload, options, machine)` -> dict, schema `eaglespec.bench` version 1:
 
-    schema, schema_version, kind ("bench" | "tune"), date (UTC ISO 8601), command, git_revision, git_dirty,
+    schema, schema_version, kind ("bench" | "tune"), date (UTC ISO 8601), command, git_revision, git_dirty (both
+    from `EAGLESPEC_GIT_REVISION`, "REV" or "REV-dirty", when set: `git_revision()`),
     eaglespec_version, complete (false in the files --out holds while the run goes on: written after every record,
     so that a run stopped part-way leaves what it measured; true once it has finished),
     machine:  hostname, platform, python, torch, cpu_count, device, device_name, device_memory_gb,
@@ -72,6 +73,13 @@ SCHEMA, SCHEMA_VERSION = "eaglespec.bench", 1
 
 
 def git_revision() -> tuple[str | None, bool | None]:
+    """(the tree's commit, whether tracked files differ from it); `EAGLESPEC_GIT_REVISION` ("REV" or "REV-dirty")
+    overrides it where the local `.git` does not describe the files: a device machine's copy of the tree carries
+    the `.git` of the session's first checkout (docs/benchmarks.md "Session 43")."""
+    given = os.environ.get("EAGLESPEC_GIT_REVISION", "").strip()
+    if given:
+        rev, dirty = given.removesuffix("-dirty"), given.endswith("-dirty")
+        return rev, dirty
     here = Path(__file__).resolve().parent
     try:
         rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=10)
