@@ -88,8 +88,9 @@ if [ "$MODE" = train ]; then
     grep -E "^step [0-9]+:|exporting|training |trained |regenerated|self prompts|calibrated|added|eval prompts" \
       "$OUT/train_$name.txt" | cut -c1-220 || true   # a run that died before its first line: go on with the next
     cp "$w/train_log.jsonl" "$OUT/train_log_$name.jsonl" 2>/dev/null || true
-    if [ "${KEEP:-1}" = 1 ] && [ -f "/tmp/ab/$name/config.json" ]; then   # the export comes back with the call
-      tar cf - -C /tmp/ab --transform "s,^$name,drafter_$name," "$name" | split -b 15M - "$OUT/drafter_$name.tar."   # files come back <= 16 MiB each
+    if [ "${KEEP:-1}" = 1 ] && [ -f "/tmp/ab/$name/config.json" ]; then   # the export comes back with the call,
+      tar cf - -C /tmp/ab --transform "s,^$name,drafter_$name," "$name" \
+        | split -b 15M - "$OUT/drafter_$name.tar."   # in pieces: files come back <= 16 MiB each
     fi
   done
   if [ "${PACK:-0}" = 1 ]; then   # the regenerated answers and self-written prompts, for a later machine

@@ -134,7 +134,6 @@ def check_png(path: Path) -> None:
     assert img.ndim == 3 and img.shape[0] > 100 and img.shape[1] > 100
 
 
-# --- prompt sets ---------------------------------------------------------------------------------------------------
 def test_git_revision_from_the_tree_or_the_environment(monkeypatch):
     """A result names the commit it ran: git's, or `EAGLESPEC_GIT_REVISION` where the local `.git` is not the files'
     (a device machine's copy of the tree)."""
@@ -142,13 +141,14 @@ def test_git_revision_from_the_tree_or_the_environment(monkeypatch):
 
     monkeypatch.delenv("EAGLESPEC_GIT_REVISION", raising=False)
     rev, dirty = git_revision()
-    assert rev is None or (len(rev) == 40 and dirty in (True, False, None))  # a clean clone without git: None
+    assert rev is None or (len(rev) == 40 and dirty in (True, False, None))  # None: a copy of the tree without .git
     monkeypatch.setenv("EAGLESPEC_GIT_REVISION", "447195e-dirty")
     assert git_revision() == ("447195e", True)
     monkeypatch.setenv("EAGLESPEC_GIT_REVISION", "447195e")
     assert git_revision() == ("447195e", False)
 
 
+# --- prompt sets ---------------------------------------------------------------------------------------------------
 def test_mt_bench_is_shipped_and_complete():
     import eaglespec
 

@@ -78,8 +78,7 @@ def git_revision() -> tuple[str | None, bool | None]:
     the `.git` of the session's first checkout (docs/benchmarks.md "Session 43")."""
     given = os.environ.get("EAGLESPEC_GIT_REVISION", "").strip()
     if given:
-        rev, dirty = given.removesuffix("-dirty"), given.endswith("-dirty")
-        return rev, dirty
+        return given.removesuffix("-dirty"), given.endswith("-dirty")
     here = Path(__file__).resolve().parent
     try:
         rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=10)
