@@ -19,7 +19,8 @@
 #   DATA=all: every turn, regenerated turn by turn (/root/m/sg-all.json, unpacked by an earlier call from
 #             .device/data_all/sharegpt_all_turns.json.xz, which fits beside a GGUF part where the .gz does not).
 #   SELF_PROMPTS, SELF_PROMPT_OPENERS: prompt sets the target writes and answers (benchmarks/self_prompt_args.sh).
-#   SEED: --seed (default 0): the self-written prompts' draws (another seed, other prompts), shuffling, the split.
+#   SEED: --seed (default 0): the self-written prompts' draws (another seed, other prompts) and shuffling (the held-out
+#         split has its own --eval-seed, 0, since session 44; before, the seed drew it too).
 #   REGEN_STOP_LOOP: --regen-stop-loop (default 32, as --loop-keep: an answer ends where its tokens would carry no
 #             loss; 0 regenerates whole answers, as runs before session 38 did).
 #   INIT_DIR: continue every variant from this exported drafter (e.g. src/eaglespec/assets/smollm2-135m-eagle3, which

@@ -348,6 +348,81 @@ def test_export_takes_the_best_held_out_weights(tiny_folder, data_file, tmp_path
     assert torch.equal(last["fc.weight"], snapshots[8]["fc.weight"])
 
 
+def test_a_continued_drafters_start_is_a_baseline_never_the_export(tiny_folder, data_file, tmp_path, capsys,
+                                                                   monkeypatch):
+    """With --init the step-0 evaluation is the baseline: even where it scores highest (a held-out split holding
+    prompts the starting drafter learnt inflates it; session 44 got its input back after 5,000 steps so), the export
+    holds the best trained step's weights, the log warns with both estimates, and the checkpoint keeps the baseline
+    apart from `best`. A checkpoint written when the start could win (best at step 0) resumes with no best."""
+    from safetensors.torch import load_file
+
+    from eaglespec.train import trainer as trainer_mod
+
+    common = ["train", "--target", str(tiny_folder), "--data", str(data_file), "--device", "cpu", "--ttt-steps", "2",
+              "--draft-vocab", "40", "--batch-tokens", "400", "--max-len", "96", "--regen-max-new-tokens", "10",
+              "--eval-frac", "0.2", "--no-progress", "--lr", "3e-3", "--export-dtype", "float32"]
+    first = tmp_path / "first"
+    assert main([*common, "--max-steps", "2", "--out", str(first), "--work-dir", str(tmp_path / "w1")]) == 0
+    scores = {0: 3.0, 2: 1.5, 4: 2.5, 6: 2.0}
+    snapshots = {}
+    real_evaluate = trainer_mod.Trainer.evaluate
+
+    def scripted(self):
+        res = real_evaluate(self)
+        snapshots[self.step] = {n: p.detach().clone() for n, p in self.params.items()}
+        return trainer_mod.EvalResult(acc=res.acc, loss=res.loss, accept_length=scores[self.step],
+                                      positions=res.positions)
+
+    monkeypatch.setattr(trainer_mod.Trainer, "evaluate", scripted)
+    capsys.readouterr()
+    work = tmp_path / "w2"
+    assert main([*common, "--max-steps", "6", "--eval-every", "2", "--init", str(first), "--out",
+                 str(tmp_path / "second"), "--work-dir", str(work)]) == 0
+    err = capsys.readouterr().err
+    assert "exporting the weights of step 4: the best held-out estimated acceptance (2.500" in err
+    assert "warning: the exported weights' held-out estimate (2.500) is below the starting drafter's (3.000" in err
+    exported = load_file(str(tmp_path / "second" / "model.safetensors"))
+    assert torch.equal(exported["fc.weight"], snapshots[4]["fc.weight"])
+    assert not torch.equal(snapshots[0]["fc.weight"], snapshots[4]["fc.weight"])  # the choice mattered
+    ckpt_path = sorted((work / "checkpoints").glob("step-*.pt"))[-1]
+    ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=False)
+    assert ckpt["best"]["step"] == 4 and ckpt["baseline"]["score"] == 3.0
+    # an older checkpoint: its best is the start, and no baseline key
+    ckpt["best"] = {"step": 0, "score": 3.0, "eval": ckpt["baseline"]["eval"], "weights": snapshots[0]}
+    del ckpt["baseline"]
+    torch.save(ckpt, ckpt_path)
+    capsys.readouterr()  # resumed at its last step, the finished run exports again at once
+    assert main([*common, "--max-steps", "6", "--eval-every", "2", "--init", str(first), "--out",
+                 str(tmp_path / "third"), "--work-dir", str(work), "--resume"]) == 0
+    assert "exporting the weights of step 0" not in capsys.readouterr().err
+    third = load_file(str(tmp_path / "third" / "model.safetensors"))
+    assert torch.equal(third["fc.weight"], snapshots[6]["fc.weight"])  # no trained best in it: the last weights
+
+
+def test_the_held_out_split_has_its_own_seed(tiny_folder, data_file, tmp_path, monkeypatch):
+    """--seed (shuffling, self prompts) leaves the held-out split alone, so a drafter continued with another seed is
+    not scored on prompts it learnt; --eval-seed draws another split."""
+    from eaglespec.train import pipeline
+
+    held: list[list[int]] = []
+    real_split = pipeline.split
+
+    def recording(n, frac, seed, groups=None):
+        train_idx, eval_idx = real_split(n, frac, seed, groups=groups)
+        held.append(sorted(int(i) for i in eval_idx))
+        return train_idx, eval_idx
+
+    monkeypatch.setattr(pipeline, "split", recording)
+    common = ["train", "--target", str(tiny_folder), "--data", str(data_file), "--device", "cpu", "--ttt-steps", "1",
+              "--draft-vocab", "40", "--batch-tokens", "400", "--max-len", "96", "--regen-max-new-tokens", "6",
+              "--eval-frac", "0.3", "--no-progress", "--max-steps", "1", "--export-dtype", "float32",
+              "--work-dir", str(tmp_path / "w")]
+    for i, extra in enumerate([["--seed", "0"], ["--seed", "3"], ["--seed", "3", "--eval-seed", "5"]]):
+        assert main([*common, *extra, "--out", str(tmp_path / f"d{i}")]) == 0
+    assert held[0] and held[0] == held[1]
+    assert held[2] != held[0]
+
+
 def test_train_stopped_by_sigterm_exits_143_with_a_checkpoint_and_resumes(tiny_folder, data_file, tmp_path, capsys,
                                                                          monkeypatch):
     """`timeout` (SIGTERM) in the middle of training: the run says where it stopped, exits with 128 + 15 and exports

@@ -53,6 +53,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "steers the target towards task types (default: free prompts); repeatable, one per "
                         "--self-prompts")
     d.add_argument("--eval-frac", type=float, default=0.02, help="held-out fraction for evaluation")
+    d.add_argument("--eval-seed", type=int, default=0,
+                   help="the seed of the held-out split (apart from --seed: runs with other seeds, such as a drafter "
+                        "continued with --init on new prompts, keep holding out the same prompts)")
     d.add_argument("--eval-prompts", default=None, metavar="mt-bench|FILE.jsonl",
                    help="also evaluate on these prompts answered by the target (mt-bench: its 80 first turns, shipped "
                         "with eaglespec), beside the held-out split: the benchmark's view during training; it never "
@@ -94,9 +97,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="stop with a checkpoint after this many steps (same schedule; finish with --resume)")
     t.add_argument("--save-every", type=int, default=500, help="checkpoint every N steps")
     t.add_argument("--eval-every", type=int, default=0,
-                   help="evaluate every N steps (0 = at the end); with --init also before the first step")
+                   help="evaluate every N steps (0 = at the end); with --init also before the first step, as the "
+                        "baseline the trained weights are compared with")
     t.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --work-dir")
-    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--seed", type=int, default=0,
+                   help="shuffling, the self-written prompts' draws and sampled regeneration (the held-out split has "
+                        "--eval-seed)")
     t.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     t.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="the target's dtype (auto: bf16 on GPU, with bf16 autocast for the drafter; fp32 on CPU)")
@@ -218,7 +224,7 @@ def run(args: argparse.Namespace) -> int:
                         stop_loop=args.regen_stop_loop) if args.regenerate else None
     opts = PipelineOptions(
         train=train_cfg, regen=regen, max_len=args.max_len, long=args.long, draft_vocab=args.draft_vocab or None,
-        eval_frac=args.eval_frac, export_dtype=export_dtype(args.export_dtype), max_shard_mb=args.max_shard_mb,
+        eval_frac=args.eval_frac, eval_seed=args.eval_seed, export_dtype=export_dtype(args.export_dtype), max_shard_mb=args.max_shard_mb,
         target_name=str(loaded.path), init=args.init, rebuild_vocab=args.rebuild_vocab,
         export_best=not args.export_last, shape=shape, loop_keep=args.loop_keep,
         # a prompt may take half of --max-len (up to 256 tokens): the rest is its answer's

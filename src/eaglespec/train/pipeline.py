@@ -6,15 +6,16 @@ Contract of `train_drafter(target, tokenizer, conversations, out, options)` -> `
    has its own caches, so adding a set keeps the others'; a prompt already in an earlier set is left out); with
    `eval_prompts` (e.g. `mt-bench`) also those prompts, answered the same way, as an evaluation set of their own;
 2. tokenise with the chat template and the assistant loss mask, apply --max-len (dataset.py);
-3. split off about `eval_frac` for evaluation (whole prompt groups, each by a seeded hash of its prompt: adding data
-   never moves a sample across);
+3. split off about `eval_frac` for evaluation (whole prompt groups, each by a hash of (`eval_seed`, its prompt): adding
+   data or changing the training seed never moves a sample across);
 4. count the assistant tokens of the training split and keep the `draft_vocab` most frequent (vocab.py;
    None or >= the vocabulary: no draft vocabulary, the drafter shares the target's lm_head);
 5. build the drafter (drafter.py; or continue from `init`, an exported drafter, keeping its vocabulary and aux layers,
    widened to `shape` where that is wider, refused where narrower, given the EAGLE-3.1 norms `shape` adds, an added
    aux norm calibrated on the target's aux states; with `rebuild_vocab` moved onto a vocabulary of `draft_vocab`
    tokens built from this data, its trained lm_head rows kept, the new ones zero), train it with TTT (trainer.py;
-   the held-out split chooses the exported weights, the `eval_prompts` set is only reported), export it to `out`
+   the held-out split chooses the exported weights among the trained steps; a continued drafter's step 0 is the
+   baseline they are compared with; the `eval_prompts` set is only reported), export it to `out`
    (export.py).
 The target is used only through the EAGLE-3 protocol and its forward (plus `Engine.generate` when regenerating), so a
 wrapper that delegates the protocol works. Progress lines go to `log` (stderr in the CLI).
@@ -55,6 +56,9 @@ class PipelineOptions:
     long: str = "truncate"  # or "drop"
     draft_vocab: int | None = 32000  # None or 0: no draft vocabulary
     eval_frac: float = 0.02
+    # the held-out split's seed, apart from train.seed: a run with another seed (new self prompts, another shuffle),
+    # e.g. a drafter continued with `init`, holds out the same prompt groups, so it is not scored on what it learnt
+    eval_seed: int = 0
     export_dtype: torch.dtype = torch.bfloat16
     max_shard_mb: float | None = None
     target_name: str = "target"  # part of the regeneration cache key
@@ -221,7 +225,7 @@ def train_drafter(target: torch.nn.Module, tokenizer: "BaseTokenizer", conversat
     if len(ds) == 0:
         raise DataError(f"no training sample is left after tokenisation ({dict(ds.dropped)})")
     # held-out samples share no opening prompt with training samples (ShareGPT repeats prompts)
-    train_idx, eval_idx = split(len(ds), opts.eval_frac, opts.train.seed, groups=ds.prompt_keys())
+    train_idx, eval_idx = split(len(ds), opts.eval_frac, opts.eval_seed, groups=ds.prompt_keys())
     train_ds, eval_ds = ds.subset(train_idx), ds.subset(eval_idx)
     counts = count_tokens(train_ds.tokens, train_ds.mask, tcfg.vocab_size)
     if init is not None and init[1] is not None and not opts.rebuild_vocab:
@@ -275,6 +279,13 @@ def train_drafter(target: torch.nn.Module, tokenizer: "BaseTokenizer", conversat
             log(f"exporting the weights of step {trainer.best['step']}: the best held-out estimated acceptance "
                 f"({trainer.best['score']:.3f}; the last step's: {final_eval.accept_length:.3f})")
             final_eval = EvalResult(**trainer.best["eval"])
+        if trainer.baseline is not None and final_eval is not None \
+                and final_eval.accept_length < trainer.baseline["score"]:
+            log(f"warning: the exported weights' held-out estimate ({final_eval.accept_length:.3f}) is below the "
+                f"starting drafter's ({trainer.baseline['score']:.3f}, --init). Either training did not help, or the "
+                "held-out split holds prompts the starting drafter was trained on (another --eval-seed than its "
+                "run's, or data it saw elsewhere), which favours it: compare both on prompts neither trained on "
+                f"(--eval-prompts, or eaglespec bench --draft {out} --draft {opts.init})")
         files = export_drafter(drafter, out, opts.export_dtype, opts.max_shard_mb)
         log(f"exported the drafter to {out} ({', '.join(f.name for f in files)})")
     elif trainer.interrupted is not None:

@@ -25,7 +25,10 @@ Contract of `Trainer(target, drafter, train_ds, eval_ds, vocab, config).fit()`:
   chain acceptance length 1 + sum_k prod_{i<=k} acc_i (`eval_every` steps and at the end); the weights of the
   evaluation with the highest estimate are kept (`best`, also in checkpoints) and `use_best()` loads them, so the
   pipeline can export the best held-out drafter rather than the last (they differ once training overfits);
-  `eval_at_start` also evaluates before the first step (a continued drafter: its starting point can win);
+  `eval_at_start` also evaluates before the first step: a continued drafter's starting point, kept as `baseline`
+  (also in checkpoints) and never `best`: exporting it would hand the input back untrained, and a held-out split
+  drawn from data the input was trained on favours it (a 5,000-step continuation was lost so: its step-0 estimate,
+  inflated so, beat the trained one by 0.001);
   `extra_eval` sets (name -> dataset, e.g. MT-bench's prompts answered by the target) are evaluated at the same
   steps and logged (`{"step", "eval_set", "eval"}` lines, `extra_evals`) but never choose the weights: fitting the
   export to a benchmark would overstate it;
@@ -83,8 +86,8 @@ class TrainConfig:
     max_steps: int | None = None
     stop_after: int | None = None  # stop (with a checkpoint) once this many steps are done; the schedule is unchanged
     eval_every: int = 0  # 0: only at the end
-    eval_at_start: bool = False  # also evaluate before the first step (a continued drafter: its starting point, and
-                                 # the weights exported if training never beats it)
+    eval_at_start: bool = False  # also evaluate before the first step (a continued drafter's starting point: the
+                                 # `baseline`, never exported)
     save_every: int = 500
     keep: int = 2
     seed: int = 0
@@ -186,6 +189,8 @@ class Trainer:
         self.extra_evals: list[tuple[int, str, EvalResult]] = []
         # the best held-out evaluation so far (by estimated chain acceptance): {"step", "score", "eval", "weights"}
         self.best: dict[str, Any] | None = None
+        # the evaluation before the first step (`eval_at_start`): {"score", "eval"}; compared with, never exported
+        self.baseline: dict[str, Any] | None = None
         self.interrupted: int | None = None  # the signal that ended the last `fit` early (module docstring)
         self.work = Path(config.work_dir)
         self.ckpt_dir = self.work / "checkpoints"
@@ -297,7 +302,9 @@ class Trainer:
         if self.eval_ds is not None:
             res = self.evaluate()
             self.evals.append((self.step, res))
-            if self.best is None or res.accept_length > self.best["score"]:
+            if self.step == 0:
+                self.baseline = {"score": res.accept_length, "eval": asdict(res)}
+            elif self.best is None or res.accept_length > self.best["score"]:
                 self.best = {"step": self.step, "score": res.accept_length, "eval": asdict(res),
                              "weights": {n: p.detach().cpu().clone() for n, p in self.params.items()}}
             log.write(json.dumps({"step": self.step, "eval": asdict(res)}) + "\n")
@@ -355,6 +362,7 @@ class Trainer:
             "d2t": self.drafter.d2t.cpu(), "t2d": self.drafter.t2d.cpu(),
             "optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(),
             "settings": self._settings(), "n_batches": len(self.batches), "data": self.data_hash, "best": self.best,
+            "baseline": self.baseline,
         }
         path = self.ckpt_dir / f"step-{self.step:08d}.pt"
         tmp = path.with_suffix(".tmp")
@@ -389,7 +397,10 @@ class Trainer:
         self.opt.load_state_dict(state["optimizer"])
         self.sched.load_state_dict(state["scheduler"])
         self.step, self.epoch, self.pos = state["step"], state["epoch"], state["pos"]
-        self.best = state.get("best")
+        self.best, self.baseline = state.get("best"), state.get("baseline")
+        if self.best is not None and self.best["step"] == 0:  # written when the start could win (before 2026-12-04)
+            self.baseline = self.baseline or {"score": self.best["score"], "eval": self.best["eval"]}
+            self.best = None
         return True
 
     def use_best(self) -> int | None:
