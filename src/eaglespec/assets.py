@@ -24,8 +24,8 @@ DEFAULT_DRAFTER = ASSETS / "smollm2-135m-eagle3"
 # Measured with `eaglespec bench` / `eaglespec tune` on MT-bench first turns, the fifth drafter (docs/benchmarks.md,
 # "The shipped drafter", "Session 7" to "Session 12"); the sixth (session 36: the fifth continued on new data, same
 # shape and vocabulary, tau 0.02-0.10 higher in every shape measured), the seventh (session 38: the sixth
-# continued so, tau 0.02-0.07 higher), the eighth (session 39: tau 0.02-0.09 higher) and the ninth (session 43:
-# tau 0.00-0.09 higher) keep these shapes, not re-tuned:
+# continued so, tau 0.02-0.07 higher), the eighth (session 39: tau 0.02-0.09 higher), the ninth (session 43:
+# tau 0.00-0.09 higher) and the tenth (session 44: tau 0.01-0.07 higher) keep these shapes, not re-tuned:
 # - this project's 2-core CPU, float32: a forward of up to 3 tokens costs about one of 1 token (4 cost 1.5x: MKL
 #   leaves its small-M path), so short chains are the fastest shapes at batch 1: greedy, the chain of 2 (3 tokens;
 #   1.46x, S1 K1 D2 1.37x, S3 K1 D4 1.15x, tree S2 K2 D4 1.24x; `generate` 1.40x against 1.31x with S1 K1 D2);
