@@ -106,6 +106,36 @@ def test_continuous_batching_admits_new_requests(target, drafter, reference):
     assert [r.output_ids for r in reqs] == reference
 
 
+@pytest.mark.parametrize("overlap", [False, True], ids=["eager", "static-overlap"])
+@pytest.mark.parametrize("spec", [None, SpecConfig(4, 2, 6)], ids=["plain", "spec"])
+def test_abort_frees_the_row_and_changes_no_other_answer(target, drafter, reference, overlap, spec):
+    """`Engine.abort` (a server's client went away): a waiting request finishes at once with no tokens, a running
+    one at its next step with a prefix of its answer; the others' answers are unchanged, every row frees, and a
+    finished request is left alone. On the eager path and the static graph path with overlap (a launched step
+    is in flight when the abort comes)."""
+    from eaglespec.engine.cuda_graphs import GraphCache
+
+    eng = Engine(target, None, EngineConfig(max_batch_size=2, overlap=overlap),
+                 drafter=drafter if spec is not None else None, spec=spec)
+    if overlap:
+        eng.runner.graphs = GraphCache(eng.runner, capture=False)
+    reqs = [eng.add_request(p, SamplingParams(max_new_tokens=48, ignore_eos=True)) for p in PROMPTS]
+    for _ in range(4):  # two rows: requests 0 and 1 run, 2 and 3 wait
+        eng.step()
+    assert reqs[0].output_ids and not reqs[3].output_ids
+    eng.abort(reqs[0])
+    eng.abort(reqs[3])
+    assert reqs[3].finish_reason == "abort" and reqs[3].output_ids == []
+    while eng.has_work():
+        eng.step()
+    n = len(reqs[0].output_ids)
+    assert reqs[0].finish_reason == "abort" and 0 < n < 48 and reqs[0].output_ids == reference[0][:n]
+    assert [r.output_ids for r in reqs[1:3]] == reference[1:3]
+    assert not eng.scheduler.running and sorted(eng.scheduler.free) == [0, 1]
+    eng.abort(reqs[1])
+    assert reqs[1].finish_reason == "length"
+
+
 @pytest.mark.parametrize("spec", [SpecConfig(5, 4, 8), SpecConfig(3, 1, 4)], ids=["tree", "chain"])
 def test_mixed_greedy_and_sampling_batch(target, drafter, reference, spec):
     """A greedy row in a batch that also samples still gets exactly the greedy output (chains sample the other

@@ -11,9 +11,10 @@ import sys
 from typing import Sequence
 
 from ..errors import EaglespecError
-from . import bench, check, convert, generate, train, tune
+from . import bench, chat, check, convert, generate, serve, train, tune
 
-COMMANDS = {"generate": generate, "convert": convert, "check": check, "train": train, "bench": bench, "tune": tune}
+COMMANDS = {"generate": generate, "chat": chat, "serve": serve, "convert": convert, "check": check, "train": train,
+            "bench": bench, "tune": tune}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -9,9 +9,9 @@ import time
 from pathlib import Path
 
 from .. import api
-from ..assets import default_drafter_path, slower_note
 from ..errors import RequestError
-from .options import add_model_options, add_sampling_options, draft_arg, engine_config, sampling_params, spec_config
+from .options import (add_model_options, add_sampling_options, draft_arg, engine_config, plain_reason, sampling_params,
+                      spec_config)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -62,14 +62,9 @@ def run(args: argparse.Namespace) -> int:
         "dtype": str(engine.dtype).removeprefix("torch."),
     }
     line = f"[eaglespec] {n} tokens in {seconds:.2f} s ({stats['tok_per_s']:.1f} tok/s)"
-    if not engine.speculative and args.draft == "auto" and not args.no_spec and args.model is None:
-        if default_drafter_path() is None:
-            line += ", no speculation: this build ships no drafter for the embedded model (--draft DIR to use one)"
-        else:
-            kind = engine.device.type
-            why = engine.plain_note or slower_note(kind)
-            line += (f", no speculation: the shipped drafter is slower than plain decoding on {kind} "
-                     f"({why}; --steps S --topk K speculates anyway)")
+    plain = plain_reason(engine, args)
+    if plain is not None:
+        line += ", " + plain
     if engine.speculative:
         s = engine.spec
         stats.update(steps=s.steps, topk=s.topk, draft_tokens=s.draft_tokens, **req.stats.to_dict())

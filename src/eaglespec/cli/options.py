@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
-from ..config import EngineConfig, SpecConfig, SpecSchedule, parse_spec
+from ..assets import default_drafter_path, slower_note
+from ..config import EngineConfig, SpecConfig, SpecSchedule, parse_spec, spec_text
 from ..errors import ConfigError
 from ..sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from ..engine.engine import Engine
 
 
 def add_model_options(p: argparse.ArgumentParser) -> None:
@@ -105,3 +110,24 @@ def engine_config(args: argparse.Namespace, **kw) -> EngineConfig:
 
 def draft_arg(args: argparse.Namespace) -> str | None:
     return None if args.no_spec else args.draft
+
+
+def plain_reason(engine: "Engine", args: argparse.Namespace) -> str | None:
+    """Why an engine that `--draft auto` built for the embedded model decodes plainly (None where it speculates, or
+    where the user chose the drafter or --no-spec)."""
+    if engine.speculative or args.draft != "auto" or args.no_spec or args.model is not None:
+        return None
+    if default_drafter_path() is None:
+        return "no speculation: this build ships no drafter for the embedded model (--draft DIR to use one)"
+    kind = engine.device.type
+    why = engine.plain_note or slower_note(kind)
+    return (f"no speculation: the shipped drafter is slower than plain decoding on {kind} "
+            f"({why}; --steps S --topk K speculates anyway)")
+
+
+def engine_summary(engine: "Engine", args: argparse.Namespace) -> str:
+    """One phrase for start-up lines: the speculative shape, or plain decoding and why."""
+    if engine.speculative:
+        assert engine.schedule is not None
+        return f"speculative, --spec {spec_text(engine.schedule if len(engine.schedule.entries) > 1 else engine.spec)}"
+    return plain_reason(engine, args) or "plain decoding"

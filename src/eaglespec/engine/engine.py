@@ -4,7 +4,9 @@
 EAGLE-3 protocol (`protocol.require_target`) and that the drafter fits it, wires the target's embedding (and head) into
 the drafter, and turns on aux capture. Then:
 
-- `add_request(prompt, params)` / `step()` / `has_work()`: the continuous-batching loop a server drives;
+- `add_request(prompt, params)` / `step()` / `has_work()`: the continuous-batching loop a server drives, and
+  `abort(request)` for a request whose client went away (a waiting one leaves the queue; a running one finishes
+  with reason "abort" at its next step, freeing its row as a request that ends by itself does);
 - `generate(prompts, params)`: a batch to completion, outputs in input order;
 - `stream(prompt, params)`: text deltas of one request as they are committed.
 
@@ -271,6 +273,19 @@ class Engine:
         self._next_id += 1
         self.scheduler.add(req)
         return req
+
+    def abort(self, req: Request) -> None:
+        """Stop `req` (module docstring): a waiting request finishes at once, a running or parked one at the next
+        step that reads its tokens (`Request.abort_requested`); a finished one is left as it is."""
+        if req.finished:
+            return
+        waiting = self.scheduler.waiting if self.scheduler is not None else None
+        if waiting is not None and any(q is req for q in waiting):
+            self.scheduler.waiting = type(waiting)(q for q in waiting if q is not req)
+            req.finish_reason = "abort"
+            req.t_end = time.perf_counter()
+            return
+        req.abort_requested = True
 
     def has_work(self) -> bool:
         return self._pending is not None or (self.scheduler is not None and self.scheduler.has_work())

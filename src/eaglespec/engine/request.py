@@ -4,7 +4,9 @@
 stops at exactly the right token: EOS (unless ignored; the EOS is not part of the text), the token budget, the
 token that completes a stop string (the text is cut before the stop string), or, with `params.stop_loop` N, the
 first token deeper than N tokens into a repetition loop (not part of the output; repetition.py). Tokens after that
-point are dropped. `finish_reason`: "stop" (EOS or stop string), "length" or "loop".
+point are dropped. `finish_reason`: "stop" (EOS or stop string), "length" or "loop"; "abort" once `abort_requested`
+was set (`Engine.abort`): the next `append` takes none of its tokens and finishes the request, as an EOS would, so an
+aborted request leaves its row by the same path as one that ends by itself.
 The text grows as tokens come when someone may read it meanwhile (`stream`, the default: `take_delta`, a server) or
 stop strings must be matched in it; a step's tokens are then detokenized in one call, and token by token only with
 stop strings (a stop string must end the output at the exact token that completes it). Otherwise
@@ -40,7 +42,8 @@ class Request:
     stream: bool = True  # the text may be read while the request runs (module docstring)
     output_ids: list[int] = field(default_factory=list)
     text: str = ""
-    finish_reason: str | None = None  # "stop" (EOS or stop string), "length" or "loop" (params.stop_loop)
+    finish_reason: str | None = None  # "stop" (EOS or stop string), "length", "loop" (params.stop_loop), "abort"
+    abort_requested: bool = False  # Engine.abort: finish at the next append
     stats: SpecStats = field(default_factory=SpecStats)
     slot: int | None = None
     t_start: float = field(default_factory=time.perf_counter)
@@ -62,6 +65,10 @@ class Request:
 
     def append(self, tokens: Sequence[int]) -> int:
         """Commit tokens in order until the request finishes; returns how many were taken."""
+        if self.abort_requested and not self.finished:
+            self.finish_reason = "abort"
+            self.t_end = time.perf_counter()
+            return 0
         if self.t_first is None:
             self.t_first = time.perf_counter()
         taken = 0

@@ -1,0 +1,101 @@
+"""`eaglespec chat`: an interactive chat on the terminal, the chat template applied to the whole conversation.
+
+Each line read from stdin is a user turn; the answer streams to stdout, a stats line (tok/s, acceptance length) to
+stderr. `/reset` starts a new conversation, `/exit` (or end of input) leaves. When the conversation outgrows the
+model's context, the oldest turns are dropped (the system prompt stays) and stderr says how many; a single message
+too long for the context is refused with one sentence and the chat goes on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from .. import api
+from ..engine.engine import Engine
+from ..errors import RequestError
+from ..sampling_params import SamplingParams
+from .options import (add_model_options, add_sampling_options, draft_arg, engine_config, engine_summary,
+                      sampling_params, spec_config)
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("chat", help="an interactive chat (chat template applied)")
+    add_model_options(p)
+    add_sampling_options(p, max_new_tokens=512)
+    p.add_argument("--system", default=None, help="a system prompt")
+
+
+def fit_history(engine: Engine, messages: list[dict], max_new_tokens: int) -> int:
+    """Drop the oldest exchanges (after a system prompt) until the prompt leaves `max_new_tokens` of the context, or
+    only the last user message is left; returns how many messages were dropped. A last message that cannot fit
+    even alone is `RequestError`."""
+    limit = engine.context_len - engine.runner.headroom()
+    first = 1 if messages and messages[0]["role"] == "system" else 0
+    dropped = 0
+    while True:
+        n = len(engine.encode_prompt(messages))
+        if n + max_new_tokens <= limit or len(messages) - first <= 1:
+            break
+        del messages[first: first + 2]  # the oldest user message and its answer
+        dropped += 2
+    if n >= limit:
+        raise RequestError(f"this message makes a prompt of {n} tokens, but the model's context is {limit} tokens")
+    return dropped
+
+
+def answer(engine: Engine, messages: list[dict], params: SamplingParams) -> str:
+    """Stream one answer to stdout; returns its text."""
+    t0 = time.perf_counter()
+    for delta in engine.stream(messages, params):
+        sys.stdout.write(delta)
+        sys.stdout.flush()
+    seconds = time.perf_counter() - t0
+    sys.stdout.write("\n")
+    sys.stdout.flush()
+    req = engine.last_request
+    n = len(req.output_ids)
+    line = f"[eaglespec] {n} tokens in {seconds:.2f} s ({n / seconds if seconds > 0 else 0.0:.1f} tok/s)"
+    if engine.speculative and req.stats.verify_steps:
+        line += f", accept length {req.stats.accept_length_mean:.2f}"
+    print(line, file=sys.stderr)
+    return req.text
+
+
+def run(args: argparse.Namespace) -> int:
+    params = sampling_params(args)  # validate before the (slow) model load
+    engine = api.load(args.model, draft=draft_arg(args), spec=spec_config(args),
+                      config=engine_config(args, max_batch_size=1), temperature=params.temperature)
+    if engine.tokenizer is None or not engine.tokenizer.has_chat_template:
+        raise RequestError("this model's tokenizer has no chat template: use `eaglespec generate --no-chat-template`")
+    print(f"[eaglespec] chat on {engine.device.type}, {engine_summary(engine, args)}; /reset starts over, /exit "
+          "leaves", file=sys.stderr)
+    system = [{"role": "system", "content": args.system}] if args.system else []
+    messages = list(system)
+    while True:
+        sys.stderr.write("> ")
+        sys.stderr.flush()
+        line = sys.stdin.readline()
+        if not line:  # end of input
+            sys.stderr.write("\n")
+            return 0
+        text = line.rstrip("\n")
+        if text.strip() in ("/exit", "/quit"):
+            return 0
+        if text.strip() == "/reset":
+            messages = list(system)
+            print("[eaglespec] a new conversation", file=sys.stderr)
+            continue
+        if not text.strip():
+            continue
+        messages.append({"role": "user", "content": text})
+        try:
+            dropped = fit_history(engine, messages, params.max_new_tokens)
+        except RequestError as e:
+            messages.pop()
+            print(f"eaglespec: error: {e}", file=sys.stderr)
+            continue
+        if dropped:
+            print(f"[eaglespec] dropped the oldest {dropped} messages to fit the model's context", file=sys.stderr)
+        messages.append({"role": "assistant", "content": answer(engine, messages, params)})

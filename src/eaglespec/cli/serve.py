@@ -1,0 +1,73 @@
+"""`eaglespec serve`: an OpenAI-compatible HTTP server (chat/completions, completions, models, streaming) on one engine.
+
+The engine batches concurrent requests continuously (`--max-batch-size` rows; default 32 on CUDA, where the shipped
+drafter's schedule was measured up to 32 rows, and 1 on the CPU, where speculation pays only in a one-row engine:
+more rows there decode plainly). Requests that omit `temperature` sample at `--default-temperature` (1, as OpenAI's
+API; 0 serves greedy answers, speculation's lossless case); that value also informs `--draft auto`'s choice.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .. import api
+from ..engine.engine import SERVE_LEN
+from ..errors import ConfigError
+from ..loading.checkpoint import resolve_device
+from .options import add_model_options, draft_arg, engine_config, engine_summary, spec_config
+
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="an OpenAI-compatible HTTP server")
+    add_model_options(p)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--max-batch-size", type=int, default=None, metavar="N",
+                   help="requests run at once (default: 32 on CUDA, 1 on the CPU); more wait in a queue")
+    p.add_argument("--max-seq-len", type=int, default=None, metavar="N",
+                   help=f"prompt + answer tokens per request (default: the model's context, at most {SERVE_LEN})")
+    p.add_argument("--served-model-name", default=None,
+                   help="the model id clients name (default: the model file or folder name)")
+    p.add_argument("--default-temperature", type=float, default=1.0,
+                   help="for requests without a temperature (default 1, as OpenAI's API; 0: greedy)")
+    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+
+
+def model_name(args: argparse.Namespace) -> str:
+    if args.served_model_name:
+        return args.served_model_name
+    return Path(args.model).name if args.model else DEFAULT_MODEL_NAME
+
+
+def run(args: argparse.Namespace) -> int:
+    import uvicorn  # here, not at the top: the other commands start without the web stack
+
+    from ..server.app import create_app
+    from ..server.worker import EngineWorker
+
+    if not 0 < args.port < 65536:
+        raise ConfigError(f"--port must be in 1..65535 (got {args.port})")
+    if args.max_seq_len is not None and args.max_seq_len < 2:
+        raise ConfigError(f"--max-seq-len must be >= 2 (got {args.max_seq_len})")
+    if args.default_temperature < 0:
+        raise ConfigError(f"--default-temperature must be >= 0 (got {args.default_temperature})")
+    device = resolve_device(args.device)
+    rows = args.max_batch_size or (32 if device.type == "cuda" else 1)
+    engine = api.load(args.model, draft=draft_arg(args), spec=spec_config(args),
+                      config=engine_config(args, max_batch_size=rows, max_seq_len=args.max_seq_len),
+                      temperature=args.default_temperature)
+    max_len = min(args.max_seq_len or SERVE_LEN, engine.context_len)
+    worker = EngineWorker(engine, rows, max_len).start()
+    name = model_name(args)
+    app = create_app(worker, name, args.default_temperature)
+    print(f"[eaglespec] serving {name} at http://{args.host}:{args.port}/v1 on {engine.device.type}: {rows} "
+          f"row{'s' if rows > 1 else ''} of {max_len} tokens, {engine_summary(engine, args)}", file=sys.stderr)
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    finally:
+        worker.stop()
+    return 0

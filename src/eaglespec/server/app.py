@@ -1,0 +1,164 @@
+"""The FastAPI app of `eaglespec serve`: OpenAI's chat/completions, completions and models, with streaming.
+
+Contract of `create_app(worker, model_name, default_temperature)`:
+- `GET /v1/models`: the one served model; `GET /health`: 200 while the engine runs, 503 once it has stopped.
+- `POST /v1/chat/completions` (the chat template applied to `messages`) and `POST /v1/completions` (a raw text prompt
+  or token ids): the whole answer as JSON, or with `"stream": true` server-sent events, one chunk per committed text
+  delta, then a chunk with the finish reason, then (with `stream_options.include_usage`) a usage chunk, then
+  `data: [DONE]`. A request without `temperature` samples at `default_temperature` (OpenAI's default is 1).
+- Any user mistake answers HTTP 400 with OpenAI's error body and one sentence (a malformed body, a sampling value out
+  of range, a prompt too long for the server's sequences, a feature this server does not have); an unknown `model`
+  404; a stopped engine 503; the server keeps serving the other requests.
+- A streaming client that disconnects has its request aborted (`Ticket.cancel`), so its row frees at the next step.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, AsyncIterator, Callable
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from ..errors import EaglespecError
+from . import schemas
+from .worker import EngineWorker, Ticket
+
+
+class HTTPError(Exception):
+    def __init__(self, status: int, message: str, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.code = status, message, code
+
+
+def _validation_message(exc: RequestValidationError) -> str:
+    parts = []
+    for err in exc.errors()[:3]:
+        where = ".".join(str(x) for x in err.get("loc", ()) if x != "body")
+        parts.append(f"{where or 'body'}: {err.get('msg', 'invalid')}")
+    return "invalid request: " + "; ".join(parts)
+
+
+def create_app(worker: EngineWorker, model_name: str, default_temperature: float = 1.0) -> FastAPI:
+    app = FastAPI(title="eaglespec", description="EAGLE-3 speculative decoding, OpenAI-compatible")
+
+    @app.exception_handler(HTTPError)
+    async def _http_error(request: Request, exc: HTTPError) -> JSONResponse:
+        kind = "invalid_request_error" if exc.status < 500 else "server_error"
+        return JSONResponse(schemas.error_body(exc.message, kind, exc.code), status_code=exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return JSONResponse(schemas.error_body(_validation_message(exc)), status_code=400)
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        if worker.alive:
+            return JSONResponse({"status": "ok"})
+        return JSONResponse({"status": "stopped", "error": worker.failure}, status_code=503)
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0,
+                                            "owned_by": "eaglespec"}]}
+
+    def check_model(name: str | None) -> None:
+        if name is not None and name != model_name:
+            raise HTTPError(404, f"the model {name!r} does not exist: this server serves {model_name!r}",
+                            "model_not_found")
+
+    async def start(body: schemas._Sampled, prompt: Any, chat: bool) -> tuple[Ticket, int]:
+        """Submit; wait until the worker accepts the request (its prompt tokens) or refuses it (an HTTPError)."""
+        check_model(body.model)
+        try:
+            params = body.sampling(default_temperature)
+        except EaglespecError as e:
+            raise HTTPError(400, str(e)) from None
+        ticket = worker.submit(prompt, params, chat=chat, max_tokens=body.requested_tokens)
+        try:
+            event = await ticket.events.get()
+        except BaseException:  # the client went away before the worker took the request
+            ticket.cancel()
+            raise
+        if event[0] == "error":
+            raise HTTPError(event[2], event[1])
+        return ticket, event[1]
+
+    async def collect(ticket: Ticket) -> tuple[str, str, int, dict | None]:
+        text = []
+        try:
+            while True:
+                event = await ticket.events.get()
+                if event[0] == "delta":
+                    text.append(event[1])
+                elif event[0] == "done":
+                    return "".join(text), event[1], event[2], event[3]
+                else:
+                    raise HTTPError(event[2], event[1])
+        except BaseException:  # the client went away (cancelled) or the engine failed
+            ticket.cancel()
+            raise
+
+    def sse(ticket: Ticket, rid: str, obj: str, prompt_tokens: int, include_usage: bool,
+            chunk: Callable[[str | None, str | None], dict], first: dict | None) -> StreamingResponse:
+        async def events() -> AsyncIterator[str]:
+            finished = False
+            try:
+                if first is not None:
+                    yield f"data: {json.dumps(first)}\n\n"
+                while True:
+                    event = await ticket.events.get()
+                    if event[0] == "delta":
+                        yield f"data: {json.dumps(chunk(event[1], None))}\n\n"
+                    elif event[0] == "done":
+                        finished = True
+                        yield f"data: {json.dumps(chunk(None, event[1]))}\n\n"
+                        if include_usage:
+                            use = schemas.usage(prompt_tokens, event[2])
+                            yield f"data: {json.dumps(schemas.usage_chunk(rid, obj, model_name, use))}\n\n"
+                        break
+                    else:  # the headers are sent: the error goes in the stream, as OpenAI's does
+                        finished = True
+                        kind = "server_error" if event[2] >= 500 else "invalid_request_error"
+                        yield f"data: {json.dumps(schemas.error_body(event[1], kind))}\n\n"
+                        break
+                yield "data: [DONE]\n\n"
+            finally:
+                if not finished:  # the client disconnected mid-stream
+                    ticket.cancel()
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: schemas.ChatCompletionRequest) -> Any:
+        try:
+            messages = body.chat()
+        except EaglespecError as e:
+            raise HTTPError(400, str(e)) from None
+        ticket, n_prompt = await start(body, messages, chat=True)
+        rid = schemas.new_id("chatcmpl")
+        if body.stream:
+            def chunk(text: str | None, finish: str | None) -> dict:
+                return schemas.chat_chunk(rid, model_name, {} if text is None else {"content": text}, finish)
+            first = schemas.chat_chunk(rid, model_name, {"role": "assistant", "content": ""})
+            return sse(ticket, rid, "chat.completion.chunk", n_prompt, body.include_usage, chunk, first)
+        text, finish, n_out, spec = await collect(ticket)
+        return schemas.chat_response(rid, model_name, text, finish, schemas.usage(n_prompt, n_out), spec)
+
+    @app.post("/v1/completions")
+    async def completions(body: schemas.CompletionRequest) -> Any:
+        try:
+            prompt = body.text_or_ids()
+        except EaglespecError as e:
+            raise HTTPError(400, str(e)) from None
+        ticket, n_prompt = await start(body, prompt, chat=False)
+        rid = schemas.new_id("cmpl")
+        if body.stream:
+            def chunk(text: str | None, finish: str | None) -> dict:
+                return schemas.completion_chunk(rid, model_name, text or "", finish)
+            return sse(ticket, rid, "text_completion", n_prompt, body.include_usage, chunk, None)
+        text, finish, n_out, spec = await collect(ticket)
+        return schemas.completion_response(rid, model_name, text, finish, schemas.usage(n_prompt, n_out), spec)
+
+    return app

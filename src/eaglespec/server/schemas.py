@@ -1,0 +1,190 @@
+"""The OpenAI-compatible request bodies `eaglespec serve` accepts, and the response bodies it returns.
+
+Contract: `ChatCompletionRequest` / `CompletionRequest` parse a request body (unknown fields are ignored, as OpenAI's
+clients send many); `.sampling(default_temperature)` turns one into `SamplingParams` (max_tokens None: the server
+picks the room left in its cache) and raises `RequestError` with one sentence for what this server does not do
+(several choices, penalties, logprobs, tools, per-request seeds, images, echo / suffix), rather than ignoring it.
+The `*_response` / `*_chunk` helpers build the JSON bodies (`id`, `object`, `created`, `model`, `choices`, `usage`),
+with the speculative statistics under the extra key `eaglespec` where there were speculative steps.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict
+
+from ..errors import RequestError
+from ..sampling_params import SamplingParams
+
+Stop = Union[str, list[str], None]
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class TextPart(_Body):
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(_Body):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Union[str, list[TextPart], None] = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        kinds = sorted({p.type for p in self.content if p.type != "text"})
+        if kinds:
+            raise RequestError(f"message content of type {', '.join(kinds)} is not supported by this server (text only)")
+        return "".join(p.text or "" for p in self.content)
+
+
+class StreamOptions(_Body):
+    include_usage: bool = False
+
+
+class _Sampled(_Body):
+    """The fields both endpoints share."""
+
+    model: str | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None  # an extension (vLLM, SGLang): 0 or -1 = off
+    stop: Stop = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int = 1
+    seed: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    ignore_eos: bool = False  # an extension (vLLM, SGLang)
+
+    def _checks(self) -> None:
+        if self.n != 1:
+            raise RequestError(f"n={self.n}: this server returns one choice per request (n=1)")
+        if self.seed is not None:
+            raise RequestError("per-request seeds are not supported: the server's --seed seeds every sampled request")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if getattr(self, name):
+                raise RequestError(f"{name} is not supported by this server")
+
+    def _params(self, max_tokens: int | None, default_temperature: float) -> SamplingParams:
+        self._checks()
+        if max_tokens is not None and max_tokens < 1:
+            raise RequestError(f"max_tokens must be >= 1 (got {max_tokens})")
+        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
+        top_k = self.top_k if self.top_k is not None and self.top_k > 0 else 0
+        return SamplingParams(
+            max_new_tokens=max_tokens or 1,  # the server replaces it when the request gave none (`max_tokens`)
+            temperature=default_temperature if self.temperature is None else self.temperature,
+            top_p=1.0 if self.top_p is None else self.top_p, top_k=top_k, stop=stop, ignore_eos=self.ignore_eos)
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class ChatCompletionRequest(_Sampled):
+    messages: list[ChatMessage]
+    max_completion_tokens: int | None = None
+    logprobs: bool | None = None
+    tools: list[Any] | None = None
+
+    @property
+    def requested_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    def sampling(self, default_temperature: float) -> SamplingParams:
+        if self.logprobs:
+            raise RequestError("logprobs are not supported by this server")
+        if self.tools:
+            raise RequestError("tools are not supported by this server")
+        return self._params(self.requested_tokens, default_temperature)
+
+    def chat(self) -> list[dict[str, str]]:
+        """The messages for the chat template ("developer" is the newer name of "system")."""
+        if not self.messages:
+            raise RequestError("messages must not be empty")
+        return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in self.messages]
+
+
+class CompletionRequest(_Sampled):
+    prompt: Union[str, list[int], list[str]]
+    echo: bool = False
+    suffix: str | None = None
+    logprobs: int | None = None
+    best_of: int | None = None
+
+    @property
+    def requested_tokens(self) -> int | None:
+        return self.max_tokens
+
+    def sampling(self, default_temperature: float) -> SamplingParams:
+        if self.echo:
+            raise RequestError("echo is not supported by this server")
+        if self.suffix:
+            raise RequestError("suffix is not supported by this server")
+        if self.logprobs:
+            raise RequestError("logprobs are not supported by this server")
+        if self.best_of not in (None, 1):
+            raise RequestError(f"best_of={self.best_of}: this server returns one choice per request")
+        return self._params(self.max_tokens, default_temperature)
+
+    def text_or_ids(self) -> str | list[int]:
+        p = self.prompt
+        if isinstance(p, list) and p and isinstance(p[0], str):
+            if len(p) != 1:
+                raise RequestError(f"{len(p)} prompts in one request: this server takes one prompt per request")
+            return p[0]
+        return p  # type: ignore[return-value]
+
+
+# --- responses -------------------------------------------------------------------------------------------------------
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def _envelope(rid: str, obj: str, model: str, choices: list[dict], **extra: Any) -> dict[str, Any]:
+    return {"id": rid, "object": obj, "created": int(time.time()), "model": model, "choices": choices, **extra}
+
+
+def chat_response(rid: str, model: str, text: str, finish_reason: str, use: dict, spec: dict | None) -> dict:
+    choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+              "finish_reason": finish_reason}
+    return _envelope(rid, "chat.completion", model, [choice], usage=use, **({"eaglespec": spec} if spec else {}))
+
+
+def chat_chunk(rid: str, model: str, delta: dict, finish_reason: str | None = None) -> dict:
+    return _envelope(rid, "chat.completion.chunk", model,
+                     [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}])
+
+
+def completion_response(rid: str, model: str, text: str, finish_reason: str, use: dict, spec: dict | None) -> dict:
+    choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+    return _envelope(rid, "text_completion", model, [choice], usage=use, **({"eaglespec": spec} if spec else {}))
+
+
+def completion_chunk(rid: str, model: str, text: str, finish_reason: str | None = None) -> dict:
+    return _envelope(rid, "text_completion", model,
+                     [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}])
+
+
+def usage_chunk(rid: str, obj: str, model: str, use: dict) -> dict:
+    return _envelope(rid, obj, model, [], usage=use)
+
+
+def error_body(message: str, kind: str = "invalid_request_error", code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": kind, "param": None, "code": code}}

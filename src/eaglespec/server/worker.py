@@ -1,0 +1,184 @@
+"""EngineWorker: one thread owns the `Engine` and runs its continuous-batching loop for the HTTP server.
+
+Contract:
+- The engine is touched only by the worker's thread (it is not thread-safe): `submit` and `Ticket.cancel` hand work
+  to it through a queue. At start the worker reserves the engine's caches, `rows` x `max_len` positions, so that no
+  request ever grows them (which would wait for an idle engine and drop captured CUDA graphs).
+- `submit(prompt, params, chat, max_tokens)` -> `Ticket`, from any thread. The prompt is text (chat template applied
+  when `chat`), chat messages, or token ids. `max_tokens` None: the room left in a row's cache after the prompt;
+  a prompt or `max_tokens` that does not fit is refused with one sentence. Each ticket receives, in order, from the
+  worker's thread: ("accepted", prompt_tokens) or ("error", message, status); then ("delta", text) as text is
+  committed (stop strings are never shown in part: `Request.take_delta`); then ("done", finish_reason,
+  completion_tokens, speculative stats or None). A ticket's `events` is an `asyncio.Queue` of the event loop that
+  called `submit` (filled with `call_soon_threadsafe`), or, called outside an event loop, a `queue.Queue`.
+- `Ticket.cancel()` (the client went away) aborts the request (`Engine.abort`): its row frees at its next step.
+- Between steps the worker admits everything submitted; with nothing to run it blocks on the queue (no spinning).
+- A failure inside a step is a bug: every live ticket gets ("error", message, 500), the worker stops, `alive` turns
+  false and later submissions are refused with status 503.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+import traceback
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+
+from ..engine.engine import Engine, Prompt
+from ..engine.request import Request
+from ..errors import EaglespecError, RequestError
+from ..sampling_params import SamplingParams
+
+
+@dataclass
+class Ticket:
+    prompt: Prompt
+    params: SamplingParams
+    chat: bool
+    max_tokens: int | None
+    events: Any  # asyncio.Queue or queue.Queue
+    loop: asyncio.AbstractEventLoop | None
+    worker: "EngineWorker"
+    request: Request | None = None
+    cancelled: bool = False
+
+    def put(self, event: tuple) -> None:
+        if self.loop is not None:
+            try:
+                self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+            except RuntimeError:  # the event loop has closed: nobody listens any more
+                pass
+        else:
+            self.events.put_nowait(event)
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        self.worker._inbox.put(("cancel", self))
+
+
+class EngineWorker:
+    def __init__(self, engine: Engine, rows: int, max_len: int) -> None:
+        self.engine = engine
+        self.rows = rows
+        self.max_len = min(max_len, engine.context_len)
+        self._inbox: queue.Queue = queue.Queue()
+        self._live: list[Ticket] = []
+        self._thread = threading.Thread(target=self._run, name="eaglespec-engine", daemon=True)
+        self._stop = False
+        self.alive = False
+        self.failure: str | None = None
+
+    # --- any thread --------------------------------------------------------------------------------------------------
+    def start(self) -> "EngineWorker":
+        self.engine.reserve(self.rows, self.max_len)
+        self.alive = True
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop = True
+        self._inbox.put(("stop", None))
+        self._thread.join(timeout)
+
+    def submit(self, prompt: Prompt, params: SamplingParams, chat: bool = True,
+               max_tokens: int | None = None) -> Ticket:
+        try:
+            loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+            events: Any = asyncio.Queue()
+        except RuntimeError:
+            loop, events = None, queue.Queue()
+        ticket = Ticket(prompt, params, chat, max_tokens, events, loop, self)
+        if not self.alive:
+            ticket.put(("error", f"the engine has stopped: {self.failure or 'shut down'}", 503))
+            return ticket
+        self._inbox.put(("submit", ticket))
+        return ticket
+
+    # --- the worker's thread -------------------------------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            if self.engine.device.type == "cuda":  # a new thread's current device is cuda:0, whatever --device says
+                torch.cuda.set_device(self.engine.device)
+            while not self._stop:
+                self._drain(block=not self.engine.has_work())
+                if self._stop:
+                    break
+                if self.engine.has_work():
+                    self.engine.step()
+                    self._publish()
+        except Exception as e:  # a bug: say so to everyone waiting, keep the traceback in the server's log
+            traceback.print_exc()
+            self.failure = f"{type(e).__name__}: {e}"
+            for t in self._live:
+                t.put(("error", f"internal error in the engine: {self.failure}", 500))
+            self._live.clear()
+        finally:
+            self.alive = False
+            while True:  # submissions that raced the stop
+                try:
+                    kind, t = self._inbox.get_nowait()
+                except queue.Empty:
+                    break
+                if kind == "submit":
+                    t.put(("error", f"the engine has stopped: {self.failure or 'shut down'}", 503))
+
+    def _drain(self, block: bool) -> None:
+        while True:
+            try:
+                kind, t = self._inbox.get(timeout=0.5) if block else self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            block = False
+            if kind == "submit":
+                self._admit(t)
+            elif kind == "cancel" and t.request is not None:
+                self.engine.abort(t.request)
+            elif kind == "stop":
+                return
+
+    def _admit(self, t: Ticket) -> None:
+        if t.cancelled:
+            return
+        eng = self.engine
+        try:
+            ids = eng.encode_prompt(t.prompt, t.chat)
+            if not ids:
+                raise RequestError("the prompt is empty")
+            # a sequence's positions: the reserved cache, and the model's context less the drafts' headroom
+            limit = min(self.max_len, eng.context_len - eng.runner.headroom())
+            room = limit - len(ids)
+            if room < 1:
+                raise RequestError(f"the prompt has {len(ids)} tokens, but this server's sequences hold {limit} "
+                                   "tokens (--max-seq-len, the model's context)")
+            if t.max_tokens is None:
+                params = replace(t.params, max_new_tokens=room)
+            elif t.max_tokens > room:
+                raise RequestError(f"the prompt ({len(ids)} tokens) plus max_tokens ({t.max_tokens}) exceed this "
+                                   f"server's {limit} tokens per sequence (--max-seq-len, the model's context)")
+            else:
+                params = replace(t.params, max_new_tokens=t.max_tokens)
+            t.request = eng.add_request(ids, params)
+        except EaglespecError as e:
+            t.put(("error", str(e), 400))
+            return
+        t.put(("accepted", len(ids)))
+        self._live.append(t)
+
+    def _publish(self) -> None:
+        still = []
+        for t in self._live:
+            req = t.request
+            assert req is not None
+            delta = req.take_delta()
+            if delta:
+                t.put(("delta", delta))
+            if req.finished:
+                spec = req.stats.to_dict() if req.stats.verify_steps else None
+                t.put(("done", req.finish_reason, len(req.output_ids), spec))
+            else:
+                still.append(t)
+        self._live = still

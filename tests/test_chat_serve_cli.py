@@ -1,0 +1,116 @@
+"""`eaglespec chat` and `eaglespec serve` on the embedded SmolLM2 with its shipped drafter: the chat keeps (and
+trims) the conversation and answers as plain greedy decoding does; `serve` starts the app on the engine the options
+describe (uvicorn replaced by FastAPI's test client) and says how it runs; option mistakes are one line."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from fastapi.testclient import TestClient
+from test_cli import assert_one_line_error, cpu_forward_cost, run_cli
+
+from eaglespec import api
+from eaglespec.cli.chat import fit_history
+from eaglespec.config import EngineConfig
+from eaglespec.engine.engine import Engine
+from eaglespec.errors import RequestError
+from eaglespec.sampling_params import SamplingParams
+
+
+@pytest.fixture(scope="module")
+def plain():
+    """The embedded model as the commands load it (CPU transforms included), decoding plainly."""
+    return api.load(None, draft=None, config=EngineConfig(max_batch_size=1))
+
+
+def greedy(engine: Engine, messages: list[dict], max_new: int) -> str:
+    return engine.generate([messages], SamplingParams(max_new_tokens=max_new))[0].text
+
+
+def test_chat_keeps_the_conversation_and_resets(plain, capsys, monkeypatch):
+    sys_msg = {"role": "system", "content": "Be brief."}
+    q1, q2 = "What is the capital of France?", "And of Italy?"
+    monkeypatch.setattr("sys.stdin", io.StringIO(f"{q1}\n\n{q2}\n/reset\n{q2}\n/exit\nnever read\n"))
+    code, out, err = run_cli(["chat", "--spec", "2,2,4", "--max-new-tokens", "12", "--system", "Be brief."], capsys)
+    assert code == 0
+    a1 = greedy(plain, [sys_msg, {"role": "user", "content": q1}], 12)
+    a2 = greedy(plain, [sys_msg, {"role": "user", "content": q1}, {"role": "assistant", "content": a1},
+                        {"role": "user", "content": q2}], 12)
+    a3 = greedy(plain, [sys_msg, {"role": "user", "content": q2}], 12)
+    assert out == f"{a1}\n{a2}\n{a3}\n"
+    assert a2 != a3  # the history mattered
+    assert "speculative, --spec 2,2,4" in err and err.count("accept length") == 3 and "a new conversation" in err
+
+
+def test_chat_ends_at_the_end_of_input(capsys, monkeypatch):
+    monkeypatch.setattr("sys.stdin", io.StringIO(""))
+    code, out, err = run_cli(["chat", "--no-spec"], capsys)
+    assert code == 0 and out == "" and "plain decoding" in err
+
+
+def test_chat_trims_the_oldest_turns_to_fit_the_context(smollm2):
+    eng = Engine(smollm2.model, smollm2.tokenizer, EngineConfig(max_batch_size=1, max_seq_len=120))
+    limit = eng.context_len - eng.runner.headroom()
+    sys_msg = {"role": "system", "content": "Be brief."}
+    turns = []
+    for i in range(4):
+        turns += [{"role": "user", "content": f"Question {i}: tell me about the number {i}."},
+                  {"role": "assistant", "content": f"The number {i} is a number, one of many numbers we know."}]
+    messages = [sys_msg, *turns, {"role": "user", "content": "And the number 7?"}]
+    dropped = fit_history(eng, messages, 24)
+    assert dropped > 0 and dropped % 2 == 0
+    assert messages[0] == sys_msg and messages[-1]["content"] == "And the number 7?"
+    assert messages[1:-1] == turns[dropped:]  # the newest exchanges kept, in order
+    assert len(eng.encode_prompt(messages)) + 24 <= limit
+    too_long = [sys_msg, {"role": "user", "content": "word " * 200}]
+    with pytest.raises(RequestError, match=f"but the model's context is {limit} tokens"):
+        fit_history(eng, too_long, 24)
+
+
+def test_chat_refuses_a_message_too_long_and_goes_on(capsys, monkeypatch):
+    monkeypatch.setattr("sys.stdin", io.StringIO("word " * 9000 + "\nWhat is the capital of France?\n"))
+    code, out, err = run_cli(["chat", "--no-spec", "--max-new-tokens", "8"], capsys)
+    assert code == 0 and "eaglespec: error: this message makes a prompt of" in err and "Paris" in out
+
+
+def test_serve_runs_the_app_on_the_engine_the_options_describe(plain, capsys, monkeypatch):
+    """uvicorn.run replaced: the app it is handed answers through the test client (greedy, as plain decoding), and
+    the start-up line names the model, rows, sequence length and the speculation chosen for this machine."""
+    cpu_forward_cost(monkeypatch, 1.0)
+    seen: dict = {}
+
+    def fake_run(app, host: str, port: int, log_level: str) -> None:
+        seen.update(host=host, port=port)
+        with TestClient(app) as client:
+            seen["models"] = client.get("/v1/models").json()
+            body = {"messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 12,
+                    "temperature": 0}
+            seen["answer"] = client.post("/v1/chat/completions", json=body).json()
+
+    monkeypatch.setattr("uvicorn.run", fake_run)
+    code, out, err = run_cli(["serve", "--port", "8011", "--max-seq-len", "512"], capsys)
+    assert code == 0 and seen["port"] == 8011 and seen["host"] == "127.0.0.1"
+    assert seen["models"]["data"][0]["id"] == "SmolLM2-135M-Instruct"
+    answer = seen["answer"]["choices"][0]["message"]["content"]
+    assert answer == greedy(plain, [{"role": "user", "content": "What is the capital of France?"}], 12)
+    assert seen["answer"]["eaglespec"]["verify_steps"] > 0
+    assert "serving SmolLM2-135M-Instruct at http://127.0.0.1:8011/v1 on cpu: 1 row of 512 tokens, speculative" in err
+
+
+def test_serve_says_why_it_decodes_plainly(capsys, monkeypatch):
+    cpu_forward_cost(monkeypatch, 1.3)  # above the sampled threshold (1.2): the default temperature 1 decodes plainly
+    monkeypatch.setattr("uvicorn.run", lambda app, **kw: None)
+    code, out, err = run_cli(["serve", "--served-model-name", "smol"], capsys)
+    assert code == 0 and "serving smol at" in err
+    assert "no speculation: the shipped drafter is slower than plain decoding on cpu" in err
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--port", "0"], "--port must be in 1..65535"),
+    (["--default-temperature", "-1"], "--default-temperature must be >= 0"),
+    (["--max-seq-len", "1"], "--max-seq-len must be >= 2"),
+])
+def test_serve_option_mistakes(args, needle, capsys):
+    code, out, err = run_cli(["serve", *args], capsys)
+    assert_one_line_error(code, err, needle)

@@ -1,0 +1,206 @@
+"""`eaglespec serve`: the OpenAI-compatible app on the real SmolLM2 with the shipped drafter, through FastAPI's test
+client. Greedy answers (plain JSON, streamed, concurrent) equal plain greedy decoding; every user mistake is a 400 (an
+unknown model a 404) with one sentence, after which the server still serves; a cancelled request frees its row; a
+failing engine answers 500, then 503."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+import torch
+from fastapi.testclient import TestClient
+
+from eaglespec.api import load_drafter
+from eaglespec.assets import default_drafter_path
+from eaglespec.config import EngineConfig, SpecConfig
+from eaglespec.engine.engine import Engine
+from eaglespec.sampling_params import SamplingParams
+from eaglespec.server.app import create_app
+from eaglespec.server.worker import EngineWorker
+
+NAME = "SmolLM2-135M-Instruct"
+QUESTIONS = ["What is the capital of France?", "Name three primary colours.", "Write a haiku about rain."]
+
+
+@pytest.fixture(scope="module")
+def drafter(smollm2):
+    path = default_drafter_path()
+    assert path is not None
+    return load_drafter(path, "cpu", torch.float32)
+
+
+@pytest.fixture(scope="module")
+def plain(smollm2):
+    return Engine(smollm2.model, smollm2.tokenizer, EngineConfig(max_batch_size=1))
+
+
+def plain_answer(plain: Engine, prompt, max_new: int, chat: bool = True) -> str:
+    return plain.generate([prompt], SamplingParams(max_new_tokens=max_new), chat=chat)[0].text
+
+
+@pytest.fixture
+def server(smollm2, drafter):
+    """A speculative engine of 2 rows and 256 positions per sequence behind the app; greedy by default."""
+    eng = Engine(smollm2.model, smollm2.tokenizer, EngineConfig(max_batch_size=2), drafter=drafter,
+                 spec=SpecConfig(2, 2, 4))
+    worker = EngineWorker(eng, rows=2, max_len=256).start()
+    with TestClient(create_app(worker, NAME, default_temperature=0.0)) as client:
+        client.worker = worker
+        yield client
+    worker.stop()
+    smollm2.model.set_eagle3_layers_to_capture(None)  # the fixture model is shared
+
+
+def chat_body(question: str, max_tokens: int = 16, **kw) -> dict:
+    return {"model": NAME, "messages": [{"role": "user", "content": question}], "max_tokens": max_tokens, **kw}
+
+
+def sse_events(response) -> list:
+    events = []
+    for line in response.iter_lines():
+        if line.startswith("data: "):
+            data = line[len("data: "):]
+            events.append(data if data == "[DONE]" else json.loads(data))
+    return events
+
+
+def test_models_and_health(server):
+    assert server.get("/health").json() == {"status": "ok"}
+    models = server.get("/v1/models").json()
+    assert models["object"] == "list" and [m["id"] for m in models["data"]] == [NAME]
+
+
+def test_chat_completion_equals_plain_greedy(server, plain):
+    r = server.post("/v1/chat/completions", json=chat_body(QUESTIONS[0], 24))
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["object"] == "chat.completion" and body["model"] == NAME and body["id"].startswith("chatcmpl-")
+    choice = body["choices"][0]
+    assert choice["message"]["role"] == "assistant"
+    assert choice["message"]["content"] == plain_answer(plain, QUESTIONS[0], 24)
+    assert choice["finish_reason"] in ("stop", "length")
+    use = body["usage"]
+    assert use["total_tokens"] == use["prompt_tokens"] + use["completion_tokens"] and use["completion_tokens"] > 0
+    assert body["eaglespec"]["verify_steps"] > 0  # it speculated
+    # the system prompt and a prior exchange go through the chat template
+    history = [{"role": "system", "content": "Answer in one word."}, {"role": "user", "content": "Hi"},
+               {"role": "assistant", "content": "Hello."}, {"role": "user", "content": QUESTIONS[1]}]
+    r = server.post("/v1/chat/completions", json={"messages": history, "max_tokens": 12})
+    assert r.json()["choices"][0]["message"]["content"] == plain_answer(plain, history, 12)
+
+
+def test_streamed_chunks_join_to_the_answer(server, plain):
+    with server.stream("POST", "/v1/chat/completions",
+                       json=chat_body(QUESTIONS[2], 20, stream=True, stream_options={"include_usage": True})) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        events = sse_events(r)
+    assert events[-1] == "[DONE]"
+    chunks = events[:-1]
+    assert all(c["object"] == "chat.completion.chunk" and c["id"] == chunks[0]["id"] for c in chunks)
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    usage = chunks[-1]
+    assert usage["choices"] == [] and usage["usage"]["completion_tokens"] > 0
+    final = chunks[-2]["choices"][0]
+    assert final["delta"] == {} and final["finish_reason"] in ("stop", "length")
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks[1:-2])
+    assert len(chunks[1:-2]) > 1 and text == plain_answer(plain, QUESTIONS[2], 20)
+
+
+def test_completions_take_raw_text_and_token_ids(server, plain, smollm2):
+    prompt = "The three largest cities in Europe are"
+    r = server.post("/v1/completions", json={"prompt": prompt, "max_tokens": 12})
+    body = r.json()
+    assert r.status_code == 200 and body["object"] == "text_completion"
+    expected = plain_answer(plain, prompt, 12, chat=False)
+    assert body["choices"][0]["text"] == expected and body["choices"][0]["finish_reason"] == "length"
+    ids = smollm2.tokenizer.encode(prompt)
+    assert server.post("/v1/completions", json={"prompt": ids, "max_tokens": 12}).json()["choices"][0]["text"] == expected
+    assert server.post("/v1/completions", json={"prompt": [prompt], "max_tokens": 12}).json()["usage"] == body["usage"]
+    with server.stream("POST", "/v1/completions", json={"prompt": prompt, "max_tokens": 12, "stream": True}) as r:
+        events = sse_events(r)
+    assert events[-1] == "[DONE]" and events[-2]["choices"][0]["finish_reason"] == "length"
+    assert "".join(e["choices"][0]["text"] for e in events[:-1]) == expected
+
+
+def test_concurrent_requests_equal_their_plain_answers(server, plain):
+    """Three clients at once on two rows: continuous batching (one waits for a row) changes no answer."""
+    results: dict[int, str] = {}
+
+    def ask(i: int) -> None:
+        r = server.post("/v1/chat/completions", json=chat_body(QUESTIONS[i], 16))
+        results[i] = r.json()["choices"][0]["message"]["content"]
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert results == {i: plain_answer(plain, q, 16) for i, q in enumerate(QUESTIONS)}
+
+
+@pytest.mark.parametrize("path,body,status,needle", [
+    ("/v1/chat/completions", chat_body("hi", temperature=-1), 400, "temperature must be >= 0"),
+    ("/v1/chat/completions", chat_body("hi", top_p=0), 400, "top_p"),
+    ("/v1/chat/completions", chat_body("hi", n=2), 400, "n=2: this server returns one choice"),
+    ("/v1/chat/completions", chat_body("hi", seed=3), 400, "per-request seeds are not supported"),
+    ("/v1/chat/completions", chat_body("hi", max_tokens=0), 400, "max_tokens must be >= 1"),
+    ("/v1/chat/completions", chat_body("hi", max_tokens=1000), 400, "exceed this server's 256 tokens per sequence"),
+    ("/v1/chat/completions", chat_body("hi", logprobs=True), 400, "logprobs are not supported"),
+    ("/v1/chat/completions", chat_body("hi", frequency_penalty=0.5), 400, "frequency_penalty is not supported"),
+    ("/v1/chat/completions", chat_body("word " * 300), 400, "but this server's sequences hold 256 tokens"),
+    ("/v1/chat/completions", {"messages": []}, 400, "messages must not be empty"),
+    ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "hi"}]}, 400, "messages.0.role"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400,
+     "content of type image_url is not supported"),
+    ("/v1/chat/completions", {"max_tokens": 4}, 400, "messages: Field required"),
+    ("/v1/chat/completions", chat_body("hi", model="gpt-4o"), 404, "the model 'gpt-4o' does not exist"),
+    ("/v1/completions", {"prompt": "", "max_tokens": 4}, 400, "the prompt is empty"),
+    ("/v1/completions", {"prompt": ["a", "b"], "max_tokens": 4}, 400, "2 prompts in one request"),
+    ("/v1/completions", {"prompt": "a", "echo": True}, 400, "echo is not supported"),
+])
+def test_bad_requests_get_one_sentence_and_the_server_keeps_serving(server, plain, path, body, status, needle):
+    r = server.post(path, json=body)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert needle in err["message"], err["message"]
+    assert err["type"] == "invalid_request_error"
+    ok = server.post("/v1/chat/completions", json=chat_body(QUESTIONS[0], 6))
+    assert ok.status_code == 200
+    assert ok.json()["choices"][0]["message"]["content"] == plain_answer(plain, QUESTIONS[0], 6)
+
+
+def test_malformed_json_is_a_400(server):
+    r = server.post("/v1/chat/completions", content=b"{not json", headers={"content-type": "application/json"})
+    assert r.status_code == 400 and "invalid request" in r.json()["error"]["message"]
+
+
+def test_a_cancelled_request_frees_its_row(server, plain):
+    """Cancel (the client went away) mid-answer: the request finishes as "abort" and its row serves the next ones,
+    whose answers are unchanged. Outside an event loop the ticket's events are a plain queue."""
+    worker = server.worker
+    ticket = worker.submit([{"role": "user", "content": QUESTIONS[2]}], SamplingParams(max_new_tokens=200))
+    assert ticket.events.get(timeout=60)[0] == "accepted"
+    first = ticket.events.get(timeout=60)
+    assert first[0] == "delta"
+    ticket.cancel()
+    while (event := ticket.events.get(timeout=60))[0] != "done":
+        pass
+    assert event[1] == "abort" and event[2] < 200
+    assert worker.engine.scheduler.running == [] and sorted(worker.engine.scheduler.free) == [0, 1]
+    r = server.post("/v1/chat/completions", json=chat_body(QUESTIONS[1], 10))
+    assert r.json()["choices"][0]["message"]["content"] == plain_answer(plain, QUESTIONS[1], 10)
+
+
+def test_a_failing_engine_answers_500_then_503(server, monkeypatch):
+    def broken() -> list:
+        raise RuntimeError("device lost")
+
+    monkeypatch.setattr(server.worker.engine, "step", broken)
+    r = server.post("/v1/chat/completions", json=chat_body(QUESTIONS[0], 6))
+    assert r.status_code == 500 and "internal error in the engine: RuntimeError: device lost" in r.text
+    assert r.json()["error"]["type"] == "server_error"
+    assert server.get("/health").status_code == 503
+    r = server.post("/v1/chat/completions", json=chat_body(QUESTIONS[0], 6))
+    assert r.status_code == 503 and "the engine has stopped" in r.json()["error"]["message"]
