@@ -5,6 +5,7 @@ describe (uvicorn replaced by FastAPI's test client) and says how it runs; optio
 from __future__ import annotations
 
 import io
+import threading
 
 import pytest
 from fastapi.testclient import TestClient
@@ -16,6 +17,9 @@ from eaglespec.config import EngineConfig
 from eaglespec.engine.engine import Engine
 from eaglespec.errors import RequestError
 from eaglespec.sampling_params import SamplingParams
+
+
+PAIR = ("Name three primary colours.", "Write a haiku about rain.")
 
 
 @pytest.fixture(scope="module")
@@ -74,36 +78,72 @@ def test_chat_refuses_a_message_too_long_and_goes_on(capsys, monkeypatch):
     assert code == 0 and "eaglespec: error: this message makes a prompt of" in err and "Paris" in out
 
 
+class FakeServer:
+    """uvicorn.Server's part that `serve` uses: `run` (in the HTTP thread) calls `self.client_work` on a test client
+    of the app, then returns, which ends the engine's loop on the main thread."""
+
+    client_work = None
+
+    def __init__(self, config) -> None:
+        self.config, self.started, self.should_exit = config, False, False
+
+    def run(self) -> None:
+        if FakeServer.client_work is None:
+            return  # as uvicorn does when it cannot bind the port: never started
+        self.started = True
+        with TestClient(self.config.app) as client:
+            FakeServer.client_work(client)
+
+
 def test_serve_runs_the_app_on_the_engine_the_options_describe(plain, capsys, monkeypatch):
-    """uvicorn.run replaced: the app it is handed answers through the test client (greedy, as plain decoding), and
-    the start-up line names the model, rows, sequence length and the speculation chosen for this machine."""
+    """The app `serve` hands the HTTP server answers through the test client (greedy, as plain decoding) while the
+    engine's loop runs on the main thread; the start-up line names the model, rows, sequence length and the
+    speculation chosen for this machine. Two requests at once (plain steps while both run, spec_max_rows 1): both
+    answers are plain greedy's."""
     cpu_forward_cost(monkeypatch, 1.0)
     seen: dict = {}
 
-    def fake_run(app, host: str, port: int, log_level: str) -> None:
-        seen.update(host=host, port=port)
-        with TestClient(app) as client:
-            seen["models"] = client.get("/v1/models").json()
-            body = {"messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 12,
-                    "temperature": 0}
-            seen["answer"] = client.post("/v1/chat/completions", json=body).json()
+    def work(client) -> None:
+        seen["models"] = client.get("/v1/models").json()
+        body = {"messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 12,
+                "temperature": 0}
+        seen["answer"] = client.post("/v1/chat/completions", json=body).json()
+        pair: dict = {}
 
-    monkeypatch.setattr("uvicorn.run", fake_run)
+        def ask(q: str) -> None:
+            b = {"messages": [{"role": "user", "content": q}], "max_tokens": 12, "temperature": 0}
+            pair[q] = client.post("/v1/chat/completions", json=b).json()["choices"][0]["message"]["content"]
+
+        threads = [threading.Thread(target=ask, args=(q,)) for q in PAIR]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        seen["pair"] = pair
+
+    monkeypatch.setattr(FakeServer, "client_work", staticmethod(work))
+    monkeypatch.setattr("uvicorn.Server", FakeServer)
     code, out, err = run_cli(["serve", "--port", "8011", "--max-seq-len", "512"], capsys)
-    assert code == 0 and seen["port"] == 8011 and seen["host"] == "127.0.0.1"
+    assert code == 0
     assert seen["models"]["data"][0]["id"] == "SmolLM2-135M-Instruct"
     answer = seen["answer"]["choices"][0]["message"]["content"]
     assert answer == greedy(plain, [{"role": "user", "content": "What is the capital of France?"}], 12)
     assert seen["answer"]["eaglespec"]["verify_steps"] > 0
-    assert "serving SmolLM2-135M-Instruct at http://127.0.0.1:8011/v1 on cpu: 1 row of 512 tokens, speculative" in err
+    assert seen["pair"] == {q: greedy(plain, [{"role": "user", "content": q}], 12) for q in PAIR}
+    # the CPU's default: 4 rows, speculating (the sampled shape: the default temperature is 1) while one runs
+    assert ("serving SmolLM2-135M-Instruct at http://127.0.0.1:8011/v1 on cpu: 4 rows of 512 tokens, speculative, "
+            "--spec 2,1,3 while at most 1 request runs (plain decoding steps beyond)") in err
 
 
-def test_serve_says_why_it_decodes_plainly(capsys, monkeypatch):
+def test_serve_says_why_it_decodes_plainly_and_when_it_cannot_listen(capsys, monkeypatch):
     cpu_forward_cost(monkeypatch, 1.3)  # above the sampled threshold (1.2): the default temperature 1 decodes plainly
-    monkeypatch.setattr("uvicorn.run", lambda app, **kw: None)
+    monkeypatch.setattr(FakeServer, "client_work", None)
+    monkeypatch.setattr("uvicorn.Server", FakeServer)
     code, out, err = run_cli(["serve", "--served-model-name", "smol"], capsys)
-    assert code == 0 and "serving smol at" in err
+    assert "serving smol at" in err
     assert "no speculation: the shipped drafter is slower than plain decoding on cpu" in err
+    assert code == 2 and err.strip().splitlines()[-1] == (
+        "eaglespec: error: the HTTP server could not start on 127.0.0.1:8000 (the port in use?)")
 
 
 @pytest.mark.parametrize("args,needle", [

@@ -85,6 +85,9 @@ def test_api_default_drafter_policy_on_the_cpu(monkeypatch):
     assert sampled.speculative and sampled.spec == SpecConfig(2, 1, 3) and sampled.plain_note is None
     many = api.load(config=EngineConfig(device="cpu", max_batch_size=8))
     assert not many.speculative and asked == [3]  # no shape measured for 8 rows: nothing timed
+    # speculative steps of at most one row (spec_max_rows, `eaglespec serve`'s CPU default): the one-row shape
+    lone = api.load(config=EngineConfig(device="cpu", max_batch_size=4, spec_max_rows=1))
+    assert lone.speculative and lone.spec == SpecConfig(2, 2, 4) and asked == [3, 4]
     forced = api.load(spec=SpecConfig(2, 1, 3), config=EngineConfig(device="cpu", max_batch_size=8))
     assert forced.speculative and forced.spec == SpecConfig(2, 1, 3)
     cpu_forward_cost(monkeypatch, 1.7)  # session 18's machine through F.linear: a 3-token forward at 1.64-1.80x

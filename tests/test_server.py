@@ -116,7 +116,8 @@ def test_completions_take_raw_text_and_token_ids(server, plain, smollm2):
     expected = plain_answer(plain, prompt, 12, chat=False)
     assert body["choices"][0]["text"] == expected and body["choices"][0]["finish_reason"] == "length"
     ids = smollm2.tokenizer.encode(prompt)
-    assert server.post("/v1/completions", json={"prompt": ids, "max_tokens": 12}).json()["choices"][0]["text"] == expected
+    by_ids = server.post("/v1/completions", json={"prompt": ids, "max_tokens": 12}).json()
+    assert by_ids["choices"][0]["text"] == expected
     assert server.post("/v1/completions", json={"prompt": [prompt], "max_tokens": 12}).json()["usage"] == body["usage"]
     with server.stream("POST", "/v1/completions", json={"prompt": prompt, "max_tokens": 12, "stream": True}) as r:
         events = sse_events(r)
@@ -191,6 +192,19 @@ def test_a_cancelled_request_frees_its_row(server, plain):
     assert worker.engine.scheduler.running == [] and sorted(worker.engine.scheduler.free) == [0, 1]
     r = server.post("/v1/chat/completions", json=chat_body(QUESTIONS[1], 10))
     assert r.json()["choices"][0]["message"]["content"] == plain_answer(plain, QUESTIONS[1], 10)
+
+
+def test_a_request_nobody_streams_is_decoded_once(server, plain):
+    """A non-streaming request skips the per-step detokenizing (host time a busy GPU engine has not got): its text
+    comes as one delta at the end, the same text."""
+    ticket = server.worker.submit([{"role": "user", "content": QUESTIONS[0]}], SamplingParams(max_new_tokens=12),
+                                  stream=False)
+    events = [ticket.events.get(timeout=60)]
+    while events[-1][0] not in ("done", "error"):
+        events.append(ticket.events.get(timeout=60))
+    assert ticket.request._detok is None
+    assert [e[0] for e in events] == ["accepted", "delta", "done"]
+    assert events[1][1] == plain_answer(plain, QUESTIONS[0], 12)
 
 
 def test_a_failing_engine_answers_500_then_503(server, monkeypatch):

@@ -70,7 +70,8 @@ def load(
     temperature: float = 0.0,
 ) -> Engine:
     """Load a target (None: the embedded default) and, optionally, its drafter, and build an engine. `temperature`
-    only informs `draft="auto"`'s choice (requests still carry their own sampling parameters)."""
+    only informs `draft="auto"`'s choice (requests still carry their own sampling parameters), which is made for
+    the most rows a speculative step runs: `max_batch_size`, or `spec_max_rows` where that is smaller."""
     device = resolve_device(config.device)
     dtype_name = config.dtype if config.dtype != "auto" else ("bfloat16" if device.type == "cuda" else "float32")
     loaded = load_model(model, device=device, dtype=dtype_name)
@@ -81,7 +82,9 @@ def load(
     if draft == "auto":
         draft_path = default_drafter_path() if model is None else None
         if draft_path is not None and spec is None:
-            spec, plain_note = auto_spec(loaded.model, device.type, config.max_batch_size, temperature)
+            # with spec_max_rows no speculative step runs more rows: the shape measured for that engine size
+            rows = min(config.max_batch_size, config.spec_max_rows or config.max_batch_size)
+            spec, plain_note = auto_spec(loaded.model, device.type, rows, temperature)
             if spec is None:
                 draft_path = None
     else:

@@ -129,5 +129,10 @@ def engine_summary(engine: "Engine", args: argparse.Namespace) -> str:
     """One phrase for start-up lines: the speculative shape, or plain decoding and why."""
     if engine.speculative:
         assert engine.schedule is not None
-        return f"speculative, --spec {spec_text(engine.schedule if len(engine.schedule.entries) > 1 else engine.spec)}"
+        text = f"speculative, --spec {spec_text(engine.schedule if len(engine.schedule.entries) > 1 else engine.spec)}"
+        limit = engine.config.spec_max_rows
+        if limit is not None and limit < engine.config.max_batch_size:
+            text += (f" while at most {limit} request{'s' if limit > 1 else ''} run{'' if limit > 1 else 's'} "
+                     "(plain decoding steps beyond)")
+        return text
     return plain_reason(engine, args) or "plain decoding"

@@ -1,15 +1,22 @@
 """`eaglespec serve`: an OpenAI-compatible HTTP server (chat/completions, completions, models, streaming) on one engine.
 
-The engine batches concurrent requests continuously (`--max-batch-size` rows; default 32 on CUDA, where the shipped
-drafter's schedule was measured up to 32 rows, and 1 on the CPU, where speculation pays only in a one-row engine:
-more rows there decode plainly). Requests that omit `temperature` sample at `--default-temperature` (1, as OpenAI's
-API; 0 serves greedy answers, speculation's lossless case); that value also informs `--draft auto`'s choice.
+The engine batches concurrent requests continuously (`--max-batch-size` rows). On CUDA the default is 32 rows, where
+the shipped drafter's schedule was measured up to 32 rows, speculating at every size. On the CPU it is 4 rows with
+`--spec-max-rows 1`: speculation pays there only for a request running alone, and several requests gain more from
+plain batched steps (this 2-core machine, MT-bench, 64 tokens, docs/benchmarks.md "Session 44": one client 1.26x over
+plain 4-row decoding, 35.3 tok/s; four clients 70.3 tok/s, as plain 4-row decoding's 70.1, where a speculative
+one-row engine gave 36.3; 8 rows only 7% over 4). Requests that omit `temperature` sample at
+`--default-temperature` (1, as OpenAI's API; 0 serves greedy answers, speculation's lossless case); that value also
+informs `--draft auto`'s choice.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import threading
+import time
+from dataclasses import replace
 from pathlib import Path
 
 from .. import api
@@ -19,6 +26,7 @@ from ..loading.checkpoint import resolve_device
 from .options import add_model_options, draft_arg, engine_config, engine_summary, spec_config
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+CPU_ROWS = 4  # the CPU's default rows (module docstring)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -27,7 +35,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--max-batch-size", type=int, default=None, metavar="N",
-                   help="requests run at once (default: 32 on CUDA, 1 on the CPU); more wait in a queue")
+                   help="requests run at once (default: 32 on CUDA; 4 on the CPU, speculating only while one runs: "
+                        "--spec-max-rows 1); more wait in a queue")
     p.add_argument("--max-seq-len", type=int, default=None, metavar="N",
                    help=f"prompt + answer tokens per request (default: the model's context, at most {SERVE_LEN})")
     p.add_argument("--served-model-name", default=None,
@@ -56,18 +65,30 @@ def run(args: argparse.Namespace) -> int:
     if args.default_temperature < 0:
         raise ConfigError(f"--default-temperature must be >= 0 (got {args.default_temperature})")
     device = resolve_device(args.device)
-    rows = args.max_batch_size or (32 if device.type == "cuda" else 1)
-    engine = api.load(args.model, draft=draft_arg(args), spec=spec_config(args),
-                      config=engine_config(args, max_batch_size=rows, max_seq_len=args.max_seq_len),
+    config = engine_config(args, max_batch_size=args.max_batch_size or (32 if device.type == "cuda" else CPU_ROWS),
+                           max_seq_len=args.max_seq_len)
+    if device.type == "cpu" and args.spec_max_rows is None:
+        config = replace(config, spec_max_rows=1)  # the CPU's speculation pays for a lone request only
+    rows = config.max_batch_size
+    engine = api.load(args.model, draft=draft_arg(args), spec=spec_config(args), config=config,
                       temperature=args.default_temperature)
     max_len = min(args.max_seq_len or SERVE_LEN, engine.context_len)
-    worker = EngineWorker(engine, rows, max_len).start()
+    worker = EngineWorker(engine, rows, max_len).ready()  # requests queue from the first one the server takes
     name = model_name(args)
     app = create_app(worker, name, args.default_temperature)
     print(f"[eaglespec] serving {name} at http://{args.host}:{args.port}/v1 on {engine.device.type}: {rows} "
           f"row{'s' if rows > 1 else ''} of {max_len} tokens, {engine_summary(engine, args)}", file=sys.stderr)
+    # the engine's loop stays on this thread, which loaded the model (server/worker.py says why); HTTP in another
+    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level))
+    http = threading.Thread(target=server.run, name="eaglespec-http", daemon=True)
+    http.start()
+    while not server.started and http.is_alive():
+        time.sleep(0.05)
+    if not server.started:
+        raise ConfigError(f"the HTTP server could not start on {args.host}:{args.port} (the port in use?)")
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+        worker.run(keep_running=http.is_alive)  # Ctrl-C ends it here
     finally:
-        worker.stop()
+        server.should_exit = True
+        http.join(10)
     return 0

@@ -212,12 +212,14 @@ class Engine:
         params: SamplingParams = SamplingParams(),
         chat: bool = True,
         images: Sequence[object] | None = None,
+        stream: bool = True,
     ) -> Request:
         """Queue one request. `images` (PIL images or paths) need a multimodal target, which provides
         `prepare_multimodal(tokenizer, prompt, images, chat) -> (prompt ids with expanded placeholders, mm_inputs)`
-        and `embed_multimodal(input_ids, mm_inputs per row) -> inputs_embeds` (used at prefill)."""
+        and `embed_multimodal(input_ids, mm_inputs per row) -> inputs_embeds` (used at prefill). `stream` False:
+        nobody reads the text before the request ends, so it is decoded once at the end (`Request`)."""
         ids, mm = self._prepare(prompt, chat, images)
-        return self._enqueue(ids, mm, params)
+        return self._enqueue(ids, mm, params, stream=stream)
 
     def _fit(self, n_prompt: int, params: SamplingParams) -> SamplingParams:
         """`params` with max_new_tokens clipped to the context left after a prompt of n_prompt tokens; an empty or

@@ -75,7 +75,7 @@ def create_app(worker: EngineWorker, model_name: str, default_temperature: float
             params = body.sampling(default_temperature)
         except EaglespecError as e:
             raise HTTPError(400, str(e)) from None
-        ticket = worker.submit(prompt, params, chat=chat, max_tokens=body.requested_tokens)
+        ticket = worker.submit(prompt, params, chat=chat, max_tokens=body.requested_tokens, stream=body.stream)
         try:
             event = await ticket.events.get()
         except BaseException:  # the client went away before the worker took the request

@@ -42,7 +42,8 @@ class ChatMessage(_Body):
             return self.content
         kinds = sorted({p.type for p in self.content if p.type != "text"})
         if kinds:
-            raise RequestError(f"message content of type {', '.join(kinds)} is not supported by this server (text only)")
+            raise RequestError(f"message content of type {', '.join(kinds)} is not supported by this server "
+                               "(text only)")
         return "".join(p.text or "" for p in self.content)
 
 

@@ -2,15 +2,22 @@
 
 Contract:
 - The engine is touched only by the worker's thread (it is not thread-safe): `submit` and `Ticket.cancel` hand work
-  to it through a queue. At start the worker reserves the engine's caches, `rows` x `max_len` positions, so that no
-  request ever grows them (which would wait for an idle engine and drop captured CUDA graphs).
-- `submit(prompt, params, chat, max_tokens)` -> `Ticket`, from any thread. The prompt is text (chat template applied
-  when `chat`), chat messages, or token ids. `max_tokens` None: the room left in a row's cache after the prompt;
-  a prompt or `max_tokens` that does not fit is refused with one sentence. Each ticket receives, in order, from the
-  worker's thread: ("accepted", prompt_tokens) or ("error", message, status); then ("delta", text) as text is
-  committed (stop strings are never shown in part: `Request.take_delta`); then ("done", finish_reason,
-  completion_tokens, speculative stats or None). A ticket's `events` is an `asyncio.Queue` of the event loop that
-  called `submit` (filled with `call_soon_threadsafe`), or, called outside an event loop, a `queue.Queue`.
+  to it through a queue. `run(keep_running)` runs the loop in the calling thread until `stop()` or until
+  `keep_running()` turns false (`eaglespec serve`: the main thread, which loaded the model, with the HTTP server in
+  another thread); `start()` runs it in a thread of its own (tests). The loop belongs on the thread that loaded the
+  model: on the CPU, PyTorch's OpenMP pool is per thread, and a second thread's parallel regions ran SmolLM2 at
+  17-20 tok/s against 29-33 on the loading thread (2-core machine, 2026-12-04). Before the loop the worker
+  reserves the engine's caches, `rows` x `max_len` positions, so that no request ever grows them (which would wait
+  for an idle engine and drop captured CUDA graphs).
+- `submit(prompt, params, chat, max_tokens, stream)` -> `Ticket`, from any thread. The prompt is text (chat
+  template applied when `chat`), chat messages, or token ids. `max_tokens` None: the room left in a row's cache
+  after the prompt; a prompt or `max_tokens` that does not fit is refused with one sentence. Each ticket receives,
+  in order, from the worker's thread: ("accepted", prompt_tokens) or ("error", message, status); then ("delta",
+  text) as text is committed (stop strings are never shown in part: `Request.take_delta`; with `stream` False one
+  delta at the end, the text decoded once: per-step detokenizing costs host time a busy GPU engine has not got);
+  then ("done", finish_reason, completion_tokens, speculative stats or None). A ticket's `events` is an
+  `asyncio.Queue` of the event loop that called `submit` (filled with `call_soon_threadsafe`), or, called outside
+  an event loop, a `queue.Queue`.
 - `Ticket.cancel()` (the client went away) aborts the request (`Engine.abort`): its row frees at its next step.
 - Between steps the worker admits everything submitted; with nothing to run it blocks on the queue (no spinning).
 - A failure inside a step is a bug: every live ticket gets ("error", message, 500), the worker stops, `alive` turns
@@ -24,7 +31,7 @@ import queue
 import threading
 import traceback
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -40,6 +47,7 @@ class Ticket:
     params: SamplingParams
     chat: bool
     max_tokens: int | None
+    stream: bool  # deltas as the text grows; False: the text in one delta at the end (no per-step detokenizing)
     events: Any  # asyncio.Queue or queue.Queue
     loop: asyncio.AbstractEventLoop | None
     worker: "EngineWorker"
@@ -67,43 +75,58 @@ class EngineWorker:
         self.max_len = min(max_len, engine.context_len)
         self._inbox: queue.Queue = queue.Queue()
         self._live: list[Ticket] = []
-        self._thread = threading.Thread(target=self._run, name="eaglespec-engine", daemon=True)
+        self._thread: threading.Thread | None = None
         self._stop = False
         self.alive = False
         self.failure: str | None = None
 
     # --- any thread --------------------------------------------------------------------------------------------------
+    def ready(self) -> "EngineWorker":
+        """Reserve the engine's caches and accept submissions (they queue until the loop runs); idempotent."""
+        if not self.alive and self.failure is None:
+            self.engine.reserve(self.rows, self.max_len)
+            self.alive = True
+        return self
+
     def start(self) -> "EngineWorker":
-        self.engine.reserve(self.rows, self.max_len)
-        self.alive = True
+        """Run the loop in a thread of its own."""
+        self.ready()
+        self._thread = threading.Thread(target=self._loop, name="eaglespec-engine", daemon=True)
         self._thread.start()
         return self
+
+    def run(self, keep_running: Callable[[], bool] = lambda: True) -> None:
+        """Run the loop in this thread until `stop()` or until `keep_running()` (asked about twice a second while
+        idle, and between steps) is false."""
+        self.ready()
+        self._loop(keep_running)
 
     def stop(self, timeout: float = 10.0) -> None:
         self._stop = True
         self._inbox.put(("stop", None))
-        self._thread.join(timeout)
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
 
-    def submit(self, prompt: Prompt, params: SamplingParams, chat: bool = True,
-               max_tokens: int | None = None) -> Ticket:
+    def submit(self, prompt: Prompt, params: SamplingParams, chat: bool = True, max_tokens: int | None = None,
+               stream: bool = True) -> Ticket:
         try:
             loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
             events: Any = asyncio.Queue()
         except RuntimeError:
             loop, events = None, queue.Queue()
-        ticket = Ticket(prompt, params, chat, max_tokens, events, loop, self)
+        ticket = Ticket(prompt, params, chat, max_tokens, stream, events, loop, self)
         if not self.alive:
             ticket.put(("error", f"the engine has stopped: {self.failure or 'shut down'}", 503))
             return ticket
         self._inbox.put(("submit", ticket))
         return ticket
 
-    # --- the worker's thread -------------------------------------------------------------------------------------------
-    def _run(self) -> None:
+    # --- the worker's thread ------------------------------------------------------------------------------------
+    def _loop(self, keep_running: Callable[[], bool] = lambda: True) -> None:
         try:
             if self.engine.device.type == "cuda":  # a new thread's current device is cuda:0, whatever --device says
                 torch.cuda.set_device(self.engine.device)
-            while not self._stop:
+            while not self._stop and keep_running():
                 self._drain(block=not self.engine.has_work())
                 if self._stop:
                     break
@@ -161,7 +184,7 @@ class EngineWorker:
                                    f"server's {limit} tokens per sequence (--max-seq-len, the model's context)")
             else:
                 params = replace(t.params, max_new_tokens=t.max_tokens)
-            t.request = eng.add_request(ids, params)
+            t.request = eng.add_request(ids, params, stream=t.stream)
         except EaglespecError as e:
             t.put(("error", str(e), 400))
             return

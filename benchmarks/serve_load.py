@@ -1,0 +1,184 @@
+"""Load on `eaglespec serve`: MT-bench first turns (or a JSONL of prompts) sent by C concurrent clients through the
+HTTP API, for one or several server configurations launched in turn, side by side.
+
+    python benchmarks/serve_load.py OUT --server-args= --server-args=--no-spec --concurrency 1 --limit 20
+    python benchmarks/serve_load.py OUT --url http://127.0.0.1:8000 --concurrency 8      # a server already running
+
+Each configuration: `python -m eaglespec serve ARGS --port P --default-temperature T` (stderr to OUT/server_I.log),
+waited for on /health, warmed with one request, then every prompt once, C at a time, as chat completions of
+`--max-tokens` tokens (streamed with --stream: time to first token too). Reports completion tokens per second of
+wall time, latency (mean, p50, p90), with --stream the mean time to the first token, the mean acceptance length
+(non-streamed answers carry it), and how many answers equal the first configuration's (greedy: all should).
+Writes OUT/serve_load.json and prints a Markdown table. Standard library only (http.client, threads), so it runs on
+the device machine as it is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from urllib.parse import urlparse
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+from eaglespec.bench.datasets import load_prompt_set  # noqa: E402
+
+
+def post(url: str, body: dict, stream: bool) -> dict:
+    u = urlparse(url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=600)
+    t0 = time.perf_counter()
+    conn.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    if resp.status != 200:
+        raise RuntimeError(f"HTTP {resp.status}: {resp.read().decode()[:300]}")
+    out: dict = {"ttft": None}
+    if not stream:
+        data = json.loads(resp.read())
+        out.update(text=data["choices"][0]["message"]["content"], tokens=data["usage"]["completion_tokens"],
+                   tau=(data.get("eaglespec") or {}).get("accept_length_mean"))
+    else:
+        text, tokens = [], 0
+        for raw in resp:
+            line = raw.decode().strip()
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
+            for c in chunk["choices"]:
+                piece = c["delta"].get("content")
+                if piece:
+                    if out["ttft"] is None:
+                        out["ttft"] = time.perf_counter() - t0
+                    text.append(piece)
+        out.update(text="".join(text), tokens=tokens, tau=None)
+    out["latency"] = time.perf_counter() - t0
+    conn.close()
+    return out
+
+
+def run_load(url: str, prompts: list, args: argparse.Namespace) -> dict:
+    def body(p) -> dict:
+        messages = p if isinstance(p, list) else [{"role": "user", "content": p}]
+        b = {"messages": messages, "max_tokens": args.max_tokens, "temperature": args.temperature}
+        if args.stream:
+            b.update(stream=True, stream_options={"include_usage": True})
+        return b
+
+    post(url, body(prompts[0]), args.stream)  # warm-up: caches, first graphs
+    results: list = [None] * len(prompts)
+    nxt = iter(range(len(prompts)))
+    lock = threading.Lock()
+
+    def client() -> None:
+        while True:
+            with lock:
+                i = next(nxt, None)
+            if i is None:
+                return
+            results[i] = post(url, body(prompts[i]), args.stream)
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=client) for _ in range(args.concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    lat = sorted(r["latency"] for r in results)
+    taus = [r["tau"] for r in results if r["tau"] is not None]
+    ttfts = [r["ttft"] for r in results if r["ttft"] is not None]
+    tokens = sum(r["tokens"] for r in results)
+    return {
+        "requests": len(results), "completion_tokens": tokens, "wall_s": round(wall, 3),
+        "tok_per_s": round(tokens / wall, 1), "latency_mean_s": round(statistics.mean(lat), 3),
+        "latency_p50_s": round(lat[len(lat) // 2], 3), "latency_p90_s": round(lat[int(0.9 * (len(lat) - 1))], 3),
+        "ttft_mean_s": round(statistics.mean(ttfts), 4) if ttfts else None,
+        "tau_mean": round(statistics.mean(taus), 3) if taus else None,
+        "texts": [r["text"] for r in results],
+    }
+
+
+def wait_healthy(url: str, proc: subprocess.Popen | None, timeout: float = 600) -> None:
+    u = urlparse(url)
+    end = time.time() + timeout
+    while time.time() < end:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"the server exited with {proc.returncode} before it was ready")
+        try:
+            conn = http.client.HTTPConnection(u.hostname, u.port, timeout=2)
+            conn.request("GET", "/health")
+            if conn.getresponse().status == 200:
+                return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"no healthy server at {url} after {timeout:.0f} s")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("out")
+    ap.add_argument("--url", default=None, help="a running server (else each --server-args is launched)")
+    ap.add_argument("--server-args", action="append", default=None,
+                    help="`eaglespec serve` options of one configuration, as --server-args=\"--no-spec --seed 1\" (repeatable; "
+                         "default: one, the defaults)")
+    ap.add_argument("--port", type=int, default=8765)
+    ap.add_argument("--prompts", default="mt-bench")
+    ap.add_argument("--limit", type=int, default=80)
+    ap.add_argument("--concurrency", type=int, default=1)
+    ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--stream", action="store_true")
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    prompts = [item.first for item in load_prompt_set(args.prompts)[: args.limit]]
+    configs = [None] if args.url else (args.server_args or [""])
+    rows = []
+    for i, cfg in enumerate(configs):
+        proc = None
+        url = args.url
+        if url is None:
+            url = f"http://127.0.0.1:{args.port}"
+            cmd = [sys.executable, "-m", "eaglespec", "serve", *shlex.split(cfg), "--port", str(args.port),
+                   "--default-temperature", str(args.temperature), "--log-level", "warning"]
+            env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+            proc = subprocess.Popen(cmd, stderr=open(out / f"server_{i}.log", "w"), env=env)
+        try:
+            wait_healthy(url, proc)
+            res = run_load(url, prompts, args)
+        finally:
+            if proc is not None:
+                proc.terminate()
+                proc.wait(60)
+        res["config"] = cfg if cfg is not None else url
+        if proc is not None:
+            res["server_line"] = next((l.strip() for l in open(out / f"server_{i}.log") if "serving" in l), "")
+        rows.append(res)
+    first = rows[0]["texts"]
+    for r in rows:
+        r["identical_to_first"] = sum(a == b for a, b in zip(r["texts"], first))
+    (out / "serve_load.json").write_text(json.dumps({"args": vars(args), "runs": rows}, indent=2))
+    print(f"| server | requests | concurrency | tok/s | vs first | latency mean / p50 / p90 s | ttft s | tau | "
+          "identical |")
+    print("| --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: |")
+    for r in rows:
+        print(f"| `{r['config'] or '(defaults)'}` | {r['requests']} | {args.concurrency} | {r['tok_per_s']} | "
+              f"{r['tok_per_s'] / rows[0]['tok_per_s']:.2f}x | {r['latency_mean_s']} / {r['latency_p50_s']} / "
+              f"{r['latency_p90_s']} | {r['ttft_mean_s'] or '-'} | {r['tau_mean'] or '-'} | "
+              f"{r['identical_to_first']}/{r['requests']} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
