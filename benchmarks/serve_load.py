@@ -169,7 +169,7 @@ def main() -> int:
     for r in rows:
         r["identical_to_first"] = sum(a == b for a, b in zip(r["texts"], first))
     (out / "serve_load.json").write_text(json.dumps({"args": vars(args), "runs": rows}, indent=2))
-    print(f"| server | requests | concurrency | tok/s | vs first | latency mean / p50 / p90 s | ttft s | tau | "
+    print("| server | requests | concurrency | tok/s | vs first | latency mean / p50 / p90 s | ttft s | tau | "
           "identical |")
     print("| --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: |")
     for r in rows:

@@ -316,15 +316,12 @@ def test_regeneration_turn_by_turn_cached_and_resumable(tiny_folder, tmp_path):
     assert dropped.conversations == [] and dropped.dropped == {"no assistant turn fits --max-len": 1}
 
 
-def test_export_takes_the_best_held_out_weights(tiny_folder, data_file, tmp_path, capsys, monkeypatch):
-    """With --eval-every, the export holds the weights of the best held-out evaluation, not the last step's (here the
-    evaluations are scripted to peak at step 4 of 8); --export-last exports the last weights."""
-    from safetensors.torch import load_file
-
+def script_evaluations(monkeypatch, scores: dict[int, float]) -> dict[int, dict]:
+    """Held-out evaluations that report `scores[step]` as the estimated acceptance; returns the weights at each
+    evaluated step (filled as the run goes)."""
     from eaglespec.train import trainer as trainer_mod
 
-    scores = {2: 1.5, 4: 2.5, 6: 2.0, 8: 1.8}
-    snapshots = {}
+    snapshots: dict[int, dict] = {}
     real_evaluate = trainer_mod.Trainer.evaluate
 
     def scripted(self):
@@ -334,6 +331,15 @@ def test_export_takes_the_best_held_out_weights(tiny_folder, data_file, tmp_path
                                       positions=res.positions)
 
     monkeypatch.setattr(trainer_mod.Trainer, "evaluate", scripted)
+    return snapshots
+
+
+def test_export_takes_the_best_held_out_weights(tiny_folder, data_file, tmp_path, capsys, monkeypatch):
+    """With --eval-every, the export holds the weights of the best held-out evaluation, not the last step's (here the
+    evaluations are scripted to peak at step 4 of 8); --export-last exports the last weights."""
+    from safetensors.torch import load_file
+
+    snapshots = script_evaluations(monkeypatch, {2: 1.5, 4: 2.5, 6: 2.0, 8: 1.8})
     base = ["train", "--target", str(tiny_folder), "--data", str(data_file), "--device", "cpu", "--max-steps", "8",
             "--eval-every", "2", "--ttt-steps", "2", "--draft-vocab", "40", "--batch-tokens", "400", "--max-len", "96",
             "--regen-max-new-tokens", "10", "--eval-frac", "0.2", "--no-progress", "--lr", "3e-3",
@@ -356,24 +362,12 @@ def test_a_continued_drafters_start_is_a_baseline_never_the_export(tiny_folder, 
     apart from `best`. A checkpoint written when the start could win (best at step 0) resumes with no best."""
     from safetensors.torch import load_file
 
-    from eaglespec.train import trainer as trainer_mod
-
     common = ["train", "--target", str(tiny_folder), "--data", str(data_file), "--device", "cpu", "--ttt-steps", "2",
               "--draft-vocab", "40", "--batch-tokens", "400", "--max-len", "96", "--regen-max-new-tokens", "10",
               "--eval-frac", "0.2", "--no-progress", "--lr", "3e-3", "--export-dtype", "float32"]
     first = tmp_path / "first"
     assert main([*common, "--max-steps", "2", "--out", str(first), "--work-dir", str(tmp_path / "w1")]) == 0
-    scores = {0: 3.0, 2: 1.5, 4: 2.5, 6: 2.0}
-    snapshots = {}
-    real_evaluate = trainer_mod.Trainer.evaluate
-
-    def scripted(self):
-        res = real_evaluate(self)
-        snapshots[self.step] = {n: p.detach().clone() for n, p in self.params.items()}
-        return trainer_mod.EvalResult(acc=res.acc, loss=res.loss, accept_length=scores[self.step],
-                                      positions=res.positions)
-
-    monkeypatch.setattr(trainer_mod.Trainer, "evaluate", scripted)
+    snapshots = script_evaluations(monkeypatch, {0: 3.0, 2: 1.5, 4: 2.5, 6: 2.0})
     capsys.readouterr()
     work = tmp_path / "w2"
     assert main([*common, "--max-steps", "6", "--eval-every", "2", "--init", str(first), "--out",

@@ -71,10 +71,7 @@ def create_app(worker: EngineWorker, model_name: str, default_temperature: float
     async def start(body: schemas._Sampled, prompt: Any, chat: bool) -> tuple[Ticket, int]:
         """Submit; wait until the worker accepts the request (its prompt tokens) or refuses it (an HTTPError)."""
         check_model(body.model)
-        try:
-            params = body.sampling(default_temperature)
-        except EaglespecError as e:
-            raise HTTPError(400, str(e)) from None
+        params = user_input(lambda: body.sampling(default_temperature))
         ticket = worker.submit(prompt, params, chat=chat, max_tokens=body.requested_tokens, stream=body.stream)
         try:
             event = await ticket.events.get()
@@ -130,35 +127,34 @@ def create_app(worker: EngineWorker, model_name: str, default_temperature: float
 
         return StreamingResponse(events(), media_type="text/event-stream")
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(body: schemas.ChatCompletionRequest) -> Any:
+    def user_input(parse: Callable[[], Any]) -> Any:
         try:
-            messages = body.chat()
+            return parse()
         except EaglespecError as e:
             raise HTTPError(400, str(e)) from None
-        ticket, n_prompt = await start(body, messages, chat=True)
-        rid = schemas.new_id("chatcmpl")
+
+    async def respond(body: schemas._Sampled, prompt: Any, chat: bool) -> Any:
+        """One request of either endpoint: the whole answer, or its stream (`chat`: chat completion bodies)."""
+        ticket, n_prompt = await start(body, prompt, chat=chat)
+        rid = schemas.new_id("chatcmpl" if chat else "cmpl")
         if body.stream:
             def chunk(text: str | None, finish: str | None) -> dict:
-                return schemas.chat_chunk(rid, model_name, {} if text is None else {"content": text}, finish)
-            first = schemas.chat_chunk(rid, model_name, {"role": "assistant", "content": ""})
-            return sse(ticket, rid, "chat.completion.chunk", n_prompt, body.include_usage, chunk, first)
+                if chat:
+                    return schemas.chat_chunk(rid, model_name, {} if text is None else {"content": text}, finish)
+                return schemas.completion_chunk(rid, model_name, text or "", finish)
+            first = schemas.chat_chunk(rid, model_name, {"role": "assistant", "content": ""}) if chat else None
+            obj = "chat.completion.chunk" if chat else "text_completion"
+            return sse(ticket, rid, obj, n_prompt, body.include_usage, chunk, first)
         text, finish, n_out, spec = await collect(ticket)
-        return schemas.chat_response(rid, model_name, text, finish, schemas.usage(n_prompt, n_out), spec)
+        build = schemas.chat_response if chat else schemas.completion_response
+        return build(rid, model_name, text, finish, schemas.usage(n_prompt, n_out), spec)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: schemas.ChatCompletionRequest) -> Any:
+        return await respond(body, user_input(body.chat), chat=True)
 
     @app.post("/v1/completions")
     async def completions(body: schemas.CompletionRequest) -> Any:
-        try:
-            prompt = body.text_or_ids()
-        except EaglespecError as e:
-            raise HTTPError(400, str(e)) from None
-        ticket, n_prompt = await start(body, prompt, chat=False)
-        rid = schemas.new_id("cmpl")
-        if body.stream:
-            def chunk(text: str | None, finish: str | None) -> dict:
-                return schemas.completion_chunk(rid, model_name, text or "", finish)
-            return sse(ticket, rid, "text_completion", n_prompt, body.include_usage, chunk, None)
-        text, finish, n_out, spec = await collect(ticket)
-        return schemas.completion_response(rid, model_name, text, finish, schemas.usage(n_prompt, n_out), spec)
+        return await respond(body, user_input(body.text_or_ids), chat=False)
 
     return app
