@@ -43,6 +43,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="the model id clients name (default: the model file or folder name)")
     p.add_argument("--default-temperature", type=float, default=1.0,
                    help="for requests without a temperature (default 1, as OpenAI's API; 0: greedy)")
+    p.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=True,
+                   help="capture the CUDA graphs of every batch size at start (for the default temperature's greedy "
+                        "or sampled steps), not during the first requests (default: on)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
 
 
@@ -74,6 +77,11 @@ def run(args: argparse.Namespace) -> int:
                       temperature=args.default_temperature)
     max_len = min(args.max_seq_len or SERVE_LEN, engine.context_len)
     worker = EngineWorker(engine, rows, max_len).ready()  # requests queue from the first one the server takes
+    if args.warmup:  # CUDA graphs of every batch and length bucket now, not during the first requests (CPU: none)
+        t0 = time.perf_counter()
+        graphs = engine.warmup(range(1, rows + 1), greedy=args.default_temperature == 0)
+        if graphs:
+            print(f"[eaglespec] captured {graphs} CUDA graphs in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     name = model_name(args)
     app = create_app(worker, name, args.default_temperature)
     print(f"[eaglespec] serving {name} at http://{args.host}:{args.port}/v1 on {engine.device.type}: {rows} "
