@@ -3,6 +3,10 @@ HTTP API, for one or several server configurations launched in turn, side by sid
 
     python benchmarks/serve_load.py OUT --server-args= --server-args=--no-spec --concurrency 1 --limit 20
     python benchmarks/serve_load.py OUT --url http://127.0.0.1:8000 --concurrency 8      # a server already running
+    # the device machine (GGUF staged by device_parts.sh; the shipped drafter with the CUDA schedule of --spec auto):
+    G=/root/m/SmolLM2-135M-Instruct.Q4_1.gguf; D=src/eaglespec/assets/smollm2-135m-eagle3
+    python3 benchmarks/serve_load.py $OUT/s32 --concurrency 32 --max-tokens 256 "--server-args=--model $G --no-spec" \
+        "--server-args=--model $G --draft $D --spec 1:3,1,4/8:4,4,8/16:3,1,4/32:5,2,8"
 
 Each configuration: `python -m eaglespec serve ARGS --port P --default-temperature T` (stderr to OUT/server_I.log),
 waited for on /health, warmed with one request, then every prompt once, C at a time, as chat completions of
@@ -130,8 +134,8 @@ def main() -> int:
     ap.add_argument("out")
     ap.add_argument("--url", default=None, help="a running server (else each --server-args is launched)")
     ap.add_argument("--server-args", action="append", default=None,
-                    help="`eaglespec serve` options of one configuration, as --server-args=\"--no-spec --seed 1\" (repeatable; "
-                         "default: one, the defaults)")
+                    help="`eaglespec serve` options of one configuration, as --server-args=\"--no-spec --seed 1\" "
+                         "(repeatable; default: one, the defaults)")
     ap.add_argument("--port", type=int, default=8765)
     ap.add_argument("--prompts", default="mt-bench")
     ap.add_argument("--limit", type=int, default=80)
@@ -152,7 +156,8 @@ def main() -> int:
             url = f"http://127.0.0.1:{args.port}"
             cmd = [sys.executable, "-m", "eaglespec", "serve", *shlex.split(cfg), "--port", str(args.port),
                    "--default-temperature", str(args.temperature), "--log-level", "warning"]
-            env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+            src = str(Path(__file__).resolve().parents[1] / "src")  # before what PYTHONPATH has (the device's wheels)
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [src, os.environ.get("PYTHONPATH")]))}
             proc = subprocess.Popen(cmd, stderr=open(out / f"server_{i}.log", "w"), env=env)
         try:
             wait_healthy(url, proc)
