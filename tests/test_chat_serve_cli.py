@@ -5,7 +5,13 @@ describe (uvicorn replaced by FastAPI's test client) and says how it runs; optio
 from __future__ import annotations
 
 import io
+import signal
+import socket
+import subprocess
+import sys
 import threading
+import time
+import urllib.request
 
 import pytest
 from fastapi.testclient import TestClient
@@ -159,3 +165,27 @@ def test_serve_says_why_it_decodes_plainly_and_when_it_cannot_listen(capsys, mon
 def test_serve_option_mistakes(args, needle, capsys):
     code, out, err = run_cli(["serve", *args], capsys)
     assert_one_line_error(code, err, needle)
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["ctrl-c", "kill"])
+def test_serve_shuts_down_on_ctrl_c_and_kill(sig, code):
+    """A real `eaglespec serve` process (the engine's loop on its main thread, HTTP on another) ends within seconds
+    on SIGINT and on SIGTERM (`docker stop`), with 128 + the signal."""
+    with socket.socket() as s:  # a free port
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "eaglespec", "serve", "--no-spec", "--port", str(port),
+                             "--log-level", "warning"], stderr=subprocess.PIPE, text=True)
+    try:
+        for _ in range(300):
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
+                break
+            except OSError:
+                assert proc.poll() is None, proc.stderr.read()
+                time.sleep(0.1)
+        proc.send_signal(sig)
+        assert proc.wait(30) == code
+    finally:
+        if proc.poll() is None:
+            proc.kill()

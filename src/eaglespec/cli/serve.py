@@ -13,6 +13,7 @@ informs `--draft auto`'s choice.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import threading
 import time
@@ -87,16 +88,22 @@ def run(args: argparse.Namespace) -> int:
     print(f"[eaglespec] serving {name} at http://{args.host}:{args.port}/v1 on {engine.device.type}: {rows} "
           f"row{'s' if rows > 1 else ''} of {max_len} tokens, {engine_summary(engine, args)}", file=sys.stderr)
     # the engine's loop stays on this thread, which loaded the model (server/worker.py says why); HTTP in another
+    def terminate(signum: int, frame: object) -> None:  # `kill`, `docker stop`: shut down as Ctrl-C does
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, terminate)
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level))
     http = threading.Thread(target=server.run, name="eaglespec-http", daemon=True)
-    http.start()
-    while not server.started and http.is_alive():
-        time.sleep(0.05)
-    if not server.started:
-        raise ConfigError(f"the HTTP server could not start on {args.host}:{args.port} (the port in use?)")
     try:
-        worker.run(keep_running=http.is_alive)  # Ctrl-C ends it here
+        http.start()
+        while not server.started and http.is_alive():
+            time.sleep(0.05)
+        if not server.started:
+            raise ConfigError(f"the HTTP server could not start on {args.host}:{args.port} (the port in use?)")
+        worker.run(keep_running=http.is_alive)  # Ctrl-C (KeyboardInterrupt) or SIGTERM (SystemExit) ends it here
     finally:
+        signal.signal(signal.SIGTERM, previous)
         server.should_exit = True
-        http.join(10)
+        if http.is_alive():
+            http.join(10)
     return 0
