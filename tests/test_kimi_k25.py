@@ -413,3 +413,49 @@ def test_warm_for_an_image_prompt_sizes_the_caches_to_its_placeholders(folders, 
     g.capture = False
     kv = eng.runner.kv
     assert eng.generate([prompt], params, images=[images])[0].token_ids == plain and eng.runner.kv is kv
+
+
+def test_serve_takes_images_for_the_multimodal_target(folders):
+    """`eaglespec serve`'s app on the tiny Kimi-K2.5 wrapper: a chat message with a data: URL image between its text
+    parts answers (greedy, speculative) as the engine does given the same messages and the decoded image, with the
+    image's expanded placeholders counted in the prompt tokens; a broken image is a 400."""
+    import base64
+    import io
+
+    from fastapi.testclient import TestClient
+
+    from eaglespec.server.app import create_app
+    from eaglespec.server.worker import EngineWorker
+
+    lm = loaded(folders, "bf16")
+    target, tok = lm.model, lm.tokenizer
+    image = synthetic_image(11)
+    buf = io.BytesIO()
+    image.save(buf, format="PNG")
+    url = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+    parts = [{"type": "text", "text": "Look:"}, {"type": "image_url", "image_url": {"url": url}},
+             {"type": "text", "text": "What is it?"}]
+    in_engine = [{"role": "user", "content": [parts[0], {"type": "image_url"}, parts[2]]}]
+    params = SamplingParams(max_new_tokens=12, ignore_eos=True)
+    want = Engine(target, tok).generate([in_engine], params, images=[[image]])[0]
+    drafter = tiny_drafter(target, seed=3, draft_vocab=None,
+                           eagle_config={"eagle_aux_hidden_state_layer_ids": [0, 1, 2]})
+    worker = EngineWorker(Engine(target, tok, EngineConfig(max_batch_size=2), drafter=drafter,
+                                 spec=SpecConfig(3, 1, 4)), rows=2, max_len=256).start()
+    try:
+        with TestClient(create_app(worker, "kimi", default_temperature=0.0)) as client:
+            r = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": parts}],
+                                                           "max_tokens": 12, "ignore_eos": True})
+            assert r.status_code == 200, r.text
+            body = r.json()
+            assert body["choices"][0]["message"]["content"] == want.text
+            assert body["usage"]["prompt_tokens"] == want.prompt_tokens
+            assert body["usage"]["prompt_tokens"] > len(tok.encode(tok.apply_chat_template(
+                [{"role": "user", "content": "Look:What is it?"}]))) + 10  # the image's tokens are in it
+            bad = {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {
+                "url": "data:image/png;base64,AAAA"}}]}]}
+            r = client.post("/v1/chat/completions", json=bad)
+            assert r.status_code == 400 and "could not be read as an image" in r.json()["error"]["message"]
+    finally:
+        worker.stop()
+        target.set_eagle3_layers_to_capture(None)

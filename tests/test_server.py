@@ -57,6 +57,32 @@ def chat_body(question: str, max_tokens: int = 16, **kw) -> dict:
     return {"model": NAME, "messages": [{"role": "user", "content": question}], "max_tokens": max_tokens, **kw}
 
 
+def png_data_url(seed: int = 0) -> str:
+    """A small random RGB image as a data: URL (PNG: lossless, so the server decodes the same pixels)."""
+    import base64
+    import io
+
+    from PIL import Image
+
+    g = torch.Generator().manual_seed(seed)
+    pixels = torch.randint(0, 256, (24, 32, 3), generator=g, dtype=torch.uint8).numpy()
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+PNG_URL = png_data_url()
+
+
+def image_part(url: str) -> dict:
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+def parts_body(*parts: dict) -> dict:
+    return {"messages": [{"role": "user", "content": [{"type": "text", "text": "What is this?"}, *parts]}],
+            "max_tokens": 4}
+
+
 def sse_events(response) -> list:
     events = []
     for line in response.iter_lines():
@@ -153,8 +179,13 @@ def test_concurrent_requests_equal_their_plain_answers(server, plain):
     ("/v1/chat/completions", chat_body("word " * 300), 400, "but this server's sequences hold 256 tokens"),
     ("/v1/chat/completions", {"messages": []}, 400, "messages must not be empty"),
     ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "hi"}]}, 400, "messages.0.role"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400,
-     "content of type image_url is not supported"),
+    ("/v1/chat/completions", parts_body({"type": "input_audio"}), 400, "content of type input_audio is not supported"),
+    ("/v1/chat/completions", parts_body({"type": "image_url"}), 400, "an image_url part needs its image_url.url"),
+    ("/v1/chat/completions", parts_body(image_part("https://example.com/cat.png")), 400,
+     "an image_url must be a data: URL with base64 data"),
+    ("/v1/chat/completions", parts_body(image_part("data:image/png;base64,bm90IGFuIGltYWdl")), 400,
+     "an image_url's data could not be read as an image"),
+    ("/v1/chat/completions", parts_body(image_part(PNG_URL)), 400, "LlamaForCausalLM does not take images"),
     ("/v1/chat/completions", {"max_tokens": 4}, 400, "messages: Field required"),
     ("/v1/chat/completions", chat_body("hi", model="gpt-4o"), 404, "the model 'gpt-4o' does not exist"),
     ("/v1/completions", {"prompt": "", "max_tokens": 4}, 400, "the prompt is empty"),

@@ -198,8 +198,10 @@ class Engine:
         self.scheduler = Scheduler(rows, min_prefill_rows=self.config.min_prefill_rows, ahead=ahead,
                                    ahead_cap=PREFILL_SPLIT_ROWS)
 
-    def _prepare(self, prompt: Prompt, chat: bool, images: Sequence[object] | None) -> tuple[list[int], object]:
-        """Prompt ids (placeholders expanded for images) and the target's multimodal inputs (or None)."""
+    def prepare(self, prompt: Prompt, chat: bool = True,
+                images: Sequence[object] | None = None) -> tuple[list[int], object]:
+        """Prompt ids (placeholders expanded for images) and the target's multimodal inputs (or None): what
+        `add_prepared` queues (a server sizes the request by the ids first)."""
         if not images:
             return self.encode_prompt(prompt, chat), None
         if not hasattr(self.target, "prepare_multimodal"):
@@ -218,7 +220,12 @@ class Engine:
         `prepare_multimodal(tokenizer, prompt, images, chat) -> (prompt ids with expanded placeholders, mm_inputs)`
         and `embed_multimodal(input_ids, mm_inputs per row) -> inputs_embeds` (used at prefill). `stream` False:
         nobody reads the text before the request ends, so it is decoded once at the end (`Request`)."""
-        ids, mm = self._prepare(prompt, chat, images)
+        ids, mm = self.prepare(prompt, chat, images)
+        return self._enqueue(ids, mm, params, stream=stream)
+
+    def add_prepared(self, ids: list[int], mm: object, params: SamplingParams = SamplingParams(),
+                     stream: bool = True) -> Request:
+        """Queue a request from `prepare`'s output (`add_request` is both in one call)."""
         return self._enqueue(ids, mm, params, stream=stream)
 
     def _fit(self, n_prompt: int, params: SamplingParams) -> SamplingParams:
@@ -247,7 +254,7 @@ class Engine:
         graphs = self.runner.graphs
         if self.scheduler is not None or graphs is None or not graphs.capture:
             return 0
-        ids, _ = self._prepare(prompt, chat, images)
+        ids, _ = self.prepare(prompt, chat, images)
         try:
             params = self._fit(len(ids), params)
         except RequestError:
@@ -470,7 +477,7 @@ class Engine:
         if len(plist) != len(prompts):
             raise RequestError(f"{len(prompts)} prompts but {len(plist)} sampling parameter sets")
         imgs = list(images) if images is not None else [None] * len(prompts)
-        prepared = [self._prepare(p, chat, im) for p, im in zip(prompts, imgs)]
+        prepared = [self.prepare(p, chat, im) for p, im in zip(prompts, imgs)]
         need = max(len(ids) + p.max_new_tokens for (ids, _), p in zip(prepared, plist)) if prepared else 1
         self._ensure_capacity(min(len(prompts), self.config.max_batch_size), min(self.context_len, need))
         # the text is read at the end: decoded once per request, not token by token (Request)

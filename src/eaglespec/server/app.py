@@ -7,7 +7,8 @@ Contract of `create_app(worker, model_name, default_temperature)`:
   delta, then a chunk with the finish reason, then (with `stream_options.include_usage`) a usage chunk, then
   `data: [DONE]`. A request without `temperature` samples at `default_temperature` (OpenAI's default is 1).
 - Any user mistake answers HTTP 400 with OpenAI's error body and one sentence (a malformed body, a sampling value out
-  of range, a prompt too long for the server's sequences, a feature this server does not have); an unknown `model`
+  of range, a prompt too long for the server's sequences, a feature this server does not have, an image for a
+  text-only model); images come as `image_url` parts holding data: URLs; an unknown `model`
   404; a stopped engine 503; the server keeps serving the other requests.
 - A streaming client that disconnects has its request aborted (`Ticket.cancel`), so its row frees at the next step.
 """
@@ -68,11 +69,12 @@ def create_app(worker: EngineWorker, model_name: str, default_temperature: float
             raise HTTPError(404, f"the model {name!r} does not exist: this server serves {model_name!r}",
                             "model_not_found")
 
-    async def start(body: schemas._Sampled, prompt: Any, chat: bool) -> tuple[Ticket, int]:
+    async def start(body: schemas._Sampled, prompt: Any, chat: bool, images: list) -> tuple[Ticket, int]:
         """Submit; wait until the worker accepts the request (its prompt tokens) or refuses it (an HTTPError)."""
         check_model(body.model)
         params = user_input(lambda: body.sampling(default_temperature))
-        ticket = worker.submit(prompt, params, chat=chat, max_tokens=body.requested_tokens, stream=body.stream)
+        ticket = worker.submit(prompt, params, chat=chat, max_tokens=body.requested_tokens, stream=body.stream,
+                               images=images)
         try:
             event = await ticket.events.get()
         except BaseException:  # the client went away before the worker took the request
@@ -133,9 +135,9 @@ def create_app(worker: EngineWorker, model_name: str, default_temperature: float
         except EaglespecError as e:
             raise HTTPError(400, str(e)) from None
 
-    async def respond(body: schemas._Sampled, prompt: Any, chat: bool) -> Any:
+    async def respond(body: schemas._Sampled, prompt: Any, chat: bool, images: list | None = None) -> Any:
         """One request of either endpoint: the whole answer, or its stream (`chat`: chat completion bodies)."""
-        ticket, n_prompt = await start(body, prompt, chat=chat)
+        ticket, n_prompt = await start(body, prompt, chat, images or [])
         rid = schemas.new_id("chatcmpl" if chat else "cmpl")
         if body.stream:
             def chunk(text: str | None, finish: str | None) -> dict:
@@ -151,7 +153,8 @@ def create_app(worker: EngineWorker, model_name: str, default_temperature: float
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: schemas.ChatCompletionRequest) -> Any:
-        return await respond(body, user_input(body.chat), chat=True)
+        messages, images = user_input(body.chat)
+        return await respond(body, messages, chat=True, images=images)
 
     @app.post("/v1/completions")
     async def completions(body: schemas.CompletionRequest) -> Any:

@@ -3,7 +3,9 @@
 Contract: `ChatCompletionRequest` / `CompletionRequest` parse a request body (unknown fields are ignored, as OpenAI's
 clients send many); `.sampling(default_temperature)` turns one into `SamplingParams` (max_tokens None: the server
 picks the room left in its cache) and raises `RequestError` with one sentence for what this server does not do
-(several choices, penalties, logprobs, tools, per-request seeds, images, echo / suffix), rather than ignoring it.
+(several choices, penalties, logprobs, tools, per-request seeds, echo / suffix, images other than data: URLs),
+rather than ignoring it. Images (`image_url` parts) reach the target as decoded PIL images in message order; a
+target that takes none refuses them (`Engine.prepare`).
 The `*_response` / `*_chunk` helpers build the JSON bodies (`id`, `object`, `created`, `model`, `choices`, `usage`),
 with the speculative statistics under the extra key `eaglespec` where there were speculative steps.
 """
@@ -26,25 +28,59 @@ class _Body(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
 
-class TextPart(_Body):
+class ImageURL(_Body):
+    url: str
+
+
+class ContentPart(_Body):
     type: str
     text: str | None = None
+    image_url: ImageURL | None = None
+
+
+def decode_image(url: str) -> Any:
+    """A `data:image/...;base64,...` URL -> an RGB PIL image (the server fetches nothing from the network)."""
+    import base64
+    import binascii
+    import io
+
+    from PIL import Image, UnidentifiedImageError
+
+    head, sep, data = url.partition(",")
+    if not (head.startswith("data:image/") and head.endswith(";base64") and sep):
+        raise RequestError("an image_url must be a data: URL with base64 data (data:image/png;base64,...); this "
+                           "server fetches nothing")
+    try:
+        return Image.open(io.BytesIO(base64.b64decode(data, validate=True))).convert("RGB")
+    except (binascii.Error, UnidentifiedImageError, OSError) as e:
+        raise RequestError(f"an image_url's data could not be read as an image ({e})") from None
 
 
 class ChatMessage(_Body):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: Union[str, list[TextPart], None] = None
+    content: Union[str, list[ContentPart], None] = None
 
-    def text(self) -> str:
-        if self.content is None:
-            return ""
-        if isinstance(self.content, str):
-            return self.content
-        kinds = sorted({p.type for p in self.content if p.type != "text"})
+    def parts(self, images: list) -> str | list[dict]:
+        """The content for the chat template: text, or (with images, appended to `images` in order) OpenAI-style
+        parts, which a multimodal target turns into its image placeholders where they stand."""
+        if self.content is None or isinstance(self.content, str):
+            return self.content or ""
+        kinds = sorted({p.type for p in self.content if p.type not in ("text", "image_url")})
         if kinds:
             raise RequestError(f"message content of type {', '.join(kinds)} is not supported by this server "
-                               "(text only)")
-        return "".join(p.text or "" for p in self.content)
+                               "(text and image_url only)")
+        if not any(p.type == "image_url" for p in self.content):
+            return "".join(p.text or "" for p in self.content)
+        out: list[dict] = []
+        for p in self.content:
+            if p.type == "text":
+                out.append({"type": "text", "text": p.text or ""})
+            else:
+                if p.image_url is None:
+                    raise RequestError("an image_url part needs its image_url.url")
+                images.append(decode_image(p.image_url.url))
+                out.append({"type": "image_url"})
+        return out
 
 
 class StreamOptions(_Body):
@@ -110,11 +146,15 @@ class ChatCompletionRequest(_Sampled):
             raise RequestError("tools are not supported by this server")
         return self._params(self.requested_tokens, default_temperature)
 
-    def chat(self) -> list[dict[str, str]]:
-        """The messages for the chat template ("developer" is the newer name of "system")."""
+    def chat(self) -> tuple[list[dict[str, Any]], list]:
+        """The messages for the chat template ("developer" is the newer name of "system") and their images, in
+        order (decoded from data: URLs; empty for text)."""
         if not self.messages:
             raise RequestError("messages must not be empty")
-        return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in self.messages]
+        images: list = []
+        messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.parts(images)}
+                    for m in self.messages]
+        return messages, images
 
 
 class CompletionRequest(_Sampled):

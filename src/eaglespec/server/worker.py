@@ -9,8 +9,8 @@ Contract:
   17-20 tok/s against 29-33 on the loading thread (2-core machine, 2026-12-04). Before the loop the worker
   reserves the engine's caches, `rows` x `max_len` positions, so that no request ever grows them (which would wait
   for an idle engine and drop captured CUDA graphs).
-- `submit(prompt, params, chat, max_tokens, stream)` -> `Ticket`, from any thread. The prompt is text (chat
-  template applied when `chat`), chat messages, or token ids. `max_tokens` None: the room left in a row's cache
+- `submit(prompt, params, chat, max_tokens, stream, images)` -> `Ticket`, from any thread. The prompt is text
+  (chat template applied when `chat`), chat messages, or token ids; `images` go to a multimodal target. `max_tokens` None: the room left in a row's cache
   after the prompt; a prompt or `max_tokens` that does not fit is refused with one sentence. Each ticket receives,
   in order, from the worker's thread: ("accepted", prompt_tokens) or ("error", message, status); then ("delta",
   text) as text is committed (stop strings are never shown in part: `Request.take_delta`; with `stream` False one
@@ -48,6 +48,7 @@ class Ticket:
     chat: bool
     max_tokens: int | None
     stream: bool  # deltas as the text grows; False: the text in one delta at the end (no per-step detokenizing)
+    images: list | None  # a multimodal target's images, in prompt order
     events: Any  # asyncio.Queue or queue.Queue
     loop: asyncio.AbstractEventLoop | None
     worker: "EngineWorker"
@@ -108,13 +109,13 @@ class EngineWorker:
             self._thread.join(timeout)
 
     def submit(self, prompt: Prompt, params: SamplingParams, chat: bool = True, max_tokens: int | None = None,
-               stream: bool = True) -> Ticket:
+               stream: bool = True, images: list | None = None) -> Ticket:
         try:
             loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
             events: Any = asyncio.Queue()
         except RuntimeError:
             loop, events = None, queue.Queue()
-        ticket = Ticket(prompt, params, chat, max_tokens, stream, events, loop, self)
+        ticket = Ticket(prompt, params, chat, max_tokens, stream, images or None, events, loop, self)
         if not self.alive:
             ticket.put(("error", f"the engine has stopped: {self.failure or 'shut down'}", 503))
             return ticket
@@ -168,7 +169,7 @@ class EngineWorker:
             return
         eng = self.engine
         try:
-            ids = eng.encode_prompt(t.prompt, t.chat)
+            ids, mm = eng.prepare(t.prompt, t.chat, t.images)  # image placeholders expanded: counted too
             if not ids:
                 raise RequestError("the prompt is empty")
             # a sequence's positions: the reserved cache, and the model's context less the drafts' headroom
@@ -184,7 +185,7 @@ class EngineWorker:
                                    f"server's {limit} tokens per sequence (--max-seq-len, the model's context)")
             else:
                 params = replace(t.params, max_new_tokens=t.max_tokens)
-            t.request = eng.add_request(ids, params, stream=t.stream)
+            t.request = eng.add_prepared(ids, mm, params, stream=t.stream)
         except EaglespecError as e:
             t.put(("error", str(e), 400))
             return
