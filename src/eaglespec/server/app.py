@@ -6,10 +6,10 @@ Contract of `create_app(worker, model_name, default_temperature)`:
   or token ids): the whole answer as JSON, or with `"stream": true` server-sent events, one chunk per committed text
   delta, then a chunk with the finish reason, then (with `stream_options.include_usage`) a usage chunk, then
   `data: [DONE]`. A request without `temperature` samples at `default_temperature` (OpenAI's default is 1).
+- Images come as `image_url` parts holding data: URLs, for a multimodal target.
 - Any user mistake answers HTTP 400 with OpenAI's error body and one sentence (a malformed body, a sampling value out
   of range, a prompt too long for the server's sequences, a feature this server does not have, an image for a
-  text-only model); images come as `image_url` parts holding data: URLs; an unknown `model`
-  404; a stopped engine 503; the server keeps serving the other requests.
+  text-only model); an unknown `model` 404; a stopped engine 503; the server keeps serving the other requests.
 - A streaming client that disconnects has its request aborted (`Ticket.cancel`), so its row frees at the next step.
 """
 
@@ -69,7 +69,7 @@ def create_app(worker: EngineWorker, model_name: str, default_temperature: float
             raise HTTPError(404, f"the model {name!r} does not exist: this server serves {model_name!r}",
                             "model_not_found")
 
-    async def start(body: schemas._Sampled, prompt: Any, chat: bool, images: list) -> tuple[Ticket, int]:
+    async def start(body: schemas.SampledRequest, prompt: Any, chat: bool, images: list) -> tuple[Ticket, int]:
         """Submit; wait until the worker accepts the request (its prompt tokens) or refuses it (an HTTPError)."""
         check_model(body.model)
         params = user_input(lambda: body.sampling(default_temperature))
@@ -135,7 +135,7 @@ def create_app(worker: EngineWorker, model_name: str, default_temperature: float
         except EaglespecError as e:
             raise HTTPError(400, str(e)) from None
 
-    async def respond(body: schemas._Sampled, prompt: Any, chat: bool, images: list | None = None) -> Any:
+    async def respond(body: schemas.SampledRequest, prompt: Any, chat: bool, images: list | None = None) -> Any:
         """One request of either endpoint: the whole answer, or its stream (`chat`: chat completion bodies)."""
         ticket, n_prompt = await start(body, prompt, chat, images or [])
         rid = schemas.new_id("chatcmpl" if chat else "cmpl")

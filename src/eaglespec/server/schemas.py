@@ -87,7 +87,7 @@ class StreamOptions(_Body):
     include_usage: bool = False
 
 
-class _Sampled(_Body):
+class SampledRequest(_Body):
     """The fields both endpoints share."""
 
     model: str | None = None
@@ -129,7 +129,7 @@ class _Sampled(_Body):
         return bool(self.stream_options and self.stream_options.include_usage)
 
 
-class ChatCompletionRequest(_Sampled):
+class ChatCompletionRequest(SampledRequest):
     messages: list[ChatMessage]
     max_completion_tokens: int | None = None
     logprobs: bool | None = None
@@ -157,7 +157,7 @@ class ChatCompletionRequest(_Sampled):
         return messages, images
 
 
-class CompletionRequest(_Sampled):
+class CompletionRequest(SampledRequest):
     prompt: Union[str, list[int], list[str]]
     echo: bool = False
     suffix: str | None = None
