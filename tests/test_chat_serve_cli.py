@@ -53,6 +53,18 @@ def test_chat_keeps_the_conversation_and_resets(plain, capsys, monkeypatch):
     assert "speculative, --spec 2,2,4" in err and err.count("accept length") == 3 and "a new conversation" in err
 
 
+def test_chat_refuses_an_image_for_a_text_model_and_goes_on(plain, tmp_path, capsys, monkeypatch):
+    from PIL import Image
+
+    path = tmp_path / "img.png"
+    Image.new("RGB", (16, 16), (200, 30, 30)).save(path)
+    monkeypatch.setattr("sys.stdin", io.StringIO(f"/image {path}\nWhat is this?\nWhat is the capital of France?\n"))
+    code, out, err = run_cli(["chat", "--no-spec", "--max-new-tokens", "8"], capsys)
+    assert code == 0 and "eaglespec: error: LlamaForCausalLM does not take images" in err
+    # the refused message is not in the conversation: the next answer is the plain one to the question alone
+    assert out == greedy(plain, [{"role": "user", "content": "What is the capital of France?"}], 8) + "\n"
+
+
 def test_chat_ends_at_the_end_of_input(capsys, monkeypatch):
     monkeypatch.setattr("sys.stdin", io.StringIO(""))
     code, out, err = run_cli(["chat", "--no-spec"], capsys)

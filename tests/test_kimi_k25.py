@@ -459,3 +459,28 @@ def test_serve_takes_images_for_the_multimodal_target(folders):
     finally:
         worker.stop()
         target.set_eagle3_layers_to_capture(None)
+
+
+def test_chat_attaches_images_to_the_next_message(folders, tmp_path, capsys, monkeypatch):
+    """`eaglespec chat` on the tiny Kimi wrapper: `/image PATH` goes with the next message, and stays with it in the
+    conversation's later turns; the answers are the engine's for those messages and images."""
+    import io
+
+    from eaglespec import api
+
+    path = tmp_path / "img.png"
+    synthetic_image(12).save(path)
+    monkeypatch.setattr("sys.stdin", io.StringIO(f"/image {tmp_path / 'missing.png'}\n/image {path}\n"
+                                                 "Describe it.\nAnd the colours?\n"))
+    assert main(["chat", "--model", str(folders["bf16"]), "--no-spec", "--max-new-tokens", "6", "--ignore-eos",
+                 "--device", "cpu"]) == 0
+    out = capsys.readouterr()
+    assert "/image needs an image file" in out.err and "img.png goes with the next message" in out.err
+    eng = api.load(folders["bf16"], draft=None, config=EngineConfig(device="cpu", max_batch_size=1))
+    params = SamplingParams(max_new_tokens=6, ignore_eos=True)
+    image = Image.open(path)
+    first = [{"role": "user", "content": [{"type": "image_url"}, {"type": "text", "text": "Describe it."}]}]
+    a1 = eng.generate([first], params, images=[[image]])[0].text
+    second = first + [{"role": "assistant", "content": a1}, {"role": "user", "content": "And the colours?"}]
+    a2 = eng.generate([second], params, images=[[image]])[0].text
+    assert out.out == f"{a1}\n{a2}\n"

@@ -1,7 +1,9 @@
 """`eaglespec chat`: an interactive chat on the terminal, the chat template applied to the whole conversation.
 
 Each line read from stdin is a user turn; the answer streams to stdout, a stats line (tok/s, acceptance length) to
-stderr. `/reset` starts a new conversation, `/exit` (or end of input) leaves. When the conversation outgrows the
+stderr. `/image PATH` attaches an image to the next message (a multimodal target such as Kimi-K2.5; the
+conversation's images stay with their messages), `/reset` starts a new conversation, `/exit` (or end of input)
+leaves. When the conversation outgrows the
 model's context, the oldest turns are dropped (the system prompt stays) and stderr says how many; a single message
 too long for the context is refused with one sentence and the chat goes on.
 """
@@ -11,6 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 
 from .. import api
 from ..engine.engine import Engine
@@ -27,28 +30,37 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--system", default=None, help="a system prompt")
 
 
-def fit_history(engine: Engine, messages: list[dict], max_new_tokens: int) -> int:
+def flat_images(images: list[list] | None) -> list | None:
+    """A conversation's images in prompt order (None: none)."""
+    out = [im for per in images or [] for im in per]
+    return out or None
+
+
+def fit_history(engine: Engine, messages: list[dict], max_new_tokens: int, images: list[list] | None = None) -> int:
     """Drop the oldest exchanges (after a system prompt) until the prompt leaves `max_new_tokens` of the context, or
-    only the last user message is left; returns how many messages were dropped. A last message that cannot fit
+    only the last user message is left; returns how many messages were dropped. `images`: each message's images
+    (a parallel list, dropped with its message; their expanded placeholders count). A last message that cannot fit
     even alone is `RequestError`."""
     limit = engine.context_len - engine.runner.headroom()
     first = 1 if messages and messages[0]["role"] == "system" else 0
     dropped = 0
     while True:
-        n = len(engine.encode_prompt(messages))
+        n = len(engine.prepare(messages, True, flat_images(images))[0])
         if n + max_new_tokens <= limit or len(messages) - first <= 1:
             break
         del messages[first: first + 2]  # the oldest user message and its answer
+        if images is not None:
+            del images[first: first + 2]
         dropped += 2
     if n >= limit:
         raise RequestError(f"this message makes a prompt of {n} tokens, but the model's context is {limit} tokens")
     return dropped
 
 
-def answer(engine: Engine, messages: list[dict], params: SamplingParams) -> str:
+def answer(engine: Engine, messages: list[dict], params: SamplingParams, images: list | None = None) -> str:
     """Stream one answer to stdout; returns its text."""
     t0 = time.perf_counter()
-    for delta in engine.stream(messages, params):
+    for delta in engine.stream(messages, params, images=images):
         sys.stdout.write(delta)
         sys.stdout.flush()
     seconds = time.perf_counter() - t0
@@ -72,7 +84,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"[eaglespec] chat on {engine.device.type}, {engine_summary(engine, args)}; /reset starts over, /exit "
           "leaves", file=sys.stderr)
     system = [{"role": "system", "content": args.system}] if args.system else []
-    messages = list(system)
+    messages, images = list(system), [[] for _ in system]  # images: each message's, for a multimodal target
+    pending: list = []  # images for the next message (/image PATH)
     while True:
         sys.stderr.write("> ")
         sys.stderr.flush()
@@ -81,21 +94,40 @@ def run(args: argparse.Namespace) -> int:
             sys.stderr.write("\n")
             return 0
         text = line.rstrip("\n")
-        if text.strip() in ("/exit", "/quit"):
+        command = text.strip()
+        if command in ("/exit", "/quit"):
             return 0
-        if text.strip() == "/reset":
-            messages = list(system)
+        if command == "/reset":
+            messages, images, pending = list(system), [[] for _ in system], []
             print("[eaglespec] a new conversation", file=sys.stderr)
             continue
-        if not text.strip():
+        if command.startswith("/image"):
+            path = command[len("/image"):].strip()
+            if not path or not Path(path).is_file():
+                print(f"eaglespec: error: /image needs an image file ({path or 'none given'} is not one)",
+                      file=sys.stderr)
+            else:
+                pending.append(path)
+                print(f"[eaglespec] {path} goes with the next message", file=sys.stderr)
             continue
-        messages.append({"role": "user", "content": text})
+        if not command:
+            continue
+        content: str | list[dict] = text
+        if pending:  # the images first, where the template takes them, then the text
+            content = [{"type": "image_url"} for _ in pending] + [{"type": "text", "text": text}]
+        messages.append({"role": "user", "content": content})
+        images.append(list(pending))
         try:
-            dropped = fit_history(engine, messages, params.max_new_tokens)
-        except RequestError as e:
+            dropped = fit_history(engine, messages, params.max_new_tokens, images)
+        except RequestError as e:  # too long, or images for a model that takes none: this message is not sent
             messages.pop()
+            images.pop()
+            pending = []
             print(f"eaglespec: error: {e}", file=sys.stderr)
             continue
+        pending = []
         if dropped:
             print(f"[eaglespec] dropped the oldest {dropped} messages to fit the model's context", file=sys.stderr)
-        messages.append({"role": "assistant", "content": answer(engine, messages, params)})
+        reply = answer(engine, messages, params, flat_images(images))
+        messages.append({"role": "assistant", "content": reply})
+        images.append([])
