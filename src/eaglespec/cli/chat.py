@@ -81,8 +81,8 @@ def run(args: argparse.Namespace) -> int:
                       config=engine_config(args, max_batch_size=1), temperature=params.temperature)
     if engine.tokenizer is None or not engine.tokenizer.has_chat_template:
         raise RequestError("this model's tokenizer has no chat template: use `eaglespec generate --no-chat-template`")
-    print(f"[eaglespec] chat on {engine.device.type}, {engine_summary(engine, args)}; /reset starts over, /exit "
-          "leaves", file=sys.stderr)
+    print(f"[eaglespec] chat on {engine.device.type}, {engine_summary(engine, args)}; commands: /image PATH, /reset, "
+          "/exit", file=sys.stderr)
     system = [{"role": "system", "content": args.system}] if args.system else []
     messages, images = list(system), [[] for _ in system]  # images: each message's, for a multimodal target
     pending: list = []  # images for the next message (/image PATH)
