@@ -116,7 +116,9 @@ def check_schema(doc: dict) -> None:
             assert r["accept_length_mean"] is None and ts["draft"] == 0.0 and ts["verify"] == 0.0
             assert set(r["bandwidth"]) == {"decode_steps", "decode_seconds", "decode_seconds_from", "bytes",
                                            "bytes_per_step", "achieved_gb_s", "device_gb_s", "fraction_of_device"}
-        if r["kind"] == "spec":
+        if r["kind"] == "spec" and not r["engine_steps"].get("spec"):  # --spec-max-rows left it none to speculate
+            assert r["accept_length_mean"] is None and r["engine_steps"].get("decode")
+        elif r["kind"] == "spec":
             assert isinstance(r["accept_length_mean"], float) and r["bandwidth"] is None
             assert sum(r["accept_length_hist"].values()) == r["verify_steps"] > 0
             if r["schedule"] is None:
@@ -412,6 +414,12 @@ def test_bench_auto_follows_the_policy_per_batch_size(tmp_path, capsys, monkeypa
         ("random auto", 1, "S2 K1 D3"), ("random auto", 3, "1:S2 K1 D3 / 3:S2 K2 D4")]
     assert spec[0]["steps"] == 2 and spec[1]["schedule"] == [[1, 2, 1, 3], [3, 2, 2, 4]]
     assert all(r["auto"] and r["identical_outputs"] == r["prompts"] == 3 for r in spec)
+    # with --spec-max-rows 1 no speculative step runs 3 rows: the one-row shape at both sizes, as api.load picks it
+    _, doc = bench_tiny_random(tmp_path / "capped", capsys, "auto", "--spec-max-rows", "1")
+    spec = [r for r in doc["records"] if r["kind"] == "spec"]
+    assert [(r["batch_size"], r["shape"]) for r in spec] == [(1, "S2 K1 D3"), (3, "S2 K1 D3")]
+    assert all(r["identical_outputs"] == r["prompts"] == 3 for r in spec)
+    assert spec[0]["engine_steps"].get("spec") and not spec[1]["engine_steps"].get("spec")  # 3 rows: plain steps
     monkeypatch.setattr("eaglespec.api.verify_cost_ratio", lambda model, tokens, repeats=3: 1.8)
     _, doc = bench_tiny_random(tmp_path / "slow", capsys, "auto")
     assert [r["kind"] for r in doc["records"]] == ["no-spec", "no-spec"]
