@@ -35,6 +35,17 @@ def test_immediate_admission_by_default():
     assert b.kind == "prefill" and [r.rid for r in b.requests] == [4] and b.rows == [0]
 
 
+def test_drop_waiting_takes_out_only_a_waiting_request():
+    """An aborted request that waits leaves the queue (the others keep their order); a running one is not there."""
+    s = Scheduler(1)
+    reqs = [_req(i) for i in range(4)]
+    for r in reqs:
+        s.add(r)
+    s.schedule()  # request 0 runs, 1-3 wait
+    assert s.drop_waiting(reqs[2]) and list(s.waiting) == [reqs[1], reqs[3]]
+    assert not s.drop_waiting(reqs[2]) and not s.drop_waiting(reqs[0]) and s.running == [reqs[0]]
+
+
 def test_batched_admission_waits_for_enough_free_rows():
     s = Scheduler(8, min_prefill_rows=3)
     for i in range(12):

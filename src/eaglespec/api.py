@@ -43,15 +43,17 @@ def load_drafter(path: str | Path, device: torch.device | str, dtype: torch.dtyp
     return loaded.model
 
 
-def auto_spec(target: torch.nn.Module, device_type: str, max_batch_size: int = 1,
-              temperature: float = 0.0) -> tuple[SpecConfig | SpecSchedule | None, str | None]:
+def auto_spec(target: torch.nn.Module, device_type: str, max_batch_size: int = 1, temperature: float = 0.0,
+              spec_max_rows: int | None = None) -> tuple[SpecConfig | SpecSchedule | None, str | None]:
     """What `draft="auto"` speculates with on the shipped drafter for an engine of `max_batch_size` rows on this
     device type at this temperature in `target`'s dtype: (`assets.default_spec`'s shape or schedule, None), or
     (None, why not) where plain decoding is the choice: measured slower there (`assets.slower_note`), or, on the
     CPU, a forward of the shape's draft tokens timed on this machine at more than `cpu_max_verify_cost(temperature)`
-    one-token forwards (`target` prepared as the engine runs it). `load` and `eaglespec bench --spec auto` both take
-    it."""
-    spec = default_spec(device_type, max_batch_size, temperature, next(target.parameters()).dtype)
+    one-token forwards (`target` prepared as the engine runs it). With `spec_max_rows` (EngineConfig) no speculative
+    step runs more rows than that, so the choice is the one for that many rows. `load` and `eaglespec bench --spec
+    auto` both take it."""
+    rows = min(max_batch_size, spec_max_rows or max_batch_size)
+    spec = default_spec(device_type, rows, temperature, next(target.parameters()).dtype)
     if spec is None:
         return None, slower_note(device_type)
     if device_type == "cpu":  # the CPU's premise (a few-token forward costs about a 1-token one) is measured
@@ -82,9 +84,8 @@ def load(
     if draft == "auto":
         draft_path = default_drafter_path() if model is None else None
         if draft_path is not None and spec is None:
-            # with spec_max_rows no speculative step runs more rows: the shape measured for that engine size
-            rows = min(config.max_batch_size, config.spec_max_rows or config.max_batch_size)
-            spec, plain_note = auto_spec(loaded.model, device.type, rows, temperature)
+            spec, plain_note = auto_spec(loaded.model, device.type, config.max_batch_size, temperature,
+                                         config.spec_max_rows)
             if spec is None:
                 draft_path = None
     else:

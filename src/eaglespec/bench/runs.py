@@ -75,15 +75,15 @@ class RunConfig:
     spec: SpecConfig | SpecSchedule | str | None = None  # AUTO until `resolved`
     auto: bool = False  # resolved from AUTO
 
-    def resolved(self, target: nn.Module, device_type: str, batch_size: int,
-                 temperature: float) -> tuple["RunConfig | None", str | None]:
-        """An AUTO configuration with the shape `api.auto_spec` gives an engine of `batch_size` rows here, or (None,
-        why) where that is plain decoding; any other configuration as it is."""
+    def resolved(self, target: nn.Module, device_type: str, batch_size: int, temperature: float,
+                 spec_max_rows: int | None = None) -> tuple["RunConfig | None", str | None]:
+        """An AUTO configuration with the shape `api.auto_spec` gives an engine of `batch_size` rows here (speculating
+        on at most `spec_max_rows`), or (None, why) where that is plain decoding; any other configuration as it is."""
         if self.spec != AUTO:
             return self, None
         from ..api import auto_spec
 
-        spec, why = auto_spec(target, device_type, batch_size, temperature)
+        spec, why = auto_spec(target, device_type, batch_size, temperature, spec_max_rows)
         return (replace(self, spec=spec, auto=True), None) if spec is not None else (None, why)
 
     @property

@@ -224,7 +224,8 @@ def run(args: argparse.Namespace) -> int:
                         stop_loop=args.regen_stop_loop) if args.regenerate else None
     opts = PipelineOptions(
         train=train_cfg, regen=regen, max_len=args.max_len, long=args.long, draft_vocab=args.draft_vocab or None,
-        eval_frac=args.eval_frac, eval_seed=args.eval_seed, export_dtype=export_dtype(args.export_dtype), max_shard_mb=args.max_shard_mb,
+        eval_frac=args.eval_frac, eval_seed=args.eval_seed, export_dtype=export_dtype(args.export_dtype),
+        max_shard_mb=args.max_shard_mb,
         target_name=str(loaded.path), init=args.init, rebuild_vocab=args.rebuild_vocab,
         export_best=not args.export_last, shape=shape, loop_keep=args.loop_keep,
         # a prompt may take half of --max-len (up to 256 tokens): the rest is its answer's

@@ -33,9 +33,7 @@ requests moved into other rows (no steps of their own).
 
 from __future__ import annotations
 
-import time
 from collections import Counter
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterator, Sequence, Union
 
 import torch
@@ -47,7 +45,7 @@ from ..protocol import require_target
 from ..sampling_params import SamplingParams
 from ..spec.stats import SpecStats
 from .cuda_graphs import PREFILL_SPLIT_ROWS
-from .request import Request
+from .request import GenerationOutput, Request  # GenerationOutput: Engine.generate's
 from .pending_step import PendingStep
 from .runner import ModelRunner, shape_index, spec_kind
 from .scheduler import Scheduler
@@ -63,26 +61,6 @@ Prompt = Union[str, Sequence[int], Sequence[dict]]
 AUTO_PREFILL_AHEAD = 4
 AUTO_PREFILL_AHEAD_ROWS = 8
 SERVE_LEN = 4096  # default cache positions per row for a long-lived engine, unless EngineConfig.max_seq_len says
-
-
-@dataclass
-class GenerationOutput:
-    text: str
-    token_ids: list[int]
-    prompt_tokens: int
-    finish_reason: str
-    seconds: float
-    stats: SpecStats
-
-    def to_dict(self) -> dict:
-        return {
-            "text": self.text,
-            "tokens": len(self.token_ids),
-            "prompt_tokens": self.prompt_tokens,
-            "finish_reason": self.finish_reason,
-            "seconds": round(self.seconds, 4),
-            **(self.stats.to_dict() if self.stats.verify_steps else {}),
-        }
 
 
 class Engine:
@@ -288,13 +266,9 @@ class Engine:
         step that reads its tokens (`Request.abort_requested`); a finished one is left as it is."""
         if req.finished:
             return
-        waiting = self.scheduler.waiting if self.scheduler is not None else None
-        if waiting is not None and any(q is req for q in waiting):
-            self.scheduler.waiting = type(waiting)(q for q in waiting if q is not req)
-            req.finish_reason = "abort"
-            req.t_end = time.perf_counter()
-            return
         req.abort_requested = True
+        if self.scheduler is not None and self.scheduler.drop_waiting(req):
+            req.append([])  # never admitted: it finishes now
 
     def has_work(self) -> bool:
         return self._pending is not None or (self.scheduler is not None and self.scheduler.has_work())
@@ -484,17 +458,7 @@ class Engine:
         reqs = [self._enqueue(ids, mm, p, stream=False) for (ids, mm), p in zip(prepared, plist)]
         while self.has_work():
             self.step()
-        return [
-            GenerationOutput(
-                text=q.text,
-                token_ids=q.output_ids,
-                prompt_tokens=len(q.prompt_ids),
-                finish_reason=q.finish_reason or "length",
-                seconds=(q.t_end or time.perf_counter()) - q.t_start,
-                stats=q.stats,
-            )
-            for q in reqs
-        ]
+        return [q.output() for q in reqs]
 
     def stream(self, prompt: Prompt, params: SamplingParams = SamplingParams(), chat: bool = True,
                images: Sequence[object] | None = None) -> Iterator[str]:

@@ -1,4 +1,5 @@
-"""A generation request and its host-side bookkeeping: output tokens, streamed text, stop handling.
+"""A generation request and its host-side bookkeeping: output tokens, streamed text, stop handling; and
+`GenerationOutput`, a finished request as `Engine.generate` returns it (`Request.output()`).
 
 `Request.append(tokens)` takes the tokens one step committed (one for plain decoding, up to S+1 for speculation) and
 stops at exactly the right token: EOS (unless ignored; the EOS is not part of the text), the token budget, the
@@ -29,6 +30,28 @@ from ..spec.stats import SpecStats
 
 if TYPE_CHECKING:
     from ..loading.tokenizer import BaseTokenizer
+
+
+@dataclass
+class GenerationOutput:
+    """A finished request as `Engine.generate` returns it (`Request.output`)."""
+
+    text: str
+    token_ids: list[int]
+    prompt_tokens: int
+    finish_reason: str
+    seconds: float
+    stats: SpecStats
+
+    def to_dict(self) -> dict:
+        return {
+            "text": self.text,
+            "tokens": len(self.token_ids),
+            "prompt_tokens": self.prompt_tokens,
+            "finish_reason": self.finish_reason,
+            "seconds": round(self.seconds, 4),
+            **(self.stats.to_dict() if self.stats.verify_steps else {}),
+        }
 
 
 @dataclass
@@ -111,6 +134,11 @@ class Request:
             return False
         self.text = self.text[: min(hits)]
         return True
+
+    def output(self) -> GenerationOutput:
+        return GenerationOutput(text=self.text, token_ids=self.output_ids, prompt_tokens=len(self.prompt_ids),
+                                finish_reason=self.finish_reason or "length",
+                                seconds=(self.t_end or time.perf_counter()) - self.t_start, stats=self.stats)
 
     def take_delta(self) -> str:
         """Text produced since the last call. While a stop string may still be forming, its possible prefix is held

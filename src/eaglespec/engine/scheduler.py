@@ -62,6 +62,13 @@ class Scheduler:
     def add(self, req: Request) -> None:
         self.waiting.append(req)
 
+    def drop_waiting(self, req: Request) -> bool:
+        """Take `req` out of the queue if it waits there (an aborted request); returns whether it did."""
+        kept = deque(q for q in self.waiting if q is not req)
+        dropped = len(kept) != len(self.waiting)
+        self.waiting = kept
+        return dropped
+
     def has_work(self) -> bool:
         return bool(self.waiting or self.running or self.parked)
 
