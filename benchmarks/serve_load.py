@@ -1,18 +1,19 @@
 """Load on `eaglespec serve`: MT-bench first turns (or a JSONL of prompts) sent by C concurrent clients through the
 HTTP API, for one or several server configurations launched in turn, side by side.
 
-    python benchmarks/serve_load.py OUT --server-args= --server-args=--no-spec --concurrency 1 --limit 20
+    python benchmarks/serve_load.py OUT --server-args= --server-args=--no-spec --concurrency 1,4 --limit 20
     python benchmarks/serve_load.py OUT --url http://127.0.0.1:8000 --concurrency 8      # a server already running
     # the device machine (GGUF staged by device_parts.sh; the shipped drafter with the CUDA schedule of --spec auto):
     G=/root/m/SmolLM2-135M-Instruct.Q4_1.gguf; D=src/eaglespec/assets/smollm2-135m-eagle3
-    python3 benchmarks/serve_load.py $OUT/s32 --concurrency 32 --max-tokens 256 "--server-args=--model $G --no-spec" \
-        "--server-args=--model $G --draft $D --spec 1:3,1,4/8:4,4,8/16:3,1,4/32:5,2,8"
+    python3 benchmarks/serve_load.py $OUT/serve --concurrency 1,8,32 "--server-args=--model $G --no-spec" \
+        "--server-args=--model $G --draft $D"
 
 Each configuration: `python -m eaglespec serve ARGS --port P --default-temperature T` (stderr to OUT/server_I.log),
-waited for on /health, warmed with one request, then every prompt once, C at a time, as chat completions of
-`--max-tokens` tokens (streamed with --stream: time to first token too). Reports completion tokens per second of
-wall time, latency (mean, p50, p90), with --stream the mean time to the first token, the mean acceptance length
-(non-streamed answers carry it), and how many answers equal the first configuration's (greedy: all should).
+waited for on /health, then for each C of --concurrency: warmed with one request, then every prompt once, C at a
+time, as chat completions of `--max-tokens` tokens (streamed with --stream: time to first token too). Reports
+completion tokens per second of wall time, latency (mean, p50, p90), with --stream the mean time to the first token,
+the mean acceptance length (non-streamed answers carry it), and how many answers equal the first configuration's at
+the same C (greedy: all should).
 Writes OUT/serve_load.json and prints a Markdown table. Standard library only (http.client, threads), so it runs on
 the device machine as it is.
 """
@@ -70,7 +71,7 @@ def post(url: str, body: dict, stream: bool) -> dict:
     return out
 
 
-def run_load(url: str, prompts: list, args: argparse.Namespace) -> dict:
+def run_load(url: str, prompts: list, args: argparse.Namespace, concurrency: int) -> dict:
     def body(p) -> dict:
         messages = p if isinstance(p, list) else [{"role": "user", "content": p}]
         b = {"messages": messages, "max_tokens": args.max_tokens, "temperature": args.temperature}
@@ -92,7 +93,7 @@ def run_load(url: str, prompts: list, args: argparse.Namespace) -> dict:
             results[i] = post(url, body(prompts[i]), args.stream)
 
     t0 = time.perf_counter()
-    threads = [threading.Thread(target=client) for _ in range(args.concurrency)]
+    threads = [threading.Thread(target=client) for _ in range(concurrency)]
     for t in threads:
         t.start()
     for t in threads:
@@ -103,7 +104,7 @@ def run_load(url: str, prompts: list, args: argparse.Namespace) -> dict:
     ttfts = [r["ttft"] for r in results if r["ttft"] is not None]
     tokens = sum(r["tokens"] for r in results)
     return {
-        "requests": len(results), "completion_tokens": tokens, "wall_s": round(wall, 3),
+        "concurrency": concurrency, "requests": len(results), "completion_tokens": tokens, "wall_s": round(wall, 3),
         "tok_per_s": round(tokens / wall, 1), "latency_mean_s": round(statistics.mean(lat), 3),
         "latency_p50_s": round(lat[len(lat) // 2], 3), "latency_p90_s": round(lat[int(0.9 * (len(lat) - 1))], 3),
         "ttft_mean_s": round(statistics.mean(ttfts), 4) if ttfts else None,
@@ -139,7 +140,8 @@ def main() -> int:
     ap.add_argument("--port", type=int, default=8765)
     ap.add_argument("--prompts", default="mt-bench")
     ap.add_argument("--limit", type=int, default=80)
-    ap.add_argument("--concurrency", type=int, default=1)
+    ap.add_argument("--concurrency", default="1",
+                    help="clients at once; a list (1,8,32) runs each load in turn on one start of each server")
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--stream", action="store_true")
@@ -148,6 +150,7 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     prompts = [item.first for item in load_prompt_set(args.prompts)[: args.limit]]
     configs = [None] if args.url else (args.server_args or [""])
+    levels = [int(c) for c in str(args.concurrency).split(",")]
     rows = []
     for i, cfg in enumerate(configs):
         proc = None
@@ -161,25 +164,28 @@ def main() -> int:
             proc = subprocess.Popen(cmd, stderr=open(out / f"server_{i}.log", "w"), env=env)
         try:
             wait_healthy(url, proc)
-            res = run_load(url, prompts, args)
+            runs = [run_load(url, prompts, args, c) for c in levels]
         finally:
             if proc is not None:
                 proc.terminate()
                 proc.wait(60)
-        res["config"] = cfg if cfg is not None else url
-        if proc is not None:
-            res["server_line"] = next((l.strip() for l in open(out / f"server_{i}.log") if "serving" in l), "")
-        rows.append(res)
-    first = rows[0]["texts"]
+        for res in runs:
+            res["config"] = cfg if cfg is not None else url
+            if proc is not None:
+                res["server_line"] = next((ln.strip() for ln in open(out / f"server_{i}.log") if "serving" in ln), "")
+        rows.extend(runs)
+    # each row against the first configuration's row at the same concurrency
+    first = {r["concurrency"]: r for r in rows[: len(levels)]}
     for r in rows:
-        r["identical_to_first"] = sum(a == b for a, b in zip(r["texts"], first))
+        r["identical_to_first"] = sum(a == b for a, b in zip(r["texts"], first[r["concurrency"]]["texts"]))
     (out / "serve_load.json").write_text(json.dumps({"args": vars(args), "runs": rows}, indent=2))
     print("| server | requests | concurrency | tok/s | vs first | latency mean / p50 / p90 s | ttft s | tau | "
           "identical |")
     print("| --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: |")
     for r in rows:
-        print(f"| `{r['config'] or '(defaults)'}` | {r['requests']} | {args.concurrency} | {r['tok_per_s']} | "
-              f"{r['tok_per_s'] / rows[0]['tok_per_s']:.2f}x | {r['latency_mean_s']} / {r['latency_p50_s']} / "
+        base = first[r["concurrency"]]["tok_per_s"]
+        print(f"| `{r['config'] or '(defaults)'}` | {r['requests']} | {r['concurrency']} | {r['tok_per_s']} | "
+              f"{r['tok_per_s'] / base:.2f}x | {r['latency_mean_s']} / {r['latency_p50_s']} / "
               f"{r['latency_p90_s']} | {r['ttft_mean_s'] or '-'} | {r['tau_mean'] or '-'} | "
               f"{r['identical_to_first']}/{r['requests']} |")
     return 0
