@@ -73,9 +73,9 @@ def test_fits():
     assert fits(576, 32) and fits(4096, 64) and not fits(0, 32) and not fits(16384, 64)
 
 
-def _drafters(draft_vocab=50):
+def _drafters(draft_vocab=50, **flags):
     target = fuse_projections(tiny_llama(seed=0))
-    plain = fuse_projections(tiny_drafter(target, seed=1, draft_vocab=draft_vocab))
+    plain = fuse_projections(tiny_drafter(target, seed=1, draft_vocab=draft_vocab, **flags))
     wired = use_draft_input_kernel(deepcopy(plain))
     for d in (plain, wired):
         d.set_embed_and_head(*target.get_embed_and_head())
@@ -89,11 +89,12 @@ def test_the_transform_wires_drafters_only():
     assert not hasattr(target, "draft_input")
 
 
-@pytest.mark.parametrize("draft_vocab", [50, None])
-def test_a_wired_drafter_equals_the_plain_one(monkeypatch, draft_vocab):
+@pytest.mark.parametrize("draft_vocab,norm_before_residual", [(50, False), (None, False), (50, True)])
+def test_a_wired_drafter_equals_the_plain_one(monkeypatch, draft_vocab, norm_before_residual):
     """A catch-up of 4 tokens (fc on the target's aux states, logits of the last only) and a draft step of 1 from the
-    drafter's own hidden: the same logits and hidden states in float32, and the kernel ran in both."""
-    target, plain, wired = _drafters(draft_vocab)
+    drafter's own hidden: the same logits and hidden states in float32, and the kernel ran in both; with
+    norm_before_residual too (the residual is then the kernel's normalised half of x)."""
+    target, plain, wired = _drafters(draft_vocab, norm_before_residual=norm_before_residual)
     calls = []
     wired.draft_input = lambda ids, *a: calls.append(tuple(ids.shape)) or draft_input(ids, *a)
     g = torch.Generator().manual_seed(3)

@@ -62,11 +62,14 @@ def test_flags_are_read_at_the_top_level_or_in_eagle_config(target):
     assert nested.fc_norm and nested.norm_output and nested.aux_layer_ids == (1, 2, 3)
     with pytest.raises(ConfigError, match="both norm_before_fc .* and fc_norm .*: they are alternatives"):
         drafter_config(target.config, norm_before_fc=True, fc_norm=True)
-    # vLLM speculators' own format (the layer nested under transformer_layer_config) is named, not misread
-    with pytest.raises(ConfigError, match="vLLM speculators' format \\(Eagle3Speculator.*EAGLE-3 layout"):
-        ModelConfig.from_hf({"architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3",
-                             "draft_vocab_size": 8, "norm_output": True,
-                             "transformer_layer_config": {"model_type": "llama", "hidden_size": 16}})
+    # vLLM speculators' format (the layer nested under transformer_layer_config) keeps them at its top level too
+    # (speculators_config.py; its other fields: tests/test_speculators_format.py)
+    spec = ModelConfig.from_hf({"architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3",
+                                "draft_vocab_size": 8, "norm_before_residual": False, "norm_output": True,
+                                "fc_norm": True, "transformer_layer_config": {
+                                    "model_type": "llama", "hidden_size": 16, "num_attention_heads": 2,
+                                    "num_hidden_layers": 1, "vocab_size": 32}}).eagle
+    assert spec.fc_norm and spec.norm_output and not spec.norm_before_fc
 
 
 @pytest.mark.parametrize("name", VARIANTS)

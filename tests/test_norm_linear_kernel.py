@@ -149,11 +149,13 @@ def test_engine_with_the_kernels_equals_plain(monkeypatch):
     assert {2, 4} <= rows_seen  # two rows' decode, two rows' verify of 2 tokens
 
 
-def test_drafter_mlp_half_through_the_kernel(monkeypatch):
+@pytest.mark.parametrize("norm_before_residual", [False, True])
+def test_drafter_mlp_half_through_the_kernel(monkeypatch, norm_before_residual):
     """The transform wires an EAGLE-3 drafter's layer too (its MLP half: add, norm, gate/up, SiLU) and its final norm
     + draft head: a catch-up of 4 tokens and a draft step of 1 give the plain drafter's logits and hidden states
-    (float32), and speculation with it still gives the target's tokens. A drafter without a draft vocabulary (the
-    target's head) keeps its head on cuBLAS."""
+    (float32), and speculation with it still gives the target's tokens; with norm_before_residual too (the kernel
+    then adds the attention to hidden_norm(h), a strided view). A drafter without a draft vocabulary (the target's
+    head) keeps its head on cuBLAS."""
     from copy import deepcopy
 
     from tiny import tiny_drafter
@@ -164,7 +166,8 @@ def test_drafter_mlp_half_through_the_kernel(monkeypatch):
 
     few_programs(monkeypatch)
     target = fuse_projections(tiny_llama(seed=0))
-    plain = use_rope_store_kernel(fuse_projections(tiny_drafter(target, seed=1)))
+    plain = use_rope_store_kernel(fuse_projections(tiny_drafter(target, seed=1,
+                                                                norm_before_residual=norm_before_residual)))
     fused = use_norm_linear_kernel(deepcopy(plain))
     for d in (plain, fused):
         d.set_embed_and_head(*target.get_embed_and_head())

@@ -17,10 +17,11 @@ STEPS = 4  # steps 0..3
 
 
 @pytest.fixture(scope="module", params=[{}, {"norm_before_fc": True, "norm_output": True},
-                                        {"fc_norm": True, "norm_output": True}],
-                ids=["eagle3", "eagle3.1-norm_before_fc", "eagle3.1-fc_norm"])
+                                        {"fc_norm": True, "norm_output": True}, {"norm_before_residual": True}],
+                ids=["eagle3", "eagle3.1-norm_before_fc", "eagle3.1-fc_norm", "norm_before_residual"])
 def models(request):
-    """A tiny target and drafter; the drafter plain EAGLE-3 or EAGLE-3.1 (its norm weights away from 1)."""
+    """A tiny target and drafter; the drafter plain EAGLE-3, EAGLE-3.1 (its norm weights away from 1), or with
+    norm_before_residual (its residual hidden_norm(h), as speculators' drafters)."""
     torch.manual_seed(0)
     target = tiny_llama(seed=0)
     drafter = drafter31(target, {"draft_vocab": 50, **request.param}, seed=1)
@@ -82,9 +83,10 @@ def test_ttt_equals_inference(models):
                 ref = inference_logits(drafter, tokens[b, :n], aux[b, :n], j, k)
                 assert len(ref) == k + 1
                 for s in range(k + 1):
-                    # EAGLE-3.1's norm_output feeds norm(r), whose float32 roundings differ a little between the
-                    # two paths (up to ~1.4e-5 here): a bug in what is fed shows as O(0.1)
-                    tol = 5e-5 if drafter.norm_output else 1e-5
+                    # EAGLE-3.1's norm_output feeds norm(r), and norm_before_residual adds hidden_norm(h), whose
+                    # float32 roundings differ a little between the two paths (up to ~1.4e-5 here): a bug in what is
+                    # fed or added shows as O(0.1)
+                    tol = 5e-5 if drafter.norm_output or drafter.midlayer.norm_before_residual else 1e-5
                     torch.testing.assert_close(ttt_logits[s][b, j], ref[s], rtol=tol, atol=tol)
                     checked += 1
     assert checked > 60

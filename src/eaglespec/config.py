@@ -3,7 +3,8 @@
 `ModelConfig.from_hf(dict)` converts a Hugging Face `config.json` once; wrappers (multimodal models such as
 Kimi-K2.5) keep their language model's fields under `text_config`, which is read transparently while the wrapper's own
 `architectures` and the raw dict stay available. Architecture-specific groups (MLA, MoE, EAGLE-3) are optional
-sub-dataclasses, so a model file only reads the groups it needs.
+sub-dataclasses, so a model file only reads the groups it needs. A drafter in vLLM speculators' format (its layer under
+`transformer_layer_config`) is rewritten as the EAGLE-3 layout by `speculators_config.from_speculators` first.
 
 `SpecConfig` holds the speculative-decoding shape (steps S, topk K, draft tokens D) and `EngineConfig` the runtime
 limits; `SamplingParams` (per request) lives in `eaglespec.sampling_params`.
@@ -129,6 +130,13 @@ class Eagle3Config:
     norm_before_fc: bool = False
     fc_norm: bool = False
     norm_output: bool = False
+    # the layer's residual stream starts from hidden_norm(h), the attention's input half, instead of h (config.json top
+    # level, as vLLM reads it; speculators' format states it on every drafter, speculators_config.py)
+    norm_before_residual: bool = False
+    # True: aux_layer_ids are in the protocol's convention already, because the checkpoint's format fixes its own
+    # (speculators': vLLM's "after k layers", converted in speculators_config.py), so EngineConfig.aux_convention does
+    # not apply to them
+    aux_ids_fixed: bool = False
 
 
 # Eagle3Config's EAGLE-3.1 fields, named as in config.json
@@ -166,14 +174,13 @@ class ModelConfig:
     @staticmethod
     def from_hf(d: Mapping[str, Any]) -> "ModelConfig":
         """Convert a HF config dict (a wrapper's `text_config` is read for the language model fields)."""
+        from .speculators_config import from_speculators, is_speculators
+
+        if is_speculators(d):  # a drafter in vLLM speculators' format: read as its EAGLE-3 layout equivalent
+            return from_speculators(d)
         archs = d.get("architectures") or []
         if not archs:
             raise ConfigError("config.json has no 'architectures' entry, so the model class cannot be chosen")
-        if "transformer_layer_config" in d or "speculators_model_type" in d:
-            raise ConfigError(f"config.json is in vLLM speculators' format ({archs[0]}, its layer under "
-                              "'transformer_layer_config'), which eaglespec does not read: use a drafter in the "
-                              "EAGLE-3 layout (LlamaForCausalLMEagle3, as SGLang, SpecForge and `eaglespec train` "
-                              "write it)")
         text = dict(d.get("text_config") or d)
         try:
             hidden = int(text["hidden_size"])
@@ -225,6 +232,7 @@ class ModelConfig:
                 target_hidden_size=int(text.get("target_hidden_size") or hidden),
                 aux_layer_ids=tuple(int(i) for i in ids) if ids else None,
                 **{name: flag(name) for name in EAGLE31_FLAGS},
+                norm_before_residual=bool(text.get("norm_before_residual", False)),
             )
             if eagle.norm_before_fc and eagle.fc_norm:
                 raise ConfigError("the drafter's config sets both norm_before_fc (one RMSNorm over the concatenated "
@@ -391,7 +399,8 @@ class EngineConfig:
     max_seq_len: int | None = None  # None: the model's context, capped for memory
     seed: int = 0
     # Capture convention for aux layer ids: "sglang" (id i = output of layer i) or "vllm" (id k = after k layers,
-    # i.e. the output of layer k-1).
+    # i.e. the output of layer k-1). A drafter whose format fixes its convention (speculators': vLLM's) is read by
+    # that whatever this says (Eagle3Config.aux_ids_fixed).
     aux_convention: str = "sglang"
     cuda_graphs: bool = True
     prefill_graphs: bool = True  # with cuda_graphs: a single prompt of <= 2048 tokens prefills as a graph per bucket

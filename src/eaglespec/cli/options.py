@@ -36,7 +36,8 @@ def add_runtime_options(p: argparse.ArgumentParser | argparse._ArgumentGroup) ->
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="auto: bfloat16 on CUDA, float32 on the CPU")
     p.add_argument("--aux-convention", default="sglang", choices=["sglang", "vllm"],
-                   help="how the drafter's eagle_aux_hidden_state_layer_ids are read (vllm: id k = after k layers)")
+                   help="how the drafter's eagle_aux_hidden_state_layer_ids are read (vllm: id k = after k layers; "
+                        "a drafter in vLLM speculators' format is always read as vllm)")
     p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=True,
                    help="replay decode and speculative steps as CUDA graphs (CUDA only)")
     p.add_argument("--fuse", action=argparse.BooleanOptionalAction, default=None,

@@ -103,7 +103,7 @@ class Engine:
         require_target(self.target)
         ec = drafter.config.eagle
         ids = ec.aux_layer_ids if ec.aux_layer_ids is not None else self.target_config.default_aux_layer_ids()
-        if ec.aux_layer_ids is not None and self.config.aux_convention == "vllm":
+        if ec.aux_layer_ids is not None and self.config.aux_convention == "vllm" and not ec.aux_ids_fixed:
             ids = tuple(i - 1 for i in ids)  # vLLM: id k = after k layers = output of layer k-1
         embed, head = self.target.get_embed_and_head()
         check_drafter_fits(drafter, self.target_config, embed.shape[0], ids)

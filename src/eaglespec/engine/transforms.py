@@ -252,7 +252,9 @@ def use_linear_rows_kernel(model: nn.Module, max_rows: int | None = None,
 
 def use_draft_input_kernel(model: nn.Module) -> nn.Module:
     """The input of every EAGLE-3 drafter in `model` (embedding, both input norms, concatenation, cos/sin) as one
-    Triton kernel (layers/draft_input_kernel.py), where its widths fit and both norms are plain RMSNorms."""
+    Triton kernel (layers/draft_input_kernel.py), where its widths fit and both norms are plain RMSNorms. x's second
+    half must stay hidden_norm(h) as the module computes it (no weight folded away): with norm_before_residual it is
+    also the layer's residual (`Eagle3MidLayer.residual`)."""
     from ..layers.draft_input_kernel import draft_input, fits
     from ..models.eagle3 import LlamaForCausalLMEagle3
 

@@ -6,6 +6,7 @@ drafter's own previous output):
     e = embed(t);  h = fc(aux_norm(h)) if h is 3*H_target wide
     x = cat(input_layernorm(e), hidden_norm(h))            # [.., 2H]
     r = h + attn(x)                                        # RoPE at p, causal over the drafter's KV
+                                                           # (norm_before_residual: hidden_norm(h) + attn(x))
     r = r + mlp(post_attention_layernorm(r))
     logits = lm_head(norm(r))                              # [.., draft_vocab]; target id = id + d2t[id]
     r is returned as the next step's hidden (pre-norm, width H, so fc is skipped there); norm(r) with norm_output
@@ -13,16 +14,19 @@ drafter's own previous output):
 EAGLE-3.1 (config.Eagle3Config: norm_before_fc, fc_norm, norm_output; published EAGLE-3 checkpoints set none):
 aux_norm is the identity in EAGLE-3, else one RMSNorm over the concatenated aux states (`input_norm`,
 norm_before_fc) or one per aux state (`fc_norm.{i}`), and with norm_output the next step's hidden is norm(r), the
-head's input, as SGLang, vLLM and TensorRT-LLM run such checkpoints.
+head's input, as SGLang, vLLM and TensorRT-LLM run such checkpoints. With `norm_before_residual`
+(config.Eagle3Config; vLLM's and speculators' flag) the residual stream starts from hidden_norm(h), the normalised
+half of x, instead of h.
 
 On CUDA engine.transforms may route the first line (the embedding lookup, both input norms, the concatenation and
 RoPE's cos/sin) through one kernel (`draft_input`, layers/draft_input_kernel.py); the layer hands back its MLP output
 unsummed so that the last residual add runs inside the final norm's kernel (`RMSNorm.add_forward`, or the fused
 norm + head).
 
-Weights are unprefixed: fc, midlayer.*, norm, lm_head, d2t, t2d (and input_norm or fc_norm.{i}). There is no
-embed_tokens: the embedding comes from the target through `set_embed_and_head` (and the lm_head too when the
-checkpoint has no draft vocabulary).
+Weights are unprefixed: fc, midlayer.*, norm, lm_head, d2t, t2d (and input_norm or fc_norm.{i}); vLLM speculators'
+format names the layer layers.0.* (its config is read by speculators_config.py). An embed_tokens in the checkpoint
+is ignored: the embedding comes from the target through `set_embed_and_head` (and the lm_head too when the checkpoint
+has no draft vocabulary).
 """
 
 from __future__ import annotations
@@ -54,15 +58,27 @@ class Eagle3MidLayer(nn.Module):
         )
         self.post_attention_layernorm = RMSNorm(H, cfg.rms_norm_eps)
         self.mlp = GatedMLP(H, cfg.intermediate_size, bias=cfg.mlp_bias, act=cfg.hidden_act)
+        self.norm_before_residual = cfg.eagle is not None and cfg.eagle.norm_before_residual
 
     def inputs(self, e: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         """e [B, T, H] token embeddings, h [B, T, H] incoming hidden -> x [B, T, 2H], the attention's input."""
         return torch.cat((self.input_layernorm(e), self.hidden_norm(h)), dim=-1)
 
+    def residual(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        """x [B, T, 2H] (`inputs`), h [B, T, H] -> [B, T, H], what the attention's output is added to: h, or with
+        norm_before_residual hidden_norm(h), read back from x's second half (a view), so that it is the very tensor
+        the attention read, whichever path built x (`inputs`, or on CUDA the draft_input kernel, which rounds as
+        rms_norm does)."""
+        return x[..., x.shape[-1] // 2:] if self.norm_before_residual else h
+
     def forward(self, x, h, cos, sin, ctx: ForwardContext, cache) -> tuple[torch.Tensor, torch.Tensor]:
-        """x [B, T, 2H] (`inputs`), h [B, T, H] -> (r, m), both [B, T, H]: the layer's output is r + m (r = h +
-        attention, m the MLP's output), left to the caller to add (module docstring)."""
+        """x [B, T, 2H] (`inputs`), h [B, T, H] -> (r, m), both [B, T, H]: the layer's output is r + m (r = the
+        residual (`residual`: h, or hidden_norm(h)) + attention, m the MLP's output), left to the caller to add
+        (module docstring)."""
         a = self.self_attn(x, cos, sin, ctx, cache)
+        # the residual is chosen before either path, so the fused add + norm + gate/up kernel adds it like any h (it
+        # copies a strided view such as x's second half into a contiguous [M, H] first: add_norm_linear)
+        h = self.residual(x, h)
         if self.norm_linear is not None and h.shape[0] * h.shape[1] <= self.norm_linear_rows:
             n2 = self.post_attention_layernorm
             r, act = self.norm_linear(h, a, n2.weight, n2.eps, self.mlp.gate_up_proj.weight, True)
@@ -78,8 +94,12 @@ class LlamaForCausalLMEagle3(nn.Module):
     norm_head_rows = 0
     # ... and the input kernel (layers/draft_input_kernel.py): embedding, both input norms, concatenation, cos/sin
     draft_input = None
-    checkpoint_renames: tuple[tuple[str, str], ...] = ((r"^model\.", ""),)  # some exports prefix "model."
-    checkpoint_ignore: tuple[str, ...] = (r"^embed_tokens\.weight$", r"rotary_emb\.inv_freq$")
+    # some exports prefix "model."; vLLM speculators' format names the decoder layer layers.0 (speculators_config.py)
+    checkpoint_renames: tuple[tuple[str, str], ...] = ((r"^model\.", ""), (r"^layers\.0\.", "midlayer."))
+    # verifier_*: speculators' training-time copies of the verifier's norm and head (its save leaves them out; a
+    # checkpoint that kept them still loads)
+    checkpoint_ignore: tuple[str, ...] = (r"^embed_tokens\.weight$", r"rotary_emb\.inv_freq$",
+                                          r"^verifier_(norm|lm_head)\.weight$")
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()

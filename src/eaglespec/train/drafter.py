@@ -13,7 +13,9 @@ Contract:
   stay frozen), linear weights ~ N(0, 0.02) from `seed`, norms 1, and with a draft vocabulary `d2t` / `t2d` set and
   the lm_head initialised from the target's head rows of the kept tokens.
 - `drafter_from_checkpoint(target, path)`: a drafter exported earlier (warm start, e.g. continuing over several
-  device sessions), checked against the target, wired the same way, its own vocabulary map kept, trainable again.
+  device sessions), checked against the target, wired the same way, its own vocabulary map kept, trainable again;
+  one in vLLM speculators' format is refused (the export would write its config.json over the EAGLE-3 layout's
+  weight names).
 - `widen_drafter(drafter, shape, seed)`: the same drafter with a wider MLP and/or more query heads, computing the same
   function (Net2Net-style: the new MLP units and query heads get N(0, 0.02) inputs and zero outputs, so the first
   gradient step starts them from the trained drafter instead of from scratch); narrowing is refused.
@@ -293,8 +295,12 @@ def drafter_from_checkpoint(target: nn.Module, path: str) -> tuple[LlamaForCausa
     """Load an exported drafter to continue training it; returns it with its vocabulary (None: full vocabulary)."""
     from ..api import load_drafter
     from ..models.eagle3 import check_drafter_fits
+    from ..speculators_config import is_speculators
 
     drafter = load_drafter(path, "cpu", torch.float32)
+    if is_speculators(drafter.config.raw):  # widening and new norms rebuild from its raw config, the export writes it
+        raise ConfigError(f"{path} is a drafter in vLLM speculators' format, which eaglespec runs but does not "
+                          "continue training (--init takes the EAGLE-3 layout, as `eaglespec train` exports it)")
     tcfg: ModelConfig = target.config
     aux = drafter.config.eagle.aux_layer_ids or tcfg.default_aux_layer_ids()
     embed, head = target.get_embed_and_head()

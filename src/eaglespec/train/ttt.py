@@ -85,7 +85,7 @@ def ttt_hiddens(drafter: torch.nn.Module, tokens: torch.Tensor, aux: torch.Tenso
         values.append(attn.v_proj(x).view(B, T, nkv, D))
         o = step_attention(q.transpose(1, 2), keys, values)  # [B, nh, T, D]
         o = o.transpose(1, 2).reshape(B, T, nh * D)
-        r = h + attn.o_proj(o)
+        r = mid.residual(x, h) + attn.o_proj(o)  # h, or hidden_norm(h) with norm_before_residual
         r = r + mid.mlp(mid.post_attention_layernorm(r))
         out_hiddens.append(r)
         h = drafter.norm(r) if drafter.norm_output else r
