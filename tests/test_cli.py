@@ -182,6 +182,48 @@ def test_generate_says_when_this_cpu_makes_speculation_slower(capsys, monkeypatc
     assert "no speculation" in err and "a forward of 4 tokens costs 1.80x one of 1 token" in err
 
 
+def test_the_embedded_model_and_the_shipped_drafter_named_by_path(tmp_path, capsys, monkeypatch):
+    """`--model` naming the embedded GGUF anywhere (a renamed copy: same size and sha256) gets the shipped drafter and
+    its measured shape, as no `--model` does, and the same explanation where it decodes plainly; `--draft` naming the
+    shipped drafter (a copy of its folder) takes its measured shape, untimed; a file of the same size with other bytes
+    is another model, and an edited copy of the drafter another drafter (SpecConfig's default shape)."""
+    import shutil
+
+    from eaglespec import api
+    from eaglespec.assets import default_drafter_path, is_default_drafter
+    from eaglespec.config import EngineConfig, SpecConfig
+    from eaglespec.loading.default import default_model_path, is_default_model
+
+    gguf = default_model_path()
+    copy = tmp_path / "my-smollm2.gguf"
+    shutil.copyfile(gguf, copy)
+    same_size = tmp_path / "same-size.gguf"
+    with open(same_size, "wb") as f:
+        f.truncate(gguf.stat().st_size)
+    assert is_default_model(gguf) and is_default_model(copy)
+    assert not any(is_default_model(p) for p in (same_size, tmp_path, tmp_path / "missing.gguf"))
+
+    asked = cpu_forward_cost(monkeypatch, 1.0)
+    by_path = api.load(str(copy), config=EngineConfig(device="cpu", max_batch_size=1))
+    assert by_path.speculative and by_path.spec == SpecConfig(2, 2, 4) and asked == [4]  # timed, as for no --model
+    shipped = default_drafter_path()
+    drafter = tmp_path / "drafter"
+    shutil.copytree(shipped, drafter)
+    assert is_default_drafter(shipped) and is_default_drafter(drafter) and not is_default_drafter(tmp_path)
+    lone = EngineConfig(device="cpu", max_batch_size=4, spec_max_rows=1)
+    named = api.load(str(copy), draft=str(drafter), config=lone)
+    assert named.spec == SpecConfig(2, 2, 4) and asked == [4]  # the one-row shape, not timed
+    config = drafter / "config.json"
+    config.write_text(config.read_text() + "\n")  # the same drafter to json, other bytes: not the shipped one
+    assert not is_default_drafter(drafter)
+    assert api.load(str(copy), draft=str(drafter), config=lone).spec == SpecConfig()
+
+    cpu_forward_cost(monkeypatch, 1.8)  # a slow CPU: the CLI explains plain decoding for the named GGUF too
+    code, out, err = run_cli(["generate", "What is the capital of France?", "--max-new-tokens", "4", "--model",
+                              str(copy)], capsys)
+    assert code == 0 and "a forward of 4 tokens costs 1.80x one of 1 token" in err
+
+
 def test_spec_text_round_trip():
     from eaglespec.config import SpecConfig, SpecSchedule, parse_spec, spec_text
 

@@ -4,8 +4,8 @@
     engine = eaglespec.load("path/to/model", draft="path/to/eagle3", spec=SpecConfig(5, 4, 16))
     outs = engine.generate(["What is the capital of France?"], SamplingParams(max_new_tokens=64))
 
-`draft="auto"` (the default) speculates with the shipped drafter when the model is the embedded default and plainly
-otherwise; without an explicit `spec` it takes the measured shapes of `assets.default_spec` for the device, the
+`draft="auto"` (the default) speculates with the shipped drafter when the model is the embedded default (None, or a
+path to its GGUF or a copy of it) and plainly otherwise; without an explicit `spec` it takes the measured shapes of `assets.default_spec` for the device, the
 engine's rows (on the CPU: one-row engines, as `eaglespec generate` builds; a `SpecSchedule` where the shapes measured
 differ by rows, each step the shape of the rows it runs), the `temperature` the engine is meant to serve (sampled: the
 chain of 2 in one-row CPU engines; on CUDA the chain of 3 up to 32 rows) and the dtype (greedy float32 on CUDA: the
@@ -14,7 +14,8 @@ measured slower than plain decoding; on the CPU it first times the target's forw
 (`engine/verify_cost.py`) and decodes plainly where a forward of the shape's draft tokens costs more than
 `assets.cpu_max_verify_cost(temperature)` one-token forwards (`auto_spec` makes that choice; the engine's
 `plain_note` then says why). `spec` may be a SpecConfig or a SpecSchedule.
-`draft=None` never speculates; a path loads that EAGLE-3 drafter checkpoint.
+`draft=None` never speculates; a path loads that EAGLE-3 drafter checkpoint (the shipped drafter's folder, or a copy
+of it, without `spec`: `assets.default_spec`'s shape, untimed).
 """
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ from .engine.engine import Engine
 from .engine.transforms import prepare_for_inference
 from .errors import ConfigError
 from .loading.checkpoint import load_model, resolve_device, resolve_dtype
-from .assets import cpu_max_verify_cost, default_drafter_path, default_spec, slower_note, verify_cost_note
+from .assets import (cpu_max_verify_cost, default_drafter_path, default_spec, is_default_drafter, slower_note,
+                     verify_cost_note)
+from .loading.default import is_default_model
 from .engine.verify_cost import verify_cost_ratio
 
 
@@ -82,7 +85,9 @@ def load(
     draft_path: Path | None
     plain_note = None  # why draft="auto" decodes plainly (measured slower here, or this machine's forwards timed)
     if draft == "auto":
-        draft_path = default_drafter_path() if model is None else None
+        # the embedded model, however it was named (its GGUF anywhere: loading.default.is_default_model)
+        embedded = model is None or is_default_model(model)
+        draft_path = default_drafter_path() if embedded else None
         if draft_path is not None and spec is None:
             spec, plain_note = auto_spec(loaded.model, device.type, config.max_batch_size, temperature,
                                          config.spec_max_rows)
@@ -90,6 +95,11 @@ def load(
                 draft_path = None
     else:
         draft_path = Path(draft) if draft is not None else None
+        if spec is None and draft_path is not None and is_default_drafter(draft_path):
+            # the shipped drafter named by the user: its measured shape here, without the CPU timing (asked for, it
+            # speculates); where none was measured for this engine, SpecConfig's default
+            rows = min(config.max_batch_size, config.spec_max_rows or config.max_batch_size)
+            spec = default_spec(device.type, rows, temperature, dtype)
     drafter = load_drafter(draft_path, device, dtype) if draft_path is not None else None
     if drafter is not None:
         prepare_for_inference(drafter, device, config.fuse_projections, config.compile)

@@ -8,10 +8,15 @@ measured shape was slower than plain decoding (`default_spec` returns None; `slo
 the CPU the shape is taken only where a forward of its draft tokens costs at most `cpu_max_verify_cost(temperature)`
 one-token forwards (1.5 greedy, 1.2 sampled), measured on the machine at load (`verify_cost_note` says so otherwise).
 An explicit shape (`--steps/--topk/--draft-tokens`, `api.load(spec=...)`) always speculates.
+
+The embedded model is recognised by content (`loading.default.is_default_model`: `--model PATH` naming that GGUF, or a
+copy of it, is the embedded model), and so is the shipped drafter (`is_default_drafter`: `--draft DIR` naming it, or
+a copy of it), which then takes `default_spec`'s shape without the CPU timing, since the user asked for it.
 """
 
 from __future__ import annotations
 
+import filecmp
 from pathlib import Path
 
 import torch
@@ -140,6 +145,19 @@ _SLOWER: dict[str, str] = {"cuda": "not measured above 32 rows on an H200",
 def default_drafter_path() -> Path | None:
     """The shipped drafter for the embedded SmolLM2, or None when this build carries none."""
     return DEFAULT_DRAFTER if (DEFAULT_DRAFTER / "config.json").exists() else None
+
+
+def is_default_drafter(path: str | Path) -> bool:
+    """Whether the folder `path` holds the shipped drafter: that folder, or a copy of its files, byte for byte."""
+    shipped = default_drafter_path()
+    p = Path(path)
+    if shipped is None or not p.is_dir():
+        return False
+    if p.resolve() == shipped.resolve():
+        return True
+    files = [f for f in shipped.iterdir() if f.is_file()]
+    return all((p / f.name).is_file() and (p / f.name).stat().st_size == f.stat().st_size for f in files) and all(
+        filecmp.cmp(p / f.name, f, shallow=False) for f in files)
 
 
 def default_spec(device_type: str, max_batch_size: int = 1, temperature: float = 0.0,

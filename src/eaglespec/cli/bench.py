@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..errors import ConfigError
+from ..loading.default import is_default_model
 from .options import add_runtime_options, engine_config
 
 if TYPE_CHECKING:
@@ -196,7 +197,8 @@ def run(args: argparse.Namespace) -> int:
     from ..bench.suite import run_suite, stderr_log
 
     specs = [parse_bench_spec(s) for s in args.spec]
-    default_model = args.model is None and args.random_weights is None
+    # the embedded model, named or not (its GGUF anywhere: loading.default.is_default_model)
+    default_model = args.random_weights is None and (args.model is None or is_default_model(args.model))
     if not specs and default_model and args.draft in (None, ["auto"]):
         specs = [AUTO]  # the shipped drafter in the shape `draft="auto"` gives each batch size (where it speculates)
     configs = spec_runs(args.draft, specs, args.no_spec, default_model)

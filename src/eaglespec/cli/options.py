@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from ..assets import default_drafter_path, slower_note
 from ..config import EngineConfig, SpecConfig, SpecSchedule, parse_spec, spec_text
 from ..errors import ConfigError
+from ..loading.default import is_default_model
 from ..sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -116,7 +117,9 @@ def draft_arg(args: argparse.Namespace) -> str | None:
 def plain_reason(engine: "Engine", args: argparse.Namespace) -> str | None:
     """Why an engine that `--draft auto` built for the embedded model decodes plainly (None where it speculates, or
     where the user chose the drafter or --no-spec)."""
-    if engine.speculative or args.draft != "auto" or args.no_spec or args.model is not None:
+    if engine.speculative or args.draft != "auto" or args.no_spec:
+        return None
+    if args.model is not None and not is_default_model(args.model):  # (its sha256 is cached from api.load)
         return None
     if default_drafter_path() is None:
         return "no speculation: this build ships no drafter for the embedded model (--draft DIR to use one)"

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 
+from ..loading.default import is_default_model
 from .bench import add_run_options, finish, prepare, record_writer
 
 
@@ -39,7 +40,8 @@ def run(args: argparse.Namespace) -> int:
     lists = [parse_ints(v, f"--{n}") if v is not None else None
              for n, v in (("steps", args.steps), ("topk", args.topk), ("draft-tokens", args.draft_tokens))]
     shapes = grid(*lists)
-    default_model = args.model is None and args.random_weights is None
+    # the embedded model, named or not (its GGUF anywhere: loading.default.is_default_model)
+    default_model = args.random_weights is None and (args.model is None or is_default_model(args.model))
     drafter = spec_runs([args.draft], shapes[:1], False, default_model)[0].drafter  # resolves "auto"
     assert drafter is not None
     configs = [RunConfig.of(drafter_label(drafter), drafter, s) for s in shapes]
