@@ -80,11 +80,12 @@ def test_chat_trims_the_oldest_turns_to_fit_the_context(smollm2):
         turns += [{"role": "user", "content": f"Question {i}: tell me about the number {i}."},
                   {"role": "assistant", "content": f"The number {i} is a number, one of many numbers we know."}]
     messages = [sys_msg, *turns, {"role": "user", "content": "And the number 7?"}]
-    dropped = fit_history(eng, messages, 24)
+    dropped, (ids, mm) = fit_history(eng, messages, 24)
     assert dropped > 0 and dropped % 2 == 0
     assert messages[0] == sys_msg and messages[-1]["content"] == "And the number 7?"
     assert messages[1:-1] == turns[dropped:]  # the newest exchanges kept, in order
-    assert len(eng.encode_prompt(messages)) + 24 <= limit
+    # the prompt handed back is the kept conversation's, as the answer streams it (tokenized once per turn)
+    assert ids == eng.encode_prompt(messages) and mm is None and len(ids) + 24 <= limit
     too_long = [sys_msg, {"role": "user", "content": "word " * 200}]
     with pytest.raises(RequestError, match=f"but the model's context is {limit} tokens"):
         fit_history(eng, too_long, 24)

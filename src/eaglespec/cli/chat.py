@@ -36,16 +36,19 @@ def flat_images(images: list[list] | None) -> list | None:
     return out or None
 
 
-def fit_history(engine: Engine, messages: list[dict], max_new_tokens: int, images: list[list] | None = None) -> int:
+def fit_history(engine: Engine, messages: list[dict], max_new_tokens: int,
+                images: list[list] | None = None) -> tuple[int, tuple[list[int], object]]:
     """Drop the oldest exchanges (after a system prompt) until the prompt leaves `max_new_tokens` of the context, or
-    only the last user message is left; returns how many messages were dropped. `images`: each message's images
-    (a parallel list, dropped with its message; their expanded placeholders count). A last message that cannot fit
-    even alone is `RequestError`."""
+    only the last user message is left; returns how many messages were dropped and the prompt as `Engine.prepare`
+    made it (ids, multimodal inputs), for `Engine.stream_prepared`. `images`: each message's images (a parallel
+    list, dropped with its message; their expanded placeholders count). A last message that cannot fit even alone is
+    `RequestError`."""
     limit = engine.context_len - engine.runner.headroom()
     first = 1 if messages and messages[0]["role"] == "system" else 0
     dropped = 0
     while True:
-        n = len(engine.prepare(messages, True, flat_images(images))[0])
+        prepared = engine.prepare(messages, True, flat_images(images))
+        n = len(prepared[0])
         if n + max_new_tokens <= limit or len(messages) - first <= 1:
             break
         del messages[first: first + 2]  # the oldest user message and its answer
@@ -54,13 +57,13 @@ def fit_history(engine: Engine, messages: list[dict], max_new_tokens: int, image
         dropped += 2
     if n >= limit:
         raise RequestError(f"this message makes a prompt of {n} tokens, but the model's context is {limit} tokens")
-    return dropped
+    return dropped, prepared
 
 
-def answer(engine: Engine, messages: list[dict], params: SamplingParams, images: list | None = None) -> str:
-    """Stream one answer to stdout; returns its text."""
+def answer(engine: Engine, prepared: tuple[list[int], object], params: SamplingParams) -> str:
+    """Stream the answer to a prompt `fit_history` prepared to stdout; returns its text."""
     t0 = time.perf_counter()
-    for delta in engine.stream(messages, params, images=images):
+    for delta in engine.stream_prepared(*prepared, params):
         sys.stdout.write(delta)
         sys.stdout.flush()
     seconds = time.perf_counter() - t0
@@ -118,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
         messages.append({"role": "user", "content": content})
         images.append(list(pending))
         try:
-            dropped = fit_history(engine, messages, params.max_new_tokens, images)
+            dropped, prepared = fit_history(engine, messages, params.max_new_tokens, images)
         except RequestError as e:  # too long, or images for a model that takes none: this message is not sent
             messages.pop()
             images.pop()
@@ -128,6 +131,6 @@ def run(args: argparse.Namespace) -> int:
         pending = []
         if dropped:
             print(f"[eaglespec] dropped the oldest {dropped} messages to fit the model's context", file=sys.stderr)
-        reply = answer(engine, messages, params, flat_images(images))
+        reply = answer(engine, prepared, params)
         messages.append({"role": "assistant", "content": reply})
         images.append([])

@@ -463,7 +463,12 @@ class Engine:
     def stream(self, prompt: Prompt, params: SamplingParams = SamplingParams(), chat: bool = True,
                images: Sequence[object] | None = None) -> Iterator[str]:
         """Yield text deltas of one request (other queued requests advance too)."""
-        req = self.add_request(prompt, params, chat, images=images)
+        return self.stream_prepared(*self.prepare(prompt, chat, images), params)
+
+    def stream_prepared(self, ids: list[int], mm: object, params: SamplingParams = SamplingParams()) -> Iterator[str]:
+        """`stream` from `prepare`'s output (a caller that sized the prompt first, as `eaglespec chat` does, does not
+        tokenize it, nor preprocess its images, twice)."""
+        req = self.add_prepared(ids, mm, params)
         while not req.finished:
             self.step()
             delta = req.take_delta()
