@@ -10,7 +10,8 @@ HTTP API, for one or several server configurations launched in turn, side by sid
 
 Each configuration: `python -m eaglespec serve ARGS --port P --default-temperature T` (stderr to OUT/server_I.log),
 waited for on /health, then for each C of --concurrency: warmed with one request, then every prompt once, C at a
-time, as chat completions of `--max-tokens` tokens (streamed with --stream: time to first token too). Reports
+time (--rounds times over), as chat completions of `--max-tokens` tokens (streamed with --stream: time to first
+token too). Reports
 completion tokens per second of wall time, latency (mean, p50, p90), with --stream the mean time to the first token,
 the mean acceptance length (non-streamed answers carry it), and how many answers equal the first configuration's at
 the same C (greedy: all should).
@@ -145,10 +146,12 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--stream", action="store_true")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="send the prompts this many times (a load long enough that ramp-up and drain weigh little)")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    prompts = [item.first for item in load_prompt_set(args.prompts)[: args.limit]]
+    prompts = [item.first for item in load_prompt_set(args.prompts)[: args.limit]] * args.rounds
     configs = [None] if args.url else (args.server_args or [""])
     levels = [int(c) for c in str(args.concurrency).split(",")]
     rows = []
