@@ -11,10 +11,9 @@ HTTP API, for one or several server configurations launched in turn, side by sid
 Each configuration: `python -m eaglespec serve ARGS --port P --default-temperature T` (stderr to OUT/server_I.log),
 waited for on /health, then for each C of --concurrency: warmed with one request, then every prompt once, C at a
 time (--rounds times over), as chat completions of `--max-tokens` tokens (streamed with --stream: time to first
-token too). Reports
-completion tokens per second of wall time, latency (mean, p50, p90), with --stream the mean time to the first token,
-the mean acceptance length (non-streamed answers carry it), and how many answers equal the first configuration's at
-the same C (greedy: all should).
+token too). Reports completion tokens per second of wall time, latency (mean, p50, p90), with --stream the mean time
+to the first token, the mean acceptance length (non-streamed answers carry it), and how many answers equal the first
+configuration's at the same C (greedy: all should).
 Writes OUT/serve_load.json and prints a Markdown table. Standard library only (http.client, threads), so it runs on
 the device machine as it is.
 """
