@@ -238,42 +238,6 @@ def test_a_request_nobody_streams_is_decoded_once(server, plain):
     assert events[1][1] == plain_answer(plain, QUESTIONS[0], 12)
 
 
-def test_deltas_the_event_loop_has_not_taken_join_into_one_event():
-    """While the event loop is busy, a streaming ticket's deltas from the worker's thread join into one event (one
-    wake-up per hand-over, fewer and larger SSE chunks), never reordered with the events after them; deltas that
-    arrive after a hand-over make a new event."""
-    import asyncio
-
-    from eaglespec.server.worker import Ticket
-
-    async def main() -> list:
-        loop = asyncio.get_running_loop()
-        ticket = Ticket("p", SamplingParams(), True, None, True, None, asyncio.Queue(), loop, None)
-        calls = []
-        real = loop.call_soon_threadsafe
-        # the ticket's wake-ups (run_in_executor's own are not counted)
-        loop.call_soon_threadsafe = lambda fn, *a: (getattr(fn, "__self__", None) in (ticket, ticket.events)
-                                                    and calls.append(fn)) or real(fn, *a)
-
-        def worker_steps(texts: list[str], done: bool) -> None:  # the engine's thread, the loop not running
-            for t in texts:
-                ticket.put_delta(t)
-            if done:
-                ticket.put(("done", "stop", 5, None))
-
-        try:
-            await loop.run_in_executor(None, worker_steps, ["Hel", "lo", ","], False)
-            first = await ticket.events.get()
-            await loop.run_in_executor(None, worker_steps, [" wor", "ld"], True)
-            rest = [await ticket.events.get(), await ticket.events.get()]
-        finally:
-            loop.call_soon_threadsafe = real
-        assert ticket.events.empty() and len(calls) == 3  # two hand-overs and the done event: not one per delta
-        return [first, *rest]
-
-    assert asyncio.run(main()) == [("delta", "Hello,"), ("delta", " world"), ("done", "stop", 5, None)]
-
-
 def test_a_failing_engine_answers_500_then_503(server, monkeypatch):
     def broken() -> list:
         raise RuntimeError("device lost")

@@ -15,8 +15,7 @@ Contract:
   in order, from the worker's thread: ("accepted", prompt_tokens) or ("error", message, status); then ("delta",
   text) as text is committed (stop strings are never shown in part: `Request.take_delta`; with `stream` False one
   delta at the end, the text decoded once: per-step detokenizing costs host time a busy GPU engine has not got);
-  then ("done", finish_reason, completion_tokens, speculative stats or None). Deltas the event loop has not taken yet
-  are joined into one (`Ticket.put_delta`), so a busy loop gets fewer, larger chunks. A ticket's `events` is an
+  then ("done", finish_reason, completion_tokens, speculative stats or None). A ticket's `events` is an
   `asyncio.Queue` of the event loop that called `submit` (filled with `call_soon_threadsafe`), or, called outside
   an event loop, a `queue.Queue`.
 - `Ticket.cancel()` (the client went away) aborts the request (`Engine.abort`): its row frees at its next step.
@@ -31,7 +30,7 @@ import asyncio
 import queue
 import threading
 import traceback
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import torch
@@ -55,42 +54,15 @@ class Ticket:
     worker: "EngineWorker"
     request: Request | None = None
     cancelled: bool = False
-    # text deltas not yet handed to `events` (worker thread -> event loop), and whether a hand-over is scheduled
-    _pending: list[str] = field(default_factory=list)
-    _flush_due: bool = False
-    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def put(self, event: tuple) -> None:
-        self._call(self.events.put_nowait, event)
-
-    def put_delta(self, text: str) -> None:
-        """Queue a text delta. Deltas that arrive while the event loop has not yet taken the last ones join them into
-        one event: a busy loop (32 streaming clients, a step a millisecond) then sends fewer, larger chunks instead of
-        falling behind, and the worker schedules one wake-up per hand-over instead of one per step. Order with `put`
-        is kept: a hand-over scheduled before an event runs before it, and takes every delta queued by then."""
-        with self._lock:
-            self._pending.append(text)
-            if self._flush_due:
-                return
-            self._flush_due = True
-        self._call(self._flush)
-
-    def _flush(self) -> None:
-        with self._lock:
-            text = "".join(self._pending)
-            self._pending.clear()
-            self._flush_due = False
-        if text:
-            self.events.put_nowait(("delta", text))
-
-    def _call(self, fn: Callable, *args: Any) -> None:
         if self.loop is not None:
             try:
-                self.loop.call_soon_threadsafe(fn, *args)
+                self.loop.call_soon_threadsafe(self.events.put_nowait, event)
             except RuntimeError:  # the event loop has closed: nobody listens any more
                 pass
         else:
-            fn(*args)
+            self.events.put_nowait(event)
 
     def cancel(self) -> None:
         self.cancelled = True
@@ -227,7 +199,7 @@ class EngineWorker:
             assert req is not None
             delta = req.take_delta()
             if delta:
-                t.put_delta(delta)
+                t.put(("delta", delta))
             if req.finished:
                 spec = req.stats.to_dict() if req.stats.verify_steps else None
                 t.put(("done", req.finish_reason, len(req.output_ids), spec))
