@@ -15,6 +15,7 @@ from fastapi.testclient import TestClient
 from eaglespec.api import load_drafter
 from eaglespec.assets import default_drafter_path
 from eaglespec.config import EngineConfig, SpecConfig
+from eaglespec.errors import ConfigError
 from eaglespec.engine.engine import Engine
 from eaglespec.sampling_params import SamplingParams
 from eaglespec.server.app import create_app
@@ -132,6 +133,50 @@ def test_streamed_chunks_join_to_the_answer(server, plain):
     assert final["delta"] == {} and final["finish_reason"] in ("stop", "length")
     text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks[1:-2])
     assert len(chunks[1:-2]) > 1 and text == plain_answer(plain, QUESTIONS[2], 20)
+
+
+def test_a_stream_interval_sends_fewer_chunks_of_the_same_text(smollm2, drafter, plain):
+    """`--stream-interval 8`: the first tokens go out at once, then a chunk every 8 or more tokens (fewer chunks for
+    the HTTP thread, which shares the GIL with the engine's loop); the joined text is the plain greedy answer."""
+    eng = Engine(smollm2.model, smollm2.tokenizer, EngineConfig(max_batch_size=2), drafter=drafter,
+                 spec=SpecConfig(2, 2, 4))
+    worker = EngineWorker(eng, rows=2, max_len=256, stream_interval=8).start()
+    try:
+        with TestClient(create_app(worker, NAME, default_temperature=0.0)) as client:
+            with client.stream("POST", "/v1/chat/completions", json=chat_body(QUESTIONS[2], 40, stream=True)) as r:
+                chunks = sse_events(r)[1:-2]  # the role chunk, the finish chunk and [DONE] aside
+    finally:
+        worker.stop()
+        smollm2.model.set_eagle3_layers_to_capture(None)
+    text = "".join(c["choices"][0]["delta"]["content"] for c in chunks)
+    assert text == plain_answer(plain, QUESTIONS[2], 40)
+    assert 2 <= len(chunks) <= 1 + 40 // 8  # the first tokens, then one chunk per 8 or more tokens
+    with pytest.raises(ConfigError, match="--stream-interval must be >= 1"):
+        EngineWorker(eng, rows=2, max_len=256, stream_interval=0)
+
+
+def test_deltas_queued_behind_one_go_in_one_chunk():
+    """A client read slower than the engine steps: the deltas already queued when a chunk is written go into that
+    chunk, and the events behind them keep their order."""
+    import asyncio
+    from types import SimpleNamespace
+
+    class QueuedWorker:  # every event of the answer is queued before the response is read
+        alive = True
+
+        def submit(self, prompt, params, chat, max_tokens, stream, images):
+            q: asyncio.Queue = asyncio.Queue()
+            for event in [("accepted", 3), ("delta", "Hel"), ("delta", "lo"), ("delta", "!"),
+                          ("done", "stop", 3, None)]:
+                q.put_nowait(event)
+            return SimpleNamespace(events=q, cancel=lambda: None)
+
+    with TestClient(create_app(QueuedWorker(), NAME, default_temperature=0.0)) as client:
+        with client.stream("POST", "/v1/chat/completions", json=chat_body("Hi", 3, stream=True)) as r:
+            events = sse_events(r)
+    assert [c["choices"][0]["delta"] for c in events[:-1]] == [{"role": "assistant", "content": ""},
+                                                              {"content": "Hello!"}, {}]
+    assert events[-2]["choices"][0]["finish_reason"] == "stop" and events[-1] == "[DONE]"
 
 
 def test_completions_take_raw_text_and_token_ids(server, plain, smollm2):

@@ -106,10 +106,20 @@ def create_app(worker: EngineWorker, model_name: str, default_temperature: float
             try:
                 if first is not None:
                     yield f"data: {json.dumps(first)}\n\n"
+                behind = None  # an event taken while merging deltas, handled next
                 while True:
-                    event = await ticket.events.get()
+                    event, behind = behind or await ticket.events.get(), None
                     if event[0] == "delta":
-                        yield f"data: {json.dumps(chunk(event[1], None))}\n\n"
+                        # the deltas queued behind this one go in the same chunk: a client read slower than the
+                        # engine steps gets fewer, larger chunks instead of falling behind one chunk per step
+                        text = [event[1]]
+                        while not ticket.events.empty():
+                            event = ticket.events.get_nowait()
+                            if event[0] != "delta":
+                                behind = event
+                                break
+                            text.append(event[1])
+                        yield f"data: {json.dumps(chunk(''.join(text), None))}\n\n"
                     elif event[0] == "done":
                         finished = True
                         yield f"data: {json.dumps(chunk(None, event[1]))}\n\n"

@@ -15,7 +15,8 @@ Contract:
   in order, from the worker's thread: ("accepted", prompt_tokens) or ("error", message, status); then ("delta",
   text) as text is committed (stop strings are never shown in part: `Request.take_delta`; with `stream` False one
   delta at the end, the text decoded once: per-step detokenizing costs host time a busy GPU engine has not got);
-  then ("done", finish_reason, completion_tokens, speculative stats or None). A ticket's `events` is an
+  then ("done", finish_reason, completion_tokens, speculative stats or None). A streamed answer's deltas go out
+  at its first tokens, then every `stream_interval` tokens (default 1: each step's). A ticket's `events` is an
   `asyncio.Queue` of the event loop that called `submit` (filled with `call_soon_threadsafe`), or, called outside
   an event loop, a `queue.Queue`.
 - `Ticket.cancel()` (the client went away) aborts the request (`Engine.abort`): its row frees at its next step.
@@ -37,7 +38,7 @@ import torch
 
 from ..engine.engine import Engine, Prompt
 from ..engine.request import Request
-from ..errors import EaglespecError, RequestError
+from ..errors import ConfigError, EaglespecError, RequestError
 from ..sampling_params import SamplingParams
 
 
@@ -54,6 +55,7 @@ class Ticket:
     worker: "EngineWorker"
     request: Request | None = None
     cancelled: bool = False
+    sent: int = 0  # output tokens whose text has gone out (EngineWorker.stream_interval)
 
     def put(self, event: tuple) -> None:
         if self.loop is not None:
@@ -70,9 +72,12 @@ class Ticket:
 
 
 class EngineWorker:
-    def __init__(self, engine: Engine, rows: int, max_len: int) -> None:
+    def __init__(self, engine: Engine, rows: int, max_len: int, stream_interval: int = 1) -> None:
+        if stream_interval < 1:
+            raise ConfigError(f"--stream-interval must be >= 1 (got {stream_interval})")
         self.engine = engine
         self.rows = rows
+        self.stream_interval = stream_interval
         self.max_len = min(max_len, engine.context_len)
         self._inbox: queue.Queue = queue.Queue()
         self._live: list[Ticket] = []
@@ -197,9 +202,14 @@ class EngineWorker:
         for t in self._live:
             req = t.request
             assert req is not None
-            delta = req.take_delta()
-            if delta:
-                t.put(("delta", delta))
+            n = len(req.output_ids)
+            # a streamed answer's text goes out at its first tokens, then every stream_interval tokens (and at the
+            # end): each delta costs the HTTP thread a chunk, under the GIL the engine's loop needs too
+            if req.finished or t.sent == 0 or n - t.sent >= self.stream_interval:
+                delta = req.take_delta()
+                if delta:
+                    t.put(("delta", delta))
+                    t.sent = n
             if req.finished:
                 spec = req.stats.to_dict() if req.stats.verify_steps else None
                 t.put(("done", req.finish_reason, len(req.output_ids), spec))
