@@ -5,10 +5,11 @@
     outs = engine.generate(["What is the capital of France?"], SamplingParams(max_new_tokens=64))
 
 `draft="auto"` (the default) speculates with the shipped drafter when the model is the embedded default (None, or a
-path to its GGUF or a copy of it) and plainly otherwise; without an explicit `spec` it takes the measured shapes of `assets.default_spec` for the device, the
-engine's rows (on the CPU: one-row engines, as `eaglespec generate` builds; a `SpecSchedule` where the shapes measured
-differ by rows, each step the shape of the rows it runs), the `temperature` the engine is meant to serve (sampled: the
-chain of 2 in one-row CPU engines; on CUDA the chain of 3 up to 32 rows) and the dtype (greedy float32 on CUDA: the
+path to its GGUF or a copy of it) and plainly otherwise; without an explicit `spec` it takes the measured shapes of
+`assets.default_spec` for the device, the engine's rows (on the CPU: one-row engines, as `eaglespec generate` builds;
+a `SpecSchedule` where the shapes measured differ by rows, each step the shape of the rows it runs), the
+`temperature` the engine is meant to serve (sampled: the chain of 2 in one-row CPU engines; on CUDA the chain of 3 up
+to 32 rows) and the dtype (greedy float32 on CUDA: the
 chain of 3 up to 32 rows, where bf16 takes trees at 2-8 and 17-32 rows), and decodes plainly where the drafter was
 measured slower than plain decoding; on the CPU it first times the target's forwards on this machine
 (`engine/verify_cost.py`) and decodes plainly where a forward of the shape's draft tokens costs more than
