@@ -82,7 +82,8 @@ def run(args: argparse.Namespace) -> int:
     engine = api.load(args.model, draft=draft_arg(args), spec=spec_config(args), config=config,
                       temperature=args.default_temperature)
     max_len = min(args.max_seq_len or SERVE_LEN, engine.context_len)
-    worker = EngineWorker(engine, rows, max_len, args.stream_interval).ready()  # requests queue from the first one the server takes
+    # requests queue from the first one the server takes
+    worker = EngineWorker(engine, rows, max_len, args.stream_interval).ready()
     if args.warmup:  # CUDA graphs of every batch and length bucket now, not during the first requests (CPU: none)
         t0 = time.perf_counter()
         graphs = engine.warmup(range(1, rows + 1), greedy=args.default_temperature == 0)

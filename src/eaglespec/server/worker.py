@@ -10,8 +10,9 @@ Contract:
   reserves the engine's caches, `rows` x `max_len` positions, so that no request ever grows them (which would wait
   for an idle engine and drop captured CUDA graphs).
 - `submit(prompt, params, chat, max_tokens, stream, images)` -> `Ticket`, from any thread. The prompt is text
-  (chat template applied when `chat`), chat messages, or token ids; `images` go to a multimodal target. `max_tokens` None: the room left in a row's cache
-  after the prompt; a prompt or `max_tokens` that does not fit is refused with one sentence. Each ticket receives,
+  (chat template applied when `chat`), chat messages, or token ids; `images` go to a multimodal target.
+  `max_tokens` None: the room left in a row's cache after the prompt; a prompt or `max_tokens` that does not fit
+  is refused with one sentence. Each ticket receives,
   in order, from the worker's thread: ("accepted", prompt_tokens) or ("error", message, status); then ("delta",
   text) as text is committed (stop strings are never shown in part: `Request.take_delta`; with `stream` False one
   delta at the end, the text decoded once: per-step detokenizing costs host time a busy GPU engine has not got);
