@@ -3,10 +3,15 @@ HTTP API, for one or several server configurations launched in turn, side by sid
 
     python benchmarks/serve_load.py OUT --server-args= --server-args=--no-spec --concurrency 1,4 --limit 20
     python benchmarks/serve_load.py OUT --url http://127.0.0.1:8000 --concurrency 8      # a server already running
-    # the device machine (GGUF staged by device_parts.sh; the shipped drafter with the CUDA schedule of --spec auto):
-    G=/root/m/SmolLM2-135M-Instruct.Q4_1.gguf; D=src/eaglespec/assets/smollm2-135m-eagle3
+    # the device machine (GGUF staged by device_parts.sh; the web stack's wheels carried in .whl, downloaded here by
+    #   python3 -m pip download --only-binary=:all: --python-version 3.12 --implementation cp \
+    #     --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -d .whl fastapi uvicorn "pydantic>=2" \
+    #     httptools uvloop
+    # and installed there by `pip install --no-index --no-deps --target /tmp/site .whl/*.whl`, PYTHONPATH=/tmp/site:src;
+    # `--model $G` alone is the embedded model: the shipped drafter with the CUDA schedule of --spec auto):
+    G=/root/m/SmolLM2-135M-Instruct.Q4_1.gguf
     python3 benchmarks/serve_load.py $OUT/serve --concurrency 1,8,32 "--server-args=--model $G --no-spec" \
-        "--server-args=--model $G --draft $D"
+        "--server-args=--model $G"
 
 Each configuration: `python -m eaglespec serve ARGS --port P --default-temperature T` (stderr to OUT/server_I.log),
 waited for on /health, then for each C of --concurrency: warmed with one request, then every prompt once, C at a
