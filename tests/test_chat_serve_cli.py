@@ -174,6 +174,7 @@ def test_serve_says_why_it_decodes_plainly_and_when_it_cannot_listen(capsys, mon
     (["--port", "0"], "--port must be in 1..65535"),
     (["--default-temperature", "-1"], "--default-temperature must be >= 0"),
     (["--stream-interval", "0"], "--stream-interval must be >= 1"),
+    (["--log-stats-interval", "-1"], "--log-stats-interval must be >= 0"),
     (["--max-seq-len", "1"], "--max-seq-len must be >= 2"),
 ])
 def test_serve_option_mistakes(args, needle, capsys):

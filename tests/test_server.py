@@ -283,6 +283,90 @@ def test_a_request_nobody_streams_is_decoded_once(server, plain):
     assert events[1][1] == plain_answer(plain, QUESTIONS[0], 12)
 
 
+def metric_values(text: str) -> dict[str, float]:
+    """Prometheus text -> {'name{labels}': value} (comments skipped)."""
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            key, value = line.rsplit(" ", 1)
+            out[key] = float(value)
+    return out
+
+
+def test_metrics_count_what_the_server_did(server):
+    """`GET /metrics` (Prometheus' text format): requests by finish reason, prompt and generated tokens as the
+    answers' usage says, a refused request by status, first-token and request latencies, the speculative steps and
+    accepted draft tokens that give the answers' acceptance lengths, and an empty queue at rest."""
+    bodies = [chat_body(q, n) for q, n in zip(QUESTIONS, (8, 12, 16))]
+    answers = [server.post("/v1/chat/completions", json=b).json() for b in bodies]
+    assert server.post("/v1/chat/completions", json=chat_body(QUESTIONS[0], 10, n=2)).status_code == 400
+    r = server.get("/metrics")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    m = metric_values(r.text)
+    reasons = [a["choices"][0]["finish_reason"] for a in answers]
+    assert sum(v for k, v in m.items() if k.startswith("eaglespec_requests_total{")) == 3
+    assert m[f'eaglespec_requests_total{{finish_reason="{reasons[0]}"}}'] == reasons.count(reasons[0])
+    assert m["eaglespec_prompt_tokens_total"] == sum(a["usage"]["prompt_tokens"] for a in answers)
+    assert m["eaglespec_generation_tokens_total"] == sum(a["usage"]["completion_tokens"] for a in answers)
+    assert m['eaglespec_requests_rejected_total{status="400"}'] == 1  # n = 2: refused by the app's checks
+    assert m["eaglespec_time_to_first_token_seconds_count"] == 3 and m["eaglespec_request_seconds_count"] == 3
+    assert 0 < m["eaglespec_time_to_first_token_seconds_sum"] <= m["eaglespec_request_seconds_sum"]
+    steps = sum(a["eaglespec"]["verify_steps"] for a in answers)
+    accepted = sum(a["eaglespec"]["verify_steps"] * (a["eaglespec"]["accept_length_mean"] - 1) for a in answers)
+    assert m["eaglespec_spec_verify_steps_total"] == steps > 0
+    assert m["eaglespec_spec_accepted_tokens_total"] == pytest.approx(accepted, abs=0.01 * steps)
+    assert m["eaglespec_requests_running"] == 0 and m["eaglespec_requests_waiting"] == 0
+    too_long = chat_body("word " * 400, 8)  # past the server's 256 positions: refused by the worker
+    assert server.post("/v1/chat/completions", json=too_long).status_code == 400
+    assert server.post("/v1/chat/completions", json={**chat_body("Hi"), "model": "other"}).status_code == 404
+    m = metric_values(server.get("/metrics").text)
+    assert m['eaglespec_requests_rejected_total{status="400"}'] == 2
+    assert m['eaglespec_requests_rejected_total{status="404"}'] == 1
+    assert m["eaglespec_prompt_tokens_total"] == sum(a["usage"]["prompt_tokens"] for a in answers)  # none admitted
+
+
+def test_the_stats_line_gives_the_rates_of_its_span():
+    """`ServerMetrics.summary`: rates since the last line (requests finished, tokens generated, prompt tokens
+    admitted), the queue, and the acceptance length of the span's speculative steps; nothing new, no line."""
+    from eaglespec.server.metrics import ServerMetrics
+    from eaglespec.spec.stats import SpecStats
+
+    m = ServerMetrics(running=lambda: 2, waiting=lambda: 1)
+    start = m._since
+    m.accepted(10)
+    stats = SpecStats()
+    for tau in (3, 2, 4):  # 6 draft tokens accepted in 3 steps: acceptance length 3.00
+        stats.add(tau, 3)
+    m.finished("stop", 20, 0.5, stats)
+    assert m.summary(now=start + 2) == ("0.5 req/s, 10 generated tok/s, 5 prompt tok/s; running 2, waiting 1; "
+                                        "accept length 3.00")
+    assert m.summary(now=start + 4) is None  # the span stays open: the next line covers 3 s
+    m.finished("length", 30, 0.5, None)
+    assert m.summary(now=start + 5) == "0.3 req/s, 10 generated tok/s, 0 prompt tok/s; running 2, waiting 1"
+
+
+def test_the_worker_prints_the_stats_line(smollm2, capfd):
+    eng = Engine(smollm2.model, smollm2.tokenizer, EngineConfig(max_batch_size=1))
+    worker = EngineWorker(eng, rows=1, max_len=128, log_interval=0.05).start()
+    try:
+        ticket = worker.submit([{"role": "user", "content": QUESTIONS[0]}], SamplingParams(max_new_tokens=6))
+        while ticket.events.get(timeout=60)[0] != "done":
+            pass
+        err = ""
+        for _ in range(40):  # the loop logs within log_interval of its next turn (an idle turn waits 0.5 s)
+            err += capfd.readouterr().err
+            if "running 0" in err:
+                break
+            threading.Event().wait(0.1)
+    finally:
+        worker.stop()
+    # a line while it ran (its prompt admitted), then one with it finished
+    last = [line for line in err.splitlines() if line.startswith("[eaglespec] ")][-1]
+    assert "req/s, " in last and " generated tok/s" in last and last.endswith("running 0, waiting 0")
+    with pytest.raises(ConfigError, match="--log-stats-interval must be >= 0"):
+        EngineWorker(eng, rows=1, max_len=128, log_interval=-1)
+
+
 def test_a_failing_engine_answers_500_then_503(server, monkeypatch):
     def broken() -> list:
         raise RuntimeError("device lost")

@@ -47,6 +47,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--stream-interval", type=int, default=1, metavar="N",
                    help="a streamed answer's text goes out at its first tokens, then every N tokens (default 1; "
                         "larger N: fewer, larger chunks and more throughput with many streaming clients)")
+    p.add_argument("--log-stats-interval", type=float, default=10.0, metavar="SECONDS",
+                   help="print request and token rates, queue sizes and the acceptance length to stderr this often "
+                        "while requests run (default 10; 0: never); GET /metrics has them for Prometheus")
     p.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=True,
                    help="capture the CUDA graphs of every batch size at start (for the default temperature's greedy "
                         "or sampled steps), not during the first requests (default: on)")
@@ -69,6 +72,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--port must be in 1..65535 (got {args.port})")
     if args.max_seq_len is not None and args.max_seq_len < 2:
         raise ConfigError(f"--max-seq-len must be >= 2 (got {args.max_seq_len})")
+    if args.log_stats_interval < 0:
+        raise ConfigError(f"--log-stats-interval must be >= 0 (got {args.log_stats_interval})")
     if args.stream_interval < 1:
         raise ConfigError(f"--stream-interval must be >= 1 (got {args.stream_interval})")
     if args.default_temperature < 0:
@@ -83,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
                       temperature=args.default_temperature)
     max_len = min(args.max_seq_len or SERVE_LEN, engine.context_len)
     # requests queue from the first one the server takes
-    worker = EngineWorker(engine, rows, max_len, args.stream_interval).ready()
+    worker = EngineWorker(engine, rows, max_len, args.stream_interval, args.log_stats_interval).ready()
     if args.warmup:  # CUDA graphs of every batch and length bucket now, not during the first requests (CPU: none)
         t0 = time.perf_counter()
         graphs = engine.warmup(range(1, rows + 1), greedy=args.default_temperature == 0)

@@ -1,7 +1,8 @@
 """The FastAPI app of `eaglespec serve`: OpenAI's chat/completions, completions and models, with streaming.
 
 Contract of `create_app(worker, model_name, default_temperature)`:
-- `GET /v1/models`: the one served model; `GET /health`: 200 while the engine runs, 503 once it has stopped.
+- `GET /v1/models`: the one served model; `GET /health`: 200 while the engine runs, 503 once it has stopped;
+  `GET /metrics`: the worker's counters in Prometheus' text format (server/metrics.py).
 - `POST /v1/chat/completions` (the chat template applied to `messages`) and `POST /v1/completions` (a raw text prompt
   or token ids): the whole answer as JSON, or with `"stream": true` server-sent events, one chunk per committed text
   delta, then a chunk with the finish reason, then (with `stream_options.include_usage`) a usage chunk, then
@@ -20,7 +21,7 @@ from typing import Any, AsyncIterator, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from ..errors import EaglespecError
 from . import schemas
@@ -46,11 +47,13 @@ def create_app(worker: EngineWorker, model_name: str, default_temperature: float
 
     @app.exception_handler(HTTPError)
     async def _http_error(request: Request, exc: HTTPError) -> JSONResponse:
+        worker.metrics.rejected(exc.status)  # every refusal comes here (the worker's too, raised by `start`)
         kind = "invalid_request_error" if exc.status < 500 else "server_error"
         return JSONResponse(schemas.error_body(exc.message, kind, exc.code), status_code=exc.status)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        worker.metrics.rejected(400)
         return JSONResponse(schemas.error_body(_validation_message(exc)), status_code=400)
 
     @app.get("/health")
@@ -58,6 +61,11 @@ def create_app(worker: EngineWorker, model_name: str, default_temperature: float
         if worker.alive:
             return JSONResponse({"status": "ok"})
         return JSONResponse({"status": "stopped", "error": worker.failure}, status_code=503)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        body, content_type = worker.metrics.render()
+        return Response(body, media_type=content_type)
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:

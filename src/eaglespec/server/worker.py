@@ -22,6 +22,8 @@ Contract:
   an event loop, a `queue.Queue`.
 - `Ticket.cancel()` (the client went away) aborts the request (`Engine.abort`): its row frees at its next step.
 - Between steps the worker admits everything submitted; with nothing to run it blocks on the queue (no spinning).
+- `metrics` (server/metrics.py) counts requests, tokens, latencies and acceptance for `GET /metrics`; with
+  `log_interval` > 0 the loop prints their rates to stderr that often (while anything happens).
 - A failure inside a step is a bug: every live ticket gets ("error", message, 500), the worker stops, `alive` turns
   false and later submissions are refused with status 503.
 """
@@ -30,9 +32,11 @@ from __future__ import annotations
 
 import asyncio
 import queue
+import sys
 import threading
+import time
 import traceback
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 import torch
@@ -41,6 +45,7 @@ from ..engine.engine import Engine, Prompt
 from ..engine.request import Request
 from ..errors import ConfigError, EaglespecError, RequestError
 from ..sampling_params import SamplingParams
+from .metrics import ServerMetrics
 
 
 @dataclass
@@ -57,6 +62,8 @@ class Ticket:
     request: Request | None = None
     cancelled: bool = False
     sent: int = 0  # output tokens whose text has gone out (EngineWorker.stream_interval)
+    arrival: float = field(default_factory=time.perf_counter)  # submitted (ServerMetrics' latencies count from here)
+    first_token_at: float | None = None
 
     def put(self, event: tuple) -> None:
         if self.loop is not None:
@@ -73,12 +80,19 @@ class Ticket:
 
 
 class EngineWorker:
-    def __init__(self, engine: Engine, rows: int, max_len: int, stream_interval: int = 1) -> None:
+    def __init__(self, engine: Engine, rows: int, max_len: int, stream_interval: int = 1,
+                 log_interval: float = 0.0) -> None:
         if stream_interval < 1:
             raise ConfigError(f"--stream-interval must be >= 1 (got {stream_interval})")
+        if log_interval < 0:
+            raise ConfigError(f"--log-stats-interval must be >= 0 (got {log_interval})")
         self.engine = engine
         self.rows = rows
         self.stream_interval = stream_interval
+        self.log_interval = log_interval  # seconds between the stats lines on stderr (0: none)
+        self._last_log = time.monotonic()
+        # read by /metrics from the HTTP thread: len() of the scheduler's lists is atomic under the GIL
+        self.metrics = ServerMetrics(running=self._running, waiting=self._waiting)
         self.max_len = min(max_len, engine.context_len)
         self._inbox: queue.Queue = queue.Queue()
         self._live: list[Ticket] = []
@@ -140,6 +154,7 @@ class EngineWorker:
                 if self.engine.has_work():
                     self.engine.step()
                     self._publish()
+                self._log_stats()
         except Exception as e:  # a bug: say so to everyone waiting, keep the traceback in the server's log
             traceback.print_exc()
             self.failure = f"{type(e).__name__}: {e}"
@@ -196,7 +211,26 @@ class EngineWorker:
             t.put(("error", str(e), 400))
             return
         t.put(("accepted", len(ids)))
+        self.metrics.accepted(len(ids))
         self._live.append(t)
+
+    def _running(self) -> int:
+        sched = getattr(self.engine, "scheduler", None)
+        return len(sched.running) if sched is not None else 0
+
+    def _waiting(self) -> int:
+        """Requests submitted and not yet in a row: in the worker's inbox, queued, or prefilled ahead."""
+        sched = getattr(self.engine, "scheduler", None)
+        queued = len(sched.waiting) + len(sched.parked) if sched is not None else 0
+        return queued + self._inbox.qsize()
+
+    def _log_stats(self) -> None:
+        if not self.log_interval or time.monotonic() - self._last_log < self.log_interval:
+            return
+        self._last_log = time.monotonic()
+        line = self.metrics.summary()
+        if line is not None:
+            print(f"[eaglespec] {line}", file=sys.stderr, flush=True)
 
     def _publish(self) -> None:
         still = []
@@ -204,6 +238,9 @@ class EngineWorker:
             req = t.request
             assert req is not None
             n = len(req.output_ids)
+            if t.first_token_at is None and n:
+                t.first_token_at = time.perf_counter()
+                self.metrics.first_token(t.first_token_at - t.arrival)
             # a streamed answer's text goes out at its first tokens, then every stream_interval tokens (and at the
             # end): each delta costs the HTTP thread a chunk, under the GIL the engine's loop needs too
             if req.finished or t.sent == 0 or n - t.sent >= self.stream_interval:
@@ -214,6 +251,8 @@ class EngineWorker:
             if req.finished:
                 spec = req.stats.to_dict() if req.stats.verify_steps else None
                 t.put(("done", req.finish_reason, len(req.output_ids), spec))
+                self.metrics.finished(req.finish_reason or "length", n, time.perf_counter() - t.arrival,
+                                      req.stats if req.stats.verify_steps else None)
             else:
                 still.append(t)
         self._live = still
