@@ -397,6 +397,16 @@ def test_bench_defaults_measure_what_generate_runs(tmp_path, capsys, monkeypatch
     assert not doc["records"][0]["auto"] and doc["records"][0]["shape"] is None
     assert f"| {name} = S2 K2 D4 | 1 |" in stdout  # the table names the shape taken
     assert f"{name} bs=2: not run, the default decodes plainly here (engines of several rows measured no faster" in err
+    # the shipped drafter named, the embedded model by its GGUF's path: the same default
+    from eaglespec.assets import default_drafter_path
+    from eaglespec.loading.default import default_model_path
+
+    code, stdout, err = run_cli(["bench", "--model", str(default_model_path()), "--draft", str(default_drafter_path()),
+                                 "--limit", "2", "--max-new-tokens", "8", "--batch-sizes", "1", "--device", "cpu",
+                                 "--out", tmp_path / "named"], capsys)
+    assert code == 0, err
+    named = json.loads((tmp_path / "named" / "results.json").read_text())["records"][1]
+    assert named["config"] == name and named["auto"] and named["shape"] == "S2 K2 D4"
 
 
 def test_bench_auto_follows_the_policy_per_batch_size(tmp_path, capsys, monkeypatch):

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..errors import ConfigError
+from ..assets import is_default_drafter
 from ..loading.default import is_default_model
 from .options import add_runtime_options, engine_config
 
@@ -199,8 +200,12 @@ def run(args: argparse.Namespace) -> int:
     specs = [parse_bench_spec(s) for s in args.spec]
     # the embedded model, named or not (its GGUF anywhere: loading.default.is_default_model)
     default_model = args.random_weights is None and (args.model is None or is_default_model(args.model))
-    if not specs and default_model and args.draft in (None, ["auto"]):
-        specs = [AUTO]  # the shipped drafter in the shape `draft="auto"` gives each batch size (where it speculates)
+    # the shipped drafter, by "auto" on the embedded model or named (a copy of its folder too), without --spec: the
+    # shape `draft="auto"` gives each batch size (where it speculates)
+    shipped = all((d == "auto" and default_model) or (d != "auto" and is_default_drafter(d))
+                  for d in args.draft or ["auto"])
+    if not specs and shipped and args.random_weights is None:
+        specs = [AUTO]
     configs = spec_runs(args.draft, specs, args.no_spec, default_model)
     check_batching(args.batching, configs)
     if not configs and not args.no_spec:
