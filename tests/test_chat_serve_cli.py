@@ -154,6 +154,24 @@ def test_serve_runs_the_app_on_the_engine_the_options_describe(plain, capsys, mo
             "--spec 2,1,3 while at most 1 request runs (plain decoding steps beyond)") in err
 
 
+def test_serve_takes_its_api_key_from_the_option_or_the_environment(capsys, monkeypatch):
+    """`--api-key` (or EAGLESPEC_API_KEY): the /v1 routes need `Authorization: Bearer <key>`, /health does not."""
+    seen: list = []
+
+    def work(client) -> None:
+        seen.append([client.get("/v1/models").status_code, client.get("/health").status_code,
+                     client.get("/v1/models", headers={"Authorization": "Bearer k1"}).status_code])
+
+    monkeypatch.setattr(FakeServer, "client_work", staticmethod(work))
+    monkeypatch.setattr("uvicorn.Server", FakeServer)
+    assert run_cli(["serve", "--no-spec", "--api-key", "k1"], capsys)[0] == 0
+    monkeypatch.setenv("EAGLESPEC_API_KEY", "k1")
+    assert run_cli(["serve", "--no-spec"], capsys)[0] == 0
+    monkeypatch.delenv("EAGLESPEC_API_KEY")
+    assert run_cli(["serve", "--no-spec"], capsys)[0] == 0  # no key: open
+    assert seen == [[401, 200, 200], [401, 200, 200], [200, 200, 200]]
+
+
 def test_serve_says_why_it_decodes_plainly_and_when_it_cannot_listen(capsys, monkeypatch):
     cpu_forward_cost(monkeypatch, 1.3)  # above the sampled threshold (1.2): the default temperature 1 decodes plainly
     monkeypatch.setattr(FakeServer, "client_work", None)

@@ -179,6 +179,38 @@ def test_deltas_queued_behind_one_go_in_one_chunk():
     assert events[-2]["choices"][0]["finish_reason"] == "stop" and events[-1] == "[DONE]"
 
 
+def test_an_api_key_guards_the_v1_routes():
+    """`--api-key`: the /v1 routes answer 401 in OpenAI's error body without `Authorization: Bearer <key>` or with
+    another key, and serve with it; /health and /metrics stay open, and count the refusals."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from eaglespec.server.metrics import ServerMetrics
+
+    class AnsweringWorker:  # every request answered "Hi" at once
+        alive = True
+        metrics = ServerMetrics(running=lambda: 0, waiting=lambda: 0)
+
+        def submit(self, prompt, params, chat, max_tokens, stream, images):
+            q: asyncio.Queue = asyncio.Queue()
+            for event in [("accepted", 3), ("delta", "Hi"), ("done", "stop", 1, None)]:
+                q.put_nowait(event)
+            return SimpleNamespace(events=q, cancel=lambda: None)
+
+    with TestClient(create_app(AnsweringWorker(), NAME, 0.0, api_key="sk-local")) as client:
+        for headers in ({}, {"Authorization": "Bearer sk-other"}, {"Authorization": "sk-local"}):
+            r = client.post("/v1/chat/completions", json=chat_body("Hello", 4), headers=headers)
+            assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+            assert "Authorization: Bearer <key>" in r.json()["error"]["message"]
+        assert client.get("/v1/models").status_code == 401
+        good = {"Authorization": "Bearer sk-local"}
+        assert client.get("/v1/models", headers=good).json()["data"][0]["id"] == NAME
+        r = client.post("/v1/chat/completions", json=chat_body("Hello", 4), headers=good)
+        assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "Hi"
+        assert client.get("/health").status_code == 200
+        assert metric_values(client.get("/metrics").text)['eaglespec_requests_rejected_total{status="401"}'] == 4
+
+
 def test_completions_take_raw_text_and_token_ids(server, plain, smollm2):
     prompt = "The three largest cities in Europe are"
     r = server.post("/v1/completions", json={"prompt": prompt, "max_tokens": 12})

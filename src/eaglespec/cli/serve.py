@@ -13,6 +13,7 @@ informs `--draft auto`'s choice.
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
@@ -47,6 +48,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--stream-interval", type=int, default=1, metavar="N",
                    help="a streamed answer's text goes out at its first tokens, then every N tokens (default 1; "
                         "larger N: fewer, larger chunks and more throughput with many streaming clients)")
+    p.add_argument("--api-key", default=os.environ.get("EAGLESPEC_API_KEY"), metavar="KEY",
+                   help="the /v1 routes take requests carrying 'Authorization: Bearer KEY' only (default: the "
+                        "environment's EAGLESPEC_API_KEY; unset: no key); /health and /metrics stay open")
     p.add_argument("--log-stats-interval", type=float, default=10.0, metavar="SECONDS",
                    help="print request and token rates, queue sizes and the acceptance length to stderr this often "
                         "while requests run (default 10; 0: never); GET /metrics has them for Prometheus")
@@ -95,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
         if graphs:
             print(f"[eaglespec] captured {graphs} CUDA graphs in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     name = model_name(args)
-    app = create_app(worker, name, args.default_temperature)
+    app = create_app(worker, name, args.default_temperature, api_key=args.api_key or None)
     print(f"[eaglespec] serving {name} at http://{args.host}:{args.port}/v1 on {engine.device.type}: {rows} "
           f"row{'s' if rows > 1 else ''} of {max_len} tokens, {engine_summary(engine, args)}", file=sys.stderr)
     # the engine's loop stays on this thread, which loaded the model (server/worker.py says why); HTTP in another

@@ -8,6 +8,8 @@ Contract of `create_app(worker, model_name, default_temperature)`:
   delta, then a chunk with the finish reason, then (with `stream_options.include_usage`) a usage chunk, then
   `data: [DONE]`. A request without `temperature` samples at `default_temperature` (OpenAI's default is 1).
 - Images come as `image_url` parts holding data: URLs, for a multimodal target.
+- With `api_key` the /v1 routes answer 401 (OpenAI's body, code invalid_api_key) unless the request carries
+  `Authorization: Bearer <api_key>`; /health and /metrics stay open, for probes and scrapers.
 - Any user mistake answers HTTP 400 with OpenAI's error body and one sentence (a malformed body, a sampling value out
   of range, a prompt too long for the server's sequences, a feature this server does not have, an image for a
   text-only model); an unknown `model` 404; a stopped engine 503; the server keeps serving the other requests.
@@ -16,10 +18,11 @@ Contract of `create_app(worker, model_name, default_temperature)`:
 
 from __future__ import annotations
 
+import hmac
 import json
 from typing import Any, AsyncIterator, Callable
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Header, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
@@ -42,8 +45,20 @@ def _validation_message(exc: RequestValidationError) -> str:
     return "invalid request: " + "; ".join(parts)
 
 
-def create_app(worker: EngineWorker, model_name: str, default_temperature: float = 1.0) -> FastAPI:
+def create_app(worker: EngineWorker, model_name: str, default_temperature: float = 1.0,
+               api_key: str | None = None) -> FastAPI:
     app = FastAPI(title="eaglespec", description="EAGLE-3 speculative decoding, OpenAI-compatible")
+
+    async def authorized(authorization: str | None = Header(default=None)) -> None:
+        """With `api_key`, the /v1 routes take `Authorization: Bearer <api_key>` only (compared in constant time)."""
+        if api_key is None:
+            return
+        given = authorization[len("Bearer "):] if authorization and authorization.startswith("Bearer ") else ""
+        if not hmac.compare_digest(given.encode(), api_key.encode()):
+            raise HTTPError(401, "missing or wrong API key: send the header 'Authorization: Bearer <key>' with "
+                                 "the key this server was started with (--api-key)", "invalid_api_key")
+
+    v1 = [Depends(authorized)]
 
     @app.exception_handler(HTTPError)
     async def _http_error(request: Request, exc: HTTPError) -> JSONResponse:
@@ -67,7 +82,7 @@ def create_app(worker: EngineWorker, model_name: str, default_temperature: float
         body, content_type = worker.metrics.render()
         return Response(body, media_type=content_type)
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", dependencies=v1)
     async def models() -> dict[str, Any]:
         return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0,
                                             "owned_by": "eaglespec"}]}
@@ -169,12 +184,12 @@ def create_app(worker: EngineWorker, model_name: str, default_temperature: float
         build = schemas.chat_response if chat else schemas.completion_response
         return build(rid, model_name, text, finish, schemas.usage(n_prompt, n_out), spec)
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", dependencies=v1)
     async def chat_completions(body: schemas.ChatCompletionRequest) -> Any:
         messages, images = user_input(body.chat)
         return await respond(body, messages, chat=True, images=images)
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", dependencies=v1)
     async def completions(body: schemas.CompletionRequest) -> Any:
         return await respond(body, user_input(body.text_or_ids), chat=False)
 
