@@ -36,6 +36,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any, Callable
 from urllib.parse import urlparse
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
@@ -76,6 +77,30 @@ def post(url: str, body: dict, stream: bool) -> dict:
     return out
 
 
+def run_clients(n: int, concurrency: int, work: Callable[[int], Any]) -> tuple[list, float]:
+    """`work(i)` for i in 0..n-1, from `concurrency` client threads taking the next i as each finishes; returns the
+    results in order of i and the wall seconds."""
+    results: list = [None] * n
+    todo = iter(range(n))
+    lock = threading.Lock()
+
+    def client() -> None:
+        while True:
+            with lock:
+                i = next(todo, None)
+            if i is None:
+                return
+            results[i] = work(i)
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=client) for _ in range(concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results, time.perf_counter() - t0
+
+
 def run_load(url: str, prompts: list, args: argparse.Namespace, concurrency: int) -> dict:
     def body(p) -> dict:
         messages = p if isinstance(p, list) else [{"role": "user", "content": p}]
@@ -85,25 +110,7 @@ def run_load(url: str, prompts: list, args: argparse.Namespace, concurrency: int
         return b
 
     post(url, body(prompts[0]), args.stream)  # warm-up: caches, first graphs
-    results: list = [None] * len(prompts)
-    nxt = iter(range(len(prompts)))
-    lock = threading.Lock()
-
-    def client() -> None:
-        while True:
-            with lock:
-                i = next(nxt, None)
-            if i is None:
-                return
-            results[i] = post(url, body(prompts[i]), args.stream)
-
-    t0 = time.perf_counter()
-    threads = [threading.Thread(target=client) for _ in range(concurrency)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - t0
+    results, wall = run_clients(len(prompts), concurrency, lambda i: post(url, body(prompts[i]), args.stream))
     lat = sorted(r["latency"] for r in results)
     taus = [r["tau"] for r in results if r["tau"] is not None]
     ttfts = [r["ttft"] for r in results if r["ttft"] is not None]

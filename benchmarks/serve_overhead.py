@@ -22,6 +22,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from serve_load import run_clients  # noqa: E402  (the client threads, shared)
 TOKENS = 200
 
 
@@ -76,27 +78,8 @@ def load(port: int, requests: int, concurrency: int, stream: bool) -> tuple[floa
         except OSError:
             time.sleep(0.2)
     post(port, 0, stream)  # warm-up
-    todo = iter(range(requests))
-    lock = threading.Lock()
-    chunks = [0]
-
-    def client() -> None:
-        while True:
-            with lock:
-                i = next(todo, None)
-            if i is None:
-                return
-            k = post(port, i, stream)
-            with lock:
-                chunks[0] += k
-
-    t0 = time.perf_counter()
-    threads = [threading.Thread(target=client) for _ in range(concurrency)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return requests * TOKENS / (time.perf_counter() - t0), chunks[0] / requests
+    chunks, wall = run_clients(requests, concurrency, lambda i: post(port, i, stream))
+    return requests * TOKENS / wall, sum(chunks) / requests
 
 
 def main() -> int:
