@@ -242,8 +242,9 @@ class EngineWorker:
                 t.first_token_at = time.perf_counter()
                 self.metrics.first_token(t.first_token_at - t.arrival)
             # a streamed answer's text goes out at its first tokens, then every stream_interval tokens (and at the
-            # end): each delta costs the HTTP thread a chunk, under the GIL the engine's loop needs too
-            if req.finished or t.sent == 0 or n - t.sent >= self.stream_interval:
+            # end): each delta costs the HTTP thread a chunk, under the GIL the engine's loop needs too; an unstreamed
+            # one has no text before its end (Request: decoded once)
+            if req.finished or (t.stream and (t.sent == 0 or n - t.sent >= self.stream_interval)):
                 delta = req.take_delta()
                 if delta:
                     t.put(("delta", delta))
