@@ -12,14 +12,13 @@ Contract:
 - `submit(prompt, params, chat, max_tokens, stream, images)` -> `Ticket`, from any thread. The prompt is text
   (chat template applied when `chat`), chat messages, or token ids; `images` go to a multimodal target.
   `max_tokens` None: the room left in a row's cache after the prompt; a prompt or `max_tokens` that does not fit
-  is refused with one sentence. Each ticket receives,
-  in order, from the worker's thread: ("accepted", prompt_tokens) or ("error", message, status); then ("delta",
-  text) as text is committed (stop strings are never shown in part: `Request.take_delta`; with `stream` False one
-  delta at the end, the text decoded once: per-step detokenizing costs host time a busy GPU engine has not got);
-  then ("done", finish_reason, completion_tokens, speculative stats or None). A streamed answer's deltas go out
-  at its first tokens, then every `stream_interval` tokens (default 1: each step's). A ticket's `events` is an
-  `asyncio.Queue` of the event loop that called `submit` (filled with `call_soon_threadsafe`), or, called outside
-  an event loop, a `queue.Queue`.
+  is refused with one sentence. Each ticket receives, in order, from the worker's thread: ("accepted",
+  prompt_tokens) or ("error", message, status); then ("delta", text) as text is committed (stop strings are never
+  shown in part: `Request.take_delta`; with `stream` False one delta at the end, the text decoded once: per-step
+  detokenizing costs host time a busy GPU engine has not got); then ("done", finish_reason, completion_tokens,
+  speculative stats or None). A streamed answer's deltas go out at its first tokens, then every `stream_interval`
+  tokens (default 1: each step's). A ticket's `events` is an `asyncio.Queue` of the event loop that called
+  `submit` (filled with `call_soon_threadsafe`), or, called outside an event loop, a `queue.Queue`.
 - `Ticket.cancel()` (the client went away) aborts the request (`Engine.abort`): its row frees at its next step.
 - Between steps the worker admits everything submitted; with nothing to run it blocks on the queue (no spinning).
 - `metrics` (server/metrics.py) counts requests, tokens, latencies and acceptance for `GET /metrics`; with
@@ -219,7 +218,8 @@ class EngineWorker:
         return len(sched.running) if sched is not None else 0
 
     def _waiting(self) -> int:
-        """Requests submitted and not yet in a row: in the worker's inbox, queued, or prefilled ahead."""
+        """Requests submitted and not yet in a row: in the worker's inbox (where a cancellation in flight counts
+        too), queued, or prefilled ahead."""
         sched = getattr(self.engine, "scheduler", None)
         queued = len(sched.waiting) + len(sched.parked) if sched is not None else 0
         return queued + self._inbox.qsize()
