@@ -1,0 +1,101 @@
+"""`eaglespec serve` through the official `openai` Python client, over a real HTTP server (uvicorn on a free port) on
+the real SmolLM2 with the shipped drafter: models, chat completions (whole and streamed with usage), completions,
+the speculative statistics as an extra field, and the client's own exceptions for a refused request and a wrong
+API key. What a user's code runs is what this checks: the bodies parse as OpenAI's SDK expects them."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import openai
+import pytest
+import torch
+import uvicorn
+
+from eaglespec.api import load_drafter
+from eaglespec.assets import default_drafter_path
+from eaglespec.config import EngineConfig, SpecConfig
+from eaglespec.engine.engine import Engine
+from eaglespec.sampling_params import SamplingParams
+from eaglespec.server.app import create_app
+from eaglespec.server.worker import EngineWorker
+
+NAME = "SmolLM2-135M-Instruct"
+KEY = "sk-eaglespec-test"
+QUESTION = "What is the capital of France?"
+
+
+@pytest.fixture(scope="module")
+def base_url(smollm2):
+    path = default_drafter_path()
+    assert path is not None
+    engine = Engine(smollm2.model, smollm2.tokenizer, EngineConfig(max_batch_size=2),
+                    drafter=load_drafter(path, "cpu", torch.float32), spec=SpecConfig(2, 2, 4))
+    worker = EngineWorker(engine, rows=2, max_len=256).start()
+    with socket.socket() as s:  # a free port
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(create_app(worker, NAME, 0.0, api_key=KEY), host="127.0.0.1", port=port,
+                                           log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    for _ in range(200):
+        if server.started:
+            break
+        time.sleep(0.05)
+    assert server.started
+    yield f"http://127.0.0.1:{port}/v1"
+    server.should_exit = True
+    thread.join(10)
+    worker.stop()
+    smollm2.model.set_eagle3_layers_to_capture(None)  # the fixture model is shared
+
+
+@pytest.fixture(scope="module")
+def client(base_url):
+    return openai.OpenAI(base_url=base_url, api_key=KEY, max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def expected(smollm2):
+    plain = Engine(smollm2.model, smollm2.tokenizer, EngineConfig(max_batch_size=1))
+    return plain.generate([QUESTION], SamplingParams(max_new_tokens=16))[0].text
+
+
+def test_models_and_a_chat_completion(client, expected):
+    assert [m.id for m in client.models.list().data] == [NAME]
+    r = client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": QUESTION}], max_tokens=16,
+                                       temperature=0)
+    assert r.choices[0].message.role == "assistant" and r.choices[0].message.content == expected
+    assert r.choices[0].finish_reason in ("stop", "length") and r.usage.completion_tokens > 0
+    assert r.model_extra["eaglespec"]["verify_steps"] > 0  # the speculative statistics, an extra field
+
+
+def test_a_streamed_chat_completion_with_usage(client, expected):
+    stream = client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": QUESTION}],
+                                            max_completion_tokens=16, temperature=0, stream=True,
+                                            stream_options={"include_usage": True})
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == expected
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens > 0
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] in ("stop", "length")
+
+
+def test_a_completion(client, smollm2):
+    plain = Engine(smollm2.model, smollm2.tokenizer, EngineConfig(max_batch_size=1))
+    prompt = "The three largest cities in Europe are"
+    r = client.completions.create(model=NAME, prompt=prompt, max_tokens=12, temperature=0)
+    assert r.choices[0].text == plain.generate([prompt], SamplingParams(max_new_tokens=12), chat=False)[0].text
+
+
+def test_the_clients_exceptions(client, base_url):
+    with pytest.raises(openai.BadRequestError, match="n=2: this server returns one choice per request"):
+        client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "Hi"}], max_tokens=4, n=2)
+    with pytest.raises(openai.NotFoundError, match="does not exist"):
+        client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "Hi"}], max_tokens=4)
+    wrong = openai.OpenAI(base_url=base_url, api_key="sk-wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError, match="API key"):
+        wrong.models.list()
