@@ -84,6 +84,12 @@ def test_a_streamed_chat_completion_with_usage(client, expected):
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] in ("stop", "length")
 
 
+def test_two_choices(client, expected):
+    r = client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": QUESTION}], max_tokens=16,
+                                       temperature=0, n=2)
+    assert [(c.index, c.message.content) for c in r.choices] == [(0, expected), (1, expected)]
+
+
 def test_a_completion(client, smollm2):
     plain = Engine(smollm2.model, smollm2.tokenizer, EngineConfig(max_batch_size=1))
     prompt = "The three largest cities in Europe are"
@@ -92,8 +98,8 @@ def test_a_completion(client, smollm2):
 
 
 def test_the_clients_exceptions(client, base_url):
-    with pytest.raises(openai.BadRequestError, match="n=2: this server returns one choice per request"):
-        client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "Hi"}], max_tokens=4, n=2)
+    with pytest.raises(openai.BadRequestError, match="n must be between 1 and 64"):
+        client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "Hi"}], max_tokens=4, n=100)
     with pytest.raises(openai.NotFoundError, match="does not exist"):
         client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "Hi"}], max_tokens=4)
     wrong = openai.OpenAI(base_url=base_url, api_key="sk-wrong", max_retries=0)

@@ -211,6 +211,35 @@ def test_an_api_key_guards_the_v1_routes():
         assert metric_values(client.get("/metrics").text)['eaglespec_requests_rejected_total{status="401"}'] == 4
 
 
+def test_n_choices_whole_and_streamed(server, plain):
+    """`n` > 1: each choice runs as a request of its own (two rows here); greedy, every choice is plain greedy's
+    answer. Whole: choices indexed 0..n-1, usage counting every choice's tokens, the speculative statistics merged.
+    Streamed: a role chunk per choice, each choice's chunks (its index) joining to its answer, a finish chunk each,
+    then one usage chunk."""
+    want = plain_answer(plain, QUESTIONS[0], 12)
+    r = server.post("/v1/chat/completions", json=chat_body(QUESTIONS[0], 12, n=3)).json()
+    assert [c["index"] for c in r["choices"]] == [0, 1, 2]
+    assert [c["message"]["content"] for c in r["choices"]] == [want] * 3
+    single = server.post("/v1/chat/completions", json=chat_body(QUESTIONS[0], 12)).json()
+    assert r["usage"]["completion_tokens"] == 3 * single["usage"]["completion_tokens"]
+    assert r["usage"]["prompt_tokens"] == single["usage"]["prompt_tokens"]  # the prompt counts once
+    assert r["eaglespec"]["verify_steps"] == 3 * single["eaglespec"]["verify_steps"]
+    with server.stream("POST", "/v1/chat/completions", json=chat_body(QUESTIONS[0], 12, n=2, stream=True,
+                                                                     stream_options={"include_usage": True})) as s:
+        events = sse_events(s)
+    assert events[-1] == "[DONE]" and events[-2]["usage"]["completion_tokens"] == r["usage"]["completion_tokens"] * 2 // 3
+    chunks = [e["choices"][0] for e in events[:-2]]
+    assert [c["delta"] for c in chunks[:2]] == [{"role": "assistant", "content": ""}] * 2
+    assert [c["index"] for c in chunks[:2]] == [0, 1]
+    for i in (0, 1):
+        mine = [c for c in chunks[2:] if c["index"] == i]
+        assert "".join(c["delta"].get("content", "") for c in mine) == want
+        assert [c["finish_reason"] for c in mine if c["finish_reason"]] == [r["choices"][i]["finish_reason"]]
+    comp = server.post("/v1/completions", json={"prompt": "The sky is", "max_tokens": 6, "n": 2, "best_of": 2,
+                                                "temperature": 0}).json()
+    assert [c["index"] for c in comp["choices"]] == [0, 1] and comp["choices"][0]["text"] == comp["choices"][1]["text"]
+
+
 def test_completions_take_raw_text_and_token_ids(server, plain, smollm2):
     prompt = "The three largest cities in Europe are"
     r = server.post("/v1/completions", json={"prompt": prompt, "max_tokens": 12})
@@ -247,7 +276,9 @@ def test_concurrent_requests_equal_their_plain_answers(server, plain):
 @pytest.mark.parametrize("path,body,status,needle", [
     ("/v1/chat/completions", chat_body("hi", temperature=-1), 400, "temperature must be >= 0"),
     ("/v1/chat/completions", chat_body("hi", top_p=0), 400, "top_p"),
-    ("/v1/chat/completions", chat_body("hi", n=2), 400, "n=2: this server returns one choice"),
+    ("/v1/chat/completions", chat_body("hi", n=0), 400, "n must be between 1 and 64 (got 0)"),
+    ("/v1/chat/completions", chat_body("hi", n=65), 400, "n must be between 1 and 64 (got 65)"),
+    ("/v1/completions", {"prompt": "a", "n": 2, "best_of": 3}, 400, "best_of=3: this server does not rank choices"),
     ("/v1/chat/completions", chat_body("hi", seed=3), 400, "per-request seeds are not supported"),
     ("/v1/chat/completions", chat_body("hi", max_tokens=0), 400, "max_tokens must be >= 1"),
     ("/v1/chat/completions", chat_body("hi", max_tokens=1000), 400, "exceed this server's 256 tokens per sequence"),
@@ -331,7 +362,7 @@ def test_metrics_count_what_the_server_did(server):
     accepted draft tokens that give the answers' acceptance lengths, and an empty queue at rest."""
     bodies = [chat_body(q, n) for q, n in zip(QUESTIONS, (8, 12, 16))]
     answers = [server.post("/v1/chat/completions", json=b).json() for b in bodies]
-    assert server.post("/v1/chat/completions", json=chat_body(QUESTIONS[0], 10, n=2)).status_code == 400
+    assert server.post("/v1/chat/completions", json=chat_body(QUESTIONS[0], 10, n=0)).status_code == 400
     r = server.get("/metrics")
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
     m = metric_values(r.text)
@@ -340,7 +371,7 @@ def test_metrics_count_what_the_server_did(server):
     assert m[f'eaglespec_requests_total{{finish_reason="{reasons[0]}"}}'] == reasons.count(reasons[0])
     assert m["eaglespec_prompt_tokens_total"] == sum(a["usage"]["prompt_tokens"] for a in answers)
     assert m["eaglespec_generation_tokens_total"] == sum(a["usage"]["completion_tokens"] for a in answers)
-    assert m['eaglespec_requests_rejected_total{status="400"}'] == 1  # n = 2: refused by the app's checks
+    assert m['eaglespec_requests_rejected_total{status="400"}'] == 1  # n = 0: refused by the app's checks
     assert m["eaglespec_time_to_first_token_seconds_count"] == 3 and m["eaglespec_request_seconds_count"] == 3
     assert 0 < m["eaglespec_time_to_first_token_seconds_sum"] <= m["eaglespec_request_seconds_sum"]
     steps = sum(a["eaglespec"]["verify_steps"] for a in answers)

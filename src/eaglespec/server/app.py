@@ -18,6 +18,7 @@ Contract of `create_app(worker, model_name, default_temperature)`:
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 from typing import Any, AsyncIterator, Callable
@@ -29,6 +30,22 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from ..errors import EaglespecError
 from . import schemas
 from .worker import EngineWorker, Ticket
+
+
+class _Indexed:
+    """A choice's event queue read as (index 0, event), the shape `sse` reads several choices' merged queue in."""
+
+    def __init__(self, events: asyncio.Queue) -> None:
+        self.events = events
+
+    async def get(self) -> tuple[int, tuple]:
+        return 0, await self.events.get()
+
+    def get_nowait(self) -> tuple[int, tuple]:
+        return 0, self.events.get_nowait()
+
+    def empty(self) -> bool:
+        return self.events.empty()
 
 
 class HTTPError(Exception):
@@ -92,73 +109,106 @@ def create_app(worker: EngineWorker, model_name: str, default_temperature: float
             raise HTTPError(404, f"the model {name!r} does not exist: this server serves {model_name!r}",
                             "model_not_found")
 
-    async def start(body: schemas.SampledRequest, prompt: Any, chat: bool, images: list) -> tuple[Ticket, int]:
-        """Submit; wait until the worker accepts the request (its prompt tokens) or refuses it (an HTTPError)."""
+    async def start(body: schemas.SampledRequest, prompt: Any, chat: bool,
+                    images: list) -> tuple[list[Ticket], int]:
+        """Submit the request's n choices (each a request of the engine); wait until the worker accepts them (the
+        prompt's tokens) or refuses one (an HTTPError, the others cancelled)."""
         check_model(body.model)
         params = user_input(lambda: body.sampling(default_temperature))
-        ticket = worker.submit(prompt, params, chat=chat, max_tokens=body.requested_tokens, stream=body.stream,
-                               images=images)
+        tickets = [worker.submit(prompt, params, chat=chat, max_tokens=body.requested_tokens, stream=body.stream,
+                                 images=images) for _ in range(body.n)]
         try:
-            event = await ticket.events.get()
+            events = [await t.events.get() for t in tickets]
         except BaseException:  # the client went away before the worker took the request
-            ticket.cancel()
+            cancel(tickets)
             raise
-        if event[0] == "error":
-            raise HTTPError(event[2], event[1])
-        return ticket, event[1]
+        for event in events:
+            if event[0] == "error":
+                cancel(tickets)
+                raise HTTPError(event[2], event[1])
+        return tickets, events[0][1]
 
-    async def collect(ticket: Ticket) -> tuple[str, str, int, dict | None]:
+    def cancel(tickets: list[Ticket]) -> None:
+        for t in tickets:
+            t.cancel()
+
+    async def collect(ticket: Ticket) -> tuple[str, str, int, Any]:
         text = []
+        while True:
+            event = await ticket.events.get()
+            if event[0] == "delta":
+                text.append(event[1])
+            elif event[0] == "done":
+                return "".join(text), event[1], event[2], event[3]
+            else:
+                raise HTTPError(event[2], event[1])
+
+    async def collect_all(tickets: list[Ticket]) -> list[tuple[str, str, int, Any]]:
         try:
-            while True:
-                event = await ticket.events.get()
-                if event[0] == "delta":
-                    text.append(event[1])
-                elif event[0] == "done":
-                    return "".join(text), event[1], event[2], event[3]
-                else:
-                    raise HTTPError(event[2], event[1])
-        except BaseException:  # the client went away (cancelled) or the engine failed
-            ticket.cancel()
+            return list(await asyncio.gather(*(collect(t) for t in tickets)))
+        except BaseException:  # the client went away (cancelled) or the engine failed: no choice runs on
+            cancel(tickets)
             raise
 
-    def sse(ticket: Ticket, rid: str, obj: str, prompt_tokens: int, include_usage: bool,
-            chunk: Callable[[str | None, str | None], dict], first: dict | None) -> StreamingResponse:
+    def merged_events(tickets: list[Ticket]) -> tuple[Any, list[asyncio.Task]]:
+        """One queue of (choice index, event) over the tickets' queues: the ticket's own, wrapped, for one choice;
+        for several, one forwarding task each (returned, to be cancelled with the stream)."""
+        if len(tickets) == 1:
+            return _Indexed(tickets[0].events), []
+        merged: asyncio.Queue = asyncio.Queue()
+
+        async def forward(i: int, t: Ticket) -> None:
+            while True:
+                event = await t.events.get()
+                merged.put_nowait((i, event))
+                if event[0] != "delta":
+                    return
+
+        return merged, [asyncio.create_task(forward(i, t)) for i, t in enumerate(tickets)]
+
+    def sse(tickets: list[Ticket], rid: str, obj: str, prompt_tokens: int, include_usage: bool,
+            chunk: Callable[[int, str | None, str | None], dict], first: Callable[[int], dict] | None
+            ) -> StreamingResponse:
         async def events() -> AsyncIterator[str]:
-            finished = False
+            source, tasks = merged_events(tickets)
+            finished, done, completion_tokens = False, 0, 0
             try:
                 if first is not None:
-                    yield f"data: {json.dumps(first)}\n\n"
+                    for i in range(len(tickets)):
+                        yield f"data: {json.dumps(first(i))}\n\n"
                 behind = None  # an event taken while merging deltas, handled next
                 while True:
-                    event, behind = behind or await ticket.events.get(), None
+                    (i, event), behind = behind or await source.get(), None
                     if event[0] == "delta":
-                        # the deltas queued behind this one go in the same chunk: a client read slower than the
-                        # engine steps gets fewer, larger chunks instead of falling behind one chunk per step
+                        # the deltas of this choice queued behind this one go in the same chunk: a client read
+                        # slower than the engine steps gets fewer, larger chunks instead of falling behind
                         text = [event[1]]
-                        while not ticket.events.empty():
-                            event = ticket.events.get_nowait()
-                            if event[0] != "delta":
-                                behind = event
+                        while not source.empty():
+                            j, event = nxt = source.get_nowait()
+                            if j != i or event[0] != "delta":
+                                behind = nxt
                                 break
                             text.append(event[1])
-                        yield f"data: {json.dumps(chunk(''.join(text), None))}\n\n"
+                        yield f"data: {json.dumps(chunk(i, ''.join(text), None))}\n\n"
                     elif event[0] == "done":
-                        finished = True
-                        yield f"data: {json.dumps(chunk(None, event[1]))}\n\n"
-                        if include_usage:
-                            use = schemas.usage(prompt_tokens, event[2])
-                            yield f"data: {json.dumps(schemas.usage_chunk(rid, obj, model_name, use))}\n\n"
-                        break
+                        yield f"data: {json.dumps(chunk(i, None, event[1]))}\n\n"
+                        done, completion_tokens = done + 1, completion_tokens + event[2]
+                        if done == len(tickets):
+                            finished = True
+                            if include_usage:
+                                use = schemas.usage(prompt_tokens, completion_tokens)
+                                yield f"data: {json.dumps(schemas.usage_chunk(rid, obj, model_name, use))}\n\n"
+                            break
                     else:  # the headers are sent: the error goes in the stream, as OpenAI's does
-                        finished = True
                         kind = "server_error" if event[2] >= 500 else "invalid_request_error"
                         yield f"data: {json.dumps(schemas.error_body(event[1], kind))}\n\n"
                         break
                 yield "data: [DONE]\n\n"
             finally:
-                if not finished:  # the client disconnected mid-stream
-                    ticket.cancel()
+                for task in tasks:
+                    task.cancel()
+                if not finished:  # the client disconnected mid-stream, or a choice failed: none runs on
+                    cancel(tickets)
 
         return StreamingResponse(events(), media_type="text/event-stream")
 
@@ -169,20 +219,26 @@ def create_app(worker: EngineWorker, model_name: str, default_temperature: float
             raise HTTPError(400, str(e)) from None
 
     async def respond(body: schemas.SampledRequest, prompt: Any, chat: bool, images: list | None = None) -> Any:
-        """One request of either endpoint: the whole answer, or its stream (`chat`: chat completion bodies)."""
-        ticket, n_prompt = await start(body, prompt, chat, images or [])
+        """One request of either endpoint: the whole answer, or its stream (`chat`: chat completion bodies), with
+        its n choices."""
+        tickets, n_prompt = await start(body, prompt, chat, images or [])
         rid = schemas.new_id("chatcmpl" if chat else "cmpl")
         if body.stream:
-            def chunk(text: str | None, finish: str | None) -> dict:
+            def chunk(i: int, text: str | None, finish: str | None) -> dict:
                 if chat:
-                    return schemas.chat_chunk(rid, model_name, {} if text is None else {"content": text}, finish)
-                return schemas.completion_chunk(rid, model_name, text or "", finish)
-            first = schemas.chat_chunk(rid, model_name, {"role": "assistant", "content": ""}) if chat else None
+                    return schemas.chat_chunk(rid, model_name, {} if text is None else {"content": text}, finish, i)
+                return schemas.completion_chunk(rid, model_name, text or "", finish, i)
+
+            def first(i: int) -> dict:
+                return schemas.chat_chunk(rid, model_name, {"role": "assistant", "content": ""}, index=i)
+
             obj = "chat.completion.chunk" if chat else "text_completion"
-            return sse(ticket, rid, obj, n_prompt, body.include_usage, chunk, first)
-        text, finish, n_out, spec = await collect(ticket)
+            return sse(tickets, rid, obj, n_prompt, body.include_usage, chunk, first if chat else None)
+        results = await collect_all(tickets)
         build = schemas.chat_response if chat else schemas.completion_response
-        return build(rid, model_name, text, finish, schemas.usage(n_prompt, n_out), spec)
+        use = schemas.usage(n_prompt, sum(r[2] for r in results))
+        spec = schemas.spec_summary([r[3] for r in results])
+        return build(rid, model_name, [(r[0], r[1]) for r in results], use, spec)
 
     @app.post("/v1/chat/completions", dependencies=v1)
     async def chat_completions(body: schemas.ChatCompletionRequest) -> Any:

@@ -56,7 +56,7 @@ class ServerMetrics:
         self._since = time.monotonic()
         self._span = {"requests": 0, "prompt": 0, "generated": 0, "steps": 0, "accepted": 0}
 
-    # --- the worker's thread (rejected: the event loop's) ---------------------------------------------------------------
+    # --- the worker's thread (rejected: the event loop's) ----------------------------------------------------------
     def accepted(self, prompt_tokens: int) -> None:
         self.prompt_tokens.inc(prompt_tokens)
         self._span["prompt"] += prompt_tokens

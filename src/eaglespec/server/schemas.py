@@ -3,11 +3,13 @@
 Contract: `ChatCompletionRequest` / `CompletionRequest` parse a request body (unknown fields are ignored, as OpenAI's
 clients send many); `.sampling(default_temperature)` turns one into `SamplingParams` (max_tokens None: the server
 picks the room left in its cache) and raises `RequestError` with one sentence for what this server does not do
-(several choices, penalties, logprobs, tools, per-request seeds, echo / suffix, images other than data: URLs),
+(more than MAX_N choices, penalties, logprobs, tools, per-request seeds, echo / suffix, best_of, images other than
+data: URLs),
 rather than ignoring it. Images (`image_url` parts) reach the target as decoded PIL images in message order; a
 target that takes none refuses them (`Engine.prepare`).
 The `*_response` / `*_chunk` helpers build the JSON bodies (`id`, `object`, `created`, `model`, `choices`, `usage`),
-with the speculative statistics under the extra key `eaglespec` where there were speculative steps.
+with the speculative statistics (of all choices, merged) under the extra key `eaglespec` where there were
+speculative steps.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from ..errors import RequestError
 from ..sampling_params import SamplingParams
 
 Stop = Union[str, list[str], None]
+MAX_N = 64  # choices per request: each is a request of its own in the engine's queue
 
 
 class _Body(BaseModel):
@@ -105,8 +108,8 @@ class SampledRequest(_Body):
     ignore_eos: bool = False  # an extension (vLLM, SGLang)
 
     def _checks(self) -> None:
-        if self.n != 1:
-            raise RequestError(f"n={self.n}: this server returns one choice per request (n=1)")
+        if not 1 <= self.n <= MAX_N:
+            raise RequestError(f"n must be between 1 and {MAX_N} (got {self.n})")
         if self.seed is not None:
             raise RequestError("per-request seeds are not supported: the server's --seed seeds every sampled request")
         for name in ("presence_penalty", "frequency_penalty"):
@@ -175,8 +178,9 @@ class CompletionRequest(SampledRequest):
             raise RequestError("suffix is not supported by this server")
         if self.logprobs:
             raise RequestError("logprobs are not supported by this server")
-        if self.best_of not in (None, 1):
-            raise RequestError(f"best_of={self.best_of}: this server returns one choice per request")
+        if self.best_of not in (None, self.n):
+            raise RequestError(f"best_of={self.best_of}: this server does not rank choices (it returns n of n; no "
+                               "logprobs to rank them by)")
         return self._params(self.max_tokens, default_temperature)
 
     def text_or_ids(self) -> str | list[int]:
@@ -202,25 +206,39 @@ def _envelope(rid: str, obj: str, model: str, choices: list[dict], **extra: Any)
     return {"id": rid, "object": obj, "created": int(time.time()), "model": model, "choices": choices, **extra}
 
 
-def chat_response(rid: str, model: str, text: str, finish_reason: str, use: dict, spec: dict | None) -> dict:
-    choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-              "finish_reason": finish_reason}
-    return _envelope(rid, "chat.completion", model, [choice], usage=use, **({"eaglespec": spec} if spec else {}))
+def chat_response(rid: str, model: str, choices: list[tuple[str, str]], use: dict, spec: dict | None) -> dict:
+    """`choices`: (text, finish_reason) per choice, in index order."""
+    out = [{"index": i, "message": {"role": "assistant", "content": text}, "logprobs": None, "finish_reason": finish}
+           for i, (text, finish) in enumerate(choices)]
+    return _envelope(rid, "chat.completion", model, out, usage=use, **({"eaglespec": spec} if spec else {}))
 
 
-def chat_chunk(rid: str, model: str, delta: dict, finish_reason: str | None = None) -> dict:
+def chat_chunk(rid: str, model: str, delta: dict, finish_reason: str | None = None, index: int = 0) -> dict:
     return _envelope(rid, "chat.completion.chunk", model,
-                     [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}])
+                     [{"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}])
 
 
-def completion_response(rid: str, model: str, text: str, finish_reason: str, use: dict, spec: dict | None) -> dict:
-    choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
-    return _envelope(rid, "text_completion", model, [choice], usage=use, **({"eaglespec": spec} if spec else {}))
+def completion_response(rid: str, model: str, choices: list[tuple[str, str]], use: dict, spec: dict | None) -> dict:
+    """`choices`: (text, finish_reason) per choice, in index order."""
+    out = [{"index": i, "text": text, "logprobs": None, "finish_reason": finish}
+           for i, (text, finish) in enumerate(choices)]
+    return _envelope(rid, "text_completion", model, out, usage=use, **({"eaglespec": spec} if spec else {}))
 
 
-def completion_chunk(rid: str, model: str, text: str, finish_reason: str | None = None) -> dict:
+def completion_chunk(rid: str, model: str, text: str, finish_reason: str | None = None, index: int = 0) -> dict:
     return _envelope(rid, "text_completion", model,
-                     [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}])
+                     [{"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}])
+
+
+def spec_summary(stats: list) -> dict | None:
+    """The speculative statistics of a request's choices (`SpecStats` or None each), merged, as the `eaglespec` key."""
+    from ..spec.stats import SpecStats
+
+    merged = SpecStats()
+    for s in stats:
+        if s is not None:
+            merged.merge(s)
+    return merged.to_dict() if merged.verify_steps else None
 
 
 def usage_chunk(rid: str, obj: str, model: str, use: dict) -> dict:

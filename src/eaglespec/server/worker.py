@@ -16,7 +16,7 @@ Contract:
   prompt_tokens) or ("error", message, status); then ("delta", text) as text is committed (stop strings are never
   shown in part: `Request.take_delta`; with `stream` False one delta at the end, the text decoded once: per-step
   detokenizing costs host time a busy GPU engine has not got); then ("done", finish_reason, completion_tokens,
-  speculative stats or None). A streamed answer's deltas go out at its first tokens, then every `stream_interval`
+  its `SpecStats` or None). A streamed answer's deltas go out at its first tokens, then every `stream_interval`
   tokens (default 1: each step's). A ticket's `events` is an `asyncio.Queue` of the event loop that called
   `submit` (filled with `call_soon_threadsafe`), or, called outside an event loop, a `queue.Queue`.
 - `Ticket.cancel()` (the client went away) aborts the request (`Engine.abort`): its row frees at its next step.
@@ -157,6 +157,7 @@ class EngineWorker:
         except Exception as e:  # a bug: say so to everyone waiting, keep the traceback in the server's log
             traceback.print_exc()
             self.failure = f"{type(e).__name__}: {e}"
+            self.alive = False  # before anyone hears of it: /health answers 503 from the first 500 on
             for t in self._live:
                 t.put(("error", f"internal error in the engine: {self.failure}", 500))
             self._live.clear()
@@ -209,8 +210,8 @@ class EngineWorker:
         except EaglespecError as e:
             t.put(("error", str(e), 400))
             return
-        t.put(("accepted", len(ids)))
         self.metrics.accepted(len(ids))
+        t.put(("accepted", len(ids)))
         self._live.append(t)
 
     def _running(self) -> int:
@@ -250,10 +251,10 @@ class EngineWorker:
                     t.put(("delta", delta))
                     t.sent = n
             if req.finished:
-                spec = req.stats.to_dict() if req.stats.verify_steps else None
+                spec = req.stats if req.stats.verify_steps else None
+                # counted before the client hears of it: a scrape right after the answer sees it
+                self.metrics.finished(req.finish_reason or "length", n, time.perf_counter() - t.arrival, spec)
                 t.put(("done", req.finish_reason, len(req.output_ids), spec))
-                self.metrics.finished(req.finish_reason or "length", n, time.perf_counter() - t.arrival,
-                                      req.stats if req.stats.verify_steps else None)
             else:
                 still.append(t)
         self._live = still
