@@ -1,19 +1,22 @@
 """The FastAPI app of `eaglespec serve`: OpenAI's chat/completions, completions and models, with streaming.
 
-Contract of `create_app(worker, model_name, default_temperature)`:
+Contract of `create_app(worker, model_name, default_temperature, api_key)`:
 - `GET /v1/models`: the one served model; `GET /health`: 200 while the engine runs, 503 once it has stopped;
   `GET /metrics`: the worker's counters in Prometheus' text format (server/metrics.py).
 - `POST /v1/chat/completions` (the chat template applied to `messages`) and `POST /v1/completions` (a raw text prompt
   or token ids): the whole answer as JSON, or with `"stream": true` server-sent events, one chunk per committed text
   delta, then a chunk with the finish reason, then (with `stream_options.include_usage`) a usage chunk, then
-  `data: [DONE]`. A request without `temperature` samples at `default_temperature` (OpenAI's default is 1).
+  `data: [DONE]`. A request without `temperature` samples at `default_temperature` (OpenAI's default is 1). `n`
+  choices run as n requests of the worker: indexed choices, usage over all of them; streamed, a role chunk per
+  choice (chat) and every chunk naming its choice's index, the usage chunk after the last choice finished.
 - Images come as `image_url` parts holding data: URLs, for a multimodal target.
 - With `api_key` the /v1 routes answer 401 (OpenAI's body, code invalid_api_key) unless the request carries
   `Authorization: Bearer <api_key>`; /health and /metrics stay open, for probes and scrapers.
 - Any user mistake answers HTTP 400 with OpenAI's error body and one sentence (a malformed body, a sampling value out
   of range, a prompt too long for the server's sequences, a feature this server does not have, an image for a
   text-only model); an unknown `model` 404; a stopped engine 503; the server keeps serving the other requests.
-- A streaming client that disconnects has its request aborted (`Ticket.cancel`), so its row frees at the next step.
+- A client that disconnects has its request's choices aborted (`Ticket.cancel`), so their rows free at the next
+  step; a choice that fails aborts the others.
 """
 
 from __future__ import annotations
