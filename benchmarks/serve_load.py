@@ -6,7 +6,7 @@ HTTP API, for one or several server configurations launched in turn, side by sid
     # the device machine (GGUF staged by device_parts.sh; the web stack's wheels carried in .whl, downloaded here by
     #   python3 -m pip download --only-binary=:all: --python-version 3.12 --implementation cp \
     #     --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -d .whl fastapi uvicorn "pydantic>=2" \
-    #     httptools uvloop
+    #     httptools uvloop prometheus-client
     # and installed there by `pip install --no-index --no-deps --target /tmp/site .whl/*.whl`, PYTHONPATH=/tmp/site:src;
     # `--model $G` alone is the embedded model: the shipped drafter with the CUDA schedule of --spec auto):
     G=/root/m/SmolLM2-135M-Instruct.Q4_1.gguf
@@ -19,7 +19,8 @@ time (--rounds times over), as chat completions of `--max-tokens` tokens (stream
 token too). Reports completion tokens per second of wall time, latency (mean, p50, p90), with --stream the mean time
 to the first token, the mean acceptance length (non-streamed answers carry it), and how many answers equal the first
 configuration's at the same C (greedy: all should).
-Writes OUT/serve_load.json and prints a Markdown table. Standard library only (http.client, threads), so it runs on
+Writes OUT/serve_load.json and each server's /metrics after its loads (OUT/metrics_I.txt) and prints a Markdown
+table. Standard library only (http.client, threads), so it runs on
 the device machine as it is.
 """
 
@@ -125,6 +126,16 @@ def run_load(url: str, prompts: list, args: argparse.Namespace, concurrency: int
     }
 
 
+def save_metrics(url: str, path: Path) -> None:
+    """The server's /metrics after its loads (its Prometheus counters: what it counted, for the record)."""
+    u = urlparse(url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=10)
+    conn.request("GET", "/metrics")
+    resp = conn.getresponse()
+    if resp.status == 200:
+        path.write_bytes(resp.read())
+
+
 def wait_healthy(url: str, proc: subprocess.Popen | None, timeout: float = 600) -> None:
     u = urlparse(url)
     end = time.time() + timeout
@@ -179,6 +190,7 @@ def main() -> int:
         try:
             wait_healthy(url, proc)
             runs = [run_load(url, prompts, args, c) for c in levels]
+            save_metrics(url, out / f"metrics_{i}.txt")
         finally:
             if proc is not None:
                 proc.terminate()
