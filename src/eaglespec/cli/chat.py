@@ -19,8 +19,8 @@ from .. import api
 from ..engine.engine import Engine
 from ..errors import RequestError
 from ..sampling_params import SamplingParams
-from .options import (add_model_options, add_sampling_options, draft_arg, engine_config, engine_summary,
-                      sampling_params, spec_config)
+from .options import (add_model_options, add_sampling_options, answer_line, draft_arg, engine_config,
+                      engine_summary, sampling_params, spec_config)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -71,7 +71,7 @@ def answer(engine: Engine, prepared: tuple[list[int], object], params: SamplingP
     sys.stdout.flush()
     req = engine.last_request
     n = len(req.output_ids)
-    line = f"[eaglespec] {n} tokens in {seconds:.2f} s ({n / seconds if seconds > 0 else 0.0:.1f} tok/s)"
+    line = answer_line(n, seconds)
     if engine.speculative and req.stats.verify_steps:
         line += f", accept length {req.stats.accept_length_mean:.2f}"
     print(line, file=sys.stderr)

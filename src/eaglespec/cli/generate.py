@@ -10,8 +10,8 @@ from pathlib import Path
 
 from .. import api
 from ..errors import RequestError
-from .options import (add_model_options, add_sampling_options, draft_arg, engine_config, plain_reason, sampling_params,
-                      spec_config)
+from .options import (add_model_options, add_sampling_options, answer_line, draft_arg, engine_config, plain_reason,
+                      sampling_params, spec_config)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
         "device": str(engine.device),
         "dtype": str(engine.dtype).removeprefix("torch."),
     }
-    line = f"[eaglespec] {n} tokens in {seconds:.2f} s ({stats['tok_per_s']:.1f} tok/s)"
+    line = answer_line(n, seconds)
     plain = plain_reason(engine, args)
     if plain is not None:
         line += ", " + plain

@@ -114,6 +114,11 @@ def draft_arg(args: argparse.Namespace) -> str | None:
     return None if args.no_spec else args.draft
 
 
+def answer_line(tokens: int, seconds: float) -> str:
+    """The start of the stats line `generate` and `chat` print after an answer."""
+    return f"[eaglespec] {tokens} tokens in {seconds:.2f} s ({tokens / seconds if seconds > 0 else 0.0:.1f} tok/s)"
+
+
 def plain_reason(engine: "Engine", args: argparse.Namespace) -> str | None:
     """Why an engine that `--draft auto` built for the embedded model decodes plainly (None where it speculates, or
     where the user chose the drafter or --no-spec)."""
