@@ -12,9 +12,10 @@ Contract:
   acceptance length of the speculative steps in that span), or None when nothing happened; `eaglespec serve` logs it
   every `--log-stats-interval` seconds.
 
-Metric names (prefix `eaglespec_`): `requests_total{finish_reason}`, `requests_rejected_total{status}`,
-`prompt_tokens_total`, `generation_tokens_total`, `requests_running`, `requests_waiting`,
-`time_to_first_token_seconds` and `request_seconds` (histograms), `spec_verify_steps_total` and
+Each of a request's `n` choices runs, and counts here, as a request of its own (`requests_total`, the tokens, the
+latencies); a refusal counts once. Metric names (prefix `eaglespec_`): `requests_total{finish_reason}`,
+`requests_rejected_total{status}`, `prompt_tokens_total`, `generation_tokens_total`, `requests_running`,
+`requests_waiting`, `time_to_first_token_seconds` and `request_seconds` (histograms), `spec_verify_steps_total` and
 `spec_accepted_tokens_total` (draft tokens accepted; the mean acceptance length is 1 + accepted / steps, as
 `accept_length_mean` counts the bonus token).
 """
