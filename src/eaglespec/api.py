@@ -47,6 +47,11 @@ def load_drafter(path: str | Path, device: torch.device | str, dtype: torch.dtyp
     return loaded.model
 
 
+def spec_rows(max_batch_size: int, spec_max_rows: int | None) -> int:
+    """The most rows a speculative step of such an engine runs (EngineConfig.spec_max_rows caps them)."""
+    return min(max_batch_size, spec_max_rows or max_batch_size)
+
+
 def auto_spec(target: torch.nn.Module, device_type: str, max_batch_size: int = 1, temperature: float = 0.0,
               spec_max_rows: int | None = None) -> tuple[SpecConfig | SpecSchedule | None, str | None]:
     """What `draft="auto"` speculates with on the shipped drafter for an engine of `max_batch_size` rows on this
@@ -56,8 +61,8 @@ def auto_spec(target: torch.nn.Module, device_type: str, max_batch_size: int = 1
     one-token forwards (`target` prepared as the engine runs it). With `spec_max_rows` (EngineConfig) no speculative
     step runs more rows than that, so the choice is the one for that many rows. `load` and `eaglespec bench --spec
     auto` both take it."""
-    rows = min(max_batch_size, spec_max_rows or max_batch_size)
-    spec = default_spec(device_type, rows, temperature, next(target.parameters()).dtype)
+    spec = default_spec(device_type, spec_rows(max_batch_size, spec_max_rows), temperature,
+                        next(target.parameters()).dtype)
     if spec is None:
         return None, slower_note(device_type)
     if device_type == "cpu":  # the CPU's premise (a few-token forward costs about a 1-token one) is measured
@@ -99,8 +104,8 @@ def load(
         if spec is None and draft_path is not None and is_default_drafter(draft_path):
             # the shipped drafter named by the user: its measured shape here, without the CPU timing (asked for, it
             # speculates); where none was measured for this engine, SpecConfig's default
-            rows = min(config.max_batch_size, config.spec_max_rows or config.max_batch_size)
-            spec = default_spec(device.type, rows, temperature, dtype)
+            spec = default_spec(device.type, spec_rows(config.max_batch_size, config.spec_max_rows), temperature,
+                                dtype)
     drafter = load_drafter(draft_path, device, dtype) if draft_path is not None else None
     if drafter is not None:
         prepare_for_inference(drafter, device, config.fuse_projections, config.compile)

@@ -76,10 +76,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--port must be in 1..65535 (got {args.port})")
     if args.max_seq_len is not None and args.max_seq_len < 2:
         raise ConfigError(f"--max-seq-len must be >= 2 (got {args.max_seq_len})")
-    if args.log_stats_interval < 0:
-        raise ConfigError(f"--log-stats-interval must be >= 0 (got {args.log_stats_interval})")
-    if args.stream_interval < 1:
-        raise ConfigError(f"--stream-interval must be >= 1 (got {args.stream_interval})")
+    EngineWorker.check_options(args.stream_interval, args.log_stats_interval)
     if args.default_temperature < 0:
         raise ConfigError(f"--default-temperature must be >= 0 (got {args.default_temperature})")
     device = resolve_device(args.device)

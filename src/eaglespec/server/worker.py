@@ -81,10 +81,7 @@ class Ticket:
 class EngineWorker:
     def __init__(self, engine: Engine, rows: int, max_len: int, stream_interval: int = 1,
                  log_interval: float = 0.0) -> None:
-        if stream_interval < 1:
-            raise ConfigError(f"--stream-interval must be >= 1 (got {stream_interval})")
-        if log_interval < 0:
-            raise ConfigError(f"--log-stats-interval must be >= 0 (got {log_interval})")
+        self.check_options(stream_interval, log_interval)
         self.engine = engine
         self.rows = rows
         self.stream_interval = stream_interval
@@ -99,6 +96,14 @@ class EngineWorker:
         self._stop = False
         self.alive = False
         self.failure: str | None = None
+
+    @staticmethod
+    def check_options(stream_interval: int, log_interval: float) -> None:
+        """A ConfigError for an option out of range (`eaglespec serve` asks before it loads the model)."""
+        if stream_interval < 1:
+            raise ConfigError(f"--stream-interval must be >= 1 (got {stream_interval})")
+        if log_interval < 0:
+            raise ConfigError(f"--log-stats-interval must be >= 0 (got {log_interval})")
 
     # --- any thread --------------------------------------------------------------------------------------------------
     def ready(self) -> "EngineWorker":
@@ -215,13 +220,13 @@ class EngineWorker:
         self._live.append(t)
 
     def _running(self) -> int:
-        sched = getattr(self.engine, "scheduler", None)
+        sched = self.engine.scheduler
         return len(sched.running) if sched is not None else 0
 
     def _waiting(self) -> int:
         """Requests submitted and not yet in a row: in the worker's inbox (where a cancellation in flight counts
         too), queued, or prefilled ahead."""
-        sched = getattr(self.engine, "scheduler", None)
+        sched = self.engine.scheduler
         queued = len(sched.waiting) + len(sched.parked) if sched is not None else 0
         return queued + self._inbox.qsize()
 
