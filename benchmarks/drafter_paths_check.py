@@ -3,7 +3,7 @@
     python benchmarks/drafter_paths_check.py            # exits 1 on a mismatch
 
 For each variant (plain EAGLE-3; `norm_before_residual`, vLLM speculators' flag; EAGLE-3.1's norm_before_fc +
-norm_output and fc_norm) and two widths (64, and SmolLM2's 576 with 9 heads of 64 over 3 KV heads), a random drafter
+norm_output and fc_norm; two and three decoder layers) and two widths (64, and SmolLM2's 576 with 9 heads of 64 over 3 KV heads), a random drafter
 on a random target in float32 on CUDA: a plain copy, and one prepared as engines prepare it
 (`engine.transforms.prepare_for_inference`: fused projections, the draft-input kernel, add + norm + gate/up,
 few-row linears, short-query attention, elementwise kernels). Both run a catch-up of 4 tokens on 2 rows (fc over the
@@ -33,6 +33,9 @@ VARIANTS = {
     "norm_before_fc+norm_output": dict(norm_before_fc=True, norm_output=True),
     "fc_norm": dict(fc_norm=True),
     "norm_before_residual+norm_output": dict(norm_before_residual=True, norm_output=True),
+    # multi-layer EAGLE-3 (vLLM's and speculators'): later layers are plain decoder layers with their own caches
+    "two layers": dict(num_hidden_layers=2),
+    "three layers+norm_output": dict(num_hidden_layers=3, norm_output=True),
 }
 WIDTHS = {64: dict(), 576: dict(num_attention_heads=9, num_key_value_heads=3, head_dim=64, intermediate_size=1536)}
 
@@ -41,7 +44,7 @@ def run(d, dev: torch.device, H: int, seed: int = 3) -> list[torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     toks = torch.randint(0, 97, (2, 4), generator=g).to(dev)
     aux = (torch.randn(2, 4, 3 * H, generator=g) * 2).to(dev)
-    kv = KVCache(1, d.kv_cache_shapes(), 2, 16, torch.float32, dev)
+    kv = KVCache(d.num_layers, d.kv_cache_shapes(), 2, 16, torch.float32, dev)
     pos = (torch.arange(4)[None].expand(2, 4) + torch.tensor([[0], [2]])).to(dev)
     mask = torch.ones(4, 16, dtype=torch.bool).tril()[None].expand(2, 4, 16).to(dev)
     ctx = ForwardContext(positions=pos, write_index=pos, attn_mask=mask, kv=kv.layers(),

@@ -52,6 +52,8 @@ VARIANTS = {  # name -> drafter config flags
     # RedHatAI's gpt-oss speculator sets these three (its config, as quoted by other readers)
     "norm_before_fc+norm_output+norm_before_residual": dict(norm_before_residual=True, norm_before_fc=True,
                                                             norm_output=True),
+    # vLLM's multi-layer EAGLE-3 (its llama_eagle3.py since vllm-project/vllm#26164; speculators' Eagle3DraftModel)
+    "three layers": dict(norm_before_residual=True, num_hidden_layers=3),
 }
 
 
@@ -77,7 +79,7 @@ def speculators_dict(drafter, aux_vllm=(2, 3, 5), **top) -> dict:
     c, ec = drafter.config, drafter.config.eagle
     layer = {
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": c.hidden_size,
-        "intermediate_size": c.intermediate_size, "num_hidden_layers": 1, "num_attention_heads": c.num_attention_heads,
+        "intermediate_size": c.intermediate_size, "num_hidden_layers": c.num_hidden_layers, "num_attention_heads": c.num_attention_heads,
         "num_key_value_heads": c.num_key_value_heads, "head_dim": c.head_dim, "hidden_act": "silu",
         "rms_norm_eps": c.rms_norm_eps, "max_position_embeddings": c.max_position_embeddings,
         "rope_parameters": {"rope_theta": c.rope.theta, "rope_type": "default"}, "attention_bias": False,
@@ -108,8 +110,9 @@ def write_speculators(folder: Path, drafter, target, aux_vllm=(2, 3, 5), **top) 
     own = {n for n in sd if not n.startswith("embed_tokens.")}
     if drafter.config.eagle.draft_vocab_size is None:
         own -= {"d2t", "t2d"}
-    tensors = {s: sd[o].contiguous() for s, o in SPECULATORS_NAMES.items() if o in own}
-    assert set(SPECULATORS_NAMES[s] for s in tensors) == own  # the table names every weight
+    names = {**SPECULATORS_NAMES, **{n: n for n in own if n.startswith("layers.")}}  # later layers: the same names
+    tensors = {s: sd[o].contiguous() for s, o in names.items() if o in own}
+    assert set(names[s] for s in tensors) == own  # the table names every weight
     tensors["embed_tokens.weight"] = target.get_embed_and_head()[0].detach().clone()
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(speculators_dict(drafter, aux_vllm, **top)))
@@ -228,7 +231,6 @@ REFUSALS = {  # config change -> the message (each names the field)
     "no layer": (_drop("transformer_layer_config"), "lacks transformer_layer_config"),
     "qwen3 layer": (_layer(model_type="qwen3"), "transformer_layer_config.model_type is 'qwen3': eaglespec's drafter layer is llama's"),
     "no model_type": (_drop("model_type", layer=True), "transformer_layer_config.model_type is None"),
-    "two layers": (_layer(num_hidden_layers=2), "num_hidden_layers is 2: eaglespec's drafter has one decoder layer"),
     "sliding": (_layer(layer_types=["sliding_attention"]), "layer_types has sliding-window layers"),
     "no draft_vocab_size": (_drop("draft_vocab_size"), r"does not state draft_vocab_size.*\(32000 against"),
     "no norm_before_residual": (_drop("norm_before_residual"), r"does not state norm_before_residual.*false against"),

@@ -179,6 +179,44 @@ def test_train_a_wider_drafter_layer(tiny_folder, data_file, tmp_path, capsys):
     assert not (tmp_path / "bad-work").exists()
 
 
+def test_train_a_multi_layer_drafter_and_deepen_another(tiny_folder, data_file, tmp_path, capsys):
+    """--drafter-layers 2 trains vLLM's multi-layer EAGLE-3 drafter (config num_hidden_layers 2, layers.1.*), which
+    loads and speculates losslessly; with --init it adds identity layers to an exported drafter, whose first layer is
+    kept; 0 layers is refused in one line before any work."""
+    common = ["train", "--target", str(tiny_folder), "--data", str(data_file), "--device", "cpu", "--ttt-steps", "2",
+              "--batch-tokens", "400", "--max-len", "96", "--regen-max-new-tokens", "8", "--no-progress",
+              "--draft-vocab", "40", "--export-dtype", "float32"]
+    two, one, deep = tmp_path / "two", tmp_path / "one", tmp_path / "deep"
+    assert main([*common, "--out", str(two), "--max-steps", "3", "--lr", "1e-3", "--drafter-layers", "2"]) == 0
+    assert json.loads((two / "config.json").read_text())["num_hidden_layers"] == 2
+    d = load_drafter(two, "cpu", torch.float32)
+    assert d.num_layers == 2 and d.layers["1"].self_attn.q_proj.weight.shape == (64, 64)
+    target = load_model(tiny_folder, device="cpu", dtype=torch.float32)
+    d.set_embed_and_head(*target.model.get_embed_and_head())
+    prompts = [[1, 5, 6, 7], [1, 9, 9, 30, 31, 32]]
+    params = SamplingParams(max_new_tokens=20, ignore_eos=True)
+    plain = Engine(target.model, None, EngineConfig()).generate(prompts, params)
+    from eaglespec.config import SpecConfig
+
+    spec = Engine(target.model, None, EngineConfig(), drafter=d, spec=SpecConfig(3, 2, 5)).generate(prompts, params)
+    assert [o.token_ids for o in spec] == [o.token_ids for o in plain]
+
+    assert main([*common, "--out", str(one), "--max-steps", "2", "--lr", "1e-3"]) == 0
+    capsys.readouterr()
+    assert main([*common, "--out", str(deep), "--max-steps", "1", "--init", str(one), "--lr", "1e-30",
+                 "--drafter-layers", "3"]) == 0
+    assert "deepened the drafter from 1 to 3 decoder layers" in capsys.readouterr().err
+    a, b = load_drafter(one, "cpu", torch.float32), load_drafter(deep, "cpu", torch.float32)
+    assert b.num_layers == 3
+    assert torch.allclose(b.midlayer.self_attn.q_proj.weight, a.midlayer.self_attn.q_proj.weight, atol=1e-20)
+    assert b.layers["2"].mlp.down_proj.weight.abs().max() < 1e-20  # zero, up to one step of lr 1e-30
+
+    assert main([*common, "--out", str(tmp_path / "bad"), "--drafter-layers", "0"]) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last == "eaglespec: error: --drafter-layers must be >= 1 (got 0)"
+    assert not (tmp_path / "bad-work").exists()
+
+
 def test_train_an_eagle31_drafter_and_add_its_norms_to_another(tiny_folder, data_file, tmp_path, capsys):
     """--fc-norm / --norm-before-fc / --norm-output train an EAGLE-3.1 drafter: config.json says so at the top level
     (as SGLang, vLLM and TensorRT-LLM read it) and the export loads; with --init they add the norms to a plain

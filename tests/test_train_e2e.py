@@ -21,7 +21,8 @@ from eaglespec.engine.engine import Engine
 from eaglespec.errors import ConfigError
 from eaglespec.sampling_params import SamplingParams
 from eaglespec.train.dataset import TokenDataset
-from eaglespec.train.drafter import DrafterShape, drafter_hf_config, new_drafter, revocab_drafter, widen_drafter
+from eaglespec.train.drafter import (DrafterShape, deepen_drafter, drafter_hf_config, new_drafter, revocab_drafter,
+                                    trainable_parameters, widen_drafter)
 from eaglespec.train.export import check_shard_limit, export_drafter
 from eaglespec.train.trainer import TrainConfig, Trainer
 from eaglespec.train.vocab import build_draft_vocab, count_tokens
@@ -164,6 +165,59 @@ def test_widened_drafter_computes_the_same_function_then_trains_its_new_units(se
     with pytest.raises(ConfigError, match="multiple of the drafter's 2 key/value heads"):
         widen_drafter(drafter, DrafterShape(num_attention_heads=5))
     assert widen_drafter(drafter, DrafterShape()) is drafter
+
+
+def test_deepened_drafter_computes_the_same_function_then_trains_its_new_layers(setup, tmp_path):
+    """A continued drafter given two more decoder layers (vLLM's multi-layer EAGLE-3) scores exactly as before, held
+    out and at inference, since the new layers' outputs start at zero; training moves them; the export names them
+    layers.1.* / layers.2.* and loads back; removing layers is refused."""
+    target, train_ds, eval_ds, vocab, prompts, plain = setup
+    drafter = new_drafter(target, (1, 2, 2), vocab, seed=3)
+    with torch.no_grad():  # a drafter far from its init, so that every weight matters
+        for p in drafter.parameters():
+            if p.requires_grad and p.dim() == 2:
+                p.mul_(6.0)
+    before = Trainer(target, drafter, train_ds, eval_ds, vocab, config(tmp_path / "a")).evaluate()
+    tau = measured_accept_length(target, drafter, prompts, plain)
+
+    deep = deepen_drafter(drafter, DrafterShape(num_hidden_layers=3), seed=1)
+    assert deep.num_layers == 3 and deep.config.raw["num_hidden_layers"] == 3
+    assert {f"layers.{i}.self_attn.q_proj.weight" for i in (1, 2)} <= set(trainable_parameters(deep))
+    for n, t in drafter.state_dict().items():
+        if not n.startswith("embed_tokens."):
+            assert torch.equal(deep.state_dict()[n], t), n
+    tr = Trainer(target, deep, train_ds, eval_ds, vocab, config(tmp_path / "b", max_steps=3, lr=1e-3))
+    after = tr.evaluate()
+    assert after.loss == pytest.approx(before.loss, rel=1e-6) and after.acc == pytest.approx(before.acc, abs=1e-6)
+    assert measured_accept_length(target, deep, prompts, plain) == pytest.approx(tau, abs=1e-9)
+    outs = [deep.layers[i].self_attn.o_proj.weight for i in "12"] + [deep.layers[i].mlp.down_proj.weight
+                                                                      for i in "12"]
+    assert not any(w.any() for w in outs)
+    q0 = deep.layers["2"].self_attn.q_proj.weight.detach().clone()
+    tr.fit()
+    assert all(w.abs().sum() > 0 for w in outs)
+    assert not torch.equal(deep.layers["2"].self_attn.q_proj.weight, q0)  # once o_proj moved, its inputs learn too
+
+    out = tmp_path / "deep"
+    export_drafter(deep, out, dtype=torch.float32)
+    assert json.loads((out / "config.json").read_text())["num_hidden_layers"] == 3
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        assert {"layers.1.input_layernorm.weight", "layers.2.mlp.down_proj.weight"} <= set(f.keys())
+        assert not any(n.startswith("layers.0.") or ".hidden_norm" in n and n.startswith("layers.") for n in f.keys())
+    loaded = load_drafter(out, "cpu", torch.float32)
+    for n, t in deep.state_dict().items():
+        if not n.startswith("embed_tokens."):
+            assert torch.equal(loaded.state_dict()[n], t), n
+    tau_deep = measured_accept_length(target, loaded, prompts, plain)  # lossless (asserted inside)
+    # widening reaches every layer: the later ones' MLP and heads grow too, the function stays
+    wide = widen_drafter(deep, DrafterShape(intermediate_size=200, num_attention_heads=6), seed=1)
+    assert wide.layers["2"].mlp.down_proj.weight.shape == (64, 200)
+    assert wide.layers["1"].self_attn.q_proj.weight.shape == (6 * 16, 64)
+    assert measured_accept_length(target, wide, prompts, plain) == pytest.approx(tau_deep, abs=1e-9)
+
+    with pytest.raises(ConfigError, match=r"--drafter-layers 2 would remove layers from the --init drafter \(3\)"):
+        deepen_drafter(deep, DrafterShape(num_hidden_layers=2))
+    assert deepen_drafter(drafter, DrafterShape()) is drafter
 
 
 def test_revocab_keeps_trained_rows_and_starts_new_ones_from_the_target_head(setup):

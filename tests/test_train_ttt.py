@@ -17,11 +17,14 @@ STEPS = 4  # steps 0..3
 
 
 @pytest.fixture(scope="module", params=[{}, {"norm_before_fc": True, "norm_output": True},
-                                        {"fc_norm": True, "norm_output": True}, {"norm_before_residual": True}],
-                ids=["eagle3", "eagle3.1-norm_before_fc", "eagle3.1-fc_norm", "norm_before_residual"])
+                                        {"fc_norm": True, "norm_output": True}, {"norm_before_residual": True},
+                                        {"num_hidden_layers": 3}, {"num_hidden_layers": 2, "norm_output": True}],
+                ids=["eagle3", "eagle3.1-norm_before_fc", "eagle3.1-fc_norm", "norm_before_residual",
+                     "three-layers", "two-layers-norm_output"])
 def models(request):
-    """A tiny target and drafter; the drafter plain EAGLE-3, EAGLE-3.1 (its norm weights away from 1), or with
-    norm_before_residual (its residual hidden_norm(h), as speculators' drafters)."""
+    """A tiny target and drafter; the drafter plain EAGLE-3, EAGLE-3.1 (its norm weights away from 1), with
+    norm_before_residual (its residual hidden_norm(h), as speculators' drafters), or of several decoder layers (each
+    with its own KV cache at inference, its own keys per step in TTT)."""
     torch.manual_seed(0)
     target = tiny_llama(seed=0)
     drafter = drafter31(target, {"draft_vocab": 50, **request.param}, seed=1)
@@ -35,7 +38,7 @@ def inference_logits(drafter, tokens: torch.Tensor, aux: torch.Tensor, j: int, k
     """Drafter logits at committed position j after 0..k draft steps, through the engine's cached path.
 
     tokens [n] and aux [n, A] of one sample; returns [Vd] logits for steps 0..k."""
-    kv = KVCache(1, drafter.kv_cache_shapes(), 1, j + k + 2, torch.float32, "cpu")
+    kv = KVCache(drafter.num_layers, drafter.kv_cache_shapes(), 1, j + k + 2, torch.float32, "cpu")
     seen: list[torch.Tensor] = []
 
     def step(tok, hidden, positions, write_index, mask, from_target, logits_index):

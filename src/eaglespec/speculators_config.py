@@ -3,7 +3,7 @@
 `ModelConfig.from_hf` hands a config.json with `speculators_model_type` or `transformer_layer_config` to
 `from_speculators(d)`, which rewrites it as the EAGLE-3 layout's flat config (`eagle3_layout`, the one SGLang,
 SpecForge and `eaglespec train` write) and reads that, so every default keeps its one home in config.py. The weights
-load through `LlamaForCausalLMEagle3.checkpoint_renames` (`layers.0.` -> `midlayer.`).
+load through `LlamaForCausalLMEagle3.checkpoint_renames` (`layers.0.` -> `midlayer.`; later layers keep `layers.i.`).
 
 The format, as speculators writes it (github.com/vllm-project/speculators, src/speculators/: models/eagle3/config.py
 `Eagle3SpeculatorConfig`, models/eagle3/core.py `Eagle3DraftModel`, model.py `DraftVocabMixin`, and
@@ -17,7 +17,8 @@ convert/eagle/eagle3_legacy_model.py `Eagle3Speculator`, which its converter sav
 - `transformer_layer_config`: the decoder layer's transformers config (model_type, hidden_size, intermediate_size,
   heads, head_dim, rms_norm_eps, rope, num_hidden_layers; vocab_size is the verifier's vocabulary);
 - weights: fc.weight; layers.0.{input_layernorm, hidden_norm, self_attn.{q,k,v,o}_proj, post_attention_layernorm,
-  mlp.{gate,up,down}_proj}.weight; norm.weight; lm_head.weight [draft_vocab_size, H]; d2t [draft_vocab_size] and t2d
+  mlp.{gate,up,down}_proj}.weight; with num_hidden_layers N > 1 also layers.1..N-1, plain Llama decoder layers
+  (transformers' LlamaDecoderLayer: no hidden_norm, input width H); norm.weight; lm_head.weight [draft_vocab_size, H]; d2t [draft_vocab_size] and t2d
   [vocab_size] only when the draft vocabulary is smaller than the verifier's (target id = draft id + d2t[id], as in
   the EAGLE-3 layout); input_norm.weight or fc_norm.{i}.weight (EAGLE-3.1); embed_tokens.weight, a frozen copy of
   the verifier's embedding, ignored as the EAGLE-3 layout's is (the drafter takes the target's).
@@ -33,7 +34,7 @@ Read as:
 - `norm_before_residual`, `norm_before_fc`, `fc_norm`, `norm_output`: Eagle3Config's fields of those names.
 Refused with one sentence naming the field, since each changes what the drafter computes and eaglespec's drafter does
 not compute it: another speculators_model_type; a layer other than llama's (speculators reads a missing model_type as
-qwen3, whose attention has q/k norms); more than one layer; sliding-window layers; a trained embedding
+qwen3, whose attention has q/k norms); sliding-window layers; a trained embedding
 (`embed_requires_grad`); aux ids other than three, or id 0 (the embedding output); and a config that leaves out
 `draft_vocab_size` or `norm_before_residual`, whose defaults speculators and vLLM disagree on (32000 against the
 verifier's vocabulary; false against true).
@@ -79,9 +80,6 @@ def eagle3_layout(d: Mapping[str, Any]) -> dict[str, Any]:
         raise ConfigError(f"the drafter's transformer_layer_config.model_type is {layer.get('model_type')!r}: "
                           "eaglespec's drafter layer is llama's (speculators reads a missing model_type as qwen3, "
                           "whose attention has q/k norms)")
-    if layer.get("num_hidden_layers") is not None and int(layer["num_hidden_layers"]) != 1:
-        raise ConfigError(f"the drafter's transformer_layer_config.num_hidden_layers is "
-                          f"{layer['num_hidden_layers']}: eaglespec's drafter has one decoder layer")
     if any(t != "full_attention" for t in layer.get("layer_types") or ()):
         raise ConfigError("the drafter's transformer_layer_config.layer_types has sliding-window layers, which "
                           "eaglespec's drafter does not run")

@@ -75,6 +75,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     m.add_argument("--drafter-heads", type=int, default=None, metavar="N",
                    help="the drafter layer's query heads, a multiple of the target's KV heads (default: the target's; "
                         "with --init: adds heads to that drafter)")
+    m.add_argument("--drafter-layers", type=int, default=None, metavar="N",
+                   help="decoder layers (default 1, the published EAGLE-3 drafter; more: vLLM's and speculators' "
+                        "multi-layer EAGLE-3, which SGLang does not run; with --init: adds layers that start as the "
+                        "identity)")
     m.add_argument("--norm-before-fc", action="store_true", default=None,
                    help="EAGLE-3.1: an RMSNorm over the concatenated aux states before fc (with --init: added)")
     m.add_argument("--fc-norm", action="store_true", default=None,
@@ -205,8 +209,9 @@ def run(args: argparse.Namespace) -> int:
     # `eaglespec generate` runs it.
     prepare_for_inference(loaded.model, device, None, None)
     tcfg = loaded.config
-    shape = DrafterShape(args.drafter_intermediate_size, args.drafter_heads, args.norm_before_fc, args.fc_norm,
-                         args.norm_output)  # checked by train_drafter up front
+    shape = DrafterShape(intermediate_size=args.drafter_intermediate_size, num_attention_heads=args.drafter_heads,
+                         num_hidden_layers=args.drafter_layers, norm_before_fc=args.norm_before_fc,
+                         fc_norm=args.fc_norm, norm_output=args.norm_output)  # checked by train_drafter up front
     train_cfg = TrainConfig(
         work_dir=work_dir, aux_layers=_aux_layers(args.aux_layers, tcfg.default_aux_layer_ids()),
         ttt_steps=args.ttt_steps, step_decay=args.step_decay, lr=args.lr, warmup_frac=args.warmup_frac,

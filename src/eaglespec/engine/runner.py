@@ -133,7 +133,9 @@ class ModelRunner:
         self._pinned_prefill = torch.empty(rows, dtype=torch.int64, pin_memory=True) if dev.type == "cuda" else None
         if self.spec is not None:
             K = self.spec.topk
-            self.dkv = KVCache(1, self.drafter.kv_cache_shapes(), rows, self.cache_len, self.dtype, dev)
+            # one cache layer per drafter decoder layer (a multi-layer EAGLE-3 drafter; the oracle declares none: 1)
+            self.dkv = KVCache(getattr(self.drafter, "num_layers", 1), self.drafter.kv_cache_shapes(), rows,
+                               self.cache_len, self.dtype, dev)
             H = self.drafter.config.hidden_size
             self.d_top_ids = torch.zeros(rows, K, dtype=torch.int64, device=dev)
             # trees score their depth-1 candidates; chains take the argmax and keep no log-probabilities

@@ -11,6 +11,11 @@ drafter's own previous output):
     logits = lm_head(norm(r))                              # [.., draft_vocab]; target id = id + d2t[id]
     r is returned as the next step's hidden (pre-norm, width H, so fc is skipped there); norm(r) with norm_output
 
+A drafter of num_hidden_layers N > 1 (vLLM's and speculators' multi-layer EAGLE-3) runs N - 1 plain Llama decoder
+layers (models/llama.py, width H in, no embedding) on r before the final norm: r <- r + attn(input_layernorm(r)),
+then r <- r + mlp(post_attention_layernorm(r)), each with its own KV cache (engine layer i of the drafter's cache);
+the head and the next step's hidden read the last layer's output.
+
 EAGLE-3.1 (config.Eagle3Config: norm_before_fc, fc_norm, norm_output; published EAGLE-3 checkpoints set none):
 aux_norm is the identity in EAGLE-3, else one RMSNorm over the concatenated aux states (`input_norm`,
 norm_before_fc) or one per aux state (`fc_norm.{i}`), and with norm_output the next step's hidden is norm(r), the
@@ -23,8 +28,10 @@ RoPE's cos/sin) through one kernel (`draft_input`, layers/draft_input_kernel.py)
 unsummed so that the last residual add runs inside the final norm's kernel (`RMSNorm.add_forward`, or the fused
 norm + head).
 
-Weights are unprefixed: fc, midlayer.*, norm, lm_head, d2t, t2d (and input_norm or fc_norm.{i}); vLLM speculators'
-format names the layer layers.0.* (its config is read by speculators_config.py). An embed_tokens in the checkpoint
+Weights are unprefixed: fc, midlayer.*, layers.{1..N-1}.* (the later layers, as vLLM and speculators name them),
+norm, lm_head, d2t, t2d (and input_norm or fc_norm.{i}); vLLM speculators' format names the first layer layers.0.*
+(its config is read by speculators_config.py). A later layer's hidden_norm, which vLLM builds but never runs, is
+ignored if a checkpoint carries it. An embed_tokens in the checkpoint
 is ignored: the embedding comes from the target through `set_embed_and_head` (and the lm_head too when the checkpoint
 has no draft vocabulary).
 """
@@ -40,6 +47,7 @@ from ..layers.context import ForwardContext
 from ..layers.mlp import GatedMLP
 from ..layers.norm import RMSNorm
 from ..layers.rotary import Rotary
+from .llama import LlamaDecoderLayer
 
 
 class Eagle3MidLayer(nn.Module):
@@ -99,7 +107,8 @@ class LlamaForCausalLMEagle3(nn.Module):
     # verifier_*: speculators' training-time copies of the verifier's norm and head (its save leaves them out; a
     # checkpoint that kept them still loads)
     checkpoint_ignore: tuple[str, ...] = (r"^embed_tokens\.weight$", r"rotary_emb\.inv_freq$",
-                                          r"^verifier_(norm|lm_head)\.weight$")
+                                          r"^verifier_(norm|lm_head)\.weight$",
+                                          r"^(model\.)?layers\.[1-9][0-9]*\.hidden_norm\.weight$")
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -114,6 +123,8 @@ class LlamaForCausalLMEagle3(nn.Module):
             if ec.fc_norm else None
         self.norm_output = ec.norm_output
         self.midlayer = Eagle3MidLayer(config)
+        # the later layers, keyed "1".."N-1" so that their parameters carry the checkpoint's names (layers.1.*)
+        self.layers = nn.ModuleDict({str(i): LlamaDecoderLayer(config) for i in range(1, config.num_hidden_layers)})
         self.norm = RMSNorm(H, config.rms_norm_eps)
         self.rotary = Rotary(config.head_dim, config.rope)
         self.draft_vocab_size = config.eagle.draft_vocab_size or config.vocab_size
@@ -139,7 +150,8 @@ class LlamaForCausalLMEagle3(nn.Module):
 
     @property
     def num_layers(self) -> int:
-        return 1
+        """Decoder layers, each with its own KV cache: the first (midlayer) and the later ones."""
+        return 1 + len(self.layers)
 
     def reset_buffers(self) -> None:
         self.rotary.reset_buffers()
@@ -184,6 +196,10 @@ class LlamaForCausalLMEagle3(nn.Module):
             x = mid.inputs(self.embed_tokens(input_ids), hidden)
             cos, sin = self.rotary(ctx.positions)
         r, m = mid(x, hidden, cos, sin, ctx, ctx.kv[0] if ctx.kv is not None else None)
+        for i, layer in self.layers.items():  # the output is r + m (m None: r is whole, PreNormDecoderLayer)
+            r, m = layer(r, m, cos, sin, ctx, ctx.kv[int(i)] if ctx.kv is not None else None)
+        if m is None:
+            return self._head_whole(r, ctx, need_logits)
         if self.norm_output:  # EAGLE-3.1: the next step takes norm(r), which the head reads too
             r, n = self.norm.add_forward(r, m)
             if not need_logits:
@@ -202,6 +218,16 @@ class LlamaForCausalLMEagle3(nn.Module):
             return logits, r
         r, n = self.norm.add_forward(r, m)
         return self.lm_head(n), r
+
+    def _head_whole(self, r: torch.Tensor, ctx: ForwardContext,
+                    need_logits: bool) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """`forward`'s end when the last layer handed back its whole output r [B, T, H] (a folded later layer)."""
+        n = self.norm(r) if self.norm_output or need_logits else r
+        nxt = n if self.norm_output else r
+        if not need_logits:
+            return None, nxt
+        sel = n if ctx.logits_index is None else _rows(n, ctx.logits_index)
+        return self.lm_head(sel), nxt
 
 
 def _rows(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:

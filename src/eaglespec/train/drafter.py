@@ -2,8 +2,9 @@
 
 Contract:
 - `drafter_hf_config(target_config, aux_ids, draft_vocab_size, shape=DrafterShape())`: the `config.json` dict of a
-  one-layer `LlamaForCausalLMEagle3` with the target's width, KV heads, head_dim, norm eps, RoPE and context, and the
-  target's query heads and intermediate size unless `shape` widens them (still the published one-layer format: SGLang
+  `LlamaForCausalLMEagle3` of `shape.num_hidden_layers` decoder layers (default one, the published EAGLE-3 drafter;
+  more: vLLM's and speculators' multi-layer drafter, models/eagle3.py) with the target's width, KV heads, head_dim, norm eps, RoPE and context, and the
+  target's query heads and intermediate size unless `shape` widens them (still the published format: SGLang
   and vLLM read both from the config; the width must stay the target's, whose embedding the drafter shares);
   `vocab_size` is the target's, `draft_vocab_size` is omitted when None (the drafter then shares the target's
   lm_head), `target_hidden_size` and `eagle_config {eagle_aux_hidden_state_layer_ids, use_aux_hidden_state: true}`
@@ -16,9 +17,13 @@ Contract:
   device sessions), checked against the target, wired the same way, its own vocabulary map kept, trainable again;
   one in vLLM speculators' format is refused (the export would write its config.json over the EAGLE-3 layout's
   weight names).
-- `widen_drafter(drafter, shape, seed)`: the same drafter with a wider MLP and/or more query heads, computing the same
-  function (Net2Net-style: the new MLP units and query heads get N(0, 0.02) inputs and zero outputs, so the first
-  gradient step starts them from the trained drafter instead of from scratch); narrowing is refused.
+- `widen_drafter(drafter, shape, seed)`: the same drafter with a wider MLP and/or more query heads (in every decoder
+  layer), computing the same function (Net2Net-style: the new MLP units and query heads get N(0, 0.02) inputs and zero
+  outputs, so the first gradient step starts them from the trained drafter instead of from scratch); narrowing is
+  refused.
+- `deepen_drafter(drafter, shape, seed)`: the same drafter with more decoder layers, computing the same function
+  (each new layer's q/k/v and gate/up ~ N(0, 0.02), its o_proj and down_proj zero, its norms 1: it adds nothing to
+  the residual stream until training moves it); removing layers is refused.
 - `renorm_drafter(drafter, shape)`: the same drafter with the EAGLE-3.1 norms `shape` adds (their weights 1: a
   different function, which training re-adapts); removing one is refused.
 - `calibrate_aux_norms(drafter, aux)`: sets the weights of its aux input norm(s) to the per-channel least-squares fit
@@ -30,8 +35,8 @@ Contract:
   logit of 0, below the drafter's usual top logit, so it drafts as before until training raises them; the target's
   head rows instead, as `new_drafter` uses, won the argmax so often that acceptance fell from 0.55 to 0.18 per depth),
   d2t / t2d are the new vocabulary's; everything else is unchanged.
-- `trainable_parameters(drafter)`: what the optimiser updates (fc, midlayer, norm, and the lm_head when it is the
-  drafter's own), by name.
+- `trainable_parameters(drafter)`: what the optimiser updates (fc, midlayer, the later layers, norm, and the lm_head
+  when it is the drafter's own), by name.
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ from torch import nn
 from ..config import EAGLE31_FLAGS, ModelConfig
 from ..errors import ConfigError
 from ..models.eagle3 import LlamaForCausalLMEagle3
+from ..models.llama import LlamaDecoderLayer
 from .vocab import DraftVocab
 
 INIT_STD = 0.02
@@ -59,6 +65,7 @@ class DrafterShape:
 
     intermediate_size: int | None = None
     num_attention_heads: int | None = None  # a multiple of the target's KV heads (grouped-query attention)
+    num_hidden_layers: int | None = None  # decoder layers (None: one; the first takes the embedding and the hidden)
     # EAGLE-3.1 (config.Eagle3Config): an RMSNorm over the concatenated aux states before fc, or one per aux state,
     # and the final norm's output fed to the next draft step; all three load in SGLang, vLLM and TensorRT-LLM
     norm_before_fc: bool | None = None
@@ -71,6 +78,8 @@ class DrafterShape:
                               "aux state) are alternatives: choose one")
         if self.intermediate_size is not None and self.intermediate_size < 1:
             raise ConfigError(f"--drafter-intermediate-size must be >= 1 (got {self.intermediate_size})")
+        if self.num_hidden_layers is not None and self.num_hidden_layers < 1:
+            raise ConfigError(f"--drafter-layers must be >= 1 (got {self.num_hidden_layers})")
         h = self.num_attention_heads
         if h is not None and (h < 1 or h % target.num_key_value_heads):
             raise ConfigError(f"--drafter-heads must be a positive multiple of the target's "
@@ -85,7 +94,7 @@ def drafter_hf_config(target: ModelConfig, aux_ids: Sequence[int], draft_vocab_s
         "model_type": "llama",
         "hidden_size": target.hidden_size,
         "intermediate_size": shape.intermediate_size or target.intermediate_size,
-        "num_hidden_layers": 1,
+        "num_hidden_layers": shape.num_hidden_layers or 1,
         "num_attention_heads": shape.num_attention_heads or target.num_attention_heads,
         "num_key_value_heads": target.num_key_value_heads,
         "head_dim": target.head_dim,
@@ -143,16 +152,16 @@ def new_drafter(target: nn.Module, aux_ids: Sequence[int], vocab: DraftVocab | N
 
 
 def trainable_parameters(drafter: LlamaForCausalLMEagle3) -> dict[str, nn.Parameter]:
-    names = ("fc.", "input_norm.", "fc_norm.", "midlayer.", "norm.") + (("lm_head.",) if drafter.has_own_head
-                                                                        else ())
+    names = ("fc.", "input_norm.", "fc_norm.", "midlayer.", "layers.", "norm.") + (("lm_head.",)
+                                                                                  if drafter.has_own_head else ())
     return {n: p for n, p in drafter.named_parameters() if n.startswith(names)}
 
 
 def drafter_shape(drafter: LlamaForCausalLMEagle3) -> DrafterShape:
-    """The drafter layer's own sizes and norms (all set)."""
+    """The drafter layer's own sizes, layers and norms (all set)."""
     ec = drafter.config.eagle
-    return DrafterShape(drafter.config.intermediate_size, drafter.config.num_attention_heads, ec.norm_before_fc,
-                        ec.fc_norm, ec.norm_output)
+    return DrafterShape(drafter.config.intermediate_size, drafter.config.num_attention_heads,
+                        drafter.config.num_hidden_layers, ec.norm_before_fc, ec.fc_norm, ec.norm_output)
 
 
 def _rebuilt(drafter: LlamaForCausalLMEagle3, changes: dict[str, Any],
@@ -169,7 +178,7 @@ def _rebuilt(drafter: LlamaForCausalLMEagle3, changes: dict[str, Any],
     with torch.no_grad():
         missing, unexpected = new.load_state_dict(own, strict=False)
     # the weights left out are a shared lm_head (the target's, wired below) and norms added by `renorm_drafter`
-    # (RMSNorm weights start at 1)
+    # (RMSNorm weights start at 1); layers added by `deepen_drafter` come in `replaced`
     added = {n for n in missing if n.startswith(("input_norm.", "fc_norm."))}
     assert not unexpected and set(missing) - added <= ({"lm_head.weight"} - set(own)), (missing, unexpected)
     if drafter.embed_tokens is not None:
@@ -196,8 +205,7 @@ def widen_drafter(drafter: LlamaForCausalLMEagle3, shape: DrafterShape, seed: in
         return drafter
     if cfg.attention_bias or cfg.mlp_bias:
         raise ConfigError("the --init drafter's layer has biases: only the published bias-free layer can be widened")
-    old_attn, old_mlp = drafter.midlayer.self_attn, drafter.midlayer.mlp
-    dev, dt = old_mlp.down_proj.weight.device, old_mlp.down_proj.weight.dtype
+    dev, dt = drafter.fc.weight.device, drafter.fc.weight.dtype
     resized: dict[str, torch.Tensor] = {}
     g = torch.Generator().manual_seed(seed)
 
@@ -206,21 +214,58 @@ def widen_drafter(drafter: LlamaForCausalLMEagle3, shape: DrafterShape, seed: in
 
     hd = cfg.head_dim
     with torch.no_grad():
-        # MLP: old units first, then new ones whose down_proj columns are zero
-        for name in ("gate_proj", "up_proj"):
-            w = getattr(old_mlp, name).weight  # [I0, H]
-            resized[f"midlayer.mlp.{name}.weight"] = torch.cat((w, fresh(I1 - I0, w.shape[1])))
-        w = old_mlp.down_proj.weight  # [H, I0]
-        resized["midlayer.mlp.down_proj.weight"] = torch.cat((w, w.new_zeros(w.shape[0], I1 - I0)), dim=1)
-        # attention: per KV group, its Q0/G old heads then (Q1-Q0)/G new ones with zero o_proj columns
-        q = old_attn.q_proj.weight.view(G, Q0 // G, hd, -1)  # [G, old heads per group, hd, 2H]
-        add = (Q1 - Q0) // G
-        new_q = fresh(G * add * hd, q.shape[-1]).view(G, add, hd, -1)
-        resized["midlayer.self_attn.q_proj.weight"] = torch.cat((q, new_q), dim=1).reshape(Q1 * hd, -1)
-        o = old_attn.o_proj.weight.view(-1, G, Q0 // G, hd)  # [H, G, old heads per group, hd]
-        resized["midlayer.self_attn.o_proj.weight"] = torch.cat((o, o.new_zeros(o.shape[0], G, add, hd)),
-                                                                dim=2).reshape(o.shape[0], Q1 * hd)
+        for prefix, layer in _decoder_layers(drafter):
+            old_attn, old_mlp = layer.self_attn, layer.mlp
+            # MLP: old units first, then new ones whose down_proj columns are zero
+            for name in ("gate_proj", "up_proj"):
+                w = getattr(old_mlp, name).weight  # [I0, in]
+                resized[f"{prefix}mlp.{name}.weight"] = torch.cat((w, fresh(I1 - I0, w.shape[1])))
+            w = old_mlp.down_proj.weight  # [H, I0]
+            resized[f"{prefix}mlp.down_proj.weight"] = torch.cat((w, w.new_zeros(w.shape[0], I1 - I0)), dim=1)
+            # attention: per KV group, its Q0/G old heads then (Q1-Q0)/G new ones with zero o_proj columns
+            q = old_attn.q_proj.weight.view(G, Q0 // G, hd, -1)  # [G, old heads per group, hd, in (2H or H)]
+            add = (Q1 - Q0) // G
+            new_q = fresh(G * add * hd, q.shape[-1]).view(G, add, hd, -1)
+            resized[f"{prefix}self_attn.q_proj.weight"] = torch.cat((q, new_q), dim=1).reshape(Q1 * hd, -1)
+            o = old_attn.o_proj.weight.view(-1, G, Q0 // G, hd)  # [H, G, old heads per group, hd]
+            resized[f"{prefix}self_attn.o_proj.weight"] = torch.cat((o, o.new_zeros(o.shape[0], G, add, hd)),
+                                                                    dim=2).reshape(o.shape[0], Q1 * hd)
     return _rebuilt(drafter, {"intermediate_size": I1, "num_attention_heads": Q1}, resized)
+
+
+def _decoder_layers(drafter: LlamaForCausalLMEagle3) -> list[tuple[str, nn.Module]]:
+    """(state-dict prefix, module) of each decoder layer: midlayer, then the later ones."""
+    return [("midlayer.", drafter.midlayer)] + [(f"layers.{i}.", m) for i, m in drafter.layers.items()]
+
+
+def deepen_drafter(drafter: LlamaForCausalLMEagle3, shape: DrafterShape, seed: int = 0) -> LlamaForCausalLMEagle3:
+    """`drafter` with `shape.num_hidden_layers` decoder layers (None: unchanged), the same function at the start
+    (module docstring): a new layer's attention and MLP outputs are zero, so the residual stream passes it as it
+    is; only their input projections are random, so that the first gradient steps have something to move."""
+    N0, N1 = drafter.config.num_hidden_layers, shape.num_hidden_layers or drafter.config.num_hidden_layers
+    if N1 < N0:
+        raise ConfigError(f"--drafter-layers {N1} would remove layers from the --init drafter ({N0}): a continued "
+                          "drafter can only be deepened")
+    if N1 == N0:
+        return drafter
+    cfg = drafter.config
+    if cfg.attention_bias or cfg.mlp_bias:
+        raise ConfigError("the --init drafter's layer has biases: only the published bias-free layer can be deepened")
+    w = drafter.fc.weight
+    g = torch.Generator().manual_seed(seed)
+    with torch.device("meta"):  # the new layers' shapes, from a layer of the drafter's own config
+        shapes = {n: p.shape for n, p in LlamaDecoderLayer(cfg).named_parameters()}
+    added: dict[str, torch.Tensor] = {}
+    for i in range(N0, N1):
+        for name, shp in shapes.items():
+            if len(shp) == 1:  # RMSNorm weights
+                t = torch.ones(shp)
+            elif name.endswith(("o_proj.weight", "down_proj.weight")):  # the layer's outputs: zero
+                t = torch.zeros(shp)
+            else:
+                t = torch.randn(shp, generator=g) * INIT_STD
+            added[f"layers.{i}.{name}"] = t.to(device=w.device, dtype=w.dtype)
+    return _rebuilt(drafter, {"num_hidden_layers": N1}, added)
 
 
 def renorm_drafter(drafter: LlamaForCausalLMEagle3, shape: DrafterShape) -> LlamaForCausalLMEagle3:

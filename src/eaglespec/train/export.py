@@ -2,15 +2,16 @@
 
 Contract of `export_drafter(drafter, out, dtype, max_shard_mb)`:
 - `out/config.json`: the drafter's HF config (drafter.py: architectures ["LlamaForCausalLMEagle3"],
-  draft_vocab_size, target_hidden_size, eagle_config, tie_word_embeddings false, num_hidden_layers 1) with
+  draft_vocab_size, target_hidden_size, eagle_config, tie_word_embeddings false, num_hidden_layers) with
   `torch_dtype` set to the export dtype;
-- the weights with their unprefixed names (fc.weight, midlayer.*, norm.weight, lm_head.weight, d2t, t2d; never
-  embed_tokens), floats cast to `dtype` (bf16 by default), d2t int64, t2d bool: `model.safetensors`, or with
+- the weights with their unprefixed names (fc.weight, midlayer.*, a multi-layer drafter's layers.1.* ..., norm.weight,
+  lm_head.weight, d2t, t2d; never embed_tokens), floats cast to `dtype` (bf16 by default), d2t int64, t2d bool: `model.safetensors`, or with
   `max_shard_mb` the shards `model-0000i-of-0000n.safetensors` plus `model.safetensors.index.json`. A tensor cannot be
   split across safetensors files, so a limit below the largest tensor is refused up front (`check_shard_limit`,
   called before training) with the largest draft vocabulary that fits;
 - earlier weight files in `out` are removed first, so a folder never mixes two exports.
-The result loads with `eaglespec.api.load_drafter` and, being the published layout, with SGLang and vLLM.
+The result loads with `eaglespec.api.load_drafter` and, being the published layout, with SGLang and vLLM (a
+multi-layer drafter with vLLM only: SGLang's EAGLE-3 models refuse num_hidden_layers != 1).
 """
 
 from __future__ import annotations

@@ -36,8 +36,8 @@ from ..config import EAGLE31_FLAGS
 from ..errors import ConfigError
 from .conversations import DataError, Message
 from .dataset import TokenDataset, build_dataset, split
-from .drafter import (DrafterShape, calibrate_aux_norms, drafter_from_checkpoint, drafter_hf_config, drafter_shape,
-                      new_drafter, renorm_drafter, revocab_drafter, widen_drafter)
+from .drafter import (DrafterShape, calibrate_aux_norms, deepen_drafter, drafter_from_checkpoint, drafter_hf_config,
+                      drafter_shape, new_drafter, renorm_drafter, revocab_drafter, widen_drafter)
 from .export import check_shard_limit, export_drafter
 from .regenerate import RegenConfig, regenerate
 from .self_prompts import SelfPromptConfig, prompt_key, self_prompts
@@ -143,13 +143,18 @@ def train_drafter(target: torch.nn.Module, tokenizer: "BaseTokenizer", conversat
     if init is not None:  # the drafter's own aux layers and vocabulary size win over the options
         init_aux = tuple(init[0].config.eagle.aux_layer_ids or tcfg.default_aux_layer_ids())
         # a wider `shape` widens it (the same function at the start); narrowing is refused before any work
+        # (deeper: new layers that pass the residual stream through)
         before = drafter_shape(init[0])
-        init = (renorm_drafter(widen_drafter(init[0], opts.shape, opts.train.seed), opts.shape), init[1])
+        init = (renorm_drafter(deepen_drafter(widen_drafter(init[0], opts.shape, opts.train.seed), opts.shape,
+                                              opts.train.seed + 1), opts.shape), init[1])
         after = drafter_shape(init[0])
         if (after.intermediate_size, after.num_attention_heads) != (before.intermediate_size,
                                                                     before.num_attention_heads):
             log(f"widened the drafter layer from MLP {before.intermediate_size} / {before.num_attention_heads} heads "
                 f"to MLP {after.intermediate_size} / {after.num_attention_heads} heads")
+        if after.num_hidden_layers != before.num_hidden_layers:
+            log(f"deepened the drafter from {before.num_hidden_layers} to {after.num_hidden_layers} decoder layers "
+                "(the new ones start as the identity)")
         added = [n for n in EAGLE31_FLAGS if getattr(after, n) > getattr(before, n)]
         if added:
             log(f"added EAGLE-3.1's {', '.join(added)} to the drafter (training re-adapts it)")

@@ -10,6 +10,7 @@ Notation: tokens t_0..t_{n-1} of a sample, target aux states a_j at every positi
 - Attention of step k at position j: the step-0 keys/values at positions <= j (causal: the committed prefix) and the
   keys/values of steps 1..k at position j only (the "diagonal": the draft chain). That is exactly what the drafter
   sees at inference when it drafts k tokens past j, so TTT logits equal inference logits (tests/test_train_ttt.py).
+  A multi-layer drafter's later layers (models/eagle3.py) attend alike, each over its own keys and values.
 - Implementation: keys and values of steps 0..k are concatenated along the sequence, [B, (k+1)T, H_kv, D], and one
   SDPA runs under the fixed mask [T, (k+1)T] = [tril | I | ... | I] (shared by all rows: batches are right-padded, so
   a real query never sees a padded key); step 0 is plain causal SDPA. No loop over positions, and on the GPU the
@@ -64,29 +65,41 @@ def step_attention(qh: torch.Tensor, keys: list[torch.Tensor], values: list[torc
     return scaled_dot_product_attention(qh, kh, vh, attn_mask=ttt_mask(T, k, qh.device)[None, None])
 
 
+def _ttt_attention(attn: torch.nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                   keys: list[torch.Tensor], values: list[torch.Tensor]) -> torch.Tensor:
+    """One layer's attention at TTT step k = len(keys) (its keys / values of steps 0..k-1 given, this step's
+    appended): x [B, T, in] -> o_proj's output [B, T, H]."""
+    B, T = x.shape[:2]
+    nh, nkv, D = attn.num_heads, attn.num_kv_heads, attn.head_dim
+    q = apply_rotary(attn.q_proj(x).view(B, T, nh, D), cos, sin)
+    keys.append(apply_rotary(attn.k_proj(x).view(B, T, nkv, D), cos, sin))
+    values.append(attn.v_proj(x).view(B, T, nkv, D))
+    o = step_attention(q.transpose(1, 2), keys, values)  # [B, nh, T, D]
+    return attn.o_proj(o.transpose(1, 2).reshape(B, T, nh * D))
+
+
 def ttt_hiddens(drafter: torch.nn.Module, tokens: torch.Tensor, aux: torch.Tensor, steps: int) -> list[torch.Tensor]:
-    """tokens [B, T], aux [B, T, n_aux*Ht] -> per step k the output hidden r_k [B, T, H] (pre-norm)."""
-    B, T = tokens.shape
+    """tokens [B, T], aux [B, T, n_aux*Ht] -> per step k the output hidden r_k [B, T, H] (pre-norm): the last decoder
+    layer's output (a drafter's later layers, models/eagle3.py, each keep their own keys and values per step)."""
+    T = tokens.shape[1]
     dev = tokens.device
     mid = drafter.midlayer
-    attn = mid.self_attn
-    nh, nkv, D = attn.num_heads, attn.num_kv_heads, attn.head_dim
+    later = list(drafter.layers.values())
     pos = torch.arange(T, device=dev)[None, :]  # [1, T]
     h = drafter.project_aux(aux)  # [B, T, H]
-    keys: list[torch.Tensor] = []
-    values: list[torch.Tensor] = []
+    keys: list[list[torch.Tensor]] = [[] for _ in range(1 + len(later))]  # per layer, per step [B, T, nkv, D]
+    values: list[list[torch.Tensor]] = [[] for _ in range(1 + len(later))]
     out_hiddens = []
     for k in range(steps):
         e = drafter.embed_tokens(shift_left(tokens, 1 + k))  # token t_{j+1+k} at j
         x = mid.inputs(e, h)  # [B, T, 2H]
         cos, sin = drafter.rotary(pos + k)  # [1, T, D/2]
-        q = apply_rotary(attn.q_proj(x).view(B, T, nh, D), cos, sin)
-        keys.append(apply_rotary(attn.k_proj(x).view(B, T, nkv, D), cos, sin))
-        values.append(attn.v_proj(x).view(B, T, nkv, D))
-        o = step_attention(q.transpose(1, 2), keys, values)  # [B, nh, T, D]
-        o = o.transpose(1, 2).reshape(B, T, nh * D)
-        r = mid.residual(x, h) + attn.o_proj(o)  # h, or hidden_norm(h) with norm_before_residual
+        # h, or hidden_norm(h) with norm_before_residual
+        r = mid.residual(x, h) + _ttt_attention(mid.self_attn, x, cos, sin, keys[0], values[0])
         r = r + mid.mlp(mid.post_attention_layernorm(r))
+        for i, layer in enumerate(later, start=1):
+            r = r + _ttt_attention(layer.self_attn, layer.input_layernorm(r), cos, sin, keys[i], values[i])
+            r = r + layer.mlp(layer.post_attention_layernorm(r))
         out_hiddens.append(r)
         h = drafter.norm(r) if drafter.norm_output else r
     return out_hiddens
