@@ -149,6 +149,20 @@ def test_train_continues_from_an_exported_drafter(tiny_folder, data_file, tmp_pa
     assert "onto another of --draft-vocab tokens (below the target's 80): got --draft-vocab 0" in err
 
 
+def assert_lossless(tiny_folder, drafter) -> None:
+    """Greedy speculation (a small tree) with an exported drafter gives the tiny target's plain greedy tokens."""
+    from eaglespec.config import SpecConfig
+
+    target = load_model(tiny_folder, device="cpu", dtype=torch.float32)
+    drafter.set_embed_and_head(*target.model.get_embed_and_head())
+    prompts = [[1, 5, 6, 7], [1, 9, 9, 30, 31, 32]]
+    params = SamplingParams(max_new_tokens=20, ignore_eos=True)
+    plain = Engine(target.model, None, EngineConfig()).generate(prompts, params)
+    spec = Engine(target.model, None, EngineConfig(), drafter=drafter, spec=SpecConfig(3, 2, 5)).generate(prompts,
+                                                                                                         params)
+    assert [o.token_ids for o in spec] == [o.token_ids for o in plain]
+
+
 def test_train_a_wider_drafter_layer(tiny_folder, data_file, tmp_path, capsys):
     """--drafter-intermediate-size / --drafter-heads widen the one drafter layer in the published format: the export
     says so in config.json, loads, and speculates losslessly; heads that do not group over the KV heads are refused
@@ -162,15 +176,7 @@ def test_train_a_wider_drafter_layer(tiny_folder, data_file, tmp_path, capsys):
     assert (cfg["intermediate_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]) == (256, 8, 2)
     d = load_drafter(out, "cpu", torch.float32)
     assert d.midlayer.mlp.down_proj.weight.shape[1] == 256
-    target = load_model(tiny_folder, device="cpu", dtype=torch.float32)
-    d.set_embed_and_head(*target.model.get_embed_and_head())
-    prompts = [[1, 5, 6, 7], [1, 9, 9, 30, 31, 32]]
-    params = SamplingParams(max_new_tokens=20, ignore_eos=True)
-    plain = Engine(target.model, None, EngineConfig()).generate(prompts, params)
-    from eaglespec.config import SpecConfig
-
-    spec = Engine(target.model, None, EngineConfig(), drafter=d, spec=SpecConfig(3, 2, 5)).generate(prompts, params)
-    assert [o.token_ids for o in spec] == [o.token_ids for o in plain]
+    assert_lossless(tiny_folder, d)
     capsys.readouterr()
     assert main([*common, "--out", str(tmp_path / "bad"), "--drafter-heads", "3"]) == 2
     last = capsys.readouterr().err.strip().splitlines()[-1]  # after the "read 24 conversations" line
@@ -191,15 +197,7 @@ def test_train_a_multi_layer_drafter_and_deepen_another(tiny_folder, data_file, 
     assert json.loads((two / "config.json").read_text())["num_hidden_layers"] == 2
     d = load_drafter(two, "cpu", torch.float32)
     assert d.num_layers == 2 and d.layers["1"].self_attn.q_proj.weight.shape == (64, 64)
-    target = load_model(tiny_folder, device="cpu", dtype=torch.float32)
-    d.set_embed_and_head(*target.model.get_embed_and_head())
-    prompts = [[1, 5, 6, 7], [1, 9, 9, 30, 31, 32]]
-    params = SamplingParams(max_new_tokens=20, ignore_eos=True)
-    plain = Engine(target.model, None, EngineConfig()).generate(prompts, params)
-    from eaglespec.config import SpecConfig
-
-    spec = Engine(target.model, None, EngineConfig(), drafter=d, spec=SpecConfig(3, 2, 5)).generate(prompts, params)
-    assert [o.token_ids for o in spec] == [o.token_ids for o in plain]
+    assert_lossless(tiny_folder, d)
 
     assert main([*common, "--out", str(one), "--max-steps", "2", "--lr", "1e-3"]) == 0
     capsys.readouterr()

@@ -130,18 +130,25 @@ def test_training_lifts_acceptance_and_export_round_trips(setup, tmp_path):
         export_drafter(drafter, tmp_path / "tiny", max_shard_mb=0.07)
 
 
+def trained_looking_drafter(setup, work):
+    """A new drafter far from its init (every weight matters), with its held-out evaluation and measured acceptance:
+    the baseline a drafter rebuilt from it (wider, deeper) must match exactly."""
+    target, train_ds, eval_ds, vocab, prompts, plain = setup
+    drafter = new_drafter(target, (1, 2, 2), vocab, seed=3)
+    with torch.no_grad():
+        for p in drafter.parameters():
+            if p.requires_grad and p.dim() == 2:
+                p.mul_(6.0)
+    before = Trainer(target, drafter, train_ds, eval_ds, vocab, config(work)).evaluate()
+    return drafter, before, measured_accept_length(target, drafter, prompts, plain)
+
+
 def test_widened_drafter_computes_the_same_function_then_trains_its_new_units(setup, tmp_path):
     """A continued drafter widened Net2Net-style (more MLP units and query heads) scores exactly as before on the
     held-out TTT loss and at inference, its new units start from zero output and move with the first step, and
     narrowing or heads off the KV groups are refused."""
     target, train_ds, eval_ds, vocab, prompts, plain = setup
-    drafter = new_drafter(target, (1, 2, 2), vocab, seed=3)
-    with torch.no_grad():  # a drafter far from its init, so that every weight matters
-        for p in drafter.parameters():
-            if p.requires_grad and p.dim() == 2:
-                p.mul_(6.0)
-    before = Trainer(target, drafter, train_ds, eval_ds, vocab, config(tmp_path / "a")).evaluate()
-    tau = measured_accept_length(target, drafter, prompts, plain)
+    drafter, before, tau = trained_looking_drafter(setup, tmp_path / "a")
 
     wide = widen_drafter(drafter, DrafterShape(intermediate_size=200, num_attention_heads=6), seed=1)
     assert (wide.config.intermediate_size, wide.config.num_attention_heads) == (200, 6)
@@ -172,13 +179,7 @@ def test_deepened_drafter_computes_the_same_function_then_trains_its_new_layers(
     out and at inference, since the new layers' outputs start at zero; training moves them; the export names them
     layers.1.* / layers.2.* and loads back; removing layers is refused."""
     target, train_ds, eval_ds, vocab, prompts, plain = setup
-    drafter = new_drafter(target, (1, 2, 2), vocab, seed=3)
-    with torch.no_grad():  # a drafter far from its init, so that every weight matters
-        for p in drafter.parameters():
-            if p.requires_grad and p.dim() == 2:
-                p.mul_(6.0)
-    before = Trainer(target, drafter, train_ds, eval_ds, vocab, config(tmp_path / "a")).evaluate()
-    tau = measured_accept_length(target, drafter, prompts, plain)
+    drafter, before, tau = trained_looking_drafter(setup, tmp_path / "a")
 
     deep = deepen_drafter(drafter, DrafterShape(num_hidden_layers=3), seed=1)
     assert deep.num_layers == 3 and deep.config.raw["num_hidden_layers"] == 3
