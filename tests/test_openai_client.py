@@ -95,6 +95,10 @@ def test_a_completion(client, smollm2):
     prompt = "The three largest cities in Europe are"
     r = client.completions.create(model=NAME, prompt=prompt, max_tokens=12, temperature=0)
     assert r.choices[0].text == plain.generate([prompt], SamplingParams(max_new_tokens=12), chat=False)[0].text
+    batch = [prompt, "Two plus two is"]  # a batch of prompts, as batch clients send them
+    r = client.completions.create(model=NAME, prompt=batch, max_tokens=6, temperature=0)
+    want = [o.text for o in plain.generate(batch, SamplingParams(max_new_tokens=6), chat=False)]
+    assert [(c.index, c.text) for c in r.choices] == [(0, want[0]), (1, want[1])]
 
 
 def test_the_clients_exceptions(client, base_url):

@@ -257,6 +257,30 @@ def test_completions_take_raw_text_and_token_ids(server, plain, smollm2):
     assert "".join(e["choices"][0]["text"] for e in events[:-1]) == expected
 
 
+def test_completions_take_a_batch_of_prompts(server, plain, smollm2):
+    """A batch of prompts (strings, or token id lists) in one completions request: n choices each, prompt p's choice
+    j at index p * n + j, each plain greedy's answer to its own prompt; usage counts each prompt's tokens once and
+    every choice's; streamed, every chunk names its choice."""
+    prompts = ["The sky is", "Two plus two is", "My favourite food is"]
+    want = [plain_answer(plain, p, 8, chat=False) for p in prompts]
+    assert len(set(want)) == 3
+    singles = [server.post("/v1/completions", json={"prompt": p, "max_tokens": 8}).json() for p in prompts]
+    r = server.post("/v1/completions", json={"prompt": prompts, "max_tokens": 8, "n": 2}).json()
+    assert [c["index"] for c in r["choices"]] == list(range(6))
+    assert [c["text"] for c in r["choices"]] == [w for w in want for _ in range(2)]
+    assert r["usage"]["prompt_tokens"] == sum(s["usage"]["prompt_tokens"] for s in singles)
+    assert r["usage"]["completion_tokens"] == 2 * sum(s["usage"]["completion_tokens"] for s in singles)
+    ids = [smollm2.tokenizer.encode(p) for p in prompts[:2]]
+    by_ids = server.post("/v1/completions", json={"prompt": ids, "max_tokens": 8}).json()
+    assert [c["text"] for c in by_ids["choices"]] == want[:2]
+    with server.stream("POST", "/v1/completions", json={"prompt": prompts, "max_tokens": 8, "stream": True}) as s:
+        events = sse_events(s)
+    assert events[-1] == "[DONE]"
+    chunks = [e["choices"][0] for e in events[:-1]]
+    for i in range(3):
+        assert "".join(c["text"] for c in chunks if c["index"] == i) == want[i]
+
+
 def test_concurrent_requests_equal_their_plain_answers(server, plain):
     """Three clients at once on two rows: continuous batching (one waits for a row) changes no answer."""
     results: dict[int, str] = {}
@@ -297,7 +321,9 @@ def test_concurrent_requests_equal_their_plain_answers(server, plain):
     ("/v1/chat/completions", {"max_tokens": 4}, 400, "messages: Field required"),
     ("/v1/chat/completions", chat_body("hi", model="gpt-4o"), 404, "the model 'gpt-4o' does not exist"),
     ("/v1/completions", {"prompt": "", "max_tokens": 4}, 400, "the prompt is empty"),
-    ("/v1/completions", {"prompt": ["a", "b"], "max_tokens": 4}, 400, "2 prompts in one request"),
+    ("/v1/completions", {"prompt": ["a", ""], "max_tokens": 4}, 400, "a prompt in the batch is empty"),
+    ("/v1/completions", {"prompt": ["a"] * 33, "n": 32, "max_tokens": 4}, 400,
+     "33 prompts x n=32 make 1056 choices: this server takes at most 1024 per request"),
     ("/v1/completions", {"prompt": "a", "echo": True}, 400, "echo is not supported"),
 ])
 def test_bad_requests_get_one_sentence_and_the_server_keeps_serving(server, plain, path, body, status, needle):

@@ -8,7 +8,9 @@ Contract of `create_app(worker, model_name, default_temperature, api_key)`:
   delta, then a chunk with the finish reason, then (with `stream_options.include_usage`) a usage chunk, then
   `data: [DONE]`. A request without `temperature` samples at `default_temperature` (OpenAI's default is 1). `n`
   choices run as n requests of the worker: indexed choices, usage over all of them; streamed, a role chunk per
-  choice (chat) and every chunk naming its choice's index, the usage chunk after the last choice finished.
+  choice (chat) and every chunk naming its choice's index, the usage chunk after the last choice finished. A
+  completions request may carry a batch of prompts (strings or token id lists): n choices each, prompt p's choice j
+  at index p * n + j, the usage's prompt tokens over every prompt.
 - Images come as `image_url` parts holding data: URLs, for a multimodal target.
 - With `api_key` the /v1 routes answer 401 (OpenAI's body, code invalid_api_key) unless the request carries
   `Authorization: Bearer <api_key>`; /health and /metrics stay open, for probes and scrapers.
@@ -112,14 +114,15 @@ def create_app(worker: EngineWorker, model_name: str, default_temperature: float
             raise HTTPError(404, f"the model {name!r} does not exist: this server serves {model_name!r}",
                             "model_not_found")
 
-    async def start(body: schemas.SampledRequest, prompt: Any, chat: bool,
+    async def start(body: schemas.SampledRequest, prompts: list[Any], chat: bool,
                     images: list) -> tuple[list[Ticket], int]:
-        """Submit the request's n choices (each a request of the engine); wait until the worker accepts them (the
-        prompt's tokens) or refuses one (an HTTPError, the others cancelled)."""
+        """Submit the request's n choices of each prompt (each a request of the engine), in index order; wait until
+        the worker accepts them (their prompts' tokens, summed over the prompts) or refuses one (an HTTPError, the
+        others cancelled)."""
         check_model(body.model)
         params = user_input(lambda: body.sampling(default_temperature))
         tickets = [worker.submit(prompt, params, chat=chat, max_tokens=body.requested_tokens, stream=body.stream,
-                                 images=images) for _ in range(body.n)]
+                                 images=images) for prompt in prompts for _ in range(body.n)]
         try:
             events = [await t.events.get() for t in tickets]
         except BaseException:  # the client went away before the worker took the request
@@ -129,7 +132,7 @@ def create_app(worker: EngineWorker, model_name: str, default_temperature: float
             if event[0] == "error":
                 cancel(tickets)
                 raise HTTPError(event[2], event[1])
-        return tickets, events[0][1]
+        return tickets, sum(e[1] for e in events[::body.n])  # each prompt's tokens once, whatever n
 
     def cancel(tickets: list[Ticket]) -> None:
         for t in tickets:
@@ -221,10 +224,11 @@ def create_app(worker: EngineWorker, model_name: str, default_temperature: float
         except EaglespecError as e:
             raise HTTPError(400, str(e)) from None
 
-    async def respond(body: schemas.SampledRequest, prompt: Any, chat: bool, images: list | None = None) -> Any:
+    async def respond(body: schemas.SampledRequest, prompts: list[Any], chat: bool,
+                      images: list | None = None) -> Any:
         """One request of either endpoint: the whole answer, or its stream (`chat`: chat completion bodies), with
-        its n choices."""
-        tickets, n_prompt = await start(body, prompt, chat, images or [])
+        n choices of each prompt (chat: one prompt, its messages)."""
+        tickets, n_prompt = await start(body, prompts, chat, images or [])
         rid = schemas.new_id("chatcmpl" if chat else "cmpl")
         if body.stream:
             def chunk(i: int, text: str | None, finish: str | None) -> dict:
@@ -246,10 +250,10 @@ def create_app(worker: EngineWorker, model_name: str, default_temperature: float
     @app.post("/v1/chat/completions", dependencies=v1)
     async def chat_completions(body: schemas.ChatCompletionRequest) -> Any:
         messages, images = user_input(body.chat)
-        return await respond(body, messages, chat=True, images=images)
+        return await respond(body, [messages], chat=True, images=images)
 
     @app.post("/v1/completions", dependencies=v1)
     async def completions(body: schemas.CompletionRequest) -> Any:
-        return await respond(body, user_input(body.text_or_ids), chat=False)
+        return await respond(body, user_input(body.prompts), chat=False)
 
     return app

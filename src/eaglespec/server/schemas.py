@@ -3,7 +3,7 @@
 Contract: `ChatCompletionRequest` / `CompletionRequest` parse a request body (unknown fields are ignored, as OpenAI's
 clients send many); `.sampling(default_temperature)` turns one into `SamplingParams` (max_tokens None: the server
 picks the room left in its cache) and raises `RequestError` with one sentence for what this server does not do
-(more than MAX_N choices, penalties, logprobs, tools, per-request seeds, echo / suffix, best_of, images other than
+(more than MAX_N choices, or MAX_CHOICES over a completion's prompts, penalties, logprobs, tools, per-request seeds, echo / suffix, best_of, images other than
 data: URLs),
 rather than ignoring it. Images (`image_url` parts) reach the target as decoded PIL images in message order; a
 target that takes none refuses them (`Engine.prepare`).
@@ -24,7 +24,8 @@ from ..errors import RequestError
 from ..sampling_params import SamplingParams
 
 Stop = Union[str, list[str], None]
-MAX_N = 64  # choices per request: each is a request of its own in the engine's queue
+MAX_N = 64  # choices per prompt: each is a request of its own in the engine's queue
+MAX_CHOICES = 1024  # choices of one completions request over all its prompts (prompts x n)
 
 
 class _Body(BaseModel):
@@ -161,7 +162,7 @@ class ChatCompletionRequest(SampledRequest):
 
 
 class CompletionRequest(SampledRequest):
-    prompt: Union[str, list[int], list[str]]
+    prompt: Union[str, list[int], list[str], list[list[int]]]
     echo: bool = False
     suffix: str | None = None
     logprobs: int | None = None
@@ -183,13 +184,21 @@ class CompletionRequest(SampledRequest):
                                "logprobs to rank them by)")
         return self._params(self.max_tokens, default_temperature)
 
-    def text_or_ids(self) -> str | list[int]:
+    def prompts(self) -> list[str | list[int]]:
+        """The request's prompts, each a text or token ids: one (a string, or a list of ids) or a batch (a list of
+        strings, or of id lists), whose choices come prompt by prompt (prompt p's choice j has index p * n + j)."""
         p = self.prompt
-        if isinstance(p, list) and p and isinstance(p[0], str):
-            if len(p) != 1:
-                raise RequestError(f"{len(p)} prompts in one request: this server takes one prompt per request")
-            return p[0]
-        return p  # type: ignore[return-value]
+        batch: list[str | list[int]]
+        if isinstance(p, list) and p and isinstance(p[0], (str, list)):
+            batch = list(p)
+        else:
+            batch = [p]  # type: ignore[list-item]
+        if not batch or any(len(x) == 0 for x in batch):
+            raise RequestError("the prompt is empty" if len(batch) <= 1 else "a prompt in the batch is empty")
+        if len(batch) * self.n > MAX_CHOICES:
+            raise RequestError(f"{len(batch)} prompts x n={self.n} make {len(batch) * self.n} choices: this server "
+                               f"takes at most {MAX_CHOICES} per request")
+        return batch
 
 
 # --- responses -------------------------------------------------------------------------------------------------------
