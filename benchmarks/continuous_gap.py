@@ -109,13 +109,13 @@ for bs in [int(x) for x in args.rows.split(",")]:
                 return fn(*a)
             return wrapped
 
-        def run(kind, n_rows, longest, greedy):
+        def run(kind, n_rows, longest, greedy, lp=False):
             marks.append("L")
-            return bracket(graphs.key(kind, n_rows, longest, greedy), orig_run, kind, n_rows, longest, greedy)
+            return bracket(graphs.key(kind, n_rows, longest, greedy, lp), orig_run, kind, n_rows, longest, greedy, lp)
 
-        def prefill(rows, ps, greedy, mm=None):
+        def prefill(rows, ps, greedy, mm=None, lp=False):
             marks.append("P")
-            return bracket(("prefill", len(rows), max(len(p) for p in ps)), orig_prefill, rows, ps, greedy, mm)
+            return bracket(("prefill", len(rows), max(len(p) for p in ps)), orig_prefill, rows, ps, greedy, mm, lp)
 
         def collect(p):
             marks.append("R")

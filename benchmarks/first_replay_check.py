@@ -62,7 +62,7 @@ for rows, spec in ((32, None), (32, SpecConfig(5, 2, 8)), (1, SpecConfig(3, 1, 4
         if graphs is None:
             cases.append((f"prefill {n} tokens", lambda n=n, e=e: e.runner.prefill([0], [list(range(1, n + 1))], True)))
             continue
-        key = ("prefill", 1, graphs.prefill_bucket(n), True)
+        key = ("prefill", 1, graphs.prefill_bucket(n), True, False)
         graphs._prefill_inputs(key, [list(range(1, n + 1))], [0])  # into row 0 (a probe: its decode is random anyway)
         graphs._capture(key)  # captured now, replayed first below
         cases.append((f"prefill {n} tokens", graphs.graphs[key][0][1].replay))

@@ -49,7 +49,7 @@ for name, drafter in (("plain", None), ("chain S3K1D4", d)):
     for rows, T in ((1, 64), (1, 128), (2, 64), (1, 256)):
         prompts = [list(range(100 + i, 100 + i + T)) for i in range(rows)]
         g.prefill(list(range(rows)), prompts, True)  # captures (rows, bucket T) on first use
-        key = ("prefill", rows, T, True)
+        key = ("prefill", rows, T, True, False)
         graph = g.graphs[key][0][1]
         row = {"engine": name, "rows": rows, "tokens": T, "replay_ms": round(replay_ms([graph], n=100), 4)}
         if drafter is not None and (rows, T) == (1, 64):

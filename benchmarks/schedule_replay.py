@@ -95,9 +95,9 @@ for rows in (int(x) for x in args.rows.split(",")):
         steps: list[tuple[int, int]] = []  # (running rows, highest row + 1) per launched step
         launch = eng.runner.launch
 
-        def logged(kind, rs, greedy, ahead=0, launch=launch, steps=steps):
+        def logged(kind, rs, greedy, ahead=0, lp=False, launch=launch, steps=steps):
             steps.append((len(rs), max(rs) + 1))
-            return launch(kind, rs, greedy, ahead)
+            return launch(kind, rs, greedy, ahead, lp=lp)
 
         eng.runner.launch = logged
         outs = eng.generate(prompts, params)

@@ -88,6 +88,11 @@ def test_two_choices(client, expected):
     r = client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": QUESTION}], max_tokens=16,
                                        temperature=0, n=2)
     assert [(c.index, c.message.content) for c in r.choices] == [(0, expected), (1, expected)]
+    r = client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": QUESTION}], max_tokens=16,
+                                       temperature=0, logprobs=True, top_logprobs=2)
+    content = r.choices[0].logprobs.content  # parsed into the client's own types
+    assert "".join(t.token for t in content) == expected and len(content) == r.usage.completion_tokens
+    assert all(len(t.top_logprobs) == 2 and t.top_logprobs[0].logprob == t.logprob <= 0 for t in content)
 
 
 def test_a_completion(client, smollm2):

@@ -163,10 +163,11 @@ def test_deltas_queued_behind_one_go_in_one_chunk():
 
     class QueuedWorker:  # every event of the answer is queued before the response is read
         alive = True
+        tokenizer = None
 
         def submit(self, prompt, params, chat, max_tokens, stream, images):
             q: asyncio.Queue = asyncio.Queue()
-            for event in [("accepted", 3), ("delta", "Hel"), ("delta", "lo"), ("delta", "!"),
+            for event in [("accepted", 3), ("delta", "Hel", []), ("delta", "lo", []), ("delta", "!", []),
                           ("done", "stop", 3, None)]:
                 q.put_nowait(event)
             return SimpleNamespace(events=q, cancel=lambda: None)
@@ -189,11 +190,12 @@ def test_an_api_key_guards_the_v1_routes():
 
     class AnsweringWorker:  # every request answered "Hi" at once
         alive = True
+        tokenizer = None
         metrics = ServerMetrics(running=lambda: 0, waiting=lambda: 0)
 
         def submit(self, prompt, params, chat, max_tokens, stream, images):
             q: asyncio.Queue = asyncio.Queue()
-            for event in [("accepted", 3), ("delta", "Hi"), ("done", "stop", 1, None)]:
+            for event in [("accepted", 3), ("delta", "Hi", []), ("done", "stop", 1, None)]:
                 q.put_nowait(event)
             return SimpleNamespace(events=q, cancel=lambda: None)
 
@@ -281,6 +283,43 @@ def test_completions_take_a_batch_of_prompts(server, plain, smollm2):
         assert "".join(c["text"] for c in chunks if c["index"] == i) == want[i]
 
 
+def test_logprobs_in_both_layouts_whole_and_streamed(server, plain):
+    """Chat `logprobs: true` + `top_logprobs`: one entry per completion token, its text and bytes, the target's raw
+    log-probability (the plain engine's, computed without speculation) and the asked alternatives; streamed, the
+    chunks' entries join to the whole answer's. Completions `logprobs: k`: tokens, token_logprobs, top_logprobs
+    dicts and text offsets, continued across a stream's chunks. A request that did not ask gets null."""
+    want = plain.generate([QUESTIONS[1]], SamplingParams(max_new_tokens=10, logprobs=2))[0]
+    r = server.post("/v1/chat/completions", json=chat_body(QUESTIONS[1], 10, logprobs=True, top_logprobs=2)).json()
+    choice = r["choices"][0]
+    content = choice["logprobs"]["content"]
+    assert choice["message"]["content"] == want.text and len(content) == r["usage"]["completion_tokens"] == 10
+    assert "".join(e["token"] for e in content) == want.text
+    for e, ref in zip(content, want.logprobs):
+        assert e["logprob"] == pytest.approx(ref.logprob, abs=1e-4)
+        assert e["bytes"] == list(e["token"].encode("utf-8"))
+        assert len(e["top_logprobs"]) == 2 and e["top_logprobs"][0]["token"] == e["token"]  # greedy: the best
+        assert e["top_logprobs"][1]["logprob"] == pytest.approx(ref.top[1][1], abs=1e-4)
+    with server.stream("POST", "/v1/chat/completions", json=chat_body(QUESTIONS[1], 10, logprobs=True,
+                                                                     stream=True)) as st:
+        events = sse_events(st)
+    streamed = [e for c in events[:-1] for e in ((c["choices"][0]["logprobs"] or {}).get("content") or [])]
+    assert [(e["token"], e["top_logprobs"]) for e in streamed] == [(e["token"], []) for e in content]
+    assert server.post("/v1/chat/completions", json=chat_body(QUESTIONS[1], 4)).json()["choices"][0]["logprobs"] is None
+
+    prompt = "The sky is"
+    comp = server.post("/v1/completions", json={"prompt": prompt, "max_tokens": 8, "logprobs": 3}).json()["choices"][0]
+    lp = comp["logprobs"]
+    assert "".join(lp["tokens"]) == comp["text"] and len(lp["token_logprobs"]) == 8
+    for d, v in zip(lp["top_logprobs"], lp["token_logprobs"]):  # greedy: each token is its position's best
+        assert 1 <= len(d) <= 3 and max(d.values()) == pytest.approx(v, abs=1e-6)  # (texts may coincide: <= 3)
+    assert lp["text_offset"] == [sum(len(t) for t in lp["tokens"][:j]) for j in range(8)]
+    with server.stream("POST", "/v1/completions", json={"prompt": prompt, "max_tokens": 8, "logprobs": 3,
+                                                        "stream": True}) as st:
+        chunks = [c["choices"][0]["logprobs"] for c in sse_events(st)[:-1]]
+    assert [o for c in chunks if c for o in c["text_offset"]] == lp["text_offset"]
+    assert [t for c in chunks if c for t in c["tokens"]] == lp["tokens"]
+
+
 def test_concurrent_requests_equal_their_plain_answers(server, plain):
     """Three clients at once on two rows: continuous batching (one waits for a row) changes no answer."""
     results: dict[int, str] = {}
@@ -306,7 +345,10 @@ def test_concurrent_requests_equal_their_plain_answers(server, plain):
     ("/v1/chat/completions", chat_body("hi", seed=3), 400, "per-request seeds are not supported"),
     ("/v1/chat/completions", chat_body("hi", max_tokens=0), 400, "max_tokens must be >= 1"),
     ("/v1/chat/completions", chat_body("hi", max_tokens=1000), 400, "exceed this server's 256 tokens per sequence"),
-    ("/v1/chat/completions", chat_body("hi", logprobs=True), 400, "logprobs are not supported"),
+    ("/v1/chat/completions", chat_body("hi", top_logprobs=2), 400, "top_logprobs needs logprobs: true"),
+    ("/v1/chat/completions", chat_body("hi", logprobs=True, top_logprobs=21), 400,
+     "logprobs must be between 0 and 20 (got 21)"),
+    ("/v1/completions", {"prompt": "a", "logprobs": -1}, 400, "logprobs must be between 0 and 20 (got -1)"),
     ("/v1/chat/completions", chat_body("hi", frequency_penalty=0.5), 400, "frequency_penalty is not supported"),
     ("/v1/chat/completions", chat_body("word " * 300), 400, "but this server's sequences hold 256 tokens"),
     ("/v1/chat/completions", {"messages": []}, 400, "messages must not be empty"),

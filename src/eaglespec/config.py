@@ -431,8 +431,17 @@ class EngineConfig:
     # speculative +3.9% at 32 rows (44.2K -> 45.9K tok/s) and +1.3% at 8, plain +1.5% / +1.1% (docs/benchmarks.md,
     # "Session 31").
     compact_rows: bool = True
+    # Log-probabilities for requests that ask (SamplingParams.logprobs): at most this many alternatives per token;
+    # None: none. Computed only in steps where some running request asked for them (graphs keyed by it), so an
+    # engine whose requests never ask pays nothing.
+    max_logprobs: int | None = 20
 
     def __post_init__(self) -> None:
+        from .layers.logprobs import MAX_TOP_LOGPROBS
+
+        if self.max_logprobs is not None and not 0 <= self.max_logprobs <= MAX_TOP_LOGPROBS:
+            raise ConfigError(f"max_logprobs must be between 0 and {MAX_TOP_LOGPROBS}, or None (got "
+                              f"{self.max_logprobs})")
         if self.aux_convention not in ("sglang", "vllm"):
             raise ConfigError(f"aux convention must be 'sglang' or 'vllm' (got {self.aux_convention!r})")
         if self.spec_max_rows is not None and self.spec_max_rows < 1:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .errors import RequestError
+from .layers.logprobs import MAX_TOP_LOGPROBS
 from .layers.sampling import validate_sampling
 
 
@@ -23,6 +24,9 @@ class SamplingParams:
     # repetition loop (repetition.py: each token completing an 8-gram already in the output); regeneration for drafter
     # training (`--regen-stop-loop`), whose loss skips such tokens anyway (`--loop-keep`). 0: off
     stop_loop: int = 0
+    # None: no log-probabilities; k >= 0: each output token's log-probability under the target's raw logits, with its
+    # k most likely alternatives (at most MAX_TOP_LOGPROBS, and the engine's EngineConfig.max_logprobs)
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         validate_sampling(self.temperature, self.top_p, self.top_k)
@@ -34,6 +38,8 @@ class SamplingParams:
             object.__setattr__(self, "stop", (self.stop,))
         if any(not s for s in self.stop):
             raise RequestError("stop strings must not be empty")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
+            raise RequestError(f"logprobs must be between 0 and {MAX_TOP_LOGPROBS} (got {self.logprobs})")
         if self.stop and not self.detokenize:
             raise RequestError("stop strings need detokenize=True (they are matched in the text as it is produced)")
 

@@ -48,6 +48,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--stream-interval", type=int, default=1, metavar="N",
                    help="a streamed answer's text goes out at its first tokens, then every N tokens (default 1; "
                         "larger N: fewer, larger chunks and more throughput with many streaming clients)")
+    p.add_argument("--max-logprobs", type=int, default=20, metavar="N",
+                   help="requests may ask for log-probabilities with up to N alternatives per token (default 20, "
+                        "OpenAI's limit); steps compute them only while such a request runs")
     p.add_argument("--api-key", default=os.environ.get("EAGLESPEC_API_KEY"), metavar="KEY",
                    help="the /v1 routes take requests carrying 'Authorization: Bearer KEY' only (default: the "
                         "environment's EAGLESPEC_API_KEY; unset: no key); /health and /metrics stay open")
@@ -81,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--default-temperature must be >= 0 (got {args.default_temperature})")
     device = resolve_device(args.device)
     config = engine_config(args, max_batch_size=args.max_batch_size or (32 if device.type == "cuda" else CPU_ROWS),
-                           max_seq_len=args.max_seq_len)
+                           max_seq_len=args.max_seq_len, max_logprobs=args.max_logprobs)
     if device.type == "cpu" and args.spec_max_rows is None:
         config = replace(config, spec_max_rows=1)  # the CPU's speculation pays for a lone request only
     rows = config.max_batch_size

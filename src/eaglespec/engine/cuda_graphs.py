@@ -1,8 +1,10 @@
 """CUDA graphs for the decode and speculative steps (the GPU fast path).
 
-`GraphCache.run(kind, n_rows, longest, greedy)` replays the graph of step `kind` ("decode", or "spec", "spec1", ...
+`GraphCache.run(kind, n_rows, longest, greedy, lp)` replays the graph of step `kind` ("decode", or "spec", "spec1", ...
 for the runner's speculation shapes) for the batch
-bucket covering rows 0..n_rows-1 and the key-length bucket covering `longest + headroom`, capturing it on first use.
+bucket covering rows 0..n_rows-1 and the key-length bucket covering `longest + headroom`, capturing it on first use;
+`lp` (log-probabilities of the committed tokens, runner.py) is part of every key, so steps without it run graphs
+that compute none.
 A speculative step is three graphs (draft, verify, commit) replayed back to back, so the phase timer can tell their
 times apart; the verify graph reads the draft graph's static outputs, the commit graph the verify graph's.
 `GraphCache.prefill(rows, prompts, greedy)` prefills B prompts through the graph of (B, their power-of-two length
@@ -120,14 +122,14 @@ class GraphCache:
         return b if fits else None
 
     # --- the phases of each step --------------------------------------------------------------------------------
-    def _phases(self, kind: str, B: int, kv_len: int, greedy: bool):
+    def _phases(self, kind: str, B: int, kv_len: int, greedy: bool, lp: bool):
         run = self.runner
         if kind == "prefill":  # kv_len is the padded prompt length; inputs live in static buffers (prefill())
-            ids, lens, row = self._prefill_in[(kind, B, kv_len, greedy)]
-            return [("prefill", lambda: run._prefill_core(row, ids, lens, greedy))]
+            ids, lens, row = self._prefill_in[(kind, B, kv_len, greedy, lp)]
+            return [("prefill", lambda: run._prefill_core(row, ids, lens, greedy, lp))]
         r = slice(0, B)  # rows 0..B-1: the per-row state is read through views (an index tensor would gather)
         if kind == "decode":
-            return [("decode", lambda: run._decode_core(r, None, kv_len, greedy))]
+            return [("decode", lambda: run._decode_core(r, None, kv_len, greedy, lp))]
         box: dict[str, object] = {}
         shape = run.shapes[shape_index(kind)]  # "spec", "spec1", ...: the runner's speculation shapes
 
@@ -135,7 +137,7 @@ class GraphCache:
             box["tree"] = run._spec_draft(r, None, kv_len, greedy, shape)
 
         def verify():
-            box["res"], box["aux"] = run._spec_verify(r, None, kv_len, box["tree"], greedy, shape)
+            box["res"], box["aux"] = run._spec_verify(r, None, kv_len, box["tree"], greedy, shape, lp)
 
         def commit():
             box["out"] = run._spec_commit(r, None, kv_len, box["res"], box["aux"], shape)
@@ -144,9 +146,8 @@ class GraphCache:
         return [("draft", draft), ("verify", verify), ("commit", commit)]
 
     def _capture(self, key: tuple) -> None:
-        kind, B, kv_len, greedy = key
         run = self.runner
-        phases = self._phases(kind, B, kv_len, greedy)
+        phases = self._phases(*key)
         side = torch.cuda.Stream(run.device)
         side.wait_stream(torch.cuda.current_stream(run.device))
         # the warm-up and the capture choose the same SDPA backends (layers/attention.py, graph_build)
@@ -193,7 +194,7 @@ class GraphCache:
         B = self.batch_bucket(n_rows)
         while True:
             Lb = min(length, self.runner.cache_len)
-            key = (kind, B, Lb, greedy)
+            key = (kind, B, Lb, greedy, False)
             if key not in self.graphs:
                 self._capture(key)
                 n += 1
@@ -213,7 +214,7 @@ class GraphCache:
             buckets = [b for b in buckets if b == self.prefill_bucket(only)]
         n = 0
         for Tb in buckets:
-            key = ("prefill", 1, Tb, greedy)
+            key = ("prefill", 1, Tb, greedy, False)
             if key not in self.graphs:
                 self._prefill_inputs(key, [[0]], [0])
                 self._capture(key)
@@ -238,12 +239,12 @@ class GraphCache:
         lens.copy_(torch.tensor([len(p) for p in prompts], dtype=torch.int64, pin_memory=pin), non_blocking=True)
         rows_t.copy_(torch.tensor(list(rows), dtype=torch.int64, pin_memory=pin), non_blocking=True)
 
-    def prefill(self, rows, prompts, greedy: bool) -> torch.Tensor:
+    def prefill(self, rows, prompts, greedy: bool, lp: bool = False) -> torch.Tensor:
         """Prefill prompts into cache rows `rows` through the graph of (rows, their length bucket); returns the
         first tokens [B]."""
         Tb = self.prefill_bucket(max(len(p) for p in prompts), len(rows))
         assert Tb is not None, "prefill() called for prompts without a graph bucket"
-        key = ("prefill", len(rows), Tb, greedy)
+        key = ("prefill", len(rows), Tb, greedy, lp)
         self._prefill_inputs(key, prompts, rows)
         if not self.capture:
             with torch.inference_mode():
@@ -268,31 +269,32 @@ class GraphCache:
             return groups
         return None
 
-    def prefill_groups(self, rows, prompts, greedy: bool, groups: list[list[int]]) -> torch.Tensor:
+    def prefill_groups(self, rows, prompts, greedy: bool, groups: list[list[int]], lp: bool = False) -> torch.Tensor:
         """`prefill` over each group of `prefill_plan`; returns the first tokens [B] in the order of `rows`."""
         if len(groups) == 1:
-            return self.prefill(rows, prompts, greedy)
+            return self.prefill(rows, prompts, greedy, lp)
         dev = self.runner.device
         out = torch.empty(len(rows), dtype=torch.int64, device=dev)
         for g in groups:  # a group's tokens live in its graph's static output: copied before that graph replays again
             index = torch.tensor(g, dtype=torch.int64, pin_memory=dev.type == "cuda").to(dev, non_blocking=True)
-            out.index_copy_(0, index, self.prefill([rows[i] for i in g], [prompts[i] for i in g], greedy))
+            out.index_copy_(0, index, self.prefill([rows[i] for i in g], [prompts[i] for i in g], greedy, lp))
         return out
 
-    def key(self, kind: str, n_rows: int, longest: int, greedy: bool) -> tuple:
+    def key(self, kind: str, n_rows: int, longest: int, greedy: bool, lp: bool = False) -> tuple:
         """The graph `run` takes for a step of `kind` over rows 0..n_rows-1 whose longest row holds `longest` tokens."""
-        return (kind, self.batch_bucket(n_rows), self.len_bucket(longest + self.runner.headroom()), greedy)
+        return (kind, self.batch_bucket(n_rows), self.len_bucket(longest + self.runner.headroom()), greedy, lp)
 
-    def captured(self, kind: str, n_rows: int, longest: int, greedy: bool) -> list[tuple[str, torch.cuda.CUDAGraph]]:
+    def captured(self, kind: str, n_rows: int, longest: int, greedy: bool,
+                 lp: bool = False) -> list[tuple[str, torch.cuda.CUDAGraph]]:
         """The (phase name, graph) list `run` replays for these arguments, captured now if needed (benchmarks replay
         and profile the graphs alone)."""
-        key = self.key(kind, n_rows, longest, greedy)
+        key = self.key(kind, n_rows, longest, greedy, lp)
         if key not in self.graphs:
             self._capture(key)
         return self.graphs[key]
 
-    def run(self, kind: str, n_rows: int, longest: int, greedy: bool):
-        key = self.key(kind, n_rows, longest, greedy)
+    def run(self, kind: str, n_rows: int, longest: int, greedy: bool, lp: bool = False):
+        key = self.key(kind, n_rows, longest, greedy, lp)
         if not self.capture:  # the graph protocol without graphs: a warm-up on a key's first use, then the step
             if key not in self.graphs:
                 self._warm_up(self._phases(*key))

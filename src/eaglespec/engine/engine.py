@@ -12,6 +12,9 @@ the drafter, and turns on aux capture. Then:
 
 Each `step()` runs one scheduler batch: a prefill of admitted requests, or one decode / speculative step over all
 running requests; its only host synchronisation is reading the committed tokens (and, speculating, their count).
+A step where some of its requests asked for log-probabilities (`SamplingParams.logprobs`, up to
+`EngineConfig.max_logprobs` alternatives) also computes them for every row and reads them with the tokens; each such
+request keeps its tokens' entries (`Request.logprobs`, `GenerationOutput.logprobs`).
 A speculative engine with `EngineConfig.spec_max_rows` takes plain decode steps while more rows run (the drafter is
 kept in step by the decode step itself) and speculative steps again once few enough do. With a `SpecSchedule` as its
 `spec` each speculative step takes the shape scheduled for its rows (a chain for a lone request, a tree once several
@@ -40,6 +43,7 @@ import torch
 
 from ..config import EngineConfig, SpecConfig, SpecSchedule, spec_text
 from ..errors import RequestError
+from ..layers.logprobs import TokenLogprob, unpack
 from ..models.eagle3 import check_drafter_fits
 from ..protocol import require_target
 from ..sampling_params import SamplingParams
@@ -86,8 +90,8 @@ class Engine:
         if drafter is not None:
             self._wire_drafter(drafter)
         self.runner = ModelRunner(target, drafter, self.schedule.shapes if self.schedule else None, self.device,
-                                  self.dtype, seed=config.seed,
-                                  cuda_graphs=config.cuda_graphs, prefill_graphs=config.prefill_graphs)
+                                  self.dtype, seed=config.seed, cuda_graphs=config.cuda_graphs,
+                                  prefill_graphs=config.prefill_graphs, max_logprobs=config.max_logprobs)
         self.context_len = min(self.target_config.max_position_embeddings, config.max_seq_len or 1 << 30)
         self.scheduler: Scheduler | None = None
         tok_eos = tuple(tokenizer.eos_token_ids) if tokenizer is not None else ()
@@ -242,6 +246,11 @@ class Engine:
         return n + (0 if images else graphs.precapture_prefill(params.greedy, only=len(ids)))
 
     def _enqueue(self, ids: list[int], mm: object, params: SamplingParams, stream: bool = True) -> Request:
+        K = self.config.max_logprobs
+        if params.logprobs is not None and (K is None or params.logprobs > K):
+            raise RequestError(f"logprobs={params.logprobs}: this engine computes "
+                               + ("no log-probabilities" if K is None else f"at most {K} alternatives per token")
+                               + " (EngineConfig.max_logprobs; eaglespec serve --max-logprobs)")
         params = self._fit(len(ids), params)
         max_new = params.max_new_tokens
         need = len(ids) + max_new
@@ -290,6 +299,7 @@ class Engine:
             return []
         reqs, rows = batch.requests, batch.rows
         greedy = all(q.params.greedy for q in reqs)
+        lp = _wants_logprobs(reqs)
         if batch.kind == "prefill":
             self.step_counts["prefill"] += 1
             for q in reqs:
@@ -297,13 +307,16 @@ class Engine:
             mm = [q.mm_inputs for q in reqs]
             args = (rows, [q.prompt_ids for q in reqs], greedy, mm if any(m is not None for m in mm) else None)
             if self.overlapping:  # the next step of every running row goes in before the first tokens are read
-                launched = self.runner.launch_prefill(*args)
+                launched = self.runner.launch_prefill(*args, lp)
                 self._launch_running()
                 toks = self.runner.collect_prefill(launched)
+                lps = launched.logprobs
             else:
-                toks = self.runner.prefill(*args).tolist()
-            for q, t in zip(reqs, toks):
-                q.append([t])
+                toks = self.runner.prefill(*args, lp).tolist()
+                lps = self.runner.logprobs_host(rows) if lp else None
+            lp_rows = lps[:, :1].tolist() if lps is not None else None  # [B][1][W], in the prompts' order
+            for i, (q, t) in enumerate(zip(reqs, toks)):
+                q.append([t], _entries(q, [t], lp_rows[i] if lp_rows is not None else None))
         else:
             if self.overlapping:
                 self._launch_running()
@@ -312,11 +325,14 @@ class Engine:
             self._count_step(kind)
             if kind != "decode":
                 index = shape_index(kind)
-                m_host, tok_host = self.runner.spec_step(rows, greedy, index)
-                self._append_spec(reqs, m_host, tok_host, self.runner.shapes[index].steps)
+                m_host, tok_host = self.runner.spec_step(rows, greedy, index, lp)
+                lp_rows = self.runner.logprobs_host(rows).tolist() if lp else None
+                self._append_spec(reqs, m_host, tok_host, self.runner.shapes[index].steps, lp_rows)
             else:
-                for q, t in zip(reqs, self.runner.decode(rows, greedy)):
-                    q.append([t])
+                toks = self.runner.decode(rows, greedy, lp)
+                lp_rows = self.runner.logprobs_host(rows).tolist() if lp else None
+                for i, (q, t) in enumerate(zip(reqs, toks)):
+                    q.append([t], _entries(q, [t], lp_rows[i] if lp_rows is not None else None))
         for q in self.scheduler.release_finished():
             self.runner.release(q.slot)
         return reqs
@@ -369,7 +385,8 @@ class Engine:
         rows = [q.slot for q in running]
         kind = self._step_kind(rows)
         self._count_step(kind)
-        self._pending = (running, self.runner.launch(kind, rows, all(q.params.greedy for q in running), ahead))
+        self._pending = (running, self.runner.launch(kind, rows, all(q.params.greedy for q in running), ahead,
+                                                     _wants_logprobs(running)))
 
     def _step_kind(self, rows: Sequence[int]) -> str:
         """The step for these running rows: "decode" for a plain engine, or while more than
@@ -389,12 +406,13 @@ class Engine:
             self.step_counts["spec " + spec_text(self.runner.shapes[shape_index(kind)])] += 1
 
     def _append_spec(self, reqs: Sequence[Request], m_host: Sequence[int], tok_host: Sequence[Sequence[int]],
-                     S: int) -> None:
-        """Append each request's committed tokens; S: the step's drafter forwards (its shape's steps)."""
-        for q, k, toks in zip(reqs, m_host, tok_host):
+                     S: int, lp_rows: Sequence | None = None) -> None:
+        """Append each request's committed tokens (and their packed log-probability rows, [S+1][W] per request, when
+        the step computed them); S: the step's drafter forwards (its shape's steps)."""
+        for i, (q, k, toks) in enumerate(zip(reqs, m_host, tok_host)):
             q.stats.add(k + 1, S)  # S drafter forwards: S-1 tree levels and the catch-up
             self.stats.add(k + 1, S)
-            q.append(toks[: k + 1])
+            q.append(toks[: k + 1], _entries(q, toks[: k + 1], lp_rows[i] if lp_rows is not None else None))
 
     def _step_overlapped(self) -> list[Request]:
         """Launch the next step of the running rows, then read the launched one's results. Not launched (the
@@ -429,11 +447,14 @@ class Engine:
                 else:  # still free (admissions wait for the read): inert again
                     run.release(q.slot)
         got = [reqs[i] for i in live]
+        # the step's log-probability rows are indexed by row: request i ran in row pending.rows[i]
+        lp_all = pending.logprobs.tolist() if pending.logprobs is not None else None
+        lp_rows = [lp_all[pending.rows[i]] for i in live] if lp_all is not None else None
         if m_host is None:
-            for i in live:
-                reqs[i].append([tok_host[i]])
+            for j, i in enumerate(live):
+                reqs[i].append([tok_host[i]], _entries(reqs[i], [tok_host[i]], lp_rows[j] if lp_rows else None))
         else:
-            self._append_spec(got, [m_host[i] for i in live], [tok_host[i] for i in live], pending.steps)
+            self._append_spec(got, [m_host[i] for i in live], [tok_host[i] for i in live], pending.steps, lp_rows)
         for q in sched.release_finished():
             run.release(q.slot)
         return got
@@ -478,3 +499,16 @@ class Engine:
         if tail:
             yield tail
         self.last_request = req
+
+
+def _wants_logprobs(reqs: Sequence[Request]) -> bool:
+    return any(q.params.logprobs is not None for q in reqs)
+
+
+def _entries(q: Request, tokens: Sequence[int], rows: Sequence | None) -> list[TokenLogprob] | None:
+    """The log-probability entries of `q`'s committed `tokens` from their packed rows ([len(tokens) or more][W]; None
+    when the step computed none), or None when `q` did not ask for them."""
+    if q.params.logprobs is None:
+        return None
+    assert rows is not None, "a step ran without the log-probabilities its request asked for"
+    return [unpack(rows[j], t, q.params.logprobs) for j, t in enumerate(tokens)]

@@ -23,6 +23,9 @@ class PendingStep:
     accepted: torch.Tensor | None  # spec: [B] accepted draft counts m
     event: "torch.cuda.Event | None"
     steps: int = 0  # spec: S of the shape the step ran (its drafter forwards, for the statistics)
+    # with lp: the packed log-probability rows (layers/logprobs.py), host copy: [rows 0..n-1, S+1, W] for a step (read
+    # by row), [B, 1, W] for a prefill (in its prompts' order)
+    logprobs: torch.Tensor | None = None
 
 
 def contiguous_prefix(buffer: torch.Tensor, shape: torch.Size | tuple[int, ...]) -> torch.Tensor:

@@ -1,7 +1,9 @@
 """A generation request and its host-side bookkeeping: output tokens, streamed text, stop handling; and
 `GenerationOutput`, a finished request as `Engine.generate` returns it (`Request.output()`).
 
-`Request.append(tokens)` takes the tokens one step committed (one for plain decoding, up to S+1 for speculation) and
+`Request.append(tokens, logprobs)` takes the tokens one step committed (one for plain decoding, up to S+1 for
+speculation), with their log-probability entries when the request asked for them (`params.logprobs`: kept in
+`logprobs` beside `output_ids`, one per output token; `take_logprobs` gives those added since its last call), and
 stops at exactly the right token: EOS (unless ignored; the EOS is not part of the text), the token budget, the
 token that completes a stop string (the text is cut before the stop string), or, with `params.stop_loop` N, the
 first token deeper than N tokens into a repetition loop (not part of the output; repetition.py). Tokens after that
@@ -23,6 +25,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Sequence
 
+from ..layers.logprobs import TokenLogprob
 from ..loading.detokenizer import IncrementalDetokenizer
 from ..repetition import LoopTracker
 from ..sampling_params import SamplingParams
@@ -42,6 +45,7 @@ class GenerationOutput:
     finish_reason: str
     seconds: float
     stats: SpecStats
+    logprobs: list[TokenLogprob] | None = None  # one per output token, when the request asked (params.logprobs)
 
     def to_dict(self) -> dict:
         return {
@@ -51,6 +55,7 @@ class GenerationOutput:
             "finish_reason": self.finish_reason,
             "seconds": round(self.seconds, 4),
             **(self.stats.to_dict() if self.stats.verify_steps else {}),
+            **({"logprobs": [e.to_dict() for e in self.logprobs]} if self.logprobs is not None else {}),
         }
 
 
@@ -64,6 +69,7 @@ class Request:
     mm_inputs: object | None = None  # a multimodal target's prepared images (see Engine.add_request)
     stream: bool = True  # the text may be read while the request runs (module docstring)
     output_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] | None = None  # beside output_ids, when params.logprobs is set
     text: str = ""
     finish_reason: str | None = None  # "stop" (EOS or stop string), "length", "loop" (params.stop_loop), "abort"
     abort_requested: bool = False  # Engine.abort: finish at the next append
@@ -74,6 +80,7 @@ class Request:
     t_end: float | None = None
     _detok: IncrementalDetokenizer | None = None
     _emitted: int = 0  # characters of `text` already returned by take_delta
+    _lp_emitted: int = 0  # entries of `logprobs` already returned by take_logprobs
     _loops: LoopTracker | None = None  # the output's loop runs, with params.stop_loop
 
     def __post_init__(self) -> None:
@@ -81,13 +88,16 @@ class Request:
             self._detok = IncrementalDetokenizer(self.tokenizer)
         if self.params.stop_loop:
             self._loops = LoopTracker()
+        if self.params.logprobs is not None:
+            self.logprobs = []
 
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
 
-    def append(self, tokens: Sequence[int]) -> int:
-        """Commit tokens in order until the request finishes; returns how many were taken."""
+    def append(self, tokens: Sequence[int], logprobs: Sequence[TokenLogprob] | None = None) -> int:
+        """Commit tokens in order until the request finishes; returns how many were taken. `logprobs`: the tokens'
+        entries (one each), kept for the output tokens when the request asked for them."""
         if self.abort_requested and not self.finished:
             self.finish_reason = "abort"
             self.t_end = time.perf_counter()
@@ -108,6 +118,9 @@ class Request:
                 self.finish_reason = "loop"
                 break
             self.output_ids.append(tok)
+            if self.logprobs is not None:
+                assert logprobs is not None, "a request that asked for log-probabilities got tokens without them"
+                self.logprobs.append(logprobs[taken - 1])
             if per_token:
                 old_len = len(self.text)
                 self.text += self._detok.add([tok])
@@ -138,7 +151,16 @@ class Request:
     def output(self) -> GenerationOutput:
         return GenerationOutput(text=self.text, token_ids=self.output_ids, prompt_tokens=len(self.prompt_ids),
                                 finish_reason=self.finish_reason or "length",
-                                seconds=(self.t_end or time.perf_counter()) - self.t_start, stats=self.stats)
+                                seconds=(self.t_end or time.perf_counter()) - self.t_start, stats=self.stats,
+                                logprobs=self.logprobs)
+
+    def take_logprobs(self) -> list[TokenLogprob]:
+        """The log-probability entries added since the last call (empty when the request asked for none)."""
+        if self.logprobs is None:
+            return []
+        out = self.logprobs[self._lp_emitted:]
+        self._lp_emitted = len(self.logprobs)
+        return out
 
     def take_delta(self) -> str:
         """Text produced since the last call. While a stop string may still be forming, its possible prefix is held

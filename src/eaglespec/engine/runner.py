@@ -12,6 +12,11 @@ three kinds of step as tensor programs (DESIGN.md "One speculative step, as data
   for overlap scheduling: the step and the copy of its results to the host are enqueued without waiting, and the
   host reads them later, after it has launched the next step (`ahead`: positions a still unread step may have added
   to any row, for the key-length bucket).
+- `lp=True` on any of them (a step where some request asked for log-probabilities; `max_logprobs` set): the step
+  also writes each committed token's packed log-probability row (layers/logprobs.py: the target's raw logits at the
+  position that chose it, and its top `max_logprobs` alternatives) into `lp_buf` [rows, S+1, 1 + 2 max_logprobs];
+  launched steps bring them to the host with their tokens (`PendingStep.logprobs`), other steps leave them for
+  `logprobs_host(rows)`. Steps without it compute nothing more (graphs are keyed by it).
 
 Per-row state lives on the device (`seq_len`, `last_token`, `active`, sampling parameters, the drafter's top-K and
 hidden); the host keeps only the committed lengths, which it learns when it reads the accepted lengths: that read is
@@ -33,6 +38,7 @@ import torch
 from ..config import SpecConfig, spec_envelope
 from ..layers.commit_kernel import advance_rows, store_draft_rows
 from ..layers.context import ForwardContext, cached_arange, causal_mask, prefix_tail_mask
+from ..layers.logprobs import token_logprobs
 from ..layers.sampling import greedy_ids, sample_probs, target_probs
 from ..sampling_params import SamplingParams
 from ..spec.draft import DraftState, catch_up, draft_tree
@@ -67,8 +73,10 @@ class ModelRunner:
         seed: int = 0,
         cuda_graphs: bool = True,
         prefill_graphs: bool = True,
+        max_logprobs: int | None = None,
     ) -> None:
         self.target, self.drafter = target, drafter
+        self.max_logprobs = max_logprobs  # alternatives per token in `lp_buf`; None: no log-probabilities
         # the speculation shapes a step may take (by index: `spec_kind`); `spec` is their envelope (the largest S, K
         # and D), by which caches, drafter state and headroom are sized, and with whose K the drafter catches up (a
         # step of a smaller K reads the first K of the drafter's top ids, best first)
@@ -129,6 +137,11 @@ class ModelRunner:
                          torch.empty(rows, dtype=torch.int64, pin_memory=True)) for _ in range(2)] \
             if dev.type == "cuda" else []
         self._pin_next = 0
+        # committed tokens' packed log-probability rows, written by steps run with lp=True (module docstring)
+        lp_shape = (rows, width, 1 + 2 * self.max_logprobs) if self.max_logprobs is not None else None
+        self.lp_buf = torch.zeros(lp_shape, dtype=torch.float32, device=dev) if lp_shape else None
+        self._pinned_lp = [torch.empty(lp_shape, dtype=torch.float32, pin_memory=True) for _ in range(3)] \
+            if lp_shape and dev.type == "cuda" else []  # the two steps' and a launched prefill's
         # the first tokens of a launched prefill (`launch_prefill`): read before any later prefill is launched
         self._pinned_prefill = torch.empty(rows, dtype=torch.int64, pin_memory=True) if dev.type == "cuda" else None
         if self.spec is not None:
@@ -209,6 +222,18 @@ class ModelRunner:
             return greedy_ids(logits)
         return sample_probs(logits, self.temperature[r], self.top_k[r], self.top_p[r], self.generator)[0]
 
+    def _store_logprobs(self, r: Rows, logits: torch.Tensor, tokens: torch.Tensor, width: int = 1) -> None:
+        """logits [B * width, V] and the tokens chosen from them [B * width] -> lp_buf[r, :width] (packed rows)."""
+        assert self.lp_buf is not None and self.max_logprobs is not None, "logprobs off (max_logprobs None)"
+        B = self._count(r)
+        self.lp_buf[r, :width] = token_logprobs(logits, tokens, self.max_logprobs).view(B, width, -1)
+
+    def logprobs_host(self, rows: Sequence[int]) -> torch.Tensor:
+        """The packed log-probability rows of the last step that computed them, for these rows: [len(rows), S+1, W]
+        on the host (a synchronising copy: for steps already read)."""
+        assert self.lp_buf is not None
+        return self.lp_buf.index_select(0, self._rows(rows)[0]).cpu()
+
     def _draft_step(self, ctx_rows: torch.Tensor | None):
         def step(tokens, hidden, positions, write_index, mask, from_target, logits_index):
             ctx = ForwardContext(positions=positions, write_index=write_index, attn_mask=mask,
@@ -238,7 +263,7 @@ class ModelRunner:
     # --- prefill ----------------------------------------------------------------------------------------------
     @torch.inference_mode()
     def prefill(self, rows: Sequence[int], prompts: Sequence[Sequence[int]], greedy: bool,
-                mm_inputs: Sequence[object | None] | None = None) -> torch.Tensor:
+                mm_inputs: Sequence[object | None] | None = None, lp: bool = False) -> torch.Tensor:
         """Prefill fresh rows; returns the first generated token per row [B] (on the device).
 
         `mm_inputs` (one per row, None for text-only rows) are the opaque objects a multimodal target's
@@ -253,7 +278,7 @@ class ModelRunner:
         groups = self.graphs.prefill_plan(lens) if self.graphs is not None and not has_mm else None
         if groups is not None:
             with self.timer.phase("prefill"):
-                tok = self.graphs.prefill_groups(list(rows), prompts, greedy, groups)
+                tok = self.graphs.prefill_groups(list(rows), prompts, greedy, groups, lp)
         else:
             r, ctx_rows = self._rows(rows)
             B, T = len(rows), max(lens)
@@ -263,7 +288,8 @@ class ModelRunner:
             ids = ids.to(self.device)
             lens_t = torch.tensor(lens, dtype=torch.int64, device=self.device)
             with self.timer.phase("prefill"):
-                tok, aux = self._prefill_target(r, ctx_rows, ids, lens_t, greedy, mm_inputs if has_mm else None)
+                tok, aux = self._prefill_target(r, ctx_rows, ids, lens_t, greedy, mm_inputs if has_mm else None,
+                                                lp)
             if self.spec is not None:
                 with self.timer.phase("draft"):
                     self._prefill_draft(r, ctx_rows, ids, lens_t, tok, aux)
@@ -272,14 +298,18 @@ class ModelRunner:
         return tok
 
     def launch_prefill(self, rows: Sequence[int], prompts: Sequence[Sequence[int]], greedy: bool,
-                       mm_inputs: Sequence[object | None] | None = None) -> PendingStep:
-        """`prefill` enqueued with the copy of its first tokens to the host, without waiting for them: the overlapped
-        engine launches the next step first and then reads them (`collect_prefill`), so the device does not idle
-        between an admission's prefill and the step after it. The rows' host lengths are set now."""
-        tok = self.prefill(rows, prompts, greedy, mm_inputs)
+                       mm_inputs: Sequence[object | None] | None = None, lp: bool = False) -> PendingStep:
+        """`prefill` enqueued with the copy of its first tokens (and with `lp` their log-probability rows, [B, 1, W]
+        in the order of `rows`) to the host, without waiting for them: the overlapped engine launches the next step
+        first and then reads them (`collect_prefill`), so the device does not idle between an admission's prefill and
+        the step after it. The rows' host lengths are set now."""
+        tok = self.prefill(rows, prompts, greedy, mm_inputs, lp)
+        lps = self.lp_buf.index_select(0, self._rows(rows)[0])[:, :1].contiguous() if lp else None  # [B, 1, W]
         if self._pinned_prefill is None:  # the CPU: already computed
-            return PendingStep(list(rows), tok.clone(), None, None)
-        return PendingStep(list(rows), copy_to_host(self._pinned_prefill, tok), None, recorded_event())
+            return PendingStep(list(rows), tok.clone(), None, None, logprobs=lps)
+        host_lp = copy_to_host(self._pinned_lp[2], lps) if lps is not None else None
+        return PendingStep(list(rows), copy_to_host(self._pinned_prefill, tok), None, recorded_event(),
+                           logprobs=host_lp)
 
     @staticmethod
     def collect_prefill(pending: PendingStep) -> list[int]:
@@ -289,7 +319,8 @@ class ModelRunner:
         return pending.tokens.tolist()
 
     def _prefill_target(self, r: torch.Tensor, ctx_rows: torch.Tensor | None, ids: torch.Tensor,
-                        lens_t: torch.Tensor, greedy: bool, mm_inputs: Sequence[object | None] | None = None):
+                        lens_t: torch.Tensor, greedy: bool, mm_inputs: Sequence[object | None] | None = None,
+                        lp: bool = False):
         """ids [B, T] right-padded, lens_t [B] -> (first token [B], aux states or None); sets the rows' state.
         Positions past a row's length write KV entries that no later step reads before overwriting them."""
         B, T = ids.shape
@@ -302,6 +333,8 @@ class ModelRunner:
         else:
             out = self.target(ids, ctx)
         tok = self._sample(out.logits[:, 0], r, greedy)
+        if lp:
+            self._store_logprobs(r, out.logits[:, 0], tok)
         self.seq_len[r] = lens_t
         self.last_token[r] = tok
         self.active.index_fill_(0, r, True)  # a scalar fill: no host->device copy (graph-capturable)
@@ -318,15 +351,17 @@ class ModelRunner:
                       keep_logits=self.d_logits is not None)
         self._store_draft(r, st)
 
-    def _prefill_core(self, r: torch.Tensor, ids: torch.Tensor, lens_t: torch.Tensor, greedy: bool) -> torch.Tensor:
+    def _prefill_core(self, r: torch.Tensor, ids: torch.Tensor, lens_t: torch.Tensor, greedy: bool,
+                      lp: bool = False) -> torch.Tensor:
         """The whole prefill of explicit rows r [B] over static tensors (what the prefill graphs capture)."""
-        tok, aux = self._prefill_target(r, r, ids, lens_t, greedy)
+        tok, aux = self._prefill_target(r, r, ids, lens_t, greedy, lp=lp)
         if self.spec is not None:
             self._prefill_draft(r, r, ids, lens_t, tok, aux)
         return tok
 
     # --- decode -------------------------------------------------------------------------------------------------
-    def _decode_core(self, r: Rows, ctx_rows: torch.Tensor | None, kv_len: int, greedy: bool) -> torch.Tensor:
+    def _decode_core(self, r: Rows, ctx_rows: torch.Tensor | None, kv_len: int, greedy: bool,
+                     lp: bool = False) -> torch.Tensor:
         B, dev = self._count(r), self.device
         L = self.seq_len[r]
         ctx = ForwardContext(positions=L[:, None], write_index=L[:, None],
@@ -334,6 +369,8 @@ class ModelRunner:
                              kv=self.kv.layers(), rows=ctx_rows)
         out = self.target(self.last_token[r][:, None], ctx)
         tok = self._sample(out.logits[:, 0], r, greedy)
+        if lp:
+            self._store_logprobs(r, out.logits[:, 0], tok)
         if self.spec is not None:  # a plain step of a speculative engine (EngineConfig.spec_max_rows): the drafter
             # takes the pair (target aux at L, the new token at L+1), as a commit of one token would give it
             ones = torch.ones(B, dtype=torch.int64, device=dev)
@@ -345,42 +382,46 @@ class ModelRunner:
         return tok
 
     @torch.inference_mode()
-    def decode(self, rows: Sequence[int], greedy: bool) -> list[int]:
+    def decode(self, rows: Sequence[int], greedy: bool, lp: bool = False) -> list[int]:
         """One plain decoding step; returns the new token of each requested row (this is the step's sync)."""
         if self.graphs is not None:
             with self.timer.phase("decode"):
-                return self.collect(self.launch("decode", rows, greedy))[1]
+                return self.collect(self.launch("decode", rows, greedy, lp=lp))[1]
         Lmax = max(self.host_len[i] for i in rows)
         with self.timer.phase("decode"):
             r, ctx_rows = self._rows(rows)
-            out = self._decode_core(r, ctx_rows, Lmax + 1, greedy).tolist()
+            out = self._decode_core(r, ctx_rows, Lmax + 1, greedy, lp).tolist()
         for i in rows:
             self.host_len[i] += 1
         return out
 
     @torch.inference_mode()
-    def launch(self, kind: str, rows: Sequence[int], greedy: bool, ahead: int = 0) -> PendingStep:
+    def launch(self, kind: str, rows: Sequence[int], greedy: bool, ahead: int = 0, lp: bool = False) -> PendingStep:
         """Enqueue one "decode" or "spec" step through the graph path and the copy of its results to the host,
         without waiting (see the module docstring). A decode step advances the host lengths now (by one); a
         speculative step's advance is known only when it is read (`collect`)."""
         assert self.graphs is not None, "overlapped steps run through the graph path"
         Lmax = max(self.host_len[i] for i in rows) + ahead
-        out = self.graphs.run(kind, max(rows) + 1, Lmax, greedy)  # the graphs' static output buffers
+        n = max(rows) + 1
+        out = self.graphs.run(kind, n, Lmax, greedy, lp)  # the graphs' static output buffers
         toks, m = (out[0], None) if kind == "decode" else (out[1], out[0])  # [B] or [B, S+1]; [B]
+        lps = self.lp_buf[:n] if lp else None  # [n, S+1, W]: rows 0..n-1, contiguous
         steps = 0 if kind == "decode" else self.shapes[shape_index(kind)].steps
         event: torch.cuda.Event | None = None
         if self._pinned:  # copies enqueued before any later replay can overwrite the graph's outputs
             pt, pm = self._pinned[self._pin_next]
-            self._pin_next ^= 1
             host_t = copy_to_host(pt, toks)
             host_m = copy_to_host(pm, m) if m is not None else None
+            host_lp = copy_to_host(self._pinned_lp[self._pin_next], lps) if lps is not None else None
+            self._pin_next ^= 1
             event = recorded_event()
         else:  # the CPU's static path (tests): already computed
             host_t, host_m = toks.clone(), (m.clone() if m is not None else None)
+            host_lp = lps.clone() if lps is not None else None
         if kind == "decode":
             for i in rows:
                 self.host_len[i] += 1
-        return PendingStep(list(rows), host_t, host_m, event, steps)
+        return PendingStep(list(rows), host_t, host_m, event, steps, logprobs=host_lp)
 
     def collect(self, pending: PendingStep) -> tuple[list[int] | None, list]:
         """The results of a launched step, per requested row: (None, tokens) for decode, (m, committed tokens) for a
@@ -419,7 +460,7 @@ class ModelRunner:
         return tree
 
     def _spec_verify(self, r: Rows, ctx_rows: torch.Tensor | None, kv_len: int, tree: DraftTree,
-                     greedy: bool, shape: SpecConfig) -> tuple[VerifyResult, torch.Tensor]:
+                     greedy: bool, shape: SpecConfig, lp: bool = False) -> tuple[VerifyResult, torch.Tensor]:
         """Target forward over the D tree tokens (positions L + depth, written at L..L+D-1, each seeing the prefix
         and its ancestors) and acceptance; returns the result and the aux states [B, D, n_aux*H]."""
         D = shape.draft_tokens
@@ -436,13 +477,19 @@ class ModelRunner:
                                  rows=ctx_rows)
         out = self.target(tree.tokens, ctx)
         if greedy:
-            return (verify_greedy_chain if chain else verify_greedy)(tree, out.logits), out.aux_hidden
-        V = out.logits.shape[-1]
-        probs = target_probs(out.logits.reshape(B * D, V), self.temperature[r].repeat_interleave(D),
-                             self.top_k[r].repeat_interleave(D), self.top_p[r].repeat_interleave(D))
-        # sampled chains: the drafter's distributions (over its draft vocabulary: read through d_draft_index)
-        return verify_sampling(tree, probs.view(B, D, V), self.generator, tree.q,
-                               self.d_draft_index if tree.q is not None else None), out.aux_hidden
+            res = (verify_greedy_chain if chain else verify_greedy)(tree, out.logits)
+        else:
+            V = out.logits.shape[-1]
+            probs = target_probs(out.logits.reshape(B * D, V), self.temperature[r].repeat_interleave(D),
+                                 self.top_k[r].repeat_interleave(D), self.top_p[r].repeat_interleave(D))
+            # sampled chains: the drafter's distributions (over its draft vocabulary: read through d_draft_index)
+            res = verify_sampling(tree, probs.view(B, D, V), self.generator, tree.q,
+                                  self.d_draft_index if tree.q is not None else None)
+        if lp:  # committed token i was chosen from the logits of path node i (the bonus from the deepest's)
+            S1, V = res.path.shape[1], out.logits.shape[-1]
+            rows_logits = torch.gather(out.logits, 1, res.path[..., None].expand(B, S1, V))  # [B, S+1, V]
+            self._store_logprobs(r, rows_logits.reshape(B * S1, V), res.tokens.reshape(-1), S1)
+        return res, out.aux_hidden
 
     def _spec_commit(self, r: Rows, ctx_rows: torch.Tensor | None, kv_len: int, res: VerifyResult,
                      aux_all: torch.Tensor, shape: SpecConfig) -> tuple[torch.Tensor, torch.Tensor]:
@@ -465,12 +512,13 @@ class ModelRunner:
         return res.accept_len, res.tokens
 
     @torch.inference_mode()
-    def spec_step(self, rows: Sequence[int], greedy: bool, index: int = 0) -> tuple[list[int], list[list[int]]]:
+    def spec_step(self, rows: Sequence[int], greedy: bool, index: int = 0,
+                  lp: bool = False) -> tuple[list[int], list[list[int]]]:
         """One speculative step of shape `shapes[index]`; returns, per requested row, the accepted draft count m and
         the committed tokens (m drafts then the bonus: S+1 entries, of which the first m+1 count). Reading them is
         the step's sync."""
         if self.graphs is not None:
-            m_g, toks_g = self.collect(self.launch(spec_kind(index), rows, greedy))
+            m_g, toks_g = self.collect(self.launch(spec_kind(index), rows, greedy, lp=lp))
             assert m_g is not None
             return m_g, toks_g
         shape = self.shapes[index]
@@ -480,7 +528,7 @@ class ModelRunner:
         with self.timer.phase("draft"):
             tree = self._spec_draft(r, ctx_rows, kv_len, greedy, shape)
         with self.timer.phase("verify"):
-            res, aux = self._spec_verify(r, ctx_rows, kv_len, tree, greedy, shape)
+            res, aux = self._spec_verify(r, ctx_rows, kv_len, tree, greedy, shape, lp)
         with self.timer.phase("commit"):
             m_t, tok_t = self._spec_commit(r, ctx_rows, kv_len, res, aux, shape)
         m, toks = m_t.tolist(), tok_t.tolist()

@@ -10,7 +10,9 @@ Contract of `create_app(worker, model_name, default_temperature, api_key)`:
   choices run as n requests of the worker: indexed choices, usage over all of them; streamed, a role chunk per
   choice (chat) and every chunk naming its choice's index, the usage chunk after the last choice finished. A
   completions request may carry a batch of prompts (strings or token id lists): n choices each, prompt p's choice j
-  at index p * n + j, the usage's prompt tokens over every prompt.
+  at index p * n + j, the usage's prompt tokens over every prompt. Log-probabilities, when asked for, come in each
+  choice's (or chunk's) `logprobs` (schemas.py: `chat_logprobs`, `completion_logprobs`); a streamed completion's
+  text offsets run on across its chunks.
 - Images come as `image_url` parts holding data: URLs, for a multimodal target.
 - With `api_key` the /v1 routes answer 401 (OpenAI's body, code invalid_api_key) unless the request carries
   `Authorization: Bearer <api_key>`; /health and /metrics stay open, for probes and scrapers.
@@ -24,6 +26,7 @@ Contract of `create_app(worker, model_name, default_temperature, api_key)`:
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import json
 from typing import Any, AsyncIterator, Callable
@@ -138,18 +141,21 @@ def create_app(worker: EngineWorker, model_name: str, default_temperature: float
         for t in tickets:
             t.cancel()
 
-    async def collect(ticket: Ticket) -> tuple[str, str, int, Any]:
-        text = []
+    async def collect(ticket: Ticket) -> tuple[str, str, int, Any, list]:
+        """A choice's (text, finish reason, completion tokens, speculative statistics, logprob entries)."""
+        text: list[str] = []
+        entries: list = []
         while True:
             event = await ticket.events.get()
             if event[0] == "delta":
                 text.append(event[1])
+                entries += event[2]
             elif event[0] == "done":
-                return "".join(text), event[1], event[2], event[3]
+                return "".join(text), event[1], event[2], event[3], entries
             else:
                 raise HTTPError(event[2], event[1])
 
-    async def collect_all(tickets: list[Ticket]) -> list[tuple[str, str, int, Any]]:
+    async def collect_all(tickets: list[Ticket]) -> list[tuple[str, str, int, Any, list]]:
         try:
             return list(await asyncio.gather(*(collect(t) for t in tickets)))
         except BaseException:  # the client went away (cancelled) or the engine failed: no choice runs on
@@ -173,7 +179,7 @@ def create_app(worker: EngineWorker, model_name: str, default_temperature: float
         return merged, [asyncio.create_task(forward(i, t)) for i, t in enumerate(tickets)]
 
     def sse(tickets: list[Ticket], rid: str, obj: str, prompt_tokens: int, include_usage: bool,
-            chunk: Callable[[int, str | None, str | None], dict], first: Callable[[int], dict] | None
+            chunk: Callable[[int, str | None, str | None, list], dict], first: Callable[[int], dict] | None
             ) -> StreamingResponse:
         async def events() -> AsyncIterator[str]:
             source, tasks = merged_events(tickets)
@@ -188,16 +194,17 @@ def create_app(worker: EngineWorker, model_name: str, default_temperature: float
                     if event[0] == "delta":
                         # the deltas of this choice queued behind this one go in the same chunk: a client read
                         # slower than the engine steps gets fewer, larger chunks instead of falling behind
-                        text = [event[1]]
+                        text, entries = [event[1]], list(event[2])
                         while not source.empty():
                             j, event = nxt = source.get_nowait()
                             if j != i or event[0] != "delta":
                                 behind = nxt
                                 break
                             text.append(event[1])
-                        yield f"data: {json.dumps(chunk(i, ''.join(text), None))}\n\n"
+                            entries += event[2]
+                        yield f"data: {json.dumps(chunk(i, ''.join(text), None, entries))}\n\n"
                     elif event[0] == "done":
-                        yield f"data: {json.dumps(chunk(i, None, event[1]))}\n\n"
+                        yield f"data: {json.dumps(chunk(i, None, event[1], []))}\n\n"
                         done, completion_tokens = done + 1, completion_tokens + event[2]
                         if done == len(tickets):
                             finished = True
@@ -224,17 +231,39 @@ def create_app(worker: EngineWorker, model_name: str, default_temperature: float
         except EaglespecError as e:
             raise HTTPError(400, str(e)) from None
 
+    tokenizer = worker.tokenizer
+
+    @functools.lru_cache(maxsize=1 << 16)
+    def token_text(i: int) -> str:
+        """A token's own text, as log-probabilities name it (its id, for a model without a tokenizer)."""
+        return tokenizer.decode([i], skip_special_tokens=False) if tokenizer is not None else str(i)
+
     async def respond(body: schemas.SampledRequest, prompts: list[Any], chat: bool,
                       images: list | None = None) -> Any:
         """One request of either endpoint: the whole answer, or its stream (`chat`: chat completion bodies), with
         n choices of each prompt (chat: one prompt, its messages)."""
         tickets, n_prompt = await start(body, prompts, chat, images or [])
         rid = schemas.new_id("chatcmpl" if chat else "cmpl")
+        wants_lp = bool(body.logprobs) if chat else body.logprobs is not None  # type: ignore[attr-defined]
+
+        def lp_body(entries: list, offset: int = 0) -> dict | None:
+            if not wants_lp:
+                return None
+            if chat:
+                return schemas.chat_logprobs(entries, token_text)
+            return schemas.completion_logprobs(entries, token_text, offset)
+
         if body.stream:
-            def chunk(i: int, text: str | None, finish: str | None) -> dict:
+            offsets = [0] * len(tickets)  # a streamed completion's text offsets run on across its chunks
+
+            def chunk(i: int, text: str | None, finish: str | None, entries: list) -> dict:
+                lp = lp_body(entries, offsets[i]) if entries else None
+                if lp is not None and not chat:
+                    offsets[i] += sum(len(t) for t in lp["tokens"])
                 if chat:
-                    return schemas.chat_chunk(rid, model_name, {} if text is None else {"content": text}, finish, i)
-                return schemas.completion_chunk(rid, model_name, text or "", finish, i)
+                    return schemas.chat_chunk(rid, model_name, {} if text is None else {"content": text}, finish, i,
+                                              lp)
+                return schemas.completion_chunk(rid, model_name, text or "", finish, i, lp)
 
             def first(i: int) -> dict:
                 return schemas.chat_chunk(rid, model_name, {"role": "assistant", "content": ""}, index=i)
@@ -245,7 +274,7 @@ def create_app(worker: EngineWorker, model_name: str, default_temperature: float
         build = schemas.chat_response if chat else schemas.completion_response
         use = schemas.usage(n_prompt, sum(r[2] for r in results))
         spec = schemas.spec_summary([r[3] for r in results])
-        return build(rid, model_name, [(r[0], r[1]) for r in results], use, spec)
+        return build(rid, model_name, [(r[0], r[1], lp_body(r[4])) for r in results], use, spec)
 
     @app.post("/v1/chat/completions", dependencies=v1)
     async def chat_completions(body: schemas.ChatCompletionRequest) -> Any:

@@ -3,20 +3,22 @@
 Contract: `ChatCompletionRequest` / `CompletionRequest` parse a request body (unknown fields are ignored, as OpenAI's
 clients send many); `.sampling(default_temperature)` turns one into `SamplingParams` (max_tokens None: the server
 picks the room left in its cache) and raises `RequestError` with one sentence for what this server does not do
-(more than MAX_N choices, or MAX_CHOICES over a completion's prompts, penalties, logprobs, tools, per-request seeds, echo / suffix, best_of, images other than
-data: URLs),
+(more than MAX_N choices, or MAX_CHOICES over a completion's prompts, penalties, tools, per-request seeds, echo /
+suffix, best_of, images other than data: URLs),
 rather than ignoring it. Images (`image_url` parts) reach the target as decoded PIL images in message order; a
 target that takes none refuses them (`Engine.prepare`).
 The `*_response` / `*_chunk` helpers build the JSON bodies (`id`, `object`, `created`, `model`, `choices`, `usage`),
 with the speculative statistics (of all choices, merged) under the extra key `eaglespec` where there were
-speculative steps.
+speculative steps. Log-probabilities (chat: `logprobs: true` and `top_logprobs` k; completions: `logprobs` k) are
+the target's raw ones (before temperature, top-k, top-p), in OpenAI's two layouts (`chat_logprobs`,
+`completion_logprobs`); a token's text is its own decoding, and its bytes that text's UTF-8.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Literal, Union
+from typing import Any, Callable, Literal, Union
 
 from pydantic import BaseModel, ConfigDict
 
@@ -117,7 +119,8 @@ class SampledRequest(_Body):
             if getattr(self, name):
                 raise RequestError(f"{name} is not supported by this server")
 
-    def _params(self, max_tokens: int | None, default_temperature: float) -> SamplingParams:
+    def _params(self, max_tokens: int | None, default_temperature: float,
+                logprobs: int | None = None) -> SamplingParams:
         self._checks()
         if max_tokens is not None and max_tokens < 1:
             raise RequestError(f"max_tokens must be >= 1 (got {max_tokens})")
@@ -126,7 +129,8 @@ class SampledRequest(_Body):
         return SamplingParams(
             max_new_tokens=max_tokens or 1,  # the server replaces it when the request gave none (`max_tokens`)
             temperature=default_temperature if self.temperature is None else self.temperature,
-            top_p=1.0 if self.top_p is None else self.top_p, top_k=top_k, stop=stop, ignore_eos=self.ignore_eos)
+            top_p=1.0 if self.top_p is None else self.top_p, top_k=top_k, stop=stop, ignore_eos=self.ignore_eos,
+            logprobs=logprobs)
 
     @property
     def include_usage(self) -> bool:
@@ -137,6 +141,7 @@ class ChatCompletionRequest(SampledRequest):
     messages: list[ChatMessage]
     max_completion_tokens: int | None = None
     logprobs: bool | None = None
+    top_logprobs: int | None = None
     tools: list[Any] | None = None
 
     @property
@@ -144,11 +149,12 @@ class ChatCompletionRequest(SampledRequest):
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
     def sampling(self, default_temperature: float) -> SamplingParams:
-        if self.logprobs:
-            raise RequestError("logprobs are not supported by this server")
         if self.tools:
             raise RequestError("tools are not supported by this server")
-        return self._params(self.requested_tokens, default_temperature)
+        if self.top_logprobs is not None and not self.logprobs:
+            raise RequestError("top_logprobs needs logprobs: true")
+        return self._params(self.requested_tokens, default_temperature,
+                            (self.top_logprobs or 0) if self.logprobs else None)
 
     def chat(self) -> tuple[list[dict[str, Any]], list]:
         """The messages for the chat template ("developer" is the newer name of "system") and their images, in
@@ -177,12 +183,9 @@ class CompletionRequest(SampledRequest):
             raise RequestError("echo is not supported by this server")
         if self.suffix:
             raise RequestError("suffix is not supported by this server")
-        if self.logprobs:
-            raise RequestError("logprobs are not supported by this server")
         if self.best_of not in (None, self.n):
-            raise RequestError(f"best_of={self.best_of}: this server does not rank choices (it returns n of n; no "
-                               "logprobs to rank them by)")
-        return self._params(self.max_tokens, default_temperature)
+            raise RequestError(f"best_of={self.best_of}: this server does not rank choices (it returns n of n)")
+        return self._params(self.max_tokens, default_temperature, self.logprobs)
 
     def prompts(self) -> list[str | list[int]]:
         """The request's prompts, each a text or token ids: one (a string, or a list of ids) or a batch (a list of
@@ -215,28 +218,55 @@ def _envelope(rid: str, obj: str, model: str, choices: list[dict], **extra: Any)
     return {"id": rid, "object": obj, "created": int(time.time()), "model": model, "choices": choices, **extra}
 
 
-def chat_response(rid: str, model: str, choices: list[tuple[str, str]], use: dict, spec: dict | None) -> dict:
-    """`choices`: (text, finish_reason) per choice, in index order."""
-    out = [{"index": i, "message": {"role": "assistant", "content": text}, "logprobs": None, "finish_reason": finish}
-           for i, (text, finish) in enumerate(choices)]
+def chat_response(rid: str, model: str, choices: list[tuple[str, str, dict | None]], use: dict,
+                  spec: dict | None) -> dict:
+    """`choices`: (text, finish_reason, logprobs body or None) per choice, in index order."""
+    out = [{"index": i, "message": {"role": "assistant", "content": text}, "logprobs": lp, "finish_reason": finish}
+           for i, (text, finish, lp) in enumerate(choices)]
     return _envelope(rid, "chat.completion", model, out, usage=use, **({"eaglespec": spec} if spec else {}))
 
 
-def chat_chunk(rid: str, model: str, delta: dict, finish_reason: str | None = None, index: int = 0) -> dict:
+def chat_chunk(rid: str, model: str, delta: dict, finish_reason: str | None = None, index: int = 0,
+               logprobs: dict | None = None) -> dict:
     return _envelope(rid, "chat.completion.chunk", model,
-                     [{"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}])
+                     [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}])
 
 
-def completion_response(rid: str, model: str, choices: list[tuple[str, str]], use: dict, spec: dict | None) -> dict:
-    """`choices`: (text, finish_reason) per choice, in index order."""
-    out = [{"index": i, "text": text, "logprobs": None, "finish_reason": finish}
-           for i, (text, finish) in enumerate(choices)]
+def completion_response(rid: str, model: str, choices: list[tuple[str, str, dict | None]], use: dict,
+                        spec: dict | None) -> dict:
+    """`choices`: (text, finish_reason, logprobs body or None) per choice, in index order."""
+    out = [{"index": i, "text": text, "logprobs": lp, "finish_reason": finish}
+           for i, (text, finish, lp) in enumerate(choices)]
     return _envelope(rid, "text_completion", model, out, usage=use, **({"eaglespec": spec} if spec else {}))
 
 
-def completion_chunk(rid: str, model: str, text: str, finish_reason: str | None = None, index: int = 0) -> dict:
+def completion_chunk(rid: str, model: str, text: str, finish_reason: str | None = None, index: int = 0,
+                     logprobs: dict | None = None) -> dict:
     return _envelope(rid, "text_completion", model,
-                     [{"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}])
+                     [{"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}])
+
+
+def _token_entry(text: str, logprob: float) -> dict:
+    return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+
+
+def chat_logprobs(entries: list, token_text: Callable[[int], str]) -> dict:
+    """`entries` (`TokenLogprob`s) -> a chat choice's `logprobs`: {"content": [{token, logprob, bytes,
+    top_logprobs: [{token, logprob, bytes}]}]}."""
+    return {"content": [{**_token_entry(token_text(e.token), e.logprob),
+                         "top_logprobs": [_token_entry(token_text(i), lp) for i, lp in e.top]} for e in entries]}
+
+
+def completion_logprobs(entries: list, token_text: Callable[[int], str], offset: int = 0) -> dict:
+    """`entries` -> a completion choice's `logprobs`: {tokens, token_logprobs, top_logprobs ([{text: logprob}] per
+    token), text_offset (each token's start in the text, counting from `offset`: a stream's earlier chunks)}."""
+    texts = [token_text(e.token) for e in entries]
+    starts = []
+    for t in texts:
+        starts.append(offset)
+        offset += len(t)
+    return {"tokens": texts, "token_logprobs": [e.logprob for e in entries],
+            "top_logprobs": [{token_text(i): lp for i, lp in e.top} for e in entries], "text_offset": starts}
 
 
 def spec_summary(stats: list) -> dict | None:

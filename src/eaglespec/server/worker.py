@@ -13,9 +13,11 @@ Contract:
   (chat template applied when `chat`), chat messages, or token ids; `images` go to a multimodal target.
   `max_tokens` None: the room left in a row's cache after the prompt; a prompt or `max_tokens` that does not fit
   is refused with one sentence. Each ticket receives, in order, from the worker's thread: ("accepted",
-  prompt_tokens) or ("error", message, status); then ("delta", text) as text is committed (stop strings are never
-  shown in part: `Request.take_delta`; with `stream` False one delta at the end, the text decoded once: per-step
-  detokenizing costs host time a busy GPU engine has not got); then ("done", finish_reason, completion_tokens,
+  prompt_tokens) or ("error", message, status); then ("delta", text, logprob entries) as text is committed (stop
+  strings are never shown in part: `Request.take_delta`; the entries, `TokenLogprob`s of the tokens committed since
+  the last delta, are empty unless the request asked for them, and a delta may carry entries without text; with
+  `stream` False one delta at the end, the text decoded once: per-step detokenizing costs host time a busy GPU engine
+  has not got); then ("done", finish_reason, completion_tokens,
   its `SpecStats` or None). A streamed answer's deltas go out at its first tokens, then every `stream_interval`
   tokens (default 1: each step's). A ticket's `events` is an `asyncio.Queue` of the event loop that called
   `submit` (filled with `call_soon_threadsafe`), or, called outside an event loop, a `queue.Queue`.
@@ -83,6 +85,8 @@ class EngineWorker:
                  log_interval: float = 0.0) -> None:
         self.check_options(stream_interval, log_interval)
         self.engine = engine
+        # read by the HTTP thread to name the tokens of log-probabilities (decoding only: no engine state)
+        self.tokenizer = engine.tokenizer
         self.rows = rows
         self.stream_interval = stream_interval
         self.log_interval = log_interval  # seconds between the stats lines on stderr (0: none)
@@ -251,9 +255,9 @@ class EngineWorker:
             # end): each delta costs the HTTP thread a chunk, under the GIL the engine's loop needs too; an unstreamed
             # one has no text before its end (Request: decoded once)
             if req.finished or (t.stream and (t.sent == 0 or n - t.sent >= self.stream_interval)):
-                delta = req.take_delta()
-                if delta:
-                    t.put(("delta", delta))
+                delta, entries = req.take_delta(), req.take_logprobs()
+                if delta or entries:
+                    t.put(("delta", delta, entries))
                     t.sent = n
             if req.finished:
                 spec = req.stats if req.stats.verify_steps else None

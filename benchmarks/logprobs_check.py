@@ -1,0 +1,107 @@
+"""Log-probabilities on the GPU: the embedded SmolLM2 (bf16, CUDA graphs, overlap) with the shipped drafter.
+
+    python benchmarks/logprobs_check.py GGUF [OUT]      # exits 1 when a check fails
+
+On MT-bench's 80 first turns, 128 new tokens, greedy:
+1. tokens: the same with logprobs asked for as without (plain and speculative engines alike): computing them changes
+   nothing the steps choose;
+2. values: each speculative answer's entries against the plain engine's for the tokens both answers share before
+   their first difference (bf16: a verify of several tokens and a one-token decode round differently; the largest
+   difference is reported, and must stay below 0.1 nat), and the entries against a float32 reference forward of the
+   plain answer (a separate model copy) for the first 8 answers;
+3. cost: tok/s of each engine with and without logprobs, one row and 32 rows (continuous batching through
+   `Engine.generate`; each timed run the second of two, so that no graph is captured inside it), so the price of
+   asking is measured; an engine whose requests never ask runs its old graphs.
+Prints a table; writes OUT/logprobs_check.json when OUT is given.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from eaglespec import api
+from eaglespec.bench.datasets import encode, mt_bench
+from eaglespec.config import EngineConfig
+from eaglespec.layers.context import ForwardContext
+from eaglespec.loading import load_model
+from eaglespec.sampling_params import SamplingParams
+
+NEW = 128
+
+
+def run(eng, prompts, params) -> tuple[list, float]:
+    """The second of two identical runs (the first captures the graphs both use), and its tok/s."""
+    eng.generate(prompts, params)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    outs = eng.generate(prompts, params)
+    torch.cuda.synchronize()
+    dt = time.perf_counter() - t0
+    return outs, sum(len(o.token_ids) for o in outs) / dt
+
+
+def main() -> int:
+    gguf = sys.argv[1]
+    out_dir = Path(sys.argv[2]) if len(sys.argv) > 2 else None
+    rows_list = (1, 32)
+    engines = {}
+    for rows in rows_list:
+        cfg = EngineConfig(device="cuda", dtype="bfloat16", max_batch_size=rows)
+        engines[("plain", rows)] = api.load(gguf, draft=None, config=cfg)
+        engines[("spec", rows)] = api.load(gguf, config=cfg)  # the shipped drafter, auto's shape for these rows
+    tok = engines[("plain", 1)].tokenizer
+    prompts = [encode(tok, item.first)[0] for item in mt_bench()]
+    no_lp = SamplingParams(max_new_tokens=NEW)
+    with_lp = SamplingParams(max_new_tokens=NEW, logprobs=5)
+    table, record, ok = [], {}, True
+    results = {}
+    for (kind, rows), eng in engines.items():
+        a, tps_a = run(eng, prompts, no_lp)
+        b, tps_b = run(eng, prompts, with_lp)
+        same = sum(x.token_ids == y.token_ids for x, y in zip(a, b))
+        ok &= same == len(prompts) and all(len(o.logprobs) == len(o.token_ids) for o in b)
+        results[(kind, rows)] = b
+        table.append((kind, rows, tps_a, tps_b, same))
+    # values: speculative against plain, on the shared prefix of each answer
+    worst, compared = 0.0, 0
+    for rows in rows_list:
+        for p, s in zip(results[("plain", rows)], results[("spec", rows)]):
+            for x, y, tx, ty in zip(p.logprobs, s.logprobs, p.token_ids, s.token_ids):
+                if tx != ty:
+                    break
+                worst = max(worst, abs(x.logprob - y.logprob))
+                compared += 1
+    ok &= worst < 0.1
+    # a float32 reference forward of the first 8 plain answers
+    ref = load_model(gguf, device=torch.device("cuda"), dtype="float32").model
+    ref_worst = 0.0
+    for prompt, o in list(zip(prompts, results[("plain", 1)]))[:8]:
+        ids = torch.tensor([prompt + o.token_ids], device="cuda")
+        with torch.no_grad():
+            lp = ref(ids, ForwardContext.plain(1, ids.shape[1], ids.device)).logits[0].float().log_softmax(-1)
+        n = len(prompt)
+        for j, e in enumerate(o.logprobs):
+            ref_worst = max(ref_worst, abs(lp[n - 1 + j, e.token].item() - e.logprob))
+    ok &= ref_worst < 0.1
+    print("| engine | rows | tok/s without logprobs | with logprobs=5 | cost | answers identical |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    for kind, rows, a, b, same in table:
+        print(f"| {kind} | {rows} | {a:,.1f} | {b:,.1f} | {100 * (1 - b / a):+.1f}% | {same}/{len(prompts)} |")
+    print(f"speculative vs plain logprobs, shared prefixes ({compared} tokens): largest difference {worst:.4f} nat")
+    print(f"bf16 plain vs float32 reference (8 answers): largest difference {ref_worst:.4f} nat")
+    print("OK" if ok else "FAILED")
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        record = {"table": table, "spec_vs_plain_max": worst, "tokens_compared": compared,
+                  "bf16_vs_fp32_max": ref_worst, "ok": ok}
+        (out_dir / "logprobs_check.json").write_text(json.dumps(record, indent=2))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

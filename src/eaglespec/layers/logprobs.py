@@ -1,0 +1,51 @@
+"""Log-probabilities of committed tokens, computed inside the engine's steps and read with their tokens.
+
+Contract:
+- `token_logprobs(logits, tokens, k)`: logits [N, V] (the target's raw logits: before temperature, top-k or top-p,
+  as vLLM reports them by default) and the tokens chosen from them [N] -> one packed float32 row per token
+  [N, 1 + 2k]: the token's log-probability, the k highest log-probabilities of the row (best first), then those k
+  tokens' ids (as float32: exact below 2^24, checked). No host synchronisation: graph steps compute it in place.
+- `TokenLogprob`: one committed token's entry as a request keeps it: its id, log-probability and the top
+  alternatives the request asked for ([(id, log-probability)], best first); `unpack(row, k)` reads one packed row
+  (of an engine computing `(len(row) - 1) // 2` alternatives) into it, keeping the first k.
+Log-softmax runs in float32 whatever the logits' dtype.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+MAX_ID = 1 << 24  # ids travel as float32 in the packed rows
+MAX_TOP_LOGPROBS = 20  # alternatives per token a request may ask for (OpenAI's top_logprobs limit)
+
+
+def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, k: int) -> torch.Tensor:
+    """logits [N, V], tokens [N] int64 -> [N, 1 + 2k] float32 (module docstring)."""
+    assert logits.shape[-1] <= MAX_ID, "vocabulary too large for float32 ids"
+    x = logits.float()
+    lse = torch.logsumexp(x, dim=-1, keepdim=True)  # [N, 1]
+    chosen = x.gather(-1, tokens[:, None]) - lse  # [N, 1]
+    if k == 0:
+        return chosen
+    top, ids = x.topk(k, dim=-1)  # [N, k] best first
+    return torch.cat((chosen, top - lse, ids.float()), dim=-1)
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()  # (id, log-probability), best first
+
+    def to_dict(self) -> dict:
+        return {"token": self.token, "logprob": self.logprob, "top": [list(t) for t in self.top]}
+
+
+def unpack(row: Sequence[float], token: int, k: int) -> TokenLogprob:
+    """One packed row (a list of floats) of `token` -> its entry with the first k alternatives."""
+    K = (len(row) - 1) // 2
+    assert k <= K, f"{k} alternatives asked of rows holding {K}"
+    return TokenLogprob(token, float(row[0]), tuple((int(row[1 + K + j]), float(row[1 + j])) for j in range(k)))

@@ -1,0 +1,146 @@
+"""Log-probabilities of committed tokens (SamplingParams.logprobs): the target's raw log-softmax at the position that
+chose each token, with its top alternatives; the same with and without speculation (every shape, batch sizes, the
+static graph path with overlap), none for requests that did not ask, and mistakes named."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_static_path import static_engine
+from tiny import tiny_drafter, tiny_llama
+
+from eaglespec.config import EngineConfig, SpecConfig
+from eaglespec.engine.engine import Engine
+from eaglespec.errors import ConfigError, RequestError
+from eaglespec.layers.context import ForwardContext
+from eaglespec.layers.logprobs import token_logprobs, unpack
+from eaglespec.sampling_params import SamplingParams
+
+PROMPTS = [[1, 2, 3, 4, 5], [7, 8, 9], list(range(10, 40)), [5]]
+GREEDY = SamplingParams(max_new_tokens=16, ignore_eos=True, logprobs=3)
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_llama(seed=0)
+
+
+@pytest.fixture(scope="module")
+def drafter(target):
+    return tiny_drafter(target, seed=1)
+
+
+@pytest.fixture(scope="module")
+def plain(target):
+    return Engine(target, None).generate(PROMPTS, GREEDY)
+
+
+def reference_logprobs(target, prompt: list[int], tokens: list[int]) -> torch.Tensor:
+    """log-softmax of one full-sequence forward: row j is the distribution output token j was chosen from [n, V]."""
+    ids = torch.tensor([prompt + tokens])
+    with torch.no_grad():
+        logits = target(ids, ForwardContext.plain(1, ids.shape[1])).logits[0].float()
+    return logits.log_softmax(-1)[len(prompt) - 1: len(prompt) - 1 + len(tokens)]
+
+
+def test_packed_rows_and_unpack():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(5, 97, generator=g) * 3
+    tokens = torch.tensor([3, 50, 96, 0, 7])
+    rows = token_logprobs(logits, tokens, 4)
+    ref = logits.log_softmax(-1)
+    assert rows.shape == (5, 9) and rows.dtype == torch.float32
+    torch.testing.assert_close(rows[:, 0], ref[torch.arange(5), tokens])
+    top = ref.topk(4, -1)
+    torch.testing.assert_close(rows[:, 1:5], top.values)
+    assert torch.equal(rows[:, 5:].long(), top.indices)
+    e = unpack(rows[1].tolist(), 50, 2)
+    assert e.token == 50 and e.logprob == pytest.approx(ref[1, 50].item(), abs=1e-6)
+    assert [i for i, _ in e.top] == top.indices[1, :2].tolist()
+    assert token_logprobs(logits, tokens, 0).shape == (5, 1)  # the chosen token's only
+
+
+def test_plain_greedy_logprobs_are_the_targets_log_softmax(target, plain):
+    for p, o in zip(PROMPTS, plain):
+        ref = reference_logprobs(target, p, o.token_ids)
+        assert len(o.logprobs) == len(o.token_ids) == 16
+        for j, e in enumerate(o.logprobs):
+            assert e.token == o.token_ids[j]
+            assert e.logprob == pytest.approx(ref[j, e.token].item(), abs=1e-5)
+            assert len(e.top) == 3 and e.top[0][0] == e.token  # greedy: the argmax is the best alternative
+            assert [lp for _, lp in e.top] == sorted((lp for _, lp in e.top), reverse=True)
+            assert e.top[1][1] == pytest.approx(ref[j].topk(2).values[1].item(), abs=1e-5)
+    assert any(e.logprob < -0.1 for o in plain for e in o.logprobs)  # not all certain: the check bites
+
+
+@pytest.mark.parametrize("spec", [SpecConfig(3, 1, 4), SpecConfig(5, 4, 8), SpecConfig(6, 8, 32)],
+                         ids=["chain", "tree", "wide-tree"])
+@pytest.mark.parametrize("batch", [1, 4])
+def test_speculation_gives_plain_decodings_logprobs(target, drafter, plain, spec, batch):
+    """Each committed token's entry comes from the verify logits of the path node that chose it (the bonus from the
+    deepest accepted node's): the same tokens and log-probabilities as plain decoding (float32)."""
+    eng = Engine(target, None, EngineConfig(), drafter=drafter, spec=spec)
+    outs = eng.generate(PROMPTS[:batch], GREEDY)
+    assert eng.stats.verify_steps > 0
+    for o, ref in zip(outs, plain):
+        assert o.token_ids == ref.token_ids
+        for a, b in zip(o.logprobs, ref.logprobs):
+            assert a.token == b.token and a.logprob == pytest.approx(b.logprob, abs=1e-5)
+            assert [i for i, _ in a.top] == [i for i, _ in b.top]
+
+
+@pytest.mark.parametrize("spec", [None, SpecConfig(3, 1, 4), SpecConfig(4, 2, 6)], ids=["plain", "chain", "tree"])
+def test_the_static_graph_path_with_overlap(target, drafter, plain, spec):
+    """The graph path (CUDA's, run eagerly on the CPU) with overlap and prefill ahead: the rows come back with
+    their launched step's copy (`PendingStep.logprobs`), read by row."""
+    eng = static_engine(target, drafter if spec else None, spec, rows=3, overlap=True, prefill_ahead=1)
+    outs = eng.generate(PROMPTS, GREEDY)  # 4 requests over 3 rows: admissions while others run
+    for o, ref in zip(outs, plain):
+        assert o.token_ids == ref.token_ids
+        assert [e.logprob for e in o.logprobs] == pytest.approx([e.logprob for e in ref.logprobs], abs=1e-5)
+
+
+def test_only_requests_that_ask_get_them(target, drafter, plain):
+    """In a batch mixing requests with and without logprobs, the others get none and every answer is plain
+    greedy's; k alternatives as each asked."""
+    eng = Engine(target, None, EngineConfig(), drafter=drafter, spec=SpecConfig(3, 1, 4))
+    params = [GREEDY, SamplingParams(max_new_tokens=16, ignore_eos=True),
+              SamplingParams(max_new_tokens=16, ignore_eos=True, logprobs=0), GREEDY]
+    outs = eng.generate(PROMPTS, params)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in plain]
+    assert outs[1].logprobs is None and "logprobs" not in outs[1].to_dict()
+    assert all(e.top == () for e in outs[2].logprobs) and len(outs[2].logprobs) == 16
+    assert outs[3].to_dict()["logprobs"][0]["token"] == plain[3].token_ids[0]
+
+
+def test_sampled_tokens_get_the_raw_distributions_logprobs(target, drafter):
+    """Sampled (T = 1.3, top-k 20) with speculation: each token's entry is the raw log-softmax (before temperature
+    and top-k) of the position that drew it."""
+    params = SamplingParams(max_new_tokens=12, temperature=1.3, top_k=20, ignore_eos=True, logprobs=1)
+    eng = Engine(target, None, EngineConfig(seed=3), drafter=drafter, spec=SpecConfig(3, 1, 4))
+    for p, o in zip(PROMPTS[:2], eng.generate(PROMPTS[:2], params)):
+        ref = reference_logprobs(target, p, o.token_ids)
+        for j, e in enumerate(o.logprobs):
+            assert e.logprob == pytest.approx(ref[j, e.token].item(), abs=1e-5)
+            assert e.top[0][1] == pytest.approx(ref[j].max().item(), abs=1e-5)
+
+
+def test_an_eos_gets_no_entry(target, plain):
+    eos = plain[0].token_ids[5]
+    eng = Engine(target, None)
+    eng.eos_ids = (eos,)
+    o = eng.generate([PROMPTS[0]], SamplingParams(max_new_tokens=16, logprobs=2))[0]
+    stop = plain[0].token_ids.index(eos)  # the EOS ends the answer and is not part of it
+    assert o.finish_reason == "stop" and o.token_ids == plain[0].token_ids[:stop]
+    assert [e.token for e in o.logprobs] == o.token_ids
+
+
+def test_mistakes_are_named(target):
+    with pytest.raises(RequestError, match=r"logprobs must be between 0 and 20 \(got 21\)"):
+        SamplingParams(logprobs=21)
+    with pytest.raises(ConfigError, match=r"max_logprobs must be between 0 and 20, or None \(got -1\)"):
+        EngineConfig(max_logprobs=-1)
+    with pytest.raises(RequestError, match=r"logprobs=5: this engine computes at most 2 alternatives per token"):
+        Engine(target, None, EngineConfig(max_logprobs=2)).generate([[1, 2]], SamplingParams(logprobs=5))
+    with pytest.raises(RequestError, match=r"logprobs=0: this engine computes no log-probabilities"):
+        Engine(target, None, EngineConfig(max_logprobs=None)).generate([[1, 2]], SamplingParams(logprobs=0))
