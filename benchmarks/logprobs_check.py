@@ -1,6 +1,7 @@
 """Log-probabilities on the GPU: the embedded SmolLM2 (bf16, CUDA graphs, overlap) with the shipped drafter.
 
     python benchmarks/logprobs_check.py GGUF [OUT]      # exits 1 when a check fails
+    python benchmarks/logprobs_check.py GGUF --cpu      # a smoke run of this script (4 prompts, 16 tokens, float32)
 
 On MT-bench's 80 first turns, 128 new tokens, greedy:
 1. tokens: the same with logprobs asked for as without (plain and speculative engines alike): computing them changes
@@ -31,31 +32,39 @@ from eaglespec.layers.context import ForwardContext
 from eaglespec.loading import load_model
 from eaglespec.sampling_params import SamplingParams
 
-NEW = 128
+CPU = "--cpu" in sys.argv
+NEW = 16 if CPU else 128
+DEV = "cpu" if CPU else "cuda"
+
+
+def sync() -> None:
+    if not CPU:
+        torch.cuda.synchronize()
 
 
 def run(eng, prompts, params) -> tuple[list, float]:
     """The second of two identical runs (the first captures the graphs both use), and its tok/s."""
     eng.generate(prompts, params)
-    torch.cuda.synchronize()
+    sync()
     t0 = time.perf_counter()
     outs = eng.generate(prompts, params)
-    torch.cuda.synchronize()
+    sync()
     dt = time.perf_counter() - t0
     return outs, sum(len(o.token_ids) for o in outs) / dt
 
 
 def main() -> int:
-    gguf = sys.argv[1]
-    out_dir = Path(sys.argv[2]) if len(sys.argv) > 2 else None
-    rows_list = (1, 32)
+    args = [a for a in sys.argv[1:] if a != "--cpu"]
+    gguf = args[0]
+    out_dir = Path(args[1]) if len(args) > 1 else None
+    rows_list = (1, 2) if CPU else (1, 32)
     engines = {}
     for rows in rows_list:
-        cfg = EngineConfig(device="cuda", dtype="bfloat16", max_batch_size=rows)
+        cfg = EngineConfig(device=DEV, dtype="float32" if CPU else "bfloat16", max_batch_size=rows)
         engines[("plain", rows)] = api.load(gguf, draft=None, config=cfg)
         engines[("spec", rows)] = api.load(gguf, config=cfg)  # the shipped drafter, auto's shape for these rows
     tok = engines[("plain", 1)].tokenizer
-    prompts = [encode(tok, item.first)[0] for item in mt_bench()]
+    prompts = [encode(tok, item.first)[0] for item in mt_bench()][: 4 if CPU else None]
     no_lp = SamplingParams(max_new_tokens=NEW)
     with_lp = SamplingParams(max_new_tokens=NEW, logprobs=5)
     table, record, ok = [], {}, True
@@ -78,10 +87,10 @@ def main() -> int:
                 compared += 1
     ok &= worst < 0.1
     # a float32 reference forward of the first 8 plain answers
-    ref = load_model(gguf, device=torch.device("cuda"), dtype="float32").model
+    ref = load_model(gguf, device=torch.device(DEV), dtype="float32").model
     ref_worst = 0.0
     for prompt, o in list(zip(prompts, results[("plain", 1)]))[:8]:
-        ids = torch.tensor([prompt + o.token_ids], device="cuda")
+        ids = torch.tensor([prompt + o.token_ids], device=DEV)
         with torch.no_grad():
             lp = ref(ids, ForwardContext.plain(1, ids.shape[1], ids.device)).logits[0].float().log_softmax(-1)
         n = len(prompt)
