@@ -4,17 +4,21 @@ static graph path with overlap), none for requests that did not ask, and mistake
 
 from __future__ import annotations
 
-import pytest
-import torch
-from test_static_path import static_engine
-from tiny import tiny_drafter, tiny_llama
+import os
 
-from eaglespec.config import EngineConfig, SpecConfig
-from eaglespec.engine.engine import Engine
-from eaglespec.errors import ConfigError, RequestError
-from eaglespec.layers.context import ForwardContext
-from eaglespec.layers.logprobs import token_logprobs, unpack
-from eaglespec.sampling_params import SamplingParams
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before a kernel is built (on first use): the CUDA kernel's test
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from test_static_path import static_engine  # noqa: E402
+from tiny import tiny_drafter, tiny_llama  # noqa: E402
+
+from eaglespec.config import EngineConfig, SpecConfig  # noqa: E402
+from eaglespec.engine.engine import Engine  # noqa: E402
+from eaglespec.errors import ConfigError, RequestError  # noqa: E402
+from eaglespec.layers.context import ForwardContext  # noqa: E402
+from eaglespec.layers.logprobs import token_logprobs, unpack  # noqa: E402
+from eaglespec.sampling_params import SamplingParams  # noqa: E402
 
 PROMPTS = [[1, 2, 3, 4, 5], [7, 8, 9], list(range(10, 40)), [5]]
 GREEDY = SamplingParams(max_new_tokens=16, ignore_eos=True, logprobs=3)
@@ -144,3 +148,40 @@ def test_mistakes_are_named(target):
         Engine(target, None, EngineConfig(max_logprobs=2)).generate([[1, 2]], SamplingParams(logprobs=5))
     with pytest.raises(RequestError, match=r"logprobs=0: this engine computes no log-probabilities"):
         Engine(target, None, EngineConfig(max_logprobs=None)).generate([[1, 2]], SamplingParams(logprobs=0))
+
+
+@pytest.mark.parametrize("N,V,k", [(3, 97, 4), (5, 3000, 20), (2, 49152, 5), (4, 1000, 0)])
+def test_the_cuda_kernel_packs_the_same_rows(N, V, k):
+    """layers/logprobs_kernel.py (two kernels, CUDA's path; here Triton's interpreter) against PyTorch's path:
+    bf16 logits, chunked rows (V over 1,024), k = 0 (the token's log-probability alone) to 20."""
+    from eaglespec.layers import logprobs_kernel
+
+    g = torch.Generator().manual_seed(V)
+    logits = (torch.randn(N, V, generator=g) * 4).to(torch.bfloat16)
+    tokens = torch.randint(0, V, (N,), generator=g)
+    got = logprobs_kernel.packed_rows(logits, tokens, k)
+    want = token_logprobs(logits, tokens, k)  # the CPU: PyTorch's path
+    assert got.shape == want.shape == (N, 1 + 2 * k)
+    torch.testing.assert_close(got[:, : 1 + k], want[:, : 1 + k], atol=1e-5, rtol=0)
+    ref = logits.float().log_softmax(-1)
+    for r in range(N):  # ids: bf16 rows have ties, so each id must carry its value (a tie's order may differ)
+        ids = got[r, 1 + k:].long()
+        torch.testing.assert_close(ref[r, ids], got[r, 1: 1 + k], atol=1e-5, rtol=0)
+        assert len(set(ids.tolist())) == k
+
+
+def test_speculation_through_the_kernel_gives_plain_decodings_logprobs(target, drafter, plain, monkeypatch):
+    """The engine's steps with the CUDA kernel in place of PyTorch's path (Triton's interpreter): a tree's verify
+    rows and the prefill's and decode's alike."""
+    from eaglespec.engine import runner
+    from eaglespec.layers import logprobs_kernel
+
+    monkeypatch.setattr(runner, "token_logprobs", logprobs_kernel.packed_rows)
+    for spec in (None, SpecConfig(4, 2, 6)):
+        eng = Engine(target, None, EngineConfig(), drafter=drafter if spec else None, spec=spec)
+        outs = eng.generate(PROMPTS[:2], SamplingParams(max_new_tokens=6, ignore_eos=True, logprobs=3))
+        for o, ref in zip(outs, plain):
+            assert o.token_ids == ref.token_ids[:6]
+            assert [e.logprob for e in o.logprobs] == pytest.approx([e.logprob for e in ref.logprobs[:6]], abs=1e-5)
+            assert [e.top for e in o.logprobs] == [tuple((i, pytest.approx(v, abs=1e-5)) for i, v in e.top)
+                                                   for e in ref.logprobs[:6]]

@@ -5,6 +5,7 @@ Contract:
   as vLLM reports them by default) and the tokens chosen from them [N] -> one packed float32 row per token
   [N, 1 + 2k]: the token's log-probability, the k highest log-probabilities of the row (best first), then those k
   tokens' ids (as float32: exact below 2^24, checked). No host synchronisation: graph steps compute it in place.
+  On CUDA two Triton kernels (layers/logprobs_kernel.py), elsewhere PyTorch operations.
 - `TokenLogprob`: one committed token's entry as a request keeps it: its id, log-probability and the top
   alternatives the request asked for ([(id, log-probability)], best first); `unpack(row, k)` reads one packed row
   (of an engine computing `(len(row) - 1) // 2` alternatives) into it, keeping the first k.
@@ -18,6 +19,8 @@ from typing import Sequence
 
 import torch
 
+from . import logprobs_kernel
+
 MAX_ID = 1 << 24  # ids travel as float32 in the packed rows
 MAX_TOP_LOGPROBS = 20  # alternatives per token a request may ask for (OpenAI's top_logprobs limit)
 
@@ -25,6 +28,8 @@ MAX_TOP_LOGPROBS = 20  # alternatives per token a request may ask for (OpenAI's 
 def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, k: int) -> torch.Tensor:
     """logits [N, V], tokens [N] int64 -> [N, 1 + 2k] float32 (module docstring)."""
     assert logits.shape[-1] <= MAX_ID, "vocabulary too large for float32 ids"
+    if logits.is_cuda and logprobs_kernel.fits(logits.shape[-1], k):
+        return logprobs_kernel.packed_rows(logits, tokens, k)
     x = logits.float()
     lse = torch.logsumexp(x, dim=-1, keepdim=True)  # [N, 1]
     chosen = x.gather(-1, tokens[:, None]) - lse  # [N, 1]

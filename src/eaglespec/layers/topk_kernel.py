@@ -22,6 +22,8 @@ frontier (the K best of K^2 cumulative scores per row) and the D-1 best of its c
 where PyTorch's topk / stable sort cost 2 kernels of 4-6 us each (session 10's profile of the draft graph). The
 order is a stable descending sort's: among equal values the smaller index first.
 `fits(V, k)`: V <= MAX_VOCAB and k <= MAX_K (the row is held in registers).
+`chunk_candidates(x, k)`: the two-kernel path's first stage alone, for another second stage
+(layers/logprobs_kernel.py): each CHUNK of each row's max, sum of exp(x - max) and k best (index, value) pairs.
 Built on first use, so that `TRITON_INTERPRET=1` (CPU tests) takes effect.
 """
 
@@ -152,14 +154,9 @@ def logsoftmax_topk(logits: torch.Tensor, k: int, log_softmax: bool = True) -> t
     ids = torch.empty(R, k, dtype=torch.int64, device=dev)
     vals = torch.empty(R, k, dtype=torch.float32, device=dev)
     if V > SPLIT:
-        C = (V + CHUNK - 1) // CHUNK
-        cids = torch.empty(R, C, k, dtype=torch.int32, device=dev)  # [R, C, K] each chunk's K best
-        cvals = torch.empty(R, C, k, dtype=torch.float32, device=dev)
-        cmax = torch.empty(R, C, dtype=torch.float32, device=dev)
-        csum = torch.empty(R, C, dtype=torch.float32, device=dev)
-        chunk, merge = _split_kernels()
-        chunk[(R, C)](x, cids, cvals, cmax, csum, V, x.stride(0), C, K=k, CHUNK=CHUNK, NONE=_NONE,
-                      LOG_SOFTMAX=log_softmax, num_warps=4, **launch_options(x))
+        cids, cvals, cmax, csum = chunk_candidates(x, k, log_softmax)
+        C = cmax.shape[1]
+        merge = _split_kernels()[1]
         merge[(R,)](cids, cvals, cmax, csum, ids, vals, C, K=k, CK=pow2(C * k, 16),
                     CB=pow2(C, 16), NONE=_NONE, LOG_SOFTMAX=log_softmax, num_warps=4,
                     **launch_options(x))
@@ -169,6 +166,22 @@ def logsoftmax_topk(logits: torch.Tensor, k: int, log_softmax: bool = True) -> t
     _kernel()[(R,)](x, ids, vals, V, x.stride(0), K=k, BLOCK=block, LOG_SOFTMAX=log_softmax, num_warps=warps,
                     **launch_options(x))
     return ids.view(*lead, k), vals.view(*lead, k)
+
+
+def chunk_candidates(x: torch.Tensor, k: int, log_softmax: bool = True) -> tuple[torch.Tensor, ...]:
+    """x [R, V] (unit stride along V) -> (cids [R, C, k] int32, cvals [R, C, k] float32, cmax [R, C], csum [R, C]):
+    each chunk's k best entries (index _NONE past its end) and, with `log_softmax`, its max and sum of exp(x - max);
+    C = ceil(V / CHUNK)."""
+    R, V = x.shape
+    C = (V + CHUNK - 1) // CHUNK
+    dev = x.device
+    cids = torch.empty(R, C, k, dtype=torch.int32, device=dev)
+    cvals = torch.empty(R, C, k, dtype=torch.float32, device=dev)
+    cmax = torch.empty(R, C, dtype=torch.float32, device=dev)
+    csum = torch.empty(R, C, dtype=torch.float32, device=dev)
+    _split_kernels()[0][(R, C)](x, cids, cvals, cmax, csum, V, x.stride(0), C, K=k, CHUNK=CHUNK, NONE=_NONE,
+                                LOG_SOFTMAX=log_softmax, num_warps=4, **launch_options(x))
+    return cids, cvals, cmax, csum
 
 
 def topk_values(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
