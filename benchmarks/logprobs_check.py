@@ -7,9 +7,11 @@ On MT-bench's 80 first turns, 128 new tokens, greedy:
 1. tokens: the same with logprobs asked for as without (plain and speculative engines alike): computing them changes
    nothing the steps choose;
 2. values: each speculative answer's entries against the plain engine's for the tokens both answers share before
-   their first difference (bf16: a verify of several tokens and a one-token decode round differently; the largest
-   difference is reported, and must stay below 0.1 nat), and the entries against a float32 reference forward of the
-   plain answer (a separate model copy) for the first 8 answers;
+   their first difference, and the plain engine's against a float32 reference forward of its answer (a separate
+   model copy) for the first 8 answers: mean and largest difference. bf16 logits of magnitude 16-32 are spaced by
+   0.125-0.25, and a verify of several tokens rounds other than a one-token decode, so single tokens differ by up to
+   a few tenths of a nat (session 46: 0.32 and 0.19); a bug (a wrong row, a wrong position) shows as whole nats and
+   in the mean. Checks: mean < 0.02 and largest < 0.5 nat;
 3. cost: tok/s of each engine with and without logprobs, one row and 32 rows (continuous batching through
    `Engine.generate`; each timed run the second of two, so that no graph is captured inside it), so the price of
    asking is measured; an engine whose requests never ask runs its old graphs.
@@ -77,37 +79,39 @@ def main() -> int:
         results[(kind, rows)] = b
         table.append((kind, rows, tps_a, tps_b, same))
     # values: speculative against plain, on the shared prefix of each answer
-    worst, compared = 0.0, 0
+    diffs = []
     for rows in rows_list:
         for p, s in zip(results[("plain", rows)], results[("spec", rows)]):
             for x, y, tx, ty in zip(p.logprobs, s.logprobs, p.token_ids, s.token_ids):
                 if tx != ty:
                     break
-                worst = max(worst, abs(x.logprob - y.logprob))
-                compared += 1
-    ok &= worst < 0.1
+                diffs.append(abs(x.logprob - y.logprob))
+    worst, compared, mean = max(diffs), len(diffs), sum(diffs) / len(diffs)
+    ok &= worst < 0.5 and mean < 0.02
     # a float32 reference forward of the first 8 plain answers
     ref = load_model(gguf, device=torch.device(DEV), dtype="float32").model
-    ref_worst = 0.0
+    ref_diffs = []
     for prompt, o in list(zip(prompts, results[("plain", 1)]))[:8]:
         ids = torch.tensor([prompt + o.token_ids], device=DEV)
         with torch.no_grad():
             lp = ref(ids, ForwardContext.plain(1, ids.shape[1], ids.device)).logits[0].float().log_softmax(-1)
         n = len(prompt)
-        for j, e in enumerate(o.logprobs):
-            ref_worst = max(ref_worst, abs(lp[n - 1 + j, e.token].item() - e.logprob))
-    ok &= ref_worst < 0.1
+        ref_diffs += [abs(lp[n - 1 + j, e.token].item() - e.logprob) for j, e in enumerate(o.logprobs)]
+    ref_worst, ref_mean = max(ref_diffs), sum(ref_diffs) / len(ref_diffs)
+    ok &= ref_worst < 0.5 and ref_mean < 0.02
     print("| engine | rows | tok/s without logprobs | with logprobs=5 | cost | answers identical |")
     print("| --- | ---: | ---: | ---: | ---: | ---: |")
     for kind, rows, a, b, same in table:
         print(f"| {kind} | {rows} | {a:,.1f} | {b:,.1f} | {100 * (1 - b / a):+.1f}% | {same}/{len(prompts)} |")
-    print(f"speculative vs plain logprobs, shared prefixes ({compared} tokens): largest difference {worst:.4f} nat")
-    print(f"bf16 plain vs float32 reference (8 answers): largest difference {ref_worst:.4f} nat")
+    print(f"speculative vs plain logprobs, shared prefixes ({compared} tokens): mean difference {mean:.5f}, largest "
+          f"{worst:.4f} nat")
+    print(f"plain vs a float32 reference (8 answers, {len(ref_diffs)} tokens): mean difference {ref_mean:.5f}, "
+          f"largest {ref_worst:.4f} nat")
     print("OK" if ok else "FAILED")
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
-        record = {"table": table, "spec_vs_plain_max": worst, "tokens_compared": compared,
-                  "bf16_vs_fp32_max": ref_worst, "ok": ok}
+        record = {"table": table, "spec_vs_plain_mean": mean, "spec_vs_plain_max": worst, "tokens_compared": compared,
+                  "vs_fp32_mean": ref_mean, "vs_fp32_max": ref_worst, "ok": ok}
         (out_dir / "logprobs_check.json").write_text(json.dumps(record, indent=2))
     return 0 if ok else 1
 
