@@ -185,3 +185,19 @@ def test_speculation_through_the_kernel_gives_plain_decodings_logprobs(target, d
             assert [e.logprob for e in o.logprobs] == pytest.approx([e.logprob for e in ref.logprobs[:6]], abs=1e-5)
             assert [e.top for e in o.logprobs] == [tuple((i, pytest.approx(v, abs=1e-5)) for i, v in e.top)
                                                    for e in ref.logprobs[:6]]
+
+
+def test_warmup_captures_the_logprob_steps_when_asked(target, drafter, monkeypatch):
+    """`Engine.warmup(..., logprobs=True)` (serve --warmup-logprobs): every step graph and prefill graph also in its
+    log-probability form; without it only the plain forms (the captures are recorded, not made)."""
+    eng = static_engine(target, drafter, SpecConfig(3, 1, 4), rows=2)
+    eng.reserve(2, 300)
+    g = eng.runner.graphs
+    g.capture = True
+    captured: list = []
+    monkeypatch.setattr(g, "_capture", lambda key: captured.append(key) or g.graphs.__setitem__(key, []))
+    n_plain = eng.warmup([1, 2])
+    assert n_plain == len(captured) and {k[-1] for k in captured} == {False}
+    n_lp = eng.warmup([1, 2], logprobs=True)  # the plain forms are held: only the lp forms are new
+    assert n_lp == n_plain and {k[:-1] for k in captured[n_plain:]} == {k[:-1] for k in captured[:n_plain]}
+    assert {k[-1] for k in captured[n_plain:]} == {True}

@@ -51,6 +51,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-logprobs", type=int, default=20, metavar="N",
                    help="requests may ask for log-probabilities with up to N alternatives per token (default 20, "
                         "OpenAI's limit); steps compute them only while such a request runs")
+    p.add_argument("--warmup-logprobs", action="store_true",
+                   help="with --warmup, also capture the CUDA graphs of steps computing log-probabilities (twice "
+                        "the start-up), so that the first requests asking for them do not capture their own")
     p.add_argument("--api-key", default=os.environ.get("EAGLESPEC_API_KEY"), metavar="KEY",
                    help="the /v1 routes take requests carrying 'Authorization: Bearer KEY' only (default: the "
                         "environment's EAGLESPEC_API_KEY; unset: no key); /health and /metrics stay open")
@@ -95,7 +98,8 @@ def run(args: argparse.Namespace) -> int:
     worker = EngineWorker(engine, rows, max_len, args.stream_interval, args.log_stats_interval).ready()
     if args.warmup:  # CUDA graphs of every batch and length bucket now, not during the first requests (CPU: none)
         t0 = time.perf_counter()
-        graphs = engine.warmup(range(1, rows + 1), greedy=args.default_temperature == 0)
+        graphs = engine.warmup(range(1, rows + 1), greedy=args.default_temperature == 0,
+                               logprobs=args.warmup_logprobs)
         if graphs:
             print(f"[eaglespec] captured {graphs} CUDA graphs in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     name = model_name(args)

@@ -188,13 +188,13 @@ class GraphCache:
                 else:
                     run.generator.set_state(rng)
 
-    def precapture(self, kind: str, n_rows: int, greedy: bool) -> int:
+    def precapture(self, kind: str, n_rows: int, greedy: bool, lp: bool = False) -> int:
         """Capture every length bucket of one batch bucket now (so that timed runs never capture); returns count."""
         n, length = 0, MIN_LEN_BUCKET
         B = self.batch_bucket(n_rows)
         while True:
             Lb = min(length, self.runner.cache_len)
-            key = (kind, B, Lb, greedy, False)
+            key = (kind, B, Lb, greedy, lp)
             if key not in self.graphs:
                 self._capture(key)
                 n += 1
@@ -202,7 +202,7 @@ class GraphCache:
                 return n
             length *= 2
 
-    def precapture_prefill(self, greedy: bool, only: int | None = None) -> int:
+    def precapture_prefill(self, greedy: bool, only: int | None = None, lp: bool = False) -> int:
         """Capture the single-prompt prefill graph of every length bucket now (`only`: just the bucket of a prompt
         of that many tokens, if it has one); returns the count. Only while no row holds a request: the capture's
         warm-up runs write row 0's caches."""
@@ -214,7 +214,7 @@ class GraphCache:
             buckets = [b for b in buckets if b == self.prefill_bucket(only)]
         n = 0
         for Tb in buckets:
-            key = ("prefill", 1, Tb, greedy, False)
+            key = ("prefill", 1, Tb, greedy, lp)
             if key not in self.graphs:
                 self._prefill_inputs(key, [[0]], [0])
                 self._capture(key)

@@ -151,19 +151,25 @@ class Engine:
         later requests never reallocate (which would also drop captured CUDA graphs)."""
         self._ensure_capacity(rows, min(max_len, self.context_len))
 
-    def warmup(self, batch_sizes: Sequence[int] = (1,), greedy: bool = True, prefill: bool = True) -> int:
+    def warmup(self, batch_sizes: Sequence[int] = (1,), greedy: bool = True, prefill: bool = True,
+               logprobs: bool = False) -> int:
         """Capture the CUDA graphs of every length bucket for these batch sizes, and (while idle, unless prefill is
-        False) the single-prompt prefill graphs; no-op without graphs. Returns the number of graphs captured."""
+        False) the single-prompt prefill graphs; no-op without graphs. With `logprobs` also the graphs of the same
+        steps computing log-probabilities (the steps of requests that ask for them). Returns the number of graphs
+        captured."""
         graphs = self.runner.graphs
         if graphs is None or not graphs.capture or self.runner.kv is None:
             return 0
+        lps = (False, True) if logprobs and self.config.max_logprobs is not None else (False,)
         n = 0
         for b in batch_sizes:  # graphs are bucketed by the highest row, not the count
             kinds = {self._step_kind(list(range(b)))}
             if self.speculative and self.config.spec_max_rows is not None:
                 kinds.add("decode")  # busy steps decode plainly
-            n += sum(graphs.precapture(kind, b, greedy) for kind in sorted(kinds))
-        return n + (graphs.precapture_prefill(greedy) if prefill and not self.has_work() else 0)
+            n += sum(graphs.precapture(kind, b, greedy, lp) for kind in sorted(kinds) for lp in lps)
+        if prefill and not self.has_work():
+            n += sum(graphs.precapture_prefill(greedy, lp=lp) for lp in lps)
+        return n
 
     def _ensure_capacity(self, rows: int, max_len: int) -> None:
         r = self.runner
