@@ -201,3 +201,28 @@ def test_warmup_captures_the_logprob_steps_when_asked(target, drafter, monkeypat
     n_lp = eng.warmup([1, 2], logprobs=True)  # the plain forms are held: only the lp forms are new
     assert n_lp == n_plain and {k[:-1] for k in captured[n_plain:]} == {k[:-1] for k in captured[:n_plain]}
     assert {k[-1] for k in captured[n_plain:]} == {True}
+
+
+def test_score_gives_each_prompt_tokens_logprob(target, drafter, monkeypatch):
+    """`Engine.score` (a server's echo): one cache-free forward, in chunks of positions; the first token has none;
+    the engine's running requests are untouched (a speculative engine mid-generation still answers as plain)."""
+    ids = list(range(3, 40))
+    ref = reference_logprobs(target, ids[:1], ids[1:])  # row j: token j + 1 given the ones before it
+    eng = Engine(target, None, EngineConfig(), drafter=drafter, spec=SpecConfig(3, 1, 4))
+    monkeypatch.setattr(Engine, "SCORE_CHUNK", 8)  # several chunks
+    req = eng.add_request(PROMPTS[2], GREEDY)
+    eng.step()
+    eng.step()  # mid-generation
+    entries = eng.score(ids, 2)
+    assert entries[0].token == ids[0] and entries[0].logprob is None
+    assert [e.token for e in entries] == ids
+    assert [e.logprob for e in entries[1:]] == pytest.approx([ref[j, ids[j + 1]].item() for j in range(len(ids) - 1)],
+                                                             abs=1e-5)
+    assert all(len(e.top) == 2 for e in entries[1:])
+    while eng.has_work():
+        eng.step()
+    assert req.output().token_ids == Engine(target, None).generate([PROMPTS[2]], GREEDY)[0].token_ids
+    with pytest.raises(RequestError, match="the prompt is empty"):
+        eng.score([], 0)
+    with pytest.raises(RequestError, match="this engine computes no log-probabilities"):
+        Engine(target, None, EngineConfig(max_logprobs=None)).score(ids, 0)

@@ -320,6 +320,42 @@ def test_logprobs_in_both_layouts_whole_and_streamed(server, plain):
     assert [t for c in chunks if c for t in c["tokens"]] == lp["tokens"]
 
 
+def test_echo_scores_the_prompt_as_evaluation_harnesses_ask(server, plain, smollm2):
+    """Completions with `echo`: the prompt comes back first, and with `logprobs` its tokens lead the entries, scored
+    by one forward (`Engine.score`; the first token has none, as OpenAI's). `max_tokens` 0 scores only. An
+    lm-evaluation-harness log-likelihood request (a batch of prompts, echo, logprobs 1, max_tokens 1, greedy, a seed)
+    is answered. Scores equal a reference forward's log-softmax."""
+    from eaglespec.layers.context import ForwardContext
+
+    prompt = "The capital of France is Paris"
+    ids = smollm2.tokenizer.encode(prompt)
+    with torch.no_grad():
+        ref = smollm2.model(torch.tensor([ids]), ForwardContext.plain(1, len(ids))).logits[0].float().log_softmax(-1)
+    r = server.post("/v1/completions", json={"prompt": prompt, "max_tokens": 0, "echo": True, "logprobs": 2}).json()
+    c = r["choices"][0]
+    assert c["text"] == prompt and c["finish_reason"] == "length" and r["usage"]["completion_tokens"] == 0
+    lp = c["logprobs"]
+    assert len(lp["tokens"]) == len(ids) == r["usage"]["prompt_tokens"] and "".join(lp["tokens"]) == prompt
+    assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+    assert lp["token_logprobs"][1:] == pytest.approx([ref[j - 1, ids[j]].item() for j in range(1, len(ids))],
+                                                      abs=1e-4)
+    assert all(len(d) <= 2 for d in lp["top_logprobs"][1:])
+    # echo and generation: the prompt, then the answer; the entries continue with the generated tokens
+    want = plain_answer(plain, prompt, 4, chat=False)
+    both = server.post("/v1/completions", json={"prompt": prompt, "max_tokens": 4, "echo": True,
+                                                "logprobs": 0}).json()["choices"][0]
+    assert both["text"] == prompt + want and len(both["logprobs"]["tokens"]) == len(ids) + 4
+    assert both["logprobs"]["token_logprobs"][: len(ids)] == pytest.approx(lp["token_logprobs"], abs=1e-6)
+    plain_echo = server.post("/v1/completions", json={"prompt": prompt, "max_tokens": 4, "echo": True}).json()
+    assert plain_echo["choices"][0]["text"] == prompt + want and plain_echo["choices"][0]["logprobs"] is None
+    # lm-evaluation-harness's log-likelihood request
+    batch = {"prompt": [prompt, "Two plus two is four"], "max_tokens": 1, "echo": True, "logprobs": 1,
+             "temperature": 0, "seed": 1234}
+    out = server.post("/v1/completions", json=batch)
+    assert out.status_code == 200, out.text
+    assert [c["text"][: len(p)] for c, p in zip(out.json()["choices"], batch["prompt"])] == batch["prompt"]
+
+
 def test_concurrent_requests_equal_their_plain_answers(server, plain):
     """Three clients at once on two rows: continuous batching (one waits for a row) changes no answer."""
     results: dict[int, str] = {}
@@ -342,7 +378,8 @@ def test_concurrent_requests_equal_their_plain_answers(server, plain):
     ("/v1/chat/completions", chat_body("hi", n=0), 400, "n must be between 1 and 64 (got 0)"),
     ("/v1/chat/completions", chat_body("hi", n=65), 400, "n must be between 1 and 64 (got 65)"),
     ("/v1/completions", {"prompt": "a", "n": 2, "best_of": 3}, 400, "best_of=3: this server does not rank choices"),
-    ("/v1/chat/completions", chat_body("hi", seed=3), 400, "per-request seeds are not supported"),
+    ("/v1/chat/completions", chat_body("hi", seed=3, temperature=0.7), 400,
+     "per-request seeds are not supported for sampled requests"),
     ("/v1/chat/completions", chat_body("hi", max_tokens=0), 400, "max_tokens must be >= 1"),
     ("/v1/chat/completions", chat_body("hi", max_tokens=1000), 400, "exceed this server's 256 tokens per sequence"),
     ("/v1/chat/completions", chat_body("hi", top_logprobs=2), 400, "top_logprobs needs logprobs: true"),
@@ -366,7 +403,8 @@ def test_concurrent_requests_equal_their_plain_answers(server, plain):
     ("/v1/completions", {"prompt": ["a", ""], "max_tokens": 4}, 400, "a prompt in the batch is empty"),
     ("/v1/completions", {"prompt": ["a"] * 33, "n": 32, "max_tokens": 4}, 400,
      "33 prompts x n=32 make 1056 choices: this server takes at most 1024 per request"),
-    ("/v1/completions", {"prompt": "a", "echo": True}, 400, "echo is not supported"),
+    ("/v1/completions", {"prompt": "a", "echo": True, "stream": True}, 400, "echo with stream is not supported"),
+    ("/v1/completions", {"prompt": "a", "max_tokens": 0}, 400, "max_tokens must be >= 1 (got 0)"),
 ])
 def test_bad_requests_get_one_sentence_and_the_server_keeps_serving(server, plain, path, body, status, needle):
     r = server.post(path, json=body)

@@ -8,7 +8,9 @@ the drafter, and turns on aux capture. Then:
   `abort(request)` for a request whose client went away (a waiting one leaves the queue; a running one finishes
   with reason "abort" at its next step, freeing its row as a request that ends by itself does);
 - `generate(prompts, params)`: a batch to completion, outputs in input order;
-- `stream(prompt, params)`: text deltas of one request as they are committed.
+- `stream(prompt, params)`: text deltas of one request as they are committed;
+- `score(ids, k)`: the log-probability of each prompt token given the ones before it (one cache-free target forward,
+  eager, between steps: what an evaluation harness's log-likelihood asks of a server's `echo`).
 
 Each `step()` runs one scheduler batch: a prefill of admitted requests, or one decode / speculative step over all
 running requests; its only host synchronisation is reading the committed tokens (and, speculating, their count).
@@ -43,7 +45,8 @@ import torch
 
 from ..config import EngineConfig, SpecConfig, SpecSchedule, spec_text
 from ..errors import RequestError
-from ..layers.logprobs import TokenLogprob, unpack
+from ..layers.context import ForwardContext
+from ..layers.logprobs import TokenLogprob, token_logprobs, unpack
 from ..models.eagle3 import check_drafter_fits
 from ..protocol import require_target
 from ..sampling_params import SamplingParams
@@ -464,6 +467,33 @@ class Engine:
         for q in sched.release_finished():
             run.release(q.slot)
         return got
+
+    # --- scoring ------------------------------------------------------------------------------------------------
+    SCORE_CHUNK = 512  # positions per log-softmax pass: [chunk, V] float32 at a time, not [T, V]
+
+    @torch.inference_mode()
+    def score(self, ids: Sequence[int], k: int = 0) -> list[TokenLogprob]:
+        """Each prompt token's entry given the tokens before it (logprob None for the first, which has no context), with its
+        k best alternatives, from one cache-free forward of the target (no row, no cache: running requests are
+        untouched); the same packed rows as generated tokens' (layers/logprobs.py), raw logits."""
+        K = self.config.max_logprobs
+        if K is None or k > K:
+            raise RequestError(f"logprobs={k}: this engine computes "
+                               + ("no log-probabilities" if K is None else f"at most {K} alternatives per token")
+                               + " (EngineConfig.max_logprobs; eaglespec serve --max-logprobs)")
+        if not ids:
+            raise RequestError("the prompt is empty")
+        if len(ids) > self.context_len:
+            raise RequestError(f"the prompt has {len(ids)} tokens but the model's context is {self.context_len}")
+        t = torch.tensor([list(ids)], dtype=torch.int64, device=self.device)
+        n = t.shape[1]
+        logits = self.target(t, ForwardContext.plain(1, n, self.device)).logits[0]  # [n, V]
+        out: list[TokenLogprob] = [TokenLogprob(int(ids[0]), None)]
+        for a in range(0, n - 1, self.SCORE_CHUNK):  # position j's logits score token j + 1
+            b = min(a + self.SCORE_CHUNK, n - 1)
+            rows = token_logprobs(logits[a:b], t[0, a + 1: b + 1], k).tolist()
+            out += [unpack(r, tok, k) for r, tok in zip(rows, ids[a + 1: b + 1])]
+        return out
 
     # --- conveniences -------------------------------------------------------------------------------------------
     def generate(

@@ -49,7 +49,7 @@ def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, k: int) -> torch.
 @dataclass(frozen=True)
 class TokenLogprob:
     token: int
-    logprob: float
+    logprob: float | None  # None: a prompt's first token, which nothing predicts (Engine.score)
     top: tuple[tuple[int, float], ...] = ()  # (id, log-probability), best first
 
     def to_dict(self) -> dict:

@@ -12,7 +12,9 @@ Contract of `create_app(worker, model_name, default_temperature, api_key)`:
   completions request may carry a batch of prompts (strings or token id lists): n choices each, prompt p's choice j
   at index p * n + j, the usage's prompt tokens over every prompt. Log-probabilities, when asked for, come in each
   choice's (or chunk's) `logprobs` (schemas.py: `chat_logprobs`, `completion_logprobs`); a streamed completion's
-  text offsets run on across its chunks.
+  text offsets run on across its chunks. A whole completion with `echo` starts with its prompt, whose tokens lead
+  its log-probabilities (scored by one forward: `Engine.score`); `max_tokens` 0 with `echo` scores the prompt only,
+  as evaluation harnesses ask for log-likelihoods.
 - Images come as `image_url` parts holding data: URLs, for a multimodal target.
 - With `api_key` the /v1 routes answer 401 (OpenAI's body, code invalid_api_key) unless the request carries
   `Authorization: Bearer <api_key>`; /health and /metrics stay open, for probes and scrapers.
@@ -124,8 +126,9 @@ def create_app(worker: EngineWorker, model_name: str, default_temperature: float
         others cancelled)."""
         check_model(body.model)
         params = user_input(lambda: body.sampling(default_temperature))
+        echo = bool(getattr(body, "echo", False))  # completions only
         tickets = [worker.submit(prompt, params, chat=chat, max_tokens=body.requested_tokens, stream=body.stream,
-                                 images=images) for prompt in prompts for _ in range(body.n)]
+                                 images=images, echo=echo) for prompt in prompts for _ in range(body.n)]
         try:
             events = [await t.events.get() for t in tickets]
         except BaseException:  # the client went away before the worker took the request
@@ -147,7 +150,7 @@ def create_app(worker: EngineWorker, model_name: str, default_temperature: float
         entries: list = []
         while True:
             event = await ticket.events.get()
-            if event[0] == "delta":
+            if event[0] in ("delta", "prompt"):  # an echoed prompt comes first: its text and entries lead
                 text.append(event[1])
                 entries += event[2]
             elif event[0] == "done":

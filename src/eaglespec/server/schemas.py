@@ -3,8 +3,9 @@
 Contract: `ChatCompletionRequest` / `CompletionRequest` parse a request body (unknown fields are ignored, as OpenAI's
 clients send many); `.sampling(default_temperature)` turns one into `SamplingParams` (max_tokens None: the server
 picks the room left in its cache) and raises `RequestError` with one sentence for what this server does not do
-(more than MAX_N choices, or MAX_CHOICES over a completion's prompts, penalties, tools, per-request seeds, echo /
-suffix, best_of, images other than data: URLs),
+(more than MAX_N choices, or MAX_CHOICES over a completion's prompts, penalties, tools, seeds of sampled requests
+(a greedy one has nothing to seed: its seed is accepted and changes nothing), suffix, echo with stream, best_of,
+images other than data: URLs),
 rather than ignoring it. Images (`image_url` parts) reach the target as decoded PIL images in message order; a
 target that takes none refuses them (`Engine.prepare`).
 The `*_response` / `*_chunk` helpers build the JSON bodies (`id`, `object`, `created`, `model`, `choices`, `usage`),
@@ -113,8 +114,6 @@ class SampledRequest(_Body):
     def _checks(self) -> None:
         if not 1 <= self.n <= MAX_N:
             raise RequestError(f"n must be between 1 and {MAX_N} (got {self.n})")
-        if self.seed is not None:
-            raise RequestError("per-request seeds are not supported: the server's --seed seeds every sampled request")
         for name in ("presence_penalty", "frequency_penalty"):
             if getattr(self, name):
                 raise RequestError(f"{name} is not supported by this server")
@@ -124,11 +123,15 @@ class SampledRequest(_Body):
         self._checks()
         if max_tokens is not None and max_tokens < 1:
             raise RequestError(f"max_tokens must be >= 1 (got {max_tokens})")
+        temperature = default_temperature if self.temperature is None else self.temperature
+        if self.seed is not None and temperature > 0:
+            raise RequestError("per-request seeds are not supported for sampled requests: the server's --seed seeds "
+                               "every sampled request (a greedy request's seed changes nothing and is accepted)")
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
         top_k = self.top_k if self.top_k is not None and self.top_k > 0 else 0
         return SamplingParams(
             max_new_tokens=max_tokens or 1,  # the server replaces it when the request gave none (`max_tokens`)
-            temperature=default_temperature if self.temperature is None else self.temperature,
+            temperature=temperature,
             top_p=1.0 if self.top_p is None else self.top_p, top_k=top_k, stop=stop, ignore_eos=self.ignore_eos,
             logprobs=logprobs)
 
@@ -179,13 +182,15 @@ class CompletionRequest(SampledRequest):
         return self.max_tokens
 
     def sampling(self, default_temperature: float) -> SamplingParams:
-        if self.echo:
-            raise RequestError("echo is not supported by this server")
+        if self.echo and self.stream:
+            raise RequestError("echo with stream is not supported by this server (echo takes whole answers)")
         if self.suffix:
             raise RequestError("suffix is not supported by this server")
         if self.best_of not in (None, self.n):
             raise RequestError(f"best_of={self.best_of}: this server does not rank choices (it returns n of n)")
-        return self._params(self.max_tokens, default_temperature, self.logprobs)
+        # max_tokens 0 with echo: the prompt scored, nothing generated (the worker ends the request after its score)
+        scoring = self.echo and self.max_tokens == 0
+        return self._params(None if scoring else self.max_tokens, default_temperature, self.logprobs)
 
     def prompts(self) -> list[str | list[int]]:
         """The request's prompts, each a text or token ids: one (a string, or a list of ids) or a batch (a list of
@@ -259,14 +264,16 @@ def chat_logprobs(entries: list, token_text: Callable[[int], str]) -> dict:
 
 def completion_logprobs(entries: list, token_text: Callable[[int], str], offset: int = 0) -> dict:
     """`entries` -> a completion choice's `logprobs`: {tokens, token_logprobs, top_logprobs ([{text: logprob}] per
-    token), text_offset (each token's start in the text, counting from `offset`: a stream's earlier chunks)}."""
+    token), text_offset (each token's start in the text, counting from `offset`: a stream's earlier chunks)}; an
+    echoed prompt's first token has null log-probability and alternatives, as OpenAI's."""
     texts = [token_text(e.token) for e in entries]
     starts = []
     for t in texts:
         starts.append(offset)
         offset += len(t)
     return {"tokens": texts, "token_logprobs": [e.logprob for e in entries],
-            "top_logprobs": [{token_text(i): lp for i, lp in e.top} for e in entries], "text_offset": starts}
+            "top_logprobs": [None if e.logprob is None else {token_text(i): lp for i, lp in e.top} for e in entries],
+            "text_offset": starts}
 
 
 def spec_summary(stats: list) -> dict | None:

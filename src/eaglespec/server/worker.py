@@ -13,7 +13,9 @@ Contract:
   (chat template applied when `chat`), chat messages, or token ids; `images` go to a multimodal target.
   `max_tokens` None: the room left in a row's cache after the prompt; a prompt or `max_tokens` that does not fit
   is refused with one sentence. Each ticket receives, in order, from the worker's thread: ("accepted",
-  prompt_tokens) or ("error", message, status); then ("delta", text, logprob entries) as text is committed (stop
+  prompt_tokens) or ("error", message, status); with `echo`, ("prompt", its text, its tokens' logprob entries:
+  `Engine.score`, empty unless asked for; `max_tokens` 0 then ends the request: scoring only); then ("delta", text,
+  logprob entries) as text is committed (stop
   strings are never shown in part: `Request.take_delta`; the entries, `TokenLogprob`s of the tokens committed since
   the last delta, are empty unless the request asked for them, and a delta may carry entries without text; with
   `stream` False one delta at the end, the text decoded once: per-step detokenizing costs host time a busy GPU engine
@@ -65,6 +67,7 @@ class Ticket:
     sent: int = 0  # output tokens whose text has gone out (EngineWorker.stream_interval)
     arrival: float = field(default_factory=time.perf_counter)  # submitted (ServerMetrics' latencies count from here)
     first_token_at: float | None = None
+    echo: bool = False  # the prompt comes back first (a "prompt" event), scored when log-probabilities are asked
 
     def put(self, event: tuple) -> None:
         if self.loop is not None:
@@ -137,13 +140,13 @@ class EngineWorker:
             self._thread.join(timeout)
 
     def submit(self, prompt: Prompt, params: SamplingParams, chat: bool = True, max_tokens: int | None = None,
-               stream: bool = True, images: list | None = None) -> Ticket:
+               stream: bool = True, images: list | None = None, echo: bool = False) -> Ticket:
         try:
             loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
             events: Any = asyncio.Queue()
         except RuntimeError:
             loop, events = None, queue.Queue()
-        ticket = Ticket(prompt, params, chat, max_tokens, stream, images or None, events, loop, self)
+        ticket = Ticket(prompt, params, chat, max_tokens, stream, images or None, events, loop, self, echo=echo)
         if not self.alive:
             ticket.put(("error", f"the engine has stopped: {self.failure or 'shut down'}", 503))
             return ticket
@@ -202,6 +205,16 @@ class EngineWorker:
             ids, mm = eng.prepare(t.prompt, t.chat, t.images)  # image placeholders expanded: counted too
             if not ids:
                 raise RequestError("the prompt is empty")
+            if t.echo:  # the prompt's text, and with logprobs its tokens' entries: one forward, before it queues
+                k = t.params.logprobs
+                echoed = ("prompt", t.prompt if isinstance(t.prompt, str) else eng.tokenizer.decode(ids)
+                          if eng.tokenizer is not None else "", eng.score(ids, k) if k is not None else [])
+                if t.max_tokens == 0:  # scoring only (an evaluation harness's log-likelihood)
+                    self.metrics.accepted(len(ids))
+                    for event in (("accepted", len(ids)), echoed, ("done", "length", 0, None)):
+                        t.put(event)
+                    self.metrics.finished("length", 0, time.perf_counter() - t.arrival, None)
+                    return
             # a sequence's positions: the reserved cache, and the model's context less the drafts' headroom
             limit = min(self.max_len, eng.context_len - eng.runner.headroom())
             room = limit - len(ids)
@@ -221,6 +234,8 @@ class EngineWorker:
             return
         self.metrics.accepted(len(ids))
         t.put(("accepted", len(ids)))
+        if t.echo:
+            t.put(echoed)
         self._live.append(t)
 
     def _running(self) -> int:
