@@ -209,11 +209,12 @@ class EngineWorker:
                 k = t.params.logprobs
                 echoed = ("prompt", t.prompt if isinstance(t.prompt, str) else eng.tokenizer.decode(ids)
                           if eng.tokenizer is not None else "", eng.score(ids, k) if k is not None else [])
-                if t.max_tokens == 0:  # scoring only (an evaluation harness's log-likelihood)
+                if t.max_tokens == 0:  # scoring only (an evaluation harness's log-likelihood); counted before the
+                    # client hears of it, as every answer is (`_publish`)
                     self.metrics.accepted(len(ids))
+                    self.metrics.finished("length", 0, time.perf_counter() - t.arrival, None)
                     for event in (("accepted", len(ids)), echoed, ("done", "length", 0, None)):
                         t.put(event)
-                    self.metrics.finished("length", 0, time.perf_counter() - t.arrival, None)
                     return
             # a sequence's positions: the reserved cache, and the model's context less the drafts' headroom
             limit = min(self.max_len, eng.context_len - eng.runner.headroom())
