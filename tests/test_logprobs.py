@@ -209,7 +209,9 @@ def test_score_gives_each_prompt_tokens_logprob(target, drafter, monkeypatch):
     ids = list(range(3, 40))
     ref = reference_logprobs(target, ids[:1], ids[1:])  # row j: token j + 1 given the ones before it
     eng = Engine(target, None, EngineConfig(), drafter=drafter, spec=SpecConfig(3, 1, 4))
-    monkeypatch.setattr(Engine, "SCORE_CHUNK", 8)  # several chunks
+    from eaglespec.engine import scoring
+
+    monkeypatch.setattr(scoring, "SCORE_CHUNK", 8)  # several chunks
     req = eng.add_request(PROMPTS[2], GREEDY)
     eng.step()
     eng.step()  # mid-generation

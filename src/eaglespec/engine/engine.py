@@ -9,8 +9,9 @@ the drafter, and turns on aux capture. Then:
   with reason "abort" at its next step, freeing its row as a request that ends by itself does);
 - `generate(prompts, params)`: a batch to completion, outputs in input order;
 - `stream(prompt, params)`: text deltas of one request as they are committed;
-- `score(ids, k)`: the log-probability of each prompt token given the ones before it (one cache-free target forward,
-  eager, between steps: what an evaluation harness's log-likelihood asks of a server's `echo`).
+- `score(ids, k)`: the log-probability of each prompt token given the ones before it (engine/scoring.py: one
+  cache-free target forward, eager, between steps: what an evaluation harness's log-likelihood asks of a server's
+  `echo`).
 
 Each `step()` runs one scheduler batch: a prefill of admitted requests, or one decode / speculative step over all
 running requests; its only host synchronisation is reading the committed tokens (and, speculating, their count).
@@ -45,8 +46,7 @@ import torch
 
 from ..config import EngineConfig, SpecConfig, SpecSchedule, spec_text
 from ..errors import RequestError
-from ..layers.context import ForwardContext
-from ..layers.logprobs import TokenLogprob, token_logprobs, unpack
+from ..layers.logprobs import TokenLogprob, check_asked
 from ..models.eagle3 import check_drafter_fits
 from ..protocol import require_target
 from ..sampling_params import SamplingParams
@@ -56,6 +56,7 @@ from .request import GenerationOutput, Request  # GenerationOutput: Engine.gener
 from .pending_step import PendingStep
 from .runner import ModelRunner, shape_index, spec_kind
 from .scheduler import Scheduler
+from .scoring import score_prompt
 
 if TYPE_CHECKING:
     from ..loading.tokenizer import BaseTokenizer
@@ -255,11 +256,8 @@ class Engine:
         return n + (0 if images else graphs.precapture_prefill(params.greedy, only=len(ids)))
 
     def _enqueue(self, ids: list[int], mm: object, params: SamplingParams, stream: bool = True) -> Request:
-        K = self.config.max_logprobs
-        if params.logprobs is not None and (K is None or params.logprobs > K):
-            raise RequestError(f"logprobs={params.logprobs}: this engine computes "
-                               + ("no log-probabilities" if K is None else f"at most {K} alternatives per token")
-                               + " (EngineConfig.max_logprobs; eaglespec serve --max-logprobs)")
+        if params.logprobs is not None:
+            check_asked(params.logprobs, self.config.max_logprobs)
         params = self._fit(len(ids), params)
         max_new = params.max_new_tokens
         need = len(ids) + max_new
@@ -325,7 +323,7 @@ class Engine:
                 lps = self.runner.logprobs_host(rows) if lp else None
             lp_rows = lps[:, :1].tolist() if lps is not None else None  # [B][1][W], in the prompts' order
             for i, (q, t) in enumerate(zip(reqs, toks)):
-                q.append([t], _entries(q, [t], lp_rows[i] if lp_rows is not None else None))
+                q.append([t], lp_rows[i] if lp_rows is not None else None)
         else:
             if self.overlapping:
                 self._launch_running()
@@ -341,7 +339,7 @@ class Engine:
                 toks = self.runner.decode(rows, greedy, lp)
                 lp_rows = self.runner.logprobs_host(rows).tolist() if lp else None
                 for i, (q, t) in enumerate(zip(reqs, toks)):
-                    q.append([t], _entries(q, [t], lp_rows[i] if lp_rows is not None else None))
+                    q.append([t], lp_rows[i] if lp_rows is not None else None)
         for q in self.scheduler.release_finished():
             self.runner.release(q.slot)
         return reqs
@@ -421,7 +419,7 @@ class Engine:
         for i, (q, k, toks) in enumerate(zip(reqs, m_host, tok_host)):
             q.stats.add(k + 1, S)  # S drafter forwards: S-1 tree levels and the catch-up
             self.stats.add(k + 1, S)
-            q.append(toks[: k + 1], _entries(q, toks[: k + 1], lp_rows[i] if lp_rows is not None else None))
+            q.append(toks[: k + 1], lp_rows[i] if lp_rows is not None else None)
 
     def _step_overlapped(self) -> list[Request]:
         """Launch the next step of the running rows, then read the launched one's results. Not launched (the
@@ -461,39 +459,17 @@ class Engine:
         lp_rows = [lp_all[pending.rows[i]] for i in live] if lp_all is not None else None
         if m_host is None:
             for j, i in enumerate(live):
-                reqs[i].append([tok_host[i]], _entries(reqs[i], [tok_host[i]], lp_rows[j] if lp_rows else None))
+                reqs[i].append([tok_host[i]], lp_rows[j] if lp_rows is not None else None)
         else:
             self._append_spec(got, [m_host[i] for i in live], [tok_host[i] for i in live], pending.steps, lp_rows)
         for q in sched.release_finished():
             run.release(q.slot)
         return got
 
-    # --- scoring ------------------------------------------------------------------------------------------------
-    SCORE_CHUNK = 512  # positions per log-softmax pass: [chunk, V] float32 at a time, not [T, V]
-
-    @torch.inference_mode()
     def score(self, ids: Sequence[int], k: int = 0) -> list[TokenLogprob]:
-        """Each prompt token's entry given the tokens before it (logprob None for the first, which has no context), with its
-        k best alternatives, from one cache-free forward of the target (no row, no cache: running requests are
-        untouched); the same packed rows as generated tokens' (layers/logprobs.py), raw logits."""
-        K = self.config.max_logprobs
-        if K is None or k > K:
-            raise RequestError(f"logprobs={k}: this engine computes "
-                               + ("no log-probabilities" if K is None else f"at most {K} alternatives per token")
-                               + " (EngineConfig.max_logprobs; eaglespec serve --max-logprobs)")
-        if not ids:
-            raise RequestError("the prompt is empty")
-        if len(ids) > self.context_len:
-            raise RequestError(f"the prompt has {len(ids)} tokens but the model's context is {self.context_len}")
-        t = torch.tensor([list(ids)], dtype=torch.int64, device=self.device)
-        n = t.shape[1]
-        logits = self.target(t, ForwardContext.plain(1, n, self.device)).logits[0]  # [n, V]
-        out: list[TokenLogprob] = [TokenLogprob(int(ids[0]), None)]
-        for a in range(0, n - 1, self.SCORE_CHUNK):  # position j's logits score token j + 1
-            b = min(a + self.SCORE_CHUNK, n - 1)
-            rows = token_logprobs(logits[a:b], t[0, a + 1: b + 1], k).tolist()
-            out += [unpack(r, tok, k) for r, tok in zip(rows, ids[a + 1: b + 1])]
-        return out
+        """Each prompt token's entry given the tokens before it, with its k best alternatives (engine/scoring.py:
+        one cache-free forward; running requests are untouched)."""
+        return score_prompt(self.target, ids, k, self.device, self.context_len, self.config.max_logprobs)
 
     # --- conveniences -------------------------------------------------------------------------------------------
     def generate(
@@ -539,12 +515,3 @@ class Engine:
 
 def _wants_logprobs(reqs: Sequence[Request]) -> bool:
     return any(q.params.logprobs is not None for q in reqs)
-
-
-def _entries(q: Request, tokens: Sequence[int], rows: Sequence | None) -> list[TokenLogprob] | None:
-    """The log-probability entries of `q`'s committed `tokens` from their packed rows ([len(tokens) or more][W]; None
-    when the step computed none), or None when `q` did not ask for them."""
-    if q.params.logprobs is None:
-        return None
-    assert rows is not None, "a step ran without the log-probabilities its request asked for"
-    return [unpack(rows[j], t, q.params.logprobs) for j, t in enumerate(tokens)]

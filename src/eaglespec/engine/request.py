@@ -1,9 +1,10 @@
 """A generation request and its host-side bookkeeping: output tokens, streamed text, stop handling; and
 `GenerationOutput`, a finished request as `Engine.generate` returns it (`Request.output()`).
 
-`Request.append(tokens, logprobs)` takes the tokens one step committed (one for plain decoding, up to S+1 for
-speculation), with their log-probability entries when the request asked for them (`params.logprobs`: kept in
-`logprobs` beside `output_ids`, one per output token; `take_logprobs` gives those added since its last call), and
+`Request.append(tokens, logprob_rows)` takes the tokens one step committed (one for plain decoding, up to S+1 for
+speculation), with their packed log-probability rows (layers/logprobs.py) when the step computed them; a request
+that asked (`params.logprobs`) keeps its output tokens' entries with the alternatives it asked for in `logprobs`,
+beside `output_ids` (`take_logprobs` gives those added since its last call), and
 stops at exactly the right token: EOS (unless ignored; the EOS is not part of the text), the token budget, the
 token that completes a stop string (the text is cut before the stop string), or, with `params.stop_loop` N, the
 first token deeper than N tokens into a repetition loop (not part of the output; repetition.py). Tokens after that
@@ -25,7 +26,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Sequence
 
-from ..layers.logprobs import TokenLogprob
+from ..layers.logprobs import TokenLogprob, unpack
 from ..loading.detokenizer import IncrementalDetokenizer
 from ..repetition import LoopTracker
 from ..sampling_params import SamplingParams
@@ -95,9 +96,9 @@ class Request:
     def finished(self) -> bool:
         return self.finish_reason is not None
 
-    def append(self, tokens: Sequence[int], logprobs: Sequence[TokenLogprob] | None = None) -> int:
-        """Commit tokens in order until the request finishes; returns how many were taken. `logprobs`: the tokens'
-        entries (one each), kept for the output tokens when the request asked for them."""
+    def append(self, tokens: Sequence[int], logprob_rows: Sequence[Sequence[float]] | None = None) -> int:
+        """Commit tokens in order until the request finishes; returns how many were taken. `logprob_rows`: the
+        tokens' packed rows (one each, or more: the rest are a step's padding), read when the request asked."""
         if self.abort_requested and not self.finished:
             self.finish_reason = "abort"
             self.t_end = time.perf_counter()
@@ -119,8 +120,8 @@ class Request:
                 break
             self.output_ids.append(tok)
             if self.logprobs is not None:
-                assert logprobs is not None, "a request that asked for log-probabilities got tokens without them"
-                self.logprobs.append(logprobs[taken - 1])
+                assert logprob_rows is not None, "a request that asked for log-probabilities got tokens without them"
+                self.logprobs.append(unpack(logprob_rows[taken - 1], tok, self.params.logprobs))
             if per_token:
                 old_len = len(self.text)
                 self.text += self._detok.add([tok])

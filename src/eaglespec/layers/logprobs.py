@@ -10,6 +10,7 @@ Contract:
 - `TokenLogprob`: one committed token's entry as a request keeps it: its id, log-probability and the top
   alternatives the request asked for ([(id, log-probability)], best first); `unpack(row, k)` reads one packed row
   (of an engine computing `(len(row) - 1) // 2` alternatives) into it, keeping the first k.
+- `check_asked(k, max_logprobs)`: a request's (or a prompt score's) k against what an engine computes.
 Log-softmax runs in float32 whatever the logits' dtype.
 """
 
@@ -20,6 +21,7 @@ from typing import Sequence
 
 import torch
 
+from ..errors import RequestError
 from . import logprobs_kernel
 
 MAX_ID = 1 << 24  # ids travel as float32 in the packed rows
@@ -54,6 +56,16 @@ class TokenLogprob:
 
     def to_dict(self) -> dict:
         return {"token": self.token, "logprob": self.logprob, "top": [list(t) for t in self.top]}
+
+
+def check_asked(k: int, max_logprobs: int | None) -> None:
+    """Raise the user's error when k alternatives are more than an engine computing `max_logprobs` gives (None: it
+    computes none)."""
+    if max_logprobs is None or k > max_logprobs:
+        raise RequestError(f"logprobs={k}: this engine computes "
+                           + ("no log-probabilities" if max_logprobs is None
+                              else f"at most {max_logprobs} alternatives per token")
+                           + " (EngineConfig.max_logprobs; eaglespec serve --max-logprobs)")
 
 
 def unpack(row: Sequence[float], token: int, k: int) -> TokenLogprob:
