@@ -3,7 +3,7 @@
 The overlapped engine enqueues a step (or a prefill), then the copy of its results into a pinned host buffer and an
 event, and reads them later (`ModelRunner.collect` / `collect_prefill`), once it has launched the next step. The
 copy goes into a contiguous view of the buffer's first elements (`contiguous_prefix`): into a strided view it would
-be synchronous.
+be synchronous. `ResultBuffers` owns those pinned buffers and makes the `PendingStep`s.
 """
 
 from __future__ import annotations
@@ -48,3 +48,46 @@ def recorded_event() -> torch.cuda.Event:
     event = torch.cuda.Event()
     event.record()
     return event
+
+
+class ResultBuffers:
+    """The pinned host buffers that launched steps' results are copied into, sized for `rows` rows of up to `width`
+    tokens (the widest shape's S+1) and, with `lp_width`, their packed log-probability rows of that width.
+
+    Two sets for steps, alternated (with overlap, the one in flight's and the one being launched's), and one for a
+    launched prefill (read before any later prefill is launched). Without CUDA (the CPU's static path, tests) there is
+    nothing to wait for: results are cloned and the `PendingStep`s carry no event."""
+
+    def __init__(self, rows: int, width: int, lp_width: int | None, cuda: bool) -> None:
+        def pinned(*shape: int, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+            return torch.empty(shape, dtype=dtype, pin_memory=True)
+
+        self.cuda = cuda
+        lp = (lambda: pinned(rows, width, lp_width, dtype=torch.float32)) if lp_width is not None else (lambda: None)
+        self._steps = [(pinned(rows, width), pinned(rows), lp()) for _ in range(2)] if cuda else []
+        self._next = 0
+        self._prefill = (pinned(rows), lp()) if cuda else None
+
+    def step(self, rows: list[int], tokens: torch.Tensor, accepted: torch.Tensor | None,
+             logprobs: torch.Tensor | None, steps: int) -> PendingStep:
+        """A launched step's results (tokens [n] or [n, S+1], accepted [n] or None, logprobs [n, S+1, W] or None, over
+        rows 0..n-1 of the graphs' static outputs), copied before any later replay can overwrite them."""
+        if not self.cuda:
+            return PendingStep(rows, tokens.clone(), _clone(accepted), None, steps, logprobs=_clone(logprobs))
+        pt, pm, plp = self._steps[self._next]
+        self._next ^= 1
+        host_m = copy_to_host(pm, accepted) if accepted is not None else None
+        host_lp = copy_to_host(plp, logprobs) if logprobs is not None else None
+        return PendingStep(rows, copy_to_host(pt, tokens), host_m, recorded_event(), steps, logprobs=host_lp)
+
+    def prefill(self, rows: list[int], tokens: torch.Tensor, logprobs: torch.Tensor | None) -> PendingStep:
+        """A launched prefill's first tokens [B] (and their log-probability rows [B, 1, W]), in its prompts' order."""
+        if not self.cuda:
+            return PendingStep(rows, tokens.clone(), None, None, logprobs=_clone(logprobs))
+        pt, plp = self._prefill
+        host_lp = copy_to_host(plp, logprobs) if logprobs is not None else None
+        return PendingStep(rows, copy_to_host(pt, tokens), None, recorded_event(), logprobs=host_lp)
+
+
+def _clone(t: torch.Tensor | None) -> torch.Tensor | None:
+    return t.clone() if t is not None else None

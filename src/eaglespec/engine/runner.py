@@ -45,7 +45,7 @@ from ..spec.draft import DraftState, catch_up, draft_tree
 from ..spec.tree import DraftTree, build_tree
 from ..spec.verify import VerifyResult, verify_greedy, verify_greedy_chain, verify_sampling
 from .kv_cache import KVCache
-from .pending_step import PendingStep, copy_to_host, recorded_event
+from .pending_step import PendingStep, ResultBuffers
 from .timing import PhaseTimer
 
 # the rows a step runs on: an index tensor (eager steps: any rows), or slice(0, B) (the graph phases: rows 0..B-1,
@@ -130,20 +130,11 @@ class ModelRunner:
         self.top_k = torch.zeros(rows, dtype=torch.int64, device=dev)
         self.top_p = torch.ones(rows, dtype=torch.float32, device=dev)
         self.host_len = [0] * rows
-        # two pinned buffer sets for the results of graph steps, alternated: with overlap, the step in flight's and
-        # the one being launched's
-        width = self.spec.steps + 1 if self.spec is not None else 1
-        self._pinned = [(torch.empty(rows, width, dtype=torch.int64, pin_memory=True),
-                         torch.empty(rows, dtype=torch.int64, pin_memory=True)) for _ in range(2)] \
-            if dev.type == "cuda" else []
-        self._pin_next = 0
+        width = self.spec.steps + 1 if self.spec is not None else 1  # tokens a step commits per row, at most
         # committed tokens' packed log-probability rows, written by steps run with lp=True (module docstring)
-        lp_shape = (rows, width, 1 + 2 * self.max_logprobs) if self.max_logprobs is not None else None
-        self.lp_buf = torch.zeros(lp_shape, dtype=torch.float32, device=dev) if lp_shape else None
-        self._pinned_lp = [torch.empty(lp_shape, dtype=torch.float32, pin_memory=True) for _ in range(3)] \
-            if lp_shape and dev.type == "cuda" else []  # the two steps' and a launched prefill's
-        # the first tokens of a launched prefill (`launch_prefill`): read before any later prefill is launched
-        self._pinned_prefill = torch.empty(rows, dtype=torch.int64, pin_memory=True) if dev.type == "cuda" else None
+        W = 1 + 2 * self.max_logprobs if self.max_logprobs is not None else None
+        self.lp_buf = torch.zeros(rows, width, W, dtype=torch.float32, device=dev) if W is not None else None
+        self.results = ResultBuffers(rows, width, W, dev.type == "cuda")  # launched steps' host copies
         if self.spec is not None:
             K = self.spec.topk
             # one cache layer per drafter decoder layer (a multi-layer EAGLE-3 drafter; the oracle declares none: 1)
@@ -305,11 +296,7 @@ class ModelRunner:
         the step after it. The rows' host lengths are set now."""
         tok = self.prefill(rows, prompts, greedy, mm_inputs, lp)
         lps = self.lp_buf.index_select(0, self._rows(rows)[0])[:, :1].contiguous() if lp else None  # [B, 1, W]
-        if self._pinned_prefill is None:  # the CPU: already computed
-            return PendingStep(list(rows), tok.clone(), None, None, logprobs=lps)
-        host_lp = copy_to_host(self._pinned_lp[2], lps) if lps is not None else None
-        return PendingStep(list(rows), copy_to_host(self._pinned_prefill, tok), None, recorded_event(),
-                           logprobs=host_lp)
+        return self.results.prefill(list(rows), tok, lps)
 
     @staticmethod
     def collect_prefill(pending: PendingStep) -> list[int]:
@@ -407,21 +394,10 @@ class ModelRunner:
         toks, m = (out[0], None) if kind == "decode" else (out[1], out[0])  # [B] or [B, S+1]; [B]
         lps = self.lp_buf[:n] if lp else None  # [n, S+1, W]: rows 0..n-1, contiguous
         steps = 0 if kind == "decode" else self.shapes[shape_index(kind)].steps
-        event: torch.cuda.Event | None = None
-        if self._pinned:  # copies enqueued before any later replay can overwrite the graph's outputs
-            pt, pm = self._pinned[self._pin_next]
-            host_t = copy_to_host(pt, toks)
-            host_m = copy_to_host(pm, m) if m is not None else None
-            host_lp = copy_to_host(self._pinned_lp[self._pin_next], lps) if lps is not None else None
-            self._pin_next ^= 1
-            event = recorded_event()
-        else:  # the CPU's static path (tests): already computed
-            host_t, host_m = toks.clone(), (m.clone() if m is not None else None)
-            host_lp = lps.clone() if lps is not None else None
         if kind == "decode":
             for i in rows:
                 self.host_len[i] += 1
-        return PendingStep(list(rows), host_t, host_m, event, steps, logprobs=host_lp)
+        return self.results.step(list(rows), toks, m, lps, steps)
 
     def collect(self, pending: PendingStep) -> tuple[list[int] | None, list]:
         """The results of a launched step, per requested row: (None, tokens) for decode, (m, committed tokens) for a
