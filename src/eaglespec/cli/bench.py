@@ -17,8 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from ..errors import ConfigError
 from ..assets import is_default_drafter
+from ..engine.gc_heap import freeze_heap
+from ..errors import ConfigError
 from ..loading.default import is_default_model
 from .options import add_runtime_options, engine_config
 
@@ -110,6 +111,9 @@ def prepare(args: argparse.Namespace) -> Prepared:
     model = load_bench_model(args.model, args.random_weights, device, dtype, args.seed, args.fuse, args.compile)
     workload = build_workload(model, args.prompts, items, args.turns, not args.no_chat_template, args.prompt_len,
                               count, args.seed)
+    # the model, its tokenizer and the libraries, out of the timed runs' full garbage collections (gc_heap.py); not
+    # the engines, which the suite builds and drops one per configuration (a frozen one would never be freed)
+    freeze_heap()
     return Prepared(model, workload, SuiteOptions(sizes, params, engine, args.warmup, args.peer, args.batching,
                                                   args.repeats), machine_info(device, bw))
 

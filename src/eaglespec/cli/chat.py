@@ -17,6 +17,7 @@ from pathlib import Path
 
 from .. import api
 from ..engine.engine import Engine
+from ..engine.gc_heap import freeze_heap
 from ..errors import RequestError
 from ..sampling_params import SamplingParams
 from .options import (add_model_options, add_sampling_options, answer_line, draft_arg, engine_config,
@@ -84,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
                       config=engine_config(args, max_batch_size=1), temperature=params.temperature)
     if engine.tokenizer is None or not engine.tokenizer.has_chat_template:
         raise RequestError("this model's tokenizer has no chat template: use `eaglespec generate --no-chat-template`")
+    freeze_heap()  # a session's garbage collections skip the model, the engine and the libraries (gc_heap.py)
     print(f"[eaglespec] chat on {engine.device.type}, {engine_summary(engine, args)}; commands: /image PATH, /reset, "
           "/exit", file=sys.stderr)
     system = [{"role": "system", "content": args.system}] if args.system else []

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from .. import api
 from ..engine.engine import SERVE_LEN
+from ..engine.gc_heap import freeze_heap
 from ..errors import ConfigError
 from ..loading.checkpoint import resolve_device
 from .options import add_model_options, draft_arg, engine_config, engine_summary, spec_config
@@ -102,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
                                logprobs=args.warmup_logprobs)
         if graphs:
             print(f"[eaglespec] captured {graphs} CUDA graphs in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    freeze_heap()  # the engine and its graphs live as long as the server: full collections skip them (gc_heap.py)
     name = model_name(args)
     app = create_app(worker, name, args.default_temperature, api_key=args.api_key or None)
     print(f"[eaglespec] serving {name} at http://{args.host}:{args.port}/v1 on {engine.device.type}: {rows} "

@@ -240,6 +240,11 @@ def run(args: argparse.Namespace) -> int:
                                             cuda_graphs=args.regen_cuda_graphs) for n, words in prompt_sets),
         eval_prompts=args.eval_prompts,
     )
+    from ..engine.gc_heap import freeze_heap
+
+    # the target, its tokenizer, the conversations and the libraries, out of the run's full garbage collections
+    # (engine/gc_heap.py); not the regeneration's engines, built and dropped inside (a frozen one would never be freed)
+    freeze_heap()
     summary = train_drafter(loaded.model, loaded.tokenizer, convs.conversations, args.out, opts)
     if summary.eval is not None:
         print(summary.eval.line(), file=sys.stderr)

@@ -48,7 +48,7 @@ def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, k: int) -> torch.
     return torch.cat((chosen, top - lse, ids.float()), dim=-1)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # slots: one object for the garbage collector to track per entry, not two
 class TokenLogprob:
     token: int
     logprob: float | None  # None: a prompt's first token, which nothing predicts (Engine.score)
