@@ -109,11 +109,11 @@ for bs in [int(x) for x in args.rows.split(",")]:
                 return fn(*a)
             return wrapped
 
-        def run(kind, n_rows, longest, greedy, lp=False):
+        def run(kind, n_rows, longest, greedy, lp=None):
             marks.append("L")
             return bracket(graphs.key(kind, n_rows, longest, greedy, lp), orig_run, kind, n_rows, longest, greedy, lp)
 
-        def prefill(rows, ps, greedy, mm=None, lp=False):
+        def prefill(rows, ps, greedy, mm=None, lp=None):
             marks.append("P")
             return bracket(("prefill", len(rows), max(len(p) for p in ps)), orig_prefill, rows, ps, greedy, mm, lp)
 

@@ -64,11 +64,11 @@ for cfg in ([] if args.no_plain else [RunConfig.plain()]) + [resolved]:
     used: Counter = Counter()  # key -> replays
     run_step, run_prefill = graphs.run, graphs.prefill
 
-    def counted_run(kind, n_rows, longest, greedy, lp=False, graphs=graphs, used=used, run_step=run_step):
+    def counted_run(kind, n_rows, longest, greedy, lp=None, graphs=graphs, used=used, run_step=run_step):
         used[graphs.key(kind, n_rows, longest, greedy, lp)] += 1
         return run_step(kind, n_rows, longest, greedy, lp)
 
-    def counted_prefill(rows, prompts_, greedy, lp=False, graphs=graphs, used=used, run_prefill=run_prefill):
+    def counted_prefill(rows, prompts_, greedy, lp=None, graphs=graphs, used=used, run_prefill=run_prefill):
         used[("prefill", len(rows), graphs.prefill_bucket(max(len(p) for p in prompts_), len(rows)), greedy,
               lp)] += 1
         return run_prefill(rows, prompts_, greedy, lp)

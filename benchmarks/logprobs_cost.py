@@ -3,11 +3,11 @@
     python benchmarks/logprobs_cost.py GGUF
 
 1. `token_logprobs` on bf16 logits of SmolLM2's vocabulary, N = 1, 8, 32, 192 rows, k = 5 and k = 20 (an engine
-   computes `EngineConfig.max_logprobs` = 20 alternatives whatever a request asks): the Triton kernels
+   computes 5 alternatives while its requests ask for at most 5, else `EngineConfig.max_logprobs`): the Triton kernels
    (layers/logprobs_kernel.py) against PyTorch's path, per call inside a CUDA graph of 20 calls (a call launched from
    Python measures the launch, ~110 us, not the kernels: session 47's first run of this script);
 2. MT-bench's 80 first turns, 128 new tokens, greedy, 32 rows, plain and speculative (the shipped drafter) engines:
-   tok/s without logprobs; with logprobs=5 through the kernels (KERNEL_MAX_ROWS lifted), through PyTorch's path, and
+   tok/s without logprobs; with logprobs=5 through the kernels, through PyTorch's path, and
    through the kernels with the host's unpacking replaced by a constant; each in five rounds, first with the heap as
    it is, then frozen (engine/gc_heap.py), counting the full garbage collections inside each timed run and their
    time. Graphs hold the path they were captured with, so the PyTorch path has its own engine (captured with the swap
@@ -49,7 +49,7 @@ def torch_path(logits: torch.Tensor, tokens: torch.Tensor, k: int) -> torch.Tens
     x = logits.float()
     lse = torch.logsumexp(x, dim=-1, keepdim=True)
     top, ids = x.topk(k, dim=-1)
-    return torch.cat((x.gather(-1, tokens[:, None]) - lse, top - lse, ids.float()), dim=-1)
+    return torch.cat((x.gather(-1, tokens[:, None]) - lse, torch.stack((top - lse, ids.float()), -1).flatten(1)), -1)
 
 
 def in_graph(fn, *args, calls: int = 20) -> float:
@@ -93,7 +93,6 @@ MODES = ("none", "kernels", "torch", "no unpack")
 
 def run_mode(mode: str, engines: dict, prompts) -> tuple[float, int, float]:
     """One mode's timed run (module docstring); restores the patched names after."""
-    logprobs.KERNEL_MAX_ROWS = 1 << 20
     runner.token_logprobs = torch_path if mode == "torch" else logprobs.token_logprobs
     request.unpack = (lambda row, tok, k: FAKE) if mode == "no unpack" else logprobs.unpack
     try:
@@ -101,7 +100,6 @@ def run_mode(mode: str, engines: dict, prompts) -> tuple[float, int, float]:
         return timed(engines["torch" if mode == "torch" else "kernels"], prompts, params)
     finally:
         runner.token_logprobs, request.unpack = logprobs.token_logprobs, logprobs.unpack
-        logprobs.KERNEL_MAX_ROWS = 8
 
 
 def load(gguf: str, kind: str, rows: int) -> dict:
@@ -127,8 +125,9 @@ def main() -> int:
     for _ in range(3):
         t0 = time.perf_counter()
         gc.collect()
-        print(f"\na full collection with the engines loaded, heap not frozen: {(time.perf_counter() - t0) * 1000:.1f} ms"
-              f" ({len(gc.get_objects()):,} objects)")
+        ms = (time.perf_counter() - t0) * 1000
+        print(f"\na full collection with the engines loaded, heap not frozen: {ms:.1f} ms "
+              f"({len(gc.get_objects()):,} objects)")
     print("\n| engine | heap | mode | tok/s, 5 rounds | median | full collections (ms) |")
     print("| --- | --- | --- | --- | ---: | --- |")
     for heap in ("as loaded", "frozen"):

@@ -95,7 +95,7 @@ for rows in (int(x) for x in args.rows.split(",")):
         steps: list[tuple[int, int]] = []  # (running rows, highest row + 1) per launched step
         launch = eng.runner.launch
 
-        def logged(kind, rs, greedy, ahead=0, lp=False, launch=launch, steps=steps):
+        def logged(kind, rs, greedy, ahead=0, lp=None, launch=launch, steps=steps):
             steps.append((len(rs), max(rs) + 1))
             return launch(kind, rs, greedy, ahead, lp=lp)
 

@@ -56,11 +56,17 @@ def test_packed_rows_and_unpack():
     assert rows.shape == (5, 9) and rows.dtype == torch.float32
     torch.testing.assert_close(rows[:, 0], ref[torch.arange(5), tokens])
     top = ref.topk(4, -1)
-    torch.testing.assert_close(rows[:, 1:5], top.values)
-    assert torch.equal(rows[:, 5:].long(), top.indices)
+    torch.testing.assert_close(rows[:, 1::2], top.values)  # pairs: (log-probability, id), best first
+    assert torch.equal(rows[:, 2::2].long(), top.indices)
     e = unpack(rows[1].tolist(), 50, 2)
     assert e.token == 50 and e.logprob == pytest.approx(ref[1, 50].item(), abs=1e-6)
+    assert e.top == tuple(zip(rows[1, 2:5:2].long().tolist(), rows[1, 1:5:2].tolist()))
     assert [i for i, _ in e.top] == top.indices[1, :2].tolist()
+    # a row of fewer alternatives is the prefix of one of more: a buffer sized for the most holds it
+    assert torch.equal(token_logprobs(logits, tokens, 2), rows[:, :5])
+    assert unpack(rows[1, :5].tolist() + [float("nan")] * 4, 50, 2) == e  # stale columns past 1 + 2k are not read
+    with pytest.raises(AssertionError):
+        unpack(rows[1, :5].tolist(), 50, 3)
     assert token_logprobs(logits, tokens, 0).shape == (5, 1)  # the chosen token's only
 
 
@@ -162,11 +168,12 @@ def test_the_cuda_kernel_packs_the_same_rows(N, V, k):
     got = logprobs_kernel.packed_rows(logits, tokens, k)
     want = token_logprobs(logits, tokens, k)  # the CPU: PyTorch's path
     assert got.shape == want.shape == (N, 1 + 2 * k)
-    torch.testing.assert_close(got[:, : 1 + k], want[:, : 1 + k], atol=1e-5, rtol=0)
+    torch.testing.assert_close(got[:, :1], want[:, :1], atol=1e-5, rtol=0)  # the chosen token's
+    torch.testing.assert_close(got[:, 1::2], want[:, 1::2], atol=1e-5, rtol=0)  # the k best values
     ref = logits.float().log_softmax(-1)
     for r in range(N):  # ids: bf16 rows have ties, so each id must carry its value (a tie's order may differ)
-        ids = got[r, 1 + k:].long()
-        torch.testing.assert_close(ref[r, ids], got[r, 1: 1 + k], atol=1e-5, rtol=0)
+        ids = got[r, 2::2].long()
+        torch.testing.assert_close(ref[r, ids], got[r, 1::2], atol=1e-5, rtol=0)
         assert len(set(ids.tolist())) == k
 
 
@@ -187,6 +194,32 @@ def test_speculation_through_the_kernel_gives_plain_decodings_logprobs(target, d
                                                    for e in ref.logprobs[:6]]
 
 
+def test_a_step_computes_the_alternatives_its_requests_need(target, plain, monkeypatch):
+    """A step computes SMALL_TOP alternatives while no request of it asks for more, else the engine's most
+    (`step_alternatives`); a request reads its own k from rows wider than it, whichever steps computed them."""
+    from eaglespec.engine import runner
+    from eaglespec.layers.logprobs import SMALL_TOP, step_alternatives
+
+    assert [step_alternatives(a, 20) for a in (0, 1, 5, 6, 20)] == [5, 5, 5, 20, 20]
+    assert [step_alternatives(a, 3) for a in (0, 3)] == [3, 3] and step_alternatives(0, 0) == 0
+    computed: list[int] = []
+    real = runner.token_logprobs
+    monkeypatch.setattr(runner, "token_logprobs", lambda x, t, k: computed.append(k) or real(x, t, k))
+    eng = Engine(target, None, EngineConfig(max_batch_size=2, max_logprobs=12))
+    params = [SamplingParams(max_new_tokens=16, ignore_eos=True, logprobs=2),
+              SamplingParams(max_new_tokens=4, ignore_eos=True, logprobs=9)]  # ends first: the rest compute 5
+    outs = eng.generate(PROMPTS[:2], params)
+    assert set(computed) == {SMALL_TOP, 12} and computed[-1] == SMALL_TOP
+    for o, ref, prompt, p in zip(outs, plain, PROMPTS, params):
+        r = reference_logprobs(target, prompt, o.token_ids)
+        assert o.token_ids == ref.token_ids[: len(o.token_ids)]
+        for j, e in enumerate(o.logprobs):
+            top = r[j].topk(p.logprobs)
+            assert e.logprob == pytest.approx(r[j, e.token].item(), abs=1e-5)
+            assert [i for i, _ in e.top] == top.indices.tolist()
+            assert [v for _, v in e.top] == pytest.approx(top.values.tolist(), abs=1e-5)
+
+
 def test_warmup_captures_the_logprob_steps_when_asked(target, drafter, monkeypatch):
     """`Engine.warmup(..., logprobs=True)` (serve --warmup-logprobs): every step graph and prefill graph also in its
     log-probability form; without it only the plain forms (the captures are recorded, not made)."""
@@ -197,10 +230,11 @@ def test_warmup_captures_the_logprob_steps_when_asked(target, drafter, monkeypat
     captured: list = []
     monkeypatch.setattr(g, "_capture", lambda key: captured.append(key) or g.graphs.__setitem__(key, []))
     n_plain = eng.warmup([1, 2])
-    assert n_plain == len(captured) and {k[-1] for k in captured} == {False}
-    n_lp = eng.warmup([1, 2], logprobs=True)  # the plain forms are held: only the lp forms are new
-    assert n_lp == n_plain and {k[:-1] for k in captured[n_plain:]} == {k[:-1] for k in captured[:n_plain]}
-    assert {k[-1] for k in captured[n_plain:]} == {True}
+    assert n_plain == len(captured) and {k[-1] for k in captured} == {None}
+    n_lp = eng.warmup([1, 2], logprobs=True)  # the plain forms are held: only the lp forms are new, two of each
+    lp_keys = captured[n_plain:]
+    assert n_lp == 2 * n_plain and {k[:-1] for k in lp_keys} == {k[:-1] for k in captured[:n_plain]}
+    assert sorted(k[-1] for k in lp_keys) == [5] * n_plain + [20] * n_plain  # a few alternatives, or the most
 
 
 def test_score_gives_each_prompt_tokens_logprob(target, drafter, monkeypatch):

@@ -3,8 +3,8 @@
 `GraphCache.run(kind, n_rows, longest, greedy, lp)` replays the graph of step `kind` ("decode", or "spec", "spec1", ...
 for the runner's speculation shapes) for the batch
 bucket covering rows 0..n_rows-1 and the key-length bucket covering `longest + headroom`, capturing it on first use;
-`lp` (log-probabilities of the committed tokens, runner.py) is part of every key, so steps without it run graphs
-that compute none.
+`lp` (the alternatives per committed token whose log-probabilities the step computes, None: none; runner.py) is part
+of every key, so steps without it run graphs that compute none.
 A speculative step is three graphs (draft, verify, commit) replayed back to back, so the phase timer can tell their
 times apart; the verify graph reads the draft graph's static outputs, the commit graph the verify graph's.
 `GraphCache.prefill(rows, prompts, greedy)` prefills B prompts through the graph of (B, their power-of-two length
@@ -122,7 +122,7 @@ class GraphCache:
         return b if fits else None
 
     # --- the phases of each step --------------------------------------------------------------------------------
-    def _phases(self, kind: str, B: int, kv_len: int, greedy: bool, lp: bool):
+    def _phases(self, kind: str, B: int, kv_len: int, greedy: bool, lp: int | None):
         run = self.runner
         if kind == "prefill":  # kv_len is the padded prompt length; inputs live in static buffers (prefill())
             ids, lens, row = self._prefill_in[(kind, B, kv_len, greedy, lp)]
@@ -188,7 +188,7 @@ class GraphCache:
                 else:
                     run.generator.set_state(rng)
 
-    def precapture(self, kind: str, n_rows: int, greedy: bool, lp: bool = False) -> int:
+    def precapture(self, kind: str, n_rows: int, greedy: bool, lp: int | None = None) -> int:
         """Capture every length bucket of one batch bucket now (so that timed runs never capture); returns count."""
         n, length = 0, MIN_LEN_BUCKET
         B = self.batch_bucket(n_rows)
@@ -202,7 +202,7 @@ class GraphCache:
                 return n
             length *= 2
 
-    def precapture_prefill(self, greedy: bool, only: int | None = None, lp: bool = False) -> int:
+    def precapture_prefill(self, greedy: bool, only: int | None = None, lp: int | None = None) -> int:
         """Capture the single-prompt prefill graph of every length bucket now (`only`: just the bucket of a prompt
         of that many tokens, if it has one); returns the count. Only while no row holds a request: the capture's
         warm-up runs write row 0's caches."""
@@ -239,7 +239,7 @@ class GraphCache:
         lens.copy_(torch.tensor([len(p) for p in prompts], dtype=torch.int64, pin_memory=pin), non_blocking=True)
         rows_t.copy_(torch.tensor(list(rows), dtype=torch.int64, pin_memory=pin), non_blocking=True)
 
-    def prefill(self, rows, prompts, greedy: bool, lp: bool = False) -> torch.Tensor:
+    def prefill(self, rows, prompts, greedy: bool, lp: int | None = None) -> torch.Tensor:
         """Prefill prompts into cache rows `rows` through the graph of (rows, their length bucket); returns the
         first tokens [B]."""
         Tb = self.prefill_bucket(max(len(p) for p in prompts), len(rows))
@@ -269,7 +269,8 @@ class GraphCache:
             return groups
         return None
 
-    def prefill_groups(self, rows, prompts, greedy: bool, groups: list[list[int]], lp: bool = False) -> torch.Tensor:
+    def prefill_groups(self, rows, prompts, greedy: bool, groups: list[list[int]],
+                       lp: int | None = None) -> torch.Tensor:
         """`prefill` over each group of `prefill_plan`; returns the first tokens [B] in the order of `rows`."""
         if len(groups) == 1:
             return self.prefill(rows, prompts, greedy, lp)
@@ -280,12 +281,12 @@ class GraphCache:
             out.index_copy_(0, index, self.prefill([rows[i] for i in g], [prompts[i] for i in g], greedy, lp))
         return out
 
-    def key(self, kind: str, n_rows: int, longest: int, greedy: bool, lp: bool = False) -> tuple:
+    def key(self, kind: str, n_rows: int, longest: int, greedy: bool, lp: int | None = None) -> tuple:
         """The graph `run` takes for a step of `kind` over rows 0..n_rows-1 whose longest row holds `longest` tokens."""
         return (kind, self.batch_bucket(n_rows), self.len_bucket(longest + self.runner.headroom()), greedy, lp)
 
     def captured(self, kind: str, n_rows: int, longest: int, greedy: bool,
-                 lp: bool = False) -> list[tuple[str, torch.cuda.CUDAGraph]]:
+                 lp: int | None = None) -> list[tuple[str, torch.cuda.CUDAGraph]]:
         """The (phase name, graph) list `run` replays for these arguments, captured now if needed (benchmarks replay
         and profile the graphs alone)."""
         key = self.key(kind, n_rows, longest, greedy, lp)
@@ -293,7 +294,7 @@ class GraphCache:
             self._capture(key)
         return self.graphs[key]
 
-    def run(self, kind: str, n_rows: int, longest: int, greedy: bool, lp: bool = False):
+    def run(self, kind: str, n_rows: int, longest: int, greedy: bool, lp: int | None = None):
         key = self.key(kind, n_rows, longest, greedy, lp)
         if not self.capture:  # the graph protocol without graphs: a warm-up on a key's first use, then the step
             if key not in self.graphs:

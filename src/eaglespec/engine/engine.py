@@ -16,7 +16,8 @@ the drafter, and turns on aux capture. Then:
 Each `step()` runs one scheduler batch: a prefill of admitted requests, or one decode / speculative step over all
 running requests; its only host synchronisation is reading the committed tokens (and, speculating, their count).
 A step where some of its requests asked for log-probabilities (`SamplingParams.logprobs`, up to
-`EngineConfig.max_logprobs` alternatives) also computes them for every row and reads them with the tokens; each such
+`EngineConfig.max_logprobs` alternatives) also computes them for every row and reads them with the tokens (5
+alternatives while none asks for more, else the engine's most: `layers/logprobs.step_alternatives`); each such
 request keeps its tokens' entries (`Request.logprobs`, `GenerationOutput.logprobs`).
 A speculative engine with `EngineConfig.spec_max_rows` takes plain decode steps while more rows run (the drafter is
 kept in step by the decode step itself) and speculative steps again once few enough do. With a `SpecSchedule` as its
@@ -46,7 +47,7 @@ import torch
 
 from ..config import EngineConfig, SpecConfig, SpecSchedule, spec_text
 from ..errors import RequestError
-from ..layers.logprobs import TokenLogprob, check_asked
+from ..layers.logprobs import TokenLogprob, check_asked, step_alternatives
 from ..models.eagle3 import check_drafter_fits
 from ..protocol import require_target
 from ..sampling_params import SamplingParams
@@ -159,12 +160,14 @@ class Engine:
                logprobs: bool = False) -> int:
         """Capture the CUDA graphs of every length bucket for these batch sizes, and (while idle, unless prefill is
         False) the single-prompt prefill graphs; no-op without graphs. With `logprobs` also the graphs of the same
-        steps computing log-probabilities (the steps of requests that ask for them). Returns the number of graphs
-        captured."""
+        steps computing log-probabilities (the steps of requests that ask for them: both of their widths). Returns
+        the number of graphs captured."""
         graphs = self.runner.graphs
         if graphs is None or not graphs.capture or self.runner.kv is None:
             return 0
-        lps = (False, True) if logprobs and self.config.max_logprobs is not None else (False,)
+        K = self.config.max_logprobs
+        # the alternatives a step may compute (layers/logprobs.step_alternatives): a few, or the engine's most
+        lps = (None, *sorted({step_alternatives(0, K), K})) if logprobs and K is not None else (None,)
         n = 0
         for b in batch_sizes:  # graphs are bucketed by the highest row, not the count
             kinds = {self._step_kind(list(range(b)))}
@@ -306,7 +309,7 @@ class Engine:
             return []
         reqs, rows = batch.requests, batch.rows
         greedy = all(q.params.greedy for q in reqs)
-        lp = _wants_logprobs(reqs)
+        lp = self._step_logprobs(reqs)
         if batch.kind == "prefill":
             self.step_counts["prefill"] += 1
             for q in reqs:
@@ -320,7 +323,7 @@ class Engine:
                 lps = launched.logprobs
             else:
                 toks = self.runner.prefill(*args, lp).tolist()
-                lps = self.runner.logprobs_host(rows) if lp else None
+                lps = self.runner.logprobs_host(rows) if lp is not None else None
             lp_rows = lps[:, :1].tolist() if lps is not None else None  # [B][1][W], in the prompts' order
             for i, (q, t) in enumerate(zip(reqs, toks)):
                 q.append([t], lp_rows[i] if lp_rows is not None else None)
@@ -333,11 +336,11 @@ class Engine:
             if kind != "decode":
                 index = shape_index(kind)
                 m_host, tok_host = self.runner.spec_step(rows, greedy, index, lp)
-                lp_rows = self.runner.logprobs_host(rows).tolist() if lp else None
+                lp_rows = self.runner.logprobs_host(rows).tolist() if lp is not None else None
                 self._append_spec(reqs, m_host, tok_host, self.runner.shapes[index].steps, lp_rows)
             else:
                 toks = self.runner.decode(rows, greedy, lp)
-                lp_rows = self.runner.logprobs_host(rows).tolist() if lp else None
+                lp_rows = self.runner.logprobs_host(rows).tolist() if lp is not None else None
                 for i, (q, t) in enumerate(zip(reqs, toks)):
                     q.append([t], lp_rows[i] if lp_rows is not None else None)
         for q in self.scheduler.release_finished():
@@ -393,7 +396,7 @@ class Engine:
         kind = self._step_kind(rows)
         self._count_step(kind)
         self._pending = (running, self.runner.launch(kind, rows, all(q.params.greedy for q in running), ahead,
-                                                     _wants_logprobs(running)))
+                                                     self._step_logprobs(running)))
 
     def _step_kind(self, rows: Sequence[int]) -> str:
         """The step for these running rows: "decode" for a plain engine, or while more than
@@ -403,6 +406,14 @@ class Engine:
         if not self.runner.speculative or (limit is not None and len(rows) > limit):
             return "decode"
         return spec_kind(self.schedule.shape_index(max(rows) + 1))
+
+    def _step_logprobs(self, reqs: Sequence[Request]) -> int | None:
+        """The alternatives a step of these requests computes per committed token (None: none of them asked)."""
+        asked = [q.params.logprobs for q in reqs if q.params.logprobs is not None]
+        if not asked:
+            return None
+        assert self.config.max_logprobs is not None  # checked when the requests were added
+        return step_alternatives(max(asked), self.config.max_logprobs)
 
     def _count_step(self, kind: str) -> None:
         if kind == "decode":
@@ -511,7 +522,3 @@ class Engine:
         if tail:
             yield tail
         self.last_request = req
-
-
-def _wants_logprobs(reqs: Sequence[Request]) -> bool:
-    return any(q.params.logprobs is not None for q in reqs)

@@ -12,9 +12,10 @@ three kinds of step as tensor programs (DESIGN.md "One speculative step, as data
   for overlap scheduling: the step and the copy of its results to the host are enqueued without waiting, and the
   host reads them later, after it has launched the next step (`ahead`: positions a still unread step may have added
   to any row, for the key-length bucket).
-- `lp=True` on any of them (a step where some request asked for log-probabilities; `max_logprobs` set): the step
-  also writes each committed token's packed log-probability row (layers/logprobs.py: the target's raw logits at the
-  position that chose it, and its top `max_logprobs` alternatives) into `lp_buf` [rows, S+1, 1 + 2 max_logprobs];
+- `lp=k` on any of them (a step where some request asked for log-probabilities; k <= `max_logprobs`, None: none):
+  the step also writes each committed token's packed log-probability row (layers/logprobs.py: the target's raw
+  logits at the position that chose it, and its top k alternatives) into the first 1 + 2k columns of `lp_buf`
+  [rows, S+1, 1 + 2 max_logprobs];
   launched steps bring them to the host with their tokens (`PendingStep.logprobs`), other steps leave them for
   `logprobs_host(rows)`. Steps without it compute nothing more (graphs are keyed by it).
 
@@ -131,7 +132,7 @@ class ModelRunner:
         self.top_p = torch.ones(rows, dtype=torch.float32, device=dev)
         self.host_len = [0] * rows
         width = self.spec.steps + 1 if self.spec is not None else 1  # tokens a step commits per row, at most
-        # committed tokens' packed log-probability rows, written by steps run with lp=True (module docstring)
+        # committed tokens' packed log-probability rows, written by steps run with lp=k (module docstring)
         W = 1 + 2 * self.max_logprobs if self.max_logprobs is not None else None
         self.lp_buf = torch.zeros(rows, width, W, dtype=torch.float32, device=dev) if W is not None else None
         self.results = ResultBuffers(rows, width, W, dev.type == "cuda")  # launched steps' host copies
@@ -213,11 +214,12 @@ class ModelRunner:
             return greedy_ids(logits)
         return sample_probs(logits, self.temperature[r], self.top_k[r], self.top_p[r], self.generator)[0]
 
-    def _store_logprobs(self, r: Rows, logits: torch.Tensor, tokens: torch.Tensor, width: int = 1) -> None:
-        """logits [B * width, V] and the tokens chosen from them [B * width] -> lp_buf[r, :width] (packed rows)."""
-        assert self.lp_buf is not None and self.max_logprobs is not None, "logprobs off (max_logprobs None)"
+    def _store_logprobs(self, r: Rows, logits: torch.Tensor, tokens: torch.Tensor, k: int, width: int = 1) -> None:
+        """logits [B * width, V] and the tokens chosen from them [B * width] -> lp_buf[r, :width] (packed rows of k
+        alternatives: their first 1 + 2k columns)."""
+        assert self.lp_buf is not None and self.max_logprobs is not None and k <= self.max_logprobs, k
         B = self._count(r)
-        self.lp_buf[r, :width] = token_logprobs(logits, tokens, self.max_logprobs).view(B, width, -1)
+        self.lp_buf[r, :width, : 1 + 2 * k] = token_logprobs(logits, tokens, k).view(B, width, -1)
 
     def logprobs_host(self, rows: Sequence[int]) -> torch.Tensor:
         """The packed log-probability rows of the last step that computed them, for these rows: [len(rows), S+1, W]
@@ -254,7 +256,7 @@ class ModelRunner:
     # --- prefill ----------------------------------------------------------------------------------------------
     @torch.inference_mode()
     def prefill(self, rows: Sequence[int], prompts: Sequence[Sequence[int]], greedy: bool,
-                mm_inputs: Sequence[object | None] | None = None, lp: bool = False) -> torch.Tensor:
+                mm_inputs: Sequence[object | None] | None = None, lp: int | None = None) -> torch.Tensor:
         """Prefill fresh rows; returns the first generated token per row [B] (on the device).
 
         `mm_inputs` (one per row, None for text-only rows) are the opaque objects a multimodal target's
@@ -289,13 +291,13 @@ class ModelRunner:
         return tok
 
     def launch_prefill(self, rows: Sequence[int], prompts: Sequence[Sequence[int]], greedy: bool,
-                       mm_inputs: Sequence[object | None] | None = None, lp: bool = False) -> PendingStep:
+                       mm_inputs: Sequence[object | None] | None = None, lp: int | None = None) -> PendingStep:
         """`prefill` enqueued with the copy of its first tokens (and with `lp` their log-probability rows, [B, 1, W]
         in the order of `rows`) to the host, without waiting for them: the overlapped engine launches the next step
         first and then reads them (`collect_prefill`), so the device does not idle between an admission's prefill and
         the step after it. The rows' host lengths are set now."""
         tok = self.prefill(rows, prompts, greedy, mm_inputs, lp)
-        lps = self.lp_buf.index_select(0, self._rows(rows)[0])[:, :1].contiguous() if lp else None  # [B, 1, W]
+        lps = None if lp is None else self.lp_buf.index_select(0, self._rows(rows)[0])[:, :1].contiguous()  # [B, 1, W]
         return self.results.prefill(list(rows), tok, lps)
 
     @staticmethod
@@ -307,7 +309,7 @@ class ModelRunner:
 
     def _prefill_target(self, r: torch.Tensor, ctx_rows: torch.Tensor | None, ids: torch.Tensor,
                         lens_t: torch.Tensor, greedy: bool, mm_inputs: Sequence[object | None] | None = None,
-                        lp: bool = False):
+                        lp: int | None = None):
         """ids [B, T] right-padded, lens_t [B] -> (first token [B], aux states or None); sets the rows' state.
         Positions past a row's length write KV entries that no later step reads before overwriting them."""
         B, T = ids.shape
@@ -320,8 +322,8 @@ class ModelRunner:
         else:
             out = self.target(ids, ctx)
         tok = self._sample(out.logits[:, 0], r, greedy)
-        if lp:
-            self._store_logprobs(r, out.logits[:, 0], tok)
+        if lp is not None:
+            self._store_logprobs(r, out.logits[:, 0], tok, lp)
         self.seq_len[r] = lens_t
         self.last_token[r] = tok
         self.active.index_fill_(0, r, True)  # a scalar fill: no host->device copy (graph-capturable)
@@ -339,7 +341,7 @@ class ModelRunner:
         self._store_draft(r, st)
 
     def _prefill_core(self, r: torch.Tensor, ids: torch.Tensor, lens_t: torch.Tensor, greedy: bool,
-                      lp: bool = False) -> torch.Tensor:
+                      lp: int | None = None) -> torch.Tensor:
         """The whole prefill of explicit rows r [B] over static tensors (what the prefill graphs capture)."""
         tok, aux = self._prefill_target(r, r, ids, lens_t, greedy, lp=lp)
         if self.spec is not None:
@@ -348,7 +350,7 @@ class ModelRunner:
 
     # --- decode -------------------------------------------------------------------------------------------------
     def _decode_core(self, r: Rows, ctx_rows: torch.Tensor | None, kv_len: int, greedy: bool,
-                     lp: bool = False) -> torch.Tensor:
+                     lp: int | None = None) -> torch.Tensor:
         B, dev = self._count(r), self.device
         L = self.seq_len[r]
         ctx = ForwardContext(positions=L[:, None], write_index=L[:, None],
@@ -356,8 +358,8 @@ class ModelRunner:
                              kv=self.kv.layers(), rows=ctx_rows)
         out = self.target(self.last_token[r][:, None], ctx)
         tok = self._sample(out.logits[:, 0], r, greedy)
-        if lp:
-            self._store_logprobs(r, out.logits[:, 0], tok)
+        if lp is not None:
+            self._store_logprobs(r, out.logits[:, 0], tok, lp)
         if self.spec is not None:  # a plain step of a speculative engine (EngineConfig.spec_max_rows): the drafter
             # takes the pair (target aux at L, the new token at L+1), as a commit of one token would give it
             ones = torch.ones(B, dtype=torch.int64, device=dev)
@@ -369,7 +371,7 @@ class ModelRunner:
         return tok
 
     @torch.inference_mode()
-    def decode(self, rows: Sequence[int], greedy: bool, lp: bool = False) -> list[int]:
+    def decode(self, rows: Sequence[int], greedy: bool, lp: int | None = None) -> list[int]:
         """One plain decoding step; returns the new token of each requested row (this is the step's sync)."""
         if self.graphs is not None:
             with self.timer.phase("decode"):
@@ -383,7 +385,8 @@ class ModelRunner:
         return out
 
     @torch.inference_mode()
-    def launch(self, kind: str, rows: Sequence[int], greedy: bool, ahead: int = 0, lp: bool = False) -> PendingStep:
+    def launch(self, kind: str, rows: Sequence[int], greedy: bool, ahead: int = 0,
+               lp: int | None = None) -> PendingStep:
         """Enqueue one "decode" or "spec" step through the graph path and the copy of its results to the host,
         without waiting (see the module docstring). A decode step advances the host lengths now (by one); a
         speculative step's advance is known only when it is read (`collect`)."""
@@ -392,7 +395,7 @@ class ModelRunner:
         n = max(rows) + 1
         out = self.graphs.run(kind, n, Lmax, greedy, lp)  # the graphs' static output buffers
         toks, m = (out[0], None) if kind == "decode" else (out[1], out[0])  # [B] or [B, S+1]; [B]
-        lps = self.lp_buf[:n] if lp else None  # [n, S+1, W]: rows 0..n-1, contiguous
+        lps = self.lp_buf[:n] if lp is not None else None  # [n, S+1, W]: rows 0..n-1, contiguous
         steps = 0 if kind == "decode" else self.shapes[shape_index(kind)].steps
         if kind == "decode":
             for i in rows:
@@ -436,7 +439,7 @@ class ModelRunner:
         return tree
 
     def _spec_verify(self, r: Rows, ctx_rows: torch.Tensor | None, kv_len: int, tree: DraftTree,
-                     greedy: bool, shape: SpecConfig, lp: bool = False) -> tuple[VerifyResult, torch.Tensor]:
+                     greedy: bool, shape: SpecConfig, lp: int | None = None) -> tuple[VerifyResult, torch.Tensor]:
         """Target forward over the D tree tokens (positions L + depth, written at L..L+D-1, each seeing the prefix
         and its ancestors) and acceptance; returns the result and the aux states [B, D, n_aux*H]."""
         D = shape.draft_tokens
@@ -461,10 +464,10 @@ class ModelRunner:
             # sampled chains: the drafter's distributions (over its draft vocabulary: read through d_draft_index)
             res = verify_sampling(tree, probs.view(B, D, V), self.generator, tree.q,
                                   self.d_draft_index if tree.q is not None else None)
-        if lp:  # committed token i was chosen from the logits of path node i (the bonus from the deepest's)
+        if lp is not None:  # committed token i was chosen from the logits of path node i (the bonus: the deepest's)
             S1, V = res.path.shape[1], out.logits.shape[-1]
             rows_logits = torch.gather(out.logits, 1, res.path[..., None].expand(B, S1, V))  # [B, S+1, V]
-            self._store_logprobs(r, rows_logits.reshape(B * S1, V), res.tokens.reshape(-1), S1)
+            self._store_logprobs(r, rows_logits.reshape(B * S1, V), res.tokens.reshape(-1), lp, S1)
         return res, out.aux_hidden
 
     def _spec_commit(self, r: Rows, ctx_rows: torch.Tensor | None, kv_len: int, res: VerifyResult,
@@ -489,7 +492,7 @@ class ModelRunner:
 
     @torch.inference_mode()
     def spec_step(self, rows: Sequence[int], greedy: bool, index: int = 0,
-                  lp: bool = False) -> tuple[list[int], list[list[int]]]:
+                  lp: int | None = None) -> tuple[list[int], list[list[int]]]:
         """One speculative step of shape `shapes[index]`; returns, per requested row, the accepted draft count m and
         the committed tokens (m drafts then the bonus: S+1 entries, of which the first m+1 count). Reading them is
         the step's sync."""

@@ -4,7 +4,7 @@ PyTorch's path (a float copy of the logits, log-sum-exp, a gather, topk's radix 
 a step, which on the H200 cost SmolLM2 15-18% of its tok/s when a request asked for log-probabilities (session 46,
 benchmarks/logprobs_check.py). Here: the first stage of the top-k kernel (layers/topk_kernel.chunk_candidates:
 each chunk's max, sum of exp and k best), then one program per row that merges its chunks into the row's log-sum-exp,
-reads the chosen token's logit and writes the packed row [logprob, k best log-probabilities, their ids] at once.
+reads the chosen token's logit and writes the packed row [logprob, then (log-probability, id) of the k best] at once.
 The ids are exactly PyTorch topk's on rows without ties (among equal values the smaller index first); values agree
 to float32 rounding.
 
@@ -63,8 +63,8 @@ def _kernel():
             for j in tl.static_range(K):
                 best = tl.max(tl.where(free, v, float("-inf")), 0)
                 idx = tl.min(tl.where(free & (v == best), i, NONE), 0)  # the smallest index among equal values
-                tl.store(out + r * W + 1 + j, (best - mx) - log_sum)
-                tl.store(out + r * W + 1 + K + j, idx.to(tl.float32))
+                tl.store(out + r * W + 1 + 2 * j, (best - mx) - log_sum)
+                tl.store(out + r * W + 2 + 2 * j, idx.to(tl.float32))
                 free = free & (i != idx)
 
     return packed_kernel
