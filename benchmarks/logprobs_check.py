@@ -21,6 +21,7 @@ Prints a table; writes OUT/logprobs_check.json when OUT is given.
 
 from __future__ import annotations
 
+import gc
 import json
 import sys
 import time
@@ -46,13 +47,21 @@ def sync() -> None:
 
 
 def run(eng, prompts, params) -> tuple[list, float]:
-    """The second of two identical runs (the first captures the graphs both use), and its tok/s."""
+    """The second of two identical runs (the first captures the graphs both use), and its tok/s. The timed run
+    pauses the garbage collector (after a collection): a full collection of this process's heap stalls the host
+    65-140 ms (session 47), which the CLI's frozen heap avoids (engine/gc_heap.py) and a script that builds and drops
+    engines cannot freeze."""
     eng.generate(prompts, params)
     sync()
-    t0 = time.perf_counter()
-    outs = eng.generate(prompts, params)
-    sync()
-    dt = time.perf_counter() - t0
+    gc.collect()
+    gc.disable()
+    try:
+        t0 = time.perf_counter()
+        outs = eng.generate(prompts, params)
+        sync()
+        dt = time.perf_counter() - t0
+    finally:
+        gc.enable()
     return outs, sum(len(o.token_ids) for o in outs) / dt
 
 
@@ -61,24 +70,28 @@ def main() -> int:
     gguf = args[0]
     out_dir = Path(args[1]) if len(args) > 1 else None
     rows_list = (1, 2) if CPU else (1, 32)
-    engines = {}
-    for rows in rows_list:
-        cfg = EngineConfig(device=DEV, dtype="float32" if CPU else "bfloat16", max_batch_size=rows)
-        engines[("plain", rows)] = api.load(gguf, draft=None, config=cfg)
-        engines[("spec", rows)] = api.load(gguf, config=cfg)  # the shipped drafter, auto's shape for these rows
-    tok = engines[("plain", 1)].tokenizer
-    prompts = [encode(tok, item.first)[0] for item in mt_bench()][: 4 if CPU else None]
     no_lp = SamplingParams(max_new_tokens=NEW)
     with_lp = SamplingParams(max_new_tokens=NEW, logprobs=5)
     table, record, ok = [], {}, True
     results = {}
-    for (kind, rows), eng in engines.items():
+    # one engine at a time: with the four alive in one process, session 47 saw 77-79 of the 32-row speculative
+    # engine's 80 answers change when asked for logprobs, against 80/80 in processes of one engine
+    # (benchmarks/logprobs_tokens_probe.py)
+    for kind, rows in [(k, r) for r in rows_list for k in ("plain", "spec")]:
+        cfg = EngineConfig(device=DEV, dtype="float32" if CPU else "bfloat16", max_batch_size=rows)
+        # the shipped drafter with auto's shape for these rows, or none
+        eng = api.load(gguf, draft=None, config=cfg) if kind == "plain" else api.load(gguf, config=cfg)
+        prompts = [encode(eng.tokenizer, item.first)[0] for item in mt_bench()][: 4 if CPU else None]
         a, tps_a = run(eng, prompts, no_lp)
         b, tps_b = run(eng, prompts, with_lp)
         same = sum(x.token_ids == y.token_ids for x, y in zip(a, b))
         ok &= same == len(prompts) and all(len(o.logprobs) == len(o.token_ids) for o in b)
         results[(kind, rows)] = b
         table.append((kind, rows, tps_a, tps_b, same))
+        del eng
+        gc.collect()
+        if not CPU:
+            torch.cuda.empty_cache()
     # values: speculative against plain, on the shared prefix of each answer
     diffs = []
     for rows in rows_list:
