@@ -161,3 +161,29 @@ def test_prefill_ahead_never_makes_a_prefill_larger_than_the_cap():
 def test_prefill_ahead_is_validated():
     with pytest.raises(ConfigError, match="prefill_ahead must be >= 0"):
         EngineConfig(prefill_ahead=-1)
+
+
+def test_compaction_moves_the_rows_past_the_running_counts_bucket_into_holes():
+    """`Scheduler.compaction(bucket)`: with 3 of 8 rows running in rows 1, 5 and 6, steps cover rows 0..7 (bucket 8)
+    where 3 requests need 4: rows 5 and 6 move into the free rows 0 and 2; nothing moves while requests wait or when
+    the highest row is already within the count's bucket."""
+    def bucket(n: int) -> int:
+        return next(b for b in (1, 2, 4, 8) if b >= n)
+
+    s = Scheduler(8)
+    for i in range(8):
+        s.add(_req(i))
+    s.schedule()
+    for r in s.running:
+        if r.slot not in (1, 5, 6):
+            r.finish_reason = "length"
+    s.release_finished()
+    assert sorted(q.slot for q in s.running) == [1, 5, 6]
+    moves = s.compaction(bucket)
+    assert moves == [(5, 0), (6, 2)]
+    for src, dst in moves:
+        s.move(next(q for q in s.running if q.slot == src), dst)
+    assert sorted(q.slot for q in s.running) == [0, 1, 2] and s.compaction(bucket) == []
+    s.add(_req(9))
+    s.running[0].slot, s.free = 7, [r for r in range(8) if r not in (1, 2, 7)]  # a hole below, but one waits
+    assert s.compaction(bucket) == []

@@ -41,7 +41,7 @@ requests moved into other rows (no steps of their own).
 from __future__ import annotations
 
 from collections import Counter
-from typing import TYPE_CHECKING, Iterator, Sequence, Union
+from typing import TYPE_CHECKING, Iterator, Sequence
 
 import torch
 
@@ -55,14 +55,13 @@ from ..spec.stats import SpecStats
 from .cuda_graphs import PREFILL_SPLIT_ROWS
 from .request import GenerationOutput, Request  # GenerationOutput: Engine.generate's
 from .pending_step import PendingStep
+from .prompts import Prompt, encode_prompt
 from .runner import ModelRunner, shape_index, spec_kind
 from .scheduler import Scheduler
 from .scoring import score_prompt
 
 if TYPE_CHECKING:
     from ..loading.tokenizer import BaseTokenizer
-
-Prompt = Union[str, Sequence[int], Sequence[dict]]
 
 # EngineConfig.prefill_ahead=None: spare rows of an overlapped graph engine of >= AUTO_PREFILL_AHEAD_ROWS rows (H200,
 # MT-bench, session 30: at 8 / 32 rows, prefills 66 -> 16 / 31 -> 10, plain decoding +1.2% / +3.2%, speculation
@@ -126,21 +125,9 @@ class Engine:
 
     # --- prompts ------------------------------------------------------------------------------------------------
     def encode_prompt(self, prompt: Prompt, chat: bool = True) -> list[int]:
-        """Text (chat template applied when `chat` and the tokenizer has one), messages, or token ids -> ids."""
-        if isinstance(prompt, str):
-            if self.tokenizer is None:
-                raise RequestError("this model has no tokenizer: pass token ids")
-            if chat and self.tokenizer.has_chat_template:
-                text = self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
-            else:
-                text = prompt
-            return self.tokenizer.encode(text)
-        items = list(prompt)
-        if items and isinstance(items[0], dict):
-            if self.tokenizer is None or not self.tokenizer.has_chat_template:
-                raise RequestError("chat messages need a tokenizer with a chat template")
-            return self.tokenizer.encode(self.tokenizer.apply_chat_template(items))
-        return [int(t) for t in items]
+        """Text (chat template applied when `chat` and the tokenizer has one), messages, or token ids -> ids
+        (engine/prompts.py)."""
+        return encode_prompt(self.tokenizer, prompt, chat)
 
     # --- the loop -----------------------------------------------------------------------------------------------
     def reseed(self, seed: int) -> None:
@@ -359,21 +346,12 @@ class Engine:
         return joined
 
     def _compaction(self) -> list[tuple[int, int]]:
-        """The row moves that would let the running requests' steps replay a smaller graph: [(from, to)], empty unless
-        `EngineConfig.compact_rows` is on, the graph path runs, nothing waits or is parked (else new requests fill
-        the rows anyway) and the batch bucket of the highest running row exceeds that of the running count."""
-        sched, graphs = self.scheduler, self.runner.graphs
-        if not self.config.compact_rows or graphs is None or sched is None or sched.waiting or sched.parked:
+        """The row moves that would let the running requests' steps replay a smaller graph (`Scheduler.compaction`,
+        by the graphs' batch buckets): none unless `EngineConfig.compact_rows` is on and the graph path runs."""
+        graphs = self.runner.graphs
+        if not self.config.compact_rows or graphs is None or self.scheduler is None:
             return []
-        slots = sorted(q.slot for q in sched.running)  # type: ignore[type-var]
-        if not slots:
-            return []
-        target = graphs.batch_bucket(len(slots))
-        if graphs.batch_bucket(slots[-1] + 1) <= target:
-            return []
-        holes = [r for r in sched.free if r < target]
-        movers = [s for s in slots if s >= target]
-        return list(zip(movers, holes))
+        return self.scheduler.compaction(graphs.batch_bucket)
 
     def _compact_rows(self) -> None:
         """Apply `_compaction` (no step may be in flight: the host lengths are exact): each request's cache entries and

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+from typing import Callable
 
 from .request import Request
 
@@ -85,6 +86,20 @@ class Scheduler:
             self.running.append(req)
         self.spare.sort()
         return moves
+
+    def compaction(self, bucket: Callable[[int], int]) -> list[tuple[int, int]]:
+        """The row moves [(from, to)] that would let the running requests' steps cover fewer rows: `bucket(n)` is the
+        rows a step of rows 0..n-1 covers (the graphs' batch bucket). Empty while anything waits or is parked (new
+        requests fill the rows anyway) or while the highest running row's bucket is already that of the running
+        count; else each request past that bucket moves to a free row below it."""
+        slots = sorted(q.slot for q in self.running)  # type: ignore[type-var]
+        if self.waiting or self.parked or not slots:
+            return []
+        target = bucket(len(slots))
+        if bucket(slots[-1] + 1) <= target:
+            return []
+        holes = [r for r in self.free if r < target]
+        return list(zip([s for s in slots if s >= target], holes))
 
     def move(self, req: Request, row: int) -> None:
         """A running request continues in the free row `row` (the engine moves its state): its old row is free."""
