@@ -348,6 +348,20 @@ def test_echo_scores_the_prompt_as_evaluation_harnesses_ask(server, plain, smoll
     assert both["logprobs"]["token_logprobs"][: len(ids)] == pytest.approx(lp["token_logprobs"], abs=1e-6)
     plain_echo = server.post("/v1/completions", json={"prompt": prompt, "max_tokens": 4, "echo": True}).json()
     assert plain_echo["choices"][0]["text"] == prompt + want and plain_echo["choices"][0]["logprobs"] is None
+    # streamed: the prompt leads the first chunk; text, entries and text offsets run on as in the whole answer
+    for max_tokens, whole in ((4, both), (0, c)):  # with an answer, and scoring only
+        body = {"prompt": prompt, "max_tokens": max_tokens, "echo": True, "logprobs": 0, "stream": True}
+        with server.stream("POST", "/v1/completions", json=body) as st:
+            events = sse_events(st)
+        assert events[-1] == "[DONE]"
+        chunks = [e["choices"][0] for e in events[:-1]]
+        assert chunks[0]["text"].startswith(prompt) and "".join(x["text"] for x in chunks) == whole["text"]
+        assert chunks[-1]["finish_reason"] == "length"
+        got = [x["logprobs"] for x in chunks if x["logprobs"]]
+        for key in ("tokens", "text_offset"):
+            assert [v for x in got for v in x[key]] == whole["logprobs"][key]
+        values = [v for x in got for v in x["token_logprobs"]]
+        assert values[0] is None and values[1:] == pytest.approx(whole["logprobs"]["token_logprobs"][1:], abs=1e-6)
     # lm-evaluation-harness's log-likelihood request
     batch = {"prompt": [prompt, "Two plus two is four"], "max_tokens": 1, "echo": True, "logprobs": 1,
              "temperature": 0, "seed": 1234}
@@ -403,7 +417,6 @@ def test_concurrent_requests_equal_their_plain_answers(server, plain):
     ("/v1/completions", {"prompt": ["a", ""], "max_tokens": 4}, 400, "a prompt in the batch is empty"),
     ("/v1/completions", {"prompt": ["a"] * 33, "n": 32, "max_tokens": 4}, 400,
      "33 prompts x n=32 make 1056 choices: this server takes at most 1024 per request"),
-    ("/v1/completions", {"prompt": "a", "echo": True, "stream": True}, 400, "echo with stream is not supported"),
     ("/v1/completions", {"prompt": "a", "max_tokens": 0}, 400, "max_tokens must be >= 1 (got 0)"),
 ])
 def test_bad_requests_get_one_sentence_and_the_server_keeps_serving(server, plain, path, body, status, needle):

@@ -12,9 +12,10 @@ Contract of `create_app(worker, model_name, default_temperature, api_key)`:
   completions request may carry a batch of prompts (strings or token id lists): n choices each, prompt p's choice j
   at index p * n + j, the usage's prompt tokens over every prompt. Log-probabilities, when asked for, come in each
   choice's (or chunk's) `logprobs` (schemas.py: `chat_logprobs`, `completion_logprobs`); a streamed completion's
-  text offsets run on across its chunks. A whole completion with `echo` starts with its prompt, whose tokens lead
-  its log-probabilities (scored by one forward: `Engine.score`); `max_tokens` 0 with `echo` scores the prompt only,
-  as evaluation harnesses ask for log-likelihoods.
+  text offsets run on across its chunks. A completion with `echo` starts with its prompt, whose tokens lead its
+  log-probabilities (scored by one forward: `Engine.score`); streamed, the prompt is the first chunk's text (with
+  the first deltas when they are already queued). `max_tokens` 0 with `echo` scores the prompt only, as evaluation
+  harnesses ask for log-likelihoods.
 - Images come as `image_url` parts holding data: URLs, for a multimodal target.
 - With `api_key` the /v1 routes answer 401 (OpenAI's body, code invalid_api_key) unless the request carries
   `Authorization: Bearer <api_key>`; /health and /metrics stay open, for probes and scrapers.
@@ -40,6 +41,9 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from ..errors import EaglespecError
 from . import schemas
 from .worker import EngineWorker, Ticket
+
+# a choice's events that carry text and log-probability entries: an echoed prompt ("prompt") first, then "delta"s
+TEXT_EVENTS = ("delta", "prompt")
 
 
 class _Indexed:
@@ -150,7 +154,7 @@ def create_app(worker: EngineWorker, model_name: str, default_temperature: float
         entries: list = []
         while True:
             event = await ticket.events.get()
-            if event[0] in ("delta", "prompt"):  # an echoed prompt comes first: its text and entries lead
+            if event[0] in TEXT_EVENTS:  # an echoed prompt comes first: its text and entries lead
                 text.append(event[1])
                 entries += event[2]
             elif event[0] == "done":
@@ -176,7 +180,7 @@ def create_app(worker: EngineWorker, model_name: str, default_temperature: float
             while True:
                 event = await t.events.get()
                 merged.put_nowait((i, event))
-                if event[0] != "delta":
+                if event[0] not in TEXT_EVENTS:
                     return
 
         return merged, [asyncio.create_task(forward(i, t)) for i, t in enumerate(tickets)]
@@ -194,13 +198,13 @@ def create_app(worker: EngineWorker, model_name: str, default_temperature: float
                 behind = None  # an event taken while merging deltas, handled next
                 while True:
                     (i, event), behind = behind or await source.get(), None
-                    if event[0] == "delta":
+                    if event[0] in TEXT_EVENTS:
                         # the deltas of this choice queued behind this one go in the same chunk: a client read
                         # slower than the engine steps gets fewer, larger chunks instead of falling behind
                         text, entries = [event[1]], list(event[2])
                         while not source.empty():
                             j, event = nxt = source.get_nowait()
-                            if j != i or event[0] != "delta":
+                            if j != i or event[0] not in TEXT_EVENTS:
                                 behind = nxt
                                 break
                             text.append(event[1])

@@ -4,7 +4,7 @@ Contract: `ChatCompletionRequest` / `CompletionRequest` parse a request body (un
 clients send many); `.sampling(default_temperature)` turns one into `SamplingParams` (max_tokens None: the server
 picks the room left in its cache) and raises `RequestError` with one sentence for what this server does not do
 (more than MAX_N choices, or MAX_CHOICES over a completion's prompts, penalties, tools, seeds of sampled requests
-(a greedy one has nothing to seed: its seed is accepted and changes nothing), suffix, echo with stream, best_of,
+(a greedy one has nothing to seed: its seed is accepted and changes nothing), suffix, best_of other than n,
 images other than data: URLs),
 rather than ignoring it. Images (`image_url` parts) reach the target as decoded PIL images in message order; a
 target that takes none refuses them (`Engine.prepare`).
@@ -182,8 +182,6 @@ class CompletionRequest(SampledRequest):
         return self.max_tokens
 
     def sampling(self, default_temperature: float) -> SamplingParams:
-        if self.echo and self.stream:
-            raise RequestError("echo with stream is not supported by this server (echo takes whole answers)")
         if self.suffix:
             raise RequestError("suffix is not supported by this server")
         if self.best_of not in (None, self.n):
