@@ -10,6 +10,7 @@ import os
 # which test module the run imports first.
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
+import gc  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
@@ -38,6 +39,15 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+@pytest.fixture(autouse=True)
+def _heap_unfrozen():
+    """A test that runs a CLI command freezes the process's heap (engine/gc_heap.py: serve, chat, bench, tune,
+    train); unfrozen after it, so that what later tests drop (engines are cycles) is still collected."""
+    yield
+    if gc.get_freeze_count():
+        gc.unfreeze()
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

@@ -1,24 +1,16 @@
-"""engine/gc_heap.py: what `freeze_heap` takes out of full collections, and where the CLI calls it."""
+"""engine/gc_heap.py: what `freeze_heap` takes out of full collections, and where the CLI calls it (conftest.py
+unfreezes after every test)."""
 
 from __future__ import annotations
 
 import gc
 import json
 
-import pytest
-
 from eaglespec.engine import gc_heap
 from eaglespec.engine.gc_heap import freeze_heap
 
 
-@pytest.fixture
-def unfrozen():
-    """Whatever a test freezes goes back to the collector after it (the suite's later garbage stays collectable)."""
-    yield
-    gc.unfreeze()
-
-
-def test_freeze_takes_live_objects_out_of_full_collections(unfrozen):
+def test_freeze_takes_live_objects_out_of_full_collections():
     kept = [[i] for i in range(2000)]  # tracked containers, alive at the freeze
     n = freeze_heap()
     assert n == gc.get_freeze_count() >= len(kept)
@@ -33,7 +25,7 @@ def test_freeze_takes_live_objects_out_of_full_collections(unfrozen):
     assert gc.collect() >= 1
 
 
-def test_bench_freezes_after_loading_and_before_its_engines(tmp_path, monkeypatch, unfrozen):
+def test_bench_freezes_after_loading_and_before_its_engines(tmp_path, monkeypatch):
     """`eaglespec bench` freezes once, after the model and the prompts exist, before any engine is built (an engine
     it drops must stay collectable: it and its graph cache refer to each other)."""
     from eaglespec.cli import bench as bench_cli
