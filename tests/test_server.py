@@ -5,8 +5,10 @@ failing engine answers 500, then 503."""
 
 from __future__ import annotations
 
+import gc
 import json
 import threading
+import weakref
 
 import pytest
 import torch
@@ -514,6 +516,7 @@ def test_the_stats_line_gives_the_rates_of_its_span():
     from eaglespec.spec.stats import SpecStats
 
     m = ServerMetrics(running=lambda: 2, waiting=lambda: 1)
+    gc.disable()  # a collection of a millisecond or more inside the span would add its pause to the lines
     start = m._since
     m.accepted(10)
     stats = SpecStats()
@@ -525,6 +528,30 @@ def test_the_stats_line_gives_the_rates_of_its_span():
     assert m.summary(now=start + 4) is None  # the span stays open: the next line covers 3 s
     m.finished("length", 30, 0.5, None)
     assert m.summary(now=start + 5) == "0.3 req/s, 10 generated tok/s, 0 prompt tok/s; running 2, waiting 1"
+    gc.enable()
+
+
+def test_garbage_collections_are_timed_into_the_metrics_and_the_stats_line():
+    """Every collection's pause goes into `gc_pause_seconds{generation}` and the span's stats line (the engine's
+    loop stalls for it, engine/gc_heap.py); the hook holds the metrics weakly and a later ServerMetrics drops it."""
+    from eaglespec.server.metrics import ServerMetrics
+
+    m = ServerMetrics(running=lambda: 0, waiting=lambda: 0)
+    hook = gc.callbacks[-1]
+    kept = [[i] for i in range(300_000)]  # a heap a full collection takes milliseconds to walk
+    gc.collect()
+    values = metric_values(m.render()[0].decode())
+    assert values['eaglespec_gc_pause_seconds_count{generation="2"}'] >= 1
+    assert values['eaglespec_gc_pause_seconds_sum{generation="2"}'] > 0
+    m.accepted(1)
+    assert "; garbage collection " in m.summary()
+    del kept
+    ref = weakref.ref(m)
+    del m
+    gc.collect()
+    assert ref() is None and hook in gc.callbacks  # a no-op until the next ServerMetrics
+    ServerMetrics(running=lambda: 0, waiting=lambda: 0)
+    assert hook not in gc.callbacks
 
 
 def test_the_worker_prints_the_stats_line(smollm2, capfd):
