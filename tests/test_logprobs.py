@@ -100,11 +100,19 @@ def test_speculation_gives_plain_decodings_logprobs(target, drafter, plain, spec
 
 
 @pytest.mark.parametrize("spec", [None, SpecConfig(3, 1, 4), SpecConfig(4, 2, 6)], ids=["plain", "chain", "tree"])
-def test_the_static_graph_path_with_overlap(target, drafter, plain, spec):
+def test_the_static_graph_path_with_overlap(target, drafter, plain, spec, monkeypatch):
     """The graph path (CUDA's, run eagerly on the CPU) with overlap and prefill ahead: the rows come back with
-    their launched step's copy (`PendingStep.logprobs`), read by row."""
+    their launched step's copy (`PendingStep.logprobs`), read by row, as many columns as the step computed (its 5
+    alternatives of the buffer's 20)."""
+    from eaglespec.engine.pending_step import ResultBuffers
+
     eng = static_engine(target, drafter if spec else None, spec, rows=3, overlap=True, prefill_ahead=1)
+    widths: list[int] = []
+    real = ResultBuffers.step
+    monkeypatch.setattr(ResultBuffers, "step", lambda self, *a: (lambda p: widths.append(p.logprobs.shape[-1]) or p)(
+        real(self, *a)))
     outs = eng.generate(PROMPTS, GREEDY)  # 4 requests over 3 rows: admissions while others run
+    assert widths and set(widths) == {1 + 2 * 5} and eng.runner.lp_buf.shape[-1] == 1 + 2 * 20
     for o, ref in zip(outs, plain):
         assert o.token_ids == ref.token_ids
         assert [e.logprob for e in o.logprobs] == pytest.approx([e.logprob for e in ref.logprobs], abs=1e-5)

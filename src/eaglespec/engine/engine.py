@@ -310,7 +310,7 @@ class Engine:
                 lps = launched.logprobs
             else:
                 toks = self.runner.prefill(*args, lp).tolist()
-                lps = self.runner.logprobs_host(rows) if lp is not None else None
+                lps = self.runner.logprobs_host(rows, lp) if lp is not None else None
             lp_rows = lps[:, :1].tolist() if lps is not None else None  # [B][1][W], in the prompts' order
             for i, (q, t) in enumerate(zip(reqs, toks)):
                 q.append([t], lp_rows[i] if lp_rows is not None else None)
@@ -323,11 +323,11 @@ class Engine:
             if kind != "decode":
                 index = shape_index(kind)
                 m_host, tok_host = self.runner.spec_step(rows, greedy, index, lp)
-                lp_rows = self.runner.logprobs_host(rows).tolist() if lp is not None else None
+                lp_rows = self.runner.logprobs_host(rows, lp).tolist() if lp is not None else None
                 self._append_spec(reqs, m_host, tok_host, self.runner.shapes[index].steps, lp_rows)
             else:
                 toks = self.runner.decode(rows, greedy, lp)
-                lp_rows = self.runner.logprobs_host(rows).tolist() if lp is not None else None
+                lp_rows = self.runner.logprobs_host(rows, lp).tolist() if lp is not None else None
                 for i, (q, t) in enumerate(zip(reqs, toks)):
                     q.append([t], lp_rows[i] if lp_rows is not None else None)
         for q in self.scheduler.release_finished():

@@ -69,16 +69,23 @@ class ResultBuffers:
         self._prefill = (pinned(rows), lp()) if cuda else None
 
     def step(self, rows: list[int], tokens: torch.Tensor, accepted: torch.Tensor | None,
-             logprobs: torch.Tensor | None, steps: int) -> PendingStep:
+             logprobs: torch.Tensor | None, steps: int, columns: int | None = None) -> PendingStep:
         """A launched step's results (tokens [n] or [n, S+1], accepted [n] or None, logprobs [n, S+1, W] or None, over
-        rows 0..n-1 of the graphs' static outputs), copied before any later replay can overwrite them."""
+        rows 0..n-1 of the graphs' static outputs), copied before any later replay can overwrite them. `columns`:
+        the packed rows' columns the step wrote (1 + 2k of W): the host's view keeps only those (a column slice
+        of the device buffer would make the copy synchronous; of the host copy it is free, and what the host reads
+        into Python is 1 + 2k floats a token, not W)."""
         if not self.cuda:
-            return PendingStep(rows, tokens.clone(), _clone(accepted), None, steps, logprobs=_clone(logprobs))
-        pt, pm, plp = self._steps[self._next]
-        self._next ^= 1
-        host_m = copy_to_host(pm, accepted) if accepted is not None else None
-        host_lp = copy_to_host(plp, logprobs) if logprobs is not None else None
-        return PendingStep(rows, copy_to_host(pt, tokens), host_m, recorded_event(), steps, logprobs=host_lp)
+            pending = PendingStep(rows, tokens.clone(), _clone(accepted), None, steps, logprobs=_clone(logprobs))
+        else:
+            pt, pm, plp = self._steps[self._next]
+            self._next ^= 1
+            host_m = copy_to_host(pm, accepted) if accepted is not None else None
+            host_lp = copy_to_host(plp, logprobs) if logprobs is not None else None
+            pending = PendingStep(rows, copy_to_host(pt, tokens), host_m, recorded_event(), steps, logprobs=host_lp)
+        if pending.logprobs is not None and columns is not None:
+            pending.logprobs = pending.logprobs[..., :columns]
+        return pending
 
     def prefill(self, rows: list[int], tokens: torch.Tensor, logprobs: torch.Tensor | None) -> PendingStep:
         """A launched prefill's first tokens [B] (and their log-probability rows [B, 1, W]), in its prompts' order."""

@@ -17,7 +17,7 @@ three kinds of step as tensor programs (DESIGN.md "One speculative step, as data
   logits at the position that chose it, and its top k alternatives) into the first 1 + 2k columns of `lp_buf`
   [rows, S+1, 1 + 2 max_logprobs];
   launched steps bring them to the host with their tokens (`PendingStep.logprobs`), other steps leave them for
-  `logprobs_host(rows)`. Steps without it compute nothing more (graphs are keyed by it).
+  `logprobs_host(rows, k)`. Steps without it compute nothing more (graphs are keyed by it).
 
 Per-row state lives on the device (`seq_len`, `last_token`, `active`, sampling parameters, the drafter's top-K and
 hidden); the host keeps only the committed lengths, which it learns when it reads the accepted lengths: that read is
@@ -61,6 +61,11 @@ def spec_kind(index: int) -> str:
 
 def shape_index(kind: str) -> int:
     return int(kind[4:] or 0)
+
+
+def _columns(lp: int | None) -> int | None:
+    """The columns of a packed log-probability row of lp alternatives (layers/logprobs.py)."""
+    return None if lp is None else 1 + 2 * lp
 
 
 class ModelRunner:
@@ -221,11 +226,11 @@ class ModelRunner:
         B = self._count(r)
         self.lp_buf[r, :width, : 1 + 2 * k] = token_logprobs(logits, tokens, k).view(B, width, -1)
 
-    def logprobs_host(self, rows: Sequence[int]) -> torch.Tensor:
-        """The packed log-probability rows of the last step that computed them, for these rows: [len(rows), S+1, W]
-        on the host (a synchronising copy: for steps already read)."""
+    def logprobs_host(self, rows: Sequence[int], k: int) -> torch.Tensor:
+        """The packed log-probability rows of the last step that computed them (k alternatives), for these rows:
+        [len(rows), S+1, 1 + 2k] on the host (a synchronising copy: for steps already read)."""
         assert self.lp_buf is not None
-        return self.lp_buf.index_select(0, self._rows(rows)[0]).cpu()
+        return self.lp_buf.index_select(0, self._rows(rows)[0])[..., :_columns(k)].cpu()
 
     def _draft_step(self, ctx_rows: torch.Tensor | None):
         def step(tokens, hidden, positions, write_index, mask, from_target, logits_index):
@@ -297,7 +302,9 @@ class ModelRunner:
         first and then reads them (`collect_prefill`), so the device does not idle between an admission's prefill and
         the step after it. The rows' host lengths are set now."""
         tok = self.prefill(rows, prompts, greedy, mm_inputs, lp)
-        lps = None if lp is None else self.lp_buf.index_select(0, self._rows(rows)[0])[:, :1].contiguous()  # [B, 1, W]
+        lps = None  # [B, 1, 1 + 2k]: the columns the prefill wrote
+        if lp is not None:
+            lps = self.lp_buf.index_select(0, self._rows(rows)[0])[:, :1, :_columns(lp)].contiguous()
         return self.results.prefill(list(rows), tok, lps)
 
     @staticmethod
@@ -400,7 +407,7 @@ class ModelRunner:
         if kind == "decode":
             for i in rows:
                 self.host_len[i] += 1
-        return self.results.step(list(rows), toks, m, lps, steps)
+        return self.results.step(list(rows), toks, m, lps, steps, _columns(lp))
 
     def collect(self, pending: PendingStep) -> tuple[list[int] | None, list]:
         """The results of a launched step, per requested row: (None, tokens) for decode, (m, committed tokens) for a
