@@ -238,11 +238,11 @@ def test_warmup_captures_the_logprob_steps_when_asked(target, drafter, monkeypat
     captured: list = []
     monkeypatch.setattr(g, "_capture", lambda key: captured.append(key) or g.graphs.__setitem__(key, []))
     n_plain = eng.warmup([1, 2])
-    assert n_plain == len(captured) and {k[-1] for k in captured} == {None}
+    assert n_plain == len(captured) and {k[-2:] for k in captured} == {(None, False)}
     n_lp = eng.warmup([1, 2], logprobs=True)  # the plain forms are held: only the lp forms are new, two of each
     lp_keys = captured[n_plain:]
-    assert n_lp == 2 * n_plain and {k[:-1] for k in lp_keys} == {k[:-1] for k in captured[:n_plain]}
-    assert sorted(k[-1] for k in lp_keys) == [5] * n_plain + [20] * n_plain  # a few alternatives, or the most
+    assert n_lp == 2 * n_plain and {k[:-2] for k in lp_keys} == {k[:-2] for k in captured[:n_plain]}
+    assert sorted(k[-2] for k in lp_keys) == [5] * n_plain + [20] * n_plain  # a few alternatives, or the most
 
 
 def test_score_gives_each_prompt_tokens_logprob(target, drafter, monkeypatch):

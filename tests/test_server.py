@@ -372,6 +372,32 @@ def test_echo_scores_the_prompt_as_evaluation_harnesses_ask(server, plain, smoll
     assert [c["text"][: len(p)] for c, p in zip(out.json()["choices"], batch["prompt"])] == batch["prompt"]
 
 
+def test_a_seeded_sampled_request_repeats_its_answer(server):
+    """A sampled request with `seed` gets its own random stream (layers/row_draws.py): the same answer again, alone or
+    beside other requests; its n choices draw from seed, seed + 1, ...; another seed, another answer."""
+    body = chat_body(QUESTIONS[2], 12, temperature=1.0, seed=77)
+
+    def text(b: dict) -> str:
+        return server.post("/v1/chat/completions", json=b).json()["choices"][0]["message"]["content"]
+
+    first = text(body)
+    results: dict[int, str] = {}
+
+    def ask(i: int) -> None:  # beside other sampled requests (unseeded), sharing the engine's rows
+        results[i] = text(body if i == 0 else chat_body(QUESTIONS[i], 12, temperature=1.0))
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results[0] == first
+    choices = server.post("/v1/chat/completions", json={**body, "n": 2}).json()["choices"]
+    assert choices[0]["message"]["content"] == first
+    assert choices[1]["message"]["content"] == text({**body, "seed": 78})
+    assert len({text({**body, "seed": s}) for s in (77, 79, 80)}) > 1
+
+
 def test_concurrent_requests_equal_their_plain_answers(server, plain):
     """Three clients at once on two rows: continuous batching (one waits for a row) changes no answer."""
     results: dict[int, str] = {}
@@ -394,8 +420,7 @@ def test_concurrent_requests_equal_their_plain_answers(server, plain):
     ("/v1/chat/completions", chat_body("hi", n=0), 400, "n must be between 1 and 64 (got 0)"),
     ("/v1/chat/completions", chat_body("hi", n=65), 400, "n must be between 1 and 64 (got 65)"),
     ("/v1/completions", {"prompt": "a", "n": 2, "best_of": 3}, 400, "best_of=3: this server does not rank choices"),
-    ("/v1/chat/completions", chat_body("hi", seed=3, temperature=0.7), 400,
-     "per-request seeds are not supported for sampled requests"),
+    ("/v1/chat/completions", chat_body("hi", seed=-3, temperature=0.7), 400, "seed must be between 0 and 2**63 - 1"),
     ("/v1/chat/completions", chat_body("hi", max_tokens=0), 400, "max_tokens must be >= 1"),
     ("/v1/chat/completions", chat_body("hi", max_tokens=1000), 400, "exceed this server's 256 tokens per sequence"),
     ("/v1/chat/completions", chat_body("hi", top_logprobs=2), 400, "top_logprobs needs logprobs: true"),

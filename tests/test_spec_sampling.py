@@ -301,3 +301,24 @@ def test_reseed_restarts_the_draws_of_a_fresh_engine_of_that_seed():
     reused.add_request([1, 2], p)
     with pytest.raises(RequestError, match="reseed\\(\\) while requests run"):
         reused.reseed(3)
+
+
+SEEDED_CASES = [CASES[0], CASES[3]]  # a chain with sampled drafts, and a tree
+
+
+@pytest.mark.parametrize("name,spec,params", SEEDED_CASES, ids=[c[0] for c in SEEDED_CASES])
+def test_seeded_requests_keep_the_target_distribution(models, name, spec, params):
+    """Requests each with its own seed (layers/row_draws.py's counter-based draws in place of the generator's):
+    over the seeds, the output is distributed as the target's."""
+    from dataclasses import replace
+
+    target, drafter = models
+    n, rows = 8000, 4000
+    eng = Engine(target, None, EngineConfig(max_batch_size=rows, seed=11), drafter=drafter, spec=spec)
+    counts: dict[tuple[int, ...], int] = {}
+    for b in range(n // rows):
+        outs = eng.generate([PROMPT] * rows, [replace(params, seed=b * rows + i) for i in range(rows)])
+        for o in outs:
+            counts[tuple(o.token_ids)] = counts.get(tuple(o.token_ids), 0) + 1
+    assert_same_distribution(counts, exact_distribution(target, params), n)
+    assert sum(eng.stats.hist[2:]) >= 100

@@ -38,6 +38,7 @@ def reference(target):
 def test_buckets():
     class R:
         rows, step_rows, cache_len = 24, 20, 3000  # 4 spare rows (requests prefilled ahead): no step covers them
+        seeded_step = False
 
         @staticmethod
         def headroom() -> int:
@@ -47,9 +48,9 @@ def test_buckets():
     assert [g.batch_bucket(n) for n in (1, 2, 3, 5, 9, 13, 17, 20)] == [1, 2, 4, 8, 12, 16, 20, 20]
     assert [g.len_bucket(n) for n in (1, 256, 257, 1000, 2048, 2049, 5000)] == [256, 256, 512, 1024, 2048, 3000, 3000]
     # a step's graph: the batch bucket of its rows, the length bucket of its longest row plus the step's headroom
-    assert g.key("decode", 3, 248, True) == ("decode", 4, 256, True, None)
-    assert g.key("spec", 9, 249, False) == ("spec", 12, 512, False, None)
-    assert g.key("spec", 9, 249, False, lp=5) == ("spec", 12, 512, False, 5)  # steps computing 5 alternatives
+    assert g.key("decode", 3, 248, True) == ("decode", 4, 256, True, None, False)
+    assert g.key("spec", 9, 249, False) == ("spec", 12, 512, False, None, False)
+    assert g.key("spec", 9, 249, False, lp=5) == ("spec", 12, 512, False, 5, False)  # 5 alternatives per token
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
@@ -577,7 +578,7 @@ def test_graphs_are_recorded_with_the_garbage_collector_off(target, monkeypatch)
     eng.reserve(2, 200)
     g = eng.runner.graphs
     g.capture, g.pool = True, "pool"
-    g._capture(("spec", 2, min(256, eng.runner.cache_len), True, None))
+    g._capture(("spec", 2, min(256, eng.runner.cache_len), True, None, False))
     assert recorded == [False, False, False]  # draft, verify, commit
     assert gc.isenabled()
 
@@ -678,7 +679,7 @@ def test_warm_for_reserves_and_captures_what_one_request_needs(target, reference
     params = SamplingParams(max_new_tokens=40, ignore_eos=True)
     n = eng.warm_for(prompt, params)
     assert eng.runner.max_len == len(prompt) + 40 and eng.runner.step_rows == 1
-    assert n == len(captured) and [k for k in captured if k[0] == "prefill"] == [("prefill", 1, 64, True, None)]
+    assert n == len(captured) and [k for k in captured if k[0] == "prefill"] == [("prefill", 1, 64, True, None, False)]
     assert {k[0] for k in captured} == {"prefill", eng._step_kind([0])} and all(k[1] == 1 for k in captured)
     assert eng.warm_for(prompt, params) == 0  # caches held: nothing more
     g.capture = False

@@ -27,6 +27,10 @@ class SamplingParams:
     # None: no log-probabilities; k >= 0: each output token's log-probability under the target's raw logits, with its
     # k most likely alternatives (at most MAX_TOP_LOGPROBS, and the engine's EngineConfig.max_logprobs)
     logprobs: int | None = None
+    # A sampled request's own random stream: its draws depend on the seed and its own progress only, not on the
+    # engine's seed or the requests batched with it (layers/row_draws.py), so the same seed gives the same answer
+    # (float32; in bf16 up to the rounding its batch-mates move). None: the engine's stream. Greedy requests ignore it.
+    seed: int | None = None
 
     def __post_init__(self) -> None:
         validate_sampling(self.temperature, self.top_p, self.top_k)
@@ -40,6 +44,8 @@ class SamplingParams:
             raise RequestError("stop strings must not be empty")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
             raise RequestError(f"logprobs must be between 0 and {MAX_TOP_LOGPROBS} (got {self.logprobs})")
+        if self.seed is not None and not 0 <= self.seed < 1 << 63:
+            raise RequestError(f"seed must be between 0 and 2**63 - 1 (got {self.seed})")
         if self.stop and not self.detokenize:
             raise RequestError("stop strings need detokenize=True (they are matched in the text as it is produced)")
 

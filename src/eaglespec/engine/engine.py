@@ -297,6 +297,7 @@ class Engine:
         reqs, rows = batch.requests, batch.rows
         greedy = all(q.params.greedy for q in reqs)
         lp = self._step_logprobs(reqs)
+        self.runner.seeded_step = _seeded(reqs)
         if batch.kind == "prefill":
             self.step_counts["prefill"] += 1
             for q in reqs:
@@ -373,6 +374,7 @@ class Engine:
         rows = [q.slot for q in running]
         kind = self._step_kind(rows)
         self._count_step(kind)
+        self.runner.seeded_step = _seeded(running)
         self._pending = (running, self.runner.launch(kind, rows, all(q.params.greedy for q in running), ahead,
                                                      self._step_logprobs(running)))
 
@@ -500,3 +502,8 @@ class Engine:
         if tail:
             yield tail
         self.last_request = req
+
+
+def _seeded(reqs: Sequence[Request]) -> bool:
+    """Whether a step of these requests draws through their own seeds (a sampled request with `seed`)."""
+    return any(q.params.seed is not None and not q.params.greedy for q in reqs)

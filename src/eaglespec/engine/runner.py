@@ -40,7 +40,8 @@ from ..config import SpecConfig, spec_envelope
 from ..layers.commit_kernel import advance_rows, store_draft_rows
 from ..layers.context import ForwardContext, cached_arange, causal_mask, prefix_tail_mask
 from ..layers.logprobs import token_logprobs
-from ..layers.sampling import greedy_ids, sample_probs, target_probs
+from ..layers.row_draws import DECODE_SITE, DRAFT_SITE, PREFILL_SITE, VERIFY_SITE, RowDraws
+from ..layers.sampling import Draws, greedy_ids, sample_probs, target_probs
 from ..sampling_params import SamplingParams
 from ..spec.draft import DraftState, catch_up, draft_tree
 from ..spec.tree import DraftTree, build_tree
@@ -92,6 +93,9 @@ class ModelRunner:
         self.device, self.dtype = device, dtype
         # On CUDA the default generator is used: CUDA graphs track its state (a private one would need registering).
         self.generator = None if device.type == "cuda" else torch.Generator(device=device)
+        # set by the engine before each step: whether a row of it samples with its own seed (SamplingParams.seed);
+        # such steps draw through `RowDraws` (layers/row_draws.py) and are graphs of their own (GraphCache.key)
+        self.seeded_step = False
         self.reseed(seed)
         self.rows = 0  # cache rows: the steps' rows, then the spare ones (`allocate`)
         self.step_rows = 0
@@ -135,6 +139,8 @@ class ModelRunner:
         self.temperature = torch.zeros(rows, dtype=torch.float32, device=dev)
         self.top_k = torch.zeros(rows, dtype=torch.int64, device=dev)
         self.top_p = torch.ones(rows, dtype=torch.float32, device=dev)
+        self.seed = torch.zeros(rows, dtype=torch.int64, device=dev)  # a seeded sampled row's seed
+        self.seeded = torch.zeros(rows, dtype=torch.bool, device=dev)
         self.host_len = [0] * rows
         width = self.spec.steps + 1 if self.spec is not None else 1  # tokens a step commits per row, at most
         # committed tokens' packed log-probability rows, written by steps run with lp=k (module docstring)
@@ -179,6 +185,8 @@ class ModelRunner:
         self.temperature[row].fill_(params.temperature)
         self.top_k[row].fill_(params.top_k)
         self.top_p[row].fill_(params.top_p)
+        self.seed[row].fill_(params.seed or 0)
+        self.seeded[row].fill_(params.seed is not None and not params.greedy)
 
     def move_row(self, src: int, dst: int) -> None:
         """A request prefilled ahead in row `src` continues in row `dst` (a free row): the target's and the
@@ -190,7 +198,7 @@ class ModelRunner:
         for kv in (self.kv, self.dkv):
             for t in kv.tensors if kv is not None else ():
                 t[:, dst, :n].copy_(t[:, src, :n])
-        sampling = [self.active, self.temperature, self.top_k, self.top_p]
+        sampling = [self.active, self.temperature, self.top_k, self.top_p, self.seed, self.seeded]
         for t in self.state_tensors() + sampling:
             t[dst].copy_(t[src])
         self.host_len[dst] = n
@@ -213,11 +221,19 @@ class ModelRunner:
     def _count(r: Rows) -> int:
         return r.stop if isinstance(r, slice) else r.shape[0]
 
-    def _sample(self, logits: torch.Tensor, r: Rows, greedy: bool) -> torch.Tensor:
+    def _draws(self, r: Rows, position: torch.Tensor, site: int) -> Draws:
+        """Where a step's draws come from: the engine's generator, or in a seeded step (`seeded_step`) a `RowDraws`
+        over these rows (position [B]: their committed lengths as the step began)."""
+        if not self.seeded_step:
+            return self.generator
+        return RowDraws(self.generator, self.seed[r], self.seeded[r], position, site)
+
+    def _sample(self, logits: torch.Tensor, r: Rows, greedy: bool, position: torch.Tensor, site: int) -> torch.Tensor:
         """logits [B, V] -> tokens [B]."""
         if greedy:
             return greedy_ids(logits)
-        return sample_probs(logits, self.temperature[r], self.top_k[r], self.top_p[r], self.generator)[0]
+        draws = self._draws(r, position, site)
+        return sample_probs(logits, self.temperature[r], self.top_k[r], self.top_p[r], draws)[0]
 
     def _store_logprobs(self, r: Rows, logits: torch.Tensor, tokens: torch.Tensor, k: int, width: int = 1) -> None:
         """logits [B * width, V] and the tokens chosen from them [B * width] -> lp_buf[r, :width] (packed rows of k
@@ -328,7 +344,7 @@ class ModelRunner:
             out = self.target(None, ctx, inputs_embeds=self.target.embed_multimodal(ids, list(mm_inputs)))
         else:
             out = self.target(ids, ctx)
-        tok = self._sample(out.logits[:, 0], r, greedy)
+        tok = self._sample(out.logits[:, 0], r, greedy, lens_t, PREFILL_SITE)
         if lp is not None:
             self._store_logprobs(r, out.logits[:, 0], tok, lp)
         self.seq_len[r] = lens_t
@@ -364,7 +380,7 @@ class ModelRunner:
                              attn_mask=causal_mask(L[:, None], kv_len),
                              kv=self.kv.layers(), rows=ctx_rows)
         out = self.target(self.last_token[r][:, None], ctx)
-        tok = self._sample(out.logits[:, 0], r, greedy)
+        tok = self._sample(out.logits[:, 0], r, greedy, L, DECODE_SITE)
         if lp is not None:
             self._store_logprobs(r, out.logits[:, 0], tok, lp)
         if self.spec is not None:  # a plain step of a speculative engine (EngineConfig.spec_max_rows): the drafter
@@ -438,7 +454,8 @@ class ModelRunner:
         top_logp = self.d_top_logp[r][:, :K] if K > 1 else None
         state = DraftState(self.d_top_ids[r][:, :K], top_logp, self.d_hidden[r], self.d_logits[r] if sampled else None)
         cands = draft_tree(self._draft_step(ctx_rows), self.d_target_ids.__getitem__, state, L, S, K, kv_len,
-                           (self.temperature[r], self.top_k[r], self.top_p[r]) if sampled else None, self.generator,
+                           (self.temperature[r], self.top_k[r], self.top_p[r]) if sampled else None,
+                           self._draws(r, L, DRAFT_SITE),
                            target_ids=self.d_target_ids)
         tree = build_tree(self.last_token[r], cands.tokens, cands.scores, cands.parents, cands.depth, D, K, S)
         if cands.q is not None:  # node i >= 1 is candidate i-1; the root was not drafted
@@ -469,7 +486,7 @@ class ModelRunner:
             probs = target_probs(out.logits.reshape(B * D, V), self.temperature[r].repeat_interleave(D),
                                  self.top_k[r].repeat_interleave(D), self.top_p[r].repeat_interleave(D))
             # sampled chains: the drafter's distributions (over its draft vocabulary: read through d_draft_index)
-            res = verify_sampling(tree, probs.view(B, D, V), self.generator, tree.q,
+            res = verify_sampling(tree, probs.view(B, D, V), self._draws(r, L, VERIFY_SITE), tree.q,
                                   self.d_draft_index if tree.q is not None else None)
         if lp is not None:  # committed token i was chosen from the logits of path node i (the bonus: the deepest's)
             S1, V = res.path.shape[1], out.logits.shape[-1]

@@ -20,9 +20,15 @@ verify's predictions, a chain's drafts) goes through it, so speculation and plai
 
 from __future__ import annotations
 
+from typing import Union
+
 import torch
 
 from . import argmax_kernel, sampling_kernel
+from .row_draws import RowDraws
+
+# where random draws come from: a generator (None: the device's default), or a step's `RowDraws` (seeded rows)
+Draws = Union[torch.Generator, RowDraws, None]
 
 
 def greedy_ids(logits: torch.Tensor, table: torch.Tensor | None = None) -> torch.Tensor:
@@ -121,7 +127,7 @@ def _filter(scaled: torch.Tensor, k: torch.Tensor, top_p: torch.Tensor, head: to
 
 
 def sample_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-                 generator: torch.Generator | None = None, table: torch.Tensor | None = None,
+                 generator: Draws = None, table: torch.Tensor | None = None,
                  kernels: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """`target_probs` and one token per row drawn from it: logits [N, V] -> (ids [N] int64, probs [N, V] float32); with
     a [V] int64 `table` the ids are table[id] (a drafter's draft id -> target id). The draw is `sample`'s exponential
@@ -136,7 +142,7 @@ def sample_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.T
     return sample(probs, generator, table), probs
 
 
-def sample(probs: torch.Tensor, generator: torch.Generator | None = None,
+def sample(probs: torch.Tensor, generator: Draws = None,
            table: torch.Tensor | None = None) -> torch.Tensor:
     """probs [N, V] -> token ids [N] (int64; table[id] with a [V] int64 table, as `greedy_ids`). One-hot rows return
     their token exactly. The Exp(1) draws: on the CPU -log(1 - U) from uniform U (exponential_ cost 3.1 ms per 49,152
@@ -145,18 +151,29 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None = None,
 
 
 def exponential_noise(shape: tuple[int, ...] | torch.Size, dtype: torch.dtype, device: torch.device,
-                      generator: torch.Generator | None = None) -> torch.Tensor:
+                      generator: Draws = None) -> torch.Tensor:
     """Exp(1) draws of `shape`, raised to >= 1e-30 (a draw of 0 would divide by zero in the race): on the CPU
     -log(1 - U) from uniform U, elsewhere exponential_ (see `sample`)."""
     return _exponential(shape, device, generator, dtype).clamp_min_(1e-30)
 
 
-def _exponential(shape: tuple[int, ...] | torch.Size, device: torch.device, generator: torch.Generator | None,
+def _exponential(shape: tuple[int, ...] | torch.Size, device: torch.device, generator: Draws,
                  dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Exp(1) draws, not clamped: on the CPU -log(1 - U) from uniform U, elsewhere exponential_."""
+    """Exp(1) draws, not clamped: on the CPU -log(1 - U) from uniform U, elsewhere exponential_ (seeded rows of a
+    `RowDraws`: their own streams)."""
+    gen = generator.generator if isinstance(generator, RowDraws) else generator
     if device.type == "cpu":
-        return torch.rand(shape, generator=generator, dtype=dtype).neg_().log1p_().neg_()
-    return torch.empty(shape, dtype=dtype, device=device).exponential_(generator=generator)
+        base = torch.rand(shape, generator=gen, dtype=dtype).neg_().log1p_().neg_()
+    else:
+        base = torch.empty(shape, dtype=dtype, device=device).exponential_(generator=gen)
+    return generator.exponential(tuple(shape), device, dtype, base) if isinstance(generator, RowDraws) else base
+
+
+def uniform(shape: tuple[int, ...], device: torch.device, generator: Draws = None) -> torch.Tensor:
+    """U[0, 1) float32 draws of `shape` (rows first): `torch.rand`, or a `RowDraws`' (seeded rows: their own)."""
+    if isinstance(generator, RowDraws):
+        return generator.uniform(shape, device)
+    return torch.rand(shape, generator=generator, device=device)
 
 
 def validate_sampling(temperature: float, top_p: float, top_k: int) -> None:

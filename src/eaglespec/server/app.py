@@ -32,6 +32,7 @@ import asyncio
 import functools
 import hmac
 import json
+from dataclasses import replace
 from typing import Any, AsyncIterator, Callable
 
 from fastapi import Depends, FastAPI, Header, Request
@@ -39,8 +40,15 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from ..errors import EaglespecError
+from ..sampling_params import SamplingParams
 from . import schemas
 from .worker import EngineWorker, Ticket
+
+def _choice(params: SamplingParams, j: int) -> SamplingParams:
+    """Choice j's parameters: a seeded request's choices draw from seed, seed + 1, ... (the same seed would give n
+    copies of one answer)."""
+    return params if params.seed is None or j == 0 else replace(params, seed=(params.seed + j) % (1 << 63))
+
 
 # a choice's events that carry text and log-probability entries: an echoed prompt ("prompt") first, then "delta"s
 TEXT_EVENTS = ("delta", "prompt")
@@ -131,8 +139,9 @@ def create_app(worker: EngineWorker, model_name: str, default_temperature: float
         check_model(body.model)
         params = user_input(lambda: body.sampling(default_temperature))
         echo = bool(getattr(body, "echo", False))  # completions only
-        tickets = [worker.submit(prompt, params, chat=chat, max_tokens=body.requested_tokens, stream=body.stream,
-                                 images=images, echo=echo) for prompt in prompts for _ in range(body.n)]
+        tickets = [worker.submit(prompt, _choice(params, j), chat=chat, max_tokens=body.requested_tokens,
+                                 stream=body.stream, images=images, echo=echo)
+                   for prompt in prompts for j in range(body.n)]
         try:
             events = [await t.events.get() for t in tickets]
         except BaseException:  # the client went away before the worker took the request

@@ -3,10 +3,10 @@
 Contract: `ChatCompletionRequest` / `CompletionRequest` parse a request body (unknown fields are ignored, as OpenAI's
 clients send many); `.sampling(default_temperature)` turns one into `SamplingParams` (max_tokens None: the server
 picks the room left in its cache) and raises `RequestError` with one sentence for what this server does not do
-(more than MAX_N choices, or MAX_CHOICES over a completion's prompts, penalties, tools, seeds of sampled requests
-(a greedy one has nothing to seed: its seed is accepted and changes nothing), suffix, best_of other than n,
-images other than data: URLs),
-rather than ignoring it. Images (`image_url` parts) reach the target as decoded PIL images in message order; a
+(more than MAX_N choices, or MAX_CHOICES over a completion's prompts, penalties, tools, suffix, best_of other than
+n, images other than data: URLs),
+rather than ignoring it. A sampled request's `seed` becomes its own random stream (`SamplingParams.seed`); a greedy
+request's changes nothing. Images (`image_url` parts) reach the target as decoded PIL images in message order; a
 target that takes none refuses them (`Engine.prepare`).
 The `*_response` / `*_chunk` helpers build the JSON bodies (`id`, `object`, `created`, `model`, `choices`, `usage`),
 with the speculative statistics (of all choices, merged) under the extra key `eaglespec` where there were
@@ -124,16 +124,13 @@ class SampledRequest(_Body):
         if max_tokens is not None and max_tokens < 1:
             raise RequestError(f"max_tokens must be >= 1 (got {max_tokens})")
         temperature = default_temperature if self.temperature is None else self.temperature
-        if self.seed is not None and temperature > 0:
-            raise RequestError("per-request seeds are not supported for sampled requests: the server's --seed seeds "
-                               "every sampled request (a greedy request's seed changes nothing and is accepted)")
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
         top_k = self.top_k if self.top_k is not None and self.top_k > 0 else 0
         return SamplingParams(
             max_new_tokens=max_tokens or 1,  # the server replaces it when the request gave none (`max_tokens`)
             temperature=temperature,
             top_p=1.0 if self.top_p is None else self.top_p, top_k=top_k, stop=stop, ignore_eos=self.ignore_eos,
-            logprobs=logprobs)
+            logprobs=logprobs, seed=self.seed if temperature > 0 else None)  # a greedy request has nothing to seed
 
     @property
     def include_usage(self) -> bool:

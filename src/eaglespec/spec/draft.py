@@ -43,7 +43,7 @@ import torch
 
 from ..layers import topk_kernel, tree_build_kernels
 from ..layers.context import cached_arange, causal_mask, masked_tail, tail_index
-from ..layers.sampling import greedy_ids, sample_probs
+from ..layers.sampling import Draws, greedy_ids, sample_probs
 
 DrafterStep = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
@@ -91,7 +91,7 @@ def topk_logp_reference(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, tor
 Sampling = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # per row: temperature [B], top_k [B], top_p [B]
 
 
-def sample_draft(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None,
+def sample_draft(logits: torch.Tensor, sampling: Sampling, generator: Draws,
                  to_target: Callable[[torch.Tensor], torch.Tensor],
                  target_ids: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """One sampled draft token per row: the drafter's logits [B, Vd] and the rows' sampling parameters -> (target ids
@@ -151,7 +151,7 @@ def draft_tree(
     topk: int,
     kv_len: int,
     sampling: Sampling | None = None,
-    generator: torch.Generator | None = None,
+    generator: Draws = None,
     target_ids: torch.Tensor | None = None,
     kernels: bool | None = None,
 ) -> Candidates:
@@ -277,7 +277,7 @@ def draft_chain(
     steps: int,
     kv_len: int,
     sampling: Sampling | None = None,
-    generator: torch.Generator | None = None,
+    generator: Draws = None,
     target_ids: torch.Tensor | None = None,
 ) -> Candidates:
     """`draft_tree` for K = 1: S-1 drafter forwards on one token per row; the S candidates of a chain. With

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 from ..layers import sampled_chain_kernel, tree_kernels
 from ..layers.context import cached_arange
-from ..layers.sampling import exponential_noise, greedy_ids, sample
+from ..layers.sampling import Draws, exponential_noise, greedy_ids, sample, uniform
 from .tree import DraftTree
 
 
@@ -97,7 +97,7 @@ def verify_greedy_chain_rule(tree: DraftTree, pred: torch.Tensor) -> VerifyResul
     return VerifyResult(accept_len=m, best=m, path=torch.minimum(idx, m[:, None]), tokens=tokens, bonus=bonus)
 
 
-def verify_sampling(tree: DraftTree, probs: torch.Tensor, generator: torch.Generator | None = None,
+def verify_sampling(tree: DraftTree, probs: torch.Tensor, generator: Draws = None,
                     draft_probs: torch.Tensor | None = None,
                     draft_index: torch.Tensor | None = None) -> VerifyResult:
     """probs [B, D, V]: the target's processed distribution (temperature, top-k, top-p) at each node;
@@ -109,7 +109,7 @@ def verify_sampling(tree: DraftTree, probs: torch.Tensor, generator: torch.Gener
     K = children.shape[-1]
     if draft_probs is not None:
         assert K == 1, "sampled drafts are verified for chains only"
-        u = torch.rand(B, D - 1, generator=generator, device=probs.device)
+        u = uniform((B, D - 1), probs.device, generator)
         e = exponential_noise((B, V), torch.float32, probs.device, generator)
         S1 = tree.paths.shape[-1]
         if probs.is_cuda and sampled_chain_kernel.fits(V, D):  # two Triton kernels, the same values
@@ -130,7 +130,7 @@ def verify_sampling(tree: DraftTree, probs: torch.Tensor, generator: torch.Gener
     kid_tok = tree.tokens.gather(1, children.clamp(min=0).view(B, D * K)).view(B, D, K)
     px = torch.where(valid, probs.gather(2, kid_tok), 0.0)  # [B, D, K] q(x_j) at each node
     left = probs.sum(-1, keepdim=True) - (px.cumsum(-1) - px)  # [B, D, K] the mass left when child j is tried
-    u = torch.rand(B, S, K, generator=generator, device=dev)
+    u = uniform((B, S, K), dev, generator)
     cur = torch.zeros(B, dtype=torch.int64, device=dev)
     active = torch.ones(B, dtype=torch.bool, device=dev)
     for s in range(S):
