@@ -5,9 +5,10 @@ Contract:
 - `RowDraws(generator, seed, seeded, position, site)`: for a step's B rows (in the step's row order): seed [B] int64,
   seeded [B] bool, position [B] int64 (the row's committed length when the step began: each step of a row starts at
   a new one), and the step's first draw site (`PREFILL_SITE`, `DECODE_SITE`, `DRAFT_SITE`, `VERIFY_SITE`: each
-  phase's draws apart from the others'). `uniform(shape)` / `exponential(shape, dtype)` return draws of `shape`
-  (rows first, shape[0] == B): unseeded rows draw from `generator` exactly as `layers/sampling.py` does without
-  seeds (the engine's stream), seeded rows from hash(seed, position, site, element); each call takes the next site.
+  phase's draws apart from the others'). `uniform(shape, device)` / `exponential(shape, device, dtype, base)` return
+  draws of `shape` (rows first, shape[0] == B): unseeded rows keep the engine stream's (`generator`'s, drawn as
+  `layers/sampling.py` draws them without seeds; `base` for the exponential), seeded rows take hash(seed, position,
+  site, element); each call takes the next site.
   Sampling functions accept it wherever they take a generator (`layers/sampling.py` `uniform`, `_exponential`).
 - `hashed_uniform(seed, position, site, shape)`: the seeded rows' U(0, 1) draws, float32 in (0, 1) (24 bits, never 0
   or 1): splitmix64's finaliser over 64-bit integer counters (two's-complement wrap-around on int64, as PyTorch's
