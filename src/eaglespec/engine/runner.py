@@ -40,7 +40,7 @@ from ..config import SpecConfig, spec_envelope
 from ..layers.commit_kernel import advance_rows, store_draft_rows
 from ..layers.context import ForwardContext, cached_arange, causal_mask, prefix_tail_mask
 from ..layers.logprobs import token_logprobs
-from ..layers.row_draws import DECODE_SITE, DRAFT_SITE, PREFILL_SITE, VERIFY_SITE, RowDraws
+from ..layers.row_draws import DECODE_SITE, DRAFT_SITE, PREFILL_SITE, VERIFY_SITE
 from ..layers.sampling import Draws, greedy_ids, sample_probs, target_probs
 from ..sampling_params import SamplingParams
 from ..spec.draft import DraftState, catch_up, draft_tree
@@ -48,6 +48,7 @@ from ..spec.tree import DraftTree, build_tree
 from ..spec.verify import VerifyResult, verify_greedy, verify_greedy_chain, verify_sampling
 from .kv_cache import KVCache
 from .pending_step import PendingStep, ResultBuffers
+from .row_sampling import RowSampling
 from .timing import PhaseTimer
 
 # the rows a step runs on: an index tensor (eager steps: any rows), or slice(0, B) (the graph phases: rows 0..B-1,
@@ -136,11 +137,7 @@ class ModelRunner:
         self.seq_len = torch.zeros(rows, dtype=torch.int64, device=dev)
         self.last_token = torch.zeros(rows, dtype=torch.int64, device=dev)
         self.active = torch.zeros(rows, dtype=torch.bool, device=dev)
-        self.temperature = torch.zeros(rows, dtype=torch.float32, device=dev)
-        self.top_k = torch.zeros(rows, dtype=torch.int64, device=dev)
-        self.top_p = torch.ones(rows, dtype=torch.float32, device=dev)
-        self.seed = torch.zeros(rows, dtype=torch.int64, device=dev)  # a seeded sampled row's seed
-        self.seeded = torch.zeros(rows, dtype=torch.bool, device=dev)
+        self.sampling = RowSampling(rows, dev)  # each row's sampling parameters (and seed)
         self.host_len = [0] * rows
         width = self.spec.steps + 1 if self.spec is not None else 1  # tokens a step commits per row, at most
         # committed tokens' packed log-probability rows, written by steps run with lp=k (module docstring)
@@ -180,13 +177,7 @@ class ModelRunner:
         return out
 
     def set_sampling(self, row: int, params: SamplingParams) -> None:
-        # fill_ launches a kernel with the value as its argument; `t[row] = value` would copy a host scalar to the
-        # device, which on CUDA synchronises the stream (the device idles while the host catches up)
-        self.temperature[row].fill_(params.temperature)
-        self.top_k[row].fill_(params.top_k)
-        self.top_p[row].fill_(params.top_p)
-        self.seed[row].fill_(params.seed or 0)
-        self.seeded[row].fill_(params.seed is not None and not params.greedy)
+        self.sampling.set(row, params)
 
     def move_row(self, src: int, dst: int) -> None:
         """A request prefilled ahead in row `src` continues in row `dst` (a free row): the target's and the
@@ -198,8 +189,7 @@ class ModelRunner:
         for kv in (self.kv, self.dkv):
             for t in kv.tensors if kv is not None else ():
                 t[:, dst, :n].copy_(t[:, src, :n])
-        sampling = [self.active, self.temperature, self.top_k, self.top_p, self.seed, self.seeded]
-        for t in self.state_tensors() + sampling:
+        for t in self.state_tensors() + [self.active] + self.sampling.tensors():
             t[dst].copy_(t[src])
         self.host_len[dst] = n
         self.release(src)
@@ -222,18 +212,15 @@ class ModelRunner:
         return r.stop if isinstance(r, slice) else r.shape[0]
 
     def _draws(self, r: Rows, position: torch.Tensor, site: int) -> Draws:
-        """Where a step's draws come from: the engine's generator, or in a seeded step (`seeded_step`) a `RowDraws`
-        over these rows (position [B]: their committed lengths as the step began)."""
-        if not self.seeded_step:
-            return self.generator
-        return RowDraws(self.generator, self.seed[r], self.seeded[r], position, site)
+        """Where a step's draws come from (row_sampling.py): position [B], the rows' committed lengths as it began."""
+        return self.sampling.draws(self.generator, r, position, site, self.seeded_step)
 
     def _sample(self, logits: torch.Tensor, r: Rows, greedy: bool, position: torch.Tensor, site: int) -> torch.Tensor:
         """logits [B, V] -> tokens [B]."""
         if greedy:
             return greedy_ids(logits)
         draws = self._draws(r, position, site)
-        return sample_probs(logits, self.temperature[r], self.top_k[r], self.top_p[r], draws)[0]
+        return sample_probs(logits, *self.sampling.params(r), draws)[0]
 
     def _store_logprobs(self, r: Rows, logits: torch.Tensor, tokens: torch.Tensor, k: int, width: int = 1) -> None:
         """logits [B * width, V] and the tokens chosen from them [B * width] -> lp_buf[r, :width] (packed rows of k
@@ -454,7 +441,7 @@ class ModelRunner:
         top_logp = self.d_top_logp[r][:, :K] if K > 1 else None
         state = DraftState(self.d_top_ids[r][:, :K], top_logp, self.d_hidden[r], self.d_logits[r] if sampled else None)
         cands = draft_tree(self._draft_step(ctx_rows), self.d_target_ids.__getitem__, state, L, S, K, kv_len,
-                           (self.temperature[r], self.top_k[r], self.top_p[r]) if sampled else None,
+                           self.sampling.params(r) if sampled else None,
                            self._draws(r, L, DRAFT_SITE),
                            target_ids=self.d_target_ids)
         tree = build_tree(self.last_token[r], cands.tokens, cands.scores, cands.parents, cands.depth, D, K, S)
@@ -483,8 +470,8 @@ class ModelRunner:
             res = (verify_greedy_chain if chain else verify_greedy)(tree, out.logits)
         else:
             V = out.logits.shape[-1]
-            probs = target_probs(out.logits.reshape(B * D, V), self.temperature[r].repeat_interleave(D),
-                                 self.top_k[r].repeat_interleave(D), self.top_p[r].repeat_interleave(D))
+            probs = target_probs(out.logits.reshape(B * D, V),
+                                 *(t.repeat_interleave(D) for t in self.sampling.params(r)))
             # sampled chains: the drafter's distributions (over its draft vocabulary: read through d_draft_index)
             res = verify_sampling(tree, probs.view(B, D, V), self._draws(r, L, VERIFY_SITE), tree.q,
                                   self.d_draft_index if tree.q is not None else None)
