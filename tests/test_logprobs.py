@@ -10,8 +10,8 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # before a kernel is built (on f
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from test_spec_greedy import drafter, target  # noqa: E402,F401 (its tiny target and drafter, as module fixtures)
 from test_static_path import static_engine  # noqa: E402
-from tiny import tiny_drafter, tiny_llama  # noqa: E402
 
 from eaglespec.config import EngineConfig, SpecConfig  # noqa: E402
 from eaglespec.engine.engine import Engine  # noqa: E402
@@ -22,16 +22,6 @@ from eaglespec.sampling_params import SamplingParams  # noqa: E402
 
 PROMPTS = [[1, 2, 3, 4, 5], [7, 8, 9], list(range(10, 40)), [5]]
 GREEDY = SamplingParams(max_new_tokens=16, ignore_eos=True, logprobs=3)
-
-
-@pytest.fixture(scope="module")
-def target():
-    return tiny_llama(seed=0)
-
-
-@pytest.fixture(scope="module")
-def drafter(target):
-    return tiny_drafter(target, seed=1)
 
 
 @pytest.fixture(scope="module")
