@@ -15,6 +15,7 @@ from test_static_path import static_engine  # noqa: E402
 
 from eaglespec.config import EngineConfig, SpecConfig  # noqa: E402
 from eaglespec.engine.engine import Engine  # noqa: E402
+from eaglespec.engine.row_sampling import StepExtras  # noqa: E402
 from eaglespec.errors import ConfigError, RequestError  # noqa: E402
 from eaglespec.layers.context import ForwardContext  # noqa: E402
 from eaglespec.layers.logprobs import token_logprobs, unpack  # noqa: E402
@@ -228,7 +229,7 @@ def test_warmup_captures_the_logprob_steps_when_asked(target, drafter, monkeypat
     captured: list = []
     monkeypatch.setattr(g, "_capture", lambda key: captured.append(key) or g.graphs.__setitem__(key, []))
     n_plain = eng.warmup([1, 2])
-    assert n_plain == len(captured) and {k[-2:] for k in captured} == {(None, False)}
+    assert n_plain == len(captured) and {k[-2:] for k in captured} == {(None, StepExtras())}
     n_lp = eng.warmup([1, 2], logprobs=True)  # the plain forms are held: only the lp forms are new, two of each
     lp_keys = captured[n_plain:]
     assert n_lp == 2 * n_plain and {k[:-2] for k in lp_keys} == {k[:-2] for k in captured[:n_plain]}

@@ -177,3 +177,34 @@ def test_sample_probs_draws_like_sample():
     a = sampling.sample_probs(x, T, K, P, torch.Generator().manual_seed(9))
     b = sampling.sample_probs(x, T, K, P, torch.Generator().manual_seed(9), kernels=True)
     assert a[0].tolist() == b[0].tolist() and torch.allclose(a[1], b[1], atol=2e-7)
+
+
+def test_banned_tokens_get_no_probability_in_the_kernel():
+    """Adjusted logits (layers/logit_adjust.py: banned stop tokens, min-p's cut) carry -inf entries: the kernel gives
+    them probability 0 and the rest what the PyTorch path gives, greedy rows included."""
+    g = torch.Generator().manual_seed(3)
+    for V in (50, 9000):
+        x = torch.randn(len(ROWS), V, generator=g) * 3
+        x[:, ::3] = float("-inf")
+        T, K, P = (torch.tensor([r[i] for r in ROWS]) for i in range(3))
+        got, ref = sampling_kernel.target_probs(x, T, K, P), reference(x, T, K, P)
+        assert bool((got[:, ::3] == 0).all()) and torch.allclose(got, ref, atol=2e-7, rtol=1e-5)
+
+
+def test_adjusted_sampled_speculation_through_the_kernel_draws_the_same_tokens(monkeypatch):
+    """Penalties, logit_bias and min_p in front of the kernels (the CUDA path) draw what the PyTorch path draws."""
+    target = tiny_llama(seed=5, vocab=64, hidden=32, layers=2, std=0.35)
+    drafter = tiny_drafter(target, seed=6, draft_vocab=None, hidden=32, std=0.35)
+    params = SamplingParams(max_new_tokens=8, temperature=0.9, top_p=0.9, ignore_eos=True, frequency_penalty=0.6,
+                            repetition_penalty=1.2, min_p=0.05, logit_bias={7: 3.0})
+
+    def run() -> list[list[int]]:
+        eng = Engine(target, None, EngineConfig(max_batch_size=2, seed=3), drafter=drafter, spec=SpecConfig(3, 2, 6))
+        return [o.token_ids for o in eng.generate([[1, 2, 3], [4, 5]], params)]
+
+    plain = run()
+    monkeypatch.setattr(runner_mod, "target_probs", sampling_kernel.target_probs)
+    monkeypatch.setattr(runner_mod, "sample_probs",
+                        lambda logits, t, k, p, generator=None, table=None: sampling.sample_probs(
+                            logits, t, k, p, generator, table, kernels=True))
+    assert run() == plain

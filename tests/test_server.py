@@ -398,6 +398,26 @@ def test_a_seeded_sampled_request_repeats_its_answer(server):
     assert len({text({**body, "seed": s}) for s in (77, 79, 80)}) > 1
 
 
+def test_penalties_and_logit_bias_equal_plain_decoding_under_them(server, plain):
+    """OpenAI's frequency_penalty, presence_penalty and logit_bias, and vLLM's repetition_penalty, min_tokens and
+    stop_token_ids: the speculative server's greedy answer is plain greedy decoding's under the same adjustments."""
+    first = plain.generate([QUESTIONS[1]], SamplingParams(max_new_tokens=24))[0]
+    banned = first.token_ids[2]
+    kw = dict(frequency_penalty=0.8, presence_penalty=0.4, repetition_penalty=1.2, logit_bias={banned: -100.0},
+              min_tokens=20)
+    want = plain.generate([QUESTIONS[1]], SamplingParams(max_new_tokens=24, **kw))[0]
+    assert want.text != first.text and banned not in want.token_ids
+    body = chat_body(QUESTIONS[1], 24, **{**kw, "logit_bias": {str(banned): -100.0}})
+    r = server.post("/v1/chat/completions", json=body)
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["message"]["content"] == want.text
+    # a stop token ends the answer where it first comes (not part of it)
+    stop_at = first.token_ids[5]
+    r = server.post("/v1/completions", json={"prompt": QUESTIONS[1], "max_tokens": 24, "stop_token_ids": [stop_at]})
+    want = plain.generate([QUESTIONS[1]], SamplingParams(max_new_tokens=24, stop_token_ids=(stop_at,)), chat=False)[0]
+    assert r.json()["choices"][0]["text"] == want.text and r.json()["choices"][0]["finish_reason"] == "stop"
+
+
 def test_concurrent_requests_equal_their_plain_answers(server, plain):
     """Three clients at once on two rows: continuous batching (one waits for a row) changes no answer."""
     results: dict[int, str] = {}
@@ -427,7 +447,12 @@ def test_concurrent_requests_equal_their_plain_answers(server, plain):
     ("/v1/chat/completions", chat_body("hi", logprobs=True, top_logprobs=21), 400,
      "logprobs must be between 0 and 20 (got 21)"),
     ("/v1/completions", {"prompt": "a", "logprobs": -1}, 400, "logprobs must be between 0 and 20 (got -1)"),
-    ("/v1/chat/completions", chat_body("hi", frequency_penalty=0.5), 400, "frequency_penalty is not supported"),
+    ("/v1/chat/completions", chat_body("hi", frequency_penalty=2.5), 400,
+     "frequency_penalty must be between -2 and 2 (got 2.5)"),
+    ("/v1/chat/completions", chat_body("hi", logit_bias={"the": 5}), 400, "logit_bias keys must be token ids (got 'the')"),
+    ("/v1/chat/completions", chat_body("hi", logit_bias={"49152": 5}), 400,
+     "token ids [49152] (logit_bias, stop_token_ids) are outside the model's vocabulary of 49152 tokens"),
+    ("/v1/chat/completions", chat_body("hi", min_tokens=20), 400, "min_tokens (20) must not exceed max_new_tokens (16)"),
     ("/v1/chat/completions", chat_body("word " * 300), 400, "but this server's sequences hold 256 tokens"),
     ("/v1/chat/completions", {"messages": []}, 400, "messages must not be empty"),
     ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "hi"}]}, 400, "messages.0.role"),

@@ -10,6 +10,7 @@ from tiny import tiny_drafter, tiny_llama
 from eaglespec.config import EngineConfig, SpecConfig
 from eaglespec.engine.cuda_graphs import GraphCache
 from eaglespec.engine.engine import Engine
+from eaglespec.engine.row_sampling import StepExtras
 from eaglespec.errors import RequestError
 from eaglespec.sampling_params import SamplingParams
 from eaglespec.spec.oracle import OracleDrafter
@@ -38,7 +39,7 @@ def reference(target):
 def test_buckets():
     class R:
         rows, step_rows, cache_len = 24, 20, 3000  # 4 spare rows (requests prefilled ahead): no step covers them
-        seeded_step = False
+        step_extras = StepExtras()
 
         @staticmethod
         def headroom() -> int:
@@ -48,9 +49,9 @@ def test_buckets():
     assert [g.batch_bucket(n) for n in (1, 2, 3, 5, 9, 13, 17, 20)] == [1, 2, 4, 8, 12, 16, 20, 20]
     assert [g.len_bucket(n) for n in (1, 256, 257, 1000, 2048, 2049, 5000)] == [256, 256, 512, 1024, 2048, 3000, 3000]
     # a step's graph: the batch bucket of its rows, the length bucket of its longest row plus the step's headroom
-    assert g.key("decode", 3, 248, True) == ("decode", 4, 256, True, None, False)
-    assert g.key("spec", 9, 249, False) == ("spec", 12, 512, False, None, False)
-    assert g.key("spec", 9, 249, False, lp=5) == ("spec", 12, 512, False, 5, False)  # 5 alternatives per token
+    assert g.key("decode", 3, 248, True) == ("decode", 4, 256, True, None, StepExtras())
+    assert g.key("spec", 9, 249, False) == ("spec", 12, 512, False, None, StepExtras())
+    assert g.key("spec", 9, 249, False, lp=5) == ("spec", 12, 512, False, 5, StepExtras())  # 5 alternatives per token
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
@@ -578,7 +579,7 @@ def test_graphs_are_recorded_with_the_garbage_collector_off(target, monkeypatch)
     eng.reserve(2, 200)
     g = eng.runner.graphs
     g.capture, g.pool = True, "pool"
-    g._capture(("spec", 2, min(256, eng.runner.cache_len), True, None, False))
+    g._capture(("spec", 2, min(256, eng.runner.cache_len), True, None, StepExtras()))
     assert recorded == [False, False, False]  # draft, verify, commit
     assert gc.isenabled()
 
@@ -679,7 +680,7 @@ def test_warm_for_reserves_and_captures_what_one_request_needs(target, reference
     params = SamplingParams(max_new_tokens=40, ignore_eos=True)
     n = eng.warm_for(prompt, params)
     assert eng.runner.max_len == len(prompt) + 40 and eng.runner.step_rows == 1
-    assert n == len(captured) and [k for k in captured if k[0] == "prefill"] == [("prefill", 1, 64, True, None, False)]
+    assert n == len(captured) and [k for k in captured if k[0] == "prefill"] == [("prefill", 1, 64, True, None, StepExtras())]
     assert {k[0] for k in captured} == {"prefill", eng._step_kind([0])} and all(k[1] == 1 for k in captured)
     assert eng.warm_for(prompt, params) == 0  # caches held: nothing more
     g.capture = False

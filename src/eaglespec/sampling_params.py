@@ -31,9 +31,26 @@ class SamplingParams:
     # engine's seed or the requests batched with it (layers/row_draws.py), so the same seed gives the same answer
     # (float32; in bf16 up to the rounding its batch-mates move). None: the engine's stream. Greedy requests ignore it.
     seed: int | None = None
+    # Logit adjustments (layers/logit_adjust.py, vLLM's order: bias, min_tokens' ban, penalties, then min-p after the
+    # temperature). Speculation stays lossless under them: a verified position is adjusted for the tokens on its own
+    # draft path (engine/row_adjust.py).
+    # OpenAI's: subtract frequency_penalty x (the token's count in the output) and presence_penalty if it occurs there
+    frequency_penalty: float = 0.0  # in [-2, 2]; 0 = off
+    presence_penalty: float = 0.0  # in [-2, 2]; 0 = off
+    # HF's and vLLM's: a token of the prompt or the output has its logit divided by it (multiplied when negative)
+    repetition_penalty: float = 1.0  # > 0; 1 = off
+    # OpenAI's: (token id, bias in [-100, 100]) pairs added to the logits (a dict is accepted and sorted)
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    # sampled rows: drop tokens less likely than min_p x the most likely one (after the temperature); 0 = off
+    min_p: float = 0.0
+    # no EOS (unless ignore_eos) nor stop_token_ids before this many output tokens, and no stop string ends earlier
+    min_tokens: int = 0
+    # tokens that end the answer as EOS does (not part of the output), beside the model's EOS
+    stop_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         validate_sampling(self.temperature, self.top_p, self.top_k)
+        self._check_adjustments()
         if self.max_new_tokens < 1:
             raise RequestError(f"max_new_tokens must be >= 1 (got {self.max_new_tokens})")
         if self.stop_loop < 0:
@@ -49,6 +66,48 @@ class SamplingParams:
         if self.stop and not self.detokenize:
             raise RequestError("stop strings need detokenize=True (they are matched in the text as it is produced)")
 
+    def _check_adjustments(self) -> None:
+        for name in ("frequency_penalty", "presence_penalty"):
+            if not -2 <= getattr(self, name) <= 2:
+                raise RequestError(f"{name} must be between -2 and 2 (got {getattr(self, name)})")
+        if not self.repetition_penalty > 0:
+            raise RequestError(f"repetition_penalty must be > 0 (got {self.repetition_penalty}); 1 turns it off")
+        if not 0 <= self.min_p <= 1:
+            raise RequestError(f"min_p must be between 0 and 1 (got {self.min_p})")
+        if self.min_tokens < 0:
+            raise RequestError(f"min_tokens must be >= 0 (got {self.min_tokens})")
+        if self.min_tokens > self.max_new_tokens:
+            raise RequestError(f"min_tokens ({self.min_tokens}) must not exceed max_new_tokens "
+                               f"({self.max_new_tokens})")
+        bias = self.logit_bias
+        pairs = tuple(sorted((int(t), float(b)) for t, b in (bias.items() if isinstance(bias, dict) else bias)))
+        object.__setattr__(self, "logit_bias", pairs)
+        for t, b in pairs:
+            if t < 0:
+                raise RequestError(f"logit_bias names token {t}: token ids are >= 0")
+            if not -100 <= b <= 100:
+                raise RequestError(f"logit_bias of token {t} must be between -100 and 100 (got {b})")
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+        if any(t < 0 for t in self.stop_token_ids):
+            raise RequestError(f"stop_token_ids must be token ids >= 0 (got {list(self.stop_token_ids)})")
+
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def adjusts_logits(self) -> bool:
+        """Whether the request's logits are adjusted before it samples (layers/logit_adjust.py): its steps then run
+        the adjustment (graphs keyed by it), and a step without such a request runs none."""
+        return bool(self.frequency_penalty or self.presence_penalty or self.repetition_penalty != 1
+                    or self.logit_bias or self.bans_stops
+                    or (self.min_p and not self.greedy))
+
+    @property
+    def bans_stops(self) -> bool:
+        """Whether min_tokens bans a token: EOS (unless ignored) or a stop token, until the answer has min_tokens."""
+        return self.min_tokens > 0 and (not self.ignore_eos or bool(self.stop_token_ids))
+
+    def token_ids(self) -> list[int]:
+        """The token ids the request names (logit_bias, stop_token_ids), which the engine checks against the vocabulary."""
+        return [t for t, _ in self.logit_bias] + list(self.stop_token_ids)

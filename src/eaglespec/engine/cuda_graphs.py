@@ -4,8 +4,9 @@
 for the runner's speculation shapes) for the batch
 bucket covering rows 0..n_rows-1 and the key-length bucket covering `longest + headroom`, capturing it on first use;
 `lp` (the alternatives per committed token whose log-probabilities the step computes, None: none; runner.py) is part
-of every key, so steps without it run graphs that compute none; so is the runner's `seeded_step` (a row of the step
-samples with its own seed: layers/row_draws.py), so steps without one draw as before.
+of every key, so steps without it run graphs that compute none; so are the runner's `step_extras` (a row of the step
+samples with its own seed: layers/row_draws.py; a row adjusts its logits: engine/row_adjust.py), so steps without
+them run as before.
 A speculative step is three graphs (draft, verify, commit) replayed back to back, so the phase timer can tell their
 times apart; the verify graph reads the draft graph's static outputs, the commit graph the verify graph's.
 `GraphCache.prefill(rows, prompts, greedy)` prefills B prompts through the graph of (B, their power-of-two length
@@ -39,6 +40,7 @@ from collections.abc import Iterator
 import torch
 
 from ..layers.attention import graph_build
+from .row_sampling import StepExtras
 from .runner import shape_index
 
 BATCH_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
@@ -123,23 +125,23 @@ class GraphCache:
         return b if fits else None
 
     # --- the phases of each step --------------------------------------------------------------------------------
-    def _phases(self, kind: str, B: int, kv_len: int, greedy: bool, lp: int | None, seeded: bool):
-        """The step's phases as callables; each first sets the runner's `seeded_step` to the key's (whether rows
-        draw through their own seeds), so a capture or an eager run computes what the key names."""
+    def _phases(self, kind: str, B: int, kv_len: int, greedy: bool, lp: int | None, extras: StepExtras):
+        """The step's phases as callables; each first sets the runner's `step_extras` to the key's (seeded draws,
+        adjusted logits), so a capture or an eager run computes what the key names."""
         run = self.runner
 
-        def seeded_as_keyed(fn):
+        def as_keyed(fn):
             def phase():
-                run.seeded_step = seeded
+                run.step_extras = extras
                 return fn()
             return phase
 
         if kind == "prefill":  # kv_len is the padded prompt length; inputs live in static buffers (prefill())
-            ids, lens, row = self._prefill_in[(kind, B, kv_len, greedy, lp, seeded)]
-            return [("prefill", seeded_as_keyed(lambda: run._prefill_core(row, ids, lens, greedy, lp)))]
+            ids, lens, row = self._prefill_in[(kind, B, kv_len, greedy, lp, extras)]
+            return [("prefill", as_keyed(lambda: run._prefill_core(row, ids, lens, greedy, lp)))]
         r = slice(0, B)  # rows 0..B-1: the per-row state is read through views (an index tensor would gather)
         if kind == "decode":
-            return [("decode", seeded_as_keyed(lambda: run._decode_core(r, None, kv_len, greedy, lp)))]
+            return [("decode", as_keyed(lambda: run._decode_core(r, None, kv_len, greedy, lp)))]
         box: dict[str, object] = {}
         shape = run.shapes[shape_index(kind)]  # "spec", "spec1", ...: the runner's speculation shapes
 
@@ -153,8 +155,7 @@ class GraphCache:
             box["out"] = run._spec_commit(r, None, kv_len, box["res"], box["aux"], shape)
             return box["out"]
 
-        return [("draft", seeded_as_keyed(draft)), ("verify", seeded_as_keyed(verify)),
-                ("commit", seeded_as_keyed(commit))]
+        return [("draft", as_keyed(draft)), ("verify", as_keyed(verify)), ("commit", as_keyed(commit))]
 
     def _capture(self, key: tuple) -> None:
         run = self.runner
@@ -205,7 +206,7 @@ class GraphCache:
         B = self.batch_bucket(n_rows)
         while True:
             Lb = min(length, self.runner.cache_len)
-            key = (kind, B, Lb, greedy, lp, False)
+            key = (kind, B, Lb, greedy, lp, StepExtras())
             if key not in self.graphs:
                 self._capture(key)
                 n += 1
@@ -225,7 +226,7 @@ class GraphCache:
             buckets = [b for b in buckets if b == self.prefill_bucket(only)]
         n = 0
         for Tb in buckets:
-            key = ("prefill", 1, Tb, greedy, lp, False)
+            key = ("prefill", 1, Tb, greedy, lp, StepExtras())
             if key not in self.graphs:
                 self._prefill_inputs(key, [[0]], [0])
                 self._capture(key)
@@ -255,7 +256,7 @@ class GraphCache:
         first tokens [B]."""
         Tb = self.prefill_bucket(max(len(p) for p in prompts), len(rows))
         assert Tb is not None, "prefill() called for prompts without a graph bucket"
-        key = ("prefill", len(rows), Tb, greedy, lp, self.runner.seeded_step)
+        key = ("prefill", len(rows), Tb, greedy, lp, self.runner.step_extras)
         self._prefill_inputs(key, prompts, rows)
         if not self.capture:
             with torch.inference_mode():
@@ -295,7 +296,7 @@ class GraphCache:
     def key(self, kind: str, n_rows: int, longest: int, greedy: bool, lp: int | None = None) -> tuple:
         """The graph `run` takes for a step of `kind` over rows 0..n_rows-1 whose longest row holds `longest` tokens."""
         return (kind, self.batch_bucket(n_rows), self.len_bucket(longest + self.runner.headroom()), greedy, lp,
-                self.runner.seeded_step)
+                self.runner.step_extras)
 
     def captured(self, kind: str, n_rows: int, longest: int, greedy: bool,
                  lp: int | None = None) -> list[tuple[str, torch.cuda.CUDAGraph]]:

@@ -18,7 +18,9 @@ running requests; its only host synchronisation is reading the committed tokens 
 A step where some of its requests asked for log-probabilities (`SamplingParams.logprobs`, up to
 `EngineConfig.max_logprobs` alternatives) also computes them for every row and reads them with the tokens (5
 alternatives while none asks for more, else the engine's most: `layers/logprobs.step_alternatives`); each such
-request keeps its tokens' entries (`Request.logprobs`, `GenerationOutput.logprobs`).
+request keeps its tokens' entries (`Request.logprobs`, `GenerationOutput.logprobs`). A step holding a request that
+adjusts its logits (penalties, logit_bias, min_tokens, min_p) adjusts every row's (neutral rows keep theirs), and one
+holding a seeded sampled request draws through the rows' seeds (`row_sampling.StepExtras`).
 A speculative engine with `EngineConfig.spec_max_rows` takes plain decode steps while more rows run (the drafter is
 kept in step by the decode step itself) and speculative steps again once few enough do. With a `SpecSchedule` as its
 `spec` each speculative step takes the shape scheduled for its rows (a chain for a lone request, a tree once several
@@ -41,6 +43,7 @@ requests moved into other rows (no steps of their own).
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 from typing import TYPE_CHECKING, Iterator, Sequence
 
 import torch
@@ -56,6 +59,7 @@ from .cuda_graphs import PREFILL_SPLIT_ROWS
 from .request import GenerationOutput, Request  # GenerationOutput: Engine.generate's
 from .pending_step import PendingStep
 from .prompts import Prompt, encode_prompt
+from .row_sampling import StepExtras
 from .runner import ModelRunner, shape_index, spec_kind
 from .scheduler import Scheduler
 from .scoring import score_prompt
@@ -222,7 +226,7 @@ class Engine:
             )
         max_new = min(params.max_new_tokens, room - n_prompt)
         if max_new != params.max_new_tokens:
-            params = SamplingParams(**{**params.__dict__, "max_new_tokens": max_new})
+            params = replace(params, max_new_tokens=max_new, min_tokens=min(params.min_tokens, max_new))
         return params
 
     def warm_for(self, prompt: Prompt, params: SamplingParams = SamplingParams(), chat: bool = True,
@@ -248,6 +252,11 @@ class Engine:
     def _enqueue(self, ids: list[int], mm: object, params: SamplingParams, stream: bool = True) -> Request:
         if params.logprobs is not None:
             check_asked(params.logprobs, self.config.max_logprobs)
+        V = self.target_config.vocab_size
+        outside = sorted({t for t in params.token_ids() if t >= V})
+        if outside:
+            raise RequestError(f"token ids {outside} (logit_bias, stop_token_ids) are outside the model's vocabulary "
+                               f"of {V} tokens")
         params = self._fit(len(ids), params)
         max_new = params.max_new_tokens
         need = len(ids) + max_new
@@ -297,11 +306,11 @@ class Engine:
         reqs, rows = batch.requests, batch.rows
         greedy = all(q.params.greedy for q in reqs)
         lp = self._step_logprobs(reqs)
-        self.runner.seeded_step = _seeded(reqs)
+        self.runner.step_extras = StepExtras.of(q.params for q in reqs)
         if batch.kind == "prefill":
             self.step_counts["prefill"] += 1
             for q in reqs:
-                self.runner.set_sampling(q.slot, q.params)
+                self.runner.set_sampling(q.slot, q.params, q.prompt_ids, q.stop_ids)
             mm = [q.mm_inputs for q in reqs]
             args = (rows, [q.prompt_ids for q in reqs], greedy, mm if any(m is not None for m in mm) else None)
             if self.overlapping:  # the next step of every running row goes in before the first tokens are read
@@ -374,7 +383,7 @@ class Engine:
         rows = [q.slot for q in running]
         kind = self._step_kind(rows)
         self._count_step(kind)
-        self.runner.seeded_step = _seeded(running)
+        self.runner.step_extras = StepExtras.of(q.params for q in running)
         self._pending = (running, self.runner.launch(kind, rows, all(q.params.greedy for q in running), ahead,
                                                      self._step_logprobs(running)))
 
@@ -503,7 +512,3 @@ class Engine:
             yield tail
         self.last_request = req
 
-
-def _seeded(reqs: Sequence[Request]) -> bool:
-    """Whether a step of these requests draws through their own seeds (a sampled request with `seed`)."""
-    return any(q.params.seed is not None and not q.params.greedy for q in reqs)

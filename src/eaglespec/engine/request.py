@@ -5,8 +5,10 @@
 speculation), with their packed log-probability rows (layers/logprobs.py) when the step computed them; a request
 that asked (`params.logprobs`) keeps its output tokens' entries with the alternatives it asked for in `logprobs`,
 beside `output_ids` (`take_logprobs` gives those added since its last call), and
-stops at exactly the right token: EOS (unless ignored; the EOS is not part of the text), the token budget, the
-token that completes a stop string (the text is cut before the stop string), or, with `params.stop_loop` N, the
+stops at exactly the right token: EOS (unless ignored) or one of `params.stop_token_ids` (`stop_ids`; neither is
+part of the output), the token budget, the token that completes a stop string (the text is cut before the stop
+string; with `params.min_tokens` only a stop string that ends after the first min_tokens tokens: the engine bans the
+stop tokens before, layers/logit_adjust.py), or, with `params.stop_loop` N, the
 first token deeper than N tokens into a repetition loop (not part of the output; repetition.py). Tokens after that
 point are dropped. `finish_reason`: "stop" (EOS or stop string), "length" or "loop"; "abort" once `abort_requested`
 was set (`Engine.abort`): the next `append` takes none of its tokens and finishes the request, as an EOS would, so an
@@ -83,8 +85,12 @@ class Request:
     _emitted: int = 0  # characters of `text` already returned by take_delta
     _lp_emitted: int = 0  # entries of `logprobs` already returned by take_logprobs
     _loops: LoopTracker | None = None  # the output's loop runs, with params.stop_loop
+    stop_ids: frozenset[int] = field(init=False, default=frozenset())  # set from params and eos_ids (__post_init__)
 
     def __post_init__(self) -> None:
+        # what ends the answer as a token: its own stop tokens, and EOS unless it ignores EOS (min_tokens bans them)
+        self.stop_ids = frozenset(self.params.stop_token_ids) | frozenset(
+            () if self.params.ignore_eos else self.eos_ids)
         if self.tokenizer is not None and self.params.detokenize and (self.stream or self.params.stop):
             self._detok = IncrementalDetokenizer(self.tokenizer)
         if self.params.stop_loop:
@@ -112,7 +118,7 @@ class Request:
             if self.finished:
                 break
             taken += 1
-            if tok in self.eos_ids and not self.params.ignore_eos:
+            if tok in self.stop_ids:
                 self.finish_reason = "stop"
                 break
             if self._loops is not None and self._loops.add(tok) > self.params.stop_loop:
@@ -125,7 +131,7 @@ class Request:
             if per_token:
                 old_len = len(self.text)
                 self.text += self._detok.add([tok])
-                if self._cut_at_stop(old_len):
+                if len(self.output_ids) >= self.params.min_tokens and self._cut_at_stop(old_len):
                     self.finish_reason = "stop"
                     break
             if len(self.output_ids) >= self.params.max_new_tokens:

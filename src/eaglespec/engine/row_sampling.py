@@ -10,11 +10,16 @@ for `SamplingParams.seed` seed [rows] int64 and seeded [rows] bool (a sampled ro
 - `draws(generator, r, position, site, seeded_step)`: where the step's draws come from: `generator`, or in a step
   holding a seeded row a `RowDraws` over rows r (layers/row_draws.py; position [B]: their committed lengths as the
   step began).
+
+`StepExtras(seeded, adjusted)`: the optional parts of a step (part of every graph key, so steps without them run
+graphs that compute none): rows drawing from their own seeds, rows whose logits are adjusted (engine/row_adjust.py).
+`StepExtras.of(params)` gives a step's, from its requests' parameters.
 """
 
 from __future__ import annotations
 
-from typing import Union
+from dataclasses import dataclass
+from typing import Iterable, Union
 
 import torch
 
@@ -23,6 +28,18 @@ from ..layers.sampling import Draws
 from ..sampling_params import SamplingParams
 
 Rows = Union[torch.Tensor, slice]
+
+
+@dataclass(frozen=True)
+class StepExtras:
+    seeded: bool = False  # a sampled row draws from its own seed (SamplingParams.seed)
+    adjusted: bool = False  # a row's logits are adjusted (SamplingParams.adjusts_logits)
+
+    @staticmethod
+    def of(params: Iterable[SamplingParams]) -> "StepExtras":
+        ps = list(params)
+        return StepExtras(seeded=any(p.seed is not None and not p.greedy for p in ps),
+                          adjusted=any(p.adjusts_logits for p in ps))
 
 
 class RowSampling:

@@ -18,6 +18,12 @@ three kinds of step as tensor programs (DESIGN.md "One speculative step, as data
   [rows, S+1, 1 + 2 max_logprobs];
   launched steps bring them to the host with their tokens (`PendingStep.logprobs`), other steps leave them for
   `logprobs_host(rows, k)`. Steps without it compute nothing more (graphs are keyed by it).
+- `step_extras` (set by the engine before a step; graphs are keyed by it): `seeded`, a sampled row draws from its own
+  seed (layers/row_draws.py); `adjusted`, rows' logits are adjusted (penalties, logit_bias, min_tokens, min_p:
+  engine/row_adjust.py) before every choice the target makes: the prefill's first token, a decode's, and at each
+  verified node, for the tokens on that node's draft path; the committed tokens then join the rows' counts. The
+  drafter drafts from its own logits, unadjusted: acceptance may fall, the output's distribution does not move.
+  Log-probabilities stay the raw logits' (as vLLM reports them).
 
 Per-row state lives on the device (`seq_len`, `last_token`, `active`, sampling parameters, the drafter's top-K and
 hidden); the host keeps only the committed lengths, which it learns when it reads the accepted lengths: that read is
@@ -32,7 +38,7 @@ key length; on CUDA `GraphCache` (cuda_graphs.py) captures it once per (batch bu
 
 from __future__ import annotations
 
-from typing import Sequence, Union
+from typing import Collection, Sequence, Union
 
 import torch
 
@@ -48,7 +54,8 @@ from ..spec.tree import DraftTree, build_tree
 from ..spec.verify import VerifyResult, verify_greedy, verify_greedy_chain, verify_sampling
 from .kv_cache import KVCache
 from .pending_step import PendingStep, ResultBuffers
-from .row_sampling import RowSampling
+from .row_adjust import RowAdjust
+from .row_sampling import RowSampling, StepExtras
 from .timing import PhaseTimer
 
 # the rows a step runs on: an index tensor (eager steps: any rows), or slice(0, B) (the graph phases: rows 0..B-1,
@@ -94,9 +101,9 @@ class ModelRunner:
         self.device, self.dtype = device, dtype
         # On CUDA the default generator is used: CUDA graphs track its state (a private one would need registering).
         self.generator = None if device.type == "cuda" else torch.Generator(device=device)
-        # set by the engine before each step: whether a row of it samples with its own seed (SamplingParams.seed);
-        # such steps draw through `RowDraws` (layers/row_draws.py) and are graphs of their own (GraphCache.key)
-        self.seeded_step = False
+        # set by the engine before each step: whether a row of it samples with its own seed (SamplingParams.seed;
+        # such steps draw through `RowDraws`, layers/row_draws.py) or adjusts its logits; graphs are keyed by it
+        self.step_extras = StepExtras()
         self.reseed(seed)
         self.rows = 0  # cache rows: the steps' rows, then the spare ones (`allocate`)
         self.step_rows = 0
@@ -138,6 +145,7 @@ class ModelRunner:
         self.last_token = torch.zeros(rows, dtype=torch.int64, device=dev)
         self.active = torch.zeros(rows, dtype=torch.bool, device=dev)
         self.sampling = RowSampling(rows, dev)  # each row's sampling parameters (and seed)
+        self.adjust = RowAdjust(rows, cfg.vocab_size, dev)  # and logit adjustments, allocated on first use
         self.host_len = [0] * rows
         width = self.spec.steps + 1 if self.spec is not None else 1  # tokens a step commits per row, at most
         # committed tokens' packed log-probability rows, written by steps run with lp=k (module docstring)
@@ -170,14 +178,17 @@ class ModelRunner:
             self.graphs.reset()
 
     def state_tensors(self) -> list[torch.Tensor]:
-        """The small per-row state a step mutates (snapshotted around graph warm-ups)."""
-        out = [self.seq_len, self.last_token]
+        """The per-row state a step mutates (snapshotted around graph warm-ups)."""
+        out = [self.seq_len, self.last_token] + self.adjust.state()
         if self.spec is not None:
             out += [t for t in (self.d_top_ids, self.d_top_logp, self.d_hidden, self.d_logits) if t is not None]
         return out
 
-    def set_sampling(self, row: int, params: SamplingParams) -> None:
+    def set_sampling(self, row: int, params: SamplingParams, prompt: Sequence[int] = (),
+                     stop_ids: Collection[int] = ()) -> None:
+        """A request's sampling parameters and logit adjustments into its row (`stop_ids`: what min_tokens bans)."""
         self.sampling.set(row, params)
+        self.adjust.set(row, params, prompt, stop_ids)
 
     def move_row(self, src: int, dst: int) -> None:
         """A request prefilled ahead in row `src` continues in row `dst` (a free row): the target's and the
@@ -189,7 +200,8 @@ class ModelRunner:
         for kv in (self.kv, self.dkv):
             for t in kv.tensors if kv is not None else ():
                 t[:, dst, :n].copy_(t[:, src, :n])
-        for t in self.state_tensors() + [self.active] + self.sampling.tensors():
+        for t in {id(t): t for t in self.state_tensors() + [self.active] + self.sampling.tensors()
+                  + self.adjust.tensors()}.values():
             t[dst].copy_(t[src])
         self.host_len[dst] = n
         self.release(src)
@@ -213,14 +225,23 @@ class ModelRunner:
 
     def _draws(self, r: Rows, position: torch.Tensor, site: int) -> Draws:
         """Where a step's draws come from (row_sampling.py): position [B], the rows' committed lengths as it began."""
-        return self.sampling.draws(self.generator, r, position, site, self.seeded_step)
+        return self.sampling.draws(self.generator, r, position, site, self.step_extras.seeded)
 
-    def _sample(self, logits: torch.Tensor, r: Rows, greedy: bool, position: torch.Tensor, site: int) -> torch.Tensor:
-        """logits [B, V] -> tokens [B]."""
+    def _sample(self, logits: torch.Tensor, r: Rows, greedy: bool, position: torch.Tensor, site: int,
+                committed: torch.Tensor) -> torch.Tensor:
+        """logits [B, V] -> tokens [B]. committed [B]: the rows' committed tokens (prompt included) before this one,
+        by which an adjusted step's logits are adjusted first (`RowAdjust.logits`)."""
+        if self.step_extras.adjusted:
+            logits = self.adjust.logits(r, logits, committed, self.sampling.temperature[r])
         if greedy:
             return greedy_ids(logits)
         draws = self._draws(r, position, site)
         return sample_probs(logits, *self.sampling.params(r), draws)[0]
+
+    def _add_counts(self, r: Rows, tokens: torch.Tensor, valid: torch.Tensor) -> None:
+        """tokens [B, W] committed where valid [B, W] join the rows' output counts, in an adjusted step."""
+        if self.step_extras.adjusted:
+            self.adjust.count(self._row_index(r), tokens, valid)
 
     def _store_logprobs(self, r: Rows, logits: torch.Tensor, tokens: torch.Tensor, k: int, width: int = 1) -> None:
         """logits [B * width, V] and the tokens chosen from them [B * width] -> lp_buf[r, :width] (packed rows of k
@@ -331,7 +352,8 @@ class ModelRunner:
             out = self.target(None, ctx, inputs_embeds=self.target.embed_multimodal(ids, list(mm_inputs)))
         else:
             out = self.target(ids, ctx)
-        tok = self._sample(out.logits[:, 0], r, greedy, lens_t, PREFILL_SITE)
+        tok = self._sample(out.logits[:, 0], r, greedy, lens_t, PREFILL_SITE, lens_t)
+        self._add_counts(r, tok[:, None], torch.ones_like(tok, dtype=torch.bool)[:, None])
         if lp is not None:
             self._store_logprobs(r, out.logits[:, 0], tok, lp)
         self.seq_len[r] = lens_t
@@ -367,7 +389,8 @@ class ModelRunner:
                              attn_mask=causal_mask(L[:, None], kv_len),
                              kv=self.kv.layers(), rows=ctx_rows)
         out = self.target(self.last_token[r][:, None], ctx)
-        tok = self._sample(out.logits[:, 0], r, greedy, L, DECODE_SITE)
+        tok = self._sample(out.logits[:, 0], r, greedy, L, DECODE_SITE, L + 1)
+        self._add_counts(r, tok[:, None], self.active[r][:, None])
         if lp is not None:
             self._store_logprobs(r, out.logits[:, 0], tok, lp)
         if self.spec is not None:  # a plain step of a speculative engine (EngineConfig.spec_max_rows): the drafter
@@ -466,11 +489,14 @@ class ModelRunner:
                                  attn_mask=prefix_tail_mask(L, tree.ancestors, kv_len), kv=self.kv.layers(),
                                  rows=ctx_rows)
         out = self.target(tree.tokens, ctx)
+        logits = out.logits  # [B, D, V]; adjusted at each node for the tokens on its path (RowAdjust.tree_logits)
+        if self.step_extras.adjusted:
+            logits = self.adjust.tree_logits(r, logits, tree, L + 1, self.sampling.temperature[r])
         if greedy:
-            res = (verify_greedy_chain if chain else verify_greedy)(tree, out.logits)
+            res = (verify_greedy_chain if chain else verify_greedy)(tree, logits)
         else:
-            V = out.logits.shape[-1]
-            probs = target_probs(out.logits.reshape(B * D, V),
+            V = logits.shape[-1]
+            probs = target_probs(logits.reshape(B * D, V),
                                  *(t.repeat_interleave(D) for t in self.sampling.params(r)))
             # sampled chains: the drafter's distributions (over its draft vocabulary: read through d_draft_index)
             res = verify_sampling(tree, probs.view(B, D, V), self._draws(r, L, VERIFY_SITE), tree.q,
@@ -495,6 +521,8 @@ class ModelRunner:
             aux = torch.gather(aux_all, 1, res.path[..., None].expand(B, S1, aux_all.shape[-1]))
         # the catch-up's positions L..L+S, mask and last real pair, and the rows' advance (L + m + 1 where active,
         # the bonus as the last token), in one kernel on CUDA (layers/commit_kernel.py)
+        committed = cached_arange(S1, self.device)[None, :] <= res.accept_len[:, None]  # [B, S+1]
+        self._add_counts(r, res.tokens, committed & self.active[r][:, None])
         at = advance_rows(self.seq_len, self.last_token, self.active, rows_t, res.accept_len, res.bonus, S1, kv_len)
         st = catch_up(self._draft_step(ctx_rows), res.tokens, aux, None, None, kv_len, self.spec.topk,
                       keep_logits=self.d_logits is not None, at=at)

@@ -3,10 +3,12 @@
 Contract: `ChatCompletionRequest` / `CompletionRequest` parse a request body (unknown fields are ignored, as OpenAI's
 clients send many); `.sampling(default_temperature)` turns one into `SamplingParams` (max_tokens None: the server
 picks the room left in its cache) and raises `RequestError` with one sentence for what this server does not do
-(more than MAX_N choices, or MAX_CHOICES over a completion's prompts, penalties, tools, suffix, best_of other than
-n, images other than data: URLs),
+(more than MAX_N choices, or MAX_CHOICES over a completion's prompts, tools, suffix, best_of other than n, images
+other than data: URLs),
 rather than ignoring it. A sampled request's `seed` becomes its own random stream (`SamplingParams.seed`); a greedy
-request's changes nothing. Images (`image_url` parts) reach the target as decoded PIL images in message order; a
+request's changes nothing. OpenAI's `frequency_penalty`, `presence_penalty` and `logit_bias` (token id strings to
+biases), and vLLM's `repetition_penalty`, `min_p`, `min_tokens` and `stop_token_ids`, adjust the logits
+(layers/logit_adjust.py); out-of-range values are refused with SamplingParams' sentence. Images (`image_url` parts) reach the target as decoded PIL images in message order; a
 target that takes none refuses them (`Engine.prepare`).
 The `*_response` / `*_chunk` helpers build the JSON bodies (`id`, `object`, `created`, `model`, `choices`, `usage`),
 with the speculative statistics (of all choices, merged) under the extra key `eaglespec` where there were
@@ -109,14 +111,25 @@ class SampledRequest(_Body):
     seed: int | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
-    ignore_eos: bool = False  # an extension (vLLM, SGLang)
+    logit_bias: dict[str, float] | None = None  # token id (a string, as JSON keys are) -> bias in [-100, 100]
+    ignore_eos: bool = False  # extensions (vLLM, SGLang):
+    repetition_penalty: float | None = None
+    min_p: float | None = None
+    min_tokens: int = 0
+    stop_token_ids: list[int] | None = None
 
     def _checks(self) -> None:
         if not 1 <= self.n <= MAX_N:
             raise RequestError(f"n must be between 1 and {MAX_N} (got {self.n})")
-        for name in ("presence_penalty", "frequency_penalty"):
-            if getattr(self, name):
-                raise RequestError(f"{name} is not supported by this server")
+
+    def _logit_bias(self) -> dict[int, float]:
+        out = {}
+        for key, bias in (self.logit_bias or {}).items():
+            try:
+                out[int(key)] = bias
+            except ValueError:
+                raise RequestError(f"logit_bias keys must be token ids (got {key!r})") from None
+        return out
 
     def _params(self, max_tokens: int | None, default_temperature: float,
                 logprobs: int | None = None) -> SamplingParams:
@@ -127,10 +140,15 @@ class SampledRequest(_Body):
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
         top_k = self.top_k if self.top_k is not None and self.top_k > 0 else 0
         return SamplingParams(
-            max_new_tokens=max_tokens or 1,  # the server replaces it when the request gave none (`max_tokens`)
+            # the server replaces it when the request gave none (`max_tokens`)
+            max_new_tokens=max_tokens or max(1, self.min_tokens),
             temperature=temperature,
             top_p=1.0 if self.top_p is None else self.top_p, top_k=top_k, stop=stop, ignore_eos=self.ignore_eos,
-            logprobs=logprobs, seed=self.seed if temperature > 0 else None)  # a greedy request has nothing to seed
+            logprobs=logprobs, seed=self.seed if temperature > 0 else None,  # a greedy request has nothing to seed
+            frequency_penalty=self.frequency_penalty or 0.0, presence_penalty=self.presence_penalty or 0.0,
+            repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
+            logit_bias=self._logit_bias(), min_p=self.min_p or 0.0, min_tokens=self.min_tokens,
+            stop_token_ids=tuple(self.stop_token_ids or ()))
 
     @property
     def include_usage(self) -> bool:

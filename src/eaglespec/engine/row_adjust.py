@@ -1,0 +1,117 @@
+"""Each cache row's logit adjustments on the device (penalties, logit_bias, min_tokens, min_p: layers/logit_adjust.py),
+and the output-token counts they read.
+
+Contract of `RowAdjust(rows, vocab, device)`: nothing is allocated until a request that adjusts its logits arrives
+(`SamplingParams.adjusts_logits`); from then on, per row: counts [rows, V] int32 (its output tokens so far),
+seen [rows, V] bool (its prompt's tokens, for the repetition penalty), bias [rows, V] float32, stops [rows, V] bool
+(what min_tokens bans), and rep / freq / pres / min_p [rows] float32, min_tokens / prompt_len [rows] int64. A row
+with neutral parameters is left unchanged by the adjustment, so rows that ask for nothing may share a step with one
+that does.
+- `set(row, params, prompt, stop_ids)`: a request's parameters into its row, as enqueued fills and copies from
+  pinned memory (no synchronisation); its counts start at zero;
+- `tensors()`: every per-row tensor (moved with a row: `ModelRunner.move_row`); `state()`: those a step mutates (the
+  counts: snapshotted around graph warm-ups);
+- `logits(r, logits, committed, temperature)`: a step's logits [B, V] adjusted, where row b has committed[b] tokens
+  (its prompt's included) before the one these logits choose;
+- `tree_logits(r, logits, tree, committed, temperature)`: a verify step's logits [B, D, V] (committed[b]: the row's
+  tokens up to the root), node n of row b seeing the row's counts plus the tokens on its draft path (`path_counts`),
+  with committed[b] + depth(n) tokens before the one it chooses;
+- `count(rows, tokens, valid)`: tokens [B, W] committed where valid [B, W] join the rows' counts.
+Rows `r` are an index tensor, or slice(0, B) in graph phases (views); `rows` of `count` an index tensor [B].
+"""
+
+from __future__ import annotations
+
+from typing import Collection, Sequence, Union
+
+import torch
+
+from ..layers.logit_adjust import adjust_logits, path_counts
+from ..sampling_params import SamplingParams
+from ..spec.tree import DraftTree
+
+Rows = Union[torch.Tensor, slice]
+
+
+class RowAdjust:
+    def __init__(self, rows: int, vocab: int, device: torch.device) -> None:
+        self.rows, self.vocab, self.device = rows, vocab, device
+        self.ready = False
+
+    def _allocate(self) -> None:
+        R, V, dev = self.rows, self.vocab, self.device
+        self.counts = torch.zeros(R, V, dtype=torch.int32, device=dev)
+        self.seen = torch.zeros(R, V, dtype=torch.bool, device=dev)
+        self.bias = torch.zeros(R, V, dtype=torch.float32, device=dev)
+        self.stops = torch.zeros(R, V, dtype=torch.bool, device=dev)
+        self.rep = torch.ones(R, dtype=torch.float32, device=dev)
+        self.freq = torch.zeros(R, dtype=torch.float32, device=dev)
+        self.pres = torch.zeros(R, dtype=torch.float32, device=dev)
+        self.min_p = torch.zeros(R, dtype=torch.float32, device=dev)
+        self.min_tokens = torch.zeros(R, dtype=torch.int64, device=dev)
+        self.prompt_len = torch.zeros(R, dtype=torch.int64, device=dev)
+        self.ready = True
+
+    def _to_device(self, values: Sequence, dtype: torch.dtype) -> torch.Tensor:
+        """A host list on the device without synchronising (from pinned memory on CUDA)."""
+        t = torch.tensor(list(values), dtype=dtype)
+        return t.pin_memory().to(self.device, non_blocking=True) if self.device.type == "cuda" else t
+
+    def set(self, row: int, params: SamplingParams, prompt: Sequence[int], stop_ids: Collection[int]) -> None:
+        """`stop_ids`: what min_tokens bans (the request's stop tokens, and EOS unless it ignores it)."""
+        if not self.ready:
+            if not params.adjusts_logits:
+                return
+            self._allocate()
+        self.rep[row].fill_(params.repetition_penalty)
+        self.freq[row].fill_(params.frequency_penalty)
+        self.pres[row].fill_(params.presence_penalty)
+        self.min_p[row].fill_(params.min_p)
+        self.min_tokens[row].fill_(params.min_tokens)
+        self.prompt_len[row].fill_(len(prompt))
+        self.counts[row].zero_()
+        for t in (self.seen, self.bias, self.stops):
+            t[row].zero_()
+        if params.repetition_penalty != 1:
+            self.seen[row].index_fill_(0, self._to_device(prompt, torch.int64), True)
+        if params.logit_bias:
+            ids, values = zip(*params.logit_bias)
+            self.bias[row].index_copy_(0, self._to_device(ids, torch.int64), self._to_device(values, torch.float32))
+        if params.min_tokens and stop_ids:
+            self.stops[row].index_fill_(0, self._to_device(stop_ids, torch.int64), True)
+
+    def tensors(self) -> list[torch.Tensor]:
+        if not self.ready:
+            return []
+        return [self.counts, self.seen, self.bias, self.stops, self.rep, self.freq, self.pres, self.min_p,
+                self.min_tokens, self.prompt_len]
+
+    def state(self) -> list[torch.Tensor]:
+        return [self.counts] if self.ready else []
+
+    def _scalars(self, r: Rows) -> tuple[torch.Tensor, ...]:
+        return self.rep[r], self.freq[r], self.pres[r], self.min_p[r]
+
+    def logits(self, r: Rows, logits: torch.Tensor, committed: torch.Tensor,
+               temperature: torch.Tensor) -> torch.Tensor:
+        """logits [B, V], committed [B] int64, temperature [B] -> float32 [B, V] (module docstring)."""
+        outputs = committed - self.prompt_len[r]  # [B]: output tokens before the one chosen
+        ban = self.stops[r] & (outputs < self.min_tokens[r])[:, None]
+        return adjust_logits(logits, self.counts[r], self.seen[r], self.bias[r], ban, *self._scalars(r), temperature)
+
+    def tree_logits(self, r: Rows, logits: torch.Tensor, tree: DraftTree, committed: torch.Tensor,
+                    temperature: torch.Tensor) -> torch.Tensor:
+        """logits [B, D, V], committed [B] int64 (the root included), temperature [B] -> float32 [B, D, V]."""
+        V = logits.shape[-1]
+        outputs = committed - self.prompt_len[r]  # [B]: output tokens up to the root
+        counts = self.counts[r][:, None, :] + path_counts(tree.tokens, tree.ancestors, V)  # [B, D, V]
+        before = outputs[:, None] + tree.depth  # [B, D]: output tokens before the one node n's logits choose
+        ban = self.stops[r][:, None, :] & (before < self.min_tokens[r][:, None])[..., None]  # [B, D, V]
+        scalars = [t[:, None] for t in (*self._scalars(r), temperature)]  # [B, 1] each, against the nodes
+        return adjust_logits(logits, counts, self.seen[r][:, None, :], self.bias[r][:, None, :], ban, *scalars)
+
+    def count(self, rows: torch.Tensor, tokens: torch.Tensor, valid: torch.Tensor) -> None:
+        """rows [B] int64, tokens [B, W] int64, valid [B, W] bool: one more of each valid token in its row's counts."""
+        flat = rows[:, None] * self.vocab + tokens  # [B, W] into counts viewed as [rows * V]: a scatter-add
+        # (atomic on CUDA, no synchronisation, graph-capturable), repeated tokens adding up
+        self.counts.view(-1).scatter_add_(0, flat.reshape(-1), valid.to(torch.int32).reshape(-1))
