@@ -16,6 +16,9 @@ that does.
 - `tree_logits(r, logits, tree, committed, temperature)`: a verify step's logits [B, D, V] (committed[b]: the row's
   tokens up to the root), node n of row b seeing the row's counts plus the tokens on its draft path (`path_counts`),
   with committed[b] + depth(n) tokens before the one it chooses;
+- `draft_logits(r, logits, table, temperature)`: the drafter's logits [B, T, Vd] over its vocabulary (table [Vd]:
+  each draft id's target id) adjusted by the rows' counts as they stand (not a draft path's: drafting guesses,
+  verification decides), its min_tokens ban by the rows' output counts;
 - `count(rows, tokens, valid)`: tokens [B, W] committed where valid [B, W] join the rows' counts.
 Rows `r` are an index tensor, or slice(0, B) in graph phases (views); `rows` of `count` an index tensor [B].
 """
@@ -109,6 +112,17 @@ class RowAdjust:
         ban = self.stops[r][:, None, :] & (before < self.min_tokens[r][:, None])[..., None]  # [B, D, V]
         scalars = [t[:, None] for t in (*self._scalars(r), temperature)]  # [B, 1] each, against the nodes
         return adjust_logits(logits, counts, self.seen[r][:, None, :], self.bias[r][:, None, :], ban, *scalars)
+
+    def draft_logits(self, r: Rows, logits: torch.Tensor, table: torch.Tensor,
+                     temperature: torch.Tensor) -> torch.Tensor:
+        """logits [B, T, Vd], table [Vd] int64, temperature [B] -> float32 [B, T, Vd] (module docstring)."""
+        def pick(t: torch.Tensor) -> torch.Tensor:  # [rows, V] -> the rows' [B, 1, Vd]
+            return t[r].index_select(1, table)[:, None, :]
+
+        outputs = self.counts[r].sum(-1)  # [B]: the rows' output tokens so far
+        ban = pick(self.stops) & (outputs < self.min_tokens[r])[:, None, None]
+        scalars = [t[:, None] for t in (*self._scalars(r), temperature)]  # [B, 1] each, against the positions
+        return adjust_logits(logits, pick(self.counts), pick(self.seen), pick(self.bias), ban, *scalars)
 
     def count(self, rows: torch.Tensor, tokens: torch.Tensor, valid: torch.Tensor) -> None:
         """rows [B] int64, tokens [B, W] int64, valid [B, W] bool: one more of each valid token in its row's counts."""

@@ -22,8 +22,9 @@ three kinds of step as tensor programs (DESIGN.md "One speculative step, as data
   seed (layers/row_draws.py); `adjusted`, rows' logits are adjusted (penalties, logit_bias, min_tokens, min_p:
   engine/row_adjust.py) before every choice the target makes: the prefill's first token, a decode's, and at each
   verified node, for the tokens on that node's draft path; the committed tokens then join the rows' counts. The
-  drafter drafts from its own logits, unadjusted: acceptance may fall, the output's distribution does not move.
-  Log-probabilities stay the raw logits' (as vLLM reports them).
+  drafter's logits are adjusted too, by the rows' counts as they stand (not each draft path's): a guess closer to
+  the target's choice; verification alone decides what is committed. Log-probabilities stay the raw logits' (as
+  vLLM reports them).
 
 Per-row state lives on the device (`seq_len`, `last_token`, `active`, sampling parameters, the drafter's top-K and
 hidden); the host keeps only the committed lengths, which it learns when it reads the accepted lengths: that read is
@@ -256,11 +257,16 @@ class ModelRunner:
         assert self.lp_buf is not None
         return self.lp_buf.index_select(0, self._rows(rows)[0])[..., :_columns(k)].cpu()
 
-    def _draft_step(self, ctx_rows: torch.Tensor | None):
+    def _draft_step(self, r: Rows, ctx_rows: torch.Tensor | None):
+        """The drafter forward spec/draft.py calls; in an adjusted step its logits are adjusted as the rows' target
+        logits are, by their counts as they stand (`RowAdjust.draft_logits`), so that drafts follow the penalties."""
         def step(tokens, hidden, positions, write_index, mask, from_target, logits_index):
             ctx = ForwardContext(positions=positions, write_index=write_index, attn_mask=mask,
                                  kv=self.dkv.layers(), rows=ctx_rows, logits_index=logits_index)
-            return self.drafter(tokens, hidden, ctx, from_target=from_target)
+            logits, out = self.drafter(tokens, hidden, ctx, from_target=from_target)
+            if self.step_extras.adjusted:
+                logits = self.adjust.draft_logits(r, logits, self.d_target_ids, self.sampling.temperature[r])
+            return logits, out
 
         return step
 
@@ -368,7 +374,7 @@ class ModelRunner:
         shifted = torch.cat((ids[:, 1:], ids[:, :1]), dim=1)
         shifted.scatter_(1, (lens_t - 1)[:, None], tok[:, None])
         zeros = torch.zeros(B, dtype=torch.int64, device=self.device)
-        st = catch_up(self._draft_step(ctx_rows), shifted, aux, zeros, lens_t, T, self.spec.topk,
+        st = catch_up(self._draft_step(r, ctx_rows), shifted, aux, zeros, lens_t, T, self.spec.topk,
                       keep_logits=self.d_logits is not None)
         self._store_draft(r, st)
 
@@ -396,7 +402,7 @@ class ModelRunner:
         if self.spec is not None:  # a plain step of a speculative engine (EngineConfig.spec_max_rows): the drafter
             # takes the pair (target aux at L, the new token at L+1), as a commit of one token would give it
             ones = torch.ones(B, dtype=torch.int64, device=dev)
-            st = catch_up(self._draft_step(ctx_rows), tok[:, None], out.aux_hidden, L, ones, kv_len,
+            st = catch_up(self._draft_step(r, ctx_rows), tok[:, None], out.aux_hidden, L, ones, kv_len,
                           self.spec.topk, keep_logits=self.d_logits is not None)
             self._store_draft(r, st)
         self.seq_len[r] = torch.where(self.active[r], L + 1, L)
@@ -463,7 +469,7 @@ class ModelRunner:
         # the drafter's top ids / log-probs are the envelope's K, best first: a shape of smaller K reads its first K
         top_logp = self.d_top_logp[r][:, :K] if K > 1 else None
         state = DraftState(self.d_top_ids[r][:, :K], top_logp, self.d_hidden[r], self.d_logits[r] if sampled else None)
-        cands = draft_tree(self._draft_step(ctx_rows), self.d_target_ids.__getitem__, state, L, S, K, kv_len,
+        cands = draft_tree(self._draft_step(r, ctx_rows), self.d_target_ids.__getitem__, state, L, S, K, kv_len,
                            self.sampling.params(r) if sampled else None,
                            self._draws(r, L, DRAFT_SITE),
                            target_ids=self.d_target_ids)
@@ -524,7 +530,7 @@ class ModelRunner:
         committed = cached_arange(S1, self.device)[None, :] <= res.accept_len[:, None]  # [B, S+1]
         self._add_counts(r, res.tokens, committed & self.active[r][:, None])
         at = advance_rows(self.seq_len, self.last_token, self.active, rows_t, res.accept_len, res.bonus, S1, kv_len)
-        st = catch_up(self._draft_step(ctx_rows), res.tokens, aux, None, None, kv_len, self.spec.topk,
+        st = catch_up(self._draft_step(r, ctx_rows), res.tokens, aux, None, None, kv_len, self.spec.topk,
                       keep_logits=self.d_logits is not None, at=at)
         self._store_draft(r, st)
         return res.accept_len, res.tokens
