@@ -27,7 +27,7 @@ import torch
 from eaglespec import api
 from eaglespec.bench.datasets import encode, mt_bench
 from eaglespec.config import EngineConfig
-from eaglespec.engine import request, runner
+from eaglespec.engine import logprob_buffer, request
 from eaglespec.engine.gc_heap import freeze_heap
 from eaglespec.layers import logprobs, logprobs_kernel
 from eaglespec.sampling_params import SamplingParams
@@ -93,13 +93,13 @@ MODES = ("none", "kernels", "torch", "no unpack")
 
 def run_mode(mode: str, engines: dict, prompts) -> tuple[float, int, float]:
     """One mode's timed run (module docstring); restores the patched names after."""
-    runner.token_logprobs = torch_path if mode == "torch" else logprobs.token_logprobs
+    logprob_buffer.token_logprobs = torch_path if mode == "torch" else logprobs.token_logprobs
     request.unpack = (lambda row, tok, k: FAKE) if mode == "no unpack" else logprobs.unpack
     try:
         params = SamplingParams(max_new_tokens=128, logprobs=None if mode == "none" else 5)
         return timed(engines["torch" if mode == "torch" else "kernels"], prompts, params)
     finally:
-        runner.token_logprobs, request.unpack = logprobs.token_logprobs, logprobs.unpack
+        logprob_buffer.token_logprobs, request.unpack = logprobs.token_logprobs, logprobs.unpack
 
 
 def load(gguf: str, kind: str, rows: int) -> dict:

@@ -103,7 +103,7 @@ def test_the_static_graph_path_with_overlap(target, drafter, plain, spec, monkey
     monkeypatch.setattr(ResultBuffers, "step", lambda self, *a: (lambda p: widths.append(p.logprobs.shape[-1]) or p)(
         real(self, *a)))
     outs = eng.generate(PROMPTS, GREEDY)  # 4 requests over 3 rows: admissions while others run
-    assert widths and set(widths) == {1 + 2 * 5} and eng.runner.lp_buf.shape[-1] == 1 + 2 * 20
+    assert widths and set(widths) == {1 + 2 * 5} and eng.runner.lp_buffer.buf.shape[-1] == 1 + 2 * 20
     for o, ref in zip(outs, plain):
         assert o.token_ids == ref.token_ids
         assert [e.logprob for e in o.logprobs] == pytest.approx([e.logprob for e in ref.logprobs], abs=1e-5)
@@ -179,10 +179,10 @@ def test_the_cuda_kernel_packs_the_same_rows(N, V, k):
 def test_speculation_through_the_kernel_gives_plain_decodings_logprobs(target, drafter, plain, monkeypatch):
     """The engine's steps with the CUDA kernel in place of PyTorch's path (Triton's interpreter): a tree's verify
     rows and the prefill's and decode's alike."""
-    from eaglespec.engine import runner
+    from eaglespec.engine import logprob_buffer
     from eaglespec.layers import logprobs_kernel
 
-    monkeypatch.setattr(runner, "token_logprobs", logprobs_kernel.packed_rows)
+    monkeypatch.setattr(logprob_buffer, "token_logprobs", logprobs_kernel.packed_rows)
     for spec in (None, SpecConfig(4, 2, 6)):
         eng = Engine(target, None, EngineConfig(), drafter=drafter if spec else None, spec=spec)
         outs = eng.generate(PROMPTS[:2], SamplingParams(max_new_tokens=6, ignore_eos=True, logprobs=3))
@@ -196,14 +196,14 @@ def test_speculation_through_the_kernel_gives_plain_decodings_logprobs(target, d
 def test_a_step_computes_the_alternatives_its_requests_need(target, plain, monkeypatch):
     """A step computes SMALL_TOP alternatives while no request of it asks for more, else the engine's most
     (`step_alternatives`); a request reads its own k from rows wider than it, whichever steps computed them."""
-    from eaglespec.engine import runner
+    from eaglespec.engine import logprob_buffer
     from eaglespec.layers.logprobs import SMALL_TOP, step_alternatives
 
     assert [step_alternatives(a, 20) for a in (0, 1, 5, 6, 20)] == [5, 5, 5, 20, 20]
     assert [step_alternatives(a, 3) for a in (0, 3)] == [3, 3] and step_alternatives(0, 0) == 0
     computed: list[int] = []
-    real = runner.token_logprobs
-    monkeypatch.setattr(runner, "token_logprobs", lambda x, t, k: computed.append(k) or real(x, t, k))
+    real = logprob_buffer.token_logprobs
+    monkeypatch.setattr(logprob_buffer, "token_logprobs", lambda x, t, k: computed.append(k) or real(x, t, k))
     eng = Engine(target, None, EngineConfig(max_batch_size=2, max_logprobs=12))
     params = [SamplingParams(max_new_tokens=16, ignore_eos=True, logprobs=2),
               SamplingParams(max_new_tokens=4, ignore_eos=True, logprobs=9)]  # ends first: the rest compute 5

@@ -241,13 +241,14 @@ def test_plain_steps_keep_the_drafter_in_step(target, drafter, spec):
             fresh.step()
         assert ref.output_ids == [text[-1]]
         a, b = eng.runner, fresh.runner
-        assert torch.equal(a.d_top_ids[q.slot], b.d_top_ids[ref.slot])
+        a, b = a.draft, b.draft
+        assert torch.equal(a.top_ids[q.slot], b.top_ids[ref.slot])
         if spec.topk > 1:  # trees keep the top-K log-probabilities, chains the depth-1 logits
-            assert torch.allclose(a.d_top_logp[q.slot], b.d_top_logp[ref.slot], rtol=1e-4, atol=1e-4)
+            assert torch.allclose(a.top_logp[q.slot], b.top_logp[ref.slot], rtol=1e-4, atol=1e-4)
         else:
-            assert a.d_top_logp is None
-            assert torch.allclose(a.d_logits[q.slot], b.d_logits[ref.slot], rtol=1e-4, atol=1e-4)
-        assert torch.allclose(a.d_hidden[q.slot], b.d_hidden[ref.slot], rtol=1e-4, atol=1e-4)  # |h| ~ 30
+            assert a.top_logp is None
+            assert torch.allclose(a.logits[q.slot], b.logits[ref.slot], rtol=1e-4, atol=1e-4)
+        assert torch.allclose(a.hidden[q.slot], b.hidden[ref.slot], rtol=1e-4, atol=1e-4)  # |h| ~ 30
 
 
 def test_spec_max_rows_must_be_positive():

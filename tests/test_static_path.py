@@ -599,7 +599,7 @@ def test_bf16_chain_engine_runs_greedy_and_sampled(static):
         outs = eng.generate(PROMPTS[:3], params)
         assert [len(o.token_ids) for o in outs] == [12, 12, 12]
         assert all(o.stats.verify_steps > 0 for o in outs)
-    assert eng.runner.d_logits.dtype == torch.bfloat16
+    assert eng.runner.draft.logits.dtype == torch.bfloat16
     # the bench's oracle (no weights: float32 logits) in a bf16 engine, as `step_kernels_check.py` runs it (session 8)
     ref = Engine(target, None, EngineConfig()).generate(PROMPTS[:1], SamplingParams(max_new_tokens=12,
                                                                                     ignore_eos=True))[0].token_ids

@@ -14,8 +14,7 @@ three kinds of step as tensor programs (DESIGN.md "One speculative step, as data
   to any row, for the key-length bucket).
 - `lp=k` on any of them (a step where some request asked for log-probabilities; k <= `max_logprobs`, None: none):
   the step also writes each committed token's packed log-probability row (layers/logprobs.py: the target's raw
-  logits at the position that chose it, and its top k alternatives) into the first 1 + 2k columns of `lp_buf`
-  [rows, S+1, 1 + 2 max_logprobs];
+  logits at the position that chose it, and its top k alternatives) into `lp_buffer` (engine/logprob_buffer.py);
   launched steps bring them to the host with their tokens (`PendingStep.logprobs`), other steps leave them for
   `logprobs_host(rows, k)`. Steps without it compute nothing more (graphs are keyed by it).
 - `step_extras` (set by the engine before a step; graphs are keyed by it): `seeded`, a sampled row draws from its own
@@ -26,8 +25,8 @@ three kinds of step as tensor programs (DESIGN.md "One speculative step, as data
   the target's choice; verification alone decides what is committed. Log-probabilities stay the raw logits' (as
   vLLM reports them).
 
-Per-row state lives on the device (`seq_len`, `last_token`, `active`, sampling parameters, the drafter's top-K and
-hidden); the host keeps only the committed lengths, which it learns when it reads the accepted lengths: that read is
+Per-row state lives on the device (`seq_len`, `last_token`, `active`; `sampling`, `adjust`: each row's sampling
+parameters and logit adjustments; `draft`: the drafter's top-K and hidden, engine/drafter_rows.py); the host keeps only the committed lengths, which it learns when it reads the accepted lengths: that read is
 the one synchronisation of a step. Policy (which rows run, which shape a step takes) is the scheduler's and the
 engine's; this class never decides.
 
@@ -44,16 +43,17 @@ from typing import Collection, Sequence, Union
 import torch
 
 from ..config import SpecConfig, spec_envelope
-from ..layers.commit_kernel import advance_rows, store_draft_rows
+from ..layers.commit_kernel import advance_rows
 from ..layers.context import ForwardContext, cached_arange, causal_mask, prefix_tail_mask
-from ..layers.logprobs import token_logprobs
 from ..layers.row_draws import DECODE_SITE, DRAFT_SITE, PREFILL_SITE, VERIFY_SITE
 from ..layers.sampling import Draws, greedy_ids, sample_probs, target_probs
 from ..sampling_params import SamplingParams
-from ..spec.draft import DraftState, catch_up, draft_tree
+from ..spec.draft import catch_up, draft_tree
 from ..spec.tree import DraftTree, build_tree
 from ..spec.verify import VerifyResult, verify_greedy, verify_greedy_chain, verify_sampling
+from .drafter_rows import DrafterRows
 from .kv_cache import KVCache
+from .logprob_buffer import LogprobBuffer, columns
 from .pending_step import PendingStep, ResultBuffers
 from .row_adjust import RowAdjust
 from .row_sampling import RowSampling, StepExtras
@@ -73,11 +73,6 @@ def shape_index(kind: str) -> int:
     return int(kind[4:] or 0)
 
 
-def _columns(lp: int | None) -> int | None:
-    """The columns of a packed log-probability row of lp alternatives (layers/logprobs.py)."""
-    return None if lp is None else 1 + 2 * lp
-
-
 class ModelRunner:
     def __init__(
         self,
@@ -92,7 +87,7 @@ class ModelRunner:
         max_logprobs: int | None = None,
     ) -> None:
         self.target, self.drafter = target, drafter
-        self.max_logprobs = max_logprobs  # alternatives per token in `lp_buf`; None: no log-probabilities
+        self.max_logprobs = max_logprobs  # alternatives per token in `lp_buffer`; None: no log-probabilities
         # the speculation shapes a step may take (by index: `spec_kind`); `spec` is their envelope (the largest S, K
         # and D), by which caches, drafter state and headroom are sized, and with whose K the drafter catches up (a
         # step of a smaller K reads the first K of the drafter's top ids, best first)
@@ -150,40 +145,20 @@ class ModelRunner:
         self.host_len = [0] * rows
         width = self.spec.steps + 1 if self.spec is not None else 1  # tokens a step commits per row, at most
         # committed tokens' packed log-probability rows, written by steps run with lp=k (module docstring)
-        W = 1 + 2 * self.max_logprobs if self.max_logprobs is not None else None
-        self.lp_buf = torch.zeros(rows, width, W, dtype=torch.float32, device=dev) if W is not None else None
-        self.results = ResultBuffers(rows, width, W, dev.type == "cuda")  # launched steps' host copies
+        self.lp_buffer = LogprobBuffer(rows, width, self.max_logprobs, dev) if self.max_logprobs is not None else None
+        self.results = ResultBuffers(rows, width, columns(self.max_logprobs), dev.type == "cuda")  # host copies
         if self.spec is not None:
-            K = self.spec.topk
             # one cache layer per drafter decoder layer (a multi-layer EAGLE-3 drafter; the oracle declares none: 1)
             self.dkv = KVCache(getattr(self.drafter, "num_layers", 1), self.drafter.kv_cache_shapes(), rows,
                                self.cache_len, self.dtype, dev)
-            H = self.drafter.config.hidden_size
-            self.d_top_ids = torch.zeros(rows, K, dtype=torch.int64, device=dev)
-            # trees score their depth-1 candidates; chains take the argmax and keep no log-probabilities
-            self.d_top_logp = torch.zeros(rows, K, dtype=torch.float32, device=dev) if K > 1 else None
-            self.d_hidden = torch.zeros(rows, H, dtype=self.dtype, device=dev)
-            # chains draw sampled rows' drafts from the drafter's distribution: its depth-1 logits from the
-            # catch-up (in the drafter's dtype, as it writes them; the log-softmax reads them as float32)
-            dcfg = self.drafter.config
-            Vd = dcfg.eagle.draft_vocab_size or dcfg.vocab_size
-            chains = any(x.topk == 1 for x in self.shapes)
-            self.d_logits = torch.zeros(rows, Vd, dtype=self.dtype, device=dev) if chains else None
-            # the target id of every draft id: drafts map through one lookup (the drafter's own map is two kernels)
-            self.d_target_ids = self.drafter.to_target_ids(torch.arange(Vd, device=dev))
-            # and the way back, for sampled chains' verification: target id -> draft id, -1 outside the draft
-            # vocabulary
-            self.d_draft_index = torch.full((cfg.vocab_size,), -1, dtype=torch.int64, device=dev).index_copy_(
-                0, self.d_target_ids, torch.arange(Vd, device=dev))
+            self.draft = DrafterRows(self.drafter, self.shapes, rows, cfg.vocab_size, self.dtype, dev)
         if self.graphs is not None:
             self.graphs.reset()
 
     def state_tensors(self) -> list[torch.Tensor]:
         """The per-row state a step mutates (snapshotted around graph warm-ups)."""
         out = [self.seq_len, self.last_token] + self.adjust.state()
-        if self.spec is not None:
-            out += [t for t in (self.d_top_ids, self.d_top_logp, self.d_hidden, self.d_logits) if t is not None]
-        return out
+        return out + (self.draft.tensors() if self.spec is not None else [])
 
     def set_sampling(self, row: int, params: SamplingParams, prompt: Sequence[int] = (),
                      stop_ids: Collection[int] = ()) -> None:
@@ -244,18 +219,11 @@ class ModelRunner:
         if self.step_extras.adjusted:
             self.adjust.count(self._row_index(r), tokens, valid)
 
-    def _store_logprobs(self, r: Rows, logits: torch.Tensor, tokens: torch.Tensor, k: int, width: int = 1) -> None:
-        """logits [B * width, V] and the tokens chosen from them [B * width] -> lp_buf[r, :width] (packed rows of k
-        alternatives: their first 1 + 2k columns)."""
-        assert self.lp_buf is not None and self.max_logprobs is not None and k <= self.max_logprobs, k
-        B = self._count(r)
-        self.lp_buf[r, :width, : 1 + 2 * k] = token_logprobs(logits, tokens, k).view(B, width, -1)
-
     def logprobs_host(self, rows: Sequence[int], k: int) -> torch.Tensor:
         """The packed log-probability rows of the last step that computed them (k alternatives), for these rows:
         [len(rows), S+1, 1 + 2k] on the host (a synchronising copy: for steps already read)."""
-        assert self.lp_buf is not None
-        return self.lp_buf.index_select(0, self._rows(rows)[0])[..., :_columns(k)].cpu()
+        assert self.lp_buffer is not None
+        return self.lp_buffer.gather(self._rows(rows)[0], k).cpu()
 
     def _draft_step(self, r: Rows, ctx_rows: torch.Tensor | None):
         """The drafter forward spec/draft.py calls; in an adjusted step its logits are adjusted as the rows' target
@@ -265,7 +233,7 @@ class ModelRunner:
                                  kv=self.dkv.layers(), rows=ctx_rows, logits_index=logits_index)
             logits, out = self.drafter(tokens, hidden, ctx, from_target=from_target)
             if self.step_extras.adjusted:
-                logits = self.adjust.draft_logits(r, logits, self.d_target_ids, self.sampling.temperature[r])
+                logits = self.adjust.draft_logits(r, logits, self.draft.target_ids, self.sampling.temperature[r])
             return logits, out
 
         return step
@@ -273,12 +241,6 @@ class ModelRunner:
     def _row_index(self, r: Rows) -> torch.Tensor:
         """The cache rows of a step's rows as an index tensor [B] (graph steps name rows 0..B-1 by a slice)."""
         return cached_arange(r.stop, self.device) if isinstance(r, slice) else r
-
-    def _store_draft(self, r: Rows, st: DraftState) -> None:
-        """The drafter's state per row (top ids, tree log-probs, hidden, chains' logits: a module without weights, the
-        bench's oracle, writes float32 logits) in one kernel on CUDA (layers/commit_kernel.py)."""
-        store_draft_rows(self._row_index(r), st.top_ids, st.top_logp, st.hidden, st.logits, self.d_top_ids,
-                         self.d_top_logp, self.d_hidden, self.d_logits)
 
     def reseed(self, seed: int) -> None:
         """Sampling draws from `seed` on, as a runner built with that seed draws them: on CUDA the device's default
@@ -334,7 +296,7 @@ class ModelRunner:
         tok = self.prefill(rows, prompts, greedy, mm_inputs, lp)
         lps = None  # [B, 1, 1 + 2k]: the columns the prefill wrote
         if lp is not None:
-            lps = self.lp_buf.index_select(0, self._rows(rows)[0])[:, :1, :_columns(lp)].contiguous()
+            lps = self.lp_buffer.gather(self._rows(rows)[0], lp, first=1).contiguous()
         return self.results.prefill(list(rows), tok, lps)
 
     @staticmethod
@@ -361,7 +323,7 @@ class ModelRunner:
         tok = self._sample(out.logits[:, 0], r, greedy, lens_t, PREFILL_SITE, lens_t)
         self._add_counts(r, tok[:, None], torch.ones_like(tok, dtype=torch.bool)[:, None])
         if lp is not None:
-            self._store_logprobs(r, out.logits[:, 0], tok, lp)
+            self.lp_buffer.store(r, out.logits[:, 0], tok, lp)
         self.seq_len[r] = lens_t
         self.last_token[r] = tok
         self.active.index_fill_(0, r, True)  # a scalar fill: no host->device copy (graph-capturable)
@@ -375,8 +337,8 @@ class ModelRunner:
         shifted.scatter_(1, (lens_t - 1)[:, None], tok[:, None])
         zeros = torch.zeros(B, dtype=torch.int64, device=self.device)
         st = catch_up(self._draft_step(r, ctx_rows), shifted, aux, zeros, lens_t, T, self.spec.topk,
-                      keep_logits=self.d_logits is not None)
-        self._store_draft(r, st)
+                      keep_logits=self.draft.logits is not None)
+        self.draft.store(self._row_index(r), st)
 
     def _prefill_core(self, r: torch.Tensor, ids: torch.Tensor, lens_t: torch.Tensor, greedy: bool,
                       lp: int | None = None) -> torch.Tensor:
@@ -398,13 +360,13 @@ class ModelRunner:
         tok = self._sample(out.logits[:, 0], r, greedy, L, DECODE_SITE, L + 1)
         self._add_counts(r, tok[:, None], self.active[r][:, None])
         if lp is not None:
-            self._store_logprobs(r, out.logits[:, 0], tok, lp)
+            self.lp_buffer.store(r, out.logits[:, 0], tok, lp)
         if self.spec is not None:  # a plain step of a speculative engine (EngineConfig.spec_max_rows): the drafter
             # takes the pair (target aux at L, the new token at L+1), as a commit of one token would give it
             ones = torch.ones(B, dtype=torch.int64, device=dev)
             st = catch_up(self._draft_step(r, ctx_rows), tok[:, None], out.aux_hidden, L, ones, kv_len,
-                          self.spec.topk, keep_logits=self.d_logits is not None)
-            self._store_draft(r, st)
+                          self.spec.topk, keep_logits=self.draft.logits is not None)
+            self.draft.store(self._row_index(r), st)
         self.seq_len[r] = torch.where(self.active[r], L + 1, L)
         self.last_token[r] = tok
         return tok
@@ -434,12 +396,12 @@ class ModelRunner:
         n = max(rows) + 1
         out = self.graphs.run(kind, n, Lmax, greedy, lp)  # the graphs' static output buffers
         toks, m = (out[0], None) if kind == "decode" else (out[1], out[0])  # [B] or [B, S+1]; [B]
-        lps = self.lp_buf[:n] if lp is not None else None  # [n, S+1, W]: rows 0..n-1, contiguous
+        lps = self.lp_buffer.head(n) if lp is not None else None  # [n, S+1, W]: rows 0..n-1, contiguous
         steps = 0 if kind == "decode" else self.shapes[shape_index(kind)].steps
         if kind == "decode":
             for i in rows:
                 self.host_len[i] += 1
-        return self.results.step(list(rows), toks, m, lps, steps, _columns(lp))
+        return self.results.step(list(rows), toks, m, lps, steps, columns(lp))
 
     def collect(self, pending: PendingStep) -> tuple[list[int] | None, list]:
         """The results of a launched step, per requested row: (None, tokens) for decode, (m, committed tokens) for a
@@ -466,13 +428,10 @@ class ModelRunner:
         S, K, D = shape.steps, shape.topk, shape.draft_tokens
         L = self.seq_len[r]
         sampled = not greedy and K == 1
-        # the drafter's top ids / log-probs are the envelope's K, best first: a shape of smaller K reads its first K
-        top_logp = self.d_top_logp[r][:, :K] if K > 1 else None
-        state = DraftState(self.d_top_ids[r][:, :K], top_logp, self.d_hidden[r], self.d_logits[r] if sampled else None)
-        cands = draft_tree(self._draft_step(r, ctx_rows), self.d_target_ids.__getitem__, state, L, S, K, kv_len,
-                           self.sampling.params(r) if sampled else None,
-                           self._draws(r, L, DRAFT_SITE),
-                           target_ids=self.d_target_ids)
+        ids = self.draft.target_ids
+        cands = draft_tree(self._draft_step(r, ctx_rows), ids.__getitem__, self.draft.state(r, K, sampled), L, S, K,
+                           kv_len, self.sampling.params(r) if sampled else None, self._draws(r, L, DRAFT_SITE),
+                           target_ids=ids)
         tree = build_tree(self.last_token[r], cands.tokens, cands.scores, cands.parents, cands.depth, D, K, S)
         if cands.q is not None:  # node i >= 1 is candidate i-1; the root was not drafted
             tree.q = cands.q[:, : D - 1]  # [B, D-1, Vd]
@@ -504,13 +463,13 @@ class ModelRunner:
             V = logits.shape[-1]
             probs = target_probs(logits.reshape(B * D, V),
                                  *(t.repeat_interleave(D) for t in self.sampling.params(r)))
-            # sampled chains: the drafter's distributions (over its draft vocabulary: read through d_draft_index)
+            # sampled chains: the drafter's distributions (over its draft vocabulary: read through draft_index)
             res = verify_sampling(tree, probs.view(B, D, V), self._draws(r, L, VERIFY_SITE), tree.q,
-                                  self.d_draft_index if tree.q is not None else None)
+                                  self.draft.draft_index if tree.q is not None else None)
         if lp is not None:  # committed token i was chosen from the logits of path node i (the bonus: the deepest's)
             S1, V = res.path.shape[1], out.logits.shape[-1]
             rows_logits = torch.gather(out.logits, 1, res.path[..., None].expand(B, S1, V))  # [B, S+1, V]
-            self._store_logprobs(r, rows_logits.reshape(B * S1, V), res.tokens.reshape(-1), lp, S1)
+            self.lp_buffer.store(r, rows_logits.reshape(B * S1, V), res.tokens.reshape(-1), lp, S1)
         return res, out.aux_hidden
 
     def _spec_commit(self, r: Rows, ctx_rows: torch.Tensor | None, kv_len: int, res: VerifyResult,
@@ -531,8 +490,8 @@ class ModelRunner:
         self._add_counts(r, res.tokens, committed & self.active[r][:, None])
         at = advance_rows(self.seq_len, self.last_token, self.active, rows_t, res.accept_len, res.bonus, S1, kv_len)
         st = catch_up(self._draft_step(r, ctx_rows), res.tokens, aux, None, None, kv_len, self.spec.topk,
-                      keep_logits=self.d_logits is not None, at=at)
-        self._store_draft(r, st)
+                      keep_logits=self.draft.logits is not None, at=at)
+        self.draft.store(self._row_index(r), st)
         return res.accept_len, res.tokens
 
     @torch.inference_mode()
