@@ -93,7 +93,8 @@ def check_schema(doc: dict) -> None:
     assert len(doc["summary"]) == len({(r["config"], r["batch_size"]) for r in doc["records"]})
     assert sum(r["runs"] for r in doc["summary"]) == len(doc["records"])
     assert doc["command"].startswith("eaglespec ")
-    assert set(doc["sampling"]) == {"max_new_tokens", "temperature", "top_p", "top_k", "ignore_eos", "seed"}
+    assert set(doc["sampling"]) == {"max_new_tokens", "temperature", "top_p", "top_k", "ignore_eos", "seed", "min_p",
+                                    "repetition_penalty", "frequency_penalty", "presence_penalty"}
     assert set(doc["engine"]) == {"cuda_graphs", "fuse_projections", "compile", "overlap", "spec_max_rows",
                                   "min_prefill_rows", "prefill_ahead", "compact_rows"}
     assert doc["machine"]["device"] == "cpu" and doc["machine"]["copy_bandwidth_gb_s"] is None
@@ -301,6 +302,16 @@ def test_bench_random_weights(tmp_path, capsys):
     assert doc["records"][2]["bandwidth"]["decode_steps"] == 4
 
 
+def test_bench_with_penalties(tmp_path, capsys):
+    """The logit adjustments reach the runs (answers equal to plain decoding's under them: `identical`) and the
+    results name them."""
+    _, doc = bench_tiny_random(tmp_path, capsys, "2,1,3", "--repetition-penalty", "1.3", "--frequency-penalty", "0.5")
+    assert doc["sampling"]["repetition_penalty"] == 1.3 and doc["sampling"]["frequency_penalty"] == 0.5
+    assert "repetition penalty 1.3, frequency penalty 0.5" in (tmp_path / "out" / "results.md").read_text()
+    assert "--repetition-penalty 1.3" in doc["command"]
+    assert all(r["identical_outputs"] in (None, r["prompts"]) for r in doc["records"]), doc["records"]
+
+
 def test_bench_stopped_part_way_leaves_what_it_measured(tmp_path, capsys, monkeypatch):
     """A bench that dies in a later run (here the speculative run at batch size 3; on the GPU a timeout or a crash)
     has written every earlier record to --out, marked incomplete, with the prompts' answers and no plot; the same
@@ -452,6 +463,7 @@ def test_bench_auto_follows_the_policy_per_batch_size(tmp_path, capsys, monkeypa
     (["--random-weights", "smollm2-135m", "--prompts", "mt-bench", "NO_MODEL"], "its prompts are random ids"),
     (["--prompts", "/no/prompts.jsonl"], "prompt file /no/prompts.jsonl does not exist"),
     (["--temperature", "0.7", "--top-p", "1.5"], "top_p must be in (0, 1]"),
+    (["--presence-penalty", "-2.5"], "presence_penalty must be between -2 and 2 (got -2.5)"),
     (["--spec-max-rows", "0"], "spec_max_rows must be >= 1"),
     (["--min-prefill-rows", "0"], "min_prefill_rows must be >= 1"),
     (["--prefill-ahead", "-1"], "prefill_ahead must be >= 0"),

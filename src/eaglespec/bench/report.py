@@ -11,7 +11,8 @@
     model:    source, architecture, parameters, dtype, num_hidden_layers, hidden_size, vocab_size,
               weight_bytes_per_step, kv_bytes_per_token
     prompts:  set, count, turns, prompt_tokens_mean
-    sampling: max_new_tokens, temperature, top_p, top_k, ignore_eos, seed
+    sampling: max_new_tokens, temperature, top_p, top_k, ignore_eos, seed, min_p, repetition_penalty,
+              frequency_penalty, presence_penalty
     engine:   cuda_graphs, fuse_projections (null: on CUDA and the CPU), compile, overlap, spec_max_rows (null: always),
               min_prefill_rows (continuous batching: free rows an admission waits for), prefill_ahead (continuous
               batching: requests an admission also prefills into spare rows; null: the engine's choice), compact_rows
@@ -207,7 +208,8 @@ def document(kind: str, result: SuiteResult, model: BenchModel, workload: Worklo
         },
         "sampling": {"max_new_tokens": p.max_new_tokens, "temperature": p.temperature, "top_p": p.top_p,
                      "top_k": p.top_k, "ignore_eos": p.ignore_eos,
-                     "seed": options.engine.seed},
+                     "seed": options.engine.seed, "min_p": p.min_p, "repetition_penalty": p.repetition_penalty,
+                     "frequency_penalty": p.frequency_penalty, "presence_penalty": p.presence_penalty},
         "engine": {"cuda_graphs": options.engine.cuda_graphs, "fuse_projections": options.engine.fuse_projections,
                    "compile": options.engine.compile, "overlap": options.engine.overlap,
                    "spec_max_rows": options.engine.spec_max_rows, "min_prefill_rows": options.engine.min_prefill_rows,
@@ -254,6 +256,14 @@ def _config_cell(r: dict[str, Any]) -> str:
     return cell + (f" (round {r['round']})" if r.get("round") else "")
 
 
+_NEUTRAL = {"min_p": 0.0, "repetition_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0}
+
+
+def _adjustments(sampling: dict) -> dict:
+    """The logit adjustments a run used (those away from neutral), for the table's heading."""
+    return {k: sampling[k] for k, off in _NEUTRAL.items() if sampling.get(k, off) != off}
+
+
 def markdown(doc: dict[str, Any], records: Sequence[dict[str, Any]] | None = None) -> str:
     recs = list(doc["records"] if records is None else records)
     m, mach, pr = doc["model"], doc["machine"], doc["prompts"]
@@ -263,6 +273,7 @@ def markdown(doc: dict[str, Any], records: Sequence[dict[str, Any]] | None = Non
         f"max_new_tokens {doc['sampling']['max_new_tokens']}, temperature {doc['sampling']['temperature']}"
         + (f", top-p {doc['sampling']['top_p']}" if doc["sampling"].get("top_p", 1.0) < 1.0 else "")
         + (f", top-k {doc['sampling']['top_k']}" if doc["sampling"].get("top_k", 0) > 0 else "")
+        + "".join(f", {k.replace('_', ' ')} {v}" for k, v in _adjustments(doc["sampling"]).items())
         + f", {doc.get('batching', 'static')} batching",
         "",
     ]

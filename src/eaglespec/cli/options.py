@@ -72,6 +72,11 @@ def add_sampling_options(p: argparse.ArgumentParser, max_new_tokens: int = 256) 
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--ignore-eos", action="store_true")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    add_adjustment_options(p)
+
+
+def add_adjustment_options(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """The logit adjustments (layers/logit_adjust.py) of generate, chat and bench."""
     p.add_argument("--min-p", type=float, default=0.0, help="sampling: drop tokens below min-p x the most likely one")
     p.add_argument("--repetition-penalty", type=float, default=1.0,
                    help="divide the logits of tokens already in the prompt or the answer by it (1 = off)")
@@ -81,12 +86,16 @@ def add_sampling_options(p: argparse.ArgumentParser, max_new_tokens: int = 256) 
                    help="subtract it from the logit of every token already in the answer (-2..2)")
 
 
+def adjustments(args: argparse.Namespace) -> dict[str, float]:
+    """`add_adjustment_options`' values as SamplingParams keywords."""
+    return dict(min_p=args.min_p, repetition_penalty=args.repetition_penalty,
+                frequency_penalty=args.frequency_penalty, presence_penalty=args.presence_penalty)
+
+
 def sampling_params(args: argparse.Namespace) -> SamplingParams:
     return SamplingParams(
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-        stop=tuple(args.stop), ignore_eos=args.ignore_eos, min_p=args.min_p,
-        repetition_penalty=args.repetition_penalty, frequency_penalty=args.frequency_penalty,
-        presence_penalty=args.presence_penalty,
+        stop=tuple(args.stop), ignore_eos=args.ignore_eos, **adjustments(args),
     )
 
 
