@@ -408,7 +408,7 @@ def test_penalties_and_logit_bias_equal_plain_decoding_under_them(server, plain)
     want = plain.generate([QUESTIONS[1]], SamplingParams(max_new_tokens=24, **kw))[0]
     assert want.text != first.text and banned not in want.token_ids
     body = chat_body(QUESTIONS[1], 24, **{**kw, "logit_bias": {str(banned): -100.0}})
-    r = server.post("/v1/chat/completions", json=body)
+    r = server.post("/v1/chat/completions", json={**body, "response_format": {"type": "text"}})  # text: accepted
     assert r.status_code == 200, r.text
     assert r.json()["choices"][0]["message"]["content"] == want.text
     # a stop token ends the answer where it first comes (not part of it)
@@ -453,6 +453,11 @@ def test_concurrent_requests_equal_their_plain_answers(server, plain):
     ("/v1/chat/completions", chat_body("hi", logit_bias={"49152": 5}), 400,
      "token ids [49152] (logit_bias, stop_token_ids) are outside the model's vocabulary of 49152 tokens"),
     ("/v1/chat/completions", chat_body("hi", min_tokens=20), 400, "min_tokens (20) must not exceed max_new_tokens (16)"),
+    ("/v1/chat/completions", chat_body("hi", response_format={"type": "json_object"}), 400,
+     "response_format 'json_object' is not supported by this server (no structured outputs: text only)"),
+    ("/v1/chat/completions", chat_body("hi", functions=[{"name": "f"}]), 400, "tools are not supported by this server"),
+    ("/v1/chat/completions", chat_body("hi", prediction={"type": "content", "content": "x"}), 400,
+     "prediction (predicted outputs) is not supported by this server"),
     ("/v1/chat/completions", chat_body("word " * 300), 400, "but this server's sequences hold 256 tokens"),
     ("/v1/chat/completions", {"messages": []}, 400, "messages must not be empty"),
     ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "hi"}]}, 400, "messages.0.role"),

@@ -3,8 +3,9 @@
 Contract: `ChatCompletionRequest` / `CompletionRequest` parse a request body (unknown fields are ignored, as OpenAI's
 clients send many); `.sampling(default_temperature)` turns one into `SamplingParams` (max_tokens None: the server
 picks the room left in its cache) and raises `RequestError` with one sentence for what this server does not do
-(more than MAX_N choices, or MAX_CHOICES over a completion's prompts, tools, suffix, best_of other than n, images
-other than data: URLs),
+(more than MAX_N choices, or MAX_CHOICES over a completion's prompts, tools and functions, a response_format other
+than text (structured outputs), OpenAI's predicted outputs, suffix, best_of other than n, images other than data:
+URLs),
 rather than ignoring it. A sampled request's `seed` becomes its own random stream (`SamplingParams.seed`); a greedy
 request's changes nothing. OpenAI's `frequency_penalty`, `presence_penalty` and `logit_bias` (token id strings to
 biases), and vLLM's `repetition_penalty`, `min_p`, `min_tokens` and `stop_token_ids`, adjust the logits
@@ -161,14 +162,23 @@ class ChatCompletionRequest(SampledRequest):
     logprobs: bool | None = None
     top_logprobs: int | None = None
     tools: list[Any] | None = None
+    functions: list[Any] | None = None  # the older name of tools
+    response_format: dict[str, Any] | None = None  # {"type": "text"} only: no structured outputs
+    prediction: dict[str, Any] | None = None  # OpenAI's predicted outputs: refused, not ignored
 
     @property
     def requested_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
     def sampling(self, default_temperature: float) -> SamplingParams:
-        if self.tools:
+        if self.tools or self.functions:
             raise RequestError("tools are not supported by this server")
+        kind = (self.response_format or {}).get("type", "text")
+        if kind != "text":
+            raise RequestError(f"response_format {kind!r} is not supported by this server (no structured outputs: "
+                               "text only)")
+        if self.prediction:
+            raise RequestError("prediction (predicted outputs) is not supported by this server")
         if self.top_logprobs is not None and not self.logprobs:
             raise RequestError("top_logprobs needs logprobs: true")
         return self._params(self.requested_tokens, default_temperature,
