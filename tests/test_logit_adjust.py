@@ -32,6 +32,9 @@ ADJUSTED = {
     "presence": dict(presence_penalty=-0.8, frequency_penalty=0.4),
     "bias": dict(logit_bias={3: 4.0, 81: -100.0, 17: 2.5}),
     "all": dict(repetition_penalty=0.8, frequency_penalty=0.5, presence_penalty=0.5, logit_bias={5: 1.5}),
+    # only these tokens, and a bias that cannot lift a token outside them (7)
+    "allowed": dict(allowed_token_ids=(3, 9, 12, 40, 41, 57, 81, 88), logit_bias={81: 2.0, 7: 50.0},
+                    frequency_penalty=1.0),
 }
 SPECS = [SpecConfig(3, 1, 4), SpecConfig(4, 1, 3), SpecConfig(5, 4, 8), SpecConfig(6, 8, 32)]
 
@@ -47,6 +50,8 @@ def reference_adjust(logits: list[float], prompt: list[int], outputs: list[int],
     out = []
     for v, x in enumerate(logits):
         x += bias.get(v, 0.0)
+        if p.allowed_token_ids is not None and v not in p.allowed_token_ids:
+            x = -math.inf
         if v in stops and len(outputs) < p.min_tokens:
             x = -math.inf
         if v in prompt or v in outputs:
@@ -70,8 +75,10 @@ def adjust_one(logits: torch.Tensor, prompt: list[int], outputs: list[int], p: S
     seen = torch.zeros(N, Vn, dtype=torch.bool)
     seen[:, prompt] = True
     bias = torch.zeros(N, Vn)
+    if p.allowed_token_ids is not None:
+        bias.fill_(float("-inf"))[:, list(p.allowed_token_ids)] = 0.0
     for t, b in p.logit_bias:
-        bias[:, t] = b
+        bias[:, t] += b
     ban = torch.zeros(N, Vn, dtype=torch.bool)
     if len(outputs) < p.min_tokens:
         ban[:, list(stops)] = True
@@ -151,6 +158,8 @@ def test_the_adjustments_change_the_answers(target, adjusted_refs):
     # a penalty against repeats makes answers more varied
     assert sum(len(set(r)) for r in adjusted_refs["frequency"]) > sum(len(set(r)) for r in plain)
     assert all(81 not in r for r in adjusted_refs["bias"])  # biased by -100
+    allowed = set(ADJUSTED["allowed"]["allowed_token_ids"])
+    assert all(set(r) <= allowed and 7 not in r and len(set(r)) > 2 for r in adjusted_refs["allowed"])
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=spec_id)
@@ -291,6 +300,7 @@ def test_sampled_speculation_keeps_the_adjusted_distribution(models, name, spec,
     (dict(logit_bias={5: 101}), r"logit_bias of token 5 must be between -100 and 100 \(got 101.0\)"),
     (dict(logit_bias={-1: 1}), r"logit_bias names token -1: token ids are >= 0"),
     (dict(stop_token_ids=(3, -2)), r"stop_token_ids must be token ids >= 0"),
+    (dict(allowed_token_ids=()), r"allowed_token_ids must be a non-empty list of token ids >= 0 \(got \[\]\)"),
 ])
 def test_bad_adjustments_are_refused(kw, message):
     with pytest.raises(RequestError, match=message):
@@ -300,7 +310,7 @@ def test_bad_adjustments_are_refused(kw, message):
 def test_token_ids_outside_the_vocabulary_are_refused(target):
     eng = Engine(target, None)
     Vt = target.config.vocab_size
-    with pytest.raises(RequestError, match=rf"token ids \[{Vt}, {Vt + 5}\] \(logit_bias, stop_token_ids\) are "
-                                           rf"outside the model's vocabulary of {Vt} tokens"):
+    with pytest.raises(RequestError, match=rf"token ids \[{Vt}, {Vt + 5}\] \(logit_bias, stop_token_ids, "
+                                           rf"allowed_token_ids\) are outside the model's vocabulary of {Vt} tokens"):
         eng.add_request([1, 2], replace(GREEDY, logit_bias={Vt: 1.0}, stop_token_ids=(Vt + 5, 3)))
     assert SamplingParams(logit_bias={"7": 2}).logit_bias == ((7, 2.0),)  # JSON's string keys are taken

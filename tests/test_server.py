@@ -451,7 +451,10 @@ def test_concurrent_requests_equal_their_plain_answers(server, plain):
      "frequency_penalty must be between -2 and 2 (got 2.5)"),
     ("/v1/chat/completions", chat_body("hi", logit_bias={"the": 5}), 400, "logit_bias keys must be token ids (got 'the')"),
     ("/v1/chat/completions", chat_body("hi", logit_bias={"49152": 5}), 400,
-     "token ids [49152] (logit_bias, stop_token_ids) are outside the model's vocabulary of 49152 tokens"),
+     "token ids [49152] (logit_bias, stop_token_ids, allowed_token_ids) are outside the model's vocabulary of 49152 "
+     "tokens"),
+    ("/v1/chat/completions", chat_body("hi", guided_json={"type": "object"}), 400,
+     "guided_json is not supported by this server (no structured outputs)"),
     ("/v1/chat/completions", chat_body("hi", min_tokens=20), 400, "min_tokens (20) must not exceed max_new_tokens (16)"),
     ("/v1/chat/completions", chat_body("hi", response_format={"type": "json_object"}), 400,
      "response_format 'json_object' is not supported by this server (no structured outputs: text only)"),

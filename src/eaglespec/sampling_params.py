@@ -47,6 +47,8 @@ class SamplingParams:
     min_tokens: int = 0
     # tokens that end the answer as EOS does (not part of the output), beside the model's EOS
     stop_token_ids: tuple[int, ...] = ()
+    # vLLM's: the only tokens the answer may hold (None: any); EOS is not among them unless listed
+    allowed_token_ids: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         validate_sampling(self.temperature, self.top_p, self.top_k)
@@ -90,6 +92,12 @@ class SamplingParams:
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
         if any(t < 0 for t in self.stop_token_ids):
             raise RequestError(f"stop_token_ids must be token ids >= 0 (got {list(self.stop_token_ids)})")
+        if self.allowed_token_ids is not None:
+            allowed = tuple(sorted({int(t) for t in self.allowed_token_ids}))
+            object.__setattr__(self, "allowed_token_ids", allowed)
+            if not allowed or allowed[0] < 0:
+                raise RequestError(f"allowed_token_ids must be a non-empty list of token ids >= 0 (got "
+                                   f"{list(allowed)})")
 
     @property
     def greedy(self) -> bool:
@@ -100,7 +108,7 @@ class SamplingParams:
         """Whether the request's logits are adjusted before it samples (layers/logit_adjust.py): its steps then run
         the adjustment (graphs keyed by it), and a step without such a request runs none."""
         return bool(self.frequency_penalty or self.presence_penalty or self.repetition_penalty != 1
-                    or self.logit_bias or self.bans_stops
+                    or self.logit_bias or self.allowed_token_ids is not None or self.bans_stops
                     or (self.min_p and not self.greedy))
 
     @property
@@ -109,5 +117,6 @@ class SamplingParams:
         return self.min_tokens > 0 and (not self.ignore_eos or bool(self.stop_token_ids))
 
     def token_ids(self) -> list[int]:
-        """The token ids the request names (logit_bias, stop_token_ids), which the engine checks against the vocabulary."""
-        return [t for t, _ in self.logit_bias] + list(self.stop_token_ids)
+        """The token ids the request names (logit_bias, stop_token_ids, allowed_token_ids), which the engine checks
+        against the vocabulary."""
+        return [t for t, _ in self.logit_bias] + list(self.stop_token_ids) + list(self.allowed_token_ids or ())

@@ -255,8 +255,8 @@ class Engine:
         V = self.target_config.vocab_size
         outside = sorted({t for t in params.token_ids() if t >= V})
         if outside:
-            raise RequestError(f"token ids {outside} (logit_bias, stop_token_ids) are outside the model's vocabulary "
-                               f"of {V} tokens")
+            raise RequestError(f"token ids {outside} (logit_bias, stop_token_ids, allowed_token_ids) are outside the "
+                               f"model's vocabulary of {V} tokens")
         params = self._fit(len(ids), params)
         max_new = params.max_new_tokens
         need = len(ids) + max_new

@@ -77,9 +77,12 @@ class RowAdjust:
             t[row].zero_()
         if params.repetition_penalty != 1:
             self.seen[row].index_fill_(0, self._to_device(prompt, torch.int64), True)
+        if params.allowed_token_ids is not None:  # every other token -inf, which no bias below lifts
+            self.bias[row].fill_(float("-inf")).index_fill_(0, self._to_device(params.allowed_token_ids, torch.int64),
+                                                            0.0)
         if params.logit_bias:
             ids, values = zip(*params.logit_bias)
-            self.bias[row].index_copy_(0, self._to_device(ids, torch.int64), self._to_device(values, torch.float32))
+            self.bias[row].index_add_(0, self._to_device(ids, torch.int64), self._to_device(values, torch.float32))
         if params.min_tokens and stop_ids:
             self.stops[row].index_fill_(0, self._to_device(stop_ids, torch.int64), True)
 

@@ -4,7 +4,7 @@ friendly): what `SamplingParams`' penalties, logit_bias, min_tokens and min_p do
 `adjust_logits(logits, counts, seen, bias, ban, rep, freq, pres, min_p, temperature)`: logits [..., V] -> float32
 [..., V] (the other arguments broadcast against logits [..., V] and its rows [...]: a verify step passes [B, D, V]
 logits with each row's [B, 1, V] tables and [B, 1] parameters), in vLLM's order:
- 1. `+ bias` (OpenAI's logit_bias);
+ 1. `+ bias` (OpenAI's logit_bias; -inf outside vLLM's allowed_token_ids);
  2. -inf where `ban` (a stop token before min_tokens);
  3. the repetition penalty (HF's and vLLM's): a token of the prompt (`seen`) or the output (`counts > 0`) has its
     logit l divided by rep where l > 0, multiplied by it otherwise;

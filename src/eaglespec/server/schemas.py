@@ -8,7 +8,8 @@ than text (structured outputs), OpenAI's predicted outputs, suffix, best_of othe
 URLs),
 rather than ignoring it. A sampled request's `seed` becomes its own random stream (`SamplingParams.seed`); a greedy
 request's changes nothing. OpenAI's `frequency_penalty`, `presence_penalty` and `logit_bias` (token id strings to
-biases), and vLLM's `repetition_penalty`, `min_p`, `min_tokens` and `stop_token_ids`, adjust the logits
+biases), and vLLM's `repetition_penalty`, `min_p`, `min_tokens`, `stop_token_ids` and `allowed_token_ids`, adjust
+the logits
 (layers/logit_adjust.py); out-of-range values are refused with SamplingParams' sentence. Images (`image_url` parts) reach the target as decoded PIL images in message order; a
 target that takes none refuses them (`Engine.prepare`).
 The `*_response` / `*_chunk` helpers build the JSON bodies (`id`, `object`, `created`, `model`, `choices`, `usage`),
@@ -118,10 +119,24 @@ class SampledRequest(_Body):
     min_p: float | None = None
     min_tokens: int = 0
     stop_token_ids: list[int] | None = None
+    allowed_token_ids: list[int] | None = None
+    # structured outputs as vLLM and SGLang spell them: refused by name, not ignored
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
+    structured_outputs: Any = None
+    json_schema: Any = None
+    regex: Any = None
+    ebnf: Any = None
 
     def _checks(self) -> None:
         if not 1 <= self.n <= MAX_N:
             raise RequestError(f"n must be between 1 and {MAX_N} (got {self.n})")
+        for name in ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs",
+                     "json_schema", "regex", "ebnf"):
+            if getattr(self, name) is not None:
+                raise RequestError(f"{name} is not supported by this server (no structured outputs)")
 
     def _logit_bias(self) -> dict[int, float]:
         out = {}
@@ -149,7 +164,8 @@ class SampledRequest(_Body):
             frequency_penalty=self.frequency_penalty or 0.0, presence_penalty=self.presence_penalty or 0.0,
             repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
             logit_bias=self._logit_bias(), min_p=self.min_p or 0.0, min_tokens=self.min_tokens,
-            stop_token_ids=tuple(self.stop_token_ids or ()))
+            stop_token_ids=tuple(self.stop_token_ids or ()),
+            allowed_token_ids=tuple(self.allowed_token_ids) if self.allowed_token_ids is not None else None)
 
     @property
     def include_usage(self) -> bool:
