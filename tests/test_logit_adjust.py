@@ -13,7 +13,7 @@ import pytest
 import torch
 from test_spec_greedy import PROMPTS, drafter, target  # noqa: F401 (its tiny target and drafter, as module fixtures)
 from test_spec_sampling import N_TOKENS, PROMPT, V, assert_same_distribution, models  # noqa: F401
-from tiny import CharTokenizer
+from tiny import CharTokenizer, tiny_drafter
 
 from eaglespec.config import EngineConfig, SpecConfig
 from eaglespec.engine.engine import Engine
@@ -314,3 +314,43 @@ def test_token_ids_outside_the_vocabulary_are_refused(target):
                                            rf"allowed_token_ids\) are outside the model's vocabulary of {Vt} tokens"):
         eng.add_request([1, 2], replace(GREEDY, logit_bias={Vt: 1.0}, stop_token_ids=(Vt + 5, 3)))
     assert SamplingParams(logit_bias={"7": 2}).logit_bias == ((7, 2.0),)  # JSON's string keys are taken
+
+
+def test_allowed_tokens_outside_the_draft_vocabulary_keep_the_distribution(models):  # noqa: F811
+    """A sampled chain whose drafter knows none of the allowed tokens (its logits all banned: it drafts from its raw
+    ones, never NaN) still samples the target's adjusted distribution."""
+    from test_spec_sampling import small_vocab_drafter  # noqa: F401
+
+    target, _ = models
+    drafter = tiny_drafter(target, seed=7, draft_vocab=5, hidden=32, std=0.35)
+    inside = set(drafter.to_target_ids(torch.arange(5)).tolist())
+    allowed = tuple(t for t in range(V) if t not in inside)
+    params = SamplingParams(max_new_tokens=N_TOKENS, temperature=1.0, ignore_eos=True, allowed_token_ids=allowed)
+    n, rows = 4000, 4000
+    eng = Engine(target, None, EngineConfig(max_batch_size=rows, seed=19), drafter=drafter, spec=SpecConfig(3, 1, 4))
+    counts: dict[tuple[int, ...], int] = {}
+    for o in eng.generate([PROMPT] * rows, params):
+        counts[tuple(o.token_ids)] = counts.get(tuple(o.token_ids), 0) + 1
+    assert_same_distribution(counts, exact_adjusted_distribution(target, params), n)
+    assert eng.stats.verify_steps > 0
+
+
+def test_min_tokens_that_bans_every_allowed_token_is_refused(target):
+    eng = Engine(target, None)
+    eng.eos_ids = (5,)
+    with pytest.raises(RequestError, match=r"min_tokens \(3\) bans every token allowed_token_ids allows"):
+        eng.add_request([1, 2], SamplingParams(allowed_token_ids=(5, 6), stop_token_ids=(6,), min_tokens=3))
+    eng.add_request([1, 2], SamplingParams(allowed_token_ids=(5, 6), stop_token_ids=(6,), min_tokens=3,
+                                           ignore_eos=True, max_new_tokens=4))  # EOS ignored: 5 stays allowed
+
+
+@pytest.mark.parametrize("spec", [SPECS[0], SPECS[2]], ids=["chain", "tree"])
+def test_greedy_allowed_tokens_outside_the_draft_vocabulary(target, spec):  # noqa: F811
+    drafter = tiny_drafter(target, seed=3, draft_vocab=24)
+    inside = set(drafter.to_target_ids(torch.arange(24)).tolist())
+    allowed = tuple(t for t in range(target.config.vocab_size) if t not in inside)[:12]
+    params = replace(GREEDY, allowed_token_ids=allowed, frequency_penalty=0.8)
+    want = [o.token_ids for o in Engine(target, None).generate(PROMPTS, params)]
+    eng = Engine(target, None, EngineConfig(max_batch_size=4), drafter=drafter, spec=spec)
+    assert [o.token_ids for o in eng.generate(PROMPTS, params)] == want
+    assert all(set(w) <= set(allowed) for w in want)

@@ -257,6 +257,10 @@ class Engine:
         if outside:
             raise RequestError(f"token ids {outside} (logit_bias, stop_token_ids, allowed_token_ids) are outside the "
                                f"model's vocabulary of {V} tokens")
+        stops = set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.eos_ids))
+        if params.allowed_token_ids is not None and params.bans_stops and set(params.allowed_token_ids) <= stops:
+            raise RequestError(f"min_tokens ({params.min_tokens}) bans every token allowed_token_ids allows (they "
+                               "all end the answer)")
         params = self._fit(len(ids), params)
         max_new = params.max_new_tokens
         need = len(ids) + max_new

@@ -18,7 +18,8 @@ that does.
   with committed[b] + depth(n) tokens before the one it chooses;
 - `draft_logits(r, logits, table, temperature)`: the drafter's logits [B, T, Vd] over its vocabulary (table [Vd]:
   each draft id's target id) adjusted by the rows' counts as they stand (not a draft path's: drafting guesses,
-  verification decides), its min_tokens ban by the rows' output counts;
+  verification decides), its min_tokens ban by the rows' output counts; a position whose every draft token is
+  banned keeps its raw logits;
 - `count(rows, tokens, valid)`: tokens [B, W] committed where valid [B, W] join the rows' counts.
 Rows `r` are an index tensor, or slice(0, B) in graph phases (views); `rows` of `count` an index tensor [B].
 """
@@ -125,7 +126,10 @@ class RowAdjust:
         outputs = self.counts[r].sum(-1)  # [B]: the rows' output tokens so far
         ban = pick(self.stops) & (outputs < self.min_tokens[r])[:, None, None]
         scalars = [t[:, None] for t in (*self._scalars(r), temperature)]  # [B, 1] each, against the positions
-        return adjust_logits(logits, pick(self.counts), pick(self.seen), pick(self.bias), ban, *scalars)
+        out = adjust_logits(logits, pick(self.counts), pick(self.seen), pick(self.bias), ban, *scalars)
+        # a row that bans its whole draft vocabulary (allowed_token_ids all outside it) drafts from its raw logits:
+        # all -inf would make its distribution NaN (its drafts are then rejected, as any token outside p's support)
+        return torch.where(torch.isinf(out).all(-1, keepdim=True), logits.float(), out)
 
     def count(self, rows: torch.Tensor, tokens: torch.Tensor, valid: torch.Tensor) -> None:
         """rows [B] int64, tokens [B, W] int64, valid [B, W] bool: one more of each valid token in its row's counts."""
