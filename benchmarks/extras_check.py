@@ -21,11 +21,11 @@ from __future__ import annotations
 import gc
 import json
 import sys
-import time
 from dataclasses import replace
 from pathlib import Path
 
 import torch
+from logprobs_check import run as timed_run  # this folder's (a script's own folder leads sys.path)
 
 from eaglespec import api
 from eaglespec.bench.datasets import encode, mt_bench
@@ -38,28 +38,13 @@ DEV = "cpu" if CPU else "cuda"
 ADJUST = dict(frequency_penalty=0.5, repetition_penalty=1.1)
 
 
-def sync() -> None:
-    if not CPU:
-        torch.cuda.synchronize()
-
-
 def run(eng, prompts, params) -> tuple[list, float, float]:
-    """The second of two identical runs, its tok/s and mean acceptance length (0: plain); the collector paused in
-    the timed one (logprobs_check.py says why)."""
-    eng.generate(prompts, params)
-    sync()
-    gc.collect()
-    gc.disable()
-    try:
-        t0 = time.perf_counter()
-        outs = eng.generate(prompts, params)
-        sync()
-        dt = time.perf_counter() - t0
-    finally:
-        gc.enable()
+    """logprobs_check.run (the second of two identical runs, the collector paused in it) with the run's mean
+    acceptance length (0: plain)."""
+    outs, tps = timed_run(eng, prompts, params)
     steps = sum(o.stats.verify_steps for o in outs)
     tau = sum(o.stats.accept_length_mean * o.stats.verify_steps for o in outs) / steps if steps else 0.0
-    return outs, sum(len(o.token_ids) for o in outs) / dt, tau
+    return outs, tps, tau
 
 
 def load(gguf: str, kind: str, rows: int, dtype: str):

@@ -5,22 +5,20 @@ distribution (float32, CPU)."""
 
 from __future__ import annotations
 
-import itertools
 import math
 from dataclasses import replace
 
 import pytest
 import torch
 from test_spec_greedy import PROMPTS, drafter, target  # noqa: F401 (its tiny target and drafter, as module fixtures)
-from test_spec_sampling import N_TOKENS, PROMPT, V, assert_same_distribution, models  # noqa: F401
+from test_spec_sampling import (N_TOKENS, PROMPT, V, assert_same_distribution, exact_distribution,  # noqa: F401
+                                models)
 from tiny import CharTokenizer, tiny_drafter
 
 from eaglespec.config import EngineConfig, SpecConfig
 from eaglespec.engine.engine import Engine
 from eaglespec.errors import RequestError
-from eaglespec.layers.context import ForwardContext
 from eaglespec.layers.logit_adjust import adjust_logits, path_counts
-from eaglespec.layers.sampling import target_probs
 from eaglespec.sampling_params import SamplingParams
 from eaglespec.spec.oracle import OracleDrafter
 from eaglespec.spec.tree import ancestor_tables
@@ -249,21 +247,10 @@ def test_min_tokens_holds_stop_strings_back(target, drafter):
 
 def exact_adjusted_distribution(target, params: SamplingParams) -> dict[tuple[int, ...], float]:
     """P(x1..x3) by enumeration, each step's logits adjusted by the token-by-token reference for its prefix."""
-    def q(prefix):
-        ids = torch.tensor([PROMPT + list(prefix)])
-        with torch.no_grad():
-            logits = target(ids, ForwardContext.plain(1, ids.shape[1])).logits[0, -1]
-        adj = torch.tensor([reference_adjust(logits.tolist(), PROMPT, list(prefix), params)])
-        return target_probs(adj, torch.tensor([params.temperature]), torch.tensor([params.top_k]),
-                            torch.tensor([params.top_p]))[0].double()
+    def adjust(logits: torch.Tensor, prefix: list[int]) -> torch.Tensor:
+        return torch.tensor([reference_adjust(logits[0].tolist(), PROMPT, prefix, params)])
 
-    out = {}
-    for seq in itertools.product(range(V), repeat=N_TOKENS):
-        p = 1.0
-        for i in range(N_TOKENS):
-            p *= q(seq[:i])[seq[i]].item() if p > 0 else 0.0
-        out[seq] = p
-    return out
+    return exact_distribution(target, params, adjust)
 
 
 SAMPLED = [
@@ -319,8 +306,6 @@ def test_token_ids_outside_the_vocabulary_are_refused(target):
 def test_allowed_tokens_outside_the_draft_vocabulary_keep_the_distribution(models):  # noqa: F811
     """A sampled chain whose drafter knows none of the allowed tokens (its logits all banned: it drafts from its raw
     ones, never NaN) still samples the target's adjusted distribution."""
-    from test_spec_sampling import small_vocab_drafter  # noqa: F401
-
     target, _ = models
     drafter = tiny_drafter(target, seed=7, draft_vocab=5, hidden=32, std=0.35)
     inside = set(drafter.to_target_ids(torch.arange(5)).tolist())

@@ -35,12 +35,15 @@ def small_vocab_drafter(models):
     return tiny_drafter(models[0], seed=7, draft_vocab=5, hidden=32, std=0.35)
 
 
-def exact_distribution(target, params: SamplingParams) -> dict[tuple[int, ...], float]:
-    """P(x1..x3) by enumeration with the processed target distribution at every prefix."""
+def exact_distribution(target, params: SamplingParams, adjust=None) -> dict[tuple[int, ...], float]:
+    """P(x1..x3) by enumeration with the processed target distribution at every prefix (`adjust(logits [1, V],
+    prefix)`: the logits adjusted for that prefix first, test_logit_adjust.py's)."""
     def q(prefix):
         ids = torch.tensor([PROMPT + list(prefix)])
         with torch.no_grad():
             logits = target(ids, ForwardContext.plain(1, ids.shape[1])).logits[0, -1:]
+        if adjust is not None:
+            logits = adjust(logits, list(prefix))
         return target_probs(logits, torch.tensor([params.temperature]), torch.tensor([params.top_k]),
                             torch.tensor([params.top_p]))[0].double()
 
