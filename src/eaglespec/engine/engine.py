@@ -43,14 +43,13 @@ requests moved into other rows (no steps of their own).
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import replace
 from typing import TYPE_CHECKING, Iterator, Sequence
 
 import torch
 
 from ..config import EngineConfig, SpecConfig, SpecSchedule, spec_text
 from ..errors import RequestError
-from ..layers.logprobs import TokenLogprob, check_asked, step_alternatives
+from ..layers.logprobs import TokenLogprob, step_alternatives
 from ..models.eagle3 import check_drafter_fits
 from ..protocol import require_target
 from ..sampling_params import SamplingParams
@@ -59,6 +58,7 @@ from .cuda_graphs import PREFILL_SPLIT_ROWS
 from .request import GenerationOutput, Request  # GenerationOutput: Engine.generate's
 from .pending_step import PendingStep
 from .prompts import Prompt, encode_prompt
+from .request_checks import check_params, fit_context
 from .row_sampling import StepExtras
 from .runner import ModelRunner, shape_index, spec_kind
 from .scheduler import Scheduler
@@ -216,18 +216,8 @@ class Engine:
 
     def _fit(self, n_prompt: int, params: SamplingParams) -> SamplingParams:
         """`params` with max_new_tokens clipped to the context left after a prompt of n_prompt tokens; an empty or
-        too long prompt raises the user's error."""
-        if not n_prompt:
-            raise RequestError("the prompt is empty")
-        room = self.context_len - self.runner.headroom()
-        if n_prompt >= room:
-            raise RequestError(
-                f"the prompt has {n_prompt} tokens but the model's context is {self.context_len} tokens"
-            )
-        max_new = min(params.max_new_tokens, room - n_prompt)
-        if max_new != params.max_new_tokens:
-            params = replace(params, max_new_tokens=max_new, min_tokens=min(params.min_tokens, max_new))
-        return params
+        too long prompt raises the user's error (request_checks.py)."""
+        return fit_context(params, n_prompt, self.context_len, self.runner.headroom())
 
     def warm_for(self, prompt: Prompt, params: SamplingParams = SamplingParams(), chat: bool = True,
                  images: Sequence[object] | None = None) -> int:
@@ -250,17 +240,7 @@ class Engine:
         return n + (0 if images else graphs.precapture_prefill(params.greedy, only=len(ids)))
 
     def _enqueue(self, ids: list[int], mm: object, params: SamplingParams, stream: bool = True) -> Request:
-        if params.logprobs is not None:
-            check_asked(params.logprobs, self.config.max_logprobs)
-        V = self.target_config.vocab_size
-        outside = sorted({t for t in params.token_ids() if t >= V})
-        if outside:
-            raise RequestError(f"token ids {outside} (logit_bias, stop_token_ids, allowed_token_ids) are outside the "
-                               f"model's vocabulary of {V} tokens")
-        stops = set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.eos_ids))
-        if params.allowed_token_ids is not None and params.bans_stops and set(params.allowed_token_ids) <= stops:
-            raise RequestError(f"min_tokens ({params.min_tokens}) bans every token allowed_token_ids allows (they "
-                               "all end the answer)")
+        check_params(params, self.target_config.vocab_size, self.eos_ids, self.config.max_logprobs)
         params = self._fit(len(ids), params)
         max_new = params.max_new_tokens
         need = len(ids) + max_new
