@@ -55,7 +55,8 @@ def test_the_static_graph_path_with_overlap_draws_the_same(target, drafter, spec
     outs = eng.generate([PROMPTS[0], PROMPTS[1], PROMPTS[2], PROMPTS[3]], params)
     assert outs[2].token_ids == want.token_ids
     keys = [k for k in eng.runner.graphs.graphs if k[0] != "prefill"]
-    assert {k[-1].seeded for k in keys} == {True, False}  # seeded steps, and the unseeded ones after the seeded finished
+    # seeded steps, and the unseeded ones after the seeded finished
+    assert {k[-1].seeded for k in keys} == {True, False}
 
 
 def test_hashed_draws_are_uniform_and_distinct():

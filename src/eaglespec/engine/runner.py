@@ -26,8 +26,9 @@ three kinds of step as tensor programs (DESIGN.md "One speculative step, as data
   vLLM reports them).
 
 Per-row state lives on the device (`seq_len`, `last_token`, `active`; `sampling`, `adjust`: each row's sampling
-parameters and logit adjustments; `draft`: the drafter's top-K and hidden, engine/drafter_rows.py); the host keeps only the committed lengths, which it learns when it reads the accepted lengths: that read is
-the one synchronisation of a step. Policy (which rows run, which shape a step takes) is the scheduler's and the
+parameters and logit adjustments; `draft`: the drafter's top-K and hidden, engine/drafter_rows.py); the host keeps
+only the committed lengths, which it learns when it reads the accepted lengths: that read is the one
+synchronisation of a step. Policy (which rows run, which shape a step takes) is the scheduler's and the
 engine's; this class never decides.
 
 Each step is written over explicit tensors with a static key length (`_decode_core`; the speculative step as three
@@ -160,6 +161,11 @@ class ModelRunner:
         out = [self.seq_len, self.last_token] + self.adjust.state()
         return out + (self.draft.tensors() if self.spec is not None else [])
 
+    def row_tensors(self) -> list[torch.Tensor]:
+        """Every per-row tensor, each once (a request moving to another row takes its entries along)."""
+        out = [self.seq_len, self.last_token, self.active] + self.sampling.tensors() + self.adjust.tensors()
+        return out + (self.draft.tensors() if self.spec is not None else [])
+
     def set_sampling(self, row: int, params: SamplingParams, prompt: Sequence[int] = (),
                      stop_ids: Collection[int] = ()) -> None:
         """A request's sampling parameters and logit adjustments into its row (`stop_ids`: what min_tokens bans)."""
@@ -176,8 +182,7 @@ class ModelRunner:
         for kv in (self.kv, self.dkv):
             for t in kv.tensors if kv is not None else ():
                 t[:, dst, :n].copy_(t[:, src, :n])
-        for t in {id(t): t for t in self.state_tensors() + [self.active] + self.sampling.tensors()
-                  + self.adjust.tensors()}.values():
+        for t in self.row_tensors():
             t[dst].copy_(t[src])
         self.host_len[dst] = n
         self.release(src)

@@ -9,9 +9,9 @@ URLs),
 rather than ignoring it. A sampled request's `seed` becomes its own random stream (`SamplingParams.seed`); a greedy
 request's changes nothing. OpenAI's `frequency_penalty`, `presence_penalty` and `logit_bias` (token id strings to
 biases), and vLLM's `repetition_penalty`, `min_p`, `min_tokens`, `stop_token_ids` and `allowed_token_ids`, adjust
-the logits
-(layers/logit_adjust.py); out-of-range values are refused with SamplingParams' sentence. Images (`image_url` parts) reach the target as decoded PIL images in message order; a
-target that takes none refuses them (`Engine.prepare`).
+the logits (layers/logit_adjust.py); out-of-range values are refused with SamplingParams' sentence. Images
+(`image_url` parts) reach the target as decoded PIL images in message order; a target that takes none refuses them
+(`Engine.prepare`).
 The `*_response` / `*_chunk` helpers build the JSON bodies (`id`, `object`, `created`, `model`, `choices`, `usage`),
 with the speculative statistics (of all choices, merged) under the extra key `eaglespec` where there were
 speculative steps. Log-probabilities (chat: `logprobs: true` and `top_logprobs` k; completions: `logprobs` k) are
