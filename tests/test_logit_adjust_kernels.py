@@ -1,7 +1,8 @@
 """Adjusted steps (penalties, logit_bias, allowed tokens: engine/row_adjust.py) through the CUDA path's Triton kernels,
 run by Triton's interpreter on the CPU: the argmax, the drafter's top-k, the tree's construction and the greedy
-acceptance, and for sampled rows the probability kernels and the sampled chain's acceptance, each fed float32 adjusted logits with -inf entries.
-Speculation still gives plain decoding's tokens under the same adjustments (the GPU has not run these steps yet)."""
+acceptance, and for sampled rows the probability kernels and the sampled chain's acceptance, each fed float32
+adjusted logits with -inf entries. Speculation still gives plain decoding's tokens under the same adjustments (the
+GPU has not run these steps yet)."""
 
 from __future__ import annotations
 
