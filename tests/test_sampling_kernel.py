@@ -208,3 +208,24 @@ def test_adjusted_sampled_speculation_through_the_kernel_draws_the_same_tokens(m
                         lambda logits, t, k, p, generator=None, table=None: sampling.sample_probs(
                             logits, t, k, p, generator, table, kernels=True))
     assert run() == plain
+
+
+@pytest.mark.parametrize("spec", [None, SpecConfig(3, 1, 4), SpecConfig(3, 2, 6)], ids=["plain", "chain", "tree"])
+def test_seeded_sampling_through_the_kernels_draws_the_same_tokens(monkeypatch, spec):
+    """Seeded rows' draws (layers/row_draws.py) feed the kernels' exponential race as the generator's do: through
+    the CUDA path's kernels a seeded request draws the tokens the PyTorch path draws."""
+    target = tiny_llama(seed=5, vocab=64, hidden=32, layers=2, std=0.35)
+    drafter = tiny_drafter(target, seed=6, draft_vocab=None, hidden=32, std=0.35)
+    params = [SamplingParams(max_new_tokens=6, temperature=0.9, top_k=20, ignore_eos=True, seed=s) for s in (7, 8)]
+
+    def run() -> list[list[int]]:
+        eng = Engine(target, None, EngineConfig(max_batch_size=2, seed=3), drafter=drafter if spec else None,
+                     spec=spec)
+        return [o.token_ids for o in eng.generate([[1, 2, 3], [4, 5]], params)]
+
+    plain = run()
+    monkeypatch.setattr(runner_mod, "target_probs", sampling_kernel.target_probs)
+    for mod in (runner_mod, draft_mod):
+        monkeypatch.setattr(mod, "sample_probs", lambda logits, t, k, p, generator=None, table=None:
+                            sampling.sample_probs(logits, t, k, p, generator, table, kernels=True))
+    assert run() == plain
