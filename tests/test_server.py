@@ -416,6 +416,14 @@ def test_penalties_and_logit_bias_equal_plain_decoding_under_them(server, plain)
     r = server.post("/v1/completions", json={"prompt": QUESTIONS[1], "max_tokens": 24, "stop_token_ids": [stop_at]})
     want = plain.generate([QUESTIONS[1]], SamplingParams(max_new_tokens=24, stop_token_ids=(stop_at,)), chat=False)[0]
     assert r.json()["choices"][0]["text"] == want.text and r.json()["choices"][0]["finish_reason"] == "stop"
+    # a stop string kept in the text (vLLM's include_stop_str_in_output), whole and streamed
+    stop = first.text[10:14]
+    body = chat_body(QUESTIONS[1], 24, stop=[stop], include_stop_str_in_output=True)
+    text = server.post("/v1/chat/completions", json=body).json()["choices"][0]["message"]["content"]
+    assert text == first.text[: first.text.index(stop) + len(stop)]
+    streamed = [json.loads(line[6:]) for line in server.post("/v1/chat/completions", json={**body, "stream": True})
+                .text.splitlines() if line.startswith("data: {")]
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in streamed if c["choices"]) == text
 
 
 def test_concurrent_requests_equal_their_plain_answers(server, plain):
@@ -456,6 +464,10 @@ def test_concurrent_requests_equal_their_plain_answers(server, plain):
      "tokens"),
     ("/v1/chat/completions", chat_body("hi", guided_json={"type": "object"}), 400,
      "guided_json is not supported by this server (no structured outputs)"),
+    ("/v1/chat/completions", chat_body("hi", use_beam_search=True), 400, "use_beam_search is not supported"),
+    ("/v1/chat/completions", chat_body("hi", bad_words=["the"]), 400, "bad_words is not supported"),
+    ("/v1/completions", {"prompt": "a", "prompt_logprobs": 1}, 400,
+     "prompt_logprobs is not supported by this server (completions: echo with logprobs scores the prompt)"),
     ("/v1/chat/completions", chat_body("hi", min_tokens=20), 400,
      "min_tokens (20) must not exceed max_new_tokens (16)"),
     ("/v1/chat/completions", chat_body("hi", response_format={"type": "json_object"}), 400,

@@ -82,6 +82,11 @@ def test_max_tokens_and_stop_string_inside_accepted_run(target, reference, spec)
     assert o.text == full[:cut]
     assert o.finish_reason == "stop"
     assert o.token_ids == reference[0][: cut + len(stop)]
+    # vLLM's include_stop_str_in_output: the text ends with the stop string, the tokens are the same
+    o = eng2.generate(PROMPTS[:1], SamplingParams(max_new_tokens=48, stop=(stop,), ignore_eos=True,
+                                                  include_stop_str_in_output=True))[0]
+    assert o.text == full[: cut + len(stop)] and o.finish_reason == "stop"
+    assert o.token_ids == reference[0][: cut + len(stop)]
 
 
 @pytest.mark.parametrize("spec", CONFIGS[1:], ids=lambda s: f"S{s.steps}K{s.topk}D{s.draft_tokens}")

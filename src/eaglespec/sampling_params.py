@@ -15,7 +15,8 @@ class SamplingParams:
     temperature: float = 0.0  # 0 = greedy
     top_p: float = 1.0  # 1 = off
     top_k: int = 0  # 0 = off
-    stop: tuple[str, ...] = ()  # stop strings (not included in the output text)
+    stop: tuple[str, ...] = ()  # stop strings (not included in the output text unless include_stop_str_in_output)
+    include_stop_str_in_output: bool = False  # vLLM's: the text ends with the stop string that ended it
     ignore_eos: bool = False
     # False: no text while generating (no per-token detokenization on the host); the text is decoded once at the end
     # (throughput jobs such as drafter-data regeneration). Stop strings need it.

@@ -7,9 +7,10 @@ that asked (`params.logprobs`) keeps its output tokens' entries with the alterna
 beside `output_ids` (`take_logprobs` gives those added since its last call), and
 stops at exactly the right token: EOS (unless ignored) or one of `params.stop_token_ids` (`stop_ids`; neither is
 part of the output), the token budget, the token that completes a stop string (the text is cut before the stop
-string; with `params.min_tokens` only a stop string that ends after the first min_tokens tokens: the engine bans the
-stop tokens before, layers/logit_adjust.py), or, with `params.stop_loop` N, the
-first token deeper than N tokens into a repetition loop (not part of the output; repetition.py). Tokens after that
+string, or after it with `params.include_stop_str_in_output`; with `params.min_tokens` only a stop string that ends
+after the first min_tokens tokens: the engine bans the stop tokens before, layers/logit_adjust.py), or, with
+`params.stop_loop` N, the first token deeper than N tokens into a repetition loop (not part of the output;
+repetition.py). Tokens after that
 point are dropped. `finish_reason`: "stop" (EOS or stop string), "length" or "loop"; "abort" once `abort_requested`
 was set (`Engine.abort`): the next `append` takes none of its tokens and finishes the request, as an EOS would, so an
 aborted request leaves its row by the same path as one that ends by itself.
@@ -149,10 +150,11 @@ class Request:
     def _cut_at_stop(self, old_len: int) -> bool:
         # the text before old_len held no stop string, so a new one ends after old_len
         start = max(0, old_len - max(len(s) for s in self.params.stop) + 1)
-        hits = [i for s in self.params.stop if (i := self.text.find(s, start)) >= 0]
+        hits = [(i, -len(s)) for s in self.params.stop if (i := self.text.find(s, start)) >= 0]
         if not hits:
             return False
-        self.text = self.text[: min(hits)]
+        i, neg_len = min(hits)  # the first to start (of those starting there, the longest)
+        self.text = self.text[: i - neg_len if self.params.include_stop_str_in_output else i]
         return True
 
     def output(self) -> GenerationOutput:

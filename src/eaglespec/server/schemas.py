@@ -4,8 +4,9 @@ Contract: `ChatCompletionRequest` / `CompletionRequest` parse a request body (un
 clients send many); `.sampling(default_temperature)` turns one into `SamplingParams` (max_tokens None: the server
 picks the room left in its cache) and raises `RequestError` with one sentence for what this server does not do
 (more than MAX_N choices, or MAX_CHOICES over a completion's prompts, tools and functions, a response_format other
-than text (structured outputs), OpenAI's predicted outputs, suffix, best_of other than n, images other than data:
-URLs),
+than text and vLLM's / SGLang's structured-output fields, OpenAI's predicted outputs, vLLM's beam search, bad_words,
+prompt_logprobs, truncate_prompt_tokens and skip_special_tokens false, suffix, best_of other than n, images other
+than data: URLs),
 rather than ignoring it. A sampled request's `seed` becomes its own random stream (`SamplingParams.seed`); a greedy
 request's changes nothing. OpenAI's `frequency_penalty`, `presence_penalty` and `logit_bias` (token id strings to
 biases), and vLLM's `repetition_penalty`, `min_p`, `min_tokens`, `stop_token_ids` and `allowed_token_ids`, adjust
@@ -120,6 +121,14 @@ class SampledRequest(_Body):
     min_tokens: int = 0
     stop_token_ids: list[int] | None = None
     allowed_token_ids: list[int] | None = None
+    include_stop_str_in_output: bool = False
+    # other vLLM fields this server does not do: refused when set away from their defaults, not ignored
+    use_beam_search: bool = False
+    length_penalty: float = 1.0
+    bad_words: list[str] | None = None
+    prompt_logprobs: int | None = None
+    truncate_prompt_tokens: int | None = None
+    skip_special_tokens: bool = True
     # structured outputs as vLLM and SGLang spell them: refused by name, not ignored
     guided_json: Any = None
     guided_regex: Any = None
@@ -137,6 +146,14 @@ class SampledRequest(_Body):
                      "json_schema", "regex", "ebnf"):
             if getattr(self, name) is not None:
                 raise RequestError(f"{name} is not supported by this server (no structured outputs)")
+        refused = {"use_beam_search": self.use_beam_search, "length_penalty": self.length_penalty != 1,
+                   "bad_words": bool(self.bad_words), "truncate_prompt_tokens": self.truncate_prompt_tokens is not None,
+                   "skip_special_tokens": not self.skip_special_tokens,
+                   "prompt_logprobs": self.prompt_logprobs is not None}
+        for name, asked in refused.items():
+            if asked:
+                hint = " (completions: echo with logprobs scores the prompt)" if name == "prompt_logprobs" else ""
+                raise RequestError(f"{name} is not supported by this server{hint}")
 
     def _logit_bias(self) -> dict[int, float]:
         out = {}
@@ -165,6 +182,7 @@ class SampledRequest(_Body):
             repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
             logit_bias=self._logit_bias(), min_p=self.min_p or 0.0, min_tokens=self.min_tokens,
             stop_token_ids=tuple(self.stop_token_ids or ()),
+            include_stop_str_in_output=self.include_stop_str_in_output,
             allowed_token_ids=tuple(self.allowed_token_ids) if self.allowed_token_ids is not None else None)
 
     @property
