@@ -426,6 +426,28 @@ def test_penalties_and_logit_bias_equal_plain_decoding_under_them(server, plain)
     assert "".join(c["choices"][0]["delta"].get("content", "") for c in streamed if c["choices"]) == text
 
 
+def test_tokenize_and_detokenize(server, smollm2):
+    """vLLM's /tokenize (a text prompt as completions encode it, messages as chat completions do) and /detokenize."""
+    tok = smollm2.tokenizer
+    r = server.post("/tokenize", json={"model": NAME, "prompt": QUESTIONS[0]})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["tokens"] == tok.encode(QUESTIONS[0]) and body["count"] == len(body["tokens"])
+    assert 0 < body["max_model_len"] <= 256
+    chat = server.post("/tokenize", json={"messages": [{"role": "user", "content": QUESTIONS[0]}]}).json()
+    assert chat["tokens"] == tok.encode(tok.apply_chat_template([{"role": "user", "content": QUESTIONS[0]}]))
+    # the chat's token count is what a chat completion reports as its prompt tokens
+    use = server.post("/v1/chat/completions", json=chat_body(QUESTIONS[0], 2)).json()["usage"]
+    assert use["prompt_tokens"] == chat["count"]
+    back = server.post("/detokenize", json={"tokens": body["tokens"]}).json()
+    assert back == {"prompt": QUESTIONS[0]}
+    for path, req, needle in [("/tokenize", {"prompt": "a", "messages": []}, "either a prompt or messages"),
+                              ("/detokenize", {"tokens": [1, 49152]}, "token ids [49152] are outside"),
+                              ("/tokenize", {"prompt": "a", "model": "gpt-4o"}, "does not exist")]:
+        r = server.post(path, json=req)
+        assert r.status_code in (400, 404) and needle in r.json()["error"]["message"], r.text
+
+
 def test_concurrent_requests_equal_their_plain_answers(server, plain):
     """Three clients at once on two rows: continuous batching (one waits for a row) changes no answer."""
     results: dict[int, str] = {}

@@ -17,6 +17,9 @@ Contract of `create_app(worker, model_name, default_temperature, api_key)`:
   the first deltas when they are already queued). `max_tokens` 0 with `echo` scores the prompt only, as evaluation
   harnesses ask for log-likelihoods.
 - Images come as `image_url` parts holding data: URLs, for a multimodal target.
+- `POST /tokenize` (vLLM's): a text `prompt` as /v1/completions encodes it, or `messages` as /v1/chat/completions
+  does -> {count, max_model_len (the positions a sequence may hold), tokens}; `POST /detokenize`: {tokens} ->
+  {prompt} (special tokens kept). Both on the HTTP thread, beside the engine's loop.
 - With `api_key` the /v1 routes answer 401 (OpenAI's body, code invalid_api_key) unless the request carries
   `Authorization: Bearer <api_key>`; /health and /metrics stay open, for probes and scrapers.
 - Any user mistake answers HTTP 400 with OpenAI's error body and one sentence (a malformed body, a sampling value out
@@ -39,6 +42,7 @@ from fastapi import Depends, FastAPI, Header, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from ..engine.prompts import encode_prompt
 from ..errors import EaglespecError
 from ..sampling_params import SamplingParams
 from . import schemas
@@ -300,5 +304,25 @@ def create_app(worker: EngineWorker, model_name: str, default_temperature: float
     @app.post("/v1/completions", dependencies=v1)
     async def completions(body: schemas.CompletionRequest) -> Any:
         return await respond(body, user_input(body.prompts), chat=False)
+
+    @app.post("/tokenize", dependencies=v1)
+    async def tokenize(body: schemas.TokenizeRequest) -> dict[str, Any]:
+        check_model(body.model)
+        prompt, chat = user_input(body.to_prompt)
+        ids = user_input(lambda: encode_prompt(tokenizer, prompt, chat))
+        eng = worker.engine  # the positions a sequence may hold: the worker's reserve, less the drafts' headroom
+        limit = min(worker.max_len, eng.context_len - eng.runner.headroom())
+        return {"count": len(ids), "max_model_len": limit, "tokens": ids}
+
+    @app.post("/detokenize", dependencies=v1)
+    async def detokenize(body: schemas.DetokenizeRequest) -> dict[str, Any]:
+        check_model(body.model)
+        if tokenizer is None:
+            raise HTTPError(400, "this model has no tokenizer")
+        V = worker.engine.target_config.vocab_size
+        outside = sorted({t for t in body.tokens if not 0 <= t < V})
+        if outside:
+            raise HTTPError(400, f"token ids {outside} are outside the model's vocabulary of {V} tokens")
+        return {"prompt": tokenizer.decode(body.tokens, skip_special_tokens=False)}
 
     return app

@@ -266,6 +266,33 @@ class CompletionRequest(SampledRequest):
         return batch
 
 
+class TokenizeRequest(_Body):
+    """vLLM's `POST /tokenize`: a text prompt (as /v1/completions encodes it) or chat messages (as /v1/chat/completions
+    does: the chat template with the generation prompt), exactly one of them; text only."""
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+
+    def to_prompt(self) -> tuple[Any, bool]:
+        """(the prompt for `encode_prompt`, whether it is a chat)."""
+        if (self.prompt is None) == (self.messages is None):
+            raise RequestError("tokenize takes either a prompt or messages")
+        if self.messages is None:
+            return self.prompt, False
+        images: list = []
+        messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.parts(images)}
+                    for m in self.messages]
+        if images:
+            raise RequestError("tokenize takes text messages only (no images)")
+        return messages, True
+
+
+class DetokenizeRequest(_Body):
+    model: str | None = None
+    tokens: list[int]
+
+
 # --- responses -------------------------------------------------------------------------------------------------------
 def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:24]}"
