@@ -106,6 +106,20 @@ def test_a_completion(client, smollm2):
     assert [(c.index, c.text) for c in r.choices] == [(0, want[0]), (1, want[1])]
 
 
+def test_penalties_and_vllm_extras_through_the_client(client, smollm2):
+    """OpenAI's penalties and logit_bias as the client sends them (the bias keyed by token id), and vLLM's fields
+    through `extra_body`: the answer is plain greedy decoding's under the same adjustments."""
+    plain = Engine(smollm2.model, smollm2.tokenizer, EngineConfig(max_batch_size=1))
+    first = plain.generate([QUESTION], SamplingParams(max_new_tokens=16))[0].token_ids
+    kw = dict(frequency_penalty=0.6, presence_penalty=0.3, logit_bias={first[1]: -100.0})
+    extra = dict(repetition_penalty=1.1, min_tokens=12)
+    want = plain.generate([QUESTION], SamplingParams(max_new_tokens=16, **kw, **extra))[0].text
+    r = client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": QUESTION}], max_tokens=16,
+                                       temperature=0, frequency_penalty=0.6, presence_penalty=0.3,
+                                       logit_bias={str(first[1]): -100}, extra_body=extra)
+    assert r.choices[0].message.content == want
+
+
 def test_the_clients_exceptions(client, base_url):
     with pytest.raises(openai.BadRequestError, match="n must be between 1 and 64"):
         client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "Hi"}], max_tokens=4, n=100)
