@@ -339,3 +339,14 @@ def test_greedy_allowed_tokens_outside_the_draft_vocabulary(target, spec):  # no
     eng = Engine(target, None, EngineConfig(max_batch_size=4), drafter=drafter, spec=spec)
     assert [o.token_ids for o in eng.generate(PROMPTS, params)] == want
     assert all(set(w) <= set(allowed) for w in want)
+
+
+def test_plain_steps_of_a_speculative_engine_keep_the_counts(target, drafter, adjusted_refs):  # noqa: F811
+    """With spec_max_rows, busy steps decode plainly (their tokens join the counts as a commit's do) and speculation
+    resumes as rows finish: the answers stay plain decoding's under the adjustments."""
+    lengths = [40, 10, 20, 30]  # rows finish one by one: decode steps, then speculative ones
+    params = [replace(GREEDY, **ADJUSTED["all"], max_new_tokens=n) for n in lengths]
+    eng = Engine(target, None, EngineConfig(max_batch_size=4, spec_max_rows=2), drafter=drafter, spec=SPECS[2])
+    outs = eng.generate(PROMPTS, params)
+    assert [o.token_ids for o in outs] == [r[:n] for r, n in zip(adjusted_refs["all"], lengths)]
+    assert eng.step_counts["decode"] > 0 and eng.step_counts["spec"] > 0
