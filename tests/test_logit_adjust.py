@@ -350,3 +350,32 @@ def test_plain_steps_of_a_speculative_engine_keep_the_counts(target, drafter, ad
     outs = eng.generate(PROMPTS, params)
     assert [o.token_ids for o in outs] == [r[:n] for r, n in zip(adjusted_refs["all"], lengths)]
     assert eng.step_counts["decode"] > 0 and eng.step_counts["spec"] > 0
+
+
+@pytest.mark.parametrize("spec", [SPECS[0], SPECS[2]], ids=["chain", "tree"])
+def test_random_mixes_of_adjustments_equal_plain_answers(target, drafter, spec):  # noqa: F811
+    """Six requests with random adjustments (penalties, biases, allowed sets, min_tokens with stop tokens, or none)
+    and lengths share a speculative engine of 3 rows on the static path with overlap and prefill ahead: each answer
+    is the plain engine's for that request alone."""
+    from test_static_path import static_engine
+
+    rng = torch.Generator().manual_seed(11)
+
+    def rand(lo: float, hi: float) -> float:
+        return round(lo + (hi - lo) * torch.rand(1, generator=rng).item(), 2)
+
+    params, prompts = [], []
+    for i in range(6):
+        kw: dict = dict(max_new_tokens=int(torch.randint(8, 30, (1,), generator=rng)))
+        kind = i % 3
+        if kind == 0:
+            kw.update(repetition_penalty=rand(0.7, 1.6), frequency_penalty=rand(-1, 1), presence_penalty=rand(-1, 1))
+        elif kind == 1:
+            ids = torch.randperm(97, generator=rng)[:30].tolist()
+            kw.update(allowed_token_ids=tuple(ids[:20]), logit_bias={ids[0]: rand(-5, 5), ids[25]: 10.0},
+                      stop_token_ids=(ids[1],), min_tokens=int(kw["max_new_tokens"]) // 2)
+        params.append(SamplingParams(**kw))
+        prompts.append(torch.randint(0, 97, (int(torch.randint(1, 12, (1,), generator=rng)),), generator=rng).tolist())
+    want = [Engine(target, None).generate([p], q)[0].token_ids for p, q in zip(prompts, params)]
+    eng = static_engine(target, drafter, spec, rows=3, overlap=True, prefill_ahead=1)
+    assert [o.token_ids for o in eng.generate(prompts, params)] == want
