@@ -95,6 +95,16 @@ class ChatMessage(_Body):
         return out
 
 
+def template_messages(messages: list[ChatMessage]) -> tuple[list[dict[str, Any]], list]:
+    """The messages for the chat template ("developer" is the newer name of "system") and their images, in order
+    (decoded from data: URLs; empty for text)."""
+    if not messages:
+        raise RequestError("messages must not be empty")
+    images: list = []
+    out = [{"role": "system" if m.role == "developer" else m.role, "content": m.parts(images)} for m in messages]
+    return out, images
+
+
 class StreamOptions(_Body):
     include_usage: bool = False
 
@@ -219,14 +229,7 @@ class ChatCompletionRequest(SampledRequest):
                             (self.top_logprobs or 0) if self.logprobs else None)
 
     def chat(self) -> tuple[list[dict[str, Any]], list]:
-        """The messages for the chat template ("developer" is the newer name of "system") and their images, in
-        order (decoded from data: URLs; empty for text)."""
-        if not self.messages:
-            raise RequestError("messages must not be empty")
-        images: list = []
-        messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.parts(images)}
-                    for m in self.messages]
-        return messages, images
+        return template_messages(self.messages)
 
 
 class CompletionRequest(SampledRequest):
@@ -280,9 +283,7 @@ class TokenizeRequest(_Body):
             raise RequestError("tokenize takes either a prompt or messages")
         if self.messages is None:
             return self.prompt, False
-        images: list = []
-        messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.parts(images)}
-                    for m in self.messages]
+        messages, images = template_messages(self.messages)
         if images:
             raise RequestError("tokenize takes text messages only (no images)")
         return messages, True
