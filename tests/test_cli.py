@@ -157,6 +157,24 @@ def test_default_drafter_policy_per_device_and_engine_size(monkeypatch):
     assert default_spec("cuda", 33, temperature=0.7) is None and "above 32 rows" in slower_note("cuda")
 
 
+def test_generate_with_penalties_speculates_to_plain_decodings_answer(capsys, monkeypatch, smollm2):
+    """`--repetition-penalty` and `--frequency-penalty` reach the engine: the speculative answer is plain decoding's
+    under them, and they change the answer."""
+    from eaglespec.engine.engine import Engine
+    from eaglespec.sampling_params import SamplingParams
+
+    cpu_forward_cost(monkeypatch, 1.0)  # speculate, whatever this machine's forwards cost
+    question = "Name three primary colours."
+    code, out, err = run_cli(["generate", question, "--max-new-tokens", "20", "--repetition-penalty", "1.3",
+                              "--frequency-penalty", "0.5"], capsys)
+    assert code == 0 and "accept length" in err
+    plain = Engine(smollm2.model, smollm2.tokenizer)
+    want = plain.generate([question], SamplingParams(max_new_tokens=20, repetition_penalty=1.3,
+                                                     frequency_penalty=0.5))[0].text
+    assert out.strip() == want.strip()
+    assert want != plain.generate([question], SamplingParams(max_new_tokens=20))[0].text
+
+
 def test_generate_default_model_decodes_plainly_where_the_drafter_is_slower(capsys, monkeypatch):
     """Where the shipped drafter was measured slower than plain decoding (as on the H200), `draft="auto"` decodes
     plainly and says why on stderr; an explicit shape speculates anyway."""
