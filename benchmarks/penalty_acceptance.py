@@ -1,8 +1,8 @@
 """What logit adjustments (penalties, min_p) cost speculation: the drafter drafts from its own, unadjusted logits, so a
 penalty the target applies makes some drafts miss. For each setting, the embedded SmolLM2 with its shipped drafter
-(`auto`'s shape) against plain decoding, on MT-bench first turns, greedy unless the setting samples:
+(`auto`'s shape, or `--spec`'s) against plain decoding, on MT-bench first turns, greedy unless the setting samples:
 
-    python benchmarks/penalty_acceptance.py [--device cpu|cuda] [--prompts 10] [--max-new-tokens 64]
+    python benchmarks/penalty_acceptance.py [--device cpu|cuda] [--prompts 10] [--max-new-tokens 64] [--spec S,K,D]
 
 Prints per setting: answers identical to plain decoding's (greedy settings), mean acceptance length, tok/s of both
 and the speedup. One-row engines, prompts one after another (the CPU's `generate`); on CUDA the same shape of run.
@@ -17,7 +17,7 @@ import torch
 
 from eaglespec import api
 from eaglespec.bench.datasets import encode, mt_bench
-from eaglespec.config import EngineConfig
+from eaglespec.config import EngineConfig, parse_spec
 from eaglespec.sampling_params import SamplingParams
 
 SETTINGS = {
@@ -49,9 +49,10 @@ def main() -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--prompts", type=int, default=10)
     ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--spec", default=None, help="S,K,D (default: auto's shape)")
     args = ap.parse_args()
     cfg = EngineConfig(device=args.device, max_batch_size=1)
-    spec = api.load(config=cfg)
+    spec = api.load(config=cfg, spec=parse_spec(args.spec) if args.spec else None)
     plain = api.load(draft=None, config=cfg)
     print(f"speculating with {spec.runner.shapes}", flush=True)
     prompts = [encode(spec.tokenizer, item.first)[0] for item in mt_bench()[: args.prompts]]
