@@ -7,10 +7,10 @@ The embedded SmolLM2 (float32) answers MT-bench first turns greedily with the sh
 as a tree S6 K8 D48 (answers equal to plain decoding's). At each speculative step (the root: the last committed
 token) the probe also forms the n-gram draft of S tokens (the longest suffix of 4..1 tokens with an earlier
 occurrence, the latest one) and counts its leading tokens that equal the answer's next tokens: what a branch of S
-nodes holding that draft would have accepted. Per shape it prints the engine's tau, and the step-by-step bounds: the tree with
-the n-gram branch added (max of the two per step), the chain choosing the n-gram draft whenever a suffix of at least
-n tokens matches (n = 2, 3, 4), and how often the n-gram draft beats / loses to the drafter's. Steps are the
-engine's own (a different draft would shift later steps; this bounds a step at a time).
+nodes holding that draft would have accepted. Per shape it prints the engine's tau, and the step-by-step bounds: the
+tree with the n-gram branch added (max of the two per step), the chain choosing the n-gram draft whenever a suffix
+of at least n tokens matches (n = 2, 3, 4), and how often the n-gram draft beats / loses to the drafter's. Steps are
+the engine's own (a different draft would shift later steps; this bounds a step at a time).
 """
 
 from __future__ import annotations
