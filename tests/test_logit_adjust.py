@@ -18,10 +18,10 @@ from tiny import CharTokenizer, tiny_drafter
 from eaglespec.config import EngineConfig, SpecConfig
 from eaglespec.engine.engine import Engine
 from eaglespec.errors import RequestError
-from eaglespec.layers.logit_adjust import adjust_logits, path_counts
+from eaglespec.layers.logit_adjust import adjust_logits, tree_logits
 from eaglespec.sampling_params import SamplingParams
 from eaglespec.spec.oracle import OracleDrafter
-from eaglespec.spec.tree import ancestor_tables
+from eaglespec.spec.tree import DraftTree, ancestor_tables
 
 GREEDY = SamplingParams(max_new_tokens=40, ignore_eos=True)
 ADJUSTED = {
@@ -77,12 +77,12 @@ def adjust_one(logits: torch.Tensor, prompt: list[int], outputs: list[int], p: S
         bias.fill_(float("-inf"))[:, list(p.allowed_token_ids)] = 0.0
     for t, b in p.logit_bias:
         bias[:, t] += b
-    ban = torch.zeros(N, Vn, dtype=torch.bool)
-    if len(outputs) < p.min_tokens:
-        ban[:, list(stops)] = True
+    stop_mask = torch.zeros(N, Vn, dtype=torch.bool)
+    stop_mask[:, list(stops)] = True
+    banned = torch.full((N,), len(outputs) < p.min_tokens)
     full = lambda x: torch.full((N,), float(x))  # noqa: E731
-    return adjust_logits(logits, counts, seen, bias, ban, full(p.repetition_penalty), full(p.frequency_penalty),
-                         full(p.presence_penalty), full(p.min_p), full(p.temperature))
+    return adjust_logits(logits, counts, seen, stop_mask, bias, full(p.repetition_penalty), full(p.frequency_penalty),
+                         full(p.presence_penalty), banned, full(p.min_p), full(p.temperature))
 
 
 @pytest.mark.parametrize("kw", [*ADJUSTED.values(), dict(min_p=0.2, temperature=0.7), dict(min_tokens=3),
@@ -127,17 +127,43 @@ def test_repetition_penalty_and_min_p_equal_transformers():
         assert torch.equal(torch.isinf(ours), torch.isinf(hf))
 
 
-def test_path_counts_follow_each_nodes_path():
-    # root 0 (token 9); 1, 2 its children (tokens 4, 6); 3 child of 1 (token 4); 4 child of 3 (token 5)
-    tokens = torch.tensor([[9, 4, 6, 4, 5]])
-    parents = torch.tensor([[-1, 0, 0, 1, 3]])
-    depth = torch.tensor([[0, 1, 1, 2, 3]])
-    ancestors, _ = ancestor_tables(parents, depth, 3)
-    c = path_counts(tokens, ancestors, 10)
-    assert c.shape == (1, 5, 10) and c.dtype == torch.int32
-    want = [{}, {4: 1}, {6: 1}, {4: 2}, {4: 2, 5: 1}]  # the root's token (9) is committed: never counted
-    for n, w in enumerate(want):
-        assert {i: int(x) for i, x in enumerate(c[0, n].tolist()) if x} == w
+def test_tree_logits_equal_each_node_adjusted_for_its_path():
+    """`tree_logits` (the rows' tables on every node, then the entries of each node's path tokens recomputed) equals,
+    bit for bit, `adjust_logits` run node by node with the counts plain decoding would have there: the row's counts
+    plus the tokens on the node's path below the root (which was committed, so counted already)."""
+    # root 0 (token 9); 1, 2 its children (tokens 4, 6); 3 child of 1 (token 4); 4 child of 3 (token 5); 5 child of 2
+    # (token 9: the root's token again)
+    tokens = torch.tensor([[9, 4, 6, 4, 5, 9], [1, 2, 3, 4, 5, 6]])
+    parents = torch.tensor([[-1, 0, 0, 1, 3, 2], [-1, 0, 1, 2, 3, 4]])  # the second row a chain
+    depth = torch.tensor([[0, 1, 1, 2, 3, 2], [0, 1, 2, 3, 4, 5]])
+    ancestors, paths = ancestor_tables(parents, depth, 5)
+    tree = DraftTree(tokens=tokens, parents=parents, depth=depth, ancestors=ancestors, paths=paths, topk=2)
+    g = torch.Generator().manual_seed(2)
+    B, D, Vn = 2, 6, 12
+    logits = (torch.randn(B, D, Vn, generator=g) * 3).to(torch.bfloat16)
+    counts = torch.randint(0, 3, (B, Vn), generator=g, dtype=torch.int32)
+    seen = torch.rand(B, Vn, generator=g) < 0.3
+    stops = torch.zeros(B, Vn, dtype=torch.bool)
+    stops[:, [4, 7]] = True
+    bias = torch.randn(B, Vn, generator=g)
+    bias[1, 10] = float("-inf")
+    rep, freq, pres = torch.tensor([1.3, 0.8]), torch.tensor([0.5, -0.4]), torch.tensor([0.2, 0.7])
+    banned = torch.rand(B, D, generator=g) < 0.5
+    min_p, temperature = torch.tensor([0.1, 0.0]), torch.tensor([0.9, 0.0])
+    got = tree_logits(logits, tree, counts, seen, stops, bias, rep, freq, pres, banned, min_p, temperature)
+    for b in range(B):
+        for n in range(D):
+            path_tokens, node = [], n
+            while parents[b, node] >= 0:
+                path_tokens.append(int(tokens[b, node]))
+                node = int(parents[b, node])
+            c = counts[b].clone()
+            for t in path_tokens:
+                c[t] += 1
+            want = adjust_logits(logits[b, n][None], c[None], seen[b][None], stops[b][None], bias[b][None],
+                                 rep[b:b + 1], freq[b:b + 1], pres[b:b + 1], banned[b, n][None], min_p[b:b + 1],
+                                 temperature[b:b + 1])[0]
+            assert torch.equal(got[b, n], want), (b, n)
 
 
 @pytest.fixture(scope="module")

@@ -14,8 +14,8 @@ that does.
 - `logits(r, logits, committed, temperature)`: a step's logits [B, V] adjusted, where row b has committed[b] tokens
   (its prompt's included) before the one these logits choose;
 - `tree_logits(r, logits, tree, committed, temperature)`: a verify step's logits [B, D, V] (committed[b]: the row's
-  tokens up to the root), node n of row b seeing the row's counts plus the tokens on its draft path (`path_counts`),
-  with committed[b] + depth(n) tokens before the one it chooses;
+  tokens up to the root), node n of row b seeing the row's counts plus the tokens on its draft path
+  (layers/logit_adjust.tree_logits), with committed[b] + depth(n) tokens before the one it chooses;
 - `draft_logits(r, logits, table, temperature)`: the drafter's logits [B, T, Vd] over its vocabulary (table [Vd]:
   each draft id's target id) adjusted by the rows' counts as they stand (not a draft path's: drafting guesses,
   verification decides), its min_tokens ban by the rows' output counts; a position whose every draft token is
@@ -30,7 +30,7 @@ from typing import Collection, Sequence, Union
 
 import torch
 
-from ..layers.logit_adjust import adjust_logits, path_counts
+from ..layers.logit_adjust import adjust_logits, tree_logits
 from ..sampling_params import SamplingParams
 from ..spec.tree import DraftTree
 
@@ -96,26 +96,21 @@ class RowAdjust:
     def state(self) -> list[torch.Tensor]:
         return [self.counts] if self.ready else []
 
-    def _scalars(self, r: Rows) -> tuple[torch.Tensor, ...]:
-        return self.rep[r], self.freq[r], self.pres[r], self.min_p[r]
+    def _tables(self, r: Rows) -> tuple[torch.Tensor, ...]:
+        return self.counts[r], self.seen[r], self.stops[r], self.bias[r], self.rep[r], self.freq[r], self.pres[r]
 
     def logits(self, r: Rows, logits: torch.Tensor, committed: torch.Tensor,
                temperature: torch.Tensor) -> torch.Tensor:
         """logits [B, V], committed [B] int64, temperature [B] -> float32 [B, V] (module docstring)."""
-        outputs = committed - self.prompt_len[r]  # [B]: output tokens before the one chosen
-        ban = self.stops[r] & (outputs < self.min_tokens[r])[:, None]
-        return adjust_logits(logits, self.counts[r], self.seen[r], self.bias[r], ban, *self._scalars(r), temperature)
+        banned = committed - self.prompt_len[r] < self.min_tokens[r]  # [B]: fewer outputs than min_tokens so far
+        return adjust_logits(logits, *self._tables(r), banned, self.min_p[r], temperature)
 
     def tree_logits(self, r: Rows, logits: torch.Tensor, tree: DraftTree, committed: torch.Tensor,
                     temperature: torch.Tensor) -> torch.Tensor:
         """logits [B, D, V], committed [B] int64 (the root included), temperature [B] -> float32 [B, D, V]."""
-        V = logits.shape[-1]
         outputs = committed - self.prompt_len[r]  # [B]: output tokens up to the root
-        counts = self.counts[r][:, None, :] + path_counts(tree.tokens, tree.ancestors, V)  # [B, D, V]
-        before = outputs[:, None] + tree.depth  # [B, D]: output tokens before the one node n's logits choose
-        ban = self.stops[r][:, None, :] & (before < self.min_tokens[r][:, None])[..., None]  # [B, D, V]
-        scalars = [t[:, None] for t in (*self._scalars(r), temperature)]  # [B, 1] each, against the nodes
-        return adjust_logits(logits, counts, self.seen[r][:, None, :], self.bias[r][:, None, :], ban, *scalars)
+        banned = outputs[:, None] + tree.depth < self.min_tokens[r][:, None]  # [B, D]: outputs before node n's choice
+        return tree_logits(logits, tree, *self._tables(r), banned, self.min_p[r], temperature)
 
     def draft_logits(self, r: Rows, logits: torch.Tensor, table: torch.Tensor,
                      temperature: torch.Tensor) -> torch.Tensor:
@@ -123,10 +118,10 @@ class RowAdjust:
         def pick(t: torch.Tensor) -> torch.Tensor:  # [rows, V] -> the rows' [B, 1, Vd]
             return t[r].index_select(1, table)[:, None, :]
 
-        outputs = self.counts[r].sum(-1)  # [B]: the rows' output tokens so far
-        ban = pick(self.stops) & (outputs < self.min_tokens[r])[:, None, None]
-        scalars = [t[:, None] for t in (*self._scalars(r), temperature)]  # [B, 1] each, against the positions
-        out = adjust_logits(logits, pick(self.counts), pick(self.seen), pick(self.bias), ban, *scalars)
+        banned = (self.counts[r].sum(-1) < self.min_tokens[r])[:, None]  # [B, 1]: by the output tokens so far
+        per_row = [t[:, None] for t in (self.rep[r], self.freq[r], self.pres[r])]  # [B, 1]: against the positions
+        out = adjust_logits(logits, pick(self.counts), pick(self.seen), pick(self.stops), pick(self.bias), *per_row,
+                            banned, self.min_p[r][:, None], temperature[:, None])
         # a row that bans its whole draft vocabulary (allowed_token_ids all outside it) drafts from its raw logits:
         # all -inf would make its distribution NaN (its drafts are then rejected, as any token outside p's support)
         return torch.where(torch.isinf(out).all(-1, keepdim=True), logits.float(), out)
