@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterable
 
 from .errors import RequestError
 from .layers.logprobs import MAX_TOP_LOGPROBS
@@ -116,6 +117,11 @@ class SamplingParams:
     def bans_stops(self) -> bool:
         """Whether min_tokens bans a token: EOS (unless ignored) or a stop token, until the answer has min_tokens."""
         return self.min_tokens > 0 and (not self.ignore_eos or bool(self.stop_token_ids))
+
+    def ending_ids(self, eos_ids: Iterable[int]) -> frozenset[int]:
+        """The tokens that end the answer (not part of it): the stop tokens, and EOS unless ignored. min_tokens bans
+        them before it."""
+        return frozenset(self.stop_token_ids) | frozenset(() if self.ignore_eos else eos_ids)
 
     def token_ids(self) -> list[int]:
         """The token ids the request names (logit_bias, stop_token_ids, allowed_token_ids), which the engine checks

@@ -89,9 +89,7 @@ class Request:
     stop_ids: frozenset[int] = field(init=False, default=frozenset())  # set from params and eos_ids (__post_init__)
 
     def __post_init__(self) -> None:
-        # what ends the answer as a token: its own stop tokens, and EOS unless it ignores EOS (min_tokens bans them)
-        self.stop_ids = frozenset(self.params.stop_token_ids) | frozenset(
-            () if self.params.ignore_eos else self.eos_ids)
+        self.stop_ids = self.params.ending_ids(self.eos_ids)
         if self.tokenizer is not None and self.params.detokenize and (self.stream or self.params.stop):
             self._detok = IncrementalDetokenizer(self.tokenizer)
         if self.params.stop_loop:

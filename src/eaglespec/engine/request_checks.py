@@ -27,8 +27,8 @@ def check_params(params: SamplingParams, vocab: int, eos_ids: Sequence[int], max
     if outside:
         raise RequestError(f"token ids {outside} (logit_bias, stop_token_ids, allowed_token_ids) are outside the "
                            f"model's vocabulary of {vocab} tokens")
-    stops = set(params.stop_token_ids) | (set() if params.ignore_eos else set(eos_ids))
-    if params.allowed_token_ids is not None and params.bans_stops and set(params.allowed_token_ids) <= stops:
+    if (params.allowed_token_ids is not None and params.bans_stops
+            and set(params.allowed_token_ids) <= params.ending_ids(eos_ids)):
         raise RequestError(f"min_tokens ({params.min_tokens}) bans every token allowed_token_ids allows (they all "
                            "end the answer)")
 
