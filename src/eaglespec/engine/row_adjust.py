@@ -16,8 +16,8 @@ that does.
 - `tree_logits(r, logits, tree, committed, temperature)`: a verify step's logits [B, D, V] (committed[b]: the row's
   tokens up to the root), node n of row b seeing the row's counts plus the tokens on its draft path
   (layers/logit_adjust.tree_logits), with committed[b] + depth(n) tokens before the one it chooses;
-- `draft_logits(r, logits, table, temperature)`: the drafter's logits [B, T, Vd] over its vocabulary (table [Vd]:
-  each draft id's target id) adjusted by the rows' counts as they stand (not a draft path's: drafting guesses,
+- `draft_adjuster(r, table, temperature)`: a function adjusting the drafter's logits [B, T, Vd] over its vocabulary
+  (table [Vd]: each draft id's target id) by the rows' counts as they stand (not a draft path's: drafting guesses,
   verification decides), its min_tokens ban by the rows' output counts; a position whose every draft token is
   banned keeps its raw logits;
 - `count(rows, tokens, valid)`: tokens [B, W] committed where valid [B, W] join the rows' counts.
@@ -26,11 +26,11 @@ Rows `r` are an index tensor, or slice(0, B) in graph phases (views); `rows` of 
 
 from __future__ import annotations
 
-from typing import Collection, Sequence, Union
+from typing import Callable, Collection, Sequence, Union
 
 import torch
 
-from ..layers.logit_adjust import adjust_logits, tree_logits
+from ..layers.logit_adjust import adjust_logits, apply_terms, min_p_cut, row_terms, tree_logits
 from ..sampling_params import SamplingParams
 from ..spec.tree import DraftTree
 
@@ -112,19 +112,27 @@ class RowAdjust:
         banned = outputs[:, None] + tree.depth < self.min_tokens[r][:, None]  # [B, D]: outputs before node n's choice
         return tree_logits(logits, tree, *self._tables(r), banned, self.min_p[r], temperature)
 
-    def draft_logits(self, r: Rows, logits: torch.Tensor, table: torch.Tensor,
-                     temperature: torch.Tensor) -> torch.Tensor:
-        """logits [B, T, Vd], table [Vd] int64, temperature [B] -> float32 [B, T, Vd] (module docstring)."""
+    def draft_adjuster(self, r: Rows, table: torch.Tensor,
+                       temperature: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+        """table [Vd] int64, temperature [B] -> a function of the drafter's logits [B, T, Vd] -> float32 [B, T, Vd]
+        (module docstring). The rows' tables are taken over the draft vocabulary once, here: the counts do not move
+        while a step drafts, so its S - 1 drafter forwards share them."""
         def pick(t: torch.Tensor) -> torch.Tensor:  # [rows, V] -> the rows' [B, 1, Vd]
             return t[r].index_select(1, table)[:, None, :]
 
         banned = (self.counts[r].sum(-1) < self.min_tokens[r])[:, None]  # [B, 1]: by the output tokens so far
         per_row = [t[:, None] for t in (self.rep[r], self.freq[r], self.pres[r])]  # [B, 1]: against the positions
-        out = adjust_logits(logits, pick(self.counts), pick(self.seen), pick(self.stops), pick(self.bias), *per_row,
-                            banned, self.min_p[r][:, None], temperature[:, None])
-        # a row that bans its whole draft vocabulary (allowed_token_ids all outside it) drafts from its raw logits:
-        # all -inf would make its distribution NaN (its drafts are then rejected, as any token outside p's support)
-        return torch.where(torch.isinf(out).all(-1, keepdim=True), logits.float(), out)
+        terms = row_terms(pick(self.counts), pick(self.seen), pick(self.stops), *per_row)
+        bias, min_p, temperature = pick(self.bias), self.min_p[r][:, None], temperature[:, None]
+
+        def adjust(logits: torch.Tensor) -> torch.Tensor:
+            out = min_p_cut(apply_terms(logits, bias, terms, banned), min_p, temperature)
+            # a row that bans its whole draft vocabulary (allowed_token_ids all outside it) drafts from its raw
+            # logits: all -inf would make its distribution NaN (its drafts are then rejected, as any token outside
+            # p's support)
+            return torch.where(torch.isinf(out).all(-1, keepdim=True), logits.float(), out)
+
+        return adjust
 
     def count(self, rows: torch.Tensor, tokens: torch.Tensor, valid: torch.Tensor) -> None:
         """rows [B] int64, tokens [B, W] int64, valid [B, W] bool: one more of each valid token in its row's counts."""

@@ -232,16 +232,25 @@ class ModelRunner:
 
     def _draft_step(self, r: Rows, ctx_rows: torch.Tensor | None):
         """The drafter forward spec/draft.py calls; in an adjusted step its logits are adjusted as the rows' target
-        logits are, by their counts as they stand (`RowAdjust.draft_logits`), so that drafts follow the penalties."""
+        logits are, by their counts as they stand (`RowAdjust.draft_adjuster`), so that drafts follow the penalties."""
+        adjust = (self.adjust.draft_adjuster(r, self.draft.target_ids, self.sampling.temperature[r])
+                  if self.step_extras.adjusted else None)
+
         def step(tokens, hidden, positions, write_index, mask, from_target, logits_index):
             ctx = ForwardContext(positions=positions, write_index=write_index, attn_mask=mask,
                                  kv=self.dkv.layers(), rows=ctx_rows, logits_index=logits_index)
             logits, out = self.drafter(tokens, hidden, ctx, from_target=from_target)
-            if self.step_extras.adjusted:
-                logits = self.adjust.draft_logits(r, logits, self.draft.target_ids, self.sampling.temperature[r])
-            return logits, out
+            return (adjust(logits) if adjust is not None else logits), out
 
         return step
+
+    def _catch_up(self, r: Rows, ctx_rows: torch.Tensor | None, tokens: torch.Tensor, aux: torch.Tensor,
+                  start: torch.Tensor | None, lengths: torch.Tensor | None, kv_len: int, at=None) -> None:
+        """spec/draft.catch_up over the rows with the envelope's top-K (chains keep their depth-1 logits), and the
+        drafter's new state into them."""
+        st = catch_up(self._draft_step(r, ctx_rows), tokens, aux, start, lengths, kv_len, self.spec.topk,
+                      keep_logits=self.draft.logits is not None, at=at)
+        self.draft.store(self._row_index(r), st)
 
     def _row_index(self, r: Rows) -> torch.Tensor:
         """The cache rows of a step's rows as an index tensor [B] (graph steps name rows 0..B-1 by a slice)."""
@@ -341,9 +350,7 @@ class ModelRunner:
         shifted = torch.cat((ids[:, 1:], ids[:, :1]), dim=1)
         shifted.scatter_(1, (lens_t - 1)[:, None], tok[:, None])
         zeros = torch.zeros(B, dtype=torch.int64, device=self.device)
-        st = catch_up(self._draft_step(r, ctx_rows), shifted, aux, zeros, lens_t, T, self.spec.topk,
-                      keep_logits=self.draft.logits is not None)
-        self.draft.store(self._row_index(r), st)
+        self._catch_up(r, ctx_rows, shifted, aux, zeros, lens_t, T)
 
     def _prefill_core(self, r: torch.Tensor, ids: torch.Tensor, lens_t: torch.Tensor, greedy: bool,
                       lp: int | None = None) -> torch.Tensor:
@@ -369,9 +376,7 @@ class ModelRunner:
         if self.spec is not None:  # a plain step of a speculative engine (EngineConfig.spec_max_rows): the drafter
             # takes the pair (target aux at L, the new token at L+1), as a commit of one token would give it
             ones = torch.ones(B, dtype=torch.int64, device=dev)
-            st = catch_up(self._draft_step(r, ctx_rows), tok[:, None], out.aux_hidden, L, ones, kv_len,
-                          self.spec.topk, keep_logits=self.draft.logits is not None)
-            self.draft.store(self._row_index(r), st)
+            self._catch_up(r, ctx_rows, tok[:, None], out.aux_hidden, L, ones, kv_len)
         self.seq_len[r] = torch.where(self.active[r], L + 1, L)
         self.last_token[r] = tok
         return tok
@@ -494,9 +499,7 @@ class ModelRunner:
         committed = cached_arange(S1, self.device)[None, :] <= res.accept_len[:, None]  # [B, S+1]
         self._add_counts(r, res.tokens, committed & self.active[r][:, None])
         at = advance_rows(self.seq_len, self.last_token, self.active, rows_t, res.accept_len, res.bonus, S1, kv_len)
-        st = catch_up(self._draft_step(r, ctx_rows), res.tokens, aux, None, None, kv_len, self.spec.topk,
-                      keep_logits=self.draft.logits is not None, at=at)
-        self.draft.store(self._row_index(r), st)
+        self._catch_up(r, ctx_rows, res.tokens, aux, None, None, kv_len, at=at)
         return res.accept_len, res.tokens
 
     @torch.inference_mode()
