@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from .errors import RequestError
+from .grammar.output_format import StructuredOutput
 from .layers.logprobs import MAX_TOP_LOGPROBS
 from .layers.sampling import validate_sampling
 
@@ -51,6 +52,10 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     # vLLM's: the only tokens the answer may hold (None: any); EOS is not among them unless listed
     allowed_token_ids: tuple[int, ...] | None = None
+    # the shape the answer must take: a JSON schema, any JSON object, a regex, one of some strings, or a grammar
+    # (grammar/output_format.py). Each step masks the logits to the tokens the grammar allows after the answer so far
+    # (in a verify, after each node's draft path: lossless), and the answer ends with EOS once the grammar is complete
+    structured: StructuredOutput | None = None
 
     def __post_init__(self) -> None:
         validate_sampling(self.temperature, self.top_p, self.top_k)
@@ -69,6 +74,8 @@ class SamplingParams:
             raise RequestError(f"seed must be between 0 and 2**63 - 1 (got {self.seed})")
         if self.stop and not self.detokenize:
             raise RequestError("stop strings need detokenize=True (they are matched in the text as it is produced)")
+        if self.structured is not None:
+            self._check_structured()
 
     def _check_adjustments(self) -> None:
         for name in ("frequency_penalty", "presence_penalty"):
@@ -100,6 +107,17 @@ class SamplingParams:
             if not allowed or allowed[0] < 0:
                 raise RequestError(f"allowed_token_ids must be a non-empty list of token ids >= 0 (got "
                                    f"{list(allowed)})")
+
+    def _check_structured(self) -> None:
+        if not isinstance(self.structured, StructuredOutput):
+            raise RequestError("structured must be a StructuredOutput (eaglespec.grammar)")
+        # each of these decides where the answer ends or which tokens it holds, against the grammar's own choice
+        clashes = {"ignore_eos": self.ignore_eos, "min_tokens": self.min_tokens > 0,
+                   "allowed_token_ids": self.allowed_token_ids is not None}
+        for name, clash in clashes.items():
+            if clash:
+                raise RequestError(f"{name} cannot be combined with a structured output (the grammar decides which "
+                                   "tokens the answer holds and where it ends)")
 
     @property
     def greedy(self) -> bool:

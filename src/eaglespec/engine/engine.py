@@ -20,7 +20,10 @@ A step where some of its requests asked for log-probabilities (`SamplingParams.l
 alternatives while none asks for more, else the engine's most: `layers/logprobs.step_alternatives`); each such
 request keeps its tokens' entries (`Request.logprobs`, `GenerationOutput.logprobs`). A step holding a request that
 adjusts its logits (penalties, logit_bias, min_tokens, min_p) adjusts every row's (neutral rows keep theirs), and one
-holding a seeded sampled request draws through the rows' seeds (`row_sampling.StepExtras`).
+holding a seeded sampled request draws through the rows' seeds (`row_sampling.StepExtras`). A request with a
+structured output (`SamplingParams.structured`) gets its grammar compiled when it is added (a schema or grammar that
+does not compile is the user's error then; grammar/compiler.py); a step holding one masks every choice of the
+target by the rows' grammars (`runner.constraint`, step_grammar.py), runs eagerly and is not overlapped.
 A speculative engine with `EngineConfig.spec_max_rows` takes plain decode steps while more rows run (the drafter is
 kept in step by the decode step itself) and speculative steps again once few enough do. With a `SpecSchedule` as its
 `spec` each speculative step takes the shape scheduled for its rows (a chain for a lone request, a tree once several
@@ -63,8 +66,11 @@ from .row_sampling import StepExtras
 from .runner import ModelRunner, shape_index, spec_kind
 from .scheduler import Scheduler
 from .scoring import score_prompt
+from .step_grammar import StepGrammar
 
 if TYPE_CHECKING:
+    from ..grammar.compiler import GrammarCompiler
+    from ..grammar.token_grammar import TokenGrammar
     from ..loading.tokenizer import BaseTokenizer
 
 # EngineConfig.prefill_ahead=None: spare rows of an overlapped graph engine of >= AUTO_PREFILL_AHEAD_ROWS rows (H200,
@@ -109,6 +115,7 @@ class Engine:
         self.step_counts: Counter[str] = Counter()
         self._next_id = 0
         self._pending: tuple[list[Request], PendingStep] | None = None  # overlap: a launched, unread step
+        self._grammars: GrammarCompiler | None = None  # built by the first structured-output request
 
     # --- construction -------------------------------------------------------------------------------------------
     def _wire_drafter(self, drafter: torch.nn.Module) -> None:
@@ -255,10 +262,32 @@ class Engine:
                 )
             self._ensure_capacity(self.runner.step_rows, need)
         assert self.scheduler is not None
-        req = Request(self._next_id, ids, params, self.eos_ids, self.tokenizer, mm_inputs=mm, stream=stream)
+        req = Request(self._next_id, ids, params, self.eos_ids, self.tokenizer, mm_inputs=mm, stream=stream,
+                      grammar=self._grammar(params))
         self._next_id += 1
         self.scheduler.add(req)
         return req
+
+    def _grammar(self, params: SamplingParams) -> "TokenGrammar | None":
+        """A structured-output request's grammar at its start (grammar/compiler.py), or None."""
+        if params.structured is None:
+            return None
+        if self._grammars is None:
+            if self.tokenizer is None:
+                raise RequestError("a structured output needs the model's tokenizer (this engine was built without "
+                                   "one)")
+            from ..grammar.compiler import GrammarCompiler
+
+            self._grammars = GrammarCompiler(self.tokenizer, self.target_config.vocab_size, self.eos_ids)
+        return self._grammars.compile(params.structured)
+
+    def _constrain(self, reqs: Sequence[Request]) -> bool:
+        """Set the runner's `constraint` for a step of these requests (in row order); True where one has a grammar."""
+        grammars = [q.grammar for q in reqs]
+        constrained = any(g is not None for g in grammars)
+        self.runner.constraint = (StepGrammar(grammars, self.target_config.vocab_size, self.device)
+                                  if constrained else None)
+        return constrained
 
     def abort(self, req: Request) -> None:
         """Stop `req` (module docstring): a waiting request finishes at once, a running or parked one at the next
@@ -291,13 +320,16 @@ class Engine:
         greedy = all(q.params.greedy for q in reqs)
         lp = self._step_logprobs(reqs)
         self.runner.step_extras = StepExtras.of(q.params for q in reqs)
+        # a structured output's masks come from the host in the step: no step is launched ahead of its read
+        constrained = self._constrain(reqs)
+        overlap = self.overlapping and not constrained and not _constrained(self.scheduler.running)
         if batch.kind == "prefill":
             self.step_counts["prefill"] += 1
             for q in reqs:
                 self.runner.set_sampling(q.slot, q.params, q.prompt_ids, q.stop_ids)
             mm = [q.mm_inputs for q in reqs]
             args = (rows, [q.prompt_ids for q in reqs], greedy, mm if any(m is not None for m in mm) else None)
-            if self.overlapping:  # the next step of every running row goes in before the first tokens are read
+            if overlap:  # the next step of every running row goes in before the first tokens are read
                 launched = self.runner.launch_prefill(*args, lp)
                 self._launch_running()
                 toks = self.runner.collect_prefill(launched)
@@ -309,7 +341,7 @@ class Engine:
             for i, (q, t) in enumerate(zip(reqs, toks)):
                 q.append([t], lp_rows[i] if lp_rows is not None else None)
         else:
-            if self.overlapping:
+            if overlap:
                 self._launch_running()
                 return []  # its results are read by the next step, once that one is launched
             kind = self._step_kind(rows)
@@ -368,6 +400,7 @@ class Engine:
         kind = self._step_kind(rows)
         self._count_step(kind)
         self.runner.step_extras = StepExtras.of(q.params for q in running)
+        self.runner.constraint = None  # launched steps hold no structured output (`step`, `_step_overlapped`)
         self._pending = (running, self.runner.launch(kind, rows, all(q.params.greedy for q in running), ahead,
                                                      self._step_logprobs(running)))
 
@@ -424,7 +457,7 @@ class Engine:
         ahead = run.spec.max_accept if run.speculative else 0  # the largest shape's
         fits = all(run.host_len[q.slot] + ahead <= run.max_len for q in running)
         # not launched when waiting requests may be admitted or rows could be compacted: both need the read first
-        if running and fits and not sched.may_admit() and not self._compaction():
+        if running and fits and not sched.may_admit() and not self._compaction() and not _constrained(running):
             self._launch_running(ahead)
         # a joined row's host length is its new request's (a decode step launched above already counted its token);
         # the read below advances it for the finished request the pending step computed there: undone
@@ -496,3 +529,8 @@ class Engine:
             yield tail
         self.last_request = req
 
+
+
+def _constrained(reqs: Sequence[Request]) -> bool:
+    """Whether a request among these has a structured output (its steps are not overlapped)."""
+    return any(q.grammar is not None for q in reqs)

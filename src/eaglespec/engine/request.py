@@ -21,6 +21,8 @@ stop strings (a stop string must end the output at the exact token that complete
 is decoded once, when the request finishes: the same text, without ~10 us of host time per token (SmolLM2's
 tokenizer on a 2-core CPU, one token per call; 32 rows of a speculative step commit ~80 tokens), which can exceed a
 small model's device step.
+A structured-output request carries its grammar state (`grammar`, grammar/token_grammar.py), which takes every
+output token as it is appended (the engine masks each step's logits by it: engine/step_grammar.py).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from ..sampling_params import SamplingParams
 from ..spec.stats import SpecStats
 
 if TYPE_CHECKING:
+    from ..grammar.token_grammar import TokenGrammar
     from ..loading.tokenizer import BaseTokenizer
 
 
@@ -72,6 +75,7 @@ class Request:
     tokenizer: "BaseTokenizer | None" = None
     mm_inputs: object | None = None  # a multimodal target's prepared images (see Engine.add_request)
     stream: bool = True  # the text may be read while the request runs (module docstring)
+    grammar: "TokenGrammar | None" = None  # params.structured's state (Engine._enqueue compiles it)
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] | None = None  # beside output_ids, when params.logprobs is set
     text: str = ""
@@ -135,6 +139,8 @@ class Request:
                     break
             if len(self.output_ids) >= self.params.max_new_tokens:
                 self.finish_reason = "length"
+        if self.grammar is not None and len(self.output_ids) > start:
+            self.grammar.commit(self.output_ids[start:])
         if self._detok is not None and not per_token and len(self.output_ids) > start:
             self.text += self._detok.add(self.output_ids[start:])  # the step's tokens in one call
         if self.finished:

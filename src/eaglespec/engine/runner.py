@@ -24,6 +24,11 @@ three kinds of step as tensor programs (DESIGN.md "One speculative step, as data
   drafter's logits are adjusted too, by the rows' counts as they stand (not each draft path's): a guess closer to
   the target's choice; verification alone decides what is committed. Log-probabilities stay the raw logits' (as
   vLLM reports them).
+- `constraint` (set by the engine before a step holding a structured-output request, else None): a StepGrammar
+  (step_grammar.py) whose masks restrict the target's choices to the tokens each row's grammar allows: the prefill's
+  first token and a decode's by the rows' current states, a verify's nodes by the state after each node's draft
+  path (read on the host between draft and verify: a second synchronisation). Such steps run eagerly (their masks
+  come from the host mid-step); the engine does not overlap them.
 
 Per-row state lives on the device (`seq_len`, `last_token`, `active`; `sampling`, `adjust`: each row's sampling
 parameters and logit adjustments; `draft`: the drafter's top-K and hidden, engine/drafter_rows.py); the host keeps
@@ -48,6 +53,7 @@ from ..layers.commit_kernel import advance_rows
 from ..layers.context import ForwardContext, cached_arange, causal_mask, prefix_tail_mask
 from ..layers.row_draws import DECODE_SITE, DRAFT_SITE, PREFILL_SITE, VERIFY_SITE
 from ..layers.sampling import Draws, greedy_ids, sample_probs, target_probs
+from ..layers.token_mask import mask_logits
 from ..sampling_params import SamplingParams
 from ..spec.draft import catch_up, draft_tree
 from ..spec.tree import DraftTree, build_tree
@@ -58,6 +64,7 @@ from .logprob_buffer import LogprobBuffer, columns
 from .pending_step import PendingStep, ResultBuffers
 from .row_adjust import RowAdjust
 from .row_sampling import RowSampling, StepExtras
+from .step_grammar import StepGrammar
 from .timing import PhaseTimer
 
 # the rows a step runs on: an index tensor (eager steps: any rows), or slice(0, B) (the graph phases: rows 0..B-1,
@@ -101,6 +108,7 @@ class ModelRunner:
         # set by the engine before each step: whether a row of it samples with its own seed (SamplingParams.seed;
         # such steps draw through `RowDraws`, layers/row_draws.py) or adjusts its logits; graphs are keyed by it
         self.step_extras = StepExtras()
+        self.constraint: StepGrammar | None = None  # set by the engine for steps of structured outputs
         self.reseed(seed)
         self.rows = 0  # cache rows: the steps' rows, then the spare ones (`allocate`)
         self.step_rows = 0
@@ -211,7 +219,10 @@ class ModelRunner:
     def _sample(self, logits: torch.Tensor, r: Rows, greedy: bool, position: torch.Tensor, site: int,
                 committed: torch.Tensor) -> torch.Tensor:
         """logits [B, V] -> tokens [B]. committed [B]: the rows' committed tokens (prompt included) before this one,
-        by which an adjusted step's logits are adjusted first (`RowAdjust.logits`)."""
+        by which an adjusted step's logits are adjusted first (`RowAdjust.logits`); a constrained step's are masked
+        to what the rows' grammars allow before that."""
+        if self.constraint is not None:
+            logits = mask_logits(logits, self.constraint.masks())
         if self.step_extras.adjusted:
             logits = self.adjust.logits(r, logits, committed, self.sampling.temperature[r])
         if greedy:
@@ -279,7 +290,8 @@ class ModelRunner:
         """
         lens = [len(p) for p in prompts]
         has_mm = mm_inputs is not None and any(m is not None for m in mm_inputs)
-        groups = self.graphs.prefill_plan(lens) if self.graphs is not None and not has_mm else None
+        graphs = self.graphs if self.constraint is None else None
+        groups = graphs.prefill_plan(lens) if graphs is not None and not has_mm else None
         if groups is not None:
             with self.timer.phase("prefill"):
                 tok = self.graphs.prefill_groups(list(rows), prompts, greedy, groups, lp)
@@ -384,7 +396,7 @@ class ModelRunner:
     @torch.inference_mode()
     def decode(self, rows: Sequence[int], greedy: bool, lp: int | None = None) -> list[int]:
         """One plain decoding step; returns the new token of each requested row (this is the step's sync)."""
-        if self.graphs is not None:
+        if self.graphs is not None and self.constraint is None:
             with self.timer.phase("decode"):
                 return self.collect(self.launch("decode", rows, greedy, lp=lp))[1]
         Lmax = max(self.host_len[i] for i in rows)
@@ -448,9 +460,11 @@ class ModelRunner:
         return tree
 
     def _spec_verify(self, r: Rows, ctx_rows: torch.Tensor | None, kv_len: int, tree: DraftTree,
-                     greedy: bool, shape: SpecConfig, lp: int | None = None) -> tuple[VerifyResult, torch.Tensor]:
+                     greedy: bool, shape: SpecConfig, lp: int | None = None,
+                     allowed: torch.Tensor | None = None) -> tuple[VerifyResult, torch.Tensor]:
         """Target forward over the D tree tokens (positions L + depth, written at L..L+D-1, each seeing the prefix
-        and its ancestors) and acceptance; returns the result and the aux states [B, D, n_aux*H]."""
+        and its ancestors) and acceptance; returns the result and the aux states [B, D, n_aux*H]. allowed
+        [B, D, V]: a constrained step's node masks (StepGrammar.tree_masks), applied before any adjustment."""
         D = shape.draft_tokens
         B, dev = self._count(r), self.device
         L = self.seq_len[r]
@@ -465,6 +479,8 @@ class ModelRunner:
                                  rows=ctx_rows)
         out = self.target(tree.tokens, ctx)
         logits = out.logits  # [B, D, V]; adjusted at each node for the tokens on its path (RowAdjust.tree_logits)
+        if allowed is not None:
+            logits = mask_logits(logits, allowed)
         if self.step_extras.adjusted:
             logits = self.adjust.tree_logits(r, logits, tree, L + 1, self.sampling.temperature[r])
         if greedy:
@@ -507,8 +523,8 @@ class ModelRunner:
                   lp: int | None = None) -> tuple[list[int], list[list[int]]]:
         """One speculative step of shape `shapes[index]`; returns, per requested row, the accepted draft count m and
         the committed tokens (m drafts then the bonus: S+1 entries, of which the first m+1 count). Reading them is
-        the step's sync."""
-        if self.graphs is not None:
+        the step's sync (and, in a constrained step, reading the draft tree's tokens)."""
+        if self.graphs is not None and self.constraint is None:
             m_g, toks_g = self.collect(self.launch(spec_kind(index), rows, greedy, lp=lp))
             assert m_g is not None
             return m_g, toks_g
@@ -519,7 +535,8 @@ class ModelRunner:
         with self.timer.phase("draft"):
             tree = self._spec_draft(r, ctx_rows, kv_len, greedy, shape)
         with self.timer.phase("verify"):
-            res, aux = self._spec_verify(r, ctx_rows, kv_len, tree, greedy, shape, lp)
+            allowed = self.constraint.tree_masks(tree) if self.constraint is not None else None
+            res, aux = self._spec_verify(r, ctx_rows, kv_len, tree, greedy, shape, lp, allowed)
         with self.timer.phase("commit"):
             m_t, tok_t = self._spec_commit(r, ctx_rows, kv_len, res, aux, shape)
         m, toks = m_t.tolist(), tok_t.tolist()

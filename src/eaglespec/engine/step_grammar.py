@@ -1,0 +1,80 @@
+"""`StepGrammar`: the token masks of one step's structured-output requests, computed on the host and uploaded.
+
+Contract of `StepGrammar(grammars, vocab, device)`, one per step that holds a constrained request (`grammars[i]`:
+the TokenGrammar of the step's row i, in the step's row order, or None for a row without one):
+- `masks()`: allowed [B, V] bool on the device, each row's next-token mask in its current state (a prefill's first
+  token, a decode step's); rows without a grammar allow every token;
+- `tree_masks(tree)`: allowed [B, D, V] bool for a verify of the draft tree (tokens and parents [B, D]; node 0 the
+  root, already committed): node j's mask is the grammar's state after the tokens on its draft path (depth 1 to
+  j), so that each node's logits are masked as plain decoding would mask them after that path, and greedy and
+  sampled verification stay lossless. A node whose path the grammar refuses can never be accepted (its parent's
+  masked distribution gives its token no mass): it allows every token, which keeps its row of probabilities
+  finite. Reading the tree's tokens is a host synchronisation; the grammars are back in their state afterwards.
+Plain decoding of a constrained request costs one mask per token; a verify of D nodes D masks, each after a
+`try_consume` of the tokens that differ from the previous node's path (nodes come in tree order, parents first).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from ..grammar.token_grammar import TokenGrammar, mask_words
+from ..layers.token_mask import allowed_tokens
+from ..spec.tree import DraftTree
+
+
+class StepGrammar:
+    def __init__(self, grammars: Sequence[TokenGrammar | None], vocab: int, device: torch.device) -> None:
+        self.grammars, self.vocab, self.device = list(grammars), vocab, device
+        self.words = mask_words(vocab)
+
+    def _upload(self, bitmask: torch.Tensor) -> torch.Tensor:
+        pin = self.device.type == "cuda"
+        host = bitmask.pin_memory() if pin else bitmask
+        return allowed_tokens(host.to(self.device, non_blocking=pin), self.vocab)
+
+    def masks(self) -> torch.Tensor:
+        bitmask = torch.full((len(self.grammars), self.words), -1, dtype=torch.int32)
+        for i, g in enumerate(self.grammars):
+            if g is not None:
+                g.fill_mask(bitmask[i])
+        return self._upload(bitmask)
+
+    def tree_masks(self, tree: DraftTree) -> torch.Tensor:
+        B, D = tree.tokens.shape
+        bitmask = torch.full((B, D, self.words), -1, dtype=torch.int32)
+        rows = [i for i, g in enumerate(self.grammars) if g is not None]
+        if rows:
+            tokens, parents = tree.tokens[rows].tolist(), tree.parents[rows].tolist()
+            for j, i in enumerate(rows):
+                self._fill_tree(self.grammars[i], tokens[j], parents[j], bitmask[i])
+        return self._upload(bitmask)
+
+    @staticmethod
+    def _fill_tree(g: TokenGrammar, tokens: list[int], parents: list[int], out: torch.Tensor) -> None:
+        """out [D, W]: node j's mask after its path's tokens; nodes whose path the grammar refuses are left all-ones."""
+        taken: list[int] = []  # the nodes whose tokens the grammar holds now, root's child first
+        paths: list[list[int] | None] = [[]]  # node j's path below the root (None: refused)
+        g.fill_mask(out[0])
+        for j in range(1, len(tokens)):
+            parent = paths[parents[j]]
+            if parent is None:
+                paths.append(None)
+                continue
+            path = parent + [j]
+            keep = 0  # the nodes of `taken` that path shares from the start
+            while keep < len(taken) and keep < len(path) and taken[keep] == path[keep]:
+                keep += 1
+            g.rollback(len(taken) - keep)
+            del taken[keep:]
+            new = path[keep:]
+            got = g.try_consume([tokens[n] for n in new])
+            taken.extend(new[:got])
+            if got < len(new):
+                paths.append(None)
+                continue
+            paths.append(path)
+            g.fill_mask(out[j])
+        g.rollback(len(taken))

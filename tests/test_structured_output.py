@@ -1,0 +1,201 @@
+"""Structured outputs (grammar/, engine/step_grammar.py): answers held to a grammar, with speculation lossless under
+it. A toy grammar over a tiny vocabulary (a rule that depends on the whole path, so that a verify node masked by
+the wrong path's state changes answers) checks the engine's masking: greedy speculation equals plain greedy, the
+oracle of the constrained answers is accepted in full, sampled speculation keeps the constrained distribution; then
+the real thing through llguidance with SmolLM2's tokenizer: JSON schemas, regexes, choices and grammars, their
+errors, and the real SmolLM2 with its shipped drafter."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import replace
+from typing import Sequence
+
+import pytest
+import torch
+from test_spec_greedy import PROMPTS, drafter, target  # noqa: F401 (its tiny target and drafter, as module fixtures)
+from test_spec_sampling import N_TOKENS, PROMPT, V, assert_same_distribution, exact_distribution, models  # noqa: F401
+from tiny import tiny_drafter, tiny_llama
+
+from eaglespec.config import EngineConfig, SpecConfig
+from eaglespec.engine.engine import Engine
+from eaglespec.engine.step_grammar import StepGrammar
+from eaglespec.errors import RequestError
+from eaglespec.grammar import StructuredOutput, TokenGrammar
+from eaglespec.grammar.token_grammar import mask_words
+from eaglespec.layers.token_mask import allowed_tokens
+from eaglespec.sampling_params import SamplingParams
+from eaglespec.spec.oracle import OracleDrafter
+from eaglespec.spec.tree import DraftTree, ancestor_tables
+
+SPECS = [SpecConfig(3, 1, 4), SpecConfig(4, 1, 3), SpecConfig(5, 4, 8), SpecConfig(6, 8, 32)]
+TOY = StructuredOutput("grammar", "toy")  # the toy compiler below ignores what it says
+GREEDY = SamplingParams(max_new_tokens=40, structured=TOY)
+
+
+def spec_id(s: SpecConfig) -> str:
+    return f"S{s.steps}K{s.topk}D{s.draft_tokens}"
+
+
+def toy_allowed(prefix: Sequence[int], vocab: int) -> list[bool]:
+    """Token t may follow `prefix` unless it repeats the last token or (7t + sum(prefix)) % 5 == 0: each step bans
+    about a fifth of the vocabulary, a different fifth after each path."""
+    s, last = sum(prefix), prefix[-1] if prefix else -1
+    return [t != last and (7 * t + s) % 5 != 0 for t in range(vocab)]
+
+
+def pack(allowed: Sequence[bool]) -> torch.Tensor:
+    """bool [V] -> int32 [W] words, token t at bit t % 32 of word t // 32 (llguidance's layout)."""
+    words = [0] * mask_words(len(allowed))
+    for t, ok in enumerate(allowed):
+        if ok:
+            words[t // 32] |= 1 << (t % 32)
+    return torch.tensor([w - (1 << 32) if w >= 1 << 31 else w for w in words], dtype=torch.int32)
+
+
+class ToyGrammar(TokenGrammar):
+    def __init__(self, vocab: int) -> None:
+        self.vocab, self.tokens = vocab, []
+        self.masks = 0  # fill_mask calls
+
+    def fill_mask(self, out: torch.Tensor) -> None:
+        self.masks += 1
+        out.copy_(pack(toy_allowed(self.tokens, self.vocab)))
+
+    def try_consume(self, tokens: Sequence[int]) -> int:
+        for n, t in enumerate(tokens):
+            if not toy_allowed(self.tokens, self.vocab)[t]:
+                return n
+            self.tokens.append(t)
+        return len(tokens)
+
+    def rollback(self, n: int) -> None:
+        del self.tokens[len(self.tokens) - n:]
+
+
+class ToyCompiler:
+    def __init__(self, vocab: int) -> None:
+        self.vocab, self.made = vocab, []
+
+    def compile(self, output: StructuredOutput) -> ToyGrammar:
+        self.made.append(ToyGrammar(self.vocab))
+        return self.made[-1]
+
+
+def toy_engine(target, drafter=None, spec=None, **kw) -> Engine:
+    eng = Engine(target, None, EngineConfig(max_batch_size=4, **kw), drafter=drafter, spec=spec)
+    eng._grammars = ToyCompiler(target.config.vocab_size)
+    return eng
+
+
+def obeys_toy(prompt_free: Sequence[int], vocab: int) -> bool:
+    return all(toy_allowed(prompt_free[:i], vocab)[t] for i, t in enumerate(prompt_free))
+
+
+@pytest.fixture(scope="module")
+def toy_refs(target):
+    return [o.token_ids for o in toy_engine(target).generate(PROMPTS, GREEDY)]
+
+
+# --- the toy grammar: the engine's masking -----------------------------------------------------------------------
+def test_toy_answers_obey_the_grammar_and_differ_from_free_answers(target, toy_refs):
+    free = [o.token_ids for o in Engine(target, None).generate(PROMPTS, replace(GREEDY, structured=None))]
+    V = target.config.vocab_size
+    assert all(obeys_toy(r, V) and len(r) == 40 for r in toy_refs)
+    assert not all(obeys_toy(r, V) for r in free)  # the grammar changed the answers
+    assert toy_refs != free
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=spec_id)
+def test_greedy_speculation_equals_plain_under_a_grammar(target, drafter, toy_refs, spec):
+    eng = toy_engine(target, drafter, spec)
+    assert [o.token_ids for o in eng.generate(PROMPTS, GREEDY)] == toy_refs
+    # the oracle of the constrained answers has every draft accepted: node n was masked by its own path's state
+    refs = [p + r for p, r in zip(PROMPTS, toy_refs)]
+    n = 5 * spec.max_accept + 1
+    orc = toy_engine(target, OracleDrafter(target.config, refs), spec)
+    assert [o.token_ids for o in orc.generate(PROMPTS, replace(GREEDY, max_new_tokens=n))] == [
+        r[:n] for r in toy_refs]
+    assert orc.stats.accept_length_mean == spec.max_accept
+    # every grammar is back where its answer left it (rolled back after each verify's paths)
+    assert [g.tokens for g in orc._grammars.made] == [r[:n] for r in toy_refs]
+
+
+@pytest.mark.parametrize("spec", [None, SPECS[0], SPECS[2]], ids=["plain", "chain", "tree"])
+def test_constrained_and_free_requests_share_steps(target, drafter, toy_refs, spec):
+    """Free rows keep their answers beside constrained ones, also on the static graph path with overlap and prefill
+    ahead, where constrained steps run eagerly and the others replay graphs."""
+    from test_static_path import static_engine
+
+    free = replace(GREEDY, structured=None)
+    longer = replace(free, max_new_tokens=60)  # runs on alone: graph steps again
+    plain = [o.token_ids for o in Engine(target, None).generate(PROMPTS, [free] * 3 + [longer])]
+    params = [GREEDY, free, GREEDY, longer]
+    want = [toy_refs[0], plain[1], toy_refs[2], plain[3]]
+    d = drafter if spec else None
+    assert [o.token_ids for o in toy_engine(target, d, spec).generate(PROMPTS, params)] == want
+    static = static_engine(target, d, spec, rows=2, overlap=True, prefill_ahead=1)
+    static._grammars = ToyCompiler(target.config.vocab_size)
+    assert [o.token_ids for o in static.generate(PROMPTS, params)] == want
+    assert any(k[0] != "prefill" for k in static.runner.graphs.graphs)  # the free request's steps took graphs
+
+
+CHAIN_T1 = SamplingParams(max_new_tokens=N_TOKENS, temperature=1.0, structured=TOY)
+SAMPLED = [("chain", SpecConfig(3, 1, 4), CHAIN_T1),
+           ("tree-topk5", SpecConfig(3, 3, 8), replace(CHAIN_T1, temperature=0.8, top_k=5))]
+
+
+@pytest.mark.parametrize("name,spec,params", SAMPLED, ids=[c[0] for c in SAMPLED])
+def test_sampled_speculation_keeps_the_constrained_distribution(models, name, spec, params):  # noqa: F811
+    target, drafter = models
+
+    def mask(logits: torch.Tensor, prefix: list[int]) -> torch.Tensor:
+        ok = torch.tensor(toy_allowed(prefix, V))
+        return logits.masked_fill(~ok, float("-inf"))
+
+    exact = exact_distribution(target, params, mask)
+    n, rows = 8000, 4000
+    eng = Engine(target, None, EngineConfig(max_batch_size=rows, seed=23), drafter=drafter, spec=spec)
+    eng._grammars = ToyCompiler(V)
+    counts: dict[tuple[int, ...], int] = {}
+    for _ in range(n // rows):
+        for o in eng.generate([PROMPT] * rows, params):
+            counts[tuple(o.token_ids)] = counts.get(tuple(o.token_ids), 0) + 1
+    assert_same_distribution(counts, exact, n)
+    assert sum(eng.stats.hist[2:]) >= 100  # drafts were accepted, so verified nodes were masked by their paths
+
+
+def test_tree_masks_follow_each_nodes_path():
+    """StepGrammar.tree_masks against a fresh grammar per node: node j's mask is the state after its path; a path
+    the grammar refuses allows everything; a row without a grammar allows everything."""
+    Vt = 70
+    # root 0; 1, 2 at depth 1; 3 under 1; 4 under 2; 5 under 3; 6 under 4
+    parents = torch.tensor([[-1, 0, 0, 1, 2, 3, 4]] * 2)
+    depth = torch.tensor([[0, 1, 1, 2, 2, 3, 3]] * 2)
+    g0 = ToyGrammar(Vt)
+    g0.tokens = [3, 11]  # the request's answer so far
+    first = [t for t in range(Vt) if toy_allowed(g0.tokens, Vt)[t]]
+    banned = next(t for t in range(Vt) if not toy_allowed(g0.tokens + [first[1]], Vt)[t])
+    tokens = torch.tensor([[11, first[0], first[1], 9, banned, 21, 30]] * 2)
+    anc, paths = ancestor_tables(parents, depth, 3)
+    tree = DraftTree(tokens=tokens, parents=parents, depth=depth, ancestors=anc, paths=paths, topk=2)
+    got = StepGrammar([g0, None], Vt, torch.device("cpu")).tree_masks(tree)
+    assert got.shape == (2, 7, Vt) and got[1].all()
+    assert g0.tokens == [3, 11]  # rolled back
+    node_paths = {0: [], 1: [1], 2: [2], 3: [1, 3], 4: [2, 4], 5: [1, 3, 5], 6: [2, 4, 6]}
+    for j, path in node_paths.items():
+        toks = [int(tokens[0, n]) for n in path]
+        fresh = ToyGrammar(Vt)
+        fresh.tokens = [3, 11]
+        if fresh.try_consume(toks) == len(toks):
+            assert got[0, j].tolist() == toy_allowed(fresh.tokens, Vt), j
+        else:
+            assert got[0, j].all(), j  # refused (node 4, and node 6 below it)
+    assert got[0, 4].all() and got[0, 6].all() and not got[0, 0].all()
+
+
+def test_allowed_tokens_unpacks_llguidance_bits():
+    allowed = [bool((t * 13) % 7 < 3) for t in range(100)]
+    allowed[31] = allowed[63] = True  # bit 31 of a word: the sign bit
+    assert allowed_tokens(pack(allowed), 100).tolist() == allowed
