@@ -199,3 +199,128 @@ def test_allowed_tokens_unpacks_llguidance_bits():
     allowed = [bool((t * 13) % 7 < 3) for t in range(100)]
     allowed[31] = allowed[63] = True  # bit 31 of a word: the sign bit
     assert allowed_tokens(pack(allowed), 100).tolist() == allowed
+
+
+# --- llguidance: JSON schemas, regexes, choices and grammars over SmolLM2's tokenizer ----------------------------
+PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
+                                           "age": {"type": "integer", "minimum": 0, "maximum": 99}},
+          "required": ["name", "age"], "additionalProperties": False}
+REAL = {
+    "json_schema": (StructuredOutput.json_schema(PERSON),
+                    lambda t: set(json.loads(t)) == {"name", "age"} and 0 <= json.loads(t)["age"] <= 99
+                    and list(json.loads(t)) == ["name", "age"]),
+    # a random model writes a key until max_tokens: an object begun (SmolLM2's complete ones are tested below)
+    "json_object": (StructuredOutput("json_object"), lambda t: t.startswith("{")),
+    "regex": (StructuredOutput("regex", r"[a-z]{2,8}@[a-z]{3}\.com"),
+              lambda t: re.fullmatch(r"[a-z]{2,8}@[a-z]{3}\.com", t) is not None),
+    "choice": (StructuredOutput.choice(["alpha", "beta", "gamma delta"]),
+               lambda t: t in ("alpha", "beta", "gamma delta")),
+    "gbnf": (StructuredOutput("grammar", 'root ::= "(" [0-9]+ ("+" [0-9]+)* ")"'),
+             lambda t: re.fullmatch(r"\(\d+(\+\d+)*\)", t) is not None),
+    "lark": (StructuredOutput("grammar", 'start: "yes" | "no" | "it depends"'),
+             lambda t: t in ("yes", "no", "it depends")),
+}
+WIDE_PROMPTS = [[1, 2, 3, 4, 5], [700, 800, 900], list(range(1000, 1030)), [5]]
+
+
+@pytest.fixture(scope="module")
+def smol_tokenizer(smollm2_gguf):
+    from eaglespec.loading.tokenizer import load_tokenizer
+
+    return load_tokenizer(smollm2_gguf)
+
+
+@pytest.fixture(scope="module")
+def wide():
+    """A tiny random target over SmolLM2's 49,152 tokens, and a drafter of 2,000 of them."""
+    t = tiny_llama(seed=3, vocab=49152, layers=2)
+    return t, tiny_drafter(t, seed=4, draft_vocab=2000)
+
+
+@pytest.fixture(scope="module")
+def wide_refs(wide, smol_tokenizer):
+    eng = Engine(wide[0], smol_tokenizer, EngineConfig(max_batch_size=4))
+    return {name: eng.generate(WIDE_PROMPTS, SamplingParams(max_new_tokens=64, structured=out))
+            for name, (out, _) in REAL.items()}
+
+
+@pytest.mark.parametrize("name", list(REAL))
+def test_answers_take_the_asked_shape(wide_refs, name):
+    """A random model's answers under each kind are what the kind allows, ended by EOS once complete."""
+    ok = REAL[name][1]
+    for o in wide_refs[name]:
+        assert ok(o.text), (name, o.text)
+        assert o.finish_reason == "stop" or name == "json_object", (name, o.text)
+
+
+@pytest.mark.parametrize("spec", [SPECS[0], SPECS[2]], ids=spec_id)
+def test_greedy_speculation_equals_plain_under_llguidance(wide, smol_tokenizer, wide_refs, spec):
+    eng = Engine(wide[0], smol_tokenizer, EngineConfig(max_batch_size=4), drafter=wide[1], spec=spec)
+    for name, (out, _) in REAL.items():
+        got = eng.generate(WIDE_PROMPTS, SamplingParams(max_new_tokens=64, structured=out))
+        assert [o.token_ids for o in got] == [o.token_ids for o in wide_refs[name]], name
+    # the oracle of the JSON answers (their EOS included) is accepted in full: llguidance's masks along draft paths
+    refs = [p + o.token_ids + [2] for p, o in zip(WIDE_PROMPTS, wide_refs["json_schema"])]
+    orc = Engine(wide[0], smol_tokenizer, EngineConfig(max_batch_size=4), drafter=OracleDrafter(wide[0].config, refs),
+                 spec=spec)
+    got = orc.generate(WIDE_PROMPTS, SamplingParams(max_new_tokens=64, structured=REAL["json_schema"][0]))
+    assert [o.token_ids for o in got] == [o.token_ids for o in wide_refs["json_schema"]]
+    assert orc.stats.accept_length_mean > spec.max_accept - 1
+
+
+def test_smollm2_answers_json_with_its_drafter(smollm2):
+    """The real SmolLM2 and its shipped drafter (float32): the constrained answers parse, follow the schema's
+    property order, and speculation gives plain decoding's tokens."""
+    from eaglespec.assets import default_drafter_path
+    from eaglespec.loading.checkpoint import load_model
+
+    drafter = load_model(default_drafter_path(), device="cpu", dtype=torch.float32).model
+    prompts = ["Give me a JSON object for a person named Alice who is 30 years old.",
+               "Describe a fictional cat as JSON."]
+    params = SamplingParams(max_new_tokens=48, structured=StructuredOutput.json_schema(PERSON))
+    plain = Engine(smollm2.model, smollm2.tokenizer, EngineConfig(max_batch_size=2)).generate(prompts, params)
+    assert json.loads(plain[0].text) == {"name": "Alice", "age": 30}
+    assert all(REAL["json_schema"][1](o.text) for o in plain)
+    spec = Engine(smollm2.model, smollm2.tokenizer, EngineConfig(max_batch_size=2), drafter=drafter,
+                  spec=SpecConfig(3, 1, 4))
+    assert [o.token_ids for o in spec.generate(prompts, params)] == [o.token_ids for o in plain]
+    assert spec.stats.accept_length_mean > 1.5
+    obj = Engine(smollm2.model, smollm2.tokenizer).generate(
+        ["Give a JSON object with your name and favourite colour."],
+        SamplingParams(max_new_tokens=64, structured=StructuredOutput("json_object")))[0]
+    assert obj.finish_reason == "stop" and isinstance(json.loads(obj.text), dict)
+
+
+@pytest.mark.parametrize("output,message", [
+    (StructuredOutput("regex", "(ab"), r"the structured output's regex does not compile: .*regex parse error"),
+    (StructuredOutput("grammar", "root ::= ("), r"the structured output's grammar does not compile: .*Expected"),
+    (StructuredOutput.json_schema({"type": "nonsense"}),
+     r"the structured output's json schema does not compile: Invalid type: nonsense"),
+])
+def test_outputs_that_do_not_compile_are_refused_when_added(wide, smol_tokenizer, output, message):
+    eng = Engine(wide[0], smol_tokenizer, EngineConfig(max_batch_size=2))
+    with pytest.raises(RequestError, match=message):
+        eng.add_request([1, 2, 3], SamplingParams(structured=output))
+    assert not eng.has_work()  # nothing was queued
+
+
+def test_an_engine_without_a_tokenizer_refuses_structured_outputs(target):
+    with pytest.raises(RequestError, match="a structured output needs the model's tokenizer"):
+        Engine(target, None).add_request([1, 2], SamplingParams(structured=StructuredOutput("regex", "a+")))
+
+
+@pytest.mark.parametrize("make,message", [
+    (lambda: StructuredOutput("xml", "x"), r"unknown structured output kind 'xml' \(expected one of json_schema, "),
+    (lambda: StructuredOutput.json_schema("{not json"), r"the JSON schema is not valid JSON: Expecting"),
+    (lambda: StructuredOutput.json_schema("[1, 2]"), r"a JSON schema must be a JSON object \(got list\)"),
+    (lambda: StructuredOutput.choice([]), "the choices of a structured output must be a non-empty list"),
+    (lambda: StructuredOutput.choice(["a", ""]), "the choices of a structured output must be a non-empty list"),
+    (lambda: StructuredOutput("regex", " "), "the regex of a structured output must be a non-empty string"),
+    (lambda: SamplingParams(structured=TOY, ignore_eos=True), "ignore_eos cannot be combined with a structured out"),
+    (lambda: SamplingParams(structured=TOY, min_tokens=3), "min_tokens cannot be combined with a structured output"),
+    (lambda: SamplingParams(structured=TOY, allowed_token_ids=(1, 2)), "allowed_token_ids cannot be combined"),
+    (lambda: SamplingParams(structured={"type": "json_object"}), "structured must be a StructuredOutput"),
+])
+def test_bad_structured_outputs_are_refused(make, message):
+    with pytest.raises(RequestError, match=message):
+        make()
