@@ -120,6 +120,29 @@ def test_penalties_and_vllm_extras_through_the_client(client, smollm2):
     assert r.choices[0].message.content == want
 
 
+def test_structured_outputs_through_the_clients_parse(client, smollm2):
+    """The client's `parse` with a pydantic model (a strict json_schema response_format, as OpenAI's SDK writes it)
+    gets the model back, filled as plain constrained decoding fills it."""
+    from pydantic import BaseModel
+
+    from eaglespec.grammar import StructuredOutput
+
+    class Person(BaseModel):
+        name: str
+        age: int
+
+    question = "Give me a JSON object for a person named Alice who is 30 years old."
+    plain = Engine(smollm2.model, smollm2.tokenizer, EngineConfig(max_batch_size=1))
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+              "required": ["name", "age"], "additionalProperties": False}
+    want = plain.generate([question], SamplingParams(max_new_tokens=40,
+                                                     structured=StructuredOutput.json_schema(schema)))[0].text
+    r = client.chat.completions.parse(model=NAME, messages=[{"role": "user", "content": question}], max_tokens=40,
+                                      temperature=0, response_format=Person)
+    assert r.choices[0].message.content == want
+    assert r.choices[0].message.parsed == Person(name="Alice", age=30)
+
+
 def test_the_clients_exceptions(client, base_url):
     with pytest.raises(openai.BadRequestError, match="n must be between 1 and 64"):
         client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "Hi"}], max_tokens=4, n=100)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gc
 import json
+import re
 import threading
 import weakref
 
@@ -426,6 +427,45 @@ def test_penalties_and_logit_bias_equal_plain_decoding_under_them(server, plain)
     assert "".join(c["choices"][0]["delta"].get("content", "") for c in streamed if c["choices"]) == text
 
 
+PERSON_SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+                 "required": ["name", "age"], "additionalProperties": False}
+
+
+def test_structured_outputs_in_each_spelling_equal_plain_decoding(server, plain):
+    """OpenAI's response_format (json_schema, json_object), vLLM's guided_* and structured_outputs, SGLang's
+    json_schema / regex: the speculative server's answer is plain constrained decoding's, whole and streamed."""
+    from eaglespec.grammar import StructuredOutput
+
+    question = "Give me a JSON object for a person named Alice who is 30 years old."
+    want = plain.generate([question], SamplingParams(max_new_tokens=40,
+                                                     structured=StructuredOutput.json_schema(PERSON_SCHEMA)))[0]
+    assert json.loads(want.text) == {"name": "Alice", "age": 30}
+    for fields in ({"response_format": {"type": "json_schema", "json_schema": {"name": "person",
+                                                                               "schema": PERSON_SCHEMA}}},
+                   {"guided_json": PERSON_SCHEMA}, {"structured_outputs": {"json": PERSON_SCHEMA}},
+                   {"json_schema": json.dumps(PERSON_SCHEMA)}):
+        r = server.post("/v1/chat/completions", json=chat_body(question, 40, **fields))
+        assert r.status_code == 200, r.text
+        choice = r.json()["choices"][0]
+        assert choice["message"]["content"] == want.text and choice["finish_reason"] == "stop", fields
+    with server.stream("POST", "/v1/chat/completions",
+                       json=chat_body(question, 40, guided_json=PERSON_SCHEMA, stream=True)) as r:
+        chunks = sse_events(r)[:-1]
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"]) == want.text
+    # a regex on completions, and choices
+    regex = r"(yes|no), because [a-z ]{1,30}\."
+    want = plain.generate(["Is the sky blue?"], SamplingParams(max_new_tokens=30,
+                                                               structured=StructuredOutput("regex", regex)))[0]
+    r = server.post("/v1/chat/completions", json=chat_body("Is the sky blue?", 30, regex=regex))
+    assert r.json()["choices"][0]["message"]["content"] == want.text
+    assert re.fullmatch(regex, want.text)
+    r = server.post("/v1/chat/completions", json=chat_body("Pick a colour.", 8, guided_choice=["red", "green", "blue"]))
+    assert r.json()["choices"][0]["message"]["content"] in ("red", "green", "blue")
+    r = server.post("/v1/completions", json={"prompt": "The answer, as JSON:", "max_tokens": 40,
+                                             "response_format": {"type": "json_object"}})
+    assert r.status_code == 200 and r.json()["choices"][0]["text"].startswith("{")
+
+
 def test_tokenize_and_detokenize(server, smollm2):
     """vLLM's /tokenize (a text prompt as completions encode it, messages as chat completions do) and /detokenize."""
     tok = smollm2.tokenizer
@@ -484,16 +524,24 @@ def test_concurrent_requests_equal_their_plain_answers(server, plain):
     ("/v1/chat/completions", chat_body("hi", logit_bias={"49152": 5}), 400,
      "token ids [49152] (logit_bias, stop_token_ids, allowed_token_ids) are outside the model's vocabulary of 49152 "
      "tokens"),
-    ("/v1/chat/completions", chat_body("hi", guided_json={"type": "object"}), 400,
-     "guided_json is not supported by this server (no structured outputs)"),
+    ("/v1/chat/completions", chat_body("hi", guided_json={"type": "object"}, response_format={"type": "json_object"}),
+     400, "a request may ask for one structured output (got guided_json and response_format)"),
+    ("/v1/chat/completions", chat_body("hi", guided_regex="(ab"), 400,
+     "the structured output's regex does not compile"),
+    ("/v1/chat/completions", chat_body("hi", structured_outputs={"structural_tag": "x"}), 400,
+     "structured_outputs 'structural_tag' is not supported by this server"),
+    ("/v1/chat/completions", chat_body("hi", response_format={"type": "json_schema", "json_schema": {"name": "x"}}),
+     400, "response_format json_schema needs json_schema.schema"),
+    ("/v1/chat/completions", chat_body("hi", guided_choice=["a"], ignore_eos=True), 400,
+     "ignore_eos cannot be combined with a structured output"),
     ("/v1/chat/completions", chat_body("hi", use_beam_search=True), 400, "use_beam_search is not supported"),
     ("/v1/chat/completions", chat_body("hi", bad_words=["the"]), 400, "bad_words is not supported"),
     ("/v1/completions", {"prompt": "a", "prompt_logprobs": 1}, 400,
      "prompt_logprobs is not supported by this server (completions: echo with logprobs scores the prompt)"),
     ("/v1/chat/completions", chat_body("hi", min_tokens=20), 400,
      "min_tokens (20) must not exceed max_new_tokens (16)"),
-    ("/v1/chat/completions", chat_body("hi", response_format={"type": "json_object"}), 400,
-     "response_format 'json_object' is not supported by this server (no structured outputs: text only)"),
+    ("/v1/chat/completions", chat_body("hi", response_format={"type": "structural_tag"}), 400,
+     "response_format 'structural_tag' is not supported by this server (text, json_object and json_schema are)"),
     ("/v1/chat/completions", chat_body("hi", functions=[{"name": "f"}]), 400, "tools are not supported by this server"),
     ("/v1/chat/completions", chat_body("hi", prediction={"type": "content", "content": "x"}), 400,
      "prediction (predicted outputs) is not supported by this server"),

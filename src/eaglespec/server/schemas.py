@@ -3,14 +3,16 @@
 Contract: `ChatCompletionRequest` / `CompletionRequest` parse a request body (unknown fields are ignored, as OpenAI's
 clients send many); `.sampling(default_temperature)` turns one into `SamplingParams` (max_tokens None: the server
 picks the room left in its cache) and raises `RequestError` with one sentence for what this server does not do
-(more than MAX_N choices, or MAX_CHOICES over a completion's prompts, tools and functions, a response_format other
-than text and vLLM's / SGLang's structured-output fields, OpenAI's predicted outputs, vLLM's beam search, bad_words,
+(more than MAX_N choices, or MAX_CHOICES over a completion's prompts, tools and functions, OpenAI's predicted
+outputs, vLLM's beam search, bad_words,
 prompt_logprobs, truncate_prompt_tokens and skip_special_tokens false, suffix, best_of other than n, images other
 than data: URLs),
 rather than ignoring it. A sampled request's `seed` becomes its own random stream (`SamplingParams.seed`); a greedy
 request's changes nothing. OpenAI's `frequency_penalty`, `presence_penalty` and `logit_bias` (token id strings to
 biases), and vLLM's `repetition_penalty`, `min_p`, `min_tokens`, `stop_token_ids` and `allowed_token_ids`, adjust
-the logits (layers/logit_adjust.py); out-of-range values are refused with SamplingParams' sentence. Images
+the logits (layers/logit_adjust.py); out-of-range values are refused with SamplingParams' sentence. A structured
+output (OpenAI's `response_format` json_object / json_schema, vLLM's `guided_*` and `structured_outputs`, SGLang's
+`json_schema`, `regex` and `ebnf`: structured_fields.py) holds the answer to its grammar. Images
 (`image_url` parts) reach the target as decoded PIL images in message order; a target that takes none refuses them
 (`Engine.prepare`).
 The `*_response` / `*_chunk` helpers build the JSON bodies (`id`, `object`, `created`, `model`, `choices`, `usage`),
@@ -30,10 +32,13 @@ from pydantic import BaseModel, ConfigDict
 
 from ..errors import RequestError
 from ..sampling_params import SamplingParams
+from .structured_fields import structured_output
 
 Stop = Union[str, list[str], None]
 MAX_N = 64  # choices per prompt: each is a request of its own in the engine's queue
 MAX_CHOICES = 1024  # choices of one completions request over all its prompts (prompts x n)
+STRUCTURED_FIELDS = ("response_format", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
+                     "structured_outputs", "json_schema", "regex", "ebnf")
 
 
 class _Body(BaseModel):
@@ -139,7 +144,8 @@ class SampledRequest(_Body):
     prompt_logprobs: int | None = None
     truncate_prompt_tokens: int | None = None
     skip_special_tokens: bool = True
-    # structured outputs as vLLM and SGLang spell them: refused by name, not ignored
+    # structured outputs (structured_fields.py): OpenAI's (also on completions, as vLLM takes it), vLLM's, SGLang's
+    response_format: dict[str, Any] | None = None
     guided_json: Any = None
     guided_regex: Any = None
     guided_choice: Any = None
@@ -152,10 +158,6 @@ class SampledRequest(_Body):
     def _checks(self) -> None:
         if not 1 <= self.n <= MAX_N:
             raise RequestError(f"n must be between 1 and {MAX_N} (got {self.n})")
-        for name in ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs",
-                     "json_schema", "regex", "ebnf"):
-            if getattr(self, name) is not None:
-                raise RequestError(f"{name} is not supported by this server (no structured outputs)")
         refused = {"use_beam_search": self.use_beam_search, "length_penalty": self.length_penalty != 1,
                    "bad_words": bool(self.bad_words), "truncate_prompt_tokens": self.truncate_prompt_tokens is not None,
                    "skip_special_tokens": not self.skip_special_tokens,
@@ -193,7 +195,8 @@ class SampledRequest(_Body):
             logit_bias=self._logit_bias(), min_p=self.min_p or 0.0, min_tokens=self.min_tokens,
             stop_token_ids=tuple(self.stop_token_ids or ()),
             include_stop_str_in_output=self.include_stop_str_in_output,
-            allowed_token_ids=tuple(self.allowed_token_ids) if self.allowed_token_ids is not None else None)
+            allowed_token_ids=tuple(self.allowed_token_ids) if self.allowed_token_ids is not None else None,
+            structured=structured_output({name: getattr(self, name) for name in STRUCTURED_FIELDS}))
 
     @property
     def include_usage(self) -> bool:
@@ -207,7 +210,6 @@ class ChatCompletionRequest(SampledRequest):
     top_logprobs: int | None = None
     tools: list[Any] | None = None
     functions: list[Any] | None = None  # the older name of tools
-    response_format: dict[str, Any] | None = None  # {"type": "text"} only: no structured outputs
     prediction: dict[str, Any] | None = None  # OpenAI's predicted outputs: refused, not ignored
 
     @property
@@ -217,10 +219,6 @@ class ChatCompletionRequest(SampledRequest):
     def sampling(self, default_temperature: float) -> SamplingParams:
         if self.tools or self.functions:
             raise RequestError("tools are not supported by this server")
-        kind = (self.response_format or {}).get("type", "text")
-        if kind != "text":
-            raise RequestError(f"response_format {kind!r} is not supported by this server (no structured outputs: "
-                               "text only)")
         if self.prediction:
             raise RequestError("prediction (predicted outputs) is not supported by this server")
         if self.top_logprobs is not None and not self.logprobs:
