@@ -175,6 +175,33 @@ def test_generate_with_penalties_speculates_to_plain_decodings_answer(capsys, mo
     assert want != plain.generate([question], SamplingParams(max_new_tokens=20))[0].text
 
 
+def test_generate_with_a_json_schema_file_and_a_regex(tmp_path, capsys, monkeypatch, smollm2):
+    """`--json-schema FILE` and `--regex` reach the engine: the speculative answer is plain constrained decoding's,
+    and it parses; a regex that does not compile, or a schema that is not JSON, is one sentence."""
+    from eaglespec.engine.engine import Engine
+    from eaglespec.grammar import StructuredOutput
+    from eaglespec.sampling_params import SamplingParams
+
+    cpu_forward_cost(monkeypatch, 1.0)
+    schema = {"type": "object", "properties": {"city": {"type": "string"}, "country": {"type": "string"}},
+              "required": ["city", "country"], "additionalProperties": False}
+    path = tmp_path / "schema.json"
+    path.write_text(json.dumps(schema))
+    question = "What is the capital of France? Answer as JSON."
+    code, out, err = run_cli(["generate", question, "--max-new-tokens", "30", "--json-schema", str(path)], capsys)
+    assert code == 0 and "accept length" in err
+    plain = Engine(smollm2.model, smollm2.tokenizer)
+    want = plain.generate([question], SamplingParams(max_new_tokens=30,
+                                                     structured=StructuredOutput.json_schema(schema)))[0].text
+    assert out.strip() == want and json.loads(want)["city"] == "Paris"
+    code, out, err = run_cli(["generate", "Is it?", "--max-new-tokens", "8", "--regex", "(yes|no)"], capsys)
+    assert code == 0 and out.strip() in ("yes", "no")
+    code, out, err = run_cli(["generate", "Is it?", "--regex", "(ab"], capsys)
+    assert_one_line_error(code, err, "the structured output's regex does not compile")
+    code, out, err = run_cli(["generate", "Is it?", "--json-schema", "{oops"], capsys)
+    assert_one_line_error(code, err, "the JSON schema is not valid JSON")
+
+
 def test_generate_default_model_decodes_plainly_where_the_drafter_is_slower(capsys, monkeypatch):
     """Where the shipped drafter was measured slower than plain decoding (as on the H200), `draft="auto"` decodes
     plainly and says why on stderr; an explicit shape speculates anyway."""

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..assets import default_drafter_path, slower_note
 from ..config import EngineConfig, SpecConfig, SpecSchedule, parse_spec, spec_text
 from ..errors import ConfigError
+from ..grammar.output_format import StructuredOutput
 from ..loading.default import is_default_model
 from ..sampling_params import SamplingParams
 
@@ -73,6 +75,36 @@ def add_sampling_options(p: argparse.ArgumentParser, max_new_tokens: int = 256) 
     p.add_argument("--ignore-eos", action="store_true")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     add_adjustment_options(p)
+    add_structured_options(p)
+
+
+def add_structured_options(p: argparse.ArgumentParser) -> None:
+    """A structured output (grammar/output_format.py): at most one of these."""
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--json-schema", metavar="SCHEMA", help="the answer is JSON of this schema (JSON text or a file)")
+    g.add_argument("--json-object", action="store_true", help="the answer is a JSON object")
+    g.add_argument("--regex", help="the answer matches this regular expression")
+    g.add_argument("--choice", action="append", metavar="TEXT", help="the answer is one of these (repeatable)")
+    g.add_argument("--grammar", metavar="GRAMMAR", help="the answer follows this Lark or GBNF grammar (text or a file)")
+
+
+def structured_output(args: argparse.Namespace) -> StructuredOutput | None:
+    """`add_structured_options`' value (a schema or grammar naming an existing file is read from it)."""
+    def text(value: str) -> str:
+        path = Path(value)
+        return path.read_text() if len(value) < 4096 and "\n" not in value and path.is_file() else value
+
+    if args.json_schema is not None:
+        return StructuredOutput.json_schema(text(args.json_schema))
+    if args.json_object:
+        return StructuredOutput("json_object")
+    if args.regex is not None:
+        return StructuredOutput("regex", args.regex)
+    if args.choice:
+        return StructuredOutput.choice(args.choice)
+    if args.grammar is not None:
+        return StructuredOutput("grammar", text(args.grammar))
+    return None
 
 
 def add_adjustment_options(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
@@ -95,7 +127,7 @@ def adjustments(args: argparse.Namespace) -> dict[str, float]:
 def sampling_params(args: argparse.Namespace) -> SamplingParams:
     return SamplingParams(
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-        stop=tuple(args.stop), ignore_eos=args.ignore_eos, **adjustments(args),
+        stop=tuple(args.stop), ignore_eos=args.ignore_eos, **adjustments(args), structured=structured_output(args),
     )
 
 
