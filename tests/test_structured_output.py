@@ -141,6 +141,26 @@ def test_constrained_and_free_requests_share_steps(target, drafter, toy_refs, sp
     assert any(k[0] != "prefill" for k in static.runner.graphs.graphs)  # the free request's steps took graphs
 
 
+@pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "sampled"])
+def test_a_chain_drafts_inside_the_grammar(target, drafter, monkeypatch, temperature):
+    """A constrained chain's drafts are guided by the grammar level by level (StepGrammar.chain_guide): every draft
+    path the verify sees is one the grammar allows, so no node is wasted on a token it could never accept."""
+    seen = []
+    tree_masks = StepGrammar.tree_masks
+
+    def check(self, tree):
+        for g, toks in zip(self.grammars, tree.tokens.tolist()):
+            taken = g.try_consume(toks[1:])
+            g.rollback(taken)
+            seen.append(taken == len(toks) - 1)
+        return tree_masks(self, tree)
+
+    monkeypatch.setattr(StepGrammar, "tree_masks", check)
+    params = replace(GREEDY, temperature=temperature, seed=3 if temperature else None)
+    toy_engine(target, drafter, SPECS[0]).generate(PROMPTS, params)
+    assert len(seen) > 20 and all(seen)
+
+
 CHAIN_T1 = SamplingParams(max_new_tokens=N_TOKENS, temperature=1.0, structured=TOY)
 SAMPLED = [("chain", SpecConfig(3, 1, 4), CHAIN_T1),
            ("tree-topk5", SpecConfig(3, 3, 8), replace(CHAIN_T1, temperature=0.8, top_k=5))]

@@ -451,9 +451,13 @@ class ModelRunner:
         L = self.seq_len[r]
         sampled = not greedy and K == 1
         ids = self.draft.target_ids
-        cands = draft_tree(self._draft_step(r, ctx_rows), ids.__getitem__, self.draft.state(r, K, sampled), L, S, K,
-                           kv_len, self.sampling.params(r) if sampled else None, self._draws(r, L, DRAFT_SITE),
-                           target_ids=ids)
+        # a constrained step's chain drafts inside the rows' grammars (StepGrammar.chain_guide; from the stored
+        # depth-1 logits)
+        guide = self.constraint.chain_guide(ids) if self.constraint is not None and K == 1 else None
+        cands = draft_tree(self._draft_step(r, ctx_rows), ids.__getitem__,
+                           self.draft.state(r, K, sampled or guide is not None), L, S, K, kv_len,
+                           self.sampling.params(r) if sampled else None, self._draws(r, L, DRAFT_SITE),
+                           target_ids=ids, guide=guide)
         tree = build_tree(self.last_token[r], cands.tokens, cands.scores, cands.parents, cands.depth, D, K, S)
         if cands.q is not None:  # node i >= 1 is candidate i-1; the root was not drafted
             tree.q = cands.q[:, : D - 1]  # [B, D-1, Vd]

@@ -10,13 +10,16 @@ the TokenGrammar of the step's row i, in the step's row order, or None for a row
   sampled verification stay lossless. A node whose path the grammar refuses can never be accepted (its parent's
   masked distribution gives its token no mass): it allows every token, which keeps its row of probabilities
   finite. Reading the tree's tokens is a host synchronisation; the grammars are back in their state afterwards.
+- `chain_guide(target_ids)`: for a chain's drafting (spec/draft.draft_chain's `guide`): the draft tokens (draft
+  vocabulary, `target_ids` [Vd] its target ids) each row's grammar allows after the chain drafted so far, so that
+  drafts stay in the grammar (one host synchronisation per drafter level). Trees draft unguided.
 Plain decoding of a constrained request costs one mask per token; a verify of D nodes D masks, each after a
 `try_consume` of the tokens that differ from the previous node's path (nodes come in tree order, parents first).
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -41,6 +44,21 @@ class StepGrammar:
             if g is not None:
                 g.fill_mask(bitmask[i])
         return self._upload(bitmask)
+
+    def chain_guide(self, target_ids: torch.Tensor) -> Callable[[torch.Tensor | None], torch.Tensor]:
+        def guide(drafted: torch.Tensor | None) -> torch.Tensor:
+            B = len(self.grammars)
+            bitmask = torch.full((B, self.words), -1, dtype=torch.int32)
+            paths = drafted.tolist() if drafted is not None else [[] for _ in range(B)]
+            for i, g in enumerate(self.grammars):
+                if g is not None:
+                    taken = g.try_consume(paths[i])
+                    if taken == len(paths[i]):
+                        g.fill_mask(bitmask[i])
+                    g.rollback(taken)
+            return self._upload(bitmask)[:, target_ids]  # [B, Vd]
+
+        return guide
 
     def tree_masks(self, tree: DraftTree) -> torch.Tensor:
         B, D = tree.tokens.shape

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Union
 
 import torch
 
@@ -46,6 +46,9 @@ from ..layers.context import cached_arange, causal_mask, masked_tail, tail_index
 from ..layers.sampling import Draws, greedy_ids, sample_probs
 
 DrafterStep = Callable[..., tuple[torch.Tensor, torch.Tensor]]
+# a chain's guide (structured outputs): the target ids drafted so far [B, k-1] (None at depth 1) -> the draft tokens
+# the rows' grammars allow next [B, Vd] bool
+ChainGuide = Callable[[Union[torch.Tensor, None]], torch.Tensor]
 
 
 @dataclass
@@ -154,16 +157,17 @@ def draft_tree(
     generator: Draws = None,
     target_ids: torch.Tensor | None = None,
     kernels: bool | None = None,
+    guide: ChainGuide | None = None,
 ) -> Candidates:
     """Run S-1 batched drafter forwards and return all K + (S-1)K^2 candidates in level order. `sampling` (chains
     only; None: greedy drafts) samples the drafts (module docstring). With `target_ids` (the table `to_target`
     looks up: draft id -> target id) a tree's levels run their bookkeeping as one Triton kernel each
     (`layers/tree_build_kernels.draft_level`: the same candidates), when `kernels` (default: on CUDA) and the
-    shapes fit."""
+    shapes fit. `guide` (chains only): structured outputs' masks on each level's choice (`draft_chain`)."""
     B, K = state.top_ids.shape
     dev = state.top_ids.device
     if K == 1:
-        return draft_chain(step, to_target, state, seq_len, steps, kv_len, sampling, generator, target_ids)
+        return draft_chain(step, to_target, state, seq_len, steps, kv_len, sampling, generator, target_ids, guide)
     W = max((steps - 1) * K, 1)  # scratch entries
     use = dev.type == "cuda" if kernels is None else kernels
     if use and target_ids is not None and steps >= 2 and tree_build_kernels.fits_level(K, state.hidden.shape[-1], W):
@@ -279,6 +283,7 @@ def draft_chain(
     sampling: Sampling | None = None,
     generator: Draws = None,
     target_ids: torch.Tensor | None = None,
+    guide: ChainGuide | None = None,
 ) -> Candidates:
     """`draft_tree` for K = 1: S-1 drafter forwards on one token per row; the S candidates of a chain. With
     `sampling` the tokens are sampled (`sample_draft`; needs `state.logits`) and `Candidates.q` is set. Greedy chains
@@ -286,7 +291,11 @@ def draft_chain(
     first D-1 candidates whatever their scores, so the float copy and log-softmax over the draft vocabulary (~11 us
     per level on the H200, `benchmarks/replay_probe.py`'s trace) and the score sums are skipped. With `target_ids`
     (the table `to_target` looks up) the argmax or the sampled draw maps its ids itself (`greedy_ids(logits,
-    table)`, `sample_probs(..., table)`: one kernel less per level)."""
+    table)`, `sample_probs(..., table)`: one kernel less per level). With `guide` (a step holding structured outputs)
+    each level chooses among the tokens the rows' grammars allow after the chain so far (depth 1 from the
+    catch-up's logits, `state.logits`), so that drafts stay inside the grammar the verify masks by; q is then the
+    masked distribution (lossless either way: only acceptance changes). A row whose grammar allows no draft token
+    drafts unguided."""
     B = state.top_ids.shape[0]
     dev = state.top_ids.device
     parents, depth = _chain_constants(steps, dev)
@@ -297,6 +306,11 @@ def draft_chain(
     at_all = seq_len[None, :] + cached_arange(max(steps - 1, 1), dev)[:, None]
     masks = causal_mask(at_all, kv_len)
     qs: list[torch.Tensor] = []
+    if guide is not None:
+        assert state.logits is not None, "guided drafting needs the catch-up's logits (keep_logits)"
+        state = DraftState(state.top_ids, state.top_logp, state.hidden, _guided(state.logits, guide(None)))
+        if sampling is None:
+            state.top_ids = greedy_ids(state.logits)[:, None]
     if sampling is None:
         tok = to_target(state.top_ids)  # [B, 1]
     else:
@@ -309,6 +323,8 @@ def draft_chain(
         entry = level - 2
         at = at_all[entry][:, None]  # [B, 1]
         logits, hidden = step(tok, hidden, at, at, masks[entry][:, None, :], False, None)
+        if guide is not None:
+            logits = _guided(logits, guide(torch.cat(c_tokens, 1))[:, None, :])
         if sampling is None:
             if target_ids is not None:
                 tok = greedy_ids(logits[:, 0], target_ids)[:, None]  # [B, 1]
@@ -325,6 +341,12 @@ def draft_chain(
         depth=depth.expand(B, steps),
         q=torch.stack(qs, 1) if qs else None,
     )
+
+
+def _guided(logits: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    """logits [..., Vd] masked to `allowed` (same shape, bool), except in rows that allow none."""
+    allowed = allowed | ~allowed.any(-1, keepdim=True)
+    return logits.masked_fill(~allowed, float("-inf"))
 
 
 @functools.cache  # never evicted: captured CUDA graphs read these tensors by address
