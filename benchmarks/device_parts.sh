@@ -12,6 +12,9 @@
 # /root/m/SmolLM2-135M-Instruct.Q4_1.gguf (again when a file there fails the check) and checks its sha256
 # (b179c952...).
 # (.device/data, 8.4 MB, fits beside part 1; .device/regen, 7.7 MB, beside part 2; .whl beside part 3.)
+# .whl: the cp312 wheels the device lacks (pip download --only-binary=:all: --python-version 3.12 --implementation cp
+# --platform manylinux_2_31_x86_64 --platform manylinux2014_x86_64 ...): gguf always; llguidance (3 MB) for
+# structured outputs; fastapi, uvicorn, pydantic and their dependencies for serve.
 # A trained drafter brought back from a machine that went away (eagle31_ab.sh's KEEP, 24 MB) fits beside no 33 MB
 # part; after "split" with PARTS=4 (24.6 MB parts),
 #   bash benchmarks/device_parts.sh split-drafter .device/drafter_Q Q

@@ -30,13 +30,14 @@ SETTINGS = {
 }
 
 
-def run(engine, prompts: list[list[int]], params: SamplingParams) -> tuple[list[list[int]], float, float]:
-    """(answers, seconds, mean acceptance length or 0) over the prompts one by one."""
+def run(engine, prompts: list, params: SamplingParams) -> tuple[list, float, float]:
+    """(answers: GenerationOutputs, seconds, mean acceptance length or 0) over the prompts one by one (also
+    structured_cost.py's)."""
     outs, tau_sum, steps = [], 0.0, 0
     t0 = time.perf_counter()
     for p in prompts:
         o = engine.generate([p], params)[0]
-        outs.append(o.token_ids)
+        outs.append(o)
         tau_sum += o.stats.accept_length_mean * o.stats.verify_steps
         steps += o.stats.verify_steps
     if engine.device.type == "cuda":
@@ -65,6 +66,7 @@ def main() -> int:
         params = SamplingParams(max_new_tokens=args.max_new_tokens, **kw)
         ref, t_plain, _ = run(plain, prompts, params)
         got, t_spec, tau = run(spec, prompts, params)
+        ref, got = [o.token_ids for o in ref], [o.token_ids for o in got]
         n = sum(len(x) for x in got)
         same = sum(a == b for a, b in zip(ref, got))
         print(f"| {name} | {same}/{len(prompts)} | {tau:.2f} | {sum(len(x) for x in ref) / t_plain:.1f} | "

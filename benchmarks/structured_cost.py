@@ -17,7 +17,7 @@ import json
 import re
 import time
 
-import torch
+from penalty_acceptance import run  # this folder's (a script's own folder leads sys.path)
 
 from eaglespec import api
 from eaglespec.config import EngineConfig, parse_spec
@@ -63,19 +63,6 @@ class MaskClock:
                     self.seconds += time.perf_counter() - t0
 
             setattr(StepGrammar, name, timed)
-
-
-def run(engine, prompts, params):
-    outs, tau_sum, steps = [], 0.0, 0
-    t0 = time.perf_counter()
-    for p in prompts:
-        o = engine.generate([p], params)[0]
-        outs.append(o)
-        tau_sum += o.stats.accept_length_mean * o.stats.verify_steps
-        steps += o.stats.verify_steps
-    if engine.device.type == "cuda":
-        torch.cuda.synchronize()
-    return outs, time.perf_counter() - t0, tau_sum / steps if steps else 0.0
 
 
 def main() -> int:

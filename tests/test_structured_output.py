@@ -344,3 +344,23 @@ def test_an_engine_without_a_tokenizer_refuses_structured_outputs(target):
 def test_bad_structured_outputs_are_refused(make, message):
     with pytest.raises(RequestError, match=message):
         make()
+
+
+def test_kimis_tiktoken_tokenizer_takes_grammars(tmp_path):
+    """The tiktoken tokenizer (Kimi-K2.5's) reaches llguidance through its encoding: the first tokens allowed are
+    prefixes of the choices, and a finished choice allows only EOS."""
+    from test_kimi_tokenizer import write_tiny_tokenizer
+
+    from eaglespec.grammar.compiler import GrammarCompiler
+
+    tok = write_tiny_tokenizer(tmp_path / "kimi")
+    vocab, eos = tok.vocab_size, tok.eos_token_ids[0]
+    g = GrammarCompiler(tok, vocab, [eos]).compile(StructuredOutput.choice(["numbers 123", "the end"]))
+    mask = torch.zeros(mask_words(vocab), dtype=torch.int32)
+    g.fill_mask(mask)
+    first = allowed_tokens(mask, vocab).nonzero()[:, 0].tolist()
+    assert first and all("numbers 123".startswith(tok.decode([t])) or "the end".startswith(tok.decode([t]))
+                         for t in first)
+    g.commit(tok.encode("the end"))
+    g.fill_mask(mask)
+    assert allowed_tokens(mask, vocab).nonzero()[:, 0].tolist() == [eos]
