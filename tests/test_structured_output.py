@@ -161,6 +161,20 @@ def test_a_chain_drafts_inside_the_grammar(target, drafter, monkeypatch, tempera
     assert len(seen) > 20 and all(seen)
 
 
+@pytest.mark.parametrize("spec", [None, SPECS[0], SPECS[2]], ids=["plain", "chain", "tree"])
+def test_grammar_rows_computed_by_the_pool_give_the_same_answers(target, drafter, toy_refs, monkeypatch, spec):
+    """A host of more cores computes the rows' masks on a thread pool (step_grammar._each): same answers."""
+    import eaglespec.engine.step_grammar as step_grammar
+
+    monkeypatch.setattr(step_grammar, "GRAMMAR_THREADS", 4)
+    calls = []
+    each = step_grammar._each
+    monkeypatch.setattr(step_grammar, "_each", lambda fn, n: (calls.append(n), each(fn, n)))
+    eng = toy_engine(target, drafter if spec else None, spec)
+    assert [o.token_ids for o in eng.generate(PROMPTS, GREEDY)] == toy_refs
+    assert max(calls) == 4 and step_grammar._pool is not None
+
+
 CHAIN_T1 = SamplingParams(max_new_tokens=N_TOKENS, temperature=1.0, structured=TOY)
 SAMPLED = [("chain", SpecConfig(3, 1, 4), CHAIN_T1),
            ("tree-topk5", SpecConfig(3, 3, 8), replace(CHAIN_T1, temperature=0.8, top_k=5))]

@@ -268,6 +268,18 @@ class Engine:
         self.scheduler.add(req)
         return req
 
+    def prepare_grammars(self) -> None:
+        """Convert the tokenizer for structured outputs now (a server at start) rather than at the first request
+        that asks for one; nothing for an engine without a tokenizer."""
+        if self._grammars is None and self.tokenizer is not None:
+            from ..grammar.compiler import GrammarCompiler
+
+            self._grammars = GrammarCompiler(self.tokenizer, self.target_config.vocab_size, self.eos_ids)
+            try:
+                self._grammars.ll_tokenizer()
+            except RequestError:  # a tokenizer llguidance cannot read: said again to each request that asks
+                pass
+
     def _grammar(self, params: SamplingParams) -> "TokenGrammar | None":
         """A structured-output request's grammar at its start (grammar/compiler.py), or None."""
         if params.structured is None:
@@ -276,9 +288,8 @@ class Engine:
             if self.tokenizer is None:
                 raise RequestError("a structured output needs the model's tokenizer (this engine was built without "
                                    "one)")
-            from ..grammar.compiler import GrammarCompiler
-
-            self._grammars = GrammarCompiler(self.tokenizer, self.target_config.vocab_size, self.eos_ids)
+            self.prepare_grammars()
+        assert self._grammars is not None
         return self._grammars.compile(params.structured)
 
     def _constrain(self, reqs: Sequence[Request]) -> bool:
