@@ -52,6 +52,7 @@ import torch
 
 from ..config import EngineConfig, SpecConfig, SpecSchedule, spec_text
 from ..errors import RequestError
+from ..grammar.compiler import GrammarCompiler
 from ..layers.logprobs import TokenLogprob, step_alternatives
 from ..models.eagle3 import check_drafter_fits
 from ..protocol import require_target
@@ -69,7 +70,6 @@ from .scoring import score_prompt
 from .step_grammar import StepGrammar
 
 if TYPE_CHECKING:
-    from ..grammar.compiler import GrammarCompiler
     from ..grammar.token_grammar import TokenGrammar
     from ..loading.tokenizer import BaseTokenizer
 
@@ -115,7 +115,8 @@ class Engine:
         self.step_counts: Counter[str] = Counter()
         self._next_id = 0
         self._pending: tuple[list[Request], PendingStep] | None = None  # overlap: a launched, unread step
-        self._grammars: GrammarCompiler | None = None  # built by the first structured-output request
+        # structured outputs' grammars over this tokenizer (llguidance is loaded by the first request that asks)
+        self._grammars = GrammarCompiler(tokenizer, target.config.vocab_size, self.eos_ids) if tokenizer else None
 
     # --- construction -------------------------------------------------------------------------------------------
     def _wire_drafter(self, drafter: torch.nn.Module) -> None:
@@ -270,35 +271,22 @@ class Engine:
 
     def prepare_grammars(self) -> None:
         """Convert the tokenizer for structured outputs now (a server at start) rather than at the first request
-        that asks for one; nothing for an engine without a tokenizer."""
-        if self._grammars is None and self.tokenizer is not None:
-            from ..grammar.compiler import GrammarCompiler
-
-            self._grammars = GrammarCompiler(self.tokenizer, self.target_config.vocab_size, self.eos_ids)
-            try:
-                self._grammars.ll_tokenizer()
-            except RequestError:  # a tokenizer llguidance cannot read: said again to each request that asks
-                pass
+        that asks for one (`GrammarCompiler.warm`)."""
+        if self._grammars is not None:
+            self._grammars.warm()
 
     def _grammar(self, params: SamplingParams) -> "TokenGrammar | None":
         """A structured-output request's grammar at its start (grammar/compiler.py), or None."""
         if params.structured is None:
             return None
         if self._grammars is None:
-            if self.tokenizer is None:
-                raise RequestError("a structured output needs the model's tokenizer (this engine was built without "
-                                   "one)")
-            self.prepare_grammars()
-        assert self._grammars is not None
+            raise RequestError("a structured output needs the model's tokenizer (this engine was built without one)")
         return self._grammars.compile(params.structured)
 
     def _constrain(self, reqs: Sequence[Request]) -> bool:
         """Set the runner's `constraint` for a step of these requests (in row order); True where one has a grammar."""
-        grammars = [q.grammar for q in reqs]
-        constrained = any(g is not None for g in grammars)
-        self.runner.constraint = (StepGrammar(grammars, self.target_config.vocab_size, self.device)
-                                  if constrained else None)
-        return constrained
+        self.runner.constraint = StepGrammar.of([q.grammar for q in reqs], self.target_config.vocab_size, self.device)
+        return self.runner.constraint is not None
 
     def abort(self, req: Request) -> None:
         """Stop `req` (module docstring): a waiting request finishes at once, a running or parked one at the next

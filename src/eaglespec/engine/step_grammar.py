@@ -65,6 +65,11 @@ class StepGrammar:
         self.grammars, self.vocab, self.device = list(grammars), vocab, device
         self.words = mask_words(vocab)
 
+    @staticmethod
+    def of(grammars: Sequence[TokenGrammar | None], vocab: int, device: torch.device) -> "StepGrammar | None":
+        """A step's StepGrammar, or None where no row has a grammar (the step then masks nothing)."""
+        return StepGrammar(grammars, vocab, device) if any(g is not None for g in grammars) else None
+
     def _upload(self, bitmask: torch.Tensor) -> torch.Tensor:
         pin = self.device.type == "cuda"
         host = bitmask.pin_memory() if pin else bitmask
