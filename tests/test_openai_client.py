@@ -5,6 +5,7 @@ API key. What a user's code runs is what this checks: the bodies parse as OpenAI
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 import time
@@ -141,6 +142,26 @@ def test_structured_outputs_through_the_clients_parse(client, smollm2):
                                       temperature=0, response_format=Person)
     assert r.choices[0].message.content == want
     assert r.choices[0].message.parsed == Person(name="Alice", age=30)
+
+
+def test_tool_calls_through_the_client(client):
+    """A named tool_choice and "required" as the SDK sends them: typed tool calls back, whole and streamed."""
+    tool = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
+                                             "parameters": {"type": "object",
+                                                            "properties": {"city": {"type": "string"}},
+                                                            "required": ["city"], "additionalProperties": False}}}
+    messages = [{"role": "user", "content": "What is the weather in Paris?"}]
+    r = client.chat.completions.create(model=NAME, messages=messages, max_tokens=30, temperature=0, tools=[tool],
+                                       tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    (call,) = r.choices[0].message.tool_calls
+    assert r.choices[0].finish_reason == "tool_calls" and call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) == {"city": "Paris"}
+    chunks = list(client.chat.completions.create(model=NAME, messages=messages, max_tokens=30, temperature=0,
+                                                 tools=[tool], tool_choice="required", stream=True))
+    deltas = [d for c in chunks for d in (c.choices[0].delta.tool_calls or [])]
+    assert deltas and deltas[0].function.name == "get_weather"
+    assert json.loads(deltas[0].function.arguments) == {"city": "Paris"}
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
 
 
 def test_the_clients_exceptions(client, base_url):

@@ -168,7 +168,7 @@ def test_deltas_queued_behind_one_go_in_one_chunk():
         alive = True
         tokenizer = None
 
-        def submit(self, prompt, params, chat, max_tokens, stream, images, echo=False):
+        def submit(self, prompt, params, chat, max_tokens, stream, images, echo=False, tools=None):
             q: asyncio.Queue = asyncio.Queue()
             for event in [("accepted", 3), ("delta", "Hel", []), ("delta", "lo", []), ("delta", "!", []),
                           ("done", "stop", 3, None)]:
@@ -196,7 +196,7 @@ def test_an_api_key_guards_the_v1_routes():
         tokenizer = None
         metrics = ServerMetrics(running=lambda: 0, waiting=lambda: 0)
 
-        def submit(self, prompt, params, chat, max_tokens, stream, images, echo=False):
+        def submit(self, prompt, params, chat, max_tokens, stream, images, echo=False, tools=None):
             q: asyncio.Queue = asyncio.Queue()
             for event in [("accepted", 3), ("delta", "Hi", []), ("done", "stop", 1, None)]:
                 q.put_nowait(event)
@@ -427,6 +427,15 @@ def test_penalties_and_logit_bias_equal_plain_decoding_under_them(server, plain)
     assert "".join(c["choices"][0]["delta"].get("content", "") for c in streamed if c["choices"]) == text
 
 
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "unit": {"enum": ["C", "F"]}},
+                   "required": ["city", "unit"], "additionalProperties": False}}}
+TIME_TOOL = {"type": "function", "function": {
+    "name": "get_time", "parameters": {"type": "object", "properties": {"timezone": {"type": "string"}},
+                                       "required": ["timezone"], "additionalProperties": False}}}
+
+
 PERSON_SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
                  "required": ["name", "age"], "additionalProperties": False}
 
@@ -464,6 +473,58 @@ def test_structured_outputs_in_each_spelling_equal_plain_decoding(server, plain)
     r = server.post("/v1/completions", json={"prompt": "The answer, as JSON:", "max_tokens": 40,
                                              "response_format": {"type": "json_object"}})
     assert r.status_code == 200 and r.json()["choices"][0]["text"].startswith("{")
+
+
+def test_tool_calls_named_required_and_auto(server, plain):
+    """tool_choice naming a function holds the answer to its parameters (the call's arguments: plain constrained
+    decoding's JSON); "required" to an array of calls; "auto" reads calls out of a free answer (SmolLM2's template
+    does not teach any, so it answers as plain decoding does); streamed, the call comes whole in the last chunk."""
+    from eaglespec.grammar import StructuredOutput
+
+    question = "What is the weather in Paris, in Celsius?"
+    params = WEATHER_TOOL["function"]["parameters"]
+    want = plain.generate([question], SamplingParams(max_new_tokens=40,
+                                                     structured=StructuredOutput.json_schema(params)))[0].text
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    r = server.post("/v1/chat/completions", json=chat_body(question, 40, tools=[WEATHER_TOOL, TIME_TOOL],
+                                                            tool_choice=named))
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
+    (call,) = choice["message"]["tool_calls"]
+    assert call["type"] == "function" and call["id"].startswith("call_")
+    assert call["function"] == {"name": "get_weather", "arguments": want}
+    assert json.loads(want)["city"] == "Paris"
+    # streamed: no content, then the call whole
+    with server.stream("POST", "/v1/chat/completions",
+                       json=chat_body(question, 40, tools=[WEATHER_TOOL], tool_choice=named, stream=True)) as r:
+        chunks = sse_events(r)[:-1]
+    assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks) == ""
+    last = chunks[-1]["choices"][0]
+    assert last["finish_reason"] == "tool_calls"
+    assert last["delta"]["tool_calls"][0]["function"] == {"name": "get_weather", "arguments": want}
+    assert last["delta"]["tool_calls"][0]["index"] == 0
+    # required: an array of calls, each of one of the tools
+    r = server.post("/v1/chat/completions", json=chat_body("What time is it in Tokyo?", 60,
+                                                            tools=[WEATHER_TOOL, TIME_TOOL], tool_choice="required"))
+    choice = r.json()["choices"][0]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["tool_calls"], choice
+    for call in choice["message"]["tool_calls"]:
+        args = json.loads(call["function"]["arguments"])
+        assert (call["function"]["name"], set(args)) in (("get_weather", {"city", "unit"}),
+                                                         ("get_time", {"timezone"}))
+    # auto: a free answer, read for calls
+    r = server.post("/v1/chat/completions", json=chat_body(QUESTIONS[0], 8, tools=[WEATHER_TOOL]))
+    choice = r.json()["choices"][0]
+    assert choice["message"]["content"] == plain_answer(plain, QUESTIONS[0], 8) and "tool_calls" not in choice["message"]
+    # a conversation that holds a call and its result goes through the chat template
+    history = [{"role": "user", "content": question},
+               {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function",
+                                                                      "function": {"name": "get_weather",
+                                                                                   "arguments": want}}]},
+               {"role": "tool", "tool_call_id": "call_1", "content": "18 C, sunny"}]
+    r = server.post("/v1/chat/completions", json={"messages": history, "max_tokens": 8, "tools": [WEATHER_TOOL]})
+    assert r.status_code == 200, r.text
 
 
 def test_tokenize_and_detokenize(server, smollm2):
@@ -542,7 +603,19 @@ def test_concurrent_requests_equal_their_plain_answers(server, plain):
      "min_tokens (20) must not exceed max_new_tokens (16)"),
     ("/v1/chat/completions", chat_body("hi", response_format={"type": "structural_tag"}), 400,
      "response_format 'structural_tag' is not supported by this server (text, json_object and json_schema are)"),
-    ("/v1/chat/completions", chat_body("hi", functions=[{"name": "f"}]), 400, "tools are not supported by this server"),
+    ("/v1/chat/completions", chat_body("hi", functions=[{"name": "f"}]), 400,
+     "functions and function_call are the deprecated forms of tools and tool_choice: send those"),
+    ("/v1/chat/completions", chat_body("hi", tools=[{"type": "function", "function": {}}]), 400,
+     "each tool must be {\"type\": \"function\", \"function\": {\"name\": ..."),
+    ("/v1/chat/completions", chat_body("hi", tools=[WEATHER_TOOL], tool_choice={"type": "function",
+                                                                               "function": {"name": "g"}}), 400,
+     "tool_choice names the function 'g', which is not among the tools (get_weather)"),
+    ("/v1/chat/completions", chat_body("hi", tools=[WEATHER_TOOL], tool_choice="sometimes"), 400,
+     "tool_choice must be \"none\", \"auto\", \"required\" or a named function (got 'sometimes')"),
+    ("/v1/chat/completions", chat_body("hi", tool_choice="required"), 400, "tool_choice needs tools"),
+    ("/v1/chat/completions", chat_body("hi", tools=[WEATHER_TOOL], tool_choice="required",
+                                       response_format={"type": "json_object"}), 400,
+     "tool_choice required cannot be combined with a structured output"),
     ("/v1/chat/completions", chat_body("hi", prediction={"type": "content", "content": "x"}), 400,
      "prediction (predicted outputs) is not supported by this server"),
     ("/v1/chat/completions", chat_body("word " * 300), 400, "but this server's sequences hold 256 tokens"),

@@ -136,10 +136,10 @@ class Engine:
         return self.spec is not None
 
     # --- prompts ------------------------------------------------------------------------------------------------
-    def encode_prompt(self, prompt: Prompt, chat: bool = True) -> list[int]:
+    def encode_prompt(self, prompt: Prompt, chat: bool = True, tools: Sequence[dict] | None = None) -> list[int]:
         """Text (chat template applied when `chat` and the tokenizer has one), messages, or token ids -> ids
-        (engine/prompts.py)."""
-        return encode_prompt(self.tokenizer, prompt, chat)
+        (engine/prompts.py; `tools` for the chat template)."""
+        return encode_prompt(self.tokenizer, prompt, chat, tools)
 
     # --- the loop -----------------------------------------------------------------------------------------------
     def reseed(self, seed: int) -> None:
@@ -192,14 +192,16 @@ class Engine:
         self.scheduler = Scheduler(rows, min_prefill_rows=self.config.min_prefill_rows, ahead=ahead,
                                    ahead_cap=PREFILL_SPLIT_ROWS)
 
-    def prepare(self, prompt: Prompt, chat: bool = True,
-                images: Sequence[object] | None = None) -> tuple[list[int], object]:
-        """Prompt ids (placeholders expanded for images) and the target's multimodal inputs (or None): what
-        `add_prepared` queues (a server sizes the request by the ids first)."""
+    def prepare(self, prompt: Prompt, chat: bool = True, images: Sequence[object] | None = None,
+                tools: Sequence[dict] | None = None) -> tuple[list[int], object]:
+        """Prompt ids (placeholders expanded for images; `tools` rendered by the chat template) and the target's
+        multimodal inputs (or None): what `add_prepared` queues (a server sizes the request by the ids first)."""
         if not images:
-            return self.encode_prompt(prompt, chat), None
+            return self.encode_prompt(prompt, chat, tools), None
         if not hasattr(self.target, "prepare_multimodal"):
             raise RequestError(f"{type(self.target).__name__} does not take images")
+        if tools:
+            raise RequestError("tools cannot be combined with images on this server")
         return self.target.prepare_multimodal(self.tokenizer, prompt, list(images), chat)
 
     def add_request(

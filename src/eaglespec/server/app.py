@@ -17,6 +17,11 @@ Contract of `create_app(worker, model_name, default_temperature, api_key)`:
   the first deltas when they are already queued). `max_tokens` 0 with `echo` scores the prompt only, as evaluation
   harnesses ask for log-likelihoods.
 - Images come as `image_url` parts holding data: URLs, for a multimodal target.
+- `tools` reach the chat template, and the answer is read for calls (tool_calls.py): `tool_choice` "required" or a
+  named function holds it to the calls' JSON (a structured output), "auto" reads Hermes-style `<tool_call>` blocks
+  out of a free answer; the message then has `tool_calls` (content null when there is none besides) and the finish
+  reason "tool_calls". Streamed, content goes out as it comes (auto holds back a tail that may open a tag) and each
+  call whole in the last chunk.
 - `POST /tokenize` (vLLM's): a text `prompt` as /v1/completions encodes it, or `messages` as /v1/chat/completions
   does -> {count, max_model_len (the positions a sequence may hold), tokens}; `POST /detokenize`: {tokens} ->
   {prompt} (special tokens kept). Both on the HTTP thread, beside the engine's loop.
@@ -46,6 +51,7 @@ from ..engine.prompts import encode_prompt
 from ..errors import EaglespecError
 from ..sampling_params import SamplingParams
 from . import schemas
+from .tool_calls import ToolPlan, ToolStream
 from .worker import EngineWorker, Ticket
 
 def _choice(params: SamplingParams, j: int) -> SamplingParams:
@@ -135,8 +141,8 @@ def create_app(worker: EngineWorker, model_name: str, default_temperature: float
             raise HTTPError(404, f"the model {name!r} does not exist: this server serves {model_name!r}",
                             "model_not_found")
 
-    async def start(body: schemas.SampledRequest, prompts: list[Any], chat: bool,
-                    images: list) -> tuple[list[Ticket], int]:
+    async def start(body: schemas.SampledRequest, prompts: list[Any], chat: bool, images: list,
+                    tools: list | None = None) -> tuple[list[Ticket], int]:
         """Submit the request's n choices of each prompt (each a request of the engine), in index order; wait until
         the worker accepts them (their prompts' tokens, summed over the prompts) or refuses one (an HTTPError, the
         others cancelled)."""
@@ -144,7 +150,7 @@ def create_app(worker: EngineWorker, model_name: str, default_temperature: float
         params = user_input(lambda: body.sampling(default_temperature))
         echo = bool(getattr(body, "echo", False))  # completions only
         tickets = [worker.submit(prompt, _choice(params, j), chat=chat, max_tokens=body.requested_tokens,
-                                 stream=body.stream, images=images, echo=echo)
+                                 stream=body.stream, images=images, echo=echo, tools=tools)
                    for prompt in prompts for j in range(body.n)]
         try:
             events = [await t.events.get() for t in tickets]
@@ -259,10 +265,10 @@ def create_app(worker: EngineWorker, model_name: str, default_temperature: float
         return tokenizer.decode([i], skip_special_tokens=False) if tokenizer is not None else str(i)
 
     async def respond(body: schemas.SampledRequest, prompts: list[Any], chat: bool,
-                      images: list | None = None) -> Any:
+                      images: list | None = None, plan: ToolPlan | None = None) -> Any:
         """One request of either endpoint: the whole answer, or its stream (`chat`: chat completion bodies), with
-        n choices of each prompt (chat: one prompt, its messages)."""
-        tickets, n_prompt = await start(body, prompts, chat, images or [])
+        n choices of each prompt (chat: one prompt, its messages; `plan`: its tools, server/tool_calls.py)."""
+        tickets, n_prompt = await start(body, prompts, chat, images or [], plan.tools if plan else None)
         rid = schemas.new_id("chatcmpl" if chat else "cmpl")
         wants_lp = bool(body.logprobs) if chat else body.logprobs is not None  # type: ignore[attr-defined]
 
@@ -275,15 +281,29 @@ def create_app(worker: EngineWorker, model_name: str, default_temperature: float
 
         if body.stream:
             offsets = [0] * len(tickets)  # a streamed completion's text offsets run on across its chunks
+            readers = [plan.stream() for _ in tickets] if plan is not None else None  # with tools: each choice's
 
             def chunk(i: int, text: str | None, finish: str | None, entries: list) -> dict:
                 lp = lp_body(entries, offsets[i]) if entries else None
                 if lp is not None and not chat:
                     offsets[i] += sum(len(t) for t in lp["tokens"])
+                if chat and readers is not None:
+                    return tool_chunk(readers[i], i, text, finish, lp)
                 if chat:
                     return schemas.chat_chunk(rid, model_name, {} if text is None else {"content": text}, finish, i,
                                               lp)
                 return schemas.completion_chunk(rid, model_name, text or "", finish, i, lp)
+
+            def tool_chunk(reader: ToolStream, i: int, text: str | None, finish: str | None, lp: dict | None) -> dict:
+                """A chunk of a choice read for tools: the content that may go now; at the end what was held back,
+                and the calls (each whole, in one delta)."""
+                if finish is None:
+                    return schemas.chat_chunk(rid, model_name, {"content": reader.feed(text or "")}, None, i, lp)
+                rest, calls, finish = reader.finish(finish)
+                delta: dict[str, Any] = {"content": rest} if rest else {}
+                if calls:
+                    delta["tool_calls"] = [{"index": k, **c} for k, c in enumerate(calls)]
+                return schemas.chat_chunk(rid, model_name, delta, finish, i, lp)
 
             def first(i: int) -> dict:
                 return schemas.chat_chunk(rid, model_name, {"role": "assistant", "content": ""}, index=i)
@@ -291,15 +311,17 @@ def create_app(worker: EngineWorker, model_name: str, default_temperature: float
             obj = "chat.completion.chunk" if chat else "text_completion"
             return sse(tickets, rid, obj, n_prompt, body.include_usage, chunk, first if chat else None)
         results = await collect_all(tickets)
-        build = schemas.chat_response if chat else schemas.completion_response
         use = schemas.usage(n_prompt, sum(r[2] for r in results))
         spec = schemas.spec_summary([r[3] for r in results])
-        return build(rid, model_name, [(r[0], r[1], lp_body(r[4])) for r in results], use, spec)
+        choices = [(r[0], r[1], lp_body(r[4])) for r in results]
+        if chat:
+            return schemas.chat_response(rid, model_name, choices, use, spec, plan)
+        return schemas.completion_response(rid, model_name, choices, use, spec)
 
     @app.post("/v1/chat/completions", dependencies=v1)
     async def chat_completions(body: schemas.ChatCompletionRequest) -> Any:
         messages, images = user_input(body.chat)
-        return await respond(body, [messages], chat=True, images=images)
+        return await respond(body, [messages], chat=True, images=images, plan=user_input(body.tool_plan))
 
     @app.post("/v1/completions", dependencies=v1)
     async def completions(body: schemas.CompletionRequest) -> Any:

@@ -3,7 +3,7 @@
 Contract: `ChatCompletionRequest` / `CompletionRequest` parse a request body (unknown fields are ignored, as OpenAI's
 clients send many); `.sampling(default_temperature)` turns one into `SamplingParams` (max_tokens None: the server
 picks the room left in its cache) and raises `RequestError` with one sentence for what this server does not do
-(more than MAX_N choices, or MAX_CHOICES over a completion's prompts, tools and functions, OpenAI's predicted
+(more than MAX_N choices, or MAX_CHOICES over a completion's prompts, the deprecated functions, OpenAI's predicted
 outputs, vLLM's beam search, bad_words,
 prompt_logprobs, truncate_prompt_tokens and skip_special_tokens false, suffix, best_of other than n, images other
 than data: URLs),
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from dataclasses import replace
 from typing import Any, Callable, Literal, Union
 
 from pydantic import BaseModel, ConfigDict
@@ -33,6 +34,7 @@ from pydantic import BaseModel, ConfigDict
 from ..errors import RequestError
 from ..sampling_params import SamplingParams
 from .structured_fields import structured_output
+from .tool_calls import ToolPlan, plan_tools
 
 Stop = Union[str, list[str], None]
 MAX_N = 64  # choices per prompt: each is a request of its own in the engine's queue
@@ -76,6 +78,10 @@ def decode_image(url: str) -> Any:
 class ChatMessage(_Body):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Union[str, list[ContentPart], None] = None
+    # a conversation's earlier tool calls and their results, for the chat template as the client sent them
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
 
     def parts(self, images: list) -> str | list[dict]:
         """The content for the chat template: text, or (with images, appended to `images` in order) OpenAI-style
@@ -106,7 +112,11 @@ def template_messages(messages: list[ChatMessage]) -> tuple[list[dict[str, Any]]
     if not messages:
         raise RequestError("messages must not be empty")
     images: list = []
-    out = [{"role": "system" if m.role == "developer" else m.role, "content": m.parts(images)} for m in messages]
+    out = []
+    for m in messages:
+        msg: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role, "content": m.parts(images)}
+        msg.update({k: v for k in ("tool_calls", "tool_call_id", "name") if (v := getattr(m, k)) is not None})
+        out.append(msg)
     return out, images
 
 
@@ -208,23 +218,38 @@ class ChatCompletionRequest(SampledRequest):
     max_completion_tokens: int | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = None
-    tools: list[Any] | None = None
-    functions: list[Any] | None = None  # the older name of tools
+    tools: list[Any] | None = None  # OpenAI's tool definitions (tool_calls.py)
+    tool_choice: Any = None
+    parallel_tool_calls: bool = True
+    functions: list[Any] | None = None  # the older name of tools: refused, pointing to tools
+    function_call: Any = None
     prediction: dict[str, Any] | None = None  # OpenAI's predicted outputs: refused, not ignored
 
     @property
     def requested_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
+    def tool_plan(self) -> ToolPlan | None:
+        """How the answer is read for tools (tool_calls.py), or None without tools."""
+        if self.functions or self.function_call is not None:
+            raise RequestError("functions and function_call are the deprecated forms of tools and tool_choice: send "
+                               "those")
+        return plan_tools(self.tools, self.tool_choice, self.parallel_tool_calls)
+
     def sampling(self, default_temperature: float) -> SamplingParams:
-        if self.tools or self.functions:
-            raise RequestError("tools are not supported by this server")
+        plan = self.tool_plan()
         if self.prediction:
             raise RequestError("prediction (predicted outputs) is not supported by this server")
         if self.top_logprobs is not None and not self.logprobs:
             raise RequestError("top_logprobs needs logprobs: true")
-        return self._params(self.requested_tokens, default_temperature,
-                            (self.top_logprobs or 0) if self.logprobs else None)
+        params = self._params(self.requested_tokens, default_temperature,
+                              (self.top_logprobs or 0) if self.logprobs else None)
+        if plan is not None and plan.structured is not None:  # required / named: the answer is held to the calls
+            if params.structured is not None:
+                raise RequestError(f"tool_choice {plan.mode} cannot be combined with a structured output (both "
+                                   "decide the answer's shape)")
+            params = replace(params, structured=plan.structured)
+        return params
 
     def chat(self) -> tuple[list[dict[str, Any]], list]:
         return template_messages(self.messages)
@@ -307,10 +332,17 @@ def _envelope(rid: str, obj: str, model: str, choices: list[dict], **extra: Any)
 
 
 def chat_response(rid: str, model: str, choices: list[tuple[str, str, dict | None]], use: dict,
-                  spec: dict | None) -> dict:
-    """`choices`: (text, finish_reason, logprobs body or None) per choice, in index order."""
-    out = [{"index": i, "message": {"role": "assistant", "content": text}, "logprobs": lp, "finish_reason": finish}
-           for i, (text, finish, lp) in enumerate(choices)]
+                  spec: dict | None, plan: ToolPlan | None = None) -> dict:
+    """`choices`: (text, finish_reason, logprobs body or None) per choice, in index order; with tools, each answer
+    read by the plan (its content, tool_calls and finish reason)."""
+    out = []
+    for i, (text, finish, lp) in enumerate(choices):
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        if plan is not None:
+            message["content"], calls, finish = plan.message(text, finish)
+            if calls:
+                message["tool_calls"] = calls
+        out.append({"index": i, "message": message, "logprobs": lp, "finish_reason": finish})
     return _envelope(rid, "chat.completion", model, out, usage=use, **({"eaglespec": spec} if spec else {}))
 
 

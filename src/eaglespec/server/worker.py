@@ -68,6 +68,7 @@ class Ticket:
     arrival: float = field(default_factory=time.perf_counter)  # submitted (ServerMetrics' latencies count from here)
     first_token_at: float | None = None
     echo: bool = False  # the prompt comes back first (a "prompt" event), scored when log-probabilities are asked
+    tools: list | None = None  # OpenAI's tool definitions, for the chat template
 
     def put(self, event: tuple) -> None:
         if self.loop is not None:
@@ -143,13 +144,15 @@ class EngineWorker:
             self._thread.join(timeout)
 
     def submit(self, prompt: Prompt, params: SamplingParams, chat: bool = True, max_tokens: int | None = None,
-               stream: bool = True, images: list | None = None, echo: bool = False) -> Ticket:
+               stream: bool = True, images: list | None = None, echo: bool = False,
+               tools: list | None = None) -> Ticket:
         try:
             loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
             events: Any = asyncio.Queue()
         except RuntimeError:
             loop, events = None, queue.Queue()
-        ticket = Ticket(prompt, params, chat, max_tokens, stream, images or None, events, loop, self, echo=echo)
+        ticket = Ticket(prompt, params, chat, max_tokens, stream, images or None, events, loop, self, echo=echo,
+                        tools=tools or None)
         if not self.alive:
             ticket.put(("error", f"the engine has stopped: {self.failure or 'shut down'}", 503))
             return ticket
@@ -205,7 +208,7 @@ class EngineWorker:
             return
         eng = self.engine
         try:
-            ids, mm = eng.prepare(t.prompt, t.chat, t.images)  # image placeholders expanded: counted too
+            ids, mm = eng.prepare(t.prompt, t.chat, t.images, t.tools)  # image placeholders expanded: counted too
             if not ids:
                 raise RequestError("the prompt is empty")
             if t.echo:  # the prompt's text, and with logprobs its tokens' entries: one forward, before it queues

@@ -1,0 +1,166 @@
+"""Tool calls for `/v1/chat/completions`: OpenAI's `tools` and `tool_choice`, as structured outputs and a parser.
+
+Contract:
+- `plan_tools(tools, tool_choice, parallel_tool_calls)` -> a `ToolPlan` (None without tools): the tool definitions
+  for the chat template, and how the answer is read:
+  - a named function (`{"type": "function", "function": {"name": ...}}`): the answer is held to the function's
+    parameters schema (grammar/: a structured output) and is that call's `arguments`;
+  - "required": the answer is held to a JSON array of `{"name": ..., "parameters": {...}}` objects, one of the
+    tools each (one object when `parallel_tool_calls` is false), read as that many calls;
+  - "auto" (the default with tools): the answer is free; calls the model writes in the Hermes convention
+    (`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, as Qwen's, Hermes' and SmolLM3's templates teach)
+    are read out of it, the rest is the content;
+  - "none": the answer is free and read as content only.
+  A tool without a name, a named choice that names no tool, and an unknown choice are refused with one sentence.
+- `ToolPlan.message(text, finish_reason)` -> (content or None, tool_calls or None, finish_reason): a whole answer
+  read; a constrained answer cut by max_tokens stays content (its JSON is incomplete).
+- `ToolPlan.stream()` -> a `ToolStream`: `feed(delta)` gives the content that may go out now (auto: text held
+  back while it may be the start of a `<tool_call>` tag; constrained: nothing), `finish(text, reason)` the rest
+  and the calls, as `message` reads the whole text.
+Each call is `{"id": "call_...", "type": "function", "function": {"name": ..., "arguments": JSON text}}`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import RequestError
+from ..grammar.output_format import StructuredOutput
+
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+_HERMES = re.compile(re.escape(OPEN) + r"\s*(.*?)\s*(?:" + re.escape(CLOSE) + r"|$)", re.DOTALL)
+
+
+def _call(name: str, arguments: Any) -> dict:
+    args = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function", "function": {"name": name, "arguments": args}}
+
+
+def _function(tool: Any) -> dict:
+    fn = tool.get("function") if isinstance(tool, dict) and tool.get("type", "function") == "function" else None
+    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+        raise RequestError("each tool must be {\"type\": \"function\", \"function\": {\"name\": ..., \"parameters\": "
+                           "...}}")
+    return fn
+
+
+def _parameters(fn: dict) -> dict:
+    params = fn.get("parameters")
+    return params if isinstance(params, dict) and params else {"type": "object", "properties": {}}
+
+
+@dataclass(frozen=True)
+class ToolPlan:
+    tools: list[dict]  # as the request gave them: the chat template renders them
+    mode: str  # "none", "auto", "required" or "named"
+    name: str | None = None  # the named function
+    structured: StructuredOutput | None = None  # the answer's constraint (required, named)
+
+    def message(self, text: str, finish_reason: str) -> tuple[str | None, list[dict] | None, str]:
+        if self.mode == "none":
+            return text, None, finish_reason
+        if self.mode == "auto":
+            rest, calls = _hermes(text)
+            if not calls:
+                return text, None, finish_reason
+            return rest.strip() or None, calls, "tool_calls"
+        if finish_reason != "stop":  # cut by max_tokens (or aborted): incomplete JSON stays text
+            return text, None, finish_reason
+        value = json.loads(text)  # the grammar held it to valid JSON
+        if self.mode == "named":
+            return None, [_call(self.name or "", value)], "tool_calls"
+        return None, [_call(c["name"], c["parameters"]) for c in value], "tool_calls"
+
+    def stream(self) -> "ToolStream":
+        return ToolStream(self)
+
+
+@dataclass
+class ToolStream:
+    plan: ToolPlan
+    sent: int = 0  # characters of the text already sent as content
+    text: str = field(default="")
+
+    def feed(self, delta: str) -> str:
+        self.text += delta
+        if self.plan.mode == "none":
+            return self._send(len(self.text))
+        if self.plan.mode != "auto":
+            return ""
+        start = self.text.find(OPEN, self.sent)
+        if start >= 0:  # a call began: the content before it goes; the rest waits for the end
+            return self._send(start)
+        keep = _partial_tag(self.text)  # a tail that may open a tag
+        return self._send(len(self.text) - keep)
+
+    def finish(self, finish_reason: str) -> tuple[str, list[dict] | None, str]:
+        """(the content not sent yet, the calls, the finish reason). The content sent before a call is the text
+        before its tag: streamed, the content may keep whitespace around the calls that the whole answer strips."""
+        content, calls, reason = self.plan.message(self.text, finish_reason)
+        if calls is None:
+            return self.text[self.sent:], None, reason
+        if self.plan.mode == "auto":  # the text outside the calls, less what went out before the first tag
+            return _hermes(self.text)[0][self.sent:].rstrip(), calls, reason
+        return "", calls, reason
+
+    def _send(self, upto: int) -> str:
+        out = self.text[self.sent:upto]
+        self.sent = max(self.sent, upto)
+        return out
+
+
+def _partial_tag(text: str) -> int:
+    """The length of the longest tail of `text` that is a proper prefix of OPEN."""
+    for n in range(min(len(OPEN) - 1, len(text)), 0, -1):
+        if OPEN.startswith(text[-n:]):
+            return n
+    return 0
+
+
+def _hermes(text: str) -> tuple[str, list[dict] | None]:
+    """Hermes-style calls read out of a free answer: (the text outside them, the calls or None). A block that is not
+    a JSON object with a name stays in the text."""
+    calls, spans = [], []
+    for m in _HERMES.finditer(text):
+        try:
+            obj = json.loads(m.group(1))
+        except json.JSONDecodeError:
+            continue
+        if isinstance(obj, dict) and isinstance(obj.get("name"), str):
+            calls.append(_call(obj["name"], obj.get("arguments", obj.get("parameters", {}))))
+            spans.append(m.span())
+    if not calls:
+        return text, None
+    return "".join(text[a:b] for a, b in zip([0] + [e for _, e in spans], [s for s, _ in spans] + [len(text)])), calls
+
+
+def plan_tools(tools: list[Any] | None, tool_choice: Any, parallel_tool_calls: bool = True) -> ToolPlan | None:
+    if not tools:
+        if tool_choice not in (None, "none", "auto"):
+            raise RequestError("tool_choice needs tools")
+        return None
+    fns = [_function(t) for t in tools]
+    names = [f["name"] for f in fns]
+    choice = "auto" if tool_choice is None else tool_choice
+    if isinstance(choice, dict):
+        name = (choice.get("function") or {}).get("name") if choice.get("type", "function") == "function" else None
+        if name not in names:
+            raise RequestError(f"tool_choice names the function {name!r}, which is not among the tools "
+                               f"({', '.join(names)})")
+        schema = _parameters(fns[names.index(name)])
+        return ToolPlan(list(tools), "named", name, StructuredOutput.json_schema(schema))
+    if choice in ("none", "auto"):
+        return ToolPlan(list(tools), choice)
+    if choice != "required":
+        raise RequestError(f"tool_choice must be \"none\", \"auto\", \"required\" or a named function (got "
+                           f"{choice!r})")
+    one_of = [{"type": "object", "properties": {"name": {"const": f["name"]}, "parameters": _parameters(f)},
+               "required": ["name", "parameters"], "additionalProperties": False} for f in fns]
+    array: dict[str, Any] = {"type": "array", "items": {"anyOf": one_of}, "minItems": 1}
+    if not parallel_tool_calls:
+        array["maxItems"] = 1
+    return ToolPlan(list(tools), "required", None, StructuredOutput.json_schema(array))

@@ -1,0 +1,103 @@
+"""server/tool_calls.py: OpenAI's tools and tool_choice as structured outputs and a Hermes-style parser (the server's
+end-to-end tests are in test_server.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from eaglespec.errors import RequestError
+from eaglespec.server.tool_calls import OPEN, plan_tools
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+TIME = {"type": "function", "function": {"name": "get_time"}}  # no parameters: any object
+
+
+def test_plans_by_tool_choice():
+    assert plan_tools(None, None) is None and plan_tools([], "auto") is None
+    auto = plan_tools([WEATHER], None)
+    assert auto.mode == "auto" and auto.structured is None and auto.tools == [WEATHER]
+    assert plan_tools([WEATHER], "none").mode == "none"
+    named = plan_tools([WEATHER, TIME], {"type": "function", "function": {"name": "get_time"}})
+    assert named.mode == "named" and named.name == "get_time"
+    assert json.loads(named.structured.spec) == {"type": "object", "properties": {}}
+    required = plan_tools([WEATHER, TIME], "required")
+    schema = json.loads(required.structured.spec)
+    assert schema["type"] == "array" and schema["minItems"] == 1 and "maxItems" not in schema
+    names = [o["properties"]["name"]["const"] for o in schema["items"]["anyOf"]]
+    assert names == ["get_weather", "get_time"]
+    assert schema["items"]["anyOf"][0]["properties"]["parameters"] == WEATHER["function"]["parameters"]
+    assert json.loads(plan_tools([WEATHER], "required", parallel_tool_calls=False).structured.spec)["maxItems"] == 1
+
+
+@pytest.mark.parametrize("tools,choice,message", [
+    (None, "required", "tool_choice needs tools"),
+    ([{"type": "function", "function": {"description": "x"}}], None, "each tool must be"),
+    ([{"type": "retrieval"}], None, "each tool must be"),
+    ([WEATHER], {"type": "function", "function": {"name": "nope"}},
+     "tool_choice names the function 'nope', which is not among the tools (get_weather)"),
+    ([WEATHER], "always", "tool_choice must be \"none\", \"auto\", \"required\" or a named function"),
+])
+def test_bad_tools_are_refused(tools, choice, message):
+    with pytest.raises(RequestError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        plan_tools(tools, choice)
+
+
+def test_constrained_answers_become_calls():
+    named = plan_tools([WEATHER], {"type": "function", "function": {"name": "get_weather"}})
+    content, calls, finish = named.message('{"city": "Paris"}', "stop")
+    assert content is None and finish == "tool_calls"
+    assert calls[0]["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'}
+    assert calls[0]["type"] == "function" and calls[0]["id"].startswith("call_")
+    # cut by max_tokens: the JSON is incomplete, so it stays text
+    assert named.message('{"city": "Pa', "length") == ('{"city": "Pa', None, "length")
+    required = plan_tools([WEATHER, TIME], "required")
+    _, calls, finish = required.message('[{"name": "get_time", "parameters": {}}, '
+                                        '{"name": "get_weather", "parameters": {"city": "Oslo"}}]', "stop")
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [
+        ("get_time", {}), ("get_weather", {"city": "Oslo"})]
+    assert len({c["id"] for c in calls}) == 2
+
+
+def test_auto_reads_hermes_calls_out_of_the_text():
+    auto = plan_tools([WEATHER, TIME], "auto")
+    text = ('Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
+            '<tool_call>{"name": "get_time", "arguments": {}}</tool_call>')
+    content, calls, finish = auto.message(text, "stop")
+    assert content == "Let me check." and finish == "tool_calls"
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [
+        ("get_weather", {"city": "Paris"}), ("get_time", {})]
+    # no calls, or a block that is not a call: the text is the content
+    assert auto.message("It is sunny.", "stop") == ("It is sunny.", None, "stop")
+    broken = "<tool_call>{not json}</tool_call>"
+    assert auto.message(broken, "stop") == (broken, None, "stop")
+    # a call cut at the end (no closing tag) still reads when its JSON is whole
+    _, calls, _ = auto.message('<tool_call>{"name": "get_time", "arguments": {}}', "length")
+    assert calls[0]["function"]["name"] == "get_time"
+    # "none": text only
+    assert plan_tools([WEATHER], "none").message(text, "stop") == (text, None, "stop")
+
+
+def test_streams_hold_back_what_may_open_a_call():
+    auto = plan_tools([WEATHER], "auto").stream()
+    assert auto.feed("Let me") == "Let me"
+    assert auto.feed(" check <") == " check "  # "<" may open a tag
+    assert auto.feed("b>") == "<b>"  # it did not
+    assert auto.feed(" ok <tool") == " ok "
+    assert auto.feed('_call>{"name": "get_weather", "arguments": {"city": "Rome"}}') == ""
+    assert auto.feed("</tool_call> Done.") == ""
+    rest, calls, finish = auto.finish("stop")
+    assert rest == " Done." and finish == "tool_calls" and len(calls) == 1
+    assert json.loads(calls[0]["function"]["arguments"]) == {"city": "Rome"}
+    # without calls the held-back tail comes at the end
+    plain = plan_tools([WEATHER], "auto").stream()
+    assert plain.feed("a <tool") == "a "
+    assert plain.finish("length") == ("<tool", None, "length")
+    assert OPEN == "<tool_call>"
+    # constrained: nothing streams as content, the call comes at the end
+    named = plan_tools([WEATHER], {"type": "function", "function": {"name": "get_weather"}}).stream()
+    assert named.feed('{"city": ') == "" and named.feed('"Paris"}') == ""
+    rest, calls, finish = named.finish("stop")
+    assert rest == "" and finish == "tool_calls" and calls[0]["function"]["arguments"] == '{"city": "Paris"}'
