@@ -142,23 +142,31 @@ def test_constrained_and_free_requests_share_steps(target, drafter, toy_refs, sp
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "sampled"])
-def test_a_chain_drafts_inside_the_grammar(target, drafter, monkeypatch, temperature):
-    """A constrained chain's drafts are guided by the grammar level by level (StepGrammar.chain_guide): every draft
+@pytest.mark.parametrize("spec", [SPECS[0], SPECS[2], SPECS[3]], ids=spec_id)
+def test_drafts_stay_inside_the_grammar(target, drafter, monkeypatch, temperature, spec):
+    """A constrained step's drafts are guided by the grammar level by level (StepGrammar.draft_guide): every draft
     path the verify sees is one the grammar allows, so no node is wasted on a token it could never accept."""
     seen = []
     tree_masks = StepGrammar.tree_masks
 
     def check(self, tree):
-        for g, toks in zip(self.grammars, tree.tokens.tolist()):
-            taken = g.try_consume(toks[1:])
-            g.rollback(taken)
-            seen.append(taken == len(toks) - 1)
+        for g, toks, parents in zip(self.grammars, tree.tokens.tolist(), tree.parents.tolist()):
+            for j in range(1, len(toks)):  # node j's path below the root
+                path, n = [], j
+                while n > 0:
+                    path.append(toks[n])
+                    n = parents[n]
+                taken = g.try_consume(path[::-1])
+                g.rollback(taken)
+                seen.append(taken == len(path))
         return tree_masks(self, tree)
 
     monkeypatch.setattr(StepGrammar, "tree_masks", check)
     params = replace(GREEDY, temperature=temperature, seed=3 if temperature else None)
-    toy_engine(target, drafter, SPECS[0]).generate(PROMPTS, params)
+    eng = toy_engine(target, drafter, spec)
+    eng.generate(PROMPTS, params)
     assert len(seen) > 20 and all(seen)
+    assert eng.runner.draft.logits is not None  # a tree engine keeps the depth-1 logits once constrained
 
 
 @pytest.mark.parametrize("spec", [None, SPECS[0], SPECS[2]], ids=["plain", "chain", "tree"])

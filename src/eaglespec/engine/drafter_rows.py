@@ -6,7 +6,8 @@ Contract of `DrafterRows(drafter, shapes, rows, vocab, dtype, device)` (K: the s
   no log-probabilities);
 - hidden [rows, H] (the drafter's dtype): the last committed entry's output hidden;
 - logits [rows, Vd] (the drafter's dtype) where a shape is a chain: its depth-1 logits, from which sampled rows draw
-  their drafts; None otherwise;
+  their drafts (and structured outputs' guided drafts); for trees allocated by the first step holding a structured
+  output (`keep_logits(constrained=True)`), whose catch-ups then keep them for its guided depth 1; None otherwise;
 - target_ids [Vd]: each draft id's target id (drafts map through one lookup: the drafter's own map is two kernels);
 - draft_index [vocab]: the way back, target id -> draft id, -1 outside the draft vocabulary (sampled chains'
   verification).
@@ -38,11 +39,23 @@ class DrafterRows:
         self.hidden = torch.zeros(rows, H, dtype=dtype, device=device)
         # in the drafter's dtype, as it writes them (the log-softmax reads them as float32)
         Vd = drafter.config.eagle.draft_vocab_size or drafter.config.vocab_size
-        chains = any(s.topk == 1 for s in shapes)
-        self.logits = torch.zeros(rows, Vd, dtype=dtype, device=device) if chains else None
+        self.chains = any(s.topk == 1 for s in shapes)
+        self._logits_shape = (rows, Vd, dtype, device)
+        self.logits = torch.zeros(rows, Vd, dtype=dtype, device=device) if self.chains else None
         self.target_ids = drafter.to_target_ids(torch.arange(Vd, device=device))
         self.draft_index = torch.full((vocab,), -1, dtype=torch.int64, device=device).index_copy_(
             0, self.target_ids, torch.arange(Vd, device=device))
+
+    def keep_logits(self, constrained: bool) -> bool:
+        """Whether a catch-up keeps its depth-1 logits: always with a chain shape; else in steps holding a structured
+        output (eager steps: captured graphs never store them), allocating the table on first use."""
+        if self.chains:
+            return True
+        if constrained and self.logits is None:
+            rows, Vd, dtype, device = self._logits_shape
+            with torch.inference_mode(False):  # mid-step: a normal tensor, which row moves may copy into later
+                self.logits = torch.zeros(rows, Vd, dtype=dtype, device=device)
+        return constrained
 
     def tensors(self) -> list[torch.Tensor]:
         return [t for t in (self.top_ids, self.top_logp, self.hidden, self.logits) if t is not None]

@@ -261,7 +261,7 @@ class ModelRunner(PrefillStep):
         """spec/draft.catch_up over the rows with the envelope's top-K (chains keep their depth-1 logits), and the
         drafter's new state into them."""
         st = catch_up(self._draft_step(r, ctx_rows), tokens, aux, start, lengths, kv_len, self.spec.topk,
-                      keep_logits=self.draft.logits is not None, at=at)
+                      keep_logits=self.draft.keep_logits(self.constraint is not None), at=at)
         self.draft.store(self._row_index(r), st)
 
     def _row_index(self, r: Rows) -> torch.Tensor:
@@ -355,9 +355,9 @@ class ModelRunner(PrefillStep):
         L = self.seq_len[r]
         sampled = not greedy and K == 1
         ids = self.draft.target_ids
-        # a constrained step's chain drafts inside the rows' grammars (StepGrammar.chain_guide; from the stored
-        # depth-1 logits)
-        guide = self.constraint.chain_guide(ids) if self.constraint is not None and K == 1 else None
+        # a constrained step drafts inside the rows' grammars (StepGrammar.draft_guide; depth 1 from the stored
+        # logits, which its catch-ups keep)
+        guide = self.constraint.draft_guide(ids) if self.constraint is not None else None
         cands = draft_tree(self._draft_step(r, ctx_rows), ids.__getitem__,
                            self.draft.state(r, K, sampled or guide is not None), L, S, K, kv_len,
                            self.sampling.params(r) if sampled else None, self._draws(r, L, DRAFT_SITE),

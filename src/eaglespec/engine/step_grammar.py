@@ -10,9 +10,10 @@ the TokenGrammar of the step's row i, in the step's row order, or None for a row
   sampled verification stay lossless. A node whose path the grammar refuses can never be accepted (its parent's
   masked distribution gives its token no mass): it allows every token, which keeps its row of probabilities
   finite. Reading the tree's tokens is a host synchronisation; the grammars are back in their state afterwards.
-- `chain_guide(target_ids)`: for a chain's drafting (spec/draft.draft_chain's `guide`): the draft tokens (draft
-  vocabulary, `target_ids` [Vd] its target ids) each row's grammar allows after the chain drafted so far, so that
-  drafts stay in the grammar (one host synchronisation per drafter level). Trees draft unguided.
+- `draft_guide(target_ids)`: for drafting (spec/draft.py's `guide`): paths (per row, per node, the target ids
+  drafted below the root) -> the draft tokens (draft vocabulary, `target_ids` [Vd] its target ids) each row's
+  grammar allows after each path, [B, J, Vd] bool, so that drafts stay in the grammar (a path it refuses allows
+  everything; one host synchronisation per drafter level).
 Plain decoding of a constrained request costs one mask per token; a verify of D nodes D masks, each after a
 `try_consume` of the tokens that differ from the previous node's path (nodes come in tree order, parents first).
 Rows are computed in parallel when at least POOL_MIN_ROWS are constrained on a host of at least that many cores (a
@@ -84,24 +85,24 @@ class StepGrammar:
     def _rows(self) -> list[int]:
         return [i for i, g in enumerate(self.grammars) if g is not None]
 
-    def chain_guide(self, target_ids: torch.Tensor) -> Callable[[torch.Tensor | None], torch.Tensor]:
-        def guide(drafted: torch.Tensor | None) -> torch.Tensor:
-            B = len(self.grammars)
-            bitmask = torch.full((B, self.words), -1, dtype=torch.int32)
-            paths = drafted.tolist() if drafted is not None else [[] for _ in range(B)]
+    def draft_guide(self, target_ids: torch.Tensor) -> Callable[[list[list[list[int]]]], torch.Tensor]:
+        def guide(paths: list[list[list[int]]]) -> torch.Tensor:
+            B, J = len(self.grammars), len(paths[0])
+            bitmask = torch.full((B, J, self.words), -1, dtype=torch.int32)
             rows = self._rows()
 
-            def row(j: int) -> None:
-                i = rows[j]
+            def row(k: int) -> None:
+                i = rows[k]
                 g = self.grammars[i]
                 assert g is not None
-                taken = g.try_consume(paths[i])
-                if taken == len(paths[i]):
-                    g.fill_mask(bitmask[i])
-                g.rollback(taken)
+                for j, path in enumerate(paths[i]):
+                    taken = g.try_consume(path)
+                    if taken == len(path):
+                        g.fill_mask(bitmask[i, j])
+                    g.rollback(taken)
 
             _each(row, len(rows))
-            return self._upload(bitmask)[:, target_ids]  # [B, Vd]
+            return self._upload(bitmask)[..., target_ids]  # [B, J, Vd]
 
         return guide
 

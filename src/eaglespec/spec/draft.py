@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Callable, Union
+from typing import Callable
 
 import torch
 
@@ -46,9 +46,9 @@ from ..layers.context import cached_arange, causal_mask, masked_tail, tail_index
 from ..layers.sampling import Draws, greedy_ids, sample_probs
 
 DrafterStep = Callable[..., tuple[torch.Tensor, torch.Tensor]]
-# a chain's guide (structured outputs): the target ids drafted so far [B, k-1] (None at depth 1) -> the draft tokens
-# the rows' grammars allow next [B, Vd] bool
-ChainGuide = Callable[[Union[torch.Tensor, None]], torch.Tensor]
+# a draft guide (structured outputs): paths (per row, per node: the target ids drafted below the root) -> the draft
+# tokens the rows' grammars allow after each [B, J, Vd] bool
+DraftGuide = Callable[[list], torch.Tensor]
 
 
 @dataclass
@@ -157,27 +157,33 @@ def draft_tree(
     generator: Draws = None,
     target_ids: torch.Tensor | None = None,
     kernels: bool | None = None,
-    guide: ChainGuide | None = None,
+    guide: DraftGuide | None = None,
 ) -> Candidates:
     """Run S-1 batched drafter forwards and return all K + (S-1)K^2 candidates in level order. `sampling` (chains
     only; None: greedy drafts) samples the drafts (module docstring). With `target_ids` (the table `to_target`
     looks up: draft id -> target id) a tree's levels run their bookkeeping as one Triton kernel each
     (`layers/tree_build_kernels.draft_level`: the same candidates), when `kernels` (default: on CUDA) and the
-    shapes fit. `guide` (chains only): structured outputs' masks on each level's choice (`draft_chain`)."""
+    shapes fit. `guide` (structured outputs): each level chooses among the tokens the rows' grammars allow after
+    each frontier node's path (`draft_chain`'s rule; depth 1 from `state.logits`; the nodes' paths read on the host
+    at each level); a guided tree takes this path, not the kernels'."""
     B, K = state.top_ids.shape
     dev = state.top_ids.device
     if K == 1:
         return draft_chain(step, to_target, state, seq_len, steps, kv_len, sampling, generator, target_ids, guide)
     W = max((steps - 1) * K, 1)  # scratch entries
-    use = dev.type == "cuda" if kernels is None else kernels
+    use = (dev.type == "cuda" if kernels is None else kernels) and guide is None
     if use and target_ids is not None and steps >= 2 and tree_build_kernels.fits_level(K, state.hidden.shape[-1], W):
         return _draft_tree_kernels(step, target_ids, state, seq_len, steps, K, kv_len)
     slots, own, depth = _tree_constants(K, steps, dev)
-    c_tokens = [to_target(state.top_ids)]
-    c_scores = [state.top_logp]
+    top_ids, top_logp = state.top_ids, state.top_logp
+    if guide is not None:
+        assert state.logits is not None, "guided drafting needs the catch-up's logits (keep_logits)"
+        top_ids, top_logp = topk_logp(_guided(state.logits, guide([[[]] for _ in range(B)])[:, 0]), K)
+    c_tokens = [to_target(top_ids)]
+    c_scores = [top_logp]
     c_parents = [torch.full((B, K), -1, dtype=torch.int64, device=dev)]
     f_idx = slots.expand(B, K)  # candidate ids of the frontier
-    f_tok, f_score = c_tokens[0], state.top_logp
+    f_tok, f_score = c_tokens[0], top_logp
     f_hidden = state.hidden[:, None, :].expand(B, K, state.hidden.shape[-1])
     # per step, not per level: the cache column each position reads and the level-2 write slots
     index, before = tail_index(seq_len, W, kv_len)
@@ -190,6 +196,8 @@ def draft_tree(
         write = write0 + entry if entry else write0
         mask = masked_tail(index, before, vis)
         logits, hidden = step(f_tok, f_hidden, positions, write, mask, False, None)
+        if guide is not None:
+            logits = _guided(logits, guide(_node_paths(c_tokens, c_parents, f_idx)))
         ids, logp = topk_logp(logits, K)  # [B, K, K]
         scores = (f_score[:, :, None] + logp).reshape(B, K * K)
         toks = to_target(ids).reshape(B, K * K)
@@ -283,7 +291,7 @@ def draft_chain(
     sampling: Sampling | None = None,
     generator: Draws = None,
     target_ids: torch.Tensor | None = None,
-    guide: ChainGuide | None = None,
+    guide: DraftGuide | None = None,
 ) -> Candidates:
     """`draft_tree` for K = 1: S-1 drafter forwards on one token per row; the S candidates of a chain. With
     `sampling` the tokens are sampled (`sample_draft`; needs `state.logits`) and `Candidates.q` is set. Greedy chains
@@ -308,7 +316,8 @@ def draft_chain(
     qs: list[torch.Tensor] = []
     if guide is not None:
         assert state.logits is not None, "guided drafting needs the catch-up's logits (keep_logits)"
-        state = DraftState(state.top_ids, state.top_logp, state.hidden, _guided(state.logits, guide(None)))
+        state = DraftState(state.top_ids, state.top_logp, state.hidden,
+                           _guided(state.logits, guide([[[]] for _ in range(B)])[:, 0]))
         if sampling is None:
             state.top_ids = greedy_ids(state.logits)[:, None]
     if sampling is None:
@@ -324,7 +333,7 @@ def draft_chain(
         at = at_all[entry][:, None]  # [B, 1]
         logits, hidden = step(tok, hidden, at, at, masks[entry][:, None, :], False, None)
         if guide is not None:
-            logits = _guided(logits, guide(torch.cat(c_tokens, 1))[:, None, :])
+            logits = _guided(logits, guide([[path] for path in torch.cat(c_tokens, 1).tolist()]))
         if sampling is None:
             if target_ids is not None:
                 tok = greedy_ids(logits[:, 0], target_ids)[:, None]  # [B, 1]
@@ -341,6 +350,23 @@ def draft_chain(
         depth=depth.expand(B, steps),
         q=torch.stack(qs, 1) if qs else None,
     )
+
+
+def _node_paths(c_tokens: list[torch.Tensor], c_parents: list[torch.Tensor], nodes: torch.Tensor) -> list:
+    """The target ids on each of `nodes`' paths below the root ([B][K] lists), walked up the candidates' parents
+    on the host (candidate ids as `f_idx` names them; parent -1: the root)."""
+    tokens, parents = torch.cat(c_tokens, 1).tolist(), torch.cat(c_parents, 1).tolist()
+    out = []
+    for toks, pars, ids in zip(tokens, parents, nodes.tolist()):
+        row = []
+        for j in ids:
+            path = []
+            while j >= 0:
+                path.append(toks[j])
+                j = pars[j]
+            row.append(path[::-1])
+        out.append(row)
+    return out
 
 
 def _guided(logits: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
