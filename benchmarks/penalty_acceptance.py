@@ -45,6 +45,16 @@ def run(engine, prompts: list, params: SamplingParams) -> tuple[list, float, flo
     return outs, time.perf_counter() - t0, tau_sum / steps if steps else 0.0
 
 
+def load_pair(device: str, spec_text: str | None):
+    """(the embedded SmolLM2 with its shipped drafter in `spec_text`'s shape or auto's, the same plain), one-row
+    engines (also structured_cost.py's)."""
+    cfg = EngineConfig(device=device, max_batch_size=1)
+    spec = api.load(config=cfg, spec=parse_spec(spec_text) if spec_text else None)
+    plain = api.load(draft=None, config=cfg)
+    print(f"speculating with {spec.runner.shapes}", flush=True)
+    return spec, plain
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cpu")
@@ -52,10 +62,7 @@ def main() -> int:
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--spec", default=None, help="S,K,D (default: auto's shape)")
     args = ap.parse_args()
-    cfg = EngineConfig(device=args.device, max_batch_size=1)
-    spec = api.load(config=cfg, spec=parse_spec(args.spec) if args.spec else None)
-    plain = api.load(draft=None, config=cfg)
-    print(f"speculating with {spec.runner.shapes}", flush=True)
+    spec, plain = load_pair(args.device, args.spec)
     prompts = [encode(spec.tokenizer, item.first)[0] for item in mt_bench()[: args.prompts]]
     warm = SamplingParams(max_new_tokens=8)
     run(spec, prompts[:1], warm)

@@ -17,10 +17,8 @@ import json
 import re
 import time
 
-from penalty_acceptance import run  # this folder's (a script's own folder leads sys.path)
+from penalty_acceptance import load_pair, run  # this folder's (a script's own folder leads sys.path)
 
-from eaglespec import api
-from eaglespec.config import EngineConfig, parse_spec
 from eaglespec.engine.step_grammar import StepGrammar
 from eaglespec.grammar import StructuredOutput
 from eaglespec.sampling_params import SamplingParams
@@ -71,10 +69,7 @@ def main() -> int:
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--spec", default=None, help="S,K,D (default: auto's shape)")
     args = ap.parse_args()
-    cfg = EngineConfig(device=args.device, max_batch_size=1)
-    spec = api.load(config=cfg, spec=parse_spec(args.spec) if args.spec else None)
-    plain = api.load(draft=None, config=cfg)
-    print(f"speculating with {spec.runner.shapes}", flush=True)
+    spec, plain = load_pair(args.device, args.spec)
     clock = MaskClock()
     for eng in (spec, plain):  # warm: caches, graphs, the grammar compiler's tokenizer
         eng.generate([TASKS[0]], SamplingParams(max_new_tokens=8, structured=StructuredOutput("json_object")))
@@ -100,8 +95,8 @@ def main() -> int:
         rows.append((name, same, valid, tau, n / p_s, ns / s_s, (ns / s_s) / (n / p_s),
                      1e3 * p_mask / max(n, 1), 1e3 * s_mask / max(ns, 1)))
         print(f"{name}: {p_out[0].text[:100]!r}", flush=True)
-    print(f"\n| setting | same as plain | ended and valid | tau | plain tok/s | spec tok/s | speedup | "
-          f"mask ms/token plain | mask ms/token spec |\n|---|---|---|---|---|---|---|---|---|")
+    print("\n| setting | same as plain | ended and valid | tau | plain tok/s | spec tok/s | speedup | "
+          "mask ms/token plain | mask ms/token spec |\n|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r[0]} | {r[1]}/{len(TASKS)} | {r[2]}/{len(TASKS)} | {r[3]:.2f} | {r[4]:.1f} | {r[5]:.1f} | "
               f"{r[6]:.2f}x | {r[7]:.3f} | {r[8]:.3f} |")
