@@ -531,7 +531,6 @@ class Engine:
         self.last_request = req
 
 
-
 def _constrained(reqs: Sequence[Request]) -> bool:
     """Whether a request among these has a structured output (its steps are not overlapped)."""
     return any(q.grammar is not None for q in reqs)
