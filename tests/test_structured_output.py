@@ -183,6 +183,24 @@ def test_grammar_rows_computed_by_the_pool_give_the_same_answers(target, drafter
     assert max(calls) == 4 and step_grammar._pool is not None
 
 
+@pytest.mark.parametrize("spec", [SPECS[0], SPECS[2]], ids=spec_id)
+def test_grammars_with_penalties_logprobs_and_seeds(target, drafter, toy_refs, spec):
+    """A grammar beside the other per-request features: with penalties greedy speculation still equals plain
+    decoding under both; log-probabilities come for every token; a seeded sampled answer repeats and obeys."""
+    V = target.config.vocab_size
+    both = replace(GREEDY, frequency_penalty=0.9, repetition_penalty=1.3, logprobs=2)
+    plain = toy_engine(target).generate(PROMPTS, both)
+    got = toy_engine(target, drafter, spec).generate(PROMPTS, both)
+    assert [o.token_ids for o in got] == [o.token_ids for o in plain]
+    assert [o.token_ids for o in plain] != toy_refs  # the penalties changed the answers
+    assert all(len(o.logprobs) == len(o.token_ids) and obeys_toy(o.token_ids, V) for o in got)
+    seeded = replace(GREEDY, temperature=0.9, seed=11)
+    a = toy_engine(target, drafter, spec).generate(PROMPTS, seeded)
+    b = toy_engine(target, drafter, spec).generate(PROMPTS[::-1], seeded)[::-1]
+    assert [o.token_ids for o in a] == [o.token_ids for o in b]
+    assert all(obeys_toy(o.token_ids, V) for o in a)
+
+
 CHAIN_T1 = SamplingParams(max_new_tokens=N_TOKENS, temperature=1.0, structured=TOY)
 SAMPLED = [("chain", SpecConfig(3, 1, 4), CHAIN_T1),
            ("tree-topk5", SpecConfig(3, 3, 8), replace(CHAIN_T1, temperature=0.8, top_k=5))]

@@ -39,6 +39,21 @@ def test_kernel_bf16_and_ties_take_the_smaller_index():
     assert logp[0, 0] == logp[0, 2] and logp[0, 3] < logp[0, 2]
 
 
+@pytest.mark.parametrize("width", [300, 5000])
+def test_rows_masked_by_a_grammar(width):
+    """Structured outputs' guided drafts (spec/draft.py `_guided`) hand the kernel rows that are mostly -inf (one
+    and several chunks): the same ids and log-probabilities as PyTorch over the allowed entries."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(4, width, generator=g) * 2
+    allowed = torch.rand(4, width, generator=g) < 0.05
+    allowed[:, :8] = True  # at least k allowed entries per row
+    x = x.masked_fill(~allowed, float("-inf"))
+    ids, logp = logsoftmax_topk(x, 8)
+    ref_logp, ref_ids = torch.log_softmax(x, dim=-1).topk(8, dim=-1)
+    assert torch.equal(ids, ref_ids) and torch.allclose(logp, ref_logp, atol=1e-5, rtol=0)
+    assert allowed.gather(1, ids).all()
+
+
 def test_a_non_contiguous_row_view():
     x = torch.randn(6, 2, 64, generator=torch.Generator().manual_seed(2))[:, 1]  # rows strided by 128
     ids, logp = logsoftmax_topk(x, 3)
