@@ -420,6 +420,22 @@ def test_bench_defaults_measure_what_generate_runs(tmp_path, capsys, monkeypatch
     assert named["config"] == name and named["auto"] and named["shape"] == "S2 K2 D4"
 
 
+def test_bench_with_a_structured_output(tmp_path, capsys):
+    """`--json-object` reaches the runs (speculation's answers equal plain constrained decoding's: `identical`) and
+    the results name it."""
+    from eaglespec.assets import default_drafter_path
+
+    code, _, err = run_cli(["bench", "--draft", str(default_drafter_path()), "--spec", "3,1,4", "--limit", "2",
+                            "--max-new-tokens", "24", "--batch-sizes", "1,2", "--device", "cpu", "--json-object",
+                            "--out", tmp_path / "out"], capsys)
+    assert code == 0, err
+    doc = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert doc["sampling"]["structured"] == "json_object"
+    assert "structured output json_object" in (tmp_path / "out" / "results.md").read_text()
+    spec = [r for r in doc["records"] if r["config"] != "no-spec"]
+    assert spec and all(r["identical_outputs"] == r["prompts"] for r in spec), spec
+
+
 def test_bench_auto_follows_the_policy_per_batch_size(tmp_path, capsys, monkeypatch):
     """`--spec auto` with another drafter takes the policy's shape per batch size: a schedule where the policy names
     several shapes up to that size (here a chain at one row and a tree at 2-3 rows), one shape where it names one;
@@ -465,6 +481,9 @@ def test_bench_auto_follows_the_policy_per_batch_size(tmp_path, capsys, monkeypa
     (["--temperature", "0.7", "--top-p", "1.5"], "top_p must be in (0, 1]"),
     (["--presence-penalty", "-2.5"], "presence_penalty must be between -2 and 2 (got -2.5)"),
     (["--spec-max-rows", "0"], "spec_max_rows must be >= 1"),
+    (["--random-weights", "smollm2-135m", "--json-object", "NO_MODEL"],
+     "a structured output needs the model's tokenizer: not with --random-weights"),
+    (["--json-object", "--peer", "hf"], "the peer (--peer hf) does not take a structured output"),
     (["--min-prefill-rows", "0"], "min_prefill_rows must be >= 1"),
     (["--prefill-ahead", "-1"], "prefill_ahead must be >= 0"),
     (["--draft", "oracle", "--spec", "3,1,4", "--batching", "continuous"], "--draft oracle needs --batching static"),

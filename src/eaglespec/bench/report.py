@@ -12,7 +12,7 @@
               weight_bytes_per_step, kv_bytes_per_token
     prompts:  set, count, turns, prompt_tokens_mean
     sampling: max_new_tokens, temperature, top_p, top_k, ignore_eos, seed, min_p, repetition_penalty,
-              frequency_penalty, presence_penalty
+              frequency_penalty, presence_penalty, structured (the structured output's kind, or null)
     engine:   cuda_graphs, fuse_projections (null: on CUDA and the CPU), compile, overlap, spec_max_rows (null: always),
               min_prefill_rows (continuous batching: free rows an admission waits for), prefill_ahead (continuous
               batching: requests an admission also prefills into spare rows; null: the engine's choice), compact_rows
@@ -209,7 +209,8 @@ def document(kind: str, result: SuiteResult, model: BenchModel, workload: Worklo
         "sampling": {"max_new_tokens": p.max_new_tokens, "temperature": p.temperature, "top_p": p.top_p,
                      "top_k": p.top_k, "ignore_eos": p.ignore_eos,
                      "seed": options.engine.seed, "min_p": p.min_p, "repetition_penalty": p.repetition_penalty,
-                     "frequency_penalty": p.frequency_penalty, "presence_penalty": p.presence_penalty},
+                     "frequency_penalty": p.frequency_penalty, "presence_penalty": p.presence_penalty,
+                     "structured": p.structured.kind if p.structured is not None else None},
         "engine": {"cuda_graphs": options.engine.cuda_graphs, "fuse_projections": options.engine.fuse_projections,
                    "compile": options.engine.compile, "overlap": options.engine.overlap,
                    "spec_max_rows": options.engine.spec_max_rows, "min_prefill_rows": options.engine.min_prefill_rows,
@@ -274,6 +275,7 @@ def markdown(doc: dict[str, Any], records: Sequence[dict[str, Any]] | None = Non
         + (f", top-p {doc['sampling']['top_p']}" if doc["sampling"].get("top_p", 1.0) < 1.0 else "")
         + (f", top-k {doc['sampling']['top_k']}" if doc["sampling"].get("top_k", 0) > 0 else "")
         + "".join(f", {k.replace('_', ' ')} {v}" for k, v in _adjustments(doc["sampling"]).items())
+        + (f", structured output {doc['sampling']['structured']}" if doc["sampling"].get("structured") else "")
         + f", {doc.get('batching', 'static')} batching",
         "",
     ]

@@ -21,7 +21,8 @@ from ..assets import is_default_drafter
 from ..engine.gc_heap import freeze_heap
 from ..errors import ConfigError
 from ..loading.default import is_default_model
-from .options import add_adjustment_options, add_runtime_options, adjustments, engine_config
+from .options import (add_adjustment_options, add_runtime_options, add_structured_options, adjustments, engine_config,
+                      structured_output)
 
 if TYPE_CHECKING:
     from ..bench.suite import BenchModel, SuiteOptions, SuiteResult, Workload
@@ -60,6 +61,7 @@ def add_run_options(p: argparse.ArgumentParser, max_new_tokens: int, limit: int 
     r.add_argument("--top-k", type=int, default=0, help="top-k sampling (with --temperature > 0; 0 = off)")
     r.add_argument("--ignore-eos", action="store_true", help="always generate --max-new-tokens tokens")
     add_adjustment_options(r)
+    add_structured_options(r)
     r.add_argument("--seed", type=int, default=0, help="engine, random weights and random prompts (default: 0)")
     r.add_argument("--warmup", type=int, default=1,
                    help="untimed warm-up generations per run, then one untimed prefill of every batch the run will "
@@ -101,10 +103,15 @@ def prepare(args: argparse.Namespace) -> Prepared:
         raise ConfigError(f"--warmup must be >= 0 (got {args.warmup})")
     if args.repeats < 1:
         raise ConfigError(f"--repeats must be >= 1 (got {args.repeats})")
+    structured = structured_output(args)
+    if structured is not None and args.random_weights is not None:
+        raise ConfigError("a structured output needs the model's tokenizer: not with --random-weights")
+    if structured is not None and args.peer is not None:
+        raise ConfigError("the peer (--peer hf) does not take a structured output")
     items, count = select_prompts(args.random_weights is not None, args.prompts, limit, sizes)
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                             top_k=args.top_k, ignore_eos=args.ignore_eos or args.random_weights is not None,
-                            **adjustments(args))
+                            **adjustments(args), structured=structured)
     engine = engine_config(args)
     device, dtype = resolve_placement(args.device, args.dtype)
     bw = copy_bandwidth(device)
