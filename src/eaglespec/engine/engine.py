@@ -64,6 +64,7 @@ from .pending_step import PendingStep
 from .prompts import Prompt, encode_prompt
 from .request_checks import check_params, fit_context
 from .row_sampling import StepExtras
+from .overlapped_step import OverlappedStep, constrained
 from .runner import ModelRunner, shape_index, spec_kind
 from .scheduler import Scheduler
 from .scoring import score_prompt
@@ -81,7 +82,7 @@ AUTO_PREFILL_AHEAD_ROWS = 8
 SERVE_LEN = 4096  # default cache positions per row for a long-lived engine, unless EngineConfig.max_seq_len says
 
 
-class Engine:
+class Engine(OverlappedStep):
     plain_note: str | None = None  # api.load: why draft="auto" decodes plainly after measuring this machine
 
     def __init__(
@@ -322,8 +323,8 @@ class Engine:
         lp = self._step_logprobs(reqs)
         self.runner.step_extras = StepExtras.of(q.params for q in reqs)
         # a structured output's masks come from the host in the step: no step is launched ahead of its read
-        constrained = self._constrain(reqs)
-        overlap = self.overlapping and not constrained and not _constrained(self.scheduler.running)
+        masked = self._constrain(reqs)
+        overlap = self.overlapping and not masked and not constrained(self.scheduler.running)
         if batch.kind == "prefill":
             self.step_counts["prefill"] += 1
             for q in reqs:
@@ -361,50 +362,6 @@ class Engine:
             self.runner.release(q.slot)
         return reqs
 
-    def _join_parked(self) -> list[int]:
-        """Requests prefilled ahead take the free rows (`Scheduler.join`, `ModelRunner.move_row`): enqueued copies,
-        no prefill and no synchronisation. Returns the rows taken."""
-        assert self.scheduler is not None
-        joined = []
-        for q, src in self.scheduler.join():
-            self.runner.move_row(src, q.slot)
-            joined.append(q.slot)
-            self.step_counts["join"] += 1
-        return joined
-
-    def _compaction(self) -> list[tuple[int, int]]:
-        """The row moves that would let the running requests' steps replay a smaller graph (`Scheduler.compaction`,
-        by the graphs' batch buckets): none unless `EngineConfig.compact_rows` is on and the graph path runs."""
-        graphs = self.runner.graphs
-        if not self.config.compact_rows or graphs is None or self.scheduler is None:
-            return []
-        return self.scheduler.compaction(graphs.batch_bucket)
-
-    def _compact_rows(self) -> None:
-        """Apply `_compaction` (no step may be in flight: the host lengths are exact): each request's cache entries and
-        row state move to its new row (`ModelRunner.move_row`), enqueued, no synchronisation."""
-        moves = dict(self._compaction())
-        for q in self.scheduler.running if moves else ():
-            dst = moves.get(q.slot)  # type: ignore[arg-type]
-            if dst is not None:
-                self.runner.move_row(q.slot, dst)  # type: ignore[arg-type]
-                self.scheduler.move(q, dst)  # frees the old row; the running list is unchanged
-                self.step_counts["compact"] += 1
-
-    def _launch_running(self, ahead: int = 0) -> None:
-        """Overlap: launch the next step of every running row (read by the next `step()`); `ahead`: positions a still
-        unread step may have added to any row (`ModelRunner.launch`), 0 when nothing is unread. Rows whose request
-        finishes on tokens not yet read compute one step for nothing, which the read drops (`_step_overlapped`)."""
-        assert self.scheduler is not None and self._pending is None
-        running = sorted(self.scheduler.running, key=lambda q: q.slot)
-        rows = [q.slot for q in running]
-        kind = self._step_kind(rows)
-        self._count_step(kind)
-        self.runner.step_extras = StepExtras.of(q.params for q in running)
-        self.runner.constraint = None  # launched steps hold no structured output (`step`, `_step_overlapped`)
-        self._pending = (running, self.runner.launch(kind, rows, all(q.params.greedy for q in running), ahead,
-                                                     self._step_logprobs(running)))
-
     def _step_kind(self, rows: Sequence[int]) -> str:
         """The step for these running rows: "decode" for a plain engine, or while more than
         `EngineConfig.spec_max_rows` rows run; else the speculation shape the schedule gives rows 0..max(rows)
@@ -438,51 +395,6 @@ class Engine:
             q.stats.add(k + 1, S)  # S drafter forwards: S-1 tree levels and the catch-up
             self.stats.add(k + 1, S)
             q.append(toks[: k + 1], lp_rows[i] if lp_rows is not None else None)
-
-    def _step_overlapped(self) -> list[Request]:
-        """Launch the next step of the running rows, then read the launched one's results. Not launched (the
-        pending step is only read) when waiting requests may be admitted (the next step is their prefill), when
-        rows are to be compacted (`_compaction`: the next `step()` moves them), or, speculating, when a row could
-        outgrow its cache: the unread step may have added up to `max_accept`
-        positions, and the next one writes `headroom` past those. A request that finishes on the results read had
-        a token (or tokens) computed by the step just launched: dropped when that step is read; its row is released
-        after that launch, in stream order, so the step cannot write into a row that a new request took."""
-        assert self.scheduler is not None and self._pending is not None
-        reqs, pending = self._pending
-        self._pending = None
-        sched, run = self.scheduler, self.runner
-        # rows freed at the last read go to requests prefilled ahead at once: the next step takes them in; the
-        # copies are enqueued after the pending step, which still computed those rows for their finished requests
-        joined = self._join_parked()
-        running = sched.running
-        ahead = run.spec.max_accept if run.speculative else 0  # the largest shape's
-        fits = all(run.host_len[q.slot] + ahead <= run.max_len for q in running)
-        # not launched when waiting requests may be admitted or rows could be compacted: both need the read first
-        if running and fits and not sched.may_admit() and not self._compaction() and not _constrained(running):
-            self._launch_running(ahead)
-        # a joined row's host length is its new request's (a decode step launched above already counted its token);
-        # the read below advances it for the finished request the pending step computed there: undone
-        held = {s: run.host_len[s] for s in joined}
-        m_host, tok_host = run.collect(pending)
-        live = [i for i, q in enumerate(reqs) if not q.finished]
-        for q in reqs:
-            if q.finished:  # released before this step was read; the read advanced its host length
-                if q.slot in held:  # a request prefilled ahead runs there now
-                    run.host_len[q.slot] = held[q.slot]
-                else:  # still free (admissions wait for the read): inert again
-                    run.release(q.slot)
-        got = [reqs[i] for i in live]
-        # the step's log-probability rows are indexed by row: request i ran in row pending.rows[i]
-        lp_all = pending.logprobs.tolist() if pending.logprobs is not None else None
-        lp_rows = [lp_all[pending.rows[i]] for i in live] if lp_all is not None else None
-        if m_host is None:
-            for j, i in enumerate(live):
-                reqs[i].append([tok_host[i]], lp_rows[j] if lp_rows is not None else None)
-        else:
-            self._append_spec(got, [m_host[i] for i in live], [tok_host[i] for i in live], pending.steps, lp_rows)
-        for q in sched.release_finished():
-            run.release(q.slot)
-        return got
 
     def score(self, ids: Sequence[int], k: int = 0) -> list[TokenLogprob]:
         """Each prompt token's entry given the tokens before it, with its k best alternatives (engine/scoring.py:
@@ -530,7 +442,3 @@ class Engine:
             yield tail
         self.last_request = req
 
-
-def _constrained(reqs: Sequence[Request]) -> bool:
-    """Whether a request among these has a structured output (its steps are not overlapped)."""
-    return any(q.grammar is not None for q in reqs)
