@@ -255,6 +255,36 @@ def test_tree_masks_follow_each_nodes_path():
     assert got[0, 4].all() and got[0, 6].all() and not got[0, 0].all()
 
 
+def test_a_tree_re_chooses_depth_1_only_in_rows_with_a_grammar():
+    """`DraftGuide.rows`: a row without a grammar keeps its stored top-K at depth 1 (its stored logits may be older:
+    graph steps keep none); with every token allowed, the guided tree equals the unguided one."""
+    from eaglespec.spec.draft import DraftGuide, DraftState, draft_tree, topk_logp
+
+    B, K, Vd = 2, 2, 12
+    g = torch.Generator().manual_seed(0)
+    table = torch.randn(Vd, Vd, generator=g)  # a fake drafter: next-token logits by the current token
+
+    def step(tokens, hidden, positions, write, mask, from_target, logits_index):
+        return table[tokens], hidden
+
+    logits = torch.randn(B, Vd, generator=g)
+    ids, logp = topk_logp(logits, K)
+    stale = logits.clone()
+    stale[1] = -logits[1]  # row 1's logits are not the ones its top-K came from
+    hidden = torch.zeros(B, 4)
+    L = torch.tensor([5, 7])
+
+    def draft(state, guide=None):
+        return draft_tree(step, lambda t: t, state, L, 3, K, 16, guide=guide, kernels=False)
+
+    want = draft(DraftState(ids, logp, hidden))
+    guide = DraftGuide(lambda paths: torch.ones(B, len(paths[0]), Vd, dtype=torch.bool), torch.tensor([True, False]))
+    got = draft(DraftState(ids, logp, hidden, stale), guide)
+    assert torch.equal(got.tokens, want.tokens) and torch.allclose(got.scores, want.scores)
+    both = DraftGuide(guide.allowed, torch.tensor([True, True]))  # re-chosen from the stale logits: differs
+    assert not torch.equal(draft(DraftState(ids, logp, hidden, stale), both).tokens[1], want.tokens[1])
+
+
 def test_allowed_tokens_unpacks_llguidance_bits():
     allowed = [bool((t * 13) % 7 < 3) for t in range(100)]
     allowed[31] = allowed[63] = True  # bit 31 of a word: the sign bit

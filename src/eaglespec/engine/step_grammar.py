@@ -33,6 +33,7 @@ import torch
 
 from ..grammar.token_grammar import TokenGrammar, mask_words
 from ..layers.token_mask import allowed_tokens
+from ..spec.draft import DraftGuide
 from ..spec.tree import DraftTree
 
 
@@ -85,8 +86,8 @@ class StepGrammar:
     def _rows(self) -> list[int]:
         return [i for i, g in enumerate(self.grammars) if g is not None]
 
-    def draft_guide(self, target_ids: torch.Tensor) -> Callable[[list[list[list[int]]]], torch.Tensor]:
-        def guide(paths: list[list[list[int]]]) -> torch.Tensor:
+    def draft_guide(self, target_ids: torch.Tensor) -> DraftGuide:
+        def allowed(paths: list[list[list[int]]]) -> torch.Tensor:
             B, J = len(self.grammars), len(paths[0])
             bitmask = torch.full((B, J, self.words), -1, dtype=torch.int32)
             rows = self._rows()
@@ -104,7 +105,8 @@ class StepGrammar:
             _each(row, len(rows))
             return self._upload(bitmask)[..., target_ids]  # [B, J, Vd]
 
-        return guide
+        rows = torch.tensor([g is not None for g in self.grammars], device=self.device)
+        return DraftGuide(allowed, rows)
 
     def tree_masks(self, tree: DraftTree) -> torch.Tensor:
         B, D = tree.tokens.shape

@@ -46,9 +46,16 @@ from ..layers.context import cached_arange, causal_mask, masked_tail, tail_index
 from ..layers.sampling import Draws, greedy_ids, sample_probs
 
 DrafterStep = Callable[..., tuple[torch.Tensor, torch.Tensor]]
-# a draft guide (structured outputs): paths (per row, per node: the target ids drafted below the root) -> the draft
-# tokens the rows' grammars allow after each [B, J, Vd] bool
-DraftGuide = Callable[[list], torch.Tensor]
+
+
+@dataclass
+class DraftGuide:
+    """Structured outputs' guide for drafting: `allowed(paths)`, paths per row and node (the target ids drafted below
+    the root) -> the draft tokens the rows' grammars allow after each, [B, J, Vd] bool (all true in rows without a
+    grammar); `rows` [B] bool: the rows with one. A tree re-chooses depth 1 from the catch-up's logits in those rows
+    only: another row's stored logits may be older than its top-K (a step that kept no logits caught it up since)."""
+    allowed: Callable[[list], torch.Tensor]
+    rows: torch.Tensor
 
 
 @dataclass
@@ -177,8 +184,10 @@ def draft_tree(
     slots, own, depth = _tree_constants(K, steps, dev)
     top_ids, top_logp = state.top_ids, state.top_logp
     if guide is not None:
-        assert state.logits is not None, "guided drafting needs the catch-up's logits (keep_logits)"
-        top_ids, top_logp = topk_logp(_guided(state.logits, guide([[[]] for _ in range(B)])[:, 0]), K)
+        assert state.logits is not None and top_logp is not None, "guided drafting needs the catch-up's logits"
+        g_ids, g_logp = topk_logp(_guided(state.logits, guide.allowed([[[]] for _ in range(B)])[:, 0]), K)
+        top_ids = torch.where(guide.rows[:, None], g_ids, top_ids)
+        top_logp = torch.where(guide.rows[:, None], g_logp, top_logp)
     c_tokens = [to_target(top_ids)]
     c_scores = [top_logp]
     c_parents = [torch.full((B, K), -1, dtype=torch.int64, device=dev)]
@@ -197,7 +206,7 @@ def draft_tree(
         mask = masked_tail(index, before, vis)
         logits, hidden = step(f_tok, f_hidden, positions, write, mask, False, None)
         if guide is not None:
-            logits = _guided(logits, guide(_node_paths(c_tokens, c_parents, f_idx)))
+            logits = _guided(logits, guide.allowed(_node_paths(c_tokens, c_parents, f_idx)))
         ids, logp = topk_logp(logits, K)  # [B, K, K]
         scores = (f_score[:, :, None] + logp).reshape(B, K * K)
         toks = to_target(ids).reshape(B, K * K)
@@ -317,7 +326,7 @@ def draft_chain(
     if guide is not None:
         assert state.logits is not None, "guided drafting needs the catch-up's logits (keep_logits)"
         state = DraftState(state.top_ids, state.top_logp, state.hidden,
-                           _guided(state.logits, guide([[[]] for _ in range(B)])[:, 0]))
+                           _guided(state.logits, guide.allowed([[[]] for _ in range(B)])[:, 0]))
         if sampling is None:
             state.top_ids = greedy_ids(state.logits)[:, None]
     if sampling is None:
@@ -333,7 +342,7 @@ def draft_chain(
         at = at_all[entry][:, None]  # [B, 1]
         logits, hidden = step(tok, hidden, at, at, masks[entry][:, None, :], False, None)
         if guide is not None:
-            logits = _guided(logits, guide([[path] for path in torch.cat(c_tokens, 1).tolist()]))
+            logits = _guided(logits, guide.allowed([[path] for path in torch.cat(c_tokens, 1).tolist()]))
         if sampling is None:
             if target_ids is not None:
                 tok = greedy_ids(logits[:, 0], target_ids)[:, None]  # [B, 1]
