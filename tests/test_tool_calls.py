@@ -101,3 +101,23 @@ def test_streams_hold_back_what_may_open_a_call():
     assert named.feed('{"city": ') == "" and named.feed('"Paris"}') == ""
     rest, calls, finish = named.finish("stop")
     assert rest == "" and finish == "tool_calls" and calls[0]["function"]["arguments"] == '{"city": "Paris"}'
+
+
+def test_tools_reach_the_chat_template(smollm2):
+    """`tools` go to the template as its `tools` variable (a template that renders them shows them), and the
+    messages of an earlier call (assistant tool_calls, a tool result) pass through."""
+    import copy
+
+    from eaglespec.engine.prompts import encode_prompt
+
+    tok = copy.copy(smollm2.tokenizer)  # the session's tokenizer stays as it is
+    tok.chat_template = ("{% for t in tools or [] %}[{{ t.function.name }}]{% endfor %}"
+                         "{% for m in messages %}{{ m.role }}:{{ m.content or '' }}"
+                         "{% for c in m.tool_calls or [] %}({{ c.function.name }}){% endfor %};{% endfor %}")
+    messages = [{"role": "user", "content": "hi"},
+                {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function",
+                                                      "function": {"name": "get_weather", "arguments": "{}"}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]
+    ids = encode_prompt(tok, messages, True, tools=[WEATHER, TIME])
+    assert tok.decode(ids) == "[get_weather][get_time]user:hi;assistant:(get_weather);tool:sunny;"
+    assert tok.decode(encode_prompt(tok, messages[:1], True)) == "user:hi;"

@@ -331,7 +331,7 @@ def create_app(worker: EngineWorker, model_name: str, default_temperature: float
     async def tokenize(body: schemas.TokenizeRequest) -> dict[str, Any]:
         check_model(body.model)
         prompt, chat = user_input(body.to_prompt)
-        ids = user_input(lambda: encode_prompt(tokenizer, prompt, chat))
+        ids = user_input(lambda: encode_prompt(tokenizer, prompt, chat, body.tools if chat else None))
         eng = worker.engine  # the positions a sequence may hold: the worker's reserve, less the drafts' headroom
         limit = min(worker.max_len, eng.context_len - eng.runner.headroom())
         return {"count": len(ids), "max_model_len": limit, "tokens": ids}

@@ -294,11 +294,13 @@ class CompletionRequest(SampledRequest):
 
 class TokenizeRequest(_Body):
     """vLLM's `POST /tokenize`: a text prompt (as /v1/completions encodes it) or chat messages (as /v1/chat/completions
-    does: the chat template with the generation prompt), exactly one of them; text only."""
+    does: the chat template with the generation prompt, and `tools` as the chat template renders them), exactly one
+    of them; text only."""
 
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
+    tools: list[Any] | None = None
 
     def to_prompt(self) -> tuple[Any, bool]:
         """(the prompt for `encode_prompt`, whether it is a chat)."""
