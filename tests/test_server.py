@@ -475,6 +475,29 @@ def test_structured_outputs_in_each_spelling_equal_plain_decoding(server, plain)
     assert r.status_code == 200 and r.json()["choices"][0]["text"].startswith("{")
 
 
+def test_grammars_compile_off_the_engine_thread(server, monkeypatch):
+    """A structured request's grammar compiles on the HTTP side (an executor thread), one per choice, not in the
+    engine's loop, whose other requests would wait for a complex schema; a bad one is a 400 before it queues."""
+    import threading
+
+    from eaglespec.grammar.compiler import GrammarCompiler
+
+    threads = []
+    compile_ = GrammarCompiler.compile
+
+    def recording(self, output):
+        threads.append(threading.current_thread().name)
+        return compile_(self, output)
+
+    monkeypatch.setattr(GrammarCompiler, "compile", recording)
+    r = server.post("/v1/chat/completions", json=chat_body("Pick one.", 6, n=2, guided_choice=["yes", "no"]))
+    assert r.status_code == 200, r.text
+    assert [c["message"]["content"] in ("yes", "no") for c in r.json()["choices"]] == [True, True]
+    assert len(threads) == 2 and "eaglespec-engine" not in threads, threads
+    r = server.post("/v1/chat/completions", json=chat_body("Pick one.", 6, guided_regex="(ab"))
+    assert r.status_code == 400 and len(threads) == 3
+
+
 def test_tool_calls_named_required_and_auto(server, plain):
     """tool_choice naming a function holds the answer to its parameters (the call's arguments: plain constrained
     decoding's JSON); "required" to an array of calls; "auto" reads calls out of a free answer (SmolLM2's template

@@ -221,9 +221,11 @@ class Engine(OverlappedStep):
         return self._enqueue(ids, mm, params, stream=stream)
 
     def add_prepared(self, ids: list[int], mm: object, params: SamplingParams = SamplingParams(),
-                     stream: bool = True) -> Request:
-        """Queue a request from `prepare`'s output (`add_request` is both in one call)."""
-        return self._enqueue(ids, mm, params, stream=stream)
+                     stream: bool = True, grammar: "TokenGrammar | None" = None) -> Request:
+        """Queue a request from `prepare`'s output (`add_request` is both in one call). `grammar`: its structured
+        output's grammar from `compile_grammar`, compiled beforehand on another thread (a server: a complex schema
+        compiles for up to a second, which the engine's loop would otherwise wait for); None: compiled here."""
+        return self._enqueue(ids, mm, params, stream=stream, grammar=grammar)
 
     def _fit(self, n_prompt: int, params: SamplingParams) -> SamplingParams:
         """`params` with max_new_tokens clipped to the context left after a prompt of n_prompt tokens; an empty or
@@ -250,7 +252,8 @@ class Engine(OverlappedStep):
         n = self.warmup((1,), params.greedy, prefill=False)
         return n + (0 if images else graphs.precapture_prefill(params.greedy, only=len(ids)))
 
-    def _enqueue(self, ids: list[int], mm: object, params: SamplingParams, stream: bool = True) -> Request:
+    def _enqueue(self, ids: list[int], mm: object, params: SamplingParams, stream: bool = True,
+                 grammar: "TokenGrammar | None" = None) -> Request:
         check_params(params, self.target_config.vocab_size, self.eos_ids, self.config.max_logprobs)
         params = self._fit(len(ids), params)
         max_new = params.max_new_tokens
@@ -266,8 +269,10 @@ class Engine(OverlappedStep):
                 )
             self._ensure_capacity(self.runner.step_rows, need)
         assert self.scheduler is not None
+        if grammar is None:
+            grammar = self.compile_grammar(params)
         req = Request(self._next_id, ids, params, self.eos_ids, self.tokenizer, mm_inputs=mm, stream=stream,
-                      grammar=self._grammar(params))
+                      grammar=grammar)
         self._next_id += 1
         self.scheduler.add(req)
         return req
@@ -278,8 +283,9 @@ class Engine(OverlappedStep):
         if self._grammars is not None:
             self._grammars.warm()
 
-    def _grammar(self, params: SamplingParams) -> "TokenGrammar | None":
-        """A structured-output request's grammar at its start (grammar/compiler.py), or None."""
+    def compile_grammar(self, params: SamplingParams) -> "TokenGrammar | None":
+        """A structured-output request's grammar at its start (grammar/compiler.py), or None; safe to call from
+        another thread than the one stepping the engine (a request's own grammar, the compiler's caches locked)."""
         if params.structured is None:
             return None
         if self._grammars is None:

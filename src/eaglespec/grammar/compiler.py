@@ -14,6 +14,7 @@ llguidance is imported here only, on first use: an engine that never sees a stru
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -55,11 +56,13 @@ class GrammarCompiler:
         self.tokenizer, self.vocab, self.eos_ids = tokenizer, vocab, list(eos_ids)
         self._ll_tokenizer: Any = None
         self._grammars: OrderedDict[StructuredOutput, str] = OrderedDict()
+        self._lock = threading.Lock()  # compile() runs on a server's HTTP threads too (Engine.compile_grammar)
 
     def ll_tokenizer(self) -> Any:
-        if self._ll_tokenizer is None:
-            self._ll_tokenizer = _ll_tokenizer(self.tokenizer, self.vocab, self.eos_ids)
-        return self._ll_tokenizer
+        with self._lock:
+            if self._ll_tokenizer is None:
+                self._ll_tokenizer = _ll_tokenizer(self.tokenizer, self.vocab, self.eos_ids)
+            return self._ll_tokenizer
 
     def warm(self) -> None:
         """Convert the tokenizer now (a server at start); one llguidance cannot read is left to refuse the requests
@@ -75,20 +78,23 @@ class GrammarCompiler:
         text = self._grammar_text(output)
         matcher = llguidance.LLMatcher(self.ll_tokenizer(), text, log_level=0)
         if matcher.is_error():
-            self._grammars.pop(output, None)
+            with self._lock:
+                self._grammars.pop(output, None)
             raise RequestError(f"the structured output's {output.kind.replace('_', ' ')} does not compile: "
                                f"{_first_line(matcher.get_error())}")
         return _MatcherGrammar(matcher)
 
     def _grammar_text(self, output: StructuredOutput) -> str:
-        text = self._grammars.get(output)
-        if text is None:
-            text = _grammar_text(output)
+        with self._lock:
+            text = self._grammars.get(output)
+            if text is not None:
+                self._grammars.move_to_end(output)
+                return text
+        text = _grammar_text(output)
+        with self._lock:
             self._grammars[output] = text
             if len(self._grammars) > GRAMMAR_CACHE:
                 self._grammars.popitem(last=False)
-        else:
-            self._grammars.move_to_end(output)
         return text
 
 

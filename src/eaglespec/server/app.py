@@ -149,9 +149,19 @@ def create_app(worker: EngineWorker, model_name: str, default_temperature: float
         check_model(body.model)
         params = user_input(lambda: body.sampling(default_temperature))
         echo = bool(getattr(body, "echo", False))  # completions only
+        n = len(prompts) * body.n
+        grammars = [None] * n
+        if params.structured is not None:  # compiled here, off the engine's loop (a complex schema takes up to ~1 s)
+            loop = asyncio.get_running_loop()
+            compile_one = functools.partial(worker.engine.compile_grammar, params)
+            try:
+                grammars = await asyncio.gather(*(loop.run_in_executor(None, compile_one) for _ in range(n)))
+            except EaglespecError as e:
+                raise HTTPError(400, str(e)) from None
         tickets = [worker.submit(prompt, _choice(params, j), chat=chat, max_tokens=body.requested_tokens,
-                                 stream=body.stream, images=images, echo=echo, tools=tools)
-                   for prompt in prompts for j in range(body.n)]
+                                 stream=body.stream, images=images, echo=echo, tools=tools,
+                                 grammar=grammars[p * body.n + j])
+                   for p, prompt in enumerate(prompts) for j in range(body.n)]
         try:
             events = [await t.events.get() for t in tickets]
         except BaseException:  # the client went away before the worker took the request

@@ -69,6 +69,7 @@ class Ticket:
     first_token_at: float | None = None
     echo: bool = False  # the prompt comes back first (a "prompt" event), scored when log-probabilities are asked
     tools: list | None = None  # OpenAI's tool definitions, for the chat template
+    grammar: Any = None  # the structured output's grammar, compiled by the HTTP side (Engine.compile_grammar)
 
     def put(self, event: tuple) -> None:
         if self.loop is not None:
@@ -145,14 +146,14 @@ class EngineWorker:
 
     def submit(self, prompt: Prompt, params: SamplingParams, chat: bool = True, max_tokens: int | None = None,
                stream: bool = True, images: list | None = None, echo: bool = False,
-               tools: list | None = None) -> Ticket:
+               tools: list | None = None, grammar: Any = None) -> Ticket:
         try:
             loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
             events: Any = asyncio.Queue()
         except RuntimeError:
             loop, events = None, queue.Queue()
         ticket = Ticket(prompt, params, chat, max_tokens, stream, images or None, events, loop, self, echo=echo,
-                        tools=tools or None)
+                        tools=tools or None, grammar=grammar)
         if not self.alive:
             ticket.put(("error", f"the engine has stopped: {self.failure or 'shut down'}", 503))
             return ticket
@@ -235,7 +236,7 @@ class EngineWorker:
                                    f"server's {limit} tokens per sequence (--max-seq-len, the model's context)")
             else:
                 params = replace(t.params, max_new_tokens=t.max_tokens)
-            t.request = eng.add_prepared(ids, mm, params, stream=t.stream)
+            t.request = eng.add_prepared(ids, mm, params, stream=t.stream, grammar=t.grammar)
         except EaglespecError as e:
             t.put(("error", str(e), 400))
             return
