@@ -51,8 +51,9 @@ def test_constrained_answers_become_calls():
     assert content is None and finish == "tool_calls"
     assert calls[0]["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'}
     assert calls[0]["type"] == "function" and calls[0]["id"].startswith("call_")
-    # cut by max_tokens: the JSON is incomplete, so it stays text
+    # cut by max_tokens, or by a stop string: the JSON is incomplete, so it stays text
     assert named.message('{"city": "Pa', "length") == ('{"city": "Pa', None, "length")
+    assert named.message('{"city": "Pa', "stop") == ('{"city": "Pa', None, "stop")
     required = plan_tools([WEATHER, TIME], "required")
     _, calls, finish = required.message('[{"name": "get_time", "parameters": {}}, '
                                         '{"name": "get_weather", "parameters": {"city": "Oslo"}}]', "stop")

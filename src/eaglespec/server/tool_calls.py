@@ -68,11 +68,14 @@ class ToolPlan:
             if not calls:
                 return text, None, finish_reason
             return rest.strip() or None, calls, "tool_calls"
-        if finish_reason != "stop":  # cut by max_tokens (or aborted): incomplete JSON stays text
+        try:  # the grammar held it to the calls' JSON, unless it was cut (max_tokens, a stop string, an abort)
+            value = json.loads(text) if finish_reason == "stop" else None
+        except json.JSONDecodeError:
+            value = None
+        if value is None:  # incomplete JSON stays text
             return text, None, finish_reason
-        value = json.loads(text)  # the grammar held it to valid JSON
-        if self.mode == "named":
-            return None, [_call(self.name or "", value)], "tool_calls"
+        if self.mode == "named":  # the arguments as the model wrote them
+            return None, [_call(self.name or "", text)], "tool_calls"
         return None, [_call(c["name"], c["parameters"]) for c in value], "tool_calls"
 
     def stream(self) -> "ToolStream":
@@ -100,7 +103,7 @@ class ToolStream:
     def finish(self, finish_reason: str) -> tuple[str, list[dict] | None, str]:
         """(the content not sent yet, the calls, the finish reason). The content sent before a call is the text
         before its tag: streamed, the content may keep whitespace around the calls that the whole answer strips."""
-        content, calls, reason = self.plan.message(self.text, finish_reason)
+        _, calls, reason = self.plan.message(self.text, finish_reason)
         if calls is None:
             return self.text[self.sent:], None, reason
         if self.plan.mode == "auto":  # the text outside the calls, less what went out before the first tag
