@@ -76,7 +76,10 @@ class ToolPlan:
             return text, None, finish_reason
         if self.mode == "named":  # the arguments as the model wrote them
             return None, [_call(self.name or "", text)], "tool_calls"
-        return None, [_call(c["name"], c["parameters"]) for c in value], "tool_calls"
+        try:
+            return None, [_call(c["name"], c["parameters"]) for c in value], "tool_calls"
+        except (KeyError, TypeError):  # valid JSON of another shape: only a cut answer could be one
+            return text, None, finish_reason
 
     def stream(self) -> "ToolStream":
         return ToolStream(self)
