@@ -94,7 +94,7 @@ def check_schema(doc: dict) -> None:
     assert sum(r["runs"] for r in doc["summary"]) == len(doc["records"])
     assert doc["command"].startswith("eaglespec ")
     assert set(doc["sampling"]) == {"max_new_tokens", "temperature", "top_p", "top_k", "ignore_eos", "seed", "min_p",
-                                    "repetition_penalty", "frequency_penalty", "presence_penalty"}
+                                    "repetition_penalty", "frequency_penalty", "presence_penalty", "structured"}
     assert set(doc["engine"]) == {"cuda_graphs", "fuse_projections", "compile", "overlap", "spec_max_rows",
                                   "min_prefill_rows", "prefill_ahead", "compact_rows"}
     assert doc["machine"]["device"] == "cpu" and doc["machine"]["copy_bandwidth_gb_s"] is None

@@ -168,7 +168,7 @@ def test_deltas_queued_behind_one_go_in_one_chunk():
         alive = True
         tokenizer = None
 
-        def submit(self, prompt, params, chat, max_tokens, stream, images, echo=False, tools=None):
+        def submit(self, prompt, params, chat, max_tokens, stream, images, echo=False, tools=None, grammar=None):
             q: asyncio.Queue = asyncio.Queue()
             for event in [("accepted", 3), ("delta", "Hel", []), ("delta", "lo", []), ("delta", "!", []),
                           ("done", "stop", 3, None)]:
@@ -196,7 +196,7 @@ def test_an_api_key_guards_the_v1_routes():
         tokenizer = None
         metrics = ServerMetrics(running=lambda: 0, waiting=lambda: 0)
 
-        def submit(self, prompt, params, chat, max_tokens, stream, images, echo=False, tools=None):
+        def submit(self, prompt, params, chat, max_tokens, stream, images, echo=False, tools=None, grammar=None):
             q: asyncio.Queue = asyncio.Queue()
             for event in [("accepted", 3), ("delta", "Hi", []), ("done", "stop", 1, None)]:
                 q.put_nowait(event)
