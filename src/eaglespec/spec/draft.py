@@ -28,6 +28,9 @@ Conventions (L = committed length of row b, equal for the target and the drafter
   catch-up (`DraftState.logits`, the last committed entry's logits, kept for chains). Each level's q and its draw
   come from one `sample_probs` call (on CUDA: the probability kernels run the exponential race and the merge maps
   the draft id to the target id), with no log-probabilities. Trees keep deterministic top-K drafts.
+- Structured outputs (`guide`, a `DraftGuide`, in eager steps only): each level's drafter logits are masked to the
+  draft tokens the rows' grammars allow after each frontier node's path (the paths read on the host), and depth 1
+  is re-chosen from the catch-up's stored logits, so that drafts stay inside the grammar the verify masks by.
 - A chain's catch-up takes the argmax of the logits and no log-probabilities (`DraftState.top_logp` None): no chain
   uses scores (it keeps all its candidates). So chain steps skip the float copy, log-softmax and max over the draft
   vocabulary (~20 us of single-block kernels per catch-up on the H200).
