@@ -162,6 +162,13 @@ def test_tool_calls_through_the_client(client):
     assert deltas and deltas[0].function.name == "get_weather"
     assert json.loads(deltas[0].function.arguments) == {"city": "Paris"}
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    # a named call streams its arguments: the SDK's stream helper puts them together
+    with client.chat.completions.stream(model=NAME, messages=messages, max_tokens=30, temperature=0, tools=[tool],
+                                        tool_choice={"type": "function", "function": {"name": "get_weather"}}
+                                        ) as stream:
+        final = stream.get_final_completion()
+    (call,) = final.choices[0].message.tool_calls
+    assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {"city": "Paris"}
 
 
 def test_the_clients_exceptions(client, base_url):

@@ -518,15 +518,16 @@ def test_tool_calls_named_required_and_auto(server, plain):
     assert call["type"] == "function" and call["id"].startswith("call_")
     assert call["function"] == {"name": "get_weather", "arguments": want}
     assert json.loads(want)["city"] == "Paris"
-    # streamed: no content, then the call whole
+    # streamed: no content; the call's name first, then its arguments as they come
     with server.stream("POST", "/v1/chat/completions",
                        json=chat_body(question, 40, tools=[WEATHER_TOOL], tool_choice=named, stream=True)) as r:
         chunks = sse_events(r)[:-1]
     assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks) == ""
-    last = chunks[-1]["choices"][0]
-    assert last["finish_reason"] == "tool_calls"
-    assert last["delta"]["tool_calls"][0]["function"] == {"name": "get_weather", "arguments": want}
-    assert last["delta"]["tool_calls"][0]["index"] == 0
+    calls = [t for c in chunks for t in c["choices"][0]["delta"].get("tool_calls", [])]
+    assert calls[0]["function"]["name"] == "get_weather" and calls[0]["id"].startswith("call_")
+    assert len(calls) > 2 and {t["index"] for t in calls} == {0}
+    assert "".join(t["function"]["arguments"] for t in calls) == want
+    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
     # required: an array of calls, each of one of the tools
     r = server.post("/v1/chat/completions", json=chat_body("What time is it in Tokyo?", 60,
                                                             tools=[WEATHER_TOOL, TIME_TOOL], tool_choice="required"))

@@ -83,25 +83,43 @@ def test_auto_reads_hermes_calls_out_of_the_text():
 
 def test_streams_hold_back_what_may_open_a_call():
     auto = plan_tools([WEATHER], "auto").stream()
-    assert auto.feed("Let me") == "Let me"
-    assert auto.feed(" check <") == " check "  # "<" may open a tag
-    assert auto.feed("b>") == "<b>"  # it did not
-    assert auto.feed(" ok <tool") == " ok "
-    assert auto.feed('_call>{"name": "get_weather", "arguments": {"city": "Rome"}}') == ""
-    assert auto.feed("</tool_call> Done.") == ""
-    rest, calls, finish = auto.finish("stop")
-    assert rest == " Done." and finish == "tool_calls" and len(calls) == 1
-    assert json.loads(calls[0]["function"]["arguments"]) == {"city": "Rome"}
+    assert auto.feed("Let me") == {"content": "Let me"}
+    assert auto.feed(" check <") == {"content": " check "}  # "<" may open a tag
+    assert auto.feed("b>") == {"content": "<b>"}  # it did not
+    assert auto.feed(" ok <tool") == {"content": " ok "}
+    assert auto.feed('_call>{"name": "get_weather", "arguments": {"city": "Rome"}}') == {"content": ""}
+    assert auto.feed("</tool_call> Done.") == {"content": ""}
+    delta, finish = auto.finish("stop")
+    assert delta["content"] == " Done." and finish == "tool_calls" and len(delta["tool_calls"]) == 1
+    call = delta["tool_calls"][0]
+    assert call["index"] == 0 and json.loads(call["function"]["arguments"]) == {"city": "Rome"}
     # without calls the held-back tail comes at the end
     plain = plan_tools([WEATHER], "auto").stream()
-    assert plain.feed("a <tool") == "a "
-    assert plain.finish("length") == ("<tool", None, "length")
+    assert plain.feed("a <tool") == {"content": "a "}
+    assert plain.finish("length") == ({"content": "<tool"}, "length")
     assert OPEN == "<tool_call>"
-    # constrained: nothing streams as content, the call comes at the end
+    # "required": nothing until the end, then the calls
+    required = plan_tools([WEATHER], "required").stream()
+    assert required.feed('[{"name": "get_weather", ') == {}
+    assert required.feed('"parameters": {"city": "Oslo"}}]') == {}
+    delta, finish = required.finish("stop")
+    assert finish == "tool_calls" and delta["tool_calls"][0]["function"]["name"] == "get_weather"
+
+
+def test_a_named_call_streams_its_arguments():
+    """As vLLM streams them: the call's id, type and name first, then its arguments piece by piece; the client's
+    concatenation is the whole answer's arguments."""
     named = plan_tools([WEATHER], {"type": "function", "function": {"name": "get_weather"}}).stream()
-    assert named.feed('{"city": ') == "" and named.feed('"Paris"}') == ""
-    rest, calls, finish = named.finish("stop")
-    assert rest == "" and finish == "tool_calls" and calls[0]["function"]["arguments"] == '{"city": "Paris"}'
+    first = named.feed('{"city": ')
+    (head,) = first["tool_calls"]
+    assert head["index"] == 0 and head["type"] == "function" and head["id"].startswith("call_")
+    assert head["function"] == {"name": "get_weather", "arguments": '{"city": '}
+    assert named.feed("") == {}
+    assert named.feed('"Paris"}') == {"tool_calls": [{"index": 0, "function": {"arguments": '"Paris"}'}}]}
+    assert named.finish("stop") == ({}, "tool_calls")
+    cut = plan_tools([WEATHER], {"type": "function", "function": {"name": "get_weather"}}).stream()
+    cut.feed('{"ci')
+    assert cut.finish("length") == ({}, "length")  # partial arguments, as the reason says
 
 
 def test_tools_reach_the_chat_template(smollm2):

@@ -20,8 +20,8 @@ Contract of `create_app(worker, model_name, default_temperature, api_key)`:
 - `tools` reach the chat template, and the answer is read for calls (tool_calls.py): `tool_choice` "required" or a
   named function holds it to the calls' JSON (a structured output), "auto" reads Hermes-style `<tool_call>` blocks
   out of a free answer; the message then has `tool_calls` (content null when there is none besides) and the finish
-  reason "tool_calls". Streamed, content goes out as it comes (auto holds back a tail that may open a tag) and each
-  call whole in the last chunk.
+  reason "tool_calls". Streamed, content goes out as it comes (auto holds back a tail that may open a tag), a named
+  function's arguments as they come, other calls whole in the last chunk.
 - `POST /tokenize` (vLLM's): a text `prompt` as /v1/completions encodes it, or `messages` as /v1/chat/completions
   does -> {count, max_model_len (the positions a sequence may hold), tokens}; `POST /detokenize`: {tokens} ->
   {prompt} (special tokens kept). Both on the HTTP thread, beside the engine's loop.
@@ -305,14 +305,11 @@ def create_app(worker: EngineWorker, model_name: str, default_temperature: float
                 return schemas.completion_chunk(rid, model_name, text or "", finish, i, lp)
 
             def tool_chunk(reader: ToolStream, i: int, text: str | None, finish: str | None, lp: dict | None) -> dict:
-                """A chunk of a choice read for tools: the content that may go now; at the end what was held back,
-                and the calls (each whole, in one delta)."""
+                """A chunk of a choice read for tools (tool_calls.ToolStream): the content, or a named call's
+                arguments, that may go now; at the end what was held back, and the calls not sent yet."""
                 if finish is None:
-                    return schemas.chat_chunk(rid, model_name, {"content": reader.feed(text or "")}, None, i, lp)
-                rest, calls, finish = reader.finish(finish)
-                delta: dict[str, Any] = {"content": rest} if rest else {}
-                if calls:
-                    delta["tool_calls"] = [{"index": k, **c} for k, c in enumerate(calls)]
+                    return schemas.chat_chunk(rid, model_name, reader.feed(text or ""), None, i, lp)
+                delta, finish = reader.finish(finish)
                 return schemas.chat_chunk(rid, model_name, delta, finish, i, lp)
 
             def first(i: int) -> dict:

@@ -14,9 +14,12 @@ Contract:
   A tool without a name, a named choice that names no tool, and an unknown choice are refused with one sentence.
 - `ToolPlan.message(text, finish_reason)` -> (content or None, tool_calls or None, finish_reason): a whole answer
   read; a constrained answer cut by max_tokens stays content (its JSON is incomplete).
-- `ToolPlan.stream()` -> a `ToolStream`: `feed(delta)` gives the content that may go out now (auto: text held
-  back while it may be the start of a `<tool_call>` tag; constrained: nothing), `finish(text, reason)` the rest
-  and the calls, as `message` reads the whole text.
+- `ToolPlan.stream()` -> a `ToolStream`: `feed(text)` gives the chat delta that may go out now: content (auto:
+  text held back while it may be the start of a `<tool_call>` tag), or for a named function its call, its id and
+  name first, then its arguments as they come (as vLLM streams them; "required" sends nothing until the end);
+  `finish(reason)` the last delta (what was held back, the calls not sent yet) and the finish reason, as `message`
+  reads the whole text. A streamed named call cut by max_tokens ends with partial arguments and reason "length"
+  (the whole answer's message gives that text as content instead).
 Each call is `{"id": "call_...", "type": "function", "function": {"name": ..., "arguments": JSON text}}`.
 """
 
@@ -88,30 +91,52 @@ class ToolPlan:
 @dataclass
 class ToolStream:
     plan: ToolPlan
-    sent: int = 0  # characters of the text already sent as content
+    sent: int = 0  # characters of the text already sent (as content, or as a named call's arguments)
     text: str = field(default="")
+    call: dict | None = None  # a named function's call, once its first delta went out
 
-    def feed(self, delta: str) -> str:
+    def feed(self, delta: str) -> dict:
         self.text += delta
-        if self.plan.mode == "none":
-            return self._send(len(self.text))
-        if self.plan.mode != "auto":
-            return ""
+        mode = self.plan.mode
+        if mode == "none":
+            return {"content": self._send(len(self.text))}
+        if mode == "named":
+            args = self._send(len(self.text))
+            if self.call is None:
+                self.call = _call(self.plan.name or "", "")
+                return {"tool_calls": [{"index": 0, **self.call, "function": {"name": self.plan.name,
+                                                                             "arguments": args}}]}
+            return {"tool_calls": [{"index": 0, "function": {"arguments": args}}]} if args else {}
+        if mode != "auto":
+            return {}
         start = self.text.find(OPEN, self.sent)
         if start >= 0:  # a call began: the content before it goes; the rest waits for the end
-            return self._send(start)
+            return {"content": self._send(start)}
         keep = _partial_tag(self.text)  # a tail that may open a tag
-        return self._send(len(self.text) - keep)
+        return {"content": self._send(len(self.text) - keep)}
 
-    def finish(self, finish_reason: str) -> tuple[str, list[dict] | None, str]:
-        """(the content not sent yet, the calls, the finish reason). The content sent before a call is the text
-        before its tag: streamed, the content may keep whitespace around the calls that the whole answer strips."""
+    def finish(self, finish_reason: str) -> tuple[dict, str]:
+        """(the last delta, the finish reason). The content sent before a call is the text before its tag: streamed,
+        the content may keep whitespace around the calls that the whole answer strips."""
+        delta: dict = {}
+        if self.plan.mode == "named":  # the call went out as the text came
+            rest = self._send(len(self.text))
+            if rest:
+                delta["tool_calls"] = [{"index": 0, "function": {"arguments": rest}}]
+            done = self.call is not None and self.plan.message(self.text, finish_reason)[1] is not None
+            return delta, "tool_calls" if done else finish_reason
         _, calls, reason = self.plan.message(self.text, finish_reason)
         if calls is None:
-            return self.text[self.sent:], None, reason
-        if self.plan.mode == "auto":  # the text outside the calls, less what went out before the first tag
-            return _hermes(self.text)[0][self.sent:].rstrip(), calls, reason
-        return "", calls, reason
+            rest = self.text[self.sent:]
+        elif self.plan.mode == "auto":  # the text outside the calls, less what went out before the first tag
+            rest = _hermes(self.text)[0][self.sent:].rstrip()
+        else:
+            rest = ""
+        if rest:
+            delta["content"] = rest
+        if calls:
+            delta["tool_calls"] = [{"index": k, **c} for k, c in enumerate(calls)]
+        return delta, reason
 
     def _send(self, upto: int) -> str:
         out = self.text[self.sent:upto]
