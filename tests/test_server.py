@@ -551,6 +551,20 @@ def test_tool_calls_named_required_and_auto(server, plain):
     assert r.status_code == 200, r.text
 
 
+def test_skip_special_tokens_false_keeps_them_in_the_text(server, plain):
+    """vLLM's skip_special_tokens: a special token the answer holds (here <|im_start|>, forced by logit_bias, EOS
+    ignored) is in the text only when asked, whole and streamed."""
+    body = chat_body(QUESTIONS[0], 3, logit_bias={"1": 100}, ignore_eos=True)
+    r = server.post("/v1/chat/completions", json=body)
+    assert r.json()["choices"][0]["message"]["content"] == ""
+    r = server.post("/v1/chat/completions", json={**body, "skip_special_tokens": False})
+    assert r.json()["choices"][0]["message"]["content"] == "<|im_start|>" * 3
+    with server.stream("POST", "/v1/chat/completions",
+                       json={**body, "skip_special_tokens": False, "stream": True}) as r:
+        chunks = sse_events(r)[:-1]
+    assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks) == "<|im_start|>" * 3
+
+
 def test_tokenize_and_detokenize(server, smollm2):
     """vLLM's /tokenize (a text prompt as completions encode it, messages as chat completions do) and /detokenize."""
     tok = smollm2.tokenizer

@@ -23,6 +23,8 @@ class SamplingParams:
     # False: no text while generating (no per-token detokenization on the host); the text is decoded once at the end
     # (throughput jobs such as drafter-data regeneration). Stop strings need it.
     detokenize: bool = True
+    # vLLM's: False keeps special tokens (<|im_start|>, a model's tool-call markers) in the text
+    skip_special_tokens: bool = True
     # > 0: finish (reason "loop") before the first output token that lies deeper than this many tokens into a
     # repetition loop (repetition.py: each token completing an 8-gram already in the output); regeneration for drafter
     # training (`--regen-stop-loop`), whose loss skips such tokens anyway (`--loop-keep`). 0: off

@@ -95,7 +95,7 @@ class Request:
     def __post_init__(self) -> None:
         self.stop_ids = self.params.ending_ids(self.eos_ids)
         if self.tokenizer is not None and self.params.detokenize and (self.stream or self.params.stop):
-            self._detok = IncrementalDetokenizer(self.tokenizer)
+            self._detok = IncrementalDetokenizer(self.tokenizer, self.params.skip_special_tokens)
         if self.params.stop_loop:
             self._loops = LoopTracker()
         if self.params.logprobs is not None:
@@ -148,7 +148,7 @@ class Request:
             if self._detok is not None and not (self.params.stop and self.finish_reason == "stop"):
                 self.text += self._detok.finish()
             elif self._detok is None and self.tokenizer is not None:
-                self.text = self.tokenizer.decode(self.output_ids, skip_special_tokens=True)
+                self.text = self.tokenizer.decode(self.output_ids, skip_special_tokens=self.params.skip_special_tokens)
         return taken
 
     def _cut_at_stop(self, old_len: int) -> bool:

@@ -5,7 +5,7 @@ clients send many); `.sampling(default_temperature)` turns one into `SamplingPar
 picks the room left in its cache) and raises `RequestError` with one sentence for what this server does not do
 (more than MAX_N choices, or MAX_CHOICES over a completion's prompts, the deprecated functions, OpenAI's predicted
 outputs, vLLM's beam search, bad_words,
-prompt_logprobs, truncate_prompt_tokens and skip_special_tokens false, suffix, best_of other than n, images other
+prompt_logprobs, truncate_prompt_tokens, suffix, best_of other than n, images other
 than data: URLs),
 rather than ignoring it. A sampled request's `seed` becomes its own random stream (`SamplingParams.seed`); a greedy
 request's changes nothing. OpenAI's `frequency_penalty`, `presence_penalty` and `logit_bias` (token id strings to
@@ -153,7 +153,7 @@ class SampledRequest(_Body):
     bad_words: list[str] | None = None
     prompt_logprobs: int | None = None
     truncate_prompt_tokens: int | None = None
-    skip_special_tokens: bool = True
+    skip_special_tokens: bool = True  # vLLM's: false keeps special tokens in the text (SamplingParams)
     # structured outputs (structured_fields.py): OpenAI's (also on completions, as vLLM takes it), vLLM's, SGLang's
     response_format: dict[str, Any] | None = None
     guided_json: Any = None
@@ -170,7 +170,6 @@ class SampledRequest(_Body):
             raise RequestError(f"n must be between 1 and {MAX_N} (got {self.n})")
         refused = {"use_beam_search": self.use_beam_search, "length_penalty": self.length_penalty != 1,
                    "bad_words": bool(self.bad_words), "truncate_prompt_tokens": self.truncate_prompt_tokens is not None,
-                   "skip_special_tokens": not self.skip_special_tokens,
                    "prompt_logprobs": self.prompt_logprobs is not None}
         for name, asked in refused.items():
             if asked:
@@ -205,6 +204,7 @@ class SampledRequest(_Body):
             logit_bias=self._logit_bias(), min_p=self.min_p or 0.0, min_tokens=self.min_tokens,
             stop_token_ids=tuple(self.stop_token_ids or ()),
             include_stop_str_in_output=self.include_stop_str_in_output,
+            skip_special_tokens=self.skip_special_tokens,
             allowed_token_ids=tuple(self.allowed_token_ids) if self.allowed_token_ids is not None else None,
             structured=structured_output({name: getattr(self, name) for name in STRUCTURED_FIELDS}))
 
