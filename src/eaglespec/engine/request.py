@@ -21,6 +21,7 @@ stop strings (a stop string must end the output at the exact token that complete
 is decoded once, when the request finishes: the same text, without ~10 us of host time per token (SmolLM2's
 tokenizer on a 2-core CPU, one token per call; 32 rows of a speculative step commit ~80 tokens), which can exceed a
 small model's device step.
+The text skips special tokens unless `params.skip_special_tokens` is false.
 A structured-output request carries its grammar state (`grammar`, grammar/token_grammar.py), which takes every
 output token as it is appended (the engine masks each step's logits by it: engine/step_grammar.py).
 """
