@@ -22,19 +22,16 @@ import gc
 import json
 import sys
 from dataclasses import replace
-from pathlib import Path
 
 import torch
-from logprobs_check import run as timed_run  # this folder's (a script's own folder leads sys.path)
+from logprobs_check import CPU, DEV, NEW, script_args  # this folder's (a script's own folder leads sys.path)
+from logprobs_check import run as timed_run
 
 from eaglespec import api
 from eaglespec.bench.datasets import encode, mt_bench
 from eaglespec.config import EngineConfig
 from eaglespec.sampling_params import SamplingParams
 
-CPU = "--cpu" in sys.argv
-NEW = 16 if CPU else 128
-DEV = "cpu" if CPU else "cuda"
 ADJUST = dict(frequency_penalty=0.5, repetition_penalty=1.1)
 
 
@@ -60,10 +57,7 @@ def drop(eng) -> None:
 
 
 def main() -> int:
-    args = [a for a in sys.argv[1:] if a != "--cpu"]
-    gguf = args[0]
-    out_dir = Path(args[1]) if len(args) > 1 else None
-    rows_list = (1, 2) if CPU else (1, 32)
+    gguf, out_dir, rows_list = script_args()
     greedy = SamplingParams(max_new_tokens=NEW)
     sampled = SamplingParams(max_new_tokens=NEW, temperature=1.0)
     ok, record = True, {}

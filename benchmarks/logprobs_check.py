@@ -41,6 +41,13 @@ NEW = 16 if CPU else 128
 DEV = "cpu" if CPU else "cuda"
 
 
+def script_args() -> tuple[str, Path | None, tuple[int, int]]:
+    """(the GGUF, the output folder or None, the row counts: 1 and 2 on the CPU, 1 and 32 on the GPU) from the
+    command line `GGUF [OUT_DIR] [--cpu]` (also extras_check.py's)."""
+    args = [a for a in sys.argv[1:] if a != "--cpu"]
+    return args[0], Path(args[1]) if len(args) > 1 else None, (1, 2) if CPU else (1, 32)
+
+
 def sync() -> None:
     if not CPU:
         torch.cuda.synchronize()
@@ -66,10 +73,7 @@ def run(eng, prompts, params) -> tuple[list, float]:
 
 
 def main() -> int:
-    args = [a for a in sys.argv[1:] if a != "--cpu"]
-    gguf = args[0]
-    out_dir = Path(args[1]) if len(args) > 1 else None
-    rows_list = (1, 2) if CPU else (1, 32)
+    gguf, out_dir, rows_list = script_args()
     no_lp = SamplingParams(max_new_tokens=NEW)
     with_lp = SamplingParams(max_new_tokens=NEW, logprobs=5)
     table, record, ok = [], {}, True
