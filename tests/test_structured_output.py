@@ -240,19 +240,24 @@ def test_tree_masks_follow_each_nodes_path():
     tokens = torch.tensor([[11, first[0], first[1], 9, banned, 21, 30]] * 2)
     anc, paths = ancestor_tables(parents, depth, 3)
     tree = DraftTree(tokens=tokens, parents=parents, depth=depth, ancestors=anc, paths=paths, topk=2)
-    got = StepGrammar([g0, None], Vt, torch.device("cpu")).tree_masks(tree)
-    assert got.shape == (2, 7, Vt) and got[1].all()
+    step = StepGrammar([g0, None], Vt, torch.device("cpu"))
+    first_masks = step.masks()
+    got = step.tree_masks(tree)
+    assert got.shape == (2, 7, Vt) and got[1].all() and torch.equal(got[:, 0], first_masks)
     assert g0.tokens == [3, 11]  # rolled back
     node_paths = {0: [], 1: [1], 2: [2], 3: [1, 3], 4: [2, 4], 5: [1, 3, 5], 6: [2, 4, 6]}
+    valid = 0
     for j, path in node_paths.items():
         toks = [int(tokens[0, n]) for n in path]
         fresh = ToyGrammar(Vt)
         fresh.tokens = [3, 11]
         if fresh.try_consume(toks) == len(toks):
             assert got[0, j].tolist() == toy_allowed(fresh.tokens, Vt), j
+            valid += j > 0
         else:
             assert got[0, j].all(), j  # refused (node 4, and node 6 below it)
     assert got[0, 4].all() and got[0, 6].all() and not got[0, 0].all()
+    assert g0.masks == 1 + valid  # the current state's mask once (the decode's and the root's), then each valid node
 
 
 def test_a_tree_re_chooses_depth_1_only_in_rows_with_a_grammar():

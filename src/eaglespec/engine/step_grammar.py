@@ -66,6 +66,7 @@ class StepGrammar:
     def __init__(self, grammars: Sequence[TokenGrammar | None], vocab: int, device: torch.device) -> None:
         self.grammars, self.vocab, self.device = list(grammars), vocab, device
         self.words = mask_words(vocab)
+        self._root: torch.Tensor | None = None  # [B, W]: the rows' masks in their current states, computed once
 
     @staticmethod
     def of(grammars: Sequence[TokenGrammar | None], vocab: int, device: torch.device) -> "StepGrammar | None":
@@ -77,11 +78,19 @@ class StepGrammar:
         host = bitmask.pin_memory() if pin else bitmask
         return allowed_tokens(host.to(self.device, non_blocking=pin), self.vocab)
 
+    def root_bits(self) -> torch.Tensor:
+        """[B, W] int32 on the host: each row's mask in its current state (all ones without a grammar), computed on
+        first use: the decode's or prefill's mask, a draft's depth 1 and a verify's root share it (the grammars
+        are back in that state after every walk)."""
+        if self._root is None:
+            bitmask = torch.full((len(self.grammars), self.words), -1, dtype=torch.int32)
+            rows = self._rows()
+            _each(lambda j: self.grammars[rows[j]].fill_mask(bitmask[rows[j]]), len(rows))
+            self._root = bitmask
+        return self._root
+
     def masks(self) -> torch.Tensor:
-        bitmask = torch.full((len(self.grammars), self.words), -1, dtype=torch.int32)
-        rows = self._rows()
-        _each(lambda j: self.grammars[rows[j]].fill_mask(bitmask[rows[j]]), len(rows))
-        return self._upload(bitmask)
+        return self._upload(self.root_bits())
 
     def _rows(self) -> list[int]:
         return [i for i, g in enumerate(self.grammars) if g is not None]
@@ -91,12 +100,16 @@ class StepGrammar:
             B, J = len(self.grammars), len(paths[0])
             bitmask = torch.full((B, J, self.words), -1, dtype=torch.int32)
             rows = self._rows()
+            root = self.root_bits()
 
             def row(k: int) -> None:
                 i = rows[k]
                 g = self.grammars[i]
                 assert g is not None
                 for j, path in enumerate(paths[i]):
+                    if not path:
+                        bitmask[i, j] = root[i]
+                        continue
                     taken = g.try_consume(path)
                     if taken == len(path):
                         g.fill_mask(bitmask[i, j])
@@ -113,17 +126,20 @@ class StepGrammar:
         bitmask = torch.full((B, D, self.words), -1, dtype=torch.int32)
         rows = self._rows()
         if rows:
+            root = self.root_bits()
             tokens, parents = tree.tokens[rows].tolist(), tree.parents[rows].tolist()
-            _each(lambda j: self._fill_tree(self.grammars[rows[j]], tokens[j], parents[j], bitmask[rows[j]]),
-                  len(rows))
+            _each(lambda j: self._fill_tree(self.grammars[rows[j]], tokens[j], parents[j], bitmask[rows[j]],
+                                            root[rows[j]]), len(rows))
         return self._upload(bitmask)
 
     @staticmethod
-    def _fill_tree(g: TokenGrammar, tokens: list[int], parents: list[int], out: torch.Tensor) -> None:
-        """out [D, W]: node j's mask after its path's tokens; nodes whose path the grammar refuses are left all-ones."""
+    def _fill_tree(g: TokenGrammar, tokens: list[int], parents: list[int], out: torch.Tensor,
+                   root: torch.Tensor) -> None:
+        """out [D, W]: node j's mask after its path's tokens (node 0's: `root`, the row's current mask); nodes whose
+        path the grammar refuses are left all-ones."""
         taken: list[int] = []  # the nodes whose tokens the grammar holds now, root's child first
         paths: list[list[int] | None] = [[]]  # node j's path below the root (None: refused)
-        g.fill_mask(out[0])
+        out[0] = root
         for j in range(1, len(tokens)):
             parent = paths[parents[j]]
             if parent is None:
