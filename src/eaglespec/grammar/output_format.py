@@ -51,14 +51,6 @@ class StructuredOutput:
     def choice(options: Sequence[str]) -> "StructuredOutput":
         return StructuredOutput("choice", options)  # type: ignore[arg-type]
 
-    def options(self) -> list[str]:
-        """A "choice" output's strings."""
-        return json.loads(self.spec) if self.kind == "choice" else []
-
-    def describe(self) -> str:
-        """A short label for logs and start-up lines."""
-        return self.kind if not self.spec else f"{self.kind} ({len(self.spec)} characters)"
-
 
 def _schema_text(schema: Any) -> str:
     if isinstance(schema, str):
