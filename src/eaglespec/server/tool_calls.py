@@ -125,13 +125,13 @@ class ToolStream:
                 delta["tool_calls"] = [{"index": 0, "function": {"arguments": rest}}]
             done = self.call is not None and self.plan.message(self.text, finish_reason)[1] is not None
             return delta, "tool_calls" if done else finish_reason
-        _, calls, reason = self.plan.message(self.text, finish_reason)
-        if calls is None:
-            rest = self.text[self.sent:]
-        elif self.plan.mode == "auto":  # the text outside the calls, less what went out before the first tag
-            rest = _hermes(self.text)[0][self.sent:].rstrip()
+        if self.plan.mode == "auto":  # the text outside the calls, less what went out before the first tag
+            outside, calls = _hermes(self.text)
+            rest = outside[self.sent:].rstrip() if calls else self.text[self.sent:]
+            reason = "tool_calls" if calls else finish_reason
         else:
-            rest = ""
+            _, calls, reason = self.plan.message(self.text, finish_reason)
+            rest = self.text[self.sent:] if calls is None else ""
         if rest:
             delta["content"] = rest
         if calls:
