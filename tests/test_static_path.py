@@ -239,9 +239,9 @@ def test_compacted_rows_replay_smaller_graphs_and_equal_plain(target, reference,
     sizes: list[int] = []  # the batch bucket of every step replayed
     run = graphs.run
 
-    def logged(kind, n_rows, *a):
+    def logged(kind, n_rows, *a, **k):
         sizes.append(graphs.batch_bucket(n_rows))
-        return run(kind, n_rows, *a)
+        return run(kind, n_rows, *a, **k)
 
     graphs.run = logged
     outs = eng.generate(prompts, params)

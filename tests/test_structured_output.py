@@ -122,10 +122,58 @@ def test_greedy_speculation_equals_plain_under_a_grammar(target, drafter, toy_re
     assert [g.tokens for g in orc._grammars.made] == [r[:n] for r in toy_refs]
 
 
+@pytest.mark.parametrize("spec", [None] + SPECS, ids=["plain"] + [spec_id(s) for s in SPECS])
+def test_constrained_steps_take_the_graph_path_losslessly(target, drafter, toy_refs, spec):
+    """On the static graph path (CUDA graphs' protocol, on the CPU) constrained prefills, decodes and speculative
+    steps run as graphs keyed `constrained`, their masks read from the device buffers (engine/grammar_rows.py): the
+    verify's node masks loaded between the draft and verify phases, for the step's rows among the bucket's. Greedy
+    answers equal plain constrained decoding's, with requests ending at different lengths (steps over rows with
+    gaps); the oracle of the constrained answers is accepted in full (each node masked by its own path's state, in
+    its own row)."""
+    from test_static_path import static_engine
+
+    lengths = [64, 17, 29, 8]  # 64: a cache long enough for the prefill graphs' smallest bucket
+    params = [replace(GREEDY, max_new_tokens=n) for n in lengths]
+    want = [o.token_ids for o in toy_engine(target).generate(PROMPTS, params)]
+    assert [w[:40] for w in want] == [r[:n] for r, n in zip(toy_refs, lengths)]
+    d = drafter if spec else None
+    eng = static_engine(target, d, spec, rows=4, compact_rows=False)
+    eng._grammars = ToyCompiler(target.config.vocab_size)
+    assert [o.token_ids for o in eng.generate(PROMPTS, params)] == want
+    kinds = {k[0] for k in eng.runner.graphs.graphs if k[-1].constrained}
+    assert kinds == {"prefill", "spec" if spec else "decode"}
+    if spec is None:
+        return
+    refs = [p + r for p, r in zip(PROMPTS, toy_refs)]
+    orc = static_engine(target, OracleDrafter(target.config, refs), spec, rows=4, compact_rows=False)
+    orc._grammars = ToyCompiler(target.config.vocab_size)
+    n = 5 * spec.max_accept + 1
+    cut = [n, n // 3, n, n // 2]  # row 1 ends first: later steps cover rows 0, 2, 3 of the bucket
+    got = orc.generate(PROMPTS, [replace(GREEDY, max_new_tokens=m) for m in cut])
+    assert [o.token_ids for o in got] == [r[:m] for r, m in zip(toy_refs, cut)]
+    assert orc.stats.accept_length_mean == spec.max_accept
+
+
+def test_grammar_rows_load_and_read_slots():
+    from eaglespec.engine.grammar_rows import GrammarRows
+
+    V = 70
+    rows = GrammarRows(5, 3, V, torch.device("cpu"))
+    assert rows.allowed(slice(0, 5), slice(0, 3)).all() and not rows.has.any()  # a new buffer allows everything
+    a = [bool((t * 5) % 3) for t in range(V)]
+    b = [t % 4 == 1 for t in range(V)]
+    rows.load([3, 1], torch.stack((pack(a), pack(b)))[:, None], [True, False])
+    assert rows.allowed(torch.tensor([3, 1]), 0).tolist() == [a, b] and rows.has.tolist() == [0, 0, 0, 1, 0]
+    rows.load([1], torch.stack((pack(a), pack(a)))[None])  # slots 0..1 of row 1; its `has` unchanged
+    got = rows.allowed(slice(0, 2), slice(0, 3))  # [2, 3, V] views
+    assert got[1, :2].tolist() == [a, a] and got[1, 2].all() and got[0].all() and rows.has.tolist()[1] == 0
+    assert rows.allowed(torch.tensor([3]), 0).tolist() == [a]  # other rows untouched
+
+
 @pytest.mark.parametrize("spec", [None, SPECS[0], SPECS[2]], ids=["plain", "chain", "tree"])
 def test_constrained_and_free_requests_share_steps(target, drafter, toy_refs, spec):
     """Free rows keep their answers beside constrained ones, also on the static graph path with overlap and prefill
-    ahead, where constrained steps run eagerly and the others replay graphs."""
+    ahead, where constrained steps replay graphs keyed `constrained`, unoverlapped, and the others replay theirs."""
     from test_static_path import static_engine
 
     free = replace(GREEDY, structured=None)
@@ -141,32 +189,50 @@ def test_constrained_and_free_requests_share_steps(target, drafter, toy_refs, sp
     assert any(k[0] != "prefill" for k in static.runner.graphs.graphs)  # the free request's steps took graphs
 
 
-@pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "sampled"])
-@pytest.mark.parametrize("spec", [SPECS[0], SPECS[2], SPECS[3]], ids=spec_id)
-def test_drafts_stay_inside_the_grammar(target, drafter, monkeypatch, temperature, spec):
-    """A constrained step's drafts are guided by the grammar level by level (StepGrammar.draft_guide): every draft
-    path the verify sees is one the grammar allows, so no node is wasted on a token it could never accept."""
-    seen = []
-    tree_masks = StepGrammar.tree_masks
+def verified_paths(monkeypatch) -> list[tuple[int, bool]]:
+    """Records (depth, allowed by its row's grammar) of every node below the root of every verified tree, read
+    where the runner computes the tree's masks (StepGrammar.tree_bits)."""
+    seen: list[tuple[int, bool]] = []
+    tree_bits = StepGrammar.tree_bits
 
-    def check(self, tree):
-        for g, toks, parents in zip(self.grammars, tree.tokens.tolist(), tree.parents.tolist()):
+    def check(self, tokens, parents):
+        for g, toks, pars in zip(self.grammars, tokens, parents):
             for j in range(1, len(toks)):  # node j's path below the root
                 path, n = [], j
                 while n > 0:
                     path.append(toks[n])
-                    n = parents[n]
-                taken = g.try_consume(path[::-1])
-                g.rollback(taken)
-                seen.append(taken == len(path))
-        return tree_masks(self, tree)
+                    n = pars[n]
+                if g is not None:
+                    taken = g.try_consume(path[::-1])
+                    g.rollback(taken)
+                    seen.append((len(path), taken == len(path)))
+        return tree_bits(self, tokens, parents)
 
-    monkeypatch.setattr(StepGrammar, "tree_masks", check)
+    monkeypatch.setattr(StepGrammar, "tree_bits", check)
+    return seen
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "sampled"])
+@pytest.mark.parametrize("spec", [SPECS[0], SPECS[2], SPECS[3]], ids=spec_id)
+def test_drafts_stay_inside_the_grammar(target, drafter, monkeypatch, temperature, spec):
+    """An eager constrained step's drafts are guided by the grammar level by level (StepGrammar.draft_paths): every
+    draft path the verify sees is one the grammar allows, so no node is wasted on a token it could never accept.
+    Graph steps guide depth 1 (from the device buffers, no host read inside the draft): every depth-1 node is
+    allowed there."""
+    from test_static_path import static_engine
+
+    seen = verified_paths(monkeypatch)
     params = replace(GREEDY, temperature=temperature, seed=3 if temperature else None)
     eng = toy_engine(target, drafter, spec)
     eng.generate(PROMPTS, params)
-    assert len(seen) > 20 and all(seen)
+    assert len(seen) > 20 and all(ok for _, ok in seen)
     assert eng.runner.draft.logits is not None  # a tree engine keeps the depth-1 logits once constrained
+    seen.clear()
+    static = static_engine(target, drafter, spec, rows=4)
+    static._grammars = ToyCompiler(target.config.vocab_size)
+    static.generate(PROMPTS, params)
+    assert sum(d == 1 for d, _ in seen) > 10 and all(ok for d, ok in seen if d == 1)
+    assert any(k[-1].constrained for k in static.runner.graphs.graphs)
 
 
 @pytest.mark.parametrize("spec", [None, SPECS[0], SPECS[2]], ids=["plain", "chain", "tree"])
@@ -206,8 +272,13 @@ SAMPLED = [("chain", SpecConfig(3, 1, 4), CHAIN_T1),
            ("tree-topk5", SpecConfig(3, 3, 8), replace(CHAIN_T1, temperature=0.8, top_k=5))]
 
 
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graph-path"])
 @pytest.mark.parametrize("name,spec,params", SAMPLED, ids=[c[0] for c in SAMPLED])
-def test_sampled_speculation_keeps_the_constrained_distribution(models, name, spec, params):  # noqa: F811
+def test_sampled_speculation_keeps_the_constrained_distribution(models, name, spec, params, graphs):  # noqa: F811
+    """Eagerly drafts are guided at every level; on the graph path at depth 1 only (the deeper levels' q unmasked):
+    lossless either way."""
+    from eaglespec.engine.cuda_graphs import GraphCache
+
     target, drafter = models
 
     def mask(logits: torch.Tensor, prefix: list[int]) -> torch.Tensor:
@@ -218,6 +289,8 @@ def test_sampled_speculation_keeps_the_constrained_distribution(models, name, sp
     n, rows = 8000, 4000
     eng = Engine(target, None, EngineConfig(max_batch_size=rows, seed=23), drafter=drafter, spec=spec)
     eng._grammars = ToyCompiler(V)
+    if graphs:
+        eng.runner.graphs = GraphCache(eng.runner, capture=False)
     counts: dict[tuple[int, ...], int] = {}
     for _ in range(n // rows):
         for o in eng.generate([PROMPT] * rows, params):
@@ -241,8 +314,8 @@ def test_tree_masks_follow_each_nodes_path():
     anc, paths = ancestor_tables(parents, depth, 3)
     tree = DraftTree(tokens=tokens, parents=parents, depth=depth, ancestors=anc, paths=paths, topk=2)
     step = StepGrammar([g0, None], Vt, torch.device("cpu"))
-    first_masks = step.masks()
-    got = step.tree_masks(tree)
+    first_masks = allowed_tokens(step.root_bits(), Vt)
+    got = allowed_tokens(step.tree_bits(tree.tokens.tolist(), tree.parents.tolist()), Vt)
     assert got.shape == (2, 7, Vt) and got[1].all() and torch.equal(got[:, 0], first_masks)
     assert g0.tokens == [3, 11]  # rolled back
     node_paths = {0: [], 1: [1], 2: [2], 3: [1, 3], 4: [2, 4], 5: [1, 3, 5], 6: [2, 4, 6]}
@@ -283,11 +356,13 @@ def test_a_tree_re_chooses_depth_1_only_in_rows_with_a_grammar():
         return draft_tree(step, lambda t: t, state, L, 3, K, 16, guide=guide, kernels=False)
 
     want = draft(DraftState(ids, logp, hidden))
-    guide = DraftGuide(lambda paths: torch.ones(B, len(paths[0]), Vd, dtype=torch.bool), torch.tensor([True, False]))
-    got = draft(DraftState(ids, logp, hidden, stale), guide)
-    assert torch.equal(got.tokens, want.tokens) and torch.allclose(got.scores, want.scores)
-    both = DraftGuide(guide.allowed, torch.tensor([True, True]))  # re-chosen from the stale logits: differs
-    assert not torch.equal(draft(DraftState(ids, logp, hidden, stale), both).tokens[1], want.tokens[1])
+    everything = torch.ones(B, Vd, dtype=torch.bool)
+    for paths in (None, lambda paths: torch.ones(B, len(paths[0]), Vd, dtype=torch.bool)):  # graph / eager guides
+        guide = DraftGuide(everything, torch.tensor([True, False]), paths)
+        got = draft(DraftState(ids, logp, hidden, stale), guide)
+        assert torch.equal(got.tokens, want.tokens) and torch.allclose(got.scores, want.scores)
+        both = DraftGuide(everything, torch.tensor([True, True]), paths)  # re-chosen from the stale logits: differs
+        assert not torch.equal(draft(DraftState(ids, logp, hidden, stale), both).tokens[1], want.tokens[1])
 
 
 def test_allowed_tokens_unpacks_llguidance_bits():

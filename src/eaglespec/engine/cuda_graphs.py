@@ -9,6 +9,9 @@ samples with its own seed: layers/row_draws.py; a row adjusts its logits: engine
 them run as before.
 A speculative step is three graphs (draft, verify, commit) replayed back to back, so the phase timer can tell their
 times apart; the verify graph reads the draft graph's static outputs, the commit graph the verify graph's.
+`run(..., after_draft=fn)` calls fn(tree) between the draft and verify graphs, with the draft graph's static tree:
+a step holding structured outputs (`StepExtras.constrained`) reads it on the host there and loads its node masks
+into the buffers the verify graph reads (runner.py, engine/grammar_rows.py).
 `GraphCache.prefill(rows, prompts, greedy)` prefills B prompts through the graph of (B, their power-of-two length
 bucket) (64..2048; B <= PREFILL_GRAPH_ROWS and B x bucket <= PREFILL_GRAPH_TOKENS): the prompts, their lengths and
 cache rows are copied into static buffers, the rest of the bucket is padding whose KV entries lie past each row's
@@ -35,7 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -83,6 +86,7 @@ class GraphCache:
         self.pool = torch.cuda.graph_pool_handle() if capture else None
         self.graphs: dict[tuple, list[tuple[str, torch.cuda.CUDAGraph]]] = {}
         self.outputs: dict[tuple, object] = {}
+        self.drafts: dict[tuple, object] = {}  # a speculative key's draft phase output (its static DraftTree)
         self._keep: dict[tuple, object] = {}
         self._prefill_in: dict[tuple, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
         self.prefill_graphs = prefill_graphs  # EngineConfig.prefill_graphs
@@ -93,6 +97,7 @@ class GraphCache:
         caching allocator (`use_count > 0`, seen on the H200 when a second `generate` grew the caches)."""
         self.graphs.clear()
         self.outputs.clear()
+        self.drafts.clear()
         self._keep.clear()
         self._prefill_in.clear()
         if self.capture:
@@ -147,6 +152,7 @@ class GraphCache:
 
         def draft():
             box["tree"] = run._spec_draft(r, None, kv_len, greedy, shape)
+            return box["tree"]
 
         def verify():
             box["res"], box["aux"] = run._spec_verify(r, None, kv_len, box["tree"], greedy, shape, lp)
@@ -174,6 +180,8 @@ class GraphCache:
                 with torch.cuda.graph(g, pool=self.pool):
                     out = fn()
                 graphs.append((name, g))
+                if name == "draft":
+                    self.drafts[key] = out
         self.graphs[key] = graphs
         # the closures own tensors the graphs read by address (the phases' outputs, the prefill inputs): keep them alive
         self._keep[key] = phases
@@ -258,7 +266,8 @@ class GraphCache:
         assert Tb is not None, "prefill() called for prompts without a graph bucket"
         key = ("prefill", len(rows), Tb, greedy, lp, self.runner.step_extras)
         self._prefill_inputs(key, prompts, rows)
-        if not self.capture:
+        if not self.capture:  # (the key noted as `run` notes it: tests read which graphs a run would take)
+            self.graphs.setdefault(key, [])
             with torch.inference_mode():
                 return self._phases(*key)[0][1]()
         if key not in self.graphs:
@@ -307,7 +316,8 @@ class GraphCache:
             self._capture(key)
         return self.graphs[key]
 
-    def run(self, kind: str, n_rows: int, longest: int, greedy: bool, lp: int | None = None):
+    def run(self, kind: str, n_rows: int, longest: int, greedy: bool, lp: int | None = None,
+            after_draft: Callable[[object], None] | None = None):
         key = self.key(kind, n_rows, longest, greedy, lp)
         if not self.capture:  # the graph protocol without graphs: a warm-up on a key's first use, then the step
             if key not in self.graphs:
@@ -315,8 +325,10 @@ class GraphCache:
                 self.graphs[key] = []
             out = None
             with torch.inference_mode():
-                for _, fn in self._phases(*key):
+                for name, fn in self._phases(*key):
                     out = fn()
+                    if name == "draft" and after_draft is not None:
+                        after_draft(out)
             return out if isinstance(out, tuple) else (out,)
         if key not in self.graphs:
             self._capture(key)
@@ -327,4 +339,6 @@ class GraphCache:
             else:
                 with timer.phase(name):
                     g.replay()
+                if name == "draft" and after_draft is not None:
+                    after_draft(self.drafts[key])
         return self.outputs[key]

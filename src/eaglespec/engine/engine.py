@@ -23,7 +23,8 @@ adjusts its logits (penalties, logit_bias, min_tokens, min_p) adjusts every row'
 holding a seeded sampled request draws through the rows' seeds (`row_sampling.StepExtras`). A request with a
 structured output (`SamplingParams.structured`) gets its grammar compiled when it is added (a schema or grammar that
 does not compile is the user's error then; grammar/compiler.py); a step holding one masks every choice of the
-target by the rows' grammars (`runner.constraint`, step_grammar.py), runs eagerly and is not overlapped.
+target by the rows' grammars (`runner.constraint`, step_grammar.py: masks computed on the host, read by the step's
+graphs from device buffers) and is not overlapped (its masks need the previous step's tokens).
 A speculative engine with `EngineConfig.spec_max_rows` takes plain decode steps while more rows run (the drafter is
 kept in step by the decode step itself) and speculative steps again once few enough do. With a `SpecSchedule` as its
 `spec` each speculative step takes the shape scheduled for its rows (a chain for a lone request, a tree once several

@@ -4,7 +4,8 @@ read and write the runner's state (caches, per-row tensors, sampling, the drafte
 - `prefill(rows, prompts, greedy, mm_inputs, lp)`: fresh rows' prompts (right-padded) through the target, their
   first tokens (sampled as any step samples: `ModelRunner._sample`), and the drafter's catch-up over the prompt; a
   CUDA graph per (rows, length bucket) for text prompts that fit one (`GraphCache.prefill_plan`), eager otherwise
-  (images, long prompts, many rows, the CPU, a step holding a structured output);
+  (images, long prompts, many rows, the CPU); a step holding a structured output loads its rows' masks first
+  (`load_grammar_root`);
 - `launch_prefill` / `collect_prefill`: the same, its first tokens copied to the host without waiting (overlap);
 - `_prefill_core(r, ids, lens_t, greedy, lp)`: the whole prefill over explicit rows and static tensors, what the
   prefill graphs capture.
@@ -36,8 +37,9 @@ class PrefillStep:
         """
         lens = [len(p) for p in prompts]
         has_mm = mm_inputs is not None and any(m is not None for m in mm_inputs)
-        graphs = self.graphs if self.constraint is None else None
-        groups = graphs.prefill_plan(lens) if graphs is not None and not has_mm else None
+        if self.constraint is not None:
+            self.load_grammar_root(rows)
+        groups = self.graphs.prefill_plan(lens) if self.graphs is not None and not has_mm else None
         if groups is not None:
             with self.timer.phase("prefill"):
                 tok = self.graphs.prefill_groups(list(rows), prompts, greedy, groups, lp)

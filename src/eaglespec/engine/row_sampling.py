@@ -11,8 +11,9 @@ for `SamplingParams.seed` seed [rows] int64 and seeded [rows] bool (a sampled ro
   holding a seeded row a `RowDraws` over rows r (layers/row_draws.py; position [B]: their committed lengths as the
   step began).
 
-`StepExtras(seeded, adjusted)`: the optional parts of a step (part of every graph key, so steps without them run
-graphs that compute none): rows drawing from their own seeds, rows whose logits are adjusted (engine/row_adjust.py).
+`StepExtras(seeded, adjusted, constrained)`: the optional parts of a step (part of every graph key, so steps without
+them run graphs that compute none): rows drawing from their own seeds, rows whose logits are adjusted
+(engine/row_adjust.py), rows held to a structured output (masks read from engine/grammar_rows.py).
 `StepExtras.of(params)` gives a step's, from its requests' parameters.
 """
 
@@ -34,12 +35,14 @@ Rows = Union[torch.Tensor, slice]
 class StepExtras:
     seeded: bool = False  # a sampled row draws from its own seed (SamplingParams.seed)
     adjusted: bool = False  # a row's logits are adjusted (SamplingParams.adjusts_logits)
+    constrained: bool = False  # a row has a structured output (SamplingParams.structured)
 
     @staticmethod
     def of(params: Iterable[SamplingParams]) -> "StepExtras":
         ps = list(params)
         return StepExtras(seeded=any(p.seed is not None and not p.greedy for p in ps),
-                          adjusted=any(p.adjusts_logits for p in ps))
+                          adjusted=any(p.adjusts_logits for p in ps),
+                          constrained=any(p.structured is not None for p in ps))
 
 
 class RowSampling:

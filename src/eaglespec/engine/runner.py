@@ -24,11 +24,15 @@ three kinds of step as tensor programs (DESIGN.md "One speculative step, as data
   drafter's logits are adjusted too, by the rows' counts as they stand (not each draft path's): a guess closer to
   the target's choice; verification alone decides what is committed. Log-probabilities stay the raw logits' (as
   vLLM reports them).
-- `constraint` (set by the engine before a step holding a structured-output request, else None): a StepGrammar
-  (step_grammar.py) whose masks restrict the target's choices to the tokens each row's grammar allows: the prefill's
-  first token and a decode's by the rows' current states, a verify's nodes by the state after each node's draft
-  path (read on the host between draft and verify: a second synchronisation). Such steps run eagerly (their masks
-  come from the host mid-step); the engine does not overlap them.
+- `constraint` (set by the engine before a step holding a structured-output request, with `step_extras.constrained`;
+  else None): a StepGrammar (step_grammar.py) whose masks restrict the target's choices to the tokens each row's
+  grammar allows: the prefill's first token and a decode's by the rows' current states, a verify's nodes by the
+  state after each node's draft path. The host computes them and loads them into `grammar_rows`
+  (engine/grammar_rows.py), from which the phases read them, so that such steps replay graphs too (keyed by
+  `constrained`): the current states' masks before the step, the tree's after its draft phase (the tree's tokens
+  read on the host between the draft and verify graphs: a second synchronisation; `GraphCache.run(after_draft=)`).
+  Drafts are guided by the grammars at depth 1 (from the same buffers); eager steps (no graphs: the CPU, MoE
+  targets) guide every level, reading each level's paths on the host. The engine does not overlap such steps.
 
 Per-row state lives on the device (`seq_len`, `last_token`, `active`; `sampling`, `adjust`: each row's sampling
 parameters and logit adjustments; `draft`: the drafter's top-K and hidden, engine/drafter_rows.py); the host keeps
@@ -55,10 +59,11 @@ from ..layers.row_draws import DECODE_SITE, DRAFT_SITE, VERIFY_SITE
 from ..layers.sampling import Draws, greedy_ids, sample_probs, target_probs
 from ..layers.token_mask import mask_logits
 from ..sampling_params import SamplingParams
-from ..spec.draft import catch_up, draft_tree
+from ..spec.draft import DraftGuide, catch_up, draft_tree
 from ..spec.tree import DraftTree, build_tree
 from ..spec.verify import VerifyResult, verify_greedy, verify_greedy_chain, verify_sampling
 from .drafter_rows import DrafterRows
+from .grammar_rows import GrammarRows
 from .kv_cache import KVCache
 from .logprob_buffer import LogprobBuffer, columns
 from .pending_step import PendingStep, ResultBuffers
@@ -110,6 +115,7 @@ class ModelRunner(PrefillStep):
         # such steps draw through `RowDraws`, layers/row_draws.py) or adjusts its logits; graphs are keyed by it
         self.step_extras = StepExtras()
         self.constraint: StepGrammar | None = None  # set by the engine for steps of structured outputs
+        self.grammar_rows: GrammarRows | None = None  # their masks on the device (allocated at the first such step)
         self.reseed(seed)
         self.rows = 0  # cache rows: the steps' rows, then the spare ones (`allocate`)
         self.step_rows = 0
@@ -162,6 +168,7 @@ class ModelRunner(PrefillStep):
             self.dkv = KVCache(getattr(self.drafter, "num_layers", 1), self.drafter.kv_cache_shapes(), rows,
                                self.cache_len, self.dtype, dev)
             self.draft = DrafterRows(self.drafter, self.shapes, rows, cfg.vocab_size, self.dtype, dev)
+        self.grammar_rows = None  # sized to these rows at the next constrained step
         if self.graphs is not None:
             self.graphs.reset()
 
@@ -221,9 +228,9 @@ class ModelRunner(PrefillStep):
                 committed: torch.Tensor) -> torch.Tensor:
         """logits [B, V] -> tokens [B]. committed [B]: the rows' committed tokens (prompt included) before this one,
         by which an adjusted step's logits are adjusted first (`RowAdjust.logits`); a constrained step's are masked
-        to what the rows' grammars allow before that."""
-        if self.constraint is not None:
-            logits = mask_logits(logits, self.constraint.masks())
+        to what the rows' grammars allow before that (slot 0 of `grammar_rows`)."""
+        if self.step_extras.constrained:
+            logits = mask_logits(logits, self.grammar_rows.allowed(r, 0))
         if self.step_extras.adjusted:
             logits = self.adjust.logits(r, logits, committed, self.sampling.temperature[r])
         if greedy:
@@ -261,12 +268,35 @@ class ModelRunner(PrefillStep):
         """spec/draft.catch_up over the rows with the envelope's top-K (chains keep their depth-1 logits), and the
         drafter's new state into them."""
         st = catch_up(self._draft_step(r, ctx_rows), tokens, aux, start, lengths, kv_len, self.spec.topk,
-                      keep_logits=self.draft.keep_logits(self.constraint is not None), at=at)
+                      keep_logits=self.draft.keep_logits(self.step_extras.constrained), at=at)
         self.draft.store(self._row_index(r), st)
 
     def _row_index(self, r: Rows) -> torch.Tensor:
         """The cache rows of a step's rows as an index tensor [B] (graph steps name rows 0..B-1 by a slice)."""
         return cached_arange(r.stop, self.device) if isinstance(r, slice) else r
+
+    def load_grammar_root(self, rows: Sequence[int]) -> None:
+        """Before a step holding structured outputs (`constraint`): each row's mask in its current state into slot 0
+        of `grammar_rows`, allocated at the first such step with the drafter's depth-1 logits table (graphs read
+        both by address, so neither is made inside a capture)."""
+        assert self.constraint is not None and self.step_extras.constrained
+        if self.grammar_rows is None:
+            depth = self.spec.draft_tokens if self.spec is not None else 1
+            self.grammar_rows = GrammarRows(self.rows, depth, self.target.config.vocab_size, self.device)
+        if self.spec is not None:
+            self.draft.keep_logits(True)
+        self.grammar_rows.load(rows, self.constraint.root_bits()[:, None], self.constraint.has())
+
+    def _load_tree_masks(self, rows: Sequence[int], tree: DraftTree, by_row: bool) -> None:
+        """A verify's node masks (`StepGrammar.tree_bits`) into `grammar_rows` after the draft: reading the tree's
+        tokens is a synchronisation. `by_row`: the tree covers cache rows 0..B-1 (a graph's), not the step's rows."""
+        tok, par = tree.tokens, tree.parents
+        if by_row:
+            index = torch.tensor(list(rows), dtype=torch.int64, device=self.device)
+            tok, par = tok[index], par[index]
+        tokens, parents = torch.stack((tok, par)).tolist()  # one copy to the host
+        assert self.constraint is not None and self.grammar_rows is not None
+        self.grammar_rows.load(rows, self.constraint.tree_bits(tokens, parents))
 
     def reseed(self, seed: int) -> None:
         """Sampling draws from `seed` on, as a runner built with that seed draws them: on CUDA the device's default
@@ -300,7 +330,9 @@ class ModelRunner(PrefillStep):
     @torch.inference_mode()
     def decode(self, rows: Sequence[int], greedy: bool, lp: int | None = None) -> list[int]:
         """One plain decoding step; returns the new token of each requested row (this is the step's sync)."""
-        if self.graphs is not None and self.constraint is None:
+        if self.constraint is not None:
+            self.load_grammar_root(rows)
+        if self.graphs is not None:
             with self.timer.phase("decode"):
                 return self.collect(self.launch("decode", rows, greedy, lp=lp))[1]
         Lmax = max(self.host_len[i] for i in rows)
@@ -316,11 +348,16 @@ class ModelRunner(PrefillStep):
                lp: int | None = None) -> PendingStep:
         """Enqueue one "decode" or "spec" step through the graph path and the copy of its results to the host,
         without waiting (see the module docstring). A decode step advances the host lengths now (by one); a
-        speculative step's advance is known only when it is read (`collect`)."""
+        speculative step's advance is known only when it is read (`collect`). A constrained step (`constraint`, its
+        root masks loaded) loads its tree's masks between its draft and verify graphs: it waits for its draft."""
         assert self.graphs is not None, "overlapped steps run through the graph path"
         Lmax = max(self.host_len[i] for i in rows) + ahead
         n = max(rows) + 1
-        out = self.graphs.run(kind, n, Lmax, greedy, lp)  # the graphs' static output buffers
+        after = None
+        if kind != "decode" and self.constraint is not None:
+            def after(tree: DraftTree) -> None:
+                self._load_tree_masks(rows, tree, by_row=True)
+        out = self.graphs.run(kind, n, Lmax, greedy, lp, after_draft=after)  # the graphs' static output buffers
         toks, m = (out[0], None) if kind == "decode" else (out[1], out[0])  # [B] or [B, S+1]; [B]
         lps = self.lp_buffer.head(n) if lp is not None else None  # [n, S+1, W]: rows 0..n-1, contiguous
         steps = 0 if kind == "decode" else self.shapes[shape_index(kind)].steps
@@ -355,9 +392,12 @@ class ModelRunner(PrefillStep):
         L = self.seq_len[r]
         sampled = not greedy and K == 1
         ids = self.draft.target_ids
-        # a constrained step drafts inside the rows' grammars (StepGrammar.draft_guide; depth 1 from the stored
-        # logits, which its catch-ups keep)
-        guide = self.constraint.draft_guide(ids) if self.constraint is not None else None
+        # a constrained step drafts inside the rows' grammars: depth 1 from the stored logits (which its catch-ups
+        # keep) masked by slot 0 of `grammar_rows`; eager steps guide the further levels from the host
+        guide = None
+        if self.step_extras.constrained:
+            paths = self.constraint.draft_paths(ids) if self.graphs is None else None
+            guide = DraftGuide(self.grammar_rows.allowed(r, 0)[:, ids], self.grammar_rows.has[r], paths)
         cands = draft_tree(self._draft_step(r, ctx_rows), ids.__getitem__,
                            self.draft.state(r, K, sampled or guide is not None), L, S, K, kv_len,
                            self.sampling.params(r) if sampled else None, self._draws(r, L, DRAFT_SITE),
@@ -368,11 +408,10 @@ class ModelRunner(PrefillStep):
         return tree
 
     def _spec_verify(self, r: Rows, ctx_rows: torch.Tensor | None, kv_len: int, tree: DraftTree,
-                     greedy: bool, shape: SpecConfig, lp: int | None = None,
-                     allowed: torch.Tensor | None = None) -> tuple[VerifyResult, torch.Tensor]:
+                     greedy: bool, shape: SpecConfig, lp: int | None = None) -> tuple[VerifyResult, torch.Tensor]:
         """Target forward over the D tree tokens (positions L + depth, written at L..L+D-1, each seeing the prefix
-        and its ancestors) and acceptance; returns the result and the aux states [B, D, n_aux*H]. allowed
-        [B, D, V]: a constrained step's node masks (StepGrammar.tree_masks), applied before any adjustment."""
+        and its ancestors) and acceptance; returns the result and the aux states [B, D, n_aux*H]. A constrained
+        step masks node j's logits by slot j of `grammar_rows` (StepGrammar.tree_bits), before any adjustment."""
         D = shape.draft_tokens
         B, dev = self._count(r), self.device
         L = self.seq_len[r]
@@ -387,8 +426,8 @@ class ModelRunner(PrefillStep):
                                  rows=ctx_rows)
         out = self.target(tree.tokens, ctx)
         logits = out.logits  # [B, D, V]; adjusted at each node for the tokens on its path (RowAdjust.tree_logits)
-        if allowed is not None:
-            logits = mask_logits(logits, allowed)
+        if self.step_extras.constrained:
+            logits = mask_logits(logits, self.grammar_rows.allowed(r, slice(0, D)))
         if self.step_extras.adjusted:
             logits = self.adjust.tree_logits(r, logits, tree, L + 1, self.sampling.temperature[r])
         if greedy:
@@ -432,7 +471,9 @@ class ModelRunner(PrefillStep):
         """One speculative step of shape `shapes[index]`; returns, per requested row, the accepted draft count m and
         the committed tokens (m drafts then the bonus: S+1 entries, of which the first m+1 count). Reading them is
         the step's sync (and, in a constrained step, reading the draft tree's tokens)."""
-        if self.graphs is not None and self.constraint is None:
+        if self.constraint is not None:
+            self.load_grammar_root(rows)
+        if self.graphs is not None:
             m_g, toks_g = self.collect(self.launch(spec_kind(index), rows, greedy, lp=lp))
             assert m_g is not None
             return m_g, toks_g
@@ -443,8 +484,9 @@ class ModelRunner(PrefillStep):
         with self.timer.phase("draft"):
             tree = self._spec_draft(r, ctx_rows, kv_len, greedy, shape)
         with self.timer.phase("verify"):
-            allowed = self.constraint.tree_masks(tree) if self.constraint is not None else None
-            res, aux = self._spec_verify(r, ctx_rows, kv_len, tree, greedy, shape, lp, allowed)
+            if self.constraint is not None:
+                self._load_tree_masks(rows, tree, by_row=False)
+            res, aux = self._spec_verify(r, ctx_rows, kv_len, tree, greedy, shape, lp)
         with self.timer.phase("commit"):
             m_t, tok_t = self._spec_commit(r, ctx_rows, kv_len, res, aux, shape)
         m, toks = m_t.tolist(), tok_t.tolist()

@@ -1,19 +1,22 @@
 """`StepGrammar`: the token masks of one step's structured-output requests, computed on the host and uploaded.
 
 Contract of `StepGrammar(grammars, vocab, device)`, one per step that holds a constrained request (`grammars[i]`:
-the TokenGrammar of the step's row i, in the step's row order, or None for a row without one):
-- `masks()`: allowed [B, V] bool on the device, each row's next-token mask in its current state (a prefill's first
-  token, a decode step's); rows without a grammar allow every token;
-- `tree_masks(tree)`: allowed [B, D, V] bool for a verify of the draft tree (tokens and parents [B, D]; node 0 the
-  root, already committed): node j's mask is the grammar's state after the tokens on its draft path (depth 1 to
-  j), so that each node's logits are masked as plain decoding would mask them after that path, and greedy and
-  sampled verification stay lossless. A node whose path the grammar refuses can never be accepted (its parent's
-  masked distribution gives its token no mass): it allows every token, which keeps its row of probabilities
-  finite. Reading the tree's tokens is a host synchronisation; the grammars are back in their state afterwards.
-- `draft_guide(target_ids)`: for drafting (spec/draft.py's `guide`): paths (per row, per node, the target ids
-  drafted below the root) -> the draft tokens (draft vocabulary, `target_ids` [Vd] its target ids) each row's
-  grammar allows after each path, [B, J, Vd] bool, so that drafts stay in the grammar (a path it refuses allows
-  everything; one host synchronisation per drafter level).
+the TokenGrammar of the step's row i, in the step's row order, or None for a row without one). It computes bitmasks
+on the host (int32 words, llguidance's layout; -1 words: everything allowed); the runner loads them into its
+`GrammarRows` buffers (engine/grammar_rows.py), from which the step's phases (eager or graph) read them:
+- `root_bits()`: [B, W], each row's mask in its current state (a prefill's first token, a decode step's, a draft's
+  depth 1, a verify's root); rows without a grammar allow every token; computed once per step;
+- `tree_bits(tokens, parents)`: [B, D, W] for a verify of the draft tree (host lists [B][D], node 0 the root,
+  already committed): node j's mask is the grammar's state after the tokens on its draft path (depth 1 to j), so
+  that each node's logits are masked as plain decoding would mask them after that path, and greedy and sampled
+  verification stay lossless. A node whose path the grammar refuses can never be accepted (its parent's masked
+  distribution gives its token no mass): it allows every token, which keeps its row of probabilities finite. The
+  grammars are back in their state afterwards.
+- `draft_paths(target_ids)`: for eager drafting below depth 1 (spec/draft.py's `DraftGuide.paths`): paths (per row,
+  per node, the target ids drafted below the root) -> the draft tokens (draft vocabulary, `target_ids` [Vd] its
+  target ids) each row's grammar allows after each path, [B, J, Vd] bool on the device, so that drafts stay in the
+  grammar (a path it refuses allows everything; one host synchronisation per drafter level). Graph steps guide
+  depth 1 only (from slot 0 of the buffers), with no host read inside the draft.
 Plain decoding of a constrained request costs one mask per token; a verify of D nodes D masks, each after a
 `try_consume` of the tokens that differ from the previous node's path (nodes come in tree order, parents first).
 Rows are computed in parallel when at least POOL_MIN_ROWS are constrained on a host of at least that many cores (a
@@ -33,8 +36,6 @@ import torch
 
 from ..grammar.token_grammar import TokenGrammar, mask_words
 from ..layers.token_mask import allowed_tokens
-from ..spec.draft import DraftGuide
-from ..spec.tree import DraftTree
 
 
 GRAMMAR_THREADS = min(8, os.cpu_count() or 1)
@@ -73,11 +74,6 @@ class StepGrammar:
         """A step's StepGrammar, or None where no row has a grammar (the step then masks nothing)."""
         return StepGrammar(grammars, vocab, device) if any(g is not None for g in grammars) else None
 
-    def _upload(self, bitmask: torch.Tensor) -> torch.Tensor:
-        pin = self.device.type == "cuda"
-        host = bitmask.pin_memory() if pin else bitmask
-        return allowed_tokens(host.to(self.device, non_blocking=pin), self.vocab)
-
     def root_bits(self) -> torch.Tensor:
         """[B, W] int32 on the host: each row's mask in its current state (all ones without a grammar), computed on
         first use: the decode's or prefill's mask, a draft's depth 1 and a verify's root share it (the grammars
@@ -89,13 +85,14 @@ class StepGrammar:
             self._root = bitmask
         return self._root
 
-    def masks(self) -> torch.Tensor:
-        return self._upload(self.root_bits())
-
     def _rows(self) -> list[int]:
         return [i for i, g in enumerate(self.grammars) if g is not None]
 
-    def draft_guide(self, target_ids: torch.Tensor) -> DraftGuide:
+    def has(self) -> list[bool]:
+        """Per row: whether it has a grammar."""
+        return [g is not None for g in self.grammars]
+
+    def draft_paths(self, target_ids: torch.Tensor) -> Callable[[list], torch.Tensor]:
         def allowed(paths: list[list[list[int]]]) -> torch.Tensor:
             B, J = len(self.grammars), len(paths[0])
             bitmask = torch.full((B, J, self.words), -1, dtype=torch.int32)
@@ -116,21 +113,21 @@ class StepGrammar:
                     g.rollback(taken)
 
             _each(row, len(rows))
-            return self._upload(bitmask)[..., target_ids]  # [B, J, Vd]
+            pin = self.device.type == "cuda"
+            host = bitmask.pin_memory() if pin else bitmask
+            return allowed_tokens(host.to(self.device, non_blocking=pin), self.vocab)[..., target_ids]  # [B, J, Vd]
 
-        rows = torch.tensor([g is not None for g in self.grammars], device=self.device)
-        return DraftGuide(allowed, rows)
+        return allowed
 
-    def tree_masks(self, tree: DraftTree) -> torch.Tensor:
-        B, D = tree.tokens.shape
+    def tree_bits(self, tokens: list[list[int]], parents: list[list[int]]) -> torch.Tensor:
+        B, D = len(tokens), len(tokens[0])
         bitmask = torch.full((B, D, self.words), -1, dtype=torch.int32)
         rows = self._rows()
         if rows:
             root = self.root_bits()
-            tokens, parents = tree.tokens[rows].tolist(), tree.parents[rows].tolist()
-            _each(lambda j: self._fill_tree(self.grammars[rows[j]], tokens[j], parents[j], bitmask[rows[j]],
-                                            root[rows[j]]), len(rows))
-        return self._upload(bitmask)
+            _each(lambda j: self._fill_tree(self.grammars[rows[j]], tokens[rows[j]], parents[rows[j]],
+                                            bitmask[rows[j]], root[rows[j]]), len(rows))
+        return bitmask
 
     @staticmethod
     def _fill_tree(g: TokenGrammar, tokens: list[int], parents: list[int], out: torch.Tensor,

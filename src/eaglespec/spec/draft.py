@@ -28,9 +28,11 @@ Conventions (L = committed length of row b, equal for the target and the drafter
   catch-up (`DraftState.logits`, the last committed entry's logits, kept for chains). Each level's q and its draw
   come from one `sample_probs` call (on CUDA: the probability kernels run the exponential race and the merge maps
   the draft id to the target id), with no log-probabilities. Trees keep deterministic top-K drafts.
-- Structured outputs (`guide`, a `DraftGuide`, in eager steps only): each level's drafter logits are masked to the
-  draft tokens the rows' grammars allow after each frontier node's path (the paths read on the host), and depth 1
-  is re-chosen from the catch-up's stored logits, so that drafts stay inside the grammar the verify masks by.
+- Structured outputs (`guide`, a `DraftGuide`): depth 1 is re-chosen from the catch-up's stored logits among the
+  draft tokens the rows' grammars allow (a device mask: graph steps too); in eager steps (`DraftGuide.paths`) each
+  deeper level's drafter logits are masked to the tokens allowed after each frontier node's path (the paths read
+  on the host), so that drafts stay inside the grammar the verify masks by. A tree guided at depth 1 only keeps
+  the level kernels.
 - A chain's catch-up takes the argmax of the logits and no log-probabilities (`DraftState.top_logp` None): no chain
   uses scores (it keeps all its candidates). So chain steps skip the float copy, log-softmax and max over the draft
   vocabulary (~20 us of single-block kernels per catch-up on the H200).
@@ -53,12 +55,15 @@ DrafterStep = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
 @dataclass
 class DraftGuide:
-    """Structured outputs' guide for drafting: `allowed(paths)`, paths per row and node (the target ids drafted below
-    the root) -> the draft tokens the rows' grammars allow after each, [B, J, Vd] bool (all true in rows without a
-    grammar); `rows` [B] bool: the rows with one. A tree re-chooses depth 1 from the catch-up's logits in those rows
-    only: another row's stored logits may be older than its top-K (a step that kept no logits caught it up since)."""
-    allowed: Callable[[list], torch.Tensor]
+    """Structured outputs' guide for drafting: `root` [B, Vd] bool, the draft tokens each row's grammar allows at
+    depth 1 (its current state; all true in rows without a grammar); `rows` [B] bool: the rows with one; `paths`
+    (eager steps; None: unguided below depth 1, as graph steps draft), paths per row and node (the target ids drafted
+    below the root) -> the draft tokens the rows' grammars allow after each, [B, J, Vd] bool. A tree re-chooses depth
+    1 from the catch-up's logits in `rows` only: another row's stored logits may be older than its top-K (a step that
+    kept no logits caught it up since)."""
+    root: torch.Tensor
     rows: torch.Tensor
+    paths: Callable[[list], torch.Tensor] | None = None
 
 
 @dataclass
@@ -173,24 +178,26 @@ def draft_tree(
     only; None: greedy drafts) samples the drafts (module docstring). With `target_ids` (the table `to_target`
     looks up: draft id -> target id) a tree's levels run their bookkeeping as one Triton kernel each
     (`layers/tree_build_kernels.draft_level`: the same candidates), when `kernels` (default: on CUDA) and the
-    shapes fit. `guide` (structured outputs): each level chooses among the tokens the rows' grammars allow after
-    each frontier node's path (`draft_chain`'s rule; depth 1 from `state.logits`; the nodes' paths read on the host
-    at each level); a guided tree takes this path, not the kernels'."""
+    shapes fit. `guide` (structured outputs): depth 1 chooses among the tokens the rows' grammars allow (from
+    `state.logits`, in `guide.rows`), and with `guide.paths` each further level among those allowed after each
+    frontier node's path (`draft_chain`'s rule; the nodes' paths read on the host at each level), which takes this
+    path, not the kernels'."""
     B, K = state.top_ids.shape
     dev = state.top_ids.device
     if K == 1:
         return draft_chain(step, to_target, state, seq_len, steps, kv_len, sampling, generator, target_ids, guide)
     W = max((steps - 1) * K, 1)  # scratch entries
-    use = (dev.type == "cuda" if kernels is None else kernels) and guide is None
+    if guide is not None:  # depth 1 re-chosen inside the grammars, in the rows that have one
+        assert state.logits is not None and state.top_logp is not None, "guided drafting needs the catch-up's logits"
+        g_ids, g_logp = topk_logp(_guided(state.logits, guide.root), K)
+        state = DraftState(torch.where(guide.rows[:, None], g_ids, state.top_ids),
+                           torch.where(guide.rows[:, None], g_logp, state.top_logp), state.hidden, state.logits)
+    paths = guide.paths if guide is not None else None
+    use = (dev.type == "cuda" if kernels is None else kernels) and paths is None
     if use and target_ids is not None and steps >= 2 and tree_build_kernels.fits_level(K, state.hidden.shape[-1], W):
         return _draft_tree_kernels(step, target_ids, state, seq_len, steps, K, kv_len)
     slots, own, depth = _tree_constants(K, steps, dev)
     top_ids, top_logp = state.top_ids, state.top_logp
-    if guide is not None:
-        assert state.logits is not None and top_logp is not None, "guided drafting needs the catch-up's logits"
-        g_ids, g_logp = topk_logp(_guided(state.logits, guide.allowed([[[]] for _ in range(B)])[:, 0]), K)
-        top_ids = torch.where(guide.rows[:, None], g_ids, top_ids)
-        top_logp = torch.where(guide.rows[:, None], g_logp, top_logp)
     c_tokens = [to_target(top_ids)]
     c_scores = [top_logp]
     c_parents = [torch.full((B, K), -1, dtype=torch.int64, device=dev)]
@@ -208,8 +215,8 @@ def draft_tree(
         write = write0 + entry if entry else write0
         mask = masked_tail(index, before, vis)
         logits, hidden = step(f_tok, f_hidden, positions, write, mask, False, None)
-        if guide is not None:
-            logits = _guided(logits, guide.allowed(_node_paths(c_tokens, c_parents, f_idx)))
+        if paths is not None:
+            logits = _guided(logits, paths(_node_paths(c_tokens, c_parents, f_idx)))
         ids, logp = topk_logp(logits, K)  # [B, K, K]
         scores = (f_score[:, :, None] + logp).reshape(B, K * K)
         toks = to_target(ids).reshape(B, K * K)
@@ -312,10 +319,10 @@ def draft_chain(
     per level on the H200, `benchmarks/replay_probe.py`'s trace) and the score sums are skipped. With `target_ids`
     (the table `to_target` looks up) the argmax or the sampled draw maps its ids itself (`greedy_ids(logits,
     table)`, `sample_probs(..., table)`: one kernel less per level). With `guide` (a step holding structured outputs)
-    each level chooses among the tokens the rows' grammars allow after the chain so far (depth 1 from the
-    catch-up's logits, `state.logits`), so that drafts stay inside the grammar the verify masks by; q is then the
-    masked distribution (lossless either way: only acceptance changes). A row whose grammar allows no draft token
-    drafts unguided."""
+    depth 1 chooses among the tokens the rows' grammars allow (from the catch-up's logits, `state.logits`), and with
+    `guide.paths` each further level among those allowed after the chain so far, so that drafts stay inside the
+    grammar the verify masks by; q is then the masked distribution (lossless either way: only acceptance changes).
+    A row whose grammar allows no draft token drafts unguided."""
     B = state.top_ids.shape[0]
     dev = state.top_ids.device
     parents, depth = _chain_constants(steps, dev)
@@ -326,10 +333,10 @@ def draft_chain(
     at_all = seq_len[None, :] + cached_arange(max(steps - 1, 1), dev)[:, None]
     masks = causal_mask(at_all, kv_len)
     qs: list[torch.Tensor] = []
-    if guide is not None:
+    paths = guide.paths if guide is not None else None
+    if guide is not None:  # a chain's logits are fresh in every row (chains always keep them)
         assert state.logits is not None, "guided drafting needs the catch-up's logits (keep_logits)"
-        state = DraftState(state.top_ids, state.top_logp, state.hidden,
-                           _guided(state.logits, guide.allowed([[[]] for _ in range(B)])[:, 0]))
+        state = DraftState(state.top_ids, state.top_logp, state.hidden, _guided(state.logits, guide.root))
         if sampling is None:
             state.top_ids = greedy_ids(state.logits)[:, None]
     if sampling is None:
@@ -344,8 +351,8 @@ def draft_chain(
         entry = level - 2
         at = at_all[entry][:, None]  # [B, 1]
         logits, hidden = step(tok, hidden, at, at, masks[entry][:, None, :], False, None)
-        if guide is not None:
-            logits = _guided(logits, guide.allowed([[path] for path in torch.cat(c_tokens, 1).tolist()]))
+        if paths is not None:
+            logits = _guided(logits, paths([[path] for path in torch.cat(c_tokens, 1).tolist()]))
         if sampling is None:
             if target_ids is not None:
                 tok = greedy_ids(logits[:, 0], target_ids)[:, None]  # [B, 1]
