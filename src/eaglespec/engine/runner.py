@@ -48,6 +48,7 @@ key length; on CUDA `GraphCache` (cuda_graphs.py) captures it once per (batch bu
 
 from __future__ import annotations
 
+import functools
 from typing import Collection, Sequence, Union
 
 import torch
@@ -287,7 +288,7 @@ class ModelRunner(PrefillStep):
             self.draft.keep_logits(True)
         self.grammar_rows.load(rows, self.constraint.root_bits()[:, None], self.constraint.has())
 
-    def _load_tree_masks(self, rows: Sequence[int], tree: DraftTree, by_row: bool) -> None:
+    def _load_tree_masks(self, rows: Sequence[int], tree: DraftTree, *, by_row: bool) -> None:
         """A verify's node masks (`StepGrammar.tree_bits`) into `grammar_rows` after the draft: reading the tree's
         tokens is a synchronisation. `by_row`: the tree covers cache rows 0..B-1 (a graph's), not the step's rows."""
         tok, par = tree.tokens, tree.parents
@@ -353,10 +354,8 @@ class ModelRunner(PrefillStep):
         assert self.graphs is not None, "overlapped steps run through the graph path"
         Lmax = max(self.host_len[i] for i in rows) + ahead
         n = max(rows) + 1
-        after = None
-        if kind != "decode" and self.constraint is not None:
-            def after(tree: DraftTree) -> None:
-                self._load_tree_masks(rows, tree, by_row=True)
+        after = (functools.partial(self._load_tree_masks, rows, by_row=True)
+                 if kind != "decode" and self.constraint is not None else None)
         out = self.graphs.run(kind, n, Lmax, greedy, lp, after_draft=after)  # the graphs' static output buffers
         toks, m = (out[0], None) if kind == "decode" else (out[1], out[0])  # [B] or [B, S+1]; [B]
         lps = self.lp_buffer.head(n) if lp is not None else None  # [n, S+1, W]: rows 0..n-1, contiguous
