@@ -17,13 +17,13 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --tar
 export PYTHONPATH=/tmp/site:src PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 G=/root/m/SmolLM2-135M-Instruct.Q4_1.gguf
 LIMIT=${LIMIT:-32}
-timeout 170 python3 benchmarks/structured_cost.py --device cuda --model "$G" > "$OUT/cost_auto.log" 2>&1
+timeout 150 python3 benchmarks/structured_cost.py --device cuda --model "$G" > "$OUT/cost_auto.log" 2>&1
 echo "cost auto rc=$?"
-timeout 130 python3 benchmarks/structured_cost.py --device cuda --model "$G" --spec 2,2,4 > "$OUT/cost_tree.log" 2>&1
+timeout 120 python3 benchmarks/structured_cost.py --device cuda --model "$G" --spec 2,2,4 > "$OUT/cost_tree.log" 2>&1
 echo "cost tree rc=$?"
 for mode in json-object free; do
   extra=(); [ "$mode" = json-object ] && extra=(--json-object)
-  timeout 150 python3 -m eaglespec bench --model "$G" --limit "$LIMIT" --max-new-tokens 128 --batch-sizes 1,8,32 \
+  timeout 140 python3 -m eaglespec bench --model "$G" --limit "$LIMIT" --max-new-tokens 128 --batch-sizes 1,8,32 \
     --batching continuous "${extra[@]}" --out "$OUT/bench_$mode" > "$OUT/bench_$mode.log" 2>&1
   echo "bench $mode rc=$?"
 done
