@@ -177,10 +177,10 @@ def test_serve_says_why_it_decodes_plainly_and_when_it_cannot_listen(capsys, mon
     monkeypatch.setattr(FakeServer, "client_work", None)
     monkeypatch.setattr("uvicorn.Server", FakeServer)
     warmed = []  # a CUDA engine's graphs, as the CPU has none: what serve asks for and says
-    monkeypatch.setattr(Engine, "warmup", lambda self, sizes, greedy, logprobs: warmed.append((list(sizes), greedy,
-                                                                                              logprobs)) or 7)
+    monkeypatch.setattr(Engine, "warmup", lambda self, sizes, greedy, logprobs, structured: warmed.append(
+        (list(sizes), greedy, logprobs, structured)) or 7)
     code, out, err = run_cli(["serve", "--served-model-name", "smol"], capsys)
-    assert warmed == [([1, 2, 3, 4], False, False)] and "captured 7 CUDA graphs in" in err
+    assert warmed == [([1, 2, 3, 4], False, False, False)] and "captured 7 CUDA graphs in" in err
     assert "serving smol at" in err
     assert "no speculation: the shipped drafter is slower than plain decoding on cpu" in err
     assert code == 2 and err.strip().splitlines()[-1] == (
@@ -188,7 +188,9 @@ def test_serve_says_why_it_decodes_plainly_and_when_it_cannot_listen(capsys, mon
     run_cli(["serve", "--no-warmup"], capsys)
     assert len(warmed) == 1
     run_cli(["serve", "--warmup-logprobs"], capsys)  # the log-probability forms too
-    assert warmed[-1] == ([1, 2, 3, 4], False, True)
+    assert warmed[-1] == ([1, 2, 3, 4], False, True, False)
+    run_cli(["serve", "--warmup-structured"], capsys)  # the structured-output forms too
+    assert warmed[-1] == ([1, 2, 3, 4], False, False, True)
 
 
 @pytest.mark.parametrize("args,needle", [

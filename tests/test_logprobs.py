@@ -234,6 +234,10 @@ def test_warmup_captures_the_logprob_steps_when_asked(target, drafter, monkeypat
     lp_keys = captured[n_plain:]
     assert n_lp == 2 * n_plain and {k[:-2] for k in lp_keys} == {k[:-2] for k in captured[:n_plain]}
     assert sorted(k[-2] for k in lp_keys) == [5] * n_plain + [20] * n_plain  # a few alternatives, or the most
+    n_st = eng.warmup([1, 2], structured=True)  # and the constrained forms (serve --warmup-structured)
+    st_keys = captured[n_plain + n_lp:]
+    assert n_st == n_plain and {k[:-1] for k in st_keys} == {k[:-1] for k in captured[:n_plain]}
+    assert {k[-1] for k in st_keys} == {StepExtras(constrained=True)} and eng.runner.grammar_rows is not None
 
 
 def test_score_gives_each_prompt_tokens_logprob(target, drafter, monkeypatch):

@@ -55,6 +55,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--warmup-logprobs", action="store_true",
                    help="with --warmup, also capture the CUDA graphs of steps computing log-probabilities (twice "
                         "the start-up), so that the first requests asking for them do not capture their own")
+    p.add_argument("--warmup-structured", action="store_true",
+                   help="with --warmup, also capture the CUDA graphs of steps holding a structured output (JSON "
+                        "schemas, regexes, tools; twice the start-up), so that the first such requests do not "
+                        "capture their own")
     p.add_argument("--api-key", default=os.environ.get("EAGLESPEC_API_KEY"), metavar="KEY",
                    help="the /v1 routes take requests carrying 'Authorization: Bearer KEY' only (default: the "
                         "environment's EAGLESPEC_API_KEY; unset: no key); /health and /metrics stay open")
@@ -100,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
     if args.warmup:  # CUDA graphs of every batch and length bucket now, not during the first requests (CPU: none)
         t0 = time.perf_counter()
         graphs = engine.warmup(range(1, rows + 1), greedy=args.default_temperature == 0,
-                               logprobs=args.warmup_logprobs)
+                               logprobs=args.warmup_logprobs, structured=args.warmup_structured)
         if graphs:
             print(f"[eaglespec] captured {graphs} CUDA graphs in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     freeze_heap()  # the engine and its graphs live as long as the server: full collections skip them (gc_heap.py)

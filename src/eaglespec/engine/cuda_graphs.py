@@ -208,13 +208,15 @@ class GraphCache:
                 else:
                     run.generator.set_state(rng)
 
-    def precapture(self, kind: str, n_rows: int, greedy: bool, lp: int | None = None) -> int:
-        """Capture every length bucket of one batch bucket now (so that timed runs never capture); returns count."""
+    def precapture(self, kind: str, n_rows: int, greedy: bool, lp: int | None = None,
+                   extras: StepExtras = StepExtras()) -> int:
+        """Capture every length bucket of one batch bucket now (so that timed runs never capture); returns count.
+        (`extras` constrained: the runner's grammar buffers exist first, `ModelRunner.grammar_buffers`.)"""
         n, length = 0, MIN_LEN_BUCKET
         B = self.batch_bucket(n_rows)
         while True:
             Lb = min(length, self.runner.cache_len)
-            key = (kind, B, Lb, greedy, lp, StepExtras())
+            key = (kind, B, Lb, greedy, lp, extras)
             if key not in self.graphs:
                 self._capture(key)
                 n += 1
@@ -222,7 +224,8 @@ class GraphCache:
                 return n
             length *= 2
 
-    def precapture_prefill(self, greedy: bool, only: int | None = None, lp: int | None = None) -> int:
+    def precapture_prefill(self, greedy: bool, only: int | None = None, lp: int | None = None,
+                           extras: StepExtras = StepExtras()) -> int:
         """Capture the single-prompt prefill graph of every length bucket now (`only`: just the bucket of a prompt
         of that many tokens, if it has one); returns the count. Only while no row holds a request: the capture's
         warm-up runs write row 0's caches."""
@@ -234,7 +237,7 @@ class GraphCache:
             buckets = [b for b in buckets if b == self.prefill_bucket(only)]
         n = 0
         for Tb in buckets:
-            key = ("prefill", 1, Tb, greedy, lp, StepExtras())
+            key = ("prefill", 1, Tb, greedy, lp, extras)
             if key not in self.graphs:
                 self._prefill_inputs(key, [[0]], [0])
                 self._capture(key)

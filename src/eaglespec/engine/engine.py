@@ -158,25 +158,30 @@ class Engine(OverlappedStep):
         self._ensure_capacity(rows, min(max_len, self.context_len))
 
     def warmup(self, batch_sizes: Sequence[int] = (1,), greedy: bool = True, prefill: bool = True,
-               logprobs: bool = False) -> int:
+               logprobs: bool = False, structured: bool = False) -> int:
         """Capture the CUDA graphs of every length bucket for these batch sizes, and (while idle, unless prefill is
         False) the single-prompt prefill graphs; no-op without graphs. With `logprobs` also the graphs of the same
-        steps computing log-probabilities (the steps of requests that ask for them: both of their widths). Returns
-        the number of graphs captured."""
+        steps computing log-probabilities (the steps of requests that ask for them: both of their widths); with
+        `structured` also those of steps holding a structured output (`StepExtras.constrained`). Returns the number
+        of graphs captured."""
         graphs = self.runner.graphs
         if graphs is None or not graphs.capture or self.runner.kv is None:
             return 0
         K = self.config.max_logprobs
         # the alternatives a step may compute (layers/logprobs.step_alternatives): a few, or the engine's most
         lps = (None, *sorted({step_alternatives(0, K), K})) if logprobs and K is not None else (None,)
+        extras = [StepExtras()]
+        if structured:
+            self.runner.grammar_buffers()
+            extras.append(StepExtras(constrained=True))
         n = 0
         for b in batch_sizes:  # graphs are bucketed by the highest row, not the count
             kinds = {self._step_kind(list(range(b)))}
             if self.speculative and self.config.spec_max_rows is not None:
                 kinds.add("decode")  # busy steps decode plainly
-            n += sum(graphs.precapture(kind, b, greedy, lp) for kind in sorted(kinds) for lp in lps)
+            n += sum(graphs.precapture(kind, b, greedy, lp, x) for kind in sorted(kinds) for lp in lps for x in extras)
         if prefill and not self.has_work():
-            n += sum(graphs.precapture_prefill(greedy, lp=lp) for lp in lps)
+            n += sum(graphs.precapture_prefill(greedy, lp=lp, extras=x) for lp in lps for x in extras)
         return n
 
     def _ensure_capacity(self, rows: int, max_len: int) -> None:

@@ -281,12 +281,17 @@ class ModelRunner(PrefillStep):
         of `grammar_rows`, allocated at the first such step with the drafter's depth-1 logits table (graphs read
         both by address, so neither is made inside a capture)."""
         assert self.constraint is not None and self.step_extras.constrained
+        self.grammar_buffers().load(rows, self.constraint.root_bits()[:, None], self.constraint.has())
+
+    def grammar_buffers(self) -> GrammarRows:
+        """`grammar_rows`, allocated now if needed, with the drafter's depth-1 logits table (what a constrained step
+        reads: before any capture of one)."""
         if self.grammar_rows is None:
             depth = self.spec.draft_tokens if self.spec is not None else 1
             self.grammar_rows = GrammarRows(self.rows, depth, self.target.config.vocab_size, self.device)
         if self.spec is not None:
             self.draft.keep_logits(True)
-        self.grammar_rows.load(rows, self.constraint.root_bits()[:, None], self.constraint.has())
+        return self.grammar_rows
 
     def _load_tree_masks(self, rows: Sequence[int], tree: DraftTree, *, by_row: bool) -> None:
         """A verify's node masks (`StepGrammar.tree_bits`) into `grammar_rows` after the draft: reading the tree's
