@@ -7,7 +7,8 @@ Contract of `DrafterRows(drafter, shapes, rows, vocab, dtype, device)` (K: the s
 - hidden [rows, H] (the drafter's dtype): the last committed entry's output hidden;
 - logits [rows, Vd] (the drafter's dtype) where a shape is a chain: its depth-1 logits, from which sampled rows draw
   their drafts (and structured outputs' guided drafts); for trees allocated by the first step holding a structured
-  output (`keep_logits(constrained=True)`), whose catch-ups then keep them for its guided depth 1; None otherwise;
+  output (`keep_logits(constrained=True)`, or the runner's `grammar_buffers()` before a capture), whose catch-ups
+  then keep them for its guided depth 1; None otherwise;
 - target_ids [Vd]: each draft id's target id (drafts map through one lookup: the drafter's own map is two kernels);
 - draft_index [vocab]: the way back, target id -> draft id, -1 outside the draft vocabulary (sampled chains'
   verification).
@@ -48,7 +49,8 @@ class DrafterRows:
 
     def keep_logits(self, constrained: bool) -> bool:
         """Whether a catch-up keeps its depth-1 logits: always with a chain shape; else in steps holding a structured
-        output (eager steps: captured graphs never store them), allocating the table on first use."""
+        output (graphs keyed `constrained` store them; others do not), allocating the table on first use (before a
+        capture: `ModelRunner.grammar_buffers`)."""
         if self.chains:
             return True
         if constrained and self.logits is None:

@@ -32,7 +32,9 @@ Rows = Union[torch.Tensor, slice]
 class GrammarRows:
     def __init__(self, rows: int, depth: int, vocab: int, device: torch.device) -> None:
         self.vocab, self.device = vocab, device
-        with torch.inference_mode(False):  # made mid-step: normal tensors, which later row moves may write
+        # normal tensors, though made mid-step (under inference mode): the host writes them in later steps; rows that
+        # move (joins, compaction) need no copy, since every constrained step loads its rows' masks afresh
+        with torch.inference_mode(False):
             self.bits = torch.full((rows, depth, mask_words(vocab)), -1, dtype=torch.int32, device=device)
             self.has = torch.zeros(rows, dtype=torch.bool, device=device)
 
