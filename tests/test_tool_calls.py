@@ -1,14 +1,16 @@
-"""server/tool_calls.py: OpenAI's tools and tool_choice as structured outputs and a Hermes-style parser (the server's
-end-to-end tests are in test_server.py)."""
+"""server/tool_calls.py: OpenAI's tools and tool_choice as structured outputs, and the parsers of Hermes-style and
+Kimi-K2 calls (the server's end-to-end tests are in test_server.py)."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
 from eaglespec.errors import RequestError
-from eaglespec.server.tool_calls import OPEN, plan_tools
+from eaglespec.server.tool_calls import (CALL_ARGS, CALL_CLOSE, CALL_OPEN, HERMES, OPEN, SECTION_CLOSE, SECTION_OPEN,
+                                         plan_tools, tool_syntax)
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
@@ -140,3 +142,108 @@ def test_tools_reach_the_chat_template(smollm2):
     ids = encode_prompt(tok, messages, True, tools=[WEATHER, TIME])
     assert tok.decode(ids) == "[get_weather][get_time]user:hi;assistant:(get_weather);tool:sunny;"
     assert tok.decode(encode_prompt(tok, messages[:1], True)) == "user:hi;"
+
+
+# --- Kimi-K2's calls: special-token markers ----------------------------------------------------------------------
+KIMI_SPECIAL = ("<|im_end|>", "<think>", "</think>", SECTION_OPEN, SECTION_CLOSE, CALL_OPEN, CALL_ARGS, CALL_CLOSE)
+KIMI_ANSWER = ("<think>The user wants weather.</think>Let me check.<|tool_calls_section_begin|>"
+               '<|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{"city": "Paris"}'
+               "<|tool_call_end|><|tool_call_begin|>functions.get_time:1<|tool_call_argument_begin|>{}"
+               "<|tool_call_end|><|tool_calls_section_end|>")
+
+
+def test_the_syntax_is_read_off_the_tokenizers_special_tokens():
+    assert tool_syntax(KIMI_SPECIAL).kind == "kimi" and tool_syntax(("<|im_start|>", "<|im_end|>")) == HERMES
+    assert plan_tools([WEATHER], "auto", syntax=tool_syntax(KIMI_SPECIAL)).decodes_special
+    assert not plan_tools([WEATHER], "auto").decodes_special  # Hermes' tags are text
+    named = plan_tools([WEATHER], {"type": "function", "function": {"name": "get_weather"}},
+                       syntax=tool_syntax(KIMI_SPECIAL))
+    assert not named.decodes_special  # held to the arguments' JSON: no markers to read
+
+
+def test_auto_reads_kimi_calls_and_cleans_the_content():
+    auto = plan_tools([WEATHER, TIME], "auto", syntax=tool_syntax(KIMI_SPECIAL))
+    content, calls, finish = auto.message(KIMI_ANSWER, "stop")
+    assert content == "The user wants weather.Let me check." and finish == "tool_calls"
+    assert [(c["id"], c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [
+        ("functions.get_weather:0", "get_weather", {"city": "Paris"}), ("functions.get_time:1", "get_time", {})]
+    # no calls: the content without special tokens; a call whose arguments are not JSON is not read
+    assert auto.message("<think>hm</think>Sunny.<|im_end|>", "stop") == ("hmSunny.", None, "stop")
+    broken = f"{SECTION_OPEN}{CALL_OPEN}functions.get_time:0{CALL_ARGS}{{oops{CALL_CLOSE}{SECTION_CLOSE}"
+    assert auto.message(broken, "stop") == ("functions.get_time:0{oops", None, "stop")
+    # cut by max_tokens after a whole call: the call still reads
+    cut = KIMI_ANSWER[: KIMI_ANSWER.index(CALL_OPEN + "functions.get_time")]
+    assert [c["function"]["name"] for c in auto.message(cut, "length")[1]] == ["get_weather"]
+    # a request that keeps special tokens (skip_special_tokens false) gets them in the content
+    keep = plan_tools([WEATHER], "auto", syntax=replace(tool_syntax(KIMI_SPECIAL), special=()))
+    assert keep.message("<think>hm</think>Sunny.", "stop")[0] == "<think>hm</think>Sunny."
+
+
+def test_kimi_streams_hold_back_markers_and_clean_special_tokens():
+    stream = plan_tools([WEATHER, TIME], "auto", syntax=tool_syntax(KIMI_SPECIAL)).stream()
+    sent = []
+    for piece in ("<think>", "The user", " wants weather.", "</think>", "Let me check.", "<|tool_calls_sec",
+                  KIMI_ANSWER[KIMI_ANSWER.index("tion_begin|>"):]):
+        delta = stream.feed(piece)
+        assert set(delta) == {"content"} and "<" not in delta["content"]
+        sent.append(delta["content"])
+    assert "".join(sent) == "The user wants weather.Let me check."
+    delta, finish = stream.finish("stop")
+    assert finish == "tool_calls" and "content" not in delta
+    assert [(c["index"], c["id"]) for c in delta["tool_calls"]] == [(0, "functions.get_weather:0"),
+                                                                   (1, "functions.get_time:1")]
+    plain = plan_tools([WEATHER], "auto", syntax=tool_syntax(KIMI_SPECIAL)).stream()
+    assert plain.feed("Sunny <|im_") == {"content": "Sunny "}  # may be a special token: held
+    assert plain.finish("stop") == ({"content": "<|im_"}, "stop")  # it never became one: text after all
+
+
+def test_kimi_calls_round_trip_through_kimis_tokenizer(tmp_path):
+    """The answer's ids decoded with their special tokens (as the server decodes an auto answer of a Kimi model)
+    read as the calls; decoded without them the markers are gone (why the server keeps them)."""
+    from test_kimi_tokenizer import write_tiny_tokenizer
+
+    tok = write_tiny_tokenizer(tmp_path / "kimi")
+    syntax = tool_syntax(tok.special_texts())
+    assert syntax.kind == "kimi" and len(syntax.special) == 256
+    ids = tok.encode(KIMI_ANSWER)
+    assert tok.decode(ids, skip_special_tokens=False) == KIMI_ANSWER
+    content, calls, _ = plan_tools([WEATHER, TIME], "auto", syntax=syntax).message(
+        tok.decode(ids, skip_special_tokens=False), "stop")
+    assert content == "The user wants weather.Let me check." and len(calls) == 2
+    assert plan_tools([WEATHER], "auto", syntax=syntax).message(tok.decode(ids), "stop")[1] is None
+
+
+def test_a_kimi_server_decodes_auto_answers_with_special_tokens(tmp_path, monkeypatch):
+    """The server reads the syntax off its tokenizer: with Kimi's, an "auto" answer is decoded with its special
+    tokens (for the markers) and its content cleaned of them again (here <think>, forced by logit_bias), unless the
+    request keeps them; without tools nothing changes."""
+    from fastapi.testclient import TestClient
+    from test_kimi_tokenizer import write_tiny_tokenizer
+    from tiny import tiny_llama
+
+    from eaglespec.config import EngineConfig
+    from eaglespec.engine.engine import Engine
+    from eaglespec.server.app import create_app
+    from eaglespec.server.worker import EngineWorker
+
+    tok = write_tiny_tokenizer(tmp_path / "kimi")
+    eng = Engine(tiny_llama(vocab=tok.vocab_size), tok, EngineConfig(max_batch_size=1))
+    seen = []
+    add = Engine.add_prepared
+    monkeypatch.setattr(Engine, "add_prepared", lambda self, ids, mm, params, **k: seen.append(params) or add(
+        self, ids, mm, params, **k))
+    think = tok.special_tokens["<think>"]
+    body = {"messages": [{"role": "user", "content": "Weather?"}], "max_tokens": 3, "ignore_eos": True,
+            "logit_bias": {str(think): 100}, "tools": [WEATHER]}
+    worker = EngineWorker(eng, rows=1, max_len=64).start()
+    try:
+        with TestClient(create_app(worker, "kimi", default_temperature=0.0)) as client:
+            r = client.post("/v1/chat/completions", json=body)
+            assert r.status_code == 200, r.text
+            assert r.json()["choices"][0]["message"]["content"] == "" and not seen[-1].skip_special_tokens
+            r = client.post("/v1/chat/completions", json={**body, "skip_special_tokens": False})
+            assert r.json()["choices"][0]["message"]["content"] == "<think>" * 3
+            r = client.post("/v1/chat/completions", json={**body, "tools": None})
+            assert r.json()["choices"][0]["message"]["content"] == "" and seen[-1].skip_special_tokens
+    finally:
+        worker.stop()

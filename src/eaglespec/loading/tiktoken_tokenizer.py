@@ -161,6 +161,9 @@ class TiktokenTokenizer(BaseTokenizer):
             keep = [i for i in keep if i < self.num_base_tokens]
         return self.model.decode_bytes(keep).decode("utf-8", errors="replace")
 
+    def special_texts(self) -> tuple[str, ...]:
+        return tuple(self.special_tokens)
+
     @property
     def vocab_size(self) -> int:
         return self.num_base_tokens + NUM_RESERVED_SPECIAL_TOKENS

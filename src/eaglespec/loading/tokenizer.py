@@ -64,6 +64,10 @@ class BaseTokenizer(ABC):
     @abstractmethod
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str: ...
 
+    def special_texts(self) -> tuple[str, ...]:
+        """The texts of the special tokens (what `skip_special_tokens` drops from decoded text)."""
+        return ()
+
     @property
     @abstractmethod
     def vocab_size(self) -> int:
@@ -181,6 +185,9 @@ class Tokenizer(BaseTokenizer):
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self.backend.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
+
+    def special_texts(self) -> tuple[str, ...]:
+        return tuple(t.content for t in self.backend.get_added_tokens_decoder().values() if t.special)
 
     @property
     def vocab_size(self) -> int:

@@ -51,7 +51,7 @@ from ..engine.prompts import encode_prompt
 from ..errors import EaglespecError
 from ..sampling_params import SamplingParams
 from . import schemas
-from .tool_calls import ToolPlan, ToolStream
+from .tool_calls import HERMES, ToolPlan, ToolStream, tool_syntax
 from .worker import EngineWorker, Ticket
 
 def _choice(params: SamplingParams, j: int) -> SamplingParams:
@@ -142,12 +142,16 @@ def create_app(worker: EngineWorker, model_name: str, default_temperature: float
                             "model_not_found")
 
     async def start(body: schemas.SampledRequest, prompts: list[Any], chat: bool, images: list,
-                    tools: list | None = None) -> tuple[list[Ticket], int]:
+                    plan: ToolPlan | None = None) -> tuple[list[Ticket], int]:
         """Submit the request's n choices of each prompt (each a request of the engine), in index order; wait until
         the worker accepts them (their prompts' tokens, summed over the prompts) or refuses one (an HTTPError, the
-        others cancelled)."""
+        others cancelled). `plan`: the request's tools (their definitions to the chat template; answers whose
+        calls are special tokens decoded with them, `ToolPlan.decodes_special`)."""
         check_model(body.model)
         params = user_input(lambda: body.sampling(default_temperature))
+        if plan is not None and plan.decodes_special:
+            params = replace(params, skip_special_tokens=False)
+        tools = plan.tools if plan is not None else None
         echo = bool(getattr(body, "echo", False))  # completions only
         n = len(prompts) * body.n
         grammars = [None] * n
@@ -268,6 +272,8 @@ def create_app(worker: EngineWorker, model_name: str, default_temperature: float
             raise HTTPError(400, str(e)) from None
 
     tokenizer = worker.tokenizer
+    # how "auto" tools read calls out of answers: Kimi-K2's special-token markers, or Hermes' tags
+    syntax = tool_syntax(tokenizer.special_texts()) if tokenizer is not None else HERMES
 
     @functools.lru_cache(maxsize=1 << 16)
     def token_text(i: int) -> str:
@@ -278,7 +284,7 @@ def create_app(worker: EngineWorker, model_name: str, default_temperature: float
                       images: list | None = None, plan: ToolPlan | None = None) -> Any:
         """One request of either endpoint: the whole answer, or its stream (`chat`: chat completion bodies), with
         n choices of each prompt (chat: one prompt, its messages; `plan`: its tools, server/tool_calls.py)."""
-        tickets, n_prompt = await start(body, prompts, chat, images or [], plan.tools if plan else None)
+        tickets, n_prompt = await start(body, prompts, chat, images or [], plan)
         rid = schemas.new_id("chatcmpl" if chat else "cmpl")
         wants_lp = bool(body.logprobs) if chat else body.logprobs is not None  # type: ignore[attr-defined]
 
@@ -328,7 +334,8 @@ def create_app(worker: EngineWorker, model_name: str, default_temperature: float
     @app.post("/v1/chat/completions", dependencies=v1)
     async def chat_completions(body: schemas.ChatCompletionRequest) -> Any:
         messages, images = user_input(body.chat)
-        return await respond(body, [messages], chat=True, images=images, plan=user_input(body.tool_plan))
+        return await respond(body, [messages], chat=True, images=images,
+                             plan=user_input(lambda: body.tool_plan(syntax)))
 
     @app.post("/v1/completions", dependencies=v1)
     async def completions(body: schemas.CompletionRequest) -> Any:

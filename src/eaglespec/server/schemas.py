@@ -34,7 +34,7 @@ from pydantic import BaseModel, ConfigDict
 from ..errors import RequestError
 from ..sampling_params import SamplingParams
 from .structured_fields import structured_output
-from .tool_calls import ToolPlan, plan_tools
+from .tool_calls import HERMES, ToolPlan, ToolSyntax, plan_tools
 
 Stop = Union[str, list[str], None]
 MAX_N = 64  # choices per prompt: each is a request of its own in the engine's queue
@@ -229,12 +229,15 @@ class ChatCompletionRequest(SampledRequest):
     def requested_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
-    def tool_plan(self) -> ToolPlan | None:
-        """How the answer is read for tools (tool_calls.py), or None without tools."""
+    def tool_plan(self, syntax: ToolSyntax = HERMES) -> ToolPlan | None:
+        """How the answer is read for tools (tool_calls.py; `syntax`: how the model writes calls), or None without
+        tools."""
         if self.functions or self.function_call is not None:
             raise RequestError("functions and function_call are the deprecated forms of tools and tool_choice: send "
                                "those")
-        return plan_tools(self.tools, self.tool_choice, self.parallel_tool_calls)
+        if not self.skip_special_tokens:  # the client asked for them: the content keeps them
+            syntax = replace(syntax, special=())
+        return plan_tools(self.tools, self.tool_choice, self.parallel_tool_calls, syntax)
 
     def sampling(self, default_temperature: float) -> SamplingParams:
         plan = self.tool_plan()

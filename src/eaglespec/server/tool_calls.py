@@ -7,9 +7,14 @@ Contract:
     parameters schema (grammar/: a structured output) and is that call's `arguments`;
   - "required": the answer is held to a JSON array of `{"name": ..., "parameters": {...}}` objects, one of the
     tools each (one object when `parallel_tool_calls` is false), read as that many calls;
-  - "auto" (the default with tools): the answer is free; calls the model writes in the Hermes convention
-    (`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, as Qwen's, Hermes' and SmolLM3's templates teach)
-    are read out of it, the rest is the content;
+  - "auto" (the default with tools): the answer is free; calls the model writes are read out of it, the rest is
+    the content. How a model writes them is the `ToolSyntax` the server reads off its tokenizer (`tool_syntax`):
+    the Hermes convention (`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, as Qwen's, Hermes' and
+    SmolLM3's templates teach), or Kimi-K2's, whose markers are special tokens (`<|tool_calls_section_begin|>
+    <|tool_call_begin|>functions.NAME:IDX<|tool_call_argument_begin|>{...}<|tool_call_end|>
+    <|tool_calls_section_end|>`): such an answer is decoded with its special tokens (`ToolPlan.decodes_special`),
+    which are stripped from the content again unless the request asked to keep them (`skip_special_tokens`
+    false); a Kimi call's id is its function id (`functions.NAME:IDX`, which Kimi's template writes back);
   - "none": the answer is free and read as content only.
   A tool without a name, a named choice that names no tool, and an unknown choice are refused with one sentence.
 - `ToolPlan.message(text, finish_reason)` -> (content or None, tool_calls or None, finish_reason): a whole answer
@@ -25,22 +30,81 @@ Each call is `{"id": "call_...", "type": "function", "function": {"name": ..., "
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 from ..errors import RequestError
 from ..grammar.output_format import StructuredOutput
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _HERMES = re.compile(re.escape(OPEN) + r"\s*(.*?)\s*(?:" + re.escape(CLOSE) + r"|$)", re.DOTALL)
+# Kimi-K2's markers (special tokens of its tokenizer)
+SECTION_OPEN, SECTION_CLOSE = "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"
+CALL_OPEN, CALL_ARGS, CALL_CLOSE = "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>"
+_KIMI_SECTION = re.compile(re.escape(SECTION_OPEN) + r"(.*?)(?:" + re.escape(SECTION_CLOSE) + r"|$)", re.DOTALL)
+_KIMI_CALL = re.compile(re.escape(CALL_OPEN) + r"\s*(\S+?)\s*" + re.escape(CALL_ARGS) + r"\s*(.*?)\s*(?:"
+                        + re.escape(CALL_CLOSE) + r"|$)", re.DOTALL)
 
 
-def _call(name: str, arguments: Any) -> dict:
+def _call(name: str, arguments: Any, call_id: str | None = None) -> dict:
     args = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
-    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function", "function": {"name": name, "arguments": args}}
+    return {"id": call_id or f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+            "function": {"name": name, "arguments": args}}
+
+
+@dataclass(frozen=True)
+class ToolSyntax:
+    """How a model writes calls into a free answer: "hermes" or "kimi" (module docstring); `special`: the texts of
+    the tokenizer's special tokens, stripped from a Kimi answer's content (empty: kept)."""
+    kind: str = "hermes"
+    special: tuple[str, ...] = ()
+
+    @property
+    def open(self) -> str:
+        """What opens calls: streamed content is sent up to it."""
+        return SECTION_OPEN if self.kind == "kimi" else OPEN
+
+    def extract(self, text: str) -> tuple[str, list[dict] | None]:
+        """(the text outside the calls, the calls or None): a block that holds no valid call stays in the text."""
+        return _kimi(text) if self.kind == "kimi" else _hermes(text)
+
+    def clean(self, text: str) -> str:
+        """Content as the client sees it: without the special tokens (a Kimi answer, decoded with them)."""
+        return self._special_re.sub("", text) if self.special else text
+
+    def held(self, text: str) -> int:
+        """The length of the longest tail of `text` that may still become `open` (or, Kimi, a special token:
+        cleaned only once whole)."""
+        for n in range(min(self._longest - 1, len(text)), 0, -1):
+            if text[-n:] in self._prefixes:
+                return n
+        return 0
+
+    @functools.cached_property
+    def _special_re(self) -> re.Pattern:
+        return re.compile("|".join(re.escape(t) for t in sorted(self.special, key=len, reverse=True)))
+
+    @functools.cached_property
+    def _prefixes(self) -> frozenset[str]:
+        """The proper prefixes of `open` and of the special tokens (what a streamed tail is held back for)."""
+        return frozenset(m[:n] for m in (self.open, *self.special) for n in range(1, len(m)))
+
+    @functools.cached_property
+    def _longest(self) -> int:
+        return max(len(m) for m in (self.open, *self.special))
+
+
+HERMES = ToolSyntax()
+
+
+def tool_syntax(special_texts: Sequence[str]) -> ToolSyntax:
+    """The syntax of a model whose tokenizer has these special tokens: Kimi-K2's where its call markers are among
+    them, else Hermes'."""
+    return ToolSyntax("kimi", tuple(special_texts)) if CALL_OPEN in special_texts else HERMES
 
 
 def _function(tool: Any) -> dict:
@@ -62,15 +126,21 @@ class ToolPlan:
     mode: str  # "none", "auto", "required" or "named"
     name: str | None = None  # the named function
     structured: StructuredOutput | None = None  # the answer's constraint (required, named)
+    syntax: ToolSyntax = HERMES  # how "auto" reads calls
+
+    @property
+    def decodes_special(self) -> bool:
+        """Whether the answer must be decoded with its special tokens (Kimi's markers, "auto")."""
+        return self.mode == "auto" and self.syntax.kind == "kimi"
 
     def message(self, text: str, finish_reason: str) -> tuple[str | None, list[dict] | None, str]:
         if self.mode == "none":
             return text, None, finish_reason
         if self.mode == "auto":
-            rest, calls = _hermes(text)
+            rest, calls = self.syntax.extract(text)
             if not calls:
-                return text, None, finish_reason
-            return rest.strip() or None, calls, "tool_calls"
+                return self.syntax.clean(text), None, finish_reason
+            return self.syntax.clean(rest).strip() or None, calls, "tool_calls"
         try:  # the grammar held it to the calls' JSON, unless it was cut (max_tokens, a stop string, an abort)
             value = json.loads(text) if finish_reason == "stop" else None
         except json.JSONDecodeError:
@@ -109,11 +179,12 @@ class ToolStream:
             return {"tool_calls": [{"index": 0, "function": {"arguments": args}}]} if args else {}
         if mode != "auto":
             return {}
-        start = self.text.find(OPEN, self.sent)
+        syntax = self.plan.syntax
+        start = self.text.find(syntax.open, self.sent)
         if start >= 0:  # a call began: the content before it goes; the rest waits for the end
-            return {"content": self._send(start)}
-        keep = _partial_tag(self.text)  # a tail that may open a tag
-        return {"content": self._send(len(self.text) - keep)}
+            return {"content": syntax.clean(self._send(start))}
+        keep = syntax.held(self.text)  # a tail that may open a tag
+        return {"content": syntax.clean(self._send(len(self.text) - keep))}
 
     def finish(self, finish_reason: str) -> tuple[dict, str]:
         """(the last delta, the finish reason). The content sent before a call is the text before its tag: streamed,
@@ -126,8 +197,9 @@ class ToolStream:
             done = self.call is not None and self.plan.message(self.text, finish_reason)[1] is not None
             return delta, "tool_calls" if done else finish_reason
         if self.plan.mode == "auto":  # the text outside the calls, less what went out before the first tag
-            outside, calls = _hermes(self.text)
-            rest = outside[self.sent:].rstrip() if calls else self.text[self.sent:]
+            syntax = self.plan.syntax
+            outside, calls = syntax.extract(self.text)
+            rest = syntax.clean(outside[self.sent:]).rstrip() if calls else syntax.clean(self.text[self.sent:])
             reason = "tool_calls" if calls else finish_reason
         else:
             _, calls, reason = self.plan.message(self.text, finish_reason)
@@ -144,14 +216,6 @@ class ToolStream:
         return out
 
 
-def _partial_tag(text: str) -> int:
-    """The length of the longest tail of `text` that is a proper prefix of OPEN."""
-    for n in range(min(len(OPEN) - 1, len(text)), 0, -1):
-        if OPEN.startswith(text[-n:]):
-            return n
-    return 0
-
-
 def _hermes(text: str) -> tuple[str, list[dict] | None]:
     """Hermes-style calls read out of a free answer: (the text outside them, the calls or None). A block that is not
     a JSON object with a name stays in the text."""
@@ -166,10 +230,36 @@ def _hermes(text: str) -> tuple[str, list[dict] | None]:
             spans.append(m.span())
     if not calls:
         return text, None
-    return "".join(text[a:b] for a, b in zip([0] + [e for _, e in spans], [s for s, _ in spans] + [len(text)])), calls
+    return _cut(text, spans), calls
 
 
-def plan_tools(tools: list[Any] | None, tool_choice: Any, parallel_tool_calls: bool = True) -> ToolPlan | None:
+def _cut(text: str, spans: list[tuple[int, int]]) -> str:
+    """`text` without the spans (in order, disjoint)."""
+    return "".join(text[a:b] for a, b in zip([0] + [e for _, e in spans], [s for s, _ in spans] + [len(text)]))
+
+
+def _kimi(text: str) -> tuple[str, list[dict] | None]:
+    """Kimi-K2 calls read out of a free answer decoded with its special tokens: (the text outside the sections
+    that held valid calls, the calls or None). A call's arguments must be JSON; its id is the function id."""
+    calls, spans = [], []
+    for section in _KIMI_SECTION.finditer(text):
+        found = []
+        for m in _KIMI_CALL.finditer(section.group(1)):
+            fid, args = m.group(1), m.group(2)
+            try:
+                json.loads(args)
+            except json.JSONDecodeError:
+                continue
+            name = fid.removeprefix("functions.").rsplit(":", 1)[0]
+            found.append(_call(name, args, fid))
+        if found:
+            calls += found
+            spans.append(section.span())
+    return (_cut(text, spans), calls) if calls else (text, None)
+
+
+def plan_tools(tools: list[Any] | None, tool_choice: Any, parallel_tool_calls: bool = True,
+               syntax: ToolSyntax = HERMES) -> ToolPlan | None:
     if not tools:
         if tool_choice not in (None, "none", "auto"):
             raise RequestError("tool_choice needs tools")
@@ -185,7 +275,7 @@ def plan_tools(tools: list[Any] | None, tool_choice: Any, parallel_tool_calls: b
         schema = _parameters(fns[names.index(name)])
         return ToolPlan(list(tools), "named", name, StructuredOutput.json_schema(schema))
     if choice in ("none", "auto"):
-        return ToolPlan(list(tools), choice)
+        return ToolPlan(list(tools), choice, syntax=syntax)
     if choice != "required":
         raise RequestError(f"tool_choice must be \"none\", \"auto\", \"required\" or a named function (got "
                            f"{choice!r})")
