@@ -125,8 +125,9 @@ def test_greedy_speculation_equals_plain_under_a_grammar(target, drafter, toy_re
 @pytest.mark.parametrize("spec", [None] + SPECS, ids=["plain"] + [spec_id(s) for s in SPECS])
 def test_constrained_steps_take_the_graph_path_losslessly(target, drafter, toy_refs, spec):
     """On the static graph path (CUDA graphs' protocol, on the CPU) constrained prefills, decodes and speculative
-    steps run as graphs keyed `constrained`, their masks read from the device buffers (engine/grammar_rows.py): the
-    verify's node masks loaded between the draft and verify phases, for the step's rows among the bucket's. Greedy
+    steps run as graphs keyed `constrained`, their masks read from the device buffers (engine/grammar_rows.py): a
+    decode's loaded after its forward phase, the verify's node masks after the verify's forward phase, for the
+    step's rows among the bucket's (each fails when loaded a phase later: mutation runs). Greedy
     answers equal plain constrained decoding's, with requests ending at different lengths (steps over rows with
     gaps); the oracle of the constrained answers is accepted in full (each node masked by its own path's state, in
     its own row)."""
@@ -142,6 +143,10 @@ def test_constrained_steps_take_the_graph_path_losslessly(target, drafter, toy_r
     assert [o.token_ids for o in eng.generate(PROMPTS, params)] == want
     kinds = {k[0] for k in eng.runner.graphs.graphs if k[-1].constrained}
     assert kinds == {"prefill", "spec" if spec else "decode"}
+    # the choices split off the forwards, so that the host computes masks while those run
+    key = next(k for k in eng.runner.graphs.graphs if k[-1].constrained and k[0] != "prefill")
+    phases = [name for name, _ in eng.runner.graphs._phases(*key)]
+    assert phases == (["draft", "verify", "accept", "commit"] if spec else ["decode", "sample"])
     if spec is None:
         return
     refs = [p + r for p, r in zip(PROMPTS, toy_refs)]

@@ -9,9 +9,12 @@ samples with its own seed: layers/row_draws.py; a row adjusts its logits: engine
 them run as before.
 A speculative step is three graphs (draft, verify, commit) replayed back to back, so the phase timer can tell their
 times apart; the verify graph reads the draft graph's static outputs, the commit graph the verify graph's.
-`run(..., after_draft=fn)` calls fn(tree) between the draft and verify graphs, with the draft graph's static tree:
-a step holding structured outputs (`StepExtras.constrained`) reads it on the host there and loads its node masks
-into the buffers the verify graph reads (runner.py, engine/grammar_rows.py).
+A step holding structured outputs (`StepExtras.constrained`) splits off the choice from each target forward: decode
+is "decode" (the forward) then "sample", a speculative step "draft", "verify" (the forward), "accept", "commit";
+`run(..., after={phase: fn})` calls fn(that phase's output) once the phase is replayed (enqueued), so that the host
+computes and loads the rows' masks (runner.py, engine/grammar_rows.py) while the GPU runs the forward that does not
+read them: the current masks during a decode's forward, the tree's (copied to the host behind the draft) during the
+verify's forward.
 `GraphCache.prefill(rows, prompts, greedy)` prefills B prompts through the graph of (B, their power-of-two length
 bucket) (64..2048; B <= PREFILL_GRAPH_ROWS and B x bucket <= PREFILL_GRAPH_TOKENS): the prompts, their lengths and
 cache rows are copied into static buffers, the rest of the bucket is padding whose KV entries lie past each row's
@@ -38,7 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 import torch
 
@@ -86,7 +89,7 @@ class GraphCache:
         self.pool = torch.cuda.graph_pool_handle() if capture else None
         self.graphs: dict[tuple, list[tuple[str, torch.cuda.CUDAGraph]]] = {}
         self.outputs: dict[tuple, object] = {}
-        self.drafts: dict[tuple, object] = {}  # a speculative key's draft phase output (its static DraftTree)
+        self.phase_out: dict[tuple, dict[str, object]] = {}  # each phase's output (static tensors), for `run(after=)`
         self._keep: dict[tuple, object] = {}
         self._prefill_in: dict[tuple, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
         self.prefill_graphs = prefill_graphs  # EngineConfig.prefill_graphs
@@ -97,7 +100,7 @@ class GraphCache:
         caching allocator (`use_count > 0`, seen on the H200 when a second `generate` grew the caches)."""
         self.graphs.clear()
         self.outputs.clear()
-        self.drafts.clear()
+        self.phase_out.clear()
         self._keep.clear()
         self._prefill_in.clear()
         if self.capture:
@@ -145,9 +148,16 @@ class GraphCache:
             ids, lens, row = self._prefill_in[(kind, B, kv_len, greedy, lp, extras)]
             return [("prefill", as_keyed(lambda: run._prefill_core(row, ids, lens, greedy, lp)))]
         r = slice(0, B)  # rows 0..B-1: the per-row state is read through views (an index tensor would gather)
-        if kind == "decode":
-            return [("decode", as_keyed(lambda: run._decode_core(r, None, kv_len, greedy, lp)))]
         box: dict[str, object] = {}
+        if kind == "decode":
+            if not extras.constrained:
+                return [("decode", as_keyed(lambda: run._decode_core(r, None, kv_len, greedy, lp)))]
+
+            def forward():
+                box["out"] = run._decode_forward(r, None, kv_len)
+
+            return [("decode", as_keyed(forward)),
+                    ("sample", as_keyed(lambda: run._decode_choose(r, None, kv_len, greedy, lp, *box["out"])))]
         shape = run.shapes[shape_index(kind)]  # "spec", "spec1", ...: the runner's speculation shapes
 
         def draft():
@@ -157,10 +167,19 @@ class GraphCache:
         def verify():
             box["res"], box["aux"] = run._spec_verify(r, None, kv_len, box["tree"], greedy, shape, lp)
 
+        def verify_forward():
+            box["raw"] = run._verify_forward(r, None, kv_len, box["tree"], shape)
+
+        def accept():
+            box["res"], box["aux"] = run._verify_accept(r, box["tree"], greedy, shape, lp, *box["raw"])
+
         def commit():
             box["out"] = run._spec_commit(r, None, kv_len, box["res"], box["aux"], shape)
             return box["out"]
 
+        if extras.constrained:
+            return [("draft", as_keyed(draft)), ("verify", as_keyed(verify_forward)), ("accept", as_keyed(accept)),
+                    ("commit", as_keyed(commit))]
         return [("draft", as_keyed(draft)), ("verify", as_keyed(verify)), ("commit", as_keyed(commit))]
 
     def _capture(self, key: tuple) -> None:
@@ -180,8 +199,7 @@ class GraphCache:
                 with torch.cuda.graph(g, pool=self.pool):
                     out = fn()
                 graphs.append((name, g))
-                if name == "draft":
-                    self.drafts[key] = out
+                self.phase_out.setdefault(key, {})[name] = out
         self.graphs[key] = graphs
         # the closures own tensors the graphs read by address (the phases' outputs, the prefill inputs): keep them alive
         self._keep[key] = phases
@@ -320,8 +338,9 @@ class GraphCache:
         return self.graphs[key]
 
     def run(self, kind: str, n_rows: int, longest: int, greedy: bool, lp: int | None = None,
-            after_draft: Callable[[object], None] | None = None):
+            after: Mapping[str, Callable[[object], None]] | None = None):
         key = self.key(kind, n_rows, longest, greedy, lp)
+        after = after or {}
         if not self.capture:  # the graph protocol without graphs: a warm-up on a key's first use, then the step
             if key not in self.graphs:
                 self._warm_up(self._phases(*key))
@@ -330,8 +349,8 @@ class GraphCache:
             with torch.inference_mode():
                 for name, fn in self._phases(*key):
                     out = fn()
-                    if name == "draft" and after_draft is not None:
-                        after_draft(out)
+                    if name in after:
+                        after[name](out)
             return out if isinstance(out, tuple) else (out,)
         if key not in self.graphs:
             self._capture(key)
@@ -339,9 +358,9 @@ class GraphCache:
         for name, g in self.graphs[key]:
             if kind == "decode":
                 g.replay()
-            else:
-                with timer.phase(name):
+            else:  # (a constrained step's "accept" is timed as part of its verify)
+                with timer.phase("verify" if name == "accept" else name):
                     g.replay()
-                if name == "draft" and after_draft is not None:
-                    after_draft(self.drafts[key])
+            if name in after:
+                after[name](self.phase_out[key][name])
         return self.outputs[key]

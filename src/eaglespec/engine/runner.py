@@ -29,8 +29,10 @@ three kinds of step as tensor programs (DESIGN.md "One speculative step, as data
   grammar allows: the prefill's first token and a decode's by the rows' current states, a verify's nodes by the
   state after each node's draft path. The host computes them and loads them into `grammar_rows`
   (engine/grammar_rows.py), from which the phases read them, so that such steps replay graphs too (keyed by
-  `constrained`): the current states' masks before the step, the tree's after its draft phase (the tree's tokens
-  read on the host between the draft and verify graphs: a second synchronisation; `GraphCache.run(after_draft=)`).
+  `constrained`, their choices split off the target forwards: `_decode_forward` / `_decode_choose`,
+  `_verify_forward` / `_verify_accept`): a decode's current masks while its forward runs, a speculative step's
+  before its draft (which guides depth 1 by them) and its tree's while its verify's forward runs (the tree's tokens
+  copied to the host behind the draft: a second synchronisation, which waits for the draft only; `launch`).
   Drafts are guided by the grammars at depth 1 (from the same buffers); eager steps (no graphs: the CPU, MoE
   targets) guide every level, reading each level's paths on the host. The engine does not overlap such steps.
 
@@ -48,7 +50,6 @@ key length; on CUDA `GraphCache` (cuda_graphs.py) captures it once per (batch bu
 
 from __future__ import annotations
 
-import functools
 from typing import Collection, Sequence, Union
 
 import torch
@@ -293,16 +294,38 @@ class ModelRunner(PrefillStep):
             self.draft.keep_logits(True)
         return self.grammar_rows
 
-    def _load_tree_masks(self, rows: Sequence[int], tree: DraftTree, *, by_row: bool) -> None:
-        """A verify's node masks (`StepGrammar.tree_bits`) into `grammar_rows` after the draft: reading the tree's
-        tokens is a synchronisation. `by_row`: the tree covers cache rows 0..B-1 (a graph's), not the step's rows."""
+    def _tree_to_host(self, rows: Sequence[int], tree: DraftTree, *,
+                      by_row: bool) -> tuple[torch.Tensor, torch.cuda.Event | None]:
+        """The step's rows' draft tokens and parents, [2, n, D], on their way to the host: a pinned copy enqueued
+        behind the draft, and the event that marks it done (None off CUDA: already there). `by_row`: the tree covers
+        cache rows 0..B-1 (a graph's), not the step's rows."""
         tok, par = tree.tokens, tree.parents
         if by_row:
-            index = torch.tensor(list(rows), dtype=torch.int64, device=self.device)
+            index = self._host_index(rows)
             tok, par = tok[index], par[index]
-        tokens, parents = torch.stack((tok, par)).tolist()  # one copy to the host
+        both = torch.stack((tok, par))
+        if self.device.type != "cuda":
+            return both, None
+        host = torch.empty(both.shape, dtype=both.dtype, pin_memory=True)
+        host.copy_(both, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        return host, event
+
+    def _load_tree_masks(self, rows: Sequence[int], pending: tuple[torch.Tensor, torch.cuda.Event | None]) -> None:
+        """A verify's node masks (`StepGrammar.tree_bits`) into `grammar_rows`, from `_tree_to_host`'s copy (waiting
+        for it: the draft's end, not the verify forward enqueued since)."""
+        host, event = pending
+        if event is not None:
+            event.synchronize()
+        tokens, parents = host.tolist()
         assert self.constraint is not None and self.grammar_rows is not None
         self.grammar_rows.load(rows, self.constraint.tree_bits(tokens, parents))
+
+    def _host_index(self, rows: Sequence[int]) -> torch.Tensor:
+        """rows as an index tensor on the device, copied from pinned memory without waiting for the stream."""
+        pin = self.device.type == "cuda"
+        return torch.tensor(list(rows), dtype=torch.int64, pin_memory=pin).to(self.device, non_blocking=pin)
 
     def reseed(self, seed: int) -> None:
         """Sampling draws from `seed` on, as a runner built with that seed draws them: on CUDA the device's default
@@ -315,32 +338,46 @@ class ModelRunner(PrefillStep):
     # --- decode -------------------------------------------------------------------------------------------------
     def _decode_core(self, r: Rows, ctx_rows: torch.Tensor | None, kv_len: int, greedy: bool,
                      lp: int | None = None) -> torch.Tensor:
-        B, dev = self._count(r), self.device
+        return self._decode_choose(r, ctx_rows, kv_len, greedy, lp, *self._decode_forward(r, ctx_rows, kv_len))
+
+    def _decode_forward(self, r: Rows, ctx_rows: torch.Tensor | None,
+                        kv_len: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """A decode step's target forward: (logits [B, V], aux states or None). A constrained graph step replays it
+        apart from `_decode_choose`, so that the host computes the rows' masks while it runs."""
         L = self.seq_len[r]
         ctx = ForwardContext(positions=L[:, None], write_index=L[:, None],
                              attn_mask=causal_mask(L[:, None], kv_len),
                              kv=self.kv.layers(), rows=ctx_rows)
         out = self.target(self.last_token[r][:, None], ctx)
-        tok = self._sample(out.logits[:, 0], r, greedy, L, DECODE_SITE, L + 1)
+        return out.logits[:, 0], out.aux_hidden
+
+    def _decode_choose(self, r: Rows, ctx_rows: torch.Tensor | None, kv_len: int, greedy: bool, lp: int | None,
+                       logits: torch.Tensor, aux: torch.Tensor | None) -> torch.Tensor:
+        """The rest of a decode step: the token from the logits [B, V] (masked, adjusted, sampled), the counts and
+        log-probabilities, the drafter's catch-up, the rows' advance."""
+        B, dev = self._count(r), self.device
+        L = self.seq_len[r]
+        tok = self._sample(logits, r, greedy, L, DECODE_SITE, L + 1)
         self._add_counts(r, tok[:, None], self.active[r][:, None])
         if lp is not None:
-            self.lp_buffer.store(r, out.logits[:, 0], tok, lp)
+            self.lp_buffer.store(r, logits, tok, lp)
         if self.spec is not None:  # a plain step of a speculative engine (EngineConfig.spec_max_rows): the drafter
             # takes the pair (target aux at L, the new token at L+1), as a commit of one token would give it
             ones = torch.ones(B, dtype=torch.int64, device=dev)
-            self._catch_up(r, ctx_rows, tok[:, None], out.aux_hidden, L, ones, kv_len)
+            self._catch_up(r, ctx_rows, tok[:, None], aux, L, ones, kv_len)
         self.seq_len[r] = torch.where(self.active[r], L + 1, L)
         self.last_token[r] = tok
         return tok
 
     @torch.inference_mode()
     def decode(self, rows: Sequence[int], greedy: bool, lp: int | None = None) -> list[int]:
-        """One plain decoding step; returns the new token of each requested row (this is the step's sync)."""
-        if self.constraint is not None:
-            self.load_grammar_root(rows)
+        """One plain decoding step; returns the new token of each requested row (this is the step's sync). A
+        constrained step's graphs compute the rows' masks while the target's forward runs (`launch`)."""
         if self.graphs is not None:
             with self.timer.phase("decode"):
                 return self.collect(self.launch("decode", rows, greedy, lp=lp))[1]
+        if self.constraint is not None:
+            self.load_grammar_root(rows)
         Lmax = max(self.host_len[i] for i in rows)
         with self.timer.phase("decode"):
             r, ctx_rows = self._rows(rows)
@@ -354,14 +391,23 @@ class ModelRunner(PrefillStep):
                lp: int | None = None) -> PendingStep:
         """Enqueue one "decode" or "spec" step through the graph path and the copy of its results to the host,
         without waiting (see the module docstring). A decode step advances the host lengths now (by one); a
-        speculative step's advance is known only when it is read (`collect`). A constrained step (`constraint`, its
-        root masks loaded) loads its tree's masks between its draft and verify graphs: it waits for its draft."""
+        speculative step's advance is known only when it is read (`collect`). A constrained step (`constraint`)
+        loads its rows' masks between its graphs, each computed on the host while the GPU runs a forward: a decode's
+        during its target forward (which reads none), a speculative step's tree masks during its verify's forward
+        (the tree copied to the host after the draft, waited for then), its current masks before its draft (which
+        guides depth 1 by them)."""
         assert self.graphs is not None, "overlapped steps run through the graph path"
         Lmax = max(self.host_len[i] for i in rows) + ahead
         n = max(rows) + 1
-        after = (functools.partial(self._load_tree_masks, rows, by_row=True)
-                 if kind != "decode" and self.constraint is not None else None)
-        out = self.graphs.run(kind, n, Lmax, greedy, lp, after_draft=after)  # the graphs' static output buffers
+        after = None
+        if self.constraint is not None and kind == "decode":
+            after = {"decode": lambda _: self.load_grammar_root(rows)}
+        elif self.constraint is not None:
+            self.load_grammar_root(rows)
+            pending: list = []
+            after = {"draft": lambda tree: pending.append(self._tree_to_host(rows, tree, by_row=True)),
+                     "verify": lambda _: self._load_tree_masks(rows, pending.pop())}
+        out = self.graphs.run(kind, n, Lmax, greedy, lp, after=after)  # the graphs' static output buffers
         toks, m = (out[0], None) if kind == "decode" else (out[1], out[0])  # [B] or [B, S+1]; [B]
         lps = self.lp_buffer.head(n) if lp is not None else None  # [n, S+1, W]: rows 0..n-1, contiguous
         steps = 0 if kind == "decode" else self.shapes[shape_index(kind)].steps
@@ -416,8 +462,13 @@ class ModelRunner(PrefillStep):
         """Target forward over the D tree tokens (positions L + depth, written at L..L+D-1, each seeing the prefix
         and its ancestors) and acceptance; returns the result and the aux states [B, D, n_aux*H]. A constrained
         step masks node j's logits by slot j of `grammar_rows` (StepGrammar.tree_bits), before any adjustment."""
-        D = shape.draft_tokens
-        B, dev = self._count(r), self.device
+        return self._verify_accept(r, tree, greedy, shape, lp, *self._verify_forward(r, ctx_rows, kv_len, tree, shape))
+
+    def _verify_forward(self, r: Rows, ctx_rows: torch.Tensor | None, kv_len: int, tree: DraftTree,
+                        shape: SpecConfig) -> tuple[torch.Tensor, torch.Tensor]:
+        """The verify's target forward: (logits [B, D, V], aux states [B, D, n_aux*H]). A constrained graph step
+        replays it apart from `_verify_accept`, so that the host computes the tree's masks while it runs."""
+        D, dev = shape.draft_tokens, self.device
         L = self.seq_len[r]
         write = L[:, None] + cached_arange(D, dev)[None, :]
         chain = shape.topk == 1
@@ -429,7 +480,17 @@ class ModelRunner(PrefillStep):
                                  attn_mask=prefix_tail_mask(L, tree.ancestors, kv_len), kv=self.kv.layers(),
                                  rows=ctx_rows)
         out = self.target(tree.tokens, ctx)
-        logits = out.logits  # [B, D, V]; adjusted at each node for the tokens on its path (RowAdjust.tree_logits)
+        return out.logits, out.aux_hidden
+
+    def _verify_accept(self, r: Rows, tree: DraftTree, greedy: bool, shape: SpecConfig, lp: int | None,
+                       raw: torch.Tensor, aux: torch.Tensor) -> tuple[VerifyResult, torch.Tensor]:
+        """Acceptance over the verify's logits raw [B, D, V] (masked, adjusted; log-probabilities from the raw ones);
+        returns the result and the aux states, passed through."""
+        D = shape.draft_tokens
+        B = self._count(r)
+        L = self.seq_len[r]
+        chain = shape.topk == 1
+        logits = raw  # [B, D, V]; adjusted at each node for the tokens on its path (RowAdjust.tree_logits)
         if self.step_extras.constrained:
             logits = mask_logits(logits, self.grammar_rows.allowed(r, slice(0, D)))
         if self.step_extras.adjusted:
@@ -444,10 +505,10 @@ class ModelRunner(PrefillStep):
             res = verify_sampling(tree, probs.view(B, D, V), self._draws(r, L, VERIFY_SITE), tree.q,
                                   self.draft.draft_index if tree.q is not None else None)
         if lp is not None:  # committed token i was chosen from the logits of path node i (the bonus: the deepest's)
-            S1, V = res.path.shape[1], out.logits.shape[-1]
-            rows_logits = torch.gather(out.logits, 1, res.path[..., None].expand(B, S1, V))  # [B, S+1, V]
+            S1, V = res.path.shape[1], raw.shape[-1]
+            rows_logits = torch.gather(raw, 1, res.path[..., None].expand(B, S1, V))  # [B, S+1, V]
             self.lp_buffer.store(r, rows_logits.reshape(B * S1, V), res.tokens.reshape(-1), lp, S1)
-        return res, out.aux_hidden
+        return res, aux
 
     def _spec_commit(self, r: Rows, ctx_rows: torch.Tensor | None, kv_len: int, res: VerifyResult,
                      aux_all: torch.Tensor, shape: SpecConfig) -> tuple[torch.Tensor, torch.Tensor]:
@@ -475,8 +536,6 @@ class ModelRunner(PrefillStep):
         """One speculative step of shape `shapes[index]`; returns, per requested row, the accepted draft count m and
         the committed tokens (m drafts then the bonus: S+1 entries, of which the first m+1 count). Reading them is
         the step's sync (and, in a constrained step, reading the draft tree's tokens)."""
-        if self.constraint is not None:
-            self.load_grammar_root(rows)
         if self.graphs is not None:
             m_g, toks_g = self.collect(self.launch(spec_kind(index), rows, greedy, lp=lp))
             assert m_g is not None
@@ -485,11 +544,13 @@ class ModelRunner(PrefillStep):
         Lmax = max(self.host_len[i] for i in rows)
         r, ctx_rows = self._rows(rows)
         kv_len = Lmax + self.headroom()
+        if self.constraint is not None:
+            self.load_grammar_root(rows)
         with self.timer.phase("draft"):
             tree = self._spec_draft(r, ctx_rows, kv_len, greedy, shape)
         with self.timer.phase("verify"):
             if self.constraint is not None:
-                self._load_tree_masks(rows, tree, by_row=False)
+                self._load_tree_masks(rows, self._tree_to_host(rows, tree, by_row=False))
             res, aux = self._spec_verify(r, ctx_rows, kv_len, tree, greedy, shape, lp)
         with self.timer.phase("commit"):
             m_t, tok_t = self._spec_commit(r, ctx_rows, kv_len, res, aux, shape)
