@@ -66,6 +66,7 @@ from ..spec.tree import DraftTree, build_tree
 from ..spec.verify import VerifyResult, verify_greedy, verify_greedy_chain, verify_sampling
 from .drafter_rows import DrafterRows
 from .grammar_rows import GrammarRows
+from .grammar_step import GrammarStep
 from .kv_cache import KVCache
 from .logprob_buffer import LogprobBuffer, columns
 from .pending_step import PendingStep, ResultBuffers
@@ -89,7 +90,7 @@ def shape_index(kind: str) -> int:
     return int(kind[4:] or 0)
 
 
-class ModelRunner(PrefillStep):
+class ModelRunner(PrefillStep, GrammarStep):
     def __init__(
         self,
         target: torch.nn.Module,
@@ -277,56 +278,6 @@ class ModelRunner(PrefillStep):
         """The cache rows of a step's rows as an index tensor [B] (graph steps name rows 0..B-1 by a slice)."""
         return cached_arange(r.stop, self.device) if isinstance(r, slice) else r
 
-    def load_grammar_root(self, rows: Sequence[int]) -> None:
-        """Before a step holding structured outputs (`constraint`): each row's mask in its current state into slot 0
-        of `grammar_rows`, allocated at the first such step with the drafter's depth-1 logits table (graphs read
-        both by address, so neither is made inside a capture)."""
-        assert self.constraint is not None and self.step_extras.constrained
-        self.grammar_buffers().load(rows, self.constraint.root_bits()[:, None], self.constraint.has())
-
-    def grammar_buffers(self) -> GrammarRows:
-        """`grammar_rows`, allocated now if needed, with the drafter's depth-1 logits table (what a constrained step
-        reads: before any capture of one)."""
-        if self.grammar_rows is None:
-            depth = self.spec.draft_tokens if self.spec is not None else 1
-            self.grammar_rows = GrammarRows(self.rows, depth, self.target.config.vocab_size, self.device)
-        if self.spec is not None:
-            self.draft.keep_logits(True)
-        return self.grammar_rows
-
-    def _tree_to_host(self, rows: Sequence[int], tree: DraftTree, *,
-                      by_row: bool) -> tuple[torch.Tensor, torch.cuda.Event | None]:
-        """The step's rows' draft tokens and parents, [2, n, D], on their way to the host: a pinned copy enqueued
-        behind the draft, and the event that marks it done (None off CUDA: already there). `by_row`: the tree covers
-        cache rows 0..B-1 (a graph's), not the step's rows."""
-        tok, par = tree.tokens, tree.parents
-        if by_row:
-            index = self._host_index(rows)
-            tok, par = tok[index], par[index]
-        both = torch.stack((tok, par))
-        if self.device.type != "cuda":
-            return both, None
-        host = torch.empty(both.shape, dtype=both.dtype, pin_memory=True)
-        host.copy_(both, non_blocking=True)
-        event = torch.cuda.Event()
-        event.record()
-        return host, event
-
-    def _load_tree_masks(self, rows: Sequence[int], pending: tuple[torch.Tensor, torch.cuda.Event | None]) -> None:
-        """A verify's node masks (`StepGrammar.tree_bits`) into `grammar_rows`, from `_tree_to_host`'s copy (waiting
-        for it: the draft's end, not the verify forward enqueued since)."""
-        host, event = pending
-        if event is not None:
-            event.synchronize()
-        tokens, parents = host.tolist()
-        assert self.constraint is not None and self.grammar_rows is not None
-        self.grammar_rows.load(rows, self.constraint.tree_bits(tokens, parents))
-
-    def _host_index(self, rows: Sequence[int]) -> torch.Tensor:
-        """rows as an index tensor on the device, copied from pinned memory without waiting for the stream."""
-        pin = self.device.type == "cuda"
-        return torch.tensor(list(rows), dtype=torch.int64, pin_memory=pin).to(self.device, non_blocking=pin)
-
     def reseed(self, seed: int) -> None:
         """Sampling draws from `seed` on, as a runner built with that seed draws them: on CUDA the device's default
         generator (the captured graphs read its seed and offset at each replay), else the runner's own."""
@@ -399,14 +350,7 @@ class ModelRunner(PrefillStep):
         assert self.graphs is not None, "overlapped steps run through the graph path"
         Lmax = max(self.host_len[i] for i in rows) + ahead
         n = max(rows) + 1
-        after = None
-        if self.constraint is not None and kind == "decode":
-            after = {"decode": lambda _: self.load_grammar_root(rows)}
-        elif self.constraint is not None:
-            self.load_grammar_root(rows)
-            pending: list = []
-            after = {"draft": lambda tree: pending.append(self._tree_to_host(rows, tree, by_row=True)),
-                     "verify": lambda _: self._load_tree_masks(rows, pending.pop())}
+        after = self._grammar_hooks(kind, rows) if self.constraint is not None else None
         out = self.graphs.run(kind, n, Lmax, greedy, lp, after=after)  # the graphs' static output buffers
         toks, m = (out[0], None) if kind == "decode" else (out[1], out[0])  # [B] or [B, S+1]; [B]
         lps = self.lp_buffer.head(n) if lp is not None else None  # [n, S+1, W]: rows 0..n-1, contiguous
