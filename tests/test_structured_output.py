@@ -305,7 +305,7 @@ def test_sampled_speculation_keeps_the_constrained_distribution(models, name, sp
 
 
 def test_tree_masks_follow_each_nodes_path():
-    """StepGrammar.tree_masks against a fresh grammar per node: node j's mask is the state after its path; a path
+    """StepGrammar.tree_bits against a fresh grammar per node: node j's mask is the state after its path; a path
     the grammar refuses allows everything; a row without a grammar allows everything."""
     Vt = 70
     # root 0; 1, 2 at depth 1; 3 under 1; 4 under 2; 5 under 3; 6 under 4
