@@ -46,6 +46,7 @@ from collections.abc import Callable, Iterator, Mapping
 import torch
 
 from ..layers.attention import graph_build
+from .host_upload import upload
 from .row_sampling import StepExtras
 from .runner import shape_index
 
@@ -319,7 +320,7 @@ class GraphCache:
         dev = self.runner.device
         out = torch.empty(len(rows), dtype=torch.int64, device=dev)
         for g in groups:  # a group's tokens live in its graph's static output: copied before that graph replays again
-            index = torch.tensor(g, dtype=torch.int64, pin_memory=dev.type == "cuda").to(dev, non_blocking=True)
+            index = upload(g, dev, torch.int64)
             out.index_copy_(0, index, self.prefill([rows[i] for i in g], [prompts[i] for i in g], greedy, lp))
         return out
 

@@ -25,6 +25,7 @@ import torch
 
 from ..grammar.token_grammar import mask_words
 from ..layers.token_mask import allowed_tokens
+from .host_upload import upload
 
 Rows = Union[torch.Tensor, slice]
 
@@ -39,13 +40,10 @@ class GrammarRows:
             self.has = torch.zeros(rows, dtype=torch.bool, device=device)
 
     def load(self, rows: Sequence[int], bits: torch.Tensor, has: Sequence[bool] | None = None) -> None:
-        pin = self.device.type == "cuda"
-        index = torch.tensor(list(rows), dtype=torch.int64, pin_memory=pin).to(self.device, non_blocking=pin)
-        src = (bits.pin_memory() if pin else bits).to(self.device, non_blocking=pin)  # [n, d, W]
-        self.bits[:, : bits.shape[1]].index_copy_(0, index, src)
+        index = upload(rows, self.device, torch.int64)
+        self.bits[:, : bits.shape[1]].index_copy_(0, index, upload(bits, self.device))  # bits [n, d, W]
         if has is not None:
-            flags = torch.tensor(list(has), dtype=torch.bool, pin_memory=pin).to(self.device, non_blocking=pin)
-            self.has.index_copy_(0, index, flags)
+            self.has.index_copy_(0, index, upload(has, self.device, torch.bool))
 
     def allowed(self, r: Rows, slots: int | slice) -> torch.Tensor:
         return allowed_tokens(self.bits[r, slots], self.vocab)

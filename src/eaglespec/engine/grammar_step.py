@@ -22,6 +22,7 @@ import torch
 
 from ..spec.tree import DraftTree
 from .grammar_rows import GrammarRows
+from .host_upload import upload
 
 
 class GrammarStep:
@@ -49,7 +50,7 @@ class GrammarStep:
         cache rows 0..B-1 (a graph's), not the step's rows."""
         tok, par = tree.tokens, tree.parents
         if by_row:
-            index = self._host_index(rows)
+            index = upload(rows, self.device, torch.int64)
             tok, par = tok[index], par[index]
         both = torch.stack((tok, par))
         if self.device.type != "cuda":
@@ -69,11 +70,6 @@ class GrammarStep:
         tokens, parents = host.tolist()
         assert self.constraint is not None and self.grammar_rows is not None
         self.grammar_rows.load(rows, self.constraint.tree_bits(tokens, parents))
-
-    def _host_index(self, rows: Sequence[int]) -> torch.Tensor:
-        """rows as an index tensor on the device, copied from pinned memory without waiting for the stream."""
-        pin = self.device.type == "cuda"
-        return torch.tensor(list(rows), dtype=torch.int64, pin_memory=pin).to(self.device, non_blocking=pin)
 
     def _grammar_hooks(self, kind: str, rows: Sequence[int]) -> dict[str, Callable[[object], None]]:
         """The loads of a constrained graph step of `kind` over `rows`, by the phase after which each runs (module

@@ -33,6 +33,7 @@ import torch
 from ..layers.logit_adjust import adjust_logits, apply_terms, min_p_cut, row_terms, tree_logits
 from ..sampling_params import SamplingParams
 from ..spec.tree import DraftTree
+from .host_upload import upload
 
 Rows = Union[torch.Tensor, slice]
 
@@ -56,11 +57,6 @@ class RowAdjust:
         self.prompt_len = torch.zeros(R, dtype=torch.int64, device=dev)
         self.ready = True
 
-    def _to_device(self, values: Sequence, dtype: torch.dtype) -> torch.Tensor:
-        """A host list on the device without synchronising (from pinned memory on CUDA)."""
-        t = torch.tensor(list(values), dtype=dtype)
-        return t.pin_memory().to(self.device, non_blocking=True) if self.device.type == "cuda" else t
-
     def set(self, row: int, params: SamplingParams, prompt: Sequence[int], stop_ids: Collection[int]) -> None:
         """`stop_ids`: what min_tokens bans (the request's stop tokens, and EOS unless it ignores it)."""
         if not self.ready:
@@ -76,16 +72,16 @@ class RowAdjust:
         self.counts[row].zero_()
         for t in (self.seen, self.bias, self.stops):
             t[row].zero_()
+        dev, i64 = self.device, torch.int64  # host lists go up without synchronising (host_upload.py)
         if params.repetition_penalty != 1:
-            self.seen[row].index_fill_(0, self._to_device(prompt, torch.int64), True)
+            self.seen[row].index_fill_(0, upload(prompt, dev, i64), True)
         if params.allowed_token_ids is not None:  # every other token -inf, which no bias below lifts
-            self.bias[row].fill_(float("-inf")).index_fill_(0, self._to_device(params.allowed_token_ids, torch.int64),
-                                                            0.0)
+            self.bias[row].fill_(float("-inf")).index_fill_(0, upload(params.allowed_token_ids, dev, i64), 0.0)
         if params.logit_bias:
             ids, values = zip(*params.logit_bias)
-            self.bias[row].index_add_(0, self._to_device(ids, torch.int64), self._to_device(values, torch.float32))
+            self.bias[row].index_add_(0, upload(ids, dev, i64), upload(values, dev, torch.float32))
         if params.min_tokens and stop_ids:
-            self.stops[row].index_fill_(0, self._to_device(stop_ids, torch.int64), True)
+            self.stops[row].index_fill_(0, upload(stop_ids, dev, i64), True)
 
     def tensors(self) -> list[torch.Tensor]:
         if not self.ready:

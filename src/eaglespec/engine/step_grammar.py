@@ -36,6 +36,7 @@ import torch
 
 from ..grammar.token_grammar import TokenGrammar, mask_words
 from ..layers.token_mask import allowed_tokens
+from .host_upload import upload
 
 
 GRAMMAR_THREADS = min(8, os.cpu_count() or 1)
@@ -113,9 +114,7 @@ class StepGrammar:
                     g.rollback(taken)
 
             _each(row, len(rows))
-            pin = self.device.type == "cuda"
-            host = bitmask.pin_memory() if pin else bitmask
-            return allowed_tokens(host.to(self.device, non_blocking=pin), self.vocab)[..., target_ids]  # [B, J, Vd]
+            return allowed_tokens(upload(bitmask, self.device), self.vocab)[..., target_ids]  # [B, J, Vd]
 
         return allowed
 
