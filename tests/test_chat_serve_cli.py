@@ -149,9 +149,10 @@ def test_serve_runs_the_app_on_the_engine_the_options_describe(plain, capsys, mo
     assert answer == greedy(plain, [{"role": "user", "content": "What is the capital of France?"}], 12)
     assert seen["answer"]["eaglespec"]["verify_steps"] > 0
     assert seen["pair"] == {q: greedy(plain, [{"role": "user", "content": q}], 12) for q in PAIR}
-    # the CPU's default: 4 rows, speculating (the sampled shape: the default temperature is 1) while one runs
+    # the CPU's default: 4 rows, speculating while one runs: greedy requests in the tree S2 K2 D4 (as these ran),
+    # sampled ones (the default temperature is 1) in the chain of 2
     assert ("serving SmolLM2-135M-Instruct at http://127.0.0.1:8011/v1 on cpu: 4 rows of 512 tokens, speculative, "
-            "--spec 2,1,3 while at most 1 request runs (plain decoding steps beyond)") in err
+            "--spec 2,2,4;sampled=2,1,3 while at most 1 request runs (plain decoding steps beyond)") in err
 
 
 def test_serve_takes_its_api_key_from_the_option_or_the_environment(capsys, monkeypatch):

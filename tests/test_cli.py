@@ -75,19 +75,21 @@ def test_api_default_drafter_policy_on_the_cpu(monkeypatch):
     asked = cpu_forward_cost(monkeypatch, CPU_MAX_VERIFY_COST)  # at the greedy threshold: greedy speculation pays
     one = api.load(config=EngineConfig(device="cpu", max_batch_size=1))
     assert one.speculative and one.spec == SpecConfig(2, 2, 4) and one.plain_note is None
+    assert one.schedule.shape(1, greedy=False) is None  # its sampled steps, dearer than sampling pays for: plain
     dear = api.load(config=EngineConfig(device="cpu", max_batch_size=1), temperature=0.8)  # above the sampled one
     assert not dear.speculative
     assert dear.plain_note == (f"here a forward of 3 tokens costs {CPU_MAX_VERIFY_COST:.2f}x one of 1 token; sampled "
                                f"speculation pays on the CPU only up to {CPU_MAX_VERIFY_COST_SAMPLED}x")
-    assert asked == [4, 3]  # each shape's draft tokens: a verify's forward
+    assert asked == [4, 3, 3]  # each mode's draft tokens (a verify's forward), the engine's own mode first
     asked = cpu_forward_cost(monkeypatch, CPU_MAX_VERIFY_COST_SAMPLED)  # at the sampled threshold
     sampled = api.load(config=EngineConfig(device="cpu", max_batch_size=1), temperature=0.8)
-    assert sampled.speculative and sampled.spec == SpecConfig(2, 1, 3) and sampled.plain_note is None
+    assert sampled.speculative and sampled.plain_note is None
+    assert [sampled.schedule.shape(1, g) for g in (False, True)] == [SpecConfig(2, 1, 3), SpecConfig(2, 2, 4)]
     many = api.load(config=EngineConfig(device="cpu", max_batch_size=8))
-    assert not many.speculative and asked == [3]  # no shape measured for 8 rows: nothing timed
+    assert not many.speculative and asked == [3, 4]  # no shape measured for 8 rows: nothing timed
     # speculative steps of at most one row (spec_max_rows, `eaglespec serve`'s CPU default): the one-row shape
     lone = api.load(config=EngineConfig(device="cpu", max_batch_size=4, spec_max_rows=1))
-    assert lone.speculative and lone.spec == SpecConfig(2, 2, 4) and asked == [3, 4]
+    assert lone.speculative and lone.spec == SpecConfig(2, 2, 4) and asked == [3, 4, 4, 3]
     forced = api.load(spec=SpecConfig(2, 1, 3), config=EngineConfig(device="cpu", max_batch_size=8))
     assert forced.speculative and forced.spec == SpecConfig(2, 1, 3)
     cpu_forward_cost(monkeypatch, 1.7)  # session 18's machine through F.linear: a 3-token forward at 1.64-1.80x
@@ -103,58 +105,100 @@ def test_default_drafter_policy_per_device_and_engine_size(monkeypatch):
     tree S2 K2 D4 in one-row CPU engines when greedy and a chain of 2 when sampling; on CUDA when greedy a chain of 3
     at 1 and 9-16 rows, the tree S4 K4 D8 at 2-8 and S5 K2 D8 at 17-32 rows, in engines of up to 32 rows (unmeasured
     above 32 rows), greedy in float32 the chain of 3 at 1-32 rows, and when sampling the chain of 3 in engines of up
-    to 32 rows; plain decoding elsewhere, and an explanation for each case. A policy of several shapes gives engines of several rows a schedule, each step the
-    shape of its rows."""
+    to 32 rows; plain decoding elsewhere, and an explanation for each case. A policy of several shapes gives engines
+    of several rows a schedule, each step the shape of its rows; greedy and sampled steps each take their own
+    mode's shapes (`SpecSchedule.sampled`), whatever temperature the engine is built for: the temperature decides
+    only whether it speculates at all."""
     import eaglespec.assets as assets
     from eaglespec.assets import default_spec, slower_note
     from eaglespec.config import SpecConfig, SpecSchedule
 
-    assert default_spec("cpu", 1) == SpecConfig(2, 2, 4) and default_spec("cpu", 2) is None
+    two, chain2 = SpecConfig(2, 2, 4), SpecConfig(2, 1, 3)
+    cpu = SpecSchedule(((1, two),), sampled=((1, chain2),))  # a greedy tree, a sampled chain
+    assert default_spec("cpu", 1) == cpu and default_spec("cpu", 2) is None
+    assert default_spec("cpu", 1, temperature=1.0) == cpu and default_spec("cpu", 2, 1.0) is None
+    assert [cpu.shape(1, greedy) for greedy in (True, False)] == [two, chain2]
     chain, tree = SpecConfig(3, 1, 4), SpecConfig(4, 4, 16)
     # sessions 19 and 25: the chain of 3 at one row and at 9-16 rows, the tree S4 K4 D8 at 2-8 rows and S5 K2 D8 at
-    # 17-32 rows: each shape where it measured faster (docs/benchmarks.md)
+    # 17-32 rows: each shape where it measured faster (docs/benchmarks.md); sampled steps the chain of 3 (session 24)
     k4, k2 = SpecConfig(4, 4, 8), SpecConfig(5, 2, 8)
-    assert default_spec("cuda", 1) == chain
-    assert default_spec("cuda", 8) == SpecSchedule(((1, chain), (8, k4)))
-    assert default_spec("cuda", 12) == SpecSchedule(((1, chain), (8, k4), (12, chain)))
-    assert default_spec("cuda", 32) == SpecSchedule(((1, chain), (8, k4), (16, chain), (32, k2)))
-    assert default_spec("cuda", 32).shapes == (chain, k4, k2)  # each step bucket takes one of them
-    assert [default_spec("cuda", 32).shapes[default_spec("cuda", 32).shape_index(r)]
-            for r in (1, 2, 8, 9, 16, 17, 32)] == [chain, k4, k4, chain, chain, k2, k2]
+    assert default_spec("cuda", 1) == chain  # one shape for every step
+    assert default_spec("cuda", 8) == SpecSchedule(((1, chain), (8, k4)), sampled=((8, chain),))
+    assert default_spec("cuda", 12) == SpecSchedule(((1, chain), (8, k4), (12, chain)), sampled=((12, chain),))
+    full = SpecSchedule(((1, chain), (8, k4), (16, chain), (32, k2)), sampled=((32, chain),))
+    assert default_spec("cuda", 32) == full
+    assert full.shapes == (chain, k4, k2)  # each step bucket takes one of them
+    assert [full.shapes[full.shape_index(r)] for r in (1, 2, 8, 9, 16, 17, 32)] == [chain, k4, k4, chain, chain, k2,
+                                                                                  k2]
+    assert {full.shapes[full.shape_index(r, greedy=False)] for r in (1, 2, 8, 9, 16, 17, 32)} == {chain}
     assert default_spec("cuda", 33) is None and "above 32 rows" in slower_note("cuda")
     # greedy float32 on CUDA (session 38): the bf16 trees lost there (0.92x / 0.86x at 8 / 32 rows), the chain of 3
-    # at 1-32 rows; bf16 / float16 / unsaid keep the bf16 table, the CPU (float32 always) its own, sampling its own
+    # at 1-32 rows; bf16 / float16 / unsaid keep the bf16 table, the CPU (float32 always) its own
     for rows in (1, 8, 16, 32):
         assert default_spec("cuda", rows, 0.0, torch.float32) == chain
     assert default_spec("cuda", 33, 0.0, torch.float32) is None
     for dtype in (None, torch.bfloat16, torch.float16):
-        assert default_spec("cuda", 32, 0.0, dtype) == SpecSchedule(((1, chain), (8, k4), (16, chain), (32, k2)))
-    assert default_spec("cpu", 1, 0.0, torch.float32) == SpecConfig(2, 2, 4)
+        assert default_spec("cuda", 32, 0.0, dtype) == full
+    assert default_spec("cpu", 1, 0.0, torch.float32) == cpu
     assert default_spec("cuda", 8, 1.0, torch.float32) == chain
     from eaglespec.api import auto_spec  # `load` and `bench --spec auto` read the dtype off the target's weights
     assert auto_spec(torch.nn.Linear(2, 2), "cuda", 8) == (chain, None)
-    assert auto_spec(torch.nn.Linear(2, 2).to(torch.bfloat16), "cuda", 8) == (SpecSchedule(((1, chain), (8, k4))),
-                                                                              None)
+    assert auto_spec(torch.nn.Linear(2, 2).to(torch.bfloat16), "cuda", 8) == (
+        SpecSchedule(((1, chain), (8, k4)), sampled=((8, chain),)), None)
     wide = SpecConfig(5, 2, 8)  # session 15's policy: past 16 rows the K = 2 tree
     monkeypatch.setitem(assets._DEFAULT_SPEC, "cuda", ((16, chain), (32, wide)))
-    assert default_spec("cuda", 32) == SpecSchedule(((16, chain), (32, wide)))
+    assert default_spec("cuda", 32) == SpecSchedule(((16, chain), (32, wide)), sampled=((32, chain),))
     assert [default_spec("cuda", 24).shapes[default_spec("cuda", 24).shape_index(r)] for r in (1, 16, 17, 24)] == [
         chain, chain, wide, wide]
     monkeypatch.setitem(assets._DEFAULT_SPEC, "cuda", ((1, chain), (8, tree), (32, chain)))  # session 13's policy
     assert default_spec("cuda", 1) == chain  # engines of several rows: a schedule, each step the shape of its rows
-    assert default_spec("cuda", 2) == SpecSchedule(((1, chain), (2, tree)))
-    assert default_spec("cuda", 8) == SpecSchedule(((1, chain), (8, tree)))
-    assert default_spec("cuda", 32) == SpecSchedule(((1, chain), (8, tree), (32, chain)))
+    assert default_spec("cuda", 2) == SpecSchedule(((1, chain), (2, tree)), sampled=((2, chain),))
+    assert default_spec("cuda", 32) == SpecSchedule(((1, chain), (8, tree), (32, chain)), sampled=((32, chain),))
     assert [default_spec("cuda", 32).shapes[default_spec("cuda", 32).shape_index(r)] for r in (1, 5, 8, 9, 32)] == [
         chain, tree, tree, chain, chain]
     assert default_spec("cuda", 33) is None and "above 32 rows" in slower_note("cuda")
     assert default_spec("mps", 1) is None and "not measured on mps" in slower_note("mps")
-    assert default_spec("cpu", 1, temperature=1.0) == SpecConfig(2, 1, 3) and default_spec("cpu", 2, 1.0) is None
-    # sampled on CUDA (session 24's measurements): the chain of 3 at 1-32 rows, one shape
+    # sampled on CUDA (session 24's measurements): the chain of 3 at 1-32 rows; an engine built to sample still
+    # gives greedy steps their trees
     three = SpecConfig(3, 1, 4)
     assert default_spec("cuda", 1, temperature=0.7) == three
-    assert default_spec("cuda", 8, 1.0) == three and default_spec("cuda", 32, 1.0) == three
+    assert default_spec("cuda", 32, 1.0) == SpecSchedule(((1, chain), (8, tree), (32, chain)), sampled=((32, three),))
     assert default_spec("cuda", 33, temperature=0.7) is None and "above 32 rows" in slower_note("cuda")
+    # a mode the table does not reach: sampled steps decode plainly, greedy steps take the sampled shapes
+    monkeypatch.setitem(assets._DEFAULT_SPEC_SAMPLED, "cuda", ((8, three),))
+    assert default_spec("cuda", 16) == SpecSchedule(((1, chain), (8, tree), (16, chain)), sampled=())
+    assert default_spec("cuda", 16, 1.0) is None  # built to sample: plain decoding
+    monkeypatch.setitem(assets._DEFAULT_SPEC_SAMPLED, "cuda", ((64, three),))
+    assert default_spec("cuda", 64, 1.0) == three and default_spec("cuda", 64) is None
+
+
+def test_auto_times_each_modes_draft_tokens_on_the_cpu(monkeypatch):
+    """On the CPU `auto` times a forward of each mode's draft tokens (greedy: 4, sampled: 3) against its own limit
+    (1.5x and 1.2x one token): where the engine's own mode fails it decodes plainly and says why; where only the
+    other mode fails, that mode's steps decode plainly (sampled) or take the sampled shape (greedy)."""
+    from eaglespec.api import auto_spec
+    from eaglespec.config import SpecConfig, SpecSchedule
+
+    two, chain2 = SpecConfig(2, 2, 4), SpecConfig(2, 1, 3)
+    target = torch.nn.Linear(2, 2)
+
+    def costs(ratios: dict[int, float]) -> list[int]:
+        asked: list[int] = []
+        monkeypatch.setattr("eaglespec.api.verify_cost_ratio",
+                            lambda model, tokens, repeats=3: asked.append(tokens) or ratios[tokens])
+        return asked
+
+    asked = costs({4: 1.1, 3: 1.0})
+    assert auto_spec(target, "cpu") == (SpecSchedule(((1, two),), sampled=((1, chain2),)), None) and asked == [4, 3]
+    asked = costs({4: 1.3, 3: 1.25})  # greedy pays, sampled does not: sampled steps decode plainly
+    assert auto_spec(target, "cpu") == (SpecSchedule(((1, two),), sampled=()), None)
+    spec, note = auto_spec(target, "cpu", temperature=1.0)  # an engine built to sample decodes plainly
+    assert spec is None and "a forward of 3 tokens costs 1.25x one of 1 token; sampled speculation" in note
+    assert asked == [4, 3, 3]  # its own mode is timed first, and alone where it loses
+    asked = costs({4: 1.6, 3: 1.1})  # sampled pays, greedy's tree does not: greedy steps take the sampled chain
+    assert auto_spec(target, "cpu", temperature=1.0) == (chain2, None) and asked == [3, 4]
+    spec, note = auto_spec(target, "cpu")
+    assert spec is None and "a forward of 4 tokens costs 1.60x" in note
 
 
 def test_generate_with_penalties_speculates_to_plain_decodings_answer(capsys, monkeypatch, smollm2):
@@ -250,14 +294,15 @@ def test_the_embedded_model_and_the_shipped_drafter_named_by_path(tmp_path, caps
 
     asked = cpu_forward_cost(monkeypatch, 1.0)
     by_path = api.load(str(copy), config=EngineConfig(device="cpu", max_batch_size=1))
-    assert by_path.speculative and by_path.spec == SpecConfig(2, 2, 4) and asked == [4]  # timed, as for no --model
+    # timed (each mode's draft tokens), as for no --model
+    assert by_path.speculative and by_path.spec == SpecConfig(2, 2, 4) and asked == [4, 3]
     shipped = default_drafter_path()
     drafter = tmp_path / "drafter"
     shutil.copytree(shipped, drafter)
     assert is_default_drafter(shipped) and is_default_drafter(drafter) and not is_default_drafter(tmp_path)
     lone = EngineConfig(device="cpu", max_batch_size=4, spec_max_rows=1)
     named = api.load(str(copy), draft=str(drafter), config=lone)
-    assert named.spec == SpecConfig(2, 2, 4) and asked == [4]  # the one-row shape, not timed
+    assert named.spec == SpecConfig(2, 2, 4) and asked == [4, 3]  # the one-row shape, not timed
     config = drafter / "config.json"
     config.write_text(config.read_text() + "\n")  # the same drafter to json, other bytes: not the shipped one
     assert not is_default_drafter(drafter)
@@ -271,11 +316,19 @@ def test_the_embedded_model_and_the_shipped_drafter_named_by_path(tmp_path, caps
 
 def test_spec_text_round_trip():
     from eaglespec.config import SpecConfig, SpecSchedule, parse_spec, spec_text
+    from eaglespec.errors import ConfigError
 
-    for text in ("3,1,4", "1:3,1,4/8:4,2,8/16:3,1,4/32:4,2,8"):
+    for text in ("3,1,4", "1:3,1,4/8:4,2,8/16:3,1,4/32:4,2,8", "1:3,1,4/8:4,4,8;sampled=3,1,4",
+                 "4,2,8;sampled=1:2,1,3/8:3,1,4", "1:3,1,4/8:4,4,8;sampled=plain"):
         assert spec_text(parse_spec(text)) == text
     assert parse_spec(" 5, 4, 16 ") == SpecConfig(5, 4, 16)
     assert parse_spec("2:2,1,3/4:2,2,4") == SpecSchedule(((2, SpecConfig(2, 1, 3)), (4, SpecConfig(2, 2, 4))))
+    # sampled steps' own shapes: a lone shape covers every step, as a lone greedy shape does
+    assert parse_spec("2:2,1,3/4:2,2,4; sampled = 3,1,4").shape(100, greedy=False) == SpecConfig(3, 1, 4)
+    assert parse_spec("4,2,8;sampled=plain") == SpecSchedule(((1 << 30, SpecConfig(4, 2, 8)),), sampled=())
+    for bad in ("3,1,4;greedy=3,1,4", "3,1,4;sampled=", "3,1,4;sampled=3,1,4;sampled=plain", "3,1,4;3,1,4"):
+        with pytest.raises(ConfigError, match="--spec takes a greedy shape or schedule, then optionally ;sampled="):
+            parse_spec(bad)
     import argparse
 
     from eaglespec.cli.options import spec_config

@@ -175,7 +175,7 @@ def run_logging_kinds(eng: Engine, lengths: list[int]) -> tuple[list, list[str]]
     reqs = [eng.add_request(p, SamplingParams(max_new_tokens=n, ignore_eos=True)) for p, n in zip(PROMPTS, lengths)]
     kinds: list[str] = []
     step_kind = eng._step_kind
-    eng._step_kind = lambda rows: kinds.append(step_kind(rows)) or step_kind(rows)
+    eng._step_kind = lambda rows, greedy: kinds.append(step_kind(rows, greedy)) or step_kind(rows, greedy)
     while eng.has_work():
         eng.step()
     return reqs, kinds
@@ -227,6 +227,53 @@ def test_schedule_picks_by_the_highest_row():
         SpecSchedule(((8, SpecConfig()), (4, SpecConfig())))
     with pytest.raises(ConfigError, match="increasing"):
         SpecSchedule(())
+
+
+    two = SpecSchedule(((2, SpecConfig(3, 1, 4)), (8, SpecConfig(4, 2, 6))), sampled=((8, SpecConfig(2, 1, 3)),))
+    assert [two.shape(r, g) for r, g in ((1, True), (3, True), (1, False), (3, False))] == [
+        SpecConfig(3, 1, 4), SpecConfig(4, 2, 6), SpecConfig(2, 1, 3), SpecConfig(2, 1, 3)]
+    assert two.shapes == (SpecConfig(3, 1, 4), SpecConfig(4, 2, 6), SpecConfig(2, 1, 3)) and two.single is None
+    plain = SpecSchedule(((8, SpecConfig(4, 2, 6)),), sampled=())  # sampled steps decode plainly
+    assert plain.shape_index(1, greedy=False) is None and plain.shape_index(1) == 0 and plain.single is None
+    assert SpecSchedule.of(SpecConfig(3, 1, 4)).single == SpecConfig(3, 1, 4)
+    with pytest.raises(ConfigError, match="sampled row limits >= 1 in increasing order"):
+        SpecSchedule(((8, SpecConfig()),), sampled=((4, SpecConfig()), (2, SpecConfig())))
+
+
+TWO_MODES = SpecSchedule(((8, SpecConfig(4, 2, 6)),), sampled=((8, SpecConfig(3, 1, 4)),))
+
+
+@pytest.mark.parametrize("overlap,graphs", [(False, False), (True, True)], ids=["eager", "static-overlap"])
+def test_greedy_and_sampled_steps_take_their_own_shapes(target, drafter, reference, overlap, graphs):
+    """`SpecSchedule.sampled`: a step where any row samples takes the sampled entries' shape (here the chain of 3),
+    a step of greedy rows only the greedy entries' (the tree), switching as the sampled request finishes; the greedy
+    rows still get plain greedy's tokens, and both shapes ran."""
+    from eaglespec.engine.cuda_graphs import GraphCache
+
+    eng = Engine(target, None, EngineConfig(max_batch_size=3, overlap=overlap), drafter=drafter, spec=TWO_MODES)
+    if graphs:
+        eng.runner.graphs = GraphCache(eng.runner, capture=False)
+    greedy = [eng.add_request(p, SamplingParams(max_new_tokens=48, ignore_eos=True)) for p in PROMPTS[:2]]
+    sampled = eng.add_request(PROMPTS[2], SamplingParams(max_new_tokens=16, ignore_eos=True, temperature=1.0,
+                                                         seed=7))
+    while eng.has_work():
+        eng.step()
+    assert [r.output_ids for r in greedy] == reference[:2] and len(sampled.output_ids) == 16
+    assert eng.step_counts["spec 3,1,4"] > 0 and eng.step_counts["spec 4,2,6"] > 0
+    assert eng.step_counts["decode"] == 0
+
+
+def test_sampled_steps_decode_plainly_where_the_schedule_says_so(target, drafter, reference):
+    """`sampled=()`: steps holding a sampled row decode plainly (the drafter kept in step), giving a seeded request
+    what a plain engine gives it; greedy requests on the same engine still speculate, to plain greedy's tokens."""
+    params = SamplingParams(max_new_tokens=24, ignore_eos=True, temperature=1.0, seed=11)
+    want = Engine(target, None).generate([PROMPTS[0]], params)[0].token_ids
+    eng = Engine(target, None, EngineConfig(max_batch_size=2), drafter=drafter,
+                 spec=SpecSchedule(((8, SpecConfig(4, 2, 6)),), sampled=()))
+    assert eng.generate([PROMPTS[0]], params)[0].token_ids == want
+    assert eng.step_counts["spec"] == 0 and eng.step_counts["decode"] > 0
+    out = eng.generate([PROMPTS[1]], SamplingParams(max_new_tokens=48, ignore_eos=True))[0]
+    assert out.token_ids == reference[1] and eng.step_counts["spec"] > 0
 
 
 @pytest.mark.parametrize("spec", [SpecConfig(3, 1, 4), SpecConfig(4, 2, 6)], ids=["chain", "tree"])

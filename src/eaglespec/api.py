@@ -7,14 +7,15 @@
 `draft="auto"` (the default) speculates with the shipped drafter when the model is the embedded default (None, or a
 path to its GGUF or a copy of it) and plainly otherwise; without an explicit `spec` it takes the measured shapes of
 `assets.default_spec` for the device, the engine's rows (on the CPU: one-row engines, as `eaglespec generate` builds;
-a `SpecSchedule` where the shapes measured differ by rows, each step the shape of the rows it runs), the
-`temperature` the engine is meant to serve (sampled: the chain of 2 in one-row CPU engines; on CUDA the chain of 3 up
-to 32 rows) and the dtype (greedy float32 on CUDA: the
-chain of 3 up to 32 rows, where bf16 takes trees at 2-8 and 17-32 rows), and decodes plainly where the drafter was
-measured slower than plain decoding; on the CPU it first times the target's forwards on this machine
-(`engine/verify_cost.py`) and decodes plainly where a forward of the shape's draft tokens costs more than
+a `SpecSchedule` where the shapes measured differ by rows, each step the shape of the rows it runs) and the dtype
+(greedy float32 on CUDA: the chain of 3 up to 32 rows, where bf16 takes trees at 2-8 and 17-32 rows), greedy steps
+and sampled steps each their own (sampled: the chain of 2 in one-row CPU engines, on CUDA the chain of 3 up to 32
+rows; `SpecSchedule.sampled`). It decodes plainly where the drafter was measured slower than plain decoding at the
+`temperature` the engine is meant to serve; on the CPU it first times the target's forwards on this machine
+(`engine/verify_cost.py`) and decodes plainly where a forward of its mode's draft tokens costs more than
 `assets.cpu_max_verify_cost(temperature)` one-token forwards (`auto_spec` makes that choice; the engine's
-`plain_note` then says why). `spec` may be a SpecConfig or a SpecSchedule.
+`plain_note` then says why; the other mode's steps decode plainly, or take the sampled shapes, where theirs fail).
+`spec` may be a SpecConfig or a SpecSchedule.
 `draft=None` never speculates; a path loads that EAGLE-3 drafter checkpoint (the shipped drafter's folder, or a copy
 of it, without `spec`: `assets.default_spec`'s shape, untimed).
 """
@@ -30,8 +31,8 @@ from .engine.engine import Engine
 from .engine.transforms import prepare_for_inference
 from .errors import ConfigError
 from .loading.checkpoint import load_model, resolve_device, resolve_dtype
-from .assets import (cpu_max_verify_cost, default_drafter_path, default_spec, is_default_drafter, slower_note,
-                     verify_cost_note)
+from .assets import (cpu_max_verify_cost, default_drafter_path, default_spec, is_default_drafter, mode_entries,
+                     schedule_of, slower_note, verify_cost_note)
 from .loading.default import is_default_model
 from .engine.verify_cost import verify_cost_ratio
 
@@ -53,24 +54,40 @@ def spec_rows(max_batch_size: int, spec_max_rows: int | None) -> int:
 
 
 def auto_spec(target: torch.nn.Module, device_type: str, max_batch_size: int = 1, temperature: float = 0.0,
-              spec_max_rows: int | None = None) -> tuple[SpecConfig | SpecSchedule | None, str | None]:
+              spec_max_rows: int | None = None, own_mode_only: bool = False
+              ) -> tuple[SpecConfig | SpecSchedule | None, str | None]:
     """What `draft="auto"` speculates with on the shipped drafter for an engine of `max_batch_size` rows on this
-    device type at this temperature in `target`'s dtype: (`assets.default_spec`'s shape or schedule, None), or
-    (None, why not) where plain decoding is the choice: measured slower there (`assets.slower_note`), or, on the
-    CPU, a forward of the shape's draft tokens timed on this machine at more than `cpu_max_verify_cost(temperature)`
-    one-token forwards (`target` prepared as the engine runs it). With `spec_max_rows` (EngineConfig) no speculative
-    step runs more rows than that, so the choice is the one for that many rows. `load` and `eaglespec bench --spec
-    auto` both take it."""
-    spec = default_spec(device_type, spec_rows(max_batch_size, spec_max_rows), temperature,
-                        next(target.parameters()).dtype)
-    if spec is None:
+    device type in `target`'s dtype, built for steps at this temperature (greedy and sampled steps each take their
+    mode's shapes: `assets.schedule_of`): (`assets.default_spec`'s shape or schedule, None), or (None, why not) where
+    plain decoding is the choice for the engine's temperature: measured slower there (`assets.slower_note`), or, on
+    the CPU, a forward of the mode's draft tokens timed on this machine at more than `cpu_max_verify_cost` one-token
+    forwards for that mode (`target` prepared as the engine runs it; the other mode's shapes are timed the same way,
+    and dropped where they fail). With `spec_max_rows` (EngineConfig) no speculative step runs more rows than that,
+    so the choice is the one for that many rows. `own_mode_only`: the steps of the engine's own mode alone (a bench
+    run's requests are all greedy or all sampled: the other mode is neither timed nor scheduled). `load` and
+    `eaglespec bench --spec auto` both take it."""
+    greedy, sampled = mode_entries(device_type, spec_rows(max_batch_size, spec_max_rows),
+                                   next(target.parameters()).dtype)
+    if schedule_of(greedy, sampled, temperature) is None:
         return None, slower_note(device_type)
     if device_type == "cpu":  # the CPU's premise (a few-token forward costs about a 1-token one) is measured
-        tokens = spec_envelope(SpecSchedule.of(spec).shapes).draft_tokens
-        ratio = verify_cost_ratio(target, tokens)
-        if ratio > cpu_max_verify_cost(temperature):
-            return None, verify_cost_note(ratio, tokens, temperature)
-    return spec, None
+        ratios: dict[int, float] = {}  # draft tokens -> the measured ratio, each size timed once
+        modes = {False: greedy, True: sampled}  # sampled? -> entries; the engine's own mode first
+        for mode in sorted(modes, key=lambda m: m != (temperature > 0)):
+            entries = modes[mode]
+            if entries is None or (own_mode_only and mode != (temperature > 0)):
+                continue
+            tokens = spec_envelope([spec for _, spec in entries]).draft_tokens
+            if tokens not in ratios:
+                ratios[tokens] = verify_cost_ratio(target, tokens)
+            if ratios[tokens] > cpu_max_verify_cost(1.0 if mode else 0.0):
+                if mode == (temperature > 0):  # the engine's own steps lose: it decodes plainly
+                    return None, verify_cost_note(ratios[tokens], tokens, temperature)
+                modes[mode] = None
+        greedy, sampled = modes[False], modes[True]
+    if own_mode_only:
+        greedy = sampled = sampled if temperature > 0 else greedy
+    return schedule_of(greedy, sampled, temperature), None
 
 
 def load(
@@ -81,8 +98,9 @@ def load(
     temperature: float = 0.0,
 ) -> Engine:
     """Load a target (None: the embedded default) and, optionally, its drafter, and build an engine. `temperature`
-    only informs `draft="auto"`'s choice (requests still carry their own sampling parameters), which is made for
-    the most rows a speculative step runs: `max_batch_size`, or `spec_max_rows` where that is smaller."""
+    only informs `draft="auto"`'s choice of whether to speculate (requests still carry their own sampling parameters,
+    and each step takes the shapes of its mode, greedy or sampled), which is made for the most rows a speculative
+    step runs: `max_batch_size`, or `spec_max_rows` where that is smaller."""
     device = resolve_device(config.device)
     dtype_name = config.dtype if config.dtype != "auto" else ("bfloat16" if device.type == "cuda" else "float32")
     loaded = load_model(model, device=device, dtype=dtype_name)

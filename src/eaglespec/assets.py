@@ -160,18 +160,12 @@ def is_default_drafter(path: str | Path) -> bool:
     return all((p / f.name).is_file() and filecmp.cmp(p / f.name, f, shallow=False) for f in files)
 
 
-def default_spec(device_type: str, max_batch_size: int = 1, temperature: float = 0.0,
-                 dtype: torch.dtype | None = None) -> SpecConfig | SpecSchedule | None:
-    """What `draft="auto"` speculates with on this device type for an engine of this many rows serving at this
-    temperature (0: greedy) in this dtype (None: the device's default, bf16 on CUDA); None: plain decoding is faster
-    there. An engine of several rows gets the measured shapes up to its size as a `SpecSchedule` (each step takes the
-    shape of the rows it runs) where they differ, else the one shape."""
-    if temperature > 0:
-        table = _DEFAULT_SPEC_SAMPLED
-    elif dtype == torch.float32 and device_type in _DEFAULT_SPEC_FLOAT32:
-        table = _DEFAULT_SPEC_FLOAT32
-    else:
-        table = _DEFAULT_SPEC
+Entries = tuple[tuple[int, SpecConfig], ...]
+
+
+def _entries(table: dict[str, Entries], device_type: str, max_batch_size: int) -> Entries | None:
+    """A policy table's shapes for an engine of this many rows (each entry's rows capped by it); None: the table
+    does not reach such an engine (plain decoding there)."""
     shapes = table.get(device_type, ())
     if not any(max_batch_size <= rows for rows, _ in shapes):
         return None
@@ -180,9 +174,47 @@ def default_spec(device_type: str, max_batch_size: int = 1, temperature: float =
         entries.append((min(rows, max_batch_size), spec))
         if max_batch_size <= rows:
             break
-    if len({spec for _, spec in entries}) == 1:
-        return entries[0][1]
-    return SpecSchedule(tuple(entries))
+    return tuple(entries)
+
+
+def mode_entries(device_type: str, max_batch_size: int = 1, dtype: torch.dtype | None = None
+                 ) -> tuple[Entries | None, Entries | None]:
+    """The measured shapes of greedy steps and of sampled steps (each None where that mode decodes plainly) for an
+    engine of this many rows on this device type in this dtype (None: the device's default, bf16 on CUDA)."""
+    greedy_table = _DEFAULT_SPEC_FLOAT32 if dtype == torch.float32 and device_type in _DEFAULT_SPEC_FLOAT32 \
+        else _DEFAULT_SPEC
+    return (_entries(greedy_table, device_type, max_batch_size),
+            _entries(_DEFAULT_SPEC_SAMPLED, device_type, max_batch_size))
+
+
+def schedule_of(greedy: Entries | None, sampled: Entries | None, temperature: float = 0.0
+                ) -> SpecConfig | SpecSchedule | None:
+    """The speculation of an engine serving at `temperature` (0: greedy) whose greedy and sampled steps pay with
+    these entries (None: that mode decodes plainly): None where its own mode does not pay (the engine decodes
+    plainly: `temperature` names the steps it is built for); else a schedule whose other mode's steps take their own
+    shapes, decode plainly where sampled ones do not pay, or take the sampled shapes where greedy ones are not
+    known (sampling's narrower shapes pay for greedy steps too: greedy accepts more a step); one shape where every
+    step takes it."""
+    main = sampled if temperature > 0 else greedy
+    if main is None:
+        return None
+    if greedy is None:
+        greedy = sampled
+    assert greedy is not None
+    if sampled == greedy:
+        shapes = {spec for _, spec in greedy}
+        return greedy[0][1] if len(shapes) == 1 else SpecSchedule(greedy)
+    return SpecSchedule(greedy, sampled=sampled if sampled is not None else ())
+
+
+def default_spec(device_type: str, max_batch_size: int = 1, temperature: float = 0.0,
+                 dtype: torch.dtype | None = None) -> SpecConfig | SpecSchedule | None:
+    """What `draft="auto"` speculates with on this device type for an engine of this many rows serving at this
+    temperature (0: greedy) in this dtype (None: the device's default, bf16 on CUDA); None: plain decoding is faster
+    there for the engine's temperature. Greedy and sampled steps each take their mode's measured shapes
+    (`mode_entries`, `schedule_of`): an engine of several rows gets them up to its size as a `SpecSchedule` (each step
+    takes the shape of the rows it runs) where they differ, else the one shape."""
+    return schedule_of(*mode_entries(device_type, max_batch_size, dtype), temperature)
 
 
 def cpu_max_verify_cost(temperature: float = 0.0) -> float:

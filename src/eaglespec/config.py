@@ -314,34 +314,59 @@ class SpecConfig:
         return SpecConfig(steps=steps, topk=1, draft_tokens=steps + 1)
 
 
+ALL_ROWS = 1 << 30  # a schedule entry's row limit that every engine is within (`SpecSchedule.of`'s lone shape)
+
+
 @dataclass(frozen=True)
 class SpecSchedule:
-    """Speculation shapes chosen per step by the rows it runs: `entries` = ((max_rows, SpecConfig), ...) by increasing
-    max_rows. A step over rows 0..R-1 (R = its highest running row + 1: the CUDA graph's batch bucket is sized by it,
-    and inert rows below it cost as much as running ones) takes the first entry with R <= max_rows, past the last
-    entry the last one. One engine can so verify a chain for a lone request and a tree once several run (the shipped
-    SmolLM2 drafter on the H200: a chain of 3 at one row, the tree S4 K4 D16 at 2-8; docs/benchmarks.md)."""
+    """Speculation shapes chosen per step by the rows it runs and by whether it samples: `entries` = ((max_rows,
+    SpecConfig), ...) by increasing max_rows, for greedy steps (every row greedy). A step over rows 0..R-1 (R = its
+    highest running row + 1: the CUDA graph's batch bucket is sized by it, and inert rows below it cost as much as
+    running ones) takes the first entry with R <= max_rows, past the last entry the last one. One engine can so
+    verify a chain for a lone request and a tree once several run (the shipped SmolLM2 drafter on the H200: a chain
+    of 3 at one row, the tree S4 K4 D8 at 2-8; docs/benchmarks.md).
+
+    `sampled`: the entries of steps where any row samples, chosen the same way; None: those of greedy steps; ():
+    sampled steps decode plainly. Sampling accepts fewer drafts than greedy decoding (a tree's siblings rarely
+    rescue a rejected draft), so it pays for narrower shapes: the H200's sampled steps take the chain of 3 where
+    greedy steps take trees (docs/benchmarks.md, "Session 24", "Session 51")."""
 
     entries: tuple[tuple[int, SpecConfig], ...]
+    sampled: tuple[tuple[int, SpecConfig], ...] | None = None
 
     def __post_init__(self) -> None:
-        rows = [r for r, _ in self.entries]
-        if not rows or rows[0] < 1 or any(b <= a for a, b in zip(rows, rows[1:])):
-            raise ConfigError(f"a speculation schedule needs row limits >= 1 in increasing order (got {rows})")
+        for name, entries in (("", self.entries), ("sampled ", self.sampled or ())):
+            rows = [r for r, _ in entries]
+            if (name == "" and not rows) or (rows and rows[0] < 1) or any(b <= a for a, b in zip(rows, rows[1:])):
+                raise ConfigError(f"a speculation schedule needs {name}row limits >= 1 in increasing order "
+                                  f"(got {rows})")
 
     @staticmethod
     def of(spec: "SpecConfig | SpecSchedule") -> "SpecSchedule":
-        return spec if isinstance(spec, SpecSchedule) else SpecSchedule(((1 << 30, spec),))
+        return spec if isinstance(spec, SpecSchedule) else SpecSchedule(((ALL_ROWS, spec),))
 
     @property
     def shapes(self) -> tuple[SpecConfig, ...]:
-        """The distinct shapes, in entry order (a step names its shape by its index here)."""
-        return tuple(dict.fromkeys(s for _, s in self.entries))
+        """The distinct shapes, greedy entries first (a step names its shape by its index here)."""
+        return tuple(dict.fromkeys(s for _, s in self.entries + (self.sampled or ())))
 
-    def shape_index(self, rows: int) -> int:
-        """The index in `shapes` of the shape for a step over rows 0..rows-1."""
-        spec = next((s for r, s in self.entries if rows <= r), self.entries[-1][1])
-        return self.shapes.index(spec)
+    @property
+    def single(self) -> "SpecConfig | None":
+        """The one shape every step takes, if there is one (else None)."""
+        shapes = self.shapes
+        return shapes[0] if len(shapes) == 1 and self.sampled != () else None
+
+    def shape(self, rows: int, greedy: bool = True) -> "SpecConfig | None":
+        """The shape of a step over rows 0..rows-1 (greedy: every row greedy); None: it decodes plainly."""
+        entries = self.entries if greedy or self.sampled is None else self.sampled
+        if not entries:
+            return None
+        return next((s for r, s in entries if rows <= r), entries[-1][1])
+
+    def shape_index(self, rows: int, greedy: bool = True) -> int | None:
+        """The index in `shapes` of `shape(rows, greedy)`; None: the step decodes plainly."""
+        spec = self.shape(rows, greedy)
+        return None if spec is None else self.shapes.index(spec)
 
 
 def parse_ints(text: str, what: str) -> list[int]:
@@ -358,9 +383,23 @@ def parse_ints(text: str, what: str) -> list[int]:
 def parse_spec(text: str, option: str = "--spec") -> "SpecConfig | SpecSchedule":
     """The text form of a speculation shape: `S,K,D` (steps, topk, draft tokens) -> a SpecConfig; `R:S,K,D/R:S,K,D/...`
     -> a SpecSchedule (each step the shape of the first entry whose R reaches its highest running row + 1), e.g.
-    `1:3,1,4/8:4,2,8/16:3,1,4/32:4,2,8`, the H200 policy of session 19. `spec_text` writes it back. Errors name
-    `option`."""
+    `1:3,1,4/8:4,2,8/16:3,1,4/32:4,2,8`, the H200 policy of session 19; either followed by `;sampled=` and a shape
+    or schedule for the steps that sample (`SpecSchedule.sampled`), or `;sampled=plain` (they decode plainly), e.g.
+    `1:3,1,4/8:4,4,8;sampled=3,1,4`. `spec_text` writes it back. Errors name `option`."""
     text = text.strip()
+    greedy_text, sep, sampled_text = text.partition(";")
+    if sep:
+        key, eq, rest = sampled_text.partition("=")
+        if key.strip() != "sampled" or not eq or not rest.strip() or ";" in rest:
+            raise ConfigError(f"{option} takes a greedy shape or schedule, then optionally ;sampled=SHAPE, "
+                              f";sampled=SCHEDULE or ;sampled=plain, e.g. 1:3,1,4/8:4,4,8;sampled=3,1,4 "
+                              f"(got {text!r})")
+        greedy = SpecSchedule.of(parse_spec(greedy_text, option))
+        if rest.strip() == "plain":
+            return SpecSchedule(greedy.entries, sampled=())
+        sampled = parse_spec(rest, option)
+        # a lone shape covers every step: its entry's rows reach every engine, as SpecSchedule.of's
+        return SpecSchedule(greedy.entries, sampled=SpecSchedule.of(sampled).entries)
     if ":" in text:
         entries = []
         for part in text.split("/"):
@@ -377,9 +416,17 @@ def parse_spec(text: str, option: str = "--spec") -> "SpecConfig | SpecSchedule"
 
 
 def spec_text(spec: "SpecConfig | SpecSchedule") -> str:
-    """`parse_spec`'s form: "3,1,4", or a schedule's "1:3,1,4/8:4,2,8"."""
+    """`parse_spec`'s form: "3,1,4", a schedule's "1:3,1,4/8:4,2,8", with sampled entries "...;sampled=3,1,4"."""
     if isinstance(spec, SpecSchedule):
-        return "/".join(f"{rows}:{spec_text(s)}" for rows, s in spec.entries)
+        def entries_text(entries: tuple[tuple[int, SpecConfig], ...]) -> str:
+            if len(entries) == 1:  # a lone entry covers every step, whatever its row limit
+                return spec_text(entries[0][1])
+            return "/".join(f"{rows}:{spec_text(s)}" for rows, s in entries)
+
+        text = entries_text(spec.entries)
+        if spec.sampled is not None:
+            text += ";sampled=" + (entries_text(spec.sampled) if spec.sampled else "plain")
+        return text
     return f"{spec.steps},{spec.topk},{spec.draft_tokens}"
 
 

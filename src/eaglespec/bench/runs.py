@@ -78,12 +78,14 @@ class RunConfig:
     def resolved(self, target: nn.Module, device_type: str, batch_size: int, temperature: float,
                  spec_max_rows: int | None = None) -> tuple["RunConfig | None", str | None]:
         """An AUTO configuration with the shape `api.auto_spec` gives an engine of `batch_size` rows here (speculating
-        on at most `spec_max_rows`), or (None, why) where that is plain decoding; any other configuration as it is."""
+        on at most `spec_max_rows`) for steps of this temperature's mode (a run's requests all greedy or all
+        sampled: the other mode's entries of auto's schedule never run), or (None, why) where that is plain
+        decoding; any other configuration as it is."""
         if self.spec != AUTO:
             return self, None
         from ..api import auto_spec
 
-        spec, why = auto_spec(target, device_type, batch_size, temperature, spec_max_rows)
+        spec, why = auto_spec(target, device_type, batch_size, temperature, spec_max_rows, own_mode_only=True)
         return (replace(self, spec=spec, auto=True), None) if spec is not None else (None, why)
 
     @property
@@ -104,7 +106,15 @@ def shape_label(spec: SpecConfig | SpecSchedule | str) -> str:
     if spec == AUTO:
         return AUTO
     if isinstance(spec, SpecSchedule):
-        return " / ".join(f"{rows}:{shape_label(s)}" for rows, s in spec.entries)
+        def entries_label(entries: tuple[tuple[int, SpecConfig], ...]) -> str:
+            if len(entries) == 1:  # a lone entry covers every step
+                return shape_label(entries[0][1])
+            return " / ".join(f"{rows}:{shape_label(s)}" for rows, s in entries)
+
+        label = entries_label(spec.entries)
+        if spec.sampled is not None:
+            label += "; sampled " + (entries_label(spec.sampled) if spec.sampled else "plain")
+        return label
     return f"S{spec.steps} K{spec.topk} D{spec.draft_tokens}"
 
 

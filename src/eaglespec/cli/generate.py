@@ -65,8 +65,9 @@ def run(args: argparse.Namespace) -> int:
     plain = plain_reason(engine, args)
     if plain is not None:
         line += ", " + plain
-    if engine.speculative:
-        s = engine.spec
+    # the shape this answer's steps took (a schedule gives greedy and sampled steps their own)
+    s = engine.schedule.shape(1, params.greedy) if engine.schedule is not None else None
+    if s is not None:
         stats.update(steps=s.steps, topk=s.topk, draft_tokens=s.draft_tokens, **req.stats.to_dict())
         line += f", accept length {req.stats.accept_length_mean:.2f} (S={s.steps} K={s.topk} D={s.draft_tokens})"
     line += f"; start-up {t0 - t_begin:.1f} s (load {t_loaded - t_begin:.1f} s"

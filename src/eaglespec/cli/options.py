@@ -25,7 +25,9 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--spec", default=None, metavar="S,K,D",
                    help="the speculative shape as steps,topk,draft-tokens (e.g. 3,1,4), or a schedule by rows "
                         "ROWS:S,K,D/ROWS:S,K,D/... as `eaglespec tune` recommends (instead of --steps/--topk/"
-                        "--draft-tokens), or 'auto' (the default: the shape measured fastest on this device)")
+                        "--draft-tokens), either followed by ';sampled=' and the shape or schedule of steps that "
+                        "sample, or ';sampled=plain' (e.g. '1:3,1,4/8:4,4,8;sampled=3,1,4'), or 'auto' (the "
+                        "default: the shapes measured fastest on this device, greedy and sampled)")
     p.add_argument("--steps", type=int, default=None, help="draft depth S")
     p.add_argument("--topk", type=int, default=None, help="branching K (1 = chain)")
     p.add_argument("--draft-tokens", type=int, default=None, help="verified tokens D, root included")
@@ -188,7 +190,7 @@ def engine_summary(engine: "Engine", args: argparse.Namespace) -> str:
     """One phrase for start-up lines: the speculative shape, or plain decoding and why."""
     if engine.speculative:
         assert engine.schedule is not None
-        text = f"speculative, --spec {spec_text(engine.schedule if len(engine.schedule.entries) > 1 else engine.spec)}"
+        text = f"speculative, --spec {spec_text(engine.schedule.single or engine.schedule)}"
         limit = engine.config.spec_max_rows
         if limit is not None and limit < engine.config.max_batch_size:
             text += (f" while at most {limit} request{'s' if limit > 1 else ''} run{'' if limit > 1 else 's'} "

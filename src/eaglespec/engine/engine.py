@@ -28,7 +28,8 @@ graphs from device buffers) and is not overlapped (its masks need the previous s
 A speculative engine with `EngineConfig.spec_max_rows` takes plain decode steps while more rows run (the drafter is
 kept in step by the decode step itself) and speculative steps again once few enough do. With a `SpecSchedule` as its
 `spec` each speculative step takes the shape scheduled for its rows (a chain for a lone request, a tree once several
-run); the drafter's state after any step serves every shape.
+run) and its mode (a step where any row samples takes the schedule's sampled entries, or decodes plainly where
+those are empty); the drafter's state after any step serves every shape.
 With `EngineConfig.overlap` (graph path) a decode / speculative `step()` first launches the next step and then reads
 the previous one, so the tokens of a step reach the requests one `step()` later (`has_work()` stays true until the
 last launched step is read); a prefill step launches the next step of every running row, the admitted ones included,
@@ -99,7 +100,8 @@ class Engine(OverlappedStep):
         self.dtype = next(target.parameters()).dtype
         self.target, self.tokenizer = target, tokenizer
         self.target_config = target.config
-        # the shapes by rows (one entry for a plain SpecConfig); `spec`: the first entry's shape (a lone request's)
+        # the shapes by rows and mode (one entry for a plain SpecConfig); `spec`: the first greedy entry's shape (a lone
+        # greedy request's)
         self.schedule = SpecSchedule.of(spec or SpecConfig()) if drafter is not None else None
         self.spec = self.schedule.entries[0][1] if self.schedule is not None else None
         self.drafter = drafter
@@ -176,7 +178,7 @@ class Engine(OverlappedStep):
             extras.append(StepExtras(constrained=True))
         n = 0
         for b in batch_sizes:  # graphs are bucketed by the highest row, not the count
-            kinds = {self._step_kind(list(range(b)))}
+            kinds = {self._step_kind(list(range(b)), greedy)}
             if self.speculative and self.config.spec_max_rows is not None:
                 kinds.add("decode")  # busy steps decode plainly
             n += sum(graphs.precapture(kind, b, greedy, lp, x) for kind in sorted(kinds) for lp in lps for x in extras)
@@ -358,7 +360,7 @@ class Engine(OverlappedStep):
             if overlap:
                 self._launch_running()
                 return []  # its results are read by the next step, once that one is launched
-            kind = self._step_kind(rows)
+            kind = self._step_kind(rows, greedy)
             self._count_step(kind)
             if kind != "decode":
                 index = shape_index(kind)
@@ -374,14 +376,17 @@ class Engine(OverlappedStep):
             self.runner.release(q.slot)
         return reqs
 
-    def _step_kind(self, rows: Sequence[int]) -> str:
-        """The step for these running rows: "decode" for a plain engine, or while more than
-        `EngineConfig.spec_max_rows` rows run; else the speculation shape the schedule gives rows 0..max(rows)
-        ("spec", "spec1", ...: `runner.spec_kind`)."""
+    def _step_kind(self, rows: Sequence[int], greedy: bool) -> str:
+        """The step for these running rows (`greedy`: all of them greedy): "decode" for a plain engine, while more than
+        `EngineConfig.spec_max_rows` rows run, or where the schedule decodes such steps plainly (`SpecSchedule.
+        sampled` = ()); else the speculation shape the schedule gives rows 0..max(rows) in this mode ("spec",
+        "spec1", ...: `runner.spec_kind`)."""
         limit = self.config.spec_max_rows
         if not self.runner.speculative or (limit is not None and len(rows) > limit):
             return "decode"
-        return spec_kind(self.schedule.shape_index(max(rows) + 1))
+        assert self.schedule is not None
+        index = self.schedule.shape_index(max(rows) + 1, greedy)
+        return "decode" if index is None else spec_kind(index)
 
     def _step_logprobs(self, reqs: Sequence[Request]) -> int | None:
         """The alternatives a step of these requests computes per committed token (None: none of them asked)."""

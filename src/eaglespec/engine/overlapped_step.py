@@ -57,12 +57,12 @@ class OverlappedStep:
         assert self.scheduler is not None and self._pending is None
         running = sorted(self.scheduler.running, key=lambda q: q.slot)
         rows = [q.slot for q in running]
-        kind = self._step_kind(rows)
+        greedy = all(q.params.greedy for q in running)
+        kind = self._step_kind(rows, greedy)
         self._count_step(kind)
         self.runner.step_extras = StepExtras.of(q.params for q in running)
         self.runner.constraint = None  # launched steps hold no structured output (`step`, `_step_overlapped`)
-        self._pending = (running, self.runner.launch(kind, rows, all(q.params.greedy for q in running), ahead,
-                                                     self._step_logprobs(running)))
+        self._pending = (running, self.runner.launch(kind, rows, greedy, ahead, self._step_logprobs(running)))
 
     def _step_overlapped(self) -> list[Request]:
         """Launch the next step of the running rows, then read the launched one's results. Not launched (the
