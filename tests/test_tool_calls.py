@@ -215,8 +215,9 @@ def test_kimi_calls_round_trip_through_kimis_tokenizer(tmp_path):
 
 def test_a_kimi_server_decodes_auto_answers_with_special_tokens(tmp_path, monkeypatch):
     """The server reads the syntax off its tokenizer: with Kimi's, an "auto" answer is decoded with its special
-    tokens (for the markers) and its content cleaned of them again (here <think>, forced by logit_bias), unless the
-    request keeps them; without tools nothing changes."""
+    tokens (for the markers) and its content cleaned of them again (here <think>, forced by logit_bias: read as
+    reasoning, server/reasoning.py), unless the request keeps them; without tools too (for the reasoning's
+    markers)."""
     from fastapi.testclient import TestClient
     from test_kimi_tokenizer import write_tiny_tokenizer
     from tiny import tiny_llama
@@ -244,6 +245,6 @@ def test_a_kimi_server_decodes_auto_answers_with_special_tokens(tmp_path, monkey
             r = client.post("/v1/chat/completions", json={**body, "skip_special_tokens": False})
             assert r.json()["choices"][0]["message"]["content"] == "<think>" * 3
             r = client.post("/v1/chat/completions", json={**body, "tools": None})
-            assert r.json()["choices"][0]["message"]["content"] == "" and seen[-1].skip_special_tokens
+            assert r.json()["choices"][0]["message"]["content"] == "" and not seen[-1].skip_special_tokens
     finally:
         worker.stop()

@@ -22,6 +22,11 @@ Contract of `create_app(worker, model_name, default_temperature, api_key)`:
   out of a free answer; the message then has `tool_calls` (content null when there is none besides) and the finish
   reason "tool_calls". Streamed, content goes out as it comes (auto holds back a tail that may open a tag), a named
   function's arguments as they come, other calls whole in the last chunk.
+- A thinking model (its tokenizer holds `<think>` and `</think>` as special tokens: reasoning.py) has its chat
+  answers decoded with their special tokens and split: the `<think>` blocks (from the start, when the prompt ended
+  inside one) as the message's (or delta's) `reasoning_content`, unless `include_reasoning` is false, the rest as
+  the content (read for tool calls first), both cleaned of special tokens. `skip_special_tokens: false` and answers
+  held to a structured output are not split.
 - `POST /tokenize` (vLLM's): a text `prompt` as /v1/completions encodes it, or `messages` as /v1/chat/completions
   does -> {count, max_model_len (the positions a sequence may hold), tokens}; `POST /detokenize`: {tokens} ->
   {prompt} (special tokens kept). Both on the HTTP thread, beside the engine's loop.
@@ -51,6 +56,7 @@ from ..engine.prompts import encode_prompt
 from ..errors import EaglespecError
 from ..sampling_params import SamplingParams
 from . import schemas
+from .reasoning import ReasoningStream, reasoning_syntax
 from .tool_calls import HERMES, ToolPlan, ToolStream, tool_syntax
 from .worker import EngineWorker, Ticket
 
@@ -142,14 +148,17 @@ def create_app(worker: EngineWorker, model_name: str, default_temperature: float
                             "model_not_found")
 
     async def start(body: schemas.SampledRequest, prompts: list[Any], chat: bool, images: list,
-                    plan: ToolPlan | None = None) -> tuple[list[Ticket], int]:
+                    plan: ToolPlan | None = None) -> tuple[list[Ticket], int, bool]:
         """Submit the request's n choices of each prompt (each a request of the engine), in index order; wait until
         the worker accepts them (their prompts' tokens, summed over the prompts) or refuses one (an HTTPError, the
         others cancelled). `plan`: the request's tools (their definitions to the chat template; answers whose
-        calls are special tokens decoded with them, `ToolPlan.decodes_special`)."""
+        calls are special tokens decoded with them, `ToolPlan.decodes_special`). The last value: whether the
+        answers' reasoning is read apart (a thinking model's chat answer, free, its special tokens not asked for:
+        decoded with them, for the markers)."""
         check_model(body.model)
         params = user_input(lambda: body.sampling(default_temperature))
-        if plan is not None and plan.decodes_special:
+        reads = chat and thinking is not None and params.skip_special_tokens and params.structured is None
+        if (plan is not None and plan.decodes_special) or reads:
             params = replace(params, skip_special_tokens=False)
         tools = plan.tools if plan is not None else None
         echo = bool(getattr(body, "echo", False))  # completions only
@@ -175,7 +184,7 @@ def create_app(worker: EngineWorker, model_name: str, default_temperature: float
             if event[0] == "error":
                 cancel(tickets)
                 raise HTTPError(event[2], event[1])
-        return tickets, sum(e[1] for e in events[::body.n])  # each prompt's tokens once, whatever n
+        return tickets, sum(e[1] for e in events[::body.n]), reads  # each prompt's tokens once, whatever n
 
     def cancel(tickets: list[Ticket]) -> None:
         for t in tickets:
@@ -274,6 +283,8 @@ def create_app(worker: EngineWorker, model_name: str, default_temperature: float
     tokenizer = worker.tokenizer
     # how "auto" tools read calls out of answers: Kimi-K2's special-token markers, or Hermes' tags
     syntax = tool_syntax(tokenizer.special_texts()) if tokenizer is not None else HERMES
+    # a thinking model's `<think>` blocks, read apart from its chat answers (reasoning.py); None for other models
+    thinking = reasoning_syntax(tokenizer.special_texts()) if tokenizer is not None else None
 
     @functools.lru_cache(maxsize=1 << 16)
     def token_text(i: int) -> str:
@@ -284,9 +295,14 @@ def create_app(worker: EngineWorker, model_name: str, default_temperature: float
                       images: list | None = None, plan: ToolPlan | None = None) -> Any:
         """One request of either endpoint: the whole answer, or its stream (`chat`: chat completion bodies), with
         n choices of each prompt (chat: one prompt, its messages; `plan`: its tools, server/tool_calls.py)."""
-        tickets, n_prompt = await start(body, prompts, chat, images or [], plan)
+        tickets, n_prompt, reads = await start(body, prompts, chat, images or [], plan)
         rid = schemas.new_id("chatcmpl" if chat else "cmpl")
         wants_lp = bool(body.logprobs) if chat else body.logprobs is not None  # type: ignore[attr-defined]
+        # a thinking model's answers: each choice's split (its prompt may have opened a block), and whether the
+        # reasoning goes out (vLLM's include_reasoning) or is dropped
+        think = thinking if reads else None
+        inside = [think.opened(t.prompt_ids or (), tokenizer.token_to_id) for t in tickets] if think else []
+        shows = bool(getattr(body, "include_reasoning", True))
 
         def lp_body(entries: list, offset: int = 0) -> dict | None:
             if not wants_lp:
@@ -299,10 +315,14 @@ def create_app(worker: EngineWorker, model_name: str, default_temperature: float
             offsets = [0] * len(tickets)  # a streamed completion's text offsets run on across its chunks
             readers = [plan.stream() for _ in tickets] if plan is not None else None  # with tools: each choice's
 
+            splits = [think.stream(inside[i]) for i in range(len(tickets))] if think else None
+
             def chunk(i: int, text: str | None, finish: str | None, entries: list) -> dict:
                 lp = lp_body(entries, offsets[i]) if entries else None
                 if lp is not None and not chat:
                     offsets[i] += sum(len(t) for t in lp["tokens"])
+                if splits is not None:
+                    return reasoning_chunk(splits[i], i, text, finish, lp)
                 if chat and readers is not None:
                     return tool_chunk(readers[i], i, text, finish, lp)
                 if chat:
@@ -318,6 +338,27 @@ def create_app(worker: EngineWorker, model_name: str, default_temperature: float
                 delta, finish = reader.finish(finish)
                 return schemas.chat_chunk(rid, model_name, delta, finish, i, lp)
 
+            def reasoning_chunk(split: ReasoningStream, i: int, text: str | None, finish: str | None,
+                                lp: dict | None) -> dict:
+                """A chunk of a thinking model's choice: the reasoning that may go now as `reasoning_content`, the
+                rest as content (through the tool reader, with tools), cleaned of special tokens; at the end what
+                either held back."""
+                assert think is not None
+                reasoning, rest = split.feed(text or "") if finish is None else split.finish()
+                if readers is None:
+                    delta = {"content": rest} if rest else {}
+                elif finish is None:
+                    delta = readers[i].feed(rest)
+                else:
+                    delta, finish = readers[i].finish(finish, tail=rest)
+                if "content" in delta:
+                    delta["content"] = think.clean(delta["content"])
+                    if not delta["content"]:
+                        del delta["content"]
+                if reasoning and shows:
+                    delta = {"reasoning_content": reasoning, **delta}
+                return schemas.chat_chunk(rid, model_name, delta, finish, i, lp)
+
             def first(i: int) -> dict:
                 return schemas.chat_chunk(rid, model_name, {"role": "assistant", "content": ""}, index=i)
 
@@ -327,6 +368,11 @@ def create_app(worker: EngineWorker, model_name: str, default_temperature: float
         use = schemas.usage(n_prompt, sum(r[2] for r in results))
         spec = schemas.spec_summary([r[3] for r in results])
         choices = [(r[0], r[1], lp_body(r[4])) for r in results]
+        if chat and think is not None:  # each answer's reasoning read apart, its rest the message
+            split = [think.split(text, inside[i]) for i, (text, _, _) in enumerate(choices)]
+            choices = [(rest, finish, lp) for (_, rest), (_, finish, lp) in zip(split, choices)]
+            reasoning = [r if shows else None for r, _ in split]
+            return schemas.chat_response(rid, model_name, choices, use, spec, plan, reasoning, think.clean)
         if chat:
             return schemas.chat_response(rid, model_name, choices, use, spec, plan)
         return schemas.completion_response(rid, model_name, choices, use, spec)

@@ -218,6 +218,7 @@ class ChatCompletionRequest(SampledRequest):
     max_completion_tokens: int | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = None
+    include_reasoning: bool = True  # vLLM's: a thinking model's reasoning_content comes back (server/reasoning.py)
     tools: list[Any] | None = None  # OpenAI's tool definitions (tool_calls.py)
     tool_choice: Any = None
     parallel_tool_calls: bool = True
@@ -337,16 +338,23 @@ def _envelope(rid: str, obj: str, model: str, choices: list[dict], **extra: Any)
 
 
 def chat_response(rid: str, model: str, choices: list[tuple[str, str, dict | None]], use: dict,
-                  spec: dict | None, plan: ToolPlan | None = None) -> dict:
+                  spec: dict | None, plan: ToolPlan | None = None, reasoning: list[str | None] | None = None,
+                  clean: Callable[[str], str] | None = None) -> dict:
     """`choices`: (text, finish_reason, logprobs body or None) per choice, in index order; with tools, each answer
-    read by the plan (its content, tool_calls and finish reason)."""
+    read by the plan (its content, tool_calls and finish reason). `reasoning`: each choice's `reasoning_content`
+    (None: none); `clean`: what the content is cleaned with (a thinking model's answer, decoded with its special
+    tokens: server/reasoning.py)."""
     out = []
     for i, (text, finish, lp) in enumerate(choices):
         message: dict[str, Any] = {"role": "assistant", "content": text}
+        if reasoning is not None and reasoning[i] is not None:
+            message["reasoning_content"] = reasoning[i]
         if plan is not None:
             message["content"], calls, finish = plan.message(text, finish)
             if calls:
                 message["tool_calls"] = calls
+        if clean is not None and message["content"] is not None:
+            message["content"] = clean(message["content"])
         out.append({"index": i, "message": message, "logprobs": lp, "finish_reason": finish})
     return _envelope(rid, "chat.completion", model, out, usage=use, **({"eaglespec": spec} if spec else {}))
 

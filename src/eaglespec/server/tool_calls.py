@@ -22,8 +22,8 @@ Contract:
 - `ToolPlan.stream()` -> a `ToolStream`: `feed(text)` gives the chat delta that may go out now: content (auto:
   text held back while it may be the start of a `<tool_call>` tag), or for a named function its call, its id and
   name first, then its arguments as they come (as vLLM streams them; "required" sends nothing until the end);
-  `finish(reason)` the last delta (what was held back, the calls not sent yet) and the finish reason, as `message`
-  reads the whole text. A streamed named call cut by max_tokens ends with partial arguments and reason "length"
+  `finish(reason, tail)` the last delta (`tail`: text not fed yet; what was held back, the calls not sent yet) and
+  the finish reason, as `message` reads the whole text. A streamed named call cut by max_tokens ends with partial arguments and reason "length"
   (the whole answer's message gives that text as content instead).
 Each call is `{"id": "call_...", "type": "function", "function": {"name": ..., "arguments": JSON text}}`.
 """
@@ -39,6 +39,7 @@ from typing import Any, Sequence
 
 from ..errors import RequestError
 from ..grammar.output_format import StructuredOutput
+from .markers import Markers
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _HERMES = re.compile(re.escape(OPEN) + r"\s*(.*?)\s*(?:" + re.escape(CLOSE) + r"|$)", re.DOTALL)
@@ -74,28 +75,20 @@ class ToolSyntax:
 
     def clean(self, text: str) -> str:
         """Content as the client sees it: without the special tokens (a Kimi answer, decoded with them)."""
-        return self._special_re.sub("", text) if self.special else text
+        return self._special.clean(text)
 
     def held(self, text: str) -> int:
         """The length of the longest tail of `text` that may still become `open` (or, Kimi, a special token:
         cleaned only once whole)."""
-        for n in range(min(self._longest - 1, len(text)), 0, -1):
-            if text[-n:] in self._prefixes:
-                return n
-        return 0
+        return self._markers.held(text)
 
     @functools.cached_property
-    def _special_re(self) -> re.Pattern:
-        return re.compile("|".join(re.escape(t) for t in sorted(self.special, key=len, reverse=True)))
+    def _special(self) -> Markers:
+        return Markers(self.special)
 
     @functools.cached_property
-    def _prefixes(self) -> frozenset[str]:
-        """The proper prefixes of `open` and of the special tokens (what a streamed tail is held back for)."""
-        return frozenset(m[:n] for m in (self.open, *self.special) for n in range(1, len(m)))
-
-    @functools.cached_property
-    def _longest(self) -> int:
-        return max(len(m) for m in (self.open, *self.special))
+    def _markers(self) -> Markers:
+        return Markers((self.open, *self.special))
 
 
 HERMES = ToolSyntax()
@@ -186,9 +179,11 @@ class ToolStream:
         keep = syntax.held(self.text)  # a tail that may open a tag
         return {"content": syntax.clean(self._send(len(self.text) - keep))}
 
-    def finish(self, finish_reason: str) -> tuple[dict, str]:
-        """(the last delta, the finish reason). The content sent before a call is the text before its tag: streamed,
-        the content may keep whitespace around the calls that the whole answer strips."""
+    def finish(self, finish_reason: str, tail: str = "") -> tuple[dict, str]:
+        """(the last delta, the finish reason), after the text's `tail` not fed yet. The content sent before a call
+        is the text before its tag: streamed, the content may keep whitespace around the calls that the whole
+        answer strips."""
+        self.text += tail
         delta: dict = {}
         if self.plan.mode == "named":  # the call went out as the text came
             rest = self._send(len(self.text))

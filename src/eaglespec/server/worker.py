@@ -70,6 +70,7 @@ class Ticket:
     echo: bool = False  # the prompt comes back first (a "prompt" event), scored when log-probabilities are asked
     tools: list | None = None  # OpenAI's tool definitions, for the chat template
     grammar: Any = None  # the structured output's grammar, compiled by the HTTP side (Engine.compile_grammar)
+    prompt_ids: list[int] | None = None  # the prompt's tokens, set before ("accepted", ...) goes out
 
     def put(self, event: tuple) -> None:
         if self.loop is not None:
@@ -241,6 +242,7 @@ class EngineWorker:
             t.put(("error", str(e), 400))
             return
         self.metrics.accepted(len(ids))
+        t.prompt_ids = ids  # (a thinking model's reader looks for an open <think>: server/reasoning.py)
         t.put(("accepted", len(ids)))
         if t.echo:
             t.put(echoed)
