@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from .errors import ConfigError
 
@@ -417,17 +417,26 @@ def parse_spec(text: str, option: str = "--spec") -> "SpecConfig | SpecSchedule"
 
 def spec_text(spec: "SpecConfig | SpecSchedule") -> str:
     """`parse_spec`'s form: "3,1,4", a schedule's "1:3,1,4/8:4,2,8", with sampled entries "...;sampled=3,1,4"."""
-    if isinstance(spec, SpecSchedule):
-        def entries_text(entries: tuple[tuple[int, SpecConfig], ...]) -> str:
-            if len(entries) == 1:  # a lone entry covers every step, whatever its row limit
-                return spec_text(entries[0][1])
-            return "/".join(f"{rows}:{spec_text(s)}" for rows, s in entries)
+    return format_spec(spec, lambda s: f"{s.steps},{s.topk},{s.draft_tokens}", "/", ";sampled={}")
 
-        text = entries_text(spec.entries)
-        if spec.sampled is not None:
-            text += ";sampled=" + (entries_text(spec.sampled) if spec.sampled else "plain")
-        return text
-    return f"{spec.steps},{spec.topk},{spec.draft_tokens}"
+
+def format_spec(spec: "SpecConfig | SpecSchedule", shape: Callable[[SpecConfig], str], sep: str,
+                sampled: str) -> str:
+    """A shape or schedule written with `shape` for each shape: a schedule's entries "ROWS:SHAPE" joined by `sep`
+    (a lone entry covers every step, whatever its row limit: its shape alone), then, where sampled steps have their
+    own, `sampled` formatted with theirs ("plain" where they decode plainly)."""
+    if not isinstance(spec, SpecSchedule):
+        return shape(spec)
+
+    def entries_text(entries: tuple[tuple[int, SpecConfig], ...]) -> str:
+        if len(entries) == 1:
+            return shape(entries[0][1])
+        return sep.join(f"{rows}:{shape(s)}" for rows, s in entries)
+
+    text = entries_text(spec.entries)
+    if spec.sampled is not None:
+        text += sampled.format(entries_text(spec.sampled) if spec.sampled else "plain")
+    return text
 
 
 def spec_envelope(shapes: Sequence[SpecConfig]) -> SpecConfig:

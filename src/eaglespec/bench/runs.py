@@ -41,7 +41,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from ..config import EngineConfig, SpecConfig, SpecSchedule
+from ..config import EngineConfig, SpecConfig, SpecSchedule, format_spec
 from ..engine.cuda_graphs import PREFILL_GRAPH_ROWS
 from ..engine.engine import Engine
 from ..errors import ConfigError
@@ -102,20 +102,12 @@ class RunConfig:
 
 
 def shape_label(spec: SpecConfig | SpecSchedule | str) -> str:
-    """"S3 K1 D4", or a schedule's entries: "1:S3 K1 D4 / 32:S4 K2 D8" (AUTO: "auto")."""
+    """"S3 K1 D4", or a schedule's entries: "1:S3 K1 D4 / 32:S4 K2 D8" (with sampled steps' own: "...; sampled S3 K1
+    D4"; AUTO: "auto")."""
     if spec == AUTO:
         return AUTO
-    if isinstance(spec, SpecSchedule):
-        def entries_label(entries: tuple[tuple[int, SpecConfig], ...]) -> str:
-            if len(entries) == 1:  # a lone entry covers every step
-                return shape_label(entries[0][1])
-            return " / ".join(f"{rows}:{shape_label(s)}" for rows, s in entries)
-
-        label = entries_label(spec.entries)
-        if spec.sampled is not None:
-            label += "; sampled " + (entries_label(spec.sampled) if spec.sampled else "plain")
-        return label
-    return f"S{spec.steps} K{spec.topk} D{spec.draft_tokens}"
+    assert not isinstance(spec, str)
+    return format_spec(spec, lambda s: f"S{s.steps} K{s.topk} D{s.draft_tokens}", " / ", "; sampled {}")
 
 
 @dataclass
