@@ -50,7 +50,7 @@ prompts = [encode(tok, i.first, True)[0] for i in load_prompt_set("mt-bench")[: 
 params = SamplingParams(max_new_tokens=256, temperature=0.0)
 pool = DrafterPool(target, dev, getattr(torch, args.dtype))
 spec = RunConfig.of("drafter", str(default_drafter_path()), AUTO if args.spec == AUTO else parse_spec(args.spec))
-resolved, _ = spec.resolved(target, dev.type, args.rows, 0.0)
+resolved, _ = spec.resolved(target, dev.type, args.rows, params)
 rows_out = []
 if resolved is None:  # `auto` decodes plainly here (the CPU past one row): name the shape, e.g. the H200's schedule
     raise SystemExit(f"--spec {args.spec} decodes plainly at {args.rows} rows on {dev.type}; give S,K,D or a schedule")

@@ -105,7 +105,7 @@ def step_apart(steps: list[tuple], ref: list[tuple], plain: list[list[int]] | No
 
 for bs in [int(x) for x in args.rows.split(",")]:
     configs = [] if args.no_plain else [RunConfig.plain()]
-    resolved, _ = auto.resolved(target, dev.type, bs, 0.0)
+    resolved, _ = auto.resolved(target, dev.type, bs, params)
     configs += [resolved] if resolved is not None else []
     first: dict[str, list[list[int]]] = {}  # per configuration, this row count's first run: answers, steps read
     first_steps: dict[str, list[tuple]] = {}

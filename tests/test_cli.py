@@ -108,10 +108,13 @@ def test_default_drafter_policy_per_device_and_engine_size(monkeypatch):
     to 32 rows; plain decoding elsewhere, and an explanation for each case. A policy of several shapes gives engines
     of several rows a schedule, each step the shape of its rows; greedy and sampled steps each take their own
     mode's shapes (`SpecSchedule.sampled`), whatever temperature the engine is built for: the temperature decides
-    only whether it speculates at all."""
+    only whether it speculates at all. Steps under count penalties decode plainly on CUDA."""
     import eaglespec.assets as assets
     from eaglespec.assets import default_spec, slower_note
     from eaglespec.config import SpecConfig, SpecSchedule
+
+    def cuda(entries, sampled=None):  # CUDA's steps under count penalties decode plainly (session 50)
+        return SpecSchedule(entries, sampled=sampled, penalized=())
 
     two, chain2 = SpecConfig(2, 2, 4), SpecConfig(2, 1, 3)
     cpu = SpecSchedule(((1, two),), sampled=((1, chain2),))  # a greedy tree, a sampled chain
@@ -122,38 +125,50 @@ def test_default_drafter_policy_per_device_and_engine_size(monkeypatch):
     # sessions 19 and 25: the chain of 3 at one row and at 9-16 rows, the tree S4 K4 D8 at 2-8 rows and S5 K2 D8 at
     # 17-32 rows: each shape where it measured faster (docs/benchmarks.md); sampled steps the chain of 3 (session 24)
     k4, k2 = SpecConfig(4, 4, 8), SpecConfig(5, 2, 8)
-    assert default_spec("cuda", 1) == chain  # one shape for every step
-    assert default_spec("cuda", 8) == SpecSchedule(((1, chain), (8, k4)), sampled=((8, chain),))
-    assert default_spec("cuda", 12) == SpecSchedule(((1, chain), (8, k4), (12, chain)), sampled=((12, chain),))
-    full = SpecSchedule(((1, chain), (8, k4), (16, chain), (32, k2)), sampled=((32, chain),))
+    assert default_spec("cuda", 1) == cuda(((1, chain),))  # one shape for every step, penalized steps plain
+    assert default_spec("cuda", 8) == cuda(((1, chain), (8, k4)), sampled=((8, chain),))
+    assert default_spec("cuda", 12) == cuda(((1, chain), (8, k4), (12, chain)), sampled=((12, chain),))
+    full = cuda(((1, chain), (8, k4), (16, chain), (32, k2)), sampled=((32, chain),))
     assert default_spec("cuda", 32) == full
     assert full.shapes == (chain, k4, k2)  # each step bucket takes one of them
     assert [full.shapes[full.shape_index(r)] for r in (1, 2, 8, 9, 16, 17, 32)] == [chain, k4, k4, chain, chain, k2,
                                                                                   k2]
     assert {full.shapes[full.shape_index(r, greedy=False)] for r in (1, 2, 8, 9, 16, 17, 32)} == {chain}
+    # steps under count penalties (session 50: 0.86x / 0.76x at 1 / 32 rows on the H200) decode plainly on CUDA; the
+    # CPU's speculate in their mode's shape
+    assert full.shape(1, penalized=True) is None and full.shape(32, greedy=False, penalized=True) is None
+    assert cpu.shape(1, penalized=True) == two and cpu.shape(1, False, True) == chain2
     assert default_spec("cuda", 33) is None and "above 32 rows" in slower_note("cuda")
     # greedy float32 on CUDA (session 38): the bf16 trees lost there (0.92x / 0.86x at 8 / 32 rows), the chain of 3
     # at 1-32 rows; bf16 / float16 / unsaid keep the bf16 table, the CPU (float32 always) its own
     for rows in (1, 8, 16, 32):
-        assert default_spec("cuda", rows, 0.0, torch.float32) == chain
+        assert default_spec("cuda", rows, 0.0, torch.float32) == cuda(((rows, chain),))
     assert default_spec("cuda", 33, 0.0, torch.float32) is None
     for dtype in (None, torch.bfloat16, torch.float16):
         assert default_spec("cuda", 32, 0.0, dtype) == full
     assert default_spec("cpu", 1, 0.0, torch.float32) == cpu
-    assert default_spec("cuda", 8, 1.0, torch.float32) == chain
+    assert default_spec("cuda", 8, 1.0, torch.float32) == cuda(((8, chain),))
     from eaglespec.api import auto_spec  # `load` and `bench --spec auto` read the dtype off the target's weights
-    assert auto_spec(torch.nn.Linear(2, 2), "cuda", 8) == (chain, None)
+    assert auto_spec(torch.nn.Linear(2, 2), "cuda", 8) == (cuda(((8, chain),)), None)
     assert auto_spec(torch.nn.Linear(2, 2).to(torch.bfloat16), "cuda", 8) == (
-        SpecSchedule(((1, chain), (8, k4)), sampled=((8, chain),)), None)
+        cuda(((1, chain), (8, k4)), sampled=((8, chain),)), None)
+    # a bench run's requests alone (`only`): their mode's shapes, or plain decoding under count penalties on CUDA
+    from eaglespec.assets import PENALIZED_NOTE
+    from eaglespec.sampling_params import SamplingParams
+
+    bf16 = torch.nn.Linear(2, 2).to(torch.bfloat16)
+    assert auto_spec(bf16, "cuda", 8, only=SamplingParams()) == (SpecSchedule(((1, chain), (8, k4))), None)
+    assert auto_spec(bf16, "cuda", 8, only=SamplingParams(temperature=1.0)) == (chain, None)
+    assert auto_spec(bf16, "cuda", 8, only=SamplingParams(repetition_penalty=1.1)) == (None, PENALIZED_NOTE)
     wide = SpecConfig(5, 2, 8)  # session 15's policy: past 16 rows the K = 2 tree
     monkeypatch.setitem(assets._DEFAULT_SPEC, "cuda", ((16, chain), (32, wide)))
-    assert default_spec("cuda", 32) == SpecSchedule(((16, chain), (32, wide)), sampled=((32, chain),))
+    assert default_spec("cuda", 32) == cuda(((16, chain), (32, wide)), sampled=((32, chain),))
     assert [default_spec("cuda", 24).shapes[default_spec("cuda", 24).shape_index(r)] for r in (1, 16, 17, 24)] == [
         chain, chain, wide, wide]
     monkeypatch.setitem(assets._DEFAULT_SPEC, "cuda", ((1, chain), (8, tree), (32, chain)))  # session 13's policy
-    assert default_spec("cuda", 1) == chain  # engines of several rows: a schedule, each step the shape of its rows
-    assert default_spec("cuda", 2) == SpecSchedule(((1, chain), (2, tree)), sampled=((2, chain),))
-    assert default_spec("cuda", 32) == SpecSchedule(((1, chain), (8, tree), (32, chain)), sampled=((32, chain),))
+    assert default_spec("cuda", 1) == cuda(((1, chain),))  # engines of several rows: a schedule, each step the shape of its rows
+    assert default_spec("cuda", 2) == cuda(((1, chain), (2, tree)), sampled=((2, chain),))
+    assert default_spec("cuda", 32) == cuda(((1, chain), (8, tree), (32, chain)), sampled=((32, chain),))
     assert [default_spec("cuda", 32).shapes[default_spec("cuda", 32).shape_index(r)] for r in (1, 5, 8, 9, 32)] == [
         chain, tree, tree, chain, chain]
     assert default_spec("cuda", 33) is None and "above 32 rows" in slower_note("cuda")
@@ -161,15 +176,15 @@ def test_default_drafter_policy_per_device_and_engine_size(monkeypatch):
     # sampled on CUDA (session 24's measurements): the chain of 3 at 1-32 rows; an engine built to sample still
     # gives greedy steps their trees
     three = SpecConfig(3, 1, 4)
-    assert default_spec("cuda", 1, temperature=0.7) == three
-    assert default_spec("cuda", 32, 1.0) == SpecSchedule(((1, chain), (8, tree), (32, chain)), sampled=((32, three),))
+    assert default_spec("cuda", 1, temperature=0.7) == cuda(((1, three),))
+    assert default_spec("cuda", 32, 1.0) == cuda(((1, chain), (8, tree), (32, chain)), sampled=((32, three),))
     assert default_spec("cuda", 33, temperature=0.7) is None and "above 32 rows" in slower_note("cuda")
     # a mode the table does not reach: sampled steps decode plainly, greedy steps take the sampled shapes
     monkeypatch.setitem(assets._DEFAULT_SPEC_SAMPLED, "cuda", ((8, three),))
-    assert default_spec("cuda", 16) == SpecSchedule(((1, chain), (8, tree), (16, chain)), sampled=())
+    assert default_spec("cuda", 16) == cuda(((1, chain), (8, tree), (16, chain)), sampled=())
     assert default_spec("cuda", 16, 1.0) is None  # built to sample: plain decoding
     monkeypatch.setitem(assets._DEFAULT_SPEC_SAMPLED, "cuda", ((64, three),))
-    assert default_spec("cuda", 64, 1.0) == three and default_spec("cuda", 64) is None
+    assert default_spec("cuda", 64, 1.0) == cuda(((64, three),)) and default_spec("cuda", 64) is None
 
 
 def test_auto_times_each_modes_draft_tokens_on_the_cpu(monkeypatch):
@@ -319,14 +334,17 @@ def test_spec_text_round_trip():
     from eaglespec.errors import ConfigError
 
     for text in ("3,1,4", "1:3,1,4/8:4,2,8/16:3,1,4/32:4,2,8", "1:3,1,4/8:4,4,8;sampled=3,1,4",
-                 "4,2,8;sampled=1:2,1,3/8:3,1,4", "1:3,1,4/8:4,4,8;sampled=plain"):
+                 "4,2,8;sampled=1:2,1,3/8:3,1,4", "1:3,1,4/8:4,4,8;sampled=plain", "3,1,4;penalized=plain",
+                 "1:3,1,4/8:4,4,8;sampled=3,1,4;penalized=2,1,3"):
         assert spec_text(parse_spec(text)) == text
     assert parse_spec(" 5, 4, 16 ") == SpecConfig(5, 4, 16)
     assert parse_spec("2:2,1,3/4:2,2,4") == SpecSchedule(((2, SpecConfig(2, 1, 3)), (4, SpecConfig(2, 2, 4))))
     # sampled steps' own shapes: a lone shape covers every step, as a lone greedy shape does
     assert parse_spec("2:2,1,3/4:2,2,4; sampled = 3,1,4").shape(100, greedy=False) == SpecConfig(3, 1, 4)
     assert parse_spec("4,2,8;sampled=plain") == SpecSchedule(((1 << 30, SpecConfig(4, 2, 8)),), sampled=())
-    for bad in ("3,1,4;greedy=3,1,4", "3,1,4;sampled=", "3,1,4;sampled=3,1,4;sampled=plain", "3,1,4;3,1,4"):
+    assert parse_spec("3,1,4;penalized=plain;sampled=2,1,3") == parse_spec("3,1,4;sampled=2,1,3;penalized=plain")
+    for bad in ("3,1,4;greedy=3,1,4", "3,1,4;sampled=", "3,1,4;sampled=3,1,4;sampled=plain", "3,1,4;3,1,4",
+                "3,1,4;penalized=plain;penalized=3,1,4"):
         with pytest.raises(ConfigError, match="--spec takes a greedy shape or schedule, then optionally ;sampled="):
             parse_spec(bad)
     import argparse

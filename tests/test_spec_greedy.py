@@ -175,7 +175,7 @@ def run_logging_kinds(eng: Engine, lengths: list[int]) -> tuple[list, list[str]]
     reqs = [eng.add_request(p, SamplingParams(max_new_tokens=n, ignore_eos=True)) for p, n in zip(PROMPTS, lengths)]
     kinds: list[str] = []
     step_kind = eng._step_kind
-    eng._step_kind = lambda rows, greedy: kinds.append(step_kind(rows, greedy)) or step_kind(rows, greedy)
+    eng._step_kind = lambda *a: kinds.append(step_kind(*a)) or step_kind(*a)
     while eng.has_work():
         eng.step()
     return reqs, kinds
@@ -274,6 +274,28 @@ def test_sampled_steps_decode_plainly_where_the_schedule_says_so(target, drafter
     assert eng.step_counts["spec"] == 0 and eng.step_counts["decode"] > 0
     out = eng.generate([PROMPTS[1]], SamplingParams(max_new_tokens=48, ignore_eos=True))[0]
     assert out.token_ids == reference[1] and eng.step_counts["spec"] > 0
+
+
+@pytest.mark.parametrize("overlap,graphs", [(False, False), (True, True)], ids=["eager", "static-overlap"])
+def test_steps_under_count_penalties_take_the_penalized_entries(target, drafter, overlap, graphs):
+    """`SpecSchedule.penalized`: a step where any row has a count penalty takes the penalized entries (here plain
+    decoding, as CUDA's auto does), the others their mode's shapes; the penalized request gets plain decoding's
+    tokens under its penalties, the greedy one plain greedy's, and speculation resumes once the penalized request
+    finishes. A penalized shape of its own runs instead where the schedule gives one."""
+    from eaglespec.engine.cuda_graphs import GraphCache
+
+    pen = SamplingParams(max_new_tokens=20, ignore_eos=True, frequency_penalty=0.5, repetition_penalty=1.2)
+    free = SamplingParams(max_new_tokens=48, ignore_eos=True)
+    plain = Engine(target, None, EngineConfig(max_batch_size=2))
+    want = [o.token_ids for o in plain.generate(PROMPTS[:2], [pen, free])]
+    for penalized, ran in (((), "decode"), (((8, SpecConfig(2, 1, 3)),), "spec 2,1,3")):
+        spec = SpecSchedule(((8, SpecConfig(4, 2, 6)),), penalized=penalized)
+        eng = Engine(target, None, EngineConfig(max_batch_size=2, overlap=overlap), drafter=drafter, spec=spec)
+        if graphs:
+            eng.runner.graphs = GraphCache(eng.runner, capture=False)
+        assert [o.token_ids for o in eng.generate(PROMPTS[:2], [pen, free])] == want
+        assert eng.step_counts[ran] > 0 and eng.step_counts["spec"] > 0  # the greedy row speculates on alone
+    assert SamplingParams(presence_penalty=0.1).penalized and not SamplingParams(min_p=0.1).penalized
 
 
 @pytest.mark.parametrize("spec", [SpecConfig(3, 1, 4), SpecConfig(4, 2, 6)], ids=["chain", "tree"])

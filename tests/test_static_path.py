@@ -682,7 +682,7 @@ def test_warm_for_reserves_and_captures_what_one_request_needs(target, reference
     assert eng.runner.max_len == len(prompt) + 40 and eng.runner.step_rows == 1
     assert n == len(captured)
     assert [k for k in captured if k[0] == "prefill"] == [("prefill", 1, 64, True, None, StepExtras())]
-    assert {k[0] for k in captured} == {"prefill", eng._step_kind([0], True)} and all(k[1] == 1 for k in captured)
+    assert {k[0] for k in captured} == {"prefill", eng._step_kind([0], True, False)} and all(k[1] == 1 for k in captured)
     assert eng.warm_for(prompt, params) == 0  # caches held: nothing more
     g.capture = False
     kv = eng.runner.kv

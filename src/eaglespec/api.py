@@ -10,7 +10,8 @@ path to its GGUF or a copy of it) and plainly otherwise; without an explicit `sp
 a `SpecSchedule` where the shapes measured differ by rows, each step the shape of the rows it runs) and the dtype
 (greedy float32 on CUDA: the chain of 3 up to 32 rows, where bf16 takes trees at 2-8 and 17-32 rows), greedy steps
 and sampled steps each their own (sampled: the chain of 2 in one-row CPU engines, on CUDA the chain of 3 up to 32
-rows; `SpecSchedule.sampled`). It decodes plainly where the drafter was measured slower than plain decoding at the
+rows; `SpecSchedule.sampled`; steps under count penalties decode plainly on CUDA: `SpecSchedule.penalized`). It
+decodes plainly where the drafter was measured slower than plain decoding at the
 `temperature` the engine is meant to serve; on the CPU it first times the target's forwards on this machine
 (`engine/verify_cost.py`) and decodes plainly where a forward of its mode's draft tokens costs more than
 `assets.cpu_max_verify_cost(temperature)` one-token forwards (`auto_spec` makes that choice; the engine's
@@ -31,9 +32,10 @@ from .engine.engine import Engine
 from .engine.transforms import prepare_for_inference
 from .errors import ConfigError
 from .loading.checkpoint import load_model, resolve_device, resolve_dtype
-from .assets import (cpu_max_verify_cost, default_drafter_path, default_spec, is_default_drafter, mode_entries,
-                     schedule_of, slower_note, verify_cost_note)
+from .assets import (PENALIZED_NOTE, cpu_max_verify_cost, default_drafter_path, default_spec, is_default_drafter,
+                     mode_entries, penalized_entries, schedule_of, slower_note, verify_cost_note)
 from .loading.default import is_default_model
+from .sampling_params import SamplingParams
 from .engine.verify_cost import verify_cost_ratio
 
 
@@ -54,40 +56,48 @@ def spec_rows(max_batch_size: int, spec_max_rows: int | None) -> int:
 
 
 def auto_spec(target: torch.nn.Module, device_type: str, max_batch_size: int = 1, temperature: float = 0.0,
-              spec_max_rows: int | None = None, own_mode_only: bool = False
+              spec_max_rows: int | None = None, only: SamplingParams | None = None
               ) -> tuple[SpecConfig | SpecSchedule | None, str | None]:
     """What `draft="auto"` speculates with on the shipped drafter for an engine of `max_batch_size` rows on this
     device type in `target`'s dtype, built for steps at this temperature (greedy and sampled steps each take their
-    mode's shapes: `assets.schedule_of`): (`assets.default_spec`'s shape or schedule, None), or (None, why not) where
-    plain decoding is the choice for the engine's temperature: measured slower there (`assets.slower_note`), or, on
-    the CPU, a forward of the mode's draft tokens timed on this machine at more than `cpu_max_verify_cost` one-token
-    forwards for that mode (`target` prepared as the engine runs it; the other mode's shapes are timed the same way,
-    and dropped where they fail). With `spec_max_rows` (EngineConfig) no speculative step runs more rows than that,
-    so the choice is the one for that many rows. `own_mode_only`: the steps of the engine's own mode alone (a bench
-    run's requests are all greedy or all sampled: the other mode is neither timed nor scheduled). `load` and
-    `eaglespec bench --spec auto` both take it."""
+    mode's shapes, steps under count penalties theirs: `assets.schedule_of`): (`assets.default_spec`'s shape or
+    schedule, None), or (None, why not) where plain decoding is the choice for the engine's temperature: measured
+    slower there (`assets.slower_note`), or, on the CPU, a forward of the mode's draft tokens timed on this machine
+    at more than `cpu_max_verify_cost` one-token forwards for that mode (`target` prepared as the engine runs it;
+    the other mode's shapes are timed the same way, and dropped where they fail). With `spec_max_rows`
+    (EngineConfig) no speculative step runs more rows than that, so the choice is the one for that many rows.
+    `only`: the steps of requests with these parameters alone (a bench run's, all alike; the engine built for their
+    temperature): the other modes are neither timed nor scheduled, and (None, why) where such steps decode plainly.
+    `load` and `eaglespec bench --spec auto` both take it."""
     greedy, sampled = mode_entries(device_type, spec_rows(max_batch_size, spec_max_rows),
                                    next(target.parameters()).dtype)
+    penalized = penalized_entries(device_type)
+    if only is not None:
+        temperature = only.temperature
+        if only.penalized and penalized == ():
+            return None, PENALIZED_NOTE
+        penalized = None
     if schedule_of(greedy, sampled, temperature) is None:
         return None, slower_note(device_type)
+    own = temperature > 0  # the engine's own mode: sampled?
     if device_type == "cpu":  # the CPU's premise (a few-token forward costs about a 1-token one) is measured
         ratios: dict[int, float] = {}  # draft tokens -> the measured ratio, each size timed once
         modes = {False: greedy, True: sampled}  # sampled? -> entries; the engine's own mode first
-        for mode in sorted(modes, key=lambda m: m != (temperature > 0)):
+        for mode in sorted(modes, key=lambda m: m != own):
             entries = modes[mode]
-            if entries is None or (own_mode_only and mode != (temperature > 0)):
+            if entries is None or (only is not None and mode != own):
                 continue
             tokens = spec_envelope([spec for _, spec in entries]).draft_tokens
             if tokens not in ratios:
                 ratios[tokens] = verify_cost_ratio(target, tokens)
             if ratios[tokens] > cpu_max_verify_cost(1.0 if mode else 0.0):
-                if mode == (temperature > 0):  # the engine's own steps lose: it decodes plainly
+                if mode == own:  # the engine's own steps lose: it decodes plainly
                     return None, verify_cost_note(ratios[tokens], tokens, temperature)
                 modes[mode] = None
         greedy, sampled = modes[False], modes[True]
-    if own_mode_only:
-        greedy = sampled = sampled if temperature > 0 else greedy
-    return schedule_of(greedy, sampled, temperature), None
+    if only is not None:
+        greedy = sampled = sampled if own else greedy
+    return schedule_of(greedy, sampled, temperature, penalized), None
 
 
 def load(

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from .config import SpecConfig, SpecSchedule
+from .config import Entries, SpecConfig, SpecSchedule
 
 ASSETS = Path(__file__).parent / "assets"
 DEFAULT_DRAFTER = ASSETS / "smollm2-135m-eagle3"
@@ -137,6 +137,15 @@ _DEFAULT_SPEC_SAMPLED: dict[str, tuple[tuple[int, SpecConfig], ...]] = {
 # 1.77x at one row: the chain of 3 at 1-32 rows (session 39, the eighth drafter, 16 rows: 1.76x against S4 K4 D8's
 # 1.16x)
 _DEFAULT_SPEC_FLOAT32: dict[str, tuple[tuple[int, SpecConfig], ...]] = {"cuda": ((32, _CHAIN_3),)}
+# Steps under count penalties (frequency 0.5 + repetition 1.1; session 50, H200, MT-bench 80, 128 tokens, the
+# engine loaded for greedy requests): the drafter, trained on unpenalized text, is accepted less (tau 2.34 -> 1.73 at
+# one row, 2.93 -> 1.98 at 32) and every verified node is adjusted (+52-55% a step against plain's +11-15%), so
+# speculation lost: 1,677 against plain's 1,941 tok/s at one row (0.86x), 18,715 against 24,527 at 32 rows
+# (0.76x). Such steps decode plainly on CUDA (the drafter kept in step). Not measured on the CPU, where a verify's
+# adjustment costs little beside its forward: they speculate there.
+_PENALIZED_PLAIN = frozenset({"cuda"})
+PENALIZED_NOTE = ("steps under count penalties decode plainly there (speculation measured 0.76-0.86x under them on "
+                  "an H200: the drafter was trained on unpenalized text)")
 _SLOWER: dict[str, str] = {"cuda": "not measured above 32 rows on an H200",
                            "cpu": "engines of several rows measured no faster than plain decoding on the CPU (2 rows: "
                                   "1.00x)"}
@@ -158,9 +167,6 @@ def is_default_drafter(path: str | Path) -> bool:
     files = [f for f in shipped.iterdir() if f.is_file()]
     # filecmp compares sizes before it reads a byte
     return all((p / f.name).is_file() and filecmp.cmp(p / f.name, f, shallow=False) for f in files)
-
-
-Entries = tuple[tuple[int, SpecConfig], ...]
 
 
 def _entries(table: dict[str, Entries], device_type: str, max_batch_size: int) -> Entries | None:
@@ -187,34 +193,44 @@ def mode_entries(device_type: str, max_batch_size: int = 1, dtype: torch.dtype |
             _entries(_DEFAULT_SPEC_SAMPLED, device_type, max_batch_size))
 
 
-def schedule_of(greedy: Entries | None, sampled: Entries | None, temperature: float = 0.0
-                ) -> SpecConfig | SpecSchedule | None:
+def penalized_entries(device_type: str) -> Entries | None:
+    """The shapes of steps under count penalties on this device type: () where they decode plainly (measured
+    slower there), None where they take their mode's shapes."""
+    return () if device_type in _PENALIZED_PLAIN else None
+
+
+def schedule_of(greedy: Entries | None, sampled: Entries | None, temperature: float = 0.0,
+                penalized: Entries | None = None) -> SpecConfig | SpecSchedule | None:
     """The speculation of an engine serving at `temperature` (0: greedy) whose greedy and sampled steps pay with
     these entries (None: that mode decodes plainly): None where its own mode does not pay (the engine decodes
     plainly: `temperature` names the steps it is built for); else a schedule whose other mode's steps take their own
     shapes, decode plainly where sampled ones do not pay, or take the sampled shapes where greedy ones are not
     known (sampling's narrower shapes pay for greedy steps too: greedy accepts more a step); one shape where every
-    step takes it."""
+    step takes it. `penalized`: `SpecSchedule.penalized` (None: penalized steps take their mode's shapes)."""
     main = sampled if temperature > 0 else greedy
     if main is None:
         return None
     if greedy is None:
         greedy = sampled
     assert greedy is not None
-    if sampled == greedy:
+    if sampled == greedy and penalized is None:
         shapes = {spec for _, spec in greedy}
         return greedy[0][1] if len(shapes) == 1 else SpecSchedule(greedy)
-    return SpecSchedule(greedy, sampled=sampled if sampled is not None else ())
+    # sampled steps: plain where they do not pay, as greedy steps where they take the same shapes
+    own = () if sampled is None else None if sampled == greedy else sampled
+    return SpecSchedule(greedy, sampled=own, penalized=penalized)
 
 
 def default_spec(device_type: str, max_batch_size: int = 1, temperature: float = 0.0,
                  dtype: torch.dtype | None = None) -> SpecConfig | SpecSchedule | None:
     """What `draft="auto"` speculates with on this device type for an engine of this many rows serving at this
     temperature (0: greedy) in this dtype (None: the device's default, bf16 on CUDA); None: plain decoding is faster
-    there for the engine's temperature. Greedy and sampled steps each take their mode's measured shapes
-    (`mode_entries`, `schedule_of`): an engine of several rows gets them up to its size as a `SpecSchedule` (each step
-    takes the shape of the rows it runs) where they differ, else the one shape."""
-    return schedule_of(*mode_entries(device_type, max_batch_size, dtype), temperature)
+    there for the engine's temperature. Greedy and sampled steps each take their mode's measured shapes, and steps
+    under count penalties decode plainly where that measured faster (`mode_entries`, `penalized_entries`,
+    `schedule_of`): an engine of several rows gets the shapes up to its size as a `SpecSchedule` (each step takes
+    the shape of the rows it runs) where they differ, else the one shape."""
+    return schedule_of(*mode_entries(device_type, max_batch_size, dtype), temperature,
+                       penalized_entries(device_type))
 
 
 def cpu_max_verify_cost(temperature: float = 0.0) -> float:

@@ -126,11 +126,16 @@ class SamplingParams:
         return self.temperature == 0
 
     @property
+    def penalized(self) -> bool:
+        """Whether a count penalty (frequency, presence, repetition) adjusts the request's logits: its steps take a
+        speculation schedule's `penalized` entries (config.SpecSchedule)."""
+        return bool(self.frequency_penalty or self.presence_penalty or self.repetition_penalty != 1)
+
+    @property
     def adjusts_logits(self) -> bool:
         """Whether the request's logits are adjusted before it samples (layers/logit_adjust.py): its steps then run
         the adjustment (graphs keyed by it), and a step without such a request runs none."""
-        return bool(self.frequency_penalty or self.presence_penalty or self.repetition_penalty != 1
-                    or self.logit_bias or self.allowed_token_ids is not None or self.bans_stops
+        return bool(self.penalized or self.logit_bias or self.allowed_token_ids is not None or self.bans_stops
                     or (self.min_p and not self.greedy))
 
     @property

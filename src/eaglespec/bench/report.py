@@ -23,8 +23,8 @@
     records:  one per (configuration, batch size), baselines included, in run order:
       config (name), kind ("no-spec" | "spec" | "peer"), drafter, steps, topk, draft_tokens (null for a schedule),
       schedule ([[max rows, steps, topk, draft tokens], ...] for a `--spec R:S,K,D/...` schedule, else null),
-      sampled_schedule (the same for a schedule's sampled steps where it gives them their own, [] where they decode
-      plainly, else null),
+      sampled_schedule, penalized_schedule (the same for a schedule's sampled steps, and its steps under count
+      penalties, where it gives them their own, [] where they decode plainly, else null),
       shape (the shape's label, "S3 K1 D4" or "1:S3 K1 D4 / 8:S4 K2 D8"; null without speculation), auto (true for
       `--spec auto`: the shape `draft="auto"` takes at this batch size, resolved per batch size; the config name
       stays "<drafter> auto"),
@@ -139,9 +139,10 @@ def record_dict(rec: RunRecord, records: Sequence[RunRecord], model: BenchModel,
         "steps": shape.steps if shape else None, "topk": shape.topk if shape else None,
         "draft_tokens": shape.draft_tokens if shape else None,
         "schedule": [[rows, s.steps, s.topk, s.draft_tokens] for rows, s in schedule] if schedule else None,
-        # a schedule's sampled steps' entries where they differ ([]: sampled steps decode plainly)
-        "sampled_schedule": ([[rows, s.steps, s.topk, s.draft_tokens] for rows, s in spec.sampled]
-                             if isinstance(spec, SpecSchedule) and spec.sampled is not None else None),
+        # a schedule's sampled / penalized steps' entries where they differ ([]: such steps decode plainly)
+        **{f"{mode}_schedule": ([[rows, s.steps, s.topk, s.draft_tokens] for rows, s in getattr(spec, mode)]
+                                if isinstance(spec, SpecSchedule) and getattr(spec, mode) is not None else None)
+           for mode in ("sampled", "penalized")},
         "shape": shape_label(spec) if spec is not None else None, "auto": rec.config.auto,
         "batch_size": rec.batch_size, "round": rec.round, "prompts": len(rec.outputs),
         "prompt_tokens": sum(rec.prompt_tokens),

@@ -75,17 +75,17 @@ class RunConfig:
     spec: SpecConfig | SpecSchedule | str | None = None  # AUTO until `resolved`
     auto: bool = False  # resolved from AUTO
 
-    def resolved(self, target: nn.Module, device_type: str, batch_size: int, temperature: float,
+    def resolved(self, target: nn.Module, device_type: str, batch_size: int, params: SamplingParams,
                  spec_max_rows: int | None = None) -> tuple["RunConfig | None", str | None]:
         """An AUTO configuration with the shape `api.auto_spec` gives an engine of `batch_size` rows here (speculating
-        on at most `spec_max_rows`) for steps of this temperature's mode (a run's requests all greedy or all
-        sampled: the other mode's entries of auto's schedule never run), or (None, why) where that is plain
-        decoding; any other configuration as it is."""
+        on at most `spec_max_rows`) for steps of requests with these parameters (a run's requests all alike: the
+        entries of auto's schedule for other modes never run), or (None, why) where that is plain decoding; any
+        other configuration as it is."""
         if self.spec != AUTO:
             return self, None
         from ..api import auto_spec
 
-        spec, why = auto_spec(target, device_type, batch_size, temperature, spec_max_rows, own_mode_only=True)
+        spec, why = auto_spec(target, device_type, batch_size, params.temperature, spec_max_rows, only=params)
         return (replace(self, spec=spec, auto=True), None) if spec is not None else (None, why)
 
     @property
@@ -102,12 +102,12 @@ class RunConfig:
 
 
 def shape_label(spec: SpecConfig | SpecSchedule | str) -> str:
-    """"S3 K1 D4", or a schedule's entries: "1:S3 K1 D4 / 32:S4 K2 D8" (with sampled steps' own: "...; sampled S3 K1
-    D4"; AUTO: "auto")."""
+    """"S3 K1 D4", or a schedule's entries: "1:S3 K1 D4 / 32:S4 K2 D8" (with other modes' own: "...; sampled S3 K1
+    D4; penalized plain"; AUTO: "auto")."""
     if spec == AUTO:
         return AUTO
     assert not isinstance(spec, str)
-    return format_spec(spec, lambda s: f"S{s.steps} K{s.topk} D{s.draft_tokens}", " / ", "; sampled {}")
+    return format_spec(spec, lambda s: f"S{s.steps} K{s.topk} D{s.draft_tokens}", " / ", "; {} {}")
 
 
 @dataclass

@@ -184,8 +184,7 @@ def run_suite(model: BenchModel, workload: Workload, configs: Sequence[RunConfig
         for cfg in configs:
             if not cfg.speculative:
                 continue
-            resolved, why = cfg.resolved(target, model.device.type, bs, params.temperature,
-                                         options.engine.spec_max_rows)
+            resolved, why = cfg.resolved(target, model.device.type, bs, params, options.engine.spec_max_rows)
             if resolved is None:  # `--spec auto` where the default decodes plainly: the no-spec run is what it runs
                 log(f"{cfg.name} bs={bs}: not run, the default decodes plainly here ({why})")
                 continue

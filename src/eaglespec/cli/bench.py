@@ -194,7 +194,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="a speculative shape: steps, topk, draft tokens (repeatable; default 5,4,16, and for the "
                         "embedded model's shipped drafter 'auto'), a schedule ROWS:S,K,D/ROWS:S,K,D/... (each step "
                         "the shape of the first entry whose ROWS reach its highest running row, e.g. "
-                        "1:3,1,4/8:4,2,8; ';sampled=SHAPE' after either gives sampled steps their own), or "
+                        "1:3,1,4/8:4,2,8; ';sampled=SHAPE' and ';penalized=SHAPE' after either give sampled steps "
+                        "and steps under count penalties their own, 'plain' to decode them plainly), or "
                         "'auto': at each batch size the shapes generate and the API take for "
                         "an engine of that many rows on this device (not run where that is plain decoding)")
     s.add_argument("--draft", action="append", default=None, metavar="DIR|oracle|random",

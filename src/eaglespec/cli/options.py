@@ -26,8 +26,9 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
                    help="the speculative shape as steps,topk,draft-tokens (e.g. 3,1,4), or a schedule by rows "
                         "ROWS:S,K,D/ROWS:S,K,D/... as `eaglespec tune` recommends (instead of --steps/--topk/"
                         "--draft-tokens), either followed by ';sampled=' and the shape or schedule of steps that "
-                        "sample, or ';sampled=plain' (e.g. '1:3,1,4/8:4,4,8;sampled=3,1,4'), or 'auto' (the "
-                        "default: the shapes measured fastest on this device, greedy and sampled)")
+                        "sample and ';penalized=' that of steps under count penalties, each possibly 'plain' (e.g. "
+                        "'1:3,1,4/8:4,4,8;sampled=3,1,4;penalized=plain'), or 'auto' (the default: the shapes "
+                        "measured fastest on this device, greedy, sampled and penalized)")
     p.add_argument("--steps", type=int, default=None, help="draft depth S")
     p.add_argument("--topk", type=int, default=None, help="branching K (1 = chain)")
     p.add_argument("--draft-tokens", type=int, default=None, help="verified tokens D, root included")

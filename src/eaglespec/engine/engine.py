@@ -28,8 +28,9 @@ graphs from device buffers) and is not overlapped (its masks need the previous s
 A speculative engine with `EngineConfig.spec_max_rows` takes plain decode steps while more rows run (the drafter is
 kept in step by the decode step itself) and speculative steps again once few enough do. With a `SpecSchedule` as its
 `spec` each speculative step takes the shape scheduled for its rows (a chain for a lone request, a tree once several
-run) and its mode (a step where any row samples takes the schedule's sampled entries, or decodes plainly where
-those are empty); the drafter's state after any step serves every shape.
+run) and its mode (a step where any row has a count penalty takes the schedule's penalized entries, else one
+where any row samples its sampled entries; either decodes plainly where those are empty); the drafter's state
+after any step serves every shape.
 With `EngineConfig.overlap` (graph path) a decode / speculative `step()` first launches the next step and then reads
 the previous one, so the tokens of a step reach the requests one `step()` later (`has_work()` stays true until the
 last launched step is read); a prefill step launches the next step of every running row, the admitted ones included,
@@ -178,7 +179,7 @@ class Engine(OverlappedStep):
             extras.append(StepExtras(constrained=True))
         n = 0
         for b in batch_sizes:  # graphs are bucketed by the highest row, not the count
-            kinds = {self._step_kind(list(range(b)), greedy)}
+            kinds = {self._step_kind(list(range(b)), greedy, False)}
             if self.speculative and self.config.spec_max_rows is not None:
                 kinds.add("decode")  # busy steps decode plainly
             n += sum(graphs.precapture(kind, b, greedy, lp, x) for kind in sorted(kinds) for lp in lps for x in extras)
@@ -360,7 +361,7 @@ class Engine(OverlappedStep):
             if overlap:
                 self._launch_running()
                 return []  # its results are read by the next step, once that one is launched
-            kind = self._step_kind(rows, greedy)
+            kind = self._step_kind(rows, greedy, any(q.params.penalized for q in reqs))
             self._count_step(kind)
             if kind != "decode":
                 index = shape_index(kind)
@@ -376,16 +377,16 @@ class Engine(OverlappedStep):
             self.runner.release(q.slot)
         return reqs
 
-    def _step_kind(self, rows: Sequence[int], greedy: bool) -> str:
-        """The step for these running rows (`greedy`: all of them greedy): "decode" for a plain engine, while more than
-        `EngineConfig.spec_max_rows` rows run, or where the schedule decodes such steps plainly (`SpecSchedule.
-        sampled` = ()); else the speculation shape the schedule gives rows 0..max(rows) in this mode ("spec",
-        "spec1", ...: `runner.spec_kind`)."""
+    def _step_kind(self, rows: Sequence[int], greedy: bool, penalized: bool) -> str:
+        """The step for these running rows (`greedy`: all of them greedy; `penalized`: one has a count penalty):
+        "decode" for a plain engine, while more than `EngineConfig.spec_max_rows` rows run, or where the schedule
+        decodes such steps plainly (`SpecSchedule.sampled` or `.penalized` = ()); else the speculation shape the
+        schedule gives rows 0..max(rows) in this mode ("spec", "spec1", ...: `runner.spec_kind`)."""
         limit = self.config.spec_max_rows
         if not self.runner.speculative or (limit is not None and len(rows) > limit):
             return "decode"
         assert self.schedule is not None
-        index = self.schedule.shape_index(max(rows) + 1, greedy)
+        index = self.schedule.shape_index(max(rows) + 1, greedy, penalized)
         return "decode" if index is None else spec_kind(index)
 
     def _step_logprobs(self, reqs: Sequence[Request]) -> int | None:

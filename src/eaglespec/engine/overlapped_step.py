@@ -58,7 +58,7 @@ class OverlappedStep:
         running = sorted(self.scheduler.running, key=lambda q: q.slot)
         rows = [q.slot for q in running]
         greedy = all(q.params.greedy for q in running)
-        kind = self._step_kind(rows, greedy)
+        kind = self._step_kind(rows, greedy, any(q.params.penalized for q in running))
         self._count_step(kind)
         self.runner.step_extras = StepExtras.of(q.params for q in running)
         self.runner.constraint = None  # launched steps hold no structured output (`step`, `_step_overlapped`)
