@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
-# Session 51: a step's speculation shape follows whether it samples (`SpecSchedule.sampled`), on the device machine in
-# one call after staging the GGUF:
+# Session 51: a step's speculation shape follows whether it samples (`SpecSchedule.sampled`) and whether a row has a
+# count penalty (`SpecSchedule.penalized`: auto decodes such steps plainly on CUDA, from session 50's extras_check);
+# on the device machine in one call after staging the GGUF (not run in session 51: no device was lent):
 #
 #   run(carry=[".device/g1"]) bash benchmarks/device_parts.sh stage; run(carry=[".device/g2"]) ... stage
 #   run(carry=[".device/g3", ".whl"]) bash benchmarks/device_parts.sh join && bash benchmarks/sampled_schedule.sh
 #
-# 1. extras_check.py: engines loaded for greedy requests (auto's schedule, temperature 0) running greedy, adjusted,
-#    sampled and seeded requests at 1 and 32 rows: session 50 measured the sampled steps at 32 rows on the greedy
-#    tree S5 K2 D8 (8,558 tok/s against plain's 21,573); they now take the sampled chain of 3.
+# 1. extras_check.py: engines loaded for greedy requests (auto's schedule, temperature 0) running greedy, adjusted
+#    (penalized: now plain decoding in the speculative engine too), sampled and seeded requests at 1 and 32 rows:
+#    session 50 measured the sampled steps at 32 rows on the greedy tree S5 K2 D8 (8,558 tok/s against plain's
+#    21,573); they now take the sampled chain of 3.
 # 2. `eaglespec bench` at temperature 1, MT-bench's 80 first turns, 128 tokens, rows 1 / 8 / 32, continuous batching:
 #    no-spec, auto (the sampled entries: the chain of 3), and auto's greedy schedule run on sampled steps (what every
 #    sampled step of a greedy-built engine ran before this session); then greedy, no-spec against auto; then greedy
-#    under frequency 0.5 + repetition 1.1 (session 50: speculation lost there), no-spec against auto and two chains.
+#    under frequency 0.5 + repetition 1.1, no-spec against two chains (auto is not run there: it decodes plainly),
+#    to check the penalized policy at 8 rows and whether a chain pays anywhere under penalties.
 # Logs under $OUT; the tables last.
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
