@@ -30,7 +30,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from tiny import tiny_drafter, tiny_llama  # noqa: E402
 
-import eaglespec.engine.runner as runner_module  # noqa: E402
+import eaglespec.engine.spec_step as runner_module  # noqa: E402  (the speculative phases)
 from eaglespec.config import EngineConfig, SpecConfig  # noqa: E402
 from eaglespec.engine.cuda_graphs import BATCH_BUCKETS, GraphCache  # noqa: E402
 from eaglespec.engine.engine import Engine  # noqa: E402

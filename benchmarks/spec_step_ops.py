@@ -55,6 +55,7 @@ def route_through_kernels() -> None:
 
     os.environ["TRITON_INTERPRET"] = "1"
     import eaglespec.engine.runner as runner
+    import eaglespec.engine.spec_step as spec_step  # the speculative phases
     import eaglespec.layers.sampling as sampling
     import eaglespec.spec.draft as draft
     import eaglespec.spec.tree as tree
@@ -83,7 +84,7 @@ def route_through_kernels() -> None:
     accept = marked(lambda t, pred: verify.VerifyResult(*tree_kernels.accept_greedy(
         pred, t.tokens, t.parents, t.depth, t.ancestors, t.paths)), 1,
         lambda t, pred: tree_kernels.fits(t.size, t.paths.shape[-1] - 1), verify.verify_greedy_rule)
-    runner.verify_greedy = lambda t, logits: accept(t, verify.greedy_ids(logits))
+    spec_step.verify_greedy = lambda t, logits: accept(t, verify.greedy_ids(logits))
 
 
 def count(spec: SpecConfig) -> dict[str, int]:

@@ -20,7 +20,7 @@ import functools
 from probe_script import Emitter, random_pair  # noqa: E402
 
 
-import eaglespec.engine.runner as runner_mod  # noqa: E402
+import eaglespec.engine.spec_step as runner_mod  # noqa: E402  (the speculative phases)
 from eaglespec.bench.drafters import oracle, references  # noqa: E402
 from eaglespec.config import EngineConfig, SpecConfig  # noqa: E402
 from eaglespec.engine.engine import Engine  # noqa: E402

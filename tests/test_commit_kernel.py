@@ -14,7 +14,7 @@ import torch  # noqa: E402
 from tiny import assert_transformed_engine_equals_plain  # noqa: E402
 
 import eaglespec.engine.drafter_rows as drafter_rows  # noqa: E402
-import eaglespec.engine.runner as runner  # noqa: E402
+import eaglespec.engine.spec_step as spec_step  # noqa: E402
 from eaglespec.config import SpecConfig  # noqa: E402
 from eaglespec.layers import commit_kernel as ck  # noqa: E402
 
@@ -83,7 +83,7 @@ def test_speculation_through_the_kernels_equals_plain(monkeypatch, spec):
         return ck.store_draft_rows(*a, **kw, kernel=True)
 
     def route(target, drafter):
-        monkeypatch.setattr(runner, "advance_rows", advance)
+        monkeypatch.setattr(spec_step, "advance_rows", advance)
         monkeypatch.setattr(drafter_rows, "store_draft_rows", store)
 
     assert_transformed_engine_equals_plain(route, spec, [[5, 6, 7, 8], [9, 10]], 12)

@@ -16,6 +16,7 @@ from test_spec_greedy import PROMPTS, drafter, target  # noqa: E402,F401 (module
 from test_tree_kernels import chain_kernel_result, kernel_result  # noqa: E402
 
 import eaglespec.engine.runner as runner  # noqa: E402
+import eaglespec.engine.spec_step as spec_step  # noqa: E402
 import eaglespec.spec.draft as draft  # noqa: E402
 import eaglespec.spec.verify as verify  # noqa: E402
 from eaglespec.config import EngineConfig, SpecConfig  # noqa: E402
@@ -46,11 +47,11 @@ def route_through_kernels(monkeypatch, calls: list) -> None:
     for mod in (runner, verify, draft, sampling):
         monkeypatch.setattr(mod, "greedy_ids", argmax)
     monkeypatch.setattr(draft, "topk_logp", topk)
-    monkeypatch.setattr(runner, "draft_tree", functools.partial(draft.draft_tree, kernels=True))
-    monkeypatch.setattr(runner, "build_tree", functools.partial(build_tree, kernels=True))
-    monkeypatch.setattr(runner, "verify_greedy", accept)
-    monkeypatch.setattr(runner, "verify_greedy_chain", accept)
-    monkeypatch.setattr(runner, "target_probs", sampling_kernel.target_probs)
+    monkeypatch.setattr(spec_step, "draft_tree", functools.partial(draft.draft_tree, kernels=True))
+    monkeypatch.setattr(spec_step, "build_tree", functools.partial(build_tree, kernels=True))
+    monkeypatch.setattr(spec_step, "verify_greedy", accept)
+    monkeypatch.setattr(spec_step, "verify_greedy_chain", accept)
+    monkeypatch.setattr(spec_step, "target_probs", sampling_kernel.target_probs)
     monkeypatch.setattr(runner, "sample_probs", lambda logits, t, k, p, generator=None, table=None:
                         sampling.sample_probs(logits, t, k, p, generator, table, kernels=True))
 

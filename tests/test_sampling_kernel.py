@@ -12,6 +12,7 @@ import torch  # noqa: E402
 from tiny import tiny_drafter, tiny_llama  # noqa: E402
 
 import eaglespec.engine.runner as runner_mod  # noqa: E402
+import eaglespec.engine.spec_step as spec_step_mod  # noqa: E402
 import eaglespec.spec.draft as draft_mod  # noqa: E402
 from eaglespec.config import EngineConfig, SpecConfig  # noqa: E402
 from eaglespec.engine.engine import Engine  # noqa: E402
@@ -129,7 +130,7 @@ def test_sampled_speculation_through_the_kernel_draws_the_same_tokens(monkeypatc
             return sampling.sample_probs(logits, t, k, p, generator, table, kernels=True)
         return draw
 
-    monkeypatch.setattr(runner_mod, "target_probs", through_kernel)
+    monkeypatch.setattr(spec_step_mod, "target_probs", through_kernel)
     monkeypatch.setattr(runner_mod, "sample_probs", draw_through_kernel("decode"))
     monkeypatch.setattr(draft_mod, "sample_probs", draw_through_kernel("draft"))
     assert run() == plain
@@ -203,7 +204,7 @@ def test_adjusted_sampled_speculation_through_the_kernel_draws_the_same_tokens(m
         return [o.token_ids for o in eng.generate([[1, 2, 3], [4, 5]], params)]
 
     plain = run()
-    monkeypatch.setattr(runner_mod, "target_probs", sampling_kernel.target_probs)
+    monkeypatch.setattr(spec_step_mod, "target_probs", sampling_kernel.target_probs)
     monkeypatch.setattr(runner_mod, "sample_probs",
                         lambda logits, t, k, p, generator=None, table=None: sampling.sample_probs(
                             logits, t, k, p, generator, table, kernels=True))
@@ -224,7 +225,7 @@ def test_seeded_sampling_through_the_kernels_draws_the_same_tokens(monkeypatch, 
         return [o.token_ids for o in eng.generate([[1, 2, 3], [4, 5]], params)]
 
     plain = run()
-    monkeypatch.setattr(runner_mod, "target_probs", sampling_kernel.target_probs)
+    monkeypatch.setattr(spec_step_mod, "target_probs", sampling_kernel.target_probs)
     for mod in (runner_mod, draft_mod):
         monkeypatch.setattr(mod, "sample_probs", lambda logits, t, k, p, generator=None, table=None:
                             sampling.sample_probs(logits, t, k, p, generator, table, kernels=True))

@@ -14,7 +14,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from tiny import assert_transformed_engine_equals_plain, tiny_drafter, tiny_llama  # noqa: E402
 
-import eaglespec.engine.runner as runner  # noqa: E402
+import eaglespec.engine.spec_step as spec_step  # noqa: E402
 from eaglespec.config import SpecConfig  # noqa: E402
 from eaglespec.engine.kv_cache import KVCache  # noqa: E402
 from eaglespec.layers import kv_compact_kernel, tree_build_kernels  # noqa: E402
@@ -126,8 +126,8 @@ def test_tree_speculation_through_the_construction_kernels_equals_plain(monkeypa
         for t in self.tensors:
             kv_compact_kernel.compact(t, rows, start, path)
 
-    monkeypatch.setattr(runner, "draft_tree", functools.partial(draft_tree, kernels=True))
-    monkeypatch.setattr(runner, "build_tree", functools.partial(build_tree, kernels=True))
+    monkeypatch.setattr(spec_step, "draft_tree", functools.partial(draft_tree, kernels=True))
+    monkeypatch.setattr(spec_step, "build_tree", functools.partial(build_tree, kernels=True))
     monkeypatch.setattr(KVCache, "compact", compact_through)
     levels = []
     real = tree_build_kernels.draft_level

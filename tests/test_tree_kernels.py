@@ -12,7 +12,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from tiny import assert_transformed_engine_equals_plain  # noqa: E402
 
-import eaglespec.engine.runner as runner  # noqa: E402
+import eaglespec.engine.spec_step as spec_step  # noqa: E402
 import eaglespec.spec.tree as tree_mod  # noqa: E402
 import eaglespec.spec.verify as verify  # noqa: E402
 from eaglespec.config import SpecConfig  # noqa: E402
@@ -126,7 +126,7 @@ def test_speculation_through_the_acceptance_kernels_equals_plain(monkeypatch, ch
         calls.append(tree.size)
         return result(tree, logits.argmax(-1))
 
-    monkeypatch.setattr(runner, "verify_greedy_chain" if chain else "verify_greedy", through)
+    monkeypatch.setattr(spec_step, "verify_greedy_chain" if chain else "verify_greedy", through)
     spec = SpecConfig(3, 1, 4) if chain else SpecConfig(3, 2, 6)
     assert_transformed_engine_equals_plain(lambda t, d: None, spec, [[5, 6, 7, 8], [9, 10]], 12)
     assert calls and set(calls) == {spec.draft_tokens}

@@ -48,7 +48,7 @@ import torch
 from ..layers.attention import graph_build
 from .host_upload import upload
 from .row_sampling import StepExtras
-from .runner import shape_index
+from .step_kinds import shape_index
 
 BATCH_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 MIN_LEN_BUCKET = 256

@@ -68,10 +68,11 @@ from .prompts import Prompt, encode_prompt
 from .request_checks import check_params, fit_context
 from .row_sampling import StepExtras
 from .overlapped_step import OverlappedStep, constrained
-from .runner import ModelRunner, shape_index, spec_kind
+from .runner import ModelRunner
 from .scheduler import Scheduler
 from .scoring import score_prompt
 from .step_grammar import StepGrammar
+from .step_kinds import shape_index, spec_kind
 
 if TYPE_CHECKING:
     from ..grammar.token_grammar import TokenGrammar
@@ -381,7 +382,7 @@ class Engine(OverlappedStep):
         """The step for these running rows (`greedy`: all of them greedy; `penalized`: one has a count penalty):
         "decode" for a plain engine, while more than `EngineConfig.spec_max_rows` rows run, or where the schedule
         decodes such steps plainly (`SpecSchedule.sampled` or `.penalized` = ()); else the speculation shape the
-        schedule gives rows 0..max(rows) in this mode ("spec", "spec1", ...: `runner.spec_kind`)."""
+        schedule gives rows 0..max(rows) in this mode ("spec", "spec1", ...: `step_kinds.spec_kind`)."""
         limit = self.config.spec_max_rows
         if not self.runner.speculative or (limit is not None and len(rows) > limit):
             return "decode"
