@@ -329,7 +329,8 @@ class SpecSchedule:
     `sampled`: the entries of steps where any row samples, chosen the same way; None: those of greedy steps; ():
     sampled steps decode plainly. Sampling accepts fewer drafts than greedy decoding (a tree's siblings rarely
     rescue a rejected draft), so it pays for narrower shapes: the H200's sampled steps take the chain of 3 where
-    greedy steps take trees (docs/benchmarks.md, "Session 24", "Session 51").
+    greedy steps take trees (docs/benchmarks.md, "Session 24"; "Session 50": a greedy-built engine ran its sampled
+    32-row steps on the greedy tree S5 K2 D8 at 0.40x plain decoding).
     `penalized`: the same for steps where any row has a count penalty (frequency, presence, repetition), which
     come before `sampled`: the drafter was trained on unpenalized text, and every verified node is adjusted, so
     speculation lost to plain decoding under penalties on the H200 (docs/benchmarks.md, "Session 50")."""
