@@ -38,9 +38,10 @@ class ReasoningSyntax:
 
     def opened(self, prompt_ids: Sequence[int], token_to_id: Callable[[str], int | None]) -> bool:
         o, c = token_to_id(self.open), token_to_id(self.close)
-        last_open = max((i for i, t in enumerate(prompt_ids) if t == o), default=-1)
-        last_close = max((i for i, t in enumerate(prompt_ids) if t == c), default=-1)
-        return last_open > last_close
+        for t in reversed(prompt_ids):  # the last marker decides (a template writes it near the end)
+            if t == o or t == c:
+                return t == o
+        return False
 
     def clean(self, text: str) -> str:
         return self._special.clean(text)
