@@ -484,3 +484,38 @@ def test_chat_attaches_images_to_the_next_message(folders, tmp_path, capsys, mon
     second = first + [{"role": "assistant", "content": a1}, {"role": "user", "content": "And the colours?"}]
     a2 = eng.generate([second], params, images=[[image]])[0].text
     assert out.out == f"{a1}\n{a2}\n"
+
+
+def test_generate_and_chat_keep_a_thinking_answers_reasoning_apart(folders, tmp_path, capsys, monkeypatch):
+    """The tiny Kimi wrapper with a template that opens `<think>` in the generation prompt (Kimi-K2.5's thinking
+    mode) and a model that never closes it: `generate` prints its whole answer as reasoning, to stderr, leaving
+    stdout empty; `chat` the same, and keeps the answer without its reasoning (empty) in the conversation it sends
+    next. The reasoning is what plain decoding writes (special tokens skipped)."""
+    import io
+    import shutil
+
+    from eaglespec import api
+
+    folder = tmp_path / "thinking"
+    shutil.copytree(folders["bf16"], folder)
+    cfg_path = folder / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    opening = "{%- if add_generation_prompt -%}<|im_assistant|>assistant<|im_middle|>"
+    assert opening in cfg["chat_template"]
+    cfg["chat_template"] = cfg["chat_template"].replace(opening, opening + "<think>")
+    cfg_path.write_text(json.dumps(cfg))
+    eng = api.load(folder, draft=None, config=EngineConfig(device="cpu", max_batch_size=1))
+    params = SamplingParams(max_new_tokens=5, ignore_eos=True)
+    thought = eng.generate(["Hi"], params)[0].text
+    assert thought.strip()
+    assert main(["generate", "Hi", "--model", str(folder), "--no-spec", "--max-new-tokens", "5", "--ignore-eos",
+                 "--device", "cpu"]) == 0
+    out = capsys.readouterr()
+    assert out.out == "\n" and out.err.startswith(thought + "\n\n")
+    monkeypatch.setattr("sys.stdin", io.StringIO("Hi\nAgain?\n"))
+    assert main(["chat", "--model", str(folder), "--no-spec", "--max-new-tokens", "5", "--ignore-eos",
+                 "--device", "cpu"]) == 0
+    out = capsys.readouterr()
+    second = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": ""},
+              {"role": "user", "content": "Again?"}]
+    assert out.out == "\n\n" and thought in out.err and eng.generate([second], params)[0].text in out.err

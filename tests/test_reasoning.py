@@ -178,3 +178,33 @@ def test_a_real_engine_with_a_template_that_opens_the_block(tmp_path):
             worker.stop()
         assert message["content"] == ""
         assert ("reasoning_content" in message) == opens and message.get("reasoning_content", "") == ""
+
+
+def test_the_cli_prints_reasoning_to_stderr_and_the_answer_to_stdout(tmp_path, capsys):
+    """`generate` and `chat` print through AnswerPrinter: a thinking model's reasoning to stderr (then a blank line
+    once the answer starts), the answer, cleaned of special tokens, to stdout and as the text kept; the request runs
+    with its special tokens (for the markers). A tokenizer without the markers, a request that keeps its special
+    tokens, or one held to a structured output print as they come."""
+    from eaglespec.cli.answer_printer import AnswerPrinter
+    from eaglespec.grammar import StructuredOutput
+    from eaglespec.sampling_params import SamplingParams
+
+    tok = write_tiny_tokenizer(tmp_path / "kimi")
+    printer = AnswerPrinter(tok, [1, 2], SamplingParams())
+    assert not printer.params.skip_special_tokens
+    for delta in ANSWER:
+        printer.write(delta)
+    assert printer.finish() == "It is sunny."
+    out = capsys.readouterr()
+    assert out.out == "It is sunny." and out.err == "The user wants weather.\n\n"
+    opened = AnswerPrinter(tok, tok.encode("<|im_middle|><think>"), SamplingParams())
+    for delta in ANSWER[1:]:
+        opened.write(delta)
+    assert opened.finish() == "It is sunny." and capsys.readouterr().err == "The user wants weather.\n\n"
+    for params in (SamplingParams(), SamplingParams(skip_special_tokens=False),
+                   SamplingParams(structured=StructuredOutput.json_schema({"type": "object"}))):
+        printer = AnswerPrinter(tok if params != SamplingParams() else None, [], params)
+        assert printer.syntax is None and printer.params == params
+        for delta in ANSWER:
+            printer.write(delta)
+        assert printer.finish() == "".join(ANSWER) and capsys.readouterr().out == "".join(ANSWER)

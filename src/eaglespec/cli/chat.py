@@ -1,7 +1,7 @@
 """`eaglespec chat`: an interactive chat on the terminal, the chat template applied to the whole conversation.
 
-Each line read from stdin is a user turn; the answer streams to stdout, a stats line (tok/s, acceptance length) to
-stderr. `/image PATH` attaches an image to the next message (a multimodal target such as Kimi-K2.5; the
+Each line read from stdin is a user turn; the answer streams to stdout (a thinking model's reasoning to stderr, and
+out of the history: answer_printer.py), a stats line (tok/s, acceptance length) to stderr. `/image PATH` attaches an image to the next message (a multimodal target such as Kimi-K2.5; the
 conversation's images stay with their messages), `/reset` starts a new conversation, `/exit` (or end of input)
 leaves. When the conversation outgrows the
 model's context, the oldest turns are dropped (the system prompt stays) and stderr says how many; a single message
@@ -20,6 +20,7 @@ from ..engine.engine import Engine
 from ..engine.gc_heap import freeze_heap
 from ..errors import RequestError
 from ..sampling_params import SamplingParams
+from .answer_printer import AnswerPrinter
 from .options import (add_model_options, add_sampling_options, answer_line, draft_arg, engine_config,
                       engine_summary, sampling_params, spec_config)
 
@@ -62,11 +63,13 @@ def fit_history(engine: Engine, messages: list[dict], max_new_tokens: int,
 
 
 def answer(engine: Engine, prepared: tuple[list[int], object], params: SamplingParams) -> str:
-    """Stream the answer to a prompt `fit_history` prepared to stdout; returns its text."""
+    """Stream the answer to a prompt `fit_history` prepared to stdout (a thinking model's reasoning to stderr:
+    answer_printer.py); returns its text without the reasoning, for the conversation's history."""
     t0 = time.perf_counter()
-    for delta in engine.stream_prepared(*prepared, params):
-        sys.stdout.write(delta)
-        sys.stdout.flush()
+    printer = AnswerPrinter(engine.tokenizer, prepared[0], params)
+    for delta in engine.stream_prepared(*prepared, printer.params):
+        printer.write(delta)
+    text = printer.finish()
     seconds = time.perf_counter() - t0
     sys.stdout.write("\n")
     sys.stdout.flush()
@@ -76,7 +79,7 @@ def answer(engine: Engine, prepared: tuple[list[int], object], params: SamplingP
     if engine.speculative and req.stats.verify_steps:
         line += f", accept length {req.stats.accept_length_mean:.2f}"
     print(line, file=sys.stderr)
-    return req.text
+    return text
 
 
 def run(args: argparse.Namespace) -> int:

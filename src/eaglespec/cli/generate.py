@@ -1,4 +1,5 @@
-"""`eaglespec generate PROMPT`: stream the answer to stdout, statistics to stderr (and `--stats-json`)."""
+"""`eaglespec generate PROMPT`: stream the answer to stdout, statistics (and a thinking model's reasoning:
+answer_printer.py) to stderr, and to `--stats-json`."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 
 from .. import api
 from ..errors import RequestError
+from .answer_printer import AnswerPrinter
 from .options import (add_model_options, add_sampling_options, answer_line, draft_arg, engine_config, plain_reason,
                       sampling_params, spec_config)
 
@@ -40,9 +42,11 @@ def run(args: argparse.Namespace) -> int:
     # answer's speed and the start-up apart
     graphs = engine.warm_for(args.prompt, params, chat=not args.no_chat_template, images=images)
     t0 = time.perf_counter()
-    for delta in engine.stream(args.prompt, params, chat=not args.no_chat_template, images=images):
-        sys.stdout.write(delta)
-        sys.stdout.flush()
+    prepared = engine.prepare(args.prompt, not args.no_chat_template, images)
+    printer = AnswerPrinter(engine.tokenizer, prepared[0], params)  # a thinking model's reasoning to stderr
+    for delta in engine.stream_prepared(*prepared, printer.params):
+        printer.write(delta)
+    printer.finish()
     seconds = time.perf_counter() - t0
     sys.stdout.write("\n")
     req = engine.last_request
