@@ -7,9 +7,10 @@ answers hold, and what their steps cost. The embedded SmolLM2 with the shipped d
 MT-bench's 80 first turns, 128 new tokens; one row and 32 rows (continuous batching through `Engine.generate`), one
 engine alive at a time; each timed run the second of two (the first captures its graphs), the collector paused:
 1. float32 (`--dtype float32` engines, 32 rows): under frequency_penalty 0.5 + repetition_penalty 1.1, greedy, the
-   speculative engine's answers equal the plain engine's (80/80; the CPU tests check it token for token);
-2. bf16, per engine (plain, speculative) and rows: tok/s of greedy; greedy adjusted (frequency 0.5 + repetition
-   1.1: every step adjusts); sampled at T 1; sampled at T 1 with a seed per request (every step draws through
+   speculative engine's answers (the chain of 3, forced: auto decodes such steps plainly on CUDA since session 51)
+   equal the plain engine's (80/80; the CPU tests check it token for token);
+2. bf16, per engine (plain, speculative: auto's schedule) and rows: tok/s of greedy; greedy adjusted (frequency 0.5
+   + repetition 1.1: every step adjusts; auto's speculative engine decodes these steps plainly since session 51); sampled at T 1; sampled at T 1 with a seed per request (every step draws through
    layers/row_draws.py). Each extra's cost against its base, and the mean acceptance length of each;
 3. a seeded request's answer again, alone and inside the 32-row batch (bf16: its batch-mates move its rounding, so
    this counts, it does not require).
@@ -29,7 +30,7 @@ from logprobs_check import run as timed_run
 
 from eaglespec import api
 from eaglespec.bench.datasets import encode, mt_bench
-from eaglespec.config import EngineConfig
+from eaglespec.config import EngineConfig, SpecConfig
 from eaglespec.sampling_params import SamplingParams
 
 ADJUST = dict(frequency_penalty=0.5, repetition_penalty=1.1)
@@ -44,9 +45,9 @@ def run(eng, prompts, params) -> tuple[list, float, float]:
     return outs, tps, tau
 
 
-def load(gguf: str, kind: str, rows: int, dtype: str):
+def load(gguf: str, kind: str, rows: int, dtype: str, spec=None):
     cfg = EngineConfig(device=DEV, dtype="float32" if CPU else dtype, max_batch_size=rows)
-    return api.load(gguf, draft=None, config=cfg) if kind == "plain" else api.load(gguf, config=cfg)
+    return api.load(gguf, draft=None, config=cfg) if kind == "plain" else api.load(gguf, config=cfg, spec=spec)
 
 
 def drop(eng) -> None:
@@ -64,7 +65,8 @@ def main() -> int:
     # 1. float32: speculation under adjustments equals plain decoding under them
     answers = {}
     for kind in ("plain", "spec"):
-        eng = load(gguf, kind, rows_list[-1], "float32")
+        # auto's float32 shape, the chain of 3, forced: auto decodes steps under penalties plainly on CUDA (session 51)
+        eng = load(gguf, kind, rows_list[-1], "float32", SpecConfig(3, 1, 4))
         prompts = [encode(eng.tokenizer, item.first)[0] for item in mt_bench()][: 4 if CPU else None]
         answers[kind] = [o.token_ids for o in eng.generate(prompts, replace(greedy, **ADJUST))]
         drop(eng)
