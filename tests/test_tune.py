@@ -99,6 +99,15 @@ def test_schedule_recommendation():
     assert one["schedule"] == "3,1,4" and not one["messages"][-1].startswith("one engine")
     loses = [_rec("no-spec", 1, 100.0, "no-spec"), _rec("d S3 K1 D4", 1, 90.0, s=chain)]
     assert tune_section(loses)["schedule"] is None  # net-negative at the smallest size: no schedule to advise
+    # a sweep of sampled (or penalized) steps: its schedule is those steps' entries of a --spec
+    sampled = tune_section(recs, {"temperature": 1.0, "repetition_penalty": 1.0})
+    assert sampled["mode"] == "sampled" and not any(m.startswith("one engine") for m in sampled["messages"])
+    assert sampled["messages"][-1].startswith("measured on sampled steps: an engine gives them these shapes alone "
+                                              "with --spec 'GREEDY;sampled=1:3,1,4/8:4,2,8' (GREEDY: ")
+    assert parse_spec("3,1,4;sampled=1:3,1,4/8:4,2,8").shape(8, greedy=False) == SpecConfig(*tree)
+    penalized = tune_section(loses, {"temperature": 0.0, "frequency_penalty": 0.5})
+    assert penalized["mode"] == "penalized" and "--spec 'GREEDY;penalized=plain'" in penalized["messages"][-1]
+    assert tune_section(recs, {"temperature": 0.0, "repetition_penalty": 1.0})["mode"] == "greedy"
 
 
 def test_tune_end_to_end_random_drafter(tmp_path, capsys):

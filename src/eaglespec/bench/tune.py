@@ -15,11 +15,14 @@ Contract:
   with), else None.
 - `schedule(verdicts)` -> one engine's policy: the fastest speculative shape per batch size, up to the first size
   where speculation loses, as a SpecSchedule by rows (one shape: a SpecConfig; none wins: None).
-- `tune_section(records)` -> the document's "tune" entry: {"fastest": {bs: config}, "fastest_speculative": {bs:
-  config}, "net_negative": {bs: bool}, "spec_max_rows": B | None, "schedule": "R:S,K,D/..." | "S,K,D" | None,
-  "messages": [...]}; with a B a message says "speculation pays up to batch size B and loses above it: serve
-  engines of more rows with --spec-max-rows B"; with a schedule of several shapes the last says "one engine for all
-  these batch sizes: --spec R:S,K,D/... [--spec-max-rows B] (Python: eaglespec.load(spec=...))".
+- `tune_section(records, sampling)` -> the document's "tune" entry: {"mode", "fastest": {bs: config},
+  "fastest_speculative": {bs: config}, "net_negative": {bs: bool}, "spec_max_rows": B | None, "schedule":
+  "R:S,K,D/..." | "S,K,D" | None, "messages": [...]}; with a B a message says "speculation pays up to batch size B
+  and loses above it: serve engines of more rows with --spec-max-rows B"; with a schedule of several shapes one
+  says "one engine for all these batch sizes: --spec R:S,K,D/... [--spec-max-rows B] (Python:
+  eaglespec.load(spec=...))". `mode` (`sweep_mode(sampling)`, the document's "sampling" entry): the kind of step
+  measured, "greedy", "sampled" or "penalized"; for the last two the last message gives the schedule as that
+  mode's entries of a `--spec` ("GREEDY;sampled=...", or "=plain" where speculation lost everywhere).
 """
 
 from __future__ import annotations
@@ -127,7 +130,18 @@ def schedule(verdicts: Sequence[Verdict]) -> SpecConfig | SpecSchedule | None:
     return entries[0][1] if len(entries) == 1 else SpecSchedule(tuple(entries))
 
 
-def tune_section(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+def sweep_mode(sampling: dict[str, Any] | None) -> str:
+    """The kind of step a sweep measured (its document's "sampling" entry): "penalized" (a count penalty),
+    "sampled" (temperature > 0) or "greedy" (`SpecSchedule`'s modes)."""
+    if sampling is None:
+        return "greedy"
+    if sampling.get("frequency_penalty") or sampling.get("presence_penalty") or \
+            sampling.get("repetition_penalty", 1.0) != 1.0:
+        return "penalized"
+    return "sampled" if sampling.get("temperature", 0.0) > 0 else "greedy"
+
+
+def tune_section(records: Sequence[dict[str, Any]], sampling: dict[str, Any] | None = None) -> dict[str, Any]:
     vs = verdict(records)
     limit = spec_max_rows(vs)
     messages = [v.message() for v in vs]
@@ -135,12 +149,19 @@ def tune_section(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
         messages.append(f"speculation pays up to batch size {limit} and loses above it: serve engines of more rows "
                         f"with --spec-max-rows {limit}")
     policy = schedule(vs)
-    if isinstance(policy, SpecSchedule):  # one engine serving all these sizes: a shape per step by its rows
+    mode = sweep_mode(sampling)
+    if isinstance(policy, SpecSchedule) and mode == "greedy":  # one engine for all these sizes: a shape per step
         text = spec_text(policy)
         messages.append(f"one engine for all these batch sizes: --spec {text}"
                         + (f" --spec-max-rows {limit}" if limit is not None else "")
                         + f" (Python: eaglespec.load(spec=eaglespec.config.parse_spec({text!r})))")
+    if mode != "greedy" and vs:  # the shapes of such steps: a schedule's entries for them alone
+        text = spec_text(policy) if policy is not None else "plain"
+        messages.append(f"measured on {mode} steps: an engine gives them these shapes alone with --spec "
+                        f"'GREEDY;{mode}={text}' (GREEDY: the shape or schedule of greedy steps, which a greedy "
+                        "sweep finds)")
     return {
+        "mode": mode,
         "fastest": {str(v.batch_size): v.fastest["config"] for v in vs},
         "fastest_speculative": {str(v.batch_size): v.fastest_spec["config"] if v.fastest_spec else None for v in vs},
         "net_negative": {str(v.batch_size): v.net_negative for v in vs},

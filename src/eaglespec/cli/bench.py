@@ -160,7 +160,8 @@ def finish(kind: str, args: argparse.Namespace, prep: Prepared, result: "SuiteRe
 
     doc = document(kind, result, prep.model, prep.workload, prep.options, prep.machine, command_line(kind, args))
     if kind == "tune":
-        doc["tune"] = tune_section(doc["summary"])  # the medians over the rounds (one round: the records)
+        # the medians over the rounds (one round: the records); the kind of step measured from the sampling
+        doc["tune"] = tune_section(doc["summary"], doc["sampling"])
         order = {b: i for i, b in enumerate(doc["batch_sizes"])}
         recs = sorted(doc["records"], key=lambda r: (order.get(r["batch_size"], len(order)), -r["tok_per_s"]))
         md = markdown(doc, recs) + "\n" + "\n".join(doc["tune"]["messages"]) + "\n"

@@ -6,8 +6,10 @@
 Runs the no-spec baseline and every shape of the grid (bench/tune.py: 28 shapes by default) through the same suite as
 `eaglespec bench`, prints the whole table sorted by tok/s per batch size, then one line per batch size: the fastest
 shape and its speedup, or "net-negative at batch size B: the fastest speculative configuration (S=.. K=.. D=..) runs
-X tok/s, slower than no speculation at Y tok/s; run without speculation". --out writes the bench files, with the
-verdict under "tune" in results.json.
+X tok/s, slower than no speculation at Y tok/s; run without speculation". A sweep of sampled steps (--temperature
+> 0) or of steps under count penalties gives its schedule as that kind of step's entries of a `--spec`
+("GREEDY;sampled=..."): greedy steps keep their own. --out writes the bench files, with the verdict under "tune"
+in results.json.
 """
 
 from __future__ import annotations
