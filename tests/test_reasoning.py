@@ -208,3 +208,17 @@ def test_the_cli_prints_reasoning_to_stderr_and_the_answer_to_stdout(tmp_path, c
         for delta in ANSWER:
             printer.write(delta)
         assert printer.finish() == "".join(ANSWER) and capsys.readouterr().out == "".join(ANSWER)
+
+
+def test_an_earlier_answers_reasoning_reaches_the_chat_template():
+    """A client that sends an earlier answer back with its reasoning_content: the chat template gets it on that
+    message (a thinking model's template may render it), and nothing on the others."""
+    from eaglespec.server.schemas import ChatCompletionRequest, template_messages
+
+    body = ChatCompletionRequest(messages=[
+        {"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello", "reasoning_content": "Greet."},
+        {"role": "user", "content": "Again?"}])
+    messages, _ = template_messages(body.messages)
+    assert messages == [{"role": "user", "content": "Hi"},
+                        {"role": "assistant", "content": "Hello", "reasoning_content": "Greet."},
+                        {"role": "user", "content": "Again?"}]

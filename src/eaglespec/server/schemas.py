@@ -82,6 +82,7 @@ class ChatMessage(_Body):
     tool_calls: list[dict[str, Any]] | None = None
     tool_call_id: str | None = None
     name: str | None = None
+    reasoning_content: str | None = None  # an earlier answer's reasoning (server/reasoning.py), as the client kept it
 
     def parts(self, images: list) -> str | list[dict]:
         """The content for the chat template: text, or (with images, appended to `images` in order) OpenAI-style
@@ -108,14 +109,17 @@ class ChatMessage(_Body):
 
 def template_messages(messages: list[ChatMessage]) -> tuple[list[dict[str, Any]], list]:
     """The messages for the chat template ("developer" is the newer name of "system") and their images, in order
-    (decoded from data: URLs; empty for text)."""
+    (decoded from data: URLs; empty for text). A conversation's tool calls, tool results and reasoning pass through
+    as the client sent them (a thinking model's template may render earlier reasoning: Kimi-K2.5's interleaves it
+    with tool calls)."""
     if not messages:
         raise RequestError("messages must not be empty")
     images: list = []
     out = []
     for m in messages:
         msg: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role, "content": m.parts(images)}
-        msg.update({k: v for k in ("tool_calls", "tool_call_id", "name") if (v := getattr(m, k)) is not None})
+        msg.update({k: v for k in ("tool_calls", "tool_call_id", "name", "reasoning_content")
+                    if (v := getattr(m, k)) is not None})
         out.append(msg)
     return out, images
 
