@@ -49,7 +49,7 @@ def cpu_forward_cost(monkeypatch, ratio: float) -> list[int]:
 
 
 def test_generate_default_model(tmp_path, capsys, monkeypatch):
-    cpu_forward_cost(monkeypatch, 1.0)  # a machine where a 3-token forward costs what a 1-token one does
+    asked = cpu_forward_cost(monkeypatch, 1.0)  # a machine where a 3-token forward costs what a 1-token one does
     stats = tmp_path / "stats.json"
     code, out, err = run_cli(["generate", "What is the capital of France?", "--max-new-tokens", "12",
                               "--stats-json", str(stats)], capsys)
@@ -61,6 +61,7 @@ def test_generate_default_model(tmp_path, capsys, monkeypatch):
     # the shipped drafter, in the shape measured fastest on the CPU
     assert s["speculative"] and "accept length" in err
     assert (s["steps"], s["topk"], s["draft_tokens"]) == (2, 2, 4)
+    assert asked == [4]  # its one request's kind of step alone (greedy: the tree's 4 tokens) was timed
 
 
 def test_api_default_drafter_policy_on_the_cpu(monkeypatch):

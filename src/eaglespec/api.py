@@ -106,11 +106,16 @@ def load(
     spec: SpecConfig | SpecSchedule | None = None,
     config: EngineConfig = EngineConfig(),
     temperature: float = 0.0,
+    only: SamplingParams | None = None,
 ) -> Engine:
     """Load a target (None: the embedded default) and, optionally, its drafter, and build an engine. `temperature`
     only informs `draft="auto"`'s choice of whether to speculate (requests still carry their own sampling parameters,
     and each step takes the shapes of its mode, greedy or sampled), which is made for the most rows a speculative
-    step runs: `max_batch_size`, or `spec_max_rows` where that is smaller."""
+    step runs: `max_batch_size`, or `spec_max_rows` where that is smaller. `only`: the parameters every request will
+    carry (`eaglespec generate`, `chat`): `auto` schedules their kind of step alone (`auto_spec`; `temperature` is
+    theirs), and on the CPU times no other."""
+    if only is not None:
+        temperature = only.temperature
     device = resolve_device(config.device)
     dtype_name = config.dtype if config.dtype != "auto" else ("bfloat16" if device.type == "cuda" else "float32")
     loaded = load_model(model, device=device, dtype=dtype_name)
@@ -124,7 +129,7 @@ def load(
         draft_path = default_drafter_path() if embedded else None
         if draft_path is not None and spec is None:
             spec, plain_note = auto_spec(loaded.model, device.type, config.max_batch_size, temperature,
-                                         config.spec_max_rows)
+                                         config.spec_max_rows, only)
             if spec is None:
                 draft_path = None
     else:

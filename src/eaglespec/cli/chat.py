@@ -85,7 +85,7 @@ def answer(engine: Engine, prepared: tuple[list[int], object], params: SamplingP
 def run(args: argparse.Namespace) -> int:
     params = sampling_params(args)  # validate before the (slow) model load
     engine = api.load(args.model, draft=draft_arg(args), spec=spec_config(args),
-                      config=engine_config(args, max_batch_size=1), temperature=params.temperature)
+                      config=engine_config(args, max_batch_size=1), only=params)  # every turn's parameters alike
     if engine.tokenizer is None or not engine.tokenizer.has_chat_template:
         raise RequestError("this model's tokenizer has no chat template: use `eaglespec generate --no-chat-template`")
     freeze_heap()  # a session's garbage collections skip the model, the engine and the libraries (gc_heap.py)

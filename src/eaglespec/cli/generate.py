@@ -35,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
     if missing:  # before the (slow) model load
         raise RequestError(f"image file {missing[0]} does not exist")
     engine = api.load(args.model, draft=draft_arg(args), spec=spec, config=engine_config(args, max_batch_size=1),
-                      temperature=params.temperature)
+                      only=params)  # one request: auto schedules its kind of step alone
     t_loaded = time.perf_counter()
     images = list(args.image) or None
     # the caches and CUDA graphs this answer needs, before its clock starts, so that the stats line gives the
