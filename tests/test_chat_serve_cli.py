@@ -192,6 +192,10 @@ def test_serve_says_why_it_decodes_plainly_and_when_it_cannot_listen(capsys, mon
     assert warmed[-1] == ([1, 2, 3, 4], False, True, False)
     run_cli(["serve", "--warmup-structured"], capsys)  # the structured-output forms too
     assert warmed[-1] == ([1, 2, 3, 4], False, False, True)
+    # sampled steps' graphs (the default temperature's), then greedy ones', counted together
+    code, out, err = run_cli(["serve", "--warmup-both-modes"], capsys)
+    assert warmed[-2:] == [([1, 2, 3, 4], False, False, False), ([1, 2, 3, 4], True, False, False)]
+    assert "captured 14 CUDA graphs in" in err
 
 
 @pytest.mark.parametrize("args,needle", [

@@ -699,3 +699,24 @@ def test_warm_for_leaves_bad_prompts_to_the_request(target, monkeypatch):
     eng.runner.graphs.capture = False
     with pytest.raises(RequestError, match="prompt has 10000 tokens"):
         eng.add_request([1] * 10_000)
+
+
+def test_warmup_captures_each_modes_own_shapes(target, monkeypatch):
+    """`Engine.warmup(greedy=...)` captures the shapes the schedule gives that kind of step: a greedy warm-up the
+    greedy entries' tree, a sampled one the sampled entries' chain (`serve --warmup-both-modes` asks for both), and a
+    mode that decodes plainly its decode graphs."""
+    from eaglespec.config import SpecSchedule
+
+    tree, chain = SpecConfig(4, 2, 6), SpecConfig(3, 1, 4)
+    for sampled, want_sampled in (((8, chain),), "spec1"), ((), "decode"):
+        eng = static_engine(target, tiny_drafter(target, seed=1), SpecSchedule(((8, tree),), sampled=sampled), rows=2)
+        eng.reserve(2, 64)
+        g = eng.runner.graphs
+        g.capture = True  # bookkeeping only: the captures are recorded, not made
+        captured = []
+        monkeypatch.setattr(g, "_capture", captured.append)
+        eng.warmup((1, 2), greedy=True, prefill=False)
+        assert {k[0] for k in captured} == {"spec"} and all(k[3] is True for k in captured)
+        captured.clear()
+        eng.warmup((1, 2), greedy=False, prefill=False)
+        assert {k[0] for k in captured} == {want_sampled} and all(k[3] is False for k in captured)

@@ -65,6 +65,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--log-stats-interval", type=float, default=10.0, metavar="SECONDS",
                    help="print request and token rates, queue sizes and the acceptance length to stderr this often "
                         "while requests run (default 10; 0: never); GET /metrics has them for Prometheus")
+    p.add_argument("--warmup-both-modes", action="store_true",
+                   help="with --warmup, capture the CUDA graphs of both greedy and sampled steps, whatever the "
+                        "default temperature (twice the start-up; the two kinds of step take their own speculation "
+                        "shapes), so that the first requests of the other kind do not capture their own")
     p.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=True,
                    help="capture the CUDA graphs of every batch size at start (for the default temperature's greedy "
                         "or sampled steps), not during the first requests (default: on)")
@@ -103,8 +107,10 @@ def run(args: argparse.Namespace) -> int:
     worker = EngineWorker(engine, rows, max_len, args.stream_interval, args.log_stats_interval).ready()
     if args.warmup:  # CUDA graphs of every batch and length bucket now, not during the first requests (CPU: none)
         t0 = time.perf_counter()
-        graphs = engine.warmup(range(1, rows + 1), greedy=args.default_temperature == 0,
-                               logprobs=args.warmup_logprobs, structured=args.warmup_structured)
+        default_greedy = args.default_temperature == 0
+        modes = (default_greedy, not default_greedy) if args.warmup_both_modes else (default_greedy,)
+        graphs = sum(engine.warmup(range(1, rows + 1), greedy=greedy, logprobs=args.warmup_logprobs,
+                                   structured=args.warmup_structured) for greedy in modes)
         if graphs:
             print(f"[eaglespec] captured {graphs} CUDA graphs in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     freeze_heap()  # the engine and its graphs live as long as the server: full collections skip them (gc_heap.py)
