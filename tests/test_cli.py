@@ -447,3 +447,17 @@ def test_check_folder(tmp_path, capsys):
     folder = write_tiny_folder(tmp_path / "m")
     code, out, _ = run_cli(["check", str(folder)], capsys)
     assert code == 0 and "LlamaForCausalLM implements the EAGLE-3 target protocol" in out
+
+
+def test_generate_reports_the_shape_its_kind_of_step_took(capsys, monkeypatch):
+    """A schedule with other shapes for sampled steps and plain decoding under penalties: `generate` names the shape
+    its request's steps took, and none where they decoded plainly."""
+    cpu_forward_cost(monkeypatch, 1.0)
+    spec = "2,2,4;sampled=2,1,3;penalized=plain"
+    base = ["generate", "What is the capital of France?", "--max-new-tokens", "6", "--spec", spec]
+    code, out, err = run_cli(base, capsys)
+    assert code == 0 and "(S=2 K=2 D=4)" in err
+    code, out, err = run_cli(base + ["--temperature", "0.8", "--seed", "1"], capsys)
+    assert code == 0 and "(S=2 K=1 D=3)" in err
+    code, out, err = run_cli(base + ["--repetition-penalty", "1.2"], capsys)
+    assert code == 0 and "accept length" not in err and "tok/s" in err

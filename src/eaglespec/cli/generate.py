@@ -69,8 +69,9 @@ def run(args: argparse.Namespace) -> int:
     plain = plain_reason(engine, args)
     if plain is not None:
         line += ", " + plain
-    # the shape this answer's steps took (a schedule gives greedy and sampled steps their own)
-    s = engine.schedule.shape(1, params.greedy) if engine.schedule is not None else None
+    # the shape this answer's steps took (a schedule gives greedy, sampled and penalized steps their own; None: they
+    # decoded plainly)
+    s = engine.schedule.shape(1, params.greedy, params.penalized) if engine.schedule is not None else None
     if s is not None:
         stats.update(steps=s.steps, topk=s.topk, draft_tokens=s.draft_tokens, **req.stats.to_dict())
         line += f", accept length {req.stats.accept_length_mean:.2f} (S={s.steps} K={s.topk} D={s.draft_tokens})"
