@@ -39,7 +39,8 @@ from eaglespec.bench.datasets import encode, load_prompt_set
 from eaglespec.bench.drafters import DrafterPool
 from eaglespec.bench.runs import ConfigRun, RunConfig
 from eaglespec.bench.setup import load_bench_model
-from eaglespec.config import EngineConfig, parse_spec
+from eaglespec.config import EngineConfig
+from eaglespec.spec_schedule import parse_spec
 from eaglespec.sampling_params import SamplingParams
 
 ap = argparse.ArgumentParser()

@@ -17,7 +17,8 @@ import torch
 
 from eaglespec import api
 from eaglespec.bench.datasets import encode, mt_bench
-from eaglespec.config import EngineConfig, parse_spec
+from eaglespec.config import EngineConfig
+from eaglespec.spec_schedule import parse_spec
 from eaglespec.sampling_params import SamplingParams
 
 SETTINGS = {

@@ -20,7 +20,9 @@ from probe_script import Emitter, random_pair  # noqa: E402
 
 import torch  # noqa: E402
 
-from eaglespec.config import EngineConfig, SpecConfig, SpecSchedule  # noqa: E402
+from eaglespec.config import EngineConfig, SpecConfig  # noqa: E402
+
+from eaglespec.spec_schedule import SpecSchedule
 from eaglespec.engine.engine import Engine  # noqa: E402
 from eaglespec.sampling_params import SamplingParams  # noqa: E402
 

@@ -23,7 +23,8 @@ from probe_script import OUT, current_graphs, kernel_advance, print_advance, ran
 import torch  # noqa: E402
 
 from eaglespec.bench.runs import shape_label  # noqa: E402
-from eaglespec.config import SpecConfig, parse_spec  # noqa: E402
+from eaglespec.config import SpecConfig  # noqa: E402
+from eaglespec.spec_schedule import parse_spec  # noqa: E402
 
 TEMP = next((float(a.split("=")[1]) for a in sys.argv if a.startswith("--temperature=")), 0.0)
 TOP_P = next((float(a.split("=")[1]) for a in sys.argv if a.startswith("--top-p=")), 1.0)

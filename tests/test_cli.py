@@ -112,7 +112,8 @@ def test_default_drafter_policy_per_device_and_engine_size(monkeypatch):
     only whether it speculates at all. Steps under count penalties decode plainly on CUDA."""
     import eaglespec.assets as assets
     from eaglespec.assets import default_spec, slower_note
-    from eaglespec.config import SpecConfig, SpecSchedule
+    from eaglespec.config import SpecConfig
+    from eaglespec.spec_schedule import SpecSchedule
 
     def cuda(entries, sampled=None):  # CUDA's steps under count penalties decode plainly (session 50)
         return SpecSchedule(entries, sampled=sampled, penalized=())
@@ -193,7 +194,8 @@ def test_auto_times_each_modes_draft_tokens_on_the_cpu(monkeypatch):
     (1.5x and 1.2x one token): where the engine's own mode fails it decodes plainly and says why; where only the
     other mode fails, that mode's steps decode plainly (sampled) or take the sampled shape (greedy)."""
     from eaglespec.api import auto_spec
-    from eaglespec.config import SpecConfig, SpecSchedule
+    from eaglespec.config import SpecConfig
+    from eaglespec.spec_schedule import SpecSchedule
 
     two, chain2 = SpecConfig(2, 2, 4), SpecConfig(2, 1, 3)
     target = torch.nn.Linear(2, 2)
@@ -331,7 +333,8 @@ def test_the_embedded_model_and_the_shipped_drafter_named_by_path(tmp_path, caps
 
 
 def test_spec_text_round_trip():
-    from eaglespec.config import SpecConfig, SpecSchedule, parse_spec, spec_text
+    from eaglespec.config import SpecConfig
+    from eaglespec.spec_schedule import SpecSchedule, parse_spec, spec_text
     from eaglespec.errors import ConfigError
 
     for text in ("3,1,4", "1:3,1,4/8:4,2,8/16:3,1,4/32:4,2,8", "1:3,1,4/8:4,4,8;sampled=3,1,4",

@@ -6,7 +6,9 @@ import pytest
 import torch
 from tiny import CharTokenizer, tiny_drafter, tiny_llama
 
-from eaglespec.config import EngineConfig, SpecConfig, SpecSchedule
+from eaglespec.config import EngineConfig, SpecConfig
+
+from eaglespec.spec_schedule import SpecSchedule
 from eaglespec.errors import ConfigError
 from eaglespec.engine.engine import Engine
 from eaglespec.sampling_params import SamplingParams

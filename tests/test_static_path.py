@@ -705,7 +705,7 @@ def test_warmup_captures_each_modes_own_shapes(target, monkeypatch):
     """`Engine.warmup(greedy=...)` captures the shapes the schedule gives that kind of step: a greedy warm-up the
     greedy entries' tree, a sampled one the sampled entries' chain (`serve --warmup-both-modes` asks for both), and a
     mode that decodes plainly its decode graphs."""
-    from eaglespec.config import SpecSchedule
+    from eaglespec.spec_schedule import SpecSchedule
 
     tree, chain = SpecConfig(4, 2, 6), SpecConfig(3, 1, 4)
     for sampled, want_sampled in (((8, chain),), "spec1"), ((), "decode"):

@@ -76,7 +76,7 @@ def test_schedule_recommendation():
     """The sweep's fastest shapes per batch size as one engine's schedule (the H200 pattern: a chain at one row, a
     tree at 8 and 32 rows), merged where neighbours agree, cut where speculation starts to lose; printed as the
     `--spec` text that runs it, which parses back to the same schedule."""
-    from eaglespec.config import SpecSchedule, parse_spec
+    from eaglespec.spec_schedule import SpecSchedule, parse_spec
 
     chain, tree = (3, 1, 4), (4, 2, 8)
     recs = [_rec("no-spec", 1, 100.0, "no-spec"), _rec("d S3 K1 D4", 1, 171.0, s=chain),

@@ -27,7 +27,9 @@ from pathlib import Path
 
 import torch
 
-from .config import EngineConfig, SpecConfig, SpecSchedule, spec_envelope
+from .config import EngineConfig, SpecConfig
+
+from .spec_schedule import SpecSchedule, spec_envelope
 from .engine.engine import Engine
 from .engine.transforms import prepare_for_inference
 from .errors import ConfigError

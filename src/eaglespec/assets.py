@@ -21,7 +21,9 @@ from pathlib import Path
 
 import torch
 
-from .config import Entries, SpecConfig, SpecSchedule
+from .config import SpecConfig
+
+from .spec_schedule import Entries, SpecSchedule
 
 ASSETS = Path(__file__).parent / "assets"
 DEFAULT_DRAFTER = ASSETS / "smollm2-135m-eagle3"

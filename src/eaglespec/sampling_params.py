@@ -128,7 +128,7 @@ class SamplingParams:
     @property
     def penalized(self) -> bool:
         """Whether a count penalty (frequency, presence, repetition) adjusts the request's logits: its steps take a
-        speculation schedule's `penalized` entries (config.SpecSchedule)."""
+        speculation schedule's `penalized` entries (spec_schedule.SpecSchedule)."""
         return bool(self.frequency_penalty or self.presence_penalty or self.repetition_penalty != 1)
 
     @property

@@ -68,7 +68,9 @@ from typing import Any, Sequence
 
 import torch
 
-from ..config import SpecConfig, SpecSchedule
+from ..config import SpecConfig
+
+from ..spec_schedule import SpecSchedule
 from .runs import RunRecord, shape_label
 from .suite import BenchModel, SuiteOptions, SuiteResult, Workload
 

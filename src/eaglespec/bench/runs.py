@@ -41,7 +41,9 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from ..config import EngineConfig, SpecConfig, SpecSchedule, format_spec
+from ..config import EngineConfig, SpecConfig
+
+from ..spec_schedule import SpecSchedule, format_spec
 from ..engine.cuda_graphs import PREFILL_GRAPH_ROWS
 from ..engine.engine import Engine
 from ..errors import ConfigError

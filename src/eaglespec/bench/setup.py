@@ -27,7 +27,8 @@ from typing import Sequence
 import torch
 
 from ..assets import default_drafter_path
-from ..config import SpecConfig, SpecSchedule, parse_ints, parse_spec
+from ..config import SpecConfig, parse_ints
+from ..spec_schedule import SpecSchedule, parse_spec
 from ..errors import ConfigError
 from ..loading.checkpoint import load_model, resolve_device
 from ..loading.default import default_model_path
@@ -45,7 +46,7 @@ def parse_sizes(text: str) -> list[int]:
 
 
 def parse_bench_spec(text: str) -> SpecConfig | SpecSchedule | str:
-    """`--spec`: "auto" (runs.AUTO: the shape `draft="auto"` takes at each batch size), or `config.parse_spec`'s
+    """`--spec`: "auto" (runs.AUTO: the shape `draft="auto"` takes at each batch size), or `spec_schedule.parse_spec`'s
     S,K,D or schedule R:S,K,D/R:S,K,D/..."""
     return AUTO if text.strip() == AUTO else parse_spec(text)
 

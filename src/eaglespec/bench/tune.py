@@ -30,7 +30,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from ..config import SpecConfig, SpecSchedule, spec_text
+from ..config import SpecConfig
+
+from ..spec_schedule import SpecSchedule, spec_text
 from ..errors import ConfigError
 
 CHAIN_STEPS = tuple(range(1, 9))

@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..assets import default_drafter_path, slower_note
-from ..config import EngineConfig, SpecConfig, SpecSchedule, parse_spec, spec_text
+from ..config import EngineConfig, SpecConfig
+from ..spec_schedule import SpecSchedule, parse_spec, spec_text
 from ..errors import ConfigError
 from ..grammar.output_format import StructuredOutput
 from ..loading.default import is_default_model

@@ -42,7 +42,7 @@ the unread step, and the next step launches at once. With `EngineConfig.compact_
 requests of a draining batch move into the lowest free rows (after a read, with nothing in flight), so that its steps
 replay the smallest graph bucket that holds them. `step_counts` counts the batched steps run by kind
 ("prefill", "decode", "spec"; a launched overlapped step counts when launched), for benchmarks; an engine of several
-shapes also counts its speculative steps per shape ("spec 3,1,4": `config.spec_text`); "join" and "compact" count the
+shapes also counts its speculative steps per shape ("spec 3,1,4": `spec_schedule.spec_text`); "join" and "compact" count the
 requests moved into other rows (no steps of their own).
 """
 
@@ -53,7 +53,9 @@ from typing import TYPE_CHECKING, Iterator, Sequence
 
 import torch
 
-from ..config import EngineConfig, SpecConfig, SpecSchedule, spec_text
+from ..config import EngineConfig, SpecConfig
+
+from ..spec_schedule import SpecSchedule, spec_text
 from ..errors import RequestError
 from ..grammar.compiler import GrammarCompiler
 from ..layers.logprobs import TokenLogprob, step_alternatives

@@ -54,7 +54,9 @@ from typing import Collection, Sequence
 
 import torch
 
-from ..config import SpecConfig, spec_envelope
+from ..config import SpecConfig
+
+from ..spec_schedule import spec_envelope
 from ..layers.context import ForwardContext, cached_arange, causal_mask
 from ..layers.row_draws import DECODE_SITE
 from ..layers.sampling import Draws, greedy_ids, sample_probs
