@@ -143,11 +143,12 @@ _DEFAULT_SPEC_FLOAT32: dict[str, tuple[tuple[int, SpecConfig], ...]] = {"cuda": 
 # engine loaded for greedy requests): the drafter, trained on unpenalized text, is accepted less (tau 2.34 -> 1.73 at
 # one row, 2.93 -> 1.98 at 32) and every verified node is adjusted (+52-55% a step against plain's +11-15%), so
 # speculation lost: 1,677 against plain's 1,941 tok/s at one row (0.86x), 18,715 against 24,527 at 32 rows
-# (0.76x). Such steps decode plainly on CUDA (the drafter kept in step). Not measured on the CPU, where a verify's
-# adjustment costs little beside its forward: they speculate there.
-_PENALIZED_PLAIN = frozenset({"cuda"})
+# (0.76x). On this project's 2-core CPU (session 52, 2026-12-05, float32, MT-bench 1-5, 96 tokens, the same
+# penalties) the chain of 3 gave 0.96x (tau 1.71), the chain of 2 0.95x (1.63), `auto`'s S2 K2 D4 0.99x (1.78):
+# nothing to gain, so such steps decode plainly on both (the drafter kept in step).
+_PENALIZED_PLAIN = frozenset({"cuda", "cpu"})
 PENALIZED_NOTE = ("steps under count penalties decode plainly there (speculation measured 0.76-0.86x under them on "
-                  "an H200: the drafter was trained on unpenalized text)")
+                  "an H200 and 0.95-0.99x on a 2-core CPU: the drafter was trained on unpenalized text)")
 _SLOWER: dict[str, str] = {"cuda": "not measured above 32 rows on an H200",
                            "cpu": "engines of several rows measured no faster than plain decoding on the CPU (2 rows: "
                                   "1.00x)"}
