@@ -5,6 +5,7 @@ describe (uvicorn replaced by FastAPI's test client) and says how it runs; optio
 from __future__ import annotations
 
 import io
+import re
 import signal
 import socket
 import subprocess
@@ -51,6 +52,10 @@ def test_chat_keeps_the_conversation_and_resets(plain, capsys, monkeypatch):
     assert out == f"{a1}\n{a2}\n{a3}\n"
     assert a2 != a3  # the history mattered
     assert "speculative, --spec 2,2,4" in err and err.count("accept length") == 3 and "a new conversation" in err
+    # the second turn reuses the first's cache entries (its prompt, answer and all); the third, after /reset, the
+    # system prompt's
+    cached = [int(m.group(1)) for m in re.finditer(r", (\d+) of \d+ prompt tokens cached", err)]
+    assert len(cached) == 2 and cached[0] > cached[1] > 5
 
 
 def test_chat_refuses_an_image_for_a_text_model_and_goes_on(plain, tmp_path, capsys, monkeypatch):
@@ -150,9 +155,10 @@ def test_serve_runs_the_app_on_the_engine_the_options_describe(plain, capsys, mo
     assert seen["answer"]["eaglespec"]["verify_steps"] > 0
     assert seen["pair"] == {q: greedy(plain, [{"role": "user", "content": q}], 12) for q in PAIR}
     # the CPU's default: 4 rows, speculating while one runs: greedy requests in the tree S2 K2 D4 (as these ran),
-    # sampled ones (the default temperature is 1) in the chain of 2
+    # sampled ones (the default temperature is 1) in the chain of 2, steps under count penalties plainly
     assert ("serving SmolLM2-135M-Instruct at http://127.0.0.1:8011/v1 on cpu: 4 rows of 512 tokens, speculative, "
-            "--spec 2,2,4;sampled=2,1,3 while at most 1 request runs (plain decoding steps beyond)") in err
+            "--spec 2,2,4;sampled=2,1,3;penalized=plain while at most 1 request runs (plain decoding steps beyond)"
+            ) in err
 
 
 def test_serve_takes_its_api_key_from_the_option_or_the_environment(capsys, monkeypatch):

@@ -324,6 +324,24 @@ def test_greedy_spec_equals_plain_text_and_images(folders, which):
     target.set_eagle3_layers_to_capture(None)
 
 
+def test_prompts_with_images_neither_keep_nor_reuse_cache_entries(folders):
+    """Prefix reuse (engine/scheduler.py) is for text: two images of the same size give the same placeholder ids, so
+    an image request's row keeps nothing and an image request reuses nothing; each answer is a fresh engine's."""
+    lm = loaded(folders, "bf16")
+    target, tok = lm.model, lm.tokenizer
+    params = SamplingParams(max_new_tokens=8, ignore_eos=True)
+    prompt = "Describe the picture."
+    eng = Engine(target, tok, EngineConfig(max_batch_size=1))
+    eng.reserve(1, 256)
+    for seed in (7, 8):
+        out = eng.generate([prompt], params, images=[[synthetic_image(seed)]])[0]
+        assert out.cached_tokens == 0 and eng.scheduler.kept == {}
+        assert out.token_ids == Engine(target, tok).generate([prompt], params, images=[[synthetic_image(seed)]])[
+            0].token_ids
+    eng.generate([prompt], params)  # a text request's row keeps its tokens; the next text request reuses them
+    assert eng.scheduler.kept and eng.generate([prompt], params)[0].cached_tokens > 0
+
+
 def _undelegated_class(tmp_path: Path, monkeypatch) -> type:
     """KimiK25ForConditionalGeneration from a copy of its module whose class body lacks the delegate_eagle3 line."""
     import importlib.util

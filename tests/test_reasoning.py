@@ -75,7 +75,7 @@ class ScriptedWorker:
         self.params.append(params)
         q: asyncio.Queue = asyncio.Queue()
         text = self.deltas if stream else ["".join(self.deltas)]  # a whole answer: one delta at the end
-        for event in [("accepted", 3), *[("delta", d, []) for d in text], ("done", "stop", 9, None)]:
+        for event in [("accepted", 3), *[("delta", d, []) for d in text], ("done", "stop", 9, None, 0)]:
             q.put_nowait(event)
         return SimpleNamespace(events=q, cancel=lambda: None, prompt_ids=self.prompt_ids)
 

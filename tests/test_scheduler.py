@@ -187,3 +187,72 @@ def test_compaction_moves_the_rows_past_the_running_counts_bucket_into_holes():
     s.add(_req(9))
     s.running[0].slot, s.free = 7, [r for r in range(8) if r not in (1, 2, 7)]  # a hole below, but one waits
     assert s.compaction(bucket) == []
+
+
+def test_reusable_positions_stop_one_short_of_the_shared_prefix_and_the_prompt():
+    """A kept row's entries serve positions below the shared prefix less one (the drafter's pair at p needs the token
+    at p + 1), never the prompt's last token (its logits choose the first token); nothing without a shared start."""
+    from eaglespec.engine.scheduler import common_prefix, reusable
+
+    kept = (1, 2, 3, 4, 5, 6)
+    assert common_prefix(kept, [1, 2, 3, 9]) == 3 and common_prefix(kept, list(kept) + [7]) == 6
+    assert common_prefix((), [1]) == 0 and common_prefix(kept, [2]) == 0
+    long = tuple(range(3000))
+    assert common_prefix(long, list(range(1234)) + [-1]) == 1234
+    assert reusable(kept, [1, 2, 3, 9, 9]) == 2  # 3 shared
+    assert reusable(kept, list(kept) + [7, 8]) == 5  # all kept tokens shared: the last one's pair is unknown
+    assert reusable(kept, [1, 2, 3]) == 2 and reusable(kept, [1, 2]) == 1  # the prompt's last token is computed
+    assert reusable(kept, [1]) == 0 and reusable(kept, [9, 2, 3]) == 0 and reusable((), [1, 2]) == 0
+
+
+def test_admission_takes_the_kept_row_sharing_the_longest_prefix():
+    """A waiting request takes the free row whose kept tokens share most with its prompt (else the lowest free row),
+    the prefill budget counts only what it computes, and a row's kept tokens go once any request takes it;
+    prompts with images never reuse."""
+    s = Scheduler(4, prefill_token_budget=30)
+    s.keep(1, list(range(1, 11)))  # rows 1 and 2 hold finished requests' entries
+    s.keep(2, list(range(1, 21)))
+    s.keep(3, list(range(1, 10)))
+    s.keep(9, [1, 2, 3])  # not a free row: ignored
+    assert set(s.kept) == {1, 2, 3}
+    a = Request(rid=0, prompt_ids=list(range(1, 31)), params=SamplingParams(), eos_ids=())  # 20 shared with row 2
+    b = Request(rid=1, prompt_ids=list(range(1, 8)) + [50], params=SamplingParams(), eos_ids=())  # 7 with row 1
+    c = Request(rid=2, prompt_ids=[60, 61], params=SamplingParams(), eos_ids=())
+    d = Request(rid=3, prompt_ids=list(range(1, 10)), params=SamplingParams(), eos_ids=(), mm_inputs=object())
+    for q in (a, b, d, c):
+        s.add(q)
+    batch = s.schedule()
+    # a (30 - 19 = 11 to compute) and b (8 - 6 = 2) reuse; d (images) takes the lowest free row, not row 3 that holds
+    # its tokens; c the next; the budget, 30 - 11 - 2 - 9 = 8, still lets c in
+    assert [(q.rid, q.slot, q.reused) for q in batch.requests] == [(0, 2, 19), (1, 1, 6), (3, 0, 0), (2, 3, 0)]
+    assert s.kept == {}
+    _finish(s, 4)
+    s.keep(3, list(range(1, 21)))
+    s.add(Request(rid=4, prompt_ids=list(range(1, 13)), params=SamplingParams(), eos_ids=()))
+    s.add(Request(rid=5, prompt_ids=list(range(1, 13)), params=SamplingParams(), eos_ids=()))
+    batch = s.schedule()  # the first takes the kept row; the second (the same prompt) finds none left
+    assert [(q.slot, q.reused) for q in batch.requests] == [(3, 11), (0, 0)]
+    s.keep(1, [1, 2, 3])
+    s.forget()
+    assert s.kept == {}
+
+
+def test_a_row_taken_by_a_join_or_a_move_drops_its_kept_tokens():
+    s = Scheduler(2, ahead=1)
+    s.add(_req(0))
+    s.schedule()  # request 0 in row 0
+    s.add(_req(1))
+    s.add(_req(2))
+    assert [(q.rid, q.slot) for q in s.schedule().requests] == [(1, 1), (2, 2)]  # request 2 parked in spare row 2
+    _finish(s, 1)  # request 0 leaves row 0, which keeps its tokens
+    s.keep(0, [1, 2, 3, 4])
+    s.keep(2, [1, 2])  # a spare row: never kept
+    assert set(s.kept) == {0}
+    moves = s.join()  # the parked request takes row 0 by a copy: its kept tokens are gone
+    assert [(q.rid, src, q.slot) for q, src in moves] == [(2, 2, 0)] and s.kept == {}
+    s2 = Scheduler(3)
+    s2.add(_req(0))
+    s2.schedule()
+    s2.keep(1, [1, 2])
+    s2.move(s2.running[0], 1)  # a compaction's move into the kept free row
+    assert s2.kept == {} and s2.running[0].slot == 1

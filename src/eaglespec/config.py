@@ -373,6 +373,11 @@ class EngineConfig:
     # None: none. Computed only in steps where some running request asked for them (graphs keyed by it), so an
     # engine whose requests never ask pays nothing.
     max_logprobs: int | None = 20
+    # A finished request's row keeps its cache entries until another request takes it, and a prompt that starts with
+    # the tokens they were computed for is admitted there and prefills only the rest (engine/scheduler.py: a chat's
+    # next turn, prompts sharing a system prompt). On the eager path only (the CPU, MoE targets): graph steps
+    # overwrite free rows (`ModelRunner.keeps_free_rows`).
+    reuse_prefixes: bool = True
 
     def __post_init__(self) -> None:
         from .layers.logprobs import MAX_TOP_LOGPROBS

@@ -21,6 +21,10 @@ Contract of `ConfigRun(target, tokenizer, config, batch_size, engine_config, dra
   one prompt per prefill-graph length bucket (the graphs are captured per (rows, bucket));
 - `prepare(groups, params, warmup, refs)`: reserve, `warmup` generations, then (when warmup > 0) the prefill pass,
   as the bench runs them before timing (the probes under benchmarks/ call it too);
+- every `generate` call starts with no free row's cache entries to reuse (`Engine.forget_prefixes`; prefix reuse,
+  engine/scheduler.py, is the eager path's): the warm-up and the prefill pass ran the same prompts, and a timed
+  prompt must prefill whole, its static batch in rows 0..B-1; within a continuous run a request may still reuse what
+  a finished one left, as in a server;
 - `run(prompts, params, refs)` generates chunk by chunk, timing each `generate` call with the host clock (its result
   is read on the host, so the time includes every device step); it may be called again with more prompts (MT-bench's
   second turns), and everything accumulates;
@@ -164,6 +168,7 @@ class ConfigRun:
         if is_oracle(self.drafter):
             assert refs is not None, "an oracle run needs the reference outputs"
             self.drafter.set_references(refs)
+        self.engine.forget_prefixes()
         return self.engine.generate(prompts, params, chat=False)
 
     def _reset(self) -> None:

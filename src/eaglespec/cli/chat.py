@@ -78,6 +78,8 @@ def answer(engine: Engine, prepared: tuple[list[int], object], params: SamplingP
     line = answer_line(n, seconds)
     if engine.speculative and req.stats.verify_steps:
         line += f", accept length {req.stats.accept_length_mean:.2f}"
+    if req.reused:  # the conversation so far was in the cache already (prefix reuse: engine/scheduler.py)
+        line += f", {req.reused} of {len(req.prompt_ids)} prompt tokens cached"
     print(line, file=sys.stderr)
     return text
 

@@ -348,14 +348,18 @@ class Engine(OverlappedStep):
             for q in reqs:
                 self.runner.set_sampling(q.slot, q.params, q.prompt_ids, q.stop_ids)
             mm = [q.mm_inputs for q in reqs]
-            args = (rows, [q.prompt_ids for q in reqs], greedy, mm if any(m is not None for m in mm) else None)
+            starts = [q.reused for q in reqs] if any(q.reused for q in reqs) else None  # reused prefixes
+            if starts is not None:
+                self.step_counts["reused tokens"] += sum(starts)
+            args = (rows, [q.prompt_ids for q in reqs], greedy, mm if any(m is not None for m in mm) else None, lp,
+                    starts)
             if overlap:  # the next step of every running row goes in before the first tokens are read
-                launched = self.runner.launch_prefill(*args, lp)
+                launched = self.runner.launch_prefill(*args)
                 self._launch_running()
                 toks = self.runner.collect_prefill(launched)
                 lps = launched.logprobs
             else:
-                toks = self.runner.prefill(*args, lp).tolist()
+                toks = self.runner.prefill(*args).tolist()
                 lps = self.runner.logprobs_host(rows, lp) if lp is not None else None
             lp_rows = lps[:, :1].tolist() if lps is not None else None  # [B][1][W], in the prompts' order
             for i, (q, t) in enumerate(zip(reqs, toks)):
@@ -376,9 +380,24 @@ class Engine(OverlappedStep):
                 lp_rows = self.runner.logprobs_host(rows, lp).tolist() if lp is not None else None
                 for i, (q, t) in enumerate(zip(reqs, toks)):
                     q.append([t], lp_rows[i] if lp_rows is not None else None)
-        for q in self.scheduler.release_finished():
-            self.runner.release(q.slot)
+        self._release_finished()
         return reqs
+
+    def _release_finished(self) -> None:
+        """Finished requests leave their rows; on the eager path (`ModelRunner.keeps_free_rows`) a text request's
+        row keeps the tokens its cache entries hold for a later prompt that starts with them (scheduler.py): the
+        prompt and output up to its host length (the entries computed; the last token has none yet)."""
+        assert self.scheduler is not None
+        keeps = self.config.reuse_prefixes and self.runner.keeps_free_rows
+        for q in self.scheduler.release_finished():
+            if keeps and q.mm_inputs is None:
+                self.scheduler.keep(q.slot, (q.prompt_ids + q.output_ids)[: self.runner.host_len[q.slot]])
+            self.runner.release(q.slot)
+
+    def forget_prefixes(self) -> None:
+        """Prompts from now on prefill whole: no free row's entries are reused (a benchmark's runs each start cold)."""
+        if self.scheduler is not None:
+            self.scheduler.forget()
 
     def _step_kind(self, rows: Sequence[int], greedy: bool, penalized: bool) -> str:
         """The step for these running rows (`greedy`: all of them greedy; `penalized`: one has a count penalty):

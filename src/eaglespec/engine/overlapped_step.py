@@ -105,8 +105,7 @@ class OverlappedStep:
                 reqs[i].append([tok_host[i]], lp_rows[j] if lp_rows is not None else None)
         else:
             self._append_spec(got, [m_host[i] for i in live], [tok_host[i] for i in live], pending.steps, lp_rows)
-        for q in sched.release_finished():
-            run.release(q.slot)
+        self._release_finished()
         return got
 
 

@@ -54,12 +54,14 @@ class GenerationOutput:
     seconds: float
     stats: SpecStats
     logprobs: list[TokenLogprob] | None = None  # one per output token, when the request asked (params.logprobs)
+    cached_tokens: int = 0  # prompt tokens whose cache entries were reused, not prefilled (scheduler.py)
 
     def to_dict(self) -> dict:
         return {
             "text": self.text,
             "tokens": len(self.token_ids),
             "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens,
             "finish_reason": self.finish_reason,
             "seconds": round(self.seconds, 4),
             **(self.stats.to_dict() if self.stats.verify_steps else {}),
@@ -84,6 +86,7 @@ class Request:
     abort_requested: bool = False  # Engine.abort: finish at the next append
     stats: SpecStats = field(default_factory=SpecStats)
     slot: int | None = None
+    reused: int = 0  # prompt positions whose cache entries its row already held (scheduler.py: prefix reuse)
     t_start: float = field(default_factory=time.perf_counter)
     t_first: float | None = None
     t_end: float | None = None
@@ -166,7 +169,7 @@ class Request:
         return GenerationOutput(text=self.text, token_ids=self.output_ids, prompt_tokens=len(self.prompt_ids),
                                 finish_reason=self.finish_reason or "length",
                                 seconds=(self.t_end or time.perf_counter()) - self.t_start, stats=self.stats,
-                                logprobs=self.logprobs)
+                                logprobs=self.logprobs, cached_tokens=self.reused)
 
     def take_logprobs(self) -> list[TokenLogprob]:
         """The log-probability entries added since the last call (empty when the request asked for none)."""

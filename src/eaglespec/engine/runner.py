@@ -126,6 +126,13 @@ class ModelRunner(PrefillStep, SpecStep, GrammarStep):
     def speculative(self) -> bool:
         return self.spec is not None
 
+    @property
+    def keeps_free_rows(self) -> bool:
+        """Whether a free row's cache entries stay as its last request left them (prefix reuse, scheduler.py): on the
+        eager path, whose steps compute exactly their rows; graph steps also run the free rows of their batch
+        bucket, inert, writing from position 0."""
+        return self.graphs is None
+
     # --- allocation ---------------------------------------------------------------------------------------------
     def headroom(self) -> int:
         """Cache positions a step may touch past the committed length (verify writes, compaction, drafter scratch)."""

@@ -17,13 +17,19 @@ lowest time to first token. A throughput job (drafter-data regeneration: thousan
 rows) sets it higher: waiting requests are then admitted only once that many rows are free, or once every waiting
 request fits, or when nothing runs. Otherwise, with hundreds of rows, almost every other step would be a one-row
 prefill (a row frees every ~1-2 steps), and small eager prefills would cost more than the batched decode steps.
+
+Prefix reuse (`keep`, for engines whose steps leave free rows untouched: the eager path): a free row may keep the
+tokens whose cache entries its finished request left there. A request admitted into the free rows takes the kept
+row that shares the longest prefix with its prompt, when it shares one (`Request.reused`: the prompt positions its
+prefill skips, `reusable`), else the lowest free row as before; the prefill token budget counts the positions left to
+prefill. A row's kept tokens are dropped as soon as any request takes the row (admitted, joined or moved into it).
 """
 
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
 from .request import Request
 
@@ -52,6 +58,8 @@ class Scheduler:
         # requests prefilled ahead never make a prefill batch larger than this (the engine: the most rows its prefill
         # graphs take; past them a prefill runs eagerly, ~50 ms for 32 rows on the H200)
         self.ahead_cap = ahead_cap if ahead_cap is not None else rows + ahead
+        # free step rows whose caches still hold a finished request's entries: the tokens they were computed for
+        self.kept: dict[int, tuple[int, ...]] = {}
 
     def may_admit(self) -> bool:
         """A prefill may run now (the engine joins parked requests first: `join`)."""
@@ -83,6 +91,7 @@ class Scheduler:
             moves.append((req, req.slot))
             self.spare.append(req.slot)  # type: ignore[arg-type]
             req.slot = self.free.pop(0)
+            self.kept.pop(req.slot, None)  # the copies overwrite it
             self.running.append(req)
         self.spare.sort()
         return moves
@@ -104,8 +113,31 @@ class Scheduler:
     def move(self, req: Request, row: int) -> None:
         """A running request continues in the free row `row` (the engine moves its state): its old row is free."""
         self.free.remove(row)
+        self.kept.pop(row, None)
         self.free = sorted(self.free + [req.slot])  # type: ignore[list-item]
         req.slot = row
+
+    def keep(self, row: int, tokens: Sequence[int]) -> None:
+        """The free step row `row` holds cache entries computed for `tokens` (a finished request's prompt and
+        output, as far as its entries reach), which a later prompt that starts with them may reuse."""
+        if row in self.free and tokens:
+            self.kept[row] = tuple(tokens)
+
+    def forget(self) -> None:
+        """No free row's entries are reused from now on (a benchmark's runs each start cold)."""
+        self.kept.clear()
+
+    def _pick(self, rows: list[int], req: Request) -> tuple[int, int]:
+        """(index into `rows`, prompt positions reused) of the row `req` would take: among the free step rows the
+        kept one sharing the longest prefix with its prompt (`reusable`), else the first."""
+        best, reused = 0, 0
+        if rows is self.free and self.kept and req.mm_inputs is None:
+            for i, row in enumerate(rows):
+                kept = self.kept.get(row)
+                k = reusable(kept, req.prompt_ids) if kept is not None else 0
+                if k > reused:
+                    best, reused = i, k
+        return best, reused
 
     def schedule(self) -> Batch | None:
         """The next batch: a prefill of admitted requests (and of requests prefilled ahead into spare rows, which
@@ -118,11 +150,13 @@ class Scheduler:
             for rows, cap in ((self.free, len(self.free)), (spare, self.ahead_cap)):
                 while self.waiting and rows and len(admitted) < cap:
                     req = self.waiting[0]
-                    n = len(req.prompt_ids)
+                    i, reused = self._pick(rows, req)
+                    n = len(req.prompt_ids) - reused
                     if admitted and n > budget:
                         break
                     self.waiting.popleft()
-                    req.slot = rows.pop(0)
+                    req.slot, req.reused = rows.pop(i), reused
+                    self.kept.pop(req.slot, None)
                     admitted.append(req)
                     budget -= n
         if admitted:
@@ -145,3 +179,27 @@ class Scheduler:
             self.spare = sorted(self.spare + [r.slot for r in gone])  # type: ignore[misc]
             self.parked = deque(r for r in self.parked if not r.finished)
         return done + gone
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """The length of the longest common prefix of two token sequences (a binary search over slice comparisons,
+    each in C: a few dozen comparisons for prompts of thousands of tokens)."""
+    a, b = list(a), list(b)
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def reusable(kept: Sequence[int], prompt: Sequence[int]) -> int:
+    """Prompt positions whose cache entries a row that kept `kept` (module docstring) holds for `prompt`: the target's
+    entry at p is right for a shared prefix of m tokens when p < m, the drafter's pairs the target's hidden state at
+    p with the token at p + 1, so both are right below m - 1; and the prompt's last token is always computed (its
+    logits choose the first token). 0 when nothing is shared."""
+    if not kept or not prompt or kept[0] != prompt[0]:
+        return 0
+    return max(0, min(common_prefix(kept, prompt) - 1, len(prompt) - 1))

@@ -6,7 +6,9 @@ Contract of `create_app(worker, model_name, default_temperature, api_key)`:
 - `POST /v1/chat/completions` (the chat template applied to `messages`) and `POST /v1/completions` (a raw text prompt
   or token ids): the whole answer as JSON, or with `"stream": true` server-sent events, one chunk per committed text
   delta, then a chunk with the finish reason, then (with `stream_options.include_usage`) a usage chunk, then
-  `data: [DONE]`. A request without `temperature` samples at `default_temperature` (OpenAI's default is 1). `n`
+  `data: [DONE]`. The usage's `prompt_tokens_details.cached_tokens` counts the prompt tokens whose cache entries a
+  row already held (engine/scheduler.py's prefix reuse: a conversation's next turn on an eager engine), not
+  prefilled. A request without `temperature` samples at `default_temperature` (OpenAI's default is 1). `n`
   choices run as n requests of the worker: indexed choices, usage over all of them; streamed, a role chunk per
   choice (chat) and every chunk naming its choice's index, the usage chunk after the last choice finished. A
   completions request may carry a batch of prompts (strings or token id lists): n choices each, prompt p's choice j
@@ -64,6 +66,12 @@ def _choice(params: SamplingParams, j: int) -> SamplingParams:
     """Choice j's parameters: a seeded request's choices draw from seed, seed + 1, ... (the same seed would give n
     copies of one answer)."""
     return params if params.seed is None or j == 0 else replace(params, seed=(params.seed + j) % (1 << 63))
+
+
+def cached_per_prompt(cached: list[int], n: int) -> int:
+    """The usage's cached prompt tokens from each choice's (n choices per prompt, in order), counted once per prompt
+    as its prompt tokens are: the fewest any of its choices reused."""
+    return sum(min(cached[p : p + n]) for p in range(0, len(cached), n))
 
 
 # a choice's events that carry text and log-probability entries: an echoed prompt ("prompt") first, then "delta"s
@@ -190,8 +198,9 @@ def create_app(worker: EngineWorker, model_name: str, default_temperature: float
         for t in tickets:
             t.cancel()
 
-    async def collect(ticket: Ticket) -> tuple[str, str, int, Any, list]:
-        """A choice's (text, finish reason, completion tokens, speculative statistics, logprob entries)."""
+    async def collect(ticket: Ticket) -> tuple[str, str, int, Any, list, int]:
+        """A choice's (text, finish reason, completion tokens, speculative statistics, logprob entries, cached prompt
+        tokens)."""
         text: list[str] = []
         entries: list = []
         while True:
@@ -200,11 +209,11 @@ def create_app(worker: EngineWorker, model_name: str, default_temperature: float
                 text.append(event[1])
                 entries += event[2]
             elif event[0] == "done":
-                return "".join(text), event[1], event[2], event[3], entries
+                return "".join(text), event[1], event[2], event[3], entries, event[4]
             else:
                 raise HTTPError(event[2], event[1])
 
-    async def collect_all(tickets: list[Ticket]) -> list[tuple[str, str, int, Any, list]]:
+    async def collect_all(tickets: list[Ticket]) -> list[tuple[str, str, int, Any, list, int]]:
         try:
             return list(await asyncio.gather(*(collect(t) for t in tickets)))
         except BaseException:  # the client went away (cancelled) or the engine failed: no choice runs on
@@ -228,11 +237,12 @@ def create_app(worker: EngineWorker, model_name: str, default_temperature: float
         return merged, [asyncio.create_task(forward(i, t)) for i, t in enumerate(tickets)]
 
     def sse(tickets: list[Ticket], rid: str, obj: str, prompt_tokens: int, include_usage: bool,
-            chunk: Callable[[int, str | None, str | None, list], dict], first: Callable[[int], dict] | None
-            ) -> StreamingResponse:
+            chunk: Callable[[int, str | None, str | None, list], dict], first: Callable[[int], dict] | None,
+            n: int = 1) -> StreamingResponse:
         async def events() -> AsyncIterator[str]:
             source, tasks = merged_events(tickets)
             finished, done, completion_tokens = False, 0, 0
+            cached = [0] * len(tickets)
             try:
                 if first is not None:
                     for i in range(len(tickets)):
@@ -255,10 +265,11 @@ def create_app(worker: EngineWorker, model_name: str, default_temperature: float
                     elif event[0] == "done":
                         yield f"data: {json.dumps(chunk(i, None, event[1], []))}\n\n"
                         done, completion_tokens = done + 1, completion_tokens + event[2]
+                        cached[i] = event[4]
                         if done == len(tickets):
                             finished = True
                             if include_usage:
-                                use = schemas.usage(prompt_tokens, completion_tokens)
+                                use = schemas.usage(prompt_tokens, completion_tokens, cached_per_prompt(cached, n))
                                 yield f"data: {json.dumps(schemas.usage_chunk(rid, obj, model_name, use))}\n\n"
                             break
                     else:  # the headers are sent: the error goes in the stream, as OpenAI's does
@@ -363,9 +374,9 @@ def create_app(worker: EngineWorker, model_name: str, default_temperature: float
                 return schemas.chat_chunk(rid, model_name, {"role": "assistant", "content": ""}, index=i)
 
             obj = "chat.completion.chunk" if chat else "text_completion"
-            return sse(tickets, rid, obj, n_prompt, body.include_usage, chunk, first if chat else None)
+            return sse(tickets, rid, obj, n_prompt, body.include_usage, chunk, first if chat else None, body.n)
         results = await collect_all(tickets)
-        use = schemas.usage(n_prompt, sum(r[2] for r in results))
+        use = schemas.usage(n_prompt, sum(r[2] for r in results), cached_per_prompt([r[5] for r in results], body.n))
         spec = schemas.spec_summary([r[3] for r in results])
         choices = [(r[0], r[1], lp_body(r[4])) for r in results]
         if chat and think is not None:  # each answer's reasoning read apart, its rest the message

@@ -19,7 +19,8 @@ Contract:
 
 Each of a request's `n` choices runs, and counts here, as a request of its own (`requests_total`, the tokens, the
 latencies); a refusal counts once. Metric names (prefix `eaglespec_`): `requests_total{finish_reason}`,
-`requests_rejected_total{status}`, `prompt_tokens_total`, `generation_tokens_total`, `requests_running`,
+`requests_rejected_total{status}`, `prompt_tokens_total`, `prompt_tokens_cached_total` (prompt tokens whose cache
+entries a row already held: engine/scheduler.py's prefix reuse), `generation_tokens_total`, `requests_running`,
 `requests_waiting`, `time_to_first_token_seconds` and `request_seconds` (histograms), `spec_verify_steps_total` and
 `spec_accepted_tokens_total` (draft tokens accepted; the mean acceptance length is 1 + accepted / steps, as
 `accept_length_mean` counts the bonus token), `gc_pause_seconds{generation}` (a histogram).
@@ -52,6 +53,8 @@ class ServerMetrics:
         self.rejected_requests = Counter("eaglespec_requests_rejected", "Requests refused before they ran, by HTTP "
                                          "status", ["status"], registry=r)
         self.prompt_tokens = Counter("eaglespec_prompt_tokens", "Prompt tokens of admitted requests", registry=r)
+        self.cached_tokens = Counter("eaglespec_prompt_tokens_cached", "Prompt tokens not prefilled: their cache "
+                                     "entries were reused", registry=r)
         self.generation_tokens = Counter("eaglespec_generation_tokens", "Tokens generated", registry=r)
         Gauge("eaglespec_requests_running", "Requests in the engine's rows", registry=r).set_function(running)
         Gauge("eaglespec_requests_waiting", "Requests queued for a row", registry=r).set_function(waiting)
@@ -87,8 +90,10 @@ class ServerMetrics:
     def first_token(self, seconds: float) -> None:
         self.ttft.observe(seconds)
 
-    def finished(self, reason: str, completion_tokens: int, seconds: float, stats: SpecStats | None) -> None:
+    def finished(self, reason: str, completion_tokens: int, seconds: float, stats: SpecStats | None,
+                 cached_tokens: int = 0) -> None:
         self.requests.labels(finish_reason=reason).inc()
+        self.cached_tokens.inc(cached_tokens)
         self.generation_tokens.inc(completion_tokens)
         self.latency.observe(seconds)
         self._span["requests"] += 1

@@ -332,9 +332,12 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:24]}"
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
+    """OpenAI's usage; `prompt_tokens_details.cached_tokens`: prompt tokens whose cache entries were reused (prefix
+    reuse, engine/scheduler.py), not prefilled."""
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
 
 
 def _envelope(rid: str, obj: str, model: str, choices: list[dict], **extra: Any) -> dict[str, Any]:
