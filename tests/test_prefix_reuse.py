@@ -150,3 +150,19 @@ def test_the_drafters_state_after_a_reused_prefix_is_a_whole_prefills(target, dr
         torch.testing.assert_close(a.hidden[0], b.hidden[0], atol=1e-4, rtol=1e-4)
         if a.logits is not None:
             torch.testing.assert_close(a.logits[0], b.logits[0], atol=1e-4, rtol=1e-4)
+
+
+def test_kept_rows_survive_the_caches_growing(target, drafter):
+    """`Engine.generate` sizes the caches to its requests: a conversation's growing prompts grow them, and the rows
+    kept for reuse are copied into the larger caches (target and drafter), so the next turn still reuses them."""
+    spec = SpecConfig(3, 1, 4)
+    eng = Engine(target, None, EngineConfig(max_batch_size=1), drafter=drafter, spec=spec)
+    cold = Engine(target, None, EngineConfig(max_batch_size=1, reuse_prefixes=False), drafter=drafter, spec=spec)
+    prompt = list(range(1, 21))
+    for turn in range(3):
+        size = eng.runner.max_len
+        out = eng.generate([prompt], GREEDY, chat=False)[0]
+        assert out.token_ids == cold.generate([prompt], GREEDY, chat=False)[0].token_ids
+        if turn:
+            assert eng.runner.max_len > size and out.cached_tokens >= len(prompt) - 4  # grew, and still reused
+        prompt = prompt + out.token_ids + [40 + turn, 50 + turn]

@@ -201,9 +201,20 @@ class Engine(OverlappedStep):
         ahead = self.config.prefill_ahead
         if ahead is None:
             ahead = AUTO_PREFILL_AHEAD if self.overlapping and rows >= AUTO_PREFILL_AHEAD_ROWS else 0
+        # rows kept for prefix reuse keep their entries in the larger caches (a conversation through `generate`,
+        # whose growing prompts grow the caches)
+        kept = self.scheduler.kept if self.scheduler is not None else {}
+        old = [c.tensors for c in (r.kv, r.dkv) if c is not None] if kept else []
         r.allocate(rows, max_len, spare=ahead)
         self.scheduler = Scheduler(rows, min_prefill_rows=self.config.min_prefill_rows, ahead=ahead,
                                    ahead_cap=PREFILL_SPLIT_ROWS)
+        new = [c.tensors for c in (r.kv, r.dkv) if c is not None]
+        for row, tokens in kept.items():
+            n = len(tokens)
+            for before, after in zip(old, new):
+                for a, b in zip(before, after):
+                    b[:, row, :n].copy_(a[:, row, :n])
+            self.scheduler.keep(row, tokens)
 
     def prepare(self, prompt: Prompt, chat: bool = True, images: Sequence[object] | None = None,
                 tools: Sequence[dict] | None = None) -> tuple[list[int], object]:
