@@ -90,11 +90,14 @@ def test_streams_hold_back_what_may_open_a_call():
     assert auto.feed("b>") == {"content": "<b>"}  # it did not
     assert auto.feed(" ok <tool") == {"content": " ok "}
     assert auto.feed('_call>{"name": "get_weather", "arguments": {"city": "Rome"}}') == {"content": ""}
-    assert auto.feed("</tool_call> Done.") == {"content": ""}
-    delta, finish = auto.finish("stop")
-    assert delta["content"] == " Done." and finish == "tool_calls" and len(delta["tool_calls"]) == 1
+    delta = auto.feed("</tool_call> Done.")  # the block closed: its call goes now, whole
+    assert delta["content"] == "" and len(delta["tool_calls"]) == 1
     call = delta["tool_calls"][0]
-    assert call["index"] == 0 and json.loads(call["function"]["arguments"]) == {"city": "Rome"}
+    assert call["index"] == 0 and call["type"] == "function" and call["id"].startswith("call_")
+    assert call["function"]["name"] == "get_weather"
+    assert json.loads(call["function"]["arguments"]) == {"city": "Rome"}
+    delta, finish = auto.finish("stop")
+    assert delta == {"content": " Done."} and finish == "tool_calls"  # the text after it; the call went already
     # without calls the held-back tail comes at the end
     plain = plan_tools([WEATHER], "auto").stream()
     assert plain.feed("a <tool") == {"content": "a "}
@@ -182,19 +185,51 @@ def test_auto_reads_kimi_calls_and_cleans_the_content():
 def test_kimi_streams_hold_back_markers_and_clean_special_tokens():
     stream = plan_tools([WEATHER, TIME], "auto", syntax=tool_syntax(KIMI_SPECIAL)).stream()
     sent = []
+    calls = []
     for piece in ("<think>", "The user", " wants weather.", "</think>", "Let me check.", "<|tool_calls_sec",
                   KIMI_ANSWER[KIMI_ANSWER.index("tion_begin|>"):]):
         delta = stream.feed(piece)
-        assert set(delta) == {"content"} and "<" not in delta["content"]
+        assert set(delta) <= {"content", "tool_calls"} and "<" not in delta["content"]
         sent.append(delta["content"])
+        calls += delta.get("tool_calls", [])
     assert "".join(sent) == "The user wants weather.Let me check."
-    delta, finish = stream.finish("stop")
-    assert finish == "tool_calls" and "content" not in delta
-    assert [(c["index"], c["id"]) for c in delta["tool_calls"]] == [(0, "functions.get_weather:0"),
-                                                                   (1, "functions.get_time:1")]
+    assert [(c["index"], c["id"]) for c in calls] == [(0, "functions.get_weather:0"), (1, "functions.get_time:1")]
+    assert stream.finish("stop") == ({}, "tool_calls")  # both calls went out with the piece that closed them
     plain = plan_tools([WEATHER], "auto", syntax=tool_syntax(KIMI_SPECIAL)).stream()
     assert plain.feed("Sunny <|im_") == {"content": "Sunny "}  # may be a special token: held
     assert plain.finish("stop") == ({"content": "<|im_"}, "stop")  # it never became one: text after all
+
+
+HERMES_TWO = ('Checking both. <tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>\n'
+              '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>')
+
+
+@pytest.mark.parametrize("syntax, answer", [(HERMES, HERMES_TWO), (tool_syntax(KIMI_SPECIAL), KIMI_ANSWER)],
+                         ids=["hermes", "kimi"])
+def test_streamed_auto_calls_go_out_as_their_blocks_close(syntax, answer):
+    """Fed in pieces of every size, an auto answer's calls each go out once, whole and indexed, in the delta whose
+    text closes its block (both answers close theirs, so none is left for `finish`); together they are the whole
+    answer's calls, and the content is its content."""
+    plan = plan_tools([WEATHER, TIME], "auto", syntax=syntax)
+    content, whole, reason = plan.message(answer, "stop")
+    assert reason == "tool_calls" and len(whole) == 2
+    closes = [i + len(syntax.close) for i in range(len(answer)) if answer.startswith(syntax.close, i)]
+    for size in range(1, len(answer) + 1):
+        stream, sent, calls, fed = plan.stream(), [], [], 0
+        for at in range(0, len(answer), size):
+            delta = stream.feed(answer[at : at + size])
+            fed = at + size
+            sent.append(delta.get("content", ""))
+            for c in delta.get("tool_calls", []):
+                calls.append(c)
+                assert closes[c["index"]] <= fed < closes[c["index"]] + size  # at the piece that closed it
+        last, finish = stream.finish("stop")
+        assert "tool_calls" not in last
+        sent.append(last.get("content", ""))
+        assert finish == "tool_calls" and [c["index"] for c in calls] == [0, 1]
+        assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [
+            (c["function"]["name"], json.loads(c["function"]["arguments"])) for c in whole]
+        assert "".join(sent).strip() == (content or "")
 
 
 def test_kimi_calls_round_trip_through_kimis_tokenizer(tmp_path):

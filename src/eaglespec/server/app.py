@@ -23,7 +23,7 @@ Contract of `create_app(worker, model_name, default_temperature, api_key)`:
   named function holds it to the calls' JSON (a structured output), "auto" reads Hermes-style `<tool_call>` blocks
   out of a free answer; the message then has `tool_calls` (content null when there is none besides) and the finish
   reason "tool_calls". Streamed, content goes out as it comes (auto holds back a tail that may open a tag), a named
-  function's arguments as they come, other calls whole in the last chunk.
+  function's arguments as they come, auto's calls each whole once its block closes, "required"'s in the last chunk.
 - A thinking model (its tokenizer holds `<think>` and `</think>` as special tokens: reasoning.py) has its chat
   answers decoded with their special tokens and split: the `<think>` blocks (from the start, when the prompt ended
   inside one) as the message's (or delta's) `reasoning_content`, unless `include_reasoning` is false, the rest as

@@ -20,7 +20,8 @@ Contract:
 - `ToolPlan.message(text, finish_reason)` -> (content or None, tool_calls or None, finish_reason): a whole answer
   read; a constrained answer cut by max_tokens stays content (its JSON is incomplete).
 - `ToolPlan.stream()` -> a `ToolStream`: `feed(text)` gives the chat delta that may go out now: content (auto:
-  text held back while it may be the start of a `<tool_call>` tag), or for a named function its call, its id and
+  text held back while it may be the start of a `<tool_call>` tag; then each call whole, with its index, as soon as
+  its block closes: `</tool_call>`, Kimi's `<|tool_call_end|>`), or for a named function its call, its id and
   name first, then its arguments as they come (as vLLM streams them; "required" sends nothing until the end);
   `finish(reason, tail)` the last delta (`tail`: text not fed yet; what was held back, the calls not sent yet) and
   the finish reason, as `message` reads the whole text. A streamed named call cut by max_tokens ends with partial arguments and reason "length"
@@ -68,6 +69,11 @@ class ToolSyntax:
     def open(self) -> str:
         """What opens calls: streamed content is sent up to it."""
         return SECTION_OPEN if self.kind == "kimi" else OPEN
+
+    @property
+    def close(self) -> str:
+        """What ends one call: a streamed call goes out once its block ends with it."""
+        return CALL_CLOSE if self.kind == "kimi" else CLOSE
 
     def extract(self, text: str) -> tuple[str, list[dict] | None]:
         """(the text outside the calls, the calls or None): a block that holds no valid call stays in the text."""
@@ -157,6 +163,7 @@ class ToolStream:
     sent: int = 0  # characters of the text already sent (as content, or as a named call's arguments)
     text: str = field(default="")
     call: dict | None = None  # a named function's call, once its first delta went out
+    calls_sent: int = 0  # auto: the calls already sent (those whose blocks had closed)
 
     def feed(self, delta: str) -> dict:
         self.text += delta
@@ -174,15 +181,19 @@ class ToolStream:
             return {}
         syntax = self.plan.syntax
         start = self.text.find(syntax.open, self.sent)
-        if start >= 0:  # a call began: the content before it goes; the rest waits for the end
-            return {"content": syntax.clean(self._send(start))}
+        if start >= 0:  # a call began: the content before it goes, then each call once its block closed
+            delta: dict = {"content": syntax.clean(self._send(start))}
+            calls = self._closed_calls()
+            if calls:
+                delta["tool_calls"] = calls
+            return delta
         keep = syntax.held(self.text)  # a tail that may open a tag
         return {"content": syntax.clean(self._send(len(self.text) - keep))}
 
     def finish(self, finish_reason: str, tail: str = "") -> tuple[dict, str]:
-        """(the last delta, the finish reason), after the text's `tail` not fed yet. The content sent before a call
-        is the text before its tag: streamed, the content may keep whitespace around the calls that the whole
-        answer strips."""
+        """(the last delta, the finish reason), after the text's `tail` not fed yet: what was held back, and the
+        calls not sent yet (auto: those whose blocks had not closed). The content sent before a call is the text
+        before its tag: streamed, the content may keep whitespace around the calls that the whole answer strips."""
         self.text += tail
         delta: dict = {}
         if self.plan.mode == "named":  # the call went out as the text came
@@ -201,9 +212,22 @@ class ToolStream:
             rest = self.text[self.sent:] if calls is None else ""
         if rest:
             delta["content"] = rest
-        if calls:
-            delta["tool_calls"] = [{"index": k, **c} for k, c in enumerate(calls)]
+        rest_calls = [{"index": k, **c} for k, c in enumerate(calls or []) if k >= self.calls_sent]
+        if rest_calls:
+            delta["tool_calls"] = rest_calls
         return delta, reason
+
+    def _closed_calls(self) -> list[dict]:
+        """auto: the calls read out of the text up to its last closed block that were not sent yet (indexed). A
+        block's reading does not change with what follows it, so they are the whole answer's first calls."""
+        syntax = self.plan.syntax
+        end = self.text.rfind(syntax.close)
+        if end < 0:
+            return []
+        calls = syntax.extract(self.text[: end + len(syntax.close)])[1] or []
+        new = [{"index": self.calls_sent + k, **c} for k, c in enumerate(calls[self.calls_sent:])]
+        self.calls_sent = len(calls)
+        return new
 
     def _send(self, upto: int) -> str:
         out = self.text[self.sent:upto]
