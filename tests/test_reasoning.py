@@ -75,7 +75,7 @@ class ScriptedWorker:
         self.params.append(params)
         q: asyncio.Queue = asyncio.Queue()
         text = self.deltas if stream else ["".join(self.deltas)]  # a whole answer: one delta at the end
-        for event in [("accepted", 3), *[("delta", d, []) for d in text], ("done", "stop", 9, None, 0)]:
+        for event in [("accepted", 3), *[("delta", d, []) for d in text], ("done", "stop", 9, None, 0, [])]:
             q.put_nowait(event)
         return SimpleNamespace(events=q, cancel=lambda: None, prompt_ids=self.prompt_ids)
 
@@ -154,8 +154,9 @@ def test_reasoning_then_kimi_tool_calls(tmp_path):
 
 def test_a_real_engine_with_a_template_that_opens_the_block(tmp_path):
     """End to end through the worker: a tiny model whose template opens `<think>`, its answer forced to `</think>`
-    tokens (logit_bias): the first closes the block the prompt opened (empty reasoning), the others are special
-    tokens cleaned from the content; with the stock template the same answer has no reasoning."""
+    tokens (logit_bias): the first closes the block the prompt opened (empty reasoning, one reasoning token: its
+    marker), the others are special tokens cleaned from the content; with the stock template the same answer has no
+    reasoning (none of its tokens counted), whole and streamed."""
     from tiny import tiny_llama
 
     from eaglespec.config import EngineConfig
@@ -173,11 +174,32 @@ def test_a_real_engine_with_a_template_that_opens_the_block(tmp_path):
         worker = EngineWorker(eng, rows=1, max_len=64).start()
         try:
             with TestClient(create_app(worker, "kimi", default_temperature=0.0)) as client:
-                message, _ = ask(client, ignore_eos=True, max_tokens=3, logit_bias={str(close): 100})
+                forced = {"ignore_eos": True, "max_tokens": 3, "logit_bias": {str(close): 100}}
+                message, _ = ask(client, **forced)
+                body = {"messages": [{"role": "user", "content": "Weather?"}], **forced}
+                whole = client.post("/v1/chat/completions", json=body).json()["usage"]
+                body.update(stream=True, stream_options={"include_usage": True})
+                with client.stream("POST", "/v1/chat/completions", json=body) as r:
+                    streamed = sse_events(r)[-2]["usage"]
         finally:
             worker.stop()
         assert message["content"] == ""
         assert ("reasoning_content" in message) == opens and message.get("reasoning_content", "") == ""
+        assert whole["completion_tokens"] == 3 and whole == streamed
+        assert whole["completion_tokens_details"] == {"reasoning_tokens": 1 if opens else 0}
+
+
+def test_reasoning_tokens_are_each_blocks_markers_included(tmp_path):
+    """`ReasoningSyntax.tokens`: every token from a block's `<think>` (or the answer's start, inside one) to its
+    `</think>`, both counted; an unclosed block runs to the end; none outside."""
+    tok = write_tiny_tokenizer(tmp_path / "kimi")
+    syntax = reasoning_syntax(tok.special_texts())
+    o, c = tok.special_tokens["<think>"], tok.special_tokens["</think>"]
+    a, b = 11, 12  # plain tokens
+    count = lambda ids, inside=False: syntax.tokens(ids, inside, tok.token_to_id)  # noqa: E731
+    assert count([o, a, a, c, b, b]) == 4 and count([a, a, c, b], inside=True) == 3
+    assert count([b, o, a, c, b, o, a]) == 5  # two blocks, the second unclosed
+    assert count([a, c, b]) == 0 and count([]) == 0 and count([a], inside=True) == 1
 
 
 def test_the_cli_prints_reasoning_to_stderr_and_the_answer_to_stdout(tmp_path, capsys):

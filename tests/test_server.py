@@ -171,7 +171,7 @@ def test_deltas_queued_behind_one_go_in_one_chunk():
         def submit(self, prompt, params, chat, max_tokens, stream, images, echo=False, tools=None, grammar=None):
             q: asyncio.Queue = asyncio.Queue()
             for event in [("accepted", 3), ("delta", "Hel", []), ("delta", "lo", []), ("delta", "!", []),
-                          ("done", "stop", 3, None, 0)]:
+                          ("done", "stop", 3, None, 0, [])]:
                 q.put_nowait(event)
             return SimpleNamespace(events=q, cancel=lambda: None)
 
@@ -198,7 +198,7 @@ def test_an_api_key_guards_the_v1_routes():
 
         def submit(self, prompt, params, chat, max_tokens, stream, images, echo=False, tools=None, grammar=None):
             q: asyncio.Queue = asyncio.Queue()
-            for event in [("accepted", 3), ("delta", "Hi", []), ("done", "stop", 1, None, 0)]:
+            for event in [("accepted", 3), ("delta", "Hi", []), ("done", "stop", 1, None, 0, [])]:
                 q.put_nowait(event)
             return SimpleNamespace(events=q, cancel=lambda: None)
 

@@ -27,8 +27,9 @@ Contract of `create_app(worker, model_name, default_temperature, api_key)`:
 - A thinking model (its tokenizer holds `<think>` and `</think>` as special tokens: reasoning.py) has its chat
   answers decoded with their special tokens and split: the `<think>` blocks (from the start, when the prompt ended
   inside one) as the message's (or delta's) `reasoning_content`, unless `include_reasoning` is false, the rest as
-  the content (read for tool calls first), both cleaned of special tokens. `skip_special_tokens: false` and answers
-  held to a structured output are not split.
+  the content (read for tool calls first), both cleaned of special tokens; the usage counts the blocks' tokens as
+  `completion_tokens_details.reasoning_tokens`. `skip_special_tokens: false` and answers held to a structured
+  output are not split.
 - `POST /tokenize` (vLLM's): a text `prompt` as /v1/completions encodes it, or `messages` as /v1/chat/completions
   does -> {count, max_model_len (the positions a sequence may hold), tokens}; `POST /detokenize`: {tokens} ->
   {prompt} (special tokens kept). Both on the HTTP thread, beside the engine's loop.
@@ -198,9 +199,9 @@ def create_app(worker: EngineWorker, model_name: str, default_temperature: float
         for t in tickets:
             t.cancel()
 
-    async def collect(ticket: Ticket) -> tuple[str, str, int, Any, list, int]:
+    async def collect(ticket: Ticket) -> tuple[str, str, int, Any, list, int, list[int]]:
         """A choice's (text, finish reason, completion tokens, speculative statistics, logprob entries, cached prompt
-        tokens)."""
+        tokens, output token ids)."""
         text: list[str] = []
         entries: list = []
         while True:
@@ -209,11 +210,11 @@ def create_app(worker: EngineWorker, model_name: str, default_temperature: float
                 text.append(event[1])
                 entries += event[2]
             elif event[0] == "done":
-                return "".join(text), event[1], event[2], event[3], entries, event[4]
+                return "".join(text), event[1], event[2], event[3], entries, event[4], event[5]
             else:
                 raise HTTPError(event[2], event[1])
 
-    async def collect_all(tickets: list[Ticket]) -> list[tuple[str, str, int, Any, list, int]]:
+    async def collect_all(tickets: list[Ticket]) -> list[tuple[str, str, int, Any, list, int, list[int]]]:
         try:
             return list(await asyncio.gather(*(collect(t) for t in tickets)))
         except BaseException:  # the client went away (cancelled) or the engine failed: no choice runs on
@@ -238,11 +239,12 @@ def create_app(worker: EngineWorker, model_name: str, default_temperature: float
 
     def sse(tickets: list[Ticket], rid: str, obj: str, prompt_tokens: int, include_usage: bool,
             chunk: Callable[[int, str | None, str | None, list], dict], first: Callable[[int], dict] | None,
-            n: int = 1) -> StreamingResponse:
+            n: int = 1, reasoning: Callable[[int, list[int]], int] | None = None) -> StreamingResponse:
+        """`reasoning(i, output ids)`: choice i's reasoning tokens, for the usage (None: not counted)."""
         async def events() -> AsyncIterator[str]:
             source, tasks = merged_events(tickets)
             finished, done, completion_tokens = False, 0, 0
-            cached = [0] * len(tickets)
+            cached, thought = [0] * len(tickets), 0
             try:
                 if first is not None:
                     for i in range(len(tickets)):
@@ -266,10 +268,12 @@ def create_app(worker: EngineWorker, model_name: str, default_temperature: float
                         yield f"data: {json.dumps(chunk(i, None, event[1], []))}\n\n"
                         done, completion_tokens = done + 1, completion_tokens + event[2]
                         cached[i] = event[4]
+                        thought += reasoning(i, event[5]) if reasoning is not None else 0
                         if done == len(tickets):
                             finished = True
                             if include_usage:
-                                use = schemas.usage(prompt_tokens, completion_tokens, cached_per_prompt(cached, n))
+                                use = schemas.usage(prompt_tokens, completion_tokens, cached_per_prompt(cached, n),
+                                                    thought if reasoning is not None else None)
                                 yield f"data: {json.dumps(schemas.usage_chunk(rid, obj, model_name, use))}\n\n"
                             break
                     else:  # the headers are sent: the error goes in the stream, as OpenAI's does
@@ -314,6 +318,11 @@ def create_app(worker: EngineWorker, model_name: str, default_temperature: float
         think = thinking if reads else None
         inside = [think.opened(t.prompt_ids or (), tokenizer.token_to_id) for t in tickets] if think else []
         shows = bool(getattr(body, "include_reasoning", True))
+
+        def thought(i: int, ids: list[int]) -> int:
+            """Choice i's reasoning tokens (its answer read apart: `think`)."""
+            assert think is not None
+            return think.tokens(ids, inside[i], tokenizer.token_to_id)
 
         def lp_body(entries: list, offset: int = 0) -> dict | None:
             if not wants_lp:
@@ -374,9 +383,11 @@ def create_app(worker: EngineWorker, model_name: str, default_temperature: float
                 return schemas.chat_chunk(rid, model_name, {"role": "assistant", "content": ""}, index=i)
 
             obj = "chat.completion.chunk" if chat else "text_completion"
-            return sse(tickets, rid, obj, n_prompt, body.include_usage, chunk, first if chat else None, body.n)
+            return sse(tickets, rid, obj, n_prompt, body.include_usage, chunk, first if chat else None, body.n,
+                       thought if think else None)
         results = await collect_all(tickets)
-        use = schemas.usage(n_prompt, sum(r[2] for r in results), cached_per_prompt([r[5] for r in results], body.n))
+        use = schemas.usage(n_prompt, sum(r[2] for r in results), cached_per_prompt([r[5] for r in results], body.n),
+                            sum(thought(i, r[6]) for i, r in enumerate(results)) if think else None)
         spec = schemas.spec_summary([r[3] for r in results])
         choices = [(r[0], r[1], lp_body(r[4])) for r in results]
         if chat and think is not None:  # each answer's reasoning read apart, its rest the message

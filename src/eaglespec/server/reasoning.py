@@ -14,6 +14,8 @@ Contract:
 - `ReasoningSyntax.split(text, inside)` -> (reasoning or None, the rest): the text of every block (from `<think>`, or
   from the start when `inside`, to `</think>` or the end) is reasoning, the rest is the answer, still holding its
   special tokens (the tool-call reader needs Kimi's; `clean` drops them). None: no reasoning block at all.
+- `ReasoningSyntax.tokens(output_ids, inside, token_to_id)`: how many of an answer's tokens are reasoning (each
+  block's, its markers included): the usage's `completion_tokens_details.reasoning_tokens`.
 - `ReasoningSyntax.stream(inside)` -> a `ReasoningStream`: `feed(delta)` -> (reasoning, rest) that may go out now (a
   tail that may still become a marker or a special token is held back), `finish()` -> what was held back, split the
   same way; the pieces joined are `split`'s.
@@ -42,6 +44,17 @@ class ReasoningSyntax:
             if t == o or t == c:
                 return t == o
         return False
+
+    def tokens(self, output_ids: Sequence[int], inside: bool, token_to_id: Callable[[str], int | None]) -> int:
+        o, c = token_to_id(self.open), token_to_id(self.close)
+        count = 0
+        for t in output_ids:
+            if not inside and t == o:
+                inside = True
+            if inside:
+                count += 1
+                inside = t != c
+        return count
 
     def clean(self, text: str) -> str:
         return self._special.clean(text)

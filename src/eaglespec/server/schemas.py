@@ -332,12 +332,17 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:24]}"
 
 
-def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0,
+          reasoning_tokens: int | None = None) -> dict[str, Any]:
     """OpenAI's usage; `prompt_tokens_details.cached_tokens`: prompt tokens whose cache entries were reused (prefix
-    reuse, engine/scheduler.py), not prefilled."""
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
+    reuse, engine/scheduler.py), not prefilled; `completion_tokens_details.reasoning_tokens` (a thinking model's
+    chat answers, read apart: server/reasoning.py): the completion tokens spent reasoning."""
+    out = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+           "total_tokens": prompt_tokens + completion_tokens,
+           "prompt_tokens_details": {"cached_tokens": cached_tokens}}
+    if reasoning_tokens is not None:
+        out["completion_tokens_details"] = {"reasoning_tokens": reasoning_tokens}
+    return out
 
 
 def _envelope(rid: str, obj: str, model: str, choices: list[dict], **extra: Any) -> dict[str, Any]:

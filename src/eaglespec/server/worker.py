@@ -20,7 +20,7 @@ Contract:
   the last delta, are empty unless the request asked for them, and a delta may carry entries without text; with
   `stream` False one delta at the end, the text decoded once: per-step detokenizing costs host time a busy GPU engine
   has not got); then ("done", finish_reason, completion_tokens,
-  its `SpecStats` or None, its cached prompt tokens: `Request.reused`). A streamed answer's deltas go out at its first tokens, then every `stream_interval`
+  its `SpecStats` or None, its cached prompt tokens: `Request.reused`, its output token ids). A streamed answer's deltas go out at its first tokens, then every `stream_interval`
   tokens (default 1: each step's). A ticket's `events` is an `asyncio.Queue` of the event loop that called
   `submit` (filled with `call_soon_threadsafe`), or, called outside an event loop, a `queue.Queue`.
 - `Ticket.cancel()` (the client went away) aborts the request (`Engine.abort`): its row frees at its next step.
@@ -221,7 +221,7 @@ class EngineWorker:
                     # client hears of it, as every answer is (`_publish`)
                     self.metrics.accepted(len(ids))
                     self.metrics.finished("length", 0, time.perf_counter() - t.arrival, None)
-                    for event in (("accepted", len(ids)), echoed, ("done", "length", 0, None, 0)):
+                    for event in (("accepted", len(ids)), echoed, ("done", "length", 0, None, 0, [])):
                         t.put(event)
                     return
             # a sequence's positions: the reserved cache, and the model's context less the drafts' headroom
@@ -289,7 +289,7 @@ class EngineWorker:
                 # counted before the client hears of it: a scrape right after the answer sees it
                 self.metrics.finished(req.finish_reason or "length", n, time.perf_counter() - t.arrival, spec,
                                       req.reused)
-                t.put(("done", req.finish_reason, len(req.output_ids), spec, req.reused))
+                t.put(("done", req.finish_reason, len(req.output_ids), spec, req.reused, list(req.output_ids)))
             else:
                 still.append(t)
         self._live = still
