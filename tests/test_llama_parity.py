@@ -96,7 +96,7 @@ def test_cached_prefill_and_decode_equal_full_forward(case):
 @pytest.mark.parametrize("case", list(CASES))
 def test_causal_fast_path_equals_the_masked_forward(case, monkeypatch):
     """`ForwardContext.causal` forwards (plain, and a prefill of fresh right-padded rows through the cache) run SDPA's
-    is_causal on CUDA instead of the mask: forced here on the CPU, the logits equal the masked path's (GQA, MQA and
+    is_causal instead of the mask: the logits equal the masked path's (forced by turning the seam off; GQA, MQA and
     MHA, a head size of 12)."""
     from eaglespec.layers import attention
 
@@ -112,17 +112,18 @@ def test_causal_fast_path_equals_the_masked_forward(case, monkeypatch):
         with torch.no_grad():
             return m(ids, ForwardContext.plain(2, 31)).logits, m(ids, ctx).logits
 
+    fast = run()  # is_causal, the default
+    monkeypatch.setattr(attention, "_is_causal_fast", lambda q: False)
     masked = run()
-    monkeypatch.setattr(attention, "_is_causal_fast", lambda q: True)
-    fast = run()
     assert torch.allclose(fast[0], masked[0], atol=1e-5, rtol=1e-5)
     for b, n in enumerate(lens):  # padded queries compute garbage that nothing reads
         assert torch.allclose(fast[1][b, :n], masked[1][b, :n], atol=1e-5, rtol=1e-5)
 
 
 def test_engine_prefills_with_the_causal_fast_path_generate_the_same(monkeypatch):
-    """The engine marks its prefills `causal` (fresh rows, right-padded together): with the is_causal path forced on
-    the CPU, plain and speculative greedy generation of prompts of different lengths in one batch is unchanged."""
+    """The engine marks its prefills `causal` (fresh rows, right-padded together): with the is_causal path (the
+    default) and with the masked one, plain and speculative greedy generation of prompts of different lengths in one
+    batch is the same."""
     from tiny import tiny_drafter, tiny_llama
 
     from eaglespec.config import EngineConfig, SpecConfig
@@ -141,7 +142,7 @@ def test_engine_prefills_with_the_causal_fast_path_generate_the_same(monkeypatch
         return [o.token_ids for o in plain], [o.token_ids for o in spec]
 
     with torch.no_grad():
+        fast = run()  # is_causal, the default
+        monkeypatch.setattr(attention, "_is_causal_fast", lambda q: False)
         masked = run()
-        monkeypatch.setattr(attention, "_is_causal_fast", lambda q: True)
-        fast = run()
     assert fast == masked and masked[0] == masked[1]

@@ -108,11 +108,13 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, 
 
 
 def _is_causal_fast(q: torch.Tensor) -> bool:
-    """Whether a causal forward (`ForwardContext.causal`) runs SDPA with is_causal instead of its mask: on CUDA, where
-    that takes the flash kernel (GQA included) instead of the memory-efficient one reading a [B, 1, T, T] mask. A
-    training-features forward of 8 x 1,024 tokens (SmolLM2, H200) spent 7.9 ms of its 18 ms of kernels in the
-    masked attention (session 40, `benchmarks/features_attention_check.py`). The CPU keeps the masked path."""
-    return q.is_cuda
+    """Whether a causal forward (`ForwardContext.causal`) runs SDPA with is_causal instead of its mask: everywhere
+    (a seam that tests and benchmarks turn off). On CUDA that takes the flash kernel (GQA included) instead of the
+    memory-efficient one reading a [B, 1, T, T] mask: a training-features forward of 8 x 1,024 tokens (SmolLM2, H200)
+    spent 7.9 ms of its 18 ms of kernels in the masked attention (session 40, `benchmarks/features_attention_check.py`).
+    On the CPU (2 cores, torch 2.13, session 52) is_causal skips the masked half: SmolLM2's attention shape (9 query,
+    3 KV heads of 64) over 2,000 / 4,000 tokens 67.7 -> 37.1 / 261.9 -> 130.0 ms a layer, bit-identical outputs."""
+    return True
 
 
 def sdpa_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None) -> torch.Tensor:
