@@ -348,3 +348,23 @@ def test_moe_matches_per_token_reference(n_group, topk_group):
         ref[n] += sh.down_proj(torch.nn.functional.silu(sh.gate_proj(flat[n])) * sh.up_proj(flat[n]))
     assert len(used) > 3  # several experts were exercised
     torch.testing.assert_close(got.reshape(-1, 16), ref, atol=1e-5, rtol=1e-5)
+
+
+def test_chunked_and_reused_prefills_answer_as_whole_ones():
+    """MLA's cache (one latent per token) through the engine's windows (EngineConfig.prefill_chunk) and a reused
+    prefix (engine/scheduler.py): the same greedy answers as whole prefills."""
+    from eaglespec.config import EngineConfig
+    from eaglespec.engine.engine import Engine
+    from eaglespec.sampling_params import SamplingParams
+
+    _, ours = _pair(list(CASES)[0])
+    prompt = _ids(1, 40)[0].tolist()
+    params = SamplingParams(max_new_tokens=10, ignore_eos=True)
+    whole = Engine(ours, None, EngineConfig(max_batch_size=1, prefill_chunk=None, reuse_prefixes=False))
+    eng = Engine(ours, None, EngineConfig(max_batch_size=1, prefill_chunk=16))
+    eng.reserve(1, 128)
+    want = whole.generate([prompt], params, chat=False)[0].token_ids
+    assert eng.generate([prompt], params, chat=False)[0].token_ids == want and len(set(want)) > 3
+    follow = prompt + want + prompt[:30]
+    out = eng.generate([follow], params, chat=False)[0]
+    assert out.cached_tokens == 48 and out.token_ids == whole.generate([follow], params, chat=False)[0].token_ids

@@ -378,6 +378,11 @@ class EngineConfig:
     # next turn, prompts sharing a system prompt). On the eager path only (the CPU, MoE targets): graph steps
     # overwrite free rows (`ModelRunner.keeps_free_rows`).
     reuse_prefixes: bool = True
+    # A prompt with more tokens than this to prefill runs in windows of this many (each attending to the ones before
+    # it through the cache), then its last window with the batch's other prompts: the attention masks and activations
+    # of a prefill stay those of this many tokens whatever the prompt's length (a 128K-token prompt's whole-prompt
+    # mask alone would be 16 GB). None: whole prompts. Prompts with images prefill whole.
+    prefill_chunk: int | None = 8192
 
     def __post_init__(self) -> None:
         from .layers.logprobs import MAX_TOP_LOGPROBS
@@ -392,6 +397,8 @@ class EngineConfig:
                               "speculates")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ConfigError(f"--dtype must be auto, float32, bfloat16 or float16 (got {self.dtype!r})")
+        if self.prefill_chunk is not None and self.prefill_chunk < 16:
+            raise ConfigError(f"prefill_chunk must be >= 16 tokens, or None (got {self.prefill_chunk})")
         if self.max_batch_size < 1:
             raise ConfigError(f"max batch size must be >= 1 (got {self.max_batch_size})")
         if self.min_prefill_rows < 1:

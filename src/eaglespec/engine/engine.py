@@ -113,7 +113,8 @@ class Engine(OverlappedStep):
             self._wire_drafter(drafter)
         self.runner = ModelRunner(target, drafter, self.schedule.shapes if self.schedule else None, self.device,
                                   self.dtype, seed=config.seed, cuda_graphs=config.cuda_graphs,
-                                  prefill_graphs=config.prefill_graphs, max_logprobs=config.max_logprobs)
+                                  prefill_graphs=config.prefill_graphs, max_logprobs=config.max_logprobs,
+                                  prefill_chunk=config.prefill_chunk)
         self.context_len = min(self.target_config.max_position_embeddings, config.max_seq_len or 1 << 30)
         self.scheduler: Scheduler | None = None
         tok_eos = tuple(tokenizer.eos_token_ids) if tokenizer is not None else ()

@@ -6,7 +6,10 @@ read and write the runner's state (caches, per-row tensors, sampling, the drafte
   prompt; a CUDA graph per (rows, length bucket) for text prompts that fit one (`GraphCache.prefill_plan`), eager
   otherwise (images, long prompts, many rows, the CPU); a step holding a structured output loads its rows' masks
   first (`load_grammar_root`). `starts` (prefix reuse, scheduler.py): per row, the prompt positions whose target and
-  drafter cache entries the row already holds; only the rest is computed (eagerly), attending to them;
+  drafter cache entries the row already holds; only the rest is computed (eagerly), attending to them. A text
+  prompt with more than `prefill_chunk` tokens left runs first in windows of that many (`_prefill_window`: the
+  target's entries and the drafter's pairs, each window attending to the ones before it), and then its last window
+  as a reused prefix's rest, with the other prompts;
 - `launch_prefill` / `collect_prefill`: the same, its first tokens copied to the host without waiting (overlap);
 - `_prefill_core(r, ids, lens_t, greedy, lp)`: the whole prefill over explicit rows and static tensors, what the
   prefill graphs capture.
@@ -40,6 +43,13 @@ class PrefillStep:
         """
         lens = [len(p) for p in prompts]
         has_mm = mm_inputs is not None and any(m is not None for m in mm_inputs)
+        C = self.prefill_chunk
+        if C is not None and not has_mm and any(n - s > C for n, s in zip(lens, starts or [0] * len(lens))):
+            starts = list(starts or [0] * len(lens))
+            for b, (row, p) in enumerate(zip(rows, prompts)):  # each long prompt's windows but its last, alone
+                while lens[b] - starts[b] > C:
+                    self._prefill_window(row, p, starts[b], C)
+                    starts[b] += C
         reuse = starts is not None and any(starts)
         assert not (reuse and has_mm), "prompts with images are prefilled whole"
         if self.constraint is not None:
@@ -94,6 +104,25 @@ class PrefillStep:
         if pending.event is not None:
             pending.event.synchronize()
         return pending.tokens.tolist()
+
+    def _prefill_window(self, row: int, prompt: Sequence[int], start: int, size: int) -> None:
+        """One window of a long prompt in row `row`: its tokens [start, start + size) through the target (attending
+        to the row's entries before `start`; a first window is a causal forward of its own), and the drafter's
+        pairs (hidden at i, token at i + 1) over it, the last one's token the next window's first. Nothing is
+        sampled: the prompt's last window does that (`prefill`)."""
+        dev = self.device
+        r, ctx_rows = self._rows([row])
+        ids = torch.tensor([prompt[start : start + size + 1]], dtype=torch.int64, device=dev)  # [1, size + 1]
+        pos = start + torch.arange(size, device=dev)[None, :]
+        mask = causal_mask(pos, start + size)
+        last = torch.full((1, 1), size - 1, dtype=torch.int64, device=dev)
+        with self.timer.phase("prefill"):
+            ctx = ForwardContext(positions=pos, write_index=pos, attn_mask=mask, kv=self.kv.layers(), rows=ctx_rows,
+                                 logits_index=last, causal=start == 0)
+            aux = self.target(ids[:, :size], ctx).aux_hidden
+        if self.spec is not None:
+            with self.timer.phase("draft"):
+                self._catch_up(r, ctx_rows, ids[:, 1:], aux, None, None, start + size, at=(pos, mask, last))
 
     def _prefill_target(self, r: torch.Tensor, ctx_rows: torch.Tensor | None, ids: torch.Tensor,
                         lens_t: torch.Tensor, greedy: bool, mm_inputs: Sequence[object | None] | None = None,

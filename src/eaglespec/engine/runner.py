@@ -89,8 +89,10 @@ class ModelRunner(PrefillStep, SpecStep, GrammarStep):
         cuda_graphs: bool = True,
         prefill_graphs: bool = True,
         max_logprobs: int | None = None,
+        prefill_chunk: int | None = None,
     ) -> None:
         self.target, self.drafter = target, drafter
+        self.prefill_chunk = prefill_chunk  # longer eager prefills run in windows of this many tokens (prefill_step)
         self.max_logprobs = max_logprobs  # alternatives per token in `lp_buffer`; None: no log-probabilities
         # the speculation shapes a step may take (by index: `spec_kind`); `spec` is their envelope (the largest S, K
         # and D), by which caches, drafter state and headroom are sized, and with whose K the drafter catches up (a
