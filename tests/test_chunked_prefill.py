@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tiny import tiny_drafter, tiny_llama
 
 from eaglespec.config import EngineConfig, SpecConfig
 from eaglespec.engine.engine import Engine
@@ -14,16 +13,6 @@ from eaglespec.errors import ConfigError
 from eaglespec.sampling_params import SamplingParams
 
 PROMPTS = [[(7 * i) % 90 + 3 for i in range(61)], [5, 9, 2], list(range(10, 42)), list(range(50, 66))]
-
-
-@pytest.fixture(scope="module")
-def target():
-    return tiny_llama(seed=0)
-
-
-@pytest.fixture(scope="module")
-def drafter(target):
-    return tiny_drafter(target, seed=1)
 
 
 def engine(target, drafter, spec, chunk, rows: int = 4) -> Engine:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tiny import tiny_drafter, tiny_llama
 
 from eaglespec.config import EngineConfig, SpecConfig
 from eaglespec.engine.engine import Engine
@@ -13,16 +12,6 @@ from eaglespec.engine.runner import ModelRunner
 from eaglespec.sampling_params import SamplingParams
 
 SPECS = [None, SpecConfig(3, 1, 4), SpecConfig(5, 4, 8)]
-
-
-@pytest.fixture(scope="module")
-def target():
-    return tiny_llama(seed=0)
-
-
-@pytest.fixture(scope="module")
-def drafter(target):
-    return tiny_drafter(target, seed=1)
 
 
 def engine(target, drafter, spec, reuse: bool = True, rows: int = 2, max_len: int = 160) -> Engine:

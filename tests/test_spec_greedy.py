@@ -20,16 +20,6 @@ PROMPTS = [[1, 2, 3, 4, 5], [7, 8, 9], list(range(10, 40)), [5]]
 
 
 @pytest.fixture(scope="module")
-def target():
-    return tiny_llama(seed=0)
-
-
-@pytest.fixture(scope="module")
-def drafter(target):
-    return tiny_drafter(target, seed=1)
-
-
-@pytest.fixture(scope="module")
 def reference(target):
     params = SamplingParams(max_new_tokens=48, ignore_eos=True)
     return [o.token_ids for o in Engine(target, None).generate(PROMPTS, params)]

@@ -59,7 +59,7 @@ class Scheduler:
         # graphs take; past them a prefill runs eagerly, ~50 ms for 32 rows on the H200)
         self.ahead_cap = ahead_cap if ahead_cap is not None else rows + ahead
         # free step rows whose caches still hold a finished request's entries: the tokens they were computed for
-        self.kept: dict[int, tuple[int, ...]] = {}
+        self.kept: dict[int, list[int]] = {}
 
     def may_admit(self) -> bool:
         """A prefill may run now (the engine joins parked requests first: `join`)."""
@@ -121,7 +121,7 @@ class Scheduler:
         """The free step row `row` holds cache entries computed for `tokens` (a finished request's prompt and
         output, as far as its entries reach), which a later prompt that starts with them may reuse."""
         if row in self.free and tokens:
-            self.kept[row] = tuple(tokens)
+            self.kept[row] = list(tokens)
 
     def forget(self) -> None:
         """No free row's entries are reused from now on (a benchmark's runs each start cold)."""
@@ -182,10 +182,12 @@ class Scheduler:
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """The length of the longest common prefix of two token sequences (a binary search over slice comparisons,
-    each in C: a few dozen comparisons for prompts of thousands of tokens)."""
-    a, b = list(a), list(b)
+    """The length of the longest common prefix of two token sequences: one comparison where the shorter starts the
+    longer (a conversation's next turn), else a binary search over slice comparisons, each in C."""
+    a, b = (x if isinstance(x, list) else list(x) for x in (a, b))  # slices of one type compare
     lo, hi = 0, min(len(a), len(b))
+    if a[:hi] == b[:hi]:
+        return hi
     while lo < hi:
         mid = (lo + hi + 1) // 2
         if a[:mid] == b[:mid]:
