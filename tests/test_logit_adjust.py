@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from test_spec_greedy import PROMPTS, drafter, target  # noqa: F401 (its tiny target and drafter, as module fixtures)
+from test_spec_greedy import PROMPTS  # (the tiny `target` and `drafter` fixtures: conftest.py)
 from test_spec_sampling import (N_TOKENS, PROMPT, V, assert_same_distribution, exact_distribution,  # noqa: F401
                                 models)
 from tiny import CharTokenizer, tiny_drafter

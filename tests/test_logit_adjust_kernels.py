@@ -12,7 +12,7 @@ import os
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are built (on first use)
 
 import pytest  # noqa: E402
-from test_spec_greedy import PROMPTS, drafter, target  # noqa: E402,F401 (module fixtures)
+from test_spec_greedy import PROMPTS  # noqa: E402 (the tiny `target` and `drafter` fixtures: conftest.py)
 from test_tree_kernels import chain_kernel_result, kernel_result  # noqa: E402
 
 import eaglespec.engine.runner as runner  # noqa: E402

@@ -10,7 +10,6 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # before a kernel is built (on f
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
-from test_spec_greedy import drafter, target  # noqa: E402,F401 (its tiny target and drafter, as module fixtures)
 from test_static_path import static_engine  # noqa: E402
 
 from eaglespec.config import EngineConfig, SpecConfig  # noqa: E402

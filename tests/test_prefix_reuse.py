@@ -155,3 +155,14 @@ def test_kept_rows_survive_the_caches_growing(target, drafter):
         if turn:
             assert eng.runner.max_len > size and out.cached_tokens >= len(prompt) - 4  # grew, and still reused
         prompt = prompt + out.token_ids + [40 + turn, 50 + turn]
+
+
+def test_another_conversation_in_between_leaves_the_first_ones_row(target, drafter):
+    """Two rows, one request at a time: conversation A, then an unrelated prompt B, then A's next turn. B takes the
+    row that keeps nothing, so A's next turn still finds its row."""
+    eng = engine(target, drafter, SpecConfig(3, 1, 4))
+    a, b = list(range(1, 21)), list(range(60, 75))
+    first = run(eng, [a], GREEDY)[0]
+    assert run(eng, [b], GREEDY)[0].cached_tokens == 0
+    follow = a + first.token_ids + [33]
+    assert run(eng, [follow], GREEDY)[0].cached_tokens >= len(a) + len(first.token_ids) - 2

@@ -237,6 +237,25 @@ def test_admission_takes_the_kept_row_sharing_the_longest_prefix():
     assert s.kept == {}
 
 
+def test_a_prompt_that_shares_nothing_leaves_kept_rows_for_their_next_turns():
+    """Without a shared prefix a request takes the lowest free row that keeps nothing; with every free row kept, the
+    one kept longest ago (keeping a row again makes it the newest)."""
+    s = Scheduler(3)
+    s.keep(0, [1, 2, 3])
+    s.keep(1, [4, 5, 6])
+    s.add(Request(rid=0, prompt_ids=[9, 9, 9], params=SamplingParams(), eos_ids=()))
+    assert [(q.slot, q.reused) for q in s.schedule().requests] == [(2, 0)] and set(s.kept) == {0, 1}
+    _finish(s, 1)
+    s.keep(0, [1, 2, 3, 7])  # row 0 again: now the newest; row 2 keeps nothing
+    s.keep(1, [4, 5, 6])  # (row 1 again: the newest)
+    s.add(Request(rid=1, prompt_ids=[8, 8], params=SamplingParams(), eos_ids=()))
+    assert [q.slot for q in s.schedule().requests] == [2]
+    s.add(Request(rid=2, prompt_ids=[8, 7], params=SamplingParams(), eos_ids=()))
+    assert [q.slot for q in s.schedule().requests] == [0] and set(s.kept) == {1}  # row 0 was kept longest ago
+    s.add(Request(rid=3, prompt_ids=[4, 5, 6, 1], params=SamplingParams(), eos_ids=()))
+    assert [(q.slot, q.reused) for q in s.schedule().requests] == [(1, 2)]
+
+
 def test_a_row_taken_by_a_join_or_a_move_drops_its_kept_tokens():
     s = Scheduler(2, ahead=1)
     s.add(_req(0))

@@ -7,7 +7,6 @@ from dataclasses import replace
 
 import pytest
 import torch
-from test_spec_greedy import drafter, target  # noqa: F401 (its tiny target and drafter, as module fixtures)
 
 from eaglespec.config import EngineConfig, SpecConfig
 from eaglespec.engine.engine import Engine

@@ -14,7 +14,7 @@ from typing import Sequence
 
 import pytest
 import torch
-from test_spec_greedy import PROMPTS, drafter, target  # noqa: F401 (its tiny target and drafter, as module fixtures)
+from test_spec_greedy import PROMPTS  # (the tiny `target` and `drafter` fixtures: conftest.py)
 from test_spec_sampling import N_TOKENS, PROMPT, V, assert_same_distribution, exact_distribution, models  # noqa: F401
 from tiny import tiny_drafter, tiny_llama
 

@@ -154,10 +154,13 @@ class Engine(OverlappedStep):
     def reseed(self, seed: int) -> None:
         """Sampling draws from `seed` on, as a fresh engine of `EngineConfig.seed=seed` would draw them for the same
         requests (only between runs: nothing may be in flight). One engine then serves several seeded batches
-        without capturing its CUDA graphs again (train/regenerate.py: a seed per shard)."""
+        without capturing its CUDA graphs again (train/regenerate.py: a seed per shard). The rows' kept prefixes
+        are forgotten too (`forget_prefixes`): a fresh engine's requests take rows 0, 1, ... in order, and the
+        draws of a step go to its rows in row order."""
         if self.has_work():
             raise RequestError("reseed() while requests run: their draws would mix two seeds")
         self.runner.reseed(seed)
+        self.forget_prefixes()
 
     def reserve(self, rows: int, max_len: int) -> None:
         """Allocate caches for `rows` sequences of `max_len` tokens now (a long-lived engine, a benchmark), so that
