@@ -166,3 +166,20 @@ def test_another_conversation_in_between_leaves_the_first_ones_row(target, draft
     assert run(eng, [b], GREEDY)[0].cached_tokens == 0
     follow = a + first.token_ids + [33]
     assert run(eng, [follow], GREEDY)[0].cached_tokens >= len(a) + len(first.token_ids) - 2
+
+
+def test_an_eager_step_takes_the_shape_of_the_rows_it_runs(target, drafter):
+    """A request alone in row 1 (row 0 kept for its conversation) takes a schedule's one-row shape: eager steps
+    compute only their rows, wherever they lie (graph steps cover rows 0..max and take that many rows' shape)."""
+    from eaglespec.spec_schedule import SpecSchedule
+
+    chain, tree = SpecConfig(3, 1, 4), SpecConfig(4, 2, 6)
+    eng = engine(target, drafter, SpecSchedule(((1, chain), (2, tree))))
+    run(eng, [list(range(1, 21))], GREEDY)
+    assert eng.step_counts["spec 3,1,4"] > 0 and eng.step_counts["spec 4,2,6"] == 0
+    req = eng.add_request(list(range(60, 75)), GREEDY, chat=False)
+    while eng.has_work():
+        eng.step()
+    assert req.slot == 1 and eng.step_counts["spec 4,2,6"] == 0
+    run(eng, [list(range(30, 40)), list(range(40, 50))], GREEDY)  # two rows: the tree
+    assert eng.step_counts["spec 4,2,6"] > 0

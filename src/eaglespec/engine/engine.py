@@ -418,12 +418,15 @@ class Engine(OverlappedStep):
         """The step for these running rows (`greedy`: all of them greedy; `penalized`: one has a count penalty):
         "decode" for a plain engine, while more than `EngineConfig.spec_max_rows` rows run, or where the schedule
         decodes such steps plainly (`SpecSchedule.sampled` or `.penalized` = ()); else the speculation shape the
-        schedule gives rows 0..max(rows) in this mode ("spec", "spec1", ...: `step_kinds.spec_kind`)."""
+        schedule gives this many rows in this mode ("spec", "spec1", ...: `step_kinds.spec_kind`): rows
+        0..max(rows) on the graph path, whose steps cover them all, the rows themselves on the eager path, whose
+        steps compute only those (prefix reuse may leave them anywhere: scheduler.py)."""
         limit = self.config.spec_max_rows
         if not self.runner.speculative or (limit is not None and len(rows) > limit):
             return "decode"
         assert self.schedule is not None
-        index = self.schedule.shape_index(max(rows) + 1, greedy, penalized)
+        n = max(rows) + 1 if self.runner.graphs is not None else len(rows)
+        index = self.schedule.shape_index(n, greedy, penalized)
         return "decode" if index is None else spec_kind(index)
 
     def _step_logprobs(self, reqs: Sequence[Request]) -> int | None:
