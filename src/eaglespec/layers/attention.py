@@ -27,7 +27,7 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .context import ForwardContext
-from .norm import rms_scaled
+from .norm import RMSNorm, rms_scaled
 from .rotary import apply_rotary
 
 
@@ -162,6 +162,8 @@ class GQAAttention(nn.Module):
     `in_features` may differ from the model width: the EAGLE-3 drafter feeds 2H (embedding and hidden) into q/k/v.
     """
 
+    takes_rope_store = True  # q and k go to RoPE as projected (QKNormAttention's are normed first)
+
     def __init__(
         self,
         in_features: int,
@@ -170,15 +172,19 @@ class GQAAttention(nn.Module):
         num_kv_heads: int,
         head_dim: int,
         bias: bool = False,
+        o_bias: bool | None = None,
     ) -> None:
+        """`bias`: q/k/v (and, unless `o_bias` says otherwise, o_proj) have biases (Llama's attention_bias; Qwen2
+        has them on q/k/v only)."""
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.q_proj = nn.Linear(in_features, num_heads * head_dim, bias=bias)
         self.k_proj = nn.Linear(in_features, num_kv_heads * head_dim, bias=bias)
         self.v_proj = nn.Linear(in_features, num_kv_heads * head_dim, bias=bias)
-        self.o_proj = nn.Linear(num_heads * head_dim, hidden_size, bias=bias)
+        self.o_proj = nn.Linear(num_heads * head_dim, hidden_size, bias=bias if o_bias is None else o_bias)
         self.rope = apply_rotary  # engine.transforms may swap in a compiled version
-        self.rope_store = None  # engine.transforms may set the fused RoPE + KV-store kernel (fused q/k/v only)
+        self.rope_store = None  # engine.transforms may set the fused RoPE + KV-store kernel (fused q/k/v only,
+        #                         attentions whose q and k go to RoPE as projected: `takes_rope_store`)
         # and, with it, the short-query attention kernels (layers/short_attention_kernel.py) for the steps they fit
         self.attn_kernel: AttentionKernel | None = None
 
@@ -246,4 +252,46 @@ class GQAAttention(nn.Module):
             qkv = rms_scaled(qkv, *norm_of).to(qkv.dtype)
         qk = self.rope(qkv[:, :, : H + Hkv], cos, sin)
         out = attend(qk[:, :, :H], qk[:, :, H:], qkv[:, :, H + Hkv :], ctx, cache)  # [B, T, H, D]
+        return out.reshape(B, T, H * Dh)
+
+
+class QKNormAttention(GQAAttention):
+    """Qwen3's attention: GQAAttention with an RMSNorm over each head's q and k (`q_norm`, `k_norm`: [head_dim]
+    weights, checkpoint names kept) between the projection and RoPE. The fused RoPE + KV-store kernel (and the
+    short-query attention kernel that comes with it) does not apply the norms, so engine.transforms leaves this
+    attention without them (`takes_rope_store`); the fused projections, folded input norms and the fused add + norm +
+    projection kernel all reach `attend_heads`, which applies them."""
+
+    takes_rope_store = False
+
+    def __init__(self, in_features: int, hidden_size: int, num_heads: int, num_kv_heads: int, head_dim: int,
+                 eps: float, bias: bool = False) -> None:
+        super().__init__(in_features, hidden_size, num_heads, num_kv_heads, head_dim, bias)
+        self.q_norm = RMSNorm(head_dim, eps)
+        self.k_norm = RMSNorm(head_dim, eps)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: ForwardContext,
+                cache: Sequence[torch.Tensor] | None) -> torch.Tensor:
+        if hasattr(self, "qkv_proj"):
+            return self.attend_qkv(self.qkv_proj(x), cos, sin, ctx, cache)
+        B, T, _ = x.shape
+        H, Hkv, Dh = self.num_heads, self.num_kv_heads, self.head_dim
+        q = self.rope(self.q_norm(self.q_proj(x).view(B, T, H, Dh)), cos, sin)
+        k = self.rope(self.k_norm(self.k_proj(x).view(B, T, Hkv, Dh)), cos, sin)
+        v = self.v_proj(x).view(B, T, Hkv, Dh)
+        return self.o_proj(attend(q, k, v, ctx, cache).reshape(B, T, H * Dh))
+
+    def attend_heads(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: ForwardContext,
+                     cache: Sequence[torch.Tensor] | None,
+                     norm_of: tuple[torch.Tensor, float] | None = None) -> torch.Tensor:
+        """qkv [B, T, (H + 2 Hkv) * D] -> [B, T, H * D]: (the folded input norm's scale,) q and k normed per head,
+        RoPE, attention."""
+        B, T, _ = qkv.shape
+        H, Hkv, Dh = self.num_heads, self.num_kv_heads, self.head_dim
+        qkv = qkv.view(B, T, H + 2 * Hkv, Dh)
+        if norm_of is not None:
+            qkv = rms_scaled(qkv, *norm_of).to(qkv.dtype)
+        q = self.rope(self.q_norm(qkv[:, :, :H].contiguous()), cos, sin)
+        k = self.rope(self.k_norm(qkv[:, :, H : H + Hkv].contiguous()), cos, sin)
+        out = attend(q, k, qkv[:, :, H + Hkv :], ctx, cache)  # [B, T, H, D]
         return out.reshape(B, T, H * Dh)

@@ -9,6 +9,8 @@ from ..errors import ConfigError
 _REGISTRY: dict[str, str] = {
     "LlamaForCausalLM": "eaglespec.models.llama:LlamaForCausalLM",
     "MistralForCausalLM": "eaglespec.models.llama:LlamaForCausalLM",
+    "Qwen2ForCausalLM": "eaglespec.models.qwen:Qwen2ForCausalLM",
+    "Qwen3ForCausalLM": "eaglespec.models.qwen:Qwen3ForCausalLM",
     "LlamaForCausalLMEagle3": "eaglespec.models.eagle3:LlamaForCausalLMEagle3",
     "DeepseekV3ForCausalLM": "eaglespec.models.deepseek_v3:DeepseekV3ForCausalLM",
     "KimiK25ForConditionalGeneration": "eaglespec.models.kimi_k25:KimiK25ForConditionalGeneration",

@@ -30,10 +30,10 @@ class LlamaDecoderLayer(PreNormDecoderLayer):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, layer: type[nn.Module] = LlamaDecoderLayer) -> None:
         super().__init__()
         self.embed_tokens = embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(layer(cfg) for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rotary = Rotary(cfg.head_dim, cfg.rope)
 
@@ -42,10 +42,11 @@ class LlamaForCausalLM(DecoderOnlyLM):
     checkpoint_renames: tuple[tuple[str, str], ...] = ()
     # Keys a checkpoint may carry that we do not use.
     checkpoint_ignore: tuple[str, ...] = (r"rotary_emb\.inv_freq$",)
+    decoder_layer: type[nn.Module] = LlamaDecoderLayer  # architectures on the same skeleton swap their layer
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config)
-        self.model = LlamaModel(config)
+        self.model = LlamaModel(config, self.decoder_layer)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight

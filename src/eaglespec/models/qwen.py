@@ -1,0 +1,63 @@
+"""Qwen2 and Qwen3 (dense): Llama's skeleton (llama.py) with their own attention.
+
+- Qwen2 (`Qwen2ForCausalLM`: Qwen2, Qwen2.5): q/k/v projections with biases, o_proj without;
+- Qwen3 (`Qwen3ForCausalLM`): an RMSNorm over each head's q and k before RoPE (`layers.attention.QKNormAttention`),
+  biases as `attention_bias` says (none in the released models).
+
+Parameter names are the HF checkpoint's (`model.layers.N.self_attn.q_norm.weight`, ...): no renames. Sliding-window
+attention (`use_sliding_window`, off in the released models) is not implemented and is refused by name.
+"""
+
+from __future__ import annotations
+
+from ..config import ModelConfig
+from ..errors import ConfigError
+from ..layers.attention import GQAAttention, QKNormAttention
+from ..layers.mlp import GatedMLP
+from ..layers.norm import RMSNorm
+from .base import PreNormDecoderLayer
+from .llama import LlamaForCausalLM
+
+
+def _no_sliding_window(cfg: ModelConfig) -> None:
+    text = cfg.raw.get("text_config") or cfg.raw
+    if text.get("use_sliding_window"):
+        raise ConfigError(f"{cfg.architecture} with use_sliding_window: sliding-window attention is not implemented "
+                          "(the released Qwen2/Qwen3 models have it off)")
+
+
+class Qwen2DecoderLayer(PreNormDecoderLayer):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = GQAAttention(cfg.hidden_size, cfg.hidden_size, cfg.num_attention_heads,
+                                      cfg.num_key_value_heads, cfg.head_dim, bias=True, o_bias=False)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, act=cfg.hidden_act)
+
+
+class Qwen3DecoderLayer(PreNormDecoderLayer):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = QKNormAttention(cfg.hidden_size, cfg.hidden_size, cfg.num_attention_heads,
+                                         cfg.num_key_value_heads, cfg.head_dim, cfg.rms_norm_eps,
+                                         bias=cfg.attention_bias)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, act=cfg.hidden_act)
+
+
+class Qwen2ForCausalLM(LlamaForCausalLM):
+    decoder_layer = Qwen2DecoderLayer
+
+    def __init__(self, config: ModelConfig) -> None:
+        _no_sliding_window(config)
+        super().__init__(config)
+
+
+class Qwen3ForCausalLM(LlamaForCausalLM):
+    decoder_layer = Qwen3DecoderLayer
+
+    def __init__(self, config: ModelConfig) -> None:
+        _no_sliding_window(config)
+        super().__init__(config)
