@@ -33,13 +33,17 @@ DEFAULT_TYPES = {
 
 def write_tiny_gguf(
     path: Path, types: dict[str, Q] | None = None, arch: str = "llama", hidden: int = 64, heads: int = 4,
-    kv_heads: int = 2, ffn: int = 96, layers: int = 2, vocab: int = 64, tied: bool = False,
+    kv_heads: int = 2, ffn: int = 96, layers: int = 2, vocab: int = 64, tied: bool = False, head_dim: int | None = None,
 ) -> dict[str, np.ndarray]:
-    """A random Llama GGUF (no tokenizer); returns the HF-layout float32 weights before quantization."""
+    """A random GGUF (no tokenizer) of llama.cpp's `llama` layout (q/k permuted), or its `qwen2` (q/k/v biases) or
+    `qwen3` (per-head q/k norms) layouts (q/k as in HF); returns the HF-layout float32 weights before quantization."""
     rng = np.random.default_rng(0)
     types = {**DEFAULT_TYPES, **(types or {})}
-    hd = hidden // heads
+    hd = head_dim or hidden // heads
     w = gguf.GGUFWriter(str(path), arch)
+    if head_dim is not None:
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
     w.add_block_count(layers)
     w.add_context_length(128)
     w.add_embedding_length(hidden)
@@ -56,9 +60,9 @@ def write_tiny_gguf(
         arr = (1.0 if norm else 0.0) + (rng.standard_normal(shape) * 0.2).astype(np.float32)
         originals[name] = arr.astype(np.float32)
         data = arr.astype(np.float32)
-        if kind == "attn_q":
+        if kind == "attn_q" and arch == "llama":
             data = llama_cpp_permute(data, heads)
-        if kind == "attn_k":
+        if kind == "attn_k" and arch == "llama":
             data = llama_cpp_permute(data, kv_heads)
         qtype = types.get(kind or "", Q.F32)
         w.add_tensor(name, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
@@ -69,10 +73,16 @@ def write_tiny_gguf(
         put("output.weight", (vocab, hidden), "output")
     for i in range(layers):
         put(f"blk.{i}.attn_norm.weight", (hidden,), norm=True)
-        put(f"blk.{i}.attn_q.weight", (hidden, hidden), "attn_q")
+        put(f"blk.{i}.attn_q.weight", (heads * hd, hidden), "attn_q")
         put(f"blk.{i}.attn_k.weight", (kv_heads * hd, hidden), "attn_k")
         put(f"blk.{i}.attn_v.weight", (kv_heads * hd, hidden), "attn_v")
-        put(f"blk.{i}.attn_output.weight", (hidden, hidden), "attn_output")
+        put(f"blk.{i}.attn_output.weight", (hidden, heads * hd), "attn_output")
+        if arch == "qwen2":
+            for proj, rows in (("attn_q", heads * hd), ("attn_k", kv_heads * hd), ("attn_v", kv_heads * hd)):
+                put(f"blk.{i}.{proj}.bias", (rows,))
+        if arch == "qwen3":
+            put(f"blk.{i}.attn_q_norm.weight", (hd,), norm=True)
+            put(f"blk.{i}.attn_k_norm.weight", (hd,), norm=True)
         put(f"blk.{i}.ffn_norm.weight", (hidden,), norm=True)
         put(f"blk.{i}.ffn_gate.weight", (ffn, hidden), "ffn_gate")
         put(f"blk.{i}.ffn_up.weight", (ffn, hidden), "ffn_up")
@@ -228,9 +238,30 @@ def test_unsupported_tensor_type_is_named(tmp_path):
 
 def test_unsupported_gguf_architecture(tmp_path):
     path = tmp_path / "other.gguf"
-    write_tiny_gguf(path, arch="qwen3")
-    with pytest.raises(ConfigError, match="GGUF architecture 'qwen3' is not supported"):
+    write_tiny_gguf(path, arch="gemma")
+    with pytest.raises(ConfigError, match="GGUF architecture 'gemma' is not supported \\(only 'llama', 'qwen2', "
+                                          "'qwen3'\\)"):
         load_model(path)
+
+
+@pytest.mark.parametrize("arch, kw", [("qwen2", dict(tied=True)), ("qwen3", dict(head_dim=128, hidden=256))])
+def test_qwen_ggufs_match_transformers(tmp_path, arch, kw):
+    """llama.cpp's `qwen2` (q/k/v biases) and `qwen3` (per-head q/k norms, head_dim from key_length) layouts, whose
+    q/k are not permuted: the logits equal transformers' loading of the same file (quantized as the Llama one)."""
+    from transformers import AutoModelForCausalLM
+
+    path = tmp_path / f"{arch}.gguf"
+    originals = write_tiny_gguf(path, arch=arch, **kw)
+    ours = load_model(path, dtype=torch.float32)
+    assert type(ours.model).__name__ == f"{arch.capitalize()}ForCausalLM"
+    ref = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
+    ids = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = ref(ids).logits
+    assert (forward_logits(ours.model, ids) - expected).abs().max().item() <= 1e-4
+    sd = ours.model.state_dict()  # q as written: the HF layout, up to Q4_0's error
+    q = originals["blk.0.attn_q.weight"]
+    assert np.abs(sd["model.layers.0.self_attn.q_proj.weight"].numpy() - q).max() < 0.1 * np.abs(q).max()
 
 
 def test_corrupt_gguf(tmp_path, smollm2_gguf):

@@ -1,8 +1,10 @@
 """llama.cpp tensor names -> Hugging Face names: the one GGUF name table, and the q/k un-permutation.
 
-`GGUF_TO_HF` maps every tensor name of a `llama` GGUF to the HF Llama name that `models/llama.py` keeps. Its third
-column says which weights llama.cpp permuted for its RoPE layout (`q`: by attention heads, `k`: by KV heads);
-`unpermute_qk` undoes that so the weights match the HF rotate-halves layout.
+`GGUF_TO_HF` maps every tensor name of a `llama`, `qwen2` or `qwen3` GGUF to the HF name that `models/llama.py` and
+`models/qwen.py` keep (Qwen3's per-head q/k norms: `attn_q_norm`, `attn_k_norm`). Its third column says which weights
+llama.cpp permutes for its RoPE layout in a `llama` GGUF (`q`: by attention heads, `k`: by KV heads); `unpermute_qk`
+undoes that so the weights match the HF rotate-halves layout. Qwen's GGUFs keep the HF layout (llama.cpp runs their
+RoPE on halves, NEOX style): the reader unpermutes `llama` files only (`PERMUTED_ARCHS`).
 """
 
 from __future__ import annotations
@@ -31,7 +33,11 @@ GGUF_TO_HF: tuple[tuple[str, str, str | None], ...] = (
     (r"blk\.(\d+)\.ffn_down\.(weight|bias)", r"model.layers.\1.mlp.down_proj.\2", None),
     (r"blk\.(\d+)\.attn_norm\.weight", r"model.layers.\1.input_layernorm.weight", None),
     (r"blk\.(\d+)\.ffn_norm\.weight", r"model.layers.\1.post_attention_layernorm.weight", None),
+    (r"blk\.(\d+)\.attn_q_norm\.weight", r"model.layers.\1.self_attn.q_norm.weight", None),
+    (r"blk\.(\d+)\.attn_k_norm\.weight", r"model.layers.\1.self_attn.k_norm.weight", None),
 )
+# GGUF architectures whose q/k weights llama.cpp permuted (interleaved RoPE pairs)
+PERMUTED_ARCHS = frozenset({"llama"})
 
 _COMPILED = tuple((re.compile(p), repl, perm) for p, repl, perm in GGUF_TO_HF)
 
@@ -47,7 +53,7 @@ def gguf_to_hf_name(name: str) -> tuple[str, str | None]:
             "this GGUF stores Llama-3.1 RoPE scaling as a 'rope_freqs' tensor, which is not supported: "
             "load the model's Hugging Face folder instead"
         )
-    raise CheckpointError(f"GGUF tensor {name!r} has no Hugging Face Llama equivalent")
+    raise CheckpointError(f"GGUF tensor {name!r} has no Hugging Face equivalent in our Llama / Qwen layouts")
 
 
 def unpermute_qk(w: T, n_heads: int) -> T:

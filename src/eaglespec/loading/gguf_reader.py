@@ -6,11 +6,11 @@ Contract:
   raises `CheckpointError` naming it and the reason.
 - `metadata` holds every key/value field as plain Python values (strings, numbers, lists); `tensors` the tensor
   table (`gguf_header.GGUFTensor`).
-- `hf_config()` builds the `config.json` dict of the model (only the `llama` GGUF architecture; others raise
-  `ConfigError`), which `ModelConfig.from_hf` consumes unchanged.
+- `hf_config()` builds the `config.json` dict of the model (the `llama`, `qwen2` and `qwen3` GGUF architectures,
+  `GGUF_ARCHITECTURES`; others raise `ConfigError`), which `ModelConfig.from_hf` consumes unchanged.
 - `hf_tensors()` yields `(hf_name, float32 tensor)` one tensor at a time: dequantized (F32, F16, BF16, Q8_0, Q4_0,
   Q4_1, Q4_K, Q6_K; any other type raises `CheckpointError` before anything is yielded), renamed through the one
-  table in `gguf_names.py`, and with llama.cpp's q/k permutation undone.
+  table in `gguf_names.py`, and with llama.cpp's q/k permutation undone (`llama` files: Qwen's keep the HF layout).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import torch
 
 from ..errors import CheckpointError, ConfigError
 from .gguf_header import read_header
-from .gguf_names import gguf_to_hf_name, unpermute_qk
+from .gguf_names import PERMUTED_ARCHS, gguf_to_hf_name, unpermute_qk
 from .gguf_quants import dequantize
 
 SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K")
@@ -44,6 +44,9 @@ def is_gguf(path: str | Path) -> bool:
     with p.open("rb") as f:
         return f.read(4) == GGUF_MAGIC
 
+
+# GGUF `general.architecture` -> the model class (models/__init__.py) its tensors load into
+GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 
 class GGUFFile:
     def __init__(self, path: str | Path) -> None:
@@ -76,10 +79,10 @@ class GGUFFile:
     def hf_config(self) -> dict[str, Any]:
         """The HF `config.json` dict of this model."""
         arch = self.architecture
-        if arch != "llama":
+        if arch not in GGUF_ARCHITECTURES:
             raise ConfigError(
-                f"GGUF architecture {arch!r} is not supported (only 'llama'); load the model's Hugging Face folder "
-                f"instead ({self.path})"
+                f"GGUF architecture {arch!r} is not supported (only {', '.join(map(repr, GGUF_ARCHITECTURES))}); load "
+                f"the model's Hugging Face folder instead ({self.path})"
             )
         m = self.metadata
 
@@ -107,8 +110,8 @@ class GGUFFile:
         if vocab is None:
             raise ConfigError(f"{self.path} has neither a token_embd tensor nor a vocabulary")
         cfg: dict[str, Any] = {
-            "architectures": ["LlamaForCausalLM"],
-            "model_type": "llama",
+            "architectures": [GGUF_ARCHITECTURES[arch]],
+            "model_type": arch,
             "hidden_size": hidden,
             "num_hidden_layers": int(need("block_count")),
             "num_attention_heads": heads,
@@ -165,6 +168,6 @@ class GGUFFile:
                 w = dequantize(t.data, t.qtype).reshape(shape)  # a new float32 tensor, not a view of the file
             except (ValueError, RuntimeError) as e:
                 raise CheckpointError(f"{self.path}: tensor {t.name!r} is corrupt ({e})") from None
-            if perm is not None:
+            if perm is not None and self.architecture in PERMUTED_ARCHS:
                 w = unpermute_qk(w, n_heads[perm]).contiguous()
             yield name, w

@@ -4,8 +4,9 @@
 - Qwen3 (`Qwen3ForCausalLM`): an RMSNorm over each head's q and k before RoPE (`layers.attention.QKNormAttention`),
   biases as `attention_bias` says (none in the released models).
 
-Parameter names are the HF checkpoint's (`model.layers.N.self_attn.q_norm.weight`, ...): no renames. Sliding-window
-attention (`use_sliding_window`, off in the released models) is not implemented and is refused by name.
+Parameter names are the HF checkpoint's (`model.layers.N.self_attn.q_norm.weight`, ...): no renames; llama.cpp's
+`qwen2` / `qwen3` GGUFs map onto them through loading/gguf_names.py. Sliding-window attention (`use_sliding_window`,
+off in the released models) is not implemented and is refused by name.
 """
 
 from __future__ import annotations
