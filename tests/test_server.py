@@ -260,6 +260,9 @@ def test_completions_take_raw_text_and_token_ids(server, plain, smollm2):
     assert again["completion_tokens"] == body["usage"]["completion_tokens"]
     # the same prompt again: a free row holds its entries (this CPU engine reuses prefixes), all but the last token's
     assert again["prompt_tokens_details"] == {"cached_tokens": len(ids) - 1}
+    counted = [line for line in server.get("/metrics").text.splitlines()
+               if line.startswith("eaglespec_prompt_tokens_cached_total")]
+    assert len(counted) == 1 and float(counted[0].split()[-1]) >= len(ids) - 1
     with server.stream("POST", "/v1/completions", json={"prompt": prompt, "max_tokens": 12, "stream": True}) as r:
         events = sse_events(r)
     assert events[-1] == "[DONE]" and events[-2]["choices"][0]["finish_reason"] == "length"
