@@ -23,8 +23,9 @@ tokens whose cache entries its finished request left there. A request admitted i
 row that shares the longest prefix with its prompt, when it shares one (`Request.reused`: the prompt positions its
 prefill skips, `reusable`), else the lowest free row that keeps nothing, else the one kept longest ago (on the CPU a
 step over rows that do not start at 0 costs about the same: 30.6 against 31.0 ms for SmolLM2 alone in row 1 or 0,
-34.7 against 33.1 ms for rows 1-2 or 0-1, session 52); the prefill token budget counts the positions left to
-prefill. A row's kept tokens are dropped as soon as any request takes the row (admitted, joined or moved into it).
+34.7 against 33.1 ms for rows 1-2 or 0-1; session 52, benchmarks/row_placement_cpu.py); the prefill token budget
+counts the positions left to prefill. A row's kept tokens are dropped as soon as any request takes the row
+(admitted, joined or moved into it).
 """
 
 from __future__ import annotations

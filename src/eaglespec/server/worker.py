@@ -21,8 +21,8 @@ Contract:
   `stream` False one delta at the end, the text decoded once: per-step detokenizing costs host time a busy GPU engine
   has not got); then ("done", finish_reason, completion_tokens, its `SpecStats` or None, its cached prompt tokens:
   `Request.reused`, its output token ids). A streamed answer's deltas go out at its first tokens, then every
-  `stream_interval` tokens (default 1: each step's). A ticket's `events` is an `asyncio.Queue` of the event loop that called
-  `submit` (filled with `call_soon_threadsafe`), or, called outside an event loop, a `queue.Queue`.
+  `stream_interval` tokens (default 1: each step's). A ticket's `events` is an `asyncio.Queue` of the event loop
+  that called `submit` (filled with `call_soon_threadsafe`), or, called outside an event loop, a `queue.Queue`.
 - `Ticket.cancel()` (the client went away) aborts the request (`Engine.abort`): its row frees at its next step.
 - Between steps the worker admits everything submitted; with nothing to run it blocks on the queue (no spinning).
 - `metrics` (server/metrics.py) counts requests, tokens, latencies and acceptance for `GET /metrics`; with
