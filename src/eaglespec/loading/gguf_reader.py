@@ -48,6 +48,7 @@ def is_gguf(path: str | Path) -> bool:
 # GGUF `general.architecture` -> the model class (models/__init__.py) its tensors load into
 GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 
+
 class GGUFFile:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
