@@ -1,6 +1,7 @@
 """Chunked prefill and prefix reuse on a device (session 52; both built and tested on the CPU only):
 
-1. a long prompt prefilled whole (`prefill_chunk=None`) and in windows (`--chunk`): the prefill's time, the first
+1. a long prompt prefilled whole (`prefill_chunk=None`) and in windows (`--chunk`): the prefill's time (its second
+   run: the first one's first-use costs apart), the first
    token's log-probability, how many of the first `--new` greedy tokens agree (bf16 may flip near-ties);
 2. an eager engine (no CUDA graphs: the engines that keep free rows, as MoE targets run) answering a conversation's
    second turn with and without prefix reuse: the time to its first token, its answer identical or not.
@@ -49,6 +50,7 @@ def main() -> None:
                                                                    prefill_chunk=chunk, reuse_prefixes=False))
         dev = str(eng.device)
         eng.generate([ids[:64]], SamplingParams(max_new_tokens=2), chat=False)  # warm-up
+        lp = first_logprob(eng, ids)  # its first use (on CUDA: kernels' first shapes, compiles) untimed
         sync(dev)
         t = time.perf_counter()
         lp = first_logprob(eng, ids)

@@ -376,8 +376,9 @@ class EngineConfig:
     # A finished request's row keeps its cache entries until another request takes it, and a prompt that starts with
     # the tokens they were computed for is admitted there and prefills only the rest (engine/scheduler.py: a chat's
     # next turn, prompts sharing a system prompt). On the eager path only (the CPU, MoE targets): graph steps
-    # overwrite free rows (`ModelRunner.keeps_free_rows`).
-    reuse_prefixes: bool = True
+    # overwrite free rows (`ModelRunner.keeps_free_rows`). None: where it measured faster (`assets.reuses_prefixes`:
+    # the CPU).
+    reuse_prefixes: bool | None = None
     # A prompt with more tokens than this to prefill runs in windows of this many (each attending to the ones before
     # it through the cache), then its last window with the batch's other prompts: the attention masks and activations
     # of a prefill stay those of this many tokens whatever the prompt's length (a 128K-token prompt's whole-prompt

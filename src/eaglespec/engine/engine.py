@@ -55,6 +55,7 @@ import torch
 
 from ..config import EngineConfig, SpecConfig
 
+from ..assets import reuses_prefixes
 from ..spec_schedule import SpecSchedule, spec_text
 from ..errors import RequestError
 from ..grammar.compiler import GrammarCompiler
@@ -399,11 +400,13 @@ class Engine(OverlappedStep):
         return reqs
 
     def _release_finished(self) -> None:
-        """Finished requests leave their rows; on the eager path (`ModelRunner.keeps_free_rows`) a text request's
-        row keeps the tokens its cache entries hold for a later prompt that starts with them (scheduler.py): the
-        prompt and output up to its host length (the entries computed; the last token has none yet)."""
+        """Finished requests leave their rows; on the eager path (`ModelRunner.keeps_free_rows`), where
+        `EngineConfig.reuse_prefixes` (None: `assets.reuses_prefixes`, the CPU) says, a text request's row keeps the
+        tokens its cache entries hold for a later prompt that starts with them (scheduler.py): the prompt and output
+        up to its host length (the entries computed; the last token has none yet)."""
         assert self.scheduler is not None
-        keeps = self.config.reuse_prefixes and self.runner.keeps_free_rows
+        reuse = self.config.reuse_prefixes
+        keeps = (reuses_prefixes(self.device.type) if reuse is None else reuse) and self.runner.keeps_free_rows
         for q in self.scheduler.release_finished():
             if keeps and q.mm_inputs is None:
                 self.scheduler.keep(q.slot, (q.prompt_ids + q.output_ids)[: self.runner.host_len[q.slot]])
