@@ -43,7 +43,9 @@ requests of a draining batch move into the lowest free rows (after a read, with 
 replay the smallest graph bucket that holds them. `step_counts` counts the batched steps run by kind
 ("prefill", "decode", "spec"; a launched overlapped step counts when launched), for benchmarks; an engine of several
 shapes also counts its speculative steps per shape ("spec 3,1,4": `spec_schedule.spec_text`); "join" and "compact" count the
-requests moved into other rows (no steps of their own).
+requests moved into other rows (no steps of their own). Prefix reuse (finished rows keeping their entries for prompts
+that start with them; where it is on, kept across grown caches) is prefix_reuse.py's, a mixin of the same class;
+"reused tokens" counts the prompt positions it spared.
 """
 
 from __future__ import annotations
@@ -55,7 +57,6 @@ import torch
 
 from ..config import EngineConfig, SpecConfig
 
-from ..assets import reuses_prefixes
 from ..spec_schedule import SpecSchedule, spec_text
 from ..errors import RequestError
 from ..grammar.compiler import GrammarCompiler
@@ -71,6 +72,7 @@ from .prompts import Prompt, encode_prompt
 from .request_checks import check_params, fit_context
 from .row_sampling import StepExtras
 from .overlapped_step import OverlappedStep, constrained
+from .prefix_reuse import PrefixReuse
 from .runner import ModelRunner
 from .scheduler import Scheduler
 from .scoring import score_prompt
@@ -89,7 +91,7 @@ AUTO_PREFILL_AHEAD_ROWS = 8
 SERVE_LEN = 4096  # default cache positions per row for a long-lived engine, unless EngineConfig.max_seq_len says
 
 
-class Engine(OverlappedStep):
+class Engine(OverlappedStep, PrefixReuse):
     plain_note: str | None = None  # api.load: why draft="auto" decodes plainly after measuring this machine
 
     def __init__(
@@ -206,20 +208,13 @@ class Engine(OverlappedStep):
         ahead = self.config.prefill_ahead
         if ahead is None:
             ahead = AUTO_PREFILL_AHEAD if self.overlapping and rows >= AUTO_PREFILL_AHEAD_ROWS else 0
-        # rows kept for prefix reuse keep their entries in the larger caches (a conversation through `generate`,
-        # whose growing prompts grow the caches)
-        kept = self.scheduler.kept if self.scheduler is not None else {}
-        old = [c.tensors for c in (r.kv, r.dkv) if c is not None] if kept else []
-        r.allocate(rows, max_len, spare=ahead)
-        self.scheduler = Scheduler(rows, min_prefill_rows=self.config.min_prefill_rows, ahead=ahead,
-                                   ahead_cap=PREFILL_SPLIT_ROWS)
-        new = [c.tensors for c in (r.kv, r.dkv) if c is not None]
-        for row, tokens in kept.items():
-            n = len(tokens)
-            for before, after in zip(old, new):
-                for a, b in zip(before, after):
-                    b[:, row, :n].copy_(a[:, row, :n])
-            self.scheduler.keep(row, tokens)
+
+        def grow() -> None:
+            r.allocate(rows, max_len, spare=ahead)
+            self.scheduler = Scheduler(rows, min_prefill_rows=self.config.min_prefill_rows, ahead=ahead,
+                                       ahead_cap=PREFILL_SPLIT_ROWS)
+
+        self._kept_across(grow)  # rows kept for prefix reuse keep their entries (prefix_reuse.py)
 
     def prepare(self, prompt: Prompt, chat: bool = True, images: Sequence[object] | None = None,
                 tools: Sequence[dict] | None = None) -> tuple[list[int], object]:
@@ -398,24 +393,6 @@ class Engine(OverlappedStep):
                     q.append([t], lp_rows[i] if lp_rows is not None else None)
         self._release_finished()
         return reqs
-
-    def _release_finished(self) -> None:
-        """Finished requests leave their rows; on the eager path (`ModelRunner.keeps_free_rows`), where
-        `EngineConfig.reuse_prefixes` (None: `assets.reuses_prefixes`, the CPU) says, a text request's row keeps the
-        tokens its cache entries hold for a later prompt that starts with them (scheduler.py): the prompt and output
-        up to its host length (the entries computed; the last token has none yet)."""
-        assert self.scheduler is not None
-        reuse = self.config.reuse_prefixes
-        keeps = (reuses_prefixes(self.device.type) if reuse is None else reuse) and self.runner.keeps_free_rows
-        for q in self.scheduler.release_finished():
-            if keeps and q.mm_inputs is None:
-                self.scheduler.keep(q.slot, (q.prompt_ids + q.output_ids)[: self.runner.host_len[q.slot]])
-            self.runner.release(q.slot)
-
-    def forget_prefixes(self) -> None:
-        """Prompts from now on prefill whole: no free row's entries are reused (a benchmark's runs each start cold)."""
-        if self.scheduler is not None:
-            self.scheduler.forget()
 
     def _step_kind(self, rows: Sequence[int], greedy: bool, penalized: bool) -> str:
         """The step for these running rows (`greedy`: all of them greedy; `penalized`: one has a count penalty):
