@@ -102,7 +102,12 @@ class MLAConfig:
 
 @dataclass(frozen=True)
 class MoEConfig:
-    """DeepSeek-V3 mixture of experts (noaux_tc router)."""
+    """A mixture of experts: DeepSeek-V3's (sigmoid scores, noaux_tc router, shared experts) or Qwen3-MoE's (softmax
+    scores, plain top-k: scoring_func "softmax", topk_method "greedy", no shared experts), in DeepSeek's field names.
+
+    Which layers are sparse: layer i is when `i >= first_k_dense_replace and i % moe_layer_freq == 0` (DeepSeek's
+    fields) and `(i + 1) % decoder_sparse_step == 0 and i not in mlp_only_layers` (Qwen's); the others are dense.
+    """
 
     n_routed_experts: int
     num_experts_per_tok: int
@@ -116,6 +121,51 @@ class MoEConfig:
     norm_topk_prob: bool = True
     scoring_func: str = "sigmoid"
     topk_method: str = "noaux_tc"
+    decoder_sparse_step: int = 1
+    mlp_only_layers: tuple[int, ...] = ()
+
+    def is_sparse(self, layer_idx: int) -> bool:
+        """Whether the 0-based layer `layer_idx` has the experts (else a dense MLP of `intermediate_size`)."""
+        return (layer_idx >= self.first_k_dense_replace and layer_idx % self.moe_layer_freq == 0
+                and (layer_idx + 1) % self.decoder_sparse_step == 0 and layer_idx not in self.mlp_only_layers)
+
+    @staticmethod
+    def from_hf(text: Mapping[str, Any], model_type: str) -> "MoEConfig | None":
+        """The MoE group of a (text) config dict; None for a dense model. DeepSeek-V3 / Kimi name their routed experts
+        `n_routed_experts`; Qwen3-MoE (`model_type` qwen3_moe) `num_experts`, which transformers 5 writes back as
+        `num_local_experts` (its attribute_map), and 0 experts there means every layer is dense."""
+        if text.get("n_routed_experts"):
+            return MoEConfig(
+                n_routed_experts=int(text["n_routed_experts"]),
+                num_experts_per_tok=int(text["num_experts_per_tok"]),
+                n_shared_experts=int(text.get("n_shared_experts") or 0),
+                moe_intermediate_size=int(text["moe_intermediate_size"]),
+                first_k_dense_replace=int(text.get("first_k_dense_replace", 0)),
+                moe_layer_freq=int(text.get("moe_layer_freq", 1)),
+                n_group=int(text.get("n_group") or 1),
+                topk_group=int(text.get("topk_group") or 1),
+                routed_scaling_factor=float(text.get("routed_scaling_factor", 1.0)),
+                norm_topk_prob=bool(text.get("norm_topk_prob", True)),
+                scoring_func=str(text.get("scoring_func", "sigmoid")),
+                topk_method=str(text.get("topk_method", "noaux_tc")),
+            )
+        experts = text.get("num_experts", text.get("num_local_experts"))
+        if model_type == "qwen3_moe" and experts:
+            step = int(text.get("decoder_sparse_step") or 1)
+            if step < 1:
+                raise ConfigError(f"decoder_sparse_step must be >= 1 (got {step})")
+            return MoEConfig(
+                n_routed_experts=int(experts),
+                num_experts_per_tok=int(text["num_experts_per_tok"]),
+                n_shared_experts=0,
+                moe_intermediate_size=int(text["moe_intermediate_size"]),
+                norm_topk_prob=bool(text.get("norm_topk_prob", False)),  # transformers' Qwen3MoeConfig default
+                scoring_func="softmax",
+                topk_method="greedy",
+                decoder_sparse_step=step,
+                mlp_only_layers=tuple(int(i) for i in text.get("mlp_only_layers") or ()),
+            )
+        return None
 
 
 @dataclass(frozen=True)
@@ -204,22 +254,7 @@ class ModelConfig:
                 qk_rope_head_dim=int(text["qk_rope_head_dim"]),
                 v_head_dim=int(text["v_head_dim"]),
             )
-        moe = None
-        if text.get("n_routed_experts"):
-            moe = MoEConfig(
-                n_routed_experts=int(text["n_routed_experts"]),
-                num_experts_per_tok=int(text["num_experts_per_tok"]),
-                n_shared_experts=int(text.get("n_shared_experts") or 0),
-                moe_intermediate_size=int(text["moe_intermediate_size"]),
-                first_k_dense_replace=int(text.get("first_k_dense_replace", 0)),
-                moe_layer_freq=int(text.get("moe_layer_freq", 1)),
-                n_group=int(text.get("n_group") or 1),
-                topk_group=int(text.get("topk_group") or 1),
-                routed_scaling_factor=float(text.get("routed_scaling_factor", 1.0)),
-                norm_topk_prob=bool(text.get("norm_topk_prob", True)),
-                scoring_func=str(text.get("scoring_func", "sigmoid")),
-                topk_method=str(text.get("topk_method", "noaux_tc")),
-            )
+        moe = MoEConfig.from_hf(text, str(text.get("model_type") or d.get("model_type") or ""))
         eagle = None
         if any("eagle3" in a.lower() for a in archs):
             ec = text.get("eagle_config") or {}

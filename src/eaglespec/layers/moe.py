@@ -1,12 +1,19 @@
-"""DeepSeek-V3 mixture of experts: the noaux_tc router, routed SwiGLU experts and unscaled shared experts.
+"""Mixture of experts: a router, routed SwiGLU experts and optional unscaled shared experts (DeepSeek-V3, Qwen3-MoE).
 
-Contract (REFERENCE.md §6), checkpoint names kept: `gate.weight` [E, H] and `gate.e_score_correction_bias` [E]
-(both float32, kept so under `.to(dtype)` as transformers' `_keep_in_fp32_modules_strict` does: the bias decides
-between near-equal scores), `experts.E.{gate,up,down}_proj.weight`, `shared_experts.{gate,up,down}_proj.weight`.
+Contract (REFERENCE.md §6), checkpoint names kept: `gate.weight` [E, H], `experts.E.{gate,up,down}_proj.weight`,
+`shared_experts.{gate,up,down}_proj.weight` (DeepSeek only); `make_router` picks the router from the MoEConfig's
+(scoring_func, topk_method), and refuses other pairs by name. Every router returns (weights [N, k] float32, expert
+ids [N, k] int64).
 
-Router, in float32: `s = sigmoid(x @ gate^T)`; choose with `s + bias`: when n_group > 1 a group scores the sum of its
-top-2 biased scores and only the best `topk_group` groups stay eligible; take the top-k eligible experts; their
-weights are the *unbiased* `s`, divided by their sum when `norm_topk_prob`, times `routed_scaling_factor`.
+- `NoAuxRouter` (DeepSeek-V3, Kimi: sigmoid / noaux_tc), in float32, `gate.weight` and `gate.e_score_correction_bias`
+  [E] kept float32 under `.to(dtype)` as transformers' `_keep_in_fp32_modules_strict` does (the bias decides between
+  near-equal scores): `s = sigmoid(x @ gate^T)`; choose with `s + bias`: when n_group > 1 a group scores the sum of
+  its top-2 biased scores and only the best `topk_group` groups stay eligible; take the top-k eligible experts; their
+  weights are the *unbiased* `s`, divided by their sum when `norm_topk_prob`, times `routed_scaling_factor`.
+- `SoftmaxTopKRouter` (Qwen3-MoE: softmax / greedy): the logits `x @ gate^T` in the model's dtype (`gate.weight`
+  follows `.to(dtype)`, as in transformers and vLLM), then in float32 `p = softmax(logits)`, the top-k of `p`,
+  divided by their sum when `norm_topk_prob`, times `routed_scaling_factor` (1 for Qwen). transformers casts these
+  weights to the model's dtype before weighting the experts; here they stay float32 (the same in float32 parity).
 
 Experts run per expert over the tokens routed to it: the (token, expert) pairs are sorted by expert, each expert with
 tokens runs once on its contiguous slice, and the weighted outputs are scattered back with `index_add_` in float32.
@@ -20,6 +27,7 @@ import torch
 from torch import nn
 
 from ..config import MoEConfig
+from ..errors import ConfigError
 from .mlp import GatedMLP
 
 
@@ -65,15 +73,54 @@ class NoAuxRouter(nn.Module):
         return weights * self.scaling, ids
 
 
+class SoftmaxTopKRouter(nn.Module):
+    """softmax / greedy top-k router (Qwen3-MoE); checkpoint name `gate`. Returns (weights [N, k] fp32, ids [N, k])."""
+
+    def __init__(self, hidden_size: int, moe: MoEConfig) -> None:
+        super().__init__()
+        if moe.n_group > 1:
+            raise ConfigError(f"softmax routing within {moe.n_group} expert groups (DeepSeek-V2's "
+                              "group_limited_greedy) is not implemented")
+        self.num_experts, self.top_k = moe.n_routed_experts, moe.num_experts_per_tok
+        self.norm_topk_prob, self.scaling = moe.norm_topk_prob, moe.routed_scaling_factor
+        self.weight = nn.Parameter(torch.empty(self.num_experts, hidden_size))  # the model's dtype, as a Linear's
+        nn.init.normal_(self.weight, std=0.02)  # a usable random router when nothing is loaded (tiny test models)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = x @ self.weight.t()  # [N, E] in x's dtype, as transformers' and vLLM's gate computes them
+        probs = torch.softmax(logits.float(), dim=-1)  # [N, E] float32
+        weights, ids = probs.topk(self.top_k, dim=-1)  # [N, k] each
+        if self.norm_topk_prob:
+            weights = weights / weights.sum(-1, keepdim=True)  # softmax values: the sum is > 0
+        return weights * self.scaling, ids
+
+
+# (scoring_func, topk_method) -> router class
+ROUTERS: dict[tuple[str, str], type[nn.Module]] = {
+    ("sigmoid", "noaux_tc"): NoAuxRouter,
+    ("softmax", "greedy"): SoftmaxTopKRouter,
+}
+
+
+def make_router(hidden_size: int, moe: MoEConfig) -> nn.Module:
+    """The router the config names by (scoring_func, topk_method); a ConfigError for any other pair."""
+    cls = ROUTERS.get((moe.scoring_func, moe.topk_method))
+    if cls is None:
+        known = ", ".join(f"{s} / {t}" for s, t in ROUTERS)
+        raise ConfigError(f"MoE routing {moe.scoring_func} / {moe.topk_method} (scoring_func / topk_method) is not "
+                          f"implemented (implemented: {known})")
+    return cls(hidden_size, moe)
+
+
 class MoE(nn.Module):
-    """Routed experts + shared experts: x [..., H] -> [..., H]."""
+    """Routed experts (+ shared experts when the config has them): x [..., H] -> [..., H]."""
 
     # the host reads how many tokens each expert got (data-dependent shapes): no CUDA-graph capture
     supports_cuda_graphs = False
 
     def __init__(self, hidden_size: int, moe: MoEConfig, act: str = "silu") -> None:
         super().__init__()
-        self.gate = NoAuxRouter(hidden_size, moe)
+        self.gate = make_router(hidden_size, moe)
         self.experts = nn.ModuleList(
             GatedMLP(hidden_size, moe.moe_intermediate_size, act=act) for _ in range(moe.n_routed_experts)
         )

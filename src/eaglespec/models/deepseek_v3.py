@@ -60,7 +60,7 @@ class DeepseekV3DecoderLayer(PreNormDecoderLayer):
         )
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         moe = cfg.moe
-        if moe is not None and layer_idx >= moe.first_k_dense_replace and layer_idx % moe.moe_layer_freq == 0:
+        if moe is not None and moe.is_sparse(layer_idx):  # first_k_dense_replace, moe_layer_freq
             self.mlp: nn.Module = MoE(cfg.hidden_size, moe, act=cfg.hidden_act)
         else:
             self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, act=cfg.hidden_act)
