@@ -20,7 +20,8 @@ from .base import PreNormDecoderLayer
 from .llama import LlamaForCausalLM
 
 
-def _no_sliding_window(cfg: ModelConfig) -> None:
+def no_sliding_window(cfg: ModelConfig) -> None:
+    """A ConfigError when the config turns on sliding-window attention (shared with qwen_moe.py)."""
     text = cfg.raw.get("text_config") or cfg.raw
     if text.get("use_sliding_window"):
         raise ConfigError(f"{cfg.architecture} with use_sliding_window: sliding-window attention is not implemented "
@@ -52,7 +53,7 @@ class Qwen2ForCausalLM(LlamaForCausalLM):
     decoder_layer = Qwen2DecoderLayer
 
     def __init__(self, config: ModelConfig) -> None:
-        _no_sliding_window(config)
+        no_sliding_window(config)
         super().__init__(config)
 
 
@@ -60,5 +61,5 @@ class Qwen3ForCausalLM(LlamaForCausalLM):
     decoder_layer = Qwen3DecoderLayer
 
     def __init__(self, config: ModelConfig) -> None:
-        _no_sliding_window(config)
+        no_sliding_window(config)
         super().__init__(config)

@@ -1,0 +1,68 @@
+"""Qwen3-MoE (`Qwen3MoeForCausalLM`: Qwen3-30B-A3B, Qwen3-235B-A22B): Qwen3's attention with a mixture of experts.
+
+Layer i is pre-norm: `h += self_attn(input_layernorm(h))`, `h += mlp(post_attention_layernorm(h))`. The attention is
+Qwen3 dense's (`layers.attention.QKNormAttention`: an RMSNorm over each head's q and k before RoPE, GQA, biases on
+q/k/v/o as `attention_bias` says). `mlp` is the MoE (`layers/moe.py`: the softmax top-k router
+`SoftmaxTopKRouter`, `num_experts` SwiGLU experts of `moe_intermediate_size`, no shared experts) when
+`MoEConfig.is_sparse(i)`, i.e. `i not in mlp_only_layers and (i + 1) % decoder_sparse_step == 0` (and `num_experts` >
+0), else a dense SwiGLU of `intermediate_size`.
+
+Parameter names are the HF checkpoint's (`model.layers.L.mlp.gate.weight`, `model.layers.L.mlp.experts.E.up_proj.
+weight`, `model.layers.L.self_attn.q_norm.weight`, ...: one tensor per expert, as the released checkpoints and
+transformers' `save_pretrained` write them), so the rename table is empty. Not implemented, refused by name:
+sliding-window attention (`use_sliding_window`, off in the released models). The router's auxiliary loss
+(`output_router_logits`) is training-only and ignored. No GGUF mapping (llama.cpp's `qwen3moe` stores the experts as
+one stacked tensor per projection). The MoE's dispatch reads per-expert counts on the host, so these targets run
+eagerly (no CUDA graphs, `MoE.supports_cuda_graphs`).
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from ..config import ModelConfig
+from ..layers.attention import QKNormAttention
+from ..layers.embedding import embedding
+from ..layers.mlp import GatedMLP
+from ..layers.moe import MoE
+from ..layers.norm import RMSNorm
+from ..layers.rotary import Rotary
+from .base import DecoderOnlyLM, PreNormDecoderLayer
+from .llama import LlamaForCausalLM
+from .qwen import no_sliding_window
+
+
+class Qwen3MoeDecoderLayer(PreNormDecoderLayer):
+    def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = QKNormAttention(cfg.hidden_size, cfg.hidden_size, cfg.num_attention_heads,
+                                         cfg.num_key_value_heads, cfg.head_dim, cfg.rms_norm_eps,
+                                         bias=cfg.attention_bias)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        if cfg.moe is not None and cfg.moe.is_sparse(layer_idx):
+            self.mlp: nn.Module = MoE(cfg.hidden_size, cfg.moe, act=cfg.hidden_act)
+        else:
+            self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, act=cfg.hidden_act)
+
+
+class Qwen3MoeModel(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.embed_tokens = embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(Qwen3MoeDecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.rotary = Rotary(cfg.head_dim, cfg.rope)
+
+
+class Qwen3MoeForCausalLM(DecoderOnlyLM):
+    checkpoint_renames: tuple[tuple[str, str], ...] = ()
+    checkpoint_ignore: tuple[str, ...] = LlamaForCausalLM.checkpoint_ignore
+
+    def __init__(self, config: ModelConfig) -> None:
+        no_sliding_window(config)
+        super().__init__(config)
+        self.model = Qwen3MoeModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
