@@ -13,8 +13,9 @@ group the first call did not meet is captured while timed (tens to hundreds of m
 
 Per engine (plain, speculative with auto's schedule; built for greedy requests as extras_check builds them, bf16),
 MT-bench's 80 first turns at temperature 1: (a) extras_check's protocol: tok/s of the second call and the graphs
-captured during it; (b) after `reserve` + `warmup` of every batch size for sampled steps: two more timed calls
-and their captures. Prints a table.
+captured during it (step graphs + prefill graphs); (b) after `reserve` + `warmup` of every batch size for sampled
+steps (its captures and seconds; since session 53 it also captures the prefill graphs of 2-8 prompts): two more
+timed calls and their captures. Prints a table.
 """
 
 from __future__ import annotations
@@ -31,10 +32,11 @@ from eaglespec.config import EngineConfig
 from eaglespec.sampling_params import SamplingParams
 
 
-def timed(eng, prompts, params) -> tuple[float, int]:
-    """(tok/s of one generate call, graphs captured during it), the collector paused as extras_check pauses it."""
+def timed(eng, prompts, params) -> tuple[float, str]:
+    """(tok/s of one generate call, the graphs captured during it: "steps+prefills"), the collector paused as
+    extras_check pauses it."""
     graphs = eng.runner.graphs
-    before = len(graphs.graphs)
+    before = set(graphs.graphs)
     torch.cuda.synchronize()
     gc.collect()
     gc.disable()
@@ -45,7 +47,9 @@ def timed(eng, prompts, params) -> tuple[float, int]:
         dt = time.perf_counter() - t0
     finally:
         gc.enable()
-    return sum(len(o.token_ids) for o in outs) / dt, len(graphs.graphs) - before
+    new = set(graphs.graphs) - before
+    prefills = sum(k[0] == "prefill" for k in new)
+    return sum(len(o.token_ids) for o in outs) / dt, f"{len(new) - prefills}+{prefills}"
 
 
 def main() -> None:
@@ -63,14 +67,18 @@ def main() -> None:
         eng.generate(prompts, sampled)  # extras_check's untimed first call
         first = timed(eng, prompts, sampled)
         eng.reserve(a.rows, max(len(p) for p in prompts) + a.new)
-        n = eng.warmup(range(1, a.rows + 1), greedy=False)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        n = eng.warmup(range(1, a.rows + 1), greedy=False)  # since session 53 with the multi-row prefill graphs
+        torch.cuda.synchronize()
+        n = f"{n} in {time.perf_counter() - t0:.1f} s"
         warm = [timed(eng, prompts, sampled) for _ in range(2)]
         rows.append((kind, first, n, warm))
         del eng
         gc.collect()
         torch.cuda.empty_cache()
-    print("| engine | extras_check's protocol: tok/s (graphs captured while timed) | warm-up captures | "
-          "after the warm-up, two calls |")
+    print("| engine | extras_check's protocol: tok/s (graphs captured while timed: steps+prefills) | warm-up "
+          "captures | after the warm-up, two calls |")
     print("| --- | --- | ---: | --- |")
     for kind, (tps, cap), n, warm in rows:
         after = " / ".join(f"{t:,.0f} ({c})" for t, c in warm)

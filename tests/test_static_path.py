@@ -465,6 +465,38 @@ def test_precapture_prefill_takes_every_bucket_that_fits(target):
     ids, lens, rows = g._prefill_in[captured[0]]
     assert ids.shape == (1, 64) and int(lens) == 1 and int(rows) == 0  # a one-token prompt in row 0 (idle engine)
     assert g.precapture_prefill(True) == 0  # already captured
+    assert g.precapture_prefill(True, rows=8) == 4  # 2 prompts (the engine's rows bound the 8 asked): 64..512 again
+    two = captured[4:]
+    assert [k[:3] for k in two] == [("prefill", 2, b) for b in (64, 128, 256, 512)]
+    ids, lens, rows = g._prefill_in[two[0]]
+    assert ids.shape == (2, 64) and lens.tolist() == [1, 1] and rows.tolist() == [0, 1]
+
+
+def test_warmup_captures_the_prefill_graphs_a_batch_admits(target):
+    """`Engine.warmup(batch_sizes)` captures the prefill graphs of up to max(batch_sizes) prompts (PREFILL_GRAPH_ROWS
+    at most, within the rows x bucket token bound), so that a batch's admissions replay graphs that exist: session
+    53 saw 1-4 captures of ~60 ms inside each timed 80-prompt run on an H100 when only one-prompt graphs were."""
+    eng = static_engine(target, rows=4)
+    eng.reserve(4, 300)
+    g = eng.runner.graphs
+    g.capture = True
+    captured: list = []
+    g._capture = lambda key: captured.append(key) or g.graphs.__setitem__(key, [])
+    eng.warmup(range(1, 5))
+    prefill_keys = {k[1:3] for k in captured if k[0] == "prefill"}
+    assert prefill_keys == {(b, t) for b in range(1, 5) for t in (64, 128, 256)}
+    g.capture = False  # now run requests through the static path, noting the (prompts, bucket) of each prefill
+    taken: list = []
+    real = g.prefill
+
+    def prefill(rows, prompts, greedy, lp=None):
+        taken.append((len(rows), g.prefill_bucket(max(len(p) for p in prompts), len(rows))))
+        return real(rows, prompts, greedy, lp)
+
+    g.prefill = prefill
+    eng.generate(PROMPTS[:4], SamplingParams(max_new_tokens=4))
+    eng.generate(PROMPTS[2:5], SamplingParams(max_new_tokens=4))
+    assert taken == [(4, 64), (3, 64)] and set(taken) <= prefill_keys  # each admission replays a captured graph
 
 
 class _HostBoundOps(torch.utils._python_dispatch.TorchDispatchMode):

@@ -20,9 +20,11 @@ bucket) (64..2048; B <= PREFILL_GRAPH_ROWS and B x bucket <= PREFILL_GRAPH_TOKEN
 cache rows are copied into static buffers, the rest of the bucket is padding whose KV entries lie past each row's
 length (never read before being overwritten). `prefill_plan(lens)` splits a prefill of up to PREFILL_SPLIT_ROWS
 rows that no single graph takes into groups of <= PREFILL_GRAPH_ROWS rows of similar length that each fit one (or
-None: eager), and `prefill_groups` runs them, each group's tokens copied out before the next replay. One-prompt
-graphs are captured up front (`precapture_prefill`), multi-row ones on first use: an eager multi-row prefill cost 21-52 ms per batch of 8 MT-bench prompts on the H200
-(launch-bound, and with cuDNN's SDPA a ~0.2 s plan per new shape), 10-23% of a speculative batch-8 run (session 8).
+None: eager), and `prefill_groups` runs them, each group's tokens copied out before the next replay. `precapture_prefill`
+captures them up front (`Engine.warmup`: up to PREFILL_GRAPH_ROWS prompts, or its largest batch size; `generate`: the
+one-prompt graph of its prompt's bucket), any other on first use. Graphs, not eager prefills: an eager multi-row
+prefill cost 21-52 ms per batch of 8 MT-bench prompts on the H200 (launch-bound, and with cuDNN's SDPA a ~0.2 s plan
+per new shape), 10-23% of a speculative batch-8 run (session 8).
 
 Capture protocol: the small row state (lengths, last tokens, drafter state) and the RNG state are snapshotted, the
 step runs twice eagerly on a side stream (warm-up: allocator, cuBLAS handles, lazy init), each round from the
@@ -244,23 +246,27 @@ class GraphCache:
             length *= 2
 
     def precapture_prefill(self, greedy: bool, only: int | None = None, lp: int | None = None,
-                           extras: StepExtras = StepExtras()) -> int:
-        """Capture the single-prompt prefill graph of every length bucket now (`only`: just the bucket of a prompt
-        of that many tokens, if it has one); returns the count. Only while no row holds a request: the capture's
-        warm-up runs write row 0's caches."""
-        buckets, Tb = [], PREFILL_MIN_BUCKET
-        while self.prefill_bucket(Tb) == Tb:
-            buckets.append(Tb)
-            Tb *= 2
-        if only is not None:
-            buckets = [b for b in buckets if b == self.prefill_bucket(only)]
+                           extras: StepExtras = StepExtras(), rows: int = 1) -> int:
+        """Capture the prefill graphs of 1..`rows` prompts (at most PREFILL_GRAPH_ROWS) for every length bucket that
+        fits them now (`only`: just the one-prompt graph of a prompt of that many tokens, if it has one); returns the
+        count. Only while no row holds a request: the captures' warm-up runs write rows 0..B-1's caches. Multi-row
+        graphs not captured here are captured on first use: ~60 ms each inside whatever request admits that many
+        prompts of that length first (an H100, session 53: 1-4 such captures per 80-prompt sampled run)."""
         n = 0
-        for Tb in buckets:
-            key = ("prefill", 1, Tb, greedy, lp, extras)
-            if key not in self.graphs:
-                self._prefill_inputs(key, [[0]], [0])
-                self._capture(key)
-                n += 1
+        most = 1 if only is not None else min(rows, PREFILL_GRAPH_ROWS, self.runner.step_rows)
+        for B in range(1, most + 1):
+            buckets, Tb = [], PREFILL_MIN_BUCKET
+            while self.prefill_bucket(Tb, B) == Tb:
+                buckets.append(Tb)
+                Tb *= 2
+            if only is not None:
+                buckets = [b for b in buckets if b == self.prefill_bucket(only)]
+            for Tb in buckets:
+                key = ("prefill", B, Tb, greedy, lp, extras)
+                if key not in self.graphs:
+                    self._prefill_inputs(key, [[0]] * B, range(B))
+                    self._capture(key)
+                    n += 1
         return n
 
     def _prefill_inputs(self, key: tuple, prompts, rows) -> None:

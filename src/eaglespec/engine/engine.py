@@ -173,7 +173,8 @@ class Engine(OverlappedStep, PrefixReuse):
     def warmup(self, batch_sizes: Sequence[int] = (1,), greedy: bool = True, prefill: bool = True,
                logprobs: bool = False, structured: bool = False) -> int:
         """Capture the CUDA graphs of every length bucket for these batch sizes, and (while idle, unless prefill is
-        False) the single-prompt prefill graphs; no-op without graphs. With `logprobs` also the graphs of the same
+        False) the prefill graphs of up to the largest of them prompts (PREFILL_GRAPH_ROWS at most: the multi-row
+        ones otherwise capture inside the first request that needs them); no-op without graphs. With `logprobs` also the graphs of the same
         steps computing log-probabilities (the steps of requests that ask for them: both of their widths); with
         `structured` also those of steps holding a structured output (`StepExtras.constrained`). Returns the number
         of graphs captured."""
@@ -194,7 +195,8 @@ class Engine(OverlappedStep, PrefixReuse):
                 kinds.add("decode")  # busy steps decode plainly
             n += sum(graphs.precapture(kind, b, greedy, lp, x) for kind in sorted(kinds) for lp in lps for x in extras)
         if prefill and not self.has_work():
-            n += sum(graphs.precapture_prefill(greedy, lp=lp, extras=x) for lp in lps for x in extras)
+            n += sum(graphs.precapture_prefill(greedy, lp=lp, extras=x, rows=max(batch_sizes, default=1))
+                     for lp in lps for x in extras)
         return n
 
     def _ensure_capacity(self, rows: int, max_len: int) -> None:
