@@ -516,6 +516,30 @@ def test_train_with_self_prompts(tiny_folder, data_file, tmp_path, capsys):
     assert len(re.findall(r"\(0 new tokens in this run, \d+ s\)", capsys.readouterr().err)) == 2
 
 
+def test_self_prompt_answers_at_their_own_temperature(tiny_folder, data_file, tmp_path, capsys):
+    """--self-prompt-answer-temperature: the self prompts are answered at that temperature (a regeneration cache of
+    their own), the data at --regen-temperature (its cache, made by a greedy run, holds)."""
+    args = self_prompt_run(tiny_folder, data_file, tmp_path / "drafter", "--self-prompts", "5")
+    assert main(args) == 0
+    greedy = capsys.readouterr().err
+    assert "answered at temperature" not in greedy
+    work = tmp_path / "drafter-work"
+    before = set(work.glob("regen-*"))
+    assert main(args + ["--self-prompt-answer-temperature", "1"]) == 0
+    err = capsys.readouterr().err
+    m = re.search(r"self prompts: (\d+) written by the target \(\d+ s\), (\d+) answered at temperature 1 "
+                  r"\((\d+) new tokens", err)
+    assert m and int(m.group(3)) > 0  # the same prompts (their cache holds), answered anew
+    assert re.search(r"regenerated \d+ conversations \(0 new tokens in this run", err)  # the data's cache holds
+    (sampled,) = set(work.glob("regen-*")) - before
+
+    def answers(folder):
+        return [line for f in sorted(folder.glob("shard-*.jsonl")) for line in f.read_text().splitlines()]
+
+    greedy_dirs = [d for d in before if len(answers(d)) == len(answers(sampled))]
+    assert greedy_dirs and all(answers(d) != answers(sampled) for d in greedy_dirs)
+
+
 def test_train_with_two_self_prompt_sets(tiny_folder, data_file, tmp_path, capsys):
     """Repeated --self-prompts / --self-prompt-openers: each set is written and answered with caches of its own, so
     adding a set to a finished run reuses the first set's prompts and answers and only writes the new one."""

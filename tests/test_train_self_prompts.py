@@ -66,6 +66,9 @@ def test_generation_and_cache(smollm2, tmp_path, monkeypatch):
     (["--self-prompts", "4", "--self-prompt-openers", "Write, Solve", "--self-prompts", "2",
       "--self-prompt-openers", "Write,Solve"], "--self-prompts sets 1 and 2 have the same openers (Write,Solve)"),
     (["--self-prompts", "4", "--self-prompts", "2"], "sets 1 and 2 have the same openers (none)"),
+    (["--self-prompt-answer-temperature", "1"],
+     "--self-prompt-answer-temperature sets how --self-prompts are answered, which is not given"),
+    (["--self-prompts", "4", "--self-prompt-answer-temperature", "-1"], "temperature"),
 ])
 def test_cli_checks(tmp_path, capsys, extra, message):
     """Bad self-prompt options fail with one line before the model is loaded."""

@@ -47,6 +47,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "each --self-prompts is a set of its own, steered by the --self-prompt-openers given in the "
                         "same position (one per set, or none for free prompts), with its own cache")
     d.add_argument("--self-prompt-temperature", type=float, default=1.0, help="sampling temperature of those prompts")
+    d.add_argument("--self-prompt-answer-temperature", type=float, default=None, metavar="T",
+                   help="the temperature their answers are regenerated at (default: --regen-temperature's), e.g. 1 "
+                        "beside a greedy --regen-temperature 0: a drafter trained on both greedy and sampled text")
     d.add_argument("--self-prompt-top-p", type=float, default=0.95, help="nucleus of those prompts")
     d.add_argument("--self-prompt-openers", action="append", default=None, metavar="W1,W2,...",
                    help="comma-separated words those prompts start with, cycled (e.g. Write,Solve,Imagine you are): "
@@ -192,6 +195,11 @@ def run(args: argparse.Namespace) -> int:
         SamplingParams(temperature=args.regen_temperature)  # a bad value fails here, not after the model load
     if prompt_sets:
         SamplingParams(temperature=args.self_prompt_temperature, top_p=args.self_prompt_top_p)
+    if args.self_prompt_answer_temperature is not None:
+        if not prompt_sets:
+            raise ConfigError("--self-prompt-answer-temperature sets how --self-prompts are answered, which is not "
+                              "given")
+        SamplingParams(temperature=args.self_prompt_answer_temperature)
     convs = read_conversations(args.data, args.max_conversations)  # data errors before the model load
     if args.first_turn_only and not args.regenerate:
         convs.conversations = [c[: next(i for i, m in enumerate(c) if m["role"] == "assistant") + 1]
@@ -238,7 +246,7 @@ def run(args: argparse.Namespace) -> int:
                                             top_p=args.self_prompt_top_p, max_new_tokens=min(256, args.max_len // 2),
                                             openers=words, batch_size=args.regen_batch, seed=args.seed,
                                             cuda_graphs=args.regen_cuda_graphs) for n, words in prompt_sets),
-        eval_prompts=args.eval_prompts,
+        eval_prompts=args.eval_prompts, self_prompt_answer_temperature=args.self_prompt_answer_temperature,
     )
     from ..engine.gc_heap import freeze_heap
 

@@ -69,6 +69,10 @@ class PipelineOptions:
     loop_keep: int | None = None  # mask the loss deeper than this into repetition loops (dataset.mask_loops)
     # sets of prompts the target writes itself, each steered by its own openers (needs `regen`)
     self_prompts: tuple[SelfPromptConfig, ...] = ()
+    # the temperature their answers are regenerated at (None: regen's): e.g. sampled answers to the self prompts
+    # beside greedy ones to the data (session 53: a drafter trained on answers sampled at T = 1 alone gained at T = 1
+    # and lost at T = 0)
+    self_prompt_answer_temperature: float | None = None
     # a prompt set (`mt-bench` or a JSONL of prompts, bench/datasets.py) the target answers, evaluated beside the
     # held-out split at every evaluation (needs `regen`; reported only, it never chooses the exported weights)
     eval_prompts: str | None = None
@@ -195,15 +199,18 @@ def train_drafter(target: torch.nn.Module, tokenizer: "BaseTokenizer", conversat
             written = len(own)
             own = [c for c in own if prompt_key(c[0]["content"]) not in seen]
             seen.update(prompt_key(c[0]["content"]) for c in own)
-            res = regenerate(target, tokenizer, own, work, replace(rcfg, first_turn_only=True), opts.target_name,
-                             progress=opts.train.progress)
+            answer_t = rcfg.temperature if opts.self_prompt_answer_temperature is None \
+                else opts.self_prompt_answer_temperature
+            res = regenerate(target, tokenizer, own, work, replace(rcfg, first_turn_only=True, temperature=answer_t),
+                             opts.target_name, progress=opts.train.progress)
             convs += res.conversations
             dropped.update(res.dropped)
             name = f"self prompts {i + 1} ({','.join(spc.openers) or 'free'})" if len(opts.self_prompts) > 1 \
                 else "self prompts"
             repeats = f", {written - len(own)} already in an earlier set" if written > len(own) else ""
+            at = f" at temperature {answer_t:g}" if answer_t != rcfg.temperature else ""
             log(f"{name}: {written} written by the target{repeats} ({t1 - t0:.0f} s), {len(res.conversations)} "
-                f"answered ({res.new_tokens} new tokens in this run, {_took(t1, res.new_tokens)})")
+                f"answered{at} ({res.new_tokens} new tokens in this run, {_took(t1, res.new_tokens)})")
         if not convs:
             raise DataError("no conversation is left after regeneration (prompts longer than --max-len?)")
 
