@@ -8,6 +8,7 @@ import pytest
 import torch
 from transformers import DeepseekV3Config
 from transformers import DeepseekV3ForCausalLM as HFDeepseekV3
+from tiny import per_expert
 
 from eaglespec.config import MLAConfig, ModelConfig, MoEConfig, RopeConfig
 from eaglespec.layers.context import ForwardContext, causal_tail, prefix_tail_mask
@@ -56,23 +57,6 @@ def _randomize(model: torch.nn.Module, seed: int) -> None:
                 t.copy_(torch.randn(t.shape, generator=g) / math.sqrt(t.shape[-1]))
 
 
-def _to_ours(hf_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """transformers fuses the experts in memory ([E, 2I, H] gate|up, [E, H, I]); checkpoints keep one per expert."""
-    out = {}
-    for k, v in hf_state.items():
-        if k.endswith("mlp.experts.gate_up_proj"):
-            base, half = k[: -len("gate_up_proj")], v.shape[1] // 2
-            for e in range(v.shape[0]):
-                out[f"{base}{e}.gate_proj.weight"] = v[e, :half]
-                out[f"{base}{e}.up_proj.weight"] = v[e, half:]
-        elif k.endswith("mlp.experts.down_proj"):
-            for e in range(v.shape[0]):
-                out[f"{k[: -len('down_proj')]}{e}.down_proj.weight"] = v[e]
-        else:
-            out[k] = v
-    return out
-
-
 def _pair(case: str, seed: int = 0) -> tuple[HFDeepseekV3, DeepseekV3ForCausalLM]:
     hf_cfg = DeepseekV3Config(**CASES[case])
     hf_cfg._attn_implementation = "eager"
@@ -82,7 +66,7 @@ def _pair(case: str, seed: int = 0) -> tuple[HFDeepseekV3, DeepseekV3ForCausalLM
     d["architectures"] = ["DeepseekV3ForCausalLM"]
     cfg = ModelConfig.from_hf(d)
     ours = get_model_class(cfg.architecture)(cfg).eval()
-    ours.load_state_dict(_to_ours(hf.state_dict()), strict=True)
+    ours.load_state_dict(per_expert(hf.state_dict()), strict=True)
     return hf, ours
 
 

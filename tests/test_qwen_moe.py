@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 import transformers
-from tiny import tiny_drafter
+from tiny import per_expert, tiny_drafter
 
 from eaglespec.config import EngineConfig, ModelConfig, MoEConfig, SpecConfig
 from eaglespec.engine import transforms
@@ -55,24 +55,6 @@ def hf_model(case: str, seed: int = 0) -> transformers.Qwen3MoeForCausalLM:
     ref = transformers.Qwen3MoeForCausalLM(hc).eval()
     _randomize(ref, seed)
     return ref
-
-
-def per_expert(hf_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """transformers 5 fuses the experts in memory ([E, 2I, H] gate|up, [E, H, I]); checkpoints (and its
-    save_pretrained) keep one tensor per expert, the names our model has."""
-    out = {}
-    for k, v in hf_state.items():
-        if k.endswith("mlp.experts.gate_up_proj"):
-            base, half = k[: -len("gate_up_proj")], v.shape[1] // 2
-            for e in range(v.shape[0]):
-                out[f"{base}{e}.gate_proj.weight"] = v[e, :half]
-                out[f"{base}{e}.up_proj.weight"] = v[e, half:]
-        elif k.endswith("mlp.experts.down_proj"):
-            for e in range(v.shape[0]):
-                out[f"{k[: -len('down_proj')]}{e}.down_proj.weight"] = v[e]
-        else:
-            out[k] = v
-    return out
 
 
 def ours_of(ref: transformers.Qwen3MoeForCausalLM) -> torch.nn.Module:

@@ -1,4 +1,5 @@
-"""Tiny random models and a character tokenizer for CPU tests (no downloads); `imports_compiler(code)`."""
+"""Tiny random models and a character tokenizer for CPU tests (no downloads); `imports_compiler(code)`; `per_expert`
+(a transformers MoE state dict in checkpoint form)."""
 
 from __future__ import annotations
 
@@ -110,3 +111,21 @@ def assert_transformed_engine_equals_plain(prepare, spec, prompts, max_new_token
     assert [o.token_ids for o in Engine(target, None).generate(prompts, params)] == ref
     eng = Engine(target, None, drafter=drafter, spec=spec)
     assert [o.token_ids for o in eng.generate(prompts, params)] == ref
+
+
+def per_expert(hf_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A transformers 5 MoE state dict in checkpoint form: transformers fuses the experts in memory ([E, 2I, H]
+    gate|up, [E, H, I] down); checkpoints (and its save_pretrained) keep one tensor per expert, our models' names."""
+    out = {}
+    for k, v in hf_state.items():
+        if k.endswith("mlp.experts.gate_up_proj"):
+            base, half = k[: -len("gate_up_proj")], v.shape[1] // 2
+            for e in range(v.shape[0]):
+                out[f"{base}{e}.gate_proj.weight"] = v[e, :half]
+                out[f"{base}{e}.up_proj.weight"] = v[e, half:]
+        elif k.endswith("mlp.experts.down_proj"):
+            for e in range(v.shape[0]):
+                out[f"{k[: -len('down_proj')]}{e}.down_proj.weight"] = v[e]
+        else:
+            out[k] = v
+    return out

@@ -38,13 +38,17 @@ class Qwen2DecoderLayer(PreNormDecoderLayer):
         self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, act=cfg.hidden_act)
 
 
+def qwen3_attention(cfg: ModelConfig) -> QKNormAttention:
+    """Qwen3's attention (dense and MoE): per-head q/k RMSNorms before RoPE, biases as `attention_bias` says."""
+    return QKNormAttention(cfg.hidden_size, cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads,
+                           cfg.head_dim, cfg.rms_norm_eps, bias=cfg.attention_bias)
+
+
 class Qwen3DecoderLayer(PreNormDecoderLayer):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = QKNormAttention(cfg.hidden_size, cfg.hidden_size, cfg.num_attention_heads,
-                                         cfg.num_key_value_heads, cfg.head_dim, cfg.rms_norm_eps,
-                                         bias=cfg.attention_bias)
+        self.self_attn = qwen3_attention(cfg)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, act=cfg.hidden_act)
 

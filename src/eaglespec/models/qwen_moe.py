@@ -21,7 +21,6 @@ from __future__ import annotations
 from torch import nn
 
 from ..config import ModelConfig
-from ..layers.attention import QKNormAttention
 from ..layers.embedding import embedding
 from ..layers.mlp import GatedMLP
 from ..layers.moe import MoE
@@ -29,16 +28,14 @@ from ..layers.norm import RMSNorm
 from ..layers.rotary import Rotary
 from .base import DecoderOnlyLM, PreNormDecoderLayer
 from .llama import LlamaForCausalLM
-from .qwen import no_sliding_window
+from .qwen import no_sliding_window, qwen3_attention
 
 
 class Qwen3MoeDecoderLayer(PreNormDecoderLayer):
     def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = QKNormAttention(cfg.hidden_size, cfg.hidden_size, cfg.num_attention_heads,
-                                         cfg.num_key_value_heads, cfg.head_dim, cfg.rms_norm_eps,
-                                         bias=cfg.attention_bias)
+        self.self_attn = qwen3_attention(cfg)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         if cfg.moe is not None and cfg.moe.is_sparse(layer_idx):
             self.mlp: nn.Module = MoE(cfg.hidden_size, cfg.moe, act=cfg.hidden_act)
