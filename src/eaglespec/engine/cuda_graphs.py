@@ -20,11 +20,11 @@ bucket) (64..2048; B <= PREFILL_GRAPH_ROWS and B x bucket <= PREFILL_GRAPH_TOKEN
 cache rows are copied into static buffers, the rest of the bucket is padding whose KV entries lie past each row's
 length (never read before being overwritten). `prefill_plan(lens)` splits a prefill of up to PREFILL_SPLIT_ROWS
 rows that no single graph takes into groups of <= PREFILL_GRAPH_ROWS rows of similar length that each fit one (or
-None: eager), and `prefill_groups` runs them, each group's tokens copied out before the next replay. `precapture_prefill`
-captures them up front (`Engine.warmup`: up to PREFILL_GRAPH_ROWS prompts, or its largest batch size; `generate`: the
-one-prompt graph of its prompt's bucket), any other on first use. Graphs, not eager prefills: an eager multi-row
-prefill cost 21-52 ms per batch of 8 MT-bench prompts on the H200 (launch-bound, and with cuDNN's SDPA a ~0.2 s plan
-per new shape), 10-23% of a speculative batch-8 run (session 8).
+None: eager), and `prefill_groups` runs them, each group's tokens copied out before the next replay.
+`precapture_prefill` captures them up front (`Engine.warmup`: up to PREFILL_GRAPH_ROWS prompts, or its largest
+batch size; `generate`: the one-prompt graph of its prompt's bucket), any other on first use. Graphs, not eager
+prefills: an eager multi-row prefill cost 21-52 ms per batch of 8 MT-bench prompts on the H200 (launch-bound, and
+with cuDNN's SDPA a ~0.2 s plan per new shape), 10-23% of a speculative batch-8 run (session 8).
 
 Capture protocol: the small row state (lengths, last tokens, drafter state) and the RNG state are snapshotted, the
 step runs twice eagerly on a side stream (warm-up: allocator, cuBLAS handles, lazy init), each round from the

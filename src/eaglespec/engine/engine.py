@@ -174,10 +174,10 @@ class Engine(OverlappedStep, PrefixReuse):
                logprobs: bool = False, structured: bool = False) -> int:
         """Capture the CUDA graphs of every length bucket for these batch sizes, and (while idle, unless prefill is
         False) the prefill graphs of up to the largest of them prompts (PREFILL_GRAPH_ROWS at most: the multi-row
-        ones otherwise capture inside the first request that needs them); no-op without graphs. With `logprobs` also the graphs of the same
-        steps computing log-probabilities (the steps of requests that ask for them: both of their widths); with
-        `structured` also those of steps holding a structured output (`StepExtras.constrained`). Returns the number
-        of graphs captured."""
+        ones otherwise capture inside the first request that needs them); no-op without graphs. With `logprobs`
+        also the graphs of the same steps computing log-probabilities (the steps of requests that ask for them: both
+        of their widths); with `structured` also those of steps holding a structured output
+        (`StepExtras.constrained`). Returns the number of graphs captured."""
         graphs = self.runner.graphs
         if graphs is None or not graphs.capture or self.runner.kv is None:
             return 0

@@ -191,6 +191,8 @@ def train_drafter(target: torch.nn.Module, tokenizer: "BaseTokenizer", conversat
         log(f"regenerated {len(convs)} conversations ({res.new_tokens} new tokens in this run, "
             f"{_took(t0, res.new_tokens)})")
         seen: set[str] = set()  # user texts of earlier sets (case and whitespace folded)
+        answer_t = rcfg.temperature if opts.self_prompt_answer_temperature is None \
+            else opts.self_prompt_answer_temperature
         for i, spc in enumerate(opts.self_prompts):
             # their own cache and regeneration: the data's regeneration cache stays valid
             t0 = time.perf_counter()
@@ -199,8 +201,6 @@ def train_drafter(target: torch.nn.Module, tokenizer: "BaseTokenizer", conversat
             written = len(own)
             own = [c for c in own if prompt_key(c[0]["content"]) not in seen]
             seen.update(prompt_key(c[0]["content"]) for c in own)
-            answer_t = rcfg.temperature if opts.self_prompt_answer_temperature is None \
-                else opts.self_prompt_answer_temperature
             res = regenerate(target, tokenizer, own, work, replace(rcfg, first_turn_only=True, temperature=answer_t),
                              opts.target_name, progress=opts.train.progress)
             convs += res.conversations
