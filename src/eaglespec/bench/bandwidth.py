@@ -11,8 +11,10 @@ So a static batch of sequences (P_b, g_b) costs
 and the achieved bandwidth is bytes / decode time (the PhaseTimer's 'decode' total; where decode steps are not timed
 one by one, as CUDA graph replays are not, the run's wall time less its prefills: a lower bound of the bandwidth).
 Under continuous batching rows come and go, so `steps` is the number of decode steps the engine ran. Counting the
-useful KV entries (not the padded range the kernel may touch) keeps the number a lower bound of the real traffic. For a mixture of
-experts every expert is counted, which overstates the weights one step reads at small batch.
+useful KV entries (not the padded range the kernel may touch) keeps the number a lower bound of the real traffic. A
+mixture of experts counts, per MoE layer, the `num_experts_per_tok` routed experts one token reads (the fewest a step
+reads; a step of several rows reads up to all of them) besides its router and shared experts, so the bound holds for
+MoE targets too (counting every expert overstated a one-row step's weights by E / k: 16x for Qwen3-30B-A3B).
 
 `copy_bandwidth(device)` measures a device-to-device copy (read + write bytes per second) on CUDA; None elsewhere.
 """
@@ -25,14 +27,24 @@ from typing import Sequence
 import torch
 from torch import nn
 
+from ..layers.moe import MoE
+
+
+def _nbytes(params) -> int:
+    return sum(p.numel() * p.element_size() for p in params)
+
 
 def weight_bytes_per_step(model: nn.Module) -> int:
-    """Bytes of parameters one decode step reads: each parameter once, the input embedding table excluded unless it
-    is tied to the head."""
+    """Bytes of parameters one decode step reads at least: each parameter once, the input embedding table excluded
+    unless it is tied to the head, and of each MoE layer's routed experts the `num_experts_per_tok` one token reads
+    (all of them the same size)."""
     embed = model.get_embed_and_head()[0] if hasattr(model, "get_embed_and_head") else None
     head = model.get_embed_and_head()[1] if embed is not None else None
     seen: set[int] = set()
     total = 0
+    for moe in (m for m in model.modules() if isinstance(m, MoE)):
+        seen.update(id(p) for p in moe.experts.parameters())
+        total += moe.gate.top_k * _nbytes(moe.experts[0].parameters())
     for p in model.parameters():
         if id(p) in seen:
             continue
