@@ -15,7 +15,7 @@ from gguf import GGMLQuantizationType as Q
 from eaglespec.errors import CheckpointError, ConfigError
 from eaglespec.layers.context import ForwardContext
 from eaglespec.loading import GGUFFile, load_model
-from eaglespec.loading.gguf_names import gguf_to_hf_name, unpermute_qk
+from eaglespec.loading.gguf_names import expert_names, gguf_to_hf_name, unpermute_qk
 
 MT_BENCH = Path(__file__).resolve().parents[1] / "src" / "eaglespec" / "assets" / "mt_bench_question.jsonl"
 
@@ -223,6 +223,10 @@ def test_gguf_name_table():
     assert gguf_to_hf_name("blk.3.attn_k.weight") == ("model.layers.3.self_attn.k_proj.weight", "k")
     assert gguf_to_hf_name("blk.3.attn_output.weight")[0] == "model.layers.3.self_attn.o_proj.weight"
     assert gguf_to_hf_name("blk.0.ffn_norm.weight")[0] == "model.layers.0.post_attention_layernorm.weight"
+    assert gguf_to_hf_name("blk.4.ffn_gate_inp.weight") == ("model.layers.4.mlp.gate.weight", None)
+    assert gguf_to_hf_name("blk.4.ffn_up_exps.weight") == ("model.layers.4.mlp.experts.{e}.up_proj.weight", "experts")
+    assert expert_names(gguf_to_hf_name("blk.4.ffn_down_exps.weight")[0], 2) == [
+        "model.layers.4.mlp.experts.0.down_proj.weight", "model.layers.4.mlp.experts.1.down_proj.weight"]
     with pytest.raises(CheckpointError, match="blk.0.ssm_a"):
         gguf_to_hf_name("blk.0.ssm_a")
 
@@ -240,7 +244,7 @@ def test_unsupported_gguf_architecture(tmp_path):
     path = tmp_path / "other.gguf"
     write_tiny_gguf(path, arch="gemma")
     with pytest.raises(ConfigError, match="GGUF architecture 'gemma' is not supported \\(only 'llama', 'qwen2', "
-                                          "'qwen3'\\)"):
+                                          "'qwen3', 'qwen3moe'\\)"):
         load_model(path)
 
 

@@ -1,10 +1,13 @@
-"""llama.cpp tensor names -> Hugging Face names: the one GGUF name table, and the q/k un-permutation.
+"""llama.cpp tensor names -> Hugging Face names: the one GGUF name table, the q/k un-permutation, the expert split.
 
-`GGUF_TO_HF` maps every tensor name of a `llama`, `qwen2` or `qwen3` GGUF to the HF name that `models/llama.py` and
-`models/qwen.py` keep (Qwen3's per-head q/k norms: `attn_q_norm`, `attn_k_norm`). Its third column says which weights
-llama.cpp permutes for its RoPE layout in a `llama` GGUF (`q`: by attention heads, `k`: by KV heads); `unpermute_qk`
-undoes that so the weights match the HF rotate-halves layout. Qwen's GGUFs keep the HF layout (llama.cpp runs their
-RoPE on halves, NEOX style): the reader unpermutes `llama` files only (`PERMUTED_ARCHS`).
+`GGUF_TO_HF` maps every tensor name of a `llama`, `qwen2`, `qwen3` or `qwen3moe` GGUF to the HF name that
+`models/llama.py`, `models/qwen.py` and `models/qwen_moe.py` keep (Qwen3's per-head q/k norms: `attn_q_norm`,
+`attn_k_norm`; Qwen3-MoE's router `ffn_gate_inp` -> `mlp.gate`). Its third column says what else the reader does to
+the tensor: `q` / `k`, the weights llama.cpp permutes for its RoPE layout in a `llama` GGUF (by attention heads, by KV
+heads), which `unpermute_qk` undoes so they match the HF rotate-halves layout (Qwen's GGUFs keep the HF layout:
+llama.cpp runs their RoPE on halves, NEOX style; the reader unpermutes `llama` files only, `PERMUTED_ARCHS`);
+`experts`, llama.cpp's stacked expert tensors (`ffn_{gate,up,down}_exps`, numpy [E, rows, cols] = GGUF dims reversed),
+split into one HF tensor per expert, `{e}` in the HF name standing for the expert's index (`expert_names`).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from ..errors import CheckpointError
 
 T = TypeVar("T", np.ndarray, torch.Tensor)
 
-# (GGUF name regex, HF name template, permutation: None | "q" | "k")
+# (GGUF name regex, HF name template, transform: None | "q" | "k" | "experts")
 GGUF_TO_HF: tuple[tuple[str, str, str | None], ...] = (
     (r"token_embd\.weight", "model.embed_tokens.weight", None),
     (r"output_norm\.weight", "model.norm.weight", None),
@@ -35,6 +38,11 @@ GGUF_TO_HF: tuple[tuple[str, str, str | None], ...] = (
     (r"blk\.(\d+)\.ffn_norm\.weight", r"model.layers.\1.post_attention_layernorm.weight", None),
     (r"blk\.(\d+)\.attn_q_norm\.weight", r"model.layers.\1.self_attn.q_norm.weight", None),
     (r"blk\.(\d+)\.attn_k_norm\.weight", r"model.layers.\1.self_attn.k_norm.weight", None),
+    # qwen3moe: the router [E, H], and the experts stacked per projection ([E, I, H] gate/up, [E, H, I] down)
+    (r"blk\.(\d+)\.ffn_gate_inp\.weight", r"model.layers.\1.mlp.gate.weight", None),
+    (r"blk\.(\d+)\.ffn_gate_exps\.weight", r"model.layers.\1.mlp.experts.{e}.gate_proj.weight", "experts"),
+    (r"blk\.(\d+)\.ffn_up_exps\.weight", r"model.layers.\1.mlp.experts.{e}.up_proj.weight", "experts"),
+    (r"blk\.(\d+)\.ffn_down_exps\.weight", r"model.layers.\1.mlp.experts.{e}.down_proj.weight", "experts"),
 )
 # GGUF architectures whose q/k weights llama.cpp permuted (interleaved RoPE pairs)
 PERMUTED_ARCHS = frozenset({"llama"})
@@ -43,7 +51,7 @@ _COMPILED = tuple((re.compile(p), repl, perm) for p, repl, perm in GGUF_TO_HF)
 
 
 def gguf_to_hf_name(name: str) -> tuple[str, str | None]:
-    """(HF name, permutation kind) of a GGUF tensor name; CheckpointError for a name we do not know."""
+    """(HF name, transform) of a GGUF tensor name; CheckpointError for a name we do not know."""
     for pattern, repl, perm in _COMPILED:
         m = pattern.fullmatch(name)
         if m:
@@ -54,6 +62,11 @@ def gguf_to_hf_name(name: str) -> tuple[str, str | None]:
             "load the model's Hugging Face folder instead"
         )
     raise CheckpointError(f"GGUF tensor {name!r} has no Hugging Face equivalent in our Llama / Qwen layouts")
+
+
+def expert_names(template: str, n_experts: int) -> list[str]:
+    """The per-expert HF names of a stacked expert tensor (`template` from the table, with `{e}`), expert 0 first."""
+    return [template.replace("{e}", str(e)) for e in range(n_experts)]
 
 
 def unpermute_qk(w: T, n_heads: int) -> T:

@@ -6,11 +6,17 @@ Contract:
   raises `CheckpointError` naming it and the reason.
 - `metadata` holds every key/value field as plain Python values (strings, numbers, lists); `tensors` the tensor
   table (`gguf_header.GGUFTensor`).
-- `hf_config()` builds the `config.json` dict of the model (the `llama`, `qwen2` and `qwen3` GGUF architectures,
-  `GGUF_ARCHITECTURES`; others raise `ConfigError`), which `ModelConfig.from_hf` consumes unchanged.
+- `hf_config()` builds the `config.json` dict of the model (the `llama`, `qwen2`, `qwen3` and `qwen3moe` GGUF
+  architectures, `GGUF_ARCHITECTURES`; others raise `ConfigError`), which `ModelConfig.from_hf` consumes unchanged.
+  `qwen3moe` (llama.cpp's Qwen3-MoE): `expert_count` and `expert_used_count` are required, `expert_feed_forward_length`
+  gives `moe_intermediate_size` (else the stacked gate tensor's rows); every layer is sparse (llama.cpp's qwen3moe
+  requires a router in each: `decoder_sparse_step` 1, no `mlp_only_layers`) and `norm_topk_prob` is True, since
+  llama.cpp's qwen3moe graph always renormalises the top-k weights (no GGUF key says otherwise; it reads no
+  `expert_weights_norm` for this architecture), as Qwen3-MoE's released configs do.
 - `hf_tensors()` yields `(hf_name, float32 tensor)` one tensor at a time: dequantized (F32, F16, BF16, Q8_0, Q4_0,
   Q4_1, Q4_K, Q6_K; any other type raises `CheckpointError` before anything is yielded), renamed through the one
-  table in `gguf_names.py`, and with llama.cpp's q/k permutation undone (`llama` files: Qwen's keep the HF layout).
+  table in `gguf_names.py`, with llama.cpp's q/k permutation undone (`llama` files: Qwen's keep the HF layout), and
+  stacked expert tensors split into one tensor per expert, each dequantized from its own rows of the file.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ import torch
 
 from ..errors import CheckpointError, ConfigError
 from .gguf_header import read_header
-from .gguf_names import PERMUTED_ARCHS, gguf_to_hf_name, unpermute_qk
+from .gguf_names import PERMUTED_ARCHS, expert_names, gguf_to_hf_name, unpermute_qk
 from .gguf_quants import dequantize
 
 SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K")
@@ -46,7 +52,10 @@ def is_gguf(path: str | Path) -> bool:
 
 
 # GGUF `general.architecture` -> the model class (models/__init__.py) its tensors load into
-GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+                      "qwen3moe": "Qwen3MoeForCausalLM"}
+# GGUF architecture -> HF model_type, where they differ
+_MODEL_TYPES = {"qwen3moe": "qwen3_moe"}
 
 
 class GGUFFile:
@@ -112,13 +121,12 @@ class GGUFFile:
             raise ConfigError(f"{self.path} has neither a token_embd tensor nor a vocabulary")
         cfg: dict[str, Any] = {
             "architectures": [GGUF_ARCHITECTURES[arch]],
-            "model_type": arch,
+            "model_type": _MODEL_TYPES.get(arch, arch),
             "hidden_size": hidden,
             "num_hidden_layers": int(need("block_count")),
             "num_attention_heads": heads,
             "num_key_value_heads": kv_heads,
             "head_dim": int(head_dim),
-            "intermediate_size": per_layer("feed_forward_length", need("feed_forward_length")),
             "max_position_embeddings": int(m.get(f"{arch}.context_length", 4096)),
             "rms_norm_eps": float(m.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
             "rope_theta": float(m.get(f"{arch}.rope.freq_base", 10000.0)),
@@ -129,6 +137,15 @@ class GGUFFile:
             "tie_word_embeddings": "output.weight" not in self.tensor_names,
             "torch_dtype": _FILE_TYPE_DTYPE.get(int(m.get("general.file_type", -1)), "float32"),
         }
+        if arch == "qwen3moe":
+            cfg.update(self._qwen3moe_fields(need))
+        elif m.get(f"{arch}.expert_count"):  # Mixtral-style `llama` files: experts in a model class without them
+            raise ConfigError(f"{self.path}: a {arch!r} GGUF with experts ({arch}.expert_count "
+                              f"{m[f'{arch}.expert_count']}) is not supported (of the MoE GGUFs, only 'qwen3moe')")
+        if arch != "qwen3moe" or f"{arch}.feed_forward_length" in m:  # (unused by an all-sparse Qwen3-MoE)
+            cfg["intermediate_size"] = per_layer("feed_forward_length", need("feed_forward_length"))
+        else:
+            cfg["intermediate_size"] = cfg["moe_intermediate_size"]
         scaling = m.get(f"{arch}.rope.scaling.type")
         if scaling not in (None, "none"):
             if scaling not in ("linear", "yarn"):
@@ -149,6 +166,21 @@ class GGUFFile:
                 cfg[hf_key] = int(m[gguf_key])
         return cfg
 
+    def _qwen3moe_fields(self, need: Any) -> dict[str, Any]:
+        """The MoE fields of a `qwen3moe` file (see the module docstring)."""
+        experts, used = int(need("expert_count")), int(need("expert_used_count"))
+        if experts <= 0 or not 0 < used <= experts:
+            raise ConfigError(f"{self.path}: qwen3moe needs 0 < expert_used_count ({used}) <= expert_count ({experts})")
+        size = self.metadata.get("qwen3moe.expert_feed_forward_length")
+        if size is None:
+            gate = next((t for t in self.tensors if t.name == "blk.0.ffn_gate_exps.weight"), None)
+            if gate is None:
+                raise ConfigError(f"{self.path} has neither 'qwen3moe.expert_feed_forward_length' nor the tensor "
+                                  "blk.0.ffn_gate_exps.weight to read the experts' size from")
+            size = gate.dims[1]  # GGUF dims (H, I, E)
+        return {"num_experts": experts, "num_experts_per_tok": used, "moe_intermediate_size": int(size),
+                "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": []}
+
     def check_tensor_types(self) -> None:
         for t in self.tensors:
             if t.qtype.name not in SUPPORTED_TYPES:
@@ -163,12 +195,22 @@ class GGUFFile:
         cfg = self.hf_config()
         n_heads = {"q": cfg["num_attention_heads"], "k": cfg["num_key_value_heads"]}
         for t in self.tensors:
-            name, perm = gguf_to_hf_name(t.name)
+            name, kind = gguf_to_hf_name(t.name)
             shape = tuple(reversed(t.dims))  # GGUF lists dims innermost first
-            try:
-                w = dequantize(t.data, t.qtype).reshape(shape)  # a new float32 tensor, not a view of the file
-            except (ValueError, RuntimeError) as e:
-                raise CheckpointError(f"{self.path}: tensor {t.name!r} is corrupt ({e})") from None
-            if perm is not None and self.architecture in PERMUTED_ARCHS:
-                w = unpermute_qk(w, n_heads[perm]).contiguous()
+            if kind == "experts":  # [E, rows, cols]: one tensor per expert, each dequantized from its own rows
+                if len(shape) != 3:
+                    raise CheckpointError(f"{self.path}: expert tensor {t.name!r} has shape {shape}, not [E, rows, "
+                                          "cols]")
+                for e, expert_name in enumerate(expert_names(name, shape[0])):
+                    yield expert_name, self._dequantize(t, t.data[e], shape[1:])
+                continue
+            w = self._dequantize(t, t.data, shape)
+            if kind in ("q", "k") and self.architecture in PERMUTED_ARCHS:
+                w = unpermute_qk(w, n_heads[kind]).contiguous()
             yield name, w
+
+    def _dequantize(self, t: Any, data: Any, shape: tuple[int, ...]) -> torch.Tensor:
+        try:
+            return dequantize(data, t.qtype).reshape(shape)  # a new float32 tensor, not a view of the file
+        except (ValueError, RuntimeError) as e:
+            raise CheckpointError(f"{self.path}: tensor {t.name!r} is corrupt ({e})") from None
