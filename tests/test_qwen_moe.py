@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 import transformers
-from tiny import per_expert, tiny_drafter
+from tiny import per_expert, randomize_moe, tiny_drafter
 
 from eaglespec.config import EngineConfig, ModelConfig, MoEConfig, SpecConfig
 from eaglespec.engine import transforms
@@ -36,24 +36,12 @@ CASES = {
 SPARSE = {"all_sparse": [0, 1, 2, 3, 4], "mixed": [1, 5]}
 
 
-def _randomize(model: torch.nn.Module, seed: int) -> None:
-    """O(1) logits and routing that depends on the inputs (transformers' init, std 0.02, routes near-uniformly); gain
-    2, so that greedy decoding does not fall into a loop of two or three tokens at once."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, t in model.named_parameters():
-            if t.dim() == 1:  # norm weights and biases
-                t.copy_((1.0 if name.endswith("norm.weight") else 0.0) + 0.1 * torch.randn(t.shape, generator=g))
-            else:
-                t.copy_(2.0 * torch.randn(t.shape, generator=g) / math.sqrt(t.shape[-1]))
-
-
 def hf_model(case: str, seed: int = 0) -> transformers.Qwen3MoeForCausalLM:
     hc = transformers.Qwen3MoeConfig(**{**COMMON, **CASES[case]})
     hc.architectures = ["Qwen3MoeForCausalLM"]
     hc._attn_implementation = "eager"
     ref = transformers.Qwen3MoeForCausalLM(hc).eval()
-    _randomize(ref, seed)
+    randomize_moe(ref, seed)
     return ref
 
 

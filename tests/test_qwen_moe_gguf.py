@@ -13,8 +13,7 @@ import pytest
 import torch
 import transformers
 from gguf import GGMLQuantizationType as Q
-from test_qwen_moe import _randomize
-from tiny import per_expert
+from tiny import per_expert, randomize_moe
 
 from eaglespec.errors import CheckpointError, ConfigError
 from eaglespec.layers.context import ForwardContext
@@ -46,7 +45,7 @@ def hf_qwen3_moe(seed: int = 0, tied: bool = False, **kw) -> transformers.Qwen3M
     hc.architectures = ["Qwen3MoeForCausalLM"]
     hc._attn_implementation = "eager"
     ref = transformers.Qwen3MoeForCausalLM(hc).eval()
-    _randomize(ref, seed)
+    randomize_moe(ref, seed)
     return ref
 
 

@@ -1,8 +1,9 @@
 """Tiny random models and a character tokenizer for CPU tests (no downloads); `imports_compiler(code)`; `per_expert`
-(a transformers MoE state dict in checkpoint form)."""
+(a transformers MoE state dict in checkpoint form) and `randomize_moe`."""
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -129,3 +130,16 @@ def per_expert(hf_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         else:
             out[k] = v
     return out
+
+
+def randomize_moe(model: torch.nn.Module, seed: int) -> None:
+    """Weights for a tiny transformers Qwen3-MoE test model: O(1) logits and routing that depends on the inputs
+    (transformers' init, std 0.02, routes near-uniformly); gain 2, so that greedy decoding does not fall into a loop
+    of two or three tokens at once."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, t in model.named_parameters():
+            if t.dim() == 1:  # norm weights and biases
+                t.copy_((1.0 if name.endswith("norm.weight") else 0.0) + 0.1 * torch.randn(t.shape, generator=g))
+            else:
+                t.copy_(2.0 * torch.randn(t.shape, generator=g) / math.sqrt(t.shape[-1]))
