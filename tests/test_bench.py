@@ -526,14 +526,10 @@ def test_llama_3_1_8b_shape_on_meta(tmp_path):
 
 
 def test_qwen3_30b_a3b_shape_reads_its_active_experts():
-    """A mixture of experts counts the routed experts one token reads (num_experts_per_tok of num_experts per
+    """The qwen3-30b-a3b preset; a mixture of experts counts the routed experts one token reads (num_experts_per_tok of num_experts per
     layer), not all of them: Qwen3-30B-A3B's published 30.5B parameters, of which a one-row step reads ~3.0B (3.3B
     active less the input embedding)."""
-    cfg = ModelConfig.from_hf(dict(
-        architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", hidden_size=2048, intermediate_size=6144,
-        moe_intermediate_size=768, num_experts=128, num_experts_per_tok=8, norm_topk_prob=True, num_hidden_layers=48,
-        num_attention_heads=32, num_key_value_heads=4, head_dim=128, vocab_size=151936, max_position_embeddings=40960,
-        rms_norm_eps=1e-6, rope_theta=1e6, tie_word_embeddings=False, decoder_sparse_step=1, mlp_only_layers=[]))
+    cfg = ModelConfig.from_hf(shape_config("qwen3-30b-a3b"))  # the preset `bench --random-weights` takes
     m = build_on_meta(get_model_class(cfg.architecture), cfg, torch.bfloat16)
     assert sum(p.numel() for p in m.parameters()) == 30_532_122_624
     expert = 3 * 2048 * 768

@@ -2,7 +2,7 @@
 
 Contract:
 - `random_model(shape, device, dtype, seed)` -> `LoadedModel` (no tokenizer). `shape` is a preset name
-  (`PRESETS`: llama-3.1-8b, smollm2-135m) or the path of a Hugging Face `config.json`. The model is built on the meta
+  (`PRESETS`: llama-3.1-8b, smollm2-135m, qwen3-30b-a3b) or the path of a Hugging Face `config.json`. The model is built on the meta
   device under the target dtype (DESIGN.md principle 7), then materialised on the device (`to_empty`, shared
   parameters re-tied) and filled there: matrices ~ N(0, std), RMSNorm weights 1, other vectors and persistent
   buffers 0, then `reset_buffers()` recomputes the derived ones (RoPE). Nothing goes through host memory, so an 8B
@@ -46,7 +46,20 @@ SMOLLM2_135M: dict[str, Any] = {
     "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "bfloat16",
 }
 
-PRESETS: dict[str, dict[str, Any]] = {"llama-3.1-8b": LLAMA_3_1_8B, "smollm2-135m": SMOLLM2_135M}
+# Qwen/Qwen3-30B-A3B's config.json (the fields our model reads): 128 experts, 8 routed per token, every layer sparse;
+# 30.5B parameters, ~61 GB in bf16 (an H100's 80 GB holds it with a small cache): the eager MoE path's step costs
+QWEN3_30B_A3B: dict[str, Any] = {
+    "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
+    "hidden_size": 2048, "intermediate_size": 6144, "moe_intermediate_size": 768, "num_experts": 128,
+    "num_experts_per_tok": 8, "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": [],
+    "num_hidden_layers": 48, "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
+    "vocab_size": 151936, "max_position_embeddings": 40960, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+    "tie_word_embeddings": False, "attention_bias": False, "hidden_act": "silu", "use_sliding_window": False,
+    "bos_token_id": 151643, "eos_token_id": 151645, "torch_dtype": "bfloat16",
+}
+
+PRESETS: dict[str, dict[str, Any]] = {"llama-3.1-8b": LLAMA_3_1_8B, "smollm2-135m": SMOLLM2_135M,
+                                      "qwen3-30b-a3b": QWEN3_30B_A3B}
 
 INIT_STD = 0.02
 DRAFT_VOCAB = 32000
