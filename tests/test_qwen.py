@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
-from tiny import tiny_drafter
+from tiny import assert_speculation_equals_plain, tiny_drafter
 
 from eaglespec.config import EngineConfig, ModelConfig, SpecConfig
 from eaglespec.engine import transforms
@@ -97,11 +97,8 @@ def test_greedy_speculation_equals_plain_with_every_cpu_transform(case):
     drafter = tiny_drafter(ours, seed=2, hidden=48)
     prompts = [[5, 6, 7, 8, 9, 10], [40, 41, 2], list(range(20, 45))]
     params = SamplingParams(max_new_tokens=24, ignore_eos=True)
-    plain = [o.token_ids for o in Engine(ours, None, EngineConfig(max_batch_size=3)).generate(prompts, params)]
+    plain = assert_speculation_equals_plain(ours, drafter, prompts, params, (SpecConfig(3, 1, 4), SpecConfig(4, 3, 8)))
     assert all(len(set(p)) > 4 for p in plain)
-    for spec in (SpecConfig(3, 1, 4), SpecConfig(4, 3, 8)):
-        eng = Engine(ours, None, EngineConfig(max_batch_size=3), drafter=drafter, spec=spec)
-        assert [o.token_ids for o in eng.generate(prompts, params)] == plain and eng.stats.verify_steps > 0
     fused = ours_of(hf_model(case))
     transforms.fuse_projections(fused)
     assert [o.token_ids for o in Engine(fused, None, EngineConfig(max_batch_size=3)).generate(prompts, params)] == plain

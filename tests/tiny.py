@@ -114,6 +114,20 @@ def assert_transformed_engine_equals_plain(prepare, spec, prompts, max_new_token
     assert [o.token_ids for o in eng.generate(prompts, params)] == ref
 
 
+def assert_speculation_equals_plain(target, drafter, prompts, params, specs) -> list[list[int]]:
+    """Greedy tokens of `target` decoding `prompts` plainly in one batch; speculation with `drafter` and each shape of
+    `specs` gives the same tokens (and verifies drafts). Returns the plain tokens."""
+    from eaglespec.config import EngineConfig
+    from eaglespec.engine.engine import Engine
+
+    cfg = EngineConfig(max_batch_size=len(prompts))
+    plain = [o.token_ids for o in Engine(target, None, cfg).generate(prompts, params)]
+    for spec in specs:
+        eng = Engine(target, None, cfg, drafter=drafter, spec=spec)
+        assert [o.token_ids for o in eng.generate(prompts, params)] == plain and eng.stats.verify_steps > 0
+    return plain
+
+
 def per_expert(hf_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """A transformers 5 MoE state dict in checkpoint form: transformers fuses the experts in memory ([E, 2I, H]
     gate|up, [E, H, I] down); checkpoints (and its save_pretrained) keep one tensor per expert, our models' names."""
