@@ -2,6 +2,9 @@
 
 - `fuse_projections(model)`: q/k/v into one GEMM and gate/up into one GEMM, in every GQA attention and gated MLP;
   fewer, larger kernels, which matters when a decode step is bound by kernel count (small models, batch 1).
+- `use_grouped_experts(model)` (CUDA): every MoE's routed SwiGLU experts as two grouped Triton GEMMs over
+  expert-sorted blocks (layers/moe_kernel.py) instead of the eager per-expert loop, whose host sync per layer kept
+  MoE targets off CUDA graphs; the experts' weights stacked, their parameters views into the stacks.
 - `use_rope_store_kernel(model)` (CUDA): RoPE on q/k and both KV-cache writes as one Triton kernel per layer.
 - `use_short_attention_kernel(model)` (CUDA): attention of decode / verify / drafter steps of small batches over the
   cache as two Triton kernels (split-K + combine) instead of SDPA's cuDNN kernel.
@@ -111,6 +114,39 @@ def use_elementwise_kernels(model: nn.Module) -> nn.Module:
             m.gated_act = silu_mul_rows
         elif isinstance(m, Rotary):
             m.impl = rotary_cos_sin_rows
+    return model
+
+
+def use_grouped_experts(model: nn.Module) -> nn.Module:
+    """In every MoE whose experts are bias-free SiLU GatedMLPs: stack their weights into w13 [E, 2I, H] (gate rows
+    then up rows, fused or not) and w2 [E, H, I], make each expert's parameters views into the stacks (the same
+    names and values: state dicts and parameter counts hold, and memory is not doubled past one layer's copy), held
+    as the MoE's buffers `w13` / `w2` (the routed experts then run as `moe_kernel.grouped_experts`), and set
+    `supports_cuda_graphs`. Idempotent. (A later `.to()` would copy the buffers and the parameters apart: apply it
+    after the model's last move, as `prepare_for_inference` does.)"""
+    from ..layers.moe import MoE
+
+    def fits(e: nn.Module) -> bool:
+        lins = [getattr(e, n) for n in ("gate_up_proj", "gate_proj", "up_proj", "down_proj") if hasattr(e, n)]
+        return (isinstance(e, GatedMLP) and e.act_name == "silu" and all(type(lin) is nn.Linear and lin.bias is None
+                                                                          for lin in lins))
+
+    for m in model.modules():
+        if not isinstance(m, MoE) or m.w13 is not None or not all(fits(e) for e in m.experts):
+            continue
+        with torch.no_grad():
+            w13 = torch.stack([e.gate_up_proj.weight if hasattr(e, "gate_up_proj")
+                               else torch.cat((e.gate_proj.weight, e.up_proj.weight)) for e in m.experts])
+            w2 = torch.stack([e.down_proj.weight for e in m.experts])
+            for i, e in enumerate(m.experts):
+                if hasattr(e, "gate_up_proj"):
+                    e.gate_up_proj.weight.data = w13[i]
+                else:
+                    half = e.gate_proj.weight.shape[0]
+                    e.gate_proj.weight.data, e.up_proj.weight.data = w13[i, :half], w13[i, half:]
+                e.down_proj.weight.data = w2[i]
+        m.w13, m.w2 = w13, w2
+        m.supports_cuda_graphs = True
     return model
 
 
@@ -319,6 +355,7 @@ def prepare_for_inference(model: nn.Module, device: torch.device, fuse: bool | N
     if fuse or (fuse is None and device.type in ("cuda", "cpu")):
         fuse_projections(model)
         if device.type == "cuda":
+            use_grouped_experts(model)
             use_rope_store_kernel(model)
             use_short_attention_kernel(model)
             use_norm_linear_kernel(model)

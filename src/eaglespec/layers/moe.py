@@ -15,10 +15,13 @@ ids [N, k] int64).
   divided by their sum when `norm_topk_prob`, times `routed_scaling_factor` (1 for Qwen). transformers casts these
   weights to the model's dtype before weighting the experts; here they stay float32 (the same in float32 parity).
 
-Experts run per expert over the tokens routed to it: the (token, expert) pairs are sorted by expert, each expert with
-tokens runs once on its contiguous slice, and the weighted outputs are scattered back with `index_add_` in float32.
-The per-expert split reads the counts on the host (one sync per MoE layer): fine on the CPU and for prefill; a
-grouped-GEMM kernel would replace `_routed` for CUDA graphs.
+Eagerly, experts run per expert over the tokens routed to it: the (token, expert) pairs are sorted by expert, each
+expert with tokens runs once on its contiguous slice, and the weighted outputs are scattered back with `index_add_`
+in float32. That split reads the counts on the host (one sync per MoE layer): fine on the CPU, but no CUDA graph can
+hold it, so such a MoE says `supports_cuda_graphs = False`. On CUDA `engine.transforms.use_grouped_experts` stacks
+the experts' weights into the buffers `w13` [E, 2I, H] and `w2` [E, H, I] (non-persistent, None until then; each
+expert's parameters become views into them): the routed experts then run as `layers/moe_kernel.grouped_experts`
+(static shapes, no host sync) and the module may be captured.
 """
 
 from __future__ import annotations
@@ -115,7 +118,8 @@ def make_router(hidden_size: int, moe: MoEConfig) -> nn.Module:
 class MoE(nn.Module):
     """Routed experts (+ shared experts when the config has them): x [..., H] -> [..., H]."""
 
-    # the host reads how many tokens each expert got (data-dependent shapes): no CUDA-graph capture
+    # the eager dispatch reads how many tokens each expert got on the host: no CUDA-graph capture, unless
+    # `use_grouped_experts` installs the grouped kernels (it sets this True on the instance)
     supports_cuda_graphs = False
 
     def __init__(self, hidden_size: int, moe: MoEConfig, act: str = "silu") -> None:
@@ -129,12 +133,20 @@ class MoE(nn.Module):
             if moe.n_shared_experts
             else None
         )
+        # the stacked experts of the grouped kernels (`use_grouped_experts`): buffers, so that moves follow them
+        self.register_buffer("w13", None, persistent=False)  # [E, 2I, H] gate rows then up rows
+        self.register_buffer("w2", None, persistent=False)  # [E, H, I]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         flat = x.reshape(-1, shape[-1])  # [N, H]
         weights, ids = self.gate(flat)
-        out = self._routed(flat, weights, ids)
+        if self.w13 is not None:
+            from .moe_kernel import grouped_experts
+
+            out = grouped_experts(flat, weights, ids, self.w13, self.w2)
+        else:
+            out = self._routed(flat, weights, ids)
         if self.shared_experts is not None:
             out = out + self.shared_experts(flat)
         return out.view(shape)

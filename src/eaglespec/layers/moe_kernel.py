@@ -1,0 +1,191 @@
+"""Routed experts as grouped GEMMs over expert-sorted blocks: a MoE dispatch with static shapes, no host sync.
+
+The eager dispatch (`MoE._routed`) reads each expert's token count on the host and launches one MLP per expert with
+tokens: one synchronisation per MoE layer and ~3 launches per routed expert, which no CUDA graph can hold. Here the
+N tokens' P = N*k (token, expert) pairs are placed into blocks of BLOCK_M slots, every block holding pairs of one
+expert only, and two Triton GEMMs walk the blocks; each block reads its expert's weights once, so a decode or verify
+step reads each routed expert's weights about once (not once per pair) whatever its token count.
+
+- `expert_blocks(ids, num_experts, block_m) -> (pairs, block_expert)`: one Triton program. ids [N, k] (any integer
+  dtype); pairs [B * block_m] int32, the pair index p = token * k + slot in each used slot and P in padding slots;
+  block_expert [B] int32, each block's expert or -1 past the used blocks. B = `max_blocks(P, E, block_m)` =
+  ceil(P / block_m) + min(E, P): each expert with pairs wastes at most one partial block. Within an expert the pairs
+  keep their order (a stable sort), so the layout is a function of ids alone.
+- `grouped_experts(x, weights, ids, w13, w2) -> [N, H]`: x [N, H]; weights [N, k] float32; ids [N, k]; w13 [E, 2I, H]
+  (each expert's gate rows then up rows, nn.Linear's [out, in]); w2 [E, H, I]. The first GEMM computes both halves
+  of a block's tile and writes silu(gate) * up [P, I] in x's dtype (the eager MLP's rounding points); the second
+  writes float32 [P, H] scaled by each pair's weight; the k rows of a token are summed in float32 and rounded once
+  to x's dtype, as the eager path's float32 `index_add_`. float32 weights multiply in IEEE float32 (no TF32).
+All shapes depend on N, k, E and the weights only: one CUDA graph per step shape holds the whole layer. Kernels are
+built on first use, so that `TRITON_INTERPRET=1` (the CPU tests) takes effect.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+from .block_size import pow2
+
+
+def max_blocks(pairs: int, num_experts: int, block_m: int) -> int:
+    """Blocks that any routing of `pairs` pairs over `num_experts` experts fills at most."""
+    return -(-pairs // block_m) + min(num_experts, pairs)
+
+
+def block_m_for(pairs: int, num_experts: int) -> int:
+    """Slots per block: 16 (tl.dot's least) while experts get few pairs each (decode, verify), larger blocks for
+    prefills, whose blocks are compute-bound and whose padding matters less."""
+    per_expert = pairs / max(num_experts, 1)
+    return 16 if per_expert <= 16 else 32 if per_expert <= 64 else 64
+
+
+@functools.cache
+def _kernels():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def align_kernel(ids, pairs, block_expert, P, E, blocks, BLOCK_M: tl.constexpr, EP: tl.constexpr,
+                     PB: tl.constexpr, BB: tl.constexpr):
+        # one program: counts per expert, then each pair's slot (stable within its expert), then each block's expert
+        re = tl.arange(0, EP)
+        rp = tl.arange(0, PB)
+        counts = tl.zeros([EP], dtype=tl.int32)
+        p0 = 0
+        while p0 < P:  # (while, not range: Triton's interpreter cannot take a runtime range bound under NumPy 2)
+            e = tl.load(ids + p0 + rp, mask=p0 + rp < P, other=-1).to(tl.int32)
+            counts += tl.sum((e[:, None] == re[None, :]).to(tl.int32), 0)  # [EP]
+            p0 += PB
+        nblk = (counts + BLOCK_M - 1) // BLOCK_M
+        blk_end = tl.cumsum(nblk, 0)  # [EP] blocks of experts <= e
+        slot0 = (blk_end - nblk) * BLOCK_M  # [EP] the first slot of each expert
+        # padding first: every slot of the blocks an expert uses holds P until a pair lands there
+        s0 = 0
+        while s0 < blocks * BLOCK_M:
+            tl.store(pairs + s0 + rp, tl.full([PB], 0, tl.int32) + P, mask=s0 + rp < blocks * BLOCK_M)
+            s0 += PB
+        tl.debug_barrier()
+        seen = tl.zeros([EP], dtype=tl.int32)  # pairs of each expert placed so far
+        lower = rp[None, :] < rp[:, None]  # [PB, PB] j before i
+        p0 = 0
+        while p0 < P:
+            e = tl.load(ids + p0 + rp, mask=p0 + rp < P, other=-1).to(tl.int32)
+            hot = (e[:, None] == re[None, :]).to(tl.int32)  # [PB, EP]
+            before = tl.sum(((e[:, None] == e[None, :]) & lower).to(tl.int32), 1)  # [PB] same expert, earlier here
+            dest = tl.sum(hot * (slot0 + seen)[None, :], 1) + before
+            tl.store(pairs + dest, p0 + rp, mask=p0 + rp < P)
+            seen += tl.sum(hot, 0)
+            p0 += PB
+        rb = tl.arange(0, BB)
+        b0 = 0
+        while b0 < blocks:
+            b = b0 + rb
+            ex = tl.sum((blk_end[None, :] <= b[:, None]).to(tl.int32), 1)  # [BB] experts whose blocks end by b
+            tl.store(block_expert + b, tl.where(ex < E, ex, -1), mask=b < blocks)
+            b0 += BB
+
+    @triton.jit
+    def gemm_kernel(a, w, c, pairs, block_expert, scale, P, N, s_am, s_we, s_wn, s_cm, up_off,
+                    K: tl.constexpr, A_DIV: tl.constexpr, GATED: tl.constexpr, SCALE: tl.constexpr,
+                    IEEE: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        # one program: BLOCK_M slots of one expert x BLOCK_N output features; a's row of slot p is p // A_DIV
+        pid_m = tl.program_id(0)
+        e = tl.load(block_expert + pid_m)
+        if e >= 0:
+            rows = tl.load(pairs + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))  # [BM] pair ids, P in padding
+            valid = rows < P
+            arow = (rows // A_DIV).to(tl.int64)
+            rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+            nm = rn < N
+            rk = tl.arange(0, BLOCK_K)
+            wbase = w + e.to(tl.int64) * s_we
+            acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            for k0 in range(0, K, BLOCK_K):
+                kk = k0 + rk
+                km = kk < K
+                at = tl.load(a + arow[:, None] * s_am + kk[None, :], mask=valid[:, None] & km[None, :], other=0.0)
+                wmask = nm[None, :] & km[:, None]
+                wt = tl.load(wbase + rn[None, :] * s_wn + kk[:, None], mask=wmask, other=0.0)  # [BK, BN]
+                if UPCAST:  # the interpreter's tl.dot misreads bf16 (NumPy has none); the products are exact in fp32
+                    at = at.to(tl.float32)
+                    wt = wt.to(tl.float32)
+                if IEEE:
+                    acc = tl.dot(at, wt, acc, input_precision="ieee")
+                else:
+                    acc = tl.dot(at, wt, acc)
+                if GATED:  # the up rows of the same features, up_off rows below the gate rows
+                    ut = tl.load(wbase + (rn[None, :] + up_off) * s_wn + kk[:, None], mask=wmask, other=0.0)
+                    if UPCAST:
+                        ut = ut.to(tl.float32)
+                    if IEEE:
+                        acc_up = tl.dot(at, ut, acc_up, input_precision="ieee")
+                    else:
+                        acc_up = tl.dot(at, ut, acc_up)
+            if GATED:  # silu(gate) * up, each rounded to the output dtype first, as the eager MLP computes it
+                g = acc.to(c.dtype.element_ty).to(tl.float32)
+                u = acc_up.to(c.dtype.element_ty).to(tl.float32)
+                acc = (g / (1.0 + tl.exp(-g))).to(c.dtype.element_ty).to(tl.float32) * u
+            if SCALE:
+                acc = acc * tl.load(scale + rows, mask=valid, other=0.0)[:, None]
+            cptr = c + rows.to(tl.int64)[:, None] * s_cm + rn[None, :]
+            tl.store(cptr, acc.to(c.dtype.element_ty), mask=valid[:, None] & nm[None, :])
+
+    return align_kernel, gemm_kernel
+
+
+def expert_blocks(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """ids [N, k] -> (pairs [B * block_m] int32, block_expert [B] int32); see the module docstring."""
+    P = ids.numel()
+    blocks = max_blocks(P, num_experts, block_m)
+    pairs = torch.empty(blocks * block_m, dtype=torch.int32, device=ids.device)
+    block_expert = torch.empty(blocks, dtype=torch.int32, device=ids.device)
+    if blocks:
+        EP = pow2(num_experts, 16)
+        PB = max(16, min(64, 8192 // EP))  # [PB, EP] one-hot tiles of at most 8K elements
+        _kernels()[0][(1,)](ids.reshape(-1).contiguous(), pairs, block_expert, P, num_experts, blocks,
+                            BLOCK_M=block_m, EP=EP, PB=PB, BB=max(16, min(64, 8192 // EP)), num_warps=8)
+    return pairs, block_expert
+
+
+def _interpreted() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+# BLOCK_N, BLOCK_K, num_warps: a first choice for bf16 experts (Qwen3-30B-A3B's 768 / 2048, DeepSeek-V3's 2048 / 7168)
+GEMM_CFG = (64, 64, 4)
+
+
+def _grouped_gemm(a: torch.Tensor, w: torch.Tensor, pairs: torch.Tensor, block_expert: torch.Tensor, block_m: int,
+                  P: int, a_div: int, out: torch.Tensor, gated: bool, scale: torch.Tensor | None) -> torch.Tensor:
+    N = out.shape[1]
+    BN, BK, warps = GEMM_CFG
+    K = a.shape[1]
+    grid = (block_expert.shape[0], -(-N // BN))
+    if grid[0] and N:
+        _kernels()[1][grid](a, w, out, pairs, block_expert, scale if scale is not None else out, P, N, a.stride(0),
+                            w.stride(0), w.stride(1), out.stride(0), N if gated else 0, K=K, A_DIV=a_div,
+                            GATED=gated, SCALE=scale is not None, IEEE=w.dtype == torch.float32,
+                            UPCAST=_interpreted() and w.dtype != torch.float32, BLOCK_M=block_m,
+                            BLOCK_N=BN, BLOCK_K=min(BK, pow2(K, 16)), num_warps=warps)
+    return out
+
+
+def grouped_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w13: torch.Tensor,
+                    w2: torch.Tensor) -> torch.Tensor:
+    """sum_k weights[:, k] * expert_{ids[:, k]}(x) for SwiGLU experts: x [N, H] -> [N, H] in x's dtype."""
+    N, k = ids.shape
+    E, I2, H = w13.shape
+    P = N * k
+    bm = block_m_for(P, E)
+    pairs, block_expert = expert_blocks(ids, E, bm)
+    x = x.contiguous()
+    act = _grouped_gemm(x, w13, pairs, block_expert, bm, P, k, torch.empty(P, I2 // 2, dtype=x.dtype,
+                                                                              device=x.device), True, None)
+    y = _grouped_gemm(act, w2, pairs, block_expert, bm, P, 1, torch.empty(P, H, dtype=torch.float32,
+                                                                            device=x.device),
+                      False, weights.reshape(-1).float().contiguous())
+    return y.view(N, k, H).sum(1).to(x.dtype)

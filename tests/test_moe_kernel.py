@@ -1,0 +1,167 @@
+"""The grouped MoE dispatch (layers/moe_kernel.py, engine.transforms.use_grouped_experts) under Triton's interpreter:
+the expert-sorted block layout, the grouped experts against the eager per-expert loop (float32 and bf16), the
+transform on Qwen3-MoE and DeepSeek-V3 targets (logits, parameter names and values kept, capturable), and the
+engine's static graph-path steps on a grouped MoE target: speculation gives plain greedy's tokens."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are built (they are built on first use)
+
+import math  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from tiny import tiny_drafter  # noqa: E402
+
+from eaglespec.config import EngineConfig, ModelConfig, MoEConfig, SpecConfig  # noqa: E402
+from eaglespec.engine.cuda_graphs import GraphCache, capturable  # noqa: E402
+from eaglespec.engine.engine import Engine  # noqa: E402
+from eaglespec.engine.transforms import fuse_projections, use_grouped_experts  # noqa: E402
+from eaglespec.layers.context import ForwardContext  # noqa: E402
+from eaglespec.layers.moe import MoE  # noqa: E402
+from eaglespec.layers.moe_kernel import block_m_for, expert_blocks, grouped_experts, max_blocks  # noqa: E402
+from eaglespec.models import get_model_class  # noqa: E402
+from eaglespec.sampling_params import SamplingParams  # noqa: E402
+
+
+@pytest.mark.parametrize("N,k,E,bm", [(1, 1, 4, 16), (1, 8, 128, 16), (5, 2, 8, 16), (70, 8, 20, 32),
+                                      (33, 8, 384, 16), (300, 2, 8, 64), (0, 2, 8, 16)])
+def test_expert_blocks_sort_every_pair_once_into_blocks_of_one_expert(N, k, E, bm):
+    g = torch.Generator().manual_seed(N * 1000 + E)
+    ids = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(N)]) if N else torch.zeros(0, k)
+    if N >= 70:  # skewed routing: a few experts take most pairs (several blocks each)
+        ids[: N // 2, 0] = 3
+    ids = ids.long()
+    pairs, block_expert = expert_blocks(ids, E, bm)
+    P = N * k
+    B = max_blocks(P, E, bm)
+    assert pairs.shape == (B * bm,) and block_expert.shape == (B,)
+    assert pairs.dtype == block_expert.dtype == torch.int32
+    flat = ids.reshape(-1)
+    counts = torch.bincount(flat, minlength=E)
+    used = int(((counts + bm - 1) // bm).sum())
+    be = block_expert.tolist()
+    assert be[used:] == [-1] * (B - used) and be[:used] == sorted(be[:used]) and min(be[:used], default=0) >= 0
+    for e in range(E):  # expert e's blocks hold its pairs in their order (a stable sort), then padding
+        slots = pairs.view(B, bm)[[b for b in range(used) if be[b] == e]].reshape(-1).tolist()
+        assert len(slots) == -(-int(counts[e]) // bm) * bm
+        mine = [p for p in range(P) if flat[p] == e]
+        assert slots == mine + [P] * (len(slots) - len(mine))
+
+
+def _moe(E: int = 8, k: int = 2, shared: int = 0, H: int = 64, I: int = 48, seed: int = 0) -> MoE:
+    cfg = MoEConfig(n_routed_experts=E, num_experts_per_tok=k, n_shared_experts=shared, moe_intermediate_size=I,
+                    first_k_dense_replace=0, moe_layer_freq=1, n_group=1, topk_group=1, routed_scaling_factor=1.0,
+                    norm_topk_prob=True, scoring_func="softmax", topk_method="greedy", decoder_sparse_step=1,
+                    mlp_only_layers=())
+    torch.manual_seed(seed)
+    m = MoE(H, cfg).eval()
+    with torch.no_grad():
+        for p in m.parameters():
+            p.normal_(0, 1 / math.sqrt(p.shape[-1]))
+    return m
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("N", [1, 9, 40, 300])
+@torch.no_grad()
+def test_grouped_experts_equal_the_eager_loop(dtype, N):
+    m = _moe().to(dtype)
+    x = torch.randn(N, 64, generator=torch.Generator().manual_seed(N)).to(dtype)
+    weights, ids = m.gate(x)
+    ref = m._routed(x, weights, ids).float()
+    w13 = torch.stack([torch.cat((e.gate_proj.weight, e.up_proj.weight)) for e in m.experts])
+    w2 = torch.stack([e.down_proj.weight for e in m.experts])
+    got = grouped_experts(x, weights, ids, w13, w2)
+    assert got.dtype == dtype and got.shape == x.shape
+    # float32: the same products summed in another order; bf16: the eager loop rounds each expert's output to bf16
+    # before weighting it, the kernel weights the float32 sums (a rounding or two apart)
+    tol = 1e-5 if dtype == torch.float32 else 2.0**-6
+    assert torch.allclose(got.float(), ref, rtol=tol, atol=tol * ref.abs().max())
+    assert block_m_for(N * 2, 8) == (16 if N <= 40 else 64)  # N = 300 runs the largest blocks
+
+
+def _tiny_target(arch: str, seed: int = 0) -> torch.nn.Module:
+    if arch == "qwen3_moe":
+        d = dict(architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", vocab_size=97, hidden_size=48,
+                 intermediate_size=80, moe_intermediate_size=24, num_hidden_layers=3, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=16, num_experts=8, num_experts_per_tok=3, norm_topk_prob=True,
+                 max_position_embeddings=512, rms_norm_eps=1e-5, rope_theta=1e6, tie_word_embeddings=False)
+    else:  # DeepSeek-V3: MLA, grouped noaux_tc routing, a shared expert, a dense first layer
+        d = dict(architectures=["DeepseekV3ForCausalLM"], model_type="deepseek_v3", vocab_size=97, hidden_size=32,
+                 intermediate_size=48, moe_intermediate_size=16, num_hidden_layers=3, num_attention_heads=4,
+                 num_key_value_heads=4, n_shared_experts=1, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=12,
+                 v_head_dim=10, routed_scaling_factor=2.5, rms_norm_eps=1e-6, tie_word_embeddings=False,
+                 n_routed_experts=8, num_experts_per_tok=3, n_group=4, topk_group=2, first_k_dense_replace=1,
+                 q_lora_rank=24, max_position_embeddings=512, rope_theta=10000.0, norm_topk_prob=True,
+                 topk_method="noaux_tc", scoring_func="sigmoid")
+    cfg = ModelConfig.from_hf(d)
+    model = get_model_class(cfg.architecture)(cfg).eval()
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():  # O(1) logits and input-dependent routing (the default init routes near-uniformly)
+        for name, t in model.named_parameters():
+            if name.endswith("e_score_correction_bias"):
+                t.copy_(0.1 * torch.randn(t.shape, generator=g))
+            elif t.dim() == 1:
+                t.copy_(1.0 + 0.1 * torch.randn(t.shape, generator=g))
+            else:
+                t.copy_(2.0 * torch.randn(t.shape, generator=g) / math.sqrt(t.shape[-1]))
+    return model
+
+
+def _logits(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    return model(ids, ForwardContext.plain(*ids.shape)).logits
+
+
+@pytest.mark.parametrize("fuse", [False, True])
+@pytest.mark.parametrize("arch", ["qwen3_moe", "deepseek_v3"])
+@torch.no_grad()
+def test_use_grouped_experts_keeps_names_values_and_logits(arch, fuse):
+    model = _tiny_target(arch)
+    ids = torch.randint(0, 97, (2, 11), generator=torch.Generator().manual_seed(1))
+    ref = _logits(model, ids)
+    if fuse:
+        fuse_projections(model)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    assert not capturable(model)
+    use_grouped_experts(model)
+    assert capturable(model)
+    after = model.state_dict()
+    assert after.keys() == before.keys() and all(torch.equal(after[k], before[k]) for k in before)
+    moes = [m for m in model.modules() if isinstance(m, MoE)]
+    assert moes and all(m.w13 is not None for m in moes)
+    for m in moes:  # the experts' parameters are views into the stacks (no second copy)
+        lo, hi = m.w13.data_ptr(), m.w13.data_ptr() + m.w13.numel() * m.w13.element_size()
+        for e in m.experts:
+            first = e.gate_up_proj if fuse else e.up_proj
+            assert lo <= first.weight.data_ptr() < hi
+            assert e.down_proj.weight.untyped_storage().data_ptr() == m.w2.untyped_storage().data_ptr()
+    w13 = moes[0].w13
+    use_grouped_experts(model)  # idempotent
+    assert moes[0].w13 is w13
+    got = _logits(model, ids)
+    assert torch.allclose(got, ref, rtol=1e-4, atol=1e-4 * ref.abs().max())
+    assert (got.argmax(-1) == ref.argmax(-1)).all()
+
+
+PROMPTS = [[1, 2, 3, 4, 5], [7, 8, 9], list(range(10, 40))]
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe", "deepseek_v3"])
+def test_grouped_moe_targets_on_the_static_path_speculate_as_plain(arch):
+    """The graph path's bucketed all-rows steps (run eagerly here, `GraphCache(capture=False)`) on a grouped MoE target:
+    plain decoding and speculation (a chain and a tree) give the eager untransformed engine's greedy tokens."""
+    target = _tiny_target(arch)
+    params = SamplingParams(max_new_tokens=12, ignore_eos=True)
+    cfg = EngineConfig(max_batch_size=4)
+    ref = [o.token_ids for o in Engine(target, None, cfg).generate(PROMPTS, params)]
+    drafter = tiny_drafter(target, seed=1, hidden=target.config.hidden_size)  # hidden = the target's (EAGLE-3)
+    use_grouped_experts(target)
+    for spec in (None, SpecConfig(steps=3, topk=1, draft_tokens=4), SpecConfig(steps=3, topk=2, draft_tokens=6)):
+        eng = Engine(target, None, cfg, drafter=drafter if spec else None, spec=spec)
+        eng.runner.graphs = GraphCache(eng.runner, capture=False)
+        assert [o.token_ids for o in eng.generate(PROMPTS, params)] == ref
+        if spec is not None:
+            assert eng.stats.verify_steps > 0
