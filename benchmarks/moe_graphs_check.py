@@ -6,7 +6,7 @@ check: tiny random Qwen3-MoE and DeepSeek-V3 targets in float32 on the device: t
   loop (no graphs) against the prepared one (grouped kernels, CUDA graphs): plain greedy and speculation with a
   random drafter (chain 3,1,4 and tree 3,2,6) must give the same tokens; and `grouped_experts` against the eager loop
   at Qwen3-30B-A3B's layer shape in bf16 (max error relative to the output's largest value).
-layer: one MoE layer's routed experts, bf16, random routing: the eager loop against `grouped_experts` replayed from a
+layer: the block layout by pairs (one program against the sort), then one MoE layer's routed experts, bf16, random routing: the eager loop against `grouped_experts` replayed from a
   CUDA graph, for N tokens (k = 8 pairs each), and the bytes of the distinct experts chosen over that time; at
   Qwen3-30B-A3B's shape (128 experts, H 2048, I 768) and DeepSeek-V3's (256 experts, H 7168, I 2048).
 model: Qwen3-30B-A3B's shape with random bf16 weights (`bench.random_model`, 61 GB): one decode step at batch 1 by
@@ -167,6 +167,23 @@ def part_layer() -> None:
                   f" {eager / g:.1f}x |")
 
 
+def part_layout() -> None:
+    """The block layout alone: the one-program kernel against the sort-based layout, by pairs (128 experts, k 8)."""
+    from eaglespec.layers import moe_kernel
+
+    print("| pairs | one program ms | by sort ms |")
+    print("| ---: | ---: | ---: |")
+    limit = moe_kernel.ONE_PROGRAM_MAX_PAIRS
+    for P in (8, 64, 512, 2048, 4096, 16384, 65536):
+        ids = torch.stack([torch.randperm(128, device=DEV)[:8] for _ in range(P // 8)])
+        moe_kernel.ONE_PROGRAM_MAX_PAIRS = 1 << 30
+        one = time_fn(lambda: moe_kernel.expert_blocks(ids, 128, 16), 20)
+        moe_kernel.ONE_PROGRAM_MAX_PAIRS = 0
+        srt = time_fn(lambda: moe_kernel.expert_blocks(ids, 128, 16), 20)
+        print(f"| {P} | {one * 1e3:.3f} | {srt * 1e3:.3f} |")
+    moe_kernel.ONE_PROGRAM_MAX_PAIRS = limit
+
+
 def part_model(new: int) -> None:
     from eaglespec.bench.random_model import random_model
 
@@ -209,6 +226,7 @@ def main() -> None:
     if a.part in ("all", "check"):
         part_check()
     if a.part in ("all", "layer"):
+        part_layout()
         part_layer()
     if a.part in ("all", "model"):
         part_model(a.new)

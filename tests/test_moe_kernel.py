@@ -21,7 +21,8 @@ from eaglespec.engine.engine import Engine  # noqa: E402
 from eaglespec.engine.transforms import fuse_projections, use_grouped_experts  # noqa: E402
 from eaglespec.layers.context import ForwardContext  # noqa: E402
 from eaglespec.layers.moe import MoE  # noqa: E402
-from eaglespec.layers.moe_kernel import block_m_for, expert_blocks, grouped_experts, max_blocks  # noqa: E402
+from eaglespec.layers.moe_kernel import (_blocks_by_sort, block_m_for, expert_blocks, grouped_experts,  # noqa: E402
+                                         max_blocks)
 from eaglespec.models import get_model_class  # noqa: E402
 from eaglespec.sampling_params import SamplingParams  # noqa: E402
 
@@ -36,6 +37,8 @@ def test_expert_blocks_sort_every_pair_once_into_blocks_of_one_expert(N, k, E, b
     ids = ids.long()
     pairs, block_expert = expert_blocks(ids, E, bm)
     P = N * k
+    by_sort = _blocks_by_sort(ids, E, bm)  # the layout of long prefills: the same
+    assert torch.equal(by_sort[0], pairs) and torch.equal(by_sort[1], block_expert)
     B = max_blocks(P, E, bm)
     assert pairs.shape == (B * bm,) and block_expert.shape == (B,)
     assert pairs.dtype == block_expert.dtype == torch.int32
@@ -81,6 +84,23 @@ def test_grouped_experts_equal_the_eager_loop(dtype, N):
     tol = 1e-5 if dtype == torch.float32 else 2.0**-6
     assert torch.allclose(got.float(), ref, rtol=tol, atol=tol * ref.abs().max())
     assert block_m_for(N * 2, 8) == (16 if N <= 40 else 64)  # N = 300 runs the largest blocks
+
+
+def test_long_prefills_lay_out_their_blocks_by_sort(monkeypatch):
+    """Past ONE_PROGRAM_MAX_PAIRS pairs the layout comes from `_blocks_by_sort`; the experts' output is unchanged."""
+    from eaglespec.layers import moe_kernel
+
+    m = _moe()
+    x = torch.randn(50, 64, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        weights, ids = m.gate(x)
+        w13 = torch.stack([torch.cat((e.gate_proj.weight, e.up_proj.weight)) for e in m.experts])
+        w2 = torch.stack([e.down_proj.weight for e in m.experts])
+        one_program = grouped_experts(x, weights, ids, w13, w2)
+        monkeypatch.setattr(moe_kernel, "ONE_PROGRAM_MAX_PAIRS", 10)
+        calls = []
+        monkeypatch.setattr(moe_kernel, "_blocks_by_sort", lambda *a: calls.append(1) or _blocks_by_sort(*a))
+        assert torch.equal(grouped_experts(x, weights, ids, w13, w2), one_program) and calls
 
 
 def _tiny_target(arch: str, seed: int = 0) -> torch.nn.Module:

@@ -255,8 +255,8 @@ def verify_cost_note(ratio: float, tokens: int, temperature: float = 0.0) -> str
 # conversation from 23.5 to 18.1 s; on an H100, an eager engine (no CUDA graphs) of SmolLM2 answering a 3,072-token
 # second turn took 34.3 ms to its first token with reuse against 17.7 ms without (a whole prefill of a small model
 # there is one fast causal forward; the rest after a prefix attends through a mask, launch-bound), and the first
-# reused turn recompiled torch.compile's elementwise chains (0.7-4.6 s once). Larger targets (MoE, which run eagerly)
-# are not measured: pass reuse_prefixes=True to try it there.
+# reused turn recompiled torch.compile's elementwise chains (0.7-4.6 s once). Larger targets (MoE) are not measured:
+# pass reuse_prefixes=True to an eager engine to try it there.
 _REUSES_PREFIXES = frozenset({"cpu"})
 
 

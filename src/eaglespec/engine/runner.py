@@ -120,7 +120,7 @@ class ModelRunner(PrefillStep, SpecStep, GrammarStep):
         from .cuda_graphs import GraphCache, capturable
 
         models = [m for m in (target, drafter) if m is not None]
-        if cuda_graphs and device.type == "cuda" and capturable(*models):  # MoE targets run eagerly
+        if cuda_graphs and device.type == "cuda" and capturable(*models):  # an ungrouped MoE runs eagerly
 
             self.graphs = GraphCache(self, prefill_graphs=prefill_graphs)
 

@@ -6,7 +6,8 @@ N tokens' P = N*k (token, expert) pairs are placed into blocks of BLOCK_M slots,
 expert only, and two Triton GEMMs walk the blocks; each block reads its expert's weights once, so a decode or verify
 step reads each routed expert's weights about once (not once per pair) whatever its token count.
 
-- `expert_blocks(ids, num_experts, block_m) -> (pairs, block_expert)`: one Triton program. ids [N, k] (any integer
+- `expert_blocks(ids, num_experts, block_m) -> (pairs, block_expert)`: one Triton program (past
+  ONE_PROGRAM_MAX_PAIRS pairs: a stable sort and a scatter in PyTorch, the same layout). ids [N, k] (any integer
   dtype); pairs [B * block_m] int32, the pair index p = token * k + slot in each used slot and P in padding slots;
   block_expert [B] int32, each block's expert or -1 past the used blocks. B = `max_blocks(P, E, block_m)` =
   ceil(P / block_m) + min(E, P): each expert with pairs wastes at most one partial block. Within an expert the pairs
@@ -137,9 +138,34 @@ def _kernels():
     return align_kernel, gemm_kernel
 
 
+# Pairs up to which one Triton program lays out the blocks (a step's few hundred pairs: one launch instead of ~15);
+# past it the program's serial walk over the pairs would cost more than the sort-based layout of `_blocks_by_sort`
+# (a long prefill: 8,192 tokens x 8 = 65,536 pairs)
+ONE_PROGRAM_MAX_PAIRS = 4096
+
+
+def _blocks_by_sort(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same layout as the one-program kernel from PyTorch ops (a stable sort; static shapes, no host sync)."""
+    flat = ids.reshape(-1).long()
+    P, dev = flat.numel(), flat.device
+    blocks = max_blocks(P, num_experts, block_m)
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=dev).scatter_add_(0, flat, torch.ones_like(flat))
+    nblk = (counts + block_m - 1) // block_m
+    blk_end = nblk.cumsum(0)  # [E]
+    order = flat.argsort(stable=True)  # [P] pairs grouped by expert, in their order within each
+    e_sorted = flat[order]
+    rank = torch.arange(P, device=dev) - (counts.cumsum(0) - counts)[e_sorted]  # place within its expert
+    pairs = torch.full((blocks * block_m,), P, dtype=torch.int32, device=dev)
+    pairs[(blk_end - nblk)[e_sorted] * block_m + rank] = order.int()
+    ex = torch.searchsorted(blk_end, torch.arange(blocks, device=dev), right=True)
+    return pairs, torch.where(ex < num_experts, ex, -1).int()
+
+
 def expert_blocks(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
     """ids [N, k] -> (pairs [B * block_m] int32, block_expert [B] int32); see the module docstring."""
     P = ids.numel()
+    if P > ONE_PROGRAM_MAX_PAIRS:
+        return _blocks_by_sort(ids, num_experts, block_m)
     blocks = max_blocks(P, num_experts, block_m)
     pairs = torch.empty(blocks * block_m, dtype=torch.int32, device=ids.device)
     block_expert = torch.empty(blocks, dtype=torch.int32, device=ids.device)

@@ -14,8 +14,8 @@ loading/gguf_names.py maps their names (the router `ffn_gate_inp` -> `mlp.gate`)
 there one tensor per projection (`ffn_{gate,up,down}_exps`), into these per-expert names; the GGUF config has every
 layer sparse and `norm_topk_prob` True, as llama.cpp runs it (loading/gguf_reader.py). Not implemented, refused by
 name: sliding-window attention (`use_sliding_window`, off in the released models). The router's auxiliary loss
-(`output_router_logits`) is training-only and ignored. The MoE's dispatch reads per-expert counts on the host, so
-these targets run eagerly (no CUDA graphs, `MoE.supports_cuda_graphs`).
+(`output_router_logits`) is training-only and ignored. On CUDA the experts run as grouped GEMMs
+(`engine.transforms.use_grouped_experts`), so these targets take CUDA graphs like dense ones.
 """
 
 from __future__ import annotations
