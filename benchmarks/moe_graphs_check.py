@@ -141,9 +141,29 @@ def time_fn(fn, reps: int = 50) -> float:
     return (time.perf_counter() - t) / reps
 
 
+CFGS = [(64, 64, 4), (32, 128, 4), (64, 128, 4), (128, 64, 4), (32, 64, 2), (128, 128, 8)]
+
+
+def graph_time(fn, reps: int = 100) -> float:
+    """Seconds per replay of fn captured in a CUDA graph (fn run twice on a side stream first, as the engine does)."""
+    fn()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return time_fn(graph.replay, reps)
+
+
 def part_layer() -> None:
-    print("| layer | N | experts read | eager loop ms | grouped (graph) ms | grouped GB/s | speed-up |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    from eaglespec.layers import moe_kernel
+
+    default = moe_kernel.GEMM_CFG
+    print("| layer | N | experts read | eager loop ms | grouped (graph) ms | grouped GB/s | speed-up | best config, ms |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
     for label, shape in (("Qwen3-30B-A3B", (128, 8, 2048, 768)), ("DeepSeek-V3", (256, 8, 7168, 2048))):
         m = moe_layer(*shape)
         per_expert = 3 * shape[2] * shape[3] * 2
@@ -153,18 +173,15 @@ def part_layer() -> None:
                 w, ids = m.gate(x)
             n_exp = len(set(ids.flatten().tolist()))
             eager = time_fn(lambda: m._routed(x, w, ids), 20)
-            grouped_experts(x, w, ids, m.w13, m.w2)  # compile outside the capture
-            s = torch.cuda.Stream()
-            s.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(s):
-                grouped_experts(x, w, ids, m.w13, m.w2)
-            torch.cuda.current_stream().wait_stream(s)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                grouped_experts(x, w, ids, m.w13, m.w2)
-            g = time_fn(graph.replay, 100)
+            by_cfg = {}
+            for cfg in CFGS:  # (BLOCK_N, BLOCK_K, num_warps) of the two GEMMs
+                moe_kernel.GEMM_CFG = cfg
+                by_cfg[cfg] = graph_time(lambda: grouped_experts(x, w, ids, m.w13, m.w2))
+            moe_kernel.GEMM_CFG = default
+            g = by_cfg[default]
+            best = min(by_cfg, key=by_cfg.get)
             print(f"| {label} | {N} | {n_exp} | {eager * 1e3:.3f} | {g * 1e3:.3f} | {n_exp * per_expert / g / 1e9:.0f} |"
-                  f" {eager / g:.1f}x |")
+                  f" {eager / g:.1f}x | {best}: {by_cfg[best] * 1e3:.3f} |")
 
 
 def part_layout() -> None:
