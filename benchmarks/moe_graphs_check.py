@@ -109,6 +109,21 @@ def part_check() -> None:
             ref = m._routed(x, w, ids).float()
             got = grouped_experts(x, w, ids, m.w13, m.w2).float()
         print(f"| {N} | {(got - ref).abs().max().item() / ref.abs().max().item():.2e} |")
+    # captured in a CUDA graph (training's feature graphs capture long batches: the sort-based layout), replayed on
+    # new inputs written into the captured ones
+    for N in (2, 1024):
+        x = torch.randn(N, m.w13.shape[2], device=DEV, dtype=torch.bfloat16)
+        with torch.no_grad():
+            w, ids = m.gate(x)
+            graph, out = capture(lambda: grouped_experts(x, w, ids, m.w13, m.w2))
+            x.copy_(torch.randn_like(x))
+            w_new, ids_new = m.gate(x)
+            w.copy_(w_new)
+            ids.copy_(ids_new)
+            graph.replay()
+            torch.cuda.synchronize()
+            same = torch.equal(out, grouped_experts(x, w, ids, m.w13, m.w2))
+        print(f"| {N}, captured | a replay on new inputs equals an eager call: {same} |")
 
 
 def moe_layer(E: int, k: int, H: int, I: int) -> MoE:
@@ -144,8 +159,8 @@ def time_fn(fn, reps: int = 50) -> float:
 CFGS = [(64, 64, 4), (32, 128, 4), (64, 128, 4), (128, 64, 4), (32, 64, 2), (128, 128, 8)]
 
 
-def graph_time(fn, reps: int = 100) -> float:
-    """Seconds per replay of fn captured in a CUDA graph (fn run twice on a side stream first, as the engine does)."""
+def capture(fn):
+    """(graph, output) of fn captured in a CUDA graph (fn run twice on a side stream first, as the engine does)."""
     fn()
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
@@ -154,8 +169,13 @@ def graph_time(fn, reps: int = 100) -> float:
     torch.cuda.current_stream().wait_stream(s)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        fn()
-    return time_fn(graph.replay, reps)
+        out = fn()
+    return graph, out
+
+
+def graph_time(fn, reps: int = 100) -> float:
+    """Seconds per replay of fn captured in a CUDA graph."""
+    return time_fn(capture(fn)[0].replay, reps)
 
 
 def part_layer() -> None:
