@@ -13,7 +13,7 @@ import math  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
-from tiny import tiny_drafter  # noqa: E402
+from tiny import randomize_moe, tiny_drafter  # noqa: E402
 
 from eaglespec.config import EngineConfig, ModelConfig, MoEConfig, SpecConfig  # noqa: E402
 from eaglespec.engine.cuda_graphs import GraphCache, capturable  # noqa: E402
@@ -119,15 +119,7 @@ def _tiny_target(arch: str, seed: int = 0) -> torch.nn.Module:
                  topk_method="noaux_tc", scoring_func="sigmoid")
     cfg = ModelConfig.from_hf(d)
     model = get_model_class(cfg.architecture)(cfg).eval()
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():  # O(1) logits and input-dependent routing (the default init routes near-uniformly)
-        for name, t in model.named_parameters():
-            if name.endswith("e_score_correction_bias"):
-                t.copy_(0.1 * torch.randn(t.shape, generator=g))
-            elif t.dim() == 1:
-                t.copy_(1.0 + 0.1 * torch.randn(t.shape, generator=g))
-            else:
-                t.copy_(2.0 * torch.randn(t.shape, generator=g) / math.sqrt(t.shape[-1]))
+    randomize_moe(model, seed)  # O(1) logits and input-dependent routing (the default init routes near-uniformly)
     return model
 
 

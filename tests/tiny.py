@@ -147,7 +147,7 @@ def per_expert(hf_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def randomize_moe(model: torch.nn.Module, seed: int) -> None:
-    """Weights for a tiny transformers Qwen3-MoE test model: O(1) logits and routing that depends on the inputs
+    """Weights for a tiny MoE test model (transformers' or ours): O(1) logits and routing that depends on the inputs
     (transformers' init, std 0.02, routes near-uniformly); gain 2, so that greedy decoding does not fall into a loop
     of two or three tokens at once."""
     g = torch.Generator().manual_seed(seed)
