@@ -6,8 +6,8 @@ check: tiny random Qwen3-MoE and DeepSeek-V3 targets in float32 on the device: t
   loop (no graphs) against the prepared one (grouped kernels, CUDA graphs): plain greedy and speculation with a
   random drafter (chain 3,1,4 and tree 3,2,6) must give the same tokens; and `grouped_experts` against the eager loop
   at Qwen3-30B-A3B's layer shape in bf16 (max error relative to the output's largest value).
-layer: the block layout by pairs (one program against the sort), then one MoE layer's routed experts, bf16, random routing: the eager loop against `grouped_experts` replayed from a
-  CUDA graph, for N tokens (k = 8 pairs each), and the bytes of the distinct experts chosen over that time; at
+layer: the block layout by pairs (one program against the sort), then one MoE layer's routed experts, bf16, random
+  routing: the eager loop against `grouped_experts` replayed from a CUDA graph, for N tokens (k = 8 pairs each), and the bytes of the distinct experts chosen over that time; at
   Qwen3-30B-A3B's shape (128 experts, H 2048, I 768) and DeepSeek-V3's (256 experts, H 7168, I 2048).
 model: Qwen3-30B-A3B's shape with random bf16 weights (`bench.random_model`, 61 GB): one decode step at batch 1 by
   the engine's phase timer with the eager per-expert loop (no graphs) and with the grouped kernels on CUDA graphs,
@@ -182,7 +182,8 @@ def part_layer() -> None:
     from eaglespec.layers import moe_kernel
 
     default = moe_kernel.GEMM_CFG
-    print("| layer | N | experts read | eager loop ms | grouped (graph) ms | grouped GB/s | speed-up | best config, ms |")
+    print("| layer | N | experts read | eager loop ms | grouped (graph) ms | grouped GB/s | speed-up "
+          "| best config, ms |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
     for label, shape in (("Qwen3-30B-A3B", (128, 8, 2048, 768)), ("DeepSeek-V3", (256, 8, 7168, 2048))):
         m = moe_layer(*shape)
@@ -200,8 +201,8 @@ def part_layer() -> None:
             moe_kernel.GEMM_CFG = default
             g = by_cfg[default]
             best = min(by_cfg, key=by_cfg.get)
-            print(f"| {label} | {N} | {n_exp} | {eager * 1e3:.3f} | {g * 1e3:.3f} | {n_exp * per_expert / g / 1e9:.0f} |"
-                  f" {eager / g:.1f}x | {best}: {by_cfg[best] * 1e3:.3f} |")
+            print(f"| {label} | {N} | {n_exp} | {eager * 1e3:.3f} | {g * 1e3:.3f} | "
+                  f"{n_exp * per_expert / g / 1e9:.0f} | {eager / g:.1f}x | {best}: {by_cfg[best] * 1e3:.3f} |")
 
 
 def part_layout() -> None:
@@ -245,7 +246,8 @@ def part_model(new: int) -> None:
     agree = sum(a == b for a, b in zip(ref, eager_ref))
     print("\n| Qwen3-30B-A3B (random bf16), batch 1 | ms per step | against the grouped decode step |")
     print("| --- | ---: | ---: |")
-    print(f"| decode, eager per-expert loop (no graphs) | {eager_decode * 1e3:.2f} | {eager_decode / graphs_decode:.2f}x |")
+    print(f"| decode, eager per-expert loop (no graphs) | {eager_decode * 1e3:.2f} | "
+          f"{eager_decode / graphs_decode:.2f}x |")
     print(f"| decode, grouped kernels, CUDA graphs | {graphs_decode * 1e3:.2f} | 1.00x |")
     full = prompt + ref
     for D in (4, 8):

@@ -6,12 +6,15 @@ N tokens' P = N*k (token, expert) pairs are placed into blocks of BLOCK_M slots,
 expert only, and two Triton GEMMs walk the blocks; each block reads its expert's weights once, so a decode or verify
 step reads each routed expert's weights about once (not once per pair) whatever its token count.
 
-- `expert_blocks(ids, num_experts, block_m) -> (pairs, block_expert)`: one Triton program (past
-  ONE_PROGRAM_MAX_PAIRS pairs: a stable sort and a scatter in PyTorch, the same layout). ids [N, k] (any integer
-  dtype); pairs [B * block_m] int32, the pair index p = token * k + slot in each used slot and P in padding slots;
-  block_expert [B] int32, each block's expert or -1 past the used blocks. B = `max_blocks(P, E, block_m)` =
-  ceil(P / block_m) + min(E, P): each expert with pairs wastes at most one partial block. Within an expert the pairs
-  keep their order (a stable sort), so the layout is a function of ids alone.
+- `expert_blocks(ids, num_experts, block_m) -> (pairs, block_expert)`: ids [N, k] (any integer dtype); pairs
+  [B * block_m] int32, the pair index p = token * k + slot in each used slot and P in the others; block_expert [B]
+  int32, each block's expert, -1 past the used blocks. B = `max_blocks(P, E, block_m)` = ceil(P / block_m) +
+  min(E, P): each expert with pairs wastes at most one partial block. Within an expert the pairs keep their order (a
+  stable sort), so the layout is a function of ids alone. Up to ONE_PROGRAM_MAX_PAIRS pairs (every decode, verify
+  and drafting step) one Triton program without a loop lays it out: a histogram of the experts, the keys
+  expert * PP + p sorted in registers, each pair's slot gathered from the per-expert offsets; a used block's expert
+  is written by the pair in its first slot. Longer prefills take a stable sort and a scatter in PyTorch (the same
+  layout, ~15 launches).
 - `grouped_experts(x, weights, ids, w13, w2) -> [N, H]`: x [N, H]; weights [N, k] float32; ids [N, k]; w13 [E, 2I, H]
   (each expert's gate rows then up rows, nn.Linear's [out, in]); w2 [E, H, I]. The first GEMM computes both halves
   of a block's tile and writes silu(gate) * up [P, I] in x's dtype (the eager MLP's rounding points); the second
@@ -49,49 +52,39 @@ def _kernels():
     import triton.language as tl
 
     @triton.jit
-    def align_kernel(ids, pairs, block_expert, P, E, blocks, BLOCK_M: tl.constexpr, EP: tl.constexpr,
-                     PB: tl.constexpr, BB: tl.constexpr):
-        # one program: counts per expert, then each pair's slot (stable within its expert), then each block's expert
-        re = tl.arange(0, EP)
-        rp = tl.arange(0, PB)
-        counts = tl.zeros([EP], dtype=tl.int32)
-        p0 = 0
-        while p0 < P:  # (while, not range: Triton's interpreter cannot take a runtime range bound under NumPy 2)
-            e = tl.load(ids + p0 + rp, mask=p0 + rp < P, other=-1).to(tl.int32)
-            counts += tl.sum((e[:, None] == re[None, :]).to(tl.int32), 0)  # [EP]
-            p0 += PB
+    def align_kernel(ids, pairs, block_expert, P, blocks, BLOCK_M: tl.constexpr, EP: tl.constexpr,
+                     PP: tl.constexpr, BP: tl.constexpr, SP: tl.constexpr):
+        # one program, no loop: every pair at once (PP >= P lanes), sorted by (expert, pair) in registers
+        rp = tl.arange(0, PP)
+        valid = rp < P
+        e = tl.load(ids + rp, mask=valid, other=0).to(tl.int32)
+        counts = tl.histogram(e, EP, mask=valid)  # [EP]
         nblk = (counts + BLOCK_M - 1) // BLOCK_M
-        blk_end = tl.cumsum(nblk, 0)  # [EP] blocks of experts <= e
-        slot0 = (blk_end - nblk) * BLOCK_M  # [EP] the first slot of each expert
-        # padding first: every slot of the blocks an expert uses holds P until a pair lands there
-        s0 = 0
-        while s0 < blocks * BLOCK_M:
-            tl.store(pairs + s0 + rp, tl.full([PB], 0, tl.int32) + P, mask=s0 + rp < blocks * BLOCK_M)
-            s0 += PB
-        tl.debug_barrier()
-        seen = tl.zeros([EP], dtype=tl.int32)  # pairs of each expert placed so far
-        lower = rp[None, :] < rp[:, None]  # [PB, PB] j before i
-        p0 = 0
-        while p0 < P:
-            e = tl.load(ids + p0 + rp, mask=p0 + rp < P, other=-1).to(tl.int32)
-            hot = (e[:, None] == re[None, :]).to(tl.int32)  # [PB, EP]
-            before = tl.sum(((e[:, None] == e[None, :]) & lower).to(tl.int32), 1)  # [PB] same expert, earlier here
-            dest = tl.sum(hot * (slot0 + seen)[None, :], 1) + before
-            tl.store(pairs + dest, p0 + rp, mask=p0 + rp < P)
-            seen += tl.sum(hot, 0)
-            p0 += PB
-        rb = tl.arange(0, BB)
-        b0 = 0
-        while b0 < blocks:
-            b = b0 + rb
-            ex = tl.sum((blk_end[None, :] <= b[:, None]).to(tl.int32), 1)  # [BB] experts whose blocks end by b
-            tl.store(block_expert + b, tl.where(ex < E, ex, -1), mask=b < blocks)
-            b0 += BB
+        slot0 = (tl.cumsum(nblk, 0) - nblk) * BLOCK_M  # [EP] each expert's first slot
+        first = tl.cumsum(counts, 0) - counts  # [EP] each expert's first place in the sorted order
+        key = tl.sort(tl.where(valid, e * PP + rp, EP * PP + rp))  # [PP] stable by expert; the P valid ones first
+        es = tl.minimum(key // PP, EP - 1)
+        rank = rp - tl.gather(first, es, 0)  # place within its expert
+        dest = tl.gather(slot0, es, 0) + rank
+        tl.store(pairs + dest, key % PP, mask=valid)
+        # a used block's expert is that of the pair in its first slot; the blocks past them take -1
+        tl.store(block_expert + dest // BLOCK_M, es, mask=valid & (rank % BLOCK_M == 0))
+        used = tl.sum(nblk, 0)
+        rb = tl.arange(0, BP)
+        tl.store(block_expert + rb, tl.full([BP], -1, tl.int32), mask=(rb >= used) & (rb < blocks))
+        rs = tl.arange(0, SP)  # the slots of unused blocks hold P (never read: a layout that is a function of ids)
+        tl.store(pairs + rs, tl.full([SP], 0, tl.int32) + P, mask=(rs >= used * BLOCK_M) & (rs < blocks * BLOCK_M))
+        # padding: the slots of each expert's last block past its pairs hold P
+        rm = tl.arange(0, BLOCK_M)
+        tail = slot0[:, None] + counts[:, None] + rm[None, :]  # [EP, BM]
+        tl.store(pairs + tail, tl.full([EP, BLOCK_M], 0, tl.int32) + P,
+                 mask=rm[None, :] < (nblk * BLOCK_M - counts)[:, None])
 
     @triton.jit
     def gemm_kernel(a, w, c, pairs, block_expert, scale, P, N, s_am, s_we, s_wn, s_cm, up_off,
                     K: tl.constexpr, A_DIV: tl.constexpr, GATED: tl.constexpr, SCALE: tl.constexpr,
-                    IEEE: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                    IEEE: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BLOCK_K: tl.constexpr):
         # one program: BLOCK_M slots of one expert x BLOCK_N output features; a's row of slot p is p // A_DIV
         pid_m = tl.program_id(0)
         e = tl.load(block_expert + pid_m)
@@ -138,9 +131,8 @@ def _kernels():
     return align_kernel, gemm_kernel
 
 
-# Pairs up to which one Triton program lays out the blocks (a step's few hundred pairs: one launch instead of ~15);
-# past it the program's serial walk over the pairs would cost more than the sort-based layout of `_blocks_by_sort`
-# (a long prefill: 8,192 tokens x 8 = 65,536 pairs)
+# Pairs up to which one Triton program lays out the blocks (one launch instead of `_blocks_by_sort`'s ~15): its
+# registers hold every pair, sorted; a long prefill (8,192 tokens x 8 = 65,536 pairs) takes the sort in PyTorch
 ONE_PROGRAM_MAX_PAIRS = 4096
 
 
@@ -170,10 +162,9 @@ def expert_blocks(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[to
     pairs = torch.empty(blocks * block_m, dtype=torch.int32, device=ids.device)
     block_expert = torch.empty(blocks, dtype=torch.int32, device=ids.device)
     if blocks:
-        EP = pow2(num_experts, 16)
-        PB = max(16, min(64, 8192 // EP))  # [PB, EP] one-hot tiles of at most 8K elements
-        _kernels()[0][(1,)](ids.reshape(-1).contiguous(), pairs, block_expert, P, num_experts, blocks,
-                            BLOCK_M=block_m, EP=EP, PB=PB, BB=max(16, min(64, 8192 // EP)), num_warps=8)
+        _kernels()[0][(1,)](ids.reshape(-1).contiguous(), pairs, block_expert, P, blocks, BLOCK_M=block_m,
+                            EP=pow2(num_experts, 16), PP=pow2(P, 16), BP=pow2(blocks, 16),
+                            SP=pow2(blocks * block_m, 16), num_warps=8)
     return pairs, block_expert
 
 
