@@ -7,8 +7,10 @@ check: tiny random Qwen3-MoE and DeepSeek-V3 targets in float32 on the device: t
   random drafter (chain 3,1,4 and tree 3,2,6) must give the same tokens; and `grouped_experts` against the eager loop
   at Qwen3-30B-A3B's layer shape in bf16 (max error relative to the output's largest value).
 layer: the block layout by pairs (one program against the sort), then one MoE layer's routed experts, bf16, random
-  routing: the eager loop against `grouped_experts` replayed from a CUDA graph, for N tokens (k = 8 pairs each), and the bytes of the distinct experts chosen over that time; at
-  Qwen3-30B-A3B's shape (128 experts, H 2048, I 768) and DeepSeek-V3's (256 experts, H 7168, I 2048).
+  routing: the eager loop against `grouped_experts` replayed from a CUDA graph, for N tokens (k = 8 pairs each),
+  and the bytes of the distinct experts chosen over that time (Qwen3's one-token layer fits the 50 MB L2: read warm);
+  tile configurations swept; at Qwen3-30B-A3B's shape (128 experts, H 2048, I 768) and DeepSeek-V3's (256
+  experts, H 7168, I 2048).
 model: Qwen3-30B-A3B's shape with random bf16 weights (`bench.random_model`, 61 GB): one decode step at batch 1 by
   the engine's phase timer with the eager per-expert loop (no graphs) and with the grouped kernels on CUDA graphs,
   and verify steps of an oracle chain (D = 4, 8) against that decode step (issue 4's verify-vs-decode ratio).
