@@ -183,7 +183,7 @@ def graph_time(fn, reps: int = 100) -> float:
 def part_layer() -> None:
     from eaglespec.layers import moe_kernel
 
-    default = moe_kernel.GEMM_CFG
+    default = None  # the kernel's own choice by width
     print("| layer | N | experts read | eager loop ms | grouped (graph) ms | grouped GB/s | speed-up "
           "| best config, ms |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
@@ -201,7 +201,7 @@ def part_layer() -> None:
                 moe_kernel.GEMM_CFG = cfg
                 by_cfg[cfg] = graph_time(lambda: grouped_experts(x, w, ids, m.w13, m.w2))
             moe_kernel.GEMM_CFG = default
-            g = by_cfg[default]
+            g = graph_time(lambda: grouped_experts(x, w, ids, m.w13, m.w2))
             best = min(by_cfg, key=by_cfg.get)
             print(f"| {label} | {N} | {n_exp} | {eager * 1e3:.3f} | {g * 1e3:.3f} | "
                   f"{n_exp * per_expert / g / 1e9:.0f} | {eager / g:.1f}x | {best}: {by_cfg[best] * 1e3:.3f} |")
@@ -214,7 +214,7 @@ def part_layout() -> None:
     print("| pairs | one program ms | by sort ms |")
     print("| ---: | ---: | ---: |")
     limit = moe_kernel.ONE_PROGRAM_MAX_PAIRS
-    for P in (8, 64, 512, 2048, 4096, 16384, 65536):
+    for P in (8, 64, 512, 2048, 4096, 16384):
         ids = torch.stack([torch.randperm(128, device=DEV)[:8] for _ in range(P // 8)])
         moe_kernel.ONE_PROGRAM_MAX_PAIRS = 1 << 30
         one = time_fn(lambda: moe_kernel.expert_blocks(ids, 128, 16), 20)

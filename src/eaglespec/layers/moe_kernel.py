@@ -172,15 +172,22 @@ def _interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-# BLOCK_N, BLOCK_K, num_warps: a first choice for bf16 experts (Qwen3-30B-A3B's 768 / 2048, DeepSeek-V3's 2048 / 7168)
-GEMM_CFG = (64, 64, 4)
+# BLOCK_N, BLOCK_K, num_warps by the GEMM's input width: the best of session 54's sweep on an H100 (bf16, routed
+# experts of 1-256 tokens, k = 8; benchmarks/moe_graphs_check.py): Qwen3-30B-A3B's (K 2048 / 768) at (64, 128, 4),
+# DeepSeek-V3's (K 7168 / 2048) at (128, 128, 8), 5-8% faster than (64, 64, 4)
+GEMM_CFG: tuple[int, int, int] | None = None  # set: every GEMM takes it (the benchmark's sweep)
+
+
+def _gemm_cfg(width: int) -> tuple[int, int, int]:
+    """(BLOCK_N, BLOCK_K, num_warps) for a layer of this width (the wider of a GEMM's K and N: the hidden size)."""
+    return GEMM_CFG if GEMM_CFG is not None else (128, 128, 8) if width >= 4096 else (64, 128, 4)
 
 
 def _grouped_gemm(a: torch.Tensor, w: torch.Tensor, pairs: torch.Tensor, block_expert: torch.Tensor, block_m: int,
                   P: int, a_div: int, out: torch.Tensor, gated: bool, scale: torch.Tensor | None) -> torch.Tensor:
     N = out.shape[1]
-    BN, BK, warps = GEMM_CFG
     K = a.shape[1]
+    BN, BK, warps = _gemm_cfg(max(K, N))  # the hidden size: K of the first GEMM, N of the second
     grid = (block_expert.shape[0], -(-N // BN))
     if grid[0] and N:
         _kernels()[1][grid](a, w, out, pairs, block_expert, scale if scale is not None else out, P, N, a.stride(0),
