@@ -18,7 +18,7 @@ from tiny import randomize_moe, tiny_drafter  # noqa: E402
 from eaglespec.config import EngineConfig, ModelConfig, MoEConfig, SpecConfig  # noqa: E402
 from eaglespec.engine.cuda_graphs import GraphCache, capturable  # noqa: E402
 from eaglespec.engine.engine import Engine  # noqa: E402
-from eaglespec.engine.transforms import fuse_projections, use_grouped_experts  # noqa: E402
+from eaglespec.engine.transforms import fuse_projections, use_grouped_experts, use_router_kernel  # noqa: E402
 from eaglespec.layers.context import ForwardContext  # noqa: E402
 from eaglespec.layers.moe import MoE  # noqa: E402
 from eaglespec.layers.moe_kernel import (_blocks_by_sort, block_m_for, expert_blocks, grouped_experts,  # noqa: E402
@@ -163,7 +163,8 @@ PROMPTS = [[1, 2, 3, 4, 5], [7, 8, 9], list(range(10, 40))]
 
 @pytest.mark.parametrize("arch", ["qwen3_moe", "deepseek_v3"])
 def test_grouped_moe_targets_on_the_static_path_speculate_as_plain(arch):
-    """The graph path's bucketed all-rows steps (run eagerly here, `GraphCache(capture=False)`) on a grouped MoE target:
+    """The graph path's bucketed all-rows steps (run eagerly here, `GraphCache(capture=False)`) on a grouped MoE target
+    with fused routers:
     plain decoding and speculation (a chain and a tree) give the eager untransformed engine's greedy tokens."""
     target = _tiny_target(arch)
     params = SamplingParams(max_new_tokens=12, ignore_eos=True)
@@ -171,6 +172,8 @@ def test_grouped_moe_targets_on_the_static_path_speculate_as_plain(arch):
     ref = [o.token_ids for o in Engine(target, None, cfg).generate(PROMPTS, params)]
     drafter = tiny_drafter(target, seed=1, hidden=target.config.hidden_size)  # hidden = the target's (EAGLE-3)
     use_grouped_experts(target)
+    use_router_kernel(target)  # the routers' selection as one kernel too, as on CUDA
+    assert all(m.gate.fused for m in target.modules() if isinstance(m, MoE))
     for spec in (None, SpecConfig(steps=3, topk=1, draft_tokens=4), SpecConfig(steps=3, topk=2, draft_tokens=6)):
         eng = Engine(target, None, cfg, drafter=drafter if spec else None, spec=spec)
         eng.runner.graphs = GraphCache(eng.runner, capture=False)

@@ -5,6 +5,8 @@
 - `use_grouped_experts(model)` (CUDA): every MoE's routed SwiGLU experts as two grouped Triton GEMMs over
   expert-sorted blocks (layers/moe_kernel.py) instead of the eager per-expert loop, whose host sync per layer kept
   MoE targets off CUDA graphs; the experts' weights stacked, their parameters views into the stacks.
+- `use_router_kernel(model)` (CUDA): every MoE router's selection after its logits (scores, group limit, top-k,
+  normalisation) as one Triton kernel (layers/router_kernel.py) instead of ~8 PyTorch launches.
 - `use_rope_store_kernel(model)` (CUDA): RoPE on q/k and both KV-cache writes as one Triton kernel per layer.
 - `use_short_attention_kernel(model)` (CUDA): attention of decode / verify / drafter steps of small batches over the
   cache as two Triton kernels (split-K + combine) instead of SDPA's cuDNN kernel.
@@ -147,6 +149,17 @@ def use_grouped_experts(model: nn.Module) -> nn.Module:
                 e.down_proj.weight.data = w2[i]
         m.w13, m.w2 = w13, w2
         m.supports_cuda_graphs = True
+    return model
+
+
+def use_router_kernel(model: nn.Module) -> nn.Module:
+    """Every MoE router whose shape the kernel takes (`router_kernel.fits`) selects its experts in one Triton kernel."""
+    from ..layers.moe import NoAuxRouter, SoftmaxTopKRouter
+    from ..layers.router_kernel import fits
+
+    for m in model.modules():
+        if isinstance(m, SoftmaxTopKRouter) or (isinstance(m, NoAuxRouter) and fits(m.num_experts, m.n_group)):
+            m.fused = True
     return model
 
 
@@ -356,6 +369,7 @@ def prepare_for_inference(model: nn.Module, device: torch.device, fuse: bool | N
         fuse_projections(model)
         if device.type == "cuda":
             use_grouped_experts(model)
+            use_router_kernel(model)
             use_rope_store_kernel(model)
             use_short_attention_kernel(model)
             use_norm_linear_kernel(model)

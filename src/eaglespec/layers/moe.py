@@ -14,6 +14,8 @@ ids [N, k] int64).
   follows `.to(dtype)`, as in transformers and vLLM), then in float32 `p = softmax(logits)`, the top-k of `p`,
   divided by their sum when `norm_topk_prob`, times `routed_scaling_factor` (1 for Qwen). transformers casts these
   weights to the model's dtype before weighting the experts; here they stay float32 (the same in float32 parity).
+On CUDA `engine.transforms.use_router_kernel` sets `fused`: both routers then compute their logits as above and the
+rest in one Triton kernel (layers/router_kernel.py; ties pick the lower expert id).
 
 Eagerly, experts run per expert over the tokens routed to it: the (token, expert) pairs are sorted by expert, each
 expert with tokens runs once on its contiguous slice, and the weighted outputs are scattered back with `index_add_`
@@ -36,6 +38,8 @@ from .mlp import GatedMLP
 
 class NoAuxRouter(nn.Module):
     """noaux_tc top-k router; checkpoint name `gate`. Returns (weights [N, k] fp32, expert ids [N, k] int64)."""
+
+    fused = False  # engine.transforms.use_router_kernel: the selection after the logits as one Triton kernel
 
     def __init__(self, hidden_size: int, moe: MoEConfig) -> None:
         super().__init__()
@@ -60,7 +64,13 @@ class NoAuxRouter(nn.Module):
         return self
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        scores = torch.sigmoid(x.float() @ self.weight.float().t())  # [N, E]
+        logits = x.float() @ self.weight.float().t()  # [N, E]
+        if self.fused:
+            from .router_kernel import route
+
+            return route(logits, self.top_k, True, self.e_score_correction_bias, self.n_group, self.topk_group,
+                         self.norm_topk_prob, self.scaling)
+        scores = torch.sigmoid(logits)  # [N, E]
         choice = scores + self.e_score_correction_bias.float()  # [N, E] biased, for choosing only
         if self.n_group > 1:
             N = x.shape[0]
@@ -79,6 +89,8 @@ class NoAuxRouter(nn.Module):
 class SoftmaxTopKRouter(nn.Module):
     """softmax / greedy top-k router (Qwen3-MoE); checkpoint name `gate`. Returns (weights [N, k] fp32, ids [N, k])."""
 
+    fused = False  # engine.transforms.use_router_kernel: the selection after the logits as one Triton kernel
+
     def __init__(self, hidden_size: int, moe: MoEConfig) -> None:
         super().__init__()
         if moe.n_group > 1:
@@ -91,6 +103,10 @@ class SoftmaxTopKRouter(nn.Module):
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         logits = x @ self.weight.t()  # [N, E] in x's dtype, as transformers' and vLLM's gate computes them
+        if self.fused:
+            from .router_kernel import route
+
+            return route(logits, self.top_k, False, None, 1, 1, self.norm_topk_prob, self.scaling)
         probs = torch.softmax(logits.float(), dim=-1)  # [N, E] float32
         weights, ids = probs.topk(self.top_k, dim=-1)  # [N, k] each
         if self.norm_topk_prob:
