@@ -1,6 +1,7 @@
 """Qwen2 / Qwen3 targets (session 52, tested on the CPU only) through the full inference path of a device: a random
 model of each written by transformers to a folder, loaded by `eaglespec.load` (every transform and kernel the device
-takes: on CUDA graphs, fused projections, Triton kernels; QKNormAttention never takes the RoPE + KV-store kernel),
+takes: on CUDA graphs, fused projections, Triton kernels; since session 54 QKNormAttention's head norms in the
+RoPE + KV-store kernel),
 greedy against transformers' own `generate` of the same weights, in float32 (exact but for reassociation) and bf16.
 
     python benchmarks/qwen_device_check.py [--device cuda] [--new 48]

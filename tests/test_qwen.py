@@ -92,7 +92,8 @@ def test_greedy_speculation_equals_plain_with_every_cpu_transform(case):
     """Through the engine with a tiny EAGLE-3 drafter: speculative greedy output equals plain (chain and tree); and
     plain output is the same with fused q/k/v and gate/up, then with the add + norm + projection kernel for steps of
     up to 4 tokens and the input norms folded into the projections for longer ones (Qwen3, bias-free: Triton's
-    interpreter; `attend_heads` scales q/k/v before the per-head norms), never the RoPE + KV-store kernel."""
+    interpreter; `attend_heads` scales q/k/v before the per-head norms), and with the RoPE + KV-store kernel, which
+    applies Qwen3's per-head norms (`head_norms`) after the folded scale."""
     ours = ours_of(hf_model(case))
     drafter = tiny_drafter(ours, seed=2, hidden=48)
     prompts = [[5, 6, 7, 8, 9, 10], [40, 41, 2], list(range(20, 45))]
@@ -102,8 +103,8 @@ def test_greedy_speculation_equals_plain_with_every_cpu_transform(case):
     fused = ours_of(hf_model(case))
     transforms.fuse_projections(fused)
     assert [o.token_ids for o in Engine(fused, None, EngineConfig(max_batch_size=3)).generate(prompts, params)] == plain
-    transforms.use_rope_store_kernel(fused)  # never given to an attention that norms q and k first
-    assert all(m.rope_store is None for m in fused.modules() if isinstance(m, QKNormAttention))
+    transforms.use_rope_store_kernel(fused)  # Qwen3's per-head norms included
+    assert all(m.rope_store is not None for m in fused.modules() if isinstance(m, QKNormAttention))
     transforms.fold_norms(transforms.use_norm_linear_kernel(fused, max_rows=4))
     assert all(layer.folded_norms for layer in fused.model.layers) == (case == "qwen3")
     short = SamplingParams(max_new_tokens=5, ignore_eos=True)  # (the interpreted kernels are slow: a short run)

@@ -168,7 +168,7 @@ def use_rope_store_kernel(model: nn.Module) -> nn.Module:
     from ..layers.rope_kv_kernel import rope_store
 
     for m in model.modules():
-        if (isinstance(m, GQAAttention) and m.takes_rope_store and hasattr(m, "qkv_proj")
+        if (isinstance(m, GQAAttention) and hasattr(m, "qkv_proj")
                 and (m.head_dim // 2) & (m.head_dim // 2 - 1) == 0):
             m.rope_store = rope_store
     return model

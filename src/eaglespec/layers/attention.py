@@ -162,7 +162,6 @@ class GQAAttention(nn.Module):
     `in_features` may differ from the model width: the EAGLE-3 drafter feeds 2H (embedding and hidden) into q/k/v.
     """
 
-    takes_rope_store = True  # q and k go to RoPE as projected (QKNormAttention's are normed first)
 
     def __init__(
         self,
@@ -183,10 +182,14 @@ class GQAAttention(nn.Module):
         self.v_proj = nn.Linear(in_features, num_kv_heads * head_dim, bias=bias)
         self.o_proj = nn.Linear(num_heads * head_dim, hidden_size, bias=bias if o_bias is None else o_bias)
         self.rope = apply_rotary  # engine.transforms may swap in a compiled version
-        self.rope_store = None  # engine.transforms may set the fused RoPE + KV-store kernel (fused q/k/v only,
-        #                         attentions whose q and k go to RoPE as projected: `takes_rope_store`)
+        self.rope_store = None  # engine.transforms may set the fused RoPE + KV-store kernel (fused q/k/v only;
+        #                         it applies `head_norms()` before RoPE)
         # and, with it, the short-query attention kernels (layers/short_attention_kernel.py) for the steps they fit
         self.attn_kernel: AttentionKernel | None = None
+
+    def head_norms(self) -> tuple[torch.Tensor, torch.Tensor, float] | None:
+        """Per-head (q weight, k weight, eps) RMSNorms between the projection and RoPE: none here."""
+        return None
 
     def fuse_qkv(self) -> None:
         """Replace q/k/v_proj by one `qkv_proj` (rows: q, then k, then v). Checkpoint names are lost: inference only."""
@@ -240,7 +243,7 @@ class GQAAttention(nn.Module):
         if self.rope_store is not None and cache is not None and ctx.write_index is not None:
             # one kernel: (the norm's scale,) RoPE on q and k, k and v into the cache
             q = self.rope_store(qkv, cos, sin, cache[0], cache[1], ctx.row_index(B), ctx.write_index, H, Hkv,
-                                norm_of=norm_of)
+                                norm_of=norm_of, head_norms=self.head_norms())
             k_cache = cache[0]
             if (self.attn_kernel is not None and k_cache.dtype == q.dtype
                     and self.attn_kernel.fits(B, T, H, Hkv, Dh, q.dtype)):
@@ -257,18 +260,18 @@ class GQAAttention(nn.Module):
 
 class QKNormAttention(GQAAttention):
     """Qwen3's attention: GQAAttention with an RMSNorm over each head's q and k (`q_norm`, `k_norm`: [head_dim]
-    weights, checkpoint names kept) between the projection and RoPE. The fused RoPE + KV-store kernel (and the
-    short-query attention kernel that comes with it) does not apply the norms, so engine.transforms leaves this
-    attention without them (`takes_rope_store`); the fused projections, folded input norms and the fused add + norm +
-    projection kernel all reach `attend_heads`, which applies them."""
-
-    takes_rope_store = False
+    weights, checkpoint names kept) between the projection and RoPE. The fused RoPE + KV-store kernel applies them
+    (`head_norms`; the short-query attention kernel comes with it); without it `attend_heads` does."""
 
     def __init__(self, in_features: int, hidden_size: int, num_heads: int, num_kv_heads: int, head_dim: int,
                  eps: float, bias: bool = False) -> None:
         super().__init__(in_features, hidden_size, num_heads, num_kv_heads, head_dim, bias)
         self.q_norm = RMSNorm(head_dim, eps)
         self.k_norm = RMSNorm(head_dim, eps)
+
+    def head_norms(self) -> tuple[torch.Tensor, torch.Tensor, float]:
+        assert self.q_norm.eps == self.k_norm.eps
+        return self.q_norm.weight, self.k_norm.weight, self.q_norm.eps
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: ForwardContext,
                 cache: Sequence[torch.Tensor] | None) -> torch.Tensor:
@@ -286,6 +289,8 @@ class QKNormAttention(GQAAttention):
                      norm_of: tuple[torch.Tensor, float] | None = None) -> torch.Tensor:
         """qkv [B, T, (H + 2 Hkv) * D] -> [B, T, H * D]: (the folded input norm's scale,) q and k normed per head,
         RoPE, attention."""
+        if self.rope_store is not None and cache is not None and ctx.write_index is not None:
+            return super().attend_heads(qkv, cos, sin, ctx, cache, norm_of)  # the kernel applies `head_norms()`
         B, T, _ = qkv.shape
         H, Hkv, Dh = self.num_heads, self.num_kv_heads, self.head_dim
         qkv = qkv.view(B, T, H + 2 * Hkv, Dh)

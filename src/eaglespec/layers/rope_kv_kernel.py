@@ -16,6 +16,9 @@ on a GPU each is a few microseconds of mostly launch latency, so one kernel save
   With `norm_of=(h, eps)`, h [B, T, K] the projection's input, q, k and v are first multiplied by h's RMSNorm scale
   1 / sqrt(mean(h^2) + eps) in float32: the attention's input norm, its weight folded into q/k/v
   (`engine.transforms.fold_norms`), applied after the projection instead of in a kernel before it.
+  With `head_norms=(q_weight, k_weight, eps)` (Qwen3's `QKNormAttention`), every q head and every k head is then
+  RMS-normalised over its D values and multiplied by q_weight or k_weight [D] before RoPE, with the module's rounding
+  points (normalised, rounded to qkv's dtype, times the weight, rounded again).
 The kernel is built on first use, so that `TRITON_INTERPRET=1` (set by the CPU tests) takes effect.
 """
 
@@ -25,17 +28,22 @@ import functools
 
 import torch
 
-from .norm import rms_scaled
+from .norm import rms_norm, rms_scaled
 from .pdl import launch_options
 from .rotary import apply_rotary
 
 
 def rope_store_reference(qkv, cos, sin, k_cache, v_cache, rows, write_index, n_heads: int, n_kv_heads: int,
-                         norm_of: tuple[torch.Tensor, float] | None = None):
+                         norm_of: tuple[torch.Tensor, float] | None = None,
+                         head_norms: tuple[torch.Tensor, torch.Tensor, float] | None = None):
     H, Hkv = n_heads, n_kv_heads
     if norm_of is not None:
         qkv = rms_scaled(qkv, *norm_of).to(qkv.dtype)
-    qk = apply_rotary(qkv[:, :, : H + Hkv], cos, sin)
+    qk = qkv[:, :, : H + Hkv]
+    if head_norms is not None:
+        qw, kw, eps = head_norms
+        qk = torch.cat((rms_norm(qk[:, :, :H], qw, eps), rms_norm(qk[:, :, H:], kw, eps)), 2)
+    qk = apply_rotary(qk, cos, sin)
     k_cache[rows[:, None], write_index] = qk[:, :, H:].to(k_cache.dtype)
     v_cache[rows[:, None], write_index] = qkv[:, :, H + Hkv :].to(v_cache.dtype)
     return qk[:, :, :H]
@@ -47,9 +55,10 @@ def _kernel():
     import triton.language as tl
 
     @triton.jit
-    def rope_store_kernel(qkv, cos, sin, q_out, k_cache, v_cache, rows, widx, x, K, eps,
+    def rope_store_kernel(qkv, cos, sin, q_out, k_cache, v_cache, rows, widx, x, K, eps, qw, kw, head_eps,
                           T, NH_IN, H, HKV, s_cache_row, s_cache_pos, HALF: tl.constexpr, NORM: tl.constexpr,
-                          BLOCK_K: tl.constexpr, NHP: tl.constexpr, VP: tl.constexpr, PDL: tl.constexpr = False):
+                          HEAD_NORM: tl.constexpr, BLOCK_K: tl.constexpr, NHP: tl.constexpr, VP: tl.constexpr,
+                          PDL: tl.constexpr = False):
         if PDL:  # layers/pdl.py: nothing here is a weight, so wait for the kernel before at once
             tl.extra.cuda.gdc_launch_dependents()
             tl.extra.cuda.gdc_wait()
@@ -68,6 +77,14 @@ def _kernel():
             r = 1.0 / tl.sqrt(tl.sum(xr * xr, axis=0) / K + eps)
             x1 = x1 * r
             x2 = x2 * r
+        if HEAD_NORM:  # each q / k head's RMSNorm (the module's roundings: normalised, rounded, times the weight)
+            dt = qkv.dtype.element_ty
+            rh = 1.0 / tl.sqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / (2 * HALF) + head_eps)  # [NHP]
+            is_qh = hh < H
+            w1 = tl.where(is_qh, tl.load(qw + offs).to(tl.float32), tl.load(kw + offs).to(tl.float32))
+            w2 = tl.where(is_qh, tl.load(qw + HALF + offs).to(tl.float32), tl.load(kw + HALF + offs).to(tl.float32))
+            x1 = ((x1 * rh[:, None]).to(dt).to(tl.float32) * w1).to(dt).to(tl.float32)
+            x2 = ((x2 * rh[:, None]).to(dt).to(tl.float32) * w2).to(dt).to(tl.float32)
         c = tl.load(cos + bt * HALF + offs)
         s = tl.load(sin + bt * HALF + offs)
         o1 = x1 * c - x2 * s
@@ -99,7 +116,8 @@ def _kernel():
 
 
 def rope_store(qkv, cos, sin, k_cache, v_cache, rows, write_index, n_heads: int, n_kv_heads: int,
-               norm_of: tuple[torch.Tensor, float] | None = None) -> torch.Tensor:
+               norm_of: tuple[torch.Tensor, float] | None = None,
+               head_norms: tuple[torch.Tensor, torch.Tensor, float] | None = None) -> torch.Tensor:
     B, T, NH, D = qkv.shape
     assert NH == n_heads + 2 * n_kv_heads and D % 2 == 0 and (D // 2) & (D // 2 - 1) == 0, "head_dim/2: power of 2"
     assert k_cache.stride(-1) == 1 and k_cache.stride(-2) == D and k_cache.stride() == v_cache.stride()
@@ -109,10 +127,11 @@ def rope_store(qkv, cos, sin, k_cache, v_cache, rows, write_index, n_heads: int,
     K = x.shape[-1]
     assert norm_of is None or x.shape[:2] == (B, T)
     H, HKV = n_heads, n_kv_heads
+    qw, kw, head_eps = head_norms if head_norms is not None else (qkv, qkv, 0.0)
     _kernel()[(B * T,)](
         qkv, cos.contiguous(), sin.contiguous(), q, k_cache, v_cache, rows.contiguous(), write_index.contiguous(),
-        x, K, eps, T, NH, H, HKV, k_cache.stride(0), k_cache.stride(1), HALF=D // 2, NORM=norm_of is not None,
-        BLOCK_K=1 << (K - 1).bit_length(), NHP=1 << (H + HKV - 1).bit_length(), VP=1 << (HKV - 1).bit_length(),
+        x, K, eps, qw, kw, float(head_eps), T, NH, H, HKV, k_cache.stride(0), k_cache.stride(1), HALF=D // 2,
+        NORM=norm_of is not None, HEAD_NORM=head_norms is not None, BLOCK_K=1 << (K - 1).bit_length(), NHP=1 << (H + HKV - 1).bit_length(), VP=1 << (HKV - 1).bit_length(),
         **launch_options(q),
     )
     return q
