@@ -131,7 +131,8 @@ def rope_store(qkv, cos, sin, k_cache, v_cache, rows, write_index, n_heads: int,
     _kernel()[(B * T,)](
         qkv, cos.contiguous(), sin.contiguous(), q, k_cache, v_cache, rows.contiguous(), write_index.contiguous(),
         x, K, eps, qw, kw, float(head_eps), T, NH, H, HKV, k_cache.stride(0), k_cache.stride(1), HALF=D // 2,
-        NORM=norm_of is not None, HEAD_NORM=head_norms is not None, BLOCK_K=1 << (K - 1).bit_length(), NHP=1 << (H + HKV - 1).bit_length(), VP=1 << (HKV - 1).bit_length(),
+        NORM=norm_of is not None, HEAD_NORM=head_norms is not None, BLOCK_K=1 << (K - 1).bit_length(),
+        NHP=1 << (H + HKV - 1).bit_length(), VP=1 << (HKV - 1).bit_length(),
         **launch_options(q),
     )
     return q
