@@ -162,7 +162,6 @@ class GQAAttention(nn.Module):
     `in_features` may differ from the model width: the EAGLE-3 drafter feeds 2H (embedding and hidden) into q/k/v.
     """
 
-
     def __init__(
         self,
         in_features: int,
