@@ -324,6 +324,30 @@ def test_greedy_spec_equals_plain_text_and_images(folders, which):
     target.set_eagle3_layers_to_capture(None)
 
 
+def test_grouped_experts_on_the_graph_path_equal_plain(folders):
+    """Kimi-K2.5 as CUDA runs it since session 54 (grouped experts, fused routers: `capturable`), through the graph
+    path's static steps (run eagerly here, `GraphCache(capture=False)`): text and image prompts, plain and a chain,
+    give the eager engine's tokens."""
+    from eaglespec.engine.cuda_graphs import GraphCache, capturable
+    from eaglespec.engine.transforms import use_grouped_experts, use_router_kernel
+
+    lm = load_model(folders["bf16"])  # a copy of its own: the transforms change it
+    target, tok = lm.model, lm.tokenizer
+    prompts, images = ["The capital of France is", "Describe the picture."], [None, [synthetic_image(7)]]
+    params = SamplingParams(max_new_tokens=10, ignore_eos=True)
+    plain = [o.token_ids for o in Engine(target, tok).generate(prompts, params, images=images)]
+    drafter = tiny_drafter(target, seed=3, draft_vocab=None,
+                           eagle_config={"eagle_aux_hidden_state_layer_ids": [0, 1, 2]})
+    assert not capturable(target)
+    use_router_kernel(use_grouped_experts(target))
+    assert capturable(target)
+    for spec in (None, SpecConfig(3, 1, 4)):
+        eng = Engine(target, tok, EngineConfig(), drafter=drafter if spec else None, spec=spec)
+        eng.runner.graphs = GraphCache(eng.runner, capture=False)
+        assert [o.token_ids for o in eng.generate(prompts, params, images=images)] == plain
+    target.set_eagle3_layers_to_capture(None)
+
+
 def test_prompts_with_images_neither_keep_nor_reuse_cache_entries(folders):
     """Prefix reuse (engine/scheduler.py) is for text: two images of the same size give the same placeholder ids, so
     an image request's row keeps nothing and an image request reuses nothing; each answer is a fresh engine's."""
