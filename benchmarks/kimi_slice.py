@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from eaglespec.bench.random_model import KIMI_K25_SLICE
 from eaglespec.config import ModelConfig
 from eaglespec.engine.kv_cache import KVCache
 from eaglespec.layers.context import ForwardContext, causal_tail, prefix_tail_mask
@@ -33,16 +34,7 @@ from eaglespec.models.deepseek_v3 import DeepseekV3ForCausalLM
 OUT = Path(sys.argv[1])
 TINY = "--tiny" in sys.argv
 DEV = torch.device("cpu" if TINY else "cuda")
-TEXT = dict(
-    architectures=["DeepseekV3ForCausalLM"], model_type="deepseek_v3", hidden_size=7168, num_hidden_layers=3,
-    num_attention_heads=64, num_key_value_heads=64, q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128,
-    qk_rope_head_dim=64, v_head_dim=128, n_routed_experts=384, num_experts_per_tok=8, n_shared_experts=1,
-    moe_intermediate_size=2048, first_k_dense_replace=1, n_group=1, topk_group=1, routed_scaling_factor=2.827,
-    intermediate_size=18432, vocab_size=163840, rms_norm_eps=1e-5, tie_word_embeddings=False,
-    max_position_embeddings=262144, rope_theta=50000.0,
-    rope_scaling=dict(type="yarn", factor=64.0, original_max_position_embeddings=4096, beta_fast=32.0, beta_slow=1.0,
-                      mscale=1.0, mscale_all_dim=1.0),
-)
+TEXT = dict(KIMI_K25_SLICE)  # the `bench --random-weights kimi-k2.5-slice` preset
 if TINY:
     TEXT.update(hidden_size=64, num_attention_heads=4, num_key_value_heads=4, q_lora_rank=32, kv_lora_rank=16,
                 qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=8, n_routed_experts=16, moe_intermediate_size=32,

@@ -1,6 +1,6 @@
 """MoE targets on CUDA graphs (session 54): the grouped expert kernels (layers/moe_kernel.py) checked and timed.
 
-    python benchmarks/moe_graphs_check.py [--part all|check|layer|model] [--new 64]
+    python benchmarks/moe_graphs_check.py [--part all|check|layer|model] [--new 64] [--shape qwen3-30b-a3b]
 
 check: tiny random Qwen3-MoE and DeepSeek-V3 targets in float32 on the device: the eager engine with the per-expert
   loop (no graphs) against the prepared one (grouped kernels, CUDA graphs): plain greedy and speculation with a
@@ -11,9 +11,10 @@ layer: the block layout by pairs (one program against the sort), then one MoE la
   and the bytes of the distinct experts chosen over that time (Qwen3's one-token layer fits the 50 MB L2: read warm);
   tile configurations swept; at Qwen3-30B-A3B's shape (128 experts, H 2048, I 768) and DeepSeek-V3's (256
   experts, H 7168, I 2048).
-model: Qwen3-30B-A3B's shape with random bf16 weights (`bench.random_model`, 61 GB): one decode step at batch 1 by
-  the engine's phase timer with the eager per-expert loop (no graphs) and with the grouped kernels on CUDA graphs,
-  and verify steps of an oracle chain (D = 4, 8) against that decode step (issue 4's verify-vs-decode ratio).
+model: Qwen3-30B-A3B's shape (or `--shape`, e.g. kimi-k2.5-slice on an H200) with random bf16 weights
+  (`bench.random_model`; Qwen3-30B-A3B: 61 GB): one decode step at batch 1 by the engine's phase timer with the eager
+  per-expert loop (no graphs) and with the grouped kernels on CUDA graphs, and verify steps of an oracle chain
+  (D = 4, 8) against that decode step (issue 4's verify-vs-decode ratio).
 Prints a table per part.
 """
 
@@ -224,11 +225,11 @@ def part_layout() -> None:
     moe_kernel.ONE_PROGRAM_MAX_PAIRS = limit
 
 
-def part_model(new: int) -> None:
+def part_model(new: int, shape: str) -> None:
     from eaglespec.bench.random_model import random_model
 
     t0 = time.perf_counter()
-    loaded = random_model("qwen3-30b-a3b", DEV, torch.bfloat16, 0)
+    loaded = random_model(shape, DEV, torch.bfloat16, 0)
     target = loaded.model
     prepare_for_inference(target, DEV, None, None)
     print(f"built + prepared in {time.perf_counter() - t0:.0f} s; "
@@ -246,7 +247,7 @@ def part_model(new: int) -> None:
         m.w13, m.w2 = a, b
         m.supports_cuda_graphs = True
     agree = sum(a == b for a, b in zip(ref, eager_ref))
-    print("\n| Qwen3-30B-A3B (random bf16), batch 1 | ms per step | against the grouped decode step |")
+    print(f"\n| {shape} (random bf16), batch 1 | ms per step | against the grouped decode step |")
     print("| --- | ---: | ---: |")
     print(f"| decode, eager per-expert loop (no graphs) | {eager_decode * 1e3:.2f} | "
           f"{eager_decode / graphs_decode:.2f}x |")
@@ -262,6 +263,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--part", default="all", choices=["all", "check", "layer", "model"])
     ap.add_argument("--new", type=int, default=64)
+    ap.add_argument("--shape", default="qwen3-30b-a3b", help="model's random-weights preset (kimi-k2.5-slice: H200)")
     a = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     if a.part in ("all", "check"):
@@ -270,7 +272,7 @@ def main() -> None:
         part_layout()
         part_layer()
     if a.part in ("all", "model"):
-        part_model(a.new)
+        part_model(a.new, a.shape)
 
 
 if __name__ == "__main__":

@@ -537,6 +537,18 @@ def test_qwen3_30b_a3b_shape_reads_its_active_experts():
     assert kv_bytes_per_token(m, torch.bfloat16) == 48 * 2 * 4 * 128 * 2
 
 
+def test_kimi_slice_shape():
+    """The kimi-k2.5-slice preset: Kimi-K2.5's text width, MLA and 384 experts in three layers (a dense one, two MoE),
+    36.97B parameters (benchmarks/kimi_slice.py's count); a one-row step reads 8 of each MoE layer's experts."""
+    cfg = ModelConfig.from_hf(shape_config("kimi-k2.5-slice"))
+    assert (cfg.mla.kv_lora_rank, cfg.moe.n_routed_experts, cfg.moe.num_experts_per_tok) == (512, 384, 8)
+    m = build_on_meta(get_model_class(cfg.architecture), cfg, torch.bfloat16)
+    total = sum(p.numel() for p in m.parameters())
+    assert round(total / 1e9, 2) == 36.97
+    expert, router = 3 * 7168 * 2048, 384 * 7168 + 384  # the router's weight and bias stay float32: 2 bytes more
+    assert weight_bytes_per_step(m) == 2 * (total - 163840 * 7168 - 2 * (384 - 8) * expert) + 2 * 2 * router
+
+
 def test_random_model_and_drafter_materialise():
     loaded = random_model("smollm2-135m", torch.device("cpu"), torch.float32, seed=3)
     m = loaded.model

@@ -2,11 +2,11 @@
 
 Contract:
 - `random_model(shape, device, dtype, seed)` -> `LoadedModel` (no tokenizer). `shape` is a preset name
-  (`PRESETS`: llama-3.1-8b, smollm2-135m, qwen3-30b-a3b) or the path of a Hugging Face `config.json`. The model is built on the meta
-  device under the target dtype (DESIGN.md principle 7), then materialised on the device (`to_empty`, shared
-  parameters re-tied) and filled there: matrices ~ N(0, std), RMSNorm weights 1, other vectors and persistent
-  buffers 0, then `reset_buffers()` recomputes the derived ones (RoPE). Nothing goes through host memory, so an 8B
-  shape takes seconds on a GPU.
+  (`PRESETS`: llama-3.1-8b, smollm2-135m, qwen3-30b-a3b, kimi-k2.5-slice) or the path of a Hugging Face
+  `config.json`. The model is built on the meta device under the target dtype (DESIGN.md principle 7), then
+  materialised on the device (`to_empty`, shared parameters re-tied) and filled there: matrices ~ N(0, std), RMSNorm
+  weights 1, other vectors and persistent buffers 0, then `reset_buffers()` recomputes the derived ones (RoPE).
+  Nothing goes through host memory, so an 8B shape takes seconds on a GPU.
 - `random_drafter(target_config, device, dtype, seed)` -> an EAGLE-3 drafter of the target's shape (one layer of the
   target's width and heads, a random draft vocabulary of up to 32000 tokens), filled the same way. Its proposals are
   almost never accepted, so a benchmark with it is a lower bound: the engine's full speculative cost for ~1 token per
@@ -58,8 +58,23 @@ QWEN3_30B_A3B: dict[str, Any] = {
     "bos_token_id": 151643, "eos_token_id": 151645, "torch_dtype": "bfloat16",
 }
 
+# Kimi-K2.5's language model (REFERENCE.md §6: DeepSeek-V3's architecture at Kimi's width, MLA, 384 experts top-8 + 1
+# shared) cut to three layers: the dense first layer and two MoE layers (benchmarks/kimi_slice.py's slice), 36.97B
+# parameters, 74 GB in bf16: an H200 holds it with the grouped experts' stacking copy of one layer (34 GB)
+KIMI_K25_SLICE: dict[str, Any] = {
+    "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "hidden_size": 7168,
+    "num_hidden_layers": 3, "num_attention_heads": 64, "num_key_value_heads": 64, "q_lora_rank": 1536,
+    "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128, "n_routed_experts": 384,
+    "num_experts_per_tok": 8, "n_shared_experts": 1, "moe_intermediate_size": 2048, "first_k_dense_replace": 1,
+    "n_group": 1, "topk_group": 1, "routed_scaling_factor": 2.827, "intermediate_size": 18432, "vocab_size": 163840,
+    "rms_norm_eps": 1e-5, "tie_word_embeddings": False, "max_position_embeddings": 262144, "rope_theta": 50000.0,
+    "rope_scaling": {"type": "yarn", "factor": 64.0, "original_max_position_embeddings": 4096, "beta_fast": 32.0,
+                     "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0},
+    "norm_topk_prob": True, "scoring_func": "sigmoid", "topk_method": "noaux_tc", "torch_dtype": "bfloat16",
+}
+
 PRESETS: dict[str, dict[str, Any]] = {"llama-3.1-8b": LLAMA_3_1_8B, "smollm2-135m": SMOLLM2_135M,
-                                      "qwen3-30b-a3b": QWEN3_30B_A3B}
+                                      "qwen3-30b-a3b": QWEN3_30B_A3B, "kimi-k2.5-slice": KIMI_K25_SLICE}
 
 INIT_STD = 0.02
 DRAFT_VOCAB = 32000
