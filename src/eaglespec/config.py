@@ -410,7 +410,7 @@ class EngineConfig:
     max_logprobs: int | None = 20
     # A finished request's row keeps its cache entries until another request takes it, and a prompt that starts with
     # the tokens they were computed for is admitted there and prefills only the rest (engine/scheduler.py: a chat's
-    # next turn, prompts sharing a system prompt). On the eager path only (the CPU, MoE targets): graph steps
+    # next turn, prompts sharing a system prompt). On the eager path only (the CPU, `cuda_graphs=False`): graph steps
     # overwrite free rows (`ModelRunner.keeps_free_rows`). None: where it measured faster (`assets.reuses_prefixes`:
     # the CPU).
     reuse_prefixes: bool | None = None

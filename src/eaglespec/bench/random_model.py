@@ -47,7 +47,7 @@ SMOLLM2_135M: dict[str, Any] = {
 }
 
 # Qwen/Qwen3-30B-A3B's config.json (the fields our model reads): 128 experts, 8 routed per token, every layer sparse;
-# 30.5B parameters, ~61 GB in bf16 (an H100's 80 GB holds it with a small cache): the eager MoE path's step costs
+# 30.5B parameters, ~61 GB in bf16 (an H100's 80 GB holds it with a small cache): a MoE target's step costs
 QWEN3_30B_A3B: dict[str, Any] = {
     "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
     "hidden_size": 2048, "intermediate_size": 6144, "moe_intermediate_size": 768, "num_experts": 128,

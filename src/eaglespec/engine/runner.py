@@ -33,8 +33,8 @@ three kinds of step as tensor programs (DESIGN.md "One speculative step, as data
   `_verify_forward` / `_verify_accept`): a decode's current masks while its forward runs, a speculative step's
   before its draft (which guides depth 1 by them) and its tree's while its verify's forward runs (the tree's tokens
   copied to the host behind the draft: a second synchronisation, which waits for the draft only; `launch`).
-  Drafts are guided by the grammars at depth 1 (from the same buffers); eager steps (no graphs: the CPU, MoE
-  targets) guide every level, reading each level's paths on the host. The engine does not overlap such steps.
+  Drafts are guided by the grammars at depth 1 (from the same buffers); eager steps (no graphs: the CPU, an ungrouped
+  MoE) guide every level, reading each level's paths on the host. The engine does not overlap such steps.
 
 Per-row state lives on the device (`seq_len`, `last_token`, `active`; `sampling`, `adjust`: each row's sampling
 parameters and logit adjustments; `draft`: the drafter's top-K and hidden, engine/drafter_rows.py); the host keeps
