@@ -20,6 +20,8 @@ step reads each routed expert's weights about once (not once per pair) whatever 
   of a block's tile and writes silu(gate) * up [P, I] in x's dtype (the eager MLP's rounding points); the second
   writes float32 [P, H] scaled by each pair's weight; the k rows of a token are summed in float32 and rounded once
   to x's dtype, as the eager path's float32 `index_add_`. float32 weights multiply in IEEE float32 (no TF32).
+  Memory per call: [P, I] in x's dtype and [P, H] float32 (a prefill window of 8,192 tokens of DeepSeek-V3, k = 8:
+  0.25 + 1.9 GB; the eager loop held one [N, H] float32 accumulator).
 All shapes depend on N, k, E and the weights only: one CUDA graph per step shape holds the whole layer. Kernels are
 built on first use, so that `TRITON_INTERPRET=1` (the CPU tests) takes effect.
 """
