@@ -158,6 +158,23 @@ def test_use_grouped_experts_keeps_names_values_and_logits(arch, fuse):
     assert (got.argmax(-1) == ref.argmax(-1)).all()
 
 
+@torch.no_grad()
+def test_stacking_through_host_memory_gives_the_same_stacks(monkeypatch):
+    """A device without room for a second copy of a layer's experts stacks them through host memory: the same
+    stacks, views and logits (here the CPU plays the device; `_room_for` says no)."""
+    from eaglespec.engine import transforms
+
+    ids = torch.randint(0, 97, (2, 9), generator=torch.Generator().manual_seed(2))
+    direct = use_grouped_experts(_tiny_target("qwen3_moe"))
+    monkeypatch.setattr(transforms, "_room_for", lambda device, nbytes: False)
+    staged = use_grouped_experts(_tiny_target("qwen3_moe"))
+    for a, b in zip((m for m in direct.modules() if isinstance(m, MoE)), (m for m in staged.modules()
+                                                                          if isinstance(m, MoE))):
+        assert torch.equal(a.w13, b.w13) and torch.equal(a.w2, b.w2)
+        assert b.experts[1].down_proj.weight.untyped_storage().data_ptr() == b.w2.untyped_storage().data_ptr()
+    assert torch.equal(_logits(direct, ids), _logits(staged, ids))
+
+
 PROMPTS = [[1, 2, 3, 4, 5], [7, 8, 9], list(range(10, 40))]
 
 

@@ -119,13 +119,28 @@ def use_elementwise_kernels(model: nn.Module) -> nn.Module:
     return model
 
 
+STACK_HEADROOM = 512 << 20  # bytes left free on the device after stacking a layer's experts there
+
+
+def _room_for(device: torch.device, nbytes: int) -> bool:
+    """Whether `device` can hold `nbytes` more (free memory plus what PyTorch's allocator caches, less
+    STACK_HEADROOM); any device but CUDA can."""
+    if device.type != "cuda":
+        return True
+    free, _ = torch.cuda.mem_get_info(device)
+    cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    return free + cached >= nbytes + STACK_HEADROOM
+
+
 def use_grouped_experts(model: nn.Module) -> nn.Module:
     """In every MoE whose experts are bias-free SiLU GatedMLPs: stack their weights into w13 [E, 2I, H] (gate rows
     then up rows, fused or not) and w2 [E, H, I], make each expert's parameters views into the stacks (the same
     names and values: state dicts and parameter counts hold, and memory is not doubled past one layer's copy), held
     as the MoE's buffers `w13` / `w2` (the routed experts then run as `moe_kernel.grouped_experts`), and set
     `supports_cuda_graphs`. Idempotent. (A later `.to()` would copy the buffers and the parameters apart: apply it
-    after the model's last move, as `prepare_for_inference` does.)"""
+    after the model's last move, as `prepare_for_inference` does.) Stacking holds a layer's experts twice for a
+    moment; where the device lacks the room (`_room_for`), the layer's experts go through host memory instead, so a
+    model that fits also fits stacked (one layer of Kimi-K2.5's experts is 34 GB)."""
     from ..layers.moe import MoE
 
     def fits(e: nn.Module) -> bool:
@@ -136,10 +151,18 @@ def use_grouped_experts(model: nn.Module) -> nn.Module:
     for m in model.modules():
         if not isinstance(m, MoE) or m.w13 is not None or not all(fits(e) for e in m.experts):
             continue
+        device = m.experts[0].down_proj.weight.device
+        staged = not _room_for(device, sum(p.numel() * p.element_size() for p in m.experts.parameters()))
         with torch.no_grad():
+            if staged:  # the experts to host memory first: the device then holds the layer once, stacked
+                for p in m.experts.parameters():
+                    p.data = p.data.cpu()
+                torch.cuda.empty_cache()
             w13 = torch.stack([e.gate_up_proj.weight if hasattr(e, "gate_up_proj")
                                else torch.cat((e.gate_proj.weight, e.up_proj.weight)) for e in m.experts])
             w2 = torch.stack([e.down_proj.weight for e in m.experts])
+            if staged:
+                w13, w2 = w13.to(device), w2.to(device)
             for i, e in enumerate(m.experts):
                 if hasattr(e, "gate_up_proj"):
                     e.gate_up_proj.weight.data = w13[i]
