@@ -60,7 +60,8 @@ QWEN3_30B_A3B: dict[str, Any] = {
 
 # Kimi-K2.5's language model (REFERENCE.md §6: DeepSeek-V3's architecture at Kimi's width, MLA, 384 experts top-8 + 1
 # shared) cut to three layers: the dense first layer and two MoE layers (benchmarks/kimi_slice.py's slice), 36.97B
-# parameters, 74 GB in bf16: an H200 holds it with the grouped experts' stacking copy of one layer (34 GB)
+# parameters, 74 GB in bf16: for an H200 (the grouped experts stack each layer through host memory where the device
+# lacks room for a second copy of its 34 GB of experts)
 KIMI_K25_SLICE: dict[str, Any] = {
     "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "hidden_size": 7168,
     "num_hidden_layers": 3, "num_attention_heads": 64, "num_key_value_heads": 64, "q_lora_rank": 1536,
