@@ -131,9 +131,7 @@ def part_check() -> None:
 
 def moe_layer(E: int, k: int, H: int, I: int) -> MoE:
     cfg = MoEConfig(n_routed_experts=E, num_experts_per_tok=k, n_shared_experts=0, moe_intermediate_size=I,
-                    first_k_dense_replace=0, moe_layer_freq=1, n_group=1, topk_group=1, routed_scaling_factor=1.0,
-                    norm_topk_prob=True, scoring_func="softmax", topk_method="greedy", decoder_sparse_step=1,
-                    mlp_only_layers=())
+                    scoring_func="softmax", topk_method="greedy")
     with torch.device("meta"):
         m = MoE(H, cfg)
     m = m.to_empty(device=DEV).to(torch.bfloat16).eval().requires_grad_(False)

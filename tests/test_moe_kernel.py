@@ -56,9 +56,7 @@ def test_expert_blocks_sort_every_pair_once_into_blocks_of_one_expert(N, k, E, b
 
 def _moe(E: int = 8, k: int = 2, shared: int = 0, H: int = 64, I: int = 48, seed: int = 0) -> MoE:
     cfg = MoEConfig(n_routed_experts=E, num_experts_per_tok=k, n_shared_experts=shared, moe_intermediate_size=I,
-                    first_k_dense_replace=0, moe_layer_freq=1, n_group=1, topk_group=1, routed_scaling_factor=1.0,
-                    norm_topk_prob=True, scoring_func="softmax", topk_method="greedy", decoder_sparse_step=1,
-                    mlp_only_layers=())
+                    scoring_func="softmax", topk_method="greedy")
     torch.manual_seed(seed)
     m = MoE(H, cfg).eval()
     with torch.no_grad():

@@ -20,10 +20,8 @@ from eaglespec.layers.router_kernel import fits  # noqa: E402
 def _cfg(E: int, k: int, scoring: str, n_group: int = 1, topk_group: int = 1, norm: bool = True,
          scale: float = 1.0) -> MoEConfig:
     return MoEConfig(n_routed_experts=E, num_experts_per_tok=k, n_shared_experts=0, moe_intermediate_size=8,
-                     first_k_dense_replace=0, moe_layer_freq=1, n_group=n_group, topk_group=topk_group,
-                     routed_scaling_factor=scale, norm_topk_prob=norm, scoring_func=scoring,
-                     topk_method="noaux_tc" if scoring == "sigmoid" else "greedy", decoder_sparse_step=1,
-                     mlp_only_layers=())
+                     n_group=n_group, topk_group=topk_group, routed_scaling_factor=scale, norm_topk_prob=norm,
+                     scoring_func=scoring, topk_method="noaux_tc" if scoring == "sigmoid" else "greedy")
 
 
 def _both(router: torch.nn.Module, x: torch.Tensor) -> tuple[tuple, tuple]:

@@ -34,6 +34,8 @@ from torch import nn
 from ..config import MoEConfig
 from ..errors import ConfigError
 from .mlp import GatedMLP
+from .moe_kernel import grouped_experts
+from .router_kernel import route
 
 
 class NoAuxRouter(nn.Module):
@@ -66,8 +68,6 @@ class NoAuxRouter(nn.Module):
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         logits = x.float() @ self.weight.float().t()  # [N, E]
         if self.fused:
-            from .router_kernel import route
-
             return route(logits, self.top_k, True, self.e_score_correction_bias, self.n_group, self.topk_group,
                          self.norm_topk_prob, self.scaling)
         scores = torch.sigmoid(logits)  # [N, E]
@@ -104,8 +104,6 @@ class SoftmaxTopKRouter(nn.Module):
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         logits = x @ self.weight.t()  # [N, E] in x's dtype, as transformers' and vLLM's gate computes them
         if self.fused:
-            from .router_kernel import route
-
             return route(logits, self.top_k, False, None, 1, 1, self.norm_topk_prob, self.scaling)
         probs = torch.softmax(logits.float(), dim=-1)  # [N, E] float32
         weights, ids = probs.topk(self.top_k, dim=-1)  # [N, k] each
@@ -158,8 +156,6 @@ class MoE(nn.Module):
         flat = x.reshape(-1, shape[-1])  # [N, H]
         weights, ids = self.gate(flat)
         if self.w13 is not None:
-            from .moe_kernel import grouped_experts
-
             out = grouped_experts(flat, weights, ids, self.w13, self.w2)
         else:
             out = self._routed(flat, weights, ids)
