@@ -157,7 +157,7 @@ def time_fn(fn, reps: int = 50) -> float:
     return (time.perf_counter() - t) / reps
 
 
-CFGS = [(64, 64, 4), (32, 128, 4), (64, 128, 4), (128, 64, 4), (32, 64, 2), (128, 128, 8)]
+CFGS = [(64, 64, 4, 3), (32, 128, 4, 3), (64, 128, 4, 3), (128, 64, 4, 3), (32, 64, 2, 3), (128, 128, 8, 3)]
 
 
 def capture(fn):
@@ -196,7 +196,7 @@ def part_layer() -> None:
             n_exp = len(set(ids.flatten().tolist()))
             eager = time_fn(lambda: m._routed(x, w, ids), 20)
             by_cfg = {}
-            for cfg in CFGS:  # (BLOCK_N, BLOCK_K, num_warps) of the two GEMMs
+            for cfg in CFGS:  # (BLOCK_N, BLOCK_K, num_warps, num_stages) of the two GEMMs
                 moe_kernel.GEMM_CFG = cfg
                 by_cfg[cfg] = graph_time(lambda: grouped_experts(x, w, ids, m.w13, m.w2))
             moe_kernel.GEMM_CFG = default

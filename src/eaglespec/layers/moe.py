@@ -155,13 +155,11 @@ class MoE(nn.Module):
         shape = x.shape
         flat = x.reshape(-1, shape[-1])  # [N, H]
         weights, ids = self.gate(flat)
-        if self.w13 is not None:
-            out = grouped_experts(flat, weights, ids, self.w13, self.w2)
-        else:
-            out = self._routed(flat, weights, ids)
-        if self.shared_experts is not None:
-            out = out + self.shared_experts(flat)
-        return out.view(shape)
+        shared = self.shared_experts(flat) if self.shared_experts is not None else None
+        if self.w13 is not None:  # the shared output added in the kernel that sums the pairs
+            return grouped_experts(flat, weights, ids, self.w13, self.w2, shared).view(shape)
+        out = self._routed(flat, weights, ids)
+        return (out if shared is None else out + shared).view(shape)
 
     def _routed(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """x [N, H], weights/ids [N, k] -> sum_k weights * expert_ids(x), [N, H] in x's dtype."""

@@ -15,11 +15,13 @@ step reads each routed expert's weights about once (not once per pair) whatever 
   expert * PP + p sorted in registers, each pair's slot gathered from the per-expert offsets; a used block's expert
   is written by the pair in its first slot. Longer prefills take a stable sort and a scatter in PyTorch (the same
   layout, ~15 launches).
-- `grouped_experts(x, weights, ids, w13, w2) -> [N, H]`: x [N, H]; weights [N, k] float32; ids [N, k]; w13 [E, 2I, H]
+- `grouped_experts(x, weights, ids, w13, w2, add=None) -> [N, H]`: x [N, H]; weights [N, k] float32; ids [N, k];
+  w13 [E, 2I, H]
   (each expert's gate rows then up rows, nn.Linear's [out, in]); w2 [E, H, I]. The first GEMM computes both halves
   of a block's tile and writes silu(gate) * up [P, I] in x's dtype (the eager MLP's rounding points); the second
-  writes float32 [P, H] scaled by each pair's weight; the k rows of a token are summed in float32 and rounded once
-  to x's dtype, as the eager path's float32 `index_add_`. float32 weights multiply in IEEE float32 (no TF32).
+  writes float32 [P, H] scaled by each pair's weight; `sum_pairs` sums the k rows of a token in float32 and rounds
+  once to x's dtype, as the eager path's float32 `index_add_`, then adds `add` (a MoE's shared experts' output, x's
+  dtype) and rounds again, as the eager `routed + shared`. float32 weights multiply in IEEE float32 (no TF32).
   Memory per call: [P, I] in x's dtype and [P, H] float32 (a prefill window of 8,192 tokens of DeepSeek-V3, k = 8:
   0.25 + 1.9 GB; the eager loop held one [N, H] float32 accumulator).
 All shapes depend on N, k, E and the weights only: one CUDA graph per step shape holds the whole layer. Kernels are
@@ -34,6 +36,7 @@ import os
 import torch
 
 from .block_size import pow2
+from .pdl import launch_options
 
 
 def max_blocks(pairs: int, num_experts: int, block_m: int) -> int:
@@ -130,7 +133,25 @@ def _kernels():
             cptr = c + rows.to(tl.int64)[:, None] * s_cm + rn[None, :]
             tl.store(cptr, acc.to(c.dtype.element_ty), mask=valid[:, None] & nm[None, :])
 
-    return align_kernel, gemm_kernel
+    @triton.jit
+    def sum_kernel(y, out, add, H, K_PAIRS: tl.constexpr, ADD: tl.constexpr, BLOCK: tl.constexpr,
+                   PDL: tl.constexpr = False):
+        # one program: BLOCK features of one token; its K_PAIRS float32 rows summed in order, rounded once
+        if PDL:  # layers/pdl.py: nothing here is a weight, so the wait comes first
+            tl.extra.cuda.gdc_launch_dependents()
+            tl.extra.cuda.gdc_wait()
+        n = tl.program_id(0).to(tl.int64)
+        rh = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        m = rh < H
+        acc = tl.load(y + n * K_PAIRS * H + rh, mask=m, other=0.0)
+        for j in tl.static_range(1, K_PAIRS):
+            acc += tl.load(y + (n * K_PAIRS + j) * H + rh, mask=m, other=0.0)
+        r = acc.to(out.dtype.element_ty)
+        if ADD:  # + the shared experts' output, rounded again: the eager `routed + shared` of two x-dtype tensors
+            r = (r.to(tl.float32) + tl.load(add + n * H + rh, mask=m, other=0.0).to(tl.float32)).to(r.dtype)
+        tl.store(out + n * H + rh, r, mask=m)
+
+    return align_kernel, gemm_kernel, sum_kernel
 
 
 # Pairs up to which one Triton program lays out the blocks (one launch instead of `_blocks_by_sort`'s ~15): its
@@ -174,35 +195,55 @@ def _interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-# BLOCK_N, BLOCK_K, num_warps by the GEMM's input width: the best of session 54's sweep on an H100 (bf16, routed
-# experts of 1-256 tokens, k = 8; benchmarks/moe_graphs_check.py): Qwen3-30B-A3B's (K 2048 / 768) at (64, 128, 4),
-# DeepSeek-V3's (K 7168 / 2048) at (128, 128, 8), 5-8% faster than (64, 64, 4)
-GEMM_CFG: tuple[int, int, int] | None = None  # set: every GEMM takes it (the benchmark's sweep)
+# (BLOCK_N, BLOCK_K, num_warps, num_stages) by the GEMM's input width: the best of session 54's sweep on an H100
+# (bf16, routed experts of 1-256 tokens, k = 8, weights warm in L2; benchmarks/moe_graphs_check.py): Qwen3-30B-A3B's
+# (K 2048 / 768) at (64, 128, 4), DeepSeek-V3's (K 7168 / 2048) at (128, 128, 8), 5-8% faster than (64, 64, 4)
+GEMM_CFG: tuple[int, int, int, int] | None = None  # set: every GEMM takes it (the benchmarks' sweeps)
 
 
-def _gemm_cfg(width: int) -> tuple[int, int, int]:
-    """(BLOCK_N, BLOCK_K, num_warps) for a layer of this width (the wider of a GEMM's K and N: the hidden size)."""
-    return GEMM_CFG if GEMM_CFG is not None else (128, 128, 8) if width >= 4096 else (64, 128, 4)
+def _gemm_cfg(width: int) -> tuple[int, int, int, int]:
+    """(BLOCK_N, BLOCK_K, num_warps, num_stages) for a layer of this width (the wider of a GEMM's K and N: the
+    hidden size)."""
+    return GEMM_CFG if GEMM_CFG is not None else (128, 128, 8, 3) if width >= 4096 else (64, 128, 4, 3)
 
 
 def _grouped_gemm(a: torch.Tensor, w: torch.Tensor, pairs: torch.Tensor, block_expert: torch.Tensor, block_m: int,
-                  P: int, a_div: int, out: torch.Tensor, gated: bool, scale: torch.Tensor | None) -> torch.Tensor:
+                  P: int, a_div: int, out: torch.Tensor, gated: bool, scale: torch.Tensor | None,
+                  cfg: tuple[int, int, int, int] | None = None) -> torch.Tensor:
     N = out.shape[1]
     K = a.shape[1]
-    BN, BK, warps = _gemm_cfg(max(K, N))  # the hidden size: K of the first GEMM, N of the second
+    BN, BK, warps, stages = cfg or _gemm_cfg(max(K, N))  # the hidden size: K of the first GEMM, N of the second
     grid = (block_expert.shape[0], -(-N // BN))
     if grid[0] and N:
         _kernels()[1][grid](a, w, out, pairs, block_expert, scale if scale is not None else out, P, N, a.stride(0),
                             w.stride(0), w.stride(1), out.stride(0), N if gated else 0, K=K, A_DIV=a_div,
                             GATED=gated, SCALE=scale is not None, IEEE=w.dtype == torch.float32,
                             UPCAST=_interpreted() and w.dtype != torch.float32, BLOCK_M=block_m,
-                            BLOCK_N=BN, BLOCK_K=min(BK, pow2(K, 16)), num_warps=warps)
+                            BLOCK_N=BN, BLOCK_K=min(BK, pow2(K, 16)), num_warps=warps, num_stages=stages)
+    return out
+
+
+SUM_BLOCK = 256  # features per program of the pair sum (Qwen3-30B-A3B's 2,048: 8 programs a token)
+
+
+def sum_pairs(y: torch.Tensor, n_tokens: int, k: int, dtype: torch.dtype,
+              add: torch.Tensor | None = None) -> torch.Tensor:
+    """y [N * k, H] float32 -> [N, H] in dtype: each token's k rows summed in float32 in slot order and rounded once
+    (PyTorch's `y.view(N, k, H).sum(1).to(dtype)` in one kernel instead of two); `add` [N, H] in dtype, when given,
+    is added after that rounding and the sum rounded again (`routed + shared` of two dtype tensors)."""
+    H = y.shape[1]
+    out = torch.empty(n_tokens, H, dtype=dtype, device=y.device)
+    if n_tokens and H:
+        _kernels()[2][(n_tokens, -(-H // SUM_BLOCK))](y, out, add.contiguous() if add is not None else out, H,
+                                                      K_PAIRS=k, ADD=add is not None, BLOCK=SUM_BLOCK,
+                                                      **launch_options(y))
     return out
 
 
 def grouped_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w13: torch.Tensor,
-                    w2: torch.Tensor) -> torch.Tensor:
-    """sum_k weights[:, k] * expert_{ids[:, k]}(x) for SwiGLU experts: x [N, H] -> [N, H] in x's dtype."""
+                    w2: torch.Tensor, add: torch.Tensor | None = None) -> torch.Tensor:
+    """sum_k weights[:, k] * expert_{ids[:, k]}(x) for SwiGLU experts (+ `add`, the shared experts' output, after
+    the sum is rounded): x [N, H] -> [N, H] in x's dtype."""
     N, k = ids.shape
     E, I2, H = w13.shape
     P = N * k
@@ -214,4 +255,4 @@ def grouped_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w
     y = _grouped_gemm(act, w2, pairs, block_expert, bm, P, 1, torch.empty(P, H, dtype=torch.float32,
                                                                             device=x.device),
                       False, weights.reshape(-1).float().contiguous())
-    return y.view(N, k, H).sum(1).to(x.dtype)
+    return sum_pairs(y, N, k, x.dtype, add)
