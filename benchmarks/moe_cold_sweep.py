@@ -10,8 +10,9 @@ at BLOCK_N 64 are 96 programs of 512 KB each, fewer than the 132 SMs. Here, per 
    random routing (16 layouts in turn), so the experts read are cold; us per call and GB/s over the distinct
    experts' bytes of that GEMM. `default` is `_gemm_cfg`'s choice.
 2. gemv: `gemv_kernel.gemv_rows` against F.linear (cuBLAS) for one row of the dense projections of the MoE targets'
-   layers (Qwen3-30B-A3B's q/k/v, router gate and o_proj; Kimi-K2.5's / DeepSeek-V3's MLA projections), weights
-   cold (copies in turn), over (BLOCK_N, BLOCK_K, num_warps, num_stages).
+   layers (Qwen3-30B-A3B's q/k/v, router gate and o_proj; Kimi-K2.5's / DeepSeek-V3's MLA projections, shared
+   expert and float32 gate) and Llama-3.1-8B's, weights cold (copies in turn), over (BLOCK_N, BLOCK_K, num_warps,
+   num_stages) and `cfg_for`'s choice ("own").
 3. sum: the k pair rows' float32 sum rounded to bf16: PyTorch's sum + cast (two kernels) against `sum_pairs`.
 
 usage: python benchmarks/moe_cold_sweep.py OUT_DIR [--cpu] [--only=gemm|gemv|sum]
@@ -111,16 +112,19 @@ def sweep_gemm() -> None:
 
 
 GEMV_SHAPES = {"qwen3 qkv": (5120, 2048), "qwen3 gate": (128, 2048), "qwen3 o_proj": (2048, 4096),
-               "mla q_a": (1536, 7168), "mla kv_a": (576, 7168), "mla q_b": (12288, 1536)}
-GEMV_CFGS = [(bn, bk, w, s) for bn in (2, 4, 8, 16) for bk in (256, 512, 1024) for w, s in ((2, 4), (4, 3), (4, 4))]
+               "mla q_a": (1536, 7168), "mla kv_a": (576, 7168), "mla q_b": (12288, 1536),
+               "deepseek shared down": (7168, 2048), "kimi gate fp32": (384, 7168),
+               "llama-8b qkv": (6144, 4096), "llama-8b o_proj": (4096, 4096), "llama-8b down": (4096, 14336)}
+GEMV_CFGS = [(bn, bk, w, s) for bn in (1, 2, 4, 8, 16) for bk in (512, 1024) for w, s in ((2, 4), (4, 3), (4, 4), (8, 3))]
 if CPU:
-    GEMV_SHAPES, GEMV_CFGS = {"tiny": (48, 64)}, [(4, 32, 2, 2)]
+    GEMV_SHAPES, GEMV_CFGS = {"tiny": (48, 64), "tiny fp32": (16, 64)}, [(4, 32, 2, 2)]
 
 
 def sweep_gemv() -> None:
     for label, (N, K) in GEMV_SHAPES.items():
-        copies = cold_copies((N, K))
-        x = torch.randn(1, K, device=DEV, dtype=DT)
+        dt = torch.float32 if "fp32" in label else DT  # a noaux_tc router's gate: float32 weights and input
+        copies = [c.to(dt) for c in cold_copies((N, K))]
+        x = torch.randn(1, K, device=DEV, dtype=dt)
         turn = [0]
 
         def lin() -> torch.Tensor:
@@ -129,7 +133,7 @@ def sweep_gemv() -> None:
 
         cublas = per_call_us(lin, 50)
         best = (float("inf"), None)
-        for cfg in GEMV_CFGS:
+        for cfg in GEMV_CFGS + [None]:  # None: gemv_kernel's own choice for the shape
             def one(cfg=cfg) -> torch.Tensor:  # noqa: ANN001
                 turn[0] += 1
                 return gvk.gemv_rows(x, copies[turn[0] % len(copies)], cfg)
@@ -139,11 +143,15 @@ def sweep_gemv() -> None:
             except Exception as e:  # noqa: BLE001
                 emit({"gemv": label, "cfg": cfg, "error": type(e).__name__})
                 continue
-            best = min(best, (us, cfg))
+            emit({"gemv": label, "cfg": cfg or "own", "us": round(us, 2)})
+            if cfg is not None:
+                best = min(best, (us, cfg))
+            else:
+                own = us
         emit({"gemv": label, "N": N, "K": K, "cublas_us": round(cublas, 2),
-              "cublas_GBps": round(N * K * 2 / (cublas * 1e-6) / 1e9), "default_cfg": gvk.DEFAULT_CFG,
-              "best": best[1], "best_us": round(best[0], 2), "best_GBps": round(N * K * 2 / (best[0] * 1e-6) / 1e9),
-              "t": round(time.perf_counter() - T0)})
+              "cublas_GBps": round(N * K * x.element_size() / (cublas * 1e-6) / 1e9), "own_cfg": gvk.cfg_for(N, K),
+              "own_us": round(own, 2), "best": best[1], "best_us": round(best[0], 2),
+              "best_GBps": round(N * K * x.element_size() / (best[0] * 1e-6) / 1e9), "t": round(time.perf_counter() - T0)})
 
 
 def sweep_sum() -> None:
@@ -170,8 +178,8 @@ for r in emit.rows:
         print(f"| {r['gemm']} | {r['shape']} | {r['N']} | {r['default_us']} | {r['best']} | {r['best_us']} | "
               f"{r['best_GBps']} |")
     elif "best" in r:
-        print(f"| gemv {r['gemv']} | {r['N']}x{r['K']} | 1 | cuBLAS {r['cublas_us']} | {r['best']} | "
-              f"{r['best_us']} | {r['best_GBps']} |")
+        print(f"| gemv {r['gemv']} | {r['N']}x{r['K']} | 1 | cuBLAS {r['cublas_us']}, own {r['own_cfg']} "
+              f"{r['own_us']} | {r['best']} | {r['best_us']} | {r['best_GBps']} |")
     elif "sum" in r:
         print(f"| sum | {r['sum']} | {r['N']} | torch {r['torch_us']} | sum_pairs | {r['sum_pairs_us']} | "
               f"{r['equal']} |")

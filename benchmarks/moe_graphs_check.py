@@ -4,8 +4,9 @@
 
 check: tiny random Qwen3-MoE and DeepSeek-V3 targets in float32 on the device: the eager engine with the per-expert
   loop (no graphs) against the prepared one (grouped kernels, CUDA graphs): plain greedy and speculation with a
-  random drafter (chain 3,1,4 and tree 3,2,6) must give the same tokens; and `grouped_experts` against the eager loop
-  at Qwen3-30B-A3B's layer shape in bf16 (max error relative to the output's largest value).
+  random drafter (chain 3,1,4 and tree 3,2,6) must give the same tokens, also with hidden size 1,536 (its one-row
+  projections and router logits through the GEMV kernel); and `grouped_experts` against the eager loop at
+  Qwen3-30B-A3B's layer shape in bf16 (max error relative to the output's largest value).
 layer: the block layout by pairs (one program against the sort), then one MoE layer's routed experts, bf16, random
   routing: the eager loop against `grouped_experts` replayed from a CUDA graph, for N tokens (k = 8 pairs each),
   and the bytes of the distinct experts chosen over that time (Qwen3's one-token layer fits the 50 MB L2: read warm);
@@ -30,6 +31,7 @@ from eaglespec.bench.drafters import decode_step_seconds, verify_step_seconds
 from eaglespec.config import EngineConfig, ModelConfig, MoEConfig, SpecConfig
 from eaglespec.engine.engine import Engine
 from eaglespec.engine.transforms import prepare_for_inference
+from eaglespec.layers.gemv_kernel import gemv_rows
 from eaglespec.layers.moe import MoE
 from eaglespec.layers.moe_kernel import grouped_experts
 from eaglespec.models import get_model_class
@@ -39,7 +41,28 @@ from eaglespec.sampling_params import SamplingParams
 DEV = torch.device("cuda")
 
 
-def tiny_target(arch: str) -> torch.nn.Module:
+def tiny_target(arch: str, wide: bool = False) -> torch.nn.Module:
+    """A tiny random float32 target; `wide`: hidden size and attention width 1,536, so that its one-row q/k/v,
+    o_proj, MLA projections and router logits take the GEMV kernel (transforms.GEMV_MIN_K)."""
+    d = _tiny_config(arch)
+    if wide:
+        d.update(hidden_size=1536, num_attention_heads=12, num_key_value_heads=12 if arch == "deepseek_v3" else 4)
+        d["head_dim" if arch == "qwen3_moe" else "v_head_dim"] = 128
+    cfg = ModelConfig.from_hf(d)
+    model = get_model_class(cfg.architecture)(cfg).eval()
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, t in model.named_parameters():
+            if name.endswith("e_score_correction_bias"):
+                t.copy_(0.1 * torch.randn(t.shape, generator=g))
+            elif t.dim() == 1:
+                t.copy_(1.0 + 0.1 * torch.randn(t.shape, generator=g))
+            else:
+                t.copy_(2.0 * torch.randn(t.shape, generator=g) / math.sqrt(t.shape[-1]))
+    return model.to(DEV)
+
+
+def _tiny_config(arch: str) -> dict:
     if arch == "qwen3_moe":
         d = dict(architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", vocab_size=512, hidden_size=128,
                  intermediate_size=256, moe_intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
@@ -53,18 +76,7 @@ def tiny_target(arch: str) -> torch.nn.Module:
                  n_routed_experts=16, num_experts_per_tok=4, n_group=4, topk_group=2, first_k_dense_replace=1,
                  q_lora_rank=48, max_position_embeddings=1024, rope_theta=10000.0, norm_topk_prob=True,
                  topk_method="noaux_tc", scoring_func="sigmoid")
-    cfg = ModelConfig.from_hf(d)
-    model = get_model_class(cfg.architecture)(cfg).eval()
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, t in model.named_parameters():
-            if name.endswith("e_score_correction_bias"):
-                t.copy_(0.1 * torch.randn(t.shape, generator=g))
-            elif t.dim() == 1:
-                t.copy_(1.0 + 0.1 * torch.randn(t.shape, generator=g))
-            else:
-                t.copy_(2.0 * torch.randn(t.shape, generator=g) / math.sqrt(t.shape[-1]))
-    return model.to(DEV)
+    return d
 
 
 def tiny_drafter(target: torch.nn.Module) -> torch.nn.Module:
@@ -88,14 +100,17 @@ def part_check() -> None:
     params = SamplingParams(max_new_tokens=48, ignore_eos=True)
     print("| target | run | answers equal to the eager loop's (3) | verify steps |")
     print("| --- | --- | --- | ---: |")
-    for arch in ("qwen3_moe", "deepseek_v3"):
-        target = tiny_target(arch)
+    for arch, wide in (("qwen3_moe", False), ("deepseek_v3", False), ("qwen3_moe", True), ("deepseek_v3", True)):
+        target = tiny_target(arch, wide)
         cfg = EngineConfig(max_batch_size=4)
         ref = [o.token_ids for o in Engine(target, None, EngineConfig(max_batch_size=4, cuda_graphs=False))
                .generate(prompts, params)]
         drafter = tiny_drafter(target)
         prepare_for_inference(target, DEV, None, None)
         prepare_for_inference(drafter, DEV, None, None)
+        gemv = sum(getattr(m, "kernel", None) is gemv_rows for m in target.modules())
+        gemv += sum(getattr(m, "logits_rows", None) is gemv_rows for m in target.modules())
+        arch = f"{arch}{' (1,536 wide)' if wide else ''}, {gemv} GEMV layers"
         for label, spec in (("plain", None), ("chain 3,1,4", SpecConfig(3, 1, 4)), ("tree 3,2,6", SpecConfig(3, 2, 6))):
             eng = Engine(target, None, cfg, drafter=drafter if spec else None, spec=spec)
             assert eng.runner.graphs is not None, "the grouped MoE target did not take the graph path"

@@ -9,8 +9,9 @@ float32 [BLOCK_M, BLOCK_N, BLOCK_K] accumulator that is reduced over K once at t
 
 `gemv_rows(x, weight, cfg=None) -> y`: x [..., K] with at most MAX_ROWS rows, weight [N, K] (contiguous) -> y
 [..., N] in x's dtype, float32 accumulation (the order of the sums differs from cuBLAS's: bf16 results may differ
-by a rounding step). `cfg` = (BLOCK_N, BLOCK_K, num_warps, num_stages), default `DEFAULT_CFG`; the GPU probe
-(`benchmarks/small_kernels_check.py --only=gemv`) sweeps it with the weights cold in L2, as a decode step meets them.
+by a rounding step). `cfg` = (BLOCK_N, BLOCK_K, num_warps, num_stages), default `cfg_for(N, K)`; the GPU probes
+(`benchmarks/small_kernels_check.py --only=gemv`, `benchmarks/moe_cold_sweep.py --only=gemv`) sweep it with the
+weights cold in L2, as a decode step meets them.
 Built on first use, so that `TRITON_INTERPRET=1` (CPU tests) takes effect.
 """
 
@@ -26,6 +27,16 @@ MAX_ROWS = 4
 # BLOCK_N, BLOCK_K, num_warps, num_stages: the best of session 11's sweep for Llama-8B's o_proj and down_proj (one row,
 # cold weights, H200): o_proj 13.2 -> 10.7 us, down 31.9 -> 29.2 us (4.0 TB/s); q/k/v 15.6 -> 14.3 us at (4, 512, 2, 4)
 DEFAULT_CFG = (4, 1024, 2, 4)
+
+
+def cfg_for(N: int, K: int) -> tuple[int, int, int, int]:
+    """The configuration for a weight [N, K] (session 55's H100 sweep, `benchmarks/moe_cold_sweep.py --only=gemv`):
+    narrow layers (N <= 2048) in more, smaller programs; inputs that are no multiple of 1,024 in blocks of 512."""
+    if K % 1024:
+        return (4, 512, 2, 4)
+    if N <= 2048:
+        return (2, 1024, 4, 3)
+    return DEFAULT_CFG
 
 
 @functools.cache
@@ -70,7 +81,7 @@ def gemv_rows(x: torch.Tensor, weight: torch.Tensor, cfg: tuple[int, int, int, i
     assert 1 <= M <= MAX_ROWS and weight.shape[1] == K and weight.is_contiguous(), "gemv_rows: shape"
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
-    bn, bk, warps, stages = cfg or DEFAULT_CFG
+    bn, bk, warps, stages = cfg or cfg_for(N, K)
     bm = 1 if M == 1 else 2 if M == 2 else 4
     y = torch.empty(M, N, dtype=x.dtype, device=x.device)
     _kernel()[((N + bn - 1) // bn,)](x2, weight, y, M, N, x2.stride(0), y.stride(0), K=K, BLOCK_M=bm, BLOCK_N=bn,

@@ -15,7 +15,9 @@ ids [N, k] int64).
   divided by their sum when `norm_topk_prob`, times `routed_scaling_factor` (1 for Qwen). transformers casts these
   weights to the model's dtype before weighting the experts; here they stay float32 (the same in float32 parity).
 On CUDA `engine.transforms.use_router_kernel` sets `fused`: both routers then compute their logits as above and the
-rest in one Triton kernel (layers/router_kernel.py; ties pick the lower expert id).
+rest in one Triton kernel (layers/router_kernel.py; ties pick the lower expert id); `use_gemv_kernel` sets
+`logits_rows`, through which one-row steps compute the logits (layers/gemv_kernel.py: float32 accumulation either
+way; cuBLAS took ~5 us for Qwen3's 128 x 2048 gate on an H100, the GEMV kernel ~1.5).
 
 Eagerly, experts run per expert over the tokens routed to it: the (token, expert) pairs are sorted by expert, each
 expert with tokens runs once on its contiguous slice, and the weighted outputs are scattered back with `index_add_`
@@ -28,6 +30,8 @@ expert's parameters become views into them): the routed experts then run as `lay
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 from torch import nn
 
@@ -38,10 +42,21 @@ from .moe_kernel import grouped_experts
 from .router_kernel import route
 
 
+RowsKernel = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (x [N, H], weight [E, H]) -> [N, E]
+
+
+def _logits(router: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """x [N, H] @ router.weight^T in x's dtype; one-row steps through the router's `logits_rows` kernel when set."""
+    if router.logits_rows is not None and x.shape[0] <= 1:
+        return router.logits_rows(x, router.weight)
+    return x @ router.weight.t()
+
+
 class NoAuxRouter(nn.Module):
     """noaux_tc top-k router; checkpoint name `gate`. Returns (weights [N, k] fp32, expert ids [N, k] int64)."""
 
     fused = False  # engine.transforms.use_router_kernel: the selection after the logits as one Triton kernel
+    logits_rows: RowsKernel | None = None  # engine.transforms.use_gemv_kernel: the logits of one-row steps
 
     def __init__(self, hidden_size: int, moe: MoEConfig) -> None:
         super().__init__()
@@ -66,7 +81,7 @@ class NoAuxRouter(nn.Module):
         return self
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = x.float() @ self.weight.float().t()  # [N, E]
+        logits = _logits(self, x.float())  # [N, E] float32
         if self.fused:
             return route(logits, self.top_k, True, self.e_score_correction_bias, self.n_group, self.topk_group,
                          self.norm_topk_prob, self.scaling)
@@ -90,6 +105,7 @@ class SoftmaxTopKRouter(nn.Module):
     """softmax / greedy top-k router (Qwen3-MoE); checkpoint name `gate`. Returns (weights [N, k] fp32, ids [N, k])."""
 
     fused = False  # engine.transforms.use_router_kernel: the selection after the logits as one Triton kernel
+    logits_rows: RowsKernel | None = None  # engine.transforms.use_gemv_kernel: the logits of one-row steps
 
     def __init__(self, hidden_size: int, moe: MoEConfig) -> None:
         super().__init__()
@@ -102,7 +118,7 @@ class SoftmaxTopKRouter(nn.Module):
         nn.init.normal_(self.weight, std=0.02)  # a usable random router when nothing is loaded (tiny test models)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = x @ self.weight.t()  # [N, E] in x's dtype, as transformers' and vLLM's gate computes them
+        logits = _logits(self, x)  # [N, E] in x's dtype, as transformers' and vLLM's gate computes them
         if self.fused:
             return route(logits, self.top_k, False, None, 1, 1, self.norm_topk_prob, self.scaling)
         probs = torch.softmax(logits.float(), dim=-1)  # [N, E] float32
