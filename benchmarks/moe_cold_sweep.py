@@ -13,9 +13,10 @@ at BLOCK_N 64 are 96 programs of 512 KB each, fewer than the 132 SMs. Here, per 
    layers (Qwen3-30B-A3B's q/k/v, router gate and o_proj; Kimi-K2.5's / DeepSeek-V3's MLA projections, shared
    expert and float32 gate) and Llama-3.1-8B's, weights cold (copies in turn), over (BLOCK_N, BLOCK_K, num_warps,
    num_stages) and `cfg_for`'s choice ("own").
-3. sum: the k pair rows' float32 sum rounded to bf16: PyTorch's sum + cast (two kernels) against `sum_pairs`.
+3. gemv_rows: those shapes at 1, 2 and 4 rows, cuBLAS against `cfg_for`'s choice.
+4. sum: the k pair rows' float32 sum rounded to bf16: PyTorch's sum + cast (two kernels) against `sum_pairs`.
 
-usage: python benchmarks/moe_cold_sweep.py OUT_DIR [--cpu] [--only=gemm|gemv|sum]
+usage: python benchmarks/moe_cold_sweep.py OUT_DIR [--cpu] [--only=gemm|gemv|gemv_rows|sum]
 """
 
 from __future__ import annotations
@@ -149,9 +150,30 @@ def sweep_gemv() -> None:
             else:
                 own = us
         emit({"gemv": label, "N": N, "K": K, "cublas_us": round(cublas, 2),
-              "cublas_GBps": round(N * K * x.element_size() / (cublas * 1e-6) / 1e9), "own_cfg": gvk.cfg_for(N, K),
+              "cublas_GBps": round(N * K * x.element_size() / (cublas * 1e-6) / 1e9), "own_cfg": gvk.cfg_for(N, K, x.element_size()),
               "own_us": round(own, 2), "best": best[1], "best_us": round(best[0], 2),
               "best_GBps": round(N * K * x.element_size() / (best[0] * 1e-6) / 1e9), "t": round(time.perf_counter() - T0)})
+
+
+def sweep_gemv_rows() -> None:
+    """The same shapes at 1, 2 and 4 rows (a verify of a few tokens at one row): cuBLAS against `cfg_for`'s choice."""
+    for label, (N, K) in GEMV_SHAPES.items():
+        dt = torch.float32 if "fp32" in label else DT
+        copies = [c.to(dt) for c in cold_copies((N, K))]
+        for M in (1, 2, 4):
+            x = torch.randn(M, K, device=DEV, dtype=dt)
+            turn = [0]
+
+            def lin() -> torch.Tensor:
+                turn[0] += 1
+                return F.linear(x, copies[turn[0] % len(copies)])
+
+            def own() -> torch.Tensor:
+                turn[0] += 1
+                return gvk.gemv_rows(x, copies[turn[0] % len(copies)])
+
+            emit({"gemv_rows": label, "M": M, "cublas_us": round(per_call_us(lin, 50), 2),
+                  "own_us": round(per_call_us(own, 50), 2)})
 
 
 def sweep_sum() -> None:
@@ -169,6 +191,8 @@ if wanted("sum"):
     sweep_sum()
 if wanted("gemv"):
     sweep_gemv()
+if wanted("gemv_rows"):
+    sweep_gemv_rows()
 if wanted("gemm"):
     sweep_gemm()
 print("\n| kernel | shape | N | default us | best | best us | GB/s |")
@@ -180,6 +204,8 @@ for r in emit.rows:
     elif "best" in r:
         print(f"| gemv {r['gemv']} | {r['N']}x{r['K']} | 1 | cuBLAS {r['cublas_us']}, own {r['own_cfg']} "
               f"{r['own_us']} | {r['best']} | {r['best_us']} | {r['best_GBps']} |")
+    elif "gemv_rows" in r:
+        print(f"| gemv {r['gemv_rows']} | {r['M']} rows | | cuBLAS {r['cublas_us']} | own | {r['own_us']} | |")
     elif "sum" in r:
         print(f"| sum | {r['sum']} | {r['N']} | torch {r['torch_us']} | sum_pairs | {r['sum_pairs_us']} | "
               f"{r['equal']} |")

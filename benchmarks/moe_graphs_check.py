@@ -30,6 +30,7 @@ import torch
 from eaglespec.bench.drafters import decode_step_seconds, verify_step_seconds
 from eaglespec.config import EngineConfig, ModelConfig, MoEConfig, SpecConfig
 from eaglespec.engine.engine import Engine
+from eaglespec.engine import transforms
 from eaglespec.engine.transforms import prepare_for_inference
 from eaglespec.layers.gemv_kernel import gemv_rows
 from eaglespec.layers.moe import MoE
@@ -238,12 +239,13 @@ def part_layout() -> None:
     moe_kernel.ONE_PROGRAM_MAX_PAIRS = limit
 
 
-def part_model(new: int, shape: str) -> None:
+def part_model(new: int, shape: str, gemv_rows_max: int) -> None:
     from eaglespec.bench.random_model import random_model
 
     t0 = time.perf_counter()
     loaded = random_model(shape, DEV, torch.bfloat16, 0)
     target = loaded.model
+    transforms.GEMV_MAX_ROWS = gemv_rows_max
     prepare_for_inference(target, DEV, None, None)
     print(f"built + prepared in {time.perf_counter() - t0:.0f} s; "
           f"{torch.cuda.max_memory_allocated() / 2**30:.1f} GiB peak")
@@ -260,7 +262,8 @@ def part_model(new: int, shape: str) -> None:
         m.w13, m.w2 = a, b
         m.supports_cuda_graphs = True
     agree = sum(a == b for a, b in zip(ref, eager_ref))
-    print(f"\n| {shape} (random bf16), batch 1 | ms per step | against the grouped decode step |")
+    print(f"\n| {shape} (random bf16), batch 1, GEMV up to {gemv_rows_max} rows | ms per step | against the grouped "
+          "decode step |")
     print("| --- | ---: | ---: |")
     print(f"| decode, eager per-expert loop (no graphs) | {eager_decode * 1e3:.2f} | "
           f"{eager_decode / graphs_decode:.2f}x |")
@@ -276,6 +279,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--part", default="all", choices=["all", "check", "layer", "model"])
     ap.add_argument("--new", type=int, default=64)
+    ap.add_argument("--gemv-rows", type=int, default=transforms.GEMV_MAX_ROWS, help="transforms.GEMV_MAX_ROWS")
     ap.add_argument("--shape", default="qwen3-30b-a3b", help="model's random-weights preset (kimi-k2.5-slice: H200)")
     a = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -285,7 +289,7 @@ def main() -> None:
         part_layout()
         part_layer()
     if a.part in ("all", "model"):
-        part_model(a.new, a.shape)
+        part_model(a.new, a.shape, a.gemv_rows)
 
 
 if __name__ == "__main__":

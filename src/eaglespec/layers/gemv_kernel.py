@@ -29,11 +29,16 @@ MAX_ROWS = 4
 DEFAULT_CFG = (4, 1024, 2, 4)
 
 
-def cfg_for(N: int, K: int) -> tuple[int, int, int, int]:
-    """The configuration for a weight [N, K] (session 55's H100 sweep, `benchmarks/moe_cold_sweep.py --only=gemv`):
-    narrow layers (N <= 2048) in more, smaller programs; inputs that are no multiple of 1,024 in blocks of 512."""
+def cfg_for(N: int, K: int, itemsize: int = 2) -> tuple[int, int, int, int]:
+    """The configuration for a weight [N, K] of `itemsize`-byte elements (session 55's H100 sweep,
+    `benchmarks/moe_cold_sweep.py --only=gemv`, 11 shapes of 1.5-120 MB from a MoE router's gate to Llama-8B's
+    down_proj: within 4% of each shape's best but one, 22% over): narrow layers in more, smaller programs (a program per
+    feature up to N 1,024: MLA's kv_a 576 x 7,168 5.4 us, 6.6 at two features a program; a noaux_tc router's float32
+    384 x 7,168 gate 6.0 us with 8 warps against cuBLAS's 8.0); inputs that are no multiple of 1,024 in blocks of 512."""
     if K % 1024:
         return (4, 512, 2, 4)
+    if N <= 1024:
+        return (1, 1024, 8 if itemsize >= 4 else 4, 3)
     if N <= 2048:
         return (2, 1024, 4, 3)
     return DEFAULT_CFG
@@ -81,7 +86,7 @@ def gemv_rows(x: torch.Tensor, weight: torch.Tensor, cfg: tuple[int, int, int, i
     assert 1 <= M <= MAX_ROWS and weight.shape[1] == K and weight.is_contiguous(), "gemv_rows: shape"
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
-    bn, bk, warps, stages = cfg or cfg_for(N, K)
+    bn, bk, warps, stages = cfg or cfg_for(N, K, weight.element_size())
     bm = 1 if M == 1 else 2 if M == 2 else 4
     y = torch.empty(M, N, dtype=x.dtype, device=x.device)
     _kernel()[((N + bn - 1) // bn,)](x2, weight, y, M, N, x2.stride(0), y.stride(0), K=K, BLOCK_M=bm, BLOCK_N=bn,
