@@ -195,3 +195,69 @@ def test_grouped_moe_targets_on_the_static_path_speculate_as_plain(arch):
         assert [o.token_ids for o in eng.generate(PROMPTS, params)] == ref
         if spec is not None:
             assert eng.stats.verify_steps > 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("N,k,H", [(1, 8, 300), (5, 3, 64), (2, 1, 513)])
+def test_sum_pairs_sums_in_slot_order_and_adds_after_rounding(dtype, N, k, H):
+    """`sum_pairs`: each token's k float32 rows summed in slot order and rounded once to dtype (bit for bit the
+    sequential float32 sum); with `add` (a MoE's shared experts' output) added after that rounding and rounded again,
+    as the eager `routed + shared` of two dtype tensors. H past SUM_BLOCK and not a multiple of it."""
+    from eaglespec.layers.moe_kernel import sum_pairs
+
+    g = torch.Generator().manual_seed(N * 100 + k)
+    y = torch.randn(N * k, H, generator=g) * 10
+    acc = y[0::k].clone()
+    for j in range(1, k):
+        acc = acc + y[j::k]
+    routed = acc.to(dtype)
+    add = torch.randn(N, H, generator=g).to(dtype)
+    got, got_add = sum_pairs(y, N, k, dtype), sum_pairs(y, N, k, dtype, add)
+    assert got.dtype == got_add.dtype == dtype and got.shape == got_add.shape == (N, H)
+    if dtype == torch.float32:
+        assert torch.equal(got, routed) and torch.equal(got_add, routed + add)
+    else:  # Triton's interpreter rounds float32 to bf16 toward zero (the GPU to nearest): one bf16 step apart at most
+        assert torch.allclose(got.float(), routed.float(), rtol=2.0**-7, atol=0)
+        assert torch.allclose(got_add.float(), (got + add).float(), rtol=2.0**-7, atol=2.0**-7)
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe", "deepseek_v3"])
+def test_gemv_wired_moe_targets_speculate_as_plain(arch, monkeypatch):
+    """`use_gemv_kernel` on MoE targets (its width threshold lowered to the tiny models'): the routers compute the
+    logits of steps of up to ROUTER_GEMV_MAX_ROWS rows through the GEMV kernel (and only those), Qwen3's q/k/v and
+    o_proj and DeepSeek-V3's MLA projections take it for one-row steps, and greedy decoding and speculation on the
+    static path give the eager untransformed engine's tokens."""
+    import eaglespec.engine.transforms as tr
+    from eaglespec.layers.few_rows_linear import FewRowsLinear
+    from eaglespec.layers.gemv_kernel import gemv_rows
+
+    target = _tiny_target(arch)
+    params = SamplingParams(max_new_tokens=10, ignore_eos=True)
+    cfg = EngineConfig(max_batch_size=4)
+    ref = [o.token_ids for o in Engine(target, None, cfg).generate(PROMPTS, params)]
+    drafter = tiny_drafter(target, seed=1, hidden=target.config.hidden_size)
+    monkeypatch.setattr(tr, "GEMV_MIN_K", 16)
+    tr.use_gemv_kernel(use_router_kernel(use_grouped_experts(fuse_projections(target))))
+    routers = [m.gate for m in target.modules() if isinstance(m, MoE)]
+    assert routers and all(r.logits_rows is gemv_rows and r.logits_max_rows == tr.ROUTER_GEMV_MAX_ROWS
+                           for r in routers)
+    attn = target.model.layers[1].self_attn
+    names = ("qkv_proj", "o_proj") if arch == "qwen3_moe" else ("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "o_proj")
+    assert all(isinstance(getattr(attn, n), FewRowsLinear) and getattr(attn, n).kernel is gemv_rows for n in names)
+    rows_seen = []
+    kernel = routers[0].logits_rows
+    routers[0].logits_rows = lambda x, w: rows_seen.append(x.shape[0]) or kernel(x, w)
+    with torch.no_grad():
+        for n in (1, 4, 5):
+            x = torch.randn(n, target.config.hidden_size)
+            weights, ids = routers[0](x)
+            routers[0].logits_rows = None
+            ref_w, ref_ids = routers[0](x)
+            routers[0].logits_rows = lambda x, w: rows_seen.append(x.shape[0]) or kernel(x, w)
+            assert torch.equal(ids, ref_ids) and torch.allclose(weights, ref_w, atol=1e-6)
+    assert rows_seen == [1, 4]  # five rows take the matmul
+    routers[0].logits_rows = kernel
+    for spec in (None, SpecConfig(steps=3, topk=1, draft_tokens=4), SpecConfig(steps=3, topk=2, draft_tokens=6)):
+        eng = Engine(target, None, cfg, drafter=drafter if spec else None, spec=spec)
+        eng.runner.graphs = GraphCache(eng.runner, capture=False)
+        assert [o.token_ids for o in eng.generate(PROMPTS, params)] == ref

@@ -23,7 +23,7 @@
   at most FEW_ROWS_MAX_WEIGHTS weights).
 - `use_gemv_kernel(model)` (CUDA): the bias-free q/k/v, o_proj, down_proj and MLA projections of wide models (inputs
   >= 1536) as `FewRowsLinear` through the GEMV kernel for one-row steps (cuBLAS reads them at 1.0-3.7 TB/s there),
-  and MoE routers' one-row logits.
+  and MoE routers' logits of steps of up to 4 rows.
 - `use_draft_input_kernel(model)` (CUDA): an EAGLE-3 drafter's embedding lookup, two input norms, their
   concatenation and RoPE's cos/sin as one Triton kernel (layers/draft_input_kernel.py).
 - `use_cpu_linear(model)` (CPU): every nn.Linear as a `CpuLinear`, whose product is weight-major (W x^T): on the
@@ -358,7 +358,10 @@ def use_cpu_linear(model: nn.Module) -> nn.Module:
 
 
 GEMV_MIN_K = 1536  # inputs at least this wide: the widths measured (1,536-14,336)
-GEMV_MAX_ROWS = 1  # decode steps: the row count measured
+GEMV_MAX_ROWS = 1  # decode steps: at 4 rows the kernel lost to cuBLAS on 7 of 9 projections (session 55)
+# a MoE router's gate (E x H, E <= 384) at up to this many rows: on an H100 Qwen3's bf16 128 x 2048 1.5-2.3 us against
+# cuBLAS's 4.9 at 1-4 rows, a noaux_tc router's float32 384 x 7168 5.9-7.6 against 7.9-24.2 (session 55)
+ROUTER_GEMV_MAX_ROWS = 4
 # the one-row projections the GEMV kernel serves: a GQA layer's fused q/k/v and o_proj, an MLP's (or shared expert's)
 # down_proj, and MLA's projections from the hidden state and the q LoRA rank (kv_b_proj is absorbed, not called)
 GEMV_NAMES = ("qkv_proj", "o_proj", "down_proj", "q_proj", "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa")
@@ -367,13 +370,13 @@ GEMV_NAMES = ("qkv_proj", "o_proj", "down_proj", "q_proj", "q_a_proj", "q_b_proj
 def use_gemv_kernel(model: nn.Module, names: tuple[str, ...] = GEMV_NAMES) -> nn.Module:
     """Every bias-free nn.Linear named in `names` whose input is at least GEMV_MIN_K wide becomes a `FewRowsLinear`
     through `layers/gemv_kernel.gemv_rows` for steps of GEMV_MAX_ROWS row(s), and every MoE router of such a width
-    computes one row's logits through it (`logits_rows`). One row, cold weights: on the H200 it read Llama-8B's q/k/v,
-    o_proj and down_proj in 14.3 / 10.7 / 29.2 us against cuBLAS's 15.6 / 13.2 / 31.9 (session 11; cuBLAS splits
-    o_proj's K and reduces in a second kernel); on an H100 (session 55) Qwen3-30B-A3B's q/k/v, o_proj and 128 x 2048
-    router gate in 7.6 / 6.6 / 1.5 us against 9.9 / 10.6 / 4.9, and the MLA projections of DeepSeek-V3 / Kimi-K2.5
-    (q_a 1536 x 7168, kv_a 576 x 7168, q_b 12288 x 1536) in 9.0 / 6.5 / 13.4 against 12.6 / 8.3 / 15.5. An MLP's
-    gate/up (cuBLAS 4.1 TB/s on Llama-8B) keeps cuBLAS. Layers already wired to the few-row kernels (SmolLM2's) keep
-    them."""
+    computes the logits of steps of up to ROUTER_GEMV_MAX_ROWS rows through it (`logits_rows`). One row, cold
+    weights: on the H200 it read Llama-8B's q/k/v, o_proj and down_proj in 14.3 / 10.7 / 29.2 us against cuBLAS's
+    15.6 / 13.2 / 31.9 (session 11; cuBLAS splits o_proj's K and reduces in a second kernel); on an H100 (session 55)
+    Qwen3-30B-A3B's q/k/v, o_proj and 128 x 2048 router gate in 7.6 / 6.7 / 1.5 us against 9.5 / 10.7 / 4.9, and the
+    MLA projections of DeepSeek-V3 / Kimi-K2.5 (q_a 1536 x 7168, kv_a 576 x 7168, q_b 12288 x 1536) in 9.0 / 5.4 /
+    13.4 against 12.6 / 8.3 / 15.5. An MLP's gate/up (cuBLAS 4.1 TB/s on Llama-8B) keeps cuBLAS. Layers already wired
+    to the few-row kernels (SmolLM2's) keep them."""
     from ..layers.few_rows_linear import FewRowsLinear
     from ..layers.gemv_kernel import gemv_rows
     from ..layers.moe import NoAuxRouter, SoftmaxTopKRouter
@@ -381,7 +384,7 @@ def use_gemv_kernel(model: nn.Module, names: tuple[str, ...] = GEMV_NAMES) -> nn
     for parent in list(model.modules()):
         if isinstance(parent, (NoAuxRouter, SoftmaxTopKRouter)):
             if parent.weight.shape[1] >= GEMV_MIN_K and parent.weight.is_contiguous():
-                parent.logits_rows = gemv_rows
+                parent.logits_rows, parent.logits_max_rows = gemv_rows, ROUTER_GEMV_MAX_ROWS
             continue
         for name in names:
             lin = parent._modules.get(name)

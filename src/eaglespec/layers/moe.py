@@ -16,8 +16,9 @@ ids [N, k] int64).
   weights to the model's dtype before weighting the experts; here they stay float32 (the same in float32 parity).
 On CUDA `engine.transforms.use_router_kernel` sets `fused`: both routers then compute their logits as above and the
 rest in one Triton kernel (layers/router_kernel.py; ties pick the lower expert id); `use_gemv_kernel` sets
-`logits_rows`, through which one-row steps compute the logits (layers/gemv_kernel.py: float32 accumulation either
-way; cuBLAS took ~5 us for Qwen3's 128 x 2048 gate on an H100, the GEMV kernel ~1.5).
+`logits_rows` and `logits_max_rows`, through which steps of a few rows compute the logits (layers/gemv_kernel.py:
+float32 accumulation either way; on an H100 cuBLAS took 4.9 us for Qwen3's 128 x 2048 gate at 1-4 rows, the GEMV
+kernel 1.5-2.3).
 
 Eagerly, experts run per expert over the tokens routed to it: the (token, expert) pairs are sorted by expert, each
 expert with tokens runs once on its contiguous slice, and the weighted outputs are scattered back with `index_add_`
@@ -46,8 +47,9 @@ RowsKernel = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (x [N, H], 
 
 
 def _logits(router: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """x [N, H] @ router.weight^T in x's dtype; one-row steps through the router's `logits_rows` kernel when set."""
-    if router.logits_rows is not None and x.shape[0] <= 1:
+    """x [N, H] @ router.weight^T in x's dtype; steps of at most `logits_max_rows` rows through the router's
+    `logits_rows` kernel when set."""
+    if router.logits_rows is not None and x.shape[0] <= router.logits_max_rows:
         return router.logits_rows(x, router.weight)
     return x @ router.weight.t()
 
@@ -56,7 +58,8 @@ class NoAuxRouter(nn.Module):
     """noaux_tc top-k router; checkpoint name `gate`. Returns (weights [N, k] fp32, expert ids [N, k] int64)."""
 
     fused = False  # engine.transforms.use_router_kernel: the selection after the logits as one Triton kernel
-    logits_rows: RowsKernel | None = None  # engine.transforms.use_gemv_kernel: the logits of one-row steps
+    logits_rows: RowsKernel | None = None  # engine.transforms.use_gemv_kernel: the logits of few-row steps
+    logits_max_rows = 0
 
     def __init__(self, hidden_size: int, moe: MoEConfig) -> None:
         super().__init__()
@@ -105,7 +108,8 @@ class SoftmaxTopKRouter(nn.Module):
     """softmax / greedy top-k router (Qwen3-MoE); checkpoint name `gate`. Returns (weights [N, k] fp32, ids [N, k])."""
 
     fused = False  # engine.transforms.use_router_kernel: the selection after the logits as one Triton kernel
-    logits_rows: RowsKernel | None = None  # engine.transforms.use_gemv_kernel: the logits of one-row steps
+    logits_rows: RowsKernel | None = None  # engine.transforms.use_gemv_kernel: the logits of few-row steps
+    logits_max_rows = 0
 
     def __init__(self, hidden_size: int, moe: MoEConfig) -> None:
         super().__init__()
