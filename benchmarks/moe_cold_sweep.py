@@ -106,17 +106,16 @@ def sweep_gemm() -> None:
                           "GBps": round(experts * nbytes / (us * 1e-6) / 1e9), "max_diff": err})
                 emit({"gemm": which, "shape": label, "N": N, "experts": experts, "default": default,
                       "default_us": round(base, 2), "best": best[1], "best_us": round(best[0], 2),
-                      "best_GBps": round(experts * nbytes / (best[0] * 1e-6) / 1e9), "t": round(time.perf_counter() - T0)})
-        del w13, w2
-        if not CPU:
-            torch.cuda.empty_cache()
+                      "best_GBps": round(experts * nbytes / (best[0] * 1e-6) / 1e9),
+                      "t": round(time.perf_counter() - T0)})
 
 
 GEMV_SHAPES = {"qwen3 qkv": (5120, 2048), "qwen3 gate": (128, 2048), "qwen3 o_proj": (2048, 4096),
                "mla q_a": (1536, 7168), "mla kv_a": (576, 7168), "mla q_b": (12288, 1536),
                "deepseek shared down": (7168, 2048), "kimi gate fp32": (384, 7168),
                "llama-8b qkv": (6144, 4096), "llama-8b o_proj": (4096, 4096), "llama-8b down": (4096, 14336)}
-GEMV_CFGS = [(bn, bk, w, s) for bn in (1, 2, 4, 8, 16) for bk in (512, 1024) for w, s in ((2, 4), (4, 3), (4, 4), (8, 3))]
+GEMV_CFGS = [(bn, bk, w, s) for bn in (1, 2, 4, 8, 16) for bk in (512, 1024)
+             for w, s in ((2, 4), (4, 3), (4, 4), (8, 3))]
 if CPU:
     GEMV_SHAPES, GEMV_CFGS = {"tiny": (48, 64), "tiny fp32": (16, 64)}, [(4, 32, 2, 2)]
 
@@ -149,10 +148,11 @@ def sweep_gemv() -> None:
                 best = min(best, (us, cfg))
             else:
                 own = us
+        nbytes = N * K * x.element_size()
         emit({"gemv": label, "N": N, "K": K, "cublas_us": round(cublas, 2),
-              "cublas_GBps": round(N * K * x.element_size() / (cublas * 1e-6) / 1e9), "own_cfg": gvk.cfg_for(N, K, x.element_size()),
+              "cublas_GBps": round(nbytes / (cublas * 1e-6) / 1e9), "own_cfg": gvk.cfg_for(N, K, x.element_size()),
               "own_us": round(own, 2), "best": best[1], "best_us": round(best[0], 2),
-              "best_GBps": round(N * K * x.element_size() / (best[0] * 1e-6) / 1e9), "t": round(time.perf_counter() - T0)})
+              "best_GBps": round(nbytes / (best[0] * 1e-6) / 1e9), "t": round(time.perf_counter() - T0)})
 
 
 def sweep_gemv_rows() -> None:
