@@ -24,10 +24,8 @@ step reads each routed expert's weights about once (not once per pair) whatever 
   dtype) and rounds again, as the eager `routed + shared`. float32 weights multiply in IEEE float32 (no TF32).
   Memory per call: [P, I] in x's dtype and [P, H] float32 (a prefill window of 8,192 tokens of DeepSeek-V3, k = 8:
   0.25 + 1.9 GB; the eager loop held one [N, H] float32 accumulator).
-All shapes depend on N, k, E and the weights only: one CUDA graph per step shape holds the whole layer. Every kernel
-launches with programmatic dependent launch where the device has it (layers/pdl.py), waiting before its first load:
-each reads only what the kernel before it wrote (the GEMMs learn their expert from the layout). Kernels are built on
-first use, so that `TRITON_INTERPRET=1` (the CPU tests) takes effect.
+All shapes depend on N, k, E and the weights only: one CUDA graph per step shape holds the whole layer. Kernels are
+built on first use, so that `TRITON_INTERPRET=1` (the CPU tests) takes effect.
 """
 
 from __future__ import annotations
@@ -60,11 +58,8 @@ def _kernels():
 
     @triton.jit
     def align_kernel(ids, pairs, block_expert, P, blocks, BLOCK_M: tl.constexpr, EP: tl.constexpr,
-                     PP: tl.constexpr, BP: tl.constexpr, SP: tl.constexpr, PDL: tl.constexpr = False):
+                     PP: tl.constexpr, BP: tl.constexpr, SP: tl.constexpr):
         # one program, no loop: every pair at once (PP >= P lanes), sorted by (expert, pair) in registers
-        if PDL:  # layers/pdl.py: the ids come from the router kernel, so the wait comes first
-            tl.extra.cuda.gdc_launch_dependents()
-            tl.extra.cuda.gdc_wait()
         rp = tl.arange(0, PP)
         valid = rp < P
         e = tl.load(ids + rp, mask=valid, other=0).to(tl.int32)
@@ -94,11 +89,8 @@ def _kernels():
     def gemm_kernel(a, w, c, pairs, block_expert, scale, P, N, s_am, s_we, s_wn, s_cm, up_off,
                     K: tl.constexpr, A_DIV: tl.constexpr, GATED: tl.constexpr, SCALE: tl.constexpr,
                     IEEE: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_K: tl.constexpr, PDL: tl.constexpr = False):
+                    BLOCK_K: tl.constexpr):
         # one program: BLOCK_M slots of one expert x BLOCK_N output features; a's row of slot p is p // A_DIV
-        if PDL:  # layers/pdl.py: which expert's weights to read is known only after the layout, so no early load
-            tl.extra.cuda.gdc_launch_dependents()
-            tl.extra.cuda.gdc_wait()
         pid_m = tl.program_id(0)
         e = tl.load(block_expert + pid_m)
         if e >= 0:
@@ -195,7 +187,7 @@ def expert_blocks(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[to
     if blocks:
         _kernels()[0][(1,)](ids.reshape(-1).contiguous(), pairs, block_expert, P, blocks, BLOCK_M=block_m,
                             EP=pow2(num_experts, 16), PP=pow2(P, 16), BP=pow2(blocks, 16),
-                            SP=pow2(blocks * block_m, 16), num_warps=8, **launch_options(ids))
+                            SP=pow2(blocks * block_m, 16), num_warps=8)
     return pairs, block_expert
 
 
@@ -227,8 +219,7 @@ def _grouped_gemm(a: torch.Tensor, w: torch.Tensor, pairs: torch.Tensor, block_e
                             w.stride(0), w.stride(1), out.stride(0), N if gated else 0, K=K, A_DIV=a_div,
                             GATED=gated, SCALE=scale is not None, IEEE=w.dtype == torch.float32,
                             UPCAST=_interpreted() and w.dtype != torch.float32, BLOCK_M=block_m,
-                            BLOCK_N=BN, BLOCK_K=min(BK, pow2(K, 16)), num_warps=warps, num_stages=stages,
-                            **launch_options(a))
+                            BLOCK_N=BN, BLOCK_K=min(BK, pow2(K, 16)), num_warps=warps, num_stages=stages)
     return out
 
 
