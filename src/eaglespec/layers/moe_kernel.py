@@ -24,8 +24,10 @@ step reads each routed expert's weights about once (not once per pair) whatever 
   dtype) and rounds again, as the eager `routed + shared`. float32 weights multiply in IEEE float32 (no TF32).
   Memory per call: [P, I] in x's dtype and [P, H] float32 (a prefill window of 8,192 tokens of DeepSeek-V3, k = 8:
   0.25 + 1.9 GB; the eager loop held one [N, H] float32 accumulator).
-All shapes depend on N, k, E and the weights only: one CUDA graph per step shape holds the whole layer. Kernels are
-built on first use, so that `TRITON_INTERPRET=1` (the CPU tests) takes effect.
+All shapes depend on N, k, E and the weights only: one CUDA graph per step shape holds the whole layer. The kernels
+launch without programmatic dependent launch (layers/pdl.py; each reads only what the kernel before it wrote, so each
+would wait first: not yet measured). Kernels are built on first use, so that `TRITON_INTERPRET=1` (the CPU tests)
+takes effect.
 """
 
 from __future__ import annotations
@@ -36,7 +38,6 @@ import os
 import torch
 
 from .block_size import pow2
-from .pdl import launch_options
 
 
 def max_blocks(pairs: int, num_experts: int, block_m: int) -> int:
@@ -134,12 +135,8 @@ def _kernels():
             tl.store(cptr, acc.to(c.dtype.element_ty), mask=valid[:, None] & nm[None, :])
 
     @triton.jit
-    def sum_kernel(y, out, add, H, K_PAIRS: tl.constexpr, ADD: tl.constexpr, BLOCK: tl.constexpr,
-                   PDL: tl.constexpr = False):
+    def sum_kernel(y, out, add, H, K_PAIRS: tl.constexpr, ADD: tl.constexpr, BLOCK: tl.constexpr):
         # one program: BLOCK features of one token; its K_PAIRS float32 rows summed in order, rounded once
-        if PDL:  # layers/pdl.py: nothing here is a weight, so the wait comes first
-            tl.extra.cuda.gdc_launch_dependents()
-            tl.extra.cuda.gdc_wait()
         n = tl.program_id(0).to(tl.int64)
         rh = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         m = rh < H
@@ -235,8 +232,7 @@ def sum_pairs(y: torch.Tensor, n_tokens: int, k: int, dtype: torch.dtype,
     out = torch.empty(n_tokens, H, dtype=dtype, device=y.device)
     if n_tokens and H:
         _kernels()[2][(n_tokens, -(-H // SUM_BLOCK))](y, out, add.contiguous() if add is not None else out, H,
-                                                      K_PAIRS=k, ADD=add is not None, BLOCK=SUM_BLOCK,
-                                                      **launch_options(y))
+                                                      K_PAIRS=k, ADD=add is not None, BLOCK=SUM_BLOCK)
     return out
 
 
