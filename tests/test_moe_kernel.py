@@ -244,19 +244,22 @@ def test_gemv_wired_moe_targets_speculate_as_plain(arch, monkeypatch):
     attn = target.model.layers[1].self_attn
     names = ("qkv_proj", "o_proj") if arch == "qwen3_moe" else ("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "o_proj")
     assert all(isinstance(getattr(attn, n), FewRowsLinear) and getattr(attn, n).kernel is gemv_rows for n in names)
-    rows_seen = []
-    kernel = routers[0].logits_rows
-    routers[0].logits_rows = lambda x, w: rows_seen.append(x.shape[0]) or kernel(x, w)
+    router, rows_seen = routers[0], []
+
+    def spy(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        rows_seen.append(x.shape[0])
+        return gemv_rows(x, w)
+
     with torch.no_grad():
         for n in (1, 4, 5):
             x = torch.randn(n, target.config.hidden_size)
-            weights, ids = routers[0](x)
-            routers[0].logits_rows = None
-            ref_w, ref_ids = routers[0](x)
-            routers[0].logits_rows = lambda x, w: rows_seen.append(x.shape[0]) or kernel(x, w)
+            router.logits_rows = spy
+            weights, ids = router(x)
+            router.logits_rows = None  # the matmul
+            ref_w, ref_ids = router(x)
             assert torch.equal(ids, ref_ids) and torch.allclose(weights, ref_w, atol=1e-6)
     assert rows_seen == [1, 4]  # five rows take the matmul
-    routers[0].logits_rows = kernel
+    router.logits_rows = gemv_rows
     for spec in (None, SpecConfig(steps=3, topk=1, draft_tokens=4), SpecConfig(steps=3, topk=2, draft_tokens=6)):
         eng = Engine(target, None, cfg, drafter=drafter if spec else None, spec=spec)
         eng.runner.graphs = GraphCache(eng.runner, capture=False)

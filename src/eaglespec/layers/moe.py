@@ -31,19 +31,15 @@ expert's parameters become views into them): the routed experts then run as `lay
 
 from __future__ import annotations
 
-from typing import Callable
-
 import torch
 from torch import nn
 
 from ..config import MoEConfig
 from ..errors import ConfigError
+from .few_rows_linear import RowsKernel
 from .mlp import GatedMLP
 from .moe_kernel import grouped_experts
 from .router_kernel import route
-
-
-RowsKernel = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (x [N, H], weight [E, H]) -> [N, E]
 
 
 def _logits(router: nn.Module, x: torch.Tensor) -> torch.Tensor:

@@ -16,9 +16,9 @@ step reads each routed expert's weights about once (not once per pair) whatever 
   is written by the pair in its first slot. Longer prefills take a stable sort and a scatter in PyTorch (the same
   layout, ~15 launches).
 - `grouped_experts(x, weights, ids, w13, w2, add=None) -> [N, H]`: x [N, H]; weights [N, k] float32; ids [N, k];
-  w13 [E, 2I, H]
-  (each expert's gate rows then up rows, nn.Linear's [out, in]); w2 [E, H, I]. The first GEMM computes both halves
-  of a block's tile and writes silu(gate) * up [P, I] in x's dtype (the eager MLP's rounding points); the second
+  w13 [E, 2I, H] (each expert's gate rows then up rows, nn.Linear's [out, in]); w2 [E, H, I]. The first GEMM
+  computes both halves of a block's tile and writes silu(gate) * up [P, I] in x's dtype (the eager MLP's rounding
+  points); the second
   writes float32 [P, H] scaled by each pair's weight; `sum_pairs` sums the k rows of a token in float32 and rounds
   once to x's dtype, as the eager path's float32 `index_add_`, then adds `add` (a MoE's shared experts' output, x's
   dtype) and rounds again, as the eager `routed + shared`. float32 weights multiply in IEEE float32 (no TF32).
