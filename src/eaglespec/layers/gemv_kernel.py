@@ -32,7 +32,7 @@ DEFAULT_CFG = (4, 1024, 2, 4)
 def cfg_for(N: int, K: int, itemsize: int = 2) -> tuple[int, int, int, int]:
     """The configuration for a weight [N, K] of `itemsize`-byte elements (session 55's H100 sweep,
     `benchmarks/moe_cold_sweep.py --only=gemv`, 11 shapes of 0.5-117 MB from a MoE router's gate to Llama-8B's
-    down_proj: each within 8% of its best configuration): narrow layers in more, smaller programs (a program per
+    down_proj: each within 9% of its best configuration): narrow layers in more, smaller programs (a program per
     feature up to N 1,024: MLA's kv_a 576 x 7,168 5.4 us, 6.6 at two features a program; a noaux_tc router's float32
     384 x 7,168 gate 5.9 us with 8 warps, 9.6 with 4, cuBLAS 7.9); inputs that are no multiple of 1,024 in blocks of
     512."""
