@@ -292,6 +292,24 @@ def test_gemv_kernel_and_its_wiring(monkeypatch):
                                            [[5, 6, 7, 8], [9, 10]], 10)
 
 
+@pytest.mark.parametrize("N,K,dtype,cfg", [(40, 1536, torch.bfloat16, (4, 512, 2, 4)),
+                                           (300, 1024, torch.float32, (1, 1024, 8, 3)),
+                                           (300, 2048, torch.bfloat16, (1, 1024, 4, 3)),
+                                           (1500, 2048, torch.bfloat16, (2, 1024, 4, 3)),
+                                           (2100, 1024, torch.bfloat16, (4, 1024, 2, 4))])
+def test_gemv_tiles_by_shape(N, K, dtype, cfg):
+    """`gemv_kernel.cfg_for`'s tile per branch (inputs no multiple of 1,024; up to 1,024 features, 8 warps for float32
+    weights; up to 2,048; wider: DEFAULT_CFG), and `gemv_rows` with its own choice equals the product (interpreter)."""
+    from eaglespec.layers.gemv_kernel import DEFAULT_CFG, cfg_for, gemv_rows
+
+    assert cfg_for(N, K, torch.tensor([], dtype=dtype).element_size()) == cfg
+    assert cfg_for(4096, 4096) == DEFAULT_CFG  # Llama-8B's o_proj keeps session 11's tile
+    g = torch.Generator().manual_seed(N)
+    x, w = torch.randn(1, K, generator=g).to(dtype), torch.randn(N, K, generator=g).to(dtype)
+    ref = x.float() @ w.float().T
+    assert torch.allclose(gemv_rows(x, w).float(), ref, rtol=2.0**-7, atol=1e-3 * ref.abs().max())
+
+
 @pytest.mark.parametrize("M", [1, 3, 5, 8])
 @pytest.mark.parametrize("gated,norm", [(False, True), (True, True), (False, False)])
 def test_row_loop_equals_the_broadcast_product(M, gated, norm):
