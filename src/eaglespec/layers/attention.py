@@ -230,6 +230,10 @@ class GQAAttention(nn.Module):
         computed it together with the norm: layers/norm_linear_kernel.py) -> [B, T, hidden]."""
         return self.o_proj(self.attend_heads(qkv, cos, sin, ctx, cache))
 
+    def _stores_by_kernel(self, ctx: ForwardContext, cache: Sequence[torch.Tensor] | None) -> bool:
+        """Whether this step's RoPE and KV-cache writes go through the fused `rope_store` kernel."""
+        return self.rope_store is not None and cache is not None and ctx.write_index is not None
+
     def attend_heads(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: ForwardContext,
                      cache: Sequence[torch.Tensor] | None,
                      norm_of: tuple[torch.Tensor, float] | None = None) -> torch.Tensor:
@@ -239,7 +243,7 @@ class GQAAttention(nn.Module):
         B, T, _ = qkv.shape
         H, Hkv, Dh = self.num_heads, self.num_kv_heads, self.head_dim
         qkv = qkv.view(B, T, H + 2 * Hkv, Dh)
-        if self.rope_store is not None and cache is not None and ctx.write_index is not None:
+        if self._stores_by_kernel(ctx, cache):
             # one kernel: (the norm's scale,) RoPE on q and k, k and v into the cache
             q = self.rope_store(qkv, cos, sin, cache[0], cache[1], ctx.row_index(B), ctx.write_index, H, Hkv,
                                 norm_of=norm_of, head_norms=self.head_norms())
@@ -288,7 +292,7 @@ class QKNormAttention(GQAAttention):
                      norm_of: tuple[torch.Tensor, float] | None = None) -> torch.Tensor:
         """qkv [B, T, (H + 2 Hkv) * D] -> [B, T, H * D]: (the folded input norm's scale,) q and k normed per head,
         RoPE, attention."""
-        if self.rope_store is not None and cache is not None and ctx.write_index is not None:
+        if self._stores_by_kernel(ctx, cache):
             return super().attend_heads(qkv, cos, sin, ctx, cache, norm_of)  # the kernel applies `head_norms()`
         B, T, _ = qkv.shape
         H, Hkv, Dh = self.num_heads, self.num_kv_heads, self.head_dim
