@@ -77,8 +77,9 @@ def test_every_kernel_launched_with_pdl_waits():
                      and "gdc_wait()" in ast.unparse(n)]
             assert waits, f"{path.name}: {node.name} never waits under PDL"
             checked += 1
-    assert checked >= 28  # norm + projection (2), norm + SiLU, GEMV, attention (3), RoPE store, argmax (2), top-k
+    assert checked >= 32  # norm + projection (2), norm + SiLU, GEMV, attention (3), RoPE store, argmax (2), top-k
     #                      (3), tree (3), tree construction (2), the drafter's input, the commit (2), the KV
-    #                      compaction, the sampling kernels (4), the sampled chain's acceptance (2)
+    #                      compaction, the sampling kernels (4), the sampled chain's acceptance (2), the MoE router,
+    #                      the grouped experts' layout, GEMM and pair sum
     assert helpers >= 10  # the attention kernels' block_scores, pv_product, query_tile, online_block, merge_split
     #                       and store_output; the sampling kernels' race, row_params, tile and quarters

@@ -24,10 +24,11 @@ step reads each routed expert's weights about once (not once per pair) whatever 
   dtype) and rounds again, as the eager `routed + shared`. float32 weights multiply in IEEE float32 (no TF32).
   Memory per call: [P, I] in x's dtype and [P, H] float32 (a prefill window of 8,192 tokens of DeepSeek-V3, k = 8:
   0.25 + 1.9 GB; the eager loop held one [N, H] float32 accumulator).
-All shapes depend on N, k, E and the weights only: one CUDA graph per step shape holds the whole layer. The kernels
-launch without programmatic dependent launch (layers/pdl.py; each reads only what the kernel before it wrote, so each
-would wait first: not yet measured). Kernels are built on first use, so that `TRITON_INTERPRET=1` (the CPU tests)
-takes effect.
+All shapes depend on N, k, E and the weights only: one CUDA graph per step shape holds the whole layer. Every kernel
+launches with programmatic dependent launch where the device has it (layers/pdl.py), waiting before its first load:
+each reads only what the kernel before it wrote (the GEMMs learn their expert from the layout; `USE_PDL` False
+launches them without, for the benchmarks' A/B). Kernels are built on first use, so that `TRITON_INTERPRET=1` (the
+CPU tests) takes effect.
 """
 
 from __future__ import annotations
@@ -38,6 +39,13 @@ import os
 import torch
 
 from .block_size import pow2
+from .pdl import launch_options
+
+USE_PDL = True  # False: the kernels launch without PDL (the benchmarks' A/B through with_setting.py)
+
+
+def _pdl(t: torch.Tensor) -> dict:
+    return launch_options(t) if USE_PDL else {"PDL": False}
 
 
 def max_blocks(pairs: int, num_experts: int, block_m: int) -> int:
@@ -59,8 +67,11 @@ def _kernels():
 
     @triton.jit
     def align_kernel(ids, pairs, block_expert, P, blocks, BLOCK_M: tl.constexpr, EP: tl.constexpr,
-                     PP: tl.constexpr, BP: tl.constexpr, SP: tl.constexpr):
+                     PP: tl.constexpr, BP: tl.constexpr, SP: tl.constexpr, PDL: tl.constexpr = False):
         # one program, no loop: every pair at once (PP >= P lanes), sorted by (expert, pair) in registers
+        if PDL:  # layers/pdl.py: the ids come from the router kernel, so the wait comes first
+            tl.extra.cuda.gdc_launch_dependents()
+            tl.extra.cuda.gdc_wait()
         rp = tl.arange(0, PP)
         valid = rp < P
         e = tl.load(ids + rp, mask=valid, other=0).to(tl.int32)
@@ -90,8 +101,11 @@ def _kernels():
     def gemm_kernel(a, w, c, pairs, block_expert, scale, P, N, s_am, s_we, s_wn, s_cm, up_off,
                     K: tl.constexpr, A_DIV: tl.constexpr, GATED: tl.constexpr, SCALE: tl.constexpr,
                     IEEE: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_K: tl.constexpr):
+                    BLOCK_K: tl.constexpr, PDL: tl.constexpr = False):
         # one program: BLOCK_M slots of one expert x BLOCK_N output features; a's row of slot p is p // A_DIV
+        if PDL:  # layers/pdl.py: which expert's weights to read is known only after the layout, so no early load
+            tl.extra.cuda.gdc_launch_dependents()
+            tl.extra.cuda.gdc_wait()
         pid_m = tl.program_id(0)
         e = tl.load(block_expert + pid_m)
         if e >= 0:
@@ -135,8 +149,12 @@ def _kernels():
             tl.store(cptr, acc.to(c.dtype.element_ty), mask=valid[:, None] & nm[None, :])
 
     @triton.jit
-    def sum_kernel(y, out, add, H, K_PAIRS: tl.constexpr, ADD: tl.constexpr, BLOCK: tl.constexpr):
+    def sum_kernel(y, out, add, H, K_PAIRS: tl.constexpr, ADD: tl.constexpr, BLOCK: tl.constexpr,
+                   PDL: tl.constexpr = False):
         # one program: BLOCK features of one token; its K_PAIRS float32 rows summed in order, rounded once
+        if PDL:  # layers/pdl.py: nothing here is a weight, so the wait comes first
+            tl.extra.cuda.gdc_launch_dependents()
+            tl.extra.cuda.gdc_wait()
         n = tl.program_id(0).to(tl.int64)
         rh = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         m = rh < H
@@ -184,7 +202,7 @@ def expert_blocks(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[to
     if blocks:
         _kernels()[0][(1,)](ids.reshape(-1).contiguous(), pairs, block_expert, P, blocks, BLOCK_M=block_m,
                             EP=pow2(num_experts, 16), PP=pow2(P, 16), BP=pow2(blocks, 16),
-                            SP=pow2(blocks * block_m, 16), num_warps=8)
+                            SP=pow2(blocks * block_m, 16), num_warps=8, **_pdl(ids))
     return pairs, block_expert
 
 
@@ -216,7 +234,7 @@ def _grouped_gemm(a: torch.Tensor, w: torch.Tensor, pairs: torch.Tensor, block_e
                             w.stride(0), w.stride(1), out.stride(0), N if gated else 0, K=K, A_DIV=a_div,
                             GATED=gated, SCALE=scale is not None, IEEE=w.dtype == torch.float32,
                             UPCAST=_interpreted() and w.dtype != torch.float32, BLOCK_M=block_m,
-                            BLOCK_N=BN, BLOCK_K=min(BK, pow2(K, 16)), num_warps=warps, num_stages=stages)
+                            BLOCK_N=BN, BLOCK_K=min(BK, pow2(K, 16)), num_warps=warps, num_stages=stages, **_pdl(a))
     return out
 
 
@@ -232,7 +250,8 @@ def sum_pairs(y: torch.Tensor, n_tokens: int, k: int, dtype: torch.dtype,
     out = torch.empty(n_tokens, H, dtype=dtype, device=y.device)
     if n_tokens and H:
         _kernels()[2][(n_tokens, -(-H // SUM_BLOCK))](y, out, add.contiguous() if add is not None else out, H,
-                                                      K_PAIRS=k, ADD=add is not None, BLOCK=SUM_BLOCK)
+                                                      K_PAIRS=k, ADD=add is not None, BLOCK=SUM_BLOCK,
+                                                      **_pdl(y))
     return out
 
 

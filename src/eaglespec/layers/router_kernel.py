@@ -13,7 +13,9 @@ computes exactly what `layers/moe.py`'s routers compute from their logits [N, E]
   weights the unbiased s;
 then divided by their sum when `norm` (+1e-20 for sigmoid, as the module), times `scaling`. Ties pick the lower
 expert id (torch.topk leaves their order unspecified). `fits(E, n_group)`: the shapes it takes (groups need
-E / n_group a power of two and n_group a power of two). Built on first use (`TRITON_INTERPRET=1` for CPU tests).
+E / n_group a power of two and n_group a power of two). Launches with programmatic dependent launch where the device
+has it (layers/pdl.py): the correction bias (a weight) is loaded before the wait, the logits after it. Built on first
+use (`TRITON_INTERPRET=1` for CPU tests).
 """
 
 from __future__ import annotations
@@ -23,6 +25,12 @@ import functools
 import torch
 
 from .block_size import pow2
+from .pdl import launch_options
+
+# num_warps of a program (one token row) up to 256 experts; more experts take 4. Session 56 measured 1 against 2 on
+# Qwen3-30B-A3B's 128 experts (benchmarks/moe_graphs_check.py --part model, with_setting.py)
+SMALL_WARPS = 2
+USE_PDL = True  # False: launch without PDL (the benchmarks' A/B through with_setting.py)
 
 
 def fits(num_experts: int, n_group: int) -> bool:
@@ -40,14 +48,20 @@ def _kernel():
     @triton.jit
     def router_kernel(logits, bias, w_out, id_out, E, s_row, scaling, K: tl.constexpr, KP: tl.constexpr,
                       EP: tl.constexpr, SIGMOID: tl.constexpr, G: tl.constexpr, TOPG: tl.constexpr,
-                      NORM: tl.constexpr):
+                      NORM: tl.constexpr, PDL: tl.constexpr = False):
         n = tl.program_id(0)
         re = tl.arange(0, EP)
         valid = re < E
+        if PDL:  # layers/pdl.py: the bias is a weight; the logits come from the kernel before
+            tl.extra.cuda.gdc_launch_dependents()
+        if SIGMOID:
+            b = tl.load(bias + re, mask=valid, other=0.0).to(tl.float32)
+        if PDL:
+            tl.extra.cuda.gdc_wait()
         x = tl.load(logits + n.to(tl.int64) * s_row + re, mask=valid, other=0.0).to(tl.float32)
         if SIGMOID:
             src = tl.where(valid, 1.0 / (1.0 + tl.exp(-x)), 0.0)  # [EP] the weights' source
-            choice = tl.where(valid, src + tl.load(bias + re, mask=valid, other=0.0).to(tl.float32), float("-inf"))
+            choice = tl.where(valid, src + b, float("-inf"))
             if G > 1:  # group limit: a group's score is the sum of its two largest choices
                 grp = tl.reshape(choice, [G, EP // G])
                 rg = tl.arange(0, EP // G)[None, :]
@@ -99,5 +113,6 @@ def route(logits: torch.Tensor, k: int, sigmoid: bool, bias: torch.Tensor | None
         G = n_group if n_group > 1 else 1
         _kernel()[(N,)](logits, bias if bias is not None else logits, weights, ids, E, logits.stride(0),
                         float(scaling), K=k, KP=pow2(k), EP=pow2(E, 16) if G == 1 else E, SIGMOID=sigmoid, G=G,
-                        TOPG=topk_group, NORM=norm, num_warps=4 if E > 256 else 2)
+                        TOPG=topk_group, NORM=norm, num_warps=4 if E > 256 else SMALL_WARPS,
+                        **(launch_options(logits) if USE_PDL else {"PDL": False}))
     return weights, ids
