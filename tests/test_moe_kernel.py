@@ -84,6 +84,46 @@ def test_grouped_experts_equal_the_eager_loop(dtype, N):
     assert block_m_for(N * 2, 8) == (16 if N <= 40 else 64)  # N = 300 runs the largest blocks
 
 
+def test_gemm_tiles_fit_the_devices_shared_memory():
+    """The default tiles shrink to a device's shared memory: a float32 gate/up GEMM of DeepSeek-V3's width at the
+    bf16 tile (128, 128, 8, 3) asked an H100 for 278,528 bytes of its 232,448 (session 56) and no longer does; bf16
+    tiles stay as measured; no limit (CPU, the interpreter) keeps any tile."""
+    from eaglespec.layers.moe_kernel import _gemm_cfg, fit_shared
+
+    H100 = 232448
+    wide, narrow = _gemm_cfg(7168), _gemm_cfg(2048)
+    assert fit_shared(wide, 16, True, 4, None) == wide == (128, 128, 8, 3)
+    for bm in (16, 32, 64):
+        for gated in (True, False):
+            assert fit_shared(wide, bm, gated, 2, H100) == wide  # bf16: unchanged
+            assert fit_shared(narrow, bm, gated, 4, H100) == narrow
+            BN, BK, warps, stages = fit_shared(wide, bm, gated, 4, H100)
+            assert (warps, stages) == (8, 3) and (stages - 1) * (bm + (1 + gated) * BN) * BK * 4 <= H100
+        assert fit_shared(wide, bm, True, 4, H100) == (128, 64, 8, 3)  # BLOCK_K halves first
+    assert fit_shared(wide, 16, True, 4, 101376) == (64, 64, 8, 3)  # ~99 KB (consumer GPUs): BLOCK_N too
+    assert fit_shared(wide, 64, True, 4, 1) == (16, 16, 8, 3)  # never below 16 (tl.dot's least)
+
+
+@torch.no_grad()
+def test_fitted_tiles_compute_the_same_experts(monkeypatch):
+    """With a device limit that forces the smallest tiles, the GEMMs still give the eager loop's experts."""
+    from eaglespec.layers import moe_kernel
+
+    seen = []
+    fit = moe_kernel.fit_shared
+    monkeypatch.setattr(moe_kernel, "shared_limit", lambda device: 1)
+    monkeypatch.setattr(moe_kernel, "fit_shared", lambda *a: seen.append(fit(*a)) or seen[-1])
+    m = _moe()
+    x = torch.randn(9, 64, generator=torch.Generator().manual_seed(3))
+    weights, ids = m.gate(x)
+    w13 = torch.stack([torch.cat((e.gate_proj.weight, e.up_proj.weight)) for e in m.experts])
+    w2 = torch.stack([e.down_proj.weight for e in m.experts])
+    got = grouped_experts(x, weights, ids, w13, w2)
+    ref = m._routed(x, weights, ids)
+    assert seen == [(16, 16, 4, 3), (16, 16, 4, 3)]  # both GEMMs took the fitted tile
+    assert torch.allclose(got, ref, rtol=1e-5, atol=1e-5 * ref.abs().max())
+
+
 def test_long_prefills_lay_out_their_blocks_by_sort(monkeypatch):
     """Past ONE_PROGRAM_MAX_PAIRS pairs the layout comes from `_blocks_by_sort`; the experts' output is unchanged."""
     from eaglespec.layers import moe_kernel

@@ -39,6 +39,7 @@ import os
 import torch
 
 from .block_size import pow2
+from .norm_linear_dot_kernel import shared_limit
 from .pdl import launch_options
 
 USE_PDL = True  # False: the kernels launch without PDL (the benchmarks' A/B through with_setting.py)
@@ -222,11 +223,33 @@ def _gemm_cfg(width: int) -> tuple[int, int, int, int]:
     return GEMM_CFG if GEMM_CFG is not None else (128, 128, 8, 3) if width >= 4096 else (64, 128, 4, 3)
 
 
+def fit_shared(cfg: tuple[int, int, int, int], block_m: int, gated: bool, itemsize: int,
+               limit: int | None) -> tuple[int, int, int, int]:
+    """`cfg` with BLOCK_K, then BLOCK_N, halved (down to 16) until its pipelined tiles fit `limit` bytes of shared
+    memory (None: no limit, as the interpreter): a stage holds block_m x BLOCK_K of x and BLOCK_N x BLOCK_K of each
+    weight half (two when gated), and Triton 3's pipeline keeps num_stages - 1 stages in flight (a float32 gate/up
+    GEMM of DeepSeek-V3's width at (128, 128, 8, 3) asked for 2 x 139,264 bytes of an H100's 232,448 and failed
+    to launch). The bf16 tiles above fit an H100 as they are."""
+    BN, BK, warps, stages = cfg
+
+    def need(bn: int, bk: int) -> int:
+        return max(stages - 1, 1) * (block_m + (2 if gated else 1) * bn) * bk * itemsize
+
+    while limit is not None and need(BN, BK) > limit and max(BN, BK) > 16:
+        if BK >= BN:
+            BK //= 2
+        else:
+            BN //= 2
+    return BN, BK, warps, stages
+
+
 def _grouped_gemm(a: torch.Tensor, w: torch.Tensor, pairs: torch.Tensor, block_expert: torch.Tensor, block_m: int,
                   P: int, a_div: int, out: torch.Tensor, gated: bool, scale: torch.Tensor | None,
                   cfg: tuple[int, int, int, int] | None = None) -> torch.Tensor:
     N = out.shape[1]
     K = a.shape[1]
+    if cfg is None and GEMM_CFG is None:  # the default tile, fitted to the device's shared memory
+        cfg = fit_shared(_gemm_cfg(max(K, N)), block_m, gated, w.element_size(), shared_limit(a.device))
     BN, BK, warps, stages = cfg or _gemm_cfg(max(K, N))  # the hidden size: K of the first GEMM, N of the second
     grid = (block_expert.shape[0], -(-N // BN))
     if grid[0] and N:
