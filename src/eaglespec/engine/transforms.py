@@ -10,6 +10,8 @@
 - `use_rope_store_kernel(model)` (CUDA): RoPE on q/k and both KV-cache writes as one Triton kernel per layer.
 - `use_short_attention_kernel(model)` (CUDA): attention of decode / verify / drafter steps of small batches over the
   cache as two Triton kernels (split-K + combine) instead of SDPA's cuDNN kernel.
+- `use_mla_kernel(model)` (CUDA): MLA's absorbed attention of steps of few query tokens straight over the latent
+  cache as two Triton kernels (layers/mla_attention_kernel.py) instead of a cache copy and SDPA over one shared head.
 - `use_norm_linear_kernel(model)` (CUDA): in Llama-style layers, residual add + RMSNorm + q/k/v projection and
   residual add + RMSNorm + gate/up projection + SiLU gating as one Triton kernel each, for steps of a few rows; in an
   EAGLE-3 drafter's layer the second of these.
@@ -218,6 +220,17 @@ def use_short_attention_kernel(model: nn.Module) -> nn.Module:
 FEW_ROWS_MAX_WEIGHTS = 2 << 20
 
 
+def use_mla_kernel(model: nn.Module) -> nn.Module:
+    """Every MLA attention's absorbed steps over its cache as layers/mla_attention_kernel.py's kernels, where they fit."""
+    from ..layers.mla import MLAttention
+    from ..layers.mla_attention_kernel import fits, mla_attention
+
+    for m in model.modules():
+        if isinstance(m, MLAttention):
+            m.latent_kernel, m.latent_fits = mla_attention, fits
+    return model
+
+
 # An EAGLE-3 drafter's own head (draft vocabulary x hidden) up to this many elements takes the fused norm + projection
 # kernel with its final norm, for steps of up to DRAFT_HEAD_ROWS rows: SmolLM2's shipped drafter has 12,288 x 576 =
 # 7.1M (a target's full-vocabulary head, 28M and up, keeps cuBLAS). On the H200 (benchmarks/draft_head_check.py,
@@ -412,6 +425,7 @@ def prepare_for_inference(model: nn.Module, device: torch.device, fuse: bool | N
             use_router_kernel(model)
             use_rope_store_kernel(model)
             use_short_attention_kernel(model)
+            use_mla_kernel(model)
             use_norm_linear_kernel(model)
             fold_norms(model)
             use_linear_rows_kernel(model)

@@ -21,6 +21,10 @@ Two attention paths, numerically equal up to rounding:
 - absorbed: fold `W_UK` (the k_nope rows of `kv_b_proj`) into the query and `W_UV` (its v rows) into the output,
   and attend over the cache itself as one shared KV head: keys `[c, k_pe]`, values `c`.
 
+On CUDA (`engine.transforms.use_mla_kernel`) the absorbed path of a step with a cache runs its attention as
+layers/mla_attention_kernel.py's Triton kernels straight over the cache (`latent_kernel`), for the steps they fit;
+the W_UK / W_UV products stay PyTorch's.
+
 Choice (`absorb`: None = auto, True, False). The two paths cost the same attention over kv_len keys except that plain
 pays `kv_len * r * H * (nope + v)` to expand the latents while absorbed pays `T * kv_len * H * (2r - nope - v)` for its
 wider dot products (r = kv_lora_rank); both scale with kv_len, so absorbed wins exactly when
@@ -32,7 +36,7 @@ fixed per CUDA-graph bucket.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 from torch import nn
@@ -78,6 +82,10 @@ class MLAttention(nn.Module):
         self.o_proj = nn.Linear(H * self.v_dim, hidden_size, bias=bias)
         extra = 2 * r - self.nope_dim - self.v_dim
         self.absorb_below = math.inf if extra <= 0 else r * (self.nope_dim + self.v_dim) / extra
+        # (q_lat, q_pe, cache, rows, mask, scale) -> o_lat over the cache itself (layers/mla_attention_kernel.py), for
+        # the steps `latent_fits(T, H, r, rope, dtype)` takes; None: the eager paths (set by engine.transforms)
+        self.latent_kernel: Callable[..., torch.Tensor] | None = None
+        self.latent_fits: Callable[[int, int, int, int, torch.dtype], bool] | None = None
 
     def kv_shapes(self) -> list[tuple[int, ...]]:
         return [(self.kv_lora_rank + self.rope_dim,)]
@@ -106,12 +114,30 @@ class MLAttention(nn.Module):
         if ctx.write_index is not None and cache is not None:
             (kv_cache,) = cache
             write_cache(kv_cache, latent, ctx)
+            if self._by_kernel(T, kv_cache, q_pe):
+                assert self.latent_kernel is not None
+                w_uk, w_uv = self._absorbed_weights()
+                q_lat = torch.einsum("bthn,hnr->bthr", q_nope, w_uk.to(q_nope.dtype))  # [B, T, H, r]
+                o_lat = self.latent_kernel(q_lat, q_pe, kv_cache, ctx.row_index(B), ctx.attn_mask, self.scale)
+                out = torch.einsum("bthr,hvr->bthv", o_lat, w_uv.to(o_lat.dtype))
+                return self.o_proj(out.reshape(B, T, H * self.v_dim))
             latent = read_cache(kv_cache, ctx, B).to(x.dtype)  # [B, kv_len, r + rope]
         if self.use_absorbed(T):
             out = self._absorbed(q_nope, q_pe, latent, ctx.attn_mask)
         else:
             out = self._plain(q_nope, q_pe, latent, ctx.attn_mask)
         return self.o_proj(out.reshape(B, T, H * self.v_dim))
+
+    def _by_kernel(self, T: int, kv_cache: torch.Tensor, q_pe: torch.Tensor) -> bool:
+        """Whether this step's absorbed attention runs as `latent_kernel` over the cache (the cache in q's dtype)."""
+        return (self.latent_kernel is not None and self.latent_fits is not None and self.use_absorbed(T)
+                and kv_cache.dtype == q_pe.dtype
+                and self.latent_fits(T, self.num_heads, self.kv_lora_rank, self.rope_dim, q_pe.dtype))
+
+    def _absorbed_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(W_UK [H, nope, r], W_UV [H, v, r]): views of `kv_b_proj`'s k_nope and v rows."""
+        w = self.kv_b_proj.weight.view(self.num_heads, self.nope_dim + self.v_dim, self.kv_lora_rank)
+        return w[:, : self.nope_dim], w[:, self.nope_dim :]
 
     def _plain(
         self, q_nope: torch.Tensor, q_pe: torch.Tensor, latent: torch.Tensor, mask: torch.Tensor
@@ -130,9 +156,8 @@ class MLAttention(nn.Module):
         self, q_nope: torch.Tensor, q_pe: torch.Tensor, latent: torch.Tensor, mask: torch.Tensor
     ) -> torch.Tensor:
         """Attend over the latent cache directly (one shared KV head): -> [B, T, H, v]."""
-        H, r = self.num_heads, self.kv_lora_rank
-        w = self.kv_b_proj.weight.view(H, self.nope_dim + self.v_dim, r)
-        w_uk, w_uv = w[:, : self.nope_dim], w[:, self.nope_dim :]  # [H, nope, r], [H, v, r]
+        r = self.kv_lora_rank
+        w_uk, w_uv = self._absorbed_weights()  # [H, nope, r], [H, v, r]
         q_lat = torch.einsum("bthn,hnr->bthr", q_nope, w_uk.to(q_nope.dtype))  # q_nope.k_nope == q_lat.c
         q = torch.cat([q_lat, q_pe], dim=-1)  # [B, T, H, r + rope]
         k = latent[:, :, None]  # [B, K, 1, r + rope]: the cache entry is the key

@@ -1,0 +1,188 @@
+"""MLA's absorbed attention over the latent cache as two Triton kernels, for steps of few query tokens (decode,
+verify, drafting) on CUDA.
+
+The eager absorbed path (`MLAttention._absorbed`) reads the layer's cache prefix into a [B, K, r + rope] copy in the
+model dtype and runs SDPA with one shared KV head of r + rope = 576 dims for H = 64 query heads (DeepSeek-V3,
+Kimi-K2.5): on an H100 a one-token step of the Kimi-K2.5 slice spent ~135 us a layer there (the copies, SDPA's math
+backend in float32: three elementwise kernels of 21-28 us, two float32 GEMVs of 17-20 us; session 56,
+`benchmarks/step_trace.py OUT kimi-k2.5-slice`), where the latent cache of a few hundred positions is well under a MB.
+
+`mla_attention(q_lat, q_pe, cache, rows, mask, scale) -> o_lat`:
+  q_lat [B, T, H, R] (the queries with W_UK folded in: q_nope . k_nope == q_lat . c), q_pe [B, T, H, P] (RoPE
+  applied), cache [Bc, S, R + P] (one layer's latent cache, this forward's entries written: the normalised latent c,
+  then the rope'd shared key k_pe), rows [B] int64 cache rows, mask [B, T, K] bool over cache positions [0, K)
+  (K <= S), scale float.
+  o_lat [B, T, H, R] in q_lat's dtype: for each query row, the softmax over its visible positions of
+  (q_lat . c + q_pe . k_pe) * scale, times c. Rows that see nothing give 0 (SDPA gives NaN; the engine never reads
+  them). Usable when `fits(T, H, R, P, dtype)`: R and P powers of two >= 16, T <= MAX_QUERY_TOKENS, the cache in
+  q's dtype.
+Kernel 1, program (b * QT + query tile, split): BLOCK_Q of the T * H query rows (row r = t * H + h) against its
+  splits' blocks of BLOCK_KV positions, flash attention's online softmax; a block no row of the tile sees is skipped
+  after the mask's load (rows much shorter than their graph's length bucket read only their own prefix). One load of
+  a block's latents [BLOCK_KV, R] serves both products (scores and output). Writes float32 partials (row max m, sum
+  l, unnormalised output o).
+Kernel 2, program b * T * H + query row: the log-sum-exp merge of the splits, in q's dtype.
+Splits: enough programs to fill the chip (TARGET_PROGRAMS) with at least MIN_SPLIT_BLOCKS blocks each, so that a
+  one-token step over a long context is spread over the SMs while a short one stays one split. Probabilities enter
+  the output product in the cache dtype (as flash attention kernels do). float32 multiplies in IEEE float32 (no TF32).
+Both kernels launch with programmatic dependent launch where the device has it (layers/pdl.py), waiting first: every
+input is written by an earlier kernel of the step. Built on first use, so that `TRITON_INTERPRET=1` (CPU tests) takes
+effect.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+from .block_size import pow2
+from .pdl import launch_options
+
+MAX_QUERY_TOKENS = 64  # T: a tree verify of up to 64 tokens; longer steps keep the eager path (SDPA)
+BLOCK_Q = 16  # query rows per program (tl.dot's least M): an H = 64 decode step is 4 tiles
+TARGET_PROGRAMS = 132  # programs kernel 1 aims for (an H100's SMs); splits = TARGET / (B * tiles), >= 1
+MIN_SPLIT_BLOCKS = 4  # blocks a split takes at least: fewer, longer splits where the chip is already full
+
+
+def fits(T: int, H: int, R: int, P: int, dtype: torch.dtype) -> bool:
+    """Whether `mla_attention` takes a step of T query tokens, H heads, latent rank R and rope dim P in dtype."""
+    pow2_ok = all(d >= 16 and d & (d - 1) == 0 for d in (R, P))
+    return pow2_ok and 1 <= T <= MAX_QUERY_TOKENS and H >= 1 and dtype in (torch.bfloat16, torch.float16,
+                                                                         torch.float32)
+
+
+def _interpreted() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+@functools.cache
+def _kernels():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def split_kernel(ql, qp, cache, rows, mask, m_part, l_part, o_part, TH, H, K, QT, NSPLIT, s_cr, s_cp, s_mb,
+                     s_mt, scale, NB_PER: tl.constexpr, R: tl.constexpr, P: tl.constexpr, BLOCK_Q: tl.constexpr,
+                     BLOCK_KV: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr = False):
+        if PDL:  # layers/pdl.py: the queries, the cache entries and the mask come from this step's kernels
+            tl.extra.cuda.gdc_launch_dependents()
+            tl.extra.cuda.gdc_wait()
+        pid = tl.program_id(0)
+        sp = tl.program_id(1)
+        b = pid // QT
+        rq = (pid % QT) * BLOCK_Q + tl.arange(0, BLOCK_Q)  # query rows r = t * H + h
+        qv = rq < TH
+        t = rq // H
+        dr = tl.arange(0, R)
+        dp = tl.arange(0, P)
+        qrow = (b * TH + rq).to(tl.int64)
+        qlat = tl.load(ql + qrow[:, None] * R + dr[None, :], mask=qv[:, None], other=0.0)  # [BQ, R]
+        qpe = tl.load(qp + qrow[:, None] * P + dp[None, :], mask=qv[:, None], other=0.0)  # [BQ, P]
+        if UPCAST:  # the interpreter's tl.dot misreads bf16 (NumPy has none)
+            qlat = qlat.to(tl.float32)
+            qpe = qpe.to(tl.float32)
+        crow = cache + tl.load(rows + b).to(tl.int64) * s_cr
+        m_i = tl.full([BLOCK_Q], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_Q], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_Q, R], dtype=tl.float32)
+        for i in range(NB_PER):  # the split's blocks (past K in the last split: pv all false, so skipped)
+            pos = (sp * NB_PER + i) * BLOCK_KV + tl.arange(0, BLOCK_KV)
+            pv = pos < K
+            vis = tl.load(mask + b * s_mb + t[:, None] * s_mt + pos[None, :], mask=qv[:, None] & pv[None, :],
+                          other=0) != 0  # [BQ, BKV]
+            if tl.max(vis.to(tl.int32)) > 0:  # a block no row of the tile sees is not read
+                ent = crow + pos.to(tl.int64)[:, None] * s_cp
+                c = tl.load(ent + dr[None, :], mask=pv[:, None], other=0.0)  # [BKV, R] latents: keys and values
+                kpe = tl.load(ent + R + dp[None, :], mask=pv[:, None], other=0.0)  # [BKV, P]
+                if UPCAST:
+                    c = c.to(tl.float32)
+                    kpe = kpe.to(tl.float32)
+                if IEEE:
+                    s = tl.dot(qlat, tl.trans(c), input_precision="ieee")
+                    s = tl.dot(qpe, tl.trans(kpe), s, input_precision="ieee")
+                else:
+                    s = tl.dot(qlat, tl.trans(c))
+                    s = tl.dot(qpe, tl.trans(kpe), s)
+                s = tl.where(vis, s * scale, float("-inf"))
+                m_new = tl.maximum(m_i, tl.max(s, 1))
+                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+                alpha = tl.exp(m_i - m_safe)  # 0 while m_i is -inf
+                p = tl.exp(s - m_safe[:, None])  # 0 where hidden
+                l_i = l_i * alpha + tl.sum(p, 1)
+                if IEEE:
+                    acc = tl.dot(p.to(c.dtype), c, acc * alpha[:, None], input_precision="ieee")
+                else:
+                    acc = tl.dot(p.to(c.dtype), c, acc * alpha[:, None])
+                m_i = m_new
+        part = (b * NSPLIT + sp).to(tl.int64) * TH + rq
+        tl.store(m_part + part, m_i, mask=qv)
+        tl.store(l_part + part, l_i, mask=qv)
+        tl.store(o_part + part[:, None] * R + dr[None, :], acc, mask=qv[:, None])
+
+    @triton.jit
+    def combine_kernel(m_part, l_part, o_part, out, TH, NSPLIT: tl.constexpr, R: tl.constexpr, SP: tl.constexpr,
+                       PDL: tl.constexpr = False):
+        if PDL:  # layers/pdl.py: the partials come from the kernel before
+            tl.extra.cuda.gdc_launch_dependents()
+            tl.extra.cuda.gdc_wait()
+        pid = tl.program_id(0)  # b * TH + query row
+        b = pid // TH
+        r = pid % TH
+        sp = tl.arange(0, SP)
+        part = (b * NSPLIT + sp).to(tl.int64) * TH + r
+        ms = tl.load(m_part + part, mask=sp < NSPLIT, other=float("-inf"))
+        ls = tl.load(l_part + part, mask=sp < NSPLIT, other=0.0)
+        top = tl.max(ms, 0)
+        top = tl.where(top == float("-inf"), 0.0, top)
+        w = tl.exp(ms - top)  # 0 for splits that saw nothing
+        total = tl.sum(w * ls, 0)
+        dr = tl.arange(0, R)
+        o = tl.zeros([R], dtype=tl.float32)
+        for s in range(NSPLIT):
+            ps = (b * NSPLIT + s).to(tl.int64) * TH + r
+            o += tl.load(o_part + ps * R + dr) * tl.exp(tl.load(m_part + ps) - top)
+        o = tl.where(total > 0, o / tl.where(total > 0, total, 1.0), 0.0)
+        tl.store(out + pid.to(tl.int64) * R + dr, o.to(out.dtype.element_ty))
+
+    return split_kernel, combine_kernel
+
+
+def plan(B: int, T: int, H: int, K: int, block_kv: int) -> tuple[int, int, int, int]:
+    """(query tiles, blocks, blocks a split takes, splits) for a step of B rows of T tokens over K positions."""
+    qt = -(-T * H // BLOCK_Q)
+    nb = max(1, -(-K // block_kv))
+    splits = max(1, min(-(-nb // MIN_SPLIT_BLOCKS), -(-TARGET_PROGRAMS // max(1, B * qt))))
+    per = -(-nb // splits)
+    return qt, nb, per, -(-nb // per)
+
+
+def mla_attention(q_lat: torch.Tensor, q_pe: torch.Tensor, cache: torch.Tensor, rows: torch.Tensor,
+                  mask: torch.Tensor, scale: float) -> torch.Tensor:
+    B, T, H, R = q_lat.shape
+    P = q_pe.shape[-1]
+    K = mask.shape[-1]
+    assert fits(T, H, R, P, q_lat.dtype) and cache.shape[-1] == R + P and K <= cache.shape[1], "mla_attention: shape"
+    assert cache.dtype == q_lat.dtype == q_pe.dtype and cache.stride(-1) == 1, "mla_attention: the cache's dtype"
+    q_lat, q_pe, mask = q_lat.contiguous(), q_pe.contiguous(), mask.contiguous()
+    block_kv = 64 if q_lat.element_size() <= 2 else 32  # float32 latents [32, 512] are as many bytes as bf16 [64, 512]
+    qt, _, per, nsplit = plan(B, T, H, K, block_kv)
+    TH = T * H
+    dev = q_lat.device
+    m_part = torch.empty(B * nsplit * TH, dtype=torch.float32, device=dev)
+    l_part = torch.empty_like(m_part)
+    o_part = torch.empty(B * nsplit * TH, R, dtype=torch.float32, device=dev)
+    out = torch.empty(B, T, H, R, dtype=q_lat.dtype, device=dev)
+    if B == 0:
+        return out
+    split, combine = _kernels()
+    split[(B * qt, nsplit)](q_lat, q_pe, cache, rows, mask, m_part, l_part, o_part, TH, H, K, qt, nsplit,
+                            cache.stride(0), cache.stride(1), mask.stride(0), mask.stride(1), float(scale),
+                            NB_PER=per, R=R, P=P, BLOCK_Q=BLOCK_Q, BLOCK_KV=block_kv,
+                            IEEE=q_lat.dtype == torch.float32, UPCAST=_interpreted() and q_lat.dtype != torch.float32,
+                            num_warps=4, **launch_options(q_lat))
+    # NB_PER and NSPLIT constexpr: one build per length bucket and step shape, as short_attention's NSPLIT
+    combine[(B * TH,)](m_part, l_part, o_part, out, TH, NSPLIT=nsplit, R=R, SP=pow2(nsplit, 2), num_warps=4,
+                       **launch_options(q_lat))
+    return out
