@@ -221,7 +221,8 @@ FEW_ROWS_MAX_WEIGHTS = 2 << 20
 
 
 def use_mla_kernel(model: nn.Module) -> nn.Module:
-    """Every MLA attention's absorbed steps over its cache as layers/mla_attention_kernel.py's kernels, where they fit."""
+    """Every MLA attention's absorbed steps over its cache as layers/mla_attention_kernel.py's kernels (where they
+    fit)."""
     from ..layers.mla import MLAttention
     from ..layers.mla_attention_kernel import fits, mla_attention
 
