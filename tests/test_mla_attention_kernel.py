@@ -67,8 +67,8 @@ def test_the_plan_fills_the_chip_with_splits_of_several_blocks():
     context stays one split; a step of many query tiles takes fewer splits."""
     assert mk.plan(1, 1, 64, 4096, 64) == (4, 64, 4, 16)  # 4 tiles x 16 splits of 4 blocks
     assert mk.plan(1, 1, 64, 200, 64) == (4, 4, 4, 1)
-    qt, nb, per, nsplit = mk.plan(1, 8, 64, 4096, 64)
-    assert qt == 32 and nsplit == 5 and per * nsplit >= nb
+    assert mk.plan(1, 8, 64, 4096, 64) == (32, 64, 16, 4)  # 32 tiles: 5 splits wanted, of 16 blocks (a power of 2)
+    assert mk.plan(1, 1, 4, 1 << 20, 64)[3] == mk.MAX_SPLITS
     assert mk.fits(1, 64, 512, 64, torch.bfloat16) and mk.fits(64, 64, 512, 64, torch.float32)
     assert not mk.fits(65, 64, 512, 64, torch.bfloat16)  # longer steps keep SDPA
     assert not mk.fits(1, 16, 16, 8, torch.bfloat16) and not mk.fits(1, 16, 48, 16, torch.bfloat16)  # not powers of 2

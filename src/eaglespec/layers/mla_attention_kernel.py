@@ -22,8 +22,9 @@ Kernel 1, program (b * QT + query tile, split): BLOCK_Q of the T * H query rows 
   a block's latents [BLOCK_KV, R] serves both products (scores and output). Writes float32 partials (row max m, sum
   l, unnormalised output o).
 Kernel 2, program b * T * H + query row: the log-sum-exp merge of the splits, in q's dtype.
-Splits: enough programs to fill the chip (TARGET_PROGRAMS) with at least MIN_SPLIT_BLOCKS blocks each, so that a
-  one-token step over a long context is spread over the SMs while a short one stays one split. Probabilities enter
+Splits: enough programs to fill the chip (TARGET_PROGRAMS), each of at least MIN_SPLIT_BLOCKS blocks (a power of
+  two of them), at most MAX_SPLITS, so that a one-token step over a long context is spread over the SMs while a short
+  one stays one split, and eager steps (whose length grows by one a step) build the kernels once per doubling. Probabilities enter
   the output product in the cache dtype (as flash attention kernels do). float32 multiplies in IEEE float32 (no TF32).
 Both kernels launch with programmatic dependent launch where the device has it (layers/pdl.py), waiting first: every
 input is written by an earlier kernel of the step. Built on first use, so that `TRITON_INTERPRET=1` (CPU tests) takes
@@ -44,6 +45,7 @@ MAX_QUERY_TOKENS = 64  # T: a tree verify of up to 64 tokens; longer steps keep 
 BLOCK_Q = 16  # query rows per program (tl.dot's least M): an H = 64 decode step is 4 tiles
 TARGET_PROGRAMS = 132  # programs kernel 1 aims for (an H100's SMs); splits = TARGET / (B * tiles), >= 1
 MIN_SPLIT_BLOCKS = 4  # blocks a split takes at least: fewer, longer splits where the chip is already full
+MAX_SPLITS = 64  # the combine's loop over splits is unrolled
 
 
 def fits(T: int, H: int, R: int, P: int, dtype: torch.dtype) -> bool:
@@ -122,7 +124,7 @@ def _kernels():
         tl.store(o_part + part[:, None] * R + dr[None, :], acc, mask=qv[:, None])
 
     @triton.jit
-    def combine_kernel(m_part, l_part, o_part, out, TH, NSPLIT: tl.constexpr, R: tl.constexpr, SP: tl.constexpr,
+    def combine_kernel(m_part, l_part, o_part, out, TH, NSPLIT, R: tl.constexpr, SP: tl.constexpr,
                        PDL: tl.constexpr = False):
         if PDL:  # layers/pdl.py: the partials come from the kernel before
             tl.extra.cuda.gdc_launch_dependents()
@@ -140,9 +142,11 @@ def _kernels():
         total = tl.sum(w * ls, 0)
         dr = tl.arange(0, R)
         o = tl.zeros([R], dtype=tl.float32)
-        for s in range(NSPLIT):
-            ps = (b * NSPLIT + s).to(tl.int64) * TH + r
-            o += tl.load(o_part + ps * R + dr) * tl.exp(tl.load(m_part + ps) - top)
+        for s in tl.static_range(SP):  # SP >= NSPLIT, a power of two (Triton 3.6's interpreter takes no loop
+            ps = (b * NSPLIT + s).to(tl.int64) * TH + r  # bound that is an argument)
+            live = s < NSPLIT
+            ms_s = tl.load(m_part + ps, mask=live, other=float("-inf"))
+            o += tl.load(o_part + ps * R + dr, mask=live & (dr < R), other=0.0) * tl.exp(ms_s - top)
         o = tl.where(total > 0, o / tl.where(total > 0, total, 1.0), 0.0)
         tl.store(out + pid.to(tl.int64) * R + dr, o.to(out.dtype.element_ty))
 
@@ -153,8 +157,8 @@ def plan(B: int, T: int, H: int, K: int, block_kv: int) -> tuple[int, int, int, 
     """(query tiles, blocks, blocks a split takes, splits) for a step of B rows of T tokens over K positions."""
     qt = -(-T * H // BLOCK_Q)
     nb = max(1, -(-K // block_kv))
-    splits = max(1, min(-(-nb // MIN_SPLIT_BLOCKS), -(-TARGET_PROGRAMS // max(1, B * qt))))
-    per = -(-nb // splits)
+    splits = max(1, min(-(-nb // MIN_SPLIT_BLOCKS), -(-TARGET_PROGRAMS // max(1, B * qt)), MAX_SPLITS))
+    per = pow2(-(-nb // splits))  # a power of two: few builds of the split kernel as eager steps' lengths grow
     return qt, nb, per, -(-nb // per)
 
 
@@ -182,7 +186,7 @@ def mla_attention(q_lat: torch.Tensor, q_pe: torch.Tensor, cache: torch.Tensor, 
                             NB_PER=per, R=R, P=P, BLOCK_Q=BLOCK_Q, BLOCK_KV=block_kv,
                             IEEE=q_lat.dtype == torch.float32, UPCAST=_interpreted() and q_lat.dtype != torch.float32,
                             num_warps=4, **launch_options(q_lat))
-    # NB_PER and NSPLIT constexpr: one build per length bucket and step shape, as short_attention's NSPLIT
-    combine[(B * TH,)](m_part, l_part, o_part, out, TH, NSPLIT=nsplit, R=R, SP=pow2(nsplit, 2), num_warps=4,
+    # NB_PER and SP constexpr powers of two: a build per doubling of a step's length, not per length
+    combine[(B * TH,)](m_part, l_part, o_part, out, TH, nsplit, R=R, SP=pow2(nsplit, 2), num_warps=4,
                        **launch_options(q_lat))
     return out
