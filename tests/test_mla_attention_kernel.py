@@ -12,15 +12,14 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are built (
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
-from tiny import randomize_moe, tiny_drafter  # noqa: E402
+from tiny import tiny_drafter, tiny_moe  # noqa: E402
 
-from eaglespec.config import EngineConfig, ModelConfig, SpecConfig  # noqa: E402
+from eaglespec.config import EngineConfig, SpecConfig  # noqa: E402
 from eaglespec.engine.cuda_graphs import GraphCache  # noqa: E402
 from eaglespec.engine.engine import Engine  # noqa: E402
 from eaglespec.engine.transforms import use_mla_kernel  # noqa: E402
 from eaglespec.layers import mla_attention_kernel as mk  # noqa: E402
 from eaglespec.layers.mla import MLAttention  # noqa: E402
-from eaglespec.models import get_model_class  # noqa: E402
 from eaglespec.sampling_params import SamplingParams  # noqa: E402
 
 
@@ -76,17 +75,7 @@ def test_the_plan_fills_the_chip_with_splits_of_several_blocks():
 
 def _deepseek(seed: int = 0) -> torch.nn.Module:
     """A tiny DeepSeek-V3 whose MLA has a latent rank and rope dim the kernel takes (32, 16)."""
-    d = dict(architectures=["DeepseekV3ForCausalLM"], model_type="deepseek_v3", vocab_size=97, hidden_size=32,
-             intermediate_size=48, moe_intermediate_size=16, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=4, n_shared_experts=1, kv_lora_rank=32, qk_rope_head_dim=16, qk_nope_head_dim=12,
-             v_head_dim=10, routed_scaling_factor=2.5, rms_norm_eps=1e-6, tie_word_embeddings=False,
-             n_routed_experts=8, num_experts_per_tok=3, n_group=4, topk_group=2, first_k_dense_replace=1,
-             q_lora_rank=24, max_position_embeddings=512, rope_theta=10000.0, norm_topk_prob=True,
-             topk_method="noaux_tc", scoring_func="sigmoid")
-    cfg = ModelConfig.from_hf(d)
-    model = get_model_class(cfg.architecture)(cfg).eval()
-    randomize_moe(model, seed)
-    return model
+    return tiny_moe("deepseek_v3", seed, num_hidden_layers=2, kv_lora_rank=32, qk_rope_head_dim=16)
 
 
 PROMPTS = [[1, 2, 3, 4, 5], [7, 8, 9], list(range(10, 40))]

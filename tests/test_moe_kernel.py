@@ -13,9 +13,9 @@ import math  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
-from tiny import randomize_moe, tiny_drafter  # noqa: E402
+from tiny import tiny_drafter, tiny_moe  # noqa: E402
 
-from eaglespec.config import EngineConfig, ModelConfig, MoEConfig, SpecConfig  # noqa: E402
+from eaglespec.config import EngineConfig, MoEConfig, SpecConfig  # noqa: E402
 from eaglespec.engine.cuda_graphs import GraphCache, capturable  # noqa: E402
 from eaglespec.engine.engine import Engine  # noqa: E402
 from eaglespec.engine.transforms import fuse_projections, use_grouped_experts, use_router_kernel  # noqa: E402
@@ -23,7 +23,6 @@ from eaglespec.layers.context import ForwardContext  # noqa: E402
 from eaglespec.layers.moe import MoE  # noqa: E402
 from eaglespec.layers.moe_kernel import (_blocks_by_sort, block_m_for, expert_blocks, grouped_experts,  # noqa: E402
                                          max_blocks)
-from eaglespec.models import get_model_class  # noqa: E402
 from eaglespec.sampling_params import SamplingParams  # noqa: E402
 
 
@@ -141,24 +140,7 @@ def test_long_prefills_lay_out_their_blocks_by_sort(monkeypatch):
         assert torch.equal(grouped_experts(x, weights, ids, w13, w2), one_program) and calls
 
 
-def _tiny_target(arch: str, seed: int = 0) -> torch.nn.Module:
-    if arch == "qwen3_moe":
-        d = dict(architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", vocab_size=97, hidden_size=48,
-                 intermediate_size=80, moe_intermediate_size=24, num_hidden_layers=3, num_attention_heads=4,
-                 num_key_value_heads=2, head_dim=16, num_experts=8, num_experts_per_tok=3, norm_topk_prob=True,
-                 max_position_embeddings=512, rms_norm_eps=1e-5, rope_theta=1e6, tie_word_embeddings=False)
-    else:  # DeepSeek-V3: MLA, grouped noaux_tc routing, a shared expert, a dense first layer
-        d = dict(architectures=["DeepseekV3ForCausalLM"], model_type="deepseek_v3", vocab_size=97, hidden_size=32,
-                 intermediate_size=48, moe_intermediate_size=16, num_hidden_layers=3, num_attention_heads=4,
-                 num_key_value_heads=4, n_shared_experts=1, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=12,
-                 v_head_dim=10, routed_scaling_factor=2.5, rms_norm_eps=1e-6, tie_word_embeddings=False,
-                 n_routed_experts=8, num_experts_per_tok=3, n_group=4, topk_group=2, first_k_dense_replace=1,
-                 q_lora_rank=24, max_position_embeddings=512, rope_theta=10000.0, norm_topk_prob=True,
-                 topk_method="noaux_tc", scoring_func="sigmoid")
-    cfg = ModelConfig.from_hf(d)
-    model = get_model_class(cfg.architecture)(cfg).eval()
-    randomize_moe(model, seed)  # O(1) logits and input-dependent routing (the default init routes near-uniformly)
-    return model
+_tiny_target = tiny_moe
 
 
 def _logits(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:

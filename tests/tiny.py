@@ -1,5 +1,6 @@
 """Tiny random models and a character tokenizer for CPU tests (no downloads); `imports_compiler(code)`; `per_expert`
-(a transformers MoE state dict in checkpoint form) and `randomize_moe`."""
+(a transformers MoE state dict in checkpoint form), `randomize_moe` and `tiny_moe` (Qwen3-MoE and DeepSeek-V3
+targets)."""
 
 from __future__ import annotations
 
@@ -157,3 +158,27 @@ def randomize_moe(model: torch.nn.Module, seed: int) -> None:
                 t.copy_((1.0 if name.endswith("norm.weight") else 0.0) + 0.1 * torch.randn(t.shape, generator=g))
             else:
                 t.copy_(2.0 * torch.randn(t.shape, generator=g) / math.sqrt(t.shape[-1]))
+
+
+def tiny_moe(arch: str, seed: int = 0, **overrides) -> torch.nn.Module:
+    """A tiny random MoE target (`randomize_moe`'s weights): "qwen3_moe", or "deepseek_v3" (MLA, grouped noaux_tc
+    routing, a shared expert, a dense first layer); `overrides` replace config.json fields."""
+    from eaglespec.models import get_model_class
+
+    if arch == "qwen3_moe":
+        d = dict(architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", vocab_size=97, hidden_size=48,
+                 intermediate_size=80, moe_intermediate_size=24, num_hidden_layers=3, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=16, num_experts=8, num_experts_per_tok=3, norm_topk_prob=True,
+                 max_position_embeddings=512, rms_norm_eps=1e-5, rope_theta=1e6, tie_word_embeddings=False)
+    else:
+        d = dict(architectures=["DeepseekV3ForCausalLM"], model_type="deepseek_v3", vocab_size=97, hidden_size=32,
+                 intermediate_size=48, moe_intermediate_size=16, num_hidden_layers=3, num_attention_heads=4,
+                 num_key_value_heads=4, n_shared_experts=1, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=12,
+                 v_head_dim=10, routed_scaling_factor=2.5, rms_norm_eps=1e-6, tie_word_embeddings=False,
+                 n_routed_experts=8, num_experts_per_tok=3, n_group=4, topk_group=2, first_k_dense_replace=1,
+                 q_lora_rank=24, max_position_embeddings=512, rope_theta=10000.0, norm_topk_prob=True,
+                 topk_method="noaux_tc", scoring_func="sigmoid")
+    cfg = ModelConfig.from_hf({**d, **overrides})
+    model = get_model_class(cfg.architecture)(cfg).eval()
+    randomize_moe(model, seed)  # O(1) logits and input-dependent routing (the default init routes near-uniformly)
+    return model
