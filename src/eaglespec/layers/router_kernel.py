@@ -105,6 +105,7 @@ def route(logits: torch.Tensor, k: int, sigmoid: bool, bias: torch.Tensor | None
           norm: bool, scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
     """logits [N, E] -> (weights [N, k] float32, ids [N, k] int64); see the module docstring."""
     N, E = logits.shape
+    assert bias is not None or not sigmoid, "route: a sigmoid router chooses by its correction bias"
     if logits.stride(1) != 1:
         logits = logits.contiguous()
     weights = torch.empty(N, k, dtype=torch.float32, device=logits.device)
