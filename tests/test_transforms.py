@@ -133,6 +133,31 @@ def test_compiled_rope_tables_equal_eager():
     assert torch._dynamo.config.recompile_limit >= RECOMPILE_LIMIT  # many engines per process (bench, tune)
 
 
+@torch.no_grad()
+def test_mla_rope_goes_through_the_compiled_function():
+    """`compile_elementwise` gives MLA attention the compiled RoPE too (its q_pe and k_pe ran as ~10 PyTorch kernels
+    each in a CUDA graph of the Kimi-K2.5 slice, session 56), and the compiled function rotates DeepSeek's
+    interleaved pairs as the eager one does; a forward through it gives the eager logits."""
+    from tiny import tiny_moe
+
+    from eaglespec.engine.transforms import _compiled, compile_elementwise
+    from eaglespec.layers.context import ForwardContext
+    from eaglespec.layers.mla import MLAttention
+    from eaglespec.layers.rotary import apply_rotary
+
+    m = tiny_moe("deepseek_v3", num_hidden_layers=1, first_k_dense_replace=1)
+    attn = [a for a in m.modules() if isinstance(a, MLAttention)]
+    ids = torch.tensor([[3, 9, 27, 81, 5]])
+    ref = m(ids, ForwardContext.plain(*ids.shape)).logits
+    assert attn and all(a.rope is apply_rotary for a in attn)
+    for a in attn:  # only RoPE compiled here (the norms' and the rest's compiles are tested elsewhere)
+        a.rope = _compiled["rope"]
+    got = m(ids, ForwardContext.plain(*ids.shape)).logits
+    assert torch.allclose(got, ref, atol=1e-5)
+    compile_elementwise(m)
+    assert all(a.rope is _compiled["rope"] for a in attn)
+
+
 def test_preparing_a_model_does_not_import_the_compiler():
     """`compile_elementwise` wires functions that set up `torch.compile` on their first call: preparing a model for
     CUDA (whose Triton kernels leave the compiler nothing to run on a GQA model) imports no torch._dynamo. Checked

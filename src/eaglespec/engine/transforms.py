@@ -47,6 +47,7 @@ import torch
 from torch import nn
 
 from ..layers.attention import GQAAttention
+from ..layers.mla import MLAttention
 from ..layers.mlp import GatedMLP, silu_mul
 from ..layers.norm import RMSNorm, add_rms_norm, rms_norm
 from ..layers.rotary import Rotary, apply_rotary, rotary_cos_sin
@@ -97,7 +98,7 @@ def compile_elementwise(model: nn.Module) -> nn.Module:
     for m in model.modules():
         if isinstance(m, RMSNorm):
             m.impl, m.add_impl = _compiled["norm"], _compiled["add_norm"]
-        elif isinstance(m, GQAAttention):
+        elif isinstance(m, (GQAAttention, MLAttention)):  # MLA's q_pe and k_pe: ~10 PyTorch kernels each eagerly
             m.rope = _compiled["rope"]
         elif isinstance(m, GatedMLP):
             m.gated_act = _compiled["silu_mul"]
@@ -223,7 +224,6 @@ FEW_ROWS_MAX_WEIGHTS = 2 << 20
 def use_mla_kernel(model: nn.Module) -> nn.Module:
     """Every MLA attention's absorbed steps over its cache as layers/mla_attention_kernel.py's kernels (where they
     fit)."""
-    from ..layers.mla import MLAttention
     from ..layers.mla_attention_kernel import fits, mla_attention
 
     for m in model.modules():

@@ -84,6 +84,7 @@ class MLAttention(nn.Module):
         self.absorb_below = math.inf if extra <= 0 else r * (self.nope_dim + self.v_dim) / extra
         # (q_lat, q_pe, cache, rows, mask, scale) -> o_lat over the cache itself (layers/mla_attention_kernel.py), for
         # the steps `latent_fits(T, H, r, rope, dtype)` takes; None: the eager paths (set by engine.transforms)
+        self.rope = apply_rotary  # engine.transforms may swap in a compiled version (one fused kernel on CUDA)
         self.latent_kernel: Callable[..., torch.Tensor] | None = None
         self.latent_fits: Callable[[int, int, int, int, torch.dtype], bool] | None = None
 
@@ -106,9 +107,9 @@ class MLAttention(nn.Module):
         q = self.q_proj(x) if self.q_lora_rank is None else self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
         q = q.view(B, T, H, self.qk_dim)
         q_nope, q_pe = q.split([self.nope_dim, self.rope_dim], dim=-1)  # [B, T, H, nope], [B, T, H, rope]
-        q_pe = apply_rotary(q_pe, cos, sin, self.interleaved)
+        q_pe = self.rope(q_pe, cos, sin, self.interleaved)
         c, k_pe = self.kv_a_proj_with_mqa(x).split([r, self.rope_dim], dim=-1)  # [B, T, r], [B, T, rope]
-        k_pe = apply_rotary(k_pe[:, :, None], cos, sin, self.interleaved)[:, :, 0]
+        k_pe = self.rope(k_pe[:, :, None], cos, sin, self.interleaved)[:, :, 0]
         latent = torch.cat([self.kv_a_layernorm(c), k_pe], dim=-1)  # [B, T, r + rope]: one cache entry per token
         assert ctx.attn_mask is not None
         if ctx.write_index is not None and cache is not None:
