@@ -73,6 +73,18 @@ def test_the_plan_fills_the_chip_with_splits_of_several_blocks():
     assert not mk.fits(1, 16, 16, 8, torch.bfloat16) and not mk.fits(1, 16, 48, 16, torch.bfloat16)  # not powers of 2
 
 
+def test_blocks_fit_the_devices_shared_memory(monkeypatch):
+    """The block of cached positions by the device's shared memory: as measured on an H100 (64 bf16, 32 float32),
+    smaller on smaller GPUs, and a step the device cannot hold keeps the eager path (`fits` says no)."""
+    H100, A100, SMALL = 232448, 166912, 101376
+    assert [mk.block_kv(512, 64, 2, lim) for lim in (None, H100, A100, SMALL)] == [64, 64, 64, 32]
+    assert [mk.block_kv(512, 64, 4, lim) for lim in (None, H100, A100, SMALL)] == [32, 32, 16, None]
+    monkeypatch.setattr(mk, "shared_limit", lambda device: SMALL)
+    cuda = torch.device("cuda")
+    assert mk.fits(1, 64, 512, 64, torch.bfloat16, cuda) and not mk.fits(1, 64, 512, 64, torch.float32, cuda)
+    assert mk.fits(1, 64, 512, 64, torch.float32)  # no device: the shape alone
+
+
 def _deepseek(seed: int = 0) -> torch.nn.Module:
     """A tiny DeepSeek-V3 whose MLA has a latent rank and rope dim the kernel takes (32, 16)."""
     return tiny_moe("deepseek_v3", seed, num_hidden_layers=2, kv_lora_rank=32, qk_rope_head_dim=16)

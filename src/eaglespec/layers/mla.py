@@ -83,10 +83,10 @@ class MLAttention(nn.Module):
         extra = 2 * r - self.nope_dim - self.v_dim
         self.absorb_below = math.inf if extra <= 0 else r * (self.nope_dim + self.v_dim) / extra
         # (q_lat, q_pe, cache, rows, mask, scale) -> o_lat over the cache itself (layers/mla_attention_kernel.py), for
-        # the steps `latent_fits(T, H, r, rope, dtype)` takes; None: the eager paths (set by engine.transforms)
+        # the steps `latent_fits(T, H, r, rope, dtype, device)` takes; None: the eager paths (set by engine.transforms)
         self.rope = apply_rotary  # engine.transforms may swap in a compiled version (one fused kernel on CUDA)
         self.latent_kernel: Callable[..., torch.Tensor] | None = None
-        self.latent_fits: Callable[[int, int, int, int, torch.dtype], bool] | None = None
+        self.latent_fits: Callable[[int, int, int, int, torch.dtype, torch.device], bool] | None = None
 
     def kv_shapes(self) -> list[tuple[int, ...]]:
         return [(self.kv_lora_rank + self.rope_dim,)]
@@ -133,7 +133,7 @@ class MLAttention(nn.Module):
         """Whether this step's absorbed attention runs as `latent_kernel` over the cache (the cache in q's dtype)."""
         return (self.latent_kernel is not None and self.latent_fits is not None and self.use_absorbed(T)
                 and kv_cache.dtype == q_pe.dtype
-                and self.latent_fits(T, self.num_heads, self.kv_lora_rank, self.rope_dim, q_pe.dtype))
+                and self.latent_fits(T, self.num_heads, self.kv_lora_rank, self.rope_dim, q_pe.dtype, q_pe.device))
 
     def _absorbed_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(W_UK [H, nope, r], W_UV [H, v, r]): views of `kv_b_proj`'s k_nope and v rows."""

@@ -14,8 +14,8 @@ kimi-k2.5-slice`), where the latent cache of a few hundred positions is well und
   (K <= S), scale float.
   o_lat [B, T, H, R] in q_lat's dtype: for each query row, the softmax over its visible positions of
   (q_lat . c + q_pe . k_pe) * scale, times c. Rows that see nothing give 0 (SDPA gives NaN; the engine never reads
-  them). Usable when `fits(T, H, R, P, dtype)`: R and P powers of two >= 16, T <= MAX_QUERY_TOKENS, the cache in
-  q's dtype.
+  them). Usable when `fits(T, H, R, P, dtype, device)`: R and P powers of two >= 16, T <= MAX_QUERY_TOKENS, the
+  cache in q's dtype, a block of positions within the device's shared memory (`block_kv`).
 Kernel 1, program (b * QT + query tile, split): BLOCK_Q of the T * H query rows (row r = t * H + h) against its
   splits' blocks of BLOCK_KV positions, flash attention's online softmax; a block no row of the tile sees is skipped
   after the mask's load (rows much shorter than their graph's length bucket read only their own prefix). One load of
@@ -42,6 +42,7 @@ import os
 import torch
 
 from .block_size import pow2
+from .norm_linear_dot_kernel import shared_limit
 from .pdl import launch_options
 
 MAX_QUERY_TOKENS = 64  # T: a tree verify of up to 64 tokens; longer steps keep the eager path (SDPA)
@@ -51,11 +52,25 @@ MIN_SPLIT_BLOCKS = 4  # blocks a split takes at least: fewer, longer splits wher
 MAX_SPLITS = 64  # the combine's loop over splits is unrolled
 
 
-def fits(T: int, H: int, R: int, P: int, dtype: torch.dtype) -> bool:
-    """Whether `mla_attention` takes a step of T query tokens, H heads, latent rank R and rope dim P in dtype."""
+def fits(T: int, H: int, R: int, P: int, dtype: torch.dtype, device: torch.device | None = None) -> bool:
+    """Whether `mla_attention` takes a step of T query tokens, H heads, latent rank R and rope dim P in dtype (on
+    `device`: whose shared memory holds a block, `block_kv`)."""
     pow2_ok = all(d >= 16 and d & (d - 1) == 0 for d in (R, P))
-    return pow2_ok and 1 <= T <= MAX_QUERY_TOKENS and H >= 1 and dtype in (torch.bfloat16, torch.float16,
-                                                                         torch.float32)
+    return (pow2_ok and 1 <= T <= MAX_QUERY_TOKENS and H >= 1
+            and dtype in (torch.bfloat16, torch.float16, torch.float32)
+            and (device is None or block_kv(R, P, dtype.itemsize, shared_limit(device)) is not None))
+
+
+def block_kv(R: int, P: int, itemsize: int, limit: int | None) -> int | None:
+    """Cached positions a block takes: 64 (bf16) or 32 (float32: as many bytes), halved while an estimate of the
+    split kernel's shared memory exceeds `limit` (None: no limit, the interpreter), None below 16 (tl.dot's least).
+    The estimate counts the query tile, the block's latents twice (one layout per product), its rope keys and the
+    probabilities: 157,696 bytes for DeepSeek-V3's R = 512, P = 64 in bf16 at 64, within an H100's 232,448 where it
+    was measured; a GPU of ~100 KB takes 32."""
+    bkv = 64 if itemsize <= 2 else 32
+    while limit is not None and bkv >= 16 and (BLOCK_Q * R + 2 * bkv * R + bkv * P + BLOCK_Q * bkv) * itemsize > limit:
+        bkv //= 2
+    return bkv if bkv >= 16 else None
 
 
 def _interpreted() -> bool:
@@ -173,8 +188,9 @@ def mla_attention(q_lat: torch.Tensor, q_pe: torch.Tensor, cache: torch.Tensor, 
     assert fits(T, H, R, P, q_lat.dtype) and cache.shape[-1] == R + P and K <= cache.shape[1], "mla_attention: shape"
     assert cache.dtype == q_lat.dtype == q_pe.dtype and cache.stride(-1) == 1, "mla_attention: the cache's dtype"
     q_lat, q_pe, mask = q_lat.contiguous(), q_pe.contiguous(), mask.contiguous()
-    block_kv = 64 if q_lat.element_size() <= 2 else 32  # float32 latents [32, 512] are as many bytes as bf16 [64, 512]
-    qt, _, per, nsplit = plan(B, T, H, K, block_kv)
+    bkv = block_kv(R, P, q_lat.element_size(), shared_limit(q_lat.device))
+    assert bkv is not None, "mla_attention: a block does not fit the device's shared memory (see fits)"
+    qt, _, per, nsplit = plan(B, T, H, K, bkv)
     TH = T * H
     dev = q_lat.device
     m_part = torch.empty(B * nsplit * TH, dtype=torch.float32, device=dev)
@@ -186,7 +202,7 @@ def mla_attention(q_lat: torch.Tensor, q_pe: torch.Tensor, cache: torch.Tensor, 
     split, combine = _kernels()
     split[(B * qt, nsplit)](q_lat, q_pe, cache, rows, mask, m_part, l_part, o_part, TH, H, K, qt, nsplit,
                             cache.stride(0), cache.stride(1), mask.stride(0), mask.stride(1), float(scale),
-                            NB_PER=per, R=R, P=P, BLOCK_Q=BLOCK_Q, BLOCK_KV=block_kv,
+                            NB_PER=per, R=R, P=P, BLOCK_Q=BLOCK_Q, BLOCK_KV=bkv,
                             IEEE=q_lat.dtype == torch.float32, UPCAST=_interpreted() and q_lat.dtype != torch.float32,
                             num_warps=4, **launch_options(q_lat))
     # NB_PER and SP constexpr powers of two: a build per doubling of a step's length, not per length
