@@ -3,7 +3,8 @@ replaced, alone: time per call in a CUDA graph and error against a float32 refer
 positions K, at DeepSeek-V3 / Kimi-K2.5's shape (64 heads, latent rank 512, rope 64; bf16), one row.
 
     python benchmarks/mla_kernel_check.py OUT [--cpu] [--float32]
-    python benchmarks/with_setting.py eaglespec.layers.mla_attention_kernel.BLOCK_Q=32 -- \
+    python benchmarks/with_setting.py eaglespec.layers.mla_attention_kernel.BLOCK_Q=32 \
+        eaglespec.layers.mla_attention_kernel.WARPS=8 -- \
         benchmarks/mla_kernel_check.py OUT                      (the kernel's settings, A/B in one call)
 
 The eager side is `MLAttention._absorbed`'s attention: the cache prefix read out (`read_cache` + cast) and SDPA over

@@ -47,6 +47,7 @@ from .pdl import launch_options
 
 MAX_QUERY_TOKENS = 64  # T: a tree verify of up to 64 tokens; longer steps keep the eager path (SDPA)
 BLOCK_Q = 16  # query rows per program (tl.dot's least M): an H = 64 decode step is 4 tiles
+WARPS = 4  # num_warps of the split kernel (BLOCK_Q and WARPS: benchmarks/mla_kernel_check.py's A/B)
 TARGET_PROGRAMS = 132  # programs kernel 1 aims for (an H100's SMs); splits = TARGET / (B * tiles), >= 1
 MIN_SPLIT_BLOCKS = 4  # blocks a split takes at least: fewer, longer splits where the chip is already full
 MAX_SPLITS = 64  # the combine's loop over splits is unrolled
@@ -204,7 +205,7 @@ def mla_attention(q_lat: torch.Tensor, q_pe: torch.Tensor, cache: torch.Tensor, 
                             cache.stride(0), cache.stride(1), mask.stride(0), mask.stride(1), float(scale),
                             NB_PER=per, R=R, P=P, BLOCK_Q=BLOCK_Q, BLOCK_KV=bkv,
                             IEEE=q_lat.dtype == torch.float32, UPCAST=_interpreted() and q_lat.dtype != torch.float32,
-                            num_warps=4, **launch_options(q_lat))
+                            num_warps=WARPS, **launch_options(q_lat))
     # NB_PER and SP constexpr powers of two: a build per doubling of a step's length, not per length
     combine[(B * TH,)](m_part, l_part, o_part, out, TH, nsplit, R=R, SP=pow2(nsplit, 2), num_warps=4,
                        **launch_options(q_lat))
