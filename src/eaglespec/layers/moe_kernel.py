@@ -21,7 +21,9 @@ step reads each routed expert's weights about once (not once per pair) whatever 
   points); the second
   writes float32 [P, H] scaled by each pair's weight; `sum_pairs` sums the k rows of a token in float32 and rounds
   once to x's dtype, as the eager path's float32 `index_add_`, then adds `add` (a MoE's shared experts' output, x's
-  dtype) and rounds again, as the eager `routed + shared`. float32 weights multiply in IEEE float32 (no TF32).
+  dtype) and rounds again, as the eager `routed + shared`. float32 weights multiply in IEEE float32 (no TF32). The
+  GEMMs' default tiles are fitted to the device's shared memory (`fit_shared`: float32 at DeepSeek-V3's width
+  needs smaller ones than bf16).
   Memory per call: [P, I] in x's dtype and [P, H] float32 (a prefill window of 8,192 tokens of DeepSeek-V3, k = 8:
   0.25 + 1.9 GB; the eager loop held one [N, H] float32 accumulator).
 All shapes depend on N, k, E and the weights only: one CUDA graph per step shape holds the whole layer. Every kernel
