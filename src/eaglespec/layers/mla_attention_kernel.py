@@ -172,10 +172,11 @@ def _kernels():
     return split_kernel, combine_kernel
 
 
-def plan(B: int, T: int, H: int, K: int, block_kv: int) -> tuple[int, int, int, int]:
-    """(query tiles, blocks, blocks a split takes, splits) for a step of B rows of T tokens over K positions."""
+def plan(B: int, T: int, H: int, K: int, bkv: int) -> tuple[int, int, int, int]:
+    """(query tiles, blocks, blocks a split takes, splits) for a step of B rows of T tokens over K positions in
+    blocks of bkv."""
     qt = -(-T * H // BLOCK_Q)
-    nb = max(1, -(-K // block_kv))
+    nb = max(1, -(-K // bkv))
     splits = max(1, min(-(-nb // MIN_SPLIT_BLOCKS), -(-TARGET_PROGRAMS // max(1, B * qt)), MAX_SPLITS))
     per = pow2(-(-nb // splits))  # a power of two: few builds of the split kernel as eager steps' lengths grow
     return qt, nb, per, -(-nb // per)
