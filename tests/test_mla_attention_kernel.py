@@ -37,13 +37,14 @@ def _reference(q_lat, q_pe, cache, rows, mask, scale) -> torch.Tensor:
                                             (3, 2, 4, 300, 132), (1, 1, 16, 200, 132)])
 def test_the_kernels_compute_softmax_attention_over_the_latents(dtype, B, T, H, K, target, monkeypatch):
     """Against the float32 reference: one split and several (TARGET_PROGRAMS 1 keeps one), cache rows out of order,
-    blocks nobody sees (a row masked whole gives 0), float32 to rounding, bf16 to its output's rounding."""
+    blocks nobody sees (a row masked whole gives 0), head-major queries read in place, float32 to rounding, bf16 to
+    its output's rounding."""
     monkeypatch.setattr(mk, "TARGET_PROGRAMS", target)
     R, P = 32, 16
     g = torch.Generator().manual_seed(B * 1000 + K)
     cache = torch.randn(5, K + 10, R + P, generator=g).to(dtype)
     rows = torch.tensor([4, 1, 2][:B])
-    q_lat = torch.randn(B, T, H, R, generator=g).to(dtype)
+    q_lat = torch.randn(H, B, T, R, generator=g).to(dtype).permute(1, 2, 0, 3)  # head-major, as einsum's of T > 1
     q_pe = torch.randn(B, T, H, P, generator=g).to(dtype)
     mask = torch.rand(B, T, K, generator=g) < 0.7
     mask[-1, -1] = False  # this query sees nothing

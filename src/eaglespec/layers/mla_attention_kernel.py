@@ -9,9 +9,10 @@ kimi-k2.5-slice`), where the latent cache of a few hundred positions is well und
 
 `mla_attention(q_lat, q_pe, cache, rows, mask, scale) -> o_lat`:
   q_lat [B, T, H, R] (the queries with W_UK folded in: q_nope . k_nope == q_lat . c), q_pe [B, T, H, P] (RoPE
-  applied), cache [Bc, S, R + P] (one layer's latent cache, this forward's entries written: the normalised latent c,
-  then the rope'd shared key k_pe), rows [B] int64 cache rows, mask [B, T, K] bool over cache positions [0, K)
-  (K <= S), scale float.
+  applied; both in any layout whose last dim is contiguous: einsum's q_lat of a verify step is head-major, and a copy
+  would cost a launch), cache [Bc, S, R + P] (one layer's latent cache, this forward's entries written: the
+  normalised latent c, then the rope'd shared key k_pe), rows [B] int64 cache rows, mask [B, T, K] bool over cache
+  positions [0, K) (K <= S), scale float.
   o_lat [B, T, H, R] in q_lat's dtype: for each query row, the softmax over its visible positions of
   (q_lat . c + q_pe . k_pe) * scale, times c. Rows that see nothing give 0 (SDPA gives NaN; the engine never reads
   them). Usable when `fits(T, H, R, P, dtype, device)`: R and P powers of two >= 16, T <= MAX_QUERY_TOKENS, the
@@ -84,9 +85,10 @@ def _kernels():
     import triton.language as tl
 
     @triton.jit
-    def split_kernel(ql, qp, cache, rows, mask, m_part, l_part, o_part, TH, H, K, QT, NSPLIT, s_cr, s_cp, s_mb,
-                     s_mt, scale, NB_PER: tl.constexpr, R: tl.constexpr, P: tl.constexpr, BLOCK_Q: tl.constexpr,
-                     BLOCK_KV: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr = False):
+    def split_kernel(ql, qp, cache, rows, mask, m_part, l_part, o_part, TH, H, K, QT, NSPLIT, s_lb, s_lt, s_lh,
+                     s_pb, s_pt, s_ph, s_cr, s_cp, s_mb, s_mt, scale, NB_PER: tl.constexpr, R: tl.constexpr,
+                     P: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_KV: tl.constexpr, IEEE: tl.constexpr,
+                     UPCAST: tl.constexpr, PDL: tl.constexpr = False):
         if PDL:  # layers/pdl.py: the queries, the cache entries and the mask come from this step's kernels
             tl.extra.cuda.gdc_launch_dependents()
             tl.extra.cuda.gdc_wait()
@@ -98,9 +100,12 @@ def _kernels():
         t = rq // H
         dr = tl.arange(0, R)
         dp = tl.arange(0, P)
-        qrow = (b * TH + rq).to(tl.int64)
-        qlat = tl.load(ql + qrow[:, None] * R + dr[None, :], mask=qv[:, None], other=0.0)  # [BQ, R]
-        qpe = tl.load(qp + qrow[:, None] * P + dp[None, :], mask=qv[:, None], other=0.0)  # [BQ, P]
+        tq = t.to(tl.int64)
+        hq = (rq % H).to(tl.int64)
+        lrow = b.to(tl.int64) * s_lb + tq * s_lt + hq * s_lh  # q_lat in any layout: einsum's of a verify is head-major
+        prow = b.to(tl.int64) * s_pb + tq * s_pt + hq * s_ph
+        qlat = tl.load(ql + lrow[:, None] + dr[None, :], mask=qv[:, None], other=0.0)  # [BQ, R]
+        qpe = tl.load(qp + prow[:, None] + dp[None, :], mask=qv[:, None], other=0.0)  # [BQ, P]
         if UPCAST:  # the interpreter's tl.dot misreads bf16 (NumPy has none)
             qlat = qlat.to(tl.float32)
             qpe = qpe.to(tl.float32)
@@ -189,7 +194,8 @@ def mla_attention(q_lat: torch.Tensor, q_pe: torch.Tensor, cache: torch.Tensor, 
     K = mask.shape[-1]
     assert fits(T, H, R, P, q_lat.dtype) and cache.shape[-1] == R + P and K <= cache.shape[1], "mla_attention: shape"
     assert cache.dtype == q_lat.dtype == q_pe.dtype and cache.stride(-1) == 1, "mla_attention: the cache's dtype"
-    q_lat, q_pe, mask = q_lat.contiguous(), q_pe.contiguous(), mask.contiguous()
+    assert q_lat.stride(-1) == 1 and q_pe.stride(-1) == 1, "mla_attention: each query's features contiguous"
+    mask = mask.contiguous()
     bkv = block_kv(R, P, q_lat.element_size(), shared_limit(q_lat.device))
     assert bkv is not None, "mla_attention: a block does not fit the device's shared memory (see fits)"
     qt, _, per, nsplit = plan(B, T, H, K, bkv)
@@ -203,7 +209,8 @@ def mla_attention(q_lat: torch.Tensor, q_pe: torch.Tensor, cache: torch.Tensor, 
         return out
     split, combine = _kernels()
     split[(B * qt, nsplit)](q_lat, q_pe, cache, rows, mask, m_part, l_part, o_part, TH, H, K, qt, nsplit,
-                            cache.stride(0), cache.stride(1), mask.stride(0), mask.stride(1), float(scale),
+                            *q_lat.stride()[:3], *q_pe.stride()[:3], cache.stride(0), cache.stride(1),
+                            mask.stride(0), mask.stride(1), float(scale),
                             NB_PER=per, R=R, P=P, BLOCK_Q=BLOCK_Q, BLOCK_KV=bkv,
                             IEEE=q_lat.dtype == torch.float32, UPCAST=_interpreted() and q_lat.dtype != torch.float32,
                             num_warps=WARPS, **launch_options(q_lat))
