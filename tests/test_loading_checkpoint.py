@@ -276,3 +276,38 @@ def test_embedding_is_initialised_off_meta():
     assert e.weight.shape == (10, 4) and e.weight.std() > 0.5  # nn.Embedding's N(0, 1)
     with torch.device("meta"):
         assert embedding(10, 4).weight.is_meta
+
+
+def test_a_model_larger_than_the_devices_free_memory_is_refused_before_loading(untied, tied, monkeypatch):
+    """A CUDA device whose free memory cannot hold the weights: `DeviceMemoryError` naming both sizes, raised before
+    any tensor is read or moved (a raw out-of-memory error would come minutes into a large load); a device that holds
+    them passes. The bytes: parameters in the load dtype, tied ones once, optional ones not at all."""
+    from eaglespec.bench import random_model as rm
+    from eaglespec.errors import DeviceMemoryError
+    from eaglespec.loading import checkpoint as ck
+
+    folder, _ = untied
+    cfg = load_config(folder)
+    meta = ck.build_on_meta(LlamaForCausalLM, cfg, torch.bfloat16)
+    params = sum(p.numel() for p in meta.parameters())
+    assert ck.weight_bytes(meta) == 2 * params  # RoPE's inv_freq is not persistent: computed, not loaded
+    tied_meta = ck.build_on_meta(LlamaForCausalLM, load_config(tied[0]), torch.bfloat16)
+    assert ck.weight_bytes(tied_meta) == ck.weight_bytes(meta) - 2 * 96 * 32  # the head is the embedding
+    monkeypatch.setattr(LlamaForCausalLM, "checkpoint_optional", (r"^lm_head\.weight$",), raising=False)
+    assert ck.weight_bytes(meta) == 2 * (params - 96 * 32)
+    monkeypatch.delattr(LlamaForCausalLM, "checkpoint_optional")
+
+    cuda = torch.device("cuda")
+    moved = []
+    monkeypatch.setattr(ck, "resolve_device", lambda device: cuda)
+    monkeypatch.setattr(ck, "load_weights", lambda *a: moved.append(a))
+    monkeypatch.setattr(ck, "free_memory", lambda device: (1000, 80 << 30))
+    with pytest.raises(DeviceMemoryError, match=r"weights take 0\.0 GiB in bfloat16 and cuda has 0\.0 GiB free of "
+                                                r"80\.0; use a device with more memory"):
+        load_model(folder, device="cuda", dtype="bfloat16")
+    assert not moved
+    with pytest.raises(DeviceMemoryError, match=r"--random-weights smollm2-135m: its weights take 0\.3 GiB"):
+        rm.random_model("smollm2-135m", cuda, torch.bfloat16)
+    monkeypatch.setattr(ck, "free_memory", lambda device: (2 * params, 80 << 30))  # exactly the bf16 weights
+    ck.check_device_room(meta, cuda, folder)
+    ck.check_device_room(meta, torch.device("cpu"), folder)  # the host's memory is not checked

@@ -31,3 +31,7 @@ class DrafterMismatchError(EaglespecError):
 
 class RequestError(EaglespecError):
     """A generation request is invalid (prompt too long, sampling parameter out of range)."""
+
+
+class DeviceMemoryError(EaglespecError):
+    """The device lacks the memory a model needs (its weights alone exceed what is free)."""

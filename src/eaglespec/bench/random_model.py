@@ -25,7 +25,7 @@ from torch import nn
 from ..config import ModelConfig
 from ..errors import ConfigError
 from ..layers.norm import RMSNorm
-from ..loading.checkpoint import LoadedModel, build_on_meta
+from ..loading.checkpoint import LoadedModel, build_on_meta, check_device_room
 
 LLAMA_3_1_8B: dict[str, Any] = {
     "architectures": ["LlamaForCausalLM"], "model_type": "llama",
@@ -138,7 +138,9 @@ def random_model(shape: str, device: torch.device, dtype: torch.dtype, seed: int
 
     d = shape_config(shape)
     config = ModelConfig.from_hf(d)
-    model = materialize_random(build_on_meta(get_model_class(config.architecture), config, dtype), device, seed)
+    meta = build_on_meta(get_model_class(config.architecture), config, dtype)
+    check_device_room(meta, device, f"--random-weights {shape}")
+    model = materialize_random(meta, device, seed)
     return LoadedModel(model=model, config=config, tokenizer=None, path=Path(shape))
 
 

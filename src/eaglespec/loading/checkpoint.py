@@ -12,6 +12,8 @@ Contract of `load_model(path, device, dtype)`:
    (`load_state_dict(assign=True)`);
 4. re-tie shared parameters (tied embeddings: a checkpoint without `lm_head.weight` is fine), materialize the
    non-persistent buffers and let `reset_buffers()` recompute them (RoPE frequencies), freeze, `eval()`.
+Before any weight is read, a CUDA device whose free memory is smaller than the weights' bytes in that dtype raises
+`DeviceMemoryError` saying both (`check_device_room`: a raw out-of-memory error would come minutes into the load).
 Missing, unexpected or mis-shaped weights raise `CheckpointError` naming a few of them and the checkpoint. A class may
 list `checkpoint_optional` (regexes): such weights may be absent and then stay on the meta device for the caller to
 set (a drafter's lm_head shared with its target, say).
@@ -34,7 +36,7 @@ import torch
 from torch import nn
 
 from ..config import ModelConfig
-from ..errors import CheckpointError, ConfigError
+from ..errors import CheckpointError, ConfigError, DeviceMemoryError
 from .default import default_model_path
 from .gguf_reader import GGUFFile, is_gguf
 from .safetensors_io import iter_safetensors
@@ -268,6 +270,38 @@ def load_weights(
         raise CheckpointError(f"{where}: weights {_few(still_meta)} were not loaded")
 
 
+def weight_bytes(model: nn.Module) -> int:
+    """Bytes of a (meta-built) model's parameters and persistent buffers in their dtypes, shared ones counted once,
+    less the weights a checkpoint may leave out (`checkpoint_optional`)."""
+    optional = [re.compile(p) for p in getattr(model, "checkpoint_optional", ())]
+    seen: dict[int, int] = {}
+    for name, t in model.state_dict(keep_vars=True).items():  # tied parameters appear under each name
+        if not any(o.search(name) for o in optional):
+            seen[id(t)] = t.numel() * t.element_size()
+    return sum(seen.values())
+
+
+def free_memory(device: torch.device) -> tuple[int, int]:
+    """(free, total) bytes of a CUDA device (a seam for tests)."""
+    return torch.cuda.mem_get_info(device)
+
+
+def check_device_room(model: nn.Module, device: torch.device, where: str | Path) -> None:
+    """Raise `DeviceMemoryError` when a CUDA device's free memory cannot hold the model's weights (no check elsewhere:
+    the CPU's memory is the host's)."""
+    if device.type != "cuda":
+        return
+    need = weight_bytes(model)
+    free, total = free_memory(device)
+    if need > free:
+        dtype = next((p.dtype for p in model.parameters()), torch.float32)
+        gib = 2.0**30
+        raise DeviceMemoryError(
+            f"{where}: its weights take {need / gib:.1f} GiB in {str(dtype).removeprefix('torch.')} and {device} has "
+            f"{free / gib:.1f} GiB free of {total / gib:.1f}; use a device with more memory, a smaller dtype "
+            f"(--dtype), or the CPU (--device cpu)")
+
+
 def load_model(
     path: str | Path | None = None,
     device: torch.device | str = "cpu",
@@ -286,6 +320,7 @@ def load_model(
     dt = resolve_dtype(dtype, dev, config)
     tokenizer = ckpt.tokenizer()  # before the weights: an unreadable tokenizer fails fast
     model = build_on_meta(cls, config, dt)
+    check_device_room(model, dev, ckpt.path)
     load_weights(model, ckpt.tensors(), dev, ckpt.path, ckpt.dequantizer(dt))
     if ckpt.path.is_dir() and hasattr(model, "configure_from_folder"):  # extra files, e.g. an image processor config
         model.configure_from_folder(str(ckpt.path))
