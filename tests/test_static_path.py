@@ -752,3 +752,42 @@ def test_warmup_captures_each_modes_own_shapes(target, monkeypatch):
         captured.clear()
         eng.warmup((1, 2), greedy=False, prefill=False)
         assert {k[0] for k in captured} == {want_sampled} and all(k[3] is False for k in captured)
+
+
+def test_caches_the_device_cannot_hold_are_refused_with_the_state_unchanged(target, monkeypatch):
+    """KV caches larger than what the device can still give: `DeviceMemoryError` naming their size and what to
+    lower, before any of the runner's state changes, so the same engine serves on with the caches it had; with room
+    for exactly the target's and the drafter's caches (`KVCache.bytes_for`) the step goes ahead."""
+    from eaglespec import device_memory
+    from eaglespec.engine.kv_cache import KVCache
+    from eaglespec.errors import DeviceMemoryError
+
+    drafter = tiny_drafter(target, seed=1)
+    params = SamplingParams(max_new_tokens=6, ignore_eos=True)
+    long = [[1 + i % 50 for i in range(400)]]
+
+    def grown(room):  # an engine that decoded two short prompts, then asked for a long one's caches
+        eng = static_engine(target, drafter, SpecConfig(3, 1, 4), rows=2)
+        ref = [o.token_ids for o in eng.generate(PROMPTS[:2], params)]
+        monkeypatch.setattr(device_memory, "room", room)
+        return eng, ref
+
+    eng, ref = grown(lambda device: 0)
+    r = eng.runner
+    state = (r.kv, r.dkv, r.rows, r.max_len, r.cache_len, r.step_rows)
+    with pytest.raises(DeviceMemoryError, match=r"the KV caches for \d+ rows of \d+ positions take \d+\.\d GiB and "
+                                                r"cpu has 0\.0 GiB left; lower the batch size \(--max-batch-size\)"):
+        eng.generate(long, params)
+    assert (r.kv, r.dkv, r.rows, r.max_len, r.cache_len, r.step_rows) == state
+    assert [o.token_ids for o in eng.generate(PROMPTS[:2], params)] == ref  # the caches it had still serve
+    monkeypatch.setattr(device_memory, "room", lambda device: None)  # the CPU: not checked
+    eng.generate(long, params)
+    need = r.kv.nbytes() + r.dkv.nbytes()
+    assert need == (KVCache.bytes_for(target.config.num_hidden_layers, target.kv_cache_shapes(), r.rows, r.cache_len,
+                                      r.dtype) + KVCache.bytes_for(1, drafter.kv_cache_shapes(), r.rows, r.cache_len,
+                                                                   r.dtype))
+    eng, _ = grown(lambda device: need - 1)
+    with pytest.raises(DeviceMemoryError):
+        eng.generate(long, params)
+    monkeypatch.setattr(device_memory, "room", lambda device: need)  # exactly enough
+    assert len(eng.generate(long, params)[0].token_ids) == 6

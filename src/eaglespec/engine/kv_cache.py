@@ -11,6 +11,7 @@ reads blocks no query sees and relies on 0 x entry = 0 (layers/short_attention_k
 
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import torch
@@ -38,6 +39,13 @@ class KVCache:
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.tensors)
+
+    @staticmethod
+    def bytes_for(num_layers: int, shapes: Sequence[tuple[int, ...]], rows: int, max_len: int,
+                  dtype: torch.dtype) -> int:
+        """What a cache of these dimensions takes (`nbytes` before allocating it)."""
+        per_token = sum(math.prod(s) for s in shapes)
+        return num_layers * rows * max_len * per_token * dtype.itemsize
 
     def compact(self, rows: torch.Tensor, start: torch.Tensor, path: torch.Tensor) -> None:
         """For each b: positions start[b] + path[b, i] -> start[b] + i (all layers). rows, start [B]; path [B, N] with

@@ -54,7 +54,10 @@ from typing import Collection, Sequence
 
 import torch
 
+from .. import device_memory
 from ..config import SpecConfig
+from ..device_memory import gib
+from ..errors import DeviceMemoryError
 
 from ..spec_schedule import spec_envelope
 from ..layers.context import ForwardContext, cached_arange, causal_mask
@@ -147,6 +150,7 @@ class ModelRunner(PrefillStep, SpecStep, GrammarStep):
         """(Re)allocate caches and row state for `rows` sequences of up to `max_len` committed tokens, plus `spare`
         rows past them for requests prefilled ahead (scheduler.py), which steps never cover (`step_rows`)."""
         dev, cfg = self.device, self.target.config
+        self._check_room(rows + spare, max_len + self.headroom())  # before any state changes
         self.step_rows = rows
         rows += spare
         self.rows, self.max_len = rows, max_len
@@ -170,6 +174,25 @@ class ModelRunner(PrefillStep, SpecStep, GrammarStep):
         self.grammar_rows = None  # sized to these rows at the next constrained step
         if self.graphs is not None:
             self.graphs.reset()
+
+    def _check_room(self, rows: int, cache_len: int) -> None:
+        """Raise `DeviceMemoryError` when the target's and drafter's caches for `rows` rows of `cache_len` positions
+        exceed what the device can still give (`device_memory.room`; the caches being replaced stay allocated while
+        the new ones are built, and kept rows are copied across): one sentence instead of an out-of-memory error
+        mid-request, with the engine's state unchanged."""
+        free = device_memory.room(self.device)
+        if free is None:
+            return
+        need = KVCache.bytes_for(self.target.config.num_hidden_layers, self.target.kv_cache_shapes(), rows, cache_len,
+                                 self.dtype)
+        if self.spec is not None:
+            need += KVCache.bytes_for(getattr(self.drafter, "num_layers", 1), self.drafter.kv_cache_shapes(), rows,
+                                      cache_len, self.dtype)
+        if need > free:
+            raise DeviceMemoryError(
+                f"the KV caches for {rows} rows of {cache_len} positions take {gib(need)} and {self.device} has "
+                f"{gib(free)} left; lower the batch size (--max-batch-size) or the sequence length (--max-seq-len, "
+                "a shorter prompt or max_tokens)")
 
     def state_tensors(self) -> list[torch.Tensor]:
         """The per-row state a step mutates (snapshotted around graph warm-ups)."""

@@ -46,6 +46,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .. import device_memory
 from ..layers.attention import GQAAttention
 from ..layers.mla import MLAttention
 from ..layers.mlp import GatedMLP, silu_mul
@@ -129,11 +130,8 @@ STACK_HEADROOM = 512 << 20  # bytes left free on the device after stacking a lay
 def _room_for(device: torch.device, nbytes: int) -> bool:
     """Whether `device` can hold `nbytes` more (free memory plus what PyTorch's allocator caches, less
     STACK_HEADROOM); any device but CUDA can."""
-    if device.type != "cuda":
-        return True
-    free, _ = torch.cuda.mem_get_info(device)
-    cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
-    return free + cached >= nbytes + STACK_HEADROOM
+    free = device_memory.room(device)
+    return free is None or free >= nbytes + STACK_HEADROOM
 
 
 def use_grouped_experts(model: nn.Module) -> nn.Module:

@@ -35,7 +35,9 @@ from typing import Any, Callable, Iterable, Iterator
 import torch
 from torch import nn
 
+from .. import device_memory
 from ..config import ModelConfig
+from ..device_memory import gib
 from ..errors import CheckpointError, ConfigError, DeviceMemoryError
 from .default import default_model_path
 from .gguf_reader import GGUFFile, is_gguf
@@ -281,25 +283,19 @@ def weight_bytes(model: nn.Module) -> int:
     return sum(seen.values())
 
 
-def free_memory(device: torch.device) -> tuple[int, int]:
-    """(free, total) bytes of a CUDA device (a seam for tests)."""
-    return torch.cuda.mem_get_info(device)
-
-
 def check_device_room(model: nn.Module, device: torch.device, where: str | Path) -> None:
     """Raise `DeviceMemoryError` when a CUDA device's free memory cannot hold the model's weights (no check elsewhere:
     the CPU's memory is the host's)."""
     if device.type != "cuda":
         return
     need = weight_bytes(model)
-    free, total = free_memory(device)
+    free, total = device_memory.free_memory(device)
     if need > free:
         dtype = next((p.dtype for p in model.parameters()), torch.float32)
-        gib = 2.0**30
         raise DeviceMemoryError(
-            f"{where}: its weights take {need / gib:.1f} GiB in {str(dtype).removeprefix('torch.')} and {device} has "
-            f"{free / gib:.1f} GiB free of {total / gib:.1f}; use a device with more memory, a smaller dtype "
-            f"(--dtype), or the CPU (--device cpu)")
+            f"{where}: its weights take {gib(need)} in {str(dtype).removeprefix('torch.')} and {device} has "
+            f"{gib(free)} free of {gib(total)}; use a device with more memory, a smaller dtype (--dtype), or the CPU "
+            "(--device cpu)")
 
 
 def load_model(
