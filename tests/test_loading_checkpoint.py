@@ -95,6 +95,19 @@ def test_dtype_and_device(untied):
         load_model(folder, device="gpu0")
 
 
+def test_a_gpu_past_the_machines_is_refused(monkeypatch):
+    """`cuda:N` past the GPUs there are: one sentence naming them (a raw CUDA error came at the first allocation)."""
+    from eaglespec.loading.checkpoint import resolve_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    for count, names in ((1, "1 CUDA GPU \\(cuda:0\\)"), (2, "2 CUDA GPUs \\(cuda:0 to cuda:1\\)")):
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+        with pytest.raises(ConfigError, match=f"device 'cuda:2' was asked for but this machine has {names}"):
+            resolve_device("cuda:2")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 3)
+    assert resolve_device("cuda:2") == torch.device("cuda:2") and resolve_device("cuda") == torch.device("cuda")
+
+
 def test_checkpoint_tables_and_transform_hook(untied, tmp_path, monkeypatch):
     """Renames, ignore patterns and the per-tensor transform hook come from the model class."""
     folder, ref = untied

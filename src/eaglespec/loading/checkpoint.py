@@ -130,7 +130,8 @@ class Checkpoint:
 
 
 def resolve_device(device: torch.device | str) -> torch.device:
-    """"auto" -> cuda when a GPU is visible, else cpu; a CUDA device without a GPU is a ConfigError."""
+    """"auto" -> cuda when a GPU is visible, else cpu; a CUDA device without a GPU, or past the GPUs there are, is a
+    ConfigError."""
     if str(device) == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
@@ -139,6 +140,10 @@ def resolve_device(device: torch.device | str) -> torch.device:
         raise ConfigError(f"unknown device {device!r} (use auto, cpu, cuda or cuda:N)") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError(f"device {device!r} was asked for but no CUDA GPU is available")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        n = torch.cuda.device_count()
+        raise ConfigError(f"device {device!r} was asked for but this machine has {n} CUDA GPU{'s' * (n != 1)} "
+                          f"(cuda:0{f' to cuda:{n - 1}' if n > 1 else ''})")
     return dev
 
 
