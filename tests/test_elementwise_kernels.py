@@ -16,11 +16,11 @@ from tiny import assert_transformed_engine_equals_plain  # noqa: E402
 
 from eaglespec.config import RopeConfig, SpecConfig  # noqa: E402
 from eaglespec.engine.transforms import fuse_projections, use_elementwise_kernels  # noqa: E402
-from eaglespec.layers.elementwise_kernels import (add_rms_norm_rows, rms_norm_rows, rotary_cos_sin_rows,  # noqa: E402
-                                                  silu_mul_rows)
+from eaglespec.layers.elementwise_kernels import (add_rms_norm_rows, rms_norm_rows, rope_rows,  # noqa: E402
+                                                  rotary_cos_sin_rows, silu_mul_rows)
 from eaglespec.layers.mlp import GatedMLP, silu_mul  # noqa: E402
 from eaglespec.layers.norm import RMSNorm, add_rms_norm, rms_norm  # noqa: E402
-from eaglespec.layers.rotary import Rotary, inv_freq_and_scale, rotary_cos_sin  # noqa: E402
+from eaglespec.layers.rotary import Rotary, apply_rotary, inv_freq_and_scale, rotary_cos_sin  # noqa: E402
 
 # bf16: the same roundings, float32 sums in another order: a rounding flips by an ulp now and then (two roundings in
 # a row: at most two ulps, 2^-6 relative)
@@ -65,6 +65,42 @@ def test_silu_mul_matches_the_pytorch_function(dtype, shape):
     got, want = silu_mul_rows(gu), silu_mul(gu)
     assert got.dtype == want.dtype and got.shape == want.shape
     torch.testing.assert_close(got, want, atol=TOL[dtype], rtol=TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("interleaved", [True, False])
+@pytest.mark.parametrize("shape", [(1, 1, 64, 64), (2, 3, 4, 16), (3, 2, 1, 64), (1, 5, 3, 6), (0, 2, 4, 8)])
+def test_rope_matches_the_pytorch_function(dtype, interleaved, shape):
+    """MLA's RoPE: a slice of a wider tensor (q_pe of q, k_pe of the latent projection's output), pairs or halves."""
+    B, T, H, D = shape
+    g = torch.Generator().manual_seed(D)
+    x = torch.randn(B, T, H, D + 24, generator=g).to(dtype)[..., 24:]
+    angle = torch.randn(B, T, D // 2, generator=g) * 3
+    got, want = rope_rows(x, angle.cos(), angle.sin(), interleaved), apply_rotary(x, angle.cos(), angle.sin(),
+                                                                                  interleaved)
+    assert got.dtype == want.dtype == dtype and got.shape == want.shape and got.is_contiguous()
+    torch.testing.assert_close(got, want, atol=TOL[dtype], rtol=TOL[dtype])
+
+
+def test_mla_targets_take_the_rope_kernel_and_keep_their_tokens():
+    """`use_elementwise_kernels` gives MLA attention the RoPE kernel; a DeepSeek-V3 target so wired decodes and
+    speculates as the untransformed one."""
+    from tiny import tiny_drafter, tiny_moe
+
+    from eaglespec.config import EngineConfig
+    from eaglespec.engine.engine import Engine
+    from eaglespec.layers.mla import MLAttention
+    from eaglespec.sampling_params import SamplingParams
+
+    target = tiny_moe("deepseek_v3", num_hidden_layers=2, qk_rope_head_dim=16)
+    params = SamplingParams(max_new_tokens=8, ignore_eos=True)
+    prompts = [[1, 2, 3, 4, 5], list(range(10, 30))]
+    ref = [o.token_ids for o in Engine(target, None).generate(prompts, params)]
+    drafter = tiny_drafter(target, seed=1, hidden=target.config.hidden_size)
+    use_elementwise_kernels(target)
+    assert all(a.rope is rope_rows for a in target.modules() if isinstance(a, MLAttention))
+    eng = Engine(target, None, EngineConfig(max_batch_size=2), drafter=drafter, spec=SpecConfig(3, 2, 6))
+    assert [o.token_ids for o in eng.generate(prompts, params)] == ref
 
 
 def _wire(target, drafter):

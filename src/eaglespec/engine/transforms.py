@@ -30,13 +30,13 @@
   concatenation and RoPE's cos/sin as one Triton kernel (layers/draft_input_kernel.py).
 - `use_cpu_linear(model)` (CPU): every nn.Linear as a `CpuLinear`, whose product is weight-major (W x^T): on the
   CPU measured (session 19), F.linear's few-row GEMMs cost about one weight read per row.
-- `use_elementwise_kernels(model)` (CUDA): RMSNorm, residual add + RMSNorm, RoPE's cos/sin and SiLU gating as one
-  Triton kernel each (layers/elementwise_kernels.py), where the fused kernels above leave them (a target's final
-  norm, each forward's cos/sin, steps past the fused kernels' rows), without the compiler's start-up.
+- `use_elementwise_kernels(model)` (CUDA): RMSNorm, residual add + RMSNorm, RoPE's cos/sin, MLA's RoPE and SiLU
+  gating as one Triton kernel each (layers/elementwise_kernels.py), where the fused kernels above leave them (a
+  target's final norm, each forward's cos/sin, steps past the fused kernels' rows), without the compiler's start-up.
 - `compile_elementwise(model)`: RMSNorm, residual-add + RMSNorm, RoPE, RoPE's cos/sin tables and SiLU-gating through
   `torch.compile` (one fused kernel each instead of ~5), shapes dynamic so one compilation serves every batch and
-  length bucket. On CUDA the Triton kernels above take all but RoPE (used where the RoPE + KV-store kernel is not:
-  MLA), which the compiler then serves (it traces a function on its first call only).
+  length bucket. On CUDA the Triton kernels above take all but GQA's RoPE where the RoPE + KV-store kernel does not
+  apply, which the compiler then serves (it traces a function on its first call only).
 None changes anything numerically beyond floating-point reassociation, except that `fold_norms` rounds W diag(g) once
 in the weights' dtype; none is applied to models being trained.
 """
@@ -109,14 +109,16 @@ def compile_elementwise(model: nn.Module) -> nn.Module:
 
 
 def use_elementwise_kernels(model: nn.Module) -> nn.Module:
-    """RMSNorm (rows of up to MAX_K), residual add + RMSNorm, RoPE's cos/sin and SiLU gating through the Triton
-    kernels of layers/elementwise_kernels.py."""
-    from ..layers.elementwise_kernels import (MAX_K, add_rms_norm_rows, rms_norm_rows, rotary_cos_sin_rows,
-                                              silu_mul_rows)
+    """RMSNorm (rows of up to MAX_K), residual add + RMSNorm, RoPE's cos/sin, MLA's RoPE and SiLU gating through the
+    Triton kernels of layers/elementwise_kernels.py."""
+    from ..layers.elementwise_kernels import (MAX_K, add_rms_norm_rows, rms_norm_rows, rope_rows,
+                                              rotary_cos_sin_rows, silu_mul_rows)
 
     for m in model.modules():
         if isinstance(m, RMSNorm) and m.weight.shape[0] <= MAX_K:
             m.impl, m.add_impl = rms_norm_rows, add_rms_norm_rows
+        elif isinstance(m, MLAttention):  # its q_pe and k_pe (GQA's RoPE is in the RoPE + KV-store kernel)
+            m.rope = rope_rows
         elif isinstance(m, GatedMLP):
             m.gated_act = silu_mul_rows
         elif isinstance(m, Rotary):
@@ -415,8 +417,9 @@ def prepare_for_inference(model: nn.Module, device: torch.device, fuse: bool | N
     compiling took SmolLM2-135M from 302 to 795 tok/s and a Llama-8B-shaped model from 172 to 209 tok/s, the two
     later kernels SmolLM2's MT-bench batch-1 decoding from 994 to 1,226 tok/s (docs/benchmarks.md); on the CPU
     compiling only adds compile time. Since session 33 the CUDA path (unless `fuse` is False) runs the norms, cos/sin
-    and gating as Triton kernels (`use_elementwise_kernels`), which leaves the compiler RoPE outside the RoPE +
-    KV-store kernel only: a model that never runs it (every GQA model on CUDA) never compiles anything."""
+    and gating as Triton kernels (`use_elementwise_kernels`; MLA's RoPE too since session 56), which leaves the
+    compiler GQA's RoPE outside the RoPE + KV-store kernel only: a model that never runs it (every GQA model with
+    that kernel, every MLA model) never compiles anything on CUDA."""
     if fuse or (fuse is None and device.type in ("cuda", "cpu")):
         fuse_projections(model)
         if device.type == "cuda":

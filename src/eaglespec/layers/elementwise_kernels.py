@@ -16,6 +16,11 @@ These kernels are the one launch each without the compiler:
   float32 -> [..., R] float32 each, as `layers/rotary.rotary_cos_sin` computes them (float32 position times inverse
   frequency, cos / sin, times the factor; Triton's cos / sin are libdevice's, which equalled PyTorch's bit for bit
   in `draft_input_kernel`, session 15). One program per position.
+- `rope_rows(x, cos, sin, interleaved) -> y`: x [B, T, H, D] (any strides, the last dim contiguous: MLA's q_pe and
+  k_pe are slices), cos / sin [B, T, D/2] float32 -> y [B, T, H, D] in x's dtype, as `layers/rotary.apply_rotary`
+  rotates (adjacent pairs when interleaved, else halves; in float32, rounded once; Triton may contract a product and
+  a difference into one FMA, so float32 results may differ in the last bit). One program per token, every head.
+  MLA's RoPE (`MLAttention.rope`), which ran as ~10 PyTorch kernels per tensor in a CUDA graph (session 56).
 - `silu_mul_rows(gate_up) -> act`: gate_up [..., 2I] (gate, then up) -> silu(gate) * up [..., I] in gate_up's dtype,
   rounded as `layers/mlp.silu_mul` rounds (the SiLU to the dtype, then the product; Triton's exp may differ from
   PyTorch's in the last bits of float32, as in `norm_silu_kernel`). Program (row, column block).
@@ -89,7 +94,35 @@ def _kernels():
         act = (g / (1.0 + tl.exp(-g))).to(dt).to(tl.float32) * u
         tl.store(out + row * N + cols, act.to(dt), mask=m)
 
-    return norm_kernel, cos_sin_kernel, silu_kernel
+    @triton.jit
+    def rope_kernel(x, cos, sin, y, T, H, s_xb, s_xt, s_xh, s_cb, s_ct, D: tl.constexpr, INTERLEAVED: tl.constexpr,
+                    HP: tl.constexpr, DH: tl.constexpr, PDL: tl.constexpr = False):
+        if PDL:  # layers/pdl.py: x and the step's cos / sin come from earlier kernels
+            tl.extra.cuda.gdc_launch_dependents()
+            tl.extra.cuda.gdc_wait()
+        n = tl.program_id(0)
+        b = (n // T).to(tl.int64)
+        t = (n % T).to(tl.int64)
+        hh = tl.arange(0, HP)[:, None]
+        i = tl.arange(0, DH)[None, :]
+        m = (hh < H) & (i < D // 2)
+        c = tl.load(cos + b * s_cb + t * s_ct + i, mask=i < D // 2, other=0.0)
+        s = tl.load(sin + b * s_cb + t * s_ct + i, mask=i < D // 2, other=0.0)
+        if INTERLEAVED:  # pairs (2i, 2i + 1)
+            j1 = 2 * i
+            j2 = 2 * i + 1
+        else:  # halves (i, i + D/2)
+            j1 = i
+            j2 = i + D // 2
+        src = x + b * s_xb + t * s_xt + hh * s_xh
+        x1 = tl.load(src + j1, mask=m, other=0.0).to(tl.float32)
+        x2 = tl.load(src + j2, mask=m, other=0.0).to(tl.float32)
+        dst = y + ((b * T + t) * H + hh) * D
+        dt = y.dtype.element_ty
+        tl.store(dst + j1, (x1 * c - x2 * s).to(dt), mask=m)
+        tl.store(dst + j2, (x2 * c + x1 * s).to(dt), mask=m)
+
+    return norm_kernel, cos_sin_kernel, silu_kernel, rope_kernel
 
 
 def _norm(h: torch.Tensor, d: torch.Tensor | None, weight: torch.Tensor, eps: float
@@ -137,3 +170,15 @@ def silu_mul_rows(gate_up: torch.Tensor) -> torch.Tensor:
         block = min(SILU_BLOCK, pow2(N))
         _kernels()[2][(gu.shape[0], (N + block - 1) // block)](gu, out, N, BLOCK=block, **launch_options(gu))
     return out
+
+
+def rope_rows(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool = False) -> torch.Tensor:
+    B, T, H, D = x.shape
+    assert D % 2 == 0 and x.stride(-1) == 1 and cos.shape == sin.shape == (B, T, D // 2), "rope_rows: shapes"
+    cos, sin = cos.contiguous(), sin.contiguous()
+    y = torch.empty(B, T, H, D, dtype=x.dtype, device=x.device)
+    if B * T * H:
+        _kernels()[3][(B * T,)](x, cos, sin, y, T, H, x.stride(0), x.stride(1), x.stride(2), cos.stride(0),
+                                cos.stride(1), D=D, INTERLEAVED=interleaved, HP=pow2(H), DH=pow2(D // 2),
+                                num_warps=4 if H * D > 1024 else 1, **launch_options(x))
+    return y
