@@ -316,12 +316,13 @@ def test_a_model_larger_than_the_devices_free_memory_is_refused_before_loading(u
     monkeypatch.setattr(ck, "resolve_device", lambda device: cuda)
     monkeypatch.setattr(ck, "load_weights", lambda *a: moved.append(a))
     monkeypatch.setattr(device_memory, "free_memory", lambda device: (1000, 80 << 30))
+    monkeypatch.setattr(device_memory, "room", lambda device: 1000)  # free, and PyTorch's cache unused
     with pytest.raises(DeviceMemoryError, match=r"weights take 0\.0 GiB in bfloat16 and cuda has 0\.0 GiB free of "
                                                 r"80\.0 GiB; use a device with more memory"):
         load_model(folder, device="cuda", dtype="bfloat16")
     assert not moved
     with pytest.raises(DeviceMemoryError, match=r"--random-weights smollm2-135m: its weights take 0\.3 GiB"):
         rm.random_model("smollm2-135m", cuda, torch.bfloat16)
-    monkeypatch.setattr(device_memory, "free_memory", lambda device: (2 * params, 80 << 30))  # the bf16 weights
+    monkeypatch.setattr(device_memory, "room", lambda device: 2 * params)  # exactly the bf16 weights
     ck.check_device_room(meta, cuda, folder)
     ck.check_device_room(meta, torch.device("cpu"), folder)  # the host's memory is not checked

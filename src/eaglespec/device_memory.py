@@ -5,7 +5,7 @@
   what PyTorch's caching allocator holds unused; None off CUDA (the host's memory is not checked);
 - `gib(nbytes) -> str`: "12.3 GiB", for the messages.
 Used by `loading.checkpoint.check_device_room` (weights), `ModelRunner.allocate` (KV caches) and
-`engine.transforms.use_grouped_experts` (stacking a MoE layer's experts); tests replace `free_memory`.
+`engine.transforms.use_grouped_experts` (stacking a MoE layer's experts); tests replace `room` and `free_memory`.
 """
 
 from __future__ import annotations

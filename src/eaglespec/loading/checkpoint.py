@@ -12,8 +12,8 @@ Contract of `load_model(path, device, dtype)`:
    (`load_state_dict(assign=True)`);
 4. re-tie shared parameters (tied embeddings: a checkpoint without `lm_head.weight` is fine), materialize the
    non-persistent buffers and let `reset_buffers()` recompute them (RoPE frequencies), freeze, `eval()`.
-Before any weight is read, a CUDA device whose free memory is smaller than the weights' bytes in that dtype raises
-`DeviceMemoryError` saying both (`check_device_room`: a raw out-of-memory error would come minutes into the load).
+Before any weight is read, a CUDA device whose free memory (`device_memory.room`) is smaller than the weights' bytes
+in that dtype raises `DeviceMemoryError` saying both (`check_device_room`: a raw out-of-memory error would come minutes into the load).
 Missing, unexpected or mis-shaped weights raise `CheckpointError` naming a few of them and the checkpoint. A class may
 list `checkpoint_optional` (regexes): such weights may be absent and then stay on the meta device for the caller to
 set (a drafter's lm_head shared with its target, say).
@@ -294,7 +294,8 @@ def check_device_room(model: nn.Module, device: torch.device, where: str | Path)
     if device.type != "cuda":
         return
     need = weight_bytes(model)
-    free, total = device_memory.free_memory(device)
+    free = device_memory.room(device) or 0  # with what PyTorch holds unused (a model loaded after another was freed)
+    total = device_memory.free_memory(device)[1]
     if need > free:
         dtype = next((p.dtype for p in model.parameters()), torch.float32)
         raise DeviceMemoryError(
