@@ -222,7 +222,7 @@ def test_unknown_routing_is_refused():
                     scoring_func="softmax", topk_method="noaux_tc")
     with pytest.raises(ConfigError, match="MoE routing softmax / noaux_tc .* is not implemented .*softmax / greedy"):
         MoE(8, moe)
-    grouped = MoEConfig(n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=0, moe_intermediate_size=4,
-                        scoring_func="softmax", topk_method="greedy", n_group=2, topk_group=1)
-    with pytest.raises(ConfigError, match="group_limited_greedy"):
-        MoE(8, grouped)
+    uneven = MoEConfig(n_routed_experts=5, num_experts_per_tok=2, n_shared_experts=0, moe_intermediate_size=4,
+                       scoring_func="softmax", topk_method="group_limited_greedy", n_group=2, topk_group=1)
+    with pytest.raises(ConfigError, match="5 experts do not split into 2 groups"):
+        MoE(8, uneven)

@@ -161,8 +161,9 @@ def randomize_moe(model: torch.nn.Module, seed: int) -> None:
 
 
 def tiny_moe(arch: str, seed: int = 0, **overrides) -> torch.nn.Module:
-    """A tiny random MoE target (`randomize_moe`'s weights): "qwen3_moe", or "deepseek_v3" (MLA, grouped noaux_tc
-    routing, a shared expert, a dense first layer); `overrides` replace config.json fields."""
+    """A tiny random MoE target (`randomize_moe`'s weights): "qwen3_moe", "deepseek_v3" (MLA, grouped noaux_tc
+    routing, a shared expert, a dense first layer) or "deepseek_v2" (the same with group_limited_greedy softmax
+    routing); `overrides` replace config.json fields."""
     from eaglespec.models import get_model_class
 
     if arch == "qwen3_moe":
@@ -178,6 +179,9 @@ def tiny_moe(arch: str, seed: int = 0, **overrides) -> torch.nn.Module:
                  n_routed_experts=8, num_experts_per_tok=3, n_group=4, topk_group=2, first_k_dense_replace=1,
                  q_lora_rank=24, max_position_embeddings=512, rope_theta=10000.0, norm_topk_prob=True,
                  topk_method="noaux_tc", scoring_func="sigmoid")
+    if arch == "deepseek_v2":
+        d.update(architectures=["DeepseekV2ForCausalLM"], model_type="deepseek_v2", scoring_func="softmax",
+                 topk_method="group_limited_greedy", norm_topk_prob=False)
     cfg = ModelConfig.from_hf({**d, **overrides})
     model = get_model_class(cfg.architecture)(cfg).eval()
     randomize_moe(model, seed)  # O(1) logits and input-dependent routing (the default init routes near-uniformly)

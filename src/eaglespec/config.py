@@ -102,8 +102,9 @@ class MLAConfig:
 
 @dataclass(frozen=True)
 class MoEConfig:
-    """A mixture of experts: DeepSeek-V3's (sigmoid scores, noaux_tc router, shared experts) or Qwen3-MoE's (softmax
-    scores, plain top-k: scoring_func "softmax", topk_method "greedy", no shared experts), in DeepSeek's field names.
+    """A mixture of experts: DeepSeek-V3's (sigmoid scores, noaux_tc router, shared experts), DeepSeek-V2's (softmax
+    scores, greedy or group_limited_greedy top-k, shared experts) or Qwen3-MoE's (softmax scores, plain top-k:
+    scoring_func "softmax", topk_method "greedy", no shared experts), in DeepSeek's field names.
 
     Which layers are sparse: layer i is when `i >= first_k_dense_replace and i % moe_layer_freq == 0` (DeepSeek's
     fields) and `(i + 1) % decoder_sparse_step == 0 and i not in mlp_only_layers` (Qwen's); the others are dense.
@@ -123,6 +124,7 @@ class MoEConfig:
     topk_method: str = "noaux_tc"
     decoder_sparse_step: int = 1
     mlp_only_layers: tuple[int, ...] = ()
+    router_float32: bool = False  # the router's weight and logits in float32 whatever the model dtype (DeepSeek's)
 
     def is_sparse(self, layer_idx: int) -> bool:
         """Whether the 0-based layer `layer_idx` has the experts (else a dense MLP of `intermediate_size`)."""
@@ -131,10 +133,13 @@ class MoEConfig:
 
     @staticmethod
     def from_hf(text: Mapping[str, Any], model_type: str) -> "MoEConfig | None":
-        """The MoE group of a (text) config dict; None for a dense model. DeepSeek-V3 / Kimi name their routed experts
-        `n_routed_experts`; Qwen3-MoE (`model_type` qwen3_moe) `num_experts`, which transformers 5 writes back as
-        `num_local_experts` (its attribute_map), and 0 experts there means every layer is dense."""
+        """The MoE group of a (text) config dict; None for a dense model. DeepSeek-V2 / V3 / Kimi name their routed
+        experts `n_routed_experts` (V2's defaults: softmax scores, greedy top-k, weights not normalised, the router in
+        float32, as transformers' DeepseekV2TopkRouter); Qwen3-MoE (`model_type` qwen3_moe) `num_experts`, which
+        transformers 5 writes back as `num_local_experts` (its attribute_map), and 0 experts there means every layer
+        is dense."""
         if text.get("n_routed_experts"):
+            v2 = model_type == "deepseek_v2"  # softmax routing (greedy or group-limited), weights not normalised
             return MoEConfig(
                 n_routed_experts=int(text["n_routed_experts"]),
                 num_experts_per_tok=int(text["num_experts_per_tok"]),
@@ -145,9 +150,10 @@ class MoEConfig:
                 n_group=int(text.get("n_group") or 1),
                 topk_group=int(text.get("topk_group") or 1),
                 routed_scaling_factor=float(text.get("routed_scaling_factor", 1.0)),
-                norm_topk_prob=bool(text.get("norm_topk_prob", True)),
-                scoring_func=str(text.get("scoring_func", "sigmoid")),
-                topk_method=str(text.get("topk_method", "noaux_tc")),
+                norm_topk_prob=bool(text.get("norm_topk_prob", not v2)),
+                scoring_func=str(text.get("scoring_func", "softmax" if v2 else "sigmoid")),
+                topk_method=str(text.get("topk_method", "greedy" if v2 else "noaux_tc")),
+                router_float32=v2,
             )
         experts = text.get("num_experts", text.get("num_local_experts"))
         if model_type == "qwen3_moe" and experts:

@@ -1,4 +1,5 @@
-"""Mixture of experts: a router, routed SwiGLU experts and optional unscaled shared experts (DeepSeek-V3, Qwen3-MoE).
+"""Mixture of experts: a router, routed SwiGLU experts and optional unscaled shared experts (DeepSeek-V2 / V3,
+Qwen3-MoE).
 
 Contract (REFERENCE.md §6), checkpoint names kept: `gate.weight` [E, H], `experts.E.{gate,up,down}_proj.weight`,
 `shared_experts.{gate,up,down}_proj.weight` (DeepSeek only); `make_router` picks the router from the MoEConfig's
@@ -10,10 +11,13 @@ ids [N, k] int64).
   near-equal scores): `s = sigmoid(x @ gate^T)`; choose with `s + bias`: when n_group > 1 a group scores the sum of
   its top-2 biased scores and only the best `topk_group` groups stay eligible; take the top-k eligible experts; their
   weights are the *unbiased* `s`, divided by their sum when `norm_topk_prob`, times `routed_scaling_factor`.
-- `SoftmaxTopKRouter` (Qwen3-MoE: softmax / greedy): the logits `x @ gate^T` in the model's dtype (`gate.weight`
-  follows `.to(dtype)`, as in transformers and vLLM), then in float32 `p = softmax(logits)`, the top-k of `p`,
-  divided by their sum when `norm_topk_prob`, times `routed_scaling_factor` (1 for Qwen). transformers casts these
-  weights to the model's dtype before weighting the experts; here they stay float32 (the same in float32 parity).
+- `SoftmaxTopKRouter` (Qwen3-MoE, DeepSeek-V2: softmax / greedy; DeepSeek-V2: softmax / group_limited_greedy): the
+  logits `x @ gate^T` in the model's dtype (`gate.weight` follows `.to(dtype)`, as in transformers and vLLM), or in
+  float32 with a float32 `gate.weight` when the config says `router_float32` (DeepSeek-V2, as transformers'
+  DeepseekV2TopkRouter), then in float32 `p = softmax(logits)`; group_limited_greedy keeps the `topk_group` groups
+  of the largest single `p` eligible (the others' `p` set to 0); the top-k of `p`, divided by their sum when
+  `norm_topk_prob`, times `routed_scaling_factor` (1 for Qwen). transformers casts these weights to the model's
+  dtype before weighting the experts; here they stay float32 (the same in float32 parity).
 On CUDA `engine.transforms.use_router_kernel` sets `fused`: both routers then compute their logits as above and the
 rest in one Triton kernel (layers/router_kernel.py; ties pick the lower expert id); `use_gemv_kernel` sets
 `logits_rows` and `logits_max_rows`, through which steps of a few rows compute the logits (layers/gemv_kernel.py:
@@ -101,7 +105,8 @@ class NoAuxRouter(nn.Module):
 
 
 class SoftmaxTopKRouter(nn.Module):
-    """softmax / greedy top-k router (Qwen3-MoE); checkpoint name `gate`. Returns (weights [N, k] fp32, ids [N, k])."""
+    """softmax top-k router (Qwen3-MoE, DeepSeek-V2: greedy; DeepSeek-V2's group_limited_greedy); checkpoint name
+    `gate`. Returns (weights [N, k] fp32, ids [N, k])."""
 
     fused = False  # engine.transforms.use_router_kernel: the selection after the logits as one Triton kernel
     logits_rows: RowsKernel | None = None  # engine.transforms.use_gemv_kernel: the logits of few-row steps
@@ -109,19 +114,36 @@ class SoftmaxTopKRouter(nn.Module):
 
     def __init__(self, hidden_size: int, moe: MoEConfig) -> None:
         super().__init__()
-        if moe.n_group > 1:
-            raise ConfigError(f"softmax routing within {moe.n_group} expert groups (DeepSeek-V2's "
-                              "group_limited_greedy) is not implemented")
+        self.n_group = moe.n_group if moe.topk_method == "group_limited_greedy" else 1  # greedy ignores groups
+        if moe.n_routed_experts % self.n_group:
+            raise ConfigError(f"{moe.n_routed_experts} experts do not split into {moe.n_group} groups")
+        self.topk_group = moe.topk_group
         self.num_experts, self.top_k = moe.n_routed_experts, moe.num_experts_per_tok
         self.norm_topk_prob, self.scaling = moe.norm_topk_prob, moe.routed_scaling_factor
-        self.weight = nn.Parameter(torch.empty(self.num_experts, hidden_size))  # the model's dtype, as a Linear's
+        self.float32 = moe.router_float32
+        # the model's dtype, as a Linear's (Qwen3); float32 under any `.to(dtype)` for DeepSeek-V2 (`_apply`)
+        self.weight = nn.Parameter(torch.empty(self.num_experts, hidden_size,
+                                               dtype=torch.float32 if self.float32 else None))
         nn.init.normal_(self.weight, std=0.02)  # a usable random router when nothing is loaded (tiny test models)
 
+    def _apply(self, fn, recurse: bool = True):  # type: ignore[no-untyped-def]
+        super()._apply(fn, recurse)
+        if self.float32 and self.weight.is_floating_point() and self.weight.dtype != torch.float32:
+            self.weight.data = self.weight.data.float()  # moves follow fn; the dtype stays float32
+        return self
+
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = _logits(self, x)  # [N, E] in x's dtype, as transformers' and vLLM's gate computes them
+        # [N, E] logits: in x's dtype as transformers' and vLLM's Qwen3 gate computes them; DeepSeek-V2's in float32
+        logits = _logits(self, x.float() if self.float32 else x)
         if self.fused:
             return route(logits, self.top_k, False, None, 1, 1, self.norm_topk_prob, self.scaling)
         probs = torch.softmax(logits.float(), dim=-1)  # [N, E] float32
+        if self.n_group > 1:  # group_limited_greedy: the topk_group groups of the largest single score stay eligible
+            N = probs.shape[0]
+            grouped = probs.view(N, self.n_group, -1)
+            keep = grouped.amax(-1).topk(self.topk_group, dim=-1).indices  # [N, topk_group]
+            allowed = torch.zeros(N, self.n_group, dtype=torch.bool, device=probs.device).scatter_(1, keep, True)
+            probs = probs.masked_fill(~allowed[:, :, None].expand_as(grouped).reshape(N, -1), 0.0)
         weights, ids = probs.topk(self.top_k, dim=-1)  # [N, k] each
         if self.norm_topk_prob:
             weights = weights / weights.sum(-1, keepdim=True)  # softmax values: the sum is > 0
@@ -132,6 +154,7 @@ class SoftmaxTopKRouter(nn.Module):
 ROUTERS: dict[tuple[str, str], type[nn.Module]] = {
     ("sigmoid", "noaux_tc"): NoAuxRouter,
     ("softmax", "greedy"): SoftmaxTopKRouter,
+    ("softmax", "group_limited_greedy"): SoftmaxTopKRouter,
 }
 
 

@@ -1,4 +1,8 @@
-"""DeepSeek-V3 (and Kimi-K2.5's language model): MLA attention, noaux_tc MoE, RMSNorm, YaRN RoPE.
+"""DeepSeek-V3 (and Kimi-K2.5's language model), and DeepSeek-V2 (-Lite): MLA attention, MoE, RMSNorm, YaRN RoPE.
+
+DeepSeek-V2 is V3's layers with another router (softmax scores, greedy or group_limited_greedy top-k, weights not
+normalised, in float32: `MoEConfig.from_hf` for model_type deepseek_v2) and no correction bias; its checkpoint names
+are V3's, so `DeepseekV2ForCausalLM` is this class under V2's name.
 
 Layer i is pre-norm: `h += self_attn(input_layernorm(h))`, `h += mlp(post_attention_layernorm(h))`, where `mlp` is a
 dense SwiGLU (`intermediate_size`) for i < `first_k_dense_replace` and the MoE (`layers/moe.py`) after. RoPE covers
@@ -90,3 +94,7 @@ class DeepseekV3ForCausalLM(DecoderOnlyLM):
             self.lm_head.weight = self.model.embed_tokens.weight
         mtp = rf"^(?:.*\.)?layers\.{at_least_regex(config.num_hidden_layers)}\."
         self.checkpoint_ignore = type(self).checkpoint_ignore + (mtp,)
+
+
+class DeepseekV2ForCausalLM(DeepseekV3ForCausalLM):
+    """DeepSeek-V2 / V2-Lite (`architectures: ["DeepseekV2ForCausalLM"]`): V3's model; the router is the config's."""
