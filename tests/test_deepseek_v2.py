@@ -27,12 +27,13 @@ CASES = {
     "lite_greedy": dict(COMMON, n_routed_experts=8, num_experts_per_tok=3, n_shared_experts=2, first_k_dense_replace=1,
                         q_lora_rank=None, topk_method="greedy", routed_scaling_factor=1.0,
                         rope_parameters=dict(rope_type="default", rope_theta=10000.0)),
-    # V2's: group_limited_greedy over 4 groups (2 kept), q LoRA, a routed scaling, YaRN past the original 16 positions
+    # V2: group_limited_greedy over 4 groups (2 kept), q LoRA, a routed scaling, YaRN past the original 16 positions
+    # with V2-Lite's mscale 0.707
     "grouped_yarn": dict(COMMON, n_routed_experts=8, num_experts_per_tok=3, n_shared_experts=1,
                          first_k_dense_replace=0, q_lora_rank=24, topk_method="group_limited_greedy", n_group=4,
                          topk_group=2, routed_scaling_factor=2.5,
                          rope_parameters=dict(rope_type="yarn", factor=40.0, original_max_position_embeddings=16,
-                                              mscale=1.0, mscale_all_dim=1.0, beta_fast=32, beta_slow=1,
+                                              mscale=0.707, mscale_all_dim=0.707, beta_fast=32, beta_slow=1,
                                               rope_theta=10000.0)),
 }
 
