@@ -2,10 +2,10 @@
 
     python benchmarks/moe_graphs_check.py [--part all|check|layer|model] [--new 64] [--shape qwen3-30b-a3b]
 
-check: tiny random Qwen3-MoE and DeepSeek-V3 targets in float32 on the device: the eager engine with the per-expert
-  loop (no graphs) against the prepared one (grouped kernels, CUDA graphs): plain greedy and speculation with a
-  random drafter (chain 3,1,4 and tree 3,2,6) must give the same tokens, also with hidden size 1,536 (its one-row
-  projections and router logits through the GEMV kernel); and `grouped_experts` against the eager loop at
+check: tiny random Qwen3-MoE, DeepSeek-V3 and DeepSeek-V2 targets in float32 on the device: the eager engine with
+  the per-expert loop (no graphs) against the prepared one (grouped kernels, CUDA graphs; MLA's attention and RoPE
+  kernels): plain greedy and speculation with a random drafter (chain 3,1,4 and tree 3,2,6) must give the same
+  tokens, also with hidden size 1,536 (its one-row projections and router logits through the GEMV kernel); and `grouped_experts` against the eager loop at
   Qwen3-30B-A3B's layer shape in bf16 (max error relative to the output's largest value).
 layer: the block layout by pairs (one program against the sort), then one MoE layer's routed experts, bf16, random
   routing: the eager loop against `grouped_experts` replayed from a CUDA graph, for N tokens (k = 8 pairs each),
@@ -47,7 +47,7 @@ def tiny_target(arch: str, wide: bool = False) -> torch.nn.Module:
     o_proj, MLA projections and router logits take the GEMV kernel (transforms.GEMV_MIN_K)."""
     d = _tiny_config(arch)
     if wide:
-        d.update(hidden_size=1536, num_attention_heads=12, num_key_value_heads=12 if arch == "deepseek_v3" else 4)
+        d.update(hidden_size=1536, num_attention_heads=12, num_key_value_heads=4 if arch == "qwen3_moe" else 12)
         d["head_dim" if arch == "qwen3_moe" else "v_head_dim"] = 128
     cfg = ModelConfig.from_hf(d)
     model = get_model_class(cfg.architecture)(cfg).eval()
@@ -77,6 +77,9 @@ def _tiny_config(arch: str) -> dict:
                  n_routed_experts=16, num_experts_per_tok=4, n_group=4, topk_group=2, first_k_dense_replace=1,
                  q_lora_rank=48, max_position_embeddings=1024, rope_theta=10000.0, norm_topk_prob=True,
                  topk_method="noaux_tc", scoring_func="sigmoid")
+        if arch == "deepseek_v2":  # V3's layers, V2's router: group-limited softmax (PyTorch's on the graph path)
+            d.update(architectures=["DeepseekV2ForCausalLM"], model_type="deepseek_v2", scoring_func="softmax",
+                     topk_method="group_limited_greedy", norm_topk_prob=False)
     return d
 
 
@@ -101,7 +104,8 @@ def part_check() -> None:
     params = SamplingParams(max_new_tokens=48, ignore_eos=True)
     print("| target | run | answers equal to the eager loop's (3) | verify steps |")
     print("| --- | --- | --- | ---: |")
-    for arch, wide in (("qwen3_moe", False), ("deepseek_v3", False), ("qwen3_moe", True), ("deepseek_v3", True)):
+    for arch, wide in (("qwen3_moe", False), ("deepseek_v3", False), ("deepseek_v2", False), ("qwen3_moe", True),
+                       ("deepseek_v3", True)):
         target = tiny_target(arch, wide)
         cfg = EngineConfig(max_batch_size=4)
         ref = [o.token_ids for o in Engine(target, None, EngineConfig(max_batch_size=4, cuda_graphs=False))
