@@ -6,7 +6,8 @@ check: tiny random Qwen3-MoE, DeepSeek-V3 and DeepSeek-V2 targets in float32 on 
   the per-expert loop (no graphs) against the prepared one (grouped kernels, CUDA graphs; MLA's attention and RoPE
   kernels): plain greedy and speculation with a random drafter (chain 3,1,4 and tree 3,2,6) must give the same
   tokens, also with hidden size 1,536 (its one-row projections and router logits through the GEMV kernel); and
-  `grouped_experts` against the eager loop at Qwen3-30B-A3B's layer shape in bf16 (max error relative to the output's largest value).
+  `grouped_experts` against the eager loop at Qwen3-30B-A3B's layer shape in bf16 (max error relative to the
+  output's largest value).
 layer: the block layout by pairs (one program against the sort), then one MoE layer's routed experts, bf16, random
   routing: the eager loop against `grouped_experts` replayed from a CUDA graph, for N tokens (k = 8 pairs each),
   and the bytes of the distinct experts chosen over that time (Qwen3's one-token layer fits the 50 MB L2: read warm);
