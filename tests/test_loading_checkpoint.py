@@ -314,6 +314,7 @@ def test_a_model_larger_than_the_devices_free_memory_is_refused_before_loading(u
     cuda = torch.device("cuda")
     moved = []
     monkeypatch.setattr(ck, "resolve_device", lambda device: cuda)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))  # an H100: bf16
     monkeypatch.setattr(ck, "load_weights", lambda *a: moved.append(a))
     monkeypatch.setattr(device_memory, "free_memory", lambda device: (1000, 80 << 30))
     monkeypatch.setattr(device_memory, "room", lambda device: 1000)  # free, and PyTorch's cache unused
@@ -326,3 +327,33 @@ def test_a_model_larger_than_the_devices_free_memory_is_refused_before_loading(u
     monkeypatch.setattr(device_memory, "room", lambda device: 2 * params)  # exactly the bf16 weights
     ck.check_device_room(meta, cuda, folder)
     ck.check_device_room(meta, torch.device("cpu"), folder)  # the host's memory is not checked
+
+
+def test_gpus_without_bfloat16_take_float16_or_say_why_not(untied, monkeypatch):
+    """A GPU of compute capability < 8 (T4, V100): "auto" gives a bfloat16 config float16 (and bench's auto too); an
+    explicit bfloat16 is a ConfigError naming the GPU and what to use; Ampere and later keep bfloat16."""
+    import dataclasses
+
+    from eaglespec.bench.setup import resolve_placement
+    from eaglespec.loading.checkpoint import resolve_dtype
+
+    cfg = load_config(untied[0])
+    cuda = torch.device("cuda")
+    bf16_cfg = dataclasses.replace(cfg, torch_dtype="bfloat16")
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla T4")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    for capability, auto in (((7, 5), torch.float16), ((8, 0), torch.bfloat16), ((9, 0), torch.bfloat16)):
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+        assert resolve_dtype("auto", cuda, bf16_cfg) == auto and resolve_dtype(None, cuda, bf16_cfg) == auto
+        assert resolve_placement("cuda", "auto") == (cuda, auto)
+        assert resolve_dtype("float16", cuda, bf16_cfg) == torch.float16
+        assert resolve_dtype("float32", cuda, bf16_cfg) == torch.float32
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))
+    for ask in ("bfloat16", torch.bfloat16):
+        with pytest.raises(ConfigError, match=r"cuda \(Tesla T4, compute capability 7\.5\) has no bfloat16 "
+                                              r"arithmetic: use --dtype float16 or float32"):
+            resolve_dtype(ask, cuda, bf16_cfg)
+    with pytest.raises(ConfigError, match="has no bfloat16 arithmetic"):
+        resolve_placement("cuda", "bfloat16")
+    assert resolve_dtype("bfloat16", torch.device("cpu"), bf16_cfg) == torch.bfloat16  # the CPU: PyTorch's own bf16

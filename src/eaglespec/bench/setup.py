@@ -1,7 +1,8 @@
 """From command-line values to what the suite runs: the model, the prompts, the configurations.
 
 Contract:
-- `resolve_placement(device, dtype)` -> (torch device, torch dtype); dtype "auto" is bf16 on CUDA, float32 elsewhere.
+- `resolve_placement(device, dtype)` -> (torch device, torch dtype); dtype "auto" is bf16 on CUDA (float16 on GPUs
+  without bf16), float32 elsewhere.
 - `load_bench_model(model, random_weights, device, dtype, seed, fuse, compile)` -> `BenchModel`: a checkpoint (None:
   the embedded SmolLM2) through `load_model`, or a random-weights model of a shape (random_model.py), with the
   engine's inference transforms applied as `api.load` does. Its `hf_source` is what `--peer hf` loads: the same file
@@ -30,7 +31,7 @@ from ..assets import default_drafter_path
 from ..config import SpecConfig, parse_ints
 from ..spec_schedule import SpecSchedule, parse_spec
 from ..errors import ConfigError
-from ..loading.checkpoint import load_model, resolve_device
+from ..loading.checkpoint import computable, has_bfloat16, load_model, resolve_device
 from ..loading.default import default_model_path
 from .datasets import PromptItem, encode, load_prompt_set, random_prompts
 from .drafters import ORACLE, RANDOM, drafter_label
@@ -53,9 +54,11 @@ def parse_bench_spec(text: str) -> SpecConfig | SpecSchedule | str:
 
 def resolve_placement(device: str, dtype: str) -> tuple[torch.device, torch.dtype]:
     dev = resolve_device(device)
-    if dtype == "auto":
-        return dev, torch.bfloat16 if dev.type == "cuda" else torch.float32
-    return dev, getattr(torch, dtype)
+    if dtype == "auto":  # bf16 on CUDA (float16 on a GPU without it, as `resolve_dtype`), float32 elsewhere
+        if dev.type != "cuda":
+            return dev, torch.float32
+        return dev, torch.bfloat16 if has_bfloat16(dev) else torch.float16
+    return dev, computable(getattr(torch, dtype), dev)
 
 
 def load_bench_model(model: str | None, random_weights: str | None, device: torch.device, dtype: torch.dtype,

@@ -13,13 +13,14 @@ Contract of `load_model(path, device, dtype)`:
 4. re-tie shared parameters (tied embeddings: a checkpoint without `lm_head.weight` is fine), materialize the
    non-persistent buffers and let `reset_buffers()` recompute them (RoPE frequencies), freeze, `eval()`.
 Before any weight is read, a CUDA device whose free memory (`device_memory.room`) is smaller than the weights' bytes
-in that dtype raises `DeviceMemoryError` saying both (`check_device_room`: a raw out-of-memory error would come minutes into the load).
+in that dtype raises `DeviceMemoryError` saying both (`check_device_room`: a raw out-of-memory error would come
+minutes into the load).
 Missing, unexpected or mis-shaped weights raise `CheckpointError` naming a few of them and the checkpoint. A class may
 list `checkpoint_optional` (regexes): such weights may be absent and then stay on the meta device for the caller to
 set (a drafter's lm_head shared with its target, say).
 
 `path=None` loads the embedded default (SmolLM2-135M-Instruct GGUF). `dtype=None` is float32 on the CPU and the
-config's `torch_dtype` (when it is a float type) elsewhere.
+config's `torch_dtype` (when it is a float type) elsewhere, float16 for a bfloat16 config on a GPU without bfloat16.
 """
 
 from __future__ import annotations
@@ -147,19 +148,39 @@ def resolve_device(device: torch.device | str) -> torch.device:
     return dev
 
 
+def has_bfloat16(device: torch.device) -> bool:
+    """Whether a device computes in bfloat16 natively: CUDA GPUs of compute capability 8 (Ampere) and later; not a
+    CUDA device: yes (the CPU's bf16 is PyTorch's own)."""
+    return device.type != "cuda" or torch.cuda.get_device_capability(device)[0] >= 8
+
+
 def resolve_dtype(dtype: torch.dtype | str | None, device: torch.device, config: ModelConfig) -> torch.dtype:
-    """The model dtype: the one asked for, else float32 on the CPU and the config's float torch_dtype elsewhere."""
+    """The model dtype: the one asked for, else float32 on the CPU and the config's float torch_dtype elsewhere. A
+    GPU without bfloat16 (compute capability < 8: T4, V100) takes float16 for a bfloat16 config (as vLLM does; the
+    Triton kernels' bf16 products need Ampere), and refuses an explicit bfloat16 with a ConfigError."""
     if isinstance(dtype, torch.dtype):
         if not dtype.is_floating_point:
             raise ConfigError(f"the model dtype must be a float type (got {dtype})")
-        return dtype
-    if dtype not in (None, "auto"):
+        chosen = dtype
+    elif dtype not in (None, "auto"):
         if dtype not in _FLOAT_DTYPES:
             raise ConfigError(f"dtype must be one of auto, float32, bfloat16, float16 (got {dtype!r})")
-        return _FLOAT_DTYPES[dtype]
-    if device.type == "cpu":
+        chosen = _FLOAT_DTYPES[dtype]
+    elif device.type == "cpu":
         return torch.float32
-    return _FLOAT_DTYPES.get(str(config.torch_dtype).removeprefix("torch."), torch.float32)
+    else:
+        auto = _FLOAT_DTYPES.get(str(config.torch_dtype).removeprefix("torch."), torch.float32)
+        return torch.float16 if auto == torch.bfloat16 and not has_bfloat16(device) else auto
+    return computable(chosen, device)
+
+
+def computable(dtype: torch.dtype, device: torch.device) -> torch.dtype:
+    """`dtype`, or a ConfigError when the device cannot compute in it (bfloat16 before Ampere)."""
+    if dtype == torch.bfloat16 and not has_bfloat16(device):
+        major, minor = torch.cuda.get_device_capability(device)
+        raise ConfigError(f"{device} ({torch.cuda.get_device_name(device)}, compute capability {major}.{minor}) has "
+                          "no bfloat16 arithmetic: use --dtype float16 or float32")
+    return dtype
 
 
 @contextmanager
