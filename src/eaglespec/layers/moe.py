@@ -18,8 +18,8 @@ ids [N, k] int64).
   of the largest single `p` eligible (the others' `p` set to 0); the top-k of `p`, divided by their sum when
   `norm_topk_prob`, times `routed_scaling_factor` (1 for Qwen). transformers casts these weights to the model's
   dtype before weighting the experts; here they stay float32 (the same in float32 parity).
-On CUDA `engine.transforms.use_router_kernel` sets `fused`: both routers then compute their logits as above and the
-rest in one Triton kernel (layers/router_kernel.py; ties pick the lower expert id); `use_gemv_kernel` sets
+On CUDA `engine.transforms.use_router_kernel` sets `fused` (not for a group-limited softmax router): the router then
+computes its logits as above and the rest in one Triton kernel (layers/router_kernel.py; ties pick the lower expert id); `use_gemv_kernel` sets
 `logits_rows` and `logits_max_rows`, through which steps of a few rows compute the logits (layers/gemv_kernel.py:
 float32 accumulation either way; on an H100 cuBLAS took 4.9 us for Qwen3's 128 x 2048 gate at 1-4 rows, the GEMV
 kernel 1.5-2.3).
