@@ -19,10 +19,10 @@ ids [N, k] int64).
   `norm_topk_prob`, times `routed_scaling_factor` (1 for Qwen). transformers casts these weights to the model's
   dtype before weighting the experts; here they stay float32 (the same in float32 parity).
 On CUDA `engine.transforms.use_router_kernel` sets `fused` (not for a group-limited softmax router): the router then
-computes its logits as above and the rest in one Triton kernel (layers/router_kernel.py; ties pick the lower expert id); `use_gemv_kernel` sets
-`logits_rows` and `logits_max_rows`, through which steps of a few rows compute the logits (layers/gemv_kernel.py:
-float32 accumulation either way; on an H100 cuBLAS took 4.9 us for Qwen3's 128 x 2048 gate at 1-4 rows, the GEMV
-kernel 1.5-2.3).
+computes its logits as above and the rest in one Triton kernel (layers/router_kernel.py; ties pick the lower expert
+id); `use_gemv_kernel` sets `logits_rows` and `logits_max_rows`, through which steps of a few rows compute the logits
+(layers/gemv_kernel.py: float32 accumulation either way; on an H100 cuBLAS took 4.9 us for Qwen3's 128 x 2048 gate at
+1-4 rows, the GEMV kernel 1.5-2.3).
 
 Eagerly, experts run per expert over the tokens routed to it: the (token, expert) pairs are sorted by expert, each
 expert with tokens runs once on its contiguous slice, and the weighted outputs are scattered back with `index_add_`
