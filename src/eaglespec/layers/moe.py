@@ -35,6 +35,8 @@ expert's parameters become views into them): the routed experts then run as `lay
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 from torch import nn
 
@@ -52,6 +54,24 @@ def _logits(router: nn.Module, x: torch.Tensor) -> torch.Tensor:
     if router.logits_rows is not None and x.shape[0] <= router.logits_max_rows:
         return router.logits_rows(x, router.weight)
     return x @ router.weight.t()
+
+
+def _keep_float32(*params: nn.Parameter) -> None:
+    """After a `.to()` / `_apply`: float parameters moved back to float32 (moves follow; the dtype does not)."""
+    for p in params:
+        if p.is_floating_point() and p.dtype != torch.float32:
+            p.data = p.data.float()
+
+
+def _limit_groups(choice: torch.Tensor, n_group: int, topk_group: int,
+                  group_score: Callable[[torch.Tensor], torch.Tensor], fill: float) -> torch.Tensor:
+    """choice [N, E] with the experts outside the `topk_group` best of `n_group` equal groups set to `fill`; a group's
+    score is `group_score` of its choices [N, G, E/G] -> [N, G]."""
+    N = choice.shape[0]
+    grouped = choice.view(N, n_group, -1)
+    keep = torch.zeros(N, n_group, dtype=torch.bool, device=choice.device)
+    keep.scatter_(1, group_score(grouped).topk(topk_group, dim=-1).indices, True)
+    return choice.masked_fill(~keep[:, :, None].expand_as(grouped).reshape(N, -1), fill)
 
 
 class NoAuxRouter(nn.Module):
@@ -78,9 +98,7 @@ class NoAuxRouter(nn.Module):
 
     def _apply(self, fn, recurse: bool = True):  # type: ignore[no-untyped-def]
         super()._apply(fn, recurse)
-        for p in (self.weight, self.e_score_correction_bias):  # moves follow fn; dtype stays float32
-            if p.is_floating_point() and p.dtype != torch.float32:
-                p.data = p.data.float()
+        _keep_float32(self.weight, self.e_score_correction_bias)
         return self
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -90,13 +108,9 @@ class NoAuxRouter(nn.Module):
                          self.norm_topk_prob, self.scaling)
         scores = torch.sigmoid(logits)  # [N, E]
         choice = scores + self.e_score_correction_bias.float()  # [N, E] biased, for choosing only
-        if self.n_group > 1:
-            N = x.shape[0]
-            grouped = choice.view(N, self.n_group, -1)  # [N, G, E/G]
-            group_scores = grouped.topk(min(2, grouped.shape[-1]), dim=-1).values.sum(-1)  # [N, G]
-            keep = torch.zeros_like(group_scores, dtype=torch.bool)
-            keep.scatter_(1, group_scores.topk(self.topk_group, dim=-1).indices, True)
-            choice = choice.masked_fill(~keep[:, :, None].expand_as(grouped).reshape(N, -1), float("-inf"))
+        if self.n_group > 1:  # a group scores the sum of its two largest biased scores
+            choice = _limit_groups(choice, self.n_group, self.topk_group,
+                                   lambda g: g.topk(min(2, g.shape[-1]), dim=-1).values.sum(-1), float("-inf"))
         ids = choice.topk(self.top_k, dim=-1).indices  # [N, k]
         weights = scores.gather(1, ids)  # [N, k] unbiased
         if self.norm_topk_prob:
@@ -128,8 +142,8 @@ class SoftmaxTopKRouter(nn.Module):
 
     def _apply(self, fn, recurse: bool = True):  # type: ignore[no-untyped-def]
         super()._apply(fn, recurse)
-        if self.float32 and self.weight.is_floating_point() and self.weight.dtype != torch.float32:
-            self.weight.data = self.weight.data.float()  # moves follow fn; the dtype stays float32
+        if self.float32:
+            _keep_float32(self.weight)
         return self
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -138,12 +152,8 @@ class SoftmaxTopKRouter(nn.Module):
         if self.fused:
             return route(logits, self.top_k, False, None, 1, 1, self.norm_topk_prob, self.scaling)
         probs = torch.softmax(logits.float(), dim=-1)  # [N, E] float32
-        if self.n_group > 1:  # group_limited_greedy: the topk_group groups of the largest single score stay eligible
-            N = probs.shape[0]
-            grouped = probs.view(N, self.n_group, -1)
-            keep = grouped.amax(-1).topk(self.topk_group, dim=-1).indices  # [N, topk_group]
-            allowed = torch.zeros(N, self.n_group, dtype=torch.bool, device=probs.device).scatter_(1, keep, True)
-            probs = probs.masked_fill(~allowed[:, :, None].expand_as(grouped).reshape(N, -1), 0.0)
+        if self.n_group > 1:  # group_limited_greedy: a group scores its largest single probability
+            probs = _limit_groups(probs, self.n_group, self.topk_group, lambda g: g.amax(-1), 0.0)
         weights, ids = probs.topk(self.top_k, dim=-1)  # [N, k] each
         if self.norm_topk_prob:
             weights = weights / weights.sum(-1, keepdim=True)  # softmax values: the sum is > 0
