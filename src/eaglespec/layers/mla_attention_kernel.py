@@ -38,13 +38,12 @@ effect.
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 
 from .block_size import pow2
 from .norm_linear_dot_kernel import shared_limit
-from .pdl import launch_options
+from .pdl import interpreted, launch_options
 
 MAX_QUERY_TOKENS = 64  # T: a tree verify of up to 64 tokens; longer steps keep the eager path (SDPA)
 BLOCK_Q = 16  # query rows per program (tl.dot's least M): an H = 64 decode step is 4 tiles
@@ -73,10 +72,6 @@ def block_kv(R: int, P: int, itemsize: int, limit: int | None) -> int | None:
     while limit is not None and bkv >= 16 and (BLOCK_Q * R + 2 * bkv * R + bkv * P + BLOCK_Q * bkv) * itemsize > limit:
         bkv //= 2
     return bkv if bkv >= 16 else None
-
-
-def _interpreted() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 @functools.cache
@@ -212,7 +207,7 @@ def mla_attention(q_lat: torch.Tensor, q_pe: torch.Tensor, cache: torch.Tensor, 
                             *q_lat.stride()[:3], *q_pe.stride()[:3], cache.stride(0), cache.stride(1),
                             mask.stride(0), mask.stride(1), float(scale),
                             NB_PER=per, R=R, P=P, BLOCK_Q=BLOCK_Q, BLOCK_KV=bkv,
-                            IEEE=q_lat.dtype == torch.float32, UPCAST=_interpreted() and q_lat.dtype != torch.float32,
+                            IEEE=q_lat.dtype == torch.float32, UPCAST=interpreted() and q_lat.dtype != torch.float32,
                             num_warps=WARPS, **launch_options(q_lat))
     # NB_PER and SP constexpr powers of two: a build per doubling of a step's length, not per length
     combine[(B * TH,)](m_part, l_part, o_part, out, TH, nsplit, R=R, SP=pow2(nsplit, 2), num_warps=4,

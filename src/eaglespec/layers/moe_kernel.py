@@ -36,19 +36,14 @@ CPU tests) takes effect.
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 
 from .block_size import pow2
 from .norm_linear_dot_kernel import shared_limit
-from .pdl import launch_options
+from .pdl import interpreted, launch_options
 
 USE_PDL = True  # False: the kernels launch without PDL (the benchmarks' A/B through with_setting.py)
-
-
-def _pdl(t: torch.Tensor) -> dict:
-    return launch_options(t) if USE_PDL else {"PDL": False}
 
 
 def max_blocks(pairs: int, num_experts: int, block_m: int) -> int:
@@ -205,12 +200,8 @@ def expert_blocks(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[to
     if blocks:
         _kernels()[0][(1,)](ids.reshape(-1).contiguous(), pairs, block_expert, P, blocks, BLOCK_M=block_m,
                             EP=pow2(num_experts, 16), PP=pow2(P, 16), BP=pow2(blocks, 16),
-                            SP=pow2(blocks * block_m, 16), num_warps=8, **_pdl(ids))
+                            SP=pow2(blocks * block_m, 16), num_warps=8, **launch_options(ids, USE_PDL))
     return pairs, block_expert
-
-
-def _interpreted() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 # (BLOCK_N, BLOCK_K, num_warps, num_stages) by the GEMM's input width: the best of session 54's sweep on an H100
@@ -258,8 +249,9 @@ def _grouped_gemm(a: torch.Tensor, w: torch.Tensor, pairs: torch.Tensor, block_e
         _kernels()[1][grid](a, w, out, pairs, block_expert, scale if scale is not None else out, P, N, a.stride(0),
                             w.stride(0), w.stride(1), out.stride(0), N if gated else 0, K=K, A_DIV=a_div,
                             GATED=gated, SCALE=scale is not None, IEEE=w.dtype == torch.float32,
-                            UPCAST=_interpreted() and w.dtype != torch.float32, BLOCK_M=block_m,
-                            BLOCK_N=BN, BLOCK_K=min(BK, pow2(K, 16)), num_warps=warps, num_stages=stages, **_pdl(a))
+                            UPCAST=interpreted() and w.dtype != torch.float32, BLOCK_M=block_m,
+                            BLOCK_N=BN, BLOCK_K=min(BK, pow2(K, 16)), num_warps=warps, num_stages=stages,
+                            **launch_options(a, USE_PDL))
     return out
 
 
@@ -276,7 +268,7 @@ def sum_pairs(y: torch.Tensor, n_tokens: int, k: int, dtype: torch.dtype,
     if n_tokens and H:
         _kernels()[2][(n_tokens, -(-H // SUM_BLOCK))](y, out, add.contiguous() if add is not None else out, H,
                                                       K_PAIRS=k, ADD=add is not None, BLOCK=SUM_BLOCK,
-                                                      **_pdl(y))
+                                                      **launch_options(y, USE_PDL))
     return out
 
 

@@ -27,11 +27,10 @@ interpreter, whose bf16 tl.dot is wrong, as exact float32 products). Built on fi
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 
-from .pdl import launch_options
+from .pdl import interpreted, launch_options
 
 
 _product = None  # the kernel's helper, bound when the kernel is built
@@ -175,7 +174,7 @@ def _device_shared_limit(index: int) -> int:
 def shared_limit(device: torch.device) -> int | None:
     """The shared memory a block may opt into on `device` (bytes; what Triton checks a launch against), None off
     CUDA or under Triton's interpreter."""
-    if device.type != "cuda" or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+    if device.type != "cuda" or interpreted():
         return None
     return _device_shared_limit(device.index if device.index is not None else torch.cuda.current_device())
 
@@ -196,5 +195,5 @@ def launch(h2: torch.Tensor, d2: torch.Tensor | None, nw: torch.Tensor | None, w
     grid = ((N + bn - 1) // bn, (M + bm - 1) // bm)
     _kernel()[grid](h2, d2 if d2 is not None else h2, nw if norm else h2, w, h_out, y, M, N, eps,
                     K=K, HAS_D=d2 is not None, GATED=gated, NORM=norm, BLOCK_M=bm, BLOCK_N=bn, BK1=bk1, BK2=bk2,
-                    IEEE=h2.dtype == torch.float32 or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"),
+                    IEEE=h2.dtype == torch.float32 or interpreted(),
                     num_warps=warps, **launch_options(h2))

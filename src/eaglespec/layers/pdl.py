@@ -16,11 +16,13 @@ Contract for a kernel that takes `PDL: tl.constexpr`:
 Kernels without PDL (PyTorch's, cuBLAS) keep full stream order: they start after everything before them completes,
 and a PDL kernel after one of them starts early only by its launch, not by its body.
 
-`launch_options(t) -> dict`: the keyword arguments for a launch whose tensors live on t's device: `{"PDL": True,
-"launch_pdl": True}` on CUDA devices of compute capability >= 9 when enabled, else `{"PDL": False}` (CPU, the
-interpreter of the CPU tests, older GPUs). Enabled unless `ENABLED` is set False or the environment holds
-`EAGLESPEC_PDL=0` (read once, at the first launch): the GPU benchmarks compare both in one process by setting ENABLED
-before they build an engine (a captured graph keeps what it captured).
+`launch_options(t, allow=True) -> dict`: the keyword arguments for a launch whose tensors live on t's device:
+`{"PDL": True, "launch_pdl": True}` on CUDA devices of compute capability >= 9 when enabled and `allow`ed (a module's
+own switch for the benchmarks' A/B), else `{"PDL": False}` (CPU, the interpreter of the CPU tests, older GPUs).
+Enabled unless `ENABLED` is set False or the environment holds `EAGLESPEC_PDL=0` (read once, at the first launch):
+the GPU benchmarks compare both in one process by setting ENABLED before they build an engine (a captured graph keeps
+what it captured).
+`interpreted()`: whether Triton's interpreter runs the kernels (the kernels' launchers ask it too).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ ENABLED: bool | None = None  # None: from EAGLESPEC_PDL (default on); set True /
 
 @functools.cache
 def _env_enabled() -> bool:
-    return os.environ.get("EAGLESPEC_PDL", "1") != "0" and os.environ.get("TRITON_INTERPRET", "0") in ("", "0")
+    return os.environ.get("EAGLESPEC_PDL", "1") != "0" and not interpreted()
 
 
 @functools.cache
@@ -55,5 +57,10 @@ _ON = {"PDL": True, "launch_pdl": True}
 _OFF = {"PDL": False}
 
 
-def launch_options(t: torch.Tensor) -> dict:
-    return _ON if enabled(t.device) else _OFF
+def launch_options(t: torch.Tensor, allow: bool = True) -> dict:
+    return _ON if allow and enabled(t.device) else _OFF
+
+
+def interpreted() -> bool:
+    """Whether Triton's interpreter runs the kernels (`TRITON_INTERPRET=1`: the CPU tests)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")

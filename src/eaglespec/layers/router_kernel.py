@@ -115,5 +115,5 @@ def route(logits: torch.Tensor, k: int, sigmoid: bool, bias: torch.Tensor | None
         _kernel()[(N,)](logits, bias if bias is not None else logits, weights, ids, E, logits.stride(0),
                         float(scaling), K=k, KP=pow2(k), EP=pow2(E, 16) if G == 1 else E, SIGMOID=sigmoid, G=G,
                         TOPG=topk_group, NORM=norm, num_warps=4 if E > 256 else SMALL_WARPS,
-                        **(launch_options(logits) if USE_PDL else {"PDL": False}))
+                        **launch_options(logits, USE_PDL))
     return weights, ids
