@@ -31,7 +31,7 @@ from ..assets import default_drafter_path
 from ..config import SpecConfig, parse_ints
 from ..spec_schedule import SpecSchedule, parse_spec
 from ..errors import ConfigError
-from ..loading.checkpoint import computable, has_bfloat16, load_model, resolve_device
+from ..loading.checkpoint import auto_dtype, computable, load_model, resolve_device
 from ..loading.default import default_model_path
 from .datasets import PromptItem, encode, load_prompt_set, random_prompts
 from .drafters import ORACLE, RANDOM, drafter_label
@@ -55,9 +55,7 @@ def parse_bench_spec(text: str) -> SpecConfig | SpecSchedule | str:
 def resolve_placement(device: str, dtype: str) -> tuple[torch.device, torch.dtype]:
     dev = resolve_device(device)
     if dtype == "auto":  # bf16 on CUDA (float16 on a GPU without it, as `resolve_dtype`), float32 elsewhere
-        if dev.type != "cuda":
-            return dev, torch.float32
-        return dev, torch.bfloat16 if has_bfloat16(dev) else torch.float16
+        return dev, auto_dtype(torch.bfloat16, dev) if dev.type == "cuda" else torch.float32
     return dev, computable(getattr(torch, dtype), dev)
 
 

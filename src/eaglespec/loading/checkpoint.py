@@ -169,9 +169,13 @@ def resolve_dtype(dtype: torch.dtype | str | None, device: torch.device, config:
     elif device.type == "cpu":
         return torch.float32
     else:
-        auto = _FLOAT_DTYPES.get(str(config.torch_dtype).removeprefix("torch."), torch.float32)
-        return torch.float16 if auto == torch.bfloat16 and not has_bfloat16(device) else auto
+        return auto_dtype(_FLOAT_DTYPES.get(str(config.torch_dtype).removeprefix("torch."), torch.float32), device)
     return computable(chosen, device)
+
+
+def auto_dtype(preferred: torch.dtype, device: torch.device) -> torch.dtype:
+    """`preferred`, or float16 where it is bfloat16 and the device has none (what "auto" picks)."""
+    return torch.float16 if preferred == torch.bfloat16 and not has_bfloat16(device) else preferred
 
 
 def computable(dtype: torch.dtype, device: torch.device) -> torch.dtype:
