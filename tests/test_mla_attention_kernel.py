@@ -19,6 +19,7 @@ from eaglespec.engine.cuda_graphs import GraphCache  # noqa: E402
 from eaglespec.engine.engine import Engine  # noqa: E402
 from eaglespec.engine.transforms import use_mla_kernel  # noqa: E402
 from eaglespec.layers import mla_attention_kernel as mk  # noqa: E402
+from eaglespec.layers.attention import AttentionKernel  # noqa: E402
 from eaglespec.layers.mla import MLAttention  # noqa: E402
 from eaglespec.sampling_params import SamplingParams  # noqa: E402
 
@@ -105,7 +106,7 @@ def test_mla_targets_with_the_kernel_speculate_as_plain(monkeypatch):
     drafter = tiny_drafter(target, seed=1, hidden=target.config.hidden_size)
     use_mla_kernel(target)
     attn = [m for m in target.modules() if isinstance(m, MLAttention)]
-    assert attn and all(m.latent_kernel is mk.mla_attention and m.latent_fits is mk.fits for m in attn)
+    assert attn and all(m.attn_kernel.run is mk.mla_attention and m.attn_kernel.fits is mk.fits for m in attn)
     tokens_seen: set[int] = set()
 
     def spy(q_lat, *args):
@@ -113,7 +114,7 @@ def test_mla_targets_with_the_kernel_speculate_as_plain(monkeypatch):
         return mk.mla_attention(q_lat, *args)
 
     for m in attn:
-        m.latent_kernel = spy
+        m.attn_kernel = AttentionKernel(spy, mk.fits)
     for spec in (None, SpecConfig(steps=3, topk=1, draft_tokens=4), SpecConfig(steps=3, topk=2, draft_tokens=6)):
         eng = Engine(target, None, cfg, drafter=drafter if spec else None, spec=spec)
         eng.runner.graphs = GraphCache(eng.runner, capture=False)
@@ -139,6 +140,6 @@ def test_an_mla_layer_with_the_kernel_equals_its_eager_paths(monkeypatch):
     for kernel, absorb in ((None, True), (None, False), (mk.mla_attention, None)):
         cache = torch.randn(4, S, 48, generator=torch.Generator().manual_seed(1))  # the prefixes' entries
         ctx = ForwardContext(positions=positions, write_index=positions, attn_mask=mask, rows=torch.tensor([3, 0]))
-        attn.latent_kernel, attn.latent_fits, attn.absorb = kernel, mk.fits if kernel else None, absorb
+        attn.attn_kernel, attn.absorb = AttentionKernel(kernel, mk.fits) if kernel else None, absorb
         outs.append(attn(x, cos, sin, ctx, [cache]))
     assert torch.allclose(outs[2], outs[0], rtol=1e-5, atol=1e-5) and torch.allclose(outs[2], outs[1], atol=1e-4)

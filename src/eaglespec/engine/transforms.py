@@ -226,11 +226,13 @@ FEW_ROWS_MAX_WEIGHTS = 2 << 20
 def use_mla_kernel(model: nn.Module) -> nn.Module:
     """Every MLA attention's absorbed steps over its cache as layers/mla_attention_kernel.py's kernels (where they
     fit)."""
+    from ..layers.attention import AttentionKernel
     from ..layers.mla_attention_kernel import fits, mla_attention
 
+    kernel = AttentionKernel(mla_attention, fits)
     for m in model.modules():
         if isinstance(m, MLAttention):
-            m.latent_kernel, m.latent_fits = mla_attention, fits
+            m.attn_kernel = kernel
     return model
 
 

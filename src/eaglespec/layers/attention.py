@@ -33,13 +33,15 @@ from .rotary import apply_rotary
 
 @dataclass(frozen=True)
 class AttentionKernel:
-    """An attention over the cache for the shapes it accepts (`GQAAttention.attn_kernel`, set by engine.transforms):
-    `run(q, k_cache, v_cache, rows, mask)` with q [B, T, H, D] after RoPE, the layer's caches (this forward's keys
-    written), rows [B] and mask [B, T, K] (ctx.attn_mask) -> [B, T, H, D]; `fits(B, T, H, Hkv, D, dtype)` says whether
-    it takes a step of that shape and q dtype (other steps use `attend_cached`)."""
+    """An attention over the cache for the shapes it accepts (an attention layer's `attn_kernel`, set by
+    engine.transforms). GQAAttention: `run(q, k_cache, v_cache, rows, mask)` with q [B, T, H, D] after RoPE, the
+    layer's caches (this forward's keys written), rows [B] and mask [B, T, K] (ctx.attn_mask) -> [B, T, H, D];
+    `fits(B, T, H, Hkv, D, dtype)` says whether it takes a step of that shape and q dtype (other steps use
+    `attend_cached`). MLAttention: `run(q_lat, q_pe, cache, rows, mask, scale)` over the latent cache and
+    `fits(T, H, r, rope, dtype, device)` (layers/mla_attention_kernel.py)."""
 
     run: Callable[..., torch.Tensor]
-    fits: Callable[[int, int, int, int, int, torch.dtype], bool]
+    fits: Callable[..., bool]
 
 
 def write_cache(cache: torch.Tensor, new: torch.Tensor, ctx: ForwardContext) -> None:

@@ -22,7 +22,7 @@ Two attention paths, numerically equal up to rounding:
   and attend over the cache itself as one shared KV head: keys `[c, k_pe]`, values `c`.
 
 On CUDA (`engine.transforms.use_mla_kernel`) the absorbed path of a step with a cache runs its attention as
-layers/mla_attention_kernel.py's Triton kernels straight over the cache (`latent_kernel`), for the steps they fit;
+layers/mla_attention_kernel.py's Triton kernels straight over the cache (`attn_kernel`), for the steps they fit;
 the W_UK / W_UV products stay PyTorch's.
 
 Choice (`absorb`: None = auto, True, False). The two paths cost the same attention over kv_len keys except that plain
@@ -36,13 +36,13 @@ fixed per CUDA-graph bucket.
 from __future__ import annotations
 
 import math
-from typing import Callable, Sequence
+from typing import Sequence
 
 import torch
 from torch import nn
 
 from ..config import MLAConfig, RopeConfig
-from .attention import read_cache, sdpa, write_cache
+from .attention import AttentionKernel, read_cache, sdpa, write_cache
 from .context import ForwardContext
 from .norm import RMSNorm
 from .rotary import apply_rotary, yarn_softmax_mscale
@@ -82,11 +82,10 @@ class MLAttention(nn.Module):
         self.o_proj = nn.Linear(H * self.v_dim, hidden_size, bias=bias)
         extra = 2 * r - self.nope_dim - self.v_dim
         self.absorb_below = math.inf if extra <= 0 else r * (self.nope_dim + self.v_dim) / extra
-        # (q_lat, q_pe, cache, rows, mask, scale) -> o_lat over the cache itself (layers/mla_attention_kernel.py), for
-        # the steps `latent_fits(T, H, r, rope, dtype, device)` takes; None: the eager paths (set by engine.transforms)
         self.rope = apply_rotary  # engine.transforms may swap in a compiled version (one fused kernel on CUDA)
-        self.latent_kernel: Callable[..., torch.Tensor] | None = None
-        self.latent_fits: Callable[[int, int, int, int, torch.dtype, torch.device], bool] | None = None
+        # the absorbed attention over the cache itself (layers/mla_attention_kernel.py) for the steps it fits; None:
+        # the eager paths (set by engine.transforms)
+        self.attn_kernel: AttentionKernel | None = None
 
     def kv_shapes(self) -> list[tuple[int, ...]]:
         return [(self.kv_lora_rank + self.rope_dim,)]
@@ -116,10 +115,10 @@ class MLAttention(nn.Module):
             (kv_cache,) = cache
             write_cache(kv_cache, latent, ctx)
             if self._by_kernel(T, kv_cache, q_pe):
-                assert self.latent_kernel is not None
+                assert self.attn_kernel is not None
                 w_uk, w_uv = self._absorbed_weights()
                 q_lat = torch.einsum("bthn,hnr->bthr", q_nope, w_uk.to(q_nope.dtype))  # [B, T, H, r]
-                o_lat = self.latent_kernel(q_lat, q_pe, kv_cache, ctx.row_index(B), ctx.attn_mask, self.scale)
+                o_lat = self.attn_kernel.run(q_lat, q_pe, kv_cache, ctx.row_index(B), ctx.attn_mask, self.scale)
                 out = torch.einsum("bthr,hvr->bthv", o_lat, w_uv.to(o_lat.dtype))
                 return self.o_proj(out.reshape(B, T, H * self.v_dim))
             latent = read_cache(kv_cache, ctx, B).to(x.dtype)  # [B, kv_len, r + rope]
@@ -130,10 +129,10 @@ class MLAttention(nn.Module):
         return self.o_proj(out.reshape(B, T, H * self.v_dim))
 
     def _by_kernel(self, T: int, kv_cache: torch.Tensor, q_pe: torch.Tensor) -> bool:
-        """Whether this step's absorbed attention runs as `latent_kernel` over the cache (the cache in q's dtype)."""
-        return (self.latent_kernel is not None and self.latent_fits is not None and self.use_absorbed(T)
-                and kv_cache.dtype == q_pe.dtype
-                and self.latent_fits(T, self.num_heads, self.kv_lora_rank, self.rope_dim, q_pe.dtype, q_pe.device))
+        """Whether this step's absorbed attention runs as `attn_kernel` over the cache (the cache in q's dtype)."""
+        return (self.attn_kernel is not None and self.use_absorbed(T) and kv_cache.dtype == q_pe.dtype
+                and self.attn_kernel.fits(T, self.num_heads, self.kv_lora_rank, self.rope_dim, q_pe.dtype,
+                                          q_pe.device))
 
     def _absorbed_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(W_UK [H, nope, r], W_UV [H, v, r]): views of `kv_b_proj`'s k_nope and v rows."""
