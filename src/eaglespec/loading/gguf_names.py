@@ -1,13 +1,16 @@
 """llama.cpp tensor names -> Hugging Face names: the one GGUF name table, the q/k un-permutation, the expert split.
 
-`GGUF_TO_HF` maps every tensor name of a `llama`, `qwen2`, `qwen3` or `qwen3moe` GGUF to the HF name that
-`models/llama.py`, `models/qwen.py` and `models/qwen_moe.py` keep (Qwen3's per-head q/k norms: `attn_q_norm`,
-`attn_k_norm`; Qwen3-MoE's router `ffn_gate_inp` -> `mlp.gate`). Its third column says what else the reader does to
-the tensor: `q` / `k`, the weights llama.cpp permutes for its RoPE layout in a `llama` GGUF (by attention heads, by KV
-heads), which `unpermute_qk` undoes so they match the HF rotate-halves layout (Qwen's GGUFs keep the HF layout:
+`GGUF_TO_HF` maps every tensor name of a `llama`, `qwen2`, `qwen3`, `qwen3moe` or `deepseek2` GGUF to the HF name
+that `models/llama.py`, `models/qwen.py`, `models/qwen_moe.py` and `models/deepseek_v3.py` keep (Qwen3's per-head q/k
+norms: `attn_q_norm`, `attn_k_norm`; the MoE router `ffn_gate_inp` -> `mlp.gate`; deepseek2's MLA projections, shared
+experts `ffn_*_shexp` and router correction bias `exp_probs_b.bias`). Its third column says what else the reader does
+to the tensor: `q` / `k`, the weights llama.cpp permutes for its RoPE layout in a `llama` GGUF (by attention heads, by
+KV heads), which `unpermute_qk` undoes so they match the HF rotate-halves layout (Qwen's GGUFs keep the HF layout:
 llama.cpp runs their RoPE on halves, NEOX style; the reader unpermutes `llama` files only, `PERMUTED_ARCHS`);
 `experts`, llama.cpp's stacked expert tensors (`ffn_{gate,up,down}_exps`, numpy [E, rows, cols] = GGUF dims reversed),
-split into one HF tensor per expert, `{e}` in the HF name standing for the expert's index (`expert_names`).
+split into one HF tensor per expert, `{e}` in the HF name standing for the expert's index (`expert_names`); `k_b` /
+`v_b`, the two halves llama.cpp's converter (since its MLA rework) cuts DeepSeek's `kv_b_proj` into, joined back into
+it by `join_kv_b` (older deepseek2 files hold `attn_kv_b` whole).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from ..errors import CheckpointError
 
 T = TypeVar("T", np.ndarray, torch.Tensor)
 
-# (GGUF name regex, HF name template, transform: None | "q" | "k" | "experts")
+# (GGUF name regex, HF name template, transform: None | "q" | "k" | "experts" | "k_b" | "v_b")
 GGUF_TO_HF: tuple[tuple[str, str, str | None], ...] = (
     (r"token_embd\.weight", "model.embed_tokens.weight", None),
     (r"output_norm\.weight", "model.norm.weight", None),
@@ -43,6 +46,19 @@ GGUF_TO_HF: tuple[tuple[str, str, str | None], ...] = (
     (r"blk\.(\d+)\.ffn_gate_exps\.weight", r"model.layers.\1.mlp.experts.{e}.gate_proj.weight", "experts"),
     (r"blk\.(\d+)\.ffn_up_exps\.weight", r"model.layers.\1.mlp.experts.{e}.up_proj.weight", "experts"),
     (r"blk\.(\d+)\.ffn_down_exps\.weight", r"model.layers.\1.mlp.experts.{e}.down_proj.weight", "experts"),
+    # deepseek2 (DeepSeek-V2 / V3, Kimi-K2): MLA's projections, shared experts, the router's correction bias
+    (r"blk\.(\d+)\.attn_q_a\.weight", r"model.layers.\1.self_attn.q_a_proj.weight", None),
+    (r"blk\.(\d+)\.attn_q_a_norm\.weight", r"model.layers.\1.self_attn.q_a_layernorm.weight", None),
+    (r"blk\.(\d+)\.attn_q_b\.weight", r"model.layers.\1.self_attn.q_b_proj.weight", None),
+    (r"blk\.(\d+)\.attn_kv_a_mqa\.weight", r"model.layers.\1.self_attn.kv_a_proj_with_mqa.weight", None),
+    (r"blk\.(\d+)\.attn_kv_a_norm\.weight", r"model.layers.\1.self_attn.kv_a_layernorm.weight", None),
+    (r"blk\.(\d+)\.attn_kv_b\.weight", r"model.layers.\1.self_attn.kv_b_proj.weight", None),
+    (r"blk\.(\d+)\.attn_k_b\.weight", r"model.layers.\1.self_attn.kv_b_proj.weight", "k_b"),
+    (r"blk\.(\d+)\.attn_v_b\.weight", r"model.layers.\1.self_attn.kv_b_proj.weight", "v_b"),
+    (r"blk\.(\d+)\.ffn_gate_shexp\.weight", r"model.layers.\1.mlp.shared_experts.gate_proj.weight", None),
+    (r"blk\.(\d+)\.ffn_up_shexp\.weight", r"model.layers.\1.mlp.shared_experts.up_proj.weight", None),
+    (r"blk\.(\d+)\.ffn_down_shexp\.weight", r"model.layers.\1.mlp.shared_experts.down_proj.weight", None),
+    (r"blk\.(\d+)\.exp_probs_b\.bias", r"model.layers.\1.mlp.gate.e_score_correction_bias", None),
 )
 # GGUF architectures whose q/k weights llama.cpp permuted (interleaved RoPE pairs)
 PERMUTED_ARCHS = frozenset({"llama"})
@@ -61,12 +77,21 @@ def gguf_to_hf_name(name: str) -> tuple[str, str | None]:
             "this GGUF stores Llama-3.1 RoPE scaling as a 'rope_freqs' tensor, which is not supported: "
             "load the model's Hugging Face folder instead"
         )
-    raise CheckpointError(f"GGUF tensor {name!r} has no Hugging Face equivalent in our Llama / Qwen layouts")
+    raise CheckpointError(f"GGUF tensor {name!r} has no Hugging Face equivalent in our Llama / Qwen / DeepSeek layouts")
 
 
 def expert_names(template: str, n_experts: int) -> list[str]:
     """The per-expert HF names of a stacked expert tensor (`template` from the table, with `{e}`), expert 0 first."""
     return [template.replace("{e}", str(e)) for e in range(n_experts)]
+
+
+def join_kv_b(k_b: torch.Tensor, v_b: torch.Tensor) -> torch.Tensor:
+    """DeepSeek's kv_b_proj [H * (nope + v), r] from llama.cpp's two halves of it: attn_k_b [H, r, nope] (transposed
+    per head, for the absorbed product) and attn_v_b [H, v, r]; each head's nope rows come before its v rows."""
+    if k_b.dim() != 3 or v_b.dim() != 3 or k_b.shape[0] != v_b.shape[0] or k_b.shape[1] != v_b.shape[2]:
+        raise CheckpointError(f"attn_k_b {tuple(k_b.shape)} and attn_v_b {tuple(v_b.shape)} are not the halves of one "
+                              "kv_b_proj ([heads, kv_lora_rank, nope] and [heads, v, kv_lora_rank])")
+    return torch.cat([k_b.transpose(1, 2), v_b], dim=1).reshape(-1, k_b.shape[1])
 
 
 def unpermute_qk(w: T, n_heads: int) -> T:

@@ -6,17 +6,15 @@ Contract:
   raises `CheckpointError` naming it and the reason.
 - `metadata` holds every key/value field as plain Python values (strings, numbers, lists); `tensors` the tensor
   table (`gguf_header.GGUFTensor`).
-- `hf_config()` builds the `config.json` dict of the model (the `llama`, `qwen2`, `qwen3` and `qwen3moe` GGUF
-  architectures, `GGUF_ARCHITECTURES`; others raise `ConfigError`), which `ModelConfig.from_hf` consumes unchanged.
-  `qwen3moe` (llama.cpp's Qwen3-MoE): `expert_count` and `expert_used_count` are required, `expert_feed_forward_length`
-  gives `moe_intermediate_size` (else the stacked gate tensor's rows); every layer is sparse (llama.cpp's qwen3moe
-  requires a router in each: `decoder_sparse_step` 1, no `mlp_only_layers`) and `norm_topk_prob` is True, since
-  llama.cpp's qwen3moe graph always renormalises the top-k weights (no GGUF key says otherwise; it reads no
-  `expert_weights_norm` for this architecture), as Qwen3-MoE's released configs do.
+- `hf_config()` builds the `config.json` dict of the model (`gguf_config.py`: the `llama`, `qwen2`, `qwen3`,
+  `qwen3moe` and `deepseek2` architectures; others raise `ConfigError`), which `ModelConfig.from_hf` consumes
+  unchanged.
 - `hf_tensors()` yields `(hf_name, float32 tensor)` one tensor at a time: dequantized (F32, F16, BF16, Q8_0, Q4_0,
   Q4_1, Q4_K, Q6_K; any other type raises `CheckpointError` before anything is yielded), renamed through the one
-  table in `gguf_names.py`, with llama.cpp's q/k permutation undone (`llama` files: Qwen's keep the HF layout), and
-  stacked expert tensors split into one tensor per expert, each dequantized from its own rows of the file.
+  table in `gguf_names.py`, with llama.cpp's q/k permutation undone (`llama` files: Qwen's keep the HF layout),
+  stacked expert tensors split into one tensor per expert, each dequantized from its own rows of the file, and a
+  deepseek2 layer's `attn_k_b` / `attn_v_b` joined back into its `kv_b_proj` (yielded when the second of the two is
+  read; one of them without the other raises `CheckpointError` once the file is read through).
 """
 
 from __future__ import annotations
@@ -27,15 +25,13 @@ from typing import Any, Iterator
 
 import torch
 
-from ..errors import CheckpointError, ConfigError
+from ..errors import CheckpointError
+from .gguf_config import hf_config
 from .gguf_header import read_header
-from .gguf_names import PERMUTED_ARCHS, expert_names, gguf_to_hf_name, unpermute_qk
+from .gguf_names import PERMUTED_ARCHS, expert_names, gguf_to_hf_name, join_kv_b, unpermute_qk
 from .gguf_quants import dequantize
 
 SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K")
-
-# general.file_type -> torch dtype name of the unquantized model (everything quantized dequantizes to float32).
-_FILE_TYPE_DTYPE = {0: "float32", 1: "float16", 32: "bfloat16"}
 
 GGUF_MAGIC = b"GGUF"
 
@@ -49,13 +45,6 @@ def is_gguf(path: str | Path) -> bool:
         return True
     with p.open("rb") as f:
         return f.read(4) == GGUF_MAGIC
-
-
-# GGUF `general.architecture` -> the model class (models/__init__.py) its tensors load into
-GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-                      "qwen3moe": "Qwen3MoeForCausalLM"}
-# GGUF architecture -> HF model_type, where they differ
-_MODEL_TYPES = {"qwen3moe": "qwen3_moe"}
 
 
 class GGUFFile:
@@ -87,99 +76,9 @@ class GGUFFile:
         return [t.name for t in self.tensors]
 
     def hf_config(self) -> dict[str, Any]:
-        """The HF `config.json` dict of this model."""
-        arch = self.architecture
-        if arch not in GGUF_ARCHITECTURES:
-            raise ConfigError(
-                f"GGUF architecture {arch!r} is not supported (only {', '.join(map(repr, GGUF_ARCHITECTURES))}); load "
-                f"the model's Hugging Face folder instead ({self.path})"
-            )
-        m = self.metadata
-
-        def need(key: str) -> Any:
-            if f"{arch}.{key}" not in m:
-                raise ConfigError(f"{self.path} lacks the GGUF metadata field '{arch}.{key}'")
-            return m[f"{arch}.{key}"]
-
-        def per_layer(key: str, value: Any) -> int:
-            # Some files store head counts per layer; we need them uniform.
-            if isinstance(value, list):
-                if len(set(value)) != 1:
-                    raise ConfigError(f"{self.path}: per-layer '{arch}.{key}' values differ, which is not supported")
-                value = value[0]
-            return int(value)
-
-        hidden = int(need("embedding_length"))
-        heads = per_layer("attention.head_count", need("attention.head_count"))
-        kv_heads = per_layer("attention.head_count_kv", m.get(f"{arch}.attention.head_count_kv", heads))
-        head_dim = m.get(f"{arch}.attention.key_length") or m.get(f"{arch}.rope.dimension_count") or hidden // heads
-        # The embedding's rows are what the weights need; the token list and metadata normally agree with them.
-        embd = next((t for t in self.tensors if t.name == "token_embd.weight"), None)
-        tokens = m.get("tokenizer.ggml.tokens")
-        vocab = int(embd.dims[-1]) if embd is not None else len(tokens) if tokens else m.get(f"{arch}.vocab_size")
-        if vocab is None:
-            raise ConfigError(f"{self.path} has neither a token_embd tensor nor a vocabulary")
-        cfg: dict[str, Any] = {
-            "architectures": [GGUF_ARCHITECTURES[arch]],
-            "model_type": _MODEL_TYPES.get(arch, arch),
-            "hidden_size": hidden,
-            "num_hidden_layers": int(need("block_count")),
-            "num_attention_heads": heads,
-            "num_key_value_heads": kv_heads,
-            "head_dim": int(head_dim),
-            "max_position_embeddings": int(m.get(f"{arch}.context_length", 4096)),
-            "rms_norm_eps": float(m.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
-            "rope_theta": float(m.get(f"{arch}.rope.freq_base", 10000.0)),
-            "vocab_size": int(vocab),
-            "hidden_act": "silu",
-            "attention_bias": "blk.0.attn_q.bias" in self.tensor_names,
-            "mlp_bias": False,
-            "tie_word_embeddings": "output.weight" not in self.tensor_names,
-            "torch_dtype": _FILE_TYPE_DTYPE.get(int(m.get("general.file_type", -1)), "float32"),
-        }
-        if arch == "qwen3moe":
-            cfg.update(self._qwen3moe_fields(need))
-        elif m.get(f"{arch}.expert_count"):  # Mixtral-style `llama` files: experts in a model class without them
-            raise ConfigError(f"{self.path}: a {arch!r} GGUF with experts ({arch}.expert_count "
-                              f"{m[f'{arch}.expert_count']}) is not supported (of the MoE GGUFs, only 'qwen3moe')")
-        if arch != "qwen3moe" or f"{arch}.feed_forward_length" in m:  # (unused by an all-sparse Qwen3-MoE)
-            cfg["intermediate_size"] = per_layer("feed_forward_length", need("feed_forward_length"))
-        else:
-            cfg["intermediate_size"] = cfg["moe_intermediate_size"]
-        scaling = m.get(f"{arch}.rope.scaling.type")
-        if scaling not in (None, "none"):
-            if scaling not in ("linear", "yarn"):
-                raise ConfigError(f"{self.path}: GGUF rope scaling {scaling!r} is not supported")
-            cfg["rope_scaling"] = {
-                "rope_type": scaling,
-                "factor": float(m.get(f"{arch}.rope.scaling.factor", 1.0)),
-                "original_max_position_embeddings": int(
-                    m.get(f"{arch}.rope.scaling.original_context_length", cfg["max_position_embeddings"])
-                ),
-            }
-        for hf_key, gguf_key in (
-            ("bos_token_id", "tokenizer.ggml.bos_token_id"),
-            ("eos_token_id", "tokenizer.ggml.eos_token_id"),
-            ("pad_token_id", "tokenizer.ggml.padding_token_id"),
-        ):
-            if gguf_key in m:
-                cfg[hf_key] = int(m[gguf_key])
-        return cfg
-
-    def _qwen3moe_fields(self, need: Any) -> dict[str, Any]:
-        """The MoE fields of a `qwen3moe` file (see the module docstring)."""
-        experts, used = int(need("expert_count")), int(need("expert_used_count"))
-        if experts <= 0 or not 0 < used <= experts:
-            raise ConfigError(f"{self.path}: qwen3moe needs 0 < expert_used_count ({used}) <= expert_count ({experts})")
-        size = self.metadata.get("qwen3moe.expert_feed_forward_length")
-        if size is None:
-            gate = next((t for t in self.tensors if t.name == "blk.0.ffn_gate_exps.weight"), None)
-            if gate is None:
-                raise ConfigError(f"{self.path} has neither 'qwen3moe.expert_feed_forward_length' nor the tensor "
-                                  "blk.0.ffn_gate_exps.weight to read the experts' size from")
-            size = gate.dims[1]  # GGUF dims (H, I, E)
-        return {"num_experts": experts, "num_experts_per_tok": used, "moe_intermediate_size": int(size),
-                "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": []}
+        """The HF `config.json` dict of this model (`gguf_config.hf_config`)."""
+        self.architecture  # noqa: B018 (a file without one is a CheckpointError, not an unsupported architecture)
+        return hf_config(self.path, self.metadata, self.tensors)
 
     def check_tensor_types(self) -> None:
         for t in self.tensors:
@@ -194,6 +93,7 @@ class GGUFFile:
         self.check_tensor_types()
         cfg = self.hf_config()
         n_heads = {"q": cfg["num_attention_heads"], "k": cfg["num_key_value_heads"]}
+        halves: dict[str, dict[str, torch.Tensor]] = {}  # kv_b_proj name -> the halves read so far ("k_b", "v_b")
         for t in self.tensors:
             name, kind = gguf_to_hf_name(t.name)
             shape = tuple(reversed(t.dims))  # GGUF lists dims innermost first
@@ -207,7 +107,21 @@ class GGUFFile:
             w = self._dequantize(t, t.data, shape)
             if kind in ("q", "k") and self.architecture in PERMUTED_ARCHS:
                 w = unpermute_qk(w, n_heads[kind]).contiguous()
+            elif kind in ("k_b", "v_b"):
+                pair = halves.setdefault(name, {})
+                pair[kind] = w
+                if len(pair) < 2:
+                    continue
+                try:
+                    w = join_kv_b(pair["k_b"], pair["v_b"])
+                except CheckpointError as e:
+                    raise CheckpointError(f"{self.path}: {e}") from None
+                del halves[name]
             yield name, w
+        if halves:
+            name, pair = next(iter(halves.items()))
+            have, missing = ("attn_k_b", "attn_v_b") if "k_b" in pair else ("attn_v_b", "attn_k_b")
+            raise CheckpointError(f"{self.path}: {have} without {missing}: {name} needs both of its halves")
 
     def _dequantize(self, t: Any, data: Any, shape: tuple[int, ...]) -> torch.Tensor:
         try:

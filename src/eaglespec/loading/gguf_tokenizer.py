@@ -1,10 +1,11 @@
 """A `Tokenizer` rebuilt from a GGUF file's metadata (a GGUF carries no tokenizer.json).
 
 Contract: `tokenizer_from_gguf(gguf)` supports `tokenizer.ggml.model == "gpt2"` (byte-level BPE, as in SmolLM2,
-Llama 3, Qwen): a `tokenizers` BPE over `tokenizer.ggml.tokens` and `tokenizer.ggml.merges`, a ByteLevel
-pre-tokenizer (add_prefix_space=False; the pre-split regex of `tokenizer.ggml.pre` when it is one we know), a
-ByteLevel decoder. Tokens typed CONTROL (3) become special added tokens, USER_DEFINED (4) plain added tokens (kept
-whole when encoding, kept when decoding), as transformers and llama.cpp treat them. Special ids come from
+Llama 3, Qwen, DeepSeek, Kimi-K2): a `tokenizers` BPE over `tokenizer.ggml.tokens` and `tokenizer.ggml.merges`, a
+ByteLevel pre-tokenizer (add_prefix_space=False; before it the pre-split regexes of `tokenizer.ggml.pre` when it is
+one we know, `PRE_TOKENIZER_SPLITS`), a ByteLevel decoder. Tokens typed CONTROL (3) become special added tokens,
+USER_DEFINED (4) plain added tokens (kept whole when encoding, kept when decoding), as transformers and llama.cpp
+treat them, under their own ids whatever characters they hold. Special ids come from
 `tokenizer.ggml.{bos,eos,padding}_token_id`, the chat template from `tokenizer.chat_template`. Any other tokenizer
 model raises `ConfigError` suggesting the Hugging Face folder.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 from ..errors import CheckpointError, ConfigError
 from .gguf_reader import GGUFFile
+from .tiktoken_tokenizer import PAT_STR as KIMI_PAT_STR
 from .tokenizer import Tokenizer, bytes_to_unicode
 
 CONTROL, USER_DEFINED = 3, 4
@@ -25,10 +27,31 @@ _QWEN2_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
-# tokenizer.ggml.pre -> pre-split regex; absent: the GPT-2 split built into the ByteLevel pre-tokenizer.
-PRE_TOKENIZER_SPLITS = {
-    "llama3": _LLAMA3_SPLIT, "llama-v3": _LLAMA3_SPLIT, "llama-bpe": _LLAMA3_SPLIT, "smaug-bpe": _LLAMA3_SPLIT,
-    "qwen2": _QWEN2_SPLIT, "deepseek-r1-qwen": _QWEN2_SPLIT,
+# DeepSeek-LLM's (and DeepSeek-V2's) cased letters: code points written out where NFC would fold them into others
+_DEEPSEEK_LETTERS = (
+    "A-Za-zµÀ-ÖØ-öø-ƺƼ-ƿǄ-ʓʕ-ʯͰ-ͳͶͷͻ-ͽͿΆΈ-ΊΌΎ-ΡΣ-ϵϷ-ҁҊ-ԯԱ-ՖႠ-ჅᎠ-Ᏽ"
+    "ᏸ-ᏽᲐ-ᲺᲽ-Ჿᴀ-ᴫᵫ-ᵷᵹ-ᶚḀ-ἕἘ-Ἕἠ-ὅὈ-Ὅὐ-ὗὙὛὝὟ-\u1f7dᾀ-ᾴᾶ-ᾼ\u1fbeῂ-ῄ"
+    "ῆ-ῌῐ-\u1fd3ῖ-\u1fdbῠ-Ῥῲ-ῴῶ-ῼℂℇℊ-ℓℕℙ-ℝℤ\u2126ℨ\u212a-ℭℯ-ℴℹℼ-ℿ"
+    "ⅅ-ⅉⅎↃↄⰀ-ⱻⱾ-ⳤⳫ-ⳮⳲⳳꙀ-ꙭꚀ-ꚛꜢ-ꝯꝱ-ꞇꞋ-ꞎꭰ-ꮿﬀ-ﬆﬓ-ﬗＡ-Ｚａ-ｚ"
+    "\U00010400-\U0001044f𐒰-𐓓𐓘-𐓻𐲀-𐲲𐳀-𐳲𑢠-𑣟𞤀-𞥃"
+)
+_DEEPSEEK_LLM_SPLITS = (
+    "[\r\n]", "\\s?[" + _DEEPSEEK_LETTERS + "]+", "\\s?[!-/:-~！-／：-～‘-‟　-。]+", "\\s+$",
+    "[一-龥ࠀ-一가-퟿]+", "\\p{N}+",
+)
+_DEEPSEEK_V3_SPLITS = (
+    r"\p{N}{1,3}", "[一-龥\u3040-ゟ゠-ヿ]+",
+    r"[!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+"
+    r"| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+)
+# tokenizer.ggml.pre -> the pre-split regexes, applied in turn (each piece split again by the next, matches kept as
+# pieces: tokenizers' Split "isolated", as the models' tokenizer.json files say and llama.cpp's llama-vocab.cpp has
+# them); absent: the GPT-2 split built into the ByteLevel pre-tokenizer. kimi-k2: Kimi's tiktoken pattern
+# (llama.cpp runs it as a hand-written matcher).
+PRE_TOKENIZER_SPLITS: dict[str, tuple[str, ...]] = {
+    "llama3": (_LLAMA3_SPLIT,), "llama-v3": (_LLAMA3_SPLIT,), "llama-bpe": (_LLAMA3_SPLIT,),
+    "smaug-bpe": (_LLAMA3_SPLIT,), "qwen2": (_QWEN2_SPLIT,), "deepseek-r1-qwen": (_QWEN2_SPLIT,),
+    "deepseek-llm": _DEEPSEEK_LLM_SPLITS, "deepseek-v3": _DEEPSEEK_V3_SPLITS, "kimi-k2": (KIMI_PAT_STR,),
 }
 
 
@@ -52,29 +75,29 @@ def tokenizer_from_gguf(gguf: GGUFFile) -> Tokenizer:
 
     spelling = bytes_to_unicode()
     alphabet = set(spelling.values())
-    # The vocabulary is spelled in the byte alphabet; a token that is not (a special token with a space, say) is
-    # re-spelled from its UTF-8 bytes so the BPE model can hold it.
+    # The vocabulary is spelled in the byte alphabet. Added tokens (CONTROL, USER_DEFINED) keep their text, as
+    # tokenizer.json's vocabularies hold them (DeepSeek's "<｜User｜>": matched whole, never built by merges); any other
+    # token outside the alphabet is re-spelled from its UTF-8 bytes, which is what its merges build.
+    added = {CONTROL, USER_DEFINED}
     vocab = {
-        t if set(t) <= alphabet else "".join(spelling[b] for b in t.encode("utf-8")): i for i, t in enumerate(tokens)
+        t if set(t) <= alphabet or ty in added else "".join(spelling[b] for b in t.encode("utf-8")): i
+        for i, (t, ty) in enumerate(zip(tokens, types))
     }
     pairs = [tuple(x.split(" ", 1)) for x in merges]
     bpe = BPE(vocab=vocab, merges=pairs, dropout=None, continuing_subword_prefix="", end_of_word_suffix="",
               fuse_unk=False)
     backend = Backend(bpe)
-    split = PRE_TOKENIZER_SPLITS.get(m.get("tokenizer.ggml.pre", ""))
-    if split is None:
+    splits = PRE_TOKENIZER_SPLITS.get(m.get("tokenizer.ggml.pre", ""))
+    if splits is None:
         backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     else:
         backend.pre_tokenizer = pre_tokenizers.Sequence(
-            [pre_tokenizers.Split(Regex(split), behavior="isolated"),
-             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+            [pre_tokenizers.Split(Regex(split), behavior="isolated") for split in splits]
+            + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
         )
     backend.decoder = decoders.ByteLevel()
-    # A CONTROL token outside the byte alphabet is a llama.cpp mislabel; adding it would grow the vocabulary.
-    control = [AddedToken(t, special=True, normalized=False)
-               for t, ty in zip(tokens, types) if ty == CONTROL and set(t) <= alphabet]
-    user = [AddedToken(t, special=False, normalized=False)
-            for t, ty in zip(tokens, types) if ty == USER_DEFINED and t in vocab]
+    control = [AddedToken(t, special=True, normalized=False) for t, ty in zip(tokens, types) if ty == CONTROL]
+    user = [AddedToken(t, special=False, normalized=False) for t, ty in zip(tokens, types) if ty == USER_DEFINED]
     if control:
         backend.add_special_tokens(control)
     if user:

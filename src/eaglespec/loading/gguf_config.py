@@ -1,0 +1,199 @@
+"""A GGUF file's metadata -> the Hugging Face `config.json` dict of its model, which `ModelConfig.from_hf` consumes.
+
+Contract: `hf_config(path, metadata, tensors)` supports the `GGUF_ARCHITECTURES`; any other `general.architecture`
+raises `ConfigError` (suggesting the HF folder), as does a missing required field (named with its GGUF key).
+
+- `llama`, `qwen2`, `qwen3`: the common fields (sizes, heads, RoPE and its linear / yarn scaling, norms, special ids;
+  the vocabulary size from the embedding's rows). A `llama` file with experts (Mixtral) is refused.
+- `qwen3moe` (llama.cpp's Qwen3-MoE): `expert_count` and `expert_used_count` are required,
+  `expert_feed_forward_length` gives `moe_intermediate_size` (else the stacked gate tensor's rows); every layer is
+  sparse (llama.cpp's qwen3moe requires a router in each: `decoder_sparse_step` 1, no `mlp_only_layers`) and
+  `norm_topk_prob` is True, since llama.cpp's qwen3moe graph always renormalises the top-k weights (no GGUF key says
+  otherwise), as Qwen3-MoE's released configs do.
+- `deepseek2` (llama.cpp's DeepSeek-V2 / V2-Lite / V3 / R1 and Kimi-K2 files; facts from its converter
+  `DeepseekV2Model`): MLA sizes from `attention.kv_lora_rank`, `attention.q_lora_rank` (absent: no q LoRA),
+  `rope.dimension_count` (qk_rope), and the per-head q / v sizes from `attention.key_length_mla` /
+  `value_length_mla`, which newer files write (their `key_length` / `value_length` are then the latent cache's
+  widths, kv_lora + rope and kv_lora), else `key_length` / `value_length` (older files). The converter writes
+  `head_count_kv` 1 (MLA as one shared latent); the HF configs, and this dict, say every head. The router:
+  `expert_gating_func` 2 (sigmoid) is V3's (noaux_tc over scores plus `exp_probs_b`, the correction bias, which such
+  a file must hold) -> `DeepseekV3ForCausalLM`; 1 (softmax), or absent as in files written before the key existed
+  (llama.cpp reads those as softmax), is V2's -> `DeepseekV2ForCausalLM` (group_limited_greedy when the file has more
+  than one expert group, else greedy). `expert_weights_norm` (absent: False), `expert_weights_scale` (absent: 1),
+  `expert_shared_count`, `leading_dense_block_count` (dense layers first), `expert_group_count` /
+  `expert_group_used_count` (absent: 1, no group limit) as DeepSeek's config names them. A file without experts
+  (all-dense MLA) loads as `DeepseekV3ForCausalLM` with no MoE. The RoPE dims stay in DeepSeek's interleaved pairs
+  (llama.cpp runs deepseek2's RoPE on pairs), as the HF checkpoints hold them: nothing is permuted. YaRN: the converter writes
+  `rope.scaling.yarn_log_multiplier` = 0.1 * `mscale_all_dim`; llama.cpp scales the softmax by
+  `(1 + yarn_log_multiplier * ln(factor))^2` and leaves cos / sin unscaled, so the dict says
+  `mscale = mscale_all_dim = yarn_log_multiplier / 0.1` and `attention_factor` 1.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from ..errors import ConfigError
+
+# GGUF `general.architecture` -> the model class (models/__init__.py) its tensors load into (deepseek2: by its router)
+GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+                      "qwen3moe": "Qwen3MoeForCausalLM", "deepseek2": "DeepseekV3ForCausalLM"}
+# GGUF architecture -> HF model_type, where they differ
+_MODEL_TYPES = {"qwen3moe": "qwen3_moe", "deepseek2": "deepseek_v3"}
+# general.file_type -> torch dtype name of the unquantized model (everything quantized dequantizes to float32).
+_FILE_TYPE_DTYPE = {0: "float32", 1: "float16", 32: "bfloat16"}
+# llama.cpp's expert_gating_func values
+GATING_SOFTMAX, GATING_SIGMOID = 1, 2
+
+
+def hf_config(path: Path, m: dict[str, Any], tensors: Sequence[Any]) -> dict[str, Any]:
+    """The HF `config.json` dict of the GGUF at `path` (`m` its metadata, `tensors` its tensor table)."""
+    arch = m.get("general.architecture")
+    if arch not in GGUF_ARCHITECTURES:
+        raise ConfigError(
+            f"GGUF architecture {arch!r} is not supported (only {', '.join(map(repr, GGUF_ARCHITECTURES))}); load "
+            f"the model's Hugging Face folder instead ({path})"
+        )
+    dims = {t.name: t.dims for t in tensors}
+
+    def need(key: str) -> Any:
+        if f"{arch}.{key}" not in m:
+            raise ConfigError(f"{path} lacks the GGUF metadata field '{arch}.{key}'")
+        return m[f"{arch}.{key}"]
+
+    def per_layer(key: str, value: Any) -> int:
+        # Some files store head counts per layer; we need them uniform.
+        if isinstance(value, list):
+            if len(set(value)) != 1:
+                raise ConfigError(f"{path}: per-layer '{arch}.{key}' values differ, which is not supported")
+            value = value[0]
+        return int(value)
+
+    hidden = int(need("embedding_length"))
+    heads = per_layer("attention.head_count", need("attention.head_count"))
+    kv_heads = per_layer("attention.head_count_kv", m.get(f"{arch}.attention.head_count_kv", heads))
+    head_dim = m.get(f"{arch}.attention.key_length") or m.get(f"{arch}.rope.dimension_count") or hidden // heads
+    # The embedding's rows are what the weights need; the token list and metadata normally agree with them.
+    tokens = m.get("tokenizer.ggml.tokens")
+    embd = dims.get("token_embd.weight")
+    vocab = int(embd[-1]) if embd is not None else len(tokens) if tokens else m.get(f"{arch}.vocab_size")
+    if vocab is None:
+        raise ConfigError(f"{path} has neither a token_embd tensor nor a vocabulary")
+    cfg: dict[str, Any] = {
+        "architectures": [GGUF_ARCHITECTURES[arch]],
+        "model_type": _MODEL_TYPES.get(arch, arch),
+        "hidden_size": hidden,
+        "num_hidden_layers": int(need("block_count")),
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "head_dim": int(head_dim),
+        "max_position_embeddings": int(m.get(f"{arch}.context_length", 4096)),
+        "rms_norm_eps": float(m.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
+        "rope_theta": float(m.get(f"{arch}.rope.freq_base", 10000.0)),
+        "vocab_size": int(vocab),
+        "hidden_act": "silu",
+        "attention_bias": "blk.0.attn_q.bias" in dims,
+        "mlp_bias": False,
+        "tie_word_embeddings": "output.weight" not in dims,
+        "torch_dtype": _FILE_TYPE_DTYPE.get(int(m.get("general.file_type", -1)), "float32"),
+    }
+    if arch == "qwen3moe":
+        cfg.update(_qwen3moe_fields(path, m, dims, need))
+    elif arch == "deepseek2":
+        cfg.update(_deepseek2_fields(path, m, dims, need, heads))
+    elif m.get(f"{arch}.expert_count"):  # Mixtral-style `llama` files: experts in a model class without them
+        raise ConfigError(f"{path}: a {arch!r} GGUF with experts ({arch}.expert_count {m[f'{arch}.expert_count']}) "
+                          "is not supported (of the MoE GGUFs, only 'qwen3moe' and 'deepseek2')")
+    if arch != "qwen3moe" or f"{arch}.feed_forward_length" in m:  # (unused by an all-sparse Qwen3-MoE)
+        cfg["intermediate_size"] = per_layer("feed_forward_length", need("feed_forward_length"))
+    else:
+        cfg["intermediate_size"] = cfg["moe_intermediate_size"]
+    scaling = m.get(f"{arch}.rope.scaling.type")
+    if scaling not in (None, "none"):
+        if scaling not in ("linear", "yarn"):
+            raise ConfigError(f"{path}: GGUF rope scaling {scaling!r} is not supported")
+        cfg["rope_scaling"] = {
+            "rope_type": scaling,
+            "factor": float(m.get(f"{arch}.rope.scaling.factor", 1.0)),
+            "original_max_position_embeddings": int(
+                m.get(f"{arch}.rope.scaling.original_context_length", cfg["max_position_embeddings"])
+            ),
+        }
+        for key in ("beta_fast", "beta_slow"):
+            if f"{arch}.rope.scaling.yarn_{key}" in m:
+                cfg["rope_scaling"][key] = float(m[f"{arch}.rope.scaling.yarn_{key}"])
+        if arch == "deepseek2" and scaling == "yarn":
+            mscale = float(m.get(f"{arch}.rope.scaling.yarn_log_multiplier", 0.0)) / 0.1
+            cfg["rope_scaling"].update(mscale=mscale, mscale_all_dim=mscale, attention_factor=1.0)
+    for hf_key, gguf_key in (
+        ("bos_token_id", "tokenizer.ggml.bos_token_id"),
+        ("eos_token_id", "tokenizer.ggml.eos_token_id"),
+        ("pad_token_id", "tokenizer.ggml.padding_token_id"),
+    ):
+        if gguf_key in m:
+            cfg[hf_key] = int(m[gguf_key])
+    return cfg
+
+
+def _experts(path: Path, arch: str, need: Callable[[str], Any]) -> tuple[int, int]:
+    experts, used = int(need("expert_count")), int(need("expert_used_count"))
+    if experts <= 0 or not 0 < used <= experts:
+        raise ConfigError(f"{path}: {arch} needs 0 < expert_used_count ({used}) <= expert_count ({experts})")
+    return experts, used
+
+
+def _qwen3moe_fields(path: Path, m: dict[str, Any], dims: dict[str, Any], need: Callable[[str], Any]) -> dict:
+    """The MoE fields of a `qwen3moe` file (see the module docstring)."""
+    experts, used = _experts(path, "qwen3moe", need)
+    size = m.get("qwen3moe.expert_feed_forward_length")
+    if size is None:
+        gate = dims.get("blk.0.ffn_gate_exps.weight")
+        if gate is None:
+            raise ConfigError(f"{path} has neither 'qwen3moe.expert_feed_forward_length' nor the tensor "
+                              "blk.0.ffn_gate_exps.weight to read the experts' size from")
+        size = gate[1]  # GGUF dims (H, I, E)
+    return {"num_experts": experts, "num_experts_per_tok": used, "moe_intermediate_size": int(size),
+            "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": []}
+
+
+def _deepseek2_fields(path: Path, m: dict[str, Any], dims: dict[str, Any], need: Callable[[str], Any],
+                      heads: int) -> dict:
+    """The MLA and MoE fields of a `deepseek2` file, and its model class (see the module docstring)."""
+    rope = int(need("rope.dimension_count"))
+    q_head = int(m.get("deepseek2.attention.key_length_mla") or need("attention.key_length"))
+    v_head = int(m.get("deepseek2.attention.value_length_mla") or need("attention.value_length"))
+    if q_head <= rope:
+        raise ConfigError(f"{path}: a query head of {q_head} (deepseek2.attention.key_length_mla, else key_length) "
+                          f"leaves no room beside the {rope} RoPE dims (deepseek2.rope.dimension_count)")
+    out: dict[str, Any] = {
+        "kv_lora_rank": int(need("attention.kv_lora_rank")), "q_lora_rank": m.get("deepseek2.attention.q_lora_rank")
+        or None, "qk_rope_head_dim": rope, "qk_nope_head_dim": q_head - rope, "v_head_dim": v_head,
+        "head_dim": q_head, "num_key_value_heads": heads,
+    }
+    if not m.get("deepseek2.expert_count"):
+        return out  # MLA with dense layers only
+    experts, used = _experts(path, "deepseek2", need)
+    gating = int(m.get("deepseek2.expert_gating_func", GATING_SOFTMAX))
+    if gating not in (GATING_SOFTMAX, GATING_SIGMOID):
+        raise ConfigError(f"{path}: deepseek2.expert_gating_func {gating} is not supported (1 softmax, 2 sigmoid)")
+    dense = int(m.get("deepseek2.leading_dense_block_count", 0))
+    groups = int(m.get("deepseek2.expert_group_count") or 1)
+    sigmoid = gating == GATING_SIGMOID
+    if sigmoid and f"blk.{dense}.exp_probs_b.bias" not in dims:
+        raise ConfigError(f"{path}: sigmoid expert gating (deepseek2.expert_gating_func 2) without the router's "
+                          f"correction bias (blk.{dense}.exp_probs_b.bias) is not supported")
+    out.update({
+        "n_routed_experts": experts, "num_experts_per_tok": used,
+        "n_shared_experts": int(m.get("deepseek2.expert_shared_count", 0)),
+        "moe_intermediate_size": int(need("expert_feed_forward_length")),
+        "first_k_dense_replace": dense, "n_group": groups,
+        "topk_group": int(m.get("deepseek2.expert_group_used_count") or groups),
+        "routed_scaling_factor": float(m.get("deepseek2.expert_weights_scale") or 1.0),
+        "norm_topk_prob": bool(m.get("deepseek2.expert_weights_norm", False)),
+        "scoring_func": "sigmoid" if sigmoid else "softmax",
+        "topk_method": "noaux_tc" if sigmoid else "group_limited_greedy" if groups > 1 else "greedy",
+    })
+    if not sigmoid:
+        out.update(architectures=["DeepseekV2ForCausalLM"], model_type="deepseek_v2")
+    return out
