@@ -65,7 +65,12 @@ def write_tiny_gguf(
         if kind == "attn_k" and arch == "llama":
             data = llama_cpp_permute(data, kv_heads)
         qtype = types.get(kind or "", Q.F32)
-        w.add_tensor(name, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
+        try:
+            raw = gguf.quants.quantize(data, qtype)
+        except NotImplementedError:  # a type the package cannot write (Q8_1): zero blocks of its size
+            block, size = gguf.GGML_QUANT_SIZES[qtype]
+            raw = np.zeros((*data.shape[:-1], data.shape[-1] // block * size), np.uint8)
+        w.add_tensor(name, raw, raw_dtype=qtype)
 
     put("token_embd.weight", (vocab, hidden), "token_embd")
     put("output_norm.weight", (hidden,), norm=True)
@@ -232,12 +237,27 @@ def test_gguf_name_table():
 
 
 def test_unsupported_tensor_type_is_named(tmp_path):
-    path = tmp_path / "q5.gguf"
-    write_tiny_gguf(path, types={"ffn_up": Q.Q5_0})
+    path = tmp_path / "q8_1.gguf"
+    write_tiny_gguf(path, types={"ffn_up": Q.Q8_1})  # llama.cpp's activation type, never a model's weights
     with pytest.raises(CheckpointError) as e:
         load_model(path)
     msg = str(e.value)
-    assert "blk.0.ffn_up.weight" in msg and "Q5_0" in msg and "Q4_K" in msg and str(path) in msg
+    assert "blk.0.ffn_up.weight" in msg and "Q8_1" in msg and "Q5_K, Q6_K, IQ1_S" in msg and str(path) in msg
+
+
+def test_tiny_gguf_with_q5_types_matches_transformers(tmp_path):
+    """Q5_0 / Q5_1 (in llama.cpp's Q5 mixes) through gguf.quants, against transformers' reading of the same file."""
+    from transformers import AutoModelForCausalLM
+
+    path = tmp_path / "q5.gguf"
+    write_tiny_gguf(path, types={"attn_q": Q.Q5_0, "attn_k": Q.Q5_1, "ffn_gate": Q.Q5_1, "ffn_down": Q.Q5_0})
+    ours = load_model(path, dtype=torch.float32)
+    assert {t.qtype.name for t in GGUFFile(path).tensors} >= {"Q5_0", "Q5_1"}
+    ref = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
+    ids = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = ref(ids).logits
+    assert (forward_logits(ours.model, ids) - expected).abs().max().item() <= 1e-4
 
 
 def test_unsupported_gguf_architecture(tmp_path):

@@ -9,8 +9,9 @@ Contract:
 - `hf_config()` builds the `config.json` dict of the model (`gguf_config.py`: the `llama`, `qwen2`, `qwen3`,
   `qwen3moe` and `deepseek2` architectures; others raise `ConfigError`), which `ModelConfig.from_hf` consumes
   unchanged.
-- `hf_tensors()` yields `(hf_name, float32 tensor)` one tensor at a time: dequantized (F32, F16, BF16, Q8_0, Q4_0,
-  Q4_1, Q4_K, Q6_K; any other type raises `CheckpointError` before anything is yielded), renamed through the one
+- `hf_tensors()` yields `(hf_name, float32 tensor)` one tensor at a time: dequantized (`SUPPORTED_TYPES`: the float
+  types, the legacy, K- and i-quants, ternary and MXFP4; any other type, such as Q8_1 or the integer types, raises
+  `CheckpointError` before anything is yielded), renamed through the one
   table in `gguf_names.py`, with llama.cpp's q/k permutation undone (`llama` files: Qwen's keep the HF layout),
   stacked expert tensors split into one tensor per expert, each dequantized from its own rows of the file, and a
   deepseek2 layer's `attn_k_b` / `attn_v_b` joined back into its `kv_b_proj` (yielded when the second of the two is
@@ -31,7 +32,11 @@ from .gguf_header import read_header
 from .gguf_names import PERMUTED_ARCHS, expert_names, gguf_to_hf_name, join_kv_b, unpermute_qk
 from .gguf_quants import dequantize
 
-SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K")
+# torch-computed (gguf_quants.py), then what gguf.quants (>= 0.19) dequantizes: the K-quants of llama.cpp's Q2_K ..
+# Q6_K mixes, the i-quants (IQ1_S .. IQ4_XS: the low-bit DeepSeek / Kimi files), ternary and FP4 types
+SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
+                   "IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ4_NL", "IQ4_XS", "TQ1_0",
+                   "TQ2_0", "MXFP4")
 
 GGUF_MAGIC = b"GGUF"
 
