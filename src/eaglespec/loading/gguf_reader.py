@@ -11,11 +11,11 @@ Contract:
   unchanged.
 - `hf_tensors()` yields `(hf_name, float32 tensor)` one tensor at a time: dequantized (`SUPPORTED_TYPES`: the float
   types, the legacy, K- and i-quants, ternary and MXFP4; any other type, such as Q8_1 or the integer types, raises
-  `CheckpointError` before anything is yielded), renamed through the one
-  table in `gguf_names.py`, with llama.cpp's q/k permutation undone (`llama` files: Qwen's keep the HF layout),
-  stacked expert tensors split into one tensor per expert, each dequantized from its own rows of the file, and a
-  deepseek2 layer's `attn_k_b` / `attn_v_b` joined back into its `kv_b_proj` (yielded when the second of the two is
-  read; one of them without the other raises `CheckpointError` once the file is read through).
+  `CheckpointError` before anything is yielded), renamed through the one table in `gguf_names.py`, with llama.cpp's
+  q/k permutation undone (`llama` files: Qwen's keep the HF layout), stacked expert tensors split into one tensor per
+  expert, each dequantized from its own rows of the file, and a deepseek2 layer's `attn_k_b` / `attn_v_b` joined back
+  into its `kv_b_proj` (yielded when the second of the two is read; one of them without the other raises
+  `CheckpointError` once the file is read through).
 """
 
 from __future__ import annotations
