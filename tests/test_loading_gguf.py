@@ -34,13 +34,14 @@ DEFAULT_TYPES = {
 def write_tiny_gguf(
     path: Path, types: dict[str, Q] | None = None, arch: str = "llama", hidden: int = 64, heads: int = 4,
     kv_heads: int = 2, ffn: int = 96, layers: int = 2, vocab: int = 64, tied: bool = False, head_dim: int | None = None,
+    split_max_tensors: int = 0,
 ) -> dict[str, np.ndarray]:
     """A random GGUF (no tokenizer) of llama.cpp's `llama` layout (q/k permuted), or its `qwen2` (q/k/v biases) or
     `qwen3` (per-head q/k norms) layouts (q/k as in HF); returns the HF-layout float32 weights before quantization."""
     rng = np.random.default_rng(0)
     types = {**DEFAULT_TYPES, **(types or {})}
     hd = head_dim or hidden // heads
-    w = gguf.GGUFWriter(str(path), arch)
+    w = gguf.GGUFWriter(str(path), arch, split_max_tensors=split_max_tensors)  # > 0: PATH-0000i-of-0000n.gguf shards
     if head_dim is not None:
         w.add_key_length(head_dim)
         w.add_value_length(head_dim)
@@ -258,6 +259,42 @@ def test_tiny_gguf_with_q5_types_matches_transformers(tmp_path):
     with torch.no_grad():
         expected = ref(ids).logits
     assert (forward_logits(ours.model, ids) - expected).abs().max().item() <= 1e-4
+
+
+def test_split_gguf_loads_from_any_shard(tmp_path, tiny_gguf):
+    """llama.cpp's split files: the metadata in the first shard, the tensors over all three; the same model as the
+    whole file, whichever shard is named."""
+    whole, _ = tiny_gguf
+    write_tiny_gguf(tmp_path / "m.gguf", split_max_tensors=8)
+    shards = sorted(tmp_path.glob("m-*-of-00003.gguf"))
+    assert [p.name for p in shards] == [f"m-0000{i}-of-00003.gguf" for i in (1, 2, 3)]
+    from eaglespec.loading.gguf_header import read_header
+
+    assert "llama.block_count" in read_header(shards[0]).metadata  # the model's keys in the first shard only
+    assert "llama.block_count" not in read_header(shards[2]).metadata
+    assert GGUFFile(shards[2]).metadata["llama.block_count"] == 2
+    ids = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(0))
+    want = forward_logits(load_model(whole, dtype=torch.float32).model, ids)
+    for shard in (shards[0], shards[2]):
+        g = GGUFFile(shard)
+        assert g.shards == shards and len(g.tensors) == len(GGUFFile(whole).tensors) == 21
+        assert torch.equal(forward_logits(load_model(shard, dtype=torch.float32).model, ids), want)
+
+
+def test_split_gguf_problems_are_named(tmp_path):
+    write_tiny_gguf(tmp_path / "m.gguf", split_max_tensors=8)
+    (tmp_path / "m-00002-of-00003.gguf").rename(tmp_path / "m-2.gguf")
+    with pytest.raises(CheckpointError, match="m-00001-of-00003.gguf is one of 3 shards of a split GGUF, and "
+                                              "m-00002-of-00003.gguf is not beside it"):
+        load_model(tmp_path / "m-00001-of-00003.gguf")
+    (tmp_path / "m-00003-of-00003.gguf").rename(tmp_path / "renamed.gguf")
+    with pytest.raises(CheckpointError, match="renamed.gguf is one of 3 shards of a split GGUF \\(split.count 3\\), "
+                                              "but its name does not say where the others are"):
+        load_model(tmp_path / "renamed.gguf")
+    (tmp_path / "m-2.gguf").rename(tmp_path / "m-00003-of-00003.gguf")  # shard 2 where shard 3 belongs
+    (tmp_path / "renamed.gguf").rename(tmp_path / "m-00002-of-00003.gguf")
+    with pytest.raises(CheckpointError, match="m-00002-of-00003.gguf is not shard 2 of 3 \\(its split.no 2"):
+        load_model(tmp_path / "m-00001-of-00003.gguf")
 
 
 def test_unsupported_gguf_architecture(tmp_path):

@@ -3,9 +3,12 @@
 Contract:
 - `GGUFFile(path)` reads the header once (`gguf_header.read_header`: the file memory-mapped, the metadata parsed
   with `struct`, about 0.1 s where `gguf.GGUFReader` took 4.8 s); a missing, unreadable, corrupt or truncated file
-  raises `CheckpointError` naming it and the reason.
+  raises `CheckpointError` naming it and the reason. A split GGUF (llama.cpp's `split.count` > 1: the large
+  DeepSeek / Kimi / Qwen files) is read whole from any of its shards (`shards`, named PREFIX-0000i-of-0000N.gguf,
+  side by side): the metadata from the first, the tensors of all in order; a shard missing, misnumbered, or a tensor
+  count other than `split.tensors.count`, is a `CheckpointError` naming what is wrong.
 - `metadata` holds every key/value field as plain Python values (strings, numbers, lists); `tensors` the tensor
-  table (`gguf_header.GGUFTensor`).
+  table (`gguf_header.GGUFTensor`, every shard's).
 - `hf_config()` builds the `config.json` dict of the model (`gguf_config.py`: the `llama`, `qwen2`, `qwen3`,
   `qwen3moe` and `deepseek2` architectures; others raise `ConfigError`), which `ModelConfig.from_hf` consumes
   unchanged.
@@ -20,6 +23,7 @@ Contract:
 
 from __future__ import annotations
 
+import re
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Iterator
@@ -28,7 +32,7 @@ import torch
 
 from ..errors import CheckpointError
 from .gguf_config import hf_config
-from .gguf_header import read_header
+from .gguf_header import GGUFHeader, read_header
 from .gguf_names import PERMUTED_ARCHS, expert_names, gguf_to_hf_name, join_kv_b, unpermute_qk
 from .gguf_quants import dequantize
 
@@ -39,6 +43,8 @@ SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1",
                    "TQ2_0", "MXFP4")
 
 GGUF_MAGIC = b"GGUF"
+# llama.cpp's shard names (gguf-split, convert_hf_to_gguf --split-max-*): PREFIX-00001-of-00003.gguf
+_SHARD_NAME = re.compile(r"(?P<prefix>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf", re.IGNORECASE)
 
 
 def is_gguf(path: str | Path) -> bool:
@@ -52,22 +58,53 @@ def is_gguf(path: str | Path) -> bool:
         return f.read(4) == GGUF_MAGIC
 
 
+def shard_paths(path: Path, count: int) -> list[Path]:
+    """The `count` shard files of the split GGUF `path` belongs to, first to last (named as llama.cpp names them)."""
+    m = _SHARD_NAME.fullmatch(path.name)
+    if m is None or int(m["count"]) != count:
+        raise CheckpointError(f"{path} is one of {count} shards of a split GGUF (split.count {count}), but its name "
+                              f"does not say where the others are (llama.cpp names them PREFIX-00001-of-"
+                              f"{count:05d}.gguf, ...)")
+    return [path.with_name(f"{m['prefix']}-{i:05d}-of-{count:05d}.gguf") for i in range(1, count + 1)]
+
+
 class GGUFFile:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         if not self.path.is_file():
             raise CheckpointError(f"{self.path} does not exist")
+        header = self._read(self.path)
+        count = int(header.metadata.get("split.count", 1))
+        self.shards = [self.path]
+        headers = [header]
+        if count > 1:  # llama.cpp's split files: the model's metadata in the first, tensors spread over all
+            self.shards = shard_paths(self.path, count)
+            missing = [p.name for p in self.shards if not p.is_file()]
+            if missing:
+                raise CheckpointError(f"{self.path} is one of {count} shards of a split GGUF, and "
+                                      f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not beside it")
+            headers = [header if p == self.path else self._read(p) for p in self.shards]
+            for i, (p, h) in enumerate(zip(self.shards, headers)):
+                if h.metadata.get("split.no") != i or h.metadata.get("split.count") != count:
+                    raise CheckpointError(f"{p} is not shard {i + 1} of {count} (its split.no "
+                                          f"{h.metadata.get('split.no')}, split.count {h.metadata.get('split.count')})")
+        self._metadata = headers[0].metadata
+        self.tensors = [t for h in headers for t in h.tensors]
+        expected = self._metadata.get("split.tensors.count")
+        if count > 1 and expected is not None and int(expected) != len(self.tensors):
+            raise CheckpointError(f"{self.path}: the {count} shards hold {len(self.tensors)} tensors where "
+                                  f"split.tensors.count says {expected}")
+
+    @staticmethod
+    def _read(path: Path) -> GGUFHeader:
         try:
-            self.header = read_header(self.path)
+            return read_header(path)
         except (OSError, ValueError) as e:
-            raise CheckpointError(
-                f"{self.path} is not a readable GGUF file: it is corrupt or truncated ({e})"
-            ) from None
-        self.tensors = self.header.tensors
+            raise CheckpointError(f"{path} is not a readable GGUF file: it is corrupt or truncated ({e})") from None
 
     @property
     def metadata(self) -> dict[str, Any]:
-        return self.header.metadata
+        return self._metadata
 
     @property
     def architecture(self) -> str:
