@@ -104,6 +104,22 @@ def test_dequantize_is_bit_exact_with_the_gguf_package(qtype):
         assert torch.equal(ours, torch.from_numpy(x))
 
 
+@pytest.mark.parametrize("qtype", [Q.Q4_1, Q.Q5_0, Q.Q6_K], ids=lambda q: q.name)
+def test_dequantize_in_chunks_covers_every_block(monkeypatch, qtype):
+    """Tensors are dequantized a chunk of blocks at a time: chunks of 3 blocks over 7 rows of 4 blocks (28 blocks: the
+    last chunk short) give every block, as gguf does."""
+    from eaglespec.loading import gguf_quants
+
+    block, size = gguf.GGML_QUANT_SIZES[qtype]
+    monkeypatch.setattr(gguf_quants, "_CHUNK_ELEMENTS", 3 * block)
+    raw = np.random.default_rng(2).integers(0, 256, (7, 4 * size), dtype=np.uint8)
+    scale = np.frombuffer(np.float16(1e-3).tobytes(), np.uint8)
+    for at in {Q.Q4_1: (0, 2), Q.Q5_0: (0,), Q.Q6_K: (208,)}[qtype]:  # the f16 fields (d, Q4_1's m): no NaNs
+        raw.reshape(7, 4, size)[..., at : at + 2] = scale
+    theirs = torch.from_numpy(np.asarray(gguf.quants.dequantize(raw, qtype), dtype=np.float32))
+    assert torch.equal(dequantize(raw, qtype), theirs) and theirs.shape == (7, 4 * block)
+
+
 def test_real_smollm2_header_and_tensors_equal_the_gguf_package(smollm2_gguf):
     g = GGUFFile(smollm2_gguf)
     assert g.metadata == _reader_values(smollm2_gguf)
