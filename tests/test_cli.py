@@ -402,9 +402,9 @@ def test_unknown_architecture(tmp_path, capsys):
 
 def test_gguf_unsupported_tensor_type(tmp_path, capsys):
     path = tmp_path / "bad.gguf"
-    write_tiny_gguf(path, types={"ffn_up": Q.Q5_0})
+    write_tiny_gguf(path, types={"ffn_up": Q.Q8_1})
     code, _, err = run_cli(["generate", "hi", "--model", str(path)], capsys)
-    assert_one_line_error(code, err, "Q5_0")
+    assert_one_line_error(code, err, "Q8_1")
 
 
 def test_prompt_longer_than_context(tmp_path, capsys):
