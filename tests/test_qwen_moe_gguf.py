@@ -288,10 +288,11 @@ def test_missing_tensor_is_named(tmp_path, tensor, named):
         load_model(path)
 
 
-def test_experts_in_a_llama_gguf_are_refused(tmp_path):
-    """A Mixtral-style `llama` file (expert_count set): our Llama has no experts, so it is refused by name."""
-    path = tmp_path / "mixtral.gguf"
-    w = gguf.GGUFWriter(str(path), "llama")
+def test_experts_in_a_qwen3_gguf_are_refused(tmp_path):
+    """A dense architecture's file with expert_count set (not a layout llama.cpp writes): refused by name (a `llama`
+    one is Mixtral, tests/test_mixtral.py)."""
+    path = tmp_path / "odd.gguf"
+    w = gguf.GGUFWriter(str(path), "qwen3")
     w.add_block_count(1)
     w.add_embedding_length(64)
     w.add_feed_forward_length(96)
@@ -303,5 +304,5 @@ def test_experts_in_a_llama_gguf_are_refused(tmp_path):
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    with pytest.raises(ConfigError, match="a 'llama' GGUF with experts \\(llama.expert_count 8\\) is not supported"):
+    with pytest.raises(ConfigError, match="a 'qwen3' GGUF with experts \\(qwen3.expert_count 8\\) is not supported"):
         load_model(path)

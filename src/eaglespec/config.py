@@ -103,8 +103,8 @@ class MLAConfig:
 @dataclass(frozen=True)
 class MoEConfig:
     """A mixture of experts: DeepSeek-V3's (sigmoid scores, noaux_tc router, shared experts), DeepSeek-V2's (softmax
-    scores, greedy or group_limited_greedy top-k, shared experts) or Qwen3-MoE's (softmax scores, plain top-k:
-    scoring_func "softmax", topk_method "greedy", no shared experts), in DeepSeek's field names.
+    scores, greedy or group_limited_greedy top-k, shared experts), Qwen3-MoE's or Mixtral's (softmax scores, plain
+    top-k: scoring_func "softmax", topk_method "greedy", no shared experts), in DeepSeek's field names.
 
     Which layers are sparse: layer i is when `i >= first_k_dense_replace and i % moe_layer_freq == 0` (DeepSeek's
     fields) and `(i + 1) % decoder_sparse_step == 0 and i not in mlp_only_layers` (Qwen's); the others are dense.
@@ -137,7 +137,8 @@ class MoEConfig:
         experts `n_routed_experts` (V2's defaults: softmax scores, greedy top-k, weights not normalised, the router in
         float32, as transformers' DeepseekV2TopkRouter); Qwen3-MoE (`model_type` qwen3_moe) `num_experts`, which
         transformers 5 writes back as `num_local_experts` (its attribute_map), and 0 experts there means every layer
-        is dense."""
+        is dense; Mixtral (`model_type` mixtral) `num_local_experts` of `intermediate_size` in every layer, the top-k
+        renormalised."""
         if text.get("n_routed_experts"):
             v2 = model_type == "deepseek_v2"  # softmax routing (greedy or group-limited), weights not normalised
             return MoEConfig(
@@ -156,6 +157,16 @@ class MoEConfig:
                 router_float32=v2,
             )
         experts = text.get("num_experts", text.get("num_local_experts"))
+        if model_type == "mixtral" and experts:  # every layer sparse, experts of intermediate_size, renormalised
+            return MoEConfig(
+                n_routed_experts=int(experts),
+                num_experts_per_tok=int(text["num_experts_per_tok"]),
+                n_shared_experts=0,
+                moe_intermediate_size=int(text["intermediate_size"]),
+                norm_topk_prob=True,
+                scoring_func="softmax",
+                topk_method="greedy",
+            )
         if model_type == "qwen3_moe" and experts:
             step = int(text.get("decoder_sparse_step") or 1)
             if step < 1:
@@ -226,8 +237,18 @@ class ModelConfig:
     mla: MLAConfig | None = None
     moe: MoEConfig | None = None
     eagle: Eagle3Config | None = None
+    # every layer's attention window (Mistral-7B-v0.1's 4096; `sliding_window` unless `use_sliding_window` is false,
+    # as Qwen2.5's configs carry a window they do not use); None: full attention
+    sliding_window: int | None = None
     # The whole original dict (wrapper included): model files read extra groups such as vision_config from it.
     raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def context_limit(self) -> int:
+        """The longest context the model runs at exactly: `max_position_embeddings`, or its sliding window when that
+        is smaller (within the window, windowed and full attention see the same tokens; windowed attention beyond it is
+        not implemented)."""
+        return min(self.max_position_embeddings, self.sliding_window or self.max_position_embeddings)
 
     @staticmethod
     def from_hf(d: Mapping[str, Any]) -> "ModelConfig":
@@ -304,6 +325,8 @@ class ModelConfig:
             mla=mla,
             moe=moe,
             eagle=eagle,
+            sliding_window=int(text["sliding_window"]) if text.get("sliding_window")
+            and text.get("use_sliding_window", True) else None,
             raw=dict(d),
         )
 

@@ -118,7 +118,11 @@ class Engine(OverlappedStep, PrefixReuse):
                                   self.dtype, seed=config.seed, cuda_graphs=config.cuda_graphs,
                                   prefill_graphs=config.prefill_graphs, max_logprobs=config.max_logprobs,
                                   prefill_chunk=config.prefill_chunk)
-        self.context_len = min(self.target_config.max_position_embeddings, config.max_seq_len or 1 << 30)
+        self.context_len = min(self.target_config.context_limit, config.max_seq_len or 1 << 30)
+        # why the context is shorter than the model's positions, for the too-long-prompt message
+        self.context_note = (" (its sliding window; windowed attention beyond it is not implemented)"
+                             if self.context_len == self.target_config.sliding_window
+                             < self.target_config.max_position_embeddings else "")
         self.scheduler: Scheduler | None = None
         tok_eos = tuple(tokenizer.eos_token_ids) if tokenizer is not None else ()
         self.eos_ids = tuple(dict.fromkeys(tok_eos + tuple(self.target_config.eos_token_ids)))
@@ -255,7 +259,7 @@ class Engine(OverlappedStep, PrefixReuse):
     def _fit(self, n_prompt: int, params: SamplingParams) -> SamplingParams:
         """`params` with max_new_tokens clipped to the context left after a prompt of n_prompt tokens; an empty or
         too long prompt raises the user's error (request_checks.py)."""
-        return fit_context(params, n_prompt, self.context_len, self.runner.headroom())
+        return fit_context(params, n_prompt, self.context_len, self.runner.headroom(), self.context_note)
 
     def warm_for(self, prompt: Prompt, params: SamplingParams = SamplingParams(), chat: bool = True,
                  images: Sequence[object] | None = None) -> int:

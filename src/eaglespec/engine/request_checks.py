@@ -5,8 +5,9 @@ Contract:
 - `check_params(params, vocab, eos_ids, max_logprobs)`: log-probabilities within the engine's `max_logprobs`; every
   token id the request names (logit_bias, stop_token_ids, allowed_token_ids) inside the vocabulary; min_tokens not
   banning every token allowed_token_ids allows;
-- `fit_context(params, n_prompt, context_len, headroom)`: an empty prompt, or one that leaves no room in the
-  context (less the drafts' headroom), refused; otherwise `params` with max_new_tokens (and min_tokens) clipped to
+- `fit_context(params, n_prompt, context_len, headroom, note)`: an empty prompt, or one that leaves no room in the
+  context (less the drafts' headroom), refused (`note` says why the context is what it is, when it is not the
+  model's positions: a sliding window); otherwise `params` with max_new_tokens (and min_tokens) clipped to
   the room left.
 """
 
@@ -33,12 +34,13 @@ def check_params(params: SamplingParams, vocab: int, eos_ids: Sequence[int], max
                            "end the answer)")
 
 
-def fit_context(params: SamplingParams, n_prompt: int, context_len: int, headroom: int) -> SamplingParams:
+def fit_context(params: SamplingParams, n_prompt: int, context_len: int, headroom: int,
+                note: str = "") -> SamplingParams:
     if not n_prompt:
         raise RequestError("the prompt is empty")
     room = context_len - headroom
     if n_prompt >= room:
-        raise RequestError(f"the prompt has {n_prompt} tokens but the model's context is {context_len} tokens")
+        raise RequestError(f"the prompt has {n_prompt} tokens but the model's context is {context_len} tokens{note}")
     max_new = min(params.max_new_tokens, room - n_prompt)
     if max_new != params.max_new_tokens:
         params = replace(params, max_new_tokens=max_new, min_tokens=min(params.min_tokens, max_new))

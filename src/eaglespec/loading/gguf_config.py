@@ -4,7 +4,9 @@ Contract: `hf_config(path, metadata, tensors)` supports the `GGUF_ARCHITECTURES`
 raises `ConfigError` (suggesting the HF folder), as does a missing required field (named with its GGUF key).
 
 - `llama`, `qwen2`, `qwen3`: the common fields (sizes, heads, RoPE and its linear / yarn scaling, norms, special ids;
-  the vocabulary size from the embedding's rows). A `llama` file with experts (Mixtral) is refused.
+  the vocabulary size from the embedding's rows). A `llama` file with experts (`expert_count`, `expert_used_count`)
+  is Mixtral (`MixtralForCausalLM`: every layer's experts of `feed_forward_length`); a `qwen2` / `qwen3` one is
+  refused.
 - `qwen3moe` (llama.cpp's Qwen3-MoE): `expert_count` and `expert_used_count` are required,
   `expert_feed_forward_length` gives `moe_intermediate_size` (else the stacked gate tensor's rows); every layer is
   sparse (llama.cpp's qwen3moe requires a router in each: `decoder_sparse_step` 1, no `mlp_only_layers`) and
@@ -12,21 +14,21 @@ raises `ConfigError` (suggesting the HF folder), as does a missing required fiel
   otherwise), as Qwen3-MoE's released configs do.
 - `deepseek2` (llama.cpp's DeepSeek-V2 / V2-Lite / V3 / R1 and Kimi-K2 files; facts from its converter
   `DeepseekV2Model`): MLA sizes from `attention.kv_lora_rank`, `attention.q_lora_rank` (absent: no q LoRA),
-  `rope.dimension_count` (qk_rope), and the per-head q / v sizes from `attention.key_length_mla` /
-  `value_length_mla`, which newer files write (their `key_length` / `value_length` are then the latent cache's
-  widths, kv_lora + rope and kv_lora), else `key_length` / `value_length` (older files). The converter writes
-  `head_count_kv` 1 (MLA as one shared latent); the HF configs, and this dict, say every head. The router:
-  `expert_gating_func` 2 (sigmoid) is V3's (noaux_tc over scores plus `exp_probs_b`, the correction bias, which such
-  a file must hold) -> `DeepseekV3ForCausalLM`; 1 (softmax), or absent as in files written before the key existed
-  (llama.cpp reads those as softmax), is V2's -> `DeepseekV2ForCausalLM` (group_limited_greedy when the file has more
-  than one expert group, else greedy). `expert_weights_norm` (absent: False), `expert_weights_scale` (absent: 1),
-  `expert_shared_count`, `leading_dense_block_count` (dense layers first), `expert_group_count` /
-  `expert_group_used_count` (absent: 1, no group limit) as DeepSeek's config names them. A file without experts
-  (all-dense MLA) loads as `DeepseekV3ForCausalLM` with no MoE. The RoPE dims stay in DeepSeek's interleaved pairs
-  (llama.cpp runs deepseek2's RoPE on pairs), as the HF checkpoints hold them: nothing is permuted. YaRN: the converter writes
-  `rope.scaling.yarn_log_multiplier` = 0.1 * `mscale_all_dim`; llama.cpp scales the softmax by
-  `(1 + yarn_log_multiplier * ln(factor))^2` and leaves cos / sin unscaled, so the dict says
-  `mscale = mscale_all_dim = yarn_log_multiplier / 0.1` and `attention_factor` 1.
+  `rope.dimension_count` (qk_rope), and the per-head q / v sizes from `attention.key_length_mla` / `value_length_mla`,
+  which newer files write (their `key_length` / `value_length` are then the latent cache's widths, kv_lora + rope and
+  kv_lora), else `key_length` / `value_length` (older files). The converter writes `head_count_kv` 1 (MLA as one
+  shared latent); the HF configs, and this dict, say every head. The router: `expert_gating_func` 2 (sigmoid) is V3's
+  (noaux_tc over scores plus `exp_probs_b`, the correction bias, which such a file must hold) ->
+  `DeepseekV3ForCausalLM`; 1 (softmax), or absent as in files written before the key existed (llama.cpp reads those as
+  softmax), is V2's -> `DeepseekV2ForCausalLM` (group_limited_greedy when the file has more than one expert group,
+  else greedy). `expert_weights_norm` (absent: False), `expert_weights_scale` (absent: 1), `expert_shared_count`,
+  `leading_dense_block_count` (dense layers first), `expert_group_count` / `expert_group_used_count` (absent: 1, no
+  group limit) as DeepSeek's config names them. A file without experts (all-dense MLA) loads as
+  `DeepseekV3ForCausalLM` with no MoE. The RoPE dims stay in DeepSeek's interleaved pairs (llama.cpp runs deepseek2's
+  RoPE on pairs), as the HF checkpoints hold them: nothing is permuted. YaRN: the converter writes
+  `rope.scaling.yarn_log_multiplier` = 0.1 * `mscale_all_dim`; llama.cpp scales the softmax by `(1 +
+  yarn_log_multiplier * ln(factor))^2` and leaves cos / sin unscaled, so the dict says `mscale = mscale_all_dim =
+  yarn_log_multiplier / 0.1` and `attention_factor` 1.
 """
 
 from __future__ import annotations
@@ -102,9 +104,14 @@ def hf_config(path: Path, m: dict[str, Any], tensors: Sequence[Any]) -> dict[str
         cfg.update(_qwen3moe_fields(path, m, dims, need))
     elif arch == "deepseek2":
         cfg.update(_deepseek2_fields(path, m, dims, need, heads))
-    elif m.get(f"{arch}.expert_count"):  # Mixtral-style `llama` files: experts in a model class without them
-        raise ConfigError(f"{path}: a {arch!r} GGUF with experts ({arch}.expert_count {m[f'{arch}.expert_count']}) "
-                          "is not supported (of the MoE GGUFs, only 'qwen3moe' and 'deepseek2')")
+    elif m.get(f"{arch}.expert_count"):
+        if arch != "llama":  # experts in a model class without them
+            raise ConfigError(f"{path}: a {arch!r} GGUF with experts ({arch}.expert_count "
+                              f"{m[f'{arch}.expert_count']}) is not supported (of the MoE GGUFs: 'llama' (Mixtral), "
+                              "'qwen3moe' and 'deepseek2')")
+        experts, used = _experts(path, arch, need)  # Mixtral: experts of feed_forward_length in every layer
+        cfg.update(architectures=["MixtralForCausalLM"], model_type="mixtral", num_local_experts=experts,
+                   num_experts_per_tok=used)
     if arch != "qwen3moe" or f"{arch}.feed_forward_length" in m:  # (unused by an all-sparse Qwen3-MoE)
         cfg["intermediate_size"] = per_layer("feed_forward_length", need("feed_forward_length"))
     else:

@@ -1,16 +1,17 @@
 """llama.cpp tensor names -> Hugging Face names: the one GGUF name table, the q/k un-permutation, the expert split.
 
-`GGUF_TO_HF` maps every tensor name of a `llama`, `qwen2`, `qwen3`, `qwen3moe` or `deepseek2` GGUF to the HF name
-that `models/llama.py`, `models/qwen.py`, `models/qwen_moe.py` and `models/deepseek_v3.py` keep (Qwen3's per-head q/k
-norms: `attn_q_norm`, `attn_k_norm`; the MoE router `ffn_gate_inp` -> `mlp.gate`; deepseek2's MLA projections, shared
-experts `ffn_*_shexp` and router correction bias `exp_probs_b.bias`). Its third column says what else the reader does
-to the tensor: `q` / `k`, the weights llama.cpp permutes for its RoPE layout in a `llama` GGUF (by attention heads, by
-KV heads), which `unpermute_qk` undoes so they match the HF rotate-halves layout (Qwen's GGUFs keep the HF layout:
-llama.cpp runs their RoPE on halves, NEOX style; the reader unpermutes `llama` files only, `PERMUTED_ARCHS`);
-`experts`, llama.cpp's stacked expert tensors (`ffn_{gate,up,down}_exps`, numpy [E, rows, cols] = GGUF dims reversed),
-split into one HF tensor per expert, `{e}` in the HF name standing for the expert's index (`expert_names`); `k_b` /
-`v_b`, the two halves llama.cpp's converter (since its MLA rework) cuts DeepSeek's `kv_b_proj` into, joined back into
-it by `join_kv_b` (older deepseek2 files hold `attn_kv_b` whole).
+`GGUF_TO_HF` maps every tensor name of a `llama`, `qwen2`, `qwen3`, `qwen3moe` or `deepseek2` GGUF to the HF name that
+`models/llama.py`, `models/qwen.py`, `models/qwen_moe.py`, `models/mixtral.py` and `models/deepseek_v3.py` keep
+(Qwen3's per-head q/k norms: `attn_q_norm`, `attn_k_norm`; the MoE router `ffn_gate_inp` -> `mlp.gate`; old Mixtral
+files' per-expert `ffn_gate.E`; deepseek2's MLA projections, shared experts `ffn_*_shexp` and router correction bias
+`exp_probs_b.bias`). Its third column says what else the reader does to the tensor: `q` / `k`, the weights llama.cpp
+permutes for its RoPE layout in a `llama` GGUF (by attention heads, by KV heads), which `unpermute_qk` undoes so they
+match the HF rotate-halves layout (Qwen's GGUFs keep the HF layout: llama.cpp runs their RoPE on halves, NEOX style;
+the reader unpermutes `llama` files only, `PERMUTED_ARCHS`); `experts`, llama.cpp's stacked expert tensors
+(`ffn_{gate,up,down}_exps`, numpy [E, rows, cols] = GGUF dims reversed), split into one HF tensor per expert, `{e}` in
+the HF name standing for the expert's index (`expert_names`); `k_b` / `v_b`, the two halves llama.cpp's converter
+(since its MLA rework) cuts DeepSeek's `kv_b_proj` into, joined back into it by `join_kv_b` (older deepseek2 files
+hold `attn_kv_b` whole).
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ GGUF_TO_HF: tuple[tuple[str, str, str | None], ...] = (
     (r"blk\.(\d+)\.ffn_gate_exps\.weight", r"model.layers.\1.mlp.experts.{e}.gate_proj.weight", "experts"),
     (r"blk\.(\d+)\.ffn_up_exps\.weight", r"model.layers.\1.mlp.experts.{e}.up_proj.weight", "experts"),
     (r"blk\.(\d+)\.ffn_down_exps\.weight", r"model.layers.\1.mlp.experts.{e}.down_proj.weight", "experts"),
+    # Mixtral files of llama.cpp before the stacked experts (2024-04): one tensor per expert, `ffn_gate.E`
+    (r"blk\.(\d+)\.ffn_(gate|up|down)\.(\d+)\.weight", r"model.layers.\1.mlp.experts.\3.\2_proj.weight", None),
     # deepseek2 (DeepSeek-V2 / V3, Kimi-K2): MLA's projections, shared experts, the router's correction bias
     (r"blk\.(\d+)\.attn_q_a\.weight", r"model.layers.\1.self_attn.q_a_proj.weight", None),
     (r"blk\.(\d+)\.attn_q_a_norm\.weight", r"model.layers.\1.self_attn.q_a_layernorm.weight", None),

@@ -1,0 +1,161 @@
+"""Mixtral (models/mixtral.py) against transformers' MixtralForCausalLM on a tiny random config (float32): a folder
+saved by transformers (its block_sparse_moe / w1 w2 w3 names) through our loader, llama.cpp's Mixtral GGUFs (stacked
+and per-expert), speculation against plain greedy; and the sliding-window context cap Mistral's configs bring."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import torch
+import transformers
+from test_loading_gguf import llama_cpp_permute
+from tiny import assert_speculation_equals_plain, per_expert, randomize_moe, tiny_drafter
+
+from eaglespec.config import EngineConfig, ModelConfig, MoEConfig, SpecConfig
+from eaglespec.engine.engine import Engine
+from eaglespec.errors import RequestError
+from eaglespec.layers.context import ForwardContext
+from eaglespec.loading import load_model
+from eaglespec.models import get_model_class
+from eaglespec.sampling_params import SamplingParams
+
+CONFIG = dict(vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
+              num_key_value_heads=2, num_local_experts=6, num_experts_per_tok=2, max_position_embeddings=256,
+              rms_norm_eps=1e-5, rope_theta=1e6, tie_word_embeddings=False)
+IDS = torch.randint(0, 101, (2, 30), generator=torch.Generator().manual_seed(2))
+
+
+def hf_model(seed: int = 0, **kw) -> transformers.MixtralForCausalLM:
+    hc = transformers.MixtralConfig(**{**CONFIG, **kw})
+    hc.architectures = ["MixtralForCausalLM"]
+    hc._attn_implementation = "eager"
+    ref = transformers.MixtralForCausalLM(hc).eval()
+    randomize_moe(ref, seed)
+    return ref
+
+
+def logits(model: torch.nn.Module, ids: torch.Tensor = IDS) -> torch.Tensor:
+    with torch.no_grad():
+        return model(ids, ForwardContext.plain(*ids.shape)).logits
+
+
+def test_a_transformers_folder_loads_and_answers_as_transformers(tmp_path):
+    from safetensors import safe_open
+
+    ref = hf_model(seed=3)
+    ref.save_pretrained(tmp_path)
+    with safe_open(str(tmp_path / "model.safetensors"), "pt") as f:
+        names = set(f.keys())
+    assert {"model.layers.0.block_sparse_moe.experts.5.w3.weight",
+            "model.layers.2.block_sparse_moe.gate.weight"} <= names
+    lm = load_model(tmp_path, dtype=torch.float32)
+    assert type(lm.model).__name__ == "MixtralForCausalLM"
+    assert lm.config.moe == MoEConfig(n_routed_experts=6, num_experts_per_tok=2, n_shared_experts=0,
+                                      moe_intermediate_size=96, norm_topk_prob=True, scoring_func="softmax",
+                                      topk_method="greedy")
+    assert lm.config.sliding_window is None and lm.config.context_limit == 256
+    with torch.no_grad():
+        want = ref(IDS).logits
+    torch.testing.assert_close(logits(lm.model), want, rtol=1e-4, atol=1e-4)
+
+
+def write_mixtral_gguf(path: Path, ref: transformers.MixtralForCausalLM, stacked: bool = True) -> None:
+    """`ref` as llama.cpp writes Mixtral: a `llama` GGUF with expert_count, q/k permuted, the experts stacked per
+    projection (`ffn_*_exps`) or, as before 2024-04, one tensor per expert (`ffn_gate.E`)."""
+    c = ref.config
+    sd = {k: v.detach().float().numpy() for k, v in per_expert(ref.state_dict()).items()}
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_block_count(c.num_hidden_layers)
+    w.add_context_length(c.max_position_embeddings)
+    w.add_embedding_length(c.hidden_size)
+    w.add_feed_forward_length(c.intermediate_size)
+    w.add_head_count(c.num_attention_heads)
+    w.add_head_count_kv(c.num_key_value_heads)
+    w.add_rope_freq_base(c.rope_parameters["rope_theta"])
+    w.add_layer_norm_rms_eps(c.rms_norm_eps)
+    w.add_expert_count(c.num_local_experts)
+    w.add_expert_used_count(c.num_experts_per_tok)
+    w.add_tensor("token_embd.weight", sd["model.embed_tokens.weight"])
+    w.add_tensor("output_norm.weight", sd["model.norm.weight"])
+    w.add_tensor("output.weight", sd["lm_head.weight"])
+    for i in range(c.num_hidden_layers):
+        pre = f"model.layers.{i}."
+        w.add_tensor(f"blk.{i}.attn_norm.weight", sd[pre + "input_layernorm.weight"])
+        w.add_tensor(f"blk.{i}.attn_q.weight", llama_cpp_permute(sd[pre + "self_attn.q_proj.weight"],
+                                                                 c.num_attention_heads))
+        w.add_tensor(f"blk.{i}.attn_k.weight", llama_cpp_permute(sd[pre + "self_attn.k_proj.weight"],
+                                                                 c.num_key_value_heads))
+        w.add_tensor(f"blk.{i}.attn_v.weight", sd[pre + "self_attn.v_proj.weight"])
+        w.add_tensor(f"blk.{i}.attn_output.weight", sd[pre + "self_attn.o_proj.weight"])
+        w.add_tensor(f"blk.{i}.ffn_norm.weight", sd[pre + "post_attention_layernorm.weight"])
+        w.add_tensor(f"blk.{i}.ffn_gate_inp.weight", sd[pre + "mlp.gate.weight"])
+        for proj in ("gate", "up", "down"):
+            per = [sd[f"{pre}mlp.experts.{e}.{proj}_proj.weight"] for e in range(c.num_local_experts)]
+            if stacked:
+                w.add_tensor(f"blk.{i}.ffn_{proj}_exps.weight", np.stack(per))
+            else:
+                for e, t in enumerate(per):
+                    w.add_tensor(f"blk.{i}.ffn_{proj}.{e}.weight", t)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+@pytest.mark.parametrize("stacked", [True, False], ids=["ffn_exps", "per_expert"])
+def test_llama_cpp_mixtral_gguf_answers_as_transformers(tmp_path, stacked):
+    ref = hf_model(seed=4)
+    write_mixtral_gguf(tmp_path / "m.gguf", ref, stacked)
+    lm = load_model(tmp_path / "m.gguf", dtype=torch.float32)
+    assert lm.config.architecture == "MixtralForCausalLM" and lm.config.moe.n_routed_experts == 6
+    with torch.no_grad():
+        want = ref(IDS).logits
+    torch.testing.assert_close(logits(lm.model), want, rtol=1e-4, atol=1e-4)
+
+
+def test_greedy_speculation_equals_plain():
+    ref = hf_model(seed=1)
+    cfg = ModelConfig.from_hf(ref.config.to_dict())
+    ours = get_model_class(cfg.architecture)(cfg).eval()
+    ours.load_state_dict(per_expert(ref.state_dict()), strict=True)
+    drafter = tiny_drafter(ours, seed=2, hidden=64)
+    prompts = [[5, 6, 7, 8, 9, 10], [40, 41, 2], list(range(20, 45))]
+    params = SamplingParams(max_new_tokens=24, ignore_eos=True)
+    plain = assert_speculation_equals_plain(ours, drafter, prompts, params, (SpecConfig(3, 1, 4), SpecConfig(4, 3, 8)))
+    assert all(len(set(p)) > 8 for p in plain)
+
+
+def mistral(**kw) -> ModelConfig:
+    return ModelConfig.from_hf(dict(architectures=["MistralForCausalLM"], model_type="mistral", vocab_size=97,
+                                    hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                                    num_key_value_heads=2, max_position_embeddings=64, **kw))
+
+
+def test_a_sliding_window_caps_the_context():
+    """Mistral-7B-v0.1's window (every layer): within it windowed and full attention see the same tokens, so the
+    engine runs the model up to the window and says why a longer prompt does not fit."""
+    cfg = mistral(sliding_window=16)
+    assert cfg.sliding_window == 16 and cfg.context_limit == 16
+    model = get_model_class(cfg.architecture)(cfg).eval()
+    torch.manual_seed(0)
+    for p in model.parameters():
+        torch.nn.init.normal_(p, std=0.2)
+    engine = Engine(model, None, EngineConfig(max_batch_size=1))
+    assert engine.context_len == 16
+    out = engine.generate([[1, 2, 3]], SamplingParams(max_new_tokens=40, ignore_eos=True))[0]
+    assert len(out.token_ids) == 16 - 3 - engine.runner.headroom()  # up to the window's 16 positions
+    with pytest.raises(RequestError, match="the prompt has 20 tokens but the model's context is 16 tokens \\(its "
+                                           "sliding window; windowed attention beyond it is not implemented\\)"):
+        engine.generate([list(range(1, 21))], SamplingParams(max_new_tokens=4))
+
+
+@pytest.mark.parametrize("kw, limit", [
+    (dict(sliding_window=None), 64),  # Mixtral's and Mistral v0.2's configs
+    (dict(sliding_window=4096), 64),  # a window past the positions changes nothing
+    (dict(sliding_window=16, use_sliding_window=False), 64),  # Qwen2.5's configs carry a window they do not use
+])
+def test_windows_that_do_not_cap(kw, limit):
+    assert mistral(**kw).context_limit == limit
