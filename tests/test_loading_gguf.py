@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Callable
 
 import gguf
 import numpy as np
@@ -34,7 +35,7 @@ DEFAULT_TYPES = {
 def write_tiny_gguf(
     path: Path, types: dict[str, Q] | None = None, arch: str = "llama", hidden: int = 64, heads: int = 4,
     kv_heads: int = 2, ffn: int = 96, layers: int = 2, vocab: int = 64, tied: bool = False, head_dim: int | None = None,
-    split_max_tensors: int = 0,
+    split_max_tensors: int = 0, extra: Callable[[gguf.GGUFWriter], None] | None = None,
 ) -> dict[str, np.ndarray]:
     """A random GGUF (no tokenizer) of llama.cpp's `llama` layout (q/k permuted), or its `qwen2` (q/k/v biases) or
     `qwen3` (per-head q/k norms) layouts (q/k as in HF); returns the HF-layout float32 weights before quantization."""
@@ -55,6 +56,8 @@ def write_tiny_gguf(
     w.add_layer_norm_rms_eps(1e-5)
     w.add_rope_dimension_count(hd)
     w.add_vocab_size(vocab)
+    if extra is not None:  # more metadata (a vocabulary, say)
+        extra(w)
     originals: dict[str, np.ndarray] = {}
 
     def put(name: str, shape: tuple[int, ...], kind: str | None = None, norm: bool = False) -> None:

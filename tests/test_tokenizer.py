@@ -175,15 +175,15 @@ def test_no_chat_template(tok, tmp_path):
 
 
 def test_unsupported_gguf_tokenizer_model(tmp_path):
-    path = tmp_path / "spm.gguf"
+    path = tmp_path / "bert.gguf"
     w = gguf.GGUFWriter(str(path), "llama")
-    w.add_tokenizer_model("llama")
-    w.add_token_list(["<unk>", "<s>", "</s>", "▁a"])
+    w.add_tokenizer_model("bert")  # WordPiece: no decoder model writes it
+    w.add_token_list(["[UNK]", "[CLS]", "[SEP]", "a"])
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    with pytest.raises(ConfigError, match="GGUF tokenizer model 'llama' is not supported.*Hugging Face folder"):
+    with pytest.raises(ConfigError, match="GGUF tokenizer model 'bert' is not supported.*Hugging Face folder"):
         load_tokenizer(path)
 
 

@@ -6,11 +6,16 @@ ByteLevel pre-tokenizer (add_prefix_space=False; before it the pre-split regexes
 one we know, `PRE_TOKENIZER_SPLITS`), a ByteLevel decoder. Tokens typed CONTROL (3) become special added tokens,
 USER_DEFINED (4) plain added tokens (kept whole when encoding, kept when decoding), as transformers and llama.cpp
 treat them, under their own ids whatever characters they hold. Special ids come from
-`tokenizer.ggml.{bos,eos,padding}_token_id`, the chat template from `tokenizer.chat_template`. Any other tokenizer
-model raises `ConfigError` suggesting the Hugging Face folder.
+`tokenizer.ggml.{bos,eos,padding}_token_id`, the chat template from `tokenizer.chat_template`; BOS is prepended
+(when asked for special tokens) as `tokenizer.ggml.add_bos_token` says. `tokenizer.ggml.model == "llama"`
+(sentencepiece: Llama 2, Mistral, Mixtral files) is rebuilt by transformers' GGUF tokenizer converter (its merges from
+the scores, byte fallback, "▁" spaces; a ConfigError when transformers is not installed), with BOS added unless the
+file says not, as llama.cpp does. Any other tokenizer model raises `ConfigError` suggesting the Hugging Face folder.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from ..errors import CheckpointError, ConfigError
 from .gguf_reader import GGUFFile
@@ -55,19 +60,61 @@ PRE_TOKENIZER_SPLITS: dict[str, tuple[str, ...]] = {
 }
 
 
+# tokenizer.ggml.* -> the key transformers' GGUF tokenizer converter reads it under
+_CONVERTER_KEYS = {"model": "tokenizer_type", "pre": "pre_tokenizer_type", "tokens": "tokens", "scores": "scores",
+                   "token_type": "token_type", "merges": "merges", "bos_token_id": "bos_token_id",
+                   "eos_token_id": "eos_token_id", "unknown_token_id": "unk_token_id",
+                   "padding_token_id": "pad_token_id", "add_space_prefix": "add_prefix_space"}
+
+
 def tokenizer_from_gguf(gguf: GGUFFile) -> Tokenizer:
-    from tokenizers import AddedToken, Regex, decoders, pre_tokenizers, processors
+    from tokenizers import processors
+
+    m = gguf.metadata
+    kind = m.get("tokenizer.ggml.model")
+    tokens: list[str] = m.get("tokenizer.ggml.tokens") or []
+    if kind == "gpt2":
+        backend = _byte_level(gguf, tokens)
+    elif kind == "llama":
+        backend = _sentencepiece(gguf)
+    else:
+        raise ConfigError(
+            f"{gguf.path}: GGUF tokenizer model {kind!r} is not supported (only byte-level BPE 'gpt2' and "
+            "sentencepiece 'llama'); load the model's Hugging Face folder, whose tokenizer.json is read directly"
+        )
+
+    def token(key: str) -> str | None:
+        i = m.get(f"tokenizer.ggml.{key}")
+        return tokens[int(i)] if i is not None and 0 <= int(i) < len(tokens) else None
+
+    bos = token("bos_token_id")
+    # llama.cpp adds BOS to a sentencepiece vocabulary that does not say otherwise (older files have no flag)
+    add_bos = m.get("tokenizer.ggml.add_bos_token", kind == "llama")
+    backend.post_processor = None
+    if add_bos and bos is not None:
+        bos_id = int(m["tokenizer.ggml.bos_token_id"])
+        backend.post_processor = processors.TemplateProcessing(
+            single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, bos_id)]
+        )
+    arch = m.get("general.architecture", "")
+    ctx = m.get(f"{arch}.context_length")
+    return Tokenizer(
+        backend,
+        bos_token=bos,
+        eos_token=token("eos_token_id"),
+        pad_token=token("padding_token_id"),
+        chat_template=m.get("tokenizer.chat_template"),
+        model_max_length=int(ctx) if ctx else None,
+    )
+
+
+def _byte_level(gguf: GGUFFile, tokens: list[str]) -> Any:
+    """The `tokenizers` backend of a byte-level BPE vocabulary (see the module docstring)."""
+    from tokenizers import AddedToken, Regex, decoders, pre_tokenizers
     from tokenizers import Tokenizer as Backend
     from tokenizers.models import BPE
 
     m = gguf.metadata
-    kind = m.get("tokenizer.ggml.model")
-    if kind != "gpt2":
-        raise ConfigError(
-            f"{gguf.path}: GGUF tokenizer model {kind!r} is not supported (only byte-level BPE 'gpt2'); "
-            "load the model's Hugging Face folder, whose tokenizer.json is read directly"
-        )
-    tokens: list[str] = m.get("tokenizer.ggml.tokens") or []
     merges: list[str] = m.get("tokenizer.ggml.merges") or []
     if not tokens or not merges:
         raise CheckpointError(f"{gguf.path} lacks tokenizer.ggml.tokens or tokenizer.ggml.merges")
@@ -102,24 +149,24 @@ def tokenizer_from_gguf(gguf: GGUFFile) -> Tokenizer:
         backend.add_special_tokens(control)
     if user:
         backend.add_tokens(user)
+    return backend
 
-    def token(key: str) -> str | None:
-        i = m.get(f"tokenizer.ggml.{key}")
-        return tokens[int(i)] if i is not None and 0 <= int(i) < len(tokens) else None
 
-    bos = token("bos_token_id")
-    if m.get("tokenizer.ggml.add_bos_token") and bos is not None:
-        bos_id = int(m["tokenizer.ggml.bos_token_id"])
-        backend.post_processor = processors.TemplateProcessing(
-            single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, bos_id)]
-        )
-    arch = m.get("general.architecture", "")
-    ctx = m.get(f"{arch}.context_length")
-    return Tokenizer(
-        backend,
-        bos_token=bos,
-        eos_token=token("eos_token_id"),
-        pad_token=token("padding_token_id"),
-        chat_template=m.get("tokenizer.chat_template"),
-        model_max_length=int(ctx) if ctx else None,
-    )
+def _sentencepiece(gguf: GGUFFile) -> Any:
+    """The `tokenizers` backend of a sentencepiece vocabulary (Llama 2, Mistral, Mixtral files), as transformers'
+    GGUF tokenizer converter builds it (the scores' merges, byte fallback, the "▁" spaces of its normalizer)."""
+    try:  # transformers 5, then 4
+        from transformers.integrations.gguf.gguf_tokenizer_mapping import convert_gguf_tokenizer
+    except ImportError:
+        try:
+            from transformers.integrations.ggml import convert_gguf_tokenizer
+        except ImportError:
+            raise ConfigError(f"{gguf.path} has a sentencepiece tokenizer ('llama'), which is rebuilt with "
+                              "transformers' GGUF tokenizer converter: install transformers, or load the model's "
+                              "Hugging Face folder") from None
+    m = gguf.metadata
+    if not m.get("tokenizer.ggml.tokens") or not m.get("tokenizer.ggml.scores"):
+        raise CheckpointError(f"{gguf.path} lacks tokenizer.ggml.tokens or tokenizer.ggml.scores")
+    d = {name: m[f"tokenizer.ggml.{key}"] for key, name in _CONVERTER_KEYS.items() if f"tokenizer.ggml.{key}" in m}
+    backend, _ = convert_gguf_tokenizer(m.get("general.architecture", "llama"), d)
+    return backend
