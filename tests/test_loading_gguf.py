@@ -328,6 +328,57 @@ def test_qwen_ggufs_match_transformers(tmp_path, arch, kw):
     assert np.abs(sd["model.layers.0.self_attn.q_proj.weight"].numpy() - q).max() < 0.1 * np.abs(q).max()
 
 
+def llama3_rope_factors(factor: float, theta: float, dim: int, original: int = 8192) -> np.ndarray:
+    """The `rope_freqs` tensor llama.cpp's converter writes for a Llama 3.1 config (low 1, high 4 frequency factors)."""
+    out = []
+    for freq in 1.0 / (theta ** (np.arange(0, dim, 2, dtype=np.float32) / dim)):
+        wavelen = 2 * np.pi / freq
+        if wavelen < original / 4:
+            out.append(1.0)
+        elif wavelen > original:
+            out.append(factor)
+        else:
+            smooth = (original / wavelen - 1) / 3
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(out, dtype=np.float32)
+
+
+def test_llama31_rope_freqs_are_its_llama3_scaling(tmp_path):
+    """Llama 3.1 - 3.3 files: RoPE scaling as a `rope_freqs` tensor (16-dim heads at theta 10^4 over 8192 original
+    positions: 6 high frequencies, one ramped, one scaled). Read back as the llama3 rope_scaling, the logits equal
+    transformers' Llama with that scaling and the file's weights."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    path = tmp_path / "llama31.gguf"
+    factors = llama3_rope_factors(8.0, 10000.0, 16)
+    assert list(factors[:6]) == [1.0] * 6 and 1 < factors[6] < 8 and factors[7] == 8
+    originals = write_tiny_gguf(path, types={k: Q.F32 for k in DEFAULT_TYPES}, vocab=64,
+                                extra=lambda w: w.add_tensor("rope_freqs.weight", factors))
+    ours = load_model(path, dtype=torch.float32)
+    rope = ours.config.rope
+    assert (rope.type, rope.factor, rope.low_freq_factor, rope.high_freq_factor,
+            rope.original_max_position_embeddings) == ("llama3", 8.0, 1.0, 4.0, 8192)
+    scaling = dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                   original_max_position_embeddings=8192, rope_theta=10000.0)
+    ref = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                       num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5,
+                                       max_position_embeddings=128, rope_parameters=scaling,
+                                       tie_word_embeddings=False)).eval()
+    sd = ref.state_dict()
+    with torch.no_grad():
+        for name, arr in originals.items():
+            sd[gguf_to_hf_name(name)[0]].copy_(torch.from_numpy(arr))
+    ids = torch.randint(0, 64, (1, 120), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = ref(ids).logits
+    assert (forward_logits(ours.model, ids) - expected).abs().max().item() <= 1e-4
+    bent = factors.copy()
+    bent[6] *= 1.1  # not the ramp Llama 3's parameters give
+    write_tiny_gguf(path, extra=lambda w: w.add_tensor("rope_freqs.weight", bent))
+    with pytest.raises(ConfigError, match="its rope_freqs factors are not Llama 3's RoPE scaling \\(factor 8,"):
+        load_model(path)
+
+
 def test_corrupt_gguf(tmp_path, smollm2_gguf):
     garbage = tmp_path / "garbage.gguf"
     garbage.write_bytes(b"not a gguf file at all" * 10)

@@ -4,7 +4,8 @@ Contract: `hf_config(path, metadata, tensors)` supports the `GGUF_ARCHITECTURES`
 raises `ConfigError` (suggesting the HF folder), as does a missing required field (named with its GGUF key).
 
 - `llama`, `qwen2`, `qwen3`: the common fields (sizes, heads, RoPE and its linear / yarn scaling, norms, special ids;
-  the vocabulary size from the embedding's rows). A `llama` file with experts (`expert_count`, `expert_used_count`)
+  the vocabulary size from the embedding's rows). Llama 3.1 - 3.3 files carry their RoPE scaling as a `rope_freqs`
+  tensor of per-frequency factors: read back into the `llama3` rope_scaling it came from (`_llama3_scaling`). A `llama` file with experts (`expert_count`, `expert_used_count`)
   is Mixtral (`MixtralForCausalLM`: every layer's experts of `feed_forward_length`); a `qwen2` / `qwen3` one is
   refused.
 - `qwen3moe` (llama.cpp's Qwen3-MoE): `expert_count` and `expert_used_count` are required,
@@ -117,7 +118,11 @@ def hf_config(path: Path, m: dict[str, Any], tensors: Sequence[Any]) -> dict[str
     else:
         cfg["intermediate_size"] = cfg["moe_intermediate_size"]
     scaling = m.get(f"{arch}.rope.scaling.type")
-    if scaling not in (None, "none"):
+    freqs = next((t for t in tensors if t.name == "rope_freqs.weight"), None)
+    if freqs is not None:
+        cfg["rope_scaling"] = _llama3_scaling(path, freqs, cfg["head_dim"], cfg["rope_theta"],
+                                              int(m.get(f"{arch}.rope.scaling.original_context_length", 8192)))
+    elif scaling not in (None, "none"):
         if scaling not in ("linear", "yarn"):
             raise ConfigError(f"{path}: GGUF rope scaling {scaling!r} is not supported")
         cfg["rope_scaling"] = {
@@ -204,3 +209,38 @@ def _deepseek2_fields(path: Path, m: dict[str, Any], dims: dict[str, Any], need:
     if not sigmoid:
         out.update(architectures=["DeepseekV2ForCausalLM"], model_type="deepseek_v2")
     return out
+
+
+def _llama3_scaling(path: Path, freqs: Any, head_dim: int, theta: float, original: int) -> dict[str, Any]:
+    """Llama 3.1 - 3.3's RoPE scaling from the `rope_freqs` tensor llama.cpp's converter writes for it (one factor per
+    frequency, dividing it: 1 for the high frequencies, `factor` for the low ones, a smooth ramp between), as the HF
+    config's `llama3` parameters: `factor` the largest, Llama 3's `low_freq_factor` 1 and `high_freq_factor` 4 over
+    `original` positions (the file's `rope.scaling.original_context_length`, else Llama 3's 8192), checked against
+    every factor the file holds; other factors raise `ConfigError`."""
+    import math
+
+    import numpy as np
+
+    from .gguf_quants import dequantize
+
+    got = dequantize(freqs.data, freqs.qtype).reshape(-1).double().numpy()
+    if got.shape != (head_dim // 2,) or not np.isfinite(got).all() or got.min() <= 0:
+        raise ConfigError(f"{path}: rope_freqs holds {got.size} factors where RoPE over {head_dim} dims needs "
+                          f"{head_dim // 2} positive ones")
+    factor, low, high = float(got.max()), 1.0, 4.0
+    want = []
+    for i in range(head_dim // 2):  # the converter's formula (convert_hf_to_gguf.py, LlamaModel)
+        wavelen = 2 * math.pi * theta ** (2 * i / head_dim)
+        if wavelen < original / high:
+            want.append(1.0)
+        elif wavelen > original / low:
+            want.append(factor)
+        else:
+            smooth = (original / wavelen - low) / (high - low)
+            want.append(1 / ((1 - smooth) / factor + smooth))
+    if not np.allclose(got, want, rtol=1e-4, atol=0):
+        raise ConfigError(f"{path}: its rope_freqs factors are not Llama 3's RoPE scaling (factor {factor:g}, "
+                          f"low_freq_factor 1, high_freq_factor 4, {original} original positions), which is the one "
+                          "supported; load the model's Hugging Face folder instead")
+    return {"rope_type": "llama3", "factor": factor, "low_freq_factor": low, "high_freq_factor": high,
+            "original_max_position_embeddings": original}

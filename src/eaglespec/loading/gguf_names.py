@@ -70,16 +70,14 @@ _COMPILED = tuple((re.compile(p), repl, perm) for p, repl, perm in GGUF_TO_HF)
 
 
 def gguf_to_hf_name(name: str) -> tuple[str, str | None]:
-    """(HF name, transform) of a GGUF tensor name; CheckpointError for a name we do not know."""
+    """(HF name, transform) of a GGUF tensor name ("config": a tensor the config holds, no weight); CheckpointError
+    for a name we do not know."""
     for pattern, repl, perm in _COMPILED:
         m = pattern.fullmatch(name)
         if m:
             return m.expand(repl), perm
-    if name == "rope_freqs.weight":
-        raise CheckpointError(
-            "this GGUF stores Llama-3.1 RoPE scaling as a 'rope_freqs' tensor, which is not supported: "
-            "load the model's Hugging Face folder instead"
-        )
+    if name == "rope_freqs.weight":  # Llama 3's RoPE scaling, read into the config (gguf_config.py), not a weight
+        return "", "config"
     raise CheckpointError(f"GGUF tensor {name!r} has no Hugging Face equivalent in our Llama / Qwen / DeepSeek layouts")
 
 

@@ -138,6 +138,8 @@ class GGUFFile:
         halves: dict[str, dict[str, torch.Tensor]] = {}  # kv_b_proj name -> the halves read so far ("k_b", "v_b")
         for t in self.tensors:
             name, kind = gguf_to_hf_name(t.name)
+            if kind == "config":  # read by hf_config (Llama 3's rope_freqs)
+                continue
             shape = tuple(reversed(t.dims))  # GGUF lists dims innermost first
             if kind == "experts":  # [E, rows, cols]: one tensor per expert, each dequantized from its own rows
                 if len(shape) != 3:
