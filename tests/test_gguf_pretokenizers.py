@@ -45,6 +45,37 @@ def test_deepseek_llm_splits():
     assert pieces("deepseek-llm", "Ωmega ℂ café 가나다  ") == ["Ω", "mega", " ", "ℂ", " caf", "é", " ", "가나다", "  "]
 
 
+@pytest.mark.parametrize("pre, want", [
+    # Mistral's tekken: case changes split letter runs, no contractions, single digits
+    ("tekken", ["Hello", "World", " I", "'M", " ", "1", "2", "3", "4", "5", " x", "\n\n", "y", "!/", " 你好"]),
+    # o200k: the same with contractions and 1-3 digits
+    ("gpt-4o", ["Hello", "World", " I'M", " ", "123", "45", " x", "\n\n", "y", "!/", " 你好"]),
+    # SmolLM / StarCoder: single digits, then GPT-2's split
+    ("smollm", ["HelloWorld", " I", "'", "M", " ", "1", "2", "3", "4", "5", " x", "\n", "\n", "y", "!/", " 你好"]),
+    ("deepseek-coder", ["HelloWorld", " I", "'", "M", " ", "1", "2", "3", "4", "5", " x", "\n", "\n", "y", "!/", " ",
+                        "你好"]),
+])
+def test_other_known_splits(pre, want):
+    assert pieces(pre, "HelloWorld I'M 12345 x\n\ny!/ 你好") == want
+
+
+def test_an_unknown_pre_tokenizer_is_named(tmp_path):
+    path = tmp_path / "t.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("newfangled")
+    w.add_token_list(list(bytes_to_unicode().values()) + ["ab"])
+    w.add_token_merges(["a b"])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.warns(UserWarning, match="its pre-tokenizer 'newfangled' is not one eaglespec knows, so GPT-2's split "
+                                         "is used"):
+        tok = tokenizer_from_gguf(GGUFFile(path))
+    assert tok.encode("ab ab") == [256, 220, 256]  # GPT-2's pieces "ab", " ab": "ab", the space's byte, "ab"
+
+
 def bpe_parts(ranks: dict[bytes, int], token: bytes) -> list[bytes]:
     """BPE on `token` with merges of lower rank than its own: the pair it was made of (llama.cpp's converter's way
     of recovering the merges of a tiktoken vocabulary)."""

@@ -15,6 +15,7 @@ file says not, as llama.cpp does. Any other tokenizer model raises `ConfigError`
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 from ..errors import CheckpointError, ConfigError
@@ -31,6 +32,19 @@ _LLAMA3_SPLIT = (
 _QWEN2_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+# Mistral's tekken (Nemo, Small 3): letter runs split at case changes, single digits
+_TEKKEN_SPLIT = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|[^\r\n\p{L}\p{N}]?"
+    r"[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+"
+    r"|\s+(?!\S)|\s+"
+)
+# o200k (GPT-4o's, MiniMax-M2's): tekken's with contractions and 1-3 digits
+_GPT4O_SPLIT = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 # DeepSeek-LLM's (and DeepSeek-V2's) cased letters: code points written out where NFC would fold them into others
 _DEEPSEEK_LETTERS = (
@@ -51,13 +65,23 @@ _DEEPSEEK_V3_SPLITS = (
 )
 # tokenizer.ggml.pre -> the pre-split regexes, applied in turn (each piece split again by the next, matches kept as
 # pieces: tokenizers' Split "isolated", as the models' tokenizer.json files say and llama.cpp's llama-vocab.cpp has
-# them); absent: the GPT-2 split built into the ByteLevel pre-tokenizer. kimi-k2: Kimi's tiktoken pattern
-# (llama.cpp runs it as a hand-written matcher).
+# them, in tokenizer.json's spelling where llama.cpp adapted one); absent: the GPT-2 split built into the ByteLevel
+# pre-tokenizer (with a warning for a pre value not known to be GPT-2's). kimi-k2: Kimi's tiktoken pattern (llama.cpp
+# runs it as a hand-written matcher).
 PRE_TOKENIZER_SPLITS: dict[str, tuple[str, ...]] = {
     "llama3": (_LLAMA3_SPLIT,), "llama-v3": (_LLAMA3_SPLIT,), "llama-bpe": (_LLAMA3_SPLIT,),
-    "smaug-bpe": (_LLAMA3_SPLIT,), "qwen2": (_QWEN2_SPLIT,), "deepseek-r1-qwen": (_QWEN2_SPLIT,),
+    "smaug-bpe": (_LLAMA3_SPLIT,), "dbrx": (_LLAMA3_SPLIT,), "chatglm-bpe": (_LLAMA3_SPLIT,),
+    "qwen2": (_QWEN2_SPLIT,), "deepseek-r1-qwen": (_QWEN2_SPLIT,), "stablelm2": (_QWEN2_SPLIT,),
+    "hunyuan": (_QWEN2_SPLIT,),
     "deepseek-llm": _DEEPSEEK_LLM_SPLITS, "deepseek-v3": _DEEPSEEK_V3_SPLITS, "kimi-k2": (KIMI_PAT_STR,),
+    "deepseek-coder": ("[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", "[一-龥ࠀ-一가-퟿]+", r"\p{N}"),
+    "tekken": (_TEKKEN_SPLIT,), "gpt-4o": (_GPT4O_SPLIT,), "minimax-m2": (_GPT4O_SPLIT,),
+    # single digits first, then GPT-2's split (SmolLM's and StarCoder's tokenizer.json: Digits, then ByteLevel)
+    **{pre: (r"\p{N}", _GPT2_SPLIT) for pre in ("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone",
+                                               "minerva")},
 }
+# pre values whose split is GPT-2's own, the ByteLevel pre-tokenizer's regex
+GPT2_PRES = frozenset({"default", "gpt2", "gpt-2", "mpt", "olmo", "jais", "trillion", "granite-docling"})
 
 
 # tokenizer.ggml.* -> the key transformers' GGUF tokenizer converter reads it under
@@ -134,7 +158,12 @@ def _byte_level(gguf: GGUFFile, tokens: list[str]) -> Any:
     bpe = BPE(vocab=vocab, merges=pairs, dropout=None, continuing_subword_prefix="", end_of_word_suffix="",
               fuse_unk=False)
     backend = Backend(bpe)
-    splits = PRE_TOKENIZER_SPLITS.get(m.get("tokenizer.ggml.pre", ""))
+    pre = m.get("tokenizer.ggml.pre")
+    splits = PRE_TOKENIZER_SPLITS.get(pre or "")
+    if pre and splits is None and pre not in GPT2_PRES:
+        warnings.warn(f"{gguf.path}: its pre-tokenizer {pre!r} is not one eaglespec knows, so GPT-2's split is used: "
+                      "tokens may differ from the model's own tokenizer (its Hugging Face folder's tokenizer.json "
+                      "has it)", stacklevel=2)
     if splits is None:
         backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     else:
