@@ -38,8 +38,12 @@ class RopeConfig:
     beta_slow: float = 1.0
     mscale: float = 1.0
     mscale_all_dim: float = 0.0
-    attention_factor: float | None = None  # yarn cos/sin scale; None: derived from mscale as transformers does
+    attention_factor: float | None = None  # yarn / longrope cos/sin scale; None: derived as transformers does
     truncate: bool = True  # yarn: round the correction range to whole dims
+    # longrope (Phi-3's 128K variants): per-frequency divisors up to original_max_position_embeddings (the short
+    # factors, the only ones used: see ModelConfig.context_limit) and past it (long)
+    short_factor: tuple[float, ...] = ()
+    long_factor: tuple[float, ...] = ()
 
     @staticmethod
     def from_hf(d: Mapping[str, Any]) -> "RopeConfig":
@@ -48,24 +52,30 @@ class RopeConfig:
         if "rope_theta" in rs:  # transformers 5 folds theta into rope_parameters
             theta = float(rs["rope_theta"])
         rtype = rs.get("rope_type", rs.get("type", "default")) or "default"
-        known = ("default", "linear", "llama3", "yarn")
+        rtype = {"su": "longrope"}.get(rtype, rtype)  # Phi-3's first configs name LongRoPE "su"
+        known = ("default", "linear", "llama3", "yarn", "longrope")
         if rtype not in known:
             raise ConfigError(f"rope_scaling type {rtype!r} is not supported (supported: {', '.join(known)})")
+        original = int(rs.get("original_max_position_embeddings", d.get("original_max_position_embeddings",
+                                                                        d.get("max_position_embeddings", 8192))))
+        factor = rs.get("factor")
+        if rtype == "longrope" and factor is None:  # Phi-3's convention: the positions' ratio
+            factor = int(d.get("max_position_embeddings", original)) / original
         return RopeConfig(
             theta=theta,
             type=rtype,
-            factor=float(rs.get("factor", 1.0)),
+            factor=float(factor if factor is not None else 1.0),
             low_freq_factor=float(rs.get("low_freq_factor", 1.0)),
             high_freq_factor=float(rs.get("high_freq_factor", 4.0)),
-            original_max_position_embeddings=int(
-                rs.get("original_max_position_embeddings", d.get("max_position_embeddings", 8192))
-            ),
+            original_max_position_embeddings=original,
             beta_fast=float(rs.get("beta_fast", 32.0)),
             beta_slow=float(rs.get("beta_slow", 1.0)),
             mscale=float(rs.get("mscale", 1.0)),
             mscale_all_dim=float(rs.get("mscale_all_dim", 0.0)),
             attention_factor=float(rs["attention_factor"]) if rs.get("attention_factor") is not None else None,
             truncate=bool(rs.get("truncate", True)),
+            short_factor=tuple(float(x) for x in rs.get("short_factor") or ()),
+            long_factor=tuple(float(x) for x in rs.get("long_factor") or ()),
         )
 
     def to_hf(self) -> dict[str, Any] | None:
@@ -78,6 +88,11 @@ class RopeConfig:
                 high_freq_factor=self.high_freq_factor,
                 original_max_position_embeddings=self.original_max_position_embeddings,
             )
+        if self.type == "longrope":
+            out.update(short_factor=list(self.short_factor), long_factor=list(self.long_factor),
+                       original_max_position_embeddings=self.original_max_position_embeddings)
+            if self.attention_factor is not None:
+                out["attention_factor"] = self.attention_factor
         if self.type == "yarn":
             out.update(
                 beta_fast=self.beta_fast,
@@ -245,10 +260,25 @@ class ModelConfig:
 
     @property
     def context_limit(self) -> int:
-        """The longest context the model runs at exactly: `max_position_embeddings`, or its sliding window when that
-        is smaller (within the window, windowed and full attention see the same tokens; windowed attention beyond it is
-        not implemented)."""
-        return min(self.max_position_embeddings, self.sliding_window or self.max_position_embeddings)
+        """The longest context the model runs at exactly: `max_position_embeddings`, or less where the model changes
+        past a point this engine does not follow (`context_limit_reason`)."""
+        return min([self.max_position_embeddings] + list(self._limits()))
+
+    @property
+    def context_limit_reason(self) -> str:
+        """Why `context_limit` is below `max_position_embeddings` ("" when it is not)."""
+        limit = self.context_limit
+        return next((why for n, why in self._limits().items() if n == limit < self.max_position_embeddings), "")
+
+    def _limits(self) -> dict[int, str]:
+        out = {}
+        if self.rope.type == "longrope":  # its long factors apply to a whole sequence past the original positions
+            out[self.rope.original_max_position_embeddings] = (
+                "LongRoPE's original positions: its long factors, which change every position's rotation once a "
+                "sequence is longer, are not implemented")
+        if self.sliding_window:  # within the window, windowed and full attention see the same tokens
+            out[self.sliding_window] = "its sliding window; windowed attention beyond it is not implemented"
+        return out
 
     @staticmethod
     def from_hf(d: Mapping[str, Any]) -> "ModelConfig":

@@ -120,9 +120,8 @@ class Engine(OverlappedStep, PrefixReuse):
                                   prefill_chunk=config.prefill_chunk)
         self.context_len = min(self.target_config.context_limit, config.max_seq_len or 1 << 30)
         # why the context is shorter than the model's positions, for the too-long-prompt message
-        self.context_note = (" (its sliding window; windowed attention beyond it is not implemented)"
-                             if self.context_len == self.target_config.sliding_window
-                             < self.target_config.max_position_embeddings else "")
+        reason = self.target_config.context_limit_reason
+        self.context_note = f" ({reason})" if reason and self.context_len == self.target_config.context_limit else ""
         self.scheduler: Scheduler | None = None
         tok_eos = tuple(tokenizer.eos_token_ids) if tokenizer is not None else ()
         self.eos_ids = tuple(dict.fromkeys(tok_eos + tuple(self.target_config.eos_token_ids)))

@@ -1,4 +1,5 @@
-"""Rotary position embeddings: inverse frequencies for default / linear / llama3 / yarn, and their application.
+"""Rotary position embeddings: inverse frequencies for default / linear / llama3 / yarn / longrope (its short factors),
+and their application.
 
 `Rotary(dim, cfg)` turns positions [B, T] into (cos, sin) [B, T, dim/2] (yarn's attention factor folded in), computed
 from the positions on the fly: no table bounded by the context length. `apply_rotary` rotates halves (the HF / Llama
@@ -14,6 +15,7 @@ import torch
 from torch import nn
 
 from ..config import RopeConfig
+from ..errors import ConfigError
 
 
 def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
@@ -24,6 +26,15 @@ def inv_freq_and_scale(dim: int, cfg: RopeConfig) -> tuple[torch.Tensor, float]:
     """Inverse frequencies [dim/2] (float32) and the factor applied to cos/sin."""
     base = cfg.theta
     inv = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    if cfg.type == "longrope":  # the short factors (ModelConfig.context_limit keeps sequences within their range)
+        if len(cfg.short_factor) != dim // 2:
+            raise ConfigError(f"LongRoPE's short_factor has {len(cfg.short_factor)} entries where RoPE over {dim} dims "
+                              f"needs {dim // 2}")
+        scale = cfg.attention_factor
+        if scale is None:
+            orig = cfg.original_max_position_embeddings
+            scale = 1.0 if cfg.factor <= 1 else math.sqrt(1 + math.log(cfg.factor) / math.log(orig))
+        return 1.0 / (torch.tensor(cfg.short_factor) * base ** (torch.arange(0, dim, 2).float() / dim)), scale
     if cfg.type in ("default",) or cfg.factor == 1.0 and cfg.type != "yarn":
         return inv, 1.0
     if cfg.type == "linear":

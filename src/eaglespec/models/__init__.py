@@ -13,6 +13,7 @@ _REGISTRY: dict[str, str] = {
     "Qwen3ForCausalLM": "eaglespec.models.qwen:Qwen3ForCausalLM",
     "Qwen3MoeForCausalLM": "eaglespec.models.qwen_moe:Qwen3MoeForCausalLM",
     "MixtralForCausalLM": "eaglespec.models.mixtral:MixtralForCausalLM",
+    "Phi3ForCausalLM": "eaglespec.models.phi3:Phi3ForCausalLM",
     "LlamaForCausalLMEagle3": "eaglespec.models.eagle3:LlamaForCausalLMEagle3",
     "DeepseekV2ForCausalLM": "eaglespec.models.deepseek_v3:DeepseekV2ForCausalLM",
     "DeepseekV3ForCausalLM": "eaglespec.models.deepseek_v3:DeepseekV3ForCausalLM",

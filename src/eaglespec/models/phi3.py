@@ -1,0 +1,49 @@
+"""Phi-3 / Phi-4 (`Phi3ForCausalLM`: Phi-3-mini / small / medium, Phi-3.5-mini, Phi-4): Llama's layers with fused
+projections in the checkpoint.
+
+The checkpoints hold `self_attn.qkv_proj.weight` ([q heads + 2 kv heads] x head_dim rows, q then k then v) and
+`mlp.gate_up_proj.weight` (gate rows, then up rows); `transform_checkpoint` splits them into the q / k / v and gate /
+up projections of models/llama.py (the CUDA path fuses them again, `engine.transforms.fuse_projections`). RoPE: the
+config's (default, or LongRoPE for the 128K variants: `RopeConfig` type "longrope", whose short factors apply up to
+`original_max_position_embeddings`, the context such a model then runs at: `ModelConfig.context_limit`; transformers
+switches to the long factors past it for the whole sequence, which the KV cache cannot follow). A sliding window
+(Phi-3-mini-4k's 2047) caps the context likewise. Refused by name: `partial_rotary_factor` < 1 (Phi-4-mini), whose
+RoPE covers part of each head.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import torch
+
+from ..config import ModelConfig
+from ..errors import ConfigError
+from .llama import LlamaForCausalLM
+
+
+class Phi3ForCausalLM(LlamaForCausalLM):
+    def __init__(self, config: ModelConfig) -> None:
+        text = config.raw.get("text_config") or config.raw
+        partial = (text.get("rope_parameters") or text.get("rope_scaling") or {}).get(
+            "partial_rotary_factor", text.get("partial_rotary_factor", 1.0))
+        if partial is not None and float(partial) != 1.0:
+            raise ConfigError(f"{config.architecture} with partial_rotary_factor {partial}: RoPE over part of each "
+                              "head is not implemented")
+        super().__init__(config)
+
+    def transform_checkpoint(self, name: str, tensor: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
+        """The fused checkpoint projections, split into the separate ones this model keeps."""
+        cfg = self.config
+        if name.endswith("self_attn.qkv_proj.weight"):
+            q, kv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
+            base = name[: -len("qkv_proj.weight")]
+            yield from zip((f"{base}q_proj.weight", f"{base}k_proj.weight", f"{base}v_proj.weight"),
+                           torch.split(tensor, [q, kv, kv]))
+        elif name.endswith("mlp.gate_up_proj.weight"):
+            base = name[: -len("gate_up_proj.weight")]
+            gate, up = tensor.chunk(2)
+            yield f"{base}gate_proj.weight", gate
+            yield f"{base}up_proj.weight", up
+        else:
+            yield name, tensor

@@ -1,0 +1,101 @@
+"""Phi-3 / Phi-4 (models/phi3.py) against transformers' Phi3ForCausalLM on tiny random configs (float32): folders
+saved by transformers (fused qkv_proj / gate_up_proj) through our loader, with default RoPE (Phi-4's) and LongRoPE
+(the 128K variants': short factors up to the original positions, which cap the context), speculation against plain
+greedy, and what is refused."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import transformers
+from tiny import assert_speculation_equals_plain, tiny_drafter
+
+from eaglespec.config import EngineConfig, SpecConfig
+from eaglespec.engine.engine import Engine
+from eaglespec.errors import ConfigError, RequestError
+from eaglespec.layers.context import ForwardContext
+from eaglespec.loading import load_model
+from eaglespec.sampling_params import SamplingParams
+
+CONFIG = dict(vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, rms_norm_eps=1e-5, tie_word_embeddings=False, pad_token_id=0)
+HEAD_PAIRS = 8  # head_dim 16: 8 rotation frequencies
+g = torch.Generator().manual_seed(5)
+LONGROPE = dict(rope_type="longrope", rope_theta=10000.0, original_max_position_embeddings=64,
+                short_factor=(1 + 2 * torch.rand(HEAD_PAIRS, generator=g)).tolist(),
+                long_factor=(4 + 8 * torch.rand(HEAD_PAIRS, generator=g)).tolist())
+CASES = {
+    "default": dict(max_position_embeddings=256, rope_parameters=dict(rope_type="default", rope_theta=250000.0)),
+    "longrope": dict(max_position_embeddings=256, original_max_position_embeddings=64, rope_parameters=LONGROPE),
+}
+
+
+def hf_model(case: str, seed: int = 0) -> transformers.Phi3ForCausalLM:
+    hc = transformers.Phi3Config(**{**CONFIG, **CASES[case]})
+    hc.architectures = ["Phi3ForCausalLM"]
+    hc._attn_implementation = "eager"
+    ref = transformers.Phi3ForCausalLM(hc).eval()
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():  # O(1) logits (transformers' init is too small to tell layouts apart)
+        for _, t in ref.named_parameters():
+            t.copy_(1.0 + 0.1 * torch.randn(t.shape, generator=gen) if t.dim() == 1
+                    else torch.randn(t.shape, generator=gen) / math.sqrt(t.shape[-1]))
+    return ref
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def loaded(request, tmp_path_factory):
+    ref = hf_model(request.param)
+    folder = tmp_path_factory.mktemp(request.param)
+    ref.save_pretrained(folder)
+    return request.param, ref, load_model(folder, dtype=torch.float32)
+
+
+def test_a_transformers_folder_answers_as_transformers(loaded):
+    from safetensors import safe_open
+
+    case, ref, lm = loaded
+    with safe_open(str(lm.path / "model.safetensors"), "pt") as f:
+        assert {"model.layers.0.self_attn.qkv_proj.weight", "model.layers.1.mlp.gate_up_proj.weight"} <= set(f.keys())
+    ids = torch.randint(1, 101, (2, 60), generator=torch.Generator().manual_seed(1))  # within LongRoPE's 64
+    with torch.no_grad():
+        want = ref(ids).logits
+        got = lm.model(ids, ForwardContext.plain(*ids.shape)).logits
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    if case == "longrope":
+        rope = lm.config.rope
+        assert rope.type == "longrope" and rope.factor == 4.0 and rope.original_max_position_embeddings == 64
+        assert lm.config.context_limit == 64
+
+
+def test_longrope_caps_the_context_at_its_original_positions(loaded):
+    case, _, lm = loaded
+    engine = Engine(lm.model, None, EngineConfig(max_batch_size=1))
+    if case == "default":
+        assert engine.context_len == 256 and engine.context_note == ""
+        return
+    assert engine.context_len == 64
+    with pytest.raises(RequestError, match="the prompt has 70 tokens but the model's context is 64 tokens \\(LongRoPE's "
+                                           "original positions: its long factors"):
+        engine.generate([list(range(1, 71))], SamplingParams(max_new_tokens=4))
+
+
+def test_greedy_speculation_equals_plain(loaded):
+    _, _, lm = loaded
+    drafter = tiny_drafter(lm.model, seed=2, hidden=64)
+    prompts = [[5, 6, 7, 8, 9, 10], [40, 41, 2], list(range(20, 45))]
+    params = SamplingParams(max_new_tokens=16, ignore_eos=True)
+    plain = assert_speculation_equals_plain(lm.model, drafter, prompts, params,
+                                            (SpecConfig(3, 1, 4), SpecConfig(4, 3, 8)))
+    assert all(len(set(p)) > 4 for p in plain)
+
+
+def test_partial_rotary_is_refused(tmp_path):
+    ref = hf_model("default")
+    ref.config.rope_parameters["partial_rotary_factor"] = 0.75  # Phi-4-mini's
+    ref.save_pretrained(tmp_path)
+    with pytest.raises(ConfigError, match="Phi3ForCausalLM with partial_rotary_factor 0.75: RoPE over part of each "
+                                          "head is not implemented"):
+        load_model(tmp_path)
