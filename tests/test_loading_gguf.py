@@ -304,7 +304,7 @@ def test_unsupported_gguf_architecture(tmp_path):
     path = tmp_path / "other.gguf"
     write_tiny_gguf(path, arch="gemma")
     with pytest.raises(ConfigError, match="GGUF architecture 'gemma' is not supported \\(only 'llama', 'qwen2', "
-                                          "'qwen3', 'qwen3moe', 'deepseek2'\\)"):
+                                          "'qwen3', 'qwen3moe', 'deepseek2', 'phi3'\\)"):
         load_model(path)
 
 

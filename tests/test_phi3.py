@@ -5,8 +5,12 @@ greedy, and what is refused."""
 
 from __future__ import annotations
 
+import copy
 import math
+from pathlib import Path
 
+import gguf
+import numpy as np
 import pytest
 import torch
 import transformers
@@ -32,8 +36,12 @@ CASES = {
 }
 
 
-def hf_model(case: str, seed: int = 0) -> transformers.Phi3ForCausalLM:
-    hc = transformers.Phi3Config(**{**CONFIG, **CASES[case]})
+def hf_model(case: str, seed: int = 0, **rope) -> transformers.Phi3ForCausalLM:
+    """transformers' model for a case (a deep copy of it: transformers keeps the rope dict it is given), `rope`
+    added to its rope parameters."""
+    kw = copy.deepcopy(CASES[case])
+    kw["rope_parameters"].update(rope)
+    hc = transformers.Phi3Config(**CONFIG, **kw)
     hc.architectures = ["Phi3ForCausalLM"]
     hc._attn_implementation = "eager"
     ref = transformers.Phi3ForCausalLM(hc).eval()
@@ -77,8 +85,8 @@ def test_longrope_caps_the_context_at_its_original_positions(loaded):
         assert engine.context_len == 256 and engine.context_note == ""
         return
     assert engine.context_len == 64
-    with pytest.raises(RequestError, match="the prompt has 70 tokens but the model's context is 64 tokens \\(LongRoPE's "
-                                           "original positions: its long factors"):
+    with pytest.raises(RequestError, match="the prompt has 70 tokens but the model's context is 64 tokens "
+                                           "\\(LongRoPE's original positions: its long factors"):
         engine.generate([list(range(1, 71))], SamplingParams(max_new_tokens=4))
 
 
@@ -93,9 +101,60 @@ def test_greedy_speculation_equals_plain(loaded):
 
 
 def test_partial_rotary_is_refused(tmp_path):
-    ref = hf_model("default")
-    ref.config.rope_parameters["partial_rotary_factor"] = 0.75  # Phi-4-mini's
-    ref.save_pretrained(tmp_path)
+    hf_model("default", partial_rotary_factor=0.75).save_pretrained(tmp_path)  # Phi-4-mini's
     with pytest.raises(ConfigError, match="Phi3ForCausalLM with partial_rotary_factor 0.75: RoPE over part of each "
                                           "head is not implemented"):
         load_model(tmp_path)
+
+
+def write_phi3_gguf(path: Path, ref: transformers.Phi3ForCausalLM) -> None:
+    """`ref` as llama.cpp's Phi3MiniModel writes it: `attn_qkv` and `ffn_up` (gate then up) fused, LongRoPE as
+    rope_factors_short / _long tensors and its attention factor, the sliding window (0: none)."""
+    c = ref.config
+    sd = {k: v.detach().float().numpy() for k, v in ref.state_dict().items()}
+    w = gguf.GGUFWriter(str(path), "phi3")
+    w.add_context_length(c.max_position_embeddings)
+    w.add_embedding_length(c.hidden_size)
+    w.add_feed_forward_length(c.intermediate_size)
+    w.add_block_count(c.num_hidden_layers)
+    w.add_head_count(c.num_attention_heads)
+    w.add_head_count_kv(c.num_key_value_heads)
+    w.add_layer_norm_rms_eps(c.rms_norm_eps)
+    w.add_rope_dimension_count(c.hidden_size // c.num_attention_heads)
+    w.add_rope_freq_base(c.rope_parameters["rope_theta"])
+    w.add_sliding_window(c.sliding_window or 0)
+    rope = c.rope_parameters
+    if rope["rope_type"] == "longrope":
+        orig = rope["original_max_position_embeddings"]
+        w.add_rope_scaling_orig_ctx_len(orig)
+        scale = c.max_position_embeddings / orig
+        w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(orig)))
+        w.add_tensor("rope_factors_long.weight", np.array(rope["long_factor"], np.float32))
+        w.add_tensor("rope_factors_short.weight", np.array(rope["short_factor"], np.float32))
+    w.add_tensor("token_embd.weight", sd["model.embed_tokens.weight"])
+    w.add_tensor("output_norm.weight", sd["model.norm.weight"])
+    w.add_tensor("output.weight", sd["lm_head.weight"])
+    for i in range(c.num_hidden_layers):
+        pre = f"model.layers.{i}."
+        for g, h in (("attn_norm", "input_layernorm"), ("attn_qkv", "self_attn.qkv_proj"),
+                     ("attn_output", "self_attn.o_proj"), ("ffn_norm", "post_attention_layernorm"),
+                     ("ffn_up", "mlp.gate_up_proj"), ("ffn_down", "mlp.down_proj")):
+            w.add_tensor(f"blk.{i}.{g}.weight", sd[f"{pre}{h}.weight"])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_llama_cpp_phi3_gguf_answers_as_transformers(tmp_path, case):
+    ref = hf_model(case, seed=6)
+    write_phi3_gguf(tmp_path / "m.gguf", ref)
+    lm = load_model(tmp_path / "m.gguf", dtype=torch.float32)
+    assert lm.config.architecture == "Phi3ForCausalLM" and lm.config.sliding_window is None
+    assert lm.config.context_limit == (64 if case == "longrope" else 256)
+    ids = torch.randint(1, 101, (2, 60), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        want = ref(ids).logits
+        got = lm.model(ids, ForwardContext.plain(*ids.shape)).logits
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)

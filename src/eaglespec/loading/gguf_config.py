@@ -5,14 +5,16 @@ raises `ConfigError` (suggesting the HF folder), as does a missing required fiel
 
 - `llama`, `qwen2`, `qwen3`: the common fields (sizes, heads, RoPE and its linear / yarn scaling, norms, special ids;
   the vocabulary size from the embedding's rows). Llama 3.1 - 3.3 files carry their RoPE scaling as a `rope_freqs`
-  tensor of per-frequency factors: read back into the `llama3` rope_scaling it came from (`_llama3_scaling`). A `llama` file with experts (`expert_count`, `expert_used_count`)
-  is Mixtral (`MixtralForCausalLM`: every layer's experts of `feed_forward_length`); a `qwen2` / `qwen3` one is
-  refused.
+  tensor of per-frequency factors: read back into the `llama3` rope_scaling it came from (`_llama3_scaling`). A
+  `llama` file with experts (`expert_count`, `expert_used_count`) is Mixtral (`MixtralForCausalLM`: every layer's
+  experts of `feed_forward_length`); a `qwen2` / `qwen3` one is refused.
 - `qwen3moe` (llama.cpp's Qwen3-MoE): `expert_count` and `expert_used_count` are required,
   `expert_feed_forward_length` gives `moe_intermediate_size` (else the stacked gate tensor's rows); every layer is
   sparse (llama.cpp's qwen3moe requires a router in each: `decoder_sparse_step` 1, no `mlp_only_layers`) and
   `norm_topk_prob` is True, since llama.cpp's qwen3moe graph always renormalises the top-k weights (no GGUF key says
   otherwise), as Qwen3-MoE's released configs do.
+- `phi3` (Phi-3, Phi-4): `_phi3_fields` (sliding window, LongRoPE from its factor tensors); the fused `attn_qkv` and
+  `ffn_up` (gate and up) load into models/phi3.py, which splits them.
 - `deepseek2` (llama.cpp's DeepSeek-V2 / V2-Lite / V3 / R1 and Kimi-K2 files; facts from its converter
   `DeepseekV2Model`): MLA sizes from `attention.kv_lora_rank`, `attention.q_lora_rank` (absent: no q LoRA),
   `rope.dimension_count` (qk_rope), and the per-head q / v sizes from `attention.key_length_mla` / `value_length_mla`,
@@ -41,7 +43,8 @@ from ..errors import ConfigError
 
 # GGUF `general.architecture` -> the model class (models/__init__.py) its tensors load into (deepseek2: by its router)
 GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-                      "qwen3moe": "Qwen3MoeForCausalLM", "deepseek2": "DeepseekV3ForCausalLM"}
+                      "qwen3moe": "Qwen3MoeForCausalLM", "deepseek2": "DeepseekV3ForCausalLM",
+                      "phi3": "Phi3ForCausalLM"}
 # GGUF architecture -> HF model_type, where they differ
 _MODEL_TYPES = {"qwen3moe": "qwen3_moe", "deepseek2": "deepseek_v3"}
 # general.file_type -> torch dtype name of the unquantized model (everything quantized dequantizes to float32).
@@ -103,6 +106,8 @@ def hf_config(path: Path, m: dict[str, Any], tensors: Sequence[Any]) -> dict[str
     }
     if arch == "qwen3moe":
         cfg.update(_qwen3moe_fields(path, m, dims, need))
+    elif arch == "phi3":
+        cfg.update(_phi3_fields(path, m, tensors, hidden // heads))
     elif arch == "deepseek2":
         cfg.update(_deepseek2_fields(path, m, dims, need, heads))
     elif m.get(f"{arch}.expert_count"):
@@ -119,7 +124,9 @@ def hf_config(path: Path, m: dict[str, Any], tensors: Sequence[Any]) -> dict[str
         cfg["intermediate_size"] = cfg["moe_intermediate_size"]
     scaling = m.get(f"{arch}.rope.scaling.type")
     freqs = next((t for t in tensors if t.name == "rope_freqs.weight"), None)
-    if freqs is not None:
+    if "rope_scaling" in cfg:  # set by the architecture's fields (phi3's LongRoPE)
+        pass
+    elif freqs is not None:
         cfg["rope_scaling"] = _llama3_scaling(path, freqs, cfg["head_dim"], cfg["rope_theta"],
                                               int(m.get(f"{arch}.rope.scaling.original_context_length", 8192)))
     elif scaling not in (None, "none"):
@@ -167,6 +174,35 @@ def _qwen3moe_fields(path: Path, m: dict[str, Any], dims: dict[str, Any], need: 
         size = gate[1]  # GGUF dims (H, I, E)
     return {"num_experts": experts, "num_experts_per_tok": used, "moe_intermediate_size": int(size),
             "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": []}
+
+
+def _phi3_fields(path: Path, m: dict[str, Any], tensors: Sequence[Any], head_dim: int) -> dict[str, Any]:
+    """A `phi3` file's fields (Phi-3, Phi-4; llama.cpp's Phi3MiniModel): heads of hidden / heads dims (its
+    `rope.dimension_count` is the rotated part: less means partial RoPE, which models/phi3.py refuses), the sliding
+    window (0: none, Phi-4), and LongRoPE from the `rope_factors_short` / `rope_factors_long` tensors over
+    `rope.scaling.original_context_length` positions, with the file's `rope.scaling.attn_factor`."""
+    from .gguf_quants import dequantize
+
+    out: dict[str, Any] = {"head_dim": head_dim}
+    rotated = int(m.get("phi3.rope.dimension_count") or head_dim)
+    if rotated != head_dim:
+        out["partial_rotary_factor"] = rotated / head_dim
+    window = int(m.get("phi3.attention.sliding_window") or 0)
+    out["sliding_window"] = window or None
+    factors = {t.name: dequantize(t.data, t.qtype).reshape(-1).tolist() for t in tensors
+               if t.name in ("rope_factors_short.weight", "rope_factors_long.weight")}
+    if factors:
+        if len(factors) != 2:
+            raise ConfigError(f"{path} has one of rope_factors_short / rope_factors_long without the other")
+        out["rope_scaling"] = {
+            "rope_type": "longrope", "short_factor": factors["rope_factors_short.weight"],
+            "long_factor": factors["rope_factors_long.weight"],
+            "original_max_position_embeddings": int(m.get("phi3.rope.scaling.original_context_length",
+                                                          m.get("phi3.context_length", 4096))),
+        }
+        if m.get("phi3.rope.scaling.attn_factor") is not None:
+            out["rope_scaling"]["attention_factor"] = float(m["phi3.rope.scaling.attn_factor"])
+    return out
 
 
 def _deepseek2_fields(path: Path, m: dict[str, Any], dims: dict[str, Any], need: Callable[[str], Any],

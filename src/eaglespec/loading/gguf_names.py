@@ -35,6 +35,7 @@ GGUF_TO_HF: tuple[tuple[str, str, str | None], ...] = (
     (r"blk\.(\d+)\.attn_k\.(weight|bias)", r"model.layers.\1.self_attn.k_proj.\2", "k"),
     (r"blk\.(\d+)\.attn_v\.(weight|bias)", r"model.layers.\1.self_attn.v_proj.\2", None),
     (r"blk\.(\d+)\.attn_output\.(weight|bias)", r"model.layers.\1.self_attn.o_proj.\2", None),
+    (r"blk\.(\d+)\.attn_qkv\.weight", r"model.layers.\1.self_attn.qkv_proj.weight", None),  # phi3: fused
     (r"blk\.(\d+)\.ffn_gate\.(weight|bias)", r"model.layers.\1.mlp.gate_proj.\2", None),
     (r"blk\.(\d+)\.ffn_up\.(weight|bias)", r"model.layers.\1.mlp.up_proj.\2", None),
     (r"blk\.(\d+)\.ffn_down\.(weight|bias)", r"model.layers.\1.mlp.down_proj.\2", None),
@@ -63,6 +64,9 @@ GGUF_TO_HF: tuple[tuple[str, str, str | None], ...] = (
     (r"blk\.(\d+)\.ffn_down_shexp\.weight", r"model.layers.\1.mlp.shared_experts.down_proj.weight", None),
     (r"blk\.(\d+)\.exp_probs_b\.bias", r"model.layers.\1.mlp.gate.e_score_correction_bias", None),
 )
+# per architecture, (HF name suffix, the name it holds there): phi3's ffn_up is the fused gate_up_proj (gate rows,
+# then up rows), which models/phi3.py splits
+ARCH_RENAMES: dict[str, tuple[tuple[str, str], ...]] = {"phi3": ((".mlp.up_proj.weight", ".mlp.gate_up_proj.weight"),)}
 # GGUF architectures whose q/k weights llama.cpp permuted (interleaved RoPE pairs)
 PERMUTED_ARCHS = frozenset({"llama"})
 
@@ -76,8 +80,8 @@ def gguf_to_hf_name(name: str) -> tuple[str, str | None]:
         m = pattern.fullmatch(name)
         if m:
             return m.expand(repl), perm
-    if name == "rope_freqs.weight":  # Llama 3's RoPE scaling, read into the config (gguf_config.py), not a weight
-        return "", "config"
+    if name in ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"):
+        return "", "config"  # RoPE scaling (Llama 3's, Phi-3's LongRoPE), read into the config (gguf_config.py)
     raise CheckpointError(f"GGUF tensor {name!r} has no Hugging Face equivalent in our Llama / Qwen / DeepSeek layouts")
 
 

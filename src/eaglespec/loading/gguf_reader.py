@@ -33,7 +33,7 @@ import torch
 from ..errors import CheckpointError
 from .gguf_config import hf_config
 from .gguf_header import GGUFHeader, read_header
-from .gguf_names import PERMUTED_ARCHS, expert_names, gguf_to_hf_name, join_kv_b, unpermute_qk
+from .gguf_names import ARCH_RENAMES, PERMUTED_ARCHS, expert_names, gguf_to_hf_name, join_kv_b, unpermute_qk
 from .gguf_quants import dequantize
 
 # torch-computed (gguf_quants.py), then what gguf.quants (>= 0.19) dequantizes: the K-quants of llama.cpp's Q2_K ..
@@ -138,8 +138,11 @@ class GGUFFile:
         halves: dict[str, dict[str, torch.Tensor]] = {}  # kv_b_proj name -> the halves read so far ("k_b", "v_b")
         for t in self.tensors:
             name, kind = gguf_to_hf_name(t.name)
-            if kind == "config":  # read by hf_config (Llama 3's rope_freqs)
+            if kind == "config":  # read by hf_config (RoPE scaling tensors)
                 continue
+            for suffix, fused in ARCH_RENAMES.get(self.architecture, ()):
+                if name.endswith(suffix):
+                    name = name[: -len(suffix)] + fused
             shape = tuple(reversed(t.dims))  # GGUF lists dims innermost first
             if kind == "experts":  # [E, rows, cols]: one tensor per expert, each dequantized from its own rows
                 if len(shape) != 3:
