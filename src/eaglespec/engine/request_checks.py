@@ -6,8 +6,8 @@ Contract:
   token id the request names (logit_bias, stop_token_ids, allowed_token_ids) inside the vocabulary; min_tokens not
   banning every token allowed_token_ids allows;
 - `fit_context(params, n_prompt, context_len, headroom, note)`: an empty prompt, or one that leaves no room in the
-  context (less the drafts' headroom), refused (`note` says why the context is what it is, when it is not the
-  model's positions: a sliding window); otherwise `params` with max_new_tokens (and min_tokens) clipped to
+  context (less the drafts' headroom), refused (`note` says why the context is shorter than the model's positions:
+  `ModelConfig.context_limit_reason`, a sliding window or LongRoPE's original positions); otherwise `params` with max_new_tokens (and min_tokens) clipped to
   the room left.
 """
 

@@ -9,22 +9,21 @@ Contract:
   count other than `split.tensors.count`, is a `CheckpointError` naming what is wrong.
 - `metadata` holds every key/value field as plain Python values (strings, numbers, lists); `tensors` the tensor
   table (`gguf_header.GGUFTensor`, every shard's).
-- `hf_config()` builds the `config.json` dict of the model (`gguf_config.py`: the `llama`, `qwen2`, `qwen3`,
-  `qwen3moe` and `deepseek2` architectures; others raise `ConfigError`), which `ModelConfig.from_hf` consumes
-  unchanged.
+- `hf_config()` builds the `config.json` dict of the model (`gguf_config.py`, for its `GGUF_ARCHITECTURES`; others
+  raise `ConfigError`), which `ModelConfig.from_hf` consumes unchanged.
 - `hf_tensors()` yields `(hf_name, float32 tensor)` one tensor at a time: dequantized (`SUPPORTED_TYPES`: the float
   types, the legacy, K- and i-quants, ternary and MXFP4; any other type, such as Q8_1 or the integer types, raises
-  `CheckpointError` before anything is yielded), renamed through the one table in `gguf_names.py`, with llama.cpp's
-  q/k permutation undone (`llama` files: Qwen's keep the HF layout), stacked expert tensors split into one tensor per
-  expert, each dequantized from its own rows of the file, and a deepseek2 layer's `attn_k_b` / `attn_v_b` joined back
-  into its `kv_b_proj` (yielded when the second of the two is read; one of them without the other raises
+  `CheckpointError` before anything is yielded), renamed through the one table in `gguf_names.py` (and its
+  per-architecture `ARCH_RENAMES`: phi3's fused `ffn_up`; RoPE-scaling tensors are the config's, skipped), with
+  llama.cpp's q/k permutation undone (`llama` files: Qwen's keep the HF layout), stacked expert tensors split into one
+  tensor per expert, each dequantized from its own rows of the file, and a deepseek2 layer's `attn_k_b` / `attn_v_b`
+  joined back into its `kv_b_proj` (yielded when the second of the two is read; one of them without the other raises
   `CheckpointError` once the file is read through).
 """
 
 from __future__ import annotations
 
 import re
-from functools import cached_property
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -112,10 +111,6 @@ class GGUFFile:
         if not isinstance(arch, str):
             raise CheckpointError(f"{self.path} has no general.architecture metadata")
         return arch
-
-    @cached_property
-    def tensor_names(self) -> list[str]:
-        return [t.name for t in self.tensors]
 
     def hf_config(self) -> dict[str, Any]:
         """The HF `config.json` dict of this model (`gguf_config.hf_config`)."""

@@ -177,7 +177,7 @@ def train_drafter(target: torch.nn.Module, tokenizer: "BaseTokenizer", conversat
     vocab_n = opts.draft_vocab if opts.draft_vocab and opts.draft_vocab < tcfg.vocab_size else None
     # fail before any work when the drafter shape does not fit the target or the export cannot honour the shard limit
     check_shard_limit(drafter_hf_config(tcfg, aux, vocab_n, shape=opts.shape), opts.export_dtype, opts.max_shard_mb)
-    max_len = min(opts.max_len, tcfg.max_position_embeddings)
+    max_len = min(opts.max_len, tcfg.context_limit)  # a sliding window or LongRoPE caps it (ModelConfig)
     work = Path(opts.train.work_dir)
     dropped: dict[str, int] = {}
 
