@@ -15,10 +15,10 @@ import pytest
 import torch
 import transformers
 from gguf import GGMLQuantizationType as Q
-from tiny import per_expert
+from gguf_write import add_quantized, finish
+from tiny import per_expert, plain_logits
 
 from eaglespec.errors import CheckpointError, ConfigError
-from eaglespec.layers.context import ForwardContext
 from eaglespec.loading import GGUFFile, convert_gguf, load_model
 from eaglespec.loading.tokenizer import bytes_to_unicode
 
@@ -170,13 +170,8 @@ def write_deepseek2_gguf(path: Path, ref: transformers.PreTrainedModel, *, split
         if name in skip_tensors:
             continue
         qtype = (types or {}).get(name.split(".")[-2], Q.F32)
-        data = gguf.quants.quantize(arr, qtype)
-        w.add_tensor(name, data, raw_dtype=qtype)
-        held[name] = gguf.quants.dequantize(data, qtype).reshape(arr.shape).astype(np.float32)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+        held[name] = add_quantized(w, name, arr, qtype)
+    finish(w)
     return held
 
 
@@ -227,11 +222,6 @@ def with_weights(ref: transformers.PreTrainedModel, held: dict[str, np.ndarray])
             sd[k].copy_(torch.from_numpy(v))
 
 
-def logits(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
-    with torch.no_grad():
-        return model(ids, ForwardContext.plain(*ids.shape)).logits
-
-
 IDS = torch.randint(4, 101, (2, 40), generator=torch.Generator().manual_seed(1))  # 40 positions: past YaRN's 16
 
 
@@ -244,7 +234,7 @@ def test_logits_match_transformers(tmp_path, case, split_kv_b):
     loaded = load_model(path, dtype="float32")
     with torch.no_grad():
         want = ref(IDS).logits
-    torch.testing.assert_close(logits(loaded.model, IDS), want, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(plain_logits(loaded.model, IDS), want, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -286,7 +276,7 @@ def test_files_before_the_gating_key_are_softmax(tmp_path):
     loaded = load_model(path, dtype="float32")
     assert loaded.config.architecture == "DeepseekV2ForCausalLM"
     with torch.no_grad():
-        torch.testing.assert_close(logits(loaded.model, IDS), ref(IDS).logits, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(plain_logits(loaded.model, IDS), ref(IDS).logits, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("case", ["v3", "v2_lite"])
@@ -298,7 +288,7 @@ def test_quantized_file_matches_transformers_on_the_same_weights(tmp_path, case)
     with_weights(ref, held)
     loaded = load_model(path, dtype="float32")
     with torch.no_grad():
-        torch.testing.assert_close(logits(loaded.model, IDS), ref(IDS).logits, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(plain_logits(loaded.model, IDS), ref(IDS).logits, rtol=1e-4, atol=1e-4)
     # the joined kv_b_proj is exactly the file's two halves, head by head
     k_b, v_b = held["blk.0.attn_k_b.weight"], held["blk.0.attn_v_b.weight"]
     kv_b = dict(GGUFFile(path).hf_tensors())["model.layers.0.self_attn.kv_b_proj.weight"]
@@ -312,7 +302,7 @@ def test_convert_to_a_folder_loads_the_same_model(tmp_path):
     folder = convert_gguf(path, tmp_path / "hf", torch.float32)
     a, b = load_model(path, dtype="float32"), load_model(folder, dtype="float32")
     assert b.config.architecture == "DeepseekV3ForCausalLM"
-    torch.testing.assert_close(logits(b.model, IDS), logits(a.model, IDS), rtol=0, atol=0)
+    torch.testing.assert_close(plain_logits(b.model, IDS), plain_logits(a.model, IDS), rtol=0, atol=0)
 
 
 def test_tokenizer_keeps_deepseeks_special_tokens_whole(tmp_path):

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
+from gguf_write import finish
 
 from eaglespec.errors import CheckpointError
 from eaglespec.loading import GGUFFile
@@ -52,10 +53,7 @@ def _write(path: Path, tensors: dict[str, tuple[np.ndarray, Q]] | None = None, a
     w.add_array("t.nested", [[1, 2], [3]])
     for name, (data, qtype) in (tensors or {}).items():
         w.add_tensor(name, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    finish(w)
 
 
 def test_metadata_of_every_value_type_equals_the_gguf_package(tmp_path):

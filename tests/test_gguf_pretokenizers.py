@@ -9,6 +9,7 @@ from pathlib import Path
 
 import gguf
 import pytest
+from gguf_write import finish
 from test_kimi_tokenizer import TEXTS, write_tiny_tokenizer
 
 from eaglespec.loading import GGUFFile
@@ -66,10 +67,7 @@ def test_an_unknown_pre_tokenizer_is_named(tmp_path):
     w.add_tokenizer_pre("newfangled")
     w.add_token_list(list(bytes_to_unicode().values()) + ["ab"])
     w.add_token_merges(["a b"])
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    finish(w)
     with pytest.warns(UserWarning, match="its pre-tokenizer 'newfangled' is not one eaglespec knows, so GPT-2's split "
                                          "is used"):
         tok = tokenizer_from_gguf(GGUFFile(path))
@@ -112,10 +110,7 @@ def write_kimi_gguf(path: Path, ranks: dict[bytes, int], specials: dict[str, int
     w.add_token_merges(merges)
     w.add_bos_token_id(specials["[BOS]"])
     w.add_eos_token_id(specials["[EOS]"])
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    finish(w)
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
+from gguf_write import finish
 
 from eaglespec.errors import CheckpointError, ConfigError
 from eaglespec.layers.context import ForwardContext
@@ -96,10 +97,7 @@ def write_tiny_gguf(
         put(f"blk.{i}.ffn_gate.weight", (ffn, hidden), "ffn_gate")
         put(f"blk.{i}.ffn_up.weight", (ffn, hidden), "ffn_up")
         put(f"blk.{i}.ffn_down.weight", (hidden, ffn), "ffn_down")
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    finish(w)
     return originals
 
 

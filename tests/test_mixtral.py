@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 import torch
 import transformers
+from gguf_write import finish
 from test_loading_gguf import llama_cpp_permute
-from tiny import assert_speculation_equals_plain, per_expert, randomize_moe, tiny_drafter
+from tiny import assert_speculation_equals_plain, per_expert, plain_logits, randomize_moe, tiny_drafter
 
 from eaglespec.config import EngineConfig, ModelConfig, MoEConfig, SpecConfig
 from eaglespec.engine.engine import Engine
 from eaglespec.errors import RequestError
-from eaglespec.layers.context import ForwardContext
 from eaglespec.loading import load_model
 from eaglespec.models import get_model_class
 from eaglespec.sampling_params import SamplingParams
@@ -37,11 +37,6 @@ def hf_model(seed: int = 0, **kw) -> transformers.MixtralForCausalLM:
     return ref
 
 
-def logits(model: torch.nn.Module, ids: torch.Tensor = IDS) -> torch.Tensor:
-    with torch.no_grad():
-        return model(ids, ForwardContext.plain(*ids.shape)).logits
-
-
 def test_a_transformers_folder_loads_and_answers_as_transformers(tmp_path):
     from safetensors import safe_open
 
@@ -59,7 +54,7 @@ def test_a_transformers_folder_loads_and_answers_as_transformers(tmp_path):
     assert lm.config.sliding_window is None and lm.config.context_limit == 256
     with torch.no_grad():
         want = ref(IDS).logits
-    torch.testing.assert_close(logits(lm.model), want, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(plain_logits(lm.model, IDS), want, rtol=1e-4, atol=1e-4)
 
 
 def write_mixtral_gguf(path: Path, ref: transformers.MixtralForCausalLM, stacked: bool = True) -> None:
@@ -99,10 +94,7 @@ def write_mixtral_gguf(path: Path, ref: transformers.MixtralForCausalLM, stacked
             else:
                 for e, t in enumerate(per):
                     w.add_tensor(f"blk.{i}.ffn_{proj}.{e}.weight", t)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    finish(w)
 
 
 @pytest.mark.parametrize("stacked", [True, False], ids=["ffn_exps", "per_expert"])
@@ -113,7 +105,7 @@ def test_llama_cpp_mixtral_gguf_answers_as_transformers(tmp_path, stacked):
     assert lm.config.architecture == "MixtralForCausalLM" and lm.config.moe.n_routed_experts == 6
     with torch.no_grad():
         want = ref(IDS).logits
-    torch.testing.assert_close(logits(lm.model), want, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(plain_logits(lm.model, IDS), want, rtol=1e-4, atol=1e-4)
 
 
 def test_greedy_speculation_equals_plain():

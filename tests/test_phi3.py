@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from tiny import assert_speculation_equals_plain, tiny_drafter
+from gguf_write import finish
+from tiny import assert_speculation_equals_plain, plain_logits, tiny_drafter
 
 from eaglespec.config import EngineConfig, SpecConfig
 from eaglespec.engine.engine import Engine
 from eaglespec.errors import ConfigError, RequestError
-from eaglespec.layers.context import ForwardContext
 from eaglespec.loading import load_model
 from eaglespec.sampling_params import SamplingParams
 
@@ -70,7 +70,7 @@ def test_a_transformers_folder_answers_as_transformers(loaded):
     ids = torch.randint(1, 101, (2, 60), generator=torch.Generator().manual_seed(1))  # within LongRoPE's 64
     with torch.no_grad():
         want = ref(ids).logits
-        got = lm.model(ids, ForwardContext.plain(*ids.shape)).logits
+    got = plain_logits(lm.model, ids)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
     if case == "longrope":
         rope = lm.config.rope
@@ -140,10 +140,7 @@ def write_phi3_gguf(path: Path, ref: transformers.Phi3ForCausalLM) -> None:
                      ("attn_output", "self_attn.o_proj"), ("ffn_norm", "post_attention_layernorm"),
                      ("ffn_up", "mlp.gate_up_proj"), ("ffn_down", "mlp.down_proj")):
             w.add_tensor(f"blk.{i}.{g}.weight", sd[f"{pre}{h}.weight"])
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    finish(w)
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -156,5 +153,5 @@ def test_llama_cpp_phi3_gguf_answers_as_transformers(tmp_path, case):
     ids = torch.randint(1, 101, (2, 60), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         want = ref(ids).logits
-        got = lm.model(ids, ForwardContext.plain(*ids.shape)).logits
+    got = plain_logits(lm.model, ids)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)

@@ -13,10 +13,10 @@ import pytest
 import torch
 import transformers
 from gguf import GGMLQuantizationType as Q
-from tiny import per_expert, randomize_moe
+from gguf_write import add_quantized, finish
+from tiny import per_expert, plain_logits, randomize_moe
 
 from eaglespec.errors import CheckpointError, ConfigError
-from eaglespec.layers.context import ForwardContext
 from eaglespec.layers.moe import MoE
 from eaglespec.loading import GGUFFile, load_model
 from eaglespec.loading.tokenizer import bytes_to_unicode
@@ -112,16 +112,9 @@ def write_qwen3moe_gguf(path: Path, ref: transformers.Qwen3MoeForCausalLM, types
             continue
         kind = name.split(".")[-2]
         qtype = (types or {}).get(kind, Q.F32)
-        if qtype in (Q.Q4_K, Q.Q6_K):
-            data = random_k_quant(arr.shape, qtype, seed=len(held))
-        else:
-            data = gguf.quants.quantize(arr, qtype)
-        w.add_tensor(name, data, raw_dtype=qtype)
-        held[name] = gguf.quants.dequantize(data, qtype).reshape(arr.shape).astype(np.float32)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+        data = random_k_quant(arr.shape, qtype, seed=len(held)) if qtype in (Q.Q4_K, Q.Q6_K) else None
+        held[name] = add_quantized(w, name, arr, qtype, data)
+    finish(w)
     return held
 
 
@@ -145,11 +138,6 @@ def with_weights(ref: transformers.Qwen3MoeForCausalLM, held: dict[str, np.ndarr
             sd[k].copy_(torch.from_numpy(v))
 
 
-def logits(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
-    with torch.no_grad():
-        return model(ids, ForwardContext.plain(*ids.shape)).logits
-
-
 IDS = torch.randint(0, 101, (2, 24), generator=torch.Generator().manual_seed(5))
 
 
@@ -166,7 +154,7 @@ def test_qwen3moe_gguf_matches_transformers(tmp_path, quantized, tied):
     assert type(ours).__name__ == "Qwen3MoeForCausalLM" and all(isinstance(x.mlp, MoE) for x in ours.model.layers)
     assert (ours.lm_head.weight is ours.model.embed_tokens.weight) == tied
     if quantized:
-        unquantized = logits(ours, IDS)  # (not ours: the file's weights are not the reference's now)
+        unquantized = plain_logits(ours, IDS)  # (not ours: the file's weights are not the reference's now)
         with torch.no_grad():
             gap = (unquantized - ref(IDS).logits).abs().max().item()
             cos = torch.nn.functional.cosine_similarity(unquantized.flatten(), ref(IDS).logits.flatten(), 0).item()
@@ -183,7 +171,7 @@ def test_qwen3moe_gguf_matches_transformers(tmp_path, quantized, tied):
     with torch.no_grad():
         want = ref(IDS).logits
     assert want.std() > 0.3
-    assert (logits(ours, IDS) - want).abs().max().item() <= 1e-4
+    assert (plain_logits(ours, IDS) - want).abs().max().item() <= 1e-4
     # the vocabulary came along: byte-level BPE (one merge), <|im_end|> (id 100) the end of a turn
     assert lm.tokenizer is not None and lm.tokenizer.encode("abba") == [98, 65, 64]
     assert lm.tokenizer.eos_token_ids == (100,) and lm.config.eos_token_ids == (100,)
@@ -206,7 +194,7 @@ def test_k_quant_experts(tmp_path):
     assert held["blk.1.ffn_down_exps.weight"].std() > 1e-3  # not all zeros
     with torch.no_grad():
         want = ref(IDS).logits
-    assert want.std() > 0.3 and (logits(ours, IDS) - want).abs().max().item() <= 1e-4
+    assert want.std() > 0.3 and (plain_logits(ours, IDS) - want).abs().max().item() <= 1e-4
 
 
 def test_expert_order_matters(tmp_path):
@@ -215,7 +203,7 @@ def test_expert_order_matters(tmp_path):
     ref = hf_qwen3_moe(seed=1)
     good = tmp_path / "good.gguf"
     write_qwen3moe_gguf(good, ref)
-    base = logits(load_model(good, dtype=torch.float32).model, IDS)
+    base = plain_logits(load_model(good, dtype=torch.float32).model, IDS)
     for swap in ("experts", "gate-up"):
         with torch.no_grad():
             experts = ref.model.layers[1].mlp.experts
@@ -226,7 +214,7 @@ def test_expert_order_matters(tmp_path):
                 experts.gate_up_proj.copy_(experts.gate_up_proj.roll(CONFIG["moe_intermediate_size"], dims=1))
         path = tmp_path / f"{swap}.gguf"
         write_qwen3moe_gguf(path, ref)
-        assert (logits(load_model(path, dtype=torch.float32).model, IDS) - base).abs().max().item() > 1e-2
+        assert (plain_logits(load_model(path, dtype=torch.float32).model, IDS) - base).abs().max().item() > 1e-2
 
 
 def test_qwen3moe_gguf_config_equals_the_hf_config(tmp_path):
@@ -300,9 +288,6 @@ def test_experts_in_a_qwen3_gguf_are_refused(tmp_path):
     w.add_expert_count(8)
     w.add_expert_used_count(2)
     w.add_tensor("token_embd.weight", np.zeros((10, 64), np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    finish(w)
     with pytest.raises(ConfigError, match="a 'qwen3' GGUF with experts \\(qwen3.expert_count 8\\) is not supported"):
         load_model(path)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import gguf
 import pytest
+from gguf_write import finish
 
 from eaglespec.errors import ConfigError, RequestError
 from eaglespec.loading import IncrementalDetokenizer, Tokenizer, load_tokenizer
@@ -179,10 +180,7 @@ def test_unsupported_gguf_tokenizer_model(tmp_path):
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_tokenizer_model("bert")  # WordPiece: no decoder model writes it
     w.add_token_list(["[UNK]", "[CLS]", "[SEP]", "a"])
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    finish(w)
     with pytest.raises(ConfigError, match="GGUF tokenizer model 'bert' is not supported.*Hugging Face folder"):
         load_tokenizer(path)
 

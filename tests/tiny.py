@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from eaglespec.config import ModelConfig
+from eaglespec.layers.context import ForwardContext
 from eaglespec.models.eagle3 import LlamaForCausalLMEagle3
 from eaglespec.models.llama import LlamaForCausalLM
 
@@ -191,3 +192,9 @@ def tiny_moe(arch: str, seed: int = 0, **overrides) -> torch.nn.Module:
     model = get_model_class(cfg.architecture)(cfg).eval()
     randomize_moe(model, seed)  # O(1) logits and input-dependent routing (the default init routes near-uniformly)
     return model
+
+
+@torch.no_grad()
+def plain_logits(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    """One cache-free forward of our model over ids [B, T]: logits [B, T, V]."""
+    return model(ids, ForwardContext.plain(*ids.shape)).logits

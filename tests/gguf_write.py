@@ -1,0 +1,24 @@
+"""Helpers for the GGUF files the tests write with `gguf.GGUFWriter`: a tensor quantized as a file holds it, and the
+three writes that finish a file."""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+
+
+def add_quantized(w: gguf.GGUFWriter, name: str, arr: np.ndarray, qtype: gguf.GGMLQuantizationType,
+                  data: np.ndarray | None = None) -> np.ndarray:
+    """Add `arr` as `qtype` (or the raw blocks `data` of that type) under `name`; returns what the file holds,
+    dequantized: float32 of `arr`'s shape."""
+    data = gguf.quants.quantize(arr, qtype) if data is None else data
+    w.add_tensor(name, data, raw_dtype=qtype)
+    return gguf.quants.dequantize(data, qtype).reshape(arr.shape).astype(np.float32)
+
+
+def finish(w: gguf.GGUFWriter) -> None:
+    """Write the header, the metadata and the tensors, and close the file."""
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
