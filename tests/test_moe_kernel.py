@@ -148,7 +148,7 @@ def _logits(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("fuse", [False, True])
-@pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral", "deepseek_v3"])
+@pytest.mark.parametrize("arch", ["qwen3_moe", "qwen2_moe", "mixtral", "deepseek_v3"])
 @torch.no_grad()
 def test_use_grouped_experts_keeps_names_values_and_logits(arch, fuse):
     model = _tiny_target(arch)

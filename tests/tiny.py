@@ -162,9 +162,9 @@ def randomize_moe(model: torch.nn.Module, seed: int) -> None:
 
 
 def tiny_moe(arch: str, seed: int = 0, **overrides) -> torch.nn.Module:
-    """A tiny random MoE target (`randomize_moe`'s weights): "qwen3_moe", "mixtral", "deepseek_v3" (MLA, grouped
-    noaux_tc routing, a shared expert, a dense first layer) or "deepseek_v2" (the same with group_limited_greedy
-    softmax routing); `overrides` replace config.json fields."""
+    """A tiny random MoE target (`randomize_moe`'s weights): "qwen3_moe", "qwen2_moe" (a gated shared expert),
+    "mixtral", "deepseek_v3" (MLA, grouped noaux_tc routing, a shared expert, a dense first layer) or "deepseek_v2"
+    (the same with group_limited_greedy softmax routing); `overrides` replace config.json fields."""
     from eaglespec.models import get_model_class
 
     if arch == "qwen3_moe":
@@ -172,6 +172,12 @@ def tiny_moe(arch: str, seed: int = 0, **overrides) -> torch.nn.Module:
                  intermediate_size=80, moe_intermediate_size=24, num_hidden_layers=3, num_attention_heads=4,
                  num_key_value_heads=2, head_dim=16, num_experts=8, num_experts_per_tok=3, norm_topk_prob=True,
                  max_position_embeddings=512, rms_norm_eps=1e-5, rope_theta=1e6, tie_word_embeddings=False)
+    elif arch == "qwen2_moe":
+        d = dict(architectures=["Qwen2MoeForCausalLM"], model_type="qwen2_moe", vocab_size=97, hidden_size=48,
+                 intermediate_size=80, moe_intermediate_size=24, shared_expert_intermediate_size=40,
+                 num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, num_experts=8,
+                 num_experts_per_tok=2, max_position_embeddings=512, rms_norm_eps=1e-6, rope_theta=1e6,
+                 tie_word_embeddings=False)
     elif arch == "mixtral":
         d = dict(architectures=["MixtralForCausalLM"], model_type="mixtral", vocab_size=97, hidden_size=48,
                  intermediate_size=24, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,

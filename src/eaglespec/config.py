@@ -60,6 +60,10 @@ class MoEConfig:
     decoder_sparse_step: int = 1
     mlp_only_layers: tuple[int, ...] = ()
     router_float32: bool = False  # the router's weight and logits in float32 whatever the model dtype (DeepSeek's)
+    # the shared experts' width (0: moe_intermediate_size x n_shared_experts, DeepSeek's), and whether a sigmoid of
+    # `shared_expert_gate(x)` scales their output (Qwen2-MoE's one shared expert)
+    shared_intermediate_size: int = 0
+    shared_gate: bool = False
 
     def is_sparse(self, layer_idx: int) -> bool:
         """Whether the 0-based layer `layer_idx` has the experts (else a dense MLP of `intermediate_size`)."""
@@ -72,8 +76,9 @@ class MoEConfig:
         experts `n_routed_experts` (V2's defaults: softmax scores, greedy top-k, weights not normalised, the router in
         float32, as transformers' DeepseekV2TopkRouter); Qwen3-MoE (`model_type` qwen3_moe) `num_experts`, which
         transformers 5 writes back as `num_local_experts` (its attribute_map), and 0 experts there means every layer
-        is dense; Mixtral (`model_type` mixtral) `num_local_experts` of `intermediate_size` in every layer, the top-k
-        renormalised."""
+        is dense; Qwen2-MoE (`model_type` qwen2_moe) the same plus one sigmoid-gated shared expert of
+        `shared_expert_intermediate_size`; Mixtral (`model_type` mixtral) `num_local_experts` of `intermediate_size` in
+        every layer, the top-k renormalised."""
         if text.get("n_routed_experts"):
             v2 = model_type == "deepseek_v2"  # softmax routing (greedy or group-limited), weights not normalised
             return MoEConfig(
@@ -102,20 +107,23 @@ class MoEConfig:
                 scoring_func="softmax",
                 topk_method="greedy",
             )
-        if model_type == "qwen3_moe" and experts:
+        if model_type in ("qwen3_moe", "qwen2_moe") and experts:
             step = int(text.get("decoder_sparse_step") or 1)
             if step < 1:
                 raise ConfigError(f"decoder_sparse_step must be >= 1 (got {step})")
+            shared = int(text.get("shared_expert_intermediate_size") or 0) if model_type == "qwen2_moe" else 0
             return MoEConfig(
                 n_routed_experts=int(experts),
                 num_experts_per_tok=int(text["num_experts_per_tok"]),
-                n_shared_experts=0,
+                n_shared_experts=1 if shared else 0,
                 moe_intermediate_size=int(text["moe_intermediate_size"]),
-                norm_topk_prob=bool(text.get("norm_topk_prob", False)),  # transformers' Qwen3MoeConfig default
+                norm_topk_prob=bool(text.get("norm_topk_prob", False)),  # transformers' Qwen2/3 MoE configs' default
                 scoring_func="softmax",
                 topk_method="greedy",
                 decoder_sparse_step=step,
                 mlp_only_layers=tuple(int(i) for i in text.get("mlp_only_layers") or ()),
+                shared_intermediate_size=shared,
+                shared_gate=bool(shared),
             )
         return None
 

@@ -1,8 +1,9 @@
-"""Mixture of experts: a router, routed SwiGLU experts and optional unscaled shared experts (DeepSeek-V2 / V3,
-Qwen3-MoE).
+"""Mixture of experts: a router, routed SwiGLU experts and optional shared experts (DeepSeek-V2 / V3; Qwen2-MoE's
+sigmoid-gated one), for DeepSeek, Qwen2 / Qwen3-MoE and Mixtral.
 
 Contract (REFERENCE.md §6), checkpoint names kept: `gate.weight` [E, H], `experts.E.{gate,up,down}_proj.weight`,
-`shared_experts.{gate,up,down}_proj.weight` (DeepSeek only); `make_router` picks the router from the MoEConfig's
+`shared_experts.{gate,up,down}_proj.weight` (DeepSeek, Qwen2-MoE's one shared expert renamed to it) and
+`shared_expert_gate.weight` [1, H] (Qwen2-MoE: the shared output scaled by sigmoid(x @ gate^T)); `make_router` picks the router from the MoEConfig's
 (scoring_func, topk_method), and refuses other pairs by name. Every router returns (weights [N, k] float32, expert
 ids [N, k] int64).
 
@@ -191,11 +192,10 @@ class MoE(nn.Module):
         self.experts = nn.ModuleList(
             GatedMLP(hidden_size, moe.moe_intermediate_size, act=act) for _ in range(moe.n_routed_experts)
         )
-        self.shared_experts = (
-            GatedMLP(hidden_size, moe.moe_intermediate_size * moe.n_shared_experts, act=act)
-            if moe.n_shared_experts
-            else None
-        )
+        shared = moe.shared_intermediate_size or moe.moe_intermediate_size * moe.n_shared_experts
+        self.shared_experts = GatedMLP(hidden_size, shared, act=act) if moe.n_shared_experts else None
+        # Qwen2-MoE: the shared output times sigmoid(x @ shared_expert_gate^T), one scalar a token
+        self.shared_expert_gate = nn.Linear(hidden_size, 1, bias=False) if moe.shared_gate else None
         # the stacked experts of the grouped kernels (`use_grouped_experts`): buffers, so that moves follow them
         self.register_buffer("w13", None, persistent=False)  # [E, 2I, H] gate rows then up rows
         self.register_buffer("w2", None, persistent=False)  # [E, H, I]
@@ -205,6 +205,8 @@ class MoE(nn.Module):
         flat = x.reshape(-1, shape[-1])  # [N, H]
         weights, ids = self.gate(flat)
         shared = self.shared_experts(flat) if self.shared_experts is not None else None
+        if self.shared_expert_gate is not None:
+            shared = shared * torch.sigmoid(self.shared_expert_gate(flat))  # [N, H] * [N, 1]
         if self.w13 is not None:  # the shared output added in the kernel that sums the pairs
             return grouped_experts(flat, weights, ids, self.w13, self.w2, shared).view(shape)
         out = self._routed(flat, weights, ids)

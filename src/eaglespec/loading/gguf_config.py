@@ -12,7 +12,9 @@ raises `ConfigError` (suggesting the HF folder), as does a missing required fiel
   `expert_feed_forward_length` gives `moe_intermediate_size` (else the stacked gate tensor's rows); every layer is
   sparse (llama.cpp's qwen3moe requires a router in each: `decoder_sparse_step` 1, no `mlp_only_layers`) and
   `norm_topk_prob` is True, since llama.cpp's qwen3moe graph always renormalises the top-k weights (no GGUF key says
-  otherwise), as Qwen3-MoE's released configs do.
+  otherwise), as Qwen3-MoE's released configs do. `qwen2moe` (Qwen2-MoE): the same with the weights not
+  renormalised (llama.cpp's qwen2moe graph, Qwen2-MoE's configs) and the shared expert of
+  `expert_shared_feed_forward_length` (`ffn_*_shexp`, gated by `ffn_gate_inp_shexp`).
 - `phi3` (Phi-3, Phi-4): `_phi3_fields` (sliding window, LongRoPE from its factor tensors); the fused `attn_qkv` and
   `ffn_up` (gate and up) load into models/phi3.py, which splits them.
 - `deepseek2` (llama.cpp's DeepSeek-V2 / V2-Lite / V3 / R1 and Kimi-K2 files; facts from its converter
@@ -43,10 +45,10 @@ from ..errors import ConfigError
 
 # GGUF `general.architecture` -> the model class (models/__init__.py) its tensors load into (deepseek2: by its router)
 GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-                      "qwen3moe": "Qwen3MoeForCausalLM", "deepseek2": "DeepseekV3ForCausalLM",
-                      "phi3": "Phi3ForCausalLM"}
+                      "qwen3moe": "Qwen3MoeForCausalLM", "qwen2moe": "Qwen2MoeForCausalLM",
+                      "deepseek2": "DeepseekV3ForCausalLM", "phi3": "Phi3ForCausalLM"}
 # GGUF architecture -> HF model_type, where they differ
-_MODEL_TYPES = {"qwen3moe": "qwen3_moe", "deepseek2": "deepseek_v3"}
+_MODEL_TYPES = {"qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe", "deepseek2": "deepseek_v3"}
 # general.file_type -> torch dtype name of the unquantized model (everything quantized dequantizes to float32).
 _FILE_TYPE_DTYPE = {0: "float32", 1: "float16", 32: "bfloat16"}
 # llama.cpp's expert_gating_func values
@@ -104,8 +106,8 @@ def hf_config(path: Path, m: dict[str, Any], tensors: Sequence[Any]) -> dict[str
         "tie_word_embeddings": "output.weight" not in dims,
         "torch_dtype": _FILE_TYPE_DTYPE.get(int(m.get("general.file_type", -1)), "float32"),
     }
-    if arch == "qwen3moe":
-        cfg.update(_qwen3moe_fields(path, m, dims, need))
+    if arch in ("qwen3moe", "qwen2moe"):
+        cfg.update(_qwen_moe_fields(path, arch, m, dims, need))
     elif arch == "phi3":
         cfg.update(_phi3_fields(path, m, tensors, hidden // heads))
     elif arch == "deepseek2":
@@ -118,7 +120,7 @@ def hf_config(path: Path, m: dict[str, Any], tensors: Sequence[Any]) -> dict[str
         experts, used = _experts(path, arch, need)  # Mixtral: experts of feed_forward_length in every layer
         cfg.update(architectures=["MixtralForCausalLM"], model_type="mixtral", num_local_experts=experts,
                    num_experts_per_tok=used)
-    if arch != "qwen3moe" or f"{arch}.feed_forward_length" in m:  # (unused by an all-sparse Qwen3-MoE)
+    if arch not in ("qwen3moe", "qwen2moe") or f"{arch}.feed_forward_length" in m:  # (unused when all-sparse)
         cfg["intermediate_size"] = per_layer("feed_forward_length", need("feed_forward_length"))
     else:
         cfg["intermediate_size"] = cfg["moe_intermediate_size"]
@@ -162,18 +164,25 @@ def _experts(path: Path, arch: str, need: Callable[[str], Any]) -> tuple[int, in
     return experts, used
 
 
-def _qwen3moe_fields(path: Path, m: dict[str, Any], dims: dict[str, Any], need: Callable[[str], Any]) -> dict:
-    """The MoE fields of a `qwen3moe` file (see the module docstring)."""
-    experts, used = _experts(path, "qwen3moe", need)
-    size = m.get("qwen3moe.expert_feed_forward_length")
+def _qwen_moe_fields(path: Path, arch: str, m: dict[str, Any], dims: dict[str, Any],
+                     need: Callable[[str], Any]) -> dict[str, Any]:
+    """The MoE fields of a `qwen3moe` / `qwen2moe` file (see the module docstring)."""
+    experts, used = _experts(path, arch, need)
+    size = m.get(f"{arch}.expert_feed_forward_length")
     if size is None:
         gate = dims.get("blk.0.ffn_gate_exps.weight")
         if gate is None:
-            raise ConfigError(f"{path} has neither 'qwen3moe.expert_feed_forward_length' nor the tensor "
+            raise ConfigError(f"{path} has neither '{arch}.expert_feed_forward_length' nor the tensor "
                               "blk.0.ffn_gate_exps.weight to read the experts' size from")
         size = gate[1]  # GGUF dims (H, I, E)
-    return {"num_experts": experts, "num_experts_per_tok": used, "moe_intermediate_size": int(size),
-            "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": []}
+    out = {"num_experts": experts, "num_experts_per_tok": used, "moe_intermediate_size": int(size),
+           "norm_topk_prob": arch == "qwen3moe", "decoder_sparse_step": 1, "mlp_only_layers": []}
+    if arch == "qwen2moe":  # the shared expert: its width from the key, else from its gate tensor's rows
+        shared = m.get("qwen2moe.expert_shared_feed_forward_length")
+        if shared is None and "blk.0.ffn_gate_shexp.weight" in dims:
+            shared = dims["blk.0.ffn_gate_shexp.weight"][1]  # GGUF dims (H, I)
+        out["shared_expert_intermediate_size"] = int(shared or 0)
+    return out
 
 
 def _phi3_fields(path: Path, m: dict[str, Any], tensors: Sequence[Any], head_dim: int) -> dict[str, Any]:

@@ -63,6 +63,8 @@ GGUF_TO_HF: tuple[tuple[str, str, str | None], ...] = (
     (r"blk\.(\d+)\.ffn_up_shexp\.weight", r"model.layers.\1.mlp.shared_experts.up_proj.weight", None),
     (r"blk\.(\d+)\.ffn_down_shexp\.weight", r"model.layers.\1.mlp.shared_experts.down_proj.weight", None),
     (r"blk\.(\d+)\.exp_probs_b\.bias", r"model.layers.\1.mlp.gate.e_score_correction_bias", None),
+    # qwen2moe: the shared expert's sigmoid gate [1, H]
+    (r"blk\.(\d+)\.ffn_gate_inp_shexp\.weight", r"model.layers.\1.mlp.shared_expert_gate.weight", None),
 )
 # per architecture, (HF name suffix, the name it holds there): phi3's ffn_up is the fused gate_up_proj (gate rows,
 # then up rows), which models/phi3.py splits

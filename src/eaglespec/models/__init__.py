@@ -12,6 +12,7 @@ _REGISTRY: dict[str, str] = {
     "Qwen2ForCausalLM": "eaglespec.models.qwen:Qwen2ForCausalLM",
     "Qwen3ForCausalLM": "eaglespec.models.qwen:Qwen3ForCausalLM",
     "Qwen3MoeForCausalLM": "eaglespec.models.qwen_moe:Qwen3MoeForCausalLM",
+    "Qwen2MoeForCausalLM": "eaglespec.models.qwen_moe:Qwen2MoeForCausalLM",
     "MixtralForCausalLM": "eaglespec.models.mixtral:MixtralForCausalLM",
     "Phi3ForCausalLM": "eaglespec.models.phi3:Phi3ForCausalLM",
     "LlamaForCausalLMEagle3": "eaglespec.models.eagle3:LlamaForCausalLMEagle3",

@@ -28,12 +28,17 @@ def no_sliding_window(cfg: ModelConfig) -> None:
                           "(the released Qwen2/Qwen3 models have it off)")
 
 
+def qwen2_attention(cfg: ModelConfig) -> GQAAttention:
+    """Qwen2's attention (dense and MoE): biases on q/k/v, none on o_proj."""
+    return GQAAttention(cfg.hidden_size, cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads,
+                        cfg.head_dim, bias=True, o_bias=False)
+
+
 class Qwen2DecoderLayer(PreNormDecoderLayer):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = GQAAttention(cfg.hidden_size, cfg.hidden_size, cfg.num_attention_heads,
-                                      cfg.num_key_value_heads, cfg.head_dim, bias=True, o_bias=False)
+        self.self_attn = qwen2_attention(cfg)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, act=cfg.hidden_act)
 

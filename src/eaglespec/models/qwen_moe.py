@@ -1,4 +1,6 @@
-"""Qwen3-MoE (`Qwen3MoeForCausalLM`: Qwen3-30B-A3B, Qwen3-235B-A22B): Qwen3's attention with a mixture of experts.
+"""Qwen3-MoE (`Qwen3MoeForCausalLM`: Qwen3-30B-A3B, Qwen3-235B-A22B): Qwen3's attention with a mixture of experts;
+Qwen2-MoE (`Qwen2MoeForCausalLM`): Qwen2's attention (q/k/v biases) with the same MoE plus one shared expert of
+`shared_expert_intermediate_size`, its output scaled by sigmoid(`shared_expert_gate`(x)) (layers/moe.py).
 
 Layer i is pre-norm: `h += self_attn(input_layernorm(h))`, `h += mlp(post_attention_layernorm(h))`. The attention is
 Qwen3 dense's (`layers.attention.QKNormAttention`: an RMSNorm over each head's q and k before RoPE, GQA, biases on
@@ -20,6 +22,8 @@ name: sliding-window attention (`use_sliding_window`, off in the released models
 
 from __future__ import annotations
 
+from typing import Callable
+
 from torch import nn
 
 from ..config import ModelConfig
@@ -30,14 +34,14 @@ from ..layers.norm import RMSNorm
 from ..layers.rotary import Rotary
 from .base import DecoderOnlyLM, PreNormDecoderLayer
 from .llama import LlamaForCausalLM
-from .qwen import no_sliding_window, qwen3_attention
+from .qwen import no_sliding_window, qwen2_attention, qwen3_attention
 
 
 class Qwen3MoeDecoderLayer(PreNormDecoderLayer):
-    def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
+    def __init__(self, cfg: ModelConfig, layer_idx: int, attention: Callable[[ModelConfig], nn.Module]) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = qwen3_attention(cfg)
+        self.self_attn = attention(cfg)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         if cfg.moe is not None and cfg.moe.is_sparse(layer_idx):
             self.mlp: nn.Module = MoE(cfg.hidden_size, cfg.moe, act=cfg.hidden_act)
@@ -46,10 +50,10 @@ class Qwen3MoeDecoderLayer(PreNormDecoderLayer):
 
 
 class Qwen3MoeModel(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, attention: Callable[[ModelConfig], nn.Module] = qwen3_attention) -> None:
         super().__init__()
         self.embed_tokens = embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(Qwen3MoeDecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(Qwen3MoeDecoderLayer(cfg, i, attention) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rotary = Rotary(cfg.head_dim, cfg.rope)
 
@@ -57,11 +61,20 @@ class Qwen3MoeModel(nn.Module):
 class Qwen3MoeForCausalLM(DecoderOnlyLM):
     checkpoint_renames: tuple[tuple[str, str], ...] = ()
     checkpoint_ignore: tuple[str, ...] = LlamaForCausalLM.checkpoint_ignore
+    attention: Callable[[ModelConfig], nn.Module] = staticmethod(qwen3_attention)
 
     def __init__(self, config: ModelConfig) -> None:
         no_sliding_window(config)
         super().__init__(config)
-        self.model = Qwen3MoeModel(config)
+        self.model = Qwen3MoeModel(config, type(self).attention)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+
+
+class Qwen2MoeForCausalLM(Qwen3MoeForCausalLM):
+    """Qwen2-MoE (Qwen1.5-MoE-A2.7B, Qwen2-57B-A14B): Qwen2's attention, the MoE with one sigmoid-gated shared
+    expert (checkpoint `mlp.shared_expert.*`, renamed to the MoE's `shared_experts`; `mlp.shared_expert_gate`)."""
+
+    checkpoint_renames = ((r"\.mlp\.shared_expert\.", ".mlp.shared_experts."),)
+    attention = staticmethod(qwen2_attention)
