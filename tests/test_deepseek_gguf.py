@@ -15,7 +15,7 @@ import pytest
 import torch
 import transformers
 from gguf import GGMLQuantizationType as Q
-from gguf_write import add_quantized, finish
+from gguf_write import add_quantized, checkpoint_names, finish
 from tiny import per_expert, plain_logits
 
 from eaglespec.errors import CheckpointError, ConfigError
@@ -231,6 +231,7 @@ def test_logits_match_transformers(tmp_path, case, split_kv_b):
     ref = hf_model(case)
     path = tmp_path / "m.gguf"
     write_deepseek2_gguf(path, ref, split_kv_b=split_kv_b)
+    assert {n for n, _ in GGUFFile(path).hf_tensors()} == checkpoint_names(ref, tmp_path / "hf")  # DeepSeek's own
     loaded = load_model(path, dtype="float32")
     with torch.no_grad():
         want = ref(IDS).logits

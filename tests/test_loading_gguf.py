@@ -4,6 +4,7 @@ quantization types, the q/k un-permutation and the errors."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Callable
 
@@ -301,8 +302,12 @@ def test_split_gguf_problems_are_named(tmp_path):
 def test_unsupported_gguf_architecture(tmp_path):
     path = tmp_path / "other.gguf"
     write_tiny_gguf(path, arch="gemma")
-    with pytest.raises(ConfigError, match="GGUF architecture 'gemma' is not supported \\(only 'llama', 'qwen2', "
-                                          "'qwen3', 'qwen3moe', 'deepseek2', 'phi3'\\)"):
+    from eaglespec.loading.gguf_config import GGUF_ARCHITECTURES
+
+    assert {"llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "deepseek2", "phi3"} == set(GGUF_ARCHITECTURES)
+    listed = ", ".join(map(repr, GGUF_ARCHITECTURES))
+    with pytest.raises(ConfigError, match=re.escape(f"GGUF architecture 'gemma' is not supported (only {listed}); "
+                                                    "load the model's Hugging Face folder instead")):
         load_model(path)
 
 

@@ -11,14 +11,14 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from gguf_write import finish
+from gguf_write import checkpoint_names, finish
 from test_loading_gguf import llama_cpp_permute
 from tiny import assert_speculation_equals_plain, per_expert, plain_logits, randomize_moe, tiny_drafter
 
 from eaglespec.config import EngineConfig, ModelConfig, MoEConfig, SpecConfig
 from eaglespec.engine.engine import Engine
 from eaglespec.errors import RequestError
-from eaglespec.loading import load_model
+from eaglespec.loading import GGUFFile, load_model
 from eaglespec.models import get_model_class
 from eaglespec.sampling_params import SamplingParams
 
@@ -103,6 +103,8 @@ def test_llama_cpp_mixtral_gguf_answers_as_transformers(tmp_path, stacked):
     write_mixtral_gguf(tmp_path / "m.gguf", ref, stacked)
     lm = load_model(tmp_path / "m.gguf", dtype=torch.float32)
     assert lm.config.architecture == "MixtralForCausalLM" and lm.config.moe.n_routed_experts == 6
+    names = {n for n, _ in GGUFFile(tmp_path / "m.gguf").hf_tensors()}  # Mixtral's own: `eaglespec convert` writes
+    assert names == checkpoint_names(ref, tmp_path / "hf")                  # a folder transformers loads
     with torch.no_grad():
         want = ref(IDS).logits
     torch.testing.assert_close(plain_logits(lm.model, IDS), want, rtol=1e-4, atol=1e-4)

@@ -14,13 +14,13 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from gguf_write import finish
+from gguf_write import checkpoint_names, finish
 from tiny import assert_speculation_equals_plain, plain_logits, tiny_drafter
 
 from eaglespec.config import EngineConfig, SpecConfig
 from eaglespec.engine.engine import Engine
 from eaglespec.errors import ConfigError, RequestError
-from eaglespec.loading import load_model
+from eaglespec.loading import GGUFFile, load_model
 from eaglespec.sampling_params import SamplingParams
 
 CONFIG = dict(vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
@@ -148,6 +148,7 @@ def test_llama_cpp_phi3_gguf_answers_as_transformers(tmp_path, case):
     ref = hf_model(case, seed=6)
     write_phi3_gguf(tmp_path / "m.gguf", ref)
     lm = load_model(tmp_path / "m.gguf", dtype=torch.float32)
+    assert {n for n, _ in GGUFFile(tmp_path / "m.gguf").hf_tensors()} == checkpoint_names(ref, tmp_path / "hf")
     assert lm.config.architecture == "Phi3ForCausalLM" and lm.config.sliding_window is None
     assert lm.config.context_limit == (64 if case == "longrope" else 256)
     ids = torch.randint(1, 101, (2, 60), generator=torch.Generator().manual_seed(1))

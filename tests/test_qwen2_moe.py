@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from gguf_write import finish
+from gguf_write import checkpoint_names, finish
 from tiny import assert_speculation_equals_plain, per_expert, plain_logits, randomize_moe, tiny_drafter
 
 from eaglespec.config import SpecConfig
 from eaglespec.layers.moe import MoE
-from eaglespec.loading import load_model
+from eaglespec.loading import GGUFFile, load_model
 from eaglespec.sampling_params import SamplingParams
 
 CONFIG = dict(vocab_size=101, hidden_size=48, intermediate_size=80, moe_intermediate_size=24,
@@ -121,6 +121,7 @@ def test_llama_cpp_qwen2moe_gguf_answers_as_transformers(tmp_path):
     randomize_moe(ref, 4)
     write_qwen2moe_gguf(tmp_path / "m.gguf", ref)
     lm = load_model(tmp_path / "m.gguf", dtype=torch.float32)
+    assert {n for n, _ in GGUFFile(tmp_path / "m.gguf").hf_tensors()} == checkpoint_names(ref, tmp_path / "hf")
     moe = lm.config.moe
     assert lm.config.architecture == "Qwen2MoeForCausalLM" and (moe.shared_intermediate_size, moe.shared_gate,
                                                                    moe.norm_topk_prob) == (40, True, False)

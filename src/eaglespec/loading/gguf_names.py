@@ -66,9 +66,18 @@ GGUF_TO_HF: tuple[tuple[str, str, str | None], ...] = (
     # qwen2moe: the shared expert's sigmoid gate [1, H]
     (r"blk\.(\d+)\.ffn_gate_inp_shexp\.weight", r"model.layers.\1.mlp.shared_expert_gate.weight", None),
 )
-# per architecture, (HF name suffix, the name it holds there): phi3's ffn_up is the fused gate_up_proj (gate rows,
-# then up rows), which models/phi3.py splits
-ARCH_RENAMES: dict[str, tuple[tuple[str, str], ...]] = {"phi3": ((".mlp.up_proj.weight", ".mlp.gate_up_proj.weight"),)}
+# per HF architecture (the config's), (regex, replacement) on the table's names where that architecture's
+# checkpoints spell them otherwise, so that a converted folder (loading/convert.py) is that architecture's own: phi3's
+# ffn_up is the fused gate_up_proj (gate rows, then up rows, which models/phi3.py splits); Mixtral's checkpoints say
+# block_sparse_moe and w1 / w3 / w2; Qwen2-MoE's shared_expert (singular). The model classes rename them back.
+HF_RENAMES: dict[str, tuple[tuple[str, str], ...]] = {
+    "Phi3ForCausalLM": ((r"\.mlp\.up_proj\.weight$", ".mlp.gate_up_proj.weight"),),
+    "MixtralForCausalLM": ((r"\.mlp\.gate\.weight$", ".block_sparse_moe.gate.weight"),
+                           (r"\.mlp\.experts\.(\d+)\.gate_proj\.", r".block_sparse_moe.experts.\1.w1."),
+                           (r"\.mlp\.experts\.(\d+)\.up_proj\.", r".block_sparse_moe.experts.\1.w3."),
+                           (r"\.mlp\.experts\.(\d+)\.down_proj\.", r".block_sparse_moe.experts.\1.w2.")),
+    "Qwen2MoeForCausalLM": ((r"\.mlp\.shared_experts\.", ".mlp.shared_expert."),),
+}
 # GGUF architectures whose q/k weights llama.cpp permuted (interleaved RoPE pairs)
 PERMUTED_ARCHS = frozenset({"llama"})
 

@@ -14,11 +14,11 @@ Contract:
 - `hf_tensors()` yields `(hf_name, float32 tensor)` one tensor at a time: dequantized (`SUPPORTED_TYPES`: the float
   types, the legacy, K- and i-quants, ternary and MXFP4; any other type, such as Q8_1 or the integer types, raises
   `CheckpointError` before anything is yielded), renamed through the one table in `gguf_names.py` (and its
-  per-architecture `ARCH_RENAMES`: phi3's fused `ffn_up`; RoPE-scaling tensors are the config's, skipped), with
-  llama.cpp's q/k permutation undone (`llama` files: Qwen's keep the HF layout), stacked expert tensors split into one
-  tensor per expert, each dequantized from its own rows of the file, and a deepseek2 layer's `attn_k_b` / `attn_v_b`
-  joined back into its `kv_b_proj` (yielded when the second of the two is read; one of them without the other raises
-  `CheckpointError` once the file is read through).
+  per-architecture `HF_RENAMES`: the names the model's own checkpoints use; RoPE-scaling tensors are the config's,
+  skipped), with llama.cpp's q/k permutation undone (`llama` files: Qwen's keep the HF layout), stacked expert tensors
+  split into one tensor per expert, each dequantized from its own rows of the file, and a deepseek2 layer's `attn_k_b`
+  / `attn_v_b` joined back into its `kv_b_proj` (yielded when the second of the two is read; one of them without the
+  other raises `CheckpointError` once the file is read through).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import torch
 from ..errors import CheckpointError
 from .gguf_config import hf_config
 from .gguf_header import GGUFHeader, read_header
-from .gguf_names import ARCH_RENAMES, PERMUTED_ARCHS, expert_names, gguf_to_hf_name, join_kv_b, unpermute_qk
+from .gguf_names import HF_RENAMES, PERMUTED_ARCHS, expert_names, gguf_to_hf_name, join_kv_b, unpermute_qk
 from .gguf_quants import dequantize
 
 # torch-computed (gguf_quants.py), then what gguf.quants (>= 0.19) dequantizes: the K-quants of llama.cpp's Q2_K ..
@@ -130,21 +130,25 @@ class GGUFFile:
         self.check_tensor_types()
         cfg = self.hf_config()
         n_heads = {"q": cfg["num_attention_heads"], "k": cfg["num_key_value_heads"]}
+        renames = [(re.compile(p), r) for p, r in HF_RENAMES.get(cfg["architectures"][0], ())]
+
+        def hf(name: str) -> str:  # the model's own checkpoint spelling
+            for pattern, repl in renames:
+                name = pattern.sub(repl, name)
+            return name
+
         halves: dict[str, dict[str, torch.Tensor]] = {}  # kv_b_proj name -> the halves read so far ("k_b", "v_b")
         for t in self.tensors:
             name, kind = gguf_to_hf_name(t.name)
             if kind == "config":  # read by hf_config (RoPE scaling tensors)
                 continue
-            for suffix, fused in ARCH_RENAMES.get(self.architecture, ()):
-                if name.endswith(suffix):
-                    name = name[: -len(suffix)] + fused
             shape = tuple(reversed(t.dims))  # GGUF lists dims innermost first
             if kind == "experts":  # [E, rows, cols]: one tensor per expert, each dequantized from its own rows
                 if len(shape) != 3:
                     raise CheckpointError(f"{self.path}: expert tensor {t.name!r} has shape {shape}, not [E, rows, "
                                           "cols]")
                 for e, expert_name in enumerate(expert_names(name, shape[0])):
-                    yield expert_name, self._dequantize(t, t.data[e], shape[1:])
+                    yield hf(expert_name), self._dequantize(t, t.data[e], shape[1:])
                 continue
             w = self._dequantize(t, t.data, shape)
             if kind in ("q", "k") and self.architecture in PERMUTED_ARCHS:
@@ -159,7 +163,7 @@ class GGUFFile:
                 except CheckpointError as e:
                     raise CheckpointError(f"{self.path}: {e}") from None
                 del halves[name]
-            yield name, w
+            yield hf(name), w
         if halves:
             name, pair = next(iter(halves.items()))
             have, missing = ("attn_k_b", "attn_v_b") if "k_b" in pair else ("attn_v_b", "attn_k_b")
