@@ -3,7 +3,9 @@
 Contract: `convert_gguf(gguf_path, out_dir, dtype)` writes config.json, model.safetensors (or shards with an index
 past `max_shard_bytes`), tokenizer.json, tokenizer_config.json (special tokens, chat_template), chat_template.jinja
 and generation_config.json. The tensors are the dequantized, renamed and un-permuted ones `load_model(gguf)` uses, so
-`load_model(out_dir)` gives the same logits in the same dtype. Tied embeddings are written once (no lm_head.weight).
+`load_model(out_dir)` gives the same logits in the same dtype; they carry the architecture's own checkpoint names
+(`gguf_names.HF_RENAMES`: Mixtral's, Qwen2-MoE's, Phi-3's fused projections), so transformers loads the folder too.
+Tied embeddings are written once (no lm_head.weight).
 """
 
 from __future__ import annotations

@@ -11,10 +11,11 @@ q/k/v/o as `attention_bias` says). `mlp` is the MoE (`layers/moe.py`: the softma
 
 Parameter names are the HF checkpoint's (`model.layers.L.mlp.gate.weight`, `model.layers.L.mlp.experts.E.up_proj.
 weight`, `model.layers.L.self_attn.q_norm.weight`, ...: one tensor per expert, as the released checkpoints and
-transformers' `save_pretrained` write them), so the rename table is empty. llama.cpp's `qwen3moe` GGUFs load too:
-loading/gguf_names.py maps their names (the router `ffn_gate_inp` -> `mlp.gate`) and splits the experts, stacked
-there one tensor per projection (`ffn_{gate,up,down}_exps`), into these per-expert names; the GGUF config has every
-layer sparse and `norm_topk_prob` True, as llama.cpp runs it (loading/gguf_reader.py). Not implemented, refused by
+transformers' `save_pretrained` write them), so Qwen3-MoE's rename table is empty (Qwen2-MoE's renames its
+`shared_expert`). llama.cpp's `qwen3moe` / `qwen2moe` GGUFs load too: loading/gguf_names.py maps their names (the router
+`ffn_gate_inp` -> `mlp.gate`) and splits the experts, stacked there one tensor per projection
+(`ffn_{gate,up,down}_exps`), into these per-expert names; the GGUF config has every layer sparse, and `norm_topk_prob`
+True for qwen3moe, as llama.cpp runs them (loading/gguf_config.py). Not implemented, refused by
 name: sliding-window attention (`use_sliding_window`, off in the released models). The router's auxiliary loss
 (`output_router_logits`) is training-only and ignored. On CUDA the experts run as grouped GEMMs
 (`engine.transforms.use_grouped_experts`), so these targets take CUDA graphs like dense ones.
