@@ -1,0 +1,50 @@
+"""Mistral Small 3.1 / 3.2 (`Mistral3ForConditionalGeneration`): a Pixtral vision tower and projector around a
+Mistral (Llama-layout) language model, run here for text: the language model only.
+
+- `language_model`: models/llama.py's `LlamaForCausalLM` built from the config's `text_config` (Mistral's: GQA, an
+  explicit `head_dim`, RoPE; a sliding window, if the config has one, caps the context as `ModelConfig.context_limit`
+  says);
+- the EAGLE-3 target protocol (and the engine's `kv_cache_shapes` / `embed`) by delegation (`delegate_eagle3`), and
+  `forward(input_ids, ctx, inputs_embeds=None)` returns the language model's output unchanged;
+- images are not taken (no `prepare_multimodal`: the engine refuses a request with images, naming the class): the
+  vision tower and projector's weights (`vision_tower.*`, `multi_modal_projector.*`, under `model.` in transformers
+  5's layout) are skipped, not loaded.
+
+Checkpoint names: the releases' `language_model.model.layers.L...` and `language_model.lm_head.weight` as they are;
+transformers 5's `model.language_model.*` renamed onto them (`checkpoint_renames`).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..config import ModelConfig
+from ..layers.context import ForwardContext
+from ..protocol import delegate_eagle3
+from .base import ModelOutput
+from .llama import LlamaForCausalLM
+
+
+class Mistral3ForConditionalGeneration(nn.Module):
+    eagle3 = delegate_eagle3("language_model")
+
+    checkpoint_renames: tuple[tuple[str, str], ...] = (
+        (r"^model\.language_model\.", "language_model.model."),  # transformers 5's layout
+        (r"^lm_head\.", "language_model.lm_head."),
+    )
+    checkpoint_ignore: tuple[str, ...] = (r"^(?:model\.)?(?:vision_tower|multi_modal_projector)\.",
+                                          r"rotary_emb\.inv_freq$")
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.language_model = LlamaForCausalLM(config)
+
+    def forward(
+        self, input_ids: torch.Tensor | None, ctx: ForwardContext, inputs_embeds: torch.Tensor | None = None
+    ) -> ModelOutput:
+        return self.language_model(input_ids, ctx, inputs_embeds=inputs_embeds)
+
+    def reset_buffers(self) -> None:
+        self.language_model.reset_buffers()
