@@ -3,12 +3,12 @@
 `dequantize(data, qtype) -> torch.Tensor`: data the raw bytes of one tensor as uint8 [*outer, bytes per row]
 (`gguf_header.GGUFTensor.data`), qtype a `gguf.GGMLQuantizationType`; returns float32 [*outer, elements per row], a
 new tensor (never a view of the file). F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and the K-quants of llama.cpp's
-Q4_K_M / Q5_K_M / Q6_K mixes (Q4_K, Q5_K, Q6_K) are computed here with whole-tensor torch ops, bit for bit what
-`gguf.quants.dequantize` computes (the same float32 products and sums, in the same order: tested); any other type goes
-through `gguf.quants` (numpy). A tensor is dequantized a chunk of blocks at a time (`_CHUNK_ELEMENTS`), so that each
-chunk's intermediates stay in the cache: on a 2-core CPU a 16M-element tensor dequantizes 1.2-1.7x faster than numpy,
-where whole-tensor ops were 0.5-0.8x its speed (docs/benchmarks.md, "Session 57"); the embedded SmolLM2 (Q4_1, one
-Q8_0 tensor) in 0.16 s against numpy's 0.47 s.
+Q4_K_M / Q5_K_M / Q6_K mixes (Q4_K, Q5_K, Q6_K) are computed here with torch ops over chunks of blocks, bit for bit
+what `gguf.quants.dequantize` computes (the same float32 products and sums, in the same order: tested); any other type
+goes through `gguf.quants` (numpy). A tensor is dequantized a chunk of blocks at a time (`_CHUNK_ELEMENTS`), so that
+each chunk's intermediates stay in the cache: on a 2-core CPU a 16M-element tensor dequantizes 1.2-1.7x faster than
+numpy, where whole-tensor ops were 0.5-0.8x its speed (docs/benchmarks.md, "Session 57"); the embedded SmolLM2 (Q4_1,
+one Q8_0 tensor) in 0.16 s against numpy's 0.47 s.
 
 Block layouts (ggml): Q8_0 = f16 d, 32 x int8 q: d * q; Q4_0 = f16 d, 16 bytes: d * (nibble - 8); Q4_1 = f16 d, f16
 m, 16 bytes: d * nibble + m; in the nibble types the 16 low nibbles are elements 0-15 and the high ones 16-31. The
@@ -54,7 +54,7 @@ def dequantize(data: np.ndarray, qtype: Any) -> torch.Tensor:
         b = _blocks(data, type_size)
         out = torch.empty(b.shape[0], elements)
         step = max(1, _CHUNK_ELEMENTS // elements)
-        for i in range(0, b.shape[0], step):  # a chunk's intermediates stay in the cache (2-3x on big tensors)
+        for i in range(0, b.shape[0], step):  # in the cache: 2-3x whole-tensor ops on a 16M-element tensor
             out[i : i + step] = fn(b[i : i + step])
         return out.reshape(out_shape)
     from gguf.quants import dequantize as numpy_dequantize
