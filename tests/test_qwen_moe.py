@@ -208,13 +208,12 @@ def test_cuda_transforms_leave_the_moe_layers_alone():
     assert [o.token_ids for o in got] == plain  # decode steps of 2 rows: the fused kernel in the dense layers
 
 
-def test_sliding_window_is_refused():
+def test_a_sliding_window_caps_the_context():
     cfg = transformers.Qwen3MoeConfig(**{**COMMON, **CASES["all_sparse"]}, use_sliding_window=True,
                                       sliding_window=16)
     cfg.architectures = ["Qwen3MoeForCausalLM"]
-    with pytest.raises(ConfigError, match="Qwen3MoeForCausalLM with use_sliding_window: sliding-window attention "
-                                          "is not implemented"):
-        get_model_class("Qwen3MoeForCausalLM")(ModelConfig.from_hf(cfg.to_dict()))
+    ours = ModelConfig.from_hf(cfg.to_dict())
+    assert ours.context_limit == 16 and "sliding window" in ours.context_limit_reason
 
 
 def test_unknown_routing_is_refused():

@@ -6,26 +6,18 @@
 
 Parameter names are the HF checkpoint's (`model.layers.N.self_attn.q_norm.weight`, ...): no renames; llama.cpp's
 `qwen2` / `qwen3` GGUFs map onto them through loading/gguf_names.py. Sliding-window attention (`use_sliding_window`,
-off in the released models) is not implemented and is refused by name.
+off in the released models; then the layers from `max_window_layers` on see the last `sliding_window` tokens) caps the
+context at the window (`ModelConfig.context_limit`), within which every layer sees every token, as here.
 """
 
 from __future__ import annotations
 
 from ..config import ModelConfig
-from ..errors import ConfigError
 from ..layers.attention import GQAAttention, QKNormAttention
 from ..layers.mlp import GatedMLP
 from ..layers.norm import RMSNorm
 from .base import PreNormDecoderLayer
 from .llama import LlamaForCausalLM
-
-
-def no_sliding_window(cfg: ModelConfig) -> None:
-    """A ConfigError when the config turns on sliding-window attention (shared with qwen_moe.py)."""
-    text = cfg.raw.get("text_config") or cfg.raw
-    if text.get("use_sliding_window"):
-        raise ConfigError(f"{cfg.architecture} with use_sliding_window: sliding-window attention is not implemented "
-                          "(the released Qwen2/Qwen3 models have it off)")
 
 
 def qwen2_attention(cfg: ModelConfig) -> GQAAttention:
@@ -62,7 +54,6 @@ class Qwen2ForCausalLM(LlamaForCausalLM):
     decoder_layer = Qwen2DecoderLayer
 
     def __init__(self, config: ModelConfig) -> None:
-        no_sliding_window(config)
         super().__init__(config)
 
 
@@ -70,5 +61,4 @@ class Qwen3ForCausalLM(LlamaForCausalLM):
     decoder_layer = Qwen3DecoderLayer
 
     def __init__(self, config: ModelConfig) -> None:
-        no_sliding_window(config)
         super().__init__(config)

@@ -12,12 +12,12 @@ q/k/v/o as `attention_bias` says). `mlp` is the MoE (`layers/moe.py`: the softma
 Parameter names are the HF checkpoint's (`model.layers.L.mlp.gate.weight`, `model.layers.L.mlp.experts.E.up_proj.
 weight`, `model.layers.L.self_attn.q_norm.weight`, ...: one tensor per expert, as the released checkpoints and
 transformers' `save_pretrained` write them), so Qwen3-MoE's rename table is empty (Qwen2-MoE's renames its
-`shared_expert`). llama.cpp's `qwen3moe` / `qwen2moe` GGUFs load too: loading/gguf_names.py maps their names (the router
-`ffn_gate_inp` -> `mlp.gate`) and splits the experts, stacked there one tensor per projection
+`shared_expert`). llama.cpp's `qwen3moe` / `qwen2moe` GGUFs load too: loading/gguf_names.py maps their names (the
+router `ffn_gate_inp` -> `mlp.gate`) and splits the experts, stacked there one tensor per projection
 (`ffn_{gate,up,down}_exps`), into these per-expert names; the GGUF config has every layer sparse, and `norm_topk_prob`
-True for qwen3moe, as llama.cpp runs them (loading/gguf_config.py). Not implemented, refused by
-name: sliding-window attention (`use_sliding_window`, off in the released models). The router's auxiliary loss
-(`output_router_logits`) is training-only and ignored. On CUDA the experts run as grouped GEMMs
+True for qwen3moe, as llama.cpp runs them (loading/gguf_config.py). Sliding-window attention (`use_sliding_window`,
+off in the released models) caps the context at the window, as for Qwen2 / Qwen3 (qwen.py). The router's auxiliary
+loss (`output_router_logits`) is training-only and ignored. On CUDA the experts run as grouped GEMMs
 (`engine.transforms.use_grouped_experts`), so these targets take CUDA graphs like dense ones.
 """
 
@@ -35,7 +35,7 @@ from ..layers.norm import RMSNorm
 from ..layers.rotary import Rotary
 from .base import DecoderOnlyLM, PreNormDecoderLayer
 from .llama import LlamaForCausalLM
-from .qwen import no_sliding_window, qwen2_attention, qwen3_attention
+from .qwen import qwen2_attention, qwen3_attention
 
 
 class Qwen3MoeDecoderLayer(PreNormDecoderLayer):
@@ -65,7 +65,6 @@ class Qwen3MoeForCausalLM(DecoderOnlyLM):
     attention: Callable[[ModelConfig], nn.Module] = staticmethod(qwen3_attention)
 
     def __init__(self, config: ModelConfig) -> None:
-        no_sliding_window(config)
         super().__init__(config)
         self.model = Qwen3MoeModel(config, type(self).attention)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
