@@ -1,0 +1,85 @@
+"""Session 57's model families on the GPU path: tiny random float32 targets (Mixtral, Qwen2-MoE with its gated shared
+expert and a dense layer, Phi-3 with LongRoPE, Mistral Small 3's text wrapper with an explicit head_dim), each run
+eagerly without graphs (the reference), then through `prepare_for_inference` and the graph path: plain decoding, a
+chain and a tree with a random EAGLE-3 drafter. Prints how many of the 3 answers equal the reference's.
+
+    python benchmarks/families_check.py [--cpu]
+
+`--cpu`: a smoke run on the CPU (no graphs; the engine's eager path against itself).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+
+import moe_graphs_check
+import torch
+
+from eaglespec.config import EngineConfig, ModelConfig, SpecConfig
+from eaglespec.engine.engine import Engine
+from eaglespec.engine.transforms import prepare_for_inference
+from eaglespec.models import get_model_class
+from eaglespec.sampling_params import SamplingParams
+
+BASE = dict(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=1024, rms_norm_eps=1e-5, rope_theta=1e6,
+            tie_word_embeddings=False)
+g = torch.Generator().manual_seed(3)
+CONFIGS = {
+    "mixtral": dict(BASE, architectures=["MixtralForCausalLM"], model_type="mixtral", intermediate_size=64,
+                    num_local_experts=8, num_experts_per_tok=2),
+    "qwen2_moe": dict(BASE, architectures=["Qwen2MoeForCausalLM"], model_type="qwen2_moe", moe_intermediate_size=64,
+                      shared_expert_intermediate_size=96, num_experts=16, num_experts_per_tok=4, mlp_only_layers=[2]),
+    "phi3 longrope": dict(BASE, architectures=["Phi3ForCausalLM"], model_type="phi3", original_max_position_embeddings=256,
+                          rope_scaling=dict(type="longrope", short_factor=(1 + 2 * torch.rand(16, generator=g)).tolist(),
+                                            long_factor=(4 + 8 * torch.rand(16, generator=g)).tolist())),
+    "mistral3 (head_dim 64)": dict(architectures=["Mistral3ForConditionalGeneration"], model_type="mistral3",
+                                   text_config=dict(BASE, model_type="mistral", head_dim=64)),
+}
+
+
+def tiny_target(d: dict, dev: torch.device) -> torch.nn.Module:
+    cfg = ModelConfig.from_hf(d)
+    model = get_model_class(cfg.architecture)(cfg).eval()
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for _, t in model.named_parameters():
+            t.copy_(1.0 + 0.1 * torch.randn(t.shape, generator=gen) if t.dim() == 1
+                    else 2.0 * torch.randn(t.shape, generator=gen) / math.sqrt(t.shape[-1]))
+    return model.to(dev)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cpu", action="store_true")
+    args = ap.parse_args()
+    dev = torch.device("cpu" if args.cpu else "cuda")
+    moe_graphs_check.DEV = dev  # where its tiny_drafter puts the drafter
+    prompts = [[(7 * i + j) % 500 + 3 for i in range(n)] for j, n in enumerate((5, 17, 60))]
+    params = SamplingParams(max_new_tokens=48, ignore_eos=True)
+    print("| target | run | answers equal to the eager reference's (3) | verify steps |")
+    print("| --- | --- | --- | ---: |")
+    failed = 0
+    for name, d in CONFIGS.items():
+        target = tiny_target(d, dev)
+        ref = [o.token_ids for o in Engine(target, None, EngineConfig(max_batch_size=4, cuda_graphs=False))
+               .generate(prompts, params)]
+        language_model = getattr(target, "language_model", target)
+        drafter = moe_graphs_check.tiny_drafter(language_model)
+        prepare_for_inference(target, dev, None, None)
+        prepare_for_inference(drafter, dev, None, None)
+        for label, spec in (("plain", None), ("chain 3,1,4", SpecConfig(3, 1, 4)), ("tree 3,2,6", SpecConfig(3, 2, 6))):
+            eng = Engine(target, None, EngineConfig(max_batch_size=4), drafter=drafter if spec else None, spec=spec)
+            graphs = eng.runner.graphs is not None
+            got = [o.token_ids for o in eng.generate(prompts, params)]
+            same = sum(a == b for a, b in zip(got, ref))
+            failed += same != 3 or (dev.type == "cuda" and not graphs)
+            print(f"| {name} | {label} ({'graphs' if graphs else 'eager'}) | {same} | "
+                  f"{eng.stats.verify_steps if spec else '-'} |", flush=True)
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
