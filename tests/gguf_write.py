@@ -1,5 +1,5 @@
 """Helpers for the GGUF files the tests write with `gguf.GGUFWriter`: a tensor quantized as a file holds it, the three
-writes that finish a file, and the tensor names transformers' own checkpoint of a model has (what a GGUF's tensors
+writes that finish a file, the metadata and tensors every decoder file holds, and the tensor names transformers' own checkpoint of a model has (what a GGUF's tensors
 must be named as for `eaglespec convert` to write that architecture's folder)."""
 
 from __future__ import annotations
@@ -17,6 +17,21 @@ def add_quantized(w: gguf.GGUFWriter, name: str, arr: np.ndarray, qtype: gguf.GG
     data = gguf.quants.quantize(arr, qtype) if data is None else data
     w.add_tensor(name, data, raw_dtype=qtype)
     return gguf.quants.dequantize(data, qtype).reshape(arr.shape).astype(np.float32)
+
+
+def add_common(w: gguf.GGUFWriter, c, sd: dict[str, np.ndarray]) -> None:
+    """What every decoder file holds, from a transformers config `c` and its state dict `sd` (float32 numpy): the
+    sizes, heads, norm epsilon and RoPE base, the embedding, the final norm and the untied head."""
+    w.add_block_count(c.num_hidden_layers)
+    w.add_context_length(c.max_position_embeddings)
+    w.add_embedding_length(c.hidden_size)
+    w.add_head_count(c.num_attention_heads)
+    w.add_head_count_kv(c.num_key_value_heads)
+    w.add_layer_norm_rms_eps(c.rms_norm_eps)
+    w.add_rope_freq_base(c.rope_parameters["rope_theta"])
+    w.add_tensor("token_embd.weight", sd["model.embed_tokens.weight"])
+    w.add_tensor("output_norm.weight", sd["model.norm.weight"])
+    w.add_tensor("output.weight", sd["lm_head.weight"])
 
 
 def finish(w: gguf.GGUFWriter) -> None:

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from gguf_write import checkpoint_names, finish
+from gguf_write import add_common, checkpoint_names, finish
 from tiny import assert_speculation_equals_plain, plain_logits, tiny_drafter
 
 from eaglespec.config import EngineConfig, SpecConfig
@@ -113,15 +113,9 @@ def write_phi3_gguf(path: Path, ref: transformers.Phi3ForCausalLM) -> None:
     c = ref.config
     sd = {k: v.detach().float().numpy() for k, v in ref.state_dict().items()}
     w = gguf.GGUFWriter(str(path), "phi3")
-    w.add_context_length(c.max_position_embeddings)
-    w.add_embedding_length(c.hidden_size)
+    add_common(w, c, sd)
     w.add_feed_forward_length(c.intermediate_size)
-    w.add_block_count(c.num_hidden_layers)
-    w.add_head_count(c.num_attention_heads)
-    w.add_head_count_kv(c.num_key_value_heads)
-    w.add_layer_norm_rms_eps(c.rms_norm_eps)
     w.add_rope_dimension_count(c.hidden_size // c.num_attention_heads)
-    w.add_rope_freq_base(c.rope_parameters["rope_theta"])
     w.add_sliding_window(c.sliding_window or 0)
     rope = c.rope_parameters
     if rope["rope_type"] == "longrope":
@@ -131,9 +125,6 @@ def write_phi3_gguf(path: Path, ref: transformers.Phi3ForCausalLM) -> None:
         w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(orig)))
         w.add_tensor("rope_factors_long.weight", np.array(rope["long_factor"], np.float32))
         w.add_tensor("rope_factors_short.weight", np.array(rope["short_factor"], np.float32))
-    w.add_tensor("token_embd.weight", sd["model.embed_tokens.weight"])
-    w.add_tensor("output_norm.weight", sd["model.norm.weight"])
-    w.add_tensor("output.weight", sd["lm_head.weight"])
     for i in range(c.num_hidden_layers):
         pre = f"model.layers.{i}."
         for g, h in (("attn_norm", "input_layernorm"), ("attn_qkv", "self_attn.qkv_proj"),

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from gguf_write import checkpoint_names, finish
+from gguf_write import add_common, checkpoint_names, finish
 from tiny import assert_speculation_equals_plain, per_expert, plain_logits, randomize_moe, tiny_drafter
 
 from eaglespec.config import SpecConfig
@@ -88,20 +88,11 @@ def write_qwen2moe_gguf(path: Path, ref: transformers.Qwen2MoeForCausalLM) -> No
     c = ref.config
     sd = {k: v.detach().float().numpy() for k, v in per_expert(ref.state_dict()).items()}
     w = gguf.GGUFWriter(str(path), "qwen2moe")
-    w.add_block_count(c.num_hidden_layers)
-    w.add_context_length(c.max_position_embeddings)
-    w.add_embedding_length(c.hidden_size)
-    w.add_head_count(c.num_attention_heads)
-    w.add_head_count_kv(c.num_key_value_heads)
-    w.add_layer_norm_rms_eps(c.rms_norm_eps)
-    w.add_rope_freq_base(c.rope_parameters["rope_theta"])
+    add_common(w, c, sd)
     w.add_expert_count(c.num_experts)
     w.add_expert_used_count(c.num_experts_per_tok)
     w.add_expert_feed_forward_length(c.moe_intermediate_size)
     w.add_expert_shared_feed_forward_length(c.shared_expert_intermediate_size)
-    w.add_tensor("token_embd.weight", sd["model.embed_tokens.weight"])
-    w.add_tensor("output_norm.weight", sd["model.norm.weight"])
-    w.add_tensor("output.weight", sd["lm_head.weight"])
     for i in range(c.num_hidden_layers):
         pre = f"model.layers.{i}."
         for g, h in BLOCK.items():
