@@ -10,9 +10,9 @@ from typing import Callable
 
 import pytest
 import torch
+from tiny import plain_logits
 
 from eaglespec.errors import CheckpointError, ConfigError
-from eaglespec.layers.context import ForwardContext
 from eaglespec.loading import default_model_path, load_config, load_model
 from eaglespec.loading.safetensors_io import load_safetensors, save_safetensors, save_safetensors_sharded
 from eaglespec.models.llama import LlamaForCausalLM
@@ -32,11 +32,6 @@ def tiny_hf_llama(folder: Path, tied: bool):
     model = HFLlama(cfg).eval()
     model.save_pretrained(folder)
     return model
-
-
-def logits(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
-    with torch.no_grad():
-        return model(ids, ForwardContext.plain(ids.shape[0], ids.shape[1])).logits
 
 
 IDS = torch.tensor([[1, 5, 9, 33, 70, 2, 8, 90], [4, 4, 4, 17, 18, 19, 60, 61]])
@@ -64,7 +59,7 @@ def test_hf_folder_matches_transformers(which, request):
     assert (embed is head) == (which == "tied")
     with torch.no_grad():
         expected = ref(IDS).logits
-    assert (logits(loaded.model, IDS) - expected).abs().max().item() <= 1e-5
+    assert (plain_logits(loaded.model, IDS) - expected).abs().max().item() <= 1e-5
 
 
 def test_sharded_folder_loads_like_single_file(untied, tmp_path):
@@ -137,7 +132,7 @@ def test_checkpoint_tables_and_transform_hook(untied, tmp_path, monkeypatch):
     loaded = load_model(out)
     with torch.no_grad():
         expected = ref(IDS).logits
-    assert (logits(loaded.model, IDS) - expected).abs().max().item() <= 1e-5
+    assert (plain_logits(loaded.model, IDS) - expected).abs().max().item() <= 1e-5
 
 
 def _copy_with(folder: Path, dest: Path, config: Callable | None = None, tensors: Callable | None = None) -> Path:
@@ -240,8 +235,8 @@ def test_int4_checkpoint_is_dequantized_while_streaming(untied, tmp_path):
     }
     q_dir = _copy_with(folder, tmp_path / "q", config=lambda c: cfg, tensors=lambda _: quant)
     p_dir = _copy_with(folder, tmp_path / "p", tensors=lambda _: plain)
-    got = logits(load_model(q_dir).model, IDS)
-    assert torch.equal(got, logits(load_model(p_dir).model, IDS))
+    got = plain_logits(load_model(q_dir).model, IDS)
+    assert torch.equal(got, plain_logits(load_model(p_dir).model, IDS))
 
     broken = dict(quant)
     del broken["model.layers.1.mlp.up_proj.weight_scale"]

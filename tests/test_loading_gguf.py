@@ -14,9 +14,9 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
 from gguf_write import finish
+from tiny import plain_logits
 
 from eaglespec.errors import CheckpointError, ConfigError
-from eaglespec.layers.context import ForwardContext
 from eaglespec.loading import GGUFFile, load_model
 from eaglespec.loading.gguf_names import expert_names, gguf_to_hf_name, unpermute_qk
 
@@ -102,11 +102,6 @@ def write_tiny_gguf(
     return originals
 
 
-def forward_logits(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
-    with torch.no_grad():
-        return model(ids, ForwardContext.plain(ids.shape[0], ids.shape[1])).logits
-
-
 # --- the real SmolLM2 ------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def hf_smollm2(smollm2_gguf: Path):
@@ -144,7 +139,7 @@ def test_smollm2_weights_are_tied_and_materialized(smollm2):
 def test_smollm2_logits_match_transformers(smollm2, hf_smollm2):
     tok = smollm2.tokenizer
     ids = torch.tensor([tok.encode("The capital of France is Paris. The capital of Italy is")])
-    ours = forward_logits(smollm2.model, ids)
+    ours = plain_logits(smollm2.model, ids)
     with torch.no_grad():
         ref = hf_smollm2(ids).logits
     assert ours.shape == ref.shape == (1, ids.shape[1], 49152)
@@ -173,7 +168,7 @@ def test_smollm2_greedy_matches_transformers_generate(smollm2, hf_smollm2):
         ref = row[n:].tolist()
         if tok.eos_token_id in ref:  # finished early: the rest is padding
             ref = ref[: ref.index(tok.eos_token_id) + 1]
-        logits = forward_logits(smollm2.model, torch.tensor([ids + ref]))[0]
+        logits = plain_logits(smollm2.model, torch.tensor([ids + ref]))[0]
         ours = logits[len(ids) - 1 : -1].argmax(-1).tolist()
         assert ours == ref, (q["question_id"], tok.decode(ours), tok.decode(ref))
         assert len(ref) == 32 or ref[-1] == tok.eos_token_id
@@ -197,7 +192,7 @@ def test_tiny_gguf_all_quant_types_match_transformers(tiny_gguf):
     ids = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         expected = ref(ids).logits
-    assert (forward_logits(ours.model, ids) - expected).abs().max().item() <= 1e-4
+    assert (plain_logits(ours.model, ids) - expected).abs().max().item() <= 1e-4
     # Independently of transformers: the un-permuted q/k are the HF-layout originals up to quantization error, and
     # the F32 tensors are exact.
     sd = ours.model.state_dict()
@@ -214,7 +209,7 @@ def test_tiny_gguf_loads_in_bfloat16(tiny_gguf):
     m = load_model(path, dtype=torch.bfloat16).model
     assert all(p.dtype == torch.bfloat16 for p in m.parameters())
     assert m.model.rotary.inv_freq.dtype == torch.float32 and not m.model.rotary.inv_freq.is_meta
-    assert torch.isfinite(forward_logits(m, torch.tensor([[1, 2, 3]])).float()).all()
+    assert torch.isfinite(plain_logits(m, torch.tensor([[1, 2, 3]])).float()).all()
 
 
 def test_unpermute_inverts_llama_cpp_permutation():
@@ -260,7 +255,7 @@ def test_tiny_gguf_with_q5_types_matches_transformers(tmp_path):
     ids = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         expected = ref(ids).logits
-    assert (forward_logits(ours.model, ids) - expected).abs().max().item() <= 1e-4
+    assert (plain_logits(ours.model, ids) - expected).abs().max().item() <= 1e-4
 
 
 def test_split_gguf_loads_from_any_shard(tmp_path, tiny_gguf):
@@ -276,11 +271,11 @@ def test_split_gguf_loads_from_any_shard(tmp_path, tiny_gguf):
     assert "llama.block_count" not in read_header(shards[2]).metadata
     assert GGUFFile(shards[2]).metadata["llama.block_count"] == 2
     ids = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(0))
-    want = forward_logits(load_model(whole, dtype=torch.float32).model, ids)
+    want = plain_logits(load_model(whole, dtype=torch.float32).model, ids)
     for shard in (shards[0], shards[2]):
         g = GGUFFile(shard)
         assert g.shards == shards and len(g.tensors) == len(GGUFFile(whole).tensors) == 21
-        assert torch.equal(forward_logits(load_model(shard, dtype=torch.float32).model, ids), want)
+        assert torch.equal(plain_logits(load_model(shard, dtype=torch.float32).model, ids), want)
 
 
 def test_split_gguf_problems_are_named(tmp_path):
@@ -325,7 +320,7 @@ def test_qwen_ggufs_match_transformers(tmp_path, arch, kw):
     ids = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         expected = ref(ids).logits
-    assert (forward_logits(ours.model, ids) - expected).abs().max().item() <= 1e-4
+    assert (plain_logits(ours.model, ids) - expected).abs().max().item() <= 1e-4
     sd = ours.model.state_dict()  # q as written: the HF layout, up to Q4_0's error
     q = originals["blk.0.attn_q.weight"]
     assert np.abs(sd["model.layers.0.self_attn.q_proj.weight"].numpy() - q).max() < 0.1 * np.abs(q).max()
@@ -374,7 +369,7 @@ def test_llama31_rope_freqs_are_its_llama3_scaling(tmp_path):
     ids = torch.randint(0, 64, (1, 120), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         expected = ref(ids).logits
-    assert (forward_logits(ours.model, ids) - expected).abs().max().item() <= 1e-4
+    assert (plain_logits(ours.model, ids) - expected).abs().max().item() <= 1e-4
     bent = factors.copy()
     bent[6] *= 1.1  # not the ramp Llama 3's parameters give
     write_tiny_gguf(path, extra=lambda w: w.add_tensor("rope_freqs.weight", bent))

@@ -13,13 +13,12 @@ import math  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
-from tiny import tiny_drafter, tiny_moe  # noqa: E402
+from tiny import plain_logits, tiny_drafter, tiny_moe  # noqa: E402
 
 from eaglespec.config import EngineConfig, MoEConfig, SpecConfig  # noqa: E402
 from eaglespec.engine.cuda_graphs import GraphCache, capturable  # noqa: E402
 from eaglespec.engine.engine import Engine  # noqa: E402
 from eaglespec.engine.transforms import fuse_projections, use_grouped_experts, use_router_kernel  # noqa: E402
-from eaglespec.layers.context import ForwardContext  # noqa: E402
 from eaglespec.layers.moe import MoE  # noqa: E402
 from eaglespec.layers.moe_kernel import (_blocks_by_sort, block_m_for, expert_blocks, grouped_experts,  # noqa: E402
                                          max_blocks)
@@ -143,17 +142,13 @@ def test_long_prefills_lay_out_their_blocks_by_sort(monkeypatch):
 _tiny_target = tiny_moe
 
 
-def _logits(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
-    return model(ids, ForwardContext.plain(*ids.shape)).logits
-
-
 @pytest.mark.parametrize("fuse", [False, True])
 @pytest.mark.parametrize("arch", ["qwen3_moe", "qwen2_moe", "mixtral", "deepseek_v3"])
 @torch.no_grad()
 def test_use_grouped_experts_keeps_names_values_and_logits(arch, fuse):
     model = _tiny_target(arch)
     ids = torch.randint(0, 97, (2, 11), generator=torch.Generator().manual_seed(1))
-    ref = _logits(model, ids)
+    ref = plain_logits(model, ids)
     if fuse:
         fuse_projections(model)
     before = {k: v.clone() for k, v in model.state_dict().items()}
@@ -173,7 +168,7 @@ def test_use_grouped_experts_keeps_names_values_and_logits(arch, fuse):
     w13 = moes[0].w13
     use_grouped_experts(model)  # idempotent
     assert moes[0].w13 is w13
-    got = _logits(model, ids)
+    got = plain_logits(model, ids)
     assert torch.allclose(got, ref, rtol=1e-4, atol=1e-4 * ref.abs().max())
     assert (got.argmax(-1) == ref.argmax(-1)).all()
 
@@ -192,7 +187,7 @@ def test_stacking_through_host_memory_gives_the_same_stacks(monkeypatch):
                                                                           if isinstance(m, MoE))):
         assert torch.equal(a.w13, b.w13) and torch.equal(a.w2, b.w2)
         assert b.experts[1].down_proj.weight.untyped_storage().data_ptr() == b.w2.untyped_storage().data_ptr()
-    assert torch.equal(_logits(direct, ids), _logits(staged, ids))
+    assert torch.equal(plain_logits(direct, ids), plain_logits(staged, ids))
 
 
 PROMPTS = [[1, 2, 3, 4, 5], [7, 8, 9], list(range(10, 40))]
