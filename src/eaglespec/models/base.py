@@ -9,6 +9,8 @@ captures the aux states and implements the protocol (REFERENCE.md §2, names as 
 - `set_eagle3_layers_to_capture(ids)`: from then on `forward` also returns `aux_hidden`, the outputs (residual stream,
   before the final norm) of the 0-based layers `ids`, concatenated in that order on the last dim: [B, T, len(ids)*H].
   `None` turns capture off. This is the SGLang convention; the engine maps the vLLM one (id k = after k layers) onto it.
+
+`LanguageModelWrapper` is a multimodal wrapper's forward over its `language_model` (Kimi-K2.5, Mistral Small 3).
 """
 
 from __future__ import annotations
@@ -164,3 +166,19 @@ class DecoderOnlyLM(nn.Module):
         for m in self.modules():
             if m is not self and hasattr(m, "reset_buffers"):
                 m.reset_buffers()
+
+
+class LanguageModelWrapper(nn.Module):
+    """A multimodal wrapper's text side: `forward` and `reset_buffers` run `self.language_model` (a DecoderOnlyLM)
+    unchanged, so its logits and aux states come back as they are. The protocol comes by delegation in the subclass's
+    body (`eagle3 = delegate_eagle3("language_model")`); kimi_k25.py and mistral3.py."""
+
+    language_model: DecoderOnlyLM
+
+    def forward(
+        self, input_ids: torch.Tensor | None, ctx: ForwardContext, inputs_embeds: torch.Tensor | None = None
+    ) -> ModelOutput:
+        return self.language_model(input_ids, ctx, inputs_embeds=inputs_embeds)
+
+    def reset_buffers(self) -> None:
+        self.language_model.reset_buffers()

@@ -29,14 +29,12 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 import torch
-from torch import nn
 
 from ..config import ModelConfig
 from ..errors import RequestError
-from ..layers.context import ForwardContext
 from ..loading.image import ImageProcessorConfig, preprocess_image
 from ..protocol import delegate_eagle3
-from .base import ModelOutput
+from .base import LanguageModelWrapper
 from .deepseek_v3 import DeepseekV3ForCausalLM
 from .moonvit import MoonViT, MoonViTConfig, PatchMergerMLP
 
@@ -60,7 +58,7 @@ def _prefixed(prefix: str, patterns: Sequence[str]) -> tuple[str, ...]:
     return tuple(f"^{prefix}(?:{p.removeprefix('^')})" for p in patterns)
 
 
-class KimiK25ForConditionalGeneration(nn.Module):
+class KimiK25ForConditionalGeneration(LanguageModelWrapper):
     eagle3 = delegate_eagle3("language_model")
 
     checkpoint_renames: tuple[tuple[str, str], ...] = (
@@ -79,13 +77,6 @@ class KimiK25ForConditionalGeneration(nn.Module):
         self.checkpoint_ignore = _prefixed(r"language_model\.", self.language_model.checkpoint_ignore)
         self.image_processor: ImageProcessorConfig | None = None
 
-    def forward(
-        self, input_ids: torch.Tensor | None, ctx: ForwardContext, inputs_embeds: torch.Tensor | None = None
-    ) -> ModelOutput:
-        return self.language_model(input_ids, ctx, inputs_embeds=inputs_embeds)
-
-    def reset_buffers(self) -> None:
-        self.language_model.reset_buffers()
 
     # --- images -------------------------------------------------------------------------------------------------
     def set_image_processor(self, cfg: ImageProcessorConfig) -> None:

@@ -5,7 +5,8 @@ Mistral (Llama-layout) language model, run here for text: the language model onl
   explicit `head_dim`, RoPE; a sliding window, if the config has one, caps the context as `ModelConfig.context_limit`
   says);
 - the EAGLE-3 target protocol (and the engine's `kv_cache_shapes` / `embed`) by delegation (`delegate_eagle3`), and
-  `forward(input_ids, ctx, inputs_embeds=None)` returns the language model's output unchanged;
+  `forward(input_ids, ctx, inputs_embeds=None)` returns the language model's output unchanged
+  (`base.LanguageModelWrapper`);
 - images are not taken (no `prepare_multimodal`: the engine refuses a request with images, naming the class): the
   vision tower and projector's weights (`vision_tower.*`, `multi_modal_projector.*`, under `model.` in transformers
   5's layout) are skipped, not loaded.
@@ -16,17 +17,13 @@ transformers 5's `model.language_model.*` renamed onto them (`checkpoint_renames
 
 from __future__ import annotations
 
-import torch
-from torch import nn
-
 from ..config import ModelConfig
-from ..layers.context import ForwardContext
 from ..protocol import delegate_eagle3
-from .base import ModelOutput
+from .base import LanguageModelWrapper
 from .llama import LlamaForCausalLM
 
 
-class Mistral3ForConditionalGeneration(nn.Module):
+class Mistral3ForConditionalGeneration(LanguageModelWrapper):
     eagle3 = delegate_eagle3("language_model")
 
     checkpoint_renames: tuple[tuple[str, str], ...] = (
@@ -41,10 +38,3 @@ class Mistral3ForConditionalGeneration(nn.Module):
         self.config = config
         self.language_model = LlamaForCausalLM(config)
 
-    def forward(
-        self, input_ids: torch.Tensor | None, ctx: ForwardContext, inputs_embeds: torch.Tensor | None = None
-    ) -> ModelOutput:
-        return self.language_model(input_ids, ctx, inputs_embeds=inputs_embeds)
-
-    def reset_buffers(self) -> None:
-        self.language_model.reset_buffers()
