@@ -38,10 +38,14 @@ raises `ConfigError` (suggesting the HF folder), as does a missing required fiel
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+import numpy as np
+
 from ..errors import ConfigError
+from .gguf_quants import dequantize
 
 # GGUF `general.architecture` -> the model class (models/__init__.py) its tensors load into (deepseek2: by its router)
 GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
@@ -190,8 +194,6 @@ def _phi3_fields(path: Path, m: dict[str, Any], tensors: Sequence[Any], head_dim
     `rope.dimension_count` is the rotated part: less means partial RoPE, which models/phi3.py refuses), the sliding
     window (0: none, Phi-4), and LongRoPE from the `rope_factors_short` / `rope_factors_long` tensors over
     `rope.scaling.original_context_length` positions, with the file's `rope.scaling.attn_factor`."""
-    from .gguf_quants import dequantize
-
     out: dict[str, Any] = {"head_dim": head_dim}
     rotated = int(m.get("phi3.rope.dimension_count") or head_dim)
     if rotated != head_dim:
@@ -262,12 +264,6 @@ def _llama3_scaling(path: Path, freqs: Any, head_dim: int, theta: float, origina
     config's `llama3` parameters: `factor` the largest, Llama 3's `low_freq_factor` 1 and `high_freq_factor` 4 over
     `original` positions (the file's `rope.scaling.original_context_length`, else Llama 3's 8192), checked against
     every factor the file holds; other factors raise `ConfigError`."""
-    import math
-
-    import numpy as np
-
-    from .gguf_quants import dequantize
-
     got = dequantize(freqs.data, freqs.qtype).reshape(-1).double().numpy()
     if got.shape != (head_dim // 2,) or not np.isfinite(got).all() or got.min() <= 0:
         raise ConfigError(f"{path}: rope_freqs holds {got.size} factors where RoPE over {head_dim} dims needs "
