@@ -1,5 +1,6 @@
 """Session 57's model families on the GPU path: tiny random float32 targets (Mixtral, Qwen2-MoE with its gated shared
-expert and a dense layer, Phi-3 with LongRoPE, Mistral Small 3's text wrapper with an explicit head_dim), each run
+expert and a dense layer, Phi-3 with LongRoPE, Mistral Small 3's text wrapper with an explicit head_dim; session 58's
+GLM-4.5 and Phi-4-mini with partial RoPE, and heads of 48 dims), each run
 eagerly without graphs (the reference), then through `prepare_for_inference` and the graph path: plain decoding, a
 chain and a tree with a random EAGLE-3 drafter. Prints how many of the 3 answers equal the reference's.
 
@@ -39,6 +40,15 @@ CONFIGS = {
                                             long_factor=(4 + 8 * torch.rand(16, generator=g)).tolist())),
     "mistral3 (head_dim 64)": dict(architectures=["Mistral3ForConditionalGeneration"], model_type="mistral3",
                                    text_config=dict(BASE, model_type="mistral", head_dim=64)),
+    # session 58: partial RoPE through the fused RoPE + KV-store kernel (the unrotated tail passed through), and
+    # heads whose halves are not powers of 2 (the kernel's masked tiles)
+    "glm4_moe (partial 0.5, bias)": dict(BASE, architectures=["Glm4MoeForCausalLM"], model_type="glm4_moe",
+                                         moe_intermediate_size=64, n_routed_experts=16, num_experts_per_tok=4,
+                                         n_shared_experts=1, n_group=4, topk_group=2, first_k_dense_replace=1,
+                                         routed_scaling_factor=2.5, attention_bias=True, partial_rotary_factor=0.5),
+    "phi3 partial 0.75 (head_dim 48)": dict(BASE, architectures=["Phi3ForCausalLM"], model_type="phi3", head_dim=48,
+                                            partial_rotary_factor=0.75),
+    "phi3 (head_dim 48)": dict(BASE, architectures=["Phi3ForCausalLM"], model_type="phi3", head_dim=48),
 }
 
 

@@ -1,7 +1,7 @@
 """Phi-3 / Phi-4 (models/phi3.py) against transformers' Phi3ForCausalLM on tiny random configs (float32): folders
-saved by transformers (fused qkv_proj / gate_up_proj) through our loader, with default RoPE (Phi-4's) and LongRoPE
-(the 128K variants': short factors up to the original positions, which cap the context), speculation against plain
-greedy, and what is refused."""
+saved by transformers (fused qkv_proj / gate_up_proj) through our loader, with default RoPE (Phi-4's), LongRoPE
+(the 128K variants': short factors up to the original positions, which cap the context) and LongRoPE over 3/4 of each
+head (Phi-4-mini's partial RoPE), speculation against plain greedy, llama.cpp's phi3 GGUFs, and what is refused."""
 
 from __future__ import annotations
 
@@ -30,9 +30,13 @@ g = torch.Generator().manual_seed(5)
 LONGROPE = dict(rope_type="longrope", rope_theta=10000.0, original_max_position_embeddings=64,
                 short_factor=(1 + 2 * torch.rand(HEAD_PAIRS, generator=g)).tolist(),
                 long_factor=(4 + 8 * torch.rand(HEAD_PAIRS, generator=g)).tolist())
+PARTIAL_PAIRS = 6  # Phi-4-mini's partial_rotary_factor 0.75: 12 of head_dim 16 rotated, 6 frequencies
 CASES = {
     "default": dict(max_position_embeddings=256, rope_parameters=dict(rope_type="default", rope_theta=250000.0)),
     "longrope": dict(max_position_embeddings=256, original_max_position_embeddings=64, rope_parameters=LONGROPE),
+    "partial longrope": dict(max_position_embeddings=256, original_max_position_embeddings=64, rope_parameters=dict(
+        LONGROPE, partial_rotary_factor=0.75, short_factor=LONGROPE["short_factor"][:PARTIAL_PAIRS],
+        long_factor=LONGROPE["long_factor"][:PARTIAL_PAIRS])),
 }
 
 
@@ -55,7 +59,7 @@ def hf_model(case: str, seed: int = 0, **rope) -> transformers.Phi3ForCausalLM:
 
 @pytest.fixture(scope="module", params=list(CASES))
 def loaded(request, tmp_path_factory):
-    ref = hf_model(request.param)
+    ref = hf_model(request.param, seed=5 if request.param == "partial longrope" else 0)  # answers that do not loop
     folder = tmp_path_factory.mktemp(request.param)
     ref.save_pretrained(folder)
     return request.param, ref, load_model(folder, dtype=torch.float32)
@@ -72,10 +76,11 @@ def test_a_transformers_folder_answers_as_transformers(loaded):
         want = ref(ids).logits
     got = plain_logits(lm.model, ids)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
-    if case == "longrope":
+    if case != "default":
         rope = lm.config.rope
         assert rope.type == "longrope" and rope.factor == 4.0 and rope.original_max_position_embeddings == 64
         assert lm.config.context_limit == 64
+    assert lm.config.rotary_dim == (12 if case == "partial longrope" else 16)
 
 
 def test_longrope_caps_the_context_at_its_original_positions(loaded):
@@ -97,13 +102,29 @@ def test_greedy_speculation_equals_plain(loaded):
     params = SamplingParams(max_new_tokens=16, ignore_eos=True)
     plain = assert_speculation_equals_plain(lm.model, drafter, prompts, params,
                                             (SpecConfig(3, 1, 4), SpecConfig(4, 3, 8)))
-    assert all(len(set(p)) > 4 for p in plain)
+    assert all(len(set(p)) > 4 for p in plain), plain
 
 
-def test_partial_rotary_is_refused(tmp_path):
-    hf_model("default", partial_rotary_factor=0.75).save_pretrained(tmp_path)  # Phi-4-mini's
-    with pytest.raises(ConfigError, match="Phi3ForCausalLM with partial_rotary_factor 0.75: RoPE over part of each "
-                                          "head is not implemented"):
+def test_partial_rotary_leaves_the_tail_of_each_head_unrotated(loaded):
+    """With partial RoPE, q and k dims past the rotated ones keep their projections at every position: the model's
+    logits differ from a full-RoPE reading of the same weights (the factor is not ignored)."""
+    case, ref, lm = loaded
+    if case != "partial longrope":
+        return
+    ids = torch.randint(1, 101, (1, 40), generator=torch.Generator().manual_seed(3))
+    full = copy.deepcopy(ref.config)
+    full.rope_parameters = dict(full.rope_parameters, partial_rotary_factor=1.0,
+                                short_factor=LONGROPE["short_factor"], long_factor=LONGROPE["long_factor"])
+    other = transformers.Phi3ForCausalLM(full).eval()
+    other.load_state_dict(ref.state_dict())
+    with torch.no_grad():
+        assert (other(ids).logits - plain_logits(lm.model, ids)).abs().max() > 0.05
+
+
+def test_rotary_dims_must_be_even(tmp_path):
+    hf_model("default", partial_rotary_factor=0.7).save_pretrained(tmp_path)  # 11.2 -> 11 dims of 16
+    with pytest.raises(ConfigError, match="partial_rotary_factor 0.7 of head_dim 16 gives 11 rotated dims: RoPE "
+                                          "needs an even number between 2 and head_dim"):
         load_model(tmp_path)
 
 
@@ -115,7 +136,8 @@ def write_phi3_gguf(path: Path, ref: transformers.Phi3ForCausalLM) -> None:
     w = gguf.GGUFWriter(str(path), "phi3")
     add_common(w, c, sd)
     w.add_feed_forward_length(c.intermediate_size)
-    w.add_rope_dimension_count(c.hidden_size // c.num_attention_heads)
+    w.add_rope_dimension_count(int(c.hidden_size // c.num_attention_heads * c.rope_parameters.get(
+        "partial_rotary_factor", 1.0)))  # the rotated dims, as llama.cpp's converter writes them
     w.add_sliding_window(c.sliding_window or 0)
     rope = c.rope_parameters
     if rope["rope_type"] == "longrope":
@@ -141,7 +163,8 @@ def test_llama_cpp_phi3_gguf_answers_as_transformers(tmp_path, case):
     lm = load_model(tmp_path / "m.gguf", dtype=torch.float32)
     assert {n for n, _ in GGUFFile(tmp_path / "m.gguf").hf_tensors()} == checkpoint_names(ref, tmp_path / "hf")
     assert lm.config.architecture == "Phi3ForCausalLM" and lm.config.sliding_window is None
-    assert lm.config.context_limit == (64 if case == "longrope" else 256)
+    assert lm.config.context_limit == (256 if case == "default" else 64)
+    assert lm.config.rotary_dim == (12 if case == "partial longrope" else 16)
     ids = torch.randint(1, 101, (2, 60), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         want = ref(ids).logits

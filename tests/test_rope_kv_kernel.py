@@ -15,13 +15,18 @@ from eaglespec.engine.transforms import fuse_projections, use_rope_store_kernel 
 from eaglespec.layers.rope_kv_kernel import rope_store, rope_store_reference  # noqa: E402
 
 
+# (head_dim, rotated dims): full RoPE; Phi-3's 96 (halves of 48: padded and masked); GLM-4's half; Phi-4-mini's 3/4
+HEAD_SHAPES = [(32, 32), (48, 48), (32, 16), (48, 36)]
+
+
 @pytest.mark.parametrize("heads", [(6, 2), (9, 3), (4, 1)])  # padded tiles: 8 / 16 / 8 heads, 2 / 4 / 1 v heads
 @pytest.mark.parametrize("dtype,rtol", [(torch.float32, 0.0), (torch.bfloat16, 2 ** -7)])
-def test_kernel_matches_reference(dtype, rtol, heads):
+@pytest.mark.parametrize("D,R", HEAD_SHAPES)
+def test_kernel_matches_reference(dtype, rtol, heads, D, R):
     g = torch.Generator().manual_seed(0)
-    (H, Hkv), (B, T, D, S, Bc) = heads, (2, 3, 32, 12, 3)
+    (H, Hkv), (B, T, S, Bc) = heads, (2, 3, 12, 3)
     qkv = torch.randn(B, T, H + 2 * Hkv, D, generator=g).to(dtype)
-    cos, sin = torch.randn(B, T, D // 2, generator=g), torch.randn(B, T, D // 2, generator=g)
+    cos, sin = torch.randn(B, T, R // 2, generator=g), torch.randn(B, T, R // 2, generator=g)
     caches = [torch.full((Bc, S, Hkv, D), 7.0, dtype=dtype) for _ in range(4)]  # poisoned: unwritten stays 7
     rows, widx = torch.tensor([2, 0]), torch.tensor([[1, 2, 3], [9, 10, 11]])
     q1 = rope_store(qkv, cos, sin, caches[0], caches[1], rows, widx, H, Hkv)
@@ -31,6 +36,9 @@ def test_kernel_matches_reference(dtype, rtol, heads):
     torch.testing.assert_close(caches[0].float(), caches[2].float(), rtol=rtol, atol=0.0)
     assert torch.equal(caches[1], caches[3])  # v is copied, not computed
     assert int((caches[0] == 7.0).all(-1).all(-1).sum()) == Bc * S - B * T  # exactly B*T entries written
+    k_new = caches[0][rows[:, None], widx]  # [B, T, Hkv, D]
+    assert torch.equal(k_new[..., R:], qkv[:, :, H : H + Hkv, R:])  # the unrotated tail, copied
+    assert torch.equal(q1[..., R:], qkv[:, :, :H, R:])
 
 
 def test_engine_with_the_kernel_equals_plain():
@@ -46,14 +54,15 @@ def test_engine_with_the_kernel_equals_plain():
 
 @pytest.mark.parametrize("folded", [False, True])
 @pytest.mark.parametrize("dtype,rtol", [(torch.float32, 1e-6), (torch.bfloat16, 2 ** -6)])
-def test_kernel_applies_per_head_norms(dtype, rtol, folded):
+@pytest.mark.parametrize("D,R", [(32, 32), (48, 24)])
+def test_kernel_applies_per_head_norms(dtype, rtol, folded, D, R):
     """Qwen3's q / k head norms before RoPE (`head_norms`), with and without the folded input norm's scale: the
     reference's values (float32: up to the last bits of 1/sqrt; bf16: a rounding step or two, as the module rounds the
     normalised heads, then their product with the weight)."""
     g = torch.Generator().manual_seed(1)
-    H, Hkv, B, T, D, S, Bc = 6, 2, 2, 3, 32, 12, 3
+    H, Hkv, B, T, S, Bc = 6, 2, 2, 3, 12, 3
     qkv = (3 * torch.randn(B, T, H + 2 * Hkv, D, generator=g)).to(dtype)
-    cos, sin = torch.randn(B, T, D // 2, generator=g), torch.randn(B, T, D // 2, generator=g)
+    cos, sin = torch.randn(B, T, R // 2, generator=g), torch.randn(B, T, R // 2, generator=g)
     norms = ((1 + 0.3 * torch.randn(D, generator=g)).to(dtype), (1 + 0.3 * torch.randn(D, generator=g)).to(dtype), 1e-6)
     norm_of = (torch.randn(B, T, 40, generator=g).to(dtype), 1e-5) if folded else None
     caches = [torch.full((Bc, S, Hkv, D), 7.0, dtype=dtype) for _ in range(4)]

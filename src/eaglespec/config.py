@@ -74,19 +74,20 @@ class MoEConfig:
     def from_hf(text: Mapping[str, Any], model_type: str) -> "MoEConfig | None":
         """The MoE group of a (text) config dict; None for a dense model. DeepSeek-V2 / V3 / Kimi name their routed
         experts `n_routed_experts` (V2's defaults: softmax scores, greedy top-k, weights not normalised, the router in
-        float32, as transformers' DeepseekV2TopkRouter); Qwen3-MoE (`model_type` qwen3_moe) `num_experts`, which
+        float32, as transformers' DeepseekV2TopkRouter; GLM-4.5's (`model_type` glm4_moe) are V3's router); Qwen3-MoE (`model_type` qwen3_moe) `num_experts`, which
         transformers 5 writes back as `num_local_experts` (its attribute_map), and 0 experts there means every layer
         is dense; Qwen2-MoE (`model_type` qwen2_moe) the same plus one sigmoid-gated shared expert of
         `shared_expert_intermediate_size`; Mixtral (`model_type` mixtral) `num_local_experts` of `intermediate_size` in
         every layer, the top-k renormalised."""
         if text.get("n_routed_experts"):
             v2 = model_type == "deepseek_v2"  # softmax routing (greedy or group-limited), weights not normalised
+            glm = model_type == "glm4_moe"  # transformers' Glm4MoeConfig defaults: one shared expert, one dense layer
             return MoEConfig(
                 n_routed_experts=int(text["n_routed_experts"]),
                 num_experts_per_tok=int(text["num_experts_per_tok"]),
-                n_shared_experts=int(text.get("n_shared_experts") or 0),
+                n_shared_experts=int(text.get("n_shared_experts", 1 if glm else 0) or 0),
                 moe_intermediate_size=int(text["moe_intermediate_size"]),
-                first_k_dense_replace=int(text.get("first_k_dense_replace", 0)),
+                first_k_dense_replace=int(text.get("first_k_dense_replace", 1 if glm else 0)),
                 moe_layer_freq=int(text.get("moe_layer_freq", 1)),
                 n_group=int(text.get("n_group") or 1),
                 topk_group=int(text.get("topk_group") or 1),
@@ -187,6 +188,12 @@ class ModelConfig:
     raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
+    def rotary_dim(self) -> int:
+        """The dims of each head that RoPE rotates, the first ones (head_dim unless `rope.partial_rotary_factor` < 1:
+        Phi-4-mini's 96 of 128, GLM-4's 64 of 128); the rest pass through unrotated."""
+        return int(self.head_dim * self.rope.partial_rotary_factor)
+
+    @property
     def context_limit(self) -> int:
         """The longest context the model runs at exactly: `max_position_embeddings`, or less where the model changes
         past a point this engine does not follow (`context_limit_reason`)."""
@@ -239,7 +246,13 @@ class ModelConfig:
                 qk_rope_head_dim=int(text["qk_rope_head_dim"]),
                 v_head_dim=int(text["v_head_dim"]),
             )
-        moe = MoEConfig.from_hf(text, str(text.get("model_type") or d.get("model_type") or ""))
+        model_type = str(text.get("model_type") or d.get("model_type") or "")
+        moe = MoEConfig.from_hf(text, model_type)
+        rope = RopeConfig.from_hf(text, partial_default=0.5 if model_type in ("glm4", "glm4_moe") else 1.0)
+        rotary_dim = int(head_dim * rope.partial_rotary_factor)  # transformers' rounding
+        if not 0 < rotary_dim <= head_dim or rotary_dim % 2:
+            raise ConfigError(f"partial_rotary_factor {rope.partial_rotary_factor} of head_dim {head_dim} gives "
+                              f"{rotary_dim} rotated dims: RoPE needs an even number between 2 and head_dim")
         eagle = None
         if any("eagle3" in a.lower() for a in archs):
             ec = text.get("eagle_config") or {}
@@ -275,7 +288,7 @@ class ModelConfig:
             attention_bias=bool(text.get("attention_bias", text.get("bias", False))),
             mlp_bias=bool(text.get("mlp_bias", False)),
             hidden_act=str(text.get("hidden_act", "silu")),
-            rope=RopeConfig.from_hf(text),
+            rope=rope,
             bos_token_id=text.get("bos_token_id", d.get("bos_token_id")),
             eos_token_ids=eos_ids,
             pad_token_id=text.get("pad_token_id", d.get("pad_token_id")),

@@ -1,6 +1,8 @@
 """`RopeConfig`: a model's rotary position embedding, read from its config.json (`rope_scaling` / transformers 5's
 `rope_parameters`): default, linear, llama3, yarn and longrope (Phi-3's, "su" in its first configs); any other type
-is a `ConfigError`. `layers/rotary.py` turns it into frequencies; `ModelConfig` (config.py) holds one.
+is a `ConfigError`. `partial_rotary_factor` (Phi-4-mini's 0.75, GLM-4's 0.5) is the fraction of each head's dims that
+RoPE rotates (`ModelConfig.rotary_dim`). `layers/rotary.py` turns it into frequencies; `ModelConfig` (config.py) holds
+one.
 """
 
 from __future__ import annotations
@@ -33,9 +35,13 @@ class RopeConfig:
     # factors, the only ones used: see ModelConfig.context_limit) and past it (long)
     short_factor: tuple[float, ...] = ()
     long_factor: tuple[float, ...] = ()
+    # the fraction of each head's dims rotated (the first ones; the rest pass through), as transformers' rotary
+    # embeddings read it: at the top of the config (transformers 4) or in rope_parameters (transformers 5)
+    partial_rotary_factor: float = 1.0
 
     @staticmethod
-    def from_hf(d: Mapping[str, Any]) -> "RopeConfig":
+    def from_hf(d: Mapping[str, Any], partial_default: float = 1.0) -> "RopeConfig":
+        """`partial_default`: the factor when the config names none (transformers' GLM-4 configs default to 0.5)."""
         theta = float(d.get("rope_theta", 10000.0))
         rs = d.get("rope_scaling") or d.get("rope_parameters") or {}
         if "rope_theta" in rs:  # transformers 5 folds theta into rope_parameters
@@ -65,9 +71,12 @@ class RopeConfig:
             truncate=bool(rs.get("truncate", True)),
             short_factor=tuple(float(x) for x in rs.get("short_factor") or ()),
             long_factor=tuple(float(x) for x in rs.get("long_factor") or ()),
+            partial_rotary_factor=float(rs.get("partial_rotary_factor")
+                                        or d.get("partial_rotary_factor") or partial_default),
         )
 
     def to_hf(self) -> dict[str, Any] | None:
+        """The `rope_scaling` dict of this rope (None for the default one; `partial_rotary_factor` is not in it)."""
         if self.type == "default":
             return None
         out: dict[str, Any] = {"rope_type": self.type, "factor": self.factor}

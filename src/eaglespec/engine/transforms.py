@@ -197,8 +197,7 @@ def use_rope_store_kernel(model: nn.Module) -> nn.Module:
     from ..layers.rope_kv_kernel import rope_store
 
     for m in model.modules():
-        if (isinstance(m, GQAAttention) and hasattr(m, "qkv_proj")
-                and (m.head_dim // 2) & (m.head_dim // 2 - 1) == 0):
+        if isinstance(m, GQAAttention) and hasattr(m, "qkv_proj"):  # any even head_dim, full or partial RoPE
             m.rope_store = rope_store
     return model
 

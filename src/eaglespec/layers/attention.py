@@ -269,8 +269,8 @@ class QKNormAttention(GQAAttention):
     (`head_norms`; the short-query attention kernel comes with it); without it `attend_heads` does."""
 
     def __init__(self, in_features: int, hidden_size: int, num_heads: int, num_kv_heads: int, head_dim: int,
-                 eps: float, bias: bool = False) -> None:
-        super().__init__(in_features, hidden_size, num_heads, num_kv_heads, head_dim, bias)
+                 eps: float, bias: bool = False, o_bias: bool | None = None) -> None:
+        super().__init__(in_features, hidden_size, num_heads, num_kv_heads, head_dim, bias, o_bias)
         self.q_norm = RMSNorm(head_dim, eps)
         self.k_norm = RMSNorm(head_dim, eps)
 

@@ -2,8 +2,9 @@
 and their application.
 
 `Rotary(dim, cfg)` turns positions [B, T] into (cos, sin) [B, T, dim/2] (yarn's attention factor folded in), computed
-from the positions on the fly: no table bounded by the context length. `apply_rotary` rotates halves (the HF / Llama
-layout); `interleaved=True` rotates adjacent pairs (DeepSeek's reference layout). The frequency formulas follow
+from the positions on the fly: no table bounded by the context length; `dim` is the rotated dims of a head
+(`ModelConfig.rotary_dim`). `apply_rotary` rotates halves (the HF / Llama layout); `interleaved=True` rotates adjacent
+pairs (DeepSeek's reference layout); either over the first 2 x cos.shape[-1] dims of a head (partial RoPE). The frequency formulas follow
 transformers' `rope_utils` so logits agree with it.
 """
 
@@ -121,13 +122,20 @@ class Rotary(nn.Module):
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool = False) -> torch.Tensor:
-    """x [B, T, H, dim]; cos/sin [B, T, dim/2]. Computed in float32, returned in x's dtype."""
+    """x [B, T, H, D]; cos/sin [B, T, R/2] with R <= D the rotated dims (R < D: partial RoPE, the first R dims
+    rotated, the last D - R passed through as transformers' GLM / Phi / StableLM do). Computed in float32, returned in
+    x's dtype."""
     dtype = x.dtype
     c, s = cos[:, :, None, :], sin[:, :, None, :]
-    xf = x.float()
+    rot = 2 * cos.shape[-1]
+    xf = x[..., :rot].float()
     if interleaved:
         x1, x2 = xf[..., 0::2], xf[..., 1::2]
-        return torch.stack((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).flatten(-2).to(dtype)
-    half = x.shape[-1] // 2
-    x1, x2 = xf[..., :half], xf[..., half:]
-    return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).to(dtype)
+        out = torch.stack((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).flatten(-2)
+    else:
+        half = rot // 2
+        x1, x2 = xf[..., :half], xf[..., half:]
+        out = torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
+    if rot < x.shape[-1]:
+        return torch.cat((out.to(dtype), x[..., rot:]), dim=-1)
+    return out.to(dtype)

@@ -191,7 +191,7 @@ def _qwen_moe_fields(path: Path, arch: str, m: dict[str, Any], dims: dict[str, A
 
 def _phi3_fields(path: Path, m: dict[str, Any], tensors: Sequence[Any], head_dim: int) -> dict[str, Any]:
     """A `phi3` file's fields (Phi-3, Phi-4; llama.cpp's Phi3MiniModel): heads of hidden / heads dims (its
-    `rope.dimension_count` is the rotated part: less means partial RoPE, which models/phi3.py refuses), the sliding
+    `rope.dimension_count` is the rotated part: less means partial RoPE, Phi-4-mini's), the sliding
     window (0: none, Phi-4), and LongRoPE from the `rope_factors_short` / `rope_factors_long` tensors over
     `rope.scaling.original_context_length` positions, with the file's `rope.scaling.attn_factor`."""
     out: dict[str, Any] = {"head_dim": head_dim}

@@ -15,6 +15,7 @@ _REGISTRY: dict[str, str] = {
     "Qwen2MoeForCausalLM": "eaglespec.models.qwen_moe:Qwen2MoeForCausalLM",
     "MixtralForCausalLM": "eaglespec.models.mixtral:MixtralForCausalLM",
     "Phi3ForCausalLM": "eaglespec.models.phi3:Phi3ForCausalLM",
+    "Glm4MoeForCausalLM": "eaglespec.models.glm4_moe:Glm4MoeForCausalLM",
     "LlamaForCausalLMEagle3": "eaglespec.models.eagle3:LlamaForCausalLMEagle3",
     "DeepseekV2ForCausalLM": "eaglespec.models.deepseek_v3:DeepseekV2ForCausalLM",
     "DeepseekV3ForCausalLM": "eaglespec.models.deepseek_v3:DeepseekV3ForCausalLM",

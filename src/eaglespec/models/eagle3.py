@@ -126,7 +126,7 @@ class LlamaForCausalLMEagle3(nn.Module):
         # the later layers, keyed "1".."N-1" so that their parameters carry the checkpoint's names (layers.1.*)
         self.layers = nn.ModuleDict({str(i): LlamaDecoderLayer(config) for i in range(1, config.num_hidden_layers)})
         self.norm = RMSNorm(H, config.rms_norm_eps)
-        self.rotary = Rotary(config.head_dim, config.rope)
+        self.rotary = Rotary(config.rotary_dim, config.rope)
         self.draft_vocab_size = config.eagle.draft_vocab_size or config.vocab_size
         self.has_own_head = config.eagle.draft_vocab_size is not None
         # Without a draft vocabulary the head comes from the target and d2t/t2d are trivial: all may be absent.

@@ -35,7 +35,7 @@ class LlamaModel(nn.Module):
         self.embed_tokens = embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(layer(cfg) for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.rotary = Rotary(cfg.head_dim, cfg.rope)
+        self.rotary = Rotary(cfg.rotary_dim, cfg.rope)
 
 
 class LlamaForCausalLM(DecoderOnlyLM):

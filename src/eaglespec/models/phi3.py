@@ -7,8 +7,8 @@ up projections of models/llama.py (the CUDA path fuses them again, `engine.trans
 config's (default, or LongRoPE for the 128K variants: `RopeConfig` type "longrope", whose short factors apply up to
 `original_max_position_embeddings`, the context such a model then runs at: `ModelConfig.context_limit`; transformers
 switches to the long factors past it for the whole sequence, which the KV cache cannot follow). A sliding window
-(Phi-3-mini-4k's 2047) caps the context likewise. Refused by name: `partial_rotary_factor` < 1 (Phi-4-mini), whose
-RoPE covers part of each head.
+(Phi-3-mini-4k's 2047) caps the context likewise. Phi-4-mini's `partial_rotary_factor` 0.75 rotates the first 96 of
+each head's 128 dims (`ModelConfig.rotary_dim`; its LongRoPE factors cover those 48 frequencies).
 """
 
 from __future__ import annotations
@@ -17,21 +17,10 @@ from typing import Iterator
 
 import torch
 
-from ..config import ModelConfig
-from ..errors import ConfigError
 from .llama import LlamaForCausalLM
 
 
 class Phi3ForCausalLM(LlamaForCausalLM):
-    def __init__(self, config: ModelConfig) -> None:
-        text = config.raw.get("text_config") or config.raw
-        partial = (text.get("rope_parameters") or text.get("rope_scaling") or {}).get(
-            "partial_rotary_factor", text.get("partial_rotary_factor", 1.0))
-        if partial is not None and float(partial) != 1.0:
-            raise ConfigError(f"{config.architecture} with partial_rotary_factor {partial}: RoPE over part of each "
-                              "head is not implemented")
-        super().__init__(config)
-
     def transform_checkpoint(self, name: str, tensor: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
         """The fused checkpoint projections, split into the separate ones this model keeps."""
         cfg = self.config

@@ -56,7 +56,7 @@ class Qwen3MoeModel(nn.Module):
         self.embed_tokens = embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(Qwen3MoeDecoderLayer(cfg, i, attention) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.rotary = Rotary(cfg.head_dim, cfg.rope)
+        self.rotary = Rotary(cfg.rotary_dim, cfg.rope)
 
 
 class Qwen3MoeForCausalLM(DecoderOnlyLM):

@@ -1,0 +1,127 @@
+"""GLM-4.5 (models/glm4_moe.py's Glm4MoeForCausalLM) against transformers on tiny random configs (float32): folders
+saved by transformers through our loader, with partial RoPE (half of each head rotated), q/k/v biases, DeepSeek-V3's
+grouped sigmoid router with its correction bias, a shared expert and a dense first layer, with and without the q/k
+head norms; the checkpoint's MTP layer ignored; speculation against plain greedy."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import transformers
+from safetensors.torch import load_file, save_file
+from tiny import assert_speculation_equals_plain, plain_logits, randomize_moe, tiny_drafter
+
+from eaglespec.config import ModelConfig, SpecConfig
+from eaglespec.errors import ConfigError
+from eaglespec.layers.attention import QKNormAttention
+from eaglespec.layers.moe import MoE
+from eaglespec.loading import load_model
+from eaglespec.sampling_params import SamplingParams
+
+CONFIG = dict(vocab_size=101, hidden_size=48, intermediate_size=80, moe_intermediate_size=24, num_hidden_layers=3,
+              num_attention_heads=4, num_key_value_heads=2, head_dim=16, n_routed_experts=8, num_experts_per_tok=3,
+              n_shared_experts=1, n_group=2, topk_group=1, first_k_dense_replace=1, routed_scaling_factor=2.5,
+              norm_topk_prob=True, attention_bias=True, max_position_embeddings=256, rms_norm_eps=1e-5,
+              tie_word_embeddings=False, rope_parameters=dict(rope_type="default", rope_theta=10000.0,
+                                                               partial_rotary_factor=0.5))
+
+
+def hf_model(seed: int = 0, **overrides) -> transformers.Glm4MoeForCausalLM:
+    hc = transformers.Glm4MoeConfig(**{**CONFIG, **overrides})
+    hc.architectures = ["Glm4MoeForCausalLM"]
+    hc._attn_implementation = "eager"
+    ref = transformers.Glm4MoeForCausalLM(hc).eval()
+    randomize_moe(ref, seed)
+    g = torch.Generator().manual_seed(seed + 100)
+    with torch.no_grad():  # a correction bias that changes which experts are chosen (a buffer, so not randomized)
+        for name, b in ref.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                b.copy_(0.5 * torch.randn(b.shape, generator=g))
+    return ref
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["glm-4.5", "qk-norm"])
+def pair(request, tmp_path_factory):
+    ref = hf_model(use_qk_norm=request.param)
+    folder = tmp_path_factory.mktemp("glm4moe")
+    ref.save_pretrained(folder)
+    return ref, load_model(folder, dtype=torch.float32)
+
+
+def test_a_transformers_folder_answers_as_transformers(pair):
+    ref, lm = pair
+    assert type(lm.model).__name__ == "Glm4MoeForCausalLM" and lm.config.rotary_dim == 8
+    moe = lm.config.moe
+    assert (moe.n_group, moe.topk_group, moe.n_shared_experts, moe.scoring_func, moe.topk_method) == (
+        2, 1, 1, "sigmoid", "noaux_tc")
+    assert [isinstance(layer.mlp, MoE) for layer in lm.model.model.layers] == [False, True, True]
+    attn = lm.model.model.layers[0].self_attn
+    assert attn.q_proj.bias is not None and attn.o_proj.bias is None
+    assert isinstance(attn, QKNormAttention) == bool(ref.config.use_qk_norm)
+    ids = torch.randint(0, 101, (2, 40), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        want = ref(ids).logits
+    torch.testing.assert_close(plain_logits(lm.model, ids), want, rtol=1e-4, atol=1e-4)
+
+
+def test_the_correction_bias_and_the_partial_rope_matter(pair):
+    """Reading the same weights without the correction bias, or with RoPE over whole heads, changes the logits."""
+    ref, lm = pair
+    ids = torch.randint(0, 101, (1, 40), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        base = plain_logits(lm.model, ids)
+        full = hf_model(use_qk_norm=ref.config.use_qk_norm, rope_parameters=dict(
+            rope_type="default", rope_theta=10000.0, partial_rotary_factor=1.0))
+        full.load_state_dict(ref.state_dict())
+        assert (full(ids).logits - base).abs().max() > 0.05
+        for layer in lm.model.model.layers[1:]:
+            layer.mlp.gate.e_score_correction_bias.zero_()
+        unbiased = plain_logits(lm.model, ids)
+        biases = [b for n, b in ref.named_buffers() if n.endswith("correction_bias")]
+        for b, layer in zip(biases, lm.model.model.layers[1:], strict=True):
+            layer.mlp.gate.e_score_correction_bias.copy_(b)
+    assert (unbiased - base).abs().max() > 0.05
+    torch.testing.assert_close(plain_logits(lm.model, ids), base)
+
+
+def test_greedy_speculation_equals_plain(pair):
+    _, lm = pair
+    drafter = tiny_drafter(lm.model, seed=2, hidden=48)
+    prompts = [[5, 6, 7, 8, 9, 10], [40, 41, 2], list(range(20, 45))]
+    params = SamplingParams(max_new_tokens=16, ignore_eos=True)
+    plain = assert_speculation_equals_plain(lm.model, drafter, prompts, params,
+                                            (SpecConfig(3, 1, 4), SpecConfig(4, 3, 8)))
+    assert all(len(set(p)) > 4 for p in plain), plain
+
+
+def test_the_mtp_layer_is_ignored_and_the_partial_factor_defaults_to_half(tmp_path):
+    """A released checkpoint carries its MTP layer as `model.layers.{num_hidden_layers}.*` (eh_proj, enorm, ...),
+    and a config.json may leave partial_rotary_factor out (transformers' default for GLM-4.5: 0.5)."""
+    ref = hf_model(seed=1)
+    ref.save_pretrained(tmp_path)
+    sd = load_file(str(tmp_path / "model.safetensors"))
+    sd.update({"model.layers.3.eh_proj.weight": torch.zeros(48, 96), "model.layers.3.enorm.weight": torch.ones(48),
+               "model.layers.3.mlp.experts.0.up_proj.weight": torch.zeros(24, 48)})
+    save_file(sd, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    cfg["num_nextn_predict_layers"] = 1
+    for holder in (cfg, cfg.get("rope_parameters") or {}):
+        holder.pop("partial_rotary_factor", None)
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    lm = load_model(tmp_path, dtype=torch.float32)
+    assert lm.config.rotary_dim == 8
+    ids = torch.randint(0, 101, (1, 20), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        torch.testing.assert_close(plain_logits(lm.model, ids), ref(ids).logits, rtol=1e-4, atol=1e-4)
+
+
+def test_a_config_without_experts_is_refused():
+    d = dict(CONFIG, architectures=["Glm4MoeForCausalLM"], model_type="glm4_moe", n_routed_experts=0)
+    from eaglespec.models import get_model_class
+
+    cfg = ModelConfig.from_hf(d)
+    with pytest.raises(ConfigError, match="Glm4MoeForCausalLM needs n_routed_experts, num_experts_per_tok and "
+                                          "moe_intermediate_size in its config"):
+        get_model_class(cfg.architecture)(cfg)
