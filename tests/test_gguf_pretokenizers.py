@@ -74,6 +74,25 @@ def test_an_unknown_pre_tokenizer_is_named(tmp_path):
     assert tok.encode("ab ab") == [256, 220, 256]  # GPT-2's pieces "ab", " ab": "ab", the space's byte, "ab"
 
 
+@pytest.mark.parametrize("pre, bos", [("glm4", False), ("chatglm-bpe", False), ("llama-bpe", True)])
+def test_glm4_vocabularies_get_no_bos_whatever_the_file_says(tmp_path, pre, bos):
+    """llama.cpp adds no BOS to GLM-4's vocabularies (its chat template starts with "[gMASK]<sop>" itself), even
+    where the file's add_bos_token says so; other vocabularies follow the flag. GLM-4's split is Llama 3's."""
+    path = tmp_path / "t.gguf"
+    w = gguf.GGUFWriter(str(path), "glm4moe")
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(pre)
+    w.add_token_list(list(bytes_to_unicode().values()) + ["ab", "[gMASK]"])
+    w.add_token_types([1] * 257 + [3])
+    w.add_token_merges(["a b"])
+    w.add_bos_token_id(257)
+    w.add_add_bos_token(True)
+    finish(w)
+    tok = tokenizer_from_gguf(GGUFFile(path))
+    assert tok.encode("ab ab", add_special_tokens=True) == [257] * bos + [256, 220, 256]
+    assert PRE_TOKENIZER_SPLITS[pre] == PRE_TOKENIZER_SPLITS["llama3"]
+
+
 def bpe_parts(ranks: dict[bytes, int], token: bytes) -> list[bytes]:
     """BPE on `token` with merges of lower rank than its own: the pair it was made of (llama.cpp's converter's way
     of recovering the merges of a tiktoken vocabulary)."""

@@ -1,23 +1,27 @@
 """GLM-4.5 (models/glm4_moe.py's Glm4MoeForCausalLM) against transformers on tiny random configs (float32): folders
 saved by transformers through our loader, with partial RoPE (half of each head rotated), q/k/v biases, DeepSeek-V3's
 grouped sigmoid router with its correction bias, a shared expert and a dense first layer, with and without the q/k
-head norms; the checkpoint's MTP layer ignored; speculation against plain greedy."""
+head norms; the checkpoint's MTP layer ignored; speculation against plain greedy; llama.cpp's glm4moe GGUFs."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
+import gguf
+import numpy as np
 import pytest
 import torch
 import transformers
+from gguf_write import add_common, checkpoint_names, finish
 from safetensors.torch import load_file, save_file
-from tiny import assert_speculation_equals_plain, plain_logits, randomize_moe, tiny_drafter
+from tiny import assert_speculation_equals_plain, per_expert, plain_logits, randomize_moe, tiny_drafter
 
 from eaglespec.config import ModelConfig, SpecConfig
 from eaglespec.errors import ConfigError
 from eaglespec.layers.attention import QKNormAttention
 from eaglespec.layers.moe import MoE
-from eaglespec.loading import load_model
+from eaglespec.loading import GGUFFile, load_model
 from eaglespec.sampling_params import SamplingParams
 
 CONFIG = dict(vocab_size=101, hidden_size=48, intermediate_size=80, moe_intermediate_size=24, num_hidden_layers=3,
@@ -125,3 +129,77 @@ def test_a_config_without_experts_is_refused():
     with pytest.raises(ConfigError, match="Glm4MoeForCausalLM needs n_routed_experts, num_experts_per_tok and "
                                           "moe_intermediate_size in its config"):
         get_model_class(cfg.architecture)(cfg)
+
+
+BLOCK = {"attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
+         "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
+         "post_attention_norm": "post_attention_layernorm"}
+DENSE = {"ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
+SPARSE = {"ffn_gate_inp": "mlp.gate", "ffn_gate_shexp": "mlp.shared_experts.gate_proj",
+          "ffn_up_shexp": "mlp.shared_experts.up_proj", "ffn_down_shexp": "mlp.shared_experts.down_proj"}
+
+
+def write_glm4moe_gguf(path: Path, ref: transformers.Glm4MoeForCausalLM, correction_bias: bool = True) -> None:
+    """`ref` as llama.cpp's Glm4MoeModel writes it: heads of key_length dims with rope.dimension_count rotated, the
+    pre-FFN norm as `post_attention_norm`, experts stacked per projection, the correction bias `exp_probs_b.bias`,
+    and one MTP block after the others (`nextn_predict_layers`, counted in block_count): a copy of the last layer's
+    tensors with its own nextn.* ones."""
+    c = ref.config
+    sd = {k: v.detach().float().numpy() for k, v in per_expert(ref.state_dict()).items()}
+    w = gguf.GGUFWriter(str(path), "glm4moe")
+    add_common(w, c, sd)
+    w.add_block_count(c.num_hidden_layers + 1)  # replaces add_common's (the last write of a key wins)
+    w.add_nextn_predict_layers(1)
+    w.add_key_length(c.head_dim)
+    w.add_value_length(c.head_dim)
+    w.add_rope_dimension_count(int(c.head_dim * c.rope_parameters["partial_rotary_factor"]))
+    w.add_feed_forward_length(c.intermediate_size)
+    w.add_expert_count(c.n_routed_experts)
+    w.add_expert_used_count(c.num_experts_per_tok)
+    w.add_expert_feed_forward_length(c.moe_intermediate_size)
+    w.add_expert_shared_count(c.n_shared_experts)
+    w.add_leading_dense_block_count(c.first_k_dense_replace)
+    w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+    w.add_expert_weights_scale(c.routed_scaling_factor)
+    w.add_expert_weights_norm(c.norm_topk_prob)
+    for i in range(c.num_hidden_layers + 1):
+        src = f"model.layers.{min(i, c.num_hidden_layers - 1)}."  # the MTP block: the last layer's copy
+        sparse = i >= c.first_k_dense_replace
+        for g, h in {**BLOCK, **(SPARSE if sparse else DENSE)}.items():
+            w.add_tensor(f"blk.{i}.{g}.weight", sd[f"{src}{h}.weight"])
+        for g in ("attn_q", "attn_k", "attn_v"):
+            w.add_tensor(f"blk.{i}.{g}.bias", sd[f"{src}{BLOCK[g]}.bias"])
+        if sparse and correction_bias:
+            w.add_tensor(f"blk.{i}.exp_probs_b.bias", sd[f"{src}mlp.gate.e_score_correction_bias"])
+            for proj in ("gate", "up", "down"):
+                w.add_tensor(f"blk.{i}.ffn_{proj}_exps.weight", np.stack(
+                    [sd[f"{src}mlp.experts.{e}.{proj}_proj.weight"] for e in range(c.n_routed_experts)]))
+    n = c.num_hidden_layers
+    for t, shape in (("eh_proj", (c.hidden_size, 2 * c.hidden_size)), ("enorm", (c.hidden_size,)),
+                     ("hnorm", (c.hidden_size,)), ("shared_head_norm", (c.hidden_size,))):
+        w.add_tensor(f"blk.{n}.nextn.{t}.weight", np.ones(shape, np.float32))
+    finish(w)
+
+
+def test_llama_cpp_glm4moe_gguf_answers_as_transformers(tmp_path):
+    ref = hf_model(seed=3, n_group=1, topk_group=1)  # llama.cpp's glm4moe has no expert groups (nor GLM-4.5)
+    write_glm4moe_gguf(tmp_path / "m.gguf", ref)
+    lm = load_model(tmp_path / "m.gguf", dtype=torch.float32)
+    cfg = lm.config
+    assert (cfg.architecture, cfg.num_hidden_layers, cfg.head_dim, cfg.rotary_dim) == ("Glm4MoeForCausalLM", 3, 16, 8)
+    assert (cfg.moe.first_k_dense_replace, cfg.moe.n_shared_experts, cfg.moe.routed_scaling_factor) == (1, 1, 2.5)
+    names = {n for n, _ in GGUFFile(tmp_path / "m.gguf").hf_tensors()}
+    own = checkpoint_names(ref, tmp_path / "hf")
+    assert own <= names and all(n.startswith("model.layers.3.") for n in names - own)  # the MTP block's extras
+    ids = torch.randint(0, 101, (2, 30), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        want = ref(ids).logits
+    torch.testing.assert_close(plain_logits(lm.model, ids), want, rtol=1e-4, atol=1e-4)
+
+
+def test_a_glm4moe_gguf_without_the_correction_bias_is_refused(tmp_path):
+    ref = hf_model(seed=3, n_group=1, topk_group=1)
+    write_glm4moe_gguf(tmp_path / "m.gguf", ref, correction_bias=False)
+    with pytest.raises(ConfigError, match=r"a glm4moe file needs sigmoid expert gating \(glm4moe.expert_gating_func "
+                                          r"2, got 2\) and the router's correction bias \(blk.1.exp_probs_b.bias\)"):
+        load_model(tmp_path / "m.gguf")

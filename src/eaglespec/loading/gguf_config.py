@@ -17,6 +17,13 @@ raises `ConfigError` (suggesting the HF folder), as does a missing required fiel
   `expert_shared_feed_forward_length` (`ffn_*_shexp`, gated by `ffn_gate_inp_shexp`).
 - `phi3` (Phi-3, Phi-4): `_phi3_fields` (sliding window, LongRoPE from its factor tensors); the fused `attn_qkv` and
   `ffn_up` (gate and up) load into models/phi3.py, which splits them.
+- `glm4moe` (GLM-4.5 / 4.6 / 4.7; facts from llama.cpp's converter `Glm4MoeModel`): `block_count` counts the MTP
+  layers too (`nextn_predict_layers`, after the others: ignored, as models/glm4_moe.py ignores them in HF folders),
+  heads of `attention.key_length` dims of which `rope.dimension_count` are rotated (partial RoPE), q/k head norms
+  when the file has them, and DeepSeek-V3's router over `expert_count` experts with `expert_shared_count` shared ones
+  after `leading_dense_block_count` dense layers, `expert_weights_scale` / `expert_weights_norm` as for deepseek2;
+  the gating must be sigmoid with the correction bias `exp_probs_b`. llama.cpp routes glm4moe without expert groups,
+  so the dict says one.
 - `deepseek2` (llama.cpp's DeepSeek-V2 / V2-Lite / V3 / R1 and Kimi-K2 files; facts from its converter
   `DeepseekV2Model`): MLA sizes from `attention.kv_lora_rank`, `attention.q_lora_rank` (absent: no q LoRA),
   `rope.dimension_count` (qk_rope), and the per-head q / v sizes from `attention.key_length_mla` / `value_length_mla`,
@@ -50,9 +57,10 @@ from .gguf_quants import dequantize
 # GGUF `general.architecture` -> the model class (models/__init__.py) its tensors load into (deepseek2: by its router)
 GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
                       "qwen3moe": "Qwen3MoeForCausalLM", "qwen2moe": "Qwen2MoeForCausalLM",
-                      "deepseek2": "DeepseekV3ForCausalLM", "phi3": "Phi3ForCausalLM"}
+                      "deepseek2": "DeepseekV3ForCausalLM", "phi3": "Phi3ForCausalLM",
+                      "glm4moe": "Glm4MoeForCausalLM"}
 # GGUF architecture -> HF model_type, where they differ
-_MODEL_TYPES = {"qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe", "deepseek2": "deepseek_v3"}
+_MODEL_TYPES = {"qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe", "deepseek2": "deepseek_v3", "glm4moe": "glm4_moe"}
 # general.file_type -> torch dtype name of the unquantized model (everything quantized dequantizes to float32).
 _FILE_TYPE_DTYPE = {0: "float32", 1: "float16", 32: "bfloat16"}
 # llama.cpp's expert_gating_func values
@@ -116,11 +124,13 @@ def hf_config(path: Path, m: dict[str, Any], tensors: Sequence[Any]) -> dict[str
         cfg.update(_phi3_fields(path, m, tensors, hidden // heads))
     elif arch == "deepseek2":
         cfg.update(_deepseek2_fields(path, m, dims, need, heads))
+    elif arch == "glm4moe":
+        cfg.update(_glm4moe_fields(path, m, dims, need, hidden // heads))
     elif m.get(f"{arch}.expert_count"):
         if arch != "llama":  # experts in a model class without them
             raise ConfigError(f"{path}: a {arch!r} GGUF with experts ({arch}.expert_count "
                               f"{m[f'{arch}.expert_count']}) is not supported (of the MoE GGUFs: 'llama' (Mixtral), "
-                              "'qwen3moe' and 'deepseek2')")
+                              "'qwen3moe', 'qwen2moe', 'deepseek2' and 'glm4moe')")
         experts, used = _experts(path, arch, need)  # Mixtral: experts of feed_forward_length in every layer
         cfg.update(architectures=["MixtralForCausalLM"], model_type="mixtral", num_local_experts=experts,
                    num_experts_per_tok=used)
@@ -214,6 +224,31 @@ def _phi3_fields(path: Path, m: dict[str, Any], tensors: Sequence[Any], head_dim
         if m.get("phi3.rope.scaling.attn_factor") is not None:
             out["rope_scaling"]["attention_factor"] = float(m["phi3.rope.scaling.attn_factor"])
     return out
+
+
+def _glm4moe_fields(path: Path, m: dict[str, Any], dims: dict[str, Any], need: Callable[[str], Any],
+                    default_head: int) -> dict[str, Any]:
+    """A `glm4moe` file's fields (GLM-4.5 / 4.6 / 4.7; llama.cpp's Glm4MoeModel), see the module docstring."""
+    head_dim = int(m.get("glm4moe.attention.key_length") or default_head)
+    mtp = int(m.get("glm4moe.nextn_predict_layers") or 0)
+    experts, used = _experts(path, "glm4moe", need)
+    dense = int(m.get("glm4moe.leading_dense_block_count", 0))
+    gating = int(m.get("glm4moe.expert_gating_func", GATING_SIGMOID))
+    if gating != GATING_SIGMOID or f"blk.{dense}.exp_probs_b.bias" not in dims:
+        raise ConfigError(f"{path}: a glm4moe file needs sigmoid expert gating (glm4moe.expert_gating_func 2, got "
+                          f"{gating}) and the router's correction bias (blk.{dense}.exp_probs_b.bias)")
+    return {
+        "head_dim": head_dim, "num_hidden_layers": int(need("block_count")) - mtp, "num_nextn_predict_layers": mtp,
+        "partial_rotary_factor": int(m.get("glm4moe.rope.dimension_count") or head_dim) / head_dim,
+        "use_qk_norm": "blk.0.attn_q_norm.weight" in dims,
+        "n_routed_experts": experts, "num_experts_per_tok": used,
+        "n_shared_experts": int(m.get("glm4moe.expert_shared_count", 0)),
+        "moe_intermediate_size": int(need("expert_feed_forward_length")), "first_k_dense_replace": dense,
+        "n_group": 1, "topk_group": 1,  # llama.cpp's glm4moe routes without groups (the released models have one)
+        "routed_scaling_factor": float(m.get("glm4moe.expert_weights_scale") or 1.0),
+        "norm_topk_prob": bool(m.get("glm4moe.expert_weights_norm", False)),
+        "scoring_func": "sigmoid", "topk_method": "noaux_tc",
+    }
 
 
 def _deepseek2_fields(path: Path, m: dict[str, Any], dims: dict[str, Any], need: Callable[[str], Any],

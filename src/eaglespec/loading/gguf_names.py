@@ -1,7 +1,8 @@
 """llama.cpp tensor names -> Hugging Face names: the one GGUF name table, the q/k un-permutation, the expert split.
 
-`GGUF_TO_HF` maps every tensor name of a `llama`, `qwen2`, `qwen3`, `qwen3moe` or `deepseek2` GGUF to the HF name that
-`models/llama.py`, `models/qwen.py`, `models/qwen_moe.py`, `models/mixtral.py` and `models/deepseek_v3.py` keep
+`GGUF_TO_HF` maps every tensor name of a `llama`, `qwen2`, `qwen3`, `qwen2moe`, `qwen3moe`, `phi3`, `deepseek2` or
+`glm4moe` GGUF to the HF name that `models/llama.py`, `models/qwen.py`, `models/qwen_moe.py`, `models/mixtral.py`,
+`models/phi3.py`, `models/deepseek_v3.py` and `models/glm4_moe.py` keep
 (Qwen3's per-head q/k norms: `attn_q_norm`, `attn_k_norm`; the MoE router `ffn_gate_inp` -> `mlp.gate`; old Mixtral
 files' per-expert `ffn_gate.E`; deepseek2's MLA projections, shared experts `ffn_*_shexp` and router correction bias
 `exp_probs_b.bias`). Its third column says what else the reader does to the tensor: `q` / `k`, the weights llama.cpp
@@ -65,6 +66,11 @@ GGUF_TO_HF: tuple[tuple[str, str, str | None], ...] = (
     (r"blk\.(\d+)\.exp_probs_b\.bias", r"model.layers.\1.mlp.gate.e_score_correction_bias", None),
     # qwen2moe: the shared expert's sigmoid gate [1, H]
     (r"blk\.(\d+)\.ffn_gate_inp_shexp\.weight", r"model.layers.\1.mlp.shared_expert_gate.weight", None),
+    # glm4moe: the pre-FFN norm (llama.cpp's name there for HF's post_attention_layernorm), and the MTP layer's own
+    # tensors (block num_hidden_layers, which the model ignores, as it ignores that block's attention and experts)
+    (r"blk\.(\d+)\.post_attention_norm\.weight", r"model.layers.\1.post_attention_layernorm.weight", None),
+    (r"blk\.(\d+)\.nextn\.(eh_proj|enorm|hnorm|embed_tokens)\.weight", r"model.layers.\1.\2.weight", None),
+    (r"blk\.(\d+)\.nextn\.shared_head_(head|norm)\.weight", r"model.layers.\1.shared_head.\2.weight", None),
 )
 # per HF architecture (the config's), (regex, replacement) on the table's names where that architecture's
 # checkpoints spell them otherwise, so that a converted folder (loading/convert.py) is that architecture's own: phi3's

@@ -70,7 +70,7 @@ _DEEPSEEK_V3_SPLITS = (
 # runs it as a hand-written matcher).
 PRE_TOKENIZER_SPLITS: dict[str, tuple[str, ...]] = {
     "llama3": (_LLAMA3_SPLIT,), "llama-v3": (_LLAMA3_SPLIT,), "llama-bpe": (_LLAMA3_SPLIT,),
-    "smaug-bpe": (_LLAMA3_SPLIT,), "dbrx": (_LLAMA3_SPLIT,), "chatglm-bpe": (_LLAMA3_SPLIT,),
+    "smaug-bpe": (_LLAMA3_SPLIT,), "dbrx": (_LLAMA3_SPLIT,), "chatglm-bpe": (_LLAMA3_SPLIT,), "glm4": (_LLAMA3_SPLIT,),
     "qwen2": (_QWEN2_SPLIT,), "deepseek-r1-qwen": (_QWEN2_SPLIT,), "stablelm2": (_QWEN2_SPLIT,),
     "hunyuan": (_QWEN2_SPLIT,),
     "deepseek-llm": _DEEPSEEK_LLM_SPLITS, "deepseek-v3": _DEEPSEEK_V3_SPLITS, "kimi-k2": (KIMI_PAT_STR,),
@@ -80,6 +80,8 @@ PRE_TOKENIZER_SPLITS: dict[str, tuple[str, ...]] = {
     **{pre: (r"\p{N}", _GPT2_SPLIT) for pre in ("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone",
                                                "minerva")},
 }
+# pre values of GLM-4's vocabulary, to which llama.cpp adds no BOS whatever the file says
+GLM_PRES = frozenset({"glm4", "chatglm-bpe"})
 # pre values whose split is GPT-2's own, the ByteLevel pre-tokenizer's regex
 GPT2_PRES = frozenset({"default", "gpt2", "gpt-2", "mpt", "olmo", "jais", "trillion", "granite-docling"})
 
@@ -112,8 +114,9 @@ def tokenizer_from_gguf(gguf: GGUFFile) -> Tokenizer:
         return tokens[int(i)] if i is not None and 0 <= int(i) < len(tokens) else None
 
     bos = token("bos_token_id")
-    # llama.cpp adds BOS to a sentencepiece vocabulary that does not say otherwise (older files have no flag)
-    add_bos = m.get("tokenizer.ggml.add_bos_token", kind == "llama")
+    # llama.cpp adds BOS to a sentencepiece vocabulary that does not say otherwise (older files have no flag), and
+    # never to GLM-4's (its chat template writes "[gMASK]<sop>" itself)
+    add_bos = m.get("tokenizer.ggml.add_bos_token", kind == "llama") and m.get("tokenizer.ggml.pre") not in GLM_PRES
     backend.post_processor = None
     if add_bos and bos is not None:
         bos_id = int(m["tokenizer.ggml.bos_token_id"])
