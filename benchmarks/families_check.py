@@ -1,6 +1,6 @@
 """Session 57's model families on the GPU path: tiny random float32 targets (Mixtral, Qwen2-MoE with its gated shared
 expert and a dense layer, Phi-3 with LongRoPE, Mistral Small 3's text wrapper with an explicit head_dim; session 58's
-GLM-4.5 and Phi-4-mini with partial RoPE, and heads of 48 dims), each run
+GLM-4.5 and Phi-4-mini with partial RoPE, heads of 48 dims, sliding windows), each run
 eagerly without graphs (the reference), then through `prepare_for_inference` and the graph path: plain decoding, a
 chain and a tree with a random EAGLE-3 drafter. Prints how many of the 3 answers equal the reference's.
 
@@ -49,6 +49,10 @@ CONFIGS = {
     "phi3 partial 0.75 (head_dim 48)": dict(BASE, architectures=["Phi3ForCausalLM"], model_type="phi3", head_dim=48,
                                             partial_rotary_factor=0.75),
     "phi3 (head_dim 48)": dict(BASE, architectures=["Phi3ForCausalLM"], model_type="phi3", head_dim=48),
+    # sliding-window attention past the window (the 60-token prompt): the windowed mask in graphs and in the kernels
+    "mistral (window 16)": dict(BASE, architectures=["MistralForCausalLM"], model_type="mistral", sliding_window=16),
+    "qwen3 (layers 2-3 windowed)": dict(BASE, architectures=["Qwen3ForCausalLM"], model_type="qwen3", head_dim=32,
+                                        use_sliding_window=True, sliding_window=16, max_window_layers=2),
 }
 
 

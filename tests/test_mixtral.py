@@ -1,6 +1,6 @@
 """Mixtral (models/mixtral.py) against transformers' MixtralForCausalLM on a tiny random config (float32): a folder
 saved by transformers (its block_sparse_moe / w1 w2 w3 names) through our loader, llama.cpp's Mixtral GGUFs (stacked
-and per-expert), speculation against plain greedy; and the sliding-window context cap Mistral's configs bring."""
+and per-expert), speculation against plain greedy; and Mistral's sliding window, which no longer caps the context."""
 
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ from tiny import assert_speculation_equals_plain, per_expert, plain_logits, rand
 
 from eaglespec.config import EngineConfig, ModelConfig, MoEConfig, SpecConfig
 from eaglespec.engine.engine import Engine
-from eaglespec.errors import RequestError
 from eaglespec.loading import GGUFFile, load_model
 from eaglespec.models import get_model_class
 from eaglespec.sampling_params import SamplingParams
@@ -119,28 +118,17 @@ def mistral(**kw) -> ModelConfig:
                                     num_key_value_heads=2, max_position_embeddings=64, **kw))
 
 
-def test_a_sliding_window_caps_the_context():
-    """Mistral-7B-v0.1's window (every layer): within it windowed and full attention see the same tokens, so the
-    engine runs the model up to the window and says why a longer prompt does not fit."""
+def test_a_sliding_window_no_longer_caps_the_context():
+    """Mistral-7B-v0.1's window (every layer) is attended as it is (tests/test_sliding_window.py): the engine runs the
+    model to its max_position_embeddings, past the window."""
     cfg = mistral(sliding_window=16)
-    assert cfg.sliding_window == 16 and cfg.context_limit == 16
+    assert cfg.sliding_window == 16 and cfg.context_limit == 64 and cfg.context_limit_reason == ""
     model = get_model_class(cfg.architecture)(cfg).eval()
+    assert [layer.self_attn.window for layer in model.model.layers] == [16, 16]
     torch.manual_seed(0)
     for p in model.parameters():
         torch.nn.init.normal_(p, std=0.2)
     engine = Engine(model, None, EngineConfig(max_batch_size=1))
-    assert engine.context_len == 16
-    out = engine.generate([[1, 2, 3]], SamplingParams(max_new_tokens=40, ignore_eos=True))[0]
-    assert len(out.token_ids) == 16 - 3 - engine.runner.headroom()  # up to the window's 16 positions
-    with pytest.raises(RequestError, match="the prompt has 20 tokens but the model's context is 16 tokens \\(its "
-                                           "sliding window; windowed attention beyond it is not implemented\\)"):
-        engine.generate([list(range(1, 21))], SamplingParams(max_new_tokens=4))
-
-
-@pytest.mark.parametrize("kw, limit", [
-    (dict(sliding_window=None), 64),  # Mixtral's and Mistral v0.2's configs
-    (dict(sliding_window=4096), 64),  # a window past the positions changes nothing
-    (dict(sliding_window=16, use_sliding_window=False), 64),  # Qwen2.5's configs carry a window they do not use
-])
-def test_windows_that_do_not_cap(kw, limit):
-    assert mistral(**kw).context_limit == limit
+    assert engine.context_len == 64
+    out = engine.generate([list(range(1, 21))], SamplingParams(max_new_tokens=30, ignore_eos=True))[0]
+    assert len(out.token_ids) == 30  # 50 positions: past the window

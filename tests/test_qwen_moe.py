@@ -208,12 +208,14 @@ def test_cuda_transforms_leave_the_moe_layers_alone():
     assert [o.token_ids for o in got] == plain  # decode steps of 2 rows: the fused kernel in the dense layers
 
 
-def test_a_sliding_window_caps_the_context():
+def test_a_sliding_window_windows_every_layer():
+    """Qwen3-MoE windows all its layers (transformers' Qwen3MoeAttention), and the window no longer caps the
+    context (tests/test_sliding_window.py)."""
     cfg = transformers.Qwen3MoeConfig(**{**COMMON, **CASES["all_sparse"]}, use_sliding_window=True,
                                       sliding_window=16)
     cfg.architectures = ["Qwen3MoeForCausalLM"]
     ours = ModelConfig.from_hf(cfg.to_dict())
-    assert ours.context_limit == 16 and "sliding window" in ours.context_limit_reason
+    assert [ours.window_of(i) for i in range(5)] == [16] * 5 and ours.context_limit == 256
 
 
 def test_unknown_routing_is_refused():

@@ -152,6 +152,28 @@ class Eagle3Config:
     aux_ids_fixed: bool = False
 
 
+def layer_windows(text: Mapping[str, Any], model_type: str, n_layers: int,
+                  window: int | None) -> tuple[int | None, ...]:
+    """Each layer's sliding window (or None), as transformers' configs assign them: `layer_types` when the config
+    lists them (transformers 5 writes them: "sliding_attention" / "full_attention"); else Qwen2 / Qwen3's layers from
+    `max_window_layers` on, Qwen2-MoE's even layers below it, and every layer of the others (Mistral, Mixtral,
+    Qwen3-MoE, Phi-3). `()` without a window."""
+    if window is None:
+        return ()
+    types = text.get("layer_types")
+    if types:
+        if len(types) != n_layers or not set(types) <= {"sliding_attention", "full_attention"}:
+            raise ConfigError(f"layer_types must name 'sliding_attention' or 'full_attention' for each of the "
+                              f"{n_layers} layers (got {list(types)})")
+        return tuple(window if t == "sliding_attention" else None for t in types)
+    bound = int(text.get("max_window_layers", 28))  # transformers' default
+    if model_type in ("qwen2", "qwen3"):
+        return tuple(window if i >= bound else None for i in range(n_layers))
+    if model_type == "qwen2_moe":
+        return tuple(window if i % 2 == 0 and i < bound else None for i in range(n_layers))
+    return (window,) * n_layers
+
+
 # Eagle3Config's EAGLE-3.1 fields, named as in config.json
 EAGLE31_FLAGS = ("norm_before_fc", "fc_norm", "norm_output")
 
@@ -181,9 +203,11 @@ class ModelConfig:
     mla: MLAConfig | None = None
     moe: MoEConfig | None = None
     eagle: Eagle3Config | None = None
-    # every layer's attention window (Mistral-7B-v0.1's 4096; `sliding_window` unless `use_sliding_window` is false,
-    # as Qwen2.5's configs carry a window they do not use); None: full attention
+    # the attention window of the windowed layers (Mistral-7B-v0.1's 4096; `sliding_window` unless
+    # `use_sliding_window` is false, as Qwen2.5's configs carry a window they do not use); None: full attention
     sliding_window: int | None = None
+    # per layer, its window (`sliding_window`) or None (full attention): `layer_windows` below
+    layer_windows: tuple[int | None, ...] = ()
     # The whole original dict (wrapper included): model files read extra groups such as vision_config from it.
     raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
@@ -211,9 +235,12 @@ class ModelConfig:
             out[self.rope.original_max_position_embeddings] = (
                 "LongRoPE's original positions: its long factors, which change every position's rotation once a "
                 "sequence is longer, are not implemented")
-        if self.sliding_window:  # within the window, windowed and full attention see the same tokens
-            out[self.sliding_window] = "its sliding window; windowed attention beyond it is not implemented"
         return out
+
+    def window_of(self, layer_idx: int) -> int | None:
+        """The sliding window of the 0-based layer `layer_idx` (its queries see the keys less than that many positions
+        behind them), or None for full attention."""
+        return self.layer_windows[layer_idx] if self.layer_windows else None
 
     @staticmethod
     def from_hf(d: Mapping[str, Any]) -> "ModelConfig":
@@ -247,6 +274,8 @@ class ModelConfig:
                 v_head_dim=int(text["v_head_dim"]),
             )
         model_type = str(text.get("model_type") or d.get("model_type") or "")
+        window = int(text["sliding_window"]) if text.get("sliding_window") and text.get("use_sliding_window",
+                                                                                      True) else None
         moe = MoEConfig.from_hf(text, model_type)
         rope = RopeConfig.from_hf(text, partial_default=0.5 if model_type in ("glm4", "glm4_moe") else 1.0)
         rotary_dim = int(head_dim * rope.partial_rotary_factor)  # transformers' rounding
@@ -296,8 +325,8 @@ class ModelConfig:
             mla=mla,
             moe=moe,
             eagle=eagle,
-            sliding_window=int(text["sliding_window"]) if text.get("sliding_window")
-            and text.get("use_sliding_window", True) else None,
+            sliding_window=window,
+            layer_windows=layer_windows(text, model_type, n_layers, window),
             raw=dict(d),
         )
 

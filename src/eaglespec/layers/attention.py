@@ -2,7 +2,8 @@
 
 `attend(q, k, v, ctx, cache)` is the one attention entry point for cached forwards: it writes the new K/V into the
 cache at `ctx.write_index`, reads cache positions [0, ctx.kv_len) of the rows in use and runs SDPA under
-`ctx.attn_mask` (prefill, decode, tree verify and drafter levels differ only in that metadata, see `context.py`).
+`ctx.attn_mask` (prefill, decode, tree verify and drafter levels differ only in that metadata, see `context.py`), or
+in a sliding-window layer under `ctx.mask(window)`, the same without the keys the window leaves behind.
 Without a cache (`ctx.write_index is None`) it attends within the given tokens under the [B, T, T] mask.
 
 Eager SDPA calls on CUDA run without the cuDNN backend (`SDPA_BACKENDS`): cuDNN builds an execution plan on the host
@@ -35,7 +36,7 @@ from .rotary import apply_rotary
 class AttentionKernel:
     """An attention over the cache for the shapes it accepts (an attention layer's `attn_kernel`, set by
     engine.transforms). GQAAttention: `run(q, k_cache, v_cache, rows, mask)` with q [B, T, H, D] after RoPE, the
-    layer's caches (this forward's keys written), rows [B] and mask [B, T, K] (ctx.attn_mask) -> [B, T, H, D];
+    layer's caches (this forward's keys written), rows [B] and mask [B, T, K] (ctx.mask(window)) -> [B, T, H, D];
     `fits(B, T, H, Hkv, D, dtype)` says whether it takes a step of that shape and q dtype (other steps use
     `attend_cached`). MLAttention: `run(q_lat, q_pe, cache, rows, mask, scale)` over the latent cache and
     `fits(T, H, r, rope, dtype, device)` (layers/mla_attention_kernel.py)."""
@@ -133,36 +134,41 @@ def attend(
     ctx: ForwardContext,
     cache: Sequence[torch.Tensor] | None,
     scale: float | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:
-    """q [B, T, H, D], k/v [B, T, H_kv, D] (RoPE applied) -> [B, T, H, Dv]."""
+    """q [B, T, H, D], k/v [B, T, H_kv, D] (RoPE applied) -> [B, T, H, Dv]. `window`: a sliding-window layer's
+    (`ForwardContext.mask`)."""
     assert ctx.attn_mask is not None
     if ctx.write_index is None or cache is None:
-        if ctx.causal and _is_causal_fast(q):
+        if ctx.causal and window is None and _is_causal_fast(q):
             return sdpa_causal(q, k, v, scale)
-        return sdpa(q, k, v, ctx.attn_mask, scale)
+        return sdpa(q, k, v, ctx.mask(window), scale)
     k_cache, v_cache = cache
     write_cache(k_cache, k, ctx)
     write_cache(v_cache, v, ctx)
-    return attend_cached(q, ctx, cache, scale)
+    return attend_cached(q, ctx, cache, scale, window)
 
 
 def attend_cached(q: torch.Tensor, ctx: ForwardContext, cache: Sequence[torch.Tensor],
-                  scale: float | None = None) -> torch.Tensor:
+                  scale: float | None = None, window: int | None = None) -> torch.Tensor:
     """Attention of q [B, T, H, D] over the cache prefix [0, kv_len) whose new entries are already written."""
     k_cache, v_cache = cache
     B = q.shape[0]
     kk = read_cache(k_cache, ctx, B).to(q.dtype)
     vv = read_cache(v_cache, ctx, B).to(q.dtype)
-    if ctx.causal and _is_causal_fast(q):  # the prefix read is this forward's own keys (kv_len == T)
+    if ctx.causal and window is None and _is_causal_fast(q):  # the prefix read is this forward's own keys
         return sdpa_causal(q, kk, vv, scale)
-    return sdpa(q, kk, vv, ctx.attn_bias(q.dtype), scale)
+    return sdpa(q, kk, vv, ctx.attn_bias(q.dtype, window), scale)
 
 
 class GQAAttention(nn.Module):
     """Llama-style attention: q/k/v/o projections (checkpoint names kept), RoPE on halves, GQA.
 
     `in_features` may differ from the model width: the EAGLE-3 drafter feeds 2H (embedding and hidden) into q/k/v.
+    `window`: a sliding-window layer's window (set by the model from `ModelConfig.window_of`), None for full attention.
     """
+
+    window: int | None = None
 
     def __init__(
         self,
@@ -223,7 +229,7 @@ class GQAAttention(nn.Module):
         q = self.rope(self.q_proj(x).view(B, T, H, Dh), cos, sin)
         k = self.rope(self.k_proj(x).view(B, T, Hkv, Dh), cos, sin)
         v = self.v_proj(x).view(B, T, Hkv, Dh)
-        out = attend(q, k, v, ctx, cache)  # [B, T, H, D]
+        out = attend(q, k, v, ctx, cache, window=self.window)  # [B, T, H, D]
         return self.o_proj(out.reshape(B, T, H * Dh))
 
     def attend_qkv(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: ForwardContext,
@@ -252,14 +258,14 @@ class GQAAttention(nn.Module):
             k_cache = cache[0]
             if (self.attn_kernel is not None and k_cache.dtype == q.dtype
                     and self.attn_kernel.fits(B, T, H, Hkv, Dh, q.dtype)):
-                out = self.attn_kernel.run(q, k_cache, cache[1], ctx.row_index(B), ctx.attn_mask)
+                out = self.attn_kernel.run(q, k_cache, cache[1], ctx.row_index(B), ctx.mask(self.window))
             else:
-                out = attend_cached(q, ctx, cache)
+                out = attend_cached(q, ctx, cache, window=self.window)
             return out.reshape(B, T, H * Dh)
         if norm_of is not None:
             qkv = rms_scaled(qkv, *norm_of).to(qkv.dtype)
         qk = self.rope(qkv[:, :, : H + Hkv], cos, sin)
-        out = attend(qk[:, :, :H], qk[:, :, H:], qkv[:, :, H + Hkv :], ctx, cache)  # [B, T, H, D]
+        out = attend(qk[:, :, :H], qk[:, :, H:], qkv[:, :, H + Hkv :], ctx, cache, window=self.window)  # [B,T,H,D]
         return out.reshape(B, T, H * Dh)
 
 
@@ -287,7 +293,7 @@ class QKNormAttention(GQAAttention):
         q = self.rope(self.q_norm(self.q_proj(x).view(B, T, H, Dh)), cos, sin)
         k = self.rope(self.k_norm(self.k_proj(x).view(B, T, Hkv, Dh)), cos, sin)
         v = self.v_proj(x).view(B, T, Hkv, Dh)
-        return self.o_proj(attend(q, k, v, ctx, cache).reshape(B, T, H * Dh))
+        return self.o_proj(attend(q, k, v, ctx, cache, window=self.window).reshape(B, T, H * Dh))
 
     def attend_heads(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: ForwardContext,
                      cache: Sequence[torch.Tensor] | None,
@@ -303,5 +309,5 @@ class QKNormAttention(GQAAttention):
             qkv = rms_scaled(qkv, *norm_of).to(qkv.dtype)
         q = self.rope(self.q_norm(qkv[:, :, :H].contiguous()), cos, sin)
         k = self.rope(self.k_norm(qkv[:, :, H : H + Hkv].contiguous()), cos, sin)
-        out = attend(q, k, qkv[:, :, H + Hkv :], ctx, cache)  # [B, T, H, D]
+        out = attend(q, k, qkv[:, :, H + Hkv :], ctx, cache, window=self.window)  # [B, T, H, D]
         return out.reshape(B, T, H * Dh)

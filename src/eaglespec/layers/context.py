@@ -2,7 +2,8 @@
 
 A forward runs B rows of T new tokens each. Row b lives in cache row `rows[b]`; token t of row b has the RoPE position
 `positions[b, t]` and writes its K/V into cache position `write_index[b, t]`. The attention of token t may read cache
-positions `[0, kv_len)` wherever `attn_mask[b, t, j]` is true. This one shape covers every forward the engine runs:
+positions `[0, kv_len)` wherever `attn_mask[b, t, j]` is true (and, in a sliding-window layer, j is less than the window
+behind the token: `mask(window)`). This one shape covers every forward the engine runs:
 
 - prefill of a prompt (write 0..n-1, causal), and batched prefill of prompts of different lengths (right padding:
   padded queries compute garbage that is never read, and no real query sees a padded key);
@@ -45,14 +46,30 @@ class ForwardContext:
                 batch, device=self.positions.device)
         return self._memo["rows"]
 
-    def attn_bias(self, dtype: torch.dtype) -> torch.Tensor:
-        """The mask as SDPA's additive bias [B, 1, T, K] (0 visible, -inf hidden), built once per forward."""
-        key = ("bias", dtype)
-        if key not in self._memo:
+    def mask(self, window: int | None = None) -> torch.Tensor:
+        """`attn_mask`, or for a sliding-window layer the same without the keys `window` or more positions behind
+        the query [B, T, K] (built once per forward and window). The cache position of a key stands for its position:
+        equal for everything committed (prefill, decode, compaction), and after it for a verified tree's nodes
+        (written at L + i, positioned at L + depth), which lie within any window longer than the tree is deep."""
+        if window is None:
             assert self.attn_mask is not None
-            zero = torch.zeros((), dtype=dtype, device=self.attn_mask.device)
-            ninf = torch.full((), float("-inf"), dtype=dtype, device=self.attn_mask.device)
-            self._memo[key] = torch.where(self.attn_mask, zero, ninf)[:, None]
+            return self.attn_mask
+        key = ("window", window)
+        if key not in self._memo:
+            m = self.mask()
+            # a fresh arange (as row_index's): no inference-mode tensor inside a forward autograd records
+            near = torch.arange(m.shape[-1], device=m.device) > self.positions[..., None] - window
+            self._memo[key] = m & near
+        return self._memo[key]
+
+    def attn_bias(self, dtype: torch.dtype, window: int | None = None) -> torch.Tensor:
+        """`mask(window)` as SDPA's additive bias [B, 1, T, K] (0 visible, -inf hidden), built once per forward."""
+        key = ("bias", dtype, window)
+        if key not in self._memo:
+            m = self.mask(window)
+            zero = torch.zeros((), dtype=dtype, device=m.device)
+            ninf = torch.full((), float("-inf"), dtype=dtype, device=m.device)
+            self._memo[key] = torch.where(m, zero, ninf)[:, None]
         return self._memo[key]
 
     @property

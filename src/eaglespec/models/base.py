@@ -87,6 +87,12 @@ class PreNormDecoderLayer(nn.Module):
         return h, None
 
 
+def set_windows(layers: nn.ModuleList, cfg: ModelConfig) -> None:
+    """Give each layer's attention its sliding window (`ModelConfig.window_of`; None: full attention)."""
+    for i, layer in enumerate(layers):
+        layer.self_attn.window = cfg.window_of(i)
+
+
 @dataclass
 class ModelOutput:
     logits: torch.Tensor  # [B, R, V] at ctx.logits_index (R = T when it is None)

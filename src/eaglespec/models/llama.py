@@ -14,7 +14,7 @@ from ..layers.embedding import embedding
 from ..layers.mlp import GatedMLP
 from ..layers.norm import RMSNorm
 from ..layers.rotary import Rotary
-from .base import DecoderOnlyLM, PreNormDecoderLayer
+from .base import DecoderOnlyLM, PreNormDecoderLayer, set_windows
 
 
 class LlamaDecoderLayer(PreNormDecoderLayer):
@@ -34,6 +34,7 @@ class LlamaModel(nn.Module):
         super().__init__()
         self.embed_tokens = embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(layer(cfg) for _ in range(cfg.num_hidden_layers))
+        set_windows(self.layers, cfg)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rotary = Rotary(cfg.rotary_dim, cfg.rope)
 

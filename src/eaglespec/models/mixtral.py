@@ -10,8 +10,8 @@ Checkpoint names: the released checkpoints (and transformers' `save_pretrained`)
 the up, w2 the down projection); `checkpoint_renames` maps them onto the MoE's names (`mlp.gate`,
 `mlp.experts.E.{gate,up,down}_proj`). llama.cpp's Mixtral files are `llama` GGUFs with experts (loading/gguf_config.py
 reads them as this class; loading/gguf_names.py maps their stacked `ffn_*_exps` or older per-expert `ffn_*.E` tensors
-to the MoE's names). `sliding_window` (null in the released configs) caps the context instead of windowing it:
-`ModelConfig.context_limit`. The router's jitter noise and auxiliary loss are training-only and ignored. On CUDA the
+to the MoE's names). `sliding_window` (null in the released configs) windows every layer
+(`ModelConfig.layer_windows`). The router's jitter noise and auxiliary loss are training-only and ignored. On CUDA the
 experts run as grouped GEMMs like Qwen3-MoE's (`engine.transforms.use_grouped_experts`).
 """
 

@@ -6,8 +6,8 @@
 
 Parameter names are the HF checkpoint's (`model.layers.N.self_attn.q_norm.weight`, ...): no renames; llama.cpp's
 `qwen2` / `qwen3` GGUFs map onto them through loading/gguf_names.py. Sliding-window attention (`use_sliding_window`,
-off in the released models; then the layers from `max_window_layers` on see the last `sliding_window` tokens) caps the
-context at the window (`ModelConfig.context_limit`), within which every layer sees every token, as here.
+off in the released models; then the layers from `max_window_layers` on, or those `layer_types` names, see the last
+`sliding_window` tokens) runs as such: `ModelConfig.layer_windows`, `ForwardContext.mask(window)`.
 """
 
 from __future__ import annotations

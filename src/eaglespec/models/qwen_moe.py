@@ -16,7 +16,8 @@ transformers' `save_pretrained` write them), so Qwen3-MoE's rename table is empt
 router `ffn_gate_inp` -> `mlp.gate`) and splits the experts, stacked there one tensor per projection
 (`ffn_{gate,up,down}_exps`), into these per-expert names; the GGUF config has every layer sparse, and `norm_topk_prob`
 True for qwen3moe, as llama.cpp runs them (loading/gguf_config.py). Sliding-window attention (`use_sliding_window`,
-off in the released models) caps the context at the window, as for Qwen2 / Qwen3 (qwen.py). The router's auxiliary
+off in the released models) windows every layer (Qwen3-MoE) or the even ones below `max_window_layers` (Qwen2-MoE), as
+transformers does (`ModelConfig.layer_windows`). The router's auxiliary
 loss (`output_router_logits`) is training-only and ignored. On CUDA the experts run as grouped GEMMs
 (`engine.transforms.use_grouped_experts`), so these targets take CUDA graphs like dense ones.
 """
@@ -33,7 +34,7 @@ from ..layers.mlp import GatedMLP
 from ..layers.moe import MoE
 from ..layers.norm import RMSNorm
 from ..layers.rotary import Rotary
-from .base import DecoderOnlyLM, PreNormDecoderLayer
+from .base import DecoderOnlyLM, PreNormDecoderLayer, set_windows
 from .llama import LlamaForCausalLM
 from .qwen import qwen2_attention, qwen3_attention
 
@@ -55,6 +56,7 @@ class Qwen3MoeModel(nn.Module):
         super().__init__()
         self.embed_tokens = embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(Qwen3MoeDecoderLayer(cfg, i, attention) for i in range(cfg.num_hidden_layers))
+        set_windows(self.layers, cfg)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rotary = Rotary(cfg.rotary_dim, cfg.rope)
 
