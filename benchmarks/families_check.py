@@ -1,6 +1,6 @@
 """Session 57's model families on the GPU path: tiny random float32 targets (Mixtral, Qwen2-MoE with its gated shared
 expert and a dense layer, Phi-3 with LongRoPE, Mistral Small 3's text wrapper with an explicit head_dim; session 58's
-GLM-4.5 and Phi-4-mini with partial RoPE, heads of 48 dims, sliding windows), each run
+GLM-4.5 and Phi-4-mini with partial RoPE, heads of 48 dims, sliding windows, Gemma 3), each run
 eagerly without graphs (the reference), then through `prepare_for_inference` and the graph path: plain decoding, a
 chain and a tree with a random EAGLE-3 drafter. Prints how many of the 3 answers equal the reference's.
 
@@ -53,6 +53,11 @@ CONFIGS = {
     "mistral (window 16)": dict(BASE, architectures=["MistralForCausalLM"], model_type="mistral", sliding_window=16),
     "qwen3 (layers 2-3 windowed)": dict(BASE, architectures=["Qwen3ForCausalLM"], model_type="qwen3", head_dim=32,
                                         use_sliding_window=True, sliding_window=16, max_window_layers=2),
+    # Gemma 3: sandwich norms, offset RMSNorms, scaled embedding, local / global RoPE, GELU, the module path
+    "gemma3 (window 16)": dict(BASE, architectures=["Gemma3ForCausalLM"], model_type="gemma3_text", head_dim=32,
+                               query_pre_attn_scalar=48, sliding_window=16, sliding_window_pattern=2,
+                               rope_local_base_freq=1e4, rope_scaling=dict(rope_type="linear", factor=8.0),
+                               hidden_activation="gelu_pytorch_tanh"),
 }
 
 

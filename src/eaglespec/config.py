@@ -6,7 +6,7 @@ Kimi-K2.5) keep their language model's fields under `text_config`, which is read
 sub-dataclasses, so a model file only reads the groups it needs. A drafter in vLLM speculators' format (its layer under
 `transformer_layer_config`) is rewritten as the EAGLE-3 layout by `speculators_config.from_speculators` first.
 
-`RopeConfig` lives in `eaglespec.rope_config` (and is importable from here too). `SpecConfig` holds the
+`RopeConfig` lives in `eaglespec.rope_config`, `MoEConfig` in `eaglespec.moe_config` (both importable from here too). `SpecConfig` holds the
 speculative-decoding shape (steps S, topk K, draft tokens D) and `EngineConfig` the runtime
 limits; `SamplingParams` (per request) lives in `eaglespec.sampling_params`, and the schedules of shapes by rows and
 kind of step (`SpecSchedule`, `parse_spec`, `spec_text`) in `eaglespec.spec_schedule`, whose names this module also
@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .errors import ConfigError
+from .moe_config import MoEConfig  # re-exported: `from eaglespec.config import MoEConfig`
 from .rope_config import RopeConfig  # noqa: F401 (re-exported: `from eaglespec.config import RopeConfig`)
 
 
@@ -33,100 +34,6 @@ class MLAConfig:
     qk_nope_head_dim: int
     qk_rope_head_dim: int
     v_head_dim: int
-
-
-@dataclass(frozen=True)
-class MoEConfig:
-    """A mixture of experts: DeepSeek-V3's (sigmoid scores, noaux_tc router, shared experts), DeepSeek-V2's (softmax
-    scores, greedy or group_limited_greedy top-k, shared experts), Qwen3-MoE's or Mixtral's (softmax scores, plain
-    top-k: scoring_func "softmax", topk_method "greedy", no shared experts), in DeepSeek's field names.
-
-    Which layers are sparse: layer i is when `i >= first_k_dense_replace and i % moe_layer_freq == 0` (DeepSeek's
-    fields) and `(i + 1) % decoder_sparse_step == 0 and i not in mlp_only_layers` (Qwen's); the others are dense.
-    """
-
-    n_routed_experts: int
-    num_experts_per_tok: int
-    n_shared_experts: int
-    moe_intermediate_size: int
-    first_k_dense_replace: int = 0
-    moe_layer_freq: int = 1
-    n_group: int = 1
-    topk_group: int = 1
-    routed_scaling_factor: float = 1.0
-    norm_topk_prob: bool = True
-    scoring_func: str = "sigmoid"
-    topk_method: str = "noaux_tc"
-    decoder_sparse_step: int = 1
-    mlp_only_layers: tuple[int, ...] = ()
-    router_float32: bool = False  # the router's weight and logits in float32 whatever the model dtype (DeepSeek's)
-    # the shared experts' width (0: moe_intermediate_size x n_shared_experts, DeepSeek's), and whether a sigmoid of
-    # `shared_expert_gate(x)` scales their output (Qwen2-MoE's one shared expert)
-    shared_intermediate_size: int = 0
-    shared_gate: bool = False
-
-    def is_sparse(self, layer_idx: int) -> bool:
-        """Whether the 0-based layer `layer_idx` has the experts (else a dense MLP of `intermediate_size`)."""
-        return (layer_idx >= self.first_k_dense_replace and layer_idx % self.moe_layer_freq == 0
-                and (layer_idx + 1) % self.decoder_sparse_step == 0 and layer_idx not in self.mlp_only_layers)
-
-    @staticmethod
-    def from_hf(text: Mapping[str, Any], model_type: str) -> "MoEConfig | None":
-        """The MoE group of a (text) config dict; None for a dense model. DeepSeek-V2 / V3 / Kimi name their routed
-        experts `n_routed_experts` (V2's defaults: softmax scores, greedy top-k, weights not normalised, the router in
-        float32, as transformers' DeepseekV2TopkRouter; GLM-4.5's (`model_type` glm4_moe) are V3's router); Qwen3-MoE (`model_type` qwen3_moe) `num_experts`, which
-        transformers 5 writes back as `num_local_experts` (its attribute_map), and 0 experts there means every layer
-        is dense; Qwen2-MoE (`model_type` qwen2_moe) the same plus one sigmoid-gated shared expert of
-        `shared_expert_intermediate_size`; Mixtral (`model_type` mixtral) `num_local_experts` of `intermediate_size` in
-        every layer, the top-k renormalised."""
-        if text.get("n_routed_experts"):
-            v2 = model_type == "deepseek_v2"  # softmax routing (greedy or group-limited), weights not normalised
-            glm = model_type == "glm4_moe"  # transformers' Glm4MoeConfig defaults: one shared expert, one dense layer
-            return MoEConfig(
-                n_routed_experts=int(text["n_routed_experts"]),
-                num_experts_per_tok=int(text["num_experts_per_tok"]),
-                n_shared_experts=int(text.get("n_shared_experts", 1 if glm else 0) or 0),
-                moe_intermediate_size=int(text["moe_intermediate_size"]),
-                first_k_dense_replace=int(text.get("first_k_dense_replace", 1 if glm else 0)),
-                moe_layer_freq=int(text.get("moe_layer_freq", 1)),
-                n_group=int(text.get("n_group") or 1),
-                topk_group=int(text.get("topk_group") or 1),
-                routed_scaling_factor=float(text.get("routed_scaling_factor", 1.0)),
-                norm_topk_prob=bool(text.get("norm_topk_prob", not v2)),
-                scoring_func=str(text.get("scoring_func", "softmax" if v2 else "sigmoid")),
-                topk_method=str(text.get("topk_method", "greedy" if v2 else "noaux_tc")),
-                router_float32=v2,
-            )
-        experts = text.get("num_experts", text.get("num_local_experts"))
-        if model_type == "mixtral" and experts:  # every layer sparse, experts of intermediate_size, renormalised
-            return MoEConfig(
-                n_routed_experts=int(experts),
-                num_experts_per_tok=int(text["num_experts_per_tok"]),
-                n_shared_experts=0,
-                moe_intermediate_size=int(text["intermediate_size"]),
-                norm_topk_prob=True,
-                scoring_func="softmax",
-                topk_method="greedy",
-            )
-        if model_type in ("qwen3_moe", "qwen2_moe") and experts:
-            step = int(text.get("decoder_sparse_step") or 1)
-            if step < 1:
-                raise ConfigError(f"decoder_sparse_step must be >= 1 (got {step})")
-            shared = int(text.get("shared_expert_intermediate_size") or 0) if model_type == "qwen2_moe" else 0
-            return MoEConfig(
-                n_routed_experts=int(experts),
-                num_experts_per_tok=int(text["num_experts_per_tok"]),
-                n_shared_experts=1 if shared else 0,
-                moe_intermediate_size=int(text["moe_intermediate_size"]),
-                norm_topk_prob=bool(text.get("norm_topk_prob", False)),  # transformers' Qwen2/3 MoE configs' default
-                scoring_func="softmax",
-                topk_method="greedy",
-                decoder_sparse_step=step,
-                mlp_only_layers=tuple(int(i) for i in text.get("mlp_only_layers") or ()),
-                shared_intermediate_size=shared,
-                shared_gate=bool(shared),
-            )
-        return None
 
 
 @dataclass(frozen=True)
@@ -156,8 +63,8 @@ def layer_windows(text: Mapping[str, Any], model_type: str, n_layers: int,
                   window: int | None) -> tuple[int | None, ...]:
     """Each layer's sliding window (or None), as transformers' configs assign them: `layer_types` when the config
     lists them (transformers 5 writes them: "sliding_attention" / "full_attention"); else Qwen2 / Qwen3's layers from
-    `max_window_layers` on, Qwen2-MoE's even layers below it, and every layer of the others (Mistral, Mixtral,
-    Qwen3-MoE, Phi-3). `()` without a window."""
+    `max_window_layers` on, Qwen2-MoE's even layers below it, Gemma 3's but every `sliding_window_pattern`-th, and
+    every layer of the others (Mistral, Mixtral, Qwen3-MoE, Phi-3). `()` without a window."""
     if window is None:
         return ()
     types = text.get("layer_types")
@@ -166,12 +73,32 @@ def layer_windows(text: Mapping[str, Any], model_type: str, n_layers: int,
             raise ConfigError(f"layer_types must name 'sliding_attention' or 'full_attention' for each of the "
                               f"{n_layers} layers (got {list(types)})")
         return tuple(window if t == "sliding_attention" else None for t in types)
+    if model_type in ("gemma3_text", "gemma3"):  # released configs: every `sliding_window_pattern`-th layer is global
+        pattern = int(text.get("sliding_window_pattern") or 6)
+        return tuple(window if (i + 1) % pattern else None for i in range(n_layers))
     bound = int(text.get("max_window_layers", 28))  # transformers' default
     if model_type in ("qwen2", "qwen3"):
         return tuple(window if i >= bound else None for i in range(n_layers))
     if model_type == "qwen2_moe":
         return tuple(window if i % 2 == 0 and i < bound else None for i in range(n_layers))
     return (window,) * n_layers
+
+
+def _ropes(text: Mapping[str, Any], model_type: str) -> tuple[RopeConfig, RopeConfig | None]:
+    """(the full-attention layers' RoPE, the sliding-window layers' where it differs): transformers 5's
+    rope_parameters keyed by layer type, or Gemma 3's released fields (rope_theta and rope_scaling for the global
+    layers, rope_local_base_freq, default RoPE, for the local ones); else one RoPE (GLM-4's partial by default)."""
+    partial = 0.5 if model_type in ("glm4", "glm4_moe") else 1.0
+    by_type = text.get("rope_parameters") or {}
+    if "full_attention" in by_type or "sliding_attention" in by_type:
+        def one(kind: str) -> RopeConfig:
+            return RopeConfig.from_hf({**text, "rope_scaling": None, "rope_parameters": by_type.get(kind) or {}},
+                                      partial_default=partial)
+        return one("full_attention"), one("sliding_attention")
+    rope = RopeConfig.from_hf(text, partial_default=partial)
+    if text.get("rope_local_base_freq") is not None:
+        return rope, RopeConfig(theta=float(text["rope_local_base_freq"]))
+    return rope, None
 
 
 # Eagle3Config's EAGLE-3.1 fields, named as in config.json
@@ -208,6 +135,9 @@ class ModelConfig:
     sliding_window: int | None = None
     # per layer, its window (`sliding_window`) or None (full attention): `layer_windows` below
     layer_windows: tuple[int | None, ...] = ()
+    # the RoPE of the sliding-window layers where it differs from `rope`, the full-attention layers' (Gemma 3's local
+    # base frequency; transformers 5's rope_parameters keyed by layer type); None: `rope` everywhere
+    rope_local: RopeConfig | None = None
     # The whole original dict (wrapper included): model files read extra groups such as vision_config from it.
     raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
@@ -277,7 +207,7 @@ class ModelConfig:
         window = int(text["sliding_window"]) if text.get("sliding_window") and text.get("use_sliding_window",
                                                                                       True) else None
         moe = MoEConfig.from_hf(text, model_type)
-        rope = RopeConfig.from_hf(text, partial_default=0.5 if model_type in ("glm4", "glm4_moe") else 1.0)
+        rope, rope_local = _ropes(text, model_type)
         rotary_dim = int(head_dim * rope.partial_rotary_factor)  # transformers' rounding
         if not 0 < rotary_dim <= head_dim or rotary_dim % 2:
             raise ConfigError(f"partial_rotary_factor {rope.partial_rotary_factor} of head_dim {head_dim} gives "
@@ -327,6 +257,7 @@ class ModelConfig:
             eagle=eagle,
             sliding_window=window,
             layer_windows=layer_windows(text, model_type, n_layers, window),
+            rope_local=rope_local,
             raw=dict(d),
         )
 

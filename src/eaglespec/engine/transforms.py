@@ -197,7 +197,7 @@ def use_rope_store_kernel(model: nn.Module) -> nn.Module:
     from ..layers.rope_kv_kernel import rope_store
 
     for m in model.modules():
-        if isinstance(m, GQAAttention) and hasattr(m, "qkv_proj"):  # any even head_dim, full or partial RoPE
+        if isinstance(m, GQAAttention) and hasattr(m, "qkv_proj") and m.rope_store_ok:  # any even head_dim
             m.rope_store = rope_store
     return model
 

@@ -35,7 +35,7 @@ from .rotary import apply_rotary
 @dataclass(frozen=True)
 class AttentionKernel:
     """An attention over the cache for the shapes it accepts (an attention layer's `attn_kernel`, set by
-    engine.transforms). GQAAttention: `run(q, k_cache, v_cache, rows, mask)` with q [B, T, H, D] after RoPE, the
+    engine.transforms). GQAAttention: `run(q, k_cache, v_cache, rows, mask, scale)` with q [B, T, H, D] after RoPE, the
     layer's caches (this forward's keys written), rows [B] and mask [B, T, K] (ctx.mask(window)) -> [B, T, H, D];
     `fits(B, T, H, Hkv, D, dtype)` says whether it takes a step of that shape and q dtype (other steps use
     `attend_cached`). MLAttention: `run(q_lat, q_pe, cache, rows, mask, scale)` over the latent cache and
@@ -165,10 +165,15 @@ class GQAAttention(nn.Module):
     """Llama-style attention: q/k/v/o projections (checkpoint names kept), RoPE on halves, GQA.
 
     `in_features` may differ from the model width: the EAGLE-3 drafter feeds 2H (embedding and hidden) into q/k/v.
-    `window`: a sliding-window layer's window (set by the model from `ModelConfig.window_of`), None for full attention.
+    `window`: a sliding-window layer's window (set by the model from `ModelConfig.window_of`), None for full attention;
+    `scale`: the softmax scale (None: 1 / sqrt(head_dim)); `rope_store_ok`: whether engine.transforms may give it the
+    fused RoPE + KV-store kernel (and with it the short-query attention kernel), which applies `head_norms()` with
+    Llama's RMSNorm roundings (False for an attention whose norms are not Llama's).
     """
 
     window: int | None = None
+    scale: float | None = None
+    rope_store_ok = True
 
     def __init__(
         self,
@@ -229,7 +234,7 @@ class GQAAttention(nn.Module):
         q = self.rope(self.q_proj(x).view(B, T, H, Dh), cos, sin)
         k = self.rope(self.k_proj(x).view(B, T, Hkv, Dh), cos, sin)
         v = self.v_proj(x).view(B, T, Hkv, Dh)
-        out = attend(q, k, v, ctx, cache, window=self.window)  # [B, T, H, D]
+        out = attend(q, k, v, ctx, cache, self.scale, self.window)  # [B, T, H, D]
         return self.o_proj(out.reshape(B, T, H * Dh))
 
     def attend_qkv(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: ForwardContext,
@@ -258,14 +263,15 @@ class GQAAttention(nn.Module):
             k_cache = cache[0]
             if (self.attn_kernel is not None and k_cache.dtype == q.dtype
                     and self.attn_kernel.fits(B, T, H, Hkv, Dh, q.dtype)):
-                out = self.attn_kernel.run(q, k_cache, cache[1], ctx.row_index(B), ctx.mask(self.window))
+                out = self.attn_kernel.run(q, k_cache, cache[1], ctx.row_index(B), ctx.mask(self.window),
+                                           self.scale)
             else:
-                out = attend_cached(q, ctx, cache, window=self.window)
+                out = attend_cached(q, ctx, cache, self.scale, self.window)
             return out.reshape(B, T, H * Dh)
         if norm_of is not None:
             qkv = rms_scaled(qkv, *norm_of).to(qkv.dtype)
         qk = self.rope(qkv[:, :, : H + Hkv], cos, sin)
-        out = attend(qk[:, :, :H], qk[:, :, H:], qkv[:, :, H + Hkv :], ctx, cache, window=self.window)  # [B,T,H,D]
+        out = attend(qk[:, :, :H], qk[:, :, H:], qkv[:, :, H + Hkv :], ctx, cache, self.scale, self.window)
         return out.reshape(B, T, H * Dh)
 
 
@@ -293,7 +299,7 @@ class QKNormAttention(GQAAttention):
         q = self.rope(self.q_norm(self.q_proj(x).view(B, T, H, Dh)), cos, sin)
         k = self.rope(self.k_norm(self.k_proj(x).view(B, T, Hkv, Dh)), cos, sin)
         v = self.v_proj(x).view(B, T, Hkv, Dh)
-        return self.o_proj(attend(q, k, v, ctx, cache, window=self.window).reshape(B, T, H * Dh))
+        return self.o_proj(attend(q, k, v, ctx, cache, self.scale, self.window).reshape(B, T, H * Dh))
 
     def attend_heads(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: ForwardContext,
                      cache: Sequence[torch.Tensor] | None,
@@ -309,5 +315,5 @@ class QKNormAttention(GQAAttention):
             qkv = rms_scaled(qkv, *norm_of).to(qkv.dtype)
         q = self.rope(self.q_norm(qkv[:, :, :H].contiguous()), cos, sin)
         k = self.rope(self.k_norm(qkv[:, :, H : H + Hkv].contiguous()), cos, sin)
-        out = attend(q, k, qkv[:, :, H + Hkv :], ctx, cache, window=self.window)  # [B, T, H, D]
+        out = attend(q, k, qkv[:, :, H + Hkv :], ctx, cache, self.scale, self.window)  # [B, T, H, D]
         return out.reshape(B, T, H * Dh)

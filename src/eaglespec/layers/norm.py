@@ -2,7 +2,9 @@
 
 `rms_norm` is the function, `rms_scale` its per-row scale alone (`rms_scaled` applies it to a projection), and
 `add_rms_norm` the residual add fused with the next norm (h + d, norm(h + d)); the module's `impl` / `add_impl` may
-be swapped for compiled versions (one kernel each) by engine.transforms."""
+be swapped for compiled versions (one kernel each) by engine.transforms. `OffsetRMSNorm` is Gemma's: weights stored as
+offsets from 1, the product taken in float32 before the one rounding (not an `RMSNorm`, so that no kernel written for
+Llama's roundings replaces it)."""
 
 from __future__ import annotations
 
@@ -50,3 +52,21 @@ class RMSNorm(nn.Module):
     def add_forward(self, h: torch.Tensor, d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(h + d, norm(h + d))."""
         return self.add_impl(h, d, self.weight, self.eps)
+
+
+def offset_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Gemma's RMSNorm: x / sqrt(mean(x^2) + eps) * (1 + weight), in float32, rounded once to x's dtype."""
+    x32 = x.float()
+    return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps) * (1.0 + weight.float())).to(x.dtype)
+
+
+class OffsetRMSNorm(nn.Module):
+    """Gemma's RMSNorm (`weight` as the checkpoint holds it: the offset from 1, zeros at init)."""
+
+    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return offset_rms_norm(x, self.weight, self.eps)

@@ -16,6 +16,8 @@ _REGISTRY: dict[str, str] = {
     "MixtralForCausalLM": "eaglespec.models.mixtral:MixtralForCausalLM",
     "Phi3ForCausalLM": "eaglespec.models.phi3:Phi3ForCausalLM",
     "Glm4MoeForCausalLM": "eaglespec.models.glm4_moe:Glm4MoeForCausalLM",
+    "Gemma3ForCausalLM": "eaglespec.models.gemma3:Gemma3ForCausalLM",
+    "Gemma3ForConditionalGeneration": "eaglespec.models.gemma3:Gemma3ForConditionalGeneration",
     "LlamaForCausalLMEagle3": "eaglespec.models.eagle3:LlamaForCausalLMEagle3",
     "DeepseekV2ForCausalLM": "eaglespec.models.deepseek_v3:DeepseekV2ForCausalLM",
     "DeepseekV3ForCausalLM": "eaglespec.models.deepseek_v3:DeepseekV3ForCausalLM",

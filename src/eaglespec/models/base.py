@@ -1,8 +1,9 @@
 """The decoder-only skeleton shared by every target architecture, with the EAGLE-3 target protocol built in.
 
 A concrete model (llama.py, deepseek_v3.py) builds `self.model.embed_tokens`, `self.model.layers` (pre-norm decoder
-layers, `PreNormDecoderLayer`), `self.model.norm`, `self.model.rotary` and `self.lm_head`; this class runs them,
-captures the aux states and implements the protocol (REFERENCE.md §2, names as in SGLang):
+layers, `PreNormDecoderLayer`, or layers with the same call), `self.model.norm`, `self.model.rotary` (and
+`self.model.rotary_local`, the sliding-window layers' RoPE, where it differs: Gemma 3) and `self.lm_head`; this class
+runs them, captures the aux states and implements the protocol (REFERENCE.md §2, names as in SGLang):
 
 - `get_embed_and_head()` -> the live (embed_tokens.weight, lm_head.weight), not copies;
 - `set_embed_and_head(embed, head)` replaces both;
@@ -147,13 +148,16 @@ class DecoderOnlyLM(nn.Module):
         h = (self.model.embed_tokens(input_ids) if inputs_embeds is None
              else inputs_embeds.clone(memory_format=torch.contiguous_format))
         cos, sin = self.model.rotary(ctx.positions)
+        # the sliding-window layers' own RoPE, where the model has one (Gemma 3's local base frequency)
+        local = self.model.rotary_local(ctx.positions) if getattr(self.model, "rotary_local", None) else (cos, sin)
         capture = self._capture_after
         aux: dict[int, torch.Tensor] = {}
         if 0 in capture:
             aux[0] = h.clone()
         delta = None  # the residual stream is h + delta (see PreNormDecoderLayer)
         for i, layer in enumerate(self.model.layers):
-            h, delta = layer(h, delta, cos, sin, ctx, ctx.kv[i] if ctx.kv is not None else None)
+            layer_cos, layer_sin = local if getattr(layer.self_attn, "window", None) else (cos, sin)
+            h, delta = layer(h, delta, layer_cos, layer_sin, ctx, ctx.kv[i] if ctx.kv is not None else None)
             if i + 1 in capture:  # a copy when delta is None: the next layer may update h in place
                 aux[i + 1] = h.clone() if delta is None else h + delta
         if ctx.logits_index is not None:

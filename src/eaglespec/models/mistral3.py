@@ -2,7 +2,7 @@
 Mistral (Llama-layout) language model, run here for text: the language model only.
 
 - `language_model`: models/llama.py's `LlamaForCausalLM` built from the config's `text_config` (Mistral's: GQA, an
-  explicit `head_dim`, RoPE; a sliding window, if the config has one, caps the context as `ModelConfig.context_limit`
+  explicit `head_dim`, RoPE; a sliding window, if the config has one, windows the layers as `ModelConfig.layer_windows`
   says);
 - the EAGLE-3 target protocol (and the engine's `kv_cache_shapes` / `embed`) by delegation (`delegate_eagle3`), and
   `forward(input_ids, ctx, inputs_embeds=None)` returns the language model's output unchanged

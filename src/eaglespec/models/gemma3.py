@@ -1,0 +1,125 @@
+"""Gemma 3 (`Gemma3ForCausalLM`: Gemma-3-1B and the text-only checkpoints; `Gemma3ForConditionalGeneration`: 4B, 12B,
+27B, run here for text: the language model only).
+
+Layer i: `h += post_attention_layernorm(self_attn(input_layernorm(h)))`, then `h += post_feedforward_layernorm(mlp(
+pre_feedforward_layernorm(h)))` (four norms, "sandwich" order). Every norm is Gemma's (`layers.norm.OffsetRMSNorm`:
+weights as offsets from 1, the product in float32), the q / k head norms too. The attention is GQA with q/k head norms
+before RoPE, the softmax scaled by `query_pre_attn_scalar`^-0.5 (not head_dim's), and a sliding window
+(`sliding_window`) in all but every `sliding_window_pattern`-th layer (or as `layer_types` says:
+`ModelConfig.layer_windows`); the windowed ("local") layers rotate with their own base frequency
+(`rope_local_base_freq`, default RoPE: `ModelConfig.rope_local`, `model.rotary_local`), the global ones with
+`rope_theta` and its scaling (4B+: linear, 8). The MLP gates with GELU (tanh approximation, `hidden_activation`). The
+token embedding is multiplied by sqrt(hidden_size) (`layers.embedding.ScaledEmbedding`), the head tied to it unless the
+config says otherwise (the wrapper's own `tie_word_embeddings` decides for it, as in transformers). Logit
+soft-capping (Gemma 2's `attn_logit_softcapping` / `final_logit_softcapping`) is refused by name.
+
+Parameter names are the HF checkpoint's (`model.layers.L.pre_feedforward_layernorm.weight`, ...), so the text model's
+rename table is empty; the wrapper's are its releases' `language_model.model.*` and transformers 5's
+`model.language_model.*`, its vision tower and projector skipped (images refused). The engine's fused norm, RoPE and
+attention kernels are written for Llama's layer and norms: these layers run on the module path (GEMMs, SDPA).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from torch import nn
+
+from ..config import ModelConfig
+from ..errors import ConfigError
+from ..layers.attention import QKNormAttention
+from ..layers.embedding import ScaledEmbedding
+from ..layers.mlp import GatedMLP
+from ..layers.norm import OffsetRMSNorm
+from ..layers.rotary import Rotary
+from ..protocol import delegate_eagle3
+from .base import DecoderOnlyLM, LanguageModelWrapper, set_windows
+
+
+class GemmaAttention(QKNormAttention):
+    """QKNormAttention with Gemma's head norms and softmax scale, kept off the fused RoPE + KV-store kernel (its head
+    norms are Llama's)."""
+
+    rope_store_ok = False
+
+    def __init__(self, cfg: ModelConfig, scalar: float) -> None:
+        super().__init__(cfg.hidden_size, cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads,
+                         cfg.head_dim, cfg.rms_norm_eps, bias=cfg.attention_bias)
+        self.q_norm = OffsetRMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+        self.k_norm = OffsetRMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+        self.scale = scalar**-0.5
+
+    def head_norms(self) -> None:
+        return None  # not Llama's: no kernel applies them (rope_store_ok is False)
+
+
+class Gemma3DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, scalar: float, act: str) -> None:
+        super().__init__()
+        dim, eps = cfg.hidden_size, cfg.rms_norm_eps
+        self.input_layernorm = OffsetRMSNorm(dim, eps)
+        self.self_attn = GemmaAttention(cfg, scalar)
+        self.post_attention_layernorm = OffsetRMSNorm(dim, eps)
+        self.pre_feedforward_layernorm = OffsetRMSNorm(dim, eps)
+        self.mlp = GatedMLP(dim, cfg.intermediate_size, act=act)
+        self.post_feedforward_layernorm = OffsetRMSNorm(dim, eps)
+
+    def forward(self, h, delta, cos, sin, ctx, cache):  # type: ignore[no-untyped-def]
+        """PreNormDecoderLayer's call: the layer's output is h + delta; this layer returns it whole (delta None)."""
+        if delta is not None:
+            h = h + delta
+        h = h + self.post_attention_layernorm(self.self_attn(self.input_layernorm(h), cos, sin, ctx, cache))
+        return h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h))), None
+
+
+class Gemma3TextModel(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        text = cfg.raw.get("text_config") or cfg.raw
+        for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+            if text.get(key) is not None:
+                raise ConfigError(f"{cfg.architecture} with {key} {text[key]}: logit soft-capping (Gemma 2's) is not "
+                                  "implemented")
+        scalar = float(text.get("query_pre_attn_scalar") or cfg.head_dim)
+        act = str(text.get("hidden_activation") or text.get("hidden_act") or "gelu_pytorch_tanh")
+        self.embed_tokens = ScaledEmbedding(cfg.vocab_size, cfg.hidden_size, cfg.hidden_size**0.5)
+        self.layers = nn.ModuleList(Gemma3DecoderLayer(cfg, scalar, act) for _ in range(cfg.num_hidden_layers))
+        set_windows(self.layers, cfg)
+        self.norm = OffsetRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.rotary = Rotary(cfg.rotary_dim, cfg.rope)
+        if cfg.rope_local is not None:
+            self.rotary_local = Rotary(cfg.rotary_dim, cfg.rope_local)
+
+
+class Gemma3ForCausalLM(DecoderOnlyLM):
+    checkpoint_renames: tuple[tuple[str, str], ...] = ()
+    checkpoint_ignore: tuple[str, ...] = (r"rotary_emb(?:_local)?\.inv_freq$",)
+
+    def __init__(self, config: ModelConfig) -> None:
+        if "tie_word_embeddings" not in (config.raw.get("text_config") or config.raw):  # Gemma's default: tied
+            config = replace(config, tie_word_embeddings=True)
+        super().__init__(config)
+        self.model = Gemma3TextModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+
+class Gemma3ForConditionalGeneration(LanguageModelWrapper):
+    """Gemma 3's multimodal wrapper, for text: its language model (`text_config`), the protocol by delegation."""
+
+    eagle3 = delegate_eagle3("language_model")
+
+    checkpoint_renames: tuple[tuple[str, str], ...] = (
+        (r"^model\.language_model\.", "language_model.model."),  # transformers 5's layout
+        (r"^lm_head\.", "language_model.lm_head."),
+    )
+    checkpoint_ignore: tuple[str, ...] = (r"^(?:model\.)?(?:vision_tower|multi_modal_projector)\.",
+                                          r"rotary_emb(?:_local)?\.inv_freq$")
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        # transformers ties the wrapper's head as its own field says (default True), whatever text_config's says
+        config = replace(config, tie_word_embeddings=bool(config.raw.get("tie_word_embeddings", True)))
+        self.config = config
+        self.language_model = Gemma3ForCausalLM(config)

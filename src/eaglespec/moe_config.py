@@ -1,0 +1,105 @@
+"""`MoEConfig`: a model's mixture of experts, read from its config.json in DeepSeek's field names (`MoEConfig.from_hf`
+for DeepSeek-V2 / V3, Kimi, GLM-4.5, Qwen2 / Qwen3-MoE and Mixtral); `layers/moe.py` builds the experts and the
+router from it; `ModelConfig` (config.py, which re-exports it) holds one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from .errors import ConfigError
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    """A mixture of experts: DeepSeek-V3's (sigmoid scores, noaux_tc router, shared experts), DeepSeek-V2's (softmax
+    scores, greedy or group_limited_greedy top-k, shared experts), Qwen3-MoE's or Mixtral's (softmax scores, plain
+    top-k: scoring_func "softmax", topk_method "greedy", no shared experts), in DeepSeek's field names.
+
+    Which layers are sparse: layer i is when `i >= first_k_dense_replace and i % moe_layer_freq == 0` (DeepSeek's
+    fields) and `(i + 1) % decoder_sparse_step == 0 and i not in mlp_only_layers` (Qwen's); the others are dense.
+    """
+
+    n_routed_experts: int
+    num_experts_per_tok: int
+    n_shared_experts: int
+    moe_intermediate_size: int
+    first_k_dense_replace: int = 0
+    moe_layer_freq: int = 1
+    n_group: int = 1
+    topk_group: int = 1
+    routed_scaling_factor: float = 1.0
+    norm_topk_prob: bool = True
+    scoring_func: str = "sigmoid"
+    topk_method: str = "noaux_tc"
+    decoder_sparse_step: int = 1
+    mlp_only_layers: tuple[int, ...] = ()
+    router_float32: bool = False  # the router's weight and logits in float32 whatever the model dtype (DeepSeek's)
+    # the shared experts' width (0: moe_intermediate_size x n_shared_experts, DeepSeek's), and whether a sigmoid of
+    # `shared_expert_gate(x)` scales their output (Qwen2-MoE's one shared expert)
+    shared_intermediate_size: int = 0
+    shared_gate: bool = False
+
+    def is_sparse(self, layer_idx: int) -> bool:
+        """Whether the 0-based layer `layer_idx` has the experts (else a dense MLP of `intermediate_size`)."""
+        return (layer_idx >= self.first_k_dense_replace and layer_idx % self.moe_layer_freq == 0
+                and (layer_idx + 1) % self.decoder_sparse_step == 0 and layer_idx not in self.mlp_only_layers)
+
+    @staticmethod
+    def from_hf(text: Mapping[str, Any], model_type: str) -> "MoEConfig | None":
+        """The MoE group of a (text) config dict; None for a dense model. DeepSeek-V2 / V3 / Kimi name their routed
+        experts `n_routed_experts` (V2's defaults: softmax scores, greedy top-k, weights not normalised, the router in
+        float32, as transformers' DeepseekV2TopkRouter; GLM-4.5's (`model_type` glm4_moe) are V3's router); Qwen3-MoE (`model_type` qwen3_moe) `num_experts`, which
+        transformers 5 writes back as `num_local_experts` (its attribute_map), and 0 experts there means every layer
+        is dense; Qwen2-MoE (`model_type` qwen2_moe) the same plus one sigmoid-gated shared expert of
+        `shared_expert_intermediate_size`; Mixtral (`model_type` mixtral) `num_local_experts` of `intermediate_size` in
+        every layer, the top-k renormalised."""
+        if text.get("n_routed_experts"):
+            v2 = model_type == "deepseek_v2"  # softmax routing (greedy or group-limited), weights not normalised
+            glm = model_type == "glm4_moe"  # transformers' Glm4MoeConfig defaults: one shared expert, one dense layer
+            return MoEConfig(
+                n_routed_experts=int(text["n_routed_experts"]),
+                num_experts_per_tok=int(text["num_experts_per_tok"]),
+                n_shared_experts=int(text.get("n_shared_experts", 1 if glm else 0) or 0),
+                moe_intermediate_size=int(text["moe_intermediate_size"]),
+                first_k_dense_replace=int(text.get("first_k_dense_replace", 1 if glm else 0)),
+                moe_layer_freq=int(text.get("moe_layer_freq", 1)),
+                n_group=int(text.get("n_group") or 1),
+                topk_group=int(text.get("topk_group") or 1),
+                routed_scaling_factor=float(text.get("routed_scaling_factor", 1.0)),
+                norm_topk_prob=bool(text.get("norm_topk_prob", not v2)),
+                scoring_func=str(text.get("scoring_func", "softmax" if v2 else "sigmoid")),
+                topk_method=str(text.get("topk_method", "greedy" if v2 else "noaux_tc")),
+                router_float32=v2,
+            )
+        experts = text.get("num_experts", text.get("num_local_experts"))
+        if model_type == "mixtral" and experts:  # every layer sparse, experts of intermediate_size, renormalised
+            return MoEConfig(
+                n_routed_experts=int(experts),
+                num_experts_per_tok=int(text["num_experts_per_tok"]),
+                n_shared_experts=0,
+                moe_intermediate_size=int(text["intermediate_size"]),
+                norm_topk_prob=True,
+                scoring_func="softmax",
+                topk_method="greedy",
+            )
+        if model_type in ("qwen3_moe", "qwen2_moe") and experts:
+            step = int(text.get("decoder_sparse_step") or 1)
+            if step < 1:
+                raise ConfigError(f"decoder_sparse_step must be >= 1 (got {step})")
+            shared = int(text.get("shared_expert_intermediate_size") or 0) if model_type == "qwen2_moe" else 0
+            return MoEConfig(
+                n_routed_experts=int(experts),
+                num_experts_per_tok=int(text["num_experts_per_tok"]),
+                n_shared_experts=1 if shared else 0,
+                moe_intermediate_size=int(text["moe_intermediate_size"]),
+                norm_topk_prob=bool(text.get("norm_topk_prob", False)),  # transformers' Qwen2/3 MoE configs' default
+                scoring_func="softmax",
+                topk_method="greedy",
+                decoder_sparse_step=step,
+                mlp_only_layers=tuple(int(i) for i in text.get("mlp_only_layers") or ()),
+                shared_intermediate_size=shared,
+                shared_gate=bool(shared),
+            )
+        return None

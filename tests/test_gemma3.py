@@ -1,0 +1,155 @@
+"""Gemma 3 (models/gemma3.py) against transformers on tiny random configs (float32): the text model
+(Gemma3ForCausalLM) and the multimodal wrapper run for text (Gemma3ForConditionalGeneration, its vision weights
+skipped) from folders transformers saved, past the sliding window, with the local layers' own RoPE base and the global
+layers' linear scaling; speculation against plain greedy; what is refused."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+import transformers
+from tiny import assert_speculation_equals_plain, plain_logits, tiny_drafter
+
+from eaglespec.config import ModelConfig, SpecConfig
+from eaglespec.errors import ConfigError
+from eaglespec.loading import load_model
+from eaglespec.sampling_params import SamplingParams
+
+TEXT = dict(vocab_size=101, hidden_size=48, intermediate_size=80, num_hidden_layers=4, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=24, sliding_window=8, sliding_window_pattern=2,
+            max_position_embeddings=256, rms_norm_eps=1e-6, pad_token_id=0, bos_token_id=2, eos_token_id=1,
+            tie_word_embeddings=False,  # untied: a tied tiny model repeats its input token (test_released_config_fields
+            #                             ties, as the releases do)
+            rope_parameters={"full_attention": dict(rope_type="linear", factor=4.0, rope_theta=1e6),
+                             "sliding_attention": dict(rope_type="default", rope_theta=1e4)})
+
+
+def randomize(model: torch.nn.Module, seed: int) -> None:
+    """O(1) logits; norm weights (offsets from 1) away from 0."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _, t in model.named_parameters():
+            t.copy_(0.2 * torch.randn(t.shape, generator=g) if t.dim() == 1
+                    else 2.0 * torch.randn(t.shape, generator=g) / math.sqrt(t.shape[-1]))
+
+
+def text_model(seed: int = 0, **kw) -> transformers.Gemma3ForCausalLM:
+    hc = transformers.Gemma3TextConfig(**{**TEXT, **kw})
+    hc.architectures = ["Gemma3ForCausalLM"]
+    hc._attn_implementation = "eager"
+    ref = transformers.Gemma3ForCausalLM(hc).eval()
+    randomize(ref, seed)
+    return ref
+
+
+def wrapper_model(seed: int = 0, tie: bool = False) -> transformers.Gemma3ForConditionalGeneration:
+    vision = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=2, image_size=28,
+                  patch_size=14)
+    hc = transformers.Gemma3Config(text_config=TEXT, vision_config=vision, mm_tokens_per_image=4,
+                                   image_token_index=100, boi_token_index=98, eoi_token_index=99,
+                                   tie_word_embeddings=tie)  # the wrapper's field decides (text_config's is False)
+    hc.architectures = ["Gemma3ForConditionalGeneration"]
+    hc._attn_implementation = "eager"
+    hc.text_config._attn_implementation = "eager"
+    ref = transformers.Gemma3ForConditionalGeneration(hc).eval()
+    randomize(ref, seed)
+    return ref
+
+
+@pytest.fixture(scope="module", params=["text", "wrapper"])
+def pair(request, tmp_path_factory):
+    ref = text_model() if request.param == "text" else wrapper_model()
+    folder = tmp_path_factory.mktemp(request.param)
+    ref.save_pretrained(folder)
+    return request.param, ref, load_model(folder, dtype=torch.float32)
+
+
+def logits_of(ref, ids: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return ref(input_ids=ids).logits
+
+
+def test_a_transformers_folder_answers_as_transformers(pair):
+    case, ref, lm = pair
+    cfg = lm.config
+    assert [cfg.window_of(i) for i in range(4)] == [8, None, 8, None]  # every second layer global
+    assert (cfg.rope.type, cfg.rope.factor, cfg.rope.theta, cfg.rope_local.theta) == ("linear", 4.0, 1e6, 1e4)
+    ids = torch.randint(3, 101, (2, 40), generator=torch.Generator().manual_seed(2))  # 5x the window
+    torch.testing.assert_close(plain_logits(lm.model, ids), logits_of(ref, ids), rtol=1e-4, atol=1e-4)
+
+
+def test_greedy_speculation_equals_plain(pair):
+    _, _, lm = pair
+    target = getattr(lm.model, "language_model", lm.model)
+    drafter = tiny_drafter(target, seed=2, hidden=48)
+    prompts = [[2, 5, 6, 7, 8, 9, 10], [2, 40, 41], [2] + list(range(20, 45))]
+    params = SamplingParams(max_new_tokens=16, ignore_eos=True)
+    plain = assert_speculation_equals_plain(lm.model, drafter, prompts, params,
+                                            (SpecConfig(3, 1, 4), SpecConfig(4, 3, 8)))
+    assert all(len(set(p)) > 4 for p in plain), plain
+
+
+def test_released_config_fields(tmp_path):
+    """The fields of the released configs (transformers 4's: rope_theta, rope_local_base_freq, rope_scaling for the
+    global layers, sliding_window_pattern) read as transformers 5 reads them."""
+    ref = text_model(seed=1, tie_word_embeddings=True)
+    ref.save_pretrained(tmp_path)
+    d = json.loads((tmp_path / "config.json").read_text())
+    for key in ("rope_parameters", "layer_types"):
+        d.pop(key)
+    d.update(rope_theta=1e6, rope_local_base_freq=1e4, rope_scaling=dict(rope_type="linear", factor=4.0),
+             sliding_window_pattern=2)
+    (tmp_path / "config.json").write_text(json.dumps(d))
+    lm = load_model(tmp_path, dtype=torch.float32)
+    assert [lm.config.window_of(i) for i in range(4)] == [8, None, 8, None]
+    assert lm.model.lm_head.weight is lm.model.model.embed_tokens.weight
+    ids = torch.randint(3, 101, (1, 30), generator=torch.Generator().manual_seed(4))
+    torch.testing.assert_close(plain_logits(lm.model, ids), logits_of(ref, ids), rtol=1e-4, atol=1e-4)
+
+
+def test_a_tied_wrapper_ties_whatever_text_config_says(tmp_path):
+    """The releases' wrapper: no lm_head in the checkpoint, the head tied to the embedding (the wrapper's own
+    tie_word_embeddings, True, against text_config's False here)."""
+    ref = wrapper_model(seed=5, tie=True)
+    ref.save_pretrained(tmp_path)
+    lm = load_model(tmp_path, dtype=torch.float32)
+    inner = lm.model.language_model
+    assert inner.lm_head.weight is inner.model.embed_tokens.weight
+    ids = torch.randint(3, 101, (1, 30), generator=torch.Generator().manual_seed(6))
+    torch.testing.assert_close(plain_logits(lm.model, ids), logits_of(ref, ids), rtol=1e-4, atol=1e-4)
+
+
+def test_gemma2_soft_capping_is_refused():
+    d = dict(TEXT, architectures=["Gemma3ForCausalLM"], model_type="gemma3_text", final_logit_softcapping=30.0)
+    cfg = ModelConfig.from_hf(d)
+    from eaglespec.models import get_model_class
+
+    with pytest.raises(ConfigError, match="Gemma3ForCausalLM with final_logit_softcapping 30.0: logit soft-capping "
+                                          "\\(Gemma 2's\\) is not implemented"):
+        get_model_class(cfg.architecture)(cfg)
+
+
+def test_fused_projections_without_the_llama_kernels(pair):
+    """The CUDA path's fused q/k/v and gate/up projections (attend_heads with Gemma's head norms and scale); the RoPE
+    + KV-store kernel, which would apply Llama's head norms, and the short-query kernel with it are not taken."""
+    import copy
+
+    from eaglespec.config import EngineConfig
+    from eaglespec.engine import transforms
+    from eaglespec.engine.engine import Engine
+
+    case, _, lm = pair
+    if case != "text":
+        return
+    params = SamplingParams(max_new_tokens=10, ignore_eos=True)
+    prompts = [[2, 5, 6, 7], [2] + list(range(20, 40))]
+    cfg = EngineConfig(max_batch_size=2)
+    want = [o.token_ids for o in Engine(lm.model, None, cfg).generate(prompts, params)]
+    fused = copy.deepcopy(lm.model)
+    transforms.use_short_attention_kernel(transforms.use_rope_store_kernel(transforms.fuse_projections(fused)))
+    attn = fused.model.layers[0].self_attn
+    assert hasattr(attn, "qkv_proj") and attn.rope_store is None and attn.attn_kernel is None
+    assert [o.token_ids for o in Engine(fused, None, cfg).generate(prompts, params)] == want
