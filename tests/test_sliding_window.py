@@ -13,7 +13,8 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are built (
 import pytest  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402
-from tiny import assert_speculation_equals_plain, plain_logits, randomize_moe, tiny_drafter  # noqa: E402
+from tiny import (assert_speculation_equals_plain, greedy_by_recompute, plain_logits, randomize_moe,  # noqa: E402
+                  tiny_drafter)
 
 from eaglespec.config import EngineConfig, ModelConfig, SpecConfig  # noqa: E402
 from eaglespec.engine import transforms  # noqa: E402
@@ -73,14 +74,6 @@ def test_logits_past_the_window_are_transformers(pair):
     assert (full[:, WINDOW + 4 :] - want[:, WINDOW + 4 :]).abs().max() > 0.05
 
 
-def greedy_by_recompute(model, prompt: list[int], n: int) -> list[int]:
-    """Greedy tokens from the cache-free forward over the whole sequence at every step (the reference)."""
-    ids = list(prompt)
-    for _ in range(n):
-        ids.append(int(plain_logits(model, torch.tensor([ids]))[0, -1].argmax()))
-    return ids[len(prompt):]
-
-
 PROMPTS = [[5, 6, 7], [40, 41, 2, 9, 33, 12, 70, 71, 72, 8, 1, 3], list(range(20, 45))]
 
 
@@ -89,8 +82,7 @@ def test_cached_decoding_and_speculation_past_the_window(pair):
     params = SamplingParams(max_new_tokens=20, ignore_eos=True)
     plain = assert_speculation_equals_plain(ours, tiny_drafter(ours, seed=2, hidden=48), PROMPTS, params,
                                             (SpecConfig(3, 1, 4), SpecConfig(4, 3, 8)))
-    with torch.no_grad():
-        assert plain == [greedy_by_recompute(ours, p, 20) for p in PROMPTS]
+    assert plain == [greedy_by_recompute(ours, p, 20) for p in PROMPTS]
     assert all(len(set(p)) > 4 for p in plain), plain
 
 
@@ -108,8 +100,7 @@ def test_the_fused_kernels_apply_the_window(pair):
     attn = fused.model.layers[0].self_attn
     assert attn.attn_kernel is not None and attn.attn_kernel.fits(2, 1, 4, 2, 16, torch.float32)
     params = SamplingParams(max_new_tokens=12, ignore_eos=True)
-    with torch.no_grad():
-        want = [greedy_by_recompute(ours, p, 12) for p in PROMPTS[1:]]
+    want = [greedy_by_recompute(ours, p, 12) for p in PROMPTS[1:]]
     cfg = EngineConfig(max_batch_size=2)
     assert [o.token_ids for o in Engine(fused, None, cfg).generate(PROMPTS[1:], params)] == want
     eng = Engine(fused, None, cfg, drafter=drafter, spec=SpecConfig(3, 1, 4))

@@ -204,3 +204,13 @@ def tiny_moe(arch: str, seed: int = 0, **overrides) -> torch.nn.Module:
 def plain_logits(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
     """One cache-free forward of our model over ids [B, T]: logits [B, T, V]."""
     return model(ids, ForwardContext.plain(*ids.shape)).logits
+
+
+@torch.no_grad()
+def greedy_by_recompute(model: torch.nn.Module, prompt: list[int], n: int) -> list[int]:
+    """`n` greedy tokens from the cache-free forward over the whole sequence at every step: the reference for the
+    engine's cached steps."""
+    ids = list(prompt)
+    for _ in range(n):
+        ids.append(int(plain_logits(model, torch.tensor([ids]))[0, -1].argmax()))
+    return ids[len(prompt):]

@@ -1,5 +1,5 @@
 """`MoEConfig`: a model's mixture of experts, read from its config.json in DeepSeek's field names (`MoEConfig.from_hf`
-for DeepSeek-V2 / V3, Kimi, GLM-4.5, Qwen2 / Qwen3-MoE and Mixtral); `layers/moe.py` builds the experts and the
+for DeepSeek-V2 / V3, Kimi, GLM-4.5, Qwen2 / Qwen3-MoE, Mixtral and gpt-oss); `layers/moe.py` builds the experts and the
 router from it; `ModelConfig` (config.py, which re-exports it) holds one.
 """
 
@@ -40,6 +40,13 @@ class MoEConfig:
     # `shared_expert_gate(x)` scales their output (Qwen2-MoE's one shared expert)
     shared_intermediate_size: int = 0
     shared_gate: bool = False
+    # gpt-oss: a bias on the router's logits and on every expert projection, and its clamped SwiGLU
+    # (layers/mlp.ClampedSwiGLUMLP: gate clamped above, up both ways at swiglu_limit, gate * sigmoid(alpha gate) *
+    # (up + 1)); swiglu_limit None: the plain SwiGLU
+    router_bias: bool = False
+    expert_bias: bool = False
+    swiglu_limit: float | None = None
+    swiglu_alpha: float = 1.0
 
     def is_sparse(self, layer_idx: int) -> bool:
         """Whether the 0-based layer `layer_idx` has the experts (else a dense MLP of `intermediate_size`)."""
@@ -54,7 +61,8 @@ class MoEConfig:
         transformers 5 writes back as `num_local_experts` (its attribute_map), and 0 experts there means every layer
         is dense; Qwen2-MoE (`model_type` qwen2_moe) the same plus one sigmoid-gated shared expert of
         `shared_expert_intermediate_size`; Mixtral (`model_type` mixtral) `num_local_experts` of `intermediate_size` in
-        every layer, the top-k renormalised."""
+        every layer, the top-k renormalised; gpt-oss (`model_type` gpt_oss) the same with biases and its clamped
+        SwiGLU (the softmax of the top-k logits equals the renormalised top-k of the softmax)."""
         if text.get("n_routed_experts"):
             v2 = model_type == "deepseek_v2"  # softmax routing (greedy or group-limited), weights not normalised
             glm = model_type == "glm4_moe"  # transformers' Glm4MoeConfig defaults: one shared expert, one dense layer
@@ -74,6 +82,20 @@ class MoEConfig:
                 router_float32=v2,
             )
         experts = text.get("num_experts", text.get("num_local_experts"))
+        if model_type == "gpt_oss" and experts:  # every layer sparse, the top-k logits' softmax (= renormalised)
+            return MoEConfig(
+                n_routed_experts=int(experts),
+                num_experts_per_tok=int(text["num_experts_per_tok"]),
+                n_shared_experts=0,
+                moe_intermediate_size=int(text["intermediate_size"]),
+                norm_topk_prob=True,
+                scoring_func="softmax",
+                topk_method="greedy",
+                router_bias=True,
+                expert_bias=True,
+                swiglu_limit=float(text.get("swiglu_limit", 7.0)),
+                swiglu_alpha=float(text.get("swiglu_alpha", 1.702)),
+            )
         if model_type == "mixtral" and experts:  # every layer sparse, experts of intermediate_size, renormalised
             return MoEConfig(
                 n_routed_experts=int(experts),

@@ -127,6 +127,31 @@ def sdpa_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float 
     return out.transpose(1, 2)
 
 
+SINK_QUERY_BLOCK = 256  # query tokens per block of `sdpa_sinks` (its float32 scores: H x 256 x K a block and row)
+
+
+def sdpa_sinks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float | None,
+               sinks: torch.Tensor) -> torch.Tensor:
+    """Attention with a learned sink logit per head (gpt-oss): q [B, T, H, D], k/v [B, K, H_kv, D], mask [B, T, K]
+    bool, sinks [H] -> [B, T, H, D]. Each head's softmax runs over its visible scores and the sink, whose share of the
+    probability goes nowhere (no value): out = softmax([s, sink])[:K] @ v. Scores and softmax in float32 (SDPA has
+    no sink term), over blocks of SINK_QUERY_BLOCK query tokens."""
+    B, T, H, D = q.shape
+    g = H // k.shape[2]
+    kh = k.transpose(1, 2).repeat_interleave(g, 1).float()  # [B, H, K, D]
+    vh = v.transpose(1, 2).repeat_interleave(g, 1)
+    sink = sinks.float()[None, :, None, None]  # [1, H, 1, 1]
+    out = []
+    for t0 in range(0, T, SINK_QUERY_BLOCK):
+        qh = q[:, t0 : t0 + SINK_QUERY_BLOCK].transpose(1, 2).float()  # [B, H, t, D]
+        s = (qh @ kh.transpose(-1, -2)) * (scale if scale is not None else D**-0.5)  # [B, H, t, K]
+        s = s.masked_fill(~mask[:, None, t0 : t0 + SINK_QUERY_BLOCK], float("-inf"))
+        s = torch.cat((s, sink.expand(B, H, s.shape[2], 1)), -1)
+        p = torch.softmax(s - s.amax(-1, keepdim=True), -1)[..., :-1]
+        out.append((p.to(vh.dtype) @ vh).transpose(1, 2))  # [B, t, H, D]
+    return torch.cat(out, 1)
+
+
 def attend(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -135,27 +160,33 @@ def attend(
     cache: Sequence[torch.Tensor] | None,
     scale: float | None = None,
     window: int | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q [B, T, H, D], k/v [B, T, H_kv, D] (RoPE applied) -> [B, T, H, Dv]. `window`: a sliding-window layer's
-    (`ForwardContext.mask`)."""
+    (`ForwardContext.mask`); `sinks` [H]: the heads' sink logits (`sdpa_sinks`)."""
     assert ctx.attn_mask is not None
     if ctx.write_index is None or cache is None:
+        if sinks is not None:
+            return sdpa_sinks(q, k, v, ctx.mask(window), scale, sinks)
         if ctx.causal and window is None and _is_causal_fast(q):
             return sdpa_causal(q, k, v, scale)
         return sdpa(q, k, v, ctx.mask(window), scale)
     k_cache, v_cache = cache
     write_cache(k_cache, k, ctx)
     write_cache(v_cache, v, ctx)
-    return attend_cached(q, ctx, cache, scale, window)
+    return attend_cached(q, ctx, cache, scale, window, sinks)
 
 
 def attend_cached(q: torch.Tensor, ctx: ForwardContext, cache: Sequence[torch.Tensor],
-                  scale: float | None = None, window: int | None = None) -> torch.Tensor:
+                  scale: float | None = None, window: int | None = None,
+                  sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Attention of q [B, T, H, D] over the cache prefix [0, kv_len) whose new entries are already written."""
     k_cache, v_cache = cache
     B = q.shape[0]
     kk = read_cache(k_cache, ctx, B).to(q.dtype)
     vv = read_cache(v_cache, ctx, B).to(q.dtype)
+    if sinks is not None:
+        return sdpa_sinks(q, kk, vv, ctx.mask(window), scale, sinks)
     if ctx.causal and window is None and _is_causal_fast(q):  # the prefix read is this forward's own keys
         return sdpa_causal(q, kk, vv, scale)
     return sdpa(q, kk, vv, ctx.attn_bias(q.dtype, window), scale)
@@ -166,9 +197,10 @@ class GQAAttention(nn.Module):
 
     `in_features` may differ from the model width: the EAGLE-3 drafter feeds 2H (embedding and hidden) into q/k/v.
     `window`: a sliding-window layer's window (set by the model from `ModelConfig.window_of`), None for full attention;
-    `scale`: the softmax scale (None: 1 / sqrt(head_dim)); `rope_store_ok`: whether engine.transforms may give it the
-    fused RoPE + KV-store kernel (and with it the short-query attention kernel), which applies `head_norms()` with
-    Llama's RMSNorm roundings (False for an attention whose norms are not Llama's).
+    `scale`: the softmax scale (None: 1 / sqrt(head_dim)); a `sinks` parameter [H], where a subclass registers one
+    (gpt-oss), adds per-head sink logits (`sdpa_sinks`; never the short-query kernel); `rope_store_ok`: whether
+    engine.transforms may give it the fused RoPE + KV-store kernel (and with it the short-query attention kernel),
+    which applies `head_norms()` with Llama's RMSNorm roundings (False for an attention whose norms are not Llama's).
     """
 
     window: int | None = None
@@ -234,7 +266,7 @@ class GQAAttention(nn.Module):
         q = self.rope(self.q_proj(x).view(B, T, H, Dh), cos, sin)
         k = self.rope(self.k_proj(x).view(B, T, Hkv, Dh), cos, sin)
         v = self.v_proj(x).view(B, T, Hkv, Dh)
-        out = attend(q, k, v, ctx, cache, self.scale, self.window)  # [B, T, H, D]
+        out = attend(q, k, v, ctx, cache, self.scale, self.window, self._parameters.get("sinks"))  # [B, T, H, D]
         return self.o_proj(out.reshape(B, T, H * Dh))
 
     def attend_qkv(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: ForwardContext,
@@ -261,17 +293,18 @@ class GQAAttention(nn.Module):
             q = self.rope_store(qkv, cos, sin, cache[0], cache[1], ctx.row_index(B), ctx.write_index, H, Hkv,
                                 norm_of=norm_of, head_norms=self.head_norms())
             k_cache = cache[0]
-            if (self.attn_kernel is not None and k_cache.dtype == q.dtype
+            if (self.attn_kernel is not None and k_cache.dtype == q.dtype and "sinks" not in self._parameters
                     and self.attn_kernel.fits(B, T, H, Hkv, Dh, q.dtype)):
                 out = self.attn_kernel.run(q, k_cache, cache[1], ctx.row_index(B), ctx.mask(self.window),
                                            self.scale)
             else:
-                out = attend_cached(q, ctx, cache, self.scale, self.window)
+                out = attend_cached(q, ctx, cache, self.scale, self.window, self._parameters.get("sinks"))
             return out.reshape(B, T, H * Dh)
         if norm_of is not None:
             qkv = rms_scaled(qkv, *norm_of).to(qkv.dtype)
         qk = self.rope(qkv[:, :, : H + Hkv], cos, sin)
-        out = attend(qk[:, :, :H], qk[:, :, H:], qkv[:, :, H + Hkv :], ctx, cache, self.scale, self.window)
+        out = attend(qk[:, :, :H], qk[:, :, H:], qkv[:, :, H + Hkv :], ctx, cache, self.scale, self.window,
+                     self._parameters.get("sinks"))
         return out.reshape(B, T, H * Dh)
 
 

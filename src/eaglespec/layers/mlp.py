@@ -1,4 +1,5 @@
-"""SwiGLU feed-forward: down(act(gate(x)) * up(x)), checkpoint names gate_proj / up_proj / down_proj."""
+"""SwiGLU feed-forward: down(act(gate(x)) * up(x)), checkpoint names gate_proj / up_proj / down_proj; gpt-oss's
+clamped variant (`ClampedSwiGLUMLP`)."""
 
 from __future__ import annotations
 
@@ -45,3 +46,21 @@ class GatedMLP(nn.Module):
         fused.requires_grad_(False)
         del self.gate_proj, self.up_proj
         self.gate_up_proj = fused
+
+
+class ClampedSwiGLUMLP(nn.Module):
+    """gpt-oss's expert: g = clamp(gate(x), max=limit), u = clamp(up(x), -limit, limit),
+    down(g * sigmoid(alpha * g) * (u + 1)); every projection with a bias. Not a GatedMLP, so that no SiLU kernel or
+    grouped-expert stacking written for the plain SwiGLU takes it."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, limit: float, alpha: float) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden_size, intermediate_size)
+        self.up_proj = nn.Linear(hidden_size, intermediate_size)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size)
+        self.limit, self.alpha = limit, alpha
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        g = self.gate_proj(x).clamp(max=self.limit)
+        u = self.up_proj(x).clamp(-self.limit, self.limit)
+        return self.down_proj(g * torch.sigmoid(g * self.alpha) * (u + 1))

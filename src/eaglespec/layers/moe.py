@@ -1,5 +1,6 @@
 """Mixture of experts: a router, routed SwiGLU experts and optional shared experts (DeepSeek-V2 / V3; Qwen2-MoE's
-sigmoid-gated one), for DeepSeek, Qwen2 / Qwen3-MoE and Mixtral.
+sigmoid-gated one), for DeepSeek, Qwen2 / Qwen3-MoE, Mixtral, GLM-4.5 and gpt-oss (its experts `layers/mlp.
+ClampedSwiGLUMLP`, with biases: they run on the eager per-expert path, which takes no CUDA graph).
 
 Contract (REFERENCE.md §6), checkpoint names kept: `gate.weight` [E, H], `experts.E.{gate,up,down}_proj.weight`,
 `shared_experts.{gate,up,down}_proj.weight` (DeepSeek, Qwen2-MoE's one shared expert renamed to it) and
@@ -12,8 +13,8 @@ ids [N, k] int64).
   near-equal scores): `s = sigmoid(x @ gate^T)`; choose with `s + bias`: when n_group > 1 a group scores the sum of
   its top-2 biased scores and only the best `topk_group` groups stay eligible; take the top-k eligible experts; their
   weights are the *unbiased* `s`, divided by their sum when `norm_topk_prob`, times `routed_scaling_factor`.
-- `SoftmaxTopKRouter` (Qwen3-MoE, DeepSeek-V2: softmax / greedy; DeepSeek-V2: softmax / group_limited_greedy): the
-  logits `x @ gate^T` in the model's dtype (`gate.weight` follows `.to(dtype)`, as in transformers and vLLM), or in
+- `SoftmaxTopKRouter` (Qwen3-MoE, Mixtral, gpt-oss, DeepSeek-V2: softmax / greedy; DeepSeek-V2: softmax /
+  group_limited_greedy): the logits `x @ gate^T` (+ `gate.bias`, gpt-oss's) in the model's dtype (`gate.weight` follows `.to(dtype)`, as in transformers and vLLM), or in
   float32 with a float32 `gate.weight` when the config says `router_float32` (DeepSeek-V2, as transformers'
   DeepseekV2TopkRouter), then in float32 `p = softmax(logits)`; group_limited_greedy keeps the `topk_group` groups
   of the largest single `p` eligible (the others' `p` set to 0); the top-k of `p`, divided by their sum when
@@ -44,7 +45,7 @@ from torch import nn
 from ..config import MoEConfig
 from ..errors import ConfigError
 from .few_rows_linear import RowsKernel
-from .mlp import GatedMLP
+from .mlp import ClampedSwiGLUMLP, GatedMLP
 from .moe_kernel import grouped_experts
 from .router_kernel import route
 
@@ -140,6 +141,8 @@ class SoftmaxTopKRouter(nn.Module):
         self.weight = nn.Parameter(torch.empty(self.num_experts, hidden_size,
                                                dtype=torch.float32 if self.float32 else None))
         nn.init.normal_(self.weight, std=0.02)  # a usable random router when nothing is loaded (tiny test models)
+        # gpt-oss: a bias added to the logits (`gate.bias`, the checkpoint's `router.bias`)
+        self.bias = nn.Parameter(torch.zeros(self.num_experts)) if moe.router_bias else None
 
     def _apply(self, fn, recurse: bool = True):  # type: ignore[no-untyped-def]
         super()._apply(fn, recurse)
@@ -150,6 +153,8 @@ class SoftmaxTopKRouter(nn.Module):
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # [N, E] logits: in x's dtype as transformers' and vLLM's Qwen3 gate computes them; DeepSeek-V2's in float32
         logits = _logits(self, x.float() if self.float32 else x)
+        if self.bias is not None:
+            logits = logits + self.bias
         if self.fused:
             return route(logits, self.top_k, False, None, 1, 1, self.norm_topk_prob, self.scaling)
         probs = torch.softmax(logits.float(), dim=-1)  # [N, E] float32
@@ -179,6 +184,15 @@ def make_router(hidden_size: int, moe: MoEConfig) -> nn.Module:
     return cls(hidden_size, moe)
 
 
+def _expert(hidden_size: int, moe: MoEConfig, act: str) -> nn.Module:
+    """One routed expert: the SwiGLU of `act`, or gpt-oss's clamped one with biases."""
+    if moe.swiglu_limit is not None:
+        return ClampedSwiGLUMLP(hidden_size, moe.moe_intermediate_size, moe.swiglu_limit, moe.swiglu_alpha)
+    if moe.expert_bias:
+        raise ConfigError("MoE experts with biases are implemented for gpt-oss's clamped SwiGLU only")
+    return GatedMLP(hidden_size, moe.moe_intermediate_size, act=act)
+
+
 class MoE(nn.Module):
     """Routed experts (+ shared experts when the config has them): x [..., H] -> [..., H]."""
 
@@ -189,9 +203,7 @@ class MoE(nn.Module):
     def __init__(self, hidden_size: int, moe: MoEConfig, act: str = "silu") -> None:
         super().__init__()
         self.gate = make_router(hidden_size, moe)
-        self.experts = nn.ModuleList(
-            GatedMLP(hidden_size, moe.moe_intermediate_size, act=act) for _ in range(moe.n_routed_experts)
-        )
+        self.experts = nn.ModuleList(_expert(hidden_size, moe, act) for _ in range(moe.n_routed_experts))
         shared = moe.shared_intermediate_size or moe.moe_intermediate_size * moe.n_shared_experts
         self.shared_experts = GatedMLP(hidden_size, shared, act=act) if moe.n_shared_experts else None
         # Qwen2-MoE: the shared output times sigmoid(x @ shared_expert_gate^T), one scalar a token

@@ -214,7 +214,10 @@ def quant_spec_from_config(config: Mapping[str, Any], folder: str | Path | None 
             if block[0] != block[1]:
                 raise ConfigError(f"FP8 weight_block_size {block} is not supported (square blocks only)")
             return QuantSpec("fp8_block", int(block[0]), tuple(qc.get("modules_to_not_convert") or ()))
-        raise ConfigError(f"quant_method {method!r} is not supported (supported: compressed-tensors, modelopt, fp8)")
+        if method == "mxfp4" and config.get("model_type") == "gpt_oss":
+            return None  # gpt-oss's MXFP4 experts: dequantized by its model class (models/gpt_oss.py)
+        raise ConfigError(f"quant_method {method!r} is not supported (supported: compressed-tensors, modelopt, fp8; "
+                          "mxfp4 for gpt-oss)")
     if folder is not None:
         path = Path(folder) / "hf_quant_config.json"
         if path.exists():

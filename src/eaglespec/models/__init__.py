@@ -17,6 +17,7 @@ _REGISTRY: dict[str, str] = {
     "Phi3ForCausalLM": "eaglespec.models.phi3:Phi3ForCausalLM",
     "Glm4MoeForCausalLM": "eaglespec.models.glm4_moe:Glm4MoeForCausalLM",
     "Gemma3ForCausalLM": "eaglespec.models.gemma3:Gemma3ForCausalLM",
+    "GptOssForCausalLM": "eaglespec.models.gpt_oss:GptOssForCausalLM",
     "Gemma3ForConditionalGeneration": "eaglespec.models.gemma3:Gemma3ForConditionalGeneration",
     "LlamaForCausalLMEagle3": "eaglespec.models.eagle3:LlamaForCausalLMEagle3",
     "DeepseekV2ForCausalLM": "eaglespec.models.deepseek_v3:DeepseekV2ForCausalLM",
