@@ -152,6 +152,24 @@ def test_folder_conventions(tok, tmp_path):
     assert load_tokenizer(tmp_path).apply_chat_template([{"role": "user", "content": "y"}]) == "Jy"
 
 
+def test_harmony_vocabularies_do_not_stop_at_end_of_message(tmp_path):
+    """gpt-oss's harmony format: <|end|> closes a message (its reasoning, before the answer), <|return|> and <|call|>
+    the turn; Phi-3's <|end|> closes the turn."""
+    from tokenizers import Tokenizer as Backend
+    from tokenizers.models import WordLevel
+
+    def ids_of(tokens: list[str], generation_eos: list[int]) -> tuple[int, ...]:
+        backend = Backend(WordLevel({t: i for i, t in enumerate(tokens)}, unk_token=tokens[0]))
+        backend.save(str(tmp_path / "tokenizer.json"))
+        (tmp_path / "tokenizer_config.json").write_text(json.dumps({"eos_token": tokens[1]}))
+        (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": generation_eos}))
+        return load_tokenizer(tmp_path).eos_token_ids
+
+    harmony = ["<unk>", "<|return|>", "<|end|>", "<|call|>", "<|endoftext|>"]
+    assert ids_of(harmony, [1, 4, 3]) == (1, 4, 3)  # not 2
+    assert ids_of(["<unk>", "<|endoftext|>", "<|end|>"], [1]) == (1, 2)  # Phi-3's
+
+
 def test_chat_template_helpers_and_errors():
     tpl = "{{ messages | tojson }}{% if x is defined %}{{ raise_exception('no x allowed') }}{% endif %}"
     assert render_chat_template(tpl, [{"role": "user", "content": "<&>é", "name": None}]) == (

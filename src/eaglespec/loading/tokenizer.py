@@ -94,7 +94,10 @@ class BaseTokenizer(ABC):
     @property
     def eos_token_ids(self) -> tuple[int, ...]:
         ids = [self.token_to_id(self.eos_token)] if self.eos_token else []
-        ids += [self.token_to_id(t) for t in CHAT_END_TOKENS]
+        # gpt-oss's harmony format ends a message with <|end|> (the reasoning, then the answer follows) and the turn
+        # with <|return|> / <|call|>: <|end|> is a turn's end only in vocabularies without <|return|> (Phi-3's)
+        harmony = self.token_to_id("<|return|>") is not None
+        ids += [self.token_to_id(t) for t in CHAT_END_TOKENS if not (harmony and t == "<|end|>")]
         ids += list(self.extra_eos_ids)
         return tuple(dict.fromkeys(i for i in ids if i is not None))
 
