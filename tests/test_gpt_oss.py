@@ -11,14 +11,12 @@ import pytest
 import torch
 import transformers
 from safetensors.torch import load_file, save_file
-from tiny import assert_speculation_equals_plain, greedy_by_recompute, plain_logits, tiny_drafter
+from tiny import FAMILY_PROMPTS, assert_family_speculates, greedy_by_recompute, plain_logits
 
-from eaglespec.config import SpecConfig
 from eaglespec.errors import CheckpointError
 from eaglespec.layers.attention import sdpa_sinks
 from eaglespec.loading import load_model
 from eaglespec.models.gpt_oss import FP4_VALUES, dequant_mxfp4
-from eaglespec.sampling_params import SamplingParams
 
 CONFIG = dict(vocab_size=101, hidden_size=64, intermediate_size=32, num_hidden_layers=4, num_attention_heads=4,
               num_key_value_heads=2, head_dim=16, num_local_experts=6, num_experts_per_tok=2, sliding_window=8,
@@ -99,13 +97,8 @@ def test_sinks_equal_a_softmax_with_an_extra_column():
 
 def test_greedy_speculation_equals_plain_and_the_cache_free_forward(pair):
     _, lm = pair
-    drafter = tiny_drafter(lm.model, seed=2, hidden=64)
-    prompts = [[5, 6, 7, 8, 9, 10], [40, 41, 2], list(range(20, 45))]
-    params = SamplingParams(max_new_tokens=16, ignore_eos=True)
-    plain = assert_speculation_equals_plain(lm.model, drafter, prompts, params,
-                                            (SpecConfig(3, 1, 4), SpecConfig(4, 3, 8)))
-    assert all(len(set(p)) > 4 for p in plain), plain
-    assert plain == [greedy_by_recompute(lm.model, p, 16) for p in prompts]  # the cached steps' sinks and windows
+    plain = assert_family_speculates(lm.model, hidden=64)
+    assert plain == [greedy_by_recompute(lm.model, p, 16) for p in FAMILY_PROMPTS]  # the cached steps' sinks and windows
 
 
 def quantize_mxfp4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

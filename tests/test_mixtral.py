@@ -13,9 +13,9 @@ import torch
 import transformers
 from gguf_write import add_common, checkpoint_names, finish
 from test_loading_gguf import llama_cpp_permute
-from tiny import assert_speculation_equals_plain, per_expert, plain_logits, randomize_moe, tiny_drafter
+from tiny import assert_family_speculates, per_expert, plain_logits, randomize_moe
 
-from eaglespec.config import EngineConfig, ModelConfig, MoEConfig, SpecConfig
+from eaglespec.config import EngineConfig, ModelConfig, MoEConfig
 from eaglespec.engine.engine import Engine
 from eaglespec.loading import GGUFFile, load_model
 from eaglespec.models import get_model_class
@@ -105,11 +105,7 @@ def test_greedy_speculation_equals_plain():
     cfg = ModelConfig.from_hf(ref.config.to_dict())
     ours = get_model_class(cfg.architecture)(cfg).eval()
     ours.load_state_dict(per_expert(ref.state_dict()), strict=True)
-    drafter = tiny_drafter(ours, seed=2, hidden=64)
-    prompts = [[5, 6, 7, 8, 9, 10], [40, 41, 2], list(range(20, 45))]
-    params = SamplingParams(max_new_tokens=24, ignore_eos=True)
-    plain = assert_speculation_equals_plain(ours, drafter, prompts, params, (SpecConfig(3, 1, 4), SpecConfig(4, 3, 8)))
-    assert all(len(set(p)) > 8 for p in plain)
+    assert_family_speculates(ours, hidden=64, new_tokens=24, distinct=8)
 
 
 def mistral(**kw) -> ModelConfig:

@@ -214,3 +214,22 @@ def greedy_by_recompute(model: torch.nn.Module, prompt: list[int], n: int) -> li
     for _ in range(n):
         ids.append(int(plain_logits(model, torch.tensor([ids]))[0, -1].argmax()))
     return ids[len(prompt):]
+
+
+FAMILY_PROMPTS = [[5, 6, 7, 8, 9, 10], [40, 41, 2], list(range(20, 45))]
+
+
+def assert_family_speculates(target: torch.nn.Module, hidden: int, prompts: list[list[int]] = FAMILY_PROMPTS,
+                             new_tokens: int = 16, distinct: int = 4) -> list[list[int]]:
+    """A model family's speculation check: a tiny drafter (seed 2, width `hidden`) on `target` (a wrapper's
+    language model); a chain (3, 1, 4) and a tree (4, 3, 8) over the prompts batched give plain greedy's tokens, and
+    those answers do not loop (more than `distinct` different tokens each). Returns the plain tokens."""
+    from eaglespec.config import SpecConfig
+    from eaglespec.sampling_params import SamplingParams
+
+    drafter = tiny_drafter(getattr(target, "language_model", target), seed=2, hidden=hidden)
+    params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
+    plain = assert_speculation_equals_plain(target, drafter, prompts, params, (SpecConfig(3, 1, 4),
+                                                                              SpecConfig(4, 3, 8)))
+    assert all(len(set(p)) > distinct for p in plain), plain
+    return plain

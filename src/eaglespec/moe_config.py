@@ -82,7 +82,8 @@ class MoEConfig:
                 router_float32=v2,
             )
         experts = text.get("num_experts", text.get("num_local_experts"))
-        if model_type == "gpt_oss" and experts:  # every layer sparse, the top-k logits' softmax (= renormalised)
+        if model_type in ("mixtral", "gpt_oss") and experts:  # every layer sparse, experts of intermediate_size
+            oss = model_type == "gpt_oss"  # biases, the clamped SwiGLU (its top-k logits' softmax: renormalised)
             return MoEConfig(
                 n_routed_experts=int(experts),
                 num_experts_per_tok=int(text["num_experts_per_tok"]),
@@ -91,20 +92,10 @@ class MoEConfig:
                 norm_topk_prob=True,
                 scoring_func="softmax",
                 topk_method="greedy",
-                router_bias=True,
-                expert_bias=True,
-                swiglu_limit=float(text.get("swiglu_limit", 7.0)),
-                swiglu_alpha=float(text.get("swiglu_alpha", 1.702)),
-            )
-        if model_type == "mixtral" and experts:  # every layer sparse, experts of intermediate_size, renormalised
-            return MoEConfig(
-                n_routed_experts=int(experts),
-                num_experts_per_tok=int(text["num_experts_per_tok"]),
-                n_shared_experts=0,
-                moe_intermediate_size=int(text["intermediate_size"]),
-                norm_topk_prob=True,
-                scoring_func="softmax",
-                topk_method="greedy",
+                router_bias=oss,
+                expert_bias=oss,
+                swiglu_limit=float(text.get("swiglu_limit", 7.0)) if oss else None,
+                swiglu_alpha=float(text.get("swiglu_alpha", 1.702)) if oss else 1.0,
             )
         if model_type in ("qwen3_moe", "qwen2_moe") and experts:
             step = int(text.get("decoder_sparse_step") or 1)

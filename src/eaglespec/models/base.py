@@ -25,6 +25,7 @@ from torch import nn
 from ..config import ModelConfig
 from ..layers.context import ForwardContext
 from ..layers.norm_silu_kernel import norm_silu_mul
+from ..protocol import delegate_eagle3
 
 
 class PreNormDecoderLayer(nn.Module):
@@ -192,3 +193,26 @@ class LanguageModelWrapper(nn.Module):
 
     def reset_buffers(self) -> None:
         self.language_model.reset_buffers()
+
+
+class VisionLanguageForText(LanguageModelWrapper):
+    """A vision-language checkpoint run for text: its language model (`language_model_class` built from the config's
+    `text_config`), the protocol by delegation; the vision tower and projector's weights skipped (images refused: no
+    `prepare_multimodal`). Checkpoint names: the releases' `language_model.model.*` / `language_model.lm_head.*` as
+    they are, transformers 5's `model.language_model.*` and `lm_head.*` renamed onto them. Mistral Small 3.x
+    (mistral3.py), Gemma 3 (gemma3.py)."""
+
+    eagle3 = delegate_eagle3("language_model")
+    language_model_class: type[DecoderOnlyLM]
+
+    checkpoint_renames: tuple[tuple[str, str], ...] = (
+        (r"^model\.language_model\.", "language_model.model."),  # transformers 5's layout
+        (r"^lm_head\.", "language_model.lm_head."),
+    )
+    checkpoint_ignore: tuple[str, ...] = (r"^(?:model\.)?(?:vision_tower|multi_modal_projector)\.",
+                                          r"rotary_emb(?:_local)?\.inv_freq$")
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.language_model = self.language_model_class(config)

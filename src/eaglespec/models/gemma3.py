@@ -32,8 +32,7 @@ from ..layers.embedding import ScaledEmbedding
 from ..layers.mlp import GatedMLP
 from ..layers.norm import OffsetRMSNorm
 from ..layers.rotary import Rotary
-from ..protocol import delegate_eagle3
-from .base import DecoderOnlyLM, LanguageModelWrapper, set_windows
+from .base import DecoderOnlyLM, VisionLanguageForText, set_windows
 
 
 class GemmaAttention(QKNormAttention):
@@ -105,21 +104,11 @@ class Gemma3ForCausalLM(DecoderOnlyLM):
             self.lm_head.weight = self.model.embed_tokens.weight
 
 
-class Gemma3ForConditionalGeneration(LanguageModelWrapper):
-    """Gemma 3's multimodal wrapper, for text: its language model (`text_config`), the protocol by delegation."""
+class Gemma3ForConditionalGeneration(VisionLanguageForText):
+    """Gemma 3's multimodal wrapper, for text (`base.VisionLanguageForText`)."""
 
-    eagle3 = delegate_eagle3("language_model")
-
-    checkpoint_renames: tuple[tuple[str, str], ...] = (
-        (r"^model\.language_model\.", "language_model.model."),  # transformers 5's layout
-        (r"^lm_head\.", "language_model.lm_head."),
-    )
-    checkpoint_ignore: tuple[str, ...] = (r"^(?:model\.)?(?:vision_tower|multi_modal_projector)\.",
-                                          r"rotary_emb(?:_local)?\.inv_freq$")
+    language_model_class = Gemma3ForCausalLM
 
     def __init__(self, config: ModelConfig) -> None:
-        super().__init__()
         # transformers ties the wrapper's head as its own field says (default True), whatever text_config's says
-        config = replace(config, tie_word_embeddings=bool(config.raw.get("tie_word_embeddings", True)))
-        self.config = config
-        self.language_model = Gemma3ForCausalLM(config)
+        super().__init__(replace(config, tie_word_embeddings=bool(config.raw.get("tie_word_embeddings", True))))

@@ -12,29 +12,14 @@ Mistral (Llama-layout) language model, run here for text: the language model onl
   5's layout) are skipped, not loaded.
 
 Checkpoint names: the releases' `language_model.model.layers.L...` and `language_model.lm_head.weight` as they are;
-transformers 5's `model.language_model.*` renamed onto them (`checkpoint_renames`).
+transformers 5's `model.language_model.*` renamed onto them (`base.VisionLanguageForText`, shared with Gemma 3).
 """
 
 from __future__ import annotations
 
-from ..config import ModelConfig
-from ..protocol import delegate_eagle3
-from .base import LanguageModelWrapper
+from .base import VisionLanguageForText
 from .llama import LlamaForCausalLM
 
 
-class Mistral3ForConditionalGeneration(LanguageModelWrapper):
-    eagle3 = delegate_eagle3("language_model")
-
-    checkpoint_renames: tuple[tuple[str, str], ...] = (
-        (r"^model\.language_model\.", "language_model.model."),  # transformers 5's layout
-        (r"^lm_head\.", "language_model.lm_head."),
-    )
-    checkpoint_ignore: tuple[str, ...] = (r"^(?:model\.)?(?:vision_tower|multi_modal_projector)\.",
-                                          r"rotary_emb\.inv_freq$")
-
-    def __init__(self, config: ModelConfig) -> None:
-        super().__init__()
-        self.config = config
-        self.language_model = LlamaForCausalLM(config)
-
+class Mistral3ForConditionalGeneration(VisionLanguageForText):
+    language_model_class = LlamaForCausalLM
