@@ -1,15 +1,19 @@
 """gpt-oss (models/gpt_oss.py) against transformers on a tiny random config (float32): a folder saved by transformers
 (fused experts) and one holding the experts in MXFP4 as released, through our loader; attention sinks, alternating
-sliding windows, YaRN, the biased router and clamped SwiGLU experts; speculation against plain greedy."""
+sliding windows, YaRN, the biased router and clamped SwiGLU experts; speculation against plain greedy; llama.cpp's
+gpt-oss GGUFs (experts split or with gate and up stacked)."""
 
 from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
+import gguf
 import pytest
 import torch
 import transformers
+from gguf_write import add_common, finish
 from safetensors.torch import load_file, save_file
 from tiny import FAMILY_PROMPTS, assert_family_speculates, greedy_by_recompute, plain_logits
 
@@ -144,3 +148,62 @@ def test_dequant_mxfp4_layout():
     assert got.shape == (1, 32) and got[0, :3].tolist() == [-24.0, 4.0, 0.0]
     with pytest.raises(CheckpointError, match="MXFP4 blocks"):
         dequant_mxfp4(blocks, torch.tensor([1, 2], dtype=torch.uint8))
+
+
+def write_gpt_oss_gguf(path: Path, ref: transformers.GptOssForCausalLM, fused_gate_up: bool) -> None:
+    """`ref` as llama.cpp's GptOssModel writes it: the experts split from transformers' interleaved gate_up columns
+    into `ffn_gate_exps` / `ffn_up_exps` (or stacked in one `ffn_gate_up_exps`, gate first), each [E, out, in], with
+    their biases; the router's bias, the sinks, YaRN as rope.scaling fields, the window (even layers)."""
+    c = ref.config
+    sd = {k: v.detach().float() for k, v in ref.state_dict().items()}
+    w = gguf.GGUFWriter(str(path), "gpt-oss")
+    add_common(w, c, {k: v.numpy() for k, v in sd.items()})
+    w.add_key_length(c.head_dim)
+    w.add_value_length(c.head_dim)
+    w.add_feed_forward_length(c.intermediate_size)
+    w.add_expert_count(c.num_local_experts)
+    w.add_expert_used_count(c.num_experts_per_tok)
+    w.add_expert_feed_forward_length(c.intermediate_size)
+    w.add_sliding_window(c.sliding_window)
+    rope = c.rope_parameters
+    w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+    w.add_rope_scaling_factor(rope["factor"])
+    w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+    for i in range(c.num_hidden_layers):
+        pre = f"model.layers.{i}."
+        for g, h in (("attn_norm", "input_layernorm"), ("post_attention_norm", "post_attention_layernorm")):
+            w.add_tensor(f"blk.{i}.{g}.weight", sd[f"{pre}{h}.weight"].numpy())
+        for g, h in (("attn_q", "q_proj"), ("attn_k", "k_proj"), ("attn_v", "v_proj"), ("attn_output", "o_proj")):
+            for kind in ("weight", "bias"):
+                w.add_tensor(f"blk.{i}.{g}.{kind}", sd[f"{pre}self_attn.{h}.{kind}"].numpy())
+        w.add_tensor(f"blk.{i}.attn_sinks.weight", sd[f"{pre}self_attn.sinks"].numpy())
+        for kind in ("weight", "bias"):
+            w.add_tensor(f"blk.{i}.ffn_gate_inp.{kind}", sd[f"{pre}mlp.router.{kind}"].numpy())
+        gate_up = sd[f"{pre}mlp.experts.gate_up_proj"].transpose(1, 2)  # [E, 2I, H], rows gate, up, gate, ...
+        gate_up_bias = sd[f"{pre}mlp.experts.gate_up_proj_bias"]
+        parts = {"gate": (gate_up[:, 0::2], gate_up_bias[:, 0::2]), "up": (gate_up[:, 1::2], gate_up_bias[:, 1::2])}
+        if fused_gate_up:
+            w.add_tensor(f"blk.{i}.ffn_gate_up_exps.weight", torch.cat((parts["gate"][0], parts["up"][0]), 1).numpy())
+            w.add_tensor(f"blk.{i}.ffn_gate_up_exps.bias", torch.cat((parts["gate"][1], parts["up"][1]), 1).numpy())
+        else:
+            for g, (wt, b) in parts.items():
+                w.add_tensor(f"blk.{i}.ffn_{g}_exps.weight", wt.contiguous().numpy())
+                w.add_tensor(f"blk.{i}.ffn_{g}_exps.bias", b.contiguous().numpy())
+        w.add_tensor(f"blk.{i}.ffn_down_exps.weight", sd[f"{pre}mlp.experts.down_proj"].transpose(1, 2).contiguous()
+                     .numpy())
+        w.add_tensor(f"blk.{i}.ffn_down_exps.bias", sd[f"{pre}mlp.experts.down_proj_bias"].numpy())
+    finish(w)
+
+
+@pytest.mark.parametrize("fused_gate_up", [False, True])
+def test_llama_cpp_gpt_oss_gguf_answers_as_transformers(tmp_path, fused_gate_up):
+    ref = hf_model(seed=6)
+    write_gpt_oss_gguf(tmp_path / "m.gguf", ref, fused_gate_up)
+    lm = load_model(tmp_path / "m.gguf", dtype=torch.float32)
+    cfg = lm.config
+    assert cfg.architecture == "GptOssForCausalLM" and [cfg.window_of(i) for i in range(4)] == [8, None, 8, None]
+    assert (cfg.rope.type, cfg.rope.factor, cfg.rope.truncate) == ("yarn", 4.0, False)
+    ids = torch.randint(0, 101, (2, 40), generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        want = ref(ids).logits
+    torch.testing.assert_close(plain_logits(lm.model, ids), want, rtol=1e-4, atol=1e-4)

@@ -299,7 +299,8 @@ def test_unsupported_gguf_architecture(tmp_path):
     write_tiny_gguf(path, arch="gemma")
     from eaglespec.loading.gguf_config import GGUF_ARCHITECTURES
 
-    assert {"llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "deepseek2", "phi3", "glm4moe"} == set(GGUF_ARCHITECTURES)
+    assert {"llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "deepseek2", "phi3", "glm4moe",
+            "gpt-oss"} == set(GGUF_ARCHITECTURES)
     listed = ", ".join(map(repr, GGUF_ARCHITECTURES))
     with pytest.raises(ConfigError, match=re.escape(f"GGUF architecture 'gemma' is not supported (only {listed}); "
                                                     "load the model's Hugging Face folder instead")):

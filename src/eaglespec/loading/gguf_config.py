@@ -24,6 +24,11 @@ raises `ConfigError` (suggesting the HF folder), as does a missing required fiel
   after `leading_dense_block_count` dense layers, `expert_weights_scale` / `expert_weights_norm` as for deepseek2;
   the gating must be sigmoid with the correction bias `exp_probs_b`. llama.cpp routes glm4moe without expert groups,
   so the dict says one.
+- `gpt-oss` (gpt-oss-20b / 120b; llama.cpp's GptOssModel): every layer's experts (`expert_count`,
+  `expert_used_count`, `expert_feed_forward_length`; MXFP4 as released), the sliding window on the even layers
+  (llama.cpp's pattern of 2, transformers' layer_types), q/k/v/o biases, the sink logits `attn_sinks`; the clamped
+  SwiGLU's limit 7 and alpha 1.702 are llama.cpp's constants; YaRN without rounding its correction range (transformers'
+  `truncate: false` for gpt-oss).
 - `deepseek2` (llama.cpp's DeepSeek-V2 / V2-Lite / V3 / R1 and Kimi-K2 files; facts from its converter
   `DeepseekV2Model`): MLA sizes from `attention.kv_lora_rank`, `attention.q_lora_rank` (absent: no q LoRA),
   `rope.dimension_count` (qk_rope), and the per-head q / v sizes from `attention.key_length_mla` / `value_length_mla`,
@@ -58,9 +63,10 @@ from .gguf_quants import dequantize
 GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
                       "qwen3moe": "Qwen3MoeForCausalLM", "qwen2moe": "Qwen2MoeForCausalLM",
                       "deepseek2": "DeepseekV3ForCausalLM", "phi3": "Phi3ForCausalLM",
-                      "glm4moe": "Glm4MoeForCausalLM"}
+                      "glm4moe": "Glm4MoeForCausalLM", "gpt-oss": "GptOssForCausalLM"}
 # GGUF architecture -> HF model_type, where they differ
-_MODEL_TYPES = {"qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe", "deepseek2": "deepseek_v3", "glm4moe": "glm4_moe"}
+_MODEL_TYPES = {"qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe", "deepseek2": "deepseek_v3", "glm4moe": "glm4_moe",
+               "gpt-oss": "gpt_oss"}
 # general.file_type -> torch dtype name of the unquantized model (everything quantized dequantizes to float32).
 _FILE_TYPE_DTYPE = {0: "float32", 1: "float16", 32: "bfloat16"}
 # llama.cpp's expert_gating_func values
@@ -126,6 +132,8 @@ def hf_config(path: Path, m: dict[str, Any], tensors: Sequence[Any]) -> dict[str
         cfg.update(_deepseek2_fields(path, m, dims, need, heads))
     elif arch == "glm4moe":
         cfg.update(_glm4moe_fields(path, m, dims, need, hidden // heads))
+    elif arch == "gpt-oss":
+        cfg.update(_gpt_oss_fields(path, m, need, int(cfg["head_dim"])))
     elif m.get(f"{arch}.expert_count"):
         if arch != "llama":  # experts in a model class without them
             raise ConfigError(f"{path}: a {arch!r} GGUF with experts ({arch}.expert_count "
@@ -134,7 +142,9 @@ def hf_config(path: Path, m: dict[str, Any], tensors: Sequence[Any]) -> dict[str
         experts, used = _experts(path, arch, need)  # Mixtral: experts of feed_forward_length in every layer
         cfg.update(architectures=["MixtralForCausalLM"], model_type="mixtral", num_local_experts=experts,
                    num_experts_per_tok=used)
-    if arch not in ("qwen3moe", "qwen2moe") or f"{arch}.feed_forward_length" in m:  # (unused when all-sparse)
+    if "intermediate_size" in cfg:  # set by the architecture's fields (gpt-oss: its experts')
+        pass
+    elif arch not in ("qwen3moe", "qwen2moe") or f"{arch}.feed_forward_length" in m:  # (unused when all-sparse)
         cfg["intermediate_size"] = per_layer("feed_forward_length", need("feed_forward_length"))
     else:
         cfg["intermediate_size"] = cfg["moe_intermediate_size"]
@@ -158,6 +168,8 @@ def hf_config(path: Path, m: dict[str, Any], tensors: Sequence[Any]) -> dict[str
         for key in ("beta_fast", "beta_slow"):
             if f"{arch}.rope.scaling.yarn_{key}" in m:
                 cfg["rope_scaling"][key] = float(m[f"{arch}.rope.scaling.yarn_{key}"])
+        if arch == "gpt-oss" and scaling == "yarn":  # the model's YaRN keeps its correction range unrounded
+            cfg["rope_scaling"]["truncate"] = False
         if arch == "deepseek2" and scaling == "yarn":
             mscale = float(m.get(f"{arch}.rope.scaling.yarn_log_multiplier", 0.0)) / 0.1
             cfg["rope_scaling"].update(mscale=mscale, mscale_all_dim=mscale, attention_factor=1.0)
@@ -248,6 +260,19 @@ def _glm4moe_fields(path: Path, m: dict[str, Any], dims: dict[str, Any], need: C
         "routed_scaling_factor": float(m.get("glm4moe.expert_weights_scale") or 1.0),
         "norm_topk_prob": bool(m.get("glm4moe.expert_weights_norm", False)),
         "scoring_func": "sigmoid", "topk_method": "noaux_tc",
+    }
+
+
+def _gpt_oss_fields(path: Path, m: dict[str, Any], need: Callable[[str], Any], head_dim: int) -> dict[str, Any]:
+    """A `gpt-oss` file's fields (llama.cpp's GptOssModel), see the module docstring."""
+    experts, used = _experts(path, "gpt-oss", need)
+    n = int(need("block_count"))
+    return {
+        "num_local_experts": experts, "num_experts_per_tok": used,
+        "intermediate_size": int(need("expert_feed_forward_length")), "head_dim": head_dim,
+        "sliding_window": int(need("attention.sliding_window")),
+        "layer_types": ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(n)],
+        "attention_bias": True, "swiglu_limit": 7.0, "swiglu_alpha": 1.702,  # llama.cpp's constants for gpt-oss
     }
 
 

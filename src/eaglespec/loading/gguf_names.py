@@ -10,7 +10,9 @@ permutes for its RoPE layout in a `llama` GGUF (by attention heads, by KV heads)
 match the HF rotate-halves layout (Qwen's GGUFs keep the HF layout: llama.cpp runs their RoPE on halves, NEOX style;
 the reader unpermutes `llama` files only, `PERMUTED_ARCHS`); `experts`, llama.cpp's stacked expert tensors
 (`ffn_{gate,up,down}_exps`, numpy [E, rows, cols] = GGUF dims reversed), split into one HF tensor per expert, `{e}` in
-the HF name standing for the expert's index (`expert_names`); `k_b` / `v_b`, the two halves llama.cpp's converter
+the HF name standing for the expert's index (`expert_names`; 2-D [E, rows] for gpt-oss's expert biases);
+`experts_gate_up`, gpt-oss's gate and up stacked in one tensor [E, 2 rows, ...] (gate first), split per expert into
+both (`{gate_up}` standing for gate_proj or up_proj); `k_b` / `v_b`, the two halves llama.cpp's converter
 (since its MLA rework) cuts DeepSeek's `kv_b_proj` into, joined back into it by `join_kv_b` (older deepseek2 files
 hold `attn_kv_b` whole).
 """
@@ -45,10 +47,14 @@ GGUF_TO_HF: tuple[tuple[str, str, str | None], ...] = (
     (r"blk\.(\d+)\.attn_q_norm\.weight", r"model.layers.\1.self_attn.q_norm.weight", None),
     (r"blk\.(\d+)\.attn_k_norm\.weight", r"model.layers.\1.self_attn.k_norm.weight", None),
     # qwen3moe: the router [E, H], and the experts stacked per projection ([E, I, H] gate/up, [E, H, I] down)
-    (r"blk\.(\d+)\.ffn_gate_inp\.weight", r"model.layers.\1.mlp.gate.weight", None),
-    (r"blk\.(\d+)\.ffn_gate_exps\.weight", r"model.layers.\1.mlp.experts.{e}.gate_proj.weight", "experts"),
-    (r"blk\.(\d+)\.ffn_up_exps\.weight", r"model.layers.\1.mlp.experts.{e}.up_proj.weight", "experts"),
-    (r"blk\.(\d+)\.ffn_down_exps\.weight", r"model.layers.\1.mlp.experts.{e}.down_proj.weight", "experts"),
+    # (gpt-oss: the router's bias, the experts' biases [E, rows], and its gate and up stacked in one tensor)
+    (r"blk\.(\d+)\.ffn_gate_inp\.(weight|bias)", r"model.layers.\1.mlp.gate.\2", None),
+    (r"blk\.(\d+)\.ffn_gate_exps\.(weight|bias)", r"model.layers.\1.mlp.experts.{e}.gate_proj.\2", "experts"),
+    (r"blk\.(\d+)\.ffn_up_exps\.(weight|bias)", r"model.layers.\1.mlp.experts.{e}.up_proj.\2", "experts"),
+    (r"blk\.(\d+)\.ffn_down_exps\.(weight|bias)", r"model.layers.\1.mlp.experts.{e}.down_proj.\2", "experts"),
+    (r"blk\.(\d+)\.ffn_gate_up_exps\.(weight|bias)", r"model.layers.\1.mlp.experts.{e}.{gate_up}_proj.\2",
+     "experts_gate_up"),
+    (r"blk\.(\d+)\.attn_sinks\.weight", r"model.layers.\1.self_attn.sinks", None),
     # Mixtral files of llama.cpp before the stacked experts (2024-04): one tensor per expert, `ffn_gate.E`
     (r"blk\.(\d+)\.ffn_(gate|up|down)\.(\d+)\.weight", r"model.layers.\1.mlp.experts.\3.\2_proj.weight", None),
     # deepseek2 (DeepSeek-V2 / V3, Kimi-K2): MLA's projections, shared experts, the router's correction bias
@@ -83,6 +89,8 @@ HF_RENAMES: dict[str, tuple[tuple[str, str], ...]] = {
                            (r"\.mlp\.experts\.(\d+)\.up_proj\.", r".block_sparse_moe.experts.\1.w3."),
                            (r"\.mlp\.experts\.(\d+)\.down_proj\.", r".block_sparse_moe.experts.\1.w2.")),
     "Qwen2MoeForCausalLM": ((r"\.mlp\.shared_experts\.", ".mlp.shared_expert."),),
+    "GptOssForCausalLM": ((r"\.mlp\.gate\.", ".mlp.router."),),  # (its experts stay per expert: transformers
+    #                                                              loads only the fused form, our loader both)
 }
 # GGUF architectures whose q/k weights llama.cpp permuted (interleaved RoPE pairs)
 PERMUTED_ARCHS = frozenset({"llama"})

@@ -143,12 +143,18 @@ class GGUFFile:
             if kind == "config":  # read by hf_config (RoPE scaling tensors)
                 continue
             shape = tuple(reversed(t.dims))  # GGUF lists dims innermost first
-            if kind == "experts":  # [E, rows, cols]: one tensor per expert, each dequantized from its own rows
-                if len(shape) != 3:
+            if kind in ("experts", "experts_gate_up"):  # [E, rows, cols] (biases [E, rows]): one tensor per expert
+                if len(shape) != (2 if name.endswith(".bias") else 3):
                     raise CheckpointError(f"{self.path}: expert tensor {t.name!r} has shape {shape}, not [E, rows, "
-                                          "cols]")
+                                          "cols] (a bias: [E, rows])")
                 for e, expert_name in enumerate(expert_names(name, shape[0])):
-                    yield hf(expert_name), self._dequantize(t, t.data[e], shape[1:])
+                    w = self._dequantize(t, t.data[e], shape[1:])  # each dequantized from its own rows
+                    if kind == "experts":
+                        yield hf(expert_name), w
+                    else:  # gpt-oss's gate rows, then its up rows
+                        gate, up = w.chunk(2)
+                        yield hf(expert_name.replace("{gate_up}", "gate")), gate
+                        yield hf(expert_name.replace("{gate_up}", "up")), up
                 continue
             w = self._dequantize(t, t.data, shape)
             if kind in ("q", "k") and self.architecture in PERMUTED_ARCHS:
