@@ -63,8 +63,9 @@ def layer_windows(text: Mapping[str, Any], model_type: str, n_layers: int,
                   window: int | None) -> tuple[int | None, ...]:
     """Each layer's sliding window (or None), as transformers' configs assign them: `layer_types` when the config
     lists them (transformers 5 writes them: "sliding_attention" / "full_attention"); else Qwen2 / Qwen3's layers from
-    `max_window_layers` on, Qwen2-MoE's even layers below it, Gemma 3's but every `sliding_window_pattern`-th, and
-    every layer of the others (Mistral, Mixtral, Qwen3-MoE, Phi-3). `()` without a window."""
+    `max_window_layers` on, Qwen2-MoE's even layers below it, Gemma 2's even ones, Gemma 3's but every
+    `sliding_window_pattern`-th, and every layer of the others (Mistral, Mixtral, Qwen3-MoE, Phi-3). `()` without a
+    window."""
     if window is None:
         return ()
     types = text.get("layer_types")
@@ -73,8 +74,8 @@ def layer_windows(text: Mapping[str, Any], model_type: str, n_layers: int,
             raise ConfigError(f"layer_types must name 'sliding_attention' or 'full_attention' for each of the "
                               f"{n_layers} layers (got {list(types)})")
         return tuple(window if t == "sliding_attention" else None for t in types)
-    if model_type in ("gemma3_text", "gemma3"):  # released configs: every `sliding_window_pattern`-th layer is global
-        pattern = int(text.get("sliding_window_pattern") or 6)
+    if model_type in ("gemma3_text", "gemma3", "gemma2"):  # released configs: every pattern-th layer is global
+        pattern = int(text.get("sliding_window_pattern") or (2 if model_type == "gemma2" else 6))
         return tuple(window if (i + 1) % pattern else None for i in range(n_layers))
     bound = int(text.get("max_window_layers", 28))  # transformers' default
     if model_type in ("qwen2", "qwen3"):

@@ -131,23 +131,28 @@ SINK_QUERY_BLOCK = 256  # query tokens per block of `sdpa_sinks` (its float32 sc
 
 
 def sdpa_sinks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float | None,
-               sinks: torch.Tensor) -> torch.Tensor:
-    """Attention with a learned sink logit per head (gpt-oss): q [B, T, H, D], k/v [B, K, H_kv, D], mask [B, T, K]
-    bool, sinks [H] -> [B, T, H, D]. Each head's softmax runs over its visible scores and the sink, whose share of the
-    probability goes nowhere (no value): out = softmax([s, sink])[:K] @ v. Scores and softmax in float32 (SDPA has
-    no sink term), over blocks of SINK_QUERY_BLOCK query tokens."""
+               sinks: torch.Tensor | None, softcap: float | None = None) -> torch.Tensor:
+    """Attention that SDPA has no term for, written out: q [B, T, H, D], k/v [B, K, H_kv, D], mask [B, T, K] bool
+    -> [B, T, H, D]. `sinks` [H]: a learned sink logit per head (gpt-oss): each head's softmax runs over its visible
+    scores and the sink, whose share of the probability goes nowhere (no value): out = softmax([s, sink])[:K] @ v.
+    `softcap`: the scores soft-capped, s <- softcap * tanh(s / softcap), before the mask (Gemma 2). Scores and softmax
+    in float32, over blocks of SINK_QUERY_BLOCK query tokens."""
     B, T, H, D = q.shape
     g = H // k.shape[2]
     kh = k.transpose(1, 2).repeat_interleave(g, 1).float()  # [B, H, K, D]
     vh = v.transpose(1, 2).repeat_interleave(g, 1)
-    sink = sinks.float()[None, :, None, None]  # [1, H, 1, 1]
     out = []
     for t0 in range(0, T, SINK_QUERY_BLOCK):
         qh = q[:, t0 : t0 + SINK_QUERY_BLOCK].transpose(1, 2).float()  # [B, H, t, D]
         s = (qh @ kh.transpose(-1, -2)) * (scale if scale is not None else D**-0.5)  # [B, H, t, K]
+        if softcap is not None:
+            s = torch.tanh(s / softcap) * softcap
         s = s.masked_fill(~mask[:, None, t0 : t0 + SINK_QUERY_BLOCK], float("-inf"))
-        s = torch.cat((s, sink.expand(B, H, s.shape[2], 1)), -1)
-        p = torch.softmax(s - s.amax(-1, keepdim=True), -1)[..., :-1]
+        if sinks is None:
+            p = torch.softmax(s, -1)
+        else:
+            s = torch.cat((s, sinks.float()[None, :, None, None].expand(B, H, s.shape[2], 1)), -1)
+            p = torch.softmax(s - s.amax(-1, keepdim=True), -1)[..., :-1]
         out.append((p.to(vh.dtype) @ vh).transpose(1, 2))  # [B, t, H, D]
     return torch.cat(out, 1)
 
@@ -161,32 +166,33 @@ def attend(
     scale: float | None = None,
     window: int | None = None,
     sinks: torch.Tensor | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """q [B, T, H, D], k/v [B, T, H_kv, D] (RoPE applied) -> [B, T, H, Dv]. `window`: a sliding-window layer's
-    (`ForwardContext.mask`); `sinks` [H]: the heads' sink logits (`sdpa_sinks`)."""
+    (`ForwardContext.mask`); `sinks` [H]: the heads' sink logits, `softcap`: the scores' soft cap (`sdpa_sinks`)."""
     assert ctx.attn_mask is not None
     if ctx.write_index is None or cache is None:
-        if sinks is not None:
-            return sdpa_sinks(q, k, v, ctx.mask(window), scale, sinks)
+        if sinks is not None or softcap is not None:
+            return sdpa_sinks(q, k, v, ctx.mask(window), scale, sinks, softcap)
         if ctx.causal and window is None and _is_causal_fast(q):
             return sdpa_causal(q, k, v, scale)
         return sdpa(q, k, v, ctx.mask(window), scale)
     k_cache, v_cache = cache
     write_cache(k_cache, k, ctx)
     write_cache(v_cache, v, ctx)
-    return attend_cached(q, ctx, cache, scale, window, sinks)
+    return attend_cached(q, ctx, cache, scale, window, sinks, softcap)
 
 
 def attend_cached(q: torch.Tensor, ctx: ForwardContext, cache: Sequence[torch.Tensor],
                   scale: float | None = None, window: int | None = None,
-                  sinks: torch.Tensor | None = None) -> torch.Tensor:
+                  sinks: torch.Tensor | None = None, softcap: float | None = None) -> torch.Tensor:
     """Attention of q [B, T, H, D] over the cache prefix [0, kv_len) whose new entries are already written."""
     k_cache, v_cache = cache
     B = q.shape[0]
     kk = read_cache(k_cache, ctx, B).to(q.dtype)
     vv = read_cache(v_cache, ctx, B).to(q.dtype)
-    if sinks is not None:
-        return sdpa_sinks(q, kk, vv, ctx.mask(window), scale, sinks)
+    if sinks is not None or softcap is not None:
+        return sdpa_sinks(q, kk, vv, ctx.mask(window), scale, sinks, softcap)
     if ctx.causal and window is None and _is_causal_fast(q):  # the prefix read is this forward's own keys
         return sdpa_causal(q, kk, vv, scale)
     return sdpa(q, kk, vv, ctx.attn_bias(q.dtype, window), scale)
@@ -205,6 +211,7 @@ class GQAAttention(nn.Module):
 
     window: int | None = None
     scale: float | None = None
+    softcap: float | None = None  # Gemma 2's attn_logit_softcapping (`sdpa_sinks`; never the short-query kernel)
     rope_store_ok = True
 
     def __init__(
@@ -234,6 +241,20 @@ class GQAAttention(nn.Module):
     def head_norms(self) -> tuple[torch.Tensor, torch.Tensor, float] | None:
         """Per-head (q weight, k weight, eps) RMSNorms between the projection and RoPE: none here."""
         return None
+
+    def _written_out(self) -> bool:
+        """Whether this attention needs the written-out form (`sdpa_sinks`): sinks or soft-capped scores."""
+        return "sinks" in self._parameters or self.softcap is not None
+
+    def _attend(self, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None, ctx: ForwardContext,
+                cache: Sequence[torch.Tensor] | None) -> torch.Tensor:
+        """`attend` (k / v None: `attend_cached`, this step's keys already in the cache) with this layer's scale,
+        window, sinks and soft cap."""
+        extra = (self.scale, self.window, self._parameters.get("sinks"), self.softcap)
+        if k is None:
+            assert cache is not None
+            return attend_cached(q, ctx, cache, *extra)
+        return attend(q, k, v, ctx, cache, *extra)
 
     def fuse_qkv(self) -> None:
         """Replace q/k/v_proj by one `qkv_proj` (rows: q, then k, then v). Checkpoint names are lost: inference only."""
@@ -266,7 +287,7 @@ class GQAAttention(nn.Module):
         q = self.rope(self.q_proj(x).view(B, T, H, Dh), cos, sin)
         k = self.rope(self.k_proj(x).view(B, T, Hkv, Dh), cos, sin)
         v = self.v_proj(x).view(B, T, Hkv, Dh)
-        out = attend(q, k, v, ctx, cache, self.scale, self.window, self._parameters.get("sinks"))  # [B, T, H, D]
+        out = self._attend(q, k, v, ctx, cache)  # [B, T, H, D]
         return self.o_proj(out.reshape(B, T, H * Dh))
 
     def attend_qkv(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: ForwardContext,
@@ -293,18 +314,17 @@ class GQAAttention(nn.Module):
             q = self.rope_store(qkv, cos, sin, cache[0], cache[1], ctx.row_index(B), ctx.write_index, H, Hkv,
                                 norm_of=norm_of, head_norms=self.head_norms())
             k_cache = cache[0]
-            if (self.attn_kernel is not None and k_cache.dtype == q.dtype and "sinks" not in self._parameters
+            if (self.attn_kernel is not None and k_cache.dtype == q.dtype and not self._written_out()
                     and self.attn_kernel.fits(B, T, H, Hkv, Dh, q.dtype)):
                 out = self.attn_kernel.run(q, k_cache, cache[1], ctx.row_index(B), ctx.mask(self.window),
                                            self.scale)
             else:
-                out = attend_cached(q, ctx, cache, self.scale, self.window, self._parameters.get("sinks"))
+                out = self._attend(q, None, None, ctx, cache)
             return out.reshape(B, T, H * Dh)
         if norm_of is not None:
             qkv = rms_scaled(qkv, *norm_of).to(qkv.dtype)
         qk = self.rope(qkv[:, :, : H + Hkv], cos, sin)
-        out = attend(qk[:, :, :H], qk[:, :, H:], qkv[:, :, H + Hkv :], ctx, cache, self.scale, self.window,
-                     self._parameters.get("sinks"))
+        out = self._attend(qk[:, :, :H], qk[:, :, H:], qkv[:, :, H + Hkv :], ctx, cache)
         return out.reshape(B, T, H * Dh)
 
 
@@ -332,7 +352,7 @@ class QKNormAttention(GQAAttention):
         q = self.rope(self.q_norm(self.q_proj(x).view(B, T, H, Dh)), cos, sin)
         k = self.rope(self.k_norm(self.k_proj(x).view(B, T, Hkv, Dh)), cos, sin)
         v = self.v_proj(x).view(B, T, Hkv, Dh)
-        return self.o_proj(attend(q, k, v, ctx, cache, self.scale, self.window).reshape(B, T, H * Dh))
+        return self.o_proj(self._attend(q, k, v, ctx, cache).reshape(B, T, H * Dh))
 
     def attend_heads(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: ForwardContext,
                      cache: Sequence[torch.Tensor] | None,
@@ -348,5 +368,5 @@ class QKNormAttention(GQAAttention):
             qkv = rms_scaled(qkv, *norm_of).to(qkv.dtype)
         q = self.rope(self.q_norm(qkv[:, :, :H].contiguous()), cos, sin)
         k = self.rope(self.k_norm(qkv[:, :, H : H + Hkv].contiguous()), cos, sin)
-        out = attend(q, k, qkv[:, :, H + Hkv :], ctx, cache, self.scale, self.window)  # [B, T, H, D]
+        out = self._attend(q, k, qkv[:, :, H + Hkv :], ctx, cache)  # [B, T, H, D]
         return out.reshape(B, T, H * Dh)

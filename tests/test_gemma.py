@@ -1,7 +1,8 @@
-"""Gemma 3 (models/gemma3.py) against transformers on tiny random configs (float32): the text model
-(Gemma3ForCausalLM) and the multimodal wrapper run for text (Gemma3ForConditionalGeneration, its vision weights
+"""Gemma 3 and 2 (models/gemma.py) against transformers on tiny random configs (float32): Gemma 3's text model
+(Gemma3ForCausalLM) and its multimodal wrapper run for text (Gemma3ForConditionalGeneration, its vision weights
 skipped) from folders transformers saved, past the sliding window, with the local layers' own RoPE base and the global
-layers' linear scaling; speculation against plain greedy; what is refused."""
+layers' linear scaling; Gemma 2 with its soft-capped attention scores and logits; speculation against plain
+greedy."""
 
 from __future__ import annotations
 
@@ -11,10 +12,9 @@ import math
 import pytest
 import torch
 import transformers
-from tiny import FAMILY_PROMPTS, assert_family_speculates, plain_logits
+from tiny import FAMILY_PROMPTS, assert_family_speculates, greedy_by_recompute, plain_logits
 
 from eaglespec.config import ModelConfig
-from eaglespec.errors import ConfigError
 from eaglespec.loading import load_model
 from eaglespec.sampling_params import SamplingParams
 
@@ -116,14 +116,43 @@ def test_a_tied_wrapper_ties_whatever_text_config_says(tmp_path):
     torch.testing.assert_close(plain_logits(lm.model, ids), logits_of(ref, ids), rtol=1e-4, atol=1e-4)
 
 
-def test_gemma2_soft_capping_is_refused():
-    d = dict(TEXT, architectures=["Gemma3ForCausalLM"], model_type="gemma3_text", final_logit_softcapping=30.0)
-    cfg = ModelConfig.from_hf(d)
-    from eaglespec.models import get_model_class
+GEMMA2 = dict(TEXT, query_pre_attn_scalar=20, attn_logit_softcapping=5.0, final_logit_softcapping=3.0,
+              rope_parameters=dict(rope_type="default", rope_theta=1e4))
 
-    with pytest.raises(ConfigError, match="Gemma3ForCausalLM with final_logit_softcapping 30.0: logit soft-capping "
-                                          "\\(Gemma 2's\\) is not implemented"):
-        get_model_class(cfg.architecture)(cfg)
+
+@pytest.fixture(scope="module")
+def gemma2(tmp_path_factory):
+    hc = transformers.Gemma2Config(**GEMMA2)  # its default layer_types: the even layers windowed
+    hc.architectures = ["Gemma2ForCausalLM"]
+    hc._attn_implementation = "eager"
+    ref = transformers.Gemma2ForCausalLM(hc).eval()
+    randomize(ref, 7)
+    folder = tmp_path_factory.mktemp("gemma2")
+    ref.save_pretrained(folder)
+    return ref, load_model(folder, dtype=torch.float32)
+
+
+def test_gemma2_answers_as_transformers(gemma2):
+    """Gemma 2: soft-capped attention scores (cap 5: most scores are capped here) and logits (cap 3), no head norms,
+    its even layers windowed; greedy speculation equals plain greedy and the cache-free forward."""
+    ref, lm = gemma2
+    assert [lm.config.window_of(i) for i in range(4)] == [8, None, 8, None]
+    attn = lm.model.model.layers[0].self_attn
+    assert (attn.softcap, attn.scale, lm.model.final_logit_softcap) == (5.0, 20**-0.5, 3.0)
+    ids = torch.randint(3, 101, (2, 40), generator=torch.Generator().manual_seed(8))
+    got = plain_logits(lm.model, ids)
+    torch.testing.assert_close(got, logits_of(ref, ids), rtol=1e-4, atol=1e-4)
+    assert got.abs().max() < 3.0  # capped
+    plain = assert_family_speculates(lm.model, hidden=48, prompts=[[2] + p for p in FAMILY_PROMPTS])
+    assert plain == [greedy_by_recompute(lm.model, [2] + p, 16) for p in FAMILY_PROMPTS]
+
+
+def test_the_released_gemma2_fields(tmp_path):
+    """A config without layer_types (transformers 4's): Gemma 2's even layers are the windowed ones."""
+    d = dict(GEMMA2, architectures=["Gemma2ForCausalLM"], model_type="gemma2")
+    d.pop("rope_parameters")
+    cfg = ModelConfig.from_hf(d)
+    assert [cfg.window_of(i) for i in range(4)] == [8, None, 8, None]
 
 
 def test_fused_projections_without_the_llama_kernels(pair):
