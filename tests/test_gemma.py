@@ -2,16 +2,19 @@
 (Gemma3ForCausalLM) and its multimodal wrapper run for text (Gemma3ForConditionalGeneration, its vision weights
 skipped) from folders transformers saved, past the sliding window, with the local layers' own RoPE base and the global
 layers' linear scaling; Gemma 2 with its soft-capped attention scores and logits; speculation against plain
-greedy."""
+greedy; llama.cpp's gemma2 / gemma3 GGUFs."""
 
 from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
+import gguf
 import pytest
 import torch
 import transformers
+from gguf_write import finish
 from tiny import FAMILY_PROMPTS, assert_family_speculates, greedy_by_recompute, plain_logits
 
 from eaglespec.config import ModelConfig
@@ -176,3 +179,78 @@ def test_fused_projections_without_the_llama_kernels(pair):
     attn = fused.model.layers[0].self_attn
     assert hasattr(attn, "qkv_proj") and attn.rope_store is None and attn.attn_kernel is None
     assert [o.token_ids for o in Engine(fused, None, cfg).generate(prompts, params)] == want
+
+
+def write_gemma_gguf(path: Path, ref, arch: str) -> None:
+    """`ref` (transformers' Gemma2 / Gemma3ForCausalLM) as llama.cpp's Gemma2Model / Gemma3Model writes it: every norm
+    weight stored as 1 + w, Gemma's norm names (ffn_norm: the pre-FFN norm, post_ffw_norm: the post-FFN one), the
+    head tied (no output tensor), the window and (Gemma 3) a linear scaling of the global layers' RoPE, (Gemma 2) the
+    soft caps; no query_pre_attn_scalar (llama.cpp derives it)."""
+    c = ref.config
+    sd = {k: v.detach().float().numpy() for k, v in ref.state_dict().items()}
+    sd = {k: v + 1 if k.endswith("norm.weight") else v for k, v in sd.items()}
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(c.num_hidden_layers)
+    w.add_context_length(c.max_position_embeddings)
+    w.add_embedding_length(c.hidden_size)
+    w.add_feed_forward_length(c.intermediate_size)
+    w.add_head_count(c.num_attention_heads)
+    w.add_head_count_kv(c.num_key_value_heads)
+    w.add_layer_norm_rms_eps(c.rms_norm_eps)
+    w.add_key_length(c.head_dim)
+    w.add_value_length(c.head_dim)
+    w.add_sliding_window(c.sliding_window)
+    if arch == "gemma3":
+        full = c.rope_parameters["full_attention"]
+        w.add_rope_freq_base(full["rope_theta"])
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(full["factor"])
+    else:
+        w.add_rope_freq_base(c.rope_parameters["rope_theta"])
+        w.add_float32("gemma2.attn_logit_softcapping", c.attn_logit_softcapping)
+        w.add_float32("gemma2.final_logit_softcapping", c.final_logit_softcapping)
+    w.add_tensor("token_embd.weight", sd["model.embed_tokens.weight"])
+    w.add_tensor("output_norm.weight", sd["model.norm.weight"])
+    names = {"attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
+             "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
+             "post_attention_norm": "post_attention_layernorm", "ffn_norm": "pre_feedforward_layernorm",
+             "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+             "post_ffw_norm": "post_feedforward_layernorm"}
+    if arch == "gemma3":
+        names.update(attn_q_norm="self_attn.q_norm", attn_k_norm="self_attn.k_norm")
+    for i in range(c.num_hidden_layers):
+        for g, h in names.items():
+            w.add_tensor(f"blk.{i}.{g}.weight", sd[f"model.layers.{i}.{h}.weight"])
+    finish(w)
+
+
+@pytest.mark.parametrize("arch", ["gemma3", "gemma2"])
+def test_llama_cpp_gemma_ggufs_answer_as_transformers(tmp_path, arch):
+    """llama.cpp's fixed patterns: Gemma 3's every sixth layer global (all four windowed here), Gemma 2's every
+    other; the tied head; the norms' stored 1 taken off again."""
+    if arch == "gemma3":
+        # (the pattern of 6 windows all 4 layers; transformers' rope_parameters keep TEXT's linear global scaling)
+        ref = text_model(seed=9, tie_word_embeddings=True, sliding_window_pattern=6, query_pre_attn_scalar=16)
+    else:
+        hc = transformers.Gemma2Config(**{**GEMMA2, "tie_word_embeddings": True, "query_pre_attn_scalar": 16})
+        hc._attn_implementation = "eager"
+        ref = transformers.Gemma2ForCausalLM(hc).eval()
+        randomize(ref, 9)
+    write_gemma_gguf(tmp_path / "m.gguf", ref, arch)
+    lm = load_model(tmp_path / "m.gguf", dtype=torch.float32)
+    cfg = lm.config
+    assert [cfg.window_of(i) for i in range(4)] == ([8] * 4 if arch == "gemma3" else [8, None, 8, None])
+    assert lm.model.lm_head.weight is lm.model.model.embed_tokens.weight
+    ids = torch.randint(3, 101, (2, 30), generator=torch.Generator().manual_seed(10))
+    torch.testing.assert_close(plain_logits(lm.model, ids), logits_of(ref, ids), rtol=1e-4, atol=1e-4)
+
+
+def test_gemma_27b_ggufs_scale_by_hidden_over_heads():
+    """llama.cpp's rule for the 27B models (62 layers for Gemma 3): query_pre_attn_scalar = hidden / heads."""
+    from eaglespec.loading.gguf_config import _gemma_fields
+
+    m = {"gemma3.block_count": 62, "gemma3.attention.sliding_window": 1024}
+    fields = _gemma_fields("gemma3", m, lambda k: m[f"gemma3.{k}"], 168, 128)
+    assert fields["query_pre_attn_scalar"] == 168
+    m["gemma3.block_count"] = 34  # 4B
+    assert _gemma_fields("gemma3", m, lambda k: m[f"gemma3.{k}"], 320, 256)["query_pre_attn_scalar"] == 256

@@ -296,11 +296,11 @@ def test_split_gguf_problems_are_named(tmp_path):
 
 def test_unsupported_gguf_architecture(tmp_path):
     path = tmp_path / "other.gguf"
-    write_tiny_gguf(path, arch="gemma")
+    write_tiny_gguf(path, arch="gemma")  # (Gemma 1: not supported)
     from eaglespec.loading.gguf_config import GGUF_ARCHITECTURES
 
-    assert {"llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "deepseek2", "phi3", "glm4moe",
-            "gpt-oss"} == set(GGUF_ARCHITECTURES)
+    assert {"llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "deepseek2", "phi3", "glm4moe", "gpt-oss", "gemma2",
+            "gemma3"} == set(GGUF_ARCHITECTURES)
     listed = ", ".join(map(repr, GGUF_ARCHITECTURES))
     with pytest.raises(ConfigError, match=re.escape(f"GGUF architecture 'gemma' is not supported (only {listed}); "
                                                     "load the model's Hugging Face folder instead")):

@@ -29,6 +29,13 @@ raises `ConfigError` (suggesting the HF folder), as does a missing required fiel
   (llama.cpp's pattern of 2, transformers' layer_types), q/k/v/o biases, the sink logits `attn_sinks`; the clamped
   SwiGLU's limit 7 and alpha 1.702 are llama.cpp's constants; YaRN without rounding its correction range (transformers'
   `truncate: false` for gpt-oss).
+- `gemma2` / `gemma3` (llama.cpp's Gemma2Model / Gemma3Model): the sliding window on Gemma 2's even layers and on
+  all but Gemma 3's every sixth (llama.cpp's patterns), Gemma 3's local layers at base 10,000 (llama.cpp's constant;
+  `rope.freq_base` and a linear `rope.scaling` are the global layers'), Gemma 2's `attn_logit_softcapping` /
+  `final_logit_softcapping`, the softmax scale of `query_pre_attn_scalar` = head_dim, or hidden / heads in the 27B
+  models (llama.cpp tells them by their 46 / 62 layers). The converter stored every norm weight as 1 + w (Gemma's
+  RMSNorm adds the 1): the reader subtracts it again (gguf_names.NORM_SHIFTED_ARCHS); `ffn_norm` / `post_ffw_norm`
+  are Gemma's pre- / post-FFN norms (gguf_names.ARCH_GGUF_TO_HF).
 - `deepseek2` (llama.cpp's DeepSeek-V2 / V2-Lite / V3 / R1 and Kimi-K2 files; facts from its converter
   `DeepseekV2Model`): MLA sizes from `attention.kv_lora_rank`, `attention.q_lora_rank` (absent: no q LoRA),
   `rope.dimension_count` (qk_rope), and the per-head q / v sizes from `attention.key_length_mla` / `value_length_mla`,
@@ -63,10 +70,11 @@ from .gguf_quants import dequantize
 GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
                       "qwen3moe": "Qwen3MoeForCausalLM", "qwen2moe": "Qwen2MoeForCausalLM",
                       "deepseek2": "DeepseekV3ForCausalLM", "phi3": "Phi3ForCausalLM",
-                      "glm4moe": "Glm4MoeForCausalLM", "gpt-oss": "GptOssForCausalLM"}
+                      "glm4moe": "Glm4MoeForCausalLM", "gpt-oss": "GptOssForCausalLM", "gemma2": "Gemma2ForCausalLM",
+                      "gemma3": "Gemma3ForCausalLM"}
 # GGUF architecture -> HF model_type, where they differ
 _MODEL_TYPES = {"qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe", "deepseek2": "deepseek_v3", "glm4moe": "glm4_moe",
-               "gpt-oss": "gpt_oss"}
+               "gpt-oss": "gpt_oss", "gemma3": "gemma3_text"}
 # general.file_type -> torch dtype name of the unquantized model (everything quantized dequantizes to float32).
 _FILE_TYPE_DTYPE = {0: "float32", 1: "float16", 32: "bfloat16"}
 # llama.cpp's expert_gating_func values
@@ -134,6 +142,8 @@ def hf_config(path: Path, m: dict[str, Any], tensors: Sequence[Any]) -> dict[str
         cfg.update(_glm4moe_fields(path, m, dims, need, hidden // heads))
     elif arch == "gpt-oss":
         cfg.update(_gpt_oss_fields(path, m, need, int(cfg["head_dim"])))
+    elif arch in ("gemma2", "gemma3"):
+        cfg.update(_gemma_fields(arch, m, need, hidden // heads, int(cfg["head_dim"])))
     elif m.get(f"{arch}.expert_count"):
         if arch != "llama":  # experts in a model class without them
             raise ConfigError(f"{path}: a {arch!r} GGUF with experts ({arch}.expert_count "
@@ -274,6 +284,27 @@ def _gpt_oss_fields(path: Path, m: dict[str, Any], need: Callable[[str], Any], h
         "layer_types": ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(n)],
         "attention_bias": True, "swiglu_limit": 7.0, "swiglu_alpha": 1.702,  # llama.cpp's constants for gpt-oss
     }
+
+
+# llama.cpp's Gemma 27B models (by their layer count), whose softmax scale is 1 / sqrt(hidden / heads) (their
+# query_pre_attn_scalar) where the others' is 1 / sqrt(head_dim)
+_GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
+
+
+def _gemma_fields(arch: str, m: dict[str, Any], need: Callable[[str], Any], per_head: int,
+                  head_dim: int) -> dict[str, Any]:
+    """A `gemma2` / `gemma3` file's fields (llama.cpp's Gemma2Model / Gemma3Model), see the module docstring."""
+    big = int(need("block_count")) == _GEMMA_27B_LAYERS[arch]
+    out: dict[str, Any] = {
+        "query_pre_attn_scalar": per_head if big else head_dim, "sliding_window": int(need("attention.sliding_window")),
+        "hidden_activation": "gelu_pytorch_tanh",
+    }
+    if arch == "gemma3":  # llama.cpp's: the local layers' base 10,000, every sixth layer global
+        out.update(rope_local_base_freq=10000.0, sliding_window_pattern=6)
+    else:  # Gemma 2: every other layer global, its soft caps
+        out.update(sliding_window_pattern=2, attn_logit_softcapping=m.get("gemma2.attn_logit_softcapping"),
+                   final_logit_softcapping=m.get("gemma2.final_logit_softcapping"))
+    return out
 
 
 def _deepseek2_fields(path: Path, m: dict[str, Any], dims: dict[str, Any], need: Callable[[str], Any],

@@ -1,8 +1,9 @@
 """llama.cpp tensor names -> Hugging Face names: the one GGUF name table, the q/k un-permutation, the expert split.
 
-`GGUF_TO_HF` maps every tensor name of a `llama`, `qwen2`, `qwen3`, `qwen2moe`, `qwen3moe`, `phi3`, `deepseek2` or
-`glm4moe` GGUF to the HF name that `models/llama.py`, `models/qwen.py`, `models/qwen_moe.py`, `models/mixtral.py`,
-`models/phi3.py`, `models/deepseek_v3.py` and `models/glm4_moe.py` keep
+`GGUF_TO_HF` maps every tensor name of a `llama`, `qwen2`, `qwen3`, `qwen2moe`, `qwen3moe`, `phi3`, `deepseek2`,
+`glm4moe`, `gpt-oss`, `gemma2` or `gemma3` GGUF (`ARCH_GGUF_TO_HF` first, where an architecture means other tensors by
+some names) to the HF name that `models/llama.py`, `models/qwen.py`, `models/qwen_moe.py`, `models/mixtral.py`,
+`models/phi3.py`, `models/deepseek_v3.py`, `models/glm4_moe.py`, `models/gpt_oss.py` and `models/gemma.py` keep
 (Qwen3's per-head q/k norms: `attn_q_norm`, `attn_k_norm`; the MoE router `ffn_gate_inp` -> `mlp.gate`; old Mixtral
 files' per-expert `ffn_gate.E`; deepseek2's MLA projections, shared experts `ffn_*_shexp` and router correction bias
 `exp_probs_b.bias`). Its third column says what else the reader does to the tensor: `q` / `k`, the weights llama.cpp
@@ -94,14 +95,25 @@ HF_RENAMES: dict[str, tuple[tuple[str, str], ...]] = {
 }
 # GGUF architectures whose q/k weights llama.cpp permuted (interleaved RoPE pairs)
 PERMUTED_ARCHS = frozenset({"llama"})
+# per GGUF architecture, names that mean another HF tensor there than in the table (consulted first): Gemma's
+# ffn_norm is its pre-FFN norm and post_ffw_norm its post-FFN one (its post_attention_norm is the table's)
+ARCH_GGUF_TO_HF: dict[str, tuple[tuple[str, str, str | None], ...]] = {arch: (
+    (r"blk\.(\d+)\.ffn_norm\.weight", r"model.layers.\1.pre_feedforward_layernorm.weight", None),
+    (r"blk\.(\d+)\.post_ffw_norm\.weight", r"model.layers.\1.post_feedforward_layernorm.weight", None),
+) for arch in ("gemma2", "gemma3")}
+# GGUF architectures whose norm weights llama.cpp's converter stored as 1 + w (Gemma's are offsets from 1, which
+# layers/norm.OffsetRMSNorm adds back): the reader subtracts the 1 again
+NORM_SHIFTED_ARCHS = frozenset({"gemma2", "gemma3"})
 
 _COMPILED = tuple((re.compile(p), repl, perm) for p, repl, perm in GGUF_TO_HF)
+_ARCH_COMPILED = {arch: tuple((re.compile(p), repl, perm) for p, repl, perm in rows)
+                  for arch, rows in ARCH_GGUF_TO_HF.items()}
 
 
-def gguf_to_hf_name(name: str) -> tuple[str, str | None]:
-    """(HF name, transform) of a GGUF tensor name ("config": a tensor the config holds, no weight); CheckpointError
-    for a name we do not know."""
-    for pattern, repl, perm in _COMPILED:
+def gguf_to_hf_name(name: str, arch: str | None = None) -> tuple[str, str | None]:
+    """(HF name, transform) of a GGUF tensor name in a file of architecture `arch` ("config": a tensor the config
+    holds, no weight); CheckpointError for a name we do not know."""
+    for pattern, repl, perm in _ARCH_COMPILED.get(arch or "", ()) + _COMPILED:
         m = pattern.fullmatch(name)
         if m:
             return m.expand(repl), perm

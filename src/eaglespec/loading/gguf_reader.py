@@ -32,7 +32,8 @@ import torch
 from ..errors import CheckpointError
 from .gguf_config import hf_config
 from .gguf_header import GGUFHeader, read_header
-from .gguf_names import HF_RENAMES, PERMUTED_ARCHS, expert_names, gguf_to_hf_name, join_kv_b, unpermute_qk
+from .gguf_names import (HF_RENAMES, NORM_SHIFTED_ARCHS, PERMUTED_ARCHS, expert_names, gguf_to_hf_name, join_kv_b,
+                          unpermute_qk)
 from .gguf_quants import dequantize
 
 # torch-computed (gguf_quants.py), then what gguf.quants (>= 0.19) dequantizes: the K-quants of llama.cpp's Q2_K ..
@@ -139,7 +140,7 @@ class GGUFFile:
 
         halves: dict[str, dict[str, torch.Tensor]] = {}  # kv_b_proj name -> the halves read so far ("k_b", "v_b")
         for t in self.tensors:
-            name, kind = gguf_to_hf_name(t.name)
+            name, kind = gguf_to_hf_name(t.name, self.architecture)
             if kind == "config":  # read by hf_config (RoPE scaling tensors)
                 continue
             shape = tuple(reversed(t.dims))  # GGUF lists dims innermost first
@@ -157,6 +158,8 @@ class GGUFFile:
                         yield hf(expert_name.replace("{gate_up}", "up")), up
                 continue
             w = self._dequantize(t, t.data, shape)
+            if self.architecture in NORM_SHIFTED_ARCHS and name.endswith("norm.weight"):
+                w = w - 1.0  # stored as 1 + the checkpoint's offset
             if kind in ("q", "k") and self.architecture in PERMUTED_ARCHS:
                 w = unpermute_qk(w, n_heads[kind]).contiguous()
             elif kind in ("k_b", "v_b"):
