@@ -15,6 +15,7 @@ _REGISTRY: dict[str, str] = {
     "Qwen2MoeForCausalLM": "eaglespec.models.qwen_moe:Qwen2MoeForCausalLM",
     "MixtralForCausalLM": "eaglespec.models.mixtral:MixtralForCausalLM",
     "Phi3ForCausalLM": "eaglespec.models.phi3:Phi3ForCausalLM",
+    "Glm4ForCausalLM": "eaglespec.models.glm4:Glm4ForCausalLM",
     "Glm4MoeForCausalLM": "eaglespec.models.glm4_moe:Glm4MoeForCausalLM",
     "Gemma2ForCausalLM": "eaglespec.models.gemma:Gemma2ForCausalLM",
     "Gemma3ForCausalLM": "eaglespec.models.gemma:Gemma3ForCausalLM",
