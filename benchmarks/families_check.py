@@ -1,6 +1,6 @@
 """Session 57's model families on the GPU path: tiny random float32 targets (Mixtral, Qwen2-MoE with its gated shared
 expert and a dense layer, Phi-3 with LongRoPE, Mistral Small 3's text wrapper with an explicit head_dim; session 58's
-GLM-4.5 and Phi-4-mini with partial RoPE, heads of 48 dims, sliding windows, Gemma 2 / 3, GLM-4, gpt-oss), each run
+GLM-4.5 and Phi-4-mini with partial RoPE, heads of 48 dims, sliding windows, Gemma 2 / 3, GLM-4, SmolLM3, gpt-oss), each run
 eagerly without graphs (the reference), then through `prepare_for_inference` and the graph path: plain decoding, a
 chain and a tree with a random EAGLE-3 drafter. Prints how many of the 3 answers equal the reference's.
 
@@ -65,6 +65,8 @@ CONFIGS = {
     # GLM-4-0414: sandwich norms, q/k rows permuted pairs -> halves at load (here random: the layout is the engine's)
     "glm4 (partial 0.5, bias)": dict(BASE, architectures=["Glm4ForCausalLM"], model_type="glm4", head_dim=32,
                                      attention_bias=True, partial_rotary_factor=0.5),
+    # SmolLM3: every fourth layer NoPE (the identity rotation through the fused RoPE + KV-store kernel)
+    "smollm3 (NoPE layer 3)": dict(BASE, architectures=["SmolLM3ForCausalLM"], model_type="smollm3"),
     # gpt-oss: sinks, alternating windows, biased router, clamped-SwiGLU experts (eager MoE: no graphs expected)
     "gpt_oss (window 16, sinks)": dict(BASE, architectures=["GptOssForCausalLM"], model_type="gpt_oss", head_dim=32,
                                        intermediate_size=64, num_local_experts=8, num_experts_per_tok=2,

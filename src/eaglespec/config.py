@@ -59,13 +59,13 @@ class Eagle3Config:
     aux_ids_fixed: bool = False
 
 
-def layer_windows(text: Mapping[str, Any], model_type: str, n_layers: int,
-                  window: int | None) -> tuple[int | None, ...]:
+def layer_windows(text: Mapping[str, Any], model_type: str, n_layers: int, window: int | None,
+                  rope_layers: tuple[bool, ...] = ()) -> tuple[int | None, ...]:
     """Each layer's sliding window (or None), as transformers' configs assign them: `layer_types` when the config
     lists them (transformers 5 writes them: "sliding_attention" / "full_attention"); else Qwen2 / Qwen3's layers from
     `max_window_layers` on, Qwen2-MoE's even layers below it, Gemma 2's even ones, Gemma 3's but every
-    `sliding_window_pattern`-th, and every layer of the others (Mistral, Mixtral, Qwen3-MoE, Phi-3). `()` without a
-    window."""
+    `sliding_window_pattern`-th, SmolLM3's NoPE layers (`rope_layers` false), and every layer of the others (Mistral,
+    Mixtral, Qwen3-MoE, Phi-3). `()` without a window."""
     if window is None:
         return ()
     types = text.get("layer_types")
@@ -74,6 +74,8 @@ def layer_windows(text: Mapping[str, Any], model_type: str, n_layers: int,
             raise ConfigError(f"layer_types must name 'sliding_attention' or 'full_attention' for each of the "
                               f"{n_layers} layers (got {list(types)})")
         return tuple(window if t == "sliding_attention" else None for t in types)
+    if model_type == "smollm3":  # its NoPE layers
+        return tuple(None if rope_layers and rope_layers[i] else window for i in range(n_layers))
     if model_type in ("gemma3_text", "gemma3", "gemma2"):  # released configs: every pattern-th layer is global
         pattern = int(text.get("sliding_window_pattern") or (2 if model_type == "gemma2" else 6))
         return tuple(window if (i + 1) % pattern else None for i in range(n_layers))
@@ -139,6 +141,8 @@ class ModelConfig:
     # the RoPE of the sliding-window layers where it differs from `rope`, the full-attention layers' (Gemma 3's local
     # base frequency; transformers 5's rope_parameters keyed by layer type); None: `rope` everywhere
     rope_local: RopeConfig | None = None
+    # per layer, whether it rotates q / k at all (SmolLM3's `no_rope_layers`: 0 for its NoPE layers); (): every layer
+    rope_layers: tuple[bool, ...] = ()
     # The whole original dict (wrapper included): model files read extra groups such as vision_config from it.
     raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
@@ -167,6 +171,10 @@ class ModelConfig:
                 "LongRoPE's original positions: its long factors, which change every position's rotation once a "
                 "sequence is longer, are not implemented")
         return out
+
+    def uses_rope(self, layer_idx: int) -> bool:
+        """Whether the 0-based layer `layer_idx` applies RoPE (False: a NoPE layer, positions only through the mask)."""
+        return self.rope_layers[layer_idx] if self.rope_layers else True
 
     def window_of(self, layer_idx: int) -> int | None:
         """The sliding window of the 0-based layer `layer_idx` (its queries see the keys less than that many positions
@@ -209,6 +217,13 @@ class ModelConfig:
                                                                                       True) else None
         moe = MoEConfig.from_hf(text, model_type)
         rope, rope_local = _ropes(text, model_type)
+        nope = text.get("no_rope_layers")
+        if nope is None and model_type == "smollm3":  # transformers' default: every no_rope_layer_interval-th is NoPE
+            every = int(text.get("no_rope_layer_interval") or 4)
+            nope = [int((i + 1) % every != 0) for i in range(n_layers)]
+        if nope is not None and len(nope) != n_layers:
+            raise ConfigError(f"no_rope_layers has {len(nope)} entries for {n_layers} layers")
+        rope_layers = tuple(bool(x) for x in nope) if nope is not None else ()
         rotary_dim = int(head_dim * rope.partial_rotary_factor)  # transformers' rounding
         if not 0 < rotary_dim <= head_dim or rotary_dim % 2:
             raise ConfigError(f"partial_rotary_factor {rope.partial_rotary_factor} of head_dim {head_dim} gives "
@@ -257,8 +272,9 @@ class ModelConfig:
             moe=moe,
             eagle=eagle,
             sliding_window=window,
-            layer_windows=layer_windows(text, model_type, n_layers, window),
+            layer_windows=layer_windows(text, model_type, n_layers, window, rope_layers),
             rope_local=rope_local,
+            rope_layers=rope_layers,
             raw=dict(d),
         )
 

@@ -210,6 +210,7 @@ class GQAAttention(nn.Module):
     """
 
     window: int | None = None
+    nope = False  # a NoPE layer (SmolLM3's): the model hands it the identity rotation
     scale: float | None = None
     softcap: float | None = None  # Gemma 2's attn_logit_softcapping (`sdpa_sinks`; never the short-query kernel)
     rope_store_ok = True

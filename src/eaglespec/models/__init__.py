@@ -9,6 +9,7 @@ from ..errors import ConfigError
 _REGISTRY: dict[str, str] = {
     "LlamaForCausalLM": "eaglespec.models.llama:LlamaForCausalLM",
     "MistralForCausalLM": "eaglespec.models.llama:LlamaForCausalLM",
+    "SmolLM3ForCausalLM": "eaglespec.models.llama:LlamaForCausalLM",
     "Qwen2ForCausalLM": "eaglespec.models.qwen:Qwen2ForCausalLM",
     "Qwen3ForCausalLM": "eaglespec.models.qwen:Qwen3ForCausalLM",
     "Qwen3MoeForCausalLM": "eaglespec.models.qwen_moe:Qwen3MoeForCausalLM",

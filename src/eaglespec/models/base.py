@@ -90,9 +90,11 @@ class PreNormDecoderLayer(nn.Module):
 
 
 def set_windows(layers: nn.ModuleList, cfg: ModelConfig) -> None:
-    """Give each layer's attention its sliding window (`ModelConfig.window_of`; None: full attention)."""
+    """Give each layer's attention its sliding window (`ModelConfig.window_of`; None: full attention) and, for a NoPE
+    layer (`ModelConfig.uses_rope` false), `nope` (DecoderOnlyLM.forward hands it cos 1, sin 0)."""
     for i, layer in enumerate(layers):
         layer.self_attn.window = cfg.window_of(i)
+        layer.self_attn.nope = not cfg.uses_rope(i)
 
 
 @dataclass
@@ -152,13 +154,17 @@ class DecoderOnlyLM(nn.Module):
         cos, sin = self.model.rotary(ctx.positions)
         # the sliding-window layers' own RoPE, where the model has one (Gemma 3's local base frequency)
         local = self.model.rotary_local(ctx.positions) if getattr(self.model, "rotary_local", None) else (cos, sin)
+        # NoPE layers (SmolLM3's): the identity rotation, so that every RoPE path (kernels included) leaves q / k be
+        identity = (torch.ones_like(cos), torch.zeros_like(sin)) if self.config.rope_layers else (cos, sin)
         capture = self._capture_after
         aux: dict[int, torch.Tensor] = {}
         if 0 in capture:
             aux[0] = h.clone()
         delta = None  # the residual stream is h + delta (see PreNormDecoderLayer)
         for i, layer in enumerate(self.model.layers):
-            layer_cos, layer_sin = local if getattr(layer.self_attn, "window", None) else (cos, sin)
+            attn = layer.self_attn
+            layer_cos, layer_sin = (identity if getattr(attn, "nope", False) else
+                                    local if getattr(attn, "window", None) else (cos, sin))
             h, delta = layer(h, delta, layer_cos, layer_sin, ctx, ctx.kv[i] if ctx.kv is not None else None)
             if i + 1 in capture:  # a copy when delta is None: the next layer may update h in place
                 aux[i + 1] = h.clone() if delta is None else h + delta

@@ -1,4 +1,5 @@
-"""Llama (SmolLM2, Llama 2/3): pre-norm RMSNorm decoder, GQA, RoPE (incl. Llama-3 scaling), SwiGLU, tied or untied.
+"""Llama (SmolLM2, Llama 2/3; Mistral and SmolLM3 under their names): pre-norm RMSNorm decoder, GQA, RoPE (incl.
+Llama-3 scaling; none in SmolLM3's NoPE layers, `ModelConfig.rope_layers`), SwiGLU, tied or untied.
 
 Parameter names are the HF checkpoint's (`model.layers.N.self_attn.q_proj.weight`, ...), so the rename table is
 empty; GGUF names are mapped in `loading/gguf_names.py`.

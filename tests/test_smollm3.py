@@ -1,0 +1,62 @@
+"""SmolLM3 (`SmolLM3ForCausalLM`: models/llama.py's skeleton with NoPE layers) against transformers on a tiny random
+config (float32): every fourth layer skips RoPE (`no_rope_layers`), with and without the sliding window on those
+layers; speculation against plain greedy and the cache-free forward."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import transformers
+from tiny import FAMILY_PROMPTS, assert_family_speculates, greedy_by_recompute, plain_logits
+
+from eaglespec.config import ModelConfig
+from eaglespec.errors import ConfigError
+from eaglespec.loading import load_model
+
+CONFIG = dict(vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
+              num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-6, tie_word_embeddings=False,
+              pad_token_id=0, rope_parameters=dict(rope_type="default", rope_theta=5e6))
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["nope", "nope-windowed"])
+def pair(request, tmp_path_factory):
+    hc = transformers.SmolLM3Config(**CONFIG, use_sliding_window=request.param, sliding_window=8)
+    hc.architectures = ["SmolLM3ForCausalLM"]
+    hc._attn_implementation = "eager"
+    ref = transformers.SmolLM3ForCausalLM(hc).eval()
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, t in ref.named_parameters():
+            t.copy_(1.0 + 0.1 * torch.randn(t.shape, generator=g) if t.dim() == 1
+                    else 2.0 * torch.randn(t.shape, generator=g) / math.sqrt(t.shape[-1]))
+    folder = tmp_path_factory.mktemp("smollm3")
+    ref.save_pretrained(folder)
+    return request.param, ref, load_model(folder, dtype=torch.float32)
+
+
+def test_a_transformers_folder_answers_as_transformers(pair):
+    windowed, ref, lm = pair
+    cfg = lm.config
+    assert [cfg.uses_rope(i) for i in range(4)] == [True, True, True, False]
+    assert [cfg.window_of(i) for i in range(4)] == ([None, None, None, 8] if windowed else [None] * 4)
+    ids = torch.randint(0, 101, (2, 40), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        want = ref(ids).logits
+    torch.testing.assert_close(plain_logits(lm.model, ids), want, rtol=1e-4, atol=1e-4)
+
+
+def test_greedy_speculation_equals_plain_and_the_cache_free_forward(pair):
+    _, _, lm = pair
+    plain = assert_family_speculates(lm.model, hidden=64)
+    assert plain == [greedy_by_recompute(lm.model, p, 16) for p in FAMILY_PROMPTS]
+
+
+def test_released_config_and_bad_lists():
+    """The released config names only no_rope_layer_interval (every 4th layer NoPE); a list of the wrong length is
+    refused."""
+    d = dict(CONFIG, architectures=["SmolLM3ForCausalLM"], model_type="smollm3", num_hidden_layers=8)
+    assert [ModelConfig.from_hf(d).uses_rope(i) for i in range(8)] == [True, True, True, False] * 2
+    with pytest.raises(ConfigError, match="no_rope_layers has 3 entries for 8 layers"):
+        ModelConfig.from_hf(dict(d, no_rope_layers=[1, 1, 0]))
