@@ -10,6 +10,7 @@ _REGISTRY: dict[str, str] = {
     "LlamaForCausalLM": "eaglespec.models.llama:LlamaForCausalLM",
     "MistralForCausalLM": "eaglespec.models.llama:LlamaForCausalLM",
     "SmolLM3ForCausalLM": "eaglespec.models.llama:LlamaForCausalLM",
+    "GraniteForCausalLM": "eaglespec.models.granite:GraniteForCausalLM",
     "Qwen2ForCausalLM": "eaglespec.models.qwen:Qwen2ForCausalLM",
     "Qwen3ForCausalLM": "eaglespec.models.qwen:Qwen3ForCausalLM",
     "Qwen3MoeForCausalLM": "eaglespec.models.qwen_moe:Qwen3MoeForCausalLM",

@@ -108,6 +108,7 @@ class DecoderOnlyLM(nn.Module):
     model: nn.Module
     lm_head: nn.Module
     final_logit_softcap: float | None = None  # logits <- cap * tanh(logits / cap) (Gemma 2's 30)
+    logits_divisor = 1.0  # logits <- logits / it (Granite's logits_scaling)
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -176,6 +177,8 @@ class DecoderOnlyLM(nn.Module):
         else:
             _, x = self.model.norm.add_forward(h, delta)
         logits = self.lm_head(x)
+        if self.logits_divisor != 1.0:
+            logits = logits / self.logits_divisor
         if self.final_logit_softcap is not None:
             logits = torch.tanh(logits / self.final_logit_softcap) * self.final_logit_softcap
         aux_hidden = torch.cat([aux[k] for k in capture], dim=-1) if capture else None

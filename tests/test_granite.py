@@ -1,0 +1,51 @@
+"""Granite 3 (models/granite.py) against transformers' GraniteForCausalLM on a tiny random config (float32): its
+embedding, attention, residual and logits multipliers (the residual one folded into o_proj / down_proj at load), the
+head tied; speculation against plain greedy and the cache-free forward."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import transformers
+from tiny import FAMILY_PROMPTS, assert_family_speculates, greedy_by_recompute, plain_logits
+
+from eaglespec.loading import load_model
+
+CONFIG = dict(vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
+              num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-6, tie_word_embeddings=True,
+              pad_token_id=0, embedding_multiplier=2.0, attention_multiplier=0.09, residual_multiplier=0.8,
+              logits_scaling=4.0, rope_parameters=dict(rope_type="default", rope_theta=1e4))
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    hc = transformers.GraniteConfig(**CONFIG)
+    hc.architectures = ["GraniteForCausalLM"]
+    hc._attn_implementation = "eager"
+    ref = transformers.GraniteForCausalLM(hc).eval()
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, t in ref.named_parameters():
+            t.copy_(1.0 + 0.1 * torch.randn(t.shape, generator=g) if t.dim() == 1
+                    else 2.0 * torch.randn(t.shape, generator=g) / math.sqrt(t.shape[-1]))
+    folder = tmp_path_factory.mktemp("granite")
+    ref.save_pretrained(folder)
+    return ref, load_model(folder, dtype=torch.float32)
+
+
+def test_a_transformers_folder_answers_as_transformers(pair):
+    ref, lm = pair
+    assert lm.model.lm_head.weight is lm.model.model.embed_tokens.weight
+    assert (lm.model.logits_divisor, lm.model.model.layers[0].self_attn.scale) == (4.0, 0.09)
+    ids = torch.randint(0, 101, (2, 40), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        want = ref(ids).logits
+    torch.testing.assert_close(plain_logits(lm.model, ids), want, rtol=1e-4, atol=1e-4)
+
+
+def test_greedy_speculation_equals_plain_and_the_cache_free_forward(pair):
+    _, lm = pair
+    plain = assert_family_speculates(lm.model, hidden=64)
+    assert plain == [greedy_by_recompute(lm.model, p, 16) for p in FAMILY_PROMPTS]
