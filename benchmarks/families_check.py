@@ -5,7 +5,7 @@ Granite, gpt-oss), each run eagerly without graphs (the reference), then through
 path: plain decoding, a chain and a tree with a random EAGLE-3 drafter. Prints how many of the 3 answers equal the
 reference's.
 
-    python benchmarks/families_check.py [--cpu]
+    python benchmarks/families_check.py [--cpu] [--only mixtral,gemma3,...]
 
 `--cpu`: a smoke run on the CPU (no graphs; the engine's eager path against itself).
 """
@@ -100,7 +100,9 @@ def tiny_target(d: dict, dev: torch.device) -> torch.nn.Module:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--cpu", action="store_true")
+    ap.add_argument("--only", default="", help="comma-separated substrings: the targets whose names hold one")
     args = ap.parse_args()
+    only = [w for w in args.only.split(",") if w]
     dev = torch.device("cpu" if args.cpu else "cuda")
     moe_graphs_check.DEV = dev  # where its tiny_drafter puts the drafter
     prompts = [[(7 * i + j) % 500 + 3 for i in range(n)] for j, n in enumerate((5, 17, 60))]
@@ -109,6 +111,8 @@ def main() -> None:
     print("| --- | --- | --- | ---: |")
     failed = 0
     for name, d in CONFIGS.items():
+        if only and not any(w in name for w in only):
+            continue
         target = tiny_target(d, dev)
         ref = [o.token_ids for o in Engine(target, None, EngineConfig(max_batch_size=4, cuda_graphs=False))
                .generate(prompts, params)]
