@@ -18,7 +18,7 @@ from safetensors.torch import load_file, save_file
 from tiny import FAMILY_PROMPTS, assert_family_speculates, greedy_by_recompute, plain_logits
 
 from eaglespec.errors import CheckpointError
-from eaglespec.layers.attention import sdpa_sinks
+from eaglespec.layers.attention import sdpa_written_out
 from eaglespec.loading import load_model
 from eaglespec.models.gpt_oss import FP4_VALUES, dequant_mxfp4
 
@@ -96,13 +96,14 @@ def test_sinks_equal_a_softmax_with_an_extra_column():
     s = torch.einsum("bthd,bkhd->bhtk", q, kh) / math.sqrt(8)
     s = torch.cat((s.masked_fill(~mask[:, None], float("-inf")), sinks[None, :, None, None].expand(2, 4, 5, 1)), -1)
     want = torch.einsum("bhtk,bkhd->bthd", torch.softmax(s, -1)[..., :-1], vh)
-    torch.testing.assert_close(sdpa_sinks(q, k, v, mask, None, sinks), want, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(sdpa_written_out(q, k, v, mask, None, sinks), want, rtol=1e-5, atol=1e-6)
 
 
 def test_greedy_speculation_equals_plain_and_the_cache_free_forward(pair):
     _, lm = pair
     plain = assert_family_speculates(lm.model, hidden=64)
-    assert plain == [greedy_by_recompute(lm.model, p, 16) for p in FAMILY_PROMPTS]  # the cached steps' sinks and windows
+    # the cached steps' sinks and windows
+    assert plain == [greedy_by_recompute(lm.model, p, 16) for p in FAMILY_PROMPTS]
 
 
 def quantize_mxfp4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -6,8 +6,8 @@ Kimi-K2.5) keep their language model's fields under `text_config`, which is read
 sub-dataclasses, so a model file only reads the groups it needs. A drafter in vLLM speculators' format (its layer under
 `transformer_layer_config`) is rewritten as the EAGLE-3 layout by `speculators_config.from_speculators` first.
 
-`RopeConfig` lives in `eaglespec.rope_config`, `MoEConfig` in `eaglespec.moe_config` (both importable from here too). `SpecConfig` holds the
-speculative-decoding shape (steps S, topk K, draft tokens D) and `EngineConfig` the runtime
+`RopeConfig` lives in `eaglespec.rope_config`, `MoEConfig` in `eaglespec.moe_config` (both importable from here
+too). `SpecConfig` holds the speculative-decoding shape (steps S, topk K, draft tokens D) and `EngineConfig` the runtime
 limits; `SamplingParams` (per request) lives in `eaglespec.sampling_params`, and the schedules of shapes by rows and
 kind of step (`SpecSchedule`, `parse_spec`, `spec_text`) in `eaglespec.spec_schedule`, whose names this module also
 answers to (`eaglespec.config.parse_spec`, as `eaglespec tune` prints it).

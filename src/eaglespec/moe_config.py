@@ -57,12 +57,13 @@ class MoEConfig:
     def from_hf(text: Mapping[str, Any], model_type: str) -> "MoEConfig | None":
         """The MoE group of a (text) config dict; None for a dense model. DeepSeek-V2 / V3 / Kimi name their routed
         experts `n_routed_experts` (V2's defaults: softmax scores, greedy top-k, weights not normalised, the router in
-        float32, as transformers' DeepseekV2TopkRouter; GLM-4.5's (`model_type` glm4_moe) are V3's router); Qwen3-MoE (`model_type` qwen3_moe) `num_experts`, which
-        transformers 5 writes back as `num_local_experts` (its attribute_map), and 0 experts there means every layer
-        is dense; Qwen2-MoE (`model_type` qwen2_moe) the same plus one sigmoid-gated shared expert of
-        `shared_expert_intermediate_size`; Mixtral (`model_type` mixtral) `num_local_experts` of `intermediate_size` in
-        every layer, the top-k renormalised; gpt-oss (`model_type` gpt_oss) the same with biases and its clamped
-        SwiGLU (the softmax of the top-k logits equals the renormalised top-k of the softmax)."""
+        float32, as transformers' DeepseekV2TopkRouter; GLM-4.5's (`model_type` glm4_moe) are V3's router); Qwen3-MoE
+        (`model_type` qwen3_moe) `num_experts`, which transformers 5 writes back as `num_local_experts` (its
+        attribute_map), and 0 experts there means every layer is dense; Qwen2-MoE (`model_type` qwen2_moe) the same plus
+        one sigmoid-gated shared expert of `shared_expert_intermediate_size`; Mixtral (`model_type` mixtral)
+        `num_local_experts` of `intermediate_size` in every layer, the top-k renormalised; gpt-oss (`model_type`
+        gpt_oss) the same with biases and its clamped SwiGLU (the softmax of the top-k logits equals the renormalised
+        top-k of the softmax)."""
         if text.get("n_routed_experts"):
             v2 = model_type == "deepseek_v2"  # softmax routing (greedy or group-limited), weights not normalised
             glm = model_type == "glm4_moe"  # transformers' Glm4MoeConfig defaults: one shared expert, one dense layer

@@ -127,27 +127,28 @@ def sdpa_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float 
     return out.transpose(1, 2)
 
 
-SINK_QUERY_BLOCK = 256  # query tokens per block of `sdpa_sinks` (its float32 scores: H x 256 x K a block and row)
+# query tokens per block of `sdpa_written_out` (its float32 scores: H x 256 x K a block and row)
+WRITTEN_OUT_QUERY_BLOCK = 256
 
 
-def sdpa_sinks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float | None,
+def sdpa_written_out(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float | None,
                sinks: torch.Tensor | None, softcap: float | None = None) -> torch.Tensor:
     """Attention that SDPA has no term for, written out: q [B, T, H, D], k/v [B, K, H_kv, D], mask [B, T, K] bool
     -> [B, T, H, D]. `sinks` [H]: a learned sink logit per head (gpt-oss): each head's softmax runs over its visible
     scores and the sink, whose share of the probability goes nowhere (no value): out = softmax([s, sink])[:K] @ v.
     `softcap`: the scores soft-capped, s <- softcap * tanh(s / softcap), before the mask (Gemma 2). Scores and softmax
-    in float32, over blocks of SINK_QUERY_BLOCK query tokens."""
+    in float32, over blocks of WRITTEN_OUT_QUERY_BLOCK query tokens."""
     B, T, H, D = q.shape
     g = H // k.shape[2]
     kh = k.transpose(1, 2).repeat_interleave(g, 1).float()  # [B, H, K, D]
     vh = v.transpose(1, 2).repeat_interleave(g, 1)
     out = []
-    for t0 in range(0, T, SINK_QUERY_BLOCK):
-        qh = q[:, t0 : t0 + SINK_QUERY_BLOCK].transpose(1, 2).float()  # [B, H, t, D]
+    for t0 in range(0, T, WRITTEN_OUT_QUERY_BLOCK):
+        qh = q[:, t0 : t0 + WRITTEN_OUT_QUERY_BLOCK].transpose(1, 2).float()  # [B, H, t, D]
         s = (qh @ kh.transpose(-1, -2)) * (scale if scale is not None else D**-0.5)  # [B, H, t, K]
         if softcap is not None:
             s = torch.tanh(s / softcap) * softcap
-        s = s.masked_fill(~mask[:, None, t0 : t0 + SINK_QUERY_BLOCK], float("-inf"))
+        s = s.masked_fill(~mask[:, None, t0 : t0 + WRITTEN_OUT_QUERY_BLOCK], float("-inf"))
         if sinks is None:
             p = torch.softmax(s, -1)
         else:
@@ -169,11 +170,12 @@ def attend(
     softcap: float | None = None,
 ) -> torch.Tensor:
     """q [B, T, H, D], k/v [B, T, H_kv, D] (RoPE applied) -> [B, T, H, Dv]. `window`: a sliding-window layer's
-    (`ForwardContext.mask`); `sinks` [H]: the heads' sink logits, `softcap`: the scores' soft cap (`sdpa_sinks`)."""
+    (`ForwardContext.mask`); `sinks` [H]: the heads' sink logits, `softcap`: the scores' soft cap
+    (`sdpa_written_out`)."""
     assert ctx.attn_mask is not None
     if ctx.write_index is None or cache is None:
         if sinks is not None or softcap is not None:
-            return sdpa_sinks(q, k, v, ctx.mask(window), scale, sinks, softcap)
+            return sdpa_written_out(q, k, v, ctx.mask(window), scale, sinks, softcap)
         if ctx.causal and window is None and _is_causal_fast(q):
             return sdpa_causal(q, k, v, scale)
         return sdpa(q, k, v, ctx.mask(window), scale)
@@ -192,7 +194,7 @@ def attend_cached(q: torch.Tensor, ctx: ForwardContext, cache: Sequence[torch.Te
     kk = read_cache(k_cache, ctx, B).to(q.dtype)
     vv = read_cache(v_cache, ctx, B).to(q.dtype)
     if sinks is not None or softcap is not None:
-        return sdpa_sinks(q, kk, vv, ctx.mask(window), scale, sinks, softcap)
+        return sdpa_written_out(q, kk, vv, ctx.mask(window), scale, sinks, softcap)
     if ctx.causal and window is None and _is_causal_fast(q):  # the prefix read is this forward's own keys
         return sdpa_causal(q, kk, vv, scale)
     return sdpa(q, kk, vv, ctx.attn_bias(q.dtype, window), scale)
@@ -204,7 +206,7 @@ class GQAAttention(nn.Module):
     `in_features` may differ from the model width: the EAGLE-3 drafter feeds 2H (embedding and hidden) into q/k/v.
     `window`: a sliding-window layer's window (set by the model from `ModelConfig.window_of`), None for full attention;
     `scale`: the softmax scale (None: 1 / sqrt(head_dim)); a `sinks` parameter [H], where a subclass registers one
-    (gpt-oss), adds per-head sink logits (`sdpa_sinks`; never the short-query kernel); `rope_store_ok`: whether
+    (gpt-oss), adds per-head sink logits (`sdpa_written_out`; never the short-query kernel); `rope_store_ok`: whether
     engine.transforms may give it the fused RoPE + KV-store kernel (and with it the short-query attention kernel),
     which applies `head_norms()` with Llama's RMSNorm roundings (False for an attention whose norms are not Llama's).
     """
@@ -212,7 +214,7 @@ class GQAAttention(nn.Module):
     window: int | None = None
     nope = False  # a NoPE layer (SmolLM3's): the model hands it the identity rotation
     scale: float | None = None
-    softcap: float | None = None  # Gemma 2's attn_logit_softcapping (`sdpa_sinks`; never the short-query kernel)
+    softcap: float | None = None  # Gemma 2's attn_logit_softcapping (`sdpa_written_out`; never the short-query kernel)
     rope_store_ok = True
 
     def __init__(
@@ -244,7 +246,7 @@ class GQAAttention(nn.Module):
         return None
 
     def _written_out(self) -> bool:
-        """Whether this attention needs the written-out form (`sdpa_sinks`): sinks or soft-capped scores."""
+        """Whether this attention needs the written-out form (`sdpa_written_out`): sinks or soft-capped scores."""
         return "sinks" in self._parameters or self.softcap is not None
 
     def _attend(self, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None, ctx: ForwardContext,

@@ -4,9 +4,9 @@ ClampedSwiGLUMLP`, with biases: they run on the eager per-expert path, which tak
 
 Contract (REFERENCE.md §6), checkpoint names kept: `gate.weight` [E, H], `experts.E.{gate,up,down}_proj.weight`,
 `shared_experts.{gate,up,down}_proj.weight` (DeepSeek, Qwen2-MoE's one shared expert renamed to it) and
-`shared_expert_gate.weight` [1, H] (Qwen2-MoE: the shared output scaled by sigmoid(x @ gate^T)); `make_router` picks the router from the MoEConfig's
-(scoring_func, topk_method), and refuses other pairs by name. Every router returns (weights [N, k] float32, expert
-ids [N, k] int64).
+`shared_expert_gate.weight` [1, H] (Qwen2-MoE: the shared output scaled by sigmoid(x @ gate^T)); `make_router` picks the
+router from the MoEConfig's (scoring_func, topk_method), and refuses other pairs by name. Every router returns (weights
+[N, k] float32, expert ids [N, k] int64).
 
 - `NoAuxRouter` (DeepSeek-V3, Kimi: sigmoid / noaux_tc), in float32, `gate.weight` and `gate.e_score_correction_bias`
   [E] kept float32 under `.to(dtype)` as transformers' `_keep_in_fp32_modules_strict` does (the bias decides between
@@ -14,12 +14,13 @@ ids [N, k] int64).
   its top-2 biased scores and only the best `topk_group` groups stay eligible; take the top-k eligible experts; their
   weights are the *unbiased* `s`, divided by their sum when `norm_topk_prob`, times `routed_scaling_factor`.
 - `SoftmaxTopKRouter` (Qwen3-MoE, Mixtral, gpt-oss, DeepSeek-V2: softmax / greedy; DeepSeek-V2: softmax /
-  group_limited_greedy): the logits `x @ gate^T` (+ `gate.bias`, gpt-oss's) in the model's dtype (`gate.weight` follows `.to(dtype)`, as in transformers and vLLM), or in
-  float32 with a float32 `gate.weight` when the config says `router_float32` (DeepSeek-V2, as transformers'
-  DeepseekV2TopkRouter), then in float32 `p = softmax(logits)`; group_limited_greedy keeps the `topk_group` groups
-  of the largest single `p` eligible (the others' `p` set to 0); the top-k of `p`, divided by their sum when
-  `norm_topk_prob`, times `routed_scaling_factor` (1 for Qwen). transformers casts these weights to the model's
-  dtype before weighting the experts; here they stay float32 (the same in float32 parity).
+  group_limited_greedy): the logits `x @ gate^T` (+ `gate.bias`, gpt-oss's) in the model's dtype (`gate.weight` follows
+  `.to(dtype)`, as in transformers and vLLM), or in float32 with a float32 `gate.weight` when the config says
+  `router_float32` (DeepSeek-V2, as transformers' DeepseekV2TopkRouter), then in float32 `p = softmax(logits)`;
+  group_limited_greedy keeps the `topk_group` groups of the largest single `p` eligible (the others' `p` set to 0); the
+  top-k of `p`, divided by their sum when `norm_topk_prob`, times `routed_scaling_factor` (1 for Qwen). transformers
+  casts these weights to the model's dtype before weighting the experts; here they stay float32 (the same in float32
+  parity).
 On CUDA `engine.transforms.use_router_kernel` sets `fused` (not for a group-limited softmax router): the router then
 computes its logits as above and the rest in one Triton kernel (layers/router_kernel.py; ties pick the lower expert
 id); `use_gemv_kernel` sets `logits_rows` and `logits_max_rows`, through which steps of a few rows compute the logits

@@ -4,8 +4,8 @@ and their application.
 `Rotary(dim, cfg)` turns positions [B, T] into (cos, sin) [B, T, dim/2] (yarn's attention factor folded in), computed
 from the positions on the fly: no table bounded by the context length; `dim` is the rotated dims of a head
 (`ModelConfig.rotary_dim`). `apply_rotary` rotates halves (the HF / Llama layout); `interleaved=True` rotates adjacent
-pairs (DeepSeek's reference layout); either over the first 2 x cos.shape[-1] dims of a head (partial RoPE). The frequency formulas follow
-transformers' `rope_utils` so logits agree with it.
+pairs (DeepSeek's reference layout); either over the first 2 x cos.shape[-1] dims of a head (partial RoPE). The
+frequency formulas follow transformers' `rope_utils` so logits agree with it.
 """
 
 from __future__ import annotations

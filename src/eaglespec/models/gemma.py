@@ -7,7 +7,7 @@ weights as offsets from 1, the product in float32). The attention is GQA with th
 `query_pre_attn_scalar`^-0.5 (not head_dim's), a sliding window (`sliding_window`) on the layers `layer_types` names,
 else Gemma 2's even layers and all but Gemma 3's every `sliding_window_pattern`-th (`ModelConfig.layer_windows`), and
 where the config sets `attn_logit_softcapping` (Gemma 2's 50) scores soft-capped, cap * tanh(s / cap)
-(`layers.attention.sdpa_sinks`, the written-out attention); Gemma 3's adds q / k head norms before RoPE, and its
+(`layers.attention.sdpa_written_out`, the written-out attention); Gemma 3's adds q / k head norms before RoPE, and its
 windowed ("local") layers rotate with their own base frequency (`rope_local_base_freq`, default RoPE:
 `ModelConfig.rope_local`, `model.rotary_local`), the global ones with `rope_theta` and its scaling (4B+: linear, 8).
 The MLP gates with GELU (tanh approximation, `hidden_activation`). The token embedding is multiplied by

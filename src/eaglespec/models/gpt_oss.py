@@ -3,7 +3,7 @@ sliding-window and full attention, and a mixture of clamped-SwiGLU experts with 
 
 Layer i is pre-norm: `h += self_attn(input_layernorm(h))`, `h += mlp(post_attention_layernorm(h))`. The attention is
 GQA with biases on q/k/v/o and one learned sink logit per head (`self_attn.sinks` [H]: each head's softmax also runs
-over it, and its share goes to no value: `layers.attention.sdpa_sinks`), RoPE with YaRN (factor 32 over 4,096
+over it, and its share goes to no value: `layers.attention.sdpa_written_out`), RoPE with YaRN (factor 32 over 4,096
 positions, `truncate` false), and a window of `sliding_window` (128) on the layers `layer_types` names
 "sliding_attention" (every other one; `ModelConfig.layer_windows`). `mlp` is the MoE in every layer (`layers/moe.py`):
 the router's logits with a bias, the softmax of the top `num_experts_per_tok` logits (the renormalised top-k of the

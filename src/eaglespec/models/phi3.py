@@ -7,8 +7,9 @@ up projections of models/llama.py (the CUDA path fuses them again, `engine.trans
 config's (default, or LongRoPE for the 128K variants: `RopeConfig` type "longrope", whose short factors apply up to
 `original_max_position_embeddings`, the context such a model then runs at: `ModelConfig.context_limit`; transformers
 switches to the long factors past it for the whole sequence, which the KV cache cannot follow). A sliding window
-(Phi-3-mini-4k's 2047) windows every layer (`ModelConfig.layer_windows`). Phi-4-mini's `partial_rotary_factor` 0.75 rotates the first 96 of
-each head's 128 dims (`ModelConfig.rotary_dim`; its LongRoPE factors cover those 48 frequencies).
+(Phi-3-mini-4k's 2047) windows every layer (`ModelConfig.layer_windows`). Phi-4-mini's `partial_rotary_factor` 0.75
+rotates the first 96 of each head's 128 dims (`ModelConfig.rotary_dim`; its LongRoPE factors cover those 48
+frequencies).
 """
 
 from __future__ import annotations
