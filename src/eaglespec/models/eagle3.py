@@ -130,7 +130,8 @@ class LlamaForCausalLMEagle3(nn.Module):
         self.draft_vocab_size = config.eagle.draft_vocab_size or config.vocab_size
         self.has_own_head = config.eagle.draft_vocab_size is not None
         # Without a draft vocabulary the head comes from the target and d2t/t2d are trivial: all may be absent.
-        self.checkpoint_optional: tuple[str, ...] = () if self.has_own_head else (r"^lm_head\.weight$", r"^d2t$", r"^t2d$")
+        self.checkpoint_optional: tuple[str, ...] = () if self.has_own_head else (r"^lm_head\.weight$", r"^d2t$",
+                                                                                  r"^t2d$")
         self.lm_head = nn.Linear(H, self.draft_vocab_size, bias=False)
         self.register_buffer("d2t", torch.zeros(self.draft_vocab_size, dtype=torch.int64))
         self.register_buffer("t2d", torch.ones(config.vocab_size, dtype=torch.bool))
