@@ -19,9 +19,14 @@ def add_quantized(w: gguf.GGUFWriter, name: str, arr: np.ndarray, qtype: gguf.GG
     return gguf.quants.dequantize(data, qtype).reshape(arr.shape).astype(np.float32)
 
 
-def add_common(w: gguf.GGUFWriter, c, sd: dict[str, np.ndarray]) -> None:
+def llama_cpp_permute(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """What llama.cpp's converter does to a `llama` (or `granite`) file's q / k rows (halves -> interleaved pairs)."""
+    return w.reshape(n_heads, 2, w.shape[0] // n_heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def add_common(w: gguf.GGUFWriter, c, sd: dict[str, np.ndarray], head: bool = True) -> None:
     """What every decoder file holds, from a transformers config `c` and its state dict `sd` (float32 numpy): the
-    sizes, heads, norm epsilon and RoPE base, the embedding, the final norm and the untied head."""
+    sizes, heads, norm epsilon and RoPE base, the embedding, the final norm and (`head`) the untied head."""
     w.add_block_count(c.num_hidden_layers)
     w.add_context_length(c.max_position_embeddings)
     w.add_embedding_length(c.hidden_size)
@@ -31,7 +36,8 @@ def add_common(w: gguf.GGUFWriter, c, sd: dict[str, np.ndarray]) -> None:
     w.add_rope_freq_base(c.rope_parameters["rope_theta"])
     w.add_tensor("token_embd.weight", sd["model.embed_tokens.weight"])
     w.add_tensor("output_norm.weight", sd["model.norm.weight"])
-    w.add_tensor("output.weight", sd["lm_head.weight"])
+    if head:
+        w.add_tensor("output.weight", sd["lm_head.weight"])
 
 
 def finish(w: gguf.GGUFWriter) -> None:

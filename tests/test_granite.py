@@ -1,14 +1,16 @@
 """Granite 3 (models/granite.py) against transformers' GraniteForCausalLM on a tiny random config (float32): its
 embedding, attention, residual and logits multipliers (the residual one folded into o_proj / down_proj at load), the
-head tied; speculation against plain greedy and the cache-free forward."""
+head tied; speculation against plain greedy and the cache-free forward; llama.cpp's granite GGUFs."""
 
 from __future__ import annotations
 
 import math
 
+import gguf
 import pytest
 import torch
 import transformers
+from gguf_write import add_common, finish, llama_cpp_permute
 from tiny import FAMILY_PROMPTS, assert_family_speculates, greedy_by_recompute, plain_logits
 
 from eaglespec.loading import load_model
@@ -49,3 +51,33 @@ def test_greedy_speculation_equals_plain_and_the_cache_free_forward(pair):
     _, lm = pair
     plain = assert_family_speculates(lm.model, hidden=64)
     assert plain == [greedy_by_recompute(lm.model, p, 16) for p in FAMILY_PROMPTS]
+
+
+def test_llama_cpp_granite_gguf_answers_as_transformers(pair, tmp_path):
+    """llama.cpp's GraniteModel: a Llama file (q / k rows permuted), the four multipliers as granite.* fields, the
+    head tied (no output tensor)."""
+    ref, _ = pair
+    c = ref.config
+    sd = {k: v.detach().float().numpy() for k, v in ref.state_dict().items()}
+    w = gguf.GGUFWriter(str(tmp_path / "m.gguf"), "granite")
+    add_common(w, c, sd, head=False)  # tied
+    w.add_feed_forward_length(c.intermediate_size)
+    w.add_embedding_scale(c.embedding_multiplier)
+    w.add_residual_scale(c.residual_multiplier)
+    w.add_attention_scale(c.attention_multiplier)
+    w.add_logit_scale(c.logits_scaling)
+    for i in range(c.num_hidden_layers):
+        pre = f"model.layers.{i}."
+        for g, h in (("attn_norm", "input_layernorm"), ("attn_v", "self_attn.v_proj"),
+                     ("attn_output", "self_attn.o_proj"), ("ffn_norm", "post_attention_layernorm"),
+                     ("ffn_gate", "mlp.gate_proj"), ("ffn_up", "mlp.up_proj"), ("ffn_down", "mlp.down_proj")):
+            w.add_tensor(f"blk.{i}.{g}.weight", sd[f"{pre}{h}.weight"])
+        w.add_tensor(f"blk.{i}.attn_q.weight", llama_cpp_permute(sd[f"{pre}self_attn.q_proj.weight"], 4))
+        w.add_tensor(f"blk.{i}.attn_k.weight", llama_cpp_permute(sd[f"{pre}self_attn.k_proj.weight"], 2))
+    finish(w)
+    lm = load_model(tmp_path / "m.gguf", dtype=torch.float32)
+    assert lm.config.architecture == "GraniteForCausalLM" and lm.model.logits_divisor == 4.0
+    ids = torch.randint(0, 101, (2, 30), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        want = ref(ids).logits
+    torch.testing.assert_close(plain_logits(lm.model, ids), want, rtol=1e-4, atol=1e-4)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
-from gguf_write import finish
+from gguf_write import finish, llama_cpp_permute
 from tiny import plain_logits
 
 from eaglespec.errors import CheckpointError, ConfigError
@@ -21,11 +21,6 @@ from eaglespec.loading import GGUFFile, load_model
 from eaglespec.loading.gguf_names import expert_names, gguf_to_hf_name, unpermute_qk
 
 MT_BENCH = Path(__file__).resolve().parents[1] / "src" / "eaglespec" / "assets" / "mt_bench_question.jsonl"
-
-
-def llama_cpp_permute(w: np.ndarray, n_heads: int) -> np.ndarray:
-    """What llama.cpp's converter does to q/k (halves -> interleaved pairs)."""
-    return w.reshape(n_heads, 2, w.shape[0] // n_heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
 DEFAULT_TYPES = {
@@ -300,7 +295,7 @@ def test_unsupported_gguf_architecture(tmp_path):
     from eaglespec.loading.gguf_config import GGUF_ARCHITECTURES
 
     assert {"llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "deepseek2", "phi3", "glm4moe", "gpt-oss", "gemma2",
-            "gemma3"} == set(GGUF_ARCHITECTURES)
+            "gemma3", "granite"} == set(GGUF_ARCHITECTURES)
     listed = ", ".join(map(repr, GGUF_ARCHITECTURES))
     with pytest.raises(ConfigError, match=re.escape(f"GGUF architecture 'gemma' is not supported (only {listed}); "
                                                     "load the model's Hugging Face folder instead")):

@@ -11,8 +11,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from gguf_write import add_common, checkpoint_names, finish
-from test_loading_gguf import llama_cpp_permute
+from gguf_write import add_common, checkpoint_names, finish, llama_cpp_permute
 from tiny import assert_family_speculates, per_expert, plain_logits, randomize_moe
 
 from eaglespec.config import EngineConfig, ModelConfig, MoEConfig

@@ -29,6 +29,8 @@ raises `ConfigError` (suggesting the HF folder), as does a missing required fiel
   (llama.cpp's pattern of 2, transformers' layer_types), q/k/v/o biases, the sink logits `attn_sinks`; the clamped
   SwiGLU's limit 7 and alpha 1.702 are llama.cpp's constants; YaRN without rounding its correction range (transformers'
   `truncate: false` for gpt-oss).
+- `granite` (Granite 3; llama.cpp's GraniteModel, a Llama file, q / k permuted alike): `embedding_scale`,
+  `residual_scale`, `attention.scale` and `logit_scale` as transformers' four multipliers.
 - `gemma2` / `gemma3` (llama.cpp's Gemma2Model / Gemma3Model): the sliding window on Gemma 2's even layers and on
   all but Gemma 3's every sixth (llama.cpp's patterns), Gemma 3's local layers at base 10,000 (llama.cpp's constant;
   `rope.freq_base` and a linear `rope.scaling` are the global layers'), Gemma 2's `attn_logit_softcapping` /
@@ -71,7 +73,7 @@ GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", 
                       "qwen3moe": "Qwen3MoeForCausalLM", "qwen2moe": "Qwen2MoeForCausalLM",
                       "deepseek2": "DeepseekV3ForCausalLM", "phi3": "Phi3ForCausalLM",
                       "glm4moe": "Glm4MoeForCausalLM", "gpt-oss": "GptOssForCausalLM", "gemma2": "Gemma2ForCausalLM",
-                      "gemma3": "Gemma3ForCausalLM"}
+                      "gemma3": "Gemma3ForCausalLM", "granite": "GraniteForCausalLM"}
 # GGUF architecture -> HF model_type, where they differ
 _MODEL_TYPES = {"qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe", "deepseek2": "deepseek_v3", "glm4moe": "glm4_moe",
                "gpt-oss": "gpt_oss", "gemma3": "gemma3_text"}
@@ -144,6 +146,11 @@ def hf_config(path: Path, m: dict[str, Any], tensors: Sequence[Any]) -> dict[str
         cfg.update(_gpt_oss_fields(path, m, need, int(cfg["head_dim"])))
     elif arch in ("gemma2", "gemma3"):
         cfg.update(_gemma_fields(arch, m, need, hidden // heads, int(cfg["head_dim"])))
+    elif arch == "granite":  # its four multipliers (models/granite.py), absent: 1 (and the default softmax scale)
+        for hf_key, key in (("embedding_multiplier", "embedding_scale"), ("residual_multiplier", "residual_scale"),
+                            ("attention_multiplier", "attention.scale"), ("logits_scaling", "logit_scale")):
+            if f"granite.{key}" in m:
+                cfg[hf_key] = float(m[f"granite.{key}"])
     elif m.get(f"{arch}.expert_count"):
         if arch != "llama":  # experts in a model class without them
             raise ConfigError(f"{path}: a {arch!r} GGUF with experts ({arch}.expert_count "
