@@ -1,14 +1,16 @@
 """SmolLM3 (`SmolLM3ForCausalLM`: models/llama.py's skeleton with NoPE layers) against transformers on a tiny random
 config (float32): every fourth layer skips RoPE (`no_rope_layers`), with and without the sliding window on those
-layers; speculation against plain greedy and the cache-free forward."""
+layers; speculation against plain greedy and the cache-free forward; llama.cpp's smollm3 GGUFs."""
 
 from __future__ import annotations
 
 import math
 
+import gguf
 import pytest
 import torch
 import transformers
+from gguf_write import add_common, finish, llama_cpp_permute
 from tiny import FAMILY_PROMPTS, assert_family_speculates, greedy_by_recompute, plain_logits
 
 from eaglespec.config import ModelConfig
@@ -60,3 +62,30 @@ def test_released_config_and_bad_lists():
     assert [ModelConfig.from_hf(d).uses_rope(i) for i in range(8)] == [True, True, True, False] * 2
     with pytest.raises(ConfigError, match="no_rope_layers has 3 entries for 8 layers"):
         ModelConfig.from_hf(dict(d, no_rope_layers=[1, 1, 0]))
+
+
+def test_llama_cpp_smollm3_gguf_answers_as_transformers(pair, tmp_path):
+    """llama.cpp's SmolLM3Model: a Llama file (q / k rows permuted); its NoPE layers are llama.cpp's every fourth."""
+    windowed, ref, _ = pair
+    if windowed:  # (llama.cpp's SmolLM3 has no window)
+        return
+    c = ref.config
+    sd = {k: v.detach().float().numpy() for k, v in ref.state_dict().items()}
+    w = gguf.GGUFWriter(str(tmp_path / "m.gguf"), "smollm3")
+    add_common(w, c, sd)
+    w.add_feed_forward_length(c.intermediate_size)
+    for i in range(c.num_hidden_layers):
+        pre = f"model.layers.{i}."
+        for g, h in (("attn_norm", "input_layernorm"), ("attn_v", "self_attn.v_proj"),
+                     ("attn_output", "self_attn.o_proj"), ("ffn_norm", "post_attention_layernorm"),
+                     ("ffn_gate", "mlp.gate_proj"), ("ffn_up", "mlp.up_proj"), ("ffn_down", "mlp.down_proj")):
+            w.add_tensor(f"blk.{i}.{g}.weight", sd[f"{pre}{h}.weight"])
+        w.add_tensor(f"blk.{i}.attn_q.weight", llama_cpp_permute(sd[f"{pre}self_attn.q_proj.weight"], 4))
+        w.add_tensor(f"blk.{i}.attn_k.weight", llama_cpp_permute(sd[f"{pre}self_attn.k_proj.weight"], 2))
+    finish(w)
+    lm = load_model(tmp_path / "m.gguf", dtype=torch.float32)
+    assert [lm.config.uses_rope(i) for i in range(4)] == [True, True, True, False]
+    ids = torch.randint(0, 101, (2, 30), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        want = ref(ids).logits
+    torch.testing.assert_close(plain_logits(lm.model, ids), want, rtol=1e-4, atol=1e-4)

@@ -29,6 +29,8 @@ raises `ConfigError` (suggesting the HF folder), as does a missing required fiel
   (llama.cpp's pattern of 2, transformers' layer_types), q/k/v/o biases, the sink logits `attn_sinks`; the clamped
   SwiGLU's limit 7 and alpha 1.702 are llama.cpp's constants; YaRN without rounding its correction range (transformers'
   `truncate: false` for gpt-oss).
+- `smollm3` (llama.cpp's SmolLM3Model: a Llama file, q / k permuted; every fourth layer NoPE, llama.cpp's constant
+  and transformers' default `no_rope_layer_interval`).
 - `granite` (Granite 3; llama.cpp's GraniteModel, a Llama file, q / k permuted alike): `embedding_scale`,
   `residual_scale`, `attention.scale` and `logit_scale` as transformers' four multipliers.
 - `gemma2` / `gemma3` (llama.cpp's Gemma2Model / Gemma3Model): the sliding window on Gemma 2's even layers and on
@@ -73,7 +75,8 @@ GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", 
                       "qwen3moe": "Qwen3MoeForCausalLM", "qwen2moe": "Qwen2MoeForCausalLM",
                       "deepseek2": "DeepseekV3ForCausalLM", "phi3": "Phi3ForCausalLM",
                       "glm4moe": "Glm4MoeForCausalLM", "gpt-oss": "GptOssForCausalLM", "gemma2": "Gemma2ForCausalLM",
-                      "gemma3": "Gemma3ForCausalLM", "granite": "GraniteForCausalLM"}
+                      "gemma3": "Gemma3ForCausalLM", "granite": "GraniteForCausalLM",
+                      "smollm3": "SmolLM3ForCausalLM"}
 # GGUF architecture -> HF model_type, where they differ
 _MODEL_TYPES = {"qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe", "deepseek2": "deepseek_v3", "glm4moe": "glm4_moe",
                "gpt-oss": "gpt_oss", "gemma3": "gemma3_text"}

@@ -94,7 +94,7 @@ HF_RENAMES: dict[str, tuple[tuple[str, str], ...]] = {
     #                                                              loads only the fused form, our loader both)
 }
 # GGUF architectures whose q/k weights llama.cpp permuted (interleaved RoPE pairs)
-PERMUTED_ARCHS = frozenset({"llama", "granite"})
+PERMUTED_ARCHS = frozenset({"llama", "granite", "smollm3"})
 # per GGUF architecture, names that mean another HF tensor there than in the table (consulted first): Gemma's
 # ffn_norm is its pre-FFN norm and post_ffw_norm its post-FFN one (its post_attention_norm is the table's)
 ARCH_GGUF_TO_HF: dict[str, tuple[tuple[str, str, str | None], ...]] = {arch: (
