@@ -1,7 +1,7 @@
 """Session 57's model families on the GPU path: tiny random float32 targets (Mixtral, Qwen2-MoE with its gated shared
 expert and a dense layer, Phi-3 with LongRoPE, Mistral Small 3's text wrapper with an explicit head_dim; session 58's
 GLM-4.5 and Phi-4-mini with partial RoPE, heads of 48 dims, sliding windows, Gemma 2 / 3, GLM-4, SmolLM3, OLMo 3,
-Granite, gpt-oss), each run eagerly without graphs (the reference), then through `prepare_for_inference` and the graph
+Granite, Command R7B, gpt-oss), each run eagerly without graphs (the reference), then through `prepare_for_inference` and the graph
 path: plain decoding, a chain and a tree with a random EAGLE-3 drafter. Prints how many of the 3 answers equal the
 reference's.
 
@@ -75,6 +75,9 @@ CONFIGS = {
     "granite (multipliers)": dict(BASE, architectures=["GraniteForCausalLM"], model_type="granite",
                                   embedding_multiplier=2.0, attention_multiplier=0.09, residual_multiplier=0.8,
                                   logits_scaling=4.0),
+    # Command R7B / A: parallel blocks, LayerNorms, windowed RoPE layers and NoPE global ones, scaled logits
+    "cohere2 (window 16, NoPE globals)": dict(BASE, architectures=["Cohere2ForCausalLM"], model_type="cohere2",
+                                              sliding_window=16, logit_scale=0.25, layer_norm_eps=1e-5),
     # gpt-oss: sinks, alternating windows, biased router, clamped-SwiGLU experts (eager MoE: no graphs expected)
     "gpt_oss (window 16, sinks)": dict(BASE, architectures=["GptOssForCausalLM"], model_type="gpt_oss", head_dim=32,
                                        intermediate_size=64, num_local_experts=8, num_experts_per_tok=2,

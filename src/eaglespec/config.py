@@ -61,9 +61,9 @@ class Eagle3Config:
 
 def layer_windows(text: Mapping[str, Any], model_type: str, n_layers: int, window: int | None,
                   rope_layers: tuple[bool, ...] = ()) -> tuple[int | None, ...]:
-    """Each layer's sliding window (or None), as transformers' configs assign them: `layer_types` when the config
-    lists them (transformers 5 writes them: "sliding_attention" / "full_attention"); else Qwen2 / Qwen3's layers from
-    `max_window_layers` on, Qwen2-MoE's even layers below it, Gemma 2's even ones, Gemma 3's but every
+    """Each layer's sliding window (or None), as transformers' configs assign them: `layer_types` when the config lists
+    them (transformers 5 writes them: "sliding_attention" / "full_attention"); else Qwen2 / Qwen3's layers from
+    `max_window_layers` on, Qwen2-MoE's even layers below it, Gemma 2's even ones, Gemma 3's and Cohere2's but every
     `sliding_window_pattern`-th, SmolLM3's NoPE layers (`rope_layers` false), and every layer of the others (Mistral,
     Mixtral, Qwen3-MoE, Phi-3). `()` without a window."""
     if window is None:
@@ -76,6 +76,9 @@ def layer_windows(text: Mapping[str, Any], model_type: str, n_layers: int, windo
         return tuple(window if t == "sliding_attention" else None for t in types)
     if model_type == "smollm3":  # its NoPE layers
         return tuple(None if rope_layers and rope_layers[i] else window for i in range(n_layers))
+    if model_type == "cohere2":  # released configs: every `sliding_window_pattern`-th (4th) layer is global
+        pattern = int(text.get("sliding_window_pattern") or 4)
+        return tuple(window if (i + 1) % pattern else None for i in range(n_layers))
     if model_type in ("gemma3_text", "gemma3", "gemma2"):  # released configs: every pattern-th layer is global
         pattern = int(text.get("sliding_window_pattern") or (2 if model_type == "gemma2" else 6))
         return tuple(window if (i + 1) % pattern else None for i in range(n_layers))

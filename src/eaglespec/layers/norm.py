@@ -4,7 +4,8 @@
 `add_rms_norm` the residual add fused with the next norm (h + d, norm(h + d)); the module's `impl` / `add_impl` may
 be swapped for compiled versions (one kernel each) by engine.transforms. `OffsetRMSNorm` is Gemma's: weights stored as
 offsets from 1, the product taken in float32 before the one rounding (not an `RMSNorm`, so that no kernel written for
-Llama's roundings replaces it)."""
+Llama's roundings replaces it); `BiasFreeLayerNorm` is Cohere's LayerNorm (mean removed, a weight and no bias, in
+float32, rounded once)."""
 
 from __future__ import annotations
 
@@ -70,3 +71,17 @@ class OffsetRMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return offset_rms_norm(x, self.weight, self.eps)
+
+
+class BiasFreeLayerNorm(nn.Module):
+    """Cohere's LayerNorm: (x - mean(x)) / sqrt(var(x) + eps) * weight, in float32, rounded once to x's dtype."""
+
+    def __init__(self, dim: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        c = x32 - x32.mean(-1, keepdim=True)
+        return (c * torch.rsqrt(c.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight.float()).to(x.dtype)

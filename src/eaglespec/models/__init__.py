@@ -17,6 +17,8 @@ _REGISTRY: dict[str, str] = {
     "Qwen2MoeForCausalLM": "eaglespec.models.qwen_moe:Qwen2MoeForCausalLM",
     "MixtralForCausalLM": "eaglespec.models.mixtral:MixtralForCausalLM",
     "Phi3ForCausalLM": "eaglespec.models.phi3:Phi3ForCausalLM",
+    "CohereForCausalLM": "eaglespec.models.cohere:CohereForCausalLM",
+    "Cohere2ForCausalLM": "eaglespec.models.cohere:Cohere2ForCausalLM",
     "Olmo2ForCausalLM": "eaglespec.models.olmo2:Olmo2ForCausalLM",
     "Olmo3ForCausalLM": "eaglespec.models.olmo2:Olmo2ForCausalLM",
     "Glm4ForCausalLM": "eaglespec.models.glm4:Glm4ForCausalLM",
