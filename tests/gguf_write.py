@@ -1,6 +1,7 @@
 """Helpers for the GGUF files the tests write with `gguf.GGUFWriter`: a tensor quantized as a file holds it, the three
-writes that finish a file, the metadata and tensors every decoder file holds, and the tensor names transformers' own checkpoint of a model has (what a GGUF's tensors
-must be named as for `eaglespec convert` to write that architecture's folder)."""
+writes that finish a file, the metadata and tensors every decoder file holds, and the tensor names transformers' own
+checkpoint of a model has (what a GGUF's tensors must be named as for `eaglespec convert` to write that
+architecture's folder)."""
 
 from __future__ import annotations
 
