@@ -667,3 +667,24 @@ def test_continuous_prefill_pass_and_admission_shapes(monkeypatch):
     rows = min(3, PREFILL_GRAPH_ROWS)
     assert shapes == [[[6, 7, 8, 9, 10]] * r for r in range(1, rows + 1)] + [[long] * r for r in range(1, rows + 1)]
     cr.close()
+
+
+def test_random_weights_of_other_norms(tmp_path):
+    """--random-weights for shapes whose norms are not RMSNorms: Cohere's LayerNorm weights 1 (a zero weight would
+    silence every layer), Gemma's offsets 0 (a scale of 1); the models answer with finite logits."""
+    import json
+
+    from eaglespec.layers.context import ForwardContext
+    from eaglespec.layers.norm import BiasFreeLayerNorm, OffsetRMSNorm
+
+    base = dict(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, max_position_embeddings=128)
+    for arch, mt, cls, want in (("Cohere2ForCausalLM", "cohere2", BiasFreeLayerNorm, 1.0),
+                                ("Gemma3ForCausalLM", "gemma3_text", OffsetRMSNorm, 0.0)):
+        path = tmp_path / f"{mt}.json"
+        path.write_text(json.dumps(dict(base, architectures=[arch], model_type=mt, sliding_window=16)))
+        model = random_model(str(path), torch.device("cpu"), torch.float32).model
+        norms = [m.weight for m in model.modules() if isinstance(m, cls)]
+        assert norms and all(bool((w == want).all()) for w in norms)
+        logits = model(torch.tensor([[1, 2, 3]]), ForwardContext.plain(1, 3)).logits
+        assert torch.isfinite(logits).all() and logits.abs().max() > 0

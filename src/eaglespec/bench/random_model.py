@@ -1,11 +1,11 @@
 """Models of a given shape with random weights: measure kernels and step costs without a checkpoint.
 
 Contract:
-- `random_model(shape, device, dtype, seed)` -> `LoadedModel` (no tokenizer). `shape` is a preset name
-  (`PRESETS`: llama-3.1-8b, smollm2-135m, qwen3-30b-a3b, kimi-k2.5-slice) or the path of a Hugging Face
-  `config.json`. The model is built on the meta device under the target dtype (DESIGN.md principle 7), then
-  materialised on the device (`to_empty`, shared parameters re-tied) and filled there: matrices ~ N(0, std), RMSNorm
-  weights 1, other vectors and persistent buffers 0, then `reset_buffers()` recomputes the derived ones (RoPE).
+- `random_model(shape, device, dtype, seed)` -> `LoadedModel` (no tokenizer). `shape` is a preset name (`PRESETS`:
+  llama-3.1-8b, smollm2-135m, qwen3-30b-a3b, kimi-k2.5-slice) or the path of a Hugging Face `config.json`. The model is
+  built on the meta device under the target dtype (DESIGN.md principle 7), then materialised on the device (`to_empty`,
+  shared parameters re-tied) and filled there: matrices ~ N(0, std), RMSNorm weights 1 (Cohere's LayerNorm's too;
+  Gemma's offsets 0), other vectors and persistent buffers 0, then `reset_buffers()` recomputes the derived ones (RoPE).
   Nothing goes through host memory, so an 8B shape takes seconds on a GPU.
 - `random_drafter(target_config, device, dtype, seed)` -> an EAGLE-3 drafter of the target's shape (one layer of the
   target's width and heads, a random draft vocabulary of up to 32000 tokens), filled the same way. Its proposals are
@@ -24,7 +24,7 @@ from torch import nn
 
 from ..config import ModelConfig
 from ..errors import ConfigError
-from ..layers.norm import RMSNorm
+from ..layers.norm import BiasFreeLayerNorm, RMSNorm
 from ..loading.checkpoint import LoadedModel, build_on_meta, check_device_room
 
 LLAMA_3_1_8B: dict[str, Any] = {
@@ -115,7 +115,8 @@ def materialize_random(model: nn.Module, device: torch.device, seed: int = 0, st
         for mod, name in owners[1:]:
             mod._parameters[name] = first
     g = torch.Generator(device=device).manual_seed(seed)
-    norms = {id(m.weight) for m in model.modules() if isinstance(m, RMSNorm)}
+    # weights that multiply a normalised row: 1 (Gemma's OffsetRMSNorm stores an offset from 1: it stays 0)
+    norms = {id(m.weight) for m in model.modules() if isinstance(m, (RMSNorm, BiasFreeLayerNorm))}
     for p in model.parameters():
         if id(p) in norms:
             p.fill_(1.0)
