@@ -12,7 +12,7 @@ import transformers
 from tiny import assert_family_speculates, plain_logits
 
 from eaglespec.loading import load_model
-from eaglespec.models.glm4 import pairs_to_halves
+from eaglespec.layers.rotary import pairs_to_halves
 
 CONFIG = dict(vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
               num_key_value_heads=2, head_dim=16, max_position_embeddings=256, rms_norm_eps=1e-5,

@@ -5,7 +5,9 @@ and their application.
 from the positions on the fly: no table bounded by the context length; `dim` is the rotated dims of a head
 (`ModelConfig.rotary_dim`). `apply_rotary` rotates halves (the HF / Llama layout); `interleaved=True` rotates adjacent
 pairs (DeepSeek's reference layout); either over the first 2 x cos.shape[-1] dims of a head (partial RoPE). The
-frequency formulas follow transformers' `rope_utils` so logits agree with it.
+frequency formulas follow transformers' `rope_utils` so logits agree with it. `pairs_to_halves` reorders a checkpoint's
+q / k rows from the pair layout to the halves one (GLM-4, Cohere, ERNIE 4.5 load through it: q and k permuted alike
+leave every score, so the model, unchanged, and the engine's RoPE kernels rotate halves).
 """
 
 from __future__ import annotations
@@ -139,3 +141,12 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interlea
     if rot < x.shape[-1]:
         return torch.cat((out.to(dtype), x[..., rot:]), dim=-1)
     return out.to(dtype)
+
+
+def pairs_to_halves(w: torch.Tensor, heads: int, rotated: int) -> torch.Tensor:
+    """w [heads * head_dim, ...] (q_proj / k_proj rows, or their bias) with each head's first `rotated` rows in
+    adjacent-pair order -> the same rows in halves order (evens first, then odds); the other rows unchanged."""
+    rows = w.shape[0]
+    x = w.reshape(heads, rows // heads, *w.shape[1:])
+    rot = x[:, :rotated]
+    return torch.cat((rot[:, 0::2], rot[:, 1::2], x[:, rotated:]), 1).reshape(w.shape)

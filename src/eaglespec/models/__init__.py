@@ -10,6 +10,8 @@ _REGISTRY: dict[str, str] = {
     "LlamaForCausalLM": "eaglespec.models.llama:LlamaForCausalLM",
     "MistralForCausalLM": "eaglespec.models.llama:LlamaForCausalLM",
     "SmolLM3ForCausalLM": "eaglespec.models.llama:LlamaForCausalLM",
+    "SeedOssForCausalLM": "eaglespec.models.llama:LlamaForCausalLM",
+    "Ernie4_5ForCausalLM": "eaglespec.models.llama:Ernie4_5ForCausalLM",
     "GraniteForCausalLM": "eaglespec.models.granite:GraniteForCausalLM",
     "Qwen2ForCausalLM": "eaglespec.models.qwen:Qwen2ForCausalLM",
     "Qwen3ForCausalLM": "eaglespec.models.qwen:Qwen3ForCausalLM",

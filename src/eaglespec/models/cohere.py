@@ -4,7 +4,7 @@ Command A): one LayerNorm feeding attention and MLP in parallel.
 Layer i: `x = input_layernorm(h)`, `h += self_attn(x) + mlp(x)` (`layers.norm.BiasFreeLayerNorm`, `layer_norm_eps`).
 The attention is GQA (biases as `attention_bias` says) with RoPE over adjacent pairs (transformers' Cohere layout,
 dims 2j and 2j + 1 at frequency j): `transform_checkpoint` permutes q_proj's and k_proj's rows within each head,
-pairs to halves (`glm4.pairs_to_halves`: q and k alike, every score unchanged), so the engine's RoPE and its kernels
+pairs to halves (`layers.rotary.pairs_to_halves`: q and k alike, every score unchanged), so the engine's RoPE and its kernels
 apply as they are. Command R7B / A window three layers of four (`layer_types`, `sliding_window`) and rotate only
 those: their full-attention layers are NoPE (`ModelConfig.rope_layers`). The logits are multiplied by `logit_scale`
 (`DecoderOnlyLM.logits_divisor` = 1 / it), the head tied to the embedding. Refused by name: `use_qk_norm` (Command R+,
@@ -26,9 +26,8 @@ from ..layers.attention import GQAAttention
 from ..layers.embedding import embedding
 from ..layers.mlp import GatedMLP
 from ..layers.norm import BiasFreeLayerNorm
-from ..layers.rotary import Rotary
+from ..layers.rotary import Rotary, pairs_to_halves
 from .base import DecoderOnlyLM, set_windows
-from .glm4 import pairs_to_halves
 
 
 class CohereDecoderLayer(nn.Module):

@@ -26,17 +26,8 @@ from ..layers.attention import GQAAttention
 from ..layers.embedding import embedding
 from ..layers.mlp import GatedMLP
 from ..layers.norm import RMSNorm
-from ..layers.rotary import Rotary
+from ..layers.rotary import Rotary, pairs_to_halves
 from .base import DecoderOnlyLM, set_windows
-
-
-def pairs_to_halves(w: torch.Tensor, heads: int, rotated: int) -> torch.Tensor:
-    """w [heads * head_dim, ...] (q_proj / k_proj rows, or their bias) with each head's first `rotated` rows in
-    adjacent-pair order -> the same rows in halves order (evens first, then odds); the other rows unchanged."""
-    rows = w.shape[0]
-    x = w.reshape(heads, rows // heads, *w.shape[1:])
-    rot = x[:, :rotated]
-    return torch.cat((rot[:, 0::2], rot[:, 1::2], x[:, rotated:]), 1).reshape(w.shape)
 
 
 class Glm4DecoderLayer(nn.Module):

@@ -1,5 +1,8 @@
-"""Llama (SmolLM2, Llama 2/3; Mistral and SmolLM3 under their names): pre-norm RMSNorm decoder, GQA, RoPE (incl.
-Llama-3 scaling; none in SmolLM3's NoPE layers, `ModelConfig.rope_layers`), SwiGLU, tied or untied.
+"""Llama (SmolLM2, Llama 2/3; Mistral, SmolLM3 and Seed-OSS under their names): pre-norm RMSNorm decoder, GQA, RoPE
+(incl. Llama-3 scaling; none in SmolLM3's NoPE layers, `ModelConfig.rope_layers`), SwiGLU, tied or untied; biases as
+`attention_bias` (q/k/v, and o_proj unless `attention_out_bias` says otherwise: Seed-OSS) and `mlp_bias` say.
+`Ernie4_5ForCausalLM` (ERNIE 4.5 dense) is this model with `use_bias` for both and RoPE on adjacent pairs, its q / k
+rows permuted to halves at load (`layers.rotary.pairs_to_halves`).
 
 Parameter names are the HF checkpoint's (`model.layers.N.self_attn.q_proj.weight`, ...), so the rename table is
 empty; GGUF names are mapped in `loading/gguf_names.py`.
@@ -7,6 +10,10 @@ empty; GGUF names are mapped in `loading/gguf_names.py`.
 
 from __future__ import annotations
 
+from dataclasses import replace
+from typing import Iterator
+
+import torch
 from torch import nn
 
 from ..config import ModelConfig
@@ -14,7 +21,7 @@ from ..layers.attention import GQAAttention
 from ..layers.embedding import embedding
 from ..layers.mlp import GatedMLP
 from ..layers.norm import RMSNorm
-from ..layers.rotary import Rotary
+from ..layers.rotary import Rotary, pairs_to_halves
 from .base import DecoderOnlyLM, PreNormDecoderLayer, set_windows
 
 
@@ -22,9 +29,10 @@ class LlamaDecoderLayer(PreNormDecoderLayer):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        text = cfg.raw.get("text_config") or cfg.raw
         self.self_attn = GQAAttention(
             cfg.hidden_size, cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
-            bias=cfg.attention_bias,
+            bias=cfg.attention_bias, o_bias=text.get("attention_out_bias"),  # Seed-OSS names o_proj's apart
         )
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias, act=cfg.hidden_act)
@@ -52,3 +60,21 @@ class LlamaForCausalLM(DecoderOnlyLM):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+
+
+class Ernie4_5ForCausalLM(LlamaForCausalLM):
+    def __init__(self, config: ModelConfig) -> None:
+        text = config.raw.get("text_config") or config.raw
+        bias = bool(text.get("use_bias", False))
+        if "tie_word_embeddings" not in text:  # ERNIE 4.5's default: tied
+            config = replace(config, tie_word_embeddings=True)
+        super().__init__(replace(config, attention_bias=bias, mlp_bias=bias))
+
+    def transform_checkpoint(self, name: str, tensor: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
+        """q / k rows from RoPE pairs to halves (the module docstring)."""
+        cfg = self.config
+        if name.endswith(("self_attn.q_proj.weight", "self_attn.q_proj.bias")):
+            tensor = pairs_to_halves(tensor, cfg.num_attention_heads, cfg.rotary_dim)
+        elif name.endswith(("self_attn.k_proj.weight", "self_attn.k_proj.bias")):
+            tensor = pairs_to_halves(tensor, cfg.num_key_value_heads, cfg.rotary_dim)
+        yield name, tensor
