@@ -32,6 +32,7 @@ _REGISTRY: dict[str, str] = {
     "LlamaForCausalLMEagle3": "eaglespec.models.eagle3:LlamaForCausalLMEagle3",
     "DeepseekV2ForCausalLM": "eaglespec.models.deepseek_v3:DeepseekV2ForCausalLM",
     "DeepseekV3ForCausalLM": "eaglespec.models.deepseek_v3:DeepseekV3ForCausalLM",
+    "DeepseekV32ForCausalLM": "eaglespec.models.deepseek_v3:DeepseekV32ForCausalLM",
     "KimiK25ForConditionalGeneration": "eaglespec.models.kimi_k25:KimiK25ForConditionalGeneration",
     "Mistral3ForConditionalGeneration": "eaglespec.models.mistral3:Mistral3ForConditionalGeneration",
 }

@@ -98,3 +98,13 @@ class DeepseekV3ForCausalLM(DecoderOnlyLM):
 
 class DeepseekV2ForCausalLM(DeepseekV3ForCausalLM):
     """DeepSeek-V2 / V2-Lite (`architectures: ["DeepseekV2ForCausalLM"]`): V3's model; the router is the config's."""
+
+
+class DeepseekV32ForCausalLM(DeepseekV3ForCausalLM):
+    """DeepSeek-V3.2 (`architectures: ["DeepseekV32ForCausalLM"]`): V3's model plus DeepSeek Sparse Attention, whose
+    lightning indexer (`self_attn.indexer.*`, ignored here) picks the `index_topk` (2,048) keys each query attends
+    to. A query with at most that many keys before it attends to all of them, exactly V3's dense MLA, so the model
+    runs as V3 up to `index_topk` positions: `ModelConfig.context_limit` caps the context there (the indexer's
+    selection beyond it is not implemented)."""
+
+    checkpoint_ignore = DeepseekV3ForCausalLM.checkpoint_ignore + (r"\.self_attn\.indexer\.",)
