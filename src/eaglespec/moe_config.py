@@ -67,6 +67,9 @@ class MoEConfig:
         if text.get("n_routed_experts"):
             v2 = model_type == "deepseek_v2"  # softmax routing (greedy or group-limited), weights not normalised
             glm = model_type == "glm4_moe"  # transformers' Glm4MoeConfig defaults: one shared expert, one dense layer
+            # GLM-4.7-Flash (glm4_moe_lite) lists each layer's MLP instead (default: the first dense)
+            kinds = text.get("mlp_layer_types") or (["dense"] + ["sparse"] * (int(text["num_hidden_layers"]) - 1)
+                                                    if model_type == "glm4_moe_lite" else None)
             return MoEConfig(
                 n_routed_experts=int(text["n_routed_experts"]),
                 num_experts_per_tok=int(text["num_experts_per_tok"]),
@@ -81,6 +84,7 @@ class MoEConfig:
                 scoring_func=str(text.get("scoring_func", "softmax" if v2 else "sigmoid")),
                 topk_method=str(text.get("topk_method", "greedy" if v2 else "noaux_tc")),
                 router_float32=v2,
+                mlp_only_layers=tuple(i for i, k in enumerate(kinds or ()) if k == "dense"),
             )
         experts = text.get("num_experts", text.get("num_local_experts"))
         if model_type in ("mixtral", "gpt_oss") and experts:  # every layer sparse, experts of intermediate_size

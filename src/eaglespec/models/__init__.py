@@ -33,6 +33,7 @@ _REGISTRY: dict[str, str] = {
     "DeepseekV2ForCausalLM": "eaglespec.models.deepseek_v3:DeepseekV2ForCausalLM",
     "DeepseekV3ForCausalLM": "eaglespec.models.deepseek_v3:DeepseekV3ForCausalLM",
     "DeepseekV32ForCausalLM": "eaglespec.models.deepseek_v3:DeepseekV32ForCausalLM",
+    "Glm4MoeLiteForCausalLM": "eaglespec.models.deepseek_v3:DeepseekV3ForCausalLM",
     "KimiK25ForConditionalGeneration": "eaglespec.models.kimi_k25:KimiK25ForConditionalGeneration",
     "Mistral3ForConditionalGeneration": "eaglespec.models.mistral3:Mistral3ForConditionalGeneration",
 }
