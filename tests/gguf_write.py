@@ -41,6 +41,22 @@ def add_common(w: gguf.GGUFWriter, c, sd: dict[str, np.ndarray], head: bool = Tr
         w.add_tensor("output.weight", sd["lm_head.weight"])
 
 
+def add_llama_layers(w: gguf.GGUFWriter, c, sd: dict[str, np.ndarray]) -> None:
+    """Every layer of a Llama-layout model as llama.cpp's LlamaModel writes it (q / k rows permuted,
+    `llama_cpp_permute`), with the feed-forward length."""
+    w.add_feed_forward_length(c.intermediate_size)
+    for i in range(c.num_hidden_layers):
+        pre = f"model.layers.{i}."
+        for g, h in (("attn_norm", "input_layernorm"), ("attn_v", "self_attn.v_proj"),
+                     ("attn_output", "self_attn.o_proj"), ("ffn_norm", "post_attention_layernorm"),
+                     ("ffn_gate", "mlp.gate_proj"), ("ffn_up", "mlp.up_proj"), ("ffn_down", "mlp.down_proj")):
+            w.add_tensor(f"blk.{i}.{g}.weight", sd[f"{pre}{h}.weight"])
+        w.add_tensor(f"blk.{i}.attn_q.weight", llama_cpp_permute(sd[f"{pre}self_attn.q_proj.weight"],
+                                                                 c.num_attention_heads))
+        w.add_tensor(f"blk.{i}.attn_k.weight", llama_cpp_permute(sd[f"{pre}self_attn.k_proj.weight"],
+                                                                 c.num_key_value_heads))
+
+
 def finish(w: gguf.GGUFWriter) -> None:
     """Write the header, the metadata and the tensors, and close the file."""
     w.write_header_to_file()

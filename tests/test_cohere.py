@@ -5,16 +5,12 @@ only); speculation against plain greedy and the cache-free forward; Command R+'s
 
 from __future__ import annotations
 
-import math
 
 import pytest
-import torch
-import transformers
-from tiny import FAMILY_PROMPTS, assert_family_speculates, greedy_by_recompute, plain_logits
+from tiny import assert_family_speculates, assert_matches_transformers, transformers_pair
 
 from eaglespec.config import ModelConfig
 from eaglespec.errors import ConfigError
-from eaglespec.loading import load_model
 from eaglespec.models import get_model_class
 
 CONFIG = dict(vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
@@ -27,18 +23,7 @@ CONFIG = dict(vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_l
 def pair(request, tmp_path_factory):
     prefix = {"cohere": "Cohere", "cohere2": "Cohere2"}[request.param]
     extra = dict(sliding_window=8) if request.param == "cohere2" else {}
-    hc = getattr(transformers, f"{prefix}Config")(**CONFIG, **extra)
-    hc.architectures = [f"{prefix}ForCausalLM"]
-    hc._attn_implementation = "eager"
-    ref = getattr(transformers, f"{prefix}ForCausalLM")(hc).eval()
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, t in ref.named_parameters():
-            t.copy_(1.0 + 0.1 * torch.randn(t.shape, generator=g) if t.dim() == 1
-                    else 2.0 * torch.randn(t.shape, generator=g) / math.sqrt(t.shape[-1]))
-    folder = tmp_path_factory.mktemp(request.param)
-    ref.save_pretrained(folder)
-    return request.param, ref, load_model(folder, dtype=torch.float32)
+    return (request.param, *transformers_pair(prefix, tmp_path_factory.mktemp(request.param), **CONFIG, **extra))
 
 
 def test_a_transformers_folder_answers_as_transformers(pair):
@@ -48,16 +33,12 @@ def test_a_transformers_folder_answers_as_transformers(pair):
         assert [cfg.window_of(i) for i in range(4)] == [8, 8, 8, None]
         assert [cfg.uses_rope(i) for i in range(4)] == [True, True, True, False]
     assert lm.model.lm_head.weight is lm.model.model.embed_tokens.weight and lm.model.logits_divisor == 2.0
-    ids = torch.randint(0, 101, (2, 40), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        want = ref(ids).logits
-    torch.testing.assert_close(plain_logits(lm.model, ids), want, rtol=1e-4, atol=1e-4)
+    assert_matches_transformers(ref, lm.model)
 
 
 def test_greedy_speculation_equals_plain_and_the_cache_free_forward(pair):
     _, _, lm = pair
-    plain = assert_family_speculates(lm.model, hidden=64)
-    assert plain == [greedy_by_recompute(lm.model, p, 16) for p in FAMILY_PROMPTS]
+    assert_family_speculates(lm.model, hidden=64, recompute=True)
 
 
 def test_command_r_plus_qk_norms_are_refused():

@@ -4,14 +4,11 @@ are permuted to the halves layout at load; sandwich norms; speculation against p
 
 from __future__ import annotations
 
-import math
 
 import pytest
 import torch
-import transformers
-from tiny import assert_family_speculates, plain_logits
+from tiny import assert_family_speculates, assert_matches_transformers, transformers_pair
 
-from eaglespec.loading import load_model
 from eaglespec.layers.rotary import pairs_to_halves
 
 CONFIG = dict(vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
@@ -22,27 +19,13 @@ CONFIG = dict(vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_l
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
-    hc = transformers.Glm4Config(**CONFIG)
-    hc.architectures = ["Glm4ForCausalLM"]
-    hc._attn_implementation = "eager"
-    ref = transformers.Glm4ForCausalLM(hc).eval()
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():  # O(1) logits
-        for name, t in ref.named_parameters():
-            t.copy_((1.0 if name.endswith("norm.weight") else 0.0) + 0.2 * torch.randn(t.shape, generator=g)
-                    if t.dim() == 1 else 2.0 * torch.randn(t.shape, generator=g) / math.sqrt(t.shape[-1]))
-    folder = tmp_path_factory.mktemp("glm4")
-    ref.save_pretrained(folder)
-    return ref, load_model(folder, dtype=torch.float32)
+    return transformers_pair("Glm4", tmp_path_factory.mktemp("glm4"), **CONFIG)
 
 
 def test_a_transformers_folder_answers_as_transformers(pair):
     ref, lm = pair
     assert lm.config.rotary_dim == 8
-    ids = torch.randint(0, 101, (2, 40), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        want = ref(ids).logits
-    torch.testing.assert_close(plain_logits(lm.model, ids), want, rtol=1e-4, atol=1e-4)
+    assert_matches_transformers(ref, lm.model)
 
 
 def test_greedy_speculation_equals_plain(pair):

@@ -15,7 +15,7 @@ import torch
 import transformers
 from gguf_write import add_common, finish
 from safetensors.torch import load_file, save_file
-from tiny import FAMILY_PROMPTS, assert_family_speculates, greedy_by_recompute, plain_logits
+from tiny import assert_family_speculates, plain_logits
 
 from eaglespec.errors import CheckpointError
 from eaglespec.layers.attention import sdpa_written_out
@@ -101,9 +101,7 @@ def test_sinks_equal_a_softmax_with_an_extra_column():
 
 def test_greedy_speculation_equals_plain_and_the_cache_free_forward(pair):
     _, lm = pair
-    plain = assert_family_speculates(lm.model, hidden=64)
-    # the cached steps' sinks and windows
-    assert plain == [greedy_by_recompute(lm.model, p, 16) for p in FAMILY_PROMPTS]
+    assert_family_speculates(lm.model, hidden=64, recompute=True)  # the cached steps' sinks and windows
 
 
 def quantize_mxfp4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

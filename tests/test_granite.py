@@ -4,14 +4,12 @@ head tied; speculation against plain greedy and the cache-free forward; llama.cp
 
 from __future__ import annotations
 
-import math
 
 import gguf
 import pytest
 import torch
-import transformers
-from gguf_write import add_common, finish, llama_cpp_permute
-from tiny import FAMILY_PROMPTS, assert_family_speculates, greedy_by_recompute, plain_logits
+from gguf_write import add_common, add_llama_layers, finish
+from tiny import assert_family_speculates, assert_matches_transformers, plain_logits, transformers_pair
 
 from eaglespec.loading import load_model
 
@@ -23,34 +21,19 @@ CONFIG = dict(vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_l
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
-    hc = transformers.GraniteConfig(**CONFIG)
-    hc.architectures = ["GraniteForCausalLM"]
-    hc._attn_implementation = "eager"
-    ref = transformers.GraniteForCausalLM(hc).eval()
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, t in ref.named_parameters():
-            t.copy_(1.0 + 0.1 * torch.randn(t.shape, generator=g) if t.dim() == 1
-                    else 2.0 * torch.randn(t.shape, generator=g) / math.sqrt(t.shape[-1]))
-    folder = tmp_path_factory.mktemp("granite")
-    ref.save_pretrained(folder)
-    return ref, load_model(folder, dtype=torch.float32)
+    return transformers_pair("Granite", tmp_path_factory.mktemp("granite"), **CONFIG)
 
 
 def test_a_transformers_folder_answers_as_transformers(pair):
     ref, lm = pair
     assert lm.model.lm_head.weight is lm.model.model.embed_tokens.weight
     assert (lm.model.logits_divisor, lm.model.model.layers[0].self_attn.scale) == (4.0, 0.09)
-    ids = torch.randint(0, 101, (2, 40), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        want = ref(ids).logits
-    torch.testing.assert_close(plain_logits(lm.model, ids), want, rtol=1e-4, atol=1e-4)
+    assert_matches_transformers(ref, lm.model)
 
 
 def test_greedy_speculation_equals_plain_and_the_cache_free_forward(pair):
     _, lm = pair
-    plain = assert_family_speculates(lm.model, hidden=64)
-    assert plain == [greedy_by_recompute(lm.model, p, 16) for p in FAMILY_PROMPTS]
+    assert_family_speculates(lm.model, hidden=64, recompute=True)
 
 
 def test_llama_cpp_granite_gguf_answers_as_transformers(pair, tmp_path):
@@ -61,19 +44,11 @@ def test_llama_cpp_granite_gguf_answers_as_transformers(pair, tmp_path):
     sd = {k: v.detach().float().numpy() for k, v in ref.state_dict().items()}
     w = gguf.GGUFWriter(str(tmp_path / "m.gguf"), "granite")
     add_common(w, c, sd, head=False)  # tied
-    w.add_feed_forward_length(c.intermediate_size)
     w.add_embedding_scale(c.embedding_multiplier)
     w.add_residual_scale(c.residual_multiplier)
     w.add_attention_scale(c.attention_multiplier)
     w.add_logit_scale(c.logits_scaling)
-    for i in range(c.num_hidden_layers):
-        pre = f"model.layers.{i}."
-        for g, h in (("attn_norm", "input_layernorm"), ("attn_v", "self_attn.v_proj"),
-                     ("attn_output", "self_attn.o_proj"), ("ffn_norm", "post_attention_layernorm"),
-                     ("ffn_gate", "mlp.gate_proj"), ("ffn_up", "mlp.up_proj"), ("ffn_down", "mlp.down_proj")):
-            w.add_tensor(f"blk.{i}.{g}.weight", sd[f"{pre}{h}.weight"])
-        w.add_tensor(f"blk.{i}.attn_q.weight", llama_cpp_permute(sd[f"{pre}self_attn.q_proj.weight"], 4))
-        w.add_tensor(f"blk.{i}.attn_k.weight", llama_cpp_permute(sd[f"{pre}self_attn.k_proj.weight"], 2))
+    add_llama_layers(w, c, sd)
     finish(w)
     lm = load_model(tmp_path / "m.gguf", dtype=torch.float32)
     assert lm.config.architecture == "GraniteForCausalLM" and lm.model.logits_divisor == 4.0

@@ -5,17 +5,13 @@ through our loader; speculation against plain greedy and the cache-free forward;
 from __future__ import annotations
 
 import copy
-import math
 
 import pytest
-import torch
-import transformers
-from tiny import FAMILY_PROMPTS, assert_family_speculates, greedy_by_recompute, plain_logits
+from tiny import FAMILY_PROMPTS, assert_family_speculates, assert_matches_transformers, transformers_pair
 
 from eaglespec.config import EngineConfig
 from eaglespec.engine import transforms
 from eaglespec.engine.engine import Engine
-from eaglespec.loading import load_model
 from eaglespec.sampling_params import SamplingParams
 
 CONFIG = dict(vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
@@ -28,34 +24,20 @@ CASES = {"olmo2": dict(rope_parameters=dict(rope_type="default", rope_theta=5e5)
 @pytest.fixture(scope="module", params=list(CASES))
 def pair(request, tmp_path_factory):
     prefix = {"olmo2": "Olmo2", "olmo3": "Olmo3"}[request.param]
-    hc = getattr(transformers, f"{prefix}Config")(**CONFIG, **CASES[request.param])
-    hc.architectures = [f"{prefix}ForCausalLM"]
-    hc._attn_implementation = "eager"
-    ref = getattr(transformers, f"{prefix}ForCausalLM")(hc).eval()
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, t in ref.named_parameters():
-            t.copy_(1.0 + 0.1 * torch.randn(t.shape, generator=g) if t.dim() == 1
-                    else 2.0 * torch.randn(t.shape, generator=g) / math.sqrt(t.shape[-1]))
     folder = tmp_path_factory.mktemp(request.param)
-    ref.save_pretrained(folder)
-    return request.param, ref, load_model(folder, dtype=torch.float32)
+    return (request.param, *transformers_pair(prefix, folder, **CONFIG, **CASES[request.param]))
 
 
 def test_a_transformers_folder_answers_as_transformers(pair):
     case, ref, lm = pair
     assert [lm.config.window_of(i) for i in range(4)] == ([8, 8, 8, None] if case == "olmo3" else [None] * 4)
     assert lm.model.model.layers[0].self_attn.q_norm.weight.shape == (64,)  # the whole projection's width
-    ids = torch.randint(0, 101, (2, 40), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        want = ref(ids).logits
-    torch.testing.assert_close(plain_logits(lm.model, ids), want, rtol=1e-4, atol=1e-4)
+    assert_matches_transformers(ref, lm.model)
 
 
 def test_greedy_speculation_equals_plain_and_the_cache_free_forward(pair):
     _, _, lm = pair
-    plain = assert_family_speculates(lm.model, hidden=64)
-    assert plain == [greedy_by_recompute(lm.model, p, 16) for p in FAMILY_PROMPTS]
+    assert_family_speculates(lm.model, hidden=64, recompute=True)
 
 
 def test_fused_projections_keep_the_norms(pair):

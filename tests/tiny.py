@@ -220,10 +220,12 @@ FAMILY_PROMPTS = [[5, 6, 7, 8, 9, 10], [40, 41, 2], list(range(20, 45))]
 
 
 def assert_family_speculates(target: torch.nn.Module, hidden: int, prompts: list[list[int]] = FAMILY_PROMPTS,
-                             new_tokens: int = 16, distinct: int = 4) -> list[list[int]]:
+                             new_tokens: int = 16, distinct: int = 4, recompute: bool = False) -> list[list[int]]:
     """A model family's speculation check: a tiny drafter (seed 2, width `hidden`) on `target` (a wrapper's
     language model); a chain (3, 1, 4) and a tree (4, 3, 8) over the prompts batched give plain greedy's tokens, and
-    those answers do not loop (more than `distinct` different tokens each). Returns the plain tokens."""
+    those answers do not loop (more than `distinct` different tokens each); with `recompute`, they are also the
+    cache-free forward's (`greedy_by_recompute`: the cached steps checked against a reference, not only against
+    themselves). Returns the plain tokens."""
     from eaglespec.config import SpecConfig
     from eaglespec.sampling_params import SamplingParams
 
@@ -232,4 +234,32 @@ def assert_family_speculates(target: torch.nn.Module, hidden: int, prompts: list
     plain = assert_speculation_equals_plain(target, drafter, prompts, params, (SpecConfig(3, 1, 4),
                                                                               SpecConfig(4, 3, 8)))
     assert all(len(set(p)) > distinct for p in plain), plain
+    if recompute:
+        assert plain == [greedy_by_recompute(target, p, new_tokens) for p in prompts]
     return plain
+
+
+def assert_matches_transformers(ref: torch.nn.Module, ours: torch.nn.Module, length: int = 40,
+                                seed: int = 1) -> None:
+    """Our model's logits over two random sequences of `length` tokens equal transformers' model `ref`'s (float32,
+    within 1e-4)."""
+    ids = torch.randint(0, ref.config.vocab_size, (2, length), generator=torch.Generator().manual_seed(seed))
+    with torch.no_grad():
+        want = ref(ids).logits
+    torch.testing.assert_close(plain_logits(ours, ids), want, rtol=1e-4, atol=1e-4)
+
+
+def transformers_pair(prefix: str, folder: Path, seed: int = 0, **config) -> tuple[torch.nn.Module, object]:
+    """transformers' `{prefix}ForCausalLM` of `{prefix}Config(**config)` (eager attention, `randomize_moe`'s weights),
+    saved to `folder` and loaded back by our loader in float32: (transformers' model, our LoadedModel)."""
+    import transformers
+
+    from eaglespec.loading import load_model
+
+    hc = getattr(transformers, f"{prefix}Config")(**config)
+    hc.architectures = [f"{prefix}ForCausalLM"]
+    hc._attn_implementation = "eager"
+    ref = getattr(transformers, f"{prefix}ForCausalLM")(hc).eval()
+    randomize_moe(ref, seed)
+    ref.save_pretrained(folder)
+    return ref, load_model(folder, dtype=torch.float32)

@@ -10,6 +10,16 @@ from torch import nn
 _ACTS = {"silu": F.silu, "gelu": F.gelu, "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh")}
 
 
+def split_gate_up(name: str, tensor: torch.Tensor) -> list[tuple[str, torch.Tensor]] | None:
+    """A checkpoint's fused `mlp.gate_up_proj.weight` (gate rows, then up rows: Phi-3's, GLM-4's) as the gate_proj /
+    up_proj this module keeps; None for any other name."""
+    if not name.endswith("mlp.gate_up_proj.weight"):
+        return None
+    base = name[: -len("gate_up_proj.weight")]
+    gate, up = tensor.chunk(2)
+    return [(f"{base}gate_proj.weight", gate), (f"{base}up_proj.weight", up)]
+
+
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """[.., 2I] (gate then up) -> silu(gate) * up [.., I]."""
     gate, up = gate_up.chunk(2, dim=-1)

@@ -150,3 +150,15 @@ def pairs_to_halves(w: torch.Tensor, heads: int, rotated: int) -> torch.Tensor:
     x = w.reshape(heads, rows // heads, *w.shape[1:])
     rot = x[:, :rotated]
     return torch.cat((rot[:, 0::2], rot[:, 1::2], x[:, rotated:]), 1).reshape(w.shape)
+
+
+def qk_rows_to_halves(name: str, tensor: torch.Tensor, n_heads: int, n_kv_heads: int,
+                      rotated: int) -> torch.Tensor:
+    """A checkpoint tensor by its name: q_proj's / k_proj's weight or bias through `pairs_to_halves` (their heads'
+    first `rotated` rows), anything else as it is. The `transform_checkpoint` of the models whose RoPE rotates pairs
+    (GLM-4, Cohere, ERNIE 4.5)."""
+    if name.endswith(("self_attn.q_proj.weight", "self_attn.q_proj.bias")):
+        return pairs_to_halves(tensor, n_heads, rotated)
+    if name.endswith(("self_attn.k_proj.weight", "self_attn.k_proj.bias")):
+        return pairs_to_halves(tensor, n_kv_heads, rotated)
+    return tensor

@@ -154,7 +154,8 @@ class DecoderOnlyLM(nn.Module):
              else inputs_embeds.clone(memory_format=torch.contiguous_format))
         cos, sin = self.model.rotary(ctx.positions)
         # the sliding-window layers' own RoPE, where the model has one (Gemma 3's local base frequency)
-        local = self.model.rotary_local(ctx.positions) if getattr(self.model, "rotary_local", None) else (cos, sin)
+        local_rotary = getattr(self.model, "rotary_local", None)
+        local = local_rotary(ctx.positions) if local_rotary is not None else (cos, sin)
         # NoPE layers (SmolLM3's): the identity rotation, so that every RoPE path (kernels included) leaves q / k be
         identity = (torch.ones_like(cos), torch.zeros_like(sin)) if self.config.rope_layers else (cos, sin)
         capture = self._capture_after

@@ -26,7 +26,7 @@ from ..layers.attention import GQAAttention
 from ..layers.embedding import embedding
 from ..layers.mlp import GatedMLP
 from ..layers.norm import BiasFreeLayerNorm
-from ..layers.rotary import Rotary, pairs_to_halves
+from ..layers.rotary import Rotary, qk_rows_to_halves
 from .base import DecoderOnlyLM, set_windows
 
 
@@ -79,11 +79,7 @@ class CohereForCausalLM(DecoderOnlyLM):
     def transform_checkpoint(self, name: str, tensor: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
         """q / k rows from RoPE pairs to halves (module docstring)."""
         cfg = self.config
-        if name.endswith(("self_attn.q_proj.weight", "self_attn.q_proj.bias")):
-            tensor = pairs_to_halves(tensor, cfg.num_attention_heads, cfg.rotary_dim)
-        elif name.endswith(("self_attn.k_proj.weight", "self_attn.k_proj.bias")):
-            tensor = pairs_to_halves(tensor, cfg.num_key_value_heads, cfg.rotary_dim)
-        yield name, tensor
+        yield name, qk_rows_to_halves(name, tensor, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.rotary_dim)
 
 
 class Cohere2ForCausalLM(CohereForCausalLM):

@@ -24,9 +24,9 @@ from torch import nn
 from ..config import ModelConfig
 from ..layers.attention import GQAAttention
 from ..layers.embedding import embedding
-from ..layers.mlp import GatedMLP
+from ..layers.mlp import GatedMLP, split_gate_up
 from ..layers.norm import RMSNorm
-from ..layers.rotary import Rotary, pairs_to_halves
+from ..layers.rotary import Rotary, qk_rows_to_halves
 from .base import DecoderOnlyLM, set_windows
 
 
@@ -74,14 +74,5 @@ class Glm4ForCausalLM(DecoderOnlyLM):
     def transform_checkpoint(self, name: str, tensor: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
         """q / k rows from pairs to halves (module docstring); gate_up_proj split into gate_proj and up_proj."""
         cfg = self.config
-        if name.endswith(("self_attn.q_proj.weight", "self_attn.q_proj.bias")):
-            yield name, pairs_to_halves(tensor, cfg.num_attention_heads, cfg.rotary_dim)
-        elif name.endswith(("self_attn.k_proj.weight", "self_attn.k_proj.bias")):
-            yield name, pairs_to_halves(tensor, cfg.num_key_value_heads, cfg.rotary_dim)
-        elif name.endswith("mlp.gate_up_proj.weight"):
-            base = name[: -len("gate_up_proj.weight")]
-            gate, up = tensor.chunk(2)
-            yield f"{base}gate_proj.weight", gate
-            yield f"{base}up_proj.weight", up
-        else:
-            yield name, tensor
+        yield from split_gate_up(name, tensor) or [
+            (name, qk_rows_to_halves(name, tensor, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.rotary_dim))]

@@ -18,6 +18,7 @@ from typing import Iterator
 
 import torch
 
+from ..layers.mlp import split_gate_up
 from .llama import LlamaForCausalLM
 
 
@@ -30,10 +31,5 @@ class Phi3ForCausalLM(LlamaForCausalLM):
             base = name[: -len("qkv_proj.weight")]
             yield from zip((f"{base}q_proj.weight", f"{base}k_proj.weight", f"{base}v_proj.weight"),
                            torch.split(tensor, [q, kv, kv]))
-        elif name.endswith("mlp.gate_up_proj.weight"):
-            base = name[: -len("gate_up_proj.weight")]
-            gate, up = tensor.chunk(2)
-            yield f"{base}gate_proj.weight", gate
-            yield f"{base}up_proj.weight", up
         else:
-            yield name, tensor
+            yield from split_gate_up(name, tensor) or [(name, tensor)]
