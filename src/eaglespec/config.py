@@ -59,6 +59,12 @@ class Eagle3Config:
     aux_ids_fixed: bool = False
 
 
+# model_type -> transformers' default `sliding_window_pattern` (every such layer global, the others windowed)
+GLOBAL_EVERY = {"gemma2": 2, "gemma3": 6, "gemma3_text": 6, "cohere2": 4}
+# model_types whose transformers configs tie the head to the embedding unless they say otherwise
+TIED_BY_DEFAULT = frozenset({"gemma2", "gemma3", "gemma3_text", "cohere", "cohere2", "ernie4_5"})
+
+
 def layer_windows(text: Mapping[str, Any], model_type: str, n_layers: int, window: int | None,
                   rope_layers: tuple[bool, ...] = ()) -> tuple[int | None, ...]:
     """Each layer's sliding window (or None), as transformers' configs assign them: `layer_types` when the config lists
@@ -76,11 +82,8 @@ def layer_windows(text: Mapping[str, Any], model_type: str, n_layers: int, windo
         return tuple(window if t == "sliding_attention" else None for t in types)
     if model_type == "smollm3":  # its NoPE layers
         return tuple(None if rope_layers and rope_layers[i] else window for i in range(n_layers))
-    if model_type == "cohere2":  # released configs: every `sliding_window_pattern`-th (4th) layer is global
-        pattern = int(text.get("sliding_window_pattern") or 4)
-        return tuple(window if (i + 1) % pattern else None for i in range(n_layers))
-    if model_type in ("gemma3_text", "gemma3", "gemma2"):  # released configs: every pattern-th layer is global
-        pattern = int(text.get("sliding_window_pattern") or (2 if model_type == "gemma2" else 6))
+    if model_type in GLOBAL_EVERY:  # released configs: every `sliding_window_pattern`-th layer is global
+        pattern = int(text.get("sliding_window_pattern") or GLOBAL_EVERY[model_type])
         return tuple(window if (i + 1) % pattern else None for i in range(n_layers))
     bound = int(text.get("max_window_layers", 28))  # transformers' default
     if model_type in ("qwen2", "qwen3"):
@@ -150,6 +153,11 @@ class ModelConfig:
     raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
+    def text(self) -> Mapping[str, Any]:
+        """The language model's own fields of the original dict: a wrapper's `text_config`, else the whole dict."""
+        return self.raw.get("text_config") or self.raw
+
+    @property
     def rotary_dim(self) -> int:
         """The dims of each head that RoPE rotates, the first ones (head_dim unless `rope.partial_rotary_factor` < 1:
         Phi-4-mini's 96 of 128, GLM-4's 64 of 128); the rest pass through unrotated."""
@@ -169,9 +177,8 @@ class ModelConfig:
 
     def _limits(self) -> dict[int, str]:
         out = {}
-        text = self.raw.get("text_config") or self.raw
-        if self.architecture == "DeepseekV32ForCausalLM" and text.get("index_topk"):  # within it, sparse = dense
-            out[int(text["index_topk"])] = ("DeepSeek Sparse Attention's index_topk: past it the indexer chooses the "
+        if self.architecture == "DeepseekV32ForCausalLM" and self.text.get("index_topk"):  # within it, sparse = dense
+            out[int(self.text["index_topk"])] = ("DeepSeek Sparse Attention's index_topk: past it the indexer chooses the "
                                             "keys each query sees, which is not implemented")
         if self.rope.type == "longrope":  # its long factors apply to a whole sequence past the original positions
             out[self.rope.original_max_position_embeddings] = (
@@ -231,10 +238,13 @@ class ModelConfig:
         if nope is not None and len(nope) != n_layers:
             raise ConfigError(f"no_rope_layers has {len(nope)} entries for {n_layers} layers")
         rope_layers = tuple(bool(x) for x in nope) if nope is not None else ()
-        rotary_dim = int(head_dim * rope.partial_rotary_factor)  # transformers' rounding
-        if not 0 < rotary_dim <= head_dim or rotary_dim % 2:
-            raise ConfigError(f"partial_rotary_factor {rope.partial_rotary_factor} of head_dim {head_dim} gives "
-                              f"{rotary_dim} rotated dims: RoPE needs an even number between 2 and head_dim")
+        windows = layer_windows(text, model_type, n_layers, window, rope_layers)
+        if model_type == "cohere2" and not rope_layers:  # Command R7B / A rotate their windowed layers only
+            rope_layers = tuple(w is not None for w in windows)
+        # the families whose transformers configs tie the head by default (Gemma, Cohere, ERNIE 4.5)
+        tied = model_type in TIED_BY_DEFAULT
+        # ERNIE 4.5's one switch for every projection's bias
+        use_bias = bool(text.get("use_bias", False)) if model_type == "ernie4_5" else False
         eagle = None
         if any("eagle3" in a.lower() for a in archs):
             ec = text.get("eagle_config") or {}
@@ -254,7 +264,7 @@ class ModelConfig:
             if eagle.norm_before_fc and eagle.fc_norm:
                 raise ConfigError("the drafter's config sets both norm_before_fc (one RMSNorm over the concatenated "
                                   "aux states) and fc_norm (one per aux state): they are alternatives")
-        return ModelConfig(
+        cfg = ModelConfig(
             architecture=archs[0],
             model_type=str(d.get("model_type", "")),
             vocab_size=vocab,
@@ -266,9 +276,9 @@ class ModelConfig:
             head_dim=head_dim,
             rms_norm_eps=float(text.get("rms_norm_eps", 1e-6)),
             max_position_embeddings=int(text.get("max_position_embeddings", 4096)),
-            tie_word_embeddings=bool(text.get("tie_word_embeddings", d.get("tie_word_embeddings", False))),
-            attention_bias=bool(text.get("attention_bias", text.get("bias", False))),
-            mlp_bias=bool(text.get("mlp_bias", False)),
+            tie_word_embeddings=bool(text.get("tie_word_embeddings", d.get("tie_word_embeddings", tied))),
+            attention_bias=bool(text.get("attention_bias", text.get("bias", use_bias))),
+            mlp_bias=bool(text.get("mlp_bias", use_bias)),
             hidden_act=str(text.get("hidden_act", "silu")),
             rope=rope,
             bos_token_id=text.get("bos_token_id", d.get("bos_token_id")),
@@ -279,11 +289,15 @@ class ModelConfig:
             moe=moe,
             eagle=eagle,
             sliding_window=window,
-            layer_windows=layer_windows(text, model_type, n_layers, window, rope_layers),
+            layer_windows=windows,
             rope_local=rope_local,
             rope_layers=rope_layers,
             raw=dict(d),
         )
+        if not 0 < cfg.rotary_dim <= head_dim or cfg.rotary_dim % 2:
+            raise ConfigError(f"partial_rotary_factor {rope.partial_rotary_factor} of head_dim {head_dim} gives "
+                              f"{cfg.rotary_dim} rotated dims: RoPE needs an even number between 2 and head_dim")
+        return cfg
 
     @staticmethod
     def from_file(path: str | Path) -> "ModelConfig":

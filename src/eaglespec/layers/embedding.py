@@ -14,18 +14,19 @@ import torch
 from torch import nn
 
 
+def _meta_weight(num: int, dim: int) -> torch.Tensor | None:
+    """An uninitialised weight when building on the meta device (the checkpoint fills it), else None (nn.Embedding's
+    own init)."""
+    return torch.empty(num, dim) if torch.get_default_device().type == "meta" else None
+
+
 def embedding(num: int, dim: int) -> nn.Embedding:
-    if torch.get_default_device().type == "meta":
-        return nn.Embedding(num, dim, _weight=torch.empty(num, dim))  # no init: the checkpoint fills it
-    return nn.Embedding(num, dim)
+    return nn.Embedding(num, dim, _weight=_meta_weight(num, dim))
 
 
 class ScaledEmbedding(nn.Embedding):
     def __init__(self, num: int, dim: int, scale: float) -> None:
-        if torch.get_default_device().type == "meta":
-            super().__init__(num, dim, _weight=torch.empty(num, dim))
-        else:
-            super().__init__(num, dim)
+        super().__init__(num, dim, _weight=_meta_weight(num, dim))
         self.scale = scale
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:

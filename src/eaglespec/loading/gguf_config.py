@@ -273,13 +273,24 @@ def _glm4moe_fields(path: Path, m: dict[str, Any], dims: dict[str, Any], need: C
         "head_dim": head_dim, "num_hidden_layers": int(need("block_count")) - mtp, "num_nextn_predict_layers": mtp,
         "partial_rotary_factor": int(m.get("glm4moe.rope.dimension_count") or head_dim) / head_dim,
         "use_qk_norm": "blk.0.attn_q_norm.weight" in dims,
-        "n_routed_experts": experts, "num_experts_per_tok": used,
-        "n_shared_experts": int(m.get("glm4moe.expert_shared_count", 0)),
-        "moe_intermediate_size": int(need("expert_feed_forward_length")), "first_k_dense_replace": dense,
-        "n_group": 1, "topk_group": 1,  # llama.cpp's glm4moe routes without groups (the released models have one)
-        "routed_scaling_factor": float(m.get("glm4moe.expert_weights_scale") or 1.0),
-        "norm_topk_prob": bool(m.get("glm4moe.expert_weights_norm", False)),
+        # llama.cpp's glm4moe routes without groups (the released models have one)
+        **_routed_fields("glm4moe", m, need, experts, used, dense, n_group=1, topk_group=1),
         "scoring_func": "sigmoid", "topk_method": "noaux_tc",
+    }
+
+
+def _routed_fields(arch: str, m: dict[str, Any], need: Callable[[str], Any], experts: int, used: int, dense: int,
+                   n_group: int, topk_group: int) -> dict[str, Any]:
+    """DeepSeek's MoE fields of a `deepseek2` / `glm4moe` file (the router's kind is the caller's): the experts, the
+    shared ones (`expert_shared_count`), their width, the dense layers first, the groups, and the weights' scale and
+    renormalisation (`expert_weights_scale`, absent: 1; `expert_weights_norm`, absent: False)."""
+    return {
+        "n_routed_experts": experts, "num_experts_per_tok": used,
+        "n_shared_experts": int(m.get(f"{arch}.expert_shared_count", 0)),
+        "moe_intermediate_size": int(need("expert_feed_forward_length")),
+        "first_k_dense_replace": dense, "n_group": n_group, "topk_group": topk_group,
+        "routed_scaling_factor": float(m.get(f"{arch}.expert_weights_scale") or 1.0),
+        "norm_topk_prob": bool(m.get(f"{arch}.expert_weights_norm", False)),
     }
 
 
@@ -344,13 +355,8 @@ def _deepseek2_fields(path: Path, m: dict[str, Any], dims: dict[str, Any], need:
         raise ConfigError(f"{path}: sigmoid expert gating (deepseek2.expert_gating_func 2) without the router's "
                           f"correction bias (blk.{dense}.exp_probs_b.bias) is not supported")
     out.update({
-        "n_routed_experts": experts, "num_experts_per_tok": used,
-        "n_shared_experts": int(m.get("deepseek2.expert_shared_count", 0)),
-        "moe_intermediate_size": int(need("expert_feed_forward_length")),
-        "first_k_dense_replace": dense, "n_group": groups,
-        "topk_group": int(m.get("deepseek2.expert_group_used_count") or groups),
-        "routed_scaling_factor": float(m.get("deepseek2.expert_weights_scale") or 1.0),
-        "norm_topk_prob": bool(m.get("deepseek2.expert_weights_norm", False)),
+        **_routed_fields("deepseek2", m, need, experts, used, dense, n_group=groups,
+                         topk_group=int(m.get("deepseek2.expert_group_used_count") or groups)),
         "scoring_func": "sigmoid" if sigmoid else "softmax",
         "topk_method": "noaux_tc" if sigmoid else "group_limited_greedy" if groups > 1 else "greedy",
     })

@@ -14,7 +14,6 @@ not the fused norm + projection ones.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Iterator
 
 import torch
@@ -61,14 +60,10 @@ class CohereForCausalLM(DecoderOnlyLM):
     checkpoint_ignore: tuple[str, ...] = (r"rotary_emb\.inv_freq$",)
 
     def __init__(self, config: ModelConfig) -> None:
-        text = config.raw.get("text_config") or config.raw
+        text = config.text
         if text.get("use_qk_norm"):
             raise ConfigError(f"{config.architecture} with use_qk_norm (Command R+'s per-head LayerNorms) is not "
                               "implemented")
-        if "tie_word_embeddings" not in text:  # Cohere's default: tied
-            config = replace(config, tie_word_embeddings=True)
-        if config.layer_windows and not config.rope_layers:  # Command R7B / A: RoPE on the windowed layers only
-            config = replace(config, rope_layers=tuple(w is not None for w in config.layer_windows))
         super().__init__(config)
         self.model = CohereModel(config, float(text.get("layer_norm_eps", 1e-5)))
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)

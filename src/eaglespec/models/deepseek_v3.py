@@ -19,8 +19,6 @@ whatever the model dtype. Quantized checkpoints are dequantized by the loader (`
 
 from __future__ import annotations
 
-from typing import Any, Mapping
-
 from torch import nn
 
 from ..config import ModelConfig
@@ -31,11 +29,6 @@ from ..layers.moe import MoE
 from ..layers.norm import RMSNorm
 from ..layers.rotary import Rotary
 from .base import DecoderOnlyLM, PreNormDecoderLayer
-
-
-def _text_config(cfg: ModelConfig) -> Mapping[str, Any]:
-    raw = cfg.raw or {}
-    return raw.get("text_config") or raw
 
 
 def at_least_regex(n: int) -> str:
@@ -52,7 +45,7 @@ class DeepseekV3DecoderLayer(PreNormDecoderLayer):
     def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
         super().__init__()
         assert cfg.mla is not None, "DeepSeek-V3 needs the MLA fields (kv_lora_rank, ...) in its config"
-        text = _text_config(cfg)
+        text = cfg.text
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = MLAttention(
             cfg.hidden_size,

@@ -56,7 +56,7 @@ class Gemma3Attention(QKNormAttention):
 
 def gemma_attention(cfg: ModelConfig) -> GQAAttention:
     """Gemma 2's attention (plain GQA) or Gemma 3's (q / k head norms), with the config's softmax scale and soft cap."""
-    text = cfg.raw.get("text_config") or cfg.raw
+    text = cfg.text
     if cfg.model_type == "gemma2" or text.get("model_type") == "gemma2":
         attn = GQAAttention(cfg.hidden_size, cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads,
                             cfg.head_dim, bias=cfg.attention_bias)
@@ -90,7 +90,7 @@ class GemmaDecoderLayer(nn.Module):
 class GemmaTextModel(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        text = cfg.raw.get("text_config") or cfg.raw
+        text = cfg.text
         act = str(text.get("hidden_activation") or text.get("hidden_act") or "gelu_pytorch_tanh")
         self.embed_tokens = ScaledEmbedding(cfg.vocab_size, cfg.hidden_size, cfg.hidden_size**0.5)
         self.layers = nn.ModuleList(GemmaDecoderLayer(cfg, act) for _ in range(cfg.num_hidden_layers))
@@ -106,15 +106,12 @@ class Gemma3ForCausalLM(DecoderOnlyLM):
     checkpoint_ignore: tuple[str, ...] = (r"rotary_emb(?:_local)?\.inv_freq$",)
 
     def __init__(self, config: ModelConfig) -> None:
-        text = config.raw.get("text_config") or config.raw
-        if "tie_word_embeddings" not in text:  # Gemma's default: tied
-            config = replace(config, tie_word_embeddings=True)
         super().__init__(config)
         self.model = GemmaTextModel(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
-        cap = text.get("final_logit_softcapping")
+        cap = config.text.get("final_logit_softcapping")
         self.final_logit_softcap = float(cap) if cap is not None else None
 
 

@@ -32,8 +32,7 @@ from .qwen_moe import Qwen3MoeForCausalLM
 
 def glm4_moe_attention(cfg: ModelConfig) -> nn.Module:
     """GLM-4.5's attention: biases on q/k/v only (`attention_bias`), q/k head norms when `use_qk_norm`."""
-    text = cfg.raw.get("text_config") or cfg.raw
-    if text.get("use_qk_norm"):
+    if cfg.text.get("use_qk_norm"):
         return QKNormAttention(cfg.hidden_size, cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads,
                                cfg.head_dim, cfg.rms_norm_eps, bias=cfg.attention_bias, o_bias=False)
     return GQAAttention(cfg.hidden_size, cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads,

@@ -25,7 +25,7 @@ from .llama import LlamaForCausalLM
 class GraniteForCausalLM(LlamaForCausalLM):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config)
-        text = config.raw.get("text_config") or config.raw
+        text = config.text
         self.residual_multiplier = float(text.get("residual_multiplier", 1.0))
         self.logits_divisor = float(text.get("logits_scaling", 1.0))
         scale = float(text.get("embedding_multiplier", 1.0))

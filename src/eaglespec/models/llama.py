@@ -10,7 +10,6 @@ empty; GGUF names are mapped in `loading/gguf_names.py`.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Iterator
 
 import torch
@@ -29,10 +28,9 @@ class LlamaDecoderLayer(PreNormDecoderLayer):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        text = cfg.raw.get("text_config") or cfg.raw
         self.self_attn = GQAAttention(
             cfg.hidden_size, cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
-            bias=cfg.attention_bias, o_bias=text.get("attention_out_bias"),  # Seed-OSS names o_proj's apart
+            bias=cfg.attention_bias, o_bias=cfg.text.get("attention_out_bias"),  # Seed-OSS names o_proj's apart
         )
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias, act=cfg.hidden_act)
@@ -63,12 +61,7 @@ class LlamaForCausalLM(DecoderOnlyLM):
 
 
 class Ernie4_5ForCausalLM(LlamaForCausalLM):
-    def __init__(self, config: ModelConfig) -> None:
-        text = config.raw.get("text_config") or config.raw
-        bias = bool(text.get("use_bias", False))
-        if "tie_word_embeddings" not in text:  # ERNIE 4.5's default: tied
-            config = replace(config, tie_word_embeddings=True)
-        super().__init__(replace(config, attention_bias=bias, mlp_bias=bias))
+    """ERNIE 4.5 dense: Llama's model (its `use_bias` and tied head read by ModelConfig.from_hf), RoPE on pairs."""
 
     def transform_checkpoint(self, name: str, tensor: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
         """q / k rows from RoPE pairs to halves (the module docstring)."""
