@@ -78,7 +78,8 @@ CONFIGS = {
     # Command R7B / A: parallel blocks, LayerNorms, windowed RoPE layers and NoPE global ones, scaled logits
     "cohere2 (window 16, NoPE globals)": dict(BASE, architectures=["Cohere2ForCausalLM"], model_type="cohere2",
                                               sliding_window=16, logit_scale=0.25, layer_norm_eps=1e-5),
-    # gpt-oss: sinks, alternating windows, biased router, clamped-SwiGLU experts (eager MoE: no graphs expected)
+    # gpt-oss: sinks, alternating windows, biased router, clamped-SwiGLU experts with biases (the grouped kernels'
+    # bias and clamp epilogues since session 59: graphs expected)
     "gpt_oss (window 16, sinks)": dict(BASE, architectures=["GptOssForCausalLM"], model_type="gpt_oss", head_dim=32,
                                        intermediate_size=64, num_local_experts=8, num_experts_per_tok=2,
                                        sliding_window=16, layer_types=["sliding_attention", "full_attention"] * 2,
@@ -86,7 +87,7 @@ CONFIGS = {
                                        rope_scaling=dict(rope_type="yarn", factor=4.0, beta_fast=32.0, beta_slow=1.0,
                                                          original_max_position_embeddings=256, truncate=False)),
 }
-EAGER = {"gpt_oss (window 16, sinks)"}  # targets whose MoE runs per expert (host sync): no CUDA graphs
+EAGER: set[str] = set()  # targets whose MoE runs per expert (host sync): no CUDA graphs
 
 
 def tiny_target(d: dict, dev: torch.device) -> torch.nn.Module:

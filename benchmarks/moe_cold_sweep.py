@@ -85,9 +85,9 @@ def sweep_gemm() -> None:
                         pairs, be, _ = layouts[turn[0] % len(layouts)]
                         turn[0] += 1
                         if which == "gate_up":
-                            mk._grouped_gemm(x, w13, pairs, be, bm, P, k, out13, True, None, cfg)
+                            mk._grouped_gemm(x, w13, pairs, be, bm, P, k, out13, True, None, cfg=cfg)
                         else:
-                            mk._grouped_gemm(act, w2, pairs, be, bm, P, 1, out2, False, scale, cfg)
+                            mk._grouped_gemm(act, w2, pairs, be, bm, P, 1, out2, False, scale, cfg=cfg)
                     return one
 
                 default = mk._gemm_cfg(H)

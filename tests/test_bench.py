@@ -549,6 +549,20 @@ def test_kimi_slice_shape():
     assert weight_bytes_per_step(m) == 2 * (total - 163840 * 7168 - 2 * (384 - 8) * expert) + 2 * 2 * router
 
 
+def test_gpt_oss_20b_shape():
+    """The gpt-oss-20b preset: openai/gpt-oss-20b's published 20.91B parameters (its experts in bf16 here); a one-row
+    step reads 4 of each layer's 32 experts (with their biases) and, past the input embedding, 3.61B parameters."""
+    cfg = ModelConfig.from_hf(shape_config("gpt-oss-20b"))
+    assert (cfg.moe.n_routed_experts, cfg.moe.num_experts_per_tok, cfg.moe.swiglu_limit) == (32, 4, 7.0)
+    assert [cfg.window_of(i) for i in range(4)] == [128, None, 128, None]
+    m = build_on_meta(get_model_class(cfg.architecture), cfg, torch.bfloat16)
+    total = sum(p.numel() for p in m.parameters())
+    assert total == 20_914_757_184
+    expert = 3 * 2880 * 2880 + 2 * 2880 + 2880  # gate, up, down and their biases
+    assert weight_bytes_per_step(m) == 2 * (total - 201088 * 2880 - 24 * (32 - 4) * expert) == 2 * 3_608_307_264
+    assert kv_bytes_per_token(m, torch.bfloat16) == 24 * 2 * 8 * 64 * 2
+
+
 def test_random_model_and_drafter_materialise():
     loaded = random_model("smollm2-135m", torch.device("cpu"), torch.float32, seed=3)
     m = loaded.model

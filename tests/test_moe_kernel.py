@@ -1,7 +1,8 @@
 """The grouped MoE dispatch (layers/moe_kernel.py, engine.transforms.use_grouped_experts) under Triton's interpreter:
 the expert-sorted block layout, the grouped experts against the eager per-expert loop (float32 and bf16), the
-transform on Qwen3-MoE and DeepSeek-V3 targets (logits, parameter names and values kept, capturable), and the
-engine's static graph-path steps on a grouped MoE target: speculation gives plain greedy's tokens."""
+transform on Qwen3-MoE, gpt-oss and DeepSeek-V3 targets (logits, parameter names and values kept, capturable), and
+the engine's static graph-path steps on a grouped MoE target: speculation gives plain greedy's tokens. gpt-oss's
+experts (biases, clamped SwiGLU) through the same GEMMs' epilogues."""
 
 from __future__ import annotations
 
@@ -52,9 +53,11 @@ def test_expert_blocks_sort_every_pair_once_into_blocks_of_one_expert(N, k, E, b
         assert slots == mine + [P] * (len(slots) - len(mine))
 
 
-def _moe(E: int = 8, k: int = 2, shared: int = 0, H: int = 64, I: int = 48, seed: int = 0) -> MoE:
+def _moe(E: int = 8, k: int = 2, shared: int = 0, H: int = 64, I: int = 48, seed: int = 0, oss: bool = False) -> MoE:
+    """A random MoE; `oss`: gpt-oss's (a biased router, clamped-SwiGLU experts with biases)."""
+    extra = dict(router_bias=True, expert_bias=True, swiglu_limit=7.0, swiglu_alpha=1.702) if oss else {}
     cfg = MoEConfig(n_routed_experts=E, num_experts_per_tok=k, n_shared_experts=shared, moe_intermediate_size=I,
-                    scoring_func="softmax", topk_method="greedy")
+                    scoring_func="softmax", topk_method="greedy", **extra)
     torch.manual_seed(seed)
     m = MoE(H, cfg).eval()
     with torch.no_grad():
@@ -80,6 +83,31 @@ def test_grouped_experts_equal_the_eager_loop(dtype, N):
     tol = 1e-5 if dtype == torch.float32 else 2.0**-6
     assert torch.allclose(got.float(), ref, rtol=tol, atol=tol * ref.abs().max())
     assert block_m_for(N * 2, 8) == (16 if N <= 40 else 64)  # N = 300 runs the largest blocks
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("N", [1, 9, 300])
+@torch.no_grad()
+def test_grouped_gpt_oss_experts_equal_the_eager_loop(dtype, N):
+    """gpt-oss's experts through the grouped GEMMs' bias and clamp epilogues: the eager loop of ClampedSwiGLUMLPs'
+    output, with inputs large enough that gates and ups pass the clamp (so a kernel without it would differ)."""
+    m = _moe(oss=True).to(dtype)
+    x = (4 * torch.randn(N, 64, generator=torch.Generator().manual_seed(N))).to(dtype)
+    weights, ids = m.gate(x)
+    ref = m._routed(x, weights, ids).float()
+    gates = torch.stack([e.gate_proj(x) for e in m.experts])
+    assert (gates > 7.0).any() and (gates < -7.0).any()  # the clamp bites both ways (up) and above (gate)
+    w13 = torch.stack([torch.cat((e.gate_proj.weight, e.up_proj.weight)) for e in m.experts])
+    w2 = torch.stack([e.down_proj.weight for e in m.experts])
+    b13 = torch.stack([torch.cat((e.gate_proj.bias, e.up_proj.bias)) for e in m.experts])
+    b2 = torch.stack([e.down_proj.bias for e in m.experts])
+    got = grouped_experts(x, weights, ids, w13, w2, None, b13, b2, m.clamp)
+    assert got.dtype == dtype and got.shape == x.shape and m.clamp == (7.0, 1.702)
+    # bf16: the eager module rounds each elementwise step and each expert's output, the kernel once at the end
+    tol = 1e-5 if dtype == torch.float32 else 2.0**-5
+    assert torch.allclose(got.float(), ref, rtol=tol, atol=tol * ref.abs().max())
+    unclamped = grouped_experts(x, weights, ids, w13, w2, None, b13, b2, (1e9, 1.702)).float()
+    assert not torch.allclose(unclamped, ref, rtol=tol, atol=tol * ref.abs().max())
 
 
 def test_gemm_tiles_fit_the_devices_shared_memory():
@@ -143,7 +171,7 @@ _tiny_target = tiny_moe
 
 
 @pytest.mark.parametrize("fuse", [False, True])
-@pytest.mark.parametrize("arch", ["qwen3_moe", "qwen2_moe", "mixtral", "deepseek_v3"])
+@pytest.mark.parametrize("arch", ["qwen3_moe", "qwen2_moe", "mixtral", "gpt_oss", "deepseek_v3"])
 @torch.no_grad()
 def test_use_grouped_experts_keeps_names_values_and_logits(arch, fuse):
     model = _tiny_target(arch)
@@ -162,9 +190,13 @@ def test_use_grouped_experts_keeps_names_values_and_logits(arch, fuse):
     for m in moes:  # the experts' parameters are views into the stacks (no second copy)
         lo, hi = m.w13.data_ptr(), m.w13.data_ptr() + m.w13.numel() * m.w13.element_size()
         for e in m.experts:
-            first = e.gate_up_proj if fuse else e.up_proj
+            first = getattr(e, "gate_up_proj", None) or e.up_proj  # gpt-oss's experts are never fused
             assert lo <= first.weight.data_ptr() < hi
             assert e.down_proj.weight.untyped_storage().data_ptr() == m.w2.untyped_storage().data_ptr()
+            if arch == "gpt_oss":  # the biases are views into b13 / b2 as well
+                assert e.up_proj.bias.untyped_storage().data_ptr() == m.b13.untyped_storage().data_ptr()
+                assert e.down_proj.bias.untyped_storage().data_ptr() == m.b2.untyped_storage().data_ptr()
+        assert (m.b13 is not None) == (m.b2 is not None) == (arch == "gpt_oss")
     w13 = moes[0].w13
     use_grouped_experts(model)  # idempotent
     assert moes[0].w13 is w13
@@ -193,7 +225,7 @@ def test_stacking_through_host_memory_gives_the_same_stacks(monkeypatch):
 PROMPTS = [[1, 2, 3, 4, 5], [7, 8, 9], list(range(10, 40))]
 
 
-@pytest.mark.parametrize("arch", ["qwen3_moe", "deepseek_v3", "deepseek_v2"])
+@pytest.mark.parametrize("arch", ["qwen3_moe", "gpt_oss", "deepseek_v3", "deepseek_v2"])
 def test_grouped_moe_targets_on_the_static_path_speculate_as_plain(arch):
     """The graph path's bucketed all-rows steps (run eagerly here, `GraphCache(capture=False)`) on a grouped MoE target
     with fused routers:

@@ -2,8 +2,8 @@
 
 Contract:
 - `random_model(shape, device, dtype, seed)` -> `LoadedModel` (no tokenizer). `shape` is a preset name (`PRESETS`:
-  llama-3.1-8b, smollm2-135m, qwen3-30b-a3b, kimi-k2.5-slice) or the path of a Hugging Face `config.json`. The model is
-  built on the meta device under the target dtype (DESIGN.md principle 7), then materialised on the device (`to_empty`,
+  llama-3.1-8b, smollm2-135m, qwen3-30b-a3b, kimi-k2.5-slice, gpt-oss-20b) or the path of a Hugging Face
+  `config.json`. The model is built on the meta device under the target dtype (DESIGN.md principle 7), then materialised on the device (`to_empty`,
   shared parameters re-tied) and filled there: matrices ~ N(0, std), RMSNorm weights 1 (Cohere's LayerNorm's too;
   Gemma's offsets 0), other vectors and persistent buffers 0, then `reset_buffers()` recomputes the derived ones (RoPE).
   Nothing goes through host memory, so an 8B shape takes seconds on a GPU.
@@ -74,8 +74,22 @@ KIMI_K25_SLICE: dict[str, Any] = {
     "norm_topk_prob": True, "scoring_func": "sigmoid", "topk_method": "noaux_tc", "torch_dtype": "bfloat16",
 }
 
+# openai/gpt-oss-20b's config.json (the fields our model reads): 32 clamped-SwiGLU experts with biases, 4 a token,
+# sinks, every other layer a 128-token window; 20.9B parameters, ~42 GB in bf16 (the release's MXFP4 experts widened)
+GPT_OSS_20B: dict[str, Any] = {
+    "architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "hidden_size": 2880, "intermediate_size": 2880,
+    "num_hidden_layers": 24, "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64,
+    "num_local_experts": 32, "num_experts_per_tok": 4, "experts_per_token": 4, "vocab_size": 201088,
+    "sliding_window": 128, "layer_types": ["sliding_attention", "full_attention"] * 12, "attention_bias": True,
+    "swiglu_limit": 7.0, "max_position_embeddings": 131072, "rms_norm_eps": 1e-5, "tie_word_embeddings": False,
+    "rope_scaling": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                     "original_max_position_embeddings": 4096}, "rope_theta": 150000.0,
+    "eos_token_id": 200002, "pad_token_id": 199999, "torch_dtype": "bfloat16",
+}
+
 PRESETS: dict[str, dict[str, Any]] = {"llama-3.1-8b": LLAMA_3_1_8B, "smollm2-135m": SMOLLM2_135M,
-                                      "qwen3-30b-a3b": QWEN3_30B_A3B, "kimi-k2.5-slice": KIMI_K25_SLICE}
+                                      "qwen3-30b-a3b": QWEN3_30B_A3B, "kimi-k2.5-slice": KIMI_K25_SLICE,
+                                      "gpt-oss-20b": GPT_OSS_20B}
 
 INIT_STD = 0.02
 DRAFT_VOCAB = 32000

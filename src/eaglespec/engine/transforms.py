@@ -2,7 +2,8 @@
 
 - `fuse_projections(model)`: q/k/v into one GEMM and gate/up into one GEMM, in every GQA attention and gated MLP;
   fewer, larger kernels, which matters when a decode step is bound by kernel count (small models, batch 1).
-- `use_grouped_experts(model)` (CUDA): every MoE's routed SwiGLU experts as two grouped Triton GEMMs over
+- `use_grouped_experts(model)` (CUDA): every MoE's routed SwiGLU experts (gpt-oss's clamped ones with their biases
+  too) as two grouped Triton GEMMs over
   expert-sorted blocks (layers/moe_kernel.py) instead of the eager per-expert loop, whose host sync per layer kept
   MoE targets off CUDA graphs; the experts' weights stacked, their parameters views into the stacks.
 - `use_router_kernel(model)` (CUDA): every MoE router's selection after its logits (scores, group limit, top-k,
@@ -49,7 +50,7 @@ from torch import nn
 from .. import device_memory
 from ..layers.attention import GQAAttention
 from ..layers.mla import MLAttention
-from ..layers.mlp import GatedMLP, silu_mul
+from ..layers.mlp import ClampedSwiGLUMLP, GatedMLP, silu_mul
 from ..layers.norm import RMSNorm, add_rms_norm, rms_norm
 from ..layers.rotary import Rotary, apply_rotary, rotary_cos_sin
 
@@ -137,8 +138,9 @@ def _room_for(device: torch.device, nbytes: int) -> bool:
 
 
 def use_grouped_experts(model: nn.Module) -> nn.Module:
-    """In every MoE whose experts are bias-free SiLU GatedMLPs: stack their weights into w13 [E, 2I, H] (gate rows
-    then up rows, fused or not) and w2 [E, H, I], make each expert's parameters views into the stacks (the same
+    """In every MoE whose experts are bias-free SiLU GatedMLPs or gpt-oss's ClampedSwiGLUMLPs: stack their weights
+    into w13 [E, 2I, H] (gate rows then up rows, fused or not) and w2 [E, H, I] (gpt-oss's biases into b13 [E, 2I]
+    and b2 [E, H]), make each expert's parameters views into the stacks (the same
     names and values: state dicts and parameter counts hold, and memory is not doubled past one layer's copy), held
     as the MoE's buffers `w13` / `w2` (the routed experts then run as `moe_kernel.grouped_experts`), and set
     `supports_cuda_graphs`. Idempotent. (A later `.to()` would copy the buffers and the parameters apart: apply it
@@ -149,6 +151,8 @@ def use_grouped_experts(model: nn.Module) -> nn.Module:
 
     def fits(e: nn.Module) -> bool:
         lins = [getattr(e, n) for n in ("gate_up_proj", "gate_proj", "up_proj", "down_proj") if hasattr(e, n)]
+        if type(e) is ClampedSwiGLUMLP:  # its biases stacked too; the clamp is the kernel's CLAMP epilogue
+            return all(type(lin) is nn.Linear and lin.bias is not None for lin in lins)
         return (isinstance(e, GatedMLP) and e.act_name == "silu" and all(type(lin) is nn.Linear and lin.bias is None
                                                                           for lin in lins))
 
@@ -165,16 +169,24 @@ def use_grouped_experts(model: nn.Module) -> nn.Module:
             w13 = torch.stack([e.gate_up_proj.weight if hasattr(e, "gate_up_proj")
                                else torch.cat((e.gate_proj.weight, e.up_proj.weight)) for e in m.experts])
             w2 = torch.stack([e.down_proj.weight for e in m.experts])
+            biased = m.experts[0].down_proj.bias is not None  # gpt-oss (fits: all of a MoE's experts or none)
+            b13 = torch.stack([torch.cat((e.gate_proj.bias, e.up_proj.bias)) for e in m.experts]) if biased else None
+            b2 = torch.stack([e.down_proj.bias for e in m.experts]) if biased else None
             if staged:
                 w13, w2 = w13.to(device), w2.to(device)
+                b13, b2 = (b13.to(device), b2.to(device)) if biased else (None, None)
             for i, e in enumerate(m.experts):
                 if hasattr(e, "gate_up_proj"):
                     e.gate_up_proj.weight.data = w13[i]
                 else:
                     half = e.gate_proj.weight.shape[0]
                     e.gate_proj.weight.data, e.up_proj.weight.data = w13[i, :half], w13[i, half:]
+                    if biased:
+                        e.gate_proj.bias.data, e.up_proj.bias.data = b13[i, :half], b13[i, half:]
                 e.down_proj.weight.data = w2[i]
-        m.w13, m.w2 = w13, w2
+                if biased:
+                    e.down_proj.bias.data = b2[i]
+        m.w13, m.w2, m.b13, m.b2 = w13, w2, b13, b2
         m.supports_cuda_graphs = True
     return model
 

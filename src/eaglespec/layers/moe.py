@@ -1,6 +1,6 @@
 """Mixture of experts: a router, routed SwiGLU experts and optional shared experts (DeepSeek-V2 / V3; Qwen2-MoE's
 sigmoid-gated one), for DeepSeek, Qwen2 / Qwen3-MoE, Mixtral, GLM-4.5 and gpt-oss (its experts `layers/mlp.
-ClampedSwiGLUMLP`, with biases: they run on the eager per-expert path, which takes no CUDA graph).
+ClampedSwiGLUMLP`, with biases).
 
 Contract (REFERENCE.md §6), checkpoint names kept: `gate.weight` [E, H], `experts.E.{gate,up,down}_proj.weight`,
 `shared_experts.{gate,up,down}_proj.weight` (DeepSeek, Qwen2-MoE's one shared expert renamed to it) and
@@ -32,8 +32,9 @@ expert with tokens runs once on its contiguous slice, and the weighted outputs a
 in float32. That split reads the counts on the host (one sync per MoE layer): fine on the CPU, but no CUDA graph can
 hold it, so such a MoE says `supports_cuda_graphs = False`. On CUDA `engine.transforms.use_grouped_experts` stacks
 the experts' weights into the buffers `w13` [E, 2I, H] and `w2` [E, H, I] (non-persistent, None until then; each
-expert's parameters become views into them): the routed experts then run as `layers/moe_kernel.grouped_experts`
-(static shapes, no host sync) and the module may be captured.
+expert's parameters become views into them), and gpt-oss's biases into `b13` [E, 2I] and `b2` [E, H]: the routed
+experts then run as `layers/moe_kernel.grouped_experts` (static shapes, no host sync; gpt-oss's clamped SwiGLU
+through `clamp` = (swiglu_limit, swiglu_alpha)) and the module may be captured.
 """
 
 from __future__ import annotations
@@ -212,6 +213,10 @@ class MoE(nn.Module):
         # the stacked experts of the grouped kernels (`use_grouped_experts`): buffers, so that moves follow them
         self.register_buffer("w13", None, persistent=False)  # [E, 2I, H] gate rows then up rows
         self.register_buffer("w2", None, persistent=False)  # [E, H, I]
+        self.register_buffer("b13", None, persistent=False)  # [E, 2I] gpt-oss's gate then up biases
+        self.register_buffer("b2", None, persistent=False)  # [E, H] gpt-oss's down biases
+        # gpt-oss's clamped SwiGLU for the grouped kernels: (limit, alpha)
+        self.clamp = (moe.swiglu_limit, moe.swiglu_alpha) if moe.swiglu_limit is not None else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
@@ -221,7 +226,8 @@ class MoE(nn.Module):
         if self.shared_expert_gate is not None:
             shared = shared * torch.sigmoid(self.shared_expert_gate(flat))  # [N, H] * [N, 1]
         if self.w13 is not None:  # the shared output added in the kernel that sums the pairs
-            return grouped_experts(flat, weights, ids, self.w13, self.w2, shared).view(shape)
+            return grouped_experts(flat, weights, ids, self.w13, self.w2, shared, self.b13, self.b2,
+                                   self.clamp).view(shape)
         out = self._routed(flat, weights, ids)
         return (out if shared is None else out + shared).view(shape)
 

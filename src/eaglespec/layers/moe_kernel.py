@@ -21,7 +21,11 @@ step reads each routed expert's weights about once (not once per pair) whatever 
   points); the second
   writes float32 [P, H] scaled by each pair's weight; `sum_pairs` sums the k rows of a token in float32 and rounds
   once to x's dtype, as the eager path's float32 `index_add_`, then adds `add` (a MoE's shared experts' output, x's
-  dtype) and rounds again, as the eager `routed + shared`. float32 weights multiply in IEEE float32 (no TF32). The
+  dtype) and rounds again, as the eager `routed + shared`. gpt-oss's experts (`ClampedSwiGLUMLP`): `b13` [E, 2I]
+  and `b2` [E, H] added to each GEMM's float32 sums before the epilogue, and `clamp` = (limit, alpha) making the
+  first epilogue min(g, limit) * sigmoid(alpha * min(g, limit)) * (clamp(u, -limit, limit) + 1) in float32 from the
+  rounded g and u (the eager module rounds each of its elementwise steps: bf16 differs by a rounding or two, float32
+  agrees to float32's precision). float32 weights multiply in IEEE float32 (no TF32). The
   GEMMs' default tiles are fitted to the device's shared memory (`fit_shared`: float32 at DeepSeek-V3's width
   needs smaller ones than bf16).
   Memory per call: [P, I] in x's dtype and [P, H] float32 (a prefill window of 8,192 tokens of DeepSeek-V3, k = 8:
@@ -96,10 +100,10 @@ def _kernels():
                  mask=rm[None, :] < (nblk * BLOCK_M - counts)[:, None])
 
     @triton.jit
-    def gemm_kernel(a, w, c, pairs, block_expert, scale, P, N, s_am, s_we, s_wn, s_cm, up_off,
-                    K: tl.constexpr, A_DIV: tl.constexpr, GATED: tl.constexpr, SCALE: tl.constexpr,
-                    IEEE: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_K: tl.constexpr, PDL: tl.constexpr = False):
+    def gemm_kernel(a, w, c, pairs, block_expert, scale, bias, P, N, s_am, s_we, s_wn, s_cm, s_be, up_off, limit,
+                    alpha, K: tl.constexpr, A_DIV: tl.constexpr, GATED: tl.constexpr, SCALE: tl.constexpr,
+                    BIAS: tl.constexpr, CLAMP: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False):
         # one program: BLOCK_M slots of one expert x BLOCK_N output features; a's row of slot p is p // A_DIV
         if PDL:  # layers/pdl.py: which expert's weights to read is known only after the layout, so no early load
             tl.extra.cuda.gdc_launch_dependents()
@@ -137,10 +141,20 @@ def _kernels():
                         acc_up = tl.dot(at, ut, acc_up, input_precision="ieee")
                     else:
                         acc_up = tl.dot(at, ut, acc_up)
-            if GATED:  # silu(gate) * up, each rounded to the output dtype first, as the eager MLP computes it
+            if BIAS:  # the expert's bias rows (gpt-oss): [E, 2I] gate then up for the first GEMM, [E, H] the second
+                bb = bias + e.to(tl.int64) * s_be
+                acc += tl.load(bb + rn, mask=nm, other=0.0).to(tl.float32)
+                if GATED:
+                    acc_up += tl.load(bb + rn + up_off, mask=nm, other=0.0).to(tl.float32)
+            if GATED:  # gate and up each rounded to the output dtype first, as the eager projections give them
                 g = acc.to(c.dtype.element_ty).to(tl.float32)
                 u = acc_up.to(c.dtype.element_ty).to(tl.float32)
-                acc = (g / (1.0 + tl.exp(-g))).to(c.dtype.element_ty).to(tl.float32) * u
+                if CLAMP:  # gpt-oss: min(g, limit) * sigmoid(alpha min(g, limit)) * (clamp(u, +-limit) + 1)
+                    g = tl.minimum(g, limit)
+                    u = tl.minimum(tl.maximum(u, -limit), limit)
+                    acc = g / (1.0 + tl.exp(-alpha * g)) * (u + 1.0)
+                else:  # silu(gate) * up
+                    acc = (g / (1.0 + tl.exp(-g))).to(c.dtype.element_ty).to(tl.float32) * u
             if SCALE:
                 acc = acc * tl.load(scale + rows, mask=valid, other=0.0)[:, None]
             cptr = c + rows.to(tl.int64)[:, None] * s_cm + rn[None, :]
@@ -238,6 +252,7 @@ def fit_shared(cfg: tuple[int, int, int, int], block_m: int, gated: bool, itemsi
 
 def _grouped_gemm(a: torch.Tensor, w: torch.Tensor, pairs: torch.Tensor, block_expert: torch.Tensor, block_m: int,
                   P: int, a_div: int, out: torch.Tensor, gated: bool, scale: torch.Tensor | None,
+                  bias: torch.Tensor | None = None, clamp: tuple[float, float] | None = None,
                   cfg: tuple[int, int, int, int] | None = None) -> torch.Tensor:
     N = out.shape[1]
     K = a.shape[1]
@@ -246,9 +261,12 @@ def _grouped_gemm(a: torch.Tensor, w: torch.Tensor, pairs: torch.Tensor, block_e
     BN, BK, warps, stages = cfg or _gemm_cfg(max(K, N))  # the hidden size: K of the first GEMM, N of the second
     grid = (block_expert.shape[0], -(-N // BN))
     if grid[0] and N:
-        _kernels()[1][grid](a, w, out, pairs, block_expert, scale if scale is not None else out, P, N, a.stride(0),
-                            w.stride(0), w.stride(1), out.stride(0), N if gated else 0, K=K, A_DIV=a_div,
-                            GATED=gated, SCALE=scale is not None, IEEE=w.dtype == torch.float32,
+        limit, alpha = clamp or (0.0, 0.0)
+        _kernels()[1][grid](a, w, out, pairs, block_expert, scale if scale is not None else out,
+                            bias if bias is not None else out, P, N, a.stride(0), w.stride(0), w.stride(1),
+                            out.stride(0), bias.stride(0) if bias is not None else 0, N if gated else 0, limit, alpha,
+                            K=K, A_DIV=a_div, GATED=gated, SCALE=scale is not None, BIAS=bias is not None,
+                            CLAMP=clamp is not None, IEEE=w.dtype == torch.float32,
                             UPCAST=interpreted() and w.dtype != torch.float32, BLOCK_M=block_m,
                             BLOCK_N=BN, BLOCK_K=min(BK, pow2(K, 16)), num_warps=warps, num_stages=stages,
                             **launch_options(a, USE_PDL))
@@ -273,9 +291,11 @@ def sum_pairs(y: torch.Tensor, n_tokens: int, k: int, dtype: torch.dtype,
 
 
 def grouped_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w13: torch.Tensor,
-                    w2: torch.Tensor, add: torch.Tensor | None = None) -> torch.Tensor:
+                    w2: torch.Tensor, add: torch.Tensor | None = None, b13: torch.Tensor | None = None,
+                    b2: torch.Tensor | None = None, clamp: tuple[float, float] | None = None) -> torch.Tensor:
     """sum_k weights[:, k] * expert_{ids[:, k]}(x) for SwiGLU experts (+ `add`, the shared experts' output, after
-    the sum is rounded): x [N, H] -> [N, H] in x's dtype."""
+    the sum is rounded): x [N, H] -> [N, H] in x's dtype. gpt-oss's experts: biases b13 [E, 2I] (gate then up) and
+    b2 [E, H], and `clamp` = (limit, alpha), its clamped SwiGLU."""
     N, k = ids.shape
     E, I2, H = w13.shape
     P = N * k
@@ -283,8 +303,9 @@ def grouped_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w
     pairs, block_expert = expert_blocks(ids, E, bm)
     x = x.contiguous()
     act = _grouped_gemm(x, w13, pairs, block_expert, bm, P, k, torch.empty(P, I2 // 2, dtype=x.dtype,
-                                                                              device=x.device), True, None)
+                                                                              device=x.device), True, None,
+                        b13, clamp)
     y = _grouped_gemm(act, w2, pairs, block_expert, bm, P, 1, torch.empty(P, H, dtype=torch.float32,
                                                                             device=x.device),
-                      False, weights.reshape(-1).float().contiguous())
+                      False, weights.reshape(-1).float().contiguous(), b2)
     return sum_pairs(y, N, k, x.dtype, add)

@@ -16,9 +16,9 @@ every layer's experts fused, `mlp.experts.gate_up_proj` [E, H, 2I] (gate and up 
 `gate_up_proj_bias` [E, 2I], `down_proj` [E, I, H] with `down_proj_bias` [E, H], or, as released, the two weights
 in MXFP4: `*_blocks` uint8 [E, rows, H/32, 16] (two E2M1 codes a byte, low nibble first) and `*_scales` uint8
 [E, rows, H/32] (E8M0: 2^(s - 127) a block of 32), rows the output features; `transform_checkpoint` splits them into
-the per-expert projections (dequantizing MXFP4 once both halves have arrived). The experts run on the MoE's eager
-per-expert path (their biases and clamp are not the grouped kernels'), so this model takes no CUDA graph; the sink
-attention is not the short-query kernel's either.
+the per-expert projections (dequantizing MXFP4 once both halves have arrived). On CUDA the experts run as the
+grouped kernels with their bias and clamp epilogues (`engine.transforms.use_grouped_experts`), so the model takes
+CUDA graphs; the sink attention is the written-out one, not the short-query kernel's.
 """
 
 from __future__ import annotations
