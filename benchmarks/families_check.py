@@ -1,7 +1,7 @@
 """Session 57's model families on the GPU path: tiny random float32 targets (Mixtral, Qwen2-MoE with its gated shared
 expert and a dense layer, Phi-3 with LongRoPE, Mistral Small 3's text wrapper with an explicit head_dim; session 58's
 GLM-4.5 and Phi-4-mini with partial RoPE, heads of 48 dims, sliding windows, Gemma 2 / 3, GLM-4, SmolLM3, OLMo 3,
-Granite, Command R7B, gpt-oss), each run eagerly without graphs (the reference), then through `prepare_for_inference`
+Granite, Command R7B, gpt-oss; session 59's Llama 4), each run eagerly without graphs (the reference), then through `prepare_for_inference`
 and the graph path: plain decoding, a chain and a tree with a random EAGLE-3 drafter. Prints how many of the 3 answers
 equal the reference's.
 
@@ -86,6 +86,13 @@ CONFIGS = {
                                        attention_bias=True, swiglu_limit=7.0,
                                        rope_scaling=dict(rope_type="yarn", factor=4.0, beta_fast=32.0, beta_slow=1.0,
                                                          original_max_position_embeddings=256, truncate=False)),
+    # Llama 4: chunked RoPE layers, NoPE layers with the query temperature, weightless q / k norms, a MoE every other
+    # layer with its routing weights on the experts' inputs (the grouped kernels' scaled rows)
+    "llama4 (chunks 16, NoPE temperature)": dict(BASE, architectures=["Llama4ForCausalLM"], model_type="llama4_text",
+                                                 head_dim=32, intermediate_size=64, intermediate_size_mlp=256,
+                                                 num_local_experts=8, num_experts_per_tok=1,
+                                                 interleave_moe_layer_step=2, no_rope_layer_interval=2,
+                                                 attention_chunk_size=16, floor_scale=8, attn_scale=0.1),
 }
 EAGER: set[str] = set()  # targets whose MoE runs per expert (host sync): no CUDA graphs
 

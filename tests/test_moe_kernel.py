@@ -2,7 +2,8 @@
 the expert-sorted block layout, the grouped experts against the eager per-expert loop (float32 and bf16), the
 transform on Qwen3-MoE, gpt-oss and DeepSeek-V3 targets (logits, parameter names and values kept, capturable), and
 the engine's static graph-path steps on a grouped MoE target: speculation gives plain greedy's tokens. gpt-oss's
-experts (biases, clamped SwiGLU) through the same GEMMs' epilogues."""
+experts (biases, clamped SwiGLU) through the same GEMMs' epilogues, Llama 4's routing weights on the experts' inputs
+through the first GEMM's rows."""
 
 from __future__ import annotations
 
@@ -53,11 +54,15 @@ def test_expert_blocks_sort_every_pair_once_into_blocks_of_one_expert(N, k, E, b
         assert slots == mine + [P] * (len(slots) - len(mine))
 
 
-def _moe(E: int = 8, k: int = 2, shared: int = 0, H: int = 64, I: int = 48, seed: int = 0, oss: bool = False) -> MoE:
-    """A random MoE; `oss`: gpt-oss's (a biased router, clamped-SwiGLU experts with biases)."""
+def _moe(E: int = 8, k: int = 2, shared: int = 0, H: int = 64, I: int = 48, seed: int = 0, oss: bool = False,
+         llama4: bool = False) -> MoE:
+    """A random MoE; `oss`: gpt-oss's (a biased router, clamped-SwiGLU experts with biases); `llama4`: Llama 4's
+    (sigmoid top-k, the weights on the experts' inputs)."""
     extra = dict(router_bias=True, expert_bias=True, swiglu_limit=7.0, swiglu_alpha=1.702) if oss else {}
+    if llama4:
+        extra = dict(scoring_func="sigmoid", norm_topk_prob=False, weight_inputs=True)
     cfg = MoEConfig(n_routed_experts=E, num_experts_per_tok=k, n_shared_experts=shared, moe_intermediate_size=I,
-                    scoring_func="softmax", topk_method="greedy", **extra)
+                    **{"scoring_func": "softmax", "topk_method": "greedy", **extra})
     torch.manual_seed(seed)
     m = MoE(H, cfg).eval()
     with torch.no_grad():
@@ -108,6 +113,27 @@ def test_grouped_gpt_oss_experts_equal_the_eager_loop(dtype, N):
     assert torch.allclose(got.float(), ref, rtol=tol, atol=tol * ref.abs().max())
     unclamped = grouped_experts(x, weights, ids, w13, w2, None, b13, b2, (1e9, 1.702)).float()
     assert not torch.allclose(unclamped, ref, rtol=tol, atol=tol * ref.abs().max())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("N", [1, 9, 300])
+@torch.no_grad()
+def test_grouped_experts_weighting_inputs_equal_the_eager_loop(dtype, N):
+    """Llama 4's MoE (`weight_inputs`): the first GEMM scales each pair's row of x by its routing weight; the eager
+    loop's output, and not the output-weighted experts' (SwiGLU is not linear)."""
+    m = _moe(llama4=True).to(dtype)
+    x = torch.randn(N, 64, generator=torch.Generator().manual_seed(N)).to(dtype)
+    weights, ids = m.gate(x)
+    assert 0 < weights.min() and weights.max() < 1  # sigmoids, not normalised
+    ref = m._routed(x, weights, ids).float()
+    w13 = torch.stack([torch.cat((e.gate_proj.weight, e.up_proj.weight)) for e in m.experts])
+    w2 = torch.stack([e.down_proj.weight for e in m.experts])
+    got = grouped_experts(x, weights, ids, w13, w2, weight_inputs=True)
+    # bf16: Triton's interpreter rounds float32 to bf16 toward zero (the GPU to nearest), here at five points in a row
+    tol = 1e-5 if dtype == torch.float32 else 2.0**-5
+    assert got.dtype == dtype and torch.allclose(got.float(), ref, rtol=tol, atol=tol * ref.abs().max())
+    on_outputs = grouped_experts(x, weights, ids, w13, w2).float()
+    assert not torch.allclose(on_outputs, ref, rtol=tol, atol=tol * ref.abs().max())
 
 
 def test_gemm_tiles_fit_the_devices_shared_memory():
@@ -171,7 +197,7 @@ _tiny_target = tiny_moe
 
 
 @pytest.mark.parametrize("fuse", [False, True])
-@pytest.mark.parametrize("arch", ["qwen3_moe", "qwen2_moe", "mixtral", "gpt_oss", "deepseek_v3"])
+@pytest.mark.parametrize("arch", ["qwen3_moe", "qwen2_moe", "mixtral", "gpt_oss", "llama4", "deepseek_v3"])
 @torch.no_grad()
 def test_use_grouped_experts_keeps_names_values_and_logits(arch, fuse):
     model = _tiny_target(arch)
@@ -225,7 +251,7 @@ def test_stacking_through_host_memory_gives_the_same_stacks(monkeypatch):
 PROMPTS = [[1, 2, 3, 4, 5], [7, 8, 9], list(range(10, 40))]
 
 
-@pytest.mark.parametrize("arch", ["qwen3_moe", "gpt_oss", "deepseek_v3", "deepseek_v2"])
+@pytest.mark.parametrize("arch", ["qwen3_moe", "gpt_oss", "llama4", "deepseek_v3", "deepseek_v2"])
 def test_grouped_moe_targets_on_the_static_path_speculate_as_plain(arch):
     """The graph path's bucketed all-rows steps (run eagerly here, `GraphCache(capture=False)`) on a grouped MoE target
     with fused routers:
@@ -238,7 +264,7 @@ def test_grouped_moe_targets_on_the_static_path_speculate_as_plain(arch):
     use_grouped_experts(target)
     use_router_kernel(target)  # the routers' selection as one kernel too, as on CUDA
     # the routers' kernel takes every router but DeepSeek-V2's group-limited softmax one (PyTorch's there)
-    assert all(m.gate.fused == (arch != "deepseek_v2") for m in target.modules() if isinstance(m, MoE))
+    assert all(m.gate.fused == (arch not in ("deepseek_v2", "llama4")) for m in target.modules() if isinstance(m, MoE))
     for spec in (None, SpecConfig(steps=3, topk=1, draft_tokens=4), SpecConfig(steps=3, topk=2, draft_tokens=6)):
         eng = Engine(target, None, cfg, drafter=drafter if spec else None, spec=spec)
         eng.runner.graphs = GraphCache(eng.runner, capture=False)

@@ -164,6 +164,8 @@ def randomize_moe(model: torch.nn.Module, seed: int) -> None:
 def tiny_moe(arch: str, seed: int = 0, **overrides) -> torch.nn.Module:
     """A tiny random MoE target (`randomize_moe`'s weights): "qwen3_moe", "qwen2_moe" (a gated shared expert),
     "mixtral", "gpt_oss" (clamped-SwiGLU experts with biases, a biased router, sinks, every other layer windowed),
+    "llama4" (routing weights on the experts' inputs, a shared expert, chunked RoPE layers, NoPE layers with the query
+    temperature, weightless q / k norms, MoE every other layer),
     "deepseek_v3" (MLA, grouped noaux_tc routing, a shared expert, a dense first layer) or "deepseek_v2" (the same
     with group_limited_greedy softmax routing); `overrides` replace config.json fields."""
     from eaglespec.models import get_model_class
@@ -190,6 +192,13 @@ def tiny_moe(arch: str, seed: int = 0, **overrides) -> torch.nn.Module:
                  num_local_experts=8, num_experts_per_tok=2, sliding_window=8, max_position_embeddings=512,
                  layer_types=["sliding_attention", "full_attention", "sliding_attention"], rms_norm_eps=1e-5,
                  rope_theta=150000.0, swiglu_limit=7.0, attention_bias=True, tie_word_embeddings=False)
+    elif arch == "llama4":
+        d = dict(architectures=["Llama4ForCausalLM"], model_type="llama4_text", vocab_size=97, hidden_size=48,
+                 intermediate_size=24, intermediate_size_mlp=64, num_hidden_layers=4, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=16, num_local_experts=8, num_experts_per_tok=2,
+                 interleave_moe_layer_step=2, no_rope_layer_interval=2, attention_chunk_size=8, floor_scale=4,
+                 attn_scale=0.1, max_position_embeddings=512, rms_norm_eps=1e-5, rope_theta=5e5,
+                 tie_word_embeddings=False)
     else:
         d = dict(architectures=["DeepseekV3ForCausalLM"], model_type="deepseek_v3", vocab_size=97, hidden_size=32,
                  intermediate_size=48, moe_intermediate_size=16, num_hidden_layers=3, num_attention_heads=4,

@@ -232,7 +232,9 @@ class ModelConfig:
         moe = MoEConfig.from_hf(text, model_type)
         rope, rope_local = _ropes(text, model_type)
         nope = text.get("no_rope_layers")
-        if nope is None and model_type == "smollm3":  # transformers' default: every no_rope_layer_interval-th is NoPE
+        # transformers' default, every no_rope_layer_interval-th layer NoPE: SmolLM3's without the list, Llama 4's
+        # with it empty too (Scout's config.json holds `[]`)
+        if (nope is None and model_type == "smollm3") or (not nope and model_type in ("llama4", "llama4_text")):
             every = int(text.get("no_rope_layer_interval") or 4)
             nope = [int((i + 1) % every != 0) for i in range(n_layers)]
         if nope is not None and len(nope) != n_layers:

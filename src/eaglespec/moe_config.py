@@ -1,6 +1,6 @@
 """`MoEConfig`: a model's mixture of experts, read from its config.json in DeepSeek's field names (`MoEConfig.from_hf`
-for DeepSeek-V2 / V3, Kimi, GLM-4.5, Qwen2 / Qwen3-MoE, Mixtral and gpt-oss); `layers/moe.py` builds the experts and the
-router from it; `ModelConfig` (config.py, which re-exports it) holds one.
+for DeepSeek-V2 / V3, Kimi, GLM-4.5, Qwen2 / Qwen3-MoE, Mixtral, gpt-oss and Llama 4); `layers/moe.py` builds the
+experts and the router from it; `ModelConfig` (config.py, which re-exports it) holds one.
 """
 
 from __future__ import annotations
@@ -47,6 +47,9 @@ class MoEConfig:
     expert_bias: bool = False
     swiglu_limit: float | None = None
     swiglu_alpha: float = 1.0
+    # Llama 4: each routed expert's input is the token times its routing weight (rounded to the model's dtype), and
+    # its output is summed unweighted; False: the output is weighted (everyone else)
+    weight_inputs: bool = False
 
     def is_sparse(self, layer_idx: int) -> bool:
         """Whether the 0-based layer `layer_idx` has the experts (else a dense MLP of `intermediate_size`)."""
@@ -63,7 +66,9 @@ class MoEConfig:
         one sigmoid-gated shared expert of `shared_expert_intermediate_size`; Mixtral (`model_type` mixtral)
         `num_local_experts` of `intermediate_size` in every layer, the top-k renormalised; gpt-oss (`model_type`
         gpt_oss) the same with biases and its clamped SwiGLU (the softmax of the top-k logits equals the renormalised
-        top-k of the softmax)."""
+        top-k of the softmax); Llama 4 (`model_type` llama4 / llama4_text) `num_local_experts` of `intermediate_size`,
+        the sigmoid of the top-k logits weighting the experts' inputs, one shared expert, sparse layers `moe_layers`
+        or every `interleave_moe_layer_step`-th."""
         if text.get("n_routed_experts"):
             v2 = model_type == "deepseek_v2"  # softmax routing (greedy or group-limited), weights not normalised
             glm = model_type == "glm4_moe"  # transformers' Glm4MoeConfig defaults: one shared expert, one dense layer
@@ -101,6 +106,25 @@ class MoEConfig:
                 expert_bias=oss,
                 swiglu_limit=float(text.get("swiglu_limit", 7.0)) if oss else None,
                 swiglu_alpha=float(text.get("swiglu_alpha", 1.702)) if oss else 1.0,
+            )
+        if model_type in ("llama4", "llama4_text") and experts:
+            # Llama 4: sigmoid of the top-k logits (not normalised) scaling the experts' inputs, one shared expert of
+            # intermediate_size; the sparse layers `moe_layers`, else every `interleave_moe_layer_step`-th
+            n_layers = int(text["num_hidden_layers"])
+            step = int(text.get("interleave_moe_layer_step") or 1)
+            listed = text.get("moe_layers")
+            sparse = set(int(i) for i in listed) if listed is not None else set(range(step - 1, n_layers, step))
+            return MoEConfig(
+                n_routed_experts=int(experts),
+                num_experts_per_tok=int(text.get("num_experts_per_tok", 1)),
+                n_shared_experts=1,
+                moe_intermediate_size=int(text["intermediate_size"]),
+                norm_topk_prob=False,
+                scoring_func="sigmoid",
+                topk_method="greedy",
+                mlp_only_layers=tuple(i for i in range(n_layers) if i not in sparse),
+                shared_intermediate_size=int(text["intermediate_size"]),
+                weight_inputs=True,
             )
         if model_type in ("qwen3_moe", "qwen2_moe") and experts:
             step = int(text.get("decoder_sparse_step") or 1)

@@ -408,10 +408,10 @@ def use_gemv_kernel(model: nn.Module, names: tuple[str, ...] = GEMV_NAMES) -> nn
     to the few-row kernels (SmolLM2's) keep them."""
     from ..layers.few_rows_linear import FewRowsLinear
     from ..layers.gemv_kernel import gemv_rows
-    from ..layers.moe import NoAuxRouter, SoftmaxTopKRouter
+    from ..layers.moe import NoAuxRouter, SigmoidTopKRouter, SoftmaxTopKRouter
 
     for parent in list(model.modules()):
-        if isinstance(parent, (NoAuxRouter, SoftmaxTopKRouter)):
+        if isinstance(parent, (NoAuxRouter, SigmoidTopKRouter, SoftmaxTopKRouter)):
             if parent.weight.shape[1] >= GEMV_MIN_K and parent.weight.is_contiguous():
                 parent.logits_rows, parent.logits_max_rows = gemv_rows, ROUTER_GEMV_MAX_ROWS
             continue

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from .context import ForwardContext
+from .context import Chunk, ForwardContext
 from .norm import RMSNorm, rms_scaled
 from .rotary import apply_rotary
 
@@ -165,7 +165,7 @@ def attend(
     ctx: ForwardContext,
     cache: Sequence[torch.Tensor] | None,
     scale: float | None = None,
-    window: int | None = None,
+    window: int | Chunk | None = None,
     sinks: torch.Tensor | None = None,
     softcap: float | None = None,
 ) -> torch.Tensor:
@@ -186,7 +186,7 @@ def attend(
 
 
 def attend_cached(q: torch.Tensor, ctx: ForwardContext, cache: Sequence[torch.Tensor],
-                  scale: float | None = None, window: int | None = None,
+                  scale: float | None = None, window: int | Chunk | None = None,
                   sinks: torch.Tensor | None = None, softcap: float | None = None) -> torch.Tensor:
     """Attention of q [B, T, H, D] over the cache prefix [0, kv_len) whose new entries are already written."""
     k_cache, v_cache = cache
@@ -204,17 +204,20 @@ class GQAAttention(nn.Module):
     """Llama-style attention: q/k/v/o projections (checkpoint names kept), RoPE on halves, GQA.
 
     `in_features` may differ from the model width: the EAGLE-3 drafter feeds 2H (embedding and hidden) into q/k/v.
-    `window`: a sliding-window layer's window (set by the model from `ModelConfig.window_of`), None for full attention;
-    `scale`: the softmax scale (None: 1 / sqrt(head_dim)); a `sinks` parameter [H], where a subclass registers one
+    `window`: a sliding-window layer's window (set by the model from `ModelConfig.window_of`) or a chunked layer's
+    `Chunk` (Llama 4), None for full attention; `temperature` = (floor_scale, attn_scale): Llama 4's NoPE layers
+    scale each query by 1 + attn_scale * log(1 + floor((position + 1) / floor_scale)) (`tempered`); `scale`: the
+    softmax scale (None: 1 / sqrt(head_dim)); a `sinks` parameter [H], where a subclass registers one
     (gpt-oss), adds per-head sink logits (`sdpa_written_out`; never the short-query kernel); `rope_store_ok`: whether
     engine.transforms may give it the fused RoPE + KV-store kernel (and with it the short-query attention kernel),
     which applies `head_norms()` with Llama's RMSNorm roundings (False for an attention whose norms are not Llama's).
     """
 
-    window: int | None = None
+    window: int | Chunk | None = None
     nope = False  # a NoPE layer (SmolLM3's): the model hands it the identity rotation
     scale: float | None = None
     softcap: float | None = None  # Gemma 2's attn_logit_softcapping (`sdpa_written_out`; never the short-query kernel)
+    temperature: tuple[float, float] | None = None  # Llama 4's attn temperature tuning (floor_scale, attn_scale)
     rope_store_ok = True
 
     def __init__(
@@ -249,10 +252,23 @@ class GQAAttention(nn.Module):
         """Whether this attention needs the written-out form (`sdpa_written_out`): sinks or soft-capped scores."""
         return "sinks" in self._parameters or self.softcap is not None
 
+    def tempered(self, q: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        """q [B, T, H, D] scaled by its position's temperature where the layer has one (`temperature`), else q: in
+        float32, rounded to q's dtype, as transformers' Llama 4 (the factor, [B, T, 1, 1], built once a forward)."""
+        if self.temperature is None:
+            return q
+        key = ("temperature", self.temperature)
+        if key not in ctx._memo:
+            floor_scale, attn_scale = self.temperature
+            ctx._memo[key] = (torch.log1p(torch.floor((ctx.positions.float() + 1.0) / floor_scale)) * attn_scale
+                              + 1.0)[..., None, None]
+        return (q * ctx._memo[key]).to(q.dtype)
+
     def _attend(self, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None, ctx: ForwardContext,
                 cache: Sequence[torch.Tensor] | None) -> torch.Tensor:
-        """`attend` (k / v None: `attend_cached`, this step's keys already in the cache) with this layer's scale,
-        window, sinks and soft cap."""
+        """`attend` (k / v None: `attend_cached`, this step's keys already in the cache) with this layer's query
+        temperature, scale, window, sinks and soft cap."""
+        q = self.tempered(q, ctx)
         extra = (self.scale, self.window, self._parameters.get("sinks"), self.softcap)
         if k is None:
             assert cache is not None
@@ -319,8 +335,8 @@ class GQAAttention(nn.Module):
             k_cache = cache[0]
             if (self.attn_kernel is not None and k_cache.dtype == q.dtype and not self._written_out()
                     and self.attn_kernel.fits(B, T, H, Hkv, Dh, q.dtype)):
-                out = self.attn_kernel.run(q, k_cache, cache[1], ctx.row_index(B), ctx.mask(self.window),
-                                           self.scale)
+                out = self.attn_kernel.run(self.tempered(q, ctx), k_cache, cache[1], ctx.row_index(B),
+                                           ctx.mask(self.window), self.scale)
             else:
                 out = self._attend(q, None, None, ctx, cache)
             return out.reshape(B, T, H * Dh)

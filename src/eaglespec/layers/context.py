@@ -2,8 +2,9 @@
 
 A forward runs B rows of T new tokens each. Row b lives in cache row `rows[b]`; token t of row b has the RoPE position
 `positions[b, t]` and writes its K/V into cache position `write_index[b, t]`. The attention of token t may read cache
-positions `[0, kv_len)` wherever `attn_mask[b, t, j]` is true (and, in a sliding-window layer, j is less than the window
-behind the token: `mask(window)`). This one shape covers every forward the engine runs:
+positions `[0, kv_len)` wherever `attn_mask[b, t, j]` is true (and, in a sliding-window layer, the key's position is
+less than the window behind the token's; in a chunked layer, Llama 4's, it lies in the token's chunk: `mask(window)`).
+This one shape covers every forward the engine runs:
 
 - prefill of a prompt (write 0..n-1, causal), and batched prefill of prompts of different lengths (right padding:
   padded queries compute garbage that is never read, and no real query sees a padded key);
@@ -21,6 +22,14 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 import torch
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Llama 4's chunked attention, a layer's `window` in place of a sliding one: a query at position p sees the keys
+    at positions [p - p % size, p] only (its chunk of `size` positions)."""
+
+    size: int
 
 
 @dataclass
@@ -46,23 +55,42 @@ class ForwardContext:
                 batch, device=self.positions.device)
         return self._memo["rows"]
 
-    def mask(self, window: int | None = None) -> torch.Tensor:
-        """`attn_mask`, or for a sliding-window layer the same without the keys `window` or more positions behind
-        the query [B, T, K] (built once per forward and window). The cache position of a key stands for its position:
-        equal for everything committed (prefill, decode, compaction), and after it for a verified tree's nodes
-        (written at L + i, positioned at L + depth), which lie within any window longer than the tree is deep."""
+    def key_positions(self) -> torch.Tensor:
+        """[B, K] the position of each key the mask covers: a cache position is its key's position for everything
+        committed (prefill, decode, compaction), but this forward's keys carry their own (a verified tree's nodes are
+        written at L + i and positioned at L + depth); a cache-free forward's keys are its tokens. Built once a
+        forward, with static shapes."""
+        if "key_positions" not in self._memo:
+            m = self.mask()
+            B, K = m.shape[0], m.shape[-1]
+            if self.write_index is None:  # cache-free: key j is token j
+                kpos = self.positions.expand(B, K)
+            else:  # a fresh arange (as row_index's): no inference-mode tensor inside a forward autograd records
+                kpos = torch.arange(K + 1, device=m.device).expand(B, K + 1).clone()
+                # writes past the mask's K keys (a padded row's) land on the spare column K
+                kpos.scatter_(1, self.write_index.clamp(max=K), self.positions.expand_as(self.write_index))
+                kpos = kpos[:, :K]
+            self._memo["key_positions"] = kpos
+        return self._memo["key_positions"]
+
+    def mask(self, window: int | Chunk | None = None) -> torch.Tensor:
+        """`attn_mask` [B, T, K], or for a sliding-window layer the same without the keys whose positions are
+        `window` or more behind the query's, for a chunked layer (`Chunk`) without those outside the query's chunk
+        (built once per forward and window; the keys' positions from `key_positions`, exact for a tree's nodes)."""
         if window is None:
             assert self.attn_mask is not None
             return self.attn_mask
         key = ("window", window)
         if key not in self._memo:
-            m = self.mask()
-            # a fresh arange (as row_index's): no inference-mode tensor inside a forward autograd records
-            near = torch.arange(m.shape[-1], device=m.device) > self.positions[..., None] - window
-            self._memo[key] = m & near
+            kpos = self.key_positions()[:, None, :]  # [B, 1, K]
+            if isinstance(window, Chunk):
+                near = kpos >= (self.positions - self.positions % window.size)[..., None]
+            else:
+                near = kpos > self.positions[..., None] - window
+            self._memo[key] = self.mask() & near
         return self._memo[key]
 
-    def attn_bias(self, dtype: torch.dtype, window: int | None = None) -> torch.Tensor:
+    def attn_bias(self, dtype: torch.dtype, window: int | Chunk | None = None) -> torch.Tensor:
         """`mask(window)` as SDPA's additive bias [B, 1, T, K] (0 visible, -inf hidden), built once per forward."""
         key = ("bias", dtype, window)
         if key not in self._memo:

@@ -1,6 +1,6 @@
 """Mixture of experts: a router, routed SwiGLU experts and optional shared experts (DeepSeek-V2 / V3; Qwen2-MoE's
-sigmoid-gated one), for DeepSeek, Qwen2 / Qwen3-MoE, Mixtral, GLM-4.5 and gpt-oss (its experts `layers/mlp.
-ClampedSwiGLUMLP`, with biases).
+sigmoid-gated one; Llama 4's), for DeepSeek, Qwen2 / Qwen3-MoE, Mixtral, GLM-4.5, Llama 4 and gpt-oss (its experts
+`layers/mlp.ClampedSwiGLUMLP`, with biases).
 
 Contract (REFERENCE.md §6), checkpoint names kept: `gate.weight` [E, H], `experts.E.{gate,up,down}_proj.weight`,
 `shared_experts.{gate,up,down}_proj.weight` (DeepSeek, Qwen2-MoE's one shared expert renamed to it) and
@@ -13,6 +13,8 @@ router from the MoEConfig's (scoring_func, topk_method), and refuses other pairs
   near-equal scores): `s = sigmoid(x @ gate^T)`; choose with `s + bias`: when n_group > 1 a group scores the sum of
   its top-2 biased scores and only the best `topk_group` groups stay eligible; take the top-k eligible experts; their
   weights are the *unbiased* `s`, divided by their sum when `norm_topk_prob`, times `routed_scaling_factor`.
+- `SigmoidTopKRouter` (Llama 4: sigmoid / greedy): the top-k logits, weighted by their sigmoid; with
+  `MoEConfig.weight_inputs` the weights scale the experts' inputs (rounded to the model's dtype), not their outputs.
 - `SoftmaxTopKRouter` (Qwen3-MoE, Mixtral, gpt-oss, DeepSeek-V2: softmax / greedy; DeepSeek-V2: softmax /
   group_limited_greedy): the logits `x @ gate^T` (+ `gate.bias`, gpt-oss's) in the model's dtype (`gate.weight` follows
   `.to(dtype)`, as in transformers and vLLM), or in float32 with a float32 `gate.weight` when the config says
@@ -168,9 +170,30 @@ class SoftmaxTopKRouter(nn.Module):
         return weights * self.scaling, ids
 
 
+class SigmoidTopKRouter(nn.Module):
+    """Llama 4's router (sigmoid / greedy); checkpoint name `gate` (the releases' `router`): the top-k of the logits
+    `x @ gate^T` in the model's dtype, each weighted by the sigmoid of its logit in float32 (not normalised).
+    Returns (weights [N, k] fp32, ids [N, k])."""
+
+    fused = False  # never set: the router kernel's sigmoid chooses by a correction bias this router lacks
+    logits_rows: RowsKernel | None = None  # engine.transforms.use_gemv_kernel: the logits of few-row steps
+    logits_max_rows = 0
+
+    def __init__(self, hidden_size: int, moe: MoEConfig) -> None:
+        super().__init__()
+        self.num_experts, self.top_k = moe.n_routed_experts, moe.num_experts_per_tok
+        self.weight = nn.Parameter(torch.empty(self.num_experts, hidden_size))
+        nn.init.normal_(self.weight, std=0.02)  # a usable random router when nothing is loaded (tiny test models)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        top, ids = _logits(self, x).topk(self.top_k, dim=-1)  # [N, k] each, in x's dtype
+        return torch.sigmoid(top.float()), ids
+
+
 # (scoring_func, topk_method) -> router class
 ROUTERS: dict[tuple[str, str], type[nn.Module]] = {
     ("sigmoid", "noaux_tc"): NoAuxRouter,
+    ("sigmoid", "greedy"): SigmoidTopKRouter,
     ("softmax", "greedy"): SoftmaxTopKRouter,
     ("softmax", "group_limited_greedy"): SoftmaxTopKRouter,
 }
@@ -217,6 +240,7 @@ class MoE(nn.Module):
         self.register_buffer("b2", None, persistent=False)  # [E, H] gpt-oss's down biases
         # gpt-oss's clamped SwiGLU for the grouped kernels: (limit, alpha)
         self.clamp = (moe.swiglu_limit, moe.swiglu_alpha) if moe.swiglu_limit is not None else None
+        self.weight_inputs = moe.weight_inputs  # Llama 4: the routing weight scales the expert's input
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
@@ -226,13 +250,14 @@ class MoE(nn.Module):
         if self.shared_expert_gate is not None:
             shared = shared * torch.sigmoid(self.shared_expert_gate(flat))  # [N, H] * [N, 1]
         if self.w13 is not None:  # the shared output added in the kernel that sums the pairs
-            return grouped_experts(flat, weights, ids, self.w13, self.w2, shared, self.b13, self.b2,
-                                   self.clamp).view(shape)
+            return grouped_experts(flat, weights, ids, self.w13, self.w2, shared, self.b13, self.b2, self.clamp,
+                                   self.weight_inputs).view(shape)
         out = self._routed(flat, weights, ids)
         return (out if shared is None else out + shared).view(shape)
 
     def _routed(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """x [N, H], weights/ids [N, k] -> sum_k weights * expert_ids(x), [N, H] in x's dtype."""
+        """x [N, H], weights/ids [N, k] -> sum_k weights * expert_ids(x) (`weight_inputs`: sum_k expert_ids(x *
+        weights), the product rounded to x's dtype), [N, H] in x's dtype."""
         k = ids.shape[1]
         flat_ids = ids.reshape(-1)  # [N*k]: pair p is (token p // k, expert flat_ids[p])
         order = flat_ids.argsort(stable=True)
@@ -242,6 +267,9 @@ class MoE(nn.Module):
         xs = x[token]  # [N*k, H] the routed copies, grouped by expert
         acc = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
         start = 0
+        if self.weight_inputs:  # in x's dtype, as transformers' Llama 4 (its routing weights rounded to it first)
+            xs = xs * pair_w.to(x.dtype)[:, None]
+            pair_w = torch.ones_like(pair_w)
         for e, n in enumerate(counts):
             if n:
                 y = self.experts[e](xs[start : start + n]).float() * pair_w[start : start + n, None]

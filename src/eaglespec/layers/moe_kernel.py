@@ -25,7 +25,9 @@ step reads each routed expert's weights about once (not once per pair) whatever 
   and `b2` [E, H] added to each GEMM's float32 sums before the epilogue, and `clamp` = (limit, alpha) making the
   first epilogue min(g, limit) * sigmoid(alpha * min(g, limit)) * (clamp(u, -limit, limit) + 1) in float32 from the
   rounded g and u (the eager module rounds each of its elementwise steps: bf16 differs by a rounding or two, float32
-  agrees to float32's precision). float32 weights multiply in IEEE float32 (no TF32). The
+  agrees to float32's precision). `weight_inputs` (Llama 4): the pair weights scale the first GEMM's rows of x
+  (rounded to x's dtype, as the eager product) and the second GEMM's output stays unweighted. float32 weights
+  multiply in IEEE float32 (no TF32). The
   GEMMs' default tiles are fitted to the device's shared memory (`fit_shared`: float32 at DeepSeek-V3's width
   needs smaller ones than bf16).
   Memory per call: [P, I] in x's dtype and [P, H] float32 (a prefill window of 8,192 tokens of DeepSeek-V3, k = 8:
@@ -102,7 +104,8 @@ def _kernels():
     @triton.jit
     def gemm_kernel(a, w, c, pairs, block_expert, scale, bias, P, N, s_am, s_we, s_wn, s_cm, s_be, up_off, limit,
                     alpha, K: tl.constexpr, A_DIV: tl.constexpr, GATED: tl.constexpr, SCALE: tl.constexpr,
-                    BIAS: tl.constexpr, CLAMP: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
+                    BIAS: tl.constexpr, CLAMP: tl.constexpr, A_SCALE: tl.constexpr, IEEE: tl.constexpr,
+                    UPCAST: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False):
         # one program: BLOCK_M slots of one expert x BLOCK_N output features; a's row of slot p is p // A_DIV
         if PDL:  # layers/pdl.py: which expert's weights to read is known only after the layout, so no early load
@@ -118,12 +121,16 @@ def _kernels():
             nm = rn < N
             rk = tl.arange(0, BLOCK_K)
             wbase = w + e.to(tl.int64) * s_we
+            if A_SCALE:  # Llama 4: each pair's routing weight scales its row of a, rounded to a's dtype
+                sa = tl.load(scale + rows, mask=valid, other=0.0)[:, None]
             acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
             acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
             for k0 in range(0, K, BLOCK_K):
                 kk = k0 + rk
                 km = kk < K
                 at = tl.load(a + arow[:, None] * s_am + kk[None, :], mask=valid[:, None] & km[None, :], other=0.0)
+                if A_SCALE:
+                    at = (at.to(tl.float32) * sa).to(a.dtype.element_ty)
                 wmask = nm[None, :] & km[:, None]
                 wt = tl.load(wbase + rn[None, :] * s_wn + kk[:, None], mask=wmask, other=0.0)  # [BK, BN]
                 if UPCAST:  # the interpreter's tl.dot misreads bf16 (NumPy has none); the products are exact in fp32
@@ -253,7 +260,7 @@ def fit_shared(cfg: tuple[int, int, int, int], block_m: int, gated: bool, itemsi
 def _grouped_gemm(a: torch.Tensor, w: torch.Tensor, pairs: torch.Tensor, block_expert: torch.Tensor, block_m: int,
                   P: int, a_div: int, out: torch.Tensor, gated: bool, scale: torch.Tensor | None,
                   bias: torch.Tensor | None = None, clamp: tuple[float, float] | None = None,
-                  cfg: tuple[int, int, int, int] | None = None) -> torch.Tensor:
+                  a_scale: bool = False, cfg: tuple[int, int, int, int] | None = None) -> torch.Tensor:
     N = out.shape[1]
     K = a.shape[1]
     if cfg is None and GEMM_CFG is None:  # the default tile, fitted to the device's shared memory
@@ -265,8 +272,9 @@ def _grouped_gemm(a: torch.Tensor, w: torch.Tensor, pairs: torch.Tensor, block_e
         _kernels()[1][grid](a, w, out, pairs, block_expert, scale if scale is not None else out,
                             bias if bias is not None else out, P, N, a.stride(0), w.stride(0), w.stride(1),
                             out.stride(0), bias.stride(0) if bias is not None else 0, N if gated else 0, limit, alpha,
-                            K=K, A_DIV=a_div, GATED=gated, SCALE=scale is not None, BIAS=bias is not None,
-                            CLAMP=clamp is not None, IEEE=w.dtype == torch.float32,
+                            K=K, A_DIV=a_div, GATED=gated, SCALE=scale is not None and not a_scale,
+                            BIAS=bias is not None, CLAMP=clamp is not None, A_SCALE=a_scale,
+                            IEEE=w.dtype == torch.float32,
                             UPCAST=interpreted() and w.dtype != torch.float32, BLOCK_M=block_m,
                             BLOCK_N=BN, BLOCK_K=min(BK, pow2(K, 16)), num_warps=warps, num_stages=stages,
                             **launch_options(a, USE_PDL))
@@ -292,20 +300,25 @@ def sum_pairs(y: torch.Tensor, n_tokens: int, k: int, dtype: torch.dtype,
 
 def grouped_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w13: torch.Tensor,
                     w2: torch.Tensor, add: torch.Tensor | None = None, b13: torch.Tensor | None = None,
-                    b2: torch.Tensor | None = None, clamp: tuple[float, float] | None = None) -> torch.Tensor:
+                    b2: torch.Tensor | None = None, clamp: tuple[float, float] | None = None,
+                    weight_inputs: bool = False) -> torch.Tensor:
     """sum_k weights[:, k] * expert_{ids[:, k]}(x) for SwiGLU experts (+ `add`, the shared experts' output, after
     the sum is rounded): x [N, H] -> [N, H] in x's dtype. gpt-oss's experts: biases b13 [E, 2I] (gate then up) and
-    b2 [E, H], and `clamp` = (limit, alpha), its clamped SwiGLU."""
+    b2 [E, H], and `clamp` = (limit, alpha), its clamped SwiGLU. `weight_inputs` (Llama 4): sum_k expert_{ids[:, k]}
+    (x * weights[:, k]), the weights and the products rounded to x's dtype."""
     N, k = ids.shape
     E, I2, H = w13.shape
     P = N * k
     bm = block_m_for(P, E)
     pairs, block_expert = expert_blocks(ids, E, bm)
     x = x.contiguous()
+    # [P] float32 pair weights: Llama 4's scale the first GEMM's rows (rounded as the eager x-dtype product), the
+    # others the second GEMM's output
+    w = (weights.to(x.dtype) if weight_inputs else weights).reshape(-1).float().contiguous()
     act = _grouped_gemm(x, w13, pairs, block_expert, bm, P, k, torch.empty(P, I2 // 2, dtype=x.dtype,
-                                                                              device=x.device), True, None,
-                        b13, clamp)
+                                                                              device=x.device), True,
+                        w if weight_inputs else None, b13, clamp, a_scale=weight_inputs)
     y = _grouped_gemm(act, w2, pairs, block_expert, bm, P, 1, torch.empty(P, H, dtype=torch.float32,
                                                                             device=x.device),
-                      False, weights.reshape(-1).float().contiguous(), b2)
+                      False, None if weight_inputs else w, b2)
     return sum_pairs(y, N, k, x.dtype, add)

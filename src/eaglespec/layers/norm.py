@@ -5,7 +5,7 @@
 be swapped for compiled versions (one kernel each) by engine.transforms. `OffsetRMSNorm` is Gemma's: weights stored as
 offsets from 1, the product taken in float32 before the one rounding (not an `RMSNorm`, so that no kernel written for
 Llama's roundings replaces it); `BiasFreeLayerNorm` is Cohere's LayerNorm (mean removed, a weight and no bias, in
-float32, rounded once)."""
+float32, rounded once); `UnitRMSNorm` an RMSNorm whose weight is fixed ones (Llama 4's q / k norm)."""
 
 from __future__ import annotations
 
@@ -53,6 +53,21 @@ class RMSNorm(nn.Module):
     def add_forward(self, h: torch.Tensor, d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(h + d, norm(h + d))."""
         return self.add_impl(h, d, self.weight, self.eps)
+
+
+class UnitRMSNorm(RMSNorm):
+    """An RMSNorm without a learned weight (Llama 4's q / k norm): `weight` is a non-persistent buffer of ones, so
+    code and kernels that apply an RMSNorm's weight take it unchanged, and no checkpoint holds it."""
+
+    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+        super().__init__(dim, eps)
+        del self.weight
+        self.register_buffer("weight", torch.ones(dim), persistent=False)
+
+    def reset_buffers(self) -> None:
+        """Ones again after materialising from the meta device."""
+        with torch.no_grad():
+            self.weight.fill_(1.0)
 
 
 def offset_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

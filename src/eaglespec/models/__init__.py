@@ -29,6 +29,8 @@ _REGISTRY: dict[str, str] = {
     "Gemma3ForCausalLM": "eaglespec.models.gemma:Gemma3ForCausalLM",
     "GptOssForCausalLM": "eaglespec.models.gpt_oss:GptOssForCausalLM",
     "Gemma3ForConditionalGeneration": "eaglespec.models.gemma:Gemma3ForConditionalGeneration",
+    "Llama4ForCausalLM": "eaglespec.models.llama4:Llama4ForCausalLM",
+    "Llama4ForConditionalGeneration": "eaglespec.models.llama4:Llama4ForConditionalGeneration",
     "LlamaForCausalLMEagle3": "eaglespec.models.eagle3:LlamaForCausalLMEagle3",
     "DeepseekV2ForCausalLM": "eaglespec.models.deepseek_v3:DeepseekV2ForCausalLM",
     "DeepseekV3ForCausalLM": "eaglespec.models.deepseek_v3:DeepseekV3ForCausalLM",
