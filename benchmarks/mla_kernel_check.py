@@ -60,8 +60,9 @@ def main() -> None:
             ref = reference(*args)
             out = mk.mla_attention(*args, SCALE)
             err = ((out.float() - ref).abs().max() / ref.abs().max()).item()
-            bkv = mk.block_kv(R, P, DT.itemsize, None if CPU else mk.shared_limit(DEV))
-            emit(dict(T=T, K=K, plan=mk.plan(1, T, H, K, bkv), block_q=mk.BLOCK_Q,
+            bq = mk.query_tile(T, H, K)[0]
+            bkv = mk.block_kv(R, P, DT.itemsize, None if CPU else mk.shared_limit(DEV), bq)
+            emit(dict(T=T, K=K, plan=mk.plan(1, T, H, K, bkv, bq), block_q=bq,
                       kernel_us=round(per_call_us(lambda: mk.mla_attention(*args, SCALE)), 2),
                       eager_us=round(per_call_us(lambda: eager(*args)), 2), rel_err=f"{err:.2e}"))
     print("\n| T | K | (tiles, blocks, blocks a split, splits) | kernel us | eager us | error / max |")

@@ -59,20 +59,63 @@ def test_the_kernels_compute_softmax_attention_over_the_latents(dtype, B, T, H, 
         assert torch.allclose(out, ref, rtol=1e-5, atol=1e-5)
     else:  # probabilities enter the output product in bf16, and the output is rounded once
         assert torch.allclose(out.float(), ref, rtol=2.0**-6, atol=2.0**-6)
-    qt, nb, per, nsplit = mk.plan(B, T, H, K, 64 if dtype == torch.bfloat16 else 32)
-    assert qt == -(-T * H // mk.BLOCK_Q) and per * nsplit >= nb and (nsplit == 1 or target > 1)
+    bq = mk.query_tile(T, H, K)[0]
+    qt, nb, per, nsplit = mk.plan(B, T, H, K, 64 if dtype == torch.bfloat16 else 32, bq)
+    assert qt == -(-T * H // bq) and per * nsplit >= nb and (nsplit == 1 or target > 1)
 
 
 def test_the_plan_fills_the_chip_with_splits_of_several_blocks():
     """A one-token step of 64 heads over 4,096 positions is spread over splits of >= MIN_SPLIT_BLOCKS blocks; a short
     context stays one split; a step of many query tiles takes fewer splits."""
-    assert mk.plan(1, 1, 64, 4096, 64) == (4, 64, 4, 16)  # 4 tiles x 16 splits of 4 blocks
-    assert mk.plan(1, 1, 64, 200, 64) == (4, 4, 4, 1)
-    assert mk.plan(1, 8, 64, 4096, 64) == (32, 64, 16, 4)  # 32 tiles: 5 splits wanted, of 16 blocks (a power of 2)
-    assert mk.plan(1, 1, 4, 1 << 20, 64)[3] == mk.MAX_SPLITS
+    assert mk.plan(1, 1, 64, 4096, 64, 16) == (4, 64, 4, 16)  # 4 tiles x 16 splits of 4 blocks
+    assert mk.plan(1, 1, 64, 200, 64, 16) == (4, 4, 4, 1)
+    assert mk.plan(1, 8, 64, 4096, 64, 16) == (32, 64, 16, 4)  # 32 tiles: 5 splits wanted, of 16 blocks (a power of 2)
+    assert mk.plan(1, 8, 64, 4096, 64, 64) == (8, 64, 4, 16)  # 8 tiles of 64 rows: 16 splits
+    assert mk.plan(1, 1, 4, 1 << 20, 64, 16)[3] == mk.MAX_SPLITS
     assert mk.fits(1, 64, 512, 64, torch.bfloat16) and mk.fits(64, 64, 512, 64, torch.float32)
     assert not mk.fits(65, 64, 512, 64, torch.bfloat16)  # longer steps keep SDPA
     assert not mk.fits(1, 16, 16, 8, torch.bfloat16) and not mk.fits(1, 16, 48, 16, torch.bfloat16)  # not powers of 2
+
+
+def test_query_tiles_grow_with_the_steps_work(monkeypatch):
+    """The tile of query rows by T * H * K, as session 59 measured on an H100 (64 heads): 16 rows for a decode step
+    and short verifies, 32 for an 8-token verify over 2,048 positions, 64 for 8 tokens over 4,096 and 48 over 1,024;
+    `BLOCK_Q` set overrides it (the benchmarks' A/B)."""
+    assert [mk.query_tile(T, 64, K) for T, K in ((1, 4096), (4, 1024), (8, 1024), (16, 256))] == [(16, 4)] * 4
+    assert [mk.query_tile(T, 64, K) for T, K in ((4, 4096), (8, 2048), (16, 1024), (48, 256))] == [(32, 8)] * 4
+    assert [mk.query_tile(T, 64, K) for T, K in ((8, 4096), (16, 4096), (48, 1024))] == [(64, 8)] * 3
+    monkeypatch.setattr(mk, "BLOCK_Q", 32)
+    assert mk.query_tile(1, 64, 256) == (32, 4)
+
+
+@pytest.mark.parametrize("tile", [16, 32, 64])
+def test_every_query_tile_gives_the_same_attention(monkeypatch, tile):
+    """One step through each tile (`BLOCK_Q` forced): the float32 reference's output, tiles past the query rows
+    masked (T * H = 40 rows)."""
+    monkeypatch.setattr(mk, "BLOCK_Q", tile)
+    R, P, B, T, H, K = 32, 16, 2, 5, 8, 150
+    g = torch.Generator().manual_seed(tile)
+    cache = torch.randn(3, K + 4, R + P, generator=g)
+    rows, mask = torch.tensor([2, 0]), torch.rand(B, T, K, generator=g) < 0.6
+    q_lat, q_pe = torch.randn(B, T, H, R, generator=g), torch.randn(B, T, H, P, generator=g)
+    out = mk.mla_attention(q_lat, q_pe, cache, rows, mask, 0.2)
+    assert torch.allclose(out, _reference(q_lat, q_pe, cache, rows, mask, 0.2), rtol=1e-5, atol=1e-5)
+
+
+def test_a_tile_past_the_shared_memory_falls_back_to_the_least(monkeypatch):
+    """Where the chosen tile's block would not fit the device (a small GPU, a large tile), the step takes the least
+    tile, which `fits` checked, and still attends right."""
+    monkeypatch.setattr(mk, "QUERY_TILES", ((0, 16, 4), (None, 64, 8)))  # every step asks for 64 rows
+    monkeypatch.setattr(mk, "shared_limit", lambda device: 15000)  # R 32, P 16, float32: 16 rows fit, 64 do not
+    tiles = []
+    plan = mk.plan
+    monkeypatch.setattr(mk, "plan", lambda *a: tiles.append(a[-1]) or plan(*a))
+    g = torch.Generator().manual_seed(7)
+    cache, rows, mask = torch.randn(1, 40, 48, generator=g), torch.tensor([0]), torch.ones(1, 2, 40, dtype=torch.bool)
+    q_lat, q_pe = torch.randn(1, 2, 4, 32, generator=g), torch.randn(1, 2, 4, 16, generator=g)
+    out = mk.mla_attention(q_lat, q_pe, cache, rows, mask, 0.2)
+    assert tiles == [16] and mk.block_kv(32, 16, 4, 15000, 64) is None
+    assert torch.allclose(out, _reference(q_lat, q_pe, cache, rows, mask, 0.2), rtol=1e-5, atol=1e-5)
 
 
 def test_blocks_fit_the_devices_shared_memory(monkeypatch):
@@ -81,6 +124,8 @@ def test_blocks_fit_the_devices_shared_memory(monkeypatch):
     H100, A100, SMALL = 232448, 166912, 101376
     assert [mk.block_kv(512, 64, 2, lim) for lim in (None, H100, A100, SMALL)] == [64, 64, 64, 32]
     assert [mk.block_kv(512, 64, 4, lim) for lim in (None, H100, A100, SMALL)] == [32, 32, 16, None]
+    assert [mk.block_kv(512, 64, 2, H100, bq) for bq in (16, 32, 64)] == [64, 64, 64]  # every tile, bf16, an H100
+    assert mk.block_kv(512, 64, 2, SMALL, 32) == 16 and mk.block_kv(512, 64, 2, SMALL, 64) is None
     monkeypatch.setattr(mk, "shared_limit", lambda device: SMALL)
     cuda = torch.device("cuda")
     assert mk.fits(1, 64, 512, 64, torch.bfloat16, cuda) and not mk.fits(1, 64, 512, 64, torch.float32, cuda)

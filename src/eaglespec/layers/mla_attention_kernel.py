@@ -17,7 +17,7 @@ kimi-k2.5-slice`), where the latent cache of a few hundred positions is well und
   (q_lat . c + q_pe . k_pe) * scale, times c. Rows that see nothing give 0 (SDPA gives NaN; the engine never reads
   them). Usable when `fits(T, H, R, P, dtype, device)`: R and P powers of two >= 16, T <= MAX_QUERY_TOKENS, the
   cache in q's dtype, a block of positions within the device's shared memory (`block_kv`).
-Kernel 1, program (b * QT + query tile, split): BLOCK_Q of the T * H query rows (row r = t * H + h) against its
+Kernel 1, program (b * QT + query tile, split): a tile of the T * H query rows (row r = t * H + h) against its
   splits' blocks of BLOCK_KV positions, flash attention's online softmax; a block no row of the tile sees is skipped
   after the mask's load (rows much shorter than their graph's length bucket read only their own prefix). One load of
   a block's latents [BLOCK_KV, R] serves both products (scores and output). Writes float32 partials (row max m, sum
@@ -29,7 +29,10 @@ Splits: enough programs to fill the chip (TARGET_PROGRAMS), each of at least MIN
 Probabilities enter the output product in the cache dtype (as flash attention kernels do); float32 multiplies in IEEE
 float32 (no TF32). Measured (session 56, H100, the Kimi-K2.5 slice with random bf16 weights, CUDA graphs): a decode
 step 2.56 -> 2.23 ms, a 4-token verify 4.00 -> 3.71; an 8-token verify 5.66 -> 5.75 (its 512 query rows are 32 tiles,
-each reading every block: a larger query tile would serve it better, untried).
+each reading every block). The tile (`query_tile`): every program of a tile reads its split's blocks, so many query
+rows over a long cache want larger tiles, which cost more a program; by the work T * H * K, 16 rows (4 warps) up to
+600K, 32 (8 warps) up to 2M, 64 past it, the best of each of session 59's cells on an H100 (T 1-48, K 256-4,096;
+an 8-token verify over 4,096 positions 77 -> 49 us).
 Both kernels launch with programmatic dependent launch where the device has it (layers/pdl.py), waiting first: every
 input is written by an earlier kernel of the step. Built on first use, so that `TRITON_INTERPRET=1` (CPU tests) takes
 effect.
@@ -46,8 +49,11 @@ from .norm_linear_dot_kernel import shared_limit
 from .pdl import interpreted, launch_options
 
 MAX_QUERY_TOKENS = 64  # T: a tree verify of up to 64 tokens; longer steps keep the eager path (SDPA)
-BLOCK_Q = 16  # query rows per program (tl.dot's least M): an H = 64 decode step is 4 tiles
-WARPS = 4  # num_warps of the split kernel (BLOCK_Q and WARPS: benchmarks/mla_kernel_check.py's A/B)
+# (T * H * K up to which, query rows a program, num_warps): the tiles by a step's work (`query_tile`); 16 is tl.dot's
+# least M (an H = 64 decode step is 4 tiles)
+QUERY_TILES: tuple[tuple[int | None, int, int], ...] = ((600_000, 16, 4), (2_000_000, 32, 8), (None, 64, 8))
+BLOCK_Q: int | None = None  # set: every step takes this tile (benchmarks/mla_kernel_check.py's A/B), WARPS warps
+WARPS: int | None = None
 TARGET_PROGRAMS = 132  # programs kernel 1 aims for (an H100's SMs); splits = TARGET / (B * tiles), >= 1
 MIN_SPLIT_BLOCKS = 4  # blocks a split takes at least: fewer, longer splits where the chip is already full
 MAX_SPLITS = 64  # the combine's loop over splits is unrolled
@@ -62,14 +68,21 @@ def fits(T: int, H: int, R: int, P: int, dtype: torch.dtype, device: torch.devic
             and (device is None or block_kv(R, P, dtype.itemsize, shared_limit(device)) is not None))
 
 
-def block_kv(R: int, P: int, itemsize: int, limit: int | None) -> int | None:
+def query_tile(T: int, H: int, K: int) -> tuple[int, int]:
+    """(query rows a program, num_warps) for a step of T tokens of H heads over K positions (`QUERY_TILES`)."""
+    if BLOCK_Q is not None:
+        return BLOCK_Q, WARPS or 4
+    return next((bq, warps) for bound, bq, warps in QUERY_TILES if bound is None or T * H * K <= bound)
+
+
+def block_kv(R: int, P: int, itemsize: int, limit: int | None, block_q: int = QUERY_TILES[0][1]) -> int | None:
     """Cached positions a block takes: 64 (bf16) or 32 (float32: as many bytes), halved while an estimate of the
     split kernel's shared memory exceeds `limit` (None: no limit, the interpreter), None below 16 (tl.dot's least).
-    The estimate counts the query tile, the block's latents twice (one layout per product), its rope keys and the
-    probabilities: 157,696 bytes for DeepSeek-V3's R = 512, P = 64 in bf16 at 64, within an H100's 232,448 where it
-    was measured; a GPU of ~100 KB takes 32."""
+    The estimate counts the query tile of `block_q` rows, the block's latents twice (one layout per product), its rope
+    keys and the probabilities: 157,696 bytes for DeepSeek-V3's R = 512, P = 64 in bf16 at 64 with 16 query rows,
+    within an H100's 232,448 where it was measured; a GPU of ~100 KB takes 32."""
     bkv = 64 if itemsize <= 2 else 32
-    while limit is not None and bkv >= 16 and (BLOCK_Q * R + 2 * bkv * R + bkv * P + BLOCK_Q * bkv) * itemsize > limit:
+    while limit is not None and bkv >= 16 and (block_q * R + 2 * bkv * R + bkv * P + block_q * bkv) * itemsize > limit:
         bkv //= 2
     return bkv if bkv >= 16 else None
 
@@ -172,10 +185,10 @@ def _kernels():
     return split_kernel, combine_kernel
 
 
-def plan(B: int, T: int, H: int, K: int, bkv: int) -> tuple[int, int, int, int]:
+def plan(B: int, T: int, H: int, K: int, bkv: int, block_q: int) -> tuple[int, int, int, int]:
     """(query tiles, blocks, blocks a split takes, splits) for a step of B rows of T tokens over K positions in
-    blocks of bkv."""
-    qt = -(-T * H // BLOCK_Q)
+    blocks of bkv, tiles of block_q query rows."""
+    qt = -(-T * H // block_q)
     nb = max(1, -(-K // bkv))
     splits = max(1, min(-(-nb // MIN_SPLIT_BLOCKS), -(-TARGET_PROGRAMS // max(1, B * qt)), MAX_SPLITS))
     per = pow2(-(-nb // splits))  # a power of two: few builds of the split kernel as eager steps' lengths grow
@@ -191,9 +204,14 @@ def mla_attention(q_lat: torch.Tensor, q_pe: torch.Tensor, cache: torch.Tensor, 
     assert cache.dtype == q_lat.dtype == q_pe.dtype and cache.stride(-1) == 1, "mla_attention: the cache's dtype"
     assert q_lat.stride(-1) == 1 and q_pe.stride(-1) == 1, "mla_attention: each query's features contiguous"
     mask = mask.contiguous()
-    bkv = block_kv(R, P, q_lat.element_size(), shared_limit(q_lat.device))
+    limit = shared_limit(q_lat.device)
+    bq, warps = query_tile(T, H, K)
+    bkv = block_kv(R, P, q_lat.element_size(), limit, bq)
+    if bkv is None:  # a larger tile past the device's shared memory: the least one, which `fits` checked
+        (_, bq, warps) = QUERY_TILES[0]
+        bkv = block_kv(R, P, q_lat.element_size(), limit, bq)
     assert bkv is not None, "mla_attention: a block does not fit the device's shared memory (see fits)"
-    qt, _, per, nsplit = plan(B, T, H, K, bkv)
+    qt, _, per, nsplit = plan(B, T, H, K, bkv, bq)
     TH = T * H
     dev = q_lat.device
     m_part = torch.empty(B * nsplit * TH, dtype=torch.float32, device=dev)
@@ -206,9 +224,9 @@ def mla_attention(q_lat: torch.Tensor, q_pe: torch.Tensor, cache: torch.Tensor, 
     split[(B * qt, nsplit)](q_lat, q_pe, cache, rows, mask, m_part, l_part, o_part, TH, H, K, qt, nsplit,
                             *q_lat.stride()[:3], *q_pe.stride()[:3], cache.stride(0), cache.stride(1),
                             mask.stride(0), mask.stride(1), float(scale),
-                            NB_PER=per, R=R, P=P, BLOCK_Q=BLOCK_Q, BLOCK_KV=bkv,
+                            NB_PER=per, R=R, P=P, BLOCK_Q=bq, BLOCK_KV=bkv,
                             IEEE=q_lat.dtype == torch.float32, UPCAST=interpreted() and q_lat.dtype != torch.float32,
-                            num_warps=WARPS, **launch_options(q_lat))
+                            num_warps=warps, **launch_options(q_lat))
     # NB_PER and SP constexpr powers of two: a build per doubling of a step's length, not per length
     combine[(B * TH,)](m_part, l_part, o_part, out, TH, nsplit, R=R, SP=pow2(nsplit, 2), num_warps=4,
                        **launch_options(q_lat))
