@@ -526,9 +526,9 @@ def test_llama_3_1_8b_shape_on_meta(tmp_path):
 
 
 def test_qwen3_30b_a3b_shape_reads_its_active_experts():
-    """The qwen3-30b-a3b preset; a mixture of experts counts the routed experts one token reads (num_experts_per_tok of num_experts per
-    layer), not all of them: Qwen3-30B-A3B's published 30.5B parameters, of which a one-row step reads ~3.0B (3.3B
-    active less the input embedding)."""
+    """The qwen3-30b-a3b preset; a mixture of experts counts the routed experts one token reads (num_experts_per_tok of
+    num_experts per layer), not all of them: Qwen3-30B-A3B's published 30.5B parameters, of which a one-row step reads
+    ~3.0B (3.3B active less the input embedding)."""
     cfg = ModelConfig.from_hf(shape_config("qwen3-30b-a3b"))  # the preset `bench --random-weights` takes
     m = build_on_meta(get_model_class(cfg.architecture), cfg, torch.bfloat16)
     assert sum(p.numel() for p in m.parameters()) == 30_532_122_624

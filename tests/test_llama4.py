@@ -2,13 +2,19 @@
 layers (chunks of 8 over 40 tokens), NoPE layers with the query temperature (floor_scale 4, so it grows within the
 test's positions), weightless q / k norms, a MoE every other layer whose routing weights scale the experts' inputs,
 the text model and the multimodal wrapper for text; speculation against plain greedy and the cache-free forward; the
-released configs' layer plans and parameter counts; the chunk mask over a verified tree's nodes."""
+released configs' layer plans and parameter counts; the chunk mask over a verified tree's nodes; llama.cpp's llama4
+GGUFs."""
 
 from __future__ import annotations
 
+import math
+
+import gguf
+import numpy as np
 import pytest
 import torch
 import transformers
+from gguf_write import add_common, finish
 from tiny import assert_family_speculates, assert_matches_transformers, plain_logits, randomize_moe
 
 from eaglespec.config import ModelConfig
@@ -127,3 +133,67 @@ def test_chunk_and_window_masks_read_a_tree_nodes_own_positions():
     window = ctx.mask(3)  # keys at positions > p - 3
     assert window[0, 3].nonzero().flatten().tolist() == [6, 7, 9]  # positions 6, 7 (root, its parent) and 8
     assert window[0, 1].nonzero().flatten().tolist() == [5, 6, 7]
+
+
+def write_llama4_gguf(path, ref) -> None:
+    """`ref` (a transformers Llama4ForCausalLM) as llama.cpp's Llama4Model writes it: q / k rows as they are (no
+    permutation), the fused experts split and transposed into ffn_{gate,up,down}_exps [E, out, in], the router, the
+    shared expert, the dense layers' feed-forward length; Scout's llama3 scaling as `rope_freqs` factors."""
+    c = ref.config
+    sd = {k: v.detach().float().numpy() for k, v in ref.state_dict().items()}
+    w = gguf.GGUFWriter(str(path), "llama4")
+    add_common(w, c, sd)
+    w.add_feed_forward_length(c.intermediate_size_mlp)
+    w.add_expert_feed_forward_length(c.intermediate_size)
+    w.add_expert_count(c.num_local_experts)
+    w.add_expert_used_count(c.num_experts_per_tok)
+    w.add_interleave_moe_layer_step(c.interleave_moe_layer_step)
+    w.add_rope_dimension_count(c.head_dim)
+    rope, half = c.rope_parameters, c.head_dim // 2
+    factors = []  # the converter's llama3 factors (low == high: no ramp)
+    for i in range(half):
+        wavelen = 2 * math.pi * rope["rope_theta"] ** (2 * i / c.head_dim)
+        old = rope["original_max_position_embeddings"]
+        factors.append(1.0 if wavelen < old / rope["high_freq_factor"] else rope["factor"])
+    assert 1.0 in factors and rope["factor"] in factors  # both kinds of frequency
+    w.add_tensor("rope_freqs.weight", np.array(factors, dtype=np.float32))
+    for i in range(c.num_hidden_layers):
+        pre, ff = f"model.layers.{i}.", f"model.layers.{i}.feed_forward."
+        for g, h in (("attn_norm", "input_layernorm"), ("ffn_norm", "post_attention_layernorm"),
+                     ("attn_q", "self_attn.q_proj"), ("attn_k", "self_attn.k_proj"), ("attn_v", "self_attn.v_proj"),
+                     ("attn_output", "self_attn.o_proj")):
+            w.add_tensor(f"blk.{i}.{g}.weight", sd[f"{pre}{h}.weight"])
+        if f"{ff}router.weight" not in sd:  # a dense layer
+            for g in ("gate", "up", "down"):
+                w.add_tensor(f"blk.{i}.ffn_{g}.weight", sd[f"{ff}{g}_proj.weight"])
+            continue
+        w.add_tensor(f"blk.{i}.ffn_gate_inp.weight", sd[f"{ff}router.weight"])
+        gate, up = np.split(sd[f"{ff}experts.gate_up_proj"].transpose(0, 2, 1), 2, axis=1)  # [E, I, H] each
+        w.add_tensor(f"blk.{i}.ffn_gate_exps.weight", np.ascontiguousarray(gate))
+        w.add_tensor(f"blk.{i}.ffn_up_exps.weight", np.ascontiguousarray(up))
+        w.add_tensor(f"blk.{i}.ffn_down_exps.weight", np.ascontiguousarray(
+            sd[f"{ff}experts.down_proj"].transpose(0, 2, 1)))
+        for g in ("gate", "up", "down"):
+            w.add_tensor(f"blk.{i}.ffn_{g}_shexp.weight", sd[f"{ff}shared_expert.{g}_proj.weight"])
+    finish(w)
+
+
+def test_llama_cpp_llama4_gguf_answers_as_transformers(tmp_path):
+    """A llama.cpp llama4 file of a model with llama.cpp's constants (chunks of 8,192, every fourth layer NoPE, the
+    temperature's floor 8,192 and scale 0.1, q / k norms with 16 experts) and Scout's RoPE scaling."""
+    text = dict(TEXT, num_hidden_layers=4, no_rope_layer_interval=4, attention_chunk_size=8192, floor_scale=8192,
+                num_local_experts=16, interleave_moe_layer_step=1,
+                rope_parameters=dict(rope_type="llama3", rope_theta=5e5, factor=16.0, low_freq_factor=1.0,
+                                     high_freq_factor=1.0, original_max_position_embeddings=8192))
+    hc = transformers.Llama4TextConfig(**text)
+    hc._attn_implementation = "eager"
+    ref = transformers.Llama4ForCausalLM(hc).eval()
+    randomize_moe(ref, 3)
+    write_llama4_gguf(tmp_path / "m.gguf", ref)
+    lm = load_model(tmp_path / "m.gguf", dtype=torch.float32)
+    cfg = lm.config
+    assert cfg.architecture == "Llama4ForCausalLM" and [cfg.uses_rope(i) for i in range(4)] == [True] * 3 + [False]
+    assert (cfg.rope.type, cfg.rope.factor, cfg.rope.low_freq_factor, cfg.rope.high_freq_factor) == (
+        "llama3", 16.0, 1.0, 1.0)
+    assert lm.model.model.layers[0].self_attn.window == Chunk(8192) and cfg.moe.n_routed_experts == 16
+    assert_matches_transformers(ref, lm.model)

@@ -295,7 +295,7 @@ def test_unsupported_gguf_architecture(tmp_path):
     from eaglespec.loading.gguf_config import GGUF_ARCHITECTURES
 
     assert {"llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "deepseek2", "phi3", "glm4moe", "gpt-oss", "gemma2",
-            "gemma3", "granite", "smollm3"} == set(GGUF_ARCHITECTURES)
+            "gemma3", "granite", "smollm3", "llama4"} == set(GGUF_ARCHITECTURES)
     listed = ", ".join(map(repr, GGUF_ARCHITECTURES))
     with pytest.raises(ConfigError, match=re.escape(f"GGUF architecture 'gemma' is not supported (only {listed}); "
                                                     "load the model's Hugging Face folder instead")):
@@ -369,7 +369,8 @@ def test_llama31_rope_freqs_are_its_llama3_scaling(tmp_path):
     bent = factors.copy()
     bent[6] *= 1.1  # not the ramp Llama 3's parameters give
     write_tiny_gguf(path, extra=lambda w: w.add_tensor("rope_freqs.weight", bent))
-    with pytest.raises(ConfigError, match="its rope_freqs factors are not Llama 3's RoPE scaling \\(factor 8,"):
+    with pytest.raises(ConfigError,
+                       match="its rope_freqs factors are not Llama 3's or Llama 4's RoPE scaling \\(factor 8,"):
         load_model(path)
 
 

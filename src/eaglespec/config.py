@@ -178,8 +178,8 @@ class ModelConfig:
     def _limits(self) -> dict[int, str]:
         out = {}
         if self.architecture == "DeepseekV32ForCausalLM" and self.text.get("index_topk"):  # within it, sparse = dense
-            out[int(self.text["index_topk"])] = ("DeepSeek Sparse Attention's index_topk: past it the indexer chooses the "
-                                            "keys each query sees, which is not implemented")
+            out[int(self.text["index_topk"])] = ("DeepSeek Sparse Attention's index_topk: past it the indexer chooses "
+                                                 "the keys each query sees, which is not implemented")
         if self.rope.type == "longrope":  # its long factors apply to a whole sequence past the original positions
             out[self.rope.original_max_position_embeddings] = (
                 "LongRoPE's original positions: its long factors, which change every position's rotation once a "

@@ -2,10 +2,11 @@
 
 Contract:
 - `random_model(shape, device, dtype, seed)` -> `LoadedModel` (no tokenizer). `shape` is a preset name (`PRESETS`:
-  llama-3.1-8b, smollm2-135m, qwen3-30b-a3b, kimi-k2.5-slice, gpt-oss-20b) or the path of a Hugging Face
-  `config.json`. The model is built on the meta device under the target dtype (DESIGN.md principle 7), then materialised on the device (`to_empty`,
-  shared parameters re-tied) and filled there: matrices ~ N(0, std), RMSNorm weights 1 (Cohere's LayerNorm's too;
-  Gemma's offsets 0), other vectors and persistent buffers 0, then `reset_buffers()` recomputes the derived ones (RoPE).
+  llama-3.1-8b, smollm2-135m, qwen3-30b-a3b, kimi-k2.5-slice, gpt-oss-20b) or the path of a Hugging Face `config.json`.
+  The model is built on the meta device under the target dtype (DESIGN.md principle 7), then materialised on the device
+  (`to_empty`, shared parameters re-tied) and filled there: matrices ~ N(0, std), RMSNorm weights 1 (Cohere's
+  LayerNorm's too; Gemma's offsets 0), other vectors and persistent buffers 0, then `reset_buffers()` recomputes the
+  derived ones (RoPE).
   Nothing goes through host memory, so an 8B shape takes seconds on a GPU.
 - `random_drafter(target_config, device, dtype, seed)` -> an EAGLE-3 drafter of the target's shape (one layer of the
   target's width and heads, a random draft vocabulary of up to 32000 tokens), filled the same way. Its proposals are

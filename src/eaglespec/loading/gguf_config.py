@@ -29,6 +29,13 @@ raises `ConfigError` (suggesting the HF folder), as does a missing required fiel
   (llama.cpp's pattern of 2, transformers' layer_types), q/k/v/o biases, the sink logits `attn_sinks`; the clamped
   SwiGLU's limit 7 and alpha 1.702 are llama.cpp's constants; YaRN without rounding its correction range (transformers'
   `truncate: false` for gpt-oss).
+- `llama4` (Llama 4 Scout / Maverick; llama.cpp's Llama4Model): q / k NOT permuted (the HF rows, RoPE on pairs, as
+  models/llama4.py permutes them at load), `expert_count` experts of `expert_feed_forward_length`, every
+  `interleave_moe_layer_step`-th layer sparse with a shared expert (`ffn_*_shexp`), the dense layers'
+  `feed_forward_length` (HF's intermediate_size_mlp); llama.cpp's constants: chunks of 8,192 on three layers of four,
+  the fourth NoPE with the query temperature (floor 8,192, scale 0.1), q / k norms unless 128 experts (Maverick);
+  `attention.sliding_window` 0 (no chunks, every layer rotated) as llama.cpp reads it. Scout's llama3 scaling (low
+  and high frequency factors 1) is read back from `rope_freqs` as Llama 3's is.
 - `smollm3` (llama.cpp's SmolLM3Model: a Llama file, q / k permuted; every fourth layer NoPE, llama.cpp's constant
   and transformers' default `no_rope_layer_interval`).
 - `granite` (Granite 3; llama.cpp's GraniteModel, a Llama file, q / k permuted alike): `embedding_scale`,
@@ -76,14 +83,16 @@ GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", 
                       "deepseek2": "DeepseekV3ForCausalLM", "phi3": "Phi3ForCausalLM",
                       "glm4moe": "Glm4MoeForCausalLM", "gpt-oss": "GptOssForCausalLM", "gemma2": "Gemma2ForCausalLM",
                       "gemma3": "Gemma3ForCausalLM", "granite": "GraniteForCausalLM",
-                      "smollm3": "SmolLM3ForCausalLM"}
+                      "smollm3": "SmolLM3ForCausalLM", "llama4": "Llama4ForCausalLM"}
 # GGUF architecture -> HF model_type, where they differ
 _MODEL_TYPES = {"qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe", "deepseek2": "deepseek_v3", "glm4moe": "glm4_moe",
-               "gpt-oss": "gpt_oss", "gemma3": "gemma3_text"}
+               "gpt-oss": "gpt_oss", "gemma3": "gemma3_text",
+               "llama4": "llama4_text"}
 # general.file_type -> torch dtype name of the unquantized model (everything quantized dequantizes to float32).
 _FILE_TYPE_DTYPE = {0: "float32", 1: "float16", 32: "bfloat16"}
 # llama.cpp's expert_gating_func values
 GATING_SOFTMAX, GATING_SIGMOID = 1, 2
+LLAMA4_CHUNK = 8192  # llama.cpp's attention chunk for llama4 files (Scout's and Maverick's; not in the metadata)
 
 
 def hf_config(path: Path, m: dict[str, Any], tensors: Sequence[Any]) -> dict[str, Any]:
@@ -147,6 +156,8 @@ def hf_config(path: Path, m: dict[str, Any], tensors: Sequence[Any]) -> dict[str
         cfg.update(_glm4moe_fields(path, m, dims, need, hidden // heads))
     elif arch == "gpt-oss":
         cfg.update(_gpt_oss_fields(path, m, need, int(cfg["head_dim"])))
+    elif arch == "llama4":
+        cfg.update(_llama4_fields(path, m, need))
     elif arch in ("gemma2", "gemma3"):
         cfg.update(_gemma_fields(arch, m, need, hidden // heads, int(cfg["head_dim"])))
     elif arch == "granite":  # its four multipliers (models/granite.py), absent: 1 (and the default softmax scale)
@@ -312,6 +323,25 @@ def _gpt_oss_fields(path: Path, m: dict[str, Any], need: Callable[[str], Any], h
 _GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
 
 
+def _llama4_fields(path: Path, m: dict[str, Any], need: Callable[[str], Any]) -> dict[str, Any]:
+    """A `llama4` file's fields (llama.cpp's Llama4Model), see the module docstring."""
+    experts, used = _experts(path, "llama4", need)
+    # sliding_window 0: every layer full and rotated (llama.cpp's reading); else its constants for Scout / Maverick
+    chunked = int(m.get("llama4.attention.sliding_window", LLAMA4_CHUNK)) != 0
+    fields: dict[str, Any] = {
+        "num_local_experts": experts, "num_experts_per_tok": used,
+        "intermediate_size": int(need("expert_feed_forward_length")),
+        "intermediate_size_mlp": int(need("feed_forward_length")),
+        "interleave_moe_layer_step": int(need("interleave_moe_layer_step")),
+        "use_qk_norm": experts != 128,  # llama.cpp: Maverick's 128 experts, no q / k norm
+        "attention_chunk_size": LLAMA4_CHUNK if chunked else None,
+        "attn_temperature_tuning": True, "floor_scale": 8192, "attn_scale": 0.1,
+    }
+    if not chunked:
+        fields["no_rope_layers"] = [1] * int(need("block_count"))
+    return fields
+
+
 def _gemma_fields(arch: str, m: dict[str, Any], need: Callable[[str], Any], per_head: int,
                   head_dim: int) -> dict[str, Any]:
     """A `gemma2` / `gemma3` file's fields (llama.cpp's Gemma2Model / Gemma3Model), see the module docstring."""
@@ -365,30 +395,36 @@ def _deepseek2_fields(path: Path, m: dict[str, Any], dims: dict[str, Any], need:
     return out
 
 
+# (low_freq_factor, high_freq_factor) of the llama3 RoPE scalings a rope_freqs tensor is read back as: Llama 3.1 -
+# 3.3's, Llama 4 Scout's
+LLAMA3_FREQ_FACTORS = ((1.0, 4.0), (1.0, 1.0))
+
+
 def _llama3_scaling(path: Path, freqs: Any, head_dim: int, theta: float, original: int) -> dict[str, Any]:
     """Llama 3.1 - 3.3's RoPE scaling from the `rope_freqs` tensor llama.cpp's converter writes for it (one factor per
     frequency, dividing it: 1 for the high frequencies, `factor` for the low ones, a smooth ramp between), as the HF
-    config's `llama3` parameters: `factor` the largest, Llama 3's `low_freq_factor` 1 and `high_freq_factor` 4 over
-    `original` positions (the file's `rope.scaling.original_context_length`, else Llama 3's 8192), checked against
-    every factor the file holds; other factors raise `ConfigError`."""
+    config's `llama3` parameters: `factor` the largest, Llama 3's `low_freq_factor` 1 and `high_freq_factor` 4 (or
+    Llama 4 Scout's 1 and 1) over `original` positions (the file's `rope.scaling.original_context_length`, else
+    Llama 3's 8192), checked against every factor the file holds; other factors raise `ConfigError`."""
     got = dequantize(freqs.data, freqs.qtype).reshape(-1).double().numpy()
     if got.shape != (head_dim // 2,) or not np.isfinite(got).all() or got.min() <= 0:
         raise ConfigError(f"{path}: rope_freqs holds {got.size} factors where RoPE over {head_dim} dims needs "
                           f"{head_dim // 2} positive ones")
-    factor, low, high = float(got.max()), 1.0, 4.0
-    want = []
-    for i in range(head_dim // 2):  # the converter's formula (convert_hf_to_gguf.py, LlamaModel)
-        wavelen = 2 * math.pi * theta ** (2 * i / head_dim)
-        if wavelen < original / high:
-            want.append(1.0)
-        elif wavelen > original / low:
-            want.append(factor)
-        else:
-            smooth = (original / wavelen - low) / (high - low)
-            want.append(1 / ((1 - smooth) / factor + smooth))
-    if not np.allclose(got, want, rtol=1e-4, atol=0):
-        raise ConfigError(f"{path}: its rope_freqs factors are not Llama 3's RoPE scaling (factor {factor:g}, "
-                          f"low_freq_factor 1, high_freq_factor 4, {original} original positions), which is the one "
-                          "supported; load the model's Hugging Face folder instead")
-    return {"rope_type": "llama3", "factor": factor, "low_freq_factor": low, "high_freq_factor": high,
-            "original_max_position_embeddings": original}
+    factor = float(got.max())
+    for low, high in LLAMA3_FREQ_FACTORS:
+        want = []
+        for i in range(head_dim // 2):  # the converter's formula (convert_hf_to_gguf.py, LlamaModel)
+            wavelen = 2 * math.pi * theta ** (2 * i / head_dim)
+            if wavelen < original / high:
+                want.append(1.0)
+            elif wavelen > original / low:
+                want.append(factor)
+            else:  # (never with low == high)
+                smooth = (original / wavelen - low) / (high - low)
+                want.append(1 / ((1 - smooth) / factor + smooth))
+        if np.allclose(got, want, rtol=1e-4, atol=0):
+            return {"rope_type": "llama3", "factor": factor, "low_freq_factor": low, "high_freq_factor": high,
+                    "original_max_position_embeddings": original}
+    raise ConfigError(f"{path}: its rope_freqs factors are not Llama 3's or Llama 4's RoPE scaling (factor {factor:g}, "
+                      f"low / high_freq_factor 1 / 4 or 1 / 1, {original} original positions), the ones supported; "
+                      "load the model's Hugging Face folder instead")

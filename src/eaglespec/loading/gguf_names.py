@@ -1,7 +1,7 @@
 """llama.cpp tensor names -> Hugging Face names: the one GGUF name table, the q/k un-permutation, the expert split.
 
 `GGUF_TO_HF` maps every tensor name of a `llama`, `qwen2`, `qwen3`, `qwen2moe`, `qwen3moe`, `phi3`, `deepseek2`,
-`glm4moe`, `gpt-oss`, `gemma2` or `gemma3` GGUF (`ARCH_GGUF_TO_HF` first, where an architecture means other tensors by
+`glm4moe`, `gpt-oss`, `gemma2`, `gemma3` or `llama4` GGUF (`ARCH_GGUF_TO_HF` first, where an architecture means other tensors by
 some names) to the HF name that `models/llama.py`, `models/qwen.py`, `models/qwen_moe.py`, `models/mixtral.py`,
 `models/phi3.py`, `models/deepseek_v3.py`, `models/glm4_moe.py`, `models/gpt_oss.py` and `models/gemma.py` keep
 (Qwen3's per-head q/k norms: `attn_q_norm`, `attn_k_norm`; the MoE router `ffn_gate_inp` -> `mlp.gate`; old Mixtral
@@ -93,7 +93,8 @@ HF_RENAMES: dict[str, tuple[tuple[str, str], ...]] = {
     "GptOssForCausalLM": ((r"\.mlp\.gate\.", ".mlp.router."),),  # (its experts stay per expert: transformers
     #                                                              loads only the fused form, our loader both)
 }
-# GGUF architectures whose q/k weights llama.cpp permuted (interleaved RoPE pairs)
+# GGUF architectures whose q/k weights llama.cpp permuted (interleaved RoPE pairs); llama4's converter keeps the HF
+# rows (Llama 4's RoPE is on pairs already)
 PERMUTED_ARCHS = frozenset({"llama", "granite", "smollm3"})
 # per GGUF architecture, names that mean another HF tensor there than in the table (consulted first): Gemma's
 # ffn_norm is its pre-FFN norm and post_ffw_norm its post-FFN one (its post_attention_norm is the table's)

@@ -40,7 +40,7 @@ _TEKKEN_SPLIT = (
     r"[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+"
     r"|\s+(?!\S)|\s+"
 )
-# o200k (GPT-4o's, MiniMax-M2's): tekken's with contractions and 1-3 digits
+# o200k (GPT-4o's, MiniMax-M2's, Llama 4's): tekken's with contractions and 1-3 digits
 _GPT4O_SPLIT = (
     r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
     r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
@@ -75,7 +75,7 @@ PRE_TOKENIZER_SPLITS: dict[str, tuple[str, ...]] = {
     "hunyuan": (_QWEN2_SPLIT,),
     "deepseek-llm": _DEEPSEEK_LLM_SPLITS, "deepseek-v3": _DEEPSEEK_V3_SPLITS, "kimi-k2": (KIMI_PAT_STR,),
     "deepseek-coder": ("[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", "[一-龥ࠀ-一가-퟿]+", r"\p{N}"),
-    "tekken": (_TEKKEN_SPLIT,), "gpt-4o": (_GPT4O_SPLIT,), "minimax-m2": (_GPT4O_SPLIT,),
+    "tekken": (_TEKKEN_SPLIT,), "gpt-4o": (_GPT4O_SPLIT,), "minimax-m2": (_GPT4O_SPLIT,), "llama4": (_GPT4O_SPLIT,),
     # single digits first, then GPT-2's split (SmolLM's and StarCoder's tokenizer.json: Digits, then ByteLevel)
     **{pre: (r"\p{N}", _GPT2_SPLIT) for pre in ("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone",
                                                "minerva")},
