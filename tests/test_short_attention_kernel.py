@@ -45,6 +45,24 @@ def test_matches_sdpa(B, T, H, Hkv, D, K):
     assert torch.allclose(out, _reference(q, kc, vc, rows, mask), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("B,T,H,Hkv,D,K", [(1, 1, 4, 2, 16, 100), (2, 3, 4, 2, 16, 3 * BLOCK_KV), (1, 40, 4, 1, 16, 90)])
+@pytest.mark.parametrize("sinks,softcap", [(True, None), (False, 2.0), (True, 2.0)])
+def test_sinks_and_soft_caps_match_the_written_out_attention(B, T, H, Hkv, D, K, sinks, softcap):
+    """gpt-oss's per-head sink logits and Gemma 2's soft-capped scores in the kernels (one split that stores the
+    output, several merged by the combine, and the prompt kernel): `attention.sdpa_written_out`'s output, with a row
+    that sees nothing giving 0; the cap small enough to bite (scores of std 2 capped at 2), the sinks large enough to
+    take much of the probability."""
+    from eaglespec.layers.attention import sdpa_written_out
+
+    q, kc, vc, rows, mask = _case(B, T, H, Hkv, D, K, seed=T * 10 + K)  # scores of std 2 at scale 0.5
+    sink = 6 + torch.randn(H, generator=torch.Generator().manual_seed(K)) if sinks else None
+    out = short_attention(q, kc, vc, rows, mask, 0.5, sinks=sink, softcap=softcap)
+    want = sdpa_written_out(q, kc[rows, :K], vc[rows, :K], mask, 0.5, sink, softcap)
+    assert torch.allclose(out, want, atol=2e-5, rtol=2e-5)
+    plain = short_attention(q, kc, vc, rows, mask, 0.5)
+    assert not torch.allclose(out, plain, atol=1e-3, rtol=1e-3)  # the terms matter here
+
+
 def test_one_token_rows_past_the_batch_limit():
     """Decode steps of more rows than MAX_BATCH (regeneration's): rows of very different lengths in one step, some
     seeing a single block of a long cache (the skipped blocks), in rows taken out of order."""
@@ -130,6 +148,42 @@ def test_limits(monkeypatch):
     assert not fits(1, 1, 9, 3, 48)  # head dim not a power of two
 
 
+@pytest.mark.parametrize("family", ["gpt_oss", "softcap"])
+def test_engines_with_sinks_or_soft_caps_in_the_kernel_equal_plain(monkeypatch, family):
+    """gpt-oss's sinks (with its windows) and soft-capped scores (a tiny Llama's layers given Gemma 2's cap) through
+    the fused RoPE + KV-store and short-query kernels in the whole engine (float32): decode and verify steps take the
+    kernel with the layer's terms, and greedy speculation equals the eager engine's plain decoding."""
+    from tiny import assert_transformed_engine_equals_plain, tiny_llama, tiny_moe
+
+    from eaglespec.config import SpecConfig
+    from eaglespec.engine.transforms import fuse_projections, use_rope_store_kernel, use_short_attention_kernel
+    from eaglespec.layers import short_attention_kernel as sak
+    from eaglespec.layers.attention import AttentionKernel
+
+    monkeypatch.setattr(sak, "FLOAT32_MAX_QUERY_ROWS", None)
+    terms = []
+
+    def counted(q, *a, **kw):
+        terms.append((kw["sinks"] is not None, kw["softcap"]))
+        return sak.short_attention(q, *a, **kw)
+
+    target = tiny_moe("gpt_oss") if family == "gpt_oss" else tiny_llama(seed=0)
+    if family == "softcap":
+        for layer in target.model.layers:
+            layer.self_attn.softcap = 1.5
+
+    def prepare(target, drafter):
+        use_short_attention_kernel(use_rope_store_kernel(fuse_projections(target)))
+        for mod in target.modules():
+            if getattr(mod, "attn_kernel", None) is not None:
+                mod.attn_kernel = AttentionKernel(counted, sak.fits)
+
+    prompts = [[1, 2, 3, 4], list(range(10, 15)), list(range(20, 40))]
+    assert_transformed_engine_equals_plain(prepare, SpecConfig(3, 1, 4), prompts, 12,
+                                           drafter_kw={"hidden": target.config.hidden_size}, target=target)
+    assert terms and set(terms) == ({(True, None)} if family == "gpt_oss" else {(False, 1.5)})
+
+
 def test_engine_with_the_kernel_equals_plain(monkeypatch):
     """The kernels in the target's and the drafter's attention (with the fused RoPE + KV-store kernel) through the
     whole engine (float32): decode, verify and drafter steps take them; greedy speculation equals plain decoding."""
@@ -143,9 +197,9 @@ def test_engine_with_the_kernel_equals_plain(monkeypatch):
     monkeypatch.setattr(sak, "FLOAT32_MAX_QUERY_ROWS", None)  # float32 as bf16 (the GPU gives wider steps SDPA)
     calls = []
 
-    def counted(q, *a):
+    def counted(q, *a, **kw):
         calls.append(q.shape[1])
-        return sak.short_attention(q, *a)
+        return sak.short_attention(q, *a, **kw)
 
     def prepare(target, drafter):
         for m in (target, drafter):

@@ -99,15 +99,16 @@ class CharTokenizer:
 
 
 def assert_transformed_engine_equals_plain(prepare, spec, prompts, max_new_tokens: int,
-                                           drafter_kw: dict | None = None) -> None:
-    """Greedy tokens of a tiny target decoding plainly; then `prepare(target, drafter)` (inference transforms, kernel
-    hooks) on that target and a tiny drafter (config fields `drafter_kw`): plain decoding and speculation with `spec`
-    still give those tokens."""
+                                           drafter_kw: dict | None = None,
+                                           target: torch.nn.Module | None = None) -> None:
+    """Greedy tokens of a tiny target (`target`, else `tiny_llama(seed=0)`) decoding plainly; then `prepare(target,
+    drafter)` (inference transforms, kernel hooks) on that target and a tiny drafter (config fields `drafter_kw`):
+    plain decoding and speculation with `spec` still give those tokens."""
     from eaglespec.engine.engine import Engine
     from eaglespec.sampling_params import SamplingParams
 
     params = SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=True)
-    target = tiny_llama(seed=0)
+    target = tiny_llama(seed=0) if target is None else target
     ref = [o.token_ids for o in Engine(target, None).generate(prompts, params)]
     drafter = tiny_drafter(target, seed=1, **(drafter_kw or {}))
     prepare(target, drafter)

@@ -36,7 +36,8 @@ from .rotary import apply_rotary
 class AttentionKernel:
     """An attention over the cache for the shapes it accepts (an attention layer's `attn_kernel`, set by
     engine.transforms). GQAAttention: `run(q, k_cache, v_cache, rows, mask, scale)` with q [B, T, H, D] after RoPE, the
-    layer's caches (this forward's keys written), rows [B] and mask [B, T, K] (ctx.mask(window)) -> [B, T, H, D];
+    layer's caches (this forward's keys written), rows [B] and mask [B, T, K] (ctx.mask(window)), keywords `sinks` [H]
+    and `softcap` (None: none) -> [B, T, H, D];
     `fits(B, T, H, Hkv, D, dtype)` says whether it takes a step of that shape and q dtype (other steps use
     `attend_cached`). MLAttention: `run(q_lat, q_pe, cache, rows, mask, scale)` over the latent cache and
     `fits(T, H, r, rope, dtype, device)` (layers/mla_attention_kernel.py)."""
@@ -208,7 +209,7 @@ class GQAAttention(nn.Module):
     `Chunk` (Llama 4), None for full attention; `temperature` = (floor_scale, attn_scale): Llama 4's NoPE layers
     scale each query by 1 + attn_scale * log(1 + floor((position + 1) / floor_scale)) (`tempered`); `scale`: the
     softmax scale (None: 1 / sqrt(head_dim)); a `sinks` parameter [H], where a subclass registers one
-    (gpt-oss), adds per-head sink logits (`sdpa_written_out`; never the short-query kernel); `rope_store_ok`: whether
+    (gpt-oss), adds per-head sink logits (`sdpa_written_out`, or the short-query kernel's); `rope_store_ok`: whether
     engine.transforms may give it the fused RoPE + KV-store kernel (and with it the short-query attention kernel),
     which applies `head_norms()` with Llama's RMSNorm roundings (False for an attention whose norms are not Llama's).
     """
@@ -216,7 +217,7 @@ class GQAAttention(nn.Module):
     window: int | Chunk | None = None
     nope = False  # a NoPE layer (SmolLM3's): the model hands it the identity rotation
     scale: float | None = None
-    softcap: float | None = None  # Gemma 2's attn_logit_softcapping (`sdpa_written_out`; never the short-query kernel)
+    softcap: float | None = None  # Gemma 2's attn_logit_softcapping (`sdpa_written_out`, or the short-query kernel)
     temperature: tuple[float, float] | None = None  # Llama 4's attn temperature tuning (floor_scale, attn_scale)
     rope_store_ok = True
 
@@ -247,10 +248,6 @@ class GQAAttention(nn.Module):
     def head_norms(self) -> tuple[torch.Tensor, torch.Tensor, float] | None:
         """Per-head (q weight, k weight, eps) RMSNorms between the projection and RoPE: none here."""
         return None
-
-    def _written_out(self) -> bool:
-        """Whether this attention needs the written-out form (`sdpa_written_out`): sinks or soft-capped scores."""
-        return "sinks" in self._parameters or self.softcap is not None
 
     def tempered(self, q: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         """q [B, T, H, D] scaled by its position's temperature where the layer has one (`temperature`), else q: in
@@ -333,10 +330,11 @@ class GQAAttention(nn.Module):
             q = self.rope_store(qkv, cos, sin, cache[0], cache[1], ctx.row_index(B), ctx.write_index, H, Hkv,
                                 norm_of=norm_of, head_norms=self.head_norms())
             k_cache = cache[0]
-            if (self.attn_kernel is not None and k_cache.dtype == q.dtype and not self._written_out()
+            if (self.attn_kernel is not None and k_cache.dtype == q.dtype
                     and self.attn_kernel.fits(B, T, H, Hkv, Dh, q.dtype)):
                 out = self.attn_kernel.run(self.tempered(q, ctx), k_cache, cache[1], ctx.row_index(B),
-                                           ctx.mask(self.window), self.scale)
+                                           ctx.mask(self.window), self.scale, sinks=self._parameters.get("sinks"),
+                                           softcap=self.softcap)
             else:
                 out = self._attend(q, None, None, ctx, cache)
             return out.reshape(B, T, H * Dh)

@@ -6,11 +6,13 @@ positions (the largest kernel of a SmolLM2 decode step), and for several query t
 kernel that also puts a memset node per layer into the step's CUDA graph. Here every (row, kv head, BLOCK_KV cached
 positions) is its own program, so a short query is spread over the whole chip, and no node but kernels is captured.
 
-`short_attention(q, k_cache, v_cache, rows, mask, scale) -> out`:
+`short_attention(q, k_cache, v_cache, rows, mask, scale, sinks=None, softcap=None) -> out`:
   q [B, T, H, D] (RoPE applied), k_cache / v_cache [Bc, S, Hkv, D] (one layer's, with this forward's keys written;
   finite everywhere: the engine's caches start as zeros), rows [B] int64 cache rows, mask [B, T, K] bool over cache
   positions [0, K) (K <= S), scale (None: D ** -0.5).
-  out [B, T, H, D] in q's dtype: for query head h, kv head h // (H / Hkv) (GQA), softmax over the visible positions.
+  out [B, T, H, D] in q's dtype: for query head h, kv head h // (H / Hkv) (GQA), softmax over the visible positions
+  (and, with `sinks` [H], gpt-oss's sink logit of the head, which takes its share and gives no value; `softcap`,
+  Gemma 2's, caps the scaled scores as cap * tanh(s / cap) first: `attention.sdpa_written_out`'s terms).
   Usable when `fits(B, T, H, Hkv, D, dtype)`: T * H / Hkv <= MAX_QUERY_ROWS or T <= MAX_PROMPT_TOKENS (prompts:
   below; float32 steps only up to FLOAT32_MAX_QUERY_ROWS query rows), B <= MAX_BATCH (any B for T = 1), D a power
   of two >= 16.
@@ -88,9 +90,10 @@ def _kernels():
     import triton.language as tl
 
     @triton.jit
-    def block_scores(qv, k, v, row, pos, pv, vis, kvh, d, s_kr, s_kp, s_kh, scale, IEEE: tl.constexpr):
-        """One block of cached positions for a query tile: (scores [BLOCK_Q, BLOCK_KV], scaled, -inf where hidden;
-        the block's values [BLOCK_KV, D])."""
+    def block_scores(qv, k, v, row, pos, pv, vis, kvh, d, s_kr, s_kp, s_kh, scale, cap, IEEE: tl.constexpr,
+                     CAP: tl.constexpr):
+        """One block of cached positions for a query tile: (scores [BLOCK_Q, BLOCK_KV], scaled (CAP: soft-capped,
+        cap * tanh(s / cap)), -inf where hidden; the block's values [BLOCK_KV, D])."""
         kv_off = row * s_kr + pos[:, None] * s_kp + kvh * s_kh + d[None, :]
         kk = tl.load(k + kv_off, mask=pv[:, None], other=0.0)
         vv = tl.load(v + kv_off, mask=pv[:, None], other=0.0)
@@ -98,7 +101,10 @@ def _kernels():
             s = tl.dot(qv, tl.trans(kk), input_precision="ieee")
         else:
             s = tl.dot(qv, tl.trans(kk))
-        return tl.where(vis, s * scale, float("-inf")), vv
+        s = s * scale
+        if CAP:  # tanh(x) = 1 - 2 / (exp(2x) + 1): +-1 where exp saturates
+            s = cap * (1.0 - 2.0 / (tl.exp(2.0 * s / cap) + 1.0))
+        return tl.where(vis, s, float("-inf")), vv
 
     @triton.jit
     def pv_product(p, vv, IEEE: tl.constexpr):
@@ -123,11 +129,11 @@ def _kernels():
         return t, g, rv, tl.load(rows + b), qv
 
     @triton.jit
-    def online_block(qv, k, v, row, pos, pv, vis, kvh, d, s_kr, s_kp, s_kh, scale, m_i, l_i, acc,
-                     IEEE: tl.constexpr):
+    def online_block(qv, k, v, row, pos, pv, vis, kvh, d, s_kr, s_kp, s_kh, scale, cap, m_i, l_i, acc,
+                     IEEE: tl.constexpr, CAP: tl.constexpr):
         """Flash attention's online-softmax update of (row max m_i, sum l_i, unnormalised output acc) by one block of
         cached positions."""
-        s, vv = _block_scores(qv, k, v, row, pos, pv, vis, kvh, d, s_kr, s_kp, s_kh, scale, IEEE)
+        s, vv = _block_scores(qv, k, v, row, pos, pv, vis, kvh, d, s_kr, s_kp, s_kh, scale, cap, IEEE, CAP)
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp(m_i - m_safe)  # 0 while nothing was seen (m_i = -inf)
@@ -135,9 +141,13 @@ def _kernels():
         return m_new, l_i * alpha + tl.sum(p, axis=1), acc * alpha[:, None] + _pv_product(p, vv, IEEE)
 
     @triton.jit
-    def store_output(out, acc, l, b, t, g, valid, kvh, G, d, s_ob, s_ot, s_oh):
+    def store_output(out, acc, l, m, sinks, b, t, g, valid, kvh, G, d, s_ob, s_ot, s_oh, SINKS: tl.constexpr):
         """The normalised output acc / l of query rows (t, g) into out[b, t, kvh * G + g, :] where valid (l = 0:
-        a row that saw nothing stores 0)."""
+        a row that saw nothing stores 0). SINKS: each head's sink logit joins the denominator, exp(sink - m) beside
+        the scores' sum l (relative to their max m), and no value."""
+        if SINKS:
+            sk = tl.load(sinks + kvh * G + g, mask=valid, other=0.0).to(tl.float32)
+            l = tl.where(m == float("-inf"), l, l + tl.exp(sk - m))
         res = acc / tl.where(l > 0, l, 1.0)[:, None]
         tl.store(out + b * s_ob + t[:, None] * s_ot + (kvh * G + g)[:, None] * s_oh + d[None, :],
                  res.to(out.dtype.element_ty), mask=valid[:, None])
@@ -145,10 +155,11 @@ def _kernels():
     globals().update(_online_block=online_block, _query_tile=query_tile, _store_output=store_output)
 
     @triton.jit
-    def split_kernel(q, k, v, rows, mask, o_part, m_part, l_part, out, T, G, HKV, K, NSPLIT,
-                     s_qb, s_qt, s_qh, s_kr, s_kp, s_kh, s_mb, s_mt, s_ob, s_ot, s_oh, scale,
+    def split_kernel(q, k, v, rows, mask, o_part, m_part, l_part, out, sinks, T, G, HKV, K, NSPLIT,
+                     s_qb, s_qt, s_qh, s_kr, s_kp, s_kh, s_mb, s_mt, s_ob, s_ot, s_oh, scale, cap,
                      BLOCK_Q: tl.constexpr, BLOCK_KV: tl.constexpr, D: tl.constexpr, IEEE: tl.constexpr,
-                     SKIP: tl.constexpr, DIRECT: tl.constexpr, PDL: tl.constexpr = False):
+                     SKIP: tl.constexpr, DIRECT: tl.constexpr, CAP: tl.constexpr, SINKS: tl.constexpr,
+                     PDL: tl.constexpr = False):
         if PDL:  # layers/pdl.py: nothing here is a weight, so wait for the kernel before at once
             tl.extra.cuda.gdc_launch_dependents()
             tl.extra.cuda.gdc_wait()
@@ -167,13 +178,13 @@ def _kernels():
         vis = tl.load(mask + b * s_mb + t[:, None] * s_mt + pos[None, :], mask=rv[:, None] & pv[None, :], other=0) != 0
         if SKIP:  # the block's keys and values are read only if a query sees it (after the mask's load)
             if tl.max(vis.to(tl.int32)) > 0:
-                m_i, l_i, acc = _online_block(qv, k, v, row, pos, pv, vis, kvh, d, s_kr, s_kp, s_kh, scale,
-                                              m_i, l_i, acc, IEEE)
+                m_i, l_i, acc = _online_block(qv, k, v, row, pos, pv, vis, kvh, d, s_kr, s_kp, s_kh, scale, cap,
+                                              m_i, l_i, acc, IEEE, CAP)
         else:  # read at once, beside the mask (hidden scores are -inf, and the cache holds finite values only)
-            m_i, l_i, acc = _online_block(qv, k, v, row, pos, pv, vis, kvh, d, s_kr, s_kp, s_kh, scale,
-                                          m_i, l_i, acc, IEEE)
+            m_i, l_i, acc = _online_block(qv, k, v, row, pos, pv, vis, kvh, d, s_kr, s_kp, s_kh, scale, cap,
+                                          m_i, l_i, acc, IEEE, CAP)
         if DIRECT:  # one split: this program's result is the output
-            _store_output(out, acc, l_i, b, t, g, rv, kvh, G, d, s_ob, s_ot, s_oh)
+            _store_output(out, acc, l_i, m_i, sinks, b, t, g, rv, kvh, G, d, s_ob, s_ot, s_oh, SINKS)
         else:
             base = pid * NSPLIT + sp
             tl.store(o_part + (base * BLOCK_Q + r[:, None]) * D + d[None, :], acc)
@@ -196,8 +207,9 @@ def _kernels():
     globals().update(_merge_split=merge_split)
 
     @triton.jit
-    def combine_kernel(o_part, m_part, l_part, out, T, G, HKV, s_ob, s_ot, s_oh, NSPLIT: tl.constexpr,
-                       BLOCK_Q: tl.constexpr, D: tl.constexpr, UNROLL: tl.constexpr, PDL: tl.constexpr = False):
+    def combine_kernel(o_part, m_part, l_part, out, sinks, T, G, HKV, s_ob, s_ot, s_oh, NSPLIT: tl.constexpr,
+                       BLOCK_Q: tl.constexpr, D: tl.constexpr, UNROLL: tl.constexpr, SINKS: tl.constexpr,
+                       PDL: tl.constexpr = False):
         if PDL:  # layers/pdl.py: nothing here is a weight, so wait for the kernel before at once
             tl.extra.cuda.gdc_launch_dependents()
             tl.extra.cuda.gdc_wait()
@@ -217,13 +229,13 @@ def _kernels():
         else:
             for sp in range(0, NSPLIT):
                 mx, tot, acc = _merge_split(o_part, m_part, l_part, pid * NSPLIT + sp, r, d, mx, tot, acc, BLOCK_Q, D)
-        _store_output(out, acc, tot, b, t, g, t < T, kvh, G, d, s_ob, s_ot, s_oh)
+        _store_output(out, acc, tot, mx, sinks, b, t, g, t < T, kvh, G, d, s_ob, s_ot, s_oh, SINKS)
 
     @triton.jit
-    def prompt_kernel(q, k, v, rows, mask, out, T, G, HKV, K, NQ,
-                      s_qb, s_qt, s_qh, s_kr, s_kp, s_kh, s_mb, s_mt, s_ob, s_ot, s_oh, scale,
+    def prompt_kernel(q, k, v, rows, mask, out, sinks, T, G, HKV, K, NQ,
+                      s_qb, s_qt, s_qh, s_kr, s_kp, s_kh, s_mb, s_mt, s_ob, s_ot, s_oh, scale, cap,
                       BLOCK_Q: tl.constexpr, BLOCK_KV: tl.constexpr, D: tl.constexpr, IEEE: tl.constexpr,
-                      PDL: tl.constexpr = False):
+                      CAP: tl.constexpr, SINKS: tl.constexpr, PDL: tl.constexpr = False):
         if PDL:  # layers/pdl.py: nothing here is a weight, so wait for the kernel before at once
             tl.extra.cuda.gdc_launch_dependents()
             tl.extra.cuda.gdc_wait()
@@ -244,15 +256,16 @@ def _kernels():
             vis = tl.load(mask + b * s_mb + t[:, None] * s_mt + pos[None, :], mask=rv[:, None] & pv[None, :],
                           other=0) != 0
             if tl.max(vis.to(tl.int32)) > 0:  # a block no row of the tile sees is skipped
-                m_i, l_i, acc = _online_block(qv, k, v, row, pos, pv, vis, kvh, d, s_kr, s_kp, s_kh, scale,
-                                              m_i, l_i, acc, IEEE)
-        _store_output(out, acc, l_i, b, t, g, rv, kvh, G, d, s_ob, s_ot, s_oh)
+                m_i, l_i, acc = _online_block(qv, k, v, row, pos, pv, vis, kvh, d, s_kr, s_kp, s_kh, scale, cap,
+                                              m_i, l_i, acc, IEEE, CAP)
+        _store_output(out, acc, l_i, m_i, sinks, b, t, g, rv, kvh, G, d, s_ob, s_ot, s_oh, SINKS)
 
     return split_kernel, combine_kernel, prompt_kernel
 
 
 def short_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, rows: torch.Tensor,
-                    mask: torch.Tensor, scale: float | None = None) -> torch.Tensor:
+                    mask: torch.Tensor, scale: float | None = None, sinks: torch.Tensor | None = None,
+                    softcap: float | None = None) -> torch.Tensor:
     B, T, H, D = q.shape
     Hkv = k_cache.shape[2]
     G, K = H // Hkv, mask.shape[-1]
@@ -261,14 +274,19 @@ def short_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     assert k_cache.dtype == v_cache.dtype == q.dtype, "short_attention: the cache holds q's dtype"
     mask = mask.contiguous()
     dev = q.device
+    scale = D ** -0.5 if scale is None else scale
+    # sinks [H] (gpt-oss) and the soft cap (Gemma 2), as `attention.sdpa_written_out` applies them
+    extra = dict(CAP=softcap is not None, SINKS=sinks is not None)
+    cap = float(softcap) if softcap is not None else 1.0
     if T * G > MAX_QUERY_ROWS:  # a prompt: query tiles of 64 rows, each looping over the cache
         out = torch.empty(B, T, H, D, dtype=q.dtype, device=dev)
         nq = (T * G + MAX_QUERY_ROWS - 1) // MAX_QUERY_ROWS
         _kernels()[2][(B * Hkv * nq,)](
-            q, k_cache, v_cache, rows, mask, out, T, G, Hkv, K, nq, q.stride(0), q.stride(1), q.stride(2),
-            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), mask.stride(0), mask.stride(1),
-            out.stride(0), out.stride(1), out.stride(2), D ** -0.5 if scale is None else scale,
-            BLOCK_Q=MAX_QUERY_ROWS, BLOCK_KV=PROMPT_BLOCK_KV, D=D, IEEE=q.dtype == torch.float32, **launch_options(q))
+            q, k_cache, v_cache, rows, mask, out, sinks if sinks is not None else out, T, G, Hkv, K, nq,
+            q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+            mask.stride(0), mask.stride(1), out.stride(0), out.stride(1), out.stride(2), scale, cap,
+            BLOCK_Q=MAX_QUERY_ROWS, BLOCK_KV=PROMPT_BLOCK_KV, D=D, IEEE=q.dtype == torch.float32, **extra,
+            **launch_options(q))
         return out
     bq = pow2(T * G, 16)
     nsplit = (K + BLOCK_KV - 1) // BLOCK_KV
@@ -279,14 +297,15 @@ def short_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     l_part = torch.empty(0 if direct else B * Hkv * nsplit, bq, dtype=torch.float32, device=dev)
     split, combine, _ = _kernels()
     split[(B * Hkv, nsplit)](
-        q, k_cache, v_cache, rows, mask, o_part, m_part, l_part, out,
+        q, k_cache, v_cache, rows, mask, o_part, m_part, l_part, out, sinks if sinks is not None else out,
         T, G, Hkv, K, nsplit, q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1),
         k_cache.stride(2), mask.stride(0), mask.stride(1), out.stride(0), out.stride(1), out.stride(2),
-        D ** -0.5 if scale is None else scale, BLOCK_Q=bq, BLOCK_KV=BLOCK_KV, D=D, IEEE=q.dtype == torch.float32,
-        SKIP=B >= SKIP_MIN_ROWS, DIRECT=direct, **launch_options(q))
+        scale, cap, BLOCK_Q=bq, BLOCK_KV=BLOCK_KV, D=D, IEEE=q.dtype == torch.float32,
+        SKIP=B >= SKIP_MIN_ROWS, DIRECT=direct, **extra, **launch_options(q))
     if not direct:
-        combine[(B * Hkv,)](o_part, m_part, l_part, out, T, G, Hkv, out.stride(0), out.stride(1), out.stride(2),
-                            NSPLIT=nsplit, BLOCK_Q=bq, D=D, UNROLL=nsplit <= UNROLL_MAX_SPLITS,
+        combine[(B * Hkv,)](o_part, m_part, l_part, out, sinks if sinks is not None else out, T, G, Hkv,
+                            out.stride(0), out.stride(1), out.stride(2), NSPLIT=nsplit, BLOCK_Q=bq, D=D,
+                            UNROLL=nsplit <= UNROLL_MAX_SPLITS, SINKS=sinks is not None,
                             **launch_options(q))  # NSPLIT constexpr: one build per length bucket
     return out
 

@@ -19,8 +19,8 @@ Parameter names are the HF checkpoint's (`model.layers.L.pre_feedforward_layerno
 rename tables are empty; the wrapper's (`base.VisionLanguageForText`) are its releases' `language_model.model.*` and
 transformers 5's `model.language_model.*`, its vision tower and projector skipped (images refused). The engine's
 fused norm kernels are written for Llama's layer and norms: these layers run on the module path (GEMMs, SDPA); Gemma
-2's attention (no head norms) takes the fused RoPE + KV-store kernel, its soft-capped scores never the short-query
-kernel.
+2's attention (no head norms) takes the fused RoPE + KV-store kernel and the short-query kernel, which caps its
+scores as the written-out attention does.
 """
 
 from __future__ import annotations

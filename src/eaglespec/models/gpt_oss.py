@@ -18,7 +18,7 @@ in MXFP4: `*_blocks` uint8 [E, rows, H/32, 16] (two E2M1 codes a byte, low nibbl
 [E, rows, H/32] (E8M0: 2^(s - 127) a block of 32), rows the output features; `transform_checkpoint` splits them into
 the per-expert projections (dequantizing MXFP4 once both halves have arrived). On CUDA the experts run as the
 grouped kernels with their bias and clamp epilogues (`engine.transforms.use_grouped_experts`), so the model takes
-CUDA graphs; the sink attention is the written-out one, not the short-query kernel's.
+CUDA graphs; the sinks join the short-query kernel's softmax (few-token steps), else the written-out attention's.
 """
 
 from __future__ import annotations
