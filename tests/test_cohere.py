@@ -1,17 +1,13 @@
 """Cohere's Command models (models/cohere.py) against transformers on tiny random configs (float32): Command R
 (CohereForCausalLM: parallel attention and MLP off one LayerNorm, RoPE on adjacent pairs, permuted to halves at load,
 scaled logits, the head tied) and Command R7B / A (Cohere2ForCausalLM: three windowed layers of four, RoPE on those
-only); speculation against plain greedy and the cache-free forward; Command R+'s q/k norms refused."""
+only) and Command R+ (its per-head q / k LayerNorms); speculation against plain greedy and the cache-free forward."""
 
 from __future__ import annotations
 
 
 import pytest
 from tiny import assert_family_speculates, assert_matches_transformers, transformers_pair
-
-from eaglespec.config import ModelConfig
-from eaglespec.errors import ConfigError
-from eaglespec.models import get_model_class
 
 CONFIG = dict(vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
               num_key_value_heads=2, max_position_embeddings=256, layer_norm_eps=1e-5, logit_scale=0.5,
@@ -41,8 +37,14 @@ def test_greedy_speculation_equals_plain_and_the_cache_free_forward(pair):
     assert_family_speculates(lm.model, hidden=64, recompute=True)
 
 
-def test_command_r_plus_qk_norms_are_refused():
-    cfg = ModelConfig.from_hf(dict(CONFIG, architectures=["CohereForCausalLM"], model_type="cohere", use_qk_norm=True))
-    with pytest.raises(ConfigError, match="CohereForCausalLM with use_qk_norm \\(Command R\\+'s per-head LayerNorms\\) "
-                                          "is not implemented"):
-        get_model_class(cfg.architecture)(cfg)
+def test_command_r_plus_qk_norms_answer_as_transformers(tmp_path):
+    """Command R+'s per-head q / k LayerNorms (weights [heads, head_dim], random so that their permutation to halves
+    matters): logits and speculation."""
+    from eaglespec.models.cohere import CohereQKNormAttention
+
+    ref, lm = transformers_pair("Cohere", tmp_path, **CONFIG, use_qk_norm=True)
+    attn = lm.model.model.layers[0].self_attn
+    assert isinstance(attn, CohereQKNormAttention) and attn.q_norm.weight.shape == (4, 16)
+    assert attn.k_norm.weight.shape == (2, 16) and attn.k_norm.weight.std() > 0.05
+    assert_matches_transformers(ref, lm.model)
+    assert_family_speculates(lm.model, hidden=64, recompute=True)

@@ -91,7 +91,9 @@ class OffsetRMSNorm(nn.Module):
 class BiasFreeLayerNorm(nn.Module):
     """Cohere's LayerNorm: (x - mean(x)) / sqrt(var(x) + eps) * weight, in float32, rounded once to x's dtype."""
 
-    def __init__(self, dim: int, eps: float = 1e-5) -> None:
+    def __init__(self, dim: int | tuple[int, ...], eps: float = 1e-5) -> None:
+        """`dim` a tuple: a weight per leading index too (Command R+'s q / k norms, [heads, head_dim]), the statistics
+        still over the last dim."""
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps

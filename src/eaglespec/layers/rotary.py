@@ -155,10 +155,14 @@ def pairs_to_halves(w: torch.Tensor, heads: int, rotated: int) -> torch.Tensor:
 def qk_rows_to_halves(name: str, tensor: torch.Tensor, n_heads: int, n_kv_heads: int,
                       rotated: int) -> torch.Tensor:
     """A checkpoint tensor by its name: q_proj's / k_proj's weight or bias through `pairs_to_halves` (their heads'
-    first `rotated` rows), anything else as it is. The `transform_checkpoint` of the models whose RoPE rotates pairs
-    (GLM-4, Cohere, ERNIE 4.5)."""
+    first `rotated` rows), and a per-head q / k norm's weight [heads or 1, head_dim] (Command R+'s) along its head
+    dims alike; anything else as it is. The `transform_checkpoint` of the models whose RoPE rotates pairs (GLM-4,
+    Cohere, ERNIE 4.5, Llama 4)."""
     if name.endswith(("self_attn.q_proj.weight", "self_attn.q_proj.bias")):
         return pairs_to_halves(tensor, n_heads, rotated)
     if name.endswith(("self_attn.k_proj.weight", "self_attn.k_proj.bias")):
         return pairs_to_halves(tensor, n_kv_heads, rotated)
+    if name.endswith(("self_attn.q_norm.weight", "self_attn.k_norm.weight")):
+        rows = tensor.reshape(-1, tensor.shape[-1])  # [heads, head_dim]
+        return pairs_to_halves(rows.reshape(-1), rows.shape[0], rotated).reshape(tensor.shape)
     return tensor

@@ -7,9 +7,11 @@ dims 2j and 2j + 1 at frequency j): `transform_checkpoint` permutes q_proj's and
 pairs to halves (`layers.rotary.pairs_to_halves`: q and k alike, every score unchanged), so the engine's RoPE and its kernels
 apply as they are. Command R7B / A window three layers of four (`layer_types`, `sliding_window`) and rotate only
 those: their full-attention layers are NoPE (`ModelConfig.rope_layers`). The logits are multiplied by `logit_scale`
-(`DecoderOnlyLM.logits_divisor` = 1 / it), the head tied to the embedding. Refused by name: `use_qk_norm` (Command R+,
-per-head LayerNorms). The layers run the module path (GEMMs, the RoPE + KV-store and short-query attention kernels),
-not the fused norm + projection ones.
+(`DecoderOnlyLM.logits_divisor` = 1 / it), the head tied to the embedding. With `use_qk_norm` (Command R+) q and k
+take a bias-free LayerNorm per head before RoPE, weights [heads, head_dim] (`self_attn.q_norm` / `k_norm`, permuted at
+load as q / k are); those layers keep PyTorch's RoPE and attention (the fused kernels apply Llama's RMSNorm). The
+layers run the module path (GEMMs, the RoPE + KV-store and short-query attention kernels), not the fused norm +
+projection ones.
 """
 
 from __future__ import annotations
@@ -20,8 +22,7 @@ import torch
 from torch import nn
 
 from ..config import ModelConfig
-from ..errors import ConfigError
-from ..layers.attention import GQAAttention
+from ..layers.attention import GQAAttention, QKNormAttention
 from ..layers.embedding import embedding
 from ..layers.mlp import GatedMLP
 from ..layers.norm import BiasFreeLayerNorm
@@ -29,12 +30,27 @@ from ..layers.rotary import Rotary, qk_rows_to_halves
 from .base import DecoderOnlyLM, set_windows
 
 
+class CohereQKNormAttention(QKNormAttention):
+    """Command R+'s attention: `QKNormAttention` whose per-head norms are bias-free LayerNorms with a weight per head,
+    [heads, head_dim]; not Llama's RMSNorm, so no fused RoPE + KV-store kernel (`rope_store_ok`)."""
+
+    rope_store_ok = False
+
+    def __init__(self, cfg: ModelConfig, eps: float) -> None:
+        H, Hkv, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        super().__init__(cfg.hidden_size, cfg.hidden_size, H, Hkv, D, eps, bias=cfg.attention_bias)
+        self.q_norm, self.k_norm = BiasFreeLayerNorm((H, D), eps), BiasFreeLayerNorm((Hkv, D), eps)
+
+
 class CohereDecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, eps: float) -> None:
         super().__init__()
         self.input_layernorm = BiasFreeLayerNorm(cfg.hidden_size, eps)
-        self.self_attn = GQAAttention(cfg.hidden_size, cfg.hidden_size, cfg.num_attention_heads,
-                                      cfg.num_key_value_heads, cfg.head_dim, bias=cfg.attention_bias)
+        if cfg.text.get("use_qk_norm"):
+            self.self_attn: GQAAttention = CohereQKNormAttention(cfg, eps)
+        else:
+            self.self_attn = GQAAttention(cfg.hidden_size, cfg.hidden_size, cfg.num_attention_heads,
+                                          cfg.num_key_value_heads, cfg.head_dim, bias=cfg.attention_bias)
         self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, act=cfg.hidden_act)
 
     def forward(self, h, delta, cos, sin, ctx, cache):  # type: ignore[no-untyped-def]
@@ -61,9 +77,6 @@ class CohereForCausalLM(DecoderOnlyLM):
 
     def __init__(self, config: ModelConfig) -> None:
         text = config.text
-        if text.get("use_qk_norm"):
-            raise ConfigError(f"{config.architecture} with use_qk_norm (Command R+'s per-head LayerNorms) is not "
-                              "implemented")
         super().__init__(config)
         self.model = CohereModel(config, float(text.get("layer_norm_eps", 1e-5)))
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
