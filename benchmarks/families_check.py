@@ -1,9 +1,9 @@
 """Session 57's model families on the GPU path: tiny random float32 targets (Mixtral, Qwen2-MoE with its gated shared
 expert and a dense layer, Phi-3 with LongRoPE, Mistral Small 3's text wrapper with an explicit head_dim; session 58's
 GLM-4.5 and Phi-4-mini with partial RoPE, heads of 48 dims, sliding windows, Gemma 2 / 3, GLM-4, SmolLM3, OLMo 3,
-Granite, Command R7B, gpt-oss; session 59's Llama 4), each run eagerly without graphs (the reference), then through
-`prepare_for_inference` and the graph path: plain decoding, a chain and a tree with a random EAGLE-3 drafter. Prints how
-many of the 3 answers equal the reference's.
+Granite, Command R7B, gpt-oss; session 59's Llama 4 and MiniMax-M2), each run eagerly without graphs (the reference),
+then through `prepare_for_inference` and the graph path: plain decoding, a chain and a tree with a random EAGLE-3
+drafter. Prints how many of the 3 answers equal the reference's.
 
     python benchmarks/families_check.py [--cpu] [--only mixtral,gemma3,...]
 
@@ -93,6 +93,10 @@ CONFIGS = {
                                                  num_local_experts=8, num_experts_per_tok=1,
                                                  interleave_moe_layer_step=2, no_rope_layer_interval=2,
                                                  attention_chunk_size=16, floor_scale=8, attn_scale=0.1),
+    # MiniMax-M2: whole-projection q / k norms, partial RoPE by rotary_dim, the sigmoid router with its bias
+    "minimax_m2 (rotary_dim 16)": dict(BASE, architectures=["MiniMaxM2ForCausalLM"], model_type="minimax_m2",
+                                       head_dim=32, rotary_dim=16, intermediate_size=64, num_local_experts=8,
+                                       num_experts_per_tok=2),
 }
 EAGER: set[str] = set()  # targets whose MoE runs per expert (host sync): no CUDA graphs
 

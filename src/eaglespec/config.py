@@ -96,8 +96,11 @@ def layer_windows(text: Mapping[str, Any], model_type: str, n_layers: int, windo
 def _ropes(text: Mapping[str, Any], model_type: str) -> tuple[RopeConfig, RopeConfig | None]:
     """(the full-attention layers' RoPE, the sliding-window layers' where it differs): transformers 5's
     rope_parameters keyed by layer type, or Gemma 3's released fields (rope_theta and rope_scaling for the global
-    layers, rope_local_base_freq, default RoPE, for the local ones); else one RoPE (GLM-4's partial by default)."""
+    layers, rope_local_base_freq, default RoPE, for the local ones); else one RoPE (GLM-4's partial by default,
+    MiniMax-M2's `rotary_dim` of `head_dim`)."""
     partial = 0.5 if model_type in ("glm4", "glm4_moe") else 1.0
+    if text.get("rotary_dim") and text.get("head_dim"):  # MiniMax-M2's released configs name the rotated dims
+        partial = int(text["rotary_dim"]) / int(text["head_dim"])
     by_type = text.get("rope_parameters") or {}
     if "full_attention" in by_type or "sliding_attention" in by_type:
         def one(kind: str) -> RopeConfig:

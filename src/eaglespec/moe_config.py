@@ -1,6 +1,6 @@
 """`MoEConfig`: a model's mixture of experts, read from its config.json in DeepSeek's field names (`MoEConfig.from_hf`
-for DeepSeek-V2 / V3, Kimi, GLM-4.5, Qwen2 / Qwen3-MoE, Mixtral, gpt-oss and Llama 4); `layers/moe.py` builds the
-experts and the router from it; `ModelConfig` (config.py, which re-exports it) holds one.
+for DeepSeek-V2 / V3, Kimi, GLM-4.5, Qwen2 / Qwen3-MoE, Mixtral, gpt-oss, Llama 4 and MiniMax-M2); `layers/moe.py`
+builds the experts and the router from it; `ModelConfig` (config.py, which re-exports it) holds one.
 """
 
 from __future__ import annotations
@@ -68,7 +68,9 @@ class MoEConfig:
         gpt_oss) the same with biases and its clamped SwiGLU (the softmax of the top-k logits equals the renormalised
         top-k of the softmax); Llama 4 (`model_type` llama4 / llama4_text) `num_local_experts` of `intermediate_size`,
         the sigmoid of the top-k logits weighting the experts' inputs, one shared expert, sparse layers `moe_layers`
-        or every `interleave_moe_layer_step`-th."""
+        or every `interleave_moe_layer_step`-th; MiniMax-M2 (`model_type` minimax_m2) `num_local_experts` of
+        `intermediate_size` in every layer under DeepSeek-V3's sigmoid router (its correction bias, no groups, the
+        top-k weights normalised)."""
         if text.get("n_routed_experts"):
             v2 = model_type == "deepseek_v2"  # softmax routing (greedy or group-limited), weights not normalised
             glm = model_type == "glm4_moe"  # transformers' Glm4MoeConfig defaults: one shared expert, one dense layer
@@ -92,6 +94,16 @@ class MoEConfig:
                 mlp_only_layers=tuple(i for i, k in enumerate(kinds or ()) if k == "dense"),
             )
         experts = text.get("num_experts", text.get("num_local_experts"))
+        if model_type == "minimax_m2" and experts:  # every layer sparse: V3's sigmoid router with its bias, no groups
+            return MoEConfig(
+                n_routed_experts=int(experts),
+                num_experts_per_tok=int(text["num_experts_per_tok"]),
+                n_shared_experts=0,
+                moe_intermediate_size=int(text["intermediate_size"]),
+                norm_topk_prob=True,
+                scoring_func="sigmoid",
+                topk_method="noaux_tc",
+            )
         if model_type in ("mixtral", "gpt_oss") and experts:  # every layer sparse, experts of intermediate_size
             oss = model_type == "gpt_oss"  # biases, the clamped SwiGLU (its top-k logits' softmax: renormalised)
             return MoEConfig(

@@ -18,6 +18,7 @@ _REGISTRY: dict[str, str] = {
     "Qwen3MoeForCausalLM": "eaglespec.models.qwen_moe:Qwen3MoeForCausalLM",
     "Qwen2MoeForCausalLM": "eaglespec.models.qwen_moe:Qwen2MoeForCausalLM",
     "MixtralForCausalLM": "eaglespec.models.mixtral:MixtralForCausalLM",
+    "MiniMaxM2ForCausalLM": "eaglespec.models.minimax_m2:MiniMaxM2ForCausalLM",
     "Phi3ForCausalLM": "eaglespec.models.phi3:Phi3ForCausalLM",
     "CohereForCausalLM": "eaglespec.models.cohere:CohereForCausalLM",
     "Cohere2ForCausalLM": "eaglespec.models.cohere:Cohere2ForCausalLM",
