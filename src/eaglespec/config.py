@@ -60,7 +60,7 @@ class Eagle3Config:
 
 
 # model_type -> transformers' default `sliding_window_pattern` (every such layer global, the others windowed)
-GLOBAL_EVERY = {"gemma2": 2, "gemma3": 6, "gemma3_text": 6, "cohere2": 4}
+GLOBAL_EVERY = {"gemma2": 2, "gemma3": 6, "gemma3_text": 6, "cohere2": 4, "exaone4": 4}
 # model_types whose transformers configs tie the head to the embedding unless they say otherwise
 TIED_BY_DEFAULT = frozenset({"gemma2", "gemma3", "gemma3_text", "cohere", "cohere2", "ernie4_5"})
 
@@ -83,8 +83,10 @@ def layer_windows(text: Mapping[str, Any], model_type: str, n_layers: int, windo
     if model_type == "smollm3":  # its NoPE layers
         return tuple(None if rope_layers and rope_layers[i] else window for i in range(n_layers))
     if model_type in GLOBAL_EVERY:  # released configs: every `sliding_window_pattern`-th layer is global
-        pattern = int(text.get("sliding_window_pattern") or GLOBAL_EVERY[model_type])
-        return tuple(window if (i + 1) % pattern else None for i in range(n_layers))
+        pattern = text.get("sliding_window_pattern") or GLOBAL_EVERY[model_type]
+        if isinstance(pattern, str):  # EXAONE 4's letters, "LLLG": L local, G global, repeated
+            return tuple(None if pattern[i % len(pattern)] == "G" else window for i in range(n_layers))
+        return tuple(window if (i + 1) % int(pattern) else None for i in range(n_layers))
     bound = int(text.get("max_window_layers", 28))  # transformers' default
     if model_type in ("qwen2", "qwen3"):
         return tuple(window if i >= bound else None for i in range(n_layers))
@@ -244,7 +246,8 @@ class ModelConfig:
             raise ConfigError(f"no_rope_layers has {len(nope)} entries for {n_layers} layers")
         rope_layers = tuple(bool(x) for x in nope) if nope is not None else ()
         windows = layer_windows(text, model_type, n_layers, window, rope_layers)
-        if model_type == "cohere2" and not rope_layers:  # Command R7B / A rotate their windowed layers only
+        if model_type in ("cohere2", "exaone4") and not rope_layers and any(windows):
+            # Command R7B / A and EXAONE 4 with a window rotate their windowed layers only
             rope_layers = tuple(w is not None for w in windows)
         # the families whose transformers configs tie the head by default (Gemma, Cohere, ERNIE 4.5)
         tied = model_type in TIED_BY_DEFAULT

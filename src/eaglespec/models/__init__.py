@@ -24,6 +24,7 @@ _REGISTRY: dict[str, str] = {
     "Cohere2ForCausalLM": "eaglespec.models.cohere:Cohere2ForCausalLM",
     "Olmo2ForCausalLM": "eaglespec.models.olmo2:Olmo2ForCausalLM",
     "Olmo3ForCausalLM": "eaglespec.models.olmo2:Olmo2ForCausalLM",
+    "Exaone4ForCausalLM": "eaglespec.models.olmo2:Exaone4ForCausalLM",
     "Glm4ForCausalLM": "eaglespec.models.glm4:Glm4ForCausalLM",
     "Glm4MoeForCausalLM": "eaglespec.models.glm4_moe:Glm4MoeForCausalLM",
     "Gemma2ForCausalLM": "eaglespec.models.gemma:Gemma2ForCausalLM",

@@ -1,5 +1,6 @@
 """OLMo 2 and 3 (`Olmo2ForCausalLM`: OLMo-2-1B / 7B / 13B / 32B; `Olmo3ForCausalLM`: OLMo-3-7B / 32B): post-norm
-layers and RMSNorms over the whole q and k projections.
+layers and RMSNorms over the whole q and k projections; EXAONE 4 (`Exaone4ForCausalLM`) on the same layers with
+per-head q / k norms (below).
 
 Layer i: `h += post_attention_layernorm(self_attn(h))`, then `h += post_feedforward_layernorm(mlp(h))`: the norms sit
 after each sublayer, none before. The attention is GQA whose q and k projections are each RMS-normalised over their
@@ -13,7 +14,7 @@ never the fused RoPE + KV-store kernel (whose head norms are per head), nor the 
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 from torch import nn
@@ -26,6 +27,7 @@ from ..layers.mlp import GatedMLP
 from ..layers.norm import RMSNorm
 from ..layers.rotary import Rotary
 from .base import DecoderOnlyLM, set_windows
+from .qwen import qwen3_attention
 
 
 class Olmo2Attention(GQAAttention):
@@ -63,9 +65,9 @@ class Olmo2Attention(GQAAttention):
 
 
 class Olmo2DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, attention: Callable[[ModelConfig], GQAAttention] = Olmo2Attention) -> None:
         super().__init__()
-        self.self_attn = Olmo2Attention(cfg)
+        self.self_attn = attention(cfg)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, act=cfg.hidden_act)
         self.post_feedforward_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -79,10 +81,10 @@ class Olmo2DecoderLayer(nn.Module):
 
 
 class Olmo2Model(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, attention: Callable[[ModelConfig], GQAAttention] = Olmo2Attention) -> None:
         super().__init__()
         self.embed_tokens = embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(Olmo2DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(Olmo2DecoderLayer(cfg, attention) for _ in range(cfg.num_hidden_layers))
         set_windows(self.layers, cfg)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rotary = Rotary(cfg.rotary_dim, cfg.rope)
@@ -93,10 +95,20 @@ class Olmo2Model(nn.Module):
 class Olmo2ForCausalLM(DecoderOnlyLM):
     checkpoint_renames: tuple[tuple[str, str], ...] = ()
     checkpoint_ignore: tuple[str, ...] = (r"rotary_emb\.inv_freq$",)
+    attention: Callable[[ModelConfig], GQAAttention] = Olmo2Attention
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config)
-        self.model = Olmo2Model(config)
+        self.model = Olmo2Model(config, type(self).attention)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+
+
+class Exaone4ForCausalLM(Olmo2ForCausalLM):
+    """EXAONE 4 (`Exaone4ForCausalLM`: EXAONE-4.0-1.2B / 32B): OLMo 2's post-norm layers with Qwen3's per-head q / k
+    RMSNorms (`QKNormAttention`, so the fused RoPE + KV-store and short-query kernels apply); with a sliding window,
+    three layers of four windowed (`sliding_window_pattern` "LLLG" or `layer_types`) and only those rotated, the
+    global ones NoPE (`ModelConfig.rope_layers`); without one (1.2B) every layer global and rotated."""
+
+    attention = staticmethod(qwen3_attention)
