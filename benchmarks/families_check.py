@@ -1,7 +1,7 @@
 """Session 57's model families on the GPU path: tiny random float32 targets (Mixtral, Qwen2-MoE with its gated shared
 expert and a dense layer, Phi-3 with LongRoPE, Mistral Small 3's text wrapper with an explicit head_dim; session 58's
 GLM-4.5 and Phi-4-mini with partial RoPE, heads of 48 dims, sliding windows, Gemma 2 / 3, GLM-4, SmolLM3, OLMo 3,
-Granite, Command R7B, gpt-oss; session 59's Llama 4, MiniMax-M2, EXAONE 4), each run eagerly without graphs (the
+Granite, Command R7B, gpt-oss; session 59's Llama 4, MiniMax-M2, EXAONE 4, OLMoE), each run eagerly without graphs (the
 reference), then through `prepare_for_inference` and the graph path: plain decoding, a chain and a tree with a random
 EAGLE-3 drafter. Prints how many of the 3 answers equal the reference's.
 
@@ -100,6 +100,9 @@ CONFIGS = {
     # EXAONE 4: post-norm layers, per-head q / k norms (the fused kernels), windowed rotated layers, NoPE globals
     "exaone4 (window 16, NoPE globals)": dict(BASE, architectures=["Exaone4ForCausalLM"], model_type="exaone4",
                                               head_dim=32, sliding_window=16, sliding_window_pattern="LLLG"),
+    # OLMoE: whole-projection q / k norms over Qwen3-MoE's layers, the top-k weights not renormalised
+    "olmoe": dict(BASE, architectures=["OlmoeForCausalLM"], model_type="olmoe", intermediate_size=64, num_experts=8,
+                  num_experts_per_tok=2),
 }
 EAGER: set[str] = set()  # targets whose MoE runs per expert (host sync): no CUDA graphs
 

@@ -1,6 +1,6 @@
 """`MoEConfig`: a model's mixture of experts, read from its config.json in DeepSeek's field names (`MoEConfig.from_hf`
-for DeepSeek-V2 / V3, Kimi, GLM-4.5, Qwen2 / Qwen3-MoE, Mixtral, gpt-oss, Llama 4 and MiniMax-M2); `layers/moe.py`
-builds the experts and the router from it; `ModelConfig` (config.py, which re-exports it) holds one.
+for DeepSeek-V2 / V3, Kimi, GLM-4.5, Qwen2 / Qwen3-MoE, Mixtral, OLMoE, gpt-oss, Llama 4 and MiniMax-M2);
+`layers/moe.py` builds the experts and the router from it; `ModelConfig` (config.py, which re-exports it) holds one.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ class MoEConfig:
         the sigmoid of the top-k logits weighting the experts' inputs, one shared expert, sparse layers `moe_layers`
         or every `interleave_moe_layer_step`-th; MiniMax-M2 (`model_type` minimax_m2) `num_local_experts` of
         `intermediate_size` in every layer under DeepSeek-V3's sigmoid router (its correction bias, no groups, the
-        top-k weights normalised)."""
+        top-k weights normalised); OLMoE (`model_type` olmoe) Mixtral's with `norm_topk_prob` as its config says."""
         if text.get("n_routed_experts"):
             v2 = model_type == "deepseek_v2"  # softmax routing (greedy or group-limited), weights not normalised
             glm = model_type == "glm4_moe"  # transformers' Glm4MoeConfig defaults: one shared expert, one dense layer
@@ -104,14 +104,15 @@ class MoEConfig:
                 scoring_func="sigmoid",
                 topk_method="noaux_tc",
             )
-        if model_type in ("mixtral", "gpt_oss") and experts:  # every layer sparse, experts of intermediate_size
+        if model_type in ("mixtral", "gpt_oss", "olmoe") and experts:  # every layer sparse, of intermediate_size
             oss = model_type == "gpt_oss"  # biases, the clamped SwiGLU (its top-k logits' softmax: renormalised)
             return MoEConfig(
                 n_routed_experts=int(experts),
                 num_experts_per_tok=int(text["num_experts_per_tok"]),
                 n_shared_experts=0,
                 moe_intermediate_size=int(text["intermediate_size"]),
-                norm_topk_prob=True,
+                # OLMoE's configs say (False by default); Mixtral and gpt-oss renormalise
+                norm_topk_prob=bool(text.get("norm_topk_prob", False)) if model_type == "olmoe" else True,
                 scoring_func="softmax",
                 topk_method="greedy",
                 router_bias=oss,

@@ -17,6 +17,7 @@ _REGISTRY: dict[str, str] = {
     "Qwen3ForCausalLM": "eaglespec.models.qwen:Qwen3ForCausalLM",
     "Qwen3MoeForCausalLM": "eaglespec.models.qwen_moe:Qwen3MoeForCausalLM",
     "Qwen2MoeForCausalLM": "eaglespec.models.qwen_moe:Qwen2MoeForCausalLM",
+    "OlmoeForCausalLM": "eaglespec.models.qwen_moe:OlmoeForCausalLM",
     "MixtralForCausalLM": "eaglespec.models.mixtral:MixtralForCausalLM",
     "MiniMaxM2ForCausalLM": "eaglespec.models.minimax_m2:MiniMaxM2ForCausalLM",
     "Phi3ForCausalLM": "eaglespec.models.phi3:Phi3ForCausalLM",

@@ -29,6 +29,7 @@ from typing import Callable
 from torch import nn
 
 from ..config import ModelConfig
+from ..errors import ConfigError
 from ..layers.embedding import embedding
 from ..layers.mlp import GatedMLP
 from ..layers.moe import MoE
@@ -36,6 +37,7 @@ from ..layers.norm import RMSNorm
 from ..layers.rotary import Rotary
 from .base import DecoderOnlyLM, PreNormDecoderLayer, set_windows
 from .llama import LlamaForCausalLM
+from .olmo2 import Olmo2Attention
 from .qwen import qwen2_attention, qwen3_attention
 
 
@@ -80,3 +82,18 @@ class Qwen2MoeForCausalLM(Qwen3MoeForCausalLM):
 
     checkpoint_renames = ((r"\.mlp\.shared_expert\.", ".mlp.shared_experts."),)
     attention = staticmethod(qwen2_attention)
+
+
+class OlmoeForCausalLM(Qwen3MoeForCausalLM):
+    """OLMoE (OLMoE-1B-7B): Qwen3-MoE's pre-norm layers and checkpoint names (the softmax top-k router over
+    `num_experts` experts of `intermediate_size` in every layer, the top-k weights renormalised only when
+    `norm_topk_prob`), with OLMo 2's q / k RMSNorms over the whole projections (`olmo2.Olmo2Attention`: the module path
+    for attention). `clip_qkv` (null in the releases) is refused by name."""
+
+    attention = Olmo2Attention
+
+    def __init__(self, config: ModelConfig) -> None:
+        if config.text.get("clip_qkv") is not None:
+            raise ConfigError(f"{config.architecture} with clip_qkv {config.text['clip_qkv']} (q / k / v clamped) is "
+                              "not implemented")
+        super().__init__(config)
