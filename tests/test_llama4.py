@@ -57,7 +57,7 @@ def test_a_transformers_folder_answers_as_transformers(pair):
     cfg, layers = lm.config, lm.model.model.layers
     assert [cfg.uses_rope(i) for i in range(4)] == [True, False, True, False]
     assert [layer.self_attn.window for layer in layers] == [Chunk(8), None, Chunk(8), None]
-    assert [layer.self_attn.temperature for layer in layers] == [None, (4.0, 0.1), None, (4.0, 0.1)]
+    assert [layer.self_attn.temperature for layer in layers] == [None, (4.0, 0.1, 1.0), None, (4.0, 0.1, 1.0)]
     assert [type(layer.self_attn) for layer in layers] == [QKNormAttention, GQAAttention] * 2
     assert [isinstance(layer.mlp, MoE) for layer in layers] == [False, True, False, True]
     assert all(torch.equal(layer.self_attn.q_norm.weight, torch.ones(16)) for layer in layers[::2])
@@ -106,7 +106,7 @@ def test_released_configs_plan_their_layers(released, experts, total_b, active_b
     m = build_on_meta(get_model_class(cfg.architecture), cfg, torch.bfloat16)
     layers = m.language_model.model.layers
     assert [layer.self_attn.window for layer in layers[:4]] == [Chunk(8192)] * 3 + [None]
-    assert layers[3].self_attn.temperature == (8192.0, 0.1)
+    assert layers[3].self_attn.temperature == (8192.0, 0.1, 1.0)
     assert isinstance(layers[0].self_attn, QKNormAttention) == (released is SCOUT)
     sparse = [isinstance(layer.mlp, MoE) for layer in layers]
     assert sparse == ([True] * 48 if released is SCOUT else [False, True] * 24)

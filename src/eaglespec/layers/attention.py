@@ -206,8 +206,9 @@ class GQAAttention(nn.Module):
 
     `in_features` may differ from the model width: the EAGLE-3 drafter feeds 2H (embedding and hidden) into q/k/v.
     `window`: a sliding-window layer's window (set by the model from `ModelConfig.window_of`) or a chunked layer's
-    `Chunk` (Llama 4), None for full attention; `temperature` = (floor_scale, attn_scale): Llama 4's NoPE layers
-    scale each query by 1 + attn_scale * log(1 + floor((position + 1) / floor_scale)) (`tempered`); `scale`: the
+    `Chunk` (Llama 4), None for full attention; `temperature` = (floor_scale, attn_scale, offset): each query scaled
+    by 1 + attn_scale * log(1 + floor((position + offset) / floor_scale)) (`tempered`: Llama 4's NoPE layers, offset
+    1; every layer of Ministral 3, offset 0); `scale`: the
     softmax scale (None: 1 / sqrt(head_dim)); a `sinks` parameter [H], where a subclass registers one
     (gpt-oss), adds per-head sink logits (`sdpa_written_out`, or the short-query kernel's); `rope_store_ok`: whether
     engine.transforms may give it the fused RoPE + KV-store kernel (and with it the short-query attention kernel),
@@ -218,7 +219,7 @@ class GQAAttention(nn.Module):
     nope = False  # a NoPE layer (SmolLM3's): the model hands it the identity rotation
     scale: float | None = None
     softcap: float | None = None  # Gemma 2's attn_logit_softcapping (`sdpa_written_out`, or the short-query kernel)
-    temperature: tuple[float, float] | None = None  # Llama 4's attn temperature tuning (floor_scale, attn_scale)
+    temperature: tuple[float, float, float] | None = None  # (floor_scale, attn_scale, offset): Llama 4, Ministral 3
     rope_store_ok = True
 
     def __init__(
@@ -256,8 +257,8 @@ class GQAAttention(nn.Module):
             return q
         key = ("temperature", self.temperature)
         if key not in ctx._memo:
-            floor_scale, attn_scale = self.temperature
-            ctx._memo[key] = (torch.log1p(torch.floor((ctx.positions.float() + 1.0) / floor_scale)) * attn_scale
+            floor_scale, attn_scale, offset = self.temperature
+            ctx._memo[key] = (torch.log1p(torch.floor((ctx.positions.float() + offset) / floor_scale)) * attn_scale
                               + 1.0)[..., None, None]
         return (q * ctx._memo[key]).to(q.dtype)
 

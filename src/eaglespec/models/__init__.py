@@ -9,6 +9,7 @@ from ..errors import ConfigError
 _REGISTRY: dict[str, str] = {
     "LlamaForCausalLM": "eaglespec.models.llama:LlamaForCausalLM",
     "MistralForCausalLM": "eaglespec.models.llama:LlamaForCausalLM",
+    "Ministral3ForCausalLM": "eaglespec.models.llama:LlamaForCausalLM",
     "SmolLM3ForCausalLM": "eaglespec.models.llama:LlamaForCausalLM",
     "SeedOssForCausalLM": "eaglespec.models.llama:LlamaForCausalLM",
     "Ernie4_5ForCausalLM": "eaglespec.models.llama:Ernie4_5ForCausalLM",

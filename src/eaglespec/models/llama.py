@@ -1,6 +1,8 @@
-"""Llama (SmolLM2, Llama 2/3; Mistral, SmolLM3 and Seed-OSS under their names): pre-norm RMSNorm decoder, GQA, RoPE
-(incl. Llama-3 scaling; none in SmolLM3's NoPE layers, `ModelConfig.rope_layers`), SwiGLU, tied or untied; biases as
-`attention_bias` (q/k/v, and o_proj unless `attention_out_bias` says otherwise: Seed-OSS) and `mlp_bias` say.
+"""Llama (SmolLM2, Llama 2/3; Mistral, Ministral 3, SmolLM3 and Seed-OSS under their names): pre-norm RMSNorm
+decoder, GQA, RoPE (incl. Llama-3 scaling; none in SmolLM3's NoPE layers, `ModelConfig.rope_layers`), SwiGLU, tied or
+untied; biases as `attention_bias` (q/k/v, and o_proj unless `attention_out_bias` says otherwise: Seed-OSS) and
+`mlp_bias` say. Ministral 3's rope parameters' `llama_4_scaling_beta` scales every query past the original positions
+(`GQAAttention.temperature`: 1 + beta * log(1 + floor(p / original_max_position_embeddings))).
 `Ernie4_5ForCausalLM` (ERNIE 4.5 dense) is this model with `use_bias` for both and RoPE on adjacent pairs, its q / k
 rows permuted to halves at load (`layers.rotary.pairs_to_halves`).
 
@@ -42,6 +44,11 @@ class LlamaModel(nn.Module):
         self.embed_tokens = embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(layer(cfg) for _ in range(cfg.num_hidden_layers))
         set_windows(self.layers, cfg)
+        rope = cfg.text.get("rope_parameters") or cfg.text.get("rope_scaling") or {}
+        if rope.get("llama_4_scaling_beta"):  # Ministral 3: every query scaled past the original positions
+            for lay in self.layers:
+                lay.self_attn.temperature = (float(rope["original_max_position_embeddings"]),
+                                             float(rope["llama_4_scaling_beta"]), 0.0)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rotary = Rotary(cfg.rotary_dim, cfg.rope)
 

@@ -55,7 +55,7 @@ def llama4_attention(cfg: ModelConfig, layer_idx: int) -> GQAAttention:
     else:
         attn = GQAAttention(*args, bias=cfg.attention_bias)
     if not rope and text.get("attn_temperature_tuning", True):
-        attn.temperature = (float(text.get("floor_scale", 8192)), float(text.get("attn_scale", 0.1)))
+        attn.temperature = (float(text.get("floor_scale", 8192)), float(text.get("attn_scale", 0.1)), 1.0)
     return attn
 
 
