@@ -1,9 +1,9 @@
 """Session 57's model families on the GPU path: tiny random float32 targets (Mixtral, Qwen2-MoE with its gated shared
 expert and a dense layer, Phi-3 with LongRoPE, Mistral Small 3's text wrapper with an explicit head_dim; session 58's
 GLM-4.5 and Phi-4-mini with partial RoPE, heads of 48 dims, sliding windows, Gemma 2 / 3, GLM-4, SmolLM3, OLMo 3,
-Granite, Command R7B, gpt-oss; session 59's Llama 4, MiniMax-M2, EXAONE 4, OLMoE), each run eagerly without graphs (the
-reference), then through `prepare_for_inference` and the graph path: plain decoding, a chain and a tree with a random
-EAGLE-3 drafter. Prints how many of the 3 answers equal the reference's.
+Granite, Command R7B, gpt-oss; session 59's Llama 4, MiniMax-M2, EXAONE 4, OLMoE, ERNIE 4.5 MoE), each run eagerly
+without graphs (the reference), then through `prepare_for_inference` and the graph path: plain decoding, a chain and a
+tree with a random EAGLE-3 drafter. Prints how many of the 3 answers equal the reference's.
 
     python benchmarks/families_check.py [--cpu] [--only mixtral,gemma3,...]
 
@@ -103,6 +103,9 @@ CONFIGS = {
     # OLMoE: whole-projection q / k norms over Qwen3-MoE's layers, the top-k weights not renormalised
     "olmoe": dict(BASE, architectures=["OlmoeForCausalLM"], model_type="olmoe", intermediate_size=64, num_experts=8,
                   num_experts_per_tok=2),
+    # ERNIE 4.5 MoE: the float32 softmax router with a correction bias, a dense first layer, shared experts
+    "ernie4_5_moe": dict(BASE, architectures=["Ernie4_5_MoeForCausalLM"], model_type="ernie4_5_moe",
+                         moe_intermediate_size=64, moe_num_experts=8, moe_k=2, moe_num_shared_experts=1),
 }
 EAGER: set[str] = set()  # targets whose MoE runs per expert (host sync): no CUDA graphs
 

@@ -62,7 +62,7 @@ class Eagle3Config:
 # model_type -> transformers' default `sliding_window_pattern` (every such layer global, the others windowed)
 GLOBAL_EVERY = {"gemma2": 2, "gemma3": 6, "gemma3_text": 6, "cohere2": 4, "exaone4": 4}
 # model_types whose transformers configs tie the head to the embedding unless they say otherwise
-TIED_BY_DEFAULT = frozenset({"gemma2", "gemma3", "gemma3_text", "cohere", "cohere2", "ernie4_5"})
+TIED_BY_DEFAULT = frozenset({"gemma2", "gemma3", "gemma3_text", "cohere", "cohere2", "ernie4_5", "ernie4_5_moe"})
 
 
 def layer_windows(text: Mapping[str, Any], model_type: str, n_layers: int, window: int | None,
@@ -252,7 +252,7 @@ class ModelConfig:
         # the families whose transformers configs tie the head by default (Gemma, Cohere, ERNIE 4.5)
         tied = model_type in TIED_BY_DEFAULT
         # ERNIE 4.5's one switch for every projection's bias
-        use_bias = bool(text.get("use_bias", False)) if model_type == "ernie4_5" else False
+        use_bias = bool(text.get("use_bias", False)) if model_type in ("ernie4_5", "ernie4_5_moe") else False
         eagle = None
         if any("eagle3" in a.lower() for a in archs):
             ec = text.get("eagle_config") or {}

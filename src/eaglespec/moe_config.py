@@ -1,5 +1,5 @@
 """`MoEConfig`: a model's mixture of experts, read from its config.json in DeepSeek's field names (`MoEConfig.from_hf`
-for DeepSeek-V2 / V3, Kimi, GLM-4.5, Qwen2 / Qwen3-MoE, Mixtral, OLMoE, gpt-oss, Llama 4 and MiniMax-M2);
+for DeepSeek-V2 / V3, Kimi, GLM-4.5, Qwen2 / Qwen3-MoE, Mixtral, OLMoE, gpt-oss, Llama 4, MiniMax-M2, ERNIE 4.5);
 `layers/moe.py` builds the experts and the router from it; `ModelConfig` (config.py, which re-exports it) holds one.
 """
 
@@ -50,6 +50,10 @@ class MoEConfig:
     # Llama 4: each routed expert's input is the token times its routing weight (rounded to the model's dtype), and
     # its output is summed unweighted; False: the output is weighted (everyone else)
     weight_inputs: bool = False
+    # ERNIE 4.5: a correction bias `e_score_correction_bias` [E] added to the softmax router's probabilities for
+    # choosing only (the weights stay the unbiased probabilities), and the floor of their sum when normalised
+    choice_bias: bool = False
+    norm_min: float = 0.0
 
     def is_sparse(self, layer_idx: int) -> bool:
         """Whether the 0-based layer `layer_idx` has the experts (else a dense MLP of `intermediate_size`)."""
@@ -70,7 +74,9 @@ class MoEConfig:
         the sigmoid of the top-k logits weighting the experts' inputs, one shared expert, sparse layers `moe_layers`
         or every `interleave_moe_layer_step`-th; MiniMax-M2 (`model_type` minimax_m2) `num_local_experts` of
         `intermediate_size` in every layer under DeepSeek-V3's sigmoid router (its correction bias, no groups, the
-        top-k weights normalised); OLMoE (`model_type` olmoe) Mixtral's with `norm_topk_prob` as its config says."""
+        top-k weights normalised); OLMoE (`model_type` olmoe) Mixtral's with `norm_topk_prob` as its config says;
+        ERNIE 4.5 MoE (`model_type` ernie4_5_moe) `moe_num_experts` of `moe_intermediate_size`, `moe_k` a token,
+        chosen by the float32 softmax plus a correction bias, `moe_num_shared_experts` shared ones."""
         if text.get("n_routed_experts"):
             v2 = model_type == "deepseek_v2"  # softmax routing (greedy or group-limited), weights not normalised
             glm = model_type == "glm4_moe"  # transformers' Glm4MoeConfig defaults: one shared expert, one dense layer
@@ -138,6 +144,28 @@ class MoEConfig:
                 mlp_only_layers=tuple(i for i in range(n_layers) if i not in sparse),
                 shared_intermediate_size=int(text["intermediate_size"]),
                 weight_inputs=True,
+            )
+        if model_type == "ernie4_5_moe" and text.get("moe_num_experts", experts):
+            # ERNIE 4.5 MoE: the softmax router in float32 choosing by probability + its correction bias, shared
+            # experts of moe_intermediate_size each; sparse layers from moe_layer_start_index to moe_layer_end_index
+            # (-1: the last), every moe_layer_interval-th
+            n_layers = int(text["num_hidden_layers"])
+            start, end = int(text.get("moe_layer_start_index", 1)), int(text.get("moe_layer_end_index", -1))
+            end = n_layers - 1 if end == -1 else end
+            every = int(text.get("moe_layer_interval") or 1)
+            sparse = [start <= i <= end and (i + 1) % every == 0 for i in range(n_layers)]
+            return MoEConfig(
+                n_routed_experts=int(text.get("moe_num_experts", experts)),
+                num_experts_per_tok=int(text.get("moe_k", text.get("num_experts_per_tok", 6))),
+                n_shared_experts=int(text.get("moe_num_shared_experts", 2) or 0),
+                moe_intermediate_size=int(text["moe_intermediate_size"]),
+                norm_topk_prob=True,
+                scoring_func="softmax",
+                topk_method="greedy",
+                router_float32=True,
+                mlp_only_layers=tuple(i for i in range(n_layers) if not sparse[i]),
+                choice_bias=True,
+                norm_min=float(text.get("moe_norm_min", 1e-12)),
             )
         if model_type in ("qwen3_moe", "qwen2_moe") and experts:
             step = int(text.get("decoder_sparse_step") or 1)

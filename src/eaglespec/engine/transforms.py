@@ -192,14 +192,14 @@ def use_grouped_experts(model: nn.Module) -> nn.Module:
 
 
 def use_router_kernel(model: nn.Module) -> nn.Module:
-    """Every MoE router whose shape the kernel takes (`router_kernel.fits`; softmax routers without groups) selects its
-    experts in one Triton kernel."""
+    """Every MoE router whose shape the kernel takes (`router_kernel.fits`; softmax routers without groups or a
+    correction bias) selects its experts in one Triton kernel."""
     from ..layers.moe import NoAuxRouter, SoftmaxTopKRouter
     from ..layers.router_kernel import fits
 
     for m in model.modules():
-        if (isinstance(m, SoftmaxTopKRouter) and m.n_group == 1) or (isinstance(m, NoAuxRouter)
-                                                                      and fits(m.num_experts, m.n_group)):
+        softmax_ok = isinstance(m, SoftmaxTopKRouter) and m.n_group == 1 and m.e_score_correction_bias is None
+        if softmax_ok or (isinstance(m, NoAuxRouter) and fits(m.num_experts, m.n_group)):
             m.fused = True
     return model
 

@@ -15,12 +15,13 @@ router from the MoEConfig's (scoring_func, topk_method), and refuses other pairs
   weights are the *unbiased* `s`, divided by their sum when `norm_topk_prob`, times `routed_scaling_factor`.
 - `SigmoidTopKRouter` (Llama 4: sigmoid / greedy): the top-k logits, weighted by their sigmoid; with
   `MoEConfig.weight_inputs` the weights scale the experts' inputs (rounded to the model's dtype), not their outputs.
-- `SoftmaxTopKRouter` (Qwen3-MoE, Mixtral, gpt-oss, DeepSeek-V2: softmax / greedy; DeepSeek-V2: softmax /
+- `SoftmaxTopKRouter` (Qwen3-MoE, Mixtral, gpt-oss, ERNIE 4.5, DeepSeek-V2: softmax / greedy; DeepSeek-V2: softmax /
   group_limited_greedy): the logits `x @ gate^T` (+ `gate.bias`, gpt-oss's) in the model's dtype (`gate.weight` follows
   `.to(dtype)`, as in transformers and vLLM), or in float32 with a float32 `gate.weight` when the config says
   `router_float32` (DeepSeek-V2, as transformers' DeepseekV2TopkRouter), then in float32 `p = softmax(logits)`;
   group_limited_greedy keeps the `topk_group` groups of the largest single `p` eligible (the others' `p` set to 0); the
-  top-k of `p`, divided by their sum when `norm_topk_prob`, times `routed_scaling_factor` (1 for Qwen). transformers
+  top-k of `p` (ERNIE 4.5: of `p + e_score_correction_bias`, weighted by `p`), divided by their sum (floored at
+  `norm_min`) when `norm_topk_prob`, times `routed_scaling_factor` (1 for Qwen). transformers
   casts these weights to the model's dtype before weighting the experts; here they stay float32 (the same in float32
   parity).
 On CUDA `engine.transforms.use_router_kernel` sets `fused` (not for a group-limited softmax router): the router then
@@ -147,11 +148,17 @@ class SoftmaxTopKRouter(nn.Module):
         nn.init.normal_(self.weight, std=0.02)  # a usable random router when nothing is loaded (tiny test models)
         # gpt-oss: a bias added to the logits (`gate.bias`, the checkpoint's `router.bias`)
         self.bias = nn.Parameter(torch.zeros(self.num_experts)) if moe.router_bias else None
+        # ERNIE 4.5: a float32 correction bias added to the probabilities for choosing only
+        self.e_score_correction_bias = (nn.Parameter(torch.zeros(self.num_experts, dtype=torch.float32), False)
+                                        if moe.choice_bias else None)
+        self.norm_min = moe.norm_min
 
     def _apply(self, fn, recurse: bool = True):  # type: ignore[no-untyped-def]
         super()._apply(fn, recurse)
         if self.float32:
             _keep_float32(self.weight)
+        if self.e_score_correction_bias is not None:
+            _keep_float32(self.e_score_correction_bias)
         return self
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -164,9 +171,13 @@ class SoftmaxTopKRouter(nn.Module):
         probs = torch.softmax(logits.float(), dim=-1)  # [N, E] float32
         if self.n_group > 1:  # group_limited_greedy: a group scores its largest single probability
             probs = _limit_groups(probs, self.n_group, self.topk_group, lambda g: g.amax(-1), 0.0)
-        weights, ids = probs.topk(self.top_k, dim=-1)  # [N, k] each
-        if self.norm_topk_prob:
-            weights = weights / weights.sum(-1, keepdim=True)  # softmax values: the sum is > 0
+        if self.e_score_correction_bias is None:
+            weights, ids = probs.topk(self.top_k, dim=-1)  # [N, k] each
+        else:  # ERNIE 4.5: chosen by probability + bias, weighted by the probability
+            ids = (probs + self.e_score_correction_bias).topk(self.top_k, dim=-1).indices
+            weights = probs.gather(1, ids)
+        if self.norm_topk_prob:  # softmax values: the sum is > 0 (ERNIE's floor `norm_min`)
+            weights = weights / weights.sum(-1, keepdim=True).clamp(min=self.norm_min)
         return weights * self.scaling, ids
 
 

@@ -13,6 +13,7 @@ _REGISTRY: dict[str, str] = {
     "SmolLM3ForCausalLM": "eaglespec.models.llama:LlamaForCausalLM",
     "SeedOssForCausalLM": "eaglespec.models.llama:LlamaForCausalLM",
     "Ernie4_5ForCausalLM": "eaglespec.models.llama:Ernie4_5ForCausalLM",
+    "Ernie4_5_MoeForCausalLM": "eaglespec.models.qwen_moe:Ernie4_5_MoeForCausalLM",
     "GraniteForCausalLM": "eaglespec.models.granite:GraniteForCausalLM",
     "Qwen2ForCausalLM": "eaglespec.models.qwen:Qwen2ForCausalLM",
     "Qwen3ForCausalLM": "eaglespec.models.qwen:Qwen3ForCausalLM",

@@ -24,17 +24,19 @@ loss (`output_router_logits`) is training-only and ignored. On CUDA the experts 
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Iterator
 
+import torch
 from torch import nn
 
 from ..config import ModelConfig
 from ..errors import ConfigError
+from ..layers.attention import GQAAttention
 from ..layers.embedding import embedding
 from ..layers.mlp import GatedMLP
 from ..layers.moe import MoE
 from ..layers.norm import RMSNorm
-from ..layers.rotary import Rotary
+from ..layers.rotary import Rotary, qk_rows_to_halves
 from .base import DecoderOnlyLM, PreNormDecoderLayer, set_windows
 from .llama import LlamaForCausalLM
 from .olmo2 import Olmo2Attention
@@ -97,3 +99,35 @@ class OlmoeForCausalLM(Qwen3MoeForCausalLM):
             raise ConfigError(f"{config.architecture} with clip_qkv {config.text['clip_qkv']} (q / k / v clamped) is "
                               "not implemented")
         super().__init__(config)
+
+
+def ernie_attention(cfg: ModelConfig) -> nn.Module:
+    """ERNIE 4.5's attention: Llama's, every projection biased as `use_bias` says (`ModelConfig.attention_bias`)."""
+    return GQAAttention(cfg.hidden_size, cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads,
+                        cfg.head_dim, bias=cfg.attention_bias)
+
+
+class Ernie4_5_MoeForCausalLM(Qwen3MoeForCausalLM):
+    """ERNIE 4.5 MoE (ERNIE-4.5-21B-A3B, 300B-A47B): Llama's attention with RoPE on adjacent pairs (q / k rows
+    permuted to halves at load, as `llama.Ernie4_5ForCausalLM`), the MoE on the layers `MoEConfig.from_hf` names (the
+    float32 softmax router choosing by probability + `e_score_correction_bias`, stored as `mlp.moe_statics.
+    e_score_correction_bias` [1, E]; shared experts), a dense SwiGLU elsewhere; the multi-token-prediction block the
+    releases hold (`mtp` names) ignored, as transformers ignores it."""
+
+    checkpoint_renames: tuple[tuple[str, str], ...] = (
+        (r"\.mlp\.moe_statics\.e_score_correction_bias$", ".mlp.gate.e_score_correction_bias"),)
+    checkpoint_ignore: tuple[str, ...] = Qwen3MoeForCausalLM.checkpoint_ignore + (r"mtp",)
+    attention = staticmethod(ernie_attention)
+
+    def __init__(self, config: ModelConfig) -> None:
+        if config.text.get("use_bias"):
+            raise ConfigError(f"{config.architecture} with use_bias (biased experts) is not implemented")
+        super().__init__(config)
+
+    def transform_checkpoint(self, name: str, tensor: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
+        """q / k rows from RoPE pairs to halves; the correction bias [1, E] -> [E]."""
+        cfg = self.config
+        if name.endswith(".mlp.gate.e_score_correction_bias"):
+            yield name, tensor.reshape(-1)
+            return
+        yield name, qk_rows_to_halves(name, tensor, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.rotary_dim)
