@@ -45,7 +45,8 @@ def test_matches_sdpa(B, T, H, Hkv, D, K):
     assert torch.allclose(out, _reference(q, kc, vc, rows, mask), atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("B,T,H,Hkv,D,K", [(1, 1, 4, 2, 16, 100), (2, 3, 4, 2, 16, 3 * BLOCK_KV), (1, 40, 4, 1, 16, 90)])
+@pytest.mark.parametrize("B,T,H,Hkv,D,K", [(1, 1, 4, 2, 16, 100), (2, 3, 4, 2, 16, 3 * BLOCK_KV),
+                                           (1, 40, 4, 1, 16, 90)])
 @pytest.mark.parametrize("sinks,softcap", [(True, None), (False, 2.0), (True, 2.0)])
 def test_sinks_and_soft_caps_match_the_written_out_attention(B, T, H, Hkv, D, K, sinks, softcap):
     """gpt-oss's per-head sink logits and Gemma 2's soft-capped scores in the kernels (one split that stores the

@@ -4,8 +4,8 @@ Command A): one LayerNorm feeding attention and MLP in parallel.
 Layer i: `x = input_layernorm(h)`, `h += self_attn(x) + mlp(x)` (`layers.norm.BiasFreeLayerNorm`, `layer_norm_eps`).
 The attention is GQA (biases as `attention_bias` says) with RoPE over adjacent pairs (transformers' Cohere layout,
 dims 2j and 2j + 1 at frequency j): `transform_checkpoint` permutes q_proj's and k_proj's rows within each head,
-pairs to halves (`layers.rotary.pairs_to_halves`: q and k alike, every score unchanged), so the engine's RoPE and its kernels
-apply as they are. Command R7B / A window three layers of four (`layer_types`, `sliding_window`) and rotate only
+pairs to halves (`layers.rotary.pairs_to_halves`: q and k alike, every score unchanged), so the engine's RoPE and its
+kernels apply as they are. Command R7B / A window three layers of four (`layer_types`, `sliding_window`) and rotate only
 those: their full-attention layers are NoPE (`ModelConfig.rope_layers`). The logits are multiplied by `logit_scale`
 (`DecoderOnlyLM.logits_divisor` = 1 / it), the head tied to the embedding. With `use_qk_norm` (Command R+) q and k
 take a bias-free LayerNorm per head before RoPE, weights [heads, head_dim] (`self_attn.q_norm` / `k_norm`, permuted at
