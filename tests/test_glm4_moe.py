@@ -15,7 +15,7 @@ import torch
 import transformers
 from gguf_write import add_common, checkpoint_names, finish
 from safetensors.torch import load_file, save_file
-from tiny import assert_family_speculates, per_expert, plain_logits, randomize_moe
+from tiny import assert_family_speculates, assert_matches_transformers, per_expert, plain_logits, randomize_moe
 
 from eaglespec.config import ModelConfig
 from eaglespec.errors import ConfigError
@@ -63,10 +63,7 @@ def test_a_transformers_folder_answers_as_transformers(pair):
     attn = lm.model.model.layers[0].self_attn
     assert attn.q_proj.bias is not None and attn.o_proj.bias is None
     assert isinstance(attn, QKNormAttention) == bool(ref.config.use_qk_norm)
-    ids = torch.randint(0, 101, (2, 40), generator=torch.Generator().manual_seed(2))
-    with torch.no_grad():
-        want = ref(ids).logits
-    torch.testing.assert_close(plain_logits(lm.model, ids), want, rtol=1e-4, atol=1e-4)
+    assert_matches_transformers(ref, lm.model, length=40, seed=2)
 
 
 def test_the_correction_bias_and_the_partial_rope_matter(pair):
@@ -185,10 +182,7 @@ def test_llama_cpp_glm4moe_gguf_answers_as_transformers(tmp_path):
     names = {n for n, _ in GGUFFile(tmp_path / "m.gguf").hf_tensors()}
     own = checkpoint_names(ref, tmp_path / "hf")
     assert own <= names and all(n.startswith("model.layers.3.") for n in names - own)  # the MTP block's extras
-    ids = torch.randint(0, 101, (2, 30), generator=torch.Generator().manual_seed(2))
-    with torch.no_grad():
-        want = ref(ids).logits
-    torch.testing.assert_close(plain_logits(lm.model, ids), want, rtol=1e-4, atol=1e-4)
+    assert_matches_transformers(ref, lm.model, length=30, seed=2)
 
 
 def test_a_glm4moe_gguf_without_the_correction_bias_is_refused(tmp_path):

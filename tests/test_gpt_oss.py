@@ -15,7 +15,7 @@ import torch
 import transformers
 from gguf_write import add_common, finish
 from safetensors.torch import load_file, save_file
-from tiny import assert_family_speculates, plain_logits
+from tiny import assert_family_speculates, assert_matches_transformers, plain_logits
 
 from eaglespec.errors import CheckpointError
 from eaglespec.layers.attention import sdpa_written_out
@@ -59,10 +59,7 @@ def test_a_transformers_folder_answers_as_transformers(pair):
     ref, lm = pair
     assert [lm.config.window_of(i) for i in range(4)] == [8, None, 8, None]
     assert (lm.config.moe.router_bias, lm.config.moe.swiglu_limit, lm.config.moe.swiglu_alpha) == (True, 7.0, 1.702)
-    ids = torch.randint(0, 101, (2, 40), generator=torch.Generator().manual_seed(2))
-    with torch.no_grad():
-        want = ref(ids).logits
-    torch.testing.assert_close(plain_logits(lm.model, ids), want, rtol=1e-4, atol=1e-4)
+    assert_matches_transformers(ref, lm.model, length=40, seed=2)
 
 
 def test_the_sinks_and_the_clamp_matter(pair):
@@ -133,10 +130,7 @@ def test_released_mxfp4_experts_load(tmp_path):
     cfg["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn"]}
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     lm = load_model(tmp_path, dtype=torch.float32)
-    ids = torch.randint(0, 101, (2, 30), generator=torch.Generator().manual_seed(5))
-    with torch.no_grad():
-        want = ref(ids).logits
-    torch.testing.assert_close(plain_logits(lm.model, ids), want, rtol=1e-4, atol=1e-4)
+    assert_matches_transformers(ref, lm.model, length=30, seed=5)
 
 
 def test_dequant_mxfp4_layout():
@@ -202,7 +196,4 @@ def test_llama_cpp_gpt_oss_gguf_answers_as_transformers(tmp_path, fused_gate_up)
     cfg = lm.config
     assert cfg.architecture == "GptOssForCausalLM" and [cfg.window_of(i) for i in range(4)] == [8, None, 8, None]
     assert (cfg.rope.type, cfg.rope.factor, cfg.rope.truncate) == ("yarn", 4.0, False)
-    ids = torch.randint(0, 101, (2, 40), generator=torch.Generator().manual_seed(7))
-    with torch.no_grad():
-        want = ref(ids).logits
-    torch.testing.assert_close(plain_logits(lm.model, ids), want, rtol=1e-4, atol=1e-4)
+    assert_matches_transformers(ref, lm.model, length=40, seed=7)

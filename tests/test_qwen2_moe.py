@@ -13,7 +13,7 @@ import pytest
 import torch
 import transformers
 from gguf_write import add_common, checkpoint_names, finish
-from tiny import assert_family_speculates, per_expert, plain_logits, randomize_moe
+from tiny import assert_family_speculates, assert_matches_transformers, per_expert, randomize_moe
 
 from eaglespec.layers.moe import MoE
 from eaglespec.loading import GGUFFile, load_model
@@ -45,10 +45,7 @@ def test_a_transformers_folder_answers_as_transformers(pair):
     sparse = [isinstance(layer.mlp, MoE) for layer in lm.model.model.layers]
     assert sparse == [True, True, False, True]  # mlp_only_layers [2]
     assert lm.model.model.layers[0].mlp.shared_experts.up_proj.weight.shape == (40, 48)
-    ids = torch.randint(0, 101, (2, 30), generator=torch.Generator().manual_seed(2))
-    with torch.no_grad():
-        want = ref(ids).logits
-    torch.testing.assert_close(plain_logits(lm.model, ids), want, rtol=1e-4, atol=1e-4)
+    assert_matches_transformers(ref, lm.model, length=30, seed=2)
 
 
 def test_the_shared_expert_gate_scales_the_shared_output(pair):
@@ -109,7 +106,4 @@ def test_llama_cpp_qwen2moe_gguf_answers_as_transformers(tmp_path):
     moe = lm.config.moe
     assert lm.config.architecture == "Qwen2MoeForCausalLM" and (moe.shared_intermediate_size, moe.shared_gate,
                                                                    moe.norm_topk_prob) == (40, True, False)
-    ids = torch.randint(0, 101, (2, 30), generator=torch.Generator().manual_seed(2))
-    with torch.no_grad():
-        want = ref(ids).logits
-    torch.testing.assert_close(plain_logits(lm.model, ids), want, rtol=1e-4, atol=1e-4)
+    assert_matches_transformers(ref, lm.model, length=30, seed=2)
