@@ -28,6 +28,7 @@ from ..layers.mlp import GatedMLP
 from ..layers.norm import BiasFreeLayerNorm
 from ..layers.rotary import Rotary, qk_rows_to_halves
 from .base import DecoderOnlyLM, set_windows
+from .llama import llama_attention
 
 
 class CohereQKNormAttention(QKNormAttention):
@@ -49,8 +50,7 @@ class CohereDecoderLayer(nn.Module):
         if cfg.text.get("use_qk_norm"):
             self.self_attn: GQAAttention = CohereQKNormAttention(cfg, eps)
         else:
-            self.self_attn = GQAAttention(cfg.hidden_size, cfg.hidden_size, cfg.num_attention_heads,
-                                          cfg.num_key_value_heads, cfg.head_dim, bias=cfg.attention_bias)
+            self.self_attn = llama_attention(cfg)
         self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, act=cfg.hidden_act)
 
     def forward(self, h, delta, cos, sin, ctx, cache):  # type: ignore[no-untyped-def]

@@ -26,14 +26,19 @@ from ..layers.rotary import Rotary, qk_rows_to_halves
 from .base import DecoderOnlyLM, PreNormDecoderLayer, set_windows
 
 
+def llama_attention(cfg: ModelConfig) -> GQAAttention:
+    """Llama's attention for a model config: GQA with biases as `attention_bias` says (o_proj's as
+    `attention_out_bias`, where a config names it apart: Seed-OSS). Mixtral's, Command R's, ERNIE's and Llama 4's
+    too."""
+    return GQAAttention(cfg.hidden_size, cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads,
+                        cfg.head_dim, bias=cfg.attention_bias, o_bias=cfg.text.get("attention_out_bias"))
+
+
 class LlamaDecoderLayer(PreNormDecoderLayer):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = GQAAttention(
-            cfg.hidden_size, cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
-            bias=cfg.attention_bias, o_bias=cfg.text.get("attention_out_bias"),  # Seed-OSS names o_proj's apart
-        )
+        self.self_attn = llama_attention(cfg)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias, act=cfg.hidden_act)
 

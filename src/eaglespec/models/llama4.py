@@ -40,11 +40,12 @@ from ..layers.moe import MoE
 from ..layers.norm import RMSNorm, UnitRMSNorm
 from ..layers.rotary import Rotary, qk_rows_to_halves
 from .base import DecoderOnlyLM, PreNormDecoderLayer, VisionLanguageForText, set_windows
+from .llama import llama_attention
 
 
 def llama4_attention(cfg: ModelConfig, layer_idx: int) -> GQAAttention:
-    """Layer `layer_idx`'s attention: weightless q / k norms on the RoPE layers with `use_qk_norm`, the query
-    temperature on the NoPE layers with `attn_temperature_tuning`, chunks on the `chunked_attention` layers."""
+    """Layer `layer_idx`'s attention: weightless q / k norms on the RoPE layers with `use_qk_norm` (else Llama's), the
+    query temperature on the NoPE layers with `attn_temperature_tuning` (the chunks: `Llama4TextModel`)."""
     text = cfg.text
     args = (cfg.hidden_size, cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
     rope = cfg.uses_rope(layer_idx)
@@ -53,7 +54,7 @@ def llama4_attention(cfg: ModelConfig, layer_idx: int) -> GQAAttention:
         attn.q_norm, attn.k_norm = UnitRMSNorm(cfg.head_dim, cfg.rms_norm_eps), UnitRMSNorm(cfg.head_dim,
                                                                                               cfg.rms_norm_eps)
     else:
-        attn = GQAAttention(*args, bias=cfg.attention_bias)
+        attn = llama_attention(cfg)
     if not rope and text.get("attn_temperature_tuning", True):
         attn.temperature = (float(text.get("floor_scale", 8192)), float(text.get("attn_scale", 0.1)), 1.0)
     return attn

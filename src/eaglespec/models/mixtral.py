@@ -18,11 +18,10 @@ experts run as grouped GEMMs like Qwen3-MoE's (`engine.transforms.use_grouped_ex
 from __future__ import annotations
 
 from ..config import ModelConfig
-from ..layers.attention import GQAAttention
 from ..layers.moe import MoE
 from ..layers.norm import RMSNorm
 from .base import PreNormDecoderLayer
-from .llama import LlamaForCausalLM
+from .llama import LlamaForCausalLM, llama_attention
 
 
 class MixtralDecoderLayer(PreNormDecoderLayer):
@@ -30,8 +29,7 @@ class MixtralDecoderLayer(PreNormDecoderLayer):
         super().__init__()
         assert cfg.moe is not None, "Mixtral needs num_local_experts and num_experts_per_tok in its config"
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = GQAAttention(cfg.hidden_size, cfg.hidden_size, cfg.num_attention_heads,
-                                      cfg.num_key_value_heads, cfg.head_dim, bias=cfg.attention_bias)
+        self.self_attn = llama_attention(cfg)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MoE(cfg.hidden_size, cfg.moe, act=cfg.hidden_act)
 

@@ -31,14 +31,13 @@ from torch import nn
 
 from ..config import ModelConfig
 from ..errors import ConfigError
-from ..layers.attention import GQAAttention
 from ..layers.embedding import embedding
 from ..layers.mlp import GatedMLP
 from ..layers.moe import MoE
 from ..layers.norm import RMSNorm
 from ..layers.rotary import Rotary, qk_rows_to_halves
 from .base import DecoderOnlyLM, PreNormDecoderLayer, set_windows
-from .llama import LlamaForCausalLM
+from .llama import LlamaForCausalLM, llama_attention
 from .olmo2 import Olmo2Attention
 from .qwen import qwen2_attention, qwen3_attention
 
@@ -101,12 +100,6 @@ class OlmoeForCausalLM(Qwen3MoeForCausalLM):
         super().__init__(config)
 
 
-def ernie_attention(cfg: ModelConfig) -> nn.Module:
-    """ERNIE 4.5's attention: Llama's, every projection biased as `use_bias` says (`ModelConfig.attention_bias`)."""
-    return GQAAttention(cfg.hidden_size, cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads,
-                        cfg.head_dim, bias=cfg.attention_bias)
-
-
 class Ernie4_5_MoeForCausalLM(Qwen3MoeForCausalLM):
     """ERNIE 4.5 MoE (ERNIE-4.5-21B-A3B, 300B-A47B): Llama's attention with RoPE on adjacent pairs (q / k rows
     permuted to halves at load, as `llama.Ernie4_5ForCausalLM`), the MoE on the layers `MoEConfig.from_hf` names (the
@@ -117,7 +110,7 @@ class Ernie4_5_MoeForCausalLM(Qwen3MoeForCausalLM):
     checkpoint_renames: tuple[tuple[str, str], ...] = (
         (r"\.mlp\.moe_statics\.e_score_correction_bias$", ".mlp.gate.e_score_correction_bias"),)
     checkpoint_ignore: tuple[str, ...] = Qwen3MoeForCausalLM.checkpoint_ignore + (r"mtp",)
-    attention = staticmethod(ernie_attention)
+    attention = staticmethod(llama_attention)
 
     def __init__(self, config: ModelConfig) -> None:
         if config.text.get("use_bias"):
