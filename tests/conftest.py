@@ -65,6 +65,7 @@ def _heap_unfrozen():
     yield
     if gc.get_freeze_count():
         gc.unfreeze()
+        gc.collect()  # now, not at some later full collection: a dropped engine's caches hold hundreds of MB
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

@@ -4,6 +4,7 @@ describe (uvicorn replaced by FastAPI's test client) and says how it runs; optio
 
 from __future__ import annotations
 
+import gc
 import io
 import re
 import signal
@@ -13,6 +14,7 @@ import sys
 import threading
 import time
 import urllib.request
+import weakref
 
 import pytest
 from fastapi.testclient import TestClient
@@ -171,12 +173,18 @@ def test_serve_takes_its_api_key_from_the_option_or_the_environment(capsys, monk
 
     monkeypatch.setattr(FakeServer, "client_work", staticmethod(work))
     monkeypatch.setattr("uvicorn.Server", FakeServer)
+    engines, load = [], api.load
+    monkeypatch.setattr(api, "load", lambda *a, **k: engines.append(weakref.ref(e := load(*a, **k))) or e)
     assert run_cli(["serve", "--no-spec", "--api-key", "k1"], capsys)[0] == 0
     monkeypatch.setenv("EAGLESPEC_API_KEY", "k1")
     assert run_cli(["serve", "--no-spec"], capsys)[0] == 0
     monkeypatch.delenv("EAGLESPEC_API_KEY")
     assert run_cli(["serve", "--no-spec"], capsys)[0] == 0  # no key: open
     assert seen == [[401, 200, 200], [401, 200, 200], [200, 200, 200]]
+    # each served engine is freed once its serve ends, though FastAPI's caches keep the apps' endpoints (and through
+    # them the workers): otherwise a process serving again holds every engine before it
+    gc.collect()
+    assert len(engines) == 3 and all(ref() is None for ref in engines)
 
 
 def test_serve_says_why_it_decodes_plainly_and_when_it_cannot_listen(capsys, monkeypatch):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 from pathlib import Path
 
@@ -26,7 +27,15 @@ def write_tiny_folder(folder: Path, max_pos: int = 64, arch: str = "LlamaForCaus
 
 
 def run_cli(args, capsys):
-    code = main(args)
+    """Runs one CLI command in this process. A command that froze the heap (engine/gc_heap.py) has it unfrozen and
+    collected after it, as the end of its process would: otherwise each engine the test's commands built stays in
+    memory until the test ends (an engine is a cycle), and the next commands' allocations slow down."""
+    try:
+        code = main(args)
+    finally:
+        if gc.get_freeze_count():
+            gc.unfreeze()
+            gc.collect()
     out = capsys.readouterr()
     return code, out.out, out.err
 

@@ -137,4 +137,5 @@ def run(args: argparse.Namespace) -> int:
         server.should_exit = True
         if http.is_alive():
             http.join(10)
+        worker.close()  # the engine's memory back now, not when FastAPI's caches let go of the app
     return 0

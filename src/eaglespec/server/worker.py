@@ -145,6 +145,13 @@ class EngineWorker:
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
 
+    def close(self) -> None:
+        """Once the loop has ended, or never ran (`eaglespec serve` on its way out): refuse later submissions (503)
+        and drop the engine, so that its weights and caches are freed even while the app lives on (FastAPI keeps an
+        app's endpoint functions in module-level caches, and through their closures this worker)."""
+        self.alive = False
+        self.engine = None  # type: ignore[assignment]
+
     def submit(self, prompt: Prompt, params: SamplingParams, chat: bool = True, max_tokens: int | None = None,
                stream: bool = True, images: list | None = None, echo: bool = False,
                tools: list | None = None, grammar: Any = None) -> Ticket:
@@ -249,13 +256,13 @@ class EngineWorker:
         self._live.append(t)
 
     def _running(self) -> int:
-        sched = self.engine.scheduler
+        sched = self.engine.scheduler if self.engine is not None else None
         return len(sched.running) if sched is not None else 0
 
     def _waiting(self) -> int:
         """Requests submitted and not yet in a row: in the worker's inbox (where a cancellation in flight counts
         too), queued, or prefilled ahead."""
-        sched = self.engine.scheduler
+        sched = self.engine.scheduler if self.engine is not None else None
         queued = len(sched.waiting) + len(sched.parked) if sched is not None else 0
         return queued + self._inbox.qsize()
 
