@@ -16,7 +16,9 @@ at BLOCK_N 64 are 96 programs of 512 KB each, fewer than the 132 SMs. Here, per 
 3. gemv_rows: those shapes at 1, 2 and 4 rows, cuBLAS against `cfg_for`'s choice.
 4. sum: the k pair rows' float32 sum rounded to bf16: PyTorch's sum + cast (two kernels) against `sum_pairs`.
 
-usage: python benchmarks/moe_cold_sweep.py OUT_DIR [--cpu] [--only=gemm|gemv|gemv_rows|sum]
+usage: python benchmarks/moe_cold_sweep.py OUT_DIR [--cpu] [--only=gemm|gemv|gemv_rows|sum] [--shapes=a,b]
+       [--tokens=1,4] [--gemv=SUBSTRING]   (the layer shapes of SHAPES, the token counts, and the GEMV_SHAPES whose
+       label holds SUBSTRING; default all)
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from __future__ import annotations
 import sys
 import time
 
-from probe_script import CPU, DEV, DT, Emitter, per_call_us  # noqa: E402  (sets the interpreter for --cpu)
+from probe_script import CPU, DEV, DT, Emitter, option, per_call_us  # noqa: E402  (sets the interpreter for --cpu)
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
@@ -50,8 +52,13 @@ def cold_copies(shape: tuple[int, ...], total: int = 256 << 20) -> list[torch.Te
     return [torch.randn(shape, device=DEV, dtype=DT) * shape[-1] ** -0.5 for _ in range(count)]
 
 
-SHAPES = {"qwen3-30b-a3b": (128, 8, 2048, 768), "deepseek-v3": (256, 8, 7168, 2048)}  # E, k, H, I
+SHAPES = {"qwen3-30b-a3b": (128, 8, 2048, 768), "deepseek-v3": (256, 8, 7168, 2048),  # E, k, H, I
+          "gpt-oss-20b": (32, 4, 2880, 2880)}
 TOKENS = (1, 4, 8, 32, 64)
+if option("shapes", ""):
+    SHAPES = {k: SHAPES[k] for k in option("shapes", "").split(",")}
+if option("tokens", ""):
+    TOKENS = tuple(int(t) for t in option("tokens", "").split(","))
 GEMM_CFGS = [(bn, bk, w, s) for bn in (16, 32, 64, 128) for bk in (64, 128, 256)
              for w, s in ((4, 2), (4, 3), (4, 4), (8, 3))]
 if CPU:
@@ -113,7 +120,9 @@ def sweep_gemm() -> None:
 GEMV_SHAPES = {"qwen3 qkv": (5120, 2048), "qwen3 gate": (128, 2048), "qwen3 o_proj": (2048, 4096),
                "mla q_a": (1536, 7168), "mla kv_a": (576, 7168), "mla q_b": (12288, 1536),
                "deepseek shared down": (7168, 2048), "kimi gate fp32": (384, 7168),
-               "llama-8b qkv": (6144, 4096), "llama-8b o_proj": (4096, 4096), "llama-8b down": (4096, 14336)}
+               "llama-8b qkv": (6144, 4096), "llama-8b o_proj": (4096, 4096), "llama-8b down": (4096, 14336),
+               "gpt-oss qkv": (5120, 2880), "gpt-oss o_proj": (2880, 4096), "gpt-oss gate": (32, 2880)}
+GEMV_SHAPES = {k: v for k, v in GEMV_SHAPES.items() if option("gemv", "") in k}
 GEMV_CFGS = [(bn, bk, w, s) for bn in (1, 2, 4, 8, 16) for bk in (512, 1024)
              for w, s in ((2, 4), (4, 3), (4, 4), (8, 3))]
 if CPU:

@@ -8,6 +8,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernel is built (it
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 from tiny import assert_transformed_engine_equals_plain, tiny_llama  # noqa: E402
 
 from eaglespec.config import SpecConfig  # noqa: E402
@@ -278,8 +279,9 @@ def test_gemv_kernel_and_its_wiring(monkeypatch):
 
     g = torch.Generator().manual_seed(3)
     for M, N, K, cfg in [(1, 40, 300, (4, 128, 2, 2)), (3, 37, 513, (8, 256, 2, 2)), (4, 64, 1024, None)]:
-        x, w = torch.randn(M, K, generator=g), torch.randn(N, K, generator=g)
+        x, w, b = torch.randn(M, K, generator=g), torch.randn(N, K, generator=g), torch.randn(N, generator=g)
         assert torch.allclose(gemv_rows(x, w, cfg), x @ w.T, atol=1e-4, rtol=1e-5)
+        assert torch.allclose(gemv_rows(x, w, cfg, bias=b), F.linear(x, w, b), atol=1e-4, rtol=1e-5)
     monkeypatch.setattr(tr, "GEMV_MIN_K", 64)
     m = use_gemv_kernel(fuse_projections(tiny_llama(seed=0)))
     layer = m.model.layers[0]
@@ -293,13 +295,15 @@ def test_gemv_kernel_and_its_wiring(monkeypatch):
 
 
 @pytest.mark.parametrize("N,K,dtype,cfg", [(40, 1536, torch.bfloat16, (4, 512, 2, 4)),
+                                           (32, 2880, torch.bfloat16, (1, 1024, 4, 3)),
                                            (300, 1024, torch.float32, (1, 1024, 8, 3)),
                                            (300, 2048, torch.bfloat16, (1, 1024, 4, 3)),
                                            (1500, 2048, torch.bfloat16, (2, 1024, 4, 3)),
                                            (2100, 1024, torch.bfloat16, (4, 1024, 2, 4))])
 def test_gemv_tiles_by_shape(N, K, dtype, cfg):
-    """`gemv_kernel.cfg_for`'s tile per branch (inputs no multiple of 1,024; up to 1,024 features, 8 warps for float32
-    weights; up to 2,048; wider: DEFAULT_CFG), and `gemv_rows` with its own choice equals the product (interpreter)."""
+    """`gemv_kernel.cfg_for`'s tile per branch (inputs that blocks of 1,024 pad more than blocks of 512 do, where
+    gpt-oss's 2,880 pads alike; up to 1,024 features, 8 warps for float32 weights; up to 2,048; wider: DEFAULT_CFG),
+    and `gemv_rows` with its own choice equals the product (interpreter)."""
     from eaglespec.layers.gemv_kernel import DEFAULT_CFG, cfg_for, gemv_rows
 
     assert cfg_for(N, K, torch.tensor([], dtype=dtype).element_size()) == cfg
@@ -308,6 +312,57 @@ def test_gemv_tiles_by_shape(N, K, dtype, cfg):
     x, w = torch.randn(1, K, generator=g).to(dtype), torch.randn(N, K, generator=g).to(dtype)
     ref = x.float() @ w.float().T
     assert torch.allclose(gemv_rows(x, w).float(), ref, rtol=2.0**-7, atol=1e-3 * ref.abs().max())
+
+
+def test_gemv_kernel_adds_the_biases_of_projections_and_routers(monkeypatch):
+    """use_gemv_kernel wires biased projections too (Qwen2's q/k/v, gpt-oss's q/k/v and o_proj): the same bias
+    Parameter, added in the kernel, the engine's greedy decoding and speculation still plain decoding's; a biased
+    router's (gpt-oss's) logits of few-row steps through the kernel with its bias choose and weigh as the
+    matmul does; the few-row kernel of small layers refuses a bias."""
+    import eaglespec.engine.transforms as tr
+    from eaglespec.engine.transforms import use_gemv_kernel
+    from eaglespec.layers.few_rows_linear import FewRowsLinear
+    from eaglespec.layers.gemv_kernel import gemv_rows
+    from eaglespec.layers.moe import MoE
+    from tiny import tiny_moe
+
+    monkeypatch.setattr(tr, "GEMV_MIN_K", 16)
+    m = tiny_llama(seed=0, attention_bias=True)
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            if name.endswith(".bias"):
+                p.copy_(torch.randn(p.shape, generator=g))
+    m = fuse_projections(m)
+    attn = m.model.layers[0].self_attn
+    bias = attn.qkv_proj.bias
+    use_gemv_kernel(m)
+    assert isinstance(attn.qkv_proj, FewRowsLinear) and attn.qkv_proj.kernel is gemv_rows
+    assert attn.qkv_proj.bias is bias and isinstance(attn.o_proj, FewRowsLinear) and attn.o_proj.bias is not None
+    x = torch.randn(1, 64, generator=g)
+    assert torch.allclose(attn.qkv_proj(x), F.linear(x, attn.qkv_proj.weight, bias), atol=1e-5, rtol=1e-5)
+    with pytest.raises(AssertionError, match="takes no bias"):
+        FewRowsLinear.wrap(torch.nn.Linear(8, 4), 4)  # the small layers' kernel (linear_rows) has no bias term
+    biased = tiny_llama(seed=0, attention_bias=True)
+    with torch.no_grad():
+        for name, p in biased.named_parameters():
+            if name.endswith(".bias"):
+                p.copy_(0.5 * torch.randn(p.shape, generator=g))
+    assert_transformed_engine_equals_plain(lambda t, d: use_gemv_kernel(fuse_projections(t)), SpecConfig(3, 1, 4),
+                                           [[5, 6, 7, 8], [9, 10]], 8, target=biased)
+    router = next(x for x in tiny_moe("gpt_oss").modules() if isinstance(x, MoE)).gate
+    with torch.no_grad():
+        router.bias.copy_(torch.randn(router.bias.shape, generator=g))
+    xs = [torch.randn(n, router.weight.shape[1], generator=g) for n in (1, 3, 4)]
+    ref = [router(x) for x in xs]  # the matmul
+    use_gemv_kernel(torch.nn.ModuleList([router]))
+    assert router.logits_rows is gemv_rows
+    calls = []
+    monkeypatch.setattr(router, "logits_rows", lambda x, w, bias=None: calls.append(bias) or gemv_rows(x, w, bias=bias))
+    got = [router(x) for x in xs]
+    assert len(calls) == 3 and all(b is router.bias for b in calls)
+    for (w_ref, i_ref), (w_got, i_got) in zip(ref, got):
+        assert torch.equal(i_got, i_ref) and torch.allclose(w_got, w_ref, atol=1e-6)
 
 
 @pytest.mark.parametrize("M", [1, 3, 5, 8])

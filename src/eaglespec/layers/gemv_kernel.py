@@ -7,9 +7,11 @@ Here a program owns BLOCK_N output features and walks K in BLOCK_K steps (Triton
 `num_stages`), multiplying each [BLOCK_N, BLOCK_K] weight tile by the rows' [BLOCK_M, BLOCK_K] slice of x into a
 float32 [BLOCK_M, BLOCK_N, BLOCK_K] accumulator that is reduced over K once at the end: no split-K, no second kernel.
 
-`gemv_rows(x, weight, cfg=None) -> y`: x [..., K] with at most MAX_ROWS rows, weight [N, K] (contiguous) -> y
-[..., N] in x's dtype, float32 accumulation (the order of the sums differs from cuBLAS's: bf16 results may differ
-by a rounding step). `cfg` = (BLOCK_N, BLOCK_K, num_warps, num_stages), default `cfg_for(N, K)`; the GPU probes
+`gemv_rows(x, weight, cfg=None, bias=None) -> y`: x [..., K] with at most MAX_ROWS rows, weight [N, K]
+(contiguous), bias [N] or None -> y [..., N] in x's dtype: F.linear(x, weight, bias) with float32 accumulation and the
+bias added to the float32 sum before the one rounding, as cuBLAS's bias epilogue does (the order of the sums differs
+from cuBLAS's: bf16 results may differ by a rounding step). `cfg` = (BLOCK_N, BLOCK_K, num_warps, num_stages), default
+`cfg_for(N, K)`; the GPU probes
 (`benchmarks/small_kernels_check.py --only=gemv`, `benchmarks/moe_cold_sweep.py --only=gemv`) sweep it with the
 weights cold in L2, as a decode step meets them.
 Built on first use, so that `TRITON_INTERPRET=1` (CPU tests) takes effect.
@@ -34,9 +36,10 @@ def cfg_for(N: int, K: int, itemsize: int = 2) -> tuple[int, int, int, int]:
     `benchmarks/moe_cold_sweep.py --only=gemv`, 11 shapes of 0.5-117 MB from a MoE router's gate to Llama-8B's
     down_proj: each within 9% of its best configuration): narrow layers in more, smaller programs (a program per
     feature up to N 1,024: MLA's kv_a 576 x 7,168 5.4 us, 6.6 at two features a program; a noaux_tc router's float32
-    384 x 7,168 gate 5.9 us with 8 warps, 9.6 with 4, cuBLAS 7.9); inputs that are no multiple of 1,024 in blocks of
-    512."""
-    if K % 1024:
+    384 x 7,168 gate 5.9 us with 8 warps, 9.6 with 4, cuBLAS 7.9); inputs whose blocks of 1,024 would read past K
+    more than blocks of 512 do (MLA's q_b, K 1,536) in blocks of 512. gpt-oss's K 2,880 pads to 3,072 either way: its
+    32 x 2,880 router gate took 1.47 us at (1, 1024, 4, 3), 2.76 at (4, 512, 2, 4) (session 60, H100)."""
+    if -(-K // 1024) * 1024 > -(-K // 512) * 512:
         return (4, 512, 2, 4)
     if N <= 1024:
         return (1, 1024, 8 if itemsize >= 4 else 4, 3)
@@ -51,8 +54,8 @@ def _kernel():
     import triton.language as tl
 
     @triton.jit
-    def gemv_kernel(x, w, y, M, N, s_xm, s_ym, K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_K: tl.constexpr, PDL: tl.constexpr = False):
+    def gemv_kernel(x, w, b, y, M, N, s_xm, s_ym, K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BLOCK_K: tl.constexpr, BIAS: tl.constexpr, PDL: tl.constexpr = False):
         # K constexpr: a layer's width (few per model), and the interpreter's loop bound
         if PDL:  # layers/pdl.py: the next kernel may start; the first weight tile is read before the wait
             tl.extra.cuda.gdc_launch_dependents()
@@ -74,22 +77,27 @@ def _kernel():
             xt = tl.load(x + rm[:, None] * s_xm + kk[None, :], mask=mm[:, None] & km[None, :], other=0.0)  # [BM, BK]
             acc += xt.to(tl.float32)[:, None, :] * wt.to(tl.float32)[None, :, :]
         out = tl.sum(acc, 2)  # [BM, BN]
+        if BIAS:
+            out += tl.load(b + rn, mask=nm, other=0.0).to(tl.float32)[None, :]
         tl.store(y + rm[:, None] * s_ym + rn[None, :], out.to(y.dtype.element_ty), mask=mm[:, None] & nm[None, :])
 
     return gemv_kernel
 
 
-def gemv_rows(x: torch.Tensor, weight: torch.Tensor, cfg: tuple[int, int, int, int] | None = None) -> torch.Tensor:
+def gemv_rows(x: torch.Tensor, weight: torch.Tensor, cfg: tuple[int, int, int, int] | None = None,
+              bias: torch.Tensor | None = None) -> torch.Tensor:
     *lead, K = x.shape
     N = weight.shape[0]
     x2 = x.reshape(-1, K)
     M = x2.shape[0]
     assert 1 <= M <= MAX_ROWS and weight.shape[1] == K and weight.is_contiguous(), "gemv_rows: shape"
+    assert bias is None or (bias.shape == (N,) and bias.is_contiguous()), "gemv_rows: bias shape"
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     bn, bk, warps, stages = cfg or cfg_for(N, K, weight.element_size())
     bm = 1 if M == 1 else 2 if M == 2 else 4
     y = torch.empty(M, N, dtype=x.dtype, device=x.device)
-    _kernel()[((N + bn - 1) // bn,)](x2, weight, y, M, N, x2.stride(0), y.stride(0), K=K, BLOCK_M=bm, BLOCK_N=bn,
-                                     BLOCK_K=bk, num_warps=warps, num_stages=stages, **launch_options(x2))
+    _kernel()[((N + bn - 1) // bn,)](x2, weight, bias if bias is not None else y, y, M, N, x2.stride(0), y.stride(0),
+                                     K=K, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, BIAS=bias is not None,
+                                     num_warps=warps, num_stages=stages, **launch_options(x2))
     return y.view(*lead, N)

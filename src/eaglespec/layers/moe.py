@@ -45,6 +45,7 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ..config import MoEConfig
@@ -55,12 +56,13 @@ from .moe_kernel import grouped_experts
 from .router_kernel import route
 
 
-def _logits(router: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """x [N, H] @ router.weight^T in x's dtype; steps of at most `logits_max_rows` rows through the router's
-    `logits_rows` kernel when set."""
+def _logits(router: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [N, H] @ router.weight^T (+ bias, gpt-oss's: in the product's float32 sum, rounded once as F.linear's) in x's
+    dtype; steps of at most `logits_max_rows` rows through the router's `logits_rows` kernel when set."""
     if router.logits_rows is not None and x.shape[0] <= router.logits_max_rows:
-        return router.logits_rows(x, router.weight)
-    return x @ router.weight.t()
+        return router.logits_rows(x, router.weight) if bias is None else router.logits_rows(x, router.weight,
+                                                                                            bias=bias)
+    return F.linear(x, router.weight, bias)
 
 
 def _keep_float32(*params: nn.Parameter) -> None:
@@ -163,9 +165,7 @@ class SoftmaxTopKRouter(nn.Module):
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # [N, E] logits: in x's dtype as transformers' and vLLM's Qwen3 gate computes them; DeepSeek-V2's in float32
-        logits = _logits(self, x.float() if self.float32 else x)
-        if self.bias is not None:
-            logits = logits + self.bias
+        logits = _logits(self, x.float() if self.float32 else x, self.bias)
         if self.fused:
             return route(logits, self.top_k, False, None, 1, 1, self.norm_topk_prob, self.scaling)
         probs = torch.softmax(logits.float(), dim=-1)  # [N, E] float32
