@@ -86,6 +86,13 @@ CONFIGS = {
                                        attention_bias=True, swiglu_limit=7.0,
                                        rope_scaling=dict(rope_type="yarn", factor=4.0, beta_fast=32.0, beta_slow=1.0,
                                                          original_max_position_embeddings=256, truncate=False)),
+    # the same 1,536 wide: its biased q/k/v and o_proj (and router) through the GEMV kernel's bias (session 60)
+    "gpt_oss 1,536 wide (biased GEMV)": dict(BASE, architectures=["GptOssForCausalLM"], model_type="gpt_oss",
+                                             hidden_size=1536, num_attention_heads=48, num_key_value_heads=4,
+                                             head_dim=32, intermediate_size=64, num_local_experts=8,
+                                             num_experts_per_tok=2, sliding_window=16,
+                                             layer_types=["sliding_attention", "full_attention"] * 2,
+                                             attention_bias=True, swiglu_limit=7.0),
     # Llama 4: chunked RoPE layers, NoPE layers with the query temperature, weightless q / k norms, a MoE every other
     # layer with its routing weights on the experts' inputs (the grouped kernels' scaled rows)
     "llama4 (chunks 16, NoPE temperature)": dict(BASE, architectures=["Llama4ForCausalLM"], model_type="llama4_text",

@@ -17,8 +17,8 @@ at BLOCK_N 64 are 96 programs of 512 KB each, fewer than the 132 SMs. Here, per 
 4. sum: the k pair rows' float32 sum rounded to bf16: PyTorch's sum + cast (two kernels) against `sum_pairs`.
 
 usage: python benchmarks/moe_cold_sweep.py OUT_DIR [--cpu] [--only=gemm|gemv|gemv_rows|sum] [--shapes=a,b]
-       [--tokens=1,4] [--gemv=SUBSTRING]   (the layer shapes of SHAPES, the token counts, and the GEMV_SHAPES whose
-       label holds SUBSTRING; default all)
+       [--tokens=1,4] [--gemv=SUBSTRING] [--cfgs=32x256x4x3,...]   (the layer shapes of SHAPES, the token counts,
+       the GEMV_SHAPES whose label holds SUBSTRING, the grouped GEMMs' configurations; default all)
 """
 
 from __future__ import annotations
@@ -61,6 +61,8 @@ if option("tokens", ""):
     TOKENS = tuple(int(t) for t in option("tokens", "").split(","))
 GEMM_CFGS = [(bn, bk, w, s) for bn in (16, 32, 64, 128) for bk in (64, 128, 256)
              for w, s in ((4, 2), (4, 3), (4, 4), (8, 3))]
+if option("cfgs", ""):
+    GEMM_CFGS = [tuple(int(v) for v in c.split("x")) for c in option("cfgs", "").split(",")]
 if CPU:
     SHAPES, TOKENS, GEMM_CFGS = {"tiny": (8, 2, 64, 32)}, (1, 3), [(16, 32, 4, 2), (32, 64, 4, 3)]
 
@@ -97,7 +99,7 @@ def sweep_gemm() -> None:
                             mk._grouped_gemm(act, w2, pairs, be, bm, P, 1, out2, False, scale, cfg=cfg)
                     return one
 
-                default = mk._gemm_cfg(H)
+                default = mk._gemm_cfg(H, which == "gate_up", bm)
                 base = per_call_us(call(default), 48)
                 ref = (out13 if which == "gate_up" else out2).float().clone()
                 best = (base, default)

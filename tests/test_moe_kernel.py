@@ -154,6 +154,10 @@ def test_gemm_tiles_fit_the_devices_shared_memory():
         assert fit_shared(wide, bm, True, 4, H100) == (128, 64, 8, 3)  # BLOCK_K halves first
     assert fit_shared(wide, 16, True, 4, 101376) == (64, 64, 8, 3)  # ~99 KB (consumer GPUs): BLOCK_N too
     assert fit_shared(wide, 64, True, 4, 1) == (16, 16, 8, 3)  # never below 16 (tl.dot's least)
+    # a narrow layer's gate/up GEMM in blocks of 16 slots (decode, verify): session 60's tile; fits an H100 either way
+    assert _gemm_cfg(2880, True, 16) == (32, 256, 4, 3) and _gemm_cfg(2880, False, 16) == narrow
+    assert _gemm_cfg(2880, True, 32) == narrow and _gemm_cfg(7168, True, 16) == wide
+    assert fit_shared(_gemm_cfg(2048, True, 16), 16, True, 2, H100) == (32, 256, 4, 3)
 
 
 @torch.no_grad()

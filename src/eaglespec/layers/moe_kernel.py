@@ -231,10 +231,22 @@ def expert_blocks(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[to
 GEMM_CFG: tuple[int, int, int, int] | None = None  # set: every GEMM takes it (the benchmarks' sweeps)
 
 
-def _gemm_cfg(width: int) -> tuple[int, int, int, int]:
+# The gate/up GEMM of a layer under 4,096 wide in blocks of 16 slots (decode, verify: few pairs an expert), with the
+# experts cold (session 60, H100, benchmarks/moe_cold_sweep.py): gpt-oss-20b's at 1 / 4 / 8 / 32 / 64 tokens 51.8 /
+# 150.5 / 235.0 / 343.7 / 349.0 us at (64, 128, 4, 3) against 48.0 / 146.3 / 229.0 / 337.4 / 343.3 here, Qwen3-30B-A3B's
+# 22.9 / 61.9 / 107.6 / 228.9 / 255.5 against 20.7 / 61.4 / 106.3 / 227.1 / 255.7: twice the programs of half the
+# features, each reading K in longer steps. The down GEMM gains nothing from it (gpt-oss 26.9 -> 27.6 us at 1 token).
+NARROW_GATED_CFG = (32, 256, 4, 3)
+
+
+def _gemm_cfg(width: int, gated: bool = False, block_m: int = 64) -> tuple[int, int, int, int]:
     """(BLOCK_N, BLOCK_K, num_warps, num_stages) for a layer of this width (the wider of a GEMM's K and N: the
-    hidden size)."""
-    return GEMM_CFG if GEMM_CFG is not None else (128, 128, 8, 3) if width >= 4096 else (64, 128, 4, 3)
+    hidden size), a gated (gate/up) GEMM or not, in blocks of `block_m` slots."""
+    if GEMM_CFG is not None:
+        return GEMM_CFG
+    if width >= 4096:
+        return (128, 128, 8, 3)
+    return NARROW_GATED_CFG if gated and block_m == 16 else (64, 128, 4, 3)
 
 
 def fit_shared(cfg: tuple[int, int, int, int], block_m: int, gated: bool, itemsize: int,
@@ -264,7 +276,8 @@ def _grouped_gemm(a: torch.Tensor, w: torch.Tensor, pairs: torch.Tensor, block_e
     N = out.shape[1]
     K = a.shape[1]
     if cfg is None and GEMM_CFG is None:  # the default tile, fitted to the device's shared memory
-        cfg = fit_shared(_gemm_cfg(max(K, N)), block_m, gated, w.element_size(), shared_limit(a.device))
+        cfg = fit_shared(_gemm_cfg(max(K, N), gated, block_m), block_m, gated, w.element_size(),
+                         shared_limit(a.device))
     BN, BK, warps, stages = cfg or _gemm_cfg(max(K, N))  # the hidden size: K of the first GEMM, N of the second
     grid = (block_expert.shape[0], -(-N // BN))
     if grid[0] and N:
