@@ -563,6 +563,17 @@ def test_gpt_oss_20b_shape():
     assert kv_bytes_per_token(m, torch.bfloat16) == 24 * 2 * 8 * 64 * 2
 
 
+def test_qwen2_5_7b_shape():
+    """The qwen2.5-7b preset: Qwen2.5-7B-Instruct's published 7,615,616,512 parameters, q/k/v with biases and o_proj
+    without (the GEMV kernel's biased projections at one row)."""
+    cfg = ModelConfig.from_hf(shape_config("qwen2.5-7b"))
+    m = build_on_meta(get_model_class(cfg.architecture), cfg, torch.bfloat16)
+    assert sum(p.numel() for p in m.parameters()) == 7_615_616_512
+    attn = m.model.layers[0].self_attn
+    assert all(getattr(attn, n).bias is not None for n in ("q_proj", "k_proj", "v_proj")) and attn.o_proj.bias is None
+    assert kv_bytes_per_token(m, torch.bfloat16) == 28 * 2 * 4 * 128 * 2
+
+
 def test_random_model_and_drafter_materialise():
     loaded = random_model("smollm2-135m", torch.device("cpu"), torch.float32, seed=3)
     m = loaded.model

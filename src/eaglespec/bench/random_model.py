@@ -2,7 +2,8 @@
 
 Contract:
 - `random_model(shape, device, dtype, seed)` -> `LoadedModel` (no tokenizer). `shape` is a preset name (`PRESETS`:
-  llama-3.1-8b, smollm2-135m, qwen3-30b-a3b, kimi-k2.5-slice, gpt-oss-20b) or the path of a Hugging Face `config.json`.
+  llama-3.1-8b, smollm2-135m, qwen3-30b-a3b, kimi-k2.5-slice, gpt-oss-20b, qwen2.5-7b) or the path of a Hugging Face
+  `config.json`.
   The model is built on the meta device under the target dtype (DESIGN.md principle 7), then materialised on the device
   (`to_empty`, shared parameters re-tied) and filled there: matrices ~ N(0, std), RMSNorm weights 1 (Cohere's
   LayerNorm's too; Gemma's offsets 0), other vectors and persistent buffers 0, then `reset_buffers()` recomputes the
@@ -88,9 +89,19 @@ GPT_OSS_20B: dict[str, Any] = {
     "eos_token_id": 200002, "pad_token_id": 199999, "torch_dtype": "bfloat16",
 }
 
+# Qwen/Qwen2.5-7B-Instruct's config.json (the fields our model reads): a dense target whose q/k/v carry biases (the
+# GEMV kernel's bias epilogue), 28 heads over 4 KV heads of 128; 7.62B parameters, ~15 GB in bf16
+QWEN2_5_7B: dict[str, Any] = {
+    "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 3584, "intermediate_size": 18944,
+    "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4, "vocab_size": 152064,
+    "max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "tie_word_embeddings": False,
+    "hidden_act": "silu", "use_sliding_window": False, "bos_token_id": 151643, "eos_token_id": 151645,
+    "torch_dtype": "bfloat16",
+}
+
 PRESETS: dict[str, dict[str, Any]] = {"llama-3.1-8b": LLAMA_3_1_8B, "smollm2-135m": SMOLLM2_135M,
                                       "qwen3-30b-a3b": QWEN3_30B_A3B, "kimi-k2.5-slice": KIMI_K25_SLICE,
-                                      "gpt-oss-20b": GPT_OSS_20B}
+                                      "gpt-oss-20b": GPT_OSS_20B, "qwen2.5-7b": QWEN2_5_7B}
 
 INIT_STD = 0.02
 DRAFT_VOCAB = 32000

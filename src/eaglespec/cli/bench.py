@@ -36,8 +36,8 @@ def add_run_options(p: argparse.ArgumentParser, max_new_tokens: int, limit: int 
     m.add_argument("--model", default=None, help="HF model folder or .gguf file (default: embedded SmolLM2-135M)")
     m.add_argument("--random-weights", default=None, metavar="CONFIG",
                    help="a model of this shape with random weights instead of a checkpoint: a config.json path or "
-                        "a preset (llama-3.1-8b, smollm2-135m, qwen3-30b-a3b, kimi-k2.5-slice, gpt-oss-20b); prompts "
-                        "are random ids, EOS is ignored")
+                        "a preset (llama-3.1-8b, smollm2-135m, qwen3-30b-a3b, kimi-k2.5-slice, gpt-oss-20b, "
+                        "qwen2.5-7b); prompts are random ids, EOS is ignored")
     add_runtime_options(m)
     w = p.add_argument_group("prompts")
     w.add_argument("--prompts", default=None, metavar="mt-bench|FILE",
