@@ -86,7 +86,7 @@ CONFIGS = {
                                        attention_bias=True, swiglu_limit=7.0,
                                        rope_scaling=dict(rope_type="yarn", factor=4.0, beta_fast=32.0, beta_slow=1.0,
                                                          original_max_position_embeddings=256, truncate=False)),
-    # the same 1,536 wide: its biased q/k/v and o_proj (and router) through the GEMV kernel's bias (session 60)
+    # the same 1,536 wide: its biased o_proj and router through the GEMV kernel's bias (session 60)
     "gpt_oss 1,536 wide (biased GEMV)": dict(BASE, architectures=["GptOssForCausalLM"], model_type="gpt_oss",
                                              hidden_size=1536, num_attention_heads=48, num_key_value_heads=4,
                                              head_dim=32, intermediate_size=64, num_local_experts=8,

@@ -123,7 +123,8 @@ GEMV_SHAPES = {"qwen3 qkv": (5120, 2048), "qwen3 gate": (128, 2048), "qwen3 o_pr
                "mla q_a": (1536, 7168), "mla kv_a": (576, 7168), "mla q_b": (12288, 1536),
                "deepseek shared down": (7168, 2048), "kimi gate fp32": (384, 7168),
                "llama-8b qkv": (6144, 4096), "llama-8b o_proj": (4096, 4096), "llama-8b down": (4096, 14336),
-               "gpt-oss qkv": (5120, 2880), "gpt-oss o_proj": (2880, 4096), "gpt-oss gate": (32, 2880)}
+               "gpt-oss qkv": (5120, 2880), "gpt-oss o_proj": (2880, 4096), "gpt-oss gate": (32, 2880),
+               "qwen2.5-7b qkv": (4608, 3584), "qwen2.5-7b o_proj": (3584, 3584), "qwen2.5-7b down": (3584, 18944)}
 GEMV_SHAPES = {k: v for k, v in GEMV_SHAPES.items() if option("gemv", "") in k}
 GEMV_CFGS = [(bn, bk, w, s) for bn in (1, 2, 4, 8, 16) for bk in (512, 1024)
              for w, s in ((2, 4), (4, 3), (4, 4), (8, 3))]

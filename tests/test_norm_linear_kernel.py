@@ -315,10 +315,10 @@ def test_gemv_tiles_by_shape(N, K, dtype, cfg):
 
 
 def test_gemv_kernel_adds_the_biases_of_projections_and_routers(monkeypatch):
-    """use_gemv_kernel wires biased projections too (Qwen2's q/k/v, gpt-oss's q/k/v and o_proj): the same bias
-    Parameter, added in the kernel, the engine's greedy decoding and speculation still plain decoding's; a biased
-    router's (gpt-oss's) logits of few-row steps through the kernel with its bias choose and weigh as the
-    matmul does; the few-row kernel of small layers refuses a bias."""
+    """use_gemv_kernel wires the biased projections GEMV_BIASED_NAMES names (gpt-oss's o_proj; biased q/k/v keep
+    cuBLAS, measured faster in a step): the same bias Parameter, added in the kernel, the engine's greedy decoding
+    and speculation still plain decoding's; a biased router's (gpt-oss's) logits of few-row steps through the kernel
+    with its bias choose and weigh as the matmul does; the few-row kernel of small layers refuses a bias."""
     import eaglespec.engine.transforms as tr
     from eaglespec.engine.transforms import use_gemv_kernel
     from eaglespec.layers.few_rows_linear import FewRowsLinear
@@ -335,12 +335,19 @@ def test_gemv_kernel_adds_the_biases_of_projections_and_routers(monkeypatch):
                 p.copy_(torch.randn(p.shape, generator=g))
     m = fuse_projections(m)
     attn = m.model.layers[0].self_attn
-    bias = attn.qkv_proj.bias
+    bias = attn.o_proj.bias
+    assert tr.GEMV_BIASED_NAMES == ("o_proj",)
     use_gemv_kernel(m)
-    assert isinstance(attn.qkv_proj, FewRowsLinear) and attn.qkv_proj.kernel is gemv_rows
-    assert attn.qkv_proj.bias is bias and isinstance(attn.o_proj, FewRowsLinear) and attn.o_proj.bias is not None
+    assert isinstance(attn.o_proj, FewRowsLinear) and attn.o_proj.kernel is gemv_rows and attn.o_proj.bias is bias
+    assert type(attn.qkv_proj) is torch.nn.Linear and attn.qkv_proj.bias is not None  # cuBLAS's
+    x = torch.randn(1, attn.o_proj.in_features, generator=g)
+    assert torch.allclose(attn.o_proj(x), F.linear(x, attn.o_proj.weight, bias), atol=1e-5, rtol=1e-5)
+    monkeypatch.setattr(tr, "GEMV_BIASED_NAMES", ("qkv_proj", "o_proj"))  # named: a biased q/k/v through it too
+    use_gemv_kernel(m)
+    assert isinstance(attn.qkv_proj, FewRowsLinear) and attn.qkv_proj.bias is not None
     x = torch.randn(1, 64, generator=g)
-    assert torch.allclose(attn.qkv_proj(x), F.linear(x, attn.qkv_proj.weight, bias), atol=1e-5, rtol=1e-5)
+    assert torch.allclose(attn.qkv_proj(x), F.linear(x, attn.qkv_proj.weight, attn.qkv_proj.bias), atol=1e-5,
+                          rtol=1e-5)
     with pytest.raises(AssertionError, match="takes no bias"):
         FewRowsLinear.wrap(torch.nn.Linear(8, 4), 4)  # the small layers' kernel (linear_rows) has no bias term
     biased = tiny_llama(seed=0, attention_bias=True)

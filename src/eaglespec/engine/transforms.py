@@ -24,9 +24,9 @@
 - `use_linear_rows_kernel(model)` (CUDA): the small bias-free o_proj / down_proj (and an EAGLE-3 drafter's fc and
   q/k/v) as `FewRowsLinear`: the same kernel without add and norm for steps of a few rows (inputs <= ONE_SHOT_K wide,
   at most FEW_ROWS_MAX_WEIGHTS weights).
-- `use_gemv_kernel(model)` (CUDA): the q/k/v, o_proj, down_proj and MLA projections of wide models (inputs >= 1536),
-  biased or not, as `FewRowsLinear` through the GEMV kernel for one-row steps (cuBLAS reads them at 1.0-3.7 TB/s
-  there), and MoE routers' logits (with a router's bias) of steps of up to 4 rows.
+- `use_gemv_kernel(model)` (CUDA): the bias-free q/k/v, o_proj, down_proj and MLA projections of wide models (inputs
+  >= 1536) and their biased o_proj (gpt-oss's) as `FewRowsLinear` through the GEMV kernel for one-row steps (cuBLAS
+  reads them at 1.0-3.7 TB/s there), and MoE routers' logits (with a router's bias) of steps of up to 4 rows.
 - `use_draft_input_kernel(model)` (CUDA): an EAGLE-3 drafter's embedding lookup, two input norms, their
   concatenation and RoPE's cos/sin as one Triton kernel (layers/draft_input_kernel.py).
 - `use_cpu_linear(model)` (CPU): every nn.Linear as a `CpuLinear`, whose product is weight-major (W x^T): on the
@@ -394,20 +394,26 @@ ROUTER_GEMV_MAX_ROWS = 4
 # the one-row projections the GEMV kernel serves: a GQA layer's fused q/k/v and o_proj, an MLP's (or shared expert's)
 # down_proj, and MLA's projections from the hidden state and the q LoRA rank (kv_b_proj is absorbed, not called)
 GEMV_NAMES = ("qkv_proj", "o_proj", "down_proj", "q_proj", "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa")
+# Of those, the ones wired when they carry a bias (session 60, H100, batch-1 decode steps): gpt-oss-20b's o_proj, which
+# cuBLAS runs as a split-K GEMM plus a reduce (13.9 us a layer against the kernel's 9.5), 3.275 -> 3.190 ms a step;
+# its biased q/k/v 3.190 -> 3.170 more, but Qwen2.5-7B's 5.257 -> 5.342 (cuBLAS's bias GEMM there is the faster in
+# the step, though not alone): biased q/k/v keep cuBLAS
+GEMV_BIASED_NAMES: tuple[str, ...] = ("o_proj",)
 
 
 def use_gemv_kernel(model: nn.Module, names: tuple[str, ...] = GEMV_NAMES) -> nn.Module:
-    """Every nn.Linear named in `names` whose input is at least GEMV_MIN_K wide becomes a `FewRowsLinear` through
-    `layers/gemv_kernel.gemv_rows` (its bias, if any, added in the kernel) for steps of GEMV_MAX_ROWS row(s), and
-    every MoE router of such a width computes the logits of steps of up to ROUTER_GEMV_MAX_ROWS rows through it
-    (`logits_rows`). One row, cold weights: on the H200 it read Llama-8B's q/k/v, o_proj and down_proj in 14.3 /
-    10.7 / 29.2 us against cuBLAS's 15.6 / 13.2 / 31.9 (session 11; cuBLAS splits o_proj's K and reduces in a second
-    kernel); on an H100 (session 55) Qwen3-30B-A3B's q/k/v, o_proj and 128 x 2048 router gate in 7.6 / 6.7 / 1.5 us
-    against 9.5 / 10.7 / 4.9, and the MLA projections of DeepSeek-V3 / Kimi-K2.5 (q_a 1536 x 7168, kv_a 576 x 7168,
-    q_b 12288 x 1536) in 9.0 / 5.4 / 13.4 against 12.6 / 8.3 / 15.5; on an H100 (session 60) gpt-oss-20b's biased
-    q/k/v 5,120 x 2,880 and o_proj 2,880 x 4,096 (without their biases) in 11.6 / 9.5 us against 12.3 / 13.7. An
-    MLP's gate/up (cuBLAS 4.1 TB/s on Llama-8B) keeps cuBLAS. Layers already wired to the few-row kernels
-    (SmolLM2's) keep them."""
+    """Every nn.Linear named in `names` whose input is at least GEMV_MIN_K wide, bias-free or (GEMV_BIASED_NAMES)
+    biased, becomes a `FewRowsLinear` through `layers/gemv_kernel.gemv_rows` (the bias added in the kernel) for
+    steps of GEMV_MAX_ROWS row(s), and every MoE router of such a width computes the logits of steps of up to
+    ROUTER_GEMV_MAX_ROWS rows through it (`logits_rows`). One row, cold weights: on the H200 it read Llama-8B's
+    q/k/v, o_proj and down_proj in 14.3 / 10.7 / 29.2 us against cuBLAS's 15.6 / 13.2 / 31.9 (session 11; cuBLAS
+    splits o_proj's K and reduces in a second kernel); on an H100 (session 55) Qwen3-30B-A3B's q/k/v, o_proj and 128
+    x 2048 router gate in 7.6 / 6.7 / 1.5 us against 9.5 / 10.7 / 4.9, and the MLA projections of DeepSeek-V3 /
+    Kimi-K2.5 (q_a 1536 x 7168, kv_a 576 x 7168, q_b 12288 x 1536) in 9.0 / 5.4 / 13.4 against 12.6 / 8.3 / 15.5; on
+    an H100 (session 60) gpt-oss-20b's biased q/k/v 5,120 x 2,880 and o_proj 2,880 x 4,096 (without their biases) in
+    11.6 / 9.5 us against 12.3 / 13.7 (alone; in a step only o_proj's gain holds: GEMV_BIASED_NAMES). An MLP's
+    gate/up (cuBLAS 4.1 TB/s on Llama-8B) keeps cuBLAS. Layers already wired to the few-row kernels (SmolLM2's) keep
+    them."""
     from ..layers.few_rows_linear import FewRowsLinear
     from ..layers.gemv_kernel import gemv_rows
     from ..layers.moe import NoAuxRouter, SigmoidTopKRouter, SoftmaxTopKRouter
@@ -420,7 +426,7 @@ def use_gemv_kernel(model: nn.Module, names: tuple[str, ...] = GEMV_NAMES) -> nn
         for name in names:
             lin = parent._modules.get(name)
             if (type(lin) is nn.Linear and lin.in_features >= GEMV_MIN_K and lin.weight.is_contiguous()
-                    and (lin.bias is None or lin.bias.is_contiguous())):
+                    and (lin.bias is None or (name in GEMV_BIASED_NAMES and lin.bias.is_contiguous()))):
                 setattr(parent, name, FewRowsLinear.wrap(lin, GEMV_MAX_ROWS, gemv_rows))
     return model
 
