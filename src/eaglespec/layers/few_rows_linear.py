@@ -1,5 +1,5 @@
 """An nn.Linear that projects steps of a few rows through a Triton kernel: the few-row kernel of small (bias-free)
-layers, or the GEMV kernel of wide ones (with or without a bias: q/k/v of Qwen2, gpt-oss's projections).
+layers, or the GEMV kernel of wide ones (with or without a bias).
 
 At batch 1 a small model's o_proj and down_proj are ~1 MB GEMVs that cuBLAS runs in ~4 us on the H200 (SmolLM2-135M:
 60 of them per decode step, 245 of its 756 us; `benchmarks/decode_profile.py`, 2026-11-30), bound by the kernel's

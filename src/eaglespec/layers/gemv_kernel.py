@@ -7,13 +7,12 @@ Here a program owns BLOCK_N output features and walks K in BLOCK_K steps (Triton
 `num_stages`), multiplying each [BLOCK_N, BLOCK_K] weight tile by the rows' [BLOCK_M, BLOCK_K] slice of x into a
 float32 [BLOCK_M, BLOCK_N, BLOCK_K] accumulator that is reduced over K once at the end: no split-K, no second kernel.
 
-`gemv_rows(x, weight, cfg=None, bias=None) -> y`: x [..., K] with at most MAX_ROWS rows, weight [N, K]
-(contiguous), bias [N] or None -> y [..., N] in x's dtype: F.linear(x, weight, bias) with float32 accumulation and the
-bias added to the float32 sum before the one rounding, as cuBLAS's bias epilogue does (the order of the sums differs
-from cuBLAS's: bf16 results may differ by a rounding step). `cfg` = (BLOCK_N, BLOCK_K, num_warps, num_stages), default
-`cfg_for(N, K)`; the GPU probes
-(`benchmarks/small_kernels_check.py --only=gemv`, `benchmarks/moe_cold_sweep.py --only=gemv`) sweep it with the
-weights cold in L2, as a decode step meets them.
+`gemv_rows(x, weight, cfg=None, bias=None) -> y`: x [..., K] with at most MAX_ROWS rows, weight [N, K] (contiguous),
+bias [N] or None -> y [..., N] in x's dtype: F.linear(x, weight, bias) with float32 accumulation and the bias added to
+the float32 sum before the one rounding, as cuBLAS's bias epilogue does (the order of the sums differs from cuBLAS's:
+bf16 results may differ by a rounding step). `cfg` = (BLOCK_N, BLOCK_K, num_warps, num_stages), default `cfg_for(N, K)`;
+the GPU probes (`benchmarks/small_kernels_check.py --only=gemv`, `benchmarks/moe_cold_sweep.py --only=gemv`) sweep it
+with the weights cold in L2, as a decode step meets them.
 Built on first use, so that `TRITON_INTERPRET=1` (CPU tests) takes effect.
 """
 
