@@ -25,6 +25,7 @@ import torch
 from .pdl import launch_options
 
 MAX_ROWS = 4
+USE_PDL = True  # layers/pdl.py: this kernel's own switch (the benchmarks' A/B)
 # BLOCK_N, BLOCK_K, num_warps, num_stages: the best of session 11's sweep for Llama-8B's o_proj and down_proj (one row,
 # cold weights, H200): o_proj 13.2 -> 10.7 us, down 31.9 -> 29.2 us (4.0 TB/s); q/k/v 15.6 -> 14.3 us at (4, 512, 2, 4)
 DEFAULT_CFG = (4, 1024, 2, 4)
@@ -98,5 +99,5 @@ def gemv_rows(x: torch.Tensor, weight: torch.Tensor, cfg: tuple[int, int, int, i
     y = torch.empty(M, N, dtype=x.dtype, device=x.device)
     _kernel()[((N + bn - 1) // bn,)](x2, weight, bias if bias is not None else y, y, M, N, x2.stride(0), y.stride(0),
                                      K=K, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, BIAS=bias is not None,
-                                     num_warps=warps, num_stages=stages, **launch_options(x2))
+                                     num_warps=warps, num_stages=stages, **launch_options(x2, USE_PDL))
     return y.view(*lead, N)
