@@ -168,7 +168,7 @@ def test_engines_with_sinks_or_soft_caps_in_the_kernel_equal_plain(monkeypatch, 
         terms.append((kw["sinks"] is not None, kw["softcap"]))
         return sak.short_attention(q, *a, **kw)
 
-    target = tiny_moe("gpt_oss") if family == "gpt_oss" else tiny_llama(seed=0)
+    target = tiny_moe("gpt_oss") if family == "gpt_oss" else tiny_llama(seed=0, layers=3)  # 3 layers: interpreted
     if family == "softcap":
         for layer in target.model.layers:
             layer.self_attn.softcap = 1.5
@@ -188,7 +188,7 @@ def test_engines_with_sinks_or_soft_caps_in_the_kernel_equal_plain(monkeypatch, 
 def test_engine_with_the_kernel_equals_plain(monkeypatch):
     """The kernels in the target's and the drafter's attention (with the fused RoPE + KV-store kernel) through the
     whole engine (float32): decode, verify and drafter steps take them; greedy speculation equals plain decoding."""
-    from tiny import assert_transformed_engine_equals_plain
+    from tiny import assert_transformed_engine_equals_plain, tiny_llama
 
     from eaglespec.config import SpecConfig
     from eaglespec.engine.transforms import fuse_projections, use_rope_store_kernel, use_short_attention_kernel
@@ -210,7 +210,9 @@ def test_engine_with_the_kernel_equals_plain(monkeypatch):
                     mod.attn_kernel = AttentionKernel(counted, sak.fits)
 
     prompts = [[1, 2, 3, 4], list(range(10, 15)), list(range(20, 54))]
-    assert_transformed_engine_equals_plain(prepare, SpecConfig(3, 1, 4), prompts, 8)
+    # three layers, not tiny_llama's six: every step runs the kernels in Triton's interpreter
+    assert_transformed_engine_equals_plain(prepare, SpecConfig(3, 1, 4), prompts, 8,
+                                           target=tiny_llama(seed=0, layers=3))
     # decode / draft steps (1 token), verify (4 tokens), and prompts: 34 tokens take the prompt kernel (tiny models
     # have 2 query heads per kv head: 68 query rows), in the target's prefill and the drafter's catch-up
     assert {1, 4, 34} <= set(calls)
