@@ -24,6 +24,13 @@ raises `ConfigError` (suggesting the HF folder), as does a missing required fiel
   after `leading_dense_block_count` dense layers, `expert_weights_scale` / `expert_weights_norm` as for deepseek2;
   the gating must be sigmoid with the correction bias `exp_probs_b`. llama.cpp routes glm4moe without expert groups,
   so the dict says one.
+- `olmo2` (OLMo 2 and 3; llama.cpp's Olmo2Model: q / k not permuted, post-norm layers whose norms are
+  `post_attention_norm` / `post_ffw_norm`, RMSNorms over the whole q and k projections): with
+  `attention.sliding_window` it is OLMo 3 (`Olmo3ForCausalLM`), its windowed layers by `sliding_window_pattern` (the
+  converter's default, every fourth layer full, where absent); OLMo 3's RoPE scaling (YaRN on its full-attention
+  layers only) is refused. `olmoe` (OLMoE; llama.cpp's OlmoeModel): Qwen3-MoE's stacked experts of
+  `feed_forward_length` with the whole-projection q / k norms, the top-k weights not renormalised (llama.cpp's graph,
+  OLMoE's configs). `attention.clamp_kqv` (clip_qkv) is refused in both.
 - `gpt-oss` (gpt-oss-20b / 120b; llama.cpp's GptOssModel): every layer's experts (`expert_count`,
   `expert_used_count`, `expert_feed_forward_length`; MXFP4 as released), the sliding window on the even layers
   (llama.cpp's pattern of 2, transformers' layer_types), q/k/v/o biases, the sink logits `attn_sinks`; the clamped
@@ -83,7 +90,8 @@ GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", 
                       "deepseek2": "DeepseekV3ForCausalLM", "phi3": "Phi3ForCausalLM",
                       "glm4moe": "Glm4MoeForCausalLM", "gpt-oss": "GptOssForCausalLM", "gemma2": "Gemma2ForCausalLM",
                       "gemma3": "Gemma3ForCausalLM", "granite": "GraniteForCausalLM",
-                      "smollm3": "SmolLM3ForCausalLM", "llama4": "Llama4ForCausalLM"}
+                      "smollm3": "SmolLM3ForCausalLM", "llama4": "Llama4ForCausalLM", "olmo2": "Olmo2ForCausalLM",
+                      "olmoe": "OlmoeForCausalLM"}
 # GGUF architecture -> HF model_type, where they differ
 _MODEL_TYPES = {"qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe", "deepseek2": "deepseek_v3", "glm4moe": "glm4_moe",
                "gpt-oss": "gpt_oss", "gemma3": "gemma3_text",
@@ -158,6 +166,8 @@ def hf_config(path: Path, m: dict[str, Any], tensors: Sequence[Any]) -> dict[str
         cfg.update(_gpt_oss_fields(path, m, need, int(cfg["head_dim"])))
     elif arch == "llama4":
         cfg.update(_llama4_fields(path, m, need))
+    elif arch in ("olmo2", "olmoe"):
+        cfg.update(_olmo_fields(path, arch, m, need))
     elif arch in ("gemma2", "gemma3"):
         cfg.update(_gemma_fields(arch, m, need, hidden // heads, int(cfg["head_dim"])))
     elif arch == "granite":  # its four multipliers (models/granite.py), absent: 1 (and the default softmax scale)
@@ -219,6 +229,27 @@ def _experts(path: Path, arch: str, need: Callable[[str], Any]) -> tuple[int, in
     if experts <= 0 or not 0 < used <= experts:
         raise ConfigError(f"{path}: {arch} needs 0 < expert_used_count ({used}) <= expert_count ({experts})")
     return experts, used
+
+
+def _olmo_fields(path: Path, arch: str, m: dict[str, Any], need: Callable[[str], Any]) -> dict[str, Any]:
+    """The fields of an `olmo2` (OLMo 2; OLMo 3 where it has windows) or `olmoe` file (see the module docstring)."""
+    if f"{arch}.attention.clamp_kqv" in m:
+        raise ConfigError(f"{path}: {arch}.attention.clamp_kqv (the checkpoint's clip_qkv) is not supported")
+    if arch == "olmoe":  # llama.cpp's olmoe graph never renormalises the top-k weights, as OLMoE's configs say
+        experts, used = _experts(path, arch, need)
+        return {"num_experts": experts, "num_experts_per_tok": used, "norm_topk_prob": False}
+    window = m.get("olmo2.attention.sliding_window")
+    if not window:
+        return {}
+    if m.get("olmo2.rope.scaling.type") not in (None, "none"):  # OLMo 3 scales its full-attention layers' only
+        raise ConfigError(f"{path}: an olmo2 GGUF with windows and RoPE scaling (OLMo 3's YaRN, which transformers "
+                          "applies to its full-attention layers only) is not supported; load the Hugging Face folder")
+    n = int(need("block_count"))
+    pattern = m.get("olmo2.attention.sliding_window_pattern") or [(i + 1) % 4 != 0 for i in range(n)]
+    if len(pattern) != n:
+        raise ConfigError(f"{path}: olmo2.attention.sliding_window_pattern has {len(pattern)} entries for {n} layers")
+    return {"architectures": ["Olmo3ForCausalLM"], "model_type": "olmo3", "sliding_window": int(window),
+            "layer_types": ["sliding_attention" if s else "full_attention" for s in pattern]}
 
 
 def _qwen_moe_fields(path: Path, arch: str, m: dict[str, Any], dims: dict[str, Any],

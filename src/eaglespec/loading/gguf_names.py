@@ -1,7 +1,7 @@
 """llama.cpp tensor names -> Hugging Face names: the one GGUF name table, the q/k un-permutation, the expert split.
 
 `GGUF_TO_HF` maps every tensor name of a `llama`, `qwen2`, `qwen3`, `qwen2moe`, `qwen3moe`, `phi3`, `deepseek2`,
-`glm4moe`, `gpt-oss`, `gemma2`, `gemma3` or `llama4` GGUF (`ARCH_GGUF_TO_HF` first, where an architecture means other
+`glm4moe`, `gpt-oss`, `gemma2`, `gemma3`, `llama4`, `olmo2` or `olmoe` GGUF (`ARCH_GGUF_TO_HF` first, where an architecture means other
 tensors by some names) to the HF name that `models/llama.py`, `models/qwen.py`, `models/qwen_moe.py`,
 `models/mixtral.py`, `models/phi3.py`, `models/deepseek_v3.py`, `models/glm4_moe.py`, `models/gpt_oss.py` and
 `models/gemma.py` keep (Qwen3's per-head q/k norms: `attn_q_norm`, `attn_k_norm`; the MoE router `ffn_gate_inp` ->
@@ -76,6 +76,8 @@ GGUF_TO_HF: tuple[tuple[str, str, str | None], ...] = (
     # glm4moe: the pre-FFN norm (llama.cpp's name there for HF's post_attention_layernorm), and the MTP layer's own
     # tensors (block num_hidden_layers, which the model ignores, as it ignores that block's attention and experts)
     (r"blk\.(\d+)\.post_attention_norm\.weight", r"model.layers.\1.post_attention_layernorm.weight", None),
+    # gemma2 / gemma3 / olmo2: the post-FFN norm
+    (r"blk\.(\d+)\.post_ffw_norm\.weight", r"model.layers.\1.post_feedforward_layernorm.weight", None),
     (r"blk\.(\d+)\.nextn\.(eh_proj|enorm|hnorm|embed_tokens)\.weight", r"model.layers.\1.\2.weight", None),
     (r"blk\.(\d+)\.nextn\.shared_head_(head|norm)\.weight", r"model.layers.\1.shared_head.\2.weight", None),
 )
@@ -97,10 +99,9 @@ HF_RENAMES: dict[str, tuple[tuple[str, str], ...]] = {
 # rows (Llama 4's RoPE is on pairs already)
 PERMUTED_ARCHS = frozenset({"llama", "granite", "smollm3"})
 # per GGUF architecture, names that mean another HF tensor there than in the table (consulted first): Gemma's
-# ffn_norm is its pre-FFN norm and post_ffw_norm its post-FFN one (its post_attention_norm is the table's)
+# ffn_norm is its pre-FFN norm (its post_attention_norm and post_ffw_norm are the table's)
 ARCH_GGUF_TO_HF: dict[str, tuple[tuple[str, str, str | None], ...]] = {arch: (
     (r"blk\.(\d+)\.ffn_norm\.weight", r"model.layers.\1.pre_feedforward_layernorm.weight", None),
-    (r"blk\.(\d+)\.post_ffw_norm\.weight", r"model.layers.\1.post_feedforward_layernorm.weight", None),
 ) for arch in ("gemma2", "gemma3")}
 # GGUF architectures whose norm weights llama.cpp's converter stored as 1 + w (Gemma's are offsets from 1, which
 # layers/norm.OffsetRMSNorm adds back): the reader subtracts the 1 again
