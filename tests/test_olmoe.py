@@ -1,7 +1,7 @@
 """OLMoE (models/qwen_moe.py's OlmoeForCausalLM) against transformers on tiny random configs (float32): Qwen3-MoE's
 pre-norm layers and names with OLMo 2's whole-projection q / k norms, the top-k softmax weights renormalised or not as
-`norm_topk_prob` says; speculation against plain greedy and the cache-free forward; clip_qkv refused by name; llama.cpp's
-olmoe GGUFs."""
+`norm_topk_prob` says; speculation against plain greedy and the cache-free forward; clip_qkv refused by name;
+llama.cpp's olmoe GGUFs."""
 
 from __future__ import annotations
 

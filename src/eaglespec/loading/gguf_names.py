@@ -1,21 +1,21 @@
 """llama.cpp tensor names -> Hugging Face names: the one GGUF name table, the q/k un-permutation, the expert split.
 
 `GGUF_TO_HF` maps every tensor name of a `llama`, `qwen2`, `qwen3`, `qwen2moe`, `qwen3moe`, `phi3`, `deepseek2`,
-`glm4moe`, `gpt-oss`, `gemma2`, `gemma3`, `llama4`, `olmo2` or `olmoe` GGUF (`ARCH_GGUF_TO_HF` first, where an architecture means other
-tensors by some names) to the HF name that `models/llama.py`, `models/qwen.py`, `models/qwen_moe.py`,
-`models/mixtral.py`, `models/phi3.py`, `models/deepseek_v3.py`, `models/glm4_moe.py`, `models/gpt_oss.py` and
-`models/gemma.py` keep (Qwen3's per-head q/k norms: `attn_q_norm`, `attn_k_norm`; the MoE router `ffn_gate_inp` ->
-`mlp.gate`; old Mixtral files' per-expert `ffn_gate.E`; deepseek2's MLA projections, shared experts `ffn_*_shexp` and
-router correction bias `exp_probs_b.bias`). Its third column says what else the reader does to the tensor: `q` / `k`,
-the weights llama.cpp permutes for its RoPE layout in a `llama` GGUF (by attention heads, by KV heads), which
-`unpermute_qk` undoes so they match the HF rotate-halves layout (Qwen's GGUFs keep the HF layout: llama.cpp runs their
-RoPE on halves, NEOX style, and llama4's keep HF's pairs; the reader unpermutes `PERMUTED_ARCHS`' files only);
-`experts`, llama.cpp's stacked expert tensors (`ffn_{gate,up,down}_exps`, numpy [E, rows, cols] = GGUF dims reversed),
-split into one HF tensor per expert, `{e}` in the HF name standing for the expert's index (`expert_names`; 2-D [E, rows]
-for gpt-oss's expert biases); `experts_gate_up`, gpt-oss's gate and up stacked in one tensor [E, 2 rows, ...] (gate
-first), split per expert into both (`{gate_up}` standing for gate_proj or up_proj); `k_b` / `v_b`, the two halves
-llama.cpp's converter (since its MLA rework) cuts DeepSeek's `kv_b_proj` into, joined back into it by `join_kv_b` (older
-deepseek2 files hold `attn_kv_b` whole).
+`glm4moe`, `gpt-oss`, `gemma2`, `gemma3`, `llama4`, `olmo2` or `olmoe` GGUF (`ARCH_GGUF_TO_HF` first, where an
+architecture means other tensors by some names) to the HF name that `models/llama.py`, `models/qwen.py`,
+`models/qwen_moe.py`, `models/mixtral.py`, `models/phi3.py`, `models/deepseek_v3.py`, `models/glm4_moe.py`,
+`models/gpt_oss.py`, `models/gemma.py` and `models/olmo2.py` keep (Qwen3's per-head q/k norms: `attn_q_norm`,
+`attn_k_norm`; the MoE router `ffn_gate_inp` -> `mlp.gate`; old Mixtral files' per-expert `ffn_gate.E`; deepseek2's MLA
+projections, shared experts `ffn_*_shexp` and router correction bias `exp_probs_b.bias`). Its third column says what
+else the reader does to the tensor: `q` / `k`, the weights llama.cpp permutes for its RoPE layout in a `llama` GGUF (by
+attention heads, by KV heads), which `unpermute_qk` undoes so they match the HF rotate-halves layout (Qwen's GGUFs keep
+the HF layout: llama.cpp runs their RoPE on halves, NEOX style, and llama4's keep HF's pairs; the reader unpermutes
+`PERMUTED_ARCHS`' files only); `experts`, llama.cpp's stacked expert tensors (`ffn_{gate,up,down}_exps`, numpy [E, rows,
+cols] = GGUF dims reversed), split into one HF tensor per expert, `{e}` in the HF name standing for the expert's index
+(`expert_names`; 2-D [E, rows] for gpt-oss's expert biases); `experts_gate_up`, gpt-oss's gate and up stacked in one
+tensor [E, 2 rows, ...] (gate first), split per expert into both (`{gate_up}` standing for gate_proj or up_proj); `k_b`
+/ `v_b`, the two halves llama.cpp's converter (since its MLA rework) cuts DeepSeek's `kv_b_proj` into, joined back into
+it by `join_kv_b` (older deepseek2 files hold `attn_kv_b` whole).
 """
 
 from __future__ import annotations
