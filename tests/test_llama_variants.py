@@ -1,13 +1,18 @@
 """Llama-layout families served by models/llama.py against transformers on tiny random configs (float32): Seed-OSS
 (`SeedOssForCausalLM`: q/k/v biases, o_proj's as `attention_out_bias` says) and ERNIE 4.5 dense
 (`Ernie4_5ForCausalLM`: `use_bias`, RoPE on adjacent pairs permuted to halves at load, the head tied); speculation
-against plain greedy and the cache-free forward."""
+against plain greedy and the cache-free forward; llama.cpp's ernie4_5 GGUFs."""
 
 from __future__ import annotations
 
 
+import gguf
 import pytest
+import torch
+from gguf_write import add_common, finish
 from tiny import assert_family_speculates, assert_matches_transformers, transformers_pair
+
+from eaglespec.loading import load_model
 
 
 COMMON = dict(vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
@@ -37,3 +42,30 @@ def test_a_transformers_folder_answers_as_transformers(pair):
 def test_greedy_speculation_equals_plain_and_the_cache_free_forward(pair):
     _, _, lm = pair
     assert_family_speculates(lm.model, hidden=64, recompute=True)
+
+
+def test_llama_cpp_ernie4_5_gguf_answers_as_transformers(tmp_path):
+    """llama.cpp's Ernie4_5Model: Llama's tensor names with the biases, q / k rows as the checkpoint's (RoPE on pairs,
+    turned to halves at load as from a folder), the head tied (no output tensor), key_length as head_dim."""
+    ref, _ = transformers_pair("Ernie4_5", tmp_path / "hf", **COMMON, use_bias=True)
+    c = ref.config
+    sd = {k: v.detach().float().numpy() for k, v in ref.state_dict().items()}
+    w = gguf.GGUFWriter(str(tmp_path / "m.gguf"), "ernie4_5")
+    add_common(w, c, sd, head=False)
+    w.add_feed_forward_length(c.intermediate_size)
+    w.add_key_length(c.head_dim)
+    w.add_value_length(c.head_dim)
+    for i in range(c.num_hidden_layers):
+        pre = f"model.layers.{i}."
+        w.add_tensor(f"blk.{i}.attn_norm.weight", sd[f"{pre}input_layernorm.weight"])
+        w.add_tensor(f"blk.{i}.ffn_norm.weight", sd[f"{pre}post_attention_layernorm.weight"])
+        for g, h in (("attn_q", "self_attn.q_proj"), ("attn_k", "self_attn.k_proj"), ("attn_v", "self_attn.v_proj"),
+                     ("attn_output", "self_attn.o_proj"), ("ffn_gate", "mlp.gate_proj"), ("ffn_up", "mlp.up_proj"),
+                     ("ffn_down", "mlp.down_proj")):
+            for kind in ("weight", "bias"):  # use_bias: the attention's and the MLP's
+                w.add_tensor(f"blk.{i}.{g}.{kind}", sd[f"{pre}{h}.{kind}"])
+    finish(w)
+    lm = load_model(tmp_path / "m.gguf", dtype=torch.float32)
+    assert lm.config.architecture == "Ernie4_5ForCausalLM" and lm.config.attention_bias and lm.config.mlp_bias
+    assert lm.model.lm_head.weight is lm.model.model.embed_tokens.weight
+    assert_matches_transformers(ref, lm.model, length=30, seed=2)

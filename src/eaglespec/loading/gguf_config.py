@@ -31,6 +31,9 @@ raises `ConfigError` (suggesting the HF folder), as does a missing required fiel
   layers only) is refused. `olmoe` (OLMoE; llama.cpp's OlmoeModel): Qwen3-MoE's stacked experts of
   `feed_forward_length` with the whole-projection q / k norms, the top-k weights not renormalised (llama.cpp's graph,
   OLMoE's configs). `attention.clamp_kqv` (clip_qkv) is refused in both.
+- `ernie4_5` (ERNIE 4.5 dense; llama.cpp's Ernie4_5Model): Llama's tensors, q / k rows as the checkpoint's (RoPE on
+  pairs: models/llama.py's Ernie4_5ForCausalLM turns them to halves at load, from a folder or a GGUF alike), biases
+  where the file has them; its sentencepiece vocabulary through transformers' converter.
 - `gpt-oss` (gpt-oss-20b / 120b; llama.cpp's GptOssModel): every layer's experts (`expert_count`,
   `expert_used_count`, `expert_feed_forward_length`; MXFP4 as released), the sliding window on the even layers
   (llama.cpp's pattern of 2, transformers' layer_types), q/k/v/o biases, the sink logits `attn_sinks`; the clamped
@@ -91,7 +94,7 @@ GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", 
                       "glm4moe": "Glm4MoeForCausalLM", "gpt-oss": "GptOssForCausalLM", "gemma2": "Gemma2ForCausalLM",
                       "gemma3": "Gemma3ForCausalLM", "granite": "GraniteForCausalLM",
                       "smollm3": "SmolLM3ForCausalLM", "llama4": "Llama4ForCausalLM", "olmo2": "Olmo2ForCausalLM",
-                      "olmoe": "OlmoeForCausalLM"}
+                      "olmoe": "OlmoeForCausalLM", "ernie4_5": "Ernie4_5ForCausalLM"}
 # GGUF architecture -> HF model_type, where they differ
 _MODEL_TYPES = {"qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe", "deepseek2": "deepseek_v3", "glm4moe": "glm4_moe",
                "gpt-oss": "gpt_oss", "gemma3": "gemma3_text",
@@ -150,7 +153,7 @@ def hf_config(path: Path, m: dict[str, Any], tensors: Sequence[Any]) -> dict[str
         "vocab_size": int(vocab),
         "hidden_act": "silu",
         "attention_bias": "blk.0.attn_q.bias" in dims,
-        "mlp_bias": False,
+        "mlp_bias": "blk.0.ffn_down.bias" in dims,  # (ERNIE 4.5's use_bias: the MLP's too)
         "tie_word_embeddings": "output.weight" not in dims,
         "torch_dtype": _FILE_TYPE_DTYPE.get(int(m.get("general.file_type", -1)), "float32"),
     }

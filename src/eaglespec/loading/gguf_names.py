@@ -1,7 +1,7 @@
 """llama.cpp tensor names -> Hugging Face names: the one GGUF name table, the q/k un-permutation, the expert split.
 
 `GGUF_TO_HF` maps every tensor name of a `llama`, `qwen2`, `qwen3`, `qwen2moe`, `qwen3moe`, `phi3`, `deepseek2`,
-`glm4moe`, `gpt-oss`, `gemma2`, `gemma3`, `llama4`, `olmo2` or `olmoe` GGUF (`ARCH_GGUF_TO_HF` first, where an
+`glm4moe`, `gpt-oss`, `gemma2`, `gemma3`, `llama4`, `olmo2`, `olmoe` or `ernie4_5` GGUF (`ARCH_GGUF_TO_HF` first, where an
 architecture means other tensors by some names) to the HF name that `models/llama.py`, `models/qwen.py`,
 `models/qwen_moe.py`, `models/mixtral.py`, `models/phi3.py`, `models/deepseek_v3.py`, `models/glm4_moe.py`,
 `models/gpt_oss.py`, `models/gemma.py` and `models/olmo2.py` keep (Qwen3's per-head q/k norms: `attn_q_norm`,
