@@ -31,6 +31,9 @@ raises `ConfigError` (suggesting the HF folder), as does a missing required fiel
   layers only) is refused. `olmoe` (OLMoE; llama.cpp's OlmoeModel): Qwen3-MoE's stacked experts of
   `feed_forward_length` with the whole-projection q / k norms, the top-k weights not renormalised (llama.cpp's graph,
   OLMoE's configs). `attention.clamp_kqv` (clip_qkv) is refused in both.
+- `exaone4` (EXAONE 4; llama.cpp's Exaone4Model): OLMo 2's post-norm tensors with per-head q / k norms, not
+  permuted; its windowed layers by `attention.sliding_window` and its pattern as for OLMo 3 (only those rotated,
+  models/olmo2.py); without a window every layer global and rotated; Llama 3's RoPE scaling from `rope_freqs`.
 - `ernie4_5` (ERNIE 4.5 dense; llama.cpp's Ernie4_5Model): Llama's tensors, q / k rows as the checkpoint's (RoPE on
   pairs: models/llama.py's Ernie4_5ForCausalLM turns them to halves at load, from a folder or a GGUF alike), biases
   where the file has them; its sentencepiece vocabulary through transformers' converter.
@@ -94,7 +97,8 @@ GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", 
                       "glm4moe": "Glm4MoeForCausalLM", "gpt-oss": "GptOssForCausalLM", "gemma2": "Gemma2ForCausalLM",
                       "gemma3": "Gemma3ForCausalLM", "granite": "GraniteForCausalLM",
                       "smollm3": "SmolLM3ForCausalLM", "llama4": "Llama4ForCausalLM", "olmo2": "Olmo2ForCausalLM",
-                      "olmoe": "OlmoeForCausalLM", "ernie4_5": "Ernie4_5ForCausalLM"}
+                      "olmoe": "OlmoeForCausalLM", "ernie4_5": "Ernie4_5ForCausalLM",
+                      "exaone4": "Exaone4ForCausalLM"}
 # GGUF architecture -> HF model_type, where they differ
 _MODEL_TYPES = {"qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe", "deepseek2": "deepseek_v3", "glm4moe": "glm4_moe",
                "gpt-oss": "gpt_oss", "gemma3": "gemma3_text",
@@ -171,6 +175,8 @@ def hf_config(path: Path, m: dict[str, Any], tensors: Sequence[Any]) -> dict[str
         cfg.update(_llama4_fields(path, m, need))
     elif arch in ("olmo2", "olmoe"):
         cfg.update(_olmo_fields(path, arch, m, need))
+    elif arch == "exaone4":
+        cfg.update(_windows(path, arch, m, need))
     elif arch in ("gemma2", "gemma3"):
         cfg.update(_gemma_fields(arch, m, need, hidden // heads, int(cfg["head_dim"])))
     elif arch == "granite":  # its four multipliers (models/granite.py), absent: 1 (and the default softmax scale)
@@ -241,17 +247,27 @@ def _olmo_fields(path: Path, arch: str, m: dict[str, Any], need: Callable[[str],
     if arch == "olmoe":  # llama.cpp's olmoe graph never renormalises the top-k weights, as OLMoE's configs say
         experts, used = _experts(path, arch, need)
         return {"num_experts": experts, "num_experts_per_tok": used, "norm_topk_prob": False}
-    window = m.get("olmo2.attention.sliding_window")
-    if not window:
+    windows = _windows(path, arch, m, need)
+    if not windows:
         return {}
     if m.get("olmo2.rope.scaling.type") not in (None, "none"):  # OLMo 3 scales its full-attention layers' only
         raise ConfigError(f"{path}: an olmo2 GGUF with windows and RoPE scaling (OLMo 3's YaRN, which transformers "
                           "applies to its full-attention layers only) is not supported; load the Hugging Face folder")
+    return {"architectures": ["Olmo3ForCausalLM"], "model_type": "olmo3", **windows}
+
+
+def _windows(path: Path, arch: str, m: dict[str, Any], need: Callable[[str], Any]) -> dict[str, Any]:
+    """`sliding_window` and `layer_types` from `attention.sliding_window` and its `sliding_window_pattern` (True:
+    windowed; absent: the converters' default, every fourth layer full); {} without a window."""
+    window = m.get(f"{arch}.attention.sliding_window")
+    if not window:
+        return {}
     n = int(need("block_count"))
-    pattern = m.get("olmo2.attention.sliding_window_pattern") or [(i + 1) % 4 != 0 for i in range(n)]
+    pattern = m.get(f"{arch}.attention.sliding_window_pattern") or [(i + 1) % 4 != 0 for i in range(n)]
     if len(pattern) != n:
-        raise ConfigError(f"{path}: olmo2.attention.sliding_window_pattern has {len(pattern)} entries for {n} layers")
-    return {"architectures": ["Olmo3ForCausalLM"], "model_type": "olmo3", "sliding_window": int(window),
+        raise ConfigError(f"{path}: {arch}.attention.sliding_window_pattern has {len(pattern)} entries for {n} "
+                          "layers")
+    return {"sliding_window": int(window),
             "layer_types": ["sliding_attention" if s else "full_attention" for s in pattern]}
 
 
