@@ -34,6 +34,9 @@ raises `ConfigError` (suggesting the HF folder), as does a missing required fiel
 - `exaone4` (EXAONE 4; llama.cpp's Exaone4Model): OLMo 2's post-norm tensors with per-head q / k norms, not
   permuted; its windowed layers by `attention.sliding_window` and its pattern as for OLMo 3 (only those rotated,
   models/olmo2.py); without a window every layer global and rotated; Llama 3's RoPE scaling from `rope_freqs`.
+- `glm4` (GLM-4-0414, GLM-Z1; llama.cpp's Glm4Model): q / k rows as the checkpoint's (RoPE on pairs, turned to halves
+  at load by models/glm4.py), `rope.dimension_count` of each head's `attention.key_length` dims rotated, the sandwich
+  norms (`post_attention_norm`, `post_ffw_norm`) and the fused gate/up as `ffn_up` (gguf_names.ARCH_GGUF_TO_HF).
 - `ernie4_5` (ERNIE 4.5 dense; llama.cpp's Ernie4_5Model): Llama's tensors, q / k rows as the checkpoint's (RoPE on
   pairs: models/llama.py's Ernie4_5ForCausalLM turns them to halves at load, from a folder or a GGUF alike), biases
   where the file has them; its sentencepiece vocabulary through transformers' converter.
@@ -98,7 +101,7 @@ GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", 
                       "gemma3": "Gemma3ForCausalLM", "granite": "GraniteForCausalLM",
                       "smollm3": "SmolLM3ForCausalLM", "llama4": "Llama4ForCausalLM", "olmo2": "Olmo2ForCausalLM",
                       "olmoe": "OlmoeForCausalLM", "ernie4_5": "Ernie4_5ForCausalLM",
-                      "exaone4": "Exaone4ForCausalLM"}
+                      "exaone4": "Exaone4ForCausalLM", "glm4": "Glm4ForCausalLM"}
 # GGUF architecture -> HF model_type, where they differ
 _MODEL_TYPES = {"qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe", "deepseek2": "deepseek_v3", "glm4moe": "glm4_moe",
                "gpt-oss": "gpt_oss", "gemma3": "gemma3_text",
@@ -177,6 +180,9 @@ def hf_config(path: Path, m: dict[str, Any], tensors: Sequence[Any]) -> dict[str
         cfg.update(_olmo_fields(path, arch, m, need))
     elif arch == "exaone4":
         cfg.update(_windows(path, arch, m, need))
+    elif arch == "glm4":  # heads of key_length dims, rope.dimension_count of them rotated
+        head = int(m.get("glm4.attention.key_length") or hidden // heads)
+        cfg.update(head_dim=head, partial_rotary_factor=int(m.get("glm4.rope.dimension_count") or head // 2) / head)
     elif arch in ("gemma2", "gemma3"):
         cfg.update(_gemma_fields(arch, m, need, hidden // heads, int(cfg["head_dim"])))
     elif arch == "granite":  # its four multipliers (models/granite.py), absent: 1 (and the default softmax scale)

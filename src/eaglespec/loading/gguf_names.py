@@ -1,21 +1,22 @@
 """llama.cpp tensor names -> Hugging Face names: the one GGUF name table, the q/k un-permutation, the expert split.
 
 `GGUF_TO_HF` maps every tensor name of a `llama`, `qwen2`, `qwen3`, `qwen2moe`, `qwen3moe`, `phi3`, `deepseek2`,
-`glm4moe`, `gpt-oss`, `gemma2`, `gemma3`, `llama4`, `olmo2`, `olmoe`, `ernie4_5` or `exaone4` GGUF (`ARCH_GGUF_TO_HF`
-first, where an architecture means other tensors by some names) to the HF name that `models/llama.py`, `models/qwen.py`,
-`models/qwen_moe.py`, `models/mixtral.py`, `models/phi3.py`, `models/deepseek_v3.py`, `models/glm4_moe.py`,
-`models/gpt_oss.py`, `models/gemma.py` and `models/olmo2.py` keep (Qwen3's per-head q/k norms: `attn_q_norm`,
-`attn_k_norm`; the MoE router `ffn_gate_inp` -> `mlp.gate`; old Mixtral files' per-expert `ffn_gate.E`; deepseek2's MLA
-projections, shared experts `ffn_*_shexp` and router correction bias `exp_probs_b.bias`). Its third column says what
-else the reader does to the tensor: `q` / `k`, the weights llama.cpp permutes for its RoPE layout in a `llama` GGUF (by
-attention heads, by KV heads), which `unpermute_qk` undoes so they match the HF rotate-halves layout (Qwen's GGUFs keep
-the HF layout: llama.cpp runs their RoPE on halves, NEOX style, and llama4's keep HF's pairs; the reader unpermutes
-`PERMUTED_ARCHS`' files only); `experts`, llama.cpp's stacked expert tensors (`ffn_{gate,up,down}_exps`, numpy [E, rows,
-cols] = GGUF dims reversed), split into one HF tensor per expert, `{e}` in the HF name standing for the expert's index
-(`expert_names`; 2-D [E, rows] for gpt-oss's expert biases); `experts_gate_up`, gpt-oss's gate and up stacked in one
-tensor [E, 2 rows, ...] (gate first), split per expert into both (`{gate_up}` standing for gate_proj or up_proj); `k_b`
-/ `v_b`, the two halves llama.cpp's converter (since its MLA rework) cuts DeepSeek's `kv_b_proj` into, joined back into
-it by `join_kv_b` (older deepseek2 files hold `attn_kv_b` whole).
+`glm4moe`, `gpt-oss`, `gemma2`, `gemma3`, `llama4`, `olmo2`, `olmoe`, `ernie4_5`, `exaone4` or `glm4` GGUF
+(`ARCH_GGUF_TO_HF` first, where an architecture means other tensors by some names) to the HF name that
+`models/llama.py`, `models/qwen.py`, `models/qwen_moe.py`, `models/mixtral.py`, `models/phi3.py`,
+`models/deepseek_v3.py`, `models/glm4_moe.py`, `models/gpt_oss.py`, `models/gemma.py` and `models/olmo2.py` keep
+(Qwen3's per-head q/k norms: `attn_q_norm`, `attn_k_norm`; the MoE router `ffn_gate_inp` -> `mlp.gate`; old Mixtral
+files' per-expert `ffn_gate.E`; deepseek2's MLA projections, shared experts `ffn_*_shexp` and router correction bias
+`exp_probs_b.bias`). Its third column says what else the reader does to the tensor: `q` / `k`, the weights llama.cpp
+permutes for its RoPE layout in a `llama` GGUF (by attention heads, by KV heads), which `unpermute_qk` undoes so they
+match the HF rotate-halves layout (Qwen's GGUFs keep the HF layout: llama.cpp runs their RoPE on halves, NEOX style, and
+llama4's keep HF's pairs; the reader unpermutes `PERMUTED_ARCHS`' files only); `experts`, llama.cpp's stacked expert
+tensors (`ffn_{gate,up,down}_exps`, numpy [E, rows, cols] = GGUF dims reversed), split into one HF tensor per expert,
+`{e}` in the HF name standing for the expert's index (`expert_names`; 2-D [E, rows] for gpt-oss's expert biases);
+`experts_gate_up`, gpt-oss's gate and up stacked in one tensor [E, 2 rows, ...] (gate first), split per expert into both
+(`{gate_up}` standing for gate_proj or up_proj); `k_b` / `v_b`, the two halves llama.cpp's converter (since its MLA
+rework) cuts DeepSeek's `kv_b_proj` into, joined back into it by `join_kv_b` (older deepseek2 files hold `attn_kv_b`
+whole).
 """
 
 from __future__ import annotations
@@ -99,10 +100,15 @@ HF_RENAMES: dict[str, tuple[tuple[str, str], ...]] = {
 # rows (Llama 4's RoPE is on pairs already)
 PERMUTED_ARCHS = frozenset({"llama", "granite", "smollm3"})
 # per GGUF architecture, names that mean another HF tensor there than in the table (consulted first): Gemma's
-# ffn_norm is its pre-FFN norm (its post_attention_norm and post_ffw_norm are the table's)
-ARCH_GGUF_TO_HF: dict[str, tuple[tuple[str, str, str | None], ...]] = {arch: (
+# ffn_norm is its pre-FFN norm (its post_attention_norm and post_ffw_norm are the table's); GLM-4's post-norms have
+# their own names
+ARCH_GGUF_TO_HF: dict[str, tuple[tuple[str, str, str | None], ...]] = {**{arch: (
     (r"blk\.(\d+)\.ffn_norm\.weight", r"model.layers.\1.pre_feedforward_layernorm.weight", None),
-) for arch in ("gemma2", "gemma3")}
+) for arch in ("gemma2", "gemma3")}, "glm4": (  # GLM-4-0414's sandwich norms, and its gate and up as one ffn_up
+    (r"blk\.(\d+)\.post_attention_norm\.weight", r"model.layers.\1.post_self_attn_layernorm.weight", None),
+    (r"blk\.(\d+)\.post_ffw_norm\.weight", r"model.layers.\1.post_mlp_layernorm.weight", None),
+    (r"blk\.(\d+)\.ffn_up\.weight", r"model.layers.\1.mlp.gate_up_proj.weight", None),
+)}
 # GGUF architectures whose norm weights llama.cpp's converter stored as 1 + w (Gemma's are offsets from 1, which
 # layers/norm.OffsetRMSNorm adds back): the reader subtracts the 1 again
 NORM_SHIFTED_ARCHS = frozenset({"gemma2", "gemma3"})
