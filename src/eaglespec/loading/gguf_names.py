@@ -74,13 +74,14 @@ GGUF_TO_HF: tuple[tuple[str, str, str | None], ...] = (
     (r"blk\.(\d+)\.exp_probs_b\.bias", r"model.layers.\1.mlp.gate.e_score_correction_bias", None),
     # qwen2moe: the shared expert's sigmoid gate [1, H]
     (r"blk\.(\d+)\.ffn_gate_inp_shexp\.weight", r"model.layers.\1.mlp.shared_expert_gate.weight", None),
-    # glm4moe: the pre-FFN norm (llama.cpp's name there for HF's post_attention_layernorm), and the MTP layer's own
-    # tensors (block num_hidden_layers, which the model ignores, as it ignores that block's attention and experts)
+    # HF's post_attention_layernorm (Gemma's, OLMo 2's and EXAONE 4's post-attention norm; glm4moe's pre-FFN norm, by
+    # llama.cpp's name there), and glm4moe's MTP layer's own tensors (block num_hidden_layers, which the model ignores,
+    # as it ignores that block's attention and experts)
     (r"blk\.(\d+)\.post_attention_norm\.weight", r"model.layers.\1.post_attention_layernorm.weight", None),
-    # gemma2 / gemma3 / olmo2: the post-FFN norm
-    (r"blk\.(\d+)\.post_ffw_norm\.weight", r"model.layers.\1.post_feedforward_layernorm.weight", None),
     (r"blk\.(\d+)\.nextn\.(eh_proj|enorm|hnorm|embed_tokens)\.weight", r"model.layers.\1.\2.weight", None),
     (r"blk\.(\d+)\.nextn\.shared_head_(head|norm)\.weight", r"model.layers.\1.shared_head.\2.weight", None),
+    # gemma2 / gemma3 / olmo2 / exaone4: the post-FFN norm
+    (r"blk\.(\d+)\.post_ffw_norm\.weight", r"model.layers.\1.post_feedforward_layernorm.weight", None),
 )
 # per HF architecture (the config's), (regex, replacement) on the table's names where that architecture's
 # checkpoints spell them otherwise, so that a converted folder (loading/convert.py) is that architecture's own: phi3's
