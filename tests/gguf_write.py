@@ -42,6 +42,22 @@ def add_common(w: gguf.GGUFWriter, c, sd: dict[str, np.ndarray], head: bool = Tr
         w.add_tensor("output.weight", sd["lm_head.weight"])
 
 
+def start_file(path: Path, arch: str, ref, head: bool = True,
+               sd: dict[str, np.ndarray] | None = None) -> tuple[gguf.GGUFWriter, dict[str, np.ndarray]]:
+    """A writer of an `arch` file at `path` holding what every decoder file of the transformers model `ref` holds
+    (`add_common`; `head`: the untied head), its feed-forward length and, where its config names a head_dim, its key
+    length (as llama.cpp's converter), with the state dict it read them from (`sd`, else ref's as float32 numpy) for
+    the caller's layers."""
+    c = ref.config
+    sd = {k: v.detach().float().numpy() for k, v in ref.state_dict().items()} if sd is None else sd
+    w = gguf.GGUFWriter(str(path), arch)
+    add_common(w, c, sd, head)
+    w.add_feed_forward_length(c.intermediate_size)
+    if getattr(c, "head_dim", None):
+        w.add_key_length(c.head_dim)
+    return w, sd
+
+
 def add_llama_layers(w: gguf.GGUFWriter, c, sd: dict[str, np.ndarray]) -> None:
     """Every layer of a Llama-layout model as llama.cpp's LlamaModel writes it (q / k rows permuted,
     `llama_cpp_permute`), with the feed-forward length."""

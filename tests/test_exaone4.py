@@ -5,10 +5,9 @@ speculation against plain greedy and the cache-free forward; the released "LLLG"
 
 from __future__ import annotations
 
-import gguf
 import pytest
 import torch
-from gguf_write import add_common, finish
+from gguf_write import finish, start_file
 from test_olmo2 import OLMO2_BLOCK
 from tiny import assert_family_speculates, assert_matches_transformers, transformers_pair
 
@@ -58,11 +57,7 @@ def test_llama_cpp_exaone4_gguf_answers_as_transformers(pair, tmp_path):
     by attention.sliding_window and its pattern (only they rotated); without a window every layer global."""
     window, ref, _ = pair
     c = ref.config
-    sd = {k: v.detach().float().numpy() for k, v in ref.state_dict().items()}
-    w = gguf.GGUFWriter(str(tmp_path / "m.gguf"), "exaone4")
-    add_common(w, c, sd)
-    w.add_feed_forward_length(c.intermediate_size)
-    w.add_key_length(c.head_dim)
+    w, sd = start_file(tmp_path / "m.gguf", "exaone4", ref)
     if window:
         w.add_sliding_window(window)
         w.add_sliding_window_pattern([t == "sliding_attention" for t in c.layer_types])

@@ -5,10 +5,9 @@ are permuted to the halves layout at load; sandwich norms; speculation against p
 from __future__ import annotations
 
 
-import gguf
 import pytest
 import torch
-from gguf_write import add_common, finish
+from gguf_write import finish, start_file
 from tiny import assert_family_speculates, assert_matches_transformers, transformers_pair
 
 from eaglespec.layers.rotary import pairs_to_halves
@@ -53,11 +52,7 @@ def test_llama_cpp_glm4_gguf_answers_as_transformers(pair, tmp_path):
     rope.dimension_count of key_length dims rotated; the sandwich norms by their llama.cpp names; gate/up fused."""
     ref, _ = pair
     c = ref.config
-    sd = {k: v.detach().float().numpy() for k, v in ref.state_dict().items()}
-    w = gguf.GGUFWriter(str(tmp_path / "m.gguf"), "glm4")
-    add_common(w, c, sd)
-    w.add_feed_forward_length(c.intermediate_size)
-    w.add_key_length(c.head_dim)
+    w, sd = start_file(tmp_path / "m.gguf", "glm4", ref)
     w.add_rope_dimension_count(c.head_dim // 2)
     for i in range(c.num_hidden_layers):
         pre = f"model.layers.{i}."

@@ -6,10 +6,9 @@ against plain greedy and the cache-free forward; llama.cpp's ernie4_5 GGUFs."""
 from __future__ import annotations
 
 
-import gguf
 import pytest
 import torch
-from gguf_write import add_common, finish
+from gguf_write import finish, start_file
 from tiny import assert_family_speculates, assert_matches_transformers, transformers_pair
 
 from eaglespec.loading import load_model
@@ -49,11 +48,7 @@ def test_llama_cpp_ernie4_5_gguf_answers_as_transformers(tmp_path):
     turned to halves at load as from a folder), the head tied (no output tensor), key_length as head_dim."""
     ref, _ = transformers_pair("Ernie4_5", tmp_path / "hf", **COMMON, use_bias=True)
     c = ref.config
-    sd = {k: v.detach().float().numpy() for k, v in ref.state_dict().items()}
-    w = gguf.GGUFWriter(str(tmp_path / "m.gguf"), "ernie4_5")
-    add_common(w, c, sd, head=False)
-    w.add_feed_forward_length(c.intermediate_size)
-    w.add_key_length(c.head_dim)
+    w, sd = start_file(tmp_path / "m.gguf", "ernie4_5", ref, head=False)  # tied
     w.add_value_length(c.head_dim)
     for i in range(c.num_hidden_layers):
         pre = f"model.layers.{i}."

@@ -10,7 +10,7 @@ import copy
 import gguf
 import pytest
 import torch
-from gguf_write import add_common, finish
+from gguf_write import finish, start_file
 from tiny import FAMILY_PROMPTS, assert_family_speculates, assert_matches_transformers, transformers_pair
 
 from eaglespec.config import EngineConfig
@@ -70,10 +70,7 @@ OLMO2_BLOCK = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn
 def write_olmo2_gguf(path, case: str, ref, extra=lambda w: None) -> None:
     """An olmo2 GGUF as llama.cpp's Olmo2Model writes it from `ref` (OLMo 3: its window and pattern too)."""
     c = ref.config
-    sd = {k: v.detach().float().numpy() for k, v in ref.state_dict().items()}
-    w = gguf.GGUFWriter(str(path), "olmo2")
-    add_common(w, c, sd)
-    w.add_feed_forward_length(c.intermediate_size)
+    w, sd = start_file(path, "olmo2", ref)
     if case == "olmo3":
         w.add_sliding_window(c.sliding_window)
         w.add_sliding_window_pattern([t == "sliding_attention" for t in c.layer_types])

@@ -5,11 +5,10 @@ llama.cpp's olmoe GGUFs."""
 
 from __future__ import annotations
 
-import gguf
 import numpy as np
 import pytest
 import torch
-from gguf_write import add_common, finish
+from gguf_write import finish, start_file
 from tiny import assert_family_speculates, assert_matches_transformers, per_expert, transformers_pair
 
 from eaglespec.config import ModelConfig
@@ -54,9 +53,7 @@ def test_llama_cpp_olmoe_gguf_answers_as_transformers(tmp_path):
     sd = {k: v.detach().float().numpy() for k, v in per_expert(ref.state_dict()).items()}
 
     def write(path, extra=lambda w: None) -> None:
-        w = gguf.GGUFWriter(str(path), "olmoe")
-        add_common(w, c, sd)
-        w.add_feed_forward_length(c.intermediate_size)
+        w, _ = start_file(path, "olmoe", ref, sd=sd)
         w.add_expert_count(c.num_experts)
         w.add_expert_used_count(c.num_experts_per_tok)
         extra(w)
