@@ -33,7 +33,8 @@ def add_common(w: gguf.GGUFWriter, c, sd: dict[str, np.ndarray], head: bool = Tr
     w.add_embedding_length(c.hidden_size)
     w.add_head_count(c.num_attention_heads)
     w.add_head_count_kv(c.num_key_value_heads)
-    w.add_layer_norm_rms_eps(c.rms_norm_eps)
+    if getattr(c, "rms_norm_eps", None) is not None:  # (LayerNorm models, Cohere's: their writers add theirs)
+        w.add_layer_norm_rms_eps(c.rms_norm_eps)
     rope = c.rope_parameters  # transformers 5's, or keyed by layer type (OLMo 3's, Gemma 3's): the full layers'
     w.add_rope_freq_base(rope["rope_theta"] if "rope_theta" in rope else rope["full_attention"]["rope_theta"])
     w.add_tensor("token_embd.weight", sd["model.embed_tokens.weight"])

@@ -296,7 +296,7 @@ def test_unsupported_gguf_architecture(tmp_path):
 
     assert {"llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "deepseek2", "phi3", "glm4moe", "gpt-oss", "gemma2",
             "gemma3", "granite", "smollm3", "llama4", "olmo2", "olmoe", "ernie4_5", "exaone4",
-            "glm4"} == set(GGUF_ARCHITECTURES)
+            "glm4", "command-r", "cohere2"} == set(GGUF_ARCHITECTURES)
     listed = ", ".join(map(repr, GGUF_ARCHITECTURES))
     with pytest.raises(ConfigError, match=re.escape(f"GGUF architecture 'gemma' is not supported (only {listed}); "
                                                     "load the model's Hugging Face folder instead")):

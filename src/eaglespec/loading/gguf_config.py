@@ -37,6 +37,10 @@ raises `ConfigError` (suggesting the HF folder), as does a missing required fiel
 - `glm4` (GLM-4-0414, GLM-Z1; llama.cpp's Glm4Model): q / k rows as the checkpoint's (RoPE on pairs, turned to halves
   at load by models/glm4.py), `rope.dimension_count` of each head's `attention.key_length` dims rotated, the sandwich
   norms (`post_attention_norm`, `post_ffw_norm`) and the fused gate/up as `ffn_up` (gguf_names.ARCH_GGUF_TO_HF).
+- `command-r` / `cohere2` (Command R / R+, R7B / A; llama.cpp's CommandR2Model / Cohere2Model): q / k rows as the
+  checkpoint's (RoPE on pairs, turned to halves at load by models/cohere.py), LayerNorms by
+  `attention.layer_norm_epsilon`, `logit_scale`, R+'s per-head q / k norms where the file has them; cohere2's window
+  on three layers of four (llama.cpp's fixed pattern; no pattern key is written).
 - `ernie4_5` (ERNIE 4.5 dense; llama.cpp's Ernie4_5Model): Llama's tensors, q / k rows as the checkpoint's (RoPE on
   pairs: models/llama.py's Ernie4_5ForCausalLM turns them to halves at load, from a folder or a GGUF alike), biases
   where the file has them; its sentencepiece vocabulary through transformers' converter.
@@ -101,10 +105,11 @@ GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", 
                       "gemma3": "Gemma3ForCausalLM", "granite": "GraniteForCausalLM",
                       "smollm3": "SmolLM3ForCausalLM", "llama4": "Llama4ForCausalLM", "olmo2": "Olmo2ForCausalLM",
                       "olmoe": "OlmoeForCausalLM", "ernie4_5": "Ernie4_5ForCausalLM",
-                      "exaone4": "Exaone4ForCausalLM", "glm4": "Glm4ForCausalLM"}
+                      "exaone4": "Exaone4ForCausalLM", "glm4": "Glm4ForCausalLM", "command-r": "CohereForCausalLM",
+                      "cohere2": "Cohere2ForCausalLM"}
 # GGUF architecture -> HF model_type, where they differ
 _MODEL_TYPES = {"qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe", "deepseek2": "deepseek_v3", "glm4moe": "glm4_moe",
-               "gpt-oss": "gpt_oss", "gemma3": "gemma3_text",
+               "gpt-oss": "gpt_oss", "gemma3": "gemma3_text", "command-r": "cohere",
                "llama4": "llama4_text"}
 # general.file_type -> torch dtype name of the unquantized model (everything quantized dequantizes to float32).
 _FILE_TYPE_DTYPE = {0: "float32", 1: "float16", 32: "bfloat16"}
@@ -180,6 +185,10 @@ def hf_config(path: Path, m: dict[str, Any], tensors: Sequence[Any]) -> dict[str
         cfg.update(_olmo_fields(path, arch, m, need))
     elif arch == "exaone4":
         cfg.update(_windows(path, arch, m, need))
+    elif arch in ("command-r", "cohere2"):  # LayerNorms, scaled logits; R+'s q/k norms; R7B's windows
+        cfg.update(layer_norm_eps=float(m.get(f"{arch}.attention.layer_norm_epsilon", 1e-5)),
+                   logit_scale=float(need("logit_scale")), use_qk_norm="blk.0.attn_q_norm.weight" in dims,
+                   **_windows(path, arch, m, need))
     elif arch == "glm4":  # heads of key_length dims, rope.dimension_count of them rotated
         head = int(m.get("glm4.attention.key_length") or hidden // heads)
         cfg.update(head_dim=head, partial_rotary_factor=int(m.get("glm4.rope.dimension_count") or head // 2) / head)

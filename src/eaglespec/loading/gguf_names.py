@@ -1,8 +1,8 @@
 """llama.cpp tensor names -> Hugging Face names: the one GGUF name table, the q/k un-permutation, the expert split.
 
 `GGUF_TO_HF` maps every tensor name of a `llama`, `qwen2`, `qwen3`, `qwen2moe`, `qwen3moe`, `phi3`, `deepseek2`,
-`glm4moe`, `gpt-oss`, `gemma2`, `gemma3`, `llama4`, `olmo2`, `olmoe`, `ernie4_5`, `exaone4` or `glm4` GGUF
-(`ARCH_GGUF_TO_HF` first, where an architecture means other tensors by some names) to the HF name that
+`glm4moe`, `gpt-oss`, `gemma2`, `gemma3`, `llama4`, `olmo2`, `olmoe`, `ernie4_5`, `exaone4`, `glm4`, `command-r` or
+`cohere2` GGUF (`ARCH_GGUF_TO_HF` first, where an architecture means other tensors by some names) to the HF name that
 `models/llama.py`, `models/qwen.py`, `models/qwen_moe.py`, `models/mixtral.py`, `models/phi3.py`,
 `models/deepseek_v3.py`, `models/glm4_moe.py`, `models/gpt_oss.py`, `models/gemma.py` and `models/olmo2.py` keep
 (Qwen3's per-head q/k norms: `attn_q_norm`, `attn_k_norm`; the MoE router `ffn_gate_inp` -> `mlp.gate`; old Mixtral
