@@ -247,10 +247,10 @@ def test_llama_cpp_gemma_ggufs_answer_as_transformers(tmp_path, arch):
 
 def test_gemma_27b_ggufs_scale_by_hidden_over_heads():
     """llama.cpp's rule for the 27B models (62 layers for Gemma 3): query_pre_attn_scalar = hidden / heads."""
-    from eaglespec.loading.gguf_config import _gemma_fields
+    from eaglespec.loading.gguf_fields import gemma_fields
 
     m = {"gemma3.block_count": 62, "gemma3.attention.sliding_window": 1024}
-    fields = _gemma_fields("gemma3", m, lambda k: m[f"gemma3.{k}"], 168, 128)
+    fields = gemma_fields("gemma3", m, lambda k: m[f"gemma3.{k}"], 168, 128)
     assert fields["query_pre_attn_scalar"] == 168
     m["gemma3.block_count"] = 34  # 4B
-    assert _gemma_fields("gemma3", m, lambda k: m[f"gemma3.{k}"], 320, 256)["query_pre_attn_scalar"] == 256
+    assert gemma_fields("gemma3", m, lambda k: m[f"gemma3.{k}"], 320, 256)["query_pre_attn_scalar"] == 256
