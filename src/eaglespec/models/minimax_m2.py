@@ -15,22 +15,15 @@ kernel); on CUDA the experts run as the grouped kernels and the router as its ke
 
 from __future__ import annotations
 
-from ..config import ModelConfig
-from ..layers.moe import MoE
-from ..layers.norm import RMSNorm
-from .base import PreNormDecoderLayer
-from .mixtral import MixtralForCausalLM
+from .mixtral import MixtralDecoderLayer, MixtralForCausalLM
 from .olmo2 import Olmo2Attention
 
 
-class MiniMaxM2DecoderLayer(PreNormDecoderLayer):
-    def __init__(self, cfg: ModelConfig) -> None:
-        super().__init__()
-        assert cfg.moe is not None, "MiniMax-M2 needs num_local_experts and num_experts_per_tok in its config"
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Olmo2Attention(cfg)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MoE(cfg.hidden_size, cfg.moe, act=cfg.hidden_act)
+class MiniMaxM2DecoderLayer(MixtralDecoderLayer):
+    """Mixtral's layer with OLMo 2's whole-projection q / k norms."""
+
+    family = "MiniMax-M2"
+    attention = Olmo2Attention
 
 
 class MiniMaxM2ForCausalLM(MixtralForCausalLM):

@@ -17,6 +17,10 @@ experts run as grouped GEMMs like Qwen3-MoE's (`engine.transforms.use_grouped_ex
 
 from __future__ import annotations
 
+from typing import Callable
+
+from torch import nn
+
 from ..config import ModelConfig
 from ..layers.moe import MoE
 from ..layers.norm import RMSNorm
@@ -25,11 +29,14 @@ from .llama import LlamaForCausalLM, llama_attention
 
 
 class MixtralDecoderLayer(PreNormDecoderLayer):
+    family = "Mixtral"
+    attention: Callable[[ModelConfig], nn.Module] = staticmethod(llama_attention)  # the layer's, from the config
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        assert cfg.moe is not None, "Mixtral needs num_local_experts and num_experts_per_tok in its config"
+        assert cfg.moe is not None, f"{self.family} needs num_local_experts and num_experts_per_tok in its config"
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = llama_attention(cfg)
+        self.self_attn = self.attention(cfg)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MoE(cfg.hidden_size, cfg.moe, act=cfg.hidden_act)
 
