@@ -149,46 +149,12 @@ def test_limits(monkeypatch):
     assert not fits(1, 1, 9, 3, 48)  # head dim not a power of two
 
 
-@pytest.mark.parametrize("family", ["gpt_oss", "softcap"])
-def test_engines_with_sinks_or_soft_caps_in_the_kernel_equal_plain(monkeypatch, family):
-    """gpt-oss's sinks (with its windows) and soft-capped scores (a tiny Llama's layers given Gemma 2's cap) through
-    the fused RoPE + KV-store and short-query kernels in the whole engine (float32): decode and verify steps take the
-    kernel with the layer's terms, and greedy speculation equals the eager engine's plain decoding."""
-    from tiny import assert_transformed_engine_equals_plain, tiny_llama, tiny_moe
-
-    from eaglespec.config import SpecConfig
-    from eaglespec.engine.transforms import fuse_projections, use_rope_store_kernel, use_short_attention_kernel
-    from eaglespec.layers import short_attention_kernel as sak
-    from eaglespec.layers.attention import AttentionKernel
-
-    monkeypatch.setattr(sak, "FLOAT32_MAX_QUERY_ROWS", None)
-    terms = []
-
-    def counted(q, *a, **kw):
-        terms.append((kw["sinks"] is not None, kw["softcap"]))
-        return sak.short_attention(q, *a, **kw)
-
-    target = tiny_moe("gpt_oss") if family == "gpt_oss" else tiny_llama(seed=0, layers=3)  # 3 layers: interpreted
-    if family == "softcap":
-        for layer in target.model.layers:
-            layer.self_attn.softcap = 1.5
-
-    def prepare(target, drafter):
-        use_short_attention_kernel(use_rope_store_kernel(fuse_projections(target)))
-        for mod in target.modules():
-            if getattr(mod, "attn_kernel", None) is not None:
-                mod.attn_kernel = AttentionKernel(counted, sak.fits)
-
-    prompts = [[1, 2, 3, 4], list(range(10, 15)), list(range(20, 40))]
-    assert_transformed_engine_equals_plain(prepare, SpecConfig(3, 1, 4), prompts, 12,
-                                           drafter_kw={"hidden": target.config.hidden_size}, target=target)
-    assert terms and set(terms) == ({(True, None)} if family == "gpt_oss" else {(False, 1.5)})
-
-
-def test_engine_with_the_kernel_equals_plain(monkeypatch):
-    """The kernels in the target's and the drafter's attention (with the fused RoPE + KV-store kernel) through the
-    whole engine (float32): decode, verify and drafter steps take them; greedy speculation equals plain decoding."""
-    from tiny import assert_transformed_engine_equals_plain, tiny_llama
+def _engine_through_the_kernel_equals_plain(monkeypatch, record, target, prompts, max_new_tokens,
+                                            drafter_too: bool, drafter_kw: dict | None = None) -> None:
+    """`target` (and, `drafter_too`, its drafter) with the fused RoPE + KV-store and short-query kernels, every call of
+    the kernel passed to `record(q, kwargs)` first, float32 steps taking it as bf16 ones do: greedy speculation (chain
+    3,1,4) and plain decoding equal the eager engine's plain decoding."""
+    from tiny import assert_transformed_engine_equals_plain
 
     from eaglespec.config import SpecConfig
     from eaglespec.engine.transforms import fuse_projections, use_rope_store_kernel, use_short_attention_kernel
@@ -196,23 +162,52 @@ def test_engine_with_the_kernel_equals_plain(monkeypatch):
     from eaglespec.layers.attention import AttentionKernel
 
     monkeypatch.setattr(sak, "FLOAT32_MAX_QUERY_ROWS", None)  # float32 as bf16 (the GPU gives wider steps SDPA)
-    calls = []
 
     def counted(q, *a, **kw):
-        calls.append(q.shape[1])
+        record(q, kw)
         return sak.short_attention(q, *a, **kw)
 
     def prepare(target, drafter):
-        for m in (target, drafter):
+        for m in (target, drafter) if drafter_too else (target,):
             use_short_attention_kernel(use_rope_store_kernel(fuse_projections(m)))
             for mod in m.modules():
                 if getattr(mod, "attn_kernel", None) is not None:
                     mod.attn_kernel = AttentionKernel(counted, sak.fits)
 
-    prompts = [[1, 2, 3, 4], list(range(10, 15)), list(range(20, 54))]
+    assert_transformed_engine_equals_plain(prepare, SpecConfig(3, 1, 4), prompts, max_new_tokens,
+                                           drafter_kw=drafter_kw, target=target)
+
+
+@pytest.mark.parametrize("family", ["gpt_oss", "softcap"])
+def test_engines_with_sinks_or_soft_caps_in_the_kernel_equal_plain(monkeypatch, family):
+    """gpt-oss's sinks (with its windows) and soft-capped scores (a tiny Llama's layers given Gemma 2's cap) through
+    the fused RoPE + KV-store and short-query kernels in the whole engine (float32): decode and verify steps take the
+    kernel with the layer's terms, and greedy speculation equals the eager engine's plain decoding."""
+    from tiny import tiny_llama, tiny_moe
+
+    terms = []
+    target = tiny_moe("gpt_oss") if family == "gpt_oss" else tiny_llama(seed=0, layers=3)  # 3 layers: interpreted
+    if family == "softcap":
+        for layer in target.model.layers:
+            layer.self_attn.softcap = 1.5
+    _engine_through_the_kernel_equals_plain(
+        monkeypatch, lambda q, kw: terms.append((kw["sinks"] is not None, kw["softcap"])), target,
+        [[1, 2, 3, 4], list(range(10, 15)), list(range(20, 40))], 12, drafter_too=False,
+        drafter_kw={"hidden": target.config.hidden_size})
+    assert terms and set(terms) == ({(True, None)} if family == "gpt_oss" else {(False, 1.5)})
+
+
+def test_engine_with_the_kernel_equals_plain(monkeypatch):
+    """The kernels in the target's and the drafter's attention (with the fused RoPE + KV-store kernel) through the
+    whole engine (float32): decode, verify and drafter steps take them; greedy speculation equals plain decoding."""
+    from tiny import tiny_llama
+
+    calls = []
     # three layers, not tiny_llama's six: every step runs the kernels in Triton's interpreter
-    assert_transformed_engine_equals_plain(prepare, SpecConfig(3, 1, 4), prompts, 8,
-                                           target=tiny_llama(seed=0, layers=3))
+    _engine_through_the_kernel_equals_plain(monkeypatch, lambda q, kw: calls.append(q.shape[1]),
+                                            tiny_llama(seed=0, layers=3),
+                                            [[1, 2, 3, 4], list(range(10, 15)), list(range(20, 54))], 8,
+                                            drafter_too=True)
     # decode / draft steps (1 token), verify (4 tokens), and prompts: 34 tokens take the prompt kernel (tiny models
     # have 2 query heads per kv head: 68 query rows), in the target's prefill and the drafter's catch-up
     assert {1, 4, 34} <= set(calls)
