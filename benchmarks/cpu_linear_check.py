@@ -1,13 +1,15 @@
-"""What a CPU's few-row projections cost through F.linear against the weight-major product (layers/cpu_linear.py),
-and what that makes of SmolLM2's forward of T tokens against one of 1 token: the measurement behind
-`transforms.use_cpu_linear` and `cpu_linear.PAD_ROWS`.
+"""What a CPU's few-row projections cost through F.linear, the weight-major product and oneDNN's packed weight
+(layers/cpu_linear.py), and what that makes of SmolLM2's forward of T tokens against one of 1 token: the measurement
+behind `transforms.use_cpu_linear`, `cpu_linear.PAD_ROWS` and `cpu_linear.PACKED_MIN_ROWS`.
 
 1. GEMMs of SmolLM2's shapes (fused q/k/v, fused gate/up, down_proj, the 49,152-row lm_head) over cold weights (30
-   copies per shape, 3 for the lm_head, cycled; best of 5 passes), us per call: F.linear(x, W), and W @ x^T for the
-   same rows (1 and 3 rows as `weight_major_linear` computes them: padded to 2 and 4).
+   copies per shape, 3 for the lm_head, cycled; best of 5 passes), us per call: F.linear(x, W), W @ x^T for the
+   same rows (1 and 3 rows as `weight_major_linear` computes them: padded to 2 and 4), and the packed copy
+   (`pack_weight`, `packed_linear`).
 2. The embedded SmolLM2's cache-free forward (float32, as `prepare_for_inference` leaves it on the CPU, fused) of T =
-   1..8 tokens: ms for T = 1 and the ratio for the others (engine/verify_cost.py's measurement), weight-major and
-   F.linear (`transforms.CPU_WEIGHT_MAJOR`).
+   1..8 tokens: ms for T = 1 and the ratio for the others (the fastest of 5 each; engine/verify_cost.py's
+   measurement), with the packed copies, weight-major alone (`transforms.CPU_PACK_MAX_SHARE` 0) and F.linear
+   (`transforms.CPU_WEIGHT_MAJOR` False). This machine's timings vary: alternate runs before trusting a 5% change.
 
 usage: python benchmarks/cpu_linear_check.py [--threads N]
 """
@@ -22,8 +24,8 @@ import torch.nn.functional as F
 
 from eaglespec.engine import transforms
 from eaglespec.engine.transforms import prepare_for_inference
-from eaglespec.engine.verify_cost import _fastest
-from eaglespec.layers.cpu_linear import weight_major_linear
+from eaglespec.engine.verify_cost import _forward_s
+from eaglespec.layers.cpu_linear import pack_weight, packed_linear, weight_major_linear
 from eaglespec.loading.checkpoint import load_model
 
 ap = argparse.ArgumentParser()
@@ -43,25 +45,36 @@ def best_us(calls: list, passes: int = 5) -> float:
     return best
 
 
-print("\n| projection (N x K) | rows | F.linear us | weight-major us |")
-print("| --- | ---: | ---: | ---: |")
+print("\n| projection (N x K) | rows | F.linear us | weight-major us | packed us |")
+print("| --- | ---: | ---: | ---: | ---: |")
 for name, (n, k) in {"q/k/v": (960, 576), "gate/up": (3072, 576), "down_proj": (576, 1536),
                      "lm_head": (49152, 576)}.items():
     ws = [torch.randn(n, k) for _ in range(3 if name == "lm_head" else 30)]
+    ps = [pack_weight(w) for w in ws]
     for rows in (1, 2, 3, 4, 8):
         x = torch.randn(rows, k)
         a = best_us([lambda w=w: F.linear(x, w) for w in ws])
         b = best_us([lambda w=w: weight_major_linear(x, w) for w in ws])
-        print(f"| {name} {n} x {k} | {rows} | {a:,.0f} | {b:,.0f} |", flush=True)
+        c = best_us([lambda p=p: packed_linear(x, p, None, n) for p in ps]) if ps[0] is not None else float("nan")
+        print(f"| {name} {n} x {k} | {rows} | {a:,.0f} | {b:,.0f} | {c:,.0f} |", flush=True)
+    del ws, ps
+
+
+def fastest(model: torch.nn.Module, tokens: int, repeats: int) -> float:
+    ids = torch.zeros(1, tokens, dtype=torch.long)
+    _forward_s(model, ids)
+    return min(_forward_s(model, ids) for _ in range(repeats))
+
 
 print("\n| projections | T = 1 ms | T = 2 | 3 | 4 | 5 | 8 |")
 print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
-for weight_major in (True, False):
-    transforms.CPU_WEIGHT_MAJOR = weight_major
+share = transforms.CPU_PACK_MAX_SHARE
+for label, weight_major, pack in (("packed from 3 rows", True, share), ("weight-major", True, 0.0),
+                                  ("F.linear", False, 0.0)):
+    transforms.CPU_WEIGHT_MAJOR, transforms.CPU_PACK_MAX_SHARE = weight_major, pack
     m = prepare_for_inference(load_model(None, device="cpu", dtype="float32").model, torch.device("cpu"), None, None)
     with torch.no_grad():
-        one = _fastest(m, 1, 5)
-        ratios = [_fastest(m, t, 5) / one for t in (2, 3, 4, 5, 8)]
-    label = "weight-major" if weight_major else "F.linear"
+        one = fastest(m, 1, 5)
+        ratios = [fastest(m, t, 5) / one for t in (2, 3, 4, 5, 8)]
     print(f"| {label} | {one * 1e3:.1f} | " + " | ".join(f"{r:.2f}x" for r in ratios) + " |", flush=True)
     del m

@@ -389,7 +389,7 @@ def test_bench_runs_a_schedule(tmp_path, capsys):
 
 def test_bench_defaults_measure_what_generate_runs(tmp_path, capsys, monkeypatch):
     """`eaglespec bench` on the embedded model without --draft/--spec benches `--spec auto`: at each batch size the
-    shape `draft="auto"` gives an engine of that many rows here (on the CPU the tree S2 K2 D4 at one row, answers
+    shape `draft="auto"` gives an engine of that many rows here (on the CPU the tree S3 K2 D6 at one row, answers
     identical in float32; engines of several rows decode plainly, so nothing speculative runs at 2 rows and the log
     says why). The run keeps one name; its records carry the shape taken."""
     asked: list[int] = []  # this machine's forward timing (api.auto_spec) fixed, as tests/test_cli.py does
@@ -403,11 +403,11 @@ def test_bench_defaults_measure_what_generate_runs(tmp_path, capsys, monkeypatch
     name = "draft:smollm2-135m-eagle3 auto"
     assert [(r["config"], r["batch_size"]) for r in doc["records"]] == [("no-spec", 1), (name, 1), ("no-spec", 2)]
     auto = doc["records"][1]
-    assert auto["auto"] and auto["shape"] == "S2 K2 D4" and (auto["steps"], auto["topk"], auto["draft_tokens"]) == (
-        2, 2, 4)
-    assert auto["identical_outputs"] == auto["prompts"] == 2 and asked == [4]
+    assert auto["auto"] and auto["shape"] == "S3 K2 D6" and (auto["steps"], auto["topk"], auto["draft_tokens"]) == (
+        3, 2, 6)
+    assert auto["identical_outputs"] == auto["prompts"] == 2 and asked == [6]
     assert not doc["records"][0]["auto"] and doc["records"][0]["shape"] is None
-    assert f"| {name} = S2 K2 D4 | 1 |" in stdout  # the table names the shape taken
+    assert f"| {name} = S3 K2 D6 | 1 |" in stdout  # the table names the shape taken
     assert f"{name} bs=2: not run, the default decodes plainly here (engines of several rows measured no faster" in err
     # the shipped drafter named, the embedded model by its GGUF's path: the same default
     from eaglespec.assets import default_drafter_path
@@ -418,7 +418,7 @@ def test_bench_defaults_measure_what_generate_runs(tmp_path, capsys, monkeypatch
                                  "--out", tmp_path / "named"], capsys)
     assert code == 0, err
     named = json.loads((tmp_path / "named" / "results.json").read_text())["records"][1]
-    assert named["config"] == name and named["auto"] and named["shape"] == "S2 K2 D4"
+    assert named["config"] == name and named["auto"] and named["shape"] == "S3 K2 D6"
 
 
 def test_bench_with_a_structured_output(tmp_path, capsys):

@@ -156,10 +156,10 @@ def test_serve_runs_the_app_on_the_engine_the_options_describe(plain, capsys, mo
     assert answer == greedy(plain, [{"role": "user", "content": "What is the capital of France?"}], 12)
     assert seen["answer"]["eaglespec"]["verify_steps"] > 0
     assert seen["pair"] == {q: greedy(plain, [{"role": "user", "content": q}], 12) for q in PAIR}
-    # the CPU's default: 4 rows, speculating while one runs: greedy requests in the tree S2 K2 D4 (as these ran),
+    # the CPU's default: 4 rows, speculating while one runs: greedy requests in the tree S3 K2 D6 (as these ran),
     # sampled ones (the default temperature is 1) in the chain of 2, steps under count penalties plainly
     assert ("serving SmolLM2-135M-Instruct at http://127.0.0.1:8011/v1 on cpu: 4 rows of 512 tokens, speculative, "
-            "--spec 2,2,4;sampled=2,1,3;penalized=plain while at most 1 request runs (plain decoding steps beyond)"
+            "--spec 3,2,6;sampled=2,1,3;penalized=plain while at most 1 request runs (plain decoding steps beyond)"
             ) in err
 
 

@@ -69,41 +69,45 @@ def test_generate_default_model(tmp_path, capsys, monkeypatch):
     assert s["tokens"] > 0 and s["seconds"] > 0 and s["tok_per_s"] > 0
     # the shipped drafter, in the shape measured fastest on the CPU
     assert s["speculative"] and "accept length" in err
-    assert (s["steps"], s["topk"], s["draft_tokens"]) == (2, 2, 4)
-    assert asked == [4]  # its one request's kind of step alone (greedy: the tree's 4 tokens) was timed
+    assert (s["steps"], s["topk"], s["draft_tokens"]) == (3, 2, 6)
+    assert asked == [6]  # its one request's kind of step alone (greedy: the tree's 6 tokens) was timed
 
 
 def test_api_default_drafter_policy_on_the_cpu(monkeypatch):
     """`eaglespec.load()` speculates with the shipped drafter on the CPU only in a one-row engine (a 2-row step
     verifies twice the tokens, measured slower than plain decoding there), and only where a forward of the shape's draft
     tokens costs at most `cpu_max_verify_cost(temperature)` one-token forwards on this machine (greedy decoding, which
-    accepts more a step, pays up to a dearer verify than sampling); an explicit shape always speculates."""
+    accepts more a step, pays up to a dearer verify than sampling; its wider tree S3 K2 D6 up to
+    CPU_MAX_VERIFY_COST_WIDE, its narrower S2 K2 D4 past it); an explicit shape always speculates."""
     from eaglespec import api
-    from eaglespec.assets import CPU_MAX_VERIFY_COST, CPU_MAX_VERIFY_COST_SAMPLED
+    from eaglespec.assets import CPU_MAX_VERIFY_COST, CPU_MAX_VERIFY_COST_SAMPLED, CPU_MAX_VERIFY_COST_WIDE
     from eaglespec.config import EngineConfig, SpecConfig
 
     asked = cpu_forward_cost(monkeypatch, CPU_MAX_VERIFY_COST)  # at the greedy threshold: greedy speculation pays
-    one = api.load(config=EngineConfig(device="cpu", max_batch_size=1))
+    one = api.load(config=EngineConfig(device="cpu", max_batch_size=1))  # in the narrower tree: the wider costs more
     assert one.speculative and one.spec == SpecConfig(2, 2, 4) and one.plain_note is None
     assert one.schedule.shape(1, greedy=False) is None  # its sampled steps, dearer than sampling pays for: plain
     dear = api.load(config=EngineConfig(device="cpu", max_batch_size=1), temperature=0.8)  # above the sampled one
     assert not dear.speculative
     assert dear.plain_note == (f"here a forward of 3 tokens costs {CPU_MAX_VERIFY_COST:.2f}x one of 1 token; sampled "
                                f"speculation pays on the CPU only up to {CPU_MAX_VERIFY_COST_SAMPLED}x")
-    assert asked == [4, 3, 3]  # each mode's draft tokens (a verify's forward), the engine's own mode first
+    assert asked == [6, 4, 3, 3]  # each mode's draft tokens (a verify's forward), the engine's own mode first
     asked = cpu_forward_cost(monkeypatch, CPU_MAX_VERIFY_COST_SAMPLED)  # at the sampled threshold
     sampled = api.load(config=EngineConfig(device="cpu", max_batch_size=1), temperature=0.8)
     assert sampled.speculative and sampled.plain_note is None
-    assert [sampled.schedule.shape(1, g) for g in (False, True)] == [SpecConfig(2, 1, 3), SpecConfig(2, 2, 4)]
+    assert [sampled.schedule.shape(1, g) for g in (False, True)] == [SpecConfig(2, 1, 3), SpecConfig(3, 2, 6)]
     many = api.load(config=EngineConfig(device="cpu", max_batch_size=8))
-    assert not many.speculative and asked == [3, 4]  # no shape measured for 8 rows: nothing timed
+    assert not many.speculative and asked == [3, 6]  # no shape measured for 8 rows: nothing timed
     # speculative steps of at most one row (spec_max_rows, `eaglespec serve`'s CPU default): the one-row shape
     lone = api.load(config=EngineConfig(device="cpu", max_batch_size=4, spec_max_rows=1))
-    assert lone.speculative and lone.spec == SpecConfig(2, 2, 4) and asked == [3, 4, 4, 3]
+    assert lone.speculative and lone.spec == SpecConfig(3, 2, 6) and asked == [3, 6, 6, 3]
+    asked = cpu_forward_cost(monkeypatch, CPU_MAX_VERIFY_COST_WIDE)  # the wider tree's limit: it is taken
+    assert api.load(config=EngineConfig(device="cpu", max_batch_size=1)).spec == SpecConfig(3, 2, 6) and asked == [6, 3]
     forced = api.load(spec=SpecConfig(2, 1, 3), config=EngineConfig(device="cpu", max_batch_size=8))
     assert forced.speculative and forced.spec == SpecConfig(2, 1, 3)
-    cpu_forward_cost(monkeypatch, 1.7)  # session 18's machine through F.linear: a 3-token forward at 1.64-1.80x
+    asked = cpu_forward_cost(monkeypatch, 1.7)  # session 18's machine through F.linear: a 3-token forward at 1.64-1.80x
     slow = api.load(config=EngineConfig(device="cpu", max_batch_size=1))
+    assert asked == [6, 4]  # the wider tree, then the narrower, both too dear; the sampled steps not timed
     assert not slow.speculative and slow.plain_note == ("here a forward of 4 tokens costs 1.70x one of 1 token; greedy "
                                                         f"speculation pays on the CPU only up to {CPU_MAX_VERIFY_COST}x")
     forced = api.load(spec=SpecConfig(2, 1, 3), config=EngineConfig(device="cpu", max_batch_size=1))
@@ -111,14 +115,15 @@ def test_api_default_drafter_policy_on_the_cpu(monkeypatch):
 
 
 def test_default_drafter_policy_per_device_and_engine_size(monkeypatch):
-    """The measured policy (docs/benchmarks.md, "The shipped drafter", "Session 19", "Session 24", "Session 25"): the
-    tree S2 K2 D4 in one-row CPU engines when greedy and a chain of 2 when sampling; on CUDA when greedy a chain of 3
-    at 1 and 9-16 rows, the tree S4 K4 D8 at 2-8 and S5 K2 D8 at 17-32 rows, in engines of up to 32 rows (unmeasured
-    above 32 rows), greedy in float32 the chain of 3 at 1-32 rows, and when sampling the chain of 3 in engines of up
-    to 32 rows; plain decoding elsewhere, and an explanation for each case. A policy of several shapes gives engines
-    of several rows a schedule, each step the shape of its rows; greedy and sampled steps each take their own
-    mode's shapes (`SpecSchedule.sampled`), whatever temperature the engine is built for: the temperature decides
-    only whether it speculates at all. Steps under count penalties decode plainly on CUDA and the CPU."""
+    """The measured policy (docs/benchmarks.md, "The shipped drafter", "Session 19", "Session 24", "Session 25",
+    "Session 61"): the tree S3 K2 D6 in one-row CPU engines when greedy (untimed; `auto` times it first) and a chain
+    of 2 when sampling; on CUDA when greedy a chain of 3 at 1 and 9-16 rows, the tree S4 K4 D8 at 2-8 and S5 K2 D8 at
+    17-32 rows, in engines of up to 32 rows (unmeasured above 32 rows), greedy in float32 the chain of 3 at 1-32
+    rows, and when sampling the chain of 3 in engines of up to 32 rows; plain decoding elsewhere, and an explanation
+    for each case. A policy of several shapes gives engines of several rows a schedule, each step the shape of its
+    rows; greedy and sampled steps each take their own mode's shapes (`SpecSchedule.sampled`), whatever temperature
+    the engine is built for: the temperature decides only whether it speculates at all. Steps under count penalties
+    decode plainly on CUDA and the CPU."""
     import eaglespec.assets as assets
     from eaglespec.assets import default_spec, slower_note
     from eaglespec.config import SpecConfig
@@ -127,7 +132,7 @@ def test_default_drafter_policy_per_device_and_engine_size(monkeypatch):
     def cuda(entries, sampled=None):  # CUDA's steps under count penalties decode plainly (session 50)
         return SpecSchedule(entries, sampled=sampled, penalized=())
 
-    two, chain2 = SpecConfig(2, 2, 4), SpecConfig(2, 1, 3)
+    two, chain2 = SpecConfig(3, 2, 6), SpecConfig(2, 1, 3)
     # a greedy tree, a sampled chain; steps under count penalties decode plainly (session 52: 0.95-0.99x)
     cpu = SpecSchedule(((1, two),), sampled=((1, chain2),), penalized=())
     assert default_spec("cpu", 1) == cpu and default_spec("cpu", 2) is None
@@ -200,14 +205,15 @@ def test_default_drafter_policy_per_device_and_engine_size(monkeypatch):
 
 
 def test_auto_times_each_modes_draft_tokens_on_the_cpu(monkeypatch):
-    """On the CPU `auto` times a forward of each mode's draft tokens (greedy: 4, sampled: 3) against its own limit
-    (1.5x and 1.2x one token): where the engine's own mode fails it decodes plainly and says why; where only the
+    """On the CPU `auto` times a forward of each mode's draft tokens against its own limit: greedy steps the tree S3
+    K2 D6 (6 tokens, up to 1.3x one token), then the tree S2 K2 D4 (4 tokens, up to 1.5x); sampled steps the chain
+    of 2 (3 tokens, up to 1.2x). Where the engine's own mode fails it decodes plainly and says why; where only the
     other mode fails, that mode's steps decode plainly (sampled) or take the sampled shape (greedy)."""
     from eaglespec.api import auto_spec
     from eaglespec.config import SpecConfig
     from eaglespec.spec_schedule import SpecSchedule
 
-    two, chain2 = SpecConfig(2, 2, 4), SpecConfig(2, 1, 3)
+    wide, two, chain2 = SpecConfig(3, 2, 6), SpecConfig(2, 2, 4), SpecConfig(2, 1, 3)
     target = torch.nn.Linear(2, 2)
 
     def costs(ratios: dict[int, float]) -> list[int]:
@@ -216,19 +222,22 @@ def test_auto_times_each_modes_draft_tokens_on_the_cpu(monkeypatch):
                             lambda model, tokens, repeats=3: asked.append(tokens) or ratios[tokens])
         return asked
 
-    asked = costs({4: 1.1, 3: 1.0})  # (steps under count penalties decode plainly on the CPU whatever it measures)
+    asked = costs({6: 1.2, 4: 1.1, 3: 1.0})  # (penalized steps decode plainly on the CPU whatever it measures)
+    assert auto_spec(target, "cpu") == (SpecSchedule(((1, wide),), sampled=((1, chain2),), penalized=()), None)
+    assert asked == [6, 3]  # the narrower tree not timed once the wider pays
+    asked = costs({6: 1.35, 4: 1.1, 3: 1.0})  # the wider tree too dear: the narrower
     assert auto_spec(target, "cpu") == (SpecSchedule(((1, two),), sampled=((1, chain2),), penalized=()), None)
-    assert asked == [4, 3]
-    asked = costs({4: 1.3, 3: 1.25})  # greedy pays, sampled does not: sampled steps decode plainly
+    assert asked == [6, 4, 3]
+    asked = costs({6: 1.5, 4: 1.3, 3: 1.25})  # greedy pays, sampled does not: sampled steps decode plainly
     assert auto_spec(target, "cpu") == (SpecSchedule(((1, two),), sampled=(), penalized=()), None)
     spec, note = auto_spec(target, "cpu", temperature=1.0)  # an engine built to sample decodes plainly
     assert spec is None and "a forward of 3 tokens costs 1.25x one of 1 token; sampled speculation" in note
-    assert asked == [4, 3, 3]  # its own mode is timed first, and alone where it loses
-    asked = costs({4: 1.6, 3: 1.1})  # sampled pays, greedy's tree does not: greedy steps take the sampled chain
+    assert asked == [6, 4, 3, 3]  # its own mode is timed first, and alone where it loses
+    asked = costs({6: 1.9, 4: 1.6, 3: 1.1})  # sampled pays, greedy's trees do not: greedy steps take the sampled chain
     assert auto_spec(target, "cpu", temperature=1.0) == (SpecSchedule(((1, chain2),), penalized=()), None)
-    assert asked == [3, 4]
+    assert asked == [3, 6, 4]
     spec, note = auto_spec(target, "cpu")
-    assert spec is None and "a forward of 4 tokens costs 1.60x" in note
+    assert spec is None and "a forward of 4 tokens costs 1.60x" in note  # the last shape tried, at its own limit
 
 
 def test_generate_with_penalties_speculates_to_plain_decodings_answer(capsys, monkeypatch, smollm2):
@@ -329,14 +338,14 @@ def test_the_embedded_model_and_the_shipped_drafter_named_by_path(tmp_path, caps
     asked = cpu_forward_cost(monkeypatch, 1.0)
     by_path = api.load(str(copy), config=EngineConfig(device="cpu", max_batch_size=1))
     # timed (each mode's draft tokens), as for no --model
-    assert by_path.speculative and by_path.spec == SpecConfig(2, 2, 4) and asked == [4, 3]
+    assert by_path.speculative and by_path.spec == SpecConfig(3, 2, 6) and asked == [6, 3]
     shipped = default_drafter_path()
     drafter = tmp_path / "drafter"
     shutil.copytree(shipped, drafter)
     assert is_default_drafter(shipped) and is_default_drafter(drafter) and not is_default_drafter(tmp_path)
     lone = EngineConfig(device="cpu", max_batch_size=4, spec_max_rows=1)
     named = api.load(str(copy), draft=str(drafter), config=lone)
-    assert named.spec == SpecConfig(2, 2, 4) and asked == [4, 3]  # the one-row shape, not timed
+    assert named.spec == SpecConfig(3, 2, 6) and asked == [6, 3]  # the one-row shape, not timed
     config = drafter / "config.json"
     config.write_text(config.read_text() + "\n")  # the same drafter to json, other bytes: not the shipped one
     assert not is_default_drafter(drafter)

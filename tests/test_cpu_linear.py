@@ -1,6 +1,8 @@
 """The CPU's weight-major projections (layers/cpu_linear.py, engine.transforms.use_cpu_linear): the same function as
 nn.Linear at every row count (the padded ones included), the same Parameters, wired by prepare_for_inference on the
-CPU after fusion, measured by api.load's CPU check in that form, and lossless through the engine."""
+CPU after fusion, measured by api.load's CPU check in that form, and lossless through the engine. From 3 rows on the
+oneDNN-packed copy of the weight: the same function, taken only where it fits the host's memory (shared by tied
+weights), never stale after an in-place change, never under autograd, never for other dtypes."""
 
 from __future__ import annotations
 
@@ -11,8 +13,10 @@ from torch import nn
 from tiny import assert_transformed_engine_equals_plain, tiny_llama
 
 from eaglespec.config import SpecConfig
+from eaglespec.engine import transforms
 from eaglespec.engine.transforms import fuse_projections, prepare_for_inference, use_cpu_linear
-from eaglespec.layers.cpu_linear import PAD_ROWS, CpuLinear, weight_major_linear
+from eaglespec.layers import cpu_linear
+from eaglespec.layers.cpu_linear import PAD_ROWS, CpuLinear, pack_weight, weight_major_linear
 
 
 @pytest.mark.parametrize("rows", [0, 1, 2, 3, 4, 5, 9, 64])
@@ -85,6 +89,93 @@ def test_engine_with_weight_major_projections_equals_plain():
     def prepare(target, drafter):
         for m in (target, drafter):
             use_cpu_linear(fuse_projections(m))
+            assert all(x.packed is not None for x in m.modules() if isinstance(x, CpuLinear))  # verifies take the copy
 
     assert_transformed_engine_equals_plain(prepare, SpecConfig(3, 2, 5), [[1, 2, 3, 4], list(range(10, 18))], 12)
     assert_transformed_engine_equals_plain(prepare, SpecConfig(2, 1, 3), [[5, 6, 7]], 10)
+
+
+def _packed_calls(monkeypatch) -> list[int]:
+    """Rows of every product the packed copies compute from now on."""
+    calls: list[int] = []
+    real = cpu_linear.packed_linear
+
+    def spy(x, packed, bias, n):
+        calls.append(x.numel() // x.shape[-1])
+        return real(x, packed, bias, n)
+
+    monkeypatch.setattr(cpu_linear, "packed_linear", spy)
+    return calls
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 64])
+@pytest.mark.parametrize("bias", [False, True])
+def test_packed_copy_computes_the_same_function(rows, bias, monkeypatch):
+    calls = _packed_calls(monkeypatch)
+    g = torch.Generator().manual_seed(rows)
+    lin = nn.Linear(24, 40, bias=bias)
+    ref = nn.Linear(24, 40, bias=bias)
+    ref.load_state_dict(lin.state_dict())
+    m = CpuLinear.wrap(lin)
+    assert m.pack() and m.packed is not None
+    calls.clear()  # pack's own check of the copy
+    x = torch.randn(2, rows, 24, generator=g)  # [B, T, K]: 2 x rows rows
+    with torch.no_grad():
+        y = m(x)
+        torch.testing.assert_close(y, ref(x), rtol=1e-5, atol=1e-5)
+        assert y.shape == (2, rows, 40) and y.is_contiguous()
+        assert calls == ([2 * rows] if 2 * rows >= cpu_linear.PACKED_MIN_ROWS else [])
+        m(x[:1, :1])  # one row: weight-major
+    assert calls == ([2 * rows] if 2 * rows >= cpu_linear.PACKED_MIN_ROWS else [])
+
+
+def test_packed_copy_is_never_stale_nor_under_autograd(monkeypatch):
+    calls = _packed_calls(monkeypatch)
+    lin = CpuLinear.wrap(nn.Linear(16, 8))
+    assert lin.pack()
+    calls.clear()  # pack's own check of the copy
+    x = torch.randn(5, 16)
+    with torch.no_grad():
+        lin.weight.mul_(2.0)  # an in-place change (a training step, a load_state_dict)
+        torch.testing.assert_close(lin(x), F.linear(x, lin.weight, lin.bias), rtol=1e-5, atol=1e-5)
+    assert calls == [] and lin.packed is None  # the stale copy dropped, not used
+    assert lin.pack()
+    calls.clear()
+    y = lin(x)  # autograd on: weight-major, so gradients reach the weight
+    y.sum().backward()
+    assert calls == [] and lin.weight.grad is not None
+    torch.testing.assert_close(lin.weight.grad, x.sum(0).expand(8, 16), rtol=1e-5, atol=1e-5)
+    with torch.no_grad():
+        lin(x)
+    assert calls == [5]
+
+
+def test_only_float32_cpu_weights_are_packed():
+    assert pack_weight(torch.randn(8, 16)) is not None
+    assert pack_weight(torch.randn(8, 16, dtype=torch.bfloat16)) is None
+    assert pack_weight(torch.randn(8, 16, dtype=torch.float64)) is None
+    assert pack_weight(torch.empty(8, 16, device="meta")) is None
+
+
+def test_prepare_packs_where_the_copies_fit_the_host(monkeypatch):
+    """The copies are made when their bytes are at most CPU_PACK_MAX_SHARE of the host's available memory; with too
+    little memory, or none known, none is made, and the projections stay weight-major."""
+    def lins(m):
+        return [x for x in m.modules() if isinstance(x, CpuLinear)]
+
+    need = sum(x.weight.numel() * 4 for x in tiny_llama(seed=0).modules() if type(x) is nn.Linear)
+    for room in (None, int(need / transforms.CPU_PACK_MAX_SHARE) - 1):
+        monkeypatch.setattr("eaglespec.device_memory.host_available", lambda room=room: room)
+        m = prepare_for_inference(tiny_llama(seed=0), torch.device("cpu"), True, False)
+        assert lins(m) and all(x.packed is None for x in lins(m))
+    monkeypatch.setattr("eaglespec.device_memory.host_available", lambda: int(need / transforms.CPU_PACK_MAX_SHARE))
+    m = prepare_for_inference(tiny_llama(seed=0), torch.device("cpu"), True, False)
+    assert lins(m) and all(x.packed is not None for x in lins(m))
+
+
+def test_a_weight_shared_by_two_projections_is_packed_once():
+    shared = nn.Linear(16, 8, bias=False)
+    m = nn.Sequential(shared, nn.ReLU(), nn.Linear(8, 16), nn.Linear(16, 8, bias=False))
+    m[3].weight = shared.weight
+    use_cpu_linear(m)
+    assert m[0].packed is not None and m[0].packed is m[3].packed and m[2].packed is not m[0].packed

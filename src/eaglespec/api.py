@@ -13,9 +13,11 @@ and sampled steps each their own (sampled: the chain of 2 in one-row CPU engines
 rows; `SpecSchedule.sampled`; steps under count penalties decode plainly on CUDA: `SpecSchedule.penalized`). It
 decodes plainly where the drafter was measured slower than plain decoding at the
 `temperature` the engine is meant to serve; on the CPU it first times the target's forwards on this machine
-(`engine/verify_cost.py`) and decodes plainly where a forward of its mode's draft tokens costs more than
-`assets.cpu_max_verify_cost(temperature)` one-token forwards (`auto_spec` makes that choice; the engine's
-`plain_note` then says why; the other mode's steps decode plainly, or take the sampled shapes, where theirs fail).
+(`engine/verify_cost.py`): greedy steps take the tree S3 K2 D6 where a forward of 6 tokens costs at most
+`assets.CPU_MAX_VERIFY_COST_WIDE` one-token forwards, else S2 K2 D4 (`assets.cpu_shapes`), and it decodes plainly
+where a forward of its mode's last shape's draft tokens costs more than `assets.cpu_max_verify_cost(temperature)`
+(`auto_spec` makes that choice; the engine's `plain_note` then says why; the other mode's steps decode plainly, or
+take the sampled shapes, where theirs fail).
 `spec` may be a SpecConfig or a SpecSchedule.
 `draft=None` never speculates; a path loads that EAGLE-3 drafter checkpoint (the shipped drafter's folder, or a copy
 of it, without `spec`: `assets.default_spec`'s shape, untimed).
@@ -34,8 +36,8 @@ from .engine.engine import Engine
 from .engine.transforms import prepare_for_inference
 from .errors import ConfigError
 from .loading.checkpoint import load_model, resolve_device, resolve_dtype
-from .assets import (PENALIZED_NOTE, cpu_max_verify_cost, default_drafter_path, default_spec, is_default_drafter,
-                     mode_entries, penalized_entries, schedule_of, slower_note, verify_cost_note)
+from .assets import (PENALIZED_NOTE, cpu_shapes, default_drafter_path, default_spec, is_default_drafter, mode_entries,
+                     penalized_entries, schedule_of, slower_note, verify_cost_note)
 from .loading.default import is_default_model
 from .sampling_params import SamplingParams
 from .engine.verify_cost import verify_cost_ratio
@@ -64,10 +66,11 @@ def auto_spec(target: torch.nn.Module, device_type: str, max_batch_size: int = 1
     device type in `target`'s dtype, built for steps at this temperature (greedy and sampled steps each take their
     mode's shapes, steps under count penalties theirs: `assets.schedule_of`): (`assets.default_spec`'s shape or
     schedule, None), or (None, why not) where plain decoding is the choice for the engine's temperature: measured
-    slower there (`assets.slower_note`), or, on the CPU, a forward of the mode's draft tokens timed on this machine
-    at more than `cpu_max_verify_cost` one-token forwards for that mode (`target` prepared as the engine runs it;
-    the other mode's shapes are timed the same way, and dropped where they fail). With `spec_max_rows`
-    (EngineConfig) no speculative step runs more rows than that, so the choice is the one for that many rows.
+    slower there (`assets.slower_note`), or, on the CPU, where each of the mode's shapes (`assets.cpu_shapes`, the
+    widest first) has a forward of its draft tokens timed on this machine at more than its limit in one-token
+    forwards (`target` prepared as the engine runs it; the other mode's shapes are timed the same way, and dropped
+    where they fail). With `spec_max_rows` (EngineConfig) no speculative step runs more rows than that, so the
+    choice is the one for that many rows.
     `only`: the steps of requests with these parameters alone (a bench run's, all alike; the engine built for their
     temperature): the other modes are neither timed nor scheduled, and (None, why) where such steps decode plainly.
     `load` and `eaglespec bench --spec auto` both take it."""
@@ -89,13 +92,16 @@ def auto_spec(target: torch.nn.Module, device_type: str, max_batch_size: int = 1
             entries = modes[mode]
             if entries is None or (only is not None and mode != own):
                 continue
-            tokens = spec_envelope([spec for _, spec in entries]).draft_tokens
-            if tokens not in ratios:
-                ratios[tokens] = verify_cost_ratio(target, tokens)
-            if ratios[tokens] > cpu_max_verify_cost(1.0 if mode else 0.0):
-                if mode == own:  # the engine's own steps lose: it decodes plainly
-                    return None, verify_cost_note(ratios[tokens], tokens, temperature)
-                modes[mode] = None
+            modes[mode] = None
+            for shapes, limit in cpu_shapes(entries, mode):  # the widest first, each against its own limit
+                tokens = spec_envelope([spec for _, spec in shapes]).draft_tokens
+                if tokens not in ratios:
+                    ratios[tokens] = verify_cost_ratio(target, tokens)
+                if ratios[tokens] <= limit:
+                    modes[mode] = shapes
+                    break
+            if modes[mode] is None and mode == own:  # the engine's own steps lose: it decodes plainly
+                return None, verify_cost_note(ratios[tokens], tokens, temperature)
         greedy, sampled = modes[False], modes[True]
     if only is not None:
         greedy = sampled = sampled if own else greedy

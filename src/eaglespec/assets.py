@@ -118,14 +118,25 @@ DEFAULT_DRAFTER = ASSETS / "smollm2-135m-eagle3"
 # greedy S2 K2 D4 ran at 1.35x (tau 2.08; the model: 1.30x) and the sampled chain of 2 at temperature 1 at 1.01x
 # (tau 1.69; the model: 1.08x). So greedy: tau ~2.08 -> 1.5 (until session 43 a single 1.3, made for tau 1.84, which
 # turned speculation off in 2 of 6 `generate` runs there while it paid 1.35x); sampled: tau ~1.7 -> 1.2.
+# Session 61 gave the CPU's projections of 3+ rows oneDNN's packed weights (layers/cpu_linear.py): on its 2-core AMD
+# EPYC a forward of 6 tokens cost ~1.15-1.3x one of 1 token instead of ~1.8x, and on MT-bench 1-8 (96 tokens, 2-3
+# alternating rounds) the tree S3 K2 D6 (tau 2.23) ran at 1.59x against S2 K2 D4's 1.29-1.46x (tau 2.01) and S4 K2
+# D8's 1.45x (tau 2.35); without the packed weights S3 K2 D6 ran 0.9-1.0x, S2 K2 D4 1.2x (docs/benchmarks.md,
+# "Session 61"). So the greedy CPU shape is S3 K2 D6 where a 6-token forward costs at most
+# CPU_MAX_VERIFY_COST_WIDE (by the model below: 2.23 / (1.3 + 0.3) = 1.39x, while S2 K2 D4 at a ratio under it
+# leaves about 2.01 / 1.6 = 1.26x), else S2 K2 D4 under CPU_MAX_VERIFY_COST (a machine, or a model too large for the
+# packed copies, where few-row forwards cost more): `cpu_shapes`.
 CPU_MAX_VERIFY_COST = 1.5
 CPU_MAX_VERIFY_COST_SAMPLED = 1.2
+CPU_MAX_VERIFY_COST_WIDE = 1.3
 _CHAIN_3 = SpecConfig(steps=3, topk=1, draft_tokens=4)
 _TREE_K4 = SpecConfig(steps=4, topk=4, draft_tokens=8)
 _TREE_K2 = SpecConfig(steps=5, topk=2, draft_tokens=8)
+_TREE_CPU = SpecConfig(steps=3, topk=2, draft_tokens=6)
+_TREE_CPU_NARROW = SpecConfig(steps=2, topk=2, draft_tokens=4)
 # device type -> ((largest engine, shape), ...) by increasing engine size; larger engines decode plainly by default
 _DEFAULT_SPEC: dict[str, tuple[tuple[int, SpecConfig], ...]] = {
-    "cpu": ((1, SpecConfig(steps=2, topk=2, draft_tokens=4)),),
+    "cpu": ((1, _TREE_CPU),),
     "cuda": ((1, _CHAIN_3), (8, _TREE_K4), (16, _CHAIN_3), (32, _TREE_K2)),
 }
 _CHAIN_2 = SpecConfig(steps=2, topk=1, draft_tokens=3)
@@ -241,6 +252,16 @@ def cpu_max_verify_cost(temperature: float = 0.0) -> float:
     `draft="auto"` to speculate there: greedy decoding accepts more tokens a step than sampling, so it pays up to a
     dearer verify."""
     return CPU_MAX_VERIFY_COST_SAMPLED if temperature > 0 else CPU_MAX_VERIFY_COST
+
+
+def cpu_shapes(entries: Entries, sampled: bool) -> tuple[tuple[Entries, float], ...]:
+    """The entries a CPU engine's steps of one mode try in turn where `auto` times this machine's forwards, each with
+    the most a forward of its draft tokens may cost in one-token forwards: the greedy tree S3 K2 D6 up to
+    CPU_MAX_VERIFY_COST_WIDE, then S2 K2 D4 up to CPU_MAX_VERIFY_COST; any other entries (the sampled chain of 2)
+    alone, up to their mode's `cpu_max_verify_cost`."""
+    if not sampled and entries == ((1, _TREE_CPU),):
+        return (entries, CPU_MAX_VERIFY_COST_WIDE), (((1, _TREE_CPU_NARROW),), CPU_MAX_VERIFY_COST)
+    return ((entries, cpu_max_verify_cost(1.0 if sampled else 0.0)),)
 
 
 def verify_cost_note(ratio: float, tokens: int, temperature: float = 0.0) -> str:

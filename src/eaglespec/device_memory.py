@@ -3,9 +3,12 @@
 - `free_memory(device) -> (free, total)`: a CUDA device's free and total bytes (the driver's view);
 - `room(device) -> int | None`: bytes this process can still allocate on a CUDA device: the driver's free memory plus
   what PyTorch's caching allocator holds unused; None off CUDA (the host's memory is not checked);
+- `host_available() -> int | None`: the host's available memory (Linux's MemAvailable), None where it cannot be
+  read;
 - `gib(nbytes) -> str`: "12.3 GiB", for the messages.
 Used by `loading.checkpoint.check_device_room` (weights), `ModelRunner.allocate` (KV caches) and
-`engine.transforms.use_grouped_experts` (stacking a MoE layer's experts); tests replace `room` and `free_memory`.
+`engine.transforms.use_grouped_experts` (stacking a MoE layer's experts), `host_available` by
+`engine.transforms.use_cpu_linear` (the CPU's packed weight copies); tests replace `room` and `free_memory`.
 """
 
 from __future__ import annotations
@@ -22,6 +25,17 @@ def room(device: torch.device) -> int | None:
         return None
     cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
     return free_memory(device)[0] + cached
+
+
+def host_available() -> int | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024  # "MemAvailable:   123456 kB"
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 def gib(nbytes: int) -> str:

@@ -29,8 +29,9 @@
   reads them at 1.0-3.7 TB/s there), and MoE routers' logits (with a router's bias) of steps of up to 4 rows.
 - `use_draft_input_kernel(model)` (CUDA): an EAGLE-3 drafter's embedding lookup, two input norms, their
   concatenation and RoPE's cos/sin as one Triton kernel (layers/draft_input_kernel.py).
-- `use_cpu_linear(model)` (CPU): every nn.Linear as a `CpuLinear`, whose product is weight-major (W x^T): on the
-  CPU measured (session 19), F.linear's few-row GEMMs cost about one weight read per row.
+- `use_cpu_linear(model)` (CPU): every nn.Linear as a `CpuLinear`, whose product is weight-major (W x^T) at 1-2
+  rows: on the CPU measured (session 19), F.linear's few-row GEMMs cost about one weight read per row; from 3 rows
+  on through a oneDNN copy of its weight where the copies fit the host's memory (session 61).
 - `use_elementwise_kernels(model)` (CUDA): RMSNorm, residual add + RMSNorm, RoPE's cos/sin, MLA's RoPE and SiLU
   gating as one Triton kernel each (layers/elementwise_kernels.py), where the fused kernels above leave them (a
   target's final norm, each forward's cos/sin, steps past the fused kernels' rows), without the compiler's start-up.
@@ -370,19 +371,40 @@ def use_draft_input_kernel(model: nn.Module) -> nn.Module:
 
 
 CPU_WEIGHT_MAJOR = True  # prepare_for_inference applies use_cpu_linear on the CPU (False: F.linear, for A/B runs)
+# the packed copies (layers/cpu_linear.py) are made only while they take at most this share of the host's available
+# memory: they double the projections' weights (SmolLM2-135M in float32: ~540 MB more), which a large model on the
+# CPU may not have room for; it then keeps the weight-major product at every row count
+CPU_PACK_MAX_SHARE = 0.25
 
 
 def use_cpu_linear(model: nn.Module) -> nn.Module:
     """Every plain nn.Linear (with or without bias) becomes a `CpuLinear` (layers/cpu_linear.py): the same
     Parameters, the product computed as W x^T with 1 and 3 rows padded to 2 and 4. On session 19's 2-core CPU a
     fused SmolLM2 forward of 3 tokens went from 1.87x to 1.03x one of 1 token (benchmarks/cpu_linear_check.py,
-    docs/benchmarks.md). Idempotent."""
+    docs/benchmarks.md). Then, where the float32 weights' oneDNN copies (one per distinct weight: a tied lm_head
+    shares its embedding's) take at most CPU_PACK_MAX_SHARE of the host's available memory, each CpuLinear packs
+    its weight for steps of 3 rows and more (session 61: SmolLM2's forward of 4 tokens 1.30x -> 1.14x one of 1
+    token, of 8 tokens 1.96x -> 1.37x). Idempotent."""
     from ..layers.cpu_linear import CpuLinear
 
     for parent in list(model.modules()):
         for name, lin in list(parent._modules.items()):
             if type(lin) is nn.Linear:
                 setattr(parent, name, CpuLinear.wrap(lin))
+    todo = [m for m in model.modules() if type(m) is CpuLinear and m.packed is None
+            and m.weight.dtype == torch.float32 and m.weight.device.type == "cpu"]
+    weights = {m.weight.data_ptr(): m.weight for m in todo}
+    need = sum(w.numel() * w.element_size() for w in weights.values())
+    room = device_memory.host_available()
+    if todo and room is not None and need <= CPU_PACK_MAX_SHARE * room:
+        made: dict[int, torch.Tensor | None] = {}
+        for m in todo:
+            key = m.weight.data_ptr()
+            if key not in made:
+                m.pack()
+                made[key] = m.packed
+            elif made[key] is not None:
+                m.pack(made[key])
     return model
 
 

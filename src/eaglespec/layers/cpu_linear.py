@@ -1,18 +1,28 @@
-"""An nn.Linear for the CPU that computes its product weight-major: y^T = W x^T, one GEMM with the weight as the
-left operand, instead of F.linear's x W^T.
+"""An nn.Linear for the CPU: its product weight-major (y^T = W x^T, one GEMM with the weight as the left operand,
+instead of F.linear's x W^T) for one and two rows, and through a oneDNN copy of the weight in its blocked layout
+(`pack`) from three rows on.
 
-Why: on the 2-core AMD EPYC of session 19 (torch 2.13.0+cpu, MKL 2024.2, AVX2) F.linear's GEMM costs about M times
-its one-row cost for M = 1..4 rows, as if each row read the weights anew (SmolLM2's 3,072 x 576 gate/up over 30 cold
-copies: 0.68 / 1.55 / 1.66 / 1.54 ms at 1 / 2 / 3 / 4 rows; the 49,152 x 576 lm_head 11.0 / 20.5 / 29.6 / 33.9 ms),
-while the same product with W on the left stays near the weights' read time (0.50 / 0.50 / 0.63 / 0.52 ms; lm_head
-7.6 / 7.6 / 9.8 / 7.7 ms), and wins at every row count measured up to 512 (prefills). Even row counts are its fast
-ones: 1 and 3 rows cost more than 2 and 4, so they are padded to 2 and 4 (`PAD_ROWS`; the padding rows repeat the
-first rows and are dropped). Speculation on the CPU rests on this: a verify of 3-4 tokens must cost about one decode
-step (docs/benchmarks.md, "The shipped drafter", session 19).
+Why weight-major: on the 2-core AMD EPYC of session 19 (torch 2.13.0+cpu, MKL 2024.2, AVX2) F.linear's GEMM costs
+about M times its one-row cost for M = 1..4 rows, as if each row read the weights anew (SmolLM2's 3,072 x 576
+gate/up over 30 cold copies: 0.68 / 1.55 / 1.66 / 1.54 ms at 1 / 2 / 3 / 4 rows; the 49,152 x 576 lm_head 11.0 /
+20.5 / 29.6 / 33.9 ms), while the same product with W on the left stays near the weights' read time (0.50 / 0.50 /
+0.63 / 0.52 ms; lm_head 7.6 / 7.6 / 9.8 / 7.7 ms). Even row counts are its fast ones: 1 and 3 rows cost more than 2
+and 4, so they are padded to 2 and 4 (`PAD_ROWS`; the padding rows repeat the first rows and are dropped).
+Why packed from 3 rows: on session 61's 2-core AMD EPYC (AVX-512, the same torch and MKL) the weight-major GEMM of 4
+rows cost 1.3-2.3x its 2-row one for some shapes (down_proj 576 x 1,536: 0.106 -> 0.248 ms; a cache-free SmolLM2
+forward of 3-4 tokens 1.30x one of 1 token, of 8 tokens 1.96x), while oneDNN's GEMM over a weight reordered once
+into its blocked layout (`torch.ops.mkldnn._reorder_linear_weight`, as PyTorch's inductor freezes CPU linears)
+costs about the same from 3 to 8 rows (down_proj 0.112-0.152 ms; the forward of 3-4 tokens 1.14x, of 8 tokens
+1.37x) and half the weight-major time for prefills (gate/up at 256 rows 10.7 -> 4.8 ms); at 1-2 rows it is ~40%
+slower than weight-major, so the original weight stays for those (docs/benchmarks.md, "Session 61"). Speculation on
+the CPU rests on this: a verify of D tokens must cost about one decode step.
 
 `CpuLinear.forward(x)`: x [..., K] -> [..., N] (contiguous), the same function as nn.Linear up to floating-point
 reassociation, the same weight (and bias) Parameter (state-dict names and values unchanged). Built by
-`engine.transforms.use_cpu_linear` from an existing nn.Linear.
+`engine.transforms.use_cpu_linear` from an existing nn.Linear, which also calls `pack` where the copy fits the
+host's memory. The packed copy is a plain attribute (not in the state dict); it is used only while the weight is
+the tensor it was made from, unmodified (its data pointer and in-place version), in float32 and without autograd
+(training steps, or a weight changed in place, take the weight-major product; a stale copy is dropped).
 """
 
 from __future__ import annotations
@@ -21,6 +31,9 @@ import torch
 from torch import nn
 
 PAD_ROWS = {1: 2, 3: 4}  # rows -> rows computed (measured above: the odd counts' GEMMs cost more than the next even's)
+PACKED = True  # rows >= PACKED_MIN_ROWS through the packed copy where `pack` made one (False: weight-major, A/B runs)
+PACKED_MIN_ROWS = 3
+PACK_HINT_ROWS = 4  # the row count oneDNN's reorder is told to expect (measured the same as 2, 8 and 64 from 3 rows on)
 
 
 def weight_major_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -36,7 +49,36 @@ def weight_major_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
     return y.reshape(*x.shape[:-1], weight.shape[0])
 
 
+def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, n: int) -> torch.Tensor:
+    """x [..., K] (float32) times a weight [n, K] reordered by `pack_weight` (+ bias [n]) -> [..., n]."""
+    rows = x.reshape(-1, x.shape[-1]).contiguous()  # [M, K]
+    y = torch.ops.mkldnn._linear_pointwise(rows, packed, bias, "none", [], "")  # [M, n]
+    return y.reshape(*x.shape[:-1], n)
+
+
+def pack_weight(weight: torch.Tensor) -> torch.Tensor | None:
+    """oneDNN's blocked copy of a float32 CPU weight [N, K], or None where it cannot serve: another dtype or device,
+    a PyTorch build without oneDNN (or without the private reorder op, whose name may change between releases), or
+    a copy whose product differs from the weight-major one on PACK_HINT_ROWS fixed rows."""
+    if weight.dtype != torch.float32 or weight.device.type != "cpu" or not torch.backends.mkldnn.is_available():
+        return None
+    w = weight.detach()
+    try:
+        packed = torch.ops.mkldnn._reorder_linear_weight(w, PACK_HINT_ROWS)
+        k = w.shape[1]
+        probe = torch.arange(PACK_HINT_ROWS * k, dtype=torch.float32).reshape(-1, k).mul_(0.37).sin_()  # no RNG used
+        got = packed_linear(probe, packed, None, w.shape[0])
+    except (AttributeError, RuntimeError):
+        return None
+    want = weight_major_linear(probe, w)
+    scale = float(want.abs().max()) if want.numel() else 0.0
+    return packed if torch.allclose(got, want, rtol=1e-4, atol=1e-5 * max(scale, 1.0)) else None
+
+
 class CpuLinear(nn.Linear):
+    _packed: torch.Tensor | None = None
+    _packed_of: tuple[int, int] = (0, -1)  # (data pointer, in-place version) of the weight the copy was made from
+
     @classmethod
     def wrap(cls, linear: nn.Linear) -> "CpuLinear":
         m = cls(linear.in_features, linear.out_features, bias=linear.bias is not None, device="meta")
@@ -45,5 +87,25 @@ class CpuLinear(nn.Linear):
             m.bias = linear.bias
         return m
 
+    def pack(self, packed: torch.Tensor | None = None) -> bool:
+        """Make (or take, for a weight shared with another CpuLinear) the packed copy; False where none can serve."""
+        packed = pack_weight(self.weight) if packed is None else packed
+        self._packed = packed
+        self._packed_of = (self.weight.data_ptr(), self.weight._version)
+        return packed is not None
+
+    @property
+    def packed(self) -> torch.Tensor | None:
+        """The packed copy while it is the weight's, else None (a stale copy is dropped)."""
+        if self._packed is not None and self._packed_of != (self.weight.data_ptr(), self.weight._version):
+            self._packed = None
+        return self._packed
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if (PACKED and self._packed is not None and x.numel() >= PACKED_MIN_ROWS * self.in_features
+                and x.dtype == torch.float32 and self.weight.dtype == torch.float32
+                and not (torch.is_grad_enabled() and (self.weight.requires_grad or x.requires_grad))):
+            packed = self.packed
+            if packed is not None:
+                return packed_linear(x, packed, self.bias, self.out_features)
         return weight_major_linear(x, self.weight, self.bias)
