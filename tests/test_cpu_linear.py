@@ -2,7 +2,8 @@
 nn.Linear at every row count (the padded ones included), the same Parameters, wired by prepare_for_inference on the
 CPU after fusion, measured by api.load's CPU check in that form, and lossless through the engine. From 3 rows on the
 oneDNN-packed copy of the weight: the same function, taken only where it fits the host's memory (shared by tied
-weights), never stale after an in-place change, never under autograd, never for other dtypes."""
+weights), never stale after an in-place change, never under autograd; bfloat16 weights through it at every row count where
+the CPU has native bf16, float16 and float64 never."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from eaglespec.config import SpecConfig
 from eaglespec.engine import transforms
 from eaglespec.engine.transforms import fuse_projections, prepare_for_inference, use_cpu_linear
 from eaglespec.layers import cpu_linear
-from eaglespec.layers.cpu_linear import PAD_ROWS, CpuLinear, pack_weight, weight_major_linear
+from eaglespec.layers.cpu_linear import PAD_ROWS, CpuLinear, pack_weight, packable, weight_major_linear
 
 
 @pytest.mark.parametrize("rows", [0, 1, 2, 3, 4, 5, 9, 64])
@@ -150,11 +151,32 @@ def test_packed_copy_is_never_stale_nor_under_autograd(monkeypatch):
     assert calls == [5]
 
 
-def test_only_float32_cpu_weights_are_packed():
-    assert pack_weight(torch.randn(8, 16)) is not None
-    assert pack_weight(torch.randn(8, 16, dtype=torch.bfloat16)) is None
+def test_float32_and_native_bfloat16_weights_are_packed():
+    assert packable(torch.float32) and pack_weight(torch.randn(8, 16)) is not None
+    bf16 = pack_weight(torch.randn(8, 16, dtype=torch.bfloat16))
+    assert (bf16 is not None) == packable(torch.bfloat16)  # where oneDNN has the CPU's native bf16 instructions
+    assert not packable(torch.float16) and pack_weight(torch.randn(8, 16, dtype=torch.float16)) is None
     assert pack_weight(torch.randn(8, 16, dtype=torch.float64)) is None
     assert pack_weight(torch.empty(8, 16, device="meta")) is None
+
+
+@pytest.mark.skipif(not packable(torch.bfloat16), reason="this CPU has no native bf16 for oneDNN")
+def test_bfloat16_takes_the_packed_copy_from_one_row(monkeypatch):
+    """bfloat16 products through the packed copy at every row count, within bf16 rounding of the float32 product."""
+    calls = _packed_calls(monkeypatch)
+    g = torch.Generator().manual_seed(0)
+    lin = nn.Linear(64, 48, bias=True).to(torch.bfloat16)
+    m = CpuLinear.wrap(lin)
+    assert m.pack()
+    calls.clear()
+    with torch.no_grad():
+        for rows in (1, 2, 5):
+            x = torch.randn(rows, 64, generator=g).to(torch.bfloat16)
+            y = m(x)
+            assert y.dtype == torch.bfloat16 and y.shape == (rows, 48)
+            torch.testing.assert_close(y.float(), F.linear(x.float(), lin.weight.float(), lin.bias.float()),
+                                       rtol=2e-2, atol=2e-2)
+    assert calls == [1, 2, 5]
 
 
 def test_prepare_packs_where_the_copies_fit_the_host(monkeypatch):

@@ -381,18 +381,18 @@ def use_cpu_linear(model: nn.Module) -> nn.Module:
     """Every plain nn.Linear (with or without bias) becomes a `CpuLinear` (layers/cpu_linear.py): the same
     Parameters, the product computed as W x^T with 1 and 3 rows padded to 2 and 4. On session 19's 2-core CPU a
     fused SmolLM2 forward of 3 tokens went from 1.87x to 1.03x one of 1 token (benchmarks/cpu_linear_check.py,
-    docs/benchmarks.md). Then, where the float32 weights' oneDNN copies (one per distinct weight: a tied lm_head
-    shares its embedding's) take at most CPU_PACK_MAX_SHARE of the host's available memory, each CpuLinear packs
-    its weight for steps of 3 rows and more (session 61: SmolLM2's forward of 4 tokens 1.30x -> 1.14x one of 1
-    token, of 8 tokens 1.96x -> 1.37x). Idempotent."""
-    from ..layers.cpu_linear import CpuLinear
+    docs/benchmarks.md). Then, where the weights' oneDNN copies (one per distinct weight) take at most
+    CPU_PACK_MAX_SHARE of the host's available memory, each CpuLinear packs its weight (float32: for steps of 3 rows
+    and more; bfloat16 where the CPU has native bf16: for every step), layers/cpu_linear.py. Session 61: SmolLM2's
+    float32 forward of 4 tokens 1.30x -> 1.14-1.24x one of 1 token, of 8 tokens 1.94x -> 1.37-1.43x. Idempotent."""
+    from ..layers.cpu_linear import CpuLinear, packable
 
     for parent in list(model.modules()):
         for name, lin in list(parent._modules.items()):
             if type(lin) is nn.Linear:
                 setattr(parent, name, CpuLinear.wrap(lin))
     todo = [m for m in model.modules() if type(m) is CpuLinear and m.packed is None
-            and m.weight.dtype == torch.float32 and m.weight.device.type == "cpu"]
+            and packable(m.weight.dtype) and m.weight.device.type == "cpu"]
     weights = {m.weight.data_ptr(): m.weight for m in todo}
     need = sum(w.numel() * w.element_size() for w in weights.values())
     room = device_memory.host_available()

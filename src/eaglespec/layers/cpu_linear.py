@@ -1,6 +1,6 @@
 """An nn.Linear for the CPU: its product weight-major (y^T = W x^T, one GEMM with the weight as the left operand,
 instead of F.linear's x W^T) for one and two rows, and through a oneDNN copy of the weight in its blocked layout
-(`pack`) from three rows on.
+(`pack`) from three rows on; bfloat16 weights through that copy at every row count.
 
 Why weight-major: on the 2-core AMD EPYC of session 19 (torch 2.13.0+cpu, MKL 2024.2, AVX2) F.linear's GEMM costs
 about M times its one-row cost for M = 1..4 rows, as if each row read the weights anew (SmolLM2's 3,072 x 576
@@ -15,14 +15,18 @@ into its blocked layout (`torch.ops.mkldnn._reorder_linear_weight`, as PyTorch's
 costs about the same from 3 to 8 rows (down_proj 0.112-0.152 ms; the forward of 3-4 tokens 1.14x, of 8 tokens
 1.37x) and half the weight-major time for prefills (gate/up at 256 rows 10.7 -> 4.8 ms); at 1-2 rows it is ~40%
 slower than weight-major, so the original weight stays for those (docs/benchmarks.md, "Session 61"). Speculation on
-the CPU rests on this: a verify of D tokens must cost about one decode step.
+the CPU rests on this: a verify of D tokens must cost about one decode step. In bfloat16 (`--dtype bfloat16`) on a
+CPU with AVX-512 BF16 (where `torch.ops.mkldnn._is_mkldnn_bf16_supported()`), the packed copy wins at every row
+count (session 61: gate/up 0.16-0.20 ms at 1-8 rows against the weight-major 0.24-0.45, the lm_head 1.8-2.4
+against 4.4-5.6), so bfloat16 projections take it from one row on.
 
 `CpuLinear.forward(x)`: x [..., K] -> [..., N] (contiguous), the same function as nn.Linear up to floating-point
 reassociation, the same weight (and bias) Parameter (state-dict names and values unchanged). Built by
 `engine.transforms.use_cpu_linear` from an existing nn.Linear, which also calls `pack` where the copy fits the
 host's memory. The packed copy is a plain attribute (not in the state dict); it is used only while the weight is
-the tensor it was made from, unmodified (its data pointer and in-place version), in float32 and without autograd
-(training steps, or a weight changed in place, take the weight-major product; a stale copy is dropped).
+the tensor it was made from, unmodified (its data pointer and in-place version), for inputs of the weight's dtype
+and without autograd (training steps, or a weight changed in place, take the weight-major product; a stale copy is
+dropped).
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from torch import nn
 
 PAD_ROWS = {1: 2, 3: 4}  # rows -> rows computed (measured above: the odd counts' GEMMs cost more than the next even's)
 PACKED = True  # rows >= PACKED_MIN_ROWS through the packed copy where `pack` made one (False: weight-major, A/B runs)
-PACKED_MIN_ROWS = 3
+PACKED_MIN_ROWS = 3  # float32; bfloat16 from one row
 PACK_HINT_ROWS = 4  # the row count oneDNN's reorder is told to expect (measured the same as 2, 8 and 64 from 3 rows on)
 
 
@@ -56,23 +60,36 @@ def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | No
     return y.reshape(*x.shape[:-1], n)
 
 
+def packable(dtype: torch.dtype) -> bool:
+    """Whether this PyTorch build can pack CPU weights of this dtype: float32 wherever it has oneDNN, bfloat16 where
+    oneDNN also has the CPU's native bf16 instructions."""
+    if not torch.backends.mkldnn.is_available() or dtype not in (torch.float32, torch.bfloat16):
+        return False
+    try:
+        return dtype == torch.float32 or bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
 def pack_weight(weight: torch.Tensor) -> torch.Tensor | None:
-    """oneDNN's blocked copy of a float32 CPU weight [N, K], or None where it cannot serve: another dtype or device,
-    a PyTorch build without oneDNN (or without the private reorder op, whose name may change between releases), or
-    a copy whose product differs from the weight-major one on PACK_HINT_ROWS fixed rows."""
-    if weight.dtype != torch.float32 or weight.device.type != "cpu" or not torch.backends.mkldnn.is_available():
+    """oneDNN's blocked copy of a float32 or bfloat16 CPU weight [N, K], or None where it cannot serve: another dtype
+    or device, a PyTorch build or CPU without it (`packable`; the private reorder op's name may change between
+    releases), or a copy whose product differs from the weight-major one on PACK_HINT_ROWS fixed rows (beyond
+    float32 reassociation, or bfloat16's rounding of the output)."""
+    if weight.device.type != "cpu" or not packable(weight.dtype):
         return None
     w = weight.detach()
-    try:
+    k = w.shape[1]
+    probe = torch.arange(PACK_HINT_ROWS * k, dtype=torch.float32).reshape(-1, k).mul_(0.37).sin_().to(w.dtype)
+    try:  # (the probe uses no RNG)
         packed = torch.ops.mkldnn._reorder_linear_weight(w, PACK_HINT_ROWS)
-        k = w.shape[1]
-        probe = torch.arange(PACK_HINT_ROWS * k, dtype=torch.float32).reshape(-1, k).mul_(0.37).sin_()  # no RNG used
-        got = packed_linear(probe, packed, None, w.shape[0])
+        got = packed_linear(probe, packed, None, w.shape[0]).float()
     except (AttributeError, RuntimeError):
         return None
-    want = weight_major_linear(probe, w)
-    scale = float(want.abs().max()) if want.numel() else 0.0
-    return packed if torch.allclose(got, want, rtol=1e-4, atol=1e-5 * max(scale, 1.0)) else None
+    want = weight_major_linear(probe.float(), w.float())
+    scale = max(float(want.abs().max()) if want.numel() else 0.0, 1.0)
+    rtol, atol = (1e-4, 1e-5 * scale) if w.dtype == torch.float32 else (2e-2, 1e-2 * scale)
+    return packed if torch.allclose(got, want, rtol=rtol, atol=atol) else None
 
 
 class CpuLinear(nn.Linear):
@@ -102,8 +119,8 @@ class CpuLinear(nn.Linear):
         return self._packed
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if (PACKED and self._packed is not None and x.numel() >= PACKED_MIN_ROWS * self.in_features
-                and x.dtype == torch.float32 and self.weight.dtype == torch.float32
+        if (PACKED and self._packed is not None and x.dtype == self.weight.dtype
+                and (x.dtype == torch.bfloat16 or x.numel() >= PACKED_MIN_ROWS * self.in_features)
                 and not (torch.is_grad_enabled() and (self.weight.requires_grad or x.requires_grad))):
             packed = self.packed
             if packed is not None:
