@@ -1,9 +1,9 @@
 """The CPU's weight-major projections (layers/cpu_linear.py, engine.transforms.use_cpu_linear): the same function as
 nn.Linear at every row count (the padded ones included), the same Parameters, wired by prepare_for_inference on the
 CPU after fusion, measured by api.load's CPU check in that form, and lossless through the engine. From 3 rows on the
-oneDNN-packed copy of the weight: the same function, taken only where it fits the host's memory (shared by tied
-weights), never stale after an in-place change, never under autograd; bfloat16 weights through it at every row count where
-the CPU has native bf16, float16 and float64 never."""
+oneDNN-packed copy of the weight: the same function, taken only where it fits the host's memory (one per distinct
+weight), never stale after an in-place change, never under autograd; bfloat16 weights through it at every row count
+where the CPU has native bf16, float16 and float64 never."""
 
 from __future__ import annotations
 
