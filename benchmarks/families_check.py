@@ -1,7 +1,8 @@
 """Session 57's model families on the GPU path: tiny random float32 targets (Mixtral, Qwen2-MoE with its gated shared
 expert and a dense layer, Phi-3 with LongRoPE, Mistral Small 3's text wrapper with an explicit head_dim; session 58's
 GLM-4.5 and Phi-4-mini with partial RoPE, heads of 48 dims, sliding windows, Gemma 2 / 3, GLM-4, SmolLM3, OLMo 3,
-Granite, Command R7B, gpt-oss; session 59's Llama 4, MiniMax-M2, EXAONE 4, OLMoE, ERNIE 4.5 MoE), each run eagerly
+Granite, Command R7B, gpt-oss; session 59's Llama 4, MiniMax-M2, EXAONE 4, OLMoE, ERNIE 4.5 MoE; session 61's Command
+R+, OLMo 2, ERNIE 4.5), each run eagerly
 without graphs (the reference), then through `prepare_for_inference` and the graph path: plain decoding, a chain and a
 tree with a random EAGLE-3 drafter. Prints how many of the 3 answers equal the reference's.
 
@@ -78,6 +79,13 @@ CONFIGS = {
     # Command R7B / A: parallel blocks, LayerNorms, windowed RoPE layers and NoPE global ones, scaled logits
     "cohere2 (window 16, NoPE globals)": dict(BASE, architectures=["Cohere2ForCausalLM"], model_type="cohere2",
                                               sliding_window=16, logit_scale=0.25, layer_norm_eps=1e-5),
+    # Command R+ (session 60's GGUF families): parallel blocks, LayerNorms, per-head q / k LayerNorms, scaled logits
+    "cohere (q/k LayerNorms, logit scale)": dict(BASE, architectures=["CohereForCausalLM"], model_type="cohere",
+                                                 use_qk_norm=True, logit_scale=0.25, layer_norm_eps=1e-5),
+    # OLMo 2: post-norm layers, whole-projection q / k RMSNorms; ERNIE 4.5: biased projections, a tied head
+    "olmo2": dict(BASE, architectures=["Olmo2ForCausalLM"], model_type="olmo2"),
+    "ernie4_5 (biased, tied)": dict(BASE, architectures=["Ernie4_5ForCausalLM"], model_type="ernie4_5", use_bias=True,
+                                    tie_word_embeddings=True),
     # gpt-oss: sinks, alternating windows, biased router, clamped-SwiGLU experts with biases (the grouped kernels'
     # bias and clamp epilogues since session 59: graphs expected)
     "gpt_oss (window 16, sinks)": dict(BASE, architectures=["GptOssForCausalLM"], model_type="gpt_oss", head_dim=32,
