@@ -99,7 +99,7 @@ def sweep_gemm() -> None:
                             mk._grouped_gemm(act, w2, pairs, be, bm, P, 1, out2, False, scale, cfg=cfg)
                     return one
 
-                default = mk._gemm_cfg(H, which == "gate_up", bm)
+                default = mk._gemm_cfg(H, which == "gate_up", bm, P)
                 base = per_call_us(call(default), 48)
                 ref = (out13 if which == "gate_up" else out2).float().clone()
                 best = (base, default)

@@ -158,6 +158,12 @@ def test_gemm_tiles_fit_the_devices_shared_memory():
     assert _gemm_cfg(2880, True, 16) == (32, 256, 4, 3) and _gemm_cfg(2880, False, 16) == narrow
     assert _gemm_cfg(2880, True, 32) == narrow and _gemm_cfg(7168, True, 16) == wide
     assert fit_shared(_gemm_cfg(2048, True, 16), 16, True, 2, H100) == (32, 256, 4, 3)
+    # a narrow layer's down GEMM of at most 8 pairs (a one-row decode step): five stages (session 61); more pairs, a
+    # wide layer or an unknown count keep their tiles; the five-stage tile fits an H100 in bf16 and float32
+    assert _gemm_cfg(2048, False, 16, 8) == (64, 128, 4, 5) and _gemm_cfg(2880, False, 16, 4) == (64, 128, 4, 5)
+    assert _gemm_cfg(2048, False, 16, 9) == narrow and _gemm_cfg(2048, False, 16) == narrow
+    assert _gemm_cfg(7168, False, 16, 8) == wide and _gemm_cfg(2048, True, 16, 8) == (32, 256, 4, 3)
+    assert fit_shared((64, 128, 4, 5), 16, False, 4, H100) == (64, 128, 4, 5)
 
 
 @torch.no_grad()

@@ -237,16 +237,28 @@ GEMM_CFG: tuple[int, int, int, int] | None = None  # set: every GEMM takes it (t
 # 22.9 / 61.9 / 107.6 / 228.9 / 255.5 against 20.7 / 61.4 / 106.3 / 227.1 / 255.7: twice the programs of half the
 # features, each reading K in longer steps. The down GEMM gains nothing from it (gpt-oss 26.9 -> 27.6 us at 1 token).
 NARROW_GATED_CFG = (32, 256, 4, 3)
+# The down GEMM of such a layer for at most DOWN_FEW_PAIRS (token, expert) pairs (a one-row decode step of k <= 8
+# experts), experts cold (session 61, H100): five stages in flight instead of three, Qwen3-30B-A3B's 12.06 -> 10.45
+# us at one token (k = 8), gpt-oss-20b's 26.8 -> 26.5 (k = 4); at 4 tokens (32 / 16 pairs) Qwen3's lost (33.4 ->
+# 34.6 us), so more pairs keep (64, 128, 4, 3). Whole decode steps (host_gap.py, graph replay, alternating): Qwen3-
+# 30B-A3B 3.520 -> 3.482 ms, gpt-oss-20b 3.197 -> 3.139 ms. None: the common tile for every down GEMM.
+NARROW_DOWN_FEW_CFG: tuple[int, int, int, int] | None = (64, 128, 4, 5)
+DOWN_FEW_PAIRS = 8
 
 
-def _gemm_cfg(width: int, gated: bool = False, block_m: int = 64) -> tuple[int, int, int, int]:
+def _gemm_cfg(width: int, gated: bool = False, block_m: int = 64, pairs: int | None = None
+              ) -> tuple[int, int, int, int]:
     """(BLOCK_N, BLOCK_K, num_warps, num_stages) for a layer of this width (the wider of a GEMM's K and N: the
-    hidden size), a gated (gate/up) GEMM or not, in blocks of `block_m` slots."""
+    hidden size), a gated (gate/up) GEMM or not, in blocks of `block_m` slots, for `pairs` (token, expert) pairs
+    (None: unknown, the common tile)."""
     if GEMM_CFG is not None:
         return GEMM_CFG
     if width >= 4096:
         return (128, 128, 8, 3)
-    return NARROW_GATED_CFG if gated and block_m == 16 else (64, 128, 4, 3)
+    if gated:
+        return NARROW_GATED_CFG if block_m == 16 else (64, 128, 4, 3)
+    few = pairs is not None and pairs <= DOWN_FEW_PAIRS and NARROW_DOWN_FEW_CFG is not None
+    return NARROW_DOWN_FEW_CFG if few else (64, 128, 4, 3)
 
 
 def fit_shared(cfg: tuple[int, int, int, int], block_m: int, gated: bool, itemsize: int,
@@ -276,7 +288,7 @@ def _grouped_gemm(a: torch.Tensor, w: torch.Tensor, pairs: torch.Tensor, block_e
     N = out.shape[1]
     K = a.shape[1]
     if cfg is None and GEMM_CFG is None:  # the default tile, fitted to the device's shared memory
-        cfg = fit_shared(_gemm_cfg(max(K, N), gated, block_m), block_m, gated, w.element_size(),
+        cfg = fit_shared(_gemm_cfg(max(K, N), gated, block_m, P), block_m, gated, w.element_size(),
                          shared_limit(a.device))
     BN, BK, warps, stages = cfg or _gemm_cfg(max(K, N))  # the hidden size: K of the first GEMM, N of the second
     grid = (block_expert.shape[0], -(-N // BN))
