@@ -17,8 +17,9 @@ at BLOCK_N 64 are 96 programs of 512 KB each, fewer than the 132 SMs. Here, per 
 4. sum: the k pair rows' float32 sum rounded to bf16: PyTorch's sum + cast (two kernels) against `sum_pairs`.
 
 usage: python benchmarks/moe_cold_sweep.py OUT_DIR [--cpu] [--only=gemm|gemv|gemv_rows|sum] [--shapes=a,b]
-       [--tokens=1,4] [--gemv=SUBSTRING] [--cfgs=32x256x4x3,...]   (the layer shapes of SHAPES, the token counts,
-       the GEMV_SHAPES whose label holds SUBSTRING, the grouped GEMMs' configurations; default all)
+       [--tokens=1,4] [--gemv=SUBSTRING] [--cfgs=32x256x4x3,...] [--gemv-cfgs=4x1024x2x4,...]   (the layer shapes
+       of SHAPES, the token counts, the GEMV_SHAPES whose label holds SUBSTRING, the grouped GEMMs' and the GEMV
+       kernel's configurations; default all)
 """
 
 from __future__ import annotations
@@ -128,6 +129,8 @@ GEMV_SHAPES = {"qwen3 qkv": (5120, 2048), "qwen3 gate": (128, 2048), "qwen3 o_pr
 GEMV_SHAPES = {k: v for k, v in GEMV_SHAPES.items() if option("gemv", "") in k}
 GEMV_CFGS = [(bn, bk, w, s) for bn in (1, 2, 4, 8, 16) for bk in (512, 1024)
              for w, s in ((2, 4), (4, 3), (4, 4), (8, 3))]
+if option("gemv-cfgs", ""):
+    GEMV_CFGS = [tuple(int(v) for v in c.split("x")) for c in option("gemv-cfgs", "").split(",")]
 if CPU:
     GEMV_SHAPES, GEMV_CFGS = {"tiny": (48, 64), "tiny fp32": (16, 64)}, [(4, 32, 2, 2)]
 
