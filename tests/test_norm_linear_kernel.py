@@ -299,15 +299,21 @@ def test_gemv_kernel_and_its_wiring(monkeypatch):
                                            (300, 1024, torch.float32, (1, 1024, 8, 3)),
                                            (300, 2048, torch.bfloat16, (1, 1024, 4, 3)),
                                            (1500, 2048, torch.bfloat16, (2, 1024, 4, 3)),
-                                           (2100, 1024, torch.bfloat16, (4, 1024, 2, 4))])
+                                           (2100, 1024, torch.bfloat16, (4, 1024, 2, 4)),
+                                           (2100, 4096, torch.bfloat16, (2, 2048, 4, 3)),
+                                           (2048, 4096, torch.bfloat16, (2, 1024, 4, 3))])
 def test_gemv_tiles_by_shape(N, K, dtype, cfg):
     """`gemv_kernel.cfg_for`'s tile per branch (inputs that blocks of 1,024 pad more than blocks of 512 do, where
-    gpt-oss's 2,880 pads alike; up to 1,024 features, 8 warps for float32 weights; up to 2,048; wider: DEFAULT_CFG),
-    and `gemv_rows` with its own choice equals the product (interpreter)."""
-    from eaglespec.layers.gemv_kernel import DEFAULT_CFG, cfg_for, gemv_rows
+    gpt-oss's 2,880 pads alike; over 2,048 features and 4,096-8,192 inputs in blocks of 2,048, session 61; up to
+    1,024 features, 8 warps for float32 weights; up to 2,048; wider: DEFAULT_CFG), and `gemv_rows` with its own
+    choice equals the product (interpreter)."""
+    from eaglespec.layers.gemv_kernel import DEFAULT_CFG, WIDE_K_CFG, cfg_for, gemv_rows
 
     assert cfg_for(N, K, torch.tensor([], dtype=dtype).element_size()) == cfg
-    assert cfg_for(4096, 4096) == DEFAULT_CFG  # Llama-8B's o_proj keeps session 11's tile
+    assert cfg_for(4096, 4096) == cfg_for(6144, 4096) == WIDE_K_CFG  # Llama-8B's o_proj and q/k/v
+    assert cfg_for(4096, 14336) == cfg_for(5120, 2048) == DEFAULT_CFG  # its down_proj, Qwen3-30B-A3B's q/k/v
+    assert cfg_for(2048, 4096) == (2, 1024, 4, 3)  # Qwen3-30B-A3B's o_proj: faster alone, slower in its step
+    assert cfg_for(384, 7168) == (1, 1024, 4, 3)  # a router's gate: one feature a program
     g = torch.Generator().manual_seed(N)
     x, w = torch.randn(1, K, generator=g).to(dtype), torch.randn(N, K, generator=g).to(dtype)
     ref = x.float() @ w.float().T

@@ -29,6 +29,14 @@ USE_PDL = True  # layers/pdl.py: this kernel's own switch (the benchmarks' A/B)
 # BLOCK_N, BLOCK_K, num_warps, num_stages: the best of session 11's sweep for Llama-8B's o_proj and down_proj (one row,
 # cold weights, H200): o_proj 13.2 -> 10.7 us, down 31.9 -> 29.2 us (4.0 TB/s); q/k/v 15.6 -> 14.3 us at (4, 512, 2, 4)
 DEFAULT_CFG = (4, 1024, 2, 4)
+# Inputs of 4,096-8,192 (a multiple of 2,048) to over 2,048 features: two features a program in blocks of 2,048
+# (session 61, H100, one row, cold weights, `moe_cold_sweep.py --only=gemv --gemv-cfgs=...`): Llama-8B's q/k/v 18.95
+# -> 17.13 us and o_proj 12.75 -> 11.85, gpt-oss-20b's o_proj 9.61 -> 9.23; Llama-8B's down_proj (K 14,336) lost
+# (40.1 -> 41.3), inputs of 2,048-2,880 lost (Qwen3's q/k/v 7.54 -> 9.01). Whole decode steps (host_gap.py,
+# alternating): Llama-8B 5.797 -> 5.697 ms, gpt-oss-20b 3.227 either way, while Qwen3-30B-A3B, whose 2,048 x 4,096
+# o_proj took it alone (6.57 -> 5.99 us), lost 3.517 -> 3.622 ms: 2,048 features and fewer keep their tiles.
+# None: the rule off (the benchmarks' A/B).
+WIDE_K_CFG: tuple[int, int, int, int] | None = (2, 2048, 4, 3)
 
 
 def cfg_for(N: int, K: int, itemsize: int = 2) -> tuple[int, int, int, int]:
@@ -38,9 +46,12 @@ def cfg_for(N: int, K: int, itemsize: int = 2) -> tuple[int, int, int, int]:
     feature up to N 1,024: MLA's kv_a 576 x 7,168 5.4 us, 6.6 at two features a program; a noaux_tc router's float32
     384 x 7,168 gate 5.9 us with 8 warps, 9.6 with 4, cuBLAS 7.9); inputs whose blocks of 1,024 would read past K
     more than blocks of 512 do (MLA's q_b, K 1,536) in blocks of 512. gpt-oss's K 2,880 pads to 3,072 either way: its
-    32 x 2,880 router gate took 1.47 us at (1, 1024, 4, 3), 2.76 at (4, 512, 2, 4) (session 60, H100)."""
+    32 x 2,880 router gate took 1.47 us at (1, 1024, 4, 3), 2.76 at (4, 512, 2, 4) (session 60, H100). Inputs of
+    4,096-8,192 wider than 1,024 features: WIDE_K_CFG (session 61)."""
     if -(-K // 1024) * 1024 > -(-K // 512) * 512:
         return (4, 512, 2, 4)
+    if WIDE_K_CFG is not None and N > 2048 and 4096 <= K <= 8192 and K % 2048 == 0:
+        return WIDE_K_CFG
     if N <= 1024:
         return (1, 1024, 8 if itemsize >= 4 else 4, 3)
     if N <= 2048:
