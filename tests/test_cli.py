@@ -89,9 +89,10 @@ def test_api_default_drafter_policy_on_the_cpu(monkeypatch):
     assert one.schedule.shape(1, greedy=False) is None  # its sampled steps, dearer than sampling pays for: plain
     dear = api.load(config=EngineConfig(device="cpu", max_batch_size=1), temperature=0.8)  # above the sampled one
     assert not dear.speculative
-    assert dear.plain_note == (f"here a forward of 3 tokens costs {CPU_MAX_VERIFY_COST:.2f}x one of 1 token; sampled "
+    assert dear.plain_note == (f"here a forward of 2 tokens costs {CPU_MAX_VERIFY_COST:.2f}x one of 1 token; sampled "
                                f"speculation pays on the CPU only up to {CPU_MAX_VERIFY_COST_SAMPLED}x")
-    assert asked == [6, 4, 3, 3]  # each mode's draft tokens (a verify's forward), the engine's own mode first
+    # each mode's shapes' draft tokens (a verify's forward), the widest first, the engine's own mode first
+    assert asked == [6, 4, 3, 2, 3, 2]
     asked = cpu_forward_cost(monkeypatch, CPU_MAX_VERIFY_COST_SAMPLED)  # at the sampled threshold
     sampled = api.load(config=EngineConfig(device="cpu", max_batch_size=1), temperature=0.8)
     assert sampled.speculative and sampled.plain_note is None
@@ -102,7 +103,8 @@ def test_api_default_drafter_policy_on_the_cpu(monkeypatch):
     lone = api.load(config=EngineConfig(device="cpu", max_batch_size=4, spec_max_rows=1))
     assert lone.speculative and lone.spec == SpecConfig(3, 2, 6) and asked == [3, 6, 6, 3]
     asked = cpu_forward_cost(monkeypatch, CPU_MAX_VERIFY_COST_WIDE)  # the wider tree's limit: it is taken
-    assert api.load(config=EngineConfig(device="cpu", max_batch_size=1)).spec == SpecConfig(3, 2, 6) and asked == [6, 3]
+    assert api.load(config=EngineConfig(device="cpu", max_batch_size=1)).spec == SpecConfig(3, 2, 6)
+    assert asked == [6, 3, 2]  # (its sampled steps: both chains too dear)
     forced = api.load(spec=SpecConfig(2, 1, 3), config=EngineConfig(device="cpu", max_batch_size=8))
     assert forced.speculative and forced.spec == SpecConfig(2, 1, 3)
     asked = cpu_forward_cost(monkeypatch, 1.7)  # session 18's machine through F.linear: a 3-token forward at 1.64-1.80x
@@ -207,13 +209,13 @@ def test_default_drafter_policy_per_device_and_engine_size(monkeypatch):
 def test_auto_times_each_modes_draft_tokens_on_the_cpu(monkeypatch):
     """On the CPU `auto` times a forward of each mode's draft tokens against its own limit: greedy steps the tree S3
     K2 D6 (6 tokens, up to 1.3x one token), then the tree S2 K2 D4 (4 tokens, up to 1.5x); sampled steps the chain
-    of 2 (3 tokens, up to 1.2x). Where the engine's own mode fails it decodes plainly and says why; where only the
+    of 2 (3 tokens, up to 1.2x), then the one-step chain (2 tokens, up to 1.2x). Where the engine's own mode fails it decodes plainly and says why; where only the
     other mode fails, that mode's steps decode plainly (sampled) or take the sampled shape (greedy)."""
     from eaglespec.api import auto_spec
     from eaglespec.config import SpecConfig
     from eaglespec.spec_schedule import SpecSchedule
 
-    wide, two, chain2 = SpecConfig(3, 2, 6), SpecConfig(2, 2, 4), SpecConfig(2, 1, 3)
+    wide, two, chain2, chain1 = SpecConfig(3, 2, 6), SpecConfig(2, 2, 4), SpecConfig(2, 1, 3), SpecConfig(1, 1, 2)
     target = torch.nn.Linear(2, 2)
 
     def costs(ratios: dict[int, float]) -> list[int]:
@@ -228,11 +230,14 @@ def test_auto_times_each_modes_draft_tokens_on_the_cpu(monkeypatch):
     asked = costs({6: 1.35, 4: 1.1, 3: 1.0})  # the wider tree too dear: the narrower
     assert auto_spec(target, "cpu") == (SpecSchedule(((1, two),), sampled=((1, chain2),), penalized=()), None)
     assert asked == [6, 4, 3]
-    asked = costs({6: 1.5, 4: 1.3, 3: 1.25})  # greedy pays, sampled does not: sampled steps decode plainly
+    asked = costs({6: 1.5, 4: 1.3, 3: 1.25, 2: 1.1})  # the chain of 2 too dear: the one-step chain's forward
+    assert auto_spec(target, "cpu") == (SpecSchedule(((1, two),), sampled=((1, chain1),), penalized=()), None)
+    assert asked == [6, 4, 3, 2]
+    asked = costs({6: 1.5, 4: 1.3, 3: 1.25, 2: 1.21})  # greedy pays, sampled does not: sampled steps decode plainly
     assert auto_spec(target, "cpu") == (SpecSchedule(((1, two),), sampled=(), penalized=()), None)
     spec, note = auto_spec(target, "cpu", temperature=1.0)  # an engine built to sample decodes plainly
-    assert spec is None and "a forward of 3 tokens costs 1.25x one of 1 token; sampled speculation" in note
-    assert asked == [6, 4, 3, 3]  # its own mode is timed first, and alone where it loses
+    assert spec is None and "a forward of 2 tokens costs 1.21x one of 1 token; sampled speculation" in note
+    assert asked == [6, 4, 3, 2, 3, 2]  # its own mode is timed first, and alone where it loses
     asked = costs({6: 1.9, 4: 1.6, 3: 1.1})  # sampled pays, greedy's trees do not: greedy steps take the sampled chain
     assert auto_spec(target, "cpu", temperature=1.0) == (SpecSchedule(((1, chain2),), penalized=()), None)
     assert asked == [3, 6, 4]

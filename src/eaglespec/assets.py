@@ -125,7 +125,10 @@ DEFAULT_DRAFTER = ASSETS / "smollm2-135m-eagle3"
 # S3 K2 D6 ran 0.94-1.02x, S2 K2 D4 1.2x (docs/benchmarks.md, "Session 61"). So the greedy CPU shape is S3 K2 D6 where a 6-token forward costs at most
 # CPU_MAX_VERIFY_COST_WIDE (by the model below: 2.23 / (1.3 + 0.3) = 1.39x, while S2 K2 D4 at a ratio under it
 # leaves about 2.01 / 1.6 = 1.26x), else S2 K2 D4 under CPU_MAX_VERIFY_COST (a machine, or a model too large for the
-# packed copies, where few-row forwards cost more): `cpu_shapes`.
+# packed copies, where few-row forwards cost more): `cpu_shapes`. Sampled at temperature 1 (MT-bench 1-8, 96 tokens,
+# two rounds, packed): the chain of 2 1.23x (tau 1.65), the one-step chain 1.31x (tau 1.44), the chain of 3 1.21x;
+# there a 3-token forward measured ~1.25x a 1-token one, over CPU_MAX_VERIFY_COST_SAMPLED, so sampled engines
+# decoded plainly: where the chain of 2's forward is too dear the one-step chain (2 tokens, ~1.0x) is timed next.
 CPU_MAX_VERIFY_COST = 1.5
 CPU_MAX_VERIFY_COST_SAMPLED = 1.2
 CPU_MAX_VERIFY_COST_WIDE = 1.3
@@ -140,6 +143,7 @@ _DEFAULT_SPEC: dict[str, tuple[tuple[int, SpecConfig], ...]] = {
     "cuda": ((1, _CHAIN_3), (8, _TREE_K4), (16, _CHAIN_3), (32, _TREE_K2)),
 }
 _CHAIN_2 = SpecConfig(steps=2, topk=1, draft_tokens=3)
+_CHAIN_1 = SpecConfig(steps=1, topk=1, draft_tokens=2)
 # the same, sampling (temperature > 0): the chain of 2 in one-row CPU engines; on CUDA the chain of 3 up to 32 rows
 _DEFAULT_SPEC_SAMPLED: dict[str, tuple[tuple[int, SpecConfig], ...]] = {
     "cpu": ((1, _CHAIN_2),), "cuda": ((32, _CHAIN_3),)}
@@ -257,10 +261,13 @@ def cpu_max_verify_cost(temperature: float = 0.0) -> float:
 def cpu_shapes(entries: Entries, sampled: bool) -> tuple[tuple[Entries, float], ...]:
     """The entries a CPU engine's steps of one mode try in turn where `auto` times this machine's forwards, each with
     the most a forward of its draft tokens may cost in one-token forwards: the greedy tree S3 K2 D6 up to
-    CPU_MAX_VERIFY_COST_WIDE, then S2 K2 D4 up to CPU_MAX_VERIFY_COST; any other entries (the sampled chain of 2)
-    alone, up to their mode's `cpu_max_verify_cost`."""
+    CPU_MAX_VERIFY_COST_WIDE, then S2 K2 D4 up to CPU_MAX_VERIFY_COST; the sampled chain of 2, then the one-step
+    chain (a 2-token forward, which the weight-major product keeps at about a 1-token one's cost), each up to
+    CPU_MAX_VERIFY_COST_SAMPLED; any other entries alone, up to their mode's `cpu_max_verify_cost`."""
     if not sampled and entries == ((1, _TREE_CPU),):
         return (entries, CPU_MAX_VERIFY_COST_WIDE), (((1, _TREE_CPU_NARROW),), CPU_MAX_VERIFY_COST)
+    if sampled and entries == ((1, _CHAIN_2),):
+        return (entries, CPU_MAX_VERIFY_COST_SAMPLED), (((1, _CHAIN_1),), CPU_MAX_VERIFY_COST_SAMPLED)
     return ((entries, cpu_max_verify_cost(1.0 if sampled else 0.0)),)
 
 
