@@ -12,8 +12,8 @@ Why packed from 3 rows: on session 61's 2-core AMD EPYC (AVX-512, the same torch
 rows cost 1.3-2.3x its 2-row one for some shapes (down_proj 576 x 1,536: 0.106 -> 0.248 ms; a cache-free SmolLM2
 forward of 3-4 tokens 1.30x one of 1 token, of 8 tokens 1.96x), while oneDNN's GEMM over a weight reordered once
 into its blocked layout (`torch.ops.mkldnn._reorder_linear_weight`, as PyTorch's inductor freezes CPU linears)
-costs about the same from 3 to 8 rows (down_proj 0.112-0.152 ms; the forward of 3-4 tokens 1.14x, of 8 tokens
-1.37x) and half the weight-major time for prefills (gate/up at 256 rows 10.7 -> 4.8 ms); at 1-2 rows it is ~40%
+costs about the same from 3 to 8 rows (down_proj 0.112-0.152 ms; the forward of 3-4 tokens 1.14-1.26x, of 8
+tokens 1.37-1.43x) and half the weight-major time for prefills (gate/up at 256 rows 10.7 -> 4.8 ms); at 1-2 rows it is ~40%
 slower than weight-major, so the original weight stays for those (docs/benchmarks.md, "Session 61"). Speculation on
 the CPU rests on this: a verify of D tokens must cost about one decode step. In bfloat16 (`--dtype bfloat16`) on a
 CPU with AVX-512 BF16 (where `torch.ops.mkldnn._is_mkldnn_bf16_supported()`), the packed copy wins at every row
@@ -54,7 +54,7 @@ def weight_major_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
 
 
 def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, n: int) -> torch.Tensor:
-    """x [..., K] (float32) times a weight [n, K] reordered by `pack_weight` (+ bias [n]) -> [..., n]."""
+    """x [..., K] (the weight's dtype) times a weight [n, K] reordered by `pack_weight` (+ bias [n]) -> [..., n]."""
     rows = x.reshape(-1, x.shape[-1]).contiguous()  # [M, K]
     y = torch.ops.mkldnn._linear_pointwise(rows, packed, bias, "none", [], "")  # [M, n]
     return y.reshape(*x.shape[:-1], n)

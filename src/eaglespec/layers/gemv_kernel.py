@@ -47,7 +47,7 @@ def cfg_for(N: int, K: int, itemsize: int = 2) -> tuple[int, int, int, int]:
     384 x 7,168 gate 5.9 us with 8 warps, 9.6 with 4, cuBLAS 7.9); inputs whose blocks of 1,024 would read past K
     more than blocks of 512 do (MLA's q_b, K 1,536) in blocks of 512. gpt-oss's K 2,880 pads to 3,072 either way: its
     32 x 2,880 router gate took 1.47 us at (1, 1024, 4, 3), 2.76 at (4, 512, 2, 4) (session 60, H100). Inputs of
-    4,096-8,192 wider than 1,024 features: WIDE_K_CFG (session 61)."""
+    4,096-8,192 (multiples of 2,048) to over 2,048 features: WIDE_K_CFG (session 61)."""
     if -(-K // 1024) * 1024 > -(-K // 512) * 512:
         return (4, 512, 2, 4)
     if WIDE_K_CFG is not None and N > 2048 and 4096 <= K <= 8192 and K % 2048 == 0:
