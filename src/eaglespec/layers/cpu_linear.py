@@ -17,8 +17,8 @@ tokens 1.37-1.43x) and half the weight-major time for prefills (gate/up at 256 r
 rows it is ~40% slower than weight-major, so the original weight stays for those (docs/benchmarks.md, "Session
 61"). Speculation on the CPU rests on this: a verify of D tokens must cost about one decode step. In bfloat16
 (`--dtype bfloat16`) on a CPU with AVX-512 BF16 (where `torch.ops.mkldnn._is_mkldnn_bf16_supported()`), the packed
-copy wins at every row count (session 61: gate/up 0.16-0.20 ms at 1-8 rows against the weight-major 0.24-0.45, the lm_head 1.8-2.4
-against 4.4-5.6), so bfloat16 projections take it from one row on.
+copy wins at every row count (session 61: gate/up 0.16-0.20 ms at 1-8 rows against the weight-major 0.24-0.45,
+the lm_head 1.8-2.4 against 4.4-5.6), so bfloat16 projections take it from one row on.
 
 `CpuLinear.forward(x)`: x [..., K] -> [..., N] (contiguous), the same function as nn.Linear up to floating-point
 reassociation, the same weight (and bias) Parameter (state-dict names and values unchanged). Built by
