@@ -79,40 +79,51 @@ def test_api_default_drafter_policy_on_the_cpu(monkeypatch):
     tokens costs at most `cpu_max_verify_cost(temperature)` one-token forwards on this machine (greedy decoding, which
     accepts more a step, pays up to a dearer verify than sampling; its wider tree S3 K2 D6 up to
     CPU_MAX_VERIFY_COST_WIDE, its narrower S2 K2 D4 past it); an explicit shape always speculates."""
+    from types import SimpleNamespace
+
     from eaglespec import api
     from eaglespec.assets import CPU_MAX_VERIFY_COST, CPU_MAX_VERIFY_COST_SAMPLED, CPU_MAX_VERIFY_COST_WIDE
     from eaglespec.config import EngineConfig, SpecConfig
 
+    def load(**kw) -> SimpleNamespace:
+        """api.load's choice, the engine itself released (a dozen SmolLM2 engines with their packed projections
+        and KV caches alive at once made the test 4x slower through the memory they took)."""
+        e = api.load(**kw)
+        seen = SimpleNamespace(speculative=e.speculative, spec=e.spec, plain_note=e.plain_note, schedule=e.schedule)
+        del e
+        gc.collect()
+        return seen
+
     asked = cpu_forward_cost(monkeypatch, CPU_MAX_VERIFY_COST)  # at the greedy threshold: greedy speculation pays
-    one = api.load(config=EngineConfig(device="cpu", max_batch_size=1))  # in the narrower tree: the wider costs more
+    one = load(config=EngineConfig(device="cpu", max_batch_size=1))  # in the narrower tree: the wider costs more
     assert one.speculative and one.spec == SpecConfig(2, 2, 4) and one.plain_note is None
     assert one.schedule.shape(1, greedy=False) is None  # its sampled steps, dearer than sampling pays for: plain
-    dear = api.load(config=EngineConfig(device="cpu", max_batch_size=1), temperature=0.8)  # above the sampled one
+    dear = load(config=EngineConfig(device="cpu", max_batch_size=1), temperature=0.8)  # above the sampled one
     assert not dear.speculative
     assert dear.plain_note == (f"here a forward of 2 tokens costs {CPU_MAX_VERIFY_COST:.2f}x one of 1 token; sampled "
                                f"speculation pays on the CPU only up to {CPU_MAX_VERIFY_COST_SAMPLED}x")
     # each mode's shapes' draft tokens (a verify's forward), the widest first, the engine's own mode first
     assert asked == [6, 4, 3, 2, 3, 2]
     asked = cpu_forward_cost(monkeypatch, CPU_MAX_VERIFY_COST_SAMPLED)  # at the sampled threshold
-    sampled = api.load(config=EngineConfig(device="cpu", max_batch_size=1), temperature=0.8)
+    sampled = load(config=EngineConfig(device="cpu", max_batch_size=1), temperature=0.8)
     assert sampled.speculative and sampled.plain_note is None
     assert [sampled.schedule.shape(1, g) for g in (False, True)] == [SpecConfig(2, 1, 3), SpecConfig(3, 2, 6)]
-    many = api.load(config=EngineConfig(device="cpu", max_batch_size=8))
+    many = load(config=EngineConfig(device="cpu", max_batch_size=8))
     assert not many.speculative and asked == [3, 6]  # no shape measured for 8 rows: nothing timed
     # speculative steps of at most one row (spec_max_rows, `eaglespec serve`'s CPU default): the one-row shape
-    lone = api.load(config=EngineConfig(device="cpu", max_batch_size=4, spec_max_rows=1))
+    lone = load(config=EngineConfig(device="cpu", max_batch_size=4, spec_max_rows=1))
     assert lone.speculative and lone.spec == SpecConfig(3, 2, 6) and asked == [3, 6, 6, 3]
     asked = cpu_forward_cost(monkeypatch, CPU_MAX_VERIFY_COST_WIDE)  # the wider tree's limit: it is taken
-    assert api.load(config=EngineConfig(device="cpu", max_batch_size=1)).spec == SpecConfig(3, 2, 6)
+    assert load(config=EngineConfig(device="cpu", max_batch_size=1)).spec == SpecConfig(3, 2, 6)
     assert asked == [6, 3, 2]  # (its sampled steps: both chains too dear)
-    forced = api.load(spec=SpecConfig(2, 1, 3), config=EngineConfig(device="cpu", max_batch_size=8))
+    forced = load(spec=SpecConfig(2, 1, 3), config=EngineConfig(device="cpu", max_batch_size=8))
     assert forced.speculative and forced.spec == SpecConfig(2, 1, 3)
     asked = cpu_forward_cost(monkeypatch, 1.7)  # session 18's machine through F.linear: a 3-token forward at 1.64-1.80x
-    slow = api.load(config=EngineConfig(device="cpu", max_batch_size=1))
+    slow = load(config=EngineConfig(device="cpu", max_batch_size=1))
     assert asked == [6, 4]  # the wider tree, then the narrower, both too dear; the sampled steps not timed
     assert not slow.speculative and slow.plain_note == ("here a forward of 4 tokens costs 1.70x one of 1 token; greedy "
                                                         f"speculation pays on the CPU only up to {CPU_MAX_VERIFY_COST}x")
-    forced = api.load(spec=SpecConfig(2, 1, 3), config=EngineConfig(device="cpu", max_batch_size=1))
+    forced = load(spec=SpecConfig(2, 1, 3), config=EngineConfig(device="cpu", max_batch_size=1))
     assert forced.speculative and forced.plain_note is None  # an explicit shape is not second-guessed
 
 
