@@ -220,8 +220,9 @@ def test_default_drafter_policy_per_device_and_engine_size(monkeypatch):
 def test_auto_times_each_modes_draft_tokens_on_the_cpu(monkeypatch):
     """On the CPU `auto` times a forward of each mode's draft tokens against its own limit: greedy steps the tree S3
     K2 D6 (6 tokens, up to 1.3x one token), then the tree S2 K2 D4 (4 tokens, up to 1.5x); sampled steps the chain
-    of 2 (3 tokens, up to 1.2x), then the one-step chain (2 tokens, up to 1.2x). Where the engine's own mode fails it decodes plainly and says why; where only the
-    other mode fails, that mode's steps decode plainly (sampled) or take the sampled shape (greedy)."""
+    of 2 (3 tokens, up to 1.2x), then the one-step chain (2 tokens, up to 1.2x). Where the engine's own mode fails
+    it decodes plainly and says why; where only the other mode fails, that mode's steps decode plainly (sampled) or
+    take the sampled shape (greedy)."""
     from eaglespec.api import auto_spec
     from eaglespec.config import SpecConfig
     from eaglespec.spec_schedule import SpecSchedule
