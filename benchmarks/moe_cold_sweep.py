@@ -125,7 +125,9 @@ GEMV_SHAPES = {"qwen3 qkv": (5120, 2048), "qwen3 gate": (128, 2048), "qwen3 o_pr
                "deepseek shared down": (7168, 2048), "kimi gate fp32": (384, 7168),
                "llama-8b qkv": (6144, 4096), "llama-8b o_proj": (4096, 4096), "llama-8b down": (4096, 14336),
                "gpt-oss qkv": (5120, 2880), "gpt-oss o_proj": (2880, 4096), "gpt-oss gate": (32, 2880),
-               "qwen2.5-7b qkv": (4608, 3584), "qwen2.5-7b o_proj": (3584, 3584), "qwen2.5-7b down": (3584, 18944)}
+               "qwen2.5-7b qkv": (4608, 3584), "qwen2.5-7b o_proj": (3584, 3584), "qwen2.5-7b down": (3584, 18944),
+               "llama-70b qkv": (10240, 8192), "llama-70b o_proj": (8192, 8192), "mixtral-8x7b qkv": (6144, 4096),
+               "glm-4.5-air o_proj": (4096, 12288)}
 GEMV_SHAPES = {k: v for k, v in GEMV_SHAPES.items() if option("gemv", "") in k}
 GEMV_CFGS = [(bn, bk, w, s) for bn in (1, 2, 4, 8, 16) for bk in (512, 1024)
              for w, s in ((2, 4), (4, 3), (4, 4), (8, 3))]
