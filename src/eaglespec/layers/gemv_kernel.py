@@ -34,7 +34,8 @@ DEFAULT_CFG = (4, 1024, 2, 4)
 # -> 17.13 us and o_proj 12.75 -> 11.85, gpt-oss-20b's o_proj 9.61 -> 9.23; Llama-8B's down_proj (K 14,336) lost
 # (40.1 -> 41.3), inputs of 2,048-2,880 lost (Qwen3's q/k/v 7.54 -> 9.01). Whole decode steps (host_gap.py,
 # alternating): Llama-8B 5.797 -> 5.697 ms, gpt-oss-20b 3.227 either way, while Qwen3-30B-A3B, whose 2,048 x 4,096
-# o_proj took it alone (6.57 -> 5.99 us), lost 3.517 -> 3.622 ms: 2,048 features and fewer keep their tiles.
+# o_proj took it alone (6.57 -> 5.99 us), lost 3.517 -> 3.622 ms: 2,048 features and fewer keep their tiles. At
+# K 8,192 (alone, no step measured): Llama-70B's q/k/v 57.05 -> 55.29 us, o_proj 45.65 -> 45.53.
 # None: the rule off (the benchmarks' A/B).
 WIDE_K_CFG: tuple[int, int, int, int] | None = (2, 2048, 4, 3)
 
