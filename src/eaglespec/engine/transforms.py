@@ -391,20 +391,17 @@ def use_cpu_linear(model: nn.Module) -> nn.Module:
         for name, lin in list(parent._modules.items()):
             if type(lin) is nn.Linear:
                 setattr(parent, name, CpuLinear.wrap(lin))
-    todo = [m for m in model.modules() if type(m) is CpuLinear and m.packed is None
-            and packable(m.weight.dtype) and m.weight.device.type == "cpu"]
-    weights = {m.weight.data_ptr(): m.weight for m in todo}
-    need = sum(w.numel() * w.element_size() for w in weights.values())
+    sharing: dict[int, list[CpuLinear]] = {}  # a weight's data pointer -> the projections without a copy of it
+    for m in model.modules():
+        if type(m) is CpuLinear and m.packed is None and packable(m.weight.dtype) and m.weight.device.type == "cpu":
+            sharing.setdefault(m.weight.data_ptr(), []).append(m)
+    need = sum(ms[0].weight.numel() * ms[0].weight.element_size() for ms in sharing.values())
     room = device_memory.host_available()
-    if todo and room is not None and need <= CPU_PACK_MAX_SHARE * room:
-        made: dict[int, torch.Tensor | None] = {}
-        for m in todo:
-            key = m.weight.data_ptr()
-            if key not in made:
-                m.pack()
-                made[key] = m.packed
-            elif made[key] is not None:
-                m.pack(made[key])
+    if sharing and room is not None and need <= CPU_PACK_MAX_SHARE * room:
+        for first, *rest in sharing.values():
+            if first.pack():
+                for m in rest:
+                    m.pack(first.packed)
     return model
 
 
