@@ -25,11 +25,12 @@ def _init(model: torch.nn.Module, std: float, seed: int) -> None:
                 p.copy_(torch.randn(p.shape, generator=g) * std)
 
 
-def imports_compiler(code: str) -> bool:
-    """Whether running `code` in a fresh interpreter (this module importable) imports torch._dynamo: start-up paths
-    that must not pay for the compiler are checked there, since the test process has imported it long before."""
+def imports_compiler(code: str, modules: tuple[str, ...] = ("torch._dynamo",)) -> bool:
+    """Whether running `code` in a fresh interpreter (this module importable) imports torch._dynamo (or any of
+    `modules`): start-up paths that must not pay for the compiler (or sympy, which PyTorch's meta-device references
+    import) are checked there, since the test process has imported them long before."""
     prelude = f"import sys\nsys.path.insert(0, {str(Path(__file__).resolve().parent)!r})\n"
-    tail = "\nprint('torch._dynamo' in sys.modules)\n"
+    tail = f"\nprint(any(m in sys.modules for m in {modules!r}))\n"
     out = subprocess.run([sys.executable, "-c", prelude + code + tail], capture_output=True, text=True, check=True)
     return out.stdout.strip().splitlines()[-1] != "False"
 

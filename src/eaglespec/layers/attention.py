@@ -28,6 +28,7 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .context import Chunk, ForwardContext
+from .fused_linear import fused_linear
 from .norm import RMSNorm, rms_scaled
 from .rotary import apply_rotary
 
@@ -275,14 +276,7 @@ class GQAAttention(nn.Module):
 
     def fuse_qkv(self) -> None:
         """Replace q/k/v_proj by one `qkv_proj` (rows: q, then k, then v). Checkpoint names are lost: inference only."""
-        q, k, v = self.q_proj, self.k_proj, self.v_proj
-        fused = nn.Linear(q.in_features, q.out_features + k.out_features + v.out_features, bias=q.bias is not None,
-                          device=q.weight.device, dtype=q.weight.dtype)
-        with torch.no_grad():
-            fused.weight.copy_(torch.cat((q.weight, k.weight, v.weight)))
-            if q.bias is not None:
-                fused.bias.copy_(torch.cat((q.bias, k.bias, v.bias)))
-        fused.requires_grad_(False)
+        fused = fused_linear(self.q_proj, self.k_proj, self.v_proj)
         del self.q_proj, self.k_proj, self.v_proj
         self.qkv_proj = fused
 

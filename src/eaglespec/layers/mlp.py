@@ -7,6 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .fused_linear import fused_linear
+
 _ACTS = {"silu": F.silu, "gelu": F.gelu, "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh")}
 
 
@@ -46,14 +48,7 @@ class GatedMLP(nn.Module):
 
     def fuse_gate_up(self) -> None:
         """Replace gate/up_proj by one `gate_up_proj` (one GEMM). Checkpoint names are lost: inference only."""
-        g, u = self.gate_proj, self.up_proj
-        fused = nn.Linear(g.in_features, 2 * g.out_features, bias=g.bias is not None, device=g.weight.device,
-                          dtype=g.weight.dtype)
-        with torch.no_grad():
-            fused.weight.copy_(torch.cat((g.weight, u.weight)))
-            if g.bias is not None:
-                fused.bias.copy_(torch.cat((g.bias, u.bias)))
-        fused.requires_grad_(False)
+        fused = fused_linear(self.gate_proj, self.up_proj)
         del self.gate_proj, self.up_proj
         self.gate_up_proj = fused
 

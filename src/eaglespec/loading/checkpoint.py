@@ -291,7 +291,7 @@ def load_weights(
     for mod in model.modules():
         for bname, buf in list(mod._buffers.items()):
             if buf is not None and buf.is_meta and bname in mod._non_persistent_buffers_set:
-                mod._buffers[bname] = torch.empty_like(buf, device=device)
+                mod._buffers[bname] = torch.empty(buf.shape, dtype=buf.dtype, device=device)
     if hasattr(model, "reset_buffers"):
         model.reset_buffers()
     still_meta = [
