@@ -9,7 +9,8 @@ the state as they found it; commit moves it on by one step per replay, which the
 kernels charged by `probe_script.kernel_advance`; and the plain decode graph of the same rows for comparison.
 
 usage: python benchmarks/spec_phase_trace.py OUT_DIR [--only=1|8|32] [--case=ROWS:S,K,D ...]
-(`--case` replaces the default cases; rows 1, 8 and 32 only; `--temperature=T`: sampled steps, T > 0, with
+(`--case` replaces the default cases; rows 1, 8 and 32 only; `--draft-vocab=N`: the random drafter's head, default
+random_model.DRAFT_VOCAB (the shipped drafter has 12,288); `--temperature=T`: sampled steps, T > 0, with
 `--top-p=P` / `--top-k=K` filtering them)
 """
 
@@ -18,7 +19,8 @@ from __future__ import annotations
 import json
 import sys
 
-from probe_script import OUT, current_graphs, kernel_advance, print_advance, random_pair, stepped_engine  # noqa: E402
+from probe_script import (OUT, current_graphs, kernel_advance, option, print_advance, random_pair,  # noqa: E402
+                          stepped_engine)
 
 import torch  # noqa: E402
 
@@ -30,7 +32,7 @@ TEMP = next((float(a.split("=")[1]) for a in sys.argv if a.startswith("--tempera
 TOP_P = next((float(a.split("=")[1]) for a in sys.argv if a.startswith("--top-p=")), 1.0)
 TOP_K = next((int(a.split("=")[1]) for a in sys.argv if a.startswith("--top-k=")), 0)
 ONLY = next((int(a.split("=")[1]) for a in sys.argv if a.startswith("--only=")), None)
-m, d = random_pair()
+m, d = random_pair(draft_vocab=int(option("draft-vocab", "0")) or None)
 results: list[dict] = []
 cases = [(1, SpecConfig(3, 1, 4)), (1, SpecConfig(4, 4, 16)), (8, SpecConfig(4, 4, 16)), (8, SpecConfig(3, 1, 4)),
          (32, SpecConfig(3, 1, 4)), (32, SpecConfig(2, 1, 3))]
