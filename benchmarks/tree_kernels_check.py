@@ -10,14 +10,14 @@ kernel refused). The drafts, trees and acceptance are the same arithmetic, so th
 histograms must be identical. Against plain decoding (an 8-row engine) answers may differ where bf16 near-ties of
 random weights flip between kernels; from there on the oracle's references no longer fit and it accepts little.
 
-usage: python benchmarks/tree_kernels_check.py OUT_DIR
+usage: python benchmarks/tree_kernels_check.py OUT_DIR [--specs=S,K,D;...] [--rows=1,8]   (defaults: 4,4,16;3,2,6 and 1,8)
 """
 
 from __future__ import annotations
 
 import functools
 
-from probe_script import Emitter, random_pair  # noqa: E402
+from probe_script import Emitter, option, random_pair  # noqa: E402
 
 
 import eaglespec.engine.spec_step as runner_mod  # noqa: E402  (the speculative phases)
@@ -61,8 +61,8 @@ def run(drafter, spec: SpecConfig, rows: int, kernels: bool):
 
 
 for name, drafter in (("random", d), ("oracle", orc)):
-    for spec in (SpecConfig(4, 4, 16), SpecConfig(3, 2, 6)):
-        for rows in (1, 8):
+    for spec in (SpecConfig(*map(int, s.split(","))) for s in option("specs", "4,4,16;3,2,6").split(";")):
+        for rows in map(int, option("rows", "1,8").split(",")):
             on, h_on = run(drafter, spec, rows, True)
             off, h_off = run(drafter, spec, rows, False)
             emit({"drafter": name, "spec": f"S{spec.steps} K{spec.topk} D{spec.draft_tokens}", "rows": rows,

@@ -46,13 +46,13 @@ def test_matches_sdpa(B, T, H, Hkv, D, K):
 
 
 @pytest.mark.parametrize("B,T,H,Hkv,D,K", [(1, 1, 4, 2, 16, 100), (2, 3, 4, 2, 16, 3 * BLOCK_KV),
-                                           (1, 40, 4, 1, 16, 90)])
+                                           (1, 40, 4, 1, 16, 3 * BLOCK_KV), (2, 40, 4, 1, 16, 90)])
 @pytest.mark.parametrize("sinks,softcap", [(True, None), (False, 2.0), (True, 2.0)])
 def test_sinks_and_soft_caps_match_the_written_out_attention(B, T, H, Hkv, D, K, sinks, softcap):
     """gpt-oss's per-head sink logits and Gemma 2's soft-capped scores in the kernels (one split that stores the
-    output, several merged by the combine, and the prompt kernel): `attention.sdpa_written_out`'s output, with a row
-    that sees nothing giving 0; the cap small enough to bite (scores of std 2 capped at 2), the sinks large enough to
-    take much of the probability."""
+    output, several merged by the combine, a one-row step of 160 query rows in query tiles, and the prompt kernel):
+    `attention.sdpa_written_out`'s output, with a row that sees nothing giving 0; the cap small enough to bite (scores
+    of std 2 capped at 2), the sinks large enough to take much of the probability."""
     from eaglespec.layers.attention import sdpa_written_out
 
     q, kc, vc, rows, mask = _case(B, T, H, Hkv, D, K, seed=T * 10 + K)  # scores of std 2 at scale 0.5
@@ -106,17 +106,56 @@ def test_split_settings_match_sdpa(monkeypatch, block_kv, skip_min_rows, unroll_
     assert torch.allclose(out, _reference(q, kc, vc, rows, mask), atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("B,T,H,Hkv,D,K", [(1, 64, 9, 3, 64, 64), (2, 40, 9, 3, 64, 3 * BLOCK_KV + 5),
+def _launches(monkeypatch) -> list[str]:
+    """The names of the kernels `short_attention` launches from now on, in order."""
+    from eaglespec.layers import short_attention_kernel as sak
+
+    built, names = sak._kernels(), []
+
+    class Spy:
+        def __init__(self, name, kernel):
+            self.name, self.kernel = name, kernel
+
+        def __getitem__(self, grid):
+            names.append(self.name)
+            return self.kernel[grid]
+
+    spies = tuple(Spy(n, k) for n, k in zip(("split", "combine", "prompt"), built))
+    monkeypatch.setattr(sak, "_kernels", lambda: spies)
+    return names
+
+
+@pytest.mark.parametrize("B,T,H,Hkv,D,K", [(1, 90, 9, 3, 64, 90), (2, 40, 9, 3, 64, 3 * BLOCK_KV + 5),
                                            (1, 70, 4, 1, 16, 200)])
-def test_prompts_match_sdpa(B, T, H, Hkv, D, K):
-    """Prompts (T * G > 64 query rows): tiles of 64 rows, each looping over the cache with an online softmax; a
-    prompt right-padded in its bucket (causal over the bucket, as prefill graphs run), or appended after a cached
-    prefix in a tree-like pattern."""
+def test_prompts_match_sdpa(monkeypatch, B, T, H, Hkv, D, K):
+    """Prompts (T * G > 64 query rows in a step of several rows, > 256 in a one-row step): tiles of 64 rows, each
+    looping over the cache with an online softmax; a prompt right-padded in its bucket (causal over the bucket, as
+    prefill graphs run), or appended after a cached prefix in a tree-like pattern."""
     q, kc, vc, rows, mask = _case(B, T, H, Hkv, D, max(K, T + 1), seed=T)
     assert fits(B, T, H, Hkv, D) and T * (H // Hkv) > 64
     if K == T:  # a causal prompt from position 0
         mask = torch.ones(T, T, dtype=torch.bool).tril().expand(B, T, T).contiguous()
+    launched = _launches(monkeypatch)
     out = short_attention(q, kc, vc, rows, mask)
+    assert launched == ["prompt"]
+    assert torch.allclose(out, _reference(q, kc, vc, rows, mask), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("T,H,Hkv,D,K,kernels", [(48, 9, 3, 64, 3 * BLOCK_KV - 7, ["split", "combine"]),
+                                                 (30, 8, 2, 16, 100, ["split"]),
+                                                 (64, 9, 3, 32, 64, ["split"])])
+def test_one_row_steps_of_many_query_rows_take_the_split_kernels_in_tiles(monkeypatch, T, H, Hkv, D, K, kernels):
+    """A one-row step of 65-256 query rows (a tree's verify: S6 K8 D48 is 144 rows for SmolLM2) runs the split
+    kernels over query tiles of 64 rows: every tile of every kv head against each block, the last tile part
+    padding, merged by the combine where the cache spans several blocks, else stored directly; a causal prompt of
+    192 rows too. Each equals SDPA."""
+    q, kc, vc, rows, mask = _case(1, T, H, Hkv, D, max(K, T + 1), seed=T + K)
+    if K == T:
+        mask = torch.ones(T, T, dtype=torch.bool).tril()[None].contiguous()
+    assert 64 < T * (H // Hkv) <= 256
+    launched = _launches(monkeypatch)
+    out = short_attention(q, kc, vc, rows, mask)
+    assert launched == kernels
     assert torch.allclose(out, _reference(q, kc, vc, rows, mask), atol=1e-5, rtol=1e-5)
 
 

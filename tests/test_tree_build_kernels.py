@@ -59,8 +59,10 @@ def test_level_kernel_drafts_the_same_candidates(S, K, B):
     torch.testing.assert_close(got.scores, ref.scores, rtol=0, atol=1e-6)
 
 
-@pytest.mark.parametrize("S,K,D", [(4, 4, 16), (3, 2, 6), (2, 3, 4), (5, 4, 20)])
+@pytest.mark.parametrize("S,K,D", [(4, 4, 16), (3, 2, 6), (2, 3, 4), (5, 4, 20), (6, 8, 48)])
 def test_select_kernel_builds_the_same_tree(S, K, D):
+    """The selection kernel's tree equals the PyTorch path's, for N = K + (S-1) K^2 candidates up to 84 (every
+    comparison at once) and 328 (S6 K8 D48: in chunks, the parents through the scratch row)."""
     c, root = drafted(S, K, 3, kernels=False, seed=S + D)
     ref = build_tree(root, c.tokens, c.scores, c.parents, c.depth, D, K, S, kernels=False)
     got = build_tree(root, c.tokens, c.scores, c.parents, c.depth, D, K, S, kernels=True)
@@ -68,11 +70,13 @@ def test_select_kernel_builds_the_same_tree(S, K, D):
         assert torch.equal(getattr(got, field), getattr(ref, field)), field
 
 
-def test_select_kernel_breaks_ties_as_the_stable_sort():
+@pytest.mark.parametrize("K,S,D", [(3, 3, 8), (6, 5, 40)])
+def test_select_kernel_breaks_ties_as_the_stable_sort(K, S, D):
     """Scores on a coarse grid, so that many are equal: the kept candidates and their layout still match (a child's
-    score never exceeds its parent's, and on equal scores the parent, with the smaller id, is kept first)."""
+    score never exceeds its parent's, and on equal scores the parent, with the smaller id, is kept first), with 21
+    candidates and with 150 (the chunked ranks)."""
     g = torch.Generator().manual_seed(3)
-    B, K, S, D = 4, 3, 3, 8
+    B = 4
     N = K + (S - 1) * K * K
     parents = torch.empty(B, N, dtype=torch.int64)
     scores = torch.empty(B, N)
@@ -114,7 +118,8 @@ def test_compact_kernel_moves_the_same_entries(entry):
 def test_fits():
     assert tree_build_kernels.fits_level(4, 576, 12) and not tree_build_kernels.fits_level(1, 576, 3)
     assert not tree_build_kernels.fits_level(9, 576, 24)
-    assert tree_build_kernels.fits_select(52) and not tree_build_kernels.fits_select(328)
+    assert tree_build_kernels.fits_select(52) and tree_build_kernels.fits_select(328)
+    assert tree_build_kernels.fits_select(1024) and not tree_build_kernels.fits_select(1025)
     assert kv_compact_kernel.fits(192, 5) and not kv_compact_kernel.fits(192, 0)
 
 

@@ -16,26 +16,28 @@ positions) is its own program, so a short query is spread over the whole chip, a
   Usable when `fits(B, T, H, Hkv, D, dtype)`: T * H / Hkv <= MAX_QUERY_ROWS or T <= MAX_PROMPT_TOKENS (prompts:
   below; float32 steps only up to FLOAT32_MAX_QUERY_ROWS query rows), B <= MAX_BATCH (any B for T = 1), D a power
   of two >= 16.
-Kernel 1, program (b * Hkv + kv head, split): the G = H / Hkv query heads of that kv head times the T tokens (query
-row r = t * G + g, padded to BLOCK_Q >= 16 for tl.dot) against positions [split * BLOCK_KV, + BLOCK_KV): scores,
-mask, the block's row max m, sum l and unnormalised output o in float32 scratch. In steps of SKIP_MIN_ROWS rows or
-more a block no query sees is skipped (m = -inf) after the mask's load (continuous batches hold rows much shorter
-than their length bucket); one-row steps read the block's keys and values beside the mask instead, one memory round
-trip fewer (hidden scores are -inf, and 0 x a finite value is 0). A single split (K <= BLOCK_KV) writes the output
-itself. Kernel 2, program b * Hkv + kv head: the log-sum-exp merge of the splits, its loop unrolled up to
-UNROLL_MAX_SPLITS (every split's loads issued at once; merging in the last split program to finish instead, through
-an arrival counter, was right but no faster on the H200: docs/benchmarks.md, "Session 15"). Blocks of 128 positions
-and the unrolled merge made a SmolLM2 layer's attention 8-35% cheaper than blocks of 64 at 512-2,048 cached
-positions (`benchmarks/attention_split_check.py`, session 25); programs that took several blocks each lost.
-Probabilities enter the PV product in the cache dtype, as flash attention kernels do. Rows whose mask is all false
-give 0 (SDPA gives NaN; the engine never reads those). Built on first use, so that `TRITON_INTERPRET=1` (CPU tests)
-takes effect.
+Kernel 1, program ((b * Hkv + kv head) * NQ + query tile, split): the G = H / Hkv query heads of that kv head times
+the T tokens (query row r = t * G + g, padded to BLOCK_Q >= 16 for tl.dot; one tile unless a one-row step has more
+than MAX_QUERY_ROWS query rows, which go in tiles of that many) against positions [split * BLOCK_KV, + BLOCK_KV):
+scores, mask, the block's row max m, sum l and unnormalised output o in float32 scratch. In steps of SKIP_MIN_ROWS
+rows or more a block no query sees is skipped (m = -inf) after the mask's load (continuous batches hold rows much
+shorter than their length bucket); one-row steps read the block's keys and values beside the mask instead, one
+memory round trip fewer (hidden scores are -inf, and 0 x a finite value is 0). A single split (K <= BLOCK_KV) writes
+the output itself. Kernel 2, program (b * Hkv + kv head) * NQ + query tile: the log-sum-exp merge of the splits, its
+loop unrolled up to UNROLL_MAX_SPLITS (every split's loads issued at once; merging in the last split program to
+finish instead, through an arrival counter, was right but no faster on the H200: docs/benchmarks.md, "Session 15").
+Blocks of 128 positions and the unrolled merge made a SmolLM2 layer's attention 8-35% cheaper than blocks of 64 at
+512-2,048 cached positions (`benchmarks/attention_split_check.py`, session 25); programs that took several blocks
+each lost. Probabilities enter the PV product in the cache dtype, as flash attention kernels do. Rows whose mask is
+all false give 0 (SDPA gives NaN; the engine never reads those). Built on first use, so that `TRITON_INTERPRET=1`
+(CPU tests) takes effect.
 
-Prompts (T * G > MAX_QUERY_ROWS, T <= MAX_PROMPT_TOKENS): one kernel, program (b * Hkv + kv head, query tile) holds
-BLOCK_Q = 64 query rows and runs over the cached positions in blocks of PROMPT_BLOCK_KV with an online softmax (flash
-attention's loop), skipping blocks its rows do not see (causal prompts: the blocks past the tile). On the H200 an
-admission's prefill graph spent ~20 us per layer in SDPA's cuDNN kernel, its memset and three elementwise kernels
-around it (the mask as a bias, copies): 45% of a 64-token prefill (`benchmarks/prefill_trace.py`, session 16).
+Prompts (T * G > MAX_QUERY_ROWS, ONE_ROW_MAX_QUERY_ROWS in one-row steps; T <= MAX_PROMPT_TOKENS): one kernel,
+program (b * Hkv + kv head, query tile) holds BLOCK_Q = 64 query rows and runs over the cached positions in blocks
+of PROMPT_BLOCK_KV with an online softmax (flash attention's loop), skipping blocks its rows do not see (causal
+prompts: the blocks past the tile). On the H200 an admission's prefill graph spent ~20 us per layer in SDPA's cuDNN
+kernel, its memset and three elementwise kernels around it (the mask as a bias, copies): 45% of a 64-token prefill
+(`benchmarks/prefill_trace.py`, session 16).
 """
 
 from __future__ import annotations
@@ -48,6 +50,12 @@ from .block_size import pow2
 from .pdl import launch_options
 
 MAX_QUERY_ROWS = 64  # T * (H / Hkv): SmolLM2 (G = 3) up to 21 query tokens, Llama-8B (G = 4) up to 16
+# one-row steps of up to this many query rows take the split kernels in tiles of MAX_QUERY_ROWS (a one-row tree's
+# verify: S6 K8 D48 is 144 rows for SmolLM2); past it, and in steps of several rows past MAX_QUERY_ROWS, the prompt
+# kernel. On the H100 (session 62, `benchmarks/spec_phase_trace.py`, random weights, ~180 cached positions) the prompt
+# kernel's 9 programs took 12.3 us a layer of that 48-token verify, against 4.6 + 1.7 us for a 16-token one's split
+# and combine.
+ONE_ROW_MAX_QUERY_ROWS = 256
 MAX_PROMPT_TOKENS = 512  # longer prompts keep SDPA (flash / cuDNN kernels tuned for long sequences)
 MAX_BATCH = 32  # measured on the H200 (step_kernels_check --only=batches): a SmolLM2 S3 K1 D4 step of 16 / 32 rows
 #               1.59 -> 1.31 / 1.77 -> 1.37 ms against SDPA past 8 rows; 8 rows unchanged (docs/benchmarks.md, session 11)
@@ -155,7 +163,7 @@ def _kernels():
     globals().update(_online_block=online_block, _query_tile=query_tile, _store_output=store_output)
 
     @triton.jit
-    def split_kernel(q, k, v, rows, mask, o_part, m_part, l_part, out, sinks, T, G, HKV, K, NSPLIT,
+    def split_kernel(q, k, v, rows, mask, o_part, m_part, l_part, out, sinks, T, G, HKV, K, NSPLIT, NQ,
                      s_qb, s_qt, s_qh, s_kr, s_kp, s_kh, s_mb, s_mt, s_ob, s_ot, s_oh, scale, cap,
                      BLOCK_Q: tl.constexpr, BLOCK_KV: tl.constexpr, D: tl.constexpr, IEEE: tl.constexpr,
                      SKIP: tl.constexpr, DIRECT: tl.constexpr, CAP: tl.constexpr, SINKS: tl.constexpr,
@@ -163,11 +171,12 @@ def _kernels():
         if PDL:  # layers/pdl.py: nothing here is a weight, so wait for the kernel before at once
             tl.extra.cuda.gdc_launch_dependents()
             tl.extra.cuda.gdc_wait()
-        pid = tl.program_id(0)
+        pid = tl.program_id(0)  # (b * HKV + kv head) * NQ + query tile
         sp = tl.program_id(1)
-        b = pid // HKV
-        kvh = pid % HKV
-        r = tl.arange(0, BLOCK_Q)
+        b = pid // (HKV * NQ)
+        kvh = (pid // NQ) % HKV
+        ri = tl.arange(0, BLOCK_Q)  # the tile's rows, as the partial results index them
+        r = (pid % NQ) * BLOCK_Q + ri  # query row r = t * G + g
         d = tl.arange(0, D)
         t, g, rv, row, qv = _query_tile(q, rows, b, kvh, r, d, T, G, s_qb, s_qt, s_qh)
         m_i = tl.full([BLOCK_Q], float("-inf"), tl.float32)
@@ -187,9 +196,9 @@ def _kernels():
             _store_output(out, acc, l_i, m_i, sinks, b, t, g, rv, kvh, G, d, s_ob, s_ot, s_oh, SINKS)
         else:
             base = pid * NSPLIT + sp
-            tl.store(o_part + (base * BLOCK_Q + r[:, None]) * D + d[None, :], acc)
-            tl.store(m_part + base * BLOCK_Q + r, m_i)
-            tl.store(l_part + base * BLOCK_Q + r, l_i)
+            tl.store(o_part + (base * BLOCK_Q + ri[:, None]) * D + d[None, :], acc)
+            tl.store(m_part + base * BLOCK_Q + ri, m_i)
+            tl.store(l_part + base * BLOCK_Q + ri, l_i)
 
     @triton.jit
     def merge_split(o_part, m_part, l_part, base, r, d, mx, tot, acc, BLOCK_Q: tl.constexpr, D: tl.constexpr):
@@ -207,16 +216,17 @@ def _kernels():
     globals().update(_merge_split=merge_split)
 
     @triton.jit
-    def combine_kernel(o_part, m_part, l_part, out, sinks, T, G, HKV, s_ob, s_ot, s_oh, NSPLIT: tl.constexpr,
+    def combine_kernel(o_part, m_part, l_part, out, sinks, T, G, HKV, NQ, s_ob, s_ot, s_oh, NSPLIT: tl.constexpr,
                        BLOCK_Q: tl.constexpr, D: tl.constexpr, UNROLL: tl.constexpr, SINKS: tl.constexpr,
                        PDL: tl.constexpr = False):
         if PDL:  # layers/pdl.py: nothing here is a weight, so wait for the kernel before at once
             tl.extra.cuda.gdc_launch_dependents()
             tl.extra.cuda.gdc_wait()
-        pid = tl.program_id(0)
-        b = pid // HKV
-        kvh = pid % HKV
-        r = tl.arange(0, BLOCK_Q)
+        pid = tl.program_id(0)  # (b * HKV + kv head) * NQ + query tile, as in split_kernel
+        b = pid // (HKV * NQ)
+        kvh = (pid // NQ) % HKV
+        ri = tl.arange(0, BLOCK_Q)
+        r = (pid % NQ) * BLOCK_Q + ri
         t = r // G
         g = r % G
         d = tl.arange(0, D)
@@ -225,10 +235,12 @@ def _kernels():
         acc = tl.zeros([BLOCK_Q, D], tl.float32)
         if UNROLL:  # every split's loads issued up front
             for sp in tl.static_range(NSPLIT):
-                mx, tot, acc = _merge_split(o_part, m_part, l_part, pid * NSPLIT + sp, r, d, mx, tot, acc, BLOCK_Q, D)
+                mx, tot, acc = _merge_split(o_part, m_part, l_part, pid * NSPLIT + sp, ri, d, mx, tot, acc,
+                                            BLOCK_Q, D)
         else:
             for sp in range(0, NSPLIT):
-                mx, tot, acc = _merge_split(o_part, m_part, l_part, pid * NSPLIT + sp, r, d, mx, tot, acc, BLOCK_Q, D)
+                mx, tot, acc = _merge_split(o_part, m_part, l_part, pid * NSPLIT + sp, ri, d, mx, tot, acc,
+                                            BLOCK_Q, D)
         _store_output(out, acc, tot, mx, sinks, b, t, g, t < T, kvh, G, d, s_ob, s_ot, s_oh, SINKS)
 
     @triton.jit
@@ -278,7 +290,7 @@ def short_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     # sinks [H] (gpt-oss) and the soft cap (Gemma 2), as `attention.sdpa_written_out` applies them
     extra = dict(CAP=softcap is not None, SINKS=sinks is not None)
     cap = float(softcap) if softcap is not None else 1.0
-    if T * G > MAX_QUERY_ROWS:  # a prompt: query tiles of 64 rows, each looping over the cache
+    if T * G > (ONE_ROW_MAX_QUERY_ROWS if B == 1 else MAX_QUERY_ROWS):  # a prompt: tiles of 64 rows, each looping
         out = torch.empty(B, T, H, D, dtype=q.dtype, device=dev)
         nq = (T * G + MAX_QUERY_ROWS - 1) // MAX_QUERY_ROWS
         _kernels()[2][(B * Hkv * nq,)](
@@ -288,24 +300,26 @@ def short_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
             BLOCK_Q=MAX_QUERY_ROWS, BLOCK_KV=PROMPT_BLOCK_KV, D=D, IEEE=q.dtype == torch.float32, **extra,
             **launch_options(q))
         return out
-    bq = pow2(T * G, 16)
+    bq = pow2(min(T * G, MAX_QUERY_ROWS), 16)
+    nq = (T * G + bq - 1) // bq  # query tiles (several only in one-row steps past MAX_QUERY_ROWS query rows)
     nsplit = (K + BLOCK_KV - 1) // BLOCK_KV
     out = torch.empty(B, T, H, D, dtype=q.dtype, device=dev)
     direct = nsplit == 1
-    o_part = torch.empty(0 if direct else B * Hkv * nsplit, bq, D, dtype=torch.float32, device=dev)
-    m_part = torch.empty(0 if direct else B * Hkv * nsplit, bq, dtype=torch.float32, device=dev)
-    l_part = torch.empty(0 if direct else B * Hkv * nsplit, bq, dtype=torch.float32, device=dev)
+    parts = 0 if direct else B * Hkv * nq * nsplit
+    o_part = torch.empty(parts, bq, D, dtype=torch.float32, device=dev)
+    m_part = torch.empty(parts, bq, dtype=torch.float32, device=dev)
+    l_part = torch.empty(parts, bq, dtype=torch.float32, device=dev)
     split, combine, _ = _kernels()
-    split[(B * Hkv, nsplit)](
+    split[(B * Hkv * nq, nsplit)](
         q, k_cache, v_cache, rows, mask, o_part, m_part, l_part, out, sinks if sinks is not None else out,
-        T, G, Hkv, K, nsplit, q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1),
+        T, G, Hkv, K, nsplit, nq, q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1),
         k_cache.stride(2), mask.stride(0), mask.stride(1), out.stride(0), out.stride(1), out.stride(2),
         scale, cap, BLOCK_Q=bq, BLOCK_KV=BLOCK_KV, D=D, IEEE=q.dtype == torch.float32,
         SKIP=B >= SKIP_MIN_ROWS, DIRECT=direct, **extra, **launch_options(q))
     if not direct:
-        combine[(B * Hkv,)](o_part, m_part, l_part, out, sinks if sinks is not None else out, T, G, Hkv,
-                            out.stride(0), out.stride(1), out.stride(2), NSPLIT=nsplit, BLOCK_Q=bq, D=D,
-                            UNROLL=nsplit <= UNROLL_MAX_SPLITS, SINKS=sinks is not None,
-                            **launch_options(q))  # NSPLIT constexpr: one build per length bucket
+        combine[(B * Hkv * nq,)](o_part, m_part, l_part, out, sinks if sinks is not None else out, T, G, Hkv, nq,
+                                 out.stride(0), out.stride(1), out.stride(2), NSPLIT=nsplit, BLOCK_Q=bq, D=D,
+                                 UNROLL=nsplit <= UNROLL_MAX_SPLITS, SINKS=sinks is not None,
+                                 **launch_options(q))  # NSPLIT constexpr: one build per length bucket
     return out
 

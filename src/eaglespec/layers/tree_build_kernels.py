@@ -22,7 +22,10 @@ for tree level k >= 2 with K frontier slots (`spec/draft.py`'s conventions):
 `select_tree(cand_tokens, cand_scores, cand_parents, cand_depth, root, D) -> (tokens, parents, depth)` [B, D]: the
   D-1 best candidates (equal scores: the smaller candidate id first, a stable sort's order), laid out in candidate
   order after the root, parents as node ids (root -1, depth 0): `build_tree`'s values. A candidate's rank is counted
-  against all others at once (an N x N comparison), so it serves N <= MAX_CANDIDATES.
+  against all others at once (an N x N comparison) up to ONE_BLOCK_CANDIDATES candidates, past it against WIDE_CHUNK
+  of them at a time, the parents' node ids then gathered through a scratch row; it serves N <= MAX_CANDIDATES (on the
+  H100 the tree S6 K8 D48, 328 candidates, had selected through PyTorch's stable sort and ~20 small operators: ~60 us
+  of its ~280 us drafting, session 62's `benchmarks/spec_phase_trace.py`).
 
 `fits_level(K, H, W)` and `fits_select(N)` say which shapes these kernels take. Built on first use, so that
 `TRITON_INTERPRET=1` (CPU tests) takes effect; bool tensors are read and written as bytes.
@@ -37,7 +40,9 @@ import torch
 from .block_size import pow2
 from .pdl import launch_options
 
-MAX_CANDIDATES = 128  # select_tree: N x N ranks in one block
+MAX_CANDIDATES = 1024  # select_tree: N = K + (S-1) K^2 candidates (S6 K8: 328)
+ONE_BLOCK_CANDIDATES = 128  # up to this many, every N x N comparison at once; past it in chunks of WIDE_CHUNK rows
+WIDE_CHUNK = 16
 MAX_LEVEL_WIDTH = 8  # draft_level: K <= 8 (K^2 <= 64 children per row)
 MAX_HIDDEN = 8192
 
@@ -114,8 +119,9 @@ def _kernels():
                 tl.store(n_mask + (b * K + j) * KV + p, ((rel < 0) | (v != 0)).to(tl.int8), mask=pm)
 
     @triton.jit
-    def select_tree_kernel(c_tok, c_score, c_par, c_depth, depth_stride, root, tok_out, par_out, dep_out, N, D,
-                           BLOCK_N: tl.constexpr, PDL: tl.constexpr = False):
+    def select_tree_kernel(c_tok, c_score, c_par, c_depth, depth_stride, root, tok_out, par_out, dep_out, node, N,
+                           D, BLOCK_N: tl.constexpr, WIDE: tl.constexpr, CHUNK: tl.constexpr,
+                           PDL: tl.constexpr = False):
         if PDL:  # layers/pdl.py: nothing here is a weight, so wait for the kernel before at once
             tl.extra.cuda.gdc_launch_dependents()
             tl.extra.cuda.gdc_wait()
@@ -123,13 +129,27 @@ def _kernels():
         c = tl.arange(0, BLOCK_N)
         cm = c < N
         s = tl.load(c_score + b * N + c, mask=cm, other=float("-inf"))
-        # rank[c] = how many candidates come before c: a higher score, or an equal one and a smaller id
-        ahead = ((s[None, :] > s[:, None]) | ((s[None, :] == s[:, None]) & (c[None, :] < c[:, None]))) & cm[None, :]
-        rank = tl.sum(ahead.to(tl.int32), axis=1)
+        # rank[c] = how many candidates come before c: a higher score, or an equal one and a smaller id (padding,
+        # -inf at ids >= N, comes before no candidate)
+        if WIDE:  # CHUNK candidates j at a time against every c ([CHUNK, BLOCK_N] in registers)
+            rank = tl.zeros([BLOCK_N], tl.int32)
+            for j0 in tl.range(0, BLOCK_N, CHUNK):
+                j = j0 + tl.arange(0, CHUNK)
+                sj = tl.load(c_score + b * N + j, mask=j < N, other=float("-inf"))
+                ahead = (sj[:, None] > s[None, :]) | ((sj[:, None] == s[None, :]) & (j[:, None] < c[None, :]))
+                rank += tl.sum(ahead.to(tl.int32), axis=0)
+        else:
+            ahead = (s[None, :] > s[:, None]) | ((s[None, :] == s[:, None]) & (c[None, :] < c[:, None]))
+            rank = tl.sum(ahead.to(tl.int32), axis=1)
         sel = (rank < D - 1) & cm
         pos = tl.cumsum(sel.to(tl.int32), axis=0)  # node id of a kept candidate: 1 + kept ones before it
         par = tl.load(c_par + b * N + c, mask=cm, other=-1)
-        ppos = tl.sum(tl.where(c[None, :] == par[:, None], pos[None, :], 0), axis=1)  # the parent's node id
+        if WIDE:  # the parent's node id through memory: node[b, c] = pos, then a gather after the block's barrier
+            tl.store(node + b * N + c, pos, mask=cm)
+            tl.debug_barrier()
+            ppos = tl.load(node + b * N + tl.maximum(par, 0), mask=sel & (par >= 0), other=0)
+        else:
+            ppos = tl.sum(tl.where(c[None, :] == par[:, None], pos[None, :], 0), axis=1)  # the parent's node id
         out = b * D + pos
         tl.store(tok_out + out, tl.load(c_tok + b * N + c, mask=cm, other=0), mask=sel)
         tl.store(par_out + out, tl.where(par >= 0, ppos, 0).to(tl.int64), mask=sel)
@@ -199,8 +219,10 @@ def select_tree(cand_tokens: torch.Tensor, cand_scores: torch.Tensor, cand_paren
     dev = cand_tokens.device
     tok, par, dep = (torch.empty(B, D, dtype=torch.int64, device=dev) for _ in range(3))
     BN = pow2(N, 16)
+    wide = N > ONE_BLOCK_CANDIDATES
+    node = torch.empty(B, N if wide else 0, dtype=torch.int32, device=dev)  # each candidate's node id (wide only)
     cd = cand_depth if cand_depth.stride(-1) == 1 else cand_depth.contiguous()  # [B, N], often expanded (stride 0)
     _kernels()[1][(B,)](cand_tokens.contiguous(), cand_scores.contiguous(), cand_parents.contiguous(), cd,
-                        cd.stride(0), root.contiguous(), tok, par, dep, N, D, BLOCK_N=BN,
-                        num_warps=4 if BN <= 64 else 8, **launch_options(cand_tokens))
+                        cd.stride(0), root.contiguous(), tok, par, dep, node, N, D, BLOCK_N=BN, WIDE=wide,
+                        CHUNK=WIDE_CHUNK, num_warps=4 if BN <= 64 else 8, **launch_options(cand_tokens))
     return tok, par, dep
