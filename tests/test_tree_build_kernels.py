@@ -62,7 +62,7 @@ def test_level_kernel_drafts_the_same_candidates(S, K, B):
 @pytest.mark.parametrize("S,K,D", [(4, 4, 16), (3, 2, 6), (2, 3, 4), (5, 4, 20), (6, 8, 48)])
 def test_select_kernel_builds_the_same_tree(S, K, D):
     """The selection kernel's tree equals the PyTorch path's, for N = K + (S-1) K^2 candidates up to 84 (every
-    comparison at once) and 328 (S6 K8 D48: in chunks, the parents through the scratch row)."""
+    comparison at once) and 328 (S6 K8 D48: sorted keys, the parents through the scratch row)."""
     c, root = drafted(S, K, 3, kernels=False, seed=S + D)
     ref = build_tree(root, c.tokens, c.scores, c.parents, c.depth, D, K, S, kernels=False)
     got = build_tree(root, c.tokens, c.scores, c.parents, c.depth, D, K, S, kernels=True)
@@ -74,7 +74,7 @@ def test_select_kernel_builds_the_same_tree(S, K, D):
 def test_select_kernel_breaks_ties_as_the_stable_sort(K, S, D):
     """Scores on a coarse grid, so that many are equal: the kept candidates and their layout still match (a child's
     score never exceeds its parent's, and on equal scores the parent, with the smaller id, is kept first), with 21
-    candidates and with 150 (the chunked ranks)."""
+    candidates and with 150 (sorted keys)."""
     g = torch.Generator().manual_seed(3)
     B = 4
     N = K + (S - 1) * K * K
@@ -98,6 +98,24 @@ def test_select_kernel_breaks_ties_as_the_stable_sort(K, S, D):
     got = build_tree(root, tokens, scores, parents, depth.expand(B, N), D, K, S, kernels=True)
     for field in ("tokens", "parents", "depth"):
         assert torch.equal(getattr(got, field), getattr(ref, field)), field
+
+
+def test_wide_select_keeps_equal_zeros_in_id_order():
+    """Past ONE_BLOCK_CANDIDATES the kernel sorts keys made of the scores' bits: -0.0 and 0.0 must count as equal
+    (the stable sort's order: the smaller id first), and -inf candidates come after every finite one, in id order."""
+    B, N, D = 2, 150, 40
+    scores = torch.zeros(B, N)
+    scores[:, ::2] = -0.0  # even ids -0.0, odd ids 0.0: all equal
+    scores[1, :60] = float("-inf")
+    tokens = torch.arange(N).expand(B, N).contiguous()
+    parents = torch.full((B, N), -1)
+    depth = torch.ones(B, N, dtype=torch.int64)
+    root = torch.tensor([7, 8])
+    assert N > tree_build_kernels.ONE_BLOCK_CANDIDATES
+    tok, par, dep = tree_build_kernels.select_tree(tokens, scores, parents, depth, root, D)
+    assert tok[0].tolist() == [7] + list(range(D - 1)) and tok[1].tolist() == [8] + list(range(60, 60 + D - 1))
+    ref = build_tree(root, tokens, scores, parents, depth, D, N, 1, kernels=False)
+    assert torch.equal(tok, ref.tokens) and torch.equal(par, ref.parents) and torch.equal(dep, ref.depth)
 
 
 @pytest.mark.parametrize("entry", [(3, 8), (24,)])

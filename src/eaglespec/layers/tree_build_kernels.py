@@ -21,12 +21,14 @@ for tree level k >= 2 with K frontier slots (`spec/draft.py`'s conventions):
   values).
 `select_tree(cand_tokens, cand_scores, cand_parents, cand_depth, root, D) -> (tokens, parents, depth)` [B, D]: the
   D-1 best candidates (equal scores: the smaller candidate id first, a stable sort's order), laid out in candidate
-  order after the root, parents as node ids (root -1, depth 0): `build_tree`'s values. A candidate's rank is counted
-  against all others at once (an N x N comparison) up to ONE_BLOCK_CANDIDATES candidates, past it against WIDE_CHUNK
-  of them at a time, the parents' node ids then gathered through a scratch row; it serves N <= MAX_CANDIDATES (on the
-  H100 the tree S6 K8 D48, 328 candidates, had selected through PyTorch's stable sort and ~20 small operators: ~60 us
-  of its ~280 us drafting, session 62's `benchmarks/spec_phase_trace.py`).
-
+  order after the root, parents as node ids (root -1, depth 0): `build_tree`'s values. Up to ONE_BLOCK_CANDIDATES
+  a candidate's rank is counted against all others at once (an N x N comparison); past it each candidate gets a
+  unique int64 key (its float32 score's bits made order-preserving, then BLOCK_N - 1 - id, so that equal scores put
+  the smaller id first), the row's keys are sorted in registers (`tl.sort`), and the D-1 keys at or above the
+  (D-1)-th largest are kept; the parents' node ids are then gathered through a scratch row (written, then read after
+  the block's barrier). It serves N <= MAX_CANDIDATES. On the H100 (session 62, `benchmarks/wide_tree_check.py`) the
+  tree S6 K8 D48's 328 candidates took 7.0 us a call this way against 58.6 us through PyTorch's stable sort and ~20
+  small operators (counting the ranks 16 candidates at a time against the whole row instead: 24.9 us).
 `fits_level(K, H, W)` and `fits_select(N)` say which shapes these kernels take. Built on first use, so that
 `TRITON_INTERPRET=1` (CPU tests) takes effect; bool tensors are read and written as bytes.
 """
@@ -41,8 +43,7 @@ from .block_size import pow2
 from .pdl import launch_options
 
 MAX_CANDIDATES = 1024  # select_tree: N = K + (S-1) K^2 candidates (S6 K8: 328)
-ONE_BLOCK_CANDIDATES = 128  # up to this many, every N x N comparison at once; past it in chunks of WIDE_CHUNK rows
-WIDE_CHUNK = 16
+ONE_BLOCK_CANDIDATES = 128  # up to this many, every N x N comparison at once; past it a sort of the row
 MAX_LEVEL_WIDTH = 8  # draft_level: K <= 8 (K^2 <= 64 children per row)
 MAX_HIDDEN = 8192
 
@@ -120,8 +121,7 @@ def _kernels():
 
     @triton.jit
     def select_tree_kernel(c_tok, c_score, c_par, c_depth, depth_stride, root, tok_out, par_out, dep_out, node, N,
-                           D, BLOCK_N: tl.constexpr, WIDE: tl.constexpr, CHUNK: tl.constexpr,
-                           PDL: tl.constexpr = False):
+                           D, BLOCK_N: tl.constexpr, WIDE: tl.constexpr, PDL: tl.constexpr = False):
         if PDL:  # layers/pdl.py: nothing here is a weight, so wait for the kernel before at once
             tl.extra.cuda.gdc_launch_dependents()
             tl.extra.cuda.gdc_wait()
@@ -129,19 +129,16 @@ def _kernels():
         c = tl.arange(0, BLOCK_N)
         cm = c < N
         s = tl.load(c_score + b * N + c, mask=cm, other=float("-inf"))
-        # rank[c] = how many candidates come before c: a higher score, or an equal one and a smaller id (padding,
-        # -inf at ids >= N, comes before no candidate)
-        if WIDE:  # CHUNK candidates j at a time against every c ([CHUNK, BLOCK_N] in registers)
-            rank = tl.zeros([BLOCK_N], tl.int32)
-            for j0 in tl.range(0, BLOCK_N, CHUNK):
-                j = j0 + tl.arange(0, CHUNK)
-                sj = tl.load(c_score + b * N + j, mask=j < N, other=float("-inf"))
-                ahead = (sj[:, None] > s[None, :]) | ((sj[:, None] == s[None, :]) & (j[:, None] < c[None, :]))
-                rank += tl.sum(ahead.to(tl.int32), axis=0)
-        else:
+        # padding: -inf at ids >= N, after every candidate in either order below
+        if WIDE:  # the D-1 largest of unique keys (score's order-preserving bits, then the id reversed): sorted
+            bits = tl.where(s == 0.0, 0.0, s).to(tl.int32, bitcast=True)  # -0.0 as 0.0: equal, as sort has them
+            key = ((bits ^ ((bits >> 31) & 0x7FFFFFFF)).to(tl.int64) << 32) | (BLOCK_N - 1 - c).to(tl.int64)
+            thr = tl.sum(tl.where(c == D - 2, tl.sort(key, descending=True), 0), axis=0)  # the (D-1)-th largest
+            sel = (key >= thr) & cm & (D > 1)
+        else:  # rank[c] = how many candidates come before c: a higher score, or an equal one and a smaller id
             ahead = (s[None, :] > s[:, None]) | ((s[None, :] == s[:, None]) & (c[None, :] < c[:, None]))
             rank = tl.sum(ahead.to(tl.int32), axis=1)
-        sel = (rank < D - 1) & cm
+            sel = (rank < D - 1) & cm
         pos = tl.cumsum(sel.to(tl.int32), axis=0)  # node id of a kept candidate: 1 + kept ones before it
         par = tl.load(c_par + b * N + c, mask=cm, other=-1)
         if WIDE:  # the parent's node id through memory: node[b, c] = pos, then a gather after the block's barrier
@@ -224,5 +221,5 @@ def select_tree(cand_tokens: torch.Tensor, cand_scores: torch.Tensor, cand_paren
     cd = cand_depth if cand_depth.stride(-1) == 1 else cand_depth.contiguous()  # [B, N], often expanded (stride 0)
     _kernels()[1][(B,)](cand_tokens.contiguous(), cand_scores.contiguous(), cand_parents.contiguous(), cd,
                         cd.stride(0), root.contiguous(), tok, par, dep, node, N, D, BLOCK_N=BN, WIDE=wide,
-                        CHUNK=WIDE_CHUNK, num_warps=4 if BN <= 64 else 8, **launch_options(cand_tokens))
+                        num_warps=4 if BN <= 64 else 8, **launch_options(cand_tokens))
     return tok, par, dep
