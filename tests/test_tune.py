@@ -110,6 +110,41 @@ def test_schedule_recommendation():
     assert tune_section(recs, {"temperature": 0.0, "repetition_penalty": 1.0})["mode"] == "greedy"
 
 
+def test_identity_notes_name_the_fastest_shape_that_keeps_every_answer():
+    """A greedy sweep whose fastest shape changes some answers (bf16 trees at one row: 15 of 80 equal plain
+    decoding's) says so and names the fastest shape that kept them all; where none that wins did, it says that; a
+    fastest shape that kept them all, a net-negative size, records without the comparison and sampled sweeps (whose
+    answers differ by their draws) get no note. The schedule stays the fastest."""
+
+    def rec(config, bs, tok_s, same, kind="spec", s=None):
+        return {**_rec(config, bs, tok_s, kind, s), "identical_outputs": same, "prompts": 80}
+
+    chain, tree = (3, 1, 4), (6, 8, 48)
+    recs = [rec("no-spec", 1, 100.0, 80, "no-spec"), rec("d S3 K1 D4", 1, 171.0, 80, s=chain),
+            rec("d S6 K8 D48", 1, 180.0, 15, s=tree),
+            rec("no-spec", 8, 500.0, 80, "no-spec"), rec("d S3 K1 D4", 8, 490.0, 80, s=chain),
+            rec("d S6 K8 D48", 8, 520.0, 30, s=tree),
+            rec("no-spec", 32, 1600.0, 80, "no-spec"), rec("d S3 K1 D4", 32, 2000.0, 80, s=chain),
+            rec("d S6 K8 D48", 32, 1900.0, 12, s=tree)]
+    sec = tune_section(recs)
+    notes = [m for m in sec["messages"] if "answers equal no speculation's" in m]
+    assert notes == [
+        "batch size 1: with S=6 K=8 D=48 15/80 answers equal no speculation's (a verify of several tokens can round "
+        "unlike a one-token step and flip a near-tie); every answer kept, fastest: S=3 K=1 D=4 (d S3 K1 D4) at 171.0 "
+        "tok/s, 1.71x: --steps 3 --topk 1 --draft-tokens 4",
+        "batch size 8: with S=6 K=8 D=48 30/80 answers equal no speculation's (a verify of several tokens can round "
+        "unlike a one-token step and flip a near-tie); no faster speculative configuration kept every answer"]
+    assert sec["fastest_identical"] == {"1": "d S3 K1 D4", "8": "d S3 K1 D4", "32": "d S3 K1 D4"}
+    assert sec["schedule"] == "8:6,8,48/32:3,1,4"  # the fastest shapes, as without the notes
+    losing = tune_section([rec("no-spec", 1, 100.0, 80, "no-spec"), rec("d S6 K8 D48", 1, 90.0, 10, s=tree)])
+    assert not any("answers equal" in m for m in losing["messages"])  # net-negative: its sentence says enough
+    assert not any("answers equal" in m for m in tune_section([_rec("no-spec", 1, 100.0, "no-spec"),
+                                                             _rec("d", 1, 150.0, s=tree)])["messages"])
+    sampled = tune_section(recs, {"temperature": 1.0})
+    assert not any("answers equal" in m for m in sampled["messages"])
+    assert set(sampled["fastest_identical"].values()) == {None}
+
+
 def test_tune_end_to_end_random_drafter(tmp_path, capsys):
     model = write_tiny_chat_folder(tmp_path / "tiny")
     prompts = tmp_path / "p.jsonl"

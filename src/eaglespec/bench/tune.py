@@ -16,13 +16,19 @@ Contract:
 - `schedule(verdicts)` -> one engine's policy: the fastest speculative shape per batch size, up to the first size
   where speculation loses, as a SpecSchedule by rows (one shape: a SpecConfig; none wins: None).
 - `tune_section(records, sampling)` -> the document's "tune" entry: {"mode", "fastest": {bs: config},
-  "fastest_speculative": {bs: config}, "net_negative": {bs: bool}, "spec_max_rows": B | None, "schedule":
+  "fastest_speculative": {bs: config}, "net_negative": {bs: bool}, "fastest_identical": {bs: config | None} (the
+  fastest speculative run whose answers all equal no speculation's; greedy sweeps only), "spec_max_rows": B | None,
+  "schedule":
   "R:S,K,D/..." | "S,K,D" | None, "messages": [...]}; with a B a message says "speculation pays up to batch size B
   and loses above it: serve engines of more rows with --spec-max-rows B"; with a schedule of several shapes one
   says "one engine for all these batch sizes: --spec R:S,K,D/... [--spec-max-rows B] (Python:
   eaglespec.load(spec=...))". `mode` (`sweep_mode(sampling)`, the document's "sampling" entry): the kind of step
   measured, "greedy", "sampled" or "penalized"; for the last two the last message gives the schedule as that
-  mode's entries of a `--spec` ("GREEDY;sampled=...", or "=plain" where speculation lost everywhere).
+  mode's entries of a `--spec` ("GREEDY;sampled=...", or "=plain" where speculation lost everywhere). In a greedy
+  sweep, where the fastest speculative run's answers differ from no speculation's in some prompts (bf16 verifies of
+  many tokens round unlike one-token steps: the one-row trees of session 62, 15-23 of 80 answers equal on MT-bench,
+  against the chain's 80), a message per batch size says how many and names the fastest run that kept them all
+  (`Verdict.identity_note`); the schedule stays the fastest.
 """
 
 from __future__ import annotations
@@ -68,6 +74,7 @@ class Verdict:
     fastest: dict[str, Any]
     fastest_spec: dict[str, Any] | None
     baseline: dict[str, Any] | None
+    fastest_identical: dict[str, Any] | None = None  # the fastest speculative run whose every answer is the baseline's
 
     @property
     def net_negative(self) -> bool:
@@ -79,14 +86,46 @@ class Verdict:
         if s is None or b is None:
             f = self.fastest
             return f"batch size {self.batch_size}: fastest is {f['config']} at {f['tok_per_s']:.1f} tok/s"
-        shape = f"S={s['steps']} K={s['topk']} D={s['draft_tokens']}"
+        shape = _shape(s)
         if self.net_negative:
             return (f"net-negative at batch size {self.batch_size}: the fastest speculative configuration ({shape}) "
                     f"runs {s['tok_per_s']:.1f} tok/s, slower than no speculation at {b['tok_per_s']:.1f} tok/s; "
                     "run without speculation")
         return (f"batch size {self.batch_size}: fastest is {shape} ({s['config']}) at {s['tok_per_s']:.1f} tok/s, "
-                f"{s['tok_per_s'] / b['tok_per_s']:.2f}x no speculation ({b['tok_per_s']:.1f} tok/s): "
-                f"--steps {s['steps']} --topk {s['topk']} --draft-tokens {s['draft_tokens']}")
+                f"{s['tok_per_s'] / b['tok_per_s']:.2f}x no speculation ({b['tok_per_s']:.1f} tok/s): {_flags(s)}")
+
+
+    def identity_note(self) -> str | None:
+        """For a greedy sweep: where the fastest speculative run (winning over no speculation) gave answers other
+        than no speculation's in some prompts, how many, and the fastest run that kept them all (or that none did).
+        On a GPU in bf16 a verify of many tokens rounds its products unlike a one-token step, and near-ties of the
+        argmax flip: a user who needs plain decoding's exact text takes the second shape. None otherwise."""
+        s = self.fastest_spec
+        if s is None or self.baseline is None or self.net_negative:
+            return None
+        same, n = _identical(s)
+        if same is None or same == n:
+            return None
+        note = (f"batch size {self.batch_size}: with {_shape(s)} {same}/{n} answers equal no speculation's (a verify "
+                "of several tokens can round unlike a one-token step and flip a near-tie)")
+        f = self.fastest_identical
+        if f is None or f["tok_per_s"] < self.baseline["tok_per_s"]:
+            return note + "; no faster speculative configuration kept every answer"
+        return (note + f"; every answer kept, fastest: {_shape(f)} ({f['config']}) at {f['tok_per_s']:.1f} tok/s, "
+                f"{f['tok_per_s'] / self.baseline['tok_per_s']:.2f}x: {_flags(f)}")
+
+
+def _shape(r: dict[str, Any]) -> str:
+    return f"S={r['steps']} K={r['topk']} D={r['draft_tokens']}"
+
+
+def _flags(r: dict[str, Any]) -> str:
+    return f"--steps {r['steps']} --topk {r['topk']} --draft-tokens {r['draft_tokens']}"
+
+
+def _identical(r: dict[str, Any]) -> tuple[int | None, int | None]:
+    """(answers equal to the baseline's, prompts) of a record; None where the run did not compare them."""
+    return r.get("identical_outputs"), r.get("prompts")
 
 
 def verdict(records: Sequence[dict[str, Any]]) -> list[Verdict]:
@@ -95,8 +134,10 @@ def verdict(records: Sequence[dict[str, Any]]) -> list[Verdict]:
         rs = [r for r in records if r["batch_size"] == bs and r["kind"] != "peer"]
         spec = [r for r in rs if r["kind"] == "spec"]
         base = next((r for r in rs if r["kind"] == "no-spec"), None)
+        kept = [r for r in spec if _identical(r)[0] is not None and _identical(r)[0] == _identical(r)[1]]
         out.append(Verdict(bs, max(rs, key=lambda r: r["tok_per_s"]),
-                           max(spec, key=lambda r: r["tok_per_s"]) if spec else None, base))
+                           max(spec, key=lambda r: r["tok_per_s"]) if spec else None, base,
+                           max(kept, key=lambda r: r["tok_per_s"]) if kept else None))
     return out
 
 
@@ -152,6 +193,8 @@ def tune_section(records: Sequence[dict[str, Any]], sampling: dict[str, Any] | N
                         f"with --spec-max-rows {limit}")
     policy = schedule(vs)
     mode = sweep_mode(sampling)
+    if mode == "greedy":  # sampled answers differ by their draws: only greedy ones are compared
+        messages += [note for note in (v.identity_note() for v in vs) if note is not None]
     if isinstance(policy, SpecSchedule) and mode == "greedy":  # one engine for all these sizes: a shape per step
         text = spec_text(policy)
         messages.append(f"one engine for all these batch sizes: --spec {text}"
@@ -167,6 +210,8 @@ def tune_section(records: Sequence[dict[str, Any]], sampling: dict[str, Any] | N
         "fastest": {str(v.batch_size): v.fastest["config"] for v in vs},
         "fastest_speculative": {str(v.batch_size): v.fastest_spec["config"] if v.fastest_spec else None for v in vs},
         "net_negative": {str(v.batch_size): v.net_negative for v in vs},
+        "fastest_identical": {str(v.batch_size): v.fastest_identical["config"] if v.fastest_identical and
+                              mode == "greedy" else None for v in vs},
         "spec_max_rows": limit,
         "schedule": spec_text(policy) if policy is not None else None,
         "messages": messages,
