@@ -189,10 +189,11 @@ def test_limits(monkeypatch):
 
 
 def _engine_through_the_kernel_equals_plain(monkeypatch, record, target, prompts, max_new_tokens,
-                                            drafter_too: bool, drafter_kw: dict | None = None) -> None:
+                                            drafter_too: bool, drafter_kw: dict | None = None,
+                                            spec: tuple[int, int, int] = (3, 1, 4)) -> None:
     """`target` (and, `drafter_too`, its drafter) with the fused RoPE + KV-store and short-query kernels, every call of
-    the kernel passed to `record(q, kwargs)` first, float32 steps taking it as bf16 ones do: greedy speculation (chain
-    3,1,4) and plain decoding equal the eager engine's plain decoding."""
+    the kernel passed to `record(q, kwargs)` first, float32 steps taking it as bf16 ones do: greedy speculation (`spec`,
+    default the chain 3,1,4) and plain decoding equal the eager engine's plain decoding."""
     from tiny import assert_transformed_engine_equals_plain
 
     from eaglespec.config import SpecConfig
@@ -213,8 +214,26 @@ def _engine_through_the_kernel_equals_plain(monkeypatch, record, target, prompts
                 if getattr(mod, "attn_kernel", None) is not None:
                     mod.attn_kernel = AttentionKernel(counted, sak.fits)
 
-    assert_transformed_engine_equals_plain(prepare, SpecConfig(3, 1, 4), prompts, max_new_tokens,
+    assert_transformed_engine_equals_plain(prepare, SpecConfig(*spec), prompts, max_new_tokens,
                                            drafter_kw=drafter_kw, target=target)
+
+
+def test_one_row_tree_verify_in_query_tiles_through_the_engine(monkeypatch):
+    """A one-row engine speculating with a tree of 40 tokens (80 query rows on a tiny model: 2 query heads per kv
+    head) verifies through the split kernels in query tiles, and its greedy tokens equal plain decoding's."""
+    from tiny import tiny_llama
+
+    launched, steps = _launches(monkeypatch), []
+
+    def record(q, kw):
+        steps.append((q.shape[0], q.shape[1], len(launched)))
+
+    _engine_through_the_kernel_equals_plain(monkeypatch, record, tiny_llama(seed=0, layers=2), [[3, 1, 4, 1, 5]], 6,
+                                            drafter_too=False, spec=(5, 8, 40))
+    verify = [i for i, (B, T, _) in enumerate(steps) if (B, T) == (1, 40)]
+    assert verify  # the verify's calls, then what each launched
+    ends = [n for _, _, n in steps[1:]] + [len(launched)]
+    assert all(launched[steps[i][2]:ends[i]] in (["split"], ["split", "combine"]) for i in verify)
 
 
 @pytest.mark.parametrize("family", ["gpt_oss", "softcap"])
