@@ -134,7 +134,7 @@ def verdict(records: Sequence[dict[str, Any]]) -> list[Verdict]:
         rs = [r for r in records if r["batch_size"] == bs and r["kind"] != "peer"]
         spec = [r for r in rs if r["kind"] == "spec"]
         base = next((r for r in rs if r["kind"] == "no-spec"), None)
-        kept = [r for r in spec if _identical(r)[0] is not None and _identical(r)[0] == _identical(r)[1]]
+        kept = [r for r in spec if None not in _identical(r) and _identical(r)[0] == _identical(r)[1]]
         out.append(Verdict(bs, max(rs, key=lambda r: r["tok_per_s"]),
                            max(spec, key=lambda r: r["tok_per_s"]) if spec else None, base,
                            max(kept, key=lambda r: r["tok_per_s"]) if kept else None))

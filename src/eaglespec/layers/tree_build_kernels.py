@@ -29,6 +29,7 @@ for tree level k >= 2 with K frontier slots (`spec/draft.py`'s conventions):
   the block's barrier). It serves N <= MAX_CANDIDATES. On the H100 (session 62, `benchmarks/wide_tree_check.py`) the
   tree S6 K8 D48's 328 candidates took 7.0 us a call this way against 58.6 us through PyTorch's stable sort and ~20
   small operators (counting the ranks 16 candidates at a time against the whole row instead: 24.9 us).
+
 `fits_level(K, H, W)` and `fits_select(N)` say which shapes these kernels take. Built on first use, so that
 `TRITON_INTERPRET=1` (CPU tests) takes effect; bool tensors are read and written as bytes.
 """
