@@ -159,6 +159,20 @@ def test_one_row_steps_of_many_query_rows_take_the_split_kernels_in_tiles(monkey
     assert torch.allclose(out, _reference(q, kc, vc, rows, mask), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("T,K", [(1, 200), (4, 256), (4, 300)])
+def test_one_row_steps_in_one_block(monkeypatch, T, K):
+    """With ONE_ROW_BLOCK_KV = 256, a one-row step whose cache fits 256 positions runs one split per kv head and no
+    combine; past it, blocks of BLOCK_KV and the combine as before. Each equals SDPA."""
+    from eaglespec.layers import short_attention_kernel as sak
+
+    monkeypatch.setattr(sak, "ONE_ROW_BLOCK_KV", 256)
+    q, kc, vc, rows, mask = _case(1, T, 9, 3, 64, K, seed=T + K)
+    launched = _launches(monkeypatch)
+    out = short_attention(q, kc, vc, rows, mask)
+    assert launched == (["split"] if K <= 256 else ["split", "combine"])
+    assert torch.allclose(out, _reference(q, kc, vc, rows, mask), atol=1e-5, rtol=1e-5)
+
+
 def test_sdpa_with_repeated_kv_heads_equals_gqa(monkeypatch):
     """Eager CUDA calls of `sdpa` repeat each KV head for its query heads (SDPA's GQA with a mask would take the math
     backend there): forced here on the CPU, the result equals SDPA's own GQA."""

@@ -65,6 +65,10 @@ MAX_BATCH = 32  # measured on the H200 (step_kernels_check --only=batches): a Sm
 # rows 2.01 -> 1.70 ms (medians); per layer at 1,024 rows of 16-1,024 positions 181 us against SDPA's 576, the same
 # error against float32 (benchmarks/decode_rows_check.py).
 BLOCK_KV = 128  # cached positions per split program (64 until session 25: attention_split_check.py, H200)
+# one-row steps over at most this many cached positions take them in one split program (no combine kernel); equal to
+# BLOCK_KV: the rule is off (session 62 had no device to measure 256: the length buckets start at 256 positions, so
+# every one-row decode step runs two splits and the combine, ~1.2 us a SmolLM2 layer)
+ONE_ROW_BLOCK_KV = 128
 PROMPT_BLOCK_KV = 64  # positions per step of the prompt kernel's loop (its tiles hold 64 query rows)
 SKIP_MIN_ROWS = 2  # steps of this many rows or more read a block's keys and values only if a query sees it
 UNROLL_MAX_SPLITS = 16  # the combine's loop over splits is unrolled up to this many splits
@@ -302,7 +306,9 @@ def short_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         return out
     bq = pow2(min(T * G, MAX_QUERY_ROWS), 16)
     nq = (T * G + bq - 1) // bq  # query tiles (several only in one-row steps past MAX_QUERY_ROWS query rows)
-    nsplit = (K + BLOCK_KV - 1) // BLOCK_KV
+    # one-row steps whose whole cache fits ONE_ROW_BLOCK_KV positions: one split per kv head, no combine
+    block_kv = ONE_ROW_BLOCK_KV if B == 1 and K <= ONE_ROW_BLOCK_KV and T * G <= MAX_QUERY_ROWS else BLOCK_KV
+    nsplit = (K + block_kv - 1) // block_kv
     out = torch.empty(B, T, H, D, dtype=q.dtype, device=dev)
     direct = nsplit == 1
     parts = 0 if direct else B * Hkv * nq * nsplit
@@ -314,8 +320,9 @@ def short_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         q, k_cache, v_cache, rows, mask, o_part, m_part, l_part, out, sinks if sinks is not None else out,
         T, G, Hkv, K, nsplit, nq, q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1),
         k_cache.stride(2), mask.stride(0), mask.stride(1), out.stride(0), out.stride(1), out.stride(2),
-        scale, cap, BLOCK_Q=bq, BLOCK_KV=BLOCK_KV, D=D, IEEE=q.dtype == torch.float32,
-        SKIP=B >= SKIP_MIN_ROWS, DIRECT=direct, **extra, **launch_options(q))
+        scale, cap, BLOCK_Q=bq, BLOCK_KV=block_kv, D=D, IEEE=q.dtype == torch.float32,
+        SKIP=B >= SKIP_MIN_ROWS, DIRECT=direct, num_warps=8 if block_kv > BLOCK_KV else 4, **extra,
+        **launch_options(q))
     if not direct:
         combine[(B * Hkv * nq,)](o_part, m_part, l_part, out, sinks if sinks is not None else out, T, G, Hkv, nq,
                                  out.stride(0), out.stride(1), out.stride(2), NSPLIT=nsplit, BLOCK_Q=bq, D=D,
