@@ -18,16 +18,15 @@ Contract:
 - `tune_section(records, sampling)` -> the document's "tune" entry: {"mode", "fastest": {bs: config},
   "fastest_speculative": {bs: config}, "net_negative": {bs: bool}, "fastest_identical": {bs: config | None} (the
   fastest speculative run whose answers all equal no speculation's; greedy sweeps only), "spec_max_rows": B | None,
-  "schedule":
-  "R:S,K,D/..." | "S,K,D" | None, "messages": [...]}; with a B a message says "speculation pays up to batch size B
-  and loses above it: serve engines of more rows with --spec-max-rows B"; with a schedule of several shapes one
-  says "one engine for all these batch sizes: --spec R:S,K,D/... [--spec-max-rows B] (Python:
+  "schedule": "R:S,K,D/..." | "S,K,D" | None, "messages": [...]}; with a B a message says "speculation pays up to
+  batch size B and loses above it: serve engines of more rows with --spec-max-rows B"; with a schedule of several
+  shapes one says "one engine for all these batch sizes: --spec R:S,K,D/... [--spec-max-rows B] (Python:
   eaglespec.load(spec=...))". `mode` (`sweep_mode(sampling)`, the document's "sampling" entry): the kind of step
-  measured, "greedy", "sampled" or "penalized"; for the last two the last message gives the schedule as that
-  mode's entries of a `--spec` ("GREEDY;sampled=...", or "=plain" where speculation lost everywhere). In a greedy
-  sweep, where the fastest speculative run's answers differ from no speculation's in some prompts (bf16 verifies of
-  many tokens round unlike one-token steps: the one-row trees of session 62, 15-23 of 80 answers equal on MT-bench,
-  against the chain's 80), a message per batch size says how many and names the fastest run that kept them all
+  measured, "greedy", "sampled" or "penalized"; for the last two the last message gives the schedule as that mode's
+  entries of a `--spec` ("GREEDY;sampled=...", or "=plain" where speculation lost everywhere). In a greedy sweep,
+  where the fastest speculative run's answers differ from no speculation's in some prompts (bf16 verifies of many
+  tokens round unlike one-token steps: the one-row trees of session 62, 15-23 of 80 answers equal on MT-bench, against
+  the chain's 80), a message per batch size says how many and names the fastest run that kept them all
   (`Verdict.identity_note`); the schedule stays the fastest.
 """
 
@@ -93,7 +92,6 @@ class Verdict:
                     "run without speculation")
         return (f"batch size {self.batch_size}: fastest is {shape} ({s['config']}) at {s['tok_per_s']:.1f} tok/s, "
                 f"{s['tok_per_s'] / b['tok_per_s']:.2f}x no speculation ({b['tok_per_s']:.1f} tok/s): {_flags(s)}")
-
 
     def identity_note(self) -> str | None:
         """For a greedy sweep: where the fastest speculative run (winning over no speculation) gave answers other
