@@ -10,7 +10,8 @@ kernel refused). The drafts, trees and acceptance are the same arithmetic, so th
 histograms must be identical. Against plain decoding (an 8-row engine) answers may differ where bf16 near-ties of
 random weights flip between kernels; from there on the oracle's references no longer fit and it accepts little.
 
-usage: python benchmarks/tree_kernels_check.py OUT_DIR [--specs=S,K,D;...] [--rows=1,8]   (defaults: 4,4,16;3,2,6 and 1,8)
+usage: python benchmarks/tree_kernels_check.py OUT_DIR [--specs=S,K,D;...] [--rows=1,8]
+       (defaults: --specs=4,4,16;3,2,6 --rows=1,8)
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """Session 62's two changes for large one-row trees (S6 K8 D48: a 48-token verify of 144 query rows for SmolLM2, a
 selection among 328 candidates) on the GPU, before their whole-step timing: right, and faster per call.
 
-1. `tree_build_kernels.select_tree` past 128 candidates (ranks in chunks, parents through a scratch row) against
-   `build_tree`'s PyTorch path: random candidate trees (scores on a coarse grid: many ties), N = 150 / 200 / 328;
-   the same tokens, parents and depths. Then us per call (a CUDA graph of 50 calls) of both at B = 1 and 8.
+1. `tree_build_kernels.select_tree` past 128 candidates (a sort of unique keys, parents through a scratch row)
+   against `build_tree`'s PyTorch path: random candidate trees (tests/tiny.py's `graded_candidates`: scores on a
+   grid of 0.5, many ties), N = 150 / 200 / 328: the same tokens, parents and depths. Then us per call (a CUDA
+   graph of 50 calls) of both at B = 1 and 8.
 2. `short_attention` of a one-row step of T tokens (SmolLM2's heads: 9 query, 3 KV, 64 wide; bf16) in query tiles
    of the split kernels against the prompt kernel (ONE_ROW_MAX_QUERY_ROWS lowered to 64), both against SDPA in
    float32 (largest absolute error), then us per call, at T = 24 / 48 / 64 and 180 / 600 / 1,500 cached positions.
@@ -15,8 +16,12 @@ usage: python benchmarks/wide_tree_check.py OUT_DIR   (PYTHONPATH=src)
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from probe_script import Emitter, per_call_us  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from tiny import graded_candidates  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -30,32 +35,9 @@ g = torch.Generator(device=dev).manual_seed(0)
 bad = 0
 
 
-def candidates(B: int, K: int, S: int):
-    """A drafting phase's candidates in level order (draft.py's layout): K depth-1 ones, then K^2 children of K
-    frontier slots per level, scores never above their parent's, on a grid of 0.5."""
-    N = K + (S - 1) * K * K
-    parents = torch.empty(B, N, dtype=torch.int64, device=dev)
-    scores = torch.empty(B, N, device=dev)
-    depth = torch.empty(N, dtype=torch.int64, device=dev)
-    parents[:, :K], depth[:K] = -1, 1
-    scores[:, :K] = -torch.randint(0, 4, (B, K), generator=g, device=dev).float() * 0.5
-    base, frontier = K, torch.arange(K, device=dev).expand(B, K)
-    for level in range(2, S + 1):
-        par = frontier[:, :, None].expand(B, K, K).reshape(B, K * K)
-        parents[:, base:base + K * K] = par
-        depth[base:base + K * K] = level
-        scores[:, base:base + K * K] = torch.gather(scores, 1, par) - torch.randint(
-            0, 3, (B, K * K), generator=g, device=dev).float() * 0.5
-        frontier = base + torch.randint(0, K * K, (B, K), generator=g, device=dev)
-        base += K * K
-    tokens = torch.randint(0, 49152, (B, N), generator=g, device=dev)
-    root = torch.randint(0, 49152, (B,), generator=g, device=dev)
-    return root, tokens, scores, parents, depth.expand(B, N)
-
-
 for K, S, D in ((6, 5, 40), (8, 4, 30), (8, 6, 48)):
     for B in (1, 8):
-        c = candidates(B, K, S)
+        c = graded_candidates(B, K, S, g)
         ref = build_tree(*c, D, K, S, kernels=False)
         got = build_tree(*c, D, K, S, kernels=True)
         same = all(torch.equal(getattr(got, f), getattr(ref, f)) for f in ("tokens", "parents", "depth", "paths"))

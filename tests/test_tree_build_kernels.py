@@ -12,7 +12,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are built (
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
-from tiny import assert_transformed_engine_equals_plain, tiny_drafter, tiny_llama  # noqa: E402
+from tiny import assert_transformed_engine_equals_plain, graded_candidates, tiny_drafter, tiny_llama  # noqa: E402
 
 import eaglespec.engine.spec_step as spec_step  # noqa: E402
 from eaglespec.config import SpecConfig  # noqa: E402
@@ -75,27 +75,9 @@ def test_select_kernel_breaks_ties_as_the_stable_sort(K, S, D):
     """Scores on a coarse grid, so that many are equal: the kept candidates and their layout still match (a child's
     score never exceeds its parent's, and on equal scores the parent, with the smaller id, is kept first), with 21
     candidates and with 150 (sorted keys)."""
-    g = torch.Generator().manual_seed(3)
-    B = 4
-    N = K + (S - 1) * K * K
-    parents = torch.empty(B, N, dtype=torch.int64)
-    scores = torch.empty(B, N)
-    depth = torch.empty(N, dtype=torch.int64)
-    parents[:, :K], depth[:K] = -1, 1
-    scores[:, :K] = -torch.randint(0, 3, (B, K), generator=g).float() * 0.5
-    base, frontier = K, torch.arange(K).expand(B, K)
-    for level in range(2, S + 1):
-        par = frontier[:, :, None].expand(B, K, K).reshape(B, K * K)
-        parents[:, base:base + K * K] = par
-        depth[base:base + K * K] = level
-        scores[:, base:base + K * K] = torch.gather(scores, 1, par) - torch.randint(
-            0, 2, (B, K * K), generator=g).float() * 0.5
-        frontier = base + torch.randint(0, K * K, (B, K), generator=g)
-        base += K * K
-    tokens = torch.randint(0, 50, (B, N), generator=g)
-    root = torch.randint(0, 50, (B,), generator=g)
-    ref = build_tree(root, tokens, scores, parents, depth.expand(B, N), D, K, S, kernels=False)
-    got = build_tree(root, tokens, scores, parents, depth.expand(B, N), D, K, S, kernels=True)
+    c = graded_candidates(4, K, S, torch.Generator().manual_seed(3))
+    ref = build_tree(*c, D, K, S, kernels=False)
+    got = build_tree(*c, D, K, S, kernels=True)
     for field in ("tokens", "parents", "depth"):
         assert torch.equal(getattr(got, field), getattr(ref, field)), field
 

@@ -1,4 +1,5 @@
-"""Tiny random models and a character tokenizer for CPU tests (no downloads); `imports_compiler(code)`; `per_expert`
+"""Tiny random models and a character tokenizer for CPU tests (no downloads); `imports_compiler(code)`;
+`graded_candidates` (a tree's drafted candidates with many equal scores); `per_expert`
 (a transformers MoE state dict in checkpoint form), `randomize_moe` and `tiny_moe` (Qwen3-MoE and DeepSeek-V3
 targets)."""
 
@@ -33,6 +34,33 @@ def imports_compiler(code: str, modules: tuple[str, ...] = ("torch._dynamo",)) -
     tail = f"\nprint(any(m in sys.modules for m in {modules!r}))\n"
     out = subprocess.run([sys.executable, "-c", prelude + code + tail], capture_output=True, text=True, check=True)
     return out.stdout.strip().splitlines()[-1] != "False"
+
+
+def graded_candidates(B: int, K: int, S: int, generator: torch.Generator) -> tuple[torch.Tensor, ...]:
+    """A tree drafting phase's candidates in spec/draft.py's level order (K depth-1 candidates, then K^2 children of
+    K random frontier slots per level), with scores on a grid of 0.5, so that many are equal, and never above their
+    parent's: (root [B], tokens [B, N], scores [B, N], parents [B, N], depth [B, N]; ids < 50), on the generator's
+    device. The selection kernels are checked against the stable sort on them (tests and
+    benchmarks/wide_tree_check.py)."""
+    dev = generator.device
+    N = K + (S - 1) * K * K
+    parents = torch.empty(B, N, dtype=torch.int64, device=dev)
+    scores = torch.empty(B, N, device=dev)
+    depth = torch.empty(N, dtype=torch.int64, device=dev)
+    parents[:, :K], depth[:K] = -1, 1
+    scores[:, :K] = -torch.randint(0, 3, (B, K), generator=generator, device=dev).float() * 0.5
+    base, frontier = K, torch.arange(K, device=dev).expand(B, K)
+    for level in range(2, S + 1):
+        par = frontier[:, :, None].expand(B, K, K).reshape(B, K * K)
+        parents[:, base:base + K * K] = par
+        depth[base:base + K * K] = level
+        scores[:, base:base + K * K] = torch.gather(scores, 1, par) - torch.randint(
+            0, 2, (B, K * K), generator=generator, device=dev).float() * 0.5
+        frontier = base + torch.randint(0, K * K, (B, K), generator=generator, device=dev)
+        base += K * K
+    tokens = torch.randint(0, 50, (B, N), generator=generator, device=dev)
+    root = torch.randint(0, 50, (B,), generator=generator, device=dev)
+    return root, tokens, scores, parents, depth.expand(B, N)
 
 
 def llama_config(vocab: int = 97, layers: int = 6, hidden: int = 64, tie: bool = False, **kw) -> ModelConfig:

@@ -119,16 +119,17 @@ DEFAULT_DRAFTER = ASSETS / "smollm2-135m-eagle3"
 # (tau 1.69; the model: 1.08x). So greedy: tau ~2.08 -> 1.5 (until session 43 a single 1.3, made for tau 1.84, which
 # turned speculation off in 2 of 6 `generate` runs there while it paid 1.35x); sampled: tau ~1.7 -> 1.2.
 # Session 61 gave the CPU's projections of 3+ rows oneDNN's packed weights (layers/cpu_linear.py): on its 2-core AMD
-# EPYC a forward of 6 tokens cost ~1.15-1.3x one of 1 token instead of ~1.5-1.8x, and on MT-bench 1-8 (96 tokens,
-# five alternating rounds) the tree S3 K2 D6 (tau 2.23) ran at a median 1.54x against S2 K2 D4's 1.46x (tau 2.01),
-# ahead in every round by 4-8% (S4 K2 D8, tau 2.35, and S3 K2 D7 slower in other runs); without the packed weights
-# S3 K2 D6 ran 0.94-1.02x, S2 K2 D4 1.2x (docs/benchmarks.md, "Session 61"). So the greedy CPU shape is S3 K2 D6 where a 6-token forward costs at most
-# CPU_MAX_VERIFY_COST_WIDE (by the model below: 2.23 / (1.3 + 0.3) = 1.39x, while S2 K2 D4 at a ratio under it
-# leaves about 2.01 / 1.6 = 1.26x), else S2 K2 D4 under CPU_MAX_VERIFY_COST (a machine, or a model too large for the
-# packed copies, where few-row forwards cost more): `cpu_shapes`. Sampled at temperature 1 (MT-bench 1-8, 96 tokens,
-# two rounds, packed): the chain of 2 1.23x (tau 1.65), the one-step chain 1.31x (tau 1.44), the chain of 3 1.21x;
-# there a 3-token forward measured ~1.25x a 1-token one, over CPU_MAX_VERIFY_COST_SAMPLED, so sampled engines
-# decoded plainly: where the chain of 2's forward is too dear the one-step chain (2 tokens, ~1.0x) is timed next.
+# EPYC a forward of 6 tokens cost ~1.15-1.3x one of 1 token instead of ~1.5-1.8x, and on MT-bench 1-8 (96 tokens, five
+# alternating rounds) the tree S3 K2 D6 (tau 2.23) ran at a median 1.54x against S2 K2 D4's 1.46x (tau 2.01), ahead in
+# every round by 4-8% (S4 K2 D8, tau 2.35, and S3 K2 D7 slower in other runs); without the packed weights S3 K2 D6 ran
+# 0.94-1.02x, S2 K2 D4 1.2x (docs/benchmarks.md, "Session 61"). So the greedy CPU shape is S3 K2 D6 where a 6-token
+# forward costs at most CPU_MAX_VERIFY_COST_WIDE (by the model below: 2.23 / (1.3 + 0.3) = 1.39x, while S2 K2 D4 at a
+# ratio under it leaves about 2.01 / 1.6 = 1.26x), else S2 K2 D4 under CPU_MAX_VERIFY_COST (a machine, or a model too
+# large for the packed copies, where few-row forwards cost more): `cpu_shapes`. Sampled at temperature 1 (MT-bench
+# 1-8, 96 tokens, two rounds, packed): the chain of 2 1.23x (tau 1.65), the one-step chain 1.31x (tau 1.44), the chain
+# of 3 1.21x; there a 3-token forward measured ~1.25x a 1-token one, over CPU_MAX_VERIFY_COST_SAMPLED, so sampled
+# engines decoded plainly: where the chain of 2's forward is too dear the one-step chain (2 tokens, ~1.0x) is timed
+# next.
 CPU_MAX_VERIFY_COST = 1.5
 CPU_MAX_VERIFY_COST_SAMPLED = 1.2
 CPU_MAX_VERIFY_COST_WIDE = 1.3
