@@ -61,9 +61,9 @@ def test_decoding_through_the_kernel_equals_plain(monkeypatch, spec):
     through it on the CPU (interpreter): plain decoding and speculation still give torch.argmax's tokens."""
     calls = []
 
-    def through_kernel(logits, table=None):
+    def through_kernel(logits, table=None, out=None):
         calls.append(tuple(logits.shape))
-        return argmax_rows(logits, table)
+        return argmax_rows(logits, table, out)
 
     def route(target, drafter):
         for mod in (runner, verify, draft, sampling):
@@ -82,3 +82,16 @@ def test_a_lookup_table_maps_the_argmax(shape):
     table = torch.randperm(5 * shape[-1], generator=g)[: shape[-1]]
     assert torch.equal(argmax_rows(x, table), table[x.argmax(-1)])
     assert torch.equal(sampling.greedy_ids(x, table), table[x.argmax(-1)])  # the CPU path: the same map
+
+
+def test_out_writes_a_strided_column():
+    """A greedy chain's levels write their target ids straight into their column of the candidates ([B, S]); the
+    other columns keep their values, on the kernel's path and on the CPU's."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(3, 300, generator=g)
+    table = torch.randperm(1000, generator=g)[:300]
+    for fn in (lambda lg, t, o: argmax_rows(lg, t, o), sampling.greedy_ids):
+        tokens = torch.full((3, 4), -7, dtype=torch.int64)
+        got = fn(x, table, tokens[:, 2])
+        assert torch.equal(tokens[:, 2], table[x.argmax(-1)]) and got.data_ptr() == tokens[:, 2].data_ptr()
+        assert (tokens[:, [0, 1, 3]] == -7).all()

@@ -1,7 +1,7 @@
 """The commit's bookkeeping kernels (layers/commit_kernel.py), run by Triton's interpreter on the CPU: the rows'
-advance with the catch-up's positions, mask and last pair, and storing the drafter's state, against the PyTorch
-path, for graph steps (rows 0..B-1) and scattered rows; and speculation with both routed through the kernels (chains
-and trees, greedy and sampled) still gives plain greedy tokens."""
+advance with the catch-up's positions, mask and last pair, a decode step's advance, and storing the drafter's state,
+against the PyTorch path, for graph steps (rows 0..B-1) and scattered rows; and speculation with them routed through
+the kernels (chains and trees, greedy and sampled) still gives plain greedy tokens."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import torch  # noqa: E402
 from tiny import assert_transformed_engine_equals_plain  # noqa: E402
 
 import eaglespec.engine.drafter_rows as drafter_rows  # noqa: E402
+import eaglespec.engine.runner as runner  # noqa: E402
 import eaglespec.engine.spec_step as spec_step  # noqa: E402
 from eaglespec.config import SpecConfig  # noqa: E402
 from eaglespec.layers import commit_kernel as ck  # noqa: E402
@@ -45,6 +46,24 @@ def test_advance_matches_the_pytorch_path(rows, T, kv_len):
     untouched = torch.ones(8, dtype=torch.bool)
     untouched[rows] = False
     assert torch.equal(states[0][0][untouched], seq_len[untouched])  # other rows keep their state
+
+
+@pytest.mark.parametrize("rows", [[0, 1, 2], [6, 1], [0]])
+def test_decode_advance_matches_the_pytorch_path(rows):
+    seq_len, last_token, active, g = _state(8, seed=len(rows))
+    rows = torch.tensor(rows)
+    tokens = torch.randint(0, 100, (len(rows),), generator=g)
+    states = [(seq_len.clone(), last_token.clone()) for _ in range(2)]
+    for (sl, lt), k in zip(states, (True, False)):
+        ck.advance_decode(sl, lt, active, rows, tokens, kernel=k)
+    assert torch.equal(states[0][0], states[1][0]) and torch.equal(states[0][1], states[1][1])
+    L = seq_len[rows]
+    assert torch.equal(states[0][0][rows], torch.where(active[rows], L + 1, L))
+    assert torch.equal(states[0][1][rows], tokens)
+    untouched = torch.ones(8, dtype=torch.bool)
+    untouched[rows] = False
+    assert torch.equal(states[0][0][untouched], seq_len[untouched])
+    assert torch.equal(states[0][1][untouched], last_token[untouched])
 
 
 @pytest.mark.parametrize("tree", [False, True])
@@ -82,9 +101,14 @@ def test_speculation_through_the_kernels_equals_plain(monkeypatch, spec):
         calls.append("store")
         return ck.store_draft_rows(*a, **kw, kernel=True)
 
+    def advance_decode(*a, **kw):
+        calls.append("decode")
+        return ck.advance_decode(*a, **kw, kernel=True)
+
     def route(target, drafter):
         monkeypatch.setattr(spec_step, "advance_rows", advance)
         monkeypatch.setattr(drafter_rows, "store_draft_rows", store)
+        monkeypatch.setattr(runner, "advance_decode", advance_decode)
 
     assert_transformed_engine_equals_plain(route, spec, [[5, 6, 7, 8], [9, 10]], 12)
-    assert "advance" in calls and "store" in calls
+    assert "advance" in calls and "store" in calls and "decode" in calls

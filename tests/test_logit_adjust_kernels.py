@@ -32,9 +32,9 @@ ADJUSTED = SamplingParams(max_new_tokens=10, ignore_eos=True, repetition_penalty
 
 
 def route_through_kernels(monkeypatch, calls: list) -> None:
-    def argmax(logits, table=None):
+    def argmax(logits, table=None, out=None):
         calls.append("argmax")
-        return argmax_rows(logits, table)
+        return argmax_rows(logits, table, out)
 
     def topk(logits, k):
         calls.append("topk")

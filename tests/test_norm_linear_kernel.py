@@ -150,6 +150,61 @@ def test_engine_with_the_kernels_equals_plain(monkeypatch):
     assert {2, 4} <= rows_seen  # two rows' decode, two rows' verify of 2 tokens
 
 
+@pytest.mark.parametrize("B,T,R,K", [(1, 4, 1, 80), (3, 4, 1, 576), (2, 5, 2, 48), (3, 3, 2, 80)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_indexed_rows_equal_gathering_first(B, T, R, K, dtype):
+    """`index` [B, R]: the rows at those positions of h + delta only, read in place by the row loop (under
+    DOT_MIN_ROWS rows: a catch-up's last real pair) or gathered first (6 rows: the tensor-core kernel's path): the
+    same sums, the same products as the kernel on the gathered rows, bit for bit."""
+    from eaglespec.layers.context import gather_rows
+
+    g = torch.Generator().manual_seed(B * 100 + T * 10 + R)
+    h = torch.randn(B, T, K, generator=g).to(dtype)
+    d = torch.randn(B, T, K, generator=g).to(dtype)
+    nw = (1 + 0.1 * torch.randn(K, generator=g)).to(dtype)
+    w = (torch.randn(40, K, generator=g) / K ** 0.5).to(dtype)
+    idx = torch.randint(0, T, (B, R), generator=g)
+    h1, y1 = add_norm_linear(h, d, nw, 1e-5, w, False, index=idx)
+    h2, y2 = add_norm_linear(gather_rows(h, idx), gather_rows(d, idx), nw, 1e-5, w, False)
+    assert h1.shape == (B, R, K) and y1.shape == (B, R, 40)
+    assert torch.equal(h1, h2) and torch.equal(y1, y2)
+    h3, y3 = add_norm_linear_reference(gather_rows(h, idx), gather_rows(d, idx), nw, 1e-5, w, False)
+    if dtype == torch.float32:  # and the PyTorch path's values
+        assert torch.equal(h1, h3) and torch.allclose(y1, y3, atol=1e-5, rtol=1e-5)
+
+
+def test_a_catch_up_takes_its_last_pair_through_the_indexed_head(monkeypatch):
+    """A drafter forward with `logits_index` (a catch-up) runs the fused final norm + head on those positions' rows
+    (the indexed kernel: no add or gather before it) and returns their logits and next hidden [B, R, H], equal to
+    the unfused drafter's (float32)."""
+    from copy import deepcopy
+
+    from tiny import tiny_drafter
+
+    from eaglespec.engine.kv_cache import KVCache
+
+    few_programs(monkeypatch)
+    target = fuse_projections(tiny_llama(seed=0))
+    plain = use_rope_store_kernel(fuse_projections(tiny_drafter(target, seed=1)))
+    fused = use_norm_linear_kernel(deepcopy(plain))
+    for d in (plain, fused):
+        d.set_embed_and_head(*target.get_embed_and_head())
+    indexed = []
+    fused.norm_head = lambda h, *a, **kw: indexed.append(kw.get("index") is not None) or add_norm_linear(h, *a, **kw)
+    g = torch.Generator().manual_seed(5)
+    toks, aux = torch.randint(0, 97, (1, 4), generator=g), torch.randn(1, 4, 3 * 64, generator=g)
+    outs = []
+    for d in (plain, fused):
+        kv = KVCache(1, d.kv_cache_shapes(), 1, 8, torch.float32, "cpu")
+        pos = torch.arange(4)[None]
+        ctx = ForwardContext(positions=pos, write_index=pos, attn_mask=torch.ones(4, 4, dtype=torch.bool).tril()[None],
+                             kv=kv.layers(), logits_index=torch.tensor([[2]]))
+        outs.append(d(toks, aux, ctx, from_target=True))
+    (l1, h1), (l2, h2) = outs
+    assert indexed == [True] and l1.shape == l2.shape == (1, 1, 50) and h1.shape == h2.shape == (1, 1, 64)
+    assert torch.allclose(l1, l2, atol=1e-5, rtol=1e-5) and torch.allclose(h1, h2, atol=1e-6, rtol=1e-6)
+
+
 @pytest.mark.parametrize("norm_before_residual", [False, True])
 def test_drafter_mlp_half_through_the_kernel(monkeypatch, norm_before_residual):
     """The transform wires an EAGLE-3 drafter's layer too (its MLP half: add, norm, gate/up, SiLU) and its final norm
@@ -180,7 +235,7 @@ def test_drafter_mlp_half_through_the_kernel(monkeypatch, norm_before_residual):
     assert no_vocab.norm_head is None and no_vocab.midlayer.norm_linear is add_norm_linear
     calls, head_calls = [], []
     layer.norm_linear = lambda h, *a: calls.append(h.shape[0] * h.shape[1]) or add_norm_linear(h, *a)
-    fused.norm_head = lambda h, *a: head_calls.append(h.shape[0] * h.shape[1]) or add_norm_linear(h, *a)
+    fused.norm_head = lambda h, *a, **kw: head_calls.append(h.shape[0] * h.shape[1]) or add_norm_linear(h, *a, **kw)
     g = torch.Generator().manual_seed(3)
     toks, aux = torch.randint(0, 97, (1, 4), generator=g), torch.randn(1, 4, 3 * 64, generator=g)
     outs = []

@@ -60,6 +60,7 @@ from ..device_memory import gib
 from ..errors import DeviceMemoryError
 
 from ..spec_schedule import spec_envelope
+from ..layers.commit_kernel import advance_decode
 from ..layers.context import ForwardContext, cached_arange, causal_mask
 from ..layers.row_draws import DECODE_SITE
 from ..layers.sampling import Draws, greedy_ids, sample_probs
@@ -247,13 +248,15 @@ class ModelRunner(PrefillStep, SpecStep, GrammarStep):
         return self.sampling.draws(self.generator, r, position, site, self.step_extras.seeded)
 
     def _sample(self, logits: torch.Tensor, r: Rows, greedy: bool, position: torch.Tensor, site: int,
-                committed: torch.Tensor) -> torch.Tensor:
-        """logits [B, V] -> tokens [B]. committed [B]: the rows' committed tokens (prompt included) before this one,
-        by which an adjusted step's logits are adjusted first (`RowAdjust.logits`); a constrained step's are masked
-        to what the rows' grammars allow before that (slot 0 of `grammar_rows`)."""
+                committed: torch.Tensor | None = None) -> torch.Tensor:
+        """logits [B, V] -> tokens [B]. committed [B]: the rows' committed tokens (prompt included) before this one
+        (None: position + 1, a decode step's, computed only where read), by which an adjusted step's logits are
+        adjusted first (`RowAdjust.logits`); a constrained step's are masked to what the rows' grammars allow before
+        that (slot 0 of `grammar_rows`)."""
         if self.step_extras.constrained:
             logits = mask_logits(logits, self.grammar_rows.allowed(r, 0))
         if self.step_extras.adjusted:
+            committed = position + 1 if committed is None else committed
             logits = self.adjust.logits(r, logits, committed, self.sampling.temperature[r])
         if greedy:
             return greedy_ids(logits)
@@ -278,8 +281,11 @@ class ModelRunner(PrefillStep, SpecStep, GrammarStep):
                   if self.step_extras.adjusted else None)
 
         def step(tokens, hidden, positions, write_index, mask, from_target, logits_index):
+            # drafting levels write at or past the committed lengths; a catch-up (from the target's states) may run
+            # after the commit advanced them (no `fresh`)
             ctx = ForwardContext(positions=positions, write_index=write_index, attn_mask=mask,
-                                 kv=self.dkv.layers(), rows=ctx_rows, logits_index=logits_index)
+                                 kv=self.dkv.layers(), rows=ctx_rows, logits_index=logits_index,
+                                 fresh=None if from_target else self.seq_len[r])
             logits, out = self.drafter(tokens, hidden, ctx, from_target=from_target)
             return (adjust(logits) if adjust is not None else logits), out
 
@@ -317,7 +323,7 @@ class ModelRunner(PrefillStep, SpecStep, GrammarStep):
         L = self.seq_len[r]
         ctx = ForwardContext(positions=L[:, None], write_index=L[:, None],
                              attn_mask=causal_mask(L[:, None], kv_len),
-                             kv=self.kv.layers(), rows=ctx_rows)
+                             kv=self.kv.layers(), rows=ctx_rows, fresh=L)
         out = self.target(self.last_token[r][:, None], ctx)
         return out.logits[:, 0], out.aux_hidden
 
@@ -327,7 +333,7 @@ class ModelRunner(PrefillStep, SpecStep, GrammarStep):
         log-probabilities, the drafter's catch-up, the rows' advance."""
         B, dev = self._count(r), self.device
         L = self.seq_len[r]
-        tok = self._sample(logits, r, greedy, L, DECODE_SITE, L + 1)
+        tok = self._sample(logits, r, greedy, L, DECODE_SITE)
         self._add_counts(r, tok[:, None], self.active[r][:, None])
         if lp is not None:
             self.lp_buffer.store(r, logits, tok, lp)
@@ -335,8 +341,7 @@ class ModelRunner(PrefillStep, SpecStep, GrammarStep):
             # takes the pair (target aux at L, the new token at L+1), as a commit of one token would give it
             ones = torch.ones(B, dtype=torch.int64, device=dev)
             self._catch_up(r, ctx_rows, tok[:, None], aux, L, ones, kv_len)
-        self.seq_len[r] = torch.where(self.active[r], L + 1, L)
-        self.last_token[r] = tok
+        advance_decode(self.seq_len, self.last_token, self.active, self._row_index(r), tok)  # one kernel on CUDA
         return tok
 
     @torch.inference_mode()

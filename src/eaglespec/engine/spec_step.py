@@ -73,11 +73,11 @@ class SpecStep:
         chain = shape.topk == 1
         if chain:  # node i at depth i: positions are the write slots, the mask is causal over them (1 kernel)
             ctx = ForwardContext(positions=write, write_index=write, attn_mask=causal_mask(write, kv_len),
-                                 kv=self.kv.layers(), rows=ctx_rows)
+                                 kv=self.kv.layers(), rows=ctx_rows, fresh=L)
         else:
             ctx = ForwardContext(positions=L[:, None] + tree.depth, write_index=write,
                                  attn_mask=prefix_tail_mask(L, tree.ancestors, kv_len), kv=self.kv.layers(),
-                                 rows=ctx_rows)
+                                 rows=ctx_rows, fresh=L)
         out = self.target(tree.tokens, ctx)
         return out.logits, out.aux_hidden
 
@@ -123,8 +123,9 @@ class SpecStep:
             aux = torch.gather(aux_all, 1, res.path[..., None].expand(B, S1, aux_all.shape[-1]))
         # the catch-up's positions L..L+S, mask and last real pair, and the rows' advance (L + m + 1 where active,
         # the bonus as the last token), in one kernel on CUDA (layers/commit_kernel.py)
-        committed = cached_arange(S1, self.device)[None, :] <= res.accept_len[:, None]  # [B, S+1]
-        self._add_counts(r, res.tokens, committed & self.active[r][:, None])
+        if self.step_extras.adjusted:  # the committed tokens join the counts (two kernels no other step pays)
+            committed = cached_arange(S1, self.device)[None, :] <= res.accept_len[:, None]  # [B, S+1]
+            self._add_counts(r, res.tokens, committed & self.active[r][:, None])
         at = advance_rows(self.seq_len, self.last_token, self.active, rows_t, res.accept_len, res.bonus, S1, kv_len)
         self._catch_up(r, ctx_rows, res.tokens, aux, None, None, kv_len, at=at)
         return res.accept_len, res.tokens

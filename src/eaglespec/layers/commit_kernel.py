@@ -13,6 +13,9 @@ chain's commit graph spent ~28 us of its 68 in them (docs/benchmarks.md, "Sessio
   L = seq_len[rows[b]]: positions [B, T] = L + t, mask [B, T, kv_len] bool = (cache position <= L + t) (tokens
   appended in order: `context.causal_mask`), last [B, 1] = accept (the catch-up's last real pair); then
   seq_len[rows[b]] = L + accept + 1 where active, else L, and last_token[rows[b]] = bonus.
+`advance_decode(seq_len, last_token, active, rows, tokens)`: a decode step's advance, seq_len[rows[b]] += 1 where
+  active and last_token[rows[b]] = tokens[b] (PyTorch's add, `where` and two row copies: ~7 us of a one-row decode
+  graph on the H200).
 `store_draft_rows(rows, top_ids, top_logp, hidden, logits, d_top_ids, d_top_logp, d_hidden, d_logits)`:
   d_top_ids[rows[b]] = top_ids[b] ([B, K] int64), d_top_logp[rows[b]] = top_logp[b] ([B, K] float32, when given),
   d_hidden[rows[b]] = hidden[b] ([B, H]), d_logits[rows[b]] = logits[b] ([B, Vd], when given), each cast to the
@@ -43,6 +46,13 @@ def advance_rows_reference(seq_len: torch.Tensor, last_token: torch.Tensor, acti
     seq_len[rows] = torch.where(active[rows], L + accept + 1, L)
     last_token[rows] = bonus
     return positions, mask, accept[:, None]
+
+
+def advance_decode_reference(seq_len: torch.Tensor, last_token: torch.Tensor, active: torch.Tensor, rows: torch.Tensor,
+                             tokens: torch.Tensor) -> None:
+    L = seq_len[rows]
+    seq_len[rows] = torch.where(active[rows], L + 1, L)
+    last_token[rows] = tokens
 
 
 def store_draft_rows_reference(rows: torch.Tensor, top_ids: torch.Tensor, top_logp: torch.Tensor | None,
@@ -110,7 +120,18 @@ def _kernels():
                 x = tl.load(logits + b * s_logits + v, mask=vm)
                 tl.store(d_logits + row * V + v, x.to(d_logits.dtype.element_ty), mask=vm)
 
-    return advance_kernel, store_kernel
+    @triton.jit
+    def decode_advance_kernel(seq_len, last_token, active, rows, tokens, PDL: tl.constexpr = False):
+        if PDL:  # layers/pdl.py: nothing here is a weight, so wait for the kernel before at once
+            tl.extra.cuda.gdc_launch_dependents()
+            tl.extra.cuda.gdc_wait()
+        b = tl.program_id(0)
+        row = tl.load(rows + b)
+        L = tl.load(seq_len + row)
+        tl.store(seq_len + row, tl.where(tl.load(active + row), L + 1, L))
+        tl.store(last_token + row, tl.load(tokens + b))
+
+    return advance_kernel, store_kernel, decode_advance_kernel
 
 
 def advance_rows(seq_len: torch.Tensor, last_token: torch.Tensor, active: torch.Tensor, rows: torch.Tensor,
@@ -129,6 +150,15 @@ def advance_rows(seq_len: torch.Tensor, last_token: torch.Tensor, active: torch.
                         positions, mask, last, T, KV=kv_len, BLOCK_T=pow2(T), CHUNK=min(CHUNK, pow2(kv_len)),
                         num_warps=4, **launch_options(seq_len))
     return positions, mask, last
+
+
+def advance_decode(seq_len: torch.Tensor, last_token: torch.Tensor, active: torch.Tensor, rows: torch.Tensor,
+                   tokens: torch.Tensor, kernel: bool | None = None) -> None:
+    if not (seq_len.is_cuda if kernel is None else kernel):
+        return advance_decode_reference(seq_len, last_token, active, rows, tokens)
+    assert seq_len.is_contiguous() and last_token.is_contiguous() and active.is_contiguous()
+    _kernels()[2][(rows.shape[0],)](seq_len, last_token, active, rows.contiguous(), tokens.contiguous(), num_warps=1,
+                                    **launch_options(seq_len))
 
 
 def store_draft_rows(rows: torch.Tensor, top_ids: torch.Tensor, top_logp: torch.Tensor | None, hidden: torch.Tensor,

@@ -40,6 +40,11 @@ class ForwardContext:
     kv: Sequence[Sequence[torch.Tensor]] | None = None  # per layer: cache tensors [Bc, S_max, ...]
     rows: torch.Tensor | None = None  # [B] int64 cache rows; None: rows 0..B-1
     logits_index: torch.Tensor | None = None  # [B, R] positions whose logits are wanted; None: all T
+    # [B] int64: every cache position before fresh[b] was written before this step began (by earlier CUDA graphs, or
+    # by operations outside programmatic launch), so attention kernels may read them early (layers/pdl.py); None
+    # (the default): any position may be this step's. The engine sets it to the rows' committed lengths where no
+    # kernel of the step wrote below them (decode, verify, drafting levels; not a catch-up after the advance)
+    fresh: torch.Tensor | None = None
     # the mask is exactly causal over this forward's own T tokens, which are each row's positions 0..T-1 (kv_len == T):
     # a plain forward, a prefill of fresh rows. Attention may then run as SDPA's is_causal without reading the mask
     # (layers/attention.py). Right-padded rows keep it: no real query sees a padded key.
@@ -49,10 +54,13 @@ class ForwardContext:
     def row_index(self, batch: int) -> torch.Tensor:
         """[B] cache rows (computed once per forward, not once per layer)."""
         if "rows" not in self._memo:
-            # a fresh arange, not `cached_arange`: a tensor cached under inference mode cannot enter a forward that
-            # autograd records (drafter tests and training run the same layers with gradients)
-            self._memo["rows"] = self.rows if self.rows is not None else torch.arange(
-                batch, device=self.positions.device)
+            if self.rows is not None:
+                self._memo["rows"] = self.rows
+            elif torch.is_inference_mode_enabled():  # the engine's steps: no arange kernel in every forward
+                self._memo["rows"] = cached_arange(batch, self.positions.device)
+            else:  # a fresh arange: a tensor cached under inference mode cannot enter a forward that autograd
+                #    records (drafter tests and training run the same layers with gradients)
+                self._memo["rows"] = torch.arange(batch, device=self.positions.device)
         return self._memo["rows"]
 
     def key_positions(self) -> torch.Tensor:
@@ -111,6 +119,11 @@ class ForwardContext:
         pos = torch.arange(length, device=device).expand(batch, length)
         causal = torch.ones(length, length, dtype=torch.bool, device=device).tril()
         return ForwardContext(positions=pos, attn_mask=causal.expand(batch, length, length), causal=True)
+
+
+def gather_rows(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """x [B, T, H], index [B, R] positions -> x at those positions [B, R, H] (`logits_index`'s rows)."""
+    return torch.gather(x, 1, index[..., None].expand(-1, -1, x.shape[-1]))
 
 
 @functools.cache  # never evicted: captured CUDA graphs read these tensors by address

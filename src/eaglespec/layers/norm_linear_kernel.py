@@ -34,6 +34,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
+from .context import gather_rows
 from .norm import rms_norm
 from .block_size import pow2
 from .pdl import launch_options
@@ -92,7 +93,7 @@ def _kernel():
                                GATED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                                BLOCK_K: tl.constexpr, NORM: tl.constexpr = True, PDL: tl.constexpr = False,
                                ROW_LOOP: tl.constexpr = False, BLOCK_K2: tl.constexpr = 0,
-                               ROW_GRID: tl.constexpr = False):
+                               ROW_GRID: tl.constexpr = False, idx=None, R=1, T=1, INDEXED: tl.constexpr = False):
         if PDL:  # layers/pdl.py: the next kernel may start; only weights are read before the wait below
             tl.extra.cuda.gdc_launch_dependents()
         pid = tl.program_id(0)
@@ -127,18 +128,21 @@ def _kernel():
                 # ROW_GRID: program (n, j) owns rows j * BLOCK_M .. (j + 1) * BLOCK_M - 1, one after another
                 m = tl.program_id(1) * BLOCK_M + mi if ROW_GRID else mi
                 ok = km & (m < M)
-                xm = tl.load(h + m * K + rk, mask=ok, other=0.0)
+                src = m  # the input row: INDEXED, row idx[m] of output row m's batch row (T input rows each)
+                if INDEXED:
+                    src = (m // R) * T + tl.load(idx + m, mask=m < M, other=0)
+                xm = tl.load(h + src * K + rk, mask=ok, other=0.0)
                 if HAS_D:
-                    xm = (xm.to(tl.float32) + tl.load(d + m * K + rk, mask=ok, other=0.0).to(tl.float32)).to(dt)
+                    xm = (xm.to(tl.float32) + tl.load(d + src * K + rk, mask=ok, other=0.0).to(tl.float32)).to(dt)
                     if pid == 0:
                         tl.store(h_out + m * K + rk, xm, mask=ok)
                 xmf = xm.to(tl.float32)
                 ss = tl.sum(xmf * xmf, axis=0)
                 if BLOCK_K2 > 0:
                     ok2 = km2 & (m < M)
-                    xm2 = tl.load(h + m * K + rk2, mask=ok2, other=0.0)
+                    xm2 = tl.load(h + src * K + rk2, mask=ok2, other=0.0)
                     if HAS_D:
-                        xm2 = (xm2.to(tl.float32) + tl.load(d + m * K + rk2, mask=ok2, other=0.0)
+                        xm2 = (xm2.to(tl.float32) + tl.load(d + src * K + rk2, mask=ok2, other=0.0)
                                .to(tl.float32)).to(dt)
                         if pid == 0:
                             tl.store(h_out + m * K + rk2, xm2, mask=ok2)
@@ -164,9 +168,12 @@ def _kernel():
                 tl.store(y + m * N + rn, o1, mask=nm & (m < M))
         else:
             msk = mm[:, None] & km[None, :]
-            x = tl.load(h + rm[:, None] * K + rk[None, :], mask=msk, other=0.0)
+            src = rm  # the input rows (INDEXED: as in the row loop)
+            if INDEXED:
+                src = (rm // R) * T + tl.load(idx + rm, mask=mm, other=0)
+            x = tl.load(h + src[:, None] * K + rk[None, :], mask=msk, other=0.0)
             if HAS_D:
-                x = (x.to(tl.float32) + tl.load(d + rm[:, None] * K + rk[None, :], mask=msk, other=0.0)
+                x = (x.to(tl.float32) + tl.load(d + src[:, None] * K + rk[None, :], mask=msk, other=0.0)
                      .to(tl.float32)).to(dt)
                 if pid == 0:
                     tl.store(h_out + rm[:, None] * K + rk[None, :], x, mask=msk)
@@ -245,8 +252,12 @@ def _k_chunks(K: int) -> tuple[int, int]:
 
 
 def _launch(h2: torch.Tensor, d2: torch.Tensor | None, nw: torch.Tensor | None, w: torch.Tensor, h_out: torch.Tensor,
-            y: torch.Tensor, eps: float, gated: bool, norm: bool, blocks: Blocks | None = None) -> None:
-    M, K = h2.shape
+            y: torch.Tensor, eps: float, gated: bool, norm: bool, blocks: Blocks | None = None,
+            index: tuple[torch.Tensor, int, int] | None = None) -> None:
+    """index (idx [M] int64, R, T): output row m reads input row (m // R) * T + idx[m] of h2 / d2 (the CUDA-core
+    products only: fewer than DOT_MIN_ROWS rows, no explicit blocks)."""
+    M, K = h2.shape if index is None else (index[0].shape[0], h2.shape[1])
+    assert index is None or (blocks is None and M < DOT_MIN_ROWS), "norm_linear_kernel: indexed rows, under 5 rows"
     if blocks is None and M >= DOT_MIN_ROWS:  # tensor cores
         from . import norm_linear_dot_kernel as dot
 
@@ -280,7 +291,9 @@ def _launch(h2: torch.Tensor, d2: torch.Tensor | None, nw: torch.Tensor | None, 
     grid = ((N + bn - 1) // bn, (M + bm - 1) // bm if row_grid else 1)
     _kernel()[grid](h2, d2 if d2 is not None else h2, nw if norm else h2, w, h_out, y, M, N, eps,
                     K=K, HAS_D=d2 is not None, GATED=gated, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-                    NORM=norm, ROW_LOOP=row_loop, BLOCK_K2=bk2, ROW_GRID=row_grid, num_warps=warps, **opts)
+                    NORM=norm, ROW_LOOP=row_loop, BLOCK_K2=bk2, ROW_GRID=row_grid, num_warps=warps,
+                    idx=index[0] if index is not None else h2, R=index[1] if index is not None else 1,
+                    T=index[2] if index is not None else 1, INDEXED=index is not None, **opts)
 
 
 # Steps of 2..ROW_GRID_ROWS rows that the tensor-core kernel does not take (2..DOT_MIN_ROWS - 1 rows, and wide float32
@@ -313,7 +326,25 @@ def linear_rows(x: torch.Tensor, weight: torch.Tensor, blocks: Blocks | None = N
 
 
 def add_norm_linear(h: torch.Tensor, delta: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
-                    weight: torch.Tensor, gated: bool, blocks: Blocks | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                    weight: torch.Tensor, gated: bool, blocks: Blocks | None = None,
+                    index: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """`index` [B, R] (h, delta [B, T, K]): the rows at those positions only, h_out [B, R, K] and y [B, R, N], as
+    if both were gathered first (`context.gather_rows`); the CUDA-core kernel reads them in place (under
+    DOT_MIN_ROWS rows, with a delta: a drafter catch-up's last real pair, whose add and gathers it saves), other steps
+    gather first."""
+    if index is not None:
+        B, T, K = h.shape
+        R = index.shape[1]
+        if B * R >= DOT_MIN_ROWS or blocks is not None or delta is None:
+            return add_norm_linear(gather_rows(h, index), None if delta is None else gather_rows(delta, index),
+                                   norm_weight, eps, weight, gated, blocks)
+        assert K <= ONE_SHOT_K and weight.shape[1] == K and weight.is_contiguous(), "add_norm_linear: shape"
+        N = weight.shape[0] // 2 if gated else weight.shape[0]
+        h_out = torch.empty(B, R, K, dtype=h.dtype, device=h.device)
+        y = torch.empty(B, R, N, dtype=h.dtype, device=h.device)
+        _launch(h.reshape(B * T, K).contiguous(), delta.reshape(B * T, K).contiguous(), norm_weight, weight,
+                h_out.view(B * R, K), y.view(B * R, N), eps, gated, True, None, (index.reshape(-1).contiguous(), R, T))
+        return h_out, y
     *lead, K = h.shape
     M = h.numel() // K
     N = weight.shape[0] // 2 if gated else weight.shape[0]

@@ -31,13 +31,15 @@ from .row_draws import RowDraws
 Draws = Union[torch.Generator, RowDraws, None]
 
 
-def greedy_ids(logits: torch.Tensor, table: torch.Tensor | None = None) -> torch.Tensor:
+def greedy_ids(logits: torch.Tensor, table: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """logits [..., V] -> the argmax [...] (int64), or table[argmax] with a [V] int64 `table` (a drafter's draft id ->
-    target id map). On CUDA the argmax kernel, which does the lookup in its last stage."""
+    target id map); written into `out` ([...] int64, a column of a larger tensor) when given. On CUDA the argmax
+    kernel, which does the lookup in its last stage and writes `out` itself."""
     if logits.is_cuda and argmax_kernel.fits(logits.shape[-1]):
-        return argmax_kernel.argmax_rows(logits, table)
+        return argmax_kernel.argmax_rows(logits, table, out)
     ids = logits.argmax(-1)
-    return ids if table is None else table[ids]
+    ids = ids if table is None else table[ids]
+    return ids if out is None else out.copy_(ids)
 
 
 def target_probs(

@@ -43,7 +43,7 @@ from torch import nn
 
 from ..config import ModelConfig
 from ..layers.attention import GQAAttention
-from ..layers.context import ForwardContext
+from ..layers.context import ForwardContext, gather_rows
 from ..layers.mlp import GatedMLP
 from ..layers.norm import RMSNorm
 from ..layers.rotary import Rotary
@@ -183,7 +183,8 @@ class LlamaForCausalLMEagle3(nn.Module):
         need_logits: bool = True,
     ) -> tuple[torch.Tensor | None, torch.Tensor]:
         """input_ids [B, T] target ids; hidden [B, T, 3*Ht] target aux states (`from_target`) or [B, T, H] the
-        drafter's own outputs -> (logits [B, R, Vd] or None, next hidden [B, T, H])."""
+        drafter's own outputs -> (logits [B, R, Vd] or None, next hidden [B, T, H]; with `ctx.logits_index` [B, R]
+        both at those positions only: the next hidden [B, R, H], what a catch-up keeps of it)."""
         assert self.embed_tokens is not None, "call set_embed_and_head with the target's embedding first"
         if from_target:
             hidden = self.project_aux(hidden)
@@ -201,19 +202,20 @@ class LlamaForCausalLMEagle3(nn.Module):
             r, m = layer(r, m, cos, sin, ctx, ctx.kv[int(i)] if ctx.kv is not None else None)
         if m is None:
             return self._head_whole(r, ctx, need_logits)
+        idx = ctx.logits_index
         if self.norm_output:  # EAGLE-3.1: the next step takes norm(r), which the head reads too
             r, n = self.norm.add_forward(r, m)
-            if not need_logits:
-                return None, n
-            return self.lm_head(n if ctx.logits_index is None else _rows(n, ctx.logits_index)), n
+            n = n if idx is None else gather_rows(n, idx)
+            return (self.lm_head(n) if need_logits else None), n
+        if idx is not None:  # some positions only: the fused head adds, selects and normalises them in one launch
+            if need_logits and self.norm_head is not None and idx.numel() <= self.norm_head_rows:
+                sel, logits = self.norm_head(r, m, self.norm.weight, self.norm.eps, self.lm_head.weight, False,
+                                             index=idx)
+                return logits, sel
+            sel = gather_rows(r + m, idx)
+            return (self.lm_head(self.norm(sel)) if need_logits else None), sel
         if not need_logits:
             return None, r + m
-        if ctx.logits_index is not None:  # logits of some positions only: the whole output first, then those
-            r = r + m
-            sel = _rows(r, ctx.logits_index)
-            if self.norm_head is not None and sel.shape[0] * sel.shape[1] <= self.norm_head_rows:
-                return self.norm_head(sel, None, self.norm.weight, self.norm.eps, self.lm_head.weight, False)[1], r
-            return self.lm_head(self.norm(sel)), r
         if self.norm_head is not None and r.shape[0] * r.shape[1] <= self.norm_head_rows:
             r, logits = self.norm_head(r, m, self.norm.weight, self.norm.eps, self.lm_head.weight, False)
             return logits, r
@@ -223,17 +225,11 @@ class LlamaForCausalLMEagle3(nn.Module):
     def _head_whole(self, r: torch.Tensor, ctx: ForwardContext,
                     need_logits: bool) -> tuple[torch.Tensor | None, torch.Tensor]:
         """`forward`'s end when the last layer handed back its whole output r [B, T, H] (a folded later layer)."""
+        if ctx.logits_index is not None:
+            r = gather_rows(r, ctx.logits_index)
         n = self.norm(r) if self.norm_output or need_logits else r
         nxt = n if self.norm_output else r
-        if not need_logits:
-            return None, nxt
-        sel = n if ctx.logits_index is None else _rows(n, ctx.logits_index)
-        return self.lm_head(sel), nxt
-
-
-def _rows(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """x [B, T, H], index [B, R] positions -> x at those positions [B, R, H]."""
-    return torch.gather(x, 1, index[..., None].expand(-1, -1, x.shape[-1]))
+        return (self.lm_head(n) if need_logits else None), nxt
 
 
 def check_drafter_fits(drafter: LlamaForCausalLMEagle3, target_config: ModelConfig, embed_rows: int,

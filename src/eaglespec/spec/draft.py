@@ -1,7 +1,8 @@
 """The drafting loop (REFERENCE.md §4, DESIGN.md step 2) over an abstract drafter step.
 
-The engine passes `step(tokens, hidden, positions, write_index, attn_mask, from_target) -> (logits, hidden_out)`,
-one drafter forward over [B, T] tokens with its own KV cache (rows and the KV tensors are bound by the engine), and
+The engine passes `step(tokens, hidden, positions, write_index, attn_mask, from_target, logits_index) -> (logits,
+hidden_out)`, one drafter forward over [B, T] tokens with its own KV cache (rows and the KV tensors are bound by the
+engine; logits_index [B, R] or None: both outputs at those positions only, else at all T), and
 `to_target(ids)` mapping draft-vocabulary ids to target ids. This module never sees a model class.
 
 Conventions (L = committed length of row b, equal for the target and the drafter):
@@ -47,6 +48,7 @@ from typing import Callable
 import torch
 
 from ..layers import topk_kernel, tree_build_kernels
+from ..layers.chain_start_kernel import chain_start
 from ..layers.context import cached_arange, causal_mask, masked_tail, tail_index
 from ..layers.sampling import Draws, greedy_ids, sample_probs
 
@@ -156,7 +158,7 @@ def catch_up(
         ids, logp = greedy_ids(last_logits)[:, None], None
     else:
         ids, logp = topk_logp(last_logits, topk)
-    h_last = torch.gather(hidden, 1, last[..., None].expand(B, 1, hidden.shape[-1])).squeeze(1)
+    h_last = hidden[:, 0]  # [B, H]: with logits_index the step returns those positions' hidden only
     return DraftState(top_ids=ids, top_logp=logp, hidden=h_last, logits=last_logits if keep_logits else None)
 
 
@@ -326,12 +328,8 @@ def draft_chain(
     B = state.top_ids.shape[0]
     dev = state.top_ids.device
     parents, depth = _chain_constants(steps, dev)
-    # a chain's level k (entry e = k - 2) runs at position L-1+(k-1) = L+e, which is also its scratch entry, and
-    # sees the committed prefix and scratch entries 0..e, i.e. every cache position <= L+e: all levels' positions
-    # [S-1, B] and masks [S-1, B, kv_len] in two kernels per step (level-major, so each level's [B, 1] and
-    # [B, 1, kv_len] slices are contiguous)
-    at_all = seq_len[None, :] + cached_arange(max(steps - 1, 1), dev)[:, None]
-    masks = causal_mask(at_all, kv_len)
+    levels = max(steps - 1, 1)
+    tokens = torch.empty(B, steps, dtype=torch.int64, device=dev)  # [B, S] the candidates, level by level
     qs: list[torch.Tensor] = []
     paths = guide.paths if guide is not None else None
     if guide is not None:  # a chain's logits are fresh in every row (chains always keep them)
@@ -339,31 +337,41 @@ def draft_chain(
         state = DraftState(state.top_ids, state.top_logp, state.hidden, _guided(state.logits, guide.root))
         if sampling is None:
             state.top_ids = greedy_ids(state.logits)[:, None]
-    if sampling is None:
-        tok = to_target(state.top_ids)  # [B, 1]
+    # a chain's level k (entry e = k - 2) runs at position L-1+(k-1) = L+e, which is also its scratch entry, and
+    # sees the committed prefix and scratch entries 0..e, i.e. every cache position <= L+e: all levels' positions
+    # [S-1, B] and masks [S-1, B, kv_len] at once (level-major, so each level's [B, 1] and [B, 1, kv_len] slices are
+    # contiguous); greedy chains with the id table take them and the depth-1 token in one kernel on CUDA
+    if sampling is None and target_ids is not None:
+        at_all, masks = chain_start(seq_len, state.top_ids, target_ids, levels, kv_len, tokens)
     else:
-        assert state.logits is not None, "sampled drafting needs the catch-up's logits (keep_logits)"
-        tok, q = sample_draft(state.logits, sampling, generator, to_target, target_ids)
-        qs.append(q)
+        at_all = seq_len[None, :] + cached_arange(levels, dev)[:, None]
+        masks = causal_mask(at_all, kv_len)
+        if sampling is None:
+            tokens[:, :1] = to_target(state.top_ids)
+        else:
+            assert state.logits is not None, "sampled drafting needs the catch-up's logits (keep_logits)"
+            tok, q = sample_draft(state.logits, sampling, generator, to_target, target_ids)
+            tokens[:, :1] = tok
+            qs.append(q)
     hidden = state.hidden[:, None, :]  # [B, 1, H]
-    c_tokens = [tok]
     for level in range(2, steps + 1):
         entry = level - 2
         at = at_all[entry][:, None]  # [B, 1]
+        tok = tokens[:, entry:entry + 1]  # [B, 1] the level before's tokens (a view)
         logits, hidden = step(tok, hidden, at, at, masks[entry][:, None, :], False, None)
         if paths is not None:
-            logits = _guided(logits, paths([[path] for path in torch.cat(c_tokens, 1).tolist()]))
+            logits = _guided(logits, paths([[path] for path in tokens[:, :level - 1].tolist()]))
         if sampling is None:
-            if target_ids is not None:
-                tok = greedy_ids(logits[:, 0], target_ids)[:, None]  # [B, 1]
+            if target_ids is not None:  # the argmax writes its column itself
+                greedy_ids(logits[:, 0], target_ids, out=tokens[:, level - 1])
             else:
-                tok = to_target(greedy_ids(logits[:, 0])[:, None])
+                tokens[:, level - 1:level] = to_target(greedy_ids(logits[:, 0])[:, None])
         else:
             tok, q = sample_draft(logits[:, 0], sampling, generator, to_target, target_ids)
+            tokens[:, level - 1:level] = tok
             qs.append(q)
-        c_tokens.append(tok)
     return Candidates(
-        tokens=torch.cat(c_tokens, 1),
+        tokens=tokens,
         scores=None,
         parents=parents.expand(B, steps),
         depth=depth.expand(B, steps),

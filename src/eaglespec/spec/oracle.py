@@ -65,5 +65,5 @@ class OracleDrafter(nn.Module):
         V = self.config.vocab_size
         logits = torch.zeros(*nxt.shape, V, device=input_ids.device)
         logits.scatter_(-1, nxt.clamp(min=0)[..., None], torch.where(nxt >= 0, 30.0, 0.0)[..., None])
-        out_hidden = torch.zeros(B, T, 1, dtype=self._anchor.dtype, device=input_ids.device)
+        out_hidden = torch.zeros(B, nxt.shape[1], 1, dtype=self._anchor.dtype, device=input_ids.device)  # [B, R, 1]
         return (logits if need_logits else None), out_hidden
