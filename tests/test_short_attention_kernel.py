@@ -159,34 +159,6 @@ def test_one_row_steps_of_many_query_rows_take_the_split_kernels_in_tiles(monkey
     assert torch.allclose(out, _reference(q, kc, vc, rows, mask), atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("T,K", [(1, 200), (4, 300), (16, 130)])
-@pytest.mark.parametrize("at", [0, 60, 128, "last", "past"])
-def test_fresh_positions_read_after_the_wait(monkeypatch, T, K, at):
-    """`fresh` (one-row steps): the keys and values before fresh[0] are read ahead of the programmatic-launch wait and
-    the rest after it, merged per position; wherever the boundary falls (the first position, inside a block, on a
-    block's edge, the step's own tokens, past the mask) the output is the one without it, and SDPA's. Steps of two
-    rows skip unseen blocks instead and take no prefetch."""
-    from eaglespec.layers import short_attention_kernel as sak
-
-    q, kc, vc, rows, mask = _case(1, T, 9, 3, 64, K, seed=T + K)
-    fresh = {"last": K - T, "past": K + 5}.get(at, at)
-    ref = short_attention(q, kc, vc, rows, mask)
-    split, *rest = sak._kernels()
-    flags = []
-
-    class Spy:  # the split kernel's PREFETCH flag, then its launch
-        def __getitem__(self, grid):
-            return lambda *a, **kw: flags.append(kw["PREFETCH"]) or split[grid](*a, **kw)
-
-    monkeypatch.setattr(sak, "_kernels", lambda: (Spy(), *rest))
-    out = short_attention(q, kc, vc, rows, mask, fresh=torch.tensor([fresh]))
-    assert flags == [True] and torch.equal(out, ref)
-    assert torch.allclose(out, _reference(q, kc, vc, rows, mask), atol=1e-5, rtol=1e-5)
-    q2, kc2, vc2, rows2, mask2 = _case(2, T, 9, 3, 64, K, seed=1)
-    short_attention(q2, kc2, vc2, rows2, mask2, fresh=torch.tensor([fresh, 0]))
-    assert flags == [True, False]
-
-
 def test_sdpa_with_repeated_kv_heads_equals_gqa(monkeypatch):
     """Eager CUDA calls of `sdpa` repeat each KV head for its query heads (SDPA's GQA with a mask would take the math
     backend there): forced here on the CPU, the result equals SDPA's own GQA."""
@@ -244,18 +216,6 @@ def _engine_through_the_kernel_equals_plain(monkeypatch, record, target, prompts
 
     assert_transformed_engine_equals_plain(prepare, SpecConfig(*spec), prompts, max_new_tokens,
                                            drafter_kw=drafter_kw, target=target)
-
-
-def test_engine_steps_name_their_fresh_positions(monkeypatch):
-    """Decode steps, verifies and drafting levels pass the rows' committed lengths as `fresh` (the cache before them
-    was written by earlier steps); prefills and the drafter's catch-ups (after the commit advanced the lengths)
-    pass none. Greedy speculation through the kernels still equals plain decoding."""
-    from tiny import tiny_llama
-
-    seen = set()
-    _engine_through_the_kernel_equals_plain(monkeypatch, lambda q, kw: seen.add((q.shape[1], kw["fresh"] is not None)),
-                                            tiny_llama(seed=0, layers=2), [[3, 1, 4, 1, 5]], 8, drafter_too=True)
-    assert seen == {(5, False), (1, True), (4, True), (4, False)}  # prefill; decode and levels; verify; catch-up
 
 
 def test_one_row_tree_verify_in_query_tiles_through_the_engine(monkeypatch):

@@ -281,11 +281,8 @@ class ModelRunner(PrefillStep, SpecStep, GrammarStep):
                   if self.step_extras.adjusted else None)
 
         def step(tokens, hidden, positions, write_index, mask, from_target, logits_index):
-            # drafting levels write at or past the committed lengths; a catch-up (from the target's states) may run
-            # after the commit advanced them (no `fresh`)
             ctx = ForwardContext(positions=positions, write_index=write_index, attn_mask=mask,
-                                 kv=self.dkv.layers(), rows=ctx_rows, logits_index=logits_index,
-                                 fresh=None if from_target else self.seq_len[r])
+                                 kv=self.dkv.layers(), rows=ctx_rows, logits_index=logits_index)
             logits, out = self.drafter(tokens, hidden, ctx, from_target=from_target)
             return (adjust(logits) if adjust is not None else logits), out
 
@@ -323,7 +320,7 @@ class ModelRunner(PrefillStep, SpecStep, GrammarStep):
         L = self.seq_len[r]
         ctx = ForwardContext(positions=L[:, None], write_index=L[:, None],
                              attn_mask=causal_mask(L[:, None], kv_len),
-                             kv=self.kv.layers(), rows=ctx_rows, fresh=L)
+                             kv=self.kv.layers(), rows=ctx_rows)
         out = self.target(self.last_token[r][:, None], ctx)
         return out.logits[:, 0], out.aux_hidden
 

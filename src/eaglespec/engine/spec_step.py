@@ -73,11 +73,11 @@ class SpecStep:
         chain = shape.topk == 1
         if chain:  # node i at depth i: positions are the write slots, the mask is causal over them (1 kernel)
             ctx = ForwardContext(positions=write, write_index=write, attn_mask=causal_mask(write, kv_len),
-                                 kv=self.kv.layers(), rows=ctx_rows, fresh=L)
+                                 kv=self.kv.layers(), rows=ctx_rows)
         else:
             ctx = ForwardContext(positions=L[:, None] + tree.depth, write_index=write,
                                  attn_mask=prefix_tail_mask(L, tree.ancestors, kv_len), kv=self.kv.layers(),
-                                 rows=ctx_rows, fresh=L)
+                                 rows=ctx_rows)
         out = self.target(tree.tokens, ctx)
         return out.logits, out.aux_hidden
 

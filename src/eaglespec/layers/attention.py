@@ -37,8 +37,8 @@ from .rotary import apply_rotary
 class AttentionKernel:
     """An attention over the cache for the shapes it accepts (an attention layer's `attn_kernel`, set by
     engine.transforms). GQAAttention: `run(q, k_cache, v_cache, rows, mask, scale)` with q [B, T, H, D] after RoPE, the
-    layer's caches (this forward's keys written), rows [B] and mask [B, T, K] (ctx.mask(window)), keywords `sinks` [H],
-    `softcap` (None: none) and `fresh` (ctx.fresh) -> [B, T, H, D];
+    layer's caches (this forward's keys written), rows [B] and mask [B, T, K] (ctx.mask(window)), keywords `sinks` [H]
+    and `softcap` (None: none) -> [B, T, H, D];
     `fits(B, T, H, Hkv, D, dtype)` says whether it takes a step of that shape and q dtype (other steps use
     `attend_cached`). MLAttention: `run(q_lat, q_pe, cache, rows, mask, scale)` over the latent cache and
     `fits(T, H, r, rope, dtype, device)` (layers/mla_attention_kernel.py)."""
@@ -329,7 +329,7 @@ class GQAAttention(nn.Module):
                     and self.attn_kernel.fits(B, T, H, Hkv, Dh, q.dtype)):
                 out = self.attn_kernel.run(self.tempered(q, ctx), k_cache, cache[1], ctx.row_index(B),
                                            ctx.mask(self.window), self.scale, sinks=self._parameters.get("sinks"),
-                                           softcap=self.softcap, fresh=ctx.fresh)
+                                           softcap=self.softcap)
             else:
                 out = self._attend(q, None, None, ctx, cache)
             return out.reshape(B, T, H * Dh)

@@ -40,11 +40,6 @@ class ForwardContext:
     kv: Sequence[Sequence[torch.Tensor]] | None = None  # per layer: cache tensors [Bc, S_max, ...]
     rows: torch.Tensor | None = None  # [B] int64 cache rows; None: rows 0..B-1
     logits_index: torch.Tensor | None = None  # [B, R] positions whose logits are wanted; None: all T
-    # [B] int64: every cache position before fresh[b] was written before this step began (by earlier CUDA graphs, or
-    # by operations outside programmatic launch), so attention kernels may read them early (layers/pdl.py); None
-    # (the default): any position may be this step's. The engine sets it to the rows' committed lengths where no
-    # kernel of the step wrote below them (decode, verify, drafting levels; not a catch-up after the advance)
-    fresh: torch.Tensor | None = None
     # the mask is exactly causal over this forward's own T tokens, which are each row's positions 0..T-1 (kv_len == T):
     # a plain forward, a prefill of fresh rows. Attention may then run as SDPA's is_causal without reading the mask
     # (layers/attention.py). Right-padded rows keep it: no real query sees a padded key.

@@ -9,9 +9,7 @@ complete and flush before it reads anything else.
 
 Contract for a kernel that takes `PDL: tl.constexpr`:
   - first `gdc_launch_dependents()` (lets the next kernel be scheduled), then loads of weights only (never written
-    while a step runs) or of data no kernel of this step writes (the KV cache before `ForwardContext.fresh`, written
-    by earlier graphs: short_attention_kernel's PREFETCH), then `gdc_wait()`, and only then any other load or any
-    store. The wait returns when the
+    while a step runs), then `gdc_wait()`, and only then any other load or any store. The wait returns when the
     previous kernel has completed, which itself waited for the one before it, so everything earlier in the stream is
     visible after it; a kernel that skipped the wait would race.
   - every program calls `gdc_wait()` (no early exit before it), so that a kernel completes only after its predecessor.

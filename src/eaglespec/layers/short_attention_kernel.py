@@ -6,17 +6,13 @@ positions (the largest kernel of a SmolLM2 decode step), and for several query t
 kernel that also puts a memset node per layer into the step's CUDA graph. Here every (row, kv head, BLOCK_KV cached
 positions) is its own program, so a short query is spread over the whole chip, and no node but kernels is captured.
 
-`short_attention(q, k_cache, v_cache, rows, mask, scale, sinks=None, softcap=None, fresh=None) -> out`:
+`short_attention(q, k_cache, v_cache, rows, mask, scale, sinks=None, softcap=None) -> out`:
   q [B, T, H, D] (RoPE applied), k_cache / v_cache [Bc, S, Hkv, D] (one layer's, with this forward's keys written;
   finite everywhere: the engine's caches start as zeros), rows [B] int64 cache rows, mask [B, T, K] bool over cache
   positions [0, K) (K <= S), scale (None: D ** -0.5).
   out [B, T, H, D] in q's dtype: for query head h, kv head h // (H / Hkv) (GQA), softmax over the visible positions
   (and, with `sinks` [H], gpt-oss's sink logit of the head, which takes its share and gives no value; `softcap`,
   Gemma 2's, caps the scaled scores as cap * tanh(s / cap) first: `attention.sdpa_written_out`'s terms).
-  fresh [B] int64 or None (`ForwardContext.fresh`): cache positions before fresh[b] were written before this step
-  began (earlier CUDA graphs, or ops outside programmatic launch), so a one-row step's split programs load their
-  block's keys and values there before the programmatic-launch wait (layers/pdl.py: otherwise weights only), while
-  the kernels before them still run, and the positions from fresh[b] on (this step's writes) after it (PREFETCH).
   Usable when `fits(B, T, H, Hkv, D, dtype)`: T * H / Hkv <= MAX_QUERY_ROWS or T <= MAX_PROMPT_TOKENS (prompts:
   below; float32 steps only up to FLOAT32_MAX_QUERY_ROWS query rows), B <= MAX_BATCH (any B for T = 1), D a power
   of two >= 16.
@@ -69,17 +65,15 @@ MAX_BATCH = 32  # measured on the H200 (step_kernels_check --only=batches): a Sm
 # rows 2.01 -> 1.70 ms (medians); per layer at 1,024 rows of 16-1,024 positions 181 us against SDPA's 576, the same
 # error against float32 (benchmarks/decode_rows_check.py).
 BLOCK_KV = 128  # cached positions per split program (64 until session 25: attention_split_check.py, H200)
-# (one split of 256 positions for a one-row step instead of two and the combine, so every decode step's first length
-# bucket without the combine kernel, measured slower: decode graph 0.424 -> 0.462 ms on the H200, session 63)
-# one-row steps given `fresh` read their block's keys and values before fresh[b] ahead of the programmatic-launch wait
-# (module docstring); False: every load after it (the benchmarks' A/B)
-PREFETCH = True
+# Two one-row variants measured slower and removed (session 63, benchmarks/spec_phase_trace.py, random SmolLM2 weights,
+# docs/benchmarks.md): one split of 256 positions instead of two and the combine (every decode step's first length
+# bucket without the combine kernel): decode graph 0.424 -> 0.462 ms on the H200; and the split programs loading the
+# cache written by earlier steps before the programmatic-launch wait: decode 0.431 -> 0.449 ms on an H100.
 PROMPT_BLOCK_KV = 64  # positions per step of the prompt kernel's loop (its tiles hold 64 query rows)
 SKIP_MIN_ROWS = 2  # steps of this many rows or more read a block's keys and values only if a query sees it
 UNROLL_MAX_SPLITS = 16  # the combine's loop over splits is unrolled up to this many splits
 # the kernels' shared jit helpers, bound here by `_kernels()` (see there)
-_block_scores = _scores_of = _pv_product = _online_block = _online_update = _merge_split = _query_tile = None
-_store_output = None
+_block_scores = _pv_product = _online_block = _merge_split = _query_tile = _store_output = None
 
 
 # float32 steps of more query rows (T * G) than this go to SDPA; None: float32 as bf16 (tests under Triton's
@@ -115,11 +109,6 @@ def _kernels():
         kv_off = row * s_kr + pos[:, None] * s_kp + kvh * s_kh + d[None, :]
         kk = tl.load(k + kv_off, mask=pv[:, None], other=0.0)
         vv = tl.load(v + kv_off, mask=pv[:, None], other=0.0)
-        return _scores_of(qv, kk, vis, scale, cap, IEEE, CAP), vv
-
-    @triton.jit
-    def scores_of(qv, kk, vis, scale, cap, IEEE: tl.constexpr, CAP: tl.constexpr):
-        """`block_scores` of keys kk [BLOCK_KV, D] already loaded."""
         if IEEE:
             s = tl.dot(qv, tl.trans(kk), input_precision="ieee")
         else:
@@ -127,7 +116,7 @@ def _kernels():
         s = s * scale
         if CAP:  # tanh(x) = 1 - 2 / (exp(2x) + 1): +-1 where exp saturates
             s = cap * (1.0 - 2.0 / (tl.exp(2.0 * s / cap) + 1.0))
-        return tl.where(vis, s, float("-inf"))
+        return tl.where(vis, s, float("-inf")), vv
 
     @triton.jit
     def pv_product(p, vv, IEEE: tl.constexpr):
@@ -138,7 +127,7 @@ def _kernels():
 
     # the kernels below call the helpers as module globals: Triton 3.6's interpreter resolves a jit function's
     # callees among its module's globals only, not in this builder's scope
-    globals().update(_block_scores=block_scores, _scores_of=scores_of, _pv_product=pv_product)
+    globals().update(_block_scores=block_scores, _pv_product=pv_product)
 
     @triton.jit
     def query_tile(q, rows, b, kvh, r, d, T, G, s_qb, s_qt, s_qh):
@@ -157,11 +146,6 @@ def _kernels():
         """Flash attention's online-softmax update of (row max m_i, sum l_i, unnormalised output acc) by one block of
         cached positions."""
         s, vv = _block_scores(qv, k, v, row, pos, pv, vis, kvh, d, s_kr, s_kp, s_kh, scale, cap, IEEE, CAP)
-        return _online_update(s, vv, m_i, l_i, acc, IEEE)
-
-    @triton.jit
-    def online_update(s, vv, m_i, l_i, acc, IEEE: tl.constexpr):
-        """`online_block`'s update by a block's scores s and values vv."""
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp(m_i - m_safe)  # 0 while nothing was seen (m_i = -inf)
@@ -180,7 +164,6 @@ def _kernels():
         tl.store(out + b * s_ob + t[:, None] * s_ot + (kvh * G + g)[:, None] * s_oh + d[None, :],
                  res.to(out.dtype.element_ty), mask=valid[:, None])
 
-    globals().update(_online_update=online_update)
     globals().update(_online_block=online_block, _query_tile=query_tile, _store_output=store_output)
 
     @triton.jit
@@ -188,11 +171,10 @@ def _kernels():
                      s_qb, s_qt, s_qh, s_kr, s_kp, s_kh, s_mb, s_mt, s_ob, s_ot, s_oh, scale, cap,
                      BLOCK_Q: tl.constexpr, BLOCK_KV: tl.constexpr, D: tl.constexpr, IEEE: tl.constexpr,
                      SKIP: tl.constexpr, DIRECT: tl.constexpr, CAP: tl.constexpr, SINKS: tl.constexpr,
-                     fresh=None, PREFETCH: tl.constexpr = False, PDL: tl.constexpr = False):
-        if PDL:  # layers/pdl.py: the next kernel may start
+                     PDL: tl.constexpr = False):
+        if PDL:  # layers/pdl.py: nothing here is a weight, so wait for the kernel before at once
             tl.extra.cuda.gdc_launch_dependents()
-            if not PREFETCH:  # nothing here is a weight: wait for the kernel before at once
-                tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_wait()
         pid = tl.program_id(0)  # (b * HKV + kv head) * NQ + query tile
         sp = tl.program_id(1)
         b = pid // (HKV * NQ)
@@ -200,28 +182,14 @@ def _kernels():
         ri = tl.arange(0, BLOCK_Q)  # the tile's rows, as the partial results index them
         r = (pid % NQ) * BLOCK_Q + ri  # query row r = t * G + g
         d = tl.arange(0, D)
-        pos = sp * BLOCK_KV + tl.arange(0, BLOCK_KV)
-        pv = pos < K
-        if PREFETCH:  # the block's keys and values before fresh[b], final before this step began, ahead of the wait
-            row = tl.load(rows + b)
-            fr = tl.load(fresh + b)
-            kv_off = row * s_kr + pos[:, None] * s_kp + kvh * s_kh + d[None, :]
-            kk = tl.load(k + kv_off, mask=(pv & (pos < fr))[:, None], other=0.0)
-            vv = tl.load(v + kv_off, mask=(pv & (pos < fr))[:, None], other=0.0)
-            if PDL:
-                tl.extra.cuda.gdc_wait()
-            if sp * BLOCK_KV + BLOCK_KV > fr:  # positions this step may have written: read after the wait
-                new = (pv & (pos >= fr))[:, None]
-                kk = tl.where(new, tl.load(k + kv_off, mask=new, other=0.0), kk)
-                vv = tl.where(new, tl.load(v + kv_off, mask=new, other=0.0), vv)
         t, g, rv, row, qv = _query_tile(q, rows, b, kvh, r, d, T, G, s_qb, s_qt, s_qh)
         m_i = tl.full([BLOCK_Q], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_Q], tl.float32)
         acc = tl.zeros([BLOCK_Q, D], tl.float32)
+        pos = sp * BLOCK_KV + tl.arange(0, BLOCK_KV)
+        pv = pos < K
         vis = tl.load(mask + b * s_mb + t[:, None] * s_mt + pos[None, :], mask=rv[:, None] & pv[None, :], other=0) != 0
-        if PREFETCH:
-            m_i, l_i, acc = _online_update(_scores_of(qv, kk, vis, scale, cap, IEEE, CAP), vv, m_i, l_i, acc, IEEE)
-        elif SKIP:  # the block's keys and values are read only if a query sees it (after the mask's load)
+        if SKIP:  # the block's keys and values are read only if a query sees it (after the mask's load)
             if tl.max(vis.to(tl.int32)) > 0:
                 m_i, l_i, acc = _online_block(qv, k, v, row, pos, pv, vis, kvh, d, s_kr, s_kp, s_kh, scale, cap,
                                               m_i, l_i, acc, IEEE, CAP)
@@ -313,7 +281,7 @@ def _kernels():
 
 def short_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, rows: torch.Tensor,
                     mask: torch.Tensor, scale: float | None = None, sinks: torch.Tensor | None = None,
-                    softcap: float | None = None, fresh: torch.Tensor | None = None) -> torch.Tensor:
+                    softcap: float | None = None) -> torch.Tensor:
     B, T, H, D = q.shape
     Hkv = k_cache.shape[2]
     G, K = H // Hkv, mask.shape[-1]
@@ -339,7 +307,6 @@ def short_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     bq = pow2(min(T * G, MAX_QUERY_ROWS), 16)
     nq = (T * G + bq - 1) // bq  # query tiles (several only in one-row steps past MAX_QUERY_ROWS query rows)
     nsplit = (K + BLOCK_KV - 1) // BLOCK_KV
-    prefetch = PREFETCH and fresh is not None and B < SKIP_MIN_ROWS  # one-row steps (others skip unseen blocks)
     out = torch.empty(B, T, H, D, dtype=q.dtype, device=dev)
     direct = nsplit == 1
     parts = 0 if direct else B * Hkv * nq * nsplit
@@ -352,8 +319,7 @@ def short_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         T, G, Hkv, K, nsplit, nq, q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1),
         k_cache.stride(2), mask.stride(0), mask.stride(1), out.stride(0), out.stride(1), out.stride(2),
         scale, cap, BLOCK_Q=bq, BLOCK_KV=BLOCK_KV, D=D, IEEE=q.dtype == torch.float32,
-        SKIP=B >= SKIP_MIN_ROWS, DIRECT=direct, num_warps=4, fresh=fresh if prefetch else rows, PREFETCH=prefetch,
-        **extra, **launch_options(q))
+        SKIP=B >= SKIP_MIN_ROWS, DIRECT=direct, num_warps=4, **extra, **launch_options(q))
     if not direct:
         combine[(B * Hkv * nq,)](o_part, m_part, l_part, out, sinks if sinks is not None else out, T, G, Hkv, nq,
                                  out.stride(0), out.stride(1), out.stride(2), NSPLIT=nsplit, BLOCK_Q=bq, D=D,
