@@ -247,6 +247,12 @@ def test_min_tokens_and_stop_token_ids(target, drafter, spec):
     out = engine().generate([PROMPTS[0]], replace(base, min_tokens=12))[0]
     assert out.token_ids[:12] == want[0].token_ids and eos not in out.token_ids[:12]
     assert len(out.token_ids) >= 12
+    # the boundary exactly: an EOS that greedy decoding picks right after min_tokens outputs ends the answer there
+    k = next(i for i in range(12, 40) if plain[0][i] not in plain[0][:i])
+    eng = engine()
+    eng.eos_ids = (plain[0][k],)
+    out = eng.generate([PROMPTS[0]], replace(base, min_tokens=k))[0]
+    assert out.token_ids == plain[0][:k] and out.finish_reason == "stop"
     # a stop token ends the answer as EOS does (not part of it); ignore_eos does not ignore it
     stop_tok = plain[1][5]
     out = engine().generate([PROMPTS[1]], replace(GREEDY, stop_token_ids=(stop_tok,)))[0]
