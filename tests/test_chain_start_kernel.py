@@ -1,6 +1,6 @@
-"""The start of a greedy chain's drafting in one kernel (layers/chain_start_kernel.py), run by Triton's interpreter on
-the CPU: the levels' positions and masks and the depth-1 token against the PyTorch path; and speculation with every
-chain started through the kernel still gives plain greedy tokens."""
+"""A chain step's positions and masks in one kernel (layers/chain_start_kernel.py), run by Triton's interpreter on the
+CPU: the drafting levels' positions and masks and the depth-1 token, and the verify's rows, against the PyTorch path;
+and speculation with every chain started and verified through the kernel still gives plain greedy tokens."""
 
 from __future__ import annotations
 
@@ -36,16 +36,32 @@ def test_matches_the_pytorch_path(B, levels, kv_len):
     assert torch.equal(tokens[:, 0], table[top_ids[:, 0]]) and (tokens[:, 1:] == -3).all()  # column 0 only
 
 
+@pytest.mark.parametrize("B,T,kv_len", [(1, 4, 256), (3, 6, 64), (2, 2, 1030)])
+def test_verify_rows_match_the_pytorch_path(B, T, kv_len):
+    """A chain verify's positions [B, T] (row-major) and causal masks [B, T, kv_len]."""
+    seq_len = torch.randint(3, kv_len - T, (B,), generator=torch.Generator().manual_seed(B + T))
+    (p1, m1), (p2, m2) = (csk.causal_rows(seq_len, T, kv_len, kernel=k) for k in (True, False))
+    assert torch.equal(p1, p2) and torch.equal(m1, m2) and m1.dtype == torch.bool
+    assert torch.equal(p1, seq_len[:, None] + torch.arange(T)) and torch.equal(m1, causal_mask(p1, kv_len))
+
+
 @pytest.mark.parametrize("spec", [SpecConfig(3, 1, 4), SpecConfig(1, 1, 2), SpecConfig(5, 1, 6)])
 def test_speculation_through_the_kernel_equals_plain(monkeypatch, spec):
+    import eaglespec.engine.spec_step as spec_step
+
     calls = []
 
     def through_kernel(*a, **kw):
-        calls.append(a[3])  # levels
+        calls.append(("start", a[3]))  # levels
         return csk.chain_start(*a, **kw, kernel=True)
+
+    def verify_rows(*a, **kw):
+        calls.append(("verify", a[1]))  # T
+        return csk.causal_rows(*a, **kw, kernel=True)
 
     def route(target, drafter):
         monkeypatch.setattr(draft, "chain_start", through_kernel)
+        monkeypatch.setattr(spec_step, "causal_rows", verify_rows)
 
     assert_transformed_engine_equals_plain(route, spec, [[5, 6, 7, 8], [9, 10]], 12)
-    assert calls and set(calls) == {max(spec.steps - 1, 1)}
+    assert set(calls) == {("start", max(spec.steps - 1, 1)), ("verify", spec.draft_tokens)}

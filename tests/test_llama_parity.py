@@ -146,21 +146,3 @@ def test_engine_prefills_with_the_causal_fast_path_generate_the_same(monkeypatch
         monkeypatch.setattr(attention, "_is_causal_fast", lambda q: False)
         masked = run()
     assert fast == masked and masked[0] == masked[1]
-
-
-def test_aux_states_written_in_place_under_inference_mode():
-    """The engine's forwards (inference mode) write each aux state into its slice of one [B, T, n * H] tensor instead
-    of concatenating copies; the values and their order are those of the concatenating path autograd takes, an id
-    named twice and the embeddings' (-1) included."""
-    from tiny import tiny_llama
-
-    model = tiny_llama(seed=3)
-    model.set_eagle3_layers_to_capture([1, -1, 4, 1])
-    ids = torch.randint(0, 97, (2, 9), generator=torch.Generator().manual_seed(2))
-    with torch.no_grad():
-        ref = model(ids, ForwardContext.plain(2, 9)).aux_hidden
-    with torch.inference_mode():
-        out = model(ids, ForwardContext.plain(2, 9)).aux_hidden
-    assert out.shape == ref.shape == (2, 9, 4 * 64) and torch.equal(out, ref)
-    assert torch.equal(out[..., :64], out[..., 3 * 64:])  # layer 1's state in both of its slices
-    assert not torch.equal(out[..., :64], out[..., 64:128])

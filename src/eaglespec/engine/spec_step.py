@@ -18,8 +18,9 @@ from typing import Sequence
 import torch
 
 from ..config import SpecConfig
+from ..layers.chain_start_kernel import causal_rows
 from ..layers.commit_kernel import advance_rows
-from ..layers.context import ForwardContext, cached_arange, causal_mask, prefix_tail_mask
+from ..layers.context import ForwardContext, cached_arange, prefix_tail_mask
 from ..layers.row_draws import DRAFT_SITE, VERIFY_SITE
 from ..layers.sampling import target_probs
 from ..layers.token_mask import mask_logits
@@ -69,12 +70,13 @@ class SpecStep:
         replays it apart from `_verify_accept`, so that the host computes the tree's masks while it runs."""
         D, dev = shape.draft_tokens, self.device
         L = self.seq_len[r]
-        write = L[:, None] + cached_arange(D, dev)[None, :]
-        chain = shape.topk == 1
-        if chain:  # node i at depth i: positions are the write slots, the mask is causal over them (1 kernel)
-            ctx = ForwardContext(positions=write, write_index=write, attn_mask=causal_mask(write, kv_len),
-                                 kv=self.kv.layers(), rows=ctx_rows)
+        if shape.topk == 1:  # node i at depth i: positions are the write slots, the mask is causal over them (one
+            #                  kernel on CUDA: layers/chain_start_kernel.py)
+            write, mask = causal_rows(L, D, kv_len)
+            ctx = ForwardContext(positions=write, write_index=write, attn_mask=mask, kv=self.kv.layers(),
+                                 rows=ctx_rows)
         else:
+            write = L[:, None] + cached_arange(D, dev)[None, :]
             ctx = ForwardContext(positions=L[:, None] + tree.depth, write_index=write,
                                  attn_mask=prefix_tail_mask(L, tree.ancestors, kv_len), kv=self.kv.layers(),
                                  rows=ctx_rows)
