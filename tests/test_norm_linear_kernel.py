@@ -173,34 +173,43 @@ def test_indexed_rows_equal_gathering_first(B, T, R, K, dtype):
         assert torch.equal(h1, h3) and torch.allclose(y1, y3, atol=1e-5, rtol=1e-5)
 
 
-def test_a_catch_up_takes_its_last_pair_through_the_indexed_head(monkeypatch):
-    """A drafter forward with `logits_index` (a catch-up) runs the fused final norm + head on those positions' rows
-    (the indexed kernel: no add or gather before it) and returns their logits and next hidden [B, R, H], equal to
-    the unfused drafter's (float32)."""
+def _drafter_pair(monkeypatch, **drafter_kw) -> tuple:
+    """(target, plain, fused): a tiny fused target and its drafter with the RoPE + KV-store kernel, plain and with the
+    norm + projection kernels wired (one program per call: `few_programs`), both on the target's embedding."""
     from copy import deepcopy
 
     from tiny import tiny_drafter
 
-    from eaglespec.engine.kv_cache import KVCache
-
     few_programs(monkeypatch)
     target = fuse_projections(tiny_llama(seed=0))
-    plain = use_rope_store_kernel(fuse_projections(tiny_drafter(target, seed=1)))
+    plain = use_rope_store_kernel(fuse_projections(tiny_drafter(target, seed=1, **drafter_kw)))
     fused = use_norm_linear_kernel(deepcopy(plain))
     for d in (plain, fused):
         d.set_embed_and_head(*target.get_embed_and_head())
+    return target, plain, fused
+
+
+def _catch_up(drafter, seed: int, logits_index: torch.Tensor | None = None) -> tuple:
+    """A catch-up of 4 (token, aux state) pairs through `drafter` into a fresh cache: (logits, hidden, the cache)."""
+    from eaglespec.engine.kv_cache import KVCache
+
+    g = torch.Generator().manual_seed(seed)
+    toks, aux = torch.randint(0, 97, (1, 4), generator=g), torch.randn(1, 4, 3 * 64, generator=g)
+    kv = KVCache(1, drafter.kv_cache_shapes(), 1, 8, torch.float32, "cpu")
+    pos = torch.arange(4)[None]
+    ctx = ForwardContext(positions=pos, write_index=pos, attn_mask=torch.ones(4, 4, dtype=torch.bool).tril()[None],
+                         kv=kv.layers(), logits_index=logits_index)
+    return (*drafter(toks, aux, ctx, from_target=True), kv)
+
+
+def test_a_catch_up_takes_its_last_pair_through_the_indexed_head(monkeypatch):
+    """A drafter forward with `logits_index` (a catch-up) runs the fused final norm + head on those positions' rows
+    (the indexed kernel: no add or gather before it) and returns their logits and next hidden [B, R, H], equal to
+    the unfused drafter's (float32)."""
+    _, plain, fused = _drafter_pair(monkeypatch)
     indexed = []
     fused.norm_head = lambda h, *a, **kw: indexed.append(kw.get("index") is not None) or add_norm_linear(h, *a, **kw)
-    g = torch.Generator().manual_seed(5)
-    toks, aux = torch.randint(0, 97, (1, 4), generator=g), torch.randn(1, 4, 3 * 64, generator=g)
-    outs = []
-    for d in (plain, fused):
-        kv = KVCache(1, d.kv_cache_shapes(), 1, 8, torch.float32, "cpu")
-        pos = torch.arange(4)[None]
-        ctx = ForwardContext(positions=pos, write_index=pos, attn_mask=torch.ones(4, 4, dtype=torch.bool).tril()[None],
-                             kv=kv.layers(), logits_index=torch.tensor([[2]]))
-        outs.append(d(toks, aux, ctx, from_target=True))
-    (l1, h1), (l2, h2) = outs
+    (l1, h1, _), (l2, h2, _) = (_catch_up(d, 5, torch.tensor([[2]])) for d in (plain, fused))
     assert indexed == [True] and l1.shape == l2.shape == (1, 1, 50) and h1.shape == h2.shape == (1, 1, 64)
     assert torch.allclose(l1, l2, atol=1e-5, rtol=1e-5) and torch.allclose(h1, h2, atol=1e-6, rtol=1e-6)
 
@@ -212,21 +221,12 @@ def test_drafter_mlp_half_through_the_kernel(monkeypatch, norm_before_residual):
     (float32), and speculation with it still gives the target's tokens; with norm_before_residual too (the kernel
     then adds the attention to hidden_norm(h), a strided view). A drafter without a draft vocabulary (the target's
     head) keeps its head on cuBLAS."""
-    from copy import deepcopy
-
     from tiny import tiny_drafter
 
     from eaglespec.engine.engine import Engine
-    from eaglespec.engine.kv_cache import KVCache
     from eaglespec.sampling_params import SamplingParams
 
-    few_programs(monkeypatch)
-    target = fuse_projections(tiny_llama(seed=0))
-    plain = use_rope_store_kernel(fuse_projections(tiny_drafter(target, seed=1,
-                                                                norm_before_residual=norm_before_residual)))
-    fused = use_norm_linear_kernel(deepcopy(plain))
-    for d in (plain, fused):
-        d.set_embed_and_head(*target.get_embed_and_head())
+    target, plain, fused = _drafter_pair(monkeypatch, norm_before_residual=norm_before_residual)
     layer = fused.midlayer
     assert layer.norm_linear is add_norm_linear and layer.norm_linear_rows == nlk.ROW_GRID_ROWS  # float32's limit
     assert fused.norm_head is add_norm_linear and fused.norm_head_rows == 1  # transforms.DRAFT_HEAD_ROWS
@@ -236,15 +236,9 @@ def test_drafter_mlp_half_through_the_kernel(monkeypatch, norm_before_residual):
     calls, head_calls = [], []
     layer.norm_linear = lambda h, *a: calls.append(h.shape[0] * h.shape[1]) or add_norm_linear(h, *a)
     fused.norm_head = lambda h, *a, **kw: head_calls.append(h.shape[0] * h.shape[1]) or add_norm_linear(h, *a, **kw)
-    g = torch.Generator().manual_seed(3)
-    toks, aux = torch.randint(0, 97, (1, 4), generator=g), torch.randn(1, 4, 3 * 64, generator=g)
     outs = []
     for d in (plain, fused):
-        kv = KVCache(1, d.kv_cache_shapes(), 1, 8, torch.float32, "cpu")
-        pos = torch.arange(4)[None]
-        ctx = ForwardContext(positions=pos, write_index=pos, attn_mask=torch.ones(4, 4, dtype=torch.bool).tril()[None],
-                             kv=kv.layers())
-        logits, h = d(toks, aux, ctx, from_target=True)  # a catch-up of 4 tokens
+        logits, h, kv = _catch_up(d, 3)  # a catch-up of 4 tokens
         ctx = ForwardContext(positions=torch.tensor([[4]]), write_index=torch.tensor([[4]]),
                              attn_mask=torch.ones(1, 1, 5, dtype=torch.bool), kv=kv.layers())
         logits2, h2 = d(torch.tensor([[5]]), h[:, -1:], ctx, from_target=False)  # a draft step
