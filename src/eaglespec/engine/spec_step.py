@@ -20,10 +20,11 @@ import torch
 from ..config import SpecConfig
 from ..layers.chain_start_kernel import causal_rows
 from ..layers.commit_kernel import advance_rows
-from ..layers.context import ForwardContext, cached_arange, prefix_tail_mask
+from ..layers.context import ForwardContext, cached_arange
 from ..layers.row_draws import DRAFT_SITE, VERIFY_SITE
 from ..layers.sampling import target_probs
 from ..layers.token_mask import mask_logits
+from ..layers.tree_inputs_kernel import tree_verify_inputs
 from ..spec.draft import DraftGuide, draft_tree
 from ..spec.tree import DraftTree, build_tree
 from ..spec.verify import VerifyResult, verify_greedy, verify_greedy_chain, verify_sampling
@@ -68,18 +69,14 @@ class SpecStep:
                         shape: SpecConfig) -> tuple[torch.Tensor, torch.Tensor]:
         """The verify's target forward: (logits [B, D, V], aux states [B, D, n_aux*H]). A constrained graph step
         replays it apart from `_verify_accept`, so that the host computes the tree's masks while it runs."""
-        D, dev = shape.draft_tokens, self.device
         L = self.seq_len[r]
-        if shape.topk == 1:  # node i at depth i: positions are the write slots, the mask is causal over them (one
-            #                  kernel on CUDA: layers/chain_start_kernel.py)
-            write, mask = causal_rows(L, D, kv_len)
-            ctx = ForwardContext(positions=write, write_index=write, attn_mask=mask, kv=self.kv.layers(),
-                                 rows=ctx_rows)
-        else:
-            write = L[:, None] + cached_arange(D, dev)[None, :]
-            ctx = ForwardContext(positions=L[:, None] + tree.depth, write_index=write,
-                                 attn_mask=prefix_tail_mask(L, tree.ancestors, kv_len), kv=self.kv.layers(),
-                                 rows=ctx_rows)
+        # positions, write slots and mask in one kernel on CUDA (layers/chain_start_kernel.py, tree_inputs_kernel.py)
+        if shape.topk == 1:  # node i at depth i: positions are the write slots, the mask is causal over them
+            positions, mask = causal_rows(L, shape.draft_tokens, kv_len)
+            write = positions
+        else:  # positions L + depth, written at L + i, each node seeing the prefix and its ancestors
+            positions, write, mask = tree_verify_inputs(L, tree.depth, tree.ancestors, kv_len)
+        ctx = ForwardContext(positions=positions, write_index=write, attn_mask=mask, kv=self.kv.layers(), rows=ctx_rows)
         out = self.target(tree.tokens, ctx)
         return out.logits, out.aux_hidden
 

@@ -12,8 +12,9 @@ index of the largest value of each row, the smallest such index when several are
 greedy tokens are the same bit for bit (values are compared in float32, exact for bf16 / fp16 / fp32 inputs). Rows
 holding NaN may differ from torch.argmax (which returns a NaN's index); a model that emits NaN has failed anyway.
 With `table` ([V] int64) stage 2 writes table[index] instead: a drafter's draft-vocabulary argmax mapped to target
-ids without a lookup kernel of its own; with `out` ([...] int64, any stride) it writes there (no copy after). `merge_chunks(part_v, part_i, V, table)` runs stage 2 alone on chunk results
-another kernel wrote (the sampling race of `sampling_kernel.sample_probs`).
+ids without a lookup kernel of its own; with `out` ([...] int64, any stride) it writes there (no copy after).
+`merge_chunks(part_v, part_i, V, table, out)` runs stage 2 alone on chunk results another kernel wrote (the sampling
+race of `sampling_kernel.sample_probs`).
 `fits(V)`: V <= MAX_VOCAB (stage 2 holds one row's chunk results in one block).
 Built on first use, so that `TRITON_INTERPRET=1` (CPU tests) takes effect.
 """
@@ -74,7 +75,8 @@ def _kernels():
     return chunk_max_kernel, row_max_kernel
 
 
-def argmax_rows(x: torch.Tensor, table: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+def argmax_rows(x: torch.Tensor, table: torch.Tensor | None = None,
+                out: torch.Tensor | None = None) -> torch.Tensor:
     *lead, V = x.shape
     assert fits(V), f"argmax_rows: V={V}"
     assert table is None or (table.shape == (V,) and table.dtype == torch.int64 and table.is_contiguous())

@@ -31,7 +31,8 @@ from .row_draws import RowDraws
 Draws = Union[torch.Generator, RowDraws, None]
 
 
-def greedy_ids(logits: torch.Tensor, table: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+def greedy_ids(logits: torch.Tensor, table: torch.Tensor | None = None,
+               out: torch.Tensor | None = None) -> torch.Tensor:
     """logits [..., V] -> the argmax [...] (int64), or table[argmax] with a [V] int64 `table` (a drafter's draft id ->
     target id map); written into `out` ([...] int64, a column of a larger tensor) when given. On CUDA the argmax
     kernel, which does the lookup in its last stage and writes `out` itself."""

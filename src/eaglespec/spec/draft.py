@@ -49,6 +49,7 @@ import torch
 
 from ..layers import topk_kernel, tree_build_kernels
 from ..layers.chain_start_kernel import chain_start
+from ..layers.tree_inputs_kernel import tree_draft_start
 from ..layers.context import cached_arange, causal_mask, masked_tail, tail_index
 from ..layers.sampling import Draws, greedy_ids, sample_probs
 
@@ -256,12 +257,11 @@ def _draft_tree_kernels(step: DrafterStep, target_ids: torch.Tensor, state: Draf
     _, own, depth = _tree_constants(K, steps, dev)
     cands = (torch.empty(B, N, dtype=torch.int64, device=dev), torch.empty(B, N, dtype=torch.float32, device=dev),
              torch.empty(B, N, dtype=torch.int64, device=dev))
-    # [2, S-1, B, K]: RoPE positions L + (level - 2) and write slots L + (level - 2) K + j of each level
-    pos_write = seq_len[None, None, :, None] + _level_offsets(K, steps, dev)
-    index, before = tail_index(seq_len, W, kv_len)
+    # [2, S-1, B, K]: RoPE positions L + (level - 2) and write slots L + (level - 2) K + j of each level; level 2's
+    # mask; the depth-1 tokens in target ids (one kernel on CUDA: layers/tree_inputs_kernel.py)
+    pos_write, mask, f_tok = tree_draft_start(seq_len, state.top_ids, target_ids, steps, kv_len)
     vis = own[0].expand(B, K, W + 1)
-    mask = masked_tail(index, before, vis)
-    f_tok, f_score = target_ids[state.top_ids], state.top_logp
+    f_score = state.top_logp
     f_idx = cached_arange(K, dev).expand(B, K)
     f_hidden = state.hidden[:, None, :].expand(B, K, state.hidden.shape[-1])
     base = K
@@ -277,15 +277,6 @@ def _draft_tree_kernels(step: DrafterStep, target_ids: torch.Tensor, state: Draf
         f_tok, f_score, f_idx, f_hidden, vis, mask = nxt
         base += K * K
     return Candidates(tokens=cands[0], scores=cands[1], parents=cands[2], depth=depth.expand(B, N))
-
-
-@functools.cache  # never evicted: captured CUDA graphs read these tensors by address
-def _level_offsets(K: int, steps: int, device: torch.device) -> torch.Tensor:
-    """[2, S-1, 1, K]: per tree level (2..S), the offsets from L of its RoPE positions (level - 2, every slot) and of
-    its write slots ((level - 2) K + j)."""
-    lvl = torch.arange(steps - 1, device=device)[:, None, None]
-    j = torch.arange(K, device=device)[None, None, :]
-    return torch.stack((lvl.expand(steps - 1, 1, K), lvl * K + j))
 
 
 @functools.cache  # never evicted: captured CUDA graphs read these tensors by address
