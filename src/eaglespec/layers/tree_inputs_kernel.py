@@ -4,8 +4,8 @@
 In PyTorch the drafting start is an addition (every level's positions and write slots), the prefix/tail index, a
 gather and an or (the first level's mask) and the depth-1 lookup; the verify's start two additions (positions, write
 slots) and `context.prefix_tail_mask` (the prefix, a padded tail, a gather, an or): seven and nine kernels outside
-programmatic dependent launch (layers/pdl.py), ~13 and ~22 us of a one-row S6 K8 D48 step on an H100 (session 63's
-trace).
+programmatic dependent launch (layers/pdl.py), ~15 and ~22 us of a one-row S6 K8 D48 step on an H100 (session 63's
+trace; the kernels themselves not yet timed on a GPU).
 
 `tree_draft_start(seq_len, top_ids, table, steps, kv_len) -> (pos_write, mask, tokens)`:
   seq_len [B] int64 (committed lengths L), top_ids [B, K] int64 draft ids, table [Vd] int64 (draft id -> target id).

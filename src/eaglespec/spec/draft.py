@@ -49,9 +49,9 @@ import torch
 
 from ..layers import topk_kernel, tree_build_kernels
 from ..layers.chain_start_kernel import chain_start
-from ..layers.tree_inputs_kernel import tree_draft_start
 from ..layers.context import cached_arange, causal_mask, masked_tail, tail_index
 from ..layers.sampling import Draws, greedy_ids, sample_probs
+from ..layers.tree_inputs_kernel import tree_draft_start
 
 DrafterStep = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
@@ -249,7 +249,8 @@ def _draft_tree_kernels(step: DrafterStep, target_ids: torch.Tensor, state: Draf
                         steps: int, K: int, kv_len: int) -> Candidates:
     """`draft_tree` for trees with each level's bookkeeping in one kernel (`tree_build_kernels.draft_level`), which
     writes the candidates straight into their [B, N] tables (no concatenation) and hands the next level its frontier,
-    its visibility and its attention mask; the positions and write slots of every level come from one addition."""
+    its visibility and its attention mask; the positions and write slots of every level, level 2's mask and the
+    depth-1 tokens come from one kernel before them (`tree_inputs_kernel.tree_draft_start`)."""
     B = state.top_ids.shape[0]
     dev = state.top_ids.device
     W = (steps - 1) * K
