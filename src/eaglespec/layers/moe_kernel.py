@@ -229,6 +229,8 @@ def expert_blocks(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[to
 # (bf16, routed experts of 1-256 tokens, k = 8, weights warm in L2; benchmarks/moe_graphs_check.py): Qwen3-30B-A3B's
 # (K 2048 / 768) at (64, 128, 4), DeepSeek-V3's (K 7168 / 2048) at (128, 128, 8), 5-8% faster than (64, 64, 4)
 GEMM_CFG: tuple[int, int, int, int] | None = None  # set: every GEMM takes it (the benchmarks' sweeps)
+WIDE_CFG = (128, 128, 8, 3)  # layers of 4,096 and wider (DeepSeek-V3's)
+COMMON_CFG = (64, 128, 4, 3)  # narrower layers, unless a narrow tile below takes the GEMM
 
 
 # The gate/up GEMM of a layer under 4,096 wide in blocks of 16 slots (decode, verify: few pairs an expert), with the
@@ -254,11 +256,11 @@ def _gemm_cfg(width: int, gated: bool = False, block_m: int = 64, pairs: int | N
     if GEMM_CFG is not None:
         return GEMM_CFG
     if width >= 4096:
-        return (128, 128, 8, 3)
+        return WIDE_CFG
     if gated:
-        return NARROW_GATED_CFG if block_m == 16 else (64, 128, 4, 3)
+        return NARROW_GATED_CFG if block_m == 16 else COMMON_CFG
     few = pairs is not None and pairs <= DOWN_FEW_PAIRS and NARROW_DOWN_FEW_CFG is not None
-    return NARROW_DOWN_FEW_CFG if few else (64, 128, 4, 3)
+    return NARROW_DOWN_FEW_CFG if few else COMMON_CFG
 
 
 def fit_shared(cfg: tuple[int, int, int, int], block_m: int, gated: bool, itemsize: int,
