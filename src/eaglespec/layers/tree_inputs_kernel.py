@@ -137,8 +137,9 @@ def tree_verify_inputs(seq_len: torch.Tensor, depth: torch.Tensor, ancestors: to
     write = torch.empty(B, D, dtype=torch.int64, device=dev)
     mask = torch.empty(B, D, kv_len, dtype=torch.bool, device=dev)
     bd = pow2(D)
-    # a block of BLOCK_D rows x chunk columns per iteration: at most 64K lanes
-    chunk = min(CHUNK, pow2(kv_len), max(16, (1 << 16) // bd))
+    # a block of BLOCK_D rows x chunk columns per iteration: at most 8K lanes (as the chain kernels' 8 x 1,024), so
+    # that its int64 offsets stay in registers
+    chunk = min(CHUNK, pow2(kv_len), max(16, (1 << 13) // bd))
     _kernels()[1][(B,)](seq_len.contiguous(), depth.contiguous(), ancestors.contiguous(), positions, write, mask, D,
                         KV=kv_len, BLOCK_D=bd, CHUNK=chunk, num_warps=4, **launch_options(seq_len))
     return positions, write, mask
