@@ -38,11 +38,15 @@ def test_matches_the_pytorch_path(B, levels, kv_len):
 
 @pytest.mark.parametrize("B,T,kv_len", [(1, 4, 256), (3, 6, 64), (2, 2, 1030)])
 def test_verify_rows_match_the_pytorch_path(B, T, kv_len):
-    """A chain verify's positions [B, T] (row-major) and causal masks [B, T, kv_len]."""
+    """A chain verify's positions [B, T] (row-major) and causal masks [B, T, kv_len]; level-major ([T, B], [T, B,
+    kv_len]) for the drafting levels without the depth-1 lookup: the same values transposed."""
     seq_len = torch.randint(3, kv_len - T, (B,), generator=torch.Generator().manual_seed(B + T))
     (p1, m1), (p2, m2) = (csk.causal_rows(seq_len, T, kv_len, kernel=k) for k in (True, False))
     assert torch.equal(p1, p2) and torch.equal(m1, m2) and m1.dtype == torch.bool
     assert torch.equal(p1, seq_len[:, None] + torch.arange(T)) and torch.equal(m1, causal_mask(p1, kv_len))
+    for k in (True, False):
+        p3, m3 = csk.causal_rows(seq_len, T, kv_len, level_major=True, kernel=k)
+        assert torch.equal(p3, p1.T) and torch.equal(m3, m1.transpose(0, 1))
 
 
 @pytest.mark.parametrize("spec", [SpecConfig(3, 1, 4), SpecConfig(1, 1, 2), SpecConfig(5, 1, 6)])

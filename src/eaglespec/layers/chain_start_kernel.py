@@ -11,8 +11,10 @@ one-row chain's ~57 us drafting graph on the H200, ~5 us at its verify's start o
   target id), levels = S-1 >= 1, tokens [B, S] int64 (the chain's candidates, written: column 0 = table[top_ids]).
   positions [S-1, B] = L + e (level e + 2's position and write slot), masks [S-1, B, kv_len] bool = (cache position
   <= L + e), level-major so that each level's [B, 1] and [B, 1, kv_len] slices are contiguous.
-`causal_rows(seq_len, T, kv_len) -> (positions, mask)`: positions [B, T] = L + t, mask [B, T, kv_len] = (cache
-  position <= L + t): a chain's verify of T tokens (positions = write slots).
+`causal_rows(seq_len, T, kv_len, level_major=False) -> (positions, mask)`: positions [B, T] = L + t, mask
+  [B, T, kv_len] = (cache position <= L + t): a chain's verify of T tokens (positions = write slots), a catch-up over
+  T committed pairs, and (level_major: [T, B] and [T, B, kv_len]) the levels of a chain drafted without the kernel's
+  depth-1 lookup (sampled or guided).
 On CUDA one program per row; elsewhere (`kernel=False`, the CPU) the same operations in PyTorch (`*_reference`).
 Built on first use, so that `TRITON_INTERPRET=1` (CPU tests) takes effect.
 """
@@ -32,13 +34,14 @@ CHUNK = 1024  # mask columns per inner iteration
 
 def chain_start_reference(seq_len: torch.Tensor, top_ids: torch.Tensor, table: torch.Tensor, levels: int, kv_len: int,
                           tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    positions = seq_len[None, :] + cached_arange(levels, seq_len.device)[:, None]
     tokens[:, 0] = table[top_ids[:, 0]]
-    return positions, causal_mask(positions, kv_len)
+    return causal_rows_reference(seq_len, levels, kv_len, level_major=True)
 
 
-def causal_rows_reference(seq_len: torch.Tensor, T: int, kv_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-    positions = seq_len[:, None] + cached_arange(T, seq_len.device)[None, :]
+def causal_rows_reference(seq_len: torch.Tensor, T: int, kv_len: int,
+                          level_major: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    t = cached_arange(T, seq_len.device)
+    positions = seq_len[None, :] + t[:, None] if level_major else seq_len[:, None] + t[None, :]
     return positions, causal_mask(positions, kv_len)
 
 
@@ -99,8 +102,8 @@ def chain_start(seq_len: torch.Tensor, top_ids: torch.Tensor, table: torch.Tenso
     return _launch(seq_len, levels, kv_len, True, (top_ids, table, tokens))
 
 
-def causal_rows(seq_len: torch.Tensor, T: int, kv_len: int,
+def causal_rows(seq_len: torch.Tensor, T: int, kv_len: int, level_major: bool = False,
                 kernel: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     if not (seq_len.is_cuda if kernel is None else kernel):
-        return causal_rows_reference(seq_len, T, kv_len)
-    return _launch(seq_len, T, kv_len, False)
+        return causal_rows_reference(seq_len, T, kv_len, level_major)
+    return _launch(seq_len, T, kv_len, level_major)

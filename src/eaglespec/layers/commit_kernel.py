@@ -31,7 +31,7 @@ import functools
 import torch
 
 from .block_size import pow2
-from .context import cached_arange, causal_mask
+from .chain_start_kernel import causal_rows_reference
 from .pdl import launch_options
 
 CHUNK = 1024  # mask columns / logits per inner iteration
@@ -41,8 +41,7 @@ def advance_rows_reference(seq_len: torch.Tensor, last_token: torch.Tensor, acti
                            accept: torch.Tensor, bonus: torch.Tensor, T: int,
                            kv_len: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     L = seq_len[rows]
-    positions = L[:, None] + cached_arange(T, L.device)[None, :]
-    mask = causal_mask(positions, kv_len)
+    positions, mask = causal_rows_reference(L, T, kv_len)
     seq_len[rows] = torch.where(active[rows], L + accept + 1, L)
     last_token[rows] = bonus
     return positions, mask, accept[:, None]

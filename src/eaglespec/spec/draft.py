@@ -48,8 +48,8 @@ from typing import Callable
 import torch
 
 from ..layers import topk_kernel, tree_build_kernels
-from ..layers.chain_start_kernel import chain_start
-from ..layers.context import cached_arange, causal_mask, masked_tail, tail_index
+from ..layers.chain_start_kernel import causal_rows, chain_start
+from ..layers.context import cached_arange, masked_tail, tail_index
 from ..layers.sampling import Draws, greedy_ids, sample_probs
 from ..layers.tree_inputs_kernel import tree_draft_start
 
@@ -145,13 +145,11 @@ def catch_up(
     (module docstring).
     """
     B, T = tokens.shape
-    dev = tokens.device
     if at is not None:
         positions, mask, last = at
     else:
         assert start is not None and lengths is not None
-        positions = start[:, None] + cached_arange(T, dev)[None, :]
-        mask = causal_mask(positions, kv_len)
+        positions, mask = causal_rows(start, T, kv_len)
         last = (lengths - 1)[:, None]
     logits, hidden = step(tokens, aux, positions, positions, mask, True, last)
     last_logits = logits[:, 0]  # [B, Vd]
@@ -332,12 +330,11 @@ def draft_chain(
     # a chain's level k (entry e = k - 2) runs at position L-1+(k-1) = L+e, which is also its scratch entry, and
     # sees the committed prefix and scratch entries 0..e, i.e. every cache position <= L+e: all levels' positions
     # [S-1, B] and masks [S-1, B, kv_len] at once (level-major, so each level's [B, 1] and [B, 1, kv_len] slices are
-    # contiguous); greedy chains with the id table take them and the depth-1 token in one kernel on CUDA
+    # contiguous), one kernel on CUDA, which greedy chains with the id table give the depth-1 lookup too
     if sampling is None and target_ids is not None:
         at_all, masks = chain_start(seq_len, state.top_ids, target_ids, levels, kv_len, tokens)
     else:
-        at_all = seq_len[None, :] + cached_arange(levels, dev)[:, None]
-        masks = causal_mask(at_all, kv_len)
+        at_all, masks = causal_rows(seq_len, levels, kv_len, level_major=True)
         if sampling is None:
             tokens[:, :1] = to_target(state.top_ids)
         else:
