@@ -2,18 +2,27 @@
 
 from __future__ import annotations
 
-import pytest
-import torch
-from tiny import tiny_drafter, tiny_llama
-from wrappers import DelegatingWrapper, PatchedWrapper, PlainWrapper
+import os
 
-from eaglespec.cli import main
-from eaglespec.config import SpecConfig
-from eaglespec.engine.engine import Engine
-from eaglespec.errors import ProtocolError
-from eaglespec.layers.context import ForwardContext
-from eaglespec.protocol import PROTOCOL_METHODS, check_target
-from eaglespec.sampling_params import SamplingParams
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are built (they are built on first use)
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from test_norm_linear_kernel import few_programs  # noqa: E402
+from tiny import tiny_drafter, tiny_llama  # noqa: E402
+from wrappers import DelegatingWrapper, PatchedWrapper, PlainWrapper  # noqa: E402
+
+from eaglespec.cli import main  # noqa: E402
+from eaglespec.config import SpecConfig  # noqa: E402
+from eaglespec.engine.engine import Engine  # noqa: E402
+from eaglespec.engine.transforms import (  # noqa: E402
+    fold_norms, fuse_projections, use_norm_linear_kernel, use_rope_store_kernel,
+)
+from eaglespec.errors import ProtocolError  # noqa: E402
+from eaglespec.layers.context import ForwardContext  # noqa: E402
+from eaglespec.models.base import PreNormDecoderLayer  # noqa: E402
+from eaglespec.protocol import PROTOCOL_METHODS, check_target  # noqa: E402
+from eaglespec.sampling_params import SamplingParams  # noqa: E402
 
 
 def test_llama_implements_protocol():
@@ -23,21 +32,46 @@ def test_llama_implements_protocol():
     assert embed is m.model.embed_tokens.weight and head is m.lm_head.weight  # live tensors, not copies
 
 
-def test_aux_states_are_layer_outputs_concatenated():
+@pytest.mark.parametrize("path", ["module", "fused", "folded"])
+def test_aux_states_are_layer_outputs_concatenated(monkeypatch, path):
+    """The captured states equal the layers' outputs run by hand, on the module path, the fused few-row kernels
+    (Triton's interpreter) and the folded path; a state whose next layer adds the residual stream anyway is that
+    layer's input sum (`keep_input`), the last layer's output the loop's own add."""
     m = tiny_llama(layers=6)
-    ids = torch.randint(0, 97, (2, 11))
+    T = 11
+    if path != "module":
+        few_programs(monkeypatch)
+        m = use_norm_linear_kernel(use_rope_store_kernel(fuse_projections(m)), max_rows=2 * T if path == "fused"
+                                   else 0)
+        if path == "folded":
+            m = fold_norms(m)
+    ids = torch.randint(0, 97, (2, T))
     m.set_eagle3_layers_to_capture([1, 2, 5])
-    out = m(ids, ForwardContext.plain(2, 11))
-    assert out.aux_hidden.shape == (2, 11, 3 * 64)
+    kept = []
+    forward = PreNormDecoderLayer.forward
+    monkeypatch.setattr(PreNormDecoderLayer, "forward",
+                        lambda self, *a, keep_input=False: kept.append(keep_input) or forward(self, *a,
+                                                                                               keep_input=keep_input))
+    out = m(ids, ForwardContext.plain(2, T))
+    assert out.aux_hidden.shape == (2, T, 3 * 64)
+    # layers 2 and 3 hand back their input sums (layer 1's and 2's outputs); the folded path has no delta to add
+    assert kept == ([False] * 6 if path == "folded" else [False, False, True, True, False, False])
     # reference: run the layers by hand
     h = m.model.embed_tokens(ids)
-    cos, sin = m.model.rotary(ForwardContext.plain(2, 11).positions)
+    cos, sin = m.model.rotary(ForwardContext.plain(2, T).positions)
     outs, d = [], None
     for layer in m.model.layers:
-        h, d = layer(h, d, cos, sin, ForwardContext.plain(2, 11), None)  # the layer's output is h + d
-        outs.append(h + d)
+        h, d = layer(h, d, cos, sin, ForwardContext.plain(2, T), None)  # the layer's output is h + d
+        outs.append(h.clone() if d is None else h + d)
     torch.testing.assert_close(out.aux_hidden, torch.cat([outs[1], outs[2], outs[5]], -1))
     m.set_eagle3_layers_to_capture(None)
+    # keep_input with a delta on every path (the folded one copies its input sum before updating it in place)
+    layer, x, d = m.model.layers[3], outs[2], torch.randn_like(outs[2])
+    want = layer(x, d, cos, sin, ForwardContext.plain(2, T), None)
+    *got, s = layer(x, d, cos, sin, ForwardContext.plain(2, T), None, keep_input=True)
+    torch.testing.assert_close(s, x + d)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
     assert m(ids, ForwardContext.plain(2, 11)).aux_hidden is None
 
 

@@ -48,26 +48,33 @@ class PreNormDecoderLayer(nn.Module):
     # longer steps then take `_forward_folded`
     folded_norms = False
 
-    def forward(self, h, delta, cos, sin, ctx: ForwardContext, cache) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(self, h, delta, cos, sin, ctx: ForwardContext, cache, keep_input: bool = False) -> tuple:
+        """-> (h, delta), the layer's output h + delta; keep_input (delta given): (h, delta, s) with s = the input
+        h + delta, the previous layer's output, which the layer's first add computes anyway (an aux state captured
+        without an add kernel of its own; s is never updated in place)."""
         if self.norm_linear is not None and h.shape[0] * h.shape[1] <= self.norm_linear_rows:
-            return self._forward_fused(h, delta, cos, sin, ctx, cache)
+            return self._forward_fused(h, delta, cos, sin, ctx, cache, keep_input)
         if self.folded_norms:
+            if keep_input:  # the folded path updates its input sum in place: hand it a copy
+                s = h + delta
+                return (*self._forward_folded(s.clone(), None, cos, sin, ctx, cache), s)
             return self._forward_folded(h, delta, cos, sin, ctx, cache)
         if delta is None:
             x = self.input_layernorm(h)
         else:
             h, x = self.input_layernorm.add_forward(h, delta)
+        s = h
         h, x = self.post_attention_layernorm.add_forward(h, self.self_attn(x, cos, sin, ctx, cache))
-        return h, self.mlp(x)
+        return (h, self.mlp(x), s) if keep_input else (h, self.mlp(x))
 
-    def _forward_fused(self, h, delta, cos, sin, ctx: ForwardContext, cache) -> tuple[torch.Tensor, torch.Tensor]:
+    def _forward_fused(self, h, delta, cos, sin, ctx: ForwardContext, cache, keep_input: bool = False) -> tuple:
         """The same layer in 6 kernels for a few rows: (add, norm, q/k/v), RoPE + KV store, attention, o_proj,
         (add, norm, gate/up, SiLU gating), down_proj."""
         fn, attn, mlp = self.norm_linear, self.self_attn, self.mlp
         n1, n2 = self.input_layernorm, self.post_attention_layernorm
-        h, qkv = fn(h, delta, n1.weight, n1.eps, attn.qkv_proj.weight, False)
-        h, act = fn(h, attn.attend_qkv(qkv, cos, sin, ctx, cache), n2.weight, n2.eps, mlp.gate_up_proj.weight, True)
-        return h, mlp.down_proj(act)
+        s, qkv = fn(h, delta, n1.weight, n1.eps, attn.qkv_proj.weight, False)
+        h, act = fn(s, attn.attend_qkv(qkv, cos, sin, ctx, cache), n2.weight, n2.eps, mlp.gate_up_proj.weight, True)
+        return (h, mlp.down_proj(act), s) if keep_input else (h, mlp.down_proj(act))
 
     def _forward_folded(self, h, delta, cos, sin, ctx: ForwardContext, cache) -> tuple[torch.Tensor, None]:
         """The same layer in 7 kernels when its projections are GEMMs that take no prologue (cuBLAS, past the fused
@@ -159,19 +166,27 @@ class DecoderOnlyLM(nn.Module):
         # NoPE layers (SmolLM3's): the identity rotation, so that every RoPE path (kernels included) leaves q / k be
         identity = (torch.ones_like(cos), torch.zeros_like(sin)) if self.config.rope_layers else (cos, sin)
         capture = self._capture_after
-        aux: dict[int, torch.Tensor] = {}
+        aux: dict[int, torch.Tensor | None] = {}  # None: to be taken from the next layer (keep_input)
         if 0 in capture:
             aux[0] = h.clone()
         delta = None  # the residual stream is h + delta (see PreNormDecoderLayer)
-        for i, layer in enumerate(self.model.layers):
+        layers = self.model.layers
+        for i, layer in enumerate(layers):
             attn = layer.self_attn
             layer_cos, layer_sin = (identity if getattr(attn, "nope", False) else
                                     local if getattr(attn, "window", None) else (cos, sin))
-            h, delta = layer(h, delta, layer_cos, layer_sin, ctx, ctx.kv[i] if ctx.kv is not None else None)
+            cache = ctx.kv[i] if ctx.kv is not None else None
+            if i in aux and aux[i] is None:  # the previous layer's output, as this layer's first add computes it
+                h, delta, aux[i] = layer(h, delta, layer_cos, layer_sin, ctx, cache, keep_input=True)
+            else:
+                h, delta = layer(h, delta, layer_cos, layer_sin, ctx, cache)
             if i + 1 in capture:  # a copy when delta is None: the next layer may update h in place
                 # (written straight into slices of one tensor instead, the adds take PyTorch's strided path: 2.9
                 # against 1.5 us each on an H100, more than the concatenation saves; session 63)
-                aux[i + 1] = h.clone() if delta is None else h + delta
+                if delta is not None and i + 1 < len(layers) and isinstance(layers[i + 1], PreNormDecoderLayer):
+                    aux[i + 1] = None  # taken from the next layer (keep_input): one add kernel fewer
+                else:
+                    aux[i + 1] = h.clone() if delta is None else h + delta
         if ctx.logits_index is not None:
             s = h if delta is None else h + delta
             x = self.model.norm(gather_rows(s, ctx.logits_index))
