@@ -279,7 +279,7 @@ def _launch(h2: torch.Tensor, d2: torch.Tensor | None, nw: torch.Tensor | None, 
         blocks is None and 1 < M <= ROW_GRID_ROWS)
     if row_grid:  # one program per (column block, row group), each the one-row row loop over its rows
         bn, warps = _ROW_GRID_BLOCKS[(gated, norm)] if blocks is None else blocks[1:4:2]
-        bm = 1 if blocks is None else blocks[0]  # rows per program
+        bm = ROW_GRID_GROUP if blocks is None else blocks[0]  # rows per program
         bk, row_loop = pow2(K), True
     else:
         bm, bn, bk, warps, *rest = blocks or _blocks(M, N, K, gated, norm, opts["PDL"])
@@ -308,6 +308,8 @@ def _launch(h2: torch.Tensor, d2: torch.Tensor | None, nw: torch.Tensor | None, 
 ROW_GRID_ROWS = 8
 # (BLOCK_N, warps) of a row-grid program, by (gated, norm): one row's choices
 _ROW_GRID_BLOCKS = {(False, True): (4, 1), (True, True): (4, 1), (False, False): (4, 1)}
+# rows per row-grid program (each runs the row loop over them with its weight tile loaded once)
+ROW_GRID_GROUP = 1
 
 
 def linear_rows(x: torch.Tensor, weight: torch.Tensor, blocks: Blocks | None = None) -> torch.Tensor:
