@@ -173,6 +173,52 @@ def test_indexed_rows_equal_gathering_first(B, T, R, K, dtype):
         assert torch.equal(h1, h3) and torch.allclose(y1, y3, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("B,T,K", [(1, 1, 80), (1, 4, 576), (2, 2, 48), (1, 3, 576), (2, 3, 80)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_embedding_rows_read_in_place_equal_gathering_first(monkeypatch, B, T, K, dtype):
+    """`embed_norm_linear(table, ids, ...)`: a first layer's input rows read from the embedding table by the kernel
+    (under DOT_MIN_ROWS rows: one row's program, the row grid) or gathered first (6 rows): the residual stream written
+    and the same products as the kernel on the gathered rows, bit for bit."""
+    from eaglespec.layers.norm_linear_kernel import embed_norm_linear
+
+    g = torch.Generator().manual_seed(B * 100 + T * 10 + K)
+    table = torch.randn(50, K, generator=g).to(dtype)
+    nw = (1 + 0.1 * torch.randn(K, generator=g)).to(dtype)
+    w = (torch.randn(40, K, generator=g) / K ** 0.5).to(dtype)
+    ids = torch.randint(0, 50, (B, T), generator=g)
+    launched = record_rows(monkeypatch, nlk, "_launch")
+    h1, y1 = embed_norm_linear(table, ids, nw, 1e-5, w)
+    assert launched == ({50} if B * T < nlk.DOT_MIN_ROWS else {B * T})  # the table itself, or the gathered rows
+    h2, y2 = add_norm_linear(torch.nn.functional.embedding(ids, table), None, nw, 1e-5, w, False)
+    assert h1.shape == (B, T, K) and y1.shape == (B, T, 40)
+    assert torch.equal(h1, h2) and torch.equal(y1, y2)
+
+
+def test_first_layer_gathers_the_embedding(monkeypatch):
+    """A forward of fewer than DOT_MIN_ROWS rows on the fused path skips the embedding module (the first layer's
+    kernel reads the table's rows), longer ones and captures of the embedding's output keep it; the logits are those
+    of the model without the fold."""
+    from eaglespec.models.base import PreNormDecoderLayer
+
+    few_programs(monkeypatch)
+    m = use_norm_linear_kernel(use_rope_store_kernel(fuse_projections(tiny_llama(seed=0))))
+    calls = []
+    m.model.embed_tokens.register_forward_hook(lambda *a: calls.append(1))
+    ids = torch.tensor([[5, 9, 2, 7, 1, 3]])
+    logits = {}
+    for fold in (True, False):
+        if not fold:
+            monkeypatch.setattr(PreNormDecoderLayer, "fuses_embedding", lambda self, rows: False)
+        for n, capture in ((1, None), (4, None), (4, [-1]), (6, None)):
+            calls.clear()
+            m.set_eagle3_layers_to_capture(capture)
+            logits[fold, n, capture is None] = m(ids[:, :n], ForwardContext.plain(1, n)).logits
+            assert len(calls) == (0 if fold and n < nlk.DOT_MIN_ROWS and capture is None else 1)
+    m.set_eagle3_layers_to_capture(None)
+    for key in [k for k in logits if k[0]]:
+        assert torch.equal(logits[key], logits[(False, *key[1:])])
+
+
 def _drafter_pair(monkeypatch, **drafter_kw) -> tuple:
     """(target, plain, fused): a tiny fused target and its drafter with the RoPE + KV-store kernel, plain and with the
     norm + projection kernels wired (one program per call: `few_programs`), both on the target's embedding."""

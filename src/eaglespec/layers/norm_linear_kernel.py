@@ -134,6 +134,7 @@ def _kernel():
                 xm = tl.load(h + src * K + rk, mask=ok, other=0.0)
                 if HAS_D:
                     xm = (xm.to(tl.float32) + tl.load(d + src * K + rk, mask=ok, other=0.0).to(tl.float32)).to(dt)
+                if HAS_D or INDEXED:  # INDEXED without a delta: the gathered rows are the residual stream
                     if pid == 0:
                         tl.store(h_out + m * K + rk, xm, mask=ok)
                 xmf = xm.to(tl.float32)
@@ -144,6 +145,7 @@ def _kernel():
                     if HAS_D:
                         xm2 = (xm2.to(tl.float32) + tl.load(d + src * K + rk2, mask=ok2, other=0.0)
                                .to(tl.float32)).to(dt)
+                    if HAS_D or INDEXED:
                         if pid == 0:
                             tl.store(h_out + m * K + rk2, xm2, mask=ok2)
                     xmf2 = xm2.to(tl.float32)
@@ -175,6 +177,7 @@ def _kernel():
             if HAS_D:
                 x = (x.to(tl.float32) + tl.load(d + src[:, None] * K + rk[None, :], mask=msk, other=0.0)
                      .to(tl.float32)).to(dt)
+            if HAS_D or INDEXED:
                 if pid == 0:
                     tl.store(h_out + rm[:, None] * K + rk[None, :], x, mask=msk)
             xf = x.to(tl.float32)
@@ -325,6 +328,27 @@ def linear_rows(x: torch.Tensor, weight: torch.Tensor, blocks: Blocks | None = N
     y = torch.empty(M, N, dtype=x.dtype, device=x.device)
     _launch(x2, None, None, weight, x2, y, 0.0, False, False, blocks)
     return y.view(*lead, N)
+
+
+def embed_norm_linear(table: torch.Tensor, ids: torch.Tensor, norm_weight: torch.Tensor, eps: float,
+                      weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A first layer's input from the embedding table: ids [B, T] -> (h = table[ids] [B, T, K], norm(h) @ weight.T
+    [B, T, N]), `add_norm_linear(F.embedding(ids, table), None, ...)`'s values. Steps of fewer than DOT_MIN_ROWS rows
+    read their rows of the table in the kernel (program 0 writes h), which saves the embedding's own (PyTorch)
+    kernel; longer steps gather first."""
+    B, T = ids.shape
+    V, K = table.shape
+    if B * T >= DOT_MIN_ROWS:
+        return add_norm_linear(F.embedding(ids, table), None, norm_weight, eps, weight, False)
+    assert K <= ONE_SHOT_K and weight.shape[1] == K and weight.is_contiguous() and table.is_contiguous(), \
+        "embed_norm_linear: shape"
+    N = weight.shape[0]
+    h_out = torch.empty(B, T, K, dtype=table.dtype, device=table.device)
+    y = torch.empty(B, T, N, dtype=table.dtype, device=table.device)
+    # input row of output row m: (m // 1) * 0 + ids[m], the table's row
+    _launch(table, None, norm_weight, weight, h_out.view(B * T, K), y.view(B * T, N), eps, False, True, None,
+            (ids.reshape(-1).contiguous(), 1, 0))
+    return h_out, y
 
 
 def add_norm_linear(h: torch.Tensor, delta: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,

@@ -24,6 +24,7 @@ from torch import nn
 
 from ..config import ModelConfig
 from ..layers.context import ForwardContext, gather_rows
+from ..layers.norm_linear_kernel import DOT_MIN_ROWS, add_norm_linear, embed_norm_linear
 from ..layers.norm_silu_kernel import norm_silu_mul
 from ..protocol import delegate_eagle3
 
@@ -48,11 +49,16 @@ class PreNormDecoderLayer(nn.Module):
     # longer steps then take `_forward_folded`
     folded_norms = False
 
-    def forward(self, h, delta, cos, sin, ctx: ForwardContext, cache, keep_input: bool = False) -> tuple:
+    def forward(self, h, delta, cos, sin, ctx: ForwardContext, cache, keep_input: bool = False,
+                embed_ids: torch.Tensor | None = None) -> tuple:
         """-> (h, delta), the layer's output h + delta; keep_input (delta given): (h, delta, s) with s = the input
         h + delta, the previous layer's output, which the layer's first add computes anyway (an aux state captured
-        without an add kernel of its own; s is never updated in place)."""
-        if self.norm_linear is not None and h.shape[0] * h.shape[1] <= self.norm_linear_rows:
+        without an add kernel of its own; s is never updated in place). embed_ids [B, T] (a first layer on its
+        fused path, `fuses_embedding`): h is the embedding table and the input its rows embed_ids, gathered by the
+        first kernel."""
+        if embed_ids is not None:
+            return self._forward_fused(h, None, cos, sin, ctx, cache, embed_ids=embed_ids)
+        if self.fused_for(h.shape[0] * h.shape[1]):
             return self._forward_fused(h, delta, cos, sin, ctx, cache, keep_input)
         if self.folded_norms:
             if keep_input:  # the folded path updates its input sum in place: hand it a copy
@@ -67,12 +73,25 @@ class PreNormDecoderLayer(nn.Module):
         h, x = self.post_attention_layernorm.add_forward(h, self.self_attn(x, cos, sin, ctx, cache))
         return (h, self.mlp(x), s) if keep_input else (h, self.mlp(x))
 
-    def _forward_fused(self, h, delta, cos, sin, ctx: ForwardContext, cache, keep_input: bool = False) -> tuple:
+    def fused_for(self, rows: int) -> bool:
+        """Whether a step of `rows` rows takes the fused kernels (`_forward_fused`)."""
+        return self.norm_linear is not None and rows <= self.norm_linear_rows
+
+    def fuses_embedding(self, rows: int) -> bool:
+        """Whether the first kernel of a step of `rows` rows can gather the embedding's rows itself (`embed_ids`):
+        the fused path's CUDA-core kernel (fewer than DOT_MIN_ROWS rows)."""
+        return self.fused_for(rows) and self.norm_linear is add_norm_linear and rows < DOT_MIN_ROWS
+
+    def _forward_fused(self, h, delta, cos, sin, ctx: ForwardContext, cache, keep_input: bool = False,
+                       embed_ids: torch.Tensor | None = None) -> tuple:
         """The same layer in 6 kernels for a few rows: (add, norm, q/k/v), RoPE + KV store, attention, o_proj,
         (add, norm, gate/up, SiLU gating), down_proj."""
         fn, attn, mlp = self.norm_linear, self.self_attn, self.mlp
         n1, n2 = self.input_layernorm, self.post_attention_layernorm
-        s, qkv = fn(h, delta, n1.weight, n1.eps, attn.qkv_proj.weight, False)
+        if embed_ids is not None:  # h: the embedding table
+            s, qkv = embed_norm_linear(h, embed_ids, n1.weight, n1.eps, attn.qkv_proj.weight)
+        else:
+            s, qkv = fn(h, delta, n1.weight, n1.eps, attn.qkv_proj.weight, False)
         h, act = fn(s, attn.attend_qkv(qkv, cos, sin, ctx, cache), n2.weight, n2.eps, mlp.gate_up_proj.weight, True)
         return (h, mlp.down_proj(act), s) if keep_input else (h, mlp.down_proj(act))
 
@@ -156,8 +175,15 @@ class DecoderOnlyLM(nn.Module):
         ctx: ForwardContext,
         inputs_embeds: torch.Tensor | None = None,
     ) -> ModelOutput:
+        layers = self.model.layers
+        capture = self._capture_after
+        embed = self.model.embed_tokens
+        # a plain embedding's rows gathered by the first layer's first kernel (one PyTorch kernel fewer a step)
+        embed_ids = input_ids if (inputs_embeds is None and 0 not in capture and type(embed) is nn.Embedding
+                                  and isinstance(layers[0], PreNormDecoderLayer)
+                                  and layers[0].fuses_embedding(input_ids.numel())) else None
         # [B, T, H]; layers may update h in place (PreNormDecoderLayer._forward_folded): never the caller's tensor
-        h = (self.model.embed_tokens(input_ids) if inputs_embeds is None
+        h = (embed.weight if embed_ids is not None else embed(input_ids) if inputs_embeds is None
              else inputs_embeds.clone(memory_format=torch.contiguous_format))
         cos, sin = self.model.rotary(ctx.positions)
         # the sliding-window layers' own RoPE, where the model has one (Gemma 3's local base frequency)
@@ -165,18 +191,18 @@ class DecoderOnlyLM(nn.Module):
         local = local_rotary(ctx.positions) if local_rotary is not None else (cos, sin)
         # NoPE layers (SmolLM3's): the identity rotation, so that every RoPE path (kernels included) leaves q / k be
         identity = (torch.ones_like(cos), torch.zeros_like(sin)) if self.config.rope_layers else (cos, sin)
-        capture = self._capture_after
         aux: dict[int, torch.Tensor | None] = {}  # None: to be taken from the next layer (keep_input)
         if 0 in capture:
             aux[0] = h.clone()
         delta = None  # the residual stream is h + delta (see PreNormDecoderLayer)
-        layers = self.model.layers
         for i, layer in enumerate(layers):
             attn = layer.self_attn
             layer_cos, layer_sin = (identity if getattr(attn, "nope", False) else
                                     local if getattr(attn, "window", None) else (cos, sin))
             cache = ctx.kv[i] if ctx.kv is not None else None
-            if i in aux and aux[i] is None:  # the previous layer's output, as this layer's first add computes it
+            if i == 0 and embed_ids is not None:
+                h, delta = layer(h, None, layer_cos, layer_sin, ctx, cache, embed_ids=embed_ids)
+            elif i in aux and aux[i] is None:  # the previous layer's output, as this layer's first add computes it
                 h, delta, aux[i] = layer(h, delta, layer_cos, layer_sin, ctx, cache, keep_input=True)
             else:
                 h, delta = layer(h, delta, layer_cos, layer_sin, ctx, cache)
