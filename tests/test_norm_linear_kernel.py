@@ -195,9 +195,9 @@ def test_embedding_rows_read_in_place_equal_gathering_first(monkeypatch, B, T, K
 
 
 def test_first_layer_gathers_the_embedding(monkeypatch):
-    """A forward of fewer than DOT_MIN_ROWS rows on the fused path skips the embedding module (the first layer's
-    kernel reads the table's rows), longer ones and captures of the embedding's output keep it; the logits are those
-    of the model without the fold."""
+    """A forward of 2 to DOT_MIN_ROWS - 1 rows on the fused path skips the embedding module (the first layer's
+    kernel reads the table's rows), one-row and longer ones and captures of the embedding's output keep it; the
+    logits are those of the model without the fold."""
     from eaglespec.models.base import PreNormDecoderLayer
 
     few_programs(monkeypatch)
@@ -209,11 +209,11 @@ def test_first_layer_gathers_the_embedding(monkeypatch):
     for fold in (True, False):
         if not fold:
             monkeypatch.setattr(PreNormDecoderLayer, "fuses_embedding", lambda self, rows: False)
-        for n, capture in ((1, None), (4, None), (4, [-1]), (6, None)):
+        for n, capture in ((1, None), (2, None), (4, None), (4, [-1]), (6, None)):
             calls.clear()
             m.set_eagle3_layers_to_capture(capture)
             logits[fold, n, capture is None] = m(ids[:, :n], ForwardContext.plain(1, n)).logits
-            assert len(calls) == (0 if fold and n < nlk.DOT_MIN_ROWS and capture is None else 1)
+            assert len(calls) == (0 if fold and 1 < n < nlk.DOT_MIN_ROWS and capture is None else 1)
     m.set_eagle3_layers_to_capture(None)
     for key in [k for k in logits if k[0]]:
         assert torch.equal(logits[key], logits[(False, *key[1:])])

@@ -282,7 +282,7 @@ def _launch(h2: torch.Tensor, d2: torch.Tensor | None, nw: torch.Tensor | None, 
         blocks is None and 1 < M <= ROW_GRID_ROWS)
     if row_grid:  # one program per (column block, row group), each the one-row row loop over its rows
         bn, warps = _ROW_GRID_BLOCKS[(gated, norm)] if blocks is None else blocks[1:4:2]
-        bm = ROW_GRID_GROUP if blocks is None else blocks[0]  # rows per program
+        bm = 1 if blocks is None else blocks[0]  # rows per program
         bk, row_loop = pow2(K), True
     else:
         bm, bn, bk, warps, *rest = blocks or _blocks(M, N, K, gated, norm, opts["PDL"])
@@ -308,11 +308,13 @@ def _launch(h2: torch.Tensor, d2: torch.Tensor | None, nw: torch.Tensor | None, 
 # tile again).
 # Programs of several rows past 8 rows lost to cuBLAS by far (16-128 rows, 2-16 rows per program: an 8-row tree
 # verify of 128 rows 1.09 -> 3.63 ms), so the policy keeps one row per program; explicit blocks may group rows.
+# Rows grouped per program lost at 4 and 8 rows too (H100, session 64, random SmolLM2 weights, spec_phase_trace.py):
+# a 4-token verify 0.527 ms -> 0.562 (2 rows a program), 0.773 (4), 1.189 (4, 8 columns), 0.943 (4, 8 columns, 2
+# warps); an 8-token verify on the row grid instead of tensor cores 0.626 -> 0.960 (4 rows a program), 1.364 (8);
+# 8 columns a program (one row) 0.527 -> 0.576.
 ROW_GRID_ROWS = 8
 # (BLOCK_N, warps) of a row-grid program, by (gated, norm): one row's choices
 _ROW_GRID_BLOCKS = {(False, True): (4, 1), (True, True): (4, 1), (False, False): (4, 1)}
-# rows per row-grid program (each runs the row loop over them with its weight tile loaded once)
-ROW_GRID_GROUP = 1
 
 
 def linear_rows(x: torch.Tensor, weight: torch.Tensor, blocks: Blocks | None = None) -> torch.Tensor:
