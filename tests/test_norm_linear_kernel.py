@@ -195,9 +195,10 @@ def test_embedding_rows_read_in_place_equal_gathering_first(monkeypatch, B, T, K
 
 
 def test_first_layer_gathers_the_embedding(monkeypatch):
-    """A forward of 2 to DOT_MIN_ROWS - 1 rows on the fused path skips the embedding module (the first layer's
-    kernel reads the table's rows), one-row and longer ones and captures of the embedding's output keep it; the
-    logits are those of the model without the fold."""
+    """A capturing forward of 2 to DOT_MIN_ROWS - 1 rows on the fused path (a verify) skips the embedding module
+    (the first layer's kernel reads the table's rows); one-row and longer ones, forwards without capture (plain
+    decoding) and captures of the embedding's output keep it; logits and aux states are those of the model without
+    the fold."""
     from eaglespec.models.base import PreNormDecoderLayer
 
     few_programs(monkeypatch)
@@ -205,18 +206,20 @@ def test_first_layer_gathers_the_embedding(monkeypatch):
     calls = []
     m.model.embed_tokens.register_forward_hook(lambda *a: calls.append(1))
     ids = torch.tensor([[5, 9, 2, 7, 1, 3]])
-    logits = {}
+    outs = {}
     for fold in (True, False):
         if not fold:
             monkeypatch.setattr(PreNormDecoderLayer, "fuses_embedding", lambda self, rows: False)
-        for n, capture in ((1, None), (2, None), (4, None), (4, [-1]), (6, None)):
+        for n, capture in ((1, [0, 1]), (2, [0, 1]), (4, [0, 1]), (4, None), (4, [-1, 1]), (6, [0, 1])):
             calls.clear()
             m.set_eagle3_layers_to_capture(capture)
-            logits[fold, n, capture is None] = m(ids[:, :n], ForwardContext.plain(1, n)).logits
-            assert len(calls) == (0 if fold and 1 < n < nlk.DOT_MIN_ROWS and capture is None else 1)
+            out = m(ids[:, :n], ForwardContext.plain(1, n))
+            outs[fold, n, str(capture)] = (out.logits, out.aux_hidden)
+            assert len(calls) == (0 if fold and 1 < n < nlk.DOT_MIN_ROWS and capture == [0, 1] else 1)
     m.set_eagle3_layers_to_capture(None)
-    for key in [k for k in logits if k[0]]:
-        assert torch.equal(logits[key], logits[(False, *key[1:])])
+    for key in [k for k in outs if k[0]]:
+        for a, b in zip(outs[key], outs[(False, *key[1:])]):
+            assert (a is None and b is None) or torch.equal(a, b)
 
 
 def _drafter_pair(monkeypatch, **drafter_kw) -> tuple:

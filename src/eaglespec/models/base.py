@@ -78,11 +78,12 @@ class PreNormDecoderLayer(nn.Module):
         return self.norm_linear is not None and rows <= self.norm_linear_rows
 
     def fuses_embedding(self, rows: int) -> bool:
-        """Whether the first kernel of a step of `rows` rows gathers the embedding's rows itself (`embed_ids`): the
-        fused path's CUDA-core kernel, 2 to DOT_MIN_ROWS - 1 rows. One-row steps keep the embedding's kernel: on an
-        H100 (session 64, random SmolLM2 weights) the decode graph without it replayed in 0.475-0.481 ms against
-        0.429-0.430 by CUDA events, with the same kernel span (423 against 425 us), while a chain's 4-token verify
-        gained."""
+        """Whether the first kernel of a step of `rows` rows gathers the embedding's rows itself (`embed_ids`, in
+        capturing forwards: DecoderOnlyLM.forward): the fused path's CUDA-core kernel, 2 to DOT_MIN_ROWS - 1 rows.
+        One-row steps keep the embedding's kernel: on an H100 (session 64, random SmolLM2 weights) the plain decode
+        graph without it replayed in 0.475-0.481 ms against 0.429-0.430 by CUDA events, with the same kernel span
+        (423 against 425 us; not understood), while a chain's 4-token verify gained (0.536 -> 0.527 ms with the aux
+        states' adds gone too). Plain decode graphs of 2-4 rows, unmeasured, keep it as well (no capture)."""
         return self.fused_for(rows) and self.norm_linear is add_norm_linear and 1 < rows < DOT_MIN_ROWS
 
     def _forward_fused(self, h, delta, cos, sin, ctx: ForwardContext, cache, keep_input: bool = False,
@@ -181,9 +182,12 @@ class DecoderOnlyLM(nn.Module):
         layers = self.model.layers
         capture = self._capture_after
         embed = self.model.embed_tokens
-        # a plain embedding's rows gathered by the first layer's first kernel (one PyTorch kernel fewer a step)
-        embed_ids = input_ids if (inputs_embeds is None and 0 not in capture and type(embed) is nn.Embedding
-                                  and isinstance(layers[0], PreNormDecoderLayer)
+        # a plain embedding's rows gathered by the first layer's first kernel (one PyTorch kernel fewer a step), in
+        # forwards that capture aux states (a speculative engine's verify and catch-up), not the embedding's output:
+        # measured faster in a chain's verify graph, while a plain decode graph without the embedding's kernel
+        # replayed 50 us slower (`PreNormDecoderLayer.fuses_embedding`)
+        embed_ids = input_ids if (inputs_embeds is None and capture and 0 not in capture
+                                  and type(embed) is nn.Embedding and isinstance(layers[0], PreNormDecoderLayer)
                                   and layers[0].fuses_embedding(input_ids.numel())) else None
         # [B, T, H]; layers may update h in place (PreNormDecoderLayer._forward_folded): never the caller's tensor
         h = (embed.weight if embed_ids is not None else embed(input_ids) if inputs_embeds is None
