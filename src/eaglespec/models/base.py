@@ -183,7 +183,7 @@ class DecoderOnlyLM(nn.Module):
         capture = self._capture_after
         embed = self.model.embed_tokens
         # a plain embedding's rows gathered by the first layer's first kernel (one PyTorch kernel fewer a step), in
-        # forwards that capture aux states (a speculative engine's verify and catch-up), not the embedding's output:
+        # forwards that capture aux states (a speculative engine's verify steps), not the embedding's output:
         # measured faster in a chain's verify graph, while a plain decode graph without the embedding's kernel
         # replayed 50 us slower (`PreNormDecoderLayer.fuses_embedding`)
         embed_ids = input_ids if (inputs_embeds is None and capture and 0 not in capture
