@@ -49,9 +49,8 @@ def test_aux_states_are_layer_outputs_concatenated(monkeypatch, path):
     m.set_eagle3_layers_to_capture([1, 2, 5])
     kept = []
     forward = PreNormDecoderLayer.forward
-    monkeypatch.setattr(PreNormDecoderLayer, "forward",
-                        lambda self, *a, keep_input=False: kept.append(keep_input) or forward(self, *a,
-                                                                                               keep_input=keep_input))
+    monkeypatch.setattr(PreNormDecoderLayer, "forward", lambda self, *a, keep_input=False, **kw: kept.append(
+        keep_input) or forward(self, *a, keep_input=keep_input, **kw))
     out = m(ids, ForwardContext.plain(2, T))
     assert out.aux_hidden.shape == (2, T, 3 * 64)
     # layers 2 and 3 hand back their input sums (layer 1's and 2's outputs); the folded path has no delta to add
