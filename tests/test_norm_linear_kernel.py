@@ -199,6 +199,7 @@ def test_first_layer_gathers_the_embedding(monkeypatch):
     (the first layer's kernel reads the table's rows); one-row and longer ones, forwards without capture (plain
     decoding) and captures of the embedding's output keep it; logits and aux states are those of the model without
     the fold."""
+    from eaglespec.models import base
     from eaglespec.models.base import PreNormDecoderLayer
 
     few_programs(monkeypatch)
@@ -220,6 +221,15 @@ def test_first_layer_gathers_the_embedding(monkeypatch):
     for key in [k for k in outs if k[0]]:
         for a, b in zip(outs[key], outs[(False, *key[1:])]):
             assert (a is None and b is None) or torch.equal(a, b)
+    # the probe's settings (base.EMBED_FOLD_MIN_ROWS, EMBED_FOLD_PLAIN): one-row and plain forwards fold too
+    monkeypatch.undo()
+    few_programs(monkeypatch)
+    plain = {n: m(ids[:, :n], ForwardContext.plain(1, n)).logits for n in (1, 3)}  # the policy: no fold
+    monkeypatch.setattr(base, "EMBED_FOLD_MIN_ROWS", 1)
+    monkeypatch.setattr(base, "EMBED_FOLD_PLAIN", True)
+    for n in (1, 3):
+        calls.clear()
+        assert torch.equal(m(ids[:, :n], ForwardContext.plain(1, n)).logits, plain[n]) and calls == []
 
 
 def _drafter_pair(monkeypatch, **drafter_kw) -> tuple:

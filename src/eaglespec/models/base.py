@@ -29,6 +29,15 @@ from ..layers.norm_silu_kernel import norm_silu_mul
 from ..protocol import delegate_eagle3
 
 
+# Which steps read the embedding's rows inside the first layer's kernel (`PreNormDecoderLayer.fuses_embedding`): at
+# least EMBED_FOLD_MIN_ROWS rows, and only forwards that capture aux states unless EMBED_FOLD_PLAIN. Measured on an
+# H100 (session 64, random SmolLM2 weights): a chain's 4-token verify gained, while a one-row plain decode graph
+# without the embedding's kernel replayed ~50 us slower by CUDA events over the same kernel span (not understood);
+# plain decode graphs of 2-4 rows were not measured. benchmarks/with_setting.py can set both for a probe.
+EMBED_FOLD_MIN_ROWS = 2
+EMBED_FOLD_PLAIN = False
+
+
 class PreNormDecoderLayer(nn.Module):
     """h -> h + attn(norm(h)) -> (that) + mlp(norm(that)); subclasses build the four modules.
 
@@ -79,12 +88,13 @@ class PreNormDecoderLayer(nn.Module):
 
     def fuses_embedding(self, rows: int) -> bool:
         """Whether the first kernel of a step of `rows` rows gathers the embedding's rows itself (`embed_ids`, in
-        capturing forwards: DecoderOnlyLM.forward): the fused path's CUDA-core kernel, 2 to DOT_MIN_ROWS - 1 rows.
-        One-row steps keep the embedding's kernel: on an H100 (session 64, random SmolLM2 weights) the plain decode
-        graph without it replayed in 0.475-0.481 ms against 0.429-0.430 by CUDA events, with the same kernel span
-        (423 against 425 us; not understood), while a chain's 4-token verify gained (0.536 -> 0.527 ms with the aux
-        states' adds gone too). Plain decode graphs of 2-4 rows, unmeasured, keep it as well (no capture)."""
-        return self.fused_for(rows) and self.norm_linear is add_norm_linear and 1 < rows < DOT_MIN_ROWS
+        capturing forwards unless EMBED_FOLD_PLAIN: DecoderOnlyLM.forward): the fused path's CUDA-core kernel,
+        EMBED_FOLD_MIN_ROWS (2) to DOT_MIN_ROWS - 1 rows. One-row steps keep the embedding's kernel: on an H100
+        (session 64) the plain decode graph without it replayed in 0.475-0.481 ms against 0.429-0.430 by CUDA
+        events, with the same kernel span (423 against 425 us), while a chain's 4-token verify gained (0.536 ->
+        0.527 ms with the aux states' adds gone too)."""
+        return (self.fused_for(rows) and self.norm_linear is add_norm_linear
+                and EMBED_FOLD_MIN_ROWS <= rows < DOT_MIN_ROWS)
 
     def _forward_fused(self, h, delta, cos, sin, ctx: ForwardContext, cache, keep_input: bool = False,
                        embed_ids: torch.Tensor | None = None) -> tuple:
@@ -183,10 +193,9 @@ class DecoderOnlyLM(nn.Module):
         capture = self._capture_after
         embed = self.model.embed_tokens
         # a plain embedding's rows gathered by the first layer's first kernel (one PyTorch kernel fewer a step), in
-        # forwards that capture aux states (a speculative engine's verify steps), not the embedding's output:
-        # measured faster in a chain's verify graph, while a plain decode graph without the embedding's kernel
-        # replayed 50 us slower (`PreNormDecoderLayer.fuses_embedding`)
-        embed_ids = input_ids if (inputs_embeds is None and capture and 0 not in capture
+        # forwards that capture aux states (a speculative engine's verify steps), not the embedding's output
+        # (EMBED_FOLD_MIN_ROWS, EMBED_FOLD_PLAIN: the measured policy)
+        embed_ids = input_ids if (inputs_embeds is None and (capture or EMBED_FOLD_PLAIN) and 0 not in capture
                                   and type(embed) is nn.Embedding and isinstance(layers[0], PreNormDecoderLayer)
                                   and layers[0].fuses_embedding(input_ids.numel())) else None
         # [B, T, H]; layers may update h in place (PreNormDecoderLayer._forward_folded): never the caller's tensor
