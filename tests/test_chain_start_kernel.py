@@ -10,7 +10,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernel is built (it
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
-from tiny import assert_transformed_engine_equals_plain  # noqa: E402
+from tiny import assert_transformed_engine_equals_plain, kernel_spy  # noqa: E402
 
 import eaglespec.spec.draft as draft  # noqa: E402
 from eaglespec.config import SpecConfig  # noqa: E402
@@ -55,17 +55,9 @@ def test_speculation_through_the_kernel_equals_plain(monkeypatch, spec):
 
     calls = []
 
-    def through_kernel(*a, **kw):
-        calls.append(("start", a[3]))  # levels
-        return csk.chain_start(*a, **kw, kernel=True)
-
-    def verify_rows(*a, **kw):
-        calls.append(("verify", a[1]))  # T
-        return csk.causal_rows(*a, **kw, kernel=True)
-
-    def route(target, drafter):
-        monkeypatch.setattr(draft, "chain_start", through_kernel)
-        monkeypatch.setattr(spec_step, "causal_rows", verify_rows)
+    def route(target, drafter):  # labels: the drafting start's levels, the verify's T
+        monkeypatch.setattr(draft, "chain_start", kernel_spy(calls, csk.chain_start, lambda a: ("start", a[3])))
+        monkeypatch.setattr(spec_step, "causal_rows", kernel_spy(calls, csk.causal_rows, lambda a: ("verify", a[1])))
 
     assert_transformed_engine_equals_plain(route, spec, [[5, 6, 7, 8], [9, 10]], 12)
     assert set(calls) == {("start", max(spec.steps - 1, 1)), ("verify", spec.draft_tokens)}

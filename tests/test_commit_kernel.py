@@ -11,7 +11,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are built (
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
-from tiny import assert_transformed_engine_equals_plain  # noqa: E402
+from tiny import assert_transformed_engine_equals_plain, kernel_spy  # noqa: E402
 
 import eaglespec.engine.drafter_rows as drafter_rows  # noqa: E402
 import eaglespec.engine.runner as runner  # noqa: E402
@@ -93,22 +93,10 @@ def test_store_matches_the_pytorch_path(tree):
 def test_speculation_through_the_kernels_equals_plain(monkeypatch, spec):
     calls = []
 
-    def advance(*a, **kw):
-        calls.append("advance")
-        return ck.advance_rows(*a, **kw, kernel=True)
-
-    def store(*a, **kw):
-        calls.append("store")
-        return ck.store_draft_rows(*a, **kw, kernel=True)
-
-    def advance_decode(*a, **kw):
-        calls.append("decode")
-        return ck.advance_decode(*a, **kw, kernel=True)
-
     def route(target, drafter):
-        monkeypatch.setattr(spec_step, "advance_rows", advance)
-        monkeypatch.setattr(drafter_rows, "store_draft_rows", store)
-        monkeypatch.setattr(runner, "advance_decode", advance_decode)
+        monkeypatch.setattr(spec_step, "advance_rows", kernel_spy(calls, ck.advance_rows, "advance"))
+        monkeypatch.setattr(drafter_rows, "store_draft_rows", kernel_spy(calls, ck.store_draft_rows, "store"))
+        monkeypatch.setattr(runner, "advance_decode", kernel_spy(calls, ck.advance_decode, "decode"))
 
     assert_transformed_engine_equals_plain(route, spec, [[5, 6, 7, 8], [9, 10]], 12)
     assert "advance" in calls and "store" in calls and "decode" in calls

@@ -12,7 +12,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are built (
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
-from tiny import assert_transformed_engine_equals_plain  # noqa: E402
+from tiny import assert_transformed_engine_equals_plain, kernel_spy  # noqa: E402
 
 import eaglespec.engine.spec_step as spec_step  # noqa: E402
 import eaglespec.spec.draft as draft  # noqa: E402
@@ -56,18 +56,10 @@ def test_verify_inputs_match_the_pytorch_path(B, D, kv_len):
 def test_tree_speculation_through_the_kernels_equals_plain(monkeypatch, spec):
     calls = []
 
-    def start(*a, **kw):
-        calls.append("start")
-        return tik.tree_draft_start(*a, **kw, kernel=True)
-
-    def verify(*a, **kw):
-        calls.append("verify")
-        return tik.tree_verify_inputs(*a, **kw, kernel=True)
-
     def route(target, drafter):
         monkeypatch.setattr(spec_step, "draft_tree", functools.partial(draft.draft_tree, kernels=True))
-        monkeypatch.setattr(draft, "tree_draft_start", start)
-        monkeypatch.setattr(spec_step, "tree_verify_inputs", verify)
+        monkeypatch.setattr(draft, "tree_draft_start", kernel_spy(calls, tik.tree_draft_start, "start"))
+        monkeypatch.setattr(spec_step, "tree_verify_inputs", kernel_spy(calls, tik.tree_verify_inputs, "verify"))
 
     assert_transformed_engine_equals_plain(route, spec, [[5, 6, 7, 8], [9, 10]], 12)
     assert {"start", "verify"} == set(calls)

@@ -1,7 +1,7 @@
 """Tiny random models and a character tokenizer for CPU tests (no downloads); `imports_compiler(code)`;
 `graded_candidates` (a tree's drafted candidates with many equal scores); `per_expert`
 (a transformers MoE state dict in checkpoint form), `randomize_moe` and `tiny_moe` (Qwen3-MoE and DeepSeek-V3
-targets)."""
+targets); `assert_transformed_engine_equals_plain` and `kernel_spy` (an engine's steps routed through kernels)."""
 
 from __future__ import annotations
 
@@ -144,6 +144,17 @@ def assert_transformed_engine_equals_plain(prepare, spec, prompts, max_new_token
     assert [o.token_ids for o in Engine(target, None).generate(prompts, params)] == ref
     eng = Engine(target, None, drafter=drafter, spec=spec)
     assert [o.token_ids for o in eng.generate(prompts, params)] == ref
+
+
+def kernel_spy(calls: list, fn, label):
+    """`fn` forced onto its Triton kernel (`kernel=True`; the interpreter on the CPU), appending `label` to `calls` at
+    each call (label: a value, or a function of the call's positional arguments that gives it), for hooks that
+    route an engine's steps through kernels (`assert_transformed_engine_equals_plain`)."""
+    def spy(*a, **kw):
+        calls.append(label(a) if callable(label) else label)
+        return fn(*a, **kw, kernel=True)
+
+    return spy
 
 
 def assert_speculation_equals_plain(target, drafter, prompts, params, specs) -> list[list[int]]:
