@@ -46,23 +46,24 @@ def test_aux_states_are_layer_outputs_concatenated(monkeypatch, path):
         if path == "folded":
             m = fold_norms(m)
     ids = torch.randint(0, 97, (2, T))
-    m.set_eagle3_layers_to_capture([1, 2, 5])
+    m.set_eagle3_layers_to_capture([1, -1, 2, 5, 1])  # the embeddings (-1) and an id named twice too
     kept = []
     forward = PreNormDecoderLayer.forward
     monkeypatch.setattr(PreNormDecoderLayer, "forward", lambda self, *a, keep_input=False, **kw: kept.append(
         keep_input) or forward(self, *a, keep_input=keep_input, **kw))
     out = m(ids, ForwardContext.plain(2, T))
-    assert out.aux_hidden.shape == (2, T, 3 * 64)
+    assert out.aux_hidden.shape == (2, T, 5 * 64)
     # layers 2 and 3 hand back their input sums (layer 1's and 2's outputs); the folded path has no delta to add
     assert kept == ([False] * 6 if path == "folded" else [False, False, True, True, False, False])
     # reference: run the layers by hand
     h = m.model.embed_tokens(ids)
+    embeds = h.clone()
     cos, sin = m.model.rotary(ForwardContext.plain(2, T).positions)
     outs, d = [], None
     for layer in m.model.layers:
         h, d = layer(h, d, cos, sin, ForwardContext.plain(2, T), None)  # the layer's output is h + d
         outs.append(h.clone() if d is None else h + d)
-    torch.testing.assert_close(out.aux_hidden, torch.cat([outs[1], outs[2], outs[5]], -1))
+    torch.testing.assert_close(out.aux_hidden, torch.cat([outs[1], embeds, outs[2], outs[5], outs[1]], -1))
     m.set_eagle3_layers_to_capture(None)
     # keep_input with a delta on every path (the folded one copies its input sum before updating it in place)
     layer, x, d = m.model.layers[3], outs[2], torch.randn_like(outs[2])
