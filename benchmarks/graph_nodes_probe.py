@@ -27,9 +27,12 @@ import torch
 _Graph = torch.cuda.CUDAGraph
 
 
-class _Kept(_Graph):  # every graph the engine captures keeps its cudaGraph_t
+class _Kept(_Graph):  # every graph the engine captures keeps its cudaGraph_t (the binding reads __init__'s argument)
     def __new__(cls, keep_graph: bool = True):
         return super().__new__(cls, True)
+
+    def __init__(self, keep_graph: bool = True) -> None:
+        super().__init__(True)
 
 
 torch.cuda.CUDAGraph = _Kept

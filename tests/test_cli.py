@@ -151,17 +151,18 @@ def test_default_drafter_policy_per_device_and_engine_size(monkeypatch):
     assert default_spec("cpu", 1) == cpu and default_spec("cpu", 2) is None
     assert default_spec("cpu", 1, temperature=1.0) == cpu and default_spec("cpu", 2, 1.0) is None
     assert [cpu.shape(1, greedy) for greedy in (True, False)] == [two, chain2]
-    chain, tree = SpecConfig(3, 1, 4), SpecConfig(4, 4, 16)
-    # sessions 19 and 25: the chain of 3 at one row and at 9-16 rows, the tree S4 K4 D8 at 2-8 rows and S5 K2 D8 at
-    # 17-32 rows: each shape where it measured faster (docs/benchmarks.md); sampled steps the chain of 3 (session 24)
+    chain, tree, chain4 = SpecConfig(3, 1, 4), SpecConfig(4, 4, 16), SpecConfig(4, 1, 5)
+    # sessions 19 and 25: the chain of 3 at 9-16 rows, the tree S4 K4 D8 at 2-8 rows and S5 K2 D8 at 17-32 rows;
+    # session 65: the chain of 4 at one row (its 5-token verify on the row grid): each shape where it measured faster
+    # (docs/benchmarks.md); sampled steps the chain of 3 (session 24)
     k4, k2 = SpecConfig(4, 4, 8), SpecConfig(5, 2, 8)
-    assert default_spec("cuda", 1) == cuda(((1, chain),))  # one shape for every step, penalized steps plain
-    assert default_spec("cuda", 8) == cuda(((1, chain), (8, k4)), sampled=((8, chain),))
-    assert default_spec("cuda", 12) == cuda(((1, chain), (8, k4), (12, chain)), sampled=((12, chain),))
-    full = cuda(((1, chain), (8, k4), (16, chain), (32, k2)), sampled=((32, chain),))
+    assert default_spec("cuda", 1) == cuda(((1, chain4),), sampled=((1, chain),))  # penalized steps plain
+    assert default_spec("cuda", 8) == cuda(((1, chain4), (8, k4)), sampled=((8, chain),))
+    assert default_spec("cuda", 12) == cuda(((1, chain4), (8, k4), (12, chain)), sampled=((12, chain),))
+    full = cuda(((1, chain4), (8, k4), (16, chain), (32, k2)), sampled=((32, chain),))
     assert default_spec("cuda", 32) == full
-    assert full.shapes == (chain, k4, k2)  # each step bucket takes one of them
-    assert [full.shapes[full.shape_index(r)] for r in (1, 2, 8, 9, 16, 17, 32)] == [chain, k4, k4, chain, chain, k2,
+    assert set(full.shapes) == {chain4, k4, chain, k2}  # each step bucket takes one of them
+    assert [full.shapes[full.shape_index(r)] for r in (1, 2, 8, 9, 16, 17, 32)] == [chain4, k4, k4, chain, chain, k2,
                                                                                   k2]
     assert {full.shapes[full.shape_index(r, greedy=False)] for r in (1, 2, 8, 9, 16, 17, 32)} == {chain}
     # steps under count penalties (session 50: 0.86x / 0.76x at 1 / 32 rows on the H200; session 52: 0.95-0.99x on the
@@ -181,13 +182,13 @@ def test_default_drafter_policy_per_device_and_engine_size(monkeypatch):
     from eaglespec.api import auto_spec  # `load` and `bench --spec auto` read the dtype off the target's weights
     assert auto_spec(torch.nn.Linear(2, 2), "cuda", 8) == (cuda(((8, chain),)), None)
     assert auto_spec(torch.nn.Linear(2, 2).to(torch.bfloat16), "cuda", 8) == (
-        cuda(((1, chain), (8, k4)), sampled=((8, chain),)), None)
+        cuda(((1, chain4), (8, k4)), sampled=((8, chain),)), None)
     # a bench run's requests alone (`only`): their mode's shapes, or plain decoding under count penalties on CUDA
     from eaglespec.assets import PENALIZED_NOTE
     from eaglespec.sampling_params import SamplingParams
 
     bf16 = torch.nn.Linear(2, 2).to(torch.bfloat16)
-    assert auto_spec(bf16, "cuda", 8, only=SamplingParams()) == (SpecSchedule(((1, chain), (8, k4))), None)
+    assert auto_spec(bf16, "cuda", 8, only=SamplingParams()) == (SpecSchedule(((1, chain4), (8, k4))), None)
     assert auto_spec(bf16, "cuda", 8, only=SamplingParams(temperature=1.0)) == (chain, None)
     assert auto_spec(bf16, "cuda", 8, only=SamplingParams(repetition_penalty=1.1)) == (None, PENALIZED_NOTE)
     wide = SpecConfig(5, 2, 8)  # session 15's policy: past 16 rows the K = 2 tree

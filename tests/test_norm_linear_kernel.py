@@ -195,7 +195,7 @@ def test_embedding_rows_read_in_place_equal_gathering_first(monkeypatch, B, T, K
 
 
 def test_first_layer_gathers_the_embedding(monkeypatch):
-    """A capturing forward of 2 to DOT_MIN_ROWS - 1 rows on the fused path (a verify) skips the embedding module
+    """A capturing forward of 2 to EMBED_FOLD_MAX_ROWS (4) rows on the fused path (a verify) skips the embedding module
     (the first layer's kernel reads the table's rows); one-row and longer ones, forwards without capture (plain
     decoding) and captures of the embedding's output keep it; logits and aux states are those of the model without
     the fold."""
@@ -211,12 +211,12 @@ def test_first_layer_gathers_the_embedding(monkeypatch):
     for fold in (True, False):
         if not fold:
             monkeypatch.setattr(PreNormDecoderLayer, "fuses_embedding", lambda self, rows: False)
-        for n, capture in ((1, [0, 1]), (2, [0, 1]), (4, [0, 1]), (4, None), (4, [-1, 1]), (6, [0, 1])):
+        for n, capture in ((1, [0, 1]), (2, [0, 1]), (4, [0, 1]), (4, None), (4, [-1, 1]), (5, [0, 1]), (6, [0, 1])):
             calls.clear()
             m.set_eagle3_layers_to_capture(capture)
             out = m(ids[:, :n], ForwardContext.plain(1, n))
             outs[fold, n, str(capture)] = (out.logits, out.aux_hidden)
-            assert len(calls) == (0 if fold and 1 < n < nlk.DOT_MIN_ROWS and capture == [0, 1] else 1)
+            assert len(calls) == (0 if fold and 1 < n <= base.EMBED_FOLD_MAX_ROWS and capture == [0, 1] else 1)
     m.set_eagle3_layers_to_capture(None)
     for key in [k for k in outs if k[0]]:
         for a, b in zip(outs[key], outs[(False, *key[1:])]):
@@ -513,10 +513,10 @@ def test_row_loop_equals_the_broadcast_product(M, gated, norm):
 def test_blocks_take_the_row_loop_at_one_row_with_pdl_only():
     """`_blocks`' policy (measured on the H200, docs/benchmarks.md "Session 12"): the row loop serves one-row steps
     launched with programmatic dependent launch; without PDL (older GPUs, EAGLESPEC_PDL=0) it was slower. Steps of
-    2..4 rows take the row grid (session 13), 5..MAX_ROWS the tensor-core kernel (sessions 14 and 24), 5..8 rows whose
-    tiles do not fit in shared memory the row grid again; the broadcast blocks of `_blocks` past one row are the
-    fallback when ROW_GRID_ROWS is lowered."""
-    assert nlk.ROW_GRID_ROWS == 8 and nlk.DOT_MIN_ROWS == 5 and MAX_ROWS == 64
+    2..5 rows take the row grid (sessions 13 and 65), 6..MAX_ROWS the tensor-core kernel (sessions 14, 24 and 65), 6..8
+    rows whose tiles do not fit in shared memory the row grid again; the broadcast blocks of `_blocks` past one row
+    are the fallback when ROW_GRID_ROWS is lowered."""
+    assert nlk.ROW_GRID_ROWS == 8 and nlk.DOT_MIN_ROWS == 6 and MAX_ROWS == 64
     for gated, norm in ((False, True), (True, True), (False, False)):
         assert nlk._blocks(1, 960, 576, gated, norm, pdl=True)[4] is True
         assert nlk._blocks(1, 960, 576, gated, norm, pdl=False)[4] is False
@@ -603,7 +603,7 @@ def test_dot_kernel_padding_rows_read_the_last_row_and_write_nothing(M):
 
 
 def test_steps_route_by_rows_and_the_dot_blocks_fit_shared_memory(monkeypatch):
-    """One row -> `_blocks`' programs, 2..4 rows -> the row grid, 5.. rows (bf16; float32 with FLOAT32_DOT) -> the
+    """One row -> `_blocks`' programs, 2..5 rows -> the row grid, 6.. rows (bf16; float32 with FLOAT32_DOT) -> the
     tensor-core kernel; its blocks (16 rows x 32 columns) narrow for wide inputs, so that the row and weight tiles fit
     in shared memory (the drafter's fc: 3 x 576 -> 2048 lanes)."""
     from eaglespec.layers import norm_linear_dot_kernel as dk
@@ -613,30 +613,31 @@ def test_steps_route_by_rows_and_the_dot_blocks_fit_shared_memory(monkeypatch):
     monkeypatch.setattr(nlk, "_kernel", lambda: type("Spy", (), {"__getitem__": lambda self, grid: (
         lambda *a, **kw: seen.append(("grid" if kw["ROW_GRID"] else "blocks", grid[1])))})())
     w = torch.zeros(24, 64)
-    for M in (1, 2, 4, 5, 8, 9, 64):
+    for M in (1, 2, 4, 5, 6, 8, 9, 64):
         add_norm_linear(torch.zeros(M, 64, dtype=torch.bfloat16), None, torch.ones(64, dtype=torch.bfloat16), 1e-5,
                         w.bfloat16(), False)
-    assert seen == [("blocks", 1), ("grid", 2), ("grid", 4), ("dot", 5), ("dot", 8), ("dot", 9), ("dot", 64)]
+    assert seen == [("blocks", 1), ("grid", 2), ("grid", 4), ("grid", 5), ("dot", 6), ("dot", 8), ("dot", 9),
+                    ("dot", 64)]
     seen.clear()
     monkeypatch.setattr(nlk, "FLOAT32_DOT", True)  # float32 on the tensor-core kernel too (the interpreter's tests)
-    for M in (5, 64):
+    for M in (6, 64):
         add_norm_linear(torch.zeros(M, 64), None, torch.ones(64), 1e-5, w, False)
-    assert seen == [("dot", 5), ("dot", 64)]
+    assert seen == [("dot", 6), ("dot", 64)]
     assert dk._blocks(576, True, 2) == dk.DOT_BLOCKS == (16, 32, 4)
     assert dk._blocks(1728, False, 2) == (16, 16, 4)  # (16 + 32) x 2048 x 2 bytes > SMEM_BYTES
     assert dk._blocks(1728, False, 4) == (16, 16, 4) and dk._blocks(2048, True, 4) == (16, 16, 4)
     # FLOAT32_DOT off (the default: Triton's IEEE float32 products run as FMAs, far slower on the H200): float32 steps
-    # of 5.. rows leave the tensor-core kernel as tiles over shared memory do (the row grid up to 8 rows, PyTorch past
+    # of 6.. rows leave the tensor-core kernel as tiles over shared memory do (the row grid up to 8 rows, PyTorch past
     # it); bf16 steps keep it
     seen.clear()
     monkeypatch.setattr(nlk, "FLOAT32_DOT", False)
-    for M in (5, 8):
+    for M in (6, 8):
         add_norm_linear(torch.zeros(M, 64), None, torch.ones(64), 1e-5, w, False)
         add_norm_linear(torch.zeros(M, 64, dtype=torch.bfloat16), None, torch.ones(64, dtype=torch.bfloat16), 1e-5,
                         w.bfloat16(), False)
     h9 = torch.randn(9, 64, generator=torch.Generator().manual_seed(9))
     _, y9 = add_norm_linear(h9, None, torch.ones(64), 1e-5, w + 1, False)
-    assert seen == [("grid", 5), ("dot", 5), ("grid", 8), ("dot", 8)]  # 9 rows: neither kernel
+    assert seen == [("grid", 6), ("dot", 6), ("grid", 8), ("dot", 8)]  # 9 rows: neither kernel
     assert torch.equal(y9, add_norm_linear_reference(h9, None, torch.ones(64), 1e-5, w + 1, False)[1])
 
 

@@ -79,6 +79,12 @@ DEFAULT_DRAFTER = ASSETS / "smollm2-135m-eagle3"
 #   session 27 kept both: at 16 rows the chain 1.66x against trees 1.56-1.62x (S4 K2 D6 / K4 D8 / K2 D8, S5 K2 D8 /
 #   D7); at 32 rows S5 K2 D7 averaged 1.49x against S5 K2 D8's 1.48x over 6 runs each (0.7%, inside one shape's
 #   spread in one call), S6 K2 D8 / D9, S5 K3 D8, S4 K2 D7 / D6, S5 K2 D6, S4 K4 D7 1.31-1.47x;
+#   session 65 (H100; a step of 5 rows on the row grid again, `norm_linear_kernel.DOT_MIN_ROWS` 5 -> 6) made the
+#   one-row shape the chain of 4, S4 K1 D5: MT-bench at 1 row 3,912-3,915 tok/s (1.75x, tau 2.80, 80/80 answers
+#   identical to plain decoding's, as its 5-token verify computes each row as a one-row step does) against the chain
+#   of 3's 3,849-3,857 (1.72x, tau 2.56, 80/80) in the same two runs; S5 K1 D6 (tau 3.00, a 6-token verify on tensor
+#   cores) 3,770-3,772 (1.68-1.69x, 19/80); on tensor cores S4 K1 D5 had run 3,785 (1.69x, 19/80). The chain of 3
+#   keeps 9-16 rows (unmeasured there) and sampled steps.
 # - sampling at temperature 1 (the drafter learnt the target's greedy text; chains draw sampled drafts): the CPU's
 #   one-step chain gains (1.15x, tau 1.37); on the H200 sampling lost until session 20 (the chain of 3 0.82x, tau
 #   1.75: a sampled step sorted every row of logits, ~55 kernels per call), when `target_probs` became one Triton
@@ -134,6 +140,7 @@ CPU_MAX_VERIFY_COST = 1.5
 CPU_MAX_VERIFY_COST_SAMPLED = 1.2
 CPU_MAX_VERIFY_COST_WIDE = 1.3
 _CHAIN_3 = SpecConfig(steps=3, topk=1, draft_tokens=4)
+_CHAIN_4 = SpecConfig(steps=4, topk=1, draft_tokens=5)
 _TREE_K4 = SpecConfig(steps=4, topk=4, draft_tokens=8)
 _TREE_K2 = SpecConfig(steps=5, topk=2, draft_tokens=8)
 _TREE_CPU = SpecConfig(steps=3, topk=2, draft_tokens=6)
@@ -141,7 +148,7 @@ _TREE_CPU_NARROW = SpecConfig(steps=2, topk=2, draft_tokens=4)
 # device type -> ((largest engine, shape), ...) by increasing engine size; larger engines decode plainly by default
 _DEFAULT_SPEC: dict[str, tuple[tuple[int, SpecConfig], ...]] = {
     "cpu": ((1, _TREE_CPU),),
-    "cuda": ((1, _CHAIN_3), (8, _TREE_K4), (16, _CHAIN_3), (32, _TREE_K2)),
+    "cuda": ((1, _CHAIN_4), (8, _TREE_K4), (16, _CHAIN_3), (32, _TREE_K2)),
 }
 _CHAIN_2 = SpecConfig(steps=2, topk=1, draft_tokens=3)
 _CHAIN_1 = SpecConfig(steps=1, topk=1, draft_tokens=2)

@@ -1,10 +1,10 @@
-"""The add + RMSNorm + projection kernel on tensor cores, for steps of DOT_MIN_ROWS (5)..MAX_ROWS rows (a one-row
-verify of 5-16 tokens, the verifies of chains at 2-16 rows, drafter forwards of several rows, plain decoding at 5-64
+"""The add + RMSNorm + projection kernel on tensor cores, for steps of DOT_MIN_ROWS (6)..MAX_ROWS rows (a one-row
+verify of 6-16 tokens, the verifies of chains at 2-16 rows, drafter forwards of several rows, plain decoding at 6-64
 rows).
 
-`norm_linear_kernel` serves 1..4 rows with reductions on the CUDA cores, one program per row past one; past 8 rows
-that re-reads the weight tile once per row and loses to cuBLAS (docs/benchmarks.md, "Session 13"), and at 5-8 rows it
-lost to this kernel (rows padded to 16: "Session 24"), but not at 2-4. cuBLAS in turn
+`norm_linear_kernel` serves 1..5 rows with reductions on the CUDA cores, one program per row past one; past 8 rows
+that re-reads the weight tile once per row and loses to cuBLAS (docs/benchmarks.md, "Session 13"), and at 6-8 rows it
+lost to this kernel (rows padded to 16: "Session 24", "Session 65"), but not at 2-5. cuBLAS in turn
 needs the residual add + norm and the SiLU gating as separate kernels (9 kernels per Llama layer instead of 6) and
 cannot start loading its weights before the kernel before it ends. Here a program multiplies BLOCK_M rows by BLOCK_N
 columns with `tl.dot`, its weight tile loaded before the programmatic-launch wait (layers/pdl.py).

@@ -21,9 +21,11 @@ DOT_MIN_ROWS..MAX_ROWS rows go to the tensor-core kernel of layers/norm_linear_d
 tiles fit the device's shared memory, in bf16 / fp16 only (FLOAT32_DOT); float32 steps and float32 inputs over 1,024
 wide come back here up to ROW_GRID_ROWS rows and go to the PyTorch path past them; longer steps and wider layers keep
 cuBLAS.
-Steps of 2..4 rows (and those fallbacks) launch one program per (column block, row) (ROW_GRID): each runs the
-one-row row loop over its own row, so that a few-row step costs about what a one-row step costs per kernel. The row
-loop reads a row as two power-of-two chunks where that is narrower than one block (`_k_chunks`: 576 = 512 + 64).
+Steps of 2..DOT_MIN_ROWS - 1 rows (and those fallbacks) launch one program per (column block, row) (ROW_GRID): each
+runs the one-row row loop over its own row, so that a few-row step costs about what a one-row step costs per kernel
+and computes each row as a one-row step does (a one-row chain's verify of up to 5 tokens gets the projections of
+plain decoding, bit for bit). The row loop reads a row as two power-of-two chunks where that is narrower than one
+block (`_k_chunks`: 576 = 512 + 64).
 The kernel is built on first use, so that `TRITON_INTERPRET=1` (set by the CPU tests) takes effect.
 """
 
@@ -46,8 +48,14 @@ from .pdl import launch_options
 # At 5-8 rows it beat the row grid below (session 24, `benchmarks/few_rows_dot_check.py`, random SmolLM2 weights:
 # 8-row decode graph 0.680 / 0.687 -> 0.651 ms, a one-row verify of 8 tokens 0.683 -> 0.647; MT-bench plain decoding
 # at 8 rows +8%), while at 2-4 rows it lost (a one-row verify of 4 tokens 0.522 -> 0.587 ms): DOT_MIN_ROWS 9 -> 5.
+# Session 65 (H100, docs/benchmarks.md): 5 rows are the row grid's again, DOT_MIN_ROWS 5 -> 6. A one-row verify of 5
+# tokens took 0.548-0.551 ms on the row grid against 0.600-0.603 on tensor cores (6 / 7 tokens: 0.673-0.690 against
+# 0.620-0.632, so 6+ rows stay on tensor cores), so the chain S4 K1 D5 ran MT-bench at 1 row at 3,912-3,915 tok/s
+# (1.75x, tau 2.80, every answer plain decoding's: the row grid computes each row as a one-row step does) against
+# 3,785 (1.69x, 19/80) and the chain of 3's 3,849-3,857 (1.72x); plain decoding at 5 rows +4.4% (7,754 against 7,425
+# -7,432 tok/s, continuous batching), `auto` at 5 and 8 rows within -0.1% / -0.4%.
 MAX_ROWS = 64
-DOT_MIN_ROWS = 5
+DOT_MIN_ROWS = 6
 # float32 steps of DOT_MIN_ROWS..MAX_ROWS rows on the "tensor-core" kernel; False (the default): as float32 tiles too
 # large for shared memory go (the row grid up to ROW_GRID_ROWS rows, PyTorch past it; `max_rows` keeps longer float32
 # steps away from these kernels altogether). Its float32 products are IEEE (no TF32), which Triton runs as FMAs, not
@@ -220,9 +228,9 @@ def _blocks(M: int, N: int, K: int, gated: bool, norm: bool = True, pdl: bool = 
     one-shot and K-pipelined, faster per call with the weights in L2 but 4-7% slower in whole verify steps), nor a
     row loop (session 9) beat cuBLAS plus the separate norm in whole steps; one program per row did (session 13:
     ROW_GRID_ROWS, which takes steps of 2-8 rows before these blocks are consulted), and so did session 14's
-    tensor-core kernel, whose weight tiles load before the PDL wait, up to 64 rows (from DOT_MIN_ROWS rows on: at 5-8
-    rows it beat the row grid too, session 24); for 4096-wide layers the blocked loop was 2x slower than cuBLAS, hence
-    ONE_SHOT_K (docs/benchmarks.md, "Session 5", "Session 9", "Session 10", "Session 12")."""
+    tensor-core kernel, whose weight tiles load before the PDL wait, up to 64 rows (from DOT_MIN_ROWS rows on: at 6-8
+    rows it beat the row grid too, sessions 24 and 65); for 4096-wide layers the blocked loop was 2x slower than
+    cuBLAS, hence ONE_SHOT_K (docs/benchmarks.md, "Session 5", "Session 9", "Session 10", "Session 12")."""
     bucket = 1 if M <= 1 else 2 if M <= 2 else 4 if M <= 4 else 8
     if pdl:
         table = (_GATED_CFG if gated else _NORM_CFG) if norm else _PLAIN_CFG
@@ -260,7 +268,7 @@ def _launch(h2: torch.Tensor, d2: torch.Tensor | None, nw: torch.Tensor | None, 
     """index (idx [M] int64, R, T): output row m reads input row (m // R) * T + idx[m] of h2 / d2 (the CUDA-core
     products only: fewer than DOT_MIN_ROWS rows, no explicit blocks)."""
     M, K = h2.shape if index is None else (index[0].shape[0], h2.shape[1])
-    assert index is None or (blocks is None and M < DOT_MIN_ROWS), "norm_linear_kernel: indexed rows, under 5 rows"
+    assert index is None or (blocks is None and M < DOT_MIN_ROWS), "norm_linear_kernel: indexed rows, few rows only"
     if blocks is None and M >= DOT_MIN_ROWS:  # tensor cores
         from . import norm_linear_dot_kernel as dot
 

@@ -24,17 +24,21 @@ from torch import nn
 
 from ..config import ModelConfig
 from ..layers.context import ForwardContext, gather_rows
-from ..layers.norm_linear_kernel import DOT_MIN_ROWS, add_norm_linear, embed_norm_linear
+from ..layers import norm_linear_kernel as nlk
+from ..layers.norm_linear_kernel import add_norm_linear, embed_norm_linear
 from ..layers.norm_silu_kernel import norm_silu_mul
 from ..protocol import delegate_eagle3
 
 
-# Which steps read the embedding's rows inside the first layer's kernel (`PreNormDecoderLayer.fuses_embedding`): at
-# least EMBED_FOLD_MIN_ROWS rows, and only forwards that capture aux states unless EMBED_FOLD_PLAIN. Measured on an
-# H100 (session 64, random SmolLM2 weights): a chain's 4-token verify gained, while a one-row plain decode graph
-# without the embedding's kernel replayed ~50 us slower by CUDA events over the same kernel span (not understood);
-# plain decode graphs of 2-4 rows were not measured. benchmarks/with_setting.py can set both for a probe.
+# Which steps read the embedding's rows inside the first layer's kernel (`PreNormDecoderLayer.fuses_embedding`):
+# EMBED_FOLD_MIN_ROWS to EMBED_FOLD_MAX_ROWS rows (and under norm_linear_kernel.DOT_MIN_ROWS: the CUDA-core kernel
+# reads them), and only forwards that capture aux states unless EMBED_FOLD_PLAIN. Measured on an H100 (session 64,
+# random SmolLM2 weights): a chain's 4-token verify gained, while a one-row plain decode graph without the
+# embedding's kernel replayed ~50 us slower by CUDA events over the same kernel span (session 65: GPU time, when a
+# replay follows another; not located); plain decode graphs of 2-4 rows and 5-row verifies (the row grid's since
+# session 65) were not measured with it. benchmarks/with_setting.py can set these for a probe.
 EMBED_FOLD_MIN_ROWS = 2
+EMBED_FOLD_MAX_ROWS = 4
 EMBED_FOLD_PLAIN = False
 
 
@@ -89,12 +93,12 @@ class PreNormDecoderLayer(nn.Module):
     def fuses_embedding(self, rows: int) -> bool:
         """Whether the first kernel of a step of `rows` rows gathers the embedding's rows itself (`embed_ids`, in
         capturing forwards unless EMBED_FOLD_PLAIN: DecoderOnlyLM.forward): the fused path's CUDA-core kernel,
-        EMBED_FOLD_MIN_ROWS (2) to DOT_MIN_ROWS - 1 rows. One-row steps keep the embedding's kernel: on an H100
-        (session 64) the plain decode graph without it replayed in 0.475-0.481 ms against 0.429-0.430 by CUDA
-        events, with the same kernel span (423 against 425 us), while a chain's 4-token verify gained (0.536 ->
-        0.527 ms with the aux states' adds gone too)."""
+        EMBED_FOLD_MIN_ROWS (2) to EMBED_FOLD_MAX_ROWS (4) rows, as measured. One-row steps keep the embedding's
+        kernel: on an H100 (session 64) the plain decode graph without it replayed in 0.475-0.481 ms against
+        0.429-0.430 by CUDA events, with the same kernel span (423 against 425 us), while a chain's 4-token verify
+        gained (0.536 -> 0.527 ms with the aux states' adds gone too)."""
         return (self.fused_for(rows) and self.norm_linear is add_norm_linear
-                and EMBED_FOLD_MIN_ROWS <= rows < DOT_MIN_ROWS)
+                and EMBED_FOLD_MIN_ROWS <= rows <= EMBED_FOLD_MAX_ROWS and rows < nlk.DOT_MIN_ROWS)
 
     def _forward_fused(self, h, delta, cos, sin, ctx: ForwardContext, cache, keep_input: bool = False,
                        embed_ids: torch.Tensor | None = None) -> tuple:
