@@ -106,6 +106,32 @@ def test_row_grid_matches_reference(M, K, per, gated, with_delta, norm):
     assert torch.allclose(y1, y2, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("gated,with_delta,norm", [(False, True, True), (True, True, True), (False, False, False)])
+def test_few_row_steps_compute_each_row_as_a_one_row_step(gated, with_delta, norm):
+    """Steps of 2..DOT_MIN_ROWS - 1 rows (the row grid) compute every row as the GPU's one-row step does (`_blocks`
+    with PDL: the row loop, 4 columns a program, K = 576 in two chunks), bit for bit in bf16: so a one-row chain's
+    verify of up to 5 tokens gets plain decoding's projections (session 65: the chain of 4's answers all equal plain
+    decoding's on an H100; on tensor cores, 19 of 80)."""
+    K, N = 576, 12
+    g = torch.Generator().manual_seed(65)
+    nw = (1 + 0.1 * torch.randn(K, generator=g)).bfloat16()
+    w = (torch.randn(2 * N if gated else N, K, generator=g) / K ** 0.5).bfloat16()
+    one_row = nlk._blocks(1, N, K, gated, norm, pdl=True)
+    assert one_row[4] is True and nlk.DOT_MIN_ROWS == 6
+    for M in range(2, nlk.DOT_MIN_ROWS):
+        h = torch.randn(M, 1, K, generator=g).bfloat16()
+        d = torch.randn(M, 1, K, generator=g).bfloat16() if with_delta else None
+        if norm:
+            many = add_norm_linear(h, d, nw, 1e-5, w, gated)
+            alone = [add_norm_linear(h[i:i + 1], None if d is None else d[i:i + 1], nw, 1e-5, w, gated, one_row)
+                     for i in range(M)]
+            assert torch.equal(many[0], torch.cat([a[0] for a in alone]))
+            assert torch.equal(many[1], torch.cat([a[1] for a in alone]))
+        else:
+            many = nlk.linear_rows(h, w)
+            assert torch.equal(many, torch.cat([nlk.linear_rows(h[i:i + 1], w, one_row) for i in range(M)]))
+
+
 def test_too_wide_is_refused():
     K = nlk.ONE_SHOT_K + 1
     with pytest.raises(AssertionError):
@@ -671,6 +697,29 @@ def test_tiles_over_shared_memory_take_the_pytorch_path(monkeypatch):
         ref = add_norm_linear_reference(h[:6], d[:6], nw, 1e-5, w, gated)
         assert torch.equal(h2, ref[0]) and torch.allclose(y2, ref[1], atol=1e-5, rtol=1e-5)
     assert len(built) == 2
+
+
+def test_one_row_chain_of_4_verifies_on_the_row_grid(monkeypatch):
+    """The one-row greedy CUDA shape (session 65: the chain of 4, S4 K1 D5): its 5-token verify and the drafter's
+    catch-ups of up to 5 rows take the row grid, never the tensor-core kernel; greedy speculation equals plain
+    decoding (float32)."""
+    from eaglespec.assets import default_spec
+    from eaglespec.engine.transforms import use_linear_rows_kernel
+    from eaglespec.layers import norm_linear_dot_kernel as dk
+
+    spec = default_spec("cuda", 1).shape(1, greedy=True)
+    assert spec == SpecConfig(4, 1, 5)
+    few_programs(monkeypatch)
+    monkeypatch.setattr(nlk, "FLOAT32_DOT", True)  # 5 float32 rows would go to the dot kernel if it were the policy
+    dot_rows = record_rows(monkeypatch, dk, "launch")
+    rows_seen = record_rows(monkeypatch, nlk, "_launch")
+
+    def prepare(target, drafter):
+        for x in (target, drafter):
+            use_linear_rows_kernel(use_norm_linear_kernel(use_rope_store_kernel(fuse_projections(x))))
+
+    assert_transformed_engine_equals_plain(prepare, spec, [[1, 2, 3, 4]], 8)
+    assert 5 in rows_seen and dot_rows == set()
 
 
 def test_engine_through_the_dot_kernel_equals_plain(monkeypatch):
