@@ -10,8 +10,8 @@ path to its GGUF or a copy of it) and plainly otherwise; without an explicit `sp
 a `SpecSchedule` where the shapes measured differ by rows, each step the shape of the rows it runs) and the dtype
 (greedy float32 on CUDA: the chain of 3 up to 32 rows, where bf16 takes the chain of 4 at 1 row and trees at 2-8
 and 17-32 rows), greedy steps and sampled steps each their own (sampled: the chain of 2 in one-row CPU engines, on
-CUDA the chain of 3 up to 32 rows; `SpecSchedule.sampled`; steps under count penalties decode plainly on CUDA: `SpecSchedule.penalized`). It
-decodes plainly where the drafter was measured slower than plain decoding at the
+CUDA the chain of 3 up to 32 rows; `SpecSchedule.sampled`; steps under count penalties decode plainly on CUDA:
+`SpecSchedule.penalized`). It decodes plainly where the drafter was measured slower than plain decoding at the
 `temperature` the engine is meant to serve; on the CPU it first times the target's forwards on this machine
 (`engine/verify_cost.py`): greedy steps take the tree S3 K2 D6 where a forward of 6 tokens costs at most
 `assets.CPU_MAX_VERIFY_COST_WIDE` one-token forwards, else S2 K2 D4 (`assets.cpu_shapes`), and it decodes plainly
