@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import time
 
-from probe_script import OUT, current_graphs, kernel_advance, option, random_pair, stepped_engine
+from probe_script import OUT, TimedRounds, current_graphs, kernel_advance, option, random_pair, stepped_engine
 
 import torch
 
@@ -43,24 +43,15 @@ def measure(graphs: list, n: int = 50) -> dict:
             g.replay()
     torch.cuda.synchronize()
     for ahead in (False, True):
-        ev = [[(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in graphs]
-              for _ in range(n)]
-        host = [0.0] * len(graphs)
+        rounds = TimedRounds(graphs, n)
         if ahead:
             torch.cuda._sleep(SLEEP_CYCLES)
-        for i in range(n):
-            for j, (_, g) in enumerate(graphs):
-                ev[i][j][0].record()
-                t = time.perf_counter()
-                g.replay()
-                host[j] += time.perf_counter() - t
-                ev[i][j][1].record()
+        rounds.run()
         torch.cuda.synchronize()
         for j, (name, _) in enumerate(graphs):
-            res[name]["events_ahead" if ahead else "events"] = round(
-                sum(ev[i][j][0].elapsed_time(ev[i][j][1]) for i in range(n)) / n, 4)
+            res[name]["events_ahead" if ahead else "events"] = round(rounds.event_ms(j), 4)
             if ahead:
-                res[name]["host"] = round(1e3 * host[j] / n, 4)
+                res[name]["host"] = round(1e3 * rounds.host[j] / n, 4)
     for name, g in graphs:  # each graph alone, for the wall figures
         t = time.perf_counter()
         for _ in range(200):

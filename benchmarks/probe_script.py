@@ -10,6 +10,9 @@ that each states only what it measures:
   cut short by its time limit still leaves its rows);
 - `per_call_us(fn, calls)`: time of one call in a CUDA graph of `calls` calls (eaglespec.bench.graph_timing);
 - `replay_ms(graphs, n, warmup)`: ms per replay of the captured graphs in order (after `warmup` untimed rounds);
+- `TimedRounds(graphs, n)`: the events of `n` rounds of (name, graph) pairs; `.run()` enqueues the rounds, each
+  replay between CUDA events and host clocks, without a synchronisation; after one, `.event_ms(j)` is graph j's mean
+  ms by events and `.host[j]` its host seconds in `replay()`, summed;
 - `stepped_engine(model, drafter, spec, rows=1)`: an engine of `rows` rows without overlap that has decoded (or
   speculated) 30 steps after a 128-token prompt per row: mid-generation, so that `current_graphs(engine, kind,
   rows)` gives the graphs of its current length bucket to replay and profile alone (each replay moves its state on
@@ -86,6 +89,27 @@ def replay_ms(graphs: list[torch.cuda.CUDAGraph], n: int = 200, warmup: int = 20
             g.replay()
     torch.cuda.synchronize()
     return 1e3 * (time.perf_counter() - t) / n
+
+
+class TimedRounds:
+    def __init__(self, graphs: list, n: int) -> None:
+        self.graphs, self.n = graphs, n
+        self.ev = [[(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in graphs]
+                   for _ in range(n)]
+        self.host = [0.0] * len(graphs)
+
+    def run(self) -> "TimedRounds":
+        for i in range(self.n):
+            for j, (_, g) in enumerate(self.graphs):
+                self.ev[i][j][0].record()
+                t = time.perf_counter()
+                g.replay()
+                self.host[j] += time.perf_counter() - t
+                self.ev[i][j][1].record()
+        return self
+
+    def event_ms(self, j: int) -> float:
+        return sum(self.ev[i][j][0].elapsed_time(self.ev[i][j][1]) for i in range(self.n)) / self.n
 
 
 def stepped_engine(model: torch.nn.Module, drafter: torch.nn.Module | None = None, spec: SpecConfig | None = None,

@@ -22,7 +22,8 @@ from __future__ import annotations
 import sys
 import time
 
-from probe_script import CPU, DEV, DT, OUT, Emitter, per_call_us, stepped_engine  # noqa: E402  (--cpu: the interpreter)
+from probe_script import (CPU, DEV, DT, OUT, Emitter, TimedRounds, per_call_us,  # noqa: E402  (--cpu: the interpreter)
+                          stepped_engine)
 
 import torch  # noqa: E402
 
@@ -71,25 +72,17 @@ for spec, fused in runs:
     # 50 whole steps (a commit moves the state on, so phases are replayed in order), each replay bracketed by events
     # (GPU time) and host clocks (how long the launch call blocks the host)
     n = 50
-    ev = [[(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in graphs]
-          for _ in range(n)]
-    host = [0.0] * len(graphs)
+    rounds = TimedRounds(graphs, n)
     sync()
     t0 = time.perf_counter()
-    for i in range(n):
-        for j, (_, g) in enumerate(graphs):
-            ev[i][j][0].record()
-            t = time.perf_counter()
-            g.replay()
-            host[j] += time.perf_counter() - t
-            ev[i][j][1].record()
+    rounds.run()
     enqueue = time.perf_counter() - t0
     sync()
     row = {"spec": name, "step_ms": round(1e3 * (time.perf_counter() - t0) / n, 4),
            "enqueue_ms": round(1e3 * enqueue / n, 4)}
     for j, (gname, _) in enumerate(graphs):
-        row[f"{gname}_ms"] = round(sum(ev[i][j][0].elapsed_time(ev[i][j][1]) for i in range(n)) / n, 4)
-        row[f"{gname}_host_ms"] = round(1e3 * host[j] / n, 4)
+        row[f"{gname}_ms"] = round(rounds.event_ms(j), 4)
+        row[f"{gname}_host_ms"] = round(1e3 * rounds.host[j] / n, 4)
     emit(row)
     profile_it = (spec.topk > 1 and spec.steps == 4 and fused and not QUICK) or (
         PROFILE and fused and spec.steps in (3, 4) and spec.draft_tokens in (4, 16))
