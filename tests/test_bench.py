@@ -427,7 +427,7 @@ def test_bench_with_a_structured_output(tmp_path, capsys):
     from eaglespec.assets import default_drafter_path
 
     code, _, err = run_cli(["bench", "--draft", str(default_drafter_path()), "--spec", "3,1,4", "--limit", "2",
-                            "--max-new-tokens", "24", "--batch-sizes", "1,2", "--device", "cpu", "--json-object",
+                            "--max-new-tokens", "24", "--batch-sizes", "2", "--device", "cpu", "--json-object",
                             "--out", tmp_path / "out"], capsys)
     assert code == 0, err
     doc = json.loads((tmp_path / "out" / "results.json").read_text())

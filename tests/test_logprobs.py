@@ -22,6 +22,10 @@ from eaglespec.sampling_params import SamplingParams  # noqa: E402
 
 PROMPTS = [[1, 2, 3, 4, 5], [7, 8, 9], list(range(10, 40)), [5]]
 GREEDY = SamplingParams(max_new_tokens=16, ignore_eos=True, logprobs=3)
+# an engine's log-probabilities against `reference_logprobs`: one full-sequence forward sums in other orders than
+# the engine's cached decode steps; on a Sapphire Rapids Xeon (AVX-512) the tiny target's (|logits| up to ~11, ulp
+# ~1e-6) differ by up to 1.0e-5 (session 66), so 1e-5 failed there; a wrong position or token differs by ~0.1-1
+FORWARD_TOL = 3e-5
 
 
 @pytest.fixture(scope="module")
@@ -66,10 +70,10 @@ def test_plain_greedy_logprobs_are_the_targets_log_softmax(target, plain):
         assert len(o.logprobs) == len(o.token_ids) == 16
         for j, e in enumerate(o.logprobs):
             assert e.token == o.token_ids[j]
-            assert e.logprob == pytest.approx(ref[j, e.token].item(), abs=1e-5)
+            assert e.logprob == pytest.approx(ref[j, e.token].item(), abs=FORWARD_TOL)
             assert len(e.top) == 3 and e.top[0][0] == e.token  # greedy: the argmax is the best alternative
             assert [lp for _, lp in e.top] == sorted((lp for _, lp in e.top), reverse=True)
-            assert e.top[1][1] == pytest.approx(ref[j].topk(2).values[1].item(), abs=1e-5)
+            assert e.top[1][1] == pytest.approx(ref[j].topk(2).values[1].item(), abs=FORWARD_TOL)
     assert any(e.logprob < -0.1 for o in plain for e in o.logprobs)  # not all certain: the check bites
 
 
@@ -129,8 +133,8 @@ def test_sampled_tokens_get_the_raw_distributions_logprobs(target, drafter):
     for p, o in zip(PROMPTS[:2], eng.generate(PROMPTS[:2], params)):
         ref = reference_logprobs(target, p, o.token_ids)
         for j, e in enumerate(o.logprobs):
-            assert e.logprob == pytest.approx(ref[j, e.token].item(), abs=1e-5)
-            assert e.top[0][1] == pytest.approx(ref[j].max().item(), abs=1e-5)
+            assert e.logprob == pytest.approx(ref[j, e.token].item(), abs=FORWARD_TOL)
+            assert e.top[0][1] == pytest.approx(ref[j].max().item(), abs=FORWARD_TOL)
 
 
 def test_an_eos_gets_no_entry(target, plain):
@@ -213,9 +217,9 @@ def test_a_step_computes_the_alternatives_its_requests_need(target, plain, monke
         assert o.token_ids == ref.token_ids[: len(o.token_ids)]
         for j, e in enumerate(o.logprobs):
             top = r[j].topk(p.logprobs)
-            assert e.logprob == pytest.approx(r[j, e.token].item(), abs=1e-5)
+            assert e.logprob == pytest.approx(r[j, e.token].item(), abs=FORWARD_TOL)
             assert [i for i, _ in e.top] == top.indices.tolist()
-            assert [v for _, v in e.top] == pytest.approx(top.values.tolist(), abs=1e-5)
+            assert [v for _, v in e.top] == pytest.approx(top.values.tolist(), abs=FORWARD_TOL)
 
 
 def test_warmup_captures_the_logprob_steps_when_asked(target, drafter, monkeypatch):
@@ -255,7 +259,7 @@ def test_score_gives_each_prompt_tokens_logprob(target, drafter, monkeypatch):
     assert entries[0].token == ids[0] and entries[0].logprob is None
     assert [e.token for e in entries] == ids
     assert [e.logprob for e in entries[1:]] == pytest.approx([ref[j, ids[j + 1]].item() for j in range(len(ids) - 1)],
-                                                             abs=1e-5)
+                                                             abs=FORWARD_TOL)
     assert all(len(e.top) == 2 for e in entries[1:])
     while eng.has_work():
         eng.step()
