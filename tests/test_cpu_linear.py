@@ -201,3 +201,91 @@ def test_a_weight_shared_by_two_projections_is_packed_once():
     m[3].weight = shared.weight
     use_cpu_linear(m)
     assert m[0].packed is not None and m[0].packed is m[3].packed and m[2].packed is not m[0].packed
+
+
+def _timed_products(monkeypatch, direct_faster: bool) -> list[tuple[str, int, int]]:
+    """`cpu_linear._pass_seconds` replaced by fixed timings (F.linear faster or slower than the weight-major product);
+    each timed pass recorded as (product, rows, weights)."""
+    passes: list[tuple[str, int, int]] = []
+
+    def fake(product, weights, rows):
+        name = "direct" if product is F.linear else "weight_major"
+        passes.append((name, rows, len(weights)))
+        return 1.0 if (name == "direct") == direct_faster else 2.0
+
+    monkeypatch.setattr(cpu_linear, "_pass_seconds", fake)
+    return passes
+
+
+@pytest.mark.parametrize("direct_faster", [True, False])
+def test_few_row_products_follow_the_measurement(direct_faster, monkeypatch):
+    """use_cpu_linear times F.linear against the weight-major product (1 and 2 rows, one warm pass each and
+    MEASURE_ROUNDS alternating rounds, over the first MEASURE_BYTES of the model's distinct weights) and gives every
+    CpuLinear the faster for the steps its packed copy does not serve; from 3 rows the packed copy still computes."""
+    monkeypatch.setattr(cpu_linear, "MEASURE_MIN_BYTES", 0)
+    passes = _timed_products(monkeypatch, direct_faster)
+    m = tiny_llama(seed=0)
+    distinct = len({p.data_ptr() for n, p in m.named_parameters() if n.endswith("proj.weight") or "lm_head" in n})
+    use_cpu_linear(m)
+    lins = [x for x in m.modules() if isinstance(x, CpuLinear)]
+    assert sorted(set(passes)) == sorted({(p, r, distinct) for p in ("direct", "weight_major") for r in (1, 2)})
+    assert len(passes) == 4 * (cpu_linear.MEASURE_ROUNDS + 1) == 16
+    assert passes[4:8] == [("weight_major", 1, distinct), ("weight_major", 2, distinct), ("direct", 1, distinct),
+                           ("direct", 2, distinct)]  # the products alternate round by round
+    assert all(x.direct == direct_faster for x in lins)
+    use_cpu_linear(m)  # idempotent: nothing wrapped, nothing timed again
+    assert len(passes) == 16
+    weight_major, packed = [], _packed_calls(monkeypatch)
+    real = cpu_linear.weight_major_linear
+    monkeypatch.setattr(cpu_linear, "weight_major_linear", lambda x, w, b=None: weight_major.append(1) or real(x, w, b))
+    lin = lins[0]
+    for rows in (1, 2, 3, 5):
+        x = torch.randn(rows, lin.in_features)
+        with torch.no_grad():
+            torch.testing.assert_close(lin(x), F.linear(x, lin.weight, lin.bias), rtol=1e-5, atol=1e-5)
+    assert packed == [3, 5]  # the packed copy from 3 rows on, as before
+    assert len(weight_major) == (0 if direct_faster else 2)
+
+
+def test_small_models_and_a_switched_off_measurement_stay_weight_major(monkeypatch):
+    """Projections holding fewer than MEASURE_MIN_BYTES (weights that stay in cache) are not timed, nor any model
+    while MEASURE is off: weight-major at 1-2 rows, as measured on session 19's CPU. The pass reads MEASURE_BYTES."""
+    passes = _timed_products(monkeypatch, True)
+    m = use_cpu_linear(tiny_llama(seed=0))
+    assert not passes and not any(x.direct for x in m.modules() if isinstance(x, CpuLinear))
+    monkeypatch.setattr(cpu_linear, "MEASURE_MIN_BYTES", 0)
+    monkeypatch.setattr(cpu_linear, "MEASURE", False)
+    m = use_cpu_linear(tiny_llama(seed=0))
+    assert not passes and not any(x.direct for x in m.modules() if isinstance(x, CpuLinear))
+    ws = [torch.zeros(64, 64) for _ in range(10)]  # 16 KiB each
+    monkeypatch.setattr(cpu_linear, "MEASURE_BYTES", 3 * 16 << 10)
+    assert cpu_linear.few_rows_direct(ws) and {n for _, _, n in passes} == {3}  # the first three weights
+
+
+def test_a_pass_slowed_by_another_process_does_not_decide(monkeypatch):
+    """Each product's best pass decides: F.linear's first and last timed rounds slowed fivefold (another process took
+    the cores) still leave it the faster, as its middle round shows (neither the last nor the mean round decides)."""
+    seen: list[str] = []
+
+    def fake(product, weights, rows):
+        name = "direct" if product is F.linear else "weight_major"
+        seen.append(name)
+        slowed = seen.count(name) in (3, 4, 7, 8)  # passes 1-2 of each product warm, then rounds 1-3 (2 passes each)
+        return 2.0 if name == "weight_major" else 10.0 if slowed else 1.0
+
+    monkeypatch.setattr(cpu_linear, "_pass_seconds", fake)
+    assert cpu_linear.few_rows_direct([torch.zeros(8, 8)])
+
+
+def test_engine_with_direct_few_row_products_equals_plain(monkeypatch):
+    """Greedy speculation with F.linear at 1-2 rows (the timing's choice where it is faster) and the packed copies
+    from 3 rows still equals plain decoding."""
+    monkeypatch.setattr(cpu_linear, "MEASURE_MIN_BYTES", 0)
+    _timed_products(monkeypatch, True)
+
+    def prepare(target, drafter):
+        for m in (target, drafter):
+            use_cpu_linear(fuse_projections(m))
+            assert all(x.direct for x in m.modules() if isinstance(x, CpuLinear))
+
+    assert_transformed_engine_equals_plain(prepare, SpecConfig(3, 2, 5), [[1, 2, 3, 4], list(range(10, 18))], 12)

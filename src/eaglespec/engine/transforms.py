@@ -31,7 +31,8 @@
   concatenation and RoPE's cos/sin as one Triton kernel (layers/draft_input_kernel.py).
 - `use_cpu_linear(model)` (CPU): every nn.Linear as a `CpuLinear`, whose product is weight-major (W x^T) at 1-2
   rows: on the CPU measured (session 19), F.linear's few-row GEMMs cost about one weight read per row; from 3 rows
-  on through a oneDNN copy of its weight where the copies fit the host's memory (session 61).
+  on through a oneDNN copy of its weight where the copies fit the host's memory (session 61); F.linear where the
+  copy does not serve if timing both on the model's weights finds it faster (session 66: an Intel CPU).
 - `use_elementwise_kernels(model)` (CUDA): RMSNorm, residual add + RMSNorm, RoPE's cos/sin, MLA's RoPE and SiLU
   gating as one Triton kernel each (layers/elementwise_kernels.py), where the fused kernels above leave them (a
   target's final norm, each forward's cos/sin, steps past the fused kernels' rows), without the compiler's start-up.
@@ -384,13 +385,19 @@ def use_cpu_linear(model: nn.Module) -> nn.Module:
     docs/benchmarks.md). Then, where the weights' oneDNN copies (one per distinct weight) take at most
     CPU_PACK_MAX_SHARE of the host's available memory, each CpuLinear packs its weight (float32: for steps of 3 rows
     and more; bfloat16 where the CPU has native bf16: for every step), layers/cpu_linear.py. Session 61: SmolLM2's
-    float32 forward of 4 tokens 1.30x -> 1.14-1.24x one of 1 token, of 8 tokens 1.94x -> 1.37-1.43x. Idempotent."""
+    float32 forward of 4 tokens 1.30x -> 1.14-1.24x one of 1 token, of 8 tokens 1.94x -> 1.37-1.43x. Last, where
+    the projections hold at least cpu_linear.MEASURE_MIN_BYTES, `cpu_linear.few_rows_direct` times F.linear against
+    the weight-major product on their weights, and where F.linear is faster every CpuLinear takes it wherever its
+    packed copy does not serve (session 66's Intel CPU: SmolLM2's plain decoding 2.3x faster). Idempotent."""
+    from ..layers import cpu_linear
     from ..layers.cpu_linear import CpuLinear, packable
 
+    wrapped = 0
     for parent in list(model.modules()):
         for name, lin in list(parent._modules.items()):
             if type(lin) is nn.Linear:
                 setattr(parent, name, CpuLinear.wrap(lin))
+                wrapped += 1
     sharing: dict[int, list[CpuLinear]] = {}  # a weight's data pointer -> the projections without a copy of it
     for m in model.modules():
         if type(m) is CpuLinear and m.packed is None and packable(m.weight.dtype) and m.weight.device.type == "cpu":
@@ -402,6 +409,12 @@ def use_cpu_linear(model: nn.Module) -> nn.Module:
             if first.pack():
                 for m in rest:
                     m.pack(first.packed)
+    lins = [m for m in model.modules() if type(m) is CpuLinear]
+    weights = list({m.weight.data_ptr(): m.weight for m in lins if m.weight.device.type == "cpu"}.values())
+    if wrapped and cpu_linear.MEASURE and sum(w.numel() * w.element_size() for w in weights) >= \
+            cpu_linear.MEASURE_MIN_BYTES and cpu_linear.few_rows_direct(weights):
+        for m in lins:
+            m.direct = True
     return model
 
 

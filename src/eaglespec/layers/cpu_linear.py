@@ -20,24 +20,42 @@ rows it is ~40% slower than weight-major, so the original weight stays for those
 copy wins at every row count (session 61: gate/up 0.16-0.20 ms at 1-8 rows against the weight-major 0.24-0.45,
 the lm_head 1.8-2.4 against 4.4-5.6), so bfloat16 projections take it from one row on.
 
+Why measured (session 66): on a 2-core Intel Xeon with AVX-512 and AMX (the same torch) the padded weight-major
+product is the slow one: SmolLM2's 121 projections, one cold pass, 1 / 2 rows: weight-major (padded) 75.5 / 76.6 ms,
+F.linear 32.2 / 34.1 ms, the packed copy 37.2 / 40.5 (at 3 rows F.linear 39.0 against the copy's 43.0, from 4 rows
+the copy: 45.9 against 59.3 at 4), so plain decoding there ran at 13 tok/s instead of ~25. `few_rows_direct` times
+both products on the model's own weights when it is prepared (`engine.transforms.use_cpu_linear`), and
+`CpuLinear.direct` takes F.linear where the packed copy does not serve.
+
 `CpuLinear.forward(x)`: x [..., K] -> [..., N] (contiguous), the same function as nn.Linear up to floating-point
 reassociation, the same weight (and bias) Parameter (state-dict names and values unchanged). Built by
 `engine.transforms.use_cpu_linear` from an existing nn.Linear, which also calls `pack` where the copy fits the
 host's memory. The packed copy is a plain attribute (not in the state dict); it is used only while the weight is
 the tensor it was made from, unmodified (its data pointer and in-place version), for inputs of the weight's dtype
-and without autograd (training steps, or a weight changed in place, take the weight-major product; a stale copy is
-dropped).
+and without autograd (training steps, or a weight changed in place, take the weight-major product, or F.linear where
+`direct`; a stale copy is dropped).
 """
 
 from __future__ import annotations
 
+import time
+from typing import Callable
+
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 PAD_ROWS = {1: 2, 3: 4}  # rows -> rows computed (measured above: the odd counts' GEMMs cost more than the next even's)
 PACKED = True  # rows >= PACKED_MIN_ROWS through the packed copy where `pack` made one (False: weight-major, A/B runs)
 PACKED_MIN_ROWS = 3  # float32; bfloat16 from one row
 PACK_HINT_ROWS = 4  # the row count oneDNN's reorder is told to expect (measured the same as 2, 8 and 64 from 3 rows on)
+# `few_rows_direct`: models whose projections hold fewer bytes than this keep the weight-major product unmeasured (their
+# weights stay in cache, where the measurement would not speak for decoding; the tests' tiny models); a timing pass
+# reads the first MEASURE_BYTES of the projections' weights (past a CPU's last-level cache: decoding reads them cold)
+MEASURE_MIN_BYTES = 8 << 20
+MEASURE_BYTES = 64 << 20
+MEASURE = True  # False: never measured, weight-major at 1-2 rows everywhere (A/B runs)
+MEASURE_ROUNDS = 3
 
 
 def weight_major_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -92,8 +110,43 @@ def pack_weight(weight: torch.Tensor) -> torch.Tensor | None:
     return packed if torch.allclose(got, want, rtol=rtol, atol=atol) else None
 
 
+def _pass_seconds(product: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], weights: list[torch.Tensor],
+                  rows: int) -> float:
+    """Seconds of one pass of `product(x, weight)` over `weights`, x [rows, K] of each weight's width and dtype."""
+    xs = {(w.shape[1], w.dtype): torch.ones(rows, w.shape[1], dtype=w.dtype) for w in weights}
+    t = time.perf_counter()
+    for w in weights:
+        product(xs[(w.shape[1], w.dtype)], w)
+    return time.perf_counter() - t
+
+
+def few_rows_direct(weights: list[torch.Tensor]) -> bool:
+    """Whether F.linear beats the padded weight-major product for steps of 1 and 2 rows over these distinct weights
+    [N, K] (a model's projections, in module order): passes over the first MEASURE_BYTES of them, per product and
+    row count one warm pass, then MEASURE_ROUNDS rounds alternating the products; the best pass of each (a pass
+    slowed by another process does not decide), the two row counts' best summed. 16 passes over at most 64 MB: ~0.1 s
+    for SmolLM2 on session 66's CPU (a load's other work takes 1.2-1.8 s)."""
+    chosen, total = [], 0
+    for w in weights:
+        if total >= MEASURE_BYTES:
+            break
+        chosen.append(w.detach())
+        total += w.numel() * w.element_size()
+    products = {"weight_major": weight_major_linear, "direct": F.linear}
+    best = {}
+    with torch.no_grad():
+        for rnd in range(MEASURE_ROUNDS + 1):  # round 0: warm
+            for name, product in products.items():
+                for rows in (1, 2):
+                    t = _pass_seconds(product, chosen, rows)
+                    if rnd:
+                        best[name, rows] = min(best.get((name, rows), t), t)
+    return sum(best["direct", r] for r in (1, 2)) < sum(best["weight_major", r] for r in (1, 2))
+
+
 class CpuLinear(nn.Linear):
     _packed: torch.Tensor | None = None
+    direct = False  # F.linear (not the weight-major product) where the packed copy does not serve (`few_rows_direct`)
     _packed_of: tuple[int, int] = (0, -1)  # (data pointer, in-place version) of the weight the copy was made from
 
     @classmethod
@@ -125,4 +178,6 @@ class CpuLinear(nn.Linear):
             packed = self.packed
             if packed is not None:
                 return packed_linear(x, packed, self.bias, self.out_features)
+        if self.direct:
+            return F.linear(x, self.weight, self.bias)
         return weight_major_linear(x, self.weight, self.bias)
