@@ -153,17 +153,25 @@ def test_default_drafter_policy_per_device_and_engine_size(monkeypatch):
     assert [cpu.shape(1, greedy) for greedy in (True, False)] == [two, chain2]
     chain, tree, chain4 = SpecConfig(3, 1, 4), SpecConfig(4, 4, 16), SpecConfig(4, 1, 5)
     # sessions 19 and 25: the chain of 3 at 9-16 rows, the tree S4 K4 D8 at 2-8 rows and S5 K2 D8 at 17-32 rows;
-    # session 65: the chain of 4 at one row (its 5-token verify on the row grid): each shape where it measured faster
-    # (docs/benchmarks.md); sampled steps the chain of 3 (session 24)
+    # session 65: the chain of 4 at one row (its 5-token verify on the row grid), session 66 at 9-12 rows too (a verify
+    # of up to 60 rows on tensor cores): each shape where it measured faster (docs/benchmarks.md); sampled steps the
+    # chain of 3 (sessions 24, 66)
     k4, k2 = SpecConfig(4, 4, 8), SpecConfig(5, 2, 8)
     assert default_spec("cuda", 1) == cuda(((1, chain4),), sampled=((1, chain),))  # penalized steps plain
     assert default_spec("cuda", 8) == cuda(((1, chain4), (8, k4)), sampled=((8, chain),))
-    assert default_spec("cuda", 12) == cuda(((1, chain4), (8, k4), (12, chain)), sampled=((12, chain),))
-    full = cuda(((1, chain4), (8, k4), (16, chain), (32, k2)), sampled=((32, chain),))
+    assert default_spec("cuda", 12) == cuda(((1, chain4), (8, k4), (12, chain4)), sampled=((12, chain),))
+    assert default_spec("cuda", 14) == cuda(((1, chain4), (8, k4), (12, chain4), (14, chain)), sampled=((14, chain),))
+    full = cuda(((1, chain4), (8, k4), (12, chain4), (16, chain), (32, k2)), sampled=((32, chain),))
     assert default_spec("cuda", 32) == full
     assert full.shapes == (chain4, k4, chain, k2)  # each step bucket takes one of them
-    assert [full.shapes[full.shape_index(r)] for r in (1, 2, 8, 9, 16, 17, 32)] == [chain4, k4, k4, chain, chain, k2,
-                                                                                  k2]
+    from eaglespec.engine.cuda_graphs import BATCH_BUCKETS
+    from eaglespec.layers.norm_linear_kernel import MAX_ROWS
+
+    # why 12: steps of 9-12 rows replay the 12-row graph, whose 60-row verify stays on the tensor-core kernel (80/80
+    # answers identical, 2.03x), while 16 rows of the chain of 4 pass its 64 rows to cuBLAS (17/80, 1.79x)
+    assert 12 in BATCH_BUCKETS and 12 * chain4.draft_tokens <= MAX_ROWS < 16 * chain4.draft_tokens
+    assert [full.shapes[full.shape_index(r)] for r in (1, 2, 8, 9, 12, 13, 16, 17, 32)] == [
+        chain4, k4, k4, chain4, chain4, chain, chain, k2, k2]
     assert {full.shapes[full.shape_index(r, greedy=False)] for r in (1, 2, 8, 9, 16, 17, 32)} == {chain}
     # steps under count penalties (session 50: 0.86x / 0.76x at 1 / 32 rows on the H200; session 52: 0.95-0.99x on the
     # CPU) decode plainly on both, greedy or sampled

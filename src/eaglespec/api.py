@@ -4,20 +4,20 @@
     engine = eaglespec.load("path/to/model", draft="path/to/eagle3", spec=SpecConfig(5, 4, 16))
     outs = engine.generate(["What is the capital of France?"], SamplingParams(max_new_tokens=64))
 
-`draft="auto"` (the default) speculates with the shipped drafter when the model is the embedded default (None, or a
-path to its GGUF or a copy of it) and plainly otherwise; without an explicit `spec` it takes the measured shapes of
-`assets.default_spec` for the device, the engine's rows (on the CPU: one-row engines, as `eaglespec generate` builds;
-a `SpecSchedule` where the shapes measured differ by rows, each step the shape of the rows it runs) and the dtype
-(greedy float32 on CUDA: the chain of 3 up to 32 rows, where bf16 takes the chain of 4 at 1 row and trees at 2-8
-and 17-32 rows), greedy steps and sampled steps each their own (sampled: the chain of 2 in one-row CPU engines, on
-CUDA the chain of 3 up to 32 rows; `SpecSchedule.sampled`; steps under count penalties decode plainly on CUDA:
-`SpecSchedule.penalized`). It decodes plainly where the drafter was measured slower than plain decoding at the
-`temperature` the engine is meant to serve; on the CPU it first times the target's forwards on this machine
+`draft="auto"` (the default) speculates with the shipped drafter when the model is the embedded default (None, or a path
+to its GGUF or a copy of it) and plainly otherwise; without an explicit `spec` it takes the measured shapes of
+`assets.default_spec` for the device, the engine's rows (on the CPU: one-row engines, as `eaglespec generate` builds; a
+`SpecSchedule` where the shapes measured differ by rows, each step the shape of the rows it runs) and the dtype (greedy
+float32 on CUDA: the chain of 3 up to 32 rows, where bf16 takes the chain of 4 at 1 and 9-12 rows, trees at 2-8 and
+17-32 rows and the chain of 3 at 13-16), greedy steps and sampled steps each their own (sampled: the chain of 2 in
+one-row CPU engines, on CUDA the chain of 3 up to 32 rows; `SpecSchedule.sampled`; steps under count penalties decode
+plainly on CUDA: `SpecSchedule.penalized`). It decodes plainly where the drafter was measured slower than plain decoding
+at the `temperature` the engine is meant to serve; on the CPU it first times the target's forwards on this machine
 (`engine/verify_cost.py`): greedy steps take the tree S3 K2 D6 where a forward of 6 tokens costs at most
-`assets.CPU_MAX_VERIFY_COST_WIDE` one-token forwards, else S2 K2 D4 (`assets.cpu_shapes`), and it decodes plainly
-where a forward of its mode's last shape's draft tokens costs more than `assets.cpu_max_verify_cost(temperature)`
-(`auto_spec` makes that choice; the engine's `plain_note` then says why; the other mode's steps decode plainly, or
-take the sampled shapes, where theirs fail).
+`assets.CPU_MAX_VERIFY_COST_WIDE` one-token forwards, else S2 K2 D4 (`assets.cpu_shapes`), and it decodes plainly where
+a forward of its mode's last shape's draft tokens costs more than `assets.cpu_max_verify_cost(temperature)` (`auto_spec`
+makes that choice; the engine's `plain_note` then says why; the other mode's steps decode plainly, or take the sampled
+shapes, where theirs fail).
 `spec` may be a SpecConfig or a SpecSchedule.
 `draft=None` never speculates; a path loads that EAGLE-3 drafter checkpoint (the shipped drafter's folder, or a copy
 of it, without `spec`: `assets.default_spec`'s shape, untimed).

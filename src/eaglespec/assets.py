@@ -83,8 +83,15 @@ DEFAULT_DRAFTER = ASSETS / "smollm2-135m-eagle3"
 #   one-row shape the chain of 4, S4 K1 D5: MT-bench at 1 row 3,912-3,915 tok/s (1.75x, tau 2.80, 80/80 answers
 #   identical to plain decoding's, as its 5-token verify computes each row as a one-row step does) against the chain
 #   of 3's 3,849-3,857 (1.72x, tau 2.56, 80/80) in the same two runs; S5 K1 D6 (tau 3.00, a 6-token verify on tensor
-#   cores) 3,770-3,772 (1.68-1.69x, 19/80); on tensor cores S4 K1 D5 had run 3,785 (1.69x, 19/80). The chain of 3
-#   keeps 9-16 rows (unmeasured there) and sampled steps.
+#   cores) 3,770-3,772 (1.68-1.69x, 19/80); on tensor cores S4 K1 D5 had run 3,785 (1.69x, 19/80). Session 66
+#   (H200, MT-bench 80, 256 tokens, continuous batching, two runs each): at 12 rows the chain of 4 31,018 / 31,103
+#   tok/s (2.03-2.04x, tau 2.83, 80/80) against the chain of 3's 28,972 / 29,074 (1.90-1.91x, 80/80); at 16 rows
+#   33,454-33,528 (1.79x, 17/80: its 80-row verify passes `norm_linear_kernel.MAX_ROWS` = 64, to cuBLAS) against
+#   35,431-35,480 (1.89x, 80/80): so the chain of 4 takes 9-12 rows too (bucket 12: a 60-row verify), and with it
+#   `auto` at 12 rows ran 30,931 / 30,940 (2.03x, 79/80) against the fixed chain of 3's 29,010-29,086. The committed
+#   one-row default: 4,086 / 4,103 tok/s (1.77x, tau 2.80, 80/80) against the chain of 3's 4,035 / 4,042 (1.75x).
+#   Sampled at temperature 1 (one row, seed 0) the chain of 4 lost, 2,491-2,494 (1.11x, tau 1.87) against 2,604-
+#   2,606 (1.16x, tau 1.82), so sampled steps keep the chain of 3; the chain of 3 keeps 13-16 rows.
 # - sampling at temperature 1 (the drafter learnt the target's greedy text; chains draw sampled drafts): the CPU's
 #   one-step chain gains (1.15x, tau 1.37); on the H200 sampling lost until session 20 (the chain of 3 0.82x, tau
 #   1.75: a sampled step sorted every row of logits, ~55 kernels per call), when `target_probs` became one Triton
@@ -148,7 +155,7 @@ _TREE_CPU_NARROW = SpecConfig(steps=2, topk=2, draft_tokens=4)
 # device type -> ((largest engine, shape), ...) by increasing engine size; larger engines decode plainly by default
 _DEFAULT_SPEC: dict[str, tuple[tuple[int, SpecConfig], ...]] = {
     "cpu": ((1, _TREE_CPU),),
-    "cuda": ((1, _CHAIN_4), (8, _TREE_K4), (16, _CHAIN_3), (32, _TREE_K2)),
+    "cuda": ((1, _CHAIN_4), (8, _TREE_K4), (12, _CHAIN_4), (16, _CHAIN_3), (32, _TREE_K2)),
 }
 _CHAIN_2 = SpecConfig(steps=2, topk=1, draft_tokens=3)
 _CHAIN_1 = SpecConfig(steps=1, topk=1, draft_tokens=2)
