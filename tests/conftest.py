@@ -19,6 +19,10 @@ import torch  # noqa: E402
 
 from eaglespec.loading import LoadedModel, default_model_path, load_model  # noqa: E402
 
+from interpreter_patching import skip_repeated_patching  # noqa: E402
+
+skip_repeated_patching()  # the interpreter's language patching once per kernel and module set (interpreter_patching.py)
+
 
 @pytest.fixture(scope="session")
 def smollm2_gguf() -> Path:
