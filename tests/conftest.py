@@ -19,9 +19,12 @@ import torch  # noqa: E402
 
 from eaglespec.loading import LoadedModel, default_model_path, load_model  # noqa: E402
 
-from interpreter_patching import skip_repeated_patching  # noqa: E402
+from interpreter_patching import numpy_xor_reductions, skip_repeated_patching  # noqa: E402
 
-skip_repeated_patching()  # the interpreter's language patching once per kernel and module set (interpreter_patching.py)
+# Triton's interpreter without repeated work (interpreter_patching.py): its language patching once per kernel run and
+# module set, xor reductions (tl.sort's) in numpy
+skip_repeated_patching()
+numpy_xor_reductions()
 
 
 @pytest.fixture(scope="session")

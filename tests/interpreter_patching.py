@@ -1,4 +1,5 @@
-"""Triton's interpreter without its repeated patching of `triton.language` inside a kernel (test support only).
+"""Triton's interpreter, faster where it repeats work (test support only): its patching of `triton.language` once per
+kernel run, and xor reductions (`tl.sort`'s) in numpy.
 
 Under TRITON_INTERPRET=1, Triton 3.6's interpreter patches `triton.language` (its builtins, `tl.tensor`'s operators,
 `tl.range`, the reductions) before each kernel runs and restores it after (`GridExecutor.__call__`), and patches it
@@ -12,6 +13,11 @@ whose language modules (the `triton.language` / `triton.language.core` modules i
 patched in this kernel's run is not patched again; the first nested function of a module set not yet patched in
 this run is (`triton/language/standard.py` names `core`, the kernels `tl`). Nothing else changes: the patches a
 nested call would make are the ones in force already, and the kernel's own patches are restored after it as before.
+`tl.sort` (the MoE block layout's kernel, the tree builder's) runs bitonic steps whose `xor_sum` reduces with a
+combine function the interpreter does not know, so it reduces element by element in Python, calling the combine
+function on scalar tensors (~6.6 s of one MoE engine test and the router and tree-build kernel tests);
+`numpy_xor_reductions()` gives it numpy's `bitwise_xor.reduce`, as the interpreter already does for sums, minima and
+maxima (xor is exact, associative and commutative: the same bits in any order).
 A Triton without these internals (another version) is left as it is: the tests then run at the old speed.
 """
 
@@ -65,4 +71,30 @@ def skip_repeated_patching() -> bool:
     patch_lang._skips_repeats = True
     ti._patch_lang = patch_lang
     grid.__call__ = run_kernel
+    return True
+
+
+def numpy_xor_reductions() -> bool:
+    """Route the interpreter's xor reductions to numpy (once); False where this Triton lacks the internals."""
+    try:
+        import numpy as np
+        import triton.language as tl
+        from triton.runtime import interpreter as ti
+    except ImportError:
+        return False
+    reduce_ops, xor = getattr(ti, "ReduceOps", None), getattr(tl.standard, "_xor_combine", None)
+    apply_impl = getattr(reduce_ops, "apply_impl", None)
+    if apply_impl is None or xor is None or not hasattr(reduce_ops, "to_tensor"):
+        return False
+    if getattr(apply_impl, "_xor_in_numpy", False):
+        return True
+
+    def reduce(self, input):  # ReduceOps.apply_impl; input: a tuple of tensors (one for xor_sum)
+        if self.combine_fn == xor and len(input) == 1:
+            data = input[0].handle.data
+            return self.to_tensor(np.bitwise_xor.reduce(data, axis=self.axis, keepdims=self.keep_dims), input[0].dtype)
+        return apply_impl(self, input)
+
+    reduce._xor_in_numpy = True
+    reduce_ops.apply_impl = reduce
     return True
