@@ -203,14 +203,24 @@ def test_a_weight_shared_by_two_projections_is_packed_once():
     assert m[0].packed is not None and m[0].packed is m[3].packed and m[2].packed is not m[0].packed
 
 
-def _timed_products(monkeypatch, direct_faster: bool) -> list[tuple[str, int, int]]:
-    """`cpu_linear._pass_seconds` replaced by fixed timings (F.linear faster or slower than the weight-major product);
-    each timed pass recorded as (product, rows, weights)."""
+def _product_name(product) -> str:
+    return "direct" if product is F.linear else "weight_major" if product is cpu_linear.weight_major_linear \
+        else "packed"
+
+
+def _timed_products(monkeypatch, direct_faster: bool, direct_until: int = 2) -> list[tuple[str, int, int]]:
+    """`cpu_linear._pass_seconds` replaced by fixed timings: F.linear faster or slower than the weight-major product
+    at 1-2 rows, and faster than the packed copy up to `direct_until` rows; each timed pass recorded as (product,
+    rows, weights)."""
     passes: list[tuple[str, int, int]] = []
 
     def fake(product, weights, rows):
-        name = "direct" if product is F.linear else "weight_major"
+        name = _product_name(product)
         passes.append((name, rows, len(weights)))
+        if name == "packed":
+            return 1.5
+        if name == "direct" and rows > 2:
+            return 1.0 if rows <= direct_until else 2.0
         return 1.0 if (name == "direct") == direct_faster else 2.0
 
     monkeypatch.setattr(cpu_linear, "_pass_seconds", fake)
@@ -221,20 +231,24 @@ def _timed_products(monkeypatch, direct_faster: bool) -> list[tuple[str, int, in
 def test_few_row_products_follow_the_measurement(direct_faster, monkeypatch):
     """use_cpu_linear times F.linear against the weight-major product (1 and 2 rows, one warm pass each and
     MEASURE_ROUNDS alternating rounds, over the first MEASURE_BYTES of the model's distinct weights) and gives every
-    CpuLinear the faster for the steps its packed copy does not serve; from 3 rows the packed copy still computes."""
+    CpuLinear the faster for the steps its packed copy does not serve; where F.linear wins, it is timed against the
+    packed copy at 3 rows, and here loses: from 3 rows the packed copy still computes."""
     monkeypatch.setattr(cpu_linear, "MEASURE_MIN_BYTES", 0)
     passes = _timed_products(monkeypatch, direct_faster)
     m = tiny_llama(seed=0)
     distinct = len({p.data_ptr() for n, p in m.named_parameters() if n.endswith("proj.weight") or "lm_head" in n})
     use_cpu_linear(m)
     lins = [x for x in m.modules() if isinstance(x, CpuLinear)]
-    assert sorted(set(passes)) == sorted({(p, r, distinct) for p in ("direct", "weight_major") for r in (1, 2)})
-    assert len(passes) == 4 * (cpu_linear.MEASURE_ROUNDS + 1) == 16
+    first = sorted({(p, r, distinct) for p in ("direct", "weight_major") for r in (1, 2)})
+    assert sorted(set(passes[:16])) == first and len(passes[:16]) == 4 * (cpu_linear.MEASURE_ROUNDS + 1) == 16
     assert passes[4:8] == [("weight_major", 1, distinct), ("weight_major", 2, distinct), ("direct", 1, distinct),
                            ("direct", 2, distinct)]  # the products alternate round by round
-    assert all(x.direct == direct_faster for x in lins)
+    # F.linear faster at 1-2 rows: timed against the packed copy at 3 rows (8 passes, alternating), where it loses
+    assert passes[16:] == ([("packed", 3, distinct), ("direct", 3, distinct)] * 4 if direct_faster else [])
+    assert all(x.direct_rows == (2 if direct_faster else 0) for x in lins)
+    n = len(passes)
     use_cpu_linear(m)  # idempotent: nothing wrapped, nothing timed again
-    assert len(passes) == 16
+    assert len(passes) == n
     weight_major, packed = [], _packed_calls(monkeypatch)
     real = cpu_linear.weight_major_linear
     monkeypatch.setattr(cpu_linear, "weight_major_linear", lambda x, w, b=None: weight_major.append(1) or real(x, w, b))
@@ -247,19 +261,53 @@ def test_few_row_products_follow_the_measurement(direct_faster, monkeypatch):
     assert len(weight_major) == (0 if direct_faster else 2)
 
 
+@pytest.mark.parametrize("direct_until", [3, 5, 99])
+def test_f_linear_takes_the_rows_where_it_beats_the_packed_copy(direct_until, monkeypatch):
+    """Where F.linear beats the packed copy at 3 rows too (session 67's Intel CPU: MKL's F.linear costs about its
+    one-row time up to 3 rows), it is timed at each next row count until the copy wins (at most DIRECT_MAX_ROWS), and
+    steps up to the last row count it won take it: the packed copy from the row after."""
+    monkeypatch.setattr(cpu_linear, "MEASURE_MIN_BYTES", 0)
+    passes = _timed_products(monkeypatch, True, direct_until)
+    m = use_cpu_linear(tiny_llama(seed=0))
+    expect = min(direct_until, cpu_linear.DIRECT_MAX_ROWS)
+    timed = sorted({r for p, r, _ in passes if p == "packed"})
+    assert timed == list(range(3, min(direct_until + 1, cpu_linear.DIRECT_MAX_ROWS) + 1))
+    lins = [x for x in m.modules() if isinstance(x, CpuLinear)]
+    assert all(x.direct_rows == expect for x in lins)
+    packed = _packed_calls(monkeypatch)
+    lin = lins[0]
+    for rows in range(1, 10):
+        x = torch.randn(rows, lin.in_features)
+        with torch.no_grad():
+            torch.testing.assert_close(lin(x), F.linear(x, lin.weight, lin.bias), rtol=1e-5, atol=1e-5)
+    assert packed == list(range(expect + 1, 10))
+
+
+def test_no_packed_copies_no_timing_past_two_rows(monkeypatch):
+    """Without packed copies (PACKED off, or weights too large for the host's memory) F.linear serves every step
+    where it won at 1-2 rows, and nothing is timed past 2 rows."""
+    monkeypatch.setattr(cpu_linear, "MEASURE_MIN_BYTES", 0)
+    monkeypatch.setattr(cpu_linear, "PACKED", False)
+    passes = _timed_products(monkeypatch, True, 99)
+    m = use_cpu_linear(tiny_llama(seed=0))
+    assert {r for _, r, _ in passes} == {1, 2}
+    assert all(x.direct_rows == 2 for x in m.modules() if isinstance(x, CpuLinear))
+    assert cpu_linear.direct_rows([torch.zeros(8, 8)], {}) == 2  # no copies given
+
+
 def test_small_models_and_a_switched_off_measurement_stay_weight_major(monkeypatch):
     """Projections holding fewer than MEASURE_MIN_BYTES (weights that stay in cache) are not timed, nor any model
     while MEASURE is off: weight-major at 1-2 rows, as measured on session 19's CPU. The pass reads MEASURE_BYTES."""
     passes = _timed_products(monkeypatch, True)
     m = use_cpu_linear(tiny_llama(seed=0))
-    assert not passes and not any(x.direct for x in m.modules() if isinstance(x, CpuLinear))
+    assert not passes and not any(x.direct_rows for x in m.modules() if isinstance(x, CpuLinear))
     monkeypatch.setattr(cpu_linear, "MEASURE_MIN_BYTES", 0)
     monkeypatch.setattr(cpu_linear, "MEASURE", False)
     m = use_cpu_linear(tiny_llama(seed=0))
-    assert not passes and not any(x.direct for x in m.modules() if isinstance(x, CpuLinear))
+    assert not passes and not any(x.direct_rows for x in m.modules() if isinstance(x, CpuLinear))
     ws = [torch.zeros(64, 64) for _ in range(10)]  # 16 KiB each
     monkeypatch.setattr(cpu_linear, "MEASURE_BYTES", 3 * 16 << 10)
-    assert cpu_linear.few_rows_direct(ws) and {n for _, _, n in passes} == {3}  # the first three weights
+    assert cpu_linear.direct_rows(ws) == 2 and {n for _, _, n in passes} == {3}  # the first three weights
 
 
 def test_a_pass_slowed_by_another_process_does_not_decide(monkeypatch):
@@ -268,24 +316,24 @@ def test_a_pass_slowed_by_another_process_does_not_decide(monkeypatch):
     seen: list[str] = []
 
     def fake(product, weights, rows):
-        name = "direct" if product is F.linear else "weight_major"
+        name = _product_name(product)
         seen.append(name)
         slowed = seen.count(name) in (3, 4, 7, 8)  # passes 1-2 of each product warm, then rounds 1-3 (2 passes each)
         return 2.0 if name == "weight_major" else 10.0 if slowed else 1.0
 
     monkeypatch.setattr(cpu_linear, "_pass_seconds", fake)
-    assert cpu_linear.few_rows_direct([torch.zeros(8, 8)])
+    assert cpu_linear.direct_rows([torch.zeros(8, 8)]) == 2
 
 
 def test_engine_with_direct_few_row_products_equals_plain(monkeypatch):
-    """Greedy speculation with F.linear at 1-2 rows (the timing's choice where it is faster) and the packed copies
-    from 3 rows still equals plain decoding."""
+    """Greedy speculation with F.linear at 1-3 rows (the timing's choice where it is faster: session 67's CPU) and
+    the packed copies from 4 rows still equals plain decoding."""
     monkeypatch.setattr(cpu_linear, "MEASURE_MIN_BYTES", 0)
-    _timed_products(monkeypatch, True)
+    _timed_products(monkeypatch, True, 3)
 
     def prepare(target, drafter):
         for m in (target, drafter):
             use_cpu_linear(fuse_projections(m))
-            assert all(x.direct for x in m.modules() if isinstance(x, CpuLinear))
+            assert all(x.direct_rows == 3 for x in m.modules() if isinstance(x, CpuLinear))
 
     assert_transformed_engine_equals_plain(prepare, SpecConfig(3, 2, 5), [[1, 2, 3, 4], list(range(10, 18))], 12)

@@ -142,7 +142,10 @@ DEFAULT_DRAFTER = ASSETS / "smollm2-135m-eagle3"
 # 1-8, 96 tokens, two rounds, packed): the chain of 2 1.23x (tau 1.65), the one-step chain 1.31x (tau 1.44), the chain
 # of 3 1.21x; there a 3-token forward measured ~1.25x a 1-token one, over CPU_MAX_VERIFY_COST_SAMPLED, so sampled
 # engines decoded plainly: where the chain of 2's forward is too dear the one-step chain (2 tokens, ~1.0x) is timed
-# next.
+# next. Session 67 (an Intel Xeon whose F.linear now serves 3-row steps: a 3-token forward ~1.15x, so the chain of 2
+# passes): MT-bench 1-6, 64 tokens, one process, three rounds: at temperature 0.7 with top-p 0.9 the chain of 2 1.36x
+# against the one-step chain's 1.15x, at temperature 1 1.14x against 1.22x (docs/benchmarks.md, "Session 67"); the
+# chain of 2 stays first (one sampled shape serves every temperature of an engine).
 CPU_MAX_VERIFY_COST = 1.5
 CPU_MAX_VERIFY_COST_SAMPLED = 1.2
 CPU_MAX_VERIFY_COST_WIDE = 1.3

@@ -23,9 +23,16 @@ the lm_head 1.8-2.4 against 4.4-5.6), so bfloat16 projections take it from one r
 Why measured (session 66): on a 2-core Intel Xeon with AVX-512 and AMX (the same torch) the padded weight-major
 product is the slow one: SmolLM2's 121 projections, one cold pass, 1 / 2 rows: weight-major (padded) 75.5 / 76.6 ms,
 F.linear 32.2 / 34.1 ms, the packed copy 37.2 / 40.5 (at 3 rows F.linear 39.0 against the copy's 43.0, from 4 rows
-the copy: 45.9 against 59.3 at 4), so plain decoding there ran at 13 tok/s instead of ~25. `few_rows_direct` times
+the copy: 45.9 against 59.3 at 4), so plain decoding there ran at 13 tok/s instead of ~25. `direct_rows` times
 both products on the model's own weights when it is prepared (`engine.transforms.use_cpu_linear`), and
-`CpuLinear.direct` takes F.linear where the packed copy does not serve.
+`CpuLinear.direct_rows` > 0 takes F.linear where the packed copy does not serve.
+Why F.linear at 3 rows there too (session 67, the same Intel Xeon; `benchmarks/cpu_linear_check.py`, us): MKL's
+F.linear stays near its one-row cost up to 3 rows and jumps at 4 (q/k/v 60 / 70 / 59 / 171 at 1-4 rows, gate/up 341 /
+354 / 423 / 614, down_proj 115 / 127 / 135 / 189), so at 3 rows it beat the packed copy (q/k/v 150, gate/up 447,
+down_proj 261; from 4 rows the copy: 111 / 447 / 260): SmolLM2's forward of 3 tokens cost 1.15x one of 1 token
+against 1.28x, and a sampled chain of 2 (a 3-token verify) ran 1.25x over plain decoding against 0.92x. So where
+F.linear wins at 1-2 rows, `direct_rows` goes on timing it against the packed copy at 3 rows (DIRECT_MAX_ROWS; its
+comment says why not further): where F.linear wins there too, packed copies serve from 4 rows.
 
 `CpuLinear.forward(x)`: x [..., K] -> [..., N] (contiguous), the same function as nn.Linear up to floating-point
 reassociation, the same weight (and bias) Parameter (state-dict names and values unchanged). Built by
@@ -49,13 +56,19 @@ PAD_ROWS = {1: 2, 3: 4}  # rows -> rows computed (measured above: the odd counts
 PACKED = True  # rows >= PACKED_MIN_ROWS through the packed copy where `pack` made one (False: weight-major, A/B runs)
 PACKED_MIN_ROWS = 3  # float32; bfloat16 from one row
 PACK_HINT_ROWS = 4  # the row count oneDNN's reorder is told to expect (measured the same as 2, 8 and 64 from 3 rows on)
-# `few_rows_direct`: models whose projections hold fewer bytes than this keep the weight-major product unmeasured (their
+# `direct_rows`: models whose projections hold fewer bytes than this keep the weight-major product unmeasured (their
 # weights stay in cache, where the measurement would not speak for decoding; the tests' tiny models); a timing pass
 # reads the first MEASURE_BYTES of the projections' weights (past a CPU's last-level cache: decoding reads them cold)
 MEASURE_MIN_BYTES = 8 << 20
 MEASURE_BYTES = 64 << 20
 MEASURE = True  # False: never measured, weight-major at 1-2 rows everywhere (A/B runs)
 MEASURE_ROUNDS = 3
+# the most rows F.linear is timed at against the packed copy (from 3 rows, while it wins). Not further: the timing
+# passes read 64 MB, which a large last-level cache holds (session 67's Xeon reports 300 MB), and there the two
+# products' costs at 4-8 rows came out within noise of each other (F.linear "won" up to 6 and 8 rows in two loads),
+# while over all of SmolLM2's 513 MB of projections the packed copy was 1.3-1.6x faster at 4-8 rows (3 rows: F.linear
+# 30.6 against 33.6 ms over the 513 MB, 3.0 against 3.8 over the 64 MB: the same side)
+DIRECT_MAX_ROWS = 3
 
 
 def weight_major_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -120,33 +133,59 @@ def _pass_seconds(product: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
     return time.perf_counter() - t
 
 
-def few_rows_direct(weights: list[torch.Tensor]) -> bool:
-    """Whether F.linear beats the padded weight-major product for steps of 1 and 2 rows over these distinct weights
-    [N, K] (a model's projections, in module order): passes over the first MEASURE_BYTES of them, per product and
-    row count one warm pass, then MEASURE_ROUNDS rounds alternating the products; the best pass of each (a pass
-    slowed by another process does not decide), the two row counts' best summed. 16 passes over at most 64 MB: ~0.1 s
-    for SmolLM2 on session 66's CPU (a load's other work takes 1.2-1.8 s)."""
+def _best_seconds(products: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]],
+                  weights: list[torch.Tensor], rows: tuple[int, ...]) -> dict[tuple[str, int], float]:
+    """(product, rows) -> the best of MEASURE_ROUNDS passes over `weights`, after one warm pass each, the products
+    alternating round by round (a pass slowed by another process does not decide)."""
+    best: dict[tuple[str, int], float] = {}
+    with torch.no_grad():
+        for rnd in range(MEASURE_ROUNDS + 1):  # round 0: warm
+            for name, product in products.items():
+                for r in rows:
+                    t = _pass_seconds(product, weights, r)
+                    if rnd:
+                        best[name, r] = min(best.get((name, r), t), t)
+    return best
+
+
+def direct_rows(weights: list[torch.Tensor], copies: dict[int, torch.Tensor] | None = None) -> int:
+    """The most rows a step should give F.linear instead of the padded weight-major product or the packed copy,
+    timed over these distinct weights [N, K] (a model's projections, in module order; `copies`: their packed copies
+    by the weight's data pointer, where `pack` made them): over the first MEASURE_BYTES of them, F.linear against the
+    weight-major product at 1 and 2 rows (the two row counts' best passes summed; 0 where the weight-major product
+    wins), then, for float32 weights that all have copies, F.linear against the copy at 3, 4, ... rows up to the
+    first row count where the copy wins (at most DIRECT_MAX_ROWS). 16 passes over at most 64 MB for 1-2 rows, 8 per
+    row count after: ~0.1 s and ~0.05 s for SmolLM2 on session 66's CPU (a load's other work takes 1.2-1.8 s)."""
     chosen, total = [], 0
     for w in weights:
         if total >= MEASURE_BYTES:
             break
         chosen.append(w.detach())
         total += w.numel() * w.element_size()
-    products = {"weight_major": weight_major_linear, "direct": F.linear}
-    best = {}
-    with torch.no_grad():
-        for rnd in range(MEASURE_ROUNDS + 1):  # round 0: warm
-            for name, product in products.items():
-                for rows in (1, 2):
-                    t = _pass_seconds(product, chosen, rows)
-                    if rnd:
-                        best[name, rows] = min(best.get((name, rows), t), t)
-    return sum(best["direct", r] for r in (1, 2)) < sum(best["weight_major", r] for r in (1, 2))
+    best = _best_seconds({"weight_major": weight_major_linear, "direct": F.linear}, chosen, (1, 2))
+    if sum(best["direct", r] for r in (1, 2)) >= sum(best["weight_major", r] for r in (1, 2)):
+        return 0
+    copies = copies or {}
+    if not PACKED or not chosen or any(w.dtype != torch.float32 or w.data_ptr() not in copies for w in chosen):
+        return 2
+
+    def packed(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return packed_linear(x, copies[w.data_ptr()], None, w.shape[0])
+
+    rows = 2
+    while rows < DIRECT_MAX_ROWS:
+        best = _best_seconds({"packed": packed, "direct": F.linear}, chosen, (rows + 1,))
+        if best["direct", rows + 1] >= best["packed", rows + 1]:
+            break
+        rows += 1
+    return rows
 
 
 class CpuLinear(nn.Linear):
     _packed: torch.Tensor | None = None
-    direct = False  # F.linear (not the weight-major product) where the packed copy does not serve (`few_rows_direct`)
+    # `direct_rows` (measured) > 0: F.linear, not the weight-major product, where the packed copy does not serve, and
+    # the float32 copy only for steps of more rows than this
+    direct_rows = 0
     _packed_of: tuple[int, int] = (0, -1)  # (data pointer, in-place version) of the weight the copy was made from
 
     @classmethod
@@ -173,11 +212,12 @@ class CpuLinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if (PACKED and self._packed is not None and x.dtype == self.weight.dtype
-                and (x.dtype == torch.bfloat16 or x.numel() >= PACKED_MIN_ROWS * self.in_features)
+                and (x.dtype == torch.bfloat16
+                     or x.numel() >= max(PACKED_MIN_ROWS, self.direct_rows + 1) * self.in_features)
                 and not (torch.is_grad_enabled() and (self.weight.requires_grad or x.requires_grad))):
             packed = self.packed
             if packed is not None:
                 return packed_linear(x, packed, self.bias, self.out_features)
-        if self.direct:
+        if self.direct_rows:
             return F.linear(x, self.weight, self.bias)
         return weight_major_linear(x, self.weight, self.bias)
