@@ -127,6 +127,35 @@ def test_api_default_drafter_policy_on_the_cpu(monkeypatch):
     assert forced.speculative and forced.plain_note is None  # an explicit shape is not second-guessed
 
 
+def test_cpu_sampled_steps_try_the_one_step_chain_first_for_hot_unfiltered_requests(monkeypatch):
+    """On the CPU `auto`'s sampled steps try the chain of 2, then the one-step chain; requests known to sample
+    unfiltered at temperature 1 or hotter (`only`: generate, chat, bench) try the one-step chain first (measured
+    faster there on two machines: docs/benchmarks.md, "Session 67"), while a filter (top-p, top-k, min-p), a cooler
+    temperature or an engine for any request keeps the chain of 2 first; each shape still against its limit."""
+    from eaglespec.api import auto_spec
+    from eaglespec.assets import CPU_MAX_VERIFY_COST_SAMPLED
+    from eaglespec.config import SpecConfig
+    from eaglespec.sampling_params import SamplingParams
+
+    one_step, chain2 = SpecConfig(1, 1, 2), SpecConfig(2, 1, 3)
+    f32 = torch.nn.Linear(2, 2)
+    asked = cpu_forward_cost(monkeypatch, CPU_MAX_VERIFY_COST_SAMPLED)  # both chains within the limit
+    cases = [(SamplingParams(temperature=1.0), one_step), (SamplingParams(temperature=1.3, seed=1), one_step),
+             (SamplingParams(temperature=0.8), chain2), (SamplingParams(temperature=1.0, top_p=0.95), chain2),
+             (SamplingParams(temperature=1.0, top_k=40), chain2), (SamplingParams(temperature=1.0, min_p=0.05), chain2)]
+    for params, shape in cases:
+        asked.clear()
+        spec, note = auto_spec(f32, "cpu", 1, only=params)  # (their steps' shape alone)
+        assert note is None and spec == shape
+        assert asked == [shape.draft_tokens], params  # the first shape tried passed: nothing else timed
+    asked.clear()  # an engine for any request (`serve`), built to sample at temperature 1: the chain of 2 first
+    schedule, note = auto_spec(f32, "cpu", 1, temperature=1.0)
+    assert note is None and schedule.shape(1, greedy=False) == chain2 and asked[0] == 3
+    asked = cpu_forward_cost(monkeypatch, CPU_MAX_VERIFY_COST_SAMPLED + 0.01)  # both too dear: plain, both timed
+    spec, note = auto_spec(f32, "cpu", 1, only=SamplingParams(temperature=1.0))
+    assert spec is None and asked == [2, 3] and "forward of 3 tokens" in note
+
+
 def test_default_drafter_policy_per_device_and_engine_size(monkeypatch):
     """The measured policy (docs/benchmarks.md, "The shipped drafter", "Session 19", "Session 24", "Session 25",
     "Session 61"): the tree S3 K2 D6 in one-row CPU engines when greedy (untimed; `auto` times it first) and a chain

@@ -10,7 +10,8 @@ to its GGUF or a copy of it) and plainly otherwise; without an explicit `spec` i
 `SpecSchedule` where the shapes measured differ by rows, each step the shape of the rows it runs) and the dtype (greedy
 float32 on CUDA: the chain of 3 up to 32 rows, where bf16 takes the chain of 4 at 1 and 9-12 rows, trees at 2-8 and
 17-32 rows and the chain of 3 at 13-16), greedy steps and sampled steps each their own (sampled: the chain of 2 in
-one-row CPU engines, on CUDA the chain of 3 up to 32 rows; `SpecSchedule.sampled`; steps under count penalties decode
+one-row CPU engines (the one-step chain first where `only` samples unfiltered at temperature 1 or hotter:
+`assets.hot_sampling`), on CUDA the chain of 3 up to 32 rows; `SpecSchedule.sampled`; steps under count penalties decode
 plainly on CUDA: `SpecSchedule.penalized`). It decodes plainly where the drafter was measured slower than plain decoding
 at the `temperature` the engine is meant to serve; on the CPU it first times the target's forwards on this machine
 (`engine/verify_cost.py`): greedy steps take the tree S3 K2 D6 where a forward of 6 tokens costs at most
@@ -36,8 +37,8 @@ from .engine.engine import Engine
 from .engine.transforms import prepare_for_inference
 from .errors import ConfigError
 from .loading.checkpoint import load_model, resolve_device, resolve_dtype
-from .assets import (PENALIZED_NOTE, cpu_shapes, default_drafter_path, default_spec, is_default_drafter, mode_entries,
-                     penalized_entries, schedule_of, slower_note, verify_cost_note)
+from .assets import (PENALIZED_NOTE, cpu_shapes, default_drafter_path, default_spec, hot_sampling, is_default_drafter,
+                     mode_entries, penalized_entries, schedule_of, slower_note, verify_cost_note)
 from .loading.default import is_default_model
 from .sampling_params import SamplingParams
 from .engine.verify_cost import verify_cost_ratio
@@ -93,7 +94,8 @@ def auto_spec(target: torch.nn.Module, device_type: str, max_batch_size: int = 1
             if entries is None or (only is not None and mode != own):
                 continue
             modes[mode] = None
-            for shapes, limit in cpu_shapes(entries, mode):  # the widest first, each against its own limit
+            hot = mode and only is not None and hot_sampling(only)  # unfiltered at T >= 1: the one-step chain first
+            for shapes, limit in cpu_shapes(entries, mode, hot):  # the widest first, each against its own limit
                 tokens = spec_envelope([spec for _, spec in shapes]).draft_tokens
                 if tokens not in ratios:
                     ratios[tokens] = verify_cost_ratio(target, tokens)

@@ -18,12 +18,16 @@ from __future__ import annotations
 
 import filecmp
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from .config import SpecConfig
 
 from .spec_schedule import Entries, SpecSchedule
+
+if TYPE_CHECKING:
+    from .sampling_params import SamplingParams
 
 ASSETS = Path(__file__).parent / "assets"
 DEFAULT_DRAFTER = ASSETS / "smollm2-135m-eagle3"
@@ -144,8 +148,13 @@ DEFAULT_DRAFTER = ASSETS / "smollm2-135m-eagle3"
 # engines decoded plainly: where the chain of 2's forward is too dear the one-step chain (2 tokens, ~1.0x) is timed
 # next. Session 67 (an Intel Xeon whose F.linear now serves 3-row steps: a 3-token forward ~1.15x, so the chain of 2
 # passes): MT-bench 1-6, 64 tokens, one process, three rounds: at temperature 0.7 with top-p 0.9 the chain of 2 1.36x
-# against the one-step chain's 1.15x, at temperature 1 1.14x against 1.22x (docs/benchmarks.md, "Session 67"); the
-# chain of 2 stays first (one sampled shape serves every temperature of an engine).
+# against the one-step chain's 1.15x, at temperature 1 1.14x against 1.22x (docs/benchmarks.md, "Session 67"; session
+# 61's EPYC at temperature 1: 1.23x against 1.31x). So the chain of 2 stays first for sampled steps in general (one
+# sampled shape serves every temperature of an engine's requests), and the one-step chain goes first where every
+# request of the engine is known to sample unfiltered at CPU_ONE_STEP_FIRST_TEMPERATURE or hotter (`generate`,
+# `chat`, `bench`: `api.auto_spec`'s `only`; no top-p, top-k or min-p, which sharpen the distribution toward the
+# drafter's greedy text, where the chain of 2 led).
+CPU_ONE_STEP_FIRST_TEMPERATURE = 1.0
 CPU_MAX_VERIFY_COST = 1.5
 CPU_MAX_VERIFY_COST_SAMPLED = 1.2
 CPU_MAX_VERIFY_COST_WIDE = 1.3
@@ -276,17 +285,26 @@ def cpu_max_verify_cost(temperature: float = 0.0) -> float:
     return CPU_MAX_VERIFY_COST_SAMPLED if temperature > 0 else CPU_MAX_VERIFY_COST
 
 
-def cpu_shapes(entries: Entries, sampled: bool) -> tuple[tuple[Entries, float], ...]:
+def cpu_shapes(entries: Entries, sampled: bool, one_step_first: bool = False) -> tuple[tuple[Entries, float], ...]:
     """The entries a CPU engine's steps of one mode try in turn where `auto` times this machine's forwards, each with
     the most a forward of its draft tokens may cost in one-token forwards: the greedy tree S3 K2 D6 up to
     CPU_MAX_VERIFY_COST_WIDE, then S2 K2 D4 up to CPU_MAX_VERIFY_COST; the sampled chain of 2, then the one-step
-    chain (a 2-token forward, which the weight-major product keeps at about a 1-token one's cost), each up to
-    CPU_MAX_VERIFY_COST_SAMPLED; any other entries alone, up to their mode's `cpu_max_verify_cost`."""
+    chain (a 2-token forward, about a 1-token one's cost), each up to CPU_MAX_VERIFY_COST_SAMPLED, the one-step chain
+    first with `one_step_first` (requests that all sample unfiltered at CPU_ONE_STEP_FIRST_TEMPERATURE or hotter:
+    `hot_sampling`); any other entries alone, up to their mode's `cpu_max_verify_cost`."""
     if not sampled and entries == ((1, _TREE_CPU),):
         return (entries, CPU_MAX_VERIFY_COST_WIDE), (((1, _TREE_CPU_NARROW),), CPU_MAX_VERIFY_COST)
     if sampled and entries == ((1, _CHAIN_2),):
-        return (entries, CPU_MAX_VERIFY_COST_SAMPLED), (((1, _CHAIN_1),), CPU_MAX_VERIFY_COST_SAMPLED)
+        order = ((entries, CPU_MAX_VERIFY_COST_SAMPLED), (((1, _CHAIN_1),), CPU_MAX_VERIFY_COST_SAMPLED))
+        return order[::-1] if one_step_first else order
     return ((entries, cpu_max_verify_cost(1.0 if sampled else 0.0)),)
+
+
+def hot_sampling(params: SamplingParams) -> bool:
+    """Whether requests of these parameters sample at CPU_ONE_STEP_FIRST_TEMPERATURE or hotter with no top-p, top-k
+    or min-p filter (`cpu_shapes`' one_step_first)."""
+    return (params.temperature >= CPU_ONE_STEP_FIRST_TEMPERATURE and params.top_p >= 1.0 and params.top_k == 0
+            and params.min_p == 0.0)
 
 
 def verify_cost_note(ratio: float, tokens: int, temperature: float = 0.0) -> str:

@@ -30,7 +30,8 @@ Why F.linear at 3 rows there too (session 67, the same Intel Xeon; `benchmarks/c
 F.linear stays near its one-row cost up to 3 rows and jumps at 4 (q/k/v 60 / 70 / 59 / 171 at 1-4 rows, gate/up 341 /
 354 / 423 / 614, down_proj 115 / 127 / 135 / 189), so at 3 rows it beat the packed copy (q/k/v 150, gate/up 447,
 down_proj 261; from 4 rows the copy: 111 / 447 / 260): SmolLM2's forward of 3 tokens cost 1.15x one of 1 token
-against 1.28x, and a sampled chain of 2 (a 3-token verify) ran 1.25x over plain decoding against 0.92x. So where
+against 1.28x, and in one process the sampled chain of 2 (3-token verifies) ran 13% faster (benchmarks/
+cpu_direct_rows_ab.py: 37.8 against 33.4 tok/s at temperature 0.7, top-p 0.9). So where
 F.linear wins at 1-2 rows, `direct_rows` goes on timing it against the packed copy at 3 rows (DIRECT_MAX_ROWS; its
 comment says why not further): where F.linear wins there too, packed copies serve from 4 rows.
 
@@ -155,7 +156,7 @@ def direct_rows(weights: list[torch.Tensor], copies: dict[int, torch.Tensor] | N
     weight-major product at 1 and 2 rows (the two row counts' best passes summed; 0 where the weight-major product
     wins), then, for float32 weights that all have copies, F.linear against the copy at 3, 4, ... rows up to the
     first row count where the copy wins (at most DIRECT_MAX_ROWS). 16 passes over at most 64 MB for 1-2 rows, 8 per
-    row count after: ~0.1 s and ~0.05 s for SmolLM2 on session 66's CPU (a load's other work takes 1.2-1.8 s)."""
+    row count after: 0.08-0.10 s in all for SmolLM2 on session 67's CPU (a load's other work takes 1.1-1.7 s)."""
     chosen, total = [], 0
     for w in weights:
         if total >= MEASURE_BYTES:
