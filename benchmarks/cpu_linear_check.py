@@ -8,8 +8,10 @@ behind `transforms.use_cpu_linear`, `cpu_linear.PAD_ROWS` and `cpu_linear.PACKED
    (`pack_weight`, `packed_linear`).
 2. The embedded SmolLM2's cache-free forward (float32, as `prepare_for_inference` leaves it on the CPU, fused) of T =
    1..8 tokens: ms for T = 1 and the ratio for the others (the fastest of 5 each; engine/verify_cost.py's
-   measurement), with the packed copies, weight-major alone (`transforms.CPU_PACK_MAX_SHARE` 0) and F.linear
-   (`transforms.CPU_WEIGHT_MAJOR` False). This machine's timings vary: alternate runs before trusting a 5% change.
+   measurement), as the engine runs it (the load's timing, `cpu_linear.direct_rows`, choosing the few-row product),
+   with session 61's fixed policy (weight-major at 1-2 rows, the packed copies from 3; `cpu_linear.MEASURE` off),
+   weight-major alone (`transforms.CPU_PACK_MAX_SHARE` 0) and F.linear alone (`transforms.CPU_WEIGHT_MAJOR` False).
+   This machine's timings vary: alternate runs before trusting a 5% change.
 
 usage: python benchmarks/cpu_linear_check.py [--threads N]
 """
@@ -25,6 +27,7 @@ import torch.nn.functional as F
 from eaglespec.engine import transforms
 from eaglespec.engine.transforms import prepare_for_inference
 from eaglespec.engine.verify_cost import _forward_s
+from eaglespec.layers import cpu_linear
 from eaglespec.layers.cpu_linear import pack_weight, packed_linear, weight_major_linear
 from eaglespec.loading.checkpoint import load_model
 
@@ -69,10 +72,18 @@ def fastest(model: torch.nn.Module, tokens: int, repeats: int) -> float:
 print("\n| projections | T = 1 ms | T = 2 | 3 | 4 | 5 | 8 |")
 print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
 share = transforms.CPU_PACK_MAX_SHARE
-for label, weight_major, pack in (("packed from 3 rows", True, share), ("weight-major", True, 0.0),
-                                  ("F.linear", False, 0.0)):
+# (label, CpuLinear at all, packed copies' memory share, timed at load): as the engine runs it (the load's timing
+# picks F.linear or weight-major at 1-2 rows and how far F.linear goes before the copies: `cpu_linear.direct_rows`),
+# session 61's fixed policy, weight-major alone, F.linear alone (plain nn.Linear)
+for label, weight_major, pack, measure in (("as the engine runs it", True, share, True),
+                                           ("weight-major at 1-2 rows, packed from 3 (untimed)", True, share, False),
+                                           ("weight-major", True, 0.0, False), ("F.linear", False, 0.0, False)):
     transforms.CPU_WEIGHT_MAJOR, transforms.CPU_PACK_MAX_SHARE = weight_major, pack
+    cpu_linear.MEASURE = measure
     m = prepare_for_inference(load_model(None, device="cpu", dtype="float32").model, torch.device("cpu"), None, None)
+    chosen = {x.direct_rows for x in m.modules() if isinstance(x, cpu_linear.CpuLinear)}
+    if measure:
+        label += f" (F.linear up to {max(chosen)} rows)" if max(chosen) else " (weight-major at 1-2 rows)"
     with torch.no_grad():
         one = fastest(m, 1, 5)
         ratios = [fastest(m, t, 5) / one for t in (2, 3, 4, 5, 8)]
