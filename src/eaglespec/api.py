@@ -95,7 +95,7 @@ def auto_spec(target: torch.nn.Module, device_type: str, max_batch_size: int = 1
                 continue
             modes[mode] = None
             hot = mode and only is not None and hot_sampling(only)  # unfiltered at T >= 1: the one-step chain first
-            for shapes, limit in cpu_shapes(entries, mode, hot):  # the widest first, each against its own limit
+            for shapes, limit in cpu_shapes(entries, mode, hot):  # in the policy's order, each against its own limit
                 tokens = spec_envelope([spec for _, spec in shapes]).draft_tokens
                 if tokens not in ratios:
                     ratios[tokens] = verify_cost_ratio(target, tokens)
