@@ -39,7 +39,7 @@ def skip_repeated_patching() -> bool:
     except ImportError:
         return False
     patch, grid, nested = (getattr(ti, n, None) for n in ("_patch_lang", "GridExecutor", "InterpretedFunction"))
-    if patch is None or grid is None or nested is None or not hasattr(grid, "__call__"):
+    if patch is None or grid is None or nested is None:
         return False
     if getattr(patch, "_skips_repeats", False):
         return True

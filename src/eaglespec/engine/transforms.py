@@ -386,13 +386,12 @@ def use_cpu_linear(model: nn.Module) -> nn.Module:
     CPU_PACK_MAX_SHARE of the host's available memory, each CpuLinear packs its weight (float32: for steps of 3 rows
     and more; bfloat16 where the CPU has native bf16: for every step), layers/cpu_linear.py. Session 61: SmolLM2's
     float32 forward of 4 tokens 1.30x -> 1.14-1.24x one of 1 token, of 8 tokens 1.94x -> 1.37-1.43x. Last, where
-    the projections hold at least cpu_linear.MEASURE_MIN_BYTES, `cpu_linear.direct_rows` times F.linear against
+    the projections hold at least cpu_linear.MEASURE_MIN_BYTES, `cpu_linear.measure_direct_rows` times F.linear against
     the weight-major product on their weights, and where F.linear is faster every CpuLinear takes it wherever its
     packed copy does not serve (session 66's Intel CPU: SmolLM2's plain decoding 2.3x faster), and, for as many rows
     as it also beats the packed copy, there too (session 67, the same CPU: 3 rows; a 3-token forward 1.28x -> 1.15x
     one of 1 token). Idempotent."""
-    from ..layers import cpu_linear
-    from ..layers.cpu_linear import CpuLinear, packable
+    from ..layers.cpu_linear import CpuLinear, measure_direct_rows, packable
 
     wrapped = 0
     for parent in list(model.modules()):
@@ -411,14 +410,8 @@ def use_cpu_linear(model: nn.Module) -> nn.Module:
             if first.pack():
                 for m in rest:
                     m.pack(first.packed)
-    lins = [m for m in model.modules() if type(m) is CpuLinear]
-    weights = list({m.weight.data_ptr(): m.weight for m in lins if m.weight.device.type == "cpu"}.values())
-    if wrapped and cpu_linear.MEASURE and sum(w.numel() * w.element_size() for w in weights) >= \
-            cpu_linear.MEASURE_MIN_BYTES:
-        copies = {m.weight.data_ptr(): m.packed for m in lins if m.packed is not None}
-        rows = cpu_linear.direct_rows(weights, copies)
-        for m in lins:
-            m.direct_rows = rows
+    if wrapped:  # (once: a second call wraps nothing and times nothing)
+        measure_direct_rows([m for m in model.modules() if type(m) is CpuLinear])
     return model
 
 

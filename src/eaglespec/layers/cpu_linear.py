@@ -41,7 +41,7 @@ reassociation, the same weight (and bias) Parameter (state-dict names and values
 host's memory. The packed copy is a plain attribute (not in the state dict); it is used only while the weight is
 the tensor it was made from, unmodified (its data pointer and in-place version), for inputs of the weight's dtype
 and without autograd (training steps, or a weight changed in place, take the weight-major product, or F.linear where
-`direct`; a stale copy is dropped).
+`direct_rows` is set; a stale copy is dropped). `measure_direct_rows` sets a model's `direct_rows` at load.
 """
 
 from __future__ import annotations
@@ -222,3 +222,16 @@ class CpuLinear(nn.Linear):
         if self.direct_rows:
             return F.linear(x, self.weight, self.bias)
         return weight_major_linear(x, self.weight, self.bias)
+
+
+def measure_direct_rows(lins: list[CpuLinear]) -> None:
+    """Give one model's CpuLinears the `direct_rows` timed on their distinct CPU weights (and packed copies), where
+    MEASURE is on and those weights hold at least MEASURE_MIN_BYTES; otherwise they keep 0 (weight-major at 1-2
+    rows)."""
+    weights = list({m.weight.data_ptr(): m.weight for m in lins if m.weight.device.type == "cpu"}.values())
+    if not MEASURE or sum(w.numel() * w.element_size() for w in weights) < MEASURE_MIN_BYTES:
+        return
+    copies = {m.weight.data_ptr(): m.packed for m in lins if m.packed is not None}
+    rows = direct_rows(weights, copies)
+    for m in lins:
+        m.direct_rows = rows
