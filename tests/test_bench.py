@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_cli import cpu_forward_cost
 from tiny import tiny_llama
 
 from eaglespec.bench.bandwidth import DecodeTraffic, kv_bytes_per_token, weight_bytes_per_step
@@ -392,8 +393,7 @@ def test_bench_defaults_measure_what_generate_runs(tmp_path, capsys, monkeypatch
     shape `draft="auto"` gives an engine of that many rows here (on the CPU the tree S3 K2 D6 at one row, answers
     identical in float32; engines of several rows decode plainly, so nothing speculative runs at 2 rows and the log
     says why). The run keeps one name; its records carry the shape taken."""
-    asked: list[int] = []  # this machine's forward timing (api.auto_spec) fixed, as tests/test_cli.py does
-    monkeypatch.setattr("eaglespec.api.verify_cost_ratio", lambda model, tokens, repeats=3: asked.append(tokens) or 1.0)
+    asked = cpu_forward_cost(monkeypatch, 1.0)  # this machine's forward timing (api.auto_spec) fixed
     out = tmp_path / "out"
     code, stdout, err = run_cli(["bench", "--limit", "2", "--max-new-tokens", "8", "--batch-sizes", "1,2", "--device",
                                  "cpu", "--out", out], capsys)
@@ -405,7 +405,7 @@ def test_bench_defaults_measure_what_generate_runs(tmp_path, capsys, monkeypatch
     auto = doc["records"][1]
     assert auto["auto"] and auto["shape"] == "S3 K2 D6" and (auto["steps"], auto["topk"], auto["draft_tokens"]) == (
         3, 2, 6)
-    assert auto["identical_outputs"] == auto["prompts"] == 2 and asked == [6]
+    assert auto["identical_outputs"] == auto["prompts"] == 2 and asked == [[3, 4, 6]]  # greedy's sizes, once
     assert not doc["records"][0]["auto"] and doc["records"][0]["shape"] is None
     assert f"| {name} = S3 K2 D6 | 1 |" in stdout  # the table names the shape taken
     assert f"{name} bs=2: not run, the default decodes plainly here (engines of several rows measured no faster" in err
@@ -445,7 +445,7 @@ def test_bench_auto_follows_the_policy_per_batch_size(tmp_path, capsys, monkeypa
     from eaglespec.config import SpecConfig
 
     monkeypatch.setitem(assets._DEFAULT_SPEC, "cpu", ((1, SpecConfig(2, 1, 3)), (3, SpecConfig(2, 2, 4))))
-    monkeypatch.setattr("eaglespec.api.verify_cost_ratio", lambda model, tokens, repeats=3: 1.0)
+    cpu_forward_cost(monkeypatch, 1.0)
     _, doc = bench_tiny_random(tmp_path, capsys, "auto")
     spec = [r for r in doc["records"] if r["kind"] == "spec"]
     assert [(r["config"], r["batch_size"], r["shape"]) for r in spec] == [
@@ -458,7 +458,7 @@ def test_bench_auto_follows_the_policy_per_batch_size(tmp_path, capsys, monkeypa
     assert [(r["batch_size"], r["shape"]) for r in spec] == [(1, "S2 K1 D3"), (3, "S2 K1 D3")]
     assert all(r["identical_outputs"] == r["prompts"] == 3 for r in spec)
     assert spec[0]["engine_steps"].get("spec") and not spec[1]["engine_steps"].get("spec")  # 3 rows: plain steps
-    monkeypatch.setattr("eaglespec.api.verify_cost_ratio", lambda model, tokens, repeats=3: 1.8)
+    cpu_forward_cost(monkeypatch, 1.8)
     _, doc = bench_tiny_random(tmp_path / "slow", capsys, "auto")
     assert [r["kind"] for r in doc["records"]] == ["no-spec", "no-spec"]
 

@@ -48,12 +48,17 @@ def assert_one_line_error(code, err, *needles):
         assert n in lines[0], lines[0]
 
 
-def cpu_forward_cost(monkeypatch, ratio: float) -> list[int]:
-    """`api.load`'s measurement of this machine (engine/verify_cost.py) replaced by `ratio`, so that the CPU policy's
-    outcome does not depend on the machine the tests run on; returns the token counts it was asked about."""
-    asked: list[int] = []
-    monkeypatch.setattr("eaglespec.api.verify_cost_ratio", lambda model, tokens, repeats=3: asked.append(tokens)
-                        or ratio)
+def cpu_forward_cost(monkeypatch, ratio: float | dict[int, float]) -> list[list[int]]:
+    """`api.load`'s measurement of this machine (engine/verify_cost.py) replaced by `ratio` (every size's, or each
+    size's), so that the CPU policy's outcome does not depend on the machine the tests run on; returns the sizes each
+    timing was asked about, in order."""
+    asked: list[list[int]] = []
+
+    def ratios(model, sizes, repeats=5) -> dict[int, float]:
+        asked.append(sorted(sizes))
+        return {n: ratio[n] if isinstance(ratio, dict) else ratio for n in sizes}
+
+    monkeypatch.setattr("eaglespec.api.verify_cost_ratios", ratios)
     return asked
 
 
@@ -70,19 +75,21 @@ def test_generate_default_model(tmp_path, capsys, monkeypatch):
     # the shipped drafter, in the shape measured fastest on the CPU
     assert s["speculative"] and "accept length" in err
     assert (s["steps"], s["topk"], s["draft_tokens"]) == (3, 2, 6)
-    assert asked == [6]  # its one request's kind of step alone (greedy: the tree's 6 tokens) was timed
+    assert asked == [[3, 4, 6]]  # its one request's kind of step alone (the greedy shapes' 3 / 4 / 6 tokens), once
 
 
 def test_api_default_drafter_policy_on_the_cpu(monkeypatch):
     """`eaglespec.load()` speculates with the shipped drafter on the CPU only in a one-row engine (a 2-row step
-    verifies twice the tokens, measured slower than plain decoding there), and only where a forward of the shape's draft
-    tokens costs at most `cpu_max_verify_cost(temperature)` one-token forwards on this machine (greedy decoding, which
-    accepts more a step, pays up to a dearer verify than sampling; its wider tree S3 K2 D6 up to
-    CPU_MAX_VERIFY_COST_WIDE, its narrower S2 K2 D4 past it); an explicit shape always speculates."""
+    verifies twice the tokens, measured slower than plain decoding there), in the shapes this machine's forwards
+    make pay, timed once at load for every size either mode needs: greedy steps the shape of S3 K2 D6, S2 K2 D4 and
+    S2 K1 D3 with the best cost-model estimate (tau / (ratio + 0.05 + 0.08 steps)) if it reaches
+    CPU_MIN_GREEDY_SPEEDUP, sampled steps the chain of 2, else the one-step chain, where its forward costs at most
+    CPU_MAX_VERIFY_COST_SAMPLED; the machines below are the ones measured (assets.py); an explicit shape always
+    speculates."""
     from types import SimpleNamespace
 
     from eaglespec import api
-    from eaglespec.assets import CPU_MAX_VERIFY_COST, CPU_MAX_VERIFY_COST_SAMPLED, CPU_MAX_VERIFY_COST_WIDE
+    from eaglespec.assets import CPU_MAX_VERIFY_COST_SAMPLED, CPU_MIN_GREEDY_SPEEDUP
     from eaglespec.config import EngineConfig, SpecConfig
 
     def load(**kw) -> SimpleNamespace:
@@ -94,36 +101,51 @@ def test_api_default_drafter_policy_on_the_cpu(monkeypatch):
         gc.collect()
         return seen
 
-    asked = cpu_forward_cost(monkeypatch, CPU_MAX_VERIFY_COST)  # at the greedy threshold: greedy speculation pays
-    one = load(config=EngineConfig(device="cpu", max_batch_size=1))  # in the narrower tree: the wider costs more
-    assert one.speculative and one.spec == SpecConfig(2, 2, 4) and one.plain_note is None
-    assert one.schedule.shape(1, greedy=False) is None  # its sampled steps, dearer than sampling pays for: plain
-    dear = load(config=EngineConfig(device="cpu", max_batch_size=1), temperature=0.8)  # above the sampled one
-    assert not dear.speculative
-    assert dear.plain_note == (f"here a forward of 2 tokens costs {CPU_MAX_VERIFY_COST:.2f}x one of 1 token; sampled "
-                               f"speculation pays on the CPU only up to {CPU_MAX_VERIFY_COST_SAMPLED}x")
-    # each mode's shapes' draft tokens (a verify's forward), the widest first, the engine's own mode first
-    assert asked == [6, 4, 3, 2, 3, 2]
-    asked = cpu_forward_cost(monkeypatch, CPU_MAX_VERIFY_COST_SAMPLED)  # at the sampled threshold
-    sampled = load(config=EngineConfig(device="cpu", max_batch_size=1), temperature=0.8)
-    assert sampled.speculative and sampled.plain_note is None
-    assert [sampled.schedule.shape(1, g) for g in (False, True)] == [SpecConfig(2, 1, 3), SpecConfig(3, 2, 6)]
+    def shapes(engine) -> list[SpecConfig | None]:  # (greedy, sampled) one-row steps' shapes
+        return [engine.schedule.shape(1, greedy=g) for g in (True, False)]
+
+    one_row = EngineConfig(device="cpu", max_batch_size=1)
+    wide, tree, chain2, chain1 = SpecConfig(3, 2, 6), SpecConfig(2, 2, 4), SpecConfig(2, 1, 3), SpecConfig(1, 1, 2)
+    asked = cpu_forward_cost(monkeypatch, {2: 1.05, 3: 1.1, 4: 1.35, 6: 1.43})  # session 67's Xeon: 3 rows cheap
+    xeon = load(config=one_row)
+    assert xeon.speculative and shapes(xeon) == [chain2, chain2] and xeon.plain_note is None
+    assert asked == [[2, 3, 4, 6]]  # one timing for both modes' sizes
+    asked = cpu_forward_cost(monkeypatch, {2: 1.05, 3: 1.26, 4: 1.24, 6: 1.27})  # session 61's EPYC (packed)
+    epyc = load(config=one_row)
+    assert shapes(epyc) == [wide, chain1]  # the chain of 2's 3 tokens over the sampled limit: the one-step chain
+    cpu_forward_cost(monkeypatch, {2: 1.01, 3: 1.04, 4: 1.07, 6: 1.6})  # session 19's weight-major EPYC
+    assert shapes(load(config=one_row)) == [tree, chain2]
+    asked = cpu_forward_cost(monkeypatch, 1.0)
+    sampled = load(config=one_row, temperature=0.8)  # built to sample: its own mode decides whether it speculates
+    assert sampled.speculative and shapes(sampled) == [wide, chain2] and asked == [[2, 3, 4, 6]]
     many = load(config=EngineConfig(device="cpu", max_batch_size=8))
-    assert not many.speculative and asked == [3, 6]  # no shape measured for 8 rows: nothing timed
-    # speculative steps of at most one row (spec_max_rows, `eaglespec serve`'s CPU default): the one-row shape
+    assert not many.speculative and len(asked) == 1  # no shape measured for 8 rows: nothing timed
+    # speculative steps of at most one row (spec_max_rows, `eaglespec serve`'s CPU default): the one-row shapes
     lone = load(config=EngineConfig(device="cpu", max_batch_size=4, spec_max_rows=1))
-    assert lone.speculative and lone.spec == SpecConfig(3, 2, 6) and asked == [3, 6, 6, 3]
-    asked = cpu_forward_cost(monkeypatch, CPU_MAX_VERIFY_COST_WIDE)  # the wider tree's limit: it is taken
-    assert load(config=EngineConfig(device="cpu", max_batch_size=1)).spec == SpecConfig(3, 2, 6)
-    assert asked == [6, 3, 2]  # (its sampled steps: both chains too dear)
+    assert lone.speculative and shapes(lone) == [wide, chain2] and len(asked) == 2
     forced = load(spec=SpecConfig(2, 1, 3), config=EngineConfig(device="cpu", max_batch_size=8))
-    assert forced.speculative and forced.spec == SpecConfig(2, 1, 3)
-    asked = cpu_forward_cost(monkeypatch, 1.7)  # session 18's machine through F.linear: a 3-token forward at 1.64-1.80x
-    slow = load(config=EngineConfig(device="cpu", max_batch_size=1))
-    assert asked == [6, 4]  # the wider tree, then the narrower, both too dear; the sampled steps not timed
-    assert not slow.speculative and slow.plain_note == ("here a forward of 4 tokens costs 1.70x one of 1 token; greedy "
-                                                        f"speculation pays on the CPU only up to {CPU_MAX_VERIFY_COST}x")
-    forced = load(spec=SpecConfig(2, 1, 3), config=EngineConfig(device="cpu", max_batch_size=1))
+    assert forced.speculative and forced.spec == SpecConfig(2, 1, 3) and len(asked) == 2  # not timed
+    # the greedy floor: the chain of 2 at 1.91 / (1.44 + 0.21) = 1.158x speculates, at 1.46 (1.144x) it does not
+    dear = {2: 1.3, 4: 2.0, 6: 2.0}
+    cpu_forward_cost(monkeypatch, {**dear, 3: 1.44})
+    edge = load(config=one_row)
+    assert edge.speculative and shapes(edge) == [chain2, None]  # sampled steps: both chains over 1.2x
+    cpu_forward_cost(monkeypatch, {**dear, 3: 1.46})
+    under = load(config=one_row)
+    assert not under.speculative and under.plain_note == (
+        "here forwards of 3 / 4 / 6 tokens cost 1.46x / 2.00x / 2.00x one of 1 token: greedy speculation's best "
+        f"shape, S2 K1 D3, would run about 1.14x plain decoding by the CPU's cost model, under the "
+        f"{CPU_MIN_GREEDY_SPEEDUP}x it takes to speculate")
+    # sampled: at the limit the chain of 2 is taken; past it, both chains: plain, the last one tried named
+    cpu_forward_cost(monkeypatch, CPU_MAX_VERIFY_COST_SAMPLED)
+    assert shapes(load(config=one_row, temperature=0.8)) == [wide, chain2]
+    asked = cpu_forward_cost(monkeypatch, 1.8)  # session 18's machine through F.linear: a 3-token forward 1.64-1.80x
+    slow = load(config=one_row, temperature=0.8)
+    assert not slow.speculative and asked == [[2, 3, 4, 6]]
+    assert slow.plain_note == ("here a forward of 2 tokens costs 1.80x one of 1 token; sampled speculation pays on "
+                               f"the CPU only up to {CPU_MAX_VERIFY_COST_SAMPLED}x")
+    assert not load(config=one_row).speculative  # greedy: S3 K2 D6's 2.29 / 2.09 = 1.10x at best
+    forced = load(spec=SpecConfig(2, 1, 3), config=one_row)
     assert forced.speculative and forced.plain_note is None  # an explicit shape is not second-guessed
 
 
@@ -147,13 +169,13 @@ def test_cpu_sampled_steps_try_the_one_step_chain_first_for_hot_unfiltered_reque
         asked.clear()
         spec, note = auto_spec(f32, "cpu", 1, only=params)  # (their steps' shape alone)
         assert note is None and spec == shape
-        assert asked == [shape.draft_tokens], params  # the first shape tried passed: nothing else timed
+        assert asked == [[2, 3]], params  # the sampled chains' sizes alone, once
     asked.clear()  # an engine for any request (`serve`), built to sample at temperature 1: the chain of 2 first
     schedule, note = auto_spec(f32, "cpu", 1, temperature=1.0)
-    assert note is None and schedule.shape(1, greedy=False) == chain2 and asked[0] == 3
-    asked = cpu_forward_cost(monkeypatch, CPU_MAX_VERIFY_COST_SAMPLED + 0.01)  # both too dear: plain, both timed
+    assert note is None and schedule.shape(1, greedy=False) == chain2 and asked == [[2, 3, 4, 6]]
+    asked = cpu_forward_cost(monkeypatch, CPU_MAX_VERIFY_COST_SAMPLED + 0.01)  # both too dear: plain
     spec, note = auto_spec(f32, "cpu", 1, only=SamplingParams(temperature=1.0))
-    assert spec is None and asked == [2, 3] and "forward of 3 tokens" in note
+    assert spec is None and "forward of 3 tokens" in note  # the last one tried: here the chain of 2
 
 
 def test_default_drafter_policy_per_device_and_engine_size(monkeypatch):
@@ -256,43 +278,46 @@ def test_default_drafter_policy_per_device_and_engine_size(monkeypatch):
 
 
 def test_auto_times_each_modes_draft_tokens_on_the_cpu(monkeypatch):
-    """On the CPU `auto` times a forward of each mode's draft tokens against its own limit: greedy steps the tree S3
-    K2 D6 (6 tokens, up to 1.3x one token), then the tree S2 K2 D4 (4 tokens, up to 1.5x); sampled steps the chain
-    of 2 (3 tokens, up to 1.2x), then the one-step chain (2 tokens, up to 1.2x). Where the engine's own mode fails
-    it decodes plainly and says why; where only the other mode fails, that mode's steps decode plainly (sampled) or
-    take the sampled shape (greedy)."""
+    """On the CPU `auto` times, once, forwards of every size its modes' shapes verify (3 / 4 / 6 tokens greedy, 2 / 3
+    sampled): greedy steps take the shape with the best cost-model estimate (`assets.cpu_greedy_estimates`), sampled
+    steps the chain of 2 (3 tokens, up to 1.2x one token), else the one-step chain (2 tokens, up to 1.2x). Where the
+    engine's own mode fails it decodes plainly and says why; where only the other mode fails, that mode's steps
+    decode plainly (sampled) or take the sampled shape (greedy)."""
     from eaglespec.api import auto_spec
+    from eaglespec.assets import CPU_DRAFT_STEP_COST, CPU_GREEDY_TAUS, CPU_STEP_OVERHEAD, cpu_greedy_estimates
     from eaglespec.config import SpecConfig
     from eaglespec.spec_schedule import SpecSchedule
 
     wide, two, chain2, chain1 = SpecConfig(3, 2, 6), SpecConfig(2, 2, 4), SpecConfig(2, 1, 3), SpecConfig(1, 1, 2)
     target = torch.nn.Linear(2, 2)
 
-    def costs(ratios: dict[int, float]) -> list[int]:
-        asked: list[int] = []
-        monkeypatch.setattr("eaglespec.api.verify_cost_ratio",
-                            lambda model, tokens, repeats=3: asked.append(tokens) or ratios[tokens])
-        return asked
+    def plan(greedy: SpecConfig, sampled: SpecConfig | None | tuple = ()) -> SpecSchedule:  # penalized: plain
+        return SpecSchedule(((1, greedy),), sampled=((1, sampled),) if isinstance(sampled, SpecConfig) else sampled,
+                            penalized=())
 
-    asked = costs({6: 1.2, 4: 1.1, 3: 1.0})  # (penalized steps decode plainly on the CPU whatever it measures)
-    assert auto_spec(target, "cpu") == (SpecSchedule(((1, wide),), sampled=((1, chain2),), penalized=()), None)
-    assert asked == [6, 3]  # the narrower tree not timed once the wider pays
-    asked = costs({6: 1.35, 4: 1.1, 3: 1.0})  # the wider tree too dear: the narrower
-    assert auto_spec(target, "cpu") == (SpecSchedule(((1, two),), sampled=((1, chain2),), penalized=()), None)
-    assert asked == [6, 4, 3]
-    asked = costs({6: 1.5, 4: 1.3, 3: 1.25, 2: 1.1})  # the chain of 2 too dear: the one-step chain's forward
-    assert auto_spec(target, "cpu") == (SpecSchedule(((1, two),), sampled=((1, chain1),), penalized=()), None)
-    assert asked == [6, 4, 3, 2]
-    asked = costs({6: 1.5, 4: 1.3, 3: 1.25, 2: 1.21})  # greedy pays, sampled does not: sampled steps decode plainly
-    assert auto_spec(target, "cpu") == (SpecSchedule(((1, two),), sampled=(), penalized=()), None)
+    ratios = {6: 1.43, 4: 1.35, 3: 1.1, 2: 1.05}
+    assert [spec for spec, _ in CPU_GREEDY_TAUS] == [wide, two, chain2]
+    assert cpu_greedy_estimates(ratios) == tuple(
+        (spec, tau / (ratios[spec.draft_tokens] + CPU_STEP_OVERHEAD + CPU_DRAFT_STEP_COST * spec.steps))
+        for spec, tau in CPU_GREEDY_TAUS)
+    all_sizes = [[2, 3, 4, 6]]
+    for ratios, want in [({6: 1.0, 4: 1.0, 3: 1.0, 2: 1.0}, plan(wide, chain2)),  # alike: the widest tree
+                         ({6: 1.6, 4: 1.07, 3: 1.04, 2: 1.01}, plan(two, chain2)),  # 6 tokens dear: the narrower
+                         (ratios, plan(chain2, None)),  # 4+ dear, 3 cheap: the chain of 2 for both modes
+                         ({6: 1.27, 4: 1.24, 3: 1.26, 2: 1.05}, plan(wide, chain1))]:  # sampled: 3 over 1.2x
+        asked = cpu_forward_cost(monkeypatch, ratios)
+        assert auto_spec(target, "cpu") == (want, None), ratios
+        assert asked == all_sizes
+    asked = cpu_forward_cost(monkeypatch, {6: 1.27, 4: 1.24, 3: 1.26, 2: 1.21})  # greedy pays, sampled does not
+    assert auto_spec(target, "cpu") == (plan(wide), None)  # sampled steps decode plainly
     spec, note = auto_spec(target, "cpu", temperature=1.0)  # an engine built to sample decodes plainly
-    assert spec is None and "a forward of 2 tokens costs 1.21x one of 1 token; sampled speculation" in note
-    assert asked == [6, 4, 3, 2, 3, 2]  # its own mode is timed first, and alone where it loses
-    asked = costs({6: 1.9, 4: 1.6, 3: 1.1})  # sampled pays, greedy's trees do not: greedy steps take the sampled chain
-    assert auto_spec(target, "cpu", temperature=1.0) == (SpecSchedule(((1, chain2),), penalized=()), None)
-    assert asked == [3, 6, 4]
-    spec, note = auto_spec(target, "cpu")
-    assert spec is None and "a forward of 4 tokens costs 1.60x" in note  # the last shape tried, at its own limit
+    assert spec is None and note == "here a forward of 2 tokens costs 1.21x one of 1 token; sampled speculation pays " \
+                                    "on the CPU only up to 1.2x"  # the last shape tried
+    assert asked == all_sizes * 2
+    cpu_forward_cost(monkeypatch, {6: 1.9, 4: 1.9, 3: 1.5, 2: 1.1})  # sampled pays (one step), greedy does not
+    assert auto_spec(target, "cpu", temperature=1.0) == (SpecSchedule(((1, chain1),), penalized=()), None)
+    spec, note = auto_spec(target, "cpu")  # greedy steps took the sampled shape above; a greedy engine: plain
+    assert spec is None and "best shape, S2 K1 D3, would run about 1.12x plain decoding" in note
 
 
 def test_generate_with_penalties_speculates_to_plain_decodings_answer(capsys, monkeypatch, smollm2):
@@ -366,7 +391,8 @@ def test_generate_says_when_this_cpu_makes_speculation_slower(capsys, monkeypatc
     cpu_forward_cost(monkeypatch, 1.8)
     code, out, err = run_cli(["generate", "What is the capital of France?", "--max-new-tokens", "6"], capsys)
     assert code == 0 and "Paris" in out and "accept length" not in err
-    assert "no speculation" in err and "a forward of 4 tokens costs 1.80x one of 1 token" in err
+    assert "no speculation" in err and "here forwards of 3 / 4 / 6 tokens cost 1.80x / 1.80x / 1.80x one" in err
+    assert "best shape, S3 K2 D6, would run about 1.10x plain decoding" in err
 
 
 def test_the_embedded_model_and_the_shipped_drafter_named_by_path(tmp_path, capsys, monkeypatch):
@@ -393,14 +419,15 @@ def test_the_embedded_model_and_the_shipped_drafter_named_by_path(tmp_path, caps
     asked = cpu_forward_cost(monkeypatch, 1.0)
     by_path = api.load(str(copy), config=EngineConfig(device="cpu", max_batch_size=1))
     # timed (each mode's draft tokens), as for no --model
-    assert by_path.speculative and by_path.spec == SpecConfig(3, 2, 6) and asked == [6, 3]
+    assert by_path.speculative and by_path.spec == SpecConfig(3, 2, 6)
+    assert asked == [[2, 3, 4, 6]]
     shipped = default_drafter_path()
     drafter = tmp_path / "drafter"
     shutil.copytree(shipped, drafter)
     assert is_default_drafter(shipped) and is_default_drafter(drafter) and not is_default_drafter(tmp_path)
     lone = EngineConfig(device="cpu", max_batch_size=4, spec_max_rows=1)
     named = api.load(str(copy), draft=str(drafter), config=lone)
-    assert named.spec == SpecConfig(3, 2, 6) and asked == [6, 3]  # the one-row shape, not timed
+    assert named.spec == SpecConfig(3, 2, 6) and len(asked) == 1  # the one-row shape, not timed
     config = drafter / "config.json"
     config.write_text(config.read_text() + "\n")  # the same drafter to json, other bytes: not the shipped one
     assert not is_default_drafter(drafter)
@@ -409,7 +436,7 @@ def test_the_embedded_model_and_the_shipped_drafter_named_by_path(tmp_path, caps
     cpu_forward_cost(monkeypatch, 1.8)  # a slow CPU: the CLI explains plain decoding for the named GGUF too
     code, out, err = run_cli(["generate", "What is the capital of France?", "--max-new-tokens", "4", "--model",
                               str(copy)], capsys)
-    assert code == 0 and "a forward of 4 tokens costs 1.80x one of 1 token" in err
+    assert code == 0 and "here forwards of 3 / 4 / 6 tokens cost 1.80x / 1.80x / 1.80x one of 1 token" in err
 
 
 def test_spec_text_round_trip():
@@ -440,18 +467,29 @@ def test_spec_text_round_trip():
     assert spec_config(argparse.Namespace(spec="1:3,1,4/8:4,2,8", **blank)) == parse_spec("1:3,1,4/8:4,2,8")
 
 
-def test_verify_cost_ratio_times_the_forwards():
-    """The measurement itself: forwards of 1 and of T tokens, timed alternately (a busy spell on a shared machine
-    then slows both sizes, not one); a positive ratio (its size is the machine's)."""
-    from eaglespec.engine.verify_cost import verify_cost_ratio
+def test_verify_cost_ratios_time_the_forwards(monkeypatch):
+    """The measurement itself: a warm-up of each size, then rounds of 1 token and each size in turn (a busy spell on
+    a shared machine then slows a round's sizes alike), each size's ratio the median over the rounds of its time over
+    its round's 1-token time; positive ratios (their sizes are the machine's)."""
+    from eaglespec.engine import verify_cost
+    from eaglespec.engine.verify_cost import verify_cost_ratios
 
     m = tiny_llama(seed=0)
     lengths: list[int] = []
     m.register_forward_pre_hook(lambda mod, args: lengths.append(args[0].shape[1]))
-    ratio = verify_cost_ratio(m, 3, repeats=2)
-    assert ratio > 0 and lengths == [1, 3, 1, 3, 1, 3]  # a warm-up and two timed forwards of each, alternating
-    with pytest.raises(ValueError, match="tokens and repeats must be >= 1"):
-        verify_cost_ratio(m, 0)
+    ratios = verify_cost_ratios(m, {6, 3}, repeats=2)
+    assert sorted(ratios) == [3, 6] and all(r > 0 for r in ratios.values())
+    assert lengths == [1, 3, 6, 1, 3, 6, 1, 3, 6]  # a warm-up, then two rounds
+    for bad in ([], [0, 3]):
+        with pytest.raises(ValueError, match="sizes must be >= 1 and repeats >= 1"):
+            verify_cost_ratios(m, bad)
+    with pytest.raises(ValueError, match="sizes must be >= 1 and repeats >= 1"):
+        verify_cost_ratios(m, [3], repeats=0)
+
+    costs = iter([10, 12, 15, 10, 12, 15, 40, 48, 15, 10, 13, 30])  # warm-up, then three rounds of 1 / 3 / 6 tokens
+    monkeypatch.setattr(verify_cost, "_forward_s", lambda model, ids: float(next(costs)))
+    # 3 tokens a round: 1.2, 1.2 (a busy round), 1.3 -> 1.2; 6 tokens: 1.5, 0.375 (that round's 1 token), 3.0 -> 1.5
+    assert verify_cost_ratios(m, [3, 6], repeats=3) == pytest.approx({3: 1.2, 6: 1.5})
 
 
 def test_missing_model_path(capsys):

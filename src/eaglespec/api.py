@@ -14,11 +14,10 @@ one-row CPU engines (the one-step chain first where `only` samples unfiltered at
 `assets.hot_sampling`), on CUDA the chain of 3 up to 32 rows; `SpecSchedule.sampled`; steps under count penalties decode
 plainly on CUDA: `SpecSchedule.penalized`). It decodes plainly where the drafter was measured slower than plain decoding
 at the `temperature` the engine is meant to serve; on the CPU it first times the target's forwards on this machine
-(`engine/verify_cost.py`): greedy steps take the tree S3 K2 D6 where a forward of 6 tokens costs at most
-`assets.CPU_MAX_VERIFY_COST_WIDE` one-token forwards, else S2 K2 D4 (`assets.cpu_shapes`), and it decodes plainly where
-a forward of its mode's last shape's draft tokens costs more than `assets.cpu_max_verify_cost(temperature)` (`auto_spec`
-makes that choice; the engine's `plain_note` then says why; the other mode's steps decode plainly, or take the sampled
-shapes, where theirs fail).
+(`engine/verify_cost.py`): greedy steps take the shape among S3 K2 D6, S2 K2 D4 and S2 K1 D3 that a cost model
+over those timings rates fastest, sampled ones the first of their chains whose forward is cheap enough, and it decodes
+plainly where its mode's shapes do not pay (`assets.cpu_choice`; `auto_spec` makes that choice; the engine's
+`plain_note` then says why; the other mode's steps decode plainly, or take the sampled shapes, where theirs fail).
 `spec` may be a SpecConfig or a SpecSchedule.
 `draft=None` never speculates; a path loads that EAGLE-3 drafter checkpoint (the shipped drafter's folder, or a copy
 of it, without `spec`: `assets.default_spec`'s shape, untimed).
@@ -32,16 +31,16 @@ import torch
 
 from .config import EngineConfig, SpecConfig
 
-from .spec_schedule import SpecSchedule, spec_envelope
+from .spec_schedule import SpecSchedule
 from .engine.engine import Engine
 from .engine.transforms import prepare_for_inference
 from .errors import ConfigError
 from .loading.checkpoint import load_model, resolve_device, resolve_dtype
-from .assets import (PENALIZED_NOTE, cpu_shapes, default_drafter_path, default_spec, hot_sampling, is_default_drafter,
-                     mode_entries, penalized_entries, schedule_of, slower_note, verify_cost_note)
+from .assets import (PENALIZED_NOTE, cpu_choice, cpu_sizes, default_drafter_path, default_spec, hot_sampling,
+                     is_default_drafter, mode_entries, penalized_entries, schedule_of, slower_note)
 from .loading.default import is_default_model
 from .sampling_params import SamplingParams
-from .engine.verify_cost import verify_cost_ratio
+from .engine.verify_cost import verify_cost_ratios
 
 
 def load_drafter(path: str | Path, device: torch.device | str, dtype: torch.dtype) -> torch.nn.Module:
@@ -63,15 +62,15 @@ def spec_rows(max_batch_size: int, spec_max_rows: int | None) -> int:
 def auto_spec(target: torch.nn.Module, device_type: str, max_batch_size: int = 1, temperature: float = 0.0,
               spec_max_rows: int | None = None, only: SamplingParams | None = None
               ) -> tuple[SpecConfig | SpecSchedule | None, str | None]:
-    """What `draft="auto"` speculates with on the shipped drafter for an engine of `max_batch_size` rows on this
-    device type in `target`'s dtype, built for steps at this temperature (greedy and sampled steps each take their
-    mode's shapes, steps under count penalties theirs: `assets.schedule_of`): (`assets.default_spec`'s shape or
-    schedule, None), or (None, why not) where plain decoding is the choice for the engine's temperature: measured
-    slower there (`assets.slower_note`), or, on the CPU, where each of the mode's shapes (`assets.cpu_shapes`, the
-    widest first) has a forward of its draft tokens timed on this machine at more than its limit in one-token
-    forwards (`target` prepared as the engine runs it; the other mode's shapes are timed the same way, and dropped
-    where they fail). With `spec_max_rows` (EngineConfig) no speculative step runs more rows than that, so the
-    choice is the one for that many rows.
+    """What `draft="auto"` speculates with on the shipped drafter for an engine of `max_batch_size` rows on this device
+    type in `target`'s dtype, built for steps at this temperature (greedy and sampled steps each take their mode's
+    shapes, steps under count penalties theirs: `assets.schedule_of`): (`assets.default_spec`'s shape or schedule, on
+    the CPU the shapes its timing chose, None), or (None, why not) where plain decoding is the choice for the engine's
+    temperature: measured slower there (`assets.slower_note`), or, on the CPU, where the mode's shapes do not pay for
+    the forwards of their draft tokens timed on this machine against one-token ones (`assets.cpu_sizes`,
+    `assets.cpu_choice`; one timing of every size both modes need, `target` prepared as the engine runs it; the other
+    mode's steps are chosen the same way, and decode plainly where theirs fail). With `spec_max_rows` (EngineConfig) no
+    speculative step runs more rows than that, so the choice is the one for that many rows.
     `only`: the steps of requests with these parameters alone (a bench run's, all alike; the engine built for their
     temperature): the other modes are neither timed nor scheduled, and (None, why) where such steps decode plainly.
     `load` and `eaglespec bench --spec auto` both take it."""
@@ -87,23 +86,15 @@ def auto_spec(target: torch.nn.Module, device_type: str, max_batch_size: int = 1
         return None, slower_note(device_type)
     own = temperature > 0  # the engine's own mode: sampled?
     if device_type == "cpu":  # the CPU's premise (a few-token forward costs about a 1-token one) is measured
-        ratios: dict[int, float] = {}  # draft tokens -> the measured ratio, each size timed once
-        modes = {False: greedy, True: sampled}  # sampled? -> entries; the engine's own mode first
-        for mode in sorted(modes, key=lambda m: m != own):
-            entries = modes[mode]
-            if entries is None or (only is not None and mode != own):
-                continue
-            modes[mode] = None
+        modes = {False: greedy, True: sampled}  # sampled? -> entries
+        timed = [m for m in (own, not own) if modes[m] is not None and (only is None or m == own)]
+        ratios = verify_cost_ratios(target, {n for m in timed for n in cpu_sizes(modes[m], m)}) if timed else {}
+        for mode in timed:  # the engine's own mode first
             hot = mode and only is not None and hot_sampling(only)  # unfiltered at T >= 1: the one-step chain first
-            for shapes, limit in cpu_shapes(entries, mode, hot):  # in the policy's order, each against its own limit
-                tokens = spec_envelope([spec for _, spec in shapes]).draft_tokens
-                if tokens not in ratios:
-                    ratios[tokens] = verify_cost_ratio(target, tokens)
-                if ratios[tokens] <= limit:
-                    modes[mode] = shapes
-                    break
-            if modes[mode] is None and mode == own:  # the engine's own steps lose: it decodes plainly
-                return None, verify_cost_note(ratios[tokens], tokens, temperature)
+            entries, note = cpu_choice(modes[mode], mode, ratios, hot)
+            if entries is None and mode == own:  # the engine's own steps lose: it decodes plainly
+                return None, note
+            modes[mode] = entries
         greedy, sampled = modes[False], modes[True]
     if only is not None:
         greedy = sampled = sampled if own else greedy

@@ -5,8 +5,10 @@ using it.
 max_batch_size, temperature, dtype)` gives, a measured choice per device type, engine size, greedy vs sampled decoding
 and (greedy on CUDA) bf16 vs float32 (docs/benchmarks.md, "The shipped drafter"), and decodes plainly where every
 measured shape was slower than plain decoding (`default_spec` returns None; `slower_note` says what was measured). On
-the CPU the shape is taken only where a forward of its draft tokens costs at most `cpu_max_verify_cost(temperature)`
-one-token forwards (1.5 greedy, 1.2 sampled), measured on the machine at load (`verify_cost_note` says so otherwise).
+the CPU the target's few-token forwards are timed on the machine at load and decide (`cpu_sizes`, `cpu_choice`):
+greedy steps take the shape of CPU_GREEDY_TAUS that a cost model (tau / the step's cost in one-token forwards) rates
+fastest where it promises at least CPU_MIN_GREEDY_SPEEDUP; sampled steps the first of their shapes whose forward costs
+at most CPU_MAX_VERIFY_COST_SAMPLED one-token forwards; else they decode plainly, and the engine says why.
 An explicit shape (`--steps/--topk/--draft-tokens`, `api.load(spec=...)`) always speculates.
 
 The embedded model is recognised by content (`loading.default.is_default_model`: `--model PATH` naming that GGUF, or a
@@ -17,6 +19,7 @@ a copy of it), which then takes `default_spec`'s shape without the CPU timing, s
 from __future__ import annotations
 
 import filecmp
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -24,7 +27,7 @@ import torch
 
 from .config import SpecConfig
 
-from .spec_schedule import Entries, SpecSchedule
+from .spec_schedule import Entries, SpecSchedule, spec_envelope
 
 if TYPE_CHECKING:
     from .sampling_params import SamplingParams
@@ -127,50 +130,72 @@ DEFAULT_DRAFTER = ASSETS / "smollm2-135m-eagle3"
 # temperature 1 1.17x / 1.23x / 1.16x and (S1, S2 K1 D3 only, in reverse order) 1.23x / 1.25x, 0.85 1.23x / 1.23x /
 # 1.17x, 0.7 with top-p 0.9 1.26x / 1.32x / 1.35x: the chain of 2 at least ties the one-step chain everywhere and is
 # within 2% of the best, so sampled one-row CPU engines take it.
-# A CPU engine takes the CPU shapes only where its own target's forward of the shape's draft_tokens costs at most
-# `cpu_max_verify_cost(temperature)` one-token forwards, measured when it is loaded (engine/verify_cost.py, about 0.6
-# s). The limits come from speedup ~ tau / (ratio + 0.3) (the drafter's and the bookkeeping's ~0.3 of a step; session
-# 18's fit), each leaving ~1.1-1.15x. Session 43's machine (2 cores, plain decoding 26 tok/s) tested that model: the
-# ratio was 1.22-1.42 for 4 tokens (median ~1.3) and ~1.27 for 3 over fresh processes; with the ninth drafter the
-# greedy S2 K2 D4 ran at 1.35x (tau 2.08; the model: 1.30x) and the sampled chain of 2 at temperature 1 at 1.01x
-# (tau 1.69; the model: 1.08x). So greedy: tau ~2.08 -> 1.5 (until session 43 a single 1.3, made for tau 1.84, which
-# turned speculation off in 2 of 6 `generate` runs there while it paid 1.35x); sampled: tau ~1.7 -> 1.2.
+# A CPU engine takes the CPU shapes only where its own target's forwards of the shapes' draft_tokens, measured when it
+# is loaded (engine/verify_cost.py, about 1.1 s), make them pay: sampled shapes (and greedy ones without taus here)
+# where a forward costs at most `cpu_max_verify_cost(temperature)` one-token forwards; greedy ones, until session 68 by
+# limits too, now by the estimate below. The limits come from speedup ~ tau / (ratio + 0.3) (the drafter's and the
+# bookkeeping's ~0.3 of a step; session 18's fit), each leaving ~1.1-1.15x. Session 43's machine (2 cores, plain
+# decoding 26 tok/s) tested that model: the ratio was 1.22-1.42 for 4 tokens (median ~1.3) and ~1.27 for 3 over fresh
+# processes; with the ninth drafter the greedy S2 K2 D4 ran at 1.35x (tau 2.08; the model: 1.30x) and the sampled chain
+# of 2 at temperature 1 at 1.01x (tau 1.69; the model: 1.08x). So greedy: tau ~2.08 -> 1.5 (until session 43 a single
+# 1.3, made for tau 1.84, which turned speculation off in 2 of 6 `generate` runs there while it paid 1.35x); sampled:
+# tau ~1.7 -> 1.2.
 # Session 61 gave the CPU's projections of 3+ rows oneDNN's packed weights (layers/cpu_linear.py): on its 2-core AMD
 # EPYC a forward of 6 tokens cost ~1.15-1.3x one of 1 token instead of ~1.5-1.8x, and on MT-bench 1-8 (96 tokens, five
 # alternating rounds) the tree S3 K2 D6 (tau 2.23) ran at a median 1.54x against S2 K2 D4's 1.46x (tau 2.01), ahead in
 # every round by 4-8% (S4 K2 D8, tau 2.35, and S3 K2 D7 slower in other runs); without the packed weights S3 K2 D6 ran
-# 0.94-1.02x, S2 K2 D4 1.2x (docs/benchmarks.md, "Session 61"). So the greedy CPU shape is S3 K2 D6 where a 6-token
-# forward costs at most CPU_MAX_VERIFY_COST_WIDE (by the model below: 2.23 / (1.3 + 0.3) = 1.39x, while S2 K2 D4 at a
-# ratio under it leaves about 2.01 / 1.6 = 1.26x), else S2 K2 D4 under CPU_MAX_VERIFY_COST (a machine, or a model too
-# large for the packed copies, where few-row forwards cost more): `cpu_shapes`. Sampled at temperature 1 (MT-bench
-# 1-8, 96 tokens, two rounds, packed): the chain of 2 1.23x (tau 1.65), the one-step chain 1.31x (tau 1.44), the chain
-# of 3 1.21x; there a 3-token forward measured ~1.25x a 1-token one, over CPU_MAX_VERIFY_COST_SAMPLED, so sampled
-# engines decoded plainly: where the chain of 2's forward is too dear the one-step chain (2 tokens, ~1.0x) is timed
-# next. Session 67 (an Intel Xeon whose F.linear now serves 3-row steps: a 3-token forward ~1.15x, so the chain of 2
-# passes): MT-bench 1-6, 64 tokens, one process, three rounds: at temperature 0.7 with top-p 0.9 the chain of 2 1.36x
+# 0.94-1.02x, S2 K2 D4 1.2x (docs/benchmarks.md, "Session 61"). So the greedy CPU shape became S3 K2 D6 where a 6-token
+# forward cost at most 1.3x (by the model above: 2.23 / (1.3 + 0.3) = 1.39x, while S2 K2 D4 at a ratio under it leaves
+# about 2.01 / 1.6 = 1.26x), else S2 K2 D4 under CPU_MAX_VERIFY_COST (until session 68). Sampled at temperature 1
+# (MT-bench 1-8, 96 tokens, two rounds, packed): the chain of 2 1.23x (tau 1.65), the one-step chain 1.31x (tau 1.44),
+# the chain of 3 1.21x; there a 3-token forward measured ~1.25x a 1-token one, over CPU_MAX_VERIFY_COST_SAMPLED, so
+# sampled engines decoded plainly: where the chain of 2's forward is too dear the one-step chain (2 tokens, ~1.0x) is
+# timed next. Session 67 (an Intel Xeon whose F.linear now serves 3-row steps: a 3-token forward ~1.15x, so the chain of
+# 2 passes): MT-bench 1-6, 64 tokens, one process, three rounds: at temperature 0.7 with top-p 0.9 the chain of 2 1.36x
 # against the one-step chain's 1.15x, at temperature 1 1.14x against 1.22x (docs/benchmarks.md, "Session 67"; session
 # 61's EPYC at temperature 1: 1.23x against 1.31x). So the chain of 2 stays first for sampled steps in general (one
-# sampled shape serves every temperature of an engine's requests), and the one-step chain goes first where every
-# request of the engine is known to sample unfiltered at CPU_ONE_STEP_FIRST_TEMPERATURE or hotter (`generate`,
-# `chat`, `bench`: `api.auto_spec`'s `only`; no top-p, top-k or min-p, which sharpen the distribution toward the
-# drafter's greedy text, where the chain of 2 led).
+# sampled shape serves every temperature of an engine's requests), and the one-step chain goes first where every request
+# of the engine is known to sample unfiltered at CPU_ONE_STEP_FIRST_TEMPERATURE or hotter (`generate`, `chat`, `bench`:
+# `api.auto_spec`'s `only`; no top-p, top-k or min-p, which sharpen the distribution toward the drafter's greedy text,
+# where the chain of 2 led).
+# Session 68 chose the greedy CPU shape by that model instead of by two limits: on session 67's Xeon (3 tokens on
+# F.linear at ~1.1x, 4 at ~1.35x, 6 at ~1.43x, `verify_cost_ratios`) the limits took S2 K2 D4 (6 tokens over 1.3x)
+# while the chain of 2 ran fastest in every round (MT-bench 1-6, 64 tokens, three rounds in one process, medians:
+# S2 K1 D3 1.46x (1.44-1.56x, tau 1.91), S2 K2 D4 1.33x (2.04), S3 K2 D6 1.26x (2.29), S3 K1 D4 1.21x (2.06)).
+# Those runs put a step's cost beyond its verify forward (tau / speedup - ratio(D), in one-token forwards) at 0.20-
+# 0.21 for the two 2-step shapes and 0.30-0.39 for the 3-step ones (`bench`'s draft share grew from 6% to 9-10% of a
+# step with the third drafter step), so a step costs ratio(D) + 0.05 + 0.08 S and speculation gains tau / that:
+# S2 K1 D3 1.91 / (1.1 + 0.21) = 1.46 (measured 1.46x), S2 K2 D4 2.04 / 1.54 = 1.32 (1.33x), S3 K2 D6 2.29 / 1.72 =
+# 1.33 (1.26x). On session 61's EPYC (3 / 4 / 6 tokens
+# ~1.26 / 1.24 / 1.27x) it ranks S3 K2 D6 first (1.43 against S2 K2 D4's 1.39: measured 1.54x / 1.46x), on session
+# 43's machine (4 tokens ~1.3x) it gives S2 K2 D4 1.38 (measured 1.35x). `cpu_choice` takes the greedy shape of
+# CPU_GREEDY_TAUS (the shipped drafter's taus, this bench) with the highest such estimate where it reaches
+# CPU_MIN_GREEDY_SPEEDUP (a margin for the model's ~5-8% error: S2 K2 D4 speculates up to a 4-token ratio of
+# ~1.56, where the old limit was 1.5), else the engine decodes plainly and says why.
 CPU_ONE_STEP_FIRST_TEMPERATURE = 1.0
 CPU_MAX_VERIFY_COST = 1.5
 CPU_MAX_VERIFY_COST_SAMPLED = 1.2
-CPU_MAX_VERIFY_COST_WIDE = 1.3
+# a greedy speculative step's cost beyond its verify forward, in one-token forwards: CPU_STEP_OVERHEAD +
+# CPU_DRAFT_STEP_COST x steps (fitted to session 68's four shapes, above)
+CPU_STEP_OVERHEAD = 0.05
+CPU_DRAFT_STEP_COST = 0.08
+CPU_MIN_GREEDY_SPEEDUP = 1.15
 _CHAIN_3 = SpecConfig(steps=3, topk=1, draft_tokens=4)
 _CHAIN_4 = SpecConfig(steps=4, topk=1, draft_tokens=5)
 _TREE_K4 = SpecConfig(steps=4, topk=4, draft_tokens=8)
 _TREE_K2 = SpecConfig(steps=5, topk=2, draft_tokens=8)
 _TREE_CPU = SpecConfig(steps=3, topk=2, draft_tokens=6)
 _TREE_CPU_NARROW = SpecConfig(steps=2, topk=2, draft_tokens=4)
+_CHAIN_2 = SpecConfig(steps=2, topk=1, draft_tokens=3)
+_CHAIN_1 = SpecConfig(steps=1, topk=1, draft_tokens=2)
+# the greedy CPU shapes `cpu_choice` weighs, each with the shipped drafter's tau (mean accepted tokens a step; greedy
+# float32 on the CPU, MT-bench 1-6, 64 tokens, session 68)
+CPU_GREEDY_TAUS: tuple[tuple[SpecConfig, float], ...] = ((_TREE_CPU, 2.29), (_TREE_CPU_NARROW, 2.04), (_CHAIN_2, 1.91))
 # device type -> ((largest engine, shape), ...) by increasing engine size; larger engines decode plainly by default
 _DEFAULT_SPEC: dict[str, tuple[tuple[int, SpecConfig], ...]] = {
     "cpu": ((1, _TREE_CPU),),
     "cuda": ((1, _CHAIN_4), (8, _TREE_K4), (12, _CHAIN_4), (16, _CHAIN_3), (32, _TREE_K2)),
 }
-_CHAIN_2 = SpecConfig(steps=2, topk=1, draft_tokens=3)
-_CHAIN_1 = SpecConfig(steps=1, topk=1, draft_tokens=2)
 # the same, sampling (temperature > 0): the chain of 2 in one-row CPU engines; on CUDA the chain of 3 up to 32 rows
 _DEFAULT_SPEC_SAMPLED: dict[str, tuple[tuple[int, SpecConfig], ...]] = {
     "cpu": ((1, _CHAIN_2),), "cuda": ((32, _CHAIN_3),)}
@@ -285,24 +310,65 @@ def cpu_max_verify_cost(temperature: float = 0.0) -> float:
     return CPU_MAX_VERIFY_COST_SAMPLED if temperature > 0 else CPU_MAX_VERIFY_COST
 
 
-def cpu_shapes(entries: Entries, sampled: bool, one_step_first: bool = False) -> tuple[tuple[Entries, float], ...]:
-    """The entries a CPU engine's steps of one mode try in turn where `auto` times this machine's forwards, each with
-    the most a forward of its draft tokens may cost in one-token forwards: the greedy tree S3 K2 D6 up to
-    CPU_MAX_VERIFY_COST_WIDE, then S2 K2 D4 up to CPU_MAX_VERIFY_COST; the sampled chain of 2, then the one-step
-    chain (a 2-token forward, about a 1-token one's cost), each up to CPU_MAX_VERIFY_COST_SAMPLED, the one-step chain
-    first with `one_step_first` (requests that all sample unfiltered at CPU_ONE_STEP_FIRST_TEMPERATURE or hotter:
-    `hot_sampling`); any other entries alone, up to their mode's `cpu_max_verify_cost`."""
+def _cpu_candidates(entries: Entries, sampled: bool, one_step_first: bool = False) -> tuple[Entries, ...]:
+    """The entries a CPU engine's steps of one mode choose from where `auto` times this machine's forwards: the greedy
+    shapes of CPU_GREEDY_TAUS (for the one-row tree S3 K2 D6); the sampled chain of 2, then the one-step chain (the
+    one-step chain first with `one_step_first`: `hot_sampling`); any other entries alone."""
     if not sampled and entries == ((1, _TREE_CPU),):
-        return (entries, CPU_MAX_VERIFY_COST_WIDE), (((1, _TREE_CPU_NARROW),), CPU_MAX_VERIFY_COST)
+        return tuple(((1, spec),) for spec, _ in CPU_GREEDY_TAUS)
     if sampled and entries == ((1, _CHAIN_2),):
-        order = ((entries, CPU_MAX_VERIFY_COST_SAMPLED), (((1, _CHAIN_1),), CPU_MAX_VERIFY_COST_SAMPLED))
+        order = (entries, ((1, _CHAIN_1),))
         return order[::-1] if one_step_first else order
-    return ((entries, cpu_max_verify_cost(1.0 if sampled else 0.0)),)
+    return (entries,)
+
+
+def _tokens(entries: Entries) -> int:
+    """The most tokens a verify of these entries forwards in one row."""
+    return spec_envelope([spec for _, spec in entries]).draft_tokens
+
+
+def cpu_sizes(entries: Entries, sampled: bool) -> tuple[int, ...]:
+    """The forward sizes (tokens, each against one token) that `cpu_choice` needs timed on this machine for a
+    mode's entries."""
+    return tuple(sorted({_tokens(c) for c in _cpu_candidates(entries, sampled)}))
+
+
+def cpu_greedy_estimates(ratios: Mapping[int, float]) -> tuple[tuple[SpecConfig, float], ...]:
+    """Each greedy CPU shape of CPU_GREEDY_TAUS with the speedup over plain decoding the cost model gives it for
+    these timed forwards (`ratios`: tokens -> a forward's cost in one-token forwards): tau / (ratio(D) +
+    CPU_STEP_OVERHEAD + CPU_DRAFT_STEP_COST x steps)."""
+    return tuple((spec, tau / (ratios[spec.draft_tokens] + CPU_STEP_OVERHEAD + CPU_DRAFT_STEP_COST * spec.steps))
+                 for spec, tau in CPU_GREEDY_TAUS)
+
+
+def cpu_choice(entries: Entries, sampled: bool, ratios: Mapping[int, float], one_step_first: bool = False
+               ) -> tuple[Entries | None, str | None]:
+    """What a CPU engine's steps of one mode take, given this machine's timed forwards (`ratios`: tokens -> cost in
+    one-token forwards, every size of `cpu_sizes`): (entries, None), or (None, why) where they decode plainly.
+    Greedy steps of the shipped one-row tree take the shape of CPU_GREEDY_TAUS with the highest cost-model estimate
+    (`cpu_greedy_estimates`) where it reaches CPU_MIN_GREEDY_SPEEDUP; sampled ones the first of the chain of 2 and
+    the one-step chain (`_cpu_candidates`' order) whose forward costs at most CPU_MAX_VERIFY_COST_SAMPLED; other
+    entries theirs where it costs at most their mode's `cpu_max_verify_cost`."""
+    if not sampled and entries == ((1, _TREE_CPU),):
+        spec, estimate = max(cpu_greedy_estimates(ratios), key=lambda e: e[1])
+        if estimate >= CPU_MIN_GREEDY_SPEEDUP:
+            return ((1, spec),), None
+        costs = " / ".join(f"{ratios[n]:.2f}x" for n in cpu_sizes(entries, False))
+        sizes = " / ".join(str(n) for n in cpu_sizes(entries, False))
+        return None, (f"here forwards of {sizes} tokens cost {costs} one of 1 token: greedy speculation's best shape, "
+                      f"S{spec.steps} K{spec.topk} D{spec.draft_tokens}, would run about {estimate:.2f}x plain "
+                      f"decoding by the CPU's cost model, under the {CPU_MIN_GREEDY_SPEEDUP}x it takes to speculate")
+    limit = cpu_max_verify_cost(1.0 if sampled else 0.0)
+    for candidate in _cpu_candidates(entries, sampled, one_step_first):
+        if ratios[_tokens(candidate)] <= limit:
+            return candidate, None
+    tokens = _tokens(candidate)  # the last one tried
+    return None, verify_cost_note(ratios[tokens], tokens, 1.0 if sampled else 0.0)
 
 
 def hot_sampling(params: SamplingParams) -> bool:
     """Whether requests of these parameters sample at CPU_ONE_STEP_FIRST_TEMPERATURE or hotter with no top-p, top-k
-    or min-p filter (`cpu_shapes`' one_step_first)."""
+    or min-p filter (`cpu_choice`'s one_step_first)."""
     return (params.temperature >= CPU_ONE_STEP_FIRST_TEMPERATURE and params.top_p >= 1.0 and params.top_k == 0
             and params.min_p == 0.0)
 
