@@ -4,12 +4,16 @@ random target and drafter per module (`target`, `drafter`)."""
 from __future__ import annotations
 
 import os
+import tempfile
 
 # Triton kernels run by Triton's interpreter on this GPU-less machine. Set before anything imports triton (the
 # transformers models do): the interpreter swaps triton.language's own jit helpers (tl.sum, tl.max) for interpreted
 # ones only when the variable is set at triton's import, and the kernel tests would otherwise fail depending on
 # which test module the run imports first.
 os.environ.setdefault("TRITON_INTERPRET", "1")
+# `draft="auto"`'s record of this machine's timed forwards (engine/verify_cost.py) in a folder of this run's own, so
+# that the tests neither read a user's record nor leave one
+os.environ["EAGLESPEC_CACHE_DIR"] = tempfile.mkdtemp(prefix="eaglespec-tests-")
 
 import gc  # noqa: E402
 from pathlib import Path  # noqa: E402

@@ -54,7 +54,10 @@ def cpu_forward_cost(monkeypatch, ratio: float | dict[int, float]) -> list[list[
     timing was asked about, in order."""
     asked: list[list[int]] = []
 
-    def ratios(model, sizes, repeats=5) -> dict[int, float]:
+    def ratios(model, sizes, repeats=5, record=None) -> dict[int, float]:
+        from eaglespec.engine.verify_cost import record_path
+
+        assert record == record_path()  # auto_spec keeps this machine's rounds
         asked.append(sorted(sizes))
         return {n: ratio[n] if isinstance(ratio, dict) else ratio for n in sizes}
 
@@ -490,6 +493,63 @@ def test_verify_cost_ratios_time_the_forwards(monkeypatch):
     monkeypatch.setattr(verify_cost, "_forward_s", lambda model, ids: float(next(costs)))
     # 3 tokens a round: 1.2, 1.2 (a busy round), 1.3 -> 1.2; 6 tokens: 1.5, 0.375 (that round's 1 token), 3.0 -> 1.5
     assert verify_cost_ratios(m, [3, 6], repeats=3) == pytest.approx({3: 1.2, 6: 1.5})
+
+
+def test_verify_cost_ratios_keep_a_record_per_machine_and_model(tmp_path, monkeypatch):
+    """With a record, a machine's first timing takes `repeats` rounds and keeps them (per `machine_key` and size);
+    later ones time one round more (after the warm-up) and answer the median over all kept, until every size has
+    RECORD_ROUNDS, when nothing is timed; a size not yet kept, rounds older than RECORD_DAYS or an unreadable record
+    are timed afresh; a model of other shapes keeps its own; an empty EAGLESPEC_CACHE_DIR keeps none."""
+    import statistics
+    import time
+
+    from eaglespec.engine.verify_cost import RECORD_DAYS, RECORD_ROUNDS, machine_key, record_path, verify_cost_ratios
+
+    m = tiny_llama(seed=0)
+    forwards: list[int] = []
+    m.register_forward_pre_hook(lambda mod, args: forwards.append(args[0].shape[1]))
+    record = tmp_path / "cache" / "costs.json"
+    key = machine_key(m)
+
+    def kept() -> dict[str, list]:
+        return json.loads(record.read_text())[key]
+
+    first = verify_cost_ratios(m, [6, 3], repeats=3, record=record)
+    assert len(forwards) == 3 + 3 * 3 and sorted(kept()) == ["3", "6"] and all(len(v) == 3 for v in kept().values())
+    assert first == {n: statistics.median(r for _, r in kept()[str(n)]) for n in (3, 6)}
+    forwards.clear()
+    again = verify_cost_ratios(m, [3, 6], repeats=3, record=record)  # one round more, after a warm-up
+    assert forwards == [1, 3, 6, 1, 3, 6] and all(len(v) == 4 for v in kept().values())
+    assert again == {n: statistics.median(r for _, r in kept()[str(n)]) for n in (3, 6)}
+    forwards.clear()
+    verify_cost_ratios(m, [2, 3], repeats=3, record=record)  # 2 tokens not kept yet: every size's rounds
+    assert len(forwards) == 3 + 3 * 3 and [len(kept()[n]) for n in ("2", "3", "6")] == [3, 7, 4]
+    now = time.time()
+    doc = json.loads(record.read_text())
+    doc[key]["3"] = [[now, 1.0]] * (RECORD_ROUNDS - 1) + [[now, 9.0]]  # a full record: its median, nothing timed
+    doc[key]["6"] = [[now, 2.0]] * RECORD_ROUNDS
+    record.write_text(json.dumps(doc))
+    forwards.clear()
+    assert verify_cost_ratios(m, [3, 6], repeats=3, record=record) == {3: 1.0, 6: 2.0} and forwards == []
+    doc[key]["6"] = [[now - RECORD_DAYS * 86400 - 1, 2.0]] * RECORD_ROUNDS  # too old: dropped, timed afresh
+    record.write_text(json.dumps(doc))
+    verify_cost_ratios(m, [3, 6], repeats=3, record=record)
+    assert len(forwards) == 3 + 3 * 3 and len(kept()["6"]) == 3 and len(kept()["3"]) == RECORD_ROUNDS
+    other = tiny_llama(seed=0, hidden=32)
+    assert machine_key(other) != key and machine_key(tiny_llama(seed=1)) == key  # shapes count, not values
+    verify_cost_ratios(other, [3], repeats=2, record=record)
+    assert sorted(json.loads(record.read_text())) == sorted([key, machine_key(other)])
+    record.write_text("{oops")  # unreadable: timed afresh, rewritten
+    forwards.clear()
+    verify_cost_ratios(m, [3], repeats=2, record=record)
+    assert len(forwards) == 2 + 2 * 2 and len(kept()["3"]) == 2
+    monkeypatch.setenv("EAGLESPEC_CACHE_DIR", str(tmp_path / "elsewhere"))
+    assert record_path() == tmp_path / "elsewhere" / "cpu_forward_costs.json"
+    monkeypatch.setenv("EAGLESPEC_CACHE_DIR", "")
+    assert record_path() is None
+    monkeypatch.delenv("EAGLESPEC_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert record_path() == tmp_path / "xdg" / "eaglespec" / "cpu_forward_costs.json"
 
 
 def test_missing_model_path(capsys):

@@ -40,7 +40,7 @@ from .assets import (PENALIZED_NOTE, cpu_choice, cpu_sizes, default_drafter_path
                      is_default_drafter, mode_entries, penalized_entries, schedule_of, slower_note)
 from .loading.default import is_default_model
 from .sampling_params import SamplingParams
-from .engine.verify_cost import verify_cost_ratios
+from .engine.verify_cost import record_path, verify_cost_ratios
 
 
 def load_drafter(path: str | Path, device: torch.device | str, dtype: torch.dtype) -> torch.nn.Module:
@@ -88,7 +88,8 @@ def auto_spec(target: torch.nn.Module, device_type: str, max_batch_size: int = 1
     if device_type == "cpu":  # the CPU's premise (a few-token forward costs about a 1-token one) is measured
         modes = {False: greedy, True: sampled}  # sampled? -> entries
         timed = [m for m in (own, not own) if modes[m] is not None and (only is None or m == own)]
-        ratios = verify_cost_ratios(target, {n for m in timed for n in cpu_sizes(modes[m], m)}) if timed else {}
+        sizes = {n for m in timed for n in cpu_sizes(modes[m], m)}
+        ratios = verify_cost_ratios(target, sizes, record=record_path()) if timed else {}  # this machine's, kept
         for mode in timed:  # the engine's own mode first
             hot = mode and only is not None and hot_sampling(only)  # unfiltered at T >= 1: the one-step chain first
             entries, note = cpu_choice(modes[mode], mode, ratios, hot)

@@ -11,27 +11,44 @@ serves 3 rows at about the cost of 1 and jumps at 4, 1.1x for 3 tokens against 1
 (session 68, layers/cpu_linear.py). So the CPU's choice is measured where it runs, on the target as the engine will
 run it (after `prepare_for_inference`).
 
-`verify_cost_ratios(model, sizes, repeats=5) -> {size: ratio}`: cache-free forwards of 1 x n positions (no grad;
-the logits of every position computed, as a verify computes them), after one warm-up of each size, timed in
-`repeats` rounds of 1 token then each size in turn; a size's ratio is the median over the rounds of its time over
-the same round's 1-token time. Both choices matter on a shared machine, whose speed drifts between seconds and
-whose single forwards are sometimes hit by a busy spell. Timed one size after the other (two of each), the ratio for
-SmolLM2's 4 tokens ranged 0.87-1.28 over 12 calls on an idle 2-core VM, against 0.94-1.15 alternating (session 33).
-Session 68 (a 2-core Xeon, sizes 3 / 4 / 6 together): as the fastest of each size over the fastest of 1 token, the
-greedy choice these ratios feed (`assets.cpu_choice`) came out the same (the chain of 2) in 8 of 12 calls (3 of
-them, at 3 rounds: 9 of 12); as the median of each round's ratio, in 11 of 12. About 1.1 s for SmolLM2's sizes 3, 4
-and 6 on a 2-core CPU (0.2 s a round).
+`verify_cost_ratios(model, sizes, repeats=5, record=None) -> {size: ratio}`: cache-free forwards of 1 x n positions
+(no grad; the logits of every position computed, as a verify computes them), after one warm-up of each size, timed in
+rounds of 1 token then each size in turn; a size's ratio is the median over the rounds of its time over the same
+round's 1-token time. Both choices matter on a shared machine, whose speed drifts between seconds and whose single
+forwards are sometimes hit by a busy spell. Timed one size after the other (two of each), the ratio for SmolLM2's 4
+tokens ranged 0.87-1.28 over 12 calls on an idle 2-core VM, against 0.94-1.15 alternating (session 33). Session 68
+(a 2-core Xeon, sizes 3 / 4 / 6 together): as the fastest of each size over the fastest of 1 token, the greedy choice
+these ratios feed (`assets.cpu_choice`) came out the same (the chain of 2) in 8 of 12 calls (3 rounds: 9 of 12); as
+the median of each round's ratio, in 11 of 12 (3 rounds: 7 of 12). About 1.1 s for SmolLM2's sizes 3, 4 and 6 on a
+2-core CPU, 0.2 s a round.
+
+`record` (a JSON file; `api.auto_spec` passes `record_path()`): the rounds timed before on this machine, kept per
+key (`machine_key`: the CPU, torch, its threads, the model's parameters and how its projections run) and size for
+RECORD_DAYS, at most RECORD_ROUNDS of them. Where every size has `repeats` rounds there, one more round is timed and
+added (warm-up included, ~0.4 s), and none once every size has RECORD_ROUNDS; the ratio is the median over the
+recorded rounds and the new ones. So a machine's first load times `repeats` rounds and later loads refine the median
+at a fraction of the cost (session 68: the timing had added ~0.65 s to `generate`'s start-up). An unreadable record
+is timed afresh, and an unwritable one is left alone.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import platform
 import statistics
+import tempfile
 import time
 from collections.abc import Iterable
+from pathlib import Path
 
 import torch
 
 from ..layers.context import ForwardContext
+
+RECORD_ROUNDS = 15  # rounds kept per key and size: the median over them decides
+RECORD_DAYS = 7.0  # after which a recorded round is dropped (a machine's load and software change)
 
 
 def _forward_s(model: torch.nn.Module, ids: torch.Tensor) -> float:
@@ -42,20 +59,105 @@ def _forward_s(model: torch.nn.Module, ids: torch.Tensor) -> float:
     return time.perf_counter() - t0
 
 
+def record_path() -> Path | None:
+    """Where `api.auto_spec` keeps this machine's timed rounds: $EAGLESPEC_CACHE_DIR/cpu_forward_costs.json (the
+    variable set but empty: no record), else under $XDG_CACHE_HOME/eaglespec or ~/.cache/eaglespec."""
+    folder = os.environ.get("EAGLESPEC_CACHE_DIR")
+    if folder is None:
+        folder = str(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "eaglespec")
+    return Path(folder) / "cpu_forward_costs.json" if folder else None
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_key(model: torch.nn.Module) -> str:
+    """What a forward's timing depends on besides the load of the moment: the CPU and its core count, torch and its
+    threads, the model's parameters (names, shapes, dtypes) and how each projection runs (`CpuLinear`'s packed copy
+    and `direct_rows`, the modules' types), as a short hash."""
+    parts = [_cpu_name(), str(os.cpu_count()), torch.__version__, str(torch.get_num_threads())]
+    parts += [f"{n}:{tuple(p.shape)}:{p.dtype}" for n, p in model.named_parameters()]
+    parts += [f"{n}:{type(m).__name__}:{getattr(m, 'direct_rows', '')}:{getattr(m, 'packed', None) is not None}"
+              for n, m in model.named_modules()]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
+
+
+def _read(record: Path) -> dict:
+    try:
+        doc = json.loads(record.read_text())
+        return doc if isinstance(doc, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _write(record: Path, doc: dict) -> None:
+    """Atomically (another process may read it meanwhile); where the folder cannot be written, nothing."""
+    try:
+        record.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=record.parent, prefix=record.name, suffix=".tmp")
+    except OSError:
+        return
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(doc, f)
+        os.replace(tmp, record)
+    except OSError:
+        Path(tmp).unlink(missing_ok=True)
+
+
+def _recorded(entry: object, now: float) -> list[tuple[float, float]]:
+    """A size's recorded (time, ratio) rounds younger than RECORD_DAYS (malformed ones dropped)."""
+    if not isinstance(entry, list):
+        return []
+    rounds = [(float(t), float(r)) for t, r in (x for x in entry if isinstance(x, list) and len(x) == 2)
+              if isinstance(t, (int, float)) and isinstance(r, (int, float))]
+    return [(t, r) for t, r in rounds if now - t < RECORD_DAYS * 86400 and r > 0]
+
+
 @torch.no_grad()
-def verify_cost_ratios(model: torch.nn.Module, sizes: Iterable[int], repeats: int = 5) -> dict[int, float]:
-    """{n: (time of a forward of n positions) / (time of one of 1 position)} for each of `sizes`: the median over
-    `repeats` rounds (1 token, then each size) of each round's ratio."""
-    sizes = sorted(set(sizes))
-    if not sizes or sizes[0] < 1 or repeats < 1:
-        raise ValueError(f"verify_cost_ratios: sizes must be >= 1 and repeats >= 1 (got {sizes}, {repeats})")
+def _time_rounds(model: torch.nn.Module, sizes: list[int], rounds: int) -> dict[int, list[float]]:
+    """Each size's ratio in each of `rounds` rounds (1 token, then each size), after a warm-up of each."""
+    ratios: dict[int, list[float]] = {n: [] for n in sizes}
+    if rounds == 0:
+        return ratios
     device = next(model.parameters()).device
     ids = {n: torch.zeros(1, n, dtype=torch.long, device=device) for n in [1] + sizes}
     for x in ids.values():  # warm-up
         _forward_s(model, x)
-    rounds: dict[int, list[float]] = {n: [] for n in sizes}  # size -> each round's ratio
-    for _ in range(repeats):
+    for _ in range(rounds):
         one = _forward_s(model, ids[1])
         for n in sizes:
-            rounds[n].append(_forward_s(model, ids[n]) / one)
-    return {n: statistics.median(r) for n, r in rounds.items()}
+            ratios[n].append(_forward_s(model, ids[n]) / one)
+    return ratios
+
+
+def verify_cost_ratios(model: torch.nn.Module, sizes: Iterable[int], repeats: int = 5, record: Path | None = None
+                       ) -> dict[int, float]:
+    """{n: (time of a forward of n positions) / (time of one of 1 position)} for each of `sizes`: the median of the
+    rounds' ratios, `repeats` rounds timed now, or, with a `record` holding at least that many for every size, the
+    recorded ones and one more (none once each size has RECORD_ROUNDS)."""
+    sizes = sorted(set(sizes))
+    if not sizes or sizes[0] < 1 or repeats < 1:
+        raise ValueError(f"verify_cost_ratios: sizes must be >= 1 and repeats >= 1 (got {sizes}, {repeats})")
+    now = time.time()
+    doc = _read(record) if record is not None else {}
+    key = machine_key(model) if record is not None else ""
+    kept = doc.get(key) if isinstance(doc.get(key), dict) else {}
+    history = {n: _recorded(kept.get(str(n)), now) for n in sizes}
+    have = min(len(h) for h in history.values())
+    timed = _time_rounds(model, sizes, repeats if have < repeats else 1 if have < RECORD_ROUNDS else 0)
+    for n in sizes:
+        history[n] = (history[n] + [(now, r) for r in timed[n]])[-RECORD_ROUNDS:]
+    if record is not None and any(timed.values()):
+        fresh = _read(record)  # another process's record meanwhile, if any, keeps its other keys
+        fresh[key] = {**(fresh.get(key) if isinstance(fresh.get(key), dict) else {}),
+                      **{str(n): [list(x) for x in h] for n, h in history.items()}}
+        _write(record, fresh)
+    return {n: statistics.median(r for _, r in h) for n, h in history.items()}
