@@ -183,14 +183,14 @@ def test_cpu_sampled_steps_try_the_one_step_chain_first_for_hot_unfiltered_reque
 
 def test_default_drafter_policy_per_device_and_engine_size(monkeypatch):
     """The measured policy (docs/benchmarks.md, "The shipped drafter", "Session 19", "Session 24", "Session 25",
-    "Session 61"): the tree S3 K2 D6 in one-row CPU engines when greedy (untimed; `auto` times it first) and a chain
-    of 2 when sampling; on CUDA when greedy a chain of 3 at 1 and 9-16 rows, the tree S4 K4 D8 at 2-8 and S5 K2 D8 at
-    17-32 rows, in engines of up to 32 rows (unmeasured above 32 rows), greedy in float32 the chain of 3 at 1-32
-    rows, and when sampling the chain of 3 in engines of up to 32 rows; plain decoding elsewhere, and an explanation
-    for each case. A policy of several shapes gives engines of several rows a schedule, each step the shape of its
-    rows; greedy and sampled steps each take their own mode's shapes (`SpecSchedule.sampled`), whatever temperature
-    the engine is built for: the temperature decides only whether it speculates at all. Steps under count penalties
-    decode plainly on CUDA and the CPU."""
+    "Session 61"): the tree S3 K2 D6 in one-row CPU engines when greedy (untimed; `auto` weighs it, S2 K2 D4 and S2 K1
+    D3 by timing) and a chain of 2 when sampling; on CUDA when greedy a chain of 3 at 1 and 9-16 rows, the tree S4 K4 D8
+    at 2-8 and S5 K2 D8 at 17-32 rows, in engines of up to 32 rows (unmeasured above 32 rows), greedy in float32 the
+    chain of 3 at 1-32 rows, and when sampling the chain of 3 in engines of up to 32 rows; plain decoding elsewhere, and
+    an explanation for each case. A policy of several shapes gives engines of several rows a schedule, each step the
+    shape of its rows; greedy and sampled steps each take their own mode's shapes (`SpecSchedule.sampled`), whatever
+    temperature the engine is built for: the temperature decides only whether it speculates at all. Steps under count
+    penalties decode plainly on CUDA and the CPU."""
     import eaglespec.assets as assets
     from eaglespec.assets import default_spec, slower_note
     from eaglespec.config import SpecConfig

@@ -131,15 +131,15 @@ DEFAULT_DRAFTER = ASSETS / "smollm2-135m-eagle3"
 # 1.17x, 0.7 with top-p 0.9 1.26x / 1.32x / 1.35x: the chain of 2 at least ties the one-step chain everywhere and is
 # within 2% of the best, so sampled one-row CPU engines take it.
 # A CPU engine takes the CPU shapes only where its own target's forwards of the shapes' draft_tokens, measured when it
-# is loaded (engine/verify_cost.py, about 1.1 s), make them pay: sampled shapes (and greedy ones without taus here)
-# where a forward costs at most `cpu_max_verify_cost(temperature)` one-token forwards; greedy ones, until session 68 by
-# limits too, now by the estimate below. The limits come from speedup ~ tau / (ratio + 0.3) (the drafter's and the
-# bookkeeping's ~0.3 of a step; session 18's fit), each leaving ~1.1-1.15x. Session 43's machine (2 cores, plain
-# decoding 26 tok/s) tested that model: the ratio was 1.22-1.42 for 4 tokens (median ~1.3) and ~1.27 for 3 over fresh
-# processes; with the ninth drafter the greedy S2 K2 D4 ran at 1.35x (tau 2.08; the model: 1.30x) and the sampled chain
-# of 2 at temperature 1 at 1.01x (tau 1.69; the model: 1.08x). So greedy: tau ~2.08 -> 1.5 (until session 43 a single
-# 1.3, made for tau 1.84, which turned speculation off in 2 of 6 `generate` runs there while it paid 1.35x); sampled:
-# tau ~1.7 -> 1.2.
+# is loaded (engine/verify_cost.py: ~1.1 s on a machine's first load, ~0.4 s then none on later ones, which keep the
+# rounds), make them pay: sampled shapes (and greedy ones without taus here) where a forward costs at most
+# `cpu_max_verify_cost(temperature)` one-token forwards; greedy ones, until session 68 by limits too, now by the
+# estimate below. The limits come from speedup ~ tau / (ratio + 0.3) (the drafter's and the bookkeeping's ~0.3 of a
+# step; session 18's fit), each leaving ~1.1-1.15x. Session 43's machine (2 cores, plain decoding 26 tok/s) tested that
+# model: the ratio was 1.22-1.42 for 4 tokens (median ~1.3) and ~1.27 for 3 over fresh processes; with the ninth drafter
+# the greedy S2 K2 D4 ran at 1.35x (tau 2.08; the model: 1.30x) and the sampled chain of 2 at temperature 1 at 1.01x
+# (tau 1.69; the model: 1.08x). So greedy: tau ~2.08 -> 1.5 (until session 43 a single 1.3, made for tau 1.84, which
+# turned speculation off in 2 of 6 `generate` runs there while it paid 1.35x); sampled: tau ~1.7 -> 1.2.
 # Session 61 gave the CPU's projections of 3+ rows oneDNN's packed weights (layers/cpu_linear.py): on its 2-core AMD
 # EPYC a forward of 6 tokens cost ~1.15-1.3x one of 1 token instead of ~1.5-1.8x, and on MT-bench 1-8 (96 tokens, five
 # alternating rounds) the tree S3 K2 D6 (tau 2.23) ran at a median 1.54x against S2 K2 D4's 1.46x (tau 2.01), ahead in
@@ -159,18 +159,17 @@ DEFAULT_DRAFTER = ASSETS / "smollm2-135m-eagle3"
 # `api.auto_spec`'s `only`; no top-p, top-k or min-p, which sharpen the distribution toward the drafter's greedy text,
 # where the chain of 2 led).
 # Session 68 chose the greedy CPU shape by that model instead of by two limits: on session 67's Xeon (3 tokens on
-# F.linear at ~1.1x, 4 at ~1.35x, 6 at ~1.43x, `verify_cost_ratios`) the limits took S2 K2 D4 (6 tokens over 1.3x)
-# while the chain of 2 ran fastest in every round (MT-bench 1-6, 64 tokens, three rounds in one process, medians:
-# S2 K1 D3 1.46x (1.44-1.56x, tau 1.91), S2 K2 D4 1.33x (2.04), S3 K2 D6 1.26x (2.29), S3 K1 D4 1.21x (2.06)).
-# Those runs put a step's cost beyond its verify forward (tau / speedup - ratio(D), in one-token forwards) at 0.20-
-# 0.21 for the two 2-step shapes and 0.30-0.39 for the 3-step ones (`bench`'s draft share grew from 6% to 9-10% of a
-# step with the third drafter step), so a step costs ratio(D) + 0.05 + 0.08 S and speculation gains tau / that:
-# S2 K1 D3 1.91 / (1.1 + 0.21) = 1.46 (measured 1.46x), S2 K2 D4 2.04 / 1.54 = 1.32 (1.33x), S3 K2 D6 2.29 / 1.72 =
-# 1.33 (1.26x). On session 61's EPYC (3 / 4 / 6 tokens
-# ~1.26 / 1.24 / 1.27x) it ranks S3 K2 D6 first (1.43 against S2 K2 D4's 1.39: measured 1.54x / 1.46x), on session
-# 43's machine (4 tokens ~1.3x) it gives S2 K2 D4 1.38 (measured 1.35x). `cpu_choice` takes the greedy shape of
-# CPU_GREEDY_TAUS (the shipped drafter's taus, this bench) with the highest such estimate where it reaches
-# CPU_MIN_GREEDY_SPEEDUP (a margin for the model's ~5-8% error: S2 K2 D4 speculates up to a 4-token ratio of
+# F.linear at ~1.1x, 4 at ~1.35x, 6 at ~1.43x, `verify_cost_ratios`) the limits took S2 K2 D4 (6 tokens over 1.3x) while
+# the chain of 2 ran fastest in every round (MT-bench 1-6, 64 tokens, three rounds in one process, medians: S2 K1 D3
+# 1.46x (1.44-1.56x, tau 1.91), S2 K2 D4 1.33x (2.04), S3 K2 D6 1.26x (2.29), S3 K1 D4 1.21x (2.06)). Those runs put a
+# step's cost beyond its verify forward (tau / speedup - ratio(D), in one-token forwards) at 0.20- 0.21 for the two
+# 2-step shapes and 0.30-0.39 for the 3-step ones (`bench`'s draft share grew from 6% to 9-10% of a step with the third
+# drafter step), so a step costs ratio(D) + 0.05 + 0.08 S and speculation gains tau / that: S2 K1 D3 1.91 / (1.1 + 0.21)
+# = 1.46 (measured 1.46x), S2 K2 D4 2.04 / 1.54 = 1.32 (1.33x), S3 K2 D6 2.29 / 1.72 = 1.33 (1.26x). On session 61's
+# EPYC (3 / 4 / 6 tokens ~1.26 / 1.24 / 1.27x) it ranks S3 K2 D6 first (1.43 against S2 K2 D4's 1.39: measured 1.54x /
+# 1.46x), on session 43's machine (4 tokens ~1.3x) it gives S2 K2 D4 1.38 (measured 1.35x). `cpu_choice` takes the
+# greedy shape of CPU_GREEDY_TAUS (the shipped drafter's taus, this bench) with the highest such estimate where it
+# reaches CPU_MIN_GREEDY_SPEEDUP (a margin for the model's ~5-8% error: S2 K2 D4 speculates up to a 4-token ratio of
 # ~1.56, where the old limit was 1.5), else the engine decodes plainly and says why.
 CPU_ONE_STEP_FIRST_TEMPERATURE = 1.0
 CPU_MAX_VERIFY_COST = 1.5
