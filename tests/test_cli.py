@@ -87,8 +87,8 @@ def test_api_default_drafter_policy_on_the_cpu(monkeypatch):
     make pay, timed once at load for every size either mode needs: greedy steps the shape of S3 K2 D6, S2 K2 D4 and
     S2 K1 D3 with the best cost-model estimate (tau / (ratio + 0.05 + 0.08 steps)) if it reaches
     CPU_MIN_GREEDY_SPEEDUP, sampled steps the chain of 2, else the one-step chain, where its forward costs at most
-    CPU_MAX_VERIFY_COST_SAMPLED; the machines below are the ones measured (assets.py); an explicit shape always
-    speculates."""
+    CPU_MAX_VERIFY_COST_SAMPLED (session 67's Xeon here; the other machines measured, against `auto_spec` alone:
+    test_auto_times_each_modes_draft_tokens_on_the_cpu); an explicit shape always speculates."""
     from types import SimpleNamespace
 
     from eaglespec import api
@@ -108,16 +108,11 @@ def test_api_default_drafter_policy_on_the_cpu(monkeypatch):
         return [engine.schedule.shape(1, greedy=g) for g in (True, False)]
 
     one_row = EngineConfig(device="cpu", max_batch_size=1)
-    wide, tree, chain2, chain1 = SpecConfig(3, 2, 6), SpecConfig(2, 2, 4), SpecConfig(2, 1, 3), SpecConfig(1, 1, 2)
+    wide, chain2 = SpecConfig(3, 2, 6), SpecConfig(2, 1, 3)
     asked = cpu_forward_cost(monkeypatch, {2: 1.05, 3: 1.1, 4: 1.35, 6: 1.43})  # session 67's Xeon: 3 rows cheap
     xeon = load(config=one_row)
     assert xeon.speculative and shapes(xeon) == [chain2, chain2] and xeon.plain_note is None
     assert asked == [[2, 3, 4, 6]]  # one timing for both modes' sizes
-    asked = cpu_forward_cost(monkeypatch, {2: 1.05, 3: 1.26, 4: 1.24, 6: 1.27})  # session 61's EPYC (packed)
-    epyc = load(config=one_row)
-    assert shapes(epyc) == [wide, chain1]  # the chain of 2's 3 tokens over the sampled limit: the one-step chain
-    cpu_forward_cost(monkeypatch, {2: 1.01, 3: 1.04, 4: 1.07, 6: 1.6})  # session 19's weight-major EPYC
-    assert shapes(load(config=one_row)) == [tree, chain2]
     asked = cpu_forward_cost(monkeypatch, 1.0)
     sampled = load(config=one_row, temperature=0.8)  # built to sample: its own mode decides whether it speculates
     assert sampled.speculative and shapes(sampled) == [wide, chain2] and asked == [[2, 3, 4, 6]]
@@ -128,20 +123,14 @@ def test_api_default_drafter_policy_on_the_cpu(monkeypatch):
     assert lone.speculative and shapes(lone) == [wide, chain2] and len(asked) == 2
     forced = load(spec=SpecConfig(2, 1, 3), config=EngineConfig(device="cpu", max_batch_size=8))
     assert forced.speculative and forced.spec == SpecConfig(2, 1, 3) and len(asked) == 2  # not timed
-    # the greedy floor: the chain of 2 at 1.91 / (1.44 + 0.21) = 1.158x speculates, at 1.46 (1.144x) it does not
-    dear = {2: 1.3, 4: 2.0, 6: 2.0}
-    cpu_forward_cost(monkeypatch, {**dear, 3: 1.44})
-    edge = load(config=one_row)
-    assert edge.speculative and shapes(edge) == [chain2, None]  # sampled steps: both chains over 1.2x
-    cpu_forward_cost(monkeypatch, {**dear, 3: 1.46})
+    # under the greedy floor (1.91 / (1.46 + 0.21) = 1.144x at best): plain, and why
+    cpu_forward_cost(monkeypatch, {2: 1.3, 3: 1.46, 4: 2.0, 6: 2.0})
     under = load(config=one_row)
     assert not under.speculative and under.plain_note == (
         "here forwards of 3 / 4 / 6 tokens cost 1.46x / 2.00x / 2.00x one of 1 token: greedy speculation's best "
         f"shape, S2 K1 D3, would run about 1.14x plain decoding by the CPU's cost model, under the "
         f"{CPU_MIN_GREEDY_SPEEDUP}x it takes to speculate")
-    # sampled: at the limit the chain of 2 is taken; past it, both chains: plain, the last one tried named
-    cpu_forward_cost(monkeypatch, CPU_MAX_VERIFY_COST_SAMPLED)
-    assert shapes(load(config=one_row, temperature=0.8)) == [wide, chain2]
+    # sampled steps whose chains both cost over CPU_MAX_VERIFY_COST_SAMPLED: plain, the last one tried named
     asked = cpu_forward_cost(monkeypatch, 1.8)  # session 18's machine through F.linear: a 3-token forward 1.64-1.80x
     slow = load(config=one_row, temperature=0.8)
     assert not slow.speculative and asked == [[2, 3, 4, 6]]
@@ -311,6 +300,12 @@ def test_auto_times_each_modes_draft_tokens_on_the_cpu(monkeypatch):
         asked = cpu_forward_cost(monkeypatch, ratios)
         assert auto_spec(target, "cpu") == (want, None), ratios
         assert asked == all_sizes
+    # the greedy floor: the chain of 2 at 1.91 / (1.44 + 0.21) = 1.158x speculates (sampled steps: both chains over
+    # 1.2x, plain), at 1.46 (1.144x) the engine decodes plainly (its message: test_api_default_drafter_policy_on_the_cpu)
+    cpu_forward_cost(monkeypatch, {6: 2.0, 4: 2.0, 3: 1.44, 2: 1.3})
+    assert auto_spec(target, "cpu") == (plan(chain2), None)
+    cpu_forward_cost(monkeypatch, {6: 2.0, 4: 2.0, 3: 1.46, 2: 1.3})
+    assert auto_spec(target, "cpu")[0] is None
     asked = cpu_forward_cost(monkeypatch, {6: 1.27, 4: 1.24, 3: 1.26, 2: 1.21})  # greedy pays, sampled does not
     assert auto_spec(target, "cpu") == (plan(wide), None)  # sampled steps decode plainly
     spec, note = auto_spec(target, "cpu", temperature=1.0)  # an engine built to sample decodes plainly
