@@ -545,6 +545,13 @@ def test_verify_cost_ratios_keep_a_record_per_machine_and_model(tmp_path, monkey
     monkeypatch.delenv("EAGLESPEC_CACHE_DIR")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert record_path() == tmp_path / "xdg" / "eaglespec" / "cpu_forward_costs.json"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+
+    def homeless() -> Path:
+        raise RuntimeError("Could not determine home directory.")
+
+    monkeypatch.setattr(Path, "home", staticmethod(homeless))
+    assert record_path() is None  # no home to be found: no record, and no error
 
 
 def test_missing_model_path(capsys):

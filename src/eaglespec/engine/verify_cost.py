@@ -64,7 +64,10 @@ def record_path() -> Path | None:
     variable set but empty: no record), else under $XDG_CACHE_HOME/eaglespec or ~/.cache/eaglespec."""
     folder = os.environ.get("EAGLESPEC_CACHE_DIR")
     if folder is None:
-        folder = str(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "eaglespec")
+        try:
+            folder = str(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "eaglespec")
+        except RuntimeError:  # no home directory to be found: no record
+            return None
     return Path(folder) / "cpu_forward_costs.json" if folder else None
 
 
