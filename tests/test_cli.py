@@ -79,6 +79,26 @@ def test_generate_default_model(tmp_path, capsys, monkeypatch):
     assert s["speculative"] and "accept length" in err
     assert (s["steps"], s["topk"], s["draft_tokens"]) == (3, 2, 6)
     assert asked == [[3, 4, 6]]  # its one request's kind of step alone (the greedy shapes' 3 / 4 / 6 tokens), once
+    assert s["cpu_timing_s"] < 0.05 and "timed this CPU's forwards" not in err  # (the timing replaced: instant)
+
+
+def test_generate_says_what_timing_this_cpu_cost(tmp_path, capsys, monkeypatch):
+    """Where `auto`'s timing of this CPU's forwards takes a noticeable part of the start-up (a machine's first
+    loads: later ones keep its rounds), `generate` says how much, and the stats give it."""
+    import time
+
+    def slow(model, sizes, repeats=5, record=None) -> dict[int, float]:
+        time.sleep(0.3)
+        return dict.fromkeys(sizes, 1.0)
+
+    monkeypatch.setattr("eaglespec.api.verify_cost_ratios", slow)
+    stats = tmp_path / "stats.json"
+    code, out, err = run_cli(["generate", "Hi", "--max-new-tokens", "2", "--stats-json", str(stats)], capsys)
+    timing = json.loads(stats.read_text())["cpu_timing_s"]
+    assert code == 0 and 0.3 <= timing < json.loads(stats.read_text())["load_s"]
+    assert f", of which {timing:.1f} s timed this CPU's forwards)" in err
+    code, out, err = run_cli(["generate", "Hi", "--max-new-tokens", "2", "--no-spec"], capsys)
+    assert code == 0 and "timed this CPU's forwards" not in err  # plain by request: nothing timed
 
 
 def test_api_default_drafter_policy_on_the_cpu(monkeypatch):

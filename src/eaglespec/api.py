@@ -25,6 +25,7 @@ of it, without `spec`: `assets.default_spec`'s shape, untimed).
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import torch
@@ -125,13 +126,16 @@ def load(
     prepare_for_inference(loaded.model, device, config.fuse_projections, config.compile)  # before the CPU's timing
     draft_path: Path | None
     plain_note = None  # why draft="auto" decodes plainly (measured slower here, or this machine's forwards timed)
+    timing_s = 0.0  # seconds auto_spec spent timing this CPU's forwards
     if draft == "auto":
         # the embedded model, however it was named (its GGUF anywhere: loading.default.is_default_model)
         embedded = model is None or is_default_model(model)
         draft_path = default_drafter_path() if embedded else None
         if draft_path is not None and spec is None:
+            t0 = time.perf_counter()
             spec, plain_note = auto_spec(loaded.model, device.type, config.max_batch_size, temperature,
                                          config.spec_max_rows, only)
+            timing_s = time.perf_counter() - t0 if device.type == "cpu" else 0.0  # (elsewhere it times nothing)
             if spec is None:
                 draft_path = None
     else:
@@ -146,6 +150,7 @@ def load(
         prepare_for_inference(drafter, device, config.fuse_projections, config.compile)
     engine = Engine(loaded.model, loaded.tokenizer, config, drafter=drafter, spec=spec)
     engine.plain_note = plain_note
+    engine.cpu_timing_s = timing_s
     return engine
 
 

@@ -93,6 +93,7 @@ SERVE_LEN = 4096  # default cache positions per row for a long-lived engine, unl
 
 class Engine(OverlappedStep, PrefixReuse):
     plain_note: str | None = None  # api.load: why draft="auto" decodes plainly after measuring this machine
+    cpu_timing_s = 0.0  # api.load: seconds draft="auto" spent timing this CPU's forwards (engine/verify_cost.py)
 
     def __init__(
         self,
