@@ -512,9 +512,10 @@ def test_verify_cost_ratios_time_the_forwards(monkeypatch):
 
 def test_verify_cost_ratios_keep_a_record_per_machine_and_model(tmp_path, monkeypatch):
     """With a record, a machine's first timing takes `repeats` rounds and keeps them (per `machine_key` and size);
-    later ones time one round more (after the warm-up) and answer the median over all kept, until every size has
-    RECORD_ROUNDS, when nothing is timed; a size not yet kept, rounds older than RECORD_DAYS or an unreadable record
-    are timed afresh; a model of other shapes keeps its own; an empty EAGLESPEC_CACHE_DIR keeps none."""
+    later ones time one round more of each size (after the warm-up) and answer the median over all kept, until a
+    size has RECORD_ROUNDS, when it is not timed; a size not yet kept, rounds older than RECORD_DAYS or an
+    unreadable record are timed afresh; a model of other shapes keeps its own; an empty EAGLESPEC_CACHE_DIR keeps
+    none."""
     import statistics
     import time
 
@@ -537,8 +538,8 @@ def test_verify_cost_ratios_keep_a_record_per_machine_and_model(tmp_path, monkey
     assert forwards == [1, 3, 6, 1, 3, 6] and all(len(v) == 4 for v in kept().values())
     assert again == {n: statistics.median(r for _, r in kept()[str(n)]) for n in (3, 6)}
     forwards.clear()
-    verify_cost_ratios(m, [2, 3], repeats=3, record=record)  # 2 tokens not kept yet: every size's rounds
-    assert len(forwards) == 3 + 3 * 3 and [len(kept()[n]) for n in ("2", "3", "6")] == [3, 7, 4]
+    verify_cost_ratios(m, [2, 3], repeats=3, record=record)  # 2 tokens not kept yet: its three rounds, 3 tokens one
+    assert forwards == [1, 2, 3, 1, 2, 3, 1, 2, 1, 2] and [len(kept()[n]) for n in ("2", "3", "6")] == [3, 5, 4]
     now = time.time()
     doc = json.loads(record.read_text())
     doc[key]["3"] = [[now, 1.0]] * (RECORD_ROUNDS - 1) + [[now, 9.0]]  # a full record: its median, nothing timed
@@ -548,8 +549,8 @@ def test_verify_cost_ratios_keep_a_record_per_machine_and_model(tmp_path, monkey
     assert verify_cost_ratios(m, [3, 6], repeats=3, record=record) == {3: 1.0, 6: 2.0} and forwards == []
     doc[key]["6"] = [[now - RECORD_DAYS * 86400 - 1, 2.0]] * RECORD_ROUNDS  # too old: dropped, timed afresh
     record.write_text(json.dumps(doc))
-    verify_cost_ratios(m, [3, 6], repeats=3, record=record)
-    assert len(forwards) == 3 + 3 * 3 and len(kept()["6"]) == 3 and len(kept()["3"]) == RECORD_ROUNDS
+    verify_cost_ratios(m, [3, 6], repeats=3, record=record)  # (3 tokens full: not timed)
+    assert forwards == [1, 6] * 4 and len(kept()["6"]) == 3 and len(kept()["3"]) == RECORD_ROUNDS
     other = tiny_llama(seed=0, hidden=32)
     assert machine_key(other) != key and machine_key(tiny_llama(seed=1)) == key  # shapes count, not values
     verify_cost_ratios(other, [3], repeats=2, record=record)

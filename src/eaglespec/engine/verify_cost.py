@@ -24,9 +24,9 @@ the median of each round's ratio, in 11 of 12 (3 rounds: 7 of 12). About 1.1 s f
 
 `record` (a JSON file; `api.auto_spec` passes `record_path()`): the rounds timed before on this machine, kept per
 key (`machine_key`: the CPU, torch, its threads, the model's parameters and how its projections run) and size for
-RECORD_DAYS, at most RECORD_ROUNDS of them. Where every size has `repeats` rounds there, one more round is timed and
-added (warm-up included, ~0.4 s), and none once every size has RECORD_ROUNDS; the ratio is the median over the
-recorded rounds and the new ones. So a machine's first load times `repeats` rounds and later loads refine the median
+RECORD_DAYS, at most RECORD_ROUNDS of them. A size with `repeats` rounds there takes one more round (warm-up
+included, ~0.4 s for three sizes), none once it has RECORD_ROUNDS, and one with fewer `repeats` rounds, as with no
+record; its ratio is the median over its recorded rounds and the new ones. So a machine's first load times `repeats` rounds and later loads refine the median
 at a fraction of the cost (session 68: the timing had added ~0.65 s to `generate`'s start-up). An unreadable record
 is timed afresh, and an unwritable one is left alone.
 """
@@ -125,27 +125,30 @@ def _recorded(entry: object, now: float) -> list[tuple[float, float]]:
 
 
 @torch.no_grad()
-def _time_rounds(model: torch.nn.Module, sizes: list[int], rounds: int) -> dict[int, list[float]]:
-    """Each size's ratio in each of `rounds` rounds (1 token, then each size), after a warm-up of each."""
-    ratios: dict[int, list[float]] = {n: [] for n in sizes}
-    if rounds == 0:
+def _time_rounds(model: torch.nn.Module, rounds: dict[int, int]) -> dict[int, list[float]]:
+    """Each size's ratio in each of its `rounds[size]` rounds (a round: 1 token, then each size it still needs),
+    after a warm-up of each size timed at all."""
+    ratios: dict[int, list[float]] = {n: [] for n in rounds}
+    sizes = [n for n in sorted(rounds) if rounds[n] > 0]
+    if not sizes:
         return ratios
     device = next(model.parameters()).device
     ids = {n: torch.zeros(1, n, dtype=torch.long, device=device) for n in [1] + sizes}
     for x in ids.values():  # warm-up
         _forward_s(model, x)
-    for _ in range(rounds):
+    for i in range(max(rounds[n] for n in sizes)):
         one = _forward_s(model, ids[1])
         for n in sizes:
-            ratios[n].append(_forward_s(model, ids[n]) / one)
+            if i < rounds[n]:
+                ratios[n].append(_forward_s(model, ids[n]) / one)
     return ratios
 
 
 def verify_cost_ratios(model: torch.nn.Module, sizes: Iterable[int], repeats: int = 5, record: Path | None = None
                        ) -> dict[int, float]:
     """{n: (time of a forward of n positions) / (time of one of 1 position)} for each of `sizes`: the median of the
-    rounds' ratios, `repeats` rounds timed now, or, with a `record` holding at least that many for every size, the
-    recorded ones and one more (none once each size has RECORD_ROUNDS)."""
+    rounds' ratios, `repeats` rounds timed now, or, for a size with at least that many in the `record`, the recorded
+    ones and one more (none once it has RECORD_ROUNDS)."""
     sizes = sorted(set(sizes))
     if not sizes or sizes[0] < 1 or repeats < 1:
         raise ValueError(f"verify_cost_ratios: sizes must be >= 1 and repeats >= 1 (got {sizes}, {repeats})")
@@ -154,8 +157,9 @@ def verify_cost_ratios(model: torch.nn.Module, sizes: Iterable[int], repeats: in
     key = machine_key(model) if record is not None else ""
     kept = doc.get(key) if isinstance(doc.get(key), dict) else {}
     history = {n: _recorded(kept.get(str(n)), now) for n in sizes}
-    have = min(len(h) for h in history.values())
-    timed = _time_rounds(model, sizes, repeats if have < repeats else 1 if have < RECORD_ROUNDS else 0)
+    # a size kept fewer than `repeats` times: `repeats` rounds; fewer than RECORD_ROUNDS: one more; else none
+    timed = _time_rounds(model, {n: repeats if len(h) < repeats else int(len(h) < RECORD_ROUNDS)
+                                 for n, h in history.items()})
     for n in sizes:
         history[n] = (history[n] + [(now, r) for r in timed[n]])[-RECORD_ROUNDS:]
     if record is not None and any(timed.values()):
