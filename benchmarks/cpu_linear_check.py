@@ -7,8 +7,9 @@ behind `transforms.use_cpu_linear`, `cpu_linear.PAD_ROWS` and `cpu_linear.PACKED
    same rows (1 and 3 rows as `weight_major_linear` computes them: padded to 2 and 4), and the packed copy
    (`pack_weight`, `packed_linear`).
 2. The embedded SmolLM2's cache-free forward (float32, as `prepare_for_inference` leaves it on the CPU, fused) of T =
-   1..8 tokens: ms for T = 1 and the ratio for the others (the fastest of 5 each; engine/verify_cost.py's
-   measurement), as the engine runs it (the load's timing, `cpu_linear.direct_rows`, choosing the few-row product),
+   1..8 tokens: ms for T = 1 and the ratio for the others (the fastest of 5 each; engine/verify_cost.py's load-time
+   measurement takes the median of rounds' ratios instead), as the engine runs it (the load's timing,
+   `cpu_linear.direct_rows`, choosing the few-row product),
    with session 61's fixed policy (weight-major at 1-2 rows, the packed copies from 3; `cpu_linear.MEASURE` off),
    weight-major alone (`transforms.CPU_PACK_MAX_SHARE` 0) and F.linear alone (`transforms.CPU_WEIGHT_MAJOR` False).
    This machine's timings vary: alternate runs before trusting a 5% change.

@@ -352,11 +352,12 @@ def cpu_choice(entries: Entries, sampled: bool, ratios: Mapping[int, float], one
         spec, estimate = max(cpu_greedy_estimates(ratios), key=lambda e: e[1])
         if estimate >= CPU_MIN_GREEDY_SPEEDUP:
             return ((1, spec),), None
-        costs = " / ".join(f"{ratios[n]:.2f}x" for n in cpu_sizes(entries, False))
-        sizes = " / ".join(str(n) for n in cpu_sizes(entries, False))
-        return None, (f"here forwards of {sizes} tokens cost {costs} one of 1 token: greedy speculation's best shape, "
-                      f"S{spec.steps} K{spec.topk} D{spec.draft_tokens}, would run about {estimate:.2f}x plain "
-                      f"decoding by the CPU's cost model, under the {CPU_MIN_GREEDY_SPEEDUP}x it takes to speculate")
+        sizes = cpu_sizes(entries, False)
+        costs = " / ".join(f"{ratios[n]:.2f}x" for n in sizes)
+        return None, (f"here forwards of {' / '.join(map(str, sizes))} tokens cost {costs} one of 1 token: greedy "
+                      f"speculation's best shape, S{spec.steps} K{spec.topk} D{spec.draft_tokens}, would run about "
+                      f"{estimate:.2f}x plain decoding by the CPU's cost model, under the {CPU_MIN_GREEDY_SPEEDUP}x it "
+                      "takes to speculate")
     limit = cpu_max_verify_cost(1.0 if sampled else 0.0)
     for candidate in _cpu_candidates(entries, sampled, one_step_first):
         if ratios[_tokens(candidate)] <= limit:

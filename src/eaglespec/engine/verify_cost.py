@@ -24,11 +24,11 @@ the median of each round's ratio, in 11 of 12 (3 rounds: 7 of 12). About 1.1 s f
 
 `record` (a JSON file; `api.auto_spec` passes `record_path()`): the rounds timed before on this machine, kept per
 key (`machine_key`: the CPU, torch, its threads, the model's parameters and how its projections run) and size for
-RECORD_DAYS, at most RECORD_ROUNDS of them. A size with `repeats` rounds there takes one more round (warm-up
-included, ~0.4 s for three sizes), none once it has RECORD_ROUNDS, and one with fewer `repeats` rounds, as with no
-record; its ratio is the median over its recorded rounds and the new ones. So a machine's first load times `repeats` rounds and later loads refine the median
-at a fraction of the cost (session 68: the timing had added ~0.65 s to `generate`'s start-up). An unreadable record
-is timed afresh, and an unwritable one is left alone.
+RECORD_DAYS, at most RECORD_ROUNDS of them. A size with `repeats` rounds there takes one more round (warm-up included,
+~0.4 s for three sizes), none once it has RECORD_ROUNDS, and one with fewer, `repeats` rounds, as with no record; its
+ratio is the median over its recorded rounds and the new ones. So a machine's first load times `repeats` rounds and
+later loads refine the median at a fraction of the cost (session 68: the timing had added ~0.65 s to `generate`'s
+start-up). An unreadable record is timed afresh, and an unwritable one is left alone.
 """
 
 from __future__ import annotations
@@ -115,6 +115,12 @@ def _write(record: Path, doc: dict) -> None:
         Path(tmp).unlink(missing_ok=True)
 
 
+def _kept(doc: dict, key: str) -> dict:
+    """A record's rounds for one key (size text -> rounds), {} where absent or malformed."""
+    kept = doc.get(key)
+    return kept if isinstance(kept, dict) else {}
+
+
 def _recorded(entry: object, now: float) -> list[tuple[float, float]]:
     """A size's recorded (time, ratio) rounds younger than RECORD_DAYS (malformed ones dropped)."""
     if not isinstance(entry, list):
@@ -155,8 +161,7 @@ def verify_cost_ratios(model: torch.nn.Module, sizes: Iterable[int], repeats: in
     now = time.time()
     doc = _read(record) if record is not None else {}
     key = machine_key(model) if record is not None else ""
-    kept = doc.get(key) if isinstance(doc.get(key), dict) else {}
-    history = {n: _recorded(kept.get(str(n)), now) for n in sizes}
+    history = {n: _recorded(_kept(doc, key).get(str(n)), now) for n in sizes}
     # a size kept fewer than `repeats` times: `repeats` rounds; fewer than RECORD_ROUNDS: one more; else none
     timed = _time_rounds(model, {n: repeats if len(h) < repeats else int(len(h) < RECORD_ROUNDS)
                                  for n, h in history.items()})
@@ -164,7 +169,6 @@ def verify_cost_ratios(model: torch.nn.Module, sizes: Iterable[int], repeats: in
         history[n] = (history[n] + [(now, r) for r in timed[n]])[-RECORD_ROUNDS:]
     if record is not None and any(timed.values()):
         fresh = _read(record)  # another process's record meanwhile, if any, keeps its other keys
-        fresh[key] = {**(fresh.get(key) if isinstance(fresh.get(key), dict) else {}),
-                      **{str(n): [list(x) for x in h] for n, h in history.items()}}
+        fresh[key] = {**_kept(fresh, key), **{str(n): [list(x) for x in h] for n, h in history.items()}}
         _write(record, fresh)
     return {n: statistics.median(r for _, r in h) for n, h in history.items()}
