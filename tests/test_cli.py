@@ -416,8 +416,9 @@ def test_generate_says_when_this_cpu_makes_speculation_slower(capsys, monkeypatc
 def test_the_embedded_model_and_the_shipped_drafter_named_by_path(tmp_path, capsys, monkeypatch):
     """`--model` naming the embedded GGUF anywhere (a renamed copy: same size and sha256) gets the shipped drafter and
     its measured shape, as no `--model` does, and the same explanation where it decodes plainly; `--draft` naming the
-    shipped drafter (a copy of its folder) takes its measured shape, untimed; a file of the same size with other bytes
-    is another model, and an edited copy of the drafter another drafter (SpecConfig's default shape)."""
+    shipped drafter (a copy of its folder) takes the shapes `auto` times and chooses, but speculates where `auto`
+    would decode plainly (the user asked for it); a file of the same size with other bytes is another model, and an
+    edited copy of the drafter another drafter (SpecConfig's default shape, untimed)."""
     import shutil
 
     from eaglespec import api
@@ -445,11 +446,24 @@ def test_the_embedded_model_and_the_shipped_drafter_named_by_path(tmp_path, caps
     assert is_default_drafter(shipped) and is_default_drafter(drafter) and not is_default_drafter(tmp_path)
     lone = EngineConfig(device="cpu", max_batch_size=4, spec_max_rows=1)
     named = api.load(str(copy), draft=str(drafter), config=lone)
-    assert named.spec == SpecConfig(3, 2, 6) and len(asked) == 1  # the one-row shape, not timed
+    # timed as `auto` times (both modes' sizes): the one-row shapes it chooses
+    assert named.schedule.shape(1, greedy=True) == SpecConfig(3, 2, 6) and asked == [[2, 3, 4, 6]] * 2
+    assert named.schedule.shape(1, greedy=False) == SpecConfig(2, 1, 3)
+    # a CPU where every shape is estimated under the floor and every sampled forward over its limit: `auto` decodes
+    # plainly, the named drafter (asked for) speculates in the best of them: greedy steps the best estimate (S2 K1 D3:
+    # 1.91 / (1.5 + 0.21) = 1.12x, against S2 K2 D4's 1.01x and S3 K2 D6's 1.00x), sampled the cheapest forward (the
+    # one-step chain's 2 tokens, 1.4x against the chain of 2's 1.5x)
+    asked = cpu_forward_cost(monkeypatch, {2: 1.4, 3: 1.5, 4: 1.8, 6: 2.0})
+    assert not api.load(str(copy), config=lone).speculative
+    slow = api.load(str(copy), draft=str(drafter), config=lone)
+    assert slow.speculative and slow.plain_note is None and asked == [[2, 3, 4, 6]] * 2
+    assert [slow.schedule.shape(1, greedy=g) for g in (True, False)] == [SpecConfig(2, 1, 3), SpecConfig(1, 1, 2)]
+    del slow
+    asked = cpu_forward_cost(monkeypatch, 1.0)
     config = drafter / "config.json"
     config.write_text(config.read_text() + "\n")  # the same drafter to json, other bytes: not the shipped one
     assert not is_default_drafter(drafter)
-    assert api.load(str(copy), draft=str(drafter), config=lone).spec == SpecConfig()
+    assert api.load(str(copy), draft=str(drafter), config=lone).spec == SpecConfig() and not asked
 
     cpu_forward_cost(monkeypatch, 1.8)  # a slow CPU: the CLI explains plain decoding for the named GGUF too
     code, out, err = run_cli(["generate", "What is the capital of France?", "--max-new-tokens", "4", "--model",

@@ -20,7 +20,7 @@ plainly where its mode's shapes do not pay (`assets.cpu_choice`; `auto_spec` mak
 `plain_note` then says why; the other mode's steps decode plainly, or take the sampled shapes, where theirs fail).
 `spec` may be a SpecConfig or a SpecSchedule.
 `draft=None` never speculates; a path loads that EAGLE-3 drafter checkpoint (the shipped drafter's folder, or a copy
-of it, without `spec`: `assets.default_spec`'s shape, untimed).
+of it, without `spec`: the shapes `auto` takes, on the CPU timed, but speculating where `auto` would decode plainly).
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def spec_rows(max_batch_size: int, spec_max_rows: int | None) -> int:
 
 
 def auto_spec(target: torch.nn.Module, device_type: str, max_batch_size: int = 1, temperature: float = 0.0,
-              spec_max_rows: int | None = None, only: SamplingParams | None = None
+              spec_max_rows: int | None = None, only: SamplingParams | None = None, speculate: bool = False
               ) -> tuple[SpecConfig | SpecSchedule | None, str | None]:
     """What `draft="auto"` speculates with on the shipped drafter for an engine of `max_batch_size` rows on this device
     type in `target`'s dtype, built for steps at this temperature (greedy and sampled steps each take their mode's
@@ -74,7 +74,8 @@ def auto_spec(target: torch.nn.Module, device_type: str, max_batch_size: int = 1
     speculative step runs more rows than that, so the choice is the one for that many rows.
     `only`: the steps of requests with these parameters alone (a bench run's, all alike; the engine built for their
     temperature): the other modes are neither timed nor scheduled, and (None, why) where such steps decode plainly.
-    `load` and `eaglespec bench --spec auto` both take it."""
+    `load` and `eaglespec bench --spec auto` both take it. `speculate` (the shipped drafter named by the user): on the
+    CPU each mode takes its best timed shape where the policy would decode plainly (`assets.cpu_choice`)."""
     greedy, sampled = mode_entries(device_type, spec_rows(max_batch_size, spec_max_rows),
                                    next(target.parameters()).dtype)
     penalized = penalized_entries(device_type)
@@ -93,7 +94,7 @@ def auto_spec(target: torch.nn.Module, device_type: str, max_batch_size: int = 1
         ratios = verify_cost_ratios(target, sizes, record=record_path()) if timed else {}  # this machine's, kept
         for mode in timed:  # the engine's own mode first
             hot = mode and only is not None and hot_sampling(only)  # unfiltered at T >= 1: the one-step chain first
-            entries, note = cpu_choice(modes[mode], mode, ratios, hot)
+            entries, note = cpu_choice(modes[mode], mode, ratios, hot, speculate)
             if entries is None and mode == own:  # the engine's own steps lose: it decodes plainly
                 return None, note
             modes[mode] = entries
@@ -141,10 +142,17 @@ def load(
     else:
         draft_path = Path(draft) if draft is not None else None
         if spec is None and draft_path is not None and is_default_drafter(draft_path):
-            # the shipped drafter named by the user: its measured shape here, without the CPU timing (asked for, it
-            # speculates); where none was measured for this engine, SpecConfig's default
-            spec = default_spec(device.type, spec_rows(config.max_batch_size, config.spec_max_rows), temperature,
-                                dtype)
+            # the shipped drafter named by the user: `auto`'s shapes, on the CPU timed as `auto` times them, but asked
+            # for, it speculates where `auto` would decode plainly; where no shape was measured for this engine (or its
+            # steps all run under count penalties), `default_spec`'s schedule or SpecConfig's default
+            if device.type == "cpu":
+                t0 = time.perf_counter()
+                spec, _ = auto_spec(loaded.model, device.type, config.max_batch_size, temperature,
+                                    config.spec_max_rows, only, speculate=True)
+                timing_s = time.perf_counter() - t0
+            if spec is None:
+                spec = default_spec(device.type, spec_rows(config.max_batch_size, config.spec_max_rows), temperature,
+                                    dtype)
     drafter = load_drafter(draft_path, device, dtype) if draft_path is not None else None
     if drafter is not None:
         prepare_for_inference(drafter, device, config.fuse_projections, config.compile)

@@ -13,7 +13,8 @@ An explicit shape (`--steps/--topk/--draft-tokens`, `api.load(spec=...)`) always
 
 The embedded model is recognised by content (`loading.default.is_default_model`: `--model PATH` naming that GGUF, or a
 copy of it, is the embedded model), and so is the shipped drafter (`is_default_drafter`: `--draft DIR` naming it, or
-a copy of it), which then takes `default_spec`'s shape without the CPU timing, since the user asked for it.
+a copy of it), which then takes `auto`'s shapes (on the CPU timed as for `auto`) but speculates where `auto` would
+decode plainly, since the user asked for it (`cpu_choice(speculate=True)`).
 """
 
 from __future__ import annotations
@@ -340,17 +341,18 @@ def cpu_greedy_estimates(ratios: Mapping[int, float]) -> tuple[tuple[SpecConfig,
                  for spec, tau in CPU_GREEDY_TAUS)
 
 
-def cpu_choice(entries: Entries, sampled: bool, ratios: Mapping[int, float], one_step_first: bool = False
-               ) -> tuple[Entries | None, str | None]:
+def cpu_choice(entries: Entries, sampled: bool, ratios: Mapping[int, float], one_step_first: bool = False,
+               speculate: bool = False) -> tuple[Entries | None, str | None]:
     """What a CPU engine's steps of one mode take, given this machine's timed forwards (`ratios`: tokens -> cost in
     one-token forwards, every size of `cpu_sizes`): (entries, None), or (None, why) where they decode plainly.
     Greedy steps of the shipped one-row tree take the shape of CPU_GREEDY_TAUS with the highest cost-model estimate
     (`cpu_greedy_estimates`) where it reaches CPU_MIN_GREEDY_SPEEDUP; sampled ones the first of the chain of 2 and
     the one-step chain (`_cpu_candidates`' order) whose forward costs at most CPU_MAX_VERIFY_COST_SAMPLED; other
-    entries theirs where it costs at most their mode's `cpu_max_verify_cost`."""
+    entries theirs where it costs at most their mode's `cpu_max_verify_cost`. `speculate` (the drafter was asked
+    for): never plain, the best of those shapes without the floor or the limits (sampled: the cheapest forward)."""
     if not sampled and entries == ((1, _TREE_CPU),):
         spec, estimate = max(cpu_greedy_estimates(ratios), key=lambda e: e[1])
-        if estimate >= CPU_MIN_GREEDY_SPEEDUP:
+        if estimate >= CPU_MIN_GREEDY_SPEEDUP or speculate:
             return ((1, spec),), None
         sizes = cpu_sizes(entries, False)
         costs = " / ".join(f"{ratios[n]:.2f}x" for n in sizes)
@@ -359,9 +361,12 @@ def cpu_choice(entries: Entries, sampled: bool, ratios: Mapping[int, float], one
                       f"{estimate:.2f}x plain decoding by the CPU's cost model, under the {CPU_MIN_GREEDY_SPEEDUP}x it "
                       "takes to speculate")
     limit = cpu_max_verify_cost(1.0 if sampled else 0.0)
-    for candidate in _cpu_candidates(entries, sampled, one_step_first):
+    candidates = _cpu_candidates(entries, sampled, one_step_first)
+    for candidate in candidates:
         if ratios[_tokens(candidate)] <= limit:
             return candidate, None
+    if speculate:  # every forward over the limit: the cheapest (the first in order of a tie)
+        return min(candidates, key=lambda c: ratios[_tokens(c)]), None
     tokens = _tokens(candidate)  # the last one tried
     return None, verify_cost_note(ratios[tokens], tokens, 1.0 if sampled else 0.0)
 
