@@ -121,10 +121,14 @@ def load(
     if only is not None:
         temperature = only.temperature
     device = resolve_device(config.device)
+    int4 = config.cpu_weights == "q4"
+    if int4 and device.type != "cpu":
+        raise ConfigError(f"--cpu-weights q4 runs on the CPU; the device here is {device.type}")
     dtype_name = config.dtype if config.dtype != "auto" else ("bfloat16" if device.type == "cuda" else "float32")
-    loaded = load_model(model, device=device, dtype=dtype_name)
+    # the 4-bit path reads the weights as the loader dequantizes them (float32), then computes in bf16
+    loaded = load_model(model, device=device, dtype="float32" if int4 else dtype_name)
+    prepare_for_inference(loaded.model, device, config.fuse_projections, config.compile, int4)  # before the timing
     dtype = next(loaded.model.parameters()).dtype
-    prepare_for_inference(loaded.model, device, config.fuse_projections, config.compile)  # before the CPU's timing
     draft_path: Path | None
     plain_note = None  # why draft="auto" decodes plainly (measured slower here, or this machine's forwards timed)
     timing_s = 0.0  # seconds auto_spec spent timing this CPU's forwards

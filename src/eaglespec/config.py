@@ -425,6 +425,10 @@ class EngineConfig:
     # of a prefill stay those of this many tokens whatever the prompt's length (a 128K-token prompt's whole-prompt
     # mask alone would be 16 GB). None: whole prompts. Prompts with images prefill whole.
     prefill_chunk: int | None = 8192
+    # "q4": on the CPU, a GGUF target's 4-bit projections (Q4_0 / Q4_1; Q8_0 as two 4-bit products) multiplied as
+    # stored, with bf16 activations and row-invariant attention, so that speculation stays lossless in bf16
+    # (engine/int4_weights.py); "dense": weights dequantized to the engine's dtype
+    cpu_weights: str = "dense"
 
     def __post_init__(self) -> None:
         from .layers.logprobs import MAX_TOP_LOGPROBS
@@ -439,6 +443,16 @@ class EngineConfig:
                               "speculates")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ConfigError(f"--dtype must be auto, float32, bfloat16 or float16 (got {self.dtype!r})")
+        if self.cpu_weights not in ("dense", "q4"):
+            raise ConfigError(f"--cpu-weights must be dense or q4 (got {self.cpu_weights!r})")
+        if self.cpu_weights == "q4" and self.dtype not in ("auto", "bfloat16"):
+            raise ConfigError(f"--cpu-weights q4 computes in bfloat16 (the 4-bit kernel's activations); not with "
+                              f"--dtype {self.dtype}")
+        if self.cpu_weights == "q4" and self.compile:
+            raise ConfigError("--cpu-weights q4 runs eager: compiled elementwise chains are not row-invariant (their "
+                              "code differs by shape, so speculation would no longer give plain decoding's tokens)")
+        if self.cpu_weights == "q4" and self.device not in ("auto", "cpu"):
+            raise ConfigError(f"--cpu-weights q4 runs on the CPU; not with --device {self.device}")
         if self.prefill_chunk is not None and self.prefill_chunk < 16:
             raise ConfigError(f"prefill_chunk must be >= 16 tokens, or None (got {self.prefill_chunk})")
         if self.max_batch_size < 1:

@@ -60,7 +60,10 @@ def resolve_placement(device: str, dtype: str) -> tuple[torch.device, torch.dtyp
 
 
 def load_bench_model(model: str | None, random_weights: str | None, device: torch.device, dtype: torch.dtype,
-                     seed: int = 0, fuse: bool | None = None, compile: bool | None = None) -> BenchModel:
+                     seed: int = 0, fuse: bool | None = None, compile: bool | None = None,
+                     int4: bool = False) -> BenchModel:
+    """`int4`: the 4-bit CPU path (EngineConfig.cpu_weights "q4"): loaded in float32, computing in bf16 (the
+    BenchModel's dtype, its drafters')."""
     from ..engine.transforms import prepare_for_inference
 
     if random_weights is not None:
@@ -73,10 +76,10 @@ def load_bench_model(model: str | None, random_weights: str | None, device: torc
         hf: object = ("random", random_weights, seed)  # peer_hf rebuilds the same weights (before any fusing)
     else:
         path = model if model is not None else str(default_model_path())
-        loaded = load_model(path, device=device, dtype=dtype)
+        loaded = load_model(path, device=device, dtype=torch.float32 if int4 else dtype)
         source, hf = path, path
-    prepare_for_inference(loaded.model, device, fuse, compile)  # as api.load does
-    return BenchModel(loaded, source, device, dtype, hf)
+    prepare_for_inference(loaded.model, device, fuse, compile, int4)  # as api.load does
+    return BenchModel(loaded, source, device, next(loaded.model.parameters()).dtype, hf)
 
 
 def check_workload(random_weights: bool, prompts: str | None, limit: int | None, turns: int) -> None:

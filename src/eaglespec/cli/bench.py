@@ -118,7 +118,8 @@ def prepare(args: argparse.Namespace) -> Prepared:
     bw = copy_bandwidth(device)
     if bw:
         stderr_log(f"device copy bandwidth {bw / 1e9:.0f} GB/s")
-    model = load_bench_model(args.model, args.random_weights, device, dtype, args.seed, args.fuse, args.compile)
+    model = load_bench_model(args.model, args.random_weights, device, dtype, args.seed, args.fuse, args.compile,
+                             engine.cpu_weights == "q4")
     workload = build_workload(model, args.prompts, items, args.turns, not args.no_chat_template, args.prompt_len,
                               count, args.seed)
     # the model, its tokenizer and the libraries, out of the timed runs' full garbage collections (gc_heap.py); not

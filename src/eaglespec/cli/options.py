@@ -42,6 +42,10 @@ def add_runtime_options(p: argparse.ArgumentParser | argparse._ArgumentGroup) ->
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="auto: bfloat16 on CUDA, float32 on the CPU")
+    p.add_argument("--cpu-weights", default="dense", choices=["dense", "q4"],
+                   help="q4: on the CPU, multiply a GGUF's 4-bit (Q4_0 / Q4_1) weights as stored, in bfloat16 with "
+                        "row-invariant attention (speculation still gives plain decoding's tokens); dense: weights "
+                        "dequantized to --dtype (default)")
     p.add_argument("--aux-convention", default="sglang", choices=["sglang", "vllm"],
                    help="how the drafter's eagle_aux_hidden_state_layer_ids are read (vllm: id k = after k layers; "
                         "a drafter in vLLM speculators' format is always read as vllm)")
@@ -159,6 +163,7 @@ def spec_config(args: argparse.Namespace) -> SpecConfig | SpecSchedule | None:
 def engine_config(args: argparse.Namespace, **kw) -> EngineConfig:
     return EngineConfig(device=args.device, dtype=args.dtype, seed=args.seed, aux_convention=args.aux_convention,
                         cuda_graphs=args.cuda_graphs, fuse_projections=args.fuse, compile=args.compile,
+                        cpu_weights=args.cpu_weights,
                         overlap=args.overlap, spec_max_rows=args.spec_max_rows,
                         min_prefill_rows=args.min_prefill_rows, prefill_ahead=args.prefill_ahead,
                         compact_rows=args.compact_rows, **kw)

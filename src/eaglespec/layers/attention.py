@@ -31,6 +31,7 @@ from .context import Chunk, ForwardContext
 from .fused_linear import fused_linear
 from .norm import RMSNorm, rms_scaled
 from .rotary import apply_rotary
+from .row_attention import ROW_MAX_TOKENS, attend_rows
 
 
 @dataclass(frozen=True)
@@ -222,6 +223,9 @@ class GQAAttention(nn.Module):
     softcap: float | None = None  # Gemma 2's attn_logit_softcapping (`sdpa_written_out`, or the short-query kernel)
     temperature: tuple[float, float, float] | None = None  # (floor_scale, attn_scale, offset): Llama 4, Ministral 3
     rope_store_ok = True
+    # each query row's output the same bits in any forward (layers/row_attention.py): set on the 4-bit CPU path's
+    # target (engine/int4_weights.py)
+    row_invariant = False
 
     def __init__(
         self,
@@ -269,6 +273,12 @@ class GQAAttention(nn.Module):
         temperature, scale, window, sinks and soft cap."""
         q = self.tempered(q, ctx)
         extra = (self.scale, self.window, self._parameters.get("sinks"), self.softcap)
+        if (self.row_invariant and cache is not None and ctx.write_index is not None and not ctx.causal
+                and q.shape[1] <= ROW_MAX_TOKENS):  # decode and verify steps, short prefills: row by row
+            if k is not None:
+                write_cache(cache[0], k, ctx)
+                write_cache(cache[1], v, ctx)
+            return attend_rows(q, ctx, cache, *extra)
         if k is None:
             assert cache is not None
             return attend_cached(q, ctx, cache, *extra)

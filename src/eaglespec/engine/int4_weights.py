@@ -1,0 +1,85 @@
+"""The 4-bit CPU path (`EngineConfig.cpu_weights = "q4"`, `--cpu-weights q4`): a GGUF target's own 4-bit weights
+multiplied as they are stored, bf16 activations, and speculation still lossless by construction.
+
+`use_int4_weights(model)` (engine.transforms.prepare_for_inference, after fusing projections, on a target loaded in
+float32): every nn.Linear of the target becomes an `Int4Linear` (layers/int4_linear.py: Q4_0 / Q4_1 groups, Q8_0 as
+two 4-bit products), every attention layer computes decode and verify steps row by row (`GQAAttention.row_invariant`,
+layers/row_attention.py), and the other parameters (embedding, norms) are cast to bf16 (buffers such as RoPE's
+frequencies stay float32, as a bf16 load keeps them). What it cannot run it names in a ConfigError before changing
+anything: a weight that is not 4- or 8-bit groups (an F16 / K-quant GGUF, a safetensors checkpoint), an attention
+other than grouped-query attention (MLA, linear attention), a module it does not know to be row-invariant (MoE
+experts, vision towers).
+
+Why lossless: a speculative engine commits the tokens plain decoding would where every token's logits have the same
+bits in a verify of D tokens as in a one-token step. On this path each part of the step is row-invariant: the 4-bit
+kernel (each output row alone), the row-wise attention, and the rest elementwise or per-row reductions (RMSNorm,
+RoPE, SiLU, residual adds, the embedding's lookup); the tests check it end to end on the machine running them. A
+float32 engine rests instead on float32's small rounding differences not flipping an argmax.
+
+Why: a float32 one-token step of SmolLM2 reads ~540 MB of weights; this one ~75 MB (docs/benchmarks.md, "Session 69").
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..errors import ConfigError
+from ..layers.attention import GQAAttention
+from ..layers.int4_linear import Int4Linear
+
+# module types the row-invariance argument above covers besides nn.Linear and GQAAttention (looked up by class name:
+# the models' own norms, MLPs and containers); anything else with parameters is refused
+_CONTAINERS = (nn.ModuleList, nn.ModuleDict, nn.Sequential)
+
+
+def _known(m: nn.Module) -> bool:
+    """Whether `m` is a module whose own parameters this path runs: norms and embeddings (per-row), the decoder's
+    containers, MLPs and layers (their parameters are their children's)."""
+    name = type(m).__name__
+    return (isinstance(m, (nn.Embedding, nn.Linear, GQAAttention, Int4Linear) + _CONTAINERS)
+            or name.endswith(("Norm", "MLP", "DecoderLayer", "Model", "ForCausalLM", "Embedding", "Rotary",
+                              "RotaryEmbedding")))
+
+
+def _check(model: nn.Module) -> None:
+    """Raise a ConfigError naming what the 4-bit path cannot run (module docstring)."""
+    arch = type(model).__name__
+    for name, m in model.named_modules():
+        if "attn" in name.rsplit(".", 1)[-1] and not isinstance(m, GQAAttention):
+            raise ConfigError(f"--cpu-weights q4 runs grouped-query attention only; {arch}'s {name} is "
+                              f"{type(m).__name__} (use --cpu-weights dense)")
+        if not _known(m):
+            raise ConfigError(f"--cpu-weights q4 does not run {arch}'s {name or 'model'} ({type(m).__name__}); use "
+                              "--cpu-weights dense")
+
+
+def use_int4_weights(model: nn.Module) -> None:
+    """Module docstring. `model` float32 on the CPU, projections fused or not."""
+    if next(model.parameters()).dtype != torch.float32:
+        raise ConfigError("--cpu-weights q4 reads the weights as the GGUF loader dequantizes them: load in float32")
+    _check(model)
+    layers: list[tuple[nn.Module, str, Int4Linear]] = []
+    for name, m in model.named_modules():
+        for leaf, child in m.named_children():
+            if type(child) is not nn.Linear:
+                continue
+            w = child.weight
+            # the head keeps its Parameter as `weight` (get_embed_and_head: a drafter without its own head; tied, it is
+            # the embedding)
+            keep = w if leaf == "lm_head" else None
+            q = Int4Linear.from_weight(w.detach(), None if child.bias is None else child.bias.detach(), keep=keep)
+            if q is None:
+                full = f"{name}.{leaf}" if name else leaf
+                raise ConfigError(
+                    f"--cpu-weights q4 needs 4-bit (Q4_0 / Q4_1) or Q8_0 weights; {full} [{w.shape[0]} x "
+                    f"{w.shape[1]}] is neither (a GGUF of those types, e.g. the embedded SmolLM2's Q4_1; or use "
+                    "--cpu-weights dense)")
+            layers.append((m, leaf, q))
+    for parent, leaf, q in layers:  # nothing changed before every weight was found convertible
+        setattr(parent, leaf, q)
+    for m in model.modules():
+        if isinstance(m, GQAAttention):
+            m.row_invariant = True
+    for p in model.parameters():  # the embedding, norms (and a tied head's `weight`, the embedding itself)
+        p.data = p.data.to(torch.bfloat16)

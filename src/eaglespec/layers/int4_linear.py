@@ -1,0 +1,138 @@
+"""A linear layer over a GGUF's own 4-bit weights on the CPU, through PyTorch's groupwise 4-bit kernel.
+
+`Int4Linear.from_weight(w, bias)`: w float32 [N, K] as the GGUF loader dequantized it (loading/gguf_quants.py). Where
+every group of 32 weights along K is a Q4_1 group (w = d q + m, q in 0..15, d and m float16) or a Q4_0 one (w =
+d (q - 8)), the layer holds the codes once, packed by `aten._convert_weight_to_int4pack_for_cpu`, and multiplies
+through `aten._weight_int4pack_mm_for_cpu` (w = (q - 8) scale + zero per group, bf16 activations, reading 4.5 bits a
+weight instead of float32's 32); a Q8_0 tensor (w = d q, q in -128..127: SmolLM2's tied embedding, its head) as two
+such products, q = 16 hi + lo (hi in -8..7 with scale 16 d, lo in 0..15 with scale d and zero 8 d), summed in float32.
+Anything else returns None (`from_weight`): the caller names the tensor (engine/int4_weights.py).
+
+`forward(x)`: x [..., K] bf16 -> [..., N]: bf16 for a 4-bit weight, float32 for a Q8_0 one (the two products' sum;
+the logits of a head keep it). The kernel takes scale and zero as bf16, so a Q4_1 group's zero (m + 8 d) and any
+scale rounded to bf16 differ from the file's by up to 2^-9 of the group's scale: the weights are the GGUF's to that
+rounding, not bit for bit.
+
+Why this kernel (docs/benchmarks.md, "Session 62" and "Session 69"): it is row-count invariant (each row of an M-row
+product has the bits of the same row multiplied alone, measured for SmolLM2's shapes at 1-8 rows on an AVX-512 EPYC
+and an AVX2 one; `tests/test_int4_weights.py` checks it on the machine that runs the tests), which is what makes a
+speculative verify of D tokens give plain decoding's tokens in bf16; and it costs about one row's time up to 3 rows
+(SmolLM2's 30 layers of projections on the AVX2 EPYC: 11.8 / 12.2 / 14.7 / 28.2 ms at 1 / 3 / 4 / 6 rows).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+GROUP = 32  # weights per group along K: the GGUF block of Q4_0 / Q4_1 / Q8_0
+_INNER_K_TILES = 1  # `_convert_weight_to_int4pack_for_cpu`'s tiling argument (its CPU layout ignores it)
+N_MULTIPLE = 16  # the packing takes a multiple of 16 output rows
+
+
+def _f16(x: torch.Tensor) -> torch.Tensor:
+    """float32 rounded through float16, as the GGUF stores a block's d and m."""
+    return x.half().float()
+
+
+def four_bit_groups(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """w float32 [N, K] (K a multiple of GROUP) -> (codes int32 [N, K] in 0..15, scale [N, K / GROUP], zero [N, K /
+    GROUP]) with w = (codes - 8) scale + zero exactly as the loader computed it, or None where some group is neither a
+    Q4_1 group (scale d = (max - min) / 15 as float16, min m: a Q4_1 block holds its minimum at code 0 and its maximum
+    at 15) nor a Q4_0 one (d = -e / 8 for the group's largest magnitude e, which Q4_0 puts at code 0)."""
+    N, K = w.shape
+    g = w.float().reshape(N, K // GROUP, GROUP)
+    lo, hi = g.amin(-1, keepdim=True), g.amax(-1, keepdim=True)
+    # Q4_1: w = d q + m (the loader's float32 product and sum)
+    d1 = _f16((hi - lo) / 15)
+    q1 = torch.where(d1 > 0, (g - lo) / d1.clamp(min=1e-30), torch.zeros_like(g)).round().clamp(0, 15)
+    ok1 = ((d1 * q1 + lo) == g).all(-1, keepdim=True)
+    # Q4_0: w = d (q - 8), the largest magnitude at q = 0
+    e = torch.where(-lo > hi, lo, hi)
+    d0 = _f16(-e / 8)
+    q0 = torch.where(d0 != 0, g / torch.where(d0 != 0, d0, 1.0) + 8, torch.full_like(g, 8.0)).round().clamp(0, 15)
+    ok0 = ((d0 * (q0 - 8)) == g).all(-1, keepdim=True)
+    if not bool((ok1 | ok0).all()):
+        return None
+    codes = torch.where(ok1, q1, q0)
+    scale = torch.where(ok1, d1, d0)
+    zero = torch.where(ok1, lo + 8 * d1, torch.zeros_like(d0))  # (q - 8) d + (m + 8 d) = d q + m
+    return codes.reshape(N, K).to(torch.int32), scale[..., 0], zero[..., 0]
+
+
+def eight_bit_groups(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """w float32 [N, K] -> (q int32 [N, K] in -128..127, d [N, K / GROUP]) with w = d q exactly, where every group is
+    a Q8_0 block (d = amax / 127 as float16: llama.cpp puts the largest magnitude at +-127), else None."""
+    N, K = w.shape
+    g = w.float().reshape(N, K // GROUP, GROUP)
+    d = _f16(g.abs().amax(-1, keepdim=True) / 127)
+    q = torch.where(d > 0, g / d.clamp(min=1e-30), torch.zeros_like(g)).round().clamp(-128, 127)
+    if not bool((d * q == g).all()):
+        return None
+    return q.reshape(N, K).to(torch.int32), d[..., 0]
+
+
+class _Term:
+    """One packed 4-bit product: codes packed for the kernel and [K / GROUP, N', 2] bf16 (scale, zero), N' = N
+    rounded up to a multiple of N_MULTIPLE (the kernel's requirement: the padding rows have scale and zero 0, and
+    their outputs are dropped)."""
+
+    def __init__(self, codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> None:
+        self.n = codes.shape[0]
+        pad = -self.n % N_MULTIPLE
+        if pad:
+            codes = torch.cat([codes, codes.new_zeros(pad, codes.shape[1])])
+            scale, zero = (torch.cat([t, t.new_zeros(pad, t.shape[1])]) for t in (scale, zero))
+        self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.contiguous(), _INNER_K_TILES)
+        self.scale_zero = torch.stack([scale.t(), zero.t()], dim=-1).contiguous().to(torch.bfloat16)
+
+    def __call__(self, x2: torch.Tensor) -> torch.Tensor:
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2, self.packed, GROUP, self.scale_zero)
+        return y if y.shape[1] == self.n else y[:, : self.n].contiguous()
+
+
+class Int4Linear(nn.Module):
+    """nn.Linear's function over 4-bit groups (module docstring). `weight`: the module's original weight Parameter
+    where callers need it (a tied head's embedding: `get_embed_and_head`), else None; the products never read it."""
+
+    def __init__(self, terms: list[_Term], out_features: int, in_features: int, bias: torch.Tensor | None,
+                 weight: nn.Parameter | None = None) -> None:
+        super().__init__()
+        self.terms = terms
+        self.in_features, self.out_features = in_features, out_features
+        self.bias = None if bias is None else nn.Parameter(bias.detach().to(torch.bfloat16), requires_grad=False)
+        self.weight = weight
+
+    @classmethod
+    def from_weight(cls, w: torch.Tensor, bias: torch.Tensor | None = None, keep: nn.Parameter | None = None
+                    ) -> "Int4Linear | None":
+        """The layer for float32 weights `w` [N, K] of 4-bit or Q8_0 groups, or None (module docstring). `keep`: the
+        Parameter to expose as `weight` (a tied head's embedding)."""
+        N, K = w.shape
+        if K % GROUP:
+            return None
+        four = four_bit_groups(w)
+        if four is not None:
+            return cls([_Term(*four)], N, K, bias, keep)
+        eight = eight_bit_groups(w)
+        if eight is None:
+            return None
+        q, d = eight
+        hi, lo = torch.div(q, 16, rounding_mode="floor"), q % 16  # q = 16 hi + lo
+        # hi: ((hi + 8) - 8) 16 d; lo: (lo - 8) d + 8 d
+        terms = [_Term(hi + 8, 16 * d, torch.zeros_like(d)), _Term(lo, d, 8 * d)]
+        return cls(terms, N, K, bias, keep)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x2 = x.reshape(-1, self.in_features).to(torch.bfloat16).contiguous()
+        if len(self.terms) == 1:
+            y = self.terms[0](x2)
+        else:  # Q8_0: the two products' sum in float32 (each row's bits whatever the rows beside it)
+            y = self.terms[0](x2).float() + self.terms[1](x2).float()
+        if self.bias is not None:
+            y = y + self.bias
+        return y.view(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        kind = "4-bit" if len(self.terms) == 1 else "8-bit as two 4-bit products"
+        return f"in_features={self.in_features}, out_features={self.out_features}, {kind}, group={GROUP}"

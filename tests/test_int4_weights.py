@@ -1,0 +1,185 @@
+"""The 4-bit CPU path (`EngineConfig.cpu_weights = "q4"`, engine/int4_weights.py): GGUF 4-bit and Q8_0 groups
+recovered exactly from the loader's float32 weights (layers/int4_linear.py), each product and the row-wise attention
+(layers/row_attention.py) row-count invariant on this machine, and so greedy speculation equal to plain greedy
+decoding token for token in bf16, on a tiny Llama and on the real SmolLM2; what the path cannot run is named."""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from tiny import assert_speculation_equals_plain, tiny_drafter, tiny_llama
+
+from eaglespec.config import EngineConfig, SpecConfig
+from eaglespec.engine.int4_weights import use_int4_weights
+from eaglespec.engine.transforms import prepare_for_inference
+from eaglespec.errors import ConfigError
+from eaglespec.layers.context import ForwardContext
+from eaglespec.layers.int4_linear import Int4Linear, four_bit_groups
+from eaglespec.layers.row_attention import attend_rows
+from eaglespec.loading.gguf_quants import dequantize
+from eaglespec.sampling_params import SamplingParams
+
+Q = gguf.GGMLQuantizationType
+CPU = torch.device("cpu")
+
+
+def as_stored(w: torch.Tensor, qtype: Q) -> torch.Tensor:
+    """w as a GGUF of `qtype` holds it, dequantized by the engine's loader (float32, w's shape)."""
+    data = gguf.quants.quantize(w.detach().float().numpy(), qtype)
+    return dequantize(np.ascontiguousarray(data), qtype).reshape(w.shape)
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1, Q.Q8_0], ids=lambda q: q.name)
+def test_groups_are_recovered_exactly_and_multiply_as_the_weights(qtype):
+    g = torch.Generator().manual_seed(0)
+    w = as_stored(torch.randn(40, 96, generator=g) * 0.05, qtype)  # 40 rows: padded to 48 for the kernel
+    lin = Int4Linear.from_weight(w)
+    assert lin is not None and len(lin.terms) == (2 if qtype == Q.Q8_0 else 1)
+    if qtype != Q.Q8_0:
+        codes, scale, zero = four_bit_groups(w)
+        assert codes.min() >= 0 and codes.max() <= 15
+        deq = ((codes.float() - 8).view(40, 3, 32) * scale[..., None] + zero[..., None]).view(40, 96)
+        assert torch.equal(deq, w) or torch.allclose(deq, w, rtol=0, atol=1e-6)  # Q4_1: (q - 8) d + (m + 8 d)
+    x = torch.randn(5, 96, generator=g)
+    y = lin(x.to(torch.bfloat16)).float()
+    ref = x.to(torch.bfloat16).float() @ w.t()
+    assert y.shape == (5, 40)
+    assert (y - ref).abs().max() <= 0.02 * ref.abs().max()  # bf16 activations, bf16 scale and zero
+
+
+def test_weights_of_other_types_are_not_taken():
+    g = torch.Generator().manual_seed(1)
+    assert Int4Linear.from_weight(torch.randn(32, 64, generator=g)) is None  # float weights
+    assert Int4Linear.from_weight(as_stored(torch.randn(32, 256, generator=g), Q.Q5_0)) is None  # 5-bit groups
+    assert Int4Linear.from_weight(torch.zeros(32, 48)) is None  # K not a multiple of the group
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_1, Q.Q8_0], ids=lambda q: q.name)
+def test_products_are_row_count_invariant(qtype):
+    """Each row of an M-row product has the bits of that row multiplied alone (what makes a verify of D tokens
+    give a one-token step's logits)."""
+    g = torch.Generator().manual_seed(2)
+    lin = Int4Linear.from_weight(as_stored(torch.randn(192, 128, generator=g) * 0.05, qtype))
+    x = torch.randn(8, 128, generator=g).to(torch.bfloat16)
+    alone = [lin(x[i : i + 1]) for i in range(8)]
+    for m in (2, 3, 4, 6, 8):
+        y = lin(x[:m])
+        assert all(torch.equal(y[i : i + 1], alone[i]) for i in range(m)), m
+
+
+def test_row_attention_is_the_same_bits_in_any_forward_and_is_attention():
+    """A verify's query rows (a chain: a prefix of the cache each; a tree node: the prefix and its ancestors, not
+    adjacent in the cache) give the bits they give alone, and agree with SDPA over the same keys."""
+    g = torch.Generator().manual_seed(3)
+    B, S, H, Hkv, D, L = 2, 40, 4, 2, 16, 20
+    k = torch.randn(B, S, Hkv, D, generator=g).to(torch.bfloat16)
+    v = torch.randn(B, S, Hkv, D, generator=g).to(torch.bfloat16)
+    q = torch.randn(B, 4, H, D, generator=g).to(torch.bfloat16)
+    # nodes at L..L+3: row 0 a chain (node t sees 0..L+t), row 1 a tree (nodes 1 and 2 children of 0, 3 of 2)
+    parents = [[-1, 0, 1, 2], [-1, 0, 0, 2]]
+    mask = torch.zeros(B, 4, S, dtype=torch.bool)
+    for b in range(B):
+        for t in range(4):
+            mask[b, t, :L] = True
+            n = t
+            while n >= 0:
+                mask[b, t, L + n] = True
+                n = parents[b][n]
+    pos = torch.arange(L, L + 4).expand(B, 4)
+    ctx = ForwardContext(positions=pos, write_index=pos, attn_mask=mask)
+    out = attend_rows(q, ctx, (k, v))
+    for b in range(B):
+        for t in range(4):
+            one = ForwardContext(positions=pos[b : b + 1, t : t + 1], write_index=pos[b : b + 1, t : t + 1],
+                                 attn_mask=mask[b : b + 1, t : t + 1], rows=torch.tensor([b]))
+            assert torch.equal(attend_rows(q[b : b + 1, t : t + 1], one, (k, v))[0, 0], out[b, t]), (b, t)
+    kk, vv = k.float().repeat_interleave(2, 2), v.float().repeat_interleave(2, 2)
+    ref = torch.nn.functional.scaled_dot_product_attention(q.float().transpose(1, 2), kk.transpose(1, 2),
+                                                           vv.transpose(1, 2), attn_mask=mask[:, None])
+    assert torch.allclose(out.float(), ref.transpose(1, 2), atol=1e-2)
+    assert not torch.equal(out[1, 1], out[0, 1])  # (the tree's node 1 sees other keys than the chain's)
+
+
+def stored_llama(tie: bool) -> torch.nn.Module:
+    """A tiny float32 Llama whose projections hold Q4_1 groups (a tied embedding and head Q8_0, else the head
+    Q4_0), as a GGUF of them loads."""
+    target = tiny_llama(seed=0, tie=tie)
+    with torch.no_grad():
+        for name, p in target.named_parameters():
+            if p.dim() == 2:
+                kind = Q.Q8_0 if "embed" in name else Q.Q4_0 if "lm_head" in name else Q.Q4_1
+                p.copy_(as_stored(p, kind))
+    return target
+
+
+@pytest.mark.parametrize("tie", [True, False], ids=["tied", "untied"])
+def test_greedy_speculation_equals_plain_on_the_4bit_path(tie):
+    """Chains and trees, one and three rows, bf16: every token plain decoding's (the engine's central invariant)."""
+    target = stored_llama(tie)
+    prepare_for_inference(target, CPU, None, None, int4=True)
+    assert isinstance(target.lm_head, Int4Linear) and target.model.embed_tokens.weight.dtype == torch.bfloat16
+    assert all(m.row_invariant for m in target.modules() if hasattr(m, "row_invariant"))
+    drafter = prepare_for_inference(tiny_drafter(target, seed=1).to(torch.bfloat16), CPU, None, None)
+    params = SamplingParams(max_new_tokens=40, ignore_eos=True)
+    prompts = [[5, 17, 3, 9], [11, 2, 40, 7, 7, 1, 30], [60, 3, 44]]
+    specs = [SpecConfig(3, 1, 4), SpecConfig(3, 2, 6), SpecConfig(4, 4, 12)]
+    for batch in ([prompts[0]], prompts):
+        plain = assert_speculation_equals_plain(target, drafter, batch, params, specs)
+        assert all(len(set(p)) > 5 for p in plain)  # not a degenerate loop
+
+
+def test_smollm2_speculates_losslessly_on_its_4bit_weights():
+    """The embedded SmolLM2 (Q4_1 projections, Q8_0 tied embedding) with its shipped drafter: the answers of a chain
+    and of a tree equal its plain answers in the same engine."""
+    from eaglespec import api
+    from eaglespec.assets import default_drafter_path
+    from eaglespec.engine.engine import Engine
+
+    cfg = EngineConfig(max_batch_size=2, cpu_weights="q4")
+    spec = api.load(draft=str(default_drafter_path()), spec=SpecConfig(2, 1, 3), config=cfg)
+    target = spec.runner.target
+    assert spec.dtype == torch.bfloat16 and len(target.lm_head.terms) == 2  # the head: Q8_0 as two products
+    assert target.lm_head.weight is target.model.embed_tokens.weight  # get_embed_and_head: still tied
+    prompts = ["What is the capital of France? Answer in one sentence.", "Write a haiku about the sea."]
+    params = SamplingParams(max_new_tokens=32)
+    plain = [o.token_ids for o in Engine(target, spec.tokenizer, cfg).generate(prompts, params)]
+    assert [o.token_ids for o in spec.generate(prompts, params)] == plain and spec.stats.verify_steps > 0
+    tree = Engine(target, spec.tokenizer, cfg, drafter=spec.runner.drafter, spec=SpecConfig(2, 2, 4))
+    assert [o.token_ids for o in tree.generate(prompts, params)] == plain
+    assert "Paris" in spec.tokenizer.decode(plain[0])
+
+
+def test_what_the_4bit_path_cannot_run_is_named():
+    with pytest.raises(ConfigError, match="must be dense or q4"):
+        EngineConfig(cpu_weights="q8")
+    with pytest.raises(ConfigError, match="computes in bfloat16.*not with --dtype float32"):
+        EngineConfig(cpu_weights="q4", dtype="float32")
+    with pytest.raises(ConfigError, match="runs eager: compiled elementwise chains are not row-invariant"):
+        EngineConfig(cpu_weights="q4", compile=True)
+    with pytest.raises(ConfigError, match="runs on the CPU; not with --device cuda"):
+        EngineConfig(cpu_weights="q4", device="cuda")
+    plain = tiny_llama(seed=0)  # float weights, not 4-bit groups: named, and nothing changed
+    with pytest.raises(ConfigError, match=r"needs 4-bit \(Q4_0 / Q4_1\) or Q8_0 weights; lm_head \[97 x 64\] is "
+                                          r"neither"):
+        use_int4_weights(plain)
+    assert type(plain.model.layers[0].self_attn.q_proj) is torch.nn.Linear
+    assert not plain.model.layers[0].self_attn.row_invariant
+    with pytest.raises(ConfigError, match="load in float32"):
+        use_int4_weights(stored_llama(True).to(torch.bfloat16))
+
+
+def test_a_model_without_grouped_query_attention_is_refused():
+    from test_deepseek_v3 import CASES
+    from transformers import DeepseekV3Config
+
+    from eaglespec.config import ModelConfig
+    from eaglespec.models import get_model_class
+
+    d = DeepseekV3Config(**next(iter(CASES.values()))).to_dict()
+    d["architectures"] = ["DeepseekV3ForCausalLM"]
+    cfg = ModelConfig.from_hf(d)
+    with pytest.raises(ConfigError, match="runs grouped-query attention only; DeepseekV3ForCausalLM's "
+                                          "model.layers.0.self_attn is MLAttention"):
+        use_int4_weights(get_model_class(cfg.architecture)(cfg))
