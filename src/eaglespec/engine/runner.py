@@ -156,7 +156,8 @@ class ModelRunner(PrefillStep, SpecStep, GrammarStep):
         rows += spare
         self.rows, self.max_len = rows, max_len
         self.cache_len = max_len + self.headroom()
-        self.kv = KVCache(cfg.num_hidden_layers, self.target.kv_cache_shapes(), rows, self.cache_len, self.dtype, dev)
+        self.kv = KVCache(cfg.num_hidden_layers, self.target.kv_cache_shapes(), rows, self.cache_len, self.kv_dtype,
+                          dev)
         self.seq_len = torch.zeros(rows, dtype=torch.int64, device=dev)
         self.last_token = torch.zeros(rows, dtype=torch.int64, device=dev)
         self.active = torch.zeros(rows, dtype=torch.bool, device=dev)
@@ -176,6 +177,12 @@ class ModelRunner(PrefillStep, SpecStep, GrammarStep):
         if self.graphs is not None:
             self.graphs.reset()
 
+    @property
+    def kv_dtype(self) -> torch.dtype:
+        """The target's KV cache dtype: the engine's, unless the target asks for another (`kv_dtype`: the 4-bit CPU
+        path keeps float32 keys and values, which its float32 row-wise attention reads without a conversion)."""
+        return getattr(self.target, "kv_dtype", None) or self.dtype
+
     def _check_room(self, rows: int, cache_len: int) -> None:
         """Raise `DeviceMemoryError` when the target's and drafter's caches for `rows` rows of `cache_len` positions
         exceed what the device can still give (`device_memory.room`; the caches being replaced stay allocated while
@@ -185,7 +192,7 @@ class ModelRunner(PrefillStep, SpecStep, GrammarStep):
         if free is None:
             return
         need = KVCache.bytes_for(self.target.config.num_hidden_layers, self.target.kv_cache_shapes(), rows, cache_len,
-                                 self.dtype)
+                                 self.kv_dtype)
         if self.spec is not None:
             need += KVCache.bytes_for(getattr(self.drafter, "num_layers", 1), self.drafter.kv_cache_shapes(), rows,
                                       cache_len, self.dtype)

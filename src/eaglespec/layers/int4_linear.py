@@ -47,6 +47,8 @@ def four_bit_groups(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.
     d1 = _f16((hi - lo) / 15)
     q1 = torch.where(d1 > 0, (g - lo) / d1.clamp(min=1e-30), torch.zeros_like(g)).round().clamp(0, 15)
     ok1 = ((d1 * q1 + lo) == g).all(-1, keepdim=True)
+    if bool(ok1.all()):  # every group Q4_1's (the usual case: one type a tensor)
+        return q1.reshape(N, K).to(torch.int32), d1[..., 0], (lo + 8 * d1)[..., 0]
     # Q4_0: w = d (q - 8), the largest magnitude at q = 0
     e = torch.where(-lo > hi, lo, hi)
     d0 = _f16(-e / 8)
