@@ -5,10 +5,10 @@ multiplied as they are stored, bf16 activations, and speculation still lossless 
 float32): every nn.Linear of the target becomes an `Int4Linear` (layers/int4_linear.py: Q4_0 / Q4_1 groups, Q8_0 as
 two 4-bit products), every attention layer computes decode and verify steps row by row (`GQAAttention.row_invariant`,
 layers/row_attention.py), and the other parameters (embedding, norms) are cast to bf16 (buffers such as RoPE's
-frequencies stay float32, as a bf16 load keeps them); the KV cache holds float32 (`model.kv_dtype`). What it cannot run it names in a ConfigError before changing
-anything: a weight that is not 4- or 8-bit groups (an F16 / K-quant GGUF, a safetensors checkpoint), an attention
-other than grouped-query attention (MLA, linear attention), a module it does not know to be row-invariant (MoE
-experts, vision towers).
+frequencies stay float32, as a bf16 load keeps them); the KV cache holds float32 (`model.kv_dtype`). What it cannot
+run it names in a ConfigError before changing anything: a weight that is not 4- or 8-bit groups (an F16 / K-quant
+GGUF, a safetensors checkpoint), an attention other than grouped-query attention (MLA, linear attention), a module it
+does not know to be row-invariant (MoE experts, vision towers).
 
 Why lossless: a speculative engine commits the tokens plain decoding would where every token's logits have the same
 bits in a verify of D tokens as in a one-token step. On this path each part of the step is row-invariant: the 4-bit
