@@ -120,10 +120,8 @@ def load(
     theirs), and on the CPU times no other."""
     if only is not None:
         temperature = only.temperature
-    device = resolve_device(config.device)
     int4 = config.cpu_weights == "q4"
-    if int4 and device.type != "cpu":
-        raise ConfigError(f"--cpu-weights q4 runs on the CPU; the device here is {device.type}")
+    device = resolve_device("cpu" if int4 else config.device)  # (EngineConfig refuses q4 with another device)
     dtype_name = config.dtype if config.dtype != "auto" else ("bfloat16" if device.type == "cuda" else "float32")
     # the 4-bit path reads the weights as the loader dequantizes them (float32), then computes in bf16
     loaded = load_model(model, device=device, dtype="float32" if int4 else dtype_name)

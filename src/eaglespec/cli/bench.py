@@ -114,7 +114,7 @@ def prepare(args: argparse.Namespace) -> Prepared:
                             top_k=args.top_k, ignore_eos=args.ignore_eos or args.random_weights is not None,
                             **adjustments(args), structured=structured)
     engine = engine_config(args)
-    device, dtype = resolve_placement(args.device, args.dtype)
+    device, dtype = resolve_placement(engine.device, args.dtype)
     bw = copy_bandwidth(device)
     if bw:
         stderr_log(f"device copy bandwidth {bw / 1e9:.0f} GB/s")

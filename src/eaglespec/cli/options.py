@@ -160,8 +160,13 @@ def spec_config(args: argparse.Namespace) -> SpecConfig | SpecSchedule | None:
     return SpecConfig(steps=steps, topk=topk, draft_tokens=tokens)
 
 
+def device_arg(args: argparse.Namespace) -> str:
+    """`--device`, where `auto` with `--cpu-weights q4` (a CPU path) means the CPU."""
+    return "cpu" if args.cpu_weights == "q4" and args.device == "auto" else args.device
+
+
 def engine_config(args: argparse.Namespace, **kw) -> EngineConfig:
-    return EngineConfig(device=args.device, dtype=args.dtype, seed=args.seed, aux_convention=args.aux_convention,
+    return EngineConfig(device=device_arg(args), dtype=args.dtype, seed=args.seed, aux_convention=args.aux_convention,
                         cuda_graphs=args.cuda_graphs, fuse_projections=args.fuse, compile=args.compile,
                         cpu_weights=args.cpu_weights,
                         overlap=args.overlap, spec_max_rows=args.spec_max_rows,

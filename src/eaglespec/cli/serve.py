@@ -26,7 +26,7 @@ from ..engine.engine import SERVE_LEN
 from ..engine.gc_heap import freeze_heap
 from ..errors import ConfigError
 from ..loading.checkpoint import resolve_device
-from .options import add_model_options, draft_arg, engine_config, engine_summary, spec_config
+from .options import add_model_options, device_arg, draft_arg, engine_config, engine_summary, spec_config
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 CPU_ROWS = 4  # the CPU's default rows (module docstring)
@@ -94,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
     EngineWorker.check_options(args.stream_interval, args.log_stats_interval)
     if args.default_temperature < 0:
         raise ConfigError(f"--default-temperature must be >= 0 (got {args.default_temperature})")
-    device = resolve_device(args.device)
+    device = resolve_device(device_arg(args))
     config = engine_config(args, max_batch_size=args.max_batch_size or (32 if device.type == "cuda" else CPU_ROWS),
                            max_seq_len=args.max_seq_len, max_logprobs=args.max_logprobs)
     if device.type == "cpu" and args.spec_max_rows is None:
