@@ -11,8 +11,8 @@ G=/root/m/SmolLM2-135M-Instruct.Q4_1.gguf
 D=src/eaglespec/assets/smollm2-135m-eagle3
 ARGS="bench --model $G --draft $D --max-new-tokens 256 --prompts mt-bench --no-spec --spec auto \
   --batch-sizes ${ROWS:-16,32} --batching continuous"
-old() {   # the bench under session 65's schedule
-  python3 - "$@" <<'PY'
+OLD=$(mktemp --suffix=.py)   # the bench under session 65's schedule (a file: `timeout` runs commands, not functions)
+cat > "$OLD" <<'PY'
 import runpy, sys
 from eaglespec import assets
 a = assets
@@ -21,11 +21,10 @@ print("with the old schedule:", a._DEFAULT_SPEC["cuda"], flush=True)
 sys.argv = ["eaglespec"] + sys.argv[1:]
 runpy.run_module("eaglespec", run_name="__main__", alter_sys=True)
 PY
-}
 for r in ${RUNS:-new1 old1 new2 old2}; do
   case $r in
     new*) timeout 250 python3 -m eaglespec $ARGS --out "$OUT/$r" > "$OUT/$r.log" 2>&1 ;;
-    old*) timeout 250 old $ARGS --out "$OUT/$r" > "$OUT/$r.log" 2>&1 ;;
+    old*) timeout 250 python3 "$OLD" $ARGS --out "$OUT/$r" > "$OUT/$r.log" 2>&1 ;;
   esac
   echo "$r rc=$?"; grep -E "^\| (no-spec|draft|auto)|Error|schedule" "$OUT/$r.log" | head -12
 done

@@ -186,18 +186,24 @@ def test_a_model_without_grouped_query_attention_is_refused():
 
 
 def test_generate_and_bench_on_the_4bit_path(tmp_path, capsys, monkeypatch):
-    """`eaglespec generate --cpu-weights q4`: the embedded model with its shipped drafter in `auto`'s timed shape,
-    bf16; `bench --cpu-weights q4` runs the same path and finds speculation's answers plain decoding's."""
+    """`eaglespec generate --cpu-weights q4`: the embedded model in bf16, decoding plainly by default (measured
+    faster there, and said so), speculating with an explicit shape to the same answer; `bench --cpu-weights q4` runs
+    the same path and finds speculation's answers plain decoding's."""
     import json
 
     from test_cli import cpu_forward_cost, run_cli
 
-    cpu_forward_cost(monkeypatch, 1.0)
+    from eaglespec.assets import INT4_PLAIN_NOTE
+
+    asked = cpu_forward_cost(monkeypatch, 1.0)  # (a CPU where few-token forwards cost nothing: still plain)
     stats = tmp_path / "stats.json"
-    code, out, err = run_cli(["generate", "What is the capital of France?", "--max-new-tokens", "12",
-                              "--cpu-weights", "q4", "--stats-json", str(stats)], capsys)
+    prompt = ["What is the capital of France?", "--max-new-tokens", "12", "--cpu-weights", "q4"]
+    code, out, err = run_cli(["generate", *prompt, "--stats-json", str(stats)], capsys)
     s = json.loads(stats.read_text())
-    assert code == 0 and "Paris" in out and s["dtype"] == "bfloat16" and s["speculative"]
+    assert code == 0 and "Paris" in out and s["dtype"] == "bfloat16" and not s["speculative"] and not asked
+    assert f"no speculation: the shipped drafter is slower than plain decoding on cpu ({INT4_PLAIN_NOTE};" in err
+    code, spec, err = run_cli(["generate", *prompt, "--spec", "2,1,3", "--stats-json", str(stats)], capsys)
+    assert code == 0 and spec == out and json.loads(stats.read_text())["speculative"]
     code, _, err = run_cli(["generate", "Hi", "--cpu-weights", "q4", "--dtype", "float32"], capsys)
     assert code != 0 and "--cpu-weights q4 computes in bfloat16" in err
     code, _, err = run_cli(["generate", "Hi", "--cpu-weights", "q4", "--device", "cuda"], capsys)

@@ -170,12 +170,15 @@ def test_the_cuda_kernel_packs_the_same_rows(N, V, k):
     got = logprobs_kernel.packed_rows(logits, tokens, k)
     want = token_logprobs(logits, tokens, k)  # the CPU: PyTorch's path
     assert got.shape == want.shape == (N, 1 + 2 * k)
-    torch.testing.assert_close(got[:, :1], want[:, :1], atol=1e-5, rtol=0)  # the chosen token's
-    torch.testing.assert_close(got[:, 1::2], want[:, 1::2], atol=1e-5, rtol=0)  # the k best values
+    # the row's float32 sum of V exponentials in another order (chunks against PyTorch's vectorized reduction, whose
+    # order differs by CPU): ~sqrt(V) eps apart in the log, 1.1e-5 seen at V = 49,152 on an AVX2 CPU
+    atol = 3e-5
+    torch.testing.assert_close(got[:, :1], want[:, :1], atol=atol, rtol=0)  # the chosen token's
+    torch.testing.assert_close(got[:, 1::2], want[:, 1::2], atol=atol, rtol=0)  # the k best values
     ref = logits.float().log_softmax(-1)
     for r in range(N):  # ids: bf16 rows have ties, so each id must carry its value (a tie's order may differ)
         ids = got[r, 2::2].long()
-        torch.testing.assert_close(ref[r, ids], got[r, 1::2], atol=1e-5, rtol=0)
+        torch.testing.assert_close(ref[r, ids], got[r, 1::2], atol=atol, rtol=0)
         assert len(set(ids.tolist())) == k
 
 

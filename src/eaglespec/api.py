@@ -37,7 +37,7 @@ from .engine.engine import Engine
 from .engine.transforms import prepare_for_inference
 from .errors import ConfigError
 from .loading.checkpoint import load_model, resolve_device, resolve_dtype
-from .assets import (PENALIZED_NOTE, cpu_choice, cpu_sizes, default_drafter_path, default_spec, hot_sampling,
+from .assets import (INT4_PLAIN_NOTE, PENALIZED_NOTE, cpu_choice, cpu_sizes, default_drafter_path, default_spec, hot_sampling,
                      is_default_drafter, mode_entries, penalized_entries, schedule_of, slower_note)
 from .loading.default import is_default_model
 from .sampling_params import SamplingParams
@@ -75,7 +75,10 @@ def auto_spec(target: torch.nn.Module, device_type: str, max_batch_size: int = 1
     `only`: the steps of requests with these parameters alone (a bench run's, all alike; the engine built for their
     temperature): the other modes are neither timed nor scheduled, and (None, why) where such steps decode plainly.
     `load` and `eaglespec bench --spec auto` both take it. `speculate` (the shipped drafter named by the user): on the
-    CPU each mode takes its best timed shape where the policy would decode plainly (`assets.cpu_choice`)."""
+    CPU each mode takes its best timed shape where the policy would decode plainly (`assets.cpu_choice`). A target on
+    the 4-bit CPU path decodes plainly (`assets.INT4_PLAIN_NOTE`), unless `speculate`."""
+    if getattr(target, "int4_weights", False) and not speculate:  # the 4-bit CPU path: measured plain (assets)
+        return None, INT4_PLAIN_NOTE
     greedy, sampled = mode_entries(device_type, spec_rows(max_batch_size, spec_max_rows),
                                    next(target.parameters()).dtype)
     penalized = penalized_entries(device_type)

@@ -173,6 +173,14 @@ DEFAULT_DRAFTER = ASSETS / "smollm2-135m-eagle3"
 # reaches CPU_MIN_GREEDY_SPEEDUP (a margin for the model's ~5-8% error: S2 K2 D4 speculates up to a 4-token ratio of
 # ~1.56, where the old limit was 1.5), else the engine decodes plainly and says why.
 CPU_ONE_STEP_FIRST_TEMPERATURE = 1.0
+# The 4-bit CPU path (`--cpu-weights q4`, engine/int4_weights.py; session 69, MT-bench 1-4 / 1-6, 48 / 64 tokens,
+# two cores): its one-token step costs about half float32's while a few-token verify (the 4-bit kernel is
+# compute-bound past one row) and the bf16 drafter do not shrink alike: on an Intel Xeon with AMX (torch 2.11)
+# speculation ran 0.85x / 0.87x / 0.69x (S1 K1 D2 / S2 K1 D3 / S3 K2 D6) of its plain 42.6 tok/s, on an AVX2 AMD EPYC
+# 1.03-1.18x of its plain 16.6-18.1. So `auto` decodes plainly there (an explicit shape, or the shipped drafter named
+# by path, still speculates, losslessly).
+INT4_PLAIN_NOTE = ("on the 4-bit CPU path speculation measured 0.69-0.87x plain decoding on an Intel Xeon and "
+                   "1.03-1.18x on an AVX2 EPYC")
 CPU_MAX_VERIFY_COST = 1.5
 CPU_MAX_VERIFY_COST_SAMPLED = 1.2
 # a greedy speculative step's cost beyond its verify forward, in one-token forwards: CPU_STEP_OVERHEAD +

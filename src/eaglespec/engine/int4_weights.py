@@ -28,14 +28,15 @@ from ..errors import ConfigError
 from ..layers.attention import GQAAttention
 from ..layers.int4_linear import Int4Linear
 
-# module types the row-invariance argument above covers besides nn.Linear and GQAAttention (looked up by class name:
-# the models' own norms, MLPs and containers); anything else with parameters is refused
 _CONTAINERS = (nn.ModuleList, nn.ModuleDict, nn.Sequential)
+_ATTENTION_NAMES = ("self_attn", "attn", "attention", "self_attention")  # a decoder layer's attention, as models name it
 
 
 def _known(m: nn.Module) -> bool:
-    """Whether `m` is a module whose own parameters this path runs: norms and embeddings (per-row), the decoder's
-    containers, MLPs and layers (their parameters are their children's)."""
+    """Whether `m` is a module the row-invariance argument (module docstring) covers: nn.Linear, grouped-query
+    attention, norms and embeddings (per-row), the decoder's containers, MLPs and layers (their work is their
+    children's, or elementwise), looked up by the models' class names; anything else (MoE blocks, routers, vision
+    towers, a multimodal wrapper) is refused, parameters or not."""
     name = type(m).__name__
     return (isinstance(m, (nn.Embedding, nn.Linear, GQAAttention, Int4Linear) + _CONTAINERS)
             or name.endswith(("Norm", "MLP", "DecoderLayer", "Model", "ForCausalLM", "Embedding", "Rotary",
@@ -46,7 +47,7 @@ def _check(model: nn.Module) -> None:
     """Raise a ConfigError naming what the 4-bit path cannot run (module docstring)."""
     arch = type(model).__name__
     for name, m in model.named_modules():
-        if "attn" in name.rsplit(".", 1)[-1] and not isinstance(m, GQAAttention):
+        if name.rsplit(".", 1)[-1] in _ATTENTION_NAMES and not isinstance(m, GQAAttention):
             raise ConfigError(f"--cpu-weights q4 runs grouped-query attention only; {arch}'s {name} is "
                               f"{type(m).__name__} (use --cpu-weights dense)")
         if not _known(m):
@@ -86,3 +87,4 @@ def use_int4_weights(model: nn.Module) -> None:
     # float32 keys and values (bf16's values, exactly): the row-wise attention computes in float32 and reads them
     # without a conversion a layer and query row (ModelRunner.kv_dtype)
     model.kv_dtype = torch.float32
+    model.int4_weights = True  # `draft="auto"` decodes plainly on this path (api.auto_spec, assets.INT4_PLAIN_NOTE)

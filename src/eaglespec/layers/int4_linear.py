@@ -37,9 +37,10 @@ def _f16(x: torch.Tensor) -> torch.Tensor:
 
 def four_bit_groups(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
     """w float32 [N, K] (K a multiple of GROUP) -> (codes int32 [N, K] in 0..15, scale [N, K / GROUP], zero [N, K /
-    GROUP]) with w = (codes - 8) scale + zero exactly as the loader computed it, or None where some group is neither a
-    Q4_1 group (scale d = (max - min) / 15 as float16, min m: a Q4_1 block holds its minimum at code 0 and its maximum
-    at 15) nor a Q4_0 one (d = -e / 8 for the group's largest magnitude e, which Q4_0 puts at code 0)."""
+    GROUP]) in the kernel's form w = (codes - 8) scale + zero, or None where some group is neither a Q4_1 group (w = d
+    q + m exactly as the loader computed it, d = (max - min) / 15 as float16, m the minimum: a Q4_1 block holds its
+    minimum at code 0 and its maximum at 15; zero = m + 8 d) nor a Q4_0 one (w = d (q - 8) exactly, d = -e / 8 for the
+    group's largest magnitude e, which Q4_0 puts at code 0 and no other element matches; zero = 0)."""
     N, K = w.shape
     g = w.float().reshape(N, K // GROUP, GROUP)
     lo, hi = g.amin(-1, keepdim=True), g.amax(-1, keepdim=True)
