@@ -168,6 +168,12 @@ def test_what_the_4bit_path_cannot_run_is_named():
     assert not plain.model.layers[0].self_attn.row_invariant
     with pytest.raises(ConfigError, match="load in float32"):
         use_int4_weights(stored_llama(True).to(torch.bfloat16))
+    from eaglespec.engine.engine import Engine
+
+    target = stored_llama(True)
+    use_int4_weights(target)  # a verify past the row-wise attention's 64 tokens would not be lossless: refused
+    with pytest.raises(ConfigError, match="verifies at most 64 draft tokens a step .* got --draft-tokens 65"):
+        Engine(target, None, drafter=tiny_drafter(target).to(torch.bfloat16), spec=SpecConfig(8, 10, 65))
 
 
 def test_a_model_without_grouped_query_attention_is_refused():

@@ -19,6 +19,9 @@ over those timings rates fastest, sampled ones the first of their chains whose f
 plainly where its mode's shapes do not pay (`assets.cpu_choice`; `auto_spec` makes that choice; the engine's
 `plain_note` then says why; the other mode's steps decode plainly, or take the sampled shapes, where theirs fail).
 `spec` may be a SpecConfig or a SpecSchedule.
+`EngineConfig(cpu_weights="q4")`: the 4-bit CPU path (engine/int4_weights.py: the target loaded in float32, its GGUF
+4-bit groups multiplied as stored, bf16 activations, lossless speculation), where `auto` decodes plainly
+(`assets.INT4_PLAIN_NOTE`).
 `draft=None` never speculates; a path loads that EAGLE-3 drafter checkpoint (the shipped drafter's folder, or a copy
 of it, without `spec`: the shapes `auto` takes, on the CPU timed, but speculating where `auto` would decode plainly).
 """

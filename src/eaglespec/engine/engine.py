@@ -66,6 +66,7 @@ from ..protocol import require_target
 from ..sampling_params import SamplingParams
 from ..spec.stats import SpecStats
 from .cuda_graphs import PREFILL_SPLIT_ROWS
+from .int4_weights import check_shapes
 from .request import GenerationOutput, Request  # GenerationOutput: Engine.generate's
 from .pending_step import PendingStep
 from .prompts import Prompt, encode_prompt
@@ -114,6 +115,7 @@ class Engine(OverlappedStep, PrefixReuse):
         self.spec = self.schedule.entries[0][1] if self.schedule is not None else None
         self.drafter = drafter
         if drafter is not None:
+            check_shapes(target, self.schedule.shapes)  # the 4-bit CPU path's widest lossless verify
             self._wire_drafter(drafter)
         self.runner = ModelRunner(target, drafter, self.schedule.shapes if self.schedule else None, self.device,
                                   self.dtype, seed=config.seed, cuda_graphs=config.cuda_graphs,

@@ -21,12 +21,16 @@ Why: a float32 one-token step of SmolLM2 reads ~540 MB of weights; this one ~75 
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 from torch import nn
 
+from ..config import SpecConfig
 from ..errors import ConfigError
 from ..layers.attention import GQAAttention
 from ..layers.int4_linear import Int4Linear
+from ..layers.row_attention import ROW_MAX_TOKENS
 
 _CONTAINERS = (nn.ModuleList, nn.ModuleDict, nn.Sequential)
 _ATTENTION_NAMES = ("self_attn", "attn", "attention", "self_attention")  # a decoder layer's attention, as models name it
@@ -53,6 +57,16 @@ def _check(model: nn.Module) -> None:
         if not _known(m):
             raise ConfigError(f"--cpu-weights q4 does not run {arch}'s {name or 'model'} ({type(m).__name__}); use "
                               "--cpu-weights dense")
+
+
+def check_shapes(target: nn.Module, shapes: Sequence[SpecConfig]) -> None:
+    """Raise a ConfigError where a target on this path would verify more tokens a row than the row-wise attention
+    takes (ROW_MAX_TOKENS: longer forwards keep SDPA, which is not row-invariant, so speculation would no longer be
+    lossless). Engine calls it with its speculative shapes."""
+    widest = max((s.draft_tokens for s in shapes), default=0)
+    if getattr(target, "int4_weights", False) and widest > ROW_MAX_TOKENS:
+        raise ConfigError(f"--cpu-weights q4 verifies at most {ROW_MAX_TOKENS} draft tokens a step (its row-wise "
+                          f"attention, what keeps speculation lossless there); got --draft-tokens {widest}")
 
 
 def use_int4_weights(model: nn.Module) -> None:
