@@ -40,8 +40,8 @@ from .engine.engine import Engine
 from .engine.transforms import prepare_for_inference
 from .errors import ConfigError
 from .loading.checkpoint import load_model, resolve_device, resolve_dtype
-from .assets import (INT4_PLAIN_NOTE, PENALIZED_NOTE, cpu_choice, cpu_sizes, default_drafter_path, default_spec, hot_sampling,
-                     is_default_drafter, mode_entries, penalized_entries, schedule_of, slower_note)
+from .assets import (INT4_PLAIN_NOTE, PENALIZED_NOTE, cpu_choice, cpu_sizes, default_drafter_path, default_spec,
+                     hot_sampling, is_default_drafter, mode_entries, penalized_entries, schedule_of, slower_note)
 from .loading.default import is_default_model
 from .sampling_params import SamplingParams
 from .engine.verify_cost import record_path, verify_cost_ratios

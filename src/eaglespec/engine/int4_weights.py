@@ -33,7 +33,8 @@ from ..layers.int4_linear import Int4Linear
 from ..layers.row_attention import ROW_MAX_TOKENS
 
 _CONTAINERS = (nn.ModuleList, nn.ModuleDict, nn.Sequential)
-_ATTENTION_NAMES = ("self_attn", "attn", "attention", "self_attention")  # a decoder layer's attention, as models name it
+# a decoder layer's attention, as models name it
+_ATTENTION_NAMES = ("self_attn", "attn", "attention", "self_attention")
 
 
 def _known(m: nn.Module) -> bool:
