@@ -15,9 +15,11 @@ rounding, not bit for bit.
 
 Why this kernel (docs/benchmarks.md, "Session 62" and "Session 69"): it is row-count invariant (each row of an M-row
 product has the bits of the same row multiplied alone, measured for SmolLM2's shapes at 1-8 rows on an AVX-512 EPYC
-and an AVX2 one; `tests/test_int4_weights.py` checks it on the machine that runs the tests), which is what makes a
-speculative verify of D tokens give plain decoding's tokens in bf16; and it costs about one row's time up to 3 rows
-(SmolLM2's 30 layers of projections on the AVX2 EPYC: 11.8 / 12.2 / 14.7 / 28.2 ms at 1 / 3 / 4 / 6 rows).
+and an AVX2 one, and end to end on an AMX Xeon; `tests/test_int4_weights.py` checks it on the machine that runs the
+tests), which is what makes a speculative verify of D tokens give plain decoding's tokens in bf16; and with cold
+weights it costs about one row's time up to 3 rows (SmolLM2's 30 layers of projections on the AVX2 EPYC: 11.8 / 12.2 /
+14.7 / 28.2 ms at 1 / 3 / 4 / 6 rows), though it is compute-bound past one row once the weights are cached (gate/up
+0.24 / 0.41 ms at 1 / 3 rows there).
 """
 
 from __future__ import annotations
