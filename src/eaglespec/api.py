@@ -136,15 +136,21 @@ def load(
     draft_path: Path | None
     plain_note = None  # why draft="auto" decodes plainly (measured slower here, or this machine's forwards timed)
     timing_s = 0.0  # seconds auto_spec spent timing this CPU's forwards
+
+    def timed_auto_spec(speculate: bool) -> tuple[tuple[SpecConfig | SpecSchedule | None, str | None], float]:
+        """`auto_spec` for this engine, and the seconds it spent timing this CPU's forwards (0 elsewhere: it times
+        nothing there)."""
+        t0 = time.perf_counter()
+        chosen = auto_spec(loaded.model, device.type, config.max_batch_size, temperature, config.spec_max_rows, only,
+                           speculate)
+        return chosen, time.perf_counter() - t0 if device.type == "cpu" else 0.0
+
     if draft == "auto":
         # the embedded model, however it was named (its GGUF anywhere: loading.default.is_default_model)
         embedded = model is None or is_default_model(model)
         draft_path = default_drafter_path() if embedded else None
         if draft_path is not None and spec is None:
-            t0 = time.perf_counter()
-            spec, plain_note = auto_spec(loaded.model, device.type, config.max_batch_size, temperature,
-                                         config.spec_max_rows, only)
-            timing_s = time.perf_counter() - t0 if device.type == "cpu" else 0.0  # (elsewhere it times nothing)
+            (spec, plain_note), timing_s = timed_auto_spec(speculate=False)
             if spec is None:
                 draft_path = None
     else:
@@ -154,10 +160,7 @@ def load(
             # for, it speculates where `auto` would decode plainly; where no shape was measured for this engine (or its
             # steps all run under count penalties), `default_spec`'s schedule or SpecConfig's default
             if device.type == "cpu":
-                t0 = time.perf_counter()
-                spec, _ = auto_spec(loaded.model, device.type, config.max_batch_size, temperature,
-                                    config.spec_max_rows, only, speculate=True)
-                timing_s = time.perf_counter() - t0
+                (spec, _), timing_s = timed_auto_spec(speculate=True)
             if spec is None:
                 spec = default_spec(device.type, spec_rows(config.max_batch_size, config.spec_max_rows), temperature,
                                     dtype)

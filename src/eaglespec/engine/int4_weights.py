@@ -44,8 +44,7 @@ def _known(m: nn.Module) -> bool:
     towers, a multimodal wrapper) is refused, parameters or not."""
     name = type(m).__name__
     return (isinstance(m, (nn.Embedding, nn.Linear, GQAAttention, Int4Linear) + _CONTAINERS)
-            or name.endswith(("Norm", "MLP", "DecoderLayer", "Model", "ForCausalLM", "Embedding", "Rotary",
-                              "RotaryEmbedding")))
+            or name.endswith(("Norm", "MLP", "DecoderLayer", "Model", "ForCausalLM", "Embedding", "Rotary")))
 
 
 def _check(model: nn.Module) -> None:

@@ -161,7 +161,8 @@ def verify_cost_ratios(model: torch.nn.Module, sizes: Iterable[int], repeats: in
     now = time.time()
     doc = _read(record) if record is not None else {}
     key = machine_key(model) if record is not None else ""
-    history = {n: _recorded(_kept(doc, key).get(str(n)), now) for n in sizes}
+    kept = _kept(doc, key)
+    history = {n: _recorded(kept.get(str(n)), now) for n in sizes}
     # a size kept fewer than `repeats` times: `repeats` rounds; fewer than RECORD_ROUNDS: one more; else none
     timed = _time_rounds(model, {n: repeats if len(h) < repeats else int(len(h) < RECORD_ROUNDS)
                                  for n, h in history.items()})
