@@ -16,6 +16,7 @@ from eaglespec.engine.int4_weights import use_int4_weights
 from eaglespec.engine.transforms import prepare_for_inference
 from eaglespec.errors import ConfigError
 from eaglespec.layers.context import ForwardContext
+from eaglespec.layers import int4_linear
 from eaglespec.layers.int4_linear import Int4Linear, four_bit_groups
 from eaglespec.layers.row_attention import attend_rows
 from eaglespec.loading.gguf_quants import dequantize
@@ -47,6 +48,23 @@ def test_groups_are_recovered_exactly_and_multiply_as_the_weights(qtype):
     ref = x.to(torch.bfloat16).float() @ w.t()
     assert y.shape == (5, 40)
     assert (y - ref).abs().max() <= 0.02 * ref.abs().max()  # bf16 activations, bf16 scale and zero
+
+
+def test_groups_are_recovered_across_chunks_of_rows(monkeypatch):
+    """The recovery runs a chunk of rows at a time: Q4_1 rows in one chunk and Q4_0 rows in the next give the codes
+    of the whole tensor, and a tensor whose later chunk holds other groups is refused, not half taken."""
+    monkeypatch.setattr(int4_linear, "_CHUNK_ELEMENTS", 96 * 8)  # 8 rows a chunk
+    g = torch.Generator().manual_seed(4)
+    w1, w0 = (as_stored(torch.randn(20, 96, generator=g) * 0.05, q) for q in (Q.Q4_1, Q.Q4_0))
+    w = torch.cat([w1, w0])  # chunks 0-1 Q4_1, chunk 2 both, chunks 3-4 Q4_0
+    codes, scale, zero = four_bit_groups(w)
+    deq = ((codes.float() - 8).view(40, 3, 32) * scale[..., None] + zero[..., None]).view(40, 96)
+    assert torch.allclose(deq, w, rtol=0, atol=1e-6) and torch.equal(deq[20:], w[20:])  # Q4_0: exact
+    assert torch.equal(scale, torch.cat([four_bit_groups(w1)[1], four_bit_groups(w0)[1]]))
+    w8 = as_stored(torch.randn(40, 96, generator=g) * 0.05, Q.Q8_0)
+    assert Int4Linear.from_weight(w8) is not None
+    assert four_bit_groups(torch.cat([w1, w8])) is None  # the 8-bit rows' chunks: no 4-bit groups
+    assert Int4Linear.from_weight(torch.cat([w8, torch.randn(8, 96, generator=g)])) is None  # a float last chunk
 
 
 def test_weights_of_other_types_are_not_taken():

@@ -30,6 +30,7 @@ from torch import nn
 GROUP = 32  # weights per group along K: the GGUF block of Q4_0 / Q4_1 / Q8_0
 _INNER_K_TILES = 1  # `_convert_weight_to_int4pack_for_cpu`'s tiling argument (its CPU layout ignores it)
 N_MULTIPLE = 16  # the packing takes a multiple of 16 output rows
+_CHUNK_ELEMENTS = 1 << 18  # weights a chunk of the recovery (as loading/gguf_quants.py dequantizes)
 
 
 def _f16(x: torch.Tensor) -> torch.Tensor:
@@ -37,44 +38,68 @@ def _f16(x: torch.Tensor) -> torch.Tensor:
     return x.half().float()
 
 
+def _row_chunks(n_rows: int, k: int) -> list[slice]:
+    """Slices of rows of about _CHUNK_ELEMENTS weights each (a chunk's intermediates stay in the cache)."""
+    step = max(1, _CHUNK_ELEMENTS // k)
+    return [slice(i, i + step) for i in range(0, n_rows, step)]
+
+
+def _four_bit_chunk(g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """g float32 [n, groups, GROUP] -> (codes float [n, groups, GROUP], scale [n, groups, 1], zero [n, groups, 1])
+    or None (`four_bit_groups`)."""
+    lo, hi = torch.aminmax(g, dim=-1, keepdim=True)
+    # Q4_1: w = d q + m (the loader's float32 product and sum); a constant group has d = 0 and every q 0
+    d1 = _f16((hi - lo) / 15)
+    q1 = ((g - lo) / d1.clamp(min=1e-30)).round_().clamp_(0, 15)
+    ok1 = ((d1 * q1 + lo) == g).all(-1, keepdim=True)
+    if bool(ok1.all()):  # every group Q4_1's (the usual case: one type a tensor)
+        return q1, d1, lo + 8 * d1
+    # Q4_0: w = d (q - 8), the largest magnitude at q = 0
+    e = torch.where(-lo > hi, lo, hi)
+    d0 = _f16(-e / 8)
+    q0 = torch.where(d0 != 0, g / torch.where(d0 != 0, d0, 1.0) + 8, torch.full_like(g, 8.0)).round_().clamp_(0, 15)
+    ok0 = ((d0 * (q0 - 8)) == g).all(-1, keepdim=True)
+    if not bool((ok1 | ok0).all()):
+        return None
+    # (q - 8) d + (m + 8 d) = d q + m
+    return torch.where(ok1, q1, q0), torch.where(ok1, d1, d0), torch.where(ok1, lo + 8 * d1, torch.zeros_like(d0))
+
+
 def four_bit_groups(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
     """w float32 [N, K] (K a multiple of GROUP) -> (codes int32 [N, K] in 0..15, scale [N, K / GROUP], zero [N, K /
     GROUP]) in the kernel's form w = (codes - 8) scale + zero, or None where some group is neither a Q4_1 group (w = d
     q + m exactly as the loader computed it, d = (max - min) / 15 as float16, m the minimum: a Q4_1 block holds its
     minimum at code 0 and its maximum at 15; zero = m + 8 d) nor a Q4_0 one (w = d (q - 8) exactly, d = -e / 8 for the
-    group's largest magnitude e, which Q4_0 puts at code 0 and no other element matches; zero = 0)."""
+    group's largest magnitude e, which Q4_0 puts at code 0 and no other element matches; zero = 0). Computed a chunk
+    of rows at a time, stopping at the first chunk that fails (an 8-bit tensor's first)."""
     N, K = w.shape
     g = w.float().reshape(N, K // GROUP, GROUP)
-    lo, hi = g.amin(-1, keepdim=True), g.amax(-1, keepdim=True)
-    # Q4_1: w = d q + m (the loader's float32 product and sum)
-    d1 = _f16((hi - lo) / 15)
-    q1 = torch.where(d1 > 0, (g - lo) / d1.clamp(min=1e-30), torch.zeros_like(g)).round().clamp(0, 15)
-    ok1 = ((d1 * q1 + lo) == g).all(-1, keepdim=True)
-    if bool(ok1.all()):  # every group Q4_1's (the usual case: one type a tensor)
-        return q1.reshape(N, K).to(torch.int32), d1[..., 0], (lo + 8 * d1)[..., 0]
-    # Q4_0: w = d (q - 8), the largest magnitude at q = 0
-    e = torch.where(-lo > hi, lo, hi)
-    d0 = _f16(-e / 8)
-    q0 = torch.where(d0 != 0, g / torch.where(d0 != 0, d0, 1.0) + 8, torch.full_like(g, 8.0)).round().clamp(0, 15)
-    ok0 = ((d0 * (q0 - 8)) == g).all(-1, keepdim=True)
-    if not bool((ok1 | ok0).all()):
-        return None
-    codes = torch.where(ok1, q1, q0)
-    scale = torch.where(ok1, d1, d0)
-    zero = torch.where(ok1, lo + 8 * d1, torch.zeros_like(d0))  # (q - 8) d + (m + 8 d) = d q + m
-    return codes.reshape(N, K).to(torch.int32), scale[..., 0], zero[..., 0]
+    codes = torch.empty(N, K, dtype=torch.int32)
+    scale, zero = torch.empty(N, K // GROUP), torch.empty(N, K // GROUP)
+    for rows in _row_chunks(N, K):
+        part = _four_bit_chunk(g[rows])
+        if part is None:
+            return None
+        codes[rows] = part[0].flatten(1)
+        scale[rows], zero[rows] = part[1][..., 0], part[2][..., 0]
+    return codes, scale, zero
 
 
 def eight_bit_groups(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
     """w float32 [N, K] -> (q int32 [N, K] in -128..127, d [N, K / GROUP]) with w = d q exactly, where every group is
-    a Q8_0 block (d = amax / 127 as float16: llama.cpp puts the largest magnitude at +-127), else None."""
+    a Q8_0 block (d = amax / 127 as float16: llama.cpp puts the largest magnitude at +-127), else None. A chunk of
+    rows at a time."""
     N, K = w.shape
     g = w.float().reshape(N, K // GROUP, GROUP)
-    d = _f16(g.abs().amax(-1, keepdim=True) / 127)
-    q = torch.where(d > 0, g / d.clamp(min=1e-30), torch.zeros_like(g)).round().clamp(-128, 127)
-    if not bool((d * q == g).all()):
-        return None
-    return q.reshape(N, K).to(torch.int32), d[..., 0]
+    q_all, d_all = torch.empty(N, K, dtype=torch.int32), torch.empty(N, K // GROUP)
+    for rows in _row_chunks(N, K):
+        c = g[rows]
+        d = _f16(c.abs().amax(-1, keepdim=True) / 127)
+        q = (c / d.clamp(min=1e-30)).round_().clamp_(-128, 127)
+        if not bool((d * q == c).all()):
+            return None
+        q_all[rows], d_all[rows] = q.flatten(1), d[..., 0]
+    return q_all, d_all
 
 
 class _Term:
