@@ -54,10 +54,11 @@ def cpu_forward_cost(monkeypatch, ratio: float | dict[int, float]) -> list[list[
     timing was asked about, in order."""
     asked: list[list[int]] = []
 
-    def ratios(model, sizes, repeats=5, record=None) -> dict[int, float]:
+    def ratios(model, sizes, repeats=5, record=None, as_verify=False) -> dict[int, float]:
         from eaglespec.engine.verify_cost import record_path
 
         assert record == record_path()  # auto_spec keeps this machine's rounds
+        assert as_verify == getattr(model, "int4_weights", False)  # the 4-bit path's forwards timed as verifies
         asked.append(sorted(sizes))
         return {n: ratio[n] if isinstance(ratio, dict) else ratio for n in sizes}
 
@@ -519,7 +520,7 @@ def test_verify_cost_ratios_time_the_forwards(monkeypatch):
         verify_cost_ratios(m, [3], repeats=0)
 
     costs = iter([10, 12, 15, 10, 12, 15, 40, 48, 15, 10, 13, 30])  # warm-up, then three rounds of 1 / 3 / 6 tokens
-    monkeypatch.setattr(verify_cost, "_forward_s", lambda model, ids: float(next(costs)))
+    monkeypatch.setattr(verify_cost, "_forward_s", lambda model, ids, context: float(next(costs)))
     # 3 tokens a round: 1.2, 1.2 (a busy round), 1.3 -> 1.2; 6 tokens: 1.5, 0.375 (that round's 1 token), 3.0 -> 1.5
     assert verify_cost_ratios(m, [3, 6], repeats=3) == pytest.approx({3: 1.2, 6: 1.5})
 

@@ -210,22 +210,38 @@ def test_a_model_without_grouped_query_attention_is_refused():
 
 
 def test_generate_and_bench_on_the_4bit_path(tmp_path, capsys, monkeypatch):
-    """`eaglespec generate --cpu-weights q4`: the embedded model in bf16, decoding plainly by default (measured
-    faster there, and said so), speculating with an explicit shape to the same answer; `bench --cpu-weights q4` runs
-    the same path and finds speculation's answers plain decoding's."""
+    """`eaglespec generate --cpu-weights q4`: the embedded model in bf16, its greedy steps speculating in the chain its
+    own cost model picks from forwards timed as verifies (`assets.INT4_GREEDY`), to plain decoding's answer; plain
+    where that model says speculation would not pay (and why), and when sampling (measured no faster there);
+    `bench --cpu-weights q4` runs the same path and finds speculation's answers plain decoding's."""
     import json
 
     from test_cli import cpu_forward_cost, run_cli
 
-    from eaglespec.assets import INT4_PLAIN_NOTE
+    from eaglespec.assets import INT4_GREEDY, INT4_SAMPLED_NOTE
 
-    asked = cpu_forward_cost(monkeypatch, 1.0)  # (a CPU where few-token forwards cost nothing: still plain)
     stats = tmp_path / "stats.json"
     prompt = ["What is the capital of France?", "--max-new-tokens", "12", "--cpu-weights", "q4"]
-    code, out, err = run_cli(["generate", *prompt, "--stats-json", str(stats)], capsys)
+    code, out, err = run_cli(["generate", *prompt, "--no-spec", "--stats-json", str(stats)], capsys)
     s = json.loads(stats.read_text())
-    assert code == 0 and "Paris" in out and s["dtype"] == "bfloat16" and not s["speculative"] and not asked
-    assert f"no speculation: the shipped drafter is slower than plain decoding on cpu ({INT4_PLAIN_NOTE};" in err
+    assert code == 0 and "Paris" in out and s["dtype"] == "bfloat16" and not s["speculative"]
+    # session 70's Zen 4 EPYC: 2 / 3 / 4 tokens 1.18x / 1.36x / 1.53x a decode step -> the chain of 2 (1.137x, the
+    # chain of 1 1.137x, of 3 1.05x)
+    asked = cpu_forward_cost(monkeypatch, {2: 1.18, 3: 1.36, 4: 1.53})
+    code, spec, err = run_cli(["generate", *prompt, "--stats-json", str(stats)], capsys)
+    s = json.loads(stats.read_text())
+    assert code == 0 and spec == out and s["speculative"] and asked == [[2, 3, 4]]  # (greedy shapes alone)
+    assert "(S=2 K=1 D=3)" in err, err
+    # dearer verifies (session 69's AMX Xeon ran S1 K1 D2 / S2 K1 D3 at 0.85x / 0.87x): plain, and why
+    cpu_forward_cost(monkeypatch, {2: 1.65, 3: 1.9, 4: 2.2})
+    code, plain, err = run_cli(["generate", *prompt, "--stats-json", str(stats)], capsys)
+    assert code == 0 and plain == out and not json.loads(stats.read_text())["speculative"]
+    assert ("here forwards of 2 / 3 / 4 tokens cost 1.65x / 1.90x / 2.20x one of 1 token: greedy speculation's best "
+            "shape, S2 K1 D3, would run about 0.86x plain decoding by the 4-bit CPU path's cost model, under the "
+            f"{INT4_GREEDY.min_speedup}x it takes to speculate") in err, err
+    asked = cpu_forward_cost(monkeypatch, 1.0)  # sampling: plain, nothing timed
+    code, _, err = run_cli(["generate", *prompt, "--temperature", "1", "--seed", "0"], capsys)
+    assert code == 0 and INT4_SAMPLED_NOTE in err and not asked
     code, spec, err = run_cli(["generate", *prompt, "--spec", "2,1,3", "--stats-json", str(stats)], capsys)
     assert code == 0 and spec == out and json.loads(stats.read_text())["speculative"]
     code, _, err = run_cli(["generate", "Hi", "--cpu-weights", "q4", "--dtype", "float32"], capsys)
@@ -238,3 +254,36 @@ def test_generate_and_bench_on_the_4bit_path(tmp_path, capsys, monkeypatch):
     assert code == 0, err
     records = json.loads((tmp_path / "b" / "results.json").read_text())["records"]
     assert [r["identical_outputs"] for r in records] == [2, 2] and "bfloat16" in table
+
+
+def test_the_4bit_paths_forwards_are_timed_as_verifies(tmp_path, monkeypatch):
+    """`verify_cost_ratios(as_verify=True)` (what `auto` times on the 4-bit path, whose attention differs between a
+    cache-free forward and a step's): each forward runs through a KV cache after VERIFY_PREFIX tokens, the 1-token
+    reference as a decode step, every one through the row-wise attention, each query seeing the prefix and the
+    tokens before it; its rounds are kept in the record apart from the cache-free ones."""
+    import json
+
+    from eaglespec.engine import verify_cost
+    from eaglespec.layers import attention
+
+    target = stored_llama(True)
+    prepare_for_inference(target, CPU, None, None, int4=True)
+    seen: list[tuple[int, list[int]]] = []  # (query tokens, visible keys of each) per row-wise attention call
+
+    def spy(q, ctx, cache, *args, **kw):
+        seen.append((q.shape[1], [int(n) for n in ctx.mask().sum(-1)[0]]))
+        return attend_rows(q, ctx, cache, *args, **kw)
+
+    monkeypatch.setattr(attention, "attend_rows", spy)
+    record = tmp_path / "costs.json"
+    ratios = verify_cost.verify_cost_ratios(target, [3], repeats=2, record=record, as_verify=True)
+    layers = target.config.num_hidden_layers
+    p = verify_cost.VERIFY_PREFIX
+    # a warm-up of each size, then two rounds of (1 token, 3 tokens), every layer row by row
+    assert [n for n, _ in seen[::layers]] == [1, 3, 1, 3, 1, 3] and len(seen) == 6 * layers
+    assert seen[0][1] == [p + 1] and seen[layers][1] == [p + 1, p + 2, p + 3]
+    assert set(ratios) == {3} and ratios[3] > 0
+    seen.clear()
+    verify_cost.verify_cost_ratios(target, [3], repeats=2, record=record)  # cache-free: SDPA, its own record
+    assert seen == [] and sorted(json.loads(record.read_text())) == sorted(
+        [verify_cost.machine_key(target), verify_cost.machine_key(target) + ":verify"])

@@ -20,8 +20,9 @@ plainly where its mode's shapes do not pay (`assets.cpu_choice`; `auto_spec` mak
 `plain_note` then says why; the other mode's steps decode plainly, or take the sampled shapes, where theirs fail).
 `spec` may be a SpecConfig or a SpecSchedule.
 `EngineConfig(cpu_weights="q4")`: the 4-bit CPU path (engine/int4_weights.py: the target loaded in float32, its GGUF
-4-bit groups multiplied as stored, bf16 activations, lossless speculation), where `auto` decodes plainly
-(`assets.INT4_PLAIN_NOTE`).
+4-bit groups multiplied as stored, bf16 activations, lossless speculation), where `auto`'s greedy steps choose among
+the chains of 1-3 by the path's own cost model over forwards timed as verifies (`assets.INT4_GREEDY`) and its sampled
+steps decode plainly (`assets.INT4_SAMPLED_NOTE`).
 `draft=None` never speculates; a path loads that EAGLE-3 drafter checkpoint (the shipped drafter's folder, or a copy
 of it, without `spec`: the shapes `auto` takes, on the CPU timed, but speculating where `auto` would decode plainly).
 """
@@ -40,8 +41,9 @@ from .engine.engine import Engine
 from .engine.transforms import prepare_for_inference
 from .errors import ConfigError
 from .loading.checkpoint import load_model, resolve_device, resolve_dtype
-from .assets import (INT4_PLAIN_NOTE, PENALIZED_NOTE, cpu_choice, cpu_sizes, default_drafter_path, default_spec,
-                     hot_sampling, is_default_drafter, mode_entries, penalized_entries, schedule_of, slower_note)
+from .assets import (CPU_GREEDY, INT4_GREEDY, INT4_SAMPLED_NOTE, PENALIZED_NOTE, cpu_choice, cpu_sizes,
+                     default_drafter_path, default_spec, hot_sampling, is_default_drafter, mode_entries,
+                     penalized_entries, schedule_of, slower_note)
 from .loading.default import is_default_model
 from .sampling_params import SamplingParams
 from .engine.verify_cost import record_path, verify_cost_ratios
@@ -79,11 +81,16 @@ def auto_spec(target: torch.nn.Module, device_type: str, max_batch_size: int = 1
     temperature): the other modes are neither timed nor scheduled, and (None, why) where such steps decode plainly.
     `load` and `eaglespec bench --spec auto` both take it. `speculate` (the shipped drafter named by the user): on the
     CPU each mode takes its best timed shape where the policy would decode plainly (`assets.cpu_choice`). A target on
-    the 4-bit CPU path decodes plainly (`assets.INT4_PLAIN_NOTE`), unless `speculate`."""
-    if getattr(target, "int4_weights", False) and not speculate:  # the 4-bit CPU path: measured plain (assets)
-        return None, INT4_PLAIN_NOTE
+    the 4-bit CPU path times its forwards as verifies and takes its own greedy cost model (`assets.INT4_GREEDY`);
+    its sampled steps decode plainly (`assets.INT4_SAMPLED_NOTE`), unless `speculate`."""
     greedy, sampled = mode_entries(device_type, spec_rows(max_batch_size, spec_max_rows),
                                    next(target.parameters()).dtype)
+    # the 4-bit CPU path: its own greedy cost model over forwards timed as verifies; sampled steps plain (assets)
+    int4 = device_type == "cpu" and getattr(target, "int4_weights", False)
+    if int4 and not speculate and sampled is not None:
+        if (only.temperature if only is not None else temperature) > 0:
+            return None, INT4_SAMPLED_NOTE
+        sampled = None
     penalized = penalized_entries(device_type)
     if only is not None:
         temperature = only.temperature
@@ -96,11 +103,13 @@ def auto_spec(target: torch.nn.Module, device_type: str, max_batch_size: int = 1
     if device_type == "cpu":  # the CPU's premise (a few-token forward costs about a 1-token one) is measured
         modes = {False: greedy, True: sampled}  # sampled? -> entries
         timed = [m for m in (own, not own) if modes[m] is not None and (only is None or m == own)]
-        sizes = {n for m in timed for n in cpu_sizes(modes[m], m)}
-        ratios = verify_cost_ratios(target, sizes, record=record_path()) if timed else {}  # this machine's, kept
+        cost_model = INT4_GREEDY if int4 else CPU_GREEDY
+        sizes = {n for m in timed for n in cpu_sizes(modes[m], m, cost_model)}
+        # this machine's, kept (`record_path`)
+        ratios = verify_cost_ratios(target, sizes, record=record_path(), as_verify=int4) if timed else {}
         for mode in timed:  # the engine's own mode first
             hot = mode and only is not None and hot_sampling(only)  # unfiltered at T >= 1: the one-step chain first
-            entries, note = cpu_choice(modes[mode], mode, ratios, hot, speculate)
+            entries, note = cpu_choice(modes[mode], mode, ratios, hot, speculate, cost_model)
             if entries is None and mode == own:  # the engine's own steps lose: it decodes plainly
                 return None, note
             modes[mode] = entries

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import filecmp
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -175,12 +176,19 @@ DEFAULT_DRAFTER = ASSETS / "smollm2-135m-eagle3"
 CPU_ONE_STEP_FIRST_TEMPERATURE = 1.0
 # The 4-bit CPU path (`--cpu-weights q4`, engine/int4_weights.py; session 69, MT-bench 1-4 / 1-6, 48 / 64 tokens,
 # two cores): its one-token step costs about half float32's while a few-token verify (the 4-bit kernel is
-# compute-bound past one row) and the bf16 drafter do not shrink alike: on an Intel Xeon with AMX (torch 2.11)
-# speculation ran 0.85x / 0.87x / 0.69x (S1 K1 D2 / S2 K1 D3 / S3 K2 D6) of its plain 42.6 tok/s, on an AVX2 AMD EPYC
-# 1.03-1.18x of its plain 16.6-18.1. So `auto` decodes plainly there (an explicit shape, or the shipped drafter named
-# by path, still speculates, losslessly).
-INT4_PLAIN_NOTE = ("on the 4-bit CPU path speculation measured 0.69-0.87x plain decoding on an Intel Xeon and "
-                   "1.03-1.18x on an AVX2 EPYC")
+# compute-bound past one row; the attention a query row at a time) and the bf16 drafter do not shrink alike: on an
+# Intel Xeon with AMX (torch 2.11) speculation ran 0.85x / 0.87x / 0.69x (S1 K1 D2 / S2 K1 D3 / S3 K2 D6) of its plain
+# 42.6 tok/s, on an AVX2 AMD EPYC 1.03-1.18x of its plain 16.6-18.1. Session 70 (an AVX-512 AMD EPYC, Zen 4; MT-bench
+# 1-6, 64 tokens, three runs): plain 55-62 tok/s, S1 K1 D2 1.03-1.19x (median 1.14x, tau 1.58), S2 K1 D3 1.00-1.17x
+# (1.14x, 1.91), the trees S2 K2 D4 0.89-1.08x and S3 K2 D6 0.64-0.83x (a tree's verify gathers its keys a query row
+# at a time); its chains' forwards timed as verifies (`verify_cost_ratios(as_verify=True)`) 1.18x / 1.34-1.37x / 1.52x
+# a decode step's for 2 / 3 / 4 tokens. So a step there costs ratio(D) + 0.10 + 0.11 S decode steps (the two chains'
+# medians: 1.58 / 1.14 - 1.18 = 0.21, 1.91 / 1.14 - 1.355 = 0.32), and the 4-bit path's greedy steps choose among the
+# chains by that model (INT4_GREEDY) where it promises at least 1.05x (a shape estimated 1.14x ran 1.00-1.19x). Its
+# sampled steps decode plainly: at temperature 1 (the same machine, MT-bench 1-6, 64 tokens, two rounds in one
+# process) the one-step chain ran 1.03x / 1.04x (tau 1.44) and the chain of 2 0.91x / 0.98x (1.63) of plain's 56 tok/s.
+INT4_SAMPLED_NOTE = ("on the 4-bit CPU path sampled speculation measured 0.91-1.04x plain decoding at temperature 1 "
+                     "on an AMD EPYC")
 CPU_MAX_VERIFY_COST = 1.5
 CPU_MAX_VERIFY_COST_SAMPLED = 1.2
 # a greedy speculative step's cost beyond its verify forward, in one-token forwards: CPU_STEP_OVERHEAD +
@@ -199,6 +207,26 @@ _CHAIN_1 = SpecConfig(steps=1, topk=1, draft_tokens=2)
 # the greedy CPU shapes `cpu_choice` weighs, each with the shipped drafter's tau (mean accepted tokens a step; greedy
 # float32 on the CPU, MT-bench 1-6, 64 tokens, session 68)
 CPU_GREEDY_TAUS: tuple[tuple[SpecConfig, float], ...] = ((_TREE_CPU, 2.29), (_TREE_CPU_NARROW, 2.04), (_CHAIN_2, 1.91))
+
+
+@dataclass(frozen=True)
+class GreedyCostModel:
+    """How a CPU engine's greedy steps choose a shape from its target's timed forwards (`cpu_choice`): each shape of
+    `taus` (the shipped drafter's tau there) runs about tau / (ratio(D) + overhead + draft_step_cost x steps) times
+    plain decoding, ratio(D) a forward of its D draft tokens in one-token forwards (`cpu_greedy_estimates`); the best
+    is taken where it reaches `min_speedup`. `name` says whose model it is in the engine's message."""
+
+    taus: tuple[tuple[SpecConfig, float], ...]
+    overhead: float
+    draft_step_cost: float
+    min_speedup: float
+    name: str
+
+
+CPU_GREEDY = GreedyCostModel(CPU_GREEDY_TAUS, CPU_STEP_OVERHEAD, CPU_DRAFT_STEP_COST, CPU_MIN_GREEDY_SPEEDUP, "the CPU's")
+# the 4-bit CPU path's (above; the taus of the chains of 3 and 1 greedy float32 on the CPU, sessions 68 and 70)
+INT4_GREEDY = GreedyCostModel(((_CHAIN_3, 2.06), (_CHAIN_2, 1.91), (_CHAIN_1, 1.58)), 0.10, 0.11, 1.05,
+                              "the 4-bit CPU path's")
 # device type -> ((largest engine, shape), ...) by increasing engine size; larger engines decode plainly by default
 _DEFAULT_SPEC: dict[str, tuple[tuple[int, SpecConfig], ...]] = {
     "cpu": ((1, _TREE_CPU),),
@@ -318,12 +346,13 @@ def cpu_max_verify_cost(temperature: float = 0.0) -> float:
     return CPU_MAX_VERIFY_COST_SAMPLED if temperature > 0 else CPU_MAX_VERIFY_COST
 
 
-def _cpu_candidates(entries: Entries, sampled: bool, one_step_first: bool = False) -> tuple[Entries, ...]:
+def _cpu_candidates(entries: Entries, sampled: bool, one_step_first: bool = False,
+                    greedy: GreedyCostModel = CPU_GREEDY) -> tuple[Entries, ...]:
     """The entries a CPU engine's steps of one mode choose from where `auto` times this machine's forwards: the greedy
-    shapes of CPU_GREEDY_TAUS (for the one-row tree S3 K2 D6); the sampled chain of 2, then the one-step chain (the
-    one-step chain first with `one_step_first`: `hot_sampling`); any other entries alone."""
+    shapes of the cost model `greedy` (for the one-row tree S3 K2 D6); the sampled chain of 2, then the one-step chain
+    (the one-step chain first with `one_step_first`: `hot_sampling`); any other entries alone."""
     if not sampled and entries == ((1, _TREE_CPU),):
-        return tuple(((1, spec),) for spec, _ in CPU_GREEDY_TAUS)
+        return tuple(((1, spec),) for spec, _ in greedy.taus)
     if sampled and entries == ((1, _CHAIN_2),):
         order = (entries, ((1, _CHAIN_1),))
         return order[::-1] if one_step_first else order
@@ -335,41 +364,43 @@ def _tokens(entries: Entries) -> int:
     return spec_envelope([spec for _, spec in entries]).draft_tokens
 
 
-def cpu_sizes(entries: Entries, sampled: bool) -> tuple[int, ...]:
+def cpu_sizes(entries: Entries, sampled: bool, greedy: GreedyCostModel = CPU_GREEDY) -> tuple[int, ...]:
     """The forward sizes (tokens, each against one token) that `cpu_choice` needs timed on this machine for a
     mode's entries."""
-    return tuple(sorted({_tokens(c) for c in _cpu_candidates(entries, sampled)}))
+    return tuple(sorted({_tokens(c) for c in _cpu_candidates(entries, sampled, greedy=greedy)}))
 
 
-def cpu_greedy_estimates(ratios: Mapping[int, float]) -> tuple[tuple[SpecConfig, float], ...]:
-    """Each greedy CPU shape of CPU_GREEDY_TAUS with the speedup over plain decoding the cost model gives it for
-    these timed forwards (`ratios`: tokens -> a forward's cost in one-token forwards): tau / (ratio(D) +
-    CPU_STEP_OVERHEAD + CPU_DRAFT_STEP_COST x steps)."""
-    return tuple((spec, tau / (ratios[spec.draft_tokens] + CPU_STEP_OVERHEAD + CPU_DRAFT_STEP_COST * spec.steps))
-                 for spec, tau in CPU_GREEDY_TAUS)
+def cpu_greedy_estimates(ratios: Mapping[int, float], greedy: GreedyCostModel = CPU_GREEDY
+                         ) -> tuple[tuple[SpecConfig, float], ...]:
+    """Each shape of the cost model `greedy` with the speedup over plain decoding it gives the shape for these timed
+    forwards (`ratios`: tokens -> a forward's cost in one-token forwards): tau / (ratio(D) + overhead +
+    draft_step_cost x steps)."""
+    return tuple((spec, tau / (ratios[spec.draft_tokens] + greedy.overhead + greedy.draft_step_cost * spec.steps))
+                 for spec, tau in greedy.taus)
 
 
 def cpu_choice(entries: Entries, sampled: bool, ratios: Mapping[int, float], one_step_first: bool = False,
-               speculate: bool = False) -> tuple[Entries | None, str | None]:
+               speculate: bool = False, greedy: GreedyCostModel = CPU_GREEDY) -> tuple[Entries | None, str | None]:
     """What a CPU engine's steps of one mode take, given this machine's timed forwards (`ratios`: tokens -> cost in
     one-token forwards, every size of `cpu_sizes`): (entries, None), or (None, why) where they decode plainly.
-    Greedy steps of the shipped one-row tree take the shape of CPU_GREEDY_TAUS with the highest cost-model estimate
-    (`cpu_greedy_estimates`) where it reaches CPU_MIN_GREEDY_SPEEDUP; sampled ones the first of the chain of 2 and
-    the one-step chain (`_cpu_candidates`' order) whose forward costs at most CPU_MAX_VERIFY_COST_SAMPLED; other
-    entries theirs where it costs at most their mode's `cpu_max_verify_cost`. `speculate` (the drafter was asked
-    for): never plain, the best of those shapes without the floor or the limits (sampled: the cheapest forward)."""
+    Greedy steps of the shipped one-row tree take the shape of the cost model `greedy` (CPU_GREEDY; the 4-bit path's
+    INT4_GREEDY) with the highest estimate (`cpu_greedy_estimates`) where it reaches its `min_speedup`; sampled ones
+    the first of the chain of 2 and the one-step chain (`_cpu_candidates`' order) whose forward costs at most
+    CPU_MAX_VERIFY_COST_SAMPLED; other entries theirs where it costs at most their mode's `cpu_max_verify_cost`.
+    `speculate` (the drafter was asked for): never plain, the best of those shapes without the floor or the limits
+    (sampled: the cheapest forward)."""
     if not sampled and entries == ((1, _TREE_CPU),):
-        spec, estimate = max(cpu_greedy_estimates(ratios), key=lambda e: e[1])
-        if estimate >= CPU_MIN_GREEDY_SPEEDUP or speculate:
+        spec, estimate = max(cpu_greedy_estimates(ratios, greedy), key=lambda e: e[1])
+        if estimate >= greedy.min_speedup or speculate:
             return ((1, spec),), None
-        sizes = cpu_sizes(entries, False)
+        sizes = cpu_sizes(entries, False, greedy)
         costs = " / ".join(f"{ratios[n]:.2f}x" for n in sizes)
         return None, (f"here forwards of {' / '.join(map(str, sizes))} tokens cost {costs} one of 1 token: greedy "
                       f"speculation's best shape, S{spec.steps} K{spec.topk} D{spec.draft_tokens}, would run about "
-                      f"{estimate:.2f}x plain decoding by the CPU's cost model, under the {CPU_MIN_GREEDY_SPEEDUP}x it "
-                      "takes to speculate")
+                      f"{estimate:.2f}x plain decoding by {greedy.name} cost model, under the {greedy.min_speedup}x "
+                      "it takes to speculate")
     limit = cpu_max_verify_cost(1.0 if sampled else 0.0)
-    candidates = _cpu_candidates(entries, sampled, one_step_first)
+    candidates = _cpu_candidates(entries, sampled, one_step_first, greedy)
     for candidate in candidates:
         if ratios[_tokens(candidate)] <= limit:
             return candidate, None

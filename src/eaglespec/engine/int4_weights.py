@@ -101,4 +101,4 @@ def use_int4_weights(model: nn.Module) -> None:
     # float32 keys and values (bf16's values, exactly): the row-wise attention computes in float32 and reads them
     # without a conversion a layer and query row (ModelRunner.kv_dtype)
     model.kv_dtype = torch.float32
-    model.int4_weights = True  # `draft="auto"` decodes plainly on this path (api.auto_spec, assets.INT4_PLAIN_NOTE)
+    model.int4_weights = True  # `draft="auto"` takes this path's own policy (api.auto_spec, assets.INT4_GREEDY)

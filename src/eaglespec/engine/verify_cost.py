@@ -40,20 +40,34 @@ import platform
 import statistics
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import torch
 
 from ..layers.context import ForwardContext
+from .kv_cache import KVCache
 
 RECORD_ROUNDS = 15  # rounds kept per key and size: the median over them decides
 RECORD_DAYS = 7.0  # after which a recorded round is dropped (a machine's load and software change)
+VERIFY_PREFIX = 128  # committed tokens before a forward timed as a verify (`as_verify`)
 
 
-def _forward_s(model: torch.nn.Module, ids: torch.Tensor) -> float:
+def _verify_context(model: torch.nn.Module, n: int, device: torch.device) -> Callable[[], ForwardContext]:
+    """A forward of n tokens as a chain's verify (or, n = 1, a decode step) after VERIFY_PREFIX committed ones:
+    through a KV cache of the target's shapes and dtype (ModelRunner.kv_dtype), each token seeing the prefix and the
+    tokens before it. Returns a maker of a fresh context a forward (a context keeps per-forward values)."""
+    dtype = getattr(model, "kv_dtype", None) or next(model.parameters()).dtype
+    kv = KVCache(model.config.num_hidden_layers, model.kv_cache_shapes(), 1, VERIFY_PREFIX + n, dtype, device)
+    pos = torch.arange(VERIFY_PREFIX, VERIFY_PREFIX + n, device=device)[None]  # [1, n]
+    mask = torch.arange(VERIFY_PREFIX + n, device=device)[None, None, :] <= pos[..., None]  # [1, n, prefix + n]
+    return lambda: ForwardContext(positions=pos, write_index=pos, attn_mask=mask, kv=kv.layers())
+
+
+def _forward_s(model: torch.nn.Module, ids: torch.Tensor, context: Callable[[], ForwardContext] | None) -> float:
+    ctx = context() if context is not None else ForwardContext.plain(1, ids.shape[1], ids.device)
     t0 = time.perf_counter()
-    model(ids, ForwardContext.plain(1, ids.shape[1], ids.device))
+    model(ids, ctx)
     if ids.device.type == "cuda":
         torch.cuda.synchronize(ids.device)
     return time.perf_counter() - t0
@@ -131,41 +145,43 @@ def _recorded(entry: object, now: float) -> list[tuple[float, float]]:
 
 
 @torch.no_grad()
-def _time_rounds(model: torch.nn.Module, rounds: dict[int, int]) -> dict[int, list[float]]:
+def _time_rounds(model: torch.nn.Module, rounds: dict[int, int], as_verify: bool) -> dict[int, list[float]]:
     """Each size's ratio in each of its `rounds[size]` rounds (a round: 1 token, then each size it still needs),
-    after a warm-up of each size timed at all."""
+    after a warm-up of each size timed at all; `as_verify`: forwards through a cache (`_verify_context`)."""
     ratios: dict[int, list[float]] = {n: [] for n in rounds}
     sizes = [n for n in sorted(rounds) if rounds[n] > 0]
     if not sizes:
         return ratios
     device = next(model.parameters()).device
     ids = {n: torch.zeros(1, n, dtype=torch.long, device=device) for n in [1] + sizes}
-    for x in ids.values():  # warm-up
-        _forward_s(model, x)
+    contexts = {n: _verify_context(model, n, device) if as_verify else None for n in ids}
+    for n, x in ids.items():  # warm-up
+        _forward_s(model, x, contexts[n])
     for i in range(max(rounds[n] for n in sizes)):
-        one = _forward_s(model, ids[1])
+        one = _forward_s(model, ids[1], contexts[1])
         for n in sizes:
             if i < rounds[n]:
-                ratios[n].append(_forward_s(model, ids[n]) / one)
+                ratios[n].append(_forward_s(model, ids[n], contexts[n]) / one)
     return ratios
 
 
-def verify_cost_ratios(model: torch.nn.Module, sizes: Iterable[int], repeats: int = 5, record: Path | None = None
-                       ) -> dict[int, float]:
+def verify_cost_ratios(model: torch.nn.Module, sizes: Iterable[int], repeats: int = 5, record: Path | None = None,
+                       as_verify: bool = False) -> dict[int, float]:
     """{n: (time of a forward of n positions) / (time of one of 1 position)} for each of `sizes`: the median of the
     rounds' ratios, `repeats` rounds timed now, or, for a size with at least that many in the `record`, the recorded
-    ones and one more (none once it has RECORD_ROUNDS)."""
+    ones and one more (none once it has RECORD_ROUNDS). `as_verify`: the forwards run as a chain's verify and a decode
+    step do, through a KV cache after VERIFY_PREFIX tokens (module docstring), kept in the record apart."""
     sizes = sorted(set(sizes))
     if not sizes or sizes[0] < 1 or repeats < 1:
         raise ValueError(f"verify_cost_ratios: sizes must be >= 1 and repeats >= 1 (got {sizes}, {repeats})")
     now = time.time()
     doc = _read(record) if record is not None else {}
-    key = machine_key(model) if record is not None else ""
+    key = machine_key(model) + (":verify" if as_verify else "") if record is not None else ""
     kept = _kept(doc, key)
     history = {n: _recorded(kept.get(str(n)), now) for n in sizes}
     # a size kept fewer than `repeats` times: `repeats` rounds; fewer than RECORD_ROUNDS: one more; else none
     timed = _time_rounds(model, {n: repeats if len(h) < repeats else int(len(h) < RECORD_ROUNDS)
-                                 for n, h in history.items()})
+                                 for n, h in history.items()}, as_verify)
     for n in sizes:
         history[n] = (history[n] + [(now, r) for r in timed[n]])[-RECORD_ROUNDS:]
     if record is not None and any(timed.values()):
