@@ -390,24 +390,36 @@ def test_bench_runs_a_schedule(tmp_path, capsys):
 
 def test_bench_defaults_measure_what_generate_runs(tmp_path, capsys, monkeypatch):
     """`eaglespec bench` on the embedded model without --draft/--spec benches `--spec auto`: at each batch size the
-    shape `draft="auto"` gives an engine of that many rows here (on the CPU the tree S3 K2 D6 at one row, answers
-    identical in float32; engines of several rows decode plainly, so nothing speculative runs at 2 rows and the log
-    says why). The run keeps one name; its records carry the shape taken."""
+    shape `draft="auto"` gives an engine of that many rows here (one row on an x86-64 CPU: the 4-bit path, as
+    `generate`, there the chain of 2; with 2 rows, or --cpu-weights dense, float32 and the tree S3 K2 D6 at one row;
+    answers identical either way; engines of several rows decode plainly, so nothing speculative runs at 2 rows and
+    the log says why). The run keeps one name; its records carry the shape taken, the document the weights' path."""
+    import platform
+
+    from eaglespec.engine.int4_weights import INT4_DEFAULT_MACHINES
+
+    four_bit = platform.machine().lower() in INT4_DEFAULT_MACHINES
     asked = cpu_forward_cost(monkeypatch, 1.0)  # this machine's forward timing (api.auto_spec) fixed
-    out = tmp_path / "out"
-    code, stdout, err = run_cli(["bench", "--limit", "2", "--max-new-tokens", "8", "--batch-sizes", "1,2", "--device",
-                                 "cpu", "--out", out], capsys)
-    assert code == 0, err
-    doc = json.loads((out / "results.json").read_text())
-    check_schema(doc)
     name = "draft:smollm2-135m-eagle3 auto"
-    assert [(r["config"], r["batch_size"]) for r in doc["records"]] == [("no-spec", 1), (name, 1), ("no-spec", 2)]
-    auto = doc["records"][1]
-    assert auto["auto"] and auto["shape"] == "S3 K2 D6" and (auto["steps"], auto["topk"], auto["draft_tokens"]) == (
-        3, 2, 6)
-    assert auto["identical_outputs"] == auto["prompts"] == 2 and asked == [[3, 4, 6]]  # greedy's sizes, once
-    assert not doc["records"][0]["auto"] and doc["records"][0]["shape"] is None
-    assert f"| {name} = S3 K2 D6 | 1 |" in stdout  # the table names the shape taken
+    for sizes in ("1", "1,2"):
+        out = tmp_path / sizes
+        code, stdout, err = run_cli(["bench", "--limit", "2", "--max-new-tokens", "8", "--batch-sizes", sizes,
+                                     "--device", "cpu", "--out", out], capsys)
+        assert code == 0, err
+        doc = json.loads((out / "results.json").read_text())
+        check_schema(doc)
+        q4 = four_bit and sizes == "1"
+        assert doc["model"]["int4_weights"] == q4 and doc["model"]["dtype"] == ("bfloat16" if q4 else "float32")
+        assert [(r["config"], r["batch_size"]) for r in doc["records"]] == [("no-spec", 1), (name, 1),
+                                                                            ("no-spec", 2)][:len(sizes.split(",")) + 1]
+        auto = doc["records"][1]
+        shape = (2, 1, 3) if q4 else (3, 2, 6)
+        assert auto["auto"] and auto["shape"] == "S{} K{} D{}".format(*shape)
+        assert (auto["steps"], auto["topk"], auto["draft_tokens"]) == shape
+        # greedy's sizes, once
+        assert auto["identical_outputs"] == auto["prompts"] == 2 and asked.pop() == ([2, 3, 4] if q4 else [3, 4, 6])
+        assert not doc["records"][0]["auto"] and doc["records"][0]["shape"] is None
+        assert "| {} = S{} K{} D{} | 1 |".format(name, *shape) in stdout  # the table names the shape taken
     assert f"{name} bs=2: not run, the default decodes plainly here (engines of several rows measured no faster" in err
     # the shipped drafter named, the embedded model by its GGUF's path: the same default
     from eaglespec.assets import default_drafter_path
@@ -418,7 +430,7 @@ def test_bench_defaults_measure_what_generate_runs(tmp_path, capsys, monkeypatch
                                  "--out", tmp_path / "named"], capsys)
     assert code == 0, err
     named = json.loads((tmp_path / "named" / "results.json").read_text())["records"][1]
-    assert named["config"] == name and named["auto"] and named["shape"] == "S3 K2 D6"
+    assert named["config"] == name and named["auto"] and named["shape"] == ("S2 K1 D3" if four_bit else "S3 K2 D6")
 
 
 def test_bench_with_a_structured_output(tmp_path, capsys):

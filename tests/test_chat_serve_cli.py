@@ -33,7 +33,8 @@ PAIR = ("Name three primary colours.", "Write a haiku about rain.")
 
 @pytest.fixture(scope="module")
 def plain():
-    """The embedded model as the commands load it (CPU transforms included), decoding plainly."""
+    """The embedded model as one-row commands (`generate`, `chat`) load it (CPU transforms included; on an x86-64
+    CPU the 4-bit path), decoding plainly."""
     return api.load(None, draft=None, config=EngineConfig(max_batch_size=1))
 
 
@@ -121,12 +122,14 @@ class FakeServer:
             FakeServer.client_work(client)
 
 
-def test_serve_runs_the_app_on_the_engine_the_options_describe(plain, capsys, monkeypatch):
+def test_serve_runs_the_app_on_the_engine_the_options_describe(capsys, monkeypatch):
     """The app `serve` hands the HTTP server answers through the test client (greedy, as plain decoding) while the
     engine's loop runs on the main thread; the start-up line names the model, rows, sequence length and the
     speculation chosen for this machine. Two requests at once (plain steps while both run, spec_max_rows 1): both
-    answers are plain greedy's."""
+    answers are plain greedy's (float32: `serve`'s engine of 4 rows is not on the 4-bit path by default,
+    int4_weights.INT4_DEFAULT_MAX_ROWS)."""
     cpu_forward_cost(monkeypatch, 1.0)
+    plain = api.load(None, draft=None, config=EngineConfig(max_batch_size=1, cpu_weights="dense"))
     seen: dict = {}
 
     def work(client) -> None:

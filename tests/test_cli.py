@@ -67,20 +67,36 @@ def cpu_forward_cost(monkeypatch, ratio: float | dict[int, float]) -> list[list[
 
 
 def test_generate_default_model(tmp_path, capsys, monkeypatch):
+    """The main job: the embedded SmolLM2 with its shipped drafter, on an x86-64 CPU on the 4-bit path (its GGUF's
+    own weights, `cpu_weights="auto"`), speculating in the chain its cost model picks, to plain decoding's answer;
+    `--cpu-weights dense` is the float32 engine, in the float32 cost model's shape."""
+    import platform
+
+    from eaglespec.engine.int4_weights import INT4_DEFAULT_MACHINES
+
+    four_bit = platform.machine().lower() in INT4_DEFAULT_MACHINES
     asked = cpu_forward_cost(monkeypatch, 1.0)  # a machine where a 3-token forward costs what a 1-token one does
     stats = tmp_path / "stats.json"
-    code, out, err = run_cli(["generate", "What is the capital of France?", "--max-new-tokens", "12",
-                              "--stats-json", str(stats)], capsys)
+    question = ["What is the capital of France?", "--max-new-tokens", "12"]
+    code, out, err = run_cli(["generate", *question, "--stats-json", str(stats)], capsys)
     assert code == 0
     assert "Paris" in out
     assert "tok/s" in err and "Paris" not in err
     s = json.loads(stats.read_text())
     assert s["tokens"] > 0 and s["seconds"] > 0 and s["tok_per_s"] > 0
-    # the shipped drafter, in the shape measured fastest on the CPU
+    assert s["int4_weights"] == four_bit and s["dtype"] == ("bfloat16" if four_bit else "float32")
+    # the shipped drafter, in the shape the CPU's policy chooses (the 4-bit path: the chain of 2, 1.91 / 1.32 =
+    # 1.45x against the chain of 3's 1.44x; float32: the tree S3 K2 D6)
     assert s["speculative"] and "accept length" in err
-    assert (s["steps"], s["topk"], s["draft_tokens"]) == (3, 2, 6)
-    assert asked == [[3, 4, 6]]  # its one request's kind of step alone (the greedy shapes' 3 / 4 / 6 tokens), once
+    assert (s["steps"], s["topk"], s["draft_tokens"]) == ((2, 1, 3) if four_bit else (3, 2, 6))
+    assert asked == [[2, 3, 4] if four_bit else [3, 4, 6]]  # its one request's kind of step alone, once
     assert s["cpu_timing_s"] < 0.05 and "timed this CPU's forwards" not in err  # (the timing replaced: instant)
+    code, plain, err = run_cli(["generate", *question, "--no-spec"], capsys)
+    assert code == 0 and plain == out  # lossless
+    code, dense, err = run_cli(["generate", *question, "--cpu-weights", "dense", "--stats-json", str(stats)], capsys)
+    s = json.loads(stats.read_text())
+    assert code == 0 and "Paris" in dense and s["dtype"] == "float32" and not s["int4_weights"]
+    assert (s["steps"], s["topk"], s["draft_tokens"]) == (3, 2, 6)
 
 
 def test_generate_says_what_timing_this_cpu_cost(tmp_path, capsys, monkeypatch):
@@ -88,7 +104,7 @@ def test_generate_says_what_timing_this_cpu_cost(tmp_path, capsys, monkeypatch):
     loads: later ones keep its rounds), `generate` says how much, and the stats give it."""
     import time
 
-    def slow(model, sizes, repeats=5, record=None) -> dict[int, float]:
+    def slow(model, sizes, repeats=5, record=None, as_verify=False) -> dict[int, float]:
         time.sleep(0.3)
         return dict.fromkeys(sizes, 1.0)
 
@@ -128,7 +144,7 @@ def test_api_default_drafter_policy_on_the_cpu(monkeypatch):
     def shapes(engine) -> list[SpecConfig | None]:  # (greedy, sampled) one-row steps' shapes
         return [engine.schedule.shape(1, greedy=g) for g in (True, False)]
 
-    one_row = EngineConfig(device="cpu", max_batch_size=1)
+    one_row = EngineConfig(device="cpu", max_batch_size=1, cpu_weights="dense")  # float32's policy
     wide, chain2 = SpecConfig(3, 2, 6), SpecConfig(2, 1, 3)
     asked = cpu_forward_cost(monkeypatch, {2: 1.05, 3: 1.1, 4: 1.35, 6: 1.43})  # session 67's Xeon: 3 rows cheap
     xeon = load(config=one_row)
@@ -140,7 +156,7 @@ def test_api_default_drafter_policy_on_the_cpu(monkeypatch):
     many = load(config=EngineConfig(device="cpu", max_batch_size=8))
     assert not many.speculative and len(asked) == 1  # no shape measured for 8 rows: nothing timed
     # speculative steps of at most one row (spec_max_rows, `eaglespec serve`'s CPU default): the one-row shapes
-    lone = load(config=EngineConfig(device="cpu", max_batch_size=4, spec_max_rows=1))
+    lone = load(config=EngineConfig(device="cpu", max_batch_size=4, spec_max_rows=1, cpu_weights="dense"))
     assert lone.speculative and shapes(lone) == [wide, chain2] and len(asked) == 2
     forced = load(spec=SpecConfig(2, 1, 3), config=EngineConfig(device="cpu", max_batch_size=8))
     assert forced.speculative and forced.spec == SpecConfig(2, 1, 3) and len(asked) == 2  # not timed
@@ -349,6 +365,7 @@ def test_generate_with_penalties_speculates_to_plain_decodings_answer(capsys, mo
     cpu_forward_cost(monkeypatch, 1.0)  # speculate, whatever this machine's forwards cost
     question = "Name three primary colours."
     penalties = ["--repetition-penalty", "1.3", "--frequency-penalty", "0.5"]
+    penalties += ["--cpu-weights", "dense"]  # the fixture's float32 engine below
     code, out, err = run_cli(["generate", question, "--max-new-tokens", "20", *penalties], capsys)
     assert code == 0 and "accept length" not in err and "steps under count penalties decode plainly" in err
     auto_out = out
@@ -374,7 +391,8 @@ def test_generate_with_a_json_schema_file_and_a_regex(tmp_path, capsys, monkeypa
     path = tmp_path / "schema.json"
     path.write_text(json.dumps(schema))
     question = "What is the capital of France? Answer as JSON."
-    code, out, err = run_cli(["generate", question, "--max-new-tokens", "30", "--json-schema", str(path)], capsys)
+    code, out, err = run_cli(["generate", question, "--max-new-tokens", "30", "--json-schema", str(path),
+                              "--cpu-weights", "dense"], capsys)  # the fixture's float32 engine below
     assert code == 0 and "accept length" in err
     plain = Engine(smollm2.model, smollm2.tokenizer)
     want = plain.generate([question], SamplingParams(max_new_tokens=30,
@@ -408,7 +426,8 @@ def test_generate_says_when_this_cpu_makes_speculation_slower(capsys, monkeypatc
     """On a CPU whose few-token forwards cost too much (measured at load), `generate` decodes plainly and says what
     it measured; the answer is the same."""
     cpu_forward_cost(monkeypatch, 1.8)
-    code, out, err = run_cli(["generate", "What is the capital of France?", "--max-new-tokens", "6"], capsys)
+    code, out, err = run_cli(["generate", "What is the capital of France?", "--max-new-tokens", "6", "--cpu-weights",
+                              "dense"], capsys)  # the float32 cost model's (the 4-bit path's: test_int4_weights)
     assert code == 0 and "Paris" in out and "accept length" not in err
     assert "no speculation" in err and "here forwards of 3 / 4 / 6 tokens cost 1.80x / 1.80x / 1.80x one" in err
     assert "best shape, S3 K2 D6, would run about 1.10x plain decoding" in err
@@ -437,7 +456,8 @@ def test_the_embedded_model_and_the_shipped_drafter_named_by_path(tmp_path, caps
     assert not any(is_default_model(p) for p in (same_size, tmp_path, tmp_path / "missing.gguf"))
 
     asked = cpu_forward_cost(monkeypatch, 1.0)
-    by_path = api.load(str(copy), config=EngineConfig(device="cpu", max_batch_size=1))
+    # (float32: the CPU cost model's shapes; the 4-bit path's recognise the model alike)
+    by_path = api.load(str(copy), config=EngineConfig(device="cpu", max_batch_size=1, cpu_weights="dense"))
     # timed (each mode's draft tokens), as for no --model
     assert by_path.speculative and by_path.spec == SpecConfig(3, 2, 6)
     assert asked == [[2, 3, 4, 6]]
@@ -445,7 +465,7 @@ def test_the_embedded_model_and_the_shipped_drafter_named_by_path(tmp_path, caps
     drafter = tmp_path / "drafter"
     shutil.copytree(shipped, drafter)
     assert is_default_drafter(shipped) and is_default_drafter(drafter) and not is_default_drafter(tmp_path)
-    lone = EngineConfig(device="cpu", max_batch_size=4, spec_max_rows=1)
+    lone = EngineConfig(device="cpu", max_batch_size=4, spec_max_rows=1, cpu_weights="dense")
     named = api.load(str(copy), draft=str(drafter), config=lone)
     # timed as `auto` times (both modes' sizes): the one-row shapes it chooses
     assert named.schedule.shape(1, greedy=True) == SpecConfig(3, 2, 6) and asked == [[2, 3, 4, 6]] * 2
@@ -468,7 +488,7 @@ def test_the_embedded_model_and_the_shipped_drafter_named_by_path(tmp_path, caps
 
     cpu_forward_cost(monkeypatch, 1.8)  # a slow CPU: the CLI explains plain decoding for the named GGUF too
     code, out, err = run_cli(["generate", "What is the capital of France?", "--max-new-tokens", "4", "--model",
-                              str(copy)], capsys)
+                              str(copy), "--cpu-weights", "dense"], capsys)
     assert code == 0 and "here forwards of 3 / 4 / 6 tokens cost 1.80x / 1.80x / 1.80x one of 1 token" in err
 
 

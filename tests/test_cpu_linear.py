@@ -78,9 +78,10 @@ def test_api_times_the_target_in_its_inference_form(monkeypatch):
     from eaglespec.config import EngineConfig
 
     seen: list[bool] = []
-    monkeypatch.setattr("eaglespec.api.verify_cost_ratios", lambda model, sizes, repeats=5, record=None, as_verify=False: seen.append(
-        any(isinstance(x, CpuLinear) for x in model.modules())) or dict.fromkeys(sizes, 1.0))
-    api.load(config=EngineConfig(device="cpu", max_batch_size=1))
+    monkeypatch.setattr("eaglespec.api.verify_cost_ratios",
+                        lambda model, sizes, repeats=5, record=None, as_verify=False: seen.append(
+                            any(isinstance(x, CpuLinear) for x in model.modules())) or dict.fromkeys(sizes, 1.0))
+    api.load(config=EngineConfig(device="cpu", max_batch_size=1, cpu_weights="dense"))
     assert seen == [True]  # one timing: the greedy and the sampled shapes' draft tokens
 
 

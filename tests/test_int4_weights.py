@@ -170,7 +170,7 @@ def test_smollm2_speculates_losslessly_on_its_4bit_weights():
 
 
 def test_what_the_4bit_path_cannot_run_is_named():
-    with pytest.raises(ConfigError, match="must be dense or q4"):
+    with pytest.raises(ConfigError, match="must be auto, dense or q4"):
         EngineConfig(cpu_weights="q8")
     with pytest.raises(ConfigError, match="computes in bfloat16.*not with --dtype float32"):
         EngineConfig(cpu_weights="q4", dtype="float32")
@@ -287,3 +287,43 @@ def test_the_4bit_paths_forwards_are_timed_as_verifies(tmp_path, monkeypatch):
     verify_cost.verify_cost_ratios(target, [3], repeats=2, record=record)  # cache-free: SDPA, its own record
     assert seen == [] and sorted(json.loads(record.read_text())) == sorted(
         [verify_cost.machine_key(target), verify_cost.machine_key(target) + ":verify"])
+
+
+def test_cpu_weights_auto_takes_the_4bit_path_where_it_applies(monkeypatch):
+    """EngineConfig's default, `cpu_weights="auto"` (`int4_weights.int4_mode`): the 4-bit path on an x86-64 CPU for
+    engines of at most INT4_DEFAULT_MAX_ROWS rows in dtype auto, uncompiled, where every weight and module allows it;
+    dense otherwise (more rows, a dtype or compile asked for, the CUDA device, another CPU architecture, or weights
+    of other types: no error, the model unchanged). "q4" requires the path; "dense" never takes it. An engine built
+    to sample on the 4-bit path decodes plainly and says why (measured no faster: assets.INT4_SAMPLED_NOTE)."""
+    import platform
+
+    from eaglespec import api
+    from eaglespec.assets import INT4_SAMPLED_NOTE
+    from eaglespec.engine.int4_weights import INT4_DEFAULT_MAX_ROWS, int4_mode
+
+    monkeypatch.setattr(platform, "machine", lambda: "x86_64")
+    cuda = torch.device("cuda")
+    assert int4_mode("auto", CPU, "auto", None, 1) is None  # where the weights allow
+    assert int4_mode("auto", CPU, "auto", False, INT4_DEFAULT_MAX_ROWS) is None
+    assert int4_mode("q4", CPU, "auto", None, 32) is True
+    for args in [("auto", CPU, "auto", None, INT4_DEFAULT_MAX_ROWS + 1), ("auto", CPU, "float32", None, 1),
+                 ("auto", CPU, "bfloat16", None, 1), ("auto", CPU, "auto", True, 1), ("auto", cuda, "auto", None, 1),
+                 ("dense", CPU, "auto", None, 1)]:
+        assert int4_mode(*args) is False, args
+    monkeypatch.setattr(platform, "machine", lambda: "aarch64")
+    assert int4_mode("auto", CPU, "auto", None, 1) is False and int4_mode("q4", CPU, "auto", None, 1) is True
+    dense = prepare_for_inference(tiny_llama(seed=0), CPU, None, None, int4=None)  # float weights: stays dense
+    assert not getattr(dense, "int4_weights", False) and not any(isinstance(m, Int4Linear) for m in dense.modules())
+    assert next(dense.parameters()).dtype == torch.float32
+    stored = prepare_for_inference(stored_llama(True), CPU, None, None, int4=None)
+    assert stored.int4_weights and isinstance(stored.lm_head, Int4Linear)
+    with pytest.raises(ConfigError, match="needs 4-bit"):  # required: the refusal is the answer
+        prepare_for_inference(tiny_llama(seed=0), CPU, None, None, int4=True)
+    monkeypatch.setattr(platform, "machine", lambda: "x86_64")
+    # a one-row engine built to sample (`eaglespec generate --temperature 1`): the 4-bit path, plain, and why
+    sampling = api.load(config=EngineConfig(device="cpu", max_batch_size=1), temperature=1.0)
+    assert sampling.runner.target.int4_weights and not sampling.speculative
+    assert sampling.plain_note == INT4_SAMPLED_NOTE
+    del sampling
+    served = api.load(config=EngineConfig(device="cpu", max_batch_size=4, spec_max_rows=1))  # `serve`'s: dense
+    assert not getattr(served.runner.target, "int4_weights", False) and served.dtype == torch.float32

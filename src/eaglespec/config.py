@@ -427,8 +427,9 @@ class EngineConfig:
     prefill_chunk: int | None = 8192
     # "q4": on the CPU, a GGUF target's 4-bit projections (Q4_0 / Q4_1; Q8_0 as two 4-bit products) multiplied as
     # stored, with bf16 activations and row-invariant attention, so that speculation stays lossless in bf16
-    # (engine/int4_weights.py); "dense": weights dequantized to the engine's dtype
-    cpu_weights: str = "dense"
+    # (engine/int4_weights.py); "dense": weights dequantized to the engine's dtype; "auto": q4 where it is the
+    # measured default and the target's weights allow it, else dense (`int4_weights.int4_mode`)
+    cpu_weights: str = "auto"
 
     def __post_init__(self) -> None:
         from .layers.logprobs import MAX_TOP_LOGPROBS
@@ -443,8 +444,8 @@ class EngineConfig:
                               "speculates")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ConfigError(f"--dtype must be auto, float32, bfloat16 or float16 (got {self.dtype!r})")
-        if self.cpu_weights not in ("dense", "q4"):
-            raise ConfigError(f"--cpu-weights must be dense or q4 (got {self.cpu_weights!r})")
+        if self.cpu_weights not in ("auto", "dense", "q4"):
+            raise ConfigError(f"--cpu-weights must be auto, dense or q4 (got {self.cpu_weights!r})")
         if self.cpu_weights == "q4" and self.dtype not in ("auto", "bfloat16"):
             raise ConfigError(f"--cpu-weights q4 computes in bfloat16 (the 4-bit kernel's activations); not with "
                               f"--dtype {self.dtype}")

@@ -207,6 +207,8 @@ def document(kind: str, result: SuiteResult, model: BenchModel, workload: Worklo
         "model": {
             "source": model.source, "architecture": cfg.architecture, "parameters": n_params,
             "dtype": str(model.dtype).removeprefix("torch."), "num_hidden_layers": cfg.num_hidden_layers,
+            # the 4-bit CPU path (EngineConfig.cpu_weights: "q4", or "auto" where it applied)
+            "int4_weights": getattr(model.loaded.model, "int4_weights", False),
             "hidden_size": cfg.hidden_size, "vocab_size": cfg.vocab_size,
             "weight_bytes_per_step": model.weight_bytes, "kv_bytes_per_token": model.kv_bytes,
         },

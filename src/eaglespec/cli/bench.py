@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from ..assets import is_default_drafter
 from ..engine.gc_heap import freeze_heap
+from ..engine.int4_weights import int4_mode
 from ..errors import ConfigError
 from ..loading.default import is_default_model
 from .options import (add_adjustment_options, add_runtime_options, add_structured_options, adjustments, engine_config,
@@ -119,7 +120,7 @@ def prepare(args: argparse.Namespace) -> Prepared:
     if bw:
         stderr_log(f"device copy bandwidth {bw / 1e9:.0f} GB/s")
     model = load_bench_model(args.model, args.random_weights, device, dtype, args.seed, args.fuse, args.compile,
-                             engine.cpu_weights == "q4")
+                             int4_mode(engine.cpu_weights, device, args.dtype, args.compile, max(sizes)))
     workload = build_workload(model, args.prompts, items, args.turns, not args.no_chat_template, args.prompt_len,
                               count, args.seed)
     # the model, its tokenizer and the libraries, out of the timed runs' full garbage collections (gc_heap.py); not

@@ -65,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
         "speculative": engine.speculative,
         "device": str(engine.device),
         "dtype": str(engine.dtype).removeprefix("torch."),
+        "int4_weights": getattr(engine.runner.target, "int4_weights", False),  # the 4-bit CPU path (cpu_weights)
     }
     line = answer_line(n, seconds)
     plain = plain_reason(engine, args)

@@ -42,10 +42,11 @@ def add_runtime_options(p: argparse.ArgumentParser | argparse._ArgumentGroup) ->
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="auto: bfloat16 on CUDA, float32 on the CPU")
-    p.add_argument("--cpu-weights", default="dense", choices=["dense", "q4"],
+    p.add_argument("--cpu-weights", default="auto", choices=["auto", "dense", "q4"],
                    help="q4: on the CPU, multiply a GGUF's 4-bit (Q4_0 / Q4_1) weights as stored, in bfloat16 with "
                         "row-invariant attention (speculation still gives plain decoding's tokens); dense: weights "
-                        "dequantized to --dtype (default)")
+                        "dequantized to --dtype; auto (default): q4 on an x86-64 CPU with --dtype auto where every "
+                        "projection is such a weight, else dense")
     p.add_argument("--aux-convention", default="sglang", choices=["sglang", "vllm"],
                    help="how the drafter's eagle_aux_hidden_state_layer_ids are read (vllm: id k = after k layers; "
                         "a drafter in vLLM speculators' format is always read as vllm)")

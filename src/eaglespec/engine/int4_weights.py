@@ -21,6 +21,7 @@ Why: a float32 one-token step of SmolLM2 reads ~540 MB of weights; this one ~75 
 
 from __future__ import annotations
 
+import platform
 from typing import Sequence
 
 import torch
@@ -32,6 +33,18 @@ from ..layers.attention import GQAAttention
 from ..layers.int4_linear import Int4Linear
 from ..layers.row_attention import ROW_MAX_TOKENS
 
+# Where `cpu_weights="auto"` takes this path (`int4_mode`): the CPUs it was measured faster on, all x86-64 (2 cores
+# each, the embedded SmolLM2, MT-bench; docs/benchmarks.md "Session 69", "Session 70"): plain 4-bit decoding ran
+# 1.06-1.27x float32's best speculation on an AVX2 AMD EPYC, 1.29x on an Intel Xeon with AMX, 1.07-1.09x on an AVX-512
+# AMD EPYC (Zen 4), and with its own speculation (`assets.INT4_GREEDY`) `eaglespec generate` there 62.9 against
+# float32's 49.3 tok/s (1.28x). Other architectures (aarch64's 4-bit kernel) are not measured: dense there. Engines
+# of several rows (`serve`'s 4, `api.load`'s default 8) stay dense: the kernel is compute-bound past one row (on the
+# Zen 4 EPYC, `bench --no-spec --batch-sizes 1,4,8`, MT-bench 1-8, 48 tokens: plain 4-bit decoding 1.71x / 1.21x /
+# 0.94x float32's at 1 / 4 / 8 rows), and a prefill of several padded prompts attends through SDPA in bf16, whose
+# roundings differ from one prompt's alone enough to change answers (bench, 2 rows: 1 of 2 plain answers not the
+# one-row engine's; float32's are), so what a request gets would depend on the requests beside it.
+INT4_DEFAULT_MACHINES = frozenset({"x86_64", "amd64"})
+INT4_DEFAULT_MAX_ROWS = 1
 _CONTAINERS = (nn.ModuleList, nn.ModuleDict, nn.Sequential)
 # a decoder layer's attention, as models name it
 _ATTENTION_NAMES = ("self_attn", "attn", "attention", "self_attention")
@@ -69,8 +82,33 @@ def check_shapes(target: nn.Module, shapes: Sequence[SpecConfig]) -> None:
                           f"attention, what keeps speculation lossless there); got --draft-tokens {widest}")
 
 
-def use_int4_weights(model: nn.Module) -> None:
-    """Module docstring. `model` float32 on the CPU, projections fused or not."""
+def int4_mode(cpu_weights: str, device: torch.device, dtype: str, compile: bool | None, rows: int) -> bool | None:
+    """Whether a target goes this path, for EngineConfig's `cpu_weights`, the resolved device, the dtype asked for,
+    `compile` and the most rows its engines run: True ("q4": it must, or the load fails naming why), None ("auto" on a
+    CPU of INT4_DEFAULT_MACHINES, dtype "auto", not compiled, at most INT4_DEFAULT_MAX_ROWS rows: where every weight
+    and module allows it, else dense), False (dense)."""
+    if cpu_weights == "q4":
+        return True
+    if (cpu_weights == "auto" and device.type == "cpu" and dtype == "auto" and not compile
+            and rows <= INT4_DEFAULT_MAX_ROWS and platform.machine().lower() in INT4_DEFAULT_MACHINES):
+        return None
+    return False
+
+
+def use_int4_weights(model: nn.Module, required: bool = True) -> bool:
+    """Module docstring. `model` float32 on the CPU, projections fused or not. Where it cannot (a ConfigError naming
+    why, nothing changed): raises if `required`, else returns False and the model stays dense; True once converted."""
+    try:
+        _convert(model)
+    except ConfigError:
+        if required:
+            raise
+        return False
+    return True
+
+
+def _convert(model: nn.Module) -> None:
+    """`use_int4_weights`' work: every check before any change (module docstring)."""
     if next(model.parameters()).dtype != torch.float32:
         raise ConfigError("--cpu-weights q4 reads the weights as the GGUF loader dequantizes them: load in float32")
     _check(model)

@@ -461,7 +461,7 @@ def use_gemv_kernel(model: nn.Module, names: tuple[str, ...] = GEMV_NAMES) -> nn
 
 
 def prepare_for_inference(model: nn.Module, device: torch.device, fuse: bool | None,
-                          compile: bool | None, int4: bool = False) -> nn.Module:
+                          compile: bool | None, int4: bool | None = False) -> nn.Module:
     """Apply the transforms an EngineConfig asks for. `fuse` None: on CUDA and the CPU (on CUDA fused projections come
     with the Triton kernels: RoPE + KV store, short-query attention, add + norm + projection; on session 19's 2-core
     CPU fusing made plain decoding 15% faster once the projections were weight-major: 11.7 -> 13.4 tok/s); on the CPU
@@ -472,7 +472,7 @@ def prepare_for_inference(model: nn.Module, device: torch.device, fuse: bool | N
     and gating as Triton kernels (`use_elementwise_kernels`; MLA's RoPE too since session 56), which leaves the
     compiler GQA's RoPE outside the RoPE + KV-store kernel only: a model that never runs it (every GQA model with
     that kernel, every MLA model) never compiles anything on CUDA. `int4`: the 4-bit CPU path
-    (engine/int4_weights.py)."""
+    (engine/int4_weights.py): True required, None where the model allows it (`int4_weights.int4_mode`)."""
     if fuse or (fuse is None and device.type in ("cuda", "cpu")):
         fuse_projections(model)
         if device.type == "cuda":
@@ -486,10 +486,10 @@ def prepare_for_inference(model: nn.Module, device: torch.device, fuse: bool | N
             use_linear_rows_kernel(model)
             use_gemv_kernel(model)
             use_draft_input_kernel(model)
-    if int4:  # the 4-bit CPU path (EngineConfig.cpu_weights), on a float32 model: no nn.Linear left after it
+    if int4 is not False:  # the 4-bit CPU path (EngineConfig.cpu_weights), on a float32 model: no nn.Linear left
         from .int4_weights import use_int4_weights
 
-        use_int4_weights(model)
+        use_int4_weights(model, required=int4 is True)
     if device.type == "cpu" and CPU_WEIGHT_MAJOR:
         use_cpu_linear(model)
     if compile or (compile is None and device.type == "cuda"):
