@@ -1,5 +1,6 @@
-"""The 4-bit CPU path (`EngineConfig.cpu_weights = "q4"`, `--cpu-weights q4`): a GGUF target's own 4-bit weights
-multiplied as they are stored, bf16 activations, and speculation still lossless by construction.
+"""The 4-bit CPU path (`EngineConfig.cpu_weights = "q4"`, `--cpu-weights q4`; by default, "auto", where `int4_mode`
+says so): a GGUF target's own 4-bit weights multiplied as they are stored, bf16 activations, and speculation still
+lossless by construction.
 
 `use_int4_weights(model)` (engine.transforms.prepare_for_inference, after fusing projections, on a target loaded in
 float32): every nn.Linear of the target becomes an `Int4Linear` (layers/int4_linear.py: Q4_0 / Q4_1 groups, Q8_0 as
@@ -35,14 +36,14 @@ from ..layers.row_attention import ROW_MAX_TOKENS
 
 # Where `cpu_weights="auto"` takes this path (`int4_mode`): the CPUs it was measured faster on, all x86-64 (2 cores
 # each, the embedded SmolLM2, MT-bench; docs/benchmarks.md "Session 69", "Session 70"): plain 4-bit decoding ran
-# 1.06-1.27x float32's best speculation on an AVX2 AMD EPYC, 1.29x on an Intel Xeon with AMX, 1.07-1.09x on an AVX-512
-# AMD EPYC (Zen 4), and with its own speculation (`assets.INT4_GREEDY`) `eaglespec generate` there 62.9 against
-# float32's 49.3 tok/s (1.28x). Other architectures (aarch64's 4-bit kernel) are not measured: dense there. Engines
-# of several rows (`serve`'s 4, `api.load`'s default 8) stay dense: the kernel is compute-bound past one row (on the
-# Zen 4 EPYC, `bench --no-spec --batch-sizes 1,4,8`, MT-bench 1-8, 48 tokens: plain 4-bit decoding 1.71x / 1.21x /
-# 0.94x float32's at 1 / 4 / 8 rows), and a prefill of several padded prompts attends through SDPA in bf16, whose
-# roundings differ from one prompt's alone enough to change answers (bench, 2 rows: 1 of 2 plain answers not the
-# one-row engine's; float32's are), so what a request gets would depend on the requests beside it.
+# 1.06-1.27x float32's best speculation on an AVX2 AMD EPYC, 1.21-1.29x on Intel Xeons, 1.09x on an AVX-512 AMD EPYC
+# (Zen 4), and with its own speculation (`assets.INT4_GREEDY`) `eaglespec generate` there 61.6 / 60.6 against float32's
+# 47.2 / 48.4 tok/s (1.30x / 1.25x). Other architectures (aarch64's 4-bit kernel) are not measured: dense there. Engines
+# of several rows (`serve`'s 4, `api.load`'s default 8) stay dense: the kernel is compute-bound past one row (on the Zen
+# 4 EPYC, `bench --no-spec --batch-sizes 1,4,8`, MT-bench 1-8, 48 tokens: plain 4-bit decoding 1.71x / 1.21x / 0.94x
+# float32's at 1 / 4 / 8 rows), and a prefill of several padded prompts attends through SDPA in bf16, whose roundings
+# differ from one prompt's alone enough to change answers (bench, 2 rows: 1 of 2 plain answers not the one-row engine's;
+# float32's are), so what a request gets would depend on the requests beside it.
 INT4_DEFAULT_MACHINES = frozenset({"x86_64", "amd64"})
 INT4_DEFAULT_MAX_ROWS = 1
 _CONTAINERS = (nn.ModuleList, nn.ModuleDict, nn.Sequential)
