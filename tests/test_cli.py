@@ -85,6 +85,7 @@ def test_generate_default_model(tmp_path, capsys, monkeypatch):
     s = json.loads(stats.read_text())
     assert s["tokens"] > 0 and s["seconds"] > 0 and s["tok_per_s"] > 0
     assert s["int4_weights"] == four_bit and s["dtype"] == ("bfloat16" if four_bit else "float32")
+    assert ("4-bit CPU weights" in err) == four_bit  # the stats line says which weights answered
     # the shipped drafter, in the shape the CPU's policy chooses (the 4-bit path: the chain of 2, 1.91 / 1.32 =
     # 1.45x against the chain of 3's 1.44x; float32: the tree S3 K2 D6)
     assert s["speculative"] and "accept length" in err
@@ -96,6 +97,7 @@ def test_generate_default_model(tmp_path, capsys, monkeypatch):
     code, dense, err = run_cli(["generate", *question, "--cpu-weights", "dense", "--stats-json", str(stats)], capsys)
     s = json.loads(stats.read_text())
     assert code == 0 and "Paris" in dense and s["dtype"] == "float32" and not s["int4_weights"]
+    assert "4-bit" not in err
     assert (s["steps"], s["topk"], s["draft_tokens"]) == (3, 2, 6)
 
 

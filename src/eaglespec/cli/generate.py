@@ -68,6 +68,8 @@ def run(args: argparse.Namespace) -> int:
         "int4_weights": getattr(engine.runner.target, "int4_weights", False),  # the 4-bit CPU path (cpu_weights)
     }
     line = answer_line(n, seconds)
+    if stats["int4_weights"]:  # bf16 on the GGUF's own 4-bit weights (by default on a one-row x86-64 CPU engine)
+        line += ", 4-bit CPU weights"
     plain = plain_reason(engine, args)
     if plain is not None:
         line += ", " + plain
