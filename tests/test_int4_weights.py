@@ -325,5 +325,6 @@ def test_cpu_weights_auto_takes_the_4bit_path_where_it_applies(monkeypatch):
     assert sampling.runner.target.int4_weights and not sampling.speculative
     assert sampling.plain_note == INT4_SAMPLED_NOTE
     del sampling
-    served = api.load(config=EngineConfig(device="cpu", max_batch_size=4, spec_max_rows=1))  # `serve`'s: dense
+    # `serve`'s engine of 4 rows: dense (its drafter aside: nothing timed)
+    served = api.load(draft=None, config=EngineConfig(device="cpu", max_batch_size=4, spec_max_rows=1))
     assert not getattr(served.runner.target, "int4_weights", False) and served.dtype == torch.float32
