@@ -328,3 +328,19 @@ def test_cpu_weights_auto_takes_the_4bit_path_where_it_applies(monkeypatch):
     # `serve`'s engine of 4 rows: dense (its drafter aside: nothing timed)
     served = api.load(draft=None, config=EngineConfig(device="cpu", max_batch_size=4, spec_max_rows=1))
     assert not getattr(served.runner.target, "int4_weights", False) and served.dtype == torch.float32
+
+
+@pytest.mark.parametrize("tie", [True, False], ids=["tied", "untied"])
+def test_bench_counts_the_packed_weights_a_4bit_step_reads(tie):
+    """`bench`'s bytes a decode step reads (its bandwidth column) on the 4-bit path: every projection's and the head's
+    packed codes and bf16 scales / zeros, the bf16 norms; neither the embedding table (B rows a step) nor a head's
+    kept `weight`, which the products never read."""
+    from eaglespec.bench.bandwidth import weight_bytes_per_step
+
+    target = prepare_for_inference(stored_llama(tie), CPU, None, None, int4=True)
+    packed = sum(t.packed.nbytes + t.scale_zero.nbytes for m in target.modules() if isinstance(m, Int4Linear)
+                 for t in m.terms)
+    norms = sum(p.numel() * 2 for n, p in target.named_parameters() if p.dim() == 1)
+    assert weight_bytes_per_step(target) == packed + norms
+    # under 8 bits a weight on average (4.5 for a 4-bit group, 9 for a Q8_0 tensor's two products)
+    assert packed < sum(p.numel() for p in stored_llama(tie).parameters() if p.dim() == 2)

@@ -14,7 +14,9 @@ Under continuous batching rows come and go, so `steps` is the number of decode s
 useful KV entries (not the padded range the kernel may touch) keeps the number a lower bound of the real traffic. A
 mixture of experts counts, per MoE layer, the `num_experts_per_tok` routed experts one token reads (the fewest a step
 reads; a step of several rows reads up to all of them) besides its router and shared experts, so the bound holds for
-MoE targets too (counting every expert overstated a one-row step's weights by E / k: 16x for Qwen3-30B-A3B).
+MoE targets too (counting every expert overstated a one-row step's weights by E / k: 16x for Qwen3-30B-A3B). On the
+4-bit CPU path (engine/int4_weights.py) a projection reads its packed codes and bf16 scales / zeros, which are not
+parameters, and its head those of the head (a tied embedding's table is then read only B rows at a time).
 
 `copy_bandwidth(device)` measures a device-to-device copy (read + write bytes per second) on CUDA; None elsewhere.
 """
@@ -27,6 +29,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
+from ..layers.int4_linear import Int4Linear
 from ..layers.moe import MoE
 
 
@@ -42,6 +45,10 @@ def weight_bytes_per_step(model: nn.Module) -> int:
     head = model.get_embed_and_head()[1] if embed is not None else None
     seen: set[int] = set()
     total = 0
+    for lin in (m for m in model.modules() if isinstance(m, Int4Linear)):  # the 4-bit path: packed, not parameters
+        total += sum(t.packed.nbytes + t.scale_zero.nbytes for t in lin.terms)
+        if lin.weight is not None:  # a head's kept `weight` (a tied one: the embedding, read B rows a step) is not read
+            seen.add(id(lin.weight))
     for moe in (m for m in model.modules() if isinstance(m, MoE)):
         seen.update(id(p) for p in moe.experts.parameters())
         total += moe.gate.top_k * _nbytes(moe.experts[0].parameters())

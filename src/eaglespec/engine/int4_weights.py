@@ -17,7 +17,9 @@ kernel (each output row alone), the row-wise attention, and the rest elementwise
 RoPE, SiLU, residual adds, the embedding's lookup); the tests check it end to end on the machine running them. A
 float32 engine rests instead on float32's small rounding differences not flipping an argmax.
 
-Why: a float32 one-token step of SmolLM2 reads ~540 MB of weights; this one ~75 MB (docs/benchmarks.md, "Session 69").
+Why: a float32 one-token step of SmolLM2 reads ~540 MB of weights; this one ~102 MB (4 bits a weight and a bf16 scale
+and zero per group of 32: 5 bits; the Q8_0 head as two such products; `bench`'s count, docs/benchmarks.md "Session
+70").
 """
 
 from __future__ import annotations
