@@ -84,17 +84,18 @@ def auto_spec(target: torch.nn.Module, device_type: str, max_batch_size: int = 1
     CPU each mode takes its best timed shape where the policy would decode plainly (`assets.cpu_choice`). A target on
     the 4-bit CPU path times its forwards as verifies and takes its own greedy cost model (`assets.INT4_GREEDY`);
     its sampled steps decode plainly (`assets.INT4_SAMPLED_NOTE`), unless `speculate`."""
+    if only is not None:
+        temperature = only.temperature
     greedy, sampled = mode_entries(device_type, spec_rows(max_batch_size, spec_max_rows),
                                    next(target.parameters()).dtype)
     # the 4-bit CPU path: its own greedy cost model over forwards timed as verifies; sampled steps plain (assets)
     int4 = device_type == "cpu" and getattr(target, "int4_weights", False)
     if int4 and not speculate and sampled is not None:
-        if (only.temperature if only is not None else temperature) > 0:
+        if temperature > 0:
             return None, INT4_SAMPLED_NOTE
         sampled = None
     penalized = penalized_entries(device_type)
     if only is not None:
-        temperature = only.temperature
         if only.penalized and penalized == ():
             return None, PENALIZED_NOTE
         penalized = None
