@@ -55,6 +55,10 @@ def test_chat_keeps_the_conversation_and_resets(plain, capsys, monkeypatch):
     assert out == f"{a1}\n{a2}\n{a3}\n"
     assert a2 != a3  # the history mattered
     assert "speculative, --spec 2,2,4" in err and err.count("accept length") == 3 and "a new conversation" in err
+    # the start-up line names the weights that answer (the 4-bit path where `plain`, loaded as chat loads, took it)
+    four_bit = getattr(plain.runner.target, "int4_weights", False)
+    assert ("[eaglespec] chat on cpu (4-bit CPU weights), speculative" in err) == four_bit
+    assert ("[eaglespec] chat on cpu, speculative" in err) != four_bit
     # the second turn reuses the first's cache entries (its prompt, answer and all); the third, after /reset, the
     # system prompt's
     cached = [int(m.group(1)) for m in re.finditer(r", (\d+) of \d+ prompt tokens cached", err)]

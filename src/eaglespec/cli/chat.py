@@ -21,7 +21,7 @@ from ..engine.gc_heap import freeze_heap
 from ..errors import RequestError
 from ..sampling_params import SamplingParams
 from .answer_printer import AnswerPrinter
-from .options import (add_model_options, add_sampling_options, answer_line, draft_arg, engine_config,
+from .options import (add_model_options, add_sampling_options, answer_line, device_text, draft_arg, engine_config,
                       engine_summary, sampling_params, spec_config)
 
 
@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
     if engine.tokenizer is None or not engine.tokenizer.has_chat_template:
         raise RequestError("this model's tokenizer has no chat template: use `eaglespec generate --no-chat-template`")
     freeze_heap()  # a session's garbage collections skip the model, the engine and the libraries (gc_heap.py)
-    print(f"[eaglespec] chat on {engine.device.type}, {engine_summary(engine, args)}; commands: /image PATH, /reset, "
+    print(f"[eaglespec] chat on {device_text(engine)}, {engine_summary(engine, args)}; commands: /image PATH, /reset, "
           "/exit", file=sys.stderr)
     system = [{"role": "system", "content": args.system}] if args.system else []
     messages, images = list(system), [[] for _ in system]  # images: each message's, for a multimodal target

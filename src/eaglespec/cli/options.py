@@ -199,6 +199,15 @@ def plain_reason(engine: "Engine", args: argparse.Namespace) -> str | None:
             f"({why}; --steps S --topk K speculates anyway)")
 
 
+def device_text(engine: "Engine") -> str:
+    """The engine's device type for start-up and stats lines, with "(4-bit CPU weights)" where the target runs the
+    4-bit CPU path (engine/int4_weights.py: bf16 on the GGUF's own 4-bit weights, by default on one-row x86-64 CPU
+    engines): the weights that answer are named wherever the speed is."""
+    if getattr(engine.runner.target, "int4_weights", False):
+        return f"{engine.device.type} (4-bit CPU weights)"
+    return engine.device.type
+
+
 def engine_summary(engine: "Engine", args: argparse.Namespace) -> str:
     """One phrase for start-up lines: the speculative shape, or plain decoding and why."""
     if engine.speculative:

@@ -26,7 +26,8 @@ from ..engine.engine import SERVE_LEN
 from ..engine.gc_heap import freeze_heap
 from ..errors import ConfigError
 from ..loading.checkpoint import resolve_device
-from .options import add_model_options, device_arg, draft_arg, engine_config, engine_summary, spec_config
+from .options import (add_model_options, device_arg, device_text, draft_arg, engine_config, engine_summary,
+                      spec_config)
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 CPU_ROWS = 4  # the CPU's default rows (module docstring)
@@ -116,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
     freeze_heap()  # the engine and its graphs live as long as the server: full collections skip them (gc_heap.py)
     name = model_name(args)
     app = create_app(worker, name, args.default_temperature, api_key=args.api_key or None)
-    print(f"[eaglespec] serving {name} at http://{args.host}:{args.port}/v1 on {engine.device.type}: {rows} "
+    print(f"[eaglespec] serving {name} at http://{args.host}:{args.port}/v1 on {device_text(engine)}: {rows} "
           f"row{'s' if rows > 1 else ''} of {max_len} tokens, {engine_summary(engine, args)}", file=sys.stderr)
     # the engine's loop stays on this thread, which loaded the model (server/worker.py says why); HTTP in another
     def terminate(signum: int, frame: object) -> None:  # `kill`, `docker stop`: shut down as Ctrl-C does
