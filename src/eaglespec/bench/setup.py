@@ -64,6 +64,7 @@ def load_bench_model(model: str | None, random_weights: str | None, device: torc
                      int4: bool | None = False) -> BenchModel:
     """`int4`: the 4-bit CPU path (EngineConfig.cpu_weights, through `int4_weights.int4_mode`: True required, None
     where the model allows it): loaded in float32, computing in bf16 (the BenchModel's dtype, its drafters')."""
+    from ..engine.int4_weights import load_dtype
     from ..engine.transforms import prepare_for_inference
 
     if random_weights is not None:
@@ -76,7 +77,7 @@ def load_bench_model(model: str | None, random_weights: str | None, device: torc
         hf: object = ("random", random_weights, seed)  # peer_hf rebuilds the same weights (before any fusing)
     else:
         path = model if model is not None else str(default_model_path())
-        loaded = load_model(path, device=device, dtype=torch.float32 if int4 is not False else dtype)
+        loaded = load_model(path, device=device, dtype=load_dtype(int4, dtype))
         source, hf = path, path
     prepare_for_inference(loaded.model, device, fuse, compile, int4)  # as api.load does
     return BenchModel(loaded, source, device, next(loaded.model.parameters()).dtype, hf)

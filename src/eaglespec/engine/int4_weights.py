@@ -98,6 +98,12 @@ def int4_mode(cpu_weights: str, device: torch.device, dtype: str, compile: bool 
     return False
 
 
+def load_dtype(int4: bool | None, dtype: str | torch.dtype) -> str | torch.dtype:
+    """The dtype a target loads in for `int4_mode`'s answer: float32 where this path may take it (it reads the weights
+    as the GGUF loader dequantizes them, then computes in bf16), else `dtype`."""
+    return dtype if int4 is False else torch.float32
+
+
 def use_int4_weights(model: nn.Module, required: bool = True) -> bool:
     """Module docstring. `model` float32 on the CPU, projections fused or not. Where it cannot (a ConfigError naming
     why, nothing changed): raises if `required`, else returns False and the model stays dense; True once converted."""
