@@ -19,7 +19,7 @@ for item in sys.argv[1:split]:
     name, value = item.split("=", 1)
     module, attr = name.rsplit(".", 1)
     setattr(importlib.import_module(module), attr, ast.literal_eval(value))
-    print(f"with {name} = {value}", flush=True)
+    print(f"with {name} = {value}", file=sys.stderr, flush=True)
 if sys.argv[split + 1] == "-m":  # a module as `python -m` runs it
     module = sys.argv[split + 2]
     sys.argv = [module] + sys.argv[split + 3:]

@@ -73,7 +73,10 @@ def test_chat_refuses_an_image_for_a_text_model_and_goes_on(plain, tmp_path, cap
     monkeypatch.setattr("sys.stdin", io.StringIO(f"/image {path}\nWhat is this?\nWhat is the capital of France?\n"))
     code, out, err = run_cli(["chat", "--no-spec", "--max-new-tokens", "8"], capsys)
     assert code == 0 and "eaglespec: error: LlamaForCausalLM does not take images" in err
-    # the refused message is not in the conversation: the next answer is the plain one to the question alone
+    # the refused message is not in the conversation: the next answer is the plain one to the question alone, from a
+    # fresh prefill as chat's new engine made it (in bf16 a prompt's suffix prefilled after a reused prefix rounds
+    # otherwise than a whole prefill: `plain` holds earlier tests' prefixes)
+    plain.forget_prefixes()
     assert out == greedy(plain, [{"role": "user", "content": "What is the capital of France?"}], 8) + "\n"
 
 

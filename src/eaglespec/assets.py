@@ -184,7 +184,13 @@ CPU_ONE_STEP_FIRST_TEMPERATURE = 1.0
 # at a time); its chains' forwards timed as verifies (`verify_cost_ratios(as_verify=True)`) 1.18x / 1.34-1.37x / 1.52x
 # a decode step's for 2 / 3 / 4 tokens. So a step there costs ratio(D) + 0.10 + 0.11 S decode steps (the two chains'
 # medians: 1.58 / 1.14 - 1.18 = 0.21, 1.91 / 1.14 - 1.355 = 0.32), and the 4-bit path's greedy steps choose among the
-# chains by that model (INT4_GREEDY) where it promises at least 1.05x (a shape estimated 1.14x ran 1.00-1.19x). Its
+# chains by that model (INT4_GREEDY) where it promises at least 1.05x (a shape estimated 1.14x ran 1.00-1.19x).
+# Session 71 (the same CPU): the layers' steps through numba kernels (engine/int4_step.py) made plain decoding ~1.4x
+# faster (bench, MT-bench 1-6, 64 tokens, two rounds: 82.4 tok/s) while the bf16 drafter did not shrink, so a draft
+# step now costs ~0.22 decode steps: S1 K1 D2 1.05x (0.99-1.11x, tau 1.56), S2 K1 D3 1.03x (1.02-1.05x, 1.92),
+# S3 K1 D4 0.92x (2.06), the forwards timed 1.12-1.17x / 1.21-1.38x / 1.46x for 2 / 3 / 4 tokens: a step costs
+# ratio(D) + 0.12 + 0.22 S (1.56 / 1.05 - 1.145 = 0.34, 1.92 / 1.03 - 1.30 = 0.56, 2.06 / 0.92 - 1.46 = 0.78), and on
+# that machine the model now promises the chains 0.99-1.07x: they speculate where the timed forwards are cheap. Its
 # sampled steps decode plainly: at temperature 1 (the same machine, MT-bench 1-6, 64 tokens, two rounds in one
 # process) the one-step chain ran 1.03x / 1.04x (tau 1.44) and the chain of 2 0.91x / 0.98x (1.63) of plain's 56 tok/s.
 INT4_SAMPLED_NOTE = ("on the 4-bit CPU path sampled speculation measured 0.91-1.04x plain decoding at temperature 1 "
@@ -223,9 +229,11 @@ class GreedyCostModel:
     name: str
 
 
-CPU_GREEDY = GreedyCostModel(CPU_GREEDY_TAUS, CPU_STEP_OVERHEAD, CPU_DRAFT_STEP_COST, CPU_MIN_GREEDY_SPEEDUP, "the CPU's")
-# the 4-bit CPU path's (above; the taus of the chains of 3 and 1 greedy float32 on the CPU, sessions 68 and 70)
-INT4_GREEDY = GreedyCostModel(((_CHAIN_3, 2.06), (_CHAIN_2, 1.91), (_CHAIN_1, 1.58)), 0.10, 0.11, 1.05,
+CPU_GREEDY = GreedyCostModel(CPU_GREEDY_TAUS, CPU_STEP_OVERHEAD, CPU_DRAFT_STEP_COST, CPU_MIN_GREEDY_SPEEDUP,
+                             "the CPU's")
+# the 4-bit CPU path's (above; the taus of the chains of 3 and 1 greedy float32 on the CPU, sessions 68 and 70; the
+# step's costs session 71's, with the numba layer steps)
+INT4_GREEDY = GreedyCostModel(((_CHAIN_3, 2.06), (_CHAIN_2, 1.91), (_CHAIN_1, 1.58)), 0.12, 0.22, 1.05,
                               "the 4-bit CPU path's")
 # device type -> ((largest engine, shape), ...) by increasing engine size; larger engines decode plainly by default
 _DEFAULT_SPEC: dict[str, tuple[tuple[int, SpecConfig], ...]] = {

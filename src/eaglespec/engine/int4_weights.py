@@ -5,11 +5,13 @@ lossless by construction.
 `use_int4_weights(model)` (engine.transforms.prepare_for_inference, after fusing projections, on a target loaded in
 float32): every nn.Linear of the target becomes an `Int4Linear` (layers/int4_linear.py: Q4_0 / Q4_1 groups, Q8_0 as
 two 4-bit products), every attention layer computes decode and verify steps row by row (`GQAAttention.row_invariant`,
-layers/row_attention.py), and the other parameters (embedding, norms) are cast to bf16 (buffers such as RoPE's
-frequencies stay float32, as a bf16 load keeps them); the KV cache holds float32 (`model.kv_dtype`). What it cannot
-run it names in a ConfigError before changing anything: a weight that is not 4- or 8-bit groups (an F16 / K-quant
-GGUF, a safetensors checkpoint), an attention other than grouped-query attention (MLA, linear attention), a module it
-does not know to be row-invariant (MoE experts, vision towers).
+layers/row_attention.py; where numba is installed, a Llama-shaped layer's decode and verify steps run through
+engine/int4_step.py's kernels instead of its modules, row-invariant alike), and the other parameters (embedding,
+norms) are cast to bf16 (buffers such as RoPE's frequencies stay float32, as a bf16 load keeps them); the KV cache
+holds float32 (`model.kv_dtype`). What it cannot run it names in a ConfigError before changing anything: a weight
+that is not 4- or 8-bit groups (an F16 / K-quant GGUF, a safetensors checkpoint), an attention other than
+grouped-query attention (MLA, linear attention), a module it does not know to be row-invariant (MoE experts, vision
+towers).
 
 Why lossless: a speculative engine commits the tokens plain decoding would where every token's logits have the same
 bits in a verify of D tokens as in a one-token step. On this path each part of the step is row-invariant: the 4-bit
@@ -148,4 +150,8 @@ def _convert(model: nn.Module) -> None:
     # float32 keys and values (bf16's values, exactly): the row-wise attention computes in float32 and reads them
     # without a conversion a layer and query row (ModelRunner.kv_dtype)
     model.kv_dtype = torch.float32
+    from .int4_step import Int4Step  # (imports models.base)
+
+    # decode and verify steps through numba kernels where numba is installed and the layers are Llama-shaped
+    model.int4_steps = Int4Step.attach(model)
     model.int4_weights = True  # `draft="auto"` takes this path's own policy (api.auto_spec, assets.INT4_GREEDY)

@@ -97,12 +97,14 @@ def _cpu_name() -> str:
 
 def machine_key(model: torch.nn.Module) -> str:
     """What a forward's timing depends on besides the load of the moment: the CPU and its core count, torch and its
-    threads, the model's parameters (names, shapes, dtypes) and how each projection runs (`CpuLinear`'s packed copy
-    and `direct_rows`, the modules' types), as a short hash."""
+    threads, the model's parameters (names, shapes, dtypes) and how each projection and layer runs (`CpuLinear`'s
+    packed copy and `direct_rows`, the modules' types, the 4-bit path's numba steps), as a short hash."""
     parts = [_cpu_name(), str(os.cpu_count()), torch.__version__, str(torch.get_num_threads())]
     parts += [f"{n}:{tuple(p.shape)}:{p.dtype}" for n, p in model.named_parameters()]
     parts += [f"{n}:{type(m).__name__}:{getattr(m, 'direct_rows', '')}:{getattr(m, 'packed', None) is not None}"
               for n, m in model.named_modules()]
+    # layers whose steps run the 4-bit path's numba kernels (engine/int4_step.py)
+    parts += [f"{n}:int4-step" for n, m in model.named_modules() if getattr(m, "cpu_step", None) is not None]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
 
 

@@ -31,7 +31,7 @@ from .context import Chunk, ForwardContext
 ROW_MAX_TOKENS = 64
 
 
-def _visible(ctx: ForwardContext, window: int | Chunk | None) -> list[list[torch.Tensor | int]]:
+def visible_keys(ctx: ForwardContext, window: int | Chunk | None) -> list[list[torch.Tensor | int]]:
     """Per (row, token): the visible key count n where they are the cache's prefix [0, n), else their positions
     [n] int64 ascending (built once a forward and window: the layers share it)."""
     key = ("row_visible", window)
@@ -58,7 +58,7 @@ def attend_rows(q: torch.Tensor, ctx: ForwardContext, cache: Sequence[torch.Tens
     Hkv = k_cache.shape[2]
     g = H // Hkv  # query head h reads KV head h // g
     rows = ctx.row_index(B).tolist()
-    visible = _visible(ctx, window)
+    visible = visible_keys(ctx, window)
     s_scale = scale if scale is not None else D**-0.5
     out = torch.empty(B, T, H, D, dtype=q.dtype, device=q.device)
     for b in range(B):

@@ -61,6 +61,9 @@ class PreNormDecoderLayer(nn.Module):
     # engine.transforms.fold_norms may fold both norms' weights into q/k/v and gate/up (the weights become ones);
     # longer steps then take `_forward_folded`
     folded_norms = False
+    # engine.int4_step may set the 4-bit CPU path's step (numba kernels between the 4-bit products): it runs the
+    # decode and verify forwards it takes and returns None for the others, which take the module path
+    cpu_step = None
 
     def forward(self, h, delta, cos, sin, ctx: ForwardContext, cache, keep_input: bool = False,
                 embed_ids: torch.Tensor | None = None) -> tuple:
@@ -71,6 +74,10 @@ class PreNormDecoderLayer(nn.Module):
         first kernel."""
         if embed_ids is not None:
             return self._forward_fused(h, None, cos, sin, ctx, cache, embed_ids=embed_ids)
+        if self.cpu_step is not None:
+            out = self.cpu_step(self, h, delta, cos, sin, ctx, cache, keep_input)
+            if out is not None:
+                return out
         if self.fused_for(h.shape[0] * h.shape[1]):
             return self._forward_fused(h, delta, cos, sin, ctx, cache, keep_input)
         if self.folded_norms:

@@ -1,0 +1,126 @@
+"""A decoder layer's decode and verify steps on the 4-bit CPU path in seven calls: the four 4-bit products
+(layers/int4_linear.py) and three numba kernels for the work between them (layers/int4_step_kernels.py: add +
+RMSNorm, RoPE + KV store + attention, SiLU gating), instead of the module path's ~70 PyTorch operators, whose dispatch
+cost most of a one-row step (docs/benchmarks.md "Session 71": plain decoding of the embedded SmolLM2 1.3-1.4x).
+
+`Int4Step.attach(model)` (engine/int4_weights.py, after the conversion) gives every layer it `fits` a
+`PreNormDecoderLayer.cpu_step`; numba missing (`ImportError`) or `USE_KERNELS` off, it attaches nothing and the layers
+keep the module path. A step, `cpu_step(layer, h, delta, cos, sin, ctx, cache, keep_input)`, runs the forwards the
+row-wise attention runs (layers/row_attention.py: a cached, non-causal forward of at most ROW_MAX_TOKENS tokens,
+with RoPE over the whole head) and returns None for any other (prefills), which the layer then runs as modules.
+
+Contract with the layer (`PreNormDecoderLayer.forward`): h [B, T, K] (bf16, or float32 from a layer before), delta
+None or [B, T, K] -> (h, delta) as float32 h (bf16 values; updated in place where it was already float32, as the
+folded path does) and bf16 delta, plus with keep_input a copy of the layer's input sum. The KV cache is float32
+(`model.kv_dtype` on this path). Every token is computed alone (the kernels' module docstring), so this step is
+row-invariant like the path it replaces; its roundings are that path's, its sums in another order.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+import torch
+from torch import nn
+
+from ..layers.attention import GQAAttention
+from ..layers.context import ForwardContext
+from ..layers.int4_linear import Int4Linear
+from ..layers.mlp import GatedMLP
+from ..layers.norm import RMSNorm
+from ..layers.row_attention import ROW_MAX_TOKENS, visible_keys
+from ..models.base import PreNormDecoderLayer
+
+# a seam tests and benchmarks turn off (the module path then runs every step, as without numba)
+USE_KERNELS = True
+
+
+def fits(layer: nn.Module) -> bool:
+    """Whether `layer` is a Llama-shaped pre-norm layer this step computes exactly: RMSNorms, plain grouped-query
+    attention (no window, sinks, soft cap, query temperature, NoPE or custom scale) with fused 4-bit q/k/v and o_proj,
+    a SiLU-gated MLP with fused 4-bit gate/up and down_proj."""
+    if not isinstance(layer, PreNormDecoderLayer) or layer.folded_norms or layer.norm_linear is not None:
+        return False
+    attn, mlp = layer.self_attn, layer.mlp
+    norms = (layer.input_layernorm, layer.post_attention_layernorm)
+    return (all(type(n) is RMSNorm for n in norms)
+            and type(attn) is GQAAttention and isinstance(getattr(attn, "qkv_proj", None), Int4Linear)
+            and isinstance(attn.o_proj, Int4Linear) and attn.window is None and not attn.nope
+            and attn.scale is None and attn.softcap is None and attn.temperature is None
+            and "sinks" not in attn._parameters and attn.head_dim % 2 == 0
+            and type(mlp) is GatedMLP and mlp.act_name == "silu"
+            and isinstance(getattr(mlp, "gate_up_proj", None), Int4Linear) and isinstance(mlp.down_proj, Int4Linear))
+
+
+class Int4Step:
+    """One layer's step (module docstring): its norms' weights as float32 numpy arrays, read by the kernels."""
+
+    def __init__(self, layer: PreNormDecoderLayer, kernels: ModuleType) -> None:
+        self.k = kernels
+        n1, n2 = layer.input_layernorm, layer.post_attention_layernorm
+        self.w1, self.eps1 = n1.weight.detach().float().numpy(), float(n1.eps)
+        self.w2, self.eps2 = n2.weight.detach().float().numpy(), float(n2.eps)
+
+    @staticmethod
+    def attach(model: nn.Module) -> int:
+        """Give every layer of `model` that `fits` its step; -> how many (0 where numba is missing)."""
+        layers = [m for m in model.modules() if fits(m)] if USE_KERNELS else []
+        if not layers:  # (numba not even imported)
+            return 0
+        try:
+            from ..layers import int4_step_kernels as kernels
+        except ImportError:  # numba not installed: the module path
+            return 0
+        kernels.warm()  # their machine code loaded now, not in the first step (~0.5 s: LLVM's start)
+        for m in layers:
+            m.cpu_step = Int4Step(m, kernels)
+        return len(layers)
+
+    def __call__(self, layer: PreNormDecoderLayer, h: torch.Tensor, delta: torch.Tensor | None, cos: torch.Tensor,
+                 sin: torch.Tensor, ctx: ForwardContext, cache, keep_input: bool = False) -> tuple | None:
+        B, T, K = h.shape
+        attn = layer.self_attn
+        H, Hkv, D = attn.num_heads, attn.num_kv_heads, attn.head_dim
+        if (cache is None or ctx.write_index is None or ctx.causal or T > ROW_MAX_TOKENS
+                or 2 * cos.shape[-1] != D):  # prefills (and partial RoPE): the module path
+            return None
+        M = B * T
+        rows, slots, vis_n, vis_idx, c, s = _forward_arrays(ctx, cos, sin, B, T)
+        h32 = h.reshape(M, K).float().contiguous()  # h itself when a layer before made it (updated in place)
+        d32 = (torch.zeros(M, K) if delta is None else delta.reshape(M, K).float().contiguous())
+        x = torch.empty(M, K)
+        self.k.add_rms_norm(h32.numpy(), d32.numpy(), self.w1, self.eps1, x.numpy())
+        s_in = h32.clone().view(B, T, K) if keep_input else None  # the layer's input sum (an aux state)
+        qkv = attn.qkv_proj(x).float()  # [M, (H + 2 Hkv) D]
+        out = torch.empty(M, H * D)
+        self.k.rope_store_attend(qkv.numpy(), c, s, cache[0].numpy(), cache[1].numpy(), rows, slots, vis_n, vis_idx,
+                                 H, Hkv, D**-0.5, out.numpy())
+        o = attn.o_proj(out).float()
+        self.k.add_rms_norm(h32.numpy(), o.numpy(), self.w2, self.eps2, x.numpy())
+        gu = layer.mlp.gate_up_proj(x).float()  # [M, 2 I]
+        act = torch.empty(M, gu.shape[1] // 2)
+        self.k.silu_mul(gu.numpy(), act.numpy())
+        d = layer.mlp.down_proj(act).view(B, T, K)  # bf16
+        return (h32.view(B, T, K), d, s_in) if keep_input else (h32.view(B, T, K), d)
+
+
+def _forward_arrays(ctx: ForwardContext, cos: torch.Tensor, sin: torch.Tensor, B: int, T: int) -> tuple:
+    """Per forward (the layers share it): numpy int64 rows [M] and write slots [M] of the tokens, their visible key
+    counts [M] and positions [M, W] (W = 0 where every token sees a prefix of its row, as decode and chain verifies
+    do: row_attention.visible_keys), and float32 cos / sin [M, D / 2]."""
+    if "int4_step" not in ctx._memo:
+        rows = ctx.row_index(B)[:, None].expand(B, T).reshape(-1).to(torch.int64).contiguous()
+        slots = ctx.write_index.reshape(-1).to(torch.int64).contiguous()
+        vis = [v for row in visible_keys(ctx, None) for v in row]
+        counts = [v if isinstance(v, int) else v.numel() for v in vis]
+        if all(isinstance(v, int) for v in vis):
+            idx = torch.zeros(len(vis), 0, dtype=torch.int64)
+        else:  # a tree's tokens see gathered positions: each token's list, padded to the longest
+            idx = torch.zeros(len(vis), max(counts), dtype=torch.int64)
+            for i, v in enumerate(vis):
+                idx[i, : counts[i]] = torch.arange(v) if isinstance(v, int) else v
+        M = B * T
+        ctx._memo["int4_step"] = (rows.numpy(), slots.numpy(), torch.tensor(counts, dtype=torch.int64).numpy(),
+                                  idx.numpy(), cos.reshape(M, -1).float().contiguous().numpy(),
+                                  sin.reshape(M, -1).float().contiguous().numpy())
+    return ctx._memo["int4_step"]

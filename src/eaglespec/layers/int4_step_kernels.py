@@ -1,0 +1,158 @@
+"""Numba kernels for a decoder layer's small work on the 4-bit CPU path (layers/int4_step.py): one call each for the
+residual add + RMSNorm, RoPE + KV store + attention, and SiLU gating, in place of ~70 PyTorch operators a layer whose
+dispatch cost most of a one-row step (docs/benchmarks.md, "Session 71"). Importing this module imports numba; the
+caller falls back to the PyTorch path where that fails.
+
+Every array is float32 (numpy views of the engine's tensors); "bf16" below means a float32 holding a bfloat16 value,
+rounded to nearest even as `Tensor.to(torch.bfloat16)` rounds (`round_bf16`): the kernels round where the PyTorch path
+(layers/norm.py, rotary.py, row_attention.py, mlp.py in bf16) rounds, so that the model computes the same function to
+within summation order.
+
+Row-invariant by construction: each token's outputs are computed from that token's inputs alone (and, in the
+attention, its visible keys in cache order and their count) by the same compiled loop, whatever the number of tokens
+in the call: a speculative verify of D tokens gives every token the bits a one-token decode step gives it, which is
+what keeps speculation lossless in bf16 (engine/int4_weights.py). `fastmath` (reassociated sums, vectorised) is a
+property of the compiled code, the same for every call, so it does not break that.
+
+- `add_rms_norm(h, d, w, eps, x)`: h [M, K] <- bf16(h + d) (d None-free: pass zeros for a first layer);
+  x [M, K] <- bf16(w * bf16(h / sqrt(mean(h^2) + eps))).
+- `rope_store_attend(qkv, cos, sin, k_cache, v_cache, rows, slots, vis_n, vis_idx, H, Hkv, scale, out)`:
+  qkv [M, (H + 2 Hkv) D] (bf16 values); cos / sin [M, D / 2] float32; caches [Bc, S, Hkv, D]; token m's rotated key
+  and its value stored at (rows[m], slots[m]) for every m first; then token m attends over the vis_n[m] cache
+  positions of its row that vis_idx[m, :vis_n[m]] lists (vis_idx of width 0: positions 0 .. vis_n[m] - 1) -> out
+  [M, H D] (bf16). RoPE on halves; scores, softmax and the weighted sum in float32.
+- `silu_mul(gu, out)`: gu [M, 2 I] (gate, then up; bf16) -> out [M, I] = bf16(bf16(silu(gate)) * up).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+
+@njit(cache=True, nogil=True)
+def round_bf16(x: np.ndarray) -> None:
+    """x (any shape, contiguous float32) rounded in place to the nearest bfloat16, ties to even (finite values)."""
+    u = x.reshape(-1).view(np.uint32)
+    for i in range(u.size):
+        v = u[i]
+        u[i] = (v + np.uint32(0x7FFF) + ((v >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xFFFF0000)
+
+
+@njit(cache=True, nogil=True, fastmath=True)
+def add_rms_norm(h: np.ndarray, d: np.ndarray, w: np.ndarray, eps: float, x: np.ndarray) -> None:
+    """Module docstring."""
+    M, K = h.shape
+    for m in range(M):
+        for k in range(K):
+            h[m, k] += d[m, k]
+    round_bf16(h)
+    for m in range(M):
+        acc = np.float32(0.0)
+        for k in range(K):
+            acc += h[m, k] * h[m, k]
+        r = np.float32(1.0) / np.sqrt(acc / np.float32(K) + np.float32(eps))
+        for k in range(K):
+            x[m, k] = h[m, k] * r
+    round_bf16(x)
+    for m in range(M):
+        for k in range(K):
+            x[m, k] *= w[k]
+    round_bf16(x)
+
+
+@njit(cache=True, nogil=True, fastmath=True)
+def rope_store_attend(qkv: np.ndarray, cos: np.ndarray, sin: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
+                      rows: np.ndarray, slots: np.ndarray, vis_n: np.ndarray, vis_idx: np.ndarray, H: int, Hkv: int,
+                      scale: float, out: np.ndarray) -> None:
+    """Module docstring."""
+    M = qkv.shape[0]
+    D = k_cache.shape[3]
+    half = D // 2
+    g = H // Hkv  # query head h reads KV head h // g
+    q = np.empty((M, H, D), np.float32)
+    k = np.empty((M, Hkv, D), np.float32)
+    for m in range(M):  # RoPE on halves, in float32, rounded to bf16 (apply_rotary)
+        for hh in range(H + Hkv):
+            base = hh * D
+            for i in range(half):
+                x1, x2 = qkv[m, base + i], qkv[m, base + half + i]
+                c, s = cos[m, i], sin[m, i]
+                a, b = x1 * c - x2 * s, x2 * c + x1 * s
+                if hh < H:
+                    q[m, hh, i], q[m, hh, half + i] = a, b
+                else:
+                    k[m, hh - H, i], k[m, hh - H, half + i] = a, b
+    round_bf16(q)
+    round_bf16(k)
+    vbase = (H + Hkv) * D
+    for m in range(M):  # every token's key and value into the cache before any token attends
+        r, sl = rows[m], slots[m]
+        for kh in range(Hkv):
+            for i in range(D):
+                k_cache[r, sl, kh, i] = k[m, kh, i]
+                v_cache[r, sl, kh, i] = qkv[m, vbase + kh * D + i]
+    gathered = vis_idx.shape[1] > 0
+    sc = np.float32(scale)
+    for m in range(M):
+        r, n = rows[m], vis_n[m]
+        s = np.empty((g, n), np.float32)
+        acc = np.empty(D, np.float32)
+        for kh in range(Hkv):
+            for j in range(n):  # the g query heads of this KV head share each key's load
+                pos = vis_idx[m, j] if gathered else j
+                for gi in range(g):
+                    dot = np.float32(0.0)
+                    for i in range(D):
+                        dot += q[m, kh * g + gi, i] * k_cache[r, pos, kh, i]
+                    s[gi, j] = dot * sc
+            for gi in range(g):
+                mx = np.float32(-3.4e38)  # (no infinities under fastmath)
+                for j in range(n):
+                    mx = max(mx, s[gi, j])
+                tot = np.float32(0.0)
+                for j in range(n):
+                    e = np.exp(s[gi, j] - mx)
+                    s[gi, j] = e
+                    tot += e
+                for i in range(D):
+                    acc[i] = 0.0
+                for j in range(n):
+                    pos = vis_idx[m, j] if gathered else j
+                    p = s[gi, j] / tot
+                    for i in range(D):
+                        acc[i] += p * v_cache[r, pos, kh, i]
+                o = (kh * g + gi) * D
+                for i in range(D):
+                    out[m, o + i] = acc[i]
+    round_bf16(out)
+
+
+@njit(cache=True, nogil=True, fastmath=True)
+def silu_mul(gu: np.ndarray, out: np.ndarray) -> None:
+    """Module docstring."""
+    M, N2 = gu.shape
+    N = N2 // 2
+    for m in range(M):
+        for i in range(N):
+            x = gu[m, i]
+            out[m, i] = x / (np.float32(1.0) + np.exp(-x))
+    round_bf16(out)
+    for m in range(M):
+        for i in range(N):
+            out[m, i] *= gu[m, N + i]
+    round_bf16(out)
+
+
+def warm() -> None:
+    """Call each kernel once on tiny arrays of the types the step passes, so that numba loads (or, the first time on
+    a machine, compiles and caches: ~10 s) their machine code now, at the model's load, not in its first step
+    (~0.5 s, most of it LLVM's start; loaded in a thread beside the model's load it slowed that load as much)."""
+    f32, i64 = np.float32, np.int64
+    h, w, x = np.zeros((1, 4), f32), np.ones(4, f32), np.zeros((1, 4), f32)
+    add_rms_norm(h, np.zeros((1, 4), f32), w, 1e-5, x)
+    kc, vc = np.zeros((1, 2, 1, 2), f32), np.zeros((1, 2, 1, 2), f32)
+    idx = np.zeros((1, 0), i64)
+    rope_store_attend(np.zeros((1, 6), f32), np.ones((1, 1), f32), np.zeros((1, 1), f32), kc, vc, np.zeros(1, i64),
+                      np.zeros(1, i64), np.ones(1, i64), idx, 1, 1, 0.5, np.zeros((1, 2), f32))
+    silu_mul(np.zeros((1, 4), f32), np.zeros((1, 2), f32))
