@@ -37,6 +37,7 @@ from ..errors import ConfigError
 from ..layers.attention import GQAAttention
 from ..layers.int4_linear import Int4Linear
 from ..layers.row_attention import ROW_MAX_TOKENS
+from .int4_step import Int4Step
 
 # Where `cpu_weights="auto"` takes this path (`int4_mode`): the CPUs it was measured faster on, all x86-64 (2 cores
 # each, the embedded SmolLM2, MT-bench; docs/benchmarks.md "Session 69", "Session 70"): plain 4-bit decoding ran
@@ -150,8 +151,6 @@ def _convert(model: nn.Module) -> None:
     # float32 keys and values (bf16's values, exactly): the row-wise attention computes in float32 and reads them
     # without a conversion a layer and query row (ModelRunner.kv_dtype)
     model.kv_dtype = torch.float32
-    from .int4_step import Int4Step  # (imports models.base)
-
     # decode and verify steps through numba kernels where numba is installed and the layers are Llama-shaped
     model.int4_steps = Int4Step.attach(model)
     model.int4_weights = True  # `draft="auto"` takes this path's own policy (api.auto_spec, assets.INT4_GREEDY)
