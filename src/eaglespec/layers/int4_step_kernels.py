@@ -14,7 +14,7 @@ in the call: a speculative verify of D tokens gives every token the bits a one-t
 what keeps speculation lossless in bf16 (engine/int4_weights.py). `fastmath` (reassociated sums, vectorised) is a
 property of the compiled code, the same for every call, so it does not break that.
 
-- `add_rms_norm(h, d, w, eps, x)`: h [M, K] <- bf16(h + d) (d None-free: pass zeros for a first layer);
+- `add_rms_norm(h, d, w, eps, x)`: h [M, K] <- bf16(h + d) (d zeros for a first layer, whose input is h alone);
   x [M, K] <- bf16(w * bf16(h / sqrt(mean(h^2) + eps))).
 - `rope_store_attend(qkv, cos, sin, k_cache, v_cache, rows, slots, vis_n, vis_idx, H, Hkv, scale, out)`:
   qkv [M, (H + 2 Hkv) D] (bf16 values); cos / sin [M, D / 2] float32; caches [Bc, S, Hkv, D]; token m's rotated key
