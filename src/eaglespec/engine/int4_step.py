@@ -108,7 +108,8 @@ def _forward_arrays(ctx: ForwardContext, cos: torch.Tensor, sin: torch.Tensor, B
     """Per forward (the layers share it): numpy int64 rows [M] and write slots [M] of the tokens, their visible key
     counts [M] and positions [M, W] (W = 0 where every token sees a prefix of its row, as decode and chain verifies
     do: row_attention.visible_keys), and float32 cos / sin [M, D / 2]."""
-    if "int4_step" not in ctx._memo:
+    key = ("int4_step", id(cos))  # one a forward and RoPE table (the layers share it)
+    if key not in ctx._memo:
         rows = ctx.row_index(B)[:, None].expand(B, T).reshape(-1).to(torch.int64).contiguous()
         slots = ctx.write_index.reshape(-1).to(torch.int64).contiguous()
         vis = [v for row in visible_keys(ctx, None) for v in row]
@@ -120,7 +121,7 @@ def _forward_arrays(ctx: ForwardContext, cos: torch.Tensor, sin: torch.Tensor, B
             for i, v in enumerate(vis):
                 idx[i, : counts[i]] = torch.arange(v) if isinstance(v, int) else v
         M = B * T
-        ctx._memo["int4_step"] = (rows.numpy(), slots.numpy(), torch.tensor(counts, dtype=torch.int64).numpy(),
-                                  idx.numpy(), cos.reshape(M, -1).float().contiguous().numpy(),
-                                  sin.reshape(M, -1).float().contiguous().numpy())
-    return ctx._memo["int4_step"]
+        c, s = (t.reshape(M, -1).float().contiguous().numpy() for t in (cos, sin))
+        n = torch.tensor(counts, dtype=torch.int64)
+        ctx._memo[key] = (rows.numpy(), slots.numpy(), n.numpy(), idx.numpy(), c, s)
+    return ctx._memo[key]
