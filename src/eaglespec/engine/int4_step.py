@@ -6,8 +6,8 @@ cost most of a one-row step (docs/benchmarks.md "Session 71": plain decoding of 
 `Int4Step.attach(model)` (engine/int4_weights.py, after the conversion) gives every layer it `fits` a
 `PreNormDecoderLayer.cpu_step`; numba missing (`ImportError`) or `USE_KERNELS` off, it attaches nothing and the layers
 keep the module path. A step, `cpu_step(layer, h, delta, cos, sin, ctx, cache, keep_input)`, runs the forwards the
-row-wise attention runs (layers/row_attention.py: a cached, non-causal forward of at most ROW_MAX_TOKENS tokens,
-with RoPE over the whole head) and returns None for any other (prefills), which the layer then runs as modules.
+row-wise attention runs (`row_attention.takes_rows`: a cached, non-causal forward of at most ROW_MAX_TOKENS
+tokens; with RoPE over the whole head) and returns None for any other (prefills), which the layer then runs as modules.
 
 Contract with the layer (`PreNormDecoderLayer.forward`): h [B, T, K] (bf16, or float32 from a layer before), delta
 None or [B, T, K] -> (h, delta) as float32 h (bf16 values; updated in place where it was already float32, as the
@@ -28,7 +28,7 @@ from ..layers.context import ForwardContext
 from ..layers.int4_linear import Int4Linear
 from ..layers.mlp import GatedMLP
 from ..layers.norm import RMSNorm
-from ..layers.row_attention import ROW_MAX_TOKENS, visible_keys
+from ..layers.row_attention import takes_rows, visible_keys
 from ..models.base import PreNormDecoderLayer
 
 # a seam tests and benchmarks turn off (the module path then runs every step, as without numba)
@@ -81,8 +81,7 @@ class Int4Step:
         B, T, K = h.shape
         attn = layer.self_attn
         H, Hkv, D = attn.num_heads, attn.num_kv_heads, attn.head_dim
-        if (cache is None or ctx.write_index is None or ctx.causal or T > ROW_MAX_TOKENS
-                or 2 * cos.shape[-1] != D):  # prefills (and partial RoPE): the module path
+        if not takes_rows(ctx, cache, T) or 2 * cos.shape[-1] != D:  # prefills (and partial RoPE): the modules
             return None
         M = B * T
         rows, slots, vis_n, vis_idx, c, s = _forward_arrays(ctx, cos, sin, B, T)

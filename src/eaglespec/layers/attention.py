@@ -31,7 +31,7 @@ from .context import Chunk, ForwardContext
 from .fused_linear import fused_linear
 from .norm import RMSNorm, rms_scaled
 from .rotary import apply_rotary
-from .row_attention import ROW_MAX_TOKENS, attend_rows
+from .row_attention import attend_rows, takes_rows
 
 
 @dataclass(frozen=True)
@@ -273,8 +273,7 @@ class GQAAttention(nn.Module):
         temperature, scale, window, sinks and soft cap."""
         q = self.tempered(q, ctx)
         extra = (self.scale, self.window, self._parameters.get("sinks"), self.softcap)
-        if (self.row_invariant and cache is not None and ctx.write_index is not None and not ctx.causal
-                and q.shape[1] <= ROW_MAX_TOKENS):  # decode and verify steps, short prefills: row by row
+        if self.row_invariant and takes_rows(ctx, cache, q.shape[1]):  # decode and verify steps: row by row
             if k is not None:
                 write_cache(cache[0], k, ctx)
                 write_cache(cache[1], v, ctx)

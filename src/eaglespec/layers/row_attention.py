@@ -31,6 +31,14 @@ from .context import Chunk, ForwardContext
 ROW_MAX_TOKENS = 64
 
 
+def takes_rows(ctx: ForwardContext, cache: Sequence[torch.Tensor] | None, tokens: int) -> bool:
+    """Whether a forward of `tokens` tokens a row goes row by row (in a row-invariant layer): it reads the cache and
+    is not a fresh causal prefill (decode and verify steps, a reused prefix's short suffix), and has at most
+    ROW_MAX_TOKENS tokens. `GQAAttention` and the 4-bit path's layer step (engine/int4_step.py) take the same
+    forwards."""
+    return cache is not None and ctx.write_index is not None and not ctx.causal and tokens <= ROW_MAX_TOKENS
+
+
 def visible_keys(ctx: ForwardContext, window: int | Chunk | None) -> list[list[torch.Tensor | int]]:
     """Per (row, token): the visible key count n where they are the cache's prefix [0, n), else their positions
     [n] int64 ascending (built once a forward and window: the layers share it)."""
