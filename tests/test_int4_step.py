@@ -55,6 +55,14 @@ def test_the_kernels_round_as_pytorch_does():
     ref = w * (s.float() * torch.rsqrt(s.float().pow(2).mean(-1, keepdim=True) + 1e-5)).to(torch.bfloat16)
     assert torch.equal(torch.from_numpy(hn), s.float())
     assert torch.allclose(torch.from_numpy(xn), ref.float(), rtol=2**-7, atol=0)  # within a bf16 step
+    # a drafter's two input norms side by side (engine/int4_drafter.py)
+    w2 = torch.randn(64, generator=g).to(torch.bfloat16)
+    both = np.empty((3, 128), np.float32)
+    kernels.two_rms_norms(h.float().numpy(), w.float().numpy(), 1e-5, d.float().numpy(), w2.float().numpy(), 1e-6, both)
+    norm = (lambda t, wt, eps: wt * (t.float() * torch.rsqrt(t.float().pow(2).mean(-1, keepdim=True) + eps))
+            .to(torch.bfloat16))  # noqa: E731
+    ref2 = torch.cat([norm(h, w, 1e-5), norm(d, w2, 1e-6)], -1).float()
+    assert torch.allclose(torch.from_numpy(both), ref2, rtol=2**-7, atol=0)
     gu = torch.randn(3, 128, generator=g).to(torch.bfloat16)
     act = np.empty((3, 64), np.float32)
     kernels.silu_mul(gu.float().numpy(), act)

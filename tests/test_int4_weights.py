@@ -166,6 +166,8 @@ def test_smollm2_speculates_losslessly_on_its_4bit_weights():
     target = spec.runner.target
     assert spec.dtype == torch.bfloat16 and len(target.lm_head.terms) == 2  # the head: Q8_0 as two products
     assert target.lm_head.weight is target.model.embed_tokens.weight  # get_embed_and_head: still tied
+    drafter = spec.runner.drafter  # its products quantized, its forwards through the kernels (engine/int4_drafter.py)
+    assert isinstance(drafter.lm_head, Int4Linear) and drafter.cpu_step is not None
     prompts = ["What is the capital of France? Answer in one sentence.", "Write a haiku about the sea."]
     params = SamplingParams(max_new_tokens=32)
     plain = [o.token_ids for o in Engine(target, spec.tokenizer, cfg).generate(prompts, params)]

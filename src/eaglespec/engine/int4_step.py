@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from types import ModuleType
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -33,6 +34,21 @@ from ..models.base import PreNormDecoderLayer
 
 # a seam tests and benchmarks turn off (the module path then runs every step, as without numba)
 USE_KERNELS = True
+# the largest forward whose scratch arrays a step keeps (`Scratch`)
+SCRATCH_MAX_TOKENS = 16
+
+
+def kernels() -> ModuleType | None:
+    """layers/int4_step_kernels.py, its machine code loaded (now, not in a first step: ~0.5 s, LLVM's start), or None
+    where numba is not installed or USE_KERNELS is off (the module path)."""
+    if not USE_KERNELS:
+        return None
+    try:
+        from ..layers import int4_step_kernels as k
+    except ImportError:  # numba not installed
+        return None
+    k.warm()
+    return k
 
 
 def fits(layer: nn.Module) -> bool:
@@ -52,28 +68,47 @@ def fits(layer: nn.Module) -> bool:
             and isinstance(getattr(mlp, "gate_up_proj", None), Int4Linear) and isinstance(mlp.down_proj, Int4Linear))
 
 
+class Scratch:
+    """Float32 arrays [M, width] a step reuses, per token count M up to SCRATCH_MAX_TOKENS (decode and verify steps;
+    larger forwards get fresh ones), each as (tensor, its numpy view): they never leave the step."""
+
+    def __init__(self, *widths: int) -> None:
+        self.widths = widths
+        self._by_m: dict[int, list[tuple[torch.Tensor, np.ndarray]]] = {}
+
+    def get(self, M: int) -> list[tuple[torch.Tensor, np.ndarray]]:
+        got = self._by_m.get(M)
+        if got is None:
+            got = [(t, t.numpy()) for t in (torch.zeros(M, w) for w in self.widths)]
+            if M <= SCRATCH_MAX_TOKENS:
+                self._by_m[M] = got
+        return got
+
+
 class Int4Step:
-    """One layer's step (module docstring): its norms' weights as float32 numpy arrays, read by the kernels."""
+    """One layer's step (module docstring): its norms' weights as float32 numpy arrays, its four products (the
+    layer's Int4Linear modules as attached) and its scratch arrays."""
 
     def __init__(self, layer: PreNormDecoderLayer, kernels: ModuleType) -> None:
         self.k = kernels
         n1, n2 = layer.input_layernorm, layer.post_attention_layernorm
         self.w1, self.eps1 = n1.weight.detach().float().numpy(), float(n1.eps)
         self.w2, self.eps2 = n2.weight.detach().float().numpy(), float(n2.eps)
+        attn, mlp = layer.self_attn, layer.mlp
+        self.qkv, self.o, self.gate_up, self.down = attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj
+        # x (the norms' outputs), the attention's output, the gating's, and zeros (a first layer's delta)
+        K = self.down.out_features
+        self.scratch = Scratch(K, self.o.in_features, self.down.in_features, K)
 
     @staticmethod
     def attach(model: nn.Module) -> int:
         """Give every layer of `model` that `fits` its step; -> how many (0 where numba is missing)."""
-        layers = [m for m in model.modules() if fits(m)] if USE_KERNELS else []
-        if not layers:  # (numba not even imported)
+        layers = [m for m in model.modules() if fits(m)]
+        k = kernels() if layers else None  # (numba not even imported for a model none of whose layers fit)
+        if k is None:
             return 0
-        try:
-            from ..layers import int4_step_kernels as kernels
-        except ImportError:  # numba not installed: the module path
-            return 0
-        kernels.warm()  # their machine code loaded now, not in the first step (~0.5 s: LLVM's start)
         for m in layers:
-            m.cpu_step = Int4Step(m, kernels)
+            m.cpu_step = Int4Step(m, k)
         return len(layers)
 
     def __call__(self, layer: PreNormDecoderLayer, h: torch.Tensor, delta: torch.Tensor | None, cos: torch.Tensor,
@@ -83,31 +118,29 @@ class Int4Step:
         H, Hkv, D = attn.num_heads, attn.num_kv_heads, attn.head_dim
         if not takes_rows(ctx, cache, T) or 2 * cos.shape[-1] != D:  # prefills (and partial RoPE): the modules
             return None
-        M = B * T
-        rows, slots, vis_n, vis_idx, c, s = _forward_arrays(ctx, cos, sin, B, T)
+        M, bf16 = B * T, torch.bfloat16
+        rows, slots, vis_n, vis_idx, c, s = forward_arrays(ctx, cos, sin, B, T)
+        (x, xn), (out, outn), (act, actn), (_, zeros) = self.scratch.get(M)
         h32 = h.reshape(M, K).float().contiguous()  # h itself when a layer before made it (updated in place)
-        d32 = (torch.zeros(M, K) if delta is None else delta.reshape(M, K).float().contiguous())
-        x = torch.empty(M, K)
-        self.k.add_rms_norm(h32.numpy(), d32.numpy(), self.w1, self.eps1, x.numpy())
+        dn = zeros if delta is None else delta.reshape(M, K).float().contiguous().numpy()
+        self.k.add_rms_norm(h32.numpy(), dn, self.w1, self.eps1, xn)
         s_in = h32.clone().view(B, T, K) if keep_input else None  # the layer's input sum (an aux state)
-        qkv = attn.qkv_proj(x).float()  # [M, (H + 2 Hkv) D]
-        out = torch.empty(M, H * D)
+        qkv = self.qkv.mm(x.to(bf16)).float()  # [M, (H + 2 Hkv) D]
         self.k.rope_store_attend(qkv.numpy(), c, s, cache[0].numpy(), cache[1].numpy(), rows, slots, vis_n, vis_idx,
-                                 H, Hkv, D**-0.5, out.numpy())
-        o = attn.o_proj(out).float()
-        self.k.add_rms_norm(h32.numpy(), o.numpy(), self.w2, self.eps2, x.numpy())
-        gu = layer.mlp.gate_up_proj(x).float()  # [M, 2 I]
-        act = torch.empty(M, gu.shape[1] // 2)
-        self.k.silu_mul(gu.numpy(), act.numpy())
-        d = layer.mlp.down_proj(act).view(B, T, K)  # bf16
+                                 H, Hkv, D**-0.5, outn)
+        o = self.o.mm(out.to(bf16)).float()
+        self.k.add_rms_norm(h32.numpy(), o.numpy(), self.w2, self.eps2, xn)
+        gu = self.gate_up.mm(x.to(bf16)).float()  # [M, 2 I]
+        self.k.silu_mul(gu.numpy(), actn)
+        d = self.down.mm(act.to(bf16)).view(B, T, K)  # bf16
         return (h32.view(B, T, K), d, s_in) if keep_input else (h32.view(B, T, K), d)
 
 
-def _forward_arrays(ctx: ForwardContext, cos: torch.Tensor, sin: torch.Tensor, B: int, T: int) -> tuple:
-    """Per forward (the layers share it): numpy int64 rows [M] and write slots [M] of the tokens, their visible key
-    counts [M] and positions [M, W] (W = 0 where every token sees a prefix of its row, as decode and chain verifies
-    do: row_attention.visible_keys), and float32 cos / sin [M, D / 2]."""
-    key = ("int4_step", id(cos))  # one a forward and RoPE table (the layers share it)
+def token_arrays(ctx: ForwardContext, B: int, T: int) -> tuple:
+    """Per forward (memoised in ctx): numpy int64 rows [M] and write slots [M] of the tokens, their visible key counts
+    [M] and positions [M, W] (W = 0 where every token sees a prefix of its row, as decode and chain verifies do:
+    row_attention.visible_keys)."""
+    key = ("int4_tokens", B, T)
     if key not in ctx._memo:
         rows = ctx.row_index(B)[:, None].expand(B, T).reshape(-1).to(torch.int64).contiguous()
         slots = ctx.write_index.reshape(-1).to(torch.int64).contiguous()
@@ -119,8 +152,15 @@ def _forward_arrays(ctx: ForwardContext, cos: torch.Tensor, sin: torch.Tensor, B
             idx = torch.zeros(len(vis), max(counts), dtype=torch.int64)
             for i, v in enumerate(vis):
                 idx[i, : counts[i]] = torch.arange(v) if isinstance(v, int) else v
-        M = B * T
-        c, s = (t.reshape(M, -1).float().contiguous().numpy() for t in (cos, sin))
         n = torch.tensor(counts, dtype=torch.int64)
-        ctx._memo[key] = (rows.numpy(), slots.numpy(), n.numpy(), idx.numpy(), c, s)
+        ctx._memo[key] = (rows.numpy(), slots.numpy(), n.numpy(), idx.numpy())
+    return ctx._memo[key]
+
+
+def forward_arrays(ctx: ForwardContext, cos: torch.Tensor, sin: torch.Tensor, B: int, T: int) -> tuple:
+    """Per forward and RoPE table (the layers share it): `token_arrays`, then float32 cos / sin [M, D / 2]."""
+    key = ("int4_step", id(cos))
+    if key not in ctx._memo:
+        c, s = (t.reshape(B * T, -1).float().contiguous().numpy() for t in (cos, sin))
+        ctx._memo[key] = token_arrays(ctx, B, T) + (c, s)
     return ctx._memo[key]

@@ -171,7 +171,7 @@ class ModelRunner(PrefillStep, SpecStep, GrammarStep):
         if self.spec is not None:
             # one cache layer per drafter decoder layer (a multi-layer EAGLE-3 drafter; the oracle declares none: 1)
             self.dkv = KVCache(getattr(self.drafter, "num_layers", 1), self.drafter.kv_cache_shapes(), rows,
-                               self.cache_len, self.dtype, dev)
+                               self.cache_len, self.draft_kv_dtype, dev)
             self.draft = DrafterRows(self.drafter, self.shapes, rows, cfg.vocab_size, self.dtype, dev)
         self.grammar_rows = None  # sized to these rows at the next constrained step
         if self.graphs is not None:
@@ -182,6 +182,12 @@ class ModelRunner(PrefillStep, SpecStep, GrammarStep):
         """The target's KV cache dtype: the engine's, unless the target asks for another (`kv_dtype`: the 4-bit CPU
         path keeps float32 keys and values, which its float32 row-wise attention reads without a conversion)."""
         return getattr(self.target, "kv_dtype", None) or self.dtype
+
+    @property
+    def draft_kv_dtype(self) -> torch.dtype:
+        """The drafter's KV cache dtype: the engine's, unless the drafter asks for another (float32 beside a target on
+        the 4-bit CPU path: engine/int4_drafter.py)."""
+        return getattr(self.drafter, "kv_dtype", None) or self.dtype
 
     def _check_room(self, rows: int, cache_len: int) -> None:
         """Raise `DeviceMemoryError` when the target's and drafter's caches for `rows` rows of `cache_len` positions
@@ -195,7 +201,7 @@ class ModelRunner(PrefillStep, SpecStep, GrammarStep):
                                  self.kv_dtype)
         if self.spec is not None:
             need += KVCache.bytes_for(getattr(self.drafter, "num_layers", 1), self.drafter.kv_cache_shapes(), rows,
-                                      cache_len, self.dtype)
+                                      cache_len, self.draft_kv_dtype)
         if need > free:
             raise DeviceMemoryError(
                 f"the KV caches for {rows} rows of {cache_len} positions take {gib(need)} and {self.device} has "

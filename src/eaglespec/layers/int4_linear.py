@@ -31,6 +31,7 @@ GROUP = 32  # weights per group along K: the GGUF block of Q4_0 / Q4_1 / Q8_0
 _INNER_K_TILES = 1  # `_convert_weight_to_int4pack_for_cpu`'s tiling argument (its CPU layout ignores it)
 N_MULTIPLE = 16  # the packing takes a multiple of 16 output rows
 _CHUNK_ELEMENTS = 1 << 18  # weights a chunk of the recovery (as loading/gguf_quants.py dequantizes)
+_INT4_MM = torch.ops.aten._weight_int4pack_mm_for_cpu
 
 
 def _f16(x: torch.Tensor) -> torch.Tensor:
@@ -102,6 +103,32 @@ def eight_bit_groups(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | Non
     return q_all, d_all
 
 
+def quantize_groups(w: torch.Tensor, refits: int = 3) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """w float [N, K] (K a multiple of GROUP), any values -> (codes int32 [N, K] in 0..15, scale [N, K / GROUP], zero
+    [N, K / GROUP]) in the kernel's form w ~ (codes - 8) scale + zero: lossy (a drafter's weights, whose output only
+    proposes tokens: engine/int4_drafter.py). Each group of 32 starts from its range (code 0 its minimum, 15 its
+    maximum), then `refits` times takes the scale and zero that fit its codes least-squares and rounds the codes
+    again; scale and zero are bf16 values (the kernel's type), the codes rounded against them."""
+    N, K = w.shape
+    g = w.float().reshape(N, K // GROUP, GROUP)
+    lo, hi = torch.aminmax(g, dim=-1, keepdim=True)
+    bf = (lambda t: t.to(torch.bfloat16).float())  # noqa: E731
+    scale = bf((hi - lo) / 15)
+    zero = bf(lo + 8 * scale)
+    for i in range(refits + 1):
+        codes = torch.where(scale != 0, (g - zero) / torch.where(scale != 0, scale, 1.0) + 8,
+                            torch.full_like(g, 8.0)).round_().clamp_(0, 15)
+        if i == refits:
+            break
+        c = codes - 8  # least squares of g on (c, 1) per group
+        cm, gm = c.mean(-1, keepdim=True), g.mean(-1, keepdim=True)
+        var = ((c - cm) ** 2).mean(-1, keepdim=True)
+        s_ls = ((c - cm) * (g - gm)).mean(-1, keepdim=True) / torch.where(var > 0, var, 1.0)
+        scale = torch.where(var > 0, bf(s_ls), scale)
+        zero = bf(torch.where(var > 0, gm - s_ls * cm, zero))
+    return codes.to(torch.int32).reshape(N, K), scale[..., 0], zero[..., 0]
+
+
 class _Term:
     """One packed 4-bit product: codes packed for the kernel and [K / GROUP, N', 2] bf16 (scale, zero), N' = N
     rounded up to a multiple of N_MULTIPLE (the kernel's requirement: the padding rows have scale and zero 0, and
@@ -117,7 +144,7 @@ class _Term:
         self.scale_zero = torch.stack([scale.t(), zero.t()], dim=-1).contiguous().to(torch.bfloat16)
 
     def __call__(self, x2: torch.Tensor) -> torch.Tensor:
-        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2, self.packed, GROUP, self.scale_zero)
+        y = _INT4_MM(x2, self.packed, GROUP, self.scale_zero)
         return y if y.shape[1] == self.n else y[:, : self.n].contiguous()
 
 
@@ -153,15 +180,25 @@ class Int4Linear(nn.Module):
         terms = [_Term(hi + 8, 16 * d, torch.zeros_like(d)), _Term(lo, d, 8 * d)]
         return cls(terms, N, K, bias, keep)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x2 = x.reshape(-1, self.in_features).to(torch.bfloat16).contiguous()
+    @classmethod
+    def quantize(cls, w: torch.Tensor, bias: torch.Tensor | None = None) -> "Int4Linear | None":
+        """The layer for any float weights `w` [N, K] quantized to 4-bit groups (`quantize_groups`: lossy), or None
+        where K is not a multiple of GROUP."""
+        N, K = w.shape
+        return cls([_Term(*quantize_groups(w))], N, K, bias) if K % GROUP == 0 else None
+
+    def mm(self, x2: torch.Tensor) -> torch.Tensor:
+        """x2 [M, K] bf16, contiguous -> [M, N], bias added: `forward` without its reshapes and module call (~10 us,
+        half a small product's time; the 4-bit path's steps call it directly: engine/int4_step.py)."""
         if len(self.terms) == 1:
             y = self.terms[0](x2)
         else:  # Q8_0: the two products' sum in float32 (each row's bits whatever the rows beside it)
             y = self.terms[0](x2).float() + self.terms[1](x2).float()
-        if self.bias is not None:
-            y = y + self.bias
-        return y.view(*x.shape[:-1], self.out_features)
+        return y if self.bias is None else y + self.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x2 = x.reshape(-1, self.in_features).to(torch.bfloat16).contiguous()
+        return self.mm(x2).view(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
         kind = "4-bit" if len(self.terms) == 1 else "8-bit as two 4-bit products"

@@ -1,4 +1,4 @@
-"""Numba kernels for a decoder layer's small work on the 4-bit CPU path (layers/int4_step.py): one call each for the
+"""Numba kernels for a decoder layer's small work on the 4-bit CPU path (engine/int4_step.py): one call each for the
 residual add + RMSNorm, RoPE + KV store + attention, and SiLU gating, in place of ~70 PyTorch operators a layer whose
 dispatch cost most of a one-row step (docs/benchmarks.md, "Session 71"). Importing this module imports numba; the
 caller falls back to the PyTorch path where that fails.
@@ -16,6 +16,8 @@ property of the compiled code, the same for every call, so it does not break tha
 
 - `add_rms_norm(h, d, w, eps, x)`: h [M, K] <- bf16(h + d) (d zeros for a first layer, whose input is h alone);
   x [M, K] <- bf16(w * bf16(h / sqrt(mean(h^2) + eps))).
+- `two_rms_norms(e, we, eps_e, h, wh, eps_h, x)`: e, h [M, K] (bf16) -> x [M, 2 K] = (RMSNorm(e), RMSNorm(h)), each as
+  above (an EAGLE-3 drafter's input: its token embedding and incoming hidden, engine/int4_drafter.py).
 - `rope_store_attend(qkv, cos, sin, k_cache, v_cache, rows, slots, vis_n, vis_idx, H, Hkv, scale, out)`:
   qkv [M, (H + 2 Hkv) D] (bf16 values); cos / sin [M, D / 2] float32; caches [Bc, S, Hkv, D]; token m's rotated key
   and its value stored at (rows[m], slots[m]) for every m first; then token m attends over the vis_n[m] cache
@@ -40,6 +42,27 @@ def round_bf16(x: np.ndarray) -> None:
 
 
 @njit(cache=True, nogil=True, fastmath=True)
+def _normalize(h: np.ndarray, eps: float, x: np.ndarray, col: int) -> None:
+    """x[m, col:col + K] <- h[m] / sqrt(mean(h[m]^2) + eps) for every row m of h [M, K] (unrounded)."""
+    M, K = h.shape
+    for m in range(M):
+        acc = np.float32(0.0)
+        for k in range(K):
+            acc += h[m, k] * h[m, k]
+        r = np.float32(1.0) / np.sqrt(acc / np.float32(K) + np.float32(eps))
+        for k in range(K):
+            x[m, col + k] = h[m, k] * r
+
+
+@njit(cache=True, nogil=True, fastmath=True)
+def _weigh(x: np.ndarray, w: np.ndarray, col: int) -> None:
+    """x[m, col:col + K] *= w [K] for every row m."""
+    for m in range(x.shape[0]):
+        for k in range(w.shape[0]):
+            x[m, col + k] *= w[k]
+
+
+@njit(cache=True, nogil=True, fastmath=True)
 def add_rms_norm(h: np.ndarray, d: np.ndarray, w: np.ndarray, eps: float, x: np.ndarray) -> None:
     """Module docstring."""
     M, K = h.shape
@@ -47,17 +70,22 @@ def add_rms_norm(h: np.ndarray, d: np.ndarray, w: np.ndarray, eps: float, x: np.
         for k in range(K):
             h[m, k] += d[m, k]
     round_bf16(h)
-    for m in range(M):
-        acc = np.float32(0.0)
-        for k in range(K):
-            acc += h[m, k] * h[m, k]
-        r = np.float32(1.0) / np.sqrt(acc / np.float32(K) + np.float32(eps))
-        for k in range(K):
-            x[m, k] = h[m, k] * r
+    _normalize(h, eps, x, 0)
     round_bf16(x)
-    for m in range(M):
-        for k in range(K):
-            x[m, k] *= w[k]
+    _weigh(x, w, 0)
+    round_bf16(x)
+
+
+@njit(cache=True, nogil=True, fastmath=True)
+def two_rms_norms(e: np.ndarray, we: np.ndarray, eps_e: float, h: np.ndarray, wh: np.ndarray, eps_h: float,
+                  x: np.ndarray) -> None:
+    """Module docstring."""
+    K = e.shape[1]
+    _normalize(e, eps_e, x, 0)
+    _normalize(h, eps_h, x, K)
+    round_bf16(x)
+    _weigh(x, we, 0)
+    _weigh(x, wh, K)
     round_bf16(x)
 
 
@@ -156,3 +184,4 @@ def warm() -> None:
     rope_store_attend(np.zeros((1, 6), f32), np.ones((1, 1), f32), np.zeros((1, 1), f32), kc, vc, np.zeros(1, i64),
                       np.zeros(1, i64), np.ones(1, i64), idx, 1, 1, 0.5, np.zeros((1, 2), f32))
     silu_mul(np.zeros((1, 4), f32), np.zeros((1, 2), f32))
+    two_rms_norms(np.zeros((1, 2), f32), np.ones(2, f32), 1e-5, np.zeros((1, 2), f32), np.ones(2, f32), 1e-5, x)

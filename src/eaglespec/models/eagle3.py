@@ -102,6 +102,9 @@ class LlamaForCausalLMEagle3(nn.Module):
     norm_head_rows = 0
     # ... and the input kernel (layers/draft_input_kernel.py): embedding, both input norms, concatenation, cos/sin
     draft_input = None
+    # the 4-bit CPU path's forward through numba kernels (engine/int4_drafter.py), which `forward` tries first: it
+    # returns None for forwards it does not take
+    cpu_step = None
     # some exports prefix "model."; vLLM speculators' format names the decoder layer layers.0 (speculators_config.py)
     checkpoint_renames: tuple[tuple[str, str], ...] = ((r"^model\.", ""), (r"^layers\.0\.", "midlayer."))
     # verifier_*: speculators' training-time copies of the verifier's norm and head (its save leaves them out; a
@@ -167,7 +170,7 @@ class LlamaForCausalLMEagle3(nn.Module):
     # --- forward ------------------------------------------------------------------------------------------------
     def project_aux(self, aux: torch.Tensor) -> torch.Tensor:
         """aux [..., n_aux*Ht] target aux states -> [..., H]: fc after EAGLE-3.1's input norms, if any."""
-        aux = aux.to(self.fc.weight.dtype)
+        aux = aux.to(self.norm.weight.dtype)  # the drafter's dtype (fc may hold 4-bit groups: engine/int4_drafter.py)
         if self.input_norm is not None:
             aux = self.input_norm(aux)
         elif self.fc_norm is not None:
@@ -186,6 +189,10 @@ class LlamaForCausalLMEagle3(nn.Module):
         drafter's own outputs -> (logits [B, R, Vd] or None, next hidden [B, T, H]; with `ctx.logits_index` [B, R]
         both at those positions only: the next hidden [B, R, H], what a catch-up keeps of it)."""
         assert self.embed_tokens is not None, "call set_embed_and_head with the target's embedding first"
+        if self.cpu_step is not None:
+            out = self.cpu_step(self, input_ids, hidden, ctx, from_target, need_logits)
+            if out is not None:
+                return out
         if from_target:
             hidden = self.project_aux(hidden)
         mid = self.midlayer
