@@ -191,7 +191,14 @@ CPU_ONE_STEP_FIRST_TEMPERATURE = 1.0
 # S3 K1 D4 0.92x (2.06), the forwards timed 1.12-1.17x / 1.21-1.38x / 1.46x for 2 / 3 / 4 tokens: a step costs
 # ratio(D) + 0.12 + 0.22 S (1.56 / 1.05 - 1.145 = 0.34, 1.92 / 1.03 - 1.30 = 0.56, 2.06 / 0.92 - 1.46 = 0.78), and on
 # that machine the model now promises the chains 0.99-1.07x: they speculate where the timed forwards are cheap. Its
-# sampled steps decode plainly: at temperature 1 (the same machine, MT-bench 1-6, 64 tokens, two rounds in one
+# Session 72 (the same CPU): the drafter beside a 4-bit target quantized to 4-bit groups with its forwards through the
+# same kernels (engine/int4_drafter.py: ~1.1 ms a forward, from ~2.1-2.4), and both steps' products called directly
+# (a decode forward ~9.1-9.9 ms, from ~11.7): taus unchanged on these questions (1.57 / 1.91 / 2.05), the forwards now
+# timed 1.26-1.31x / 1.48-1.51x / 1.73-1.79x (the fixed costs the steps shed were a larger share of one token's
+# forward), S1 K1 D2 1.07x (1.00-1.09x), S2 K1 D3 1.04x (0.87-1.18x), S3 K1 D4 0.98x (0.77-1.02x) of plain's 81.5
+# tok/s (bench, three rounds): a step costs ratio(D) + 0.15 + 0.08 S (1.57 / 1.07 - 1.27 = 0.20, 1.91 / 1.04 - 1.49 =
+# 0.35, 2.05 / 0.98 - 1.76 = 0.33; a least-squares line through them 0.16 + 0.065 S), and the model promises this
+# machine's chains 0.95-1.06x. Its sampled steps decode plainly: at temperature 1 (the same machine, MT-bench 1-6, 64 tokens, two rounds in one
 # process) the one-step chain ran 1.03x / 1.04x (tau 1.44) and the chain of 2 0.91x / 0.98x (1.63) of plain's 56 tok/s.
 INT4_SAMPLED_NOTE = ("on the 4-bit CPU path sampled speculation measured 0.91-1.04x plain decoding at temperature 1 "
                      "on an AMD EPYC")
@@ -231,9 +238,9 @@ class GreedyCostModel:
 
 CPU_GREEDY = GreedyCostModel(CPU_GREEDY_TAUS, CPU_STEP_OVERHEAD, CPU_DRAFT_STEP_COST, CPU_MIN_GREEDY_SPEEDUP,
                              "the CPU's")
-# the 4-bit CPU path's (above; the taus of the chains of 3 and 1 greedy float32 on the CPU, sessions 68 and 70; the
-# step's costs session 71's, with the numba layer steps)
-INT4_GREEDY = GreedyCostModel(((_CHAIN_3, 2.06), (_CHAIN_2, 1.91), (_CHAIN_1, 1.58)), 0.12, 0.22, 1.05,
+# the 4-bit CPU path's (above; the taus of the chains of 3 and 1 greedy float32 on the CPU, sessions 68 and 70, which
+# session 72's quantized drafter kept on the 4-bit path; the step's costs session 72's)
+INT4_GREEDY = GreedyCostModel(((_CHAIN_3, 2.06), (_CHAIN_2, 1.91), (_CHAIN_1, 1.58)), 0.15, 0.08, 1.05,
                               "the 4-bit CPU path's")
 # device type -> ((largest engine, shape), ...) by increasing engine size; larger engines decode plainly by default
 _DEFAULT_SPEC: dict[str, tuple[tuple[int, SpecConfig], ...]] = {
