@@ -9,12 +9,14 @@ path), and a single-layer EAGLE-3 drafter that `fits` gets `cpu_step` (`Int4Draf
 -> whether it converted anything.
 
 Why lossy is allowed here: a drafter only proposes tokens; the target verifies each, so the engine's tokens stay plain
-decoding's whatever the drafter computes (the tests check the outputs on this path). What quantizing costs is
-acceptance: MT-bench 1-6, 64 tokens, greedy, the chain of 2: mean acceptance 1.94 with the bf16 drafter, 1.90-1.92
-quantized (docs/benchmarks.md "Session 72").
+decoding's whatever the drafter computes (the tests check the outputs on this path). What quantizing could cost is
+acceptance: MT-bench 1-6, 64 tokens, greedy, the chains of 1 / 2 / 3 measured 1.57 / 1.91 / 2.05 quantized, as the
+bf16 drafter's 1.56 / 1.92 / 2.06; MT-bench 1-20, the chain of 2, 1.84 against 1.88 (docs/benchmarks.md "Session
+72").
 
-Why: a drafter forward beside the numba layer steps cost ~2.1 ms (~0.2 of a decode step): its bf16 products ~1.1 ms
-(the head's 12,288 rows read 14 MB cold), ~70 PyTorch operators the rest (docs/benchmarks.md "Session 72").
+Why: a drafter forward beside the numba layer steps cost ~2.1-2.4 ms (~0.2 of a decode step): its bf16 products
+~1.1 ms (the head's 12,288 rows read 14 MB cold), ~70 PyTorch operators the rest; converted, ~1.1 ms
+(docs/benchmarks.md "Session 72").
 
 The step (`Int4DraftStep.__call__(drafter, input_ids, hidden, ctx, from_target, need_logits)` -> (logits, next hidden)
 as `LlamaForCausalLMEagle3.forward`, or None for forwards it does not take: more than ROW_MAX_TOKENS tokens, no cache):

@@ -6,9 +6,9 @@ lossless by construction.
 float32): every nn.Linear of the target becomes an `Int4Linear` (layers/int4_linear.py: Q4_0 / Q4_1 groups, Q8_0 as
 two 4-bit products), every attention layer computes decode and verify steps row by row (`GQAAttention.row_invariant`,
 layers/row_attention.py; where numba is installed, a Llama-shaped layer's decode and verify steps run through
-engine/int4_step.py's kernels instead of its modules, row-invariant alike), and the other parameters (embedding,
-norms) are cast to bf16 (buffers such as RoPE's frequencies stay float32, as a bf16 load keeps them); the KV cache
-holds float32 (`model.kv_dtype`). What it cannot run it names in a ConfigError before changing anything: a weight
+engine/int4_step.py's kernels instead of its modules, row-invariant alike; a drafter beside it is converted by the
+engine: engine/int4_drafter.py), and the other parameters (embedding, norms) are cast to bf16 (buffers such as
+RoPE's frequencies stay float32, as a bf16 load keeps them); the KV cache holds float32 (`model.kv_dtype`). What it cannot run it names in a ConfigError before changing anything: a weight
 that is not 4- or 8-bit groups (an F16 / K-quant GGUF, a safetensors checkpoint), an attention other than
 grouped-query attention (MLA, linear attention), a module it does not know to be row-invariant (MoE experts, vision
 towers).
