@@ -8,10 +8,10 @@ two 4-bit products), every attention layer computes decode and verify steps row 
 layers/row_attention.py; where numba is installed, a Llama-shaped layer's decode and verify steps run through
 engine/int4_step.py's kernels instead of its modules, row-invariant alike; a drafter beside it is converted by the
 engine: engine/int4_drafter.py), and the other parameters (embedding, norms) are cast to bf16 (buffers such as
-RoPE's frequencies stay float32, as a bf16 load keeps them); the KV cache holds float32 (`model.kv_dtype`). What it cannot run it names in a ConfigError before changing anything: a weight
-that is not 4- or 8-bit groups (an F16 / K-quant GGUF, a safetensors checkpoint), an attention other than
-grouped-query attention (MLA, linear attention), a module it does not know to be row-invariant (MoE experts, vision
-towers).
+RoPE's frequencies stay float32, as a bf16 load keeps them); the KV cache holds float32 (`model.kv_dtype`). What it
+cannot run it names in a ConfigError before changing anything: a weight that is not 4- or 8-bit groups (an F16 /
+K-quant GGUF, a safetensors checkpoint), an attention other than grouped-query attention (MLA, linear attention), a
+module it does not know to be row-invariant (MoE experts, vision towers).
 
 Why lossless: a speculative engine commits the tokens plain decoding would where every token's logits have the same
 bits in a verify of D tokens as in a one-token step. On this path each part of the step is row-invariant: the 4-bit
