@@ -85,10 +85,10 @@ def test_the_engine_converts_a_drafter_beside_a_4bit_target():
     assert shared.lm_head.weight is target.model.embed_tokens.weight
 
 
-def _wired(**kw) -> torch.nn.Module:
-    """A tiny bf16 drafter holding a tiny target's embedding, converted (quantized, its step attached)."""
-    target = tiny_llama(seed=0).to(BF16)
-    drafter = prepare_for_inference(tiny_drafter(target, seed=1, **kw).to(BF16), CPU, None, None)
+def _wired(dtype: torch.dtype = BF16, **kw) -> torch.nn.Module:
+    """A tiny drafter (bf16) holding a tiny target's embedding, converted (quantized, its step attached)."""
+    target = tiny_llama(seed=0).to(dtype)
+    drafter = prepare_for_inference(tiny_drafter(target, seed=1, **kw).to(dtype), CPU, None, None)
     drafter.set_embed_and_head(*target.get_embed_and_head())
     use_int4_drafter(drafter)
     return drafter
@@ -153,6 +153,7 @@ def test_drafters_the_step_does_not_fit_keep_their_modules(monkeypatch):
     monkeypatch.setattr(int4_step, "USE_KERNELS", False)  # a machine without numba: quantized, no step
     plain = _wired()
     assert plain.cpu_step is None and isinstance(plain.lm_head, Int4Linear)
+    assert getattr(plain, "kv_dtype", None) is None  # its modules read a cache of its own dtype
     monkeypatch.undo()
     # a forward past the row-wise limit (a long prompt's catch-up) is the modules'
     kv = KVCache(1, drafter.kv_cache_shapes(), 1, 70, torch.float32, CPU)
@@ -161,3 +162,19 @@ def test_drafters_the_step_does_not_fit_keep_their_modules(monkeypatch):
                          attn_mask=torch.ones(70, 70, dtype=torch.bool).tril()[None], kv=kv.layers())
     aux = torch.randn(1, 70, 3 * 64).to(BF16)
     assert drafter.cpu_step(drafter, torch.tensor([pos]), aux, ctx, True) is None
+
+
+def test_a_float32_drafters_outputs_are_its_own():
+    """The step's scratch arrays never leave it: a float32 drafter's next hidden (norm_output: the final norm's
+    output, computed in scratch) survives the next forward of as many tokens."""
+    drafter = _wired(torch.float32)
+    drafter.norm_output = True
+    kv = KVCache(1, drafter.kv_cache_shapes(), 1, 4, torch.float32, CPU)
+    mask = torch.zeros(1, 4, dtype=torch.bool)
+    mask[0, 0] = True
+    aux = torch.randn(1, 1, 3 * 64, generator=torch.Generator().manual_seed(0))
+    logits, hidden = _run(drafter, kv, [5], aux, [0], [0], mask, True)
+    kept = hidden.clone()
+    mask[0, 1] = True
+    _run(drafter, kv, [int(logits[0, -1].argmax())], hidden, [1], [1], mask, False)
+    assert hidden.dtype == torch.float32 and torch.equal(hidden, kept)

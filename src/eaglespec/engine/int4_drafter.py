@@ -2,11 +2,11 @@
 4-bit groups and, where numba is installed, its forwards through the same numba kernels as the target's layer steps.
 
 `use_int4_drafter(drafter)` (Engine._wire_drafter, once the drafter holds the target's embedding; again on the same
-drafter does nothing): every nn.Linear the drafter owns (fc, q/k/v, o_proj, gate/up, down_proj, its own draft-vocabulary
-head; not a head it shares with the target) becomes an `Int4Linear` quantized from its bf16 weights
-(`Int4Linear.quantize`: lossy, ~7% of a weight's norm), its KV cache float32 (`kv_dtype`, as the target's on this
-path), and a single-layer EAGLE-3 drafter that `fits` gets `cpu_step` (`Int4DraftStep`), which its forward runs first.
--> whether it converted anything.
+drafter does nothing) -> whether it converted anything: every nn.Linear the drafter owns (fc, q/k/v, o_proj, gate/up,
+down_proj, its own draft-vocabulary head; not a head it shares with the target) becomes an `Int4Linear` quantized
+from its weights (`Int4Linear.quantize`: lossy, ~7% of a weight's norm), and a single-layer EAGLE-3 drafter that
+`fits` gets `cpu_step` (`Int4DraftStep`), which its forward runs first, and a float32 KV cache (`kv_dtype`, as the
+target's on this path; without the step the cache stays the drafter's dtype, which its modules read as it is).
 
 Why lossy is allowed here: a drafter only proposes tokens; the target verifies each, so the engine's tokens stay plain
 decoding's whatever the drafter computes (the tests check the outputs on this path). What quantizing could cost is
@@ -67,8 +67,9 @@ def use_int4_drafter(drafter: nn.Module) -> bool:
                     convert.append((m, leaf, q))
     for parent, leaf, q in convert:
         setattr(parent, leaf, q)
-    drafter.kv_dtype = torch.float32  # the kernels' attention reads float32 keys and values (ModelRunner)
     drafter.cpu_step = Int4DraftStep.attach(drafter)
+    if drafter.cpu_step is not None:  # its attention reads float32 keys and values (ModelRunner.draft_kv_dtype)
+        drafter.kv_dtype = torch.float32
     drafter.int4_weights = True
     return True
 
@@ -136,9 +137,9 @@ class Int4DraftStep:
         H, Hkv, D = attn.num_heads, attn.num_kv_heads, attn.head_dim
         if from_target:
             hidden = drafter.project_aux(hidden)
-        dtype = hidden.dtype  # the drafter's (bf16)
+        dtype = drafter.norm.weight.dtype  # the drafter's (bf16 beside a 4-bit target)
         (we, ee), (wh, eh), (w2, e2), (wn, en) = self.norms
-        (x, xn), (out, outn), (act, actn), (y, yn), (n, nn_) = self.scratch.get(M)
+        (x, xn), (out, outn), (act, actn), (y, yn), (n, n_np) = self.scratch.get(M)
         e = drafter.embed_tokens.weight[input_ids.reshape(-1)].float()  # [M, K]
         h = hidden.reshape(M, K).float()
         self.k.two_rms_norms(e.numpy(), we, ee, h.contiguous().numpy(), wh, eh, xn)
@@ -153,14 +154,16 @@ class Int4DraftStep:
         self.k.add_rms_norm(r.numpy(), o.numpy(), w2, e2, yn)
         self.k.silu_mul(_product(self.gate_up, y, dtype).numpy(), actn)  # gate/up [M, 2 I] -> [M, I]
         m = _product(self.down, act, dtype)
-        self.k.add_rms_norm(r.numpy(), m.numpy(), wn, en, nn_)  # r <- bf16(r + m), n <- norm(r)
-        r, n = r.view(B, T, K).to(dtype), n.view(B, T, K).to(dtype)  # (copies: n is scratch)
+        self.k.add_rms_norm(r.numpy(), m.numpy(), wn, en, n_np)  # r <- bf16(r + m), n <- norm(r)
+        r, n = r.view(B, T, K).to(dtype), n.view(B, T, K).to(dtype, copy=True)  # (n is scratch: a copy leaves)
         if ctx.logits_index is not None:
             r, n = gather_rows(r, ctx.logits_index), gather_rows(n, ctx.logits_index)
         logits = None
         if need_logits:
             head = drafter.lm_head
-            logits = (head.mm(n.reshape(-1, K)).view(*n.shape[:2], -1) if isinstance(head, Int4Linear) else head(n))
+            flat = n.reshape(-1, K)
+            logits = (head.mm(flat.to(torch.bfloat16)) if isinstance(head, Int4Linear) else head(flat)).view(
+                *n.shape[:2], -1)
         return logits, (n if drafter.norm_output else r)
 
 
