@@ -72,7 +72,7 @@ def test_the_engine_converts_a_drafter_beside_a_4bit_target():
     assert not any(isinstance(m, torch.nn.Linear) for m in drafter.modules())
     assert isinstance(drafter.cpu_step, Int4DraftStep) and drafter.int4_weights
     eng.reserve(1, 16)
-    assert eng.runner.dkv.layers()[0][0].dtype == torch.float32  # its cache float32, as the kernels read it
+    assert eng.runner.dkv.layers()[0][0].dtype == BF16  # its cache bf16, as the kernels read it
     assert not use_int4_drafter(drafter)  # once
     # beside a dense target nothing changes
     dense, plain_drafter = tiny_llama(seed=0), tiny_drafter(tiny_llama(seed=0), seed=1)
@@ -120,7 +120,7 @@ def test_the_drafter_step_computes_what_its_modules_compute(flag):
     outs = []
     for use in (step, None):
         drafter.cpu_step = use
-        kv = KVCache(1, drafter.kv_cache_shapes(), 1, L, torch.float32, CPU)
+        kv = KVCache(1, drafter.kv_cache_shapes(), 1, L, BF16, CPU)
         mask = torch.ones(5, L, dtype=torch.bool).tril()
         a = _run(drafter, kv, [5, 17, 3, 9, 30], aux, list(range(5)), list(range(5)), mask, True, [3, 4])
         m1 = torch.zeros(1, L, dtype=torch.bool)
@@ -156,7 +156,7 @@ def test_drafters_the_step_does_not_fit_keep_their_modules(monkeypatch):
     assert getattr(plain, "kv_dtype", None) is None  # its modules read a cache of its own dtype
     monkeypatch.undo()
     # a forward past the row-wise limit (a long prompt's catch-up) is the modules'
-    kv = KVCache(1, drafter.kv_cache_shapes(), 1, 70, torch.float32, CPU)
+    kv = KVCache(1, drafter.kv_cache_shapes(), 1, 70, BF16, CPU)
     pos = list(range(70))
     ctx = ForwardContext(positions=torch.tensor([pos]), write_index=torch.tensor([pos]),
                          attn_mask=torch.ones(70, 70, dtype=torch.bool).tril()[None], kv=kv.layers())
@@ -169,7 +169,7 @@ def test_a_float32_drafters_outputs_are_its_own():
     output, computed in scratch) survives the next forward of as many tokens."""
     drafter = _wired(torch.float32)
     drafter.norm_output = True
-    kv = KVCache(1, drafter.kv_cache_shapes(), 1, 4, torch.float32, CPU)
+    kv = KVCache(1, drafter.kv_cache_shapes(), 1, 4, drafter.kv_dtype, CPU)
     mask = torch.zeros(1, 4, dtype=torch.bool)
     mask[0, 0] = True
     aux = torch.randn(1, 1, 3 * 64, generator=torch.Generator().manual_seed(0))

@@ -5,8 +5,8 @@
 drafter does nothing) -> whether it converted anything: every nn.Linear the drafter owns (fc, q/k/v, o_proj, gate/up,
 down_proj, its own draft-vocabulary head; not a head it shares with the target) becomes an `Int4Linear` quantized
 from its weights (`Int4Linear.quantize`: lossy, ~7% of a weight's norm), and a single-layer EAGLE-3 drafter that
-`fits` gets `cpu_step` (`Int4DraftStep`), which its forward runs first, and a float32 KV cache (`kv_dtype`, as the
-target's on this path; without the step the cache stays the drafter's dtype, which its modules read as it is).
+`fits` gets `cpu_step` (`Int4DraftStep`), which its forward runs first, and a bf16 KV cache (`kv_dtype`, as the
+target's on this path, which the kernels read; without the step the cache stays the drafter's dtype).
 
 Why lossy is allowed here: a drafter only proposes tokens; the target verifies each, so the engine's tokens stay plain
 decoding's whatever the drafter computes (the tests check the outputs on this path). What quantizing could cost is
@@ -46,7 +46,7 @@ from ..layers.norm import RMSNorm
 from ..layers.row_attention import takes_rows
 from ..models.eagle3 import LlamaForCausalLMEagle3
 from . import int4_step
-from .int4_step import Scratch, token_arrays
+from .int4_step import Scratch, bits, token_arrays
 
 # a seam benchmarks turn off (the drafter's products then stay bf16; its step still runs where it fits)
 QUANTIZE = True
@@ -68,8 +68,8 @@ def use_int4_drafter(drafter: nn.Module) -> bool:
     for parent, leaf, q in convert:
         setattr(parent, leaf, q)
     drafter.cpu_step = Int4DraftStep.attach(drafter)
-    if drafter.cpu_step is not None:  # its attention reads float32 keys and values (ModelRunner.draft_kv_dtype)
-        drafter.kv_dtype = torch.float32
+    if drafter.cpu_step is not None:  # its kernels read bf16 keys and values (ModelRunner.draft_kv_dtype)
+        drafter.kv_dtype = torch.bfloat16
     drafter.int4_weights = True
     return True
 
@@ -129,7 +129,7 @@ class Int4DraftStep:
                  from_target: bool, need_logits: bool = True) -> tuple[torch.Tensor | None, torch.Tensor] | None:
         cache = ctx.kv[0] if ctx.kv is not None else None
         B, T = input_ids.shape
-        if not takes_rows(ctx, cache, T):
+        if not takes_rows(ctx, cache, T) or cache[0].dtype != torch.bfloat16:
             return None
         mid = drafter.midlayer
         attn = mid.self_attn
@@ -146,8 +146,7 @@ class Int4DraftStep:
         rows, slots, vis_n, vis_idx = token_arrays(ctx, B, T)
         c, s = self._rope(ctx.positions)
         qkv = _product(self.qkv, x, dtype)  # [M, (H + 2 Hkv) D]
-        self.k.rope_store_attend(qkv.numpy(), c, s, cache[0].numpy(), cache[1].numpy(), rows, slots, vis_n, vis_idx,
-                                 H, Hkv, D**-0.5, outn)
+        self.k.rope_store_attend(qkv.numpy(), c, s, *bits(cache), rows, slots, vis_n, vis_idx, H, Hkv, D**-0.5, outn)
         o = _product(self.o, out, dtype)
         # the residual stream: h, or with norm_before_residual hidden_norm(h) (x's second half)
         r = x[:, K:].clone() if mid.norm_before_residual else h.clone()

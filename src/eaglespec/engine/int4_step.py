@@ -11,14 +11,16 @@ tokens; with RoPE over the whole head) and returns None for any other (prefills)
 
 Contract with the layer (`PreNormDecoderLayer.forward`): h [B, T, K] (bf16, or float32 from a layer before), delta
 None or [B, T, K] -> (h, delta) as float32 h (bf16 values; updated in place where it was already float32, as the
-folded path does) and bf16 delta, plus with keep_input a copy of the layer's input sum. The KV cache is float32
-(`model.kv_dtype` on this path). Every token is computed alone (the kernels' module docstring), so this step is
+folded path does) and bf16 delta, plus with keep_input a copy of the layer's input sum. The KV cache is bf16
+(`model.kv_dtype` once steps are attached: engine/int4_weights.py; keys and values are bf16 values, so float32 would
+only double what a long context's attention reads). Every token is computed alone (the kernels' module docstring), so this step is
 row-invariant like the path it replaces; its roundings are that path's, its sums in another order.
 """
 
 from __future__ import annotations
 
 from types import ModuleType
+from typing import Sequence
 
 import numpy as np
 import torch
@@ -116,8 +118,8 @@ class Int4Step:
         B, T, K = h.shape
         attn = layer.self_attn
         H, Hkv, D = attn.num_heads, attn.num_kv_heads, attn.head_dim
-        if not takes_rows(ctx, cache, T) or 2 * cos.shape[-1] != D:  # prefills (and partial RoPE): the modules
-            return None
+        if not takes_rows(ctx, cache, T) or 2 * cos.shape[-1] != D or cache[0].dtype != torch.bfloat16:
+            return None  # prefills, partial RoPE (and a cache of another dtype): the modules
         M, bf16 = B * T, torch.bfloat16
         rows, slots, vis_n, vis_idx, c, s = forward_arrays(ctx, cos, sin, B, T)
         (x, xn), (out, outn), (act, actn), (_, zeros) = self.scratch.get(M)
@@ -126,14 +128,18 @@ class Int4Step:
         self.k.add_rms_norm(h32.numpy(), dn, self.w1, self.eps1, xn)
         s_in = h32.clone().view(B, T, K) if keep_input else None  # the layer's input sum (an aux state)
         qkv = self.qkv.mm(x.to(bf16)).float()  # [M, (H + 2 Hkv) D]
-        self.k.rope_store_attend(qkv.numpy(), c, s, cache[0].numpy(), cache[1].numpy(), rows, slots, vis_n, vis_idx,
-                                 H, Hkv, D**-0.5, outn)
+        self.k.rope_store_attend(qkv.numpy(), c, s, *bits(cache), rows, slots, vis_n, vis_idx, H, Hkv, D**-0.5, outn)
         o = self.o.mm(out.to(bf16)).float()
         self.k.add_rms_norm(h32.numpy(), o.numpy(), self.w2, self.eps2, xn)
         gu = self.gate_up.mm(x.to(bf16)).float()  # [M, 2 I]
         self.k.silu_mul(gu.numpy(), actn)
         d = self.down.mm(act.to(bf16)).view(B, T, K)  # bf16
         return (h32.view(B, T, K), d, s_in) if keep_input else (h32.view(B, T, K), d)
+
+
+def bits(cache: Sequence[torch.Tensor]) -> tuple[np.ndarray, np.ndarray]:
+    """A layer's bf16 key and value caches as the kernels take them: uint16 numpy views of their bits."""
+    return cache[0].view(torch.uint16).numpy(), cache[1].view(torch.uint16).numpy()
 
 
 def token_arrays(ctx: ForwardContext, B: int, T: int) -> tuple:

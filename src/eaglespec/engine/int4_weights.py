@@ -8,7 +8,8 @@ two 4-bit products), every attention layer computes decode and verify steps row 
 layers/row_attention.py; where numba is installed, a Llama-shaped layer's decode and verify steps run through
 engine/int4_step.py's kernels instead of its modules, row-invariant alike; a drafter beside it is converted by the
 engine: engine/int4_drafter.py), and the other parameters (embedding, norms) are cast to bf16 (buffers such as
-RoPE's frequencies stay float32, as a bf16 load keeps them); the KV cache holds float32 (`model.kv_dtype`). What it
+RoPE's frequencies stay float32, as a bf16 load keeps them); the KV cache holds bf16 with the kernels, float32
+without (`model.kv_dtype`). What it
 cannot run it names in a ConfigError before changing anything: a weight that is not 4- or 8-bit groups (an F16 /
 K-quant GGUF, a safetensors checkpoint), an attention other than grouped-query attention (MLA, linear attention), a
 module it does not know to be row-invariant (MoE experts, vision towers).
@@ -148,9 +149,9 @@ def _convert(model: nn.Module) -> None:
             m.row_invariant = True
     for p in model.parameters():  # the embedding, norms (and a tied head's `weight`, the embedding itself)
         p.data = p.data.to(torch.bfloat16)
-    # float32 keys and values (bf16's values, exactly): the row-wise attention computes in float32 and reads them
-    # without a conversion a layer and query row (ModelRunner.kv_dtype)
-    model.kv_dtype = torch.float32
     # decode and verify steps through numba kernels where numba is installed and the layers are Llama-shaped
     model.int4_steps = Int4Step.attach(model)
+    # keys and values are bf16 values: the kernels read them as bf16 (half the bytes at long contexts), the modules'
+    # row-wise attention (no numba) as float32, without a conversion a layer and query row (ModelRunner.kv_dtype)
+    model.kv_dtype = torch.bfloat16 if model.int4_steps else torch.float32
     model.int4_weights = True  # `draft="auto"` takes this path's own policy (api.auto_spec, assets.INT4_GREEDY)

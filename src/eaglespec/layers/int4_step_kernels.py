@@ -3,10 +3,10 @@ residual add + RMSNorm, RoPE + KV store + attention, and SiLU gating, in place o
 dispatch cost most of a one-row step (docs/benchmarks.md, "Session 71"). Importing this module imports numba; the
 caller falls back to the PyTorch path where that fails.
 
-Every array is float32 (numpy views of the engine's tensors); "bf16" below means a float32 holding a bfloat16 value,
-rounded to nearest even as `Tensor.to(torch.bfloat16)` rounds (`round_bf16`): the kernels round where the PyTorch path
-(layers/norm.py, rotary.py, row_attention.py, mlp.py in bf16) rounds, so that the model computes the same function to
-within summation order.
+Every array is float32 (numpy views of the engine's tensors) but the KV caches; "bf16" below means a float32 holding
+a bfloat16 value, rounded to nearest even as `Tensor.to(torch.bfloat16)` rounds (`round_bf16`): the kernels round
+where the PyTorch path (layers/norm.py, rotary.py, row_attention.py, mlp.py in bf16) rounds, so that the model
+computes the same function to within summation order.
 
 Row-invariant by construction: each token's outputs are computed from that token's inputs alone (and, in the
 attention, its visible keys in cache order and their count) by the same compiled loop, whatever the number of tokens
@@ -19,8 +19,10 @@ property of the compiled code, the same for every call, so it does not break tha
 - `two_rms_norms(e, we, eps_e, h, wh, eps_h, x)`: e, h [M, K] (bf16) -> x [M, 2 K] = (RMSNorm(e), RMSNorm(h)), each as
   above (an EAGLE-3 drafter's input: its token embedding and incoming hidden, engine/int4_drafter.py).
 - `rope_store_attend(qkv, cos, sin, k_cache, v_cache, rows, slots, vis_n, vis_idx, H, Hkv, scale, out)`:
-  qkv [M, (H + 2 Hkv) D] (bf16 values); cos / sin [M, D / 2] float32; caches [Bc, S, Hkv, D]; token m's rotated key
-  and its value stored at (rows[m], slots[m]) for every m first; then token m attends over the vis_n[m] cache
+  qkv [M, (H + 2 Hkv) D] (bf16 values); cos / sin [M, D / 2] float32; caches [Bc, S, Hkv, D] bf16 as uint16, their
+  bits (numba has no bf16; keys and values are bf16 values, which half of float32's bytes hold exactly, and at long
+  contexts reading the cache is most of the attention's time); token m's rotated key and its value stored at
+  (rows[m], slots[m]) for every m first; then token m attends over the vis_n[m] cache
   positions of its row that vis_idx[m, :vis_n[m]] lists (vis_idx of width 0: positions 0 .. vis_n[m] - 1) -> out
   [M, H D] (bf16). RoPE on halves; scores, softmax and the weighted sum in float32.
 - `silu_mul(gu, out)`: gu [M, 2 I] (gate, then up; bf16) -> out [M, I] = bf16(bf16(silu(gate)) * up).
@@ -113,26 +115,31 @@ def rope_store_attend(qkv: np.ndarray, cos: np.ndarray, sin: np.ndarray, k_cache
                     k[m, hh - H, i], k[m, hh - H, half + i] = a, b
     round_bf16(q)
     round_bf16(k)
+    kb, qkvb = k.view(np.uint32), qkv.view(np.uint32)  # bf16 values: their top 16 bits are the bf16
     vbase = (H + Hkv) * D
     for m in range(M):  # every token's key and value into the cache before any token attends
         r, sl = rows[m], slots[m]
         for kh in range(Hkv):
             for i in range(D):
-                k_cache[r, sl, kh, i] = k[m, kh, i]
-                v_cache[r, sl, kh, i] = qkv[m, vbase + kh * D + i]
+                k_cache[r, sl, kh, i] = np.uint16(kb[m, kh, i] >> np.uint32(16))
+                v_cache[r, sl, kh, i] = np.uint16(qkvb[m, vbase + kh * D + i] >> np.uint32(16))
     gathered = vis_idx.shape[1] > 0
     sc = np.float32(scale)
+    row_bits = np.empty(D, np.uint32)  # one cached key or value row, widened to float32
+    row = row_bits.view(np.float32)
     for m in range(M):
         r, n = rows[m], vis_n[m]
         s = np.empty((g, n), np.float32)
-        acc = np.empty(D, np.float32)
+        acc = np.empty((g, D), np.float32)
         for kh in range(Hkv):
             for j in range(n):  # the g query heads of this KV head share each key's load
                 pos = vis_idx[m, j] if gathered else j
+                for i in range(D):
+                    row_bits[i] = np.uint32(k_cache[r, pos, kh, i]) << np.uint32(16)
                 for gi in range(g):
                     dot = np.float32(0.0)
                     for i in range(D):
-                        dot += q[m, kh * g + gi, i] * k_cache[r, pos, kh, i]
+                        dot += q[m, kh * g + gi, i] * row[i]
                     s[gi, j] = dot * sc
             for gi in range(g):
                 mx = np.float32(-3.4e38)  # (no infinities under fastmath)
@@ -143,16 +150,22 @@ def rope_store_attend(qkv: np.ndarray, cos: np.ndarray, sin: np.ndarray, k_cache
                     e = np.exp(s[gi, j] - mx)
                     s[gi, j] = e
                     tot += e
-                for i in range(D):
-                    acc[i] = 0.0
                 for j in range(n):
-                    pos = vis_idx[m, j] if gathered else j
-                    p = s[gi, j] / tot
+                    s[gi, j] /= tot
+                for i in range(D):
+                    acc[gi, i] = 0.0
+            for j in range(n):  # and each value's, summed in cache order for every query head
+                pos = vis_idx[m, j] if gathered else j
+                for i in range(D):
+                    row_bits[i] = np.uint32(v_cache[r, pos, kh, i]) << np.uint32(16)
+                for gi in range(g):
+                    p = s[gi, j]
                     for i in range(D):
-                        acc[i] += p * v_cache[r, pos, kh, i]
+                        acc[gi, i] += p * row[i]
+            for gi in range(g):
                 o = (kh * g + gi) * D
                 for i in range(D):
-                    out[m, o + i] = acc[i]
+                    out[m, o + i] = acc[gi, i]
     round_bf16(out)
 
 
@@ -179,7 +192,7 @@ def warm() -> None:
     f32, i64 = np.float32, np.int64
     h, w, x = np.zeros((1, 4), f32), np.ones(4, f32), np.zeros((1, 4), f32)
     add_rms_norm(h, np.zeros((1, 4), f32), w, 1e-5, x)
-    kc, vc = np.zeros((1, 2, 1, 2), f32), np.zeros((1, 2, 1, 2), f32)
+    kc, vc = np.zeros((1, 2, 1, 2), np.uint16), np.zeros((1, 2, 1, 2), np.uint16)
     idx = np.zeros((1, 0), i64)
     rope_store_attend(np.zeros((1, 6), f32), np.ones((1, 1), f32), np.zeros((1, 1), f32), kc, vc, np.zeros(1, i64),
                       np.zeros(1, i64), np.ones(1, i64), idx, 1, 1, 0.5, np.zeros((1, 2), f32))
