@@ -391,7 +391,7 @@ def test_bench_runs_a_schedule(tmp_path, capsys):
 def test_bench_defaults_measure_what_generate_runs(tmp_path, capsys, monkeypatch):
     """`eaglespec bench` on the embedded model without --draft/--spec benches `--spec auto`: at each batch size the
     shape `draft="auto"` gives an engine of that many rows here (one row on an x86-64 CPU: the 4-bit path, as
-    `generate`, there the chain of 2; with 2 rows, or --cpu-weights dense, float32 and the tree S3 K2 D6 at one row;
+    `generate`, there the chain of 3; with 2 rows, or --cpu-weights dense, float32 and the tree S3 K2 D6 at one row;
     answers identical either way; engines of several rows decode plainly, so nothing speculative runs at 2 rows and
     the log says why). The run keeps one name; its records carry the shape taken, the document the weights' path."""
     import platform
@@ -413,7 +413,7 @@ def test_bench_defaults_measure_what_generate_runs(tmp_path, capsys, monkeypatch
         assert [(r["config"], r["batch_size"]) for r in doc["records"]] == [("no-spec", 1), (name, 1),
                                                                             ("no-spec", 2)][:len(sizes.split(",")) + 1]
         auto = doc["records"][1]
-        shape = (2, 1, 3) if q4 else (3, 2, 6)
+        shape = (3, 1, 4) if q4 else (3, 2, 6)
         assert auto["auto"] and auto["shape"] == "S{} K{} D{}".format(*shape)
         assert (auto["steps"], auto["topk"], auto["draft_tokens"]) == shape
         # greedy's sizes, once
@@ -430,7 +430,7 @@ def test_bench_defaults_measure_what_generate_runs(tmp_path, capsys, monkeypatch
                                  "--out", tmp_path / "named"], capsys)
     assert code == 0, err
     named = json.loads((tmp_path / "named" / "results.json").read_text())["records"][1]
-    assert named["config"] == name and named["auto"] and named["shape"] == ("S2 K1 D3" if four_bit else "S3 K2 D6")
+    assert named["config"] == name and named["auto"] and named["shape"] == ("S3 K1 D4" if four_bit else "S3 K2 D6")
 
 
 def test_bench_with_a_structured_output(tmp_path, capsys):

@@ -180,7 +180,8 @@ class ModelRunner(PrefillStep, SpecStep, GrammarStep):
     @property
     def kv_dtype(self) -> torch.dtype:
         """The target's KV cache dtype: the engine's, unless the target asks for another (`kv_dtype`: the 4-bit CPU
-        path keeps float32 keys and values, which its float32 row-wise attention reads without a conversion)."""
+        path keeps bf16 keys and values where its numba kernels run, float32 where its row-wise attention's modules read
+        them without a conversion)."""
         return getattr(self.target, "kv_dtype", None) or self.dtype
 
     @property
