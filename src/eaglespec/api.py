@@ -38,7 +38,7 @@ from .config import EngineConfig, SpecConfig
 
 from .spec_schedule import SpecSchedule
 from .engine.engine import Engine
-from .engine.int4_weights import int4_mode, load_dtype
+from .engine.int4_weights import int4_mode, load_dtype, on_int4_path
 from .engine.transforms import prepare_for_inference
 from .errors import ConfigError
 from .loading.checkpoint import load_model, resolve_device, resolve_dtype
@@ -89,7 +89,7 @@ def auto_spec(target: torch.nn.Module, device_type: str, max_batch_size: int = 1
     greedy, sampled = mode_entries(device_type, spec_rows(max_batch_size, spec_max_rows),
                                    next(target.parameters()).dtype)
     # the 4-bit CPU path: its own greedy cost model over forwards timed as verifies; sampled steps plain (assets)
-    int4 = device_type == "cpu" and getattr(target, "int4_weights", False)
+    int4 = device_type == "cpu" and on_int4_path(target)
     if int4 and not speculate and sampled is not None:
         if temperature > 0:
             return None, INT4_SAMPLED_NOTE

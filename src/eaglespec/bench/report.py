@@ -69,6 +69,7 @@ from typing import Any, Sequence
 import torch
 
 from ..config import SpecConfig
+from ..engine.int4_weights import on_int4_path
 
 from ..spec_schedule import SpecSchedule
 from .runs import RunRecord, shape_label
@@ -208,7 +209,7 @@ def document(kind: str, result: SuiteResult, model: BenchModel, workload: Worklo
             "source": model.source, "architecture": cfg.architecture, "parameters": n_params,
             "dtype": str(model.dtype).removeprefix("torch."), "num_hidden_layers": cfg.num_hidden_layers,
             # the 4-bit CPU path (EngineConfig.cpu_weights: "q4", or "auto" where it applied)
-            "int4_weights": getattr(model.loaded.model, "int4_weights", False),
+            "int4_weights": on_int4_path(model.loaded.model),
             "hidden_size": cfg.hidden_size, "vocab_size": cfg.vocab_size,
             "weight_bytes_per_step": model.weight_bytes, "kv_bytes_per_token": model.kv_bytes,
         },

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from .. import api
+from ..engine.int4_weights import on_int4_path
 from ..errors import RequestError
 from .answer_printer import AnswerPrinter
 from .options import (add_model_options, add_sampling_options, answer_line, draft_arg, engine_config, plain_reason,
@@ -65,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
         "speculative": engine.speculative,
         "device": str(engine.device),
         "dtype": str(engine.dtype).removeprefix("torch."),
-        "int4_weights": getattr(engine.runner.target, "int4_weights", False),  # the 4-bit CPU path (cpu_weights)
+        "int4_weights": on_int4_path(engine.runner.target),  # the 4-bit CPU path (cpu_weights)
     }
     line = answer_line(n, seconds)
     if stats["int4_weights"]:  # bf16 on the GGUF's own 4-bit weights (by default on a one-row x86-64 CPU engine)

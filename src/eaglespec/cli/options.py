@@ -203,7 +203,9 @@ def device_text(engine: "Engine") -> str:
     """The engine's device type for start-up and stats lines, with "(4-bit CPU weights)" where the target runs the
     4-bit CPU path (engine/int4_weights.py: bf16 on the GGUF's own 4-bit weights, by default on one-row x86-64 CPU
     engines): the weights that answer are named wherever the speed is."""
-    if getattr(engine.runner.target, "int4_weights", False):
+    from ..engine.int4_weights import on_int4_path  # (loaded with the engine: not at the CLI's start)
+
+    if on_int4_path(engine.runner.target):
         return f"{engine.device.type} (4-bit CPU weights)"
     return engine.device.type
 

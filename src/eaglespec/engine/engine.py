@@ -67,7 +67,7 @@ from ..sampling_params import SamplingParams
 from ..spec.stats import SpecStats
 from .cuda_graphs import PREFILL_SPLIT_ROWS
 from .int4_drafter import use_int4_drafter
-from .int4_weights import check_shapes
+from .int4_weights import check_shapes, on_int4_path
 from .request import GenerationOutput, Request  # GenerationOutput: Engine.generate's
 from .pending_step import PendingStep
 from .prompts import Prompt, encode_prompt
@@ -149,7 +149,7 @@ class Engine(OverlappedStep, PrefixReuse):
         drafter.set_embed_and_head(embed, head)
         self.target.set_eagle3_layers_to_capture(list(ids))
         self.aux_layer_ids = tuple(ids)
-        if getattr(self.target, "int4_weights", False):  # the drafter follows the target's 4-bit CPU path
+        if on_int4_path(self.target):  # the drafter follows the target's 4-bit CPU path
             use_int4_drafter(drafter)
 
     @property

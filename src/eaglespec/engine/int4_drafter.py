@@ -46,7 +46,8 @@ from ..layers.norm import RMSNorm
 from ..layers.row_attention import takes_rows
 from ..models.eagle3 import LlamaForCausalLMEagle3
 from . import int4_step
-from .int4_step import Scratch, bits, token_arrays
+from .int4_step import CacheBits, Scratch, token_arrays
+from .int4_weights import on_int4_path
 
 # a seam benchmarks turn off (the drafter's products then stay bf16; its step still runs where it fits)
 QUANTIZE = True
@@ -54,7 +55,7 @@ QUANTIZE = True
 
 def use_int4_drafter(drafter: nn.Module) -> bool:
     """Module docstring."""
-    if getattr(drafter, "int4_weights", False) or not isinstance(drafter, LlamaForCausalLMEagle3):
+    if on_int4_path(drafter) or not isinstance(drafter, LlamaForCausalLMEagle3):
         return False  # once; an oracle (bench) has nothing to convert
     shared = None if drafter.has_own_head else drafter.lm_head  # the target's head: left as it is
     convert = []
@@ -107,6 +108,7 @@ class Int4DraftStep:
         K = drafter.config.hidden_size
         # x (the two input norms), the attention's output, the gating's, the MLP's norm and the final norm
         self.scratch = Scratch(2 * K, attn.num_heads * attn.head_dim, self.down.in_features, K, K)
+        self.bits = CacheBits()
 
     @staticmethod
     def attach(drafter: nn.Module) -> "Int4DraftStep | None":
@@ -146,7 +148,8 @@ class Int4DraftStep:
         rows, slots, vis_n, vis_idx = token_arrays(ctx, B, T)
         c, s = self._rope(ctx.positions)
         qkv = _product(self.qkv, x, dtype)  # [M, (H + 2 Hkv) D]
-        self.k.rope_store_attend(qkv.numpy(), c, s, *bits(cache), rows, slots, vis_n, vis_idx, H, Hkv, D**-0.5, outn)
+        self.k.rope_store_attend(qkv.numpy(), c, s, *self.bits(cache), rows, slots, vis_n, vis_idx, H, Hkv, D**-0.5,
+                                 outn)
         o = _product(self.o, out, dtype)
         # the residual stream: h, or with norm_before_residual hidden_norm(h) (x's second half)
         r = x[:, K:].clone() if mid.norm_before_residual else h.clone()

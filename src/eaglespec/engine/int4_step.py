@@ -13,8 +13,8 @@ Contract with the layer (`PreNormDecoderLayer.forward`): h [B, T, K] (bf16, or f
 None or [B, T, K] -> (h, delta) as float32 h (bf16 values; updated in place where it was already float32, as the
 folded path does) and bf16 delta, plus with keep_input a copy of the layer's input sum. The KV cache is bf16
 (`model.kv_dtype` once steps are attached: engine/int4_weights.py; keys and values are bf16 values, so float32 would
-only double what a long context's attention reads). Every token is computed alone (the kernels' module docstring), so this step is
-row-invariant like the path it replaces; its roundings are that path's, its sums in another order.
+only double what a long context's attention reads). Every token is computed alone (the kernels' module docstring),
+so this step is row-invariant like the path it replaces; its roundings are that path's, its sums in another order.
 """
 
 from __future__ import annotations
@@ -101,6 +101,7 @@ class Int4Step:
         # x (the norms' outputs), the attention's output, the gating's, and zeros (a first layer's delta)
         K = self.down.out_features
         self.scratch = Scratch(K, self.o.in_features, self.down.in_features, K)
+        self.bits = CacheBits()
 
     @staticmethod
     def attach(model: nn.Module) -> int:
@@ -128,7 +129,8 @@ class Int4Step:
         self.k.add_rms_norm(h32.numpy(), dn, self.w1, self.eps1, xn)
         s_in = h32.clone().view(B, T, K) if keep_input else None  # the layer's input sum (an aux state)
         qkv = self.qkv.mm(x.to(bf16)).float()  # [M, (H + 2 Hkv) D]
-        self.k.rope_store_attend(qkv.numpy(), c, s, *bits(cache), rows, slots, vis_n, vis_idx, H, Hkv, D**-0.5, outn)
+        self.k.rope_store_attend(qkv.numpy(), c, s, *self.bits(cache), rows, slots, vis_n, vis_idx, H, Hkv, D**-0.5,
+                                 outn)
         o = self.o.mm(out.to(bf16)).float()
         self.k.add_rms_norm(h32.numpy(), o.numpy(), self.w2, self.eps2, xn)
         gu = self.gate_up.mm(x.to(bf16)).float()  # [M, 2 I]
@@ -137,9 +139,19 @@ class Int4Step:
         return (h32.view(B, T, K), d, s_in) if keep_input else (h32.view(B, T, K), d)
 
 
-def bits(cache: Sequence[torch.Tensor]) -> tuple[np.ndarray, np.ndarray]:
-    """A layer's bf16 key and value caches as the kernels take them: uint16 numpy views of their bits."""
-    return cache[0].view(torch.uint16).numpy(), cache[1].view(torch.uint16).numpy()
+class CacheBits:
+    """A layer's bf16 key and value caches as the kernels take them, uint16 numpy views of their bits, made once for
+    the tensors the engine holds (`KVCache.layers()` hands the same ones each forward until it grows): two views a
+    forward cost ~5 us a layer."""
+
+    def __init__(self) -> None:
+        self._of: torch.Tensor | None = None
+        self._views: tuple[np.ndarray, np.ndarray] = ()
+
+    def __call__(self, cache: Sequence[torch.Tensor]) -> tuple[np.ndarray, np.ndarray]:
+        if cache[0] is not self._of:  # (the views keep the old tensors' memory until a new cache replaces them)
+            self._of, self._views = cache[0], (cache[0].view(torch.uint16).numpy(), cache[1].view(torch.uint16).numpy())
+        return self._views
 
 
 def token_arrays(ctx: ForwardContext, B: int, T: int) -> tuple:

@@ -79,12 +79,18 @@ def _check(model: nn.Module) -> None:
                               "--cpu-weights dense")
 
 
+def on_int4_path(model: nn.Module) -> bool:
+    """Whether `model` runs this path: a target `use_int4_weights` converted (or a drafter
+    engine/int4_drafter.py did)."""
+    return getattr(model, "int4_weights", False)
+
+
 def check_shapes(target: nn.Module, shapes: Sequence[SpecConfig]) -> None:
     """Raise a ConfigError where a target on this path would verify more tokens a row than the row-wise attention
     takes (ROW_MAX_TOKENS: longer forwards keep SDPA, which is not row-invariant, so speculation would no longer be
     lossless). Engine calls it with its speculative shapes."""
     widest = max((s.draft_tokens for s in shapes), default=0)
-    if getattr(target, "int4_weights", False) and widest > ROW_MAX_TOKENS:
+    if on_int4_path(target) and widest > ROW_MAX_TOKENS:
         raise ConfigError(f"--cpu-weights q4 verifies at most {ROW_MAX_TOKENS} draft tokens a step (its row-wise "
                           f"attention, what keeps speculation lossless there); got --draft-tokens {widest}")
 
