@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_int4_weights import stored_llama
+from test_int4_step import q4_llama
 from tiny import tiny_drafter, tiny_llama
 
 from eaglespec.engine import int4_step
@@ -56,8 +56,7 @@ def test_quantized_groups_hold_the_weights_closely():
 
 
 def _q4_engine_drafter(draft_vocab: int | None = 50, **kw) -> tuple[torch.nn.Module, torch.nn.Module]:
-    target = stored_llama(True)
-    prepare_for_inference(target, CPU, None, None, int4=True)
+    target = q4_llama(True)
     drafter = prepare_for_inference(tiny_drafter(target, seed=1, draft_vocab=draft_vocab, **kw).to(BF16), CPU, None,
                                     None)
     return target, drafter

@@ -38,15 +38,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..layers.attention import GQAAttention
 from ..layers.context import ForwardContext, gather_rows
 from ..layers.int4_linear import Int4Linear
-from ..layers.mlp import GatedMLP
 from ..layers.norm import RMSNorm
 from ..layers.row_attention import takes_rows
 from ..models.eagle3 import LlamaForCausalLMEagle3
 from . import int4_step
-from .int4_step import CacheBits, Scratch, token_arrays
+from .int4_step import CacheBits, Scratch, plain_attention, silu_mlp, token_arrays
 from .int4_weights import on_int4_path
 
 # a seam benchmarks turn off (the drafter's products then stay bf16; its step still runs where it fits)
@@ -59,7 +57,7 @@ def use_int4_drafter(drafter: nn.Module) -> bool:
         return False  # once; an oracle (bench) has nothing to convert
     shared = None if drafter.has_own_head else drafter.lm_head  # the target's head: left as it is
     convert = []
-    for name, m in drafter.named_modules():
+    for m in drafter.modules():
         for leaf, child in m.named_children():
             if QUANTIZE and isinstance(child, nn.Linear) and child is not shared:  # (CpuLinear too)
                 q = Int4Linear.quantize(child.weight.detach().float(),
@@ -76,20 +74,14 @@ def use_int4_drafter(drafter: nn.Module) -> bool:
 
 
 def fits(drafter: nn.Module) -> bool:
-    """Whether the step computes `drafter` exactly as its modules do: one layer (no later ones), RMSNorms, plain
-    grouped-query attention with fused q/k/v (RoPE over the whole head, no window / soft cap / custom scale), a
-    SiLU-gated MLP with fused gate/up."""
+    """Whether the step computes `drafter` exactly as its modules do: one layer (no later ones), RMSNorms,
+    `int4_step.plain_attention` with RoPE over the whole head, a `int4_step.silu_mlp`."""
     mid = getattr(drafter, "midlayer", None)
     if mid is None or len(drafter.layers) or mid.norm_linear is not None:
         return False
-    attn, mlp = mid.self_attn, mid.mlp
     norms = (mid.input_layernorm, mid.hidden_norm, mid.post_attention_layernorm, drafter.norm)
-    return (all(type(n) is RMSNorm for n in norms)
-            and type(attn) is GQAAttention and getattr(attn, "qkv_proj", None) is not None
-            and attn.window is None and not attn.nope and attn.scale is None and attn.softcap is None
-            and attn.temperature is None and "sinks" not in attn._parameters and attn.head_dim % 2 == 0
-            and type(mlp) is GatedMLP and mlp.act_name == "silu" and getattr(mlp, "gate_up_proj", None) is not None
-            and 2 * drafter.rotary.inv_freq.shape[0] == attn.head_dim)
+    return (all(type(n) is RMSNorm for n in norms) and plain_attention(mid.self_attn) and silu_mlp(mid.mlp)
+            and 2 * drafter.rotary.inv_freq.shape[0] == mid.self_attn.head_dim)
 
 
 class Int4DraftStep:

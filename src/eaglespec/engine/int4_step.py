@@ -53,21 +53,29 @@ def kernels() -> ModuleType | None:
     return k
 
 
+def plain_attention(attn: nn.Module) -> bool:
+    """Whether `attn` is grouped-query attention the kernels compute exactly: fused q/k/v, no window, sinks, soft cap,
+    query temperature, NoPE or custom scale, an even head_dim (RoPE on halves). The layer step and the drafter's
+    (engine/int4_drafter.py) both ask."""
+    return (type(attn) is GQAAttention and getattr(attn, "qkv_proj", None) is not None and attn.window is None
+            and not attn.nope and attn.scale is None and attn.softcap is None and attn.temperature is None
+            and "sinks" not in attn._parameters and attn.head_dim % 2 == 0)
+
+
+def silu_mlp(mlp: nn.Module) -> bool:
+    """Whether `mlp` is a SiLU-gated MLP with fused gate/up (`silu_mul`'s input)."""
+    return type(mlp) is GatedMLP and mlp.act_name == "silu" and getattr(mlp, "gate_up_proj", None) is not None
+
+
 def fits(layer: nn.Module) -> bool:
-    """Whether `layer` is a Llama-shaped pre-norm layer this step computes exactly: RMSNorms, plain grouped-query
-    attention (no window, sinks, soft cap, query temperature, NoPE or custom scale) with fused 4-bit q/k/v and o_proj,
-    a SiLU-gated MLP with fused 4-bit gate/up and down_proj."""
+    """Whether `layer` is a Llama-shaped pre-norm layer this step computes exactly: RMSNorms, `plain_attention` with
+    fused 4-bit q/k/v and o_proj, a `silu_mlp` with fused 4-bit gate/up and down_proj."""
     if not isinstance(layer, PreNormDecoderLayer) or layer.folded_norms or layer.norm_linear is not None:
         return False
     attn, mlp = layer.self_attn, layer.mlp
     norms = (layer.input_layernorm, layer.post_attention_layernorm)
-    return (all(type(n) is RMSNorm for n in norms)
-            and type(attn) is GQAAttention and isinstance(getattr(attn, "qkv_proj", None), Int4Linear)
-            and isinstance(attn.o_proj, Int4Linear) and attn.window is None and not attn.nope
-            and attn.scale is None and attn.softcap is None and attn.temperature is None
-            and "sinks" not in attn._parameters and attn.head_dim % 2 == 0
-            and type(mlp) is GatedMLP and mlp.act_name == "silu"
-            and isinstance(getattr(mlp, "gate_up_proj", None), Int4Linear) and isinstance(mlp.down_proj, Int4Linear))
+    return (all(type(n) is RMSNorm for n in norms) and plain_attention(attn) and silu_mlp(mlp)
+            and all(isinstance(p, Int4Linear) for p in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)))
 
 
 class Scratch:
