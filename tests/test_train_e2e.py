@@ -91,6 +91,9 @@ def test_training_lifts_acceptance_and_export_round_trips(setup, tmp_path):
     assert res.acc[0] > 0.3 and res.acc[0] > 4 * max(acc0[0], 0.02)
     assert all(a > 0.25 for a in res.acc)
     assert res.accept_length > 1.5
+    # the chain's conditional accuracy: step 0 counts every position, as the plain one; later steps only those
+    # whose earlier drafts were right, where this target's text is easier
+    assert res.chain_acc[0] == res.acc[0] and res.chain_accept_length > 1.5
     drafter.eval()
     tau = measured_accept_length(target, drafter, prompts, plain)
     assert tau > tau0 + 0.4, (tau0, tau)
@@ -128,6 +131,42 @@ def test_training_lifts_acceptance_and_export_round_trips(setup, tmp_path):
         assert torch.equal(loaded.state_dict()[n], b), n
     with pytest.raises(ConfigError, match=r"fc.weight \(64 x 192 in bfloat16, 0.02 MiB\) cannot fit"):
         export_drafter(drafter, tmp_path / "tiny", max_shard_mb=0.07)
+
+
+def test_aligned_training_lifts_acceptance_and_resumes_only_aligned_alike(setup, tmp_path):
+    """--ttt-align 1: later steps train only on positions whose earlier drafts were right; the drafter still learns
+    (lossless, acceptance well above the untrained one's), its evaluation counts every position as a plain run's
+    does, and a checkpoint resumes only under the same alignment (one written before the setting existed: 0)."""
+    target, train_ds, eval_ds, vocab, prompts, plain = setup
+    tau0 = measured_accept_length(target, new_drafter(target, (1, 2, 2), vocab, seed=0), prompts, plain)
+    drafter = new_drafter(target, (1, 2, 2), vocab, seed=0)
+    tr = Trainer(target, drafter, train_ds, eval_ds, vocab, config(tmp_path, max_steps=300, ttt_align=1,
+                                                                   save_every=100))
+    history = tr.fit()
+    # training counts fewer positions at later steps than evaluation does
+    assert history[-1].loss < history[0].loss - 2
+    res = tr.evals[-1][1]
+    assert res.positions[3] > 0 and res.acc[0] > 0.3 and res.chain_accept_length > 1.5
+    drafter.eval()
+    tau = measured_accept_length(target, drafter, prompts, plain)
+    assert tau > tau0 + 0.4, (tau0, tau)
+    def resumed(**kw):
+        return Trainer(target, new_drafter(target, (1, 2, 2), vocab, seed=0), train_ds, None, vocab,
+                       config(tmp_path, max_steps=300, resume=True, **kw))
+
+    with pytest.raises(ConfigError, match="ttt_align=1, this run has ttt_align=0"):
+        resumed()
+    assert resumed(ttt_align=1).step == 300
+    # a checkpoint of an earlier eaglespec (no ttt_align in its settings) resumes as the published loss
+    ckpt = sorted((tmp_path / "work" / "checkpoints").glob("step-*.pt"))[-1]
+    state = torch.load(ckpt, weights_only=False)
+    del state["settings"]["ttt_align"]
+    torch.save(state, ckpt)
+    with pytest.raises(ConfigError, match="ttt_align=0, this run has ttt_align=1"):
+        resumed(ttt_align=1)
+    assert resumed().step == 300
+    with pytest.raises(ConfigError, match="--ttt-align must be >= 0"):
+        config(tmp_path, ttt_align=-1)
 
 
 def trained_looking_drafter(setup, work):

@@ -141,3 +141,70 @@ def test_tokens_after_the_last_loss_token_change_nothing(models):
     for name, grad in full_grads.items():  # float32 sums over other lengths: ~1e-6 of the largest entry apart
         torch.testing.assert_close(cut_grads[name], grad, rtol=1e-4, atol=1e-4 * float(grad.abs().max()))
     drafter.zero_grad()
+
+
+@pytest.mark.parametrize("align", [0, 1, 2])
+def test_aligned_positions_equal_a_reference_walk_along_each_path(align):
+    """`ttt_loss(align_topk=K)`: step k counts position j only where every earlier step counted it and ranked the
+    target's argmax in its top K (K = 0: everywhere); the chain's counts (top-1 paths) come beside whatever K. The
+    drafter here is a stand-in whose hidden states are its logits (norm and head the identity), made to rank the
+    target's argmax first at ~60% of positions and second at ~20%, so that paths end at every depth; the reference
+    walks each position's steps one by one."""
+    from types import SimpleNamespace
+
+    from eaglespec.train.features import TargetFeatures
+    from eaglespec.train.ttt import step_targets, ttt_loss
+
+    B, T, Vd, S = 3, 40, 6, 5
+    g = torch.Generator().manual_seed(7)
+    am = torch.randint(0, Vd, (B, T), generator=g)
+    am[0, 10:14] = -1  # the target's argmax outside the draft vocabulary: never counted, every path through ends
+    probs = torch.softmax(torch.randn(B, T, Vd, generator=g), -1)
+    feats = TargetFeatures(None, probs, am)
+    loss_mask = torch.zeros(B, T, dtype=torch.bool)
+    loss_mask[:, 4:36] = True
+    loss_mask[2, 20:24] = False  # a prompt inside the row
+    hiddens = []
+    for k in range(S):
+        want = torch.cat([am[:, 1 + k:], am[:, :1 + k]], 1).clamp(min=0)  # the argmax step k predicts at j
+        z = torch.randn(B, T, Vd, generator=g)
+        rank = torch.rand(B, T, generator=g)
+        z.scatter_(-1, want[..., None], torch.where(rank < 0.6, 9.0, torch.where(rank < 0.8, 0.5, -9.0))[..., None])
+        z[..., 0] += torch.where(rank < 0.6, 0.0, 5.0)  # second place where it was not first (if want is not 0)
+        hiddens.append(z.requires_grad_())
+    identity = SimpleNamespace(norm=lambda x: x, lm_head=lambda x: x)
+    res = ttt_loss(identity, hiddens, feats, loss_mask, 0.8, align)
+    on = chain = None
+    want_loss = 0.0
+    counted = []
+    for k, z in enumerate(hiddens):
+        valid, am_k = step_targets(feats, loss_mask, k)
+        z = z.detach()
+        top1 = z.argmax(-1)
+        top2 = z.topk(2, dim=-1).indices
+        on = valid if (k == 0 or align == 0) else on & valid
+        counted.append(on)
+        chain = valid if k == 0 else chain & valid
+        n = int(on.sum())
+        assert res.count[k] == n and res.chain_count[k] == int(chain.sum())
+        assert res.correct[k] == int(((top1 == am_k) & on).sum())
+        assert res.chain_correct[k] == int(((top1 == am_k) & chain).sum())
+        lab = torch.cat([probs[:, 1 + k:], probs[:, :1 + k]], dim=1)  # position j's label: probs[j + 1 + k]
+        ce = -(lab * torch.log_softmax(z, -1)).sum(-1)
+        want_k = float(ce[on].sum()) / max(n, 1)
+        torch.testing.assert_close(res.step_loss[k], torch.tensor(want_k), rtol=1e-5, atol=1e-6)
+        want_loss += 0.8**k * want_k
+        chain = chain & (top1 == am_k)  # the paths that go on to step k + 1
+        if align == 1:
+            on = on & (top1 == am_k)
+        elif align == 2:
+            on = on & (top2 == am_k[..., None]).any(-1)
+    torch.testing.assert_close(res.loss.detach(), torch.tensor(want_loss), rtol=1e-5, atol=1e-6)
+    # paths end at every depth and some reach the last step; top-2 paths outlive the chain's
+    c = res.chain_count.tolist()
+    assert c[0] > c[1] > c[2] > c[3] > c[4] > 0
+    if align == 2:
+        assert res.count[-1] > res.chain_count[-1]
+    res.loss.backward()  # only counted positions carry a gradient
+    for z, on in zip(hiddens, counted):
+        assert z.grad[~on].abs().sum() == 0 and (z.grad[on].abs().sum(-1) > 0).all()

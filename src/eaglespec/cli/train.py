@@ -93,6 +93,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     t = p.add_argument_group("training")
     t.add_argument("--ttt-steps", type=int, default=7, help="unrolled training-time-test steps")
     t.add_argument("--step-decay", type=float, default=0.8, help="loss weight of step k is decay**k")
+    t.add_argument("--ttt-align", type=int, default=0, metavar="K",
+                   help="a step's loss only where every earlier step ranked the target's token in its top K, the "
+                        "states drafting reaches (1: a chain's; 0: every position, as published)")
     t.add_argument("--lr", type=float, default=1e-4)
     t.add_argument("--warmup-frac", type=float, default=0.015)
     t.add_argument("--weight-decay", type=float, default=0.0)
@@ -222,7 +225,8 @@ def run(args: argparse.Namespace) -> int:
                          fc_norm=args.fc_norm, norm_output=args.norm_output)  # checked by train_drafter up front
     train_cfg = TrainConfig(
         work_dir=work_dir, aux_layers=_aux_layers(args.aux_layers, tcfg.default_aux_layer_ids()),
-        ttt_steps=args.ttt_steps, step_decay=args.step_decay, lr=args.lr, warmup_frac=args.warmup_frac,
+        ttt_steps=args.ttt_steps, step_decay=args.step_decay, ttt_align=args.ttt_align, lr=args.lr,
+        warmup_frac=args.warmup_frac,
         weight_decay=args.weight_decay, grad_clip=args.grad_clip, batch_tokens=args.batch_tokens,
         epochs=args.epochs, max_steps=args.max_steps, stop_after=args.stop_after, eval_every=args.eval_every,
         save_every=args.save_every, seed=args.seed, resume=args.resume, progress=not args.no_progress,

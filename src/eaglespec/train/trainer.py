@@ -60,7 +60,9 @@ from .vocab import DraftVocab
 
 # Settings a resumed run must share with the run that wrote the checkpoint.
 RESUME_KEYS = ("ttt_steps", "step_decay", "lr", "warmup_frac", "weight_decay", "grad_clip", "batch_tokens", "epochs",
-               "max_steps", "seed")
+               "max_steps", "seed", "ttt_align")
+# the value a setting added later had in the runs that wrote checkpoints without it
+RESUME_DEFAULTS = {"ttt_align": 0}
 
 
 def data_fingerprint(ds: TokenDataset) -> str:
@@ -77,6 +79,8 @@ class TrainConfig:
     aux_layers: tuple[int, ...]
     ttt_steps: int = 7
     step_decay: float = 0.8
+    ttt_align: int = 0  # ttt.py's aligned positions: a step's loss only where every earlier step ranked the target's
+                        # token in its top K (0: every position, as published)
     lr: float = 1e-4
     warmup_frac: float = 0.015
     weight_decay: float = 0.0
@@ -102,6 +106,8 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if self.ttt_steps < 1:
             raise ConfigError(f"--ttt-steps must be >= 1 (got {self.ttt_steps})")
+        if self.ttt_align < 0:
+            raise ConfigError(f"--ttt-align must be >= 0 (got {self.ttt_align})")
         if self.lr <= 0:
             raise ConfigError(f"--lr must be > 0 (got {self.lr})")
         if self.batch_tokens < 1:
@@ -128,14 +134,24 @@ class EvalResult:
     loss: float
     accept_length: float
     positions: list[int] = field(default_factory=list)
+    # the chain's conditional accuracy per step (ttt.py: positions whose earlier drafts were all right) and its
+    # estimate, the acceptance length per position of a chain of that many steps
+    chain_acc: list[float] = field(default_factory=list)
+    chain_accept_length: float = 0.0
 
     def line(self) -> str:
         accs = " ".join(f"{a:.3f}" for a in self.acc)
         # a chain of 3 (S3 K1 D4) is what `eaglespec bench` and `auto` run at one row: its estimate from the first
         # three steps is the one comparable with a measured acceptance length
         three = f" (3 steps: {acceptance_estimate(self.acc[:3]):.3f})" if len(self.acc) > 3 else ""
+        chain = ""
+        if self.chain_acc:
+            chain = (f"; chain's conditional accuracy [{' '.join(f'{a:.3f}' for a in self.chain_acc)}], "
+                     f"acceptance per position {self.chain_accept_length:.3f}"
+                     + (f" (3 steps: {acceptance_estimate(self.chain_acc[:3]):.3f})" if len(self.chain_acc) > 3
+                        else ""))
         return (f"eval: loss {self.loss:.4f}, per-step accuracy [{accs}], "
-                f"estimated chain acceptance {self.accept_length:.3f}{three}")
+                f"estimated chain acceptance {self.accept_length:.3f}{three}{chain}")
 
 
 class Trainer:
@@ -208,17 +224,17 @@ class Trainer:
             return torch.autocast("cuda", dtype=torch.bfloat16)
         return nullcontext()
 
-    def _forward(self, ds: TokenDataset, ids: torch.Tensor):
+    def _forward(self, ds: TokenDataset, ids: torch.Tensor, align: int):
         batch = gather_batch(ds, ids, self.pad_to)
         feats = self.features(batch.tokens)  # valid until the next batch's features: used up within this step
         with self._autocast():
             hiddens = ttt_hiddens(self.drafter, batch.tokens, feats.aux, self.cfg.ttt_steps)
-            res = ttt_loss(self.drafter, hiddens, feats, batch.mask, self.cfg.step_decay)
+            res = ttt_loss(self.drafter, hiddens, feats, batch.mask, self.cfg.step_decay, align)
         return batch, res
 
     def train_step(self, ids: torch.Tensor) -> StepRecord:
         t0 = time.perf_counter()
-        batch, res = self._forward(self.train_ds, ids)
+        batch, res = self._forward(self.train_ds, ids, self.cfg.ttt_align)
         self.opt.zero_grad(set_to_none=True)
         res.loss.backward()
         torch.nn.utils.clip_grad_norm_(list(self.params.values()), self.cfg.grad_clip)
@@ -330,7 +346,9 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self, ds: TokenDataset | None = None) -> EvalResult:
-        """The held-out split (or `ds`, on the trainer's device) without gradients."""
+        """The held-out split (or `ds`, on the trainer's device) without gradients. Every position counts (as
+        published, whatever `ttt_align` trains on), so that runs of either kind compare; the chain's conditional
+        accuracy is counted beside."""
         ds = self.eval_ds if ds is None else ds
         assert ds is not None
         self.drafter.eval()
@@ -338,17 +356,23 @@ class Trainer:
         correct = torch.zeros(S, device=self.device)
         count = torch.zeros(S, device=self.device)
         loss_sum = torch.zeros(S, device=self.device)
+        chain_correct = torch.zeros(S, device=self.device)
+        chain_count = torch.zeros(S, device=self.device)
         for ids in make_batches(ds.lengths.cpu(), self.cfg.batch_tokens):
-            _, res = self._forward(ds, ids)
+            _, res = self._forward(ds, ids, 0)
             correct += res.correct
             count += res.count
             loss_sum += res.step_loss * res.count
+            chain_correct += res.chain_correct
+            chain_count += res.chain_count
         self.drafter.train()
         acc = (correct / count.clamp(min=1)).tolist()
         step_loss = (loss_sum / count.clamp(min=1)).tolist()
         loss = sum(self.cfg.step_decay**k * v for k, v in enumerate(step_loss))
+        chain_acc = (chain_correct / chain_count.clamp(min=1)).tolist()
         return EvalResult(acc=acc, loss=loss, accept_length=acceptance_estimate(acc),
-                          positions=[int(c) for c in count.tolist()])
+                          positions=[int(c) for c in count.tolist()], chain_acc=chain_acc,
+                          chain_accept_length=acceptance_estimate(chain_acc))
 
     # --- checkpoints ------------------------------------------------------------------------------------------------
     def _settings(self) -> dict[str, Any]:
@@ -379,11 +403,9 @@ class Trainer:
         path = found[-1]
         state = torch.load(path, map_location="cpu", weights_only=False)
         for k, v in self._settings().items():
-            if state["settings"].get(k) != v:
-                raise ConfigError(
-                    f"cannot resume from {path}: it was written with {k}={state['settings'].get(k)!r}, "
-                    f"this run has {k}={v!r}"
-                )
+            was = state["settings"].get(k, RESUME_DEFAULTS.get(k))
+            if was != v:
+                raise ConfigError(f"cannot resume from {path}: it was written with {k}={was!r}, this run has {k}={v!r}")
         if state["n_batches"] != len(self.batches):
             raise ConfigError(f"cannot resume from {path}: the training data differ (its run had "
                               f"{state['n_batches']} batches, this one has {len(self.batches)})")

@@ -22,6 +22,14 @@ Notation: tokens t_0..t_{n-1} of a sample, target aux states a_j at every positi
   restricted to the draft vocabulary (features.py). It counts when t_{j+2+k} is a loss token (assistant, not past the
   end) and the target's argmax there is inside the draft vocabulary. Loss = sum_k w^k * mean over counted positions
   of the soft cross-entropy -sum_v p_v log q_v (w = 0.8); accuracy_k = P(drafter argmax == target argmax).
+- Aligned positions (`align_topk` K >= 1, GRIFFIN's token-alignable training): step k >= 1 counts position j only
+  if every earlier step i < k counted there and ranked the target's argmax among its top K. Step k at j is fed the
+  true tokens t_{j+1..j+1+k}, a state that inference reaches only along such a path (a chain: K = 1; a tree keeping
+  K candidates a step: K), so the other positions train the drafter for states it never drafts from. K = 0 (the
+  default, as published): every counted position at every step.
+- Whatever K, the result also counts the chain's conditional accuracy (K = 1 aligned positions, top-1): the
+  product of its first k rates estimates the share of positions a chain accepts k + 1 drafts past, so
+  `acceptance_estimate(chain_correct / chain_count)` estimates a chain's acceptance length per position.
 """
 
 from __future__ import annotations
@@ -111,6 +119,8 @@ class TTTResult:
     step_loss: torch.Tensor  # [S] float32, mean soft CE per step (0 where nothing counted)
     correct: torch.Tensor  # [S] float32, counted positions where the drafter's argmax equals the target's
     count: torch.Tensor  # [S] float32, counted positions
+    chain_correct: torch.Tensor  # [S] float32, the same over the chain's aligned positions (module docstring)
+    chain_count: torch.Tensor  # [S] float32
 
 
 def step_targets(feats: TargetFeatures, loss_mask: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -121,15 +131,20 @@ def step_targets(feats: TargetFeatures, loss_mask: torch.Tensor, k: int) -> tupl
 
 
 def ttt_loss(drafter: torch.nn.Module, hiddens: list[torch.Tensor], feats: TargetFeatures, loss_mask: torch.Tensor,
-             decay: float = 0.8) -> TTTResult:
-    """Weighted soft cross-entropy over the unrolled steps, on counted positions only.
+             decay: float = 0.8, align_topk: int = 0) -> TTTResult:
+    """Weighted soft cross-entropy over the unrolled steps, on counted positions only (`align_topk`: the module
+    docstring's aligned positions; 0 counts every position).
 
     The counted positions of all steps are found in one `nonzero` over [S, B, T] (the step's only synchronisation
     before its end: one per step k would drain the GPU's queue S times while the host launches small kernels); each
-    step's logits are still computed on its own rows, so the largest float32 tensor is [n_k, Vd], as before."""
+    step's logits are still computed on its own rows, so the largest float32 tensor is [n_k, Vd], as before. Aligned
+    positions are a subset of these rows, weighted 1 / 0 on the device: a dense [B, T] flag per step carries which
+    positions are still on a path to the next step, again without a synchronisation."""
+    if align_topk < 0:
+        raise ValueError(f"align_topk must be >= 0 (got {align_topk})")
     S = len(hiddens)
     dev = loss_mask.device
-    T = loss_mask.shape[1]
+    B, T = loss_mask.shape
     probs = feats.probs.reshape(-1, feats.probs.shape[-1])  # [B * T, Vd], row b * T + i: position i of row b
     targets = [step_targets(feats, loss_mask, k) for k in range(S)]
     valid = torch.stack([v for v, _ in targets])  # [S, B, T]
@@ -139,6 +154,10 @@ def ttt_loss(drafter: torch.nn.Module, hiddens: list[torch.Tensor], feats: Targe
     total = torch.zeros((), device=dev)
     step_loss = torch.zeros(S, device=dev)
     correct = torch.zeros(S, device=dev)
+    chain_correct = torch.zeros(S, device=dev)
+    chain_count = torch.zeros(S, device=dev)
+    chain_on = valid[0]  # [B, T]: positions whose chain reached step k with every draft right
+    aligned_on = valid[0]  # [B, T]: the same for align_topk's top-K paths
     start = 0
     for k, r in enumerate(hiddens):
         n = sizes[k]
@@ -147,11 +166,34 @@ def ttt_loss(drafter: torch.nn.Module, hiddens: list[torch.Tensor], feats: Targe
         logits = drafter.lm_head(drafter.norm(r[b, j]))  # [n, Vd]
         # the label: the target's distribution for t_{j+2+k}, at position j+1+k (soft_ce.py: one fused pass on CUDA)
         ce_rows, drafted = soft_cross_entropy(logits, probs, b * T + j + 1 + k)  # [n], [n]
-        ce = ce_rows.sum() / max(n, 1)
+        want = targets[k][1][b, j]  # [n] the target's argmax (draft id)
+        hit = drafted == want  # [n]
+        on_chain = chain_on[b, j]  # [n] bool
+        chain_correct[k] = (hit & on_chain).sum().float()
+        chain_count[k] = on_chain.sum().float()
+        if align_topk:
+            on = aligned_on[b, j]
+            w = on.float()
+            ce = (ce_rows * w).sum() / w.sum().clamp(min=1)
+            correct[k] = (hit & on).sum().float()
+            count[k] = w.sum()
+            top = hit if align_topk == 1 else (
+                logits.detach().topk(min(align_topk, logits.shape[-1]), dim=-1).indices == want[:, None]).any(-1)
+            aligned_on = _flags(B, T, b, j, on & top)
+        else:
+            ce = ce_rows.sum() / max(n, 1)
+            correct[k] = hit.sum().float()
         total = total + decay**k * ce
         step_loss[k] = ce.detach()
-        correct[k] = (drafted == targets[k][1][b, j]).sum().float()
-    return TTTResult(total, step_loss, correct, count)
+        chain_on = _flags(B, T, b, j, on_chain & hit)
+    return TTTResult(total, step_loss, correct, count, chain_correct, chain_count)
+
+
+def _flags(B: int, T: int, b: torch.Tensor, j: torch.Tensor, on: torch.Tensor) -> torch.Tensor:
+    """[B, T] bool, True at the rows (b, j) where `on` [n] is (a step's flags, for the next step's rows)."""
+    out = torch.zeros(B, T, dtype=torch.bool, device=on.device)
+    out[b, j] = on
+    return out
 
 
 def acceptance_estimate(acc: list[float]) -> float:
