@@ -70,6 +70,42 @@ def test_the_kernels_round_as_pytorch_does():
     assert torch.allclose(torch.from_numpy(act), (torch.nn.functional.silu(gate) * up).float(), rtol=2**-7, atol=0)
 
 
+def test_the_kernels_take_and_give_bf16_bits_as_they_take_and_give_float32():
+    """The layer step hands the kernels its bf16 tensors' bits (uint16 views) in and out; each kernel computes the
+    same values as from and into float32 arrays of the same bf16 values, bit for bit."""
+    g = torch.Generator().manual_seed(1)
+    bf = (lambda *shape: (torch.randn(*shape, generator=g) * 3).to(torch.bfloat16))  # noqa: E731
+    bits = (lambda t: t.view(torch.uint16).numpy())  # noqa: E731
+    h, d, w = bf(3, 64), bf(3, 64), bf(64).float().numpy()
+    h1, h2 = h.float().numpy().copy(), h.float().numpy().copy()
+    x1, x2 = np.empty((3, 64), np.float32), torch.empty(3, 64, dtype=torch.bfloat16)
+    kernels.add_rms_norm(h1, d.float().numpy(), w, 1e-5, x1)
+    kernels.add_rms_norm(h2, bits(d), w, 1e-5, bits(x2))
+    assert np.array_equal(h1, h2) and torch.equal(torch.from_numpy(x1), x2.float())
+    gu, a1, a2 = bf(3, 128), np.empty((3, 64), np.float32), torch.empty(3, 64, dtype=torch.bfloat16)
+    kernels.silu_mul(gu.float().numpy(), a1)
+    kernels.silu_mul(bits(gu), bits(a2))
+    assert torch.equal(torch.from_numpy(a1), a2.float())
+    # attention: 2 tokens of 4 query heads over 2 KV heads of 8, a cache of 5 positions (3 before them)
+    H, Hkv, D, M = 4, 2, 8, 2
+    qkv = bf(M, (H + 2 * Hkv) * D)
+    cos, sin = torch.rand(M, D // 2, generator=g).numpy(), torch.rand(M, D // 2, generator=g).numpy()
+    past = bf(2, 1, 5, Hkv, D)  # keys, values
+    outs, caches = [], []
+    for take in (lambda t: t.float().numpy(), bits):
+        kc, vc = past[0].clone(), past[1].clone()
+        out = torch.empty(M, H * D, dtype=torch.bfloat16)
+        o32 = np.empty((M, H * D), np.float32)
+        i64 = np.int64
+        kernels.rope_store_attend(take(qkv), cos, sin, bits(kc), bits(vc), np.zeros(M, i64), np.array([3, 4], i64),
+                                  np.array([4, 5], i64), np.zeros((M, 0), i64), H, Hkv, D**-0.5,
+                                  o32 if take is not bits else bits(out))
+        outs.append(torch.from_numpy(o32) if take is not bits else out.float())
+        caches.append((kc, vc))
+    assert torch.equal(outs[0], outs[1]) and outs[0].abs().sum() > 0
+    assert all(torch.equal(a, b) for a, b in zip(*caches))
+
+
 def _prefilled(model: torch.nn.Module, prompt: list[int], room: int) -> tuple[KVCache, int]:
     """A cache of one row holding `prompt` (a causal prefill: the module path)."""
     L = len(prompt)

@@ -79,20 +79,27 @@ def fits(layer: nn.Module) -> bool:
 
 
 class Scratch:
-    """Float32 arrays [M, width] a step reuses, per token count M up to SCRATCH_MAX_TOKENS (decode and verify steps;
-    larger forwards get fresh ones), each as (tensor, its numpy view): they never leave the step."""
+    """Arrays [M, width] a step reuses, per token count M up to SCRATCH_MAX_TOKENS (decode and verify steps; larger
+    forwards get fresh ones), each as (tensor, its numpy view): float32, or bf16 with a uint16 view of its bits (the
+    kernels' "bits": the 4-bit products' inputs, written by the kernels and read by the products as they are). They
+    never leave the step."""
 
-    def __init__(self, *widths: int) -> None:
-        self.widths = widths
+    def __init__(self, *widths: int, dtype: torch.dtype = torch.float32) -> None:
+        self.widths, self.dtype = widths, dtype
         self._by_m: dict[int, list[tuple[torch.Tensor, np.ndarray]]] = {}
 
     def get(self, M: int) -> list[tuple[torch.Tensor, np.ndarray]]:
         got = self._by_m.get(M)
         if got is None:
-            got = [(t, t.numpy()) for t in (torch.zeros(M, w) for w in self.widths)]
+            got = [(t, _numpy(t)) for t in (torch.zeros(M, w, dtype=self.dtype) for w in self.widths)]
             if M <= SCRATCH_MAX_TOKENS:
                 self._by_m[M] = got
         return got
+
+
+def _numpy(t: torch.Tensor) -> np.ndarray:
+    """A float32 tensor's numpy view, or a bf16 one's bits (uint16) as the kernels take them."""
+    return t.view(torch.uint16).numpy() if t.dtype == torch.bfloat16 else t.numpy()
 
 
 class Int4Step:
@@ -106,9 +113,10 @@ class Int4Step:
         self.w2, self.eps2 = n2.weight.detach().float().numpy(), float(n2.eps)
         attn, mlp = layer.self_attn, layer.mlp
         self.qkv, self.o, self.gate_up, self.down = attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj
-        # x (the norms' outputs), the attention's output, the gating's, and zeros (a first layer's delta)
+        # x (the norms' outputs), the attention's output, the gating's, and zeros (a first layer's delta): bf16, the
+        # products' inputs, which the kernels write as bits
         K = self.down.out_features
-        self.scratch = Scratch(K, self.o.in_features, self.down.in_features, K)
+        self.scratch = Scratch(K, self.o.in_features, self.down.in_features, K, dtype=torch.bfloat16)
         self.bits = CacheBits()
 
     @staticmethod
@@ -129,21 +137,22 @@ class Int4Step:
         H, Hkv, D = attn.num_heads, attn.num_kv_heads, attn.head_dim
         if not takes_rows(ctx, cache, T) or 2 * cos.shape[-1] != D or cache[0].dtype != torch.bfloat16:
             return None  # prefills, partial RoPE (and a cache of another dtype): the modules
-        M, bf16 = B * T, torch.bfloat16
+        M = B * T
         rows, slots, vis_n, vis_idx, c, s = forward_arrays(ctx, cos, sin, B, T)
+        # bf16 scratch: the products' inputs as tensors, the kernels' outputs as bits
         (x, xn), (out, outn), (act, actn), (_, zeros) = self.scratch.get(M)
         h32 = h.reshape(M, K).float().contiguous()  # h itself when a layer before made it (updated in place)
-        dn = zeros if delta is None else delta.reshape(M, K).float().contiguous().numpy()
+        dn = zeros if delta is None else _numpy(delta.reshape(M, K).contiguous())  # bf16 (a step's): its bits
         self.k.add_rms_norm(h32.numpy(), dn, self.w1, self.eps1, xn)
         s_in = h32.clone().view(B, T, K) if keep_input else None  # the layer's input sum (an aux state)
-        qkv = self.qkv.mm(x.to(bf16)).float()  # [M, (H + 2 Hkv) D]
-        self.k.rope_store_attend(qkv.numpy(), c, s, *self.bits(cache), rows, slots, vis_n, vis_idx, H, Hkv, D**-0.5,
+        qkv = self.qkv.mm(x)  # [M, (H + 2 Hkv) D] bf16
+        self.k.rope_store_attend(_numpy(qkv), c, s, *self.bits(cache), rows, slots, vis_n, vis_idx, H, Hkv, D**-0.5,
                                  outn)
-        o = self.o.mm(out.to(bf16)).float()
-        self.k.add_rms_norm(h32.numpy(), o.numpy(), self.w2, self.eps2, xn)
-        gu = self.gate_up.mm(x.to(bf16)).float()  # [M, 2 I]
-        self.k.silu_mul(gu.numpy(), actn)
-        d = self.down.mm(act.to(bf16)).view(B, T, K)  # bf16
+        o = self.o.mm(out)
+        self.k.add_rms_norm(h32.numpy(), _numpy(o), self.w2, self.eps2, xn)
+        gu = self.gate_up.mm(x)  # [M, 2 I]
+        self.k.silu_mul(_numpy(gu), actn)
+        d = self.down.mm(act).view(B, T, K)  # bf16
         return (h32.view(B, T, K), d, s_in) if keep_input else (h32.view(B, T, K), d)
 
 

@@ -3,10 +3,14 @@ residual add + RMSNorm, RoPE + KV store + attention, and SiLU gating, in place o
 dispatch cost most of a one-row step (docs/benchmarks.md, "Session 71"). Importing this module imports numba; the
 caller falls back to the PyTorch path where that fails.
 
-Every array is float32 (numpy views of the engine's tensors) but the KV caches; "bf16" below means a float32 holding
-a bfloat16 value, rounded to nearest even as `Tensor.to(torch.bfloat16)` rounds (`round_bf16`): the kernels round
-where the PyTorch path (layers/norm.py, rotary.py, row_attention.py, mlp.py in bf16) rounds, so that the model
-computes the same function to within summation order.
+Arrays are float32 (numpy views of the engine's tensors) or, where marked "bf16 or bits", either a float32 array
+holding bf16 values or a uint16 array of a bf16 tensor's bits (`tensor.view(torch.uint16).numpy()`: numba has no
+bf16), which a kernel widens on reading (`as_f32`) or narrows on writing (`store`) at no loss: the layer step hands
+the 4-bit products' bf16 outputs and inputs so, without a conversion in PyTorch (~2-4 us each, eight a layer). The
+KV caches are bits. "bf16" below means a float32 holding a bfloat16 value, rounded to nearest even as
+`Tensor.to(torch.bfloat16)` rounds (`round_bf16`): the kernels round where the PyTorch path (layers/norm.py,
+rotary.py, row_attention.py, mlp.py in bf16) rounds, so that the model computes the same function to within
+summation order.
 
 Row-invariant by construction: each token's outputs are computed from that token's inputs alone (and, in the
 attention, its visible keys in cache order and their count) by the same compiled loop, whatever the number of tokens
@@ -15,7 +19,7 @@ what keeps speculation lossless in bf16 (engine/int4_weights.py). `fastmath` (re
 property of the compiled code, the same for every call, so it does not break that.
 
 - `add_rms_norm(h, d, w, eps, x)`: h [M, K] <- bf16(h + d) (d zeros for a first layer, whose input is h alone);
-  x [M, K] <- bf16(w * bf16(h / sqrt(mean(h^2) + eps))).
+  x [M, K] <- bf16(w * bf16(h / sqrt(mean(h^2) + eps))); d and x bf16 or bits.
 - `two_rms_norms(e, we, eps_e, h, wh, eps_h, x)`: e, h [M, K] (bf16) -> x [M, 2 K] = (RMSNorm(e), RMSNorm(h)), each as
   above (an EAGLE-3 drafter's input: its token embedding and incoming hidden, engine/int4_drafter.py).
 - `rope_store_attend(qkv, cos, sin, k_cache, v_cache, rows, slots, vis_n, vis_idx, H, Hkv, scale, out)`:
@@ -24,14 +28,67 @@ property of the compiled code, the same for every call, so it does not break tha
   contexts reading the cache is most of the attention's time); token m's rotated key and its value stored at
   (rows[m], slots[m]) for every m first; then token m attends over the vis_n[m] cache
   positions of its row that vis_idx[m, :vis_n[m]] lists (vis_idx of width 0: positions 0 .. vis_n[m] - 1) -> out
-  [M, H D] (bf16). RoPE on halves; scores, softmax and the weighted sum in float32.
-- `silu_mul(gu, out)`: gu [M, 2 I] (gate, then up; bf16) -> out [M, I] = bf16(bf16(silu(gate)) * up).
+  [M, H D] (bf16). RoPE on halves; scores, softmax and the weighted sum in float32. qkv and out bf16 or bits.
+- `silu_mul(gu, out)`: gu [M, 2 I] (gate, then up; bf16) -> out [M, I] = bf16(bf16(silu(gate)) * up); both bf16 or
+  bits.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, types
+from numba.extending import overload
+
+
+def as_f32(a: np.ndarray) -> np.ndarray:
+    """(In kernels) a bf16-or-bits array as float32: a float32 array itself, a uint16 one widened into a new one."""
+    raise NotImplementedError("as_f32 runs inside numba kernels only")
+
+
+def out_f32(out: np.ndarray) -> np.ndarray:
+    """(In kernels) where to compute an output bound for `out`: a float32 `out` itself, else a new float32 array."""
+    raise NotImplementedError("out_f32 runs inside numba kernels only")
+
+
+def store(out: np.ndarray, x: np.ndarray) -> None:
+    """(In kernels) x (float32 of bf16 values, from `out_f32(out)`) into `out`: nothing for a float32 `out` (x is
+    it), the top half of each value's bits for a uint16 one."""
+    raise NotImplementedError("store runs inside numba kernels only")
+
+
+def _bits(a) -> bool:
+    return isinstance(a, types.Array) and a.dtype == types.uint16
+
+
+@overload(as_f32)
+def _as_f32(a):
+    if _bits(a):
+        def widen(a):
+            x = np.empty(a.shape, np.float32)
+            u, b = x.reshape(-1).view(np.uint32), a.reshape(-1)
+            for i in range(b.size):
+                u[i] = np.uint32(b[i]) << np.uint32(16)
+            return x
+        return widen
+    return lambda a: a
+
+
+@overload(out_f32)
+def _out_f32(out):
+    if _bits(out):
+        return lambda out: np.empty(out.shape, np.float32)
+    return lambda out: out
+
+
+@overload(store)
+def _store(out, x):
+    if _bits(out):
+        def narrow(out, x):
+            u, b = x.reshape(-1).view(np.uint32), out.reshape(-1)
+            for i in range(b.size):
+                b[i] = np.uint16(u[i] >> np.uint32(16))
+        return narrow
+    return lambda out, x: None
 
 
 @njit(cache=True, nogil=True)
@@ -68,14 +125,16 @@ def _weigh(x: np.ndarray, w: np.ndarray, col: int) -> None:
 def add_rms_norm(h: np.ndarray, d: np.ndarray, w: np.ndarray, eps: float, x: np.ndarray) -> None:
     """Module docstring."""
     M, K = h.shape
+    d32, x32 = as_f32(d), out_f32(x)
     for m in range(M):
         for k in range(K):
-            h[m, k] += d[m, k]
+            h[m, k] += d32[m, k]
     round_bf16(h)
-    _normalize(h, eps, x, 0)
-    round_bf16(x)
-    _weigh(x, w, 0)
-    round_bf16(x)
+    _normalize(h, eps, x32, 0)
+    round_bf16(x32)
+    _weigh(x32, w, 0)
+    round_bf16(x32)
+    store(x, x32)
 
 
 @njit(cache=True, nogil=True, fastmath=True)
@@ -94,8 +153,9 @@ def two_rms_norms(e: np.ndarray, we: np.ndarray, eps_e: float, h: np.ndarray, wh
 @njit(cache=True, nogil=True, fastmath=True)
 def rope_store_attend(qkv: np.ndarray, cos: np.ndarray, sin: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
                       rows: np.ndarray, slots: np.ndarray, vis_n: np.ndarray, vis_idx: np.ndarray, H: int, Hkv: int,
-                      scale: float, out: np.ndarray) -> None:
+                      scale: float, out_bits: np.ndarray) -> None:
     """Module docstring."""
+    qkv, out = as_f32(qkv), out_f32(out_bits)
     M = qkv.shape[0]
     D = k_cache.shape[3]
     half = D // 2
@@ -167,11 +227,13 @@ def rope_store_attend(qkv: np.ndarray, cos: np.ndarray, sin: np.ndarray, k_cache
                 for i in range(D):
                     out[m, o + i] = acc[gi, i]
     round_bf16(out)
+    store(out_bits, out)
 
 
 @njit(cache=True, nogil=True, fastmath=True)
-def silu_mul(gu: np.ndarray, out: np.ndarray) -> None:
+def silu_mul(gu_bits: np.ndarray, out_bits: np.ndarray) -> None:
     """Module docstring."""
+    gu, out = as_f32(gu_bits), out_f32(out_bits)
     M, N2 = gu.shape
     N = N2 // 2
     for m in range(M):
@@ -183,6 +245,7 @@ def silu_mul(gu: np.ndarray, out: np.ndarray) -> None:
         for i in range(N):
             out[m, i] *= gu[m, N + i]
     round_bf16(out)
+    store(out_bits, out)
 
 
 def warm() -> None:
@@ -197,4 +260,9 @@ def warm() -> None:
     rope_store_attend(np.zeros((1, 6), f32), np.ones((1, 1), f32), np.zeros((1, 1), f32), kc, vc, np.zeros(1, i64),
                       np.zeros(1, i64), np.ones(1, i64), idx, 1, 1, 0.5, np.zeros((1, 2), f32))
     silu_mul(np.zeros((1, 4), f32), np.zeros((1, 2), f32))
+    u16 = np.uint16  # the layer step's types: the products' bf16 inputs and outputs as bits
+    add_rms_norm(h, np.zeros((1, 4), u16), w, 1e-5, np.zeros((1, 4), u16))
+    rope_store_attend(np.zeros((1, 6), u16), np.ones((1, 1), f32), np.zeros((1, 1), f32), kc, vc, np.zeros(1, i64),
+                      np.zeros(1, i64), np.ones(1, i64), idx, 1, 1, 0.5, np.zeros((1, 2), u16))
+    silu_mul(np.zeros((1, 4), u16), np.zeros((1, 2), u16))
     two_rms_norms(np.zeros((1, 2), f32), np.ones(2, f32), 1e-5, np.zeros((1, 2), f32), np.ones(2, f32), 1e-5, x)
