@@ -98,8 +98,11 @@ class Scratch:
 
 
 def _numpy(t: torch.Tensor) -> np.ndarray:
-    """A float32 tensor's numpy view, or a bf16 one's bits (uint16) as the kernels take them."""
-    return t.view(torch.uint16).numpy() if t.dtype == torch.bfloat16 else t.numpy()
+    """A contiguous tensor as the kernels take it: a bf16 one's bits (uint16), a float32 one's numpy view, any other
+    dtype (a delta from a layer of other modules) a float32 copy."""
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.uint16).numpy()
+    return t.numpy() if t.dtype == torch.float32 else t.float().numpy()
 
 
 class Int4Step:
