@@ -48,8 +48,9 @@ def drafted(S: int, K: int, B: int, kernels: bool, seed: int = 0):
     return c, tokens[:, 0]
 
 
-@pytest.mark.parametrize("S,K,B", [(2, 2, 1), (3, 2, 2), (4, 4, 3), (3, 3, 2)])
+@pytest.mark.parametrize("S,K,B", [(2, 2, 1), (3, 2, 2), (4, 4, 3), (3, 3, 2), (3, 12, 2), (2, 16, 1)])
 def test_level_kernel_drafts_the_same_candidates(S, K, B):
+    assert tree_build_kernels.fits_level(K, 64, (S - 1) * K)  # the kernel runs (the tiny drafter is 64 wide)
     ref, _ = drafted(S, K, B, kernels=False)
     got, _ = drafted(S, K, B, kernels=True)
     N = K + (S - 1) * K * K
@@ -59,22 +60,23 @@ def test_level_kernel_drafts_the_same_candidates(S, K, B):
     torch.testing.assert_close(got.scores, ref.scores, rtol=0, atol=1e-6)
 
 
-@pytest.mark.parametrize("S,K,D", [(4, 4, 16), (3, 2, 6), (2, 3, 4), (5, 4, 20), (6, 8, 48)])
+@pytest.mark.parametrize("S,K,D", [(4, 4, 16), (3, 2, 6), (2, 3, 4), (5, 4, 20), (6, 8, 48), (5, 16, 48)])
 def test_select_kernel_builds_the_same_tree(S, K, D):
     """The selection kernel's tree equals the PyTorch path's, for N = K + (S-1) K^2 candidates up to 84 (every
-    comparison at once) and 328 (S6 K8 D48: sorted keys, the parents through the scratch row)."""
+    comparison at once), 328 (S6 K8 D48: sorted keys, the parents through the scratch row) and 1,040 (S5 K16 D48)."""
     c, root = drafted(S, K, 3, kernels=False, seed=S + D)
+    assert tree_build_kernels.fits_select(c.tokens.shape[1])
     ref = build_tree(root, c.tokens, c.scores, c.parents, c.depth, D, K, S, kernels=False)
     got = build_tree(root, c.tokens, c.scores, c.parents, c.depth, D, K, S, kernels=True)
     for field in ("tokens", "parents", "depth", "ancestors", "paths"):
         assert torch.equal(getattr(got, field), getattr(ref, field)), field
 
 
-@pytest.mark.parametrize("K,S,D", [(3, 3, 8), (6, 5, 40)])
+@pytest.mark.parametrize("K,S,D", [(3, 3, 8), (6, 5, 40), (8, 24, 48)])
 def test_select_kernel_breaks_ties_as_the_stable_sort(K, S, D):
     """Scores on a coarse grid, so that many are equal: the kept candidates and their layout still match (a child's
     score never exceeds its parent's, and on equal scores the parent, with the smaller id, is kept first), with 21
-    candidates and with 150 (sorted keys)."""
+    candidates, 150 and 1,480 (S24 K8: sorted keys)."""
     c = graded_candidates(4, K, S, torch.Generator().manual_seed(3))
     ref = build_tree(*c, D, K, S, kernels=False)
     got = build_tree(*c, D, K, S, kernels=True)
@@ -117,9 +119,9 @@ def test_compact_kernel_moves_the_same_entries(entry):
 
 def test_fits():
     assert tree_build_kernels.fits_level(4, 576, 12) and not tree_build_kernels.fits_level(1, 576, 3)
-    assert not tree_build_kernels.fits_level(9, 576, 24)
+    assert tree_build_kernels.fits_level(16, 576, 144) and not tree_build_kernels.fits_level(17, 576, 24)
     assert tree_build_kernels.fits_select(52) and tree_build_kernels.fits_select(328)
-    assert tree_build_kernels.fits_select(1024) and not tree_build_kernels.fits_select(1025)
+    assert tree_build_kernels.fits_select(4096) and not tree_build_kernels.fits_select(4097)
     assert kv_compact_kernel.fits(192, 5) and not kv_compact_kernel.fits(192, 0)
 
 

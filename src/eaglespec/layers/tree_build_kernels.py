@@ -43,9 +43,12 @@ import torch
 from .block_size import pow2
 from .pdl import launch_options
 
-MAX_CANDIDATES = 1024  # select_tree: N = K + (S-1) K^2 candidates (S6 K8: 328)
+# select_tree: N = K + (S-1) K^2 candidates (S6 K8: 328; S16 K8: 968; S24 K8: 1,480; S10 K16: 2,320). Session 73
+# measured trees past 1,024 (the bound until then) and K > 8 slow on PyTorch's path (docs/benchmarks.md "Session 73":
+# S20 K8 D48 52% of its run drafting, S12 K10 D48 48%): the bounds since, 4,096 candidates and K <= 16.
+MAX_CANDIDATES = 4096
 ONE_BLOCK_CANDIDATES = 128  # up to this many, every N x N comparison at once; past it a sort of the row
-MAX_LEVEL_WIDTH = 8  # draft_level: K <= 8 (K^2 <= 64 children per row)
+MAX_LEVEL_WIDTH = 16  # draft_level: K <= 16 (K^2 <= 256 children per row)
 MAX_HIDDEN = 8192
 
 
