@@ -10,9 +10,9 @@ export PYTHONPATH=../src PYTHONUNBUFFERED=1
 timeout 150 python3 tree_kernels_check.py "$OUT/check" "--specs=20,8,48;12,10,48;5,16,48" --rows=1 \
   > "$OUT/check.txt" 2>&1 || echo "check failed or cut: $?"
 tail -n 12 "$OUT/check.txt"
-for r in 1 2; do
+for r in $(seq 1 "${ROUNDS:-2}"); do
   python3 spec_phase_trace.py "$OUT/new$r" --only=1 --draft-vocab=12288 "${CASES[@]}" > "$OUT/new$r.txt" 2>&1
   python3 with_setting.py "${OLD[@]}" -- spec_phase_trace.py "$OUT/old$r" --only=1 --draft-vocab=12288 "${CASES[@]}" \
     > "$OUT/old$r.txt" 2>&1
 done
-for f in new1 old1 new2 old2; do echo "== $f"; grep "ms by events" "$OUT/$f.txt" || tail -n 8 "$OUT/$f.txt"; done
+for f in $(cd "$OUT" && ls new*.txt old*.txt | sed "s/.txt//"); do echo "== $f"; grep "ms by events" "$OUT/$f.txt" || tail -n 8 "$OUT/$f.txt"; done
