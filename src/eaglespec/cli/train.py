@@ -95,7 +95,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--step-decay", type=float, default=0.8, help="loss weight of step k is decay**k")
     t.add_argument("--ttt-align", type=int, default=0, metavar="K",
                    help="a step's loss only where every earlier step ranked the target's token in its top K, the "
-                        "states drafting reaches (1: a chain's; 0: every position, as published)")
+                        "states drafting reaches (1: a chain's; 0: every position, as published); the progress "
+                        "bar's accuracies then count those positions only, evaluations every position")
     t.add_argument("--lr", type=float, default=1e-4)
     t.add_argument("--warmup-frac", type=float, default=0.015)
     t.add_argument("--weight-decay", type=float, default=0.0)
