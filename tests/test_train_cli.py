@@ -293,6 +293,30 @@ def test_feature_graphs_switch_reaches_the_trainer(tiny_folder, data_file, tmp_p
     assert modes == [None, "eager"]
 
 
+def test_loss_options_reach_the_checkpoint_and_bad_ones_are_refused(tiny_folder, data_file, tmp_path, capsys):
+    """--ttt-align and --label-sharpen are the run's settings (what its checkpoints hold, what a resume must share);
+    values out of range (these, --lr, --ttt-steps) stop with one line before the data is read or the target loaded."""
+    import torch
+
+    common = ["train", "--target", str(tiny_folder), "--data", str(data_file), "--device", "cpu", "--ttt-steps", "2",
+              "--batch-tokens", "400", "--max-len", "96", "--no-regenerate", "--no-progress", "--max-steps", "1",
+              "--draft-vocab", "40"]
+    work = tmp_path / "w"
+    assert main([*common, "--out", str(tmp_path / "a"), "--work-dir", str(work), "--ttt-align", "2",
+                 "--label-sharpen", "1.5"]) == 0
+    (ckpt,) = (work / "checkpoints").glob("step-*.pt")
+    settings = torch.load(ckpt, weights_only=False)["settings"]
+    assert settings["ttt_align"] == 2 and settings["label_sharpen"] == 1.5
+    capsys.readouterr()
+    for flag, value, message in (("--label-sharpen", "0", "--label-sharpen must be > 0 (got 0.0)"),
+                                 ("--ttt-align", "-1", "--ttt-align must be >= 0 (got -1)"),
+                                 ("--lr", "0", "--lr must be > 0 (got 0.0)"),
+                                 ("--ttt-steps", "0", "--ttt-steps must be >= 1 (got 0)")):
+        assert main([*common, "--out", str(tmp_path / "b"), flag, value]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("eaglespec: error: ") and message in err and "\n" not in err
+
+
 def test_train_command_reports_bad_data_in_one_line(tiny_folder, tmp_path, capsys):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}\n'

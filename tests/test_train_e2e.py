@@ -169,6 +169,41 @@ def test_aligned_training_lifts_acceptance_and_resumes_only_aligned_alike(setup,
         config(tmp_path, ttt_align=-1)
 
 
+def test_sharpened_labels_train_and_resume_only_alike(setup, tmp_path):
+    """--label-sharpen 2: the drafter learns against the target's sharpened distributions (lossless, acceptance well
+    above the untrained one's); its evaluation's loss is against the target's own ones; a checkpoint resumes only
+    under the same sharpening (one written before the setting existed: 1)."""
+    target, train_ds, eval_ds, vocab, prompts, plain = setup
+    tau0 = measured_accept_length(target, new_drafter(target, (1, 2, 2), vocab, seed=0), prompts, plain)
+    drafter = new_drafter(target, (1, 2, 2), vocab, seed=0)
+    tr = Trainer(target, drafter, train_ds, eval_ds, vocab, config(tmp_path, max_steps=300, label_sharpen=2.0,
+                                                                   save_every=100))
+    tr.fit()
+    res = tr.evals[-1][1]
+    # the same weights evaluated by a trainer without sharpening: the same numbers (evaluation never sharpens)
+    again = Trainer(target, drafter, train_ds, eval_ds, vocab, config(tmp_path / "other")).evaluate()
+    assert again.loss == pytest.approx(res.loss, rel=1e-6) and again.acc == res.acc
+    assert res.acc[0] > 0.3 and res.chain_accept_length > 1.5
+    drafter.eval()
+    tau = measured_accept_length(target, drafter, prompts, plain)
+    assert tau > tau0 + 0.4, (tau0, tau)
+
+    def resumed(**kw):
+        return Trainer(target, new_drafter(target, (1, 2, 2), vocab, seed=0), train_ds, None, vocab,
+                       config(tmp_path, max_steps=300, resume=True, **kw))
+
+    with pytest.raises(ConfigError, match="label_sharpen=2.0, this run has label_sharpen=1.0"):
+        resumed()
+    assert resumed(label_sharpen=2.0).step == 300
+    ckpt = sorted((tmp_path / "work" / "checkpoints").glob("step-*.pt"))[-1]
+    state = torch.load(ckpt, weights_only=False)
+    del state["settings"]["label_sharpen"]
+    torch.save(state, ckpt)
+    assert resumed().step == 300
+    with pytest.raises(ConfigError, match="--label-sharpen must be > 0"):
+        config(tmp_path, label_sharpen=0.0)
+
+
 def trained_looking_drafter(setup, work):
     """A new drafter far from its init (every weight matters), with its held-out evaluation and measured acceptance:
     the baseline a drafter rebuilt from it (wider, deeper) must match exactly."""

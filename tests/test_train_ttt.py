@@ -208,3 +208,38 @@ def test_aligned_positions_equal_a_reference_walk_along_each_path(align):
     res.loss.backward()  # only counted positions carry a gradient
     for z, on in zip(hiddens, counted):
         assert z.grad[~on].abs().sum() == 0 and (z.grad[on].abs().sum(-1) > 0).all()
+
+
+def test_sharpened_labels_are_the_targets_distribution_to_a_power():
+    """`ttt_loss(sharpen=a)`: each counted position's soft label is p^a / sum(p^a) of the target's distribution p
+    (in place in the batch's features); what counts and the accuracies do not move (the argmax is the same)."""
+    from types import SimpleNamespace
+
+    from eaglespec.train.features import TargetFeatures
+    from eaglespec.train.ttt import ttt_loss
+
+    B, T, Vd, S = 2, 24, 7, 3
+    g = torch.Generator().manual_seed(11)
+    probs = torch.softmax(torch.randn(B, T, Vd, generator=g) * 2, -1)
+    probs[0, 5] = 0.0  # a row of zeros (nothing of the target's mass in the draft vocabulary) stays zeros
+    am = probs.argmax(-1)
+    am[0, 5] = -1
+    mask = torch.zeros(B, T, dtype=torch.bool)
+    mask[:, 3:20] = True
+    hiddens = [torch.randn(B, T, Vd, generator=g) for _ in range(S)]
+    identity = SimpleNamespace(norm=lambda x: x, lm_head=lambda x: x)
+    sharp = probs**2.5
+    sharp = sharp / sharp.sum(-1, keepdim=True).clamp(min=1e-30)
+    assert torch.equal(sharp[0, 5], torch.zeros(Vd)) and torch.equal(sharp.argmax(-1)[1], am[1])
+    want = ttt_loss(identity, hiddens, TargetFeatures(None, sharp.clone(), am), mask)
+    feats = TargetFeatures(None, probs.clone(), am)
+    got = ttt_loss(identity, hiddens, feats, mask, sharpen=2.5)
+    torch.testing.assert_close(feats.probs, sharp)
+    torch.testing.assert_close(got.loss, want.loss, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(got.step_loss, want.step_loss, rtol=1e-6, atol=1e-6)
+    plain = ttt_loss(identity, hiddens, TargetFeatures(None, probs.clone(), am), mask)
+    assert not torch.allclose(plain.loss, got.loss)
+    for r in (got, want):
+        assert torch.equal(r.count, plain.count) and torch.equal(r.correct, plain.correct)
+    with pytest.raises(ValueError, match="sharpen > 0"):
+        ttt_loss(identity, hiddens, feats, mask, sharpen=0.0)

@@ -97,6 +97,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="a step's loss only where every earlier step ranked the target's token in its top K, the "
                         "states drafting reaches (1: a chain's; 0: every position, as published); the progress "
                         "bar's accuracies then count those positions only, evaluations every position")
+    t.add_argument("--label-sharpen", type=float, default=1.0, metavar="A",
+                   help="train against the target's distribution sharpened, p^A renormalised (its argmax unchanged: "
+                        "greedy verification accepts only it); 1: p itself, as published. A greedy lever: a sampled "
+                        "chain's acceptance wants the drafter's distribution near the target's")
     t.add_argument("--lr", type=float, default=1e-4)
     t.add_argument("--warmup-frac", type=float, default=0.015)
     t.add_argument("--weight-decay", type=float, default=0.0)
@@ -204,6 +208,17 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError("--self-prompt-answer-temperature sets how --self-prompts are answered, which is not "
                               "given")
         SamplingParams(temperature=args.self_prompt_answer_temperature)
+    training = dict(  # TrainConfig's settings but the aux layers (the target's): checked now, before the model load
+        ttt_steps=args.ttt_steps, step_decay=args.step_decay, ttt_align=args.ttt_align,
+        label_sharpen=args.label_sharpen, lr=args.lr, warmup_frac=args.warmup_frac,
+        weight_decay=args.weight_decay, grad_clip=args.grad_clip, batch_tokens=args.batch_tokens,
+        epochs=args.epochs, max_steps=args.max_steps, stop_after=args.stop_after, eval_every=args.eval_every,
+        save_every=args.save_every, seed=args.seed, resume=args.resume, progress=not args.no_progress,
+        amp=args.dtype != "float32",  # --dtype float32 on a GPU trains without bf16 autocast
+        eval_at_start=bool(args.init) and args.eval_every > 0,  # a continued drafter's starting point, in the log
+        feature_graphs=args.feature_graphs,
+    )
+    TrainConfig(work_dir=work_dir, aux_layers=(), **training)
     convs = read_conversations(args.data, args.max_conversations)  # data errors before the model load
     if args.first_turn_only and not args.regenerate:
         convs.conversations = [c[: next(i for i, m in enumerate(c) if m["role"] == "assistant") + 1]
@@ -224,17 +239,8 @@ def run(args: argparse.Namespace) -> int:
     shape = DrafterShape(intermediate_size=args.drafter_intermediate_size, num_attention_heads=args.drafter_heads,
                          num_hidden_layers=args.drafter_layers, norm_before_fc=args.norm_before_fc,
                          fc_norm=args.fc_norm, norm_output=args.norm_output)  # checked by train_drafter up front
-    train_cfg = TrainConfig(
-        work_dir=work_dir, aux_layers=_aux_layers(args.aux_layers, tcfg.default_aux_layer_ids()),
-        ttt_steps=args.ttt_steps, step_decay=args.step_decay, ttt_align=args.ttt_align, lr=args.lr,
-        warmup_frac=args.warmup_frac,
-        weight_decay=args.weight_decay, grad_clip=args.grad_clip, batch_tokens=args.batch_tokens,
-        epochs=args.epochs, max_steps=args.max_steps, stop_after=args.stop_after, eval_every=args.eval_every,
-        save_every=args.save_every, seed=args.seed, resume=args.resume, progress=not args.no_progress,
-        amp=args.dtype != "float32",  # --dtype float32 on a GPU trains without bf16 autocast
-        eval_at_start=bool(args.init) and args.eval_every > 0,  # a continued drafter's starting point, in the log
-        feature_graphs=args.feature_graphs,
-    )
+    train_cfg = TrainConfig(work_dir=work_dir, aux_layers=_aux_layers(args.aux_layers, tcfg.default_aux_layer_ids()),
+                            **training)
     regen = RegenConfig(temperature=args.regen_temperature, max_new_tokens=args.regen_max_new_tokens,
                         max_len=args.max_len, first_turn_only=args.first_turn_only, batch_size=args.regen_batch,
                         shard_size=args.regen_shard, seed=args.seed,

@@ -60,9 +60,9 @@ from .vocab import DraftVocab
 
 # Settings a resumed run must share with the run that wrote the checkpoint.
 RESUME_KEYS = ("ttt_steps", "step_decay", "lr", "warmup_frac", "weight_decay", "grad_clip", "batch_tokens", "epochs",
-               "max_steps", "seed", "ttt_align")
+               "max_steps", "seed", "ttt_align", "label_sharpen")
 # the value a setting added later had in the runs that wrote checkpoints without it
-RESUME_DEFAULTS = {"ttt_align": 0}
+RESUME_DEFAULTS = {"ttt_align": 0, "label_sharpen": 1.0}
 
 
 def data_fingerprint(ds: TokenDataset) -> str:
@@ -81,6 +81,7 @@ class TrainConfig:
     step_decay: float = 0.8
     ttt_align: int = 0  # ttt.py's aligned positions: a step's loss only where every earlier step ranked the target's
                         # token in its top K (0: every position, as published)
+    label_sharpen: float = 1.0  # ttt.py's sharpened labels: the soft label p^a, renormalised (1: p, as published)
     lr: float = 1e-4
     warmup_frac: float = 0.015
     weight_decay: float = 0.0
@@ -108,6 +109,8 @@ class TrainConfig:
             raise ConfigError(f"--ttt-steps must be >= 1 (got {self.ttt_steps})")
         if self.ttt_align < 0:
             raise ConfigError(f"--ttt-align must be >= 0 (got {self.ttt_align})")
+        if not self.label_sharpen > 0:
+            raise ConfigError(f"--label-sharpen must be > 0 (got {self.label_sharpen})")
         if self.lr <= 0:
             raise ConfigError(f"--lr must be > 0 (got {self.lr})")
         if self.batch_tokens < 1:
@@ -224,17 +227,17 @@ class Trainer:
             return torch.autocast("cuda", dtype=torch.bfloat16)
         return nullcontext()
 
-    def _forward(self, ds: TokenDataset, ids: torch.Tensor, align: int):
+    def _forward(self, ds: TokenDataset, ids: torch.Tensor, align: int = 0, sharpen: float = 1.0):
         batch = gather_batch(ds, ids, self.pad_to)
         feats = self.features(batch.tokens)  # valid until the next batch's features: used up within this step
         with self._autocast():
             hiddens = ttt_hiddens(self.drafter, batch.tokens, feats.aux, self.cfg.ttt_steps)
-            res = ttt_loss(self.drafter, hiddens, feats, batch.mask, self.cfg.step_decay, align)
+            res = ttt_loss(self.drafter, hiddens, feats, batch.mask, self.cfg.step_decay, align, sharpen)
         return batch, res
 
     def train_step(self, ids: torch.Tensor) -> StepRecord:
         t0 = time.perf_counter()
-        batch, res = self._forward(self.train_ds, ids, self.cfg.ttt_align)
+        batch, res = self._forward(self.train_ds, ids, self.cfg.ttt_align, self.cfg.label_sharpen)
         self.opt.zero_grad(set_to_none=True)
         res.loss.backward()
         torch.nn.utils.clip_grad_norm_(list(self.params.values()), self.cfg.grad_clip)
@@ -347,8 +350,8 @@ class Trainer:
     @torch.no_grad()
     def evaluate(self, ds: TokenDataset | None = None) -> EvalResult:
         """The held-out split (or `ds`, on the trainer's device) without gradients. Every position counts (as
-        published, whatever `ttt_align` trains on), so that runs of either kind compare; the chain's conditional
-        accuracy is counted beside."""
+        published, whatever `ttt_align` trains on), against the target's own distributions (whatever
+        `label_sharpen`), so that runs of any kind compare; the chain's conditional accuracy is counted beside."""
         ds = self.eval_ds if ds is None else ds
         assert ds is not None
         self.drafter.eval()
@@ -359,7 +362,7 @@ class Trainer:
         chain_correct = torch.zeros(S, device=self.device)
         chain_count = torch.zeros(S, device=self.device)
         for ids in make_batches(ds.lengths.cpu(), self.cfg.batch_tokens):
-            _, res = self._forward(ds, ids, 0)
+            _, res = self._forward(ds, ids)
             correct += res.correct
             count += res.count
             loss_sum += res.step_loss * res.count

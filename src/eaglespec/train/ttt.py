@@ -27,6 +27,10 @@ Notation: tokens t_0..t_{n-1} of a sample, target aux states a_j at every positi
   true tokens t_{j+1..j+1+k}, a state that inference reaches only along such a path (a chain: K = 1; a tree keeping
   K candidates a step: K), so the other positions train the drafter for states it never drafts from. K = 0 (the
   default, as published): every counted position at every step.
+- Sharpened labels (`sharpen` a > 1): the soft label p becomes p^a / sum(p^a) (the target's distribution over the
+  draft vocabulary, its argmax unchanged, its mass moved towards it), since greedy verification accepts only the
+  argmax. a = 1 (the default, as published): p itself. A sampled chain accepts by the overlap of p with the
+  drafter's distribution, which a drafter trained on sharpened labels makes narrower: a greedy lever.
 - Whatever K, the result also counts the chain's conditional accuracy (K = 1 aligned positions, top-1): the
   product of its first k rates estimates the share of positions a chain accepts k + 1 drafts past, so
   `acceptance_estimate(chain_correct / chain_count)` estimates a chain's acceptance length per position.
@@ -131,17 +135,22 @@ def step_targets(feats: TargetFeatures, loss_mask: torch.Tensor, k: int) -> tupl
 
 
 def ttt_loss(drafter: torch.nn.Module, hiddens: list[torch.Tensor], feats: TargetFeatures, loss_mask: torch.Tensor,
-             decay: float = 0.8, align_topk: int = 0) -> TTTResult:
+             decay: float = 0.8, align_topk: int = 0, sharpen: float = 1.0) -> TTTResult:
     """Weighted soft cross-entropy over the unrolled steps, on counted positions only (`align_topk`: the module
-    docstring's aligned positions; 0 counts every position).
+    docstring's aligned positions, 0 counts every position; `sharpen`: its sharpened labels, in place in
+    feats.probs, which the batch's features are not used for after).
 
     The counted positions of all steps are found in one `nonzero` over [S, B, T] (the step's only synchronisation
     before its end: one per step k would drain the GPU's queue S times while the host launches small kernels); each
     step's logits are still computed on its own rows, so the largest float32 tensor is [n_k, Vd], as before. Aligned
     positions are a subset of these rows, weighted 1 / 0 on the device: a dense [B, T] flag per step carries which
     positions are still on a path to the next step, again without a synchronisation."""
-    if align_topk < 0:
-        raise ValueError(f"align_topk must be >= 0 (got {align_topk})")
+    if align_topk < 0 or sharpen <= 0:
+        raise ValueError(f"align_topk must be >= 0 and sharpen > 0 (got {align_topk}, {sharpen})")
+    if sharpen != 1.0:  # [B, T, Vd]: p^a, renormalised (rows of zeros stay zeros)
+        p = feats.probs
+        p.pow_(sharpen)
+        p.div_(p.sum(-1, keepdim=True).clamp(min=1e-30))
     S = len(hiddens)
     dev = loss_mask.device
     B, T = loss_mask.shape
