@@ -133,56 +133,28 @@ def test_training_lifts_acceptance_and_export_round_trips(setup, tmp_path):
         export_drafter(drafter, tmp_path / "tiny", max_shard_mb=0.07)
 
 
-def test_aligned_training_lifts_acceptance_and_resumes_only_aligned_alike(setup, tmp_path):
-    """--ttt-align 1: later steps train only on positions whose earlier drafts were right; the drafter still learns
-    (lossless, acceptance well above the untrained one's), its evaluation counts every position as a plain run's
-    does, and a checkpoint resumes only under the same alignment (one written before the setting existed: 0)."""
+@pytest.mark.parametrize("setting,value,default,bad,message", [
+    ("ttt_align", 1, 0, -1, "--ttt-align must be >= 0"),
+    ("label_sharpen", 2.0, 1.0, 0.0, "--label-sharpen must be > 0"),
+], ids=["aligned", "sharpened"])
+def test_loss_options_train_evaluate_as_published_and_resume_only_alike(setup, tmp_path, setting, value, default, bad,
+                                                                        message):
+    """--ttt-align 1 (later steps train only where the earlier drafts were right) and --label-sharpen 2 (labels
+    p^2, renormalised): the drafter still learns (lossless, acceptance well above the untrained one's); its
+    evaluation is the published one (every position, the target's own distributions: a trainer without the setting
+    evaluates the same weights to the same numbers); a checkpoint resumes only under the same setting, and one of an
+    earlier eaglespec (the setting absent) as the default."""
     target, train_ds, eval_ds, vocab, prompts, plain = setup
     tau0 = measured_accept_length(target, new_drafter(target, (1, 2, 2), vocab, seed=0), prompts, plain)
     drafter = new_drafter(target, (1, 2, 2), vocab, seed=0)
-    tr = Trainer(target, drafter, train_ds, eval_ds, vocab, config(tmp_path, max_steps=300, ttt_align=1,
-                                                                   save_every=100))
+    tr = Trainer(target, drafter, train_ds, eval_ds, vocab, config(tmp_path, max_steps=300, save_every=100,
+                                                                   **{setting: value}))
     history = tr.fit()
-    # training counts fewer positions at later steps than evaluation does
     assert history[-1].loss < history[0].loss - 2
     res = tr.evals[-1][1]
-    assert res.positions[3] > 0 and res.acc[0] > 0.3 and res.chain_accept_length > 1.5
-    drafter.eval()
-    tau = measured_accept_length(target, drafter, prompts, plain)
-    assert tau > tau0 + 0.4, (tau0, tau)
-    def resumed(**kw):
-        return Trainer(target, new_drafter(target, (1, 2, 2), vocab, seed=0), train_ds, None, vocab,
-                       config(tmp_path, max_steps=300, resume=True, **kw))
-
-    with pytest.raises(ConfigError, match="ttt_align=1, this run has ttt_align=0"):
-        resumed()
-    assert resumed(ttt_align=1).step == 300
-    # a checkpoint of an earlier eaglespec (no ttt_align in its settings) resumes as the published loss
-    ckpt = sorted((tmp_path / "work" / "checkpoints").glob("step-*.pt"))[-1]
-    state = torch.load(ckpt, weights_only=False)
-    del state["settings"]["ttt_align"]
-    torch.save(state, ckpt)
-    with pytest.raises(ConfigError, match="ttt_align=0, this run has ttt_align=1"):
-        resumed(ttt_align=1)
-    assert resumed().step == 300
-    with pytest.raises(ConfigError, match="--ttt-align must be >= 0"):
-        config(tmp_path, ttt_align=-1)
-
-
-def test_sharpened_labels_train_and_resume_only_alike(setup, tmp_path):
-    """--label-sharpen 2: the drafter learns against the target's sharpened distributions (lossless, acceptance well
-    above the untrained one's); its evaluation's loss is against the target's own ones; a checkpoint resumes only
-    under the same sharpening (one written before the setting existed: 1)."""
-    target, train_ds, eval_ds, vocab, prompts, plain = setup
-    tau0 = measured_accept_length(target, new_drafter(target, (1, 2, 2), vocab, seed=0), prompts, plain)
-    drafter = new_drafter(target, (1, 2, 2), vocab, seed=0)
-    tr = Trainer(target, drafter, train_ds, eval_ds, vocab, config(tmp_path, max_steps=300, label_sharpen=2.0,
-                                                                   save_every=100))
-    tr.fit()
-    res = tr.evals[-1][1]
-    # the same weights evaluated by a trainer without sharpening: the same numbers (evaluation never sharpens)
     again = Trainer(target, drafter, train_ds, eval_ds, vocab, config(tmp_path / "other")).evaluate()
     assert again.loss == pytest.approx(res.loss, rel=1e-6) and again.acc == res.acc
+    assert again.positions == res.positions and res.positions[3] > 0
     assert res.acc[0] > 0.3 and res.chain_accept_length > 1.5
     drafter.eval()
     tau = measured_accept_length(target, drafter, prompts, plain)
@@ -192,16 +164,18 @@ def test_sharpened_labels_train_and_resume_only_alike(setup, tmp_path):
         return Trainer(target, new_drafter(target, (1, 2, 2), vocab, seed=0), train_ds, None, vocab,
                        config(tmp_path, max_steps=300, resume=True, **kw))
 
-    with pytest.raises(ConfigError, match="label_sharpen=2.0, this run has label_sharpen=1.0"):
+    with pytest.raises(ConfigError, match=f"{setting}={value!r}, this run has {setting}={default!r}"):
         resumed()
-    assert resumed(label_sharpen=2.0).step == 300
+    assert resumed(**{setting: value}).step == 300
     ckpt = sorted((tmp_path / "work" / "checkpoints").glob("step-*.pt"))[-1]
     state = torch.load(ckpt, weights_only=False)
-    del state["settings"]["label_sharpen"]
+    del state["settings"][setting]
     torch.save(state, ckpt)
+    with pytest.raises(ConfigError, match=f"{setting}={default!r}, this run has {setting}={value!r}"):
+        resumed(**{setting: value})
     assert resumed().step == 300
-    with pytest.raises(ConfigError, match="--label-sharpen must be > 0"):
-        config(tmp_path, label_sharpen=0.0)
+    with pytest.raises(ConfigError, match=message):
+        config(tmp_path, **{setting: bad})
 
 
 def trained_looking_drafter(setup, work):
