@@ -77,6 +77,14 @@ def test_the_kernels_take_and_give_bf16_bits_as_they_take_and_give_float32():
     bf = (lambda *shape: (torch.randn(*shape, generator=g) * 3).to(torch.bfloat16))  # noqa: E731
     bits = (lambda t: t.view(torch.uint16).numpy())  # noqa: E731
     h, d, w = bf(3, 64), bf(3, 64), bf(64).float().numpy()
+    # the helpers' Python forms (outside the kernels) widen and narrow alike
+    wide = kernels.as_f32(bits(d))
+    assert wide.dtype == np.float32 and np.array_equal(wide, d.float().numpy())
+    back = torch.empty(3, 64, dtype=torch.bfloat16)
+    x32 = kernels.out_f32(bits(back))
+    x32[...] = wide
+    kernels.store(bits(back), x32)
+    assert torch.equal(back, d) and kernels.out_f32(wide) is wide and kernels.as_f32(wide) is wide
     h1, h2 = h.float().numpy().copy(), h.float().numpy().copy()
     x1, x2 = np.empty((3, 64), np.float32), torch.empty(3, 64, dtype=torch.bfloat16)
     kernels.add_rms_norm(h1, d.float().numpy(), w, 1e-5, x1)

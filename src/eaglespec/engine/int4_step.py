@@ -170,7 +170,7 @@ class CacheBits:
 
     def __call__(self, cache: Sequence[torch.Tensor]) -> tuple[np.ndarray, np.ndarray]:
         if cache[0] is not self._of:  # (the views keep the old tensors' memory until a new cache replaces them)
-            self._of, self._views = cache[0], (cache[0].view(torch.uint16).numpy(), cache[1].view(torch.uint16).numpy())
+            self._of, self._views = cache[0], (_numpy(cache[0]), _numpy(cache[1]))
         return self._views
 
 

@@ -40,20 +40,25 @@ from numba import njit, types
 from numba.extending import overload
 
 
+# The three helpers below are numba overloads (their machine code is chosen by the array's type where a kernel is
+# compiled); the Python bodies compute the same for callers outside the kernels.
 def as_f32(a: np.ndarray) -> np.ndarray:
-    """(In kernels) a bf16-or-bits array as float32: a float32 array itself, a uint16 one widened into a new one."""
-    raise NotImplementedError("as_f32 runs inside numba kernels only")
+    """A bf16-or-bits array as float32: a float32 array itself, a uint16 one widened into a new one."""
+    if a.dtype == np.uint16:
+        return (a.astype(np.uint32) << np.uint32(16)).view(np.float32)
+    return a
 
 
 def out_f32(out: np.ndarray) -> np.ndarray:
-    """(In kernels) where to compute an output bound for `out`: a float32 `out` itself, else a new float32 array."""
-    raise NotImplementedError("out_f32 runs inside numba kernels only")
+    """Where to compute an output bound for `out`: a float32 `out` itself, else a new float32 array."""
+    return np.empty(out.shape, np.float32) if out.dtype == np.uint16 else out
 
 
 def store(out: np.ndarray, x: np.ndarray) -> None:
-    """(In kernels) x (float32 of bf16 values, from `out_f32(out)`) into `out`: nothing for a float32 `out` (x is
-    it), the top half of each value's bits for a uint16 one."""
-    raise NotImplementedError("store runs inside numba kernels only")
+    """x (float32 of bf16 values, from `out_f32(out)`) into `out`: nothing for a float32 `out` (x is it), the top
+    half of each value's bits for a uint16 one."""
+    if out.dtype == np.uint16:
+        out[...] = (x.view(np.uint32) >> np.uint32(16)).astype(np.uint16)
 
 
 def _bits(a) -> bool:
