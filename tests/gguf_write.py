@@ -20,6 +20,79 @@ def add_quantized(w: gguf.GGUFWriter, name: str, arr: np.ndarray, qtype: gguf.GG
     return gguf.quants.dequantize(data, qtype).reshape(arr.shape).astype(np.float32)
 
 
+# where each K-quant block holds its float16 super-block scales (d, and dmin where it has one), by type
+_K_SCALES = {"Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
+
+
+def random_k_quant(shape: tuple[int, ...], qtype: gguf.GGMLQuantizationType, seed: int,
+                   scale: float = 1e-4) -> np.ndarray:
+    """Random blocks of a K-quant type (gguf cannot quantize to them), their float16 super-block scales set to
+    `scale` so that the weights stay small: uint8 [*shape[:-1], bytes per row]."""
+    block, size = gguf.GGML_QUANT_SIZES[qtype]
+    blocks = np.random.default_rng(seed).integers(0, 256, (*shape[:-1], shape[-1] // block, size), dtype=np.uint8)
+    d = np.frombuffer(np.float16(scale).tobytes(), np.uint8)
+    for at in _K_SCALES[qtype.name]:
+        blocks[..., at : at + 2] = d
+    return blocks.reshape(*shape[:-1], -1)
+
+
+def _f16_bytes(x: np.ndarray) -> np.ndarray:
+    """float [...] -> uint8 [..., 2]: little-endian float16."""
+    return np.ascontiguousarray(x.astype(np.float16)).view(np.uint8).reshape(*x.shape, 2)
+
+
+def _k_scale_bytes(sc: np.ndarray, m: np.ndarray) -> np.ndarray:
+    """Q4_K / Q5_K's 8 six-bit scales and 8 six-bit mins [..., 8] -> their 12 bytes (llama.cpp's packing)."""
+    sc, m = sc.astype(np.uint8), m.astype(np.uint8)
+    out = np.zeros((*sc.shape[:-1], 12), np.uint8)
+    out[..., 0:4] = (sc[..., :4] & 0x3F) | ((sc[..., 4:] >> 4) << 6)
+    out[..., 4:8] = (m[..., :4] & 0x3F) | ((m[..., 4:] >> 4) << 6)
+    out[..., 8:12] = (sc[..., 4:] & 0x0F) | ((m[..., 4:] & 0x0F) << 4)
+    return out
+
+
+def quantize_k(arr: np.ndarray, qtype: gguf.GGMLQuantizationType) -> np.ndarray:
+    """float32 [..., n] (n a multiple of 256) -> the blocks of Q4_K, Q5_K or Q6_K that llama.cpp's layouts hold, by a
+    plain quantizer (each sub-block's range to 15 / 31 levels above its minimum, or its largest magnitude to -32 for
+    Q6_K; scales and mins rounded to 6 / 8 bits of the super-block's; not llama.cpp's search, the same format):
+    uint8 [..., bytes per row]."""
+    x = arr.astype(np.float32).reshape(-1, 256)
+    nb = x.shape[0]
+    if qtype.name == "Q6_K":
+        sub = x.reshape(nb, 16, 16)
+        at = np.abs(sub).argmax(-1)
+        big = np.take_along_axis(sub, at[..., None], -1)[..., 0]  # the signed value of largest magnitude
+        scale = big / -32
+        d = np.abs(scale).max(-1, keepdims=True) / 127
+        sc = np.where(d > 0, np.round(scale / np.where(d > 0, d, 1)), 0).clip(-128, 127)
+        step = (d * sc)[..., None].astype(np.float32)
+        u = (np.where(step != 0, np.round(sub / np.where(step != 0, step, 1)), 0).clip(-32, 31) + 32).astype(np.uint8)
+        u = u.reshape(nb, 2, 128)
+        ql = (u[..., :64] & 15) | ((u[..., 64:] & 15) << 4)
+        qh = (u[..., :32] >> 4) | ((u[..., 32:64] >> 4) << 2) | ((u[..., 64:96] >> 4) << 4) | ((u[..., 96:] >> 4) << 6)
+        out = np.concatenate([ql.reshape(nb, 128), qh.reshape(nb, 64), sc.astype(np.int8).view(np.uint8),
+                              _f16_bytes(d[:, 0])], -1)
+    else:
+        top = 15 if qtype.name == "Q4_K" else 31
+        sub = x.reshape(nb, 8, 32)
+        lo = np.minimum(sub.min(-1), 0)
+        scale, mins = (sub.max(-1) - lo) / top, -lo
+        d, dmin = scale.max(-1, keepdims=True) / 63, mins.max(-1, keepdims=True) / 63
+        sc = np.where(d > 0, np.round(scale / np.where(d > 0, d, 1)), 0).clip(0, 63)
+        m = np.where(dmin > 0, np.round(mins / np.where(dmin > 0, dmin, 1)), 0).clip(0, 63)
+        d16, dmin16 = d.astype(np.float16).astype(np.float32), dmin.astype(np.float16).astype(np.float32)
+        step, low = (d16 * sc)[..., None], (dmin16 * m)[..., None]
+        q = np.where(step > 0, np.round((sub + low) / np.where(step > 0, step, 1)), 0).clip(0, top).astype(np.uint8)
+        pairs = q.reshape(nb, 4, 2, 32)
+        qs = ((pairs[:, :, 0] & 15) | ((pairs[:, :, 1] & 15) << 4)).reshape(nb, 128)
+        head = [_f16_bytes(d[:, 0]), _f16_bytes(dmin[:, 0]), _k_scale_bytes(sc, m)]
+        if top == 31:  # Q5_K: bit j of byte i is element 32 j + i's fifth bit
+            bits = (q.reshape(nb, 8, 32) >> 4) & 1
+            head.append((bits << np.arange(8, dtype=np.uint8)[None, :, None]).sum(1).astype(np.uint8))
+        out = np.concatenate([*head, qs], -1)
+    return out.reshape(*arr.shape[:-1], -1)
+
+
 def llama_cpp_permute(w: np.ndarray, n_heads: int) -> np.ndarray:
     """What llama.cpp's converter does to a `llama` (or `granite`) file's q / k rows (halves -> interleaved pairs)."""
     return w.reshape(n_heads, 2, w.shape[0] // n_heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
-from gguf_write import finish, llama_cpp_permute
+from gguf_write import finish, llama_cpp_permute, quantize_k
 from tiny import plain_logits
 
 from eaglespec.errors import CheckpointError, ConfigError
@@ -67,7 +67,8 @@ def write_tiny_gguf(
             data = llama_cpp_permute(data, kv_heads)
         qtype = types.get(kind or "", Q.F32)
         try:
-            raw = gguf.quants.quantize(data, qtype)
+            raw = (quantize_k(data, qtype) if qtype.name in ("Q4_K", "Q5_K", "Q6_K")
+                   else gguf.quants.quantize(data, qtype))  # K-quants: gguf cannot write them
         except NotImplementedError:  # a type the package cannot write (Q8_1): zero blocks of its size
             block, size = gguf.GGML_QUANT_SIZES[qtype]
             raw = np.zeros((*data.shape[:-1], data.shape[-1] // block * size), np.uint8)

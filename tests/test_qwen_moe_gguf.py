@@ -13,7 +13,7 @@ import pytest
 import torch
 import transformers
 from gguf import GGMLQuantizationType as Q
-from gguf_write import add_quantized, finish
+from gguf_write import add_quantized, finish, random_k_quant
 from tiny import per_expert, plain_logits, randomize_moe
 
 from eaglespec.errors import CheckpointError, ConfigError
@@ -62,17 +62,6 @@ def gguf_tensors(ref: transformers.Qwen3MoeForCausalLM) -> dict[str, np.ndarray]
             stack = [sd[hf.replace("{e}", str(e))] for e in range(n_experts)] if "{e}" in hf else None
             out[f"blk.{i}.{g}.weight"] = np.stack(stack) if stack else sd[hf]
     return out
-
-
-def random_k_quant(shape: tuple[int, ...], qtype: Q, seed: int) -> np.ndarray:
-    """Random Q4_K / Q6_K blocks (gguf cannot quantize to them), their f16 super-block scales set to 1e-4 so that the
-    weights stay small: uint8 [*shape[:-1], bytes per row]."""
-    block, size = gguf.GGML_QUANT_SIZES[qtype]
-    blocks = np.random.default_rng(seed).integers(0, 256, (*shape[:-1], shape[-1] // block, size), dtype=np.uint8)
-    scale = np.frombuffer(np.float16(1e-4).tobytes(), np.uint8)
-    for at in ((0, 2) if qtype == Q.Q4_K else (size - 2,)):  # Q4_K: d, dmin first; Q6_K: d last
-        blocks[..., at : at + 2] = scale
-    return blocks.reshape(*shape[:-1], -1)
 
 
 def write_qwen3moe_gguf(path: Path, ref: transformers.Qwen3MoeForCausalLM, types: dict[str, Q] | None = None,

@@ -6,12 +6,15 @@ d (q - 8)), the layer holds the codes once, packed by `aten._convert_weight_to_i
 through `aten._weight_int4pack_mm_for_cpu` (w = (q - 8) scale + zero per group, bf16 activations, reading 4.5 bits a
 weight instead of float32's 32); a Q8_0 tensor (w = d q, q in -128..127: SmolLM2's tied embedding, its head) as two
 such products, q = 16 hi + lo (hi in -8..7 with scale 16 d, lo in 0..15 with scale d and zero 8 d), summed in float32.
-Anything else returns None (`from_weight`): the caller names the tensor (engine/int4_weights.py).
+Other GGUF groups (Q4_K, Q5_0 / Q5_1 / Q5_K, Q6_K: llama.cpp's K-quant mixes) are recovered by
+layers/kquant_groups.py as one, two or four such products a row, in runs of rows where a fused projection mixes them
+(Q4_K_M's Q4_K q / k rows and Q6_K v rows). Anything else returns None (`from_weight`): the caller names the tensor
+(engine/int4_weights.py).
 
-`forward(x)`: x [..., K] bf16 -> [..., N]: bf16 for a 4-bit weight, float32 for a Q8_0 one (the two products' sum;
-the logits of a head keep it). The kernel takes scale and zero as bf16, so a Q4_1 group's zero (m + 8 d) and any
-scale rounded to bf16 differ from the file's by up to 2^-9 of the group's scale: the weights are the GGUF's to that
-rounding, not bit for bit.
+`forward(x)`: x [..., K] bf16 -> [..., N]: bf16 for one product a row, float32 for more (the products' sum, a Q8_0
+head's logits keep it) or for runs of rows. The kernel takes scale and zero as bf16, so a Q4_1 group's zero (m + 8 d)
+and any scale rounded to bf16 differ from the file's by up to 2^-9 of the group's scale: the weights are the GGUF's to
+that rounding, not bit for bit.
 
 Why this kernel (docs/benchmarks.md, "Session 62" and "Session 69"): it is row-count invariant (each row of an M-row
 product has the bits of the same row multiplied alone, measured for SmolLM2's shapes at 1-8 rows on an AVX-512 EPYC
@@ -27,7 +30,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-GROUP = 32  # weights per group along K: the GGUF block of Q4_0 / Q4_1 / Q8_0
+from .kquant_groups import GROUP, kquant_terms  # GROUP: weights per group along K (the block of Q4_0 / Q4_1 / Q8_0)
+
 _INNER_K_TILES = 1  # `_convert_weight_to_int4pack_for_cpu`'s tiling argument (its CPU layout ignores it)
 N_MULTIPLE = 16  # the packing takes a multiple of 16 output rows
 _CHUNK_ELEMENTS = 1 << 18  # weights a chunk of the recovery (as loading/gguf_quants.py dequantizes)
@@ -140,7 +144,8 @@ class _Term:
         if pad:
             codes = torch.cat([codes, codes.new_zeros(pad, codes.shape[1])])
             scale, zero = (torch.cat([t, t.new_zeros(pad, t.shape[1])]) for t in (scale, zero))
-        self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.contiguous(), _INNER_K_TILES)
+        self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32).contiguous(),
+                                                                         _INNER_K_TILES)
         self.scale_zero = torch.stack([scale.t(), zero.t()], dim=-1).contiguous().to(torch.bfloat16)
 
     def __call__(self, x2: torch.Tensor) -> torch.Tensor:
@@ -148,14 +153,28 @@ class _Term:
         return y if y.shape[1] == self.n else y[:, : self.n].contiguous()
 
 
+def _summed(terms: list[_Term], x2: torch.Tensor) -> torch.Tensor:
+    """x2 [M, K] bf16 -> the terms' products summed: bf16 for one term, else float32 (each row's bits whatever the
+    rows beside it: each product is, and the sum is elementwise)."""
+    if len(terms) == 1:
+        return terms[0](x2)
+    y = terms[0](x2).float()
+    for t in terms[1:]:
+        y += t(x2).float()
+    return y
+
+
 class Int4Linear(nn.Module):
     """nn.Linear's function over 4-bit groups (module docstring). `weight`: the module's original weight Parameter
     where callers need it (a tied head's embedding: `get_embed_and_head`), else None; the products never read it."""
 
     def __init__(self, terms: list[_Term], out_features: int, in_features: int, bias: torch.Tensor | None,
-                 weight: nn.Parameter | None = None) -> None:
+                 weight: nn.Parameter | None = None, runs: list[tuple[int, int, list[_Term]]] | None = None) -> None:
         super().__init__()
-        self.terms = terms
+        self.terms = terms  # every product the layer runs (all runs' where `runs` is given)
+        # None: every row of the output is the sum of `terms`; else runs of rows (start, end, their terms), each
+        # summed, concatenated along the output (a fused projection whose rows take different counts of terms)
+        self.runs = runs
         self.in_features, self.out_features = in_features, out_features
         self.bias = None if bias is None else nn.Parameter(bias.detach().to(torch.bfloat16), requires_grad=False)
         self.weight = weight
@@ -172,13 +191,18 @@ class Int4Linear(nn.Module):
         if four is not None:
             return cls([_Term(*four)], N, K, bias, keep)
         eight = eight_bit_groups(w)
-        if eight is None:
+        if eight is not None:
+            q, d = eight
+            hi, lo = torch.div(q, 16, rounding_mode="floor"), q % 16  # q = 16 hi + lo
+            # hi: ((hi + 8) - 8) 16 d; lo: (lo - 8) d + 8 d
+            terms = [_Term(hi + 8, 16 * d, torch.zeros_like(d)), _Term(lo, d, 8 * d)]
+            return cls(terms, N, K, bias, keep)
+        runs = kquant_terms(w)  # K-quant and 5-bit groups (layers/kquant_groups.py)
+        if runs is None:
             return None
-        q, d = eight
-        hi, lo = torch.div(q, 16, rounding_mode="floor"), q % 16  # q = 16 hi + lo
-        # hi: ((hi + 8) - 8) 16 d; lo: (lo - 8) d + 8 d
-        terms = [_Term(hi + 8, 16 * d, torch.zeros_like(d)), _Term(lo, d, 8 * d)]
-        return cls(terms, N, K, bias, keep)
+        built = [(a, b, [_Term(*t) for t in ts]) for a, b, ts in runs]
+        flat = [t for _, _, ts in built for t in ts]
+        return cls(flat, N, K, bias, keep, runs=built if len(built) > 1 else None)
 
     @classmethod
     def quantize(cls, w: torch.Tensor, bias: torch.Tensor | None = None) -> "Int4Linear | None":
@@ -190,10 +214,10 @@ class Int4Linear(nn.Module):
     def mm(self, x2: torch.Tensor) -> torch.Tensor:
         """x2 [M, K] bf16, contiguous -> [M, N], bias added: `forward` without its reshapes and module call (~10 us,
         half a small product's time; the 4-bit path's steps call it directly: engine/int4_step.py)."""
-        if len(self.terms) == 1:
-            y = self.terms[0](x2)
-        else:  # Q8_0: the two products' sum in float32 (each row's bits whatever the rows beside it)
-            y = self.terms[0](x2).float() + self.terms[1](x2).float()
+        if self.runs is None:
+            y = _summed(self.terms, x2)
+        else:  # each run's output rows, as float32 (a one-term run's bf16 widened: exact)
+            y = torch.cat([_summed(ts, x2).float() for _, _, ts in self.runs], dim=1)
         return y if self.bias is None else y + self.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -201,5 +225,7 @@ class Int4Linear(nn.Module):
         return self.mm(x2).view(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
-        kind = "4-bit" if len(self.terms) == 1 else "8-bit as two 4-bit products"
+        kind = "4-bit" if len(self.terms) == 1 else f"{len(self.terms)} 4-bit products"
+        if self.runs is not None:
+            kind += f" in {len(self.runs)} runs of rows"
         return f"in_features={self.in_features}, out_features={self.out_features}, {kind}, group={GROUP}"

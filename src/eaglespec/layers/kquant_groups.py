@@ -1,0 +1,172 @@
+"""GGUF weights of more than 4 bits a group (Q5_0 / Q5_1 / Q5_K, Q6_K; Q4_K's groups too) recovered from the loader's
+float32 weights as sums of 4-bit products for PyTorch's groupwise kernel (layers/int4_linear.py).
+
+`kquant_terms(w)`: w float32 [N, K] (K a multiple of GROUP) -> [(row start, row end, terms)], contiguous runs of rows
+covering 0..N, each run's terms a list of (codes uint8 [n, K] in 0..15, scale [n, K / GROUP], zero [n, K / GROUP])
+in the kernel's form w = sum over terms of (codes - 8) scale + zero; or None where some row holds a group of none of
+the forms below (float weights; mostly Q2_K's groups of 16, each with a minimum of its own). Each row takes the fewest terms its groups allow, and a
+run is a stretch of rows with the same count (a fused q / k / v projection of Q4_K q and k rows and Q6_K v rows, as
+llama.cpp's Q4_K_M mix writes them: one term for q and k, four for v):
+
+  1 term    every group of 32 affine with 16 levels: w = s c + lo, c in 0..15 (Q4_K: w = d sc q - dmin m; Q4_0 and
+            Q4_1 are taken before, by `four_bit_groups`): codes c, scale s, zero lo + 8 s.
+  2 terms   affine with up to 256 levels (Q5_0 / Q5_1 / Q5_K: 32; a Q8_0 block): c = 16 h + l, h's term codes h + b
+            with scale 16 s and zero 0, l's codes l with scale s and zero lo + 8 s - 16 s (b - 8), the offset b per
+            group chosen to keep that zero within a few s (the kernel rounds it to bf16).
+  4 terms   symmetric groups of 16 (Q6_K: w = d sc q, sc an int8 per 16 weights, q in -32..31): each half of a
+            group of 32 has its own scale, which the kernel's groups of 32 cannot hold in one term; with u = q + 32 =
+            16 h + l, s (u - 32) = s (l - 8) + 8 s (2 h - 3), the half's l-term and h-term (codes 2 h + 5) carry
+            scale s and 8 s, the other half's codes 8 (nothing), zeros 0.
+
+Recovery (layers/kquant_kernels.py, numba: without it nothing is taken here): a group's step is found from its
+values alone, and a group is taken where every value lies within 1e-3 of a step of its grid point. A group of float
+weights cannot pass (32 values each that near a grid of at most 256 levels), so acceptance means accuracy: the weights
+are the file's to the loader's float32 rounding and the kernel's bf16 scales and zeros (as layers/int4_linear.py's
+Q4_1 groups).
+
+Why: llama.cpp's K-quant mixes (Q4_K_M, Q5_K_M, Q6_K) are what most GGUF files hold; without this they load dense,
+float32 on the CPU, 7-8x the bytes a step reads.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+import torch
+
+GROUP = 32  # the kernel's group along K
+_HALF = GROUP // 2  # Q6_K's scale group
+_CHUNK_ELEMENTS = 1 << 18  # weights a chunk of rows (its intermediates stay in the cache)
+
+Terms = list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+
+
+def _kernels() -> ModuleType | None:
+    """layers/kquant_kernels.py, or None where numba is not installed."""
+    try:
+        from . import kquant_kernels
+    except ImportError:
+        return None
+    return kquant_kernels
+
+
+def kquant_kernels_installed() -> bool:
+    """Whether this recovery can run (numba installed)."""
+    return _kernels() is not None
+
+
+def affine_groups(g: torch.Tensor, levels: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """g float32 [m, n] -> (ok [m] bool, codes [m, n] float in 0..levels-1, step [m], lo [m]) with g = step codes +
+    lo within 1e-3 of a step where ok (kquant_kernels.affine)."""
+    m, n = g.shape
+    codes, step, lo = torch.zeros(m, n), torch.zeros(m), torch.zeros(m)
+    ok = torch.zeros(m, dtype=torch.uint8)
+    _kernels().affine(g.contiguous().numpy(), levels, codes.numpy(), step.numpy(), lo.numpy(), ok.numpy())
+    return ok.bool(), codes, step, lo
+
+
+def symmetric_halves(g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """g float32 [m, n] -> (ok [m] bool, q [m, n] float in -32..63, step [m] >= 0) with g = step q within 1e-3 of a
+    step where ok (kquant_kernels.symmetric)."""
+    m, n = g.shape
+    q, step, ok = torch.zeros(m, n), torch.zeros(m), torch.zeros(m, dtype=torch.uint8)
+    _kernels().symmetric(g.contiguous().numpy(), q.numpy(), step.numpy(), ok.numpy())
+    return ok.bool(), q, step
+
+
+def _affine_terms(codes: torch.Tensor, step: torch.Tensor, lo: torch.Tensor, n_terms: int) -> Terms:
+    """Rows of groups codes [n, G, GROUP] (steps and minima [n, G, 1]) as 1 or 2 terms (module docstring), codes
+    uint8."""
+    n = codes.shape[0]
+    if n_terms == 1:
+        return [(codes.to(torch.uint8).reshape(n, -1), step[..., 0], (lo + 8 * step)[..., 0])]
+    h, l = torch.div(codes, 16, rounding_mode="floor"), codes % 16
+    top = h.amax(-1, keepdim=True)
+    # the h-term's offset b in 0..15 - top whose l-term zero lo + 8 s - 16 s (b - 8) is nearest 0
+    want = 8 + torch.where(step > 0, (lo + 8 * step) / (16 * step.clamp(min=1e-30)), torch.zeros_like(step)).round()
+    b = torch.minimum(torch.maximum(want, torch.zeros_like(want)), 15 - top)
+    hi_term = ((h + b).to(torch.uint8).reshape(n, -1), (16 * step)[..., 0], torch.zeros_like(step[..., 0]))
+    lo_term = (l.to(torch.uint8).reshape(n, -1), step[..., 0], (lo + 8 * step - 16 * step * (b - 8))[..., 0])
+    return [hi_term, lo_term]
+
+
+def _half_terms(q: torch.Tensor, step: torch.Tensor) -> Terms:
+    """Rows of halves q [n, G, 2, _HALF] (steps [n, G, 2, 1]) as 4 terms (module docstring), codes uint8."""
+    n = q.shape[0]
+    u = (q + 32).to(torch.uint8)
+    parts = ((u & 15, 1.0), ((u >> 4) * 2 + 5, 8.0))  # (l, s), (2 h + 5, 8 s)
+    eight = torch.full((), 8, dtype=torch.uint8)
+    terms: Terms = []
+    for codes, mult in parts:
+        for half in (0, 1):
+            mine = torch.arange(2).view(1, 1, 2, 1) == half  # this term's half of each group; the other's codes 8
+            scale = mult * step[:, :, half, 0]  # [n, G]
+            terms.append((torch.where(mine, codes, eight).reshape(n, -1), scale, torch.zeros_like(scale)))
+    return terms
+
+
+def _chunk_runs(g: torch.Tensor, halves_first: bool) -> list[tuple[int, int, int, Terms]] | None:
+    """A chunk of rows g [n, G, GROUP] -> its runs (terms a row, first row, end, terms), or None where a row fits no
+    form. `halves_first`: try the symmetric halves before whole groups (a chunk after one of halves: Q6_K's)."""
+    n, G, _ = g.shape
+    count = torch.zeros(n, dtype=torch.int64)
+    codes = step = lo = q = hstep = None  # [n, G, GROUP] / [n, G, 1] x 2; [n, G, 2, _HALF] / [n, G, 2, 1]
+
+    def whole(t: torch.Tensor | None, got: torch.Tensor, rest: torch.Tensor, every: bool) -> torch.Tensor:
+        """`got` (the rows `rest`) as all n rows: itself where every row was tried, else scattered."""
+        if every:
+            return got
+        t = torch.zeros(n, *got.shape[1:]) if t is None else t
+        t[rest] = got
+        return t
+
+    for form in ((4, 1) if halves_first else (1, 4)):
+        rest = count == 0
+        m = int(rest.sum())
+        if m == 0:
+            break
+        every = m == n
+        part = g if every else g[rest]
+        if form == 1:  # whole groups: 1 or 2 terms
+            ok, c, s, low = affine_groups(part.reshape(-1, GROUP), 256)
+            ok, c = ok.view(m, G).all(-1), c.view(m, G, GROUP)
+            codes, step = whole(codes, c, rest, every), whole(step, s.view(m, G, 1), rest, every)
+            lo = whole(lo, low.view(m, G, 1), rest, every)
+            count[rest] = torch.where(ok, torch.where(c.amax(-1).amax(-1) < 16, 1, 2), 0)
+        else:
+            hok, hq, hs = symmetric_halves(part.reshape(-1, _HALF))
+            count[rest] = torch.where(hok.view(m, G * 2).all(-1), 4, 0)
+            q, hstep = whole(q, hq.view(m, G, 2, _HALF), rest, every), whole(hstep, hs.view(m, G, 2, 1), rest, every)
+    if bool((count == 0).any()):
+        return None
+    edges = [0] + ((count[1:] != count[:-1]).nonzero()[:, 0] + 1).tolist() + [n]
+    runs = []
+    for a, b in zip(edges[:-1], edges[1:]):
+        k = int(count[a])
+        terms = _half_terms(q[a:b], hstep[a:b]) if k == 4 else _affine_terms(codes[a:b], step[a:b], lo[a:b], k)
+        runs.append((k, a, b, terms))
+    return runs
+
+
+def kquant_terms(w: torch.Tensor) -> list[tuple[int, int, Terms]] | None:
+    """Module docstring (codes uint8 here: the caller packs them)."""
+    N, K = w.shape
+    if K % GROUP or _kernels() is None:
+        return None
+    g_all = w.float().reshape(N, K // GROUP, GROUP)
+    step_rows = max(1, _CHUNK_ELEMENTS // K)
+    runs: list[list] = []  # [terms a row, first row, end, [each chunk's terms]]
+    halves_first = False
+    for r in range(0, N, step_rows):
+        got = _chunk_runs(g_all[r : r + step_rows], halves_first)
+        if got is None:
+            return None
+        for k, a, b, terms in got:
+            if runs and runs[-1][0] == k and runs[-1][2] == r + a:  # the run goes on from the chunk before
+                runs[-1][2] = r + b
+                runs[-1][3].append(terms)
+            else:
+                runs.append([k, r + a, r + b, [terms]])
+        halves_first = got[-1][0] == 4
+    return [(a, b, [tuple(torch.cat([t[i][j] for t in parts]) for j in range(3)) for i in range(k)])  # type: ignore
+            for k, a, b, parts in runs]

@@ -1,0 +1,169 @@
+"""GGUF groups of more than 4 bits on the 4-bit CPU path (layers/kquant_groups.py, layers/kquant_kernels.py): the
+K-quants and 5-bit types recovered from the loader's float32 weights as sums of 4-bit products that give the weights
+back exactly (before the kernel's bf16 scales), in runs of rows where a fused projection mixes types; a tiny Llama
+written as llama.cpp's Q4_K_M and Q5_K_M mixes speculates losslessly on the path; what cannot be taken is named."""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from gguf_write import quantize_k, random_k_quant
+from test_loading_gguf import write_tiny_gguf
+from tiny import assert_speculation_equals_plain, plain_logits, tiny_drafter
+
+from eaglespec.config import SpecConfig
+from eaglespec.engine.int4_weights import use_int4_weights
+from eaglespec.engine.transforms import prepare_for_inference
+from eaglespec.errors import ConfigError
+from eaglespec.layers import kquant_groups
+from eaglespec.layers.int4_linear import Int4Linear
+from eaglespec.layers.kquant_groups import kquant_terms
+from eaglespec.loading.checkpoint import load_model
+from eaglespec.loading.gguf_quants import dequantize
+from eaglespec.sampling_params import SamplingParams
+
+Q = gguf.GGMLQuantizationType
+CPU = torch.device("cpu")
+
+
+def stored(shape: tuple[int, int], qtype: Q, seed: int, random_blocks: bool = False) -> torch.Tensor:
+    """Weights of `qtype` as the loader dequantizes them: Gaussian weights quantized (by gguf; K-quants by
+    `quantize_k`), or `random_blocks` of a K-quant type (any codes and scales the format holds)."""
+    x = np.random.default_rng(seed).standard_normal(shape).astype(np.float32) * 0.05
+    if random_blocks:
+        data = random_k_quant(shape, qtype, seed)
+    else:
+        data = quantize_k(x, qtype) if qtype.name.endswith("_K") else gguf.quants.quantize(x, qtype)
+    return dequantize(np.ascontiguousarray(data), qtype).reshape(shape)
+
+
+def rebuilt(runs: list, n: int, k: int) -> torch.Tensor:
+    """The weights the runs' terms stand for: the sum over terms of (codes - 8) scale + zero, per group of 32."""
+    w = torch.zeros(n, k)
+    for a, b, terms in runs:
+        for codes, scale, zero in terms:
+            g = (codes.float() - 8).view(b - a, -1, 32) * scale[..., None] + zero[..., None]
+            w[a:b] += g.view(b - a, k)
+    return w
+
+
+@pytest.mark.parametrize("qtype,n_terms,random_blocks",
+                         [(Q.Q4_K, 1, False), (Q.Q5_K, 2, False), (Q.Q6_K, 4, False), (Q.Q5_0, 2, False),
+                          (Q.Q5_1, 2, False), (Q.Q4_K, 1, True), (Q.Q5_K, 2, True), (Q.Q6_K, 4, True)],
+                         ids=["Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q5_1", "Q4_K-random", "Q5_K-random", "Q6_K-random"])
+def test_groups_are_recovered_exactly_and_multiply_as_the_weights(qtype, n_terms, random_blocks):
+    """Quantized Gaussian weights, and random blocks (codes that need not span a group's levels, any scales)."""
+    w = stored((48, 512), qtype, seed=3, random_blocks=random_blocks)
+    runs = kquant_terms(w)
+    assert runs is not None and [(a, b, len(t)) for a, b, t in runs] == [(0, 48, n_terms)]
+    assert all(int(c.min()) >= 0 and int(c.max()) <= 15 for _, _, t in runs for c, _, _ in t)
+    assert (rebuilt(runs, 48, 512) - w).abs().max() <= 1e-6 * w.abs().max()
+    lin = Int4Linear.from_weight(w)
+    assert lin is not None and len(lin.terms) == n_terms and lin.runs is None
+    x = torch.randn(5, 512, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    ref = x.float() @ w.t()
+    assert (lin(x).float() - ref).abs().max() <= 0.02 * ref.abs().max()  # bf16 activations, bf16 scales and zeros
+
+
+@pytest.mark.parametrize("levels", [256, 128])
+def test_wide_affine_groups_take_two_products_with_small_zeros(levels):
+    """Groups on a grid of up to 256 levels above a minimum of their own (the widest affine form; Q5's 32 levels are
+    its common case): two products, codes in 0..15, the weights exact. The high nibbles' offset is chosen per group:
+    where their range leaves room (128 levels here, minima between -128 and 0 steps), the zero the kernel rounds to
+    bf16 stays within 8 steps of 0, where a fixed offset would leave it up to 120 steps away."""
+    g = torch.Generator().manual_seed(5)
+    c = torch.randint(0, levels, (32, 8, 32), generator=g).float()
+    c[:, :, 0], c[:, :, 1] = 0, levels - 1  # every group spans its levels
+    s = torch.rand(32, 8, 1, generator=g) * 1e-3 + 1e-4
+    lo = -s * torch.randint(0, min(levels, 129), (32, 8, 1), generator=g).float()
+    w = (s * c + lo).view(32, 256)
+    runs = kquant_terms(w)
+    assert [(a, b, len(t)) for a, b, t in runs] == [(0, 32, 2)]
+    (hc, hs, hz), (lc, ls, lz) = runs[0][2]
+    assert int(hc.max()) <= 15 and int(lc.max()) <= 15 and torch.equal(hz, torch.zeros_like(hz))
+    assert (rebuilt(runs, 32, 256) - w).abs().max() <= 1e-6 * w.abs().max()
+    if levels == 128:
+        assert bool((lz.abs() <= 8 * ls * (1 + 1e-5)).all())
+
+
+def test_a_fused_projection_of_mixed_types_runs_by_rows(monkeypatch):
+    """Q4_K_M's fused q / k / v: Q4_K q and k rows take one product, the Q6_K v rows four; each run's output equals
+    the layer of its own rows bit for bit, rows are invariant to the rows beside them, and runs that cross chunks of
+    the recovery are the same runs."""
+    q, k, v = stored((64, 256), Q.Q4_K, 1), stored((32, 256), Q.Q4_K, 2), stored((32, 256), Q.Q6_K, 3)
+    fused = torch.cat([q, k, v, q[:16]])  # a Q4_K run after the Q6_K one too
+    lin = Int4Linear.from_weight(fused)
+    assert [(a, b, len(t)) for a, b, t in lin.runs] == [(0, 96, 1), (96, 128, 4), (128, 144, 1)]
+    assert len(lin.terms) == 6 and "in 3 runs of rows" in repr(lin)
+    x = torch.randn(6, 256, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    y = lin(x)
+    assert y.dtype == torch.float32 and y.shape == (6, 144)
+    qk, vv = Int4Linear.from_weight(torch.cat([q, k])), Int4Linear.from_weight(v)
+    assert torch.equal(y[:, :96], qk(x).float()) and torch.equal(y[:, 96:128], vv(x))
+    assert torch.equal(y[:, 128:], y[:, :16])
+    for m in (1, 2, 3, 5):
+        assert all(torch.equal(lin(x[i : i + 1]), y[i : i + 1]) for i in range(m)), m
+    whole = rebuilt(kquant_terms(fused), 144, 256)
+    assert (whole - fused).abs().max() <= 1e-6 * fused.abs().max()
+    monkeypatch.setattr(kquant_groups, "_CHUNK_ELEMENTS", 256 * 24)  # 24 rows a chunk: runs cross chunks
+    small = kquant_terms(fused)
+    assert [(a, b, len(t)) for a, b, t in small] == [(0, 96, 1), (96, 128, 4), (128, 144, 1)]
+    assert torch.equal(rebuilt(small, 144, 256), whole)
+
+
+def test_what_is_not_groups_is_not_taken(monkeypatch):
+    g = torch.Generator().manual_seed(1)
+    assert kquant_terms(torch.randn(32, 256, generator=g) * 0.05) is None  # float weights
+    w = stored((32, 256), Q.Q4_K, 4)
+    assert kquant_terms(torch.cat([w, torch.randn(1, 256, generator=g)])) is None  # one float row: none of it
+    assert kquant_terms(w[:, :64]) is not None and kquant_terms(w[:, :48]) is None  # K a multiple of 32
+    monkeypatch.setattr(kquant_groups, "_kernels", lambda: None)  # no numba: not taken, and the refusal says why
+    assert kquant_terms(w) is None and Int4Linear.from_weight(w) is None
+    with torch.no_grad():
+        lin = torch.nn.Linear(256, 32, bias=False)
+        lin.weight.copy_(w)
+    model = torch.nn.ModuleDict({"lm_head": lin})
+    with pytest.raises(ConfigError, match=r"K-quant and 5-bit groups need numba; lm_head \[32 x 256\] is none"):
+        use_int4_weights(model)
+
+
+# llama.cpp's mixes (its Q4_K_M / Q5_K_M: Q6_K for v, down and the embedding a tied head reads)
+MIXES = {
+    "Q4_K_M": {"token_embd": Q.Q6_K, "attn_q": Q.Q4_K, "attn_k": Q.Q4_K, "attn_v": Q.Q6_K, "attn_output": Q.Q4_K,
+               "ffn_gate": Q.Q4_K, "ffn_up": Q.Q4_K, "ffn_down": Q.Q6_K},
+    "Q5_K_M": {"token_embd": Q.Q6_K, "attn_q": Q.Q5_K, "attn_k": Q.Q5_K, "attn_v": Q.Q6_K, "attn_output": Q.Q5_K,
+               "ffn_gate": Q.Q5_K, "ffn_up": Q.Q5_0, "ffn_down": Q.Q6_K},
+}
+
+
+@pytest.mark.parametrize("use_kernels", [True, False], ids=["kernels", "modules"])
+@pytest.mark.parametrize("mix", list(MIXES))
+def test_a_kquant_llama_speculates_losslessly_on_the_4bit_path(tmp_path, mix, use_kernels, monkeypatch):
+    """A GGUF Llama of a K-quant mix (tied head: the Q6_K embedding) on the 4-bit path: every projection converted
+    (q / k / v in runs), its logits as near the float32 model's as a bf16 load's, and greedy chains and trees of one
+    and two rows give plain decoding's tokens, through the numba layer steps and through the modules."""
+    from eaglespec.engine import int4_step
+
+    monkeypatch.setattr(int4_step, "USE_KERNELS", use_kernels)
+    path = tmp_path / f"{mix}.gguf"
+    write_tiny_gguf(path, types=MIXES[mix], hidden=256, heads=4, kv_heads=2, ffn=512, vocab=64, tied=True)
+    dense = load_model(path, dtype=torch.float32).model
+    target = prepare_for_inference(load_model(path, dtype=torch.float32).model, CPU, None, None, int4=True)
+    assert target.int4_steps == (2 if use_kernels else 0)
+    qkv = target.model.layers[0].self_attn.qkv_proj
+    assert isinstance(qkv, Int4Linear) and [len(t) for _, _, t in qkv.runs] == [1 if mix == "Q4_K_M" else 2, 4]
+    assert len(target.lm_head.terms) == 4  # the Q6_K embedding as the tied head
+    ids = torch.randint(0, 64, (2, 9), generator=torch.Generator().manual_seed(0))
+    want, got = plain_logits(dense, ids), plain_logits(target, ids).float()
+    bf16 = plain_logits(load_model(path, dtype=torch.bfloat16).model, ids).float()  # the same file, dense in bf16
+    assert (got - want).abs().max() <= (bf16 - want).abs().max()  # as near float32's as a bf16 load (~7% of max)
+    assert torch.equal(got.argmax(-1), want.argmax(-1))
+    drafter = prepare_for_inference(tiny_drafter(target, seed=1, hidden=256).to(torch.bfloat16), CPU, None, None)
+    params = SamplingParams(max_new_tokens=24, ignore_eos=True)
+    prompts = [[5, 17, 3, 9], [11, 2, 40, 7, 7, 1, 30]]
+    for batch in ([prompts[0]], prompts):
+        plain = assert_speculation_equals_plain(target, drafter, batch, params,
+                                                [SpecConfig(3, 1, 4), SpecConfig(3, 2, 6)])
+        assert all(len(set(p)) > 3 for p in plain)  # not a degenerate loop
