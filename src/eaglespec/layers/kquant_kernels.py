@@ -7,11 +7,15 @@ codes [m, n] (float32), step [m], lo [m] and ok [m] (uint8; a constant group: st
 back positive, q negated; an all-zero group: step 0).
 
 The candidates, first to last (the first that fits wins): the range over the level counts of the usual types (15 /
-31 for affine groups, 32 / 31 for symmetric halves: what the quantizers put at the extremes), then the distance from
+31 for affine groups, 32 / 31 for symmetric halves: what the quantizers put at the extremes; for affine groups also
+the largest magnitude over 127 / 16 / 8, Q8_0's, Q5_0's and Q4_0's step, whose codes may be sparse: a Q8_0 group
+requantized from 4-bit weights uses one code in ~16), then the distance from
 the lowest value to the next one up (from the highest down; for halves the smallest nonzero magnitude) divided by k =
-1..KS, then the smallest gap between the sorted values divided by k. A candidate's codes are rounded against it,
+1..KS_AFFINE (16) or 1..KS_SYMMETRIC (64: a half of two distinct values, requantized from 4 bits, puts its smallest
+at any code), then the smallest gap between the sorted values divided by k. A candidate's codes are rounded against it,
 then the step is taken again from the largest value over its code (more digits than a gap) and every value checked
-against that step. Any exact grid of the allowed levels whose step is one of
+against that step. Affine groups try every candidate for a grid of 16 levels first, then for `levels`: the same
+values can lie on a finer grid too, which would cost a second product. Any exact grid of the allowed levels whose step is one of
 these candidates is found; a group of float weights is not (32 values each within TOL of a step of a grid).
 
 Why numba: PyTorch's reductions over rows of 32 and its masked updates cost ~25-75 ns a weight for this search (a 1B
@@ -24,7 +28,8 @@ import numpy as np
 from numba import njit
 
 TOL = 1e-3  # of a step: how far a value may sit from its grid point (the loader's float32 roundings are ~1e-6 of it)
-KS = 8  # divisors of a gap tried
+KS_AFFINE = 16  # divisors of a gap tried for affine groups (a 16-level group's codes: gaps of up to 15 steps)
+KS_SYMMETRIC = 64  # for symmetric halves (|q| <= 63: the smallest magnitude over any of its possible codes)
 
 
 @njit(cache=True, nogil=True)
@@ -55,11 +60,11 @@ def _fits(t: np.ndarray, s: float, lo_code: int, levels: int, out: np.ndarray) -
 
 
 @njit(cache=True, nogil=True)
-def _gap_search(t: np.ndarray, gap: float, lo_code: int, levels: int, out: np.ndarray) -> float:
-    """The step of the first of gap / 1..KS that fits (`_fits`), or 0."""
+def _gap_search(t: np.ndarray, gap: float, lo_code: int, levels: int, out: np.ndarray, ks: int) -> float:
+    """The step of the first of gap / 1..ks that fits (`_fits`), or 0."""
     if not np.isfinite(gap):
         return 0.0
-    for k in range(1, KS + 1):
+    for k in range(1, ks + 1):
         step = _fits(t, gap / k, lo_code, levels, out)
         if step > 0.0:
             return step
@@ -76,6 +81,25 @@ def _sorted_gap(t: np.ndarray, eps: float) -> float:
         if d > eps and d < best:
             best = d
     return best
+
+
+@njit(cache=True, nogil=True)
+def _affine_search(t: np.ndarray, span: float, amax: float, bottom: float, top: float, eps: float, levels: int,
+                   out: np.ndarray) -> float:
+    """The step of the first candidate (module docstring) on whose grid t lies with codes 0..levels-1, or 0."""
+    s = _fits(t, span / 15, 0, levels, out)
+    if s == 0.0:
+        s = _fits(t, span / 31, 0, levels, out)
+    for n_levels in (127.0, 16.0, 8.0):  # Q8_0's, Q5_0's and Q4_0's steps: the largest magnitude over these
+        if s == 0.0:
+            s = _fits(t, amax / n_levels, 0, levels, out)
+    if s == 0.0:
+        s = _gap_search(t, bottom, 0, levels, out, KS_AFFINE)
+    if s == 0.0:
+        s = _gap_search(t, top, 0, levels, out, KS_AFFINE)
+    if s == 0.0:
+        s = _gap_search(t, _sorted_gap(t, eps), 0, levels, out, KS_AFFINE)
+    return s
 
 
 @njit(cache=True, nogil=True)
@@ -97,23 +121,19 @@ def affine(g: np.ndarray, levels: int, codes: np.ndarray, step: np.ndarray, lo: 
             continue
         for j in range(n):
             t[j] = np.float64(g[i, j]) - np.float64(a)
-        s = _fits(t, span / 15, 0, levels, out)
-        if s == 0.0:
-            s = _fits(t, span / 31, 0, levels, out)
         eps = span * 1e-6
         bottom, top = np.inf, np.inf
-        if s == 0.0:  # the gaps next to the extremes
-            for j in range(n):
-                if t[j] > eps:
-                    bottom = min(bottom, t[j])
-                if span - t[j] > eps:
-                    top = min(top, span - t[j])
-        if s == 0.0:
-            s = _gap_search(t, bottom, 0, levels, out)
-        if s == 0.0:
-            s = _gap_search(t, top, 0, levels, out)
-        if s == 0.0:
-            s = _gap_search(t, _sorted_gap(t, eps), 0, levels, out)
+        for j in range(n):  # the gaps next to the extremes
+            if t[j] > eps:
+                bottom = min(bottom, t[j])
+            if span - t[j] > eps:
+                top = min(top, span - t[j])
+        amax = max(abs(np.float64(a)), abs(np.float64(b)))
+        s = 0.0
+        for lv in (min(16, levels), levels):  # a grid of 16 levels (one product) before a finer one of the same values
+            s = _affine_search(t, span, amax, bottom, top, eps, lv, out)
+            if s > 0.0:
+                break
         ok[i] = s > 0.0
         step[i] = s
         if s > 0.0:
@@ -147,9 +167,9 @@ def symmetric(g: np.ndarray, codes: np.ndarray, step: np.ndarray, ok: np.ndarray
                 if abs(t[j]) > eps:
                     small = min(small, abs(t[j]))
         if s == 0.0:
-            s = _gap_search(t, small, -32, 96, out)
+            s = _gap_search(t, small, -32, 96, out, KS_SYMMETRIC)
         if s == 0.0:
-            s = _gap_search(t, _sorted_gap(t, eps), -32, 96, out)
+            s = _gap_search(t, _sorted_gap(t, eps), -32, 96, out, KS_SYMMETRIC)
         ok[i] = s > 0.0
         step[i] = s
         if s > 0.0:
