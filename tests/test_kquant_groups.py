@@ -55,11 +55,11 @@ def rebuilt(runs: list, n: int, k: int) -> torch.Tensor:
                          ids=["Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q5_1", "Q4_K-random", "Q5_K-random", "Q6_K-random"])
 def test_groups_are_recovered_exactly_and_multiply_as_the_weights(qtype, n_terms, random_blocks):
     """Quantized Gaussian weights, and random blocks (codes that need not span a group's levels, any scales)."""
-    w = stored((48, 512), qtype, seed=3, random_blocks=random_blocks)
-    runs = kquant_terms(w)
-    assert runs is not None and [(a, b, len(t)) for a, b, t in runs] == [(0, 48, n_terms)]
+    w = stored((256, 512), qtype, seed=3, random_blocks=random_blocks)
+    runs = kquant_terms(w)  # one run: random blocks' values lie on finer grids too, which must not split the rows
+    assert runs is not None and [(a, b, len(t)) for a, b, t in runs] == [(0, 256, n_terms)]
     assert all(int(c.min()) >= 0 and int(c.max()) <= 15 for _, _, t in runs for c, _, _ in t)
-    assert (rebuilt(runs, 48, 512) - w).abs().max() <= 1e-6 * w.abs().max()
+    assert (rebuilt(runs, 256, 512) - w).abs().max() <= 1e-6 * w.abs().max()
     lin = Int4Linear.from_weight(w)
     assert lin is not None and len(lin.terms) == n_terms and lin.runs is None
     x = torch.randn(5, 512, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
@@ -86,6 +86,28 @@ def test_wide_affine_groups_take_two_products_with_small_zeros(levels):
     assert (rebuilt(runs, 32, 256) - w).abs().max() <= 1e-6 * w.abs().max()
     if levels == 128:
         assert bool((lz.abs() <= 8 * ls * (1 + 1e-5)).all())
+
+
+def test_requantized_groups_with_sparse_codes_are_found():
+    """Weights requantized from 4-bit groups (as llama.cpp's Q4_K_M of a Q4_1 file, benchmarks/smollm2_kquant.py):
+    a Q8_0 group then uses one code in ~16, a Q6_K half may hold two values; their steps are found (Q8_0's closed
+    form, wider divisors) and the weights come back exactly, beside Q5_0 rows of the same fused projection."""
+    x = np.random.default_rng(7).standard_normal((64, 512)).astype(np.float32) * 0.05
+    four = gguf.quants.dequantize(gguf.quants.quantize(x, Q.Q4_1), Q.Q4_1).reshape(x.shape).astype(np.float32)
+    q8 = dequantize(np.ascontiguousarray(gguf.quants.quantize(four, Q.Q8_0)), Q.Q8_0).reshape(x.shape)
+    # Q6_K: a half of two values (-0.097, 0.055) in a super-block holding a 2.19, so that its int8 scale is coarse (6:
+    # the values at codes -30 and 17, neither at an extreme nor a small multiple of the smallest: found by the
+    # smallest magnitude over 17; SmolLM2's layer 1 down_proj, requantized, holds such halves)
+    halves = four.copy().reshape(64, 32, 16)
+    halves[:, 0] = np.where(np.arange(16) % 3 == 0, -0.0969, 0.0549)
+    halves[:, 1, 0] = 2.19
+    q6 = dequantize(np.ascontiguousarray(quantize_k(halves.reshape(x.shape), Q.Q6_K)), Q.Q6_K).reshape(x.shape)
+    q5 = dequantize(np.ascontiguousarray(gguf.quants.quantize(four, Q.Q5_0)), Q.Q5_0).reshape(x.shape)
+    assert len(torch.unique(q6.view(-1, 16)[0])) == 2
+    fused = torch.cat([q5, q8, q6])
+    runs = kquant_terms(fused)
+    assert [(a, b, len(t)) for a, b, t in runs] == [(0, 128, 2), (128, 192, 4)]
+    assert (rebuilt(runs, 192, 512) - fused).abs().max() <= 1e-6 * fused.abs().max()
 
 
 def test_a_fused_projection_of_mixed_types_runs_by_rows(monkeypatch):
