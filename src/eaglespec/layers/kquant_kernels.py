@@ -6,20 +6,21 @@ codes [m, n] (float32), step [m], lo [m] and ok [m] (uint8; a constant group: st
 `symmetric(g, codes, step, ok)`: the same for g = s q, q in -32..63 (a Q6_K half of 16; a negative file scale comes
 back positive, q negated; an all-zero group: step 0).
 
-The candidates, first to last (the first that fits wins): the range over the level counts of the usual types (15 /
-31 for affine groups, 32 / 31 for symmetric halves: what the quantizers put at the extremes; for affine groups also
-the largest magnitude over 127 / 16 / 8, Q8_0's, Q5_0's and Q4_0's step, whose codes may be sparse: a Q8_0 group
-requantized from 4-bit weights uses one code in ~16), then the distance from
-the lowest value to the next one up (from the highest down; for halves the smallest nonzero magnitude) divided by k =
-1..KS_AFFINE (16) or 1..KS_SYMMETRIC (64: a half of two distinct values, requantized from 4 bits, puts its smallest
-at any code), then the smallest gap between the sorted values divided by k. A candidate's codes are rounded against it,
-then the step is taken again from the largest value over its code (more digits than a gap) and every value checked
-against that step. Affine groups try every candidate for a grid of 16 levels first, then for `levels`: the same
-values can lie on a finer grid too, which would cost a second product. Any exact grid of the allowed levels whose step is one of
-these candidates is found; a group of float weights is not (32 values each within TOL of a step of a grid).
+The candidates, first to last (the first that fits wins): the range over the level counts of the usual types (15 / 31
+for affine groups, 32 / 31 for symmetric halves: what the quantizers put at the extremes; for affine groups also the
+largest magnitude over 127 / 16 / 8, Q8_0's, Q5_0's and Q4_0's step, whose codes may be sparse: a Q8_0 group requantized
+from 4-bit weights uses one code in ~16), then the distance from the lowest value to the next one up (from the highest
+down; for halves the smallest nonzero magnitude) divided by k = 1..KS_AFFINE (16) or 1..KS_SYMMETRIC (64: a half of two
+distinct values, requantized from 4 bits, puts its smallest at any code), then the smallest gap between the sorted
+values divided by k. A candidate's codes are rounded against it, then the step is taken again from the largest value
+over its code (more digits than a gap) and every value checked against that step. Where an affine group's codes share a
+factor f (the values on a grid f times coarser, which a candidate missed) and the coarser codes fit 16 levels, the
+coarser grid is taken: one product, not two. Any exact grid of the allowed levels whose step is one of these candidates
+is found (and every candidate below the smallest step the levels allow, span / (levels - 1), is skipped); a group of
+float weights is not (32 values each within TOL of a step of a grid).
 
 Why numba: PyTorch's reductions over rows of 32 and its masked updates cost ~25-75 ns a weight for this search (a 1B
-Q4_K_M model ~50 s at load); these loops ~4-12 ns a weight, one core (docs/benchmarks.md "Session 74").
+Q4_K_M model ~50 s at load); these loops ~5-20 ns a weight, one core (docs/benchmarks.md "Session 74").
 """
 
 from __future__ import annotations
@@ -60,11 +61,15 @@ def _fits(t: np.ndarray, s: float, lo_code: int, levels: int, out: np.ndarray) -
 
 
 @njit(cache=True, nogil=True)
-def _gap_search(t: np.ndarray, gap: float, lo_code: int, levels: int, out: np.ndarray, ks: int) -> float:
-    """The step of the first of gap / 1..ks that fits (`_fits`), or 0."""
+def _gap_search(t: np.ndarray, gap: float, lo_code: int, levels: int, out: np.ndarray, ks: int,
+                least: float) -> float:
+    """The step of the first of gap / 1..ks that fits (`_fits`), or 0; none below `least` (the smallest step whose
+    codes the levels could hold) is tried."""
     if not np.isfinite(gap):
         return 0.0
     for k in range(1, ks + 1):
+        if gap / k < least:
+            return 0.0
         step = _fits(t, gap / k, lo_code, levels, out)
         if step > 0.0:
             return step
@@ -84,9 +89,19 @@ def _sorted_gap(t: np.ndarray, eps: float) -> float:
 
 
 @njit(cache=True, nogil=True)
+def _gcd(a: int, b: int) -> int:
+    while b:
+        a, b = b, a % b
+    return a
+
+
+@njit(cache=True, nogil=True)
 def _affine_search(t: np.ndarray, span: float, amax: float, bottom: float, top: float, eps: float, levels: int,
                    out: np.ndarray) -> float:
     """The step of the first candidate (module docstring) on whose grid t lies with codes 0..levels-1, or 0."""
+    least = span / (levels - 1) * (1 - TOL)  # a grid of `levels` levels has no smaller step, and no smaller gap
+    if min(bottom, top) < least:
+        return 0.0
     s = _fits(t, span / 15, 0, levels, out)
     if s == 0.0:
         s = _fits(t, span / 31, 0, levels, out)
@@ -94,11 +109,11 @@ def _affine_search(t: np.ndarray, span: float, amax: float, bottom: float, top: 
         if s == 0.0:
             s = _fits(t, amax / n_levels, 0, levels, out)
     if s == 0.0:
-        s = _gap_search(t, bottom, 0, levels, out, KS_AFFINE)
+        s = _gap_search(t, bottom, 0, levels, out, KS_AFFINE, least)
     if s == 0.0:
-        s = _gap_search(t, top, 0, levels, out, KS_AFFINE)
+        s = _gap_search(t, top, 0, levels, out, KS_AFFINE, least)
     if s == 0.0:
-        s = _gap_search(t, _sorted_gap(t, eps), 0, levels, out, KS_AFFINE)
+        s = _gap_search(t, _sorted_gap(t, eps), 0, levels, out, KS_AFFINE, least)
     return s
 
 
@@ -129,11 +144,18 @@ def affine(g: np.ndarray, levels: int, codes: np.ndarray, step: np.ndarray, lo: 
             if span - t[j] > eps:
                 top = min(top, span - t[j])
         amax = max(abs(np.float64(a)), abs(np.float64(b)))
-        s = 0.0
-        for lv in (min(16, levels), levels):  # a grid of 16 levels (one product) before a finer one of the same values
-            s = _affine_search(t, span, amax, bottom, top, eps, lv, out)
-            if s > 0.0:
-                break
+        s = _affine_search(t, span, amax, bottom, top, eps, levels, out)
+        hi = 0.0
+        for j in range(n):
+            hi = max(hi, out[j])
+        if s > 0.0 and hi > 15.0:  # a finer grid than the values need (codes sharing a factor f): the coarser one,
+            f = 0  # if 16 levels hold it
+            for j in range(n):
+                f = _gcd(f, int(out[j]))
+            if f > 1 and int(hi) // f <= 15:
+                s *= f
+                for j in range(n):
+                    out[j] = out[j] // f
         ok[i] = s > 0.0
         step[i] = s
         if s > 0.0:
@@ -167,9 +189,9 @@ def symmetric(g: np.ndarray, codes: np.ndarray, step: np.ndarray, ok: np.ndarray
                 if abs(t[j]) > eps:
                     small = min(small, abs(t[j]))
         if s == 0.0:
-            s = _gap_search(t, small, -32, 96, out, KS_SYMMETRIC)
+            s = _gap_search(t, small, -32, 96, out, KS_SYMMETRIC, amax / 63 * (1 - TOL))
         if s == 0.0:
-            s = _gap_search(t, _sorted_gap(t, eps), -32, 96, out, KS_SYMMETRIC)
+            s = _gap_search(t, _sorted_gap(t, eps), -32, 96, out, KS_SYMMETRIC, amax / 63 * (1 - TOL))
         ok[i] = s > 0.0
         step[i] = s
         if s > 0.0:
