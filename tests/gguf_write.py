@@ -30,7 +30,7 @@ def random_k_quant(shape: tuple[int, ...], qtype: gguf.GGMLQuantizationType, see
     `scale` so that the weights stay small: uint8 [*shape[:-1], bytes per row]."""
     block, size = gguf.GGML_QUANT_SIZES[qtype]
     blocks = np.random.default_rng(seed).integers(0, 256, (*shape[:-1], shape[-1] // block, size), dtype=np.uint8)
-    d = np.frombuffer(np.float16(scale).tobytes(), np.uint8)
+    d = _f16_bytes(np.array(scale))
     for at in _K_SCALES[qtype.name]:
         blocks[..., at : at + 2] = d
     return blocks.reshape(*shape[:-1], -1)

@@ -17,7 +17,7 @@ from eaglespec.config import SpecConfig
 from eaglespec.engine.int4_weights import use_int4_weights
 from eaglespec.engine.transforms import prepare_for_inference
 from eaglespec.errors import ConfigError
-from eaglespec.layers import kquant_groups
+from eaglespec.layers import int4_linear, kquant_groups
 from eaglespec.layers.int4_linear import Int4Linear
 from eaglespec.layers.kquant_groups import kquant_terms
 from eaglespec.loading.checkpoint import load_model
@@ -129,7 +129,7 @@ def test_a_fused_projection_of_mixed_types_runs_by_rows(monkeypatch):
         assert all(torch.equal(lin(x[i : i + 1]), y[i : i + 1]) for i in range(m)), m
     whole = rebuilt(kquant_terms(fused), 144, 256)
     assert (whole - fused).abs().max() <= 1e-6 * fused.abs().max()
-    monkeypatch.setattr(kquant_groups, "_CHUNK_ELEMENTS", 256 * 24)  # 24 rows a chunk: runs cross chunks
+    monkeypatch.setattr(int4_linear, "_CHUNK_ELEMENTS", 256 * 24)  # 24 rows a chunk: runs cross chunks
     small = kquant_terms(fused)
     assert [(a, b, len(t)) for a, b, t in small] == [(0, 96, 1), (96, 128, 4), (128, 144, 1)]
     assert torch.equal(rebuilt(small, 144, 256), whole)

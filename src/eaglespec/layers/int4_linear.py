@@ -30,11 +30,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .kquant_groups import GROUP, kquant_terms  # GROUP: weights per group along K (the block of Q4_0 / Q4_1 / Q8_0)
-
+GROUP = 32  # weights per group along K: the GGUF block of Q4_0 / Q4_1 / Q8_0, and the kernel's group
 _INNER_K_TILES = 1  # `_convert_weight_to_int4pack_for_cpu`'s tiling argument (its CPU layout ignores it)
 N_MULTIPLE = 16  # the packing takes a multiple of 16 output rows
-_CHUNK_ELEMENTS = 1 << 18  # weights a chunk of the recovery (as loading/gguf_quants.py dequantizes)
+_CHUNK_ELEMENTS = 1 << 18  # weights a chunk of the recoveries here and in kquant_groups (as gguf_quants dequantizes)
 _INT4_MM = torch.ops.aten._weight_int4pack_mm_for_cpu
 
 
@@ -43,7 +42,7 @@ def _f16(x: torch.Tensor) -> torch.Tensor:
     return x.half().float()
 
 
-def _row_chunks(n_rows: int, k: int) -> list[slice]:
+def row_chunks(n_rows: int, k: int) -> list[slice]:
     """Slices of rows of about _CHUNK_ELEMENTS weights each (a chunk's intermediates stay in the cache)."""
     step = max(1, _CHUNK_ELEMENTS // k)
     return [slice(i, i + step) for i in range(0, n_rows, step)]
@@ -81,7 +80,7 @@ def four_bit_groups(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.
     g = w.float().reshape(N, K // GROUP, GROUP)
     codes = torch.empty(N, K, dtype=torch.int32)
     scale, zero = torch.empty(N, K // GROUP), torch.empty(N, K // GROUP)
-    for rows in _row_chunks(N, K):
+    for rows in row_chunks(N, K):
         part = _four_bit_chunk(g[rows])
         if part is None:
             return None
@@ -97,7 +96,7 @@ def eight_bit_groups(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | Non
     N, K = w.shape
     g = w.float().reshape(N, K // GROUP, GROUP)
     q_all, d_all = torch.empty(N, K, dtype=torch.int32), torch.empty(N, K // GROUP)
-    for rows in _row_chunks(N, K):
+    for rows in row_chunks(N, K):
         c = g[rows]
         d = _f16(c.abs().amax(-1, keepdim=True) / 127)
         q = (c / d.clamp(min=1e-30)).round_().clamp_(-128, 127)
@@ -197,7 +196,9 @@ class Int4Linear(nn.Module):
             # hi: ((hi + 8) - 8) 16 d; lo: (lo - 8) d + 8 d
             terms = [_Term(hi + 8, 16 * d, torch.zeros_like(d)), _Term(lo, d, 8 * d)]
             return cls(terms, N, K, bias, keep)
-        runs = kquant_terms(w)  # K-quant and 5-bit groups (layers/kquant_groups.py)
+        from .kquant_groups import kquant_terms  # (it builds on this module: imported here, not at the top)
+
+        runs = kquant_terms(w)  # K-quant and 5-bit groups
         if runs is None:
             return None
         built = [(a, b, [_Term(*t) for t in ts]) for a, b, ts in runs]

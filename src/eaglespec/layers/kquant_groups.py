@@ -34,9 +34,9 @@ from types import ModuleType
 
 import torch
 
-GROUP = 32  # the kernel's group along K
+from .int4_linear import GROUP, row_chunks
+
 _HALF = GROUP // 2  # Q6_K's scale group
-_CHUNK_ELEMENTS = 1 << 18  # weights a chunk of rows (its intermediates stay in the cache)
 
 Terms = list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 
@@ -154,11 +154,11 @@ def kquant_terms(w: torch.Tensor) -> list[tuple[int, int, Terms]] | None:
     if K % GROUP or _kernels() is None:
         return None
     g_all = w.float().reshape(N, K // GROUP, GROUP)
-    step_rows = max(1, _CHUNK_ELEMENTS // K)
     runs: list[list] = []  # [terms a row, first row, end, [each chunk's terms]]
     halves_first = False
-    for r in range(0, N, step_rows):
-        got = _chunk_runs(g_all[r : r + step_rows], halves_first)
+    for rows in row_chunks(N, K):
+        r = rows.start
+        got = _chunk_runs(g_all[rows], halves_first)
         if got is None:
             return None
         for k, a, b, terms in got:
