@@ -110,6 +110,31 @@ def test_requantized_groups_with_sparse_codes_are_found():
     assert (rebuilt(runs, 192, 512) - fused).abs().max() <= 1e-6 * fused.abs().max()
 
 
+def test_one_term_rows_among_two_term_rows_take_two_terms(monkeypatch):
+    """Rows whose 5-bit groups happen to fit 16 levels (a Q4_1 file requantized to Q5_K_M by llama-quantize
+    --allow-requantize) beside rows that do not: one run of two products, not a run (a product call a term) per row;
+    a Q4_K tensor fused beside a Q5_K one keeps one product except in the recovery's chunk the two share."""
+    g = torch.Generator().manual_seed(9)
+    c = torch.randint(0, 32, (64, 8, 32), generator=g).float()
+    c[0::2] = 2 * torch.randint(0, 16, (32, 8, 32), generator=g)  # even rows: every other level of 32
+    c[:, :, 0], c[:, :, 1] = 0, 31 - (torch.arange(64) % 2 == 0).float().view(64, 1)  # groups span their levels
+    s = torch.rand(64, 8, 1, generator=g) * 1e-3 + 1e-4
+    w = (s * c - s * torch.randint(0, 32, (64, 8, 1), generator=g)).view(64, 256)
+    runs = kquant_terms(w)
+    assert [(a, b, len(t)) for a, b, t in runs] == [(0, 64, 2)]
+    assert (rebuilt(runs, 64, 256) - w).abs().max() <= 1e-6 * w.abs().max()
+    assert kquant_terms(w[0::2]) is not None and len(kquant_terms(w[0::2])[0][2]) == 1  # alone: one product
+    lin = Int4Linear.from_weight(w)
+    xs = torch.randn(3, 256, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    ref = xs.float() @ w.t()
+    assert lin.runs is None and (lin(xs).float() - ref).abs().max() <= 0.02 * ref.abs().max()
+    monkeypatch.setattr(int4_linear, "_CHUNK_ELEMENTS", 256 * 24)  # 24 rows a chunk: rows 48-71 hold both tensors
+    fused = torch.cat([stored((64, 256), Q.Q4_K, 1), stored((32, 256), Q.Q5_K, 2)])
+    runs = kquant_terms(fused)
+    assert [(a, b, len(t)) for a, b, t in runs] == [(0, 48, 1), (48, 96, 2)]
+    assert (rebuilt(runs, 96, 256) - fused).abs().max() <= 1e-6 * fused.abs().max()
+
+
 def test_a_fused_projection_of_mixed_types_runs_by_rows(monkeypatch):
     """Q4_K_M's fused q / k / v: Q4_K q and k rows take one product, the Q6_K v rows four; each run's output equals
     the layer of its own rows bit for bit, rows are invariant to the rows beside them, and runs that cross chunks of

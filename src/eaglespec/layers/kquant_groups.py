@@ -139,6 +139,13 @@ def _chunk_runs(g: torch.Tensor, halves_first: bool) -> list[tuple[int, int, int
             q, hstep = whole(q, hq.view(m, G, 2, _HALF), rest, every), whole(hstep, hs.view(m, G, 2, 1), rest, every)
     if bool((count == 0).any()):
         return None
+    if bool((count == 2).any()):
+        # one-term rows among two-term ones go as two terms (codes < 16 are two-term codes with h = 0): each run costs
+        # a product call a term and a concatenation, more than a chunk's rows' second product. Such chunks occur
+        # where a file was requantized from 4-bit values (llama-quantize --allow-requantize of a Q4_1 file to Q5_K_M:
+        # Q5_1 / Q5_K rows whose groups fit 16 levels beside rows that do not, 90-150 runs a layer before), and at
+        # a fused projection's boundary between a Q4_K and a Q5_K tensor (one chunk's rows at most).
+        count = torch.where(count == 1, 2, count)
     edges = [0] + ((count[1:] != count[:-1]).nonzero()[:, 0] + 1).tolist() + [n]
     runs = []
     for a, b in zip(edges[:-1], edges[1:]):
