@@ -8,7 +8,10 @@ metadata and tokenizer copied), then, one row, greedy, 64 new tokens of MT-bench
 dense float32 on both files, and the default drafter's speculation on the rewritten one (its tokens against its own
 plain decoding's).
 
-usage: PYTHONPATH=src python benchmarks/smollm2_kquant.py OUT_DIR       (~3 minutes on 2 cores)
+With GGUF paths after OUT_DIR (SmolLM2 files written by llama.cpp's own llama-quantize, say), those files are run
+instead of the rewritten one, the same way (the shipped Q4_1 file first as the reference).
+
+usage: PYTHONPATH=src python benchmarks/smollm2_kquant.py OUT_DIR [GGUF ...]      (~3 minutes a file on 2 cores)
 """
 
 from __future__ import annotations
@@ -83,6 +86,15 @@ def rewrite(src: Path, dst: Path) -> dict[str, int]:
     return counts
 
 
+def types_of(path: Path) -> dict[str, int]:
+    """How many of a GGUF's matrices each type holds."""
+    found: dict[str, int] = {}
+    for t in gguf.GGUFReader(str(path)).tensors:
+        if len(t.shape) > 1:
+            found[t.tensor_type.name] = found.get(t.tensor_type.name, 0) + 1
+    return found
+
+
 def run(path: Path, weights: str, draft: str | None, prompts: list[str]) -> tuple[float, list[list[int]], object]:
     cfg = EngineConfig(device="cpu", max_batch_size=1, cpu_weights=weights)
     engine = api.load(str(path), draft=draft, config=cfg)
@@ -98,25 +110,36 @@ def main() -> None:
     out = Path(sys.argv[1])
     out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(2)
-    src, dst = default_model_path(), out / "SmolLM2-135M-Instruct.Q4_K_M-like.gguf"
-    counts = rewrite(src, dst)
-    print("rewritten:", counts, f"{dst.stat().st_size / 1e6:.1f} MB (the Q4_1 file {src.stat().st_size / 1e6:.1f})")
+    src = default_model_path()
+    if len(sys.argv) > 2:
+        files = [Path(a) for a in sys.argv[2:]]
+        counts = {f.name: types_of(f) for f in files}
+    else:
+        dst = out / "SmolLM2-135M-Instruct.Q4_K_M-like.gguf"
+        counts = rewrite(src, dst)
+        print("rewritten:", counts, f"{dst.stat().st_size / 1e6:.1f} MB (the Q4_1 file {src.stat().st_size / 1e6:.1f})")
+        files = [dst]
+    print(json.dumps(counts), flush=True)
     prompts = [item.first for item in mt_bench()[:6]]
     rows = []
-    for path, name in ((src, "Q4_1 (shipped)"), (dst, "Q4_K_M-like")):
+    for path in [src] + files:
+        name = "Q4_1 (shipped)" if path == src else path.name
         for weights in ("q4", "dense"):
             rate, outs, engine = run(path, weights, None, prompts)
             rows.append(dict(file=name, weights=weights, tok_s=round(rate, 1)))
             print(json.dumps(rows[-1]), flush=True)
-            if path == dst and weights == "q4":
+            if path != src and weights == "q4":
                 plain = outs
                 print("answer 1:", engine.tokenizer.decode(outs[0])[:160].replace("\n", " "))
             del engine
-    rate, spec, engine = run(dst, "q4", str(default_drafter_path()), prompts)
-    rows.append(dict(file="Q4_K_M-like", weights="q4 + drafter (auto)", tok_s=round(rate, 1),
-                     identical=f"{sum(a == b for a, b in zip(spec, plain))}/{len(plain)}",
-                     speculative=bool(engine.speculative)))
-    print(json.dumps(rows[-1]), flush=True)
+        if path == src:
+            continue
+        rate, spec, engine = run(path, "q4", str(default_drafter_path()), prompts)
+        rows.append(dict(file=name, weights="q4 + drafter (auto)", tok_s=round(rate, 1),
+                         identical=f"{sum(a == b for a, b in zip(spec, plain))}/{len(plain)}",
+                         speculative=bool(engine.speculative)))
+        print(json.dumps(rows[-1]), flush=True)
+        del engine
     (out / "smollm2_kquant.json").write_text(json.dumps(dict(types=counts, rows=rows), indent=1))
 
 

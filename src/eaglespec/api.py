@@ -38,7 +38,8 @@ from .config import EngineConfig, SpecConfig
 
 from .spec_schedule import SpecSchedule
 from .engine.engine import Engine
-from .engine.int4_weights import int4_mode, load_dtype, on_int4_path
+from .engine.int4_weights import int4_mode, on_int4_path
+from .engine.target_load import load_target
 from .engine.transforms import prepare_for_inference
 from .errors import ConfigError
 from .loading.checkpoint import load_model, resolve_device, resolve_dtype
@@ -142,8 +143,7 @@ def load(
     # True, None (where the weights allow), False
     int4 = int4_mode(config.cpu_weights, device, config.dtype, config.compile, config.max_batch_size)
     dtype_name = config.dtype if config.dtype != "auto" else ("bfloat16" if device.type == "cuda" else "float32")
-    loaded = load_model(model, device=device, dtype=load_dtype(int4, dtype_name))
-    prepare_for_inference(loaded.model, device, config.fuse_projections, config.compile, int4)  # before the timing
+    loaded = load_target(model, device, dtype_name, config.fuse_projections, config.compile, int4)  # before the timing
     dtype = next(loaded.model.parameters()).dtype
     draft_path: Path | None
     plain_note = None  # why draft="auto" decodes plainly (measured slower here, or this machine's forwards timed)

@@ -2,13 +2,14 @@
 
 - `free_memory(device) -> (free, total)`: a CUDA device's free and total bytes (the driver's view);
 - `room(device) -> int | None`: bytes this process can still allocate on a CUDA device: the driver's free memory plus
-  what PyTorch's caching allocator holds unused; None off CUDA (the host's memory is not checked);
+  what PyTorch's caching allocator holds unused; None off CUDA (the host's: `host_available`);
 - `host_available() -> int | None`: the host's available memory (Linux's MemAvailable), None where it cannot be
   read;
 - `gib(nbytes) -> str`: "12.3 GiB", for the messages.
-Used by `loading.checkpoint.check_device_room` (weights), `ModelRunner.allocate` (KV caches) and
-`engine.transforms.use_grouped_experts` (stacking a MoE layer's experts), `host_available` by
-`engine.transforms.use_cpu_linear` (the CPU's packed weight copies); tests replace `room` and `free_memory`.
+Used by `loading.checkpoint.check_device_room` (weights; on the CPU through `host_available`), `ModelRunner.allocate`
+(KV caches) and `engine.transforms.use_grouped_experts` (stacking a MoE layer's experts), `host_available` also by
+`engine.transforms.use_cpu_linear` (the CPU's packed weight copies); tests replace `room`, `free_memory` and
+`host_available`.
 """
 
 from __future__ import annotations

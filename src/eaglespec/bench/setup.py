@@ -4,8 +4,8 @@ Contract:
 - `resolve_placement(device, dtype)` -> (torch device, torch dtype); dtype "auto" is bf16 on CUDA (float16 on GPUs
   without bf16), float32 elsewhere.
 - `load_bench_model(model, random_weights, device, dtype, seed, fuse, compile)` -> `BenchModel`: a checkpoint (None:
-  the embedded SmolLM2) through `load_model`, or a random-weights model of a shape (random_model.py), with the
-  engine's inference transforms applied as `api.load` does. Its `hf_source` is what `--peer hf` loads: the same file
+  the embedded SmolLM2) through `engine.target_load.load_target`, or a random-weights model of a shape
+  (random_model.py), with the engine's inference transforms applied as `api.load` does. Its `hf_source` is what `--peer hf` loads: the same file
   or folder, or the same random weights rebuilt.
 - `select_prompts(random_weights, prompts, limit, sizes)` -> (items, count): MT-bench or a JSONL, read once (its
   first `limit` items; None for a random-weights model), and how many prompts the workload holds (a random-weights
@@ -31,7 +31,7 @@ from ..assets import default_drafter_path
 from ..config import SpecConfig, parse_ints
 from ..spec_schedule import SpecSchedule, parse_spec
 from ..errors import ConfigError
-from ..loading.checkpoint import auto_dtype, computable, load_model, resolve_device
+from ..loading.checkpoint import auto_dtype, computable, resolve_device
 from ..loading.default import default_model_path
 from .datasets import PromptItem, encode, load_prompt_set, random_prompts
 from .drafters import ORACLE, RANDOM, drafter_label
@@ -64,7 +64,7 @@ def load_bench_model(model: str | None, random_weights: str | None, device: torc
                      int4: bool | None = False) -> BenchModel:
     """`int4`: the 4-bit CPU path (EngineConfig.cpu_weights, through `int4_weights.int4_mode`: True required, None
     where the model allows it): loaded in float32, computing in bf16 (the BenchModel's dtype, its drafters')."""
-    from ..engine.int4_weights import load_dtype
+    from ..engine.target_load import load_target
     from ..engine.transforms import prepare_for_inference
 
     if random_weights is not None:
@@ -77,9 +77,10 @@ def load_bench_model(model: str | None, random_weights: str | None, device: torc
         hf: object = ("random", random_weights, seed)  # peer_hf rebuilds the same weights (before any fusing)
     else:
         path = model if model is not None else str(default_model_path())
-        loaded = load_model(path, device=device, dtype=load_dtype(int4, dtype))
+        loaded = load_target(path, device, dtype, fuse, compile, int4)  # as api.load does
         source, hf = path, path
-    prepare_for_inference(loaded.model, device, fuse, compile, int4)  # as api.load does
+    if random_weights is not None:
+        prepare_for_inference(loaded.model, device, fuse, compile, int4)
     return BenchModel(loaded, source, device, next(loaded.model.parameters()).dtype, hf)
 
 

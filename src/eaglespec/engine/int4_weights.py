@@ -110,12 +110,6 @@ def int4_mode(cpu_weights: str, device: torch.device, dtype: str, compile: bool 
     return False
 
 
-def load_dtype(int4: bool | None, dtype: str | torch.dtype) -> str | torch.dtype:
-    """The dtype a target loads in for `int4_mode`'s answer: float32 where this path may take it (it reads the weights
-    as the GGUF loader dequantizes them, then computes in bf16), else `dtype`."""
-    return dtype if int4 is False else torch.float32
-
-
 def use_int4_weights(model: nn.Module, required: bool = True) -> bool:
     """Module docstring. `model` float32 on the CPU, projections fused or not. Where it cannot (a ConfigError naming
     why, nothing changed): raises if `required`, else returns False and the model stays dense; True once converted."""
@@ -128,11 +122,9 @@ def use_int4_weights(model: nn.Module, required: bool = True) -> bool:
     return True
 
 
-def _convert(model: nn.Module) -> None:
-    """`use_int4_weights`' work: every check before any change (module docstring)."""
-    if next(model.parameters()).dtype != torch.float32:
-        raise ConfigError("--cpu-weights q4 reads the weights as the GGUF loader dequantizes them: load in float32")
-    _check(model)
+def _int4_layers(model: nn.Module, prefix: str = "") -> list[tuple[nn.Module, str, Int4Linear]]:
+    """Each nn.Linear of `model` (its parent, its name there) with the Int4Linear that replaces it; a ConfigError
+    naming the first that has no such form (its full name: `prefix` + its name in `model`)."""
     layers: list[tuple[nn.Module, str, Int4Linear]] = []
     for name, m in model.named_modules():
         for leaf, child in m.named_children():
@@ -144,13 +136,37 @@ def _convert(model: nn.Module) -> None:
             keep = w if leaf == "lm_head" else None
             q = Int4Linear.from_weight(w.detach(), None if child.bias is None else child.bias.detach(), keep=keep)
             if q is None:
-                full = f"{name}.{leaf}" if name else leaf
+                full = prefix + (f"{name}.{leaf}" if name else leaf)
                 kq = "" if kquant_kernels_installed() else "; its K-quant and 5-bit groups need numba"
                 raise ConfigError(
                     f"--cpu-weights q4 needs a GGUF's quantized groups (Q4_0 / Q4_1 / Q4_K, Q5_0 / Q5_1 / Q5_K, Q6_K, "
                     f"Q8_0){kq}; {full} [{w.shape[0]} x {w.shape[1]}] is none of them (e.g. the embedded SmolLM2's "
                     "Q4_1, a Q4_K_M file; or use --cpu-weights dense)")
             layers.append((m, leaf, q))
+    return layers
+
+
+def convert_layer(name: str, layer: nn.Module, fuse: bool) -> None:
+    """A decoder layer whose float32 weights were just loaded (loading.checkpoint.load_weights' `on_layer`, called
+    by engine/target_load.py): its projections fused where `fuse` (as prepare_for_inference would fuse them), then
+    each nn.Linear replaced by its Int4Linear, so that the float32 weights are freed before the next layer loads.
+    `use_int4_weights` finishes the model once loaded (its other Linears, the casts, the steps). A ConfigError names
+    what the layer cannot run (the layer may be left fused: the caller loads the model again or fails)."""
+    _check(layer)
+    if fuse:
+        from .transforms import fuse_projections  # (transforms imports this module where it uses it)
+
+        fuse_projections(layer)
+    for parent, leaf, q in _int4_layers(layer, f"{name}."):
+        setattr(parent, leaf, q)
+
+
+def _convert(model: nn.Module) -> None:
+    """`use_int4_weights`' work: every check before any change (module docstring)."""
+    if any(type(m) is nn.Linear and m.weight.dtype != torch.float32 for m in model.modules()):
+        raise ConfigError("--cpu-weights q4 reads the weights as the GGUF loader dequantizes them: load in float32")
+    _check(model)
+    layers = _int4_layers(model)
     for parent, leaf, q in layers:  # nothing changed before every weight was found convertible
         setattr(parent, leaf, q)
     for m in model.modules():

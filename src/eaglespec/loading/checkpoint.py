@@ -12,9 +12,10 @@ Contract of `load_model(path, device, dtype)`:
    (`load_state_dict(assign=True)`);
 4. re-tie shared parameters (tied embeddings: a checkpoint without `lm_head.weight` is fine), materialize the
    non-persistent buffers and let `reset_buffers()` recompute them (RoPE frequencies), freeze, `eval()`.
-Before any weight is read, a CUDA device whose free memory (`device_memory.room`) is smaller than the weights' bytes
-in that dtype raises `DeviceMemoryError` saying both (`check_device_room`: a raw out-of-memory error would come
-minutes into the load).
+Before any weight is read, a CUDA device whose free memory (`device_memory.room`), or a CPU load whose host's available
+memory (`device_memory.host_available`), is smaller than the weights' bytes in that dtype raises `DeviceMemoryError`
+saying both (`check_device_room`: a raw out-of-memory error would come minutes into the load, and on Linux the
+kernel may kill the process instead); not where `on_layer` converts each layer as it loads (the 4-bit CPU path).
 Missing, unexpected or mis-shaped weights raise `CheckpointError` naming a few of them and the checkpoint. A class may
 list `checkpoint_optional` (regexes): such weights may be absent and then stay on the meta device for the caller to
 set (a drafter's lm_head shared with its target, say).
@@ -228,14 +229,42 @@ def _chain(
         yield from _chain(stages[1:], n, t)
 
 
+@dataclass(frozen=True)
+class _Layer:
+    prefix: str  # its state-dict names' prefix, "model.layers.3."
+    module: nn.Module
+
+
+def _layer_weights(model: nn.Module, expected: dict[str, torch.Tensor]) -> dict[_Layer, set[str]]:
+    """Each decoder layer (a child of a ModuleList named `layers`) -> the state-dict names it needs (weights shared
+    with anything outside it excluded: they are assigned with the rest)."""
+    owners: dict[int, set[str]] = {}
+    for name, t in expected.items():
+        owners.setdefault(id(t), set()).add(name)
+    found: dict[_Layer, set[str]] = {}
+    for lname, lst in model.named_modules():
+        if not (isinstance(lst, nn.ModuleList) and lname.rsplit(".", 1)[-1] == "layers"):
+            continue
+        for i, module in enumerate(lst):
+            prefix = f"{lname}.{i}."
+            names = {n for n in expected if n.startswith(prefix)}
+            if names and all(o.startswith(prefix) for n in names for o in owners[id(expected[n])]):
+                found[_Layer(prefix, module)] = names
+    return found
+
+
 def load_weights(
     model: nn.Module,
     tensors: Iterable[tuple[str, torch.Tensor]],
     device: torch.device,
     where: str | Path,
     dequantizer: Callable[[str, torch.Tensor], Any] | None = None,
+    on_layer: Callable[[str, nn.Module], None] | None = None,
 ) -> None:
-    """Assign checkpoint tensors to a model built on the meta device (see the module docstring, steps 3-4)."""
+    """Assign checkpoint tensors to a model built on the meta device (see the module docstring, steps 3-4).
+    `on_layer`: called with each decoder layer's name and module (each child of a ModuleList named `layers`) as soon
+    as its weights are assigned, in the order they complete (the engine's 4-bit CPU path converts a layer there, so
+    that one layer's float32 weights are held at a time, not the model's: engine/target_load.py)."""
     renames = [(re.compile(p), r) for p, r in getattr(model, "checkpoint_renames", ())]
     ignore = [re.compile(p) for p in getattr(model, "checkpoint_ignore", ())]
     optional = [re.compile(p) for p in getattr(model, "checkpoint_optional", ())]
@@ -245,7 +274,9 @@ def load_weights(
     for name, t in expected.items():
         aliases.setdefault(id(t), []).append(name)
 
-    state: dict[str, torch.Tensor] = {}
+    state: dict[str, torch.Tensor] = {}  # loaded, not yet assigned
+    assigned: set[str] = set()
+    waiting = _layer_weights(model, expected) if on_layer is not None else {}  # layer -> its names not yet loaded
     unexpected: list[str] = []
     mis_shaped: list[str] = []
     for raw_name, tensor in tensors:
@@ -262,6 +293,14 @@ def load_weights(
                 mis_shaped.append(f"{n} {tuple(t.shape)} (model: {tuple(target.shape)})")
             else:
                 state[n] = t.to(device=device, dtype=target.dtype)
+                for layer in [m for m, names in waiting.items() if n in names]:
+                    waiting[layer].discard(n)
+                    if not waiting[layer]:  # the layer is complete: assign it now, and hand it over
+                        del waiting[layer]
+                        names = {k for k in state if k.startswith(layer.prefix)}
+                        model.load_state_dict({k: state.pop(k) for k in names}, strict=False, assign=True)
+                        assigned |= names
+                        on_layer(layer.prefix[:-1], layer.module)
     held = dequantizer.pending() if hasattr(dequantizer, "pending") else []
     if held:
         raise CheckpointError(f"{where} has incomplete quantized weights (a piece is missing): {_few(held)}")
@@ -269,7 +308,8 @@ def load_weights(
         raise CheckpointError(f"{where} has weights of the wrong shape for this config: {_few(mis_shaped)}")
     missing = [
         names[0] for names in aliases.values()
-        if not any(n in state for n in names) and not any(p.search(n) for p in optional for n in names)
+        if not any(n in state or n in assigned for n in names)
+        and not any(p.search(n) for p in optional for n in names)
     ]
     if missing:
         raise CheckpointError(f"{where} lacks {len(missing)} weights the model needs: {_few(missing)}")
@@ -280,7 +320,7 @@ def load_weights(
     # Re-tie: assignment replaced each alias separately (or left the unloaded one on meta).
     for names in aliases.values():
         if len(names) > 1:
-            src = next((n for n in names if n in state), None)
+            src = next((n for n in names if n in state or n in assigned), None)
             if src is None:  # an optional weight the checkpoint left out
                 continue
             value = model.get_parameter(src) if src in dict(model.named_parameters()) else model.get_buffer(src)
@@ -314,17 +354,27 @@ def weight_bytes(model: nn.Module) -> int:
 
 
 def check_device_room(model: nn.Module, device: torch.device, where: str | Path) -> None:
-    """Raise `DeviceMemoryError` when a CUDA device's free memory cannot hold the model's weights (no check elsewhere:
-    the CPU's memory is the host's)."""
+    """Raise `DeviceMemoryError` when a CUDA device's free memory, or on the CPU the host's available memory (where
+    it can be read: Linux), cannot hold the model's weights (on the CPU a raw allocation failure comes late, or the
+    kernel kills the process without a word)."""
+    need = weight_bytes(model)
+    dtype = str(next((p.dtype for p in model.parameters()), torch.float32)).removeprefix("torch.")
+    if device.type == "cpu":
+        avail = device_memory.host_available()
+        if avail is not None and need > avail:
+            raise DeviceMemoryError(
+                f"{where}: its weights take {gib(need)} in {dtype} and this machine has {gib(avail)} of memory "
+                "available; use a machine with more memory, a smaller dtype (--dtype bfloat16), or for a GGUF of "
+                "quantized weights (Q4_0, Q4_K_M, ...) the 4-bit CPU path (--cpu-weights q4: its layers are converted "
+                "as they load, so their float32 weights are never held together)")
+        return
     if device.type != "cuda":
         return
-    need = weight_bytes(model)
     free = device_memory.room(device) or 0  # with what PyTorch holds unused (a model loaded after another was freed)
     total = device_memory.free_memory(device)[1]
     if need > free:
-        dtype = next((p.dtype for p in model.parameters()), torch.float32)
         raise DeviceMemoryError(
-            f"{where}: its weights take {gib(need)} in {str(dtype).removeprefix('torch.')} and {device} has "
+            f"{where}: its weights take {gib(need)} in {dtype} and {device} has "
             f"{gib(free)} free of {gib(total)}; use a device with more memory, a smaller dtype (--dtype), or the CPU "
             "(--device cpu)")
 
@@ -333,8 +383,10 @@ def load_model(
     path: str | Path | None = None,
     device: torch.device | str = "cpu",
     dtype: torch.dtype | str | None = None,
+    on_layer: Callable[[str, nn.Module], None] | None = None,
 ) -> LoadedModel:
-    """Model, config and tokenizer of an HF folder or a `.gguf` file (None: the embedded SmolLM2)."""
+    """Model, config and tokenizer of an HF folder or a `.gguf` file (None: the embedded SmolLM2). `on_layer`: see
+    `load_weights`."""
     from ..models import get_model_class
 
     ckpt = Checkpoint(default_model_path() if path is None else path)
@@ -347,8 +399,9 @@ def load_model(
     dt = resolve_dtype(dtype, dev, config)
     tokenizer = ckpt.tokenizer()  # before the weights: an unreadable tokenizer fails fast
     model = build_on_meta(cls, config, dt)
-    check_device_room(model, dev, ckpt.path)
-    load_weights(model, ckpt.tensors(), dev, ckpt.path, ckpt.dequantizer(dt))
+    if on_layer is None:  # (with it, the caller converts each layer as it loads: the need is not these bytes)
+        check_device_room(model, dev, ckpt.path)
+    load_weights(model, ckpt.tensors(), dev, ckpt.path, ckpt.dequantizer(dt), on_layer)
     if ckpt.path.is_dir() and hasattr(model, "configure_from_folder"):  # extra files, e.g. an image processor config
         model.configure_from_folder(str(ckpt.path))
     model.requires_grad_(False)
