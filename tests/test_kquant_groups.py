@@ -51,10 +51,13 @@ def rebuilt(runs: list, n: int, k: int) -> torch.Tensor:
 
 @pytest.mark.parametrize("qtype,n_terms,random_blocks",
                          [(Q.Q4_K, 1, False), (Q.Q5_K, 2, False), (Q.Q6_K, 4, False), (Q.Q5_0, 2, False),
-                          (Q.Q5_1, 2, False), (Q.Q4_K, 1, True), (Q.Q5_K, 2, True), (Q.Q6_K, 4, True)],
-                         ids=["Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q5_1", "Q4_K-random", "Q5_K-random", "Q6_K-random"])
+                          (Q.Q5_1, 2, False), (Q.Q4_K, 1, True), (Q.Q5_K, 2, True), (Q.Q6_K, 4, True),
+                          (Q.Q3_K, 2, True)],
+                         ids=["Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q5_1", "Q4_K-random", "Q5_K-random", "Q6_K-random",
+                              "Q3_K-random"])
 def test_groups_are_recovered_exactly_and_multiply_as_the_weights(qtype, n_terms, random_blocks):
-    """Quantized Gaussian weights, and random blocks (codes that need not span a group's levels, any scales)."""
+    """Quantized Gaussian weights, and random blocks (codes that need not span a group's levels, any scales; Q3_K's
+    halves of 16, q in -4..3 with scales of their own, take two products, not Q6_K's four)."""
     w = stored((256, 512), qtype, seed=3, random_blocks=random_blocks)
     runs = kquant_terms(w)  # one run: random blocks' values lie on finer grids too, which must not split the rows
     assert runs is not None and [(a, b, len(t)) for a, b, t in runs] == [(0, 256, n_terms)]
@@ -108,6 +111,23 @@ def test_requantized_groups_with_sparse_codes_are_found():
     runs = kquant_terms(fused)
     assert [(a, b, len(t)) for a, b, t in runs] == [(0, 128, 2), (128, 192, 4)]
     assert (rebuilt(runs, 192, 512) - fused).abs().max() <= 1e-6 * fused.abs().max()
+
+
+def test_halves_of_three_bits_take_two_products():
+    """Q3_K's form (w = s q per half of 16, q in -4..3, the halves' scales unrelated, so no affine grid holds a
+    group): found on each half's own grid (the first candidate, the largest magnitude over 32, fits a grid 8 times
+    finer), two products, each half's codes with its scale; the weights exact."""
+    g = torch.Generator().manual_seed(11)
+    q = torch.randint(-4, 4, (48, 8, 2, 16), generator=g).float()
+    q[..., 0], q[..., 1] = -4, 3  # every half spans its levels
+    s = torch.rand(48, 8, 2, 1, generator=g) * 1e-3 + 1e-4
+    w = (s * q).view(48, 256)
+    runs = kquant_terms(w)
+    assert [(a, b, len(t)) for a, b, t in runs] == [(0, 48, 2)]
+    assert (rebuilt(runs, 48, 256) - w).abs().max() <= 1e-6 * w.abs().max()
+    (c0, s0, z0), (c1, s1, z1) = runs[0][2]
+    assert torch.equal(c0.view(48, 8, 2, 16)[:, :, 1], torch.full((48, 8, 16), 8, dtype=torch.uint8))  # the other half
+    assert torch.equal(z0, torch.zeros_like(z0)) and torch.allclose(s0, s[:, :, 0, 0])
 
 
 def test_one_term_rows_among_two_term_rows_take_two_terms(monkeypatch):

@@ -1,10 +1,10 @@
-"""GGUF weights of more than 4 bits a group (Q5_0 / Q5_1 / Q5_K, Q6_K; Q4_K's groups too) recovered from the loader's
-float32 weights as sums of 4-bit products for PyTorch's groupwise kernel (layers/int4_linear.py).
+"""GGUF weights of more than 4 bits a group (Q5_0 / Q5_1 / Q5_K, Q6_K; Q4_K's and Q3_K's groups too) recovered from
+the loader's float32 weights as sums of 4-bit products for PyTorch's groupwise kernel (layers/int4_linear.py).
 
 `kquant_terms(w)`: w float32 [N, K] (K a multiple of GROUP) -> [(row start, row end, terms)], contiguous runs of rows
 covering 0..N, each run's terms a list of (codes uint8 [n, K] in 0..15, scale [n, K / GROUP], zero [n, K / GROUP]) in
 the kernel's form w = sum over terms of (codes - 8) scale + zero; or None where some row holds a group of none of the
-forms below (float weights; mostly Q2_K's groups of 16, each with a minimum of its own). Each row takes the fewest terms
+forms below (float weights; Q2_K's groups of 16, each with a minimum of its own). Each row takes the fewest terms
 its groups allow, and a run is a stretch of rows with the same count (a fused q / k / v projection of Q4_K q and k rows
 and Q6_K v rows, as llama.cpp's Q4_K_M mix writes them: one term for q and k, four for v):
 
@@ -16,7 +16,9 @@ and Q6_K v rows, as llama.cpp's Q4_K_M mix writes them: one term for q and k, fo
   4 terms   symmetric groups of 16 (Q6_K: w = d sc q, sc an int8 per 16 weights, q in -32..31): each half of a
             group of 32 has its own scale, which the kernel's groups of 32 cannot hold in one term; with u = q + 32 =
             16 h + l, s (u - 32) = s (l - 8) + 8 s (2 h - 3), the half's l-term and h-term (codes 2 h + 5) carry
-            scale s and 8 s, the other half's codes 8 (nothing), zeros 0.
+            scale s and 8 s, the other half's codes 8 (nothing), zeros 0. Where every half's codes, on its
+            coarsest grid, lie in -8..7 (Q3_K: w = d sc q, sc 6 bits a 16, q in -4..3), 2 terms: each half's
+            codes q + 8 with its scale s, the other half's 8.
 
 Recovery (layers/kquant_kernels.py, numba: without it nothing is taken here): a group's step is found from its
 values alone, and a group is taken where every value lies within 1e-3 of a step of its grid point. A group of float
@@ -90,11 +92,15 @@ def _affine_terms(codes: torch.Tensor, step: torch.Tensor, lo: torch.Tensor, n_t
     return [hi_term, lo_term]
 
 
-def _half_terms(q: torch.Tensor, step: torch.Tensor) -> Terms:
-    """Rows of halves q [n, G, 2, _HALF] (steps [n, G, 2, 1]) as 4 terms (module docstring), codes uint8."""
+def _half_terms(q: torch.Tensor, step: torch.Tensor, n_terms: int) -> Terms:
+    """Rows of halves q [n, G, 2, _HALF] (steps [n, G, 2, 1]) as 4 terms (module docstring), or as 2 where every
+    code lies in -8..7 (Q3_K's -4..3): each half's codes q + 8 with its scale, the other half's 8; codes uint8."""
     n = q.shape[0]
-    u = (q + 32).to(torch.uint8)
-    parts = ((u & 15, 1.0), ((u >> 4) * 2 + 5, 8.0))  # (l, s), (2 h + 5, 8 s)
+    if n_terms == 2:
+        parts: tuple = (((q + 8).to(torch.uint8), 1.0),)
+    else:
+        u = (q + 32).to(torch.uint8)
+        parts = ((u & 15, 1.0), ((u >> 4) * 2 + 5, 8.0))  # (l, s), (2 h + 5, 8 s)
     eight = torch.full((), 8, dtype=torch.uint8)
     terms: Terms = []
     for codes, mult in parts:
@@ -105,11 +111,13 @@ def _half_terms(q: torch.Tensor, step: torch.Tensor) -> Terms:
     return terms
 
 
-def _chunk_runs(g: torch.Tensor, halves_first: bool) -> list[tuple[int, int, int, Terms]] | None:
-    """A chunk of rows g [n, G, GROUP] -> its runs (terms a row, first row, end, terms), or None where a row fits no
-    form. `halves_first`: try the symmetric halves before whole groups (a chunk after one of halves: Q6_K's)."""
+def _chunk_runs(g: torch.Tensor, halves_first: bool) -> tuple[list[tuple[int, int, int, Terms]], bool] | None:
+    """A chunk of rows g [n, G, GROUP] -> (its runs (terms a row, first row, end, terms), whether its last row was
+    taken as halves), or None where a row fits no form. `halves_first`: try the symmetric halves before whole groups
+    (a chunk after one of halves: Q6_K's, Q3_K's)."""
     n, G, _ = g.shape
     count = torch.zeros(n, dtype=torch.int64)
+    halves = torch.zeros(n, dtype=torch.bool)  # the row's groups taken as symmetric halves (else whole, affine)
     codes = step = lo = q = hstep = None  # [n, G, GROUP] / [n, G, 1] x 2; [n, G, 2, _HALF] / [n, G, 2, 1]
 
     def whole(t: torch.Tensor | None, got: torch.Tensor, rest: torch.Tensor, every: bool) -> torch.Tensor:
@@ -135,7 +143,10 @@ def _chunk_runs(g: torch.Tensor, halves_first: bool) -> list[tuple[int, int, int
             count[rest] = torch.where(ok, torch.where(c.amax(-1).amax(-1) < 16, 1, 2), 0)
         else:
             hok, hq, hs = symmetric_halves(part.reshape(-1, _HALF))
-            count[rest] = torch.where(hok.view(m, G * 2).all(-1), 4, 0)
+            ok = hok.view(m, G * 2).all(-1)
+            narrow = (hq.view(m, -1).amin(-1) >= -8) & (hq.view(m, -1).amax(-1) <= 7)
+            count[rest] = torch.where(ok, torch.where(narrow, 2, 4), 0)
+            halves[rest] = ok
             q, hstep = whole(q, hq.view(m, G, 2, _HALF), rest, every), whole(hstep, hs.view(m, G, 2, 1), rest, every)
     if bool((count == 0).any()):
         return None
@@ -146,13 +157,15 @@ def _chunk_runs(g: torch.Tensor, halves_first: bool) -> list[tuple[int, int, int
         # Q5_1 / Q5_K rows whose groups fit 16 levels beside rows that do not, 90-150 runs a layer before), and at
         # a fused projection's boundary between a Q4_K and a Q5_K tensor (one chunk's rows at most).
         count = torch.where(count == 1, 2, count)
-    edges = [0] + ((count[1:] != count[:-1]).nonzero()[:, 0] + 1).tolist() + [n]
+    key = 2 * count + halves  # runs of one count and one form (kquant_terms joins neighbours of one count)
+    edges = [0] + ((key[1:] != key[:-1]).nonzero()[:, 0] + 1).tolist() + [n]
     runs = []
     for a, b in zip(edges[:-1], edges[1:]):
         k = int(count[a])
-        terms = _half_terms(q[a:b], hstep[a:b]) if k == 4 else _affine_terms(codes[a:b], step[a:b], lo[a:b], k)
+        terms = (_half_terms(q[a:b], hstep[a:b], k) if bool(halves[a])
+                 else _affine_terms(codes[a:b], step[a:b], lo[a:b], k))
         runs.append((k, a, b, terms))
-    return runs
+    return runs, bool(halves[-1])
 
 
 def kquant_terms(w: torch.Tensor) -> list[tuple[int, int, Terms]] | None:
@@ -168,12 +181,12 @@ def kquant_terms(w: torch.Tensor) -> list[tuple[int, int, Terms]] | None:
         got = _chunk_runs(g_all[rows], halves_first)
         if got is None:
             return None
-        for k, a, b, terms in got:
+        chunk, halves_first = got
+        for k, a, b, terms in chunk:
             if runs and runs[-1][0] == k and runs[-1][2] == r + a:  # the run goes on from the chunk before
                 runs[-1][2] = r + b
                 runs[-1][3].append(terms)
             else:
                 runs.append([k, r + a, r + b, [terms]])
-        halves_first = got[-1][0] == 4
     return [(a, b, [tuple(torch.cat([t[i][j] for t in parts]) for j in range(3)) for i in range(k)])  # type: ignore
             for k, a, b, parts in runs]

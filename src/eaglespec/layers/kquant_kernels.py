@@ -15,7 +15,9 @@ distinct values, requantized from 4 bits, puts its smallest at any code), then t
 values divided by k. A candidate's codes are rounded against it, then the step is taken again from the largest value
 over its code (more digits than a gap) and every value checked against that step. Where an affine group's codes share a
 factor f (the values on a grid f times coarser, which a candidate missed) and the coarser codes fit 16 levels, the
-coarser grid is taken: one product, not two. Any exact grid of the allowed levels whose step is one of these candidates
+coarser grid is taken: one product, not two; a symmetric half's codes are always divided by their common factor (a
+Q3_K half, q in -4..3, first fits the range over 32 on a grid 8 times finer; on its own, two products, not four). Any
+exact grid of the allowed levels whose step is one of these candidates
 is found (and every candidate below the smallest step the levels allow, span / (levels - 1), is skipped); a group of
 float weights is not (32 values each within TOL of a step of a grid).
 
@@ -192,6 +194,14 @@ def symmetric(g: np.ndarray, codes: np.ndarray, step: np.ndarray, ok: np.ndarray
             s = _gap_search(t, small, -32, 96, out, KS_SYMMETRIC, amax / 63 * (1 - TOL))
         if s == 0.0:
             s = _gap_search(t, _sorted_gap(t, eps), -32, 96, out, KS_SYMMETRIC, amax / 63 * (1 - TOL))
+        if s > 0.0:  # the coarsest grid of these values (a Q3_K half, q in -4..3, is first found 8 times finer)
+            f = 0
+            for j in range(n):
+                f = _gcd(f, abs(int(out[j])))
+            if f > 1:
+                s *= f
+                for j in range(n):
+                    out[j] = out[j] / f
         ok[i] = s > 0.0
         step[i] = s
         if s > 0.0:
