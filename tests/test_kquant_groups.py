@@ -130,6 +130,26 @@ def test_halves_of_three_bits_take_two_products():
     assert torch.equal(z0, torch.zeros_like(z0)) and torch.allclose(s0, s[:, :, 0, 0])
 
 
+def test_affine_halves_take_three_products():
+    """Q2_K's form (w = s q + lo per half of 16, q in 0..3, each half's step and minimum its own): three products,
+    half 0's and half 1's codes with their scales and a term carrying half 0's offset; the weights exact before the
+    kernel's bf16 scales and zeros, the product near float32's."""
+    g = torch.Generator().manual_seed(13)
+    q = torch.randint(0, 4, (48, 8, 2, 16), generator=g).float()
+    q[..., 0], q[..., 1] = 0, 3
+    s = torch.rand(48, 8, 2, 1, generator=g) * 1e-3 + 1e-4
+    lo = -torch.rand(48, 8, 2, 1, generator=g) * 4e-3
+    w = (s * q + lo).view(48, 256)
+    runs = kquant_terms(w)
+    assert [(a, b, len(t)) for a, b, t in runs] == [(0, 48, 3)]
+    assert (rebuilt(runs, 48, 256) - w).abs().max() <= 1e-6 * w.abs().max()
+    lin = Int4Linear.from_weight(w)
+    x = torch.randn(5, 256, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    ref = x.float() @ w.t()
+    assert (lin(x).float() - ref).abs().max() <= 0.02 * ref.abs().max()
+    assert all(torch.equal(lin(x[i : i + 1]), lin(x)[i : i + 1]) for i in range(5))  # row-count invariant
+
+
 def test_one_term_rows_among_two_term_rows_take_two_terms(monkeypatch):
     """Rows whose 5-bit groups happen to fit 16 levels (a Q4_1 file requantized to Q5_K_M by llama-quantize
     --allow-requantize) beside rows that do not: one run of two products, not a run (a product call a term) per row;

@@ -1,12 +1,13 @@
-"""GGUF weights of more than 4 bits a group (Q5_0 / Q5_1 / Q5_K, Q6_K; Q4_K's and Q3_K's groups too) recovered from
-the loader's float32 weights as sums of 4-bit products for PyTorch's groupwise kernel (layers/int4_linear.py).
+"""GGUF weights of other groups than Q4_0 / Q4_1 / Q8_0 (Q5_0 / Q5_1 / Q5_K, Q6_K; Q4_K, Q3_K, Q2_K; IQ4_NL / IQ4_XS)
+recovered from the loader's float32 weights as sums of 4-bit products for PyTorch's groupwise kernel
+(layers/int4_linear.py).
 
 `kquant_terms(w)`: w float32 [N, K] (K a multiple of GROUP) -> [(row start, row end, terms)], contiguous runs of rows
 covering 0..N, each run's terms a list of (codes uint8 [n, K] in 0..15, scale [n, K / GROUP], zero [n, K / GROUP]) in
 the kernel's form w = sum over terms of (codes - 8) scale + zero; or None where some row holds a group of none of the
-forms below (float weights; Q2_K's groups of 16, each with a minimum of its own). Each row takes the fewest terms
-its groups allow, and a run is a stretch of rows with the same count (a fused q / k / v projection of Q4_K q and k rows
-and Q6_K v rows, as llama.cpp's Q4_K_M mix writes them: one term for q and k, four for v):
+forms below (float weights; most IQ types' groups). Each row takes the fewest terms its groups allow, and a run is a
+stretch of rows with the same count (a fused q / k / v projection of Q4_K q and k rows and Q6_K v rows, as llama.cpp's
+Q4_K_M mix writes them: one term for q and k, four for v):
 
   1 term    every group of 32 affine with 16 levels: w = s c + lo, c in 0..15 (Q4_K: w = d sc q - dmin m; Q4_0 and
             Q4_1 are taken before, by `four_bit_groups`): codes c, scale s, zero lo + 8 s.
@@ -19,12 +20,16 @@ and Q6_K v rows, as llama.cpp's Q4_K_M mix writes them: one term for q and k, fo
             scale s and 8 s, the other half's codes 8 (nothing), zeros 0. Where every half's codes, on its
             coarsest grid, lie in -8..7 (Q3_K: w = d sc q, sc 6 bits a 16, q in -4..3), 2 terms: each half's
             codes q + 8 with its scale s, the other half's 8.
+  3 terms   affine groups of 16 with up to 16 levels (Q2_K: w = d sc q - dmin m, sc and m 4 bits a 16, q in 0..3):
+            each half has its own minimum, which a term's zero (one a group of 32) cannot hold; half 0's codes
+            c0 with scale s0 and zero 0 (half 1's codes 8), half 1's codes c1 with scale s1 and zero z1 = lo1 + 8 s1
+            (half 0's 8), and a term of codes 9 in half 0 and 8 in half 1 with scale z0 - z1 (z0 = lo0 + 8 s0).
 
 Recovery (layers/kquant_kernels.py, numba: without it nothing is taken here): a group's step is found from its
 values alone, and a group is taken where every value lies within 1e-3 of a step of its grid point. A group of float
-weights cannot pass (32 values each that near a grid of at most 256 levels), so acceptance means accuracy: the weights
-are the file's to the loader's float32 rounding and the kernel's bf16 scales and zeros (as layers/int4_linear.py's
-Q4_1 groups).
+weights cannot pass (32 values each that near a grid of at most 256 levels, or 16 of at most 16), so acceptance means
+accuracy: the weights are the file's to the loader's float32 rounding and the kernel's bf16 scales and zeros (as
+layers/int4_linear.py's Q4_1 groups; a Q2_K half's offset is two bf16 zeros, z1 and z0 - z1).
 
 Why: llama.cpp's K-quant mixes (Q4_K_M, Q5_K_M, Q6_K) are what most GGUF files hold; without this they load dense,
 float32 on the CPU, 7-8x the bytes a step reads.
@@ -38,7 +43,9 @@ import torch
 
 from .int4_linear import GROUP, row_chunks
 
-_HALF = GROUP // 2  # Q6_K's scale group
+_HALF = GROUP // 2  # Q6_K's, Q3_K's and Q2_K's scale group
+_WHOLE, _HALVES, _AFFINE_HALVES = 0, 1, 2  # the forms a row's groups are taken in (module docstring)
+_ORDER = (_WHOLE, _HALVES, _AFFINE_HALVES)  # the order a row takes the first it fits in: the fewest products first
 
 Terms = list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 
@@ -111,14 +118,29 @@ def _half_terms(q: torch.Tensor, step: torch.Tensor, n_terms: int) -> Terms:
     return terms
 
 
-def _chunk_runs(g: torch.Tensor, halves_first: bool) -> tuple[list[tuple[int, int, int, Terms]], bool] | None:
-    """A chunk of rows g [n, G, GROUP] -> (its runs (terms a row, first row, end, terms), whether its last row was
-    taken as halves), or None where a row fits no form. `halves_first`: try the symmetric halves before whole groups
-    (a chunk after one of halves: Q6_K's, Q3_K's)."""
+def _affine_half_terms(c: torch.Tensor, step: torch.Tensor, lo: torch.Tensor) -> Terms:
+    """Rows of affine halves (codes c [n, G, 2, _HALF] in 0..15, steps and minima [n, G, 2, 1]) as 3 terms (module
+    docstring), codes uint8."""
+    n = c.shape[0]
+    first = torch.arange(2).view(1, 1, 2, 1) == 0
+    eight, nine = (torch.full((), v, dtype=torch.uint8) for v in (8, 9))
+    c = c.to(torch.uint8)
+    s0, s1 = step[:, :, 0, 0], step[:, :, 1, 0]  # [n, G]
+    z0, z1 = lo[:, :, 0, 0] + 8 * s0, lo[:, :, 1, 0] + 8 * s1  # each half's zero as its own term would hold it
+    return [(torch.where(first, c, eight).reshape(n, -1), s0, torch.zeros_like(s0)),
+            (torch.where(first, eight, c).reshape(n, -1), s1, z1),
+            (torch.where(first, nine, eight).expand_as(c).reshape(n, -1), z0 - z1, torch.zeros_like(s0))]
+
+
+def _chunk_runs(g: torch.Tensor, order: tuple[int, ...] = _ORDER
+                ) -> list[tuple[int, int, int, Terms]] | None:
+    """A chunk of rows g [n, G, GROUP] -> its runs (terms a row, first row, end, terms), or None where a row fits no
+    form of `order`. Each row takes the first form of `order` it fits."""
     n, G, _ = g.shape
     count = torch.zeros(n, dtype=torch.int64)
-    halves = torch.zeros(n, dtype=torch.bool)  # the row's groups taken as symmetric halves (else whole, affine)
+    form = torch.zeros(n, dtype=torch.int64)  # how the row's groups were taken: _WHOLE, _HALVES or _AFFINE_HALVES
     codes = step = lo = q = hstep = None  # [n, G, GROUP] / [n, G, 1] x 2; [n, G, 2, _HALF] / [n, G, 2, 1]
+    ac = astep = alo = None  # [n, G, 2, _HALF] / [n, G, 2, 1] x 2
 
     def whole(t: torch.Tensor | None, got: torch.Tensor, rest: torch.Tensor, every: bool) -> torch.Tensor:
         """`got` (the rows `rest`) as all n rows: itself where every row was tried, else scattered."""
@@ -128,44 +150,67 @@ def _chunk_runs(g: torch.Tensor, halves_first: bool) -> tuple[list[tuple[int, in
         t[rest] = got
         return t
 
-    for form in ((4, 1) if halves_first else (1, 4)):
+    for tried in order:
         rest = count == 0
         m = int(rest.sum())
         if m == 0:
             break
         every = m == n
         part = g if every else g[rest]
-        if form == 1:  # whole groups: 1 or 2 terms
+        if tried == _WHOLE:  # whole groups: 1 or 2 terms
             ok, c, s, low = affine_groups(part.reshape(-1, GROUP), 256)
             ok, c = ok.view(m, G).all(-1), c.view(m, G, GROUP)
             codes, step = whole(codes, c, rest, every), whole(step, s.view(m, G, 1), rest, every)
             lo = whole(lo, low.view(m, G, 1), rest, every)
             count[rest] = torch.where(ok, torch.where(c.amax(-1).amax(-1) < 16, 1, 2), 0)
-        else:
+        elif tried == _HALVES:
             hok, hq, hs = symmetric_halves(part.reshape(-1, _HALF))
             ok = hok.view(m, G * 2).all(-1)
             narrow = (hq.view(m, -1).amin(-1) >= -8) & (hq.view(m, -1).amax(-1) <= 7)
             count[rest] = torch.where(ok, torch.where(narrow, 2, 4), 0)
-            halves[rest] = ok
+            form[rest] = torch.where(ok, _HALVES, 0)
             q, hstep = whole(q, hq.view(m, G, 2, _HALF), rest, every), whole(hstep, hs.view(m, G, 2, 1), rest, every)
+        else:  # affine halves of up to 16 levels: 3 terms
+            aok, a_c, a_s, a_lo = affine_groups(part.reshape(-1, _HALF), 16)
+            ok = aok.view(m, G * 2).all(-1)
+            count[rest] = torch.where(ok, 3, 0)
+            form[rest] = torch.where(ok, _AFFINE_HALVES, 0)
+            ac, alo = whole(ac, a_c.view(m, G, 2, _HALF), rest, every), whole(alo, a_lo.view(m, G, 2, 1), rest, every)
+            astep = whole(astep, a_s.view(m, G, 2, 1), rest, every)
     if bool((count == 0).any()):
         return None
-    if bool((count == 2).any()):
+    if bool((count == 2).any()):  # (affine ones: whole groups)
         # one-term rows among two-term ones go as two terms (codes < 16 are two-term codes with h = 0): each run costs
         # a product call a term and a concatenation, more than a chunk's rows' second product. Such chunks occur
         # where a file was requantized from 4-bit values (llama-quantize --allow-requantize of a Q4_1 file to Q5_K_M:
         # Q5_1 / Q5_K rows whose groups fit 16 levels beside rows that do not, 90-150 runs a layer before), and at
         # a fused projection's boundary between a Q4_K and a Q5_K tensor (one chunk's rows at most).
         count = torch.where(count == 1, 2, count)
-    key = 2 * count + halves  # runs of one count and one form (kquant_terms joins neighbours of one count)
+    key = 4 * count + form  # runs of one count and one form (kquant_terms joins neighbours of one count)
     edges = [0] + ((key[1:] != key[:-1]).nonzero()[:, 0] + 1).tolist() + [n]
     runs = []
     for a, b in zip(edges[:-1], edges[1:]):
-        k = int(count[a])
-        terms = (_half_terms(q[a:b], hstep[a:b], k) if bool(halves[a])
+        k, f = int(count[a]), int(form[a])
+        terms = (_half_terms(q[a:b], hstep[a:b], k) if f == _HALVES
+                 else _affine_half_terms(ac[a:b], astep[a:b], alo[a:b]) if f == _AFFINE_HALVES
                  else _affine_terms(codes[a:b], step[a:b], lo[a:b], k))
         runs.append((k, a, b, terms))
-    return runs, bool(halves[-1])
+    return runs
+
+
+def _chunk_order(g1: torch.Tensor) -> tuple[int, ...]:
+    """The order a chunk's rows try the forms in, from its first row g1 [1, G, GROUP]: the form that takes that row in
+    the fewest terms first (of two that tie, the halves: Q3_K's rows fit whole groups too, on a grid of their super-
+    block's scale, found only by the whole groups' slowest candidates), then _ORDER's. A search that fails, or finds
+    late, is the slow part of the recovery (a Q2_K row fails the whole groups' and the halves' searches, a Q3_K row
+    costs ~70 ns a weight as whole groups, against ~15 for Q4_K's), and rows of a chunk are of one type but where a
+    fused projection's tensors meet (there, rows of the other type may take more terms than they could: one chunk)."""
+    best, fewest = _WHOLE, 5
+    for f in _ORDER:
+        got = _chunk_runs(g1, (f,))
+        if got is not None and (got[0][0] < fewest or (got[0][0] == fewest and f == _HALVES)):
+            best, fewest = f, got[0][0]
+    return (best,) + tuple(f for f in _ORDER if f != best)
 
 
 def kquant_terms(w: torch.Tensor) -> list[tuple[int, int, Terms]] | None:
@@ -175,14 +220,12 @@ def kquant_terms(w: torch.Tensor) -> list[tuple[int, int, Terms]] | None:
         return None
     g_all = w.float().reshape(N, K // GROUP, GROUP)
     runs: list[list] = []  # [terms a row, first row, end, [each chunk's terms]]
-    halves_first = False
     for rows in row_chunks(N, K):
         r = rows.start
-        got = _chunk_runs(g_all[rows], halves_first)
+        got = _chunk_runs(g_all[rows], _chunk_order(g_all[rows][:1]))
         if got is None:
             return None
-        chunk, halves_first = got
-        for k, a, b, terms in chunk:
+        for k, a, b, terms in got:
             if runs and runs[-1][0] == k and runs[-1][2] == r + a:  # the run goes on from the chunk before
                 runs[-1][2] = r + b
                 runs[-1][3].append(terms)
