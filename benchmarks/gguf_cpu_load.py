@@ -41,8 +41,9 @@ def main() -> None:
         t = time.perf_counter()
         engine.generate([prompt], params)
         best = max(best, tokens / (time.perf_counter() - t))
-    print(json.dumps(dict(file=path.rsplit("/", 1)[-1], cpu_weights=weights, four_bit=on_int4_path(engine.runner.target),
-                          load_s=round(load_s, 1), peak_rss_gb_after_load=round(peak_gb, 2), tok_s=round(best, 1))))
+    four_bit = on_int4_path(engine.runner.target)
+    print(json.dumps(dict(file=path.rsplit("/", 1)[-1], cpu_weights=weights, four_bit=four_bit, load_s=round(load_s, 1),
+                          peak_rss_gb_after_load=round(peak_gb, 2), tok_s=round(best, 1))))
 
 
 if __name__ == "__main__":
