@@ -92,6 +92,26 @@ def test_a_weight_without_a_4bit_form_loads_dense_under_auto_and_is_named_under_
         target_load.load_target(path, CPU, "float32", None, None, True)
 
 
+def test_a_layer_the_path_cannot_run_is_named_as_it_loads():
+    """A layer converted as it loads is checked as the whole model is (int4_weights._check): MLA named by its full
+    name, the layer left unconverted."""
+    from test_deepseek_v3 import CASES
+    from transformers import DeepseekV3Config
+
+    from eaglespec.config import ModelConfig
+    from eaglespec.engine.int4_weights import convert_layer
+    from eaglespec.models import get_model_class
+
+    d = DeepseekV3Config(**next(iter(CASES.values()))).to_dict()
+    d["architectures"] = ["DeepseekV3ForCausalLM"]
+    cfg = ModelConfig.from_hf(d)
+    layer = get_model_class(cfg.architecture)(cfg).model.layers[0]
+    with pytest.raises(ConfigError, match=r"runs grouped-query attention only; \w+'s model\.layers\.0\.self_attn is "
+                                          r"MLAttention"):
+        convert_layer("model.layers.0", layer, True)
+    assert not any(isinstance(m, Int4Linear) for m in layer.modules())
+
+
 def test_a_dense_cpu_load_larger_than_the_hosts_memory_is_refused(tmp_path, monkeypatch):
     """The host's available memory below the float32 weights: DeviceMemoryError naming both, before any weight is
     read; the 4-bit path (layers converted as they load) is not refused by that sum, and a host whose memory cannot

@@ -69,15 +69,17 @@ def _known(m: nn.Module) -> bool:
             or name.endswith(("Norm", "MLP", "DecoderLayer", "Model", "ForCausalLM", "Embedding", "Rotary")))
 
 
-def _check(model: nn.Module) -> None:
-    """Raise a ConfigError naming what the 4-bit path cannot run (module docstring)."""
+def _check(model: nn.Module, prefix: str = "") -> None:
+    """Raise a ConfigError naming what the 4-bit path cannot run (module docstring); `prefix`: `model`'s name in the
+    model it belongs to ("model.layers.0." for a decoder layer converted as it loads)."""
     arch = type(model).__name__
     for name, m in model.named_modules():
+        full = prefix + name if name else prefix[:-1] or "model"
         if name.rsplit(".", 1)[-1] in _ATTENTION_NAMES and not isinstance(m, GQAAttention):
-            raise ConfigError(f"--cpu-weights q4 runs grouped-query attention only; {arch}'s {name} is "
+            raise ConfigError(f"--cpu-weights q4 runs grouped-query attention only; {arch}'s {full} is "
                               f"{type(m).__name__} (use --cpu-weights dense)")
         if not _known(m):
-            raise ConfigError(f"--cpu-weights q4 does not run {arch}'s {name or 'model'} ({type(m).__name__}); use "
+            raise ConfigError(f"--cpu-weights q4 does not run {arch}'s {full} ({type(m).__name__}); use "
                               "--cpu-weights dense")
 
 
@@ -152,7 +154,7 @@ def convert_layer(name: str, layer: nn.Module, fuse: bool) -> None:
     each nn.Linear replaced by its Int4Linear, so that the float32 weights are freed before the next layer loads.
     `use_int4_weights` finishes the model once loaded (its other Linears, the casts, the steps). A ConfigError names
     what the layer cannot run (the layer may be left fused: the caller loads the model again or fails)."""
-    _check(layer)
+    _check(layer, f"{name}.")
     if fuse:
         from .transforms import fuse_projections  # (transforms imports this module where it uses it)
 

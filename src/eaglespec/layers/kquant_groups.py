@@ -5,8 +5,9 @@ recovered from the loader's float32 weights as sums of 4-bit products for PyTorc
 `kquant_terms(w)`: w float32 [N, K] (K a multiple of GROUP) -> [(row start, row end, terms)], contiguous runs of rows
 covering 0..N, each run's terms a list of (codes uint8 [n, K] in 0..15, scale [n, K / GROUP], zero [n, K / GROUP]) in
 the kernel's form w = sum over terms of (codes - 8) scale + zero; or None where some row holds a group of none of the
-forms below (float weights; most IQ types' groups). Each row takes the fewest terms its groups allow, and a run is a
-stretch of rows with the same count (a fused q / k / v projection of Q4_K q and k rows and Q6_K v rows, as llama.cpp's
+forms below (float weights; most IQ types' groups). A row takes the first form it fits, in the order its chunk of rows
+takes from its first row (the form of the fewest terms there first: `_chunk_order`), and a run is a stretch of rows
+with the same count (a fused q / k / v projection of Q4_K q and k rows and Q6_K v rows, as llama.cpp's
 Q4_K_M mix writes them: one term for q and k, four for v):
 
   1 term    every group of 32 affine with 16 levels: w = s c + lo, c in 0..15 (Q4_K: w = d sc q - dmin m; Q4_0 and
