@@ -47,7 +47,7 @@ from eaglespec.loading.default import default_model_path  # noqa: E402
 from eaglespec.sampling_params import SamplingParams  # noqa: E402
 
 Q = gguf.GGMLQuantizationType
-TYPES = ["Q4_0", "Q8_0", "Q4_K_S", "Q4_K_M", "Q5_K_M", "Q6_K", "Q3_K_M", "Q2_K", "IQ4_NL", "IQ4_XS"]
+TYPES = ["Q4_0", "Q8_0", "Q4_K_S", "Q4_K_M", "Q5_K_M", "Q6_K", "Q3_K_M", "Q2_K", "IQ4_NL", "IQ4_XS", "IQ3_M"]
 PROMPTS = ["Once upon a time, in a small village,", "def fibonacci(n):", "The three primary colors are",
            "Write a short poem about the sea.\n", "In 1969, the first humans"]
 KINDS = ["token_embd", "output", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"]

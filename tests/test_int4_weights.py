@@ -188,7 +188,7 @@ def test_what_the_4bit_path_cannot_run_is_named():
         EngineConfig(cpu_weights="q4", device="cuda")
     plain = tiny_llama(seed=0)  # float weights, not 4-bit groups: named, and nothing changed
     with pytest.raises(ConfigError, match=r"needs a GGUF's quantized groups \(Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0, Q2_K "
-                                          r"to Q6_K, IQ4_NL / IQ4_XS\); lm_head \[97 x 64\] is none of them"):
+                                          r"to Q6_K, IQ3_S / IQ4_NL / IQ4_XS\); lm_head \[97 x 64\] is none of them"):
         use_int4_weights(plain)
     assert type(plain.model.layers[0].self_attn.q_proj) is torch.nn.Linear
     assert not plain.model.layers[0].self_attn.row_invariant

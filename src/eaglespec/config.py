@@ -425,8 +425,8 @@ class EngineConfig:
     # of a prefill stay those of this many tokens whatever the prompt's length (a 128K-token prompt's whole-prompt
     # mask alone would be 16 GB). None: whole prompts. Prompts with images prefill whole.
     prefill_chunk: int | None = 8192
-    # "q4": on the CPU, a GGUF target's quantized projections (Q4_0 / Q4_1 / Q4_K as one 4-bit product; Q5_0 / Q5_1 /
-    # Q5_K / Q8_0 / Q3_K / IQ4_NL / IQ4_XS as two, Q2_K as three, Q6_K as four) multiplied as stored, with bf16
+    # "q4": on the CPU, a GGUF target's quantized projections (Q4_0 / Q4_1 / Q4_K / IQ3_S as one 4-bit product; Q5_0 /
+    # Q5_1 / Q5_K / Q8_0 / Q3_K / IQ4_NL / IQ4_XS as two, Q2_K as three, Q6_K as four) multiplied as stored, with bf16
     # activations and row-invariant attention, so that speculation stays lossless in bf16 (engine/int4_weights.py);
     # "dense": weights dequantized to the engine's dtype; "auto": q4 where it is the measured default and the target's
     # weights allow it, else dense (`int4_weights.int4_mode`, engine/target_load.py)

@@ -44,7 +44,7 @@ def add_runtime_options(p: argparse.ArgumentParser | argparse._ArgumentGroup) ->
                    help="auto: bfloat16 on CUDA, float32 on the CPU")
     p.add_argument("--cpu-weights", default="auto", choices=["auto", "dense", "q4"],
                    help="q4: on the CPU, multiply a GGUF's quantized weights (Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0, "
-                        "Q2_K to Q6_K, IQ4_NL / IQ4_XS) as stored, as sums of 4-bit products in bfloat16 with "
+                        "Q2_K to Q6_K, IQ3_S / IQ4_NL / IQ4_XS) as stored, as sums of 4-bit products in bfloat16 with "
                         "row-invariant attention (speculation still gives plain decoding's tokens); dense: weights "
                         "dequantized to --dtype; auto (default): q4 on an x86-64 CPU with --dtype auto where every "
                         "projection is such a weight, else dense")

@@ -4,16 +4,17 @@ lossless by construction.
 
 `use_int4_weights(model)` (engine.transforms.prepare_for_inference, after fusing projections, on a target loaded in
 float32): every nn.Linear of the target becomes an `Int4Linear` (layers/int4_linear.py: Q4_0 / Q4_1 groups, Q8_0 as two
-4-bit products; the K-quants, 5-bit and IQ4 types as one to four a row, layers/kquant_groups.py), every attention layer
-computes decode and verify steps row by row (`GQAAttention.row_invariant`, layers/row_attention.py; where numba is
-installed, a Llama-shaped layer's decode and verify steps run through engine/int4_step.py's kernels instead of its
-modules, row-invariant alike; a drafter beside it is converted by the engine: engine/int4_drafter.py), and the other
-parameters (embedding, norms) are cast to bf16 (buffers such as RoPE's frequencies stay float32, as a bf16 load keeps
-them); the KV cache holds bf16 with the kernels, float32 without (`model.kv_dtype`). What it
-cannot run it names in a ConfigError before changing anything: a weight that is not a GGUF's quantized groups (an
+4-bit products; the K-quants, 5-bit, IQ3_S and IQ4 types as one to four a row, layers/kquant_groups.py), every
+attention layer computes decode and verify steps row by row (`GQAAttention.row_invariant`, layers/row_attention.py;
+where numba is installed, a Llama-shaped layer's decode and verify steps run through engine/int4_step.py's kernels
+instead of its modules, row-invariant alike; a drafter beside it is converted by the engine: engine/int4_drafter.py),
+and the other parameters (embedding, norms) are cast to bf16 (buffers such as RoPE's frequencies stay float32, as a
+bf16 load keeps them); the KV cache holds bf16 with the kernels, float32 without (`model.kv_dtype`). What it cannot
+run it names in a ConfigError before changing anything: a weight that is not a GGUF's quantized groups (an
 F16 GGUF, a safetensors checkpoint, most IQ tensors; K-quants without numba), an attention other than
 grouped-query attention (MLA, linear attention), a module it does not know to be row-invariant (MoE experts, vision
-towers).
+towers). Engines load their target a layer at a time instead (engine/target_load.py): `convert_layer` converts each
+decoder layer as its weights arrive, `use_int4_weights` the rest; where a weight fails there, that model is dropped.
 
 Why lossless: a speculative engine commits the tokens plain decoding would where every token's logits have the same
 bits in a verify of D tokens as in a one-token step. On this path each part of the step is row-invariant: the 4-bit
@@ -142,8 +143,8 @@ def _int4_layers(model: nn.Module, prefix: str = "") -> list[tuple[nn.Module, st
                 kq = "" if kquant_kernels_installed() else "; its K-quant and 5-bit groups need numba"
                 raise ConfigError(
                     f"--cpu-weights q4 needs a GGUF's quantized groups (Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0, Q2_K to "
-                    f"Q6_K, IQ4_NL / IQ4_XS){kq}; {full} [{w.shape[0]} x {w.shape[1]}] is none of them (e.g. the "
-                    "embedded SmolLM2's Q4_1, a Q4_K_M file; or use --cpu-weights dense)")
+                    f"Q6_K, IQ3_S / IQ4_NL / IQ4_XS){kq}; {full} [{w.shape[0]} x {w.shape[1]}] is none of them (e.g. "
+                    "the embedded SmolLM2's Q4_1, a Q4_K_M file; or use --cpu-weights dense)")
             layers.append((m, leaf, q))
     return layers
 

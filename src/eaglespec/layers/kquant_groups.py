@@ -1,5 +1,5 @@
-"""GGUF weights of other groups than Q4_0 / Q4_1 / Q8_0 (Q5_0 / Q5_1 / Q5_K, Q6_K; Q4_K, Q3_K, Q2_K; IQ4_NL / IQ4_XS)
-recovered from the loader's float32 weights as sums of 4-bit products for PyTorch's groupwise kernel
+"""GGUF weights of other groups than Q4_0 / Q4_1 / Q8_0 (Q5_0 / Q5_1 / Q5_K, Q6_K; Q4_K, Q3_K, Q2_K; IQ3_S, IQ4_NL /
+IQ4_XS) recovered from the loader's float32 weights as sums of 4-bit products for PyTorch's groupwise kernel
 (layers/int4_linear.py).
 
 `kquant_terms(w)`: w float32 [N, K] (K a multiple of GROUP) -> [(row start, row end, terms)], contiguous runs of rows
@@ -10,9 +10,11 @@ takes from its first row (the form of the fewest terms there first: `_chunk_orde
 with the same count (a fused q / k / v projection of Q4_K q and k rows and Q6_K v rows, as llama.cpp's
 Q4_K_M mix writes them: one term for q and k, four for v):
 
-  1 term    every group of 32 affine with 16 levels: w = s c + lo, c in 0..15 (Q4_K: w = d sc q - dmin m; Q4_0 and
-            Q4_1 are taken before, by `four_bit_groups`): codes c, scale s, zero lo + 8 s.
-  2 terms   affine with up to 256 levels (Q5_0 / Q5_1 / Q5_K: 32; a Q8_0 block): c = 16 h + l, h's term codes h + b
+  1 term    every group of 32 affine with 16 levels: w = s c + lo, c in 0..15 (Q4_K: w = d sc q - dmin m; IQ3_S,
+            whose signed grid values, odd integers up to 15, times a block scale lie on 16 levels; Q4_0 and Q4_1 are
+            taken before, by `four_bit_groups`): codes c, scale s, zero lo + 8 s.
+  2 terms   affine with up to 256 levels (Q5_0 / Q5_1 / Q5_K: 32; a Q8_0 block; IQ4_NL / IQ4_XS, whose 16 levels
+            are integers in -127..113 times the block's scale): c = 16 h + l, h's term codes h + b
             with scale 16 s and zero 0, l's codes l with scale s and zero lo + 8 s - 16 s (b - 8), the offset b per
             group chosen to keep that zero within a few s (the kernel rounds it to bf16).
   4 terms   symmetric groups of 16 (Q6_K: w = d sc q, sc an int8 per 16 weights, q in -32..31): each half of a
