@@ -67,6 +67,20 @@ def test_groups_are_recovered_across_chunks_of_rows(monkeypatch):
     assert Int4Linear.from_weight(torch.cat([w8, torch.randn(8, 96, generator=g)])) is None  # a float last chunk
 
 
+def test_codes_are_packed_a_block_of_rows_at_a_time():
+    """`_pack` packs blocks of rows through one int32 buffer: the packed weight equals the packing of the whole
+    tensor at once (rows lay out apart in blocks of _PACK_ROWS), from uint8 codes as from int32, a last block short,
+    and its products are the whole packing's."""
+    g = torch.Generator().manual_seed(6)
+    codes = torch.randint(0, 16, (2 * 256 + 48, 4096), generator=g, dtype=torch.int32)  # blocks of 256 rows here
+    whole = int4_linear._PACK(codes, int4_linear._INNER_K_TILES)
+    assert (1 << 20) // 4096 < codes.shape[0]  # more than one block
+    assert torch.equal(int4_linear._pack(codes), whole)
+    assert torch.equal(int4_linear._pack(codes.to(torch.uint8)), whole)
+    small = codes[:48].to(torch.uint8)  # one block: packed at once
+    assert torch.equal(int4_linear._pack(small), int4_linear._PACK(codes[:48].contiguous(), 1))
+
+
 def test_weights_of_other_types_are_not_taken():
     g = torch.Generator().manual_seed(1)
     assert Int4Linear.from_weight(torch.randn(32, 64, generator=g)) is None  # float weights

@@ -2,7 +2,8 @@
 
 `affine(g, levels, codes, step, lo, ok)`: g float32 [m, n] (a row a group); for each group finds a step s > 0 and
 integer codes c in 0..levels-1 with g = s c + lo (lo the group's minimum) within TOL of a step everywhere, writing
-codes [m, n] (float32), step [m], lo [m] and ok [m] (uint8; a constant group: step 0, codes 0, ok).
+codes [m, n] (float32), step [m], lo [m] and ok [m] (uint8; a constant group: step 0, codes 0, ok; a group that
+fits no grid: codes 0, not ok). Every element of the outputs is written: they may come uncleared.
 `symmetric(g, codes, step, ok)`: the same for g = s q, q in -32..63 (a Q6_K half of 16; a negative file scale comes
 back positive, q negated; an all-zero group: step 0).
 
@@ -160,9 +161,8 @@ def affine(g: np.ndarray, levels: int, codes: np.ndarray, step: np.ndarray, lo: 
                     out[j] = out[j] // f
         ok[i] = s > 0.0
         step[i] = s
-        if s > 0.0:
-            for j in range(n):
-                codes[i, j] = out[j]
+        for j in range(n):  # (every code written: the caller's arrays are not cleared)
+            codes[i, j] = out[j] if s > 0.0 else 0.0
 
 
 @njit(cache=True, nogil=True)
@@ -204,6 +204,5 @@ def symmetric(g: np.ndarray, codes: np.ndarray, step: np.ndarray, ok: np.ndarray
                     out[j] = out[j] / f
         ok[i] = s > 0.0
         step[i] = s
-        if s > 0.0:
-            for j in range(n):
-                codes[i, j] = out[j]
+        for j in range(n):  # (every code written: the caller's arrays are not cleared)
+            codes[i, j] = out[j] if s > 0.0 else 0.0
