@@ -1,10 +1,10 @@
 """One GGUF on the CPU through `api.load`: load seconds, peak resident memory, and one-row plain decoding speed.
 
 For files without a tokenizer too (a fixed prompt of token ids, `ignore_eos`): `--cpu-weights` as the CLI takes it
-(auto / q4 / dense), 2 threads, one warm-up, then the best of ROUNDS decodes of TOKENS tokens. The peak resident set
+(auto / q4 / dense), THREADS PyTorch threads (2), one warm-up, then the best of ROUNDS decodes of TOKENS tokens. The peak resident set
 is the process's (`ru_maxrss`), so run one configuration a process (what this script is: one file, one setting).
 
-usage: PYTHONPATH=src python benchmarks/gguf_cpu_load.py FILE [auto|q4|dense] [TOKENS] [ROUNDS]
+usage: PYTHONPATH=src python benchmarks/gguf_cpu_load.py FILE [auto|q4|dense] [TOKENS] [ROUNDS] [THREADS]
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ def main() -> None:
     weights = sys.argv[2] if len(sys.argv) > 2 else "auto"
     tokens = int(sys.argv[3]) if len(sys.argv) > 3 else 64
     rounds = int(sys.argv[4]) if len(sys.argv) > 4 else 3
-    torch.set_num_threads(2)
+    threads = int(sys.argv[5]) if len(sys.argv) > 5 else 2
+    torch.set_num_threads(threads)
     t = time.perf_counter()
     engine = api.load(path, draft=None, config=EngineConfig(device="cpu", max_batch_size=1, cpu_weights=weights))
     load_s = time.perf_counter() - t
@@ -42,7 +43,8 @@ def main() -> None:
         engine.generate([prompt], params)
         best = max(best, tokens / (time.perf_counter() - t))
     four_bit = on_int4_path(engine.runner.target)
-    print(json.dumps(dict(file=path.rsplit("/", 1)[-1], cpu_weights=weights, four_bit=four_bit, load_s=round(load_s, 1),
+    print(json.dumps(dict(file=path.rsplit("/", 1)[-1], cpu_weights=weights, threads=threads, four_bit=four_bit,
+                          load_s=round(load_s, 1),
                           peak_rss_gb_after_load=round(peak_gb, 2), tok_s=round(best, 1))))
 
 
