@@ -67,18 +67,48 @@ def test_groups_are_recovered_across_chunks_of_rows(monkeypatch):
     assert Int4Linear.from_weight(torch.cat([w8, torch.randn(8, 96, generator=g)])) is None  # a float last chunk
 
 
-def test_codes_are_packed_a_block_of_rows_at_a_time():
-    """`_pack` packs blocks of rows through one int32 buffer: the packed weight equals the packing of the whole
-    tensor at once (rows lay out apart in blocks of _PACK_ROWS), from uint8 codes as from int32, a last block short,
-    and its products are the whole packing's."""
+@pytest.mark.parametrize("pieces", [[560], [1, 63, 200, 8, 288], [256, 256, 48]], ids=["whole", "odd", "blocks"])
+def test_terms_are_packed_a_block_of_rows_at_a_time(pieces):
+    """TermBuilder packs blocks of rows through one int32 buffer, fed pieces of rows of any sizes: the packed weight
+    equals the packing of the whole tensor at once (rows lay out apart in blocks of _PACK_ROWS; a last block short,
+    padded to the kernel's multiple of rows), from uint8 codes as from int32, scales and zeros in order, and its
+    products are those of the weights."""
     g = torch.Generator().manual_seed(6)
-    codes = torch.randint(0, 16, (2 * 256 + 48, 4096), generator=g, dtype=torch.int32)  # blocks of 256 rows here
-    whole = int4_linear._PACK(codes, int4_linear._INNER_K_TILES)
-    assert (1 << 20) // 4096 < codes.shape[0]  # more than one block
-    assert torch.equal(int4_linear._pack(codes), whole)
-    assert torch.equal(int4_linear._pack(codes.to(torch.uint8)), whole)
-    small = codes[:48].to(torch.uint8)  # one block: packed at once
-    assert torch.equal(int4_linear._pack(small), int4_linear._PACK(codes[:48].contiguous(), 1))
+    n, k = sum(pieces), 4096  # blocks of 256 rows at this K
+    codes = torch.randint(0, 16, (n, k), generator=g, dtype=torch.int32)
+    scale, zero = torch.rand(n, k // 32, generator=g) / 8, torch.randn(n, k // 32, generator=g) / 8
+    b = int4_linear.TermBuilder(k)
+    assert b.block == 256 and b.block % int4_linear._PACK_ROWS == 0
+    i = 0
+    for size in pieces:
+        b.feed(codes[i : i + size].to(torch.uint8), scale[i : i + size], zero[i : i + size])
+        i += size
+    term = b.finish()
+    pad = -n % int4_linear.N_MULTIPLE
+    padded = torch.cat([codes, codes.new_zeros(pad, k)])
+    assert term.n == n and torch.equal(term.packed, int4_linear._PACK(padded, int4_linear._INNER_K_TILES))
+    assert torch.equal(term.scale_zero[:, :n, 0], scale.t().to(torch.bfloat16))
+    assert torch.equal(term.scale_zero[:, :n, 1], zero.t().to(torch.bfloat16)) and not term.scale_zero[:, n:].any()
+    x = torch.randn(3, k, generator=g).to(torch.bfloat16)
+    sz = term.scale_zero[:, :n].float()
+    w = ((codes.float() - 8).view(n, -1, 32) * sz[..., 0].t()[..., None] + sz[..., 1].t()[..., None]).view(n, k)
+    ref = x.float() @ w.t()
+    assert (term(x).float() - ref).abs().max() <= 0.02 * ref.abs().max()
+
+
+def test_a_packing_not_laid_out_by_rows_is_packed_whole(monkeypatch):
+    """A build whose packing does not lay out rows (found at the first block): TermBuilder keeps the codes and packs
+    the whole tensor at the end, whatever pieces it was fed."""
+    real = int4_linear._PACK
+    monkeypatch.setattr(int4_linear, "_PACK", lambda c, tiles: real(c, tiles).t().contiguous())  # [K / 2, N]
+    g = torch.Generator().manual_seed(7)
+    codes = torch.randint(0, 16, (600, 4096), generator=g, dtype=torch.int32)
+    scale, zero = torch.rand(600, 128, generator=g), torch.zeros(600, 128)
+    b = int4_linear.TermBuilder(4096)
+    for a in range(0, 600, 250):
+        b.feed(codes[a : a + 250].to(torch.uint8), scale[a : a + 250], zero[a : a + 250])
+    padded = torch.cat([codes, codes.new_zeros(8, 4096)])
+    assert torch.equal(b.finish().packed, int4_linear._PACK(padded, 1))
 
 
 def test_weights_of_other_types_are_not_taken():

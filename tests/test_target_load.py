@@ -74,14 +74,64 @@ def test_each_layer_is_converted_before_the_next_is_read(tmp_path, monkeypatch):
     assert isinstance(unfused.model.layers[0].self_attn.q_proj, Int4Linear)
 
 
+@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
+def test_the_embedding_and_head_are_taken_as_they_arrive(tmp_path, monkeypatch, tied):
+    """The embedding is held in bf16 as it arrives, the head converted from its float32 weights once a decoder layer
+    has been (tied: from the embedding's, before they are narrowed; the head's weight is then the embedding's bf16
+    Parameter itself): the model is the whole load's converted after, bit for bit."""
+    path = tmp_path / "four.gguf"
+    write_tiny_gguf(path, FOUR_BIT, layers=2, tied=tied)
+    events: list[str] = []
+    convert, head = target_load.convert_layer, target_load.int4_linear
+
+    def on_layer(name: str, layer: torch.nn.Module, fuse: bool) -> None:
+        convert(name, layer, fuse)
+        events.append(name)
+
+    def on_head(name: str, w: torch.Tensor) -> Int4Linear:
+        assert w.dtype == torch.float32
+        events.append(name)
+        return head(name, w)
+
+    held: dict[str, torch.dtype] = {}  # what the load holds of each weight outside the layers, as it arrives
+    take = target_load._EmbedAndHead.__call__
+
+    def on_tensor(self, name: str, t: torch.Tensor) -> torch.Tensor:  # type: ignore[no-untyped-def]
+        out = take(self, name, t)
+        held[name] = out.dtype
+        return out
+
+    monkeypatch.setattr(target_load, "convert_layer", on_layer)
+    monkeypatch.setattr(target_load, "int4_linear", on_head)
+    monkeypatch.setattr(target_load._EmbedAndHead, "__call__", on_tensor)
+    model = target_load.load_target(path, CPU, "float32", None, None, True).model
+    assert events.count("lm_head") == 1 and events.index("lm_head") > events.index("model.layers.0")
+    assert held["model.embed_tokens.weight"] == torch.bfloat16 and held["model.norm.weight"] == torch.float32
+    assert held.get("lm_head.weight", torch.bfloat16) == torch.bfloat16 and ("lm_head.weight" in held) != tied
+    embed, head_weight = model.get_embed_and_head()
+    assert embed.dtype == torch.bfloat16 and isinstance(model.lm_head, Int4Linear)
+    assert (head_weight is embed) == tied and head_weight.dtype == torch.bfloat16
+    with torch.no_grad():
+        assert torch.equal(plain_logits(model, IDS), plain_logits(whole_then_converted(path), IDS))
+
+
 @pytest.mark.parametrize("where", ["layers", "head"])
-def test_a_weight_without_a_4bit_form_loads_dense_under_auto_and_is_named_under_q4(tmp_path, where):
+def test_a_weight_without_a_4bit_form_loads_dense_under_auto_and_is_named_under_q4(tmp_path, where, monkeypatch):
     """F16 projections (the first layer fails) or only an F16 head (every layer converted before the head fails):
     `auto` (int4 None) gives the dense float32 model, the same as a dense load; `q4` (True) names the weight."""
     path = tmp_path / "f16.gguf"
     f16 = {"attn_v": Q.F16} if where == "layers" else {"output": Q.F16}
     write_tiny_gguf(path, {**FOUR_BIT, **f16}, layers=2)
+    heads: list[str] = []
+    convert_head = target_load.int4_linear
+
+    def spy(name: str, w: torch.Tensor) -> Int4Linear:
+        heads.append(name)
+        return convert_head(name, w)
+
+    monkeypatch.setattr(target_load, "int4_linear", spy)
     model = target_load.load_target(path, CPU, "float32", None, None, None).model
+    assert heads == ([] if where == "layers" else ["lm_head"])  # a model refused at its first layer: no head work
     assert not getattr(model, "int4_weights", False) and not any(isinstance(m, Int4Linear) for m in model.modules())
     assert next(model.parameters()).dtype == torch.float32
     dense = prepare_for_inference(load_model(path, dtype=torch.float32).model, CPU, None, None, int4=False)

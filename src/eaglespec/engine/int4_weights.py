@@ -137,16 +137,24 @@ def _int4_layers(model: nn.Module, prefix: str = "") -> list[tuple[nn.Module, st
             # the head keeps its Parameter as `weight` (get_embed_and_head: a drafter without its own head; tied, it is
             # the embedding)
             keep = w if leaf == "lm_head" else None
-            q = Int4Linear.from_weight(w.detach(), None if child.bias is None else child.bias.detach(), keep=keep)
-            if q is None:
-                full = prefix + (f"{name}.{leaf}" if name else leaf)
-                kq = "" if kquant_kernels_installed() else "; its K-quant and 5-bit groups need numba"
-                raise ConfigError(
-                    f"--cpu-weights q4 needs a GGUF's quantized groups (Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0, Q2_K to "
-                    f"Q6_K, IQ3_S / IQ4_NL / IQ4_XS){kq}; {full} [{w.shape[0]} x {w.shape[1]}] is none of them (e.g. "
-                    "the embedded SmolLM2's Q4_1, a Q4_K_M file; or use --cpu-weights dense)")
-            layers.append((m, leaf, q))
+            full = prefix + (f"{name}.{leaf}" if name else leaf)
+            layers.append((m, leaf, int4_linear(full, w.detach(), None if child.bias is None else child.bias.detach(),
+                                                keep)))
     return layers
+
+
+def int4_linear(name: str, w: torch.Tensor, bias: torch.Tensor | None = None, keep: nn.Parameter | None = None
+                ) -> Int4Linear:
+    """The Int4Linear of float32 weights `w` [N, K] as the GGUF loader dequantized them (`Int4Linear.from_weight`),
+    or a ConfigError naming the projection `name` and the types this path takes."""
+    q = Int4Linear.from_weight(w, bias, keep=keep)
+    if q is None:
+        kq = "" if kquant_kernels_installed() else "; its K-quant and 5-bit groups need numba"
+        raise ConfigError(
+            f"--cpu-weights q4 needs a GGUF's quantized groups (Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0, Q2_K to "
+            f"Q6_K, IQ3_S / IQ4_NL / IQ4_XS){kq}; {name} [{w.shape[0]} x {w.shape[1]}] is none of them (e.g. "
+            "the embedded SmolLM2's Q4_1, a Q4_K_M file; or use --cpu-weights dense)")
+    return q
 
 
 def convert_layer(name: str, layer: nn.Module, fuse: bool) -> None:

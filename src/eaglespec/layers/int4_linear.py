@@ -134,44 +134,88 @@ def quantize_groups(w: torch.Tensor, refits: int = 3) -> tuple[torch.Tensor, tor
     return codes.to(torch.int32).reshape(N, K), scale[..., 0], zero[..., 0]
 
 
-def _pack(codes: torch.Tensor) -> torch.Tensor:
-    """codes [N, K] (an integer type, values 0..15; N a multiple of N_MULTIPLE) -> the kernel's packed weight, a
-    block of rows at a time through one int32 buffer (the packing takes int32): rows pack apart from each other in
-    blocks of _PACK_ROWS (tested), and the block's buffer stays in the cache where a whole tensor's int32 copy, 4
-    bytes a weight, was new memory each time: a [11264, 2048] gate/up packed 1.8x faster, a [2048, 5632] down 2.5x
-    (2 cores; docs/benchmarks.md "Session 76")."""
-    N, K = codes.shape
-    block = max(_PACK_ROWS, (1 << 20) // max(K, 1) // _PACK_ROWS * _PACK_ROWS)  # ~4 MB of int32
-    if N <= block:
-        return _PACK(codes.to(torch.int32).contiguous(), _INNER_K_TILES)
-    buf = torch.empty(block, K, dtype=torch.int32)
-    out: torch.Tensor | None = None
-    for a in range(0, N, block):
-        b = min(N, a + block)
-        part = buf[: b - a]
-        part.copy_(codes[a:b])
-        got = _PACK(part, _INNER_K_TILES)
-        if out is None:
-            if got.shape[0] != b - a:  # a layout not of rows (another build's): the whole tensor at once
-                return _PACK(codes.to(torch.int32).contiguous(), _INNER_K_TILES)
-            out = got.new_empty(N, *got.shape[1:])
-        out[a:b] = got
-    return out
+class TermBuilder:
+    """One 4-bit product built from its rows a piece at a time: `feed(codes, scale, zero)` with codes [n, K] (an
+    integer type, 0..15) and scale, zero [n, K / GROUP], in row order; `finish()` -> the _Term of every row fed.
+
+    The codes are packed a block of rows at a time through one int32 buffer (the packing takes int32): rows pack apart
+    from each other in blocks of _PACK_ROWS rows (tested), so the blocks' packed rows, concatenated, are the whole
+    tensor's. Why: a whole tensor's int32 copy, 4 bytes a weight, was new memory each time (a [11264, 2048] gate/up
+    packed 1.8x faster in blocks, a [2048, 5632] down 2.5x; 2 cores), and a recovery that feeds each chunk of rows as
+    it finds it (layers/kquant_groups.py) never holds a whole tensor's codes (a 128K-token Q6_K head's four terms:
+    four [128K, K] uint8 arrays and their concatenations before; docs/benchmarks.md "Session 76")."""
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+        self.block = max(_PACK_ROWS, (1 << 20) // max(k, 1) // _PACK_ROWS * _PACK_ROWS)  # rows: ~4 MB of int32
+        self.buf = torch.empty(self.block, k, dtype=torch.int32)
+        self.staged = 0  # rows in buf not yet packed
+        self.n = 0  # rows fed
+        self.packed: list[torch.Tensor] = []
+        self.scales: list[torch.Tensor] = []
+        self.zeros: list[torch.Tensor] = []
+        self.codes: list[torch.Tensor] | None = None  # a build whose packing does not lay out rows: kept whole
+
+    def feed(self, codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> None:
+        self.scales.append(scale)
+        self.zeros.append(zero)
+        self.n += codes.shape[0]
+        if self.codes is not None:
+            self.codes.append(codes)
+            return
+        i = 0
+        while i < codes.shape[0]:
+            take = min(codes.shape[0] - i, self.block - self.staged)
+            self.buf[self.staged : self.staged + take].copy_(codes[i : i + take])
+            self.staged += take
+            i += take
+            if self.staged == self.block:
+                self._flush()
+                if self.codes is not None:  # (the first block found the layout not of rows)
+                    self.codes.append(codes[i:])
+                    return
+
+    def _flush(self) -> None:
+        rows = self.staged + (-self.staged % N_MULTIPLE)  # a last block padded with code-0 rows (scale 0: nothing)
+        self.buf[self.staged : rows].zero_()
+        got = _PACK(self.buf[:rows], _INNER_K_TILES)
+        self.staged = 0
+        if not self.packed and got.shape[0] != rows:  # another build's layout: pack the whole tensor at the end
+            self.codes = [self.buf[:rows].clone()]
+            return
+        self.packed.append(got)
+
+    def finish(self) -> "_Term":
+        if self.staged:
+            self._flush()
+        n_pad = self.n + (-self.n % N_MULTIPLE)
+        scale, zero = (torch.cat(ts) for ts in (self.scales, self.zeros))
+        pad = n_pad - self.n  # the padding rows' scale and zero 0
+        scale, zero = (torch.cat([t, t.new_zeros(pad, t.shape[1])]) for t in (scale, zero))
+        if self.codes is not None:
+            codes = torch.cat([c.to(torch.int32) for c in self.codes])
+            codes = torch.cat([codes, codes.new_zeros(n_pad - codes.shape[0], self.k)])
+            packed = _PACK(codes.contiguous(), _INNER_K_TILES)
+        else:
+            packed = self.packed[0] if len(self.packed) == 1 else torch.cat(self.packed)
+        self.packed, self.codes = [], None
+        return _Term(packed, torch.stack([scale.t(), zero.t()], dim=-1).contiguous().to(torch.bfloat16), self.n)
 
 
 class _Term:
-    """One packed 4-bit product: codes packed for the kernel and [K / GROUP, N', 2] bf16 (scale, zero), N' = N
+    """One packed 4-bit product: codes packed for the kernel and [K / GROUP, N', 2] bf16 (scale, zero), N' = n
     rounded up to a multiple of N_MULTIPLE (the kernel's requirement: the padding rows have scale and zero 0, and
-    their outputs are dropped)."""
+    their outputs are dropped). Built by TermBuilder, or from a whole tensor's codes by `of`."""
 
-    def __init__(self, codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> None:
-        self.n = codes.shape[0]
-        pad = -self.n % N_MULTIPLE
-        if pad:
-            codes = torch.cat([codes, codes.new_zeros(pad, codes.shape[1])])
-            scale, zero = (torch.cat([t, t.new_zeros(pad, t.shape[1])]) for t in (scale, zero))
-        self.packed = _pack(codes)
-        self.scale_zero = torch.stack([scale.t(), zero.t()], dim=-1).contiguous().to(torch.bfloat16)
+    def __init__(self, packed: torch.Tensor, scale_zero: torch.Tensor, n: int) -> None:
+        self.packed, self.scale_zero, self.n = packed, scale_zero, n
+
+    @staticmethod
+    def of(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> "_Term":
+        """codes [N, K] (0..15), scale and zero [N, K / GROUP]."""
+        b = TermBuilder(codes.shape[1])
+        b.feed(codes, scale, zero)
+        return b.finish()
 
     def __call__(self, x2: torch.Tensor) -> torch.Tensor:
         y = _INT4_MM(x2, self.packed, GROUP, self.scale_zero)
@@ -214,20 +258,22 @@ class Int4Linear(nn.Module):
             return None
         four = four_bit_groups(w)
         if four is not None:
-            return cls([_Term(*four)], N, K, bias, keep)
+            return cls([_Term.of(*four)], N, K, bias, keep)
         eight = eight_bit_groups(w)
         if eight is not None:
             q, d = eight
             hi, lo = torch.div(q, 16, rounding_mode="floor"), q % 16  # q = 16 hi + lo
             # hi: ((hi + 8) - 8) 16 d; lo: (lo - 8) d + 8 d
-            terms = [_Term(hi + 8, 16 * d, torch.zeros_like(d)), _Term(lo, d, 8 * d)]
+            terms = [_Term.of(hi + 8, 16 * d, torch.zeros_like(d)), _Term.of(lo, d, 8 * d)]
             return cls(terms, N, K, bias, keep)
-        from .kquant_groups import kquant_terms  # (it builds on this module: imported here, not at the top)
+        from .kquant_groups import kquant_runs  # (it builds on this module: imported here, not at the top)
 
-        runs = kquant_terms(w)  # K-quant and 5-bit groups
+        # K-quant and 5-bit groups: each chunk of rows packed as it is recovered
+        runs = kquant_runs(w, lambda k: [TermBuilder(K) for _ in range(k)],
+                           lambda builders, terms: [b.feed(*t) for b, t in zip(builders, terms)])
         if runs is None:
             return None
-        built = [(a, b, [_Term(*t) for t in ts]) for a, b, ts in runs]
+        built = [(a, b, [t.finish() for t in ts]) for a, b, ts in runs]
         flat = [t for _, _, ts in built for t in ts]
         return cls(flat, N, K, bias, keep, runs=built if len(built) > 1 else None)
 
@@ -236,7 +282,7 @@ class Int4Linear(nn.Module):
         """The layer for any float weights `w` [N, K] quantized to 4-bit groups (`quantize_groups`: lossy), or None
         where K is not a multiple of GROUP."""
         N, K = w.shape
-        return cls([_Term(*quantize_groups(w))], N, K, bias) if K % GROUP == 0 else None
+        return cls([_Term.of(*quantize_groups(w))], N, K, bias) if K % GROUP == 0 else None
 
     def mm(self, x2: torch.Tensor) -> torch.Tensor:
         """x2 [M, K] bf16, contiguous -> [M, N], bias added: `forward` without its reshapes and module call (~10 us,

@@ -43,7 +43,7 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 import numpy as np
 import torch
@@ -55,6 +55,7 @@ _WHOLE, _HALVES, _AFFINE_HALVES = 0, 1, 2  # the forms a row's groups are taken 
 _ORDER = (_WHOLE, _HALVES, _AFFINE_HALVES)  # the order a row takes the first it fits in: the fewest products first
 
 Terms = list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+R = TypeVar("R")  # what `kquant_runs`' caller builds of a run
 
 
 def _kernels() -> ModuleType | None:
@@ -252,23 +253,35 @@ def _chunk_order(g1: torch.Tensor) -> tuple[int, ...]:
     return (best,) + tuple(f for f in _ORDER if f != best)
 
 
-def kquant_terms(w: torch.Tensor) -> list[tuple[int, int, Terms]] | None:
-    """Module docstring (codes uint8 here: the caller packs them)."""
+def kquant_runs(w: torch.Tensor, start: Callable[[int], R], feed: Callable[[R, Terms], Any]
+                ) -> list[tuple[int, int, R]] | None:
+    """The recovery of `kquant_terms`, a chunk of rows at a time: each run of rows (start, end, `start(terms a row)`)
+    is fed each of its chunks' terms as the chunk is recovered (`feed(run's value, terms)`), so that no more than a
+    chunk's codes need be held at once (Int4Linear packs them as they come: int4_linear.TermBuilder); None where a
+    row fits no form (the chunks before it were fed: the caller drops them)."""
     N, K = w.shape
     if K % GROUP or _kernels() is None:
         return None
     g_all = w.float().reshape(N, K // GROUP, GROUP)
-    runs: list[list] = []  # [terms a row, first row, end, [each chunk's terms]]
+    runs: list[list] = []  # [terms a row, first row, end, start(terms a row)]
     for rows in row_chunks(N, K):
         r = rows.start
         got = _chunk_runs(g_all[rows], _chunk_order(g_all[rows][:1]))
         if got is None:
             return None
         for k, a, b, terms in got:
-            if runs and runs[-1][0] == k and runs[-1][2] == r + a:  # the run goes on from the chunk before
-                runs[-1][2] = r + b
-                runs[-1][3].append(terms)
-            else:
-                runs.append([k, r + a, r + b, [terms]])
-    return [(a, b, [tuple(torch.cat([t[i][j] for t in parts]) for j in range(3)) for i in range(k)])  # type: ignore
-            for k, a, b, parts in runs]
+            if not (runs and runs[-1][0] == k and runs[-1][2] == r + a):  # else the run goes on from the chunk before
+                runs.append([k, r + a, r + b, start(k)])
+            runs[-1][2] = r + b
+            feed(runs[-1][3], terms)
+    return [(a, b, value) for _, a, b, value in runs]
+
+
+def kquant_terms(w: torch.Tensor) -> list[tuple[int, int, Terms]] | None:
+    """Module docstring (codes uint8 here), every run's terms whole: `kquant_runs` joining each term's chunks."""
+    runs = kquant_runs(w, lambda k: [], lambda parts, terms: parts.append(terms))
+    if runs is None:
+        return None
+    return [(a, b, [tuple(torch.cat([t[i][j] for t in parts]) for j in range(3))  # type: ignore[misc]
+                    for i in range(len(parts[0]))])
+            for a, b, parts in runs]

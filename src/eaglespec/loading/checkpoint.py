@@ -260,11 +260,14 @@ def load_weights(
     where: str | Path,
     dequantizer: Callable[[str, torch.Tensor], Any] | None = None,
     on_layer: Callable[[str, nn.Module], None] | None = None,
+    on_tensor: Callable[[str, torch.Tensor], torch.Tensor] | None = None,
 ) -> None:
     """Assign checkpoint tensors to a model built on the meta device (see the module docstring, steps 3-4).
     `on_layer`: called with each decoder layer's name and module (each child of a ModuleList named `layers`) as soon
     as its weights are assigned, in the order they complete (the engine's 4-bit CPU path converts a layer there, so
-    that one layer's float32 weights are held at a time, not the model's: engine/target_load.py)."""
+    that one layer's float32 weights are held at a time, not the model's: engine/target_load.py). `on_tensor`: called
+    with each weight outside those layers as it arrives (its model name, the tensor in the model's dtype), returning
+    the tensor to hold in its place (that path narrows the embedding and converts the head there)."""
     renames = [(re.compile(p), r) for p, r in getattr(model, "checkpoint_renames", ())]
     ignore = [re.compile(p) for p in getattr(model, "checkpoint_ignore", ())]
     optional = [re.compile(p) for p in getattr(model, "checkpoint_optional", ())]
@@ -277,6 +280,7 @@ def load_weights(
     state: dict[str, torch.Tensor] = {}  # loaded, not yet assigned
     assigned: set[str] = set()
     waiting = _layer_weights(model, expected) if on_layer is not None else {}  # layer -> its names not yet loaded
+    in_layers = set().union(*waiting.values())  # every layer's names (`on_tensor` takes the rest)
     unexpected: list[str] = []
     mis_shaped: list[str] = []
     for raw_name, tensor in tensors:
@@ -293,6 +297,8 @@ def load_weights(
                 mis_shaped.append(f"{n} {tuple(t.shape)} (model: {tuple(target.shape)})")
             else:
                 state[n] = t.to(device=device, dtype=target.dtype)
+                if on_tensor is not None and n not in in_layers:
+                    state[n] = on_tensor(n, state[n])
                 for layer in [m for m, names in waiting.items() if n in names]:
                     waiting[layer].discard(n)
                     if not waiting[layer]:  # the layer is complete: assign it now, and hand it over
@@ -384,9 +390,10 @@ def load_model(
     device: torch.device | str = "cpu",
     dtype: torch.dtype | str | None = None,
     on_layer: Callable[[str, nn.Module], None] | None = None,
+    on_tensor: Callable[[nn.Module], Callable[[str, torch.Tensor], torch.Tensor]] | None = None,
 ) -> LoadedModel:
     """Model, config and tokenizer of an HF folder or a `.gguf` file (None: the embedded SmolLM2). `on_layer`: see
-    `load_weights`."""
+    `load_weights`; `on_tensor`: given the model built on the meta device, `load_weights`' `on_tensor`."""
     from ..models import get_model_class
 
     ckpt = Checkpoint(default_model_path() if path is None else path)
@@ -401,7 +408,8 @@ def load_model(
     model = build_on_meta(cls, config, dt)
     if on_layer is None:  # (with it, the caller converts each layer as it loads: the need is not these bytes)
         check_device_room(model, dev, ckpt.path)
-    load_weights(model, ckpt.tensors(), dev, ckpt.path, ckpt.dequantizer(dt), on_layer)
+    load_weights(model, ckpt.tensors(), dev, ckpt.path, ckpt.dequantizer(dt), on_layer,
+                 None if on_tensor is None else on_tensor(model))
     if ckpt.path.is_dir() and hasattr(model, "configure_from_folder"):  # extra files, e.g. an image processor config
         model.configure_from_folder(str(ckpt.path))
     model.requires_grad_(False)
