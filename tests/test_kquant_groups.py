@@ -200,33 +200,22 @@ def test_a_fused_projection_of_mixed_types_runs_by_rows(monkeypatch):
     assert torch.equal(rebuilt(small, 144, 256), whole)
 
 
-def test_searches_split_across_threads_find_what_one_call_finds(monkeypatch):
-    """The searches run over parts of the rows on PyTorch's threads (`_by_rows`): each output element is the one a
-    single call finds, for groups that fit and groups that do not (float rows: codes 0, not ok); and the kernels
-    write every element, so the uncleared arrays they are given cannot leak into the codes."""
+def test_the_searches_write_every_element_of_their_outputs():
+    """The kernels are given uncleared arrays (kquant_groups.affine_groups, symmetric_halves): every element comes
+    back written, for groups that fit and groups that do not (float rows: codes 0, not ok)."""
     w = torch.cat([stored((48, 512), Q.Q6_K, 5), torch.randn(8, 512, generator=torch.Generator().manual_seed(2))])
-    whole, halves = w.reshape(-1, 32), w.reshape(-1, 16)
-    monkeypatch.setattr(kquant_groups, "_MIN_PART", 1 << 40)  # one call
-    one = kquant_groups.affine_groups(whole, 256), kquant_groups.symmetric_halves(halves)
-    monkeypatch.setattr(kquant_groups, "_MIN_PART", 1024)
-    monkeypatch.setattr(torch, "get_num_threads", lambda: 3)  # three parts of uneven sizes
-    split = kquant_groups.affine_groups(whole, 256), kquant_groups.symmetric_halves(halves)
-    for a, b in zip(one, split):
-        for x, y in zip(a, b):
-            assert torch.equal(x, y)
-    ok, q, _ = one[1]
-    assert bool(ok[: 48 * 32].all()) and not bool(ok[48 * 32 :].any())  # the Q6_K rows' halves, not the float ones
-    assert not bool(q[~ok].any())
+    whole, halves = w.reshape(-1, 32).numpy(), w.reshape(-1, 16).numpy()
     kernels = kquant_groups._kernels()
-    g = whole.numpy()
-    codes, step, lo = (np.full(s, np.nan, np.float32) for s in (g.shape, g.shape[:1], g.shape[:1]))
-    okb = np.full(g.shape[:1], 7, np.uint8)
-    kernels.affine(g, 256, codes, step, lo, okb)
-    assert not np.isnan(codes).any() and not np.isnan(step).any() and not np.isnan(lo).any() and okb.max() <= 1
+    codes, step, lo = (np.full(s, np.nan, np.float32) for s in (whole.shape, whole.shape[:1], whole.shape[:1]))
+    ok = np.full(whole.shape[:1], 7, np.uint8)
+    kernels.affine(whole, 256, codes, step, lo, ok)
+    assert not np.isnan(codes).any() and not np.isnan(step).any() and not np.isnan(lo).any() and ok.max() <= 1
+    assert not ok[48 * 16 :].any() and not codes[48 * 16 :].any()  # the float rows' groups
     codes, step = np.full(halves.shape, np.nan, np.float32), np.full(halves.shape[:1], np.nan, np.float32)
-    okb = np.full(halves.shape[:1], 7, np.uint8)
-    kernels.symmetric(halves.numpy(), codes, step, okb)
-    assert not np.isnan(codes).any() and not np.isnan(step).any() and okb.max() <= 1
+    ok = np.full(halves.shape[:1], 7, np.uint8)
+    kernels.symmetric(halves, codes, step, ok)
+    assert not np.isnan(codes).any() and not np.isnan(step).any() and ok.max() <= 1
+    assert ok[: 48 * 32].all() and not ok[48 * 32 :].any() and not codes[48 * 32 :].any()  # Q6_K halves, not floats
 
 
 def test_what_is_not_groups_is_not_taken(monkeypatch):

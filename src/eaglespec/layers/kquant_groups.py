@@ -8,7 +8,9 @@ the kernel's form w = sum over terms of (codes - 8) scale + zero; or None where 
 forms below (float weights; most IQ types' groups). A row takes the first form it fits, in the order its chunk of rows
 takes from its first row (the form of the fewest terms there first: `_chunk_order`), and a run is a stretch of rows
 with the same count (a fused q / k / v projection of Q4_K q and k rows and Q6_K v rows, as llama.cpp's
-Q4_K_M mix writes them: one term for q and k, four for v):
+Q4_K_M mix writes them: one term for q and k, four for v). `kquant_runs(w, start, feed)` is the same recovery handing
+each chunk's terms on as it finds them (Int4Linear packs them at once, never holding a tensor's codes: int4_linear.
+TermBuilder). The forms:
 
   1 term    every group of 32 affine with 16 levels: w = s c + lo, c in 0..15 (Q4_K: w = d sc q - dmin m; IQ3_S,
             whose signed grid values, odd integers up to 15, times a block scale lie on 16 levels; Q4_0 and Q4_1 are
@@ -40,12 +42,9 @@ float32 on the CPU, 7-8x the bytes a step reads.
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
-from functools import lru_cache
 from types import ModuleType
 from typing import Any, Callable, TypeVar
 
-import numpy as np
 import torch
 
 from .int4_linear import GROUP, row_chunks
@@ -72,45 +71,13 @@ def kquant_kernels_installed() -> bool:
     return _kernels() is not None
 
 
-_MIN_PART = 1 << 15  # weights a thread's part of a search at least (`_by_rows`)
-
-
-@lru_cache(maxsize=None)
-def _pool(threads: int) -> ThreadPoolExecutor:
-    """The threads of `_by_rows` for PyTorch's thread count `threads` (one pool for each count asked for)."""
-    return ThreadPoolExecutor(threads, thread_name_prefix="eaglespec-kquant")
-
-
-def _by_rows(kernel: Callable[..., None], g: np.ndarray, args: tuple[Any, ...], outs: tuple[np.ndarray, ...]) -> None:
-    """kernel(g, *args, *outs) (a kquant_kernels search: each row of g [m, n] and of every out its own group) over
-    contiguous parts of the rows, one a thread, as many threads as PyTorch's (`torch.get_num_threads`): the kernels
-    release the GIL and PyTorch waits meanwhile, so nothing else competes for the cores. Why: the search ran on one
-    core, ~7 s of an 850M-parameter Q4_K_M file's 18-22 s load on 2 cores (Q4_K's search 6.0 -> 3.2 ns a weight on
-    2 threads; the load with this, `_pack`'s blocks and uncleared outputs 15-17 s: docs/benchmarks.md "Session 76"),
-    and a machine of more cores loads faster by as much. Parts of fewer than _MIN_PART weights run on the caller's
-    thread (a hand-off costs tens of microseconds)."""
-    m, n = g.shape
-    threads = torch.get_num_threads()
-    parts = max(1, min(threads, m * n // _MIN_PART))
-    if parts == 1:
-        kernel(g, *args, *outs)
-        return
-    edges = [m * i // parts for i in range(parts + 1)]
-    jobs = [_pool(threads).submit(kernel, g[a:b], *args, *(o[a:b] for o in outs)) for a, b in zip(edges, edges[1:])]
-    for job in jobs:
-        job.result()
-
-
 def affine_groups(g: torch.Tensor, levels: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """g float32 [m, n] -> (ok [m] bool, codes [m, n] float in 0..levels-1, step [m], lo [m]) with g = step codes +
     lo within 1e-3 of a step where ok (kquant_kernels.affine)."""
     m, n = g.shape
-    # uncleared: the kernel writes every element (and a cleared array's fresh pages, faulted in by the kernel's
-    # threads, cost more than the search itself: 5.4 against 3.3 ns a weight on 2 threads)
-    codes, step, lo = torch.empty(m, n), torch.empty(m), torch.empty(m)
+    codes, step, lo = torch.empty(m, n), torch.empty(m), torch.empty(m)  # (the kernel writes every element)
     ok = torch.empty(m, dtype=torch.uint8)
-    outs = (codes.numpy(), step.numpy(), lo.numpy(), ok.numpy())
-    _by_rows(_kernels().affine, g.contiguous().numpy(), (levels,), outs)
+    _kernels().affine(g.contiguous().numpy(), levels, codes.numpy(), step.numpy(), lo.numpy(), ok.numpy())
     return ok.bool(), codes, step, lo
 
 
@@ -119,7 +86,7 @@ def symmetric_halves(g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch
     step where ok (kquant_kernels.symmetric)."""
     m, n = g.shape
     q, step, ok = torch.empty(m, n), torch.empty(m), torch.empty(m, dtype=torch.uint8)  # (as affine_groups)
-    _by_rows(_kernels().symmetric, g.contiguous().numpy(), (), (q.numpy(), step.numpy(), ok.numpy()))
+    _kernels().symmetric(g.contiguous().numpy(), q.numpy(), step.numpy(), ok.numpy())
     return ok.bool(), q, step
 
 
