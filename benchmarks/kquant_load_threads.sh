@@ -3,9 +3,9 @@
 # against the tree before session 76 (.base/src: `git archive 8bf024a src/eaglespec --prefix=.base/ | tar -x`, the
 # drafter asset removed), alternating, each on as many cores as PyTorch threads (taskset). Session 76 ran it at
 # e86d175, whose recovery searched over parts of the rows on PyTorch's thread count of threads: no faster at 2-4
-# cores, 31.5 against 22.5 s at 16 (a single run each; docs/benchmarks.md "Session 76"), so 2b... removed it. The file: an
-# 850M-parameter Llama shape (hidden 2,048, 16 layers, feed-forward 5,632, vocabulary 32,000) in llama.cpp's Q4_K_M
-# mix as tests/gguf_write.py quantizes it, written on the machine. Then the same file loaded onto the GPU (bf16).
+# cores, 31.5 against 22.5 s at 16 (a single run each; docs/benchmarks.md "Session 76"), so 2e77b46 removed it. The
+# file: an 850M-parameter Llama shape (hidden 2,048, 16 layers, feed-forward 5,632, vocabulary 32,000) in llama.cpp's
+# Q4_K_M mix as tests/gguf_write.py quantizes it, written on the machine. Then the same file loaded onto the GPU (bf16).
 #   run(carry=[".whl", ".base"], command="bash benchmarks/kquant_load_threads.sh")     (.whl: the gguf wheel)
 # Logs under $OUT; a table last.
 set -uo pipefail
@@ -47,4 +47,5 @@ print(f"GPU load (bf16, CUDA graphs off until the first step): {time.perf_counte
 PY
 cat "$OUT/cpu.txt" "$OUT/gpu.txt"
 echo "| side | threads | load s | tok/s |"
-sed -E 's/^([^ ]+) .*"threads": ([0-9]+).*"load_s": ([0-9.]+).*"tok_s": ([0-9.]+).*/| \1 | \2 | \3 | \4 |/' "$OUT/loads.txt"
+sed -E 's/^([^ ]+) .*"threads": ([0-9]+).*"load_s": ([0-9.]+).*"tok_s": ([0-9.]+).*/| \1 | \2 | \3 | \4 |/' \
+  "$OUT/loads.txt"
