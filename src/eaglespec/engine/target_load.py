@@ -49,6 +49,8 @@ class _EmbedAndHead:
         self.head: Int4Linear | None = None
 
     def bind(self, model: nn.Module) -> "_EmbedAndHead":
+        if not hasattr(model, "get_embed_and_head"):  # not a target of the protocol: use_int4_weights decides
+            return self
         embed, head = model.get_embed_and_head()  # meta tensors, the protocol's
         named = model.state_dict(keep_vars=True)
         self.embed = {n for n, t in named.items() if t is embed}

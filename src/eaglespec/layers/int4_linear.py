@@ -268,9 +268,12 @@ class Int4Linear(nn.Module):
             return cls(terms, N, K, bias, keep)
         from .kquant_groups import kquant_runs  # (it builds on this module: imported here, not at the top)
 
+        def feed(builders: list[TermBuilder], terms: list) -> None:
+            for b, t in zip(builders, terms):
+                b.feed(*t)
+
         # K-quant and 5-bit groups: each chunk of rows packed as it is recovered
-        runs = kquant_runs(w, lambda k: [TermBuilder(K) for _ in range(k)],
-                           lambda builders, terms: [b.feed(*t) for b, t in zip(builders, terms)])
+        runs = kquant_runs(w, lambda k: [TermBuilder(K) for _ in range(k)], feed)
         if runs is None:
             return None
         built = [(a, b, [t.finish() for t in ts]) for a, b, ts in runs]
