@@ -130,6 +130,33 @@ def test_halves_of_three_bits_take_two_products():
     assert torch.equal(z0, torch.zeros_like(z0)) and torch.allclose(s0, s[:, :, 0, 0])
 
 
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.Q3_K, Q.Q2_K], ids=["Q4_K", "Q5_K", "Q6_K", "Q3_K",
+                                                                            "Q2_K"])
+def test_a_chunk_tries_first_the_form_its_first_row_takes_in_the_fewest_terms(qtype, monkeypatch):
+    """`_chunk_order` stops probing once no form left could take the row in fewer terms, or tie where a tie goes to
+    it (the halves): the order is the one probing every form gives (Q4_K / Q5_K whole groups first, Q6_K and Q3_K
+    halves, Q3_K's whole-group fit notwithstanding; a random Q2_K row's two halves often share a grid of 256 levels,
+    whole groups' two terms, else affine halves' three)."""
+    w = stored((4, 512), qtype, 8, random_blocks=True)
+    g1 = w.reshape(4, 16, 32)[:1]
+    best, fewest = None, 5
+    for f in kquant_groups._ORDER:  # every form probed
+        got = kquant_groups._chunk_runs(g1, (f,))
+        if got is not None and (got[0][0] < fewest or (got[0][0] == fewest and f == kquant_groups._HALVES)):
+            best, fewest = f, got[0][0]
+    first = {Q.Q4_K: kquant_groups._WHOLE, Q.Q5_K: kquant_groups._WHOLE, Q.Q6_K: kquant_groups._HALVES,
+             Q.Q3_K: kquant_groups._HALVES}.get(qtype, best)
+    assert best == first and kquant_groups._chunk_order(g1)[0] == first
+    if qtype == Q.Q3_K:  # the tie: whole groups take the row in two terms too
+        assert kquant_groups._chunk_runs(g1, (kquant_groups._WHOLE,))[0][0] == 2
+    probes: list[tuple] = []
+    runs = kquant_groups._chunk_runs
+    monkeypatch.setattr(kquant_groups, "_chunk_runs", lambda g, order: probes.append(order) or runs(g, order))
+    kquant_groups._chunk_order(g1)
+    if qtype == Q.Q4_K:  # one term: no other form can do better, so none is searched
+        assert probes == [(kquant_groups._WHOLE,)]
+
+
 def test_affine_halves_take_three_products():
     """Q2_K's form (w = s q + lo per half of 16, q in 0..3, each half's step and minimum its own): three products,
     half 0's and half 1's codes with their scales and a term carrying half 0's offset; the weights exact before the

@@ -52,6 +52,7 @@ from .int4_linear import GROUP, row_chunks
 _HALF = GROUP // 2  # Q6_K's, Q3_K's and Q2_K's scale group
 _WHOLE, _HALVES, _AFFINE_HALVES = 0, 1, 2  # the forms a row's groups are taken in (module docstring)
 _ORDER = (_WHOLE, _HALVES, _AFFINE_HALVES)  # the order a row takes the first it fits in: the fewest products first
+_LEAST = {_WHOLE: 1, _HALVES: 2, _AFFINE_HALVES: 3}  # the fewest terms each form can take a row in
 
 Terms = list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 R = TypeVar("R")  # what `kquant_runs`' caller builds of a run
@@ -213,7 +214,10 @@ def _chunk_order(g1: torch.Tensor) -> tuple[int, ...]:
     costs ~70 ns a weight as whole groups, against ~15 for Q4_K's), and rows of a chunk are of one type but where a
     fused projection's tensors meet (there, rows of the other type may take more terms than they could: one chunk)."""
     best, fewest = _WHOLE, 5
-    for f in _ORDER:
+    for i, f in enumerate(_ORDER):
+        if not any(_LEAST[h] < fewest or (_LEAST[h] == fewest and h == _HALVES) for h in _ORDER[i:]):
+            break  # no form left can take the row in fewer terms (nor tie where a tie goes to it): the same answer
+            # without their searches (a Q4_K row's failing search as halves was ~20% of its chunk's recovery)
         got = _chunk_runs(g1, (f,))
         if got is not None and (got[0][0] < fewest or (got[0][0] == fewest and f == _HALVES)):
             best, fewest = f, got[0][0]
