@@ -155,6 +155,8 @@ def affine(g: np.ndarray, levels: int, codes: np.ndarray, step: np.ndarray, lo: 
             f = 0  # if 16 levels hold it
             for j in range(n):
                 f = _gcd(f, int(out[j]))
+                if f == 1:  # (the usual end: no coarser grid; a modulo a value cost more than the search)
+                    break
             if f > 1 and int(hi) // f <= 15:
                 s *= f
                 for j in range(n):
@@ -198,6 +200,8 @@ def symmetric(g: np.ndarray, codes: np.ndarray, step: np.ndarray, ok: np.ndarray
             f = 0
             for j in range(n):
                 f = _gcd(f, abs(int(out[j])))
+                if f == 1:  # (as in `affine`)
+                    break
             if f > 1:
                 s *= f
                 for j in range(n):
