@@ -1,8 +1,9 @@
 """One GGUF on the CPU through `api.load`: load seconds, peak resident memory, and one-row plain decoding speed.
 
 For files without a tokenizer too (a fixed prompt of token ids, `ignore_eos`): `--cpu-weights` as the CLI takes it
-(auto / q4 / dense), THREADS PyTorch threads (2), one warm-up, then the best of ROUNDS decodes of TOKENS tokens. The peak resident set
-is the process's (`ru_maxrss`), so run one configuration a process (what this script is: one file, one setting).
+(auto / q4 / dense), THREADS PyTorch threads (2), one warm-up, then the best of ROUNDS decodes of TOKENS tokens. The
+peak resident set is the process's (`ru_maxrss`), so run one configuration a process (what this script is: one file,
+one setting).
 
 usage: PYTHONPATH=src python benchmarks/gguf_cpu_load.py FILE [auto|q4|dense] [TOKENS] [ROUNDS] [THREADS]
 """

@@ -5,8 +5,8 @@ Contract:
   without bf16), float32 elsewhere.
 - `load_bench_model(model, random_weights, device, dtype, seed, fuse, compile)` -> `BenchModel`: a checkpoint (None:
   the embedded SmolLM2) through `engine.target_load.load_target`, or a random-weights model of a shape
-  (random_model.py), with the engine's inference transforms applied as `api.load` does. Its `hf_source` is what `--peer hf` loads: the same file
-  or folder, or the same random weights rebuilt.
+  (random_model.py), with the engine's inference transforms applied as `api.load` does. Its `hf_source` is what
+  `--peer hf` loads: the same file or folder, or the same random weights rebuilt.
 - `select_prompts(random_weights, prompts, limit, sizes)` -> (items, count): MT-bench or a JSONL, read once (its
   first `limit` items; None for a random-weights model), and how many prompts the workload holds (a random-weights
   model: `limit`, else max(batch sizes, 8)); a batch size above that count is refused.
@@ -73,14 +73,13 @@ def load_bench_model(model: str | None, random_weights: str | None, device: torc
         from .random_model import random_model
 
         loaded = random_model(random_weights, device, dtype, seed)
+        prepare_for_inference(loaded.model, device, fuse, compile, int4)  # as load_target does
         source = f"random-weights:{random_weights}"
         hf: object = ("random", random_weights, seed)  # peer_hf rebuilds the same weights (before any fusing)
     else:
         path = model if model is not None else str(default_model_path())
         loaded = load_target(path, device, dtype, fuse, compile, int4)  # as api.load does
         source, hf = path, path
-    if random_weights is not None:
-        prepare_for_inference(loaded.model, device, fuse, compile, int4)
     return BenchModel(loaded, source, device, next(loaded.model.parameters()).dtype, hf)
 
 

@@ -99,6 +99,18 @@ def _gcd(a: int, b: int) -> int:
 
 
 @njit(cache=True, nogil=True)
+def _codes_gcd(out: np.ndarray, n: int) -> int:
+    """The common factor of the integer codes out[:n] (their magnitudes; 0 where all are 0), stopping at 1, the usual
+    answer (a modulo a code cost more than the search itself: Q6_K halves 12.1 -> 6.9 ns a weight with the stop)."""
+    f = 0
+    for j in range(n):
+        f = _gcd(f, abs(int(out[j])))
+        if f == 1:
+            break
+    return f
+
+
+@njit(cache=True, nogil=True)
 def _affine_search(t: np.ndarray, span: float, amax: float, bottom: float, top: float, eps: float, levels: int,
                    out: np.ndarray) -> float:
     """The step of the first candidate (module docstring) on whose grid t lies with codes 0..levels-1, or 0."""
@@ -152,11 +164,7 @@ def affine(g: np.ndarray, levels: int, codes: np.ndarray, step: np.ndarray, lo: 
         for j in range(n):
             hi = max(hi, out[j])
         if s > 0.0 and hi > 15.0:  # a finer grid than the values need (codes sharing a factor f): the coarser one,
-            f = 0  # if 16 levels hold it
-            for j in range(n):
-                f = _gcd(f, int(out[j]))
-                if f == 1:  # (the usual end: no coarser grid; a modulo a value cost more than the search)
-                    break
+            f = _codes_gcd(out, n)  # if 16 levels hold it
             if f > 1 and int(hi) // f <= 15:
                 s *= f
                 for j in range(n):
@@ -197,11 +205,7 @@ def symmetric(g: np.ndarray, codes: np.ndarray, step: np.ndarray, ok: np.ndarray
         if s == 0.0:
             s = _gap_search(t, _sorted_gap(t, eps), -32, 96, out, KS_SYMMETRIC, amax / 63 * (1 - TOL))
         if s > 0.0:  # the coarsest grid of these values (a Q3_K half, q in -4..3, is first found 8 times finer)
-            f = 0
-            for j in range(n):
-                f = _gcd(f, abs(int(out[j])))
-                if f == 1:  # (as in `affine`)
-                    break
+            f = _codes_gcd(out, n)
             if f > 1:
                 s *= f
                 for j in range(n):
